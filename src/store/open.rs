@@ -1,0 +1,69 @@
+//! Turns the `--store` URL into a running backend.
+
+use std::str::FromStr;
+
+/// Where the state lives, as given by `--store`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// `sqlite://PATH`: the embedded store in the file PATH (relative or absolute).
+    Sqlite { path: String },
+    /// `consul://HOST:PORT` or `consul+https://HOST:PORT`.
+    Consul { base_url: String },
+}
+
+impl FromStr for StoreUrl {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                return Err("sqlite:// needs a file path, e.g. sqlite://p2-apiserver.db".into());
+            }
+            return Ok(StoreUrl::Sqlite { path: path.into() });
+        }
+        let (scheme, rest) = if let Some(rest) = s.strip_prefix("consul+https://") {
+            ("https", rest)
+        } else if let Some(rest) = s.strip_prefix("consul://") {
+            ("http", rest)
+        } else {
+            return Err(format!(
+                "unknown store {s:?}: use sqlite://PATH, consul://HOST:PORT or consul+https://HOST:PORT"
+            ));
+        };
+        let authority = rest.trim_end_matches('/');
+        if authority.is_empty() || authority.contains('/') {
+            return Err(format!("store {s:?} must be consul://HOST:PORT"));
+        }
+        Ok(StoreUrl::Consul {
+            base_url: format!("{scheme}://{authority}"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_store_urls() {
+        assert_eq!(
+            "sqlite://p2.db".parse(),
+            Ok(StoreUrl::Sqlite { path: "p2.db".into() })
+        );
+        assert_eq!(
+            "sqlite:///var/lib/p2.db".parse(),
+            Ok(StoreUrl::Sqlite { path: "/var/lib/p2.db".into() })
+        );
+        assert_eq!(
+            "consul://127.0.0.1:8500".parse(),
+            Ok(StoreUrl::Consul { base_url: "http://127.0.0.1:8500".into() })
+        );
+        assert_eq!(
+            "consul+https://consul.example:8501/".parse(),
+            Ok(StoreUrl::Consul { base_url: "https://consul.example:8501".into() })
+        );
+        assert!("redis://x".parse::<StoreUrl>().is_err());
+        assert!("sqlite://".parse::<StoreUrl>().is_err());
+        assert!("consul://".parse::<StoreUrl>().is_err());
+    }
+}
