@@ -65,7 +65,9 @@ mod tests {
 
     #[test]
     fn refuses_bad_segments() {
-        for key in ["", "/a", "a/", "a//b", "a/./b", "a/../b", "..", "a/b\u{7}", "a\nb"] {
+        for key in [
+            "", "/a", "a/", "a//b", "a/./b", "a/../b", "..", "a/b\u{7}", "a\nb",
+        ] {
             assert!(validate_key(key).is_err(), "{key:?} accepted");
         }
         assert!(validate_prefix("a//").is_err());

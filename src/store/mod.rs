@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use keys::{validate_key, validate_prefix, validate_value, MAX_VALUE_BYTES};
-pub use open::StoreUrl;
+pub use open::{open_store, ConsulOptions, StoreUrl};
 
 /// The most operations one transaction may hold: Consul 0.7 refuses more than 64.
 pub const MAX_TXN_OPS: usize = 64;
@@ -107,16 +107,46 @@ pub enum Cas {
 /// One operation of a transaction; the names follow Consul's txn verbs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxnOp {
-    Set { key: String, value: Vec<u8> },
-    Cas { key: String, value: Vec<u8>, index: u64 },
-    Get { key: String },
-    Delete { key: String },
-    DeleteCas { key: String, index: u64 },
-    CheckIndex { key: String, index: u64 },
-    CheckNotExists { key: String },
-    Lock { key: String, value: Vec<u8>, session: String },
-    Unlock { key: String, value: Vec<u8>, session: String },
-    CheckSession { key: String, session: String },
+    Set {
+        key: String,
+        value: Vec<u8>,
+    },
+    Cas {
+        key: String,
+        value: Vec<u8>,
+        index: u64,
+    },
+    Get {
+        key: String,
+    },
+    Delete {
+        key: String,
+    },
+    DeleteCas {
+        key: String,
+        index: u64,
+    },
+    CheckIndex {
+        key: String,
+        index: u64,
+    },
+    CheckNotExists {
+        key: String,
+    },
+    Lock {
+        key: String,
+        value: Vec<u8>,
+        session: String,
+    },
+    Unlock {
+        key: String,
+        value: Vec<u8>,
+        session: String,
+    },
+    CheckSession {
+        key: String,
+        session: String,
+    },
 }
 
 impl TxnOp {
@@ -161,7 +191,9 @@ impl TxnOp {
 /// oversized values.
 pub fn validate_txn(ops: &[TxnOp]) -> StoreResult<()> {
     if ops.is_empty() {
-        return Err(StoreError::Invalid("a transaction needs at least one op".into()));
+        return Err(StoreError::Invalid(
+            "a transaction needs at least one op".into(),
+        ));
     }
     if ops.len() > MAX_TXN_OPS {
         return Err(StoreError::Invalid(format!(
@@ -299,7 +331,8 @@ pub trait KvStore: Send + Sync + 'static {
     /// Blocks until what `target` covers has an index other than `index`, or `wait` passes,
     /// then returns a snapshot. At the timeout the snapshot carries the same index. An index
     /// lower than `index` means the store went backwards: start again from 0.
-    async fn watch(&self, target: &WatchTarget, index: u64, wait: Duration) -> StoreResult<Listing>;
+    async fn watch(&self, target: &WatchTarget, index: u64, wait: Duration)
+        -> StoreResult<Listing>;
 
     /// Whether the store answers at all; used by `/readyz`.
     async fn ping(&self) -> StoreResult<()>;

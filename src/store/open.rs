@@ -1,6 +1,11 @@
 //! Turns the `--store` URL into a running backend.
 
 use std::str::FromStr;
+use std::sync::Arc;
+
+use super::consul::{ConsulConfig, ConsulStore};
+use super::sqlite::SqliteStore;
+use super::{KvStore, StoreResult};
 
 /// Where the state lives, as given by `--store`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +45,32 @@ impl FromStr for StoreUrl {
     }
 }
 
+/// Options that only the Consul backend uses.
+#[derive(Debug, Clone, Default)]
+pub struct ConsulOptions {
+    /// Sent as `X-Consul-Token`.
+    pub token: Option<String>,
+    /// Sent as `?dc=`.
+    pub datacenter: Option<String>,
+}
+
+/// Opens the store named by `url`; for SQLite this creates the file and applies migrations.
+pub async fn open_store(url: &StoreUrl, consul: ConsulOptions) -> StoreResult<Arc<dyn KvStore>> {
+    match url {
+        StoreUrl::Sqlite { path } => Ok(Arc::new(SqliteStore::open(path).await?)),
+        StoreUrl::Consul { base_url } => {
+            let _ = ConsulStore::new(ConsulConfig {
+                base_url: base_url.clone(),
+                token: consul.token,
+                datacenter: consul.datacenter,
+            })?;
+            Err(super::StoreError::Invalid(
+                "the Consul backend is not wired yet".into(),
+            ))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,19 +79,27 @@ mod tests {
     fn parses_store_urls() {
         assert_eq!(
             "sqlite://p2.db".parse(),
-            Ok(StoreUrl::Sqlite { path: "p2.db".into() })
+            Ok(StoreUrl::Sqlite {
+                path: "p2.db".into()
+            })
         );
         assert_eq!(
             "sqlite:///var/lib/p2.db".parse(),
-            Ok(StoreUrl::Sqlite { path: "/var/lib/p2.db".into() })
+            Ok(StoreUrl::Sqlite {
+                path: "/var/lib/p2.db".into()
+            })
         );
         assert_eq!(
             "consul://127.0.0.1:8500".parse(),
-            Ok(StoreUrl::Consul { base_url: "http://127.0.0.1:8500".into() })
+            Ok(StoreUrl::Consul {
+                base_url: "http://127.0.0.1:8500".into()
+            })
         );
         assert_eq!(
             "consul+https://consul.example:8501/".parse(),
-            Ok(StoreUrl::Consul { base_url: "https://consul.example:8501".into() })
+            Ok(StoreUrl::Consul {
+                base_url: "https://consul.example:8501".into()
+            })
         );
         assert!("redis://x".parse::<StoreUrl>().is_err());
         assert!("sqlite://".parse::<StoreUrl>().is_err());

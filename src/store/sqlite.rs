@@ -1,13 +1,927 @@
 //! The embedded backend: SQLite through sqlx, schema in `migrations/`.
+//!
+//! Every write runs in one `BEGIN IMMEDIATE` transaction on a single writer connection, so
+//! writes are serialized within a process by the pool and across processes by SQLite's own
+//! lock; each committed write takes the next value of one monotonic index. Watches wake on
+//! this process's commits at once and notice other processes' commits by polling the index.
+//! A background task expires sessions and reaps old tombstones.
 
-use super::StoreResult;
+use std::str::FromStr;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The SQLite store.
-pub struct SqliteStore {}
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    validate_key, validate_prefix, validate_txn, validate_value, Cas, KvPair, KvStore, Listing,
+    SessionBehavior, SessionInfo, SessionSpec, StoreError, StoreResult, TxnFailure, TxnOp,
+    WatchTarget, MAX_WATCH_WAIT,
+};
+
+/// How often other processes' writes and expired sessions are looked for.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How often expired sessions are invalidated.
+const SESSION_SWEEP_INTERVAL: Duration = Duration::from_millis(500);
+/// Tombstones older than this are reaped; watchers older than this see a reset instead.
+const TOMBSTONE_TTL: Duration = Duration::from_secs(3600);
+const TOMBSTONE_SWEEP_INTERVAL: Duration = Duration::from_secs(600);
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// The SQLite store. Cheap to share behind an `Arc`; dropping it stops its background task.
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+    background: CancellationToken,
+}
+
+struct Inner {
+    reader: SqlitePool,
+    writer: SqlitePool,
+    /// The highest index this process has seen committed; watches wait on it.
+    changes: watch::Sender<u64>,
+}
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file and applies migrations.
-    pub async fn open(_path: &str) -> StoreResult<Self> {
-        unimplemented!()
+    pub async fn open(path: &str) -> StoreResult<Self> {
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))
+            .map_err(|e| StoreError::Invalid(format!("bad sqlite path {path:?}: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10));
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .map_err(unavailable)?;
+        migrate(&writer).await?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.read_only(true))
+            .await
+            .map_err(unavailable)?;
+        let last = last_index(&reader).await?;
+        let inner = Arc::new(Inner {
+            reader,
+            writer,
+            changes: watch::Sender::new(last),
+        });
+        let background = CancellationToken::new();
+        tokio::spawn(run_background(Arc::downgrade(&inner), background.clone()));
+        Ok(SqliteStore { inner, background })
+    }
+
+    /// Runs a write on its own task so that a caller dropping its future (a client hanging
+    /// up) can never leave the writer connection inside a half-done transaction.
+    async fn write<T, F, Fut>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Inner>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = StoreResult<T>> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::spawn(f(inner))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("write task failed: {e}")))?
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        self.background.cancel();
+    }
+}
+
+async fn migrate(writer: &SqlitePool) -> StoreResult<()> {
+    // Two processes starting on a fresh file may race to create the schema; the loser
+    // finds it done on the second try.
+    match MIGRATOR.run(writer).await {
+        Ok(()) => Ok(()),
+        Err(_) => MIGRATOR
+            .run(writer)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("migrating the database: {e}"))),
+    }
+}
+
+fn unavailable(e: sqlx::Error) -> StoreError {
+    StoreError::Unavailable(format!("sqlite: {e}"))
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+async fn last_index(pool: &SqlitePool) -> StoreResult<u64> {
+    let value: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'last_index'")
+        .fetch_one(pool)
+        .await
+        .map_err(unavailable)?;
+    Ok(value as u64)
+}
+
+/// The smallest byte string greater than every key starting with `prefix`, or `None` when
+/// the prefix is empty (no upper bound).
+fn prefix_end(prefix: &str) -> Option<Vec<u8>> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+fn pair_from_row(row: &SqliteRow) -> StoreResult<KvPair> {
+    let key: Vec<u8> = row.get("key");
+    Ok(KvPair {
+        key: String::from_utf8(key).map_err(|e| StoreError::Unavailable(e.to_string()))?,
+        value: row.get("value"),
+        create_index: row.get::<i64, _>("create_index") as u64,
+        modify_index: row.get::<i64, _>("modify_index") as u64,
+        lock_index: row.get::<i64, _>("lock_index") as u64,
+        session: row.get("session"),
+    })
+}
+
+const PAIR_COLUMNS: &str = "key, value, create_index, modify_index, lock_index, session";
+
+/// Reads what a prefix holds and its index in one snapshot.
+async fn read_prefix(pool: &SqlitePool, prefix: &str, with_values: bool) -> StoreResult<Listing> {
+    let mut tx = pool.begin().await.map_err(unavailable)?;
+    let columns = if with_values {
+        PAIR_COLUMNS
+    } else {
+        "key, x'' AS value, create_index, modify_index, lock_index, session"
+    };
+    let start = prefix.as_bytes().to_vec();
+    let end = prefix_end(prefix);
+    let range = if end.is_some() {
+        "key >= ?1 AND key < ?2"
+    } else {
+        "key >= ?1"
+    };
+    let rows = sqlx::query(&format!(
+        "SELECT {columns} FROM kv WHERE {range} ORDER BY key"
+    ))
+    .bind(&start)
+    .bind(&end)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(unavailable)?;
+    let index: i64 = sqlx::query_scalar(&format!(
+        "SELECT max(
+            coalesce((SELECT max(modify_index) FROM kv WHERE {range}), 0),
+            coalesce((SELECT max(delete_index) FROM tombstones WHERE {range}), 0),
+            (SELECT value FROM meta WHERE name = 'reaped_index'),
+            1)"
+    ))
+    .bind(&start)
+    .bind(&end)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(unavailable)?;
+    tx.commit().await.map_err(unavailable)?;
+    let pairs = rows.iter().map(pair_from_row).collect::<StoreResult<_>>()?;
+    Ok(Listing {
+        index: index as u64,
+        pairs,
+    })
+}
+
+/// Reads one key and its index (for an absent key, the index of its deletion).
+async fn read_key(pool: &SqlitePool, key: &str) -> StoreResult<Listing> {
+    let mut tx = pool.begin().await.map_err(unavailable)?;
+    let row = sqlx::query(&format!("SELECT {PAIR_COLUMNS} FROM kv WHERE key = ?1"))
+        .bind(key.as_bytes())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(unavailable)?;
+    let listing = match row {
+        Some(row) => {
+            let pair = pair_from_row(&row)?;
+            Listing {
+                index: pair.modify_index,
+                pairs: vec![pair],
+            }
+        }
+        None => {
+            let index: i64 = sqlx::query_scalar(
+                "SELECT max(
+                    coalesce((SELECT delete_index FROM tombstones WHERE key = ?1), 0),
+                    (SELECT value FROM meta WHERE name = 'reaped_index'),
+                    1)",
+            )
+            .bind(key.as_bytes())
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+            Listing {
+                index: index as u64,
+                pairs: Vec::new(),
+            }
+        }
+    };
+    tx.commit().await.map_err(unavailable)?;
+    Ok(listing)
+}
+
+/// One write transaction; every change it makes carries `index`.
+struct WriteTxn {
+    tx: Transaction<'static, Sqlite>,
+    index: u64,
+    now_ms: i64,
+    wrote: bool,
+}
+
+impl WriteTxn {
+    async fn begin(inner: &Inner) -> StoreResult<Self> {
+        let mut tx = inner
+            .writer
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(unavailable)?;
+        let last: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'last_index'")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        Ok(WriteTxn {
+            tx,
+            index: last as u64 + 1,
+            now_ms: now_ms(),
+            wrote: false,
+        })
+    }
+
+    /// Commits, publishing the new index to this process's watchers if anything changed.
+    async fn commit(mut self, inner: &Inner) -> StoreResult<()> {
+        if self.wrote {
+            sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'last_index'")
+                .bind(self.index as i64)
+                .execute(&mut *self.tx)
+                .await
+                .map_err(unavailable)?;
+        }
+        self.tx.commit().await.map_err(unavailable)?;
+        if self.wrote {
+            inner.changes.send_if_modified(|seen| {
+                let newer = self.index > *seen;
+                *seen = (*seen).max(self.index);
+                newer
+            });
+        }
+        Ok(())
+    }
+
+    async fn row(&mut self, key: &str) -> StoreResult<Option<KvPair>> {
+        let row = sqlx::query(&format!("SELECT {PAIR_COLUMNS} FROM kv WHERE key = ?1"))
+            .bind(key.as_bytes())
+            .fetch_optional(&mut *self.tx)
+            .await
+            .map_err(unavailable)?;
+        row.as_ref().map(pair_from_row).transpose()
+    }
+
+    /// Writes `value` at `key`, keeping its creation index; `lock` replaces the lock state.
+    async fn store(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        existing: Option<&KvPair>,
+        lock: Option<(u64, Option<&str>)>,
+    ) -> StoreResult<KvPair> {
+        let (lock_index, session) = match lock {
+            Some((lock_index, session)) => (lock_index, session.map(str::to_owned)),
+            None => (
+                existing.map_or(0, |e| e.lock_index),
+                existing.and_then(|e| e.session.clone()),
+            ),
+        };
+        let pair = KvPair {
+            key: key.to_owned(),
+            value: value.to_vec(),
+            create_index: existing.map_or(self.index, |e| e.create_index),
+            modify_index: self.index,
+            lock_index,
+            session,
+        };
+        sqlx::query(
+            "INSERT INTO kv (key, value, create_index, modify_index, lock_index, session)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value,
+                modify_index = excluded.modify_index, lock_index = excluded.lock_index,
+                session = excluded.session",
+        )
+        .bind(key.as_bytes())
+        .bind(value)
+        .bind(pair.create_index as i64)
+        .bind(pair.modify_index as i64)
+        .bind(pair.lock_index as i64)
+        .bind(&pair.session)
+        .execute(&mut *self.tx)
+        .await
+        .map_err(unavailable)?;
+        sqlx::query("DELETE FROM tombstones WHERE key = ?1")
+            .bind(key.as_bytes())
+            .execute(&mut *self.tx)
+            .await
+            .map_err(unavailable)?;
+        self.wrote = true;
+        Ok(pair)
+    }
+
+    /// Deletes the keys selected by `filter` (a `WHERE` clause over `?1`, `?2`), leaving
+    /// tombstones so that watches see the deletes.
+    async fn remove_where(&mut self, filter: &str, a: &[u8], b: Option<&[u8]>) -> StoreResult<()> {
+        let tombstoned = sqlx::query(&format!(
+            "INSERT INTO tombstones (key, delete_index, deleted_at_ms)
+             SELECT key, ?3, ?4 FROM kv WHERE {filter}
+             ON CONFLICT (key) DO UPDATE SET delete_index = excluded.delete_index,
+                deleted_at_ms = excluded.deleted_at_ms"
+        ))
+        .bind(a)
+        .bind(b)
+        .bind(self.index as i64)
+        .bind(self.now_ms)
+        .execute(&mut *self.tx)
+        .await
+        .map_err(unavailable)?;
+        if tombstoned.rows_affected() > 0 {
+            sqlx::query(&format!("DELETE FROM kv WHERE {filter}"))
+                .bind(a)
+                .bind(b)
+                .execute(&mut *self.tx)
+                .await
+                .map_err(unavailable)?;
+            self.wrote = true;
+        }
+        Ok(())
+    }
+
+    async fn remove(&mut self, key: &str) -> StoreResult<()> {
+        self.remove_where("key = ?1", key.as_bytes(), None).await
+    }
+
+    async fn remove_prefix(&mut self, prefix: &str) -> StoreResult<()> {
+        match prefix_end(prefix) {
+            Some(end) => {
+                self.remove_where("key >= ?1 AND key < ?2", prefix.as_bytes(), Some(&end))
+                    .await
+            }
+            None => self.remove_where("key >= ?1", b"", None).await,
+        }
+    }
+
+    async fn session(&mut self, id: &str) -> StoreResult<Option<SessionInfo>> {
+        let row = sqlx::query(
+            "SELECT id, name, ttl_ms, lock_delay_ms, behavior, create_index FROM sessions
+             WHERE id = ?1 AND expires_at_ms > ?2",
+        )
+        .bind(id)
+        .bind(self.now_ms)
+        .fetch_optional(&mut *self.tx)
+        .await
+        .map_err(unavailable)?;
+        row.as_ref().map(session_from_row).transpose()
+    }
+
+    async fn lock_delayed(&mut self, key: &str) -> StoreResult<bool> {
+        let until: Option<i64> =
+            sqlx::query_scalar("SELECT until_ms FROM lock_delays WHERE key = ?1")
+                .bind(key.as_bytes())
+                .fetch_optional(&mut *self.tx)
+                .await
+                .map_err(unavailable)?;
+        Ok(until.is_some_and(|until| until > self.now_ms))
+    }
+
+    /// Applies one op as Consul's state store does; `Err(what)` is a failed check.
+    async fn apply(&mut self, op: &TxnOp) -> StoreResult<Result<Option<KvPair>, String>> {
+        let key = op.key();
+        let existing = self.row(key).await?;
+        let failed = |what: String| Ok(Err(what));
+        match op {
+            TxnOp::Set { value, .. } => {
+                let pair = self.store(key, value, existing.as_ref(), None).await?;
+                Ok(Ok(Some(pair)))
+            }
+            TxnOp::Cas { value, index, .. } => {
+                let current = existing.as_ref().map_or(0, |e| e.modify_index);
+                if current != *index {
+                    return failed(format!(
+                        "failed to set key {key:?}, index is stale (current {current}, expected {index})"
+                    ));
+                }
+                let pair = self.store(key, value, existing.as_ref(), None).await?;
+                Ok(Ok(Some(pair)))
+            }
+            TxnOp::Get { .. } => match existing {
+                Some(pair) => Ok(Ok(Some(pair))),
+                None => failed(format!("key {key:?} doesn't exist")),
+            },
+            TxnOp::Delete { .. } => {
+                self.remove(key).await?;
+                Ok(Ok(None))
+            }
+            TxnOp::DeleteCas { index, .. } => match existing {
+                Some(e) if e.modify_index != *index => failed(format!(
+                    "failed to delete key {key:?}, index is stale (current {}, expected {index})",
+                    e.modify_index
+                )),
+                _ => {
+                    self.remove(key).await?;
+                    Ok(Ok(None))
+                }
+            },
+            TxnOp::CheckIndex { index, .. } => match existing {
+                Some(e) if e.modify_index == *index => Ok(Ok(Some(e))),
+                Some(e) => failed(format!(
+                    "current modify index {} != {index} for key {key:?}",
+                    e.modify_index
+                )),
+                None => failed(format!("key {key:?} doesn't exist")),
+            },
+            TxnOp::CheckNotExists { .. } => match existing {
+                Some(_) => failed(format!("key {key:?} exists")),
+                None => Ok(Ok(None)),
+            },
+            TxnOp::Lock { value, session, .. } => {
+                if self.session(session).await?.is_none() {
+                    return failed(format!(
+                        "failed to lock key {key:?}: invalid session {session:?}"
+                    ));
+                }
+                let held_by = existing.as_ref().and_then(|e| e.session.as_deref());
+                let lock_index = existing.as_ref().map_or(0, |e| e.lock_index);
+                match held_by {
+                    Some(holder) if holder == session => {
+                        let pair = self.store(key, value, existing.as_ref(), None).await?;
+                        Ok(Ok(Some(pair)))
+                    }
+                    Some(_) => failed(format!("failed to lock key {key:?}, lock is already held")),
+                    None if self.lock_delayed(key).await? => {
+                        failed(format!("failed to lock key {key:?}, lock-delay in effect"))
+                    }
+                    None => {
+                        let lock = Some((lock_index + 1, Some(session.as_str())));
+                        let pair = self.store(key, value, existing.as_ref(), lock).await?;
+                        Ok(Ok(Some(pair)))
+                    }
+                }
+            }
+            TxnOp::Unlock { value, session, .. } => {
+                let e = existing.as_ref();
+                if e.and_then(|e| e.session.as_deref()) != Some(session.as_str()) {
+                    return failed(format!(
+                        "failed to unlock key {key:?}, lock isn't held, or is held by another session"
+                    ));
+                }
+                let lock = Some((e.map_or(0, |e| e.lock_index), None));
+                let pair = self.store(key, value, e, lock).await?;
+                Ok(Ok(Some(pair)))
+            }
+            TxnOp::CheckSession { session, .. } => {
+                let current = existing.as_ref().and_then(|e| e.session.clone());
+                if current.as_deref() == Some(session.as_str()) {
+                    Ok(Ok(existing))
+                } else {
+                    failed(format!(
+                        "failed session check for key {key:?}, current session {:?} != {session:?}",
+                        current.unwrap_or_default()
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Ends a session, applying its behavior and lock-delay to every key it holds.
+    async fn invalidate_session(&mut self, id: &str) -> StoreResult<()> {
+        let row = sqlx::query("SELECT lock_delay_ms, behavior FROM sessions WHERE id = ?1")
+            .bind(id)
+            .fetch_optional(&mut *self.tx)
+            .await
+            .map_err(unavailable)?;
+        let Some(row) = row else { return Ok(()) };
+        let lock_delay_ms: i64 = row.get("lock_delay_ms");
+        let behavior: String = row.get("behavior");
+        let held: Vec<Vec<u8>> = sqlx::query_scalar("SELECT key FROM kv WHERE session = ?1")
+            .bind(id)
+            .fetch_all(&mut *self.tx)
+            .await
+            .map_err(unavailable)?;
+        if lock_delay_ms > 0 {
+            for key in &held {
+                sqlx::query(
+                    "INSERT INTO lock_delays (key, until_ms) VALUES (?1, ?2)
+                     ON CONFLICT (key) DO UPDATE SET until_ms = excluded.until_ms",
+                )
+                .bind(key)
+                .bind(self.now_ms + lock_delay_ms)
+                .execute(&mut *self.tx)
+                .await
+                .map_err(unavailable)?;
+            }
+        }
+        if behavior == SessionBehavior::Delete.as_str() {
+            for key in &held {
+                self.remove_where("key = ?1", key, None).await?;
+            }
+        } else if !held.is_empty() {
+            sqlx::query("UPDATE kv SET session = NULL, modify_index = ?2 WHERE session = ?1")
+                .bind(id)
+                .bind(self.index as i64)
+                .execute(&mut *self.tx)
+                .await
+                .map_err(unavailable)?;
+            self.wrote = true;
+        }
+        sqlx::query("DELETE FROM sessions WHERE id = ?1")
+            .bind(id)
+            .execute(&mut *self.tx)
+            .await
+            .map_err(unavailable)?;
+        self.wrote = true;
+        Ok(())
+    }
+}
+
+fn session_from_row(row: &SqliteRow) -> StoreResult<SessionInfo> {
+    let behavior: String = row.get("behavior");
+    Ok(SessionInfo {
+        id: row.get("id"),
+        name: row.get("name"),
+        ttl: Duration::from_millis(row.get::<i64, _>("ttl_ms") as u64),
+        lock_delay: Duration::from_millis(row.get::<i64, _>("lock_delay_ms") as u64),
+        behavior: if behavior == "delete" {
+            SessionBehavior::Delete
+        } else {
+            SessionBehavior::Release
+        },
+        create_index: row.get::<i64, _>("create_index") as u64,
+    })
+}
+
+/// Runs `ops` in one write transaction: all applied, or none and every failure reported.
+async fn run_txn(inner: &Inner, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
+    let mut txn = WriteTxn::begin(inner).await?;
+    let mut results = Vec::with_capacity(ops.len());
+    let mut failures = Vec::new();
+    for (op_index, op) in ops.iter().enumerate() {
+        match txn.apply(op).await? {
+            Ok(result) => results.push(result),
+            Err(what) => failures.push(TxnFailure { op_index, what }),
+        }
+    }
+    if failures.is_empty() {
+        txn.commit(inner).await?;
+        Ok(results)
+    } else {
+        // Dropping the transaction rolls it back.
+        let message = failures
+            .iter()
+            .map(|f| format!("op {}: {}", f.op_index, f.what))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Err(StoreError::Conflict { message, failures })
+    }
+}
+
+/// Polls for other processes' commits, expires sessions and reaps tombstones until the
+/// store is dropped.
+async fn run_background(inner: Weak<Inner>, stop: CancellationToken) {
+    let mut poll = tokio::time::interval(POLL_INTERVAL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_session_sweep = tokio::time::Instant::now();
+    let mut last_tombstone_sweep = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = poll.tick() => {}
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        if let Ok(index) = last_index(&inner.reader).await {
+            inner.changes.send_if_modified(|seen| {
+                let newer = index > *seen;
+                *seen = (*seen).max(index);
+                newer
+            });
+        }
+        if last_session_sweep.elapsed() >= SESSION_SWEEP_INTERVAL {
+            last_session_sweep = tokio::time::Instant::now();
+            if let Err(e) = expire_sessions(&inner).await {
+                tracing::warn!(error = %e, "expiring sessions failed");
+            }
+        }
+        if last_tombstone_sweep.elapsed() >= TOMBSTONE_SWEEP_INTERVAL {
+            last_tombstone_sweep = tokio::time::Instant::now();
+            if let Err(e) = reap_tombstones(&inner).await {
+                tracing::warn!(error = %e, "reaping tombstones failed");
+            }
+        }
+    }
+}
+
+async fn expire_sessions(inner: &Inner) -> StoreResult<()> {
+    let expired: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM sessions WHERE expires_at_ms <= ?1")
+            .bind(now_ms())
+            .fetch_all(&inner.reader)
+            .await
+            .map_err(unavailable)?;
+    for id in expired {
+        let mut txn = WriteTxn::begin(inner).await?;
+        // Renewed by someone else between the read and the write lock: keep it.
+        let still_expired: Option<i64> =
+            sqlx::query_scalar("SELECT 1 FROM sessions WHERE id = ?1 AND expires_at_ms <= ?2")
+                .bind(&id)
+                .bind(txn.now_ms)
+                .fetch_optional(&mut *txn.tx)
+                .await
+                .map_err(unavailable)?;
+        if still_expired.is_some() {
+            tracing::info!(session = %id, "session expired");
+            txn.invalidate_session(&id).await?;
+        }
+        txn.commit(inner).await?;
+    }
+    Ok(())
+}
+
+async fn reap_tombstones(inner: &Inner) -> StoreResult<()> {
+    let mut txn = WriteTxn::begin(inner).await?;
+    let cutoff = txn.now_ms - TOMBSTONE_TTL.as_millis() as i64;
+    sqlx::query(
+        "UPDATE meta SET value = max(value,
+            coalesce((SELECT max(delete_index) FROM tombstones WHERE deleted_at_ms < ?1), 0))
+         WHERE name = 'reaped_index'",
+    )
+    .bind(cutoff)
+    .execute(&mut *txn.tx)
+    .await
+    .map_err(unavailable)?;
+    sqlx::query("DELETE FROM tombstones WHERE deleted_at_ms < ?1")
+        .bind(cutoff)
+        .execute(&mut *txn.tx)
+        .await
+        .map_err(unavailable)?;
+    sqlx::query("DELETE FROM lock_delays WHERE until_ms < ?1")
+        .bind(txn.now_ms)
+        .execute(&mut *txn.tx)
+        .await
+        .map_err(unavailable)?;
+    txn.commit(inner).await
+}
+
+#[async_trait]
+impl KvStore for SqliteStore {
+    async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
+        validate_key(key)?;
+        Ok(read_key(&self.inner.reader, key).await?.pairs.pop())
+    }
+
+    async fn list(&self, prefix: &str) -> StoreResult<Listing> {
+        validate_prefix(prefix)?;
+        read_prefix(&self.inner.reader, prefix, true).await
+    }
+
+    async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
+        validate_prefix(prefix)?;
+        let listing = read_prefix(&self.inner.reader, prefix, false).await?;
+        let mut keys: Vec<String> = Vec::with_capacity(listing.pairs.len());
+        for pair in listing.pairs {
+            let key = match separator {
+                Some(sep) => match pair.key[prefix.len()..].find(sep) {
+                    Some(at) => pair.key[..prefix.len() + at + sep.len_utf8()].to_owned(),
+                    None => pair.key,
+                },
+                None => pair.key,
+            };
+            if keys.last() != Some(&key) {
+                keys.push(key);
+            }
+        }
+        Ok((listing.index, keys))
+    }
+
+    async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
+        validate_key(key)?;
+        validate_value(value)?;
+        let op = match cas {
+            Cas::Any => TxnOp::Set {
+                key: key.into(),
+                value: value.into(),
+            },
+            Cas::Index(index) => TxnOp::Cas {
+                key: key.into(),
+                value: value.into(),
+                index,
+            },
+        };
+        self.write(move |inner| async move { run_txn(&inner, &[op]).await.map(drop) })
+            .await
+    }
+
+    async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
+        validate_key(key)?;
+        let op = match cas {
+            Cas::Any => TxnOp::Delete { key: key.into() },
+            Cas::Index(index) => TxnOp::DeleteCas {
+                key: key.into(),
+                index,
+            },
+        };
+        self.write(move |inner| async move { run_txn(&inner, &[op]).await.map(drop) })
+            .await
+    }
+
+    async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
+        validate_prefix(prefix)?;
+        let prefix = prefix.to_owned();
+        self.write(move |inner| async move {
+            let mut txn = WriteTxn::begin(&inner).await?;
+            txn.remove_prefix(&prefix).await?;
+            txn.commit(&inner).await
+        })
+        .await
+    }
+
+    async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
+        validate_txn(ops)?;
+        let ops = ops.to_vec();
+        self.write(move |inner| async move { run_txn(&inner, &ops).await })
+            .await
+    }
+
+    async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
+        spec.validate()?;
+        let spec = spec.clone();
+        self.write(move |inner| async move {
+            let mut txn = WriteTxn::begin(&inner).await?;
+            let id = uuid::Uuid::new_v4().to_string();
+            sqlx::query(
+                "INSERT INTO sessions (id, name, ttl_ms, lock_delay_ms, behavior, create_index,
+                    expires_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )
+            .bind(&id)
+            .bind(&spec.name)
+            .bind(spec.ttl.as_millis() as i64)
+            .bind(spec.lock_delay.as_millis() as i64)
+            .bind(spec.behavior.as_str())
+            .bind(txn.index as i64)
+            .bind(txn.now_ms + spec.ttl.as_millis() as i64)
+            .execute(&mut *txn.tx)
+            .await
+            .map_err(unavailable)?;
+            txn.wrote = true;
+            txn.commit(&inner).await?;
+            Ok(id)
+        })
+        .await
+    }
+
+    async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo> {
+        let id = id.to_owned();
+        self.write(move |inner| async move {
+            let mut txn = WriteTxn::begin(&inner).await?;
+            let Some(info) = txn.session(&id).await? else {
+                txn.invalidate_session(&id).await?;
+                txn.commit(&inner).await?;
+                return Err(StoreError::NotFound(format!("session {id:?}")));
+            };
+            sqlx::query("UPDATE sessions SET expires_at_ms = ?2 WHERE id = ?1")
+                .bind(&id)
+                .bind(txn.now_ms + info.ttl.as_millis() as i64)
+                .execute(&mut *txn.tx)
+                .await
+                .map_err(unavailable)?;
+            txn.commit(&inner).await?;
+            Ok(info)
+        })
+        .await
+    }
+
+    async fn destroy_session(&self, id: &str) -> StoreResult<()> {
+        let id = id.to_owned();
+        self.write(move |inner| async move {
+            let mut txn = WriteTxn::begin(&inner).await?;
+            txn.invalidate_session(&id).await?;
+            txn.commit(&inner).await
+        })
+        .await
+    }
+
+    async fn session_info(&self, id: &str) -> StoreResult<Option<SessionInfo>> {
+        let row = sqlx::query(
+            "SELECT id, name, ttl_ms, lock_delay_ms, behavior, create_index FROM sessions
+             WHERE id = ?1 AND expires_at_ms > ?2",
+        )
+        .bind(id)
+        .bind(now_ms())
+        .fetch_optional(&self.inner.reader)
+        .await
+        .map_err(unavailable)?;
+        row.as_ref().map(session_from_row).transpose()
+    }
+
+    async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool> {
+        validate_key(key)?;
+        validate_value(value)?;
+        let op = TxnOp::Lock {
+            key: key.into(),
+            value: value.into(),
+            session: session.into(),
+        };
+        let session = session.to_owned();
+        self.write(move |inner| async move {
+            let mut txn = WriteTxn::begin(&inner).await?;
+            if txn.session(&session).await?.is_none() {
+                return Err(StoreError::Invalid(format!("invalid session {session:?}")));
+            }
+            let taken = txn.apply(&op).await?.is_ok();
+            txn.commit(&inner).await?;
+            Ok(taken)
+        })
+        .await
+    }
+
+    async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
+        validate_key(key)?;
+        let (key, session) = (key.to_owned(), session.to_owned());
+        self.write(move |inner| async move {
+            let mut txn = WriteTxn::begin(&inner).await?;
+            let value = match txn.row(&key).await? {
+                Some(pair) => pair.value,
+                None => return Ok(false),
+            };
+            let released = txn
+                .apply(&TxnOp::Unlock {
+                    key,
+                    value,
+                    session,
+                })
+                .await?
+                .is_ok();
+            txn.commit(&inner).await?;
+            Ok(released)
+        })
+        .await
+    }
+
+    async fn watch(
+        &self,
+        target: &WatchTarget,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<Listing> {
+        match target {
+            WatchTarget::Key(key) => validate_key(key)?,
+            WatchTarget::Prefix(prefix) => validate_prefix(prefix)?,
+        }
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_WATCH_WAIT);
+        let mut changes = self.inner.changes.subscribe();
+        loop {
+            changes.borrow_and_update();
+            let snapshot = match target {
+                WatchTarget::Key(key) => read_key(&self.inner.reader, key).await?,
+                WatchTarget::Prefix(prefix) => {
+                    read_prefix(&self.inner.reader, prefix, true).await?
+                }
+            };
+            if snapshot.index != index {
+                return Ok(snapshot);
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return Ok(snapshot),
+            }
+        }
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        last_index(&self.inner.reader).await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_bounds_every_key_with_the_prefix() {
+        assert_eq!(prefix_end(""), None);
+        assert_eq!(prefix_end("ab").unwrap(), b"ac".to_vec());
+        assert_eq!(prefix_end("labels/").unwrap(), b"labels0".to_vec());
     }
 }
