@@ -1,0 +1,352 @@
+//! Labels on nodes, pods, RCs, rolls and pod clusters, and the selectors that query them.
+//!
+//! Pure types and rules only; reading and writing `labels/<type>/<id>` keys is the label
+//! store's job.
+
+pub mod selector;
+pub mod validation;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+pub use selector::{Operator, ParseSelectorError, Requirement, Selector};
+pub use validation::{
+    validate_label_key, validate_label_value, validate_labels, validate_labels_in,
+};
+
+/// A label set. Ordered, so its JSON and its printed form are stable.
+pub type Labels = BTreeMap<String, String>;
+
+/// Put on every pod an RC schedules; names the pod (its manifest `id`).
+pub const POD_ID_LABEL: &str = "pod_id";
+/// Put on every pod an RC schedules; the RC finds its pods by it.
+pub const RC_ID_LABEL: &str = "replication_controller_id";
+/// The only label a DS puts on its pods; the DS finds its pods by it.
+pub const DS_ID_LABEL: &str = "daemon_set_id";
+/// Zone an RC's pods run in; read back by roll audit records.
+pub const AVAILABILITY_ZONE_LABEL: &str = "availability_zone";
+/// Cluster an RC's pods belong to; read back by roll audit records.
+pub const CLUSTER_NAME_LABEL: &str = "cluster_name";
+
+/// The kinds of labeled object; the type string is the second segment of a label key, so
+/// only these five exist (P2 has no daemon-set label type).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum LabelType {
+    /// Hosts, labeled by node name.
+    Node,
+    /// Legacy pods, labeled by `<node>/<pod_id>`.
+    Pod,
+    /// RCs, labeled by RC ID (singular, unlike the RC tree).
+    ReplicationController,
+    /// Rolling updates, labeled by RU ID.
+    Rolls,
+    /// Pod clusters, labeled by pod cluster ID.
+    PodClusters,
+}
+
+impl LabelType {
+    /// Every label type, in the order P2 documents them.
+    pub const ALL: [LabelType; 5] = [
+        LabelType::Node,
+        LabelType::Pod,
+        LabelType::ReplicationController,
+        LabelType::Rolls,
+        LabelType::PodClusters,
+    ];
+
+    /// The type string used in keys, URLs and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LabelType::Node => "node",
+            LabelType::Pod => "pod",
+            LabelType::ReplicationController => "replication_controller",
+            LabelType::Rolls => "rolls",
+            LabelType::PodClusters => "pod_clusters",
+        }
+    }
+
+    /// The KV prefix holding every object of this type, with its trailing `/` so a prefix
+    /// listing cannot pick up a sibling type whose name merely starts the same.
+    pub fn key_prefix(self) -> String {
+        format!("labels/{}/", self.as_str())
+    }
+
+    /// The KV key of one object's labels; `id` must have passed [`LabelType::validate_id`].
+    pub fn label_key(self, id: &str) -> String {
+        format!("labels/{}/{id}", self.as_str())
+    }
+
+    /// Checks an object ID before it becomes part of a key: non-empty, no whitespace or
+    /// control characters, no empty, `.` or `..` segment, and a `/` only in a pod's
+    /// `<node>/<pod_id>`, so every ID maps to exactly one key and back.
+    pub fn validate_id(self, id: &str) -> Result<(), String> {
+        if id.is_empty() {
+            return Err("id must not be empty".to_string());
+        }
+        if let Some(c) = id.chars().find(|c| c.is_control()) {
+            return Err(format!(
+                "id must not contain control characters (found {c:?})"
+            ));
+        }
+        if let Some(c) = id.chars().find(|c| c.is_whitespace()) {
+            return Err(format!("id must not contain whitespace (found {c:?})"));
+        }
+        let segments: Vec<&str> = id.split('/').collect();
+        match (self, segments.len()) {
+            (LabelType::Pod, 2) => {}
+            (LabelType::Pod, _) => {
+                return Err(format!(
+                    "pod label ids have the form <node>/<pod_id>, but {id:?} has {} '/'",
+                    segments.len() - 1
+                ))
+            }
+            (_, 1) => {}
+            (_, _) => return Err(format!("{} label ids must not contain '/'", self.as_str())),
+        }
+        for segment in segments {
+            match segment {
+                "" => {
+                    return Err(
+                        "pod label ids have the form <node>/<pod_id> with both parts non-empty"
+                            .to_string(),
+                    )
+                }
+                "." | ".." => {
+                    return Err(format!("id must not have a {segment:?} segment"));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for LabelType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A type string that names no label type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Invalid type provided: {given:?} (valid types: node, pod, replication_controller, rolls, pod_clusters)")]
+pub struct ParseLabelTypeError {
+    /// The rejected input.
+    pub given: String,
+}
+
+impl FromStr for LabelType {
+    type Err = ParseLabelTypeError;
+
+    /// Exact, case-sensitive match, as P2's `AsType`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        LabelType::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| ParseLabelTypeError {
+                given: s.to_string(),
+            })
+    }
+}
+
+/// One labeled object in P2's API form, `{"type", "id", "labels"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Labeled {
+    /// What kind of object this is.
+    #[serde(rename = "type")]
+    pub label_type: LabelType,
+    /// The object's ID within its type.
+    pub id: String,
+    /// Its labels; `null` (Go's nil map) reads as empty.
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub labels: Labels,
+}
+
+/// P2 writes an unlabeled object's labels as `null`; accept it as the empty set.
+fn null_as_empty<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Labels, D::Error> {
+    Ok(Option::<Labels>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// A label set as `k=v` pairs sorted by key and joined by `,`; P2 compares these strings to
+/// tell whether an object's labels changed.
+pub fn label_set_string(labels: &Labels) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_strings_round_trip() {
+        let expected = [
+            "node",
+            "pod",
+            "replication_controller",
+            "rolls",
+            "pod_clusters",
+        ];
+        for (t, s) in LabelType::ALL.into_iter().zip(expected) {
+            assert_eq!(t.as_str(), s);
+            assert_eq!(t.to_string(), s);
+            assert_eq!(s.parse::<LabelType>(), Ok(t));
+            assert_eq!(serde_json::to_string(&t).unwrap(), format!("\"{s}\""));
+            assert_eq!(
+                serde_json::from_str::<LabelType>(&format!("\"{s}\"")).unwrap(),
+                t
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_types_are_rejected() {
+        for s in [
+            "",
+            "Node",
+            "nodes",
+            "replication_controllers",
+            "daemon_set",
+            "roll",
+            " pod",
+        ] {
+            let e = s.parse::<LabelType>().unwrap_err();
+            assert_eq!(e.given, s);
+            let message = e.to_string();
+            assert!(message.starts_with("Invalid type provided"), "{message}");
+            assert!(message.contains("node, pod, replication_controller, rolls, pod_clusters"));
+        }
+        assert!(serde_json::from_str::<LabelType>("\"daemon_set\"").is_err());
+    }
+
+    #[test]
+    fn keys() {
+        assert_eq!(LabelType::Node.key_prefix(), "labels/node/");
+        assert_eq!(LabelType::PodClusters.key_prefix(), "labels/pod_clusters/");
+        assert_eq!(
+            LabelType::ReplicationController.label_key("5a0e3b8c"),
+            "labels/replication_controller/5a0e3b8c"
+        );
+        assert_eq!(
+            LabelType::Pod.label_key("node17.example.com/hello"),
+            "labels/pod/node17.example.com/hello"
+        );
+        assert!(LabelType::Pod
+            .label_key("n/p")
+            .starts_with(&LabelType::Pod.key_prefix()));
+    }
+
+    #[test]
+    fn valid_ids() {
+        for t in LabelType::ALL {
+            if t != LabelType::Pod {
+                for id in [
+                    "node17.example.com",
+                    "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11",
+                    "a",
+                    "..a",
+                    "a..",
+                ] {
+                    assert_eq!(t.validate_id(id), Ok(()), "{t} {id}");
+                }
+            }
+        }
+        for id in ["node17.example.com/hello", "n/p", "n.../.p"] {
+            assert_eq!(LabelType::Pod.validate_id(id), Ok(()), "{id}");
+        }
+    }
+
+    #[test]
+    fn invalid_ids() {
+        let err = |t: LabelType, id: &str| t.validate_id(id).expect_err(id);
+        for t in LabelType::ALL {
+            assert!(err(t, "").contains("must not be empty"));
+            assert!(err(t, "a\u{0}b").contains("control characters"));
+            assert!(err(t, "a\nb").contains("control characters"));
+            assert!(err(t, "a b").contains("whitespace (found ' ')"));
+            assert!(err(t, "a\u{a0}").contains("whitespace"));
+        }
+        assert!(err(LabelType::Node, "a/b").contains("node label ids must not contain '/'"));
+        assert!(err(LabelType::Rolls, "/").contains("rolls label ids must not contain '/'"));
+        assert!(err(LabelType::Node, ".").contains("\".\" segment"));
+        assert!(err(LabelType::ReplicationController, "..").contains("\"..\" segment"));
+
+        assert!(err(LabelType::Pod, "hello").contains("<node>/<pod_id>"));
+        assert!(err(LabelType::Pod, "a/b/c").contains("has 2 '/'"));
+        assert!(err(LabelType::Pod, "a/").contains("both parts non-empty"));
+        assert!(err(LabelType::Pod, "/b").contains("both parts non-empty"));
+        assert!(err(LabelType::Pod, "../b").contains("\"..\" segment"));
+        assert!(err(LabelType::Pod, "a/.").contains("\".\" segment"));
+    }
+
+    #[test]
+    fn labeled_json_shape() {
+        let labeled = Labeled {
+            label_type: LabelType::Pod,
+            id: "node1/hello".to_string(),
+            labels: [(POD_ID_LABEL.to_string(), "hello".to_string())].into(),
+        };
+        let json = serde_json::to_value(&labeled).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"type": "pod", "id": "node1/hello", "labels": {"pod_id": "hello"}})
+        );
+        assert_eq!(serde_json::from_value::<Labeled>(json).unwrap(), labeled);
+    }
+
+    #[test]
+    fn labeled_accepts_null_or_missing_labels() {
+        for json in [
+            r#"{"type":"node","id":"n1","labels":null}"#,
+            r#"{"type":"node","id":"n1"}"#,
+        ] {
+            let labeled: Labeled = serde_json::from_str(json).unwrap();
+            assert!(labeled.labels.is_empty(), "{json}");
+        }
+        assert!(serde_json::from_str::<Labeled>(r#"{"type":"nodes","id":"n1"}"#).is_err());
+    }
+
+    #[test]
+    fn label_set_strings_are_sorted() {
+        let labels: Labels = [("z", "1"), ("a", ""), ("m", "x")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(label_set_string(&labels), "a=,m=x,z=1");
+        assert_eq!(label_set_string(&Labels::new()), "");
+    }
+
+    #[test]
+    fn reserved_keys_are_valid_label_keys() {
+        for key in [
+            POD_ID_LABEL,
+            RC_ID_LABEL,
+            DS_ID_LABEL,
+            AVAILABILITY_ZONE_LABEL,
+            CLUSTER_NAME_LABEL,
+        ] {
+            assert_eq!(validate_label_key(key), Ok(()), "{key}");
+        }
+        assert_eq!(AVAILABILITY_ZONE_LABEL, "availability_zone");
+        assert_eq!(CLUSTER_NAME_LABEL, "cluster_name");
+    }
+}
