@@ -1,8 +1,20 @@
 //! p2-apiserver: an HTTP/JSON control plane for P2-style deployments.
 //!
 //! # Layout
+//! - [`config`]: the command line (clap), every flag also an environment variable.
+//! - [`app`]: the shared state handlers reach ([`app::AppState`]).
+//! - [`error`]: the one error type ([`error::ApiError`]) and the JSON error body.
+//! - [`api`]: HTTP handlers, one module per resource, and the extractors they use.
+//! - [`router`]: wires routes, the OpenAPI document, fallbacks and middleware.
+//! - [`server`]: serves the router on a listener until shutdown.
 //! - [`labels`]: label types, label validity rules and Kubernetes-style selectors.
 //! - [`store`]: the Consul-shaped KV trait and its SQLite and Consul backends.
 
+pub mod api;
+pub mod app;
+pub mod config;
+pub mod error;
 pub mod labels;
+pub mod router;
+pub mod server;
 pub mod store;

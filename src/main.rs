@@ -1,1 +1,83 @@
-fn main() {}
+//! The `p2-apiserver` binary: parses the command line and runs the chosen command.
+
+use std::io::IsTerminal;
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing_subscriber::EnvFilter;
+
+use p2_apiserver::app::App;
+use p2_apiserver::config::{Cli, Command, ServeArgs};
+use p2_apiserver::server;
+use p2_apiserver::store::open_store;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_tracing();
+    match cli.into_command() {
+        Command::Serve(args) => serve(args).await,
+    }
+}
+
+/// Logs to stdout, filtered by RUST_LOG (default `info`).
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal())
+        .init();
+}
+
+/// Serves until SIGINT or SIGTERM, then lets in-flight requests finish and exits 0.
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Installed before the port opens, so a signal sent as soon as the server is reachable
+    // still shuts it down gracefully instead of killing it.
+    let interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+
+    let store = open_store(&args.store, args.consul.options())
+        .await
+        .with_context(|| format!("opening the store {:?}", args.store))?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    tasks.spawn(cancel_on_signal(interrupt, terminate, shutdown.clone()));
+
+    let served = server::run(
+        listener,
+        App::new(store),
+        shutdown.clone().cancelled_owned(),
+    )
+    .await;
+
+    // Shutdown hook. Background work (leader election, the farms) runs on `tasks` and watches
+    // `shutdown`; each such task destroys the Consul sessions it holds when cancelled, so
+    // waiting here is what releases their locks before the process exits.
+    shutdown.cancel();
+    tasks.close();
+    tasks.wait().await;
+    served.context("serving HTTP")
+}
+
+/// Cancels `shutdown` on the first SIGINT or SIGTERM; returns early if something else
+/// cancels it first.
+async fn cancel_on_signal(
+    mut interrupt: Signal,
+    mut terminate: Signal,
+    shutdown: CancellationToken,
+) {
+    tokio::select! {
+        _ = interrupt.recv() => tracing::info!("SIGINT received; shutting down"),
+        _ = terminate.recv() => tracing::info!("SIGTERM received; shutting down"),
+        () = shutdown.cancelled() => return,
+    }
+    shutdown.cancel();
+}

@@ -1,0 +1,69 @@
+//! Liveness and readiness probes for process supervisors and load balancers.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::api::extract::ApiJson;
+use crate::app::AppState;
+use crate::error::{ApiError, ErrorBody};
+
+/// OpenAPI tag of the probes.
+pub const TAG: &str = "health";
+
+/// A probe's answer when all is well.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// Always `ok`; failures are error bodies.
+    #[schema(example = "ok")]
+    pub status: &'static str,
+}
+
+const HEALTHY: Health = Health { status: "ok" };
+
+/// The probe routes, at the root of the URL space as supervisors expect.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(get_healthz))
+        .routes(routes!(get_readyz))
+}
+
+/// Liveness: answers while the process serves HTTP at all.
+///
+/// It never touches the store, so a store outage does not get the process restarted.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = TAG,
+    responses((status = OK, description = "The process is alive", body = Health))
+)]
+async fn get_healthz() -> ApiJson<Health> {
+    ApiJson(HEALTHY)
+}
+
+/// Readiness: answers 200 only while the store answers.
+///
+/// While it fails, load balancers send traffic elsewhere; the body says why.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = TAG,
+    responses(
+        (status = OK, description = "The store answers", body = Health),
+        (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
+    )
+)]
+async fn get_readyz(State(app): State<AppState>) -> Result<ApiJson<Health>, ApiError> {
+    // Unlike other 5xx bodies this one names the cause: telling the operator why the
+    // instance is out of rotation is the point of the probe.
+    app.store.ping().await.map_err(|err| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("store not ready: {err}"),
+        )
+    })?;
+    Ok(ApiJson(HEALTHY))
+}

@@ -1,0 +1,234 @@
+//! The command line: every flag can also come from a `P2_*` environment variable.
+
+use std::net::SocketAddr;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::store::{ConsulOptions, StoreUrl};
+
+/// HTTP/JSON control plane for P2-style deployments over Consul or an embedded SQLite store.
+#[derive(Debug, Parser)]
+#[command(name = "p2-apiserver", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    /// `serve`'s flags, accepted without the subcommand because serving is the default.
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+impl Cli {
+    /// The command to run: `serve` when none is named.
+    pub fn into_command(self) -> Command {
+        self.command.unwrap_or(Command::Serve(self.serve))
+    }
+}
+
+/// What the binary can do.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API (the default when no command is given).
+    Serve(ServeArgs),
+}
+
+/// Everything `serve` needs; later features add their flags here.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to serve HTTP on; port 0 picks a free port, which the log reports
+    /// ("listening on ADDR").
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "P2_LISTEN",
+        default_value = "127.0.0.1:8080"
+    )]
+    pub listen: SocketAddr,
+
+    /// Where the state lives: sqlite://PATH for the embedded store (no other service needed),
+    /// consul://HOST:PORT or consul+https://HOST:PORT for Consul.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "P2_STORE",
+        default_value = "sqlite://p2-apiserver.db"
+    )]
+    pub store: StoreUrl,
+
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+}
+
+/// How to talk to Consul; ignored with an sqlite:// store.
+#[derive(Debug, Clone, Args)]
+pub struct ConsulArgs {
+    /// Consul ACL token; when unset, CONSUL_HTTP_TOKEN is used, and with neither, no token is
+    /// sent.
+    #[arg(
+        long = "consul-token",
+        value_name = "TOKEN",
+        env = "P2_CONSUL_TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+
+    /// Consul's own token variable, honoured so an environment set up for the `consul` CLI
+    /// works as is. Hidden: --consul-token is the documented way.
+    #[arg(
+        long = "consul-http-token",
+        env = "CONSUL_HTTP_TOKEN",
+        hide = true,
+        hide_env_values = true
+    )]
+    http_token: Option<String>,
+
+    /// Consul datacenter to read and write; when unset, the agent's own datacenter.
+    #[arg(
+        long = "consul-datacenter",
+        value_name = "DC",
+        env = "P2_CONSUL_DATACENTER"
+    )]
+    datacenter: Option<String>,
+}
+
+impl ConsulArgs {
+    /// The options for `open_store`, with the token fallback applied.
+    pub fn options(&self) -> ConsulOptions {
+        ConsulOptions {
+            token: self.token.clone().or_else(|| self.http_token.clone()),
+            datacenter: self.datacenter.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    // Parsing tests pass every flag they assert on explicitly, because flags win over the
+    // environment: the results cannot depend on what the test process inherits.
+
+    fn serve_args(argv: &[&str]) -> ServeArgs {
+        let argv = std::iter::once("p2-apiserver").chain(argv.iter().copied());
+        match Cli::try_parse_from(argv).unwrap().into_command() {
+            Command::Serve(args) => args,
+        }
+    }
+
+    #[test]
+    fn definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_has_its_env_var_and_default() {
+        let cli = Cli::command();
+        let serve = cli.find_subcommand("serve").unwrap();
+        let expected = [
+            ("listen", Some("P2_LISTEN"), Some("127.0.0.1:8080")),
+            ("store", Some("P2_STORE"), Some("sqlite://p2-apiserver.db")),
+            ("token", Some("P2_CONSUL_TOKEN"), None),
+            ("http_token", Some("CONSUL_HTTP_TOKEN"), None),
+            ("datacenter", Some("P2_CONSUL_DATACENTER"), None),
+        ];
+        for command in [&cli, serve] {
+            for (id, env, default) in expected {
+                let arg = command
+                    .get_arguments()
+                    .find(|a| a.get_id() == id)
+                    .unwrap_or_else(|| panic!("no argument {id}"));
+                assert_eq!(arg.get_env().and_then(|e| e.to_str()), env, "{id}");
+                let defaults: Vec<_> = arg
+                    .get_default_values()
+                    .iter()
+                    .map(|v| v.to_str().unwrap())
+                    .collect();
+                assert_eq!(defaults.first().copied(), default, "{id}");
+            }
+        }
+    }
+
+    // `debug_assert` does not run defaults through their parsers; this does.
+    #[test]
+    fn defaults_parse() {
+        let cli = Cli::command();
+        for id in ["listen", "store"] {
+            let arg = cli.get_arguments().find(|a| a.get_id() == id).unwrap();
+            let default = arg.get_default_values()[0].to_str().unwrap();
+            let argv = ["serve".to_string(), format!("--{id}"), default.to_string()];
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            serve_args(&argv);
+        }
+    }
+
+    #[test]
+    fn serve_is_the_default_command() {
+        let flags = [
+            "--listen",
+            "0.0.0.0:9000",
+            "--store",
+            "consul://127.0.0.1:8500",
+        ];
+        for argv in [
+            &flags[..],
+            &["serve", flags[0], flags[1], flags[2], flags[3]][..],
+        ] {
+            let args = serve_args(argv);
+            assert_eq!(args.listen, "0.0.0.0:9000".parse().unwrap());
+            assert_eq!(
+                args.store,
+                StoreUrl::Consul {
+                    base_url: "http://127.0.0.1:8500".into()
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn parses_consul_flags() {
+        let args = serve_args(&[
+            "--store",
+            "consul+https://consul.example:8501",
+            "--consul-token",
+            "ours",
+            "--consul-http-token",
+            "consuls",
+            "--consul-datacenter",
+            "dc2",
+        ]);
+        assert_eq!(
+            args.store,
+            StoreUrl::Consul {
+                base_url: "https://consul.example:8501".into()
+            }
+        );
+        let options = args.consul.options();
+        assert_eq!(options.token.as_deref(), Some("ours"));
+        assert_eq!(options.datacenter.as_deref(), Some("dc2"));
+    }
+
+    #[test]
+    fn consul_http_token_is_the_fallback() {
+        // Built directly: parsing would read both variables from the test's environment.
+        let args = ConsulArgs {
+            token: None,
+            http_token: Some("consuls".into()),
+            datacenter: None,
+        };
+        assert_eq!(args.options().token.as_deref(), Some("consuls"));
+    }
+
+    #[test]
+    fn refuses_bad_values() {
+        for argv in [
+            &["--store", "redis://x"][..],
+            &["--listen", "localhost"][..],
+            &["serve", "--nope"][..],
+        ] {
+            let argv = std::iter::once("p2-apiserver").chain(argv.iter().copied());
+            assert!(Cli::try_parse_from(argv).is_err());
+        }
+    }
+}

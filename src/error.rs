@@ -1,0 +1,347 @@
+//! The one error type handlers return, and the JSON body every error response carries.
+//!
+//! Which constructor to use:
+//! - [`ApiError::invalid`] / [`Violations`]: the request parsed but its content is wrong
+//!   (422 `Invalid`); list every bad field at once.
+//! - [`ApiError::bad_request`]: the request cannot be understood at all (400).
+//! - [`ApiError::not_found`], [`ApiError::conflict`], [`ApiError::precondition_failed`]: the
+//!   named resource is missing, changed concurrently, or not in the state the client expected.
+//! - [`ApiError::internal`] and [`ApiError::unavailable`]: anything the client cannot fix. The
+//!   client sees a generic message; the cause is logged once, inside the request's span.
+//! - [`ApiError::new`]: any other status; its message is sent as given.
+//!
+//! A [`StoreError`] converts with `?`; see the `From` impl for the mapping.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::store::StoreError;
+
+/// The body of every error response, shaped like a Kubernetes `Status` so clients branch on
+/// `reason` and show `message`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// The HTTP status code, repeated so a logged or saved body stands on its own.
+    pub code: u16,
+    /// CamelCase name of the failure, one per status: `NotFound`, `Conflict`, `Invalid`,
+    /// `PreconditionFailed`, `PayloadTooLarge`, `ServiceUnavailable`, `InternalError`, ...
+    pub reason: String,
+    /// For people; never parse it.
+    pub message: String,
+    /// Every bad field of a rejected request, so the client can fix them all in one go.
+    pub causes: Vec<Cause>,
+}
+
+/// One bad field of a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Cause {
+    /// Path of the field as named in JSON, e.g. `spec.replicas` or `labels[0]`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl Cause {
+    /// Shorthand for building causes inline.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Cause {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// An error on its way to becoming a JSON response.
+#[derive(Debug, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    causes: Vec<Cause>,
+    /// What really went wrong, for the log only: 5xx bodies stay generic so they leak
+    /// nothing about the store or the deployment.
+    internal: Option<String>,
+}
+
+impl ApiError {
+    /// An error whose `message` is sent exactly as given; for a hidden cause use
+    /// [`ApiError::internal`] or [`ApiError::unavailable`] instead.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            causes: Vec::new(),
+            internal: None,
+        }
+    }
+
+    /// 400: the request cannot be parsed, so no field-level detail is possible.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// 404: the named resource does not exist.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+
+    /// 409: someone else changed the resource first (a CAS miss); re-read and retry.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, message)
+    }
+
+    /// 412: the resource is not in the state the client said it expected.
+    pub fn precondition_failed(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PRECONDITION_FAILED, message)
+    }
+
+    /// 422 listing every bad field; the message repeats them for clients that only show it.
+    pub fn invalid(causes: impl IntoIterator<Item = Cause>) -> Self {
+        let causes: Vec<Cause> = causes.into_iter().collect();
+        let detail = causes
+            .iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect::<Vec<_>>()
+            .join("; ");
+        ApiError {
+            causes,
+            ..Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("the request is invalid: {detail}"),
+            )
+        }
+    }
+
+    /// 500 with a generic body; `cause` goes to the log only.
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        ApiError {
+            internal: Some(cause.to_string()),
+            ..Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal server error")
+        }
+    }
+
+    /// 503 with a generic body; `cause` goes to the log only. The client may retry.
+    pub fn unavailable(cause: impl std::fmt::Display) -> Self {
+        ApiError {
+            internal: Some(cause.to_string()),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the store is unavailable; retry later",
+            )
+        }
+    }
+
+    /// The HTTP status the response will carry.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The body exactly as it will be sent.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            code: self.status.as_u16(),
+            reason: reason(self.status),
+            message: self.message.clone(),
+            causes: self.causes.clone(),
+        }
+    }
+
+    /// axum's rejections say precisely what was wrong with the request; keep their status
+    /// and text, except for the rare 5xx, which is treated like any internal error.
+    fn rejected(status: StatusCode, text: String) -> Self {
+        if status.is_server_error() {
+            Self::internal(text)
+        } else {
+            Self::new(status, text)
+        }
+    }
+}
+
+/// The CamelCase reason for a status: Kubernetes' names where they differ from HTTP's
+/// (422 is `Invalid`, 500 is `InternalError`), otherwise HTTP's reason phrase run together.
+fn reason(status: StatusCode) -> String {
+    match status {
+        StatusCode::UNPROCESSABLE_ENTITY => "Invalid".into(),
+        StatusCode::INTERNAL_SERVER_ERROR => "InternalError".into(),
+        _ => status
+            .canonical_reason()
+            .unwrap_or("Unknown")
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .collect(),
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        // Built once per failed request, inside its span: the one place the cause is logged.
+        if let Some(cause) = &self.internal {
+            tracing::error!(status = self.status.as_u16(), %cause, "request failed");
+        }
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+/// Collects every problem found while validating one request, so the client gets them all in
+/// a single 422 instead of one per attempt.
+#[derive(Debug, Default)]
+pub struct Violations {
+    causes: Vec<Cause>,
+}
+
+impl Violations {
+    /// No problems yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records that `field` is wrong and why.
+    pub fn add(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.causes.push(Cause::new(field, message));
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.causes.is_empty()
+    }
+
+    /// `Ok` if nothing was recorded, otherwise one [`ApiError::invalid`] listing everything.
+    pub fn finish(self) -> Result<(), ApiError> {
+        if self.causes.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(self.causes))
+        }
+    }
+}
+
+/// How store failures reach clients:
+/// - `NotFound` → 404, `Conflict` → 409, `Invalid` → 422, with the store's message.
+/// - `Unavailable` → 503, generic body: the client may retry once the store is back.
+/// - `Forbidden` → 500, generic body: the store refused *this server's* credentials (its
+///   Consul token), which no client can fix and a retry will not heal; the operator finds
+///   the store's message in the log.
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::NotFound(_) => Self::not_found(err.to_string()),
+            StoreError::Conflict { .. } => Self::conflict(err.to_string()),
+            StoreError::Invalid(_) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, err.to_string()),
+            StoreError::Unavailable(_) => Self::unavailable(err),
+            StoreError::Forbidden(_) => Self::internal(format!(
+                "the store refused the server's credentials (check --consul-token): {err}"
+            )),
+        }
+    }
+}
+
+/// Malformed JSON is 400, well-formed JSON of the wrong shape 422, a missing
+/// `Content-Type: application/json` 415, a body over the limit 413.
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        Self::rejected(rejection.status(), rejection.body_text())
+    }
+}
+
+/// A query string that does not deserialize is 400.
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        Self::rejected(rejection.status(), rejection.body_text())
+    }
+}
+
+/// A path segment that does not deserialize is 400.
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        Self::rejected(rejection.status(), rejection.body_text())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_camel_case() {
+        let cases = [
+            (StatusCode::BAD_REQUEST, "BadRequest"),
+            (StatusCode::FORBIDDEN, "Forbidden"),
+            (StatusCode::NOT_FOUND, "NotFound"),
+            (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+            (StatusCode::CONFLICT, "Conflict"),
+            (StatusCode::PRECONDITION_FAILED, "PreconditionFailed"),
+            (StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge"),
+            (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType"),
+            (StatusCode::UNPROCESSABLE_ENTITY, "Invalid"),
+            (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
+            (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable"),
+        ];
+        for (status, expected) in cases {
+            assert_eq!(reason(status), expected, "{status}");
+        }
+    }
+
+    #[test]
+    fn violations_report_every_cause() {
+        let mut v = Violations::new();
+        assert!(v.is_empty());
+        v.add("spec.replicas", "must not be negative");
+        v.add("labels[0]", "bad key");
+        let body = v.finish().unwrap_err().body();
+        assert_eq!(body.code, 422);
+        assert_eq!(body.reason, "Invalid");
+        assert_eq!(
+            body.causes,
+            [
+                Cause::new("spec.replicas", "must not be negative"),
+                Cause::new("labels[0]", "bad key")
+            ]
+        );
+        assert!(body.message.contains("spec.replicas: must not be negative"));
+        assert!(body.message.contains("labels[0]: bad key"));
+        assert!(Violations::new().finish().is_ok());
+    }
+
+    #[test]
+    fn store_errors_map_to_statuses() {
+        let cases = [
+            (StoreError::NotFound("k".into()), StatusCode::NOT_FOUND),
+            (StoreError::conflict("cas"), StatusCode::CONFLICT),
+            (
+                StoreError::Invalid("key".into()),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            ),
+            (
+                StoreError::Forbidden("ACL".into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+            (
+                StoreError::Unavailable("down".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+        ];
+        for (err, status) in cases {
+            assert_eq!(ApiError::from(err).status(), status);
+        }
+    }
+
+    #[test]
+    fn server_errors_hide_their_cause() {
+        let secret = "consul at 10.0.0.7:8500 said: Permission denied";
+        for err in [
+            ApiError::from(StoreError::Forbidden(secret.into())),
+            ApiError::from(StoreError::Unavailable(secret.into())),
+            ApiError::internal(secret),
+        ] {
+            let body = err.body();
+            assert!(!body.message.contains("10.0.0.7"), "{body:?}");
+            assert_eq!(
+                err.internal.as_deref().map(|c| c.contains(secret)),
+                Some(true)
+            );
+        }
+    }
+}
