@@ -1,0 +1,106 @@
+//! An in-process server over a temporary SQLite store, driven without a socket.
+
+// Each test crate uses its own subset of these helpers.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use p2_apiserver::app::App;
+use p2_apiserver::error::ErrorBody;
+use p2_apiserver::router;
+use p2_apiserver::store::sqlite::SqliteStore;
+use p2_apiserver::store::KvStore;
+use tempfile::TempDir;
+use tower::ServiceExt;
+
+/// The real router over a store in a temporary file that lives as long as the app.
+pub struct TestApp {
+    router: Router,
+    /// The store the router uses, for arranging and checking state behind the API's back.
+    pub store: Arc<dyn KvStore>,
+    _dir: TempDir,
+}
+
+impl TestApp {
+    /// A fresh app over an empty SQLite store.
+    pub async fn new() -> Self {
+        Self::wrapping(|store| store).await
+    }
+
+    /// A fresh app whose store is `wrap` applied to an empty SQLite store; for injecting
+    /// failures while keeping real storage underneath.
+    pub async fn wrapping(wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("p2.db");
+        let sqlite = SqliteStore::open(path.to_str().expect("utf-8 temp path"))
+            .await
+            .expect("open sqlite store");
+        let store = wrap(Arc::new(sqlite));
+        TestApp {
+            router: router::build(App::new(store.clone())),
+            store,
+            _dir: dir,
+        }
+    }
+
+    /// Sends one request through the whole router, middleware included.
+    pub async fn send(&self, request: Request<Body>) -> TestResponse {
+        call(&self.router, request).await
+    }
+
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> TestResponse {
+        self.send(Request::get(path).body(Body::empty()).unwrap())
+            .await
+    }
+}
+
+/// Sends one request to any router, e.g. a test-only one wrapped with
+/// `router::with_middleware`.
+pub async fn call(router: &Router, request: Request<Body>) -> TestResponse {
+    let response = router.clone().oneshot(request).await.expect("infallible");
+    let (parts, body) = response.into_parts();
+    TestResponse {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.expect("read body").to_bytes(),
+    }
+}
+
+/// A response read to the end.
+#[derive(Debug)]
+pub struct TestResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl TestResponse {
+    /// The body as JSON, checking the content type says so.
+    pub fn json(&self) -> serde_json::Value {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/json"),
+            "{self:?}"
+        );
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {self:?}"))
+    }
+
+    /// The body as the API's error shape, checking its code matches the status.
+    pub fn error(&self) -> ErrorBody {
+        let body: ErrorBody = serde_json::from_value(self.json()).expect("an error body");
+        assert_eq!(body.code, self.status.as_u16(), "{body:?}");
+        body
+    }
+
+    /// A header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().expect("text header"))
+    }
+}
