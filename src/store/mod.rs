@@ -7,6 +7,7 @@
 
 pub mod consul;
 pub mod keys;
+pub mod labels;
 pub mod open;
 pub mod sqlite;
 
