@@ -5,6 +5,7 @@
 //! blocking watches) so that the typed stores built on it behave the same on Consul and on
 //! the embedded SQLite backend.
 
+pub mod backoff;
 pub mod consul;
 pub mod keys;
 pub mod labels;
