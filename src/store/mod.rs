@@ -5,8 +5,10 @@
 //! blocking watches) so that the typed stores built on it behave the same on Consul and on
 //! the embedded SQLite backend.
 
+pub mod backoff;
 pub mod consul;
 pub mod keys;
+pub mod labels;
 pub mod open;
 pub mod sqlite;
 

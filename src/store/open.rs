@@ -58,16 +58,11 @@ pub struct ConsulOptions {
 pub async fn open_store(url: &StoreUrl, consul: ConsulOptions) -> StoreResult<Arc<dyn KvStore>> {
     match url {
         StoreUrl::Sqlite { path } => Ok(Arc::new(SqliteStore::open(path).await?)),
-        StoreUrl::Consul { base_url } => {
-            let _ = ConsulStore::new(ConsulConfig {
-                base_url: base_url.clone(),
-                token: consul.token,
-                datacenter: consul.datacenter,
-            })?;
-            Err(super::StoreError::Invalid(
-                "the Consul backend is not wired yet".into(),
-            ))
-        }
+        StoreUrl::Consul { base_url } => Ok(Arc::new(ConsulStore::new(ConsulConfig {
+            base_url: base_url.clone(),
+            token: consul.token,
+            datacenter: consul.datacenter,
+        })?)),
     }
 }
 

@@ -1,0 +1,188 @@
+//! The label store: `labels/<type>/<id>` keys holding a JSON object of string to string.
+//!
+//! Reads never fail on one bad entry: an undecodable label key is logged and skipped, so a
+//! single corrupt document cannot hide every other object's labels.
+
+use std::sync::Arc;
+
+use crate::labels::{LabelType, Labeled, Labels, Selector};
+
+use super::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+
+/// One object's labels and the modify index they were read at (0 when it has none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LabelRecord {
+    pub labels: Labels,
+    pub index: u64,
+}
+
+/// Reads and writes labels with P2's layout and JSON.
+#[derive(Clone)]
+pub struct LabelStore {
+    kv: Arc<dyn KvStore>,
+}
+
+/// How many times a read-modify-write is retried on CAS conflicts before giving up.
+const MAX_CAS_ATTEMPTS: usize = 32;
+
+impl LabelStore {
+    /// Wraps the KV store.
+    pub fn new(kv: Arc<dyn KvStore>) -> Self {
+        LabelStore { kv }
+    }
+
+    /// One object's labels; an object without a key has no labels and index 0.
+    pub async fn get(&self, label_type: LabelType, id: &str) -> StoreResult<LabelRecord> {
+        let pair = self.kv.get(&label_type.label_key(id)).await?;
+        Ok(pair.map(|pair| record_from_pair(&pair)).unwrap_or_default())
+    }
+
+    /// Every labeled object of a type, with the listing's index for blocking queries.
+    pub async fn list(&self, label_type: LabelType) -> StoreResult<(u64, Vec<Labeled>)> {
+        let listing = self.kv.list(&label_type.key_prefix()).await?;
+        Ok((listing.index, decode_listing(label_type, &listing.pairs)))
+    }
+
+    /// The objects of a type whose labels match `selector`.
+    pub async fn select(
+        &self,
+        label_type: LabelType,
+        selector: &Selector,
+    ) -> StoreResult<(u64, Vec<Labeled>)> {
+        let (index, mut all) = self.list(label_type).await?;
+        all.retain(|labeled| selector.matches(&labeled.labels));
+        Ok((index, all))
+    }
+
+    /// Replaces an object's labels if its index is still `expected` (any index when `None`);
+    /// an empty set deletes the key. Returns the new record.
+    pub async fn replace(
+        &self,
+        label_type: LabelType,
+        id: &str,
+        labels: Labels,
+        expected: Option<u64>,
+    ) -> StoreResult<LabelRecord> {
+        self.update(label_type, id, expected, move |current| {
+            *current = labels.clone()
+        })
+        .await
+    }
+
+    /// Applies `change` to an object's labels with check-and-set. With `expected` the write
+    /// happens only at that index (a `Conflict` otherwise); without it the change is
+    /// re-applied to the latest labels until it lands, so concurrent writers all win.
+    pub async fn update(
+        &self,
+        label_type: LabelType,
+        id: &str,
+        expected: Option<u64>,
+        change: impl Fn(&mut Labels) + Send + Sync,
+    ) -> StoreResult<LabelRecord> {
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let current = self.get(label_type, id).await?;
+            if let Some(expected) = expected {
+                if expected != current.index {
+                    return Err(StoreError::conflict(format!(
+                        "labels of {label_type} {id:?} are at index {}, not {expected}",
+                        current.index
+                    )));
+                }
+            }
+            let mut labels = current.labels.clone();
+            change(&mut labels);
+            if labels == current.labels {
+                return Ok(current);
+            }
+            let Some(op) = write_op(label_type, id, &labels, current.index) else {
+                return Ok(current);
+            };
+            match self.kv.txn(std::slice::from_ref(&op)).await {
+                Ok(results) => {
+                    let index = results
+                        .into_iter()
+                        .next()
+                        .flatten()
+                        .map_or(0, |pair| pair.modify_index);
+                    return Ok(LabelRecord { labels, index });
+                }
+                Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "labels of {label_type} {id:?} kept changing; gave up after {MAX_CAS_ATTEMPTS} attempts"
+        )))
+    }
+
+    /// Removes every label of an object (an unconditional delete, as P2's "remove all").
+    pub async fn delete(
+        &self,
+        label_type: LabelType,
+        id: &str,
+        expected: Option<u64>,
+    ) -> StoreResult<()> {
+        let key = label_type.label_key(id);
+        match expected {
+            Some(index) => {
+                let op = TxnOp::DeleteCas {
+                    key: key.clone(),
+                    index,
+                };
+                // Delete-CAS of an absent key succeeds; an If-Match on nothing must not.
+                let check = if index == 0 {
+                    TxnOp::CheckNotExists { key }
+                } else {
+                    TxnOp::CheckIndex { key, index }
+                };
+                self.kv.txn(&[check, op]).await.map(drop)
+            }
+            None => self.kv.delete(&key, super::Cas::Any).await,
+        }
+    }
+}
+
+/// The txn op that makes an object's labels `labels`, given the index they were read at:
+/// a CAS write, or a delete-CAS when the set is empty; `None` when there is nothing to do.
+pub fn write_op(label_type: LabelType, id: &str, labels: &Labels, index: u64) -> Option<TxnOp> {
+    let key = label_type.label_key(id);
+    if labels.is_empty() {
+        return (index != 0).then_some(TxnOp::DeleteCas { key, index });
+    }
+    let value = serde_json::to_vec(labels).expect("a string map always serializes");
+    Some(TxnOp::Cas { key, value, index })
+}
+
+fn record_from_pair(pair: &KvPair) -> LabelRecord {
+    LabelRecord {
+        labels: decode_labels(pair).unwrap_or_default(),
+        index: pair.modify_index,
+    }
+}
+
+/// P2 writes `null` for an object whose label map is nil.
+fn decode_labels(pair: &KvPair) -> Option<Labels> {
+    match serde_json::from_slice::<Option<Labels>>(&pair.value) {
+        Ok(labels) => Some(labels.unwrap_or_default()),
+        Err(e) => {
+            tracing::warn!(key = %pair.key, error = %e, "skipping undecodable labels");
+            None
+        }
+    }
+}
+
+fn decode_listing(label_type: LabelType, pairs: &[KvPair]) -> Vec<Labeled> {
+    let prefix = label_type.key_prefix();
+    pairs
+        .iter()
+        .filter_map(|pair| {
+            let id = pair.key.strip_prefix(&prefix)?.to_owned();
+            let labels = decode_labels(pair)?;
+            Some(Labeled {
+                label_type,
+                id,
+                labels,
+            })
+        })
+        .collect()
+}
