@@ -8,13 +8,17 @@
 //! - [`router`]: wires routes, the OpenAPI document, fallbacks and middleware.
 //! - [`server`]: serves the router on a listener until shutdown.
 //! - [`labels`]: label types, label validity rules and Kubernetes-style selectors.
-//! - [`store`]: the Consul-shaped KV trait and its SQLite and Consul backends.
+//! - [`model`]: stored document types (manifests, RCs, rolls, daemon sets, health, audit)
+//!   and the pure domain rules around them.
+//! - [`store`]: the Consul-shaped KV trait, its SQLite and Consul backends, and the typed
+//!   stores built on it.
 
 pub mod api;
 pub mod app;
 pub mod config;
 pub mod error;
 pub mod labels;
+pub mod model;
 pub mod router;
 pub mod server;
 pub mod store;

@@ -1,0 +1,723 @@
+//! Pod manifests: the raw YAML kept byte for byte, a validated parsed view, and the SHA.
+//!
+//! A manifest is written back exactly as it was received (comments, key order and any PGP
+//! clear-signature included), because preparers may verify the signature over those bytes.
+//! Its SHA is instead taken over one canonical rendering of the parsed YAML, so reformatting
+//! or re-signing a manifest does not make it look changed.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+use sha2::{Digest, Sha256};
+use yaml_serde::{Mapping, Value};
+
+use super::FieldError;
+
+const BEGIN_SIGNED: &str = "-----BEGIN PGP SIGNED MESSAGE-----";
+const BEGIN_SIGNATURE: &str = "-----BEGIN PGP SIGNATURE-----";
+const END_SIGNATURE: &str = "-----END PGP SIGNATURE-----";
+/// Health-check path used when the manifest names none.
+const DEFAULT_STATUS_PATH: &str = "/_status";
+
+/// A validated pod manifest. Two manifests are equal when their raw bytes are equal; compare
+/// [`Manifest::sha`] to ask whether they describe the same pod.
+#[derive(Clone)]
+pub struct Manifest {
+    raw: String,
+    pod_id: String,
+    sha: String,
+    signed: bool,
+    health_check: Option<HealthCheck>,
+}
+
+/// How the preparer checks a pod's health (HTTP HEAD on `port` and `path`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// TCP port of the status endpoint.
+    pub port: u16,
+    /// Request path, always starting with `/`.
+    pub path: String,
+    /// Plain HTTP instead of HTTPS.
+    pub http: bool,
+}
+
+impl Manifest {
+    /// Parses and validates manifest text, plain YAML or PGP clear-signed YAML, returning
+    /// every validation problem at once.
+    pub fn parse(raw: &str) -> Result<Manifest, Vec<FieldError>> {
+        if raw.trim().is_empty() {
+            return Err(vec![FieldError::new("manifest", "is empty")]);
+        }
+        let (text, signed) = match signed_plaintext(raw) {
+            Some(Ok(text)) => (Cow::Owned(text), true),
+            Some(Err(why)) => return Err(vec![FieldError::new("manifest", why)]),
+            None => (Cow::Borrowed(raw), false),
+        };
+        let mut yaml: Value = yaml_serde::from_str(&text).map_err(|e| {
+            vec![FieldError::new(
+                "manifest",
+                format!("is not valid YAML: {e}"),
+            )]
+        })?;
+        yaml.apply_merge().map_err(|e| {
+            vec![FieldError::new(
+                "manifest",
+                format!("bad YAML merge key: {e}"),
+            )]
+        })?;
+        let Value::Mapping(top) = untag(&yaml) else {
+            return Err(vec![FieldError::new("manifest", "must be a YAML mapping")]);
+        };
+
+        let mut problems = Vec::new();
+        let pod_id = string_field(top, "id", "id", &mut problems).unwrap_or_default();
+        if pod_id.is_empty() && problems.is_empty() {
+            problems.push(FieldError::new("id", "is required"));
+        }
+        check_launchables(top, &mut problems);
+        let health_check = derive_health_check(top, &mut problems);
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+
+        let mut canonical = String::new();
+        write_canonical(&yaml, &mut canonical);
+        let sha = Sha256::digest(canonical.as_bytes())
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        Ok(Manifest {
+            raw: raw.to_owned(),
+            pod_id,
+            sha,
+            signed,
+            health_check,
+        })
+    }
+
+    /// Builds a manifest from a JSON object, for API clients that send the manifest as JSON
+    /// rather than YAML text; the stored raw form is the YAML rendering of that object.
+    pub fn from_json_value(value: &serde_json::Value) -> Result<Manifest, Vec<FieldError>> {
+        if !value.is_object() {
+            return Err(vec![FieldError::new(
+                "manifest",
+                "must be a YAML string or a JSON object",
+            )]);
+        }
+        let yaml = yaml_serde::to_string(value).map_err(|e| {
+            vec![FieldError::new(
+                "manifest",
+                format!("cannot render as YAML: {e}"),
+            )]
+        })?;
+        Manifest::parse(&yaml)
+    }
+
+    /// The bytes exactly as received; this is what gets stored and written to intents.
+    pub fn raw(&self) -> &str {
+        &self.raw
+    }
+
+    /// The pod ID (the manifest's `id`), never empty.
+    pub fn pod_id(&self) -> &str {
+        &self.pod_id
+    }
+
+    /// Hex SHA-256 of the canonical rendering; equal for manifests that differ only in
+    /// comments, formatting, key order or signature.
+    pub fn sha(&self) -> String {
+        self.sha.clone()
+    }
+
+    /// Whether the raw form is PGP clear-signed.
+    pub fn is_signed(&self) -> bool {
+        self.signed
+    }
+
+    /// The health check the preparer will run, or `None` when the manifest has no status
+    /// port, which means the pod always counts as healthy.
+    pub fn health_check(&self) -> Option<&HealthCheck> {
+        self.health_check.as_ref()
+    }
+}
+
+impl PartialEq for Manifest {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw == other.raw
+    }
+}
+
+impl Eq for Manifest {}
+
+impl fmt::Debug for Manifest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Manifest")
+            .field("pod_id", &self.pod_id)
+            .field("sha", &self.sha)
+            .field("signed", &self.signed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serializes as the raw YAML string, as stored documents carry it.
+impl Serialize for Manifest {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.raw)
+    }
+}
+
+/// Accepts YAML text or a JSON object, the two forms API clients send.
+impl<'de> Deserialize<'de> for Manifest {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let parsed = match serde_json::Value::deserialize(deserializer)? {
+            serde_json::Value::String(text) => Manifest::parse(&text),
+            other => Manifest::from_json_value(&other),
+        };
+        parsed.map_err(|errors| de::Error::custom(super::join_errors(&errors)))
+    }
+}
+
+/// The signed plaintext of a PGP clear-signed message, `None` when `raw` is not one.
+///
+/// Armor header lines (such as `Hash: SHA256`) end at the first blank line; the text runs up
+/// to the signature block, with RFC 4880 dash-escaping (`- ` before lines starting with `-`)
+/// undone. The signature itself is not verified here; preparers do that.
+fn signed_plaintext(raw: &str) -> Option<Result<String, &'static str>> {
+    let mut lines = raw.lines();
+    let first = lines.by_ref().find(|line| !line.trim().is_empty())?;
+    if first.trim_end() != BEGIN_SIGNED {
+        return None;
+    }
+    if !lines.by_ref().any(|line| line.trim().is_empty()) {
+        return Some(Err(
+            "signed manifest has no blank line after its armor headers",
+        ));
+    }
+    let mut text = String::new();
+    for line in lines.by_ref() {
+        if line.trim_end() == BEGIN_SIGNATURE {
+            if !lines.any(|line| line.trim_end() == END_SIGNATURE) {
+                return Some(Err("signed manifest's signature block is not terminated"));
+            }
+            return Some(Ok(text));
+        }
+        text.push_str(line.strip_prefix("- ").unwrap_or(line));
+        text.push('\n');
+    }
+    Some(Err("signed manifest has no signature block"))
+}
+
+/// P2's launchable rules: a type is required; hoist and opencontainer need exactly one of
+/// `location` or `version.id`; docker needs `image.name` and `image.sha256`.
+fn check_launchables(top: &Mapping, problems: &mut Vec<FieldError>) {
+    let launchables = match top.get("launchables").map(untag) {
+        None | Some(Value::Null) => return,
+        Some(Value::Mapping(launchables)) => launchables,
+        Some(_) => {
+            problems.push(FieldError::new(
+                "launchables",
+                "must be a mapping of launchable ID to launchable",
+            ));
+            return;
+        }
+    };
+    for (key, stanza) in launchables {
+        let id = scalar_text(key).unwrap_or_else(|| "?".to_owned());
+        let path = format!("launchables.{id}");
+        let empty = Mapping::new();
+        let stanza = match untag(stanza) {
+            Value::Mapping(stanza) => stanza,
+            Value::Null => &empty,
+            _ => {
+                problems.push(FieldError::new(path, "must be a mapping"));
+                continue;
+            }
+        };
+        let field = |name: &str| format!("{path}.{name}");
+        let launchable_type = string_field(
+            stanza,
+            "launchable_type",
+            &field("launchable_type"),
+            problems,
+        );
+        match launchable_type.as_deref().unwrap_or("") {
+            "" => problems.push(FieldError::new(field("launchable_type"), "is required")),
+            "hoist" | "opencontainer" => {
+                let location = non_empty(string_field(
+                    stanza,
+                    "location",
+                    &field("location"),
+                    problems,
+                ));
+                let version_id =
+                    nested_string(stanza, "version", "id", &field("version"), problems);
+                match (location, version_id) {
+                    (Some(_), Some(_)) => problems.push(FieldError::new(
+                        field("location"),
+                        "set either location or version.id, not both",
+                    )),
+                    (None, None) => problems.push(FieldError::new(
+                        field("location"),
+                        "one of location or version.id is required",
+                    )),
+                    _ => {}
+                }
+            }
+            "docker" => {
+                for name in ["name", "sha256"] {
+                    if nested_string(stanza, "image", name, &field("image"), problems).is_none() {
+                        problems.push(FieldError::new(
+                            field(&format!("image.{name}")),
+                            "is required",
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// P2's health-check derivation: `status_port` if non-zero else `status.port`; plain HTTP
+/// if either `status_http` or `status.http`; path `status.path` with a leading `/`.
+fn derive_health_check(top: &Mapping, problems: &mut Vec<FieldError>) -> Option<HealthCheck> {
+    let empty = Mapping::new();
+    let status = match top.get("status").map(untag) {
+        None | Some(Value::Null) => &empty,
+        Some(Value::Mapping(status)) => status,
+        Some(_) => {
+            problems.push(FieldError::new("status", "must be a mapping"));
+            &empty
+        }
+    };
+    // Read every field before deciding, so that each bad one is reported.
+    let legacy_port = port_field(top, "status_port", "status_port", problems);
+    let status_port = port_field(status, "port", "status.port", problems);
+    let legacy_http = bool_field(top, "status_http", "status_http", problems);
+    let status_http = bool_field(status, "http", "status.http", problems);
+    let path = string_field(status, "path", "status.path", problems);
+    let port = legacy_port
+        .filter(|port| *port != 0)
+        .or(status_port)
+        .filter(|port| *port != 0)?;
+    let path = match non_empty(path) {
+        None => DEFAULT_STATUS_PATH.to_owned(),
+        Some(path) if path.starts_with('/') => path,
+        Some(path) => format!("/{path}"),
+    };
+    Some(HealthCheck {
+        port,
+        path,
+        http: legacy_http || status_http,
+    })
+}
+
+fn untag(value: &Value) -> &Value {
+    match value {
+        Value::Tagged(tagged) => untag(&tagged.value),
+        other => other,
+    }
+}
+
+/// The text of a scalar as a Go string field would receive it; `None` for collections.
+fn scalar_text(value: &Value) -> Option<String> {
+    match untag(value) {
+        Value::Null => Some(String::new()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::String(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn non_empty(text: Option<String>) -> Option<String> {
+    text.filter(|text| !text.is_empty())
+}
+
+/// A string-typed key; a collection where a string belongs is a problem.
+fn string_field(
+    map: &Mapping,
+    key: &str,
+    path: &str,
+    problems: &mut Vec<FieldError>,
+) -> Option<String> {
+    let value = map.get(key)?;
+    let text = scalar_text(value);
+    if text.is_none() {
+        problems.push(FieldError::new(path, "must be a string"));
+    }
+    text
+}
+
+/// The non-empty string at `outer.inner`, such as `version.id`.
+fn nested_string(
+    map: &Mapping,
+    outer: &str,
+    inner: &str,
+    path: &str,
+    problems: &mut Vec<FieldError>,
+) -> Option<String> {
+    match map.get(outer).map(untag) {
+        None | Some(Value::Null) => None,
+        Some(Value::Mapping(nested)) => non_empty(string_field(
+            nested,
+            inner,
+            &format!("{path}.{inner}"),
+            problems,
+        )),
+        Some(_) => {
+            problems.push(FieldError::new(path, "must be a mapping"));
+            None
+        }
+    }
+}
+
+fn port_field(map: &Mapping, key: &str, path: &str, problems: &mut Vec<FieldError>) -> Option<u16> {
+    match map.get(key).map(untag) {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|port| port <= 65_535) => {
+            n.as_u64().map(|port| port as u16)
+        }
+        Some(_) => {
+            problems.push(FieldError::new(path, "must be a port number (0-65535)"));
+            None
+        }
+    }
+}
+
+/// A boolean, also accepting the YAML 1.1 spellings (`yes`, `on`, ...) that P2's YAML
+/// library reads as booleans.
+fn bool_field(map: &Mapping, key: &str, path: &str, problems: &mut Vec<FieldError>) -> bool {
+    match map.get(key).map(untag) {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(s)) if yaml11_bool(s).is_some() => yaml11_bool(s).unwrap_or(false),
+        Some(_) => {
+            problems.push(FieldError::new(path, "must be a boolean"));
+            false
+        }
+    }
+}
+
+fn yaml11_bool(text: &str) -> Option<bool> {
+    match text {
+        "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "true" | "True" | "TRUE" => {
+            Some(true)
+        }
+        "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False" | "FALSE" => {
+            Some(false)
+        }
+        _ => None,
+    }
+}
+
+/// Renders `value` as compact JSON with mapping entries sorted, the input of the SHA.
+/// Non-string keys are rendered then quoted; tags wrap their value as `{"!tag": value}`;
+/// non-finite floats become strings, so the output is always valid JSON.
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) if n.is_nan() || n.is_infinite() => write_json_string(&n.to_string(), out),
+        Value::Number(n) => out.push_str(&n.to_string()),
+        Value::String(s) => write_json_string(s, out),
+        Value::Sequence(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        Value::Mapping(map) => {
+            let mut entries: Vec<(String, String)> = map
+                .iter()
+                .map(|(key, value)| {
+                    let mut key_text = String::new();
+                    match key {
+                        Value::String(key) => write_json_string(key, &mut key_text),
+                        other => {
+                            let mut rendered = String::new();
+                            write_canonical(other, &mut rendered);
+                            write_json_string(&rendered, &mut key_text);
+                        }
+                    }
+                    let mut value_text = String::new();
+                    write_canonical(value, &mut value_text);
+                    (key_text, value_text)
+                })
+                .collect();
+            entries.sort();
+            out.push('{');
+            for (i, (key, value)) in entries.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(key);
+                out.push(':');
+                out.push_str(value);
+            }
+            out.push('}');
+        }
+        Value::Tagged(tagged) => {
+            out.push('{');
+            write_json_string(&tagged.tag.to_string(), out);
+            out.push(':');
+            write_canonical(&tagged.value, out);
+            out.push('}');
+        }
+    }
+}
+
+fn write_json_string(text: &str, out: &mut String) {
+    out.push_str(&serde_json::Value::from(text).to_string());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HELLO: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_3881c78e.tar.gz\nconfig:\n  ENVIRONMENT: production\nstatus:\n  port: 43770\n  http: true\n";
+
+    fn errors(raw: &str) -> Vec<String> {
+        Manifest::parse(raw)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn keeps_raw_bytes_and_reads_the_pod_id() {
+        let raw = "# deployed by hand\nid:   hello   # the app\nlaunchables: {}\n";
+        let manifest = Manifest::parse(raw).unwrap();
+        assert_eq!(manifest.raw(), raw);
+        assert_eq!(manifest.pod_id(), "hello");
+        assert!(!manifest.is_signed());
+        assert_eq!(serde_json::to_value(&manifest).unwrap(), raw);
+    }
+
+    #[test]
+    fn sha_ignores_comments_indentation_key_order_and_flow_style() {
+        let base = Manifest::parse(HELLO).unwrap();
+        let variants = [
+            "# comment\nstatus: {http: true, port: 43770}\nconfig:\n    ENVIRONMENT: production   # prod\nlaunchables:\n    app:\n        location: https://artifacts.example.com/hello_3881c78e.tar.gz\n        launchable_type: hoist\nid: hello\n",
+            "{\"id\": \"hello\", \"launchables\": {\"app\": {\"launchable_type\": \"hoist\", \"location\": \"https://artifacts.example.com/hello_3881c78e.tar.gz\"}}, \"config\": {\"ENVIRONMENT\": \"production\"}, \"status\": {\"port\": 43770, \"http\": true}}",
+        ];
+        for variant in variants {
+            let other = Manifest::parse(variant).unwrap();
+            assert_eq!(other.sha(), base.sha(), "{variant}");
+            assert_ne!(other, base);
+        }
+        assert_eq!(base.sha().len(), 64);
+        assert!(base.sha().bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn sha_changes_with_content() {
+        let base = Manifest::parse(HELLO).unwrap();
+        for changed in [
+            HELLO.replace("production", "staging"),
+            HELLO.replace("43770", "43771"),
+            HELLO.replace("http: true", "http: \"true\""),
+            format!("{HELLO}run_as: nobody\n"),
+        ] {
+            assert_ne!(
+                Manifest::parse(&changed).unwrap().sha(),
+                base.sha(),
+                "{changed}"
+            );
+        }
+    }
+
+    #[test]
+    fn canonical_form_is_sorted_json() {
+        let yaml: Value =
+            yaml_serde::from_str("b: [1, 2.5, x]\na: {d: null, c: true}\n3: !t q\n").unwrap();
+        let mut out = String::new();
+        write_canonical(&yaml, &mut out);
+        assert_eq!(
+            out,
+            r#"{"3":{"!t":"q"},"a":{"c":true,"d":null},"b":[1,2.5,"x"]}"#
+        );
+        serde_json::from_str::<serde_json::Value>(&out).unwrap();
+    }
+
+    #[test]
+    fn reads_clear_signed_manifests() {
+        let plaintext = format!("{HELLO}tags:\n- blue\n");
+        let signed = format!(
+            "{BEGIN_SIGNED}\nHash: SHA256\n\n{HELLO}tags:\n- - blue\n{BEGIN_SIGNATURE}\n\niQEcBAEBCAAGBQJeHdummy\n=abcd\n{END_SIGNATURE}\n"
+        );
+        let manifest = Manifest::parse(&signed).unwrap();
+        assert!(manifest.is_signed());
+        assert_eq!(manifest.raw(), signed);
+        assert_eq!(manifest.pod_id(), "hello");
+        assert_eq!(manifest.sha(), Manifest::parse(&plaintext).unwrap().sha());
+        assert_ne!(manifest.sha(), Manifest::parse(HELLO).unwrap().sha());
+    }
+
+    #[test]
+    fn reads_clear_signed_manifests_with_crlf_line_ends() {
+        let signed = format!("{BEGIN_SIGNED}\r\nHash: SHA512\r\n\r\nid: crlf\r\n{BEGIN_SIGNATURE}\r\nxyz\r\n{END_SIGNATURE}\r\n");
+        assert_eq!(Manifest::parse(&signed).unwrap().pod_id(), "crlf");
+    }
+
+    #[test]
+    fn rejects_broken_signed_manifests() {
+        let no_blank = format!("{BEGIN_SIGNED}\nHash: SHA256\n");
+        let no_signature = format!("{BEGIN_SIGNED}\nHash: SHA256\n\nid: x\n");
+        let unterminated = format!("{BEGIN_SIGNED}\n\nid: x\n{BEGIN_SIGNATURE}\nabc\n");
+        for raw in [no_blank, no_signature, unterminated] {
+            let errors = errors(&raw);
+            assert_eq!(errors.len(), 1, "{raw}");
+            assert!(
+                errors[0].starts_with("manifest: signed manifest"),
+                "{errors:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn requires_a_non_empty_id() {
+        assert_eq!(errors("launchables: {}\n"), ["id: is required"]);
+        assert_eq!(errors("id: ''\n"), ["id: is required"]);
+        assert_eq!(errors("id: [a]\n"), ["id: must be a string"]);
+        assert_eq!(Manifest::parse("id: 42\n").unwrap().pod_id(), "42");
+    }
+
+    #[test]
+    fn rejects_empty_and_non_mapping_documents() {
+        assert_eq!(errors("  \n"), ["manifest: is empty"]);
+        assert_eq!(errors("- a\n- b\n"), ["manifest: must be a YAML mapping"]);
+        assert!(errors("id: [unclosed\n")[0].starts_with("manifest: is not valid YAML"));
+    }
+
+    #[test]
+    fn validates_every_launchable_and_reports_all_problems() {
+        let raw = "\
+launchables:
+  untyped:
+    location: https://a/b.tar.gz
+  both:
+    launchable_type: hoist
+    location: https://a/b.tar.gz
+    version: {id: v1}
+  neither:
+    launchable_type: opencontainer
+  docker_bare:
+    launchable_type: docker
+    image: {name: web}
+  fine_hoist:
+    launchable_type: hoist
+    version: {id: v2, artifact_name: web}
+  fine_docker:
+    launchable_type: docker
+    image: {name: web, sha256: abc}
+  other:
+    launchable_type: something_else
+";
+        assert_eq!(
+            errors(raw),
+            [
+                "id: is required",
+                "launchables.untyped.launchable_type: is required",
+                "launchables.both.location: set either location or version.id, not both",
+                "launchables.neither.location: one of location or version.id is required",
+                "launchables.docker_bare.image.sha256: is required",
+            ]
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_launchable_sections() {
+        assert_eq!(
+            errors("id: x\nlaunchables: [a]\n"),
+            ["launchables: must be a mapping of launchable ID to launchable"]
+        );
+        assert_eq!(
+            errors("id: x\nlaunchables:\n  a: 5\n  b:\n"),
+            [
+                "launchables.a: must be a mapping",
+                "launchables.b.launchable_type: is required"
+            ]
+        );
+        assert_eq!(
+            errors("id: x\nlaunchables:\n  a: {launchable_type: hoist, version: v1}\n"),
+            [
+                "launchables.a.version: must be a mapping",
+                "launchables.a.location: one of location or version.id is required"
+            ]
+        );
+    }
+
+    #[test]
+    fn derives_health_checks() {
+        let check = |raw: &str| Manifest::parse(raw).unwrap().health_check().cloned();
+        assert_eq!(
+            check(HELLO),
+            Some(HealthCheck {
+                port: 43770,
+                path: "/_status".into(),
+                http: true
+            })
+        );
+        assert_eq!(
+            check("id: a\nstatus_port: 8080\nstatus_http: yes\nstatus: {port: 9, path: health}\n"),
+            Some(HealthCheck {
+                port: 8080,
+                path: "/health".into(),
+                http: true
+            })
+        );
+        assert_eq!(
+            check("id: a\nstatus_port: 0\nstatus: {port: 9, path: /up}\n"),
+            Some(HealthCheck {
+                port: 9,
+                path: "/up".into(),
+                http: false
+            })
+        );
+        assert_eq!(check("id: a\n"), None);
+        assert_eq!(
+            errors("id: a\nstatus_port: 70000\nstatus: {http: maybe}\n"),
+            [
+                "status_port: must be a port number (0-65535)",
+                "status.http: must be a boolean"
+            ]
+        );
+    }
+
+    #[test]
+    fn builds_from_a_json_object() {
+        let json = serde_json::json!({
+            "id": "hello",
+            "launchables": {"app": {"launchable_type": "hoist", "location": "https://artifacts.example.com/hello_3881c78e.tar.gz"}},
+            "config": {"ENVIRONMENT": "production"},
+            "status": {"port": 43770, "http": true}
+        });
+        let manifest = Manifest::from_json_value(&json).unwrap();
+        assert_eq!(manifest.pod_id(), "hello");
+        assert_eq!(manifest.sha(), Manifest::parse(HELLO).unwrap().sha());
+        assert_eq!(Manifest::parse(manifest.raw()).unwrap(), manifest);
+        assert_eq!(
+            Manifest::from_json_value(&serde_json::json!("id: x")).unwrap_err()[0].message,
+            "must be a YAML string or a JSON object"
+        );
+    }
+
+    #[test]
+    fn deserializes_from_text_or_object() {
+        let from_text: Manifest = serde_json::from_value(serde_json::json!(HELLO)).unwrap();
+        assert_eq!(from_text.raw(), HELLO);
+        let from_object: Manifest =
+            serde_json::from_value(serde_json::json!({"id": "obj"})).unwrap();
+        assert_eq!(from_object.pod_id(), "obj");
+        let err =
+            serde_json::from_value::<Manifest>(serde_json::json!("launchables: {}")).unwrap_err();
+        assert_eq!(err.to_string(), "id: is required");
+    }
+}
