@@ -69,3 +69,45 @@ where
         Ok(ApiPath(value))
     }
 }
+
+/// A JSON merge patch (RFC 7386) body: `application/merge-patch+json`, or plain
+/// `application/json` for clients that cannot set the former. Must be a JSON object.
+#[derive(Debug, Clone, Default)]
+pub struct MergePatch(pub serde_json::Map<String, serde_json::Value>);
+
+impl<S> FromRequest<S> for MergePatch
+where
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        use axum::http::header::CONTENT_TYPE;
+        use axum::http::StatusCode;
+
+        let content_type = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        if content_type != "application/merge-patch+json" && content_type != "application/json" {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "a patch must be sent as application/merge-patch+json or application/json",
+            ));
+        }
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+        match serde_json::from_slice::<serde_json::Value>(&bytes) {
+            Ok(serde_json::Value::Object(map)) => Ok(MergePatch(map)),
+            Ok(_) => Err(ApiError::bad_request("a merge patch must be a JSON object")),
+            Err(e) => Err(ApiError::bad_request(format!("malformed JSON: {e}"))),
+        }
+    }
+}

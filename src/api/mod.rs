@@ -1,7 +1,12 @@
 //! The HTTP layer, one module per resource: extract, validate, call the store, map errors.
 //!
 //! Each resource module exposes `router() -> OpenApiRouter<AppState>`; `crate::router` puts
-//! them together.
+//! them together. The shared conventions of every resource live beside them:
+//! [`blocking`] (`?index=&wait=` and `X-Index`), [`paging`] (`limit`, `continue`) and
+//! [`preconditions`] (`ETag`, `If-Match`).
 
+pub mod blocking;
 pub mod extract;
 pub mod health;
+pub mod paging;
+pub mod preconditions;

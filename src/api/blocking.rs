@@ -1,0 +1,108 @@
+//! Blocking queries on list endpoints: `?index=N&wait=D` holds the request until what it
+//! lists changes past index N or D passes, as Consul's and Nomad's blocking queries do.
+//!
+//! A handler reads its prefixes, answers with the highest index among them in `X-Index`, and
+//! before reading calls [`BlockingQuery::wait`] so a client that passes back the last
+//! `X-Index` is held until something changes.
+
+use std::time::Duration;
+
+use axum::http::{HeaderName, HeaderValue};
+use futures::future::select_all;
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use crate::error::ApiError;
+use crate::model::duration::parse_duration;
+use crate::store::{KvStore, StoreResult, WatchTarget, MAX_WATCH_WAIT};
+
+/// The header carrying a listing's index.
+pub const INDEX_HEADER: HeaderName = HeaderName::from_static("x-index");
+
+/// How long a blocking query waits when `wait` is not given, as in Consul.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+
+/// The query parameters that make a list request block.
+#[derive(Debug, Default, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct BlockingParams {
+    /// Hold the request until the listing's index differs from this one (the `X-Index` of
+    /// a previous answer).
+    pub index: Option<u64>,
+    /// How long to hold it at most, e.g. `30s` or `5m`; at most `10m`, default `5m`.
+    pub wait: Option<String>,
+}
+
+impl BlockingParams {
+    /// The wait to apply, validated; `None` when the request does not block.
+    pub fn wait(&self) -> Result<Option<(u64, Duration)>, ApiError> {
+        let Some(index) = self.index else {
+            return Ok(None);
+        };
+        let wait = match &self.wait {
+            None => DEFAULT_WAIT,
+            Some(text) => parse_duration(text)
+                .map_err(|e| ApiError::invalid([crate::error::Cause::new("wait", e)]))?,
+        };
+        if wait > MAX_WATCH_WAIT {
+            return Err(ApiError::invalid([crate::error::Cause::new(
+                "wait",
+                "must be at most 10m",
+            )]));
+        }
+        Ok(Some((index, wait)))
+    }
+
+    /// Waits, if the request asked to, until the combined index of `prefixes` differs from
+    /// the client's or the wait passes.
+    pub async fn block(&self, store: &dyn KvStore, prefixes: &[String]) -> Result<(), ApiError> {
+        if let Some((index, wait)) = self.wait()? {
+            wait_for_change(store, prefixes, index, wait).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The index a listing over several prefixes answers with: the highest of theirs.
+pub async fn combined_index(store: &dyn KvStore, prefixes: &[String]) -> StoreResult<u64> {
+    let mut highest = 1;
+    for prefix in prefixes {
+        highest = highest.max(store.keys(prefix, Some('/')).await?.0);
+    }
+    Ok(highest)
+}
+
+/// Returns once the combined index of `prefixes` is not `index`, or after `wait`.
+pub async fn wait_for_change(
+    store: &dyn KvStore,
+    prefixes: &[String],
+    index: u64,
+    wait: Duration,
+) -> StoreResult<()> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let mut indexes = Vec::with_capacity(prefixes.len());
+        for prefix in prefixes {
+            indexes.push(store.keys(prefix, Some('/')).await?.0);
+        }
+        let current = indexes.iter().copied().max().unwrap_or(1).max(1);
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if current != index || remaining.is_zero() {
+            return Ok(());
+        }
+        let watches = prefixes.iter().zip(&indexes).map(|(prefix, &at)| {
+            Box::pin(async move {
+                store
+                    .watch(&WatchTarget::Prefix(prefix.clone()), at, remaining)
+                    .await
+            })
+        });
+        let (result, _, _) = select_all(watches).await;
+        result?;
+    }
+}
+
+/// The `X-Index` header for a listing.
+pub fn index_header(index: u64) -> (HeaderName, HeaderValue) {
+    (INDEX_HEADER, HeaderValue::from(index.max(1)))
+}
