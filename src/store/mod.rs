@@ -9,7 +9,10 @@ pub mod backoff;
 pub mod consul;
 pub mod keys;
 pub mod labels;
+pub mod locks;
 pub mod open;
+pub mod rcs;
+pub mod rolls;
 pub mod sqlite;
 
 use std::time::Duration;

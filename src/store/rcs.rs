@@ -1,0 +1,191 @@
+//! The RC store: `replication_controllers/<uuid>` in P2's JSON, with the RC's own labels
+//! (type `replication_controller`) written in the same transaction.
+//!
+//! Lists skip and log undecodable documents and non-UUID keys (P2 lets one of them break the
+//! whole tree).
+
+use std::sync::Arc;
+
+use crate::labels::{LabelType, Labels};
+use crate::model::StoredRc;
+
+use super::labels::{write_op, LabelStore};
+use super::{locks, KvPair, KvStore, StoreError, StoreResult, TxnOp};
+
+/// Where RCs live.
+pub const RC_TREE: &str = "replication_controllers/";
+
+/// The key of one RC.
+pub fn rc_key(id: &str) -> String {
+    format!("{RC_TREE}{id}")
+}
+
+/// An RC and the modify index it was read at (its CAS token and ETag).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RcRecord {
+    pub rc: StoredRc,
+    pub index: u64,
+}
+
+/// Typed access to RCs.
+#[derive(Clone)]
+pub struct RcStore {
+    kv: Arc<dyn KvStore>,
+    labels: LabelStore,
+}
+
+impl RcStore {
+    /// Wraps the KV store.
+    pub fn new(kv: Arc<dyn KvStore>) -> Self {
+        RcStore {
+            labels: LabelStore::new(kv.clone()),
+            kv,
+        }
+    }
+
+    /// One RC; `None` when absent. An undecodable document is an `Invalid` error naming it.
+    pub async fn get(&self, id: &str) -> StoreResult<Option<RcRecord>> {
+        match self.kv.get(&rc_key(id)).await? {
+            None => Ok(None),
+            Some(pair) => decode(&pair)
+                .map(Some)
+                .map_err(|e| StoreError::Invalid(format!("stored RC {id} is unreadable: {e}"))),
+        }
+    }
+
+    /// Every readable RC, sorted by id, with the tree's index.
+    pub async fn list(&self) -> StoreResult<(u64, Vec<RcRecord>)> {
+        let listing = self.kv.list(RC_TREE).await?;
+        let records = listing
+            .pairs
+            .iter()
+            .filter_map(|pair| match decode(pair) {
+                Ok(record) => Some(record),
+                Err(e) => {
+                    tracing::warn!(key = %pair.key, error = %e, "skipping unreadable RC");
+                    None
+                }
+            })
+            .collect();
+        Ok((listing.index, records))
+    }
+
+    /// The ops that create `rc` (only if absent) and set its labels, given the labels'
+    /// current index (0 for none).
+    pub fn create_ops(rc: &StoredRc, labels: &Labels, labels_index: u64) -> Vec<TxnOp> {
+        let mut ops = vec![TxnOp::Cas {
+            key: rc_key(&rc.id),
+            value: rc.to_json(),
+            index: 0,
+        }];
+        ops.extend(write_op(
+            LabelType::ReplicationController,
+            &rc.id,
+            labels,
+            labels_index,
+        ));
+        ops
+    }
+
+    /// Creates `rc` and its labels in one transaction.
+    pub async fn create(&self, rc: StoredRc, labels: &Labels) -> StoreResult<RcRecord> {
+        let current = self
+            .labels
+            .get(LabelType::ReplicationController, &rc.id)
+            .await?;
+        let ops = Self::create_ops(&rc, labels, current.index);
+        let results = self.kv.txn(&ops).await?;
+        let index = written_index(&results);
+        Ok(RcRecord { rc, index })
+    }
+
+    /// The op that writes `rc` if it is still at `index`.
+    pub fn write_op(rc: &StoredRc, index: u64) -> TxnOp {
+        TxnOp::Cas {
+            key: rc_key(&rc.id),
+            value: rc.to_json(),
+            index,
+        }
+    }
+
+    /// Writes `rc` if it is still at `index`, together with `guards` (checks that must hold
+    /// too); a miss of either is a `Conflict`.
+    pub async fn write(
+        &self,
+        rc: StoredRc,
+        index: u64,
+        guards: Vec<TxnOp>,
+    ) -> StoreResult<RcRecord> {
+        let mut ops = guards;
+        ops.push(Self::write_op(&rc, index));
+        let results = self.kv.txn(&ops).await?;
+        Ok(RcRecord {
+            index: results
+                .last()
+                .cloned()
+                .flatten()
+                .map_or(0, |p| p.modify_index),
+            rc,
+        })
+    }
+
+    /// The ops that delete the RC at `index` and all its labels.
+    pub fn delete_ops(id: &str, index: u64) -> Vec<TxnOp> {
+        vec![
+            TxnOp::CheckIndex {
+                key: rc_key(id),
+                index,
+            },
+            TxnOp::DeleteCas {
+                key: rc_key(id),
+                index,
+            },
+            TxnOp::Delete {
+                key: LabelType::ReplicationController.label_key(id),
+            },
+        ]
+    }
+
+    /// The RC's own labels.
+    pub fn labels(&self) -> &LabelStore {
+        &self.labels
+    }
+
+    /// A txn op that holds only while nobody holds the RC's mutation lock, or the session
+    /// that holds it when it is held. A lock key left without a session is free.
+    pub async fn mutation_guard(&self, id: &str) -> StoreResult<Result<TxnOp, String>> {
+        let key = locks::rc_mutation(id);
+        Ok(match self.kv.get(&key).await? {
+            None => Ok(TxnOp::CheckNotExists { key }),
+            Some(KvPair {
+                session: Some(session),
+                ..
+            }) => Err(session),
+            Some(pair) => Ok(TxnOp::CheckIndex {
+                key,
+                index: pair.modify_index,
+            }),
+        })
+    }
+}
+
+fn decode(pair: &KvPair) -> Result<RcRecord, String> {
+    let id = pair.key.strip_prefix(RC_TREE).unwrap_or(&pair.key);
+    if uuid::Uuid::parse_str(id).is_err() {
+        return Err(format!("key {:?} is not an RC id", pair.key));
+    }
+    let rc = StoredRc::from_json(&pair.value).map_err(|e| e.to_string())?;
+    Ok(RcRecord {
+        rc,
+        index: pair.modify_index,
+    })
+}
+
+/// The modify index of the first entry a txn answered (the first op's write).
+fn written_index(results: &[Option<KvPair>]) -> u64 {
+    results
+        .iter()
+        .flatten()
+        .next()
+        .map_or(0, |pair| pair.modify_index)
+}

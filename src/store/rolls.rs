@@ -1,0 +1,98 @@
+//! The roll store: `rolls/<new-rc-id>` in P2's PascalCase JSON, labeled as type `rolls`.
+
+use std::sync::Arc;
+
+use crate::labels::LabelType;
+use crate::model::StoredRoll;
+
+use super::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+
+/// Where rolls live.
+pub const ROLL_TREE: &str = "rolls/";
+
+/// The key of one roll (its id is the new RC's id).
+pub fn roll_key(id: &str) -> String {
+    format!("{ROLL_TREE}{id}")
+}
+
+/// A roll and the modify index it was read at.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RollRecord {
+    pub roll: StoredRoll,
+    pub index: u64,
+}
+
+/// Typed access to rolls.
+#[derive(Clone)]
+pub struct RollStore {
+    kv: Arc<dyn KvStore>,
+}
+
+impl RollStore {
+    /// Wraps the KV store.
+    pub fn new(kv: Arc<dyn KvStore>) -> Self {
+        RollStore { kv }
+    }
+
+    /// One roll; `None` when absent (unlike P2, which cannot tell absent from empty).
+    pub async fn get(&self, id: &str) -> StoreResult<Option<RollRecord>> {
+        match self.kv.get(&roll_key(id)).await? {
+            None => Ok(None),
+            Some(pair) => decode(&pair)
+                .map(Some)
+                .map_err(|e| StoreError::Invalid(format!("stored roll {id} is unreadable: {e}"))),
+        }
+    }
+
+    /// Every readable roll, sorted by id, with the tree's index.
+    pub async fn list(&self) -> StoreResult<(u64, Vec<RollRecord>)> {
+        let listing = self.kv.list(ROLL_TREE).await?;
+        let records = listing
+            .pairs
+            .iter()
+            .filter_map(|pair| match decode(pair) {
+                Ok(record) => Some(record),
+                Err(e) => {
+                    tracing::warn!(key = %pair.key, error = %e, "skipping unreadable roll");
+                    None
+                }
+            })
+            .collect();
+        Ok((listing.index, records))
+    }
+
+    /// The roll, if any, that moves replicas from or to the RC `rc_id`.
+    pub async fn involving(&self, rc_id: &str) -> StoreResult<Option<RollRecord>> {
+        let (_, rolls) = self.list().await?;
+        Ok(rolls
+            .into_iter()
+            .find(|r| r.roll.old_rc == rc_id || r.roll.new_rc == rc_id))
+    }
+
+    /// The op that creates the roll, only if no roll for its new RC exists.
+    pub fn create_op(roll: &StoredRoll) -> TxnOp {
+        TxnOp::Cas {
+            key: roll_key(&roll.new_rc),
+            value: roll.to_json(),
+            index: 0,
+        }
+    }
+
+    /// The ops that delete a roll and its labels.
+    pub fn delete_ops(id: &str) -> Vec<TxnOp> {
+        vec![
+            TxnOp::Delete { key: roll_key(id) },
+            TxnOp::Delete {
+                key: LabelType::Rolls.label_key(id),
+            },
+        ]
+    }
+}
+
+fn decode(pair: &KvPair) -> Result<RollRecord, String> {
+    let roll = StoredRoll::from_json(&pair.value).map_err(|e| e.to_string())?;
+    Ok(RollRecord {
+        roll,
+        index: pair.modify_index,
+    })
+}
