@@ -1,10 +1,12 @@
 //! The command line: every flag can also come from a `P2_*` environment variable.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::store::{ConsulOptions, StoreUrl};
+use crate::model::parse_duration;
+use crate::store::{ConsulOptions, SessionBehavior, StoreUrl};
 
 /// HTTP/JSON control plane for P2-style deployments over Consul or an embedded SQLite store.
 #[derive(Debug, Parser)]
@@ -57,6 +59,65 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub consul: ConsulArgs,
+
+    #[command(flatten)]
+    pub farms: FarmArgs,
+}
+
+/// Leader election and the farms it runs.
+#[derive(Debug, Clone, Args)]
+pub struct FarmArgs {
+    /// Do not take part in leader election nor run the farms: serve the API only.
+    #[arg(long, env = "P2_NO_FARMS")]
+    pub no_farms: bool,
+
+    /// TTL of the leader's store session (10s to 24h): a crashed leader is replaced after
+    /// this plus the lock-delay.
+    #[arg(long, value_name = "DURATION", env = "P2_LEADER_TTL", default_value = "15s",
+          value_parser = parse_duration)]
+    pub leader_ttl: Duration,
+
+    /// How long the leader lock stays untakeable after its session dies, so a deposed
+    /// leader's in-flight writes land (or fail) before anyone else acts.
+    #[arg(long, value_name = "DURATION", env = "P2_LEADER_LOCK_DELAY", default_value = "5s",
+          value_parser = parse_duration)]
+    pub leader_lock_delay: Duration,
+
+    /// What happens to the leader's locks when its session dies: delete (as P2's farms) or
+    /// release.
+    #[arg(long, value_name = "BEHAVIOR", env = "P2_LEADER_BEHAVIOR", default_value = "delete",
+          value_parser = parse_behavior)]
+    pub leader_behavior: SessionBehavior,
+
+    /// Names this server in the leader lock and in audit records; defaults to
+    /// HOSTNAME:PID.
+    #[arg(long, value_name = "NAME", env = "P2_HOLDER")]
+    pub holder: Option<String>,
+
+    /// URL the farms POST a JSON alert to when they cannot do what is asked (for example
+    /// too few eligible nodes); without it alerts are only logged.
+    #[arg(long, value_name = "URL", env = "P2_ALERT_WEBHOOK")]
+    pub alert_webhook: Option<String>,
+}
+
+impl FarmArgs {
+    /// The name this server goes by in the election.
+    pub fn holder(&self) -> String {
+        self.holder.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "localhost".into());
+            format!("{host}:{}", std::process::id())
+        })
+    }
+}
+
+fn parse_behavior(text: &str) -> Result<SessionBehavior, String> {
+    match text {
+        "delete" => Ok(SessionBehavior::Delete),
+        "release" => Ok(SessionBehavior::Release),
+        _ => Err(format!("expected delete or release, got {text:?}")),
+    }
 }
 
 /// How to talk to Consul; ignored with an sqlite:// store.

@@ -1,6 +1,7 @@
 //! The `p2-apiserver` binary: parses the command line and runs the chosen command.
 
 use std::io::IsTerminal;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
@@ -11,9 +12,11 @@ use tokio_util::task::TaskTracker;
 use tracing_subscriber::EnvFilter;
 
 use p2_apiserver::app::App;
-use p2_apiserver::config::{Cli, Command, ServeArgs};
+use p2_apiserver::config::{Cli, Command, FarmArgs, ServeArgs};
+use p2_apiserver::farms::{self, alerts::Alerter};
+use p2_apiserver::leader::{self, LeaderConfig};
 use p2_apiserver::server;
-use p2_apiserver::store::open_store;
+use p2_apiserver::store::{open_store, KvStore};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -50,10 +53,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     tasks.spawn(cancel_on_signal(interrupt, terminate, shutdown.clone()));
+    if !args.farms.no_farms {
+        tasks.spawn(run_farms(
+            store.clone(),
+            args.farms.clone(),
+            shutdown.clone(),
+        ));
+    }
 
     let served = server::run(
         listener,
-        App::new(store),
+        App::new(store.clone()),
         shutdown.clone().cancelled_owned(),
     )
     .await;
@@ -65,6 +75,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tasks.close();
     tasks.wait().await;
     served.context("serving HTTP")
+}
+
+/// Campaigns for leadership until shutdown, running the farms while this server leads.
+async fn run_farms(store: Arc<dyn KvStore>, args: FarmArgs, shutdown: CancellationToken) {
+    let holder = args.holder();
+    let config = LeaderConfig {
+        holder: holder.clone(),
+        session_ttl: args.leader_ttl,
+        lock_delay: args.leader_lock_delay,
+        behavior: args.leader_behavior,
+    };
+    let alerts = Arc::new(Alerter::new(args.alert_webhook));
+    leader::campaign(store.clone(), config, shutdown, move |term| {
+        farms::run_term(store.clone(), term, alerts.clone(), holder.clone())
+    })
+    .await;
 }
 
 /// Cancels `shutdown` on the first SIGINT or SIGTERM; returns early if something else

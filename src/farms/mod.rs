@@ -1,0 +1,241 @@
+//! The farms: reconcilers that make stored desired state true, run by the leader only.
+//!
+//! - [`world`]: one blocking watch per tree, decoded once and shared by all farms.
+//! - [`rc`]: keeps each RC at its replica count on eligible nodes (P2's meet-desires).
+//! - [`alerts`]: the webhook the farms call when they cannot do what is asked.
+//!
+//! Each farm is a loop of idempotent passes over every object it owns, woken by tree changes
+//! and re-run periodically as a safety net. Objects are reconciled one at a time, so at most
+//! one reconcile per object is ever in flight. Every write is one transaction that starts
+//! with a `check-session` on a lock held by the leader's session (fencing), and no write is
+//! started once the term is cancelled.
+
+pub mod alerts;
+pub mod pods;
+pub mod rc;
+pub mod world;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::leader::Term;
+use crate::store::backoff::Backoff;
+use crate::store::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+
+use alerts::Alerter;
+use world::{Trees, World};
+
+/// How often every object is reconciled even when nothing changed: the safety net for a
+/// missed watch result or a failed write.
+pub const RESYNC: Duration = Duration::from_secs(30);
+/// How long a pass waits for the trees to show the farm's own last write.
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(2);
+
+/// What every farm needs during one leadership term.
+pub struct FarmContext {
+    pub store: Arc<dyn KvStore>,
+    /// The leader's session: ownership locks are taken and fenced with it.
+    pub session: String,
+    /// Cancelled when the term ends; checked before every write.
+    pub cancel: CancellationToken,
+    pub alerts: Arc<Alerter>,
+    /// Names this server in lock values and audit records.
+    pub holder: String,
+    /// The highest index each tree must reach before the farms trust it again.
+    written: Mutex<HashMap<&'static str, u64>>,
+}
+
+impl FarmContext {
+    /// The context for one term.
+    pub fn new(store: Arc<dyn KvStore>, term: &Term, alerts: Arc<Alerter>, holder: String) -> Self {
+        FarmContext {
+            store,
+            session: term.session.clone(),
+            cancel: term.cancel.clone(),
+            alerts,
+            holder,
+            written: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Commits `ops` fenced by `check-session` on `lock`, unless the term has ended.
+    pub async fn commit(&self, lock: &str, ops: Vec<TxnOp>) -> StoreResult<Vec<Option<KvPair>>> {
+        if self.cancel.is_cancelled() {
+            return Err(StoreError::Unavailable(
+                "the leadership term has ended".into(),
+            ));
+        }
+        let mut fenced = Vec::with_capacity(ops.len() + 1);
+        fenced.push(TxnOp::CheckSession {
+            key: lock.to_owned(),
+            session: self.session.clone(),
+        });
+        fenced.extend(ops);
+        let results = self.store.txn(&fenced).await?;
+        let index = results
+            .iter()
+            .flatten()
+            .map(|pair| pair.modify_index)
+            .max()
+            .unwrap_or(0);
+        let mut written = self.written.lock().expect("no panics while held");
+        // Only ops that store a value surely move their tree's index (a delete of an absent
+        // key changes nothing), so only they are waited for.
+        for op in fenced[1..].iter().filter(|op| op.value().is_some()) {
+            if let Some(tree) = world::tree_of(op.key()) {
+                let at = written.entry(tree).or_insert(0);
+                *at = (*at).max(index);
+            }
+        }
+        Ok(results)
+    }
+
+    /// Takes `lock` with the leader's session if it is free; `false` when someone else has
+    /// it. The lock value names this server.
+    pub async fn take_lock(&self, world: &World, lock: &str) -> StoreResult<bool> {
+        match world.lock_holder(lock) {
+            Some(holder) if holder == self.session => return Ok(true),
+            Some(_) => return Ok(false),
+            None => {}
+        }
+        if self.cancel.is_cancelled() {
+            return Ok(false);
+        }
+        self.store
+            .acquire(lock, self.holder.as_bytes(), &self.session)
+            .await
+    }
+
+    /// Frees a lock this session holds (ownership of an object that is gone).
+    pub async fn release_lock(&self, lock: &str) -> StoreResult<()> {
+        let ops = [
+            TxnOp::CheckSession {
+                key: lock.to_owned(),
+                session: self.session.clone(),
+            },
+            TxnOp::Delete {
+                key: lock.to_owned(),
+            },
+        ];
+        self.store.txn(&ops).await.map(drop)
+    }
+
+    /// Whether `world` shows every write this term made.
+    fn caught_up(&self, world: &World) -> bool {
+        let written = self.written.lock().expect("no panics while held");
+        written
+            .iter()
+            .all(|(tree, index)| world.index_of(tree) >= *index)
+    }
+}
+
+/// One farm: a pass over everything it owns.
+pub trait Farm: Send {
+    /// For logs.
+    const NAME: &'static str;
+
+    /// Reconciles every object once against `world`; returns when it wants to run again
+    /// at the latest (a roll delay, a per-object backoff), if sooner than [`RESYNC`].
+    fn pass(
+        &mut self,
+        ctx: &FarmContext,
+        world: &World,
+    ) -> impl std::future::Future<Output = Option<Instant>> + Send;
+}
+
+/// Runs `farm` until the term ends: a pass on every change of the trees, after its own
+/// writes are visible, and at least every [`RESYNC`].
+pub async fn drive<F: Farm>(mut farm: F, ctx: Arc<FarmContext>, mut trees: Trees) {
+    tracing::info!(farm = F::NAME, "farm started");
+    loop {
+        let deadline = Instant::now() + CATCH_UP_LIMIT;
+        let mut world = trees.world();
+        while !ctx.caught_up(&world) && Instant::now() < deadline {
+            tokio::select! {
+                () = trees.changed() => world = trees.world(),
+                () = tokio::time::sleep_until(deadline) => {}
+                () = ctx.cancel.cancelled() => break,
+            }
+        }
+        if ctx.cancel.is_cancelled() {
+            break;
+        }
+        let wake = farm
+            .pass(&ctx, &world)
+            .await
+            .map_or(Instant::now() + RESYNC, |at| {
+                at.min(Instant::now() + RESYNC)
+            });
+        tokio::select! {
+            () = trees.changed() => {}
+            () = tokio::time::sleep_until(wake) => {}
+            () = ctx.cancel.cancelled() => break,
+        }
+    }
+    tracing::info!(farm = F::NAME, "farm stopped");
+}
+
+/// Per-object backoff after failed reconciles, with jitter.
+#[derive(Default)]
+pub struct Retries {
+    failing: HashMap<String, (Backoff, Instant)>,
+}
+
+impl Retries {
+    /// Whether the object may be reconciled now.
+    pub fn ready(&self, id: &str) -> bool {
+        self.failing
+            .get(id)
+            .is_none_or(|(_, not_before)| Instant::now() >= *not_before)
+    }
+
+    /// Records a failure; returns when to try again.
+    pub fn failed(&mut self, id: &str) -> Instant {
+        let (backoff, not_before) = self.failing.entry(id.to_owned()).or_insert_with(|| {
+            (
+                Backoff::new(Duration::from_millis(500), Duration::from_secs(60)),
+                Instant::now(),
+            )
+        });
+        *not_before = Instant::now() + backoff.next_delay();
+        *not_before
+    }
+
+    /// Records a success.
+    pub fn succeeded(&mut self, id: &str) {
+        self.failing.remove(id);
+    }
+
+    /// The earliest retry due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.failing.values().map(|(_, at)| *at).min()
+    }
+}
+
+/// Starts the tree watches and every farm for one term; returns when the term ends and
+/// every farm task has stopped.
+pub async fn run_term(store: Arc<dyn KvStore>, term: Term, alerts: Arc<Alerter>, holder: String) {
+    let tasks = TaskTracker::new();
+    let trees = loop {
+        match Trees::start(&store, &tasks, &term.cancel).await {
+            Ok(trees) => break trees,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the trees failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = term.cancel.cancelled() => return,
+                }
+            }
+        }
+    };
+    let ctx = Arc::new(FarmContext::new(store, &term, alerts, holder));
+    tasks.spawn(drive(rc::RcFarm::default(), ctx.clone(), trees.clone()));
+    tasks.close();
+    term.cancel.cancelled().await;
+    tasks.wait().await;
+}

@@ -1,0 +1,60 @@
+//! Scheduling a legacy pod on a node, as the RC and DS farms do: the intent key and the
+//! pod's labels change together in one transaction, the labels with CAS on the index the
+//! farm read, so a concurrent change to the pod rolls the write back.
+
+use crate::labels::{LabelType, Labels};
+use crate::store::labels::write_op;
+use crate::store::TxnOp;
+
+use super::world::{PodKey, World};
+
+/// The key of a pod's intended manifest.
+pub fn intent_key(node: &str, pod_id: &str) -> String {
+    format!("intent/{node}/{pod_id}")
+}
+
+/// The label id of a legacy pod.
+pub fn pod_label_id(node: &str, pod_id: &str) -> String {
+    format!("{node}/{pod_id}")
+}
+
+/// Ops that set the pod's intent to `manifest` and merge `labels` into its labels.
+pub fn schedule_ops(world: &World, pod: &PodKey, manifest: &[u8], labels: &Labels) -> Vec<TxnOp> {
+    let (node, pod_id) = pod;
+    let current = world.pod_labels.items.get(pod);
+    let mut merged = current.map(|v| v.value.clone()).unwrap_or_default();
+    merged.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let mut ops = vec![TxnOp::Set {
+        key: intent_key(node, pod_id),
+        value: manifest.to_vec(),
+    }];
+    let index = current.map_or(0, |v| v.index);
+    ops.extend(write_op(
+        LabelType::Pod,
+        &pod_label_id(node, pod_id),
+        &merged,
+        index,
+    ));
+    ops
+}
+
+/// Ops that delete the pod's intent and remove exactly the label keys `owned` from it.
+pub fn unschedule_ops(world: &World, pod: &PodKey, owned: &[&str]) -> Vec<TxnOp> {
+    let (node, pod_id) = pod;
+    let mut ops = vec![TxnOp::Delete {
+        key: intent_key(node, pod_id),
+    }];
+    if let Some(current) = world.pod_labels.items.get(pod) {
+        let mut remaining = current.value.clone();
+        for key in owned {
+            remaining.remove(*key);
+        }
+        ops.extend(write_op(
+            LabelType::Pod,
+            &pod_label_id(node, pod_id),
+            &remaining,
+            current.index,
+        ));
+    }
+    ops
+}

@@ -1,0 +1,340 @@
+//! The RC farm: P2's meet-desires (§4.2) for every RC this server owns, plus node transfer
+//! for `dynamic_strategy` RCs (§4.3).
+//!
+//! Differences from P2, on purpose: new pods go to the least-loaded eligible nodes (P2 fills
+//! nodes in name order); a node already running the same pod id for another owner is never
+//! taken over; an empty pod-label tree simply means "no pods"; every write is fenced by the
+//! RC's ownership lock.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::SystemTime;
+
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
+use crate::model::{AllocationStrategy, AuditRecord, HealthState, Manifest, StoredRc};
+use crate::store::{locks, StoreError, StoreResult, TxnOp};
+
+use super::pods::{schedule_ops, unschedule_ops};
+use super::world::{PodKey, World};
+use super::{Farm, FarmContext, Retries};
+
+/// Nodes changed per transaction: 2 ops each, plus the fence and the audit record, well
+/// under the 64-op limit.
+const NODES_PER_TXN: usize = 20;
+
+/// The RC farm's state across passes: only backoffs, nothing a restart would miss.
+#[derive(Default)]
+pub struct RcFarm {
+    retries: Retries,
+}
+
+impl Farm for RcFarm {
+    const NAME: &'static str = "rc";
+
+    async fn pass(&mut self, ctx: &FarmContext, world: &World) -> Option<Instant> {
+        let mut load: HashMap<String, usize> = world
+            .load_by_node()
+            .into_iter()
+            .map(|(node, n)| (node.to_owned(), n))
+            .collect();
+        for (id, rc) in &world.rcs.items {
+            if ctx.cancel.is_cancelled() {
+                return None;
+            }
+            if !self.retries.ready(id) {
+                continue;
+            }
+            let lock = locks::rc_ownership(id);
+            let result = match ctx.take_lock(world, &lock).await {
+                Ok(true) => reconcile(ctx, world, &mut load, id, &rc.value).await,
+                Ok(false) => continue,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(()) => self.retries.succeeded(id),
+                Err(e) => {
+                    tracing::warn!(rc = %id, error = %e, "reconciling the RC failed");
+                    self.retries.failed(id);
+                }
+            }
+        }
+        release_orphaned_locks(ctx, world).await;
+        self.retries.next_due()
+    }
+}
+
+/// Frees the ownership locks this session holds on RCs that no longer exist.
+async fn release_orphaned_locks(ctx: &FarmContext, world: &World) {
+    for (key, holder) in &world.locks.items {
+        let Some(id) = key.strip_prefix("lock/replication_controllers/") else {
+            continue;
+        };
+        if id.contains('/') || holder.as_deref() != Some(ctx.session.as_str()) {
+            continue;
+        }
+        if !world.rcs.items.contains_key(id) {
+            if let Err(e) = ctx.release_lock(key).await {
+                tracing::warn!(rc = %id, error = %e, "releasing the RC's lock failed");
+            }
+        }
+    }
+}
+
+/// The labels an RC puts on its pods.
+fn pod_labels(id: &str, rc: &StoredRc) -> Labels {
+    let mut labels = rc.pod_labels.clone().unwrap_or_default();
+    labels.insert(POD_ID_LABEL.into(), rc.manifest.pod_id().into());
+    labels.insert(RC_ID_LABEL.into(), id.into());
+    labels
+}
+
+/// What one reconcile changes.
+enum Change {
+    Schedule(String),
+    Unschedule(String),
+}
+
+/// Brings one RC's pods in line with its fields (P2's meet-desires).
+async fn reconcile(
+    ctx: &FarmContext,
+    world: &World,
+    load: &mut HashMap<String, usize>,
+    id: &str,
+    rc: &StoredRc,
+) -> StoreResult<()> {
+    if rc.disabled {
+        return Ok(());
+    }
+    let pod_id = rc.manifest.pod_id().to_owned();
+    let selector: Selector = rc
+        .node_selector
+        .parse()
+        .map_err(|e| StoreError::Invalid(format!("the RC's node selector is invalid: {e}")))?;
+    let eligible: BTreeSet<&String> = world
+        .nodes
+        .items
+        .iter()
+        .filter(|(_, labels)| selector.matches(labels))
+        .map(|(node, _)| node)
+        .collect();
+    let current: BTreeSet<String> = world
+        .pods_labelled(RC_ID_LABEL, id)
+        .into_iter()
+        .filter(|(_, pod)| *pod == pod_id)
+        .map(|(node, _)| node)
+        .collect();
+    let desired = usize::try_from(rc.replicas_desired.max(0)).unwrap_or(0);
+    let mut changes = Vec::new();
+
+    if desired > current.len() {
+        let mut candidates: Vec<&String> = eligible
+            .iter()
+            .copied()
+            .filter(|node| !current.contains(*node))
+            .filter(|node| {
+                !world
+                    .intents
+                    .items
+                    .contains_key(&((*node).clone(), pod_id.clone()))
+            })
+            .collect();
+        candidates.sort_by_key(|node| (load.get(*node).copied().unwrap_or(0), (*node).clone()));
+        let need = desired - current.len();
+        if candidates.len() < need {
+            ctx.alerts
+                .low(
+                    id,
+                    format!(
+                        "RC {id} wants {desired} replicas of {pod_id} but only {} nodes are eligible and free",
+                        current.len() + candidates.len()
+                    ),
+                    json!({"rc_id": id, "pod_id": pod_id, "node_selector": rc.node_selector,
+                           "hostname": ctx.holder}),
+                )
+                .await;
+        }
+        for node in candidates.into_iter().take(need) {
+            *load.entry(node.clone()).or_insert(0) += 1;
+            changes.push(Change::Schedule(node.clone()));
+        }
+    } else if desired < current.len() {
+        let mut victims: Vec<&String> = current.iter().collect();
+        // Ineligible nodes first, then the busiest, then by name for determinism.
+        victims.sort_by_key(|node| {
+            (
+                eligible.contains(node),
+                std::cmp::Reverse(load.get(*node).copied().unwrap_or(0)),
+                (*node).clone(),
+            )
+        });
+        for node in victims.into_iter().take(current.len() - desired) {
+            if let Some(n) = load.get_mut(node) {
+                *n = n.saturating_sub(1);
+            }
+            changes.push(Change::Unschedule(node.clone()));
+        }
+    } else if rc.allocation_strategy == AllocationStrategy::Dynamic {
+        if let Some(done) = transfer_node(ctx, world, load, id, rc, &eligible, &current).await? {
+            return Ok(done);
+        }
+    }
+
+    // Consistency: every current, eligible node's intent carries the RC's manifest.
+    let scheduled: BTreeSet<&String> = changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Schedule(node) => Some(node),
+            Change::Unschedule(_) => None,
+        })
+        .collect();
+    let unscheduled: BTreeSet<&String> = changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Unschedule(node) => Some(node),
+            Change::Schedule(_) => None,
+        })
+        .collect();
+    let stale: Vec<String> = current
+        .iter()
+        .filter(|node| {
+            eligible.contains(node) && !unscheduled.contains(node) && !scheduled.contains(node)
+        })
+        .filter(|node| !intent_matches(world, &((*node).clone(), pod_id.clone()), &rc.manifest))
+        .cloned()
+        .collect();
+    changes.extend(stale.into_iter().map(Change::Schedule));
+
+    apply(ctx, world, id, rc, &current, changes).await
+}
+
+/// Whether a node's intent already holds `manifest` (the same bytes, or the same SHA).
+fn intent_matches(world: &World, pod: &PodKey, manifest: &Manifest) -> bool {
+    match world.intents.items.get(pod) {
+        None => false,
+        Some(raw) if raw.as_slice() == manifest.raw().as_bytes() => true,
+        Some(raw) => std::str::from_utf8(raw)
+            .ok()
+            .and_then(|text| Manifest::parse(text).ok())
+            .is_some_and(|intent| intent.sha() == manifest.sha()),
+    }
+}
+
+/// Writes `changes` in batches, each with its audit record listing the RC's nodes after it.
+async fn apply(
+    ctx: &FarmContext,
+    world: &World,
+    id: &str,
+    rc: &StoredRc,
+    current: &BTreeSet<String>,
+    changes: Vec<Change>,
+) -> StoreResult<()> {
+    let lock = locks::rc_ownership(id);
+    let labels = pod_labels(id, rc);
+    let owned: Vec<&str> = labels.keys().map(String::as_str).collect();
+    let pod_id = rc.manifest.pod_id();
+    let mut nodes: BTreeSet<String> = current.clone();
+    for batch in changes.chunks(NODES_PER_TXN) {
+        let mut ops = Vec::new();
+        for change in batch {
+            match change {
+                Change::Schedule(node) => {
+                    let pod = (node.clone(), pod_id.to_owned());
+                    ops.extend(schedule_ops(
+                        world,
+                        &pod,
+                        rc.manifest.raw().as_bytes(),
+                        &labels,
+                    ));
+                    nodes.insert(node.clone());
+                }
+                Change::Unschedule(node) => {
+                    let pod = (node.clone(), pod_id.to_owned());
+                    ops.extend(unschedule_ops(world, &pod, &owned));
+                    nodes.remove(node);
+                }
+            }
+        }
+        ops.push(audit_op(rc, &nodes));
+        ctx.commit(&lock, ops).await?;
+        tracing::info!(rc = %id, nodes = nodes.len(), "RC retargeted");
+    }
+    Ok(())
+}
+
+fn audit_op(rc: &StoredRc, nodes: &BTreeSet<String>) -> TxnOp {
+    let nodes: Vec<String> = nodes.iter().cloned().collect();
+    let record = AuditRecord::rc_retarget(rc, &nodes, SystemTime::now());
+    TxnOp::Set {
+        key: format!("audit_logs/{}", uuid::Uuid::new_v4()),
+        value: record.to_json(),
+    }
+}
+
+/// Node transfer (§4.3): moves the pod off the first ineligible current node to the
+/// least-loaded eligible free node, in one transaction, when health allows and no roll holds
+/// the RC's mutation lock. `Some(())` when it did (the rest of the reconcile waits for the
+/// next pass).
+async fn transfer_node(
+    ctx: &FarmContext,
+    world: &World,
+    load: &mut HashMap<String, usize>,
+    id: &str,
+    rc: &StoredRc,
+    eligible: &BTreeSet<&String>,
+    current: &BTreeSet<String>,
+) -> StoreResult<Option<()>> {
+    let pod_id = rc.manifest.pod_id().to_owned();
+    let Some(leaving) = current.iter().find(|node| !eligible.contains(node)) else {
+        return Ok(None);
+    };
+    let mutation = locks::rc_mutation(id);
+    if world.lock_holder(&mutation).is_some() {
+        return Ok(None);
+    }
+    // Moving an unhealthy pod cannot lower health; moving a healthy one needs all healthy.
+    let leaving_pod = (leaving.clone(), pod_id.clone());
+    if world.health_of(&leaving_pod) == HealthState::Passing
+        && !current
+            .iter()
+            .all(|node| world.health_of(&(node.clone(), pod_id.clone())) == HealthState::Passing)
+    {
+        return Ok(None);
+    }
+    let Some(target) = eligible
+        .iter()
+        .filter(|node| !current.contains(**node))
+        .filter(|node| {
+            !world
+                .intents
+                .items
+                .contains_key(&((**node).clone(), pod_id.clone()))
+        })
+        .min_by_key(|node| (load.get(**node).copied().unwrap_or(0), (**node).clone()))
+    else {
+        return Ok(None);
+    };
+    let labels = pod_labels(id, rc);
+    let owned: Vec<&str> = labels.keys().map(String::as_str).collect();
+    let mut ops = match world.locks.items.get(&mutation) {
+        None => vec![TxnOp::CheckNotExists { key: mutation }],
+        Some(_) => Vec::new(),
+    };
+    ops.extend(unschedule_ops(world, &leaving_pod, &owned));
+    let arriving = ((*target).clone(), pod_id.clone());
+    ops.extend(schedule_ops(
+        world,
+        &arriving,
+        rc.manifest.raw().as_bytes(),
+        &labels,
+    ));
+    let mut nodes = current.clone();
+    nodes.remove(leaving);
+    nodes.insert((*target).clone());
+    ops.push(audit_op(rc, &nodes));
+    ctx.commit(&locks::rc_ownership(id), ops).await?;
+    *load.entry((*target).clone()).or_insert(0) += 1;
+    tracing::info!(rc = %id, from = %leaving, to = %target, "node transfer");
+    Ok(Some(()))
+}

@@ -1,0 +1,241 @@
+//! Leader election: one server at a time runs the farms.
+//!
+//! Each server keeps one store session and competes for [`LEADER_LOCK`] with it; the lock's
+//! value names the holder. The winner runs the farms under a *term* token that is cancelled
+//! the moment leadership or the session is in doubt (the lock key changes hands or vanishes,
+//! or renewals stop succeeding), before the farms can write again. Every farm write also
+//! carries a `check-session` on a lock held by the session, so a deposed leader's late
+//! write is rolled back by the store itself. Standbys watch the lock and take over when it
+//! is released or its session expires (after the session's lock-delay).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
+
+use crate::model::timestamp::format_rfc3339;
+use crate::store::backoff::Backoff;
+use crate::store::locks::LEADER_LOCK;
+use crate::store::{KvStore, SessionBehavior, SessionSpec, StoreError, StoreResult, WatchTarget};
+
+/// How a server takes part in the election.
+#[derive(Debug, Clone)]
+pub struct LeaderConfig {
+    /// Names this server in the lock's value and in its session's name.
+    pub holder: String,
+    pub session_ttl: Duration,
+    pub lock_delay: Duration,
+    pub behavior: SessionBehavior,
+}
+
+/// The value of the leader lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LeaderRecord {
+    /// The server holding the lock.
+    pub holder: String,
+    /// Its store session.
+    pub session: String,
+    /// When it took the lock (RFC 3339).
+    pub since: String,
+}
+
+/// What the farms get while this server leads.
+#[derive(Debug, Clone)]
+pub struct Term {
+    /// The session that holds the leader lock; farms take their ownership locks with it.
+    pub session: String,
+    /// Cancelled when leadership is lost or in doubt; nothing may be written after that.
+    pub cancel: CancellationToken,
+}
+
+/// Reads who leads now, if anyone.
+pub async fn current_leader(store: &dyn KvStore) -> StoreResult<Option<LeaderRecord>> {
+    let Some(pair) = store.get(LEADER_LOCK).await? else {
+        return Ok(None);
+    };
+    if pair.session.is_none() {
+        return Ok(None);
+    }
+    Ok(serde_json::from_slice(&pair.value).ok())
+}
+
+/// Campaigns until `shutdown`, running `lead` for every term this server wins. `lead` must
+/// return soon after its term is cancelled. On shutdown the session is destroyed, which
+/// releases the lock (and the farms' ownership locks) at once.
+pub async fn campaign<F, Fut>(
+    store: Arc<dyn KvStore>,
+    config: LeaderConfig,
+    shutdown: CancellationToken,
+    lead: F,
+) where
+    F: Fn(Term) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    while !shutdown.is_cancelled() {
+        let spec = SessionSpec {
+            name: format!("p2-apiserver:{}", config.holder),
+            ttl: config.session_ttl,
+            lock_delay: config.lock_delay,
+            behavior: config.behavior,
+        };
+        let session = match store.create_session(&spec).await {
+            Ok(session) => session,
+            Err(e) => {
+                tracing::warn!(error = %e, "creating the leader session failed");
+                sleep_or_cancel(backoff.next_delay(), &shutdown).await;
+                continue;
+            }
+        };
+        backoff.reset();
+        tracing::info!(%session, "leader session created");
+        let alive = shutdown.child_token();
+        let renewer = tokio::spawn(keep_alive(
+            store.clone(),
+            session.clone(),
+            config.session_ttl,
+            alive.clone(),
+        ));
+        if let Err(e) = hold_or_wait(&*store, &config, &session, &alive, &lead).await {
+            tracing::warn!(error = %e, "leader election failed; starting over");
+        }
+        alive.cancel();
+        let _ = renewer.await;
+        if let Err(e) = store.destroy_session(&session).await {
+            tracing::warn!(%session, error = %e, "destroying the leader session failed");
+        }
+        if !shutdown.is_cancelled() {
+            sleep_or_cancel(backoff.next_delay(), &shutdown).await;
+        }
+    }
+}
+
+/// With a live session: take the lock when it is free, lead while it is ours, wait while it
+/// is someone else's. Returns when the session is lost or the lock left us.
+async fn hold_or_wait<F, Fut>(
+    store: &dyn KvStore,
+    config: &LeaderConfig,
+    session: &str,
+    alive: &CancellationToken,
+    lead: &F,
+) -> StoreResult<()>
+where
+    F: Fn(Term) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let target = WatchTarget::Key(LEADER_LOCK.into());
+    let record = LeaderRecord {
+        holder: config.holder.clone(),
+        session: session.into(),
+        since: format_rfc3339(SystemTime::now()),
+    };
+    let value = serde_json::to_vec(&record).expect("a record always serializes");
+    let mut index = 0;
+    while !alive.is_cancelled() {
+        if store.acquire(LEADER_LOCK, &value, session).await? {
+            tracing::info!(holder = %config.holder, "elected leader");
+            let term = Term {
+                session: session.into(),
+                cancel: alive.child_token(),
+            };
+            let farms = tokio::spawn(lead(term.clone()));
+            let outcome = watch_while_ours(store, session, &term.cancel).await;
+            term.cancel.cancel();
+            let _ = farms.await;
+            tracing::info!("stepped down");
+            return outcome;
+        }
+        // Someone else holds it, or its lock-delay runs: wait for a change, then retry.
+        let snapshot = tokio::select! {
+            snapshot = store.watch(&target, index, Duration::from_secs(30)) => snapshot?,
+            () = alive.cancelled() => return Ok(()),
+        };
+        let free = snapshot
+            .pairs
+            .first()
+            .is_none_or(|pair| pair.session.is_none());
+        if free && snapshot.index == index {
+            // Free but unacquirable at the timeout: a lock-delay; try again shortly.
+            sleep_or_cancel(Duration::from_millis(500), alive).await;
+        } else if free {
+            sleep_or_cancel(Duration::from_millis(100), alive).await;
+        }
+        index = snapshot.index;
+    }
+    Ok(())
+}
+
+/// Returns when the lock no longer belongs to `session` or `term` ends.
+async fn watch_while_ours(
+    store: &dyn KvStore,
+    session: &str,
+    term: &CancellationToken,
+) -> StoreResult<()> {
+    let target = WatchTarget::Key(LEADER_LOCK.into());
+    let mut index = 0;
+    loop {
+        let snapshot = tokio::select! {
+            snapshot = store.watch(&target, index, Duration::from_secs(60)) => snapshot?,
+            () = term.cancelled() => return Ok(()),
+        };
+        let ours = snapshot
+            .pairs
+            .first()
+            .is_some_and(|pair| pair.session.as_deref() == Some(session));
+        if !ours {
+            tracing::warn!("the leader lock left this server");
+            return Ok(());
+        }
+        index = snapshot.index;
+    }
+}
+
+/// Renews the session every third of its TTL. Cancels `alive` when the session is gone, or
+/// when renewals have failed for two thirds of the TTL: by then the store may expire it at
+/// any moment, and the farms must stop before that, not after.
+async fn keep_alive(
+    store: Arc<dyn KvStore>,
+    session: String,
+    ttl: Duration,
+    alive: CancellationToken,
+) {
+    let mut last_renewed = Instant::now();
+    let give_up_after = ttl * 2 / 3;
+    loop {
+        let pause = if last_renewed.elapsed() < ttl / 3 {
+            ttl / 3
+        } else {
+            Duration::from_secs(1)
+        };
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = alive.cancelled() => return,
+        }
+        match store.renew_session(&session).await {
+            Ok(_) => last_renewed = Instant::now(),
+            Err(StoreError::NotFound(_)) => {
+                tracing::warn!(%session, "leader session expired");
+                alive.cancel();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "renewing the leader session failed");
+                if last_renewed.elapsed() >= give_up_after {
+                    alive.cancel();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_or_cancel(pause: Duration, cancel: &CancellationToken) {
+    tokio::select! {
+        () = tokio::time::sleep(pause) => {}
+        () = cancel.cancelled() => {}
+    }
+}

@@ -1,0 +1,143 @@
+//! A store with the leader campaign and the farms running on it, and helpers to arrange and
+//! observe state behind their back.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use p2_apiserver::farms::{self, alerts::Alerter};
+use p2_apiserver::labels::{LabelType, Labels};
+use p2_apiserver::leader::{self, LeaderConfig};
+use p2_apiserver::store::sqlite::SqliteStore;
+use p2_apiserver::store::{Cas, KvStore, SessionBehavior};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// A pod manifest every test can use.
+pub const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+
+/// How long a test waits for the farms to converge before failing.
+pub const CONVERGE: Duration = Duration::from_secs(20);
+
+pub struct Harness {
+    pub store: Arc<dyn KvStore>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    /// An empty store with one server campaigning (and so leading) on it.
+    pub async fn start() -> Harness {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .try_init();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("farms.db").display().to_string();
+        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let config = LeaderConfig {
+            holder: "test".into(),
+            session_ttl: Duration::from_secs(10),
+            lock_delay: Duration::ZERO,
+            behavior: SessionBehavior::Delete,
+        };
+        let farm_store = store.clone();
+        let alerts = Arc::new(Alerter::new(None));
+        tasks.spawn(leader::campaign(store.clone(), config, shutdown.clone(), move |term| {
+            farms::run_term(farm_store.clone(), term, alerts.clone(), "test".into())
+        }));
+        Harness { store, shutdown, tasks, _dir: dir }
+    }
+
+    pub async fn label(&self, label_type: LabelType, id: &str, labels: serde_json::Value) {
+        let key = label_type.label_key(id);
+        self.store.put(&key, labels.to_string().as_bytes(), Cas::Any).await.unwrap();
+    }
+
+    /// Stores an RC document as given (plus a fresh id) and returns the id.
+    pub async fn put_rc(&self, mut doc: serde_json::Value) -> String {
+        let id = uuid::Uuid::new_v4().to_string();
+        doc["id"] = id.clone().into();
+        let key = format!("replication_controllers/{id}");
+        self.store.put(&key, doc.to_string().as_bytes(), Cas::Index(0)).await.unwrap();
+        id
+    }
+
+    pub async fn set_replicas(&self, id: &str, replicas: i64) {
+        let key = format!("replication_controllers/{id}");
+        let pair = self.store.get(&key).await.unwrap().unwrap();
+        let mut doc: serde_json::Value = serde_json::from_slice(&pair.value).unwrap();
+        doc["replicas_desired"] = replicas.into();
+        self.store
+            .put(&key, doc.to_string().as_bytes(), Cas::Index(pair.modify_index))
+            .await
+            .unwrap();
+    }
+
+    pub async fn pod_labels(&self, node: &str, pod_id: &str) -> Labels {
+        let key = LabelType::Pod.label_key(&format!("{node}/{pod_id}"));
+        let pair = self.store.get(&key).await.unwrap().unwrap();
+        serde_json::from_slice(&pair.value).unwrap()
+    }
+
+    pub async fn intent(&self, node: &str, pod_id: &str) -> Option<String> {
+        let pair = self.store.get(&format!("intent/{node}/{pod_id}")).await.unwrap()?;
+        Some(String::from_utf8(pair.value).unwrap())
+    }
+
+    /// The nodes whose pod labels name the RC, sorted.
+    pub async fn rc_nodes(&self, id: &str) -> Vec<String> {
+        let listing = self.store.list("labels/pod/").await.unwrap();
+        let mut nodes: Vec<String> = listing
+            .pairs
+            .iter()
+            .filter(|pair| {
+                let labels: Labels = serde_json::from_slice(&pair.value).unwrap_or_default();
+                labels.get("replication_controller_id").map(String::as_str) == Some(id)
+            })
+            .filter_map(|pair| pair.key.strip_prefix("labels/pod/")?.split('/').next().map(str::to_owned))
+            .collect();
+        nodes.sort();
+        nodes
+    }
+
+    pub async fn wait_for_rc_nodes(&self, id: &str, count: usize) -> Vec<String> {
+        self.wait_until(|| async {
+            let nodes = self.rc_nodes(id).await;
+            (nodes.len() == count).then_some(nodes)
+        })
+        .await
+    }
+
+    pub async fn audit_records(&self) -> usize {
+        self.store.list("audit_logs/").await.unwrap().pairs.len()
+    }
+
+    /// Polls `check` until it yields, failing the test after [`CONVERGE`].
+    pub async fn wait_until<T, F, Fut>(&self, check: F) -> T
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let give_up = tokio::time::Instant::now() + CONVERGE;
+        loop {
+            if let Some(value) = check().await {
+                return value;
+            }
+            assert!(tokio::time::Instant::now() < give_up, "the farms did not converge");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+    }
+}
