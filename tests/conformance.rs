@@ -1,7 +1,8 @@
 //! The store conformance suite: the same checks against every backend.
 //!
-//! `cargo test conformance` runs exactly these. The SQLite backend always runs; the Consul
-//! backend runs when `CONSUL_HTTP_ADDR` is set (for example `127.0.0.1:8500`) and is skipped
+//! `cargo test conformance` runs exactly these. The SQLite backend always runs, and so does
+//! the Consul client against the fake agent of `support/fake_consul.rs`; the Consul backend
+//! runs when `CONSUL_HTTP_ADDR` is set (for example `127.0.0.1:8500`) and is skipped
 //! with a printed reason otherwise. Every test works under its own random key prefix, so the
 //! suite can share one Consul with other users.
 
@@ -9,6 +10,9 @@ use std::io::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[path = "support/fake_consul.rs"]
+mod fake_consul;
 
 use p2_apiserver::store::{
     open_store, Cas, ConsulOptions, KvStore, SessionBehavior, SessionSpec, StoreError, StoreUrl,
@@ -42,6 +46,18 @@ async fn sqlite() -> Option<Subject> {
         store,
         prefix: prefix(),
         _dir: Some(dir),
+    })
+}
+
+/// The real Consul client against the fake agent, so every check runs through its HTTP paths.
+async fn consul_fake() -> Option<Subject> {
+    let fake = fake_consul::start().await;
+    let url = format!("consul://{}", fake.addr).parse().unwrap();
+    let store = open_store(&url, ConsulOptions::default()).await.unwrap();
+    Some(Subject {
+        store,
+        prefix: prefix(),
+        _dir: Some(fake.dir),
     })
 }
 
@@ -621,4 +637,4 @@ macro_rules! conformance_suite {
     };
 }
 
-conformance_suite!(sqlite, consul);
+conformance_suite!(sqlite, consul_fake, consul);

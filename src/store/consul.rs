@@ -397,7 +397,9 @@ impl KvStore for ConsulStore {
             if listing.index != index {
                 return Ok(listing);
             }
-            let resume = started + MIN_REQUERY_PAUSE;
+            // Consul holds a query that times out for the wait plus up to wait/16, so its
+            // answer usually comes after the deadline: count from now, not from the send.
+            let resume = (started + MIN_REQUERY_PAUSE).max(Instant::now());
             // Consul reads `wait=0` as its 5-minute default, so never ask for less than the
             // pause: at that point the wait is over.
             if resume + MIN_REQUERY_PAUSE > deadline {
