@@ -13,7 +13,8 @@ async fn schedules_scales_down_and_moves_pods() {
     let h = Harness::start().await;
     for i in 1..=5 {
         let role = if i <= 4 { "web" } else { "db" };
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": role})).await;
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": role}))
+            .await;
     }
     let id = h
         .put_rc(json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {"app": "hello"},
@@ -25,10 +26,14 @@ async fn schedules_scales_down_and_moves_pods() {
     assert_eq!(pod["replication_controller_id"], id.as_str());
     assert_eq!(pod["pod_id"], "hello");
     assert_eq!(pod["app"], "hello");
-    assert_eq!(h.intent(&nodes[0], "hello").await.as_deref(), Some(MANIFEST));
+    assert_eq!(
+        h.intent(&nodes[0], "hello").await.as_deref(),
+        Some(MANIFEST)
+    );
 
     // Relabelling a node moves its pod (dynamic strategy).
-    h.label(LabelType::Node, &nodes[0], json!({"role": "db"})).await;
+    h.label(LabelType::Node, &nodes[0], json!({"role": "db"}))
+        .await;
     let moved = h
         .wait_until(|| async {
             let now = h.rc_nodes(&id).await;
@@ -38,10 +43,15 @@ async fn schedules_scales_down_and_moves_pods() {
     assert!(h.intent(&nodes[0], "hello").await.is_none());
 
     // Scaling down removes pods from ineligible nodes first.
-    h.label(LabelType::Node, &moved[0], json!({"role": "db"})).await;
+    h.label(LabelType::Node, &moved[0], json!({"role": "db"}))
+        .await;
     h.set_replicas(&id, 2).await;
     let after = h.wait_for_rc_nodes(&id, 2).await;
-    assert!(!after.contains(&moved[0]), "{after:?} still has {}", moved[0]);
+    assert!(
+        !after.contains(&moved[0]),
+        "{after:?} still has {}",
+        moved[0]
+    );
     assert!(h.audit_records().await >= 3);
     drop(h);
     tokio::time::sleep(Duration::from_millis(10)).await;

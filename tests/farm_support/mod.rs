@@ -48,15 +48,26 @@ impl Harness {
         };
         let farm_store = store.clone();
         let alerts = Arc::new(Alerter::new(None));
-        tasks.spawn(leader::campaign(store.clone(), config, shutdown.clone(), move |term| {
-            farms::run_term(farm_store.clone(), term, alerts.clone(), "test".into())
-        }));
-        Harness { store, shutdown, tasks, _dir: dir }
+        tasks.spawn(leader::campaign(
+            store.clone(),
+            config,
+            shutdown.clone(),
+            move |term| farms::run_term(farm_store.clone(), term, alerts.clone(), "test".into()),
+        ));
+        Harness {
+            store,
+            shutdown,
+            tasks,
+            _dir: dir,
+        }
     }
 
     pub async fn label(&self, label_type: LabelType, id: &str, labels: serde_json::Value) {
         let key = label_type.label_key(id);
-        self.store.put(&key, labels.to_string().as_bytes(), Cas::Any).await.unwrap();
+        self.store
+            .put(&key, labels.to_string().as_bytes(), Cas::Any)
+            .await
+            .unwrap();
     }
 
     /// Stores an RC document as given (plus a fresh id) and returns the id.
@@ -64,7 +75,10 @@ impl Harness {
         let id = uuid::Uuid::new_v4().to_string();
         doc["id"] = id.clone().into();
         let key = format!("replication_controllers/{id}");
-        self.store.put(&key, doc.to_string().as_bytes(), Cas::Index(0)).await.unwrap();
+        self.store
+            .put(&key, doc.to_string().as_bytes(), Cas::Index(0))
+            .await
+            .unwrap();
         id
     }
 
@@ -74,7 +88,11 @@ impl Harness {
         let mut doc: serde_json::Value = serde_json::from_slice(&pair.value).unwrap();
         doc["replicas_desired"] = replicas.into();
         self.store
-            .put(&key, doc.to_string().as_bytes(), Cas::Index(pair.modify_index))
+            .put(
+                &key,
+                doc.to_string().as_bytes(),
+                Cas::Index(pair.modify_index),
+            )
             .await
             .unwrap();
     }
@@ -86,7 +104,11 @@ impl Harness {
     }
 
     pub async fn intent(&self, node: &str, pod_id: &str) -> Option<String> {
-        let pair = self.store.get(&format!("intent/{node}/{pod_id}")).await.unwrap()?;
+        let pair = self
+            .store
+            .get(&format!("intent/{node}/{pod_id}"))
+            .await
+            .unwrap()?;
         Some(String::from_utf8(pair.value).unwrap())
     }
 
@@ -100,7 +122,13 @@ impl Harness {
                 let labels: Labels = serde_json::from_slice(&pair.value).unwrap_or_default();
                 labels.get("replication_controller_id").map(String::as_str) == Some(id)
             })
-            .filter_map(|pair| pair.key.strip_prefix("labels/pod/")?.split('/').next().map(str::to_owned))
+            .filter_map(|pair| {
+                pair.key
+                    .strip_prefix("labels/pod/")?
+                    .split('/')
+                    .next()
+                    .map(str::to_owned)
+            })
             .collect();
         nodes.sort();
         nodes
@@ -129,7 +157,10 @@ impl Harness {
             if let Some(value) = check().await {
                 return value;
             }
-            assert!(tokio::time::Instant::now() < give_up, "the farms did not converge");
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "the farms did not converge"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
