@@ -2,6 +2,7 @@
 //!
 //! - [`world`]: one blocking watch per tree, decoded once and shared by all farms.
 //! - [`rc`]: keeps each RC at its replica count on eligible nodes (P2's meet-desires).
+//! - [`roll`]: moves replicas from old RCs to new ones, keeping a minimum healthy.
 //! - [`alerts`]: the webhook the farms call when they cannot do what is asked.
 //!
 //! Each farm is a loop of idempotent passes over every object it owns, woken by tree changes
@@ -13,6 +14,7 @@
 pub mod alerts;
 pub mod pods;
 pub mod rc;
+pub mod roll;
 pub mod world;
 
 use std::collections::HashMap;
@@ -84,9 +86,10 @@ impl FarmContext {
             .max()
             .unwrap_or(0);
         let mut written = self.written.lock().expect("no panics while held");
-        // Only ops that store a value surely move their tree's index (a delete of an absent
-        // key changes nothing), so only they are waited for.
-        for op in fenced[1..].iter().filter(|op| op.value().is_some()) {
+        // Only ops that surely change their key move its tree's index: writes, and
+        // delete-CAS of a key the farm saw (a plain delete of an absent key changes nothing).
+        let changes = |op: &&TxnOp| op.value().is_some() || matches!(op, TxnOp::DeleteCas { .. });
+        for op in fenced[1..].iter().filter(changes) {
             if let Some(tree) = world::tree_of(op.key()) {
                 let at = written.entry(tree).or_insert(0);
                 *at = (*at).max(index);
@@ -111,7 +114,8 @@ impl FarmContext {
             .await
     }
 
-    /// Frees a lock this session holds (ownership of an object that is gone).
+    /// Frees a lock this session holds (ownership of an object that is gone); a lock that
+    /// is already gone is fine.
     pub async fn release_lock(&self, lock: &str) -> StoreResult<()> {
         let ops = [
             TxnOp::CheckSession {
@@ -122,7 +126,10 @@ impl FarmContext {
                 key: lock.to_owned(),
             },
         ];
-        self.store.txn(&ops).await.map(drop)
+        match self.store.txn(&ops).await {
+            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Whether `world` shows every write this term made.
@@ -235,6 +242,7 @@ pub async fn run_term(store: Arc<dyn KvStore>, term: Term, alerts: Arc<Alerter>,
     };
     let ctx = Arc::new(FarmContext::new(store, &term, alerts, holder));
     tasks.spawn(drive(rc::RcFarm::default(), ctx.clone(), trees.clone()));
+    tasks.spawn(drive(roll::RollFarm::default(), ctx.clone(), trees.clone()));
     tasks.close();
     term.cancel.cancelled().await;
     tasks.wait().await;

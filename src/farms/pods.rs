@@ -3,6 +3,7 @@
 //! farm read, so a concurrent change to the pod rolls the write back.
 
 use crate::labels::{LabelType, Labels};
+use crate::model::Manifest;
 use crate::store::labels::write_op;
 use crate::store::TxnOp;
 
@@ -57,4 +58,13 @@ pub fn unschedule_ops(world: &World, pod: &PodKey, owned: &[&str]) -> Vec<TxnOp>
         ));
     }
     ops
+}
+
+/// Whether stored manifest bytes describe `manifest`: the same bytes, or the same SHA.
+pub fn same_manifest(raw: &[u8], manifest: &Manifest) -> bool {
+    raw == manifest.raw().as_bytes()
+        || std::str::from_utf8(raw)
+            .ok()
+            .and_then(|text| Manifest::parse(text).ok())
+            .is_some_and(|other| other.sha() == manifest.sha())
 }

@@ -16,7 +16,7 @@ use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::{AllocationStrategy, AuditRecord, HealthState, Manifest, StoredRc};
 use crate::store::{locks, StoreError, StoreResult, TxnOp};
 
-use super::pods::{schedule_ops, unschedule_ops};
+use super::pods::{same_manifest, schedule_ops, unschedule_ops};
 use super::world::{PodKey, World};
 use super::{Farm, FarmContext, Retries};
 
@@ -209,16 +209,12 @@ async fn reconcile(
     apply(ctx, world, id, rc, &current, changes).await
 }
 
-/// Whether a node's intent already holds `manifest` (the same bytes, or the same SHA).
 fn intent_matches(world: &World, pod: &PodKey, manifest: &Manifest) -> bool {
-    match world.intents.items.get(pod) {
-        None => false,
-        Some(raw) if raw.as_slice() == manifest.raw().as_bytes() => true,
-        Some(raw) => std::str::from_utf8(raw)
-            .ok()
-            .and_then(|text| Manifest::parse(text).ok())
-            .is_some_and(|intent| intent.sha() == manifest.sha()),
-    }
+    world
+        .intents
+        .items
+        .get(pod)
+        .is_some_and(|raw| same_manifest(raw, manifest))
 }
 
 /// Writes `changes` in batches, each with its audit record listing the RC's nodes after it.

@@ -166,6 +166,72 @@ impl Harness {
     }
 }
 
+impl Harness {
+    /// Plays every node's agent: each intended pod is reported running (reality = intent)
+    /// and passing after `delay`; pods no longer intended lose their reality and health.
+    pub fn run_fake_nodes(&self, delay: Duration) {
+        let store = self.store.clone();
+        let shutdown = self.shutdown.clone();
+        self.tasks.spawn(async move {
+            let mut seen: std::collections::HashMap<String, tokio::time::Instant> = Default::default();
+            while !shutdown.is_cancelled() {
+                let intents = store.list("intent/").await.unwrap();
+                let mut live = std::collections::HashSet::new();
+                for pair in &intents.pairs {
+                    let rest = pair.key.strip_prefix("intent/").unwrap().to_owned();
+                    live.insert(rest.clone());
+                    let first = *seen.entry(rest.clone()).or_insert_with(tokio::time::Instant::now);
+                    let reality = format!("reality/{rest}");
+                    let current = store.get(&reality).await.unwrap();
+                    if first.elapsed() >= delay && current.map(|p| p.value) != Some(pair.value.clone()) {
+                        let (node, pod_id) = rest.split_once('/').unwrap();
+                        store.put(&reality, &pair.value, Cas::Any).await.unwrap();
+                        let health = serde_json::json!({"Id": pod_id, "Node": node, "Service": pod_id,
+                            "Status": "passing", "Time": "2026-01-01T00:00:00Z", "Expires": "2126-01-01T00:00:00Z"});
+                        store.put(&format!("health/{pod_id}/{node}"), health.to_string().as_bytes(), Cas::Any).await.unwrap();
+                    }
+                }
+                seen.retain(|pod, _| live.contains(pod));
+                for pair in store.list("reality/").await.unwrap().pairs {
+                    let rest = pair.key.strip_prefix("reality/").unwrap();
+                    if !live.contains(rest) {
+                        let (node, pod_id) = rest.split_once('/').unwrap();
+                        store.delete(&pair.key, Cas::Any).await.unwrap();
+                        store.delete(&format!("health/{pod_id}/{node}"), Cas::Any).await.unwrap();
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+    }
+
+    /// Pods passing on the manifest they are intended to run, by owning RC id.
+    pub async fn healthy_by_rc(&self) -> std::collections::HashMap<String, usize> {
+        let mut healthy = std::collections::HashMap::new();
+        for pair in self.store.list("labels/pod/").await.unwrap().pairs {
+            let labels: Labels = serde_json::from_slice(&pair.value).unwrap_or_default();
+            let Some(rc) = labels.get("replication_controller_id") else {
+                continue;
+            };
+            let rest = pair.key.strip_prefix("labels/pod/").unwrap();
+            let (node, pod_id) = rest.split_once('/').unwrap();
+            let reality = self.store.get(&format!("reality/{rest}")).await.unwrap();
+            let intent = self.store.get(&format!("intent/{rest}")).await.unwrap();
+            let health = self
+                .store
+                .get(&format!("health/{pod_id}/{node}"))
+                .await
+                .unwrap();
+            let passing =
+                health.is_some_and(|h| String::from_utf8_lossy(&h.value).contains("\"passing\""));
+            if passing && reality.is_some() && reality.map(|r| r.value) == intent.map(|i| i.value) {
+                *healthy.entry(rc.clone()).or_insert(0) += 1;
+            }
+        }
+        healthy
+    }
+}
+
 impl Drop for Harness {
     fn drop(&mut self) {
         self.shutdown.cancel();

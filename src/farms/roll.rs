@@ -1,0 +1,335 @@
+//! The roll farm: moves replicas from a roll's old RC to its new one in steps that keep at
+//! least `minimum_replicas` healthy (§4.5–4.7), then deletes the old RC (unless `leave_old`)
+//! and the roll.
+//!
+//! While a roll runs this server holds both RCs' mutation locks, so API writes to their
+//! counts are refused, and every write is fenced by the roll's ownership lock. Differences
+//! from P2, on purpose: both RCs stay enabled (the new RC never takes over a node the old one
+//! runs on, so the old RC's own farm removes its pods as its count drops); at completion an
+//! old RC whose count a human raised is set to 0 instead of blocking the roll forever; a roll
+//! whose RCs vanish is always cleaned up.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use tokio::time::Instant;
+
+use crate::labels::{LabelType, RC_ID_LABEL};
+use crate::model::{roll_step, AuditRecord, HealthState, StoredRc, StoredRoll};
+use crate::store::rcs::RcStore;
+use crate::store::rolls::RollStore;
+use crate::store::{locks, StoreResult, TxnOp};
+
+use super::pods::same_manifest;
+use super::world::{Versioned, World};
+use super::{Farm, FarmContext, Retries};
+
+/// The roll farm's state across passes: when each roll last took a step (for `roll_delay`)
+/// and backoffs; a restart only makes a roll wait its delay once more.
+#[derive(Default)]
+pub struct RollFarm {
+    retries: Retries,
+    last_step: HashMap<String, Instant>,
+}
+
+/// Replica counts of one RC as the roll sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// The RC's `replicas_desired`.
+    pub desired: i64,
+    /// Pods labelled with the RC's id.
+    pub current: i64,
+    /// Of those, pods running the RC's manifest (per the reality tree) and passing.
+    pub healthy: i64,
+}
+
+/// Counts an RC's pods in `world`.
+pub fn count(world: &World, id: &str, rc: &StoredRc) -> Counts {
+    let pods = world.pods_labelled(RC_ID_LABEL, id);
+    let healthy = pods
+        .iter()
+        .filter(|pod| {
+            world
+                .reality
+                .items
+                .get(*pod)
+                .is_some_and(|raw| same_manifest(raw, &rc.manifest))
+                && world.health_of(pod) == HealthState::Passing
+        })
+        .count();
+    Counts {
+        desired: rc.replicas_desired,
+        current: pods.len() as i64,
+        healthy: healthy as i64,
+    }
+}
+
+impl Farm for RollFarm {
+    const NAME: &'static str = "roll";
+
+    async fn pass(&mut self, ctx: &FarmContext, world: &World) -> Option<Instant> {
+        let mut wake: Option<Instant> = None;
+        for (id, roll) in &world.rolls.items {
+            if ctx.cancel.is_cancelled() {
+                return None;
+            }
+            if !self.retries.ready(id) {
+                continue;
+            }
+            let result = match ctx.take_lock(world, &locks::roll_ownership(id)).await {
+                Ok(true) => self.reconcile(ctx, world, id, roll).await,
+                Ok(false) => continue,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(at) => {
+                    self.retries.succeeded(id);
+                    wake = earliest(wake, at);
+                }
+                Err(e) => {
+                    tracing::warn!(roll = %id, error = %e, "running the roll failed");
+                    self.retries.failed(id);
+                }
+            }
+        }
+        self.last_step
+            .retain(|id, _| world.rolls.items.contains_key(id));
+        release_stale_locks(ctx, world).await;
+        earliest(wake, self.retries.next_due())
+    }
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+impl RollFarm {
+    /// One step of one roll; returns when it wants to run again if it is waiting on time.
+    async fn reconcile(
+        &mut self,
+        ctx: &FarmContext,
+        world: &World,
+        id: &str,
+        roll: &Versioned<StoredRoll>,
+    ) -> StoreResult<Option<Instant>> {
+        let spec = &roll.value;
+        let fence = locks::roll_ownership(id);
+        let (Some(old), Some(new)) = (
+            world.rcs.items.get(&spec.old_rc),
+            world.rcs.items.get(&spec.new_rc),
+        ) else {
+            // The RC tree may simply not show an RC written with the roll yet: ask the store.
+            let store = RcStore::new(ctx.store.clone());
+            if store.get(&spec.old_rc).await?.is_some() && store.get(&spec.new_rc).await?.is_some()
+            {
+                return Ok(None);
+            }
+            tracing::warn!(roll = %id, "an RC of the roll is gone; deleting the roll");
+            let ops = finish_ops(ctx, world, id, spec, None, false).await?;
+            ctx.commit(&fence, ops).await?;
+            return Ok(None);
+        };
+
+        // Hold both RCs' mutation locks for the whole roll.
+        let mutation = [
+            locks::rc_mutation(&spec.old_rc),
+            locks::rc_mutation(&spec.new_rc),
+        ];
+        let mut take = Vec::new();
+        for lock in &mutation {
+            match world.lock_holder(lock) {
+                Some(holder) if holder == ctx.session => {}
+                Some(_) => {
+                    tracing::info!(roll = %id, %lock, "an RC of the roll is locked by someone else");
+                    return Ok(None);
+                }
+                None => take.push(TxnOp::Lock {
+                    key: lock.clone(),
+                    value: ctx.holder.as_bytes().to_vec(),
+                    session: ctx.session.clone(),
+                }),
+            }
+        }
+        if !take.is_empty() {
+            ctx.commit(&fence, take).await?;
+            return Ok(None);
+        }
+        let held: Vec<TxnOp> = mutation
+            .iter()
+            .map(|lock| TxnOp::CheckSession {
+                key: lock.clone(),
+                session: ctx.session.clone(),
+            })
+            .collect();
+
+        // Both RCs must be enabled: the new one to schedule, the old one to give pods up.
+        if new.value.disabled || old.value.disabled {
+            let new_counts = count(world, &spec.new_rc, &new.value);
+            if new.value.disabled && new_counts.current != new_counts.desired {
+                return Err(crate::store::StoreError::Invalid(format!(
+                    "the new RC is disabled with {} pods for {} replicas; refusing to enable it",
+                    new_counts.current, new_counts.desired
+                )));
+            }
+            let mut ops = held;
+            for rc in [old, new] {
+                if rc.value.disabled {
+                    let mut enabled = rc.value.clone();
+                    enabled.disabled = false;
+                    ops.push(RcStore::write_op(&enabled, rc.index));
+                }
+            }
+            ctx.commit(&fence, ops).await?;
+            return Ok(None);
+        }
+
+        let old_counts = count(world, &spec.old_rc, &old.value);
+        let new_counts = count(world, &spec.new_rc, &new.value);
+        let target = spec.desired_replicas;
+        if new_counts.desired >= target {
+            if new_counts.current < target {
+                return Ok(None);
+            }
+            return self
+                .complete(ctx, world, id, spec, old, old_counts, held)
+                .await;
+        }
+        let (remove, add) = roll_step(
+            old_counts.healthy.min(old_counts.desired),
+            new_counts.healthy,
+            old_counts.desired,
+            new_counts.desired,
+            target,
+            spec.minimum_replicas,
+        );
+        if remove == 0 && add == 0 {
+            return Ok(None);
+        }
+        if new_counts.desired > 0 && !spec.roll_delay.is_zero() {
+            if let Some(last) = self.last_step.get(id) {
+                let due = *last + spec.roll_delay;
+                if Instant::now() < due {
+                    return Ok(Some(due));
+                }
+            }
+        }
+        let mut old_rc = old.value.clone();
+        let mut new_rc = new.value.clone();
+        old_rc.replicas_desired = (old_rc.replicas_desired - remove).max(0);
+        new_rc.replicas_desired += add;
+        let mut ops = held;
+        ops.push(RcStore::write_op(&old_rc, old.index));
+        ops.push(RcStore::write_op(&new_rc, new.index));
+        ctx.commit(&fence, ops).await?;
+        self.last_step.insert(id.to_owned(), Instant::now());
+        tracing::info!(roll = %id, remove, add, old = old_rc.replicas_desired,
+                       new = new_rc.replicas_desired, "roll step");
+        Ok(None)
+    }
+
+    /// The new RC has its replicas: retire the old RC (unless `leave_old`) and the roll.
+    #[allow(clippy::too_many_arguments)]
+    async fn complete(
+        &mut self,
+        ctx: &FarmContext,
+        world: &World,
+        id: &str,
+        spec: &StoredRoll,
+        old: &Versioned<StoredRc>,
+        old_counts: Counts,
+        held: Vec<TxnOp>,
+    ) -> StoreResult<Option<Instant>> {
+        let fence = locks::roll_ownership(id);
+        if !spec.leave_old {
+            if old_counts.desired != 0 {
+                let mut retired = old.value.clone();
+                retired.replicas_desired = 0;
+                let mut ops = held;
+                ops.push(RcStore::write_op(&retired, old.index));
+                ctx.commit(&fence, ops).await?;
+                return Ok(None);
+            }
+            if old_counts.current > 0 {
+                return Ok(None);
+            }
+        }
+        let retire = (!spec.leave_old).then_some(old.index);
+        let ops = finish_ops(ctx, world, id, spec, retire, true).await?;
+        ctx.commit(&fence, ops).await?;
+        tracing::info!(roll = %id, "roll complete");
+        Ok(None)
+    }
+}
+
+/// Ops that end a roll: release the mutation locks this session holds, delete the old RC
+/// at `retire_old` (when given), the roll and its labels, with a completion audit record.
+async fn finish_ops(
+    ctx: &FarmContext,
+    world: &World,
+    id: &str,
+    spec: &StoredRoll,
+    retire_old: Option<u64>,
+    succeeded: bool,
+) -> StoreResult<Vec<TxnOp>> {
+    let mut ops = Vec::new();
+    for rc in [&spec.old_rc, &spec.new_rc] {
+        let lock = locks::rc_mutation(rc);
+        if world.lock_holder(&lock) == Some(ctx.session.as_str()) {
+            ops.push(TxnOp::CheckSession {
+                key: lock.clone(),
+                session: ctx.session.clone(),
+            });
+            ops.push(TxnOp::Delete { key: lock });
+        }
+    }
+    if let Some(index) = retire_old {
+        ops.extend(RcStore::delete_ops(&spec.old_rc, index));
+    }
+    ops.extend(RollStore::delete_ops(id));
+    let labels = ctx
+        .store
+        .get(&LabelType::Rolls.label_key(id))
+        .await?
+        .and_then(|pair| serde_json::from_slice(&pair.value).ok())
+        .unwrap_or_default();
+    let record = AuditRecord::ru_completion(id, &labels, succeeded, !succeeded, SystemTime::now());
+    ops.push(TxnOp::Set {
+        key: format!("audit_logs/{}", uuid::Uuid::new_v4()),
+        value: record.to_json(),
+    });
+    Ok(ops)
+}
+
+/// Releases locks this session holds for rolls that are gone (a cancelled roll leaves both
+/// RCs free for API writes again).
+async fn release_stale_locks(ctx: &FarmContext, world: &World) {
+    let rolling: Vec<&str> = world
+        .rolls
+        .items
+        .values()
+        .flat_map(|r| [r.value.old_rc.as_str(), r.value.new_rc.as_str()])
+        .collect();
+    for (key, holder) in &world.locks.items {
+        if holder.as_deref() != Some(ctx.session.as_str()) {
+            continue;
+        }
+        let stale = if let Some(roll) = key.strip_prefix("lock/rolls/") {
+            !world.rolls.items.contains_key(roll)
+        } else if let Some(rc) = key
+            .strip_prefix("lock/replication_controllers/")
+            .and_then(|rest| rest.strip_suffix("/update"))
+        {
+            !rolling.contains(&rc)
+        } else {
+            false
+        };
+        if stale {
+            if let Err(e) = ctx.release_lock(key).await {
+                tracing::warn!(%key, error = %e, "releasing a roll lock failed");
+            }
+        }
+    }
+}
