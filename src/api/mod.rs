@@ -8,5 +8,6 @@
 pub mod blocking;
 pub mod extract;
 pub mod health;
+pub mod labels;
 pub mod paging;
 pub mod preconditions;
