@@ -32,6 +32,7 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
     tags(
         (name = api::health::TAG, description = "Liveness and readiness probes"),
         (name = api::labels::TAG, description = "Labels on nodes, pods, RCs, rolls and pod clusters, and selector queries"),
+        (name = api::p2_labels::TAG, description = "P2's own label routes, for P2 tools using an HTTP label applicator"),
     ),
     components(schemas(ErrorBody, Cause))
 )]
@@ -44,6 +45,7 @@ pub fn api() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(api::health::router())
         .nest("/api/v1", api::labels::router())
+        .merge(api::p2_labels::router())
 }
 
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI

@@ -9,5 +9,6 @@ pub mod blocking;
 pub mod extract;
 pub mod health;
 pub mod labels;
+pub mod p2_labels;
 pub mod paging;
 pub mod preconditions;
