@@ -29,7 +29,11 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
 /// The OpenAPI document's root: tags and the shared schemas.
 #[derive(OpenApi)]
 #[openapi(
-    tags((name = api::health::TAG, description = "Liveness and readiness probes")),
+    tags(
+        (name = api::health::TAG, description = "Liveness and readiness probes"),
+        (name = api::labels::TAG, description = "Labels on nodes, pods, RCs, rolls and pod clusters, and selector queries"),
+        (name = api::p2_labels::TAG, description = "P2's own label routes, for P2 tools using an HTTP label applicator"),
+    ),
     components(schemas(ErrorBody, Cause))
 )]
 struct ApiDoc;
@@ -38,7 +42,10 @@ struct ApiDoc;
 /// probes) or nested (resources) here; the document comes from the same router that serves,
 /// so the two cannot drift.
 pub fn api() -> OpenApiRouter<AppState> {
-    OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(api::health::router())
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(api::health::router())
+        .nest("/api/v1", api::labels::router())
+        .merge(api::p2_labels::router())
 }
 
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI

@@ -8,5 +8,7 @@
 pub mod blocking;
 pub mod extract;
 pub mod health;
+pub mod labels;
+pub mod p2_labels;
 pub mod paging;
 pub mod preconditions;

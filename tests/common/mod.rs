@@ -104,3 +104,35 @@ impl TestResponse {
             .map(|v| v.to_str().expect("text header"))
     }
 }
+
+/// Requests with a body and headers, for the write routes.
+impl TestApp {
+    /// `method path` with `body` sent as `application/json` and the extra `headers`.
+    pub async fn send_json(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &serde_json::Value,
+    ) -> TestResponse {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        self.send_raw(method, path, &all, body.to_string()).await
+    }
+
+    /// `method path` with a body sent exactly as given (headers include any content type),
+    /// for malformed and mislabeled bodies.
+    pub async fn send_raw(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Body>,
+    ) -> TestResponse {
+        let mut request = Request::builder().method(method).uri(path);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        self.send(request.body(body.into()).unwrap()).await
+    }
+}

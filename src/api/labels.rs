@@ -1,0 +1,465 @@
+//! `/api/v1/labels`: one object's labels (read, replace, merge-patch, delete) and the objects
+//! of a type that match a selector.
+//!
+//! What is particular to labels:
+//! - An object with no labels is not missing. P2 never checks that a labeled node or pod
+//!   exists and answers an empty set at index 0, so GET answers 200 with `labels: {}` and
+//!   `resource_version: "0"`; a 404 would only tell the client that nothing was written yet.
+//!   `If-Match: "0"` therefore means "only while it has no labels".
+//! - The `{type}` segment names a collection, so an unknown type is 404, on every route. An
+//!   id that cannot name an object of its type, a bad selector and bad labels are 422, with
+//!   one cause per problem.
+//! - Pod ids are `<node>/<pod_id>`; the `/` may be sent as is or as `%2F`.
+//! - An empty label set is stored as no key at all, as P2 does: PUT of `{}` is a DELETE.
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::api::blocking::{index_header, BlockingParams};
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch};
+use crate::api::paging::{Page, PageParams};
+use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::app::AppState;
+use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::labels::{
+    validate_label_key, validate_label_value, validate_labels, LabelType, Labeled, Labels,
+    ParseLabelTypeError, ParseSelectorError, Selector,
+};
+use crate::store::labels::{LabelRecord, LabelStore};
+use crate::store::StoreError;
+
+/// OpenAPI tag of these routes.
+pub const TAG: &str = "labels";
+
+/// One object's labels, with the version a conditional write must name in `If-Match`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ObjectLabels {
+    /// What kind of object this is.
+    #[serde(rename = "type")]
+    pub label_type: LabelType,
+    /// The object's id within its type (`<node>/<pod_id>` for pods).
+    #[schema(example = "node17.example.com/hello")]
+    pub id: String,
+    /// The labels; `{}` when the object has none.
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub labels: Labels,
+    /// The labels' modify index as text, the same as the `ETag`; `"0"` when there are none.
+    #[schema(example = "42")]
+    pub resource_version: String,
+}
+
+impl ObjectLabels {
+    fn new(label_type: LabelType, id: String, record: LabelRecord) -> Self {
+        ObjectLabels {
+            label_type,
+            id,
+            labels: record.labels,
+            resource_version: record.index.to_string(),
+        }
+    }
+}
+
+/// The body of a PUT: the complete new label set.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ReplaceLabels {
+    /// Replaces every label; keys and values follow Kubernetes' rules.
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub labels: Labels,
+}
+
+/// The body of a PATCH, a JSON merge patch (RFC 7386) of [`ObjectLabels`].
+#[derive(Debug, Clone, ToSchema)]
+pub struct LabelsPatch {
+    /// A key mapped to a string is set, a key mapped to `null` is removed, others are kept;
+    /// `"labels": null` removes every label. Removals are not checked against Kubernetes'
+    /// rules, so a bad label written by an older tool can still be removed.
+    #[schema(value_type = Option<BTreeMap<String, Option<String>>>)]
+    labels: LabelsChange,
+}
+
+/// What a patch does to the label set.
+#[derive(Debug, Clone)]
+enum LabelsChange {
+    /// `"labels": null`.
+    Clear,
+    /// Each key set (`Some`) or removed (`None`); empty when the patch has no `labels`.
+    Merge(BTreeMap<String, Option<String>>),
+}
+
+impl LabelsPatch {
+    /// Reads a merge patch, recording every bad field in `violations`.
+    fn parse(patch: Map<String, Value>, violations: &mut Violations) -> LabelsPatch {
+        let mut changes = BTreeMap::new();
+        let mut clear = false;
+        for (field, value) in patch {
+            match (field.as_str(), value) {
+                ("labels", Value::Null) => clear = true,
+                ("labels", Value::Object(labels)) => {
+                    for (key, value) in labels {
+                        let at = format!("labels.{key}");
+                        match value {
+                            Value::String(value) => {
+                                if let Err(e) = validate_label_key(&key) {
+                                    violations.add(&at, format!("invalid label key: {e}"));
+                                }
+                                if let Err(e) = validate_label_value(&value) {
+                                    violations
+                                        .add(&at, format!("invalid label value {value:?}: {e}"));
+                                }
+                                changes.insert(key, Some(value));
+                            }
+                            Value::Null => {
+                                changes.insert(key, None);
+                            }
+                            other => violations.add(
+                                at,
+                                format!("must be a string, or null to remove it; got {other}"),
+                            ),
+                        }
+                    }
+                }
+                ("labels", other) => violations.add(
+                    "labels",
+                    format!("must be an object, or null to remove every label; got {other}"),
+                ),
+                (_, _) => violations.add(field, "unknown field; a labels patch has only `labels`"),
+            }
+        }
+        let labels = if clear {
+            LabelsChange::Clear
+        } else {
+            LabelsChange::Merge(changes)
+        };
+        LabelsPatch { labels }
+    }
+
+    fn apply(&self, labels: &mut Labels) {
+        match &self.labels {
+            LabelsChange::Clear => labels.clear(),
+            LabelsChange::Merge(changes) => {
+                for (key, value) in changes {
+                    match value {
+                        Some(value) => labels.insert(key.clone(), value.clone()),
+                        None => labels.remove(key),
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// The selector of a list request.
+#[derive(Debug, Default, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SelectorParams {
+    /// Kubernetes label selector (`=`, `==`, `!=`, `in`, `notin`, `key`, `!key`), e.g.
+    /// `pod_id=hello,availability_zone in (us-west-2a,us-west-2b)`; absent or empty lists
+    /// every labeled object of the type.
+    pub selector: Option<String>,
+}
+
+/// The label routes; the object routes take the id as a catch-all so a pod's `/` survives.
+pub fn router() -> OpenApiRouter<AppState> {
+    // OpenAPI has no catch-all parameter: the object routes are documented at `{id}`, which
+    // the `#[utoipa::path]` of each handler says, and served at `{*id}`.
+    let object_routes = OpenApiRouter::with_openapi(ObjectRoutes::openapi()).route(
+        "/labels/{type}/{*id}",
+        get(get_labels)
+            .put(put_labels)
+            .patch(patch_labels)
+            .delete(delete_labels),
+    );
+    OpenApiRouter::new()
+        .routes(routes!(list_labels))
+        .merge(object_routes)
+}
+
+/// The documentation of the routes on one object.
+#[derive(OpenApi)]
+#[openapi(paths(get_labels, put_labels, patch_labels, delete_labels))]
+struct ObjectRoutes;
+
+/// List the objects of a type whose labels match a selector.
+///
+/// Items are sorted by id. With `index` (the `X-Index` of an earlier answer) the request is
+/// held until a label of this type changes or `wait` passes, so clients follow changes
+/// without polling.
+#[utoipa::path(
+    get,
+    path = "/labels/{type}",
+    tag = TAG,
+    params(
+        ("type" = LabelType, Path, description = "Label type"),
+        SelectorParams,
+        PageParams,
+        BlockingParams
+    ),
+    responses(
+        (status = OK, description = "One page of matching objects", body = Page<Labeled>,
+            headers(("X-Index" = u64, description = "Index of the listing, for `index`"))),
+        (status = BAD_REQUEST, description = "The query string is malformed", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such label type", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Bad selector, limit, continue or wait",
+            body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
+    )
+)]
+async fn list_labels(
+    State(app): State<AppState>,
+    ApiPath(type_name): ApiPath<String>,
+    ApiQuery(params): ApiQuery<SelectorParams>,
+    ApiQuery(page): ApiQuery<PageParams>,
+    ApiQuery(blocking): ApiQuery<BlockingParams>,
+) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<Page<Labeled>>), ApiError> {
+    let label_type = label_type(&type_name)?;
+    let selector = parse_selector(params.selector.as_deref())?;
+    // Refuse a bad limit or token now rather than after holding the request.
+    page.page(Vec::<Labeled>::new(), labeled_id)?;
+    blocking
+        .block(app.store.as_ref(), &[label_type.key_prefix()])
+        .await?;
+    let (index, mut items) = store(&app).select(label_type, &selector).await?;
+    items.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok((
+        [index_header(index)],
+        ApiJson(page.page(items, labeled_id)?),
+    ))
+}
+
+/// Read one object's labels.
+///
+/// An object without labels answers `labels: {}` and `resource_version: "0"`, not 404.
+#[utoipa::path(
+    get,
+    path = "/labels/{type}/{id}",
+    tag = TAG,
+    params(
+        ("type" = LabelType, Path, description = "Label type"),
+        ("id" = String, Path, description = ID_DOC)
+    ),
+    responses(
+        (status = OK, description = "The object's labels", body = ObjectLabels,
+            headers(("ETag" = String, description = "The labels' version, for `If-Match`"))),
+        (status = NOT_FOUND, description = "No such label type", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "The id is not valid for the type",
+            body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
+    )
+)]
+async fn get_labels(
+    State(app): State<AppState>,
+    ApiPath((type_name, id)): ApiPath<(String, String)>,
+) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<ObjectLabels>), ApiError> {
+    let label_type = label_type(&type_name)?;
+    let mut violations = Violations::new();
+    check_id(label_type, &id, &mut violations);
+    violations.finish()?;
+    let record = store(&app).get(label_type, &id).await?;
+    Ok(answer(label_type, id, record))
+}
+
+/// Replace one object's labels.
+///
+/// Every key and value is checked, and all problems are reported at once. Without
+/// `If-Match` the new set is written whatever is stored; with it, only at that version.
+#[utoipa::path(
+    put,
+    path = "/labels/{type}/{id}",
+    tag = TAG,
+    params(
+        ("type" = LabelType, Path, description = "Label type"),
+        ("id" = String, Path, description = ID_DOC),
+        ("If-Match" = Option<String>, Header, description = IF_MATCH_DOC)
+    ),
+    request_body = ReplaceLabels,
+    responses(
+        (status = OK, description = "The labels as stored", body = ObjectLabels,
+            headers(("ETag" = String, description = "The new version"))),
+        (status = BAD_REQUEST, description = "Malformed JSON or If-Match", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such label type", body = ErrorBody),
+        (status = PRECONDITION_FAILED, description = "The labels changed since If-Match",
+            body = ErrorBody),
+        (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
+        (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json",
+            body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Bad id, body shape or labels",
+            body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
+    )
+)]
+async fn put_labels(
+    State(app): State<AppState>,
+    ApiPath((type_name, id)): ApiPath<(String, String)>,
+    IfMatch(expected): IfMatch,
+    ApiJson(body): ApiJson<ReplaceLabels>,
+) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<ObjectLabels>), ApiError> {
+    let label_type = label_type(&type_name)?;
+    let mut violations = Violations::new();
+    check_id(label_type, &id, &mut violations);
+    for (field, message) in validate_labels(&body.labels) {
+        violations.add(field, message);
+    }
+    violations.finish()?;
+    let record = store(&app)
+        .replace(label_type, &id, body.labels, expected)
+        .await
+        .map_err(|e| write_error(e, expected, label_type, &id))?;
+    Ok(answer(label_type, id, record))
+}
+
+/// Merge-patch one object's labels.
+///
+/// `{"labels": {"k": "v", "gone": null}}` sets `k` and removes `gone`, keeping the rest; the
+/// body may be `application/merge-patch+json` or `application/json`. Without `If-Match` the
+/// patch is applied to whatever is stored, retried on concurrent changes, so patches of
+/// different keys all take effect; with it, only at that version.
+#[utoipa::path(
+    patch,
+    path = "/labels/{type}/{id}",
+    tag = TAG,
+    params(
+        ("type" = LabelType, Path, description = "Label type"),
+        ("id" = String, Path, description = ID_DOC),
+        ("If-Match" = Option<String>, Header, description = IF_MATCH_DOC)
+    ),
+    request_body(content = LabelsPatch, content_type = "application/merge-patch+json"),
+    responses(
+        (status = OK, description = "The labels as stored", body = ObjectLabels,
+            headers(("ETag" = String, description = "The new version"))),
+        (status = BAD_REQUEST, description = "Malformed JSON or If-Match, or not an object",
+            body = ErrorBody),
+        (status = NOT_FOUND, description = "No such label type", body = ErrorBody),
+        (status = PRECONDITION_FAILED, description = "The labels changed since If-Match",
+            body = ErrorBody),
+        (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
+        (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not a JSON merge patch",
+            body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Bad id, fields or labels",
+            body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable or the labels \
+            kept changing", body = ErrorBody)
+    )
+)]
+async fn patch_labels(
+    State(app): State<AppState>,
+    ApiPath((type_name, id)): ApiPath<(String, String)>,
+    IfMatch(expected): IfMatch,
+    MergePatch(patch): MergePatch,
+) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<ObjectLabels>), ApiError> {
+    let label_type = label_type(&type_name)?;
+    let mut violations = Violations::new();
+    check_id(label_type, &id, &mut violations);
+    let patch = LabelsPatch::parse(patch, &mut violations);
+    violations.finish()?;
+    let record = store(&app)
+        .update(label_type, &id, expected, |labels| patch.apply(labels))
+        .await
+        .map_err(|e| write_error(e, expected, label_type, &id))?;
+    Ok(answer(label_type, id, record))
+}
+
+/// Remove every label of one object.
+///
+/// Removing the labels of an object that has none succeeds, so a retried DELETE is harmless.
+#[utoipa::path(
+    delete,
+    path = "/labels/{type}/{id}",
+    tag = TAG,
+    params(
+        ("type" = LabelType, Path, description = "Label type"),
+        ("id" = String, Path, description = ID_DOC),
+        ("If-Match" = Option<String>, Header, description = IF_MATCH_DOC)
+    ),
+    responses(
+        (status = NO_CONTENT, description = "The object has no labels any more"),
+        (status = BAD_REQUEST, description = "Malformed If-Match", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such label type", body = ErrorBody),
+        (status = PRECONDITION_FAILED, description = "The labels changed since If-Match",
+            body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "The id is not valid for the type",
+            body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
+    )
+)]
+async fn delete_labels(
+    State(app): State<AppState>,
+    ApiPath((type_name, id)): ApiPath<(String, String)>,
+    IfMatch(expected): IfMatch,
+) -> Result<StatusCode, ApiError> {
+    let label_type = label_type(&type_name)?;
+    let mut violations = Violations::new();
+    check_id(label_type, &id, &mut violations);
+    violations.finish()?;
+    store(&app)
+        .delete(label_type, &id, expected)
+        .await
+        .map_err(|e| write_error(e, expected, label_type, &id))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+const ID_DOC: &str = "Object id; a pod's is `<node>/<pod_id>`, its `/` sent as is or as `%2F`";
+
+const IF_MATCH_DOC: &str = "Write only if the labels are still at this version (an `ETag` or \
+                            `resource_version`); `\"0\"` means while the object has no labels";
+
+fn store(app: &AppState) -> LabelStore {
+    LabelStore::new(app.store.clone())
+}
+
+/// The type segment names the collection, so an unknown one is 404.
+fn label_type(name: &str) -> Result<LabelType, ApiError> {
+    name.parse()
+        .map_err(|e: ParseLabelTypeError| ApiError::not_found(e.to_string()))
+}
+
+fn check_id(label_type: LabelType, id: &str, violations: &mut Violations) {
+    if let Err(e) = label_type.validate_id(id) {
+        violations.add("id", e);
+    }
+}
+
+fn parse_selector(text: Option<&str>) -> Result<Selector, ApiError> {
+    text.unwrap_or_default()
+        .parse()
+        .map_err(|e: ParseSelectorError| ApiError::invalid([Cause::new("selector", e.to_string())]))
+}
+
+fn labeled_id(labeled: &Labeled) -> &str {
+    &labeled.id
+}
+
+/// A check-and-set miss is only possible under `If-Match` (otherwise the store retries), and
+/// there it means the client's version is stale.
+fn write_error(
+    err: StoreError,
+    expected: Option<u64>,
+    label_type: LabelType,
+    id: &str,
+) -> ApiError {
+    match (err, expected) {
+        (StoreError::Conflict { .. }, Some(expected)) => {
+            stale(&format!("the labels of {label_type} {id:?}"), expected)
+        }
+        (err, _) => err.into(),
+    }
+}
+
+fn answer(
+    label_type: LabelType,
+    id: String,
+    record: LabelRecord,
+) -> ([(HeaderName, HeaderValue); 1], ApiJson<ObjectLabels>) {
+    let index = record.index;
+    (
+        [etag(index)],
+        ApiJson(ObjectLabels::new(label_type, id, record)),
+    )
+}

@@ -1,0 +1,450 @@
+//! P2's own label routes (`/api/labels/...`, `/api/select`), so P2 tools pointed at this
+//! server as their HTTP label applicator keep working.
+//!
+//! Paths, bodies, answers and the 400s for a bad type, id, name or selector are P2's
+//! (pkg/labels/label_http_server.go), with these differences:
+//! - A bad body is a 4xx with the JSON error body instead of P2's 503: 400 when malformed,
+//!   415 without `application/json`, 422 when of the wrong shape or when a label breaks
+//!   Kubernetes' rules (P2 stores such labels unchecked; they can never be selected).
+//! - A pod id `<node>/<pod_id>` works in the path, its `/` sent as is or as `%2F`. A pod id
+//!   always has two parts and any other id one, so `/api/labels/pod/{node}/{pod_id}/{name}`
+//!   is unambiguous; a label name may carry its prefix's `/` as is or as `%2F`.
+//! - Writes re-apply themselves on concurrent changes until they land, where P2 gives up
+//!   with a 503 after its first check-and-set miss.
+//! - `/api/select` over a type with no labels at all answers `[]`: nothing matches an empty
+//!   tree, and P2's 404 there keeps its RC farm from ever placing a first pod.
+//! - Reads are always consistent: `cachedMatch` and `stale` are accepted and ignored.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::app::AppState;
+use crate::error::{ApiError, ErrorBody, Violations};
+use crate::labels::{
+    validate_label_key, validate_label_value, validate_labels_in, LabelType, Labeled, Labels,
+    ParseLabelTypeError, ParseSelectorError, Selector,
+};
+use crate::store::labels::LabelStore;
+
+/// OpenAPI tag of these routes.
+pub const TAG: &str = "p2-labels";
+
+/// One object's labels in P2's shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct P2ObjectLabels {
+    /// What kind of object this is.
+    #[serde(rename = "type")]
+    pub label_type: LabelType,
+    /// The object's id within its type.
+    pub id: String,
+    /// The labels; `{}` when the object has none.
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub labels: Labels,
+    /// The labels' modify index; 0 when there are none.
+    pub index: u64,
+}
+
+/// Body of `PUT /api/labels/{type}/{id}`: labels to merge into the object's set.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct SetLabelsRequest {
+    /// Set on the object, keeping its other labels; `null` (what a Go client sends for a nil
+    /// map) changes nothing, but the field must be there.
+    #[serde(deserialize_with = "required_nullable")]
+    #[schema(value_type = Option<BTreeMap<String, String>>, required = true)]
+    pub values: Option<Labels>,
+}
+
+/// Body of `PUT /api/labels/{type}/{id}/{name}`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct SetLabelRequest {
+    /// The label's new value.
+    pub value: String,
+}
+
+/// Query of `/api/select`.
+#[derive(Debug, Default, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SelectParams {
+    /// Kubernetes label selector; absent or empty selects every object of the type.
+    pub selector: Option<String>,
+    /// Label type to search: node, pod, replication_controller, rolls or pod_clusters.
+    #[serde(rename = "type")]
+    #[param(rename = "type")]
+    pub label_type: Option<String>,
+}
+
+/// With `deserialize_with`, serde treats a missing field as an error even for an `Option`.
+fn required_nullable<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Labels>, D::Error> {
+    Option::deserialize(deserializer)
+}
+
+/// P2's label routes. The routes on one object take the rest of the path as a catch-all, so
+/// a pod's `/` survives, and split it into id and label name by the type's id shape.
+pub fn router() -> OpenApiRouter<AppState> {
+    // OpenAPI has no catch-all parameter: the object routes are documented at `{id}` and
+    // `{id}/{name}`, as the `#[utoipa::path]` of each operation says, and served at `{*tail}`.
+    let object_routes = OpenApiRouter::with_openapi(ObjectRoutes::openapi()).route(
+        "/api/labels/{type}/{*tail}",
+        get(get_p2_labels)
+            .put(put_p2_target)
+            .delete(delete_p2_target),
+    );
+    OpenApiRouter::new()
+        .routes(routes!(select_p2_labels))
+        .routes(routes!(list_p2_labels))
+        .merge(object_routes)
+}
+
+/// The documentation of the routes on one object.
+#[derive(OpenApi)]
+#[openapi(paths(
+    get_p2_labels,
+    put_p2_labels,
+    put_p2_label,
+    delete_p2_labels,
+    delete_p2_label
+))]
+struct ObjectRoutes;
+
+/// Objects of a type whose labels match a selector, as P2's `/api/select`.
+///
+/// `cachedMatch`, which P2 clients send, is ignored: every answer is read from the store. A
+/// type with no labels at all answers `[]` (P2 answers 404).
+#[utoipa::path(
+    get,
+    path = "/api/select",
+    tag = TAG,
+    params(
+        SelectParams,
+        ("cachedMatch" = Option<bool>, Query, description = "Ignored")
+    ),
+    responses(
+        (status = OK, description = "The matching objects", body = Vec<Labeled>),
+        (status = BAD_REQUEST, description = "Bad type or selector", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
+    )
+)]
+async fn select_p2_labels(
+    State(app): State<AppState>,
+    ApiQuery(params): ApiQuery<SelectParams>,
+) -> Result<ApiJson<Vec<Labeled>>, ApiError> {
+    let label_type = label_type(params.label_type.as_deref().unwrap_or_default())?;
+    let selector: Selector = params
+        .selector
+        .as_deref()
+        .unwrap_or_default()
+        .parse()
+        .map_err(|e: ParseSelectorError| ApiError::bad_request(e.to_string()))?;
+    let (_, matches) = store(&app).select(label_type, &selector).await?;
+    Ok(ApiJson(matches))
+}
+
+/// Every labeled object of a type, as P2's `GET /api/labels/{type}`.
+///
+/// 404 when the type has no labels at all, as in P2.
+#[utoipa::path(
+    get,
+    path = "/api/labels/{type}",
+    tag = TAG,
+    params(("type" = LabelType, Path, description = "Label type")),
+    responses(
+        (status = OK, description = "Every labeled object of the type", body = Vec<Labeled>),
+        (status = BAD_REQUEST, description = "Bad type", body = ErrorBody),
+        (status = NOT_FOUND, description = "The type has no labels at all", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
+    )
+)]
+async fn list_p2_labels(
+    State(app): State<AppState>,
+    ApiPath(type_name): ApiPath<String>,
+) -> Result<ApiJson<Vec<Labeled>>, ApiError> {
+    let label_type = label_type(&type_name)?;
+    let (_, all) = store(&app).list(label_type).await?;
+    if all.is_empty() {
+        return Err(ApiError::not_found(format!(
+            "no labels found for type {label_type}"
+        )));
+    }
+    Ok(ApiJson(all))
+}
+
+/// One object's labels and their index, as P2's `GET /api/labels/{type}/{id}`.
+///
+/// An object without labels answers `{}` at index 0. `stale` is ignored.
+#[utoipa::path(
+    get,
+    path = "/api/labels/{type}/{id}",
+    tag = TAG,
+    params(
+        ("type" = LabelType, Path, description = "Label type"),
+        ("id" = String, Path, description = ID_DOC)
+    ),
+    responses(
+        (status = OK, description = "The object's labels", body = P2ObjectLabels),
+        (status = BAD_REQUEST, description = "Bad type or id", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
+    )
+)]
+async fn get_p2_labels(
+    State(app): State<AppState>,
+    ApiPath((type_name, id)): ApiPath<(String, String)>,
+) -> Result<ApiJson<P2ObjectLabels>, ApiError> {
+    let label_type = label_type(&type_name)?;
+    check_id(label_type, &id)?;
+    let record = store(&app).get(label_type, &id).await?;
+    Ok(ApiJson(P2ObjectLabels {
+        label_type,
+        id,
+        labels: record.labels,
+        index: record.index,
+    }))
+}
+
+/// `PUT /api/labels/{type}/{tail}`: one label when the tail names one, else a set.
+async fn put_p2_target(
+    State(app): State<AppState>,
+    ApiPath((type_name, tail)): ApiPath<(String, String)>,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<StatusCode, ApiError> {
+    let target = Target::parse(&type_name, &tail)?;
+    match target.name {
+        None => put_p2_labels(&app, target.label_type, &target.id, body_as(body)?).await,
+        Some(name) => {
+            put_p2_label(&app, target.label_type, &target.id, &name, body_as(body)?).await
+        }
+    }
+}
+
+/// `DELETE /api/labels/{type}/{tail}`: one label when the tail names one, else all of them.
+async fn delete_p2_target(
+    State(app): State<AppState>,
+    ApiPath((type_name, tail)): ApiPath<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let target = Target::parse(&type_name, &tail)?;
+    match target.name {
+        None => delete_p2_labels(&app, target.label_type, &target.id).await,
+        Some(name) => delete_p2_label(&app, target.label_type, &target.id, &name).await,
+    }
+}
+
+/// Merge labels into an object's set, as P2's `PUT /api/labels/{type}/{id}`.
+///
+/// This **merges**: labels not named in `values` are kept (P2's client calls it a replace;
+/// its server, like this one, merges). Use `PUT /api/v1/labels/{type}/{id}` to replace.
+#[utoipa::path(
+    put,
+    path = "/api/labels/{type}/{id}",
+    tag = TAG,
+    params(
+        ("type" = LabelType, Path, description = "Label type"),
+        ("id" = String, Path, description = ID_DOC)
+    ),
+    request_body = SetLabelsRequest,
+    responses(
+        (status = NO_CONTENT, description = "The labels are set"),
+        (status = BAD_REQUEST, description = "Bad type or id, or malformed JSON", body = ErrorBody),
+        (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
+        (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json",
+            body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Bad body shape or labels",
+            body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
+    )
+)]
+async fn put_p2_labels(
+    app: &AppState,
+    label_type: LabelType,
+    id: &str,
+    body: SetLabelsRequest,
+) -> Result<StatusCode, ApiError> {
+    let values = body.values.unwrap_or_default();
+    let mut violations = Violations::new();
+    for (field, message) in validate_labels_in("values", &values) {
+        violations.add(field, message);
+    }
+    violations.finish()?;
+    store(app)
+        .update(label_type, id, None, |labels| labels.extend(values.clone()))
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Set one label, as P2's `PUT /api/labels/{type}/{id}/{name}`; the others are kept.
+#[utoipa::path(
+    put,
+    path = "/api/labels/{type}/{id}/{name}",
+    tag = TAG,
+    params(
+        ("type" = LabelType, Path, description = "Label type"),
+        ("id" = String, Path, description = ID_DOC),
+        ("name" = String, Path, description = NAME_DOC)
+    ),
+    request_body = SetLabelRequest,
+    responses(
+        (status = NO_CONTENT, description = "The label is set"),
+        (status = BAD_REQUEST, description = "Bad type, id or name, or malformed JSON",
+            body = ErrorBody),
+        (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
+        (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json",
+            body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Bad body shape, label name or value",
+            body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
+    )
+)]
+async fn put_p2_label(
+    app: &AppState,
+    label_type: LabelType,
+    id: &str,
+    name: &str,
+    body: SetLabelRequest,
+) -> Result<StatusCode, ApiError> {
+    let mut violations = Violations::new();
+    if let Err(e) = validate_label_key(name) {
+        violations.add("name", format!("invalid label key: {e}"));
+    }
+    if let Err(e) = validate_label_value(&body.value) {
+        violations.add(
+            "value",
+            format!("invalid label value {:?}: {e}", body.value),
+        );
+    }
+    violations.finish()?;
+    store(app)
+        .update(label_type, id, None, |labels| {
+            labels.insert(name.to_string(), body.value.clone());
+        })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Remove every label of an object, as P2's `DELETE /api/labels/{type}/{id}`.
+#[utoipa::path(
+    delete,
+    path = "/api/labels/{type}/{id}",
+    tag = TAG,
+    params(
+        ("type" = LabelType, Path, description = "Label type"),
+        ("id" = String, Path, description = ID_DOC)
+    ),
+    responses(
+        (status = NO_CONTENT, description = "The object has no labels any more"),
+        (status = BAD_REQUEST, description = "Bad type or id", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
+    )
+)]
+async fn delete_p2_labels(
+    app: &AppState,
+    label_type: LabelType,
+    id: &str,
+) -> Result<StatusCode, ApiError> {
+    store(app).delete(label_type, id, None).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Remove one label, as P2's `DELETE /api/labels/{type}/{id}/{name}`.
+///
+/// The name is not checked against Kubernetes' rules, so a bad label written by an older
+/// tool can still be removed.
+#[utoipa::path(
+    delete,
+    path = "/api/labels/{type}/{id}/{name}",
+    tag = TAG,
+    params(
+        ("type" = LabelType, Path, description = "Label type"),
+        ("id" = String, Path, description = ID_DOC),
+        ("name" = String, Path, description = NAME_DOC)
+    ),
+    responses(
+        (status = NO_CONTENT, description = "The object does not have the label any more"),
+        (status = BAD_REQUEST, description = "Bad type, id or name", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
+    )
+)]
+async fn delete_p2_label(
+    app: &AppState,
+    label_type: LabelType,
+    id: &str,
+    name: &str,
+) -> Result<StatusCode, ApiError> {
+    store(app)
+        .update(label_type, id, None, |labels| {
+            labels.remove(name);
+        })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+const ID_DOC: &str = "Object id; a pod's is `<node>/<pod_id>`, its `/` sent as is or as `%2F`";
+
+const NAME_DOC: &str = "Label name (key); a prefix's `/` may be sent as is or as `%2F`";
+
+/// The object (and label name, if any) a write names, from the path after the type.
+#[derive(Debug)]
+struct Target {
+    label_type: LabelType,
+    id: String,
+    name: Option<String>,
+}
+
+impl Target {
+    /// A pod id has exactly two parts and every other id one, so whatever follows them is
+    /// the label name (which may itself hold a prefix's `/`).
+    fn parse(type_name: &str, tail: &str) -> Result<Target, ApiError> {
+        let label_type = label_type(type_name)?;
+        let id_parts = if label_type == LabelType::Pod { 2 } else { 1 };
+        let parts: Vec<&str> = tail.splitn(id_parts + 1, '/').collect();
+        let (id, name) = match parts.as_slice() {
+            [ids @ .., name] if ids.len() == id_parts => (ids.join("/"), Some(name.to_string())),
+            _ => (tail.to_string(), None),
+        };
+        check_id(label_type, &id)?;
+        if name.as_deref() == Some("") {
+            return Err(ApiError::bad_request(
+                "Name was not passed: the label name is empty",
+            ));
+        }
+        Ok(Target {
+            label_type,
+            id,
+            name,
+        })
+    }
+}
+
+fn store(app: &AppState) -> LabelStore {
+    LabelStore::new(app.store.clone())
+}
+
+/// A bad type is 400 in P2's label API, with P2's message.
+fn label_type(name: &str) -> Result<LabelType, ApiError> {
+    name.parse()
+        .map_err(|e: ParseLabelTypeError| ApiError::bad_request(e.to_string()))
+}
+
+fn check_id(label_type: LabelType, id: &str) -> Result<(), ApiError> {
+    label_type
+        .validate_id(id)
+        .map_err(|e| ApiError::bad_request(format!("bad {label_type} id {id:?}: {e}")))
+}
+
+/// The body in the shape the route expects; a well-formed body of another shape is 422, as
+/// for any JSON body.
+fn body_as<T: DeserializeOwned>(body: Value) -> Result<T, ApiError> {
+    serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("the body does not have the expected shape: {e}"),
+        )
+    })
+}
