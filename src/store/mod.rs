@@ -7,9 +7,11 @@
 
 pub mod backoff;
 pub mod consul;
+pub mod health;
 pub mod keys;
 pub mod labels;
 pub mod open;
+pub mod pods;
 pub mod sqlite;
 
 use std::time::Duration;
