@@ -8,5 +8,8 @@
 pub mod blocking;
 pub mod extract;
 pub mod health;
+pub mod nodes;
 pub mod paging;
+pub mod pod_health;
+pub mod pods;
 pub mod preconditions;
