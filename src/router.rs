@@ -33,6 +33,9 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
         (name = api::health::TAG, description = "Liveness and readiness probes"),
         (name = api::labels::TAG, description = "Labels on nodes, pods, RCs, rolls and pod clusters, and selector queries"),
         (name = api::p2_labels::TAG, description = "P2's own label routes, for P2 tools using an HTTP label applicator"),
+        (name = api::nodes::TAG, description = "Nodes, known from their node labels"),
+        (name = api::pods::TAG, description = "Legacy pods in the intent tree, with labels and health"),
+        (name = api::pod_health::TAG, description = "Pod health reported by node agents"),
     ),
     components(schemas(ErrorBody, Cause))
 )]
@@ -46,6 +49,9 @@ pub fn api() -> OpenApiRouter<AppState> {
         .merge(api::health::router())
         .nest("/api/v1", api::labels::router())
         .merge(api::p2_labels::router())
+        .nest("/api/v1", api::nodes::router())
+        .nest("/api/v1", api::pods::router())
+        .nest("/api/v1", api::pod_health::router())
 }
 
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI

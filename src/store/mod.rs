@@ -7,10 +7,12 @@
 
 pub mod backoff;
 pub mod consul;
+pub mod health;
 pub mod keys;
 pub mod labels;
 pub mod locks;
 pub mod open;
+pub mod pods;
 pub mod rcs;
 pub mod rolls;
 pub mod sqlite;

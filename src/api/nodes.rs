@@ -1,0 +1,160 @@
+//! Nodes: the hosts known from their node labels, and the pods intended on each.
+//!
+//! A node exists for the API when it has labels (`labels/node/<node>`), because that is how
+//! RCs and daemon sets find it; intents on an unlabeled node show up under `/pods` only.
+
+use axum::extract::State;
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::api::blocking::{index_header, BlockingParams};
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::api::paging::{Page, PageParams};
+use crate::api::pods::check_list_params;
+use crate::api::preconditions::etag;
+use crate::app::AppState;
+use crate::error::{ApiError, ErrorBody, Violations};
+use crate::labels::{LabelType, Labels, Selector};
+use crate::store::labels::LabelStore;
+use crate::store::pods::{validate_node_name, PodStore, PodTree};
+
+/// OpenAPI tag of the node routes.
+pub const TAG: &str = "nodes";
+
+/// One node in a listing.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Node {
+    /// The node name (host name), as pods and intents name it.
+    #[schema(example = "node17.example.com")]
+    pub name: String,
+    /// Its node labels, which RC and daemon-set node selectors match.
+    pub labels: Labels,
+}
+
+/// One node with the pods intended on it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct NodeDetail {
+    #[schema(example = "node17.example.com")]
+    pub name: String,
+    pub labels: Labels,
+    /// IDs of the legacy pods in the node's intent tree, sorted.
+    pub pods: Vec<String>,
+    /// The modify index of the node's labels; also its `ETag`.
+    pub resource_version: String,
+}
+
+/// Narrows a node listing.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct NodeFilter {
+    /// Only nodes whose labels match this selector, e.g. `role=web,availability_zone in (a,b)`.
+    pub selector: Option<String>,
+}
+
+/// The node routes, nested under `/api/v1`.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_nodes))
+        .routes(routes!(get_node))
+}
+
+/// Lists nodes with their labels, sorted by name.
+///
+/// Blocks with `?index=&wait=` until the node label tree changes.
+#[utoipa::path(
+    get,
+    path = "/nodes",
+    tag = TAG,
+    params(NodeFilter, PageParams, BlockingParams),
+    responses(
+        (status = OK, description = "One page of nodes", body = Page<Node>,
+            headers(("X-Index" = u64, description = "Index of the node label tree; pass it back as `index` to block"))),
+        (status = BAD_REQUEST, description = "The query string does not parse", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "A bad selector, limit, continue token or wait", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
+    )
+)]
+async fn list_nodes(
+    State(app): State<AppState>,
+    ApiQuery(filter): ApiQuery<NodeFilter>,
+    ApiQuery(page): ApiQuery<PageParams>,
+    ApiQuery(blocking): ApiQuery<BlockingParams>,
+) -> Result<impl IntoResponse, ApiError> {
+    let mut violations = Violations::new();
+    let selector = match filter.selector.as_deref().map(str::parse::<Selector>) {
+        Some(Err(e)) => {
+            violations.add("selector", e.to_string());
+            None
+        }
+        Some(Ok(selector)) => Some(selector),
+        None => None,
+    };
+    check_list_params(&mut violations, &page, &blocking);
+    violations.finish()?;
+
+    blocking
+        .block(app.store.as_ref(), &[LabelType::Node.key_prefix()])
+        .await?;
+    let labels = LabelStore::new(app.store.clone());
+    let (index, nodes) = match &selector {
+        Some(selector) => labels.select(LabelType::Node, selector).await?,
+        None => labels.list(LabelType::Node).await?,
+    };
+    let nodes = nodes
+        .into_iter()
+        .map(|labeled| Node {
+            name: labeled.id,
+            labels: labeled.labels,
+        })
+        .collect();
+    let page = page.page(nodes, |node| &node.name)?;
+    Ok(([index_header(index)], ApiJson(page)))
+}
+
+/// One node: its labels and the pods intended on it.
+#[utoipa::path(
+    get,
+    path = "/nodes/{node}",
+    tag = TAG,
+    params(("node" = String, Path, description = "The node name")),
+    responses(
+        (status = OK, description = "The node", body = NodeDetail,
+            headers(("ETag" = String, description = "The modify index of the node's labels"))),
+        (status = NOT_FOUND, description = "The node has no labels", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "The node name is not valid", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
+    )
+)]
+async fn get_node(
+    State(app): State<AppState>,
+    ApiPath(node): ApiPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let mut violations = Violations::new();
+    if let Err(e) = validate_node_name(&node) {
+        violations.add("node", e);
+    }
+    violations.finish()?;
+
+    let record = LabelStore::new(app.store.clone())
+        .get(LabelType::Node, &node)
+        .await?;
+    if record.index == 0 {
+        return Err(ApiError::not_found(format!("node {node:?} has no labels")));
+    }
+    let (_, intents) = PodStore::new(app.store.clone())
+        .list(PodTree::Intent, Some(&node))
+        .await?;
+    let detail = NodeDetail {
+        name: node,
+        labels: record.labels,
+        pods: intents
+            .into_iter()
+            .map(|entry| entry.pod.pod_id().to_owned())
+            .collect(),
+        resource_version: record.index.to_string(),
+    };
+    Ok(([etag(record.index)], ApiJson(detail)))
+}

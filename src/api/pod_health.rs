@@ -1,0 +1,270 @@
+//! Pod health: node agents report each pod's health here, and rolls and daemon sets read it.
+//!
+//! Reports are stored at `health/<pod_id>/<node>` exactly as P2's preparer writes them (Go
+//! field names, `Time` now, `Expires` a century ahead), so P2's own farms read them too.
+//! Unlike the preparer's, these records are written without a session: they stay until the
+//! next report, so an agent must keep reporting rather than rely on its record vanishing.
+
+use std::time::SystemTime;
+
+use axum::extract::State;
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::api::blocking::{index_header, BlockingParams};
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::api::paging::{Page, PageParams};
+use crate::api::pods::check_list_params;
+use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::app::AppState;
+use crate::error::{ApiError, ErrorBody, Violations};
+use crate::model::HealthState;
+use crate::store::health::{HealthEntry, HealthStore};
+use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation};
+use crate::store::StoreError;
+
+/// OpenAPI tag of the pod health routes (`health` is the probes').
+pub const TAG: &str = "pod-health";
+
+/// A pod's health as the API shows it; anything a reader does not recognise is `unknown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthStatus {
+    /// The check succeeded; the only state rolls count as healthy.
+    Passing,
+    /// Degraded; rolls count it as unhealthy.
+    Warning,
+    /// The check failed.
+    Critical,
+    /// No usable result.
+    Unknown,
+}
+
+impl From<HealthState> for HealthStatus {
+    fn from(state: HealthState) -> Self {
+        match state {
+            HealthState::Passing => HealthStatus::Passing,
+            HealthState::Warning => HealthStatus::Warning,
+            HealthState::Critical => HealthStatus::Critical,
+            HealthState::Unknown => HealthStatus::Unknown,
+        }
+    }
+}
+
+/// A report from a node agent: `{"status": ...}`, or P2's own record, whose `Status` is read
+/// and whose other fields are ignored (the URL names the pod and node, the server the times).
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct HealthReport {
+    /// Exactly one of `passing`, `warning`, `critical` or `unknown`.
+    #[serde(alias = "Status")]
+    #[schema(value_type = HealthStatus)]
+    pub status: String,
+}
+
+/// One pod's health on one node.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PodHealth {
+    #[schema(example = "hello")]
+    pub pod_id: String,
+    #[schema(example = "node17.example.com")]
+    pub node: String,
+    pub status: HealthStatus,
+    /// When the result was taken (RFC 3339).
+    #[schema(example = "2020-01-14T19:06:40Z")]
+    pub time: String,
+    /// When it goes stale (RFC 3339); a century ahead, as P2's preparer writes it.
+    #[schema(example = "2119-12-21T19:06:40Z")]
+    pub expires: String,
+    /// The record's modify index; also its `ETag`.
+    pub resource_version: String,
+}
+
+impl From<HealthEntry> for PodHealth {
+    fn from(entry: HealthEntry) -> Self {
+        PodHealth {
+            status: entry.state().into(),
+            time: entry.record.time,
+            expires: entry.record.expires,
+            resource_version: entry.index.to_string(),
+            pod_id: entry.pod_id,
+            node: entry.node,
+        }
+    }
+}
+
+/// The pod health routes, nested under `/api/v1`.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(get_pod_health, put_pod_health))
+        .routes(routes!(list_pod_health))
+}
+
+/// A pod's health on one node.
+#[utoipa::path(
+    get,
+    path = "/health/{pod_id}/{node}",
+    tag = TAG,
+    params(
+        ("pod_id" = String, Path, description = "The pod ID"),
+        ("node" = String, Path, description = "The node name")
+    ),
+    responses(
+        (status = OK, description = "The last report", body = PodHealth,
+            headers(("ETag" = String, description = "The record's modify index"))),
+        (status = NOT_FOUND, description = "No report for this pod on this node", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "The pod ID or node name is not valid", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
+    )
+)]
+async fn get_pod_health(
+    State(app): State<AppState>,
+    ApiPath((pod_id, node)): ApiPath<(String, String)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let mut violations = Violations::new();
+    let pod = check_pod(&pod_id, &node, &mut violations);
+    violations.finish()?;
+    let Some(pod) = pod else {
+        return Err(ApiError::internal("validation passed without a pod"));
+    };
+    let entry = HealthStore::new(app.store.clone())
+        .get(&pod)
+        .await?
+        .ok_or_else(|| {
+            ApiError::not_found(format!("no health report for pod {pod_id:?} on {node:?}"))
+        })?;
+    Ok(([etag(entry.index)], ApiJson(PodHealth::from(entry))))
+}
+
+/// Reports a pod's health on one node, as a node agent does after every check that changes
+/// it.
+///
+/// Stored in P2's health-tree format. With `If-Match` the report lands only on that
+/// version of the record.
+#[utoipa::path(
+    put,
+    path = "/health/{pod_id}/{node}",
+    tag = TAG,
+    params(
+        ("pod_id" = String, Path, description = "The pod ID"),
+        ("node" = String, Path, description = "The node name"),
+        ("If-Match" = Option<String>, Header, description = "Write only if the record is still at this ETag")
+    ),
+    request_body = HealthReport,
+    responses(
+        (status = OK, description = "The report as stored", body = PodHealth,
+            headers(("ETag" = String, description = "The record's new modify index"))),
+        (status = BAD_REQUEST, description = "Malformed JSON or If-Match", body = ErrorBody),
+        (status = PRECONDITION_FAILED, description = "The record changed since the If-Match version", body = ErrorBody),
+        (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
+        (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "A bad pod ID, node name or status", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
+    )
+)]
+async fn put_pod_health(
+    State(app): State<AppState>,
+    ApiPath((pod_id, node)): ApiPath<(String, String)>,
+    IfMatch(expected): IfMatch,
+    ApiJson(report): ApiJson<HealthReport>,
+) -> Result<impl IntoResponse, ApiError> {
+    let mut violations = Violations::new();
+    let pod = check_pod(&pod_id, &node, &mut violations);
+    let state = parse_status(&report.status, &mut violations);
+    violations.finish()?;
+    let (Some(pod), Some(state)) = (pod, state) else {
+        return Err(ApiError::internal(
+            "validation passed without a pod or a status",
+        ));
+    };
+
+    let written = HealthStore::new(app.store.clone())
+        .put(&pod, state, SystemTime::now(), expected)
+        .await;
+    let entry = match (written, expected) {
+        (Err(StoreError::Conflict { .. }), Some(expected)) => {
+            return Err(stale(
+                &format!("health of {pod_id:?} on {node:?}"),
+                expected,
+            ))
+        }
+        (written, _) => written?,
+    };
+    Ok(([etag(entry.index)], ApiJson(PodHealth::from(entry))))
+}
+
+/// A pod's health on every node that reported it, sorted by node.
+///
+/// Blocks with `?index=&wait=` until one of the pod's records changes.
+#[utoipa::path(
+    get,
+    path = "/health/{pod_id}",
+    tag = TAG,
+    params(("pod_id" = String, Path, description = "The pod ID"), PageParams, BlockingParams),
+    responses(
+        (status = OK, description = "One page of reports", body = Page<PodHealth>,
+            headers(("X-Index" = u64, description = "Index of the pod's health records; pass it back as `index` to block"))),
+        (status = BAD_REQUEST, description = "The query string does not parse", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "A bad pod ID, limit, continue token or wait", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
+    )
+)]
+async fn list_pod_health(
+    State(app): State<AppState>,
+    ApiPath(pod_id): ApiPath<String>,
+    ApiQuery(page): ApiQuery<PageParams>,
+    ApiQuery(blocking): ApiQuery<BlockingParams>,
+) -> Result<impl IntoResponse, ApiError> {
+    let mut violations = Violations::new();
+    if let Err(e) = validate_pod_id(&pod_id) {
+        violations.add("pod_id", e);
+    }
+    check_list_params(&mut violations, &page, &blocking);
+    violations.finish()?;
+
+    blocking
+        .block(app.store.as_ref(), &[HealthStore::prefix(Some(&pod_id))])
+        .await?;
+    let (index, by_node) = HealthStore::new(app.store.clone())
+        .list_for_pod(&pod_id)
+        .await?;
+    let reports = by_node.into_values().map(PodHealth::from).collect();
+    let page = page.page(reports, |report: &PodHealth| &report.node)?;
+    Ok(([index_header(index)], ApiJson(page)))
+}
+
+/// The pod and node of a URL, or `None` with every problem added to `violations`.
+fn check_pod(pod_id: &str, node: &str, violations: &mut Violations) -> Option<PodLocation> {
+    match (validate_pod_id(pod_id), validate_node_name(node)) {
+        (Ok(()), Ok(())) => PodLocation::new(node, pod_id).ok(),
+        (pod_check, node_check) => {
+            if let Err(e) = pod_check {
+                violations.add("pod_id", e);
+            }
+            if let Err(e) = node_check {
+                violations.add("node", e);
+            }
+            None
+        }
+    }
+}
+
+/// A reported status; only the four states P2 knows, spelled exactly, are accepted.
+fn parse_status(status: &str, violations: &mut Violations) -> Option<HealthState> {
+    let state = match status {
+        "passing" => HealthState::Passing,
+        "warning" => HealthState::Warning,
+        "critical" => HealthState::Critical,
+        "unknown" => HealthState::Unknown,
+        other => {
+            violations.add(
+                "status",
+                format!("must be passing, warning, critical or unknown, not {other:?}"),
+            );
+            return None;
+        }
+    };
+    Some(state)
+}

@@ -1,0 +1,172 @@
+//! Pods: the legacy intent tree, each pod with its labels (which name its owner) and health.
+//!
+//! A dashboard or node agent follows the listing with `?index=&wait=`: the request is held
+//! until an intent, a pod label or a health record under what it lists changes.
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::api::blocking::{index_header, BlockingParams};
+use crate::api::extract::{ApiJson, ApiQuery};
+use crate::api::paging::{Page, PageParams};
+use crate::api::pod_health::HealthStatus;
+use crate::app::AppState;
+use crate::error::{ApiError, ErrorBody, Violations};
+use crate::labels::Labels;
+use crate::store::health::{HealthEntry, HealthStore};
+use crate::store::pods::{
+    pod_labels_prefix, validate_node_name, validate_pod_id, PodStore, PodTree,
+};
+
+/// OpenAPI tag of the pod routes.
+pub const TAG: &str = "pods";
+
+/// One pod intended on one node.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Pod {
+    #[schema(example = "node17.example.com")]
+    pub node: String,
+    /// The manifest's `id`.
+    #[schema(example = "hello")]
+    pub pod_id: String,
+    /// The pod's labels; `replication_controller_id` or `daemon_set_id` names its owner.
+    pub labels: Labels,
+    /// The node agent's last report; `unknown` when there is none.
+    pub health: HealthStatus,
+    /// SHA of the intended manifest's canonical form; equal SHAs mean the same pod spec.
+    pub manifest_sha: String,
+}
+
+/// Narrows a pod listing; an empty value means no filter.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PodFilter {
+    /// Only pods intended on this node.
+    pub node: Option<String>,
+    /// Only pods with this ID.
+    pub pod_id: Option<String>,
+}
+
+/// The pod routes, nested under `/api/v1`.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_pods))
+}
+
+/// Adds the problems of the paging and blocking parameters to `violations`, so every bad
+/// query parameter is reported at once and before a blocking request is held.
+pub(crate) fn check_list_params(
+    violations: &mut Violations,
+    page: &PageParams,
+    blocking: &BlockingParams,
+) {
+    let errors = [
+        blocking.wait().err(),
+        page.page(Vec::<String>::new(), String::as_str).err(),
+    ];
+    for error in errors.into_iter().flatten() {
+        for cause in error.body().causes {
+            violations.add(cause.field, cause.message);
+        }
+    }
+}
+
+/// Lists the intent tree, sorted by node then pod ID.
+///
+/// Blocks with `?index=&wait=` until an intent, pod label or health record it covers changes.
+#[utoipa::path(
+    get,
+    path = "/pods",
+    tag = TAG,
+    params(PodFilter, PageParams, BlockingParams),
+    responses(
+        (status = OK, description = "One page of pods", body = Page<Pod>,
+            headers(("X-Index" = u64, description = "Highest index of the intents, pod labels and health records listed; pass it back as `index` to block"))),
+        (status = BAD_REQUEST, description = "The query string does not parse", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "A bad node, pod ID, limit, continue token or wait", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
+    )
+)]
+async fn list_pods(
+    State(app): State<AppState>,
+    ApiQuery(filter): ApiQuery<PodFilter>,
+    ApiQuery(page): ApiQuery<PageParams>,
+    ApiQuery(blocking): ApiQuery<BlockingParams>,
+) -> Result<impl IntoResponse, ApiError> {
+    let node = filter.node.as_deref().filter(|s| !s.is_empty());
+    let pod_id = filter.pod_id.as_deref().filter(|s| !s.is_empty());
+    let mut violations = Violations::new();
+    if let Some(Err(e)) = node.map(validate_node_name) {
+        violations.add("node", e);
+    }
+    if let Some(Err(e)) = pod_id.map(validate_pod_id) {
+        violations.add("pod_id", e);
+    }
+    check_list_params(&mut violations, &page, &blocking);
+    violations.finish()?;
+
+    let prefixes = [
+        PodTree::Intent.prefix(node),
+        pod_labels_prefix(node),
+        HealthStore::prefix(pod_id),
+    ];
+    blocking.block(app.store.as_ref(), &prefixes).await?;
+    let pods = PodStore::new(app.store.clone());
+    let (intent_index, intents) = pods.list(PodTree::Intent, node).await?;
+    let (labels_index, mut labels) = pods.list_labels(node).await?;
+    let (health_index, health) = read_health(&HealthStore::new(app.store.clone()), pod_id).await?;
+
+    // Keyed so that string order is node-then-pod order: '\0' sorts below any character a
+    // node name can hold, unlike '/', which sorts after '-' and '.'.
+    let items = intents
+        .into_iter()
+        .filter(|entry| pod_id.is_none_or(|id| entry.pod.pod_id() == id))
+        .map(|entry| {
+            let key = format!("{}\0{}", entry.pod.node(), entry.pod.pod_id());
+            let health = health
+                .get(&(entry.pod.pod_id().to_owned(), entry.pod.node().to_owned()))
+                .map_or(HealthStatus::Unknown, |h| h.state().into());
+            let pod = Pod {
+                labels: labels
+                    .remove(&entry.pod)
+                    .map(|record| record.labels)
+                    .unwrap_or_default(),
+                node: entry.pod.node().to_owned(),
+                pod_id: entry.pod.pod_id().to_owned(),
+                health,
+                manifest_sha: entry.manifest.sha(),
+            };
+            (key, pod)
+        })
+        .collect();
+    let keyed = page.page(items, |(key, _)| key)?;
+    let page = Page {
+        items: keyed.items.into_iter().map(|(_, pod)| pod).collect(),
+        continue_token: keyed.continue_token,
+    };
+    let index = intent_index.max(labels_index).max(health_index);
+    Ok(([index_header(index)], ApiJson(page)))
+}
+
+/// Health records keyed by (pod ID, node): one pod ID's when filtering by it, else all.
+async fn read_health(
+    store: &HealthStore,
+    pod_id: Option<&str>,
+) -> Result<(u64, BTreeMap<(String, String), HealthEntry>), ApiError> {
+    Ok(match pod_id {
+        Some(pod_id) => {
+            let (index, by_node) = store.list_for_pod(pod_id).await?;
+            let keyed = by_node
+                .into_iter()
+                .map(|(node, entry)| ((pod_id.to_owned(), node), entry))
+                .collect();
+            (index, keyed)
+        }
+        None => store.list().await?,
+    })
+}
