@@ -2,11 +2,12 @@
 
 -- One monotonic index for every write, and the highest index of any tombstone reaped so far
 -- (listing indexes never fall below it, so reaping never makes a watch index go backwards).
+-- Index 1 is what an empty listing reports, so the first write takes index 2.
 CREATE TABLE meta (
     name  TEXT PRIMARY KEY NOT NULL,
     value INTEGER NOT NULL
 ) STRICT;
-INSERT INTO meta (name, value) VALUES ('last_index', 0), ('reaped_index', 0);
+INSERT INTO meta (name, value) VALUES ('last_index', 1), ('reaped_index', 0);
 
 -- Keys are BLOBs so that a prefix is a byte range served by the primary key.
 CREATE TABLE kv (

@@ -36,6 +36,7 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
         (name = api::nodes::TAG, description = "Nodes, known from their node labels"),
         (name = api::pods::TAG, description = "Legacy pods in the intent tree, with labels and health"),
         (name = api::pod_health::TAG, description = "Pod health reported by node agents"),
+        (name = api::daemonsets::TAG, description = "Daemon sets: a pod on every node a selector matches"),
     ),
     components(schemas(ErrorBody, Cause))
 )]
@@ -52,6 +53,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .nest("/api/v1", api::nodes::router())
         .nest("/api/v1", api::pods::router())
         .nest("/api/v1", api::pod_health::router())
+        .nest("/api/v1", api::daemonsets::router())
 }
 
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI

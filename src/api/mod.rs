@@ -6,6 +6,7 @@
 //! [`preconditions`] (`ETag`, `If-Match`).
 
 pub mod blocking;
+pub mod daemonsets;
 pub mod extract;
 pub mod health;
 pub mod labels;

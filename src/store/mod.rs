@@ -7,6 +7,7 @@
 
 pub mod backoff;
 pub mod consul;
+pub mod daemon_sets;
 pub mod health;
 pub mod keys;
 pub mod labels;

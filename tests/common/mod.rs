@@ -136,3 +136,24 @@ impl TestApp {
         self.send(request.body(body.into()).unwrap()).await
     }
 }
+
+/// A request with extra headers and, optionally, a JSON body sent with the given content
+/// type (such as `application/json` or `application/merge-patch+json`).
+pub fn request_with(
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<(&str, &serde_json::Value)>,
+) -> Request<Body> {
+    let mut builder = Request::builder().method(method).uri(path);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    match body {
+        Some((content_type, json)) => builder
+            .header("content-type", content_type)
+            .body(Body::from(json.to_string())),
+        None => builder.body(Body::empty()),
+    }
+    .expect("a valid test request")
+}

@@ -1,0 +1,651 @@
+//! The daemon-set store: `daemon_sets/<uuid>` documents in P2's format, each change audited in
+//! the same transaction, plus the contention rule (§4.10) the API and the DS farm share.
+//!
+//! Reads skip (and log) what they cannot decode, so one bad document never hides the others.
+//! Writes check P2's invariants first: the ID is a UUID and never changes, `pod_id` equals the
+//! manifest's `id`, and the node selector parses.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::labels::{LabelType, Labeled, Selector};
+use crate::model::{AuditRecord, DaemonSetEvent, DecodeError, FieldError, StoredDaemonSet};
+
+use super::labels::LabelStore;
+use super::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+
+/// Where daemon sets live; with its trailing `/` so a listing cannot pick up a sibling tree
+/// whose name merely starts the same (a P2 weakness, §9.13).
+pub const DAEMON_SETS_PREFIX: &str = "daemon_sets/";
+/// Where audit records live, one UUID key per record.
+pub const AUDIT_LOGS_PREFIX: &str = "audit_logs/";
+/// The status namespace the DS farm writes under `status/daemon_sets/<id>/`.
+pub const FARM_STATUS_NAMESPACE: &str = "daemon_set_farm";
+
+/// How many times a read-modify-write is retried on CAS conflicts before giving up.
+const MAX_CAS_ATTEMPTS: usize = 32;
+
+/// The key of one daemon set. Taking a [`Uuid`] means no unvalidated text reaches a key.
+pub fn daemon_set_key(id: Uuid) -> String {
+    format!("{DAEMON_SETS_PREFIX}{id}")
+}
+
+/// The key of the status record the DS farm publishes for one daemon set (§1.6).
+pub fn farm_status_key(id: Uuid) -> String {
+    format!("status/daemon_sets/{id}/{FARM_STATUS_NAMESPACE}")
+}
+
+/// Parses a daemon-set ID: a UUID in canonical lowercase hyphenated form only, so that every
+/// ID names exactly one key and the key's segment reads back as the same ID.
+pub fn parse_daemon_set_id(text: &str) -> Result<Uuid, String> {
+    match Uuid::try_parse(text) {
+        Ok(id) if id.hyphenated().to_string() == text => Ok(id),
+        _ => Err(format!(
+            "must be a lowercase hyphenated UUID such as \"1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e\", not {text:?}"
+        )),
+    }
+}
+
+/// One daemon set and the modify index it was read at (the CAS token and the API's ETag).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonSetRecord {
+    /// The parsed ID; equal to `ds.id`.
+    pub id: Uuid,
+    pub ds: StoredDaemonSet,
+    pub index: u64,
+}
+
+/// What the DS farm publishes about a rollout at `status/daemon_sets/<id>/daemon_set_farm`,
+/// in P2's JSON (§1.6).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DaemonSetFarmStatus {
+    /// SHA of the manifest being rolled out.
+    #[serde(default)]
+    pub manifest_sha: String,
+    /// Nodes that completed this manifest; reset on a manifest change.
+    #[serde(default)]
+    pub nodes_deployed: i64,
+    /// Whether nodes are still being worked on.
+    #[serde(default)]
+    pub replication_in_progress: bool,
+}
+
+/// Why a daemon-set operation failed; callers map each kind to their own answer (the API to
+/// 404, 412, 500, 422 or the store error's status).
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonSetError {
+    /// No document at the daemon set's key.
+    #[error("no daemon set {0}")]
+    NotFound(Uuid),
+    /// The caller asked for a write at an index the daemon set is no longer at.
+    #[error("daemon set {id} has changed since version {expected}")]
+    Stale { id: Uuid, expected: u64 },
+    /// The stored document cannot be decoded, so it cannot be changed safely either.
+    #[error("daemon set {id} cannot be decoded: {source}")]
+    Undecodable {
+        id: Uuid,
+        #[source]
+        source: DecodeError,
+    },
+    /// The daemon set to write breaks one of P2's invariants.
+    #[error("invalid daemon set: {}", join(.0))]
+    Invalid(Vec<FieldError>),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn join(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Reads and writes daemon sets with P2's layout and JSON, auditing every change.
+#[derive(Clone)]
+pub struct DaemonSetStore {
+    kv: Arc<dyn KvStore>,
+}
+
+impl DaemonSetStore {
+    /// Wraps the KV store.
+    pub fn new(kv: Arc<dyn KvStore>) -> Self {
+        DaemonSetStore { kv }
+    }
+
+    /// One daemon set, or `None` when there is no document at its key.
+    pub async fn get(&self, id: Uuid) -> Result<Option<DaemonSetRecord>, DaemonSetError> {
+        let Some(pair) = self.kv.get(&daemon_set_key(id)).await? else {
+            return Ok(None);
+        };
+        StoredDaemonSet::from_json(&pair.value)
+            .map(|ds| {
+                Some(DaemonSetRecord {
+                    id,
+                    ds,
+                    index: pair.modify_index,
+                })
+            })
+            .map_err(|source| DaemonSetError::Undecodable { id, source })
+    }
+
+    /// Every readable daemon set, sorted by ID, with the listing's index for blocking
+    /// queries. Keys that are not canonical UUIDs, documents that do not decode and documents
+    /// whose `id` disagrees with their key are logged and skipped.
+    pub async fn list(&self) -> StoreResult<(u64, Vec<DaemonSetRecord>)> {
+        let listing = self.kv.list(DAEMON_SETS_PREFIX).await?;
+        let records = listing.pairs.iter().filter_map(decode_pair).collect();
+        Ok((listing.index, records))
+    }
+
+    /// Creates a daemon set whose `id` the caller chose (normally a fresh UUID v4): one
+    /// transaction writes it only if the key is absent, together with its
+    /// `DAEMON_SET_CREATED` audit record.
+    pub async fn create(
+        &self,
+        ds: StoredDaemonSet,
+        user: &str,
+    ) -> Result<DaemonSetRecord, DaemonSetError> {
+        let id = parse_daemon_set_id(&ds.id)
+            .map_err(|e| DaemonSetError::Invalid(vec![FieldError::new("id", e)]))?;
+        check_invariants(&ds)?;
+        let ops = [
+            TxnOp::Cas {
+                key: daemon_set_key(id),
+                value: ds.to_json(),
+                index: 0,
+            },
+            audit_op(DaemonSetEvent::Created, &ds, user),
+        ];
+        let results = self.kv.txn(&ops).await?;
+        Ok(DaemonSetRecord {
+            id,
+            index: written_index(&results),
+            ds,
+        })
+    }
+
+    /// Replaces `current` by `next` if the daemon set is still at `current.index`, with one
+    /// audit record per kind of change (manifest, node selector, enabled, disabled, anything
+    /// else) in the same transaction. Writes nothing when `next` equals `current`. A
+    /// concurrent change is [`DaemonSetError::Stale`].
+    pub async fn write(
+        &self,
+        current: &DaemonSetRecord,
+        next: StoredDaemonSet,
+        user: &str,
+    ) -> Result<DaemonSetRecord, DaemonSetError> {
+        if next.id != current.ds.id {
+            return Err(DaemonSetError::Invalid(vec![FieldError::new(
+                "id",
+                "cannot be changed",
+            )]));
+        }
+        check_invariants(&next)?;
+        let events = change_events(&current.ds, &next);
+        if events.is_empty() {
+            return Ok(current.clone());
+        }
+        let mut ops = vec![TxnOp::Cas {
+            key: daemon_set_key(current.id),
+            value: next.to_json(),
+            index: current.index,
+        }];
+        ops.extend(events.into_iter().map(|event| audit_op(event, &next, user)));
+        match self.kv.txn(&ops).await {
+            Ok(results) => Ok(DaemonSetRecord {
+                id: current.id,
+                index: written_index(&results),
+                ds: next,
+            }),
+            Err(StoreError::Conflict { .. }) => Err(DaemonSetError::Stale {
+                id: current.id,
+                expected: current.index,
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Read-modify-write of one daemon set. `change` receives the latest record and returns
+    /// the daemon set it should become (or an error, which ends the update). With `expected`
+    /// the write happens only at that index ([`DaemonSetError::Stale`] otherwise); without
+    /// it a concurrent change makes `change` run again on the newer record, so concurrent
+    /// updates of different fields all take effect.
+    pub async fn update<E, F, Fut>(
+        &self,
+        id: Uuid,
+        expected: Option<u64>,
+        user: &str,
+        mut change: F,
+    ) -> Result<DaemonSetRecord, E>
+    where
+        E: From<DaemonSetError>,
+        F: FnMut(DaemonSetRecord) -> Fut,
+        Fut: Future<Output = Result<StoredDaemonSet, E>>,
+    {
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let current = self.get(id).await?.ok_or(DaemonSetError::NotFound(id))?;
+            if let Some(expected) = expected {
+                if current.index != expected {
+                    return Err(DaemonSetError::Stale { id, expected }.into());
+                }
+            }
+            let next = change(current.clone()).await?;
+            match self.write(&current, next, user).await {
+                Err(DaemonSetError::Stale { .. }) if expected.is_none() => continue,
+                result => return result.map_err(E::from),
+            }
+        }
+        Err(DaemonSetError::Store(gave_up(id)).into())
+    }
+
+    /// Deletes a daemon set (at `expected` only, when given), writing a `DAEMON_SET_DELETED`
+    /// audit record of its last state in the same transaction; returns that state. Its pods
+    /// stay until the farm's dangling-pod cleanup removes them, as in P2.
+    pub async fn delete(
+        &self,
+        id: Uuid,
+        expected: Option<u64>,
+        user: &str,
+    ) -> Result<StoredDaemonSet, DaemonSetError> {
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let current = self.get(id).await?.ok_or(DaemonSetError::NotFound(id))?;
+            let index = expected.unwrap_or(current.index);
+            if index != current.index {
+                return Err(DaemonSetError::Stale {
+                    id,
+                    expected: index,
+                });
+            }
+            let key = daemon_set_key(id);
+            // Consul's delete-cas succeeds on an absent key; the check makes a concurrent
+            // delete roll this one back instead of auditing the deletion twice.
+            let ops = [
+                TxnOp::CheckIndex {
+                    key: key.clone(),
+                    index,
+                },
+                TxnOp::DeleteCas { key, index },
+                audit_op(DaemonSetEvent::Deleted, &current.ds, user),
+            ];
+            match self.kv.txn(&ops).await {
+                Ok(_) => return Ok(current.ds),
+                Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
+                Err(StoreError::Conflict { .. }) => {
+                    return Err(DaemonSetError::Stale {
+                        id,
+                        expected: index,
+                    })
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(DaemonSetError::Store(gave_up(id)))
+    }
+
+    /// The first enabled daemon set that contends with `ds` (§4.10), reading the daemon sets
+    /// now stored and, only when a selector intersection must be evaluated, the node labels.
+    /// `None` when `ds` is disabled or nothing contends. This is the check the API makes
+    /// before storing an enabled daemon set and the farm makes on every created or changed one.
+    pub async fn find_contender(
+        &self,
+        ds: &StoredDaemonSet,
+        labels: &LabelStore,
+    ) -> StoreResult<Option<StoredDaemonSet>> {
+        if ds.disabled {
+            return Ok(None);
+        }
+        let (_, others) = self.list().await?;
+        let mut nodes: Option<Vec<Labeled>> = None;
+        for other in others.into_iter().map(|record| record.ds) {
+            if !may_contend(ds, &other) {
+                continue;
+            }
+            if selectors_overlap_everywhere(ds, &other) {
+                return Ok(Some(other));
+            }
+            if nodes.is_none() {
+                nodes = Some(labels.list(LabelType::Node).await?.1);
+            }
+            if contends(ds, &other, nodes.as_deref().unwrap_or_default()) {
+                return Ok(Some(other));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The status record the DS farm last published for a daemon set; `None` when there is
+    /// none or it cannot be decoded (logged).
+    pub async fn farm_status(&self, id: Uuid) -> StoreResult<Option<DaemonSetFarmStatus>> {
+        let Some(pair) = self.kv.get(&farm_status_key(id)).await? else {
+            return Ok(None);
+        };
+        match serde_json::from_slice(&pair.value) {
+            Ok(status) => Ok(Some(status)),
+            Err(e) => {
+                tracing::warn!(key = %pair.key, error = %e, "skipping undecodable daemon set status");
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// The first of `others` that contends with `ds` (P2's `DSContends`, §4.10), given every
+/// node's labels: both enabled, the same `pod_id`, different IDs, and either selector
+/// selects every node, the two selectors are the same (compared in canonical form), or some
+/// node matches both now. For callers that already hold the daemon sets and node labels,
+/// such as the farm's watches.
+pub fn contention<'a>(
+    ds: &StoredDaemonSet,
+    others: impl IntoIterator<Item = &'a StoredDaemonSet>,
+    nodes: &[Labeled],
+) -> Option<&'a StoredDaemonSet> {
+    others.into_iter().find(|other| contends(ds, other, nodes))
+}
+
+/// Whether two daemon sets contend (see [`contention`]). A selector that does not parse
+/// selects no node: P2's worker cannot run such a daemon set, so it schedules nothing.
+pub fn contends(ds: &StoredDaemonSet, other: &StoredDaemonSet, nodes: &[Labeled]) -> bool {
+    if !may_contend(ds, other) {
+        return false;
+    }
+    if selectors_overlap_everywhere(ds, other) {
+        return true;
+    }
+    let (Ok(mine), Ok(theirs)) = (
+        ds.node_selector.parse::<Selector>(),
+        other.node_selector.parse::<Selector>(),
+    ) else {
+        return false;
+    };
+    nodes
+        .iter()
+        .any(|node| mine.matches(&node.labels) && theirs.matches(&node.labels))
+}
+
+/// The conditions under which two daemon sets could schedule the same pod on one node.
+fn may_contend(ds: &StoredDaemonSet, other: &StoredDaemonSet) -> bool {
+    !ds.disabled && !other.disabled && ds.pod_id == other.pod_id && ds.id != other.id
+}
+
+/// The rules that need no node labels: a selector selecting everything, or equal selectors.
+fn selectors_overlap_everywhere(ds: &StoredDaemonSet, other: &StoredDaemonSet) -> bool {
+    let (mine, theirs) = (
+        canonical(&ds.node_selector),
+        canonical(&other.node_selector),
+    );
+    mine.is_empty() || theirs.is_empty() || mine == theirs
+}
+
+/// The canonical text of a selector, or the text itself when it does not parse.
+fn canonical(selector: &str) -> String {
+    selector
+        .parse::<Selector>()
+        .map_or_else(|_| selector.to_owned(), |s| s.to_string())
+}
+
+/// The invariants P2 checks on every write, plus a parsable selector (which the farm needs).
+fn check_invariants(ds: &StoredDaemonSet) -> Result<(), DaemonSetError> {
+    let mut problems = ds.validate().err().unwrap_or_default();
+    if let Err(e) = ds.node_selector.parse::<Selector>() {
+        problems.push(FieldError::new("node_selector", e.to_string()));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(DaemonSetError::Invalid(problems))
+    }
+}
+
+/// The audit events a change from `old` to `new` is recorded as, in a stable order; empty
+/// when nothing changed.
+fn change_events(old: &StoredDaemonSet, new: &StoredDaemonSet) -> Vec<DaemonSetEvent> {
+    let mut events = Vec::new();
+    if old.manifest != new.manifest {
+        events.push(DaemonSetEvent::ManifestUpdated);
+    }
+    if old.node_selector != new.node_selector {
+        events.push(DaemonSetEvent::NodeSelectorUpdated);
+    }
+    match (old.disabled, new.disabled) {
+        (true, false) => events.push(DaemonSetEvent::Enabled),
+        (false, true) => events.push(DaemonSetEvent::Disabled),
+        _ => {}
+    }
+    if old.min_health != new.min_health
+        || old.timeout != new.timeout
+        || old.cluster_name != new.cluster_name
+        || old.pod_id != new.pod_id
+    {
+        events.push(DaemonSetEvent::Modified);
+    }
+    events
+}
+
+/// A `set` of a new audit record, for the transaction of the change it describes.
+fn audit_op(event: DaemonSetEvent, ds: &StoredDaemonSet, user: &str) -> TxnOp {
+    let record = AuditRecord::daemon_set(event, ds, user, SystemTime::now());
+    TxnOp::Set {
+        key: format!("{AUDIT_LOGS_PREFIX}{}", Uuid::new_v4()),
+        value: record.to_json(),
+    }
+}
+
+/// The modify index a committed transaction gave the daemon set, its first op.
+fn written_index(results: &[Option<KvPair>]) -> u64 {
+    results
+        .first()
+        .and_then(Option::as_ref)
+        .map_or(0, |pair| pair.modify_index)
+}
+
+fn gave_up(id: Uuid) -> StoreError {
+    StoreError::Unavailable(format!(
+        "daemon set {id} kept changing; gave up after {MAX_CAS_ATTEMPTS} attempts"
+    ))
+}
+
+fn decode_pair(pair: &KvPair) -> Option<DaemonSetRecord> {
+    let segment = pair.key.strip_prefix(DAEMON_SETS_PREFIX)?;
+    let id = match parse_daemon_set_id(segment) {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::warn!(key = %pair.key, error = %e, "skipping a daemon set key that is not an ID");
+            return None;
+        }
+    };
+    let ds = match StoredDaemonSet::from_json(&pair.value) {
+        Ok(ds) => ds,
+        Err(e) => {
+            tracing::warn!(key = %pair.key, error = %e, "skipping undecodable daemon set");
+            return None;
+        }
+    };
+    if ds.id != segment {
+        tracing::warn!(key = %pair.key, id = %ds.id, "skipping a daemon set whose id disagrees with its key");
+        return None;
+    }
+    Some(DaemonSetRecord {
+        id,
+        ds,
+        index: pair.modify_index,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::labels::Labels;
+    use crate::model::Manifest;
+
+    fn ds(id: &str, pod: &str, selector: &str, disabled: bool) -> StoredDaemonSet {
+        StoredDaemonSet {
+            id: id.into(),
+            disabled,
+            manifest: Manifest::parse(&format!("id: {pod}\n")).unwrap(),
+            min_health: 0,
+            cluster_name: "production".into(),
+            node_selector: selector.into(),
+            pod_id: pod.into(),
+            timeout: Duration::from_secs(600),
+        }
+    }
+
+    fn node(name: &str, pairs: &[(&str, &str)]) -> Labeled {
+        let labels: Labels = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Labeled {
+            label_type: LabelType::Node,
+            id: name.into(),
+            labels,
+        }
+    }
+
+    #[test]
+    fn ids_must_be_canonical_uuids() {
+        let id = "1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e";
+        assert_eq!(parse_daemon_set_id(id).unwrap().to_string(), id);
+        for bad in [
+            "",
+            "..",
+            "1F6B2C9D-3E4A-4F5B-8C7D-9E0A1B2C3D4E",
+            "1f6b2c9d3e4a4f5b8c7d9e0a1b2c3d4e",
+            "{1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e}",
+            "1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e/x",
+        ] {
+            assert!(parse_daemon_set_id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn keys_follow_p2s_layout() {
+        let id = parse_daemon_set_id("1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e").unwrap();
+        assert_eq!(
+            daemon_set_key(id),
+            "daemon_sets/1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e"
+        );
+        assert_eq!(
+            farm_status_key(id),
+            "status/daemon_sets/1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e/daemon_set_farm"
+        );
+    }
+
+    #[test]
+    fn contention_follows_p2s_rules() {
+        let nodes = [
+            node("n1", &[("role", "web"), ("az", "a")]),
+            node("n2", &[("role", "db"), ("az", "b")]),
+        ];
+        let web = ds("a", "shipper", "role=web", false);
+        let cases = [
+            (ds("b", "shipper", "", false), true, "everything"),
+            (
+                ds("b", "shipper", "role = web", false),
+                true,
+                "same canonical",
+            ),
+            (ds("b", "shipper", "az=a", false), true, "nodes intersect"),
+            (ds("b", "shipper", "az=b", false), false, "disjoint nodes"),
+            (ds("b", "shipper", "az=c", false), false, "matches nothing"),
+            (ds("b", "other", "", false), false, "other pod"),
+            (ds("b", "shipper", "", true), false, "other disabled"),
+            (ds("a", "shipper", "", false), false, "same id"),
+            (ds("b", "shipper", "role in (", false), false, "unparsable"),
+        ];
+        for (other, expected, why) in cases {
+            assert_eq!(contends(&web, &other, &nodes), expected, "{why}");
+            assert_eq!(contends(&other, &web, &nodes), expected, "{why}, reversed");
+        }
+        let everywhere = ds("a", "shipper", "", false);
+        assert!(contends(
+            &everywhere,
+            &ds("b", "shipper", "az=c", false),
+            &[]
+        ));
+        let disabled = ds("a", "shipper", "", true);
+        assert!(!contends(&disabled, &ds("b", "shipper", "", false), &[]));
+    }
+
+    #[test]
+    fn contention_returns_the_first_contender() {
+        let others = [
+            ds("b", "other", "", false),
+            ds("c", "shipper", "az=b", false),
+            ds("d", "shipper", "az=a", false),
+            ds("e", "shipper", "", false),
+        ];
+        let nodes = [node("n1", &[("role", "web"), ("az", "a")])];
+        let web = ds("a", "shipper", "role=web", false);
+        assert_eq!(
+            contention(&web, &others, &nodes).map(|o| o.id.as_str()),
+            Some("d")
+        );
+        assert_eq!(contention(&web, &others[..3], &[]), None);
+    }
+
+    #[test]
+    fn changes_map_to_p2s_audit_events() {
+        let old = ds("a", "shipper", "role=web", false);
+        assert!(change_events(&old, &old).is_empty());
+        let mut new = old.clone();
+        new.manifest = Manifest::parse("id: shipper\nconfig: {}\n").unwrap();
+        new.node_selector = "role=db".into();
+        new.disabled = true;
+        new.timeout = Duration::from_secs(1);
+        assert_eq!(
+            change_events(&old, &new),
+            [
+                DaemonSetEvent::ManifestUpdated,
+                DaemonSetEvent::NodeSelectorUpdated,
+                DaemonSetEvent::Disabled,
+                DaemonSetEvent::Modified
+            ]
+        );
+        assert_eq!(change_events(&new, &old)[2], DaemonSetEvent::Enabled);
+        for change in [
+            |d: &mut StoredDaemonSet| d.min_health = 3,
+            |d: &mut StoredDaemonSet| d.cluster_name = "staging".into(),
+        ] {
+            let mut new = old.clone();
+            change(&mut new);
+            assert_eq!(change_events(&old, &new), [DaemonSetEvent::Modified]);
+        }
+    }
+
+    #[test]
+    fn invariants_cover_pod_id_and_selector() {
+        let mut bad = ds("a", "shipper", "role in (", false);
+        bad.pod_id = "other".into();
+        let DaemonSetError::Invalid(problems) = check_invariants(&bad).unwrap_err() else {
+            panic!("expected Invalid");
+        };
+        let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(fields, ["pod_id", "node_selector"]);
+    }
+
+    #[test]
+    fn farm_status_reads_p2s_json() {
+        let status: DaemonSetFarmStatus = serde_json::from_str(
+            r#"{"manifest_sha":"ab12","nodes_deployed":12,"replication_in_progress":true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            status,
+            DaemonSetFarmStatus {
+                manifest_sha: "ab12".into(),
+                nodes_deployed: 12,
+                replication_in_progress: true
+            }
+        );
+    }
+}
