@@ -10,3 +10,4 @@ pub mod extract;
 pub mod health;
 pub mod paging;
 pub mod preconditions;
+pub mod rcs;
