@@ -334,7 +334,13 @@ async fn list_filters_by_rc_labels_and_pages_by_id() {
     let bad = app.get("/api/v1/rcs?selector=owner%20in%20(").await;
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(fields(&bad), ["selector"]);
-    let bad = app.get("/api/v1/rcs?limit=0").await;
+    // Refused at once, not after the wait.
+    let bad = tokio::time::timeout(
+        Duration::from_secs(5),
+        app.get(&format!("/api/v1/rcs?limit=0&index={index}&wait=10m")),
+    )
+    .await
+    .expect("answered without waiting");
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
     let bad = app.get("/api/v1/rcs?index=1&wait=11m").await;
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);

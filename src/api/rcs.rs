@@ -440,6 +440,8 @@ async fn list_rcs(
         Some(Ok(selector)) => selector,
         Some(Err(e)) => return Err(ApiError::invalid([Cause::new("selector", e.to_string())])),
     };
+    // Refuse a bad limit or token now rather than after a long wait.
+    paging.page(Vec::<String>::new(), String::as_str)?;
     let prefixes = [
         RC_TREE.to_owned(),
         LabelType::ReplicationController.key_prefix(),
