@@ -37,6 +37,7 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
         (name = api::pods::TAG, description = "Legacy pods in the intent tree, with labels and health"),
         (name = api::pod_health::TAG, description = "Pod health reported by node agents"),
         (name = api::daemonsets::TAG, description = "Daemon sets: a pod on every node a selector matches"),
+        (name = api::rcs::TAG, description = "Replication controllers: create, list, read with status, patch, delete"),
     ),
     components(schemas(ErrorBody, Cause))
 )]
@@ -54,6 +55,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .nest("/api/v1", api::pods::router())
         .nest("/api/v1", api::pod_health::router())
         .nest("/api/v1", api::daemonsets::router())
+        .nest("/api/v1", api::rcs::router())
 }
 
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI

@@ -16,3 +16,4 @@ pub mod paging;
 pub mod pod_health;
 pub mod pods;
 pub mod preconditions;
+pub mod rcs;

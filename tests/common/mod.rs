@@ -157,3 +157,39 @@ pub fn request_with(
     }
     .expect("a valid test request")
 }
+
+impl TestApp {
+    /// `method path` with an optional JSON body (sent as `application/json` unless
+    /// `headers` name another content type) and extra headers.
+    pub async fn json_request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        headers: &[(&str, &str)],
+    ) -> TestResponse {
+        let mut request = Request::builder().method(method).uri(path);
+        if body.is_some()
+            && !headers
+                .iter()
+                .any(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+        {
+            request = request.header("content-type", "application/json");
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+        self.send(request.body(body).unwrap()).await
+    }
+
+    /// Every key in the store with its value as text, to check that a request wrote nothing.
+    pub async fn dump(&self) -> Vec<(String, String)> {
+        let listing = self.store.list("").await.expect("list the store");
+        listing
+            .pairs
+            .into_iter()
+            .map(|p| (p.key, String::from_utf8_lossy(&p.value).into_owned()))
+            .collect()
+    }
+}

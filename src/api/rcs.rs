@@ -1,0 +1,958 @@
+//! Replication controllers over HTTP: create, list, read (with status), patch and delete.
+//!
+//! Stored documents keep P2's exact shape (`crate::model::StoredRc`); what clients see is
+//! [`RcView`], which adds the RC's own labels, its `resource_version` and a status read from
+//! the pod labels the RC farm writes. List items carry the status too, so a dashboard needs
+//! one request; that is why a list's `X-Index` also follows the pod label tree.
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::http::header::LOCATION;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
+use utoipa::openapi::RefOr;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::api::blocking::{index_header, BlockingParams};
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch};
+use crate::api::paging::{Page, PageParams};
+use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::app::AppState;
+use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::labels::{
+    validate_label_key, validate_label_value, validate_labels_in, LabelType, Labeled, Labels,
+    Requirement, Selector, AVAILABILITY_ZONE_LABEL, CLUSTER_NAME_LABEL, POD_ID_LABEL, RC_ID_LABEL,
+};
+use crate::model::{AllocationStrategy, FieldError, Manifest, StoredRc};
+use crate::store::labels::LabelStore;
+use crate::store::rcs::{RcRecord, RcStore, RC_TREE};
+use crate::store::rolls::RollStore;
+use crate::store::{StoreError, TxnOp};
+
+/// OpenAPI tag of the RC routes.
+pub const TAG: &str = "replication_controllers";
+
+/// How often a write is re-applied to a newer version before the server gives up; each miss
+/// means another writer landed, so this only runs out under extreme contention.
+const MAX_WRITE_ATTEMPTS: usize = 64;
+
+/// P2's store retries an id collision this many times.
+const MAX_CREATE_ATTEMPTS: usize = 3;
+
+/// A new RC as clients describe it. Rolling-update creation reuses it for the RC it makes,
+/// so every RC gets the same validation and the same pod labels whichever route made it
+/// (P2's two creation paths disagree on the zone and cluster labels).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RcSpec {
+    /// The pod manifest: YAML text (stored byte for byte, signatures included) or a JSON
+    /// object (stored as its YAML rendering).
+    #[schema(schema_with = manifest_schema)]
+    pub manifest: serde_json::Value,
+    /// Which nodes the RC may schedule on; `""` selects every node. Stored canonically.
+    #[serde(default)]
+    #[schema(example = "availability_zone=us-west-2a,role in (web,worker)")]
+    pub node_selector: String,
+    /// Labels put on every pod the RC schedules.
+    #[serde(default)]
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub pod_labels: Labels,
+    /// How many pods the RC wants; at least 0.
+    #[serde(default)]
+    pub replicas_desired: i64,
+    /// A disabled RC makes no scheduling changes.
+    #[serde(default)]
+    pub disabled: bool,
+    /// `dynamic_strategy` (move pods off nodes that stop matching), `static_strategy`
+    /// (leave them) or `""` (older RCs; behaves as static).
+    #[serde(default)]
+    #[schema(example = "static_strategy")]
+    pub allocation_strategy: String,
+    /// The RC's own labels; `pod_id=<manifest id>` is always added.
+    #[serde(default)]
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub labels: Labels,
+    /// Added to `pod_labels` as `availability_zone` when given, as `p2-rctl create` does.
+    pub availability_zone: Option<String>,
+    /// Added to `pod_labels` as `cluster_name` when given, as `p2-rctl create` does.
+    pub cluster_name: Option<String>,
+}
+
+/// A validated new RC, ready for [`crate::store::rcs::RcStore::create`] or its
+/// `create_ops`: the stored document (with a fresh id) and the RC's own labels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRc {
+    pub rc: StoredRc,
+    pub labels: Labels,
+}
+
+impl RcSpec {
+    /// Checks every field and reports every problem at once, with cause fields named as in
+    /// the request body.
+    pub fn validate(self) -> Result<NewRc, Vec<Cause>> {
+        self.validate_in("")
+    }
+
+    /// Like [`RcSpec::validate`] for a spec nested in a larger body: cause fields are put
+    /// under `at` (for example `new_rc.manifest`); `""` means the top level.
+    pub fn validate_in(self, at: &str) -> Result<NewRc, Vec<Cause>> {
+        let field = |name: &str| nested(at, name);
+        let mut causes = Vec::new();
+
+        let manifest = match parse_manifest(&self.manifest) {
+            Ok(manifest) => {
+                if let Err(e) = validate_label_value(manifest.pod_id()) {
+                    causes.push(Cause::new(
+                        field("manifest.id"),
+                        format!("the pod id becomes a label value and a key segment: {e}"),
+                    ));
+                }
+                Some(manifest)
+            }
+            Err(errors) => {
+                causes.extend(manifest_causes(&field("manifest"), errors));
+                None
+            }
+        };
+
+        let node_selector = match self.node_selector.parse::<Selector>() {
+            Ok(selector) => selector.to_string(),
+            Err(e) => {
+                causes.push(Cause::new(field("node_selector"), e.to_string()));
+                String::new()
+            }
+        };
+
+        let mut pod_labels = self.pod_labels;
+        let extra = [
+            (
+                AVAILABILITY_ZONE_LABEL,
+                "availability_zone",
+                self.availability_zone,
+            ),
+            (CLUSTER_NAME_LABEL, "cluster_name", self.cluster_name),
+        ];
+        for (label, name, value) in extra {
+            let Some(value) = value else { continue };
+            if let Err(e) = validate_label_value(&value) {
+                causes.push(Cause::new(field(name), e));
+            }
+            match pod_labels.get(label) {
+                Some(existing) if *existing != value => causes.push(Cause::new(
+                    field(&format!("pod_labels.{label}")),
+                    format!("contradicts {name} {value:?}; give one or make them equal"),
+                )),
+                _ => {
+                    pod_labels.insert(label.to_owned(), value);
+                }
+            }
+        }
+        for (at_field, message) in validate_labels_in(&field("pod_labels"), &pod_labels) {
+            causes.push(Cause::new(at_field, message));
+        }
+
+        let mut labels = self.labels;
+        for (at_field, message) in validate_labels_in(&field("labels"), &labels) {
+            causes.push(Cause::new(at_field, message));
+        }
+        if let Some(manifest) = &manifest {
+            match labels.get(POD_ID_LABEL) {
+                Some(given) if given != manifest.pod_id() => causes.push(Cause::new(
+                    field(&format!("labels.{POD_ID_LABEL}")),
+                    format!(
+                        "is always the manifest's id {:?}; leave it out",
+                        manifest.pod_id()
+                    ),
+                )),
+                _ => {
+                    labels.insert(POD_ID_LABEL.to_owned(), manifest.pod_id().to_owned());
+                }
+            }
+        }
+
+        if self.replicas_desired < 0 {
+            causes.push(Cause::new(field("replicas_desired"), "must be at least 0"));
+        }
+        let allocation_strategy = self
+            .allocation_strategy
+            .parse::<AllocationStrategy>()
+            .unwrap_or_else(|e| {
+                causes.push(Cause::new(field("allocation_strategy"), e));
+                AllocationStrategy::Unset
+            });
+
+        match manifest {
+            Some(manifest) if causes.is_empty() => Ok(NewRc {
+                rc: StoredRc {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    manifest,
+                    node_selector,
+                    pod_labels: Some(pod_labels),
+                    replicas_desired: self.replicas_desired,
+                    disabled: self.disabled,
+                    allocation_strategy,
+                },
+                labels,
+            }),
+            _ => Err(causes),
+        }
+    }
+}
+
+/// A manifest from either of the forms a client may send, with every problem found.
+pub fn parse_manifest(value: &serde_json::Value) -> Result<Manifest, Vec<FieldError>> {
+    match value {
+        serde_json::Value::String(text) => Manifest::parse(text),
+        other => Manifest::from_json_value(other),
+    }
+}
+
+/// Manifest problems as causes under `at` (the manifest's own field).
+pub fn manifest_causes(at: &str, errors: Vec<FieldError>) -> Vec<Cause> {
+    errors
+        .into_iter()
+        .map(|e| {
+            let field = if e.field == "manifest" {
+                at.to_owned()
+            } else {
+                format!("{at}.{}", e.field)
+            };
+            Cause::new(field, e.message)
+        })
+        .collect()
+}
+
+fn nested(at: &str, name: &str) -> String {
+    if at.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{at}.{name}")
+    }
+}
+
+fn manifest_schema() -> impl Into<RefOr<Schema>> {
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some("The manifest as YAML text, kept byte for byte")),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .description(Some("The manifest as a JSON object")),
+        )
+        .description(Some(
+            "A P2 pod manifest (`id`, `launchables`, `config`, `status`, ...)",
+        ))
+        .examples([serde_json::json!(
+            "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello.tar.gz\n"
+        )])
+}
+
+/// An RC as clients see it: the stored document plus its labels, version and status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RcView {
+    /// UUID v4, assigned on creation.
+    pub id: String,
+    /// The pod manifest as stored: YAML text, byte for byte.
+    pub manifest: String,
+    /// Which nodes the RC may schedule on; `""` selects every node.
+    pub node_selector: String,
+    /// Labels put on every pod the RC schedules.
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub pod_labels: Labels,
+    /// How many pods the RC wants.
+    pub replicas_desired: i64,
+    /// A disabled RC makes no scheduling changes.
+    pub disabled: bool,
+    /// `dynamic_strategy`, `static_strategy` or `""`.
+    pub allocation_strategy: String,
+    /// The RC's own labels (type `replication_controller`).
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub labels: Labels,
+    /// The stored document's modify index; also the `ETag` and the `If-Match` to send.
+    pub resource_version: String,
+    /// What the RC farm has done so far, from the pod labels.
+    pub status: RcStatus,
+}
+
+/// Where an RC's pods are, as the pod labels say (`replication_controller_id=<id>`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RcStatus {
+    /// How many pods carry the RC's id.
+    pub current_replicas: usize,
+    /// The nodes they are on, sorted.
+    pub nodes: Vec<String>,
+}
+
+impl RcView {
+    /// The view of `record` with its labels and the pod labels that name it.
+    pub fn new(record: &RcRecord, labels: Labels, status: RcStatus) -> Self {
+        let rc = &record.rc;
+        RcView {
+            id: rc.id.clone(),
+            manifest: rc.manifest.raw().to_owned(),
+            node_selector: rc.node_selector.clone(),
+            pod_labels: rc.pod_labels.clone().unwrap_or_default(),
+            replicas_desired: rc.replicas_desired,
+            disabled: rc.disabled,
+            allocation_strategy: rc.allocation_strategy.to_string(),
+            labels,
+            resource_version: record.index.to_string(),
+            status,
+        }
+    }
+}
+
+impl RcStatus {
+    /// The status of the RC that `pods` (pod label entries) belong to.
+    fn from_pods<'a>(pods: impl IntoIterator<Item = &'a Labeled>) -> Self {
+        let mut nodes: Vec<String> = pods
+            .into_iter()
+            .map(|pod| {
+                pod.id
+                    .split_once('/')
+                    .map_or(&*pod.id, |(node, _)| node)
+                    .to_owned()
+            })
+            .collect();
+        let current_replicas = nodes.len();
+        nodes.sort();
+        nodes.dedup();
+        RcStatus {
+            current_replicas,
+            nodes,
+        }
+    }
+}
+
+/// The RC routes.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_rcs, create_rc))
+        .routes(routes!(get_rc, patch_rc, delete_rc))
+}
+
+/// Query parameters of the RC listing.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RcListParams {
+    /// Only RCs whose own labels match this selector, e.g. `pod_id=hello`.
+    pub selector: Option<String>,
+}
+
+/// Query parameters of an RC deletion.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteRcParams {
+    /// Delete even while `replicas_desired` is above 0 (the pods stay where they are).
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// Path parameter naming one RC.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct RcPath {
+    /// The RC's UUID.
+    pub id: String,
+}
+
+/// Creates an RC and its labels in one transaction.
+///
+/// `pod_id=<manifest id>` is added to the RC's labels; `availability_zone` and
+/// `cluster_name`, when given, are added to `pod_labels`.
+#[utoipa::path(
+    post,
+    path = "/rcs",
+    tag = TAG,
+    request_body = RcSpec,
+    responses(
+        (status = CREATED, description = "The new RC", body = RcView,
+            headers(("ETag" = String, description = "The RC's version"),
+                    ("Location" = String, description = "Where the RC lives"))),
+        (status = BAD_REQUEST, description = "Malformed JSON", body = ErrorBody),
+        (status = PAYLOAD_TOO_LARGE, description = "Body over 1 MiB", body = ErrorBody),
+        (status = UNSUPPORTED_MEDIA_TYPE, description = "Not JSON", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Invalid fields, all listed", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
+    )
+)]
+async fn create_rc(
+    State(app): State<AppState>,
+    ApiJson(spec): ApiJson<RcSpec>,
+) -> Result<Response, ApiError> {
+    let NewRc { mut rc, labels } = spec.validate().map_err(ApiError::invalid)?;
+    let store = RcStore::new(app.store.clone());
+    let mut attempt = 1;
+    let record = loop {
+        match store.create(rc.clone(), &labels).await {
+            Ok(record) => break record,
+            Err(StoreError::Conflict { .. }) if attempt < MAX_CREATE_ATTEMPTS => {
+                attempt += 1;
+                rc.id = uuid::Uuid::new_v4().to_string();
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let location = HeaderValue::from_str(&format!("/api/v1/rcs/{}", record.rc.id))
+        .map_err(ApiError::internal)?;
+    let view = RcView::new(&record, labels, RcStatus::default());
+    Ok((
+        StatusCode::CREATED,
+        [etag(record.index), (LOCATION, location)],
+        ApiJson(view),
+    )
+        .into_response())
+}
+
+/// Lists RCs, with their labels and status, sorted by id.
+///
+/// Blocks with `?index=&wait=` until an RC, an RC label or a pod label changes.
+#[utoipa::path(
+    get,
+    path = "/rcs",
+    tag = TAG,
+    params(RcListParams, PageParams, BlockingParams),
+    responses(
+        (status = OK, description = "One page of RCs", body = Page<RcView>,
+            headers(("X-Index" = u64, description = "Pass as `index` to wait for a change"))),
+        (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Bad selector, limit, token or wait", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
+    )
+)]
+async fn list_rcs(
+    State(app): State<AppState>,
+    ApiQuery(params): ApiQuery<RcListParams>,
+    ApiQuery(paging): ApiQuery<PageParams>,
+    ApiQuery(blocking): ApiQuery<BlockingParams>,
+) -> Result<Response, ApiError> {
+    let selector = match params.selector.as_deref().map(str::parse::<Selector>) {
+        None => Selector::everything(),
+        Some(Ok(selector)) => selector,
+        Some(Err(e)) => return Err(ApiError::invalid([Cause::new("selector", e.to_string())])),
+    };
+    // Refuse a bad limit or token now rather than after a long wait.
+    paging.page(Vec::<String>::new(), String::as_str)?;
+    let prefixes = [
+        RC_TREE.to_owned(),
+        LabelType::ReplicationController.key_prefix(),
+        LabelType::Pod.key_prefix(),
+    ];
+    blocking.block(app.store.as_ref(), &prefixes).await?;
+
+    let store = RcStore::new(app.store.clone());
+    let label_store = LabelStore::new(app.store.clone());
+    let (rcs_index, records) = store.list().await?;
+    let (labels_index, rc_labels) = label_store.list(LabelType::ReplicationController).await?;
+    let (pods_index, pods) = label_store.list(LabelType::Pod).await?;
+
+    let mut labels_by_rc: BTreeMap<String, Labels> = rc_labels
+        .into_iter()
+        .map(|labeled| (labeled.id, labeled.labels))
+        .collect();
+    let mut pods_by_rc: BTreeMap<&str, Vec<&Labeled>> = BTreeMap::new();
+    for pod in &pods {
+        if let Some(rc_id) = pod.labels.get(RC_ID_LABEL) {
+            pods_by_rc.entry(rc_id).or_default().push(pod);
+        }
+    }
+    let items = records
+        .iter()
+        .filter_map(|record| {
+            let labels = labels_by_rc.remove(&record.rc.id).unwrap_or_default();
+            selector.matches(&labels).then(|| {
+                let pods = pods_by_rc.get(record.rc.id.as_str());
+                let status = RcStatus::from_pods(pods.into_iter().flatten().copied());
+                RcView::new(record, labels, status)
+            })
+        })
+        .collect();
+    let page = paging.page(items, |view: &RcView| &view.id)?;
+    let index = rcs_index.max(labels_index).max(pods_index);
+    Ok(([index_header(index)], ApiJson(page)).into_response())
+}
+
+/// One RC with its labels and status.
+#[utoipa::path(
+    get,
+    path = "/rcs/{id}",
+    tag = TAG,
+    params(RcPath),
+    responses(
+        (status = OK, description = "The RC", body = RcView,
+            headers(("ETag" = String, description = "The RC's version"))),
+        (status = NOT_FOUND, description = "No such RC", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
+    )
+)]
+async fn get_rc(
+    State(app): State<AppState>,
+    ApiPath(RcPath { id }): ApiPath<RcPath>,
+) -> Result<Response, ApiError> {
+    let id = rc_id(&id)?;
+    let store = RcStore::new(app.store.clone());
+    let record = read(&store, &id).await?;
+    view_response(&app, record).await
+}
+
+/// Changes an RC with a JSON merge patch of `replicas_desired`, `disabled`,
+/// `node_selector`, `pod_labels` (a `null` value removes a key), `manifest` (same pod id)
+/// and `allocation_strategy`.
+///
+/// With `If-Match` the patch applies only to that version; without it, it is re-applied to
+/// the latest version until it lands. Refused while a roll holds the RC's mutation lock.
+#[utoipa::path(
+    patch,
+    path = "/rcs/{id}",
+    tag = TAG,
+    params(RcPath, ("If-Match" = Option<String>, Header, description = "Apply only to this version (an `ETag`)")),
+    request_body(description = "A JSON merge patch",
+        content((Object = "application/merge-patch+json"), (Object = "application/json"))),
+    responses(
+        (status = OK, description = "The patched RC", body = RcView,
+            headers(("ETag" = String, description = "The RC's new version"))),
+        (status = BAD_REQUEST, description = "Malformed JSON or If-Match", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such RC", body = ErrorBody),
+        (status = CONFLICT, description = "A roll holds the RC's mutation lock", body = ErrorBody),
+        (status = PRECONDITION_FAILED, description = "The RC changed since the If-Match version", body = ErrorBody),
+        (status = PAYLOAD_TOO_LARGE, description = "Body over 1 MiB", body = ErrorBody),
+        (status = UNSUPPORTED_MEDIA_TYPE, description = "Not a JSON merge patch", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Invalid, read-only or unknown fields, all listed", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
+    )
+)]
+async fn patch_rc(
+    State(app): State<AppState>,
+    ApiPath(RcPath { id }): ApiPath<RcPath>,
+    IfMatch(expected): IfMatch,
+    MergePatch(patch): MergePatch,
+) -> Result<Response, ApiError> {
+    let id = rc_id(&id)?;
+    let patch = RcPatch::parse(patch)?;
+    let store = RcStore::new(app.store.clone());
+    for _ in 0..MAX_WRITE_ATTEMPTS {
+        let record = read(&store, &id).await?;
+        check_version(&record, expected)?;
+        let guard = unlocked(&app, &store, &id).await?;
+        let mut rc = record.rc.clone();
+        patch.apply(&mut rc)?;
+        if rc == record.rc {
+            return view_response(&app, record).await;
+        }
+        match store.write(rc, record.index, vec![guard]).await {
+            Ok(written) => return view_response(&app, written).await,
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(busy(&id))
+}
+
+/// Deletes an RC and its labels in one transaction; its pods stay where they are.
+///
+/// Refused while `replicas_desired` is above 0 unless `?force=true`, and while a roll holds
+/// the RC's mutation lock.
+#[utoipa::path(
+    delete,
+    path = "/rcs/{id}",
+    tag = TAG,
+    params(RcPath, DeleteRcParams, ("If-Match" = Option<String>, Header, description = "Delete only this version (an `ETag`)")),
+    responses(
+        (status = NO_CONTENT, description = "Deleted"),
+        (status = BAD_REQUEST, description = "Malformed query or If-Match", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such RC", body = ErrorBody),
+        (status = CONFLICT, description = "Replicas still desired, or a roll holds the RC's mutation lock", body = ErrorBody),
+        (status = PRECONDITION_FAILED, description = "The RC changed since the If-Match version", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
+    )
+)]
+async fn delete_rc(
+    State(app): State<AppState>,
+    ApiPath(RcPath { id }): ApiPath<RcPath>,
+    IfMatch(expected): IfMatch,
+    ApiQuery(params): ApiQuery<DeleteRcParams>,
+) -> Result<StatusCode, ApiError> {
+    let id = rc_id(&id)?;
+    let store = RcStore::new(app.store.clone());
+    for _ in 0..MAX_WRITE_ATTEMPTS {
+        let record = read(&store, &id).await?;
+        check_version(&record, expected)?;
+        if record.rc.replicas_desired > 0 && !params.force {
+            return Err(ApiError::conflict(format!(
+                "replication controller {id} still wants {} replicas; set replicas_desired to 0 \
+                 first or delete with ?force=true",
+                record.rc.replicas_desired
+            )));
+        }
+        let mut ops = vec![unlocked(&app, &store, &id).await?];
+        ops.extend(RcStore::delete_ops(&id, record.index));
+        match app.store.txn(&ops).await {
+            Ok(_) => return Ok(StatusCode::NO_CONTENT),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(busy(&id))
+}
+
+/// The canonical form of an RC id from a path, refused unless it is a UUID (every key under
+/// `replication_controllers/` must be one).
+fn rc_id(raw: &str) -> Result<String, ApiError> {
+    uuid::Uuid::parse_str(raw)
+        .map(|uuid| uuid.hyphenated().to_string())
+        .map_err(|_| {
+            ApiError::invalid([Cause::new(
+                "id",
+                format!("must be an RC id (a UUID); got {raw:?}"),
+            )])
+        })
+}
+
+/// The RC or 404. A stored document this server cannot decode is its own fault, not the
+/// client's, hence 500 rather than the store's 422.
+async fn read(store: &RcStore, id: &str) -> Result<RcRecord, ApiError> {
+    match store.get(id).await {
+        Ok(Some(record)) => Ok(record),
+        Ok(None) => Err(ApiError::not_found(format!(
+            "no replication controller {id}"
+        ))),
+        Err(StoreError::Invalid(why)) => Err(ApiError::internal(why)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// 412 unless the RC is at the version the client expects.
+fn check_version(record: &RcRecord, expected: Option<u64>) -> Result<(), ApiError> {
+    match expected {
+        Some(expected) if expected != record.index => Err(stale(
+            &format!("replication controller {}", record.rc.id),
+            expected,
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The txn op that keeps the write atomic with "nobody holds the RC's mutation lock", or 409
+/// naming the roll (or else the session) that holds it.
+async fn unlocked(app: &AppState, store: &RcStore, id: &str) -> Result<TxnOp, ApiError> {
+    let session = match store.mutation_guard(id).await? {
+        Ok(guard) => return Ok(guard),
+        Err(session) => session,
+    };
+    let holder = match RollStore::new(app.store.clone()).involving(id).await? {
+        Some(roll) => format!(
+            "roll {roll} holds its mutation lock; wait for the roll to finish or cancel it with \
+             DELETE /api/v1/rolls/{roll}",
+            roll = roll.roll.new_rc
+        ),
+        None => format!(
+            "session {session} holds its mutation lock (a node transfer or another tool); \
+             retry later"
+        ),
+    };
+    Err(ApiError::conflict(format!(
+        "replication controller {id} cannot be changed now: {holder}"
+    )))
+}
+
+fn busy(id: &str) -> ApiError {
+    ApiError::conflict(format!(
+        "replication controller {id} kept changing while this request tried to apply; retry"
+    ))
+}
+
+/// The RC as a response: its view with labels and status, and its `ETag`.
+async fn view_response(app: &AppState, record: RcRecord) -> Result<Response, ApiError> {
+    let label_store = LabelStore::new(app.store.clone());
+    let labels = label_store
+        .get(LabelType::ReplicationController, &record.rc.id)
+        .await?
+        .labels;
+    let owned =
+        Requirement::equals(RC_ID_LABEL, record.rc.id.as_str()).map_err(ApiError::internal)?;
+    let (_, pods) = label_store
+        .select(LabelType::Pod, &Selector::from_requirements([owned]))
+        .await?;
+    let view = RcView::new(&record, labels, RcStatus::from_pods(&pods));
+    Ok(([etag(record.index)], ApiJson(view)).into_response())
+}
+
+/// The fields of an RC a merge patch may change.
+const PATCHABLE: &str =
+    "replicas_desired, disabled, node_selector, pod_labels, manifest, allocation_strategy";
+
+/// A merge patch of an RC, checked before anything is read.
+#[derive(Debug, Default)]
+struct RcPatch {
+    replicas_desired: Option<i64>,
+    disabled: Option<bool>,
+    node_selector: Option<String>,
+    pod_labels: Option<PodLabelsPatch>,
+    manifest: Option<Manifest>,
+    allocation_strategy: Option<AllocationStrategy>,
+}
+
+/// `pod_labels: null` removes them all; an object sets (string) or removes (`null`) keys.
+#[derive(Debug)]
+enum PodLabelsPatch {
+    Clear,
+    Merge(BTreeMap<String, Option<String>>),
+}
+
+impl RcPatch {
+    /// Checks every member of the patch, reporting every problem at once.
+    fn parse(members: serde_json::Map<String, Value>) -> Result<RcPatch, ApiError> {
+        let mut patch = RcPatch::default();
+        let mut problems = Violations::new();
+        for (name, value) in members {
+            let removal = value.is_null();
+            match name.as_str() {
+                "replicas_desired"
+                | "disabled"
+                | "node_selector"
+                | "manifest"
+                | "allocation_strategy"
+                    if removal =>
+                {
+                    problems.add(name, "cannot be removed; give it a value");
+                }
+                "replicas_desired" => match value.as_i64() {
+                    Some(n) if n >= 0 => patch.replicas_desired = Some(n),
+                    Some(_) => problems.add(name, "must be at least 0"),
+                    None => problems.add(name, "must be an integer"),
+                },
+                "disabled" => match value {
+                    Value::Bool(b) => patch.disabled = Some(b),
+                    _ => problems.add(name, "must be true or false"),
+                },
+                "node_selector" => match value.as_str().map(str::parse::<Selector>) {
+                    Some(Ok(selector)) => patch.node_selector = Some(selector.to_string()),
+                    Some(Err(e)) => problems.add(name, e.to_string()),
+                    None => problems.add(name, "must be a selector string"),
+                },
+                "pod_labels" => match value {
+                    Value::Null => patch.pod_labels = Some(PodLabelsPatch::Clear),
+                    Value::Object(entries) => {
+                        let mut merge = BTreeMap::new();
+                        for (key, value) in entries {
+                            let at = format!("pod_labels.{key}");
+                            if let Err(e) = validate_label_key(&key) {
+                                problems.add(&at, format!("invalid label key: {e}"));
+                            }
+                            match value {
+                                Value::Null => {
+                                    merge.insert(key, None);
+                                }
+                                Value::String(text) => {
+                                    if let Err(e) = validate_label_value(&text) {
+                                        problems
+                                            .add(&at, format!("invalid label value {text:?}: {e}"));
+                                    }
+                                    merge.insert(key, Some(text));
+                                }
+                                _ => problems.add(&at, "must be a string, or null to remove it"),
+                            }
+                        }
+                        patch.pod_labels = Some(PodLabelsPatch::Merge(merge));
+                    }
+                    _ => problems.add(name, "must be an object of label values, or null"),
+                },
+                "manifest" => match parse_manifest(&value) {
+                    Ok(manifest) => patch.manifest = Some(manifest),
+                    Err(errors) => {
+                        for cause in manifest_causes("manifest", errors) {
+                            problems.add(cause.field, cause.message);
+                        }
+                    }
+                },
+                "allocation_strategy" => match value.as_str().map(str::parse) {
+                    Some(Ok(AllocationStrategy::Unset)) | None => problems.add(
+                        name,
+                        "can only be set to \"dynamic_strategy\" or \"static_strategy\"",
+                    ),
+                    Some(Ok(strategy)) => patch.allocation_strategy = Some(strategy),
+                    Some(Err(e)) => problems.add(name, e),
+                },
+                "labels" => problems.add(
+                    name,
+                    "is read-only here; change an RC's labels with \
+                     /api/v1/labels/replication_controller/{id}",
+                ),
+                "id" | "resource_version" | "status" => problems.add(name, "is read-only"),
+                _ => problems.add(
+                    name,
+                    format!("is not a field of a replication controller; patchable: {PATCHABLE}"),
+                ),
+            }
+        }
+        problems.finish()?;
+        Ok(patch)
+    }
+
+    /// Applies the patch to `rc`; a manifest for another pod is refused, since the RC's pods,
+    /// labels and rolls are all keyed by the pod id.
+    fn apply(&self, rc: &mut StoredRc) -> Result<(), ApiError> {
+        if let Some(manifest) = &self.manifest {
+            if manifest.pod_id() != rc.manifest.pod_id() {
+                return Err(ApiError::invalid([Cause::new(
+                    "manifest.id",
+                    format!(
+                        "must stay {:?}, the RC's pod id; create a new RC (and roll to it) to \
+                         run another pod",
+                        rc.manifest.pod_id()
+                    ),
+                )]));
+            }
+            rc.manifest = manifest.clone();
+        }
+        if let Some(n) = self.replicas_desired {
+            rc.replicas_desired = n;
+        }
+        if let Some(disabled) = self.disabled {
+            rc.disabled = disabled;
+        }
+        if let Some(selector) = &self.node_selector {
+            rc.node_selector = selector.clone();
+        }
+        if let Some(strategy) = self.allocation_strategy {
+            rc.allocation_strategy = strategy;
+        }
+        match &self.pod_labels {
+            None => {}
+            Some(PodLabelsPatch::Clear) => rc.pod_labels = None,
+            Some(PodLabelsPatch::Merge(changes)) => {
+                let labels = rc.pod_labels.get_or_insert_with(Labels::new);
+                for (key, value) in changes {
+                    match value {
+                        Some(value) => labels.insert(key.clone(), value.clone()),
+                        None => labels.remove(key),
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn spec(value: serde_json::Value) -> RcSpec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://a.example.com/h.tar.gz\n";
+
+    #[test]
+    fn a_minimal_spec_gets_p2_defaults_and_the_pod_id_label() {
+        let new = spec(json!({"manifest": MANIFEST})).validate().unwrap();
+        assert!(uuid::Uuid::parse_str(&new.rc.id).is_ok());
+        assert_eq!(new.rc.manifest.raw(), MANIFEST);
+        assert_eq!(new.rc.replicas_desired, 0);
+        assert!(!new.rc.disabled);
+        assert_eq!(new.rc.allocation_strategy, AllocationStrategy::Unset);
+        assert_eq!(new.rc.node_selector, "");
+        assert_eq!(new.rc.pod_labels, Some(Labels::new()));
+        assert_eq!(
+            new.labels,
+            Labels::from([("pod_id".into(), "hello".into())])
+        );
+    }
+
+    #[test]
+    fn zone_and_cluster_join_the_pod_labels_and_the_selector_is_canonical() {
+        let new = spec(json!({
+            "manifest": {"id": "hello"},
+            "node_selector": "role in (worker,web), az=a",
+            "availability_zone": "us-west-2a",
+            "cluster_name": "",
+            "pod_labels": {"team": "x"},
+            "allocation_strategy": "dynamic_strategy",
+        }))
+        .validate()
+        .unwrap();
+        assert_eq!(new.rc.node_selector, "az=a,role in (web,worker)");
+        assert_eq!(
+            new.rc.pod_labels.unwrap(),
+            Labels::from([
+                ("availability_zone".into(), "us-west-2a".into()),
+                ("cluster_name".into(), "".into()),
+                ("team".into(), "x".into()),
+            ])
+        );
+        assert_eq!(new.rc.allocation_strategy, AllocationStrategy::Dynamic);
+    }
+
+    #[test]
+    fn every_problem_is_reported_under_the_given_field() {
+        let causes = spec(json!({
+            "manifest": "launchables:\n  app: {}\n",
+            "node_selector": "a in (",
+            "pod_labels": {"bad key!": "v"},
+            "labels": {"k": "bad value!"},
+            "replicas_desired": -1,
+            "allocation_strategy": "sometimes",
+            "availability_zone": "no spaces",
+        }))
+        .validate_in("new_rc")
+        .unwrap_err();
+        let fields: Vec<&str> = causes.iter().map(|c| c.field.as_str()).collect();
+        for expected in [
+            "new_rc.manifest.id",
+            "new_rc.manifest.launchables.app.launchable_type",
+            "new_rc.node_selector",
+            "new_rc.pod_labels.bad key!",
+            "new_rc.labels.k",
+            "new_rc.replicas_desired",
+            "new_rc.allocation_strategy",
+            "new_rc.availability_zone",
+        ] {
+            assert!(
+                fields.contains(&expected),
+                "{expected} missing from {fields:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn contradictions_and_unusable_pod_ids_are_refused() {
+        let causes = spec(json!({
+            "manifest": {"id": "hello"},
+            "labels": {"pod_id": "other"},
+            "pod_labels": {"cluster_name": "a"},
+            "cluster_name": "b",
+        }))
+        .validate()
+        .unwrap_err();
+        let fields: Vec<&str> = causes.iter().map(|c| c.field.as_str()).collect();
+        assert_eq!(fields, ["pod_labels.cluster_name", "labels.pod_id"]);
+
+        let causes = spec(json!({"manifest": {"id": "../etc"}}))
+            .validate()
+            .unwrap_err();
+        assert_eq!(causes[0].field, "manifest.id");
+        let causes = spec(json!({"manifest": 3})).validate().unwrap_err();
+        assert_eq!(causes[0].field, "manifest");
+    }
+
+    #[test]
+    fn unknown_fields_do_not_deserialize() {
+        assert!(
+            serde_json::from_value::<RcSpec>(json!({"manifest": MANIFEST, "replica": 1})).is_err()
+        );
+    }
+}
