@@ -12,6 +12,7 @@ pub mod labels;
 pub mod locks;
 pub mod open;
 pub mod rcs;
+pub mod roll_creation;
 pub mod rolls;
 pub mod sqlite;
 
