@@ -29,7 +29,10 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
 /// The OpenAPI document's root: tags and the shared schemas.
 #[derive(OpenApi)]
 #[openapi(
-    tags((name = api::health::TAG, description = "Liveness and readiness probes")),
+    tags(
+        (name = api::health::TAG, description = "Liveness and readiness probes"),
+        (name = api::rolls::TAG, description = "Rolling updates: moving replicas from one RC to another"),
+    ),
     components(schemas(ErrorBody, Cause))
 )]
 struct ApiDoc;
@@ -38,7 +41,9 @@ struct ApiDoc;
 /// probes) or nested (resources) here; the document comes from the same router that serves,
 /// so the two cannot drift.
 pub fn api() -> OpenApiRouter<AppState> {
-    OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(api::health::router())
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(api::health::router())
+        .merge(api::rolls::router())
 }
 
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI

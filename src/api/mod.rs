@@ -11,3 +11,4 @@ pub mod health;
 pub mod paging;
 pub mod preconditions;
 pub mod rcs;
+pub mod rolls;
