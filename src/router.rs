@@ -38,6 +38,7 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
         (name = api::pod_health::TAG, description = "Pod health reported by node agents"),
         (name = api::daemonsets::TAG, description = "Daemon sets: a pod on every node a selector matches"),
         (name = api::rcs::TAG, description = "Replication controllers: create, list, read with status, patch, delete"),
+        (name = api::rolls::TAG, description = "Rolling updates: moving replicas from one RC to another"),
     ),
     components(schemas(ErrorBody, Cause))
 )]
@@ -56,6 +57,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .nest("/api/v1", api::pod_health::router())
         .nest("/api/v1", api::daemonsets::router())
         .nest("/api/v1", api::rcs::router())
+        .merge(api::rolls::router())
 }
 
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI

@@ -17,3 +17,4 @@ pub mod pod_health;
 pub mod pods;
 pub mod preconditions;
 pub mod rcs;
+pub mod rolls;

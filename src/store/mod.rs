@@ -15,6 +15,7 @@ pub mod locks;
 pub mod open;
 pub mod pods;
 pub mod rcs;
+pub mod roll_creation;
 pub mod rolls;
 pub mod sqlite;
 

@@ -78,6 +78,33 @@ impl RollStore {
         }
     }
 
+    /// Deletes a roll and its labels in one transaction, leaving both RCs; a running roll is
+    /// cancelled by the farm that sees it vanish. With `expected`, only while the roll is at
+    /// that index (a `Conflict` otherwise). `false` when there is no roll. An unreadable roll
+    /// can be deleted too, so a corrupt document can always be cleared.
+    pub async fn delete(&self, id: &str, expected: Option<u64>) -> StoreResult<bool> {
+        let key = roll_key(id);
+        let Some(pair) = self.kv.get(&key).await? else {
+            return Ok(false);
+        };
+        let mut ops = Vec::with_capacity(3);
+        if let Some(expected) = expected {
+            if expected != pair.modify_index {
+                return Err(StoreError::conflict(format!(
+                    "rolling update {id} is at index {}, not {expected}",
+                    pair.modify_index
+                )));
+            }
+            ops.push(TxnOp::CheckIndex {
+                key,
+                index: expected,
+            });
+        }
+        ops.extend(Self::delete_ops(id));
+        self.kv.txn(&ops).await?;
+        Ok(true)
+    }
+
     /// The ops that delete a roll and its labels.
     pub fn delete_ops(id: &str) -> Vec<TxnOp> {
         vec![

@@ -1,0 +1,540 @@
+//! Creating rolling updates as P2's roll store does: update-creation locks on every RC
+//! involved, a check for rolls already over them, then one transaction.
+//!
+//! The three request forms of P2 (both RCs exist; the old one exists and the new one is
+//! created; the old one is found by selector, or stood in for, and the new one is created)
+//! share this one path, so the locks, checks and the transaction are the same for all.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::labels::{LabelType, Labels, Selector, POD_ID_LABEL};
+use crate::model::{StoredRc, StoredRoll};
+
+use super::labels::{write_op, LabelStore};
+use super::rcs::{rc_key, RcStore};
+use super::rolls::{RollRecord, RollStore};
+use super::{locks, KvPair, KvStore, SessionBehavior, SessionSpec, StoreError, TxnFailure, TxnOp};
+
+/// Name of the creation session, which is also the value of the locks it takes: P2 names
+/// its session this way and lock values only tell people who holds the lock.
+pub const CREATION_SESSION_NAME: &str = "RU create lock for p2-apiserver";
+/// TTL of the creation session, as in P2. A creation takes far less; if the server dies
+/// mid-way, the locks vanish with the session at the latest after this long.
+pub const CREATION_SESSION_TTL: Duration = Duration::from_secs(15);
+
+/// Which RCs a roll is over: P2's three creation forms.
+#[derive(Debug, Clone)]
+pub enum RollRcs {
+    /// Both RCs exist.
+    Existing {
+        old_rc_id: String,
+        new_rc_id: String,
+    },
+    /// The old RC exists; the new one is created with the roll.
+    NewRc {
+        old_rc_id: String,
+        new_rc: RcWithLabels,
+    },
+    /// The old RC is the one RC whose labels match the selector; when none does, a stand-in
+    /// with the new RC's spec and no replicas is created so the roll has something to take
+    /// replicas from. The new RC is created with the roll.
+    NewRcOverSelector {
+        old_rc_selector: Selector,
+        new_rc: RcWithLabels,
+    },
+}
+
+/// An RC to create in the roll's transaction, with its own labels. Its id (a fresh UUID)
+/// becomes the roll's id; its replica count is forced to 0 because the roll, not its
+/// creation, gives it replicas.
+#[derive(Debug, Clone)]
+pub struct RcWithLabels {
+    pub rc: StoredRc,
+    pub labels: Labels,
+}
+
+/// Everything needed to create one roll.
+#[derive(Debug, Clone)]
+pub struct RollPlan {
+    pub rcs: RollRcs,
+    /// The roll is done when the new RC has this many replicas.
+    pub desired_replicas: i64,
+    /// Healthy pods that must stay up throughout.
+    pub minimum_replicas: i64,
+    /// Keep the old RC when done.
+    pub leave_old: bool,
+    /// Pause before each step after the first.
+    pub roll_delay: Duration,
+    /// The roll's own labels (type `rolls`).
+    pub roll_labels: Labels,
+    /// Labels merged into the new RC's labels (and the stand-in's, which P2 gives the same).
+    pub new_rc_labels: Labels,
+}
+
+/// Why a roll was not created. Every variant but `Store` is a refusal the client can act
+/// on; the API maps each to its status.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateRollError {
+    /// The RC named by the request's `field` does not exist.
+    #[error("no replication controller {id} exists")]
+    RcMissing { field: &'static str, id: String },
+    /// Both sides name the same RC.
+    #[error("the old and the new replication controller are the same ({0})")]
+    SameRc(String),
+    /// The old-RC selector matches more than one RC.
+    #[error("the old RC selector {selector:?} matches {} replication controllers ({}); it must match at most one", matches.len(), matches.join(", "))]
+    Ambiguous {
+        selector: String,
+        matches: Vec<String>,
+    },
+    /// `leave_old` asks to keep an old RC that does not exist.
+    #[error("leave_old is set but no replication controller matches the old RC selector {0:?}, so there is no old RC to leave")]
+    LeaveOldWithoutOld(String),
+    /// Another request is creating a roll over the RC right now.
+    #[error("another rolling update over replication controller {rc_id} is being created right now ({lock} is held); retry shortly")]
+    Locked { rc_id: String, lock: String },
+    /// A roll already moves replicas from or to the RC.
+    #[error("rolling update {roll_id} is already in progress over replication controller {rc_id}; delete it or wait for it to finish")]
+    InProgress { roll_id: String, rc_id: String },
+    /// The final transaction was rolled back: something changed between the checks and the
+    /// commit. The message says what.
+    #[error("the rolling update was not created because the stored state changed meanwhile: {0}")]
+    Changed(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Creates rolls; cheap to build per request.
+#[derive(Clone)]
+pub struct RollCreator {
+    kv: Arc<dyn KvStore>,
+    rcs: RcStore,
+    rolls: RollStore,
+    labels: LabelStore,
+}
+
+impl RollCreator {
+    /// Wraps the KV store.
+    pub fn new(kv: Arc<dyn KvStore>) -> Self {
+        RollCreator {
+            rcs: RcStore::new(kv.clone()),
+            rolls: RollStore::new(kv.clone()),
+            labels: LabelStore::new(kv.clone()),
+            kv,
+        }
+    }
+
+    /// Creates the roll described by `plan` (and the RCs it asks for) in one transaction,
+    /// after taking the update-creation lock of every RC involved and checking no roll is
+    /// over them. The locks' session is destroyed before returning, whatever the outcome.
+    pub async fn create(&self, plan: RollPlan) -> Result<RollRecord, CreateRollError> {
+        let resolved = self.resolve(plan).await?;
+        let session = CreationSession::open(self.kv.clone()).await?;
+        let result = self.create_locked(&session, resolved).await;
+        session.close().await;
+        result
+    }
+
+    /// Reads what the plan refers to and decides which RCs the roll is over.
+    async fn resolve(&self, plan: RollPlan) -> Result<Resolved, CreateRollError> {
+        let (old, new) = match plan.rcs {
+            RollRcs::Existing {
+                old_rc_id,
+                new_rc_id,
+            } => {
+                self.require_rc("old_rc_id", &old_rc_id).await?;
+                self.require_rc("new_rc_id", &new_rc_id).await?;
+                (OldSide::Existing(old_rc_id), NewSide::Existing(new_rc_id))
+            }
+            RollRcs::NewRc { old_rc_id, new_rc } => {
+                self.require_rc("old_rc_id", &old_rc_id).await?;
+                (
+                    OldSide::Existing(old_rc_id),
+                    NewSide::Create(Box::new(new_rc.prepared(&plan.new_rc_labels))),
+                )
+            }
+            RollRcs::NewRcOverSelector {
+                old_rc_selector,
+                new_rc,
+            } => {
+                let new_rc = new_rc.prepared(&plan.new_rc_labels);
+                let mut matches = self.matching_rcs(&old_rc_selector).await?;
+                let old = match matches.len() {
+                    1 => OldSide::Existing(matches.remove(0)),
+                    0 if plan.leave_old => {
+                        return Err(CreateRollError::LeaveOldWithoutOld(
+                            old_rc_selector.to_string(),
+                        ))
+                    }
+                    0 => new_rc.stand_in(),
+                    _ => {
+                        return Err(CreateRollError::Ambiguous {
+                            selector: old_rc_selector.to_string(),
+                            matches,
+                        })
+                    }
+                };
+                (old, NewSide::Create(Box::new(new_rc)))
+            }
+        };
+        if old.id() == new.id() {
+            return Err(CreateRollError::SameRc(new.id().to_owned()));
+        }
+        let roll = StoredRoll {
+            old_rc: old.id().to_owned(),
+            new_rc: new.id().to_owned(),
+            desired_replicas: plan.desired_replicas,
+            minimum_replicas: plan.minimum_replicas,
+            leave_old: plan.leave_old,
+            roll_delay: plan.roll_delay,
+        };
+        Ok(Resolved {
+            old,
+            new,
+            roll,
+            roll_labels: plan.roll_labels,
+            new_rc_labels: plan.new_rc_labels,
+        })
+    }
+
+    /// The ids of the existing RCs whose labels match; labels left behind by a deleted RC
+    /// do not count.
+    async fn matching_rcs(&self, selector: &Selector) -> Result<Vec<String>, CreateRollError> {
+        let (_, labeled) = self
+            .labels
+            .select(LabelType::ReplicationController, selector)
+            .await?;
+        let mut ids = Vec::new();
+        for item in labeled {
+            if self.rcs.get(&item.id).await?.is_some() {
+                ids.push(item.id);
+            } else {
+                tracing::warn!(rc = %item.id, "ignoring labels of a replication controller that does not exist");
+            }
+        }
+        Ok(ids)
+    }
+
+    async fn require_rc(&self, field: &'static str, id: &str) -> Result<(), CreateRollError> {
+        match self.rcs.get(id).await? {
+            Some(_) => Ok(()),
+            None => Err(CreateRollError::RcMissing {
+                field,
+                id: id.to_owned(),
+            }),
+        }
+    }
+
+    /// Everything after the session exists: locks, conflict check, the transaction.
+    async fn create_locked(
+        &self,
+        session: &CreationSession,
+        resolved: Resolved,
+    ) -> Result<RollRecord, CreateRollError> {
+        let mut ids = vec![resolved.old.id().to_owned(), resolved.new.id().to_owned()];
+        // Sorted as P2 sorts them, so identical requests contend on the same first lock.
+        ids.sort();
+        for id in &ids {
+            session.lock(id).await?;
+        }
+        let (_, rolls) = self.rolls.list().await?;
+        for id in &ids {
+            if let Some(other) = rolls
+                .iter()
+                .find(|r| &r.roll.old_rc == id || &r.roll.new_rc == id)
+            {
+                return Err(CreateRollError::InProgress {
+                    roll_id: other.roll.new_rc.clone(),
+                    rc_id: id.clone(),
+                });
+            }
+        }
+
+        let mut txn = Txn::default();
+        for id in &ids {
+            txn.push(
+                session.check_op(id),
+                format!("the update-creation lock of replication controller {id} was lost"),
+            );
+        }
+        for (side, existing) in [
+            ("old", resolved.old.existing()),
+            ("new", resolved.new.existing()),
+        ] {
+            if let Some(id) = existing {
+                txn.push(
+                    TxnOp::Get { key: rc_key(id) },
+                    format!("the {side} replication controller {id} was deleted"),
+                );
+            }
+        }
+        match &resolved.new {
+            NewSide::Create(new_rc) => self.push_rc_creation(&mut txn, "new", new_rc).await?,
+            NewSide::Existing(id) if !resolved.new_rc_labels.is_empty() => {
+                let current = self
+                    .labels
+                    .get(LabelType::ReplicationController, id)
+                    .await?;
+                let mut merged = current.labels;
+                merged.extend(resolved.new_rc_labels.clone());
+                if let Some(op) =
+                    write_op(LabelType::ReplicationController, id, &merged, current.index)
+                {
+                    txn.push(
+                        op,
+                        format!("the labels of replication controller {id} changed"),
+                    );
+                }
+            }
+            NewSide::Existing(_) => {}
+        }
+        if let OldSide::StandIn(stand_in) = &resolved.old {
+            self.push_rc_creation(&mut txn, "stand-in old", stand_in)
+                .await?;
+        }
+        let roll_id = resolved.roll.new_rc.clone();
+        let roll_op = txn.push(
+            RollStore::create_op(&resolved.roll),
+            format!("a rolling update {roll_id} already exists"),
+        );
+        let current = self.labels.get(LabelType::Rolls, &roll_id).await?;
+        if let Some(op) = write_op(
+            LabelType::Rolls,
+            &roll_id,
+            &resolved.roll_labels,
+            current.index,
+        ) {
+            txn.push(
+                op,
+                format!("the labels of rolling update {roll_id} changed"),
+            );
+        }
+
+        let results = txn.commit(self.kv.as_ref()).await?;
+        let index = results
+            .get(roll_op)
+            .cloned()
+            .flatten()
+            .map_or(0, |pair| pair.modify_index);
+        Ok(RollRecord {
+            roll: resolved.roll,
+            index,
+        })
+    }
+
+    async fn push_rc_creation(
+        &self,
+        txn: &mut Txn,
+        which: &str,
+        RcWithLabels { rc, labels }: &RcWithLabels,
+    ) -> Result<(), CreateRollError> {
+        let current = self
+            .labels
+            .get(LabelType::ReplicationController, &rc.id)
+            .await?;
+        for op in RcStore::create_ops(rc, labels, current.index) {
+            txn.push(
+                op,
+                format!(
+                    "the {which} replication controller {} or its labels appeared meanwhile",
+                    rc.id
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The plan with its RCs decided.
+struct Resolved {
+    old: OldSide,
+    new: NewSide,
+    roll: StoredRoll,
+    roll_labels: Labels,
+    new_rc_labels: Labels,
+}
+
+enum OldSide {
+    Existing(String),
+    StandIn(Box<RcWithLabels>),
+}
+
+impl OldSide {
+    fn id(&self) -> &str {
+        match self {
+            OldSide::Existing(id) => id,
+            OldSide::StandIn(stand_in) => &stand_in.rc.id,
+        }
+    }
+
+    fn existing(&self) -> Option<&str> {
+        match self {
+            OldSide::Existing(id) => Some(id),
+            OldSide::StandIn(_) => None,
+        }
+    }
+}
+
+enum NewSide {
+    Existing(String),
+    Create(Box<RcWithLabels>),
+}
+
+impl RcWithLabels {
+    /// The RC as the roll creates it: no replicas, the roll's extra RC labels, and the
+    /// `pod_id` label P2 gives every RC.
+    fn prepared(self, extra_labels: &Labels) -> RcWithLabels {
+        let RcWithLabels { mut rc, mut labels } = self;
+        rc.replicas_desired = 0;
+        labels.extend(extra_labels.clone());
+        labels.insert(POD_ID_LABEL.to_owned(), rc.manifest.pod_id().to_owned());
+        RcWithLabels { rc, labels }
+    }
+
+    /// A stand-in old RC: this spec and these labels under a fresh id, as P2 makes it.
+    fn stand_in(&self) -> OldSide {
+        let mut rc = self.rc.clone();
+        rc.id = uuid::Uuid::new_v4().to_string();
+        OldSide::StandIn(Box::new(RcWithLabels {
+            rc,
+            labels: self.labels.clone(),
+        }))
+    }
+}
+
+impl NewSide {
+    fn id(&self) -> &str {
+        match self {
+            NewSide::Existing(id) => id,
+            NewSide::Create(new_rc) => &new_rc.rc.id,
+        }
+    }
+
+    fn existing(&self) -> Option<&str> {
+        match self {
+            NewSide::Existing(id) => Some(id),
+            NewSide::Create(_) => None,
+        }
+    }
+}
+
+/// The final transaction, with what each op's failure would mean, so a rollback can be
+/// reported as its reason rather than as store internals.
+#[derive(Default)]
+struct Txn {
+    ops: Vec<TxnOp>,
+    meanings: Vec<String>,
+}
+
+impl Txn {
+    /// Adds an op; returns its position.
+    fn push(&mut self, op: TxnOp, meaning: String) -> usize {
+        self.ops.push(op);
+        self.meanings.push(meaning);
+        self.ops.len() - 1
+    }
+
+    async fn commit(self, kv: &dyn KvStore) -> Result<Vec<Option<KvPair>>, CreateRollError> {
+        match kv.txn(&self.ops).await {
+            Ok(results) => Ok(results),
+            Err(StoreError::Conflict { message, failures }) => {
+                Err(CreateRollError::Changed(self.explain(&message, &failures)))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn explain(&self, message: &str, failures: &[TxnFailure]) -> String {
+        let mut reasons: Vec<&str> = failures
+            .iter()
+            .filter_map(|f| self.meanings.get(f.op_index).map(String::as_str))
+            .collect();
+        reasons.dedup();
+        if reasons.is_empty() {
+            message.to_owned()
+        } else {
+            reasons.join("; ")
+        }
+    }
+}
+
+/// The short-lived session holding the update-creation locks. Its behavior is delete, so
+/// destroying it removes every lock it took; if the request is abandoned before
+/// [`CreationSession::close`], dropping it destroys the session in the background.
+struct CreationSession {
+    kv: Arc<dyn KvStore>,
+    id: String,
+    closed: bool,
+}
+
+impl CreationSession {
+    async fn open(kv: Arc<dyn KvStore>) -> Result<Self, StoreError> {
+        let spec = SessionSpec {
+            name: CREATION_SESSION_NAME.to_owned(),
+            ttl: CREATION_SESSION_TTL,
+            // Nothing should wait to re-lock once a creation is over.
+            lock_delay: Duration::ZERO,
+            behavior: SessionBehavior::Delete,
+        };
+        let id = kv.create_session(&spec).await?;
+        Ok(CreationSession {
+            kv,
+            id,
+            closed: false,
+        })
+    }
+
+    /// Takes the RC's update-creation lock; held by someone else is `Locked`.
+    async fn lock(&self, rc_id: &str) -> Result<(), CreateRollError> {
+        let key = locks::rc_update_creation(rc_id);
+        if self
+            .kv
+            .acquire(&key, CREATION_SESSION_NAME.as_bytes(), &self.id)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(CreateRollError::Locked {
+                rc_id: rc_id.to_owned(),
+                lock: key,
+            })
+        }
+    }
+
+    /// The op that fails the transaction unless this session still holds the RC's lock.
+    fn check_op(&self, rc_id: &str) -> TxnOp {
+        TxnOp::CheckSession {
+            key: locks::rc_update_creation(rc_id),
+            session: self.id.clone(),
+        }
+    }
+
+    /// Destroys the session, releasing (deleting) its locks. A failure is only logged: the
+    /// session's TTL ends it soon anyway.
+    async fn close(mut self) {
+        self.closed = true;
+        if let Err(e) = self.kv.destroy_session(&self.id).await {
+            tracing::warn!(session = %self.id, error = %e, "could not destroy the roll-creation session; it expires with its TTL");
+        }
+    }
+}
+
+impl Drop for CreationSession {
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let kv = self.kv.clone();
+        let id = std::mem::take(&mut self.id);
+        runtime.spawn(async move {
+            if let Err(e) = kv.destroy_session(&id).await {
+                tracing::warn!(session = %id, error = %e, "could not destroy an abandoned roll-creation session; it expires with its TTL");
+            }
+        });
+    }
+}
