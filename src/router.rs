@@ -36,6 +36,7 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
         (name = api::nodes::TAG, description = "Nodes, known from their node labels"),
         (name = api::pods::TAG, description = "Legacy pods in the intent tree, with labels and health"),
         (name = api::pod_health::TAG, description = "Pod health reported by node agents"),
+        (name = api::reality::TAG, description = "Manifests node agents report installed"),
         (name = api::daemonsets::TAG, description = "Daemon sets: a pod on every node a selector matches"),
         (name = api::rcs::TAG, description = "Replication controllers: create, list, read with status, patch, delete"),
         (name = api::rolls::TAG, description = "Rolling updates: moving replicas from one RC to another"),
@@ -55,6 +56,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .nest("/api/v1", api::nodes::router())
         .nest("/api/v1", api::pods::router())
         .nest("/api/v1", api::pod_health::router())
+        .nest("/api/v1", api::reality::router())
         .nest("/api/v1", api::daemonsets::router())
         .nest("/api/v1", api::rcs::router())
         .merge(api::rolls::router())

@@ -17,4 +17,5 @@ pub mod pod_health;
 pub mod pods;
 pub mod preconditions;
 pub mod rcs;
+pub mod reality;
 pub mod rolls;

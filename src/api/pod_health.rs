@@ -3,11 +3,13 @@
 //! Reports are stored at `health/<pod_id>/<node>` exactly as P2's preparer writes them (Go
 //! field names, `Time` now, `Expires` a century ahead), so P2's own farms read them too.
 //! Unlike the preparer's, these records are written without a session: they stay until the
-//! next report, so an agent must keep reporting rather than rely on its record vanishing.
+//! next report or a DELETE, so an agent must keep reporting, and withdraw a stopped pod's
+//! record, rather than rely on its record vanishing.
 
 use std::time::SystemTime;
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -24,7 +26,7 @@ use crate::error::{ApiError, ErrorBody, Violations};
 use crate::model::HealthState;
 use crate::store::health::{HealthEntry, HealthStore};
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation};
-use crate::store::StoreError;
+use crate::store::{Cas, StoreError};
 
 /// OpenAPI tag of the pod health routes (`health` is the probes').
 pub const TAG: &str = "pod-health";
@@ -98,7 +100,7 @@ impl From<HealthEntry> for PodHealth {
 /// The pod health routes, nested under `/api/v1`.
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(get_pod_health, put_pod_health))
+        .routes(routes!(get_pod_health, put_pod_health, delete_pod_health))
         .routes(routes!(list_pod_health))
 }
 
@@ -193,6 +195,51 @@ async fn put_pod_health(
         (written, _) => written?,
     };
     Ok(([etag(entry.index)], ApiJson(PodHealth::from(entry))))
+}
+
+/// Withdraws a pod's health on one node, as a node agent does once the pod stops.
+///
+/// Succeeds whether or not there was a report; with `If-Match` only that version is
+/// removed.
+#[utoipa::path(
+    delete,
+    path = "/health/{pod_id}/{node}",
+    tag = TAG,
+    params(
+        ("pod_id" = String, Path, description = "The pod ID"),
+        ("node" = String, Path, description = "The node name"),
+        ("If-Match" = Option<String>, Header, description = "Delete only if the record is still at this ETag")
+    ),
+    responses(
+        (status = NO_CONTENT, description = "The report is gone"),
+        (status = BAD_REQUEST, description = "Malformed If-Match", body = ErrorBody),
+        (status = PRECONDITION_FAILED, description = "The record changed since the If-Match version", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "The pod ID or node name is not valid", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
+    )
+)]
+async fn delete_pod_health(
+    State(app): State<AppState>,
+    ApiPath((pod_id, node)): ApiPath<(String, String)>,
+    IfMatch(expected): IfMatch,
+) -> Result<StatusCode, ApiError> {
+    let mut violations = Violations::new();
+    let pod = check_pod(&pod_id, &node, &mut violations);
+    violations.finish()?;
+    let Some(pod) = pod else {
+        return Err(ApiError::internal("validation passed without a pod"));
+    };
+    let cas = expected.map_or(Cas::Any, Cas::Index);
+    match app.store.delete(&HealthStore::key(&pod), cas).await {
+        Err(StoreError::Conflict { .. }) => Err(stale(
+            &format!("health of {pod_id:?} on {node:?}"),
+            expected.unwrap_or_default(),
+        )),
+        deleted => {
+            deleted?;
+            Ok(StatusCode::NO_CONTENT)
+        }
+    }
 }
 
 /// A pod's health on every node that reported it, sorted by node.
