@@ -4,8 +4,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use url::Url;
 
+use crate::labels::{validate_labels, Labels};
 use crate::model::parse_duration;
+use crate::simulator::SimulatorConfig;
 use crate::store::{ConsulOptions, SessionBehavior, StoreUrl};
 
 /// HTTP/JSON control plane for P2-style deployments over Consul or an embedded SQLite store.
@@ -32,6 +35,97 @@ impl Cli {
 pub enum Command {
     /// Serve the HTTP API (the default when no command is given).
     Serve(ServeArgs),
+    /// Simulate node agents against a running server: label N nodes, then report the pods
+    /// intended on them installed and healthy, as P2's preparers would.
+    Simulate(SimulateArgs),
+}
+
+/// Everything `simulate` needs.
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// Base URL of the server to drive.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "P2_SIM_SERVER",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub server: Url,
+
+    /// How many nodes to simulate.
+    #[arg(long, value_name = "N", env = "P2_SIM_NODES", default_value_t = 10)]
+    pub nodes: usize,
+
+    /// Labels every simulated node gets, as k=v,k=v; at least one, since the farms only know
+    /// nodes by their labels.
+    #[arg(long, value_name = "LABELS", env = "P2_SIM_LABELS", default_value = "simulated=true",
+          value_parser = parse_labels)]
+    pub labels: Labels,
+
+    /// Share of nodes (0 to 1) whose pods report critical instead of passing; the same nodes
+    /// on every run.
+    #[arg(long, value_name = "F", env = "P2_SIM_UNHEALTHY_FRACTION", default_value_t = 0.0,
+          value_parser = parse_fraction)]
+    pub unhealthy_fraction: f64,
+
+    /// How long a pod takes to start before it is reported installed and healthy.
+    #[arg(long, value_name = "DURATION", env = "P2_SIM_START_DELAY", default_value = "1s",
+          value_parser = parse_duration)]
+    pub start_delay: Duration,
+
+    /// Node names are PREFIX-0001, PREFIX-0002, ...
+    #[arg(
+        long,
+        value_name = "PREFIX",
+        env = "P2_SIM_NAME_PREFIX",
+        default_value = "node"
+    )]
+    pub name_prefix: String,
+
+    /// The most requests in flight at once, besides the one blocking watch.
+    #[arg(long, value_name = "N", env = "P2_SIM_MAX_IN_FLIGHT", default_value_t = 32,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_in_flight: u16,
+}
+
+impl SimulateArgs {
+    /// The simulator's configuration.
+    pub fn config(&self) -> SimulatorConfig {
+        SimulatorConfig {
+            server: self.server.clone(),
+            nodes: self.nodes,
+            labels: self.labels.clone(),
+            unhealthy_fraction: self.unhealthy_fraction,
+            start_delay: self.start_delay,
+            name_prefix: self.name_prefix.clone(),
+            max_in_flight: usize::from(self.max_in_flight),
+        }
+    }
+}
+
+/// `k=v,k=v` into labels, each key and value held to the label rules.
+fn parse_labels(text: &str) -> Result<Labels, String> {
+    let mut labels = Labels::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("expected k=v, got {pair:?}"))?;
+        labels.insert(key.trim().to_owned(), value.trim().to_owned());
+    }
+    match validate_labels(&labels).into_iter().next() {
+        Some((field, message)) => Err(format!("{field}: {message}")),
+        None if labels.is_empty() => Err("give at least one label".into()),
+        None => Ok(labels),
+    }
+}
+
+fn parse_fraction(text: &str) -> Result<f64, String> {
+    let fraction: f64 = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    if (0.0..=1.0).contains(&fraction) {
+        Ok(fraction)
+    } else {
+        Err(format!("must be between 0 and 1, not {fraction}"))
+    }
 }
 
 /// Everything `serve` needs; later features add their flags here.
@@ -175,6 +269,7 @@ mod tests {
         let argv = std::iter::once("p2-apiserver").chain(argv.iter().copied());
         match Cli::try_parse_from(argv).unwrap().into_command() {
             Command::Serve(args) => args,
+            other => panic!("expected serve, got {other:?}"),
         }
     }
 
@@ -279,6 +374,79 @@ mod tests {
             datacenter: None,
         };
         assert_eq!(args.options().token.as_deref(), Some("consuls"));
+    }
+
+    fn simulate_args(argv: &[&str]) -> Result<SimulateArgs, clap::Error> {
+        let argv = ["p2-apiserver", "simulate"]
+            .into_iter()
+            .chain(argv.iter().copied());
+        match Cli::try_parse_from(argv)?.into_command() {
+            Command::Simulate(args) => Ok(args),
+            other => panic!("expected simulate, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn simulate_flags_have_env_vars() {
+        let cli = Cli::command();
+        let simulate = cli.find_subcommand("simulate").unwrap();
+        for arg in simulate.get_arguments().filter(|a| !a.is_positional()) {
+            let id = arg.get_id().as_str();
+            if id == "help" {
+                continue;
+            }
+            let env = arg.get_env().and_then(|e| e.to_str()).unwrap_or_default();
+            assert_eq!(env, format!("P2_SIM_{}", id.to_uppercase()), "{id}");
+        }
+    }
+
+    #[test]
+    fn parses_simulate_flags() {
+        let args = simulate_args(&[
+            "--server",
+            "http://10.0.0.1:9000/",
+            "--nodes",
+            "1000",
+            "--labels",
+            "role=web, zone=a",
+            "--unhealthy-fraction",
+            "0.25",
+            "--start-delay",
+            "250ms",
+            "--name-prefix",
+            "web",
+            "--max-in-flight",
+            "8",
+        ])
+        .unwrap();
+        let config = args.config();
+        assert_eq!(config.server.as_str(), "http://10.0.0.1:9000/");
+        assert_eq!(config.nodes, 1000);
+        assert_eq!(
+            config.labels,
+            Labels::from([("role".into(), "web".into()), ("zone".into(), "a".into())])
+        );
+        assert_eq!(config.unhealthy_fraction, 0.25);
+        assert_eq!(config.start_delay, Duration::from_millis(250));
+        assert_eq!(config.name_prefix, "web");
+        assert_eq!(config.max_in_flight, 8);
+    }
+
+    #[test]
+    fn refuses_bad_simulate_values() {
+        for argv in [
+            &["--server", "not a url"][..],
+            &["--labels", "role"][..],
+            &["--labels", "role=a b"][..],
+            &["--labels", ""][..],
+            &["--unhealthy-fraction", "1.5"][..],
+            &["--unhealthy-fraction", "-0.1"][..],
+            &["--start-delay", "soon"][..],
+            &["--max-in-flight", "0"][..],
+            &["--nodes", "-1"][..],
+        ] {
+            assert!(simulate_args(argv).is_err(), "{argv:?}");
+        }
     }
 
     #[test]

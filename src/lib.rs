@@ -23,4 +23,5 @@ pub mod leader;
 pub mod model;
 pub mod router;
 pub mod server;
+pub mod simulator;
 pub mod store;

@@ -12,10 +12,11 @@ use tokio_util::task::TaskTracker;
 use tracing_subscriber::EnvFilter;
 
 use p2_apiserver::app::App;
-use p2_apiserver::config::{Cli, Command, FarmArgs, ServeArgs};
+use p2_apiserver::config::{Cli, Command, FarmArgs, ServeArgs, SimulateArgs};
 use p2_apiserver::farms::{self, alerts::Alerter};
 use p2_apiserver::leader::{self, LeaderConfig};
 use p2_apiserver::server;
+use p2_apiserver::simulator;
 use p2_apiserver::store::{open_store, KvStore};
 
 #[tokio::main]
@@ -24,6 +25,7 @@ async fn main() -> anyhow::Result<()> {
     init_tracing();
     match cli.into_command() {
         Command::Serve(args) => serve(args).await,
+        Command::Simulate(args) => simulate(args).await,
     }
 }
 
@@ -75,6 +77,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tasks.close();
     tasks.wait().await;
     served.context("serving HTTP")
+}
+
+/// Simulates nodes until SIGINT or SIGTERM.
+async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
+    let interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let shutdown = CancellationToken::new();
+    let signals = tokio::spawn(cancel_on_signal(interrupt, terminate, shutdown.clone()));
+    let result = simulator::run(args.config(), shutdown.clone()).await;
+    shutdown.cancel();
+    signals.await.context("the signal task panicked")?;
+    result
 }
 
 /// Campaigns for leadership until shutdown, running the farms while this server leads.
