@@ -31,6 +31,7 @@ pub struct Node {
     #[schema(example = "node17.example.com")]
     pub name: String,
     /// Its node labels, which RC and daemon-set node selectors match.
+    #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
 }
 
@@ -39,6 +40,7 @@ pub struct Node {
 pub struct NodeDetail {
     #[schema(example = "node17.example.com")]
     pub name: String,
+    #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
     /// IDs of the legacy pods in the node's intent tree, sorted.
     pub pods: Vec<String>,

@@ -36,6 +36,7 @@ pub struct Pod {
     #[schema(example = "hello")]
     pub pod_id: String,
     /// The pod's labels; `replication_controller_id` or `daemon_set_id` names its owner.
+    #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
     /// The node agent's last report; `unknown` when there is none.
     pub health: HealthStatus,
