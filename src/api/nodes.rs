@@ -98,7 +98,7 @@ async fn list_nodes(
     violations.finish()?;
 
     blocking
-        .block(app.store.as_ref(), &[LabelType::Node.key_prefix()])
+        .block(&app, &[LabelType::Node.key_prefix()])
         .await?;
     let labels = LabelStore::new(app.store.clone());
     let (index, nodes) = match &selector {

@@ -116,7 +116,7 @@ async fn list_pods(
         pod_labels_prefix(node),
         HealthStore::prefix(pod_id),
     ];
-    blocking.block(app.store.as_ref(), &prefixes).await?;
+    blocking.block(&app, &prefixes).await?;
     let pods = PodStore::new(app.store.clone());
     let (intent_index, intents) = pods.list(PodTree::Intent, node).await?;
     let (labels_index, mut labels) = pods.list_labels(node).await?;

@@ -225,7 +225,7 @@ async fn list_rolls(
         ),
     };
     let prefixes = watched_prefixes();
-    blocking.block(app.store.as_ref(), &prefixes).await?;
+    blocking.block(&app, &prefixes).await?;
     let index = combined_index(app.store.as_ref(), &prefixes).await?;
 
     let (_, records) = RollStore::new(app.store.clone()).list().await?;
