@@ -65,7 +65,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let served = server::run(
         listener,
-        App::new(store.clone()),
+        App::draining_on(store.clone(), shutdown.clone()),
         shutdown.clone().cancelled_owned(),
     )
     .await;

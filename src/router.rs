@@ -39,6 +39,7 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
         (name = api::reality::TAG, description = "Manifests node agents report installed"),
         (name = api::daemonsets::TAG, description = "Daemon sets: a pod on every node a selector matches"),
         (name = api::rcs::TAG, description = "Replication controllers: create, list, read with status, patch, delete"),
+        (name = api::leader::TAG, description = "Which server runs the farms"),
         (name = api::rolls::TAG, description = "Rolling updates: moving replicas from one RC to another"),
     ),
     components(schemas(ErrorBody, Cause))
@@ -60,14 +61,15 @@ pub fn api() -> OpenApiRouter<AppState> {
         .nest("/api/v1", api::daemonsets::router())
         .nest("/api/v1", api::rcs::router())
         .merge(api::rolls::router())
+        .nest("/api/v1", api::leader::router())
 }
 
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI
-/// at `/swagger-ui`, JSON fallbacks and middleware.
+/// at `/docs`, JSON fallbacks and middleware.
 pub fn build(state: AppState) -> Router {
     let (routes, openapi) = api().split_for_parts();
     let routes = routes
-        .merge(SwaggerUi::new("/swagger-ui").url("/openapi.json", openapi))
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", openapi))
         .with_state(state);
     with_middleware(routes)
 }

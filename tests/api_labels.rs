@@ -714,10 +714,19 @@ async fn a_blocking_list_times_out_with_the_same_index() {
     assert_eq!(x_index(&response), index);
     assert_eq!(ids(&response), ["node17.example.com"]);
 
-    // An empty type has an index too, and blocks the same way.
+    // An empty type has an index too.
     let empty = app.get("/api/v1/labels/rolls").await;
     assert_eq!(ids(&empty), Vec::<String>::new());
-    let index = x_index(&empty);
+    x_index(&empty);
+    // An emptied one blocks the same way. (One never written is not held to its index: on
+    // Consul it reads at the index of the whole KV store, which any write anywhere moves.)
+    let roll = "/api/v1/labels/rolls/r1";
+    put(&app, roll, json!({"team": "a"})).await;
+    let deleted = app.send_raw("DELETE", roll, &[], "").await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    let emptied = app.get("/api/v1/labels/rolls").await;
+    assert_eq!(ids(&emptied), Vec::<String>::new());
+    let index = x_index(&emptied);
     let response = app
         .get(&format!("/api/v1/labels/rolls?index={index}&wait=100ms"))
         .await;

@@ -51,6 +51,18 @@ async fn put_json_key(app: &TestApp, key: &str, value: Value) {
     put_raw(app, key, value.to_string().as_bytes()).await;
 }
 
+/// Labels the pod as P2's scheduler does. The blocking tests label their pods so that every
+/// tree a pod listing watches is in use: on Consul an empty tree reads at the index of the
+/// whole KV store, which any write anywhere moves.
+async fn label_pod(app: &TestApp, node: &str, pod_id: &str) {
+    put_json_key(
+        app,
+        &format!("labels/pod/{node}/{pod_id}"),
+        json!({"pod_id": pod_id}),
+    )
+    .await;
+}
+
 /// A health record as P2's preparer stores it.
 async fn put_p2_health(app: &TestApp, pod_id: &str, node: &str, status: &str) {
     let record = json!({"Id": pod_id, "Node": node, "Service": pod_id, "Status": status,
@@ -353,6 +365,8 @@ async fn pod_listing_refuses_bad_filters_all_at_once() {
 async fn blocking_pod_listing_wakes_on_a_new_intent() {
     let app = TestApp::new().await;
     put_intent(&app, "node1", "hello").await;
+    label_pod(&app, "node1", "hello").await;
+    put_p2_health(&app, "hello", "node1", "passing").await;
     let first = app.get("/api/v1/pods").await;
     let index = x_index(&first);
 
@@ -377,6 +391,8 @@ async fn blocking_pod_listing_wakes_on_a_new_intent() {
 async fn blocking_pod_listing_wakes_on_health_and_ignores_other_trees() {
     let app = TestApp::new().await;
     put_intent(&app, "node1", "hello").await;
+    label_pod(&app, "node1", "hello").await;
+    put_p2_health(&app, "hello", "node1", "passing").await;
     let index = x_index(&app.get("/api/v1/pods?node=node1").await);
 
     let path = format!("/api/v1/pods?node=node1&index={index}&wait=20s");
@@ -397,6 +413,7 @@ async fn blocking_pod_listing_wakes_on_health_and_ignores_other_trees() {
 async fn blocking_pod_listing_times_out_with_the_same_index() {
     let app = TestApp::new().await;
     put_intent(&app, "node1", "hello").await;
+    label_pod(&app, "node1", "hello").await;
     put_p2_health(&app, "hello", "node1", "passing").await;
     let index = x_index(&app.get("/api/v1/pods").await);
     put_json_key(&app, "labels/node/node1", json!({"role": "web"})).await;

@@ -816,7 +816,11 @@ async fn list_pages_filters_and_reports_the_index() {
 #[tokio::test]
 async fn list_blocks_until_progress_changes() {
     let app = Arc::new(TestApp::new().await);
-    let (_, id) = create_between_new_rcs(&app, json!({})).await;
+    let (old, id) = create_between_new_rcs(&app, json!({"team": "a"})).await;
+    // Every tree the listing watches is in use: on Consul an empty tree reads at the index
+    // of the whole KV store, which any write anywhere moves.
+    put_pod(&app, "n9", &old).await;
+    put_health(&app, "n9", "n9", HealthState::Passing).await;
     let index = app
         .get("/api/v1/rolls")
         .await

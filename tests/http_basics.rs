@@ -281,13 +281,22 @@ fn binary_serves_and_exits_0_on_sigterm() {
         .recv_timeout(Duration::from_secs(30))
         .expect("the server never logged `listening on ADDR`");
 
-    let mut conn = TcpStream::connect(&addr).unwrap();
-    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut response = String::new();
-    conn.read_to_string(&mut response).unwrap();
+    let response = http_get(&addr, "/healthz");
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.ends_with(r#"{"status":"ok"}"#), "{response}");
+
+    // Once elected, the server holds a session; a blocking query is in flight at shutdown.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !http_get(&addr, "/api/v1/leader").starts_with("HTTP/1.1 200") {
+        assert!(Instant::now() < deadline, "the server never became leader");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let index = header_value(&http_get(&addr, "/api/v1/rcs"), "x-index").unwrap();
+    let blocked_addr = addr.clone();
+    let blocked = std::thread::spawn(move || {
+        http_get(&blocked_addr, &format!("/api/v1/rcs?index={index}&wait=5m"))
+    });
+    std::thread::sleep(Duration::from_millis(300));
 
     let killed = Command::new("kill")
         .args(["-TERM", &server.0.id().to_string()])
@@ -304,6 +313,21 @@ fn binary_serves_and_exits_0_on_sigterm() {
     };
     let log = log.join().unwrap();
     assert_eq!(status.code(), Some(0), "{}", log.join("\n"));
+    let answer = blocked.join().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The leader's session was destroyed, which deletes the lock at once.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let lock = runtime.block_on(async {
+        let path = dir.path().join("p2.db").display().to_string();
+        let store = p2_apiserver::store::sqlite::SqliteStore::open(&path)
+            .await
+            .unwrap();
+        store
+            .get(p2_apiserver::store::locks::LEADER_LOCK)
+            .await
+            .unwrap()
+    });
+    assert_eq!(lock, None, "the leader lock outlived the server");
     assert!(
         log.iter().any(|l| l.contains("SIGTERM received")),
         "{log:?}"
@@ -369,4 +393,22 @@ impl KvStore for PingFails {
     async fn ping(&self) -> StoreResult<()> {
         Err(StoreError::Unavailable(PING_FAILURE.into()))
     }
+}
+
+/// One plain HTTP/1.1 GET; the whole response as text.
+fn http_get(addr: &str, path: &str) -> String {
+    let mut conn = TcpStream::connect(addr).unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).unwrap();
+    response
+}
+
+fn header_value(response: &str, name: &str) -> Option<String> {
+    response.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.eq_ignore_ascii_case(name)
+            .then(|| value.trim().to_owned())
+    })
 }

@@ -12,6 +12,7 @@ use futures::future::select_all;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
+use crate::app::App;
 use crate::error::ApiError;
 use crate::model::duration::parse_duration;
 use crate::store::{KvStore, StoreResult, WatchTarget, MAX_WATCH_WAIT};
@@ -54,10 +55,13 @@ impl BlockingParams {
     }
 
     /// Waits, if the request asked to, until the combined index of `prefixes` differs from
-    /// the client's or the wait passes.
-    pub async fn block(&self, store: &dyn KvStore, prefixes: &[String]) -> Result<(), ApiError> {
+    /// the client's, the wait passes, or the server starts shutting down.
+    pub async fn block(&self, app: &App, prefixes: &[String]) -> Result<(), ApiError> {
         if let Some((index, wait)) = self.wait()? {
-            wait_for_change(store, prefixes, index, wait).await?;
+            tokio::select! {
+                result = wait_for_change(app.store.as_ref(), prefixes, index, wait) => result?,
+                () = app.shutdown.cancelled() => {}
+            }
         }
         Ok(())
     }

@@ -236,7 +236,7 @@ async fn list_daemon_sets(
     ApiQuery(blocking): ApiQuery<BlockingParams>,
 ) -> Result<impl IntoResponse, ApiError> {
     blocking
-        .block(app.store.as_ref(), &[DAEMON_SETS_PREFIX.to_owned()])
+        .block(&app, &[DAEMON_SETS_PREFIX.to_owned()])
         .await?;
     let (index, records) = DaemonSetStore::new(app.store.clone()).list().await?;
     let items = records

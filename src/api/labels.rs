@@ -223,9 +223,7 @@ async fn list_labels(
     let selector = parse_selector(params.selector.as_deref())?;
     // Refuse a bad limit or token now rather than after holding the request.
     page.page(Vec::<Labeled>::new(), labeled_id)?;
-    blocking
-        .block(app.store.as_ref(), &[label_type.key_prefix()])
-        .await?;
+    blocking.block(&app, &[label_type.key_prefix()]).await?;
     let (index, mut items) = store(&app).select(label_type, &selector).await?;
     items.sort_by(|a, b| a.id.cmp(&b.id));
     Ok((

@@ -10,6 +10,7 @@ pub mod daemonsets;
 pub mod extract;
 pub mod health;
 pub mod labels;
+pub mod leader;
 pub mod nodes;
 pub mod p2_labels;
 pub mod paging;

@@ -31,6 +31,7 @@ pub struct Node {
     #[schema(example = "node17.example.com")]
     pub name: String,
     /// Its node labels, which RC and daemon-set node selectors match.
+    #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
 }
 
@@ -39,6 +40,7 @@ pub struct Node {
 pub struct NodeDetail {
     #[schema(example = "node17.example.com")]
     pub name: String,
+    #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
     /// IDs of the legacy pods in the node's intent tree, sorted.
     pub pods: Vec<String>,
@@ -96,7 +98,7 @@ async fn list_nodes(
     violations.finish()?;
 
     blocking
-        .block(app.store.as_ref(), &[LabelType::Node.key_prefix()])
+        .block(&app, &[LabelType::Node.key_prefix()])
         .await?;
     let labels = LabelStore::new(app.store.clone());
     let (index, nodes) = match &selector {

@@ -272,7 +272,7 @@ async fn list_pod_health(
     violations.finish()?;
 
     blocking
-        .block(app.store.as_ref(), &[HealthStore::prefix(Some(&pod_id))])
+        .block(&app, &[HealthStore::prefix(Some(&pod_id))])
         .await?;
     let (index, by_node) = HealthStore::new(app.store.clone())
         .list_for_pod(&pod_id)

@@ -36,6 +36,7 @@ pub struct Pod {
     #[schema(example = "hello")]
     pub pod_id: String,
     /// The pod's labels; `replication_controller_id` or `daemon_set_id` names its owner.
+    #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
     /// The node agent's last report; `unknown` when there is none.
     pub health: HealthStatus,
@@ -115,7 +116,7 @@ async fn list_pods(
         pod_labels_prefix(node),
         HealthStore::prefix(pod_id),
     ];
-    blocking.block(app.store.as_ref(), &prefixes).await?;
+    blocking.block(&app, &prefixes).await?;
     let pods = PodStore::new(app.store.clone());
     let (intent_index, intents) = pods.list(PodTree::Intent, node).await?;
     let (labels_index, mut labels) = pods.list_labels(node).await?;

@@ -447,7 +447,7 @@ async fn list_rcs(
         LabelType::ReplicationController.key_prefix(),
         LabelType::Pod.key_prefix(),
     ];
-    blocking.block(app.store.as_ref(), &prefixes).await?;
+    blocking.block(&app, &prefixes).await?;
 
     let store = RcStore::new(app.store.clone());
     let label_store = LabelStore::new(app.store.clone());

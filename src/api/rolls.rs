@@ -84,9 +84,11 @@ pub struct CreateRoll {
     pub roll_delay: Option<String>,
     /// The roll's own labels (label type `rolls`).
     #[serde(default)]
+    #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
     /// Labels merged into the new RC's labels (and a stand-in old RC's).
     #[serde(default)]
+    #[schema(value_type = BTreeMap<String, String>)]
     pub new_rc_labels: Labels,
 }
 
@@ -109,6 +111,7 @@ pub struct Roll {
     #[schema(example = "30s")]
     pub roll_delay: String,
     /// The roll's own labels.
+    #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
     /// The roll document's modify index; also its `ETag`.
     pub resource_version: String,
@@ -222,7 +225,7 @@ async fn list_rolls(
         ),
     };
     let prefixes = watched_prefixes();
-    blocking.block(app.store.as_ref(), &prefixes).await?;
+    blocking.block(&app, &prefixes).await?;
     let index = combined_index(app.store.as_ref(), &prefixes).await?;
 
     let (_, records) = RollStore::new(app.store.clone()).list().await?;

@@ -3,6 +3,7 @@
 //! - [`world`]: one blocking watch per tree, decoded once and shared by all farms.
 //! - [`rc`]: keeps each RC at its replica count on eligible nodes (P2's meet-desires).
 //! - [`roll`]: moves replicas from old RCs to new ones, keeping a minimum healthy.
+//! - [`ds`]: keeps each daemon set's pod on every matching node, honouring `min_health`.
 //! - [`alerts`]: the webhook the farms call when they cannot do what is asked.
 //!
 //! Each farm is a loop of idempotent passes over every object it owns, woken by tree changes
@@ -12,6 +13,7 @@
 //! started once the term is cancelled.
 
 pub mod alerts;
+pub mod ds;
 pub mod pods;
 pub mod rc;
 pub mod roll;
@@ -243,6 +245,7 @@ pub async fn run_term(store: Arc<dyn KvStore>, term: Term, alerts: Arc<Alerter>,
     let ctx = Arc::new(FarmContext::new(store, &term, alerts, holder));
     tasks.spawn(drive(rc::RcFarm::default(), ctx.clone(), trees.clone()));
     tasks.spawn(drive(roll::RollFarm::default(), ctx.clone(), trees.clone()));
+    tasks.spawn(drive(ds::DsFarm::default(), ctx.clone(), trees.clone()));
     tasks.close();
     term.cancel.cancelled().await;
     tasks.wait().await;

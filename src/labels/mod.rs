@@ -175,6 +175,7 @@ pub struct Labeled {
     pub id: String,
     /// Its labels; `null` (Go's nil map) reads as empty.
     #[serde(default, deserialize_with = "null_as_empty")]
+    #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
 }
 

@@ -14,6 +14,7 @@ pub mod labels;
 pub mod locks;
 pub mod open;
 pub mod pods;
+pub mod prefixed;
 pub mod rcs;
 pub mod roll_creation;
 pub mod rolls;

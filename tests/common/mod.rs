@@ -1,9 +1,21 @@
-//! An in-process server over a temporary SQLite store, driven without a socket.
+//! An in-process server over a store of its own, driven without a socket.
+//!
+//! The store is a temporary SQLite file unless the environment asks for Consul:
+//! `P2_TEST_FAKE_CONSUL=1` runs the apps against one fake Consul agent per test binary (so
+//! the Consul client is exercised in CI), and otherwise `CONSUL_HTTP_ADDR` (with
+//! `CONSUL_HTTP_TOKEN`) runs them against that Consul. On Consul, real or fake, every app
+//! works in a namespace of its own while the tests run side by side, as on a shared agent.
 
 // Each test crate uses its own subset of these helpers.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+#[path = "../support/fake_consul.rs"]
+mod fake_consul;
+
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Request, StatusCode};
@@ -12,38 +24,68 @@ use http_body_util::BodyExt;
 use p2_apiserver::app::App;
 use p2_apiserver::error::ErrorBody;
 use p2_apiserver::router;
+use p2_apiserver::store::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
+use p2_apiserver::store::prefixed::Prefixed;
 use p2_apiserver::store::sqlite::SqliteStore;
-use p2_apiserver::store::KvStore;
+use p2_apiserver::store::{Cas, KvStore, StoreUrl};
 use tempfile::TempDir;
 use tower::ServiceExt;
 
-/// The real router over a store in a temporary file that lives as long as the app.
+/// The real router over a store that lives as long as the app.
 pub struct TestApp {
     router: Router,
     /// The store the router uses, for arranging and checking state behind the API's back.
     pub store: Arc<dyn KvStore>,
-    _dir: TempDir,
+    _backing: Backing,
+}
+
+/// What must outlive an app's store, and what to clear once it is gone.
+enum Backing {
+    /// The SQLite file.
+    Dir(TempDir),
+    Namespace(Namespace),
+}
+
+/// An app's namespace on Consul, deleted when the app is dropped.
+struct Namespace {
+    config: ConsulConfig,
+    prefix: String,
 }
 
 impl TestApp {
-    /// A fresh app over an empty SQLite store.
+    /// A fresh app over an empty store.
     pub async fn new() -> Self {
         Self::wrapping(|store| store).await
     }
 
-    /// A fresh app whose store is `wrap` applied to an empty SQLite store; for injecting
-    /// failures while keeping real storage underneath.
+    /// A fresh app whose store is `wrap` applied to an empty store; for injecting failures
+    /// while keeping real storage underneath.
     pub async fn wrapping(wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("p2.db");
-        let sqlite = SqliteStore::open(path.to_str().expect("utf-8 temp path"))
-            .await
-            .expect("open sqlite store");
-        let store = wrap(Arc::new(sqlite));
+        let (store, backing): (Arc<dyn KvStore>, _) = match consul() {
+            None => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let path = dir.path().join("p2.db");
+                let sqlite = SqliteStore::open(path.to_str().expect("utf-8 temp path"))
+                    .await
+                    .expect("open sqlite store");
+                (Arc::new(sqlite), Backing::Dir(dir))
+            }
+            Some(config) => {
+                let consul: Arc<dyn KvStore> = Arc::new(consul_store(config.clone()));
+                let prefix = format!("p2-apiserver-test/{}/", uuid::Uuid::new_v4());
+                let store = Prefixed::new(consul, prefix).expect("a valid namespace");
+                let namespace = Namespace {
+                    config: config.clone(),
+                    prefix: store.prefix().to_owned(),
+                };
+                (Arc::new(store), Backing::Namespace(namespace))
+            }
+        };
+        let store = wrap(store);
         TestApp {
             router: router::build(App::new(store.clone())),
             store,
-            _dir: dir,
+            _backing: backing,
         }
     }
 
@@ -56,6 +98,133 @@ impl TestApp {
     pub async fn get(&self, path: &str) -> TestResponse {
         self.send(Request::get(path).body(Body::empty()).unwrap())
             .await
+    }
+}
+
+/// The Consul the apps use, or `None` for SQLite. Read from the environment once, and said
+/// past the test harness's capture, so that a run against SQLite cannot pass for one
+/// against Consul.
+fn consul() -> Option<&'static ConsulConfig> {
+    static CONSUL: OnceLock<Option<ConsulConfig>> = OnceLock::new();
+    CONSUL
+        .get_or_init(|| {
+            let (config, notice) = if std::env::var("P2_TEST_FAKE_CONSUL").is_ok_and(|v| v == "1") {
+                let addr = shared_fake();
+                let notice = format!("a fake Consul agent at {addr} (P2_TEST_FAKE_CONSUL=1)");
+                (Some(consul_config(&addr)), notice)
+            } else if let Ok(addr) = std::env::var("CONSUL_HTTP_ADDR") {
+                let notice = format!("the Consul at {addr} (CONSUL_HTTP_ADDR)");
+                (Some(consul_config(&addr)), notice)
+            } else {
+                let notice = "SQLite; set CONSUL_HTTP_ADDR to use Consul".to_string();
+                (None, notice)
+            };
+            let _ = writeln!(std::io::stderr(), "API tests: the store is {notice}");
+            config
+        })
+        .as_ref()
+}
+
+/// `CONSUL_HTTP_ADDR` as Consul's own tools read it: `HOST:PORT` or a URL.
+fn consul_config(addr: &str) -> ConsulConfig {
+    let url = if addr.contains("://") {
+        addr.replacen("http://", "consul://", 1)
+            .replacen("https://", "consul+https://", 1)
+    } else {
+        format!("consul://{addr}")
+    };
+    let Ok(StoreUrl::Consul { base_url }) = url.parse() else {
+        panic!("CONSUL_HTTP_ADDR={addr:?} is not HOST:PORT or an http(s) URL");
+    };
+    ConsulConfig {
+        base_url,
+        token: std::env::var("CONSUL_HTTP_TOKEN").ok(),
+        datacenter: None,
+    }
+}
+
+fn consul_store(config: ConsulConfig) -> ConsulStore {
+    ConsulStore::new(config).expect("a Consul client")
+}
+
+/// Starts the fake agent that every app of this test binary shares, as they would share a
+/// real one. Each test has a runtime of its own that ends with it, so the agent runs on a
+/// thread and runtime of its own until the binary exits.
+fn shared_fake() -> String {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime for the fake Consul");
+        runtime.block_on(async {
+            let dir = fake_consul_dir();
+            // Held by this never-ending block, so the agent serves until the binary exits.
+            let fake = fake_consul::start_in(dir).await;
+            let addr = fake.addr.to_string();
+            // A key outside every namespace, so that even a lone test does not see the
+            // indexes of an empty store.
+            consul_store(consul_config(&addr))
+                .put("p2-apiserver-test-neighbour", b"", Cas::Any)
+                .await
+                .expect("write to the fake Consul");
+            sender
+                .send(addr)
+                .expect("the tests wait for the fake Consul");
+            std::future::pending::<()>().await;
+        });
+    });
+    receiver.recv().expect("the fake Consul started")
+}
+
+/// A folder for the shared agent's files, which outlive the process that ends without
+/// dropping it. It is named after the process, so that each run clears what finished runs
+/// left without touching a live one's; where process ids cannot be checked (no `/proc`),
+/// the folders stay until `cargo clean`.
+fn fake_consul_dir() -> TempDir {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake-consul");
+    std::fs::create_dir_all(&root).expect("a folder for the fake Consul");
+    if Path::new("/proc/self").exists() {
+        for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = name.split('-').next().unwrap_or_default();
+            if !pid.is_empty() && !Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    tempfile::Builder::new()
+        .prefix(&format!("{}-", std::process::id()))
+        .tempdir_in(&root)
+        .expect("a folder for the fake Consul")
+}
+
+impl Drop for Namespace {
+    /// Best effort: a failure is reported, not raised, since the test has already decided.
+    /// The test's runtime may be single-threaded and is blocked here, so the delete runs
+    /// on a thread with a runtime and a client of its own.
+    fn drop(&mut self) {
+        let config = self.config.clone();
+        let prefix = std::mem::take(&mut self.prefix);
+        let cleared = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            let timeouts = ConsulTimeouts {
+                request: Duration::from_secs(5),
+                ..ConsulTimeouts::default()
+            };
+            let consul = ConsulStore::with_timeouts(config, timeouts).map_err(|e| e.to_string())?;
+            runtime
+                .block_on(consul.delete_prefix(&prefix))
+                .map_err(|e| format!("{prefix}: {e}"))
+        })
+        .join();
+        if let Ok(Err(e)) = cleared {
+            let _ = writeln!(std::io::stderr(), "API tests: could not clear {e}");
+        }
     }
 }
 

@@ -230,6 +230,103 @@ impl Harness {
         }
         healthy
     }
+
+    /// Stores a daemon set document as given (plus a fresh id) and returns the id.
+    pub async fn put_ds(&self, mut doc: serde_json::Value) -> String {
+        let id = uuid::Uuid::new_v4().to_string();
+        doc["id"] = id.clone().into();
+        let key = format!("daemon_sets/{id}");
+        self.store
+            .put(&key, doc.to_string().as_bytes(), Cas::Index(0))
+            .await
+            .unwrap();
+        id
+    }
+
+    /// The stored daemon set document.
+    pub async fn ds(&self, id: &str) -> serde_json::Value {
+        let pair = self
+            .store
+            .get(&format!("daemon_sets/{id}"))
+            .await
+            .unwrap()
+            .unwrap();
+        serde_json::from_slice(&pair.value).unwrap()
+    }
+
+    /// Changes a daemon set's document with CAS, as a user of the store would.
+    pub async fn edit_ds(&self, id: &str, change: impl FnOnce(&mut serde_json::Value)) {
+        let key = format!("daemon_sets/{id}");
+        let pair = self.store.get(&key).await.unwrap().unwrap();
+        let mut doc: serde_json::Value = serde_json::from_slice(&pair.value).unwrap();
+        change(&mut doc);
+        self.store
+            .put(
+                &key,
+                doc.to_string().as_bytes(),
+                Cas::Index(pair.modify_index),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// The nodes whose pod labels carry `key=value`, sorted.
+    pub async fn labelled_nodes(&self, key: &str, value: &str) -> Vec<String> {
+        let listing = self.store.list("labels/pod/").await.unwrap();
+        let mut nodes: Vec<String> = listing
+            .pairs
+            .iter()
+            .filter(|pair| {
+                let labels: Labels = serde_json::from_slice(&pair.value).unwrap_or_default();
+                labels.get(key).map(String::as_str) == Some(value)
+            })
+            .filter_map(|pair| {
+                pair.key
+                    .strip_prefix("labels/pod/")?
+                    .split('/')
+                    .next()
+                    .map(str::to_owned)
+            })
+            .collect();
+        nodes.sort();
+        nodes
+    }
+
+    /// The status record the DS farm published for a daemon set.
+    pub async fn ds_status(&self, id: &str) -> Option<serde_json::Value> {
+        let pair = self
+            .store
+            .get(&format!("status/daemon_sets/{id}/daemon_set_farm"))
+            .await
+            .unwrap()?;
+        Some(serde_json::from_slice(&pair.value).unwrap())
+    }
+
+    /// How many pods labelled `key=value` run their intended manifest and pass.
+    pub async fn healthy_labelled(&self, key: &str, value: &str) -> usize {
+        let mut healthy = 0;
+        for pair in self.store.list("labels/pod/").await.unwrap().pairs {
+            let labels: Labels = serde_json::from_slice(&pair.value).unwrap_or_default();
+            if labels.get(key).map(String::as_str) != Some(value) {
+                continue;
+            }
+            let rest = pair.key.strip_prefix("labels/pod/").unwrap();
+            let (node, pod_id) = rest.split_once('/').unwrap();
+            let reality = self.store.get(&format!("reality/{rest}")).await.unwrap();
+            let intent = self.store.get(&format!("intent/{rest}")).await.unwrap();
+            let health = self
+                .store
+                .get(&format!("health/{pod_id}/{node}"))
+                .await
+                .unwrap();
+            let passing =
+                health.is_some_and(|h| String::from_utf8_lossy(&h.value).contains("\"passing\""));
+            if passing && reality.is_some() && reality.map(|r| r.value) == intent.map(|i| i.value) {
+                healthy += 1;
+            }
+        }
+        healthy
+    }
 }
 
 impl Drop for Harness {

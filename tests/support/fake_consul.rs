@@ -5,10 +5,16 @@
 //! which txn ops answer an entry, the limits and their 413s) follows Consul's own HTTP
 //! handlers, so the real Consul client can run whole suites against it. The state semantics
 //! are SQLite's, which mirror Consul's with these differences: a TTL session expires at its
-//! TTL rather than up to twice it; a missing key reads at the index of its deletion rather
-//! than the KV table's index; a blocking query also returns early when the index went
-//! backwards; sessions without a TTL and the `get-tree` and `delete-tree` txn verbs are not
-//! supported (400).
+//! TTL rather than up to twice it; a blocking query also returns early when the index went
+//! backwards, and one answered at the KV table's index wakes on any write; tombstones are
+//! kept for an hour; sessions without a TTL and the `get-tree` and `delete-tree` txn verbs
+//! are not supported (400).
+//!
+//! Reads answer at Consul's index: a key's modify index, a prefix's highest modify or
+//! delete index, and, as Consul's state store does, the KV table's index (the store's
+//! highest) for a missing key and for a prefix with neither keys nor tombstones. So a test
+//! that waits on an empty prefix sees what it would see on Consul: the index moves with
+//! every write anywhere.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,8 +32,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use p2_apiserver::store::sqlite::SqliteStore;
 use p2_apiserver::store::{
-    Cas, KvPair, KvStore, SessionBehavior, SessionInfo, SessionSpec, StoreError, StoreResult,
-    TxnOp, WatchTarget,
+    Cas, KvPair, KvStore, Listing, SessionBehavior, SessionInfo, SessionSpec, StoreError,
+    StoreResult, TxnOp, WatchTarget,
 };
 use rand::Rng as _;
 use serde::Deserialize;
@@ -66,7 +72,11 @@ pub struct FakeConsul {
 
 /// Starts a fake agent with an empty store on a free port of 127.0.0.1.
 pub async fn start() -> FakeConsul {
-    let dir = tempfile::tempdir().unwrap();
+    start_in(tempfile::tempdir().unwrap()).await
+}
+
+/// Like [`start`], keeping the store's files in `dir`.
+pub async fn start_in(dir: tempfile::TempDir) -> FakeConsul {
     let path = dir.path().join("consul.db").display().to_string();
     let store: Store = Arc::new(SqliteStore::open(&path).await.unwrap());
     let app = Router::new()
@@ -130,7 +140,7 @@ async fn kv_get(store: &SqliteStore, key: &str, params: &Params) -> Reply {
         WatchTarget::Key(key.into())
     };
     let (index, wait) = blocking(params)?;
-    let listing = store.watch(&target, index, wait).await.map_err(rpc_error)?;
+    let listing = consul_read(store, &target, index, wait).await?;
     if listing.pairs.is_empty() {
         return Ok(with_index(listing.index, StatusCode::NOT_FOUND));
     }
@@ -146,13 +156,10 @@ async fn kv_keys(store: &SqliteStore, prefix: &str, params: &Params) -> Reply {
         .or_else(|| params.get("seperator"))
         .map_or("", String::as_str);
     let (index, wait) = blocking(params)?;
-    if index > 0 {
-        let target = WatchTarget::Prefix(prefix.into());
-        store.watch(&target, index, wait).await.map_err(rpc_error)?;
-    }
-    let (index, all) = store.keys(prefix, None).await.map_err(rpc_error)?;
-    let (mut keys, mut previous) = (Vec::new(), String::new());
-    for key in all {
+    let target = WatchTarget::Prefix(prefix.into());
+    let listing = consul_read(store, &target, index, wait).await?;
+    let (index, mut keys, mut previous) = (listing.index, Vec::new(), String::new());
+    for key in listing.pairs.into_iter().map(|pair| pair.key) {
         match key[prefix.len()..].find(separator) {
             Some(at) if !separator.is_empty() => {
                 let cut = key[..prefix.len() + at + separator.len()].to_owned();
@@ -168,6 +175,45 @@ async fn kv_keys(store: &SqliteStore, prefix: &str, params: &Params) -> Reply {
         return Ok(with_index(index, StatusCode::NOT_FOUND));
     }
     Ok(with_index(index, Json(keys)))
+}
+
+/// A KV read at Consul's index, blocking as Consul does when `index` is not 0: the read is
+/// run again whenever what its index depends on changes, until the index differs from
+/// `index` or `wait` passes.
+async fn consul_read(
+    store: &SqliteStore,
+    target: &WatchTarget,
+    index: u64,
+    wait: Duration,
+) -> Result<Listing, Refusal> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let table = store.keys("", Some('/')).await.map_err(rpc_error)?.0;
+        let mut listing = store
+            .watch(target, 0, Duration::ZERO)
+            .await
+            .map_err(rpc_error)?;
+        let own_index = listing.index;
+        // SQLite reads an empty prefix at its newest tombstone, or at 1 without one.
+        let at_table =
+            listing.pairs.is_empty() && (matches!(target, WatchTarget::Key(_)) || own_index <= 1);
+        if at_table {
+            listing.index = table;
+        }
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if index == 0 || listing.index != index || remaining.is_zero() {
+            return Ok(listing);
+        }
+        let (follow, at) = if at_table {
+            (WatchTarget::Prefix(String::new()), table)
+        } else {
+            (target.clone(), own_index)
+        };
+        store
+            .watch(&follow, at, remaining)
+            .await
+            .map_err(rpc_error)?;
+    }
 }
 
 async fn kv_put(store: &SqliteStore, key: &str, params: &Params, body: Bytes) -> Reply {

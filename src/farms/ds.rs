@@ -1,0 +1,890 @@
+//! The DS farm: keeps each daemon set's pod on every node its selector matches (§4.8–4.11).
+//!
+//! Per daemon set this server owns (`lock/daemon_sets/<id>`), each pass:
+//! - **contention** (§4.10): of two enabled daemon sets that contend, the one written last
+//!   (higher modify index, then higher ID) is disabled with an audited CAS write and a
+//!   low-urgency alert. Its latest write is what introduced the contention (P2 disables "the
+//!   one that just appeared or changed"), and no extra reads are needed. A disabled daemon set
+//!   changes no pods.
+//! - **scheduling** (§4.9): eligible nodes without the pod get it, labelled with
+//!   `daemon_set_id` only (§3.2); a node already running the pod id for another owner is left
+//!   alone. Pods on nodes no longer eligible are removed, except that a daemon set matching no
+//!   node at all removes nothing (P2's failsafe).
+//! - **replacement**: pods whose intent is not the daemon set's manifest are replaced while
+//!   at least `min_health` nodes stay healthy (reality equals intent and health passing), at
+//!   most [`MAX_IN_FLIGHT`] nodes at a time. P2 ignores `min_health`; we do not. Unhealthy
+//!   pods are replaced first, since that costs no health. A node that is not healthy on the
+//!   new manifest within the daemon set's `timeout` is given up on (logged and alerted) and no
+//!   longer counts as in flight, but as an unhealthy node it still holds the healthy count
+//!   down, so a bad manifest stops the rollout at `min_health` instead of reaching every node.
+//!   A zero timeout means "never give up": P2 times such nodes out at once, which is why its
+//!   tools and our API demand a positive one, and a negative timeout cannot be decoded.
+//! - **status**: `status/daemon_sets/<id>/daemon_set_farm` is written when it changes.
+//!   `nodes_deployed` counts the nodes healthy on the current manifest now, so it also drops
+//!   when a node leaves or sickens (P2 only ever raises it within one manifest).
+//!
+//! Then, for the whole farm, **dangling-pod cleanup** (§4.11): pods labelled with a daemon set
+//! that does not exist lose their intent and their `daemon_set_id` label, fenced by the leader
+//! lock. Unlike P2, an empty daemon-set tree only removes pods of daemon sets this term saw
+//! exist, a daemon set whose key exists but cannot be decoded keeps its pods, and a daemon
+//! set another farm still owns is left to that farm.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
+use crate::model::{AuditRecord, DaemonSetEvent, HealthState, StoredDaemonSet};
+use crate::store::daemon_sets::{
+    contends, DaemonSetFarmStatus, AUDIT_LOGS_PREFIX, DAEMON_SETS_PREFIX, FARM_STATUS_NAMESPACE,
+};
+use crate::store::locks::{self, LEADER_LOCK};
+use crate::store::{StoreError, StoreResult, TxnOp};
+
+use super::pods::{same_manifest, schedule_ops, unschedule_ops};
+use super::world::{PodKey, Versioned, World};
+use super::{Farm, FarmContext, Retries};
+
+/// Nodes changed per transaction: 2 ops each plus the fence, well under the 64-op limit.
+const NODES_PER_TXN: usize = 20;
+/// Nodes of one daemon set that may be on their way to healthy at once, as in P2.
+pub const MAX_IN_FLIGHT: usize = 50;
+/// How long a daemon set whose key exists but does not decode protects its pods before the
+/// cleanup looks at the key again.
+const RECHECK_PRESENT: Duration = Duration::from_secs(60);
+/// P2's incident key for contention alerts.
+const CONTENTION_INCIDENT: &str = "preemptive_ds_contention";
+
+/// The DS farm's state across the passes of one term.
+#[derive(Default)]
+pub struct DsFarm {
+    retries: Retries,
+    /// Every daemon set listed during this term: only these may be cleaned up when the
+    /// daemon-set tree is empty.
+    seen: HashSet<String>,
+    /// Per daemon set, the rollout of its current manifest.
+    rollouts: HashMap<String, Rollout>,
+    /// The status record last read or written per daemon set (`None`: absent or unreadable).
+    published: HashMap<String, Option<DaemonSetFarmStatus>>,
+    /// Dangling daemon-set IDs whose key exists undecodable, until when to trust that.
+    present: HashMap<String, Instant>,
+}
+
+/// The rollout of one manifest: when each node not yet healthy on it started waiting, and
+/// the nodes given up on.
+#[derive(Debug, Default)]
+struct Rollout {
+    sha: String,
+    since: HashMap<String, Instant>,
+    given_up: BTreeSet<String>,
+}
+
+/// What one reconcile of an enabled daemon set does.
+#[derive(Debug, Default)]
+struct Plan {
+    /// Pods to unschedule: on nodes no longer eligible, or of a pod id the daemon set no
+    /// longer runs.
+    remove: Vec<PodKey>,
+    /// Eligible nodes to put the pod on.
+    add: Vec<String>,
+    /// Nodes whose pod is rewritten with the current manifest.
+    replace: Vec<String>,
+    /// Nodes given up on in this reconcile.
+    timed_out: Vec<String>,
+    /// No node is eligible, so the failsafe keeps the pods the daemon set has.
+    stranded: bool,
+    status: DaemonSetFarmStatus,
+    /// The next timeout due.
+    wake: Option<Instant>,
+}
+
+impl Farm for DsFarm {
+    const NAME: &'static str = "ds";
+
+    async fn pass(&mut self, ctx: &FarmContext, world: &World) -> Option<Instant> {
+        self.seen.extend(world.daemon_sets.items.keys().cloned());
+        let mut disabled_now = HashSet::new();
+        let mut wake = None;
+        for (id, ds) in &world.daemon_sets.items {
+            if ctx.cancel.is_cancelled() {
+                return None;
+            }
+            if !self.retries.ready(id) {
+                continue;
+            }
+            let result = match ctx.take_lock(world, &locks::ds_ownership(id)).await {
+                Ok(true) => self.reconcile(ctx, world, &mut disabled_now, id, ds).await,
+                Ok(false) => continue,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(at) => {
+                    self.retries.succeeded(id);
+                    wake = earliest(wake, at);
+                }
+                Err(e) => {
+                    tracing::warn!(ds = %id, error = %e, "reconciling the daemon set failed");
+                    self.retries.failed(id);
+                }
+            }
+        }
+        self.rollouts
+            .retain(|id, _| world.daemon_sets.items.contains_key(id));
+        self.published
+            .retain(|id, _| world.daemon_sets.items.contains_key(id));
+        self.clean_dangling(ctx, world).await;
+        release_orphaned_locks(ctx, world).await;
+        earliest(wake, self.retries.next_due())
+    }
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+impl DsFarm {
+    /// One daemon set: contention, then its pods, then its status record.
+    async fn reconcile(
+        &mut self,
+        ctx: &FarmContext,
+        world: &World,
+        disabled_now: &mut HashSet<String>,
+        id: &str,
+        ds: &Versioned<StoredDaemonSet>,
+    ) -> StoreResult<Option<Instant>> {
+        let lock = locks::ds_ownership(id);
+        if !ds.value.disabled {
+            if let Some((rival_id, rival)) = older_contender(world, disabled_now, id, ds) {
+                disable(ctx, id, ds, rival_id, &rival.value).await?;
+                disabled_now.insert(id.to_owned());
+                return Ok(None);
+            }
+        }
+        if ds.value.disabled {
+            // Paused: no pod changes, and the rollout starts afresh when it is enabled.
+            self.rollouts.remove(id);
+            let mut status = plan(
+                world,
+                id,
+                &ds.value,
+                &mut Rollout::default(),
+                Instant::now(),
+            )?
+            .status;
+            status.replication_in_progress = false;
+            self.publish(ctx, id, &lock, status).await?;
+            return Ok(None);
+        }
+
+        let rollout = self.rollouts.entry(id.to_owned()).or_default();
+        let plan = plan(world, id, &ds.value, rollout, Instant::now())?;
+        if !plan.timed_out.is_empty() {
+            tracing::warn!(ds = %id, nodes = ?plan.timed_out, timeout = ?ds.value.timeout,
+                           "nodes did not become healthy on the new manifest in time; giving up on them");
+            ctx.alerts
+                .low(
+                    &format!("ds_replication_timeout/{id}"),
+                    format!(
+                        "daemon set {id}: {} nodes did not become healthy on the new manifest within {:?}",
+                        plan.timed_out.len(),
+                        ds.value.timeout
+                    ),
+                    json!({"daemon_set_id": id, "pod_id": ds.value.pod_id,
+                           "nodes": plan.timed_out, "hostname": ctx.holder}),
+                )
+                .await;
+        }
+        if plan.stranded {
+            ctx.alerts
+                .low(
+                    &format!("ds_no_eligible_nodes/{id}"),
+                    format!("daemon set {id} matches no node; keeping its pods rather than removing every one"),
+                    json!({"daemon_set_id": id, "node_selector": ds.value.node_selector,
+                           "hostname": ctx.holder}),
+                )
+                .await;
+        }
+        apply(ctx, world, id, &ds.value, &plan).await?;
+        self.publish(ctx, id, &lock, plan.status).await?;
+        Ok(plan.wake)
+    }
+
+    /// Writes the status record if it differs from what is stored.
+    async fn publish(
+        &mut self,
+        ctx: &FarmContext,
+        id: &str,
+        lock: &str,
+        status: DaemonSetFarmStatus,
+    ) -> StoreResult<()> {
+        let key = status_key(id);
+        if !self.published.contains_key(id) {
+            let stored = ctx
+                .store
+                .get(&key)
+                .await?
+                .and_then(|pair| serde_json::from_slice(&pair.value).ok());
+            self.published.insert(id.to_owned(), stored);
+        }
+        if self.published.get(id).and_then(Option::as_ref) == Some(&status) {
+            return Ok(());
+        }
+        let value = serde_json::to_vec(&status).expect("a status always serializes");
+        ctx.commit(lock, vec![TxnOp::Set { key, value }]).await?;
+        self.published.insert(id.to_owned(), Some(status));
+        Ok(())
+    }
+
+    /// Unschedules pods labelled with daemon sets that do not exist (§4.11), with the
+    /// failsafes described in the module docs.
+    async fn clean_dangling(&mut self, ctx: &FarmContext, world: &World) {
+        let mut dangling: BTreeMap<&str, Vec<PodKey>> = BTreeMap::new();
+        for (pod, labels) in &world.pod_labels.items {
+            if let Some(ds_id) = labels.value.get(DS_ID_LABEL) {
+                if !world.daemon_sets.items.contains_key(ds_id) {
+                    dangling.entry(ds_id).or_default().push(pod.clone());
+                }
+            }
+        }
+        let now = Instant::now();
+        self.present
+            .retain(|id, until| *until > now && dangling.contains_key(id.as_str()));
+        for (ds_id, pods) in dangling {
+            if ctx.cancel.is_cancelled() {
+                return;
+            }
+            let retry_key = format!("dangling/{ds_id}");
+            if world.daemon_sets.items.is_empty() && !self.seen.contains(ds_id) {
+                tracing::debug!(ds = %ds_id, "no daemon sets listed; keeping pods of one never seen");
+                continue;
+            }
+            let owner = world.lock_holder(&locks::ds_ownership(ds_id));
+            if owner.is_some_and(|session| session != ctx.session)
+                || self.present.contains_key(ds_id)
+                || !self.retries.ready(&retry_key)
+            {
+                continue;
+            }
+            match self.remove_dangling(ctx, world, ds_id, &pods).await {
+                Ok(()) => self.retries.succeeded(&retry_key),
+                Err(e) => {
+                    tracing::warn!(ds = %ds_id, error = %e, "cleaning up dangling pods failed");
+                    self.retries.failed(&retry_key);
+                }
+            }
+        }
+    }
+
+    /// Unschedules one missing daemon set's pods, unless its key turns out to exist.
+    async fn remove_dangling(
+        &mut self,
+        ctx: &FarmContext,
+        world: &World,
+        ds_id: &str,
+        pods: &[PodKey],
+    ) -> StoreResult<()> {
+        if ctx
+            .store
+            .get(&format!("{DAEMON_SETS_PREFIX}{ds_id}"))
+            .await?
+            .is_some()
+        {
+            tracing::warn!(ds = %ds_id, "a daemon set that cannot be read keeps its pods");
+            self.present
+                .insert(ds_id.to_owned(), Instant::now() + RECHECK_PRESENT);
+            return Ok(());
+        }
+        for batch in pods.chunks(NODES_PER_TXN) {
+            let ops = batch
+                .iter()
+                .flat_map(|pod| unschedule_ops(world, pod, &[DS_ID_LABEL]))
+                .collect();
+            ctx.commit(LEADER_LOCK, ops).await?;
+        }
+        tracing::info!(ds = %ds_id, pods = pods.len(), "removed pods of a deleted daemon set");
+        Ok(())
+    }
+}
+
+/// An enabled daemon set written before `ds` that contends with it, if any: `ds` is then the
+/// one to disable.
+fn older_contender<'w>(
+    world: &'w World,
+    disabled_now: &HashSet<String>,
+    id: &str,
+    ds: &Versioned<StoredDaemonSet>,
+) -> Option<(&'w str, &'w Versioned<StoredDaemonSet>)> {
+    let rivals: Vec<(&String, &Versioned<StoredDaemonSet>)> = world
+        .daemon_sets
+        .items
+        .iter()
+        .filter(|(other_id, other)| {
+            other_id.as_str() != id
+                && !other.value.disabled
+                && !disabled_now.contains(*other_id)
+                && other.value.pod_id == ds.value.pod_id
+                && (other.index, other_id.as_str()) < (ds.index, id)
+        })
+        .collect();
+    if rivals.is_empty() {
+        return None;
+    }
+    let nodes: Vec<Labeled> = world
+        .nodes
+        .items
+        .iter()
+        .map(|(node, labels)| Labeled {
+            label_type: LabelType::Node,
+            id: node.clone(),
+            labels: labels.clone(),
+        })
+        .collect();
+    rivals
+        .into_iter()
+        .find(|(_, other)| contends(&ds.value, &other.value, &nodes))
+        .map(|(other_id, other)| (other_id.as_str(), other))
+}
+
+/// Disables `ds` with a CAS write and its `DAEMON_SET_DISABLED` audit record, then alerts.
+async fn disable(
+    ctx: &FarmContext,
+    id: &str,
+    ds: &Versioned<StoredDaemonSet>,
+    rival_id: &str,
+    rival: &StoredDaemonSet,
+) -> StoreResult<()> {
+    let mut disabled = ds.value.clone();
+    disabled.disabled = true;
+    let record = AuditRecord::daemon_set(
+        DaemonSetEvent::Disabled,
+        &disabled,
+        &ctx.holder,
+        SystemTime::now(),
+    );
+    let ops = vec![
+        TxnOp::Cas {
+            key: format!("{DAEMON_SETS_PREFIX}{id}"),
+            value: disabled.to_json(),
+            index: ds.index,
+        },
+        TxnOp::Set {
+            key: format!("{AUDIT_LOGS_PREFIX}{}", uuid::Uuid::new_v4()),
+            value: record.to_json(),
+        },
+    ];
+    ctx.commit(&locks::ds_ownership(id), ops).await?;
+    tracing::warn!(ds = %id, contends_with = %rival_id, "disabled a contending daemon set");
+    ctx.alerts
+        .low(
+            CONTENTION_INCIDENT,
+            format!(
+                "daemon set {id} contends with {rival_id} for pod {}; disabled {id}",
+                ds.value.pod_id
+            ),
+            json!({"disabled_daemon_set": disabled, "contending_daemon_set": rival,
+                   "hostname": ctx.holder}),
+        )
+        .await;
+    Ok(())
+}
+
+/// The status record's key. Built from the ID as listed; for the canonical IDs the API
+/// accepts this is `store::daemon_sets::farm_status_key`.
+fn status_key(id: &str) -> String {
+    format!("status/daemon_sets/{id}/{FARM_STATUS_NAMESPACE}")
+}
+
+/// When a node that started waiting at `since` is given up on; `None` for a zero timeout.
+fn deadline(timeout: Duration, since: Instant) -> Option<Instant> {
+    (!timeout.is_zero()).then(|| since + timeout)
+}
+
+/// Decides what one enabled daemon set's pods need, updating the rollout's timers.
+fn plan(
+    world: &World,
+    id: &str,
+    ds: &StoredDaemonSet,
+    rollout: &mut Rollout,
+    now: Instant,
+) -> StoreResult<Plan> {
+    let selector: Selector = ds.node_selector.parse().map_err(|e| {
+        StoreError::Invalid(format!("the daemon set's node selector is invalid: {e}"))
+    })?;
+    let sha = ds.manifest.sha();
+    if rollout.sha != sha {
+        *rollout = Rollout {
+            sha: sha.clone(),
+            ..Rollout::default()
+        };
+    }
+    let pod_id = ds.manifest.pod_id();
+    let pod = |node: &str| (node.to_owned(), pod_id.to_owned());
+    let eligible: BTreeSet<&str> = world
+        .nodes
+        .items
+        .iter()
+        .filter(|(_, labels)| selector.matches(labels))
+        .map(|(node, _)| node.as_str())
+        .collect();
+    let mut current = BTreeSet::new();
+    let mut strays = Vec::new();
+    for labelled in world.pods_labelled(DS_ID_LABEL, id) {
+        if labelled.1 == pod_id {
+            current.insert(labelled.0);
+        } else {
+            strays.push(labelled);
+        }
+    }
+
+    let stranded = eligible.is_empty() && !(current.is_empty() && strays.is_empty());
+    let mut remove = Vec::new();
+    if !eligible.is_empty() {
+        remove.extend(strays);
+        remove.extend(
+            current
+                .iter()
+                .filter(|node| !eligible.contains(node.as_str()))
+                .map(|node| pod(node)),
+        );
+    }
+    let add: Vec<String> = eligible
+        .iter()
+        .filter(|node| !current.contains(**node))
+        .filter(|node| !world.intents.items.contains_key(&pod(node)))
+        .map(|node| (*node).to_owned())
+        .collect();
+
+    // The nodes that keep the pod, as (node, on the manifest, healthy).
+    let staying: Vec<(&String, bool, bool)> = current
+        .iter()
+        .filter(|node| eligible.contains(node.as_str()))
+        .map(|node| {
+            let key = pod(node);
+            let intent = world.intents.items.get(&key);
+            let on_manifest = intent.is_some_and(|raw| same_manifest(raw, &ds.manifest));
+            let healthy = intent.is_some()
+                && world.reality.items.get(&key) == intent
+                && world.health_of(&key) == HealthState::Passing;
+            (node, on_manifest, healthy)
+        })
+        .collect();
+    let waiting: HashSet<&str> = staying
+        .iter()
+        .filter(|(_, on_manifest, healthy)| *on_manifest && !*healthy)
+        .map(|(node, _, _)| node.as_str())
+        .collect();
+    rollout
+        .since
+        .retain(|node, _| waiting.contains(node.as_str()));
+    rollout
+        .given_up
+        .retain(|node| waiting.contains(node.as_str()));
+
+    let mut wake: Option<Instant> = None;
+    let mut timed_out = Vec::new();
+    let mut in_flight = add.len();
+    for node in staying
+        .iter()
+        .filter(|(node, _, _)| waiting.contains(node.as_str()))
+        .map(|(node, _, _)| *node)
+    {
+        if rollout.given_up.contains(node) {
+            continue;
+        }
+        let since = *rollout.since.entry(node.clone()).or_insert(now);
+        match deadline(ds.timeout, since) {
+            Some(at) if now >= at => {
+                rollout.given_up.insert(node.clone());
+                timed_out.push(node.clone());
+            }
+            at => {
+                in_flight += 1;
+                wake = earliest(wake, at);
+            }
+        }
+    }
+
+    // Replace stale pods, unhealthy ones first (they cost no health), while the healthy
+    // count stays at least `min_health`.
+    let min_health = usize::try_from(ds.min_health).unwrap_or(0);
+    let mut healthy_left = staying.iter().filter(|(_, _, healthy)| *healthy).count();
+    let mut stale: Vec<(bool, &String)> = staying
+        .iter()
+        .filter(|(_, on_manifest, _)| !*on_manifest)
+        .map(|(node, _, healthy)| (*healthy, *node))
+        .collect();
+    stale.sort();
+    let mut replace = Vec::new();
+    for (healthy, node) in stale {
+        if in_flight >= MAX_IN_FLIGHT {
+            break;
+        }
+        if healthy {
+            if healthy_left <= min_health {
+                break;
+            }
+            healthy_left -= 1;
+        }
+        replace.push(node.clone());
+        in_flight += 1;
+    }
+    for node in add.iter().chain(&replace) {
+        rollout.since.insert(node.clone(), now);
+        wake = earliest(wake, deadline(ds.timeout, now));
+    }
+
+    let deployed = staying
+        .iter()
+        .filter(|(_, on_manifest, healthy)| *on_manifest && *healthy)
+        .count();
+    let done = |node: &String, on_manifest: bool, healthy: bool| {
+        (on_manifest && healthy) || rollout.given_up.contains(node)
+    };
+    let unfinished = staying
+        .iter()
+        .any(|(node, on_manifest, healthy)| !done(node, *on_manifest, *healthy));
+    let status = DaemonSetFarmStatus {
+        manifest_sha: sha,
+        nodes_deployed: i64::try_from(deployed).unwrap_or(i64::MAX),
+        replication_in_progress: unfinished || !remove.is_empty() || !add.is_empty(),
+    };
+    Ok(Plan {
+        remove,
+        add,
+        replace,
+        timed_out,
+        stranded,
+        status,
+        wake,
+    })
+}
+
+/// Writes the plan's pod changes, removals first, in fenced batches.
+async fn apply(
+    ctx: &FarmContext,
+    world: &World,
+    id: &str,
+    ds: &StoredDaemonSet,
+    plan: &Plan,
+) -> StoreResult<()> {
+    let lock = locks::ds_ownership(id);
+    let labels: Labels = [(DS_ID_LABEL.to_owned(), id.to_owned())].into();
+    let pod_id = ds.manifest.pod_id();
+    let manifest = ds.manifest.raw().as_bytes();
+    let changes: Vec<Vec<TxnOp>> =
+        plan.remove
+            .iter()
+            .map(|pod| unschedule_ops(world, pod, &[DS_ID_LABEL]))
+            .chain(plan.add.iter().chain(&plan.replace).map(|node| {
+                schedule_ops(world, &(node.clone(), pod_id.to_owned()), manifest, &labels)
+            }))
+            .collect();
+    for batch in changes.chunks(NODES_PER_TXN) {
+        ctx.commit(&lock, batch.concat()).await?;
+    }
+    if !changes.is_empty() {
+        tracing::info!(ds = %id, removed = plan.remove.len(), added = plan.add.len(),
+                       replaced = plan.replace.len(), "daemon set retargeted");
+    }
+    Ok(())
+}
+
+/// Frees the ownership locks this session holds on daemon sets that no longer exist.
+async fn release_orphaned_locks(ctx: &FarmContext, world: &World) {
+    for (key, holder) in &world.locks.items {
+        let Some(id) = key.strip_prefix("lock/daemon_sets/") else {
+            continue;
+        };
+        if id.contains('/') || holder.as_deref() != Some(ctx.session.as_str()) {
+            continue;
+        }
+        if !world.daemon_sets.items.contains_key(id) {
+            if let Err(e) = ctx.release_lock(key).await {
+                tracing::warn!(ds = %id, error = %e, "releasing the daemon set's lock failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::farms::world::Tree;
+    use crate::model::Manifest;
+
+    const OLD: &str = "id: agent\nconfig: {version: 1}\n";
+    const NEW: &str = "id: agent\nconfig: {version: 2}\n";
+
+    fn ds(manifest: &str, min_health: i64, selector: &str) -> StoredDaemonSet {
+        StoredDaemonSet {
+            id: "ds".into(),
+            disabled: false,
+            manifest: Manifest::parse(manifest).unwrap(),
+            min_health,
+            cluster_name: "production".into(),
+            node_selector: selector.into(),
+            pod_id: "agent".into(),
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// Nodes `n00..` labelled `role=web`, each running `manifest` (healthy or not) as
+    /// the daemon set's pod.
+    struct Fleet {
+        nodes: BTreeMap<String, Labels>,
+        labels: BTreeMap<PodKey, Versioned<Labels>>,
+        intents: BTreeMap<PodKey, Vec<u8>>,
+        reality: BTreeMap<PodKey, Vec<u8>>,
+        health: HashMap<PodKey, HealthState>,
+    }
+
+    impl Fleet {
+        fn new() -> Fleet {
+            Fleet {
+                nodes: BTreeMap::new(),
+                labels: BTreeMap::new(),
+                intents: BTreeMap::new(),
+                reality: BTreeMap::new(),
+                health: HashMap::new(),
+            }
+        }
+
+        fn node(&mut self, name: &str, role: &str) -> &mut Self {
+            self.nodes
+                .insert(name.into(), [("role".into(), role.into())].into());
+            self
+        }
+
+        fn pod(&mut self, node: &str, manifest: &str, health: HealthState) -> &mut Self {
+            let key = (node.to_owned(), "agent".to_owned());
+            self.labels.insert(
+                key.clone(),
+                Versioned {
+                    value: [(DS_ID_LABEL.into(), "ds".into())].into(),
+                    index: 1,
+                },
+            );
+            self.intents
+                .insert(key.clone(), manifest.as_bytes().to_vec());
+            self.reality
+                .insert(key.clone(), manifest.as_bytes().to_vec());
+            self.health.insert(key, health);
+            self
+        }
+
+        fn web(&mut self, count: usize, manifest: &str) -> &mut Self {
+            for i in 0..count {
+                let name = format!("n{i:02}");
+                self.node(&name, "web")
+                    .pod(&name, manifest, HealthState::Passing);
+            }
+            self
+        }
+
+        fn world(&self) -> World {
+            fn tree<T>(items: T) -> Arc<Tree<T>> {
+                Arc::new(Tree { index: 1, items })
+            }
+            World {
+                rcs: tree(BTreeMap::new()),
+                rolls: tree(BTreeMap::new()),
+                daemon_sets: tree(BTreeMap::new()),
+                nodes: tree(self.nodes.clone()),
+                pod_labels: tree(self.labels.clone()),
+                intents: tree(self.intents.clone()),
+                reality: tree(self.reality.clone()),
+                health: tree(self.health.clone()),
+                locks: tree(BTreeMap::new()),
+            }
+        }
+    }
+
+    fn run(world: &World, ds: &StoredDaemonSet, rollout: &mut Rollout, now: Instant) -> Plan {
+        plan(world, "ds", ds, rollout, now).unwrap()
+    }
+
+    #[test]
+    fn adds_to_eligible_free_nodes_and_removes_from_ineligible_ones() {
+        let mut fleet = Fleet::new();
+        fleet
+            .web(2, OLD)
+            .node("db1", "db")
+            .pod("db1", OLD, HealthState::Passing);
+        fleet.node("taken", "web").node("free", "web");
+        fleet
+            .intents
+            .insert(("taken".into(), "agent".into()), b"id: agent\n".to_vec());
+        let plan = run(
+            &fleet.world(),
+            &ds(OLD, 0, "role=web"),
+            &mut Rollout::default(),
+            Instant::now(),
+        );
+        assert_eq!(plan.add, ["free"]);
+        assert_eq!(plan.remove, [("db1".to_owned(), "agent".to_owned())]);
+        assert!(plan.replace.is_empty());
+        assert_eq!(plan.status.nodes_deployed, 2);
+        assert!(plan.status.replication_in_progress);
+    }
+
+    #[test]
+    fn a_daemon_set_matching_no_node_removes_nothing() {
+        let mut fleet = Fleet::new();
+        fleet.web(3, OLD);
+        let plan = run(
+            &fleet.world(),
+            &ds(OLD, 0, "role=db"),
+            &mut Rollout::default(),
+            Instant::now(),
+        );
+        assert!(plan.remove.is_empty() && plan.add.is_empty() && plan.replace.is_empty());
+        assert!(plan.stranded);
+    }
+
+    #[test]
+    fn replacement_keeps_min_health_and_takes_unhealthy_pods_first() {
+        let mut fleet = Fleet::new();
+        fleet.web(5, OLD);
+        let now = Instant::now();
+        let plan = run(
+            &fleet.world(),
+            &ds(NEW, 3, ""),
+            &mut Rollout::default(),
+            now,
+        );
+        assert_eq!(plan.replace, ["n00", "n01"]);
+        assert_eq!(plan.status.nodes_deployed, 0);
+
+        fleet.pod("n03", OLD, HealthState::Critical);
+        let plan = run(
+            &fleet.world(),
+            &ds(NEW, 4, ""),
+            &mut Rollout::default(),
+            now,
+        );
+        assert_eq!(plan.replace, ["n03"], "the sick pod costs no health");
+
+        let plan = run(
+            &fleet.world(),
+            &ds(NEW, 9, ""),
+            &mut Rollout::default(),
+            now,
+        );
+        assert_eq!(plan.replace, ["n03"]);
+        let plan = run(
+            &fleet.world(),
+            &ds(NEW, -1, ""),
+            &mut Rollout::default(),
+            now,
+        );
+        assert_eq!(plan.replace.len(), 5);
+    }
+
+    #[test]
+    fn at_most_fifty_nodes_are_in_flight() {
+        let mut fleet = Fleet::new();
+        fleet.web(60, OLD);
+        let mut rollout = Rollout::default();
+        let now = Instant::now();
+        let plan = run(&fleet.world(), &ds(NEW, 0, ""), &mut rollout, now);
+        assert_eq!(plan.replace.len(), MAX_IN_FLIGHT);
+        for node in &plan.replace {
+            fleet
+                .intents
+                .insert((node.clone(), "agent".into()), NEW.into());
+        }
+        let plan = run(&fleet.world(), &ds(NEW, 0, ""), &mut rollout, now);
+        assert!(plan.replace.is_empty(), "{:?}", plan.replace);
+        assert!(plan.status.replication_in_progress);
+    }
+
+    #[test]
+    fn nodes_that_stay_unhealthy_are_given_up_but_hold_the_rollout_at_min_health() {
+        let mut fleet = Fleet::new();
+        fleet.web(4, OLD);
+        let spec = ds(NEW, 2, "");
+        let mut rollout = Rollout::default();
+        let start = Instant::now();
+        let plan = run(&fleet.world(), &spec, &mut rollout, start);
+        assert_eq!(plan.replace, ["n00", "n01"]);
+        assert_eq!(plan.wake, Some(start + spec.timeout));
+        // The new manifest never comes up.
+        for node in ["n00", "n01"] {
+            fleet
+                .intents
+                .insert((node.into(), "agent".into()), NEW.into());
+        }
+        let plan = run(
+            &fleet.world(),
+            &spec,
+            &mut rollout,
+            start + spec.timeout / 2,
+        );
+        assert!(plan.replace.is_empty() && plan.timed_out.is_empty());
+        assert_eq!(plan.wake, Some(start + spec.timeout));
+
+        let later = start + spec.timeout * 2;
+        let plan = run(&fleet.world(), &spec, &mut rollout, later);
+        assert_eq!(plan.timed_out, ["n00", "n01"]);
+        assert!(
+            plan.replace.is_empty(),
+            "the bad pods still count as unhealthy"
+        );
+        assert!(plan.status.replication_in_progress);
+        let plan = run(&fleet.world(), &spec, &mut rollout, later);
+        assert!(plan.timed_out.is_empty(), "given up once");
+
+        // A new manifest starts over.
+        let newer = ds("id: agent\nconfig: {version: 3}\n", 2, "");
+        let plan = run(&fleet.world(), &newer, &mut rollout, later);
+        assert_eq!(plan.replace, ["n00", "n01"]);
+    }
+
+    #[test]
+    fn a_zero_timeout_never_gives_up() {
+        let mut fleet = Fleet::new();
+        fleet.web(1, OLD).pod("n00", NEW, HealthState::Critical);
+        let mut spec = ds(NEW, 0, "");
+        spec.timeout = Duration::ZERO;
+        let mut rollout = Rollout::default();
+        let now = Instant::now();
+        run(&fleet.world(), &spec, &mut rollout, now);
+        let plan = run(
+            &fleet.world(),
+            &spec,
+            &mut rollout,
+            now + Duration::from_secs(3600),
+        );
+        assert!(plan.timed_out.is_empty());
+        assert_eq!(plan.wake, None);
+    }
+
+    #[test]
+    fn strays_of_another_pod_id_are_removed() {
+        let mut fleet = Fleet::new();
+        fleet.web(1, OLD);
+        let stray = ("n00".to_owned(), "old-agent".to_owned());
+        fleet.labels.insert(
+            stray.clone(),
+            Versioned {
+                value: [(DS_ID_LABEL.into(), "ds".into())].into(),
+                index: 1,
+            },
+        );
+        let plan = run(
+            &fleet.world(),
+            &ds(OLD, 0, ""),
+            &mut Rollout::default(),
+            Instant::now(),
+        );
+        assert_eq!(plan.remove, [stray]);
+        assert!(plan.status.replication_in_progress);
+    }
+}
