@@ -13,9 +13,7 @@ use e2e_support::{eventually, labels, manifest, Api, Scratch, Server, Sim, CONVE
 use p2_apiserver::api::pod_health::HealthStatus;
 use p2_apiserver::api::pods::Pod;
 use p2_apiserver::api::rcs::RcView;
-use p2_apiserver::leader::current_leader;
 use p2_apiserver::model::Manifest;
-use p2_apiserver::store::sqlite::SqliteStore;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -333,6 +331,14 @@ async fn of_two_contending_daemon_sets_the_newer_is_disabled() {
     assert_eq!(older["disabled"], json!(false), "{older}");
 }
 
+/// The holder of the leader lock, as `api` reports it.
+async fn leader(api: &Api) -> Result<String, String> {
+    match api.send(Method::GET, "/api/v1/leader", None).await {
+        (StatusCode::OK, record) => Ok(record["holder"].as_str().unwrap_or_default().to_owned()),
+        (status, body) => Err(format!("{status}: {body}")),
+    }
+}
+
 /// Two servers on one database; the leader is killed with SIGKILL.
 ///
 /// The invariant sampled throughout, through the surviving server: every instance of the
@@ -348,24 +354,20 @@ async fn the_standby_takes_over_when_the_leader_is_killed() {
     let flags = ["--leader-ttl", "10s", "--leader-lock-delay", "1s"];
     let scratch = Scratch::new();
     let mut first = Server::start("first", &scratch.db(), &flags);
-    let store = SqliteStore::open(scratch.db().to_str().unwrap())
-        .await
-        .unwrap();
-    let leader = || async {
-        current_leader(&store)
-            .await
-            .map_err(|e| e.to_string())?
-            .map(|record| record.holder)
-            .ok_or_else(|| "no leader".to_owned())
+    let holder = |api: Api, name: &'static str| async move {
+        let holder = leader(&api).await?;
+        if holder == name {
+            Ok(())
+        } else {
+            Err(format!("{holder} leads"))
+        }
     };
-    let holder = eventually("the first server to lead", CONVERGE, || async {
-        leader()
-            .await
-            .and_then(|h| if h == "first" { Ok(h) } else { Err(h) })
+    eventually("the first server to lead", CONVERGE, || {
+        holder(first.api(), "first")
     })
     .await;
-    assert_eq!(holder, "first");
     let second = Server::start("second", &scratch.db(), &flags);
+    holder(second.api(), "first").await.unwrap();
     let api = second.api();
     let _web = Sim::start(&api, "web", 6, labels(&[("role", "web")])).await;
     let rc = create_rc(&api, 1, "role=web", 3, "static_strategy").await;
@@ -408,10 +410,8 @@ async fn the_standby_takes_over_when_the_leader_is_killed() {
     let killed = Instant::now();
     set_replicas(&api, &rc, 5).await;
     let budget = TTL + LOCK_DELAY + Duration::from_secs(5);
-    eventually("the second server to lead", budget, || async {
-        leader()
-            .await
-            .and_then(|h| if h == "second" { Ok(()) } else { Err(h) })
+    eventually("the second server to lead", budget, || {
+        holder(api.clone(), "second")
     })
     .await;
     let took_over = killed.elapsed();
