@@ -149,7 +149,8 @@ where
             tracing::info!("stepped down");
             return outcome;
         }
-        // Someone else holds it, or its lock-delay runs: wait for a change, then retry.
+        // Refused: someone holds the lock (wait until that changes), or it is free but its
+        // lock-delay runs, whose end no watch reports (look again shortly, without blocking).
         let snapshot = tokio::select! {
             snapshot = store.watch(&target, index, Duration::from_secs(30)) => snapshot?,
             () = alive.cancelled() => return Ok(()),
@@ -158,13 +159,12 @@ where
             .pairs
             .first()
             .is_none_or(|pair| pair.session.is_none());
-        if free && snapshot.index == index {
-            // Free but unacquirable at the timeout: a lock-delay; try again shortly.
-            sleep_or_cancel(Duration::from_millis(500), alive).await;
-        } else if free {
-            sleep_or_cancel(Duration::from_millis(100), alive).await;
+        if free {
+            sleep_or_cancel(Duration::from_millis(250), alive).await;
+            index = 0;
+        } else {
+            index = snapshot.index;
         }
-        index = snapshot.index;
     }
     Ok(())
 }
