@@ -31,6 +31,11 @@ pub struct Harness {
 impl Harness {
     /// An empty store with one server campaigning (and so leading) on it.
     pub async fn start() -> Harness {
+        Self::start_with_alerts(None).await
+    }
+
+    /// Like [`Harness::start`], with alerts posted to `webhook`.
+    pub async fn start_with_alerts(webhook: Option<String>) -> Harness {
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -47,7 +52,7 @@ impl Harness {
             behavior: SessionBehavior::Delete,
         };
         let farm_store = store.clone();
-        let alerts = Arc::new(Alerter::new(None));
+        let alerts = Arc::new(Alerter::new(webhook));
         tasks.spawn(leader::campaign(
             store.clone(),
             config,
