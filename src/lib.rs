@@ -12,6 +12,10 @@
 //!   and the pure domain rules around them.
 //! - [`store`]: the Consul-shaped KV trait, its SQLite and Consul backends, and the typed
 //!   stores built on it.
+//! - [`leader`]: leader election over a store session and lock; the leader runs the farms.
+//! - [`farms`]: the RC, roll and daemon-set reconcilers, driven by shared tree watches.
+//! - [`simulator`]: simulated nodes that act as node agents through the REST API, for the
+//!   demo, the end-to-end tests and the benchmark.
 
 pub mod api;
 pub mod app;
