@@ -101,7 +101,9 @@ impl FarmContext {
     }
 
     /// Takes `lock` with the leader's session if it is free; `false` when someone else has
-    /// it. The lock value names this server.
+    /// it. The lock value names this server. A free lock that cannot be taken yet (its
+    /// lock-delay runs after a failover) is a `Conflict`, so the farm retries it soon rather
+    /// than at the next change.
     pub async fn take_lock(&self, world: &World, lock: &str) -> StoreResult<bool> {
         match world.lock_holder(lock) {
             Some(holder) if holder == self.session => return Ok(true),
@@ -111,9 +113,16 @@ impl FarmContext {
         if self.cancel.is_cancelled() {
             return Ok(false);
         }
-        self.store
+        if self
+            .store
             .acquire(lock, self.holder.as_bytes(), &self.session)
-            .await
+            .await?
+        {
+            return Ok(true);
+        }
+        Err(StoreError::conflict(format!(
+            "{lock} is free but cannot be taken yet (lock-delay)"
+        )))
     }
 
     /// Frees a lock this session holds (ownership of an object that is gone); a lock that
