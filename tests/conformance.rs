@@ -407,6 +407,8 @@ async fn session_lifecycle(s: Subject) {
         s.store.renew_session(&id).await,
         Err(StoreError::NotFound(_))
     ));
+    let gone = s.store.acquire(&s.key("life"), b"v", &id).await;
+    assert!(matches!(gone, Err(StoreError::NotFound(_))), "{gone:?}");
     let too_short = SessionSpec {
         ttl: Duration::from_secs(5),
         ..spec.clone()

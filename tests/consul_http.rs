@@ -1,6 +1,7 @@
 //! The Consul backend against recorded Consul HTTP exchanges: what it sends and how it
 //! reads the answers.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use p2_apiserver::store::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
@@ -12,7 +13,7 @@ use serde_json::json;
 use wiremock::matchers::{
     body_json, body_string, header, method, path, query_param, query_param_is_missing,
 };
-use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 fn config(server: &MockServer) -> ConsulConfig {
     ConsulConfig {
@@ -353,7 +354,7 @@ async fn txn_sends_consul_verbs_and_lines_results_up_with_ops() {
             {"KV": {"Verb": "set", "Key": "a", "Value": "MQ=="}},
             {"KV": {"Verb": "delete", "Key": "b"}},
             {"KV": {"Verb": "get", "Key": "c"}},
-            {"KV": {"Verb": "check-not-exists", "Key": "d"}},
+            {"KV": {"Verb": "delete-cas", "Key": "d", "Index": 0}},
             {"KV": {"Verb": "cas", "Key": "e", "Value": "", "Index": 0}},
             {"KV": {"Verb": "delete-cas", "Key": "f", "Index": 4}},
             {"KV": {"Verb": "lock", "Key": "g", "Value": "", "Session": "s"}},
@@ -566,20 +567,39 @@ async fn a_read_is_retried_after_a_server_error() {
     assert_eq!(got, Some(pair("rc/1", "v", 21)));
 }
 
+/// Answers a consistent read of `rc/1` with whatever flags the lost PUT carried, as Consul
+/// does when that PUT was applied.
+struct LandedRead(Arc<Mutex<Option<String>>>);
+
+impl Respond for LandedRead {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        let flags: u64 = self.0.lock().unwrap().as_deref().unwrap().parse().unwrap();
+        let mut stored = entry("rc/1", "new", 25);
+        stored["Flags"] = flags.into();
+        kv_answer(25, json!([stored]))
+    }
+}
+
 #[tokio::test]
 async fn a_lost_cas_put_that_landed_is_a_success() {
     let server = MockServer::start().await;
+    let sent_flags = Arc::new(Mutex::new(None));
+    let recorder = sent_flags.clone();
     Mock::given(method("PUT"))
         .and(path("/v1/kv/rc/1"))
         .and(query_param("cas", "20"))
-        .respond_with_err(drop_connection)
+        .respond_with_err(move |request: &Request| {
+            let flags = request.url.query_pairs().find(|(k, _)| k == "flags");
+            *recorder.lock().unwrap() = flags.map(|(_, v)| v.into_owned());
+            drop_connection(request)
+        })
         .expect(1)
         .mount(&server)
         .await;
     Mock::given(method("GET"))
         .and(path("/v1/kv/rc/1"))
         .and(query_param("consistent", ""))
-        .respond_with(kv_answer(25, json!([entry("rc/1", "new", 25)])))
+        .respond_with(LandedRead(sent_flags))
         .expect(1)
         .mount(&server)
         .await;
@@ -588,6 +608,32 @@ async fn a_lost_cas_put_that_landed_is_a_success() {
         .put("rc/1", b"new", Cas::Index(20))
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_lost_cas_put_overtaken_by_another_writer_has_an_unknown_outcome() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .respond_with_err(drop_connection)
+        .expect(1)
+        .mount(&server)
+        .await;
+    // The same value at a newer index, but written by someone else (other flags).
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("consistent", ""))
+        .respond_with(kv_answer(25, json!([entry("rc/1", "new", 25)])))
+        .expect(1)
+        .mount(&server)
+        .await;
+
+    let result = store(&server).put("rc/1", b"new", Cas::Index(20)).await;
+
+    assert!(
+        matches!(&result, Err(StoreError::Unavailable(m)) if m.contains("outcome unknown")),
+        "{result:?}"
+    );
 }
 
 #[tokio::test]

@@ -83,24 +83,28 @@ impl ConsulStore {
         snapshot(what, answer)
     }
 
-    /// After a lost CAS put: a consistent read tells whether the write landed.
+    /// After a lost CAS put: a consistent read tells whether the write landed. The key
+    /// holding this write's `token` (its flags) proves it did; the key still at `cas_index`
+    /// proves it did not (a CAS write always moves the index); anything else (the key moved
+    /// on, or a create-only put finds nothing) leaves the outcome unknown, since another
+    /// writer may have come first or after.
     async fn put_landed(
         &self,
         key: &str,
-        value: &[u8],
+        token: u64,
         cas_index: u64,
         lost: String,
     ) -> StoreResult<()> {
-        let stored = self.consistent_get(key, &lost).await?;
-        let landed = stored.is_some_and(|pair| {
-            pair.value == value && (cas_index == 0 || pair.modify_index != cas_index)
-        });
-        if landed {
-            Ok(())
-        } else {
-            Err(StoreError::Unavailable(format!(
-                "{lost}; a re-read shows the write was not applied"
-            )))
+        match self.consistent_get(key, &lost).await? {
+            Some((_, flags)) if flags == token => Ok(()),
+            Some((pair, _)) if cas_index != 0 && pair.modify_index == cas_index => {
+                Err(StoreError::Unavailable(format!(
+                    "{lost}; a re-read shows the write was not applied"
+                )))
+            }
+            _ => Err(StoreError::Unavailable(format!(
+                "{lost}; outcome unknown: the key changed since"
+            ))),
         }
     }
 
@@ -114,13 +118,19 @@ impl ConsulStore {
         }
     }
 
-    async fn consistent_get(&self, key: &str, lost: &str) -> StoreResult<Option<KvPair>> {
+    /// The key and its flags, read with `?consistent` so that the answer is the leader's.
+    async fn consistent_get(&self, key: &str, lost: &str) -> StoreResult<Option<(KvPair, u64)>> {
         let mut url = self.http.kv_url(key);
         url.query_pairs_mut().append_key_only("consistent");
-        let listing = self.read_pairs(url, "get").await.map_err(|e| {
+        let unknown = |e: StoreError| {
             StoreError::Unavailable(format!("{lost}; outcome unknown, re-reading failed: {e}"))
-        })?;
-        Ok(listing.pairs.into_iter().find(|p| p.key == key))
+        };
+        let answer = self.http.read(url).await.map_err(unknown)?;
+        if answer.status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let entries = wire::decode_pairs_with_flags("get", &answer.body).map_err(unknown)?;
+        Ok(entries.into_iter().find(|(pair, _)| pair.key == key))
     }
 
     /// Sends a transaction once and reads its answer, commit or rollback.
@@ -217,8 +227,13 @@ impl KvStore for ConsulStore {
         validate_key(key)?;
         validate_value(value)?;
         let mut url = self.http.kv_url(key);
+        // A CAS put marks its write with a random token in the flags, so that if its answer
+        // is lost a re-read can tell its own write from another writer's.
+        let token = rand::random::<u64>() | 1;
         if let Cas::Index(index) = cas {
-            url.query_pairs_mut().append_pair("cas", &index.to_string());
+            url.query_pairs_mut()
+                .append_pair("cas", &index.to_string())
+                .append_pair("flags", &token.to_string());
         }
         match self
             .http
@@ -227,7 +242,7 @@ impl KvStore for ConsulStore {
         {
             Ok(answer) => cas_outcome(&answer, "put", key),
             Err(WriteFailure::Lost(lost)) => match cas {
-                Cas::Index(index) => self.put_landed(key, value, index, lost).await,
+                Cas::Index(index) => self.put_landed(key, token, index, lost).await,
                 Cas::Any => Err(WriteFailure::Lost(lost).into_error()),
             },
             Err(failure) => Err(failure.into_error()),

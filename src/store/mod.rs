@@ -332,7 +332,7 @@ pub trait KvStore: Send + Sync + 'static {
     async fn session_info(&self, id: &str) -> StoreResult<Option<SessionInfo>>;
 
     /// Takes `key` as a lock for `session`, writing `value`. `false` when another session
-    /// holds it or its lock-delay has not passed.
+    /// holds it or its lock-delay has not passed; `NotFound` when the session does not exist.
     async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool>;
 
     /// Releases `key` if `session` holds it; `false` otherwise.

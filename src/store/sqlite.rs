@@ -847,7 +847,7 @@ impl KvStore for SqliteStore {
         self.write(move |inner| async move {
             let mut txn = WriteTxn::begin(&inner).await?;
             if txn.session(&session).await?.is_none() {
-                return Err(StoreError::Invalid(format!("invalid session {session:?}")));
+                return Err(StoreError::NotFound(format!("invalid session {session:?}")));
             }
             let taken = txn.apply(&op).await?.is_ok();
             txn.commit(&inner).await?;
@@ -891,20 +891,30 @@ impl KvStore for SqliteStore {
         }
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WATCH_WAIT);
         let mut changes = self.inner.changes.subscribe();
+        let reader = &self.inner.reader;
+        // Every commit wakes every watch, so a wake-up first reads only the index (a prefix's
+        // keys without their values) and reads the values once the index has moved.
+        let snapshot = || async move {
+            match target {
+                WatchTarget::Key(key) => read_key(reader, key).await,
+                WatchTarget::Prefix(prefix) => read_prefix(reader, prefix, true).await,
+            }
+        };
         loop {
             changes.borrow_and_update();
-            let snapshot = match target {
-                WatchTarget::Key(key) => read_key(&self.inner.reader, key).await?,
-                WatchTarget::Prefix(prefix) => {
-                    read_prefix(&self.inner.reader, prefix, true).await?
-                }
+            let probe = match target {
+                WatchTarget::Key(key) => read_key(reader, key).await?,
+                WatchTarget::Prefix(prefix) => read_prefix(reader, prefix, false).await?,
             };
-            if snapshot.index != index {
-                return Ok(snapshot);
+            if probe.index != index {
+                return match target {
+                    WatchTarget::Key(_) => Ok(probe),
+                    WatchTarget::Prefix(_) => snapshot().await,
+                };
             }
             match tokio::time::timeout_at(deadline, changes.changed()).await {
                 Ok(Ok(())) => continue,
-                _ => return Ok(snapshot),
+                _ => return snapshot().await,
             }
         }
     }

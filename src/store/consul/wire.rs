@@ -33,6 +33,9 @@ pub(super) struct KvEntry {
     lock_index: u64,
     #[serde(default)]
     session: Option<String>,
+    /// Opaque to Consul; CAS puts set it to a random token to recognise their own write.
+    #[serde(default)]
+    flags: u64,
 }
 
 impl KvEntry {
@@ -52,6 +55,19 @@ impl KvEntry {
             session: self.session.filter(|s| !s.is_empty()),
         })
     }
+}
+
+/// Decodes a `/v1/kv` read keeping each entry's flags, which identify the write that made it.
+pub(super) fn decode_pairs_with_flags(what: &str, body: &[u8]) -> StoreResult<Vec<(KvPair, u64)>> {
+    let entries: Option<Vec<KvEntry>> = decode(what, body)?;
+    entries
+        .unwrap_or_default()
+        .into_iter()
+        .map(|entry| {
+            let flags = entry.flags;
+            entry.into_pair().map(|pair| (pair, flags))
+        })
+        .collect()
 }
 
 /// Decodes a `/v1/kv` read: a JSON array of entries.
@@ -248,7 +264,10 @@ impl<'a> From<&'a TxnOp> for TxnOpBody<'a> {
             TxnOp::Delete { .. } => ("delete", None, None),
             TxnOp::DeleteCas { index, .. } => ("delete-cas", Some(*index), None),
             TxnOp::CheckIndex { index, .. } => ("check-index", Some(*index), None),
-            TxnOp::CheckNotExists { .. } => ("check-not-exists", None, None),
+            // Consul 0.7 has no check-not-exists verb (0.8 added it); a delete-CAS at index 0
+            // is the same check there and everywhere: it succeeds, deleting nothing, exactly
+            // when the key is absent.
+            TxnOp::CheckNotExists { .. } => ("delete-cas", Some(0), None),
             TxnOp::Lock { session, .. } => ("lock", None, Some(session.as_str())),
             TxnOp::Unlock { session, .. } => ("unlock", None, Some(session.as_str())),
             TxnOp::CheckSession { session, .. } => ("check-session", None, Some(session.as_str())),
