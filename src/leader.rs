@@ -128,14 +128,14 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let target = WatchTarget::Key(LEADER_LOCK.into());
-    let record = LeaderRecord {
-        holder: config.holder.clone(),
-        session: session.into(),
-        since: format_rfc3339(SystemTime::now()),
-    };
-    let value = serde_json::to_vec(&record).expect("a record always serializes");
     let mut index = 0;
     while !alive.is_cancelled() {
+        let record = LeaderRecord {
+            holder: config.holder.clone(),
+            session: session.into(),
+            since: format_rfc3339(SystemTime::now()),
+        };
+        let value = serde_json::to_vec(&record).expect("a record always serializes");
         if store.acquire(LEADER_LOCK, &value, session).await? {
             tracing::info!(holder = %config.holder, "elected leader");
             let term = Term {
@@ -169,7 +169,9 @@ where
     Ok(())
 }
 
-/// Returns when the lock no longer belongs to `session` or `term` ends.
+/// Returns when the lock no longer belongs to `session` or `term` ends. A failed watch is
+/// retried: whether the session still lives is `keep_alive`'s to decide, and the fence on
+/// every farm write covers the meantime.
 async fn watch_while_ours(
     store: &dyn KvStore,
     session: &str,
@@ -177,11 +179,21 @@ async fn watch_while_ours(
 ) -> StoreResult<()> {
     let target = WatchTarget::Key(LEADER_LOCK.into());
     let mut index = 0;
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
-        let snapshot = tokio::select! {
-            snapshot = store.watch(&target, index, Duration::from_secs(60)) => snapshot?,
+        let result = tokio::select! {
+            result = store.watch(&target, index, Duration::from_secs(60)) => result,
             () = term.cancelled() => return Ok(()),
         };
+        let snapshot = match result {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                tracing::warn!(error = %e, "watching the leader lock failed; retrying");
+                sleep_or_cancel(backoff.next_delay(), term).await;
+                continue;
+            }
+        };
+        backoff.reset();
         let ours = snapshot
             .pairs
             .first()
@@ -215,7 +227,12 @@ async fn keep_alive(
             () = tokio::time::sleep(pause) => {}
             () = alive.cancelled() => return,
         }
-        match store.renew_session(&session).await {
+        // A renewal that hangs must not outlive the point where the farms have to stop.
+        let deadline = last_renewed + give_up_after;
+        let renewed = tokio::time::timeout_at(deadline, store.renew_session(&session))
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Unavailable("renewal timed out".into())));
+        match renewed {
             Ok(_) => last_renewed = Instant::now(),
             Err(StoreError::NotFound(_)) => {
                 tracing::warn!(%session, "leader session expired");

@@ -43,7 +43,7 @@ use crate::store::daemon_sets::{
 use crate::store::locks::{self, LEADER_LOCK};
 use crate::store::{StoreError, StoreResult, TxnOp};
 
-use super::pods::{same_manifest, schedule_ops, unschedule_ops};
+use super::pods::{runs_intent, same_manifest, schedule_ops, unschedule_ops};
 use super::world::{PodKey, Versioned, World};
 use super::{Farm, FarmContext, Retries};
 
@@ -116,7 +116,11 @@ impl Farm for DsFarm {
             }
             let result = match ctx.take_lock(world, &locks::ds_ownership(id)).await {
                 Ok(true) => self.reconcile(ctx, world, &mut disabled_now, id, ds).await,
-                Ok(false) => continue,
+                Ok(false) => {
+                    // Someone else owns it now; any backoff of ours is moot.
+                    self.retries.succeeded(id);
+                    continue;
+                }
                 Err(e) => Err(e),
             };
             match result {
@@ -467,8 +471,9 @@ fn plan(
             let key = pod(node);
             let intent = world.intents.items.get(&key);
             let on_manifest = intent.is_some_and(|raw| same_manifest(raw, &ds.manifest));
-            let healthy = intent.is_some()
-                && world.reality.items.get(&key) == intent
+            let healthy = intent
+                .zip(world.reality.items.get(&key))
+                .is_some_and(|(intent, reality)| runs_intent(reality, intent))
                 && world.health_of(&key) == HealthState::Passing;
             (node, on_manifest, healthy)
         })

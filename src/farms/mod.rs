@@ -229,9 +229,21 @@ impl Retries {
         self.failing.remove(id);
     }
 
-    /// The earliest retry due.
+    /// The earliest retry still to come. Retries already due are left out: their objects
+    /// are retried by the pass that sees them, and one whose object has gone must not make
+    /// the farm spin.
     pub fn next_due(&self) -> Option<Instant> {
-        self.failing.values().map(|(_, at)| *at).min()
+        let now = Instant::now();
+        self.failing
+            .values()
+            .map(|(_, at)| *at)
+            .filter(|at| *at > now)
+            .min()
+    }
+
+    /// Forgets the objects that no longer exist.
+    pub fn retain(&mut self, exists: impl Fn(&str) -> bool) {
+        self.failing.retain(|id, _| exists(id));
     }
 }
 
@@ -240,9 +252,12 @@ impl Retries {
 pub async fn run_term(store: Arc<dyn KvStore>, term: Term, alerts: Arc<Alerter>, holder: String) {
     let tasks = TaskTracker::new();
     let trees = loop {
-        match Trees::start(&store, &tasks, &term.cancel).await {
+        // A failed attempt stops the watches it had already started.
+        let attempt = term.cancel.child_token();
+        match Trees::start(&store, &tasks, &attempt).await {
             Ok(trees) => break trees,
             Err(e) => {
+                attempt.cancel();
                 tracing::warn!(error = %e, "reading the trees failed; retrying");
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -252,10 +267,39 @@ pub async fn run_term(store: Arc<dyn KvStore>, term: Term, alerts: Arc<Alerter>,
         }
     };
     let ctx = Arc::new(FarmContext::new(store, &term, alerts, holder));
-    tasks.spawn(drive(rc::RcFarm::default(), ctx.clone(), trees.clone()));
-    tasks.spawn(drive(roll::RollFarm::default(), ctx.clone(), trees.clone()));
-    tasks.spawn(drive(ds::DsFarm::default(), ctx.clone(), trees.clone()));
+    spawn_farm(
+        &tasks,
+        &term,
+        drive(rc::RcFarm::default(), ctx.clone(), trees.clone()),
+    );
+    spawn_farm(
+        &tasks,
+        &term,
+        drive(roll::RollFarm::default(), ctx.clone(), trees.clone()),
+    );
+    spawn_farm(
+        &tasks,
+        &term,
+        drive(ds::DsFarm::default(), ctx.clone(), trees.clone()),
+    );
     tasks.close();
     term.cancel.cancelled().await;
     tasks.wait().await;
+}
+
+/// Runs one farm; if it ever stops before the term ends (a panic, say), the term ends too,
+/// so that this server steps down instead of leading with a farm missing.
+fn spawn_farm(
+    tasks: &TaskTracker,
+    term: &Term,
+    farm: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let handle = tokio::spawn(farm);
+    let cancel = term.cancel.clone();
+    tasks.spawn(async move {
+        if let Err(e) = handle.await {
+            tracing::error!(error = %e, "a farm failed; stepping down");
+        }
+        cancel.cancel();
+    });
 }

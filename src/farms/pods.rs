@@ -25,10 +25,18 @@ pub fn schedule_ops(world: &World, pod: &PodKey, manifest: &[u8], labels: &Label
     let current = world.pod_labels.items.get(pod);
     let mut merged = current.map(|v| v.value.clone()).unwrap_or_default();
     merged.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
-    let mut ops = vec![TxnOp::Set {
+    let mut ops = Vec::new();
+    // A pod the farm believes absent must still be absent: never overwrite an intent that
+    // someone else wrote since the farm looked.
+    if !world.intents.items.contains_key(pod) {
+        ops.push(TxnOp::CheckNotExists {
+            key: intent_key(node, pod_id),
+        });
+    }
+    ops.push(TxnOp::Set {
         key: intent_key(node, pod_id),
         value: manifest.to_vec(),
-    }];
+    });
     let index = current.map_or(0, |v| v.index);
     ops.extend(write_op(
         LabelType::Pod,
@@ -58,6 +66,16 @@ pub fn unschedule_ops(world: &World, pod: &PodKey, owned: &[&str]) -> Vec<TxnOp>
         ));
     }
     ops
+}
+
+/// Whether a node runs what it is intended to: the same bytes, or the same manifest SHA (a
+/// preparer may write reality re-rendered).
+pub fn runs_intent(reality: &[u8], intent: &[u8]) -> bool {
+    reality == intent
+        || std::str::from_utf8(intent)
+            .ok()
+            .and_then(|text| Manifest::parse(text).ok())
+            .is_some_and(|intent| same_manifest(reality, &intent))
 }
 
 /// Whether stored manifest bytes describe `manifest`: the same bytes, or the same SHA.

@@ -49,7 +49,11 @@ impl Farm for RcFarm {
             let lock = locks::rc_ownership(id);
             let result = match ctx.take_lock(world, &lock).await {
                 Ok(true) => reconcile(ctx, world, &mut load, id, &rc.value).await,
-                Ok(false) => continue,
+                Ok(false) => {
+                    // Someone else owns it now; any backoff of ours is moot.
+                    self.retries.succeeded(id);
+                    continue;
+                }
                 Err(e) => Err(e),
             };
             match result {
@@ -61,6 +65,7 @@ impl Farm for RcFarm {
             }
         }
         release_orphaned_locks(ctx, world).await;
+        self.retries.retain(|id| world.rcs.items.contains_key(id));
         self.retries.next_due()
     }
 }
@@ -142,7 +147,9 @@ async fn reconcile(
             .collect();
         candidates.sort_by_key(|node| (load.get(*node).copied().unwrap_or(0), (*node).clone()));
         let need = desired - current.len();
-        if candidates.len() < need {
+        // During a roll the new RC often waits a pass for the old one to free a node: no alert.
+        let rolling = world.lock_holder(&locks::rc_mutation(id)).is_some();
+        if candidates.len() < need && !rolling {
             ctx.alerts
                 .low(
                     id,

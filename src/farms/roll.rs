@@ -45,7 +45,12 @@ pub struct Counts {
 
 /// Counts an RC's pods in `world`.
 pub fn count(world: &World, id: &str, rc: &StoredRc) -> Counts {
-    let pods = world.pods_labelled(RC_ID_LABEL, id);
+    let pod_id = rc.manifest.pod_id();
+    let pods: Vec<_> = world
+        .pods_labelled(RC_ID_LABEL, id)
+        .into_iter()
+        .filter(|(_, pod)| pod == pod_id)
+        .collect();
     let healthy = pods
         .iter()
         .filter(|pod| {
@@ -78,7 +83,11 @@ impl Farm for RollFarm {
             }
             let result = match ctx.take_lock(world, &locks::roll_ownership(id)).await {
                 Ok(true) => self.reconcile(ctx, world, id, roll).await,
-                Ok(false) => continue,
+                Ok(false) => {
+                    // Someone else owns it now; any backoff of ours is moot.
+                    self.retries.succeeded(id);
+                    continue;
+                }
                 Err(e) => Err(e),
             };
             match result {
@@ -209,11 +218,14 @@ impl RollFarm {
             return Ok(None);
         }
         if new_counts.desired > 0 && !spec.roll_delay.is_zero() {
-            if let Some(last) = self.last_step.get(id) {
-                let due = *last + spec.roll_delay;
-                if Instant::now() < due {
-                    return Ok(Some(due));
-                }
+            // Not knowing when the last step was (a new term), wait one whole delay.
+            let last = *self
+                .last_step
+                .entry(id.to_owned())
+                .or_insert_with(Instant::now);
+            let due = last + spec.roll_delay;
+            if Instant::now() < due {
+                return Ok(Some(due));
             }
         }
         let mut old_rc = old.value.clone();
