@@ -37,10 +37,16 @@ async fn create(app: &TestApp, body: &Value) -> Value {
     response.json()
 }
 
+/// Creates an RC from `spec()` and returns its ID.
+async fn create_id(app: &TestApp) -> String {
+    create(app, &spec()).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 async fn patch(app: &TestApp, id: &str, body: &Value, headers: &[(&str, &str)]) -> TestResponse {
-    let mut all = vec![("content-type", "application/merge-patch+json")];
-    all.extend_from_slice(headers);
-    app.json_request("PATCH", &format!("/api/v1/rcs/{id}"), Some(body), &all)
+    app.merge_patch(&format!("/api/v1/rcs/{id}"), body, headers)
         .await
 }
 
@@ -50,15 +56,6 @@ async fn stored(app: &TestApp, key: &str) -> Option<Value> {
         .await
         .unwrap()
         .map(|pair| serde_json::from_slice(&pair.value).unwrap())
-}
-
-fn fields(response: &TestResponse) -> Vec<String> {
-    response
-        .error()
-        .causes
-        .into_iter()
-        .map(|c| c.field)
-        .collect()
 }
 
 /// Holds the RC's mutation lock with a fresh session, as a running roll does.
@@ -170,7 +167,7 @@ async fn create_lists_every_problem_and_writes_nothing() {
     assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(response.error().reason, "Invalid");
     assert_eq!(
-        fields(&response),
+        response.cause_fields(),
         [
             "manifest.id",
             "manifest.launchables.app.location",
@@ -239,7 +236,7 @@ async fn get_refuses_bad_ids_and_answers_404_for_missing_rcs() {
     ] {
         let response = app.get(&format!("/api/v1/rcs/{id}")).await;
         assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{id}");
-        assert_eq!(fields(&response), ["id"]);
+        assert_eq!(response.cause_fields(), ["id"]);
     }
     let missing = uuid::Uuid::new_v4();
     let response = app.get(&format!("/api/v1/rcs/{missing}")).await;
@@ -250,31 +247,15 @@ async fn get_refuses_bad_ids_and_answers_404_for_missing_rcs() {
 #[tokio::test]
 async fn get_reads_the_status_from_pod_labels() {
     let app = TestApp::new().await;
-    let id = create(&app, &spec()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create_id(&app).await;
     let mine = json!({"pod_id": "hello", "replication_controller_id": id});
     for node in ["node2", "node1"] {
-        app.store
-            .put(
-                &format!("labels/pod/{node}/hello"),
-                mine.to_string().as_bytes(),
-                Cas::Any,
-            )
-            .await
-            .unwrap();
+        app.put_json(&format!("labels/pod/{node}/hello"), &mine)
+            .await;
     }
     let other =
         json!({"pod_id": "hello", "replication_controller_id": uuid::Uuid::new_v4().to_string()});
-    app.store
-        .put(
-            "labels/pod/node3/hello",
-            other.to_string().as_bytes(),
-            Cas::Any,
-        )
-        .await
-        .unwrap();
+    app.put_json("labels/pod/node3/hello", &other).await;
 
     let body = app.get(&format!("/api/v1/rcs/{id}")).await.json();
     assert_eq!(
@@ -332,8 +313,7 @@ async fn list_filters_by_rc_labels_and_pages_by_id() {
     assert_eq!(rest["continue"], Value::Null);
 
     let bad = app.get("/api/v1/rcs?selector=owner%20in%20(").await;
-    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(fields(&bad), ["selector"]);
+    assert_eq!(bad.unprocessable_fields(), ["selector"]);
     // Refused at once, not after the wait.
     let bad = tokio::time::timeout(
         Duration::from_secs(5),
@@ -354,14 +334,8 @@ async fn a_blocking_list_wakes_on_a_change_and_times_out_unchanged() {
     create(&app, &spec()).await;
     // A pod of no RC here, so that every tree the listing watches is in use: on Consul an
     // empty tree reads at the index of the whole KV store, which any write anywhere moves.
-    app.store
-        .put(
-            "labels/pod/node9/other",
-            br#"{"pod_id": "other"}"#,
-            Cas::Any,
-        )
-        .await
-        .unwrap();
+    app.put_raw("labels/pod/node9/other", br#"{"pod_id": "other"}"#)
+        .await;
     let index = app
         .get("/api/v1/rcs")
         .await
@@ -454,10 +428,7 @@ async fn patch_changes_only_the_given_fields() {
 #[tokio::test]
 async fn patch_lists_every_bad_field_and_writes_nothing() {
     let app = TestApp::new().await;
-    let id = create(&app, &spec()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create_id(&app).await;
     let before = app.dump().await;
     let response = patch(
         &app,
@@ -477,8 +448,7 @@ async fn patch_lists_every_bad_field_and_writes_nothing() {
         &[],
     )
     .await;
-    assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
-    let mut got = fields(&response);
+    let mut got = response.unprocessable_fields();
     got.sort();
     let mut expected = [
         "allocation_strategy",
@@ -506,17 +476,14 @@ async fn patch_lists_every_bad_field_and_writes_nothing() {
         assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     }
     let response = patch(&app, &id, &json!({"manifest": {"id": "other"}}), &[]).await;
-    assert_eq!(fields(&response), ["manifest.id"]);
+    assert_eq!(response.cause_fields(), ["manifest.id"]);
     assert_eq!(app.dump().await, before);
 }
 
 #[tokio::test]
 async fn patch_refuses_unusable_requests() {
     let app = TestApp::new().await;
-    let id = create(&app, &spec()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create_id(&app).await;
     let before = app.dump().await;
     let path = format!("/api/v1/rcs/{id}");
     let request = |content_type: &str, body: Vec<u8>| {
@@ -611,10 +578,7 @@ async fn if_match_makes_patch_and_delete_conditional() {
 #[tokio::test]
 async fn delete_needs_zero_replicas_or_force_and_removes_the_labels_too() {
     let app = TestApp::new().await;
-    let id = create(&app, &spec()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create_id(&app).await;
     let path = format!("/api/v1/rcs/{id}");
     let before = app.dump().await;
     let refused = app.json_request("DELETE", &path, None, &[]).await;
@@ -651,10 +615,7 @@ async fn delete_needs_zero_replicas_or_force_and_removes_the_labels_too() {
 #[tokio::test]
 async fn the_mutation_lock_refuses_patch_and_delete_naming_the_roll() {
     let app = TestApp::new().await;
-    let old = create(&app, &spec()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let old = create_id(&app).await;
     let new = uuid::Uuid::new_v4().to_string();
     let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 2, "MinimumReplicas": 1,
                       "LeaveOld": false, "RollDelay": 0});
@@ -753,10 +714,7 @@ async fn concurrent_if_match_increments_all_land() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_patches_of_different_pod_labels_all_land() {
     let app = Arc::new(TestApp::new().await);
-    let id = create(&app, &spec()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create_id(&app).await;
     let clients = (0..20).map(|n| {
         let app = app.clone();
         let id = id.clone();

@@ -23,6 +23,7 @@ use axum::Router;
 use http_body_util::BodyExt;
 use p2_apiserver::app::App;
 use p2_apiserver::error::ErrorBody;
+use p2_apiserver::labels::Labels;
 use p2_apiserver::router;
 use p2_apiserver::store::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
 use p2_apiserver::store::prefixed::Prefixed;
@@ -266,6 +267,25 @@ impl TestResponse {
         body
     }
 
+    /// The fields the error's causes name, in the order given.
+    pub fn cause_fields(&self) -> Vec<String> {
+        self.error().causes.into_iter().map(|c| c.field).collect()
+    }
+
+    /// The fields a 422 names, checking the status is 422.
+    pub fn unprocessable_fields(&self) -> Vec<String> {
+        assert_eq!(self.status, StatusCode::UNPROCESSABLE_ENTITY, "{self:?}");
+        self.cause_fields()
+    }
+
+    /// The `X-Index` header, which every list and get answers with.
+    pub fn x_index(&self) -> u64 {
+        self.header("x-index")
+            .expect("X-Index")
+            .parse()
+            .expect("a numeric X-Index")
+    }
+
     /// A header as text.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
@@ -306,27 +326,6 @@ impl TestApp {
     }
 }
 
-/// A request with extra headers and, optionally, a JSON body sent with the given content
-/// type (such as `application/json` or `application/merge-patch+json`).
-pub fn request_with(
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Option<(&str, &serde_json::Value)>,
-) -> Request<Body> {
-    let mut builder = Request::builder().method(method).uri(path);
-    for (name, value) in headers {
-        builder = builder.header(*name, *value);
-    }
-    match body {
-        Some((content_type, json)) => builder
-            .header("content-type", content_type)
-            .body(Body::from(json.to_string())),
-        None => builder.body(Body::empty()),
-    }
-    .expect("a valid test request")
-}
-
 impl TestApp {
     /// `method path` with an optional JSON body (sent as `application/json` unless
     /// `headers` name another content type) and extra headers.
@@ -337,28 +336,74 @@ impl TestApp {
         body: Option<&serde_json::Value>,
         headers: &[(&str, &str)],
     ) -> TestResponse {
-        let mut request = Request::builder().method(method).uri(path);
+        let mut all = Vec::with_capacity(headers.len() + 1);
         if body.is_some()
             && !headers
                 .iter()
                 .any(|(name, _)| name.eq_ignore_ascii_case("content-type"))
         {
-            request = request.header("content-type", "application/json");
+            all.push(("content-type", "application/json"));
         }
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
+        all.extend_from_slice(headers);
         let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
-        self.send(request.body(body).unwrap()).await
+        self.send_raw(method, path, &all, body).await
     }
 
-    /// Every key in the store with its value as text, to check that a request wrote nothing.
-    pub async fn dump(&self) -> Vec<(String, String)> {
+    /// `PATCH path` with `body` sent as a JSON merge patch and the extra `headers`.
+    pub async fn merge_patch(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        headers: &[(&str, &str)],
+    ) -> TestResponse {
+        let mut all = vec![("content-type", "application/merge-patch+json")];
+        all.extend_from_slice(headers);
+        self.json_request("PATCH", path, Some(body), &all).await
+    }
+
+    /// Every key in the store with its value, to check that a request wrote nothing.
+    pub async fn dump(&self) -> Vec<(String, Vec<u8>)> {
         let listing = self.store.list("").await.expect("list the store");
         listing
             .pairs
             .into_iter()
-            .map(|p| (p.key, String::from_utf8_lossy(&p.value).into_owned()))
+            .map(|p| (p.key, p.value))
             .collect()
     }
+
+    /// Every key under `prefix`, sorted.
+    pub async fn keys(&self, prefix: &str) -> Vec<String> {
+        self.store
+            .keys(prefix, None)
+            .await
+            .expect("list the keys")
+            .1
+    }
+
+    /// The value stored at `key` as text, if any.
+    pub async fn stored_text(&self, key: &str) -> Option<String> {
+        let pair = self.store.get(key).await.expect("read the store")?;
+        Some(String::from_utf8(pair.value).expect("a text value"))
+    }
+
+    /// Writes `value` at `key` behind the API's back, as P2 or another tool would.
+    pub async fn put_raw(&self, key: &str, value: impl AsRef<[u8]>) {
+        self.store
+            .put(key, value.as_ref(), Cas::Any)
+            .await
+            .expect("write the store");
+    }
+
+    /// Writes `value` as JSON at `key` behind the API's back.
+    pub async fn put_json(&self, key: &str, value: &serde_json::Value) {
+        self.put_raw(key, value.to_string()).await;
+    }
+}
+
+/// A label set from literal pairs.
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
