@@ -760,24 +760,17 @@ async fn pod_health(kv: &dyn KvStore, pod_id: &str) -> StoreResult<HashMap<Strin
         return Ok(HashMap::new());
     }
     let listing = kv.list(&format!("health/{pod_id}/")).await?;
-    Ok(listing
-        .pairs
-        .iter()
-        .filter_map(|pair| match HealthRecord::from_json(&pair.value) {
-            Ok(record) => {
-                let node = if record.node.is_empty() {
-                    pair.key.rsplit('/').next().unwrap_or_default().to_owned()
-                } else {
-                    record.node
-                };
-                Some((node, record.status))
-            }
-            Err(e) => {
-                tracing::warn!(key = %pair.key, error = %e, "skipping undecodable health record");
-                None
-            }
+    let results = listing.decode_readable("health record", |pair| {
+        HealthRecord::from_json(&pair.value).map(|record| {
+            let node = if record.node.is_empty() {
+                pair.key.rsplit('/').next().unwrap_or_default().to_owned()
+            } else {
+                record.node
+            };
+            (node, record.status)
         })
-        .collect())
+    });
+    Ok(results.into_iter().collect())
 }
 
 #[cfg(test)]

@@ -595,16 +595,9 @@ impl Views {
             // A pod id read from a label key is only used as a key segment when it is one.
             if LabelType::Node.validate_id(pod_id).is_ok() {
                 let listing = self.kv.list(&format!("{HEALTH_TREE}{pod_id}/")).await?;
-                for pair in listing.pairs {
-                    match HealthRecord::from_json(&pair.value) {
-                        Ok(record) => {
-                            by_node.insert(record.node, record.status);
-                        }
-                        Err(e) => {
-                            tracing::warn!(key = %pair.key, error = %e, "skipping unreadable health record")
-                        }
-                    }
-                }
+                let records =
+                    listing.decode_readable("health record", |p| HealthRecord::from_json(&p.value));
+                by_node.extend(records.into_iter().map(|r| (r.node, r.status)));
             }
             self.health.insert(pod_id.to_owned(), by_node);
         }
