@@ -18,4 +18,5 @@ pub mod pod_health;
 pub mod pods;
 pub mod preconditions;
 pub mod rcs;
+pub mod responses;
 pub mod rolls;

@@ -8,8 +8,7 @@
 use std::collections::BTreeMap;
 
 use axum::extract::State;
-use axum::http::header::LOCATION;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -23,6 +22,7 @@ use crate::api::blocking::{index_header, BlockingParams};
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch};
 use crate::api::paging::{Page, PageParams};
 use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::labels::{
@@ -402,15 +402,8 @@ async fn create_rc(
             Err(e) => return Err(e.into()),
         }
     };
-    let location = HeaderValue::from_str(&format!("/api/v1/rcs/{}", record.rc.id))
-        .map_err(ApiError::internal)?;
     let view = RcView::new(&record, labels, RcStatus::default());
-    Ok((
-        StatusCode::CREATED,
-        [etag(record.index), (LOCATION, location)],
-        ApiJson(view),
-    )
-        .into_response())
+    created(&format!("/api/v1/rcs/{}", record.rc.id), record.index, view)
 }
 
 /// Lists RCs, with their labels and status, sorted by id.

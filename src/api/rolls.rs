@@ -14,8 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::header::LOCATION;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -27,6 +26,7 @@ use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::api::paging::{Page, PageParams};
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::rcs::RcSpec;
+use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody};
 use crate::labels::{validate_labels_in, LabelType, Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
@@ -185,14 +185,7 @@ async fn create_roll(
         .await
         .map_err(creation_error)?;
     let view = Views::load(app.store.clone()).await?.view(&record).await?;
-    let location =
-        HeaderValue::from_str(&format!("/api/v1/rolls/{}", view.id)).map_err(ApiError::internal)?;
-    Ok((
-        StatusCode::CREATED,
-        [etag(record.index), (LOCATION, location)],
-        ApiJson(view),
-    )
-        .into_response())
+    created(&format!("/api/v1/rolls/{}", view.id), record.index, view)
 }
 
 /// Lists rolling updates with their progress, sorted by id.
