@@ -24,14 +24,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::blocking::{index_header, BlockingParams};
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch};
+use crate::api::extract::{selector_param, ApiJson, ApiPath, ApiQuery, MergePatch};
 use crate::api::paging::{Page, PageParams};
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::app::AppState;
-use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{
     validate_label_key, validate_label_value, validate_labels, LabelType, Labeled, Labels,
-    ParseLabelTypeError, ParseSelectorError, Selector,
+    ParseLabelTypeError, Selector,
 };
 use crate::store::labels::{LabelRecord, LabelStore};
 use crate::store::StoreError;
@@ -220,9 +220,8 @@ async fn list_labels(
     ApiQuery(blocking): ApiQuery<BlockingParams>,
 ) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<Page<Labeled>>), ApiError> {
     let label_type = label_type(&type_name)?;
-    let selector = parse_selector(params.selector.as_deref())?;
-    // Refuse a bad limit or token now rather than after holding the request.
-    page.page(Vec::<Labeled>::new(), labeled_id)?;
+    let selector = selector_param(params.selector.as_deref())?.unwrap_or_else(Selector::everything);
+    page.check()?;
     blocking.block(&app, &[label_type.key_prefix()]).await?;
     let (index, mut items) = store(&app).select(label_type, &selector).await?;
     items.sort_by(|a, b| a.id.cmp(&b.id));
@@ -422,12 +421,6 @@ fn check_id(label_type: LabelType, id: &str, violations: &mut Violations) {
     if let Err(e) = label_type.validate_id(id) {
         violations.add("id", e);
     }
-}
-
-fn parse_selector(text: Option<&str>) -> Result<Selector, ApiError> {
-    text.unwrap_or_default()
-        .parse()
-        .map_err(|e: ParseSelectorError| ApiError::invalid([Cause::new("selector", e.to_string())]))
 }
 
 fn labeled_id(labeled: &Labeled) -> &str {

@@ -19,7 +19,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::blocking::{index_header, BlockingParams};
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch};
+use crate::api::extract::{selector_param, ApiJson, ApiPath, ApiQuery, MergePatch};
 use crate::api::paging::{Page, PageParams};
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::responses::created;
@@ -428,13 +428,8 @@ async fn list_rcs(
     ApiQuery(paging): ApiQuery<PageParams>,
     ApiQuery(blocking): ApiQuery<BlockingParams>,
 ) -> Result<Response, ApiError> {
-    let selector = match params.selector.as_deref().map(str::parse::<Selector>) {
-        None => Selector::everything(),
-        Some(Ok(selector)) => selector,
-        Some(Err(e)) => return Err(ApiError::invalid([Cause::new("selector", e.to_string())])),
-    };
-    // Refuse a bad limit or token now rather than after a long wait.
-    paging.page(Vec::<String>::new(), String::as_str)?;
+    let selector = selector_param(params.selector.as_deref())?.unwrap_or_else(Selector::everything);
+    paging.check()?;
     let prefixes = [
         RC_TREE.to_owned(),
         LabelType::ReplicationController.key_prefix(),

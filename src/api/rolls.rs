@@ -22,7 +22,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::blocking::{combined_index, index_header, BlockingParams};
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::api::extract::{selector_param, ApiJson, ApiPath, ApiQuery};
 use crate::api::paging::{Page, PageParams};
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::rcs::RcSpec;
@@ -210,13 +210,7 @@ async fn list_rolls(
     ApiQuery(paging): ApiQuery<PageParams>,
     ApiQuery(blocking): ApiQuery<BlockingParams>,
 ) -> Result<Response, ApiError> {
-    let selector = match &filter.selector {
-        None => None,
-        Some(text) => Some(
-            text.parse::<Selector>()
-                .map_err(|e| ApiError::invalid([Cause::new("selector", e.to_string())]))?,
-        ),
-    };
+    let selector = selector_param(filter.selector.as_deref())?;
     let prefixes = watched_prefixes();
     blocking.block(&app, &prefixes).await?;
     let index = combined_index(app.store.as_ref(), &prefixes).await?;
