@@ -74,6 +74,18 @@ async fn requests(server: &MockServer) -> Vec<Request> {
     server.received_requests().await.unwrap()
 }
 
+/// Expects the one consistent read with which the store learns whether a write whose
+/// answer was lost landed.
+async fn expect_check_read(server: &MockServer, key: &str, answer: ResponseTemplate) {
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/kv/{key}")))
+        .and(query_param("consistent", ""))
+        .respond_with(answer)
+        .expect(1)
+        .mount(server)
+        .await;
+}
+
 #[tokio::test]
 async fn get_sends_token_and_datacenter_and_decodes_the_entry() {
     let server = MockServer::start().await;
@@ -576,13 +588,12 @@ async fn a_lost_cas_put_that_landed_is_a_success() {
         .expect(1)
         .mount(&server)
         .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/kv/rc/1"))
-        .and(query_param("consistent", ""))
-        .respond_with(kv_answer(25, json!([entry("rc/1", "new", 25)])))
-        .expect(1)
-        .mount(&server)
-        .await;
+    expect_check_read(
+        &server,
+        "rc/1",
+        kv_answer(25, json!([entry("rc/1", "new", 25)])),
+    )
+    .await;
 
     store(&server)
         .put("rc/1", b"new", Cas::Index(20))
@@ -599,13 +610,12 @@ async fn a_lost_cas_put_that_did_not_land_is_unavailable() {
         .expect(1)
         .mount(&server)
         .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/kv/rc/1"))
-        .and(query_param("consistent", ""))
-        .respond_with(kv_answer(20, json!([entry("rc/1", "old", 20)])))
-        .expect(1)
-        .mount(&server)
-        .await;
+    expect_check_read(
+        &server,
+        "rc/1",
+        kv_answer(20, json!([entry("rc/1", "old", 20)])),
+    )
+    .await;
 
     let result = store(&server).put("rc/1", b"new", Cas::Index(20)).await;
 
@@ -649,13 +659,7 @@ async fn a_lost_cas_delete_is_checked_by_reading_the_key() {
         .respond_with_err(drop_connection)
         .mount(&server)
         .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/kv/rc/1"))
-        .and(query_param("consistent", ""))
-        .respond_with(missing(26))
-        .expect(1)
-        .mount(&server)
-        .await;
+    expect_check_read(&server, "rc/1", missing(26)).await;
 
     store(&server).delete("rc/1", Cas::Index(20)).await.unwrap();
 }
