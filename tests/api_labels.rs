@@ -647,28 +647,15 @@ async fn a_blocking_list_wakes_on_a_change_of_its_type() {
     let first = app.get("/api/v1/labels/node?selector=role%3Dweb").await;
     let index = first.x_index();
 
-    let waiting = {
-        let app = app.clone();
-        tokio::spawn(async move {
-            let path = format!("/api/v1/labels/node?selector=role%3Dweb&index={index}&wait=5s");
-            app.get(&path).await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiting.is_finished(), "the request must block");
+    let path = format!("/api/v1/labels/node?selector=role%3Dweb&index={index}&wait=5s");
+    let waiting = app.get_held(path).await;
     // A change of another type does not wake it.
     put(&app, POD, json!({"role": "web"})).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(
-        !waiting.is_finished(),
-        "another type's change must not wake it"
-    );
+    waiting.assert_held("another type's change must not wake it");
 
     put(&app, "/api/v1/labels/node/n2", json!({"role": "web"})).await;
-    let response = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("woken by the change")
-        .unwrap();
+    let response = waiting.woken("woken by the change").await;
     assert_eq!(response.status, StatusCode::OK);
     assert!(response.x_index() > index);
     assert_eq!(ids(&response), ["n2", "node17.example.com"]);

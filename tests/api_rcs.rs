@@ -349,21 +349,11 @@ async fn a_blocking_list_wakes_on_a_change_and_times_out_unchanged() {
     assert_eq!(unchanged.status, StatusCode::OK);
     assert_eq!(unchanged.header("x-index"), Some(index.as_str()));
 
-    let waiting = {
-        let app = app.clone();
-        let index = index.clone();
-        tokio::spawn(async move {
-            app.get(&format!("/api/v1/rcs?index={index}&wait=10s"))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiting.is_finished(), "the list did not block");
+    let waiting = app
+        .get_held(format!("/api/v1/rcs?index={index}&wait=10s"))
+        .await;
     let new = create(&app, &spec()).await;
-    let woken = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("the blocked list woke")
-        .unwrap();
+    let woken = waiting.woken("the blocked list woke").await;
     assert_eq!(woken.status, StatusCode::OK);
     assert_ne!(woken.header("x-index"), Some(index.as_str()));
     let items = woken.json()["items"].as_array().unwrap().clone();

@@ -757,21 +757,11 @@ async fn list_blocks_until_progress_changes() {
         .await;
     assert_eq!(response.header("x-index"), Some(index.as_str()));
 
-    let waiting = {
-        let app = app.clone();
-        let index = index.clone();
-        tokio::spawn(async move {
-            app.get(&format!("/api/v1/rolls?index={index}&wait=30s"))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiting.is_finished(), "the request waits for a change");
+    let waiting = app
+        .get_held(format!("/api/v1/rolls?index={index}&wait=30s"))
+        .await;
     put_pod(&app, "n1", &id).await;
-    let response = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("a pod label change wakes the request")
-        .unwrap();
+    let response = waiting.woken("a pod label change wakes the request").await;
     assert_eq!(response.status, StatusCode::OK);
     let new_index: u64 = response.header("x-index").unwrap().parse().unwrap();
     assert!(new_index > index.parse().unwrap());

@@ -400,6 +400,35 @@ impl TestApp {
     }
 }
 
+/// A `GET` held by a blocking list, running in the background until a change wakes it.
+pub struct Held(tokio::task::JoinHandle<TestResponse>);
+
+impl TestApp {
+    /// Starts `GET path` in the background and checks, after 50ms, that it is held.
+    pub async fn get_held(self: &Arc<Self>, path: String) -> Held {
+        let app = self.clone();
+        let held = Held(tokio::spawn(async move { app.get(&path).await }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        held.assert_held("the request did not block");
+        held
+    }
+}
+
+impl Held {
+    /// Panics with `why` unless the request is still held.
+    pub fn assert_held(&self, why: &str) {
+        assert!(!self.0.is_finished(), "{why}");
+    }
+
+    /// The answer, once a change has woken the request; panics with `why` after 5s.
+    pub async fn woken(self, why: &str) -> TestResponse {
+        tokio::time::timeout(Duration::from_secs(5), self.0)
+            .await
+            .expect(why)
+            .expect("the request task")
+    }
+}
+
 /// A label set from literal pairs.
 pub fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
