@@ -12,7 +12,7 @@ use p2_apiserver::model::{AuditRecord, HealthRecord, HealthState};
 use p2_apiserver::store::KvPair;
 use serde_json::{json, Value};
 
-use common::{TestApp, TestResponse};
+use common::{item_ids, TestApp, TestResponse};
 
 const MANIFEST: &str = "id: p2-log-shipper\nlaunchables:\n  shipper:\n    launchable_type: hoist\n    location: https://artifacts.example.com/shipper_ab12.tar.gz\nconfig: {}\n";
 
@@ -400,12 +400,7 @@ async fn list_pages_filters_and_skips_bad_documents() {
     let page = response.json();
     let mut sorted = ids.clone();
     sorted.sort();
-    let listed: Vec<&str> = page["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|ds| ds["id"].as_str().unwrap())
-        .collect();
+    let listed = item_ids(&page);
     assert_eq!(listed, sorted);
     assert_eq!(page["continue"], Value::Null);
     assert!(page["items"][0].get("status").is_none());
@@ -413,12 +408,7 @@ async fn list_pages_filters_and_skips_bad_documents() {
     let page = app.get("/api/v1/daemonsets?pod_id=a").await.json();
     let mut only_a = vec![ids[0].clone(), ids[2].clone()];
     only_a.sort();
-    let listed: Vec<&str> = page["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|ds| ds["id"].as_str().unwrap())
-        .collect();
+    let listed = item_ids(&page);
     assert_eq!(listed, only_a);
 
     let first = app.get("/api/v1/daemonsets?limit=2").await.json();
@@ -466,12 +456,7 @@ async fn list_blocks_until_the_tree_changes() {
     };
     let (response, id) = tokio::join!(blocked, change);
     assert!(response.header("x-index").unwrap().parse::<u64>().unwrap() > index);
-    let mut listed: Vec<String> = response.json()["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|ds| ds["id"].as_str().unwrap().to_owned())
-        .collect();
+    let mut listed = item_ids(&response.json());
     listed.sort();
     let mut expected = vec![other, id];
     expected.sort();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
-use common::{TestApp, TestResponse};
+use common::{item_ids, TestApp, TestResponse};
 
 const NODE: &str = "/api/v1/labels/node/node17.example.com";
 const POD: &str = "/api/v1/labels/pod/node17.example.com/hello";
@@ -22,15 +22,6 @@ async fn put(app: &TestApp, path: &str, labels: Value) -> TestResponse {
 
 async fn patch(app: &TestApp, path: &str, headers: &[(&str, &str)], body: Value) -> TestResponse {
     app.merge_patch(path, &body, headers).await
-}
-
-fn ids(response: &TestResponse) -> Vec<String> {
-    response.json()["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|item| item["id"].as_str().unwrap().to_string())
-        .collect()
 }
 
 #[tokio::test]
@@ -119,7 +110,7 @@ async fn pod_ids_work_with_a_plain_or_encoded_slash() {
     assert_eq!(app.get(POD).await.json(), patched.json());
 
     let listed = app.get("/api/v1/labels/pod").await;
-    assert_eq!(ids(&listed), ["node17.example.com/hello"]);
+    assert_eq!(item_ids(&listed.json()), ["node17.example.com/hello"]);
 
     let deleted = app.send_raw("DELETE", encoded, &[], "").await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
@@ -152,7 +143,7 @@ async fn every_label_type_works() {
                 "/api/v1/labels/{label_type}?selector=pod_id%3Dhello"
             ))
             .await;
-        assert_eq!(ids(&listed), [id], "{label_type}");
+        assert_eq!(item_ids(&listed.json()), [id], "{label_type}");
     }
 }
 
@@ -565,7 +556,7 @@ async fn list_filters_by_selector() {
             .get(&format!("/api/v1/labels/node?selector={selector}"))
             .await;
         assert_eq!(response.status, StatusCode::OK, "{selector}");
-        assert_eq!(ids(&response), expected, "{selector}");
+        assert_eq!(item_ids(&response.json()), expected, "{selector}");
         assert_eq!(response.json()["continue"], Value::Null);
     }
     let response = app.get("/api/v1/labels/node?selector=role%3Dweb").await;
@@ -617,7 +608,7 @@ async fn list_pages_through_every_match_once() {
     loop {
         let response = app.get(&path).await;
         assert_eq!(response.status, StatusCode::OK);
-        let page = ids(&response);
+        let page = item_ids(&response.json());
         assert!(page.len() <= 2);
         seen.extend(page);
         pages += 1;
@@ -658,7 +649,7 @@ async fn a_blocking_list_wakes_on_a_change_of_its_type() {
     let response = waiting.woken("woken by the change").await;
     assert_eq!(response.status, StatusCode::OK);
     assert!(response.x_index() > index);
-    assert_eq!(ids(&response), ["n2", "node17.example.com"]);
+    assert_eq!(item_ids(&response.json()), ["n2", "node17.example.com"]);
 }
 
 #[tokio::test]
@@ -673,11 +664,11 @@ async fn a_blocking_list_times_out_with_the_same_index() {
     assert!(started.elapsed() >= Duration::from_millis(200));
     assert_eq!(response.status, StatusCode::OK);
     assert_eq!(response.x_index(), index);
-    assert_eq!(ids(&response), ["node17.example.com"]);
+    assert_eq!(item_ids(&response.json()), ["node17.example.com"]);
 
     // An empty type has an index too.
     let empty = app.get("/api/v1/labels/rolls").await;
-    assert_eq!(ids(&empty), Vec::<String>::new());
+    assert_eq!(item_ids(&empty.json()), Vec::<String>::new());
     empty.x_index();
     // An emptied one blocks the same way. (One never written is not held to its index: on
     // Consul it reads at the index of the whole KV store, which any write anywhere moves.)
@@ -686,7 +677,7 @@ async fn a_blocking_list_times_out_with_the_same_index() {
     let deleted = app.send_raw("DELETE", roll, &[], "").await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
     let emptied = app.get("/api/v1/labels/rolls").await;
-    assert_eq!(ids(&emptied), Vec::<String>::new());
+    assert_eq!(item_ids(&emptied.json()), Vec::<String>::new());
     let index = emptied.x_index();
     let response = app
         .get(&format!("/api/v1/labels/rolls?index={index}&wait=100ms"))

@@ -12,7 +12,7 @@ use p2_apiserver::router::MAX_BODY_BYTES;
 use p2_apiserver::store::{Cas, SessionBehavior, SessionSpec};
 use serde_json::{json, Value};
 
-use common::{TestApp, TestResponse};
+use common::{item_ids, TestApp, TestResponse};
 
 const MANIFEST: &str = "id: hello\n# kept verbatim\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
 
@@ -282,24 +282,14 @@ async fn list_filters_by_rc_labels_and_pages_by_id() {
     let body = listing.json();
     let mut sorted = ids.clone();
     sorted.sort();
-    let listed: Vec<&str> = body["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|rc| rc["id"].as_str().unwrap())
-        .collect();
+    let listed = item_ids(&body);
     assert_eq!(listed, sorted);
     assert_eq!(body["continue"], Value::Null);
 
     let ops = app.get("/api/v1/rcs?selector=owner%3Dops").await.json();
     let mut expected = vec![ids[0].as_str(), ids[2].as_str()];
     expected.sort();
-    let listed: Vec<&str> = ops["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|rc| rc["id"].as_str().unwrap())
-        .collect();
+    let listed = item_ids(&ops);
     assert_eq!(listed, expected);
 
     let first = app.get("/api/v1/rcs?limit=2").await.json();

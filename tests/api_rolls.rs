@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use axum::http::StatusCode;
-use common::{labels, TestApp, TestResponse};
+use common::{item_ids, labels, TestApp, TestResponse};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::{HealthRecord, HealthState, StoredRc};
 use p2_apiserver::store::locks;
@@ -708,12 +708,7 @@ async fn list_pages_filters_and_reports_the_index() {
     let index: u64 = response.header("x-index").unwrap().parse().unwrap();
     assert!(index > 1);
     let body = response.json();
-    let listed: Vec<&str> = body["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["id"].as_str().unwrap())
-        .collect();
+    let listed = item_ids(&body);
     assert_eq!(listed, ids);
     assert_eq!(body["continue"], Value::Null);
     assert!(body["items"][0]["progress"]["old"]["desired"].is_i64());

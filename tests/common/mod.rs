@@ -429,6 +429,16 @@ impl Held {
     }
 }
 
+/// The `id` of every item of a list answer's page, in order.
+pub fn item_ids(page: &serde_json::Value) -> Vec<String> {
+    page["items"]
+        .as_array()
+        .expect("a page of items")
+        .iter()
+        .map(|item| item["id"].as_str().expect("an item id").to_owned())
+        .collect()
+}
+
 /// A label set from literal pairs.
 pub fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
