@@ -12,7 +12,7 @@ use p2_apiserver::model::{AuditRecord, HealthRecord, HealthState};
 use p2_apiserver::store::KvPair;
 use serde_json::{json, Value};
 
-use common::{item_ids, TestApp, TestResponse};
+use common::{assert_operations, item_ids, TestApp, TestResponse};
 
 const MANIFEST: &str = "id: p2-log-shipper\nlaunchables:\n  shipper:\n    launchable_type: hoist\n    location: https://artifacts.example.com/shipper_ab12.tar.gz\nconfig: {}\n";
 
@@ -735,16 +735,15 @@ async fn an_undecodable_stored_document_is_500_on_read() {
 async fn the_openapi_document_describes_every_route() {
     let app = TestApp::new().await;
     let doc = app.get("/openapi.json").await.json();
-    let operations = [
-        ("/api/v1/daemonsets", "get", "list_daemon_sets"),
-        ("/api/v1/daemonsets", "post", "create_daemon_set"),
-        ("/api/v1/daemonsets/{id}", "get", "get_daemon_set"),
-        ("/api/v1/daemonsets/{id}", "patch", "patch_daemon_set"),
-        ("/api/v1/daemonsets/{id}", "delete", "delete_daemon_set"),
-    ];
-    for (path, method, operation_id) in operations {
-        let operation = &doc["paths"][path][method];
-        assert_eq!(operation["operationId"], operation_id, "{method} {path}");
-        assert_eq!(operation["tags"], json!(["daemonsets"]));
-    }
+    assert_operations(
+        &doc,
+        "daemonsets",
+        &[
+            ("/api/v1/daemonsets", "get", "list_daemon_sets"),
+            ("/api/v1/daemonsets", "post", "create_daemon_set"),
+            ("/api/v1/daemonsets/{id}", "get", "get_daemon_set"),
+            ("/api/v1/daemonsets/{id}", "patch", "patch_daemon_set"),
+            ("/api/v1/daemonsets/{id}", "delete", "delete_daemon_set"),
+        ],
+    );
 }

@@ -12,7 +12,7 @@ use p2_apiserver::router::MAX_BODY_BYTES;
 use p2_apiserver::store::{Cas, SessionBehavior, SessionSpec};
 use serde_json::{json, Value};
 
-use common::{item_ids, TestApp, TestResponse};
+use common::{assert_operations, item_ids, TestApp, TestResponse};
 
 const MANIFEST: &str = "id: hello\n# kept verbatim\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
 
@@ -725,7 +725,6 @@ async fn concurrent_patches_of_different_pod_labels_all_land() {
 async fn the_openapi_document_describes_every_rc_route() {
     let app = TestApp::new().await;
     let document = app.get("/openapi.json").await.json();
-    let paths = &document["paths"];
     let operations = [
         ("/api/v1/rcs", "post", "create_rc"),
         ("/api/v1/rcs", "get", "list_rcs"),
@@ -733,10 +732,8 @@ async fn the_openapi_document_describes_every_rc_route() {
         ("/api/v1/rcs/{id}", "patch", "patch_rc"),
         ("/api/v1/rcs/{id}", "delete", "delete_rc"),
     ];
-    for (path, method, id) in operations {
-        let operation = &paths[path][method];
-        assert_eq!(operation["operationId"], id, "{path} {method}");
-        assert_eq!(operation["tags"], json!(["replication_controllers"]));
+    let documented = assert_operations(&document, "replication_controllers", &operations);
+    for (operation, (path, method, _)) in documented.iter().zip(operations) {
         assert!(operation["responses"]["422"].is_object(), "{path} {method}");
     }
     let schemas = &document["components"]["schemas"];

@@ -439,6 +439,28 @@ pub fn item_ids(page: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// Checks that the OpenAPI document names each `(path, method, operation id)` and tags it
+/// `tag`; returns the operations for further checks.
+pub fn assert_operations<'a>(
+    document: &'a serde_json::Value,
+    tag: &str,
+    operations: &[(&str, &str, &str)],
+) -> Vec<&'a serde_json::Value> {
+    operations
+        .iter()
+        .map(|(path, method, id)| {
+            let operation = &document["paths"][*path][*method];
+            assert_eq!(operation["operationId"], *id, "{method} {path}");
+            assert_eq!(
+                operation["tags"],
+                serde_json::json!([tag]),
+                "{method} {path}"
+            );
+            operation
+        })
+        .collect()
+}
+
 /// A label set from literal pairs.
 pub fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
