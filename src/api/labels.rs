@@ -30,7 +30,7 @@ use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{
-    validate_label_key, validate_label_value, validate_labels, LabelType, Labeled, Labels,
+    label_key_problem, label_value_problem, validate_labels, LabelType, Labeled, Labels,
     ParseLabelTypeError, Selector,
 };
 use crate::store::labels::{LabelRecord, LabelStore};
@@ -107,12 +107,11 @@ impl LabelsPatch {
                         let at = format!("labels.{key}");
                         match value {
                             Value::String(value) => {
-                                if let Err(e) = validate_label_key(&key) {
-                                    violations.add(&at, format!("invalid label key: {e}"));
+                                if let Some(problem) = label_key_problem(&key) {
+                                    violations.add(&at, problem);
                                 }
-                                if let Err(e) = validate_label_value(&value) {
-                                    violations
-                                        .add(&at, format!("invalid label value {value:?}: {e}"));
+                                if let Some(problem) = label_value_problem(&value) {
+                                    violations.add(&at, problem);
                                 }
                                 changes.insert(key, Some(value));
                             }

@@ -26,8 +26,9 @@ use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::labels::{
-    validate_label_key, validate_label_value, validate_labels_in, LabelType, Labeled, Labels,
-    Requirement, Selector, AVAILABILITY_ZONE_LABEL, CLUSTER_NAME_LABEL, POD_ID_LABEL, RC_ID_LABEL,
+    label_key_problem, label_value_problem, validate_label_value, validate_labels_in, LabelType,
+    Labeled, Labels, Requirement, Selector, AVAILABILITY_ZONE_LABEL, CLUSTER_NAME_LABEL,
+    POD_ID_LABEL, RC_ID_LABEL,
 };
 use crate::model::{AllocationStrategy, FieldError, Manifest, StoredRc};
 use crate::store::labels::LabelStore;
@@ -735,17 +736,16 @@ impl RcPatch {
                         let mut merge = BTreeMap::new();
                         for (key, value) in entries {
                             let at = format!("pod_labels.{key}");
-                            if let Err(e) = validate_label_key(&key) {
-                                problems.add(&at, format!("invalid label key: {e}"));
+                            if let Some(problem) = label_key_problem(&key) {
+                                problems.add(&at, problem);
                             }
                             match value {
                                 Value::Null => {
                                     merge.insert(key, None);
                                 }
                                 Value::String(text) => {
-                                    if let Err(e) = validate_label_value(&text) {
-                                        problems
-                                            .add(&at, format!("invalid label value {text:?}: {e}"));
+                                    if let Some(problem) = label_value_problem(&text) {
+                                        problems.add(&at, problem);
                                     }
                                     merge.insert(key, Some(text));
                                 }
