@@ -96,18 +96,10 @@ async fn create_stores_p2s_document_with_its_audit_record_in_one_transaction() {
     label_node(&app, "n1", json!({"role": "web"})).await;
     label_node(&app, "n2", json!({"role": "db"})).await;
     let response = post(&app, &body("role != db"), &[("x-p2-user", "alice")]).await;
-    assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
     let ds = response.json();
     let id = ds["id"].as_str().unwrap();
     let pair = stored(&app, id).await.unwrap();
-    assert_eq!(
-        response.header("etag").unwrap(),
-        format!("\"{}\"", pair.modify_index)
-    );
-    assert_eq!(
-        response.header("location").unwrap(),
-        format!("/api/v1/daemonsets/{id}")
-    );
+    response.assert_created(&format!("/api/v1/daemonsets/{id}"), pair.modify_index);
     assert_eq!(
         ds,
         json!({

@@ -81,19 +81,11 @@ async fn create_answers_201_and_stores_the_rc_and_its_labels() {
     let response = app
         .json_request("POST", "/api/v1/rcs", Some(&spec()), &[])
         .await;
-    assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
     let body = response.json();
     let id = body["id"].as_str().unwrap().to_owned();
     assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 4);
     let version = body["resource_version"].as_str().unwrap();
-    assert_eq!(
-        response.header("etag"),
-        Some(format!("\"{version}\"").as_str())
-    );
-    assert_eq!(
-        response.header("location"),
-        Some(format!("/api/v1/rcs/{id}").as_str())
-    );
+    response.assert_created(&format!("/api/v1/rcs/{id}"), version);
     assert_eq!(
         body,
         json!({

@@ -100,14 +100,7 @@ async fn form_a_rolls_between_existing_rcs_in_one_transaction() {
     assert_eq!(body["roll_delay"], "30s");
     assert_eq!(body["labels"], json!({"deployer": "alice"}));
     let version = body["resource_version"].as_str().unwrap();
-    assert_eq!(
-        response.header("etag"),
-        Some(format!("\"{version}\"").as_str())
-    );
-    assert_eq!(
-        response.header("location"),
-        Some(format!("/api/v1/rolls/{new}").as_str())
-    );
+    response.assert_created(&format!("/api/v1/rolls/{new}"), version);
     assert_eq!(
         body["progress"],
         json!({"old": {"desired": 3, "current": 0, "healthy": 0},

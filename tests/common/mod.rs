@@ -286,6 +286,14 @@ impl TestResponse {
             .expect("a numeric X-Index")
     }
 
+    /// Checks a create's answer: 201, the new resource's URL in `Location` and `version` in
+    /// `ETag`.
+    pub fn assert_created(&self, location: &str, version: impl std::fmt::Display) {
+        assert_eq!(self.status, StatusCode::CREATED, "{self:?}");
+        assert_eq!(self.header("etag"), Some(format!("\"{version}\"").as_str()));
+        assert_eq!(self.header("location"), Some(location));
+    }
+
     /// A header as text.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
