@@ -60,7 +60,7 @@ async fn delete(app: &TestApp, id: &str, headers: &[(&str, &str)]) -> TestRespon
 }
 
 async fn stored(app: &TestApp, id: &str) -> Option<KvPair> {
-    app.store.get(&format!("daemon_sets/{id}")).await.unwrap()
+    app.stored(&format!("daemon_sets/{id}")).await
 }
 
 async fn audit_records(app: &TestApp) -> Vec<(AuditRecord, u64)> {

@@ -50,14 +50,6 @@ async fn patch(app: &TestApp, id: &str, body: &Value, headers: &[(&str, &str)]) 
         .await
 }
 
-async fn stored(app: &TestApp, key: &str) -> Option<Value> {
-    app.store
-        .get(key)
-        .await
-        .unwrap()
-        .map(|pair| serde_json::from_slice(&pair.value).unwrap())
-}
-
 /// Holds the RC's mutation lock with a fresh session, as a running roll does.
 async fn hold_mutation_lock(app: &TestApp, rc_id: &str) -> String {
     let session = app
@@ -109,7 +101,8 @@ async fn create_answers_201_and_stores_the_rc_and_its_labels() {
         .unwrap();
     assert_eq!(rc.modify_index.to_string(), version);
     assert_eq!(
-        stored(&app, &format!("labels/replication_controller/{id}")).await,
+        app.stored_json(&format!("labels/replication_controller/{id}"))
+            .await,
         Some(json!({"owner": "ops", "pod_id": "hello"}))
     );
 
@@ -384,7 +377,8 @@ async fn patch_changes_only_the_given_fields() {
 
     let cleared = patch(&app, id, &json!({"pod_labels": null}), &[]).await;
     assert_eq!(cleared.json()["pod_labels"], json!({}));
-    let raw = stored(&app, &format!("replication_controllers/{id}"))
+    let raw = app
+        .stored_json(&format!("replication_controllers/{id}"))
         .await
         .unwrap();
     assert_eq!(raw["pod_labels"], Value::Null);

@@ -13,7 +13,7 @@ use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::{HealthRecord, HealthState, StoredRc};
 use p2_apiserver::store::locks;
 use p2_apiserver::store::rcs::RcStore;
-use p2_apiserver::store::{Cas, KvPair, SessionBehavior, SessionSpec};
+use p2_apiserver::store::{Cas, SessionBehavior, SessionSpec};
 use serde_json::{json, Value};
 
 const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
@@ -46,14 +46,6 @@ async fn arrange_rc(app: &TestApp, replicas: i64, rc_labels: &[(&str, &str)]) ->
         .await
         .unwrap();
     id
-}
-
-async fn stored(app: &TestApp, key: &str) -> Option<KvPair> {
-    app.store.get(key).await.unwrap()
-}
-
-async fn stored_json(app: &TestApp, key: &str) -> Value {
-    serde_json::from_str(&app.stored_text(key).await.unwrap()).unwrap()
 }
 
 /// A refused or finished creation leaves no lock behind (its session is gone).
@@ -112,16 +104,21 @@ async fn form_a_rolls_between_existing_rcs_in_one_transaction() {
         p2_roll_json(&old, &new, 3, 2, false, 30_000_000_000)
     );
     assert_eq!(
-        stored_json(&app, &format!("labels/rolls/{new}")).await,
+        app.stored_json(&format!("labels/rolls/{new}"))
+            .await
+            .unwrap(),
         json!({"deployer": "alice"})
     );
     assert_eq!(
-        stored_json(&app, &format!("labels/replication_controller/{new}")).await,
+        app.stored_json(&format!("labels/replication_controller/{new}"))
+            .await
+            .unwrap(),
         json!({"pod_id": "hello", "release": "r2", "stage": "canary"})
     );
-    let roll = stored(&app, &format!("rolls/{new}")).await.unwrap();
-    let roll_labels = stored(&app, &format!("labels/rolls/{new}")).await.unwrap();
-    let rc_labels = stored(&app, &format!("labels/replication_controller/{new}"))
+    let roll = app.stored(&format!("rolls/{new}")).await.unwrap();
+    let roll_labels = app.stored(&format!("labels/rolls/{new}")).await.unwrap();
+    let rc_labels = app
+        .stored(&format!("labels/replication_controller/{new}"))
         .await
         .unwrap();
     assert_eq!(roll.modify_index.to_string(), version);
@@ -175,18 +172,20 @@ async fn form_b_creates_the_new_rc_with_the_roll() {
         "P2's RC format, field order included"
     );
     assert_eq!(
-        stored_json(&app, &format!("labels/replication_controller/{new}")).await,
+        app.stored_json(&format!("labels/replication_controller/{new}"))
+            .await
+            .unwrap(),
         json!({"pod_id": "hello", "release": "r2", "stage": "canary"})
     );
     // No roll labels were asked for, so none are written.
-    assert!(stored(&app, &format!("labels/rolls/{new}")).await.is_none());
-    let roll = stored(&app, &format!("rolls/{new}")).await.unwrap();
+    assert!(app.stored(&format!("labels/rolls/{new}")).await.is_none());
+    let roll = app.stored(&format!("rolls/{new}")).await.unwrap();
     for key in [
         format!("replication_controllers/{new}"),
         format!("labels/replication_controller/{new}"),
     ] {
         assert_eq!(
-            stored(&app, &key).await.unwrap().modify_index,
+            app.stored(&key).await.unwrap().modify_index,
             roll.modify_index,
             "{key} written in the roll's transaction"
         );
@@ -239,8 +238,14 @@ async fn form_c_creates_a_stand_in_old_rc_when_nothing_matches() {
         json!({"desired": 0, "current": 0, "healthy": 0})
     );
 
-    let old_rc = stored_json(&app, &format!("replication_controllers/{old}")).await;
-    let mut new_rc = stored_json(&app, &format!("replication_controllers/{new}")).await;
+    let old_rc = app
+        .stored_json(&format!("replication_controllers/{old}"))
+        .await
+        .unwrap();
+    let mut new_rc = app
+        .stored_json(&format!("replication_controllers/{new}"))
+        .await
+        .unwrap();
     assert_eq!(old_rc["id"], json!(old));
     assert_eq!(old_rc["replicas_desired"], 0);
     new_rc["id"] = json!(old);
@@ -248,7 +253,9 @@ async fn form_c_creates_a_stand_in_old_rc_when_nothing_matches() {
     let rc_labels = json!({"cluster": "a", "pod_id": "hello"});
     for id in [&old, &new] {
         assert_eq!(
-            stored_json(&app, &format!("labels/replication_controller/{id}")).await,
+            app.stored_json(&format!("labels/replication_controller/{id}"))
+                .await
+                .unwrap(),
             rc_labels
         );
     }
@@ -256,7 +263,8 @@ async fn form_c_creates_a_stand_in_old_rc_when_nothing_matches() {
         app.stored_text(&format!("rolls/{new}")).await.unwrap(),
         p2_roll_json(&old, &new, 2, 1, false, 0)
     );
-    let index = stored(&app, &format!("rolls/{new}"))
+    let index = app
+        .stored(&format!("rolls/{new}"))
         .await
         .unwrap()
         .modify_index;
@@ -265,11 +273,7 @@ async fn form_c_creates_a_stand_in_old_rc_when_nothing_matches() {
         format!("labels/replication_controller/{old}"),
         format!("replication_controllers/{new}"),
     ] {
-        assert_eq!(
-            stored(&app, &key).await.unwrap().modify_index,
-            index,
-            "{key}"
-        );
+        assert_eq!(app.stored(&key).await.unwrap().modify_index, index, "{key}");
     }
 
     // As in P2, the stand-in and the new RC both match now, so the selector is ambiguous.
@@ -770,7 +774,7 @@ async fn delete_cancels_the_roll_and_leaves_both_rcs() {
     ];
     let mut before = Vec::new();
     for key in &rc_keys {
-        before.push(stored(&app, key).await.unwrap());
+        before.push(app.stored(key).await.unwrap());
     }
     let etag = app
         .get(&format!("/api/v1/rolls/{id}"))
@@ -785,16 +789,16 @@ async fn delete_cancels_the_roll_and_leaves_both_rcs() {
         StatusCode::PRECONDITION_FAILED,
         "{response:?}"
     );
-    assert!(stored(&app, &format!("rolls/{id}")).await.is_some());
+    assert!(app.stored(&format!("rolls/{id}")).await.is_some());
     let response = delete(&app, &id, Some("nonsense")).await;
     assert_eq!(response.status, StatusCode::BAD_REQUEST, "{response:?}");
 
     let response = delete(&app, &id, Some(&etag)).await;
     assert_eq!(response.status, StatusCode::NO_CONTENT, "{response:?}");
-    assert!(stored(&app, &format!("rolls/{id}")).await.is_none());
-    assert!(stored(&app, &format!("labels/rolls/{id}")).await.is_none());
+    assert!(app.stored(&format!("rolls/{id}")).await.is_none());
+    assert!(app.stored(&format!("labels/rolls/{id}")).await.is_none());
     for (key, was) in rc_keys.iter().zip(before) {
-        assert_eq!(stored(&app, key).await, Some(was), "{key} untouched");
+        assert_eq!(app.stored(key).await, Some(was), "{key} untouched");
     }
 
     let response = delete(&app, &id, None).await;
@@ -868,7 +872,8 @@ async fn a_roll_written_by_p2_reads_and_deletes() {
     let response = app.get(&format!("/api/v1/rolls/{new}")).await;
     assert_eq!(response.status, StatusCode::OK, "{response:?}");
     let body = response.json();
-    let index = stored(&app, &format!("rolls/{new}"))
+    let index = app
+        .stored(&format!("rolls/{new}"))
         .await
         .unwrap()
         .modify_index;
@@ -891,7 +896,7 @@ async fn a_roll_written_by_p2_reads_and_deletes() {
 
     let response = delete(&app, new, None).await;
     assert_eq!(response.status, StatusCode::NO_CONTENT, "{response:?}");
-    assert!(stored(&app, &format!("rolls/{new}")).await.is_none());
+    assert!(app.stored(&format!("rolls/{new}")).await.is_none());
     assert_eq!(app.keys("replication_controllers/").await.len(), 2);
 }
 
@@ -912,7 +917,7 @@ async fn an_unreadable_roll_is_skipped_in_lists_and_can_be_deleted() {
         delete(&app, &bad, None).await.status,
         StatusCode::NO_CONTENT
     );
-    assert!(stored(&app, &format!("rolls/{bad}")).await.is_none());
+    assert!(app.stored(&format!("rolls/{bad}")).await.is_none());
 }
 
 #[tokio::test]

@@ -28,7 +28,7 @@ use p2_apiserver::router;
 use p2_apiserver::store::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
 use p2_apiserver::store::prefixed::Prefixed;
 use p2_apiserver::store::sqlite::SqliteStore;
-use p2_apiserver::store::{Cas, KvStore, StoreUrl};
+use p2_apiserver::store::{Cas, KvPair, KvStore, StoreUrl};
 use tempfile::TempDir;
 use tower::ServiceExt;
 
@@ -388,9 +388,20 @@ impl TestApp {
             .1
     }
 
+    /// The pair stored at `key`, if any.
+    pub async fn stored(&self, key: &str) -> Option<KvPair> {
+        self.store.get(key).await.expect("read the store")
+    }
+
+    /// The value stored at `key` as JSON, if any.
+    pub async fn stored_json(&self, key: &str) -> Option<serde_json::Value> {
+        let pair = self.stored(key).await?;
+        Some(serde_json::from_slice(&pair.value).expect("a JSON value"))
+    }
+
     /// The value stored at `key` as text, if any.
     pub async fn stored_text(&self, key: &str) -> Option<String> {
-        let pair = self.store.get(key).await.expect("read the store")?;
+        let pair = self.stored(key).await?;
         Some(String::from_utf8(pair.value).expect("a text value"))
     }
 
