@@ -9,10 +9,10 @@ use axum::http::StatusCode;
 use futures::future::join_all;
 use p2_apiserver::api::daemonsets::CreateDaemonSet;
 use p2_apiserver::model::{AuditRecord, HealthRecord, HealthState};
-use p2_apiserver::store::{Cas, KvPair};
+use p2_apiserver::store::KvPair;
 use serde_json::{json, Value};
 
-use common::{request_with, TestApp, TestResponse};
+use common::{assert_operations, item_ids, TestApp, TestResponse};
 
 const MANIFEST: &str = "id: p2-log-shipper\nlaunchables:\n  shipper:\n    launchable_type: hoist\n    location: https://artifacts.example.com/shipper_ab12.tar.gz\nconfig: {}\n";
 
@@ -38,13 +38,8 @@ fn manifest_for(pod: &str) -> String {
 }
 
 async fn post(app: &TestApp, body: &Value, headers: &[(&str, &str)]) -> TestResponse {
-    app.send(request_with(
-        "POST",
-        "/api/v1/daemonsets",
-        headers,
-        Some(("application/json", body)),
-    ))
-    .await
+    app.json_request("POST", "/api/v1/daemonsets", Some(body), headers)
+        .await
 }
 
 /// Creates a daemon set and returns its ID.
@@ -55,27 +50,17 @@ async fn create(app: &TestApp, body: &Value) -> String {
 }
 
 async fn patch(app: &TestApp, id: &str, patch: &Value, headers: &[(&str, &str)]) -> TestResponse {
-    app.send(request_with(
-        "PATCH",
-        &format!("/api/v1/daemonsets/{id}"),
-        headers,
-        Some(("application/merge-patch+json", patch)),
-    ))
-    .await
+    app.merge_patch(&format!("/api/v1/daemonsets/{id}"), patch, headers)
+        .await
 }
 
 async fn delete(app: &TestApp, id: &str, headers: &[(&str, &str)]) -> TestResponse {
-    app.send(request_with(
-        "DELETE",
-        &format!("/api/v1/daemonsets/{id}"),
-        headers,
-        None,
-    ))
-    .await
+    app.json_request("DELETE", &format!("/api/v1/daemonsets/{id}"), None, headers)
+        .await
 }
 
 async fn stored(app: &TestApp, id: &str) -> Option<KvPair> {
-    app.store.get(&format!("daemon_sets/{id}")).await.unwrap()
+    app.stored(&format!("daemon_sets/{id}")).await
 }
 
 async fn audit_records(app: &TestApp) -> Vec<(AuditRecord, u64)> {
@@ -94,34 +79,13 @@ async fn audit_records(app: &TestApp) -> Vec<(AuditRecord, u64)> {
     records
 }
 
-async fn put(app: &TestApp, key: &str, value: &Value) {
-    app.store
-        .put(key, value.to_string().as_bytes(), Cas::Any)
-        .await
-        .unwrap();
-}
-
 async fn label_node(app: &TestApp, node: &str, labels: Value) {
-    put(app, &format!("labels/node/{node}"), &labels).await;
-}
-
-async fn all_keys(app: &TestApp) -> Vec<String> {
-    app.store.keys("", None).await.unwrap().1
+    app.put_json(&format!("labels/node/{node}"), &labels).await;
 }
 
 /// The fields a 422 names, sorted.
 fn causes(response: &TestResponse) -> Vec<String> {
-    assert_eq!(
-        response.status,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "{response:?}"
-    );
-    let mut fields: Vec<String> = response
-        .error()
-        .causes
-        .into_iter()
-        .map(|c| c.field)
-        .collect();
+    let mut fields = response.unprocessable_fields();
     fields.sort();
     fields
 }
@@ -132,18 +96,10 @@ async fn create_stores_p2s_document_with_its_audit_record_in_one_transaction() {
     label_node(&app, "n1", json!({"role": "web"})).await;
     label_node(&app, "n2", json!({"role": "db"})).await;
     let response = post(&app, &body("role != db"), &[("x-p2-user", "alice")]).await;
-    assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
     let ds = response.json();
     let id = ds["id"].as_str().unwrap();
     let pair = stored(&app, id).await.unwrap();
-    assert_eq!(
-        response.header("etag").unwrap(),
-        format!("\"{}\"", pair.modify_index)
-    );
-    assert_eq!(
-        response.header("location").unwrap(),
-        format!("/api/v1/daemonsets/{id}")
-    );
+    response.assert_created(&format!("/api/v1/daemonsets/{id}"), pair.modify_index);
     assert_eq!(
         ds,
         json!({
@@ -241,7 +197,7 @@ async fn create_lists_every_bad_field_and_writes_nothing() {
     )
     .await;
     assert_eq!(causes(&response), ["manifest.id"]);
-    assert!(all_keys(&app).await.is_empty());
+    assert!(app.keys("").await.is_empty());
 }
 
 #[tokio::test]
@@ -258,12 +214,12 @@ async fn create_rejects_unreadable_requests() {
     assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
     malformed.error();
     let not_json = app
-        .send(request_with(
+        .json_request(
             "POST",
             "/api/v1/daemonsets",
-            &[],
-            Some(("text/plain", &body(""))),
-        ))
+            Some(&body("")),
+            &[("content-type", "text/plain")],
+        )
         .await;
     assert_eq!(not_json.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     not_json.error();
@@ -276,7 +232,7 @@ async fn create_rejects_unreadable_requests() {
         assert_eq!(response.status, StatusCode::BAD_REQUEST, "{user:?}");
         response.error();
     }
-    assert!(all_keys(&app).await.is_empty());
+    assert!(app.keys("").await.is_empty());
 }
 
 #[tokio::test]
@@ -285,7 +241,7 @@ async fn contention_is_refused_naming_the_other_daemon_set() {
     label_node(&app, "n1", json!({"role": "web", "az": "a"})).await;
     label_node(&app, "n2", json!({"role": "db", "az": "b"})).await;
     let web = create(&app, &body("role=web")).await;
-    let before = all_keys(&app).await;
+    let before = app.keys("").await;
     for (selector, why) in [
         ("", "selects every node"),
         ("role == web", "same canonical selector"),
@@ -297,7 +253,7 @@ async fn contention_is_refused_naming_the_other_daemon_set() {
         let message = response.error().message;
         assert!(message.contains(&web), "{why}: {message}");
     }
-    assert_eq!(all_keys(&app).await, before, "nothing written on 409");
+    assert_eq!(app.keys("").await, before, "nothing written on 409");
 
     // Storing it disabled is allowed; so are disjoint nodes and another pod.
     let mut disabled = body("");
@@ -354,15 +310,13 @@ async fn get_reports_rollout_status_from_labels_and_health() {
     }
     let id = create(&app, &body("role=web")).await;
     for node in ["n1", "n2"] {
-        put(
-            &app,
+        app.put_json(
             &format!("labels/pod/{node}/p2-log-shipper"),
             &json!({"daemon_set_id": id}),
         )
         .await;
     }
-    put(
-        &app,
+    app.put_json(
         "labels/pod/n3/other",
         &json!({"daemon_set_id": "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11"}),
     )
@@ -370,17 +324,10 @@ async fn get_reports_rollout_status_from_labels_and_health() {
     let now = std::time::SystemTime::now();
     for (node, state) in [("n1", HealthState::Passing), ("n2", HealthState::Critical)] {
         let record = HealthRecord::new("p2-log-shipper", node, state, now);
-        app.store
-            .put(
-                &format!("health/p2-log-shipper/{node}"),
-                &record.to_json(),
-                Cas::Any,
-            )
-            .await
-            .unwrap();
+        app.put_raw(&format!("health/p2-log-shipper/{node}"), &record.to_json())
+            .await;
     }
-    put(
-        &app,
+    app.put_json(
         &format!("status/daemon_sets/{id}/daemon_set_farm"),
         &json!({"manifest_sha": "ab12", "nodes_deployed": 1, "replication_in_progress": true}),
     )
@@ -431,9 +378,8 @@ async fn list_pages_filters_and_skips_bad_documents() {
         request["disabled"] = json!(true);
         ids.push(create(&app, &request).await);
     }
-    put(&app, "daemon_sets/not-a-uuid", &json!({})).await;
-    put(
-        &app,
+    app.put_json("daemon_sets/not-a-uuid", &json!({})).await;
+    app.put_json(
         "daemon_sets/5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11",
         &json!({"id": "x"}),
     )
@@ -446,12 +392,7 @@ async fn list_pages_filters_and_skips_bad_documents() {
     let page = response.json();
     let mut sorted = ids.clone();
     sorted.sort();
-    let listed: Vec<&str> = page["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|ds| ds["id"].as_str().unwrap())
-        .collect();
+    let listed = item_ids(&page);
     assert_eq!(listed, sorted);
     assert_eq!(page["continue"], Value::Null);
     assert!(page["items"][0].get("status").is_none());
@@ -459,12 +400,7 @@ async fn list_pages_filters_and_skips_bad_documents() {
     let page = app.get("/api/v1/daemonsets?pod_id=a").await.json();
     let mut only_a = vec![ids[0].clone(), ids[2].clone()];
     only_a.sort();
-    let listed: Vec<&str> = page["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|ds| ds["id"].as_str().unwrap())
-        .collect();
+    let listed = item_ids(&page);
     assert_eq!(listed, only_a);
 
     let first = app.get("/api/v1/daemonsets?limit=2").await.json();
@@ -512,12 +448,7 @@ async fn list_blocks_until_the_tree_changes() {
     };
     let (response, id) = tokio::join!(blocked, change);
     assert!(response.header("x-index").unwrap().parse::<u64>().unwrap() > index);
-    let mut listed: Vec<String> = response.json()["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|ds| ds["id"].as_str().unwrap().to_owned())
-        .collect();
+    let mut listed = item_ids(&response.json());
     listed.sort();
     let mut expected = vec![other, id];
     expected.sort();
@@ -596,7 +527,7 @@ async fn patch_changes_fields_with_one_audit_record_per_kind_of_change() {
 async fn patch_lists_every_bad_field_and_writes_nothing() {
     let app = TestApp::new().await;
     let id = create(&app, &body("")).await;
-    let before = all_keys(&app).await;
+    let before = app.keys("").await;
     let pair = stored(&app, &id).await.unwrap();
     let response = patch(
         &app,
@@ -622,7 +553,7 @@ async fn patch_lists_every_bad_field_and_writes_nothing() {
     );
     let response = patch(&app, &id, &json!({"manifest": manifest_for("other")}), &[]).await;
     assert_eq!(causes(&response), ["manifest.id"]);
-    assert_eq!(all_keys(&app).await, before);
+    assert_eq!(app.keys("").await, before);
     assert_eq!(stored(&app, &id).await.unwrap(), pair);
 }
 
@@ -631,12 +562,12 @@ async fn patch_rejects_unreadable_requests_and_unknown_ids() {
     let app = TestApp::new().await;
     let id = create(&app, &body("")).await;
     let response = app
-        .send(request_with(
+        .json_request(
             "PATCH",
             &format!("/api/v1/daemonsets/{id}"),
-            &[],
-            Some(("text/plain", &json!({}))),
-        ))
+            Some(&json!({})),
+            &[("content-type", "text/plain")],
+        )
         .await;
     assert_eq!(response.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     response.error();
@@ -653,12 +584,12 @@ async fn patch_rejects_unreadable_requests_and_unknown_ids() {
     assert_eq!(causes(&response), ["id"]);
     // Plain JSON is accepted as a merge patch.
     let response = app
-        .send(request_with(
+        .json_request(
             "PATCH",
             &format!("/api/v1/daemonsets/{id}"),
-            &[],
-            Some(("application/json", &json!({"min_health": 7}))),
-        ))
+            Some(&json!({"min_health": 7})),
+            &[("content-type", "application/json")],
+        )
         .await;
     assert_eq!(response.status, StatusCode::OK);
     assert_eq!(response.json()["min_health"], 7);
@@ -752,14 +683,8 @@ async fn delete_removes_the_document_with_its_audit_record_in_one_transaction() 
 #[tokio::test]
 async fn a_p2_written_document_survives_get_and_patch() {
     let app = TestApp::new().await;
-    app.store
-        .put(
-            &format!("daemon_sets/{P2_ID}"),
-            P2_DOCUMENT.as_bytes(),
-            Cas::Any,
-        )
-        .await
-        .unwrap();
+    app.put_raw(&format!("daemon_sets/{P2_ID}"), P2_DOCUMENT.as_bytes())
+        .await;
     let ds = app.get(&format!("/api/v1/daemonsets/{P2_ID}")).await.json();
     assert_eq!(ds["manifest"], MANIFEST);
     assert_eq!(ds["node_selector"], "role!=db");
@@ -789,7 +714,8 @@ async fn a_p2_written_document_survives_get_and_patch() {
 #[tokio::test]
 async fn an_undecodable_stored_document_is_500_on_read() {
     let app = TestApp::new().await;
-    put(&app, &format!("daemon_sets/{P2_ID}"), &json!({"id": P2_ID})).await;
+    app.put_json(&format!("daemon_sets/{P2_ID}"), &json!({"id": P2_ID}))
+        .await;
     let response = app.get(&format!("/api/v1/daemonsets/{P2_ID}")).await;
     assert_eq!(response.status, StatusCode::INTERNAL_SERVER_ERROR);
     response.error();
@@ -801,16 +727,15 @@ async fn an_undecodable_stored_document_is_500_on_read() {
 async fn the_openapi_document_describes_every_route() {
     let app = TestApp::new().await;
     let doc = app.get("/openapi.json").await.json();
-    let operations = [
-        ("/api/v1/daemonsets", "get", "list_daemon_sets"),
-        ("/api/v1/daemonsets", "post", "create_daemon_set"),
-        ("/api/v1/daemonsets/{id}", "get", "get_daemon_set"),
-        ("/api/v1/daemonsets/{id}", "patch", "patch_daemon_set"),
-        ("/api/v1/daemonsets/{id}", "delete", "delete_daemon_set"),
-    ];
-    for (path, method, operation_id) in operations {
-        let operation = &doc["paths"][path][method];
-        assert_eq!(operation["operationId"], operation_id, "{method} {path}");
-        assert_eq!(operation["tags"], json!(["daemonsets"]));
-    }
+    assert_operations(
+        &doc,
+        "daemonsets",
+        &[
+            ("/api/v1/daemonsets", "get", "list_daemon_sets"),
+            ("/api/v1/daemonsets", "post", "create_daemon_set"),
+            ("/api/v1/daemonsets/{id}", "get", "get_daemon_set"),
+            ("/api/v1/daemonsets/{id}", "patch", "patch_daemon_set"),
+            ("/api/v1/daemonsets/{id}", "delete", "delete_daemon_set"),
+        ],
+    );
 }

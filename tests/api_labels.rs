@@ -8,10 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use p2_apiserver::store::Cas;
 use serde_json::{json, Value};
 
-use common::{TestApp, TestResponse};
+use common::{item_ids, TestApp, TestResponse};
 
 const NODE: &str = "/api/v1/labels/node/node17.example.com";
 const POD: &str = "/api/v1/labels/pod/node17.example.com/hello";
@@ -22,47 +21,7 @@ async fn put(app: &TestApp, path: &str, labels: Value) -> TestResponse {
 }
 
 async fn patch(app: &TestApp, path: &str, headers: &[(&str, &str)], body: Value) -> TestResponse {
-    let mut all = vec![("content-type", "application/merge-patch+json")];
-    all.extend_from_slice(headers);
-    app.send_raw("PATCH", path, &all, body.to_string()).await
-}
-
-/// The raw value stored at `key`, if any.
-async fn stored(app: &TestApp, key: &str) -> Option<String> {
-    let pair = app.store.get(key).await.unwrap()?;
-    Some(String::from_utf8(pair.value).unwrap())
-}
-
-/// Every label key in the store.
-async fn label_keys(app: &TestApp) -> Vec<String> {
-    let listing = app.store.list("labels/").await.unwrap();
-    listing.pairs.into_iter().map(|p| p.key).collect()
-}
-
-fn causes(response: &TestResponse) -> Vec<String> {
-    response
-        .error()
-        .causes
-        .into_iter()
-        .map(|c| c.field)
-        .collect()
-}
-
-fn x_index(response: &TestResponse) -> u64 {
-    response
-        .header("x-index")
-        .expect("X-Index")
-        .parse()
-        .unwrap()
-}
-
-fn ids(response: &TestResponse) -> Vec<String> {
-    response.json()["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|item| item["id"].as_str().unwrap().to_string())
-        .collect()
+    app.merge_patch(path, &body, headers).await
 }
 
 #[tokio::test]
@@ -108,7 +67,7 @@ async fn put_replaces_the_set_and_stores_p2s_json() {
     assert_eq!(got.json(), second.json());
     assert_eq!(got.header("etag"), second.header("etag"));
     assert_eq!(
-        stored(&app, "labels/node/node17.example.com")
+        app.stored_text("labels/node/node17.example.com")
             .await
             .as_deref(),
         Some(r#"{"tier":"front"}"#)
@@ -123,7 +82,7 @@ async fn put_of_an_empty_set_removes_the_key() {
     assert_eq!(response.status, StatusCode::OK);
     assert_eq!(response.json()["labels"], json!({}));
     assert_eq!(response.json()["resource_version"], "0");
-    assert_eq!(label_keys(&app).await, Vec::<String>::new());
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }
 
 #[tokio::test]
@@ -133,7 +92,7 @@ async fn pod_ids_work_with_a_plain_or_encoded_slash() {
     assert_eq!(response.status, StatusCode::OK, "{response:?}");
     assert_eq!(response.json()["id"], "node17.example.com/hello");
     assert_eq!(
-        label_keys(&app).await,
+        app.keys("labels/").await,
         ["labels/pod/node17.example.com/hello"]
     );
 
@@ -151,11 +110,11 @@ async fn pod_ids_work_with_a_plain_or_encoded_slash() {
     assert_eq!(app.get(POD).await.json(), patched.json());
 
     let listed = app.get("/api/v1/labels/pod").await;
-    assert_eq!(ids(&listed), ["node17.example.com/hello"]);
+    assert_eq!(item_ids(&listed.json()), ["node17.example.com/hello"]);
 
     let deleted = app.send_raw("DELETE", encoded, &[], "").await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
-    assert_eq!(label_keys(&app).await, Vec::<String>::new());
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }
 
 #[tokio::test]
@@ -175,7 +134,8 @@ async fn every_label_type_works() {
         let response = put(&app, &path, json!({"pod_id": "hello"})).await;
         assert_eq!(response.status, StatusCode::OK, "{label_type}");
         assert_eq!(response.json()["type"], label_type);
-        assert!(stored(&app, &format!("labels/{label_type}/{id}"))
+        assert!(app
+            .stored_text(&format!("labels/{label_type}/{id}"))
             .await
             .is_some());
         let listed = app
@@ -183,7 +143,7 @@ async fn every_label_type_works() {
                 "/api/v1/labels/{label_type}?selector=pod_id%3Dhello"
             ))
             .await;
-        assert_eq!(ids(&listed), [id], "{label_type}");
+        assert_eq!(item_ids(&listed.json()), [id], "{label_type}");
     }
 }
 
@@ -209,7 +169,7 @@ async fn an_unknown_type_is_404_everywhere_and_writes_nothing() {
     }
     let listed = app.get("/api/v1/labels/replication_controllers").await;
     assert_eq!(listed.status, StatusCode::NOT_FOUND);
-    assert_eq!(label_keys(&app).await, Vec::<String>::new());
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }
 
 #[tokio::test]
@@ -248,14 +208,14 @@ async fn bad_ids_are_422_on_every_route_and_write_nothing() {
             );
         }
     }
-    assert_eq!(label_keys(&app).await, Vec::<String>::new());
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn bad_labels_are_all_reported_at_once_and_nothing_is_written() {
     let app = TestApp::new().await;
     put(&app, NODE, json!({"keep": "me"})).await;
-    let before = stored(&app, "labels/node/node17.example.com").await;
+    let before = app.stored_text("labels/node/node17.example.com").await;
     let long = "v".repeat(64);
     let bad = json!({
         "ok": "fine",
@@ -278,18 +238,23 @@ async fn bad_labels_are_all_reported_at_once_and_nothing_is_written() {
     let response = put(&app, NODE, bad.clone()).await;
     assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(response.error().reason, "Invalid");
-    assert_eq!(causes(&response), expected);
+    assert_eq!(response.cause_fields(), expected);
 
     let response = patch(&app, NODE, &[], json!({ "labels": bad })).await;
-    assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(causes(&response), expected);
+    assert_eq!(response.unprocessable_fields(), expected);
 
     // A bad id and bad labels come back together.
     let response = put(&app, "/api/v1/labels/pod/hello", json!({"a b": "c"})).await;
-    assert_eq!(causes(&response), ["id", "labels.a b"]);
+    assert_eq!(response.cause_fields(), ["id", "labels.a b"]);
 
-    assert_eq!(stored(&app, "labels/node/node17.example.com").await, before);
-    assert_eq!(label_keys(&app).await, ["labels/node/node17.example.com"]);
+    assert_eq!(
+        app.stored_text("labels/node/node17.example.com").await,
+        before
+    );
+    assert_eq!(
+        app.keys("labels/").await,
+        ["labels/node/node17.example.com"]
+    );
 }
 
 #[tokio::test]
@@ -347,13 +312,13 @@ async fn malformed_and_mistyped_bodies_are_refused_and_write_nothing() {
     .await;
     assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(
-        causes(&response),
+        response.cause_fields(),
         ["labels.b", "labels.n", "labels.o", "type"]
     );
     let response = patch(&app, NODE, &[], json!({"labels": "a=b"})).await;
-    assert_eq!(causes(&response), ["labels"]);
+    assert_eq!(response.cause_fields(), ["labels"]);
 
-    assert_eq!(label_keys(&app).await, Vec::<String>::new());
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }
 
 #[tokio::test]
@@ -388,20 +353,17 @@ async fn patch_sets_removes_and_keeps() {
     let response = patch(&app, NODE, &[], json!({"labels": null})).await;
     assert_eq!(response.status, StatusCode::OK);
     assert_eq!(response.json()["labels"], json!({}));
-    assert_eq!(label_keys(&app).await, Vec::<String>::new());
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn patch_can_remove_a_bad_label_written_by_another_tool() {
     let app = TestApp::new().await;
     let key = "labels/node/node17.example.com";
-    app.store
-        .put(key, br#"{"bad key":"a b","ok":"1"}"#, Cas::Any)
-        .await
-        .unwrap();
+    app.put_raw(key, br#"{"bad key":"a b","ok":"1"}"#).await;
     let response = patch(&app, NODE, &[], json!({"labels": {"bad key": null}})).await;
     assert_eq!(response.status, StatusCode::OK, "{response:?}");
-    assert_eq!(stored(&app, key).await.as_deref(), Some(r#"{"ok":"1"}"#));
+    assert_eq!(app.stored_text(key).await.as_deref(), Some(r#"{"ok":"1"}"#));
 }
 
 #[tokio::test]
@@ -409,7 +371,7 @@ async fn a_document_written_by_p2_survives_get_and_patch() {
     let app = TestApp::new().await;
     let key = "labels/pod/node17.example.com/hello";
     let p2 = r#"{"availability_zone":"us-west-2a","cluster_name":"production","pod_id":"hello","replication_controller_id":"5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11"}"#;
-    app.store.put(key, p2.as_bytes(), Cas::Any).await.unwrap();
+    app.put_raw(key, p2.as_bytes()).await;
     let got = app.get(POD).await;
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(
@@ -425,12 +387,12 @@ async fn a_document_written_by_p2_survives_get_and_patch() {
     .await;
     assert_eq!(response.status, StatusCode::OK);
     assert_eq!(
-        stored(&app, key).await.unwrap(),
+        app.stored_text(key).await.unwrap(),
         p2.replace("production", "staging")
     );
 
     // Go writes a nil label map as `null`: an object with no labels.
-    app.store.put(key, b"null", Cas::Any).await.unwrap();
+    app.put_raw(key, b"null").await;
     let index = app.store.get(key).await.unwrap().unwrap().modify_index;
     let got = app.get(POD).await;
     assert_eq!(got.json()["labels"], json!({}));
@@ -474,7 +436,7 @@ async fn if_match_guards_every_write() {
     assert_eq!(updated.status, StatusCode::OK);
     let current = updated.header("etag").unwrap().to_string();
     assert_ne!(current, etag);
-    let before = stored(&app, "labels/node/node17.example.com").await;
+    let before = app.stored_text("labels/node/node17.example.com").await;
 
     let stale_put = app
         .send_json(
@@ -498,7 +460,10 @@ async fn if_match_guards_every_write() {
         assert_eq!(response.status, StatusCode::PRECONDITION_FAILED);
         assert!(response.error().message.contains("has changed"));
     }
-    assert_eq!(stored(&app, "labels/node/node17.example.com").await, before);
+    assert_eq!(
+        app.stored_text("labels/node/node17.example.com").await,
+        before
+    );
 
     let bad = app
         .send_raw("DELETE", NODE, &[("if-match", "soon")], "")
@@ -526,7 +491,7 @@ async fn if_match_guards_every_write() {
         .send_raw("DELETE", NODE, &[("if-match", latest)], "")
         .await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
-    assert_eq!(label_keys(&app).await, Vec::<String>::new());
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 
     // "0" on an object without labels: a delete that has nothing to do.
     let deleted = app
@@ -545,7 +510,7 @@ async fn delete_removes_every_label_and_is_idempotent() {
         assert_eq!(response.status, StatusCode::NO_CONTENT);
         assert!(response.body.is_empty());
     }
-    assert_eq!(label_keys(&app).await, ["labels/node/other"]);
+    assert_eq!(app.keys("labels/").await, ["labels/node/other"]);
     assert_eq!(app.get(NODE).await.json()["labels"], json!({}));
 }
 
@@ -591,7 +556,7 @@ async fn list_filters_by_selector() {
             .get(&format!("/api/v1/labels/node?selector={selector}"))
             .await;
         assert_eq!(response.status, StatusCode::OK, "{selector}");
-        assert_eq!(ids(&response), expected, "{selector}");
+        assert_eq!(item_ids(&response.json()), expected, "{selector}");
         assert_eq!(response.json()["continue"], Value::Null);
     }
     let response = app.get("/api/v1/labels/node?selector=role%3Dweb").await;
@@ -600,7 +565,7 @@ async fn list_filters_by_selector() {
         json!({"type": "node", "id": "n1", "labels": {"role": "web", "az": "a"}})
     );
     let listing = app.store.list("labels/node/").await.unwrap();
-    assert_eq!(x_index(&response), listing.index);
+    assert_eq!(response.x_index(), listing.index);
 }
 
 #[tokio::test]
@@ -643,7 +608,7 @@ async fn list_pages_through_every_match_once() {
     loop {
         let response = app.get(&path).await;
         assert_eq!(response.status, StatusCode::OK);
-        let page = ids(&response);
+        let page = item_ids(&response.json());
         assert!(page.len() <= 2);
         seen.extend(page);
         pages += 1;
@@ -671,53 +636,40 @@ async fn a_blocking_list_wakes_on_a_change_of_its_type() {
     let app = Arc::new(TestApp::new().await);
     put(&app, NODE, json!({"role": "web"})).await;
     let first = app.get("/api/v1/labels/node?selector=role%3Dweb").await;
-    let index = x_index(&first);
+    let index = first.x_index();
 
-    let waiting = {
-        let app = app.clone();
-        tokio::spawn(async move {
-            let path = format!("/api/v1/labels/node?selector=role%3Dweb&index={index}&wait=5s");
-            app.get(&path).await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiting.is_finished(), "the request must block");
+    let path = format!("/api/v1/labels/node?selector=role%3Dweb&index={index}&wait=5s");
+    let waiting = app.get_held(path).await;
     // A change of another type does not wake it.
     put(&app, POD, json!({"role": "web"})).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(
-        !waiting.is_finished(),
-        "another type's change must not wake it"
-    );
+    waiting.assert_held("another type's change must not wake it");
 
     put(&app, "/api/v1/labels/node/n2", json!({"role": "web"})).await;
-    let response = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("woken by the change")
-        .unwrap();
+    let response = waiting.woken("woken by the change").await;
     assert_eq!(response.status, StatusCode::OK);
-    assert!(x_index(&response) > index);
-    assert_eq!(ids(&response), ["n2", "node17.example.com"]);
+    assert!(response.x_index() > index);
+    assert_eq!(item_ids(&response.json()), ["n2", "node17.example.com"]);
 }
 
 #[tokio::test]
 async fn a_blocking_list_times_out_with_the_same_index() {
     let app = TestApp::new().await;
     put(&app, NODE, json!({"role": "web"})).await;
-    let index = x_index(&app.get("/api/v1/labels/node").await);
+    let index = app.get("/api/v1/labels/node").await.x_index();
     let started = Instant::now();
     let response = app
         .get(&format!("/api/v1/labels/node?index={index}&wait=200ms"))
         .await;
     assert!(started.elapsed() >= Duration::from_millis(200));
     assert_eq!(response.status, StatusCode::OK);
-    assert_eq!(x_index(&response), index);
-    assert_eq!(ids(&response), ["node17.example.com"]);
+    assert_eq!(response.x_index(), index);
+    assert_eq!(item_ids(&response.json()), ["node17.example.com"]);
 
     // An empty type has an index too.
     let empty = app.get("/api/v1/labels/rolls").await;
-    assert_eq!(ids(&empty), Vec::<String>::new());
-    x_index(&empty);
+    assert_eq!(item_ids(&empty.json()), Vec::<String>::new());
+    empty.x_index();
     // An emptied one blocks the same way. (One never written is not held to its index: on
     // Consul it reads at the index of the whole KV store, which any write anywhere moves.)
     let roll = "/api/v1/labels/rolls/r1";
@@ -725,18 +677,17 @@ async fn a_blocking_list_times_out_with_the_same_index() {
     let deleted = app.send_raw("DELETE", roll, &[], "").await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
     let emptied = app.get("/api/v1/labels/rolls").await;
-    assert_eq!(ids(&emptied), Vec::<String>::new());
-    let index = x_index(&emptied);
+    assert_eq!(item_ids(&emptied.json()), Vec::<String>::new());
+    let index = emptied.x_index();
     let response = app
         .get(&format!("/api/v1/labels/rolls?index={index}&wait=100ms"))
         .await;
-    assert_eq!(x_index(&response), index);
+    assert_eq!(response.x_index(), index);
 
     let response = app
         .get(&format!("/api/v1/labels/node?index={index}&wait=11m"))
         .await;
-    assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(causes(&response), ["wait"]);
+    assert_eq!(response.unprocessable_fields(), ["wait"]);
 }
 
 #[tokio::test]

@@ -7,28 +7,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use p2_apiserver::store::Cas;
 use serde_json::{json, Value};
 
 use common::{TestApp, TestResponse};
-
-/// The raw value stored at `key`, if any.
-async fn stored(app: &TestApp, key: &str) -> Option<String> {
-    let pair = app.store.get(key).await.unwrap()?;
-    Some(String::from_utf8(pair.value).unwrap())
-}
-
-async fn label_keys(app: &TestApp) -> Vec<String> {
-    let listing = app.store.list("labels/").await.unwrap();
-    listing.pairs.into_iter().map(|p| p.key).collect()
-}
-
-async fn arrange(app: &TestApp, key: &str, value: &str) {
-    app.store
-        .put(key, value.as_bytes(), Cas::Any)
-        .await
-        .unwrap();
-}
 
 async fn put(app: &TestApp, path: &str, body: Value) -> TestResponse {
     app.send_json("PUT", path, &[], &body).await
@@ -49,10 +30,14 @@ fn ids(response: &TestResponse) -> Vec<String> {
 }
 
 async fn label_nodes(app: &TestApp) {
-    arrange(app, "labels/node/n1", r#"{"az":"a","role":"web"}"#).await;
-    arrange(app, "labels/node/n2", r#"{"az":"a","role":"db"}"#).await;
-    arrange(app, "labels/node/n3", r#"{"az":"b","role":"web"}"#).await;
-    arrange(app, "labels/pod/n1/hello", r#"{"role":"web"}"#).await;
+    app.put_raw("labels/node/n1", r#"{"az":"a","role":"web"}"#)
+        .await;
+    app.put_raw("labels/node/n2", r#"{"az":"a","role":"db"}"#)
+        .await;
+    app.put_raw("labels/node/n3", r#"{"az":"b","role":"web"}"#)
+        .await;
+    app.put_raw("labels/pod/n1/hello", r#"{"role":"web"}"#)
+        .await;
 }
 
 #[tokio::test]
@@ -200,13 +185,13 @@ async fn bad_types_and_ids_are_400_on_every_object_route_and_write_nothing() {
             assert!(error.message.contains(message), "{path}: {error:?}");
         }
     }
-    assert_eq!(label_keys(&app).await, Vec::<String>::new());
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn put_of_a_set_merges() {
     let app = TestApp::new().await;
-    arrange(&app, "labels/node/n1", r#"{"a":"1","b":"2"}"#).await;
+    app.put_raw("labels/node/n1", r#"{"a":"1","b":"2"}"#).await;
     let response = put(
         &app,
         "/api/labels/node/n1",
@@ -217,7 +202,7 @@ async fn put_of_a_set_merges() {
     assert!(response.body.is_empty());
     // P2's label object, exactly.
     assert_eq!(
-        stored(&app, "labels/node/n1").await.as_deref(),
+        app.stored_text("labels/node/n1").await.as_deref(),
         Some(r#"{"a":"1","b":"3","c":"4"}"#)
     );
 
@@ -225,7 +210,7 @@ async fn put_of_a_set_merges() {
     let response = put(&app, "/api/labels/node/n1", json!({"values": null})).await;
     assert_eq!(response.status, StatusCode::NO_CONTENT);
     assert_eq!(
-        stored(&app, "labels/node/n1").await.as_deref(),
+        app.stored_text("labels/node/n1").await.as_deref(),
         Some(r#"{"a":"1","b":"3","c":"4"}"#)
     );
 }
@@ -256,28 +241,28 @@ async fn pod_ids_work_with_a_plain_or_encoded_slash() {
         assert_eq!(response.status, StatusCode::NO_CONTENT, "{path}");
     }
     assert_eq!(
-        stored(&app, key).await.as_deref(),
+        app.stored_text(key).await.as_deref(),
         Some(r#"{"cluster_name":"production","color":"x","pod_id":"hello","size":"x"}"#)
     );
-    assert_eq!(label_keys(&app).await, [key]);
+    assert_eq!(app.keys("labels/").await, [key]);
 
     let response = delete(&app, "/api/labels/pod/node17.example.com%2Fhello/color").await;
     assert_eq!(response.status, StatusCode::NO_CONTENT);
     let response = delete(&app, "/api/labels/pod/node17.example.com/hello/size").await;
     assert_eq!(response.status, StatusCode::NO_CONTENT);
     assert_eq!(
-        stored(&app, key).await.as_deref(),
+        app.stored_text(key).await.as_deref(),
         Some(r#"{"cluster_name":"production","pod_id":"hello"}"#)
     );
     let response = delete(&app, "/api/labels/pod/node17.example.com%2Fhello").await;
     assert_eq!(response.status, StatusCode::NO_CONTENT);
-    assert_eq!(label_keys(&app).await, Vec::<String>::new());
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn one_label_is_set_and_removed_by_name() {
     let app = TestApp::new().await;
-    arrange(&app, "labels/node/n1", r#"{"keep":"1"}"#).await;
+    app.put_raw("labels/node/n1", r#"{"keep":"1"}"#).await;
     // A prefixed name may carry its '/' encoded, as P2's client sends it, or as is.
     for path in [
         "/api/labels/node/n1/color",
@@ -288,7 +273,7 @@ async fn one_label_is_set_and_removed_by_name() {
         assert_eq!(response.status, StatusCode::NO_CONTENT, "{path}");
     }
     assert_eq!(
-        stored(&app, "labels/node/n1").await.as_deref(),
+        app.stored_text("labels/node/n1").await.as_deref(),
         Some(r#"{"color":"v","example.com/role":"v","example.com/tier":"v","keep":"1"}"#)
     );
     for path in [
@@ -301,13 +286,13 @@ async fn one_label_is_set_and_removed_by_name() {
         assert_eq!(response.status, StatusCode::NO_CONTENT, "{path}");
     }
     assert_eq!(
-        stored(&app, "labels/node/n1").await.as_deref(),
+        app.stored_text("labels/node/n1").await.as_deref(),
         Some(r#"{"keep":"1"}"#)
     );
     // Removing the last label removes the key, as P2 does.
     let response = delete(&app, "/api/labels/node/n1/keep").await;
     assert_eq!(response.status, StatusCode::NO_CONTENT);
-    assert_eq!(label_keys(&app).await, Vec::<String>::new());
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }
 
 #[tokio::test]
@@ -319,7 +304,7 @@ async fn delete_removes_every_label() {
         assert_eq!(response.status, StatusCode::NO_CONTENT);
     }
     assert_eq!(
-        label_keys(&app).await,
+        app.keys("labels/").await,
         ["labels/node/n1", "labels/node/n3", "labels/pod/n1/hello"]
     );
 }
@@ -327,11 +312,12 @@ async fn delete_removes_every_label() {
 #[tokio::test]
 async fn a_bad_label_removed_by_name_even_though_it_could_not_be_written() {
     let app = TestApp::new().await;
-    arrange(&app, "labels/node/n1", r#"{"Bad_":"a b","ok":"1"}"#).await;
+    app.put_raw("labels/node/n1", r#"{"Bad_":"a b","ok":"1"}"#)
+        .await;
     let response = delete(&app, "/api/labels/node/n1/Bad_").await;
     assert_eq!(response.status, StatusCode::NO_CONTENT);
     assert_eq!(
-        stored(&app, "labels/node/n1").await.as_deref(),
+        app.stored_text("labels/node/n1").await.as_deref(),
         Some(r#"{"ok":"1"}"#)
     );
 }
@@ -339,7 +325,7 @@ async fn a_bad_label_removed_by_name_even_though_it_could_not_be_written() {
 #[tokio::test]
 async fn bad_bodies_are_4xx_and_write_nothing() {
     let app = TestApp::new().await;
-    arrange(&app, "labels/node/n1", r#"{"keep":"1"}"#).await;
+    app.put_raw("labels/node/n1", r#"{"keep":"1"}"#).await;
     let json_header = [("content-type", "application/json")];
     for path in ["/api/labels/node/n1", "/api/labels/node/n1/color"] {
         let response = app.send_raw("PUT", path, &json_header, "{\"value").await;
@@ -374,9 +360,9 @@ async fn bad_bodies_are_4xx_and_write_nothing() {
         );
         response.error();
     }
-    assert_eq!(label_keys(&app).await, ["labels/node/n1"]);
+    assert_eq!(app.keys("labels/").await, ["labels/node/n1"]);
     assert_eq!(
-        stored(&app, "labels/node/n1").await.as_deref(),
+        app.stored_text("labels/node/n1").await.as_deref(),
         Some(r#"{"keep":"1"}"#)
     );
 }
@@ -417,7 +403,7 @@ async fn bad_labels_are_all_reported_at_once_and_nothing_is_written() {
         .collect();
     assert_eq!(fields, ["name", "value"]);
 
-    assert_eq!(label_keys(&app).await, Vec::<String>::new());
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }
 
 #[tokio::test]

@@ -5,9 +5,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use common::{TestApp, TestResponse};
-use p2_apiserver::labels::Labels;
+use axum::http::StatusCode;
+use common::{labels, TestApp, TestResponse};
 use p2_apiserver::model::{HealthState, Manifest};
 use p2_apiserver::store::health::HealthStore;
 use p2_apiserver::store::labels::LabelRecord;
@@ -27,38 +26,21 @@ fn sha(pod_id: &str) -> String {
     Manifest::parse(&manifest(pod_id)).unwrap().sha()
 }
 
-fn labels(pairs: &[(&str, &str)]) -> Labels {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-async fn put_raw(app: &TestApp, key: &str, value: &[u8]) {
-    app.store.put(key, value, Cas::Any).await.unwrap();
-}
-
 async fn put_intent(app: &TestApp, node: &str, pod_id: &str) {
-    put_raw(
-        app,
+    app.put_raw(
         &format!("intent/{node}/{pod_id}"),
         manifest(pod_id).as_bytes(),
     )
     .await;
 }
 
-async fn put_json_key(app: &TestApp, key: &str, value: Value) {
-    put_raw(app, key, value.to_string().as_bytes()).await;
-}
-
 /// Labels the pod as P2's scheduler does. The blocking tests label their pods so that every
 /// tree a pod listing watches is in use: on Consul an empty tree reads at the index of the
 /// whole KV store, which any write anywhere moves.
 async fn label_pod(app: &TestApp, node: &str, pod_id: &str) {
-    put_json_key(
-        app,
+    app.put_json(
         &format!("labels/pod/{node}/{pod_id}"),
-        json!({"pod_id": pod_id}),
+        &json!({"pod_id": pod_id}),
     )
     .await;
 }
@@ -67,38 +49,18 @@ async fn label_pod(app: &TestApp, node: &str, pod_id: &str) {
 async fn put_p2_health(app: &TestApp, pod_id: &str, node: &str, status: &str) {
     let record = json!({"Id": pod_id, "Node": node, "Service": pod_id, "Status": status,
         "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
-    put_json_key(app, &format!("health/{pod_id}/{node}"), record).await;
+    app.put_json(&format!("health/{pod_id}/{node}"), &record)
+        .await;
 }
 
-/// Every key in the store with its value, to show a rejected request wrote nothing.
-async fn everything(app: &TestApp) -> Vec<(String, Vec<u8>)> {
-    let listing = app.store.list("").await.unwrap();
-    listing
-        .pairs
-        .into_iter()
-        .map(|p| (p.key, p.value))
-        .collect()
-}
-
-fn request(method: &str, path: &str, body: impl Into<Body>) -> Request<Body> {
-    Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(body.into())
-        .unwrap()
+/// `PUT path` with a body labelled JSON but sent exactly as given.
+async fn put_health_raw(app: &TestApp, path: &str, body: impl Into<Body>) -> TestResponse {
+    app.send_raw("PUT", path, &[("content-type", "application/json")], body)
+        .await
 }
 
 async fn put_health(app: &TestApp, path: &str, body: Value) -> TestResponse {
-    app.send(request("PUT", path, body.to_string())).await
-}
-
-fn x_index(response: &TestResponse) -> u64 {
-    response
-        .header("x-index")
-        .expect("X-Index")
-        .parse()
-        .unwrap()
+    put_health_raw(app, path, body.to_string()).await
 }
 
 fn pod_names(body: &Value) -> Vec<String> {
@@ -116,28 +78,22 @@ fn pod_names(body: &Value) -> Vec<String> {
         .collect()
 }
 
-fn cause_fields(response: &TestResponse) -> Vec<String> {
-    response
-        .error()
-        .causes
-        .into_iter()
-        .map(|c| c.field)
-        .collect()
-}
-
 // ---- nodes ----
 
 #[tokio::test]
 async fn lists_nodes_by_name_with_paging_and_selectors() {
     let app = TestApp::new().await;
-    put_json_key(&app, "labels/node/node2", json!({"role": "db"})).await;
-    put_json_key(&app, "labels/node/node1", json!({"role": "web"})).await;
-    put_json_key(&app, "labels/node/node3", json!(null)).await;
-    put_json_key(&app, "labels/pod/node1/hello", json!({"pod_id": "hello"})).await;
+    app.put_json("labels/node/node2", &json!({"role": "db"}))
+        .await;
+    app.put_json("labels/node/node1", &json!({"role": "web"}))
+        .await;
+    app.put_json("labels/node/node3", &json!(null)).await;
+    app.put_json("labels/pod/node1/hello", &json!({"pod_id": "hello"}))
+        .await;
 
     let all = app.get("/api/v1/nodes").await;
     assert_eq!(all.status, StatusCode::OK);
-    assert!(x_index(&all) > 1);
+    assert!(all.x_index() > 1);
     assert_eq!(
         all.json(),
         json!({"items": [
@@ -172,8 +128,7 @@ async fn node_listing_refuses_bad_parameters_all_at_once() {
     let response = app
         .get("/api/v1/nodes?selector=role%20in%20(&limit=0&index=1&wait=11m")
         .await;
-    assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
-    let mut fields = cause_fields(&response);
+    let mut fields = response.unprocessable_fields();
     fields.sort();
     assert_eq!(fields, ["limit", "selector", "wait"]);
 
@@ -185,16 +140,13 @@ async fn node_listing_refuses_bad_parameters_all_at_once() {
 #[tokio::test]
 async fn shows_one_node_with_its_intended_pods() {
     let app = TestApp::new().await;
-    put_json_key(&app, "labels/node/node1", json!({"role": "web"})).await;
+    app.put_json("labels/node/node1", &json!({"role": "web"}))
+        .await;
     put_intent(&app, "node1", "hello").await;
     put_intent(&app, "node1", "bye").await;
     put_intent(&app, "node2", "other").await;
-    put_json_key(
-        &app,
-        &format!("intent/node1/{UUID}"),
-        json!({"pod_key": UUID}),
-    )
-    .await;
+    app.put_json(&format!("intent/node1/{UUID}"), &json!({"pod_key": UUID}))
+        .await;
 
     let response = app.get("/api/v1/nodes/node1").await;
     assert_eq!(response.status, StatusCode::OK);
@@ -223,7 +175,7 @@ async fn shows_one_node_with_its_intended_pods() {
     for bad in ["..", "a%20b", "a%2Fb", "%07"] {
         let response = app.get(&format!("/api/v1/nodes/{bad}")).await;
         assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
-        assert_eq!(cause_fields(&response), ["node"], "{bad}");
+        assert_eq!(response.cause_fields(), ["node"], "{bad}");
     }
 }
 
@@ -236,29 +188,25 @@ async fn arrange_pods(app: &TestApp) {
     put_intent(app, "web", "hello").await;
     put_intent(app, "web", "shipper").await;
     put_intent(app, "web-1", "shipper").await;
-    put_json_key(app, &format!("intent/web/{UUID}"), json!({"pod_key": UUID})).await;
-    put_raw(app, "intent/web/broken", b"id: [unclosed").await;
-    put_raw(app, "reality/web/hello", manifest("hello").as_bytes()).await;
+    app.put_json(&format!("intent/web/{UUID}"), &json!({"pod_key": UUID}))
+        .await;
+    app.put_raw("intent/web/broken", b"id: [unclosed").await;
+    app.put_raw("reality/web/hello", manifest("hello").as_bytes())
+        .await;
 
     let rc = "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11";
-    put_json_key(
-        app,
+    app.put_json(
         "labels/pod/web/hello",
-        json!({"pod_id": "hello", "replication_controller_id": rc}),
+        &json!({"pod_id": "hello", "replication_controller_id": rc}),
     )
     .await;
-    put_json_key(
-        app,
+    app.put_json(
         "labels/pod/web-1/hello",
-        json!({"pod_id": "hello", "replication_controller_id": rc}),
+        &json!({"pod_id": "hello", "replication_controller_id": rc}),
     )
     .await;
-    put_json_key(
-        app,
-        "labels/pod/web/shipper",
-        json!({"daemon_set_id": "ds1"}),
-    )
-    .await;
+    app.put_json("labels/pod/web/shipper", &json!({"daemon_set_id": "ds1"}))
+        .await;
 
     put_p2_health(app, "hello", "web", "passing").await;
     put_p2_health(app, "hello", "web-1", "warning").await;
@@ -273,7 +221,7 @@ async fn lists_pods_with_labels_health_and_manifest_sha() {
     let response = app.get("/api/v1/pods").await;
     assert_eq!(response.status, StatusCode::OK);
     let highest = app.store.list("").await.unwrap().index;
-    assert_eq!(x_index(&response), highest);
+    assert_eq!(response.x_index(), highest);
     let rc = "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11";
     assert_eq!(
         response.json(),
@@ -340,8 +288,7 @@ async fn pod_listing_refuses_bad_filters_all_at_once() {
             "/api/v1/pods?node=a%2Fb&pod_id={UUID}&limit=1001&continue=%25"
         ))
         .await;
-    assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
-    let mut fields = cause_fields(&response);
+    let mut fields = response.unprocessable_fields();
     fields.sort();
     assert_eq!(fields, ["continue", "limit", "node", "pod_id"]);
 
@@ -368,7 +315,7 @@ async fn blocking_pod_listing_wakes_on_a_new_intent() {
     label_pod(&app, "node1", "hello").await;
     put_p2_health(&app, "hello", "node1", "passing").await;
     let first = app.get("/api/v1/pods").await;
-    let index = x_index(&first);
+    let index = first.x_index();
 
     let started = Instant::now();
     let path = format!("/api/v1/pods?index={index}&wait=20s");
@@ -383,7 +330,7 @@ async fn blocking_pod_listing_wakes_on_a_new_intent() {
         "answered before the write: {waited:?}"
     );
     assert!(waited < Duration::from_secs(10), "did not wake: {waited:?}");
-    assert!(x_index(&response) > index);
+    assert!(response.x_index() > index);
     assert_eq!(pod_names(&response.json()), ["node1/hello", "node2/hello"]);
 }
 
@@ -393,14 +340,15 @@ async fn blocking_pod_listing_wakes_on_health_and_ignores_other_trees() {
     put_intent(&app, "node1", "hello").await;
     label_pod(&app, "node1", "hello").await;
     put_p2_health(&app, "hello", "node1", "passing").await;
-    let index = x_index(&app.get("/api/v1/pods?node=node1").await);
+    let index = app.get("/api/v1/pods?node=node1").await.x_index();
 
     let path = format!("/api/v1/pods?node=node1&index={index}&wait=20s");
     let (response, ()) = tokio::join!(app.get(&path), async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         // Outside what the request lists: must not wake it.
         put_intent(&app, "node2", "hello").await;
-        put_json_key(&app, "labels/node/node1", json!({"role": "web"})).await;
+        app.put_json("labels/node/node1", &json!({"role": "web"}))
+            .await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         put_p2_health(&app, "hello", "node1", "critical").await;
     });
@@ -415,8 +363,9 @@ async fn blocking_pod_listing_times_out_with_the_same_index() {
     put_intent(&app, "node1", "hello").await;
     label_pod(&app, "node1", "hello").await;
     put_p2_health(&app, "hello", "node1", "passing").await;
-    let index = x_index(&app.get("/api/v1/pods").await);
-    put_json_key(&app, "labels/node/node1", json!({"role": "web"})).await;
+    let index = app.get("/api/v1/pods").await.x_index();
+    app.put_json("labels/node/node1", &json!({"role": "web"}))
+        .await;
 
     let started = Instant::now();
     let response = app
@@ -424,7 +373,7 @@ async fn blocking_pod_listing_times_out_with_the_same_index() {
         .await;
     assert!(started.elapsed() >= Duration::from_millis(200));
     assert_eq!(response.status, StatusCode::OK);
-    assert_eq!(x_index(&response), index);
+    assert_eq!(response.x_index(), index);
     assert_eq!(pod_names(&response.json()), ["node1/hello"]);
 }
 
@@ -505,7 +454,7 @@ async fn health_accepts_p2s_record_form_and_every_state() {
 async fn health_refuses_bad_reports_and_writes_nothing() {
     let app = TestApp::new().await;
     put_p2_health(&app, "hello", "node1", "passing").await;
-    let before = everything(&app).await;
+    let before = app.dump().await;
 
     let uuid_path = format!("/api/v1/health/{UUID}/node1");
     let cases = [
@@ -524,22 +473,20 @@ async fn health_refuses_bad_reports_and_writes_nothing() {
     for (path, status, fields) in cases {
         let response = put_health(&app, path, json!({"status": status})).await;
         assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{path}");
-        assert_eq!(cause_fields(&response), fields, "{path}");
+        assert_eq!(response.cause_fields(), fields, "{path}");
     }
     let missing = put_health(&app, "/api/v1/health/hello/node1", json!({})).await;
     assert_eq!(missing.status, StatusCode::UNPROCESSABLE_ENTITY);
     missing.error();
-    let malformed = app
-        .send(request("PUT", "/api/v1/health/hello/node1", "{\"status\":"))
-        .await;
+    let malformed = put_health_raw(&app, "/api/v1/health/hello/node1", "{\"status\":").await;
     assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
     malformed.error();
     let text = app
-        .send(
-            Request::put("/api/v1/health/hello/node1")
-                .header("content-type", "text/plain")
-                .body(Body::from("passing"))
-                .unwrap(),
+        .send_raw(
+            "PUT",
+            "/api/v1/health/hello/node1",
+            &[("content-type", "text/plain")],
+            "passing",
         )
         .await;
     assert_eq!(text.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
@@ -548,13 +495,11 @@ async fn health_refuses_bad_reports_and_writes_nothing() {
         "{{\"status\":\"passing\",\"pad\":\"{}\"}}",
         "x".repeat(2 << 20)
     );
-    let too_large = app
-        .send(request("PUT", "/api/v1/health/hello/node1", huge))
-        .await;
+    let too_large = put_health_raw(&app, "/api/v1/health/hello/node1", huge).await;
     assert_eq!(too_large.status, StatusCode::PAYLOAD_TOO_LARGE);
     too_large.error();
 
-    assert_eq!(everything(&app).await, before);
+    assert_eq!(app.dump().await, before);
 }
 
 #[tokio::test]
@@ -571,12 +516,11 @@ async fn health_put_honours_if_match() {
     let stale_put = |etag: String| {
         let app = &app;
         async move {
-            app.send(
-                Request::put("/api/v1/health/hello/node1")
-                    .header("content-type", "application/json")
-                    .header("if-match", etag)
-                    .body(Body::from(json!({"status": "critical"}).to_string()))
-                    .unwrap(),
+            app.json_request(
+                "PUT",
+                "/api/v1/health/hello/node1",
+                Some(&json!({"status": "critical"})),
+                &[("if-match", &etag)],
             )
             .await
         }
@@ -584,13 +528,13 @@ async fn health_put_honours_if_match() {
     let updated = stale_put(etag.clone()).await;
     assert_eq!(updated.status, StatusCode::OK);
     assert_ne!(updated.header("etag"), Some(etag.as_str()));
-    let before = everything(&app).await;
+    let before = app.dump().await;
     let stale = stale_put(etag).await;
     assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
     stale.error();
     let garbage = stale_put("yesterday".into()).await;
     assert_eq!(garbage.status, StatusCode::BAD_REQUEST);
-    assert_eq!(everything(&app).await, before);
+    assert_eq!(app.dump().await, before);
     assert_eq!(
         app.get("/api/v1/health/hello/node1").await.json()["status"],
         "critical"
@@ -604,8 +548,7 @@ async fn health_get_answers_404_and_422() {
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     missing.error();
     let bad = app.get("/api/v1/health/..%2F/node%20x").await;
-    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(cause_fields(&bad), ["pod_id", "node"]);
+    assert_eq!(bad.unprocessable_fields(), ["pod_id", "node"]);
 }
 
 #[tokio::test]
@@ -623,11 +566,11 @@ async fn lists_one_pods_health_by_node() {
     put_p2_health(&app, "hello", "node2", "critical").await;
     put_p2_health(&app, "hello", "node1", "passing").await;
     put_p2_health(&app, "other", "node1", "warning").await;
-    put_raw(&app, "health/hello/node3", b"not json").await;
+    app.put_raw("health/hello/node3", b"not json").await;
 
     let response = app.get("/api/v1/health/hello").await;
     assert_eq!(response.status, StatusCode::OK);
-    let index = x_index(&response);
+    let index = response.x_index();
     assert_eq!(index, app.store.list("health/hello/").await.unwrap().index);
     let body = response.json();
     let items = body["items"].as_array().unwrap();
@@ -644,11 +587,10 @@ async fn lists_one_pods_health_by_node() {
     let unchanged = app
         .get(&format!("/api/v1/health/hello?index={index}&wait=100ms"))
         .await;
-    assert_eq!(x_index(&unchanged), index);
+    assert_eq!(unchanged.x_index(), index);
 
     let bad = app.get("/api/v1/health/..?limit=0").await;
-    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(cause_fields(&bad), ["pod_id", "limit"]);
+    assert_eq!(bad.unprocessable_fields(), ["pod_id", "limit"]);
 }
 
 // ---- the stores the farms build on ----
@@ -659,7 +601,8 @@ async fn schedule_and_unschedule_ops_keep_other_owners_labels() {
     let pods = PodStore::new(app.store.clone());
     let pod = PodLocation::new("node1", "hello").unwrap();
     let manifest = Manifest::parse(&manifest("hello")).unwrap();
-    put_json_key(&app, "labels/pod/node1/hello", json!({"team": "a"})).await;
+    app.put_json("labels/pod/node1/hello", &json!({"team": "a"}))
+        .await;
 
     let (_, current) = pods.list_labels(Some("node1")).await.unwrap();
     let current = current.get(&pod).cloned().unwrap();
@@ -728,18 +671,16 @@ async fn schedule_and_unschedule_ops_keep_other_owners_labels() {
 async fn pod_store_reads_skip_uuid_pods_and_undecodable_entries() {
     let app = TestApp::new().await;
     put_intent(&app, "node1", "hello").await;
-    put_json_key(
-        &app,
-        &format!("intent/node1/{UUID}"),
-        json!({"pod_key": UUID}),
-    )
-    .await;
-    put_raw(&app, "intent/node1/bad", &[0xff, 0xfe]).await;
-    put_raw(&app, "intent/node1/deep/er", manifest("er").as_bytes()).await;
-    put_raw(&app, "reality/node1/hello", manifest("hello").as_bytes()).await;
-    put_raw(&app, &format!("reality/node1/{UUID}"), b"{}").await;
-    put_json_key(&app, "labels/pod/node1/hello", json!(null)).await;
-    put_json_key(&app, "labels/pod/node1/bad", json!([1])).await;
+    app.put_json(&format!("intent/node1/{UUID}"), &json!({"pod_key": UUID}))
+        .await;
+    app.put_raw("intent/node1/bad", &[0xff, 0xfe]).await;
+    app.put_raw("intent/node1/deep/er", manifest("er").as_bytes())
+        .await;
+    app.put_raw("reality/node1/hello", manifest("hello").as_bytes())
+        .await;
+    app.put_raw(&format!("reality/node1/{UUID}"), b"{}").await;
+    app.put_json("labels/pod/node1/hello", &json!(null)).await;
+    app.put_json("labels/pod/node1/bad", &json!([1])).await;
 
     let pods = PodStore::new(app.store.clone());
     let names = |entries: Vec<p2_apiserver::store::pods::PodEntry>| -> Vec<String> {
@@ -768,8 +709,9 @@ async fn pod_store_reads_skip_uuid_pods_and_undecodable_entries() {
 async fn health_store_keys_results_by_the_records_node() {
     let app = TestApp::new().await;
     let record = json!({"Id": "hello", "Node": "renamed", "Status": "passing"});
-    put_json_key(&app, "health/hello/node1", record).await;
-    put_json_key(&app, "health/hello/node2", json!({"Status": "warning"})).await;
+    app.put_json("health/hello/node1", &record).await;
+    app.put_json("health/hello/node2", &json!({"Status": "warning"}))
+        .await;
     let health = HealthStore::new(app.store.clone());
 
     let (_, by_node) = health.list_for_pod("hello").await.unwrap();

@@ -12,7 +12,7 @@ use p2_apiserver::router::MAX_BODY_BYTES;
 use p2_apiserver::store::{Cas, SessionBehavior, SessionSpec};
 use serde_json::{json, Value};
 
-use common::{TestApp, TestResponse};
+use common::{assert_operations, item_ids, TestApp, TestResponse};
 
 const MANIFEST: &str = "id: hello\n# kept verbatim\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
 
@@ -37,28 +37,17 @@ async fn create(app: &TestApp, body: &Value) -> Value {
     response.json()
 }
 
-async fn patch(app: &TestApp, id: &str, body: &Value, headers: &[(&str, &str)]) -> TestResponse {
-    let mut all = vec![("content-type", "application/merge-patch+json")];
-    all.extend_from_slice(headers);
-    app.json_request("PATCH", &format!("/api/v1/rcs/{id}"), Some(body), &all)
-        .await
-}
-
-async fn stored(app: &TestApp, key: &str) -> Option<Value> {
-    app.store
-        .get(key)
-        .await
+/// Creates an RC from `spec()` and returns its ID.
+async fn create_id(app: &TestApp) -> String {
+    create(app, &spec()).await["id"]
+        .as_str()
         .unwrap()
-        .map(|pair| serde_json::from_slice(&pair.value).unwrap())
+        .to_owned()
 }
 
-fn fields(response: &TestResponse) -> Vec<String> {
-    response
-        .error()
-        .causes
-        .into_iter()
-        .map(|c| c.field)
-        .collect()
+async fn patch(app: &TestApp, id: &str, body: &Value, headers: &[(&str, &str)]) -> TestResponse {
+    app.merge_patch(&format!("/api/v1/rcs/{id}"), body, headers)
+        .await
 }
 
 /// Holds the RC's mutation lock with a fresh session, as a running roll does.
@@ -84,19 +73,11 @@ async fn create_answers_201_and_stores_the_rc_and_its_labels() {
     let response = app
         .json_request("POST", "/api/v1/rcs", Some(&spec()), &[])
         .await;
-    assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
     let body = response.json();
     let id = body["id"].as_str().unwrap().to_owned();
     assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 4);
     let version = body["resource_version"].as_str().unwrap();
-    assert_eq!(
-        response.header("etag"),
-        Some(format!("\"{version}\"").as_str())
-    );
-    assert_eq!(
-        response.header("location"),
-        Some(format!("/api/v1/rcs/{id}").as_str())
-    );
+    response.assert_created(&format!("/api/v1/rcs/{id}"), version);
     assert_eq!(
         body,
         json!({
@@ -120,7 +101,8 @@ async fn create_answers_201_and_stores_the_rc_and_its_labels() {
         .unwrap();
     assert_eq!(rc.modify_index.to_string(), version);
     assert_eq!(
-        stored(&app, &format!("labels/replication_controller/{id}")).await,
+        app.stored_json(&format!("labels/replication_controller/{id}"))
+            .await,
         Some(json!({"owner": "ops", "pod_id": "hello"}))
     );
 
@@ -170,7 +152,7 @@ async fn create_lists_every_problem_and_writes_nothing() {
     assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(response.error().reason, "Invalid");
     assert_eq!(
-        fields(&response),
+        response.cause_fields(),
         [
             "manifest.id",
             "manifest.launchables.app.location",
@@ -239,7 +221,7 @@ async fn get_refuses_bad_ids_and_answers_404_for_missing_rcs() {
     ] {
         let response = app.get(&format!("/api/v1/rcs/{id}")).await;
         assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{id}");
-        assert_eq!(fields(&response), ["id"]);
+        assert_eq!(response.cause_fields(), ["id"]);
     }
     let missing = uuid::Uuid::new_v4();
     let response = app.get(&format!("/api/v1/rcs/{missing}")).await;
@@ -250,31 +232,15 @@ async fn get_refuses_bad_ids_and_answers_404_for_missing_rcs() {
 #[tokio::test]
 async fn get_reads_the_status_from_pod_labels() {
     let app = TestApp::new().await;
-    let id = create(&app, &spec()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create_id(&app).await;
     let mine = json!({"pod_id": "hello", "replication_controller_id": id});
     for node in ["node2", "node1"] {
-        app.store
-            .put(
-                &format!("labels/pod/{node}/hello"),
-                mine.to_string().as_bytes(),
-                Cas::Any,
-            )
-            .await
-            .unwrap();
+        app.put_json(&format!("labels/pod/{node}/hello"), &mine)
+            .await;
     }
     let other =
         json!({"pod_id": "hello", "replication_controller_id": uuid::Uuid::new_v4().to_string()});
-    app.store
-        .put(
-            "labels/pod/node3/hello",
-            other.to_string().as_bytes(),
-            Cas::Any,
-        )
-        .await
-        .unwrap();
+    app.put_json("labels/pod/node3/hello", &other).await;
 
     let body = app.get(&format!("/api/v1/rcs/{id}")).await.json();
     assert_eq!(
@@ -301,24 +267,14 @@ async fn list_filters_by_rc_labels_and_pages_by_id() {
     let body = listing.json();
     let mut sorted = ids.clone();
     sorted.sort();
-    let listed: Vec<&str> = body["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|rc| rc["id"].as_str().unwrap())
-        .collect();
+    let listed = item_ids(&body);
     assert_eq!(listed, sorted);
     assert_eq!(body["continue"], Value::Null);
 
     let ops = app.get("/api/v1/rcs?selector=owner%3Dops").await.json();
     let mut expected = vec![ids[0].as_str(), ids[2].as_str()];
     expected.sort();
-    let listed: Vec<&str> = ops["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|rc| rc["id"].as_str().unwrap())
-        .collect();
+    let listed = item_ids(&ops);
     assert_eq!(listed, expected);
 
     let first = app.get("/api/v1/rcs?limit=2").await.json();
@@ -332,8 +288,7 @@ async fn list_filters_by_rc_labels_and_pages_by_id() {
     assert_eq!(rest["continue"], Value::Null);
 
     let bad = app.get("/api/v1/rcs?selector=owner%20in%20(").await;
-    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(fields(&bad), ["selector"]);
+    assert_eq!(bad.unprocessable_fields(), ["selector"]);
     // Refused at once, not after the wait.
     let bad = tokio::time::timeout(
         Duration::from_secs(5),
@@ -354,14 +309,8 @@ async fn a_blocking_list_wakes_on_a_change_and_times_out_unchanged() {
     create(&app, &spec()).await;
     // A pod of no RC here, so that every tree the listing watches is in use: on Consul an
     // empty tree reads at the index of the whole KV store, which any write anywhere moves.
-    app.store
-        .put(
-            "labels/pod/node9/other",
-            br#"{"pod_id": "other"}"#,
-            Cas::Any,
-        )
-        .await
-        .unwrap();
+    app.put_raw("labels/pod/node9/other", br#"{"pod_id": "other"}"#)
+        .await;
     let index = app
         .get("/api/v1/rcs")
         .await
@@ -375,21 +324,11 @@ async fn a_blocking_list_wakes_on_a_change_and_times_out_unchanged() {
     assert_eq!(unchanged.status, StatusCode::OK);
     assert_eq!(unchanged.header("x-index"), Some(index.as_str()));
 
-    let waiting = {
-        let app = app.clone();
-        let index = index.clone();
-        tokio::spawn(async move {
-            app.get(&format!("/api/v1/rcs?index={index}&wait=10s"))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiting.is_finished(), "the list did not block");
+    let waiting = app
+        .get_held(format!("/api/v1/rcs?index={index}&wait=10s"))
+        .await;
     let new = create(&app, &spec()).await;
-    let woken = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("the blocked list woke")
-        .unwrap();
+    let woken = waiting.woken("the blocked list woke").await;
     assert_eq!(woken.status, StatusCode::OK);
     assert_ne!(woken.header("x-index"), Some(index.as_str()));
     let items = woken.json()["items"].as_array().unwrap().clone();
@@ -438,7 +377,8 @@ async fn patch_changes_only_the_given_fields() {
 
     let cleared = patch(&app, id, &json!({"pod_labels": null}), &[]).await;
     assert_eq!(cleared.json()["pod_labels"], json!({}));
-    let raw = stored(&app, &format!("replication_controllers/{id}"))
+    let raw = app
+        .stored_json(&format!("replication_controllers/{id}"))
         .await
         .unwrap();
     assert_eq!(raw["pod_labels"], Value::Null);
@@ -454,10 +394,7 @@ async fn patch_changes_only_the_given_fields() {
 #[tokio::test]
 async fn patch_lists_every_bad_field_and_writes_nothing() {
     let app = TestApp::new().await;
-    let id = create(&app, &spec()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create_id(&app).await;
     let before = app.dump().await;
     let response = patch(
         &app,
@@ -477,8 +414,7 @@ async fn patch_lists_every_bad_field_and_writes_nothing() {
         &[],
     )
     .await;
-    assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
-    let mut got = fields(&response);
+    let mut got = response.unprocessable_fields();
     got.sort();
     let mut expected = [
         "allocation_strategy",
@@ -506,17 +442,14 @@ async fn patch_lists_every_bad_field_and_writes_nothing() {
         assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     }
     let response = patch(&app, &id, &json!({"manifest": {"id": "other"}}), &[]).await;
-    assert_eq!(fields(&response), ["manifest.id"]);
+    assert_eq!(response.cause_fields(), ["manifest.id"]);
     assert_eq!(app.dump().await, before);
 }
 
 #[tokio::test]
 async fn patch_refuses_unusable_requests() {
     let app = TestApp::new().await;
-    let id = create(&app, &spec()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create_id(&app).await;
     let before = app.dump().await;
     let path = format!("/api/v1/rcs/{id}");
     let request = |content_type: &str, body: Vec<u8>| {
@@ -611,10 +544,7 @@ async fn if_match_makes_patch_and_delete_conditional() {
 #[tokio::test]
 async fn delete_needs_zero_replicas_or_force_and_removes_the_labels_too() {
     let app = TestApp::new().await;
-    let id = create(&app, &spec()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create_id(&app).await;
     let path = format!("/api/v1/rcs/{id}");
     let before = app.dump().await;
     let refused = app.json_request("DELETE", &path, None, &[]).await;
@@ -651,10 +581,7 @@ async fn delete_needs_zero_replicas_or_force_and_removes_the_labels_too() {
 #[tokio::test]
 async fn the_mutation_lock_refuses_patch_and_delete_naming_the_roll() {
     let app = TestApp::new().await;
-    let old = create(&app, &spec()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let old = create_id(&app).await;
     let new = uuid::Uuid::new_v4().to_string();
     let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 2, "MinimumReplicas": 1,
                       "LeaveOld": false, "RollDelay": 0});
@@ -753,10 +680,7 @@ async fn concurrent_if_match_increments_all_land() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_patches_of_different_pod_labels_all_land() {
     let app = Arc::new(TestApp::new().await);
-    let id = create(&app, &spec()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = create_id(&app).await;
     let clients = (0..20).map(|n| {
         let app = app.clone();
         let id = id.clone();
@@ -787,7 +711,6 @@ async fn concurrent_patches_of_different_pod_labels_all_land() {
 async fn the_openapi_document_describes_every_rc_route() {
     let app = TestApp::new().await;
     let document = app.get("/openapi.json").await.json();
-    let paths = &document["paths"];
     let operations = [
         ("/api/v1/rcs", "post", "create_rc"),
         ("/api/v1/rcs", "get", "list_rcs"),
@@ -795,10 +718,8 @@ async fn the_openapi_document_describes_every_rc_route() {
         ("/api/v1/rcs/{id}", "patch", "patch_rc"),
         ("/api/v1/rcs/{id}", "delete", "delete_rc"),
     ];
-    for (path, method, id) in operations {
-        let operation = &paths[path][method];
-        assert_eq!(operation["operationId"], id, "{path} {method}");
-        assert_eq!(operation["tags"], json!(["replication_controllers"]));
+    let documented = assert_operations(&document, "replication_controllers", &operations);
+    for (operation, (path, method, _)) in documented.iter().zip(operations) {
         assert!(operation["responses"]["422"].is_object(), "{path} {method}");
     }
     let schemas = &document["components"]["schemas"];

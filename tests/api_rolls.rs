@@ -7,41 +7,29 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use common::{TestApp, TestResponse};
-use p2_apiserver::labels::{LabelType, Labels};
+use axum::http::StatusCode;
+use common::{assert_operations, item_ids, labels, TestApp, TestResponse};
+use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::{HealthRecord, HealthState, StoredRc};
 use p2_apiserver::store::locks;
 use p2_apiserver::store::rcs::RcStore;
-use p2_apiserver::store::{Cas, KvPair, SessionBehavior, SessionSpec};
+use p2_apiserver::store::{Cas, SessionBehavior, SessionSpec};
 use serde_json::{json, Value};
 
 const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
 
 async fn post(app: &TestApp, body: Value) -> TestResponse {
-    app.send(
-        Request::post("/api/v1/rolls")
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string()))
-            .unwrap(),
-    )
-    .await
+    app.json_request("POST", "/api/v1/rolls", Some(&body), &[])
+        .await
 }
 
 async fn delete(app: &TestApp, id: &str, if_match: Option<&str>) -> TestResponse {
-    let mut request = Request::delete(format!("/api/v1/rolls/{id}"));
-    if let Some(etag) = if_match {
-        request = request.header("if-match", etag);
-    }
-    app.send(request.body(Body::empty()).unwrap()).await
-}
-
-fn labels(pairs: &[(&str, &str)]) -> Labels {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    let headers: Vec<_> = if_match
+        .map(|etag| ("if-match", etag))
+        .into_iter()
+        .collect();
+    app.json_request("DELETE", &format!("/api/v1/rolls/{id}"), None, &headers)
+        .await
 }
 
 /// Stores an RC for pod `hello` behind the API's back, as P2 would have.
@@ -60,28 +48,9 @@ async fn arrange_rc(app: &TestApp, replicas: i64, rc_labels: &[(&str, &str)]) ->
     id
 }
 
-async fn stored(app: &TestApp, key: &str) -> Option<KvPair> {
-    app.store.get(key).await.unwrap()
-}
-
-async fn stored_text(app: &TestApp, key: &str) -> String {
-    let pair = stored(app, key)
-        .await
-        .unwrap_or_else(|| panic!("{key} missing"));
-    String::from_utf8(pair.value).unwrap()
-}
-
-async fn stored_json(app: &TestApp, key: &str) -> Value {
-    serde_json::from_str(&stored_text(app, key).await).unwrap()
-}
-
-async fn keys(app: &TestApp, prefix: &str) -> Vec<String> {
-    app.store.keys(prefix, None).await.unwrap().1
-}
-
 /// A refused or finished creation leaves no lock behind (its session is gone).
 async fn assert_no_locks(app: &TestApp) {
-    assert_eq!(keys(app, "lock/").await, Vec::<String>::new());
+    assert_eq!(app.keys("lock/").await, Vec::<String>::new());
 }
 
 fn p2_roll_json(
@@ -95,15 +64,6 @@ fn p2_roll_json(
     format!(
         r#"{{"OldRC":"{old}","NewRC":"{new}","DesiredReplicas":{desired},"MinimumReplicas":{minimum},"LeaveOld":{leave_old},"RollDelay":{delay_ns}}}"#
     )
-}
-
-fn cause_fields(response: &TestResponse) -> Vec<String> {
-    response
-        .error()
-        .causes
-        .into_iter()
-        .map(|c| c.field)
-        .collect()
 }
 
 #[tokio::test]
@@ -132,14 +92,7 @@ async fn form_a_rolls_between_existing_rcs_in_one_transaction() {
     assert_eq!(body["roll_delay"], "30s");
     assert_eq!(body["labels"], json!({"deployer": "alice"}));
     let version = body["resource_version"].as_str().unwrap();
-    assert_eq!(
-        response.header("etag"),
-        Some(format!("\"{version}\"").as_str())
-    );
-    assert_eq!(
-        response.header("location"),
-        Some(format!("/api/v1/rolls/{new}").as_str())
-    );
+    response.assert_created(&format!("/api/v1/rolls/{new}"), version);
     assert_eq!(
         body["progress"],
         json!({"old": {"desired": 3, "current": 0, "healthy": 0},
@@ -147,20 +100,25 @@ async fn form_a_rolls_between_existing_rcs_in_one_transaction() {
     );
 
     assert_eq!(
-        stored_text(&app, &format!("rolls/{new}")).await,
+        app.stored_text(&format!("rolls/{new}")).await.unwrap(),
         p2_roll_json(&old, &new, 3, 2, false, 30_000_000_000)
     );
     assert_eq!(
-        stored_json(&app, &format!("labels/rolls/{new}")).await,
+        app.stored_json(&format!("labels/rolls/{new}"))
+            .await
+            .unwrap(),
         json!({"deployer": "alice"})
     );
     assert_eq!(
-        stored_json(&app, &format!("labels/replication_controller/{new}")).await,
+        app.stored_json(&format!("labels/replication_controller/{new}"))
+            .await
+            .unwrap(),
         json!({"pod_id": "hello", "release": "r2", "stage": "canary"})
     );
-    let roll = stored(&app, &format!("rolls/{new}")).await.unwrap();
-    let roll_labels = stored(&app, &format!("labels/rolls/{new}")).await.unwrap();
-    let rc_labels = stored(&app, &format!("labels/replication_controller/{new}"))
+    let roll = app.stored(&format!("rolls/{new}")).await.unwrap();
+    let roll_labels = app.stored(&format!("labels/rolls/{new}")).await.unwrap();
+    let rc_labels = app
+        .stored(&format!("labels/replication_controller/{new}"))
         .await
         .unwrap();
     assert_eq!(roll.modify_index.to_string(), version);
@@ -169,7 +127,7 @@ async fn form_a_rolls_between_existing_rcs_in_one_transaction() {
         "one transaction"
     );
     assert_eq!(rc_labels.modify_index, roll.modify_index, "one transaction");
-    assert_eq!(keys(&app, "replication_controllers/").await.len(), 2);
+    assert_eq!(app.keys("replication_controllers/").await.len(), 2);
     assert_no_locks(&app).await;
 }
 
@@ -200,11 +158,13 @@ async fn form_b_creates_the_new_rc_with_the_roll() {
     assert_eq!(body["progress"]["new"]["desired"], 0);
 
     assert_eq!(
-        stored_text(&app, &format!("rolls/{new}")).await,
+        app.stored_text(&format!("rolls/{new}")).await.unwrap(),
         p2_roll_json(&old, &new, 3, 0, true, 0)
     );
     assert_eq!(
-        stored_text(&app, &format!("replication_controllers/{new}")).await,
+        app.stored_text(&format!("replication_controllers/{new}"))
+            .await
+            .unwrap(),
         format!(
             r#"{{"id":"{new}","manifest":{},"node_selector":"role=web","pod_labels":{{"cluster_name":"production"}},"replicas_desired":0,"disabled":false,"allocation_strategy":"dynamic_strategy"}}"#,
             json!(MANIFEST)
@@ -212,18 +172,20 @@ async fn form_b_creates_the_new_rc_with_the_roll() {
         "P2's RC format, field order included"
     );
     assert_eq!(
-        stored_json(&app, &format!("labels/replication_controller/{new}")).await,
+        app.stored_json(&format!("labels/replication_controller/{new}"))
+            .await
+            .unwrap(),
         json!({"pod_id": "hello", "release": "r2", "stage": "canary"})
     );
     // No roll labels were asked for, so none are written.
-    assert!(stored(&app, &format!("labels/rolls/{new}")).await.is_none());
-    let roll = stored(&app, &format!("rolls/{new}")).await.unwrap();
+    assert!(app.stored(&format!("labels/rolls/{new}")).await.is_none());
+    let roll = app.stored(&format!("rolls/{new}")).await.unwrap();
     for key in [
         format!("replication_controllers/{new}"),
         format!("labels/replication_controller/{new}"),
     ] {
         assert_eq!(
-            stored(&app, &key).await.unwrap().modify_index,
+            app.stored(&key).await.unwrap().modify_index,
             roll.modify_index,
             "{key} written in the roll's transaction"
         );
@@ -251,7 +213,7 @@ async fn form_c_uses_the_one_matching_rc() {
     let body = response.json();
     assert_eq!(body["old_rc_id"], json!(old));
     assert_eq!(body["progress"]["old"]["desired"], 2);
-    assert_eq!(keys(&app, "replication_controllers/").await.len(), 3);
+    assert_eq!(app.keys("replication_controllers/").await.len(), 3);
 }
 
 #[tokio::test]
@@ -276,8 +238,14 @@ async fn form_c_creates_a_stand_in_old_rc_when_nothing_matches() {
         json!({"desired": 0, "current": 0, "healthy": 0})
     );
 
-    let old_rc = stored_json(&app, &format!("replication_controllers/{old}")).await;
-    let mut new_rc = stored_json(&app, &format!("replication_controllers/{new}")).await;
+    let old_rc = app
+        .stored_json(&format!("replication_controllers/{old}"))
+        .await
+        .unwrap();
+    let mut new_rc = app
+        .stored_json(&format!("replication_controllers/{new}"))
+        .await
+        .unwrap();
     assert_eq!(old_rc["id"], json!(old));
     assert_eq!(old_rc["replicas_desired"], 0);
     new_rc["id"] = json!(old);
@@ -285,15 +253,18 @@ async fn form_c_creates_a_stand_in_old_rc_when_nothing_matches() {
     let rc_labels = json!({"cluster": "a", "pod_id": "hello"});
     for id in [&old, &new] {
         assert_eq!(
-            stored_json(&app, &format!("labels/replication_controller/{id}")).await,
+            app.stored_json(&format!("labels/replication_controller/{id}"))
+                .await
+                .unwrap(),
             rc_labels
         );
     }
     assert_eq!(
-        stored_text(&app, &format!("rolls/{new}")).await,
+        app.stored_text(&format!("rolls/{new}")).await.unwrap(),
         p2_roll_json(&old, &new, 2, 1, false, 0)
     );
-    let index = stored(&app, &format!("rolls/{new}"))
+    let index = app
+        .stored(&format!("rolls/{new}"))
         .await
         .unwrap()
         .modify_index;
@@ -302,11 +273,7 @@ async fn form_c_creates_a_stand_in_old_rc_when_nothing_matches() {
         format!("labels/replication_controller/{old}"),
         format!("replication_controllers/{new}"),
     ] {
-        assert_eq!(
-            stored(&app, &key).await.unwrap().modify_index,
-            index,
-            "{key}"
-        );
+        assert_eq!(app.stored(&key).await.unwrap().modify_index, index, "{key}");
     }
 
     // As in P2, the stand-in and the new RC both match now, so the selector is ambiguous.
@@ -330,12 +297,9 @@ async fn form_c_creates_a_stand_in_old_rc_when_nothing_matches() {
 
 /// Everything a refused creation must not have written.
 async fn assert_nothing_written(app: &TestApp, rcs_before: usize) {
-    assert_eq!(keys(app, "rolls/").await, Vec::<String>::new());
-    assert_eq!(keys(app, "labels/rolls/").await, Vec::<String>::new());
-    assert_eq!(
-        keys(app, "replication_controllers/").await.len(),
-        rcs_before
-    );
+    assert_eq!(app.keys("rolls/").await, Vec::<String>::new());
+    assert_eq!(app.keys("labels/rolls/").await, Vec::<String>::new());
+    assert_eq!(app.keys("replication_controllers/").await.len(), rcs_before);
     assert_no_locks(app).await;
 }
 
@@ -377,8 +341,8 @@ async fn another_roll_on_either_rc_is_409_naming_it() {
     )
     .await;
     assert_eq!(response.status, StatusCode::CONFLICT, "{response:?}");
-    assert_eq!(keys(&app, "rolls/").await, [format!("rolls/{b}")]);
-    assert_eq!(keys(&app, "replication_controllers/").await.len(), 3);
+    assert_eq!(app.keys("rolls/").await, [format!("rolls/{b}")]);
+    assert_eq!(app.keys("replication_controllers/").await.len(), 3);
     assert_no_locks(&app).await;
 }
 
@@ -415,10 +379,10 @@ async fn a_held_update_creation_lock_is_409() {
         message.contains(&old) && message.contains("being created"),
         "{message}"
     );
-    assert_eq!(keys(&app, "rolls/").await, Vec::<String>::new());
-    assert_eq!(keys(&app, "replication_controllers/").await.len(), 1);
+    assert_eq!(app.keys("rolls/").await, Vec::<String>::new());
+    assert_eq!(app.keys("replication_controllers/").await.len(), 1);
     assert_eq!(
-        keys(&app, "lock/").await,
+        app.keys("lock/").await,
         std::slice::from_ref(&lock),
         "the other holder keeps its lock"
     );
@@ -458,14 +422,11 @@ async fn labels_of_a_deleted_rc_do_not_make_a_match() {
     let app = TestApp::new().await;
     let live = arrange_rc(&app, 1, &[("pod_id", "hello")]).await;
     let gone = uuid::Uuid::new_v4().to_string();
-    app.store
-        .put(
-            &LabelType::ReplicationController.label_key(&gone),
-            br#"{"pod_id":"hello"}"#,
-            Cas::Any,
-        )
-        .await
-        .unwrap();
+    app.put_raw(
+        &LabelType::ReplicationController.label_key(&gone),
+        br#"{"pod_id":"hello"}"#,
+    )
+    .await;
     let response = post(
         &app,
         json!({"old_rc_selector": "pod_id=hello", "new_rc": {"manifest": MANIFEST},
@@ -485,12 +446,7 @@ async fn leave_old_without_an_old_rc_is_422() {
                "desired_replicas": 1, "minimum_replicas": 0, "leave_old": true}),
     )
     .await;
-    assert_eq!(
-        response.status,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "{response:?}"
-    );
-    assert_eq!(cause_fields(&response), ["leave_old"]);
+    assert_eq!(response.unprocessable_fields(), ["leave_old"]);
     assert_nothing_written(&app, 0).await;
 }
 
@@ -517,12 +473,7 @@ async fn missing_rcs_are_422_naming_the_field() {
         body["desired_replicas"] = json!(1);
         body["minimum_replicas"] = json!(0);
         let response = post(&app, body).await;
-        assert_eq!(
-            response.status,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "{response:?}"
-        );
-        assert_eq!(cause_fields(&response), [field]);
+        assert_eq!(response.unprocessable_fields(), [field]);
         assert!(response.error().message.contains(&missing));
     }
     assert_nothing_written(&app, 1).await;
@@ -537,12 +488,7 @@ async fn the_same_rc_on_both_sides_is_422() {
         json!({"old_rc_id": rc, "new_rc_id": rc, "desired_replicas": 1, "minimum_replicas": 0}),
     )
     .await;
-    assert_eq!(
-        response.status,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "{response:?}"
-    );
-    assert_eq!(cause_fields(&response), ["new_rc_id"]);
+    assert_eq!(response.unprocessable_fields(), ["new_rc_id"]);
     assert_nothing_written(&app, 1).await;
 }
 
@@ -560,12 +506,7 @@ async fn validation_lists_every_bad_field_and_writes_nothing() {
         }),
     )
     .await;
-    assert_eq!(
-        response.status,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "{response:?}"
-    );
-    let fields: BTreeSet<String> = cause_fields(&response).into_iter().collect();
+    let fields: BTreeSet<String> = response.unprocessable_fields().into_iter().collect();
     for expected in [
         "old_rc_id",
         "new_rc_id",
@@ -592,12 +533,7 @@ async fn validation_lists_every_bad_field_and_writes_nothing() {
         }),
     )
     .await;
-    assert_eq!(
-        response.status,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "{response:?}"
-    );
-    let fields: BTreeSet<String> = cause_fields(&response).into_iter().collect();
+    let fields: BTreeSet<String> = response.unprocessable_fields().into_iter().collect();
     for expected in [
         "old_rc_id",
         "old_rc_selector",
@@ -614,7 +550,7 @@ async fn validation_lists_every_bad_field_and_writes_nothing() {
 
     let response = post(&app, json!({"old_rc_selector": "a=b"})).await;
     assert_eq!(
-        cause_fields(&response),
+        response.cause_fields(),
         ["new_rc_id", "desired_replicas", "minimum_replicas"]
     );
 
@@ -624,7 +560,7 @@ async fn validation_lists_every_bad_field_and_writes_nothing() {
                "desired_replicas": 1, "minimum_replicas": 0}),
     )
     .await;
-    assert_eq!(cause_fields(&response), ["old_rc_selector"]);
+    assert_eq!(response.cause_fields(), ["old_rc_selector"]);
 
     let response = post(
         &app,
@@ -633,7 +569,7 @@ async fn validation_lists_every_bad_field_and_writes_nothing() {
                "desired_replicas": 1, "minimum_replicas": 0}),
     )
     .await;
-    assert_eq!(cause_fields(&response), ["new_rc_labels.pod_id"]);
+    assert_eq!(response.cause_fields(), ["new_rc_labels.pod_id"]);
 
     let response = post(
         &app,
@@ -651,28 +587,17 @@ async fn validation_lists_every_bad_field_and_writes_nothing() {
 }
 
 async fn put_pod(app: &TestApp, node: &str, rc: &str) {
-    app.store
-        .put(
-            &LabelType::Pod.label_key(&format!("{node}/hello")),
-            json!({"pod_id": "hello", "replication_controller_id": rc})
-                .to_string()
-                .as_bytes(),
-            Cas::Any,
-        )
-        .await
-        .unwrap();
+    app.put_json(
+        &LabelType::Pod.label_key(&format!("{node}/hello")),
+        &json!({"pod_id": "hello", "replication_controller_id": rc}),
+    )
+    .await;
 }
 
 async fn put_health(app: &TestApp, key_node: &str, node: &str, status: HealthState) {
     let record = HealthRecord::new("hello", node, status, UNIX_EPOCH + Duration::from_secs(1));
-    app.store
-        .put(
-            &format!("health/hello/{key_node}"),
-            &record.to_json(),
-            Cas::Any,
-        )
-        .await
-        .unwrap();
+    app.put_raw(&format!("health/hello/{key_node}"), &record.to_json())
+        .await;
 }
 
 #[tokio::test]
@@ -698,16 +623,11 @@ async fn progress_counts_pods_and_passing_health() {
     put_health(&app, "elsewhere", "n4", HealthState::Passing).await;
     put_health(&app, "n5", "n9", HealthState::Passing).await;
     // A pod of another pod id on the same node is not counted.
-    app.store
-        .put(
-            "labels/pod/n6/other",
-            json!({"replication_controller_id": "x"})
-                .to_string()
-                .as_bytes(),
-            Cas::Any,
-        )
-        .await
-        .unwrap();
+    app.put_json(
+        "labels/pod/n6/other",
+        &json!({"replication_controller_id": "x"}),
+    )
+    .await;
 
     let response = app.get(&format!("/api/v1/rolls/{new}")).await;
     assert_eq!(response.status, StatusCode::OK, "{response:?}");
@@ -749,7 +669,7 @@ async fn get_of_an_unknown_or_malformed_id() {
             StatusCode::UNPROCESSABLE_ENTITY,
             "{bad}: {response:?}"
         );
-        assert_eq!(cause_fields(&response), ["id"]);
+        assert_eq!(response.cause_fields(), ["id"]);
         let response = delete(&app, bad, None).await;
         assert_eq!(
             response.status,
@@ -785,12 +705,7 @@ async fn list_pages_filters_and_reports_the_index() {
     let index: u64 = response.header("x-index").unwrap().parse().unwrap();
     assert!(index > 1);
     let body = response.json();
-    let listed: Vec<&str> = body["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["id"].as_str().unwrap())
-        .collect();
+    let listed = item_ids(&body);
     assert_eq!(listed, ids);
     assert_eq!(body["continue"], Value::Null);
     assert!(body["items"][0]["progress"]["old"]["desired"].is_i64());
@@ -808,9 +723,9 @@ async fn list_pages_filters_and_reports_the_index() {
     let team_a = app.get("/api/v1/rolls?selector=team%3Da").await.json();
     assert_eq!(team_a["items"].as_array().unwrap().len(), 2);
     let response = app.get("/api/v1/rolls?selector=team%20in%20(").await;
-    assert_eq!(cause_fields(&response), ["selector"]);
+    assert_eq!(response.cause_fields(), ["selector"]);
     let response = app.get("/api/v1/rolls?limit=0").await;
-    assert_eq!(cause_fields(&response), ["limit"]);
+    assert_eq!(response.cause_fields(), ["limit"]);
 }
 
 #[tokio::test]
@@ -834,28 +749,18 @@ async fn list_blocks_until_progress_changes() {
         .await;
     assert_eq!(response.header("x-index"), Some(index.as_str()));
 
-    let waiting = {
-        let app = app.clone();
-        let index = index.clone();
-        tokio::spawn(async move {
-            app.get(&format!("/api/v1/rolls?index={index}&wait=30s"))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiting.is_finished(), "the request waits for a change");
+    let waiting = app
+        .get_held(format!("/api/v1/rolls?index={index}&wait=30s"))
+        .await;
     put_pod(&app, "n1", &id).await;
-    let response = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("a pod label change wakes the request")
-        .unwrap();
+    let response = waiting.woken("a pod label change wakes the request").await;
     assert_eq!(response.status, StatusCode::OK);
     let new_index: u64 = response.header("x-index").unwrap().parse().unwrap();
     assert!(new_index > index.parse().unwrap());
     assert_eq!(response.json()["items"][0]["progress"]["new"]["current"], 1);
 
     let response = app.get("/api/v1/rolls?index=1&wait=11m").await;
-    assert_eq!(cause_fields(&response), ["wait"]);
+    assert_eq!(response.cause_fields(), ["wait"]);
 }
 
 #[tokio::test]
@@ -869,7 +774,7 @@ async fn delete_cancels_the_roll_and_leaves_both_rcs() {
     ];
     let mut before = Vec::new();
     for key in &rc_keys {
-        before.push(stored(&app, key).await.unwrap());
+        before.push(app.stored(key).await.unwrap());
     }
     let etag = app
         .get(&format!("/api/v1/rolls/{id}"))
@@ -884,16 +789,16 @@ async fn delete_cancels_the_roll_and_leaves_both_rcs() {
         StatusCode::PRECONDITION_FAILED,
         "{response:?}"
     );
-    assert!(stored(&app, &format!("rolls/{id}")).await.is_some());
+    assert!(app.stored(&format!("rolls/{id}")).await.is_some());
     let response = delete(&app, &id, Some("nonsense")).await;
     assert_eq!(response.status, StatusCode::BAD_REQUEST, "{response:?}");
 
     let response = delete(&app, &id, Some(&etag)).await;
     assert_eq!(response.status, StatusCode::NO_CONTENT, "{response:?}");
-    assert!(stored(&app, &format!("rolls/{id}")).await.is_none());
-    assert!(stored(&app, &format!("labels/rolls/{id}")).await.is_none());
+    assert!(app.stored(&format!("rolls/{id}")).await.is_none());
+    assert!(app.stored(&format!("labels/rolls/{id}")).await.is_none());
     for (key, was) in rc_keys.iter().zip(before) {
-        assert_eq!(stored(&app, key).await, Some(was), "{key} untouched");
+        assert_eq!(app.stored(key).await, Some(was), "{key} untouched");
     }
 
     let response = delete(&app, &id, None).await;
@@ -909,7 +814,7 @@ async fn delete_cancels_the_roll_and_leaves_both_rcs() {
     .await;
     assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
     assert_eq!(delete(&app, &id, None).await.status, StatusCode::NO_CONTENT);
-    assert_eq!(keys(&app, "rolls/").await, Vec::<String>::new());
+    assert_eq!(app.keys("rolls/").await, Vec::<String>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -938,12 +843,9 @@ async fn concurrent_creations_over_one_old_rc_have_exactly_one_winner() {
         }
     }
     assert_eq!(created.len(), 1, "exactly one winner");
-    assert_eq!(
-        keys(&app, "rolls/").await,
-        [format!("rolls/{}", created[0])]
-    );
+    assert_eq!(app.keys("rolls/").await, [format!("rolls/{}", created[0])]);
     // The losers wrote no RC either.
-    assert_eq!(keys(&app, "replication_controllers/").await.len(), 2);
+    assert_eq!(app.keys("replication_controllers/").await.len(), 2);
     assert_no_locks(&app).await;
 }
 
@@ -959,14 +861,8 @@ async fn a_roll_written_by_p2_reads_and_deletes() {
         let doc = format!(
             r#"{{"id":"{id}","manifest":"id: hello\n","node_selector":"","pod_labels":null,"replicas_desired":{replicas},"disabled":false,"allocation_strategy":""}}"#
         );
-        app.store
-            .put(
-                &format!("replication_controllers/{id}"),
-                doc.as_bytes(),
-                Cas::Any,
-            )
-            .await
-            .unwrap();
+        app.put_raw(&format!("replication_controllers/{id}"), doc.as_bytes())
+            .await;
     }
     app.store
         .put(&format!("rolls/{new}"), P2_ROLL.as_bytes(), Cas::Index(0))
@@ -976,7 +872,8 @@ async fn a_roll_written_by_p2_reads_and_deletes() {
     let response = app.get(&format!("/api/v1/rolls/{new}")).await;
     assert_eq!(response.status, StatusCode::OK, "{response:?}");
     let body = response.json();
-    let index = stored(&app, &format!("rolls/{new}"))
+    let index = app
+        .stored(&format!("rolls/{new}"))
         .await
         .unwrap()
         .modify_index;
@@ -992,15 +889,15 @@ async fn a_roll_written_by_p2_reads_and_deletes() {
     );
     assert_eq!(app.get("/api/v1/rolls").await.json()["items"][0], body);
     assert_eq!(
-        stored_text(&app, &format!("rolls/{new}")).await,
+        app.stored_text(&format!("rolls/{new}")).await.unwrap(),
         P2_ROLL,
         "reading changes nothing"
     );
 
     let response = delete(&app, new, None).await;
     assert_eq!(response.status, StatusCode::NO_CONTENT, "{response:?}");
-    assert!(stored(&app, &format!("rolls/{new}")).await.is_none());
-    assert_eq!(keys(&app, "replication_controllers/").await.len(), 2);
+    assert!(app.stored(&format!("rolls/{new}")).await.is_none());
+    assert_eq!(app.keys("replication_controllers/").await.len(), 2);
 }
 
 #[tokio::test]
@@ -1008,10 +905,8 @@ async fn an_unreadable_roll_is_skipped_in_lists_and_can_be_deleted() {
     let app = TestApp::new().await;
     let (_, good) = create_between_new_rcs(&app, json!({})).await;
     let bad = uuid::Uuid::new_v4().to_string();
-    app.store
-        .put(&format!("rolls/{bad}"), br#"{"RollDelay":-1}"#, Cas::Any)
-        .await
-        .unwrap();
+    app.put_raw(&format!("rolls/{bad}"), br#"{"RollDelay":-1}"#)
+        .await;
 
     let body = app.get("/api/v1/rolls").await.json();
     assert_eq!(body["items"].as_array().unwrap().len(), 1);
@@ -1022,7 +917,7 @@ async fn an_unreadable_roll_is_skipped_in_lists_and_can_be_deleted() {
         delete(&app, &bad, None).await.status,
         StatusCode::NO_CONTENT
     );
-    assert!(stored(&app, &format!("rolls/{bad}")).await.is_none());
+    assert!(app.stored(&format!("rolls/{bad}")).await.is_none());
 }
 
 #[tokio::test]
@@ -1030,16 +925,16 @@ async fn the_openapi_document_describes_every_roll_route() {
     let app = TestApp::new().await;
     let doc = app.get("/openapi.json").await.json();
     let paths = &doc["paths"];
-    for (path, method, operation) in [
-        ("/api/v1/rolls", "post", "create_roll"),
-        ("/api/v1/rolls", "get", "list_rolls"),
-        ("/api/v1/rolls/{id}", "get", "get_roll"),
-        ("/api/v1/rolls/{id}", "delete", "delete_roll"),
-    ] {
-        let op = &paths[path][method];
-        assert_eq!(op["operationId"], operation, "{method} {path}");
-        assert_eq!(op["tags"], json!(["rolls"]), "{method} {path}");
-    }
+    assert_operations(
+        &doc,
+        "rolls",
+        &[
+            ("/api/v1/rolls", "post", "create_roll"),
+            ("/api/v1/rolls", "get", "list_rolls"),
+            ("/api/v1/rolls/{id}", "get", "get_roll"),
+            ("/api/v1/rolls/{id}", "delete", "delete_roll"),
+        ],
+    );
     for schema in ["CreateRoll", "Roll", "RollProgress", "RcProgress", "RcSpec"] {
         assert!(doc["components"]["schemas"][schema].is_object(), "{schema}");
     }

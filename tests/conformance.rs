@@ -30,6 +30,30 @@ impl Subject {
     fn key(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
     }
+
+    /// A new session with a 10s TTL, its ID.
+    async fn session(&self, name: &str, behavior: SessionBehavior, lock_delay: Duration) -> String {
+        self.store
+            .create_session(&spec(name, behavior, lock_delay))
+            .await
+            .unwrap()
+    }
+
+    /// A session of each behavior, each holding a lock under `dir/`: the releasing one's key
+    /// and session, then the deleting one's.
+    async fn lock_per_behavior(&self, dir: &str) -> [(String, String); 2] {
+        let released = self.key(&format!("{dir}/release"));
+        let deleted = self.key(&format!("{dir}/delete"));
+        let r = self
+            .session("r", SessionBehavior::Release, Duration::ZERO)
+            .await;
+        let d = self
+            .session("d", SessionBehavior::Delete, Duration::ZERO)
+            .await;
+        assert!(self.store.acquire(&released, b"r", &r).await.unwrap());
+        assert!(self.store.acquire(&deleted, b"d", &d).await.unwrap());
+        [(released, r), (deleted, d)]
+    }
 }
 
 fn prefix() -> String {
@@ -341,15 +365,11 @@ async fn counter_with_cas_retry(s: Subject) {
 async fn lock_exclusivity(s: Subject) {
     let key = s.key("lock");
     let a = s
-        .store
-        .create_session(&spec("a", SessionBehavior::Release, Duration::ZERO))
-        .await
-        .unwrap();
+        .session("a", SessionBehavior::Release, Duration::ZERO)
+        .await;
     let b = s
-        .store
-        .create_session(&spec("b", SessionBehavior::Release, Duration::ZERO))
-        .await
-        .unwrap();
+        .session("b", SessionBehavior::Release, Duration::ZERO)
+        .await;
     assert!(s.store.acquire(&key, b"a", &a).await.unwrap());
     assert!(!s.store.acquire(&key, b"b", &b).await.unwrap());
     assert!(!s.store.release(&key, &b).await.unwrap());
@@ -428,20 +448,7 @@ async fn session_lifecycle(s: Subject) {
 }
 
 async fn destroy_applies_behavior(s: Subject) {
-    let released = s.key("behavior/release");
-    let deleted = s.key("behavior/delete");
-    let r = s
-        .store
-        .create_session(&spec("r", SessionBehavior::Release, Duration::ZERO))
-        .await
-        .unwrap();
-    let d = s
-        .store
-        .create_session(&spec("d", SessionBehavior::Delete, Duration::ZERO))
-        .await
-        .unwrap();
-    assert!(s.store.acquire(&released, b"r", &r).await.unwrap());
-    assert!(s.store.acquire(&deleted, b"d", &d).await.unwrap());
+    let [(released, r), (deleted, d)] = s.lock_per_behavior("behavior").await;
     s.store.destroy_session(&r).await.unwrap();
     s.store.destroy_session(&d).await.unwrap();
     let pair = s.store.get(&released).await.unwrap().unwrap();
@@ -451,20 +458,7 @@ async fn destroy_applies_behavior(s: Subject) {
 }
 
 async fn expiry_applies_behavior(s: Subject) {
-    let released = s.key("expiry/release");
-    let deleted = s.key("expiry/delete");
-    let r = s
-        .store
-        .create_session(&spec("r", SessionBehavior::Release, Duration::ZERO))
-        .await
-        .unwrap();
-    let d = s
-        .store
-        .create_session(&spec("d", SessionBehavior::Delete, Duration::ZERO))
-        .await
-        .unwrap();
-    assert!(s.store.acquire(&released, b"r", &r).await.unwrap());
-    assert!(s.store.acquire(&deleted, b"d", &d).await.unwrap());
+    let [(released, r), (deleted, d)] = s.lock_per_behavior("expiry").await;
     // Consul may take up to twice the TTL to expire a session.
     let give_up = Instant::now() + Duration::from_secs(35);
     while s.store.session_info(&r).await.unwrap().is_some()
@@ -481,16 +475,10 @@ async fn expiry_applies_behavior(s: Subject) {
 async fn lock_delay_honoured(s: Subject) {
     let key = s.key("delay");
     let delay = Duration::from_secs(2);
-    let a = s
-        .store
-        .create_session(&spec("a", SessionBehavior::Release, delay))
-        .await
-        .unwrap();
+    let a = s.session("a", SessionBehavior::Release, delay).await;
     let b = s
-        .store
-        .create_session(&spec("b", SessionBehavior::Release, Duration::ZERO))
-        .await
-        .unwrap();
+        .session("b", SessionBehavior::Release, Duration::ZERO)
+        .await;
     assert!(s.store.acquire(&key, b"a", &a).await.unwrap());
     s.store.destroy_session(&a).await.unwrap();
     let freed = Instant::now();
@@ -507,11 +495,7 @@ async fn lock_delay_honoured(s: Subject) {
     }
     assert!(freed.elapsed() >= delay - Duration::from_millis(500));
     // An explicit release applies no lock-delay.
-    let c = s
-        .store
-        .create_session(&spec("c", SessionBehavior::Release, delay))
-        .await
-        .unwrap();
+    let c = s.session("c", SessionBehavior::Release, delay).await;
     assert!(s.store.release(&key, &b).await.unwrap());
     assert!(s.store.acquire(&key, b"c", &c).await.unwrap());
     s.store.destroy_session(&b).await.unwrap();

@@ -75,6 +75,18 @@ async fn requests(server: &MockServer) -> Vec<Request> {
     server.received_requests().await.unwrap()
 }
 
+/// Expects the one consistent read with which the store learns whether a write whose
+/// answer was lost landed.
+async fn expect_check_read(server: &MockServer, key: &str, answer: ResponseTemplate) {
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/kv/{key}")))
+        .and(query_param("consistent", ""))
+        .respond_with(answer)
+        .expect(1)
+        .mount(server)
+        .await;
+}
+
 #[tokio::test]
 async fn get_sends_token_and_datacenter_and_decodes_the_entry() {
     let server = MockServer::start().await;
@@ -620,13 +632,12 @@ async fn a_lost_cas_put_overtaken_by_another_writer_has_an_unknown_outcome() {
         .mount(&server)
         .await;
     // The same value at a newer index, but written by someone else (other flags).
-    Mock::given(method("GET"))
-        .and(path("/v1/kv/rc/1"))
-        .and(query_param("consistent", ""))
-        .respond_with(kv_answer(25, json!([entry("rc/1", "new", 25)])))
-        .expect(1)
-        .mount(&server)
-        .await;
+    expect_check_read(
+        &server,
+        "rc/1",
+        kv_answer(25, json!([entry("rc/1", "new", 25)])),
+    )
+    .await;
 
     let result = store(&server).put("rc/1", b"new", Cas::Index(20)).await;
 
@@ -645,13 +656,12 @@ async fn a_lost_cas_put_that_did_not_land_is_unavailable() {
         .expect(1)
         .mount(&server)
         .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/kv/rc/1"))
-        .and(query_param("consistent", ""))
-        .respond_with(kv_answer(20, json!([entry("rc/1", "old", 20)])))
-        .expect(1)
-        .mount(&server)
-        .await;
+    expect_check_read(
+        &server,
+        "rc/1",
+        kv_answer(20, json!([entry("rc/1", "old", 20)])),
+    )
+    .await;
 
     let result = store(&server).put("rc/1", b"new", Cas::Index(20)).await;
 
@@ -695,13 +705,7 @@ async fn a_lost_cas_delete_is_checked_by_reading_the_key() {
         .respond_with_err(drop_connection)
         .mount(&server)
         .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/kv/rc/1"))
-        .and(query_param("consistent", ""))
-        .respond_with(missing(26))
-        .expect(1)
-        .mount(&server)
-        .await;
+    expect_check_read(&server, "rc/1", missing(26)).await;
 
     store(&server).delete("rc/1", Cas::Index(20)).await.unwrap();
 }

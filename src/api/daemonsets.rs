@@ -13,9 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{FromRequestParts, State};
-use axum::http::header::LOCATION;
 use axum::http::request::Parts;
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderName, StatusCode};
 use axum::response::IntoResponse;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -31,6 +30,7 @@ use crate::api::blocking::{index_header, BlockingParams};
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch};
 use crate::api::paging::{Page, PageParams};
 use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::labels::{LabelType, Requirement, Selector, DS_ID_LABEL};
@@ -284,13 +284,11 @@ async fn create_daemon_set(
     }
     let record = store.create(ds, &user).await?;
     let status = rollout_status(&app.store, &record).await?;
-    let location = HeaderValue::from_str(&format!("/api/v1/daemonsets/{}", record.id))
-        .expect("a UUID path is a valid header");
-    Ok((
-        StatusCode::CREATED,
-        [etag(record.index), (LOCATION, location)],
-        ApiJson(daemon_set(&record, Some(status))),
-    ))
+    created(
+        &format!("/api/v1/daemonsets/{}", record.id),
+        record.index,
+        daemon_set(&record, Some(status)),
+    )
 }
 
 /// Reads one daemon set with its rollout status.
@@ -760,24 +758,17 @@ async fn pod_health(kv: &dyn KvStore, pod_id: &str) -> StoreResult<HashMap<Strin
         return Ok(HashMap::new());
     }
     let listing = kv.list(&format!("health/{pod_id}/")).await?;
-    Ok(listing
-        .pairs
-        .iter()
-        .filter_map(|pair| match HealthRecord::from_json(&pair.value) {
-            Ok(record) => {
-                let node = if record.node.is_empty() {
-                    pair.key.rsplit('/').next().unwrap_or_default().to_owned()
-                } else {
-                    record.node
-                };
-                Some((node, record.status))
-            }
-            Err(e) => {
-                tracing::warn!(key = %pair.key, error = %e, "skipping undecodable health record");
-                None
-            }
+    let results = listing.decode_readable("health record", |pair| {
+        HealthRecord::from_json(&pair.value).map(|record| {
+            let node = if record.node.is_empty() {
+                pair.key.rsplit('/').next().unwrap_or_default().to_owned()
+            } else {
+                record.node
+            };
+            (node, record.status)
         })
-        .collect())
+    });
+    Ok(results.into_iter().collect())
 }
 
 #[cfg(test)]

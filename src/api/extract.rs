@@ -10,7 +10,8 @@ use axum::Json;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Cause};
+use crate::labels::Selector;
 
 /// A JSON request body (or response): 400 when malformed, 422 when of the wrong shape, 415
 /// without `Content-Type: application/json`, 413 over the body limit.
@@ -110,4 +111,12 @@ where
             Err(e) => Err(ApiError::bad_request(format!("malformed JSON: {e}"))),
         }
     }
+}
+
+/// The `selector` query parameter, parsed; `None` when absent. A bad one is 422 with the
+/// parser's message, which says where the text went wrong.
+pub fn selector_param(text: Option<&str>) -> Result<Option<Selector>, ApiError> {
+    text.map(str::parse::<Selector>)
+        .transpose()
+        .map_err(|e| ApiError::invalid([Cause::new("selector", e.to_string())]))
 }

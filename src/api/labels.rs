@@ -24,14 +24,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::blocking::{index_header, BlockingParams};
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch};
+use crate::api::extract::{selector_param, ApiJson, ApiPath, ApiQuery, MergePatch};
 use crate::api::paging::{Page, PageParams};
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::app::AppState;
-use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{
-    validate_label_key, validate_label_value, validate_labels, LabelType, Labeled, Labels,
-    ParseLabelTypeError, ParseSelectorError, Selector,
+    label_key_problem, label_value_problem, validate_labels, LabelType, Labeled, Labels,
+    ParseLabelTypeError, Selector,
 };
 use crate::store::labels::{LabelRecord, LabelStore};
 use crate::store::StoreError;
@@ -107,12 +107,11 @@ impl LabelsPatch {
                         let at = format!("labels.{key}");
                         match value {
                             Value::String(value) => {
-                                if let Err(e) = validate_label_key(&key) {
-                                    violations.add(&at, format!("invalid label key: {e}"));
+                                if let Some(problem) = label_key_problem(&key) {
+                                    violations.add(&at, problem);
                                 }
-                                if let Err(e) = validate_label_value(&value) {
-                                    violations
-                                        .add(&at, format!("invalid label value {value:?}: {e}"));
+                                if let Some(problem) = label_value_problem(&value) {
+                                    violations.add(&at, problem);
                                 }
                                 changes.insert(key, Some(value));
                             }
@@ -220,9 +219,8 @@ async fn list_labels(
     ApiQuery(blocking): ApiQuery<BlockingParams>,
 ) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<Page<Labeled>>), ApiError> {
     let label_type = label_type(&type_name)?;
-    let selector = parse_selector(params.selector.as_deref())?;
-    // Refuse a bad limit or token now rather than after holding the request.
-    page.page(Vec::<Labeled>::new(), labeled_id)?;
+    let selector = selector_param(params.selector.as_deref())?.unwrap_or_else(Selector::everything);
+    page.check()?;
     blocking.block(&app, &[label_type.key_prefix()]).await?;
     let (index, mut items) = store(&app).select(label_type, &selector).await?;
     items.sort_by(|a, b| a.id.cmp(&b.id));
@@ -422,12 +420,6 @@ fn check_id(label_type: LabelType, id: &str, violations: &mut Violations) {
     if let Err(e) = label_type.validate_id(id) {
         violations.add("id", e);
     }
-}
-
-fn parse_selector(text: Option<&str>) -> Result<Selector, ApiError> {
-    text.unwrap_or_default()
-        .parse()
-        .map_err(|e: ParseSelectorError| ApiError::invalid([Cause::new("selector", e.to_string())]))
 }
 
 fn labeled_id(labeled: &Labeled) -> &str {

@@ -19,4 +19,5 @@ pub mod pods;
 pub mod preconditions;
 pub mod rcs;
 pub mod reality;
+pub mod responses;
 pub mod rolls;

@@ -29,7 +29,7 @@ use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{
-    validate_label_key, validate_label_value, validate_labels_in, LabelType, Labeled, Labels,
+    label_key_problem, label_value_problem, validate_labels_in, LabelType, Labeled, Labels,
     ParseLabelTypeError, ParseSelectorError, Selector,
 };
 use crate::store::labels::LabelStore;
@@ -310,14 +310,11 @@ async fn put_p2_label(
     body: SetLabelRequest,
 ) -> Result<StatusCode, ApiError> {
     let mut violations = Violations::new();
-    if let Err(e) = validate_label_key(name) {
-        violations.add("name", format!("invalid label key: {e}"));
+    if let Some(problem) = label_key_problem(name) {
+        violations.add("name", problem);
     }
-    if let Err(e) = validate_label_value(&body.value) {
-        violations.add(
-            "value",
-            format!("invalid label value {:?}: {e}", body.value),
-        );
+    if let Some(problem) = label_value_problem(&body.value) {
+        violations.add("value", problem);
     }
     violations.finish()?;
     store(app)

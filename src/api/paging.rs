@@ -32,6 +32,12 @@ pub struct Page<T> {
 }
 
 impl PageParams {
+    /// Checks `limit` and `continue` before there are items to page, so that a bad one is
+    /// refused before a blocking request is held.
+    pub fn check(&self) -> Result<(), ApiError> {
+        self.page(Vec::<String>::new(), String::as_str).map(drop)
+    }
+
     /// Cuts one page out of `items`, which must be sorted by `key` ascending.
     pub fn page<T>(&self, items: Vec<T>, key: impl Fn(&T) -> &str) -> Result<Page<T>, ApiError> {
         let mut causes = Vec::new();

@@ -66,10 +66,7 @@ pub(crate) fn check_list_params(
     page: &PageParams,
     blocking: &BlockingParams,
 ) {
-    let errors = [
-        blocking.wait().err(),
-        page.page(Vec::<String>::new(), String::as_str).err(),
-    ];
+    let errors = [blocking.wait().err(), page.check().err()];
     for error in errors.into_iter().flatten() {
         for cause in error.body().causes {
             violations.add(cause.field, cause.message);

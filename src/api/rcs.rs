@@ -8,8 +8,7 @@
 use std::collections::BTreeMap;
 
 use axum::extract::State;
-use axum::http::header::LOCATION;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -20,14 +19,16 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::blocking::{index_header, BlockingParams};
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch};
+use crate::api::extract::{selector_param, ApiJson, ApiPath, ApiQuery, MergePatch};
 use crate::api::paging::{Page, PageParams};
 use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::labels::{
-    validate_label_key, validate_label_value, validate_labels_in, LabelType, Labeled, Labels,
-    Requirement, Selector, AVAILABILITY_ZONE_LABEL, CLUSTER_NAME_LABEL, POD_ID_LABEL, RC_ID_LABEL,
+    label_key_problem, label_value_problem, validate_label_value, validate_labels_in, LabelType,
+    Labeled, Labels, Requirement, Selector, AVAILABILITY_ZONE_LABEL, CLUSTER_NAME_LABEL,
+    POD_ID_LABEL, RC_ID_LABEL,
 };
 use crate::model::{AllocationStrategy, FieldError, Manifest, StoredRc};
 use crate::store::labels::LabelStore;
@@ -402,15 +403,8 @@ async fn create_rc(
             Err(e) => return Err(e.into()),
         }
     };
-    let location = HeaderValue::from_str(&format!("/api/v1/rcs/{}", record.rc.id))
-        .map_err(ApiError::internal)?;
     let view = RcView::new(&record, labels, RcStatus::default());
-    Ok((
-        StatusCode::CREATED,
-        [etag(record.index), (LOCATION, location)],
-        ApiJson(view),
-    )
-        .into_response())
+    created(&format!("/api/v1/rcs/{}", record.rc.id), record.index, view)
 }
 
 /// Lists RCs, with their labels and status, sorted by id.
@@ -435,13 +429,8 @@ async fn list_rcs(
     ApiQuery(paging): ApiQuery<PageParams>,
     ApiQuery(blocking): ApiQuery<BlockingParams>,
 ) -> Result<Response, ApiError> {
-    let selector = match params.selector.as_deref().map(str::parse::<Selector>) {
-        None => Selector::everything(),
-        Some(Ok(selector)) => selector,
-        Some(Err(e)) => return Err(ApiError::invalid([Cause::new("selector", e.to_string())])),
-    };
-    // Refuse a bad limit or token now rather than after a long wait.
-    paging.page(Vec::<String>::new(), String::as_str)?;
+    let selector = selector_param(params.selector.as_deref())?.unwrap_or_else(Selector::everything);
+    paging.check()?;
     let prefixes = [
         RC_TREE.to_owned(),
         LabelType::ReplicationController.key_prefix(),
@@ -747,17 +736,16 @@ impl RcPatch {
                         let mut merge = BTreeMap::new();
                         for (key, value) in entries {
                             let at = format!("pod_labels.{key}");
-                            if let Err(e) = validate_label_key(&key) {
-                                problems.add(&at, format!("invalid label key: {e}"));
+                            if let Some(problem) = label_key_problem(&key) {
+                                problems.add(&at, problem);
                             }
                             match value {
                                 Value::Null => {
                                     merge.insert(key, None);
                                 }
                                 Value::String(text) => {
-                                    if let Err(e) = validate_label_value(&text) {
-                                        problems
-                                            .add(&at, format!("invalid label value {text:?}: {e}"));
+                                    if let Some(problem) = label_value_problem(&text) {
+                                        problems.add(&at, problem);
                                     }
                                     merge.insert(key, Some(text));
                                 }

@@ -14,8 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::header::LOCATION;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -23,10 +22,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::blocking::{combined_index, index_header, BlockingParams};
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::api::extract::{selector_param, ApiJson, ApiPath, ApiQuery};
 use crate::api::paging::{Page, PageParams};
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::rcs::RcSpec;
+use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody};
 use crate::labels::{validate_labels_in, LabelType, Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
@@ -185,14 +185,7 @@ async fn create_roll(
         .await
         .map_err(creation_error)?;
     let view = Views::load(app.store.clone()).await?.view(&record).await?;
-    let location =
-        HeaderValue::from_str(&format!("/api/v1/rolls/{}", view.id)).map_err(ApiError::internal)?;
-    Ok((
-        StatusCode::CREATED,
-        [etag(record.index), (LOCATION, location)],
-        ApiJson(view),
-    )
-        .into_response())
+    created(&format!("/api/v1/rolls/{}", view.id), record.index, view)
 }
 
 /// Lists rolling updates with their progress, sorted by id.
@@ -217,13 +210,7 @@ async fn list_rolls(
     ApiQuery(paging): ApiQuery<PageParams>,
     ApiQuery(blocking): ApiQuery<BlockingParams>,
 ) -> Result<Response, ApiError> {
-    let selector = match &filter.selector {
-        None => None,
-        Some(text) => Some(
-            text.parse::<Selector>()
-                .map_err(|e| ApiError::invalid([Cause::new("selector", e.to_string())]))?,
-        ),
-    };
+    let selector = selector_param(filter.selector.as_deref())?;
     let prefixes = watched_prefixes();
     blocking.block(&app, &prefixes).await?;
     let index = combined_index(app.store.as_ref(), &prefixes).await?;
@@ -595,16 +582,9 @@ impl Views {
             // A pod id read from a label key is only used as a key segment when it is one.
             if LabelType::Node.validate_id(pod_id).is_ok() {
                 let listing = self.kv.list(&format!("{HEALTH_TREE}{pod_id}/")).await?;
-                for pair in listing.pairs {
-                    match HealthRecord::from_json(&pair.value) {
-                        Ok(record) => {
-                            by_node.insert(record.node, record.status);
-                        }
-                        Err(e) => {
-                            tracing::warn!(key = %pair.key, error = %e, "skipping unreadable health record")
-                        }
-                    }
-                }
+                let records =
+                    listing.decode_readable("health record", |p| HealthRecord::from_json(&p.value));
+                by_node.extend(records.into_iter().map(|r| (r.node, r.status)));
             }
             self.health.insert(pod_id.to_owned(), by_node);
         }

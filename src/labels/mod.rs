@@ -14,7 +14,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 pub use selector::{Operator, ParseSelectorError, Requirement, Selector};
 pub use validation::{
-    validate_label_key, validate_label_value, validate_labels, validate_labels_in,
+    label_key_problem, label_value_problem, validate_label_key, validate_label_value,
+    validate_labels, validate_labels_in,
 };
 
 /// A label set. Ordered, so its JSON and its printed form are stable.

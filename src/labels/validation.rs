@@ -38,6 +38,21 @@ pub fn validate_label_value(value: &str) -> Result<(), String> {
     validate_name("value", value, true)
 }
 
+/// What is wrong with a label key, worded as every route reports it; `None` when it is valid.
+pub fn label_key_problem(key: &str) -> Option<String> {
+    validate_label_key(key)
+        .err()
+        .map(|e| format!("invalid label key: {e}"))
+}
+
+/// What is wrong with a label value, quoting it, as every route reports it; `None` when it is
+/// valid.
+pub fn label_value_problem(value: &str) -> Option<String> {
+    validate_label_value(value)
+        .err()
+        .map(|e| format!("invalid label value {value:?}: {e}"))
+}
+
 /// Checks every key and value of a label set, reporting each problem against
 /// `labels.<key>` so a client learns everything wrong in one round trip.
 pub fn validate_labels(labels: &Labels) -> Vec<(String, String)> {
@@ -49,11 +64,11 @@ pub fn validate_labels_in(field: &str, labels: &Labels) -> Vec<(String, String)>
     let mut problems = Vec::new();
     for (key, value) in labels {
         let at = format!("{field}.{key}");
-        if let Err(e) = validate_label_key(key) {
-            problems.push((at.clone(), format!("invalid label key: {e}")));
+        if let Some(problem) = label_key_problem(key) {
+            problems.push((at.clone(), problem));
         }
-        if let Err(e) = validate_label_value(value) {
-            problems.push((at, format!("invalid label value {value:?}: {e}")));
+        if let Some(problem) = label_value_problem(value) {
+            problems.push((at, problem));
         }
     }
     problems

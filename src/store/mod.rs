@@ -105,6 +105,28 @@ pub struct Listing {
     pub pairs: Vec<KvPair>,
 }
 
+impl Listing {
+    /// What `decode` makes of each pair, skipping (and logging) the pairs it cannot read:
+    /// one bad document must not hide the rest of a tree, as it does in P2. `what` names
+    /// the kind of document in the log.
+    pub fn decode_readable<T, E: std::fmt::Display>(
+        &self,
+        what: &str,
+        decode: impl Fn(&KvPair) -> Result<T, E>,
+    ) -> Vec<T> {
+        self.pairs
+            .iter()
+            .filter_map(|pair| match decode(pair) {
+                Ok(item) => Some(item),
+                Err(e) => {
+                    tracing::warn!(key = %pair.key, error = %e, "skipping unreadable {what}");
+                    None
+                }
+            })
+            .collect()
+    }
+}
+
 /// Condition of a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cas {

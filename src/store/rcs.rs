@@ -56,17 +56,7 @@ impl RcStore {
     /// Every readable RC, sorted by id, with the tree's index.
     pub async fn list(&self) -> StoreResult<(u64, Vec<RcRecord>)> {
         let listing = self.kv.list(RC_TREE).await?;
-        let records = listing
-            .pairs
-            .iter()
-            .filter_map(|pair| match decode(pair) {
-                Ok(record) => Some(record),
-                Err(e) => {
-                    tracing::warn!(key = %pair.key, error = %e, "skipping unreadable RC");
-                    None
-                }
-            })
-            .collect();
+        let records = listing.decode_readable("RC", decode);
         Ok((listing.index, records))
     }
 

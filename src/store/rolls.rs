@@ -47,17 +47,7 @@ impl RollStore {
     /// Every readable roll, sorted by id, with the tree's index.
     pub async fn list(&self) -> StoreResult<(u64, Vec<RollRecord>)> {
         let listing = self.kv.list(ROLL_TREE).await?;
-        let records = listing
-            .pairs
-            .iter()
-            .filter_map(|pair| match decode(pair) {
-                Ok(record) => Some(record),
-                Err(e) => {
-                    tracing::warn!(key = %pair.key, error = %e, "skipping unreadable roll");
-                    None
-                }
-            })
-            .collect();
+        let records = listing.decode_readable("roll", decode);
         Ok((listing.index, records))
     }
 

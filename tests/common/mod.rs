@@ -23,11 +23,12 @@ use axum::Router;
 use http_body_util::BodyExt;
 use p2_apiserver::app::App;
 use p2_apiserver::error::ErrorBody;
+use p2_apiserver::labels::Labels;
 use p2_apiserver::router;
 use p2_apiserver::store::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
 use p2_apiserver::store::prefixed::Prefixed;
 use p2_apiserver::store::sqlite::SqliteStore;
-use p2_apiserver::store::{Cas, KvStore, StoreUrl};
+use p2_apiserver::store::{Cas, KvPair, KvStore, StoreUrl};
 use tempfile::TempDir;
 use tower::ServiceExt;
 
@@ -266,6 +267,33 @@ impl TestResponse {
         body
     }
 
+    /// The fields the error's causes name, in the order given.
+    pub fn cause_fields(&self) -> Vec<String> {
+        self.error().causes.into_iter().map(|c| c.field).collect()
+    }
+
+    /// The fields a 422 names, checking the status is 422.
+    pub fn unprocessable_fields(&self) -> Vec<String> {
+        assert_eq!(self.status, StatusCode::UNPROCESSABLE_ENTITY, "{self:?}");
+        self.cause_fields()
+    }
+
+    /// The `X-Index` header, which every list and get answers with.
+    pub fn x_index(&self) -> u64 {
+        self.header("x-index")
+            .expect("X-Index")
+            .parse()
+            .expect("a numeric X-Index")
+    }
+
+    /// Checks a create's answer: 201, the new resource's URL in `Location` and `version` in
+    /// `ETag`.
+    pub fn assert_created(&self, location: &str, version: impl std::fmt::Display) {
+        assert_eq!(self.status, StatusCode::CREATED, "{self:?}");
+        assert_eq!(self.header("etag"), Some(format!("\"{version}\"").as_str()));
+        assert_eq!(self.header("location"), Some(location));
+    }
+
     /// A header as text.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
@@ -306,27 +334,6 @@ impl TestApp {
     }
 }
 
-/// A request with extra headers and, optionally, a JSON body sent with the given content
-/// type (such as `application/json` or `application/merge-patch+json`).
-pub fn request_with(
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Option<(&str, &serde_json::Value)>,
-) -> Request<Body> {
-    let mut builder = Request::builder().method(method).uri(path);
-    for (name, value) in headers {
-        builder = builder.header(*name, *value);
-    }
-    match body {
-        Some((content_type, json)) => builder
-            .header("content-type", content_type)
-            .body(Body::from(json.to_string())),
-        None => builder.body(Body::empty()),
-    }
-    .expect("a valid test request")
-}
-
 impl TestApp {
     /// `method path` with an optional JSON body (sent as `application/json` unless
     /// `headers` name another content type) and extra headers.
@@ -337,28 +344,146 @@ impl TestApp {
         body: Option<&serde_json::Value>,
         headers: &[(&str, &str)],
     ) -> TestResponse {
-        let mut request = Request::builder().method(method).uri(path);
+        let mut all = Vec::with_capacity(headers.len() + 1);
         if body.is_some()
             && !headers
                 .iter()
                 .any(|(name, _)| name.eq_ignore_ascii_case("content-type"))
         {
-            request = request.header("content-type", "application/json");
+            all.push(("content-type", "application/json"));
         }
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
+        all.extend_from_slice(headers);
         let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
-        self.send(request.body(body).unwrap()).await
+        self.send_raw(method, path, &all, body).await
     }
 
-    /// Every key in the store with its value as text, to check that a request wrote nothing.
-    pub async fn dump(&self) -> Vec<(String, String)> {
+    /// `PATCH path` with `body` sent as a JSON merge patch and the extra `headers`.
+    pub async fn merge_patch(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        headers: &[(&str, &str)],
+    ) -> TestResponse {
+        let mut all = vec![("content-type", "application/merge-patch+json")];
+        all.extend_from_slice(headers);
+        self.json_request("PATCH", path, Some(body), &all).await
+    }
+
+    /// Every key in the store with its value, to check that a request wrote nothing.
+    pub async fn dump(&self) -> Vec<(String, Vec<u8>)> {
         let listing = self.store.list("").await.expect("list the store");
         listing
             .pairs
             .into_iter()
-            .map(|p| (p.key, String::from_utf8_lossy(&p.value).into_owned()))
+            .map(|p| (p.key, p.value))
             .collect()
     }
+
+    /// Every key under `prefix`, sorted.
+    pub async fn keys(&self, prefix: &str) -> Vec<String> {
+        self.store
+            .keys(prefix, None)
+            .await
+            .expect("list the keys")
+            .1
+    }
+
+    /// The pair stored at `key`, if any.
+    pub async fn stored(&self, key: &str) -> Option<KvPair> {
+        self.store.get(key).await.expect("read the store")
+    }
+
+    /// The value stored at `key` as JSON, if any.
+    pub async fn stored_json(&self, key: &str) -> Option<serde_json::Value> {
+        let pair = self.stored(key).await?;
+        Some(serde_json::from_slice(&pair.value).expect("a JSON value"))
+    }
+
+    /// The value stored at `key` as text, if any.
+    pub async fn stored_text(&self, key: &str) -> Option<String> {
+        let pair = self.stored(key).await?;
+        Some(String::from_utf8(pair.value).expect("a text value"))
+    }
+
+    /// Writes `value` at `key` behind the API's back, as P2 or another tool would.
+    pub async fn put_raw(&self, key: &str, value: impl AsRef<[u8]>) {
+        self.store
+            .put(key, value.as_ref(), Cas::Any)
+            .await
+            .expect("write the store");
+    }
+
+    /// Writes `value` as JSON at `key` behind the API's back.
+    pub async fn put_json(&self, key: &str, value: &serde_json::Value) {
+        self.put_raw(key, value.to_string()).await;
+    }
+}
+
+/// A `GET` held by a blocking list, running in the background until a change wakes it.
+pub struct Held(tokio::task::JoinHandle<TestResponse>);
+
+impl TestApp {
+    /// Starts `GET path` in the background and checks, after 50ms, that it is held.
+    pub async fn get_held(self: &Arc<Self>, path: String) -> Held {
+        let app = self.clone();
+        let held = Held(tokio::spawn(async move { app.get(&path).await }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        held.assert_held("the request did not block");
+        held
+    }
+}
+
+impl Held {
+    /// Panics with `why` unless the request is still held.
+    pub fn assert_held(&self, why: &str) {
+        assert!(!self.0.is_finished(), "{why}");
+    }
+
+    /// The answer, once a change has woken the request; panics with `why` after 5s.
+    pub async fn woken(self, why: &str) -> TestResponse {
+        tokio::time::timeout(Duration::from_secs(5), self.0)
+            .await
+            .expect(why)
+            .expect("the request task")
+    }
+}
+
+/// The `id` of every item of a list answer's page, in order.
+pub fn item_ids(page: &serde_json::Value) -> Vec<String> {
+    page["items"]
+        .as_array()
+        .expect("a page of items")
+        .iter()
+        .map(|item| item["id"].as_str().expect("an item id").to_owned())
+        .collect()
+}
+
+/// Checks that the OpenAPI document names each `(path, method, operation id)` and tags it
+/// `tag`; returns the operations for further checks.
+pub fn assert_operations<'a>(
+    document: &'a serde_json::Value,
+    tag: &str,
+    operations: &[(&str, &str, &str)],
+) -> Vec<&'a serde_json::Value> {
+    operations
+        .iter()
+        .map(|(path, method, id)| {
+            let operation = &document["paths"][*path][*method];
+            assert_eq!(operation["operationId"], *id, "{method} {path}");
+            assert_eq!(
+                operation["tags"],
+                serde_json::json!([tag]),
+                "{method} {path}"
+            );
+            operation
+        })
+        .collect()
+}
+
+/// A label set from literal pairs.
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
