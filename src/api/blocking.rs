@@ -94,6 +94,11 @@ pub async fn wait_for_change(
         if current != index || remaining.is_zero() {
             return Ok(());
         }
+        // Too short for a blocking query (Consul would answer at once, over and over).
+        if remaining < Duration::from_millis(100) {
+            tokio::time::sleep(remaining).await;
+            return Ok(());
+        }
         let watches = prefixes.iter().zip(&indexes).map(|(prefix, &at)| {
             Box::pin(async move {
                 store

@@ -283,11 +283,19 @@ async fn create_daemon_set(
         return Err(contention_error(&other));
     }
     let record = store.create(ds, &user).await?;
-    let status = rollout_status(&app.store, &record).await?;
+    // The daemon set exists now: a failure to read its status must not turn into an error
+    // that makes the client create it again.
+    let status = match rollout_status(&app.store, &record).await {
+        Ok(status) => Some(status),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading a new daemon set's status failed");
+            None
+        }
+    };
     created(
         &format!("/api/v1/daemonsets/{}", record.id),
         record.index,
-        daemon_set(&record, Some(status)),
+        daemon_set(&record, status),
     )
 }
 
