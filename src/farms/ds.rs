@@ -45,7 +45,7 @@ use crate::store::{StoreError, StoreResult, TxnOp};
 
 use super::pods::{runs_intent, same_manifest, schedule_ops, unschedule_ops};
 use super::world::{PodKey, Versioned, World};
-use super::{Farm, FarmContext, Retries};
+use super::{earliest, Farm, FarmContext, Retries};
 
 /// Nodes changed per transaction: 2 ops each plus the fence, well under the 64-op limit.
 const NODES_PER_TXN: usize = 20;
@@ -111,27 +111,15 @@ impl Farm for DsFarm {
             if ctx.cancel.is_cancelled() {
                 return None;
             }
-            if !self.retries.ready(id) {
+            if !ctx
+                .claim(world, &mut self.retries, id, &locks::ds_ownership(id))
+                .await
+            {
                 continue;
             }
-            let result = match ctx.take_lock(world, &locks::ds_ownership(id)).await {
-                Ok(true) => self.reconcile(ctx, world, &mut disabled_now, id, ds).await,
-                Ok(false) => {
-                    // Someone else owns it now; any backoff of ours is moot.
-                    self.retries.succeeded(id);
-                    continue;
-                }
-                Err(e) => Err(e),
-            };
-            match result {
-                Ok(at) => {
-                    self.retries.succeeded(id);
-                    wake = earliest(wake, at);
-                }
-                Err(e) => {
-                    tracing::warn!(ds = %id, error = %e, "reconciling the daemon set failed");
-                    self.retries.failed(id);
-                }
+            let result = self.reconcile(ctx, world, &mut disabled_now, id, ds).await;
+            if let Some(at) = self.retries.record("daemon set", id, result) {
+                wake = earliest(wake, at);
             }
         }
         self.rollouts
@@ -141,13 +129,6 @@ impl Farm for DsFarm {
         self.clean_dangling(ctx, world).await;
         release_orphaned_locks(ctx, world).await;
         earliest(wake, self.retries.next_due())
-    }
-}
-
-fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }
 

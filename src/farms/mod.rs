@@ -125,6 +125,28 @@ impl FarmContext {
         )))
     }
 
+    /// Whether to reconcile object `id` now: it is not backing off, and `lock` (its
+    /// ownership lock) is held by this session or could be taken. Failures are logged and
+    /// backed off; an object someone else owns is simply skipped.
+    pub async fn claim(&self, world: &World, retries: &mut Retries, id: &str, lock: &str) -> bool {
+        if !retries.ready(id) {
+            return false;
+        }
+        match self.take_lock(world, lock).await {
+            Ok(true) => true,
+            Ok(false) => {
+                // Someone else owns it now; any backoff of ours is moot.
+                retries.succeeded(id);
+                false
+            }
+            Err(e) => {
+                tracing::debug!(%id, error = %e, "cannot take the ownership lock yet");
+                retries.failed(id);
+                false
+            }
+        }
+    }
+
     /// Frees a lock this session holds (ownership of an object that is gone); a lock that
     /// is already gone is fine.
     pub async fn release_lock(&self, lock: &str) -> StoreResult<()> {
@@ -198,6 +220,14 @@ pub async fn drive<F: Farm>(mut farm: F, ctx: Arc<FarmContext>, mut trees: Trees
     tracing::info!(farm = F::NAME, "farm stopped");
 }
 
+/// The sooner of two optional wake-up times.
+pub fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Per-object backoff after failed reconciles, with jitter.
 #[derive(Default)]
 pub struct Retries {
@@ -222,6 +252,22 @@ impl Retries {
         });
         *not_before = Instant::now() + backoff.next_delay();
         *not_before
+    }
+
+    /// Records how reconciling `id` (a `what`) went: its value on success; on failure the
+    /// error is logged and the object backs off.
+    pub fn record<T>(&mut self, what: &str, id: &str, result: StoreResult<T>) -> Option<T> {
+        match result {
+            Ok(value) => {
+                self.succeeded(id);
+                Some(value)
+            }
+            Err(e) => {
+                tracing::warn!(%id, error = %e, "reconciling the {what} failed");
+                self.failed(id);
+                None
+            }
+        }
     }
 
     /// Records a success.

@@ -43,26 +43,14 @@ impl Farm for RcFarm {
             if ctx.cancel.is_cancelled() {
                 return None;
             }
-            if !self.retries.ready(id) {
+            if !ctx
+                .claim(world, &mut self.retries, id, &locks::rc_ownership(id))
+                .await
+            {
                 continue;
             }
-            let lock = locks::rc_ownership(id);
-            let result = match ctx.take_lock(world, &lock).await {
-                Ok(true) => reconcile(ctx, world, &mut load, id, &rc.value).await,
-                Ok(false) => {
-                    // Someone else owns it now; any backoff of ours is moot.
-                    self.retries.succeeded(id);
-                    continue;
-                }
-                Err(e) => Err(e),
-            };
-            match result {
-                Ok(()) => self.retries.succeeded(id),
-                Err(e) => {
-                    tracing::warn!(rc = %id, error = %e, "reconciling the RC failed");
-                    self.retries.failed(id);
-                }
-            }
+            let result = reconcile(ctx, world, &mut load, id, &rc.value).await;
+            self.retries.record("RC", id, result);
         }
         release_orphaned_locks(ctx, world).await;
         self.retries.retain(|id| world.rcs.items.contains_key(id));

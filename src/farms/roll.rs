@@ -22,7 +22,7 @@ use crate::store::{locks, StoreResult, TxnOp};
 
 use super::pods::same_manifest;
 use super::world::{Versioned, World};
-use super::{Farm, FarmContext, Retries};
+use super::{earliest, Farm, FarmContext, Retries};
 
 /// The roll farm's state across passes: when each roll last took a step (for `roll_delay`)
 /// and backoffs; a restart only makes a roll wait its delay once more.
@@ -78,40 +78,21 @@ impl Farm for RollFarm {
             if ctx.cancel.is_cancelled() {
                 return None;
             }
-            if !self.retries.ready(id) {
+            if !ctx
+                .claim(world, &mut self.retries, id, &locks::roll_ownership(id))
+                .await
+            {
                 continue;
             }
-            let result = match ctx.take_lock(world, &locks::roll_ownership(id)).await {
-                Ok(true) => self.reconcile(ctx, world, id, roll).await,
-                Ok(false) => {
-                    // Someone else owns it now; any backoff of ours is moot.
-                    self.retries.succeeded(id);
-                    continue;
-                }
-                Err(e) => Err(e),
-            };
-            match result {
-                Ok(at) => {
-                    self.retries.succeeded(id);
-                    wake = earliest(wake, at);
-                }
-                Err(e) => {
-                    tracing::warn!(roll = %id, error = %e, "running the roll failed");
-                    self.retries.failed(id);
-                }
+            let result = self.reconcile(ctx, world, id, roll).await;
+            if let Some(at) = self.retries.record("roll", id, result) {
+                wake = earliest(wake, at);
             }
         }
         self.last_step
             .retain(|id, _| world.rolls.items.contains_key(id));
         release_stale_locks(ctx, world).await;
         earliest(wake, self.retries.next_due())
-    }
-}
-
-fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }
 
