@@ -9,7 +9,7 @@ use url::Url;
 use crate::labels::{validate_labels, Labels};
 use crate::model::parse_duration;
 use crate::simulator::SimulatorConfig;
-use crate::store::{ConsulOptions, SessionBehavior, StoreUrl};
+use crate::store::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL};
 
 /// HTTP/JSON control plane for P2-style deployments over Consul or an embedded SQLite store.
 #[derive(Debug, Parser)]
@@ -168,13 +168,13 @@ pub struct FarmArgs {
     /// TTL of the leader's store session (10s to 24h): a crashed leader is replaced after
     /// this plus the lock-delay.
     #[arg(long, value_name = "DURATION", env = "P2_LEADER_TTL", default_value = "15s",
-          value_parser = parse_duration)]
+          value_parser = parse_session_ttl)]
     pub leader_ttl: Duration,
 
     /// How long the leader lock stays untakeable after its session dies, so a deposed
     /// leader's in-flight writes land (or fail) before anyone else acts.
     #[arg(long, value_name = "DURATION", env = "P2_LEADER_LOCK_DELAY", default_value = "5s",
-          value_parser = parse_duration)]
+          value_parser = parse_lock_delay)]
     pub leader_lock_delay: Duration,
 
     /// What happens to the leader's locks when its session dies: delete (as P2's farms) or
@@ -204,6 +204,24 @@ impl FarmArgs {
             format!("{host}:{}", std::process::id())
         })
     }
+}
+
+/// A session TTL the store accepts (Consul's range, which both backends enforce).
+fn parse_session_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = parse_duration(text)?;
+    if !(MIN_SESSION_TTL..=MAX_SESSION_TTL).contains(&ttl) {
+        return Err("must be between 10s and 24h".into());
+    }
+    Ok(ttl)
+}
+
+/// A lock-delay the store accepts: at most 60s, as in Consul.
+fn parse_lock_delay(text: &str) -> Result<Duration, String> {
+    let delay = parse_duration(text)?;
+    if delay > Duration::from_secs(60) {
+        return Err("must be at most 60s".into());
+    }
+    Ok(delay)
 }
 
 fn parse_behavior(text: &str) -> Result<SessionBehavior, String> {
@@ -458,6 +476,22 @@ mod tests {
         ] {
             let argv = std::iter::once("p2-apiserver").chain(argv.iter().copied());
             assert!(Cli::try_parse_from(argv).is_err());
+        }
+    }
+
+    #[test]
+    fn leader_timings_outside_the_stores_range_are_refused() {
+        let args = serve_args(&["--leader-ttl", "1m", "--leader-lock-delay", "0s"]);
+        assert_eq!(args.farms.leader_ttl, Duration::from_secs(60));
+        assert_eq!(args.farms.leader_lock_delay, Duration::ZERO);
+        for bad in [
+            ["--leader-ttl", "5s"],
+            ["--leader-ttl", "25h"],
+            ["--leader-lock-delay", "61s"],
+            ["--leader-behavior", "keep"],
+        ] {
+            let argv = ["p2-apiserver", bad[0], bad[1]];
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?} accepted");
         }
     }
 }
