@@ -73,3 +73,101 @@ async fn rolls_keep_the_minimum_healthy_and_clean_up() {
         .iter()
         .all(|p| !p.key.ends_with("/update")));
 }
+
+/// Starts a roll from `old` (4 replicas) to a fresh RC and waits until the farm holds both
+/// RCs' mutation locks; returns the new RC's id.
+async fn start_roll(h: &Harness, old: &str, minimum: i64) -> String {
+    let new = h
+        .put_rc(
+            json!({"manifest": NEW_MANIFEST, "node_selector": "role=web", "pod_labels": {},
+                       "replicas_desired": 0, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 4, "MinimumReplicas": minimum,
+                      "LeaveOld": false, "RollDelay": 3_600_000_000_000u64});
+    h.store
+        .put(
+            &format!("rolls/{new}"),
+            roll.to_string().as_bytes(),
+            Cas::Index(0),
+        )
+        .await
+        .unwrap();
+    h.wait_until(|| async { (mutation_locks(h).await == 2).then_some(()) })
+        .await;
+    new
+}
+
+async fn mutation_locks(h: &Harness) -> usize {
+    let locks = h.store.list("lock/replication_controllers/").await.unwrap();
+    locks
+        .pairs
+        .iter()
+        .filter(|p| p.key.ends_with("/update"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_roll_frees_both_rcs() {
+    let h = Harness::start().await;
+    for i in 1..=5 {
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
+            .await;
+    }
+    let old = h
+        .put_rc(
+            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+                       "replicas_desired": 4, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    h.wait_for_rc_nodes(&old, 4).await;
+    // Minimum 4 with nothing healthy: the roll holds its locks but cannot take a step.
+    let new = start_roll(&h, &old, 4).await;
+    h.store
+        .delete(&format!("rolls/{new}"), Cas::Any)
+        .await
+        .unwrap();
+    h.wait_until(|| async { (mutation_locks(&h).await == 0).then_some(()) })
+        .await;
+    // Both RCs stay as they were.
+    assert_eq!(h.rc_nodes(&old).await.len(), 4);
+    assert!(h
+        .store
+        .get(&format!("replication_controllers/{new}"))
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_whose_rc_vanishes_is_cleaned_up() {
+    let h = Harness::start().await;
+    h.label(LabelType::Node, "node1", json!({"role": "web"}))
+        .await;
+    let old = h
+        .put_rc(
+            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+                       "replicas_desired": 1, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    let new = start_roll(&h, &old, 1).await;
+    h.store
+        .delete(&format!("replication_controllers/{old}"), Cas::Any)
+        .await
+        .unwrap();
+    h.wait_until(|| async {
+        let gone = h
+            .store
+            .get(&format!("rolls/{new}"))
+            .await
+            .unwrap()
+            .is_none();
+        (gone && mutation_locks(&h).await == 0).then_some(())
+    })
+    .await;
+    let audits = h.store.list("audit_logs/").await.unwrap();
+    assert!(audits.pairs.iter().any(|p| {
+        let text = String::from_utf8_lossy(&p.value);
+        text.contains("ROLLING_UPDATE_COMPLETION") && text.contains("\"canceled\":true")
+    }));
+}
