@@ -127,7 +127,10 @@ impl Farm for DsFarm {
         self.published
             .retain(|id, _| world.daemon_sets.items.contains_key(id));
         self.clean_dangling(ctx, world).await;
-        release_orphaned_locks(ctx, world).await;
+        ctx.release_orphaned(world, "lock/daemon_sets/", |id| {
+            world.daemon_sets.items.contains_key(id)
+        })
+        .await;
         earliest(wake, self.retries.next_due())
     }
 }
@@ -578,23 +581,6 @@ async fn apply(
                        replaced = plan.replace.len(), "daemon set retargeted");
     }
     Ok(())
-}
-
-/// Frees the ownership locks this session holds on daemon sets that no longer exist.
-async fn release_orphaned_locks(ctx: &FarmContext, world: &World) {
-    for (key, holder) in &world.locks.items {
-        let Some(id) = key.strip_prefix("lock/daemon_sets/") else {
-            continue;
-        };
-        if id.contains('/') || holder.as_deref() != Some(ctx.session.as_str()) {
-            continue;
-        }
-        if !world.daemon_sets.items.contains_key(id) {
-            if let Err(e) = ctx.release_lock(key).await {
-                tracing::warn!(ds = %id, error = %e, "releasing the daemon set's lock failed");
-            }
-        }
-    }
 }
 
 #[cfg(test)]

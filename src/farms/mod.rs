@@ -165,6 +165,25 @@ impl FarmContext {
         }
     }
 
+    /// Frees this session's ownership locks `<prefix><id>` of objects that no longer exist.
+    pub async fn release_orphaned(
+        &self,
+        world: &World,
+        prefix: &str,
+        exists: impl Fn(&str) -> bool,
+    ) {
+        for key in world.held_by(&self.session) {
+            let Some(id) = key.strip_prefix(prefix) else {
+                continue;
+            };
+            if !id.contains('/') && !exists(id) {
+                if let Err(e) = self.release_lock(key).await {
+                    tracing::warn!(%key, error = %e, "releasing an ownership lock failed");
+                }
+            }
+        }
+    }
+
     /// Whether `world` shows every write this term made.
     fn caught_up(&self, world: &World) -> bool {
         let written = self.written.lock().expect("no panics while held");

@@ -52,26 +52,12 @@ impl Farm for RcFarm {
             let result = reconcile(ctx, world, &mut load, id, &rc.value).await;
             self.retries.record("RC", id, result);
         }
-        release_orphaned_locks(ctx, world).await;
+        ctx.release_orphaned(world, "lock/replication_controllers/", |id| {
+            world.rcs.items.contains_key(id)
+        })
+        .await;
         self.retries.retain(|id| world.rcs.items.contains_key(id));
         self.retries.next_due()
-    }
-}
-
-/// Frees the ownership locks this session holds on RCs that no longer exist.
-async fn release_orphaned_locks(ctx: &FarmContext, world: &World) {
-    for (key, holder) in &world.locks.items {
-        let Some(id) = key.strip_prefix("lock/replication_controllers/") else {
-            continue;
-        };
-        if id.contains('/') || holder.as_deref() != Some(ctx.session.as_str()) {
-            continue;
-        }
-        if !world.rcs.items.contains_key(id) {
-            if let Err(e) = ctx.release_lock(key).await {
-                tracing::warn!(rc = %id, error = %e, "releasing the RC's lock failed");
-            }
-        }
     }
 }
 
@@ -308,9 +294,13 @@ async fn transfer_node(
     };
     let labels = pod_labels(id, rc);
     let owned: Vec<&str> = labels.keys().map(String::as_str).collect();
+    // Atomic with the move: nobody took the mutation lock since the farm looked.
     let mut ops = match world.locks.items.get(&mutation) {
         None => vec![TxnOp::CheckNotExists { key: mutation }],
-        Some(_) => Vec::new(),
+        Some(lock) => vec![TxnOp::CheckIndex {
+            key: mutation,
+            index: lock.index,
+        }],
     };
     ops.extend(unschedule_ops(world, &leaving_pod, &owned));
     let arriving = ((*target).clone(), pod_id.clone());

@@ -305,10 +305,7 @@ async fn release_stale_locks(ctx: &FarmContext, world: &World) {
         .values()
         .flat_map(|r| [r.value.old_rc.as_str(), r.value.new_rc.as_str()])
         .collect();
-    for (key, holder) in &world.locks.items {
-        if holder.as_deref() != Some(ctx.session.as_str()) {
-            continue;
-        }
+    for key in world.held_by(&ctx.session) {
         let stale = if let Some(roll) = key.strip_prefix("lock/rolls/") {
             !world.rolls.items.contains_key(roll)
         } else if let Some(rc) = key

@@ -44,7 +44,7 @@ pub type NodeMap = BTreeMap<String, Labels>;
 pub type PodLabelMap = BTreeMap<PodKey, Versioned<Labels>>;
 pub type ManifestMap = BTreeMap<PodKey, Vec<u8>>;
 pub type HealthMap = HashMap<PodKey, HealthState>;
-pub type LockMap = BTreeMap<String, Option<String>>;
+pub type LockMap = BTreeMap<String, Versioned<Option<String>>>;
 type Feed<T> = watch::Receiver<Arc<Tree<T>>>;
 
 /// Everything the farms look at, as of the latest watch results.
@@ -62,7 +62,7 @@ pub struct World {
     pub reality: Arc<Tree<ManifestMap>>,
     /// Health by (node, pod id).
     pub health: Arc<Tree<HealthMap>>,
-    /// Lock keys under `lock/` and the session holding each (`None` when free).
+    /// Lock keys under `lock/`, the session holding each (`None` when free) and their index.
     pub locks: Arc<Tree<LockMap>>,
 }
 
@@ -86,9 +86,21 @@ impl World {
         load
     }
 
+    /// The lock keys `session` holds.
+    pub fn held_by<'a>(&'a self, session: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.locks
+            .items
+            .iter()
+            .filter(move |(_, lock)| lock.value.as_deref() == Some(session))
+            .map(|(key, _)| key.as_str())
+    }
+
     /// The session holding `key`, if any.
     pub fn lock_holder(&self, key: &str) -> Option<&str> {
-        self.locks.items.get(key).and_then(|s| s.as_deref())
+        self.locks
+            .items
+            .get(key)
+            .and_then(|lock| lock.value.as_deref())
     }
 
     /// The health of a pod; missing records are `unknown`.
@@ -347,11 +359,17 @@ fn decode_health(listing: &Listing) -> HashMap<PodKey, HealthState> {
         .collect()
 }
 
-fn decode_locks(listing: &Listing) -> BTreeMap<String, Option<String>> {
+fn decode_locks(listing: &Listing) -> LockMap {
     listing
         .pairs
         .iter()
-        .map(|pair| (pair.key.clone(), pair.session.clone()))
+        .map(|pair| {
+            let lock = Versioned {
+                value: pair.session.clone(),
+                index: pair.modify_index,
+            };
+            (pair.key.clone(), lock)
+        })
         .collect()
 }
 
