@@ -564,7 +564,7 @@ async fn apply(
     let lock = locks::ds_ownership(id);
     let labels: Labels = [(DS_ID_LABEL.to_owned(), id.to_owned())].into();
     let pod_id = ds.manifest.pod_id();
-    let manifest = ds.manifest.raw().as_bytes();
+    let manifest = &ds.manifest;
     let changes: Vec<Vec<TxnOp>> =
         plan.remove
             .iter()

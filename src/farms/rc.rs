@@ -218,12 +218,7 @@ async fn apply(
             match change {
                 Change::Schedule(node) => {
                     let pod = (node.clone(), pod_id.to_owned());
-                    ops.extend(schedule_ops(
-                        world,
-                        &pod,
-                        rc.manifest.raw().as_bytes(),
-                        &labels,
-                    ));
+                    ops.extend(schedule_ops(world, &pod, &rc.manifest, &labels));
                     nodes.insert(node.clone());
                 }
                 Change::Unschedule(node) => {
@@ -304,12 +299,7 @@ async fn transfer_node(
     };
     ops.extend(unschedule_ops(world, &leaving_pod, &owned));
     let arriving = ((*target).clone(), pod_id.clone());
-    ops.extend(schedule_ops(
-        world,
-        &arriving,
-        rc.manifest.raw().as_bytes(),
-        &labels,
-    ));
+    ops.extend(schedule_ops(world, &arriving, &rc.manifest, &labels));
     let mut nodes = current.clone();
     nodes.remove(leaving);
     nodes.insert((*target).clone());

@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 use crate::labels::{LabelType, Labels};
 use crate::model::{HealthRecord, HealthState, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::store::backoff::Backoff;
+use crate::store::labels::decode_labels;
 use crate::store::{KvPair, KvStore, Listing, StoreResult, WatchTarget};
 
 /// How long one blocking query of a tree waits: the farms' idle request rate is the number
@@ -280,16 +281,6 @@ fn decode_rolls(listing: &Listing) -> BTreeMap<String, Versioned<StoredRoll>> {
 
 fn decode_daemon_sets(listing: &Listing) -> BTreeMap<String, Versioned<StoredDaemonSet>> {
     decode_by_id(listing, "daemon_sets/", StoredDaemonSet::from_json)
-}
-
-fn decode_labels(pair: &KvPair) -> Option<Labels> {
-    match serde_json::from_slice::<Option<Labels>>(&pair.value) {
-        Ok(labels) => Some(labels.unwrap_or_default()),
-        Err(e) => {
-            tracing::warn!(key = %pair.key, error = %e, "skipping unreadable labels");
-            None
-        }
-    }
 }
 
 fn decode_nodes(listing: &Listing) -> BTreeMap<String, Labels> {

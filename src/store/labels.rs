@@ -160,12 +160,13 @@ fn record_from_pair(pair: &KvPair) -> LabelRecord {
     }
 }
 
-/// P2 writes `null` for an object whose label map is nil.
-fn decode_labels(pair: &KvPair) -> Option<Labels> {
+/// One label key's object (P2 writes `null` for a nil map); logged and `None` when
+/// unreadable.
+pub fn decode_labels(pair: &KvPair) -> Option<Labels> {
     match serde_json::from_slice::<Option<Labels>>(&pair.value) {
         Ok(labels) => Some(labels.unwrap_or_default()),
         Err(e) => {
-            tracing::warn!(key = %pair.key, error = %e, "skipping undecodable labels");
+            tracing::warn!(key = %pair.key, error = %e, "skipping unreadable labels");
             None
         }
     }

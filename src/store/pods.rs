@@ -82,6 +82,15 @@ impl PodLocation {
         })
     }
 
+    /// A location known from stored keys (a farm's view of the trees), taken as stored like
+    /// every location read back from a key.
+    pub fn stored(node: &str, pod_id: &str) -> PodLocation {
+        PodLocation {
+            node: node.to_owned(),
+            pod_id: pod_id.to_owned(),
+        }
+    }
+
     /// A location from two segments of a stored key; `None` for a UUID pod's index entry.
     fn from_key_segments(node: &str, pod_id: &str) -> Option<PodLocation> {
         (!is_uuid(pod_id)).then(|| PodLocation {
