@@ -35,11 +35,12 @@ use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::labels::{LabelType, Requirement, Selector, DS_ID_LABEL};
 use crate::model::duration::{format_duration, parse_duration};
-use crate::model::{FieldError, HealthRecord, HealthState, Manifest, StoredDaemonSet};
+use crate::model::{FieldError, HealthState, Manifest, StoredDaemonSet};
 use crate::store::daemon_sets::{
     parse_daemon_set_id, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
     DAEMON_SETS_PREFIX,
 };
+use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
 use crate::store::{KvStore, StoreResult};
 
@@ -743,7 +744,7 @@ async fn rollout_status(
             continue;
         };
         if !health.contains_key(pod_id) {
-            health.insert(pod_id, pod_health(kv.as_ref(), pod_id).await?);
+            health.insert(pod_id, pod_health(kv, pod_id).await?);
         }
         if health[pod_id].get(node) == Some(&HealthState::Passing) {
             nodes_healthy += 1;
@@ -761,22 +762,18 @@ async fn rollout_status(
 }
 
 /// Every health result of one pod ID, by node (the record's `Node` field, as P2 keys them).
-async fn pod_health(kv: &dyn KvStore, pod_id: &str) -> StoreResult<HashMap<String, HealthState>> {
+async fn pod_health(
+    kv: &Arc<dyn KvStore>,
+    pod_id: &str,
+) -> StoreResult<HashMap<String, HealthState>> {
     if check_key_segment(pod_id).is_err() {
         return Ok(HashMap::new());
     }
-    let listing = kv.list(&format!("health/{pod_id}/")).await?;
-    let results = listing.decode_readable("health record", |pair| {
-        HealthRecord::from_json(&pair.value).map(|record| {
-            let node = if record.node.is_empty() {
-                pair.key.rsplit('/').next().unwrap_or_default().to_owned()
-            } else {
-                record.node
-            };
-            (node, record.status)
-        })
-    });
-    Ok(results.into_iter().collect())
+    let (_, by_node) = HealthStore::new(kv.clone()).list_for_pod(pod_id).await?;
+    Ok(by_node
+        .into_iter()
+        .map(|(node, entry)| (node, entry.state()))
+        .collect())
 }
 
 #[cfg(test)]

@@ -31,7 +31,8 @@ use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody};
 use crate::labels::{validate_labels_in, LabelType, Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::duration::{format_duration, parse_duration};
-use crate::model::{validate_counts, HealthRecord, HealthState};
+use crate::model::{validate_counts, HealthState};
+use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
 use crate::store::rcs::{RcStore, RC_TREE};
 use crate::store::roll_creation::{CreateRollError, RcWithLabels, RollCreator, RollPlan, RollRcs};
@@ -581,10 +582,10 @@ impl Views {
             let mut by_node = HashMap::new();
             // A pod id read from a label key is only used as a key segment when it is one.
             if LabelType::Node.validate_id(pod_id).is_ok() {
-                let listing = self.kv.list(&format!("{HEALTH_TREE}{pod_id}/")).await?;
-                let records =
-                    listing.decode_readable("health record", |p| HealthRecord::from_json(&p.value));
-                by_node.extend(records.into_iter().map(|r| (r.node, r.status)));
+                let (_, records) = HealthStore::new(self.kv.clone())
+                    .list_for_pod(pod_id)
+                    .await?;
+                by_node.extend(records.into_iter().map(|(node, r)| (node, r.state())));
             }
             self.health.insert(pod_id.to_owned(), by_node);
         }
