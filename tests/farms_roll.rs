@@ -12,6 +12,12 @@ use serde_json::json;
 
 const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
 
+/// An RC document over the web nodes.
+fn rc(manifest: &str, replicas: i64) -> serde_json::Value {
+    json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {},
+           "replicas_desired": replicas, "disabled": false, "allocation_strategy": ""})
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolls_keep_the_minimum_healthy_and_clean_up() {
     let h = Harness::start().await;
@@ -20,10 +26,6 @@ async fn rolls_keep_the_minimum_healthy_and_clean_up() {
             .await;
     }
     h.run_fake_nodes(Duration::from_millis(100));
-    let rc = |manifest: &str, replicas: i64| {
-        json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {},
-               "replicas_desired": replicas, "disabled": false, "allocation_strategy": ""})
-    };
     let old = h.put_rc(rc(MANIFEST, 4)).await;
     h.wait_for_rc_nodes(&old, 4).await;
     h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&4)).then_some(()) })
@@ -77,12 +79,7 @@ async fn rolls_keep_the_minimum_healthy_and_clean_up() {
 /// Starts a roll from `old` (4 replicas) to a fresh RC and waits until the farm holds both
 /// RCs' mutation locks; returns the new RC's id.
 async fn start_roll(h: &Harness, old: &str, minimum: i64) -> String {
-    let new = h
-        .put_rc(
-            json!({"manifest": NEW_MANIFEST, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": 0, "disabled": false, "allocation_strategy": ""}),
-        )
-        .await;
+    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
     let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 4, "MinimumReplicas": minimum,
                       "LeaveOld": false, "RollDelay": 3_600_000_000_000u64});
     h.store
@@ -114,12 +111,7 @@ async fn a_cancelled_roll_frees_both_rcs() {
         h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
             .await;
     }
-    let old = h
-        .put_rc(
-            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": 4, "disabled": false, "allocation_strategy": ""}),
-        )
-        .await;
+    let old = h.put_rc(rc(MANIFEST, 4)).await;
     h.wait_for_rc_nodes(&old, 4).await;
     // Minimum 4 with nothing healthy: the roll holds its locks but cannot take a step.
     let new = start_roll(&h, &old, 4).await;
@@ -144,12 +136,7 @@ async fn a_roll_whose_rc_vanishes_is_cleaned_up() {
     let h = Harness::start().await;
     h.label(LabelType::Node, "node1", json!({"role": "web"}))
         .await;
-    let old = h
-        .put_rc(
-            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": 1, "disabled": false, "allocation_strategy": ""}),
-        )
-        .await;
+    let old = h.put_rc(rc(MANIFEST, 1)).await;
     let new = start_roll(&h, &old, 1).await;
     h.store
         .delete(&format!("replication_controllers/{old}"), Cas::Any)

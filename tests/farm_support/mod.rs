@@ -213,11 +213,19 @@ impl Harness {
     /// Pods passing on the manifest they are intended to run, by owning RC id.
     pub async fn healthy_by_rc(&self) -> std::collections::HashMap<String, usize> {
         let mut healthy = std::collections::HashMap::new();
+        for (labels, passing) in self.pods_and_health().await {
+            if let (Some(rc), true) = (labels.get("replication_controller_id"), passing) {
+                *healthy.entry(rc.clone()).or_insert(0) += 1;
+            }
+        }
+        healthy
+    }
+
+    /// Every pod's labels, and whether it runs its intended manifest and passes.
+    async fn pods_and_health(&self) -> Vec<(Labels, bool)> {
+        let mut pods = Vec::new();
         for pair in self.store.list("labels/pod/").await.unwrap().pairs {
             let labels: Labels = serde_json::from_slice(&pair.value).unwrap_or_default();
-            let Some(rc) = labels.get("replication_controller_id") else {
-                continue;
-            };
             let rest = pair.key.strip_prefix("labels/pod/").unwrap();
             let (node, pod_id) = rest.split_once('/').unwrap();
             let reality = self.store.get(&format!("reality/{rest}")).await.unwrap();
@@ -229,11 +237,11 @@ impl Harness {
                 .unwrap();
             let passing =
                 health.is_some_and(|h| String::from_utf8_lossy(&h.value).contains("\"passing\""));
-            if passing && reality.is_some() && reality.map(|r| r.value) == intent.map(|i| i.value) {
-                *healthy.entry(rc.clone()).or_insert(0) += 1;
-            }
+            let runs_intent =
+                reality.is_some() && reality.map(|r| r.value) == intent.map(|i| i.value);
+            pods.push((labels, passing && runs_intent));
         }
-        healthy
+        pods
     }
 
     /// Stores a daemon set document as given (plus a fresh id) and returns the id.
@@ -309,28 +317,13 @@ impl Harness {
 
     /// How many pods labelled `key=value` run their intended manifest and pass.
     pub async fn healthy_labelled(&self, key: &str, value: &str) -> usize {
-        let mut healthy = 0;
-        for pair in self.store.list("labels/pod/").await.unwrap().pairs {
-            let labels: Labels = serde_json::from_slice(&pair.value).unwrap_or_default();
-            if labels.get(key).map(String::as_str) != Some(value) {
-                continue;
-            }
-            let rest = pair.key.strip_prefix("labels/pod/").unwrap();
-            let (node, pod_id) = rest.split_once('/').unwrap();
-            let reality = self.store.get(&format!("reality/{rest}")).await.unwrap();
-            let intent = self.store.get(&format!("intent/{rest}")).await.unwrap();
-            let health = self
-                .store
-                .get(&format!("health/{pod_id}/{node}"))
-                .await
-                .unwrap();
-            let passing =
-                health.is_some_and(|h| String::from_utf8_lossy(&h.value).contains("\"passing\""));
-            if passing && reality.is_some() && reality.map(|r| r.value) == intent.map(|i| i.value) {
-                healthy += 1;
-            }
-        }
-        healthy
+        self.pods_and_health()
+            .await
+            .iter()
+            .filter(|(labels, healthy)| {
+                *healthy && labels.get(key).map(String::as_str) == Some(value)
+            })
+            .count()
     }
 }
 
