@@ -244,31 +244,21 @@ fn decode_by_id<T>(
     prefix: &str,
     decode: impl Fn(&[u8]) -> Result<T, crate::model::DecodeError>,
 ) -> BTreeMap<String, Versioned<T>> {
-    let mut items = BTreeMap::new();
-    for pair in &listing.pairs {
-        let Some(id) = strip(pair, prefix) else {
-            continue;
-        };
-        if uuid::Uuid::parse_str(id).is_err() {
-            tracing::warn!(key = %pair.key, "skipping a key that is not a UUID");
-            continue;
-        }
-        match decode(&pair.value) {
-            Ok(value) => {
-                items.insert(
-                    id.to_owned(),
-                    Versioned {
-                        value,
-                        index: pair.modify_index,
-                    },
-                );
+    listing
+        .decode_readable("document", |pair| {
+            let id = strip(pair, prefix).unwrap_or(&pair.key);
+            if uuid::Uuid::parse_str(id).is_err() {
+                return Err(format!("{id:?} is not a UUID"));
             }
-            Err(e) => {
-                tracing::warn!(key = %pair.key, error = %e, "skipping an unreadable document")
-            }
-        }
-    }
-    items
+            let value = decode(&pair.value).map_err(|e| e.to_string())?;
+            let versioned = Versioned {
+                value,
+                index: pair.modify_index,
+            };
+            Ok((id.to_owned(), versioned))
+        })
+        .into_iter()
+        .collect()
 }
 
 fn decode_rcs(listing: &Listing) -> BTreeMap<String, Versioned<StoredRc>> {
