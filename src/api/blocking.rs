@@ -69,11 +69,20 @@ impl BlockingParams {
 
 /// The index a listing over several prefixes answers with: the highest of theirs.
 pub async fn combined_index(store: &dyn KvStore, prefixes: &[String]) -> StoreResult<u64> {
-    let mut highest = 1;
+    Ok(combined(&prefix_indexes(store, prefixes).await?))
+}
+
+/// Each prefix's index, read cheaply (its keys cut at the first `/`).
+async fn prefix_indexes(store: &dyn KvStore, prefixes: &[String]) -> StoreResult<Vec<u64>> {
+    let mut indexes = Vec::with_capacity(prefixes.len());
     for prefix in prefixes {
-        highest = highest.max(store.keys(prefix, Some('/')).await?.0);
+        indexes.push(store.keys(prefix, Some('/')).await?.0);
     }
-    Ok(highest)
+    Ok(indexes)
+}
+
+fn combined(indexes: &[u64]) -> u64 {
+    indexes.iter().copied().max().unwrap_or(1).max(1)
 }
 
 /// Returns once the combined index of `prefixes` is not `index`, or after `wait`.
@@ -85,11 +94,8 @@ pub async fn wait_for_change(
 ) -> StoreResult<()> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let mut indexes = Vec::with_capacity(prefixes.len());
-        for prefix in prefixes {
-            indexes.push(store.keys(prefix, Some('/')).await?.0);
-        }
-        let current = indexes.iter().copied().max().unwrap_or(1).max(1);
+        let indexes = prefix_indexes(store, prefixes).await?;
+        let current = combined(&indexes);
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         if current != index || remaining.is_zero() {
             return Ok(());
