@@ -165,20 +165,21 @@ pub struct FarmArgs {
     #[arg(long, env = "P2_NO_FARMS")]
     pub no_farms: bool,
 
-    /// TTL of the leader's store session (10s to 24h): a crashed leader is replaced after
+    /// TTL of the leader's store sessions (10s to 24h): a crashed leader is replaced after
     /// this plus the lock-delay.
     #[arg(long, value_name = "DURATION", env = "P2_LEADER_TTL", default_value = "15s",
           value_parser = parse_session_ttl)]
     pub leader_ttl: Duration,
 
-    /// How long the leader lock stays untakeable after its session dies, so a deposed
-    /// leader's in-flight writes land (or fail) before anyone else acts.
+    /// How long the leader lock and the farms' locks stay untakeable after their session
+    /// dies, so a deposed leader's in-flight writes land (or fail) before anyone else acts.
     #[arg(long, value_name = "DURATION", env = "P2_LEADER_LOCK_DELAY", default_value = "5s",
           value_parser = parse_lock_delay)]
     pub leader_lock_delay: Duration,
 
-    /// What happens to the leader's locks when its session dies: delete (as P2's farms) or
-    /// release.
+    /// What happens to the leader lock when its session dies: delete (as P2's farms' locks)
+    /// or release. The farms' locks under P2's lock trees are always deleted with their
+    /// session, as P2's are.
     #[arg(long, value_name = "BEHAVIOR", env = "P2_LEADER_BEHAVIOR", default_value = "delete",
           value_parser = parse_behavior)]
     pub leader_behavior: SessionBehavior,

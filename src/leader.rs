@@ -2,11 +2,16 @@
 //!
 //! Each server keeps one store session and competes for [`LEADER_LOCK`] with it; the lock's
 //! value names the holder. The winner runs the farms under a *term* token that is cancelled
-//! the moment leadership or the session is in doubt (the lock key changes hands or vanishes,
-//! or renewals stop succeeding), before the farms can write again. Every farm write also
-//! carries a `check-session` on a lock held by the session, so a deposed leader's late
-//! write is rolled back by the store itself. Standbys watch the lock and take over when it
-//! is released or its session expires (after the session's lock-delay).
+//! the moment leadership or a session is in doubt (the lock key changes hands or vanishes,
+//! or renewals stop succeeding), before the farms can write again.
+//!
+//! Each term also has a session of its own, whose behavior is always delete: the farms take
+//! their ownership and mutation locks with it, so those keys vanish with it as P2's farms'
+//! locks do, whatever `--leader-behavior` makes of the leader lock (P2's RC farm treats any
+//! key under its lock tree as held, session or not). Every farm write carries a
+//! `check-session` on a lock one of the two sessions holds, so a deposed leader's late write
+//! is rolled back by the store itself. Standbys watch the lock and take over when it is
+//! released or its session expires (after the session's lock-delay).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,6 +37,19 @@ pub struct LeaderConfig {
     pub behavior: SessionBehavior,
 }
 
+impl LeaderConfig {
+    /// A session of this server's, named after it (plus `suffix`), with its TTL and
+    /// lock-delay.
+    fn session_spec(&self, suffix: &str, behavior: SessionBehavior) -> SessionSpec {
+        SessionSpec {
+            name: format!("p2-apiserver:{}{suffix}", self.holder),
+            ttl: self.session_ttl,
+            lock_delay: self.lock_delay,
+            behavior,
+        }
+    }
+}
+
 /// The value of the leader lock.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct LeaderRecord {
@@ -46,7 +64,9 @@ pub struct LeaderRecord {
 /// What the farms get while this server leads.
 #[derive(Debug, Clone)]
 pub struct Term {
-    /// The session that holds the leader lock; farms take their ownership locks with it.
+    /// The session that holds the leader lock.
+    pub leader_session: String,
+    /// The term's own session (behavior delete): farms take their locks with it.
     pub session: String,
     /// Cancelled when leadership is lost or in doubt; nothing may be written after that.
     pub cancel: CancellationToken,
@@ -64,8 +84,9 @@ pub async fn current_leader(store: &dyn KvStore) -> StoreResult<Option<LeaderRec
 }
 
 /// Campaigns until `shutdown`, running `lead` for every term this server wins. `lead` must
-/// return soon after its term is cancelled. On shutdown the session is destroyed, which
-/// releases the lock (and the farms' ownership locks) at once.
+/// return soon after its term is cancelled. When a term ends its session is destroyed,
+/// which deletes the farms' locks at once; on shutdown the leader session is destroyed too,
+/// which frees the leader lock.
 pub async fn campaign<F, Fut>(
     store: Arc<dyn KvStore>,
     config: LeaderConfig,
@@ -77,12 +98,7 @@ pub async fn campaign<F, Fut>(
 {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     while !shutdown.is_cancelled() {
-        let spec = SessionSpec {
-            name: format!("p2-apiserver:{}", config.holder),
-            ttl: config.session_ttl,
-            lock_delay: config.lock_delay,
-            behavior: config.behavior,
-        };
+        let spec = config.session_spec("", config.behavior);
         let session = match store.create_session(&spec).await {
             Ok(session) => session,
             Err(e) => {
@@ -100,7 +116,7 @@ pub async fn campaign<F, Fut>(
             config.session_ttl,
             alive.clone(),
         ));
-        if let Err(e) = hold_or_wait(&*store, &config, &session, &alive, &lead).await {
+        if let Err(e) = hold_or_wait(&store, &config, &session, &alive, &lead).await {
             tracing::warn!(error = %e, "leader election failed; starting over");
         }
         alive.cancel();
@@ -117,7 +133,7 @@ pub async fn campaign<F, Fut>(
 /// With a live session: take the lock when it is free, lead while it is ours, wait while it
 /// is someone else's. Returns when the session is lost or the lock left us.
 async fn hold_or_wait<F, Fut>(
-    store: &dyn KvStore,
+    store: &Arc<dyn KvStore>,
     config: &LeaderConfig,
     session: &str,
     alive: &CancellationToken,
@@ -138,16 +154,7 @@ where
         let value = serde_json::to_vec(&record).expect("a record always serializes");
         if store.acquire(LEADER_LOCK, &value, session).await? {
             tracing::info!(holder = %config.holder, "elected leader");
-            let term = Term {
-                session: session.into(),
-                cancel: alive.child_token(),
-            };
-            let farms = tokio::spawn(lead(term.clone()));
-            let outcome = watch_while_ours(store, session, &term.cancel).await;
-            term.cancel.cancel();
-            let _ = farms.await;
-            tracing::info!("stepped down");
-            return outcome;
+            return lead_term(store.clone(), config, session, alive, lead).await;
         }
         // Refused: someone holds the lock (wait until that changes), or it is free but its
         // lock-delay runs, whose end no watch reports (look again shortly, without blocking).
@@ -167,6 +174,46 @@ where
         }
     }
     Ok(())
+}
+
+/// Leads one term: creates the term's session, runs `lead` until the leader lock leaves
+/// `session` or either session is lost, then destroys the term's session once the farms
+/// have stopped.
+async fn lead_term<F, Fut>(
+    store: Arc<dyn KvStore>,
+    config: &LeaderConfig,
+    session: &str,
+    alive: &CancellationToken,
+    lead: &F,
+) -> StoreResult<()>
+where
+    F: Fn(Term) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let spec = config.session_spec(":farms", SessionBehavior::Delete);
+    let farm_session = store.create_session(&spec).await?;
+    let term = Term {
+        leader_session: session.into(),
+        session: farm_session.clone(),
+        cancel: alive.child_token(),
+    };
+    // Losing the term's session ends the term, as losing the leader's ends `alive`.
+    let renewer = tokio::spawn(keep_alive(
+        store.clone(),
+        farm_session.clone(),
+        config.session_ttl,
+        term.cancel.clone(),
+    ));
+    let farms = tokio::spawn(lead(term.clone()));
+    let outcome = watch_while_ours(&*store, session, &term.cancel).await;
+    term.cancel.cancel();
+    let _ = farms.await;
+    let _ = renewer.await;
+    if let Err(e) = store.destroy_session(&farm_session).await {
+        tracing::warn!(session = %farm_session, error = %e, "destroying the term's session failed");
+    }
+    tracing::info!("stepped down");
+    outcome
 }
 
 /// Returns when the lock no longer belongs to `session` or `term` ends. A failed watch is
@@ -235,12 +282,12 @@ async fn keep_alive(
         match renewed {
             Ok(_) => last_renewed = Instant::now(),
             Err(StoreError::NotFound(_)) => {
-                tracing::warn!(%session, "leader session expired");
+                tracing::warn!(%session, "session expired");
                 alive.cancel();
                 return;
             }
             Err(e) => {
-                tracing::warn!(%session, error = %e, "renewing the leader session failed");
+                tracing::warn!(%session, error = %e, "renewing the session failed");
                 if last_renewed.elapsed() >= give_up_after {
                     alive.cancel();
                     return;

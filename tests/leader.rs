@@ -9,7 +9,7 @@ use p2_apiserver::farms::FarmContext;
 use p2_apiserver::leader::{self, current_leader, LeaderConfig, Term};
 use p2_apiserver::store::locks::LEADER_LOCK;
 use p2_apiserver::store::sqlite::SqliteStore;
-use p2_apiserver::store::{KvStore, SessionBehavior, StoreError, TxnOp};
+use p2_apiserver::store::{KvStore, SessionBehavior, SessionSpec, StoreError, TxnOp};
 use tokio_util::sync::CancellationToken;
 
 fn config(holder: &str) -> LeaderConfig {
@@ -82,22 +82,32 @@ async fn the_standby_takes_over_and_the_old_term_ends() {
 }
 
 /// A deposed leader's late write is rolled back by the store, and a cancelled term writes
-/// nothing at all.
+/// nothing at all. Writes fenced on the farms' locks check the term's session; writes fenced
+/// on the leader lock check the leader's.
 #[tokio::test]
 async fn farm_writes_are_fenced_by_the_session() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fence.db").display().to_string();
     let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-    let spec = p2_apiserver::store::SessionSpec {
-        name: "farm".into(),
+    let spec = |name: &str, behavior| SessionSpec {
+        name: name.into(),
         ttl: Duration::from_secs(10),
         lock_delay: Duration::ZERO,
-        behavior: SessionBehavior::Delete,
+        behavior,
     };
-    let session = store.create_session(&spec).await.unwrap();
+    let leader = store
+        .create_session(&spec("leader", SessionBehavior::Release))
+        .await
+        .unwrap();
+    let session = store
+        .create_session(&spec("farms", SessionBehavior::Delete))
+        .await
+        .unwrap();
+    assert!(store.acquire(LEADER_LOCK, b"", &leader).await.unwrap());
     let lock = "lock/replication_controllers/x";
     assert!(store.acquire(lock, b"", &session).await.unwrap());
     let term = Term {
+        leader_session: leader.clone(),
         session: session.clone(),
         cancel: CancellationToken::new(),
     };
@@ -114,8 +124,10 @@ async fn farm_writes_are_fenced_by_the_session() {
         }]
     };
     ctx.commit(lock, write()).await.unwrap();
+    ctx.commit(LEADER_LOCK, write()).await.unwrap();
 
-    // The session dies (it expired, say) while the farm still runs: its write is refused.
+    // The farms' session dies (it expired, say) while the farm still runs: its write is
+    // refused.
     store.destroy_session(&session).await.unwrap();
     store
         .delete("intent/n1/hello", p2_apiserver::store::Cas::Any)
@@ -123,6 +135,14 @@ async fn farm_writes_are_fenced_by_the_session() {
         .unwrap();
     assert!(matches!(
         ctx.commit(lock, write()).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert_eq!(store.get("intent/n1/hello").await.unwrap(), None);
+
+    // So is a write fenced on leadership once the leader's session dies.
+    store.destroy_session(&leader).await.unwrap();
+    assert!(matches!(
+        ctx.commit(LEADER_LOCK, write()).await,
         Err(StoreError::Conflict { .. })
     ));
     assert_eq!(store.get("intent/n1/hello").await.unwrap(), None);

@@ -4,19 +4,22 @@
 //! - [`rc`]: keeps each RC at its replica count on eligible nodes (P2's meet-desires).
 //! - [`roll`]: moves replicas from old RCs to new ones, keeping a minimum healthy.
 //! - [`ds`]: keeps each daemon set's pod on every matching node, honouring `min_health`.
+//! - [`stale_locks`]: removes lock keys left without a session in the farms' lock trees.
 //! - [`alerts`]: the webhook the farms call when they cannot do what is asked.
 //!
 //! Each farm is a loop of idempotent passes over every object it owns, woken by tree changes
 //! and re-run periodically as a safety net. Objects are reconciled one at a time, so at most
 //! one reconcile per object is ever in flight. Every write is one transaction that starts
-//! with a `check-session` on a lock held by the leader's session (fencing), and no write is
-//! started once the term is cancelled.
+//! with a `check-session` on a lock this term holds (fencing), and no write is started once
+//! the term is cancelled. The farms take their locks with the term's own session, whose
+//! behavior is always delete (see [`crate::leader`]).
 
 pub mod alerts;
 pub mod ds;
 pub mod pods;
 pub mod rc;
 pub mod roll;
+pub mod stale_locks;
 pub mod world;
 
 use std::collections::HashMap;
@@ -29,6 +32,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::leader::Term;
 use crate::store::backoff::Backoff;
+use crate::store::locks::LEADER_LOCK;
 use crate::store::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 use alerts::Alerter;
@@ -43,8 +47,10 @@ const CATCH_UP_LIMIT: Duration = Duration::from_secs(2);
 /// What every farm needs during one leadership term.
 pub struct FarmContext {
     pub store: Arc<dyn KvStore>,
-    /// The leader's session: ownership locks are taken and fenced with it.
+    /// The term's session: the farms' locks are taken and fenced with it.
     pub session: String,
+    /// The session holding [`LEADER_LOCK`], for writes fenced on leadership alone.
+    leader_session: String,
     /// Cancelled when the term ends; checked before every write.
     pub cancel: CancellationToken,
     pub alerts: Arc<Alerter>,
@@ -60,6 +66,7 @@ impl FarmContext {
         FarmContext {
             store,
             session: term.session.clone(),
+            leader_session: term.leader_session.clone(),
             cancel: term.cancel.clone(),
             alerts,
             holder,
@@ -67,7 +74,8 @@ impl FarmContext {
         }
     }
 
-    /// Commits `ops` fenced by `check-session` on `lock`, unless the term has ended.
+    /// Commits `ops` fenced by `check-session` on `lock` (one of the term's locks, or
+    /// [`LEADER_LOCK`]), unless the term has ended.
     pub async fn commit(&self, lock: &str, ops: Vec<TxnOp>) -> StoreResult<Vec<Option<KvPair>>> {
         if self.cancel.is_cancelled() {
             return Err(StoreError::Unavailable(
@@ -75,9 +83,14 @@ impl FarmContext {
             ));
         }
         let mut fenced = Vec::with_capacity(ops.len() + 1);
+        let session = if lock == LEADER_LOCK {
+            &self.leader_session
+        } else {
+            &self.session
+        };
         fenced.push(TxnOp::CheckSession {
             key: lock.to_owned(),
-            session: self.session.clone(),
+            session: session.clone(),
         });
         fenced.extend(ops);
         let results = self.store.txn(&fenced).await?;
@@ -100,7 +113,7 @@ impl FarmContext {
         Ok(results)
     }
 
-    /// Takes `lock` with the leader's session if it is free; `false` when someone else has
+    /// Takes `lock` with the term's session if it is free; `false` when someone else has
     /// it. The lock value names this server. A free lock that cannot be taken yet (its
     /// lock-delay runs after a failover) is a `Conflict`, so the farm retries it soon rather
     /// than at the next change.
@@ -346,6 +359,15 @@ pub async fn run_term(store: Arc<dyn KvStore>, term: Term, alerts: Arc<Alerter>,
         &tasks,
         &term,
         drive(ds::DsFarm::default(), ctx.clone(), trees.clone()),
+    );
+    spawn_farm(
+        &tasks,
+        &term,
+        drive(
+            stale_locks::StaleLockFarm::default(),
+            ctx.clone(),
+            trees.clone(),
+        ),
     );
     tasks.close();
     term.cancel.cancelled().await;

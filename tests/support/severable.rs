@@ -1,0 +1,117 @@
+//! A store whose session calls can be cut off, as for a server that lost the store or
+//! crashed: its sessions are then left for the store to expire. Every other call goes
+//! through, so tests can keep watching the same store.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use p2_apiserver::store::{
+    Cas, KvPair, KvStore, Listing, SessionInfo, SessionSpec, StoreError, StoreResult, TxnOp,
+    WatchTarget,
+};
+use tokio::time::Instant;
+
+pub struct Severable {
+    inner: Arc<dyn KvStore>,
+    cut: AtomicBool,
+    /// When the last successful create or renewal of each session was sent: its TTL runs
+    /// from a moment after that.
+    renewed: Mutex<HashMap<String, Instant>>,
+}
+
+impl Severable {
+    pub fn new(inner: Arc<dyn KvStore>) -> Arc<Severable> {
+        Arc::new(Severable {
+            inner,
+            cut: AtomicBool::new(false),
+            renewed: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// From now on every session call fails as if the store were unreachable.
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
+
+    /// When the last successful create or renewal of `session` was sent.
+    pub fn last_renewal(&self, session: &str) -> Instant {
+        self.renewed.lock().unwrap()[session]
+    }
+
+    fn check(&self) -> StoreResult<()> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("cut off".into()));
+        }
+        Ok(())
+    }
+
+    fn renewed(&self, session: &str, sent: Instant) {
+        self.renewed.lock().unwrap().insert(session.into(), sent);
+    }
+}
+
+#[async_trait]
+impl KvStore for Severable {
+    async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
+        self.inner.get(key).await
+    }
+    async fn list(&self, prefix: &str) -> StoreResult<Listing> {
+        self.inner.list(prefix).await
+    }
+    async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
+        self.inner.keys(prefix, separator).await
+    }
+    async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
+        self.inner.put(key, value, cas).await
+    }
+    async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
+        self.inner.delete(key, cas).await
+    }
+    async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
+        self.inner.delete_prefix(prefix).await
+    }
+    async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
+        self.inner.txn(ops).await
+    }
+    async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
+        self.check()?;
+        let sent = Instant::now();
+        let id = self.inner.create_session(spec).await?;
+        self.renewed(&id, sent);
+        Ok(id)
+    }
+    async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo> {
+        self.check()?;
+        let sent = Instant::now();
+        let info = self.inner.renew_session(id).await?;
+        self.renewed(id, sent);
+        Ok(info)
+    }
+    async fn destroy_session(&self, id: &str) -> StoreResult<()> {
+        self.check()?;
+        self.inner.destroy_session(id).await
+    }
+    async fn session_info(&self, id: &str) -> StoreResult<Option<SessionInfo>> {
+        self.inner.session_info(id).await
+    }
+    async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool> {
+        self.inner.acquire(key, value, session).await
+    }
+    async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
+        self.inner.release(key, session).await
+    }
+    async fn watch(
+        &self,
+        target: &WatchTarget,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<Listing> {
+        self.inner.watch(target, index, wait).await
+    }
+    async fn ping(&self) -> StoreResult<()> {
+        self.inner.ping().await
+    }
+}
