@@ -165,8 +165,10 @@ pub struct FarmArgs {
     #[arg(long, env = "P2_NO_FARMS")]
     pub no_farms: bool,
 
-    /// TTL of the leader's store sessions (10s to 24h): a crashed leader is replaced after
-    /// this plus the lock-delay.
+    /// TTL of the leader's store sessions (10s to 24h). A crashed leader is replaced once
+    /// the store expires its session and the lock-delay has passed: on SQLite within TTL +
+    /// lock-delay + 1s (its expiry sweep runs every half second), on Consul within 2×TTL +
+    /// lock-delay (Consul may expire a session up to twice its TTL after its last renewal).
     #[arg(long, value_name = "DURATION", env = "P2_LEADER_TTL", default_value = "15s",
           value_parser = parse_session_ttl)]
     pub leader_ttl: Duration,

@@ -1,5 +1,9 @@
 //! Leader election and fencing on the embedded store.
 
+#[allow(dead_code)]
+#[path = "support/severable.rs"]
+mod severable;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +14,7 @@ use p2_apiserver::leader::{self, current_leader, LeaderConfig, Term};
 use p2_apiserver::store::locks::LEADER_LOCK;
 use p2_apiserver::store::sqlite::SqliteStore;
 use p2_apiserver::store::{KvStore, SessionBehavior, SessionSpec, StoreError, TxnOp};
+use severable::Severable;
 use tokio_util::sync::CancellationToken;
 
 fn config(holder: &str) -> LeaderConfig {
@@ -22,7 +27,7 @@ fn config(holder: &str) -> LeaderConfig {
 }
 
 async fn wait_for(mut check: impl AsyncFnMut() -> bool) {
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(20);
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(40);
     while !check().await {
         assert!(tokio::time::Instant::now() < give_up, "timed out");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -153,4 +158,64 @@ async fn farm_writes_are_fenced_by_the_session() {
         ctx.commit(lock, write()).await,
         Err(StoreError::Unavailable(_))
     ));
+}
+
+/// A leader that stops renewing (crashed, or cut off from the store) is replaced on SQLite
+/// no sooner than TTL plus lock-delay after its last renewal, and no later than the bound
+/// `--help` gives (TTL + lock-delay + 1s after the crash). The upper check allows 5s more
+/// for a loaded machine: still well short of the 2×TTL Consul may take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_leader_is_replaced_within_the_documented_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("failover.db").display().to_string();
+    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let severable = Severable::new(store.clone());
+    let shutdown = CancellationToken::new();
+    let idle = |term: Term| async move { term.cancel.cancelled().await };
+    let a = tokio::spawn(leader::campaign(
+        severable.clone(),
+        config("a"),
+        shutdown.clone(),
+        idle,
+    ));
+    wait_for(async || current_leader(&*store).await.unwrap().is_some()).await;
+    let first = current_leader(&*store).await.unwrap().unwrap();
+    assert_eq!(first.holder, "a");
+    let b = tokio::spawn(leader::campaign(
+        store.clone(),
+        config("b"),
+        shutdown.clone(),
+        idle,
+    ));
+
+    severable.cut();
+    let crashed = tokio::time::Instant::now();
+    let renewed = severable.last_renewal(&first.session);
+    wait_for(async || {
+        current_leader(&*store)
+            .await
+            .unwrap()
+            .is_some_and(|now| now.holder == "b")
+    })
+    .await;
+    let replaced = tokio::time::Instant::now();
+
+    let (ttl, lock_delay) = (config("a").session_ttl, config("a").lock_delay);
+    // The store counts whole milliseconds.
+    let granularity = Duration::from_millis(5);
+    assert!(
+        replaced - renewed + granularity >= ttl + lock_delay,
+        "replaced {:?} after the last renewal",
+        replaced - renewed
+    );
+    let bound = ttl + lock_delay + Duration::from_secs(1);
+    assert!(
+        replaced - crashed <= bound + Duration::from_secs(5),
+        "replaced {:?} after the crash",
+        replaced - crashed
+    );
+
+    shutdown.cancel();
+    a.await.unwrap();
+    b.await.unwrap();
 }
