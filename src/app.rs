@@ -1,6 +1,7 @@
 //! What every request handler can reach, built once at start.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -15,20 +16,58 @@ pub struct App {
     /// Cancelled when the server starts shutting down, so that blocking queries (which may
     /// wait up to 10 minutes) answer at once and graceful shutdown is not held up by them.
     pub shutdown: CancellationToken,
+    /// How long requests, probes and connections may take, so that a hung store or a silent
+    /// client never holds the server's resources for good.
+    pub limits: HttpLimits,
+}
+
+/// The time and connection limits of the HTTP server (`--request-timeout` and its group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// The longest a request may be handled once its body is in; a blocking query gets its
+    /// wait on top. Past it the client gets a 503.
+    pub request_timeout: Duration,
+    /// The longest `/readyz` waits for the store's answer before reporting not-ready.
+    pub readiness_timeout: Duration,
+    /// The longest a connection may go without a complete request head: a new connection
+    /// until its first request's headers are in, a kept-alive one between two requests.
+    pub header_read_timeout: Duration,
+    /// The longest a request body may take to arrive in full.
+    pub body_read_timeout: Duration,
+    /// The most connections open at once; more are answered 503 at once and closed.
+    pub max_connections: usize,
+}
+
+impl Default for HttpLimits {
+    /// The command line's defaults.
+    fn default() -> Self {
+        HttpLimits {
+            request_timeout: Duration::from_secs(10),
+            readiness_timeout: Duration::from_secs(2),
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            max_connections: 512,
+        }
+    }
 }
 
 /// The state handed to the router: cloning it is one reference-count increment per request.
 pub type AppState = Arc<App>;
 
 impl App {
-    /// The state for a server over `store` that is never told to shut down (tests).
+    /// The state for a server over `store` with the default limits that is never told to
+    /// shut down (tests).
     pub fn new(store: Arc<dyn KvStore>) -> AppState {
         Self::draining_on(store, CancellationToken::new())
     }
 
-    /// The state for a server over `store` whose blocking queries end when `shutdown` is
-    /// cancelled.
+    /// The state for a server over `store` with the default limits, whose blocking queries
+    /// end when `shutdown` is cancelled.
     pub fn draining_on(store: Arc<dyn KvStore>, shutdown: CancellationToken) -> AppState {
-        Arc::new(App { store, shutdown })
+        Arc::new(App {
+            store,
+            shutdown,
+            limits: HttpLimits::default(),
+        })
     }
 }

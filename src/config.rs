@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use url::Url;
 
+use crate::app::HttpLimits;
 use crate::labels::{validate_labels, Labels};
 use crate::model::parse_duration;
 use crate::simulator::SimulatorConfig;
@@ -156,6 +157,66 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub farms: FarmArgs,
+
+    #[command(flatten)]
+    pub http: HttpArgs,
+}
+
+/// Time and connection limits of the HTTP server, so that a hung store or silent, slow or
+/// idle clients never hold the server's resources for good. Defaults are
+/// [`HttpLimits::default`]'s.
+#[derive(Debug, Clone, Args)]
+pub struct HttpArgs {
+    /// Longest a request is handled once its body is in; past it the answer is 503
+    /// (`StoreTimeout`, or `OutcomeUnknown` for a write). A blocking query (`?index=`) gets its
+    /// wait, plus a sixteenth for the store's jitter, on top.
+    #[arg(long, value_name = "DURATION", env = "P2_REQUEST_TIMEOUT", default_value = "10s",
+          value_parser = parse_timeout)]
+    pub request_timeout: Duration,
+
+    /// Longest /readyz waits for the store before answering 503 (not ready).
+    #[arg(long, value_name = "DURATION", env = "P2_READINESS_TIMEOUT", default_value = "2s",
+          value_parser = parse_timeout)]
+    pub readiness_timeout: Duration,
+
+    /// Longest a connection may go without a complete request head, whether new or idle
+    /// between two requests; then it is closed.
+    #[arg(long, value_name = "DURATION", env = "P2_HEADER_READ_TIMEOUT", default_value = "10s",
+          value_parser = parse_timeout)]
+    pub header_read_timeout: Duration,
+
+    /// Longest a request body may take to arrive in full; past it the answer is 408.
+    #[arg(long, value_name = "DURATION", env = "P2_BODY_READ_TIMEOUT", default_value = "30s",
+          value_parser = parse_timeout)]
+    pub body_read_timeout: Duration,
+
+    /// Most connections open at once; past it a new connection is answered 503 and closed.
+    /// Keep it below the open-file limit (ulimit -n).
+    #[arg(long, value_name = "N", env = "P2_MAX_CONNECTIONS", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+}
+
+impl HttpArgs {
+    /// The limits the server applies.
+    pub fn limits(&self) -> HttpLimits {
+        HttpLimits {
+            request_timeout: self.request_timeout,
+            readiness_timeout: self.readiness_timeout,
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            max_connections: self.max_connections as usize,
+        }
+    }
+}
+
+/// A duration above zero: a zero timeout would fail every request.
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = parse_duration(text)?;
+    if timeout.is_zero() {
+        return Err("must be above zero".into());
+    }
+    Ok(timeout)
 }
 
 /// Leader election and the farms it runs.
@@ -479,6 +540,60 @@ mod tests {
         ] {
             let argv = std::iter::once("p2-apiserver").chain(argv.iter().copied());
             assert!(Cli::try_parse_from(argv).is_err());
+        }
+    }
+
+    #[test]
+    fn http_limits_default_to_the_servers_and_refuse_zero() {
+        // Each default given back as a flag, so that the environment cannot get in.
+        let cli = Cli::command();
+        let mut argv = vec!["p2-apiserver".to_string()];
+        for id in [
+            "request_timeout",
+            "readiness_timeout",
+            "header_read_timeout",
+            "body_read_timeout",
+            "max_connections",
+        ] {
+            let arg = cli.get_arguments().find(|a| a.get_id() == id).unwrap();
+            argv.push(format!("--{}", arg.get_long().unwrap()));
+            argv.push(arg.get_default_values()[0].to_str().unwrap().to_owned());
+        }
+        let defaults = match Cli::try_parse_from(argv).unwrap().into_command() {
+            Command::Serve(args) => args.http.limits(),
+            other => panic!("expected serve, got {other:?}"),
+        };
+        assert_eq!(defaults, HttpLimits::default());
+        let args = serve_args(&[
+            "--request-timeout",
+            "200ms",
+            "--readiness-timeout",
+            "1s",
+            "--header-read-timeout",
+            "3s",
+            "--body-read-timeout",
+            "4s",
+            "--max-connections",
+            "7",
+        ]);
+        assert_eq!(
+            args.http.limits(),
+            HttpLimits {
+                request_timeout: Duration::from_millis(200),
+                readiness_timeout: Duration::from_secs(1),
+                header_read_timeout: Duration::from_secs(3),
+                body_read_timeout: Duration::from_secs(4),
+                max_connections: 7,
+            }
+        );
+        for bad in [
+            ["--request-timeout", "0s"],
+            ["--readiness-timeout", "soon"],
+            ["--header-read-timeout", "0ms"],
+            ["--max-connections", "0"],
+        ] {
+            let argv = ["p2-apiserver", bad[0], bad[1]];
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?} accepted");
         }
     }
 

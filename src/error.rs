@@ -8,6 +8,9 @@
 //!   named resource is missing, changed concurrently, or not in the state the client expected.
 //! - [`ApiError::internal`] and [`ApiError::unavailable`]: anything the client cannot fix. The
 //!   client sees a generic message; the cause is logged once, inside the request's span.
+//! - [`ApiError::store_timeout`] and [`ApiError::outcome_unknown`]: 503s with reasons of their
+//!   own, for a store that does not answer in time and for a write it may or may not have
+//!   applied.
 //! - [`ApiError::new`]: any other status; its message is sent as given.
 //!
 //! A [`StoreError`] converts with `?`; see the `From` impl for the mapping.
@@ -28,7 +31,10 @@ pub struct ErrorBody {
     /// The HTTP status code, repeated so a logged or saved body stands on its own.
     pub code: u16,
     /// CamelCase name of the failure, one per status: `NotFound`, `Conflict`, `Invalid`,
-    /// `PreconditionFailed`, `PayloadTooLarge`, `ServiceUnavailable`, `InternalError`, ...
+    /// `PreconditionFailed`, `PayloadTooLarge`, `ServiceUnavailable`, `InternalError`, ...;
+    /// except that a 503 says `StoreTimeout` when the store did not answer within the
+    /// request's deadline (retry later), and `OutcomeUnknown` when a write was sent but not
+    /// confirmed, so it may or may not have been applied: re-read before retrying.
     pub reason: String,
     /// For people; never parse it.
     pub message: String,
@@ -60,6 +66,9 @@ impl Cause {
 #[error("{status}: {message}")]
 pub struct ApiError {
     status: StatusCode,
+    /// Set where one status covers failures the client must tell apart; otherwise the
+    /// status's own reason.
+    reason: Option<&'static str>,
     message: String,
     causes: Vec<Cause>,
     /// What really went wrong, for the log only: 5xx bodies stay generic so they leak
@@ -73,6 +82,7 @@ impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
         ApiError {
             status,
+            reason: None,
             message: message.into(),
             causes: Vec::new(),
             internal: None,
@@ -135,6 +145,36 @@ impl ApiError {
         }
     }
 
+    /// 503 `StoreTimeout`: the store did not answer within the request's deadline, so
+    /// nothing is known to have been done; the client may retry. `cause` goes to the log.
+    pub fn store_timeout(cause: impl std::fmt::Display) -> Self {
+        ApiError {
+            reason: Some(STORE_TIMEOUT),
+            ..Self::unavailable(cause).with_message("the store did not answer in time; retry later")
+        }
+    }
+
+    /// 503 `OutcomeUnknown`: a write reached the store (or may have) but its answer did not
+    /// come back, so it may or may not have been applied. A blind retry could apply it twice
+    /// or undo someone else's change; the client must re-read first. `cause` goes to the log.
+    pub fn outcome_unknown(cause: impl std::fmt::Display) -> Self {
+        ApiError {
+            reason: Some(OUTCOME_UNKNOWN),
+            ..Self::unavailable(cause).with_message(
+                "the store did not confirm the write, which may or may not have been applied; \
+                 re-read before retrying",
+            )
+        }
+    }
+
+    /// The same error with another message for the client.
+    pub fn with_message(self, message: &str) -> Self {
+        ApiError {
+            message: message.into(),
+            ..self
+        }
+    }
+
     /// The HTTP status the response will carry.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -144,7 +184,9 @@ impl ApiError {
     pub fn body(&self) -> ErrorBody {
         ErrorBody {
             code: self.status.as_u16(),
-            reason: reason(self.status),
+            reason: self
+                .reason
+                .map_or_else(|| reason(self.status), String::from),
             message: self.message.clone(),
             causes: self.causes.clone(),
         }
@@ -160,6 +202,11 @@ impl ApiError {
         }
     }
 }
+
+/// The reason of [`ApiError::store_timeout`].
+pub const STORE_TIMEOUT: &str = "StoreTimeout";
+/// The reason of [`ApiError::outcome_unknown`].
+pub const OUTCOME_UNKNOWN: &str = "OutcomeUnknown";
 
 /// The CamelCase reason for a status: Kubernetes' names where they differ from HTTP's
 /// (422 is `Invalid`, 500 is `InternalError`), otherwise HTTP's reason phrase run together.
@@ -221,6 +268,7 @@ impl Violations {
 /// How store failures reach clients:
 /// - `NotFound` → 404, `Conflict` → 409, `Invalid` → 422, with the store's message.
 /// - `Unavailable` → 503, generic body: the client may retry once the store is back.
+/// - `OutcomeUnknown` → 503 `OutcomeUnknown`: the client re-reads before retrying.
 /// - `Forbidden` → 500, generic body: the store refused *this server's* credentials (its
 ///   Consul token), which no client can fix and a retry will not heal; the operator finds
 ///   the store's message in the log.
@@ -231,6 +279,7 @@ impl From<StoreError> for ApiError {
             StoreError::Conflict { .. } => Self::conflict(err.to_string()),
             StoreError::Invalid(_) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, err.to_string()),
             StoreError::Unavailable(_) => Self::unavailable(err),
+            StoreError::OutcomeUnknown(_) => Self::outcome_unknown(err),
             StoreError::Forbidden(_) => Self::internal(format!(
                 "the store refused the server's credentials (check --consul-token): {err}"
             )),
@@ -322,10 +371,33 @@ mod tests {
                 StoreError::Unavailable("down".into()),
                 StatusCode::SERVICE_UNAVAILABLE,
             ),
+            (
+                StoreError::OutcomeUnknown("lost".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
         ];
         for (err, status) in cases {
             assert_eq!(ApiError::from(err).status(), status);
         }
+    }
+
+    #[test]
+    fn store_timeouts_and_unknown_outcomes_have_reasons_of_their_own() {
+        let cases = [
+            (ApiError::unavailable("down"), "ServiceUnavailable"),
+            (ApiError::store_timeout("hung"), STORE_TIMEOUT),
+            (ApiError::outcome_unknown("lost"), OUTCOME_UNKNOWN),
+            (
+                ApiError::from(StoreError::OutcomeUnknown("lost".into())),
+                OUTCOME_UNKNOWN,
+            ),
+        ];
+        for (err, reason) in cases {
+            let body = err.body();
+            assert_eq!((body.code, body.reason.as_str()), (503, reason));
+        }
+        let unknown = ApiError::outcome_unknown("lost").body();
+        assert!(unknown.message.contains("re-read"), "{unknown:?}");
     }
 
     #[test]
@@ -334,6 +406,8 @@ mod tests {
         for err in [
             ApiError::from(StoreError::Forbidden(secret.into())),
             ApiError::from(StoreError::Unavailable(secret.into())),
+            ApiError::from(StoreError::OutcomeUnknown(secret.into())),
+            ApiError::store_timeout(secret),
             ApiError::internal(secret),
         ] {
             let body = err.body();

@@ -65,7 +65,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let served = server::run(
         listener,
-        App::draining_on(store.clone(), shutdown.clone()),
+        Arc::new(App {
+            store: store.clone(),
+            shutdown: shutdown.clone(),
+            limits: args.http.limits(),
+        }),
         shutdown.clone().cancelled_owned(),
     )
     .await;

@@ -1,13 +1,17 @@
 //! Wires every route, the OpenAPI document, the JSON fallbacks and the middleware together.
 
-use axum::extract::Request;
+use std::error::Error as _;
+use std::time::Duration;
+
+use axum::body::{to_bytes, Body, HttpBody};
+use axum::extract::{Query, Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::{HeaderName, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use http_body_util::LengthLimitError;
 use tower::ServiceBuilder;
-use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::{Level, Span};
@@ -16,12 +20,24 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::api;
-use crate::app::AppState;
+use crate::api::blocking::BlockingParams;
+use crate::app::{AppState, HttpLimits};
 use crate::error::{ApiError, Cause, ErrorBody};
 
 /// Largest request body accepted: generous for any resource (a value in the store is at most
 /// 512 KiB) while bounding what one request can make the server buffer.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Longest request target (path and query) accepted; longer ones are 414. Far above any
+/// URL the API builds, well below the HTTP layer's own limit of 64 KiB.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// Largest header section accepted, counted as sent; a larger one is 431.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
+/// Most headers accepted in one request; more are 431. The HTTP layer's own limit
+/// ([`crate::server`]) is set above it, so that this one answers with the JSON body.
+pub const MAX_HEADERS: usize = 100;
 
 /// Header carrying the request id, as most proxies and tracing tools expect.
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
@@ -67,20 +83,23 @@ pub fn api() -> OpenApiRouter<AppState> {
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI
 /// at `/docs`, JSON fallbacks and middleware.
 pub fn build(state: AppState) -> Router {
+    let limits = state.limits;
     let (routes, openapi) = api().split_for_parts();
     let routes = routes
         .merge(SwaggerUi::new("/docs").url("/openapi.json", openapi))
         .with_state(state);
-    with_middleware(routes)
+    with_middleware(routes, limits)
 }
 
-/// What every route gets: JSON 404 and 405, the body limit, request ids and a tracing span.
+/// What every route gets: JSON 404 and 405, limits on the request head and body, the
+/// request deadline, request ids and a tracing span.
 ///
 /// Call it last: the 405 fallback only reaches routes already added. Public so tests can wrap
 /// test-only routes exactly as the real ones are wrapped.
-pub fn with_middleware(router: Router) -> Router {
+pub fn with_middleware(router: Router, limits: HttpLimits) -> Router {
     // Outermost first: the request id exists before the span is opened, so every log line of
-    // the request carries it; `json_errors` sits outside the body limit to rewrite its 413.
+    // the request carries it; the body is read in full before the deadline starts, so a slow
+    // client is told 408 and a slow store 503.
     let layers = ServiceBuilder::new()
         .layer(SetRequestIdLayer::new(REQUEST_ID_HEADER, MakeRequestUuid))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID_HEADER))
@@ -90,7 +109,9 @@ pub fn with_middleware(router: Router) -> Router {
                 .on_response(DefaultOnResponse::new().level(Level::INFO)),
         )
         .layer(middleware::from_fn(json_errors))
-        .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES));
+        .layer(middleware::from_fn(head_limits))
+        .layer(middleware::from_fn_with_state(limits, read_body))
+        .layer(middleware::from_fn_with_state(limits, deadline));
     router
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
@@ -125,9 +146,110 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     )
 }
 
-/// Turns any error response that is not already JSON (the body limit's 413, axum's own
-/// rejections from extractors other than ours) into the one error shape, keeping its status
-/// and headers such as `Allow`.
+/// Refuses a request target or header section over our limits with 414 or 431 and the JSON
+/// body. The HTTP layer refuses only far larger ones (with empty bodies), so in practice
+/// every such refusal is this one.
+async fn head_limits(request: Request, next: Next) -> Response {
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |target| target.as_str().len());
+    if target > MAX_URI_BYTES {
+        return ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            format!("the request target is longer than the limit of {MAX_URI_BYTES} bytes"),
+        )
+        .into_response();
+    }
+    let headers = request.headers();
+    // As sent: `name: value` and CRLF.
+    let header_bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if headers.len() > MAX_HEADERS || header_bytes > MAX_HEADER_BYTES {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!(
+                "the request has more than {MAX_HEADERS} headers or more than \
+                 {MAX_HEADER_BYTES} bytes of them"
+            ),
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+/// Reads the request body in full, at most [`MAX_BODY_BYTES`] within `--body-read-timeout`,
+/// so that neither a large nor a trickling body holds the server, and handlers only ever see
+/// a body that has arrived.
+async fn read_body(State(limits): State<HttpLimits>, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than the limit of {MAX_BODY_BYTES} bytes"),
+        )
+        .into_response()
+    };
+    // A Content-Length over the limit is refused before reading anything.
+    if body.size_hint().lower() > MAX_BODY_BYTES as u64 {
+        return too_large();
+    }
+    let timeout = limits.body_read_timeout;
+    let bytes = match tokio::time::timeout(timeout, to_bytes(body, MAX_BODY_BYTES)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) if e.source().is_some_and(|e| e.is::<LengthLimitError>()) => return too_large(),
+        Ok(Err(e)) => {
+            return ApiError::bad_request(format!("the request body could not be read: {e}"))
+                .into_response()
+        }
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the request body did not arrive in full within {timeout:?}"),
+            )
+            .into_response()
+        }
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+/// Answers 503 once the request's deadline passes, whatever the handler is waiting for (in
+/// practice a hung store, whose client may otherwise retry for minutes).
+///
+/// A request cut short may have sent a write that the store applies later, so a cut write
+/// answers `OutcomeUnknown` (re-read before retrying) and a cut read `StoreTimeout`.
+async fn deadline(State(limits): State<HttpLimits>, request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let deadline = request_deadline(&limits, request.uri());
+    match tokio::time::timeout(deadline, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            let cause = format!("the request's deadline of {deadline:?} passed");
+            if method.is_safe() {
+                ApiError::store_timeout(cause).into_response()
+            } else {
+                ApiError::outcome_unknown(cause).into_response()
+            }
+        }
+    }
+}
+
+/// `--request-timeout`, plus for a blocking query its wait and the store's jitter of up to a
+/// sixteenth of it (as Consul adds). A query that does not parse gets the plain timeout: its
+/// handler refuses it at once.
+fn request_deadline(limits: &HttpLimits, uri: &Uri) -> Duration {
+    let wait = Query::<BlockingParams>::try_from_uri(uri)
+        .ok()
+        .and_then(|Query(params)| params.wait().ok().flatten())
+        .map_or(Duration::ZERO, |(_, wait)| wait + wait / 16);
+    limits.request_timeout + wait
+}
+
+/// Turns any error response that is not already JSON (axum's own rejections from extractors
+/// other than ours) into the one error shape, keeping its status and headers such as `Allow`.
 async fn json_errors(request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     let status = response.status();
@@ -139,14 +261,10 @@ async fn json_errors(request: Request, next: Next) -> Response {
     if is_json || !(status.is_client_error() || status.is_server_error()) {
         return response;
     }
-    let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-        format!("the request body is larger than the limit of {MAX_BODY_BYTES} bytes")
-    } else {
-        status
-            .canonical_reason()
-            .unwrap_or("request failed")
-            .to_lowercase()
-    };
+    let message = status
+        .canonical_reason()
+        .unwrap_or("request failed")
+        .to_lowercase();
     let (mut parts, _) = response.into_parts();
     let (json_parts, body) = ApiError::new(status, message).into_response().into_parts();
     parts.headers.remove(CONTENT_LENGTH);

@@ -1,18 +1,36 @@
-//! Serves the API on a listener until told to stop.
+//! Serves the API on a listener until told to stop, within the connection limits.
 
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::net::TcpListener;
+use axum::http::StatusCode;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 
 use crate::app::AppState;
-use crate::router;
+use crate::error::ApiError;
+use crate::router::{self, MAX_HEADERS};
+
+/// How long accepting pauses after a failure (such as running out of file descriptors), so
+/// that the loop does not spin while the cause lasts.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// Serves until `shutdown` completes, then stops accepting connections and returns once the
 /// requests in flight have been answered.
 ///
 /// The caller binds the listener, so tests can pass `127.0.0.1:0` and read the port back.
 /// Logs `listening on ADDR` first; end-to-end tests parse that line.
+///
+/// Each connection is HTTP/1.1 and is closed when it goes `--header-read-timeout` without a
+/// complete request head (silent, trickling or idle). At most `--max-connections` are open
+/// at once; past that, a new one is answered 503 at once and closed, so a flood of idle
+/// clients can neither exhaust the file descriptors nor leave newcomers hanging.
 pub async fn run(
     listener: TcpListener,
     state: AppState,
@@ -20,9 +38,72 @@ pub async fn run(
 ) -> io::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!("listening on {addr}");
-    axum::serve(listener, router::build(state))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let limits = state.limits;
+    let service = TowerToHyperService::new(router::build(state));
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        // Above the router's own limit, so that it answers with the JSON body.
+        .max_headers(4 * MAX_HEADERS);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let too_many = refusal();
+    let connections = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(ACCEPT_PAUSE).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refuse(&stream, &too_many);
+            continue;
+        };
+        let connection =
+            connections.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+        tokio::spawn(async move {
+            // Timeouts and clients hanging up end connections all the time: not worth more.
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    connections.shutdown().await;
     tracing::info!("server stopped; in-flight requests answered");
     Ok(())
+}
+
+/// The answer to a connection past the cap: a complete 503 with the JSON error body, sent
+/// before reading anything, and the connection closed.
+fn refusal() -> Vec<u8> {
+    let body = serde_json::to_vec(
+        &ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server has too many open connections; retry later",
+        )
+        .body(),
+    )
+    .expect("an error body serializes");
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    [head.into_bytes(), body].concat()
+}
+
+/// Writes `answer` without waiting (it fits any socket buffer) and drops the connection.
+fn refuse(stream: &TcpStream, answer: &[u8]) {
+    if let Err(e) = stream.try_write(answer) {
+        tracing::debug!(error = %e, "refusing a connection past the cap");
+    }
+    tracing::warn!("connection refused: too many open connections");
 }

@@ -642,7 +642,7 @@ async fn a_lost_cas_put_overtaken_by_another_writer_has_an_unknown_outcome() {
     let result = store(&server).put("rc/1", b"new", Cas::Index(20)).await;
 
     assert!(
-        matches!(&result, Err(StoreError::Unavailable(m)) if m.contains("outcome unknown")),
+        matches!(&result, Err(StoreError::OutcomeUnknown(_))),
         "{result:?}"
     );
 }
@@ -672,6 +672,30 @@ async fn a_lost_cas_put_that_did_not_land_is_unavailable() {
 }
 
 #[tokio::test]
+async fn a_lost_cas_put_whose_check_cannot_be_read_has_an_unknown_outcome() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .respond_with_err(drop_connection)
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("consistent", ""))
+        .respond_with(ResponseTemplate::new(500).set_body_string("No cluster leader"))
+        .mount(&server)
+        .await;
+
+    let result = store(&server).put("rc/1", b"new", Cas::Index(20)).await;
+
+    assert!(
+        matches!(&result, Err(StoreError::OutcomeUnknown(m)) if m.contains("No cluster leader")),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_plain_put_whose_answer_times_out_has_an_unknown_outcome() {
     let server = MockServer::start().await;
     Mock::given(method("PUT"))
@@ -689,7 +713,7 @@ async fn a_plain_put_whose_answer_times_out_has_an_unknown_outcome() {
     let result = store.put("rc/1", b"new", Cas::Any).await;
 
     assert!(
-        matches!(&result, Err(StoreError::Unavailable(m)) if m.contains("outcome unknown")),
+        matches!(&result, Err(StoreError::OutcomeUnknown(_))),
         "{result:?}"
     );
     // Nothing is re-read or re-sent for an unconditional put.
@@ -728,7 +752,7 @@ async fn a_lost_txn_answer_has_an_unknown_outcome() {
         .await;
 
     assert!(
-        matches!(&result, Err(StoreError::Unavailable(m)) if m.contains("outcome unknown")),
+        matches!(&result, Err(StoreError::OutcomeUnknown(_))),
         "{result:?}"
     );
 }

@@ -44,26 +44,30 @@ async fn get_healthz() -> ApiJson<Health> {
     ApiJson(HEALTHY)
 }
 
-/// Readiness: answers 200 only while the store answers.
+/// Readiness: answers 200 only while the store answers, within `--readiness-timeout`.
 ///
-/// While it fails, load balancers send traffic elsewhere; the body says why.
+/// While it fails, load balancers send traffic elsewhere; the body says why: a store that
+/// refuses is `ServiceUnavailable`, one that does not answer in time (hung) `StoreTimeout`.
 #[utoipa::path(
     get,
     path = "/readyz",
     tag = TAG,
     responses(
         (status = OK, description = "The store answers", body = Health),
-        (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
+        (status = SERVICE_UNAVAILABLE, description = "The store fails or does not answer in time", body = ErrorBody)
     )
 )]
 async fn get_readyz(State(app): State<AppState>) -> Result<ApiJson<Health>, ApiError> {
     // Unlike other 5xx bodies this one names the cause: telling the operator why the
     // instance is out of rotation is the point of the probe.
-    app.store.ping().await.map_err(|err| {
-        ApiError::new(
+    let timeout = app.limits.readiness_timeout;
+    match tokio::time::timeout(timeout, app.store.ping()).await {
+        Ok(Ok(())) => Ok(ApiJson(HEALTHY)),
+        Ok(Err(err)) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("store not ready: {err}"),
-        )
-    })?;
-    Ok(ApiJson(HEALTHY))
+        )),
+        Err(_) => Err(ApiError::store_timeout("readiness probe")
+            .with_message(&format!("store not ready: no answer within {timeout:?}"))),
+    }
 }

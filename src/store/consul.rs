@@ -102,8 +102,8 @@ impl ConsulStore {
                     "{lost}; a re-read shows the write was not applied"
                 )))
             }
-            _ => Err(StoreError::Unavailable(format!(
-                "{lost}; outcome unknown: the key changed since"
+            _ => Err(StoreError::OutcomeUnknown(format!(
+                "{lost}; the key changed since"
             ))),
         }
     }
@@ -123,7 +123,7 @@ impl ConsulStore {
         let mut url = self.http.kv_url(key);
         url.query_pairs_mut().append_key_only("consistent");
         let unknown = |e: StoreError| {
-            StoreError::Unavailable(format!("{lost}; outcome unknown, re-reading failed: {e}"))
+            StoreError::OutcomeUnknown(format!("{lost}; re-reading the key failed: {e}"))
         };
         let answer = self.http.read(url).await.map_err(unknown)?;
         if answer.status == StatusCode::NOT_FOUND {

@@ -52,6 +52,11 @@ pub enum StoreError {
     /// The store could not be reached or could not answer (transport, 5xx, no leader).
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// A write was sent but its answer was lost, and what the store holds now does not tell
+    /// whether it was applied: it may land (or have landed) or not. Unlike `Unavailable`,
+    /// retrying blindly may apply it twice or overwrite a newer write; re-read first.
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
     /// The request itself is wrong (bad key, oversized value, too many ops, bad TTL).
     #[error("invalid request: {0}")]
     Invalid(String),

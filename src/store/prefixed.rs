@@ -92,6 +92,7 @@ impl Prefixed {
         match error {
             StoreError::NotFound(m) => StoreError::NotFound(clean(m)),
             StoreError::Unavailable(m) => StoreError::Unavailable(clean(m)),
+            StoreError::OutcomeUnknown(m) => StoreError::OutcomeUnknown(clean(m)),
             StoreError::Invalid(m) => StoreError::Invalid(clean(m)),
             StoreError::Forbidden(m) => StoreError::Forbidden(clean(m)),
             StoreError::Conflict { message, failures } => StoreError::Conflict {

@@ -538,6 +538,7 @@ fn rpc_error(e: StoreError) -> Refusal {
     let message = match e {
         StoreError::NotFound(m)
         | StoreError::Unavailable(m)
+        | StoreError::OutcomeUnknown(m)
         | StoreError::Invalid(m)
         | StoreError::Forbidden(m) => m,
         StoreError::Conflict { message, .. } => message,

@@ -66,7 +66,7 @@ impl WriteFailure {
     pub(super) fn into_error(self) -> StoreError {
         match self {
             WriteFailure::Refused(e, _) | WriteFailure::NotSent(e) => e,
-            WriteFailure::Lost(lost) => StoreError::Unavailable(format!("{lost}; outcome unknown")),
+            WriteFailure::Lost(lost) => StoreError::OutcomeUnknown(lost),
         }
     }
 }
@@ -172,6 +172,10 @@ impl Http {
 
     /// A write, sent once. A 2xx answer is returned; an error status is `Refused` with its
     /// kind; a transport failure is `Lost` unless the request never left.
+    ///
+    /// A write is one HTTP request, which Consul applies whole or not at all: a caller that
+    /// drops this future (a request cut by its deadline) never leaves a half-done write in
+    /// the store, only a lost answer.
     pub(super) async fn write(
         &self,
         method: Method,
