@@ -6,10 +6,10 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use url::Url;
 
+use crate::kv::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL};
 use crate::labels::{validate_labels, Labels};
 use crate::model::parse_duration;
 use crate::simulator::SimulatorConfig;
-use crate::store::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL};
 
 /// HTTP/JSON control plane for P2-style deployments over Consul or an embedded SQLite store.
 #[derive(Debug, Parser)]

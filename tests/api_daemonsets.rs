@@ -8,8 +8,8 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use futures::future::join_all;
 use p2_apiserver::api::daemonsets::CreateDaemonSet;
+use p2_apiserver::kv::KvPair;
 use p2_apiserver::model::{AuditRecord, HealthRecord, HealthState};
-use p2_apiserver::store::KvPair;
 use serde_json::{json, Value};
 
 use common::{assert_operations, item_ids, TestApp, TestResponse};

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::StatusCode;
 use common::{labels, TestApp, TestResponse};
+use p2_apiserver::kv::{Cas, StoreError};
 use p2_apiserver::model::{HealthState, Manifest};
 use p2_apiserver::store::health::HealthStore;
 use p2_apiserver::store::labels::LabelRecord;
 use p2_apiserver::store::pods::{schedule_ops, unschedule_ops, PodLocation, PodStore, PodTree};
-use p2_apiserver::store::{Cas, StoreError};
 use serde_json::{json, Value};
 
 const UUID: &str = "7c9e6679-7425-40de-944b-e07fc1f90ae7";

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use p2_apiserver::kv::{Cas, SessionBehavior, SessionSpec};
 use p2_apiserver::router::MAX_BODY_BYTES;
-use p2_apiserver::store::{Cas, SessionBehavior, SessionSpec};
 use serde_json::{json, Value};
 
 use common::{assert_operations, item_ids, TestApp, TestResponse};

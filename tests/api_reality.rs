@@ -4,7 +4,7 @@ mod common;
 
 use axum::http::StatusCode;
 use common::{TestApp, TestResponse};
-use p2_apiserver::store::Cas;
+use p2_apiserver::kv::Cas;
 use serde_json::json;
 
 /// A manifest with a comment and odd spacing, which must survive byte for byte.

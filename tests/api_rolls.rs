@@ -9,11 +9,11 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use axum::http::StatusCode;
 use common::{assert_operations, item_ids, labels, TestApp, TestResponse};
+use p2_apiserver::kv::{Cas, SessionBehavior, SessionSpec};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::{HealthRecord, HealthState, StoredRc};
 use p2_apiserver::store::locks;
 use p2_apiserver::store::rcs::RcStore;
-use p2_apiserver::store::{Cas, SessionBehavior, SessionSpec};
 use serde_json::{json, Value};
 
 const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";

@@ -4,8 +4,8 @@
 mod common;
 
 use axum::http::StatusCode;
+use p2_apiserver::kv::Cas;
 use p2_apiserver::model::StoredRc;
-use p2_apiserver::store::Cas;
 use serde_json::{json, Value};
 
 use common::{TestApp, TestResponse};

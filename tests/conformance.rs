@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 #[path = "support/fake_consul.rs"]
 mod fake_consul;
 
-use p2_apiserver::store::{
+use p2_apiserver::kv::{
     open_store, Cas, ConsulOptions, KvStore, SessionBehavior, SessionSpec, StoreError, StoreUrl,
     TxnOp, WatchTarget, MAX_TXN_OPS, MAX_VALUE_BYTES,
 };

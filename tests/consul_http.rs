@@ -4,8 +4,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use p2_apiserver::store::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
-use p2_apiserver::store::{
+use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
+use p2_apiserver::kv::{
     Cas, KvPair, KvStore, SessionBehavior, SessionSpec, StoreError, TxnFailure, TxnOp, WatchTarget,
     MAX_VALUE_BYTES,
 };

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use farm_support::{Harness, MANIFEST};
+use p2_apiserver::kv::{Cas, KvStore};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::Manifest;
-use p2_apiserver::store::{Cas, KvStore};
 use serde_json::{json, Value};
 
 const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";

@@ -59,7 +59,7 @@ async fn schedules_scales_down_and_moves_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rcs_owned_by_another_farm_are_left_alone() {
-    use p2_apiserver::store::{SessionBehavior, SessionSpec};
+    use p2_apiserver::kv::{SessionBehavior, SessionSpec};
     let h = Harness::start().await;
     h.label(LabelType::Node, "node1", json!({"role": "web"}))
         .await;
@@ -82,7 +82,7 @@ async fn rcs_owned_by_another_farm_are_left_alone() {
         .put(
             &key,
             owned.to_string().as_bytes(),
-            p2_apiserver::store::Cas::Index(0),
+            p2_apiserver::kv::Cas::Index(0),
         )
         .await
         .unwrap();

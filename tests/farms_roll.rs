@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use farm_support::{Harness, MANIFEST};
+use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
-use p2_apiserver::store::Cas;
 use serde_json::json;
 
 const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";

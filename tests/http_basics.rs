@@ -15,11 +15,11 @@ use axum::http::{Request, StatusCode};
 use axum::routing::{get, post};
 use axum::Router;
 use p2_apiserver::api::extract::{ApiJson, ApiPath, ApiQuery};
-use p2_apiserver::router::{self, MAX_BODY_BYTES};
-use p2_apiserver::store::{
+use p2_apiserver::kv::{
     Cas, KvPair, KvStore, Listing, SessionInfo, SessionSpec, StoreError, StoreResult, TxnOp,
     WatchTarget,
 };
+use p2_apiserver::router::{self, MAX_BODY_BYTES};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -319,7 +319,7 @@ fn binary_serves_and_exits_0_on_sigterm() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let lock = runtime.block_on(async {
         let path = dir.path().join("p2.db").display().to_string();
-        let store = p2_apiserver::store::sqlite::SqliteStore::open(&path)
+        let store = p2_apiserver::kv::sqlite::SqliteStore::open(&path)
             .await
             .unwrap();
         store

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use p2_apiserver::farms::alerts::Alerter;
 use p2_apiserver::farms::FarmContext;
+use p2_apiserver::kv::sqlite::SqliteStore;
+use p2_apiserver::kv::{KvStore, SessionBehavior, StoreError, TxnOp};
 use p2_apiserver::leader::{self, current_leader, LeaderConfig, Term};
 use p2_apiserver::store::locks::LEADER_LOCK;
-use p2_apiserver::store::sqlite::SqliteStore;
-use p2_apiserver::store::{KvStore, SessionBehavior, StoreError, TxnOp};
 use tokio_util::sync::CancellationToken;
 
 fn config(holder: &str) -> LeaderConfig {
@@ -88,7 +88,7 @@ async fn farm_writes_are_fenced_by_the_session() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fence.db").display().to_string();
     let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-    let spec = p2_apiserver::store::SessionSpec {
+    let spec = p2_apiserver::kv::SessionSpec {
         name: "farm".into(),
         ttl: Duration::from_secs(10),
         lock_delay: Duration::ZERO,
@@ -118,7 +118,7 @@ async fn farm_writes_are_fenced_by_the_session() {
     // The session dies (it expired, say) while the farm still runs: its write is refused.
     store.destroy_session(&session).await.unwrap();
     store
-        .delete("intent/n1/hello", p2_apiserver::store::Cas::Any)
+        .delete("intent/n1/hello", p2_apiserver::kv::Cas::Any)
         .await
         .unwrap();
     assert!(matches!(

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use p2_apiserver::store::sqlite::SqliteStore;
-use p2_apiserver::store::{Cas, KvStore, SessionBehavior, SessionSpec, StoreError, WatchTarget};
+use p2_apiserver::kv::sqlite::SqliteStore;
+use p2_apiserver::kv::{Cas, KvStore, SessionBehavior, SessionSpec, StoreError, WatchTarget};
 
 async fn two_stores_on_one_file() -> (tempfile::TempDir, Arc<SqliteStore>, Arc<SqliteStore>) {
     let dir = tempfile::tempdir().unwrap();

@@ -33,6 +33,7 @@ use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::kv::{KvStore, StoreResult};
 use crate::labels::{LabelType, Requirement, Selector, DS_ID_LABEL};
 use crate::model::duration::{format_duration, parse_duration};
 use crate::model::{FieldError, HealthState, Manifest, StoredDaemonSet};
@@ -42,7 +43,6 @@ use crate::store::daemon_sets::{
 };
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
-use crate::store::{KvStore, StoreResult};
 
 /// OpenAPI tag of the daemon-set routes.
 pub const TAG: &str = "daemonsets";

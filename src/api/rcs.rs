@@ -25,6 +25,7 @@ use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::kv::{StoreError, TxnOp};
 use crate::labels::{
     label_key_problem, label_value_problem, validate_label_value, validate_labels_in, LabelType,
     Labeled, Labels, Requirement, Selector, AVAILABILITY_ZONE_LABEL, CLUSTER_NAME_LABEL,
@@ -34,7 +35,6 @@ use crate::model::{AllocationStrategy, FieldError, Manifest, StoredRc};
 use crate::store::labels::LabelStore;
 use crate::store::rcs::{RcRecord, RcStore, RC_TREE};
 use crate::store::rolls::RollStore;
-use crate::store::{StoreError, TxnOp};
 
 /// OpenAPI tag of the RC routes.
 pub const TAG: &str = "replication_controllers";

@@ -29,6 +29,7 @@ use crate::api::rcs::RcSpec;
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody};
+use crate::kv::{KvStore, StoreError};
 use crate::labels::{validate_labels_in, LabelType, Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::duration::{format_duration, parse_duration};
 use crate::model::{validate_counts, HealthState};
@@ -37,7 +38,6 @@ use crate::store::labels::LabelStore;
 use crate::store::rcs::{RcStore, RC_TREE};
 use crate::store::roll_creation::{CreateRollError, RcWithLabels, RollCreator, RollPlan, RollRcs};
 use crate::store::rolls::{RollRecord, RollStore, ROLL_TREE};
-use crate::store::{KvStore, StoreError};
 
 /// OpenAPI tag of the roll routes.
 pub const TAG: &str = "rolls";

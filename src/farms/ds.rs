@@ -35,13 +35,13 @@ use std::time::{Duration, SystemTime};
 use serde_json::json;
 use tokio::time::Instant;
 
+use crate::kv::{StoreError, StoreResult, TxnOp};
 use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
 use crate::model::{AuditRecord, DaemonSetEvent, HealthState, StoredDaemonSet};
 use crate::store::daemon_sets::{
     contends, DaemonSetFarmStatus, AUDIT_LOGS_PREFIX, DAEMON_SETS_PREFIX, FARM_STATUS_NAMESPACE,
 };
 use crate::store::locks::{self, LEADER_LOCK};
-use crate::store::{StoreError, StoreResult, TxnOp};
 
 use super::pods::{runs_intent, same_manifest, schedule_ops, unschedule_ops};
 use super::world::{PodKey, Versioned, World};

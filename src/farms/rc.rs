@@ -12,9 +12,10 @@ use std::time::SystemTime;
 use serde_json::json;
 use tokio::time::Instant;
 
+use crate::kv::{StoreError, StoreResult, TxnOp};
 use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::{AllocationStrategy, AuditRecord, HealthState, Manifest, StoredRc};
-use crate::store::{locks, StoreError, StoreResult, TxnOp};
+use crate::store::locks;
 
 use super::pods::{same_manifest, schedule_ops, unschedule_ops};
 use super::world::{PodKey, World};

@@ -14,11 +14,12 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
+use crate::kv::{StoreResult, TxnOp};
 use crate::labels::{LabelType, RC_ID_LABEL};
 use crate::model::{roll_step, AuditRecord, HealthState, StoredRc, StoredRoll};
+use crate::store::locks;
 use crate::store::rcs::RcStore;
 use crate::store::rolls::RollStore;
-use crate::store::{locks, StoreResult, TxnOp};
 
 use super::pods::same_manifest;
 use super::world::{Versioned, World};
@@ -159,7 +160,7 @@ impl RollFarm {
         if new.value.disabled || old.value.disabled {
             let new_counts = count(world, &spec.new_rc, &new.value);
             if new.value.disabled && new_counts.current != new_counts.desired {
-                return Err(crate::store::StoreError::Invalid(format!(
+                return Err(crate::kv::StoreError::Invalid(format!(
                     "the new RC is disabled with {} pods for {} replicas; refusing to enable it",
                     new_counts.current, new_counts.desired
                 )));

@@ -16,7 +16,7 @@ use crate::labels::{LabelType, Labeled, Selector};
 use crate::model::{AuditRecord, DaemonSetEvent, DecodeError, FieldError, StoredDaemonSet};
 
 use super::labels::LabelStore;
-use super::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 /// Where daemon sets live; with its trailing `/` so a listing cannot pick up a sibling tree
 /// whose name merely starts the same (a P2 weakness, §9.13).

@@ -18,7 +18,7 @@ use std::time::SystemTime;
 use crate::model::{HealthRecord, HealthState};
 
 use super::pods::PodLocation;
-use super::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 const ROOT: &str = "health/";
 

@@ -17,7 +17,7 @@ use crate::labels::{LabelType, Labels};
 use crate::model::Manifest;
 
 use super::labels::{write_op, LabelRecord};
-use super::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 /// A node name as it may appear in new keys: one key segment without whitespace.
 pub fn validate_node_name(node: &str) -> Result<(), String> {

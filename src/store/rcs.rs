@@ -10,7 +10,8 @@ use crate::labels::{LabelType, Labels};
 use crate::model::StoredRc;
 
 use super::labels::{write_op, LabelStore};
-use super::{locks, KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use super::locks;
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 /// Where RCs live.
 pub const RC_TREE: &str = "replication_controllers/";

@@ -12,9 +12,10 @@ use crate::labels::{LabelType, Labels, Selector, POD_ID_LABEL};
 use crate::model::{StoredRc, StoredRoll};
 
 use super::labels::{write_op, LabelStore};
+use super::locks;
 use super::rcs::{rc_key, RcStore};
 use super::rolls::{RollRecord, RollStore};
-use super::{locks, KvPair, KvStore, SessionBehavior, SessionSpec, StoreError, TxnFailure, TxnOp};
+use crate::kv::{KvPair, KvStore, SessionBehavior, SessionSpec, StoreError, TxnFailure, TxnOp};
 
 /// Name of the creation session, which is also the value of the locks it takes: P2 names
 /// its session this way and lock values only tell people who holds the lock.

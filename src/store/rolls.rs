@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::labels::LabelType;
 use crate::model::StoredRoll;
 
-use super::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 /// Where rolls live.
 pub const ROLL_TREE: &str = "rolls/";

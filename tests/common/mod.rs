@@ -23,12 +23,12 @@ use axum::Router;
 use http_body_util::BodyExt;
 use p2_apiserver::app::App;
 use p2_apiserver::error::ErrorBody;
+use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
+use p2_apiserver::kv::prefixed::Prefixed;
+use p2_apiserver::kv::sqlite::SqliteStore;
+use p2_apiserver::kv::{Cas, KvPair, KvStore, StoreUrl};
 use p2_apiserver::labels::Labels;
 use p2_apiserver::router;
-use p2_apiserver::store::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
-use p2_apiserver::store::prefixed::Prefixed;
-use p2_apiserver::store::sqlite::SqliteStore;
-use p2_apiserver::store::{Cas, KvPair, KvStore, StoreUrl};
 use tempfile::TempDir;
 use tower::ServiceExt;
 

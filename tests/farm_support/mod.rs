@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use p2_apiserver::farms::{self, alerts::Alerter};
+use p2_apiserver::kv::sqlite::SqliteStore;
+use p2_apiserver::kv::{Cas, KvStore, SessionBehavior};
 use p2_apiserver::labels::{LabelType, Labels};
 use p2_apiserver::leader::{self, LeaderConfig};
-use p2_apiserver::store::sqlite::SqliteStore;
-use p2_apiserver::store::{Cas, KvStore, SessionBehavior};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 

@@ -262,8 +262,8 @@ impl KvStore for Prefixed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::sqlite::SqliteStore;
-    use crate::store::SessionBehavior;
+    use crate::kv::sqlite::SqliteStore;
+    use crate::kv::SessionBehavior;
 
     const NS: &str = "p2-apiserver-test/ns/";
 

@@ -8,8 +8,8 @@ use reqwest::{Method, StatusCode};
 use url::Url;
 
 use super::{ConsulConfig, ConsulTimeouts};
-use crate::store::backoff::Backoff;
-use crate::store::{StoreError, StoreResult};
+use crate::backoff::Backoff;
+use crate::kv::{StoreError, StoreResult};
 
 /// How many times an idempotent read is tried again after a transport error or a 5xx.
 const READ_RETRIES: u32 = 3;

@@ -6,7 +6,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::store::{
+use crate::kv::{
     KvPair, SessionBehavior, SessionInfo, SessionSpec, StoreError, StoreResult, TxnFailure, TxnOp,
 };
 
