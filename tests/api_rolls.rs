@@ -12,7 +12,7 @@ use common::{assert_operations, item_ids, labels, TestApp, TestResponse};
 use p2_apiserver::kv::{Cas, SessionBehavior, SessionSpec};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::{HealthRecord, HealthState, StoredRc};
-use p2_apiserver::store::locks;
+use p2_apiserver::store::layout;
 use p2_apiserver::store::rcs::RcStore;
 use serde_json::{json, Value};
 
@@ -360,7 +360,7 @@ async fn a_held_update_creation_lock_is_409() {
         })
         .await
         .unwrap();
-    let lock = locks::rc_update_creation(&old);
+    let lock = layout::rc_update_creation(&old);
     assert!(app
         .store
         .acquire(&lock, b"p2-rctl", &session)

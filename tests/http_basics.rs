@@ -323,7 +323,7 @@ fn binary_serves_and_exits_0_on_sigterm() {
             .await
             .unwrap();
         store
-            .get(p2_apiserver::store::locks::LEADER_LOCK)
+            .get(p2_apiserver::store::layout::LEADER_LOCK)
             .await
             .unwrap()
     });

@@ -9,7 +9,7 @@ use p2_apiserver::farms::FarmContext;
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{KvStore, SessionBehavior, StoreError, TxnOp};
 use p2_apiserver::leader::{self, current_leader, LeaderConfig, Term};
-use p2_apiserver::store::locks::LEADER_LOCK;
+use p2_apiserver::store::layout::LEADER_LOCK;
 use tokio_util::sync::CancellationToken;
 
 fn config(holder: &str) -> LeaderConfig {

@@ -33,7 +33,8 @@ use crate::labels::{
 };
 use crate::model::{AllocationStrategy, FieldError, Manifest, StoredRc};
 use crate::store::labels::LabelStore;
-use crate::store::rcs::{RcRecord, RcStore, RC_TREE};
+use crate::store::layout;
+use crate::store::rcs::{RcRecord, RcStore};
 use crate::store::rolls::RollStore;
 
 /// OpenAPI tag of the RC routes.
@@ -432,7 +433,7 @@ async fn list_rcs(
     let selector = selector_param(params.selector.as_deref())?.unwrap_or_else(Selector::everything);
     paging.check()?;
     let prefixes = [
-        RC_TREE.to_owned(),
+        layout::RCS.to_owned(),
         LabelType::ReplicationController.key_prefix(),
         LabelType::Pod.key_prefix(),
     ];

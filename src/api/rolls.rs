@@ -35,15 +35,13 @@ use crate::model::duration::{format_duration, parse_duration};
 use crate::model::{validate_counts, HealthState};
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
-use crate::store::rcs::{RcStore, RC_TREE};
+use crate::store::layout;
+use crate::store::rcs::RcStore;
 use crate::store::roll_creation::{CreateRollError, RcWithLabels, RollCreator, RollPlan, RollRcs};
-use crate::store::rolls::{RollRecord, RollStore, ROLL_TREE};
+use crate::store::rolls::{RollRecord, RollStore};
 
 /// OpenAPI tag of the roll routes.
 pub const TAG: &str = "rolls";
-
-/// Where pods' health records live (`health/<pod-id>/<node>`).
-const HEALTH_TREE: &str = "health/";
 
 /// The roll routes.
 pub fn router() -> OpenApiRouter<AppState> {
@@ -303,11 +301,11 @@ async fn delete_roll(
 /// Everything a roll view shows comes from these trees.
 fn watched_prefixes() -> Vec<String> {
     vec![
-        ROLL_TREE.to_owned(),
+        layout::ROLLS.to_owned(),
         LabelType::Rolls.key_prefix(),
-        RC_TREE.to_owned(),
+        layout::RCS.to_owned(),
         LabelType::Pod.key_prefix(),
-        HEALTH_TREE.to_owned(),
+        layout::HEALTH.to_owned(),
     ]
 }
 

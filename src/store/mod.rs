@@ -4,7 +4,7 @@
 pub mod daemon_sets;
 pub mod health;
 pub mod labels;
-pub mod locks;
+pub mod layout;
 pub mod pods;
 pub mod rcs;
 pub mod roll_creation;
