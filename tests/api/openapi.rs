@@ -4,9 +4,7 @@
 //! After an intended API change, regenerate the committed copy with
 //! `UPDATE_OPENAPI=1 cargo test --test openapi`.
 
-mod common;
-
-use common::TestApp;
+use crate::support::api::TestApp;
 use p2_apiserver::router;
 
 const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");

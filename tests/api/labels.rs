@@ -1,8 +1,6 @@
 //! `/api/v1/labels`: reads, replaces, merge patches, deletes, selector lists with paging and
 //! blocking, preconditions, validation, and the stored format.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +8,7 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
-use common::{item_ids, TestApp, TestResponse};
+use crate::support::api::{item_ids, TestApp, TestResponse};
 
 const NODE: &str = "/api/v1/labels/node/node17.example.com";
 const POD: &str = "/api/v1/labels/pod/node17.example.com/hello";

@@ -1,14 +1,12 @@
 //! Compatibility with P2's own tools: what the API stores is byte for byte what P2 writes,
 //! and documents P2 wrote survive reads and patches unchanged apart from the patched fields.
 
-mod common;
-
 use axum::http::StatusCode;
 use p2_apiserver::kv::Cas;
 use p2_apiserver::model::StoredRc;
 use serde_json::{json, Value};
 
-use common::{TestApp, TestResponse};
+use crate::support::api::{TestApp, TestResponse};
 
 // ---- Replication controllers (§1.3) ----
 

@@ -1,14 +1,12 @@
 //! The rolling-update API: the three creation forms, P2's preconditions, validation,
 //! progress, listing, cancelling, and compatibility with rolls written by P2.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::support::api::{assert_operations, item_ids, labels, TestApp, TestResponse};
 use axum::http::StatusCode;
-use common::{assert_operations, item_ids, labels, TestApp, TestResponse};
 use p2_apiserver::kv::{Cas, SessionBehavior, SessionSpec};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::{HealthRecord, HealthState, StoredRc};

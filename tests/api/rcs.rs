@@ -1,8 +1,6 @@
 //! The replication controller routes: create, list (selectors, paging, blocking), get with
 //! status, patch (merge patch, If-Match, retries, the mutation lock) and delete.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +10,7 @@ use p2_apiserver::kv::{Cas, SessionBehavior, SessionSpec};
 use p2_apiserver::router::MAX_BODY_BYTES;
 use serde_json::{json, Value};
 
-use common::{assert_operations, item_ids, TestApp, TestResponse};
+use crate::support::api::{assert_operations, item_ids, TestApp, TestResponse};
 
 const MANIFEST: &str = "id: hello\n# kept verbatim\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
 

@@ -1,10 +1,8 @@
 //! The RC farm, driven directly against the embedded store (no HTTP).
 
-mod farm_support;
-
 use std::time::Duration;
 
-use farm_support::{Harness, MANIFEST};
+use crate::support::farms::{Harness, MANIFEST};
 use p2_apiserver::labels::LabelType;
 use serde_json::json;
 

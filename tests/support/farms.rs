@@ -1,8 +1,6 @@
 //! A store with the leader campaign and the farms running on it, and helpers to arrange and
 //! observe state behind their back.
 
-#![allow(dead_code)]
-
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,11 +1,9 @@
 //! The DS farm, driven directly against the embedded store (no HTTP).
 
-mod farm_support;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use farm_support::{Harness, MANIFEST};
+use crate::support::farms::{Harness, MANIFEST};
 use p2_apiserver::kv::{Cas, KvStore};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::Manifest;

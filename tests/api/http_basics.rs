@@ -1,8 +1,6 @@
 //! What every route shares: probes, JSON errors, request ids, the body limit, and the
 //! binary's start and graceful stop.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
@@ -23,7 +21,7 @@ use p2_apiserver::router::{self, MAX_BODY_BYTES};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use common::{call, TestApp};
+use crate::support::api::{call, TestApp};
 
 #[tokio::test]
 async fn healthz_answers_ok() {

@@ -7,10 +7,8 @@
 //! works in a namespace of its own while the tests run side by side, as on a shared agent.
 
 // Each test crate uses its own subset of these helpers.
-#![allow(dead_code)]
 
-#[path = "../support/fake_consul.rs"]
-mod fake_consul;
+use super::fake_consul;
 
 use std::io::Write as _;
 use std::path::Path;

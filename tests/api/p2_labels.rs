@@ -1,15 +1,13 @@
 //! P2's own label routes (`/api/labels`, `/api/select`): P2's shapes and statuses, pod ids
 //! with `/`, validation and 4xx for bad bodies.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
-use common::{TestApp, TestResponse};
+use crate::support::api::{TestApp, TestResponse};
 
 async fn put(app: &TestApp, path: &str, body: Value) -> TestResponse {
     app.send_json("PUT", path, &[], &body).await

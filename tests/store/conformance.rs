@@ -11,8 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[path = "support/fake_consul.rs"]
-mod fake_consul;
+use crate::support::fake_consul;
 
 use p2_apiserver::kv::{
     open_store, Cas, ConsulOptions, KvStore, SessionBehavior, SessionSpec, StoreError, StoreUrl,

@@ -3,13 +3,11 @@
 //!
 //! The daemon-set tests need the DS farm.
 
-mod e2e_support;
-
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use e2e_support::{eventually, labels, manifest, Api, Scratch, Server, Sim, CONVERGE};
+use crate::support::e2e::{eventually, labels, manifest, Api, Scratch, Server, Sim, CONVERGE};
 use p2_apiserver::api::pod_health::HealthStatus;
 use p2_apiserver::api::pods::Pod;
 use p2_apiserver::api::rcs::RcView;

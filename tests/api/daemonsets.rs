@@ -1,8 +1,6 @@
 //! `/api/v1/daemonsets`: every route, its errors, P2's stored format, audit records,
 //! contention, rollout status and concurrent writers.
 
-mod common;
-
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -12,7 +10,7 @@ use p2_apiserver::kv::KvPair;
 use p2_apiserver::model::{AuditRecord, HealthRecord, HealthState};
 use serde_json::{json, Value};
 
-use common::{assert_operations, item_ids, TestApp, TestResponse};
+use crate::support::api::{assert_operations, item_ids, TestApp, TestResponse};
 
 const MANIFEST: &str = "id: p2-log-shipper\nlaunchables:\n  shipper:\n    launchable_type: hoist\n    location: https://artifacts.example.com/shipper_ab12.tar.gz\nconfig: {}\n";
 

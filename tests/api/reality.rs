@@ -1,9 +1,7 @@
 //! The intent read, reality reports and health withdrawal, the routes a node agent uses.
 
-mod common;
-
+use crate::support::api::{TestApp, TestResponse};
 use axum::http::StatusCode;
-use common::{TestApp, TestResponse};
 use p2_apiserver::kv::Cas;
 use serde_json::json;
 

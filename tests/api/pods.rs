@@ -1,12 +1,10 @@
 //! Nodes, pods and pod health over the API, and the pod and health stores under it.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
+use crate::support::api::{labels, TestApp, TestResponse};
 use axum::body::Body;
 use axum::http::StatusCode;
-use common::{labels, TestApp, TestResponse};
 use p2_apiserver::kv::{Cas, StoreError};
 use p2_apiserver::model::{HealthState, Manifest};
 use p2_apiserver::store::health::HealthStore;

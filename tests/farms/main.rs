@@ -1,0 +1,9 @@
+//! The farms and leader election, driven directly against a store.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod ds;
+mod leader;
+mod rc;
+mod roll;
