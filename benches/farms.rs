@@ -16,15 +16,15 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use p2_apiserver::app::App;
 use p2_apiserver::farms::{self, alerts::Alerter};
+use p2_apiserver::kv::sqlite::SqliteStore;
+use p2_apiserver::kv::{
+    Cas, KvPair, KvStore, Listing, SessionBehavior, SessionInfo, SessionSpec, StoreResult, TxnOp,
+    WatchTarget,
+};
 use p2_apiserver::labels::Labels;
 use p2_apiserver::leader::{self, LeaderConfig};
 use p2_apiserver::server;
 use p2_apiserver::simulator::{self, SimulatorConfig};
-use p2_apiserver::store::sqlite::SqliteStore;
-use p2_apiserver::store::{
-    Cas, KvPair, KvStore, Listing, SessionBehavior, SessionInfo, SessionSpec, StoreResult, TxnOp,
-    WatchTarget,
-};
 use tokio_util::sync::CancellationToken;
 
 /// Counts every call the farms make to the store, by operation.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::store::KvStore;
+use crate::kv::KvStore;
 
 /// The server's long-lived dependencies. Each field says why handlers need it; anything added
 /// here must be cheap to share, because every request holds a reference.

@@ -7,10 +7,10 @@ use clap::{Args, Parser, Subcommand};
 use url::Url;
 
 use crate::app::HttpLimits;
+use crate::kv::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL};
 use crate::labels::{validate_labels, Labels};
 use crate::model::parse_duration;
 use crate::simulator::SimulatorConfig;
-use crate::store::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL};
 
 /// HTTP/JSON control plane for P2-style deployments over Consul or an embedded SQLite store.
 #[derive(Debug, Parser)]

@@ -22,7 +22,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::store::StoreError;
+use crate::kv::StoreError;
 
 /// The body of every error response, shaped like a Kubernetes `Status` so clients branch on
 /// `reason` and show `message`.

@@ -22,10 +22,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
+use crate::backoff::Backoff;
+use crate::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, StoreResult, WatchTarget};
 use crate::model::timestamp::format_rfc3339;
-use crate::store::backoff::Backoff;
-use crate::store::locks::LEADER_LOCK;
-use crate::store::{KvStore, SessionBehavior, SessionSpec, StoreError, StoreResult, WatchTarget};
+use crate::store::layout::LEADER_LOCK;
 
 /// How a server takes part in the election.
 #[derive(Debug, Clone)]

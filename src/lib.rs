@@ -10,8 +10,11 @@
 //! - [`labels`]: label types, label validity rules and Kubernetes-style selectors.
 //! - [`model`]: stored document types (manifests, RCs, rolls, daemon sets, health, audit)
 //!   and the pure domain rules around them.
-//! - [`store`]: the Consul-shaped KV trait, its SQLite and Consul backends, and the typed
-//!   stores built on it.
+//! - [`kv`]: the key-value engine: the Consul-shaped trait, its SQLite and Consul backends,
+//!   with no knowledge of P2.
+//! - [`store`]: P2's repositories over [`kv`] (RCs, rolls, daemon sets, labels, pods,
+//!   health), in P2's key layout.
+//! - [`backoff`]: exponential backoff with jitter for anything that retries.
 //! - [`leader`]: leader election over a store session and lock; the leader runs the farms.
 //! - [`farms`]: the RC, roll and daemon-set reconcilers, driven by shared tree watches.
 //! - [`simulator`]: simulated nodes that act as node agents through the REST API, for the
@@ -19,9 +22,11 @@
 
 pub mod api;
 pub mod app;
+pub mod backoff;
 pub mod config;
 pub mod error;
 pub mod farms;
+pub mod kv;
 pub mod labels;
 pub mod leader;
 pub mod model;

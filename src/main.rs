@@ -14,10 +14,10 @@ use tracing_subscriber::EnvFilter;
 use p2_apiserver::app::App;
 use p2_apiserver::config::{Cli, Command, FarmArgs, ServeArgs, SimulateArgs};
 use p2_apiserver::farms::{self, alerts::Alerter};
+use p2_apiserver::kv::{open_store, KvStore};
 use p2_apiserver::leader::{self, LeaderConfig};
 use p2_apiserver::server;
 use p2_apiserver::simulator;
-use p2_apiserver::store::{open_store, KvStore};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

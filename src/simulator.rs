@@ -36,9 +36,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::pod_health::HealthStatus;
+use crate::backoff::Backoff;
 use crate::labels::{validate_labels, Labels};
 use crate::model::Manifest;
-use crate::store::backoff::Backoff;
 use crate::store::pods::validate_node_name;
 
 /// How long one blocking query of the pod listing is held by the server.
@@ -579,8 +579,8 @@ mod tests {
 
     use super::*;
     use crate::app::App;
-    use crate::store::sqlite::SqliteStore;
-    use crate::store::{Cas, KvStore};
+    use crate::kv::sqlite::SqliteStore;
+    use crate::kv::{Cas, KvStore};
 
     fn config(server: Url, nodes: usize, unhealthy_fraction: f64) -> SimulatorConfig {
         SimulatorConfig {

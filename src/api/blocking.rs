@@ -14,8 +14,8 @@ use utoipa::IntoParams;
 
 use crate::app::App;
 use crate::error::ApiError;
+use crate::kv::{KvStore, StoreResult, WatchTarget, MAX_WATCH_WAIT};
 use crate::model::duration::parse_duration;
-use crate::store::{KvStore, StoreResult, WatchTarget, MAX_WATCH_WAIT};
 
 /// The header carrying a listing's index.
 pub const INDEX_HEADER: HeaderName = HeaderName::from_static("x-index");

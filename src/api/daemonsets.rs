@@ -33,16 +33,16 @@ use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::kv::{KvStore, StoreResult};
 use crate::labels::{LabelType, Requirement, Selector, DS_ID_LABEL};
 use crate::model::duration::{format_duration, parse_duration};
 use crate::model::{FieldError, HealthState, Manifest, StoredDaemonSet};
 use crate::store::daemon_sets::{
     parse_daemon_set_id, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
-    DAEMON_SETS_PREFIX,
 };
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
-use crate::store::{KvStore, StoreResult};
+use crate::store::layout;
 
 /// OpenAPI tag of the daemon-set routes.
 pub const TAG: &str = "daemonsets";
@@ -237,7 +237,7 @@ async fn list_daemon_sets(
     ApiQuery(blocking): ApiQuery<BlockingParams>,
 ) -> Result<impl IntoResponse, ApiError> {
     blocking
-        .block(&app, &[DAEMON_SETS_PREFIX.to_owned()])
+        .block(&app, &[layout::DAEMON_SETS.to_owned()])
         .await?;
     let (index, records) = DaemonSetStore::new(app.store.clone()).list().await?;
     let items = records

@@ -29,12 +29,12 @@ use crate::api::paging::{Page, PageParams};
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
+use crate::kv::StoreError;
 use crate::labels::{
     label_key_problem, label_value_problem, validate_labels, LabelType, Labeled, Labels,
     ParseLabelTypeError, Selector,
 };
 use crate::store::labels::{LabelRecord, LabelStore};
-use crate::store::StoreError;
 
 /// OpenAPI tag of these routes.
 pub const TAG: &str = "labels";

@@ -23,10 +23,10 @@ use crate::api::pods::check_list_params;
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
+use crate::kv::{Cas, StoreError};
 use crate::model::HealthState;
 use crate::store::health::{HealthEntry, HealthStore};
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation};
-use crate::store::{Cas, StoreError};
 
 /// OpenAPI tag of the pod health routes (`health` is the probes').
 pub const TAG: &str = "pod-health";

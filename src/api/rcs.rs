@@ -25,6 +25,7 @@ use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::kv::{StoreError, TxnOp};
 use crate::labels::{
     label_key_problem, label_value_problem, validate_label_value, validate_labels_in, LabelType,
     Labeled, Labels, Requirement, Selector, AVAILABILITY_ZONE_LABEL, CLUSTER_NAME_LABEL,
@@ -32,9 +33,9 @@ use crate::labels::{
 };
 use crate::model::{AllocationStrategy, FieldError, Manifest, StoredRc};
 use crate::store::labels::LabelStore;
-use crate::store::rcs::{RcRecord, RcStore, RC_TREE};
+use crate::store::layout;
+use crate::store::rcs::{RcRecord, RcStore};
 use crate::store::rolls::RollStore;
-use crate::store::{StoreError, TxnOp};
 
 /// OpenAPI tag of the RC routes.
 pub const TAG: &str = "replication_controllers";
@@ -432,7 +433,7 @@ async fn list_rcs(
     let selector = selector_param(params.selector.as_deref())?.unwrap_or_else(Selector::everything);
     paging.check()?;
     let prefixes = [
-        RC_TREE.to_owned(),
+        layout::RCS.to_owned(),
         LabelType::ReplicationController.key_prefix(),
         LabelType::Pod.key_prefix(),
     ];

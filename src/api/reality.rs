@@ -23,9 +23,9 @@ use crate::api::preconditions::etag;
 use crate::api::rcs::manifest_causes;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::kv::{Cas, TxnOp};
 use crate::model::Manifest;
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation, PodTree};
-use crate::store::{Cas, TxnOp};
 
 /// OpenAPI tag of the reality routes (the intent route is under the pods tag).
 pub const TAG: &str = "reality";

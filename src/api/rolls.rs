@@ -29,21 +29,19 @@ use crate::api::rcs::RcSpec;
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody};
+use crate::kv::{KvStore, StoreError};
 use crate::labels::{validate_labels_in, LabelType, Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::duration::{format_duration, parse_duration};
 use crate::model::{validate_counts, HealthState};
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
-use crate::store::rcs::{RcStore, RC_TREE};
+use crate::store::layout;
+use crate::store::rcs::RcStore;
 use crate::store::roll_creation::{CreateRollError, RcWithLabels, RollCreator, RollPlan, RollRcs};
-use crate::store::rolls::{RollRecord, RollStore, ROLL_TREE};
-use crate::store::{KvStore, StoreError};
+use crate::store::rolls::{RollRecord, RollStore};
 
 /// OpenAPI tag of the roll routes.
 pub const TAG: &str = "rolls";
-
-/// Where pods' health records live (`health/<pod-id>/<node>`).
-const HEALTH_TREE: &str = "health/";
 
 /// The roll routes.
 pub fn router() -> OpenApiRouter<AppState> {
@@ -303,11 +301,11 @@ async fn delete_roll(
 /// Everything a roll view shows comes from these trees.
 fn watched_prefixes() -> Vec<String> {
     vec![
-        ROLL_TREE.to_owned(),
+        layout::ROLLS.to_owned(),
         LabelType::Rolls.key_prefix(),
-        RC_TREE.to_owned(),
+        layout::RCS.to_owned(),
         LabelType::Pod.key_prefix(),
-        HEALTH_TREE.to_owned(),
+        layout::HEALTH.to_owned(),
     ]
 }
 

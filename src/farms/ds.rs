@@ -35,13 +35,11 @@ use std::time::{Duration, SystemTime};
 use serde_json::json;
 use tokio::time::Instant;
 
+use crate::kv::{StoreError, StoreResult, TxnOp};
 use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
 use crate::model::{AuditRecord, DaemonSetEvent, HealthState, StoredDaemonSet};
-use crate::store::daemon_sets::{
-    contends, DaemonSetFarmStatus, AUDIT_LOGS_PREFIX, DAEMON_SETS_PREFIX, FARM_STATUS_NAMESPACE,
-};
-use crate::store::locks::{self, LEADER_LOCK};
-use crate::store::{StoreError, StoreResult, TxnOp};
+use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
+use crate::store::layout::{self, LEADER_LOCK};
 
 use super::pods::{runs_intent, same_manifest, schedule_ops, unschedule_ops};
 use super::world::{PodKey, Versioned, World};
@@ -112,7 +110,7 @@ impl Farm for DsFarm {
                 return None;
             }
             if !ctx
-                .claim(world, &mut self.retries, id, &locks::ds_ownership(id))
+                .claim(world, &mut self.retries, id, &layout::ds_ownership(id))
                 .await
             {
                 continue;
@@ -145,7 +143,7 @@ impl DsFarm {
         id: &str,
         ds: &Versioned<StoredDaemonSet>,
     ) -> StoreResult<Option<Instant>> {
-        let lock = locks::ds_ownership(id);
+        let lock = layout::ds_ownership(id);
         if !ds.value.disabled {
             if let Some((rival_id, rival)) = older_contender(world, disabled_now, id, ds) {
                 disable(ctx, id, ds, rival_id, &rival.value).await?;
@@ -210,7 +208,7 @@ impl DsFarm {
         lock: &str,
         status: DaemonSetFarmStatus,
     ) -> StoreResult<()> {
-        let key = status_key(id);
+        let key = layout::ds_farm_status(id);
         if !self.published.contains_key(id) {
             let stored = ctx
                 .store
@@ -251,7 +249,7 @@ impl DsFarm {
                 tracing::debug!(ds = %ds_id, "no daemon sets listed; keeping pods of one never seen");
                 continue;
             }
-            let owner = world.lock_holder(&locks::ds_ownership(ds_id));
+            let owner = world.lock_holder(&layout::ds_ownership(ds_id));
             if owner.is_some_and(|session| session != ctx.session)
                 || self.present.contains_key(ds_id)
                 || !self.retries.ready(&retry_key)
@@ -276,12 +274,7 @@ impl DsFarm {
         ds_id: &str,
         pods: &[PodKey],
     ) -> StoreResult<()> {
-        if ctx
-            .store
-            .get(&format!("{DAEMON_SETS_PREFIX}{ds_id}"))
-            .await?
-            .is_some()
-        {
+        if ctx.store.get(&layout::daemon_set(ds_id)).await?.is_some() {
             tracing::warn!(ds = %ds_id, "a daemon set that cannot be read keeps its pods");
             self.present
                 .insert(ds_id.to_owned(), Instant::now() + RECHECK_PRESENT);
@@ -356,16 +349,16 @@ async fn disable(
     );
     let ops = vec![
         TxnOp::Cas {
-            key: format!("{DAEMON_SETS_PREFIX}{id}"),
+            key: layout::daemon_set(id),
             value: disabled.to_json(),
             index: ds.index,
         },
         TxnOp::Set {
-            key: format!("{AUDIT_LOGS_PREFIX}{}", uuid::Uuid::new_v4()),
+            key: layout::new_audit_log(),
             value: record.to_json(),
         },
     ];
-    ctx.commit(&locks::ds_ownership(id), ops).await?;
+    ctx.commit(&layout::ds_ownership(id), ops).await?;
     tracing::warn!(ds = %id, contends_with = %rival_id, "disabled a contending daemon set");
     ctx.alerts
         .low(
@@ -379,12 +372,6 @@ async fn disable(
         )
         .await;
     Ok(())
-}
-
-/// The status record's key. Built from the ID as listed; for the canonical IDs the API
-/// accepts this is `store::daemon_sets::farm_status_key`.
-fn status_key(id: &str) -> String {
-    format!("status/daemon_sets/{id}/{FARM_STATUS_NAMESPACE}")
 }
 
 /// When a node that started waiting at `since` is given up on; `None` for a zero timeout.
@@ -561,7 +548,7 @@ async fn apply(
     ds: &StoredDaemonSet,
     plan: &Plan,
 ) -> StoreResult<()> {
-    let lock = locks::ds_ownership(id);
+    let lock = layout::ds_ownership(id);
     let labels: Labels = [(DS_ID_LABEL.to_owned(), id.to_owned())].into();
     let pod_id = ds.manifest.pod_id();
     let manifest = &ds.manifest;

@@ -30,10 +30,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backoff::Backoff;
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 use crate::leader::Term;
-use crate::store::backoff::Backoff;
-use crate::store::locks::LEADER_LOCK;
-use crate::store::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::store::layout::LEADER_LOCK;
 
 use alerts::Alerter;
 use world::{Trees, World};

@@ -2,11 +2,11 @@
 //! pod's labels change together in one transaction, the labels with CAS on the index the
 //! farm read, so a concurrent change to the pod rolls the write back.
 
+use crate::kv::TxnOp;
 use crate::labels::Labels;
 use crate::model::Manifest;
 use crate::store::labels::LabelRecord;
 use crate::store::pods::{self, PodLocation, PodTree};
-use crate::store::TxnOp;
 
 use super::world::{PodKey, World};
 

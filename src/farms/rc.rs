@@ -12,9 +12,10 @@ use std::time::SystemTime;
 use serde_json::json;
 use tokio::time::Instant;
 
+use crate::kv::{StoreError, StoreResult, TxnOp};
 use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::{AllocationStrategy, AuditRecord, HealthState, Manifest, StoredRc};
-use crate::store::{locks, StoreError, StoreResult, TxnOp};
+use crate::store::layout;
 
 use super::pods::{same_manifest, schedule_ops, unschedule_ops};
 use super::world::{PodKey, World};
@@ -44,7 +45,7 @@ impl Farm for RcFarm {
                 return None;
             }
             if !ctx
-                .claim(world, &mut self.retries, id, &locks::rc_ownership(id))
+                .claim(world, &mut self.retries, id, &layout::rc_ownership(id))
                 .await
             {
                 continue;
@@ -122,7 +123,7 @@ async fn reconcile(
         candidates.sort_by_key(|node| (load.get(*node).copied().unwrap_or(0), (*node).clone()));
         let need = desired - current.len();
         // During a roll the new RC often waits a pass for the old one to free a node: no alert.
-        let rolling = world.lock_holder(&locks::rc_mutation(id)).is_some();
+        let rolling = world.lock_holder(&layout::rc_mutation(id)).is_some();
         if candidates.len() < need && !rolling {
             ctx.alerts
                 .low(
@@ -207,7 +208,7 @@ async fn apply(
     current: &BTreeSet<String>,
     changes: Vec<Change>,
 ) -> StoreResult<()> {
-    let lock = locks::rc_ownership(id);
+    let lock = layout::rc_ownership(id);
     let labels = pod_labels(id, rc);
     let owned: Vec<&str> = labels.keys().map(String::as_str).collect();
     let pod_id = rc.manifest.pod_id();
@@ -239,7 +240,7 @@ fn audit_op(rc: &StoredRc, nodes: &BTreeSet<String>) -> TxnOp {
     let nodes: Vec<String> = nodes.iter().cloned().collect();
     let record = AuditRecord::rc_retarget(rc, &nodes, SystemTime::now());
     TxnOp::Set {
-        key: format!("audit_logs/{}", uuid::Uuid::new_v4()),
+        key: layout::new_audit_log(),
         value: record.to_json(),
     }
 }
@@ -261,7 +262,7 @@ async fn transfer_node(
     let Some(leaving) = current.iter().find(|node| !eligible.contains(node)) else {
         return Ok(None);
     };
-    let mutation = locks::rc_mutation(id);
+    let mutation = layout::rc_mutation(id);
     if world.lock_holder(&mutation).is_some() {
         return Ok(None);
     }
@@ -304,7 +305,7 @@ async fn transfer_node(
     nodes.remove(leaving);
     nodes.insert((*target).clone());
     ops.push(audit_op(rc, &nodes));
-    ctx.commit(&locks::rc_ownership(id), ops).await?;
+    ctx.commit(&layout::rc_ownership(id), ops).await?;
     *load.entry((*target).clone()).or_insert(0) += 1;
     tracing::info!(rc = %id, from = %leaving, to = %target, "node transfer");
     Ok(Some(()))

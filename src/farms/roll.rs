@@ -14,11 +14,12 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
+use crate::kv::{StoreResult, TxnOp};
 use crate::labels::{LabelType, RC_ID_LABEL};
 use crate::model::{roll_step, AuditRecord, HealthState, StoredRc, StoredRoll};
+use crate::store::layout;
 use crate::store::rcs::RcStore;
 use crate::store::rolls::RollStore;
-use crate::store::{locks, StoreResult, TxnOp};
 
 use super::pods::same_manifest;
 use super::world::{Versioned, World};
@@ -79,7 +80,7 @@ impl Farm for RollFarm {
                 return None;
             }
             if !ctx
-                .claim(world, &mut self.retries, id, &locks::roll_ownership(id))
+                .claim(world, &mut self.retries, id, &layout::roll_ownership(id))
                 .await
             {
                 continue;
@@ -106,7 +107,7 @@ impl RollFarm {
         roll: &Versioned<StoredRoll>,
     ) -> StoreResult<Option<Instant>> {
         let spec = &roll.value;
-        let fence = locks::roll_ownership(id);
+        let fence = layout::roll_ownership(id);
         let (Some(old), Some(new)) = (
             world.rcs.items.get(&spec.old_rc),
             world.rcs.items.get(&spec.new_rc),
@@ -125,8 +126,8 @@ impl RollFarm {
 
         // Hold both RCs' mutation locks for the whole roll.
         let mutation = [
-            locks::rc_mutation(&spec.old_rc),
-            locks::rc_mutation(&spec.new_rc),
+            layout::rc_mutation(&spec.old_rc),
+            layout::rc_mutation(&spec.new_rc),
         ];
         let mut take = Vec::new();
         for lock in &mutation {
@@ -159,7 +160,7 @@ impl RollFarm {
         if new.value.disabled || old.value.disabled {
             let new_counts = count(world, &spec.new_rc, &new.value);
             if new.value.disabled && new_counts.current != new_counts.desired {
-                return Err(crate::store::StoreError::Invalid(format!(
+                return Err(crate::kv::StoreError::Invalid(format!(
                     "the new RC is disabled with {} pods for {} replicas; refusing to enable it",
                     new_counts.current, new_counts.desired
                 )));
@@ -235,7 +236,7 @@ impl RollFarm {
         old_counts: Counts,
         held: Vec<TxnOp>,
     ) -> StoreResult<Option<Instant>> {
-        let fence = locks::roll_ownership(id);
+        let fence = layout::roll_ownership(id);
         if !spec.leave_old {
             if old_counts.desired != 0 {
                 let mut retired = old.value.clone();
@@ -269,7 +270,7 @@ async fn finish_ops(
 ) -> StoreResult<Vec<TxnOp>> {
     let mut ops = Vec::new();
     for rc in [&spec.old_rc, &spec.new_rc] {
-        let lock = locks::rc_mutation(rc);
+        let lock = layout::rc_mutation(rc);
         if world.lock_holder(&lock) == Some(ctx.session.as_str()) {
             ops.push(TxnOp::CheckSession {
                 key: lock.clone(),
@@ -290,7 +291,7 @@ async fn finish_ops(
         .unwrap_or_default();
     let record = AuditRecord::ru_completion(id, &labels, succeeded, !succeeded, SystemTime::now());
     ops.push(TxnOp::Set {
-        key: format!("audit_logs/{}", uuid::Uuid::new_v4()),
+        key: layout::new_audit_log(),
         value: record.to_json(),
     });
     Ok(ops)

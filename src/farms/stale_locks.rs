@@ -10,8 +10,8 @@
 
 use tokio::time::Instant;
 
-use crate::store::locks::LEADER_LOCK;
-use crate::store::{StoreError, TxnOp};
+use crate::kv::{StoreError, TxnOp};
+use crate::store::layout::LEADER_LOCK;
 
 use super::world::World;
 use super::{Farm, FarmContext, Retries};
@@ -83,17 +83,17 @@ fn session_only(key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::session_only;
-    use crate::store::locks;
+    use crate::store::layout;
 
     #[test]
     fn only_the_locks_taken_with_delete_sessions_count() {
         let id = "0f9e1d2c-3b4a-5968-7a6b-5c4d3e2f1a0b";
         for key in [
-            locks::rc_ownership(id),
-            locks::rc_mutation(id),
-            locks::rc_update_creation(id),
-            locks::roll_ownership(id),
-            locks::ds_ownership(id),
+            layout::rc_ownership(id),
+            layout::rc_mutation(id),
+            layout::rc_update_creation(id),
+            layout::roll_ownership(id),
+            layout::ds_ownership(id),
         ] {
             assert!(session_only(&key), "{key}");
         }

@@ -9,11 +9,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backoff::Backoff;
+use crate::kv::{KvPair, KvStore, Listing, StoreResult, WatchTarget};
 use crate::labels::{LabelType, Labels};
 use crate::model::{HealthRecord, HealthState, StoredDaemonSet, StoredRc, StoredRoll};
-use crate::store::backoff::Backoff;
 use crate::store::labels::decode_labels;
-use crate::store::{KvPair, KvStore, Listing, StoreResult, WatchTarget};
 
 /// How long one blocking query of a tree waits: the farms' idle request rate is the number
 /// of trees divided by this.

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
+use crate::store::layout;
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub use selector::{Operator, ParseSelectorError, Requirement, Selector};
@@ -85,12 +86,12 @@ impl LabelType {
     /// The KV prefix holding every object of this type, with its trailing `/` so a prefix
     /// listing cannot pick up a sibling type whose name merely starts the same.
     pub fn key_prefix(self) -> String {
-        format!("labels/{}/", self.as_str())
+        layout::labels_of_type(self.as_str())
     }
 
     /// The KV key of one object's labels; `id` must have passed [`LabelType::validate_id`].
     pub fn label_key(self, id: &str) -> String {
-        format!("labels/{}/{id}", self.as_str())
+        layout::labels(self.as_str(), id)
     }
 
     /// Checks an object ID before it becomes part of a key: non-empty, no whitespace or

@@ -16,28 +16,11 @@ use crate::labels::{LabelType, Labeled, Selector};
 use crate::model::{AuditRecord, DaemonSetEvent, DecodeError, FieldError, StoredDaemonSet};
 
 use super::labels::LabelStore;
-use super::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
-
-/// Where daemon sets live; with its trailing `/` so a listing cannot pick up a sibling tree
-/// whose name merely starts the same (a P2 weakness, §9.13).
-pub const DAEMON_SETS_PREFIX: &str = "daemon_sets/";
-/// Where audit records live, one UUID key per record.
-pub const AUDIT_LOGS_PREFIX: &str = "audit_logs/";
-/// The status namespace the DS farm writes under `status/daemon_sets/<id>/`.
-pub const FARM_STATUS_NAMESPACE: &str = "daemon_set_farm";
-
+use super::layout;
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+/// Where audit records live, one UUID key per record./// The status namespace the DS farm writes under `status/daemon_sets/<id>/`.
 /// How many times a read-modify-write is retried on CAS conflicts before giving up.
 const MAX_CAS_ATTEMPTS: usize = 32;
-
-/// The key of one daemon set. Taking a [`Uuid`] means no unvalidated text reaches a key.
-pub fn daemon_set_key(id: Uuid) -> String {
-    format!("{DAEMON_SETS_PREFIX}{id}")
-}
-
-/// The key of the status record the DS farm publishes for one daemon set (§1.6).
-pub fn farm_status_key(id: Uuid) -> String {
-    format!("status/daemon_sets/{id}/{FARM_STATUS_NAMESPACE}")
-}
 
 /// Parses a daemon-set ID: a UUID in canonical lowercase hyphenated form only, so that every
 /// ID names exactly one key and the key's segment reads back as the same ID.
@@ -121,7 +104,7 @@ impl DaemonSetStore {
 
     /// One daemon set, or `None` when there is no document at its key.
     pub async fn get(&self, id: Uuid) -> Result<Option<DaemonSetRecord>, DaemonSetError> {
-        let Some(pair) = self.kv.get(&daemon_set_key(id)).await? else {
+        let Some(pair) = self.kv.get(&layout::daemon_set(id)).await? else {
             return Ok(None);
         };
         StoredDaemonSet::from_json(&pair.value)
@@ -139,7 +122,7 @@ impl DaemonSetStore {
     /// queries. Keys that are not canonical UUIDs, documents that do not decode and documents
     /// whose `id` disagrees with their key are logged and skipped.
     pub async fn list(&self) -> StoreResult<(u64, Vec<DaemonSetRecord>)> {
-        let listing = self.kv.list(DAEMON_SETS_PREFIX).await?;
+        let listing = self.kv.list(layout::DAEMON_SETS).await?;
         let records = listing.pairs.iter().filter_map(decode_pair).collect();
         Ok((listing.index, records))
     }
@@ -157,7 +140,7 @@ impl DaemonSetStore {
         check_invariants(&ds)?;
         let ops = [
             TxnOp::Cas {
-                key: daemon_set_key(id),
+                key: layout::daemon_set(id),
                 value: ds.to_json(),
                 index: 0,
             },
@@ -193,7 +176,7 @@ impl DaemonSetStore {
             return Ok(current.clone());
         }
         let mut ops = vec![TxnOp::Cas {
-            key: daemon_set_key(current.id),
+            key: layout::daemon_set(current.id),
             value: next.to_json(),
             index: current.index,
         }];
@@ -263,7 +246,7 @@ impl DaemonSetStore {
                     expected: index,
                 });
             }
-            let key = daemon_set_key(id);
+            let key = layout::daemon_set(id);
             // Consul's delete-cas succeeds on an absent key; the check makes a concurrent
             // delete roll this one back instead of auditing the deletion twice.
             let ops = [
@@ -323,7 +306,7 @@ impl DaemonSetStore {
     /// The status record the DS farm last published for a daemon set; `None` when there is
     /// none or it cannot be decoded (logged).
     pub async fn farm_status(&self, id: Uuid) -> StoreResult<Option<DaemonSetFarmStatus>> {
-        let Some(pair) = self.kv.get(&farm_status_key(id)).await? else {
+        let Some(pair) = self.kv.get(&layout::ds_farm_status(id)).await? else {
             return Ok(None);
         };
         match serde_json::from_slice(&pair.value) {
@@ -432,7 +415,7 @@ fn change_events(old: &StoredDaemonSet, new: &StoredDaemonSet) -> Vec<DaemonSetE
 fn audit_op(event: DaemonSetEvent, ds: &StoredDaemonSet, user: &str) -> TxnOp {
     let record = AuditRecord::daemon_set(event, ds, user, SystemTime::now());
     TxnOp::Set {
-        key: format!("{AUDIT_LOGS_PREFIX}{}", Uuid::new_v4()),
+        key: layout::new_audit_log(),
         value: record.to_json(),
     }
 }
@@ -452,7 +435,7 @@ fn gave_up(id: Uuid) -> StoreError {
 }
 
 fn decode_pair(pair: &KvPair) -> Option<DaemonSetRecord> {
-    let segment = pair.key.strip_prefix(DAEMON_SETS_PREFIX)?;
+    let segment = pair.key.strip_prefix(layout::DAEMON_SETS)?;
     let id = match parse_daemon_set_id(segment) {
         Ok(id) => id,
         Err(e) => {
@@ -531,11 +514,11 @@ mod tests {
     fn keys_follow_p2s_layout() {
         let id = parse_daemon_set_id("1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e").unwrap();
         assert_eq!(
-            daemon_set_key(id),
+            layout::daemon_set(id),
             "daemon_sets/1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e"
         );
         assert_eq!(
-            farm_status_key(id),
+            layout::ds_farm_status(id),
             "status/daemon_sets/1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e/daemon_set_farm"
         );
     }

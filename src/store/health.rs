@@ -17,10 +17,9 @@ use std::time::SystemTime;
 
 use crate::model::{HealthRecord, HealthState};
 
+use super::layout;
 use super::pods::PodLocation;
-use super::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
-
-const ROOT: &str = "health/";
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 /// One health record as read, with where it was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,14 +57,14 @@ impl HealthStore {
     /// segment). Blocking queries watch the same prefix.
     pub fn prefix(pod_id: Option<&str>) -> String {
         match pod_id {
-            Some(pod_id) => format!("{ROOT}{pod_id}/"),
-            None => ROOT.to_owned(),
+            Some(pod_id) => layout::health_of_pod(pod_id),
+            None => layout::HEALTH.to_owned(),
         }
     }
 
     /// The key of one pod's record on one node.
     pub fn key(pod: &PodLocation) -> String {
-        format!("{ROOT}{}/{}", pod.pod_id(), pod.node())
+        layout::health(pod.pod_id(), pod.node())
     }
 
     /// The record at `health/<pod_id>/<node>`, or `None` when there is none or it cannot be
@@ -96,7 +95,7 @@ impl HealthStore {
 
     /// Every record keyed by (pod ID, node), with the listing's index.
     pub async fn list(&self) -> StoreResult<(u64, BTreeMap<(String, String), HealthEntry>)> {
-        let (index, entries) = self.read(ROOT).await?;
+        let (index, entries) = self.read(layout::HEALTH).await?;
         let all = entries
             .into_iter()
             .map(|entry| ((entry.pod_id.clone(), entry.node.clone()), entry))
@@ -141,7 +140,7 @@ impl HealthStore {
             .pairs
             .iter()
             .filter_map(|pair| {
-                let rest = pair.key.strip_prefix(ROOT)?;
+                let rest = pair.key.strip_prefix(layout::HEALTH)?;
                 let Some((pod_id, node)) =
                     rest.split_once('/').filter(|(_, n)| !n.contains('/'))
                 else {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::labels::{LabelType, Labeled, Labels, Selector};
 
-use super::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 /// One object's labels and the modify index they were read at (0 when it has none).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -137,7 +137,7 @@ impl LabelStore {
                 };
                 self.kv.txn(&[check, op]).await.map(drop)
             }
-            None => self.kv.delete(&key, super::Cas::Any).await,
+            None => self.kv.delete(&key, crate::kv::Cas::Any).await,
         }
     }
 }

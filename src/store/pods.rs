@@ -17,7 +17,8 @@ use crate::labels::{LabelType, Labels};
 use crate::model::Manifest;
 
 use super::labels::{write_op, LabelRecord};
-use super::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use super::layout;
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 /// A node name as it may appear in new keys: one key segment without whitespace.
 pub fn validate_node_name(node: &str) -> Result<(), String> {
@@ -146,8 +147,8 @@ pub enum PodTree {
 impl PodTree {
     fn root(self) -> &'static str {
         match self {
-            PodTree::Intent => "intent/",
-            PodTree::Reality => "reality/",
+            PodTree::Intent => layout::INTENT,
+            PodTree::Reality => layout::REALITY,
         }
     }
 
@@ -162,7 +163,7 @@ impl PodTree {
 
     /// The key of one pod's manifest in this tree.
     pub fn key(self, pod: &PodLocation) -> String {
-        format!("{}{}/{}", self.root(), pod.node, pod.pod_id)
+        layout::pod(self.root(), &pod.node, &pod.pod_id)
     }
 }
 

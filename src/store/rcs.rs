@@ -10,15 +10,8 @@ use crate::labels::{LabelType, Labels};
 use crate::model::StoredRc;
 
 use super::labels::{write_op, LabelStore};
-use super::{locks, KvPair, KvStore, StoreError, StoreResult, TxnOp};
-
-/// Where RCs live.
-pub const RC_TREE: &str = "replication_controllers/";
-
-/// The key of one RC.
-pub fn rc_key(id: &str) -> String {
-    format!("{RC_TREE}{id}")
-}
+use super::layout;
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 /// An RC and the modify index it was read at (its CAS token and ETag).
 #[derive(Debug, Clone, PartialEq)]
@@ -45,7 +38,7 @@ impl RcStore {
 
     /// One RC; `None` when absent. An undecodable document is an `Invalid` error naming it.
     pub async fn get(&self, id: &str) -> StoreResult<Option<RcRecord>> {
-        match self.kv.get(&rc_key(id)).await? {
+        match self.kv.get(&layout::rc(id)).await? {
             None => Ok(None),
             Some(pair) => decode(&pair)
                 .map(Some)
@@ -55,7 +48,7 @@ impl RcStore {
 
     /// Every readable RC, sorted by id, with the tree's index.
     pub async fn list(&self) -> StoreResult<(u64, Vec<RcRecord>)> {
-        let listing = self.kv.list(RC_TREE).await?;
+        let listing = self.kv.list(layout::RCS).await?;
         let records = listing.decode_readable("RC", decode);
         Ok((listing.index, records))
     }
@@ -64,7 +57,7 @@ impl RcStore {
     /// current index (0 for none).
     pub fn create_ops(rc: &StoredRc, labels: &Labels, labels_index: u64) -> Vec<TxnOp> {
         let mut ops = vec![TxnOp::Cas {
-            key: rc_key(&rc.id),
+            key: layout::rc(&rc.id),
             value: rc.to_json(),
             index: 0,
         }];
@@ -92,7 +85,7 @@ impl RcStore {
     /// The op that writes `rc` if it is still at `index`.
     pub fn write_op(rc: &StoredRc, index: u64) -> TxnOp {
         TxnOp::Cas {
-            key: rc_key(&rc.id),
+            key: layout::rc(&rc.id),
             value: rc.to_json(),
             index,
         }
@@ -123,11 +116,11 @@ impl RcStore {
     pub fn delete_ops(id: &str, index: u64) -> Vec<TxnOp> {
         vec![
             TxnOp::CheckIndex {
-                key: rc_key(id),
+                key: layout::rc(id),
                 index,
             },
             TxnOp::DeleteCas {
-                key: rc_key(id),
+                key: layout::rc(id),
                 index,
             },
             TxnOp::Delete {
@@ -144,7 +137,7 @@ impl RcStore {
     /// A txn op that holds only while nobody holds the RC's mutation lock, or the session
     /// that holds it when it is held. A lock key left without a session is free.
     pub async fn mutation_guard(&self, id: &str) -> StoreResult<Result<TxnOp, String>> {
-        let key = locks::rc_mutation(id);
+        let key = layout::rc_mutation(id);
         Ok(match self.kv.get(&key).await? {
             None => Ok(TxnOp::CheckNotExists { key }),
             Some(KvPair {
@@ -160,7 +153,7 @@ impl RcStore {
 }
 
 fn decode(pair: &KvPair) -> Result<RcRecord, String> {
-    let id = pair.key.strip_prefix(RC_TREE).unwrap_or(&pair.key);
+    let id = pair.key.strip_prefix(layout::RCS).unwrap_or(&pair.key);
     if uuid::Uuid::parse_str(id).is_err() {
         return Err(format!("key {:?} is not an RC id", pair.key));
     }

@@ -12,9 +12,10 @@ use crate::labels::{LabelType, Labels, Selector, POD_ID_LABEL};
 use crate::model::{StoredRc, StoredRoll};
 
 use super::labels::{write_op, LabelStore};
-use super::rcs::{rc_key, RcStore};
+use super::layout;
+use super::rcs::RcStore;
 use super::rolls::{RollRecord, RollStore};
-use super::{locks, KvPair, KvStore, SessionBehavior, SessionSpec, StoreError, TxnFailure, TxnOp};
+use crate::kv::{KvPair, KvStore, SessionBehavior, SessionSpec, StoreError, TxnFailure, TxnOp};
 
 /// Name of the creation session, which is also the value of the locks it takes: P2 names
 /// its session this way and lock values only tell people who holds the lock.
@@ -265,7 +266,9 @@ impl RollCreator {
         ] {
             if let Some(id) = existing {
                 txn.push(
-                    TxnOp::Get { key: rc_key(id) },
+                    TxnOp::Get {
+                        key: layout::rc(id),
+                    },
                     format!("the {side} replication controller {id} was deleted"),
                 );
             }
@@ -488,7 +491,7 @@ impl CreationSession {
 
     /// Takes the RC's update-creation lock; held by someone else is `Locked`.
     async fn lock(&self, rc_id: &str) -> Result<(), CreateRollError> {
-        let key = locks::rc_update_creation(rc_id);
+        let key = layout::rc_update_creation(rc_id);
         if self
             .kv
             .acquire(&key, CREATION_SESSION_NAME.as_bytes(), &self.id)
@@ -506,7 +509,7 @@ impl CreationSession {
     /// The op that fails the transaction unless this session still holds the RC's lock.
     fn check_op(&self, rc_id: &str) -> TxnOp {
         TxnOp::CheckSession {
-            key: locks::rc_update_creation(rc_id),
+            key: layout::rc_update_creation(rc_id),
             session: self.id.clone(),
         }
     }

@@ -5,15 +5,8 @@ use std::sync::Arc;
 use crate::labels::LabelType;
 use crate::model::StoredRoll;
 
-use super::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
-
-/// Where rolls live.
-pub const ROLL_TREE: &str = "rolls/";
-
-/// The key of one roll (its id is the new RC's id).
-pub fn roll_key(id: &str) -> String {
-    format!("{ROLL_TREE}{id}")
-}
+use super::layout;
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 /// A roll and the modify index it was read at.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,7 +29,7 @@ impl RollStore {
 
     /// One roll; `None` when absent (unlike P2, which cannot tell absent from empty).
     pub async fn get(&self, id: &str) -> StoreResult<Option<RollRecord>> {
-        match self.kv.get(&roll_key(id)).await? {
+        match self.kv.get(&layout::roll(id)).await? {
             None => Ok(None),
             Some(pair) => decode(&pair)
                 .map(Some)
@@ -46,7 +39,7 @@ impl RollStore {
 
     /// Every readable roll, sorted by id, with the tree's index.
     pub async fn list(&self) -> StoreResult<(u64, Vec<RollRecord>)> {
-        let listing = self.kv.list(ROLL_TREE).await?;
+        let listing = self.kv.list(layout::ROLLS).await?;
         let records = listing.decode_readable("roll", decode);
         Ok((listing.index, records))
     }
@@ -62,7 +55,7 @@ impl RollStore {
     /// The op that creates the roll, only if no roll for its new RC exists.
     pub fn create_op(roll: &StoredRoll) -> TxnOp {
         TxnOp::Cas {
-            key: roll_key(&roll.new_rc),
+            key: layout::roll(&roll.new_rc),
             value: roll.to_json(),
             index: 0,
         }
@@ -73,7 +66,7 @@ impl RollStore {
     /// that index (a `Conflict` otherwise). `false` when there is no roll. An unreadable roll
     /// can be deleted too, so a corrupt document can always be cleared.
     pub async fn delete(&self, id: &str, expected: Option<u64>) -> StoreResult<bool> {
-        let key = roll_key(id);
+        let key = layout::roll(id);
         let Some(pair) = self.kv.get(&key).await? else {
             return Ok(false);
         };
@@ -98,7 +91,9 @@ impl RollStore {
     /// The ops that delete a roll and its labels.
     pub fn delete_ops(id: &str) -> Vec<TxnOp> {
         vec![
-            TxnOp::Delete { key: roll_key(id) },
+            TxnOp::Delete {
+                key: layout::roll(id),
+            },
             TxnOp::Delete {
                 key: LabelType::Rolls.label_key(id),
             },

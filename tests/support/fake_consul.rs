@@ -30,8 +30,8 @@ use axum::routing::{any, get, put};
 use axum::{Json, Router};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use p2_apiserver::store::sqlite::SqliteStore;
-use p2_apiserver::store::{
+use p2_apiserver::kv::sqlite::SqliteStore;
+use p2_apiserver::kv::{
     Cas, KvPair, KvStore, Listing, SessionBehavior, SessionInfo, SessionSpec, StoreError,
     StoreResult, TxnOp, WatchTarget,
 };

@@ -1,0 +1,283 @@
+//! Talking HTTP to Consul: URLs, headers, timeouts, read retries and error kinds.
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::{Method, StatusCode};
+use url::Url;
+
+use super::{ConsulConfig, ConsulTimeouts};
+use crate::backoff::Backoff;
+use crate::kv::{StoreError, StoreResult};
+
+/// How many times an idempotent read is tried again after a transport error or a 5xx.
+const READ_RETRIES: u32 = 3;
+const READ_RETRY_BASE: Duration = Duration::from_millis(100);
+const READ_RETRY_CAP: Duration = Duration::from_secs(2);
+
+/// An answer Consul gave: its status, `X-Consul-Index` and body.
+#[derive(Debug)]
+pub(super) struct Answer {
+    pub(super) status: StatusCode,
+    index: Option<u64>,
+    pub(super) body: Vec<u8>,
+}
+
+impl Answer {
+    /// The `X-Consul-Index` of a read, raised to 1: Consul's blocking-query rules say a 0
+    /// would make the next blocking query return at once, forever.
+    pub(super) fn index(&self, what: &str) -> StoreResult<u64> {
+        self.index.map(|i| i.max(1)).ok_or_else(|| {
+            StoreError::Unavailable(format!("{what}: Consul's answer has no X-Consul-Index"))
+        })
+    }
+
+    pub(super) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).trim().to_string()
+    }
+
+    /// The `true`/`false` that KV writes answer.
+    pub(super) fn boolean(&self, what: &str) -> StoreResult<bool> {
+        match self.text().as_str() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            other => Err(StoreError::Unavailable(format!(
+                "{what}: expected true or false from Consul, got {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Why a write got no usable answer.
+#[derive(Debug)]
+pub(super) enum WriteFailure {
+    /// Consul answered with an error status, so nothing was applied; the answer is kept for
+    /// callers that read its body (a txn rollback lists the failing ops).
+    Refused(StoreError, Answer),
+    /// It never left this process: nothing was applied.
+    NotSent(StoreError),
+    /// It may have reached Consul but its answer was lost, so it may or may not have landed.
+    Lost(String),
+}
+
+impl WriteFailure {
+    /// The error for callers that cannot learn more; a lost answer is an unknown outcome.
+    pub(super) fn into_error(self) -> StoreError {
+        match self {
+            WriteFailure::Refused(e, _) | WriteFailure::NotSent(e) => e,
+            WriteFailure::Lost(lost) => StoreError::OutcomeUnknown(lost),
+        }
+    }
+}
+
+/// The HTTP side of the Consul store.
+#[derive(Debug)]
+pub(super) struct Http {
+    client: reqwest::Client,
+    base: Url,
+    datacenter: Option<String>,
+    timeouts: ConsulTimeouts,
+}
+
+impl Http {
+    pub(super) fn new(config: ConsulConfig, timeouts: ConsulTimeouts) -> StoreResult<Self> {
+        let base = Url::parse(&config.base_url).map_err(|e| {
+            StoreError::Invalid(format!("Consul address {:?}: {e}", config.base_url))
+        })?;
+        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+            return Err(StoreError::Invalid(format!(
+                "Consul address {:?} must be http://HOST:PORT or https://HOST:PORT",
+                config.base_url
+            )));
+        }
+        let mut headers = HeaderMap::new();
+        if let Some(token) = &config.token {
+            let mut value = HeaderValue::from_str(token).map_err(|_| {
+                StoreError::Invalid("the Consul token is not a valid header".into())
+            })?;
+            value.set_sensitive(true);
+            headers.insert("X-Consul-Token", value);
+        }
+        let client = reqwest::Client::builder()
+            .default_headers(headers)
+            .connect_timeout(timeouts.connect)
+            .timeout(timeouts.request)
+            .build()
+            .map_err(|e| StoreError::Invalid(format!("building the HTTP client: {e}")))?;
+        Ok(Http {
+            client,
+            base,
+            datacenter: config.datacenter.filter(|dc| !dc.is_empty()),
+            timeouts,
+        })
+    }
+
+    /// `/v1/<segments...>` with `?dc=` when a datacenter is set; each segment is
+    /// percent-encoded, so keys may hold any character the key rules allow.
+    pub(super) fn url<'s>(&self, segments: impl IntoIterator<Item = &'s str>) -> Url {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .expect("checked in new: the base URL can be a base")
+            .pop_if_empty()
+            .push("v1")
+            .extend(segments);
+        url.set_query(None);
+        if let Some(dc) = &self.datacenter {
+            url.query_pairs_mut().append_pair("dc", dc);
+        }
+        url
+    }
+
+    /// `/v1/kv/<key>`; a prefix ending in `/` keeps its slash.
+    pub(super) fn kv_url(&self, key: &str) -> Url {
+        self.url(std::iter::once("kv").chain(key.split('/')))
+    }
+
+    /// An idempotent GET, tried again with backoff after transport errors and 5xx. Returns
+    /// 2xx and 404 answers (404 is a normal "missing" for reads); other statuses become errors.
+    pub(super) async fn read(&self, url: Url) -> StoreResult<Answer> {
+        let what = describe(&Method::GET, &url);
+        let mut backoff = Backoff::new(READ_RETRY_BASE, READ_RETRY_CAP);
+        let mut attempt = 0;
+        loop {
+            let failure = match self.send(Method::GET, url.clone(), None, None).await {
+                Ok(answer) if !is_transient(&answer) => return read_outcome(&what, answer),
+                Ok(answer) => status_error(&what, &answer),
+                Err(e) => StoreError::Unavailable(format!("{what}: {}", error_chain(&e))),
+            };
+            if attempt == READ_RETRIES {
+                return Err(failure);
+            }
+            attempt += 1;
+            let delay = backoff.next_delay();
+            tracing::debug!(%failure, ?delay, attempt, "retrying Consul read");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// A blocking GET: tried once, with a timeout covering `wait`, the jitter of up to
+    /// wait/16 that Consul adds, and some slack.
+    pub(super) async fn read_blocking(&self, url: Url, wait: Duration) -> StoreResult<Answer> {
+        let what = describe(&Method::GET, &url);
+        let timeout = wait + wait / 16 + self.timeouts.watch_slack;
+        match self.send(Method::GET, url, None, Some(timeout)).await {
+            Ok(answer) => read_outcome(&what, answer),
+            Err(e) => Err(StoreError::Unavailable(format!(
+                "{what}: {}",
+                error_chain(&e)
+            ))),
+        }
+    }
+
+    /// A write, sent once. A 2xx answer is returned; an error status is `Refused` with its
+    /// kind; a transport failure is `Lost` unless the request never left.
+    ///
+    /// A write is one HTTP request, which Consul applies whole or not at all: a caller that
+    /// drops this future (a request cut by its deadline) never leaves a half-done write in
+    /// the store, only a lost answer.
+    pub(super) async fn write(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+    ) -> Result<Answer, WriteFailure> {
+        let what = describe(&method, &url);
+        match self.send(method, url, body, None).await {
+            Ok(answer) if answer.status.is_success() => Ok(answer),
+            Ok(answer) => Err(WriteFailure::Refused(status_error(&what, &answer), answer)),
+            Err(e) if e.is_connect() || e.is_builder() => {
+                Err(WriteFailure::NotSent(StoreError::Unavailable(format!(
+                    "{what}: {}; the write was not applied",
+                    error_chain(&e)
+                ))))
+            }
+            Err(e) => Err(WriteFailure::Lost(format!("{what}: {}", error_chain(&e)))),
+        }
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+        timeout: Option<Duration>,
+    ) -> reqwest::Result<Answer> {
+        let mut request = self.client.request(method, url);
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        if let Some(timeout) = timeout {
+            request = request.timeout(timeout);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let index = response
+            .headers()
+            .get("X-Consul-Index")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
+        let body = response.bytes().await?.to_vec();
+        Ok(Answer {
+            status,
+            index,
+            body,
+        })
+    }
+}
+
+/// Worth another try: Consul had no leader, was overloaded or failed inside.
+fn is_transient(answer: &Answer) -> bool {
+    (answer.status.is_server_error() && !is_invalid_session(answer))
+        || answer.status == StatusCode::TOO_MANY_REQUESTS
+}
+
+fn read_outcome(what: &str, answer: Answer) -> StoreResult<Answer> {
+    if answer.status.is_success() || answer.status == StatusCode::NOT_FOUND {
+        Ok(answer)
+    } else {
+        Err(status_error(what, &answer))
+    }
+}
+
+/// Consul answers 500 when a lock names a session that does not exist; that is the
+/// caller's mistake or an expired session, not an outage.
+fn is_invalid_session(answer: &Answer) -> bool {
+    answer
+        .text()
+        .to_ascii_lowercase()
+        .contains("invalid session")
+}
+
+/// The error kind of a non-2xx answer, carrying Consul's own text.
+pub(super) fn status_error(what: &str, answer: &Answer) -> StoreError {
+    let message = format!("{what}: {} {}", answer.status.as_u16(), answer.text());
+    match answer.status {
+        StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => StoreError::Forbidden(message),
+        StatusCode::NOT_FOUND => StoreError::NotFound(message),
+        StatusCode::CONFLICT => StoreError::conflict(message),
+        StatusCode::TOO_MANY_REQUESTS => StoreError::Unavailable(message),
+        status if status.is_server_error() && is_invalid_session(answer) => {
+            StoreError::NotFound(message)
+        }
+        status if status.is_server_error() => StoreError::Unavailable(message),
+        _ => StoreError::Invalid(message),
+    }
+}
+
+/// `GET /v1/kv/x`: names the call in messages, without the query (which may be long).
+fn describe(method: &Method, url: &Url) -> String {
+    format!("{method} {}", url.path())
+}
+
+/// reqwest's own message hides the cause ("error sending request"); the chain says it.
+fn error_chain(e: &reqwest::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}

@@ -1,0 +1,368 @@
+//! The key-value engine: one trait with Consul's semantics, and its backends. It knows
+//! nothing of P2: the repositories that give keys their meaning live in [`crate::store`].
+//!
+//! Everything the server keeps lives in a [`KvStore`]. The trait is deliberately small and
+//! mirrors Consul's KV API (versioned keys, check-and-set, transactions, sessions, locks and
+//! blocking watches) so that the repositories built on it behave the same on Consul and on
+//! the embedded SQLite backend.
+
+pub mod consul;
+pub mod keys;
+pub mod open;
+pub mod prefixed;
+pub mod sqlite;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+pub use keys::{validate_key, validate_prefix, validate_value, MAX_VALUE_BYTES};
+pub use open::{open_store, ConsulOptions, StoreUrl};
+
+/// The most operations one transaction may hold: Consul 0.7 refuses more than 64.
+pub const MAX_TXN_OPS: usize = 64;
+/// The longest a blocking watch may wait, as in Consul (which caps `wait` at 10 minutes).
+pub const MAX_WATCH_WAIT: Duration = Duration::from_secs(600);
+/// Shortest session TTL Consul accepts.
+pub const MIN_SESSION_TTL: Duration = Duration::from_secs(10);
+/// Longest session TTL Consul accepts.
+pub const MAX_SESSION_TTL: Duration = Duration::from_secs(86_400);
+
+/// Why a store operation failed; callers branch on the kind, never on the message.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StoreError {
+    /// The key or session does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A check-and-set missed or a transaction rolled back; `failures` names each failing op.
+    #[error("conflict: {message}")]
+    Conflict {
+        message: String,
+        failures: Vec<TxnFailure>,
+    },
+    /// The store could not be reached or could not answer (transport, 5xx, no leader).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A write was sent but its answer was lost, and what the store holds now does not tell
+    /// whether it was applied: it may land (or have landed) or not. Unlike `Unavailable`,
+    /// retrying blindly may apply it twice or overwrite a newer write; re-read first.
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
+    /// The request itself is wrong (bad key, oversized value, too many ops, bad TTL).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The store refused the credentials (Consul ACL).
+    #[error("forbidden: {0}")]
+    Forbidden(String),
+}
+
+impl StoreError {
+    /// A conflict with no per-op detail, as for a plain CAS miss.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        StoreError::Conflict {
+            message: message.into(),
+            failures: Vec::new(),
+        }
+    }
+}
+
+/// Result alias for store operations.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// One failing operation of a rolled-back transaction, as Consul reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnFailure {
+    /// Position of the op in the transaction, from 0.
+    pub op_index: usize,
+    /// Why it failed.
+    pub what: String,
+}
+
+/// One stored key with Consul's bookkeeping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvPair {
+    pub key: String,
+    pub value: Vec<u8>,
+    /// Index of the write that created the key.
+    pub create_index: u64,
+    /// Index of the last write to the key; the CAS token.
+    pub modify_index: u64,
+    /// How many times the key has been acquired as a lock.
+    pub lock_index: u64,
+    /// Session holding the key as a lock, if any.
+    pub session: Option<String>,
+}
+
+/// A consistent read of a prefix: its pairs and the index to pass to the next watch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing {
+    /// Highest index of any change under the prefix (deletes included), never below 1.
+    pub index: u64,
+    pub pairs: Vec<KvPair>,
+}
+
+impl Listing {
+    /// What `decode` makes of each pair, skipping (and logging) the pairs it cannot read:
+    /// one bad document must not hide the rest of a tree, as it does in P2. `what` names
+    /// the kind of document in the log.
+    pub fn decode_readable<T, E: std::fmt::Display>(
+        &self,
+        what: &str,
+        decode: impl Fn(&KvPair) -> Result<T, E>,
+    ) -> Vec<T> {
+        self.pairs
+            .iter()
+            .filter_map(|pair| match decode(pair) {
+                Ok(item) => Some(item),
+                Err(e) => {
+                    tracing::warn!(key = %pair.key, error = %e, "skipping unreadable {what}");
+                    None
+                }
+            })
+            .collect()
+    }
+}
+
+/// Condition of a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cas {
+    /// Write whatever is stored.
+    Any,
+    /// Write only if the key's modify index equals this; 0 means "only if absent".
+    Index(u64),
+}
+
+/// One operation of a transaction; the names follow Consul's txn verbs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOp {
+    Set {
+        key: String,
+        value: Vec<u8>,
+    },
+    Cas {
+        key: String,
+        value: Vec<u8>,
+        index: u64,
+    },
+    Get {
+        key: String,
+    },
+    Delete {
+        key: String,
+    },
+    DeleteCas {
+        key: String,
+        index: u64,
+    },
+    CheckIndex {
+        key: String,
+        index: u64,
+    },
+    CheckNotExists {
+        key: String,
+    },
+    Lock {
+        key: String,
+        value: Vec<u8>,
+        session: String,
+    },
+    Unlock {
+        key: String,
+        value: Vec<u8>,
+        session: String,
+    },
+    CheckSession {
+        key: String,
+        session: String,
+    },
+}
+
+impl TxnOp {
+    /// The key the op acts on.
+    pub fn key(&self) -> &str {
+        match self {
+            TxnOp::Set { key, .. }
+            | TxnOp::Cas { key, .. }
+            | TxnOp::Get { key }
+            | TxnOp::Delete { key }
+            | TxnOp::DeleteCas { key, .. }
+            | TxnOp::CheckIndex { key, .. }
+            | TxnOp::CheckNotExists { key }
+            | TxnOp::Lock { key, .. }
+            | TxnOp::Unlock { key, .. }
+            | TxnOp::CheckSession { key, .. } => key,
+        }
+    }
+
+    /// The value the op writes, if it writes one.
+    pub fn value(&self) -> Option<&[u8]> {
+        match self {
+            TxnOp::Set { value, .. }
+            | TxnOp::Cas { value, .. }
+            | TxnOp::Lock { value, .. }
+            | TxnOp::Unlock { value, .. } => Some(value),
+            _ => None,
+        }
+    }
+
+    /// Whether Consul answers this op with the key's entry (deletes and check-not-exists
+    /// answer nothing), which is how results are lined up with ops.
+    pub fn returns_entry(&self) -> bool {
+        !matches!(
+            self,
+            TxnOp::Delete { .. } | TxnOp::DeleteCas { .. } | TxnOp::CheckNotExists { .. }
+        )
+    }
+}
+
+/// Checks what every backend must refuse before touching storage: too many ops, bad keys,
+/// oversized values.
+pub fn validate_txn(ops: &[TxnOp]) -> StoreResult<()> {
+    if ops.is_empty() {
+        return Err(StoreError::Invalid(
+            "a transaction needs at least one op".into(),
+        ));
+    }
+    if ops.len() > MAX_TXN_OPS {
+        return Err(StoreError::Invalid(format!(
+            "a transaction holds at most {MAX_TXN_OPS} ops, got {}",
+            ops.len()
+        )));
+    }
+    for (i, op) in ops.iter().enumerate() {
+        validate_key(op.key()).map_err(|e| StoreError::Invalid(format!("op {i}: {e}")))?;
+        if let Some(value) = op.value() {
+            validate_value(value).map_err(|e| StoreError::Invalid(format!("op {i}: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// What happens to the keys a session holds when it is invalidated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionBehavior {
+    /// The locks are released; the keys stay.
+    Release,
+    /// The keys are deleted.
+    Delete,
+}
+
+impl SessionBehavior {
+    /// Consul's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionBehavior::Release => "release",
+            SessionBehavior::Delete => "delete",
+        }
+    }
+}
+
+/// How to create a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSpec {
+    pub name: String,
+    /// Between 10 s and 24 h.
+    pub ttl: Duration,
+    /// How long a lock the session held stays unacquirable after the session is invalidated.
+    pub lock_delay: Duration,
+    pub behavior: SessionBehavior,
+}
+
+impl SessionSpec {
+    /// Refuses TTLs outside Consul's range, so both backends accept the same specs.
+    pub fn validate(&self) -> StoreResult<()> {
+        if self.ttl < MIN_SESSION_TTL || self.ttl > MAX_SESSION_TTL {
+            return Err(StoreError::Invalid(format!(
+                "session TTL must be between 10s and 24h, got {:?}",
+                self.ttl
+            )));
+        }
+        if self.lock_delay > Duration::from_secs(60) {
+            return Err(StoreError::Invalid(format!(
+                "lock-delay must be at most 60s, got {:?}",
+                self.lock_delay
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A live session as the store knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub id: String,
+    pub name: String,
+    pub ttl: Duration,
+    pub lock_delay: Duration,
+    pub behavior: SessionBehavior,
+    pub create_index: u64,
+}
+
+/// What a watch follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchTarget {
+    /// One key; the snapshot holds it or nothing.
+    Key(String),
+    /// Every key under a prefix.
+    Prefix(String),
+}
+
+/// The store every part of the server is written against.
+///
+/// Errors are [`StoreError`] kinds; a CAS miss or rollback is always `Conflict`.
+#[async_trait]
+pub trait KvStore: Send + Sync + 'static {
+    /// One key, or `None` if it does not exist.
+    async fn get(&self, key: &str) -> StoreResult<Option<KvPair>>;
+
+    /// Every key under `prefix` with its value, sorted by key.
+    async fn list(&self, prefix: &str) -> StoreResult<Listing>;
+
+    /// The keys under `prefix`, sorted; with a separator, keys are cut after the first
+    /// separator following the prefix and deduplicated, as Consul's `?keys&separator=`.
+    async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)>;
+
+    /// Writes `value` at `key` if `cas` holds; a CAS miss is `Conflict`.
+    async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()>;
+
+    /// Deletes `key` if `cas` holds; deleting an absent key with `Cas::Any` succeeds.
+    async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()>;
+
+    /// Deletes every key under `prefix`.
+    async fn delete_prefix(&self, prefix: &str) -> StoreResult<()>;
+
+    /// Applies all ops or none. On success returns, for each op in order, the entry Consul
+    /// would answer (`None` for deletes and check-not-exists); on rollback `Conflict` with
+    /// the failing ops.
+    async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>>;
+
+    /// Creates a session and returns its id.
+    async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String>;
+
+    /// Resets the session's TTL; `NotFound` once it has expired or been destroyed.
+    async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo>;
+
+    /// Invalidates the session, applying its behavior to the keys it holds.
+    async fn destroy_session(&self, id: &str) -> StoreResult<()>;
+
+    /// The session, or `None` if it no longer exists.
+    async fn session_info(&self, id: &str) -> StoreResult<Option<SessionInfo>>;
+
+    /// Takes `key` as a lock for `session`, writing `value`. `false` when another session
+    /// holds it or its lock-delay has not passed; `NotFound` when the session does not exist.
+    async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool>;
+
+    /// Releases `key` if `session` holds it; `false` otherwise.
+    async fn release(&self, key: &str, session: &str) -> StoreResult<bool>;
+
+    /// Blocks until what `target` covers has an index other than `index`, or `wait` passes,
+    /// then returns a snapshot. At the timeout the snapshot carries the same index. An index
+    /// lower than `index` means the store went backwards: start again from 0.
+    async fn watch(&self, target: &WatchTarget, index: u64, wait: Duration)
+        -> StoreResult<Listing>;
+
+    /// Whether the store answers at all; used by `/readyz`.
+    async fn ping(&self) -> StoreResult<()>;
+}

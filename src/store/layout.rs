@@ -1,0 +1,144 @@
+//! The one catalogue of P2's trees and key shapes. Every key this server reads or writes is
+//! spelled here and nowhere else, so that "which keys does P2 share with us?" has one answer.
+//!
+//! Segments passed to the builders must already be valid IDs (see [`crate::model`] and
+//! [`crate::labels::LabelType::validate_id`]); these functions only join them.
+
+use std::fmt::Display;
+
+/// RC documents: `replication_controllers/<rc-id>`.
+pub const RCS: &str = "replication_controllers/";
+/// Rolling-update documents, keyed by the new RC's ID: `rolls/<rc-id>`.
+pub const ROLLS: &str = "rolls/";
+/// Daemon-set documents: `daemon_sets/<ds-id>`.
+pub const DAEMON_SETS: &str = "daemon_sets/";
+/// Label sets of every type: `labels/<type>/<id>`.
+pub const LABELS: &str = "labels/";
+/// What should run on each node: `intent/<node>/<pod-id>`, the manifest.
+pub const INTENT: &str = "intent/";
+/// What the node's preparer installed: `reality/<node>/<pod-id>`, the manifest.
+pub const REALITY: &str = "reality/";
+/// Health records by service: `health/<pod-id>/<node>`.
+pub const HEALTH: &str = "health/";
+/// Audit records: `audit_logs/<uuid>`.
+pub const AUDIT_LOGS: &str = "audit_logs/";
+/// Status records that farms keep per daemon set: `status/daemon_sets/<ds-id>/<namespace>`.
+pub const DS_STATUS: &str = "status/daemon_sets/";
+/// Every lock, P2's and ours.
+pub const LOCKS: &str = "lock/";
+/// RC ownership locks and, below each, the mutation and update-creation locks.
+pub const RC_LOCKS: &str = "lock/replication_controllers/";
+/// Roll ownership locks.
+pub const ROLL_LOCKS: &str = "lock/rolls/";
+/// Daemon-set ownership locks.
+pub const DS_LOCKS: &str = "lock/daemon_sets/";
+/// Held by the leader's session; its value names the holder. P2's tools ignore it.
+pub const LEADER_LOCK: &str = "lock/p2-apiserver/leader";
+
+/// The namespace under which the DS farm keeps its status record, as P2's DS farm names it.
+pub const DS_FARM_STATUS_NAMESPACE: &str = "daemon_set_farm";
+
+/// `replication_controllers/<id>`.
+pub fn rc(id: impl Display) -> String {
+    format!("{RCS}{id}")
+}
+
+/// `rolls/<id>`: a roll's ID is its new RC's ID.
+pub fn roll(id: impl Display) -> String {
+    format!("{ROLLS}{id}")
+}
+
+/// `daemon_sets/<id>`.
+pub fn daemon_set(id: impl Display) -> String {
+    format!("{DAEMON_SETS}{id}")
+}
+
+/// `status/daemon_sets/<id>/daemon_set_farm`: the DS farm's status record.
+pub fn ds_farm_status(id: impl Display) -> String {
+    format!("{DS_STATUS}{id}/{DS_FARM_STATUS_NAMESPACE}")
+}
+
+/// `labels/<type>/`: every label set of one type; `label_type` is the type's stored name.
+pub fn labels_of_type(label_type: &str) -> String {
+    format!("{LABELS}{label_type}/")
+}
+
+/// `labels/<type>/<id>`.
+pub fn labels(label_type: &str, id: &str) -> String {
+    format!("{LABELS}{label_type}/{id}")
+}
+
+/// `<tree><node>/<pod-id>` in the intent or reality tree.
+pub fn pod(tree: &str, node: &str, pod_id: &str) -> String {
+    format!("{tree}{node}/{pod_id}")
+}
+
+/// `health/<pod-id>/`: every node's health record for one service.
+pub fn health_of_pod(pod_id: &str) -> String {
+    format!("{HEALTH}{pod_id}/")
+}
+
+/// `health/<pod-id>/<node>`.
+pub fn health(pod_id: &str, node: &str) -> String {
+    format!("{HEALTH}{pod_id}/{node}")
+}
+
+/// A fresh `audit_logs/<uuid>` key.
+pub fn new_audit_log() -> String {
+    format!("{AUDIT_LOGS}{}", uuid::Uuid::new_v4())
+}
+
+/// Which farm runs an RC: `lock/replication_controllers/<id>`.
+pub fn rc_ownership(rc_id: impl Display) -> String {
+    format!("{RC_LOCKS}{rc_id}")
+}
+
+/// Held by a running roll (or a node transfer): nobody else may change the RC's counts.
+pub fn rc_mutation(rc_id: impl Display) -> String {
+    format!("{RC_LOCKS}{rc_id}/update")
+}
+
+/// Held while a roll over the RC is being created, so no two rolls are created over it.
+pub fn rc_update_creation(rc_id: impl Display) -> String {
+    format!("{RC_LOCKS}{rc_id}/update_creation")
+}
+
+/// Which farm runs a roll: `lock/rolls/<id>`.
+pub fn roll_ownership(roll_id: impl Display) -> String {
+    format!("{ROLL_LOCKS}{roll_id}")
+}
+
+/// Which farm runs a daemon set: `lock/daemon_sets/<id>`.
+pub fn ds_ownership(ds_id: impl Display) -> String {
+    format!("{DS_LOCKS}{ds_id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_have_p2s_shapes() {
+        let id = "5a0e3b8c-1f2d-4e5f-8a9b-0c1d2e3f4a5b";
+        assert_eq!(rc(id), format!("replication_controllers/{id}"));
+        assert_eq!(roll(id), format!("rolls/{id}"));
+        assert_eq!(daemon_set(id), format!("daemon_sets/{id}"));
+        assert_eq!(
+            ds_farm_status(id),
+            format!("status/daemon_sets/{id}/daemon_set_farm")
+        );
+        assert_eq!(labels("pod", "node1/hello"), "labels/pod/node1/hello");
+        assert_eq!(labels_of_type("node"), "labels/node/");
+        assert_eq!(pod(INTENT, "node1", "hello"), "intent/node1/hello");
+        assert_eq!(health("hello", "node1"), "health/hello/node1");
+        assert_eq!(
+            rc_mutation(id),
+            format!("lock/replication_controllers/{id}/update")
+        );
+        assert_eq!(
+            rc_update_creation(id),
+            format!("lock/replication_controllers/{id}/update_creation")
+        );
+        assert!(new_audit_log().starts_with("audit_logs/"));
+    }
+}

@@ -1,0 +1,164 @@
+//! Compatibility with P2's own tools: what the API stores is byte for byte what P2 writes,
+//! and documents P2 wrote survive reads and patches unchanged apart from the patched fields.
+
+use axum::http::StatusCode;
+use p2_apiserver::kv::Cas;
+use p2_apiserver::model::StoredRc;
+use serde_json::{json, Value};
+
+use crate::support::api::{TestApp, TestResponse};
+
+// ---- Replication controllers (§1.3) ----
+
+/// The §1.3 example exactly as P2 writes it: one line, struct order.
+const P2_RC: &str = r#"{"id":"5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11","manifest":"id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_3881c78e.tar.gz\nconfig:\n  ENVIRONMENT: production\nstatus:\n  port: 43770\n  http: true\n","node_selector":"availability_zone=us-west-2a,role in (web,worker)","pod_labels":{"availability_zone":"us-west-2a","cluster_name":"production"},"replicas_desired":3,"disabled":false,"allocation_strategy":"static_strategy"}"#;
+const P2_RC_ID: &str = "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11";
+/// The RC's labels as P2's label applicator writes them.
+const P2_RC_LABELS: &str = r#"{"pod_id":"hello"}"#;
+
+async fn raw(app: &TestApp, key: &str) -> String {
+    let pair = app.store.get(key).await.unwrap().expect("key exists");
+    String::from_utf8(pair.value).unwrap()
+}
+
+async fn patch_rc(app: &TestApp, id: &str, body: Value) -> TestResponse {
+    let response = app
+        .json_request(
+            "PATCH",
+            &format!("/api/v1/rcs/{id}"),
+            Some(&body),
+            &[("content-type", "application/merge-patch+json")],
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    response
+}
+
+#[tokio::test]
+async fn created_rcs_are_stored_exactly_as_p2_writes_them() {
+    let app = TestApp::new().await;
+    let manifest = "id: hello\n# a comment P2 keeps\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello.tar.gz\n";
+    let response = app
+        .json_request(
+            "POST",
+            "/api/v1/rcs",
+            Some(&json!({
+                "manifest": manifest,
+                "node_selector": "role in (worker,web),availability_zone=us-west-2a",
+                "replicas_desired": 3,
+                "allocation_strategy": "static_strategy",
+                "labels": {"owner": "ops"},
+                "availability_zone": "us-west-2a",
+                "cluster_name": "production",
+            })),
+            &[],
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
+    let id = response.json()["id"].as_str().unwrap().to_owned();
+
+    let expected = format!(
+        r#"{{"id":"{id}","manifest":{manifest},"node_selector":"availability_zone=us-west-2a,role in (web,worker)","pod_labels":{{"availability_zone":"us-west-2a","cluster_name":"production"}},"replicas_desired":3,"disabled":false,"allocation_strategy":"static_strategy"}}"#,
+        manifest = serde_json::to_string(manifest).unwrap()
+    );
+    let stored = raw(&app, &format!("replication_controllers/{id}")).await;
+    assert_eq!(stored, expected);
+    let decoded = StoredRc::from_json(stored.as_bytes()).unwrap();
+    assert_eq!(decoded.manifest.raw(), manifest);
+
+    assert_eq!(
+        raw(&app, &format!("labels/replication_controller/{id}")).await,
+        r#"{"owner":"ops","pod_id":"hello"}"#
+    );
+}
+
+#[tokio::test]
+async fn a_p2_rc_survives_get_and_patch_unchanged_but_for_the_patched_fields() {
+    let app = TestApp::new().await;
+    let key = format!("replication_controllers/{P2_RC_ID}");
+    app.store
+        .put(&key, P2_RC.as_bytes(), Cas::Index(0))
+        .await
+        .unwrap();
+    app.store
+        .put(
+            &format!("labels/replication_controller/{P2_RC_ID}"),
+            P2_RC_LABELS.as_bytes(),
+            Cas::Index(0),
+        )
+        .await
+        .unwrap();
+    let original: Value = serde_json::from_str(P2_RC).unwrap();
+
+    let got = app.get(&format!("/api/v1/rcs/{P2_RC_ID}")).await;
+    assert_eq!(got.status, StatusCode::OK);
+    let view = got.json();
+    for field in [
+        "id",
+        "manifest",
+        "node_selector",
+        "pod_labels",
+        "replicas_desired",
+        "disabled",
+        "allocation_strategy",
+    ] {
+        assert_eq!(view[field], original[field], "{field}");
+    }
+    assert_eq!(view["labels"], json!({"pod_id": "hello"}));
+    assert_eq!(raw(&app, &key).await, P2_RC, "a read wrote");
+
+    let changes = [
+        ("replicas_desired", json!(5)),
+        ("disabled", json!(true)),
+        ("allocation_strategy", json!("dynamic_strategy")),
+    ];
+    let mut expected = original.clone();
+    for (field, value) in changes {
+        patch_rc(&app, P2_RC_ID, json!({ field: value.clone() })).await;
+        expected[field] = value;
+        let stored: Value = serde_json::from_str(&raw(&app, &key).await).unwrap();
+        assert_eq!(stored, expected, "after patching {field}");
+    }
+    patch_rc(&app, P2_RC_ID, json!({"pod_labels": {"team": "edge"}})).await;
+    expected["pod_labels"]["team"] = json!("edge");
+    let stored = raw(&app, &key).await;
+    assert_eq!(serde_json::from_str::<Value>(&stored).unwrap(), expected);
+    // Byte for byte too: one line, P2's key order, sorted label keys.
+    assert_eq!(
+        stored,
+        P2_RC
+            .replace(r#""replicas_desired":3"#, r#""replicas_desired":5"#)
+            .replace(r#""disabled":false"#, r#""disabled":true"#)
+            .replace(r#""static_strategy""#, r#""dynamic_strategy""#)
+            .replace(
+                r#""cluster_name":"production"}"#,
+                r#""cluster_name":"production","team":"edge"}"#
+            )
+    );
+    assert_eq!(
+        raw(&app, &format!("labels/replication_controller/{P2_RC_ID}")).await,
+        P2_RC_LABELS
+    );
+}
+
+#[tokio::test]
+async fn a_p2_rc_with_nil_pod_labels_keeps_them_null() {
+    let app = TestApp::new().await;
+    let id = "9c41f7a2-0d3e-4b6a-8f1c-2e7d5a9b3c60";
+    let document = format!(
+        r#"{{"id":"{id}","manifest":"id: hello\n","node_selector":"","pod_labels":null,"replicas_desired":0,"disabled":false,"allocation_strategy":""}}"#
+    );
+    let key = format!("replication_controllers/{id}");
+    app.store
+        .put(&key, document.as_bytes(), Cas::Index(0))
+        .await
+        .unwrap();
+    let view = app.get(&format!("/api/v1/rcs/{id}")).await.json();
+    assert_eq!(view["pod_labels"], json!({}));
+    assert_eq!(view["labels"], json!({}));
+    patch_rc(&app, id, json!({"disabled": true})).await;
+    assert_eq!(
+        raw(&app, &key).await,
+        document.replace(r#""disabled":false"#, r#""disabled":true"#)
+    );
+}

@@ -1,0 +1,15 @@
+//! The REST API, driven in-process through the router (and over TCP where the listener matters).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod compat_p2;
+mod daemonsets;
+mod http_basics;
+mod labels;
+mod openapi;
+mod p2_labels;
+mod pods;
+mod rcs;
+mod reality;
+mod rolls;

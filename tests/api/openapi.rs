@@ -1,0 +1,86 @@
+//! The OpenAPI document: generated from the code, committed at `openapi/openapi.json`, served
+//! at `/openapi.json`, with Swagger UI at `/docs`.
+//!
+//! After an intended API change, regenerate the committed copy with
+//! `UPDATE_OPENAPI=1 cargo test --test openapi`.
+
+use crate::support::api::TestApp;
+use p2_apiserver::router;
+
+const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");
+
+fn generated() -> serde_json::Value {
+    let (_, openapi) = router::api().split_for_parts();
+    serde_json::to_value(&openapi).unwrap()
+}
+
+#[test]
+fn committed_document_matches_the_code() {
+    let generated = generated();
+    if std::env::var_os("UPDATE_OPENAPI").is_some() {
+        let text = serde_json::to_string_pretty(&generated).unwrap() + "\n";
+        std::fs::write(COMMITTED, text).unwrap();
+    }
+    let committed: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(COMMITTED).unwrap()).unwrap();
+    assert!(
+        committed == generated,
+        "openapi/openapi.json is stale; run UPDATE_OPENAPI=1 cargo test --test openapi"
+    );
+}
+
+#[tokio::test]
+async fn served_document_is_the_generated_one() {
+    let app = TestApp::new().await;
+    let response = app.get("/openapi.json").await;
+    assert_eq!(response.status, 200);
+    let served: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+    assert_eq!(served, generated());
+    assert!(served["openapi"].as_str().unwrap().starts_with("3.1"));
+}
+
+#[test]
+fn every_operation_is_named_tagged_and_documents_its_errors() {
+    let doc = generated();
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 20, "only {} paths", paths.len());
+    for (path, item) in paths {
+        for (method, op) in item.as_object().unwrap() {
+            let name = format!("{method} {path}");
+            assert!(op["operationId"].is_string(), "{name} has no operation id");
+            assert!(
+                op["tags"].as_array().is_some_and(|t| !t.is_empty()),
+                "{name} has no tag"
+            );
+            let responses = op["responses"].as_object().unwrap();
+            let probe = path == "/healthz";
+            assert!(
+                probe
+                    || responses
+                        .keys()
+                        .any(|code| code.starts_with('4') || code.starts_with('5')),
+                "{name} documents no error response"
+            );
+            for (code, response) in responses {
+                if code.starts_with('4') || code.starts_with('5') {
+                    let schema = &response["content"]["application/json"]["schema"]["$ref"];
+                    assert_eq!(schema, "#/components/schemas/ErrorBody", "{name} {code}");
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn swagger_ui_is_served_from_the_binary() {
+    let app = TestApp::new().await;
+    let page = app.get("/docs/").await;
+    assert_eq!(page.status, 200);
+    assert!(String::from_utf8_lossy(&page.body).contains("swagger-ui"));
+    let bundle = app.get("/docs/swagger-ui-bundle.js").await;
+    assert_eq!(bundle.status, 200);
+    assert!(
+        bundle.body.len() > 100_000,
+        "the bundle is vendored, not fetched"
+    );
+}

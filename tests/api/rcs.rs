@@ -1,0 +1,731 @@
+//! The replication controller routes: create, list (selectors, paging, blocking), get with
+//! status, patch (merge patch, If-Match, retries, the mutation lock) and delete.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use p2_apiserver::kv::{Cas, SessionBehavior, SessionSpec};
+use p2_apiserver::router::MAX_BODY_BYTES;
+use serde_json::{json, Value};
+
+use crate::support::api::{assert_operations, item_ids, TestApp, TestResponse};
+
+const MANIFEST: &str = "id: hello\n# kept verbatim\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+
+fn spec() -> Value {
+    json!({
+        "manifest": MANIFEST,
+        "node_selector": "role in (worker,web),az=a",
+        "pod_labels": {"team": "edge"},
+        "replicas_desired": 2,
+        "allocation_strategy": "static_strategy",
+        "labels": {"owner": "ops"},
+        "availability_zone": "us-west-2a",
+        "cluster_name": "production",
+    })
+}
+
+async fn create(app: &TestApp, body: &Value) -> Value {
+    let response = app
+        .json_request("POST", "/api/v1/rcs", Some(body), &[])
+        .await;
+    assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
+    response.json()
+}
+
+/// Creates an RC from `spec()` and returns its ID.
+async fn create_id(app: &TestApp) -> String {
+    create(app, &spec()).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn patch(app: &TestApp, id: &str, body: &Value, headers: &[(&str, &str)]) -> TestResponse {
+    app.merge_patch(&format!("/api/v1/rcs/{id}"), body, headers)
+        .await
+}
+
+/// Holds the RC's mutation lock with a fresh session, as a running roll does.
+async fn hold_mutation_lock(app: &TestApp, rc_id: &str) -> String {
+    let session = app
+        .store
+        .create_session(&SessionSpec {
+            name: "roll farm".into(),
+            ttl: Duration::from_secs(10),
+            lock_delay: Duration::from_millis(1),
+            behavior: SessionBehavior::Delete,
+        })
+        .await
+        .unwrap();
+    let key = format!("lock/replication_controllers/{rc_id}/update");
+    assert!(app.store.acquire(&key, b"roll", &session).await.unwrap());
+    session
+}
+
+#[tokio::test]
+async fn create_answers_201_and_stores_the_rc_and_its_labels() {
+    let app = TestApp::new().await;
+    let response = app
+        .json_request("POST", "/api/v1/rcs", Some(&spec()), &[])
+        .await;
+    let body = response.json();
+    let id = body["id"].as_str().unwrap().to_owned();
+    assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 4);
+    let version = body["resource_version"].as_str().unwrap();
+    response.assert_created(&format!("/api/v1/rcs/{id}"), version);
+    assert_eq!(
+        body,
+        json!({
+            "id": id,
+            "manifest": MANIFEST,
+            "node_selector": "az=a,role in (web,worker)",
+            "pod_labels": {"availability_zone": "us-west-2a", "cluster_name": "production", "team": "edge"},
+            "replicas_desired": 2,
+            "disabled": false,
+            "allocation_strategy": "static_strategy",
+            "labels": {"owner": "ops", "pod_id": "hello"},
+            "resource_version": version,
+            "status": {"current_replicas": 0, "nodes": []},
+        })
+    );
+    let rc = app
+        .store
+        .get(&format!("replication_controllers/{id}"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rc.modify_index.to_string(), version);
+    assert_eq!(
+        app.stored_json(&format!("labels/replication_controller/{id}"))
+            .await,
+        Some(json!({"owner": "ops", "pod_id": "hello"}))
+    );
+
+    let got = app.get(&format!("/api/v1/rcs/{id}")).await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.json(), body);
+    assert_eq!(got.header("etag"), response.header("etag"));
+}
+
+#[tokio::test]
+async fn create_takes_a_json_manifest_and_p2_defaults() {
+    let app = TestApp::new().await;
+    let body = create(
+        &app,
+        &json!({"manifest": {"id": "hello", "config": {"a": 1}}}),
+    )
+    .await;
+    assert_eq!(body["replicas_desired"], 0);
+    assert_eq!(body["disabled"], false);
+    assert_eq!(body["allocation_strategy"], "");
+    assert_eq!(body["node_selector"], "");
+    assert_eq!(body["pod_labels"], json!({}));
+    assert_eq!(body["labels"], json!({"pod_id": "hello"}));
+    let manifest = body["manifest"].as_str().unwrap();
+    assert!(manifest.contains("id: hello\n"), "{manifest}");
+    assert!(manifest.contains("config:\n  a: 1\n"), "{manifest}");
+}
+
+#[tokio::test]
+async fn create_lists_every_problem_and_writes_nothing() {
+    let app = TestApp::new().await;
+    let response = app
+        .json_request(
+            "POST",
+            "/api/v1/rcs",
+            Some(&json!({
+                "manifest": "launchables:\n  app:\n    launchable_type: hoist\n",
+                "node_selector": "role in (web",
+                "pod_labels": {"-bad": "v"},
+                "labels": {"ok": "not ok!"},
+                "replicas_desired": -3,
+                "allocation_strategy": "whenever",
+            })),
+            &[],
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(response.error().reason, "Invalid");
+    assert_eq!(
+        response.cause_fields(),
+        [
+            "manifest.id",
+            "manifest.launchables.app.location",
+            "node_selector",
+            "pod_labels.-bad",
+            "labels.ok",
+            "replicas_desired",
+            "allocation_strategy",
+        ]
+    );
+    assert_eq!(app.dump().await, []);
+}
+
+#[tokio::test]
+async fn create_refuses_unusable_bodies() {
+    let app = TestApp::new().await;
+    let post = |content_type: &'static str, body: Vec<u8>| {
+        Request::post("/api/v1/rcs")
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let cases = [
+        (
+            post("application/json", b"{\"manifest\": ".to_vec()),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            post("text/plain", spec().to_string().into_bytes()),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
+            post("application/json", vec![b' '; MAX_BODY_BYTES + 1]),
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
+        (
+            post(
+                "application/json",
+                json!({"manifest": MANIFEST, "replica": 1})
+                    .to_string()
+                    .into_bytes(),
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            post("application/json", b"{\"node_selector\": \"\"}".to_vec()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ];
+    for (request, status) in cases {
+        let response = app.send(request).await;
+        assert_eq!(response.status, status, "{response:?}");
+        response.error();
+    }
+    assert_eq!(app.dump().await, []);
+}
+
+#[tokio::test]
+async fn get_refuses_bad_ids_and_answers_404_for_missing_rcs() {
+    let app = TestApp::new().await;
+    for id in [
+        "not-a-uuid",
+        "..",
+        "5a0e3b8c-6f2d-4c1e-9a57",
+        "%2E%2E%2Fnode",
+    ] {
+        let response = app.get(&format!("/api/v1/rcs/{id}")).await;
+        assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{id}");
+        assert_eq!(response.cause_fields(), ["id"]);
+    }
+    let missing = uuid::Uuid::new_v4();
+    let response = app.get(&format!("/api/v1/rcs/{missing}")).await;
+    assert_eq!(response.status, StatusCode::NOT_FOUND);
+    assert!(response.error().message.contains(&missing.to_string()));
+}
+
+#[tokio::test]
+async fn get_reads_the_status_from_pod_labels() {
+    let app = TestApp::new().await;
+    let id = create_id(&app).await;
+    let mine = json!({"pod_id": "hello", "replication_controller_id": id});
+    for node in ["node2", "node1"] {
+        app.put_json(&format!("labels/pod/{node}/hello"), &mine)
+            .await;
+    }
+    let other =
+        json!({"pod_id": "hello", "replication_controller_id": uuid::Uuid::new_v4().to_string()});
+    app.put_json("labels/pod/node3/hello", &other).await;
+
+    let body = app.get(&format!("/api/v1/rcs/{id}")).await.json();
+    assert_eq!(
+        body["status"],
+        json!({"current_replicas": 2, "nodes": ["node1", "node2"]})
+    );
+    let listed = app.get("/api/v1/rcs").await.json();
+    assert_eq!(listed["items"][0]["status"], body["status"]);
+}
+
+#[tokio::test]
+async fn list_filters_by_rc_labels_and_pages_by_id() {
+    let app = TestApp::new().await;
+    let mut ids = Vec::new();
+    for (n, owner) in ["ops", "dev", "ops"].iter().enumerate() {
+        let mut body = spec();
+        body["labels"] = json!({"owner": owner, "n": n.to_string()});
+        ids.push(create(&app, &body).await["id"].as_str().unwrap().to_owned());
+    }
+    let listing = app.get("/api/v1/rcs").await;
+    assert_eq!(listing.status, StatusCode::OK);
+    let index: u64 = listing.header("x-index").unwrap().parse().unwrap();
+    assert!(index > 0);
+    let body = listing.json();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    let listed = item_ids(&body);
+    assert_eq!(listed, sorted);
+    assert_eq!(body["continue"], Value::Null);
+
+    let ops = app.get("/api/v1/rcs?selector=owner%3Dops").await.json();
+    let mut expected = vec![ids[0].as_str(), ids[2].as_str()];
+    expected.sort();
+    let listed = item_ids(&ops);
+    assert_eq!(listed, expected);
+
+    let first = app.get("/api/v1/rcs?limit=2").await.json();
+    assert_eq!(first["items"].as_array().unwrap().len(), 2);
+    let token = first["continue"].as_str().unwrap();
+    let rest = app
+        .get(&format!("/api/v1/rcs?limit=2&continue={token}"))
+        .await
+        .json();
+    assert_eq!(rest["items"][0]["id"], sorted[2]);
+    assert_eq!(rest["continue"], Value::Null);
+
+    let bad = app.get("/api/v1/rcs?selector=owner%20in%20(").await;
+    assert_eq!(bad.unprocessable_fields(), ["selector"]);
+    // Refused at once, not after the wait.
+    let bad = tokio::time::timeout(
+        Duration::from_secs(5),
+        app.get(&format!("/api/v1/rcs?limit=0&index={index}&wait=10m")),
+    )
+    .await
+    .expect("answered without waiting");
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let bad = app.get("/api/v1/rcs?index=1&wait=11m").await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let bad = app.get("/api/v1/rcs?limit=many").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_blocking_list_wakes_on_a_change_and_times_out_unchanged() {
+    let app = Arc::new(TestApp::new().await);
+    create(&app, &spec()).await;
+    // A pod of no RC here, so that every tree the listing watches is in use: on Consul an
+    // empty tree reads at the index of the whole KV store, which any write anywhere moves.
+    app.put_raw("labels/pod/node9/other", br#"{"pod_id": "other"}"#)
+        .await;
+    let index = app
+        .get("/api/v1/rcs")
+        .await
+        .header("x-index")
+        .unwrap()
+        .to_owned();
+
+    let unchanged = app
+        .get(&format!("/api/v1/rcs?index={index}&wait=50ms"))
+        .await;
+    assert_eq!(unchanged.status, StatusCode::OK);
+    assert_eq!(unchanged.header("x-index"), Some(index.as_str()));
+
+    let waiting = app
+        .get_held(format!("/api/v1/rcs?index={index}&wait=10s"))
+        .await;
+    let new = create(&app, &spec()).await;
+    let woken = waiting.woken("the blocked list woke").await;
+    assert_eq!(woken.status, StatusCode::OK);
+    assert_ne!(woken.header("x-index"), Some(index.as_str()));
+    let items = woken.json()["items"].as_array().unwrap().clone();
+    assert!(items.iter().any(|rc| rc["id"] == new["id"]));
+}
+
+#[tokio::test]
+async fn patch_changes_only_the_given_fields() {
+    let app = TestApp::new().await;
+    let created = create(&app, &spec()).await;
+    let id = created["id"].as_str().unwrap();
+    let new_manifest = MANIFEST.replace("hello_1", "hello_2");
+    let response = patch(
+        &app,
+        id,
+        &json!({
+            "replicas_desired": 5,
+            "disabled": true,
+            "node_selector": "b=2, a=1",
+            "pod_labels": {"team": null, "tier": "web"},
+            "manifest": new_manifest,
+            "allocation_strategy": "dynamic_strategy",
+        }),
+        &[],
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    let body = response.json();
+    let version = body["resource_version"].as_str().unwrap();
+    assert_ne!(version, created["resource_version"].as_str().unwrap());
+    assert_eq!(
+        response.header("etag"),
+        Some(format!("\"{version}\"").as_str())
+    );
+    let mut expected = created.clone();
+    expected["replicas_desired"] = json!(5);
+    expected["disabled"] = json!(true);
+    expected["node_selector"] = json!("a=1,b=2");
+    expected["pod_labels"] =
+        json!({"availability_zone": "us-west-2a", "cluster_name": "production", "tier": "web"});
+    expected["manifest"] = json!(new_manifest);
+    expected["allocation_strategy"] = json!("dynamic_strategy");
+    expected["resource_version"] = json!(version);
+    assert_eq!(body, expected);
+    assert_eq!(app.get(&format!("/api/v1/rcs/{id}")).await.json(), expected);
+
+    let cleared = patch(&app, id, &json!({"pod_labels": null}), &[]).await;
+    assert_eq!(cleared.json()["pod_labels"], json!({}));
+    let raw = app
+        .stored_json(&format!("replication_controllers/{id}"))
+        .await
+        .unwrap();
+    assert_eq!(raw["pod_labels"], Value::Null);
+
+    // A plain JSON body works too, and an empty patch changes nothing.
+    let plain = app
+        .json_request("PATCH", &format!("/api/v1/rcs/{id}"), Some(&json!({})), &[])
+        .await;
+    assert_eq!(plain.status, StatusCode::OK);
+    assert_eq!(plain.header("etag"), cleared.header("etag"));
+}
+
+#[tokio::test]
+async fn patch_lists_every_bad_field_and_writes_nothing() {
+    let app = TestApp::new().await;
+    let id = create_id(&app).await;
+    let before = app.dump().await;
+    let response = patch(
+        &app,
+        &id,
+        &json!({
+            "replicas_desired": -1,
+            "disabled": "yes",
+            "node_selector": "a in (",
+            "pod_labels": {"ok": 3, "bad key!": "v"},
+            "manifest": "launchables: 3\n",
+            "allocation_strategy": "",
+            "labels": {"a": "b"},
+            "id": "x",
+            "status": {},
+            "spec": 1,
+        }),
+        &[],
+    )
+    .await;
+    let mut got = response.unprocessable_fields();
+    got.sort();
+    let mut expected = [
+        "allocation_strategy",
+        "disabled",
+        "id",
+        "labels",
+        "manifest.id",
+        "manifest.launchables",
+        "node_selector",
+        "pod_labels.bad key!",
+        "pod_labels.ok",
+        "replicas_desired",
+        "spec",
+        "status",
+    ];
+    expected.sort();
+    assert_eq!(got, expected);
+
+    for body in [
+        json!({"replicas_desired": null}),
+        json!({"manifest": {"id": "other"}}),
+        json!({"replicas_desired": 1.5}),
+    ] {
+        let response = patch(&app, &id, &body, &[]).await;
+        assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    }
+    let response = patch(&app, &id, &json!({"manifest": {"id": "other"}}), &[]).await;
+    assert_eq!(response.cause_fields(), ["manifest.id"]);
+    assert_eq!(app.dump().await, before);
+}
+
+#[tokio::test]
+async fn patch_refuses_unusable_requests() {
+    let app = TestApp::new().await;
+    let id = create_id(&app).await;
+    let before = app.dump().await;
+    let path = format!("/api/v1/rcs/{id}");
+    let request = |content_type: &str, body: Vec<u8>| {
+        Request::patch(path.as_str())
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let cases = [
+        (
+            request("application/merge-patch+json", b"{".to_vec()),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            request("application/json", b"[1]".to_vec()),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            request("text/plain", b"{\"disabled\": true}".to_vec()),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
+            request("application/json", vec![b' '; MAX_BODY_BYTES + 1]),
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
+    ];
+    for (request, status) in cases {
+        let response = app.send(request).await;
+        assert_eq!(response.status, status, "{response:?}");
+        response.error();
+    }
+    let missing = patch(
+        &app,
+        &uuid::Uuid::new_v4().to_string(),
+        &json!({"disabled": true}),
+        &[],
+    )
+    .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    let bad_id = patch(&app, "nope", &json!({"disabled": true}), &[]).await;
+    assert_eq!(bad_id.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let bad_etag = patch(
+        &app,
+        &id,
+        &json!({"disabled": true}),
+        &[("if-match", "\"v1\"")],
+    )
+    .await;
+    assert_eq!(bad_etag.status, StatusCode::BAD_REQUEST);
+    assert_eq!(app.dump().await, before);
+}
+
+#[tokio::test]
+async fn if_match_makes_patch_and_delete_conditional() {
+    let app = TestApp::new().await;
+    let created = create(&app, &spec()).await;
+    let id = created["id"].as_str().unwrap();
+    let first = format!("\"{}\"", created["resource_version"].as_str().unwrap());
+
+    let ok = patch(
+        &app,
+        id,
+        &json!({"replicas_desired": 0}),
+        &[("if-match", &first)],
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::OK);
+    let before = app.dump().await;
+    let stale = patch(
+        &app,
+        id,
+        &json!({"disabled": true}),
+        &[("if-match", &first)],
+    )
+    .await;
+    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
+    assert_eq!(stale.error().reason, "PreconditionFailed");
+    let path = format!("/api/v1/rcs/{id}");
+    let stale = app
+        .json_request("DELETE", &path, None, &[("if-match", &first)])
+        .await;
+    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
+    assert_eq!(app.dump().await, before);
+
+    let current = ok.header("etag").unwrap().to_owned();
+    let deleted = app
+        .json_request("DELETE", &path, None, &[("if-match", &current)])
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn delete_needs_zero_replicas_or_force_and_removes_the_labels_too() {
+    let app = TestApp::new().await;
+    let id = create_id(&app).await;
+    let path = format!("/api/v1/rcs/{id}");
+    let before = app.dump().await;
+    let refused = app.json_request("DELETE", &path, None, &[]).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    assert!(refused.error().message.contains("force"));
+    assert_eq!(app.dump().await, before);
+
+    let deleted = app
+        .json_request("DELETE", &format!("{path}?force=true"), None, &[])
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    assert!(deleted.body.is_empty());
+    assert_eq!(app.dump().await, []);
+    assert_eq!(app.get(&path).await.status, StatusCode::NOT_FOUND);
+    let again = app.json_request("DELETE", &path, None, &[]).await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND);
+
+    let zero = create(&app, &json!({"manifest": MANIFEST})).await;
+    let path = format!("/api/v1/rcs/{}", zero["id"].as_str().unwrap());
+    assert_eq!(
+        app.json_request("DELETE", &path, None, &[]).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let bad = app
+        .json_request("DELETE", "/api/v1/rcs/x?force=maybe", None, &[])
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let bad = app
+        .json_request("DELETE", "/api/v1/rcs/..", None, &[])
+        .await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[tokio::test]
+async fn the_mutation_lock_refuses_patch_and_delete_naming_the_roll() {
+    let app = TestApp::new().await;
+    let old = create_id(&app).await;
+    let new = uuid::Uuid::new_v4().to_string();
+    let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 2, "MinimumReplicas": 1,
+                      "LeaveOld": false, "RollDelay": 0});
+    app.store
+        .put(
+            &format!("rolls/{new}"),
+            roll.to_string().as_bytes(),
+            Cas::Index(0),
+        )
+        .await
+        .unwrap();
+    let session = hold_mutation_lock(&app, &old).await;
+    let before = app.dump().await;
+
+    let patched = patch(&app, &old, &json!({"replicas_desired": 0}), &[]).await;
+    assert_eq!(patched.status, StatusCode::CONFLICT);
+    assert!(
+        patched.error().message.contains(&format!("roll {new}")),
+        "{patched:?}"
+    );
+    let deleted = app
+        .json_request(
+            "DELETE",
+            &format!("/api/v1/rcs/{old}?force=true"),
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(deleted.status, StatusCode::CONFLICT);
+    assert!(deleted.error().message.contains(&new));
+    assert_eq!(app.dump().await, before);
+
+    // Without a roll record the holder is named by its session.
+    app.store
+        .delete(&format!("rolls/{new}"), Cas::Any)
+        .await
+        .unwrap();
+    let patched = patch(&app, &old, &json!({"replicas_desired": 0}), &[]).await;
+    assert_eq!(patched.status, StatusCode::CONFLICT);
+    assert!(patched.error().message.contains(&session));
+
+    // Once the lock is released, the same requests go through.
+    app.store
+        .release(
+            &format!("lock/replication_controllers/{old}/update"),
+            &session,
+        )
+        .await
+        .unwrap();
+    let patched = patch(&app, &old, &json!({"replicas_desired": 0}), &[]).await;
+    assert_eq!(patched.status, StatusCode::OK);
+    let deleted = app
+        .json_request("DELETE", &format!("/api/v1/rcs/{old}"), None, &[])
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_if_match_increments_all_land() {
+    let app = Arc::new(TestApp::new().await);
+    let mut body = spec();
+    body["replicas_desired"] = json!(7);
+    let id = create(&app, &body).await["id"].as_str().unwrap().to_owned();
+    let clients = (0..20).map(|_| {
+        let app = app.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            for _ in 0..10 {
+                loop {
+                    let current = app.get(&format!("/api/v1/rcs/{id}")).await;
+                    let replicas = current.json()["replicas_desired"].as_i64().unwrap();
+                    let version = current.header("etag").unwrap().to_owned();
+                    let response = patch(
+                        &app,
+                        &id,
+                        &json!({"replicas_desired": replicas + 1}),
+                        &[("if-match", &version)],
+                    )
+                    .await;
+                    match response.status {
+                        StatusCode::OK => break,
+                        StatusCode::PRECONDITION_FAILED => continue,
+                        other => panic!("unexpected {other}: {response:?}"),
+                    }
+                }
+            }
+        })
+    });
+    for client in clients.collect::<Vec<_>>() {
+        client.await.unwrap();
+    }
+    let body = app.get(&format!("/api/v1/rcs/{id}")).await.json();
+    assert_eq!(body["replicas_desired"], 207);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_patches_of_different_pod_labels_all_land() {
+    let app = Arc::new(TestApp::new().await);
+    let id = create_id(&app).await;
+    let clients = (0..20).map(|n| {
+        let app = app.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            let response = patch(
+                &app,
+                &id,
+                &json!({"pod_labels": {format!("key{n}"): format!("value{n}")}}),
+                &[],
+            )
+            .await;
+            assert_eq!(response.status, StatusCode::OK, "{response:?}");
+        })
+    });
+    for client in clients.collect::<Vec<_>>() {
+        client.await.unwrap();
+    }
+    let body = app.get(&format!("/api/v1/rcs/{id}")).await.json();
+    let labels = body["pod_labels"].as_object().unwrap();
+    for n in 0..20 {
+        assert_eq!(labels[&format!("key{n}")], format!("value{n}"));
+    }
+    assert_eq!(labels["team"], "edge");
+    assert_eq!(labels.len(), 23);
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_every_rc_route() {
+    let app = TestApp::new().await;
+    let document = app.get("/openapi.json").await.json();
+    let operations = [
+        ("/api/v1/rcs", "post", "create_rc"),
+        ("/api/v1/rcs", "get", "list_rcs"),
+        ("/api/v1/rcs/{id}", "get", "get_rc"),
+        ("/api/v1/rcs/{id}", "patch", "patch_rc"),
+        ("/api/v1/rcs/{id}", "delete", "delete_rc"),
+    ];
+    let documented = assert_operations(&document, "replication_controllers", &operations);
+    for (operation, (path, method, _)) in documented.iter().zip(operations) {
+        assert!(operation["responses"]["422"].is_object(), "{path} {method}");
+    }
+    let schemas = &document["components"]["schemas"];
+    for schema in ["RcSpec", "RcView", "RcStatus"] {
+        assert!(schemas[schema].is_object(), "{schema} missing");
+    }
+    assert_eq!(
+        schemas["RcView"]["properties"]["pod_labels"]["additionalProperties"],
+        json!({"type": "string"})
+    );
+}

@@ -1,0 +1,250 @@
+//! The DS farm, driven directly against the embedded store (no HTTP).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::support::farms::{Harness, MANIFEST};
+use p2_apiserver::kv::{Cas, KvStore};
+use p2_apiserver::labels::LabelType;
+use p2_apiserver::model::Manifest;
+use serde_json::{json, Value};
+
+const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
+const DS_ID: &str = "daemon_set_id";
+/// Long enough for the farm to have acted on a change it must ignore.
+const SETTLE: Duration = Duration::from_millis(600);
+
+fn ds_doc(selector: &str, min_health: i64, timeout: Duration) -> Value {
+    json!({"disabled": false, "manifest": MANIFEST, "min_health": min_health,
+           "cluster_name": "production", "node_selector": selector, "pod_id": "hello",
+           "timeout": timeout.as_nanos() as u64})
+}
+
+fn sha(manifest: &str) -> String {
+    Manifest::parse(manifest).unwrap().sha()
+}
+
+async fn web_nodes(h: &Harness, count: usize) {
+    for i in 1..=count {
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
+            .await;
+    }
+}
+
+async fn wait_for_ds_nodes(h: &Harness, id: &str, expected: &[&str]) {
+    h.wait_until(|| async { (h.labelled_nodes(DS_ID, id).await == expected).then_some(()) })
+        .await;
+}
+
+/// Intents of pod `hello` holding `manifest`.
+async fn intents_with(h: &Harness, manifest: &str) -> usize {
+    let listing = h.store.list("intent/").await.unwrap();
+    listing
+        .pairs
+        .iter()
+        .filter(|pair| pair.key.ends_with("/hello") && pair.value == manifest.as_bytes())
+        .count()
+}
+
+/// Reports a pod running its intent and passing, as a node agent would.
+async fn report_healthy(store: &dyn KvStore, node: &str, pod_id: &str) {
+    let intent = store
+        .get(&format!("intent/{node}/{pod_id}"))
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .put(&format!("reality/{node}/{pod_id}"), &intent.value, Cas::Any)
+        .await
+        .unwrap();
+    let health = json!({"Id": pod_id, "Node": node, "Service": pod_id, "Status": "passing",
+                        "Time": "2026-01-01T00:00:00Z", "Expires": "2126-01-01T00:00:00Z"});
+    store
+        .put(
+            &format!("health/{pod_id}/{node}"),
+            health.to_string().as_bytes(),
+            Cas::Any,
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lands_on_matching_nodes_and_leaves_relabelled_ones_but_never_all() {
+    let h = Harness::start().await;
+    web_nodes(&h, 3).await;
+    h.label(LabelType::Node, "node4", json!({"role": "db"}))
+        .await;
+    // A matching node already running pod `hello` for someone else is left alone.
+    h.label(LabelType::Node, "node5", json!({"role": "web"}))
+        .await;
+    h.store
+        .put("intent/node5/hello", b"id: hello\n", Cas::Any)
+        .await
+        .unwrap();
+
+    let id = h
+        .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
+        .await;
+    wait_for_ds_nodes(&h, &id, &["node1", "node2", "node3"]).await;
+    let labels = h.pod_labels("node1", "hello").await;
+    assert_eq!(labels.len(), 1, "{labels:?}");
+    assert_eq!(labels[DS_ID], id);
+    assert_eq!(h.intent("node1", "hello").await.as_deref(), Some(MANIFEST));
+    assert_eq!(
+        h.intent("node5", "hello").await.as_deref(),
+        Some("id: hello\n")
+    );
+    let status = h.wait_until(|| async { h.ds_status(&id).await }).await;
+    assert_eq!(status["manifest_sha"], sha(MANIFEST).as_str());
+    assert_eq!(status["nodes_deployed"], 0);
+    assert_eq!(
+        status["replication_in_progress"], true,
+        "no node is healthy"
+    );
+
+    h.label(LabelType::Node, "node3", json!({"role": "db"}))
+        .await;
+    wait_for_ds_nodes(&h, &id, &["node1", "node2"]).await;
+    assert!(h.intent("node3", "hello").await.is_none());
+
+    // No node matches any more: the failsafe keeps the last pods.
+    h.edit_ds(&id, |doc| doc["node_selector"] = "role=cache".into())
+        .await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(h.labelled_nodes(DS_ID, &id).await, ["node1", "node2"]);
+    assert_eq!(h.intent("node2", "hello").await.as_deref(), Some(MANIFEST));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_contending_daemon_sets_the_newer_is_disabled() {
+    let h = Harness::start().await;
+    web_nodes(&h, 2).await;
+    let older = h
+        .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
+        .await;
+    wait_for_ds_nodes(&h, &older, &["node1", "node2"]).await;
+    let newer = h.put_ds(ds_doc("", 0, Duration::from_secs(600))).await;
+
+    h.wait_until(|| async { (h.ds(&newer).await["disabled"] == true).then_some(()) })
+        .await;
+    assert_eq!(h.ds(&older).await["disabled"], false);
+    assert!(h.labelled_nodes(DS_ID, &newer).await.is_empty());
+    let audit = h.store.list("audit_logs/").await.unwrap();
+    let disabled: Vec<Value> = audit
+        .pairs
+        .iter()
+        .map(|pair| serde_json::from_slice::<Value>(&pair.value).unwrap())
+        .filter(|record| record["event_type"] == "DAEMON_SET_DISABLED")
+        .collect();
+    assert_eq!(disabled.len(), 1, "{disabled:?}");
+    assert_eq!(
+        disabled[0]["event_details"]["daemon_set"]["id"],
+        newer.as_str()
+    );
+    assert_eq!(disabled[0]["event_details"]["daemon_set"]["disabled"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_change_rolls_node_by_node_keeping_min_health() {
+    let h = Harness::start().await;
+    web_nodes(&h, 5).await;
+    h.run_fake_nodes(Duration::from_millis(100));
+    let id = h
+        .put_ds(ds_doc("role=web", 4, Duration::from_secs(600)))
+        .await;
+    h.wait_until(|| async { (h.healthy_labelled(DS_ID, &id).await == 5).then_some(()) })
+        .await;
+
+    h.edit_ds(&id, |doc| doc["manifest"] = NEW_MANIFEST.into())
+        .await;
+    let lowest = AtomicUsize::new(usize::MAX);
+    h.wait_until(|| async {
+        let healthy = h.healthy_labelled(DS_ID, &id).await;
+        lowest.fetch_min(healthy, Ordering::SeqCst);
+        (healthy == 5 && intents_with(&h, NEW_MANIFEST).await == 5).then_some(())
+    })
+    .await;
+    let lowest = lowest.into_inner();
+    assert!(lowest >= 4, "healthy pods dropped to {lowest}");
+    h.wait_until(|| async {
+        let status = h.ds_status(&id).await?;
+        (status
+            == json!({"manifest_sha": sha(NEW_MANIFEST), "nodes_deployed": 5,
+                      "replication_in_progress": false}))
+        .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_that_never_comes_up_stops_at_min_health() {
+    let h = Harness::start().await;
+    web_nodes(&h, 5).await;
+    let id = h
+        .put_ds(ds_doc("role=web", 3, Duration::from_millis(200)))
+        .await;
+    h.wait_until(|| async { (intents_with(&h, MANIFEST).await == 5).then_some(()) })
+        .await;
+    for i in 1..=5 {
+        report_healthy(h.store.as_ref(), &format!("node{i}"), "hello").await;
+    }
+    h.wait_until(|| async { (h.ds_status(&id).await?["nodes_deployed"] == 5).then_some(()) })
+        .await;
+
+    // Nobody runs the new manifest: two nodes are tried, time out, and hold the rest back.
+    h.edit_ds(&id, |doc| doc["manifest"] = NEW_MANIFEST.into())
+        .await;
+    h.wait_until(|| async { (intents_with(&h, NEW_MANIFEST).await == 2).then_some(()) })
+        .await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(intents_with(&h, NEW_MANIFEST).await, 2);
+    assert_eq!(intents_with(&h, MANIFEST).await, 3);
+    let status = h.ds_status(&id).await.unwrap();
+    assert_eq!(status["manifest_sha"], sha(NEW_MANIFEST).as_str());
+    assert_eq!(status["replication_in_progress"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dangling_pods_are_cleaned_up_but_an_empty_tree_wipes_nothing_unseen() {
+    let h = Harness::start().await;
+    web_nodes(&h, 2).await;
+    // Pods of a daemon set this term never saw, while no daemon set is listed.
+    let unknown = uuid::Uuid::new_v4().to_string();
+    h.store
+        .put("intent/node1/leftover", b"id: leftover\n", Cas::Any)
+        .await
+        .unwrap();
+    h.label(LabelType::Pod, "node1/leftover", json!({DS_ID: unknown}))
+        .await;
+    tokio::time::sleep(SETTLE).await;
+    assert!(h.intent("node1", "leftover").await.is_some());
+    assert_eq!(h.labelled_nodes(DS_ID, &unknown).await, ["node1"]);
+
+    // Once daemon sets are listed, pods of one that is not are dangling.
+    let id = h
+        .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
+        .await;
+    wait_for_ds_nodes(&h, &id, &["node1", "node2"]).await;
+    h.wait_until(|| async { h.intent("node1", "leftover").await.is_none().then_some(()) })
+        .await;
+    assert!(h.labelled_nodes(DS_ID, &unknown).await.is_empty());
+
+    // Deleting the only daemon set empties the tree, but this term saw it exist.
+    h.store
+        .delete(&format!("daemon_sets/{id}"), Cas::Any)
+        .await
+        .unwrap();
+    wait_for_ds_nodes(&h, &id, &[]).await;
+    assert!(h.intent("node1", "hello").await.is_none());
+    assert!(h.intent("node2", "hello").await.is_none());
+    h.wait_until(|| async {
+        let lock = h
+            .store
+            .get(&format!("lock/daemon_sets/{id}"))
+            .await
+            .unwrap();
+        lock.is_none_or(|pair| pair.session.is_none()).then_some(())
+    })
+    .await;
+}

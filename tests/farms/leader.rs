@@ -1,0 +1,220 @@
+//! Leader election and fencing on the embedded store.
+
+#[allow(dead_code)]
+use crate::support::severable;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use p2_apiserver::farms::alerts::Alerter;
+use p2_apiserver::farms::FarmContext;
+use p2_apiserver::kv::sqlite::SqliteStore;
+use p2_apiserver::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, TxnOp};
+use p2_apiserver::leader::{self, current_leader, LeaderConfig, Term};
+use p2_apiserver::store::layout::LEADER_LOCK;
+use severable::Severable;
+use tokio_util::sync::CancellationToken;
+
+fn config(holder: &str) -> LeaderConfig {
+    LeaderConfig {
+        holder: holder.into(),
+        session_ttl: Duration::from_secs(10),
+        lock_delay: Duration::from_secs(1),
+        behavior: SessionBehavior::Delete,
+    }
+}
+
+async fn wait_for(mut check: impl AsyncFnMut() -> bool) {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(40);
+    while !check().await {
+        assert!(tokio::time::Instant::now() < give_up, "timed out");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Two servers campaign; when the leader's session dies (as on a crash), its term ends and
+/// the other takes over after the lock-delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standby_takes_over_and_the_old_term_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leader.db").display().to_string();
+    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let shutdown = CancellationToken::new();
+    let terms = Arc::new(AtomicUsize::new(0));
+    let ended = Arc::new(AtomicUsize::new(0));
+    let mut servers = Vec::new();
+    for name in ["a", "b"] {
+        let (terms, ended) = (terms.clone(), ended.clone());
+        servers.push(tokio::spawn(leader::campaign(
+            store.clone(),
+            config(name),
+            shutdown.clone(),
+            move |term: Term| {
+                terms.fetch_add(1, Ordering::SeqCst);
+                let ended = ended.clone();
+                async move {
+                    term.cancel.cancelled().await;
+                    ended.fetch_add(1, Ordering::SeqCst);
+                }
+            },
+        )));
+    }
+    wait_for(async || current_leader(&*store).await.unwrap().is_some()).await;
+    let first = current_leader(&*store).await.unwrap().unwrap();
+    assert_eq!(terms.load(Ordering::SeqCst), 1, "exactly one server leads");
+
+    // The leader's session is invalidated behind its back.
+    store.destroy_session(&first.session).await.unwrap();
+    wait_for(async || ended.load(Ordering::SeqCst) == 1).await;
+    wait_for(async || {
+        current_leader(&*store)
+            .await
+            .unwrap()
+            .is_some_and(|now| now.session != first.session)
+    })
+    .await;
+    let second = current_leader(&*store).await.unwrap().unwrap();
+    assert!(second.holder == "a" || second.holder == "b");
+
+    shutdown.cancel();
+    for server in servers {
+        server.await.unwrap();
+    }
+    // Shutting down destroys the sessions, which deletes the lock at once.
+    assert_eq!(store.get(LEADER_LOCK).await.unwrap(), None);
+}
+
+/// A deposed leader's late write is rolled back by the store, and a cancelled term writes
+/// nothing at all. Writes fenced on the farms' locks check the term's session; writes fenced
+/// on the leader lock check the leader's.
+#[tokio::test]
+async fn farm_writes_are_fenced_by_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fence.db").display().to_string();
+    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let spec = |name: &str, behavior| SessionSpec {
+        name: name.into(),
+        ttl: Duration::from_secs(10),
+        lock_delay: Duration::ZERO,
+        behavior,
+    };
+    let leader = store
+        .create_session(&spec("leader", SessionBehavior::Release))
+        .await
+        .unwrap();
+    let session = store
+        .create_session(&spec("farms", SessionBehavior::Delete))
+        .await
+        .unwrap();
+    assert!(store.acquire(LEADER_LOCK, b"", &leader).await.unwrap());
+    let lock = "lock/replication_controllers/x";
+    assert!(store.acquire(lock, b"", &session).await.unwrap());
+    let term = Term {
+        leader_session: leader.clone(),
+        session: session.clone(),
+        cancel: CancellationToken::new(),
+    };
+    let ctx = FarmContext::new(
+        store.clone(),
+        &term,
+        Arc::new(Alerter::new(None)),
+        "t".into(),
+    );
+    let write = || {
+        vec![TxnOp::Set {
+            key: "intent/n1/hello".into(),
+            value: b"id: hello\n".to_vec(),
+        }]
+    };
+    ctx.commit(lock, write()).await.unwrap();
+    ctx.commit(LEADER_LOCK, write()).await.unwrap();
+
+    // The farms' session dies (it expired, say) while the farm still runs: its write is
+    // refused.
+    store.destroy_session(&session).await.unwrap();
+    store
+        .delete("intent/n1/hello", p2_apiserver::kv::Cas::Any)
+        .await
+        .unwrap();
+    assert!(matches!(
+        ctx.commit(lock, write()).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert_eq!(store.get("intent/n1/hello").await.unwrap(), None);
+
+    // So is a write fenced on leadership once the leader's session dies.
+    store.destroy_session(&leader).await.unwrap();
+    assert!(matches!(
+        ctx.commit(LEADER_LOCK, write()).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert_eq!(store.get("intent/n1/hello").await.unwrap(), None);
+
+    // After the term is cancelled nothing is even sent.
+    term.cancel.cancel();
+    assert!(matches!(
+        ctx.commit(lock, write()).await,
+        Err(StoreError::Unavailable(_))
+    ));
+}
+
+/// A leader that stops renewing (crashed, or cut off from the store) is replaced on SQLite
+/// no sooner than TTL plus lock-delay after its last renewal, and no later than the bound
+/// `--help` gives (TTL + lock-delay + 1s after the crash). The upper check allows 5s more
+/// for a loaded machine: still well short of the 2×TTL Consul may take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_leader_is_replaced_within_the_documented_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("failover.db").display().to_string();
+    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let severable = Severable::new(store.clone());
+    let shutdown = CancellationToken::new();
+    let idle = |term: Term| async move { term.cancel.cancelled().await };
+    let a = tokio::spawn(leader::campaign(
+        severable.clone(),
+        config("a"),
+        shutdown.clone(),
+        idle,
+    ));
+    wait_for(async || current_leader(&*store).await.unwrap().is_some()).await;
+    let first = current_leader(&*store).await.unwrap().unwrap();
+    assert_eq!(first.holder, "a");
+    let b = tokio::spawn(leader::campaign(
+        store.clone(),
+        config("b"),
+        shutdown.clone(),
+        idle,
+    ));
+
+    severable.cut();
+    let crashed = tokio::time::Instant::now();
+    let renewed = severable.last_renewal(&first.session);
+    wait_for(async || {
+        current_leader(&*store)
+            .await
+            .unwrap()
+            .is_some_and(|now| now.holder == "b")
+    })
+    .await;
+    let replaced = tokio::time::Instant::now();
+
+    let (ttl, lock_delay) = (config("a").session_ttl, config("a").lock_delay);
+    // The store counts whole milliseconds.
+    let granularity = Duration::from_millis(5);
+    assert!(
+        replaced - renewed + granularity >= ttl + lock_delay,
+        "replaced {:?} after the last renewal",
+        replaced - renewed
+    );
+    let bound = ttl + lock_delay + Duration::from_secs(1);
+    assert!(
+        replaced - crashed <= bound + Duration::from_secs(5),
+        "replaced {:?} after the crash",
+        replaced - crashed
+    );
+
+    shutdown.cancel();
+    a.await.unwrap();
+    b.await.unwrap();
+}

@@ -1,0 +1,322 @@
+//! The farms' locks under P2's lock trees: they vanish with their session whatever
+//! `--leader-behavior` says for the leader lock, and keys an older run left there without a
+//! session are removed. Each test runs on SQLite and through the Consul client against the
+//! fake Consul agent.
+
+#[allow(dead_code)]
+use crate::support::fake_consul;
+#[allow(dead_code)]
+use crate::support::severable;
+
+use std::any::Any;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use p2_apiserver::farms::{self, alerts::Alerter};
+use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore};
+use p2_apiserver::kv::sqlite::SqliteStore;
+use p2_apiserver::kv::{Cas, KvPair, KvStore, SessionBehavior, SessionSpec};
+use p2_apiserver::leader::{self, current_leader, LeaderConfig};
+use p2_apiserver::store::layout::{self, LEADER_LOCK};
+use serde_json::json;
+use severable::Severable;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+const TTL: Duration = Duration::from_secs(10);
+/// How long a test waits for something the server or the store must do; past every TTL.
+const PATIENCE: Duration = Duration::from_secs(40);
+
+/// A store and what must outlive it (a SQLite file, a fake agent).
+struct Backend {
+    store: Arc<dyn KvStore>,
+    _keep: Box<dyn Any>,
+}
+
+async fn sqlite() -> Backend {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("farms.db").display().to_string();
+    Backend {
+        store: Arc::new(SqliteStore::open(&path).await.unwrap()),
+        _keep: Box::new(dir),
+    }
+}
+
+async fn fake_consul() -> Backend {
+    let fake = fake_consul::start().await;
+    let config = ConsulConfig {
+        base_url: format!("http://{}", fake.addr),
+        token: None,
+        datacenter: None,
+    };
+    Backend {
+        store: Arc::new(ConsulStore::new(config).unwrap()),
+        _keep: Box::new(fake),
+    }
+}
+
+/// One server campaigning with the farms, as `serve` runs them.
+struct Server {
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Server {
+    fn start(store: Arc<dyn KvStore>, behavior: SessionBehavior) -> Server {
+        let config = LeaderConfig {
+            holder: "test".into(),
+            session_ttl: TTL,
+            lock_delay: Duration::ZERO,
+            behavior,
+        };
+        let shutdown = CancellationToken::new();
+        let alerts = Arc::new(Alerter::new(None));
+        let farm_store = store.clone();
+        let task = tokio::spawn(leader::campaign(
+            store,
+            config,
+            shutdown.clone(),
+            move |term| farms::run_term(farm_store.clone(), term, alerts.clone(), "test".into()),
+        ));
+        Server { shutdown, task }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+async fn wait_until<F, Fut>(what: &str, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let give_up = tokio::time::Instant::now() + PATIENCE;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < give_up, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn put_json(store: &dyn KvStore, key: &str, doc: serde_json::Value) {
+    store
+        .put(key, doc.to_string().as_bytes(), Cas::Any)
+        .await
+        .unwrap();
+}
+
+fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// An RC, a daemon set and a roll over two RCs on one web node: every kind of lock the farms
+/// take under P2's trees. Returns those lock keys.
+async fn objects_with_locks(store: &dyn KvStore) -> Vec<String> {
+    put_json(store, "labels/node/node1", json!({"role": "web"})).await;
+    let rc = |id: &str, replicas: i64| {
+        json!({"id": id, "manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+               "replicas_desired": replicas, "disabled": false, "allocation_strategy": ""})
+    };
+    let (old, new, ds) = (new_id(), new_id(), new_id());
+    put_json(
+        store,
+        &format!("replication_controllers/{old}"),
+        rc(&old, 1),
+    )
+    .await;
+    put_json(
+        store,
+        &format!("replication_controllers/{new}"),
+        rc(&new, 0),
+    )
+    .await;
+    let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 1, "MinimumReplicas": 1,
+                      "LeaveOld": false, "RollDelay": 0});
+    put_json(store, &format!("rolls/{new}"), roll).await;
+    let ds_doc = json!({"id": ds, "disabled": false, "manifest": MANIFEST, "min_health": 0,
+                        "cluster_name": "production", "node_selector": "role=db",
+                        "pod_id": "hello", "timeout": 0});
+    put_json(store, &format!("daemon_sets/{ds}"), ds_doc).await;
+    vec![
+        layout::rc_ownership(&old),
+        layout::rc_ownership(&new),
+        layout::rc_mutation(&old),
+        layout::rc_mutation(&new),
+        layout::roll_ownership(&new),
+        layout::ds_ownership(&ds),
+    ]
+}
+
+/// The farms' session, once it holds every one of `keys`; it is never the leader's.
+async fn wait_for_farm_locks(store: &dyn KvStore, keys: &[String]) -> String {
+    wait_until("the farms hold their locks", || async {
+        let mut holders = Vec::new();
+        for key in keys {
+            holders.push(store.get(key).await.unwrap().and_then(|pair| pair.session));
+        }
+        holders.iter().all(|h| h.is_some() && *h == holders[0])
+    })
+    .await;
+    let farm = store.get(&keys[0]).await.unwrap().unwrap().session.unwrap();
+    let leader = current_leader(store).await.unwrap().unwrap();
+    assert_ne!(
+        farm, leader.session,
+        "the farms' locks are not the leader's"
+    );
+    farm
+}
+
+/// The keys under `lock/`.
+async fn lock_keys(store: &dyn KvStore) -> Vec<KvPair> {
+    store.list("lock/").await.unwrap().pairs
+}
+
+/// A server with `--leader-behavior release` stops: the leader lock is released and stays,
+/// while every lock the farms held is deleted.
+async fn farm_locks_vanish_when_the_sessions_are_destroyed(backend: Backend) {
+    let store = backend.store;
+    let keys = objects_with_locks(&*store).await;
+    let server = Server::start(store.clone(), SessionBehavior::Release);
+    wait_for_farm_locks(&*store, &keys).await;
+    server.stop().await;
+    let left = lock_keys(&*store).await;
+    assert_eq!(
+        left.iter().map(|p| p.key.as_str()).collect::<Vec<_>>(),
+        [LEADER_LOCK]
+    );
+    assert_eq!(left[0].session, None, "the leader lock is only released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn farm_locks_vanish_when_the_sessions_are_destroyed_on_sqlite() {
+    farm_locks_vanish_when_the_sessions_are_destroyed(sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn farm_locks_vanish_when_the_sessions_are_destroyed_on_consul() {
+    farm_locks_vanish_when_the_sessions_are_destroyed(fake_consul().await).await;
+}
+
+/// A server with `--leader-behavior release` can no longer renew its sessions, which the
+/// store then expires: the leader lock is left released, and every lock the farms held is
+/// gone (nothing leads meanwhile, so nothing else removes them).
+async fn farm_locks_vanish_when_the_sessions_expire(backend: Backend) {
+    let store = backend.store;
+    let keys = objects_with_locks(&*store).await;
+    let severable = Severable::new(store.clone());
+    let server = Server::start(severable.clone(), SessionBehavior::Release);
+    let farm = wait_for_farm_locks(&*store, &keys).await;
+    severable.cut();
+    wait_until("the farms' session expires", || async {
+        store.session_info(&farm).await.unwrap().is_none()
+    })
+    .await;
+    wait_until("the leader's session expires", || async {
+        current_leader(&*store).await.unwrap().is_none()
+    })
+    .await;
+    let left = lock_keys(&*store).await;
+    assert_eq!(
+        left.iter().map(|p| p.key.as_str()).collect::<Vec<_>>(),
+        [LEADER_LOCK]
+    );
+    assert_eq!(left[0].session, None, "the leader lock is only released");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn farm_locks_vanish_when_the_sessions_expire_on_sqlite() {
+    farm_locks_vanish_when_the_sessions_expire(sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn farm_locks_vanish_when_the_sessions_expire_on_consul() {
+    farm_locks_vanish_when_the_sessions_expire(fake_consul().await).await;
+}
+
+/// Keys an older run left without a session under P2's lock trees are removed (or, for an
+/// RC that exists, taken over by the farm that then runs it); a lock a live session holds,
+/// and a kind of lock the farms do not take, are left alone.
+async fn sessionless_locks_are_removed(backend: Backend) {
+    let store = backend.store;
+    put_json(&*store, "labels/node/node1", json!({"role": "web"})).await;
+    let rc = |id: &str| {
+        json!({"id": id, "manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+               "replicas_desired": 1, "disabled": false, "allocation_strategy": ""})
+    };
+    let (ours, foreign, gone) = (new_id(), new_id(), new_id());
+    put_json(
+        &*store,
+        &format!("replication_controllers/{ours}"),
+        rc(&ours),
+    )
+    .await;
+    put_json(
+        &*store,
+        &format!("replication_controllers/{foreign}"),
+        rc(&foreign),
+    )
+    .await;
+    let stale = [
+        layout::rc_ownership(&ours),
+        layout::rc_ownership(&gone),
+        layout::rc_mutation(&gone),
+        layout::rc_update_creation(&gone),
+        layout::roll_ownership(&gone),
+        layout::ds_ownership(&gone),
+    ];
+    for key in &stale {
+        store.put(key, b"", Cas::Any).await.unwrap();
+    }
+    let outsiders = format!("lock/replication_controllers/{gone}/node_transfer");
+    store.put(&outsiders, b"", Cas::Any).await.unwrap();
+    let spec = SessionSpec {
+        name: "another farm".into(),
+        ttl: Duration::from_secs(120),
+        lock_delay: Duration::ZERO,
+        behavior: SessionBehavior::Delete,
+    };
+    let other = store.create_session(&spec).await.unwrap();
+    let held = layout::rc_ownership(&foreign);
+    assert!(store.acquire(&held, b"", &other).await.unwrap());
+    let held_before = store.get(&held).await.unwrap().unwrap();
+
+    let server = Server::start(store.clone(), SessionBehavior::Delete);
+    wait_until("our RC runs its pod", || async {
+        let labels = store.get("labels/pod/node1/hello").await.unwrap();
+        labels.is_some_and(|pair| {
+            let labels: serde_json::Value = serde_json::from_slice(&pair.value).unwrap();
+            labels["replication_controller_id"] == ours.as_str()
+        })
+    })
+    .await;
+    wait_until("the stale keys are gone", || async {
+        let keys: Vec<String> = lock_keys(&*store)
+            .await
+            .into_iter()
+            .map(|p| p.key)
+            .collect();
+        stale[1..].iter().all(|key| !keys.contains(key))
+    })
+    .await;
+    let leader = current_leader(&*store).await.unwrap().unwrap();
+    let owner = store.get(&stale[0]).await.unwrap().unwrap().session;
+    assert!(owner.is_some_and(|owner| owner != leader.session && owner != other));
+    assert_eq!(store.get(&held).await.unwrap(), Some(held_before));
+    let outsiders = store.get(&outsiders).await.unwrap().unwrap();
+    assert_eq!(outsiders.session, None);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessionless_locks_are_removed_on_sqlite() {
+    sessionless_locks_are_removed(sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessionless_locks_are_removed_on_consul() {
+    sessionless_locks_are_removed(fake_consul().await).await;
+}

@@ -1,0 +1,135 @@
+//! The RC farm, driven directly against the embedded store (no HTTP).
+
+use std::time::Duration;
+
+use crate::support::farms::{Harness, MANIFEST};
+use p2_apiserver::labels::LabelType;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_scales_down_and_moves_pods() {
+    let h = Harness::start().await;
+    for i in 1..=5 {
+        let role = if i <= 4 { "web" } else { "db" };
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": role}))
+            .await;
+    }
+    let id = h
+        .put_rc(json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {"app": "hello"},
+                       "replicas_desired": 3, "disabled": false, "allocation_strategy": "dynamic_strategy"}))
+        .await;
+    let nodes = h.wait_for_rc_nodes(&id, 3).await;
+    assert!(nodes.iter().all(|n| n != "node5"), "{nodes:?}");
+    let pod = h.pod_labels(&nodes[0], "hello").await;
+    assert_eq!(pod["replication_controller_id"], id.as_str());
+    assert_eq!(pod["pod_id"], "hello");
+    assert_eq!(pod["app"], "hello");
+    assert_eq!(
+        h.intent(&nodes[0], "hello").await.as_deref(),
+        Some(MANIFEST)
+    );
+
+    // Relabelling a node moves its pod (dynamic strategy).
+    h.label(LabelType::Node, &nodes[0], json!({"role": "db"}))
+        .await;
+    let moved = h
+        .wait_until(|| async {
+            let now = h.rc_nodes(&id).await;
+            (now.len() == 3 && !now.contains(&nodes[0])).then_some(now)
+        })
+        .await;
+    assert!(h.intent(&nodes[0], "hello").await.is_none());
+
+    // Scaling down removes pods from ineligible nodes first.
+    h.label(LabelType::Node, &moved[0], json!({"role": "db"}))
+        .await;
+    h.set_replicas(&id, 2).await;
+    let after = h.wait_for_rc_nodes(&id, 2).await;
+    assert!(
+        !after.contains(&moved[0]),
+        "{after:?} still has {}",
+        moved[0]
+    );
+    assert!(h.audit_records().await >= 3);
+    drop(h);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rcs_owned_by_another_farm_are_left_alone() {
+    use p2_apiserver::kv::{SessionBehavior, SessionSpec};
+    let h = Harness::start().await;
+    h.label(LabelType::Node, "node1", json!({"role": "web"}))
+        .await;
+    let spec = SessionSpec {
+        name: "another farm".into(),
+        ttl: Duration::from_secs(60),
+        lock_delay: Duration::ZERO,
+        behavior: SessionBehavior::Delete,
+    };
+    let other = h.store.create_session(&spec).await.unwrap();
+    let rc = json!({"manifest": MANIFEST, "node_selector": "", "pod_labels": null,
+                    "replicas_desired": 1, "disabled": false, "allocation_strategy": ""});
+    let id = uuid::Uuid::new_v4().to_string();
+    let lock = format!("lock/replication_controllers/{id}");
+    assert!(h.store.acquire(&lock, b"", &other).await.unwrap());
+    let mut owned = rc.clone();
+    owned["id"] = id.clone().into();
+    let key = format!("replication_controllers/{id}");
+    h.store
+        .put(
+            &key,
+            owned.to_string().as_bytes(),
+            p2_apiserver::kv::Cas::Index(0),
+        )
+        .await
+        .unwrap();
+    // A second RC proves the farm is running and has looked at both.
+    let mine = h.put_rc(rc).await;
+    h.wait_for_rc_nodes(&mine, 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(h.rc_nodes(&id).await.is_empty());
+    // Once the other farm lets go, this one takes the RC over.
+    h.store.destroy_session(&other).await.unwrap();
+    h.set_replicas(&mine, 0).await;
+    h.wait_for_rc_nodes(&mine, 0).await;
+    h.wait_for_rc_nodes(&id, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_few_eligible_nodes_raise_an_alert() {
+    use wiremock::matchers::{body_partial_json, method};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let webhook = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(body_partial_json(
+            json!({"urgency": "low", "event_type": "trigger"}),
+        ))
+        .respond_with(ResponseTemplate::new(200))
+        .expect(1..)
+        .mount(&webhook)
+        .await;
+    let h = Harness::start_with_alerts(Some(webhook.uri())).await;
+    h.label(LabelType::Node, "node1", json!({"role": "web"}))
+        .await;
+    let id = h
+        .put_rc(
+            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+                       "replicas_desired": 2, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    h.wait_for_rc_nodes(&id, 1).await;
+    let alert = h
+        .wait_until(|| async {
+            webhook
+                .received_requests()
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .next()
+        })
+        .await;
+    let body: serde_json::Value = serde_json::from_slice(&alert.body).unwrap();
+    assert_eq!(body["incident_key"], id.as_str());
+    assert_eq!(body["details"]["pod_id"], "hello");
+}

@@ -1,0 +1,158 @@
+//! The roll farm, driven directly against the embedded store (no HTTP).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::support::farms::{Harness, MANIFEST};
+use p2_apiserver::kv::Cas;
+use p2_apiserver::labels::LabelType;
+use serde_json::json;
+
+const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
+
+/// An RC document over the web nodes.
+fn rc(manifest: &str, replicas: i64) -> serde_json::Value {
+    json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {},
+           "replicas_desired": replicas, "disabled": false, "allocation_strategy": ""})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolls_keep_the_minimum_healthy_and_clean_up() {
+    let h = Harness::start().await;
+    for i in 1..=5 {
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
+            .await;
+    }
+    h.run_fake_nodes(Duration::from_millis(100));
+    let old = h.put_rc(rc(MANIFEST, 4)).await;
+    h.wait_for_rc_nodes(&old, 4).await;
+    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&4)).then_some(()) })
+        .await;
+    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
+    let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 4, "MinimumReplicas": 3,
+                      "LeaveOld": false, "RollDelay": 0});
+    h.store
+        .put(
+            &format!("rolls/{new}"),
+            roll.to_string().as_bytes(),
+            Cas::Index(0),
+        )
+        .await
+        .unwrap();
+
+    let lowest = AtomicUsize::new(usize::MAX);
+    h.wait_until(|| async {
+        let healthy = h.healthy_by_rc().await;
+        let total = healthy.values().sum::<usize>();
+        lowest.fetch_min(total, Ordering::SeqCst);
+        let done = h
+            .store
+            .get(&format!("rolls/{new}"))
+            .await
+            .unwrap()
+            .is_none();
+        done.then_some(())
+    })
+    .await;
+    let lowest = lowest.into_inner();
+    assert!(lowest >= 3, "healthy pods dropped to {lowest}");
+    assert!(h
+        .store
+        .get(&format!("replication_controllers/{old}"))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(h.wait_for_rc_nodes(&new, 4).await.len(), 4);
+    assert!(h.rc_nodes(&old).await.is_empty());
+    assert!(h
+        .store
+        .list("lock/replication_controllers/")
+        .await
+        .unwrap()
+        .pairs
+        .iter()
+        .all(|p| !p.key.ends_with("/update")));
+}
+
+/// Starts a roll from `old` (4 replicas) to a fresh RC and waits until the farm holds both
+/// RCs' mutation locks; returns the new RC's id.
+async fn start_roll(h: &Harness, old: &str, minimum: i64) -> String {
+    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
+    let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 4, "MinimumReplicas": minimum,
+                      "LeaveOld": false, "RollDelay": 3_600_000_000_000u64});
+    h.store
+        .put(
+            &format!("rolls/{new}"),
+            roll.to_string().as_bytes(),
+            Cas::Index(0),
+        )
+        .await
+        .unwrap();
+    h.wait_until(|| async { (mutation_locks(h).await == 2).then_some(()) })
+        .await;
+    new
+}
+
+async fn mutation_locks(h: &Harness) -> usize {
+    let locks = h.store.list("lock/replication_controllers/").await.unwrap();
+    locks
+        .pairs
+        .iter()
+        .filter(|p| p.key.ends_with("/update"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_roll_frees_both_rcs() {
+    let h = Harness::start().await;
+    for i in 1..=5 {
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
+            .await;
+    }
+    let old = h.put_rc(rc(MANIFEST, 4)).await;
+    h.wait_for_rc_nodes(&old, 4).await;
+    // Minimum 4 with nothing healthy: the roll holds its locks but cannot take a step.
+    let new = start_roll(&h, &old, 4).await;
+    h.store
+        .delete(&format!("rolls/{new}"), Cas::Any)
+        .await
+        .unwrap();
+    h.wait_until(|| async { (mutation_locks(&h).await == 0).then_some(()) })
+        .await;
+    // Both RCs stay as they were.
+    assert_eq!(h.rc_nodes(&old).await.len(), 4);
+    assert!(h
+        .store
+        .get(&format!("replication_controllers/{new}"))
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_whose_rc_vanishes_is_cleaned_up() {
+    let h = Harness::start().await;
+    h.label(LabelType::Node, "node1", json!({"role": "web"}))
+        .await;
+    let old = h.put_rc(rc(MANIFEST, 1)).await;
+    let new = start_roll(&h, &old, 1).await;
+    h.store
+        .delete(&format!("replication_controllers/{old}"), Cas::Any)
+        .await
+        .unwrap();
+    h.wait_until(|| async {
+        let gone = h
+            .store
+            .get(&format!("rolls/{new}"))
+            .await
+            .unwrap()
+            .is_none();
+        (gone && mutation_locks(&h).await == 0).then_some(())
+    })
+    .await;
+    let audits = h.store.list("audit_logs/").await.unwrap();
+    assert!(audits.pairs.iter().any(|p| {
+        let text = String::from_utf8_lossy(&p.value);
+        text.contains("ROLLING_UPDATE_COMPLETION") && text.contains("\"canceled\":true")
+    }));
+}

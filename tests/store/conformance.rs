@@ -1,0 +1,625 @@
+//! The store conformance suite: the same checks against every backend.
+//!
+//! `cargo test conformance` runs exactly these. The SQLite backend always runs, and so does
+//! the Consul client against the fake agent of `support/fake_consul.rs`; the Consul backend
+//! runs when `CONSUL_HTTP_ADDR` is set (for example `127.0.0.1:8500`) and is skipped
+//! with a printed reason otherwise. Every test works under its own random key prefix, so the
+//! suite can share one Consul with other users.
+
+use std::io::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::fake_consul;
+
+use p2_apiserver::kv::{
+    open_store, Cas, ConsulOptions, KvStore, SessionBehavior, SessionSpec, StoreError, StoreUrl,
+    TxnOp, WatchTarget, MAX_TXN_OPS, MAX_VALUE_BYTES,
+};
+
+/// A backend under test, with a key prefix of its own.
+struct Subject {
+    store: Arc<dyn KvStore>,
+    prefix: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Subject {
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// A new session with a 10s TTL, its ID.
+    async fn session(&self, name: &str, behavior: SessionBehavior, lock_delay: Duration) -> String {
+        self.store
+            .create_session(&spec(name, behavior, lock_delay))
+            .await
+            .unwrap()
+    }
+
+    /// A session of each behavior, each holding a lock under `dir/`: the releasing one's key
+    /// and session, then the deleting one's.
+    async fn lock_per_behavior(&self, dir: &str) -> [(String, String); 2] {
+        let released = self.key(&format!("{dir}/release"));
+        let deleted = self.key(&format!("{dir}/delete"));
+        let r = self
+            .session("r", SessionBehavior::Release, Duration::ZERO)
+            .await;
+        let d = self
+            .session("d", SessionBehavior::Delete, Duration::ZERO)
+            .await;
+        assert!(self.store.acquire(&released, b"r", &r).await.unwrap());
+        assert!(self.store.acquire(&deleted, b"d", &d).await.unwrap());
+        [(released, r), (deleted, d)]
+    }
+}
+
+fn prefix() -> String {
+    format!("conformance/{}/", uuid::Uuid::new_v4())
+}
+
+async fn sqlite() -> Option<Subject> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db").display().to_string();
+    let store = open_store(&StoreUrl::Sqlite { path }, ConsulOptions::default())
+        .await
+        .unwrap();
+    Some(Subject {
+        store,
+        prefix: prefix(),
+        _dir: Some(dir),
+    })
+}
+
+/// The real Consul client against the fake agent, so every check runs through its HTTP paths.
+async fn consul_fake() -> Option<Subject> {
+    let fake = fake_consul::start().await;
+    let url = format!("consul://{}", fake.addr).parse().unwrap();
+    let store = open_store(&url, ConsulOptions::default()).await.unwrap();
+    Some(Subject {
+        store,
+        prefix: prefix(),
+        _dir: Some(fake.dir),
+    })
+}
+
+async fn consul() -> Option<Subject> {
+    let Ok(addr) = std::env::var("CONSUL_HTTP_ADDR") else {
+        static NOTICE: std::sync::Once = std::sync::Once::new();
+        // Written past the test harness's capture so that the skip is always visible.
+        NOTICE.call_once(|| {
+            let _ = writeln!(
+                std::io::stderr(),
+                "conformance: skipping the Consul backend: CONSUL_HTTP_ADDR is not set"
+            );
+        });
+        return None;
+    };
+    let url = if addr.contains("://") {
+        addr.replacen("http://", "consul://", 1)
+            .replacen("https://", "consul+https://", 1)
+    } else {
+        format!("consul://{addr}")
+    };
+    let options = ConsulOptions {
+        token: std::env::var("CONSUL_HTTP_TOKEN").ok(),
+        datacenter: None,
+    };
+    let store = open_store(&url.parse().unwrap(), options).await.unwrap();
+    Some(Subject {
+        store,
+        prefix: prefix(),
+        _dir: None,
+    })
+}
+
+fn is_conflict<T: std::fmt::Debug>(result: Result<T, StoreError>) -> bool {
+    matches!(result, Err(StoreError::Conflict { .. }))
+}
+
+fn spec(name: &str, behavior: SessionBehavior, lock_delay: Duration) -> SessionSpec {
+    SessionSpec {
+        name: name.into(),
+        ttl: Duration::from_secs(10),
+        lock_delay,
+        behavior,
+    }
+}
+
+async fn create_only_cas(s: Subject) {
+    let key = s.key("create-only");
+    s.store.put(&key, b"first", Cas::Index(0)).await.unwrap();
+    assert!(is_conflict(
+        s.store.put(&key, b"second", Cas::Index(0)).await
+    ));
+    let pair = s.store.get(&key).await.unwrap().unwrap();
+    assert_eq!(pair.value, b"first");
+    assert_eq!(pair.create_index, pair.modify_index);
+}
+
+async fn cas_stale_and_fresh(s: Subject) {
+    let key = s.key("cas");
+    s.store.put(&key, b"v1", Cas::Any).await.unwrap();
+    let first = s.store.get(&key).await.unwrap().unwrap();
+    s.store
+        .put(&key, b"v2", Cas::Index(first.modify_index))
+        .await
+        .unwrap();
+    let second = s.store.get(&key).await.unwrap().unwrap();
+    assert!(second.modify_index > first.modify_index);
+    assert_eq!(second.create_index, first.create_index);
+    assert!(is_conflict(
+        s.store
+            .put(&key, b"stale", Cas::Index(first.modify_index))
+            .await
+    ));
+    assert_eq!(s.store.get(&key).await.unwrap().unwrap().value, b"v2");
+}
+
+async fn delete_cas(s: Subject) {
+    let key = s.key("delete-cas");
+    s.store.put(&key, b"v1", Cas::Any).await.unwrap();
+    let first = s.store.get(&key).await.unwrap().unwrap();
+    s.store.put(&key, b"v2", Cas::Any).await.unwrap();
+    assert!(is_conflict(
+        s.store.delete(&key, Cas::Index(first.modify_index)).await
+    ));
+    let current = s.store.get(&key).await.unwrap().unwrap();
+    assert_eq!(current.value, b"v2");
+    s.store
+        .delete(&key, Cas::Index(current.modify_index))
+        .await
+        .unwrap();
+    assert_eq!(s.store.get(&key).await.unwrap(), None);
+    // A plain delete of an absent key is not an error.
+    s.store.delete(&key, Cas::Any).await.unwrap();
+}
+
+async fn txn_all_or_nothing(s: Subject) {
+    let existing = s.key("txn/existing");
+    s.store.put(&existing, b"old", Cas::Any).await.unwrap();
+    let ops = vec![
+        TxnOp::Set {
+            key: s.key("txn/a"),
+            value: b"a".to_vec(),
+        },
+        TxnOp::Set {
+            key: existing.clone(),
+            value: b"new".to_vec(),
+        },
+        TxnOp::Delete {
+            key: s.key("txn/b"),
+        },
+        TxnOp::Cas {
+            key: s.key("txn/c"),
+            value: b"c".to_vec(),
+            index: 999_999_999,
+        },
+        TxnOp::Set {
+            key: s.key("txn/d"),
+            value: b"d".to_vec(),
+        },
+    ];
+    match s.store.txn(&ops).await {
+        Err(StoreError::Conflict { failures, .. }) => {
+            assert_eq!(failures.len(), 1, "{failures:?}");
+            assert_eq!(failures[0].op_index, 3);
+            assert!(!failures[0].what.is_empty());
+        }
+        other => panic!("expected a rollback, got {other:?}"),
+    }
+    let listing = s.store.list(&s.key("txn/")).await.unwrap();
+    assert_eq!(listing.pairs.len(), 1, "{:?}", listing.pairs);
+    assert_eq!(listing.pairs[0].value, b"old");
+
+    // The same ops without the failing one all apply, with results lined up.
+    let mut ops = ops;
+    ops.remove(3);
+    ops.push(TxnOp::Get {
+        key: existing.clone(),
+    });
+    let results = s.store.txn(&ops).await.unwrap();
+    assert_eq!(results.len(), ops.len());
+    assert!(results[2].is_none(), "a delete answers nothing");
+    assert_eq!(results[4].as_ref().unwrap().value, b"new");
+    let keys = s.store.keys(&s.key("txn/"), None).await.unwrap().1;
+    assert_eq!(keys, vec![s.key("txn/a"), s.key("txn/d"), existing]);
+}
+
+async fn txn_limits(s: Subject) {
+    let ops: Vec<TxnOp> = (0..=MAX_TXN_OPS)
+        .map(|i| TxnOp::Set {
+            key: s.key(&format!("limits/{i}")),
+            value: vec![],
+        })
+        .collect();
+    assert!(matches!(
+        s.store.txn(&ops).await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(s.store.txn(&ops[..MAX_TXN_OPS]).await.is_ok());
+    s.store.delete_prefix(&s.key("limits/")).await.unwrap();
+    assert!(s
+        .store
+        .list(&s.key("limits/"))
+        .await
+        .unwrap()
+        .pairs
+        .is_empty());
+}
+
+async fn bad_keys_and_values_write_nothing(s: Subject) {
+    let big = vec![b'x'; MAX_VALUE_BYTES + 1];
+    let key = s.key("big");
+    assert!(matches!(
+        s.store.put(&key, &big, Cas::Any).await,
+        Err(StoreError::Invalid(_))
+    ));
+    let ops = vec![
+        TxnOp::Set {
+            key: s.key("ok"),
+            value: b"1".to_vec(),
+        },
+        TxnOp::Set {
+            key: key.clone(),
+            value: big,
+        },
+    ];
+    assert!(matches!(
+        s.store.txn(&ops).await,
+        Err(StoreError::Invalid(_))
+    ));
+    for bad in ["a//b", "a/../b", "a/./b", "a/\u{1}"] {
+        let result = s.store.put(&s.key(bad), b"v", Cas::Any).await;
+        assert!(
+            matches!(result, Err(StoreError::Invalid(_))),
+            "{bad:?}: {result:?}"
+        );
+    }
+    assert!(s.store.list(&s.prefix).await.unwrap().pairs.is_empty());
+}
+
+async fn listing_and_separator(s: Subject) {
+    for name in ["tree/a/1", "tree/a/2", "tree/b", "treetop"] {
+        s.store
+            .put(&s.key(name), name.as_bytes(), Cas::Any)
+            .await
+            .unwrap();
+    }
+    let listing = s.store.list(&s.key("tree/")).await.unwrap();
+    let keys: Vec<_> = listing.pairs.iter().map(|p| p.key.clone()).collect();
+    assert_eq!(
+        keys,
+        vec![s.key("tree/a/1"), s.key("tree/a/2"), s.key("tree/b")]
+    );
+    assert_eq!(
+        listing.index,
+        listing.pairs.iter().map(|p| p.modify_index).max().unwrap()
+    );
+    let (_, keys) = s.store.keys(&s.key("tree/"), Some('/')).await.unwrap();
+    assert_eq!(keys, vec![s.key("tree/a/"), s.key("tree/b")]);
+}
+
+/// 20 writers race a CAS on one key for several rounds: exactly one wins each round.
+async fn concurrent_cas_one_winner_per_round(s: Subject) {
+    let key = s.key("race");
+    s.store.put(&key, b"0", Cas::Any).await.unwrap();
+    for round in 0..5 {
+        let index = s.store.get(&key).await.unwrap().unwrap().modify_index;
+        let wins = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for writer in 0..20 {
+            let (store, key, wins) = (s.store.clone(), key.clone(), wins.clone());
+            tasks.push(tokio::spawn(async move {
+                let value = format!("{round}-{writer}");
+                match store.put(&key, value.as_bytes(), Cas::Index(index)).await {
+                    Ok(()) => {
+                        wins.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(StoreError::Conflict { .. }) => {}
+                    Err(e) => panic!("unexpected error: {e}"),
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(wins.load(Ordering::SeqCst), 1, "round {round}");
+    }
+}
+
+/// 16 tasks each add 1 to a counter 50 times through CAS-retry: no update is lost.
+async fn counter_with_cas_retry(s: Subject) {
+    let key = s.key("counter");
+    s.store.put(&key, b"0", Cas::Index(0)).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (store, key) = (s.store.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..50 {
+                loop {
+                    let pair = store.get(&key).await.unwrap().unwrap();
+                    let n: u64 = std::str::from_utf8(&pair.value).unwrap().parse().unwrap();
+                    let next = (n + 1).to_string();
+                    match store
+                        .put(&key, next.as_bytes(), Cas::Index(pair.modify_index))
+                        .await
+                    {
+                        Ok(()) => break,
+                        Err(StoreError::Conflict { .. }) => continue,
+                        Err(e) => panic!("unexpected error: {e}"),
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let pair = s.store.get(&key).await.unwrap().unwrap();
+    assert_eq!(pair.value, b"800");
+}
+
+async fn lock_exclusivity(s: Subject) {
+    let key = s.key("lock");
+    let a = s
+        .session("a", SessionBehavior::Release, Duration::ZERO)
+        .await;
+    let b = s
+        .session("b", SessionBehavior::Release, Duration::ZERO)
+        .await;
+    assert!(s.store.acquire(&key, b"a", &a).await.unwrap());
+    assert!(!s.store.acquire(&key, b"b", &b).await.unwrap());
+    assert!(!s.store.release(&key, &b).await.unwrap());
+    // Re-acquiring by the holder succeeds without a new lock generation.
+    let held = s.store.get(&key).await.unwrap().unwrap();
+    assert!(s.store.acquire(&key, b"a2", &a).await.unwrap());
+    let again = s.store.get(&key).await.unwrap().unwrap();
+    assert_eq!(again.lock_index, held.lock_index);
+    assert_eq!(again.session.as_deref(), Some(a.as_str()));
+    // A txn lock by the other session rolls back; check-session passes only for the holder.
+    let ops = [TxnOp::Lock {
+        key: key.clone(),
+        value: b"b".to_vec(),
+        session: b.clone(),
+    }];
+    assert!(is_conflict(s.store.txn(&ops).await));
+    let check = [TxnOp::CheckSession {
+        key: key.clone(),
+        session: b.clone(),
+    }];
+    assert!(is_conflict(s.store.txn(&check).await));
+    let check = [TxnOp::CheckSession {
+        key: key.clone(),
+        session: a.clone(),
+    }];
+    s.store.txn(&check).await.unwrap();
+    // Once released, the other session takes it.
+    assert!(s.store.release(&key, &a).await.unwrap());
+    assert!(s.store.acquire(&key, b"b", &b).await.unwrap());
+    let taken = s.store.get(&key).await.unwrap().unwrap();
+    assert_eq!(taken.session.as_deref(), Some(b.as_str()));
+    assert_eq!(taken.lock_index, held.lock_index + 1);
+    let unlock = [TxnOp::Unlock {
+        key: key.clone(),
+        value: b"free".to_vec(),
+        session: b.clone(),
+    }];
+    s.store.txn(&unlock).await.unwrap();
+    assert_eq!(s.store.get(&key).await.unwrap().unwrap().session, None);
+    s.store.destroy_session(&a).await.unwrap();
+    s.store.destroy_session(&b).await.unwrap();
+}
+
+async fn session_lifecycle(s: Subject) {
+    let spec = spec("life", SessionBehavior::Delete, Duration::from_secs(1));
+    let id = s.store.create_session(&spec).await.unwrap();
+    let info = s.store.session_info(&id).await.unwrap().unwrap();
+    assert_eq!(info.name, "life");
+    assert_eq!(info.behavior, SessionBehavior::Delete);
+    assert_eq!(info.ttl, Duration::from_secs(10));
+    assert_eq!(s.store.renew_session(&id).await.unwrap().id, id);
+    s.store.destroy_session(&id).await.unwrap();
+    assert_eq!(s.store.session_info(&id).await.unwrap(), None);
+    assert!(matches!(
+        s.store.renew_session(&id).await,
+        Err(StoreError::NotFound(_))
+    ));
+    let gone = s.store.acquire(&s.key("life"), b"v", &id).await;
+    assert!(matches!(gone, Err(StoreError::NotFound(_))), "{gone:?}");
+    let too_short = SessionSpec {
+        ttl: Duration::from_secs(5),
+        ..spec.clone()
+    };
+    assert!(matches!(
+        s.store.create_session(&too_short).await,
+        Err(StoreError::Invalid(_))
+    ));
+    let too_long = SessionSpec {
+        ttl: Duration::from_secs(86_401),
+        ..spec
+    };
+    assert!(matches!(
+        s.store.create_session(&too_long).await,
+        Err(StoreError::Invalid(_))
+    ));
+}
+
+async fn destroy_applies_behavior(s: Subject) {
+    let [(released, r), (deleted, d)] = s.lock_per_behavior("behavior").await;
+    s.store.destroy_session(&r).await.unwrap();
+    s.store.destroy_session(&d).await.unwrap();
+    let pair = s.store.get(&released).await.unwrap().unwrap();
+    assert_eq!(pair.session, None);
+    assert_eq!(pair.value, b"r");
+    assert_eq!(s.store.get(&deleted).await.unwrap(), None);
+}
+
+async fn expiry_applies_behavior(s: Subject) {
+    let [(released, r), (deleted, d)] = s.lock_per_behavior("expiry").await;
+    // Consul may take up to twice the TTL to expire a session.
+    let give_up = Instant::now() + Duration::from_secs(35);
+    while s.store.session_info(&r).await.unwrap().is_some()
+        || s.store.session_info(&d).await.unwrap().is_some()
+        || s.store.get(&deleted).await.unwrap().is_some()
+    {
+        assert!(Instant::now() < give_up, "sessions did not expire");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let pair = s.store.get(&released).await.unwrap().unwrap();
+    assert_eq!(pair.session, None);
+}
+
+async fn lock_delay_honoured(s: Subject) {
+    let key = s.key("delay");
+    let delay = Duration::from_secs(2);
+    let a = s.session("a", SessionBehavior::Release, delay).await;
+    let b = s
+        .session("b", SessionBehavior::Release, Duration::ZERO)
+        .await;
+    assert!(s.store.acquire(&key, b"a", &a).await.unwrap());
+    s.store.destroy_session(&a).await.unwrap();
+    let freed = Instant::now();
+    assert!(
+        !s.store.acquire(&key, b"b", &b).await.unwrap(),
+        "lock-delay ignored"
+    );
+    while !s.store.acquire(&key, b"b", &b).await.unwrap() {
+        assert!(
+            freed.elapsed() < Duration::from_secs(10),
+            "lock never became free"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(freed.elapsed() >= delay - Duration::from_millis(500));
+    // An explicit release applies no lock-delay.
+    let c = s.session("c", SessionBehavior::Release, delay).await;
+    assert!(s.store.release(&key, &b).await.unwrap());
+    assert!(s.store.acquire(&key, b"c", &c).await.unwrap());
+    s.store.destroy_session(&b).await.unwrap();
+    s.store.destroy_session(&c).await.unwrap();
+}
+
+async fn watch_wakes_on_change(s: Subject) {
+    let key = s.key("watched");
+    s.store.put(&key, b"1", Cas::Any).await.unwrap();
+    let index = s.store.get(&key).await.unwrap().unwrap().modify_index;
+    let (store, target) = (s.store.clone(), WatchTarget::Key(key.clone()));
+    let waiter = tokio::spawn(async move {
+        let snapshot = store
+            .watch(&target, index, Duration::from_secs(30))
+            .await
+            .unwrap();
+        (snapshot, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.store.put(&key, b"2", Cas::Any).await.unwrap();
+    let written = Instant::now();
+    let (snapshot, woke) = waiter.await.unwrap();
+    assert!(snapshot.index > index);
+    assert_eq!(snapshot.pairs[0].value, b"2");
+    assert!(woke.saturating_duration_since(written) < Duration::from_secs(1));
+}
+
+async fn watch_times_out_unchanged(s: Subject) {
+    let key = s.key("quiet");
+    s.store.put(&key, b"1", Cas::Any).await.unwrap();
+    let target = WatchTarget::Prefix(s.key(""));
+    let index = s.store.list(&s.key("")).await.unwrap().index;
+    // Writes elsewhere do not end the wait.
+    let other = format!("{}-elsewhere", s.prefix.trim_end_matches('/'));
+    let store = s.store.clone();
+    let noise = tokio::spawn(async move {
+        for i in 0..3 {
+            store
+                .put(&other, i.to_string().as_bytes(), Cas::Any)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        store.delete(&other, Cas::Any).await.unwrap();
+    });
+    let started = Instant::now();
+    let snapshot = s
+        .store
+        .watch(&target, index, Duration::from_secs(2))
+        .await
+        .unwrap();
+    noise.await.unwrap();
+    assert_eq!(snapshot.index, index);
+    assert_eq!(snapshot.pairs.len(), 1);
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+}
+
+async fn prefix_watch_sees_deletes(s: Subject) {
+    let prefix = s.key("dir/");
+    s.store.put(&s.key("dir/a"), b"a", Cas::Any).await.unwrap();
+    s.store.put(&s.key("dir/b"), b"b", Cas::Any).await.unwrap();
+    let index = s.store.list(&prefix).await.unwrap().index;
+    let (store, target) = (s.store.clone(), WatchTarget::Prefix(prefix.clone()));
+    let waiter =
+        tokio::spawn(async move { store.watch(&target, index, Duration::from_secs(30)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.store.delete(&s.key("dir/b"), Cas::Any).await.unwrap();
+    let snapshot = waiter.await.unwrap().unwrap();
+    assert!(snapshot.index > index);
+    assert_eq!(snapshot.pairs.len(), 1);
+    // Deleting the last key still moves the index on.
+    let index = snapshot.index;
+    s.store.delete_prefix(&prefix).await.unwrap();
+    let target = WatchTarget::Prefix(prefix);
+    let snapshot = s
+        .store
+        .watch(&target, index, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(snapshot.index > index);
+    assert!(snapshot.pairs.is_empty());
+}
+
+macro_rules! conformance {
+    ($backend:ident: $($check:ident),* $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $check() {
+                    if let Some(subject) = super::$backend().await {
+                        super::$check(subject).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! conformance_suite {
+    ($($backend:ident),*) => {
+        mod conformance {
+            use super::*;
+            $(
+                conformance!($backend:
+                    create_only_cas,
+                    cas_stale_and_fresh,
+                    delete_cas,
+                    txn_all_or_nothing,
+                    txn_limits,
+                    bad_keys_and_values_write_nothing,
+                    listing_and_separator,
+                    concurrent_cas_one_winner_per_round,
+                    counter_with_cas_retry,
+                    lock_exclusivity,
+                    session_lifecycle,
+                    destroy_applies_behavior,
+                    expiry_applies_behavior,
+                    lock_delay_honoured,
+                    watch_wakes_on_change,
+                    watch_times_out_unchanged,
+                    prefix_watch_sees_deletes,
+                );
+            )*
+        }
+    };
+}
+
+conformance_suite!(sqlite, consul_fake, consul);

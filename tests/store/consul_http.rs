@@ -1,0 +1,1032 @@
+//! The Consul backend against recorded Consul HTTP exchanges: what it sends and how it
+//! reads the answers.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
+use p2_apiserver::kv::{
+    Cas, KvPair, KvStore, SessionBehavior, SessionSpec, StoreError, TxnFailure, TxnOp, WatchTarget,
+    MAX_VALUE_BYTES,
+};
+use serde_json::json;
+use wiremock::matchers::{
+    body_json, body_string, header, method, path, query_param, query_param_is_missing,
+};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+fn config(server: &MockServer) -> ConsulConfig {
+    ConsulConfig {
+        base_url: server.uri(),
+        token: None,
+        datacenter: None,
+    }
+}
+
+fn store(server: &MockServer) -> ConsulStore {
+    ConsulStore::new(config(server)).unwrap()
+}
+
+/// `Value` is base64 in every KV answer.
+fn entry(key: &str, value: &str, modify_index: u64) -> serde_json::Value {
+    use base64::Engine as _;
+    json!({
+        "Key": key,
+        "Value": base64::engine::general_purpose::STANDARD.encode(value),
+        "CreateIndex": 3,
+        "ModifyIndex": modify_index,
+        "LockIndex": 0,
+        "Flags": 0,
+        "Session": null,
+    })
+}
+
+fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {
+    KvPair {
+        key: key.into(),
+        value: value.as_bytes().to_vec(),
+        create_index: 3,
+        modify_index,
+        lock_index: 0,
+        session: None,
+    }
+}
+
+fn kv_answer(index: u64, body: serde_json::Value) -> ResponseTemplate {
+    ResponseTemplate::new(200)
+        .insert_header("X-Consul-Index", index.to_string().as_str())
+        .set_body_json(body)
+}
+
+fn missing(index: u64) -> ResponseTemplate {
+    ResponseTemplate::new(404).insert_header("X-Consul-Index", index.to_string().as_str())
+}
+
+fn boolean(answer: bool) -> ResponseTemplate {
+    ResponseTemplate::new(200).set_body_string(answer.to_string())
+}
+
+/// What a dropped connection looks like from the client: the request went out, no answer.
+fn drop_connection(_: &Request) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection dropped")
+}
+
+async fn requests(server: &MockServer) -> Vec<Request> {
+    server.received_requests().await.unwrap()
+}
+
+/// Expects the one consistent read with which the store learns whether a write whose
+/// answer was lost landed.
+async fn expect_check_read(server: &MockServer, key: &str, answer: ResponseTemplate) {
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/kv/{key}")))
+        .and(query_param("consistent", ""))
+        .respond_with(answer)
+        .expect(1)
+        .mount(server)
+        .await;
+}
+
+#[tokio::test]
+async fn get_sends_token_and_datacenter_and_decodes_the_entry() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/labels/pod/node1/hello"))
+        .and(header("X-Consul-Token", "secret"))
+        .and(query_param("dc", "dc2"))
+        .respond_with(kv_answer(
+            42,
+            json!([{
+                "Key": "labels/pod/node1/hello", "Value": "aGVsbG8=", "CreateIndex": 7,
+                "ModifyIndex": 42, "LockIndex": 2, "Flags": 0, "Session": "s-1"
+            }]),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let store = ConsulStore::new(ConsulConfig {
+        token: Some("secret".into()),
+        datacenter: Some("dc2".into()),
+        ..config(&server)
+    })
+    .unwrap();
+
+    let got = store.get("labels/pod/node1/hello").await.unwrap();
+
+    assert_eq!(
+        got,
+        Some(KvPair {
+            key: "labels/pod/node1/hello".into(),
+            value: b"hello".to_vec(),
+            create_index: 7,
+            modify_index: 42,
+            lock_index: 2,
+            session: Some("s-1".into()),
+        })
+    );
+}
+
+#[tokio::test]
+async fn a_missing_key_is_none() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rolls/nope"))
+        .respond_with(missing(12))
+        .mount(&server)
+        .await;
+    assert_eq!(store(&server).get("rolls/nope").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn keys_are_percent_encoded_segment_by_segment() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/a%20b/c%3Fd%23e%25"))
+        .respond_with(kv_answer(4, json!([entry("a b/c?d#e%", "", 4)])))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let got = store(&server).get("a b/c?d#e%").await.unwrap().unwrap();
+    assert_eq!(got.key, "a b/c?d#e%");
+}
+
+#[tokio::test]
+async fn list_recurses_and_reads_the_index() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/intent/"))
+        .and(query_param("recurse", ""))
+        .respond_with(kv_answer(
+            99,
+            json!([entry("intent/n1/a", "x", 50), entry("intent/n2/b", "y", 60)]),
+        ))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/empty/"))
+        .and(query_param("recurse", ""))
+        .respond_with(missing(0))
+        .mount(&server)
+        .await;
+    let store = store(&server);
+
+    let listing = store.list("intent/").await.unwrap();
+    assert_eq!(listing.index, 99);
+    assert_eq!(
+        listing.pairs,
+        vec![pair("intent/n1/a", "x", 50), pair("intent/n2/b", "y", 60)]
+    );
+
+    // Consul's blocking-query rules: an index of 0 is treated as 1.
+    let empty = store.list("empty/").await.unwrap();
+    assert_eq!((empty.index, empty.pairs), (1, vec![]));
+}
+
+#[tokio::test]
+async fn keys_send_the_separator() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/labels/"))
+        .and(query_param("keys", ""))
+        .and(query_param("separator", "/"))
+        .respond_with(kv_answer(8, json!(["labels/node/", "labels/pod/"])))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/nothing/"))
+        .and(query_param("keys", ""))
+        .and(query_param_is_missing("separator"))
+        .respond_with(missing(5))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let store = store(&server);
+
+    let (index, keys) = store.keys("labels/", Some('/')).await.unwrap();
+    assert_eq!(
+        (index, keys),
+        (8, vec!["labels/node/".into(), "labels/pod/".into()])
+    );
+    assert_eq!(store.keys("nothing/", None).await.unwrap(), (5, vec![]));
+}
+
+#[tokio::test]
+async fn put_sends_cas_and_a_false_answer_is_a_conflict() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("cas", "0"))
+        .and(body_string("first"))
+        .respond_with(boolean(true))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("cas", "17"))
+        .respond_with(boolean(false))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param_is_missing("cas"))
+        .and(body_string("any"))
+        .respond_with(boolean(true))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let store = store(&server);
+
+    store.put("rc/1", b"first", Cas::Index(0)).await.unwrap();
+    let missed = store.put("rc/1", b"second", Cas::Index(17)).await;
+    assert!(
+        matches!(missed, Err(StoreError::Conflict { .. })),
+        "{missed:?}"
+    );
+    store.put("rc/1", b"any", Cas::Any).await.unwrap();
+}
+
+#[tokio::test]
+async fn delete_sends_cas_and_delete_prefix_recurses() {
+    let server = MockServer::start().await;
+    Mock::given(method("DELETE"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("cas", "9"))
+        .respond_with(boolean(false))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("DELETE"))
+        .and(path("/v1/kv/rc/2"))
+        .and(query_param_is_missing("cas"))
+        .respond_with(boolean(true))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("DELETE"))
+        .and(path("/v1/kv/intent/node1/"))
+        .and(query_param("recurse", ""))
+        .respond_with(boolean(true))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let store = store(&server);
+
+    let missed = store.delete("rc/1", Cas::Index(9)).await;
+    assert!(
+        matches!(missed, Err(StoreError::Conflict { .. })),
+        "{missed:?}"
+    );
+    store.delete("rc/2", Cas::Any).await.unwrap();
+    store.delete_prefix("intent/node1/").await.unwrap();
+}
+
+#[tokio::test]
+async fn acquire_sends_the_session_and_reads_the_answer() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/lock/rolls/r1"))
+        .and(query_param("acquire", "sess-1"))
+        .and(body_string("farm"))
+        .respond_with(boolean(true))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/lock/rolls/r1"))
+        .and(query_param("acquire", "sess-1"))
+        .respond_with(boolean(false))
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/lock/rolls/r2"))
+        .and(query_param("acquire", "gone"))
+        .respond_with(ResponseTemplate::new(500).set_body_string("invalid session \"gone\""))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let store = store(&server);
+
+    assert!(store
+        .acquire("lock/rolls/r1", b"farm", "sess-1")
+        .await
+        .unwrap());
+    assert!(!store
+        .acquire("lock/rolls/r1", b"farm", "sess-1")
+        .await
+        .unwrap());
+    let gone = store.acquire("lock/rolls/r2", b"", "gone").await;
+    assert!(matches!(gone, Err(StoreError::NotFound(_))), "{gone:?}");
+}
+
+#[tokio::test]
+async fn release_keeps_the_value_with_a_guarded_unlock() {
+    let server = MockServer::start().await;
+    let held = json!([{
+        "Key": "lock/rc/1", "Value": "ZmFybQ==", "CreateIndex": 3, "ModifyIndex": 30,
+        "LockIndex": 1, "Flags": 0, "Session": "sess-1"
+    }]);
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/lock/rc/1"))
+        .respond_with(kv_answer(30, held))
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/txn"))
+        .and(body_json(json!([
+            {"KV": {"Verb": "check-index", "Key": "lock/rc/1", "Index": 30}},
+            {"KV": {"Verb": "unlock", "Key": "lock/rc/1", "Value": "ZmFybQ==", "Session": "sess-1"}},
+        ])))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "Results": [
+                {"KV": {"Key": "lock/rc/1", "Value": null, "CreateIndex": 3, "ModifyIndex": 30, "LockIndex": 1}},
+                {"KV": {"Key": "lock/rc/1", "Value": null, "CreateIndex": 3, "ModifyIndex": 31, "LockIndex": 1}},
+            ],
+            "Errors": null,
+        })))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let store = store(&server);
+
+    assert!(store.release("lock/rc/1", "sess-1").await.unwrap());
+    // Held by another session: nothing is written.
+    assert!(!store.release("lock/rc/1", "sess-2").await.unwrap());
+}
+
+#[tokio::test]
+async fn txn_sends_consul_verbs_and_lines_results_up_with_ops() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/txn"))
+        .and(query_param("dc", "east"))
+        .and(body_json(json!([
+            {"KV": {"Verb": "set", "Key": "a", "Value": "MQ=="}},
+            {"KV": {"Verb": "delete", "Key": "b"}},
+            {"KV": {"Verb": "get", "Key": "c"}},
+            {"KV": {"Verb": "delete-cas", "Key": "d", "Index": 0}},
+            {"KV": {"Verb": "cas", "Key": "e", "Value": "", "Index": 0}},
+            {"KV": {"Verb": "delete-cas", "Key": "f", "Index": 4}},
+            {"KV": {"Verb": "lock", "Key": "g", "Value": "", "Session": "s"}},
+            {"KV": {"Verb": "check-session", "Key": "g", "Session": "s"}},
+        ])))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "Results": [
+                {"KV": {"Key": "a", "Value": null, "CreateIndex": 3, "ModifyIndex": 50, "LockIndex": 0, "Flags": 0}},
+                {"KV": entry("c", "stored", 20)},
+                {"KV": {"Key": "e", "Value": null, "CreateIndex": 3, "ModifyIndex": 50, "LockIndex": 0, "Flags": 0}},
+                {"KV": {"Key": "g", "Value": null, "CreateIndex": 3, "ModifyIndex": 50, "LockIndex": 1, "Flags": 0, "Session": "s"}},
+                {"KV": {"Key": "g", "Value": null, "CreateIndex": 3, "ModifyIndex": 50, "LockIndex": 1, "Flags": 0, "Session": "s"}},
+            ],
+            "Errors": null,
+        })))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let store = ConsulStore::new(ConsulConfig {
+        datacenter: Some("east".into()),
+        ..config(&server)
+    })
+    .unwrap();
+    let ops = [
+        TxnOp::Set {
+            key: "a".into(),
+            value: b"1".to_vec(),
+        },
+        TxnOp::Delete { key: "b".into() },
+        TxnOp::Get { key: "c".into() },
+        TxnOp::CheckNotExists { key: "d".into() },
+        TxnOp::Cas {
+            key: "e".into(),
+            value: vec![],
+            index: 0,
+        },
+        TxnOp::DeleteCas {
+            key: "f".into(),
+            index: 4,
+        },
+        TxnOp::Lock {
+            key: "g".into(),
+            value: vec![],
+            session: "s".into(),
+        },
+        TxnOp::CheckSession {
+            key: "g".into(),
+            session: "s".into(),
+        },
+    ];
+
+    let results = store.txn(&ops).await.unwrap();
+
+    let keys: Vec<Option<&str>> = results
+        .iter()
+        .map(|r| r.as_ref().map(|p| p.key.as_str()))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            Some("a"),
+            None,
+            Some("c"),
+            None,
+            Some("e"),
+            None,
+            Some("g"),
+            Some("g")
+        ]
+    );
+    assert_eq!(
+        results[0].as_ref().unwrap().value,
+        b"1",
+        "a write result carries its value"
+    );
+    assert_eq!(results[2], Some(pair("c", "stored", 20)));
+    assert_eq!(results[6].as_ref().unwrap().session.as_deref(), Some("s"));
+}
+
+#[tokio::test]
+async fn a_rolled_back_txn_is_a_conflict_naming_each_failing_op() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/txn"))
+        .respond_with(ResponseTemplate::new(409).set_body_json(json!({
+            "Results": null,
+            "Errors": [
+                {"OpIndex": 1, "What": "current modify index 7 does not match 3"},
+            ],
+        })))
+        .mount(&server)
+        .await;
+    let ops = [
+        TxnOp::Set {
+            key: "a".into(),
+            value: vec![],
+        },
+        TxnOp::Cas {
+            key: "b".into(),
+            value: vec![],
+            index: 3,
+        },
+    ];
+
+    let err = store(&server).txn(&ops).await.unwrap_err();
+
+    let StoreError::Conflict { failures, .. } = err else {
+        panic!("not a conflict: {err:?}");
+    };
+    assert_eq!(
+        failures,
+        vec![TxnFailure {
+            op_index: 1,
+            what: "current modify index 7 does not match 3".into()
+        }]
+    );
+}
+
+#[tokio::test]
+async fn invalid_requests_are_refused_before_anything_is_sent() {
+    let server = MockServer::start().await;
+    let store = store(&server);
+    let too_big = vec![0u8; MAX_VALUE_BYTES + 1];
+    let too_many: Vec<TxnOp> = (0..65)
+        .map(|i| TxnOp::Get {
+            key: format!("k{i}"),
+        })
+        .collect();
+
+    for result in [
+        store.put("rc/1", &too_big, Cas::Any).await,
+        store.acquire("lock/x", &too_big, "s").await.map(drop),
+        store.txn(&too_many).await.map(drop),
+        store.put("a//b", b"", Cas::Any).await,
+        store
+            .txn(&[TxnOp::Set {
+                key: "a".into(),
+                value: too_big.clone(),
+            }])
+            .await
+            .map(drop),
+    ] {
+        assert!(matches!(result, Err(StoreError::Invalid(_))), "{result:?}");
+    }
+    assert!(requests(&server).await.is_empty());
+}
+
+#[tokio::test]
+async fn status_codes_map_to_error_kinds() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/secret"))
+        .respond_with(ResponseTemplate::new(403).set_body_string("Permission denied"))
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/no/leader"))
+        .respond_with(ResponseTemplate::new(500).set_body_string("No cluster leader"))
+        // A write is never retried blindly.
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/big"))
+        .respond_with(
+            ResponseTemplate::new(413)
+                .set_body_string("Request body(600000 bytes) too large, max size: 524288 bytes"),
+        )
+        .mount(&server)
+        .await;
+    let store = store(&server);
+
+    let forbidden = store.get("secret").await;
+    assert!(
+        matches!(forbidden, Err(StoreError::Forbidden(_))),
+        "{forbidden:?}"
+    );
+    let no_leader = store.put("no/leader", b"x", Cas::Any).await;
+    assert!(
+        matches!(&no_leader, Err(StoreError::Unavailable(m)) if m.contains("No cluster leader")),
+        "{no_leader:?}"
+    );
+    let too_large = store.put("big", b"x", Cas::Any).await;
+    assert!(
+        matches!(&too_large, Err(StoreError::Invalid(m)) if m.contains("too large")),
+        "{too_large:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_read_is_retried_after_a_server_error() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rc/1"))
+        .respond_with(ResponseTemplate::new(500).set_body_string("No cluster leader"))
+        .up_to_n_times(1)
+        .expect(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rc/1"))
+        .respond_with(kv_answer(21, json!([entry("rc/1", "v", 21)])))
+        .expect(1)
+        .mount(&server)
+        .await;
+
+    let got = store(&server).get("rc/1").await.unwrap();
+
+    assert_eq!(got, Some(pair("rc/1", "v", 21)));
+}
+
+/// Answers a consistent read of `rc/1` with whatever flags the lost PUT carried, as Consul
+/// does when that PUT was applied.
+struct LandedRead(Arc<Mutex<Option<String>>>);
+
+impl Respond for LandedRead {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        let flags: u64 = self.0.lock().unwrap().as_deref().unwrap().parse().unwrap();
+        let mut stored = entry("rc/1", "new", 25);
+        stored["Flags"] = flags.into();
+        kv_answer(25, json!([stored]))
+    }
+}
+
+#[tokio::test]
+async fn a_lost_cas_put_that_landed_is_a_success() {
+    let server = MockServer::start().await;
+    let sent_flags = Arc::new(Mutex::new(None));
+    let recorder = sent_flags.clone();
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("cas", "20"))
+        .respond_with_err(move |request: &Request| {
+            let flags = request.url.query_pairs().find(|(k, _)| k == "flags");
+            *recorder.lock().unwrap() = flags.map(|(_, v)| v.into_owned());
+            drop_connection(request)
+        })
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("consistent", ""))
+        .respond_with(LandedRead(sent_flags))
+        .expect(1)
+        .mount(&server)
+        .await;
+
+    store(&server)
+        .put("rc/1", b"new", Cas::Index(20))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_lost_cas_put_overtaken_by_another_writer_has_an_unknown_outcome() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .respond_with_err(drop_connection)
+        .expect(1)
+        .mount(&server)
+        .await;
+    // The same value at a newer index, but written by someone else (other flags).
+    expect_check_read(
+        &server,
+        "rc/1",
+        kv_answer(25, json!([entry("rc/1", "new", 25)])),
+    )
+    .await;
+
+    let result = store(&server).put("rc/1", b"new", Cas::Index(20)).await;
+
+    assert!(
+        matches!(&result, Err(StoreError::OutcomeUnknown(_))),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_lost_cas_put_that_did_not_land_is_unavailable() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .respond_with_err(drop_connection)
+        .expect(1)
+        .mount(&server)
+        .await;
+    expect_check_read(
+        &server,
+        "rc/1",
+        kv_answer(20, json!([entry("rc/1", "old", 20)])),
+    )
+    .await;
+
+    let result = store(&server).put("rc/1", b"new", Cas::Index(20)).await;
+
+    assert!(
+        matches!(&result, Err(StoreError::Unavailable(m)) if m.contains("not applied")),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_lost_cas_put_whose_check_cannot_be_read_has_an_unknown_outcome() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .respond_with_err(drop_connection)
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("consistent", ""))
+        .respond_with(ResponseTemplate::new(500).set_body_string("No cluster leader"))
+        .mount(&server)
+        .await;
+
+    let result = store(&server).put("rc/1", b"new", Cas::Index(20)).await;
+
+    assert!(
+        matches!(&result, Err(StoreError::OutcomeUnknown(m)) if m.contains("No cluster leader")),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_plain_put_whose_answer_times_out_has_an_unknown_outcome() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .respond_with(boolean(true).set_delay(Duration::from_secs(2)))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let timeouts = ConsulTimeouts {
+        request: Duration::from_millis(200),
+        ..ConsulTimeouts::default()
+    };
+    let store = ConsulStore::with_timeouts(config(&server), timeouts).unwrap();
+
+    let result = store.put("rc/1", b"new", Cas::Any).await;
+
+    assert!(
+        matches!(&result, Err(StoreError::OutcomeUnknown(_))),
+        "{result:?}"
+    );
+    // Nothing is re-read or re-sent for an unconditional put.
+    assert_eq!(requests(&server).await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_lost_cas_delete_is_checked_by_reading_the_key() {
+    let server = MockServer::start().await;
+    Mock::given(method("DELETE"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("cas", "20"))
+        .respond_with_err(drop_connection)
+        .mount(&server)
+        .await;
+    expect_check_read(&server, "rc/1", missing(26)).await;
+
+    store(&server).delete("rc/1", Cas::Index(20)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lost_txn_answer_has_an_unknown_outcome() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/txn"))
+        .respond_with_err(drop_connection)
+        .expect(1)
+        .mount(&server)
+        .await;
+
+    let result = store(&server)
+        .txn(&[TxnOp::Set {
+            key: "a".into(),
+            value: vec![],
+        }])
+        .await;
+
+    assert!(
+        matches!(&result, Err(StoreError::OutcomeUnknown(_))),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_watch_blocks_with_index_and_wait_until_the_index_changes() {
+    let server = MockServer::start().await;
+    // Consul may return early with the same index; the watch must ask again.
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/daemon_sets/"))
+        .and(query_param("recurse", ""))
+        .and(query_param("index", "40"))
+        .respond_with(kv_answer(40, json!([entry("daemon_sets/a", "old", 40)])))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/daemon_sets/"))
+        .and(query_param("recurse", ""))
+        .and(query_param("index", "40"))
+        .respond_with(kv_answer(41, json!([entry("daemon_sets/a", "new", 41)])))
+        .mount(&server)
+        .await;
+    let target = WatchTarget::Prefix("daemon_sets/".into());
+    let started = Instant::now();
+
+    let listing = store(&server)
+        .watch(&target, 40, Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    assert_eq!(listing.index, 41);
+    assert_eq!(listing.pairs, vec![pair("daemon_sets/a", "new", 41)]);
+    assert!(
+        started.elapsed() >= Duration::from_millis(100),
+        "re-queried without a pause"
+    );
+    let waits: Vec<String> = requests(&server)
+        .await
+        .iter()
+        .map(|r| {
+            r.url
+                .query_pairs()
+                .find(|(k, _)| k == "wait")
+                .unwrap()
+                .1
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(waits.len(), 2);
+    assert_eq!(waits[0], "30s");
+    assert!(
+        waits[1].ends_with("ms"),
+        "second wait {:?} should be what is left",
+        waits[1]
+    );
+}
+
+#[tokio::test]
+async fn a_watch_returns_at_once_when_the_index_goes_backwards() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("index", "500"))
+        .and(query_param("wait", "10s"))
+        .respond_with(kv_answer(7, json!([entry("rc/1", "v", 7)])))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let target = WatchTarget::Key("rc/1".into());
+
+    let listing = store(&server)
+        .watch(&target, 500, Duration::from_secs(10))
+        .await
+        .unwrap();
+
+    assert_eq!(listing.index, 7);
+}
+
+#[tokio::test]
+async fn a_watch_that_times_out_returns_the_same_index_without_spinning() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("index", "9"))
+        .respond_with(missing(9))
+        .mount(&server)
+        .await;
+    let target = WatchTarget::Key("rc/1".into());
+    let started = Instant::now();
+
+    let listing = store(&server)
+        .watch(&target, 9, Duration::from_millis(300))
+        .await
+        .unwrap();
+
+    assert_eq!((listing.index, listing.pairs), (9, vec![]));
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let sent = requests(&server).await.len();
+    assert!((2..=3).contains(&sent), "{sent} queries in 300ms");
+}
+
+#[tokio::test]
+async fn a_first_watch_reads_without_blocking() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param_is_missing("index"))
+        .and(query_param_is_missing("wait"))
+        .respond_with(kv_answer(3, json!([entry("rc/1", "v", 3)])))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let target = WatchTarget::Key("rc/1".into());
+
+    let listing = store(&server)
+        .watch(&target, 0, Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    assert_eq!(listing.index, 3);
+}
+
+#[tokio::test]
+async fn sessions_are_created_renewed_read_and_destroyed() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/session/create"))
+        .and(body_json(json!({
+            "Name": "rc-farm", "TTL": "15s", "LockDelay": "5s", "Behavior": "delete", "Checks": []
+        })))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"ID": "sess-1"})))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let session = json!([{
+        "ID": "sess-1", "Name": "rc-farm", "Node": "agent", "Checks": [],
+        "LockDelay": 5_000_000_000u64, "Behavior": "delete", "TTL": "15s",
+        "CreateIndex": 11, "ModifyIndex": 11
+    }]);
+    Mock::given(method("PUT"))
+        .and(path("/v1/session/renew/sess-1"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(session.clone()))
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/session/renew/gone"))
+        .respond_with(ResponseTemplate::new(404).set_body_string("Session id 'gone' not found"))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/session/info/sess-1"))
+        .respond_with(kv_answer(11, session))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/session/info/gone"))
+        .respond_with(kv_answer(12, json!(null)))
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/session/destroy/sess-1"))
+        .respond_with(boolean(true))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let store = store(&server);
+    let spec = SessionSpec {
+        name: "rc-farm".into(),
+        ttl: Duration::from_secs(15),
+        lock_delay: Duration::from_secs(5),
+        behavior: SessionBehavior::Delete,
+    };
+
+    let id = store.create_session(&spec).await.unwrap();
+    assert_eq!(id, "sess-1");
+    let renewed = store.renew_session(&id).await.unwrap();
+    assert_eq!(
+        (
+            renewed.ttl,
+            renewed.lock_delay,
+            renewed.behavior,
+            renewed.create_index
+        ),
+        (
+            Duration::from_secs(15),
+            Duration::from_secs(5),
+            SessionBehavior::Delete,
+            11
+        )
+    );
+    assert_eq!(store.session_info(&id).await.unwrap(), Some(renewed));
+    let gone = store.renew_session("gone").await;
+    assert!(matches!(gone, Err(StoreError::NotFound(_))), "{gone:?}");
+    assert_eq!(store.session_info("gone").await.unwrap(), None);
+    store.destroy_session(&id).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_session_outside_consuls_ttl_range_is_refused_locally() {
+    let server = MockServer::start().await;
+    let spec = SessionSpec {
+        name: "x".into(),
+        ttl: Duration::from_secs(5),
+        lock_delay: Duration::ZERO,
+        behavior: SessionBehavior::Release,
+    };
+    let result = store(&server).create_session(&spec).await;
+    assert!(matches!(result, Err(StoreError::Invalid(_))), "{result:?}");
+    assert!(requests(&server).await.is_empty());
+}
+
+#[tokio::test]
+async fn ping_needs_a_leader() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/status/leader"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!("10.0.0.1:8300")))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/status/leader"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!("")))
+        .mount(&server)
+        .await;
+    let store = store(&server);
+
+    store.ping().await.unwrap();
+    let leaderless = store.ping().await;
+    assert!(
+        matches!(leaderless, Err(StoreError::Unavailable(_))),
+        "{leaderless:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_agent_is_unavailable() {
+    // A port that was just free: nothing listens there, so the connection is refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = ConsulStore::new(ConsulConfig {
+        base_url: format!("http://127.0.0.1:{port}"),
+        token: None,
+        datacenter: None,
+    })
+    .unwrap();
+    let result = store.put("a", b"", Cas::Index(0)).await;
+    assert!(
+        matches!(&result, Err(StoreError::Unavailable(m)) if m.contains("not applied")),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn a_bad_address_or_token_is_refused_when_building() {
+    for (base_url, token) in [
+        ("not a url", None),
+        ("ftp://h:1", None),
+        ("http://h:1", Some("a\nb")),
+    ] {
+        let result = ConsulStore::new(ConsulConfig {
+            base_url: base_url.into(),
+            token: token.map(String::from),
+            datacenter: None,
+        });
+        assert!(
+            matches!(result, Err(StoreError::Invalid(_))),
+            "{base_url} accepted"
+        );
+    }
+}

@@ -1,0 +1,102 @@
+//! What only the embedded store promises: several servers may share one database file.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use p2_apiserver::kv::sqlite::SqliteStore;
+use p2_apiserver::kv::{Cas, KvStore, SessionBehavior, SessionSpec, StoreError, WatchTarget};
+
+async fn two_stores_on_one_file() -> (tempfile::TempDir, Arc<SqliteStore>, Arc<SqliteStore>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.db").display().to_string();
+    let a = SqliteStore::open(&path).await.unwrap();
+    let b = SqliteStore::open(&path).await.unwrap();
+    (dir, Arc::new(a), Arc::new(b))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stores_on_one_file_stay_cas_correct() {
+    let (_dir, a, b) = two_stores_on_one_file().await;
+    a.put("counter", b"0", Cas::Index(0)).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let store: Arc<dyn KvStore> = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                loop {
+                    let pair = store.get("counter").await.unwrap().unwrap();
+                    let n: u64 = String::from_utf8(pair.value).unwrap().parse().unwrap();
+                    let next = (n + 1).to_string();
+                    match store
+                        .put("counter", next.as_bytes(), Cas::Index(pair.modify_index))
+                        .await
+                    {
+                        Ok(()) => break,
+                        Err(StoreError::Conflict { .. }) => continue,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(b.get("counter").await.unwrap().unwrap().value, b"200");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_see_the_other_stores_writes() {
+    let (_dir, a, b) = two_stores_on_one_file().await;
+    a.put("tree/x", b"1", Cas::Any).await.unwrap();
+    let index = b.list("tree/").await.unwrap().index;
+    let watcher = b.clone();
+    let waiter = tokio::spawn(async move {
+        let target = WatchTarget::Prefix("tree/".into());
+        let snapshot = watcher
+            .watch(&target, index, Duration::from_secs(30))
+            .await
+            .unwrap();
+        (snapshot, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.delete("tree/x", Cas::Any).await.unwrap();
+    let deleted = Instant::now();
+    let (snapshot, woke) = waiter.await.unwrap();
+    assert!(snapshot.index > index);
+    assert!(snapshot.pairs.is_empty());
+    assert!(woke.saturating_duration_since(deleted) < Duration::from_secs(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_are_exclusive_across_stores() {
+    let (_dir, a, b) = two_stores_on_one_file().await;
+    let spec = SessionSpec {
+        name: "farm".into(),
+        ttl: Duration::from_secs(10),
+        lock_delay: Duration::ZERO,
+        behavior: SessionBehavior::Delete,
+    };
+    let sa = a.create_session(&spec).await.unwrap();
+    let sb = b.create_session(&spec).await.unwrap();
+    assert!(a.acquire("lock/leader", b"a", &sa).await.unwrap());
+    assert!(!b.acquire("lock/leader", b"b", &sb).await.unwrap());
+    a.destroy_session(&sa).await.unwrap();
+    assert!(b.acquire("lock/leader", b"b", &sb).await.unwrap());
+}
+
+#[tokio::test]
+async fn state_and_index_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p2.db").display().to_string();
+    let store = SqliteStore::open(&path).await.unwrap();
+    store.put("a", b"1", Cas::Any).await.unwrap();
+    store.put("b", b"2", Cas::Any).await.unwrap();
+    let before = store.list("").await.unwrap().index;
+    drop(store);
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(store.get("a").await.unwrap().unwrap().value, b"1");
+    store.put("c", b"3", Cas::Any).await.unwrap();
+    let after = store.get("c").await.unwrap().unwrap().modify_index;
+    assert!(after > before);
+}

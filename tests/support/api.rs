@@ -1,0 +1,487 @@
+//! An in-process server over a store of its own, driven without a socket.
+//!
+//! The store is a temporary SQLite file unless the environment asks for Consul:
+//! `P2_TEST_FAKE_CONSUL=1` runs the apps against one fake Consul agent per test binary (so
+//! the Consul client is exercised in CI), and otherwise `CONSUL_HTTP_ADDR` (with
+//! `CONSUL_HTTP_TOKEN`) runs them against that Consul. On Consul, real or fake, every app
+//! works in a namespace of its own while the tests run side by side, as on a shared agent.
+
+// Each test crate uses its own subset of these helpers.
+
+use super::fake_consul;
+
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use p2_apiserver::app::App;
+use p2_apiserver::error::ErrorBody;
+use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
+use p2_apiserver::kv::prefixed::Prefixed;
+use p2_apiserver::kv::sqlite::SqliteStore;
+use p2_apiserver::kv::{Cas, KvPair, KvStore, StoreUrl};
+use p2_apiserver::labels::Labels;
+use p2_apiserver::router;
+use tempfile::TempDir;
+use tower::ServiceExt;
+
+/// The real router over a store that lives as long as the app.
+pub struct TestApp {
+    router: Router,
+    /// The store the router uses, for arranging and checking state behind the API's back.
+    pub store: Arc<dyn KvStore>,
+    _backing: Backing,
+}
+
+/// What must outlive an app's store, and what to clear once it is gone.
+enum Backing {
+    /// The SQLite file.
+    Dir(TempDir),
+    Namespace(Namespace),
+}
+
+/// An app's namespace on Consul, deleted when the app is dropped.
+struct Namespace {
+    config: ConsulConfig,
+    prefix: String,
+}
+
+impl TestApp {
+    /// A fresh app over an empty store.
+    pub async fn new() -> Self {
+        Self::wrapping(|store| store).await
+    }
+
+    /// A fresh app whose store is `wrap` applied to an empty store; for injecting failures
+    /// while keeping real storage underneath.
+    pub async fn wrapping(wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>) -> Self {
+        let (store, backing): (Arc<dyn KvStore>, _) = match consul() {
+            None => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let path = dir.path().join("p2.db");
+                let sqlite = SqliteStore::open(path.to_str().expect("utf-8 temp path"))
+                    .await
+                    .expect("open sqlite store");
+                (Arc::new(sqlite), Backing::Dir(dir))
+            }
+            Some(config) => {
+                let consul: Arc<dyn KvStore> = Arc::new(consul_store(config.clone()));
+                let prefix = format!("p2-apiserver-test/{}/", uuid::Uuid::new_v4());
+                let store = Prefixed::new(consul, prefix).expect("a valid namespace");
+                let namespace = Namespace {
+                    config: config.clone(),
+                    prefix: store.prefix().to_owned(),
+                };
+                (Arc::new(store), Backing::Namespace(namespace))
+            }
+        };
+        let store = wrap(store);
+        TestApp {
+            router: router::build(App::new(store.clone())),
+            store,
+            _backing: backing,
+        }
+    }
+
+    /// Sends one request through the whole router, middleware included.
+    pub async fn send(&self, request: Request<Body>) -> TestResponse {
+        call(&self.router, request).await
+    }
+
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> TestResponse {
+        self.send(Request::get(path).body(Body::empty()).unwrap())
+            .await
+    }
+}
+
+/// The Consul the apps use, or `None` for SQLite. Read from the environment once, and said
+/// past the test harness's capture, so that a run against SQLite cannot pass for one
+/// against Consul.
+fn consul() -> Option<&'static ConsulConfig> {
+    static CONSUL: OnceLock<Option<ConsulConfig>> = OnceLock::new();
+    CONSUL
+        .get_or_init(|| {
+            let (config, notice) = if std::env::var("P2_TEST_FAKE_CONSUL").is_ok_and(|v| v == "1") {
+                let addr = shared_fake();
+                let notice = format!("a fake Consul agent at {addr} (P2_TEST_FAKE_CONSUL=1)");
+                (Some(consul_config(&addr)), notice)
+            } else if let Ok(addr) = std::env::var("CONSUL_HTTP_ADDR") {
+                let notice = format!("the Consul at {addr} (CONSUL_HTTP_ADDR)");
+                (Some(consul_config(&addr)), notice)
+            } else {
+                let notice = "SQLite; set CONSUL_HTTP_ADDR to use Consul".to_string();
+                (None, notice)
+            };
+            let _ = writeln!(std::io::stderr(), "API tests: the store is {notice}");
+            config
+        })
+        .as_ref()
+}
+
+/// `CONSUL_HTTP_ADDR` as Consul's own tools read it: `HOST:PORT` or a URL.
+fn consul_config(addr: &str) -> ConsulConfig {
+    let url = if addr.contains("://") {
+        addr.replacen("http://", "consul://", 1)
+            .replacen("https://", "consul+https://", 1)
+    } else {
+        format!("consul://{addr}")
+    };
+    let Ok(StoreUrl::Consul { base_url }) = url.parse() else {
+        panic!("CONSUL_HTTP_ADDR={addr:?} is not HOST:PORT or an http(s) URL");
+    };
+    ConsulConfig {
+        base_url,
+        token: std::env::var("CONSUL_HTTP_TOKEN").ok(),
+        datacenter: None,
+    }
+}
+
+fn consul_store(config: ConsulConfig) -> ConsulStore {
+    ConsulStore::new(config).expect("a Consul client")
+}
+
+/// Starts the fake agent that every app of this test binary shares, as they would share a
+/// real one. Each test has a runtime of its own that ends with it, so the agent runs on a
+/// thread and runtime of its own until the binary exits.
+fn shared_fake() -> String {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime for the fake Consul");
+        runtime.block_on(async {
+            let dir = fake_consul_dir();
+            // Held by this never-ending block, so the agent serves until the binary exits.
+            let fake = fake_consul::start_in(dir).await;
+            let addr = fake.addr.to_string();
+            // A key outside every namespace, so that even a lone test does not see the
+            // indexes of an empty store.
+            consul_store(consul_config(&addr))
+                .put("p2-apiserver-test-neighbour", b"", Cas::Any)
+                .await
+                .expect("write to the fake Consul");
+            sender
+                .send(addr)
+                .expect("the tests wait for the fake Consul");
+            std::future::pending::<()>().await;
+        });
+    });
+    receiver.recv().expect("the fake Consul started")
+}
+
+/// A folder for the shared agent's files, which outlive the process that ends without
+/// dropping it. It is named after the process, so that each run clears what finished runs
+/// left without touching a live one's; where process ids cannot be checked (no `/proc`),
+/// the folders stay until `cargo clean`.
+fn fake_consul_dir() -> TempDir {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake-consul");
+    std::fs::create_dir_all(&root).expect("a folder for the fake Consul");
+    if Path::new("/proc/self").exists() {
+        for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = name.split('-').next().unwrap_or_default();
+            if !pid.is_empty() && !Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    tempfile::Builder::new()
+        .prefix(&format!("{}-", std::process::id()))
+        .tempdir_in(&root)
+        .expect("a folder for the fake Consul")
+}
+
+impl Drop for Namespace {
+    /// Best effort: a failure is reported, not raised, since the test has already decided.
+    /// The test's runtime may be single-threaded and is blocked here, so the delete runs
+    /// on a thread with a runtime and a client of its own.
+    fn drop(&mut self) {
+        let config = self.config.clone();
+        let prefix = std::mem::take(&mut self.prefix);
+        let cleared = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            let timeouts = ConsulTimeouts {
+                request: Duration::from_secs(5),
+                ..ConsulTimeouts::default()
+            };
+            let consul = ConsulStore::with_timeouts(config, timeouts).map_err(|e| e.to_string())?;
+            runtime
+                .block_on(consul.delete_prefix(&prefix))
+                .map_err(|e| format!("{prefix}: {e}"))
+        })
+        .join();
+        if let Ok(Err(e)) = cleared {
+            let _ = writeln!(std::io::stderr(), "API tests: could not clear {e}");
+        }
+    }
+}
+
+/// Sends one request to any router, e.g. a test-only one wrapped with
+/// `router::with_middleware`.
+pub async fn call(router: &Router, request: Request<Body>) -> TestResponse {
+    let response = router.clone().oneshot(request).await.expect("infallible");
+    let (parts, body) = response.into_parts();
+    TestResponse {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.expect("read body").to_bytes(),
+    }
+}
+
+/// A response read to the end.
+#[derive(Debug)]
+pub struct TestResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl TestResponse {
+    /// The body as JSON, checking the content type says so.
+    pub fn json(&self) -> serde_json::Value {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/json"),
+            "{self:?}"
+        );
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {self:?}"))
+    }
+
+    /// The body as the API's error shape, checking its code matches the status.
+    pub fn error(&self) -> ErrorBody {
+        let body: ErrorBody = serde_json::from_value(self.json()).expect("an error body");
+        assert_eq!(body.code, self.status.as_u16(), "{body:?}");
+        body
+    }
+
+    /// The fields the error's causes name, in the order given.
+    pub fn cause_fields(&self) -> Vec<String> {
+        self.error().causes.into_iter().map(|c| c.field).collect()
+    }
+
+    /// The fields a 422 names, checking the status is 422.
+    pub fn unprocessable_fields(&self) -> Vec<String> {
+        assert_eq!(self.status, StatusCode::UNPROCESSABLE_ENTITY, "{self:?}");
+        self.cause_fields()
+    }
+
+    /// The `X-Index` header, which every list and get answers with.
+    pub fn x_index(&self) -> u64 {
+        self.header("x-index")
+            .expect("X-Index")
+            .parse()
+            .expect("a numeric X-Index")
+    }
+
+    /// Checks a create's answer: 201, the new resource's URL in `Location` and `version` in
+    /// `ETag`.
+    pub fn assert_created(&self, location: &str, version: impl std::fmt::Display) {
+        assert_eq!(self.status, StatusCode::CREATED, "{self:?}");
+        assert_eq!(self.header("etag"), Some(format!("\"{version}\"").as_str()));
+        assert_eq!(self.header("location"), Some(location));
+    }
+
+    /// A header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().expect("text header"))
+    }
+}
+
+/// Requests with a body and headers, for the write routes.
+impl TestApp {
+    /// `method path` with `body` sent as `application/json` and the extra `headers`.
+    pub async fn send_json(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &serde_json::Value,
+    ) -> TestResponse {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        self.send_raw(method, path, &all, body.to_string()).await
+    }
+
+    /// `method path` with a body sent exactly as given (headers include any content type),
+    /// for malformed and mislabeled bodies.
+    pub async fn send_raw(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Body>,
+    ) -> TestResponse {
+        let mut request = Request::builder().method(method).uri(path);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        self.send(request.body(body.into()).unwrap()).await
+    }
+}
+
+impl TestApp {
+    /// `method path` with an optional JSON body (sent as `application/json` unless
+    /// `headers` name another content type) and extra headers.
+    pub async fn json_request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        headers: &[(&str, &str)],
+    ) -> TestResponse {
+        let mut all = Vec::with_capacity(headers.len() + 1);
+        if body.is_some()
+            && !headers
+                .iter()
+                .any(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+        {
+            all.push(("content-type", "application/json"));
+        }
+        all.extend_from_slice(headers);
+        let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+        self.send_raw(method, path, &all, body).await
+    }
+
+    /// `PATCH path` with `body` sent as a JSON merge patch and the extra `headers`.
+    pub async fn merge_patch(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        headers: &[(&str, &str)],
+    ) -> TestResponse {
+        let mut all = vec![("content-type", "application/merge-patch+json")];
+        all.extend_from_slice(headers);
+        self.json_request("PATCH", path, Some(body), &all).await
+    }
+
+    /// Every key in the store with its value, to check that a request wrote nothing.
+    pub async fn dump(&self) -> Vec<(String, Vec<u8>)> {
+        let listing = self.store.list("").await.expect("list the store");
+        listing
+            .pairs
+            .into_iter()
+            .map(|p| (p.key, p.value))
+            .collect()
+    }
+
+    /// Every key under `prefix`, sorted.
+    pub async fn keys(&self, prefix: &str) -> Vec<String> {
+        self.store
+            .keys(prefix, None)
+            .await
+            .expect("list the keys")
+            .1
+    }
+
+    /// The pair stored at `key`, if any.
+    pub async fn stored(&self, key: &str) -> Option<KvPair> {
+        self.store.get(key).await.expect("read the store")
+    }
+
+    /// The value stored at `key` as JSON, if any.
+    pub async fn stored_json(&self, key: &str) -> Option<serde_json::Value> {
+        let pair = self.stored(key).await?;
+        Some(serde_json::from_slice(&pair.value).expect("a JSON value"))
+    }
+
+    /// The value stored at `key` as text, if any.
+    pub async fn stored_text(&self, key: &str) -> Option<String> {
+        let pair = self.stored(key).await?;
+        Some(String::from_utf8(pair.value).expect("a text value"))
+    }
+
+    /// Writes `value` at `key` behind the API's back, as P2 or another tool would.
+    pub async fn put_raw(&self, key: &str, value: impl AsRef<[u8]>) {
+        self.store
+            .put(key, value.as_ref(), Cas::Any)
+            .await
+            .expect("write the store");
+    }
+
+    /// Writes `value` as JSON at `key` behind the API's back.
+    pub async fn put_json(&self, key: &str, value: &serde_json::Value) {
+        self.put_raw(key, value.to_string()).await;
+    }
+}
+
+/// A `GET` held by a blocking list, running in the background until a change wakes it.
+pub struct Held(tokio::task::JoinHandle<TestResponse>);
+
+impl TestApp {
+    /// Starts `GET path` in the background and checks, after 50ms, that it is held.
+    pub async fn get_held(self: &Arc<Self>, path: String) -> Held {
+        let app = self.clone();
+        let held = Held(tokio::spawn(async move { app.get(&path).await }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        held.assert_held("the request did not block");
+        held
+    }
+}
+
+impl Held {
+    /// Panics with `why` unless the request is still held.
+    pub fn assert_held(&self, why: &str) {
+        assert!(!self.0.is_finished(), "{why}");
+    }
+
+    /// The answer, once a change has woken the request; panics with `why` after 5s.
+    pub async fn woken(self, why: &str) -> TestResponse {
+        tokio::time::timeout(Duration::from_secs(5), self.0)
+            .await
+            .expect(why)
+            .expect("the request task")
+    }
+}
+
+/// The `id` of every item of a list answer's page, in order.
+pub fn item_ids(page: &serde_json::Value) -> Vec<String> {
+    page["items"]
+        .as_array()
+        .expect("a page of items")
+        .iter()
+        .map(|item| item["id"].as_str().expect("an item id").to_owned())
+        .collect()
+}
+
+/// Checks that the OpenAPI document names each `(path, method, operation id)` and tags it
+/// `tag`; returns the operations for further checks.
+pub fn assert_operations<'a>(
+    document: &'a serde_json::Value,
+    tag: &str,
+    operations: &[(&str, &str, &str)],
+) -> Vec<&'a serde_json::Value> {
+    operations
+        .iter()
+        .map(|(path, method, id)| {
+            let operation = &document["paths"][*path][*method];
+            assert_eq!(operation["operationId"], *id, "{method} {path}");
+            assert_eq!(
+                operation["tags"],
+                serde_json::json!([tag]),
+                "{method} {path}"
+            );
+            operation
+        })
+        .collect()
+}
+
+/// A label set from literal pairs.
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}

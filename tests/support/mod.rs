@@ -1,0 +1,8 @@
+//! What the test binaries share; each uses its own part.
+#![allow(dead_code)]
+
+pub mod api;
+pub mod e2e;
+pub mod fake_consul;
+pub mod farms;
+pub mod severable;
