@@ -17,6 +17,8 @@ use crate::app::AppState;
 use crate::error::ApiError;
 use crate::router::{self, MAX_HEADERS};
 
+mod first_head;
+
 /// How long accepting pauses after a failure (such as running out of file descriptors), so
 /// that the loop does not spin while the cause lasts.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
@@ -65,9 +67,13 @@ pub async fn run(
             refuse(&stream, &too_many);
             continue;
         };
-        let connection =
-            connections.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+        let (http, service, watcher) = (http.clone(), service.clone(), connections.watcher());
+        let header_read_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
+            let Some(stream) = first_head::read(stream, header_read_timeout).await else {
+                return drop(slot);
+            };
+            let connection = watcher.watch(http.serve_connection(TokioIo::new(stream), service));
             // Timeouts and clients hanging up end connections all the time: not worth more.
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended");
@@ -84,17 +90,25 @@ pub async fn run(
 /// The answer to a connection past the cap: a complete 503 with the JSON error body, sent
 /// before reading anything, and the connection closed.
 fn refusal() -> Vec<u8> {
-    let body = serde_json::to_vec(
-        &ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the server has too many open connections; retry later",
-        )
-        .body(),
+    raw_answer(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the server has too many open connections; retry later",
     )
-    .expect("an error body serializes");
+}
+
+/// A whole HTTP/1.1 answer with the JSON error body that closes the connection, for the
+/// answers given before the router sees a request.
+fn raw_answer(status: StatusCode, message: &str) -> Vec<u8> {
+    let body = serde_json::to_vec(&ApiError::new(status, message.to_owned()).body())
+        .expect("an error body serializes");
+    let retry = if status == StatusCode::SERVICE_UNAVAILABLE {
+        "retry-after: 1\r\n"
+    } else {
+        ""
+    };
     let head = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         {retry}connection: close\r\n\r\n",
         body.len()
     );
     [head.into_bytes(), body].concat()

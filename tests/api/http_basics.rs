@@ -862,12 +862,49 @@ async fn oversized_request_heads_get_the_json_error_body() {
 }
 
 #[tokio::test]
-async fn a_malformed_request_is_refused_and_closed() {
+async fn a_malformed_request_is_refused_with_the_json_body_and_closed() {
     let (addr, _shutdown) = serve(HttpLimits::default()).await;
+    for (request, status) in [
+        (&b"NOT AN HTTP REQUEST\r\n\r\n"[..], "400"),
+        (
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+            "400",
+        ),
+    ] {
+        let mut conn = connect(addr).await;
+        conn.write_all(request).await.unwrap();
+        let answer = read_until_closed(&mut conn).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{answer}"
+        );
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let body: serde_json::Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("not a JSON body ({e}): {answer}"));
+        assert_eq!(body["code"], status.parse::<u16>().unwrap(), "{answer}");
+        assert!(body["message"].as_str().is_some(), "{answer}");
+    }
+    // A well-formed request on the same footing still works, its bytes replayed whole.
     let mut conn = connect(addr).await;
-    conn.write_all(b"NOT AN HTTP REQUEST\r\n\r\n")
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let answer = read_until_closed(&mut conn).await;
-    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_request_head_past_every_limit_gets_431_with_the_json_body() {
+    let (addr, _shutdown) = serve(HttpLimits::default()).await;
+    let mut conn = connect(addr).await;
+    let mut request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n".to_vec();
+    for i in 0..2000 {
+        request.extend_from_slice(format!("X-Filler-{i}: {}\r\n", "v".repeat(40)).as_bytes());
+    }
+    request.extend_from_slice(b"\r\n");
+    // The server may answer and close before it has read everything we send.
+    let _ = conn.write_all(&request).await;
+    let answer = read_until_closed(&mut conn).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert!(answer.contains("\"code\":431"), "{answer}");
 }
