@@ -28,7 +28,8 @@ pub struct ErrorBody {
     /// The HTTP status code, repeated so a logged or saved body stands on its own.
     pub code: u16,
     /// CamelCase name of the failure, one per status: `NotFound`, `Conflict`, `Invalid`,
-    /// `PreconditionFailed`, `PayloadTooLarge`, `ServiceUnavailable`, `InternalError`, ...
+    /// `PreconditionFailed`, `PayloadTooLarge`, `ServiceUnavailable`, `InternalError`, ...;
+    /// `UnreadableDocument` (500) when a stored document cannot be decoded.
     pub reason: String,
     /// For people; never parse it.
     pub message: String,
@@ -65,6 +66,8 @@ pub struct ApiError {
     /// What really went wrong, for the log only: 5xx bodies stay generic so they leak
     /// nothing about the store or the deployment.
     internal: Option<String>,
+    /// A reason of its own where one status covers failures a client must tell apart.
+    reason: Option<&'static str>,
 }
 
 impl ApiError {
@@ -76,6 +79,7 @@ impl ApiError {
             message: message.into(),
             causes: Vec::new(),
             internal: None,
+            reason: None,
         }
     }
 
@@ -135,6 +139,18 @@ impl ApiError {
         }
     }
 
+    /// 500 `UnreadableDocument`: the stored document the request names cannot be decoded.
+    /// Nothing secret is in such a message, so it is sent (and logged); it should say how to
+    /// clear the document.
+    pub fn unreadable(message: impl Into<String>) -> Self {
+        let message = message.into();
+        ApiError {
+            internal: Some(message.clone()),
+            reason: Some("UnreadableDocument"),
+            ..Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+        }
+    }
+
     /// The HTTP status the response will carry.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -144,7 +160,9 @@ impl ApiError {
     pub fn body(&self) -> ErrorBody {
         ErrorBody {
             code: self.status.as_u16(),
-            reason: reason(self.status),
+            reason: self
+                .reason
+                .map_or_else(|| reason(self.status), str::to_owned),
             message: self.message.clone(),
             causes: self.causes.clone(),
         }
