@@ -35,6 +35,7 @@ pub struct ErrorBody {
     /// except that a 503 says `StoreTimeout` when the store did not answer within the
     /// request's deadline (retry later), and `OutcomeUnknown` when a write was sent but not
     /// confirmed, so it may or may not have been applied: re-read before retrying.
+    /// `UnreadableDocument` (500) when a stored document cannot be decoded.
     pub reason: String,
     /// For people; never parse it.
     pub message: String,
@@ -175,6 +176,18 @@ impl ApiError {
         }
     }
 
+    /// 500 `UnreadableDocument`: the stored document the request names cannot be decoded.
+    /// Nothing secret is in such a message, so it is sent (and logged); it should say how to
+    /// clear the document.
+    pub fn unreadable(message: impl Into<String>) -> Self {
+        let message = message.into();
+        ApiError {
+            internal: Some(message.clone()),
+            reason: Some(UNREADABLE_DOCUMENT),
+            ..Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+        }
+    }
+
     /// The HTTP status the response will carry.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -207,6 +220,8 @@ impl ApiError {
 pub const STORE_TIMEOUT: &str = "StoreTimeout";
 /// The reason of [`ApiError::outcome_unknown`].
 pub const OUTCOME_UNKNOWN: &str = "OutcomeUnknown";
+/// The reason of a 500 for a stored document that cannot be decoded.
+pub const UNREADABLE_DOCUMENT: &str = "UnreadableDocument";
 
 /// The CamelCase reason for a status: Kubernetes' names where they differ from HTTP's
 /// (422 is `Invalid`, 500 is `InternalError`), otherwise HTTP's reason phrase run together.

@@ -198,7 +198,8 @@ impl<S: Send + Sync> FromRequestParts<S> for AuditUser {
 }
 
 /// How daemon-set store failures reach clients: a missing daemon set is 404, a stale
-/// `If-Match` 412, a broken invariant 422 and an unreadable stored document 500.
+/// `If-Match` 412, a broken invariant 422 and an unreadable stored document 500
+/// `UnreadableDocument`.
 impl From<DaemonSetError> for ApiError {
     fn from(err: DaemonSetError) -> Self {
         match err {
@@ -207,7 +208,9 @@ impl From<DaemonSetError> for ApiError {
             }
             DaemonSetError::Stale { id, expected } => stale(&format!("daemon set {id}"), expected),
             DaemonSetError::Invalid(problems) => ApiError::invalid(problems.into_iter().map(cause)),
-            DaemonSetError::Undecodable { .. } => ApiError::internal(err),
+            DaemonSetError::Undecodable { id, .. } => {
+                ApiError::unreadable(format!("{err}; DELETE /api/v1/daemonsets/{id} removes it"))
+            }
             DaemonSetError::Store(e) => e.into(),
         }
     }
@@ -311,6 +314,7 @@ async fn create_daemon_set(
             headers(("ETag" = String, description = "The version, for If-Match"))),
         (status = NOT_FOUND, description = "No such daemon set", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The ID is not a UUID", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The stored daemon set cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -358,6 +362,7 @@ async fn get_daemon_set(
         (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not a JSON merge patch", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Invalid fields, all listed", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The stored daemon set cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -403,6 +408,8 @@ async fn patch_daemon_set(
 /// Deletes a daemon set (only at the `If-Match` version, when given).
 ///
 /// Its pods are not touched here: the DS farm's cleanup removes pods whose daemon set is gone.
+/// A stored document that cannot be decoded is deleted too (without an audit record, as
+/// there is no daemon set to record).
 #[utoipa::path(
     delete,
     path = "/daemonsets/{id}",

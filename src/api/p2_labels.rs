@@ -4,17 +4,25 @@
 //! Paths, bodies, answers and the 400s for a bad type, id, name or selector are P2's
 //! (pkg/labels/label_http_server.go), with these differences:
 //! - A bad body is a 4xx with the JSON error body instead of P2's 503: 400 when malformed,
-//!   415 without `application/json`, 422 when of the wrong shape or when a label breaks
-//!   Kubernetes' rules (P2 stores such labels unchecked; they can never be selected).
-//! - A pod id `<node>/<pod_id>` works in the path, its `/` sent as is or as `%2F`. A pod id
+//!   422 when of the wrong shape or when a label breaks Kubernetes' rules (P2 stores such
+//!   labels unchecked; they can never be selected). As in P2, the body is read as JSON
+//!   whatever its `Content-Type`, or without one.
+//! - As in P2, the path after the type is query-unescaped once more after the usual
+//!   decoding, because P2's client query-escapes ids and names before putting them in the
+//!   path: its `node9%252Fhello` is the pod id `node9/hello`. A `%` in an id or name must
+//!   therefore be sent as `%2525` and a `+` as `%252B` (a bare `+` reads as a space); the
+//!   `/api/v1/labels` routes decode once.
+//! - A pod id `<node>/<pod_id>` works in the path, its `/` sent as is or encoded. A pod id
 //!   always has two parts and any other id one, so `/api/labels/pod/{node}/{pod_id}/{name}`
-//!   is unambiguous; a label name may carry its prefix's `/` as is or as `%2F`.
+//!   is unambiguous; a label name may carry its prefix's `/` as is or encoded.
 //! - Writes re-apply themselves on concurrent changes until they land, where P2 gives up
 //!   with a 503 after its first check-and-set miss.
 //! - `/api/select` over a type with no labels at all answers `[]`: nothing matches an empty
 //!   tree, and P2's 404 there keeps its RC farm from ever placing a first pod.
 //! - Reads are always consistent: `cachedMatch` and `stale` are accepted and ignored.
 
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -197,9 +205,10 @@ async fn list_p2_labels(
 )]
 async fn get_p2_labels(
     State(app): State<AppState>,
-    ApiPath((type_name, id)): ApiPath<(String, String)>,
+    ApiPath((type_name, tail)): ApiPath<(String, String)>,
 ) -> Result<ApiJson<P2ObjectLabels>, ApiError> {
     let label_type = label_type(&type_name)?;
+    let id = query_unescape(&tail)?;
     check_id(label_type, &id)?;
     let record = store(&app).get(label_type, &id).await?;
     Ok(ApiJson(P2ObjectLabels {
@@ -210,13 +219,17 @@ async fn get_p2_labels(
     }))
 }
 
-/// `PUT /api/labels/{type}/{tail}`: one label when the tail names one, else a set.
+/// `PUT /api/labels/{type}/{tail}`: one label when the tail names one, else a set. The
+/// body is JSON whatever its content type, as P2's server reads it.
 async fn put_p2_target(
     State(app): State<AppState>,
     ApiPath((type_name, tail)): ApiPath<(String, String)>,
-    ApiJson(body): ApiJson<Value>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
     let target = Target::parse(&type_name, &tail)?;
+    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+    let body: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
     match target.name {
         None => put_p2_labels(&app, target.label_type, &target.id, body_as(body)?).await,
         Some(name) => {
@@ -254,8 +267,6 @@ async fn delete_p2_target(
         (status = NO_CONTENT, description = "The labels are set"),
         (status = BAD_REQUEST, description = "Bad type or id, or malformed JSON", body = ErrorBody),
         (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
-        (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json",
-            body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Bad body shape or labels",
             body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
@@ -295,8 +306,6 @@ async fn put_p2_labels(
         (status = BAD_REQUEST, description = "Bad type, id or name, or malformed JSON",
             body = ErrorBody),
         (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
-        (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json",
-            body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Bad body shape, label name or value",
             body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
@@ -382,9 +391,11 @@ async fn delete_p2_label(
     Ok(StatusCode::NO_CONTENT)
 }
 
-const ID_DOC: &str = "Object id; a pod's is `<node>/<pod_id>`, its `/` sent as is or as `%2F`";
+const ID_DOC: &str = "Object id, query-escaped once more as P2's client sends it (a pod's \
+    `node9/hello` as `node9%252Fhello`; `%2F` and a plain `/` work too)";
 
-const NAME_DOC: &str = "Label name (key); a prefix's `/` may be sent as is or as `%2F`";
+const NAME_DOC: &str = "Label name (key), query-escaped once more as P2's client sends it; a \
+    prefix's `/` may also be sent as is or as `%2F`";
 
 /// The object (and label name, if any) a write names, from the path after the type.
 #[derive(Debug)]
@@ -399,11 +410,12 @@ impl Target {
     /// the label name (which may itself hold a prefix's `/`).
     fn parse(type_name: &str, tail: &str) -> Result<Target, ApiError> {
         let label_type = label_type(type_name)?;
+        let tail = query_unescape(tail)?;
         let id_parts = if label_type == LabelType::Pod { 2 } else { 1 };
         let parts: Vec<&str> = tail.splitn(id_parts + 1, '/').collect();
         let (id, name) = match parts.as_slice() {
             [ids @ .., name] if ids.len() == id_parts => (ids.join("/"), Some(name.to_string())),
-            _ => (tail.to_string(), None),
+            _ => (tail.clone(), None),
         };
         check_id(label_type, &id)?;
         if name.as_deref() == Some("") {
@@ -417,6 +429,39 @@ impl Target {
             name,
         })
     }
+}
+
+/// Undoes the query-escaping P2's client applies to ids and names before the path's own
+/// encoding, as P2's server does with Go's `url.QueryUnescape`: `%XX` is a byte and `+` a
+/// space. A `%` not followed by two hex digits is a 400, as in P2.
+fn query_unescape(text: &str) -> Result<String, ApiError> {
+    let bad = || ApiError::bad_request(format!("invalid URL escape in {text:?}"));
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .filter(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+                    .ok_or_else(bad)?;
+                let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
+                out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            byte => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out)
+        .map_err(|_| ApiError::bad_request(format!("{text:?} does not decode to UTF-8")))
 }
 
 fn store(app: &AppState) -> LabelStore {

@@ -482,6 +482,7 @@ async fn list_rcs(
             headers(("ETag" = String, description = "The RC's version"))),
         (status = NOT_FOUND, description = "No such RC", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The stored RC cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
     )
 )]
@@ -500,7 +501,8 @@ async fn get_rc(
 /// and `allocation_strategy`.
 ///
 /// With `If-Match` the patch applies only to that version; without it, it is re-applied to
-/// the latest version until it lands. Refused while a roll holds the RC's mutation lock.
+/// the latest version until it lands. Refused while a roll names the RC (as its old or new
+/// RC) or someone holds the RC's mutation lock.
 #[utoipa::path(
     patch,
     path = "/rcs/{id}",
@@ -513,11 +515,12 @@ async fn get_rc(
             headers(("ETag" = String, description = "The RC's new version"))),
         (status = BAD_REQUEST, description = "Malformed JSON or If-Match", body = ErrorBody),
         (status = NOT_FOUND, description = "No such RC", body = ErrorBody),
-        (status = CONFLICT, description = "A roll holds the RC's mutation lock", body = ErrorBody),
+        (status = CONFLICT, description = "A roll names the RC, or someone holds its mutation lock", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "The RC changed since the If-Match version", body = ErrorBody),
         (status = PAYLOAD_TOO_LARGE, description = "Body over 1 MiB", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "Not a JSON merge patch", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Invalid, read-only or unknown fields, all listed", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The stored RC cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
     )
 )]
@@ -533,13 +536,13 @@ async fn patch_rc(
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let record = read(&store, &id).await?;
         check_version(&record, expected)?;
-        let guard = unlocked(&app, &store, &id).await?;
+        let guards = unclaimed(&app, &store, &id).await?;
         let mut rc = record.rc.clone();
         patch.apply(&mut rc)?;
         if rc == record.rc {
             return view_response(&app, record).await;
         }
-        match store.write(rc, record.index, vec![guard]).await {
+        match store.write(rc, record.index, guards).await {
             Ok(written) => return view_response(&app, written).await,
             Err(StoreError::Conflict { .. }) => continue,
             Err(e) => return Err(e.into()),
@@ -550,8 +553,10 @@ async fn patch_rc(
 
 /// Deletes an RC and its labels in one transaction; its pods stay where they are.
 ///
-/// Refused while `replicas_desired` is above 0 unless `?force=true`, and while a roll holds
-/// the RC's mutation lock.
+/// Refused while `replicas_desired` is above 0 unless `?force=true`, and (even with
+/// `?force=true`) while a roll names the RC or someone holds the RC's mutation lock. An RC
+/// whose stored document cannot be decoded is deleted whatever its replica count: no farm
+/// can run it.
 #[utoipa::path(
     delete,
     path = "/rcs/{id}",
@@ -561,7 +566,7 @@ async fn patch_rc(
         (status = NO_CONTENT, description = "Deleted"),
         (status = BAD_REQUEST, description = "Malformed query or If-Match", body = ErrorBody),
         (status = NOT_FOUND, description = "No such RC", body = ErrorBody),
-        (status = CONFLICT, description = "Replicas still desired, or a roll holds the RC's mutation lock", body = ErrorBody),
+        (status = CONFLICT, description = "Replicas still desired, a roll names the RC, or someone holds its mutation lock", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "The RC changed since the If-Match version", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
@@ -576,17 +581,29 @@ async fn delete_rc(
     let id = rc_id(&id)?;
     let store = RcStore::new(app.store.clone());
     for _ in 0..MAX_WRITE_ATTEMPTS {
-        let record = read(&store, &id).await?;
-        check_version(&record, expected)?;
-        if record.rc.replicas_desired > 0 && !params.force {
-            return Err(ApiError::conflict(format!(
-                "replication controller {id} still wants {} replicas; set replicas_desired to 0 \
-                 first or delete with ?force=true",
-                record.rc.replicas_desired
-            )));
-        }
-        let mut ops = vec![unlocked(&app, &store, &id).await?];
-        ops.extend(RcStore::delete_ops(&id, record.index));
+        let mut ops = unclaimed(&app, &store, &id).await?;
+        let index = match store.get(&id).await {
+            Ok(Some(record)) => {
+                check_version(&record, expected)?;
+                if record.rc.replicas_desired > 0 && !params.force {
+                    return Err(ApiError::conflict(format!(
+                        "replication controller {id} still wants {} replicas; set \
+                         replicas_desired to 0 first or delete with ?force=true",
+                        record.rc.replicas_desired
+                    )));
+                }
+                record.index
+            }
+            Ok(None) => {
+                return Err(ApiError::not_found(format!(
+                    "no replication controller {id}"
+                )))
+            }
+            // No farm can run an RC it cannot read, so its replica count protects nothing.
+            Err(StoreError::Invalid(why)) => unreadable_index(&app, &id, expected, &why).await?,
+            Err(e) => return Err(e.into()),
+        };
+        ops.extend(RcStore::delete_ops(&id, index));
         match app.store.txn(&ops).await {
             Ok(_) => return Ok(StatusCode::NO_CONTENT),
             Err(StoreError::Conflict { .. }) => continue,
@@ -609,17 +626,39 @@ fn rc_id(raw: &str) -> Result<String, ApiError> {
         })
 }
 
-/// The RC or 404. A stored document this server cannot decode is its own fault, not the
-/// client's, hence 500 rather than the store's 422.
+/// The RC or 404. A stored document that cannot be decoded is no fault of the client's,
+/// hence 500 `UnreadableDocument` (rather than the store's 422), saying how to clear it.
 async fn read(store: &RcStore, id: &str) -> Result<RcRecord, ApiError> {
     match store.get(id).await {
         Ok(Some(record)) => Ok(record),
         Ok(None) => Err(ApiError::not_found(format!(
             "no replication controller {id}"
         ))),
-        Err(StoreError::Invalid(why)) => Err(ApiError::internal(why)),
+        Err(StoreError::Invalid(why)) => Err(ApiError::unreadable(format!(
+            "{why}; DELETE /api/v1/rcs/{id} removes it"
+        ))),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The index of an RC document that cannot be decoded, so that it can still be deleted;
+/// 412 unless it is at the version the client expects.
+async fn unreadable_index(
+    app: &AppState,
+    id: &str,
+    expected: Option<u64>,
+    why: &str,
+) -> Result<u64, ApiError> {
+    let Some(pair) = app.store.get(&layout::rc(id)).await? else {
+        return Err(ApiError::not_found(format!(
+            "no replication controller {id}"
+        )));
+    };
+    if let Some(expected) = expected.filter(|expected| *expected != pair.modify_index) {
+        return Err(stale(&format!("replication controller {id}"), expected));
+    }
+    tracing::warn!(rc = %id, error = %why, "deleting an RC whose document cannot be decoded");
+    Ok(pair.modify_index)
 }
 
 /// 412 unless the RC is at the version the client expects.
@@ -633,27 +672,32 @@ fn check_version(record: &RcRecord, expected: Option<u64>) -> Result<(), ApiErro
     }
 }
 
-/// The txn op that keeps the write atomic with "nobody holds the RC's mutation lock", or 409
-/// naming the roll (or else the session) that holds it.
-async fn unlocked(app: &AppState, store: &RcStore, id: &str) -> Result<TxnOp, ApiError> {
-    let session = match store.mutation_guard(id).await? {
-        Ok(guard) => return Ok(guard),
-        Err(session) => session,
+/// The txn ops that keep a write to the RC atomic with "no roll has it as its new RC and
+/// nobody holds its mutation lock", or 409 naming the roll that names it (as old or new RC,
+/// whether or not a farm runs the roll right now) or else the session holding the lock.
+///
+/// A roll naming the RC as its old one has no key derived from the RC, so it is looked for
+/// just before the write rather than inside its transaction: a roll created in between goes
+/// unseen (a delete then makes the roll's creation fail, as it needs both RCs present).
+async fn unclaimed(app: &AppState, store: &RcStore, id: &str) -> Result<Vec<TxnOp>, ApiError> {
+    let cannot = |holder: String| {
+        ApiError::conflict(format!(
+            "replication controller {id} cannot be changed now: {holder}"
+        ))
     };
-    let holder = match RollStore::new(app.store.clone()).involving(id).await? {
-        Some(roll) => format!(
-            "roll {roll} holds its mutation lock; wait for the roll to finish or cancel it with \
-             DELETE /api/v1/rolls/{roll}",
-            roll = roll.roll.new_rc
-        ),
-        None => format!(
+    if let Some(roll) = RollStore::new(app.store.clone()).naming(id).await? {
+        return Err(cannot(format!(
+            "roll {roll} names it; wait for the roll to finish or cancel it with \
+             DELETE /api/v1/rolls/{roll}"
+        )));
+    }
+    match store.mutation_guard(id).await? {
+        Ok(guard) => Ok(vec![guard, RollStore::absent_op(id)]),
+        Err(session) => Err(cannot(format!(
             "session {session} holds its mutation lock (a node transfer or another tool); \
              retry later"
-        ),
-    };
-    Err(ApiError::conflict(format!(
-        "replication controller {id} cannot be changed now: {holder}"
-    )))
+        ))),
+    }
 }
 
 fn busy(id: &str) -> ApiError {

@@ -231,34 +231,51 @@ impl DaemonSetStore {
     /// Deletes a daemon set (at `expected` only, when given), writing a `DAEMON_SET_DELETED`
     /// audit record of its last state in the same transaction; returns that state. Its pods
     /// stay until the farm's dangling-pod cleanup removes them, as in P2.
+    ///
+    /// A stored document that cannot be decoded is deleted too, so a corrupt one can always
+    /// be cleared; `None` then, and no audit record, as there is no daemon set to record.
     pub async fn delete(
         &self,
         id: Uuid,
         expected: Option<u64>,
         user: &str,
-    ) -> Result<StoredDaemonSet, DaemonSetError> {
+    ) -> Result<Option<StoredDaemonSet>, DaemonSetError> {
+        let key = layout::daemon_set(id);
         for _ in 0..MAX_CAS_ATTEMPTS {
-            let current = self.get(id).await?.ok_or(DaemonSetError::NotFound(id))?;
-            let index = expected.unwrap_or(current.index);
-            if index != current.index {
+            let pair = self
+                .kv
+                .get(&key)
+                .await?
+                .ok_or(DaemonSetError::NotFound(id))?;
+            let index = expected.unwrap_or(pair.modify_index);
+            if index != pair.modify_index {
                 return Err(DaemonSetError::Stale {
                     id,
                     expected: index,
                 });
             }
             let key = layout::daemon_set(id);
+            let current = StoredDaemonSet::from_json(&pair.value);
+            if let Err(e) = &current {
+                tracing::warn!(%id, error = %e, "deleting a daemon set whose document cannot be decoded");
+            }
             // Consul's delete-cas succeeds on an absent key; the check makes a concurrent
             // delete roll this one back instead of auditing the deletion twice.
-            let ops = [
+            let mut ops = vec![
                 TxnOp::CheckIndex {
                     key: key.clone(),
                     index,
                 },
-                TxnOp::DeleteCas { key, index },
-                audit_op(DaemonSetEvent::Deleted, &current.ds, user),
+                TxnOp::DeleteCas {
+                    key: key.clone(),
+                    index,
+                },
             ];
+            if let Ok(ds) = &current {
+                ops.push(audit_op(DaemonSetEvent::Deleted, ds, user));
+            }
             match self.kv.txn(&ops).await {
-                Ok(_) => return Ok(current.ds),
+                Ok(_) => return Ok(current.ok()),
                 Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
                 Err(StoreError::Conflict { .. }) => {
                     return Err(DaemonSetError::Stale {

@@ -44,12 +44,25 @@ impl RollStore {
         Ok((listing.index, records))
     }
 
-    /// The roll, if any, that moves replicas from or to the RC `rc_id`.
-    pub async fn involving(&self, rc_id: &str) -> StoreResult<Option<RollRecord>> {
+    /// The id of the roll, if any, that moves replicas from or to the RC `rc_id`. A roll
+    /// document stored for `rc_id` as its new RC counts even when it cannot be decoded.
+    pub async fn naming(&self, rc_id: &str) -> StoreResult<Option<String>> {
+        if self.kv.get(&layout::roll(rc_id)).await?.is_some() {
+            return Ok(Some(rc_id.to_owned()));
+        }
         let (_, rolls) = self.list().await?;
         Ok(rolls
             .into_iter()
-            .find(|r| r.roll.old_rc == rc_id || r.roll.new_rc == rc_id))
+            .find(|r| r.roll.old_rc == rc_id)
+            .map(|r| r.roll.new_rc))
+    }
+
+    /// A txn op that holds only while no roll has `rc_id` as its new RC, the one roll key a
+    /// write to that RC can check atomically.
+    pub fn absent_op(rc_id: &str) -> TxnOp {
+        TxnOp::CheckNotExists {
+            key: layout::roll(rc_id),
+        }
     }
 
     /// The op that creates the roll, only if no roll for its new RC exists.

@@ -737,3 +737,42 @@ async fn the_openapi_document_describes_every_route() {
         ],
     );
 }
+
+/// A stored document that cannot be decoded reads as 500 `UnreadableDocument` saying how to
+/// clear it, stays out of lists, and can be deleted (there is nothing to audit).
+#[tokio::test]
+async fn an_undecodable_daemon_set_is_reported_and_can_be_deleted() {
+    let app = TestApp::new().await;
+    let good = create(&app, &body("")).await;
+    let id = "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11";
+    app.put_raw(&format!("daemon_sets/{id}"), "{\"id\": 7")
+        .await;
+    let audits = audit_records(&app).await.len();
+
+    for response in [
+        app.get(&format!("/api/v1/daemonsets/{id}")).await,
+        patch(&app, id, &json!({"disabled": true}), &[]).await,
+    ] {
+        assert_eq!(response.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let error = response.error();
+        assert_eq!(error.reason, "UnreadableDocument", "{error:?}");
+        assert!(
+            error
+                .message
+                .contains(&format!("DELETE /api/v1/daemonsets/{id}")),
+            "{error:?}"
+        );
+    }
+    assert_eq!(
+        item_ids(&app.get("/api/v1/daemonsets").await.json()),
+        [good.as_str()]
+    );
+
+    let stale = delete(&app, id, &[("if-match", "\"1\"")]).await;
+    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
+    let response = delete(&app, id, &[]).await;
+    assert_eq!(response.status, StatusCode::NO_CONTENT, "{response:?}");
+    assert!(stored(&app, id).await.is_none());
+    assert!(stored(&app, &good).await.is_some());
+    assert_eq!(audit_records(&app).await.len(), audits);
+}

@@ -729,3 +729,61 @@ async fn the_openapi_document_describes_every_rc_route() {
         json!({"type": "string"})
     );
 }
+
+/// A stored document that cannot be decoded reads as 500 `UnreadableDocument` saying how to
+/// clear it, stays out of lists, and can be deleted whatever it once wanted.
+#[tokio::test]
+async fn an_undecodable_rc_is_reported_and_can_be_deleted() {
+    let app = TestApp::new().await;
+    let good = create_id(&app).await;
+    let id = uuid::Uuid::new_v4().to_string();
+    let key = format!("replication_controllers/{id}");
+    app.put_raw(&key, r#"{"id":"x","replicas_desired":"three"}"#)
+        .await;
+    app.put_raw(
+        &format!("labels/replication_controller/{id}"),
+        r#"{"pod_id":"hello"}"#,
+    )
+    .await;
+
+    for response in [
+        app.get(&format!("/api/v1/rcs/{id}")).await,
+        patch(&app, &id, &json!({"replicas_desired": 0}), &[]).await,
+    ] {
+        assert_eq!(response.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let error = response.error();
+        assert_eq!(error.reason, "UnreadableDocument");
+        assert!(
+            error.message.contains(&format!("DELETE /api/v1/rcs/{id}")),
+            "{error:?}"
+        );
+    }
+    assert_eq!(
+        item_ids(&app.get("/api/v1/rcs").await.json()),
+        [good.as_str()]
+    );
+
+    let index = app.stored(&key).await.unwrap().modify_index;
+    let stale = app
+        .json_request(
+            "DELETE",
+            &format!("/api/v1/rcs/{id}"),
+            None,
+            &[("if-match", &format!("\"{}\"", index + 1))],
+        )
+        .await;
+    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
+    let deleted = app
+        .json_request("DELETE", &format!("/api/v1/rcs/{id}"), None, &[])
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    assert!(app.stored(&key).await.is_none());
+    assert!(app
+        .stored(&format!("labels/replication_controller/{id}"))
+        .await
+        .is_none());
+    assert!(app
+        .stored(&format!("replication_controllers/{good}"))
+        .await
+        .is_some());
+}

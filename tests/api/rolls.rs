@@ -948,3 +948,71 @@ async fn the_openapi_document_describes_every_roll_route() {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap());
     }
 }
+
+/// A roll's RCs are refused every write, with no farm running (so nobody holds their
+/// mutation locks): otherwise the roll farm would later find them changed or gone.
+#[tokio::test]
+async fn writes_to_either_rc_of_a_roll_are_refused_naming_the_roll_without_any_lock() {
+    let app = TestApp::new().await;
+    let old = arrange_rc(&app, 3, &[("pod_id", "hello")]).await;
+    let new = arrange_rc(&app, 0, &[("pod_id", "hello")]).await;
+    let response = post(
+        &app,
+        json!({"old_rc_id": old, "new_rc_id": new, "desired_replicas": 3, "minimum_replicas": 2}),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
+    assert_no_locks(&app).await;
+    let before = app.dump().await;
+
+    for rc in [&old, &new] {
+        let path = format!("/api/v1/rcs/{rc}");
+        let patched = app
+            .merge_patch(&path, &json!({"replicas_desired": 0}), &[])
+            .await;
+        let deleted = app.json_request("DELETE", &path, None, &[]).await;
+        let forced = app
+            .json_request("DELETE", &format!("{path}?force=true"), None, &[])
+            .await;
+        for response in [patched, deleted, forced] {
+            assert_eq!(response.status, StatusCode::CONFLICT, "{rc}: {response:?}");
+            let message = response.error().message;
+            assert!(
+                message.contains(&format!("roll {new} names it")),
+                "{message}"
+            );
+        }
+    }
+    assert_eq!(app.dump().await, before);
+
+    // Once the roll is cancelled, the RCs are free again.
+    assert_eq!(
+        delete(&app, &new, None).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let patched = app
+        .merge_patch(
+            &format!("/api/v1/rcs/{old}"),
+            &json!({"replicas_desired": 0}),
+            &[],
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+}
+
+/// A roll document that cannot be decoded still names its new RC by its key.
+#[tokio::test]
+async fn an_unreadable_roll_still_guards_its_new_rc() {
+    let app = TestApp::new().await;
+    let new = arrange_rc(&app, 0, &[("pod_id", "hello")]).await;
+    app.put_raw(&format!("rolls/{new}"), "{not json").await;
+    let response = app
+        .json_request("DELETE", &format!("/api/v1/rcs/{new}"), None, &[])
+        .await;
+    assert_eq!(response.status, StatusCode::CONFLICT, "{response:?}");
+    assert!(response.error().message.contains(&format!("roll {new}")));
+    assert!(app
+        .stored(&format!("replication_controllers/{new}"))
+        .await
+        .is_some());
+}
