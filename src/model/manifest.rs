@@ -2,8 +2,11 @@
 //!
 //! A manifest is written back exactly as it was received (comments, key order and any PGP
 //! clear-signature included), because preparers may verify the signature over those bytes.
-//! Its SHA is instead taken over one canonical rendering of the parsed YAML, so reformatting
-//! or re-signing a manifest does not make it look changed.
+//! Its SHA is instead P2's `manifest.SHA()`: the hex SHA-256 of P2's canonical re-rendering of
+//! the parsed manifest (see [`p2_yaml`]), so reformatting or re-signing a manifest does not
+//! make it look changed, and a SHA written by P2 (a DS farm's `manifest_sha`) compares equal.
+
+mod p2_yaml;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -81,12 +84,13 @@ impl Manifest {
             return Err(problems);
         }
 
-        let mut canonical = String::new();
-        write_canonical(&yaml, &mut canonical);
-        let sha = Sha256::digest(canonical.as_bytes())
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect();
+        let canonical = p2_yaml::canonical(&text).map_err(|e| {
+            vec![FieldError::new(
+                "manifest",
+                format!("cannot be read as P2 reads it: {e}"),
+            )]
+        })?;
+        let sha = sha256_hex(&canonical);
         Ok(Manifest {
             raw: raw.to_owned(),
             pod_id,
@@ -124,8 +128,9 @@ impl Manifest {
         &self.pod_id
     }
 
-    /// Hex SHA-256 of the canonical rendering; equal for manifests that differ only in
-    /// comments, formatting, key order or signature.
+    /// P2's `manifest.SHA()`: hex SHA-256 of P2's canonical rendering; equal for manifests
+    /// that differ only in comments, formatting, key order, keys P2 does not know, or
+    /// signature. Every SHA comparison goes through this one function.
     pub fn sha(&self) -> String {
         self.sha.clone()
     }
@@ -412,68 +417,12 @@ fn yaml11_bool(text: &str) -> Option<bool> {
     }
 }
 
-/// Renders `value` as compact JSON with mapping entries sorted, the input of the SHA.
-/// Non-string keys are rendered then quoted; tags wrap their value as `{"!tag": value}`;
-/// non-finite floats become strings, so the output is always valid JSON.
-fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) if n.is_nan() || n.is_infinite() => write_json_string(&n.to_string(), out),
-        Value::Number(n) => out.push_str(&n.to_string()),
-        Value::String(s) => write_json_string(s, out),
-        Value::Sequence(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        Value::Mapping(map) => {
-            let mut entries: Vec<(String, String)> = map
-                .iter()
-                .map(|(key, value)| {
-                    let mut key_text = String::new();
-                    match key {
-                        Value::String(key) => write_json_string(key, &mut key_text),
-                        other => {
-                            let mut rendered = String::new();
-                            write_canonical(other, &mut rendered);
-                            write_json_string(&rendered, &mut key_text);
-                        }
-                    }
-                    let mut value_text = String::new();
-                    write_canonical(value, &mut value_text);
-                    (key_text, value_text)
-                })
-                .collect();
-            entries.sort();
-            out.push('{');
-            for (i, (key, value)) in entries.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(key);
-                out.push(':');
-                out.push_str(value);
-            }
-            out.push('}');
-        }
-        Value::Tagged(tagged) => {
-            out.push('{');
-            write_json_string(&tagged.tag.to_string(), out);
-            out.push(':');
-            write_canonical(&tagged.value, out);
-            out.push('}');
-        }
-    }
-}
-
-fn write_json_string(text: &str, out: &mut String) {
-    out.push_str(&serde_json::Value::from(text).to_string());
+/// Lowercase hex SHA-256, the form P2 writes SHAs in.
+fn sha256_hex(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -522,7 +471,7 @@ mod tests {
         for changed in [
             HELLO.replace("production", "staging"),
             HELLO.replace("43770", "43771"),
-            HELLO.replace("http: true", "http: \"true\""),
+            HELLO.replace("app:", "main:"),
             format!("{HELLO}run_as: nobody\n"),
         ] {
             assert_ne!(
@@ -534,23 +483,27 @@ mod tests {
     }
 
     #[test]
-    fn canonical_form_is_sorted_json() {
-        let yaml: Value =
-            yaml_serde::from_str("b: [1, 2.5, x]\na: {d: null, c: true}\n3: !t q\n").unwrap();
-        let mut out = String::new();
-        write_canonical(&yaml, &mut out);
-        assert_eq!(
-            out,
-            r#"{"3":{"!t":"q"},"a":{"c":true,"d":null},"b":[1,2.5,"x"]}"#
+    fn sha_is_p2s_and_ignores_quoting_and_keys_p2_does_not_know() {
+        let base = Manifest::parse(HELLO).unwrap();
+        for same in [
+            HELLO.replace("ENVIRONMENT: production", "ENVIRONMENT: 'production'"),
+            format!("{HELLO}tags:\n- blue\n"),
+        ] {
+            assert_eq!(Manifest::parse(&same).unwrap().sha(), base.sha(), "{same}");
+        }
+        // P2 cannot read a quoted string into its boolean field, so neither do we.
+        let problems = Manifest::parse(&HELLO.replace("http: true", "http: \"true\"")).unwrap_err();
+        assert!(
+            problems[0].message.contains("as P2 reads it"),
+            "{problems:?}"
         );
-        serde_json::from_str::<serde_json::Value>(&out).unwrap();
     }
 
     #[test]
     fn reads_clear_signed_manifests() {
-        let plaintext = format!("{HELLO}tags:\n- blue\n");
+        let plaintext = format!("{HELLO}run_as: blue\ntags:\n- blue\n");
         let signed = format!(
-            "{BEGIN_SIGNED}\nHash: SHA256\n\n{HELLO}tags:\n- - blue\n{BEGIN_SIGNATURE}\n\niQEcBAEBCAAGBQJeHdummy\n=abcd\n{END_SIGNATURE}\n"
+            "{BEGIN_SIGNED}\nHash: SHA256\n\n{HELLO}run_as: blue\ntags:\n- - blue\n{BEGIN_SIGNATURE}\n\niQEcBAEBCAAGBQJeHdummy\n=abcd\n{END_SIGNATURE}\n"
         );
         let manifest = Manifest::parse(&signed).unwrap();
         assert!(manifest.is_signed());
