@@ -43,6 +43,23 @@ pub fn schedule_ops(
     ops
 }
 
+/// Schedules `pod` over another owner's pod of the same id, replacing it in place: the
+/// owner's label keys `dropped` go, `labels` are merged in (CAS on the labels the farm saw,
+/// so the pod must still be the owner's) and the intent is overwritten.
+pub fn replace_ops(
+    world: &World,
+    pod: &PodKey,
+    manifest: &Manifest,
+    labels: &Labels,
+    dropped: &[&str],
+) -> Vec<TxnOp> {
+    let (location, mut current) = seen(world, pod);
+    for key in dropped {
+        current.labels.remove(*key);
+    }
+    pods::schedule_ops(&location, manifest, labels, &current)
+}
+
 /// [`pods::unschedule_ops`] at the labels the farm saw: delete the intent and remove exactly
 /// the label keys `owned`.
 pub fn unschedule_ops(world: &World, pod: &PodKey, owned: &[&str]) -> Vec<TxnOp> {

@@ -1,10 +1,18 @@
 //! The RC farm: P2's meet-desires (§4.2) for every RC this server owns, plus node transfer
 //! for `dynamic_strategy` RCs (§4.3).
 //!
+//! Rolls follow P2's protocol (§4.6, domain notes §10): the old RC is disabled and the new one
+//! enabled. As P2's worker does, an enabled RC takes a node that runs its pod id for a
+//! *disabled* RC, replacing that pod in place (the intent is overwritten and the pod's labels
+//! move to the new RC), and prefers such nodes to free ones. A disabled RC otherwise makes no
+//! change, except that while a roll holds its mutation lock (whoever runs the roll) its
+//! surplus pods are removed, so a roll completes whether the new pods replaced old ones in
+//! place or landed on spare nodes.
+//!
 //! Differences from P2, on purpose: new pods go to the least-loaded eligible nodes (P2 fills
-//! nodes in name order); a node already running the same pod id for another owner is never
-//! taken over; an empty pod-label tree simply means "no pods"; every write is fenced by the
-//! RC's ownership lock.
+//! nodes in name order); a node running the same pod id for an enabled RC or another owner is
+//! never taken over; an empty pod-label tree simply means "no pods"; every write is fenced by
+//! the RC's ownership lock.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::SystemTime;
@@ -17,12 +25,12 @@ use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::{AllocationStrategy, AuditRecord, HealthState, Manifest, StoredRc};
 use crate::store::layout;
 
-use super::pods::{same_manifest, schedule_ops, unschedule_ops};
+use super::pods::{replace_ops, same_manifest, schedule_ops, unschedule_ops};
 use super::world::{PodKey, World};
 use super::{Farm, FarmContext, Retries};
 
-/// Nodes changed per transaction: 2 ops each, plus the fence and the audit record, well
-/// under the 64-op limit.
+/// Nodes changed per transaction: at most 3 ops each (a check, the labels, the intent), plus
+/// the fence and the audit record, under the 64-op limit.
 const NODES_PER_TXN: usize = 20;
 
 /// The RC farm's state across passes: only backoffs, nothing a restart would miss.
@@ -73,7 +81,95 @@ fn pod_labels(id: &str, rc: &StoredRc) -> Labels {
 /// What one reconcile changes.
 enum Change {
     Schedule(String),
+    /// Schedule on a node whose pod of the same id belongs to a disabled RC.
+    Replace(String, Replaced),
     Unschedule(String),
+}
+
+impl Change {
+    fn node(&self) -> &String {
+        match self {
+            Change::Schedule(node) | Change::Replace(node, _) | Change::Unschedule(node) => node,
+        }
+    }
+}
+
+/// The disabled RC whose pod is replaced in place, as the farm saw it.
+struct Replaced {
+    rc_id: String,
+    /// The RC's index: the replacement holds only while it is unchanged (still disabled).
+    index: u64,
+    /// The label keys it put on its pods, which go with it.
+    labels: Vec<String>,
+}
+
+/// Where an enabled RC may place its pod on `node`: a free node (`None` inside), or a node
+/// whose pod of the same id belongs to a disabled RC; `None` when the node is taken.
+fn placement(world: &World, id: &str, node: &str, pod_id: &str) -> Option<Option<Replaced>> {
+    let pod = (node.to_owned(), pod_id.to_owned());
+    if !world.intents.items.contains_key(&pod) {
+        return Some(None);
+    }
+    let owner = world.pod_labels.items.get(&pod)?.value.get(RC_ID_LABEL)?;
+    let rc = world.rcs.items.get(owner)?;
+    (owner != id && rc.value.disabled && rc.value.manifest.pod_id() == pod_id).then(|| {
+        Some(Replaced {
+            rc_id: owner.clone(),
+            index: rc.index,
+            labels: pod_labels(owner, &rc.value).into_keys().collect(),
+        })
+    })
+}
+
+/// The pods an RC holds on nodes, by the label naming it.
+fn current_nodes(world: &World, id: &str, pod_id: &str) -> BTreeSet<String> {
+    world
+        .pods_labelled(RC_ID_LABEL, id)
+        .into_iter()
+        .filter(|(_, pod)| pod == pod_id)
+        .map(|(node, _)| node)
+        .collect()
+}
+
+/// Whether the new RC of a roll (enabled, its mutation lock held) running `pod_id` still has
+/// pods to place: it may replace a disabled RC's pods in place, so that RC's surplus must
+/// wait, or one step of the roll would stop two pods.
+fn placement_pending(world: &World, pod_id: &str) -> bool {
+    world.rcs.items.iter().any(|(id, rc)| {
+        !rc.value.disabled
+            && rc.value.manifest.pod_id() == pod_id
+            && world.lock_holder(&layout::rc_mutation(id)).is_some()
+            && usize::try_from(rc.value.replicas_desired).unwrap_or(0)
+                > current_nodes(world, id, pod_id).len()
+    })
+}
+
+/// Unschedules `count` of `current`: ineligible nodes first, then the busiest, then by name
+/// for determinism.
+fn remove(
+    load: &mut HashMap<String, usize>,
+    eligible: &BTreeSet<&String>,
+    current: &BTreeSet<String>,
+    count: usize,
+) -> Vec<Change> {
+    let mut victims: Vec<&String> = current.iter().collect();
+    victims.sort_by_key(|node| {
+        (
+            eligible.contains(node),
+            std::cmp::Reverse(load.get(*node).copied().unwrap_or(0)),
+            (*node).clone(),
+        )
+    });
+    victims
+        .into_iter()
+        .take(count)
+        .map(|node| {
+            if let Some(n) = load.get_mut(node) {
+                *n = n.saturating_sub(1);
+            }
+            Change::Unschedule(node.clone())
+        })
+        .collect()
 }
 
 /// Brings one RC's pods in line with its fields (P2's meet-desires).
@@ -84,7 +180,9 @@ async fn reconcile(
     id: &str,
     rc: &StoredRc,
 ) -> StoreResult<()> {
-    if rc.disabled {
+    // A disabled RC changes nothing, unless it is the old RC of a roll.
+    let rolling = world.lock_holder(&layout::rc_mutation(id)).is_some();
+    if rc.disabled && !rolling {
         return Ok(());
     }
     let pod_id = rc.manifest.pod_id().to_owned();
@@ -99,32 +197,36 @@ async fn reconcile(
         .filter(|(_, labels)| selector.matches(labels))
         .map(|(node, _)| node)
         .collect();
-    let current: BTreeSet<String> = world
-        .pods_labelled(RC_ID_LABEL, id)
-        .into_iter()
-        .filter(|(_, pod)| *pod == pod_id)
-        .map(|(node, _)| node)
-        .collect();
+    let current = current_nodes(world, id, &pod_id);
     let desired = usize::try_from(rc.replicas_desired.max(0)).unwrap_or(0);
-    let mut changes = Vec::new();
 
+    if rc.disabled {
+        // The old RC of a roll gives up its surplus once no new pod may still replace one.
+        if desired < current.len() && !placement_pending(world, &pod_id) {
+            let changes = remove(load, &eligible, &current, current.len() - desired);
+            return apply(ctx, world, id, rc, &current, changes).await;
+        }
+        return Ok(());
+    }
+
+    let mut changes = Vec::new();
     if desired > current.len() {
-        let mut candidates: Vec<&String> = eligible
+        // Nodes where the pod replaces a disabled RC's first, then the least loaded.
+        let mut candidates: Vec<(&String, Option<Replaced>)> = eligible
             .iter()
             .copied()
             .filter(|node| !current.contains(*node))
-            .filter(|node| {
-                !world
-                    .intents
-                    .items
-                    .contains_key(&((*node).clone(), pod_id.clone()))
-            })
+            .filter_map(|node| Some((node, placement(world, id, node, &pod_id)?)))
             .collect();
-        candidates.sort_by_key(|node| (load.get(*node).copied().unwrap_or(0), (*node).clone()));
+        candidates.sort_by_key(|(node, replaced)| {
+            (
+                replaced.is_none(),
+                load.get(*node).copied().unwrap_or(0),
+                (*node).clone(),
+            )
+        });
         let need = desired - current.len();
-        // During a roll the new RC often waits a pass for the old one to free a node: no alert.
-        let rolling = world.lock_holder(&layout::rc_mutation(id)).is_some();
-        if candidates.len() < need && !rolling {
+        if candidates.len() < need {
             ctx.alerts
                 .low(
                     id,
@@ -137,26 +239,17 @@ async fn reconcile(
                 )
                 .await;
         }
-        for node in candidates.into_iter().take(need) {
-            *load.entry(node.clone()).or_insert(0) += 1;
-            changes.push(Change::Schedule(node.clone()));
+        for (node, replaced) in candidates.into_iter().take(need) {
+            changes.push(match replaced {
+                Some(replaced) => Change::Replace(node.clone(), replaced),
+                None => {
+                    *load.entry(node.clone()).or_insert(0) += 1;
+                    Change::Schedule(node.clone())
+                }
+            });
         }
     } else if desired < current.len() {
-        let mut victims: Vec<&String> = current.iter().collect();
-        // Ineligible nodes first, then the busiest, then by name for determinism.
-        victims.sort_by_key(|node| {
-            (
-                eligible.contains(node),
-                std::cmp::Reverse(load.get(*node).copied().unwrap_or(0)),
-                (*node).clone(),
-            )
-        });
-        for node in victims.into_iter().take(current.len() - desired) {
-            if let Some(n) = load.get_mut(node) {
-                *n = n.saturating_sub(1);
-            }
-            changes.push(Change::Unschedule(node.clone()));
-        }
+        changes = remove(load, &eligible, &current, current.len() - desired);
     } else if rc.allocation_strategy == AllocationStrategy::Dynamic {
         if let Some(done) = transfer_node(ctx, world, load, id, rc, &eligible, &current).await? {
             return Ok(done);
@@ -164,25 +257,10 @@ async fn reconcile(
     }
 
     // Consistency: every current, eligible node's intent carries the RC's manifest.
-    let scheduled: BTreeSet<&String> = changes
-        .iter()
-        .filter_map(|c| match c {
-            Change::Schedule(node) => Some(node),
-            Change::Unschedule(_) => None,
-        })
-        .collect();
-    let unscheduled: BTreeSet<&String> = changes
-        .iter()
-        .filter_map(|c| match c {
-            Change::Unschedule(node) => Some(node),
-            Change::Schedule(_) => None,
-        })
-        .collect();
+    let changed: BTreeSet<&String> = changes.iter().map(Change::node).collect();
     let stale: Vec<String> = current
         .iter()
-        .filter(|node| {
-            eligible.contains(node) && !unscheduled.contains(node) && !scheduled.contains(node)
-        })
+        .filter(|node| eligible.contains(node) && !changed.contains(node))
         .filter(|node| !intent_matches(world, &((*node).clone(), pod_id.clone()), &rc.manifest))
         .cloned()
         .collect();
@@ -220,6 +298,16 @@ async fn apply(
                 Change::Schedule(node) => {
                     let pod = (node.clone(), pod_id.to_owned());
                     ops.extend(schedule_ops(world, &pod, &rc.manifest, &labels));
+                    nodes.insert(node.clone());
+                }
+                Change::Replace(node, replaced) => {
+                    let pod = (node.clone(), pod_id.to_owned());
+                    ops.push(TxnOp::CheckIndex {
+                        key: layout::rc(&replaced.rc_id),
+                        index: replaced.index,
+                    });
+                    let dropped: Vec<&str> = replaced.labels.iter().map(String::as_str).collect();
+                    ops.extend(replace_ops(world, &pod, &rc.manifest, &labels, &dropped));
                     nodes.insert(node.clone());
                 }
                 Change::Unschedule(node) => {

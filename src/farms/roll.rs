@@ -3,15 +3,19 @@
 //! and the roll.
 //!
 //! While a roll runs this server holds both RCs' mutation locks, so API writes to their
-//! counts are refused, and every write is fenced by the roll's ownership lock. Differences
-//! from P2, on purpose: both RCs stay enabled (the new RC never takes over a node the old one
-//! runs on, so the old RC's own farm removes its pods as its count drops); at completion an
-//! old RC whose count a human raised is set to 0 instead of blocking the roll forever; a roll
-//! whose RCs vanish is always cleaned up.
+//! counts are refused, and every write is fenced by the roll's ownership lock and checks both
+//! mutation locks, as P2's do. The protocol is P2's, so that any RC farm (ours or P2's) can
+//! own the RCs: the old RC is disabled and the new one enabled for the roll's duration (the
+//! old one is never enabled again), the counts move between them, and the new RC's pods
+//! replace the old ones in place or land on spare nodes; the roll completes when the old RC
+//! has no pods left. A roll that cannot move on its own raises an alert saying why.
+//! Differences from P2, on purpose: at completion an old RC whose count a human raised is set
+//! to 0 instead of blocking the roll forever; a roll whose RCs vanish is always cleaned up.
 
 use std::collections::HashMap;
 use std::time::SystemTime;
 
+use serde_json::json;
 use tokio::time::Instant;
 
 use crate::kv::{StoreResult, TxnOp};
@@ -22,7 +26,7 @@ use crate::store::rcs::RcStore;
 use crate::store::rolls::RollStore;
 
 use super::pods::same_manifest;
-use super::world::{Versioned, World};
+use super::world::{PodKey, Versioned, World};
 use super::{earliest, Farm, FarmContext, Retries};
 
 /// The roll farm's state across passes: when each roll last took a step (for `roll_delay`)
@@ -42,6 +46,9 @@ pub struct Counts {
     pub current: i64,
     /// Of those, pods running the RC's manifest (per the reality tree) and passing.
     pub healthy: i64,
+    /// Pods still on their way: not placed yet (`desired` above `current`), not running the
+    /// RC's manifest yet, or without a health result.
+    pub settling: i64,
 }
 
 /// Counts an RC's pods in `world`.
@@ -52,21 +59,28 @@ pub fn count(world: &World, id: &str, rc: &StoredRc) -> Counts {
         .into_iter()
         .filter(|(_, pod)| pod == pod_id)
         .collect();
+    let real = |pod: &&PodKey| {
+        world
+            .reality
+            .items
+            .get(*pod)
+            .is_some_and(|raw| same_manifest(raw, &rc.manifest))
+    };
     let healthy = pods
         .iter()
-        .filter(|pod| {
-            world
-                .reality
-                .items
-                .get(*pod)
-                .is_some_and(|raw| same_manifest(raw, &rc.manifest))
-                && world.health_of(pod) == HealthState::Passing
-        })
-        .count();
+        .filter(real)
+        .filter(|pod| world.health_of(pod) == HealthState::Passing)
+        .count() as i64;
+    let starting = pods
+        .iter()
+        .filter(|pod| !real(pod) || world.health_of(pod) == HealthState::Unknown)
+        .count() as i64;
+    let current = pods.len() as i64;
     Counts {
         desired: rc.replicas_desired,
-        current: pods.len() as i64,
-        healthy: healthy as i64,
+        current,
+        healthy,
+        settling: starting + (rc.replicas_desired - current).max(0),
     }
 }
 
@@ -119,7 +133,7 @@ impl RollFarm {
                 return Ok(None);
             }
             tracing::warn!(roll = %id, "an RC of the roll is gone; deleting the roll");
-            let ops = finish_ops(ctx, world, id, spec, None, false).await?;
+            let ops = finish_ops(ctx, world, id, roll, None, false).await?;
             ctx.commit(&fence, ops).await?;
             return Ok(None);
         };
@@ -156,21 +170,25 @@ impl RollFarm {
             })
             .collect();
 
-        // Both RCs must be enabled: the new one to schedule, the old one to give pods up.
-        if new.value.disabled || old.value.disabled {
+        // P2's enable step: the old RC disabled (its pods are then replaced or removed by
+        // whichever RC farm owns it), the new one enabled.
+        if new.value.disabled || !old.value.disabled {
             let new_counts = count(world, &spec.new_rc, &new.value);
             if new.value.disabled && new_counts.current != new_counts.desired {
-                return Err(crate::kv::StoreError::Invalid(format!(
-                    "the new RC is disabled with {} pods for {} replicas; refusing to enable it",
+                // Enabling it would make its farm add or remove pods outside the roll's steps.
+                let why = format!(
+                    "the new RC is disabled with {} pods for {} replicas, so enabling it would change its pods outside the roll's steps",
                     new_counts.current, new_counts.desired
-                )));
+                );
+                stuck(ctx, id, spec, why).await;
+                return Ok(None);
             }
             let mut ops = held;
-            for rc in [old, new] {
-                if rc.value.disabled {
-                    let mut enabled = rc.value.clone();
-                    enabled.disabled = false;
-                    ops.push(RcStore::write_op(&enabled, rc.index));
+            for (rc, disabled) in [(old, true), (new, false)] {
+                if rc.value.disabled != disabled {
+                    let mut changed = rc.value.clone();
+                    changed.disabled = disabled;
+                    ops.push(RcStore::write_op(&changed, rc.index));
                 }
             }
             ctx.commit(&fence, ops).await?;
@@ -185,7 +203,7 @@ impl RollFarm {
                 return Ok(None);
             }
             return self
-                .complete(ctx, world, id, spec, old, old_counts, held)
+                .complete(ctx, world, id, roll, old, old_counts, held)
                 .await;
         }
         let (remove, add) = roll_step(
@@ -197,6 +215,16 @@ impl RollFarm {
             spec.minimum_replicas,
         );
         if remove == 0 && add == 0 {
+            if old_counts.settling == 0 && new_counts.settling == 0 {
+                let why = format!(
+                    "{} pods are healthy (old RC {}, new RC {}) against a minimum of {}, and none is still starting, so a step would go below the minimum",
+                    old_counts.healthy.min(old_counts.desired) + new_counts.healthy,
+                    old_counts.healthy.min(old_counts.desired),
+                    new_counts.healthy,
+                    spec.minimum_replicas
+                );
+                stuck(ctx, id, spec, why).await;
+            }
             return Ok(None);
         }
         if new_counts.desired > 0 && !spec.roll_delay.is_zero() {
@@ -231,11 +259,12 @@ impl RollFarm {
         ctx: &FarmContext,
         world: &World,
         id: &str,
-        spec: &StoredRoll,
+        roll: &Versioned<StoredRoll>,
         old: &Versioned<StoredRc>,
         old_counts: Counts,
         held: Vec<TxnOp>,
     ) -> StoreResult<Option<Instant>> {
+        let spec = &roll.value;
         let fence = layout::roll_ownership(id);
         if !spec.leave_old {
             if old_counts.desired != 0 {
@@ -247,11 +276,20 @@ impl RollFarm {
                 return Ok(None);
             }
             if old_counts.current > 0 {
+                // Our RC farm removes a rolling disabled RC's pods; P2's never does.
+                let owner = world.lock_holder(&layout::rc_ownership(&spec.old_rc));
+                if owner.is_some_and(|owner| owner != ctx.session) {
+                    let why = format!(
+                        "the new RC has its {} pods but the old RC still has {}, which the RC farm owning it (another session) leaves in place while the RC is disabled",
+                        spec.desired_replicas, old_counts.current
+                    );
+                    stuck(ctx, id, spec, why).await;
+                }
                 return Ok(None);
             }
         }
         let retire = (!spec.leave_old).then_some(old.index);
-        let ops = finish_ops(ctx, world, id, spec, retire, true).await?;
+        let ops = finish_ops(ctx, world, id, roll, retire, true).await?;
         ctx.commit(&fence, ops).await?;
         tracing::info!(roll = %id, "roll complete");
         Ok(None)
@@ -260,15 +298,21 @@ impl RollFarm {
 
 /// Ops that end a roll: release the mutation locks this session holds, delete the old RC
 /// at `retire_old` (when given), the roll and its labels, with a completion audit record.
+/// The roll is deleted at the index the farm read, which also makes the next pass wait until
+/// the rolls tree shows it gone rather than try to end it again.
 async fn finish_ops(
     ctx: &FarmContext,
     world: &World,
     id: &str,
-    spec: &StoredRoll,
+    roll: &Versioned<StoredRoll>,
     retire_old: Option<u64>,
     succeeded: bool,
 ) -> StoreResult<Vec<TxnOp>> {
-    let mut ops = Vec::new();
+    let spec = &roll.value;
+    let mut ops = vec![TxnOp::DeleteCas {
+        key: layout::roll(id),
+        index: roll.index,
+    }];
     for rc in [&spec.old_rc, &spec.new_rc] {
         let lock = layout::rc_mutation(rc);
         if world.lock_holder(&lock) == Some(ctx.session.as_str()) {
@@ -295,6 +339,15 @@ async fn finish_ops(
         value: record.to_json(),
     });
     Ok(ops)
+}
+
+/// Raises the alert that roll `id` cannot move on its own, and why.
+async fn stuck(ctx: &FarmContext, id: &str, spec: &StoredRoll, why: String) {
+    let details = json!({"roll_id": id, "old_rc": spec.old_rc, "new_rc": spec.new_rc,
+                         "hostname": ctx.holder});
+    ctx.alerts
+        .low(id, format!("roll {id} cannot move: {why}"), details)
+        .await;
 }
 
 /// Releases locks this session holds for rolls that are gone (a cancelled roll leaves both

@@ -1,8 +1,5 @@
 //! The REST API, driven in-process through the router (and over TCP where the listener matters).
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod compat_p2;
 mod daemonsets;
 mod http_basics;
@@ -13,3 +10,5 @@ mod pods;
 mod rcs;
 mod reality;
 mod rolls;
+#[path = "../support/mod.rs"]
+mod support;

@@ -1,6 +1,5 @@
 //! End to end: the real binary, the simulator and the API together.
 
+mod scenarios;
 #[path = "../support/mod.rs"]
 mod support;
-
-mod scenarios;

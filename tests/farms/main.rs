@@ -1,10 +1,10 @@
 //! The farms and leader election, driven directly against a store.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod ds;
 mod leader;
 mod locks;
 mod rc;
 mod roll;
+mod roll_interop;
+#[path = "../support/mod.rs"]
+mod support;

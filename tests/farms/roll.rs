@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::support::farms::{Harness, MANIFEST};
+use crate::support::farms::{alert_webhook, Harness, MANIFEST};
 use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
 use serde_json::json;
@@ -155,4 +155,36 @@ async fn a_roll_whose_rc_vanishes_is_cleaned_up() {
         let text = String::from_utf8_lossy(&p.value);
         text.contains("ROLLING_UPDATE_COMPLETION") && text.contains("\"canceled\":true")
     }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_held_at_its_minimum_raises_an_alert() {
+    let webhook = alert_webhook().await;
+    let h = Harness::start_with_alerts(Some(webhook.uri())).await;
+    for i in 1..=3 {
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
+            .await;
+    }
+    h.run_fake_nodes(Duration::from_millis(50));
+    let old = h.put_rc(rc(MANIFEST, 3)).await;
+    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&3)).then_some(()) })
+        .await;
+    // A minimum equal to every pod there is: no step can keep it.
+    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
+    let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 3, "MinimumReplicas": 3,
+                      "LeaveOld": false, "RollDelay": 0});
+    h.store
+        .put(
+            &format!("rolls/{new}"),
+            roll.to_string().as_bytes(),
+            Cas::Index(0),
+        )
+        .await
+        .unwrap();
+    let description = h.alert_about(&webhook, &new).await;
+    assert!(
+        description.contains("3 pods are healthy") && description.contains("minimum of 3"),
+        "{description}"
+    );
+    assert_eq!(h.rc_nodes(&old).await.len(), 3);
 }

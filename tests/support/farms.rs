@@ -1,17 +1,28 @@
 //! A store with the leader campaign and the farms running on it, and helpers to arrange and
-//! observe state behind their back.
+//! observe state behind their back. The store is SQLite, or the Consul client against the
+//! fake agent of `support/fake_consul.rs` ([`Backend`]); [`p2`] holds doubles of P2's own
+//! RC worker and rolling update, for tests of a fleet that mixes both implementations.
 
+use super::fake_consul;
+pub mod p2;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use p2_apiserver::farms::{self, alerts::Alerter};
 use p2_apiserver::kv::sqlite::SqliteStore;
-use p2_apiserver::kv::{Cas, KvStore, SessionBehavior};
+use p2_apiserver::kv::{
+    open_store, Cas, ConsulOptions, KvStore, Listing, SessionBehavior, WatchTarget,
+};
 use p2_apiserver::labels::{LabelType, Labels};
 use p2_apiserver::leader::{self, LeaderConfig};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::Layer as _;
 
 /// A pod manifest every test can use.
 pub const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
@@ -19,11 +30,50 @@ pub const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type
 /// How long a test waits for the farms to converge before failing.
 pub const CONVERGE: Duration = Duration::from_secs(20);
 
+/// The store a harness runs on.
+#[derive(Debug, Clone, Copy)]
+pub enum Backend {
+    Sqlite,
+    /// The Consul client against a fake Consul agent started for the test.
+    FakeConsul,
+}
+
 pub struct Harness {
     pub store: Arc<dyn KvStore>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     _dir: tempfile::TempDir,
+}
+
+/// Every warning or error logged by this test binary, with its fields, so that a test can
+/// check that what it did logged none.
+static WARNINGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Records warnings and errors into [`WARNINGS`].
+struct WarningLog;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WarningLog {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Text(String);
+        impl tracing::field::Visit for Text {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0 += &format!(" {}={value:?}", field.name());
+            }
+        }
+        let mut text = Text(event.metadata().target().to_owned());
+        event.record(&mut text);
+        WARNINGS.lock().unwrap().push(text.0);
+    }
+}
+
+/// The warnings and errors logged so far by module `target` that mention `needle`.
+pub fn warnings(target: &str, needle: &str) -> Vec<String> {
+    let warnings = WARNINGS.lock().unwrap();
+    warnings
+        .iter()
+        .filter(|w| w.split_once(' ').is_some_and(|(t, _)| t == target) && w.contains(needle))
+        .cloned()
+        .collect()
 }
 
 impl Harness {
@@ -34,13 +84,32 @@ impl Harness {
 
     /// Like [`Harness::start`], with alerts posted to `webhook`.
     pub async fn start_with_alerts(webhook: Option<String>) -> Harness {
-        let _ = tracing_subscriber::fmt()
-            .with_test_writer()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        Self::start_on(Backend::Sqlite, webhook).await
+    }
+
+    /// Like [`Harness::start_with_alerts`], on `backend`.
+    pub async fn start_on(backend: Backend, webhook: Option<String>) -> Harness {
+        let _ = tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_test_writer()
+                    .with_filter(tracing_subscriber::EnvFilter::from_default_env()),
+            )
+            .with(WarningLog.with_filter(tracing_subscriber::filter::LevelFilter::WARN))
             .try_init();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("farms.db").display().to_string();
-        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+        let (store, dir): (Arc<dyn KvStore>, _) = match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("farms.db").display().to_string();
+                (Arc::new(SqliteStore::open(&path).await.unwrap()), dir)
+            }
+            Backend::FakeConsul => {
+                let fake = fake_consul::start().await;
+                let url = format!("consul://{}", fake.addr).parse().unwrap();
+                let store = open_store(&url, ConsulOptions::default()).await.unwrap();
+                (store, fake.dir)
+            }
+        };
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
         let config = LeaderConfig {
@@ -170,28 +239,40 @@ impl Harness {
 }
 
 impl Harness {
-    /// Plays every node's agent: each intended pod is reported running (reality = intent)
-    /// and passing after `delay`; pods no longer intended lose their reality and health.
+    /// Plays every node's agent (P2's preparer): a pod newly intended, or whose intended
+    /// manifest changed, has its health withdrawn at once (it is restarting), then after
+    /// `delay` is reported running (reality = intent) and passing; pods no longer intended
+    /// lose their reality and health.
     pub fn run_fake_nodes(&self, delay: Duration) {
         let store = self.store.clone();
         let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {
-            let mut seen: std::collections::HashMap<String, tokio::time::Instant> = Default::default();
+            // What each pod was last intended to run, and since when.
+            let mut seen: HashMap<String, (Vec<u8>, tokio::time::Instant)> = HashMap::new();
             while !shutdown.is_cancelled() {
                 let intents = store.list("intent/").await.unwrap();
-                let mut live = std::collections::HashSet::new();
+                let mut live = HashSet::new();
                 for pair in &intents.pairs {
                     let rest = pair.key.strip_prefix("intent/").unwrap().to_owned();
+                    let (node, pod_id) = rest.split_once('/').unwrap();
+                    let health = format!("health/{pod_id}/{node}");
                     live.insert(rest.clone());
-                    let first = *seen.entry(rest.clone()).or_insert_with(tokio::time::Instant::now);
+                    let since = match seen.get(&rest) {
+                        Some((manifest, since)) if *manifest == pair.value => *since,
+                        _ => {
+                            store.delete(&health, Cas::Any).await.unwrap();
+                            let now = tokio::time::Instant::now();
+                            seen.insert(rest.clone(), (pair.value.clone(), now));
+                            now
+                        }
+                    };
                     let reality = format!("reality/{rest}");
                     let current = store.get(&reality).await.unwrap();
-                    if first.elapsed() >= delay && current.map(|p| p.value) != Some(pair.value.clone()) {
-                        let (node, pod_id) = rest.split_once('/').unwrap();
+                    if since.elapsed() >= delay && current.map(|p| p.value) != Some(pair.value.clone()) {
                         store.put(&reality, &pair.value, Cas::Any).await.unwrap();
-                        let health = serde_json::json!({"Id": pod_id, "Node": node, "Service": pod_id,
+                        let record = serde_json::json!({"Id": pod_id, "Node": node, "Service": pod_id,
                             "Status": "passing", "Time": "2026-01-01T00:00:00Z", "Expires": "2126-01-01T00:00:00Z"});
-                        store.put(&format!("health/{pod_id}/{node}"), health.to_string().as_bytes(), Cas::Any).await.unwrap();
+                        store.put(&health, record.to_string().as_bytes(), Cas::Any).await.unwrap();
                     }
                 }
                 seen.retain(|pod, _| live.contains(pod));
@@ -209,9 +290,9 @@ impl Harness {
     }
 
     /// Pods passing on the manifest they are intended to run, by owning RC id.
-    pub async fn healthy_by_rc(&self) -> std::collections::HashMap<String, usize> {
-        let mut healthy = std::collections::HashMap::new();
-        for (labels, passing) in self.pods_and_health().await {
+    pub async fn healthy_by_rc(&self) -> HashMap<String, usize> {
+        let mut healthy = HashMap::new();
+        for (labels, passing) in self.snapshot().await.pods() {
             if let (Some(rc), true) = (labels.get("replication_controller_id"), passing) {
                 *healthy.entry(rc.clone()).or_insert(0) += 1;
             }
@@ -219,27 +300,26 @@ impl Harness {
         healthy
     }
 
-    /// Every pod's labels, and whether it runs its intended manifest and passes.
-    async fn pods_and_health(&self) -> Vec<(Labels, bool)> {
-        let mut pods = Vec::new();
-        for pair in self.store.list("labels/pod/").await.unwrap().pairs {
-            let labels: Labels = serde_json::from_slice(&pair.value).unwrap_or_default();
-            let rest = pair.key.strip_prefix("labels/pod/").unwrap();
-            let (node, pod_id) = rest.split_once('/').unwrap();
-            let reality = self.store.get(&format!("reality/{rest}")).await.unwrap();
-            let intent = self.store.get(&format!("intent/{rest}")).await.unwrap();
-            let health = self
-                .store
-                .get(&format!("health/{pod_id}/{node}"))
-                .await
-                .unwrap();
-            let passing =
-                health.is_some_and(|h| String::from_utf8_lossy(&h.value).contains("\"passing\""));
-            let runs_intent =
-                reality.is_some() && reality.map(|r| r.value) == intent.map(|i| i.value);
-            pods.push((labels, passing && runs_intent));
+    /// The whole store, read at one index.
+    pub async fn snapshot(&self) -> Snapshot {
+        Snapshot::from(self.store.list("").await.unwrap())
+    }
+
+    /// Reads the store at every change (each reading at one index) and hands each reading
+    /// to `check` until it yields; fails the test after [`CONVERGE`].
+    pub async fn follow<T>(&self, mut check: impl FnMut(&Snapshot) -> Option<T>) -> T {
+        let give_up = tokio::time::Instant::now() + CONVERGE;
+        let mut listing = self.store.list("").await.unwrap();
+        loop {
+            let index = listing.index;
+            if let Some(value) = check(&Snapshot::from(listing)) {
+                return value;
+            }
+            let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+            assert!(!left.is_zero(), "the farms did not converge");
+            let target = WatchTarget::Prefix(String::new());
+            listing = self.store.watch(&target, index, left).await.unwrap();
         }
-        pods
     }
 
     /// Stores a daemon set document as given (plus a fresh id) and returns the id.
@@ -315,13 +395,106 @@ impl Harness {
 
     /// How many pods labelled `key=value` run their intended manifest and pass.
     pub async fn healthy_labelled(&self, key: &str, value: &str) -> usize {
-        self.pods_and_health()
+        self.snapshot()
             .await
+            .pods()
             .iter()
             .filter(|(labels, healthy)| {
                 *healthy && labels.get(key).map(String::as_str) == Some(value)
             })
             .count()
+    }
+}
+
+/// A webhook that accepts every alert posted to it.
+pub async fn alert_webhook() -> wiremock::MockServer {
+    use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
+    let webhook = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&webhook)
+        .await;
+    webhook
+}
+
+impl Harness {
+    /// Waits for an alert about `incident` at `webhook`; returns its description.
+    pub async fn alert_about(&self, webhook: &wiremock::MockServer, incident: &str) -> String {
+        self.wait_until(|| async {
+            webhook
+                .received_requests()
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).unwrap())
+                .find(|alert| alert["incident_key"] == incident)
+                .map(|alert| alert["description"].as_str().unwrap().to_owned())
+        })
+        .await
+    }
+}
+
+/// The whole store at one index.
+pub struct Snapshot {
+    pub index: u64,
+    values: BTreeMap<String, Vec<u8>>,
+}
+
+impl From<Listing> for Snapshot {
+    fn from(listing: Listing) -> Snapshot {
+        let values = listing
+            .pairs
+            .into_iter()
+            .map(|pair| (pair.key, pair.value))
+            .collect();
+        Snapshot {
+            index: listing.index,
+            values,
+        }
+    }
+}
+
+impl Snapshot {
+    pub fn get(&self, key: &str) -> Option<&[u8]> {
+        self.values.get(key).map(Vec::as_slice)
+    }
+
+    /// The stored RC document, if the RC exists.
+    pub fn rc(&self, id: &str) -> Option<serde_json::Value> {
+        let doc = self.get(&format!("replication_controllers/{id}"))?;
+        Some(serde_json::from_slice(doc).unwrap())
+    }
+
+    /// Every pod's labels, and whether it runs its intended manifest and passes.
+    pub fn pods(&self) -> Vec<(Labels, bool)> {
+        self.values
+            .range("labels/pod/".to_owned()..)
+            .take_while(|(key, _)| key.starts_with("labels/pod/"))
+            .map(|(key, value)| {
+                let labels: Labels = serde_json::from_slice(value).unwrap_or_default();
+                let rest = key.strip_prefix("labels/pod/").unwrap();
+                let (node, pod_id) = rest.split_once('/').unwrap();
+                let reality = self.get(&format!("reality/{rest}"));
+                let intent = self.get(&format!("intent/{rest}"));
+                let passing = self
+                    .get(&format!("health/{pod_id}/{node}"))
+                    .is_some_and(|h| String::from_utf8_lossy(h).contains("\"passing\""));
+                (labels, passing && reality.is_some() && reality == intent)
+            })
+            .collect()
+    }
+
+    /// How many pods the RC's label names, and how many of them are healthy.
+    pub fn rc_pods(&self, id: &str) -> (usize, usize) {
+        let pods: Vec<bool> = self
+            .pods()
+            .into_iter()
+            .filter(|(labels, _)| {
+                labels.get("replication_controller_id").map(String::as_str) == Some(id)
+            })
+            .map(|(_, healthy)| healthy)
+            .collect();
+        (pods.len(), pods.iter().filter(|h| **h).count())
     }
 }
 
