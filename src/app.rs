@@ -6,8 +6,15 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::kv::KvStore;
+use crate::store::daemon_sets::DaemonSetStore;
+use crate::store::health::HealthStore;
+use crate::store::labels::LabelStore;
+use crate::store::pods::PodStore;
+use crate::store::rcs::RcStore;
+use crate::store::roll_creation::RollCreator;
+use crate::store::rolls::RollStore;
 
-/// The server's long-lived dependencies. Each field says why handlers need it; anything added
+/// The server's long-lived dependencies, and the P2 repositories over its store. Each field says why handlers need it; anything added
 /// here must be cheap to share, because every request holds a reference.
 pub struct App {
     /// Where all state lives: Consul in production, the embedded SQLite store on one machine.
@@ -69,5 +76,40 @@ impl App {
             shutdown,
             limits: HttpLimits::default(),
         })
+    }
+
+    /// Replication controllers.
+    pub fn rcs(&self) -> RcStore {
+        RcStore::new(self.store.clone())
+    }
+
+    /// Rolling updates.
+    pub fn rolls(&self) -> RollStore {
+        RollStore::new(self.store.clone())
+    }
+
+    /// Creates rolling updates, with their RCs, in one transaction.
+    pub fn roll_creator(&self) -> RollCreator {
+        RollCreator::new(self.store.clone())
+    }
+
+    /// Daemon sets and their status records.
+    pub fn daemon_sets(&self) -> DaemonSetStore {
+        DaemonSetStore::new(self.store.clone())
+    }
+
+    /// Label sets of every type.
+    pub fn labels(&self) -> LabelStore {
+        LabelStore::new(self.store.clone())
+    }
+
+    /// The intent and reality trees.
+    pub fn pods(&self) -> PodStore {
+        PodStore::new(self.store.clone())
+    }
+
+    /// Pods' health records.
+    pub fn health(&self) -> HealthStore {
+        HealthStore::new(self.store.clone())
     }
 }

@@ -242,7 +242,7 @@ async fn list_daemon_sets(
     blocking
         .block(&app, &[layout::DAEMON_SETS.to_owned()])
         .await?;
-    let (index, records) = DaemonSetStore::new(app.store.clone()).list().await?;
+    let (index, records) = app.daemon_sets().list().await?;
     let items = records
         .iter()
         .filter(|r| filter.pod_id.as_ref().is_none_or(|pod| &r.ds.pod_id == pod))
@@ -281,8 +281,8 @@ async fn create_daemon_set(
     ApiJson(body): ApiJson<Map<String, Value>>,
 ) -> Result<impl IntoResponse, ApiError> {
     let ds = new_daemon_set(body)?;
-    let store = DaemonSetStore::new(app.store.clone());
-    let labels = LabelStore::new(app.store.clone());
+    let store = app.daemon_sets();
+    let labels = app.labels();
     if let Some(other) = store.find_contender(&ds, &labels).await? {
         return Err(contention_error(&other));
     }
@@ -323,7 +323,8 @@ async fn get_daemon_set(
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let id = path_id(&id)?;
-    let record = DaemonSetStore::new(app.store.clone())
+    let record = app
+        .daemon_sets()
         .get(id)
         .await?
         .ok_or(DaemonSetError::NotFound(id))?;
@@ -374,8 +375,8 @@ async fn patch_daemon_set(
     MergePatch(body): MergePatch,
 ) -> Result<impl IntoResponse, ApiError> {
     let id = path_id(&id)?;
-    let store = DaemonSetStore::new(app.store.clone());
-    let labels = LabelStore::new(app.store.clone());
+    let store = app.daemon_sets();
+    let labels = app.labels();
     let (changes, mut violations) = parse_patch(body);
     if !violations.is_empty() {
         // Report a manifest for the wrong pod along with the other problems.
@@ -435,9 +436,7 @@ async fn delete_daemon_set(
     AuditUser(user): AuditUser,
 ) -> Result<StatusCode, ApiError> {
     let id = path_id(&id)?;
-    DaemonSetStore::new(app.store.clone())
-        .delete(id, expected, &user)
-        .await?;
+    app.daemon_sets().delete(id, expected, &user).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -407,7 +407,7 @@ const IF_MATCH_DOC: &str = "Write only if the labels are still at this version (
                             `resource_version`); `\"0\"` means while the object has no labels";
 
 fn store(app: &AppState) -> LabelStore {
-    LabelStore::new(app.store.clone())
+    app.labels()
 }
 
 /// The type segment names the collection, so an unknown one is 404.

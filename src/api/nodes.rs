@@ -18,8 +18,7 @@ use crate::api::preconditions::etag;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels, Selector};
-use crate::store::labels::LabelStore;
-use crate::store::pods::{validate_node_name, PodStore, PodTree};
+use crate::store::pods::{validate_node_name, PodTree};
 
 /// OpenAPI tag of the node routes.
 pub const TAG: &str = "nodes";
@@ -100,7 +99,7 @@ async fn list_nodes(
     blocking
         .block(&app, &[LabelType::Node.key_prefix()])
         .await?;
-    let labels = LabelStore::new(app.store.clone());
+    let labels = app.labels();
     let (index, nodes) = match &selector {
         Some(selector) => labels.select(LabelType::Node, selector).await?,
         None => labels.list(LabelType::Node).await?,
@@ -140,15 +139,11 @@ async fn get_node(
     }
     violations.finish()?;
 
-    let record = LabelStore::new(app.store.clone())
-        .get(LabelType::Node, &node)
-        .await?;
+    let record = app.labels().get(LabelType::Node, &node).await?;
     if record.index == 0 {
         return Err(ApiError::not_found(format!("node {node:?} has no labels")));
     }
-    let (_, intents) = PodStore::new(app.store.clone())
-        .list(PodTree::Intent, Some(&node))
-        .await?;
+    let (_, intents) = app.pods().list(PodTree::Intent, Some(&node)).await?;
     let detail = NodeDetail {
         name: node,
         labels: record.labels,

@@ -465,7 +465,7 @@ fn query_unescape(text: &str) -> Result<String, ApiError> {
 }
 
 fn store(app: &AppState) -> LabelStore {
-    LabelStore::new(app.store.clone())
+    app.labels()
 }
 
 /// A bad type is 400 in P2's label API, with P2's message.

@@ -131,12 +131,9 @@ async fn get_pod_health(
     let Some(pod) = pod else {
         return Err(ApiError::internal("validation passed without a pod"));
     };
-    let entry = HealthStore::new(app.store.clone())
-        .get(&pod)
-        .await?
-        .ok_or_else(|| {
-            ApiError::not_found(format!("no health report for pod {pod_id:?} on {node:?}"))
-        })?;
+    let entry = app.health().get(&pod).await?.ok_or_else(|| {
+        ApiError::not_found(format!("no health report for pod {pod_id:?} on {node:?}"))
+    })?;
     Ok(([etag(entry.index)], ApiJson(PodHealth::from(entry))))
 }
 
@@ -182,7 +179,8 @@ async fn put_pod_health(
         ));
     };
 
-    let written = HealthStore::new(app.store.clone())
+    let written = app
+        .health()
         .put(&pod, state, SystemTime::now(), expected)
         .await;
     let entry = match (written, expected) {
@@ -274,9 +272,7 @@ async fn list_pod_health(
     blocking
         .block(&app, &[HealthStore::prefix(Some(&pod_id))])
         .await?;
-    let (index, by_node) = HealthStore::new(app.store.clone())
-        .list_for_pod(&pod_id)
-        .await?;
+    let (index, by_node) = app.health().list_for_pod(&pod_id).await?;
     let reports = by_node.into_values().map(PodHealth::from).collect();
     let page = page.page(reports, |report: &PodHealth| &report.node)?;
     Ok(([index_header(index)], ApiJson(page)))

@@ -20,9 +20,7 @@ use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::Labels;
 use crate::store::health::{HealthEntry, HealthStore};
-use crate::store::pods::{
-    pod_labels_prefix, validate_node_name, validate_pod_id, PodStore, PodTree,
-};
+use crate::store::pods::{pod_labels_prefix, validate_node_name, validate_pod_id, PodTree};
 
 /// OpenAPI tag of the pod routes.
 pub const TAG: &str = "pods";
@@ -114,10 +112,10 @@ async fn list_pods(
         HealthStore::prefix(pod_id),
     ];
     blocking.block(&app, &prefixes).await?;
-    let pods = PodStore::new(app.store.clone());
+    let pods = app.pods();
     let (intent_index, intents) = pods.list(PodTree::Intent, node).await?;
     let (labels_index, mut labels) = pods.list_labels(node).await?;
-    let (health_index, health) = read_health(&HealthStore::new(app.store.clone()), pod_id).await?;
+    let (health_index, health) = read_health(&app.health(), pod_id).await?;
 
     // Keyed so that string order is node-then-pod order: '\0' sorts below any character a
     // node name can hold, unlike '/', which sorts after '-' and '.'.

@@ -32,7 +32,6 @@ use crate::labels::{
     POD_ID_LABEL, RC_ID_LABEL,
 };
 use crate::model::{AllocationStrategy, FieldError, Manifest, StoredRc};
-use crate::store::labels::LabelStore;
 use crate::store::layout;
 use crate::store::rcs::{RcRecord, RcStore};
 use crate::store::rolls::RollStore;
@@ -392,7 +391,7 @@ async fn create_rc(
     ApiJson(spec): ApiJson<RcSpec>,
 ) -> Result<Response, ApiError> {
     let NewRc { mut rc, labels } = spec.validate().map_err(ApiError::invalid)?;
-    let store = RcStore::new(app.store.clone());
+    let store = app.rcs();
     let mut attempt = 1;
     let record = loop {
         match store.create(rc.clone(), &labels).await {
@@ -439,8 +438,8 @@ async fn list_rcs(
     ];
     blocking.block(&app, &prefixes).await?;
 
-    let store = RcStore::new(app.store.clone());
-    let label_store = LabelStore::new(app.store.clone());
+    let store = app.rcs();
+    let label_store = app.labels();
     let (rcs_index, records) = store.list().await?;
     let (labels_index, rc_labels) = label_store.list(LabelType::ReplicationController).await?;
     let (pods_index, pods) = label_store.list(LabelType::Pod).await?;
@@ -491,7 +490,7 @@ async fn get_rc(
     ApiPath(RcPath { id }): ApiPath<RcPath>,
 ) -> Result<Response, ApiError> {
     let id = rc_id(&id)?;
-    let store = RcStore::new(app.store.clone());
+    let store = app.rcs();
     let record = read(&store, &id).await?;
     view_response(&app, record).await
 }
@@ -532,7 +531,7 @@ async fn patch_rc(
 ) -> Result<Response, ApiError> {
     let id = rc_id(&id)?;
     let patch = RcPatch::parse(patch)?;
-    let store = RcStore::new(app.store.clone());
+    let store = app.rcs();
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let record = read(&store, &id).await?;
         check_version(&record, expected)?;
@@ -579,7 +578,7 @@ async fn delete_rc(
     ApiQuery(params): ApiQuery<DeleteRcParams>,
 ) -> Result<StatusCode, ApiError> {
     let id = rc_id(&id)?;
-    let store = RcStore::new(app.store.clone());
+    let store = app.rcs();
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let mut ops = unclaimed(&app, &store, &id).await?;
         let index = match store.get(&id).await {
@@ -685,7 +684,7 @@ async fn unclaimed(app: &AppState, store: &RcStore, id: &str) -> Result<Vec<TxnO
             "replication controller {id} cannot be changed now: {holder}"
         ))
     };
-    if let Some(roll) = RollStore::new(app.store.clone()).naming(id).await? {
+    if let Some(roll) = app.rolls().naming(id).await? {
         return Err(cannot(format!(
             "roll {roll} names it; wait for the roll to finish or cancel it with \
              DELETE /api/v1/rolls/{roll}"
@@ -708,7 +707,7 @@ fn busy(id: &str) -> ApiError {
 
 /// The RC as a response: its view with labels and status, and its `ETag`.
 async fn view_response(app: &AppState, record: RcRecord) -> Result<Response, ApiError> {
-    let label_store = LabelStore::new(app.store.clone());
+    let label_store = app.labels();
     let labels = label_store
         .get(LabelType::ReplicationController, &record.rc.id)
         .await?

@@ -37,8 +37,8 @@ use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
 use crate::store::layout;
 use crate::store::rcs::RcStore;
-use crate::store::roll_creation::{CreateRollError, RcWithLabels, RollCreator, RollPlan, RollRcs};
-use crate::store::rolls::{RollRecord, RollStore};
+use crate::store::roll_creation::{CreateRollError, RcWithLabels, RollPlan, RollRcs};
+use crate::store::rolls::RollRecord;
 
 /// OpenAPI tag of the roll routes.
 pub const TAG: &str = "rolls";
@@ -179,7 +179,8 @@ async fn create_roll(
     ApiJson(body): ApiJson<CreateRoll>,
 ) -> Result<Response, ApiError> {
     let plan = validate(body)?;
-    let record = RollCreator::new(app.store.clone())
+    let record = app
+        .roll_creator()
         .create(plan)
         .await
         .map_err(creation_error)?;
@@ -214,7 +215,7 @@ async fn list_rolls(
     blocking.block(&app, &prefixes).await?;
     let index = combined_index(app.store.as_ref(), &prefixes).await?;
 
-    let (_, records) = RollStore::new(app.store.clone()).list().await?;
+    let (_, records) = app.rolls().list().await?;
     let mut views = Views::load(app.store.clone()).await?;
     let mut items = Vec::with_capacity(records.len());
     for record in &records {
@@ -247,7 +248,7 @@ async fn get_roll(
     ApiPath(RollPath { id }): ApiPath<RollPath>,
 ) -> Result<Response, ApiError> {
     validate_path_id(&id)?;
-    let record = match RollStore::new(app.store.clone()).get(&id).await {
+    let record = match app.rolls().get(&id).await {
         Ok(Some(record)) => record,
         Ok(None) => return Err(not_found(&id)),
         // The document is broken, not the request.
@@ -282,10 +283,7 @@ async fn delete_roll(
     IfMatch(expected): IfMatch,
 ) -> Result<StatusCode, ApiError> {
     validate_path_id(&id)?;
-    match RollStore::new(app.store.clone())
-        .delete(&id, expected)
-        .await
-    {
+    match app.rolls().delete(&id, expected).await {
         Ok(true) => Ok(StatusCode::NO_CONTENT),
         Ok(false) => Err(not_found(&id)),
         Err(StoreError::Conflict { .. }) => match expected {
