@@ -175,6 +175,11 @@ impl ApiError {
         }
     }
 
+    /// The same error listing `causes`, for a 400 that can name the parts it could not read.
+    pub fn with_causes(self, causes: Vec<Cause>) -> Self {
+        ApiError { causes, ..self }
+    }
+
     /// The HTTP status the response will carry.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -261,6 +266,20 @@ impl Violations {
             Ok(())
         } else {
             Err(ApiError::invalid(self.causes))
+        }
+    }
+
+    /// Like [`Violations::finish`], for a request another part of which an extractor has
+    /// already checked: one 422 lists the causes of both. An error of `checked` that is not a
+    /// 422 comes first, as it would have without this request's own problems.
+    pub fn finish_with<T>(mut self, checked: Result<T, ApiError>) -> Result<T, ApiError> {
+        match checked {
+            Ok(value) => self.finish().map(|()| value),
+            Err(e) if e.status == StatusCode::UNPROCESSABLE_ENTITY => {
+                self.causes.extend(e.causes);
+                Err(ApiError::invalid(self.causes))
+            }
+            Err(e) => Err(e),
         }
     }
 }
