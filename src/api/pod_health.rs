@@ -6,7 +6,7 @@
 //! next report or a DELETE, so an agent must keep reporting, and withdraw a stopped pod's
 //! record, rather than rely on its record vanishing.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::SystemTime;
 
 use axum::extract::State;
@@ -25,7 +25,7 @@ use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::{Cas, StoreError};
-use crate::labels::LabelType;
+use crate::labels::{LabelType, Labels};
 use crate::model::HealthState;
 use crate::store::health::{HealthEntry, HealthStore};
 use crate::store::labels::LabelStore;
@@ -287,13 +287,19 @@ async fn list_pod_health(
         .await?;
     let mut reports: Vec<PodHealth> = by_node.into_values().map(PodHealth::from).collect();
     if by_labels {
-        let (labels_index, selected) = LabelStore::new(app.store.clone())
-            .select(LabelType::Pod, &query.selector)
+        let (labels_index, labeled) = LabelStore::new(app.store.clone())
+            .list(LabelType::Pod)
             .await?;
-        let selected: HashSet<String> = selected.into_iter().map(|pod| pod.id).collect();
+        let labels: HashMap<String, Labels> = labeled
+            .into_iter()
+            .map(|pod| (pod.id, pod.labels))
+            .collect();
+        // A pod without labels has the empty set, which a selector such as `!k` matches.
+        let no_labels = Labels::new();
         reports.retain(|report| {
             let pod = PodLocation::stored(&report.node, &report.pod_id);
-            selected.contains(&pod.label_id())
+            let pod_labels = labels.get(&pod.label_id()).unwrap_or(&no_labels);
+            query.selector.matches(pod_labels)
         });
         index = index.max(labels_index);
     }

@@ -10,6 +10,7 @@ mod labels;
 mod openapi;
 mod p2_labels;
 mod pods;
+mod queries;
 mod rcs;
 mod reality;
 mod rolls;
