@@ -374,6 +374,25 @@ mod tests {
     }
 
     #[test]
+    fn violations_join_the_causes_of_an_extractors_422() {
+        let checked = |field: &str| Err::<(), _>(ApiError::invalid([Cause::new(field, "bad")]));
+        let mut v = Violations::new();
+        v.add("pod_id", "bad");
+        let body = v.finish_with(checked("limit")).unwrap_err().body();
+        let fields: Vec<_> = body.causes.iter().map(|c| c.field.as_str()).collect();
+        assert_eq!((body.code, fields), (422, vec!["pod_id", "limit"]));
+
+        let mut v = Violations::new();
+        v.add("pod_id", "bad");
+        let unreadable = Err::<(), _>(ApiError::bad_request("unknown parameter"));
+        assert_eq!(
+            v.finish_with(unreadable).unwrap_err().status().as_u16(),
+            400
+        );
+        assert_eq!(Violations::new().finish_with(Ok(7)).unwrap(), 7);
+    }
+
+    #[test]
     fn store_errors_map_to_statuses() {
         let cases = [
             (StoreError::NotFound("k".into()), StatusCode::NOT_FOUND),

@@ -41,6 +41,7 @@ pub struct ListParams {
     selector: Option<String>,
     /// Hold the request until the listing's index differs from this one (the `X-Index` of a
     /// previous answer).
+    // The maximum is `MAX_INDEX`, which the attribute takes only as a literal.
     #[param(value_type = Option<u64>, minimum = 0, maximum = 9223372036854775807_u64)]
     index: Option<String>,
     /// How long to hold it at most, e.g. `30s` or `5m`; at most `10m`, default `5m`. Only
@@ -93,7 +94,7 @@ impl<F: ListFilter> ListQuery<F> {
             Query::<F>::try_from_uri(uri),
         ) {
             (Ok(Query(params)), Ok(Query(filter))) => (params, filter),
-            // Only a repeated parameter makes these fail, since every value is read as text.
+            // A repeated parameter, or a filter value not of its type.
             (Err(e), _) | (_, Err(e)) => {
                 problems.finish()?;
                 return Err(e.into());
