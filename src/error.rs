@@ -188,6 +188,11 @@ impl ApiError {
         }
     }
 
+    /// The same error listing `causes`, for a 400 that can name the parts it could not read.
+    pub fn with_causes(self, causes: Vec<Cause>) -> Self {
+        ApiError { causes, ..self }
+    }
+
     /// The HTTP status the response will carry.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -276,6 +281,20 @@ impl Violations {
             Ok(())
         } else {
             Err(ApiError::invalid(self.causes))
+        }
+    }
+
+    /// Like [`Violations::finish`], for a request another part of which an extractor has
+    /// already checked: one 422 lists the causes of both. An error of `checked` that is not a
+    /// 422 comes first, as it would have without this request's own problems.
+    pub fn finish_with<T>(mut self, checked: Result<T, ApiError>) -> Result<T, ApiError> {
+        match checked {
+            Ok(value) => self.finish().map(|()| value),
+            Err(e) if e.status == StatusCode::UNPROCESSABLE_ENTITY => {
+                self.causes.extend(e.causes);
+                Err(ApiError::invalid(self.causes))
+            }
+            Err(e) => Err(e),
         }
     }
 }
@@ -367,6 +386,25 @@ mod tests {
         assert!(body.message.contains("spec.replicas: must not be negative"));
         assert!(body.message.contains("labels[0]: bad key"));
         assert!(Violations::new().finish().is_ok());
+    }
+
+    #[test]
+    fn violations_join_the_causes_of_an_extractors_422() {
+        let checked = |field: &str| Err::<(), _>(ApiError::invalid([Cause::new(field, "bad")]));
+        let mut v = Violations::new();
+        v.add("pod_id", "bad");
+        let body = v.finish_with(checked("limit")).unwrap_err().body();
+        let fields: Vec<_> = body.causes.iter().map(|c| c.field.as_str()).collect();
+        assert_eq!((body.code, fields), (422, vec!["pod_id", "limit"]));
+
+        let mut v = Violations::new();
+        v.add("pod_id", "bad");
+        let unreadable = Err::<(), _>(ApiError::bad_request("unknown parameter"));
+        assert_eq!(
+            v.finish_with(unreadable).unwrap_err().status().as_u16(),
+            400
+        );
+        assert_eq!(Violations::new().finish_with(Ok(7)).unwrap(), 7);
     }
 
     #[test]

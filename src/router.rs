@@ -4,7 +4,7 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use axum::body::{to_bytes, Body, HttpBody};
-use axum::extract::{Query, Request, State};
+use axum::extract::{Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::{HeaderName, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
@@ -15,12 +15,13 @@ use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::{Level, Span};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::api;
-use crate::api::blocking::BlockingParams;
+use crate::api::list_query::requested_wait;
 use crate::app::{AppState, HttpLimits};
 use crate::error::{ApiError, Cause, ErrorBody};
 
@@ -66,7 +67,7 @@ struct ApiDoc;
 /// probes) or nested (resources) here; the document comes from the same router that serves,
 /// so the two cannot drift.
 pub fn api() -> OpenApiRouter<AppState> {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let mut router = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(api::health::router())
         .nest("/api/v1", api::labels::router())
         .merge(api::p2_labels::router())
@@ -77,7 +78,45 @@ pub fn api() -> OpenApiRouter<AppState> {
         .nest("/api/v1", api::daemonsets::router())
         .nest("/api/v1", api::rcs::router())
         .merge(api::rolls::router())
-        .nest("/api/v1", api::leader::router())
+        .nest("/api/v1", api::leader::router());
+    document_unknown_parameters(router.get_openapi_mut());
+    router
+}
+
+/// Every route answers 400 to a query parameter it does not take ([`api::extract`]), so
+/// every operation documents that 400, added to the one it may already have.
+fn document_unknown_parameters(openapi: &mut utoipa::openapi::OpenApi) {
+    let operations = openapi.paths.paths.values_mut().flat_map(|item| {
+        [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+    });
+    for operation in operations {
+        let responses = &mut operation.responses.responses;
+        match responses.get_mut("400") {
+            Some(RefOr::T(response)) => {
+                response.description =
+                    format!("{}; or an unknown query parameter", response.description);
+            }
+            Some(RefOr::Ref(_)) => {}
+            None => {
+                let body = ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build();
+                let response = ResponseBuilder::new()
+                    .description("An unknown query parameter")
+                    .content("application/json", body)
+                    .build();
+                responses.insert("400".to_owned(), RefOr::T(response));
+            }
+        }
+    }
 }
 
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI
@@ -241,10 +280,7 @@ async fn deadline(State(limits): State<HttpLimits>, request: Request, next: Next
 /// sixteenth of it (as Consul adds). A query that does not parse gets the plain timeout: its
 /// handler refuses it at once.
 fn request_deadline(limits: &HttpLimits, uri: &Uri) -> Duration {
-    let wait = Query::<BlockingParams>::try_from_uri(uri)
-        .ok()
-        .and_then(|Query(params)| params.wait().ok().flatten())
-        .map_or(Duration::ZERO, |(_, wait)| wait + wait / 16);
+    let wait = requested_wait(uri).map_or(Duration::ZERO, |wait| wait + wait / 16);
     limits.request_timeout + wait
 }
 

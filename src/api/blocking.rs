@@ -2,20 +2,17 @@
 //! lists changes past index N or D passes, as Consul's and Nomad's blocking queries do.
 //!
 //! A handler reads its prefixes, answers with the highest index among them in `X-Index`, and
-//! before reading calls [`BlockingQuery::wait`] so a client that passes back the last
+//! before reading calls [`Blocking::block`] so a client that passes back the last
 //! `X-Index` is held until something changes.
 
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
 use futures::future::select_all;
-use serde::Deserialize;
-use utoipa::IntoParams;
 
 use crate::app::App;
 use crate::error::ApiError;
-use crate::kv::{KvStore, StoreResult, WatchTarget, MAX_WATCH_WAIT};
-use crate::model::duration::parse_duration;
+use crate::kv::{KvStore, StoreResult, WatchTarget};
 
 /// The header carrying a listing's index.
 pub const INDEX_HEADER: HeaderName = HeaderName::from_static("x-index");
@@ -23,41 +20,19 @@ pub const INDEX_HEADER: HeaderName = HeaderName::from_static("x-index");
 /// How long a blocking query waits when `wait` is not given, as in Consul.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(300);
 
-/// The query parameters that make a list request block.
-#[derive(Debug, Default, Clone, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct BlockingParams {
-    /// Hold the request until the listing's index differs from this one (the `X-Index` of
-    /// a previous answer).
-    pub index: Option<u64>,
-    /// How long to hold it at most, e.g. `30s` or `5m`; at most `10m`, default `5m`.
-    pub wait: Option<String>,
+/// A checked `?index=&wait=`; [`crate::api::list_query`] reads and checks the parameters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Blocking {
+    /// The index to wait past (the `X-Index` of a previous answer) and how long to wait at
+    /// most; `None` when the request does not block.
+    pub until: Option<(u64, Duration)>,
 }
 
-impl BlockingParams {
-    /// The wait to apply, validated; `None` when the request does not block.
-    pub fn wait(&self) -> Result<Option<(u64, Duration)>, ApiError> {
-        let Some(index) = self.index else {
-            return Ok(None);
-        };
-        let wait = match &self.wait {
-            None => DEFAULT_WAIT,
-            Some(text) => parse_duration(text)
-                .map_err(|e| ApiError::invalid([crate::error::Cause::new("wait", e)]))?,
-        };
-        if wait > MAX_WATCH_WAIT {
-            return Err(ApiError::invalid([crate::error::Cause::new(
-                "wait",
-                "must be at most 10m",
-            )]));
-        }
-        Ok(Some((index, wait)))
-    }
-
+impl Blocking {
     /// Waits, if the request asked to, until the combined index of `prefixes` differs from
     /// the client's, the wait passes, or the server starts shutting down.
     pub async fn block(&self, app: &App, prefixes: &[String]) -> Result<(), ApiError> {
-        if let Some((index, wait)) = self.wait()? {
+        if let Some((index, wait)) = self.until {
             tokio::select! {
                 result = wait_for_change(app.store.as_ref(), prefixes, index, wait) => result?,
                 () = app.shutdown.cancelled() => {}

@@ -26,9 +26,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::api::blocking::{index_header, BlockingParams};
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch};
-use crate::api::paging::{Page, PageParams};
+use crate::api::blocking::index_header;
+use crate::api::extract::{ApiJson, ApiPath, MergePatch, NoQuery};
+use crate::api::list_query::{ListFilter, ListParams, ListQuery};
+use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::responses::created;
 use crate::app::AppState;
@@ -162,6 +163,8 @@ pub struct DaemonSetFilter {
     pub pod_id: Option<String>,
 }
 
+impl ListFilter for DaemonSetFilter {}
+
 /// `manifest` is YAML text or a JSON object.
 fn manifest_schema() -> impl Into<RefOr<Schema>> {
     OneOfBuilder::new()
@@ -218,37 +221,39 @@ impl From<DaemonSetError> for ApiError {
 
 /// Lists daemon sets, sorted by ID, optionally only those running one pod ID.
 ///
-/// Blocks with `?index=&wait=` until the daemon-set tree changes; `X-Index` carries its
+/// Daemon sets have no labels of their own in P2, so `selector` matches `pod_id` and
+/// `cluster_name` as labels, e.g. `cluster_name in (production,staging)`. Blocks with `?index=&wait=` until the daemon-set tree changes; `X-Index` carries its
 /// index. Items carry no `status`; read one daemon set for it.
 #[utoipa::path(
     get,
     path = "/daemonsets",
     tag = TAG,
-    params(DaemonSetFilter, PageParams, BlockingParams),
+    params(DaemonSetFilter, ListParams),
     responses(
         (status = OK, description = "One page of daemon sets", body = Page<DaemonSet>,
             headers(("X-Index" = u64, description = "Index of the daemon-set tree, for ?index="))),
         (status = BAD_REQUEST, description = "Malformed query string", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "Bad limit, continue token or wait", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Bad selector, limit, continue token, index or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
 async fn list_daemon_sets(
     State(app): State<AppState>,
-    ApiQuery(filter): ApiQuery<DaemonSetFilter>,
-    ApiQuery(paging): ApiQuery<PageParams>,
-    ApiQuery(blocking): ApiQuery<BlockingParams>,
+    query: ListQuery<DaemonSetFilter>,
 ) -> Result<impl IntoResponse, ApiError> {
-    blocking
+    query
+        .blocking
         .block(&app, &[layout::DAEMON_SETS.to_owned()])
         .await?;
     let (index, records) = app.daemon_sets().list().await?;
+    let pod_id = query.filter.pod_id.as_ref();
     let items = records
         .iter()
-        .filter(|r| filter.pod_id.as_ref().is_none_or(|pod| &r.ds.pod_id == pod))
+        .filter(|r| pod_id.is_none_or(|pod| &r.ds.pod_id == pod))
+        .filter(|r| query.selector.matches(&r.ds.labels()))
         .map(|r| daemon_set(r, None))
         .collect();
-    let page = paging.page(items, |ds: &DaemonSet| ds.id.as_str())?;
+    let page = query.paging.page(items, |ds: &DaemonSet| ds.id.as_str());
     Ok(([index_header(index)], ApiJson(page)))
 }
 
@@ -277,6 +282,7 @@ async fn list_daemon_sets(
 )]
 async fn create_daemon_set(
     State(app): State<AppState>,
+    _: NoQuery,
     AuditUser(user): AuditUser,
     ApiJson(body): ApiJson<Map<String, Value>>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -320,6 +326,7 @@ async fn create_daemon_set(
 )]
 async fn get_daemon_set(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath(id): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let id = path_id(&id)?;
@@ -369,6 +376,7 @@ async fn get_daemon_set(
 )]
 async fn patch_daemon_set(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath(id): ApiPath<String>,
     IfMatch(expected): IfMatch,
     AuditUser(user): AuditUser,
@@ -431,6 +439,7 @@ async fn patch_daemon_set(
 )]
 async fn delete_daemon_set(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath(id): ApiPath<String>,
     IfMatch(expected): IfMatch,
     AuditUser(user): AuditUser,

@@ -9,9 +9,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use utoipa::openapi::path::ParameterIn;
+use utoipa::IntoParams;
 
 use crate::error::{ApiError, Cause};
-use crate::labels::Selector;
 
 /// A JSON request body (or response): 400 when malformed, 422 when of the wrong shape, 415
 /// without `Content-Type: application/json`, 413 over the body limit.
@@ -37,20 +38,110 @@ impl<T: Serialize> IntoResponse for ApiJson<T> {
     }
 }
 
-/// A query string deserialized into `T`; 400 when it does not fit.
+/// A query string deserialized into `T`, whose `IntoParams` declares every parameter the
+/// route takes: 400 naming any other parameter, or when the query does not fit `T`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiQuery<T>(pub T);
 
 impl<T, S> FromRequestParts<S> for ApiQuery<T>
 where
-    T: DeserializeOwned,
+    T: DeserializeOwned + IntoParams,
     S: Send + Sync,
 {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        QueryProblems::new(parts.uri.query(), declared_params::<T>()).finish()?;
         let Query(value) = Query::<T>::from_request_parts(parts, state).await?;
         Ok(ApiQuery(value))
+    }
+}
+
+/// The query of a route that takes no parameters: 400 naming any that is sent.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoQuery;
+
+impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        QueryProblems::new(parts.uri.query(), Vec::new()).finish()?;
+        Ok(NoQuery)
+    }
+}
+
+/// The names of the query parameters `T` declares, in declaration order.
+pub fn declared_params<T: IntoParams>() -> Vec<String> {
+    T::into_params(|| Some(ParameterIn::Query))
+        .into_iter()
+        .map(|param| param.name)
+        .collect()
+}
+
+/// What makes a query string unreadable (400): parameters the route does not take, and
+/// values not of their parameter's kind. Collected so that one answer names them all.
+#[derive(Debug)]
+pub struct QueryProblems {
+    accepted: Vec<String>,
+    unknown: Vec<String>,
+    malformed: Vec<Cause>,
+}
+
+impl QueryProblems {
+    /// Starts with the parameters of `query` that are not among `accepted`.
+    pub fn new(query: Option<&str>, accepted: Vec<String>) -> Self {
+        let mut unknown: Vec<String> = Vec::new();
+        for (name, _) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+            if !accepted.iter().any(|a| *a == name) && !unknown.iter().any(|u| *u == name) {
+                unknown.push(name.into_owned());
+            }
+        }
+        QueryProblems {
+            accepted,
+            unknown,
+            malformed: Vec::new(),
+        }
+    }
+
+    /// Records that the value of `param` is not of its kind.
+    pub fn malformed(&mut self, param: &str, message: impl Into<String>) {
+        self.malformed.push(Cause::new(param, message));
+    }
+
+    /// `Ok` when nothing was found, otherwise one 400 naming every problem; for an unknown
+    /// parameter it lists the parameters the route takes.
+    pub fn finish(self) -> Result<(), ApiError> {
+        let mut parts = Vec::new();
+        if !self.unknown.is_empty() {
+            let names = self
+                .unknown
+                .iter()
+                .map(|name| format!("`{name}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let plural = if self.unknown.len() > 1 { "s" } else { "" };
+            parts.push(format!("unknown query parameter{plural} {names}"));
+            parts.push(if self.accepted.is_empty() {
+                "this route takes none".to_owned()
+            } else {
+                format!("accepted: {}", self.accepted.join(", "))
+            });
+        }
+        parts.extend(
+            self.malformed
+                .iter()
+                .map(|cause| format!("{}: {}", cause.field, cause.message)),
+        );
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let causes = self
+            .unknown
+            .into_iter()
+            .map(|name| Cause::new(name, "unknown query parameter"))
+            .chain(self.malformed)
+            .collect();
+        Err(ApiError::bad_request(parts.join("; ")).with_causes(causes))
     }
 }
 
@@ -111,12 +202,4 @@ where
             Err(e) => Err(ApiError::bad_request(format!("malformed JSON: {e}"))),
         }
     }
-}
-
-/// The `selector` query parameter, parsed; `None` when absent. A bad one is 422 with the
-/// parser's message, which says where the text went wrong.
-pub fn selector_param(text: Option<&str>) -> Result<Option<Selector>, ApiError> {
-    text.map(str::parse::<Selector>)
-        .transpose()
-        .map_err(|e| ApiError::invalid([Cause::new("selector", e.to_string())]))
 }

@@ -7,7 +7,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::extract::ApiJson;
+use crate::api::extract::{ApiJson, NoQuery};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 
@@ -40,7 +40,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     tag = TAG,
     responses((status = OK, description = "The process is alive", body = Health))
 )]
-async fn get_healthz() -> ApiJson<Health> {
+async fn get_healthz(_: NoQuery) -> ApiJson<Health> {
     ApiJson(HEALTHY)
 }
 
@@ -57,7 +57,7 @@ async fn get_healthz() -> ApiJson<Health> {
         (status = SERVICE_UNAVAILABLE, description = "The store fails or does not answer in time", body = ErrorBody)
     )
 )]
-async fn get_readyz(State(app): State<AppState>) -> Result<ApiJson<Health>, ApiError> {
+async fn get_readyz(State(app): State<AppState>, _: NoQuery) -> Result<ApiJson<Health>, ApiError> {
     // Unlike other 5xx bodies this one names the cause: telling the operator why the
     // instance is out of rotation is the point of the probe.
     let timeout = app.limits.readiness_timeout;

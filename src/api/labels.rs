@@ -19,20 +19,21 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use utoipa::{IntoParams, OpenApi, ToSchema};
+use utoipa::{OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{index_header, BlockingParams};
-use crate::api::extract::{selector_param, ApiJson, ApiPath, ApiQuery, MergePatch};
-use crate::api::paging::{Page, PageParams};
+use crate::api::blocking::index_header;
+use crate::api::extract::{ApiJson, ApiPath, MergePatch, NoQuery};
+use crate::api::list_query::{ListParams, ListQuery};
+use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::StoreError;
 use crate::labels::{
     label_key_problem, label_value_problem, validate_labels, LabelType, Labeled, Labels,
-    ParseLabelTypeError, Selector,
+    ParseLabelTypeError,
 };
 use crate::store::labels::{LabelRecord, LabelStore};
 
@@ -155,16 +156,6 @@ impl LabelsPatch {
     }
 }
 
-/// The selector of a list request.
-#[derive(Debug, Default, Clone, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct SelectorParams {
-    /// Kubernetes label selector (`=`, `==`, `!=`, `in`, `notin`, `key`, `!key`), e.g.
-    /// `pod_id=hello,availability_zone in (us-west-2a,us-west-2b)`; absent or empty lists
-    /// every labeled object of the type.
-    pub selector: Option<String>,
-}
-
 /// The label routes; the object routes take the id as a catch-all so a pod's `/` survives.
 pub fn router() -> OpenApiRouter<AppState> {
     // OpenAPI has no catch-all parameter: the object routes are documented at `{id}`, which
@@ -197,16 +188,14 @@ struct ObjectRoutes;
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        SelectorParams,
-        PageParams,
-        BlockingParams
+        ListParams
     ),
     responses(
         (status = OK, description = "One page of matching objects", body = Page<Labeled>,
             headers(("X-Index" = u64, description = "Index of the listing, for `index`"))),
         (status = BAD_REQUEST, description = "The query string is malformed", body = ErrorBody),
         (status = NOT_FOUND, description = "No such label type", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "Bad selector, limit, continue or wait",
+        (status = UNPROCESSABLE_ENTITY, description = "Bad selector, limit, continue, index or wait",
             body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
@@ -214,19 +203,20 @@ struct ObjectRoutes;
 async fn list_labels(
     State(app): State<AppState>,
     ApiPath(type_name): ApiPath<String>,
-    ApiQuery(params): ApiQuery<SelectorParams>,
-    ApiQuery(page): ApiQuery<PageParams>,
-    ApiQuery(blocking): ApiQuery<BlockingParams>,
+    query: Result<ListQuery, ApiError>,
 ) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<Page<Labeled>>), ApiError> {
+    // An unknown type is 404 whatever the query, as on every label route.
     let label_type = label_type(&type_name)?;
-    let selector = selector_param(params.selector.as_deref())?.unwrap_or_else(Selector::everything);
-    page.check()?;
-    blocking.block(&app, &[label_type.key_prefix()]).await?;
-    let (index, mut items) = store(&app).select(label_type, &selector).await?;
+    let query = query?;
+    query
+        .blocking
+        .block(&app, &[label_type.key_prefix()])
+        .await?;
+    let (index, mut items) = store(&app).select(label_type, &query.selector).await?;
     items.sort_by(|a, b| a.id.cmp(&b.id));
     Ok((
         [index_header(index)],
-        ApiJson(page.page(items, labeled_id)?),
+        ApiJson(query.paging.page(items, labeled_id)),
     ))
 }
 
@@ -252,6 +242,7 @@ async fn list_labels(
 )]
 async fn get_labels(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
 ) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<ObjectLabels>), ApiError> {
     let label_type = label_type(&type_name)?;
@@ -293,6 +284,7 @@ async fn get_labels(
 )]
 async fn put_labels(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
     IfMatch(expected): IfMatch,
     ApiJson(body): ApiJson<ReplaceLabels>,
@@ -346,6 +338,7 @@ async fn put_labels(
 )]
 async fn patch_labels(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
     IfMatch(expected): IfMatch,
     MergePatch(patch): MergePatch,
@@ -387,6 +380,7 @@ async fn patch_labels(
 )]
 async fn delete_labels(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
     IfMatch(expected): IfMatch,
 ) -> Result<StatusCode, ApiError> {

@@ -4,7 +4,7 @@ use axum::extract::State;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::extract::ApiJson;
+use crate::api::extract::{ApiJson, NoQuery};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::leader::{current_leader, LeaderRecord};
@@ -30,7 +30,10 @@ pub fn router() -> OpenApiRouter<AppState> {
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
-async fn get_leader(State(app): State<AppState>) -> Result<ApiJson<LeaderRecord>, ApiError> {
+async fn get_leader(
+    State(app): State<AppState>,
+    _: NoQuery,
+) -> Result<ApiJson<LeaderRecord>, ApiError> {
     match current_leader(&*app.store).await? {
         Some(record) => Ok(ApiJson(record)),
         None => Err(ApiError::not_found("no server leads now")),

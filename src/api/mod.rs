@@ -2,6 +2,8 @@
 //!
 //! Each resource module exposes `router() -> OpenApiRouter<AppState>`; `crate::router` puts
 //! them together. The shared conventions of every resource live beside them:
+//! [`extract`] (bodies, paths and queries; a parameter a route does not take is 400),
+//! [`list_query`] (the query of every listing, checked before the handler runs),
 //! [`blocking`] (`?index=&wait=` and `X-Index`), [`paging`] (`limit`, `continue`) and
 //! [`preconditions`] (`ETag`, `If-Match`).
 
@@ -11,6 +13,7 @@ pub mod extract;
 pub mod health;
 pub mod labels;
 pub mod leader;
+pub mod list_query;
 pub mod nodes;
 pub mod p2_labels;
 pub mod paging;

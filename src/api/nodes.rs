@@ -6,18 +6,18 @@
 use axum::extract::State;
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{index_header, BlockingParams};
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::api::paging::{Page, PageParams};
-use crate::api::pods::check_list_params;
+use crate::api::blocking::index_header;
+use crate::api::extract::{ApiJson, ApiPath, NoQuery};
+use crate::api::list_query::{ListParams, ListQuery};
+use crate::api::paging::Page;
 use crate::api::preconditions::etag;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
-use crate::labels::{LabelType, Labels, Selector};
+use crate::labels::{LabelType, Labels};
 use crate::store::pods::{validate_node_name, PodTree};
 
 /// OpenAPI tag of the node routes.
@@ -47,14 +47,6 @@ pub struct NodeDetail {
     pub resource_version: String,
 }
 
-/// Narrows a node listing.
-#[derive(Debug, Default, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct NodeFilter {
-    /// Only nodes whose labels match this selector, e.g. `role=web,availability_zone in (a,b)`.
-    pub selector: Option<String>,
-}
-
 /// The node routes, nested under `/api/v1`.
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -64,12 +56,12 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// Lists nodes with their labels, sorted by name.
 ///
-/// Blocks with `?index=&wait=` until the node label tree changes.
+/// `selector` matches the node's labels, e.g. `role=web`. Blocks with `?index=&wait=` until the node label tree changes.
 #[utoipa::path(
     get,
     path = "/nodes",
     tag = TAG,
-    params(NodeFilter, PageParams, BlockingParams),
+    params(ListParams),
     responses(
         (status = OK, description = "One page of nodes", body = Page<Node>,
             headers(("X-Index" = u64, description = "Index of the node label tree; pass it back as `index` to block"))),
@@ -80,30 +72,16 @@ pub fn router() -> OpenApiRouter<AppState> {
 )]
 async fn list_nodes(
     State(app): State<AppState>,
-    ApiQuery(filter): ApiQuery<NodeFilter>,
-    ApiQuery(page): ApiQuery<PageParams>,
-    ApiQuery(blocking): ApiQuery<BlockingParams>,
+    query: ListQuery,
 ) -> Result<impl IntoResponse, ApiError> {
-    let mut violations = Violations::new();
-    let selector = match filter.selector.as_deref().map(str::parse::<Selector>) {
-        Some(Err(e)) => {
-            violations.add("selector", e.to_string());
-            None
-        }
-        Some(Ok(selector)) => Some(selector),
-        None => None,
-    };
-    check_list_params(&mut violations, &page, &blocking);
-    violations.finish()?;
-
-    blocking
+    query
+        .blocking
         .block(&app, &[LabelType::Node.key_prefix()])
         .await?;
-    let labels = app.labels();
-    let (index, nodes) = match &selector {
-        Some(selector) => labels.select(LabelType::Node, selector).await?,
-        None => labels.list(LabelType::Node).await?,
-    };
+    let (index, nodes) = app
+        .labels()
+        .select(LabelType::Node, &query.selector)
+        .await?;
     let nodes = nodes
         .into_iter()
         .map(|labeled| Node {
@@ -111,7 +89,7 @@ async fn list_nodes(
             labels: labeled.labels,
         })
         .collect();
-    let page = page.page(nodes, |node| &node.name)?;
+    let page = query.paging.page(nodes, |node| &node.name);
     Ok(([index_header(index)], ApiJson(page)))
 }
 
@@ -131,6 +109,7 @@ async fn list_nodes(
 )]
 async fn get_node(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath(node): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let mut violations = Violations::new();

@@ -33,7 +33,7 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery, NoQuery};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{
@@ -87,6 +87,19 @@ pub struct SelectParams {
     #[serde(rename = "type")]
     #[param(rename = "type")]
     pub label_type: Option<String>,
+    /// Sent by P2's clients and ignored: every answer is read from the store.
+    #[serde(rename = "cachedMatch")]
+    #[param(rename = "cachedMatch", value_type = Option<bool>)]
+    pub cached_match: Option<String>,
+}
+
+/// Query of `GET /api/labels/{type}/{id}`.
+#[derive(Debug, Default, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReadParams {
+    /// Accepted for P2's clients and ignored: every answer is read from the store.
+    #[param(value_type = Option<bool>)]
+    pub stale: Option<String>,
 }
 
 /// With `deserialize_with`, serde treats a missing field as an error even for an `Option`.
@@ -132,10 +145,7 @@ struct ObjectRoutes;
     get,
     path = "/api/select",
     tag = TAG,
-    params(
-        SelectParams,
-        ("cachedMatch" = Option<bool>, Query, description = "Ignored")
-    ),
+    params(SelectParams),
     responses(
         (status = OK, description = "The matching objects", body = Vec<Labeled>),
         (status = BAD_REQUEST, description = "Bad type or selector", body = ErrorBody),
@@ -174,6 +184,7 @@ async fn select_p2_labels(
 )]
 async fn list_p2_labels(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath(type_name): ApiPath<String>,
 ) -> Result<ApiJson<Vec<Labeled>>, ApiError> {
     let label_type = label_type(&type_name)?;
@@ -195,7 +206,8 @@ async fn list_p2_labels(
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        ("id" = String, Path, description = ID_DOC)
+        ("id" = String, Path, description = ID_DOC),
+        ReadParams
     ),
     responses(
         (status = OK, description = "The object's labels", body = P2ObjectLabels),
@@ -205,6 +217,7 @@ async fn list_p2_labels(
 )]
 async fn get_p2_labels(
     State(app): State<AppState>,
+    _: ApiQuery<ReadParams>,
     ApiPath((type_name, tail)): ApiPath<(String, String)>,
 ) -> Result<ApiJson<P2ObjectLabels>, ApiError> {
     let label_type = label_type(&type_name)?;
@@ -223,6 +236,7 @@ async fn get_p2_labels(
 /// body is JSON whatever its content type, as P2's server reads it.
 async fn put_p2_target(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((type_name, tail)): ApiPath<(String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
@@ -241,6 +255,7 @@ async fn put_p2_target(
 /// `DELETE /api/labels/{type}/{tail}`: one label when the tail names one, else all of them.
 async fn delete_p2_target(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((type_name, tail)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let target = Target::parse(&type_name, &tail)?;

@@ -6,6 +6,7 @@
 //! next report or a DELETE, so an agent must keep reporting, and withdraw a stopped pod's
 //! record, rather than rely on its record vanishing.
 
+use std::collections::HashMap;
 use std::time::SystemTime;
 
 use axum::extract::State;
@@ -16,14 +17,15 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{index_header, BlockingParams};
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::api::paging::{Page, PageParams};
-use crate::api::pods::check_list_params;
+use crate::api::blocking::index_header;
+use crate::api::extract::{ApiJson, ApiPath, NoQuery};
+use crate::api::list_query::{ListParams, ListQuery};
+use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::{Cas, StoreError};
+use crate::labels::{LabelType, Labels};
 use crate::model::HealthState;
 use crate::store::health::{HealthEntry, HealthStore};
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation};
@@ -123,6 +125,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 )]
 async fn get_pod_health(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((pod_id, node)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
     let mut violations = Violations::new();
@@ -165,6 +168,7 @@ async fn get_pod_health(
 )]
 async fn put_pod_health(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((pod_id, node)): ApiPath<(String, String)>,
     IfMatch(expected): IfMatch,
     ApiJson(report): ApiJson<HealthReport>,
@@ -218,6 +222,7 @@ async fn put_pod_health(
 )]
 async fn delete_pod_health(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((pod_id, node)): ApiPath<(String, String)>,
     IfMatch(expected): IfMatch,
 ) -> Result<StatusCode, ApiError> {
@@ -242,39 +247,58 @@ async fn delete_pod_health(
 
 /// A pod's health on every node that reported it, sorted by node.
 ///
-/// Blocks with `?index=&wait=` until one of the pod's records changes.
+/// `selector` matches the labels of the pod on each node. Blocks with `?index=&wait=` until
+/// one of the pod's records changes (or, with a selector, a pod label).
 #[utoipa::path(
     get,
     path = "/health/{pod_id}",
     tag = TAG,
-    params(("pod_id" = String, Path, description = "The pod ID"), PageParams, BlockingParams),
+    params(("pod_id" = String, Path, description = "The pod ID"), ListParams),
     responses(
         (status = OK, description = "One page of reports", body = Page<PodHealth>,
             headers(("X-Index" = u64, description = "Index of the pod's health records; pass it back as `index` to block"))),
         (status = BAD_REQUEST, description = "The query string does not parse", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "A bad pod ID, limit, continue token or wait", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "A bad pod ID, selector, limit, continue token, index or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
 )]
 async fn list_pod_health(
     State(app): State<AppState>,
     ApiPath(pod_id): ApiPath<String>,
-    ApiQuery(page): ApiQuery<PageParams>,
-    ApiQuery(blocking): ApiQuery<BlockingParams>,
+    query: Result<ListQuery, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
     let mut violations = Violations::new();
     if let Err(e) = validate_pod_id(&pod_id) {
         violations.add("pod_id", e);
     }
-    check_list_params(&mut violations, &page, &blocking);
-    violations.finish()?;
+    let query = violations.finish_with(query)?;
 
-    blocking
-        .block(&app, &[HealthStore::prefix(Some(&pod_id))])
-        .await?;
-    let (index, by_node) = app.health().list_for_pod(&pod_id).await?;
-    let reports = by_node.into_values().map(PodHealth::from).collect();
-    let page = page.page(reports, |report: &PodHealth| &report.node)?;
+    let by_labels = !query.selector.is_everything();
+    let mut prefixes = vec![HealthStore::prefix(Some(&pod_id))];
+    if by_labels {
+        prefixes.push(LabelType::Pod.key_prefix());
+    }
+    query.blocking.block(&app, &prefixes).await?;
+    let (mut index, by_node) = app.health().list_for_pod(&pod_id).await?;
+    let mut reports: Vec<PodHealth> = by_node.into_values().map(PodHealth::from).collect();
+    if by_labels {
+        let (labels_index, labeled) = app.labels().list(LabelType::Pod).await?;
+        let labels: HashMap<String, Labels> = labeled
+            .into_iter()
+            .map(|pod| (pod.id, pod.labels))
+            .collect();
+        // A pod without labels has the empty set, which a selector such as `!k` matches.
+        let no_labels = Labels::new();
+        reports.retain(|report| {
+            let pod = PodLocation::stored(&report.node, &report.pod_id);
+            let pod_labels = labels.get(&pod.label_id()).unwrap_or(&no_labels);
+            query.selector.matches(pod_labels)
+        });
+        index = index.max(labels_index);
+    }
+    let page = query
+        .paging
+        .page(reports, |report: &PodHealth| &report.node);
     Ok(([index_header(index)], ApiJson(page)))
 }
 

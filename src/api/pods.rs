@@ -12,9 +12,10 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{index_header, BlockingParams};
-use crate::api::extract::{ApiJson, ApiQuery};
-use crate::api::paging::{Page, PageParams};
+use crate::api::blocking::index_header;
+use crate::api::extract::ApiJson;
+use crate::api::list_query::{ListFilter, ListParams, ListQuery};
+use crate::api::paging::Page;
 use crate::api::pod_health::HealthStatus;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
@@ -52,66 +53,62 @@ pub struct PodFilter {
     pub pod_id: Option<String>,
 }
 
+impl PodFilter {
+    /// The node to list, if any.
+    fn node(&self) -> Option<&str> {
+        self.node.as_deref().filter(|s| !s.is_empty())
+    }
+
+    /// The pod ID to list, if any.
+    fn pod_id(&self) -> Option<&str> {
+        self.pod_id.as_deref().filter(|s| !s.is_empty())
+    }
+}
+
+impl ListFilter for PodFilter {
+    fn check(&self, violations: &mut Violations) {
+        if let Some(Err(e)) = self.node().map(validate_node_name) {
+            violations.add("node", e);
+        }
+        if let Some(Err(e)) = self.pod_id().map(validate_pod_id) {
+            violations.add("pod_id", e);
+        }
+    }
+}
+
 /// The pod routes, nested under `/api/v1`.
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_pods))
 }
 
-/// Adds the problems of the paging and blocking parameters to `violations`, so every bad
-/// query parameter is reported at once and before a blocking request is held.
-pub(crate) fn check_list_params(
-    violations: &mut Violations,
-    page: &PageParams,
-    blocking: &BlockingParams,
-) {
-    let errors = [blocking.wait().err(), page.check().err()];
-    for error in errors.into_iter().flatten() {
-        for cause in error.body().causes {
-            violations.add(cause.field, cause.message);
-        }
-    }
-}
-
 /// Lists the intent tree, sorted by node then pod ID.
 ///
-/// Blocks with `?index=&wait=` until an intent, pod label or health record it covers changes.
+/// `selector` matches the pod's labels, e.g. `replication_controller_id=<id>`. Blocks with `?index=&wait=` until an intent, pod label or health record it covers changes.
 #[utoipa::path(
     get,
     path = "/pods",
     tag = TAG,
-    params(PodFilter, PageParams, BlockingParams),
+    params(PodFilter, ListParams),
     responses(
         (status = OK, description = "One page of pods", body = Page<Pod>,
             headers(("X-Index" = u64, description = "Highest index of the intents, pod labels and health records listed; pass it back as `index` to block"))),
         (status = BAD_REQUEST, description = "The query string does not parse", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "A bad node, pod ID, limit, continue token or wait", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "A bad node, pod ID, selector, limit, continue token, index or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
 )]
 async fn list_pods(
     State(app): State<AppState>,
-    ApiQuery(filter): ApiQuery<PodFilter>,
-    ApiQuery(page): ApiQuery<PageParams>,
-    ApiQuery(blocking): ApiQuery<BlockingParams>,
+    query: ListQuery<PodFilter>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let node = filter.node.as_deref().filter(|s| !s.is_empty());
-    let pod_id = filter.pod_id.as_deref().filter(|s| !s.is_empty());
-    let mut violations = Violations::new();
-    if let Some(Err(e)) = node.map(validate_node_name) {
-        violations.add("node", e);
-    }
-    if let Some(Err(e)) = pod_id.map(validate_pod_id) {
-        violations.add("pod_id", e);
-    }
-    check_list_params(&mut violations, &page, &blocking);
-    violations.finish()?;
-
+    let node = query.filter.node();
+    let pod_id = query.filter.pod_id();
     let prefixes = [
         PodTree::Intent.prefix(node),
         pod_labels_prefix(node),
         HealthStore::prefix(pod_id),
     ];
-    blocking.block(&app, &prefixes).await?;
+    query.blocking.block(&app, &prefixes).await?;
     let pods = app.pods();
     let (intent_index, intents) = pods.list(PodTree::Intent, node).await?;
     let (labels_index, mut labels) = pods.list_labels(node).await?;
@@ -122,25 +119,29 @@ async fn list_pods(
     let items = intents
         .into_iter()
         .filter(|entry| pod_id.is_none_or(|id| entry.pod.pod_id() == id))
-        .map(|entry| {
+        .filter_map(|entry| {
+            let pod_labels = labels
+                .remove(&entry.pod)
+                .map(|record| record.labels)
+                .unwrap_or_default();
+            if !query.selector.matches(&pod_labels) {
+                return None;
+            }
             let key = format!("{}\0{}", entry.pod.node(), entry.pod.pod_id());
             let health = health
                 .get(&(entry.pod.pod_id().to_owned(), entry.pod.node().to_owned()))
                 .map_or(HealthStatus::Unknown, |h| h.state().into());
             let pod = Pod {
-                labels: labels
-                    .remove(&entry.pod)
-                    .map(|record| record.labels)
-                    .unwrap_or_default(),
+                labels: pod_labels,
                 node: entry.pod.node().to_owned(),
                 pod_id: entry.pod.pod_id().to_owned(),
                 health,
                 manifest_sha: entry.manifest.sha(),
             };
-            (key, pod)
+            Some((key, pod))
         })
         .collect();
-    let keyed = page.page(items, |(key, _)| key)?;
+    let keyed = query.paging.page(items, |(key, _)| key);
     let page = Page {
         items: keyed.items.into_iter().map(|(_, pod)| pod).collect(),
         continue_token: keyed.continue_token,

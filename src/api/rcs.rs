@@ -18,9 +18,10 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{index_header, BlockingParams};
-use crate::api::extract::{selector_param, ApiJson, ApiPath, ApiQuery, MergePatch};
-use crate::api::paging::{Page, PageParams};
+use crate::api::blocking::index_header;
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
+use crate::api::list_query::{ListParams, ListQuery};
+use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::responses::created;
 use crate::app::AppState;
@@ -341,14 +342,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_rc, patch_rc, delete_rc))
 }
 
-/// Query parameters of the RC listing.
-#[derive(Debug, Default, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct RcListParams {
-    /// Only RCs whose own labels match this selector, e.g. `pod_id=hello`.
-    pub selector: Option<String>,
-}
-
 /// Query parameters of an RC deletion.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -388,6 +381,7 @@ pub struct RcPath {
 )]
 async fn create_rc(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiJson(spec): ApiJson<RcSpec>,
 ) -> Result<Response, ApiError> {
     let NewRc { mut rc, labels } = spec.validate().map_err(ApiError::invalid)?;
@@ -409,12 +403,12 @@ async fn create_rc(
 
 /// Lists RCs, with their labels and status, sorted by id.
 ///
-/// Blocks with `?index=&wait=` until an RC, an RC label or a pod label changes.
+/// `selector` matches the RC's own labels, e.g. `pod_id=hello`. Blocks with `?index=&wait=` until an RC, an RC label or a pod label changes.
 #[utoipa::path(
     get,
     path = "/rcs",
     tag = TAG,
-    params(RcListParams, PageParams, BlockingParams),
+    params(ListParams),
     responses(
         (status = OK, description = "One page of RCs", body = Page<RcView>,
             headers(("X-Index" = u64, description = "Pass as `index` to wait for a change"))),
@@ -423,20 +417,13 @@ async fn create_rc(
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
     )
 )]
-async fn list_rcs(
-    State(app): State<AppState>,
-    ApiQuery(params): ApiQuery<RcListParams>,
-    ApiQuery(paging): ApiQuery<PageParams>,
-    ApiQuery(blocking): ApiQuery<BlockingParams>,
-) -> Result<Response, ApiError> {
-    let selector = selector_param(params.selector.as_deref())?.unwrap_or_else(Selector::everything);
-    paging.check()?;
+async fn list_rcs(State(app): State<AppState>, query: ListQuery) -> Result<Response, ApiError> {
     let prefixes = [
         layout::RCS.to_owned(),
         LabelType::ReplicationController.key_prefix(),
         LabelType::Pod.key_prefix(),
     ];
-    blocking.block(&app, &prefixes).await?;
+    query.blocking.block(&app, &prefixes).await?;
 
     let store = app.rcs();
     let label_store = app.labels();
@@ -458,14 +445,14 @@ async fn list_rcs(
         .iter()
         .filter_map(|record| {
             let labels = labels_by_rc.remove(&record.rc.id).unwrap_or_default();
-            selector.matches(&labels).then(|| {
+            query.selector.matches(&labels).then(|| {
                 let pods = pods_by_rc.get(record.rc.id.as_str());
                 let status = RcStatus::from_pods(pods.into_iter().flatten().copied());
                 RcView::new(record, labels, status)
             })
         })
         .collect();
-    let page = paging.page(items, |view: &RcView| &view.id)?;
+    let page = query.paging.page(items, |view: &RcView| &view.id);
     let index = rcs_index.max(labels_index).max(pods_index);
     Ok(([index_header(index)], ApiJson(page)).into_response())
 }
@@ -487,6 +474,7 @@ async fn list_rcs(
 )]
 async fn get_rc(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath(RcPath { id }): ApiPath<RcPath>,
 ) -> Result<Response, ApiError> {
     let id = rc_id(&id)?;
@@ -525,6 +513,7 @@ async fn get_rc(
 )]
 async fn patch_rc(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath(RcPath { id }): ApiPath<RcPath>,
     IfMatch(expected): IfMatch,
     MergePatch(patch): MergePatch,

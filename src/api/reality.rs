@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::extract::ApiPath;
+use crate::api::extract::{ApiPath, NoQuery};
 use crate::api::preconditions::etag;
 use crate::api::rcs::manifest_causes;
 use crate::app::AppState;
@@ -97,6 +97,7 @@ const POD_ID_DOC: &str = "The pod ID (the manifest's `id`)";
 )]
 async fn get_intent(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((node, pod_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     read(&app, PodTree::Intent, &node, &pod_id).await
@@ -118,6 +119,7 @@ async fn get_intent(
 )]
 async fn get_reality(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((node, pod_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     read(&app, PodTree::Reality, &node, &pod_id).await
@@ -146,6 +148,7 @@ async fn get_reality(
 )]
 async fn put_reality(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((node, pod_id)): ApiPath<(String, String)>,
     YamlBody(text): YamlBody,
 ) -> Result<Response, ApiError> {
@@ -196,6 +199,7 @@ async fn put_reality(
 )]
 async fn delete_reality(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath((node, pod_id)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let pod = valid_pod(&node, &pod_id)?;

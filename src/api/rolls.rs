@@ -21,9 +21,10 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{combined_index, index_header, BlockingParams};
-use crate::api::extract::{selector_param, ApiJson, ApiPath, ApiQuery};
-use crate::api::paging::{Page, PageParams};
+use crate::api::blocking::{combined_index, index_header};
+use crate::api::extract::{ApiJson, ApiPath, NoQuery};
+use crate::api::list_query::{ListParams, ListQuery};
+use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::rcs::RcSpec;
 use crate::api::responses::created;
@@ -144,14 +145,6 @@ pub struct RollPath {
     pub id: String,
 }
 
-/// Filters of the roll list.
-#[derive(Debug, Default, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct RollFilter {
-    /// Only rolls whose labels match this selector.
-    pub selector: Option<String>,
-}
-
 /// Creates a rolling update.
 ///
 /// Takes the update-creation lock of both RCs (as P2 does, so P2's tools and this server
@@ -176,6 +169,7 @@ pub struct RollFilter {
 )]
 async fn create_roll(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiJson(body): ApiJson<CreateRoll>,
 ) -> Result<Response, ApiError> {
     let plan = validate(body)?;
@@ -190,13 +184,13 @@ async fn create_roll(
 
 /// Lists rolling updates with their progress, sorted by id.
 ///
-/// Blocks with `?index=&wait=` until a roll, its labels, either RC, their pods or the pods'
+/// `selector` matches the roll's labels. Blocks with `?index=&wait=` until a roll, its labels, either RC, their pods or the pods'
 /// health change: everything the answer shows.
 #[utoipa::path(
     get,
     path = "/api/v1/rolls",
     tag = TAG,
-    params(RollFilter, PageParams, BlockingParams),
+    params(ListParams),
     responses(
         (status = OK, description = "One page of rolls", body = Page<Roll>,
             headers(("X-Index" = u64, description = "Pass as `index` to wait for a change"))),
@@ -204,15 +198,9 @@ async fn create_roll(
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
-async fn list_rolls(
-    State(app): State<AppState>,
-    ApiQuery(filter): ApiQuery<RollFilter>,
-    ApiQuery(paging): ApiQuery<PageParams>,
-    ApiQuery(blocking): ApiQuery<BlockingParams>,
-) -> Result<Response, ApiError> {
-    let selector = selector_param(filter.selector.as_deref())?;
+async fn list_rolls(State(app): State<AppState>, query: ListQuery) -> Result<Response, ApiError> {
     let prefixes = watched_prefixes();
-    blocking.block(&app, &prefixes).await?;
+    query.blocking.block(&app, &prefixes).await?;
     let index = combined_index(app.store.as_ref(), &prefixes).await?;
 
     let (_, records) = app.rolls().list().await?;
@@ -220,12 +208,12 @@ async fn list_rolls(
     let mut items = Vec::with_capacity(records.len());
     for record in &records {
         let view = views.view(record).await?;
-        if selector.as_ref().is_none_or(|s| s.matches(&view.labels)) {
+        if query.selector.matches(&view.labels) {
             items.push(view);
         }
     }
     items.sort_by(|a, b| a.id.cmp(&b.id));
-    let page = paging.page(items, |roll| roll.id.as_str())?;
+    let page = query.paging.page(items, |roll| roll.id.as_str());
     Ok(([index_header(index)], ApiJson(page)).into_response())
 }
 
@@ -245,6 +233,7 @@ async fn list_rolls(
 )]
 async fn get_roll(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath(RollPath { id }): ApiPath<RollPath>,
 ) -> Result<Response, ApiError> {
     validate_path_id(&id)?;
@@ -279,6 +268,7 @@ async fn get_roll(
 )]
 async fn delete_roll(
     State(app): State<AppState>,
+    _: NoQuery,
     ApiPath(RollPath { id }): ApiPath<RollPath>,
     IfMatch(expected): IfMatch,
 ) -> Result<StatusCode, ApiError> {

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::duration::duration_nanos;
 use super::gojson::{self, Folded};
 use super::{join_errors, DecodeError, FieldError, Manifest};
+use crate::labels::{Labels, CLUSTER_NAME_LABEL, POD_ID_LABEL};
 
 /// One daemon set: a pod run on every node matching a selector. Field order is P2's write
 /// order; `node_selector` is kept as selector text and validated by the label layer.
@@ -39,6 +40,16 @@ impl StoredDaemonSet {
     pub fn from_json(bytes: &[u8]) -> Result<StoredDaemonSet, DecodeError> {
         let raw: Folded<RawDaemonSet> = serde_json::from_slice(bytes).map_err(decode_error)?;
         StoredDaemonSet::try_from(raw).map_err(decode_error)
+    }
+
+    /// The labels a listing's selector matches. P2 has no daemon-set label type, so they are
+    /// the daemon set's own `pod_id` and `cluster_name`, under the keys RC and pod-cluster
+    /// labels give the same facts.
+    pub fn labels(&self) -> Labels {
+        Labels::from([
+            (POD_ID_LABEL.to_owned(), self.pod_id.clone()),
+            (CLUSTER_NAME_LABEL.to_owned(), self.cluster_name.clone()),
+        ])
     }
 
     /// Encodes the daemon set exactly as P2 writes it.

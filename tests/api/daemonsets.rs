@@ -419,6 +419,51 @@ async fn list_pages_filters_and_skips_bad_documents() {
 }
 
 #[tokio::test]
+async fn list_filters_by_a_selector_on_pod_id_and_cluster_name() {
+    let app = TestApp::new().await;
+    let mut ids = Vec::new();
+    for (pod, cluster) in [("a", "production"), ("b", "production"), ("a", "staging")] {
+        let mut request = body("");
+        request["manifest"] = json!(manifest_for(pod));
+        request["cluster_name"] = json!(cluster);
+        request["disabled"] = json!(true);
+        ids.push(create(&app, &request).await);
+    }
+    let listed = |path: String| {
+        let app = &app;
+        async move {
+            let response = app.get(&path).await;
+            assert_eq!(response.status, StatusCode::OK, "{response:?}");
+            let mut ids = item_ids(&response.json());
+            ids.sort();
+            ids
+        }
+    };
+    let sorted = |mut ids: Vec<String>| {
+        ids.sort();
+        ids
+    };
+
+    assert_eq!(
+        listed("/api/v1/daemonsets?selector=cluster_name%3Dproduction".into()).await,
+        sorted(vec![ids[0].clone(), ids[1].clone()])
+    );
+    assert_eq!(
+        listed("/api/v1/daemonsets?selector=pod_id%3Da,cluster_name%21%3Dproduction".into()).await,
+        [ids[2].clone()]
+    );
+    assert_eq!(
+        listed("/api/v1/daemonsets?selector=pod_id%20in%20(a,b)&pod_id=b".into()).await,
+        [ids[1].clone()]
+    );
+    assert!(listed("/api/v1/daemonsets?selector=team%3Dedge".into())
+        .await
+        .is_empty());
+    let response = app.get("/api/v1/daemonsets?selector=pod_id%20in%20(").await;
+    assert_eq!(causes(&response), ["selector"]);
+}
+
+#[tokio::test]
 async fn list_blocks_until_the_tree_changes() {
     let app = TestApp::new().await;
     // Start from a tree in use: on Consul an empty tree reads at the index of the whole KV

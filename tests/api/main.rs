@@ -7,6 +7,7 @@ mod labels;
 mod openapi;
 mod p2_labels;
 mod pods;
+mod queries;
 mod rcs;
 mod reality;
 mod rolls;

@@ -257,6 +257,49 @@ async fn filters_pods_by_node_and_pod_id() {
 }
 
 #[tokio::test]
+async fn filters_pods_by_a_selector_on_their_labels() {
+    let app = TestApp::new().await;
+    arrange_pods(&app).await;
+
+    let rc = "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11";
+    let of_rc = app
+        .get(&format!(
+            "/api/v1/pods?selector=replication_controller_id%3D{rc}"
+        ))
+        .await
+        .json();
+    assert_eq!(pod_names(&of_rc), ["web/hello", "web-1/hello"]);
+    let of_ds = app.get("/api/v1/pods?selector=daemon_set_id").await.json();
+    assert_eq!(pod_names(&of_ds), ["web/shipper"]);
+    // Unlabeled pods match a selector that asks for a label's absence.
+    let unowned = app
+        .get("/api/v1/pods?selector=%21replication_controller_id,%21daemon_set_id")
+        .await
+        .json();
+    assert_eq!(pod_names(&unowned), ["web-1/shipper"]);
+    // With the other filters and paging.
+    let one = app
+        .get("/api/v1/pods?selector=pod_id%3Dhello&node=web-1")
+        .await
+        .json();
+    assert_eq!(pod_names(&one), ["web-1/hello"]);
+    let first = app
+        .get("/api/v1/pods?selector=pod_id%3Dhello&limit=1")
+        .await
+        .json();
+    assert_eq!(pod_names(&first), ["web/hello"]);
+    let token = first["continue"].as_str().unwrap();
+    let rest = app
+        .get(&format!(
+            "/api/v1/pods?selector=pod_id%3Dhello&limit=1&continue={token}"
+        ))
+        .await
+        .json();
+    assert_eq!(pod_names(&rest), ["web-1/hello"]);
+    assert_eq!(rest["continue"], Value::Null);
+}
+
+#[tokio::test]
 async fn pages_through_pods_in_node_then_pod_order() {
     let app = TestApp::new().await;
     arrange_pods(&app).await;
@@ -589,6 +632,40 @@ async fn lists_one_pods_health_by_node() {
 
     let bad = app.get("/api/v1/health/..?limit=0").await;
     assert_eq!(bad.unprocessable_fields(), ["pod_id", "limit"]);
+}
+
+#[tokio::test]
+async fn filters_one_pods_health_by_a_selector_on_its_labels() {
+    let app = TestApp::new().await;
+    put_p2_health(&app, "hello", "node1", "passing").await;
+    put_p2_health(&app, "hello", "node2", "critical").await;
+    put_p2_health(&app, "hello", "node3", "passing").await;
+    app.put_json("labels/pod/node1/hello", &json!({"deploy": "canary"}))
+        .await;
+    app.put_json("labels/pod/node2/hello", &json!({"deploy": "main"}))
+        .await;
+    app.put_json("labels/pod/node3/other", &json!({"deploy": "canary"}))
+        .await;
+
+    let nodes = |body: Value| -> Vec<String> {
+        body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["node"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let response = app
+        .get("/api/v1/health/hello?selector=deploy%3Dcanary")
+        .await;
+    // The answer depends on the pod labels too, so its index covers them.
+    let highest = app.store.list("").await.unwrap().index;
+    assert_eq!(response.x_index(), highest);
+    assert_eq!(nodes(response.json()), ["node1"]);
+    let not_canary = app
+        .get("/api/v1/health/hello?selector=deploy%21%3Dcanary")
+        .await;
+    assert_eq!(nodes(not_canary.json()), ["node2", "node3"]);
 }
 
 // ---- the stores the farms build on ----

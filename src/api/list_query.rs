@@ -1,0 +1,314 @@
+//! The query of every list route: `limit`, `continue`, `selector`, `index` and `wait`, plus
+//! the route's own filters, read and checked here, before the handler runs. A bad parameter
+//! therefore never reaches the store nor holds a blocking request, and one answer names every
+//! problem: 400 for a parameter the route does not take or a value not of its kind
+//! (`limit=many`), otherwise 422 for a value out of bounds, a bad selector, token or wait.
+
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Query};
+use axum::http::request::Parts;
+use axum::http::Uri;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use crate::api::blocking::{Blocking, DEFAULT_WAIT};
+use crate::api::extract::{declared_params, QueryProblems};
+use crate::api::paging::{decode_token, Paging, MAX_LIMIT};
+use crate::error::{ApiError, Violations};
+use crate::kv::MAX_WATCH_WAIT;
+use crate::labels::Selector;
+use crate::model::duration::parse_duration;
+
+/// The highest `index` accepted: the stores' indexes are signed 64-bit integers (SQLite's
+/// rowids and P2's Go code), so no listing can answer one above it.
+pub const MAX_INDEX: u64 = i64::MAX as u64;
+
+/// The parameters every listing takes, as sent; [`ListQuery`] checks them.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// At most this many items (1 to 1000); all of them when absent.
+    #[param(value_type = Option<u64>, minimum = 1, maximum = 1000)]
+    limit: Option<String>,
+    /// The `continue` token of the previous page.
+    #[serde(rename = "continue")]
+    continue_token: Option<String>,
+    /// Only items whose labels match this Kubernetes label selector (`=`, `==`, `!=`, `in`,
+    /// `notin`, `key`, `!key`), e.g. `pod_id=hello,availability_zone in (a,b)`; absent or
+    /// empty selects every item. The operation says which labels it matches.
+    selector: Option<String>,
+    /// Hold the request until the listing's index differs from this one (the `X-Index` of a
+    /// previous answer).
+    // The maximum is `MAX_INDEX`, which the attribute takes only as a literal.
+    #[param(value_type = Option<u64>, minimum = 0, maximum = 9223372036854775807_u64)]
+    index: Option<String>,
+    /// How long to hold it at most, e.g. `30s` or `5m`; at most `10m`, default `5m`. Only
+    /// with `index`.
+    wait: Option<String>,
+}
+
+/// A listing's own parameters beside [`ListParams`], such as the pods' `node`: declared
+/// (for the document and the check of unknown parameters) and checked with the common ones.
+pub trait ListFilter: DeserializeOwned + IntoParams {
+    /// Adds each problem of the filter's values to `violations`.
+    fn check(&self, _violations: &mut Violations) {}
+}
+
+/// The filter of a listing that has none of its own.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct NoFilter {}
+
+impl ListFilter for NoFilter {}
+
+/// A listing's query, read and checked: the extractor of every list route.
+#[derive(Debug)]
+pub struct ListQuery<F = NoFilter> {
+    /// The listing's own parameters, checked by [`ListFilter::check`].
+    pub filter: F,
+    /// Only items whose labels match; everything when `selector` is absent.
+    pub selector: Selector,
+    /// Which page to answer.
+    pub paging: Paging,
+    /// Whether and how long to hold the request.
+    pub blocking: Blocking,
+}
+
+impl<F: ListFilter, S: Send + Sync> FromRequestParts<S> for ListQuery<F> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        ListQuery::from_uri(&parts.uri)
+    }
+}
+
+impl<F: ListFilter> ListQuery<F> {
+    fn from_uri(uri: &Uri) -> Result<Self, ApiError> {
+        let mut accepted = declared_params::<ListParams>();
+        accepted.extend(declared_params::<F>());
+        let mut problems = QueryProblems::new(uri.query(), accepted);
+        let (params, filter) = match (
+            Query::<ListParams>::try_from_uri(uri),
+            Query::<F>::try_from_uri(uri),
+        ) {
+            (Ok(Query(params)), Ok(Query(filter))) => (params, filter),
+            // A repeated parameter, or a filter value not of its type.
+            (Err(e), _) | (_, Err(e)) => {
+                problems.finish()?;
+                return Err(e.into());
+            }
+        };
+        let limit = params.limit.as_deref().map(parse_count);
+        let index = params.index.as_deref().map(parse_count);
+        for (name, count) in [("limit", &limit), ("index", &index)] {
+            if let Some(Count::Malformed) = count {
+                problems.malformed(name, "must be a whole number");
+            }
+        }
+        problems.finish()?;
+
+        let mut violations = Violations::new();
+        let limit = match limit {
+            Some(Count::Fits(n)) if (1..=MAX_LIMIT as u64).contains(&n) => Some(n as usize),
+            None => None,
+            Some(_) => {
+                violations.add("limit", format!("must be between 1 and {MAX_LIMIT}"));
+                None
+            }
+        };
+        let index = match index {
+            Some(Count::Fits(n)) if n <= MAX_INDEX => Some(n),
+            None => None,
+            Some(_) => {
+                violations.add("index", format!("must be between 0 and {MAX_INDEX}"));
+                None
+            }
+        };
+        let after = params.continue_token.as_deref().and_then(|token| {
+            let after = decode_token(token);
+            if after.is_none() {
+                violations.add("continue", "is not a token this server issued");
+            }
+            after
+        });
+        let selector = match params.selector.as_deref().map(str::parse::<Selector>) {
+            None => Selector::everything(),
+            Some(Ok(selector)) => selector,
+            Some(Err(e)) => {
+                violations.add("selector", e.to_string());
+                Selector::everything()
+            }
+        };
+        let wait = match params.wait.as_deref().map(check_wait) {
+            None => DEFAULT_WAIT,
+            Some(Ok(wait)) => wait,
+            Some(Err(problem)) => {
+                violations.add("wait", problem);
+                DEFAULT_WAIT
+            }
+        };
+        filter.check(&mut violations);
+        violations.finish()?;
+        Ok(ListQuery {
+            filter,
+            selector,
+            paging: Paging { limit, after },
+            blocking: Blocking {
+                until: index.map(|index| (index, wait)),
+            },
+        })
+    }
+}
+
+/// How long a request to `uri` asks to be held, if it is a valid blocking list request; for
+/// the request deadline, which must outlast the wait. Parameters other than `index` and
+/// `wait` are left to the route, which refuses bad ones at once.
+pub fn requested_wait(uri: &Uri) -> Option<Duration> {
+    let Query(params) = Query::<ListParams>::try_from_uri(uri).ok()?;
+    match parse_count(params.index.as_deref()?) {
+        Count::Fits(index) if index <= MAX_INDEX => {}
+        _ => return None,
+    }
+    match params.wait.as_deref().map(check_wait) {
+        None => Some(DEFAULT_WAIT),
+        Some(wait) => wait.ok(),
+    }
+}
+
+/// A count parameter (`limit`, `index`) read from its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Count {
+    Fits(u64),
+    /// A whole number, but negative or too large for any count.
+    OutOfRange,
+    /// Not a whole number at all.
+    Malformed,
+}
+
+fn parse_count(text: &str) -> Count {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Count::Malformed;
+    }
+    match text.parse::<u64>() {
+        Ok(n) => Count::Fits(n),
+        Err(_) => Count::OutOfRange,
+    }
+}
+
+fn check_wait(text: &str) -> Result<Duration, String> {
+    let wait = parse_duration(text)?;
+    if wait > MAX_WATCH_WAIT {
+        return Err("must be at most 10m".to_owned());
+    }
+    Ok(wait)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(text: &str) -> Result<ListQuery, ApiError> {
+        ListQuery::<NoFilter>::from_uri(&format!("/x?{text}").parse().unwrap())
+    }
+
+    fn causes(text: &str) -> (u16, Vec<String>) {
+        let body = query(text).unwrap_err().body();
+        (
+            body.code,
+            body.causes.into_iter().map(|c| c.field).collect(),
+        )
+    }
+
+    #[test]
+    fn reads_every_parameter() {
+        let token = Paging {
+            limit: Some(1),
+            after: None,
+        }
+        .page(vec!["a".to_owned(), "b".to_owned()], String::as_str)
+        .continue_token
+        .unwrap();
+        let q = query(&format!(
+            "limit=1000&continue={token}&selector=a%3Db&index={MAX_INDEX}&wait=10m"
+        ))
+        .unwrap();
+        assert_eq!(
+            q.paging,
+            Paging {
+                limit: Some(1000),
+                after: Some("a".into())
+            }
+        );
+        assert_eq!(q.selector.to_string(), "a=b");
+        assert_eq!(
+            q.blocking.until,
+            Some((MAX_INDEX, Duration::from_secs(600)))
+        );
+        let q = query("index=0").unwrap();
+        assert_eq!(q.blocking.until, Some((0, DEFAULT_WAIT)));
+        let q = query("").unwrap();
+        assert_eq!(
+            (q.paging, q.blocking),
+            (Paging::default(), Blocking::default())
+        );
+        assert!(q.selector.is_everything());
+    }
+
+    #[test]
+    fn out_of_bounds_values_are_422_all_at_once() {
+        assert_eq!(
+            causes("limit=0&index=9223372036854775808&wait=11m&continue=%25&selector=a%20in%20("),
+            (
+                422,
+                ["limit", "index", "continue", "selector", "wait"]
+                    .map(String::from)
+                    .to_vec()
+            )
+        );
+        assert_eq!(causes("limit=1001"), (422, vec!["limit".to_owned()]));
+        assert_eq!(causes("limit=-1"), (422, vec!["limit".to_owned()]));
+        assert_eq!(
+            causes("index=99999999999999999999999"),
+            (422, vec!["index".to_owned()])
+        );
+        assert_eq!(causes("wait=forever"), (422, vec!["wait".to_owned()]));
+    }
+
+    #[test]
+    fn unknown_parameters_and_malformed_values_are_400_all_at_once() {
+        let body = query("limitt=5&limit=many&index=soon&zz=1&limit=2")
+            .unwrap_err()
+            .body();
+        assert_eq!(body.code, 400);
+        assert!(
+            body.message.starts_with(
+                "unknown query parameters `limitt`, `zz`; accepted: limit, continue, \
+                 selector, index, wait"
+            ),
+            "{}",
+            body.message
+        );
+        let body = query("limitt=5").unwrap_err().body();
+        assert_eq!(
+            body.message,
+            "unknown query parameter `limitt`; accepted: limit, continue, selector, index, wait"
+        );
+        assert_eq!(
+            causes("limitt=5&limit=many&index=soon"),
+            (400, ["limitt", "limit", "index"].map(String::from).to_vec())
+        );
+    }
+
+    #[test]
+    fn the_deadline_sees_only_valid_blocking_requests() {
+        let wait = |q: &str| requested_wait(&format!("/x?{q}").parse().unwrap());
+        assert_eq!(wait("index=3&wait=2s"), Some(Duration::from_secs(2)));
+        assert_eq!(wait("index=3&node=a"), Some(DEFAULT_WAIT));
+        assert_eq!(wait("wait=2s"), None);
+        assert_eq!(wait("index=3&wait=11m"), None);
+        assert_eq!(wait("index=9223372036854775808&wait=2s"), None);
+    }
+}

@@ -1,0 +1,290 @@
+//! Query strings on every route: the parameters of every listing, checked before any store
+//! work or blocking with every problem named at once, and 400 for a parameter a route does
+//! not take.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use p2_apiserver::router;
+use serde_json::{json, Value};
+
+use crate::support::api::{TestApp, TestResponse};
+
+/// Every list route, each answering `X-Index`.
+const LISTS: [&str; 7] = [
+    "/api/v1/rcs",
+    "/api/v1/rolls",
+    "/api/v1/daemonsets",
+    "/api/v1/labels/node",
+    "/api/v1/pods",
+    "/api/v1/nodes",
+    "/api/v1/health/hello",
+];
+
+const LIST_PARAMS: &str = "limit, continue, selector, index, wait";
+
+fn spec() -> Value {
+    json!({
+        "manifest": "id: hello\nlaunchables: {}\n",
+        "node_selector": "role=web",
+        "replicas_desired": 0,
+    })
+}
+
+/// `path` with its query added to any it has.
+fn with_query(path: &str, query: &str) -> String {
+    let join = if path.contains('?') { '&' } else { '?' };
+    format!("{path}{join}{query}")
+}
+
+/// Checks a 400 naming exactly `unknown` and saying `accepted`.
+fn assert_unknown(response: &TestResponse, unknown: &str, accepted: &str) {
+    assert_eq!(response.status, StatusCode::BAD_REQUEST, "{response:?}");
+    let error = response.error();
+    assert_eq!(
+        error.message,
+        format!("unknown query parameter `{unknown}`; {accepted}")
+    );
+    assert_eq!(response.cause_fields(), [unknown]);
+}
+
+#[tokio::test]
+async fn every_operation_refuses_a_parameter_it_does_not_take() {
+    let app = TestApp::new().await;
+    let (_, openapi) = router::api().split_for_parts();
+    let document = serde_json::to_value(&openapi).unwrap();
+    let mut checked = 0;
+    for (template, item) in document["paths"].as_object().unwrap() {
+        let path = template
+            .replace("{type}", "node")
+            .replace("{id}", "node1")
+            .replace("{node}", "node1")
+            .replace("{pod_id}", "hello")
+            .replace("{name}", "role");
+        for (method, operation) in item.as_object().unwrap() {
+            let method = method.to_uppercase();
+            let response = app
+                .json_request(&method, &with_query(&path, "zz_unknown=1"), None, &[])
+                .await;
+            let name = format!("{method} {template}");
+            assert_eq!(
+                response.status,
+                StatusCode::BAD_REQUEST,
+                "{name}: {response:?}"
+            );
+            let error = response.error();
+            assert!(
+                error
+                    .message
+                    .starts_with("unknown query parameter `zz_unknown`; "),
+                "{name}: {error:?}"
+            );
+            assert_eq!(response.cause_fields(), ["zz_unknown"], "{name}");
+            assert!(
+                operation["responses"]["400"].is_object(),
+                "{name} does not document its 400"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 30, "only {checked} operations");
+    assert!(app.dump().await.is_empty(), "a refused request wrote");
+}
+
+#[tokio::test]
+async fn unknown_parameters_are_named_with_the_accepted_ones() {
+    let app = TestApp::new().await;
+    let created = app
+        .json_request("POST", "/api/v1/rcs", Some(&spec()), &[])
+        .await
+        .json();
+    let rc = format!("/api/v1/rcs/{}", created["id"].as_str().unwrap());
+
+    // A list route.
+    let response = app.get("/api/v1/pods?limitt=5").await;
+    assert_unknown(
+        &response,
+        "limitt",
+        &format!("accepted: {LIST_PARAMS}, node, pod_id"),
+    );
+    // A single-object route, a route that takes no query at all, and a write.
+    let response = app.get(&format!("{rc}?limit=5")).await;
+    assert_unknown(&response, "limit", "this route takes none");
+    assert_unknown(
+        &app.get("/healthz?verbose").await,
+        "verbose",
+        "this route takes none",
+    );
+    let response = app
+        .merge_patch(
+            &format!("{rc}?dry_run=true"),
+            &json!({"replicas_desired": 3}),
+            &[],
+        )
+        .await;
+    assert_unknown(&response, "dry_run", "this route takes none");
+    // A route with parameters of its own names them.
+    let response = app
+        .json_request("DELETE", &format!("{rc}?forse=true"), None, &[])
+        .await;
+    assert_unknown(&response, "forse", "accepted: force");
+
+    // Nothing was changed, and the right spellings are taken.
+    let rc_now = app.get(&rc).await.json();
+    assert_eq!(rc_now["replicas_desired"], 0);
+    let deleted = app
+        .json_request("DELETE", &format!("{rc}?force=true"), None, &[])
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+
+    let response = app.get("/api/v1/rcs?limitt=5&zz=1").await;
+    assert_eq!(response.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        response.error().message,
+        format!("unknown query parameters `limitt`, `zz`; accepted: {LIST_PARAMS}")
+    );
+}
+
+#[tokio::test]
+async fn p2_label_routes_take_what_p2_clients_send_and_nothing_else() {
+    let app = TestApp::new().await;
+    let ok = app
+        .get("/api/select?selector=role%3Dweb&type=node&cachedMatch=true")
+        .await;
+    assert_eq!(ok.status, StatusCode::OK, "{ok:?}");
+    let ok = app.get("/api/labels/node/node1?stale=true").await;
+    assert_eq!(ok.status, StatusCode::OK, "{ok:?}");
+
+    let response = app.get("/api/select?type=node&cached=true").await;
+    assert_unknown(&response, "cached", "accepted: selector, type, cachedMatch");
+    let response = app.get("/api/labels/node?limit=1").await;
+    assert_unknown(&response, "limit", "this route takes none");
+}
+
+#[tokio::test]
+async fn bad_list_parameters_are_refused_at_once_not_after_the_wait() {
+    let app = TestApp::new().await;
+    for list in LISTS {
+        let index = app.get(list).await.x_index();
+        let path = format!("{list}?index={index}&wait=30s&limit=0");
+        let response = tokio::time::timeout(Duration::from_secs(1), app.get(&path))
+            .await
+            .unwrap_or_else(|_| panic!("{path} was held"));
+        assert_eq!(response.unprocessable_fields(), ["limit"], "{path}");
+    }
+}
+
+#[tokio::test]
+async fn the_daemon_set_listing_refuses_a_bad_limit_before_blocking() {
+    let app = Arc::new(TestApp::new().await);
+    // A tree in use: on Consul an empty tree reads at the index of the whole KV store.
+    let created = app
+        .json_request(
+            "POST",
+            "/api/v1/daemonsets",
+            Some(&json!({"manifest": "id: shipper\n", "node_selector": "", "timeout": "1m"})),
+            &[],
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let index = app.get("/api/v1/daemonsets").await.x_index();
+
+    // The same request with a good limit is held...
+    let held = app
+        .get_held(format!("/api/v1/daemonsets?index={index}&wait=30s&limit=1"))
+        .await;
+    // ...and with a bad one answered at once.
+    let bad = format!("/api/v1/daemonsets?index={index}&wait=30s&limit=0");
+    let response = tokio::time::timeout(Duration::from_secs(1), app.get(&bad))
+        .await
+        .expect("answered without waiting");
+    assert_eq!(response.unprocessable_fields(), ["limit"]);
+    held.assert_held("a refused request woke the held one");
+}
+
+#[tokio::test]
+async fn index_is_at_most_2_to_the_63_minus_1() {
+    let app = TestApp::new().await;
+    for list in LISTS {
+        let too_high = app.get(&format!("{list}?index=9223372036854775808")).await;
+        assert_eq!(too_high.unprocessable_fields(), ["index"], "{list}");
+        let error = too_high.error();
+        assert!(
+            error.message.contains("between 0 and 9223372036854775807"),
+            "{error:?}"
+        );
+        let highest = app
+            .get(&format!("{list}?index=9223372036854775807&wait=0s"))
+            .await;
+        assert_eq!(highest.status, StatusCode::OK, "{list}: {highest:?}");
+    }
+    let negative = app.get("/api/v1/rcs?index=-1").await;
+    assert_eq!(negative.unprocessable_fields(), ["index"]);
+}
+
+#[tokio::test]
+async fn every_problem_of_a_list_query_is_named_at_once() {
+    let app = TestApp::new().await;
+    let response = app
+        .get(
+            "/api/v1/daemonsets?limit=1001&continue=%25&selector=a%20in%20(\
+             &index=9223372036854775808&wait=11m",
+        )
+        .await;
+    assert_eq!(
+        response.unprocessable_fields(),
+        ["limit", "index", "continue", "selector", "wait"]
+    );
+    // A listing's own filters are checked with the common parameters.
+    let response = app.get("/api/v1/pods?node=..&selector=%21&wait=soon").await;
+    assert_eq!(
+        response.unprocessable_fields(),
+        ["selector", "wait", "node"]
+    );
+    // What cannot be read at all is 400, every such problem named.
+    let response = app
+        .get("/api/v1/nodes?limitt=5&limit=many&index=soon")
+        .await;
+    assert_eq!(response.status, StatusCode::BAD_REQUEST);
+    assert_eq!(response.cause_fields(), ["limitt", "limit", "index"]);
+    let message = response.error().message;
+    assert!(
+        message.contains("limit: must be a whole number"),
+        "{message}"
+    );
+    assert!(
+        message.contains("index: must be a whole number"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn the_document_states_the_real_bounds() {
+    let (_, openapi) = router::api().split_for_parts();
+    let document = serde_json::to_value(&openapi).unwrap();
+    let mut lists = 0;
+    for item in document["paths"].as_object().unwrap().values() {
+        let Some(parameters) = item["get"]["parameters"].as_array() else {
+            continue;
+        };
+        let param = |name: &str| parameters.iter().find(|p| p["name"] == name);
+        let Some(limit) = param("limit") else {
+            continue;
+        };
+        lists += 1;
+        assert_eq!(
+            (&limit["schema"]["minimum"], &limit["schema"]["maximum"]),
+            (&json!(1), &json!(1000))
+        );
+        let index = param("index").expect("index beside limit");
+        assert_eq!(
+            (&index["schema"]["minimum"], &index["schema"]["maximum"]),
+            (&json!(0), &json!(i64::MAX))
+        );
+        for name in ["continue", "selector", "wait"] {
+            assert!(param(name).is_some(), "{name} beside limit");
+        }
+    }
+    assert_eq!(lists, LISTS.len());
+}
