@@ -43,7 +43,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_intent))
 }
 
-/// A manifest body: UTF-8 text sent with one of [`YAML_TYPES`].
+/// A manifest body: UTF-8 text sent with a YAML media type (`application/yaml`,
+/// `application/x-yaml`, `text/yaml` or `text/plain`).
 pub struct YamlBody(pub String);
 
 impl<S: Send + Sync> FromRequest<S> for YamlBody {

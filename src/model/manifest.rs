@@ -3,7 +3,7 @@
 //! A manifest is written back exactly as it was received (comments, key order and any PGP
 //! clear-signature included), because preparers may verify the signature over those bytes.
 //! Its SHA is instead P2's `manifest.SHA()`: the hex SHA-256 of P2's canonical re-rendering of
-//! the parsed manifest (see [`p2_yaml`]), so reformatting or re-signing a manifest does not
+//! the parsed manifest (see the `p2_yaml` module), so reformatting or re-signing a manifest does not
 //! make it look changed, and a SHA written by P2 (a DS farm's `manifest_sha`) compares equal.
 
 mod p2_yaml;
