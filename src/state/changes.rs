@@ -12,14 +12,12 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 
-use serde::Serialize;
 use tokio::sync::broadcast;
 
 use super::trees::{Entry, Tree};
 
 /// What happened to an entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChangeType {
     Added,
     Modified,

@@ -198,6 +198,11 @@ impl Mirror {
         *self.inner.index.borrow()
     }
 
+    /// The change stream's position: the highest index it has reached.
+    pub fn position(&self) -> u64 {
+        self.read().stream.position()
+    }
+
     /// The highest index `tree`'s entries reflect.
     pub fn tree_index(&self, tree: Tree) -> u64 {
         self.read().tree(tree).index

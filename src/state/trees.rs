@@ -145,7 +145,7 @@ pub enum View {
 }
 
 /// The kinds of object the change stream (`GET /api/v1/watch`) reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     Rcs,
