@@ -214,26 +214,53 @@ impl Mirror {
         self.inner.index.subscribe()
     }
 
-    /// Waits, at most `timeout`, until every tree is read and the mirror's index is at least
-    /// `index`; whether it got there.
+    /// Waits, at most `timeout`, until every tree is read and holds every change up to
+    /// `index`; whether it got there (a store that cannot be asked counts as not).
+    ///
+    /// A tree's own index only moves when the tree changes, so a tree below `index` may be
+    /// current (the change at `index` was elsewhere) or lagging (its watch has yet to
+    /// deliver). The store is asked for the index of each such tree, once, after the write
+    /// at `index` was made (its keys cut at the first `/`), and the wait lasts until the
+    /// mirror has reached those indexes.
     pub async fn wait_for(&self, index: u64, timeout: Duration) -> bool {
-        let mut changes = self.changes();
-        // The index is copied out before the mirror is locked: publishers take the two
-        // locks in the other order.
-        let reached = async {
-            loop {
-                let at = *changes.borrow_and_update();
-                if at >= index && self.is_loaded() {
-                    return true;
-                }
-                if changes.changed().await.is_err() {
-                    return false;
-                }
-            }
-        };
-        tokio::time::timeout(timeout, reached)
+        tokio::time::timeout(timeout, self.reach(index))
             .await
             .unwrap_or(false)
+    }
+
+    async fn reach(&self, index: u64) -> bool {
+        if !self.until(|mirror| mirror.is_loaded()).await {
+            return false;
+        }
+        let mut targets = Vec::new();
+        for tree in Tree::ALL {
+            if self.tree_index(tree) < index {
+                match self.store().keys(&tree.prefix(), Some('/')).await {
+                    Ok((current, _)) => targets.push((tree, current)),
+                    Err(_) => return false,
+                }
+            }
+        }
+        self.until(|mirror| {
+            targets
+                .iter()
+                .all(|(tree, current)| mirror.tree_index(*tree) >= *current)
+        })
+        .await
+    }
+
+    /// Waits until `done` holds, checking it after every change.
+    async fn until(&self, done: impl Fn(&Mirror) -> bool) -> bool {
+        let mut changes = self.changes();
+        loop {
+            changes.borrow_and_update();
+            if done(self) {
+                return true;
+            }
+            if changes.changed().await.is_err() {
+                return false;
+            }
+        }
     }
 
     /// Whether every tree has been read once.
