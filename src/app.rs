@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::kv::KvStore;
+use crate::state::{Mirror, MirrorConfig};
 use crate::store::daemon_sets::DaemonSetStore;
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
@@ -26,6 +27,9 @@ pub struct App {
     /// How long requests, probes and connections may take, so that a hung store or a silent
     /// client never holds the server's resources for good.
     pub limits: HttpLimits,
+    /// The in-memory mirror of the store's P2 trees, so reads need not re-read whole trees;
+    /// it is filled once started (`serve` starts it).
+    pub mirror: Mirror,
 }
 
 /// The time and connection limits of the HTTP server (`--request-timeout` and its group).
@@ -72,6 +76,7 @@ impl App {
     /// end when `shutdown` is cancelled.
     pub fn draining_on(store: Arc<dyn KvStore>, shutdown: CancellationToken) -> AppState {
         Arc::new(App {
+            mirror: Mirror::new(store.clone(), MirrorConfig::default()),
             store,
             shutdown,
             limits: HttpLimits::default(),

@@ -14,6 +14,8 @@
 //!   with no knowledge of P2.
 //! - [`store`]: P2's repositories over [`kv`] (RCs, rolls, daemon sets, labels, pods,
 //!   health), in P2's key layout.
+//! - [`state`]: the in-memory mirror of every P2 tree the server reads, fed by one watch
+//!   per tree, with secondary indexes and the change stream behind `GET /api/v1/watch`.
 //! - [`backoff`]: exponential backoff with jitter for anything that retries.
 //! - [`leader`]: leader election over a store session and lock; the leader runs the farms.
 //! - [`farms`]: the RC, roll and daemon-set reconcilers, driven by shared tree watches.
@@ -33,4 +35,5 @@ pub mod model;
 pub mod router;
 pub mod server;
 pub mod simulator;
+pub mod state;
 pub mod store;

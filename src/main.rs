@@ -18,6 +18,7 @@ use p2_apiserver::kv::{open_store, KvStore};
 use p2_apiserver::leader::{self, LeaderConfig};
 use p2_apiserver::server;
 use p2_apiserver::simulator;
+use p2_apiserver::state::{Mirror, MirrorConfig};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -63,12 +64,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ));
     }
 
+    let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+    mirror.start(&tasks, shutdown.clone());
     let served = server::run(
         listener,
         Arc::new(App {
             store: store.clone(),
             shutdown: shutdown.clone(),
             limits: args.http.limits(),
+            mirror,
         }),
         shutdown.clone().cancelled_owned(),
     )

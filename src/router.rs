@@ -58,6 +58,7 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
         (name = api::rcs::TAG, description = "Replication controllers: create, list, read with status, patch, delete"),
         (name = api::leader::TAG, description = "Which server runs the farms"),
         (name = api::rolls::TAG, description = "Rolling updates: moving replicas from one RC to another"),
+        (name = api::watch::TAG, description = "The change stream: Server-Sent Events of every change to the objects asked for"),
     ),
     components(schemas(ErrorBody, Cause))
 )]
@@ -78,7 +79,8 @@ pub fn api() -> OpenApiRouter<AppState> {
         .nest("/api/v1", api::daemonsets::router())
         .nest("/api/v1", api::rcs::router())
         .merge(api::rolls::router())
-        .nest("/api/v1", api::leader::router());
+        .nest("/api/v1", api::leader::router())
+        .nest("/api/v1", api::watch::router());
     document_unknown_parameters(router.get_openapi_mut());
     router
 }

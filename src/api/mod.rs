@@ -24,3 +24,4 @@ pub mod rcs;
 pub mod reality;
 pub mod responses;
 pub mod rolls;
+pub mod watch;

@@ -22,6 +22,7 @@ use p2_apiserver::kv::{
 };
 use p2_apiserver::router::{self, MAX_BODY_BYTES, MAX_HEADERS, MAX_HEADER_BYTES, MAX_URI_BYTES};
 use p2_apiserver::server;
+use p2_apiserver::state::{Mirror, MirrorConfig};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -612,8 +613,10 @@ async fn a_frozen_consul_answers_503_within_the_deadline() {
     // Bound but never accepting: the kernel completes the connection, nobody answers.
     let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let store = consul_at(format!("http://{}", frozen.local_addr().unwrap()));
+    let store: Arc<dyn KvStore> = Arc::new(store);
     let routes = router::build(Arc::new(App {
-        store: Arc::new(store),
+        mirror: Mirror::new(store.clone(), MirrorConfig::default()),
+        store,
         shutdown: CancellationToken::new(),
         limits: short_limits(),
     }));
@@ -671,8 +674,10 @@ async fn serve(limits: HttpLimits) -> (SocketAddr, CancellationToken) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
+    let store: Arc<dyn KvStore> = Arc::new(Frozen::EVERYTHING);
     let app = Arc::new(App {
-        store: Arc::new(Frozen::EVERYTHING),
+        mirror: Mirror::new(store.clone(), MirrorConfig::default()),
+        store,
         shutdown: shutdown.clone(),
         limits,
     });

@@ -2,6 +2,7 @@
 
 mod conformance;
 mod consul_http;
+mod mirror;
 mod sqlite_store;
 #[path = "../support/mod.rs"]
 mod support;

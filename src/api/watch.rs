@@ -1,0 +1,317 @@
+//! `GET /api/v1/watch`: the state mirror's changes as Server-Sent Events, for dashboards and
+//! tools that would otherwise poll.
+//!
+//! A stream starts with a snapshot (every object asked for, as `added`), marked done by a
+//! `synced` event, then carries every change. Each event's SSE id is a stream position (see
+//! [`crate::state::Change::position`]); a client that reconnects with `Last-Event-ID` gets the
+//! retained changes from there, possibly repeating those of that very position, never
+//! missing one. A position the server no longer retains (or never gave: another server's,
+//! or one from before the store was reset) gets a `resync` event and a fresh snapshot.
+//! A client more than the server's buffer behind is sent `dropped` and disconnected, so a
+//! slow client never holds the others back.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::stream::{self, Stream};
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast::error::RecvError;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::api::extract::ApiQuery;
+use crate::app::AppState;
+use crate::error::{ApiError, ErrorBody, Violations};
+use crate::labels::Selector;
+use crate::state::{object_id, Change, Kind, Mirror, Signal, Subscription};
+
+/// OpenAPI tag of the change stream.
+pub const TAG: &str = "watch";
+
+/// How often an idle stream sends a comment line, so that proxies keep it open.
+pub const HEARTBEAT: Duration = Duration::from_secs(15);
+
+/// How long a new stream waits for the mirror's first read of the store before answering 503.
+const LOADING_WAIT: Duration = Duration::from_secs(5);
+
+/// The change-stream route.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(watch))
+}
+
+/// The query of `GET /api/v1/watch`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WatchQuery {
+    /// Comma-separated kinds to watch: `rcs`, `rolls`, `daemonsets`, `nodes`, `labels`,
+    /// `pods`, `reality`, `health`. Default: every kind, or with a `selector` every kind
+    /// that has labels (`rcs`, `rolls`, `nodes`, `labels`, `pods`).
+    kinds: Option<String>,
+    /// Only objects whose labels (as the mirror holds them when the event is sent) match
+    /// this Kubernetes label selector.
+    selector: Option<String>,
+}
+
+/// The data of one event, as JSON. The SSE event name is its `type`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WatchEvent {
+    /// `added`, `modified`, `deleted`; or `synced` (the snapshot is complete), `resync` (start
+    /// again: a fresh snapshot follows) or `dropped` (the client fell too far behind and is
+    /// disconnected).
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// The object's kind, for changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Kind>,
+    /// The object's id within its kind (`<node>/<pod_id>` for pods, `<type>/<id>` for
+    /// labels), for changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The index of the change (for a deletion, one at which the object was gone); for the
+    /// other events, the stream position.
+    pub index: u64,
+    /// The stored object: its JSON document, or the text of a manifest; for a deletion, as
+    /// last seen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object: Option<serde_json::Value>,
+}
+
+/// What a stream sends: the kinds asked for and the selector.
+#[derive(Debug, Clone)]
+struct Filter {
+    kinds: Vec<Kind>,
+    selector: Option<Selector>,
+}
+
+impl Filter {
+    /// Reads the query: 422 for an unknown kind, a bad selector, or a selector over a kind
+    /// without labels.
+    fn from_query(query: &WatchQuery) -> Result<Filter, ApiError> {
+        let mut violations = Violations::new();
+        let selector = match query.selector.as_deref().map(str::parse::<Selector>) {
+            None => None,
+            Some(Ok(selector)) => Some(selector),
+            Some(Err(e)) => {
+                violations.add("selector", e.to_string());
+                None
+            }
+        };
+        let kinds = match query.kinds.as_deref() {
+            None if query.selector.is_some() => {
+                Kind::ALL.into_iter().filter(|k| k.has_labels()).collect()
+            }
+            None => Kind::ALL.to_vec(),
+            Some(names) => {
+                let mut kinds = Vec::new();
+                for name in names.split(',').map(str::trim) {
+                    match Kind::parse(name) {
+                        Some(kind) if query.selector.is_some() && !kind.has_labels() => {
+                            violations.add("kinds", format!("{name} have no labels to select"))
+                        }
+                        Some(kind) => kinds.push(kind),
+                        None => violations.add("kinds", format!("unknown kind {name:?}")),
+                    }
+                }
+                kinds
+            }
+        };
+        violations.finish()?;
+        Ok(Filter { kinds, selector })
+    }
+
+    /// Whether the change is of a kind asked for and its object's labels match.
+    fn admits(&self, mirror: &Mirror, change: &Change) -> bool {
+        let Some(kind) = change.tree.kind().filter(|k| self.kinds.contains(k)) else {
+            return false;
+        };
+        let Some(selector) = &self.selector else {
+            return true;
+        };
+        let labels = match kind.label_type() {
+            Some(label_type) => {
+                mirror.labels_of(label_type, object_id(change.tree, &change.entry.pair.key))
+            }
+            None => change.entry.labels().cloned(),
+        };
+        selector.matches(&labels.unwrap_or_default())
+    }
+}
+
+/// Streams the changes of the kinds asked for as Server-Sent Events.
+///
+/// The stream starts with every object asked for as an `added` event, then a `synced`
+/// event, then one event per change. Every event's data is a JSON object (`WatchEvent`);
+/// the SSE event name is its `type`; the SSE id is the stream position to pass back in
+/// `Last-Event-ID` when reconnecting. Positions are store indexes: the highest index the
+/// stream had reached (a change to one kind may arrive after a later change to another).
+/// On reconnection the changes retained since that position are sent instead of the
+/// snapshot (those of the position itself may come again: apply them idempotently); for a
+/// position no longer retained, or not from this server's stream, a `resync` event comes
+/// first, then a fresh snapshot. A comment line is sent every 15 s on an idle stream. A
+/// client too slow to keep up with the changes is sent a `dropped` event and disconnected.
+#[utoipa::path(
+    get,
+    path = "/watch",
+    tag = TAG,
+    params(
+        WatchQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "The SSE id of the last event received, to resume from")
+    ),
+    responses(
+        (status = OK, description = "An endless stream of events", body = WatchEvent, content_type = "text/event-stream"),
+        (status = BAD_REQUEST, description = "`Last-Event-ID` is not a number", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "An unknown kind, a bad selector, or a selector over a kind without labels", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The server has not read the store yet", body = ErrorBody)
+    )
+)]
+async fn watch(
+    State(app): State<AppState>,
+    ApiQuery(query): ApiQuery<WatchQuery>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let resume = match headers.get("last-event-id") {
+        None => None,
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request("Last-Event-ID must be a stream position, a number")
+                })?,
+        ),
+    };
+    let filter = Filter::from_query(&query)?;
+    if !app.mirror.wait_for(0, LOADING_WAIT).await {
+        return Err(ApiError::unavailable(
+            "the state mirror has not read the store yet",
+        ));
+    }
+    let watcher = Watcher::start(app, filter, resume);
+    let events = stream::unfold(watcher, |mut watcher| async move {
+        let event = watcher.next().await?;
+        Some((Ok(event), watcher))
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(HEARTBEAT)))
+}
+
+/// One client's stream.
+struct Watcher {
+    app: AppState,
+    filter: Filter,
+    /// Events to send before listening again.
+    pending: VecDeque<Event>,
+    receiver: tokio::sync::broadcast::Receiver<Signal>,
+    /// Whether the stream ends once `pending` is sent.
+    ending: bool,
+}
+
+impl Watcher {
+    fn start(app: AppState, filter: Filter, resume: Option<u64>) -> Watcher {
+        let subscription = app.mirror.subscribe(resume, &filter.kinds);
+        let mut watcher = Watcher {
+            receiver: subscription.receiver.resubscribe(),
+            app,
+            filter,
+            pending: VecDeque::new(),
+            ending: false,
+        };
+        watcher.queue(subscription, resume.is_none());
+        watcher
+    }
+
+    /// Listens from where `subscription` starts, queuing its backlog: after a snapshot, a
+    /// `synced` event; before one that replaces a position that cannot resume, `resync`.
+    fn queue(&mut self, subscription: Subscription, snapshot: bool) {
+        self.receiver = subscription.receiver;
+        let position = subscription.position;
+        if subscription.resynced {
+            self.pending.push_back(control("resync", position));
+        }
+        for change in subscription.backlog {
+            if self.filter.admits(&self.app.mirror, &change) {
+                self.pending.push_back(change_event(&change));
+            }
+        }
+        if snapshot || subscription.resynced {
+            self.pending.push_back(control("synced", position));
+        }
+    }
+
+    /// The next event to send; `None` ends the stream.
+    async fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(event);
+            }
+            if self.ending {
+                return None;
+            }
+            let signal = tokio::select! {
+                signal = self.receiver.recv() => signal,
+                () = self.app.shutdown.cancelled() => return None,
+            };
+            match signal {
+                Ok(Signal::Change(change)) => {
+                    if self.filter.admits(&self.app.mirror, &change) {
+                        return Some(change_event(&change));
+                    }
+                }
+                Ok(Signal::Resync) => {
+                    let subscription = self.app.mirror.subscribe(None, &self.filter.kinds);
+                    self.pending
+                        .push_back(control("resync", subscription.position));
+                    self.queue(subscription, true);
+                }
+                Err(RecvError::Lagged(_)) => {
+                    self.ending = true;
+                    return Some(control("dropped", self.app.mirror.position()));
+                }
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    }
+}
+
+/// An event without an object: `synced`, `resync`, `dropped`.
+fn control(event_type: &str, position: u64) -> Event {
+    let data = WatchEvent {
+        event_type: event_type.to_owned(),
+        kind: None,
+        id: None,
+        index: position,
+        object: None,
+    };
+    Event::default()
+        .event(event_type)
+        .id(position.to_string())
+        .data(serde_json::to_string(&data).expect("an event serializes"))
+}
+
+/// A change's event; its data is rendered once for all streams.
+fn change_event(change: &Arc<Change>) -> Event {
+    let data = change.rendered.get_or_init(|| {
+        let pair = &change.entry.pair;
+        let object = serde_json::from_slice(&pair.value).unwrap_or_else(|_| {
+            serde_json::Value::String(String::from_utf8_lossy(&pair.value).into_owned())
+        });
+        let event = WatchEvent {
+            event_type: change.change_type.as_str().to_owned(),
+            kind: change.tree.kind(),
+            id: Some(object_id(change.tree, &pair.key).to_owned()),
+            index: change.index,
+            object: Some(object),
+        };
+        serde_json::to_string(&event).expect("an event serializes")
+    });
+    Event::default()
+        .event(change.change_type.as_str())
+        .id(change.position.to_string())
+        .data(data.as_str())
+}

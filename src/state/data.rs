@@ -1,0 +1,400 @@
+//! The mirrored entries, their secondary indexes, and the rules that merge the two sources
+//! of change (a tree's listings and the server's own writes) without either undoing the
+//! other.
+//!
+//! A listing reflects its tree up to its index; an own write is already at its own index,
+//! which may be past the latest listing. So, unless the listing is authoritative (the first
+//! read of a tree, or a re-read after the store went backwards):
+//! - a listed pair replaces an entry only if its modify index is higher;
+//! - an entry the listing lacks is removed only if its modify index is not past the
+//!   listing's (else it was written after the listing was taken);
+//! - an own delete leaves a tombstone holding the version it removed, so an older listing
+//!   that still holds that version does not bring it back; the tombstone goes (and the
+//!   deletion is streamed) once a listing no longer holds the key.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::kv::{KvPair, Listing};
+use crate::labels::{LabelType, Labels};
+
+use super::changes::{ChangeType, Stream};
+use super::trees::{Entry, Tree, View};
+
+/// One tree's entries and bookkeeping.
+#[derive(Debug, Default)]
+pub(super) struct TreeState {
+    /// The highest index the tree's entries reflect (its listings' and own writes').
+    pub index: u64,
+    pub entries: BTreeMap<String, Arc<Entry>>,
+    /// Own deletes not yet confirmed by a listing: the version each removed.
+    pub tombstones: HashMap<String, Arc<Entry>>,
+    /// Whether a first listing has been applied.
+    pub loaded: bool,
+    /// Since when the tree's watch has been failing, if it is.
+    pub failing_since: Option<Instant>,
+}
+
+/// `(label type, key, value)` of the inverted label index.
+type LabelTerm = (LabelType, String, String);
+
+/// Everything the mirror holds, behind one lock so that reads see all trees at once.
+#[derive(Debug)]
+pub(super) struct State {
+    pub trees: Vec<TreeState>,
+    /// Object ids by label: answers "pods of RC x" and narrows label selectors.
+    pub by_label: HashMap<LabelTerm, BTreeSet<String>>,
+    /// RC ids by the pod id of their manifest.
+    pub rcs_by_pod: HashMap<String, BTreeSet<String>>,
+    pub stream: Stream,
+}
+
+/// A listing prepared outside the lock: every key it holds, and the pairs that differ from
+/// the mirror already decoded.
+pub(super) struct Prepared {
+    tree: Tree,
+    index: u64,
+    authoritative: bool,
+    /// Every listed key with its modify index, sorted by key.
+    listed: Vec<(String, u64)>,
+    decoded: HashMap<String, Entry>,
+}
+
+impl State {
+    pub(super) fn new(stream: Stream) -> State {
+        State {
+            trees: Tree::ALL.iter().map(|_| TreeState::default()).collect(),
+            by_label: HashMap::new(),
+            rcs_by_pod: HashMap::new(),
+            stream,
+        }
+    }
+
+    pub(super) fn tree(&self, tree: Tree) -> &TreeState {
+        &self.trees[tree.position()]
+    }
+
+    fn tree_mut(&mut self, tree: Tree) -> &mut TreeState {
+        &mut self.trees[tree.position()]
+    }
+
+    /// The highest index of any tree.
+    pub(super) fn index(&self) -> u64 {
+        self.trees.iter().map(|t| t.index).max().unwrap_or(0)
+    }
+
+    /// Sorts the listing's keys and picks the pairs worth decoding (those whose modify index
+    /// the mirror does not hold), to decode outside the lock with [`Prepared::decode`].
+    /// [`State::apply`] re-checks what may have changed in between.
+    pub(super) fn prepare(
+        &self,
+        tree: Tree,
+        listing: Listing,
+        authoritative: bool,
+    ) -> (Prepared, Vec<KvPair>) {
+        let current = self.tree(tree);
+        let mut listed = Vec::with_capacity(listing.pairs.len());
+        let mut to_decode = Vec::new();
+        for pair in listing.pairs {
+            listed.push((pair.key.clone(), pair.modify_index));
+            let held = current.entries.get(&pair.key).map(|e| e.pair.modify_index);
+            if held != Some(pair.modify_index) {
+                to_decode.push(pair);
+            }
+        }
+        listed.sort_unstable();
+        let prepared = Prepared {
+            tree,
+            index: listing.index,
+            authoritative,
+            listed,
+            decoded: HashMap::new(),
+        };
+        (prepared, to_decode)
+    }
+
+    /// Merges a prepared listing in by the rules of the module documentation.
+    pub(super) fn apply(&mut self, mut prepared: Prepared) {
+        let tree = prepared.tree;
+        let (index, authoritative) = (prepared.index, prepared.authoritative);
+        for (key, modify_index) in &prepared.listed {
+            let Some(entry) = prepared.decoded.remove(key) else {
+                continue;
+            };
+            let state = self.tree(tree);
+            let held = state.entries.get(key).map(|e| e.pair.modify_index);
+            let buried = state.tombstones.get(key).map(|e| e.pair.modify_index);
+            let newer = held.is_none_or(|held| held < *modify_index)
+                && buried.is_none_or(|buried| buried < *modify_index);
+            if authoritative || newer {
+                self.tree_mut(tree).tombstones.remove(key);
+                self.upsert(tree, entry);
+            }
+        }
+        let gone: Vec<String> = {
+            let state = self.tree(tree);
+            let listed = |key: &String| {
+                prepared
+                    .listed
+                    .binary_search_by(|(k, _)| k.as_str().cmp(key))
+                    .is_ok()
+            };
+            let removed = state.entries.iter().filter(|(key, entry)| {
+                !listed(key) && (authoritative || entry.pair.modify_index <= index)
+            });
+            let confirmed = state.tombstones.keys().filter(|key| !listed(key));
+            removed
+                .map(|(key, _)| key)
+                .chain(confirmed)
+                .cloned()
+                .collect()
+        };
+        for key in gone {
+            self.remove(tree, &key, index);
+        }
+        let state = self.tree_mut(tree);
+        if authoritative {
+            state.tombstones.clear();
+            state.index = index;
+        } else {
+            state.index = state.index.max(index);
+        }
+        state.loaded = true;
+    }
+
+    /// Applies a pair the server itself wrote, unless the mirror already holds it or a newer
+    /// version.
+    pub(super) fn apply_own_put(&mut self, tree: Tree, entry: Entry) {
+        let modify_index = entry.pair.modify_index;
+        let state = self.tree(tree);
+        let held = state
+            .entries
+            .get(&entry.pair.key)
+            .map(|e| e.pair.modify_index);
+        let buried = state
+            .tombstones
+            .get(&entry.pair.key)
+            .map(|e| e.pair.modify_index);
+        if held.is_some_and(|held| held >= modify_index)
+            || buried.is_some_and(|buried| buried >= modify_index)
+        {
+            return;
+        }
+        let state = self.tree_mut(tree);
+        state.tombstones.remove(&entry.pair.key);
+        state.index = state.index.max(modify_index);
+        self.upsert(tree, entry);
+    }
+
+    /// Removes a key the server itself deleted, leaving a tombstone until a listing confirms.
+    pub(super) fn apply_own_delete(&mut self, tree: Tree, key: &str) {
+        if let Some(entry) = self.tree_mut(tree).entries.remove(key) {
+            self.drop_from_indexes(tree, &entry);
+            self.tree_mut(tree).tombstones.insert(key.to_owned(), entry);
+        }
+    }
+
+    fn upsert(&mut self, tree: Tree, entry: Entry) {
+        let entry = Arc::new(entry);
+        let key = entry.pair.key.clone();
+        let index = entry.pair.modify_index;
+        let old = self.tree_mut(tree).entries.insert(key, entry.clone());
+        let change_type = match &old {
+            Some(old) => {
+                self.drop_from_indexes(tree, old);
+                ChangeType::Modified
+            }
+            None => ChangeType::Added,
+        };
+        self.add_to_indexes(tree, &entry);
+        self.stream.emit(change_type, tree, index, entry);
+    }
+
+    /// Drops `key` (an entry or a tombstone) and streams its deletion at `index`.
+    fn remove(&mut self, tree: Tree, key: &str, index: u64) {
+        let state = self.tree_mut(tree);
+        let removed = match state.entries.remove(key) {
+            Some(entry) => {
+                self.drop_from_indexes(tree, &entry);
+                entry
+            }
+            None => match state.tombstones.remove(key) {
+                Some(entry) => entry,
+                None => return,
+            },
+        };
+        self.stream.emit(ChangeType::Deleted, tree, index, removed);
+    }
+
+    fn add_to_indexes(&mut self, tree: Tree, entry: &Entry) {
+        for (term, id) in terms(tree, entry) {
+            self.by_label.entry(term).or_default().insert(id);
+        }
+        if let (Tree::Rcs, View::Rc(rc)) = (tree, &entry.view) {
+            let pod_id = rc.manifest.pod_id().to_owned();
+            self.rcs_by_pod
+                .entry(pod_id)
+                .or_default()
+                .insert(rc.id.clone());
+        }
+    }
+
+    fn drop_from_indexes(&mut self, tree: Tree, entry: &Entry) {
+        for (term, id) in terms(tree, entry) {
+            if let Some(ids) = self.by_label.get_mut(&term) {
+                ids.remove(&id);
+                if ids.is_empty() {
+                    self.by_label.remove(&term);
+                }
+            }
+        }
+        if let (Tree::Rcs, View::Rc(rc)) = (tree, &entry.view) {
+            if let Some(ids) = self.rcs_by_pod.get_mut(rc.manifest.pod_id()) {
+                ids.remove(&rc.id);
+                if ids.is_empty() {
+                    self.rcs_by_pod.remove(rc.manifest.pod_id());
+                }
+            }
+        }
+    }
+
+    /// The labels of `id` of `label_type`.
+    pub(super) fn labels_of(&self, label_type: LabelType, id: &str) -> Option<&Labels> {
+        self.tree(Tree::Labels(label_type))
+            .entries
+            .get(&label_type.label_key(id))
+            .and_then(|entry| entry.labels())
+    }
+}
+
+impl Prepared {
+    /// Decodes the pairs [`State::prepare`] picked: the only decoding a listing costs.
+    pub(super) fn decode(mut self, pairs: Vec<KvPair>) -> Prepared {
+        let tree = self.tree;
+        self.decoded = pairs
+            .into_iter()
+            .map(|pair| (pair.key.clone(), tree.decode(pair)))
+            .collect();
+        self
+    }
+}
+
+/// The inverted-index terms of a label entry, with the object id they point at.
+fn terms(tree: Tree, entry: &Entry) -> Vec<(LabelTerm, String)> {
+    let (Tree::Labels(label_type), Some(labels)) = (tree, entry.labels()) else {
+        return Vec::new();
+    };
+    let Some(id) = entry.pair.key.strip_prefix(&label_type.key_prefix()) else {
+        return Vec::new();
+    };
+    labels
+        .iter()
+        .map(|(key, value)| ((label_type, key.clone(), value.clone()), id.to_owned()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {
+        KvPair {
+            key: key.into(),
+            value: value.as_bytes().to_vec(),
+            create_index: 1,
+            modify_index,
+            lock_index: 0,
+            session: None,
+        }
+    }
+
+    fn listing(index: u64, pairs: &[KvPair]) -> Listing {
+        Listing {
+            index,
+            pairs: pairs.to_vec(),
+        }
+    }
+
+    fn apply(state: &mut State, index: u64, pairs: &[KvPair], authoritative: bool) {
+        let tree = Tree::Labels(LabelType::Node);
+        let (prepared, pairs) = state.prepare(tree, listing(index, pairs), authoritative);
+        state.apply(prepared.decode(pairs));
+    }
+
+    fn held(state: &State) -> Vec<(String, u64)> {
+        let tree = state.tree(Tree::Labels(LabelType::Node));
+        tree.entries
+            .values()
+            .map(|e| (e.pair.key.clone(), e.pair.modify_index))
+            .collect()
+    }
+
+    #[test]
+    fn an_older_listing_does_not_undo_own_writes() {
+        let tree = Tree::Labels(LabelType::Node);
+        let mut state = State::new(Stream::new(10, 10));
+        let a = pair("labels/node/a", r#"{"r":"x"}"#, 2);
+        apply(&mut state, 2, std::slice::from_ref(&a), true);
+
+        state.apply_own_put(tree, tree.decode(pair("labels/node/a", r#"{"r":"y"}"#, 5)));
+        state.apply_own_put(tree, tree.decode(pair("labels/node/b", "{}", 6)));
+        // Taken before the own writes landed: holds the old `a` and no `b`.
+        apply(&mut state, 4, std::slice::from_ref(&a), false);
+        assert_eq!(
+            held(&state),
+            [("labels/node/a".into(), 5), ("labels/node/b".into(), 6)]
+        );
+        assert_eq!(state.labels_of(LabelType::Node, "a").unwrap()["r"], "y");
+
+        state.apply_own_delete(tree, "labels/node/a");
+        let stale = [
+            pair("labels/node/a", r#"{"r":"y"}"#, 5),
+            pair("labels/node/b", "{}", 6),
+        ];
+        apply(&mut state, 6, &stale, false);
+        assert_eq!(
+            held(&state),
+            [("labels/node/b".into(), 6)],
+            "a stale listing revived a"
+        );
+        // The listing that confirms the delete streams it and drops the tombstone.
+        apply(&mut state, 7, &[pair("labels/node/b", "{}", 6)], false);
+        assert!(state.tree(tree).tombstones.is_empty());
+        let deleted = state.stream.replay_from(0).unwrap();
+        assert_eq!(deleted.last().unwrap().change_type, ChangeType::Deleted);
+        assert_eq!(deleted.last().unwrap().entry.pair.key, "labels/node/a");
+    }
+
+    #[test]
+    fn an_authoritative_listing_replaces_everything() {
+        let mut state = State::new(Stream::new(10, 10));
+        apply(&mut state, 9, &[pair("labels/node/a", "{}", 9)], true);
+        apply(&mut state, 3, &[pair("labels/node/b", "{}", 3)], true);
+        assert_eq!(held(&state), [("labels/node/b".into(), 3)]);
+        assert_eq!(state.index(), 3);
+    }
+
+    #[test]
+    fn label_indexes_follow_changes() {
+        let tree = Tree::Labels(LabelType::Pod);
+        let mut state = State::new(Stream::new(10, 10));
+        let labelled = |rc: &str, index| {
+            let value = format!(r#"{{"replication_controller_id":"{rc}"}}"#);
+            tree.decode(pair("labels/pod/n1/hello", &value, index))
+        };
+        let term = |rc: &str| {
+            (
+                LabelType::Pod,
+                "replication_controller_id".into(),
+                rc.into(),
+            )
+        };
+        state.apply_own_put(tree, labelled("rc1", 2));
+        assert!(state.by_label[&term("rc1")].contains("n1/hello"));
+        state.apply_own_put(tree, labelled("rc2", 3));
+        assert!(!state.by_label.contains_key(&term("rc1")));
+        state.apply_own_delete(tree, "labels/pod/n1/hello");
+        assert!(state.by_label.is_empty());
+    }
+}

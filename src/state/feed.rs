@@ -1,0 +1,99 @@
+//! What keeps one tree of the mirror current: a blocking watch, paced so that a storm of
+//! writes costs a few re-reads per second rather than one per write.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::kv::WatchTarget;
+
+use super::trees::Tree;
+use super::Mirror;
+
+/// Follows `tree` until `cancel`: reads it whole, then watches it, re-reading it whole when
+/// the store's index goes backwards or another tree saw it do so (`epoch` moved).
+pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken) {
+    let prefix = tree.prefix();
+    let target = WatchTarget::Prefix(prefix.clone());
+    let config = mirror.config().clone();
+    let mut epoch = mirror.epoch();
+    let mut seen_epoch = *epoch.borrow_and_update();
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    // The index of the last listing; 0 until the tree has been read (again).
+    let mut index = 0;
+    let mut last_read: Option<Instant> = None;
+    loop {
+        // At most one read per interval: the changes of the interval come in one listing.
+        if let Some(last) = last_read {
+            if !pause_until(last + config.min_reread_interval, &cancel, &mut epoch).await {
+                return;
+            }
+        }
+        let current_epoch = *epoch.borrow_and_update();
+        if current_epoch != seen_epoch {
+            seen_epoch = current_epoch;
+            index = 0;
+        }
+        let fresh = index == 0;
+        let read = async {
+            if fresh {
+                mirror.store().list(&prefix).await
+            } else {
+                mirror
+                    .store()
+                    .watch(&target, index, config.watch_wait)
+                    .await
+            }
+        };
+        let result = tokio::select! {
+            result = read => result,
+            () = cancel.cancelled() => return,
+            _ = epoch.changed() => continue,
+        };
+        last_read = Some(Instant::now());
+        match result {
+            Ok(listing) => {
+                backoff.reset();
+                mirror.watch_succeeded(tree);
+                if !fresh && listing.index < index {
+                    tracing::warn!(
+                        prefix,
+                        was = index,
+                        now = listing.index,
+                        "the store's index went backwards; re-reading every tree"
+                    );
+                    mirror.resync();
+                    continue;
+                }
+                if fresh || listing.index != index {
+                    index = listing.index;
+                    mirror.apply_listing(tree, listing, fresh);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(prefix, error = %e, "watching a tree failed; retrying");
+                mirror.watch_failed(tree);
+                let retry = Instant::now() + backoff.next_delay();
+                if !pause_until(retry, &cancel, &mut epoch).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps until `until`, or less if the epoch moves; `false` once cancelled.
+async fn pause_until(
+    until: Instant,
+    cancel: &CancellationToken,
+    epoch: &mut watch::Receiver<u64>,
+) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep_until(until) => true,
+        _ = epoch.changed() => true,
+        () = cancel.cancelled() => false,
+    }
+}

@@ -1,0 +1,508 @@
+//! An in-memory mirror of every P2 tree the server reads, kept current by one blocking watch
+//! per tree, so that reads cost memory lookups instead of whole-tree reads of the store.
+//!
+//! Why: without it, every API read and every farm wake-up re-reads whole trees, so their
+//! cost grows with the fleet rather than with the answer. The mirror reads each tree once,
+//! then only re-reads a tree when the store says it changed, at most once per
+//! [`MirrorConfig::min_reread_interval`], and decodes only the entries whose modify index
+//! changed. What it holds:
+//! - every entry of every tree in [`Tree::ALL`] with its create and modify index, and its
+//!   typed view ([`View`]);
+//! - secondary indexes: object ids by label (the pods of an RC, label selectors over a type),
+//!   RCs by the pod id of their manifest; pods, intents and health by node come from key
+//!   ranges, the entries being sorted by key;
+//! - a change stream ([`Mirror::subscribe`]) for `GET /api/v1/watch`.
+//!
+//! Consistency: the mirror's index ([`Mirror::index`]) is the highest index it has applied.
+//! The server's own writes are applied at once ([`Mirror::apply_own_writes`]), so a read
+//! after a write through this server sees it; [`Mirror::wait_for`] holds a read (bounded)
+//! until the mirror has reached an index, for writes it learns of from its watches. If the
+//! store's index goes backwards (a store restarted empty or restored), every tree is re-read
+//! and subscribers are told to start again ([`Signal::Resync`]). A tree whose watch has been
+//! failing longer than [`MirrorConfig::lost_after`] makes [`Mirror::health`] report it.
+
+mod changes;
+mod data;
+mod feed;
+mod trees;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::kv::{KvPair, KvStore, Listing, TxnOp};
+use crate::labels::{LabelType, Labels, Operator, Selector, RC_ID_LABEL};
+
+pub use changes::{Change, ChangeType, Signal};
+pub use trees::{object_id, Entry, Kind, Tree, View};
+
+use changes::Stream;
+use data::State;
+
+/// How the mirror follows the store and how much of its change stream it keeps.
+#[derive(Debug, Clone)]
+pub struct MirrorConfig {
+    /// How long one blocking watch of a tree waits: the idle store load is the number of
+    /// trees divided by this.
+    pub watch_wait: Duration,
+    /// The least time between two reads of one tree: under a storm of writes a tree is
+    /// re-read at most this often, each read taking in every change since the last.
+    pub min_reread_interval: Duration,
+    /// How long a tree's watch may fail before [`Mirror::health`] reports the mirror stale.
+    pub lost_after: Duration,
+    /// How many changes the stream keeps for subscribers resuming from a position.
+    pub retained_changes: usize,
+    /// How many changes a subscriber may fall behind before it is cut off.
+    pub subscriber_buffer: usize,
+}
+
+impl Default for MirrorConfig {
+    fn default() -> Self {
+        MirrorConfig {
+            watch_wait: Duration::from_secs(60),
+            min_reread_interval: Duration::from_millis(250),
+            lost_after: Duration::from_secs(30),
+            retained_changes: 10_000,
+            subscriber_buffer: 1_024,
+        }
+    }
+}
+
+/// A write the server made itself, to apply to the mirror at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnWrite {
+    /// The pair as now stored, with the indexes the store answered.
+    Put(KvPair),
+    /// The key is gone.
+    Delete(String),
+}
+
+impl OwnWrite {
+    /// The writes of a successful transaction: each write op's key with the value it wrote
+    /// and the indexes the store answered (reads and checks write nothing).
+    pub fn from_txn(ops: &[TxnOp], results: &[Option<KvPair>]) -> Vec<OwnWrite> {
+        ops.iter()
+            .zip(results)
+            .filter_map(|(op, result)| match op {
+                TxnOp::Delete { key } | TxnOp::DeleteCas { key, .. } => {
+                    Some(OwnWrite::Delete(key.clone()))
+                }
+                TxnOp::Set { .. }
+                | TxnOp::Cas { .. }
+                | TxnOp::Lock { .. }
+                | TxnOp::Unlock { .. } => {
+                    let answered = result.as_ref()?;
+                    let session = match op {
+                        TxnOp::Lock { session, .. } => Some(session.clone()),
+                        TxnOp::Unlock { .. } => None,
+                        _ => answered.session.clone(),
+                    };
+                    Some(OwnWrite::Put(KvPair {
+                        key: op.key().to_owned(),
+                        value: op.value().unwrap_or_default().to_vec(),
+                        session,
+                        ..answered.clone()
+                    }))
+                }
+                TxnOp::Get { .. }
+                | TxnOp::CheckIndex { .. }
+                | TxnOp::CheckNotExists { .. }
+                | TxnOp::CheckSession { .. } => None,
+            })
+            .collect()
+    }
+}
+
+/// Whether the mirror can be trusted, for `/readyz`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MirrorHealth {
+    /// The prefixes of trees not read yet.
+    pub loading: Vec<String>,
+    /// The prefixes of trees whose watch has failed for longer than the bound, and for how
+    /// long.
+    pub lost: Vec<(String, Duration)>,
+}
+
+impl MirrorHealth {
+    /// Every tree is read and watched.
+    pub fn is_healthy(&self) -> bool {
+        self.loading.is_empty() && self.lost.is_empty()
+    }
+}
+
+/// Where a subscriber starts: what it is sent first, then what its receiver brings.
+#[derive(Debug)]
+pub struct Subscription {
+    /// The position asked for could not be resumed from: the backlog is a fresh snapshot.
+    pub resynced: bool,
+    /// A snapshot (every entry as `added`, at the current position) or the changes retained
+    /// since the position asked for.
+    pub backlog: Vec<Arc<Change>>,
+    /// The stream's position when the backlog was taken.
+    pub position: u64,
+    /// Every signal after the backlog.
+    pub receiver: broadcast::Receiver<Signal>,
+}
+
+/// The mirror; cheap to clone, every clone the same mirror.
+#[derive(Clone)]
+pub struct Mirror {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn KvStore>,
+    config: MirrorConfig,
+    state: RwLock<State>,
+    /// The mirror's index after every change, for [`Mirror::wait_for`] and blocking reads.
+    index: watch::Sender<u64>,
+    /// Moves when the store went backwards: every tree re-reads.
+    epoch: watch::Sender<u64>,
+    started: AtomicBool,
+}
+
+impl Mirror {
+    /// An empty mirror of `store`; [`Mirror::start`] fills it and keeps it current.
+    pub fn new(store: Arc<dyn KvStore>, config: MirrorConfig) -> Mirror {
+        let stream = Stream::new(config.retained_changes, config.subscriber_buffer);
+        Mirror {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                state: RwLock::new(State::new(stream)),
+                index: watch::channel(0).0,
+                epoch: watch::channel(0).0,
+                started: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Starts one task per tree on `tasks`, each following its tree until `cancel`. Starting
+    /// a started mirror does nothing.
+    pub fn start(&self, tasks: &TaskTracker, cancel: CancellationToken) {
+        if self.inner.started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for tree in Tree::ALL {
+            tasks.spawn(feed::follow(self.clone(), tree, cancel.clone()));
+        }
+    }
+
+    /// The mirror's index: the highest index it has applied.
+    pub fn index(&self) -> u64 {
+        *self.inner.index.borrow()
+    }
+
+    /// The change stream's position: the highest index it has reached.
+    pub fn position(&self) -> u64 {
+        self.read().stream.position()
+    }
+
+    /// The highest index `tree`'s entries reflect.
+    pub fn tree_index(&self, tree: Tree) -> u64 {
+        self.read().tree(tree).index
+    }
+
+    /// A receiver woken on every change, holding the mirror's index: what blocking reads
+    /// wait on.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.index.subscribe()
+    }
+
+    /// Waits, at most `timeout`, until every tree is read and holds every change up to
+    /// `index`; whether it got there (a store that cannot be asked counts as not).
+    ///
+    /// A tree's own index only moves when the tree changes, so a tree below `index` may be
+    /// current (the change at `index` was elsewhere) or lagging (its watch has yet to
+    /// deliver). The store is asked for the index of each such tree, once, after the write
+    /// at `index` was made (its keys cut at the first `/`), and the wait lasts until the
+    /// mirror has reached those indexes.
+    pub async fn wait_for(&self, index: u64, timeout: Duration) -> bool {
+        tokio::time::timeout(timeout, self.reach(index))
+            .await
+            .unwrap_or(false)
+    }
+
+    async fn reach(&self, index: u64) -> bool {
+        if !self.until(|mirror| mirror.is_loaded()).await {
+            return false;
+        }
+        let mut targets = Vec::new();
+        for tree in Tree::ALL {
+            if self.tree_index(tree) < index {
+                match self.store().keys(&tree.prefix(), Some('/')).await {
+                    Ok((current, _)) => targets.push((tree, current)),
+                    Err(_) => return false,
+                }
+            }
+        }
+        self.until(|mirror| {
+            targets
+                .iter()
+                .all(|(tree, current)| mirror.tree_index(*tree) >= *current)
+        })
+        .await
+    }
+
+    /// Waits until `done` holds, checking it after every change.
+    async fn until(&self, done: impl Fn(&Mirror) -> bool) -> bool {
+        let mut changes = self.changes();
+        loop {
+            changes.borrow_and_update();
+            if done(self) {
+                return true;
+            }
+            if changes.changed().await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Whether every tree has been read once.
+    pub fn is_loaded(&self) -> bool {
+        self.read().trees.iter().all(|tree| tree.loaded)
+    }
+
+    /// Which trees are not read yet, and which have lost their watch for too long.
+    pub fn health(&self) -> MirrorHealth {
+        let state = self.read();
+        let mut health = MirrorHealth {
+            loading: Vec::new(),
+            lost: Vec::new(),
+        };
+        for (tree, tree_state) in Tree::ALL.into_iter().zip(&state.trees) {
+            if !tree_state.loaded {
+                health.loading.push(tree.prefix());
+            }
+            if let Some(since) = tree_state.failing_since {
+                let lost = since.elapsed();
+                if lost > self.inner.config.lost_after {
+                    health.lost.push((tree.prefix(), lost));
+                }
+            }
+        }
+        health
+    }
+
+    /// The entry at `key`, if a followed tree holds it.
+    pub fn get(&self, key: &str) -> Option<Arc<Entry>> {
+        let tree = Tree::of_key(key)?;
+        self.read().tree(tree).entries.get(key).cloned()
+    }
+
+    /// Every entry whose key starts with `prefix`, sorted by key; `prefix` must lie within
+    /// one followed tree (e.g. `intent/<node>/` for the intents of a node).
+    pub fn under(&self, prefix: &str) -> Vec<Arc<Entry>> {
+        let Some(tree) = Tree::of_key(prefix) else {
+            return Vec::new();
+        };
+        let state = self.read();
+        state
+            .tree(tree)
+            .entries
+            .range(prefix.to_owned()..)
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .map(|(_, entry)| entry.clone())
+            .collect()
+    }
+
+    /// Every entry of `tree`, sorted by key.
+    pub fn entries(&self, tree: Tree) -> Vec<Arc<Entry>> {
+        self.read().tree(tree).entries.values().cloned().collect()
+    }
+
+    /// The labels of `id` of `label_type`.
+    pub fn labels_of(&self, label_type: LabelType, id: &str) -> Option<Labels> {
+        self.read().labels_of(label_type, id).cloned()
+    }
+
+    /// The pods (`<node>/<pod_id>`) labelled with RC `rc_id`, sorted.
+    pub fn pods_of_rc(&self, rc_id: &str) -> Vec<String> {
+        let term = (LabelType::Pod, RC_ID_LABEL.to_owned(), rc_id.to_owned());
+        self.read()
+            .by_label
+            .get(&term)
+            .map(|ids| ids.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The RCs whose manifest has pod id `pod_id`, sorted.
+    pub fn rcs_of_pod(&self, pod_id: &str) -> Vec<String> {
+        self.read()
+            .rcs_by_pod
+            .get(pod_id)
+            .map(|ids| ids.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The objects of `label_type` whose labels `selector` matches, sorted by id. An
+    /// equality or `in` requirement narrows the candidates through the label index; other
+    /// selectors look at every label set of the type.
+    pub fn select(&self, label_type: LabelType, selector: &Selector) -> Vec<(String, Labels)> {
+        let state = self.read();
+        let narrowing = selector.requirements().iter().find(|r| {
+            matches!(
+                r.operator(),
+                Operator::Equals | Operator::DoubleEquals | Operator::In
+            )
+        });
+        let candidates: Vec<String> = match narrowing {
+            Some(requirement) => {
+                let ids: BTreeSet<&String> = requirement
+                    .values()
+                    .iter()
+                    .filter_map(|value| {
+                        let term = (label_type, requirement.key().to_owned(), value.clone());
+                        state.by_label.get(&term)
+                    })
+                    .flatten()
+                    .collect();
+                ids.into_iter().cloned().collect()
+            }
+            None => {
+                let prefix = label_type.key_prefix();
+                let entries = &state.tree(Tree::Labels(label_type)).entries;
+                entries
+                    .keys()
+                    .filter_map(|key| key.strip_prefix(&prefix).map(str::to_owned))
+                    .collect()
+            }
+        };
+        candidates
+            .into_iter()
+            .filter_map(|id| {
+                let labels = state.labels_of(label_type, &id)?;
+                selector
+                    .matches(labels)
+                    .then(|| (id.clone(), labels.clone()))
+            })
+            .collect()
+    }
+
+    /// Applies the server's own successful writes at once, so reads need not wait for the
+    /// watches; keys outside the followed trees are ignored. Deletions reach the change
+    /// stream when a listing confirms them.
+    pub fn apply_own_writes(&self, writes: impl IntoIterator<Item = OwnWrite>) {
+        let decoded: Vec<(Tree, Option<Entry>, String)> = writes
+            .into_iter()
+            .filter_map(|write| match write {
+                OwnWrite::Put(pair) => {
+                    let tree = Tree::of_key(&pair.key)?;
+                    let key = pair.key.clone();
+                    Some((tree, Some(tree.decode(pair)), key))
+                }
+                OwnWrite::Delete(key) => Some((Tree::of_key(&key)?, None, key)),
+            })
+            .collect();
+        if decoded.is_empty() {
+            return;
+        }
+        let mut state = self.write();
+        for (tree, entry, key) in decoded {
+            match entry {
+                Some(entry) => state.apply_own_put(tree, entry),
+                None => state.apply_own_delete(tree, &key),
+            }
+        }
+        self.publish(&state);
+    }
+
+    /// Starts a subscriber: from `resume` (a position it was given) when the retained
+    /// changes cover it, else from a snapshot. Only changes of `kinds` are in the backlog;
+    /// the receiver brings every signal.
+    pub fn subscribe(&self, resume: Option<u64>, kinds: &[Kind]) -> Subscription {
+        let state = self.read();
+        let receiver = state.stream.subscribe();
+        let position = state.stream.position();
+        let wanted = |tree: Tree| tree.kind().is_some_and(|kind| kinds.contains(&kind));
+        if let Some(changes) = resume.and_then(|from| state.stream.replay_from(from)) {
+            let backlog = changes.into_iter().filter(|c| wanted(c.tree)).collect();
+            return Subscription {
+                resynced: false,
+                backlog,
+                position,
+                receiver,
+            };
+        }
+        let backlog = Tree::ALL
+            .into_iter()
+            .filter(|tree| wanted(*tree))
+            .flat_map(|tree| {
+                state.tree(tree).entries.values().map(move |entry| {
+                    Arc::new(Change {
+                        change_type: ChangeType::Added,
+                        tree,
+                        index: entry.pair.modify_index,
+                        position,
+                        entry: entry.clone(),
+                        rendered: Default::default(),
+                    })
+                })
+            })
+            .collect();
+        Subscription {
+            resynced: resume.is_some(),
+            backlog,
+            position,
+            receiver,
+        }
+    }
+
+    fn config(&self) -> &MirrorConfig {
+        &self.inner.config
+    }
+
+    fn store(&self) -> &dyn KvStore {
+        self.inner.store.as_ref()
+    }
+
+    fn epoch(&self) -> watch::Receiver<u64> {
+        self.inner.epoch.subscribe()
+    }
+
+    /// Merges a listing of `tree`, decoding outside the lock.
+    fn apply_listing(&self, tree: Tree, listing: Listing, authoritative: bool) {
+        let (prepared, pairs) = self.read().prepare(tree, listing, authoritative);
+        let prepared = prepared.decode(pairs);
+        let mut state = self.write();
+        state.apply(prepared);
+        self.publish(&state);
+    }
+
+    /// The store went backwards: subscribers start again and every tree re-reads.
+    fn resync(&self) {
+        let state = &mut *self.write();
+        state.stream.resync();
+        self.inner.epoch.send_modify(|epoch| *epoch += 1);
+    }
+
+    fn watch_succeeded(&self, tree: Tree) {
+        if self.read().tree(tree).failing_since.is_some() {
+            self.write().trees[tree.position()].failing_since = None;
+        }
+    }
+
+    fn watch_failed(&self, tree: Tree) {
+        self.write().trees[tree.position()]
+            .failing_since
+            .get_or_insert_with(Instant::now);
+    }
+
+    /// Wakes everyone waiting on the mirror's index.
+    fn publish(&self, state: &State) {
+        self.inner.index.send_replace(state.index());
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.inner.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.inner.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,261 @@
+//! Which trees the mirror follows, what each entry holds, and the kinds of the change stream.
+//!
+//! A tree is named by its prefix in [`crate::store::layout`]; an entry keeps the raw pair (so
+//! reads can answer with indexes and CAS tokens exactly as the store would) and the typed
+//! view decoded once, when the entry changed.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::kv::KvPair;
+use crate::labels::{LabelType, Labels};
+use crate::model::{HealthRecord, StoredDaemonSet, StoredRc, StoredRoll};
+use crate::store::labels::decode_labels;
+use crate::store::layout;
+
+/// A tree the mirror follows with one blocking watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tree {
+    Rcs,
+    Rolls,
+    DaemonSets,
+    Labels(LabelType),
+    Intent,
+    Reality,
+    Health,
+    DsStatus,
+    Locks,
+}
+
+impl Tree {
+    /// Every tree the server reads. Audit records are write-only and not mirrored.
+    pub const ALL: [Tree; 13] = [
+        Tree::Rcs,
+        Tree::Rolls,
+        Tree::DaemonSets,
+        Tree::Labels(LabelType::Node),
+        Tree::Labels(LabelType::Pod),
+        Tree::Labels(LabelType::ReplicationController),
+        Tree::Labels(LabelType::Rolls),
+        Tree::Labels(LabelType::PodClusters),
+        Tree::Intent,
+        Tree::Reality,
+        Tree::Health,
+        Tree::DsStatus,
+        Tree::Locks,
+    ];
+
+    /// The tree's key prefix.
+    pub fn prefix(self) -> String {
+        match self {
+            Tree::Rcs => layout::RCS.to_owned(),
+            Tree::Rolls => layout::ROLLS.to_owned(),
+            Tree::DaemonSets => layout::DAEMON_SETS.to_owned(),
+            Tree::Labels(label_type) => label_type.key_prefix(),
+            Tree::Intent => layout::INTENT.to_owned(),
+            Tree::Reality => layout::REALITY.to_owned(),
+            Tree::Health => layout::HEALTH.to_owned(),
+            Tree::DsStatus => layout::DS_STATUS.to_owned(),
+            Tree::Locks => layout::LOCKS.to_owned(),
+        }
+    }
+
+    /// Its position in [`Tree::ALL`].
+    pub fn position(self) -> usize {
+        Tree::ALL
+            .iter()
+            .position(|tree| *tree == self)
+            .expect("every tree is in Tree::ALL")
+    }
+
+    /// The tree a key belongs to, if the mirror follows it.
+    pub fn of_key(key: &str) -> Option<Tree> {
+        Tree::ALL
+            .into_iter()
+            .find(|tree| key.starts_with(&tree.prefix()))
+    }
+
+    /// The kind its changes have in the change stream; `None` for the farms' bookkeeping
+    /// (locks, status records), which is no dashboard's business.
+    pub fn kind(self) -> Option<Kind> {
+        match self {
+            Tree::Rcs => Some(Kind::Rcs),
+            Tree::Rolls => Some(Kind::Rolls),
+            Tree::DaemonSets => Some(Kind::Daemonsets),
+            Tree::Labels(LabelType::Node) => Some(Kind::Nodes),
+            Tree::Labels(_) => Some(Kind::Labels),
+            Tree::Intent => Some(Kind::Pods),
+            Tree::Reality => Some(Kind::Reality),
+            Tree::Health => Some(Kind::Health),
+            Tree::DsStatus | Tree::Locks => None,
+        }
+    }
+
+    /// Decodes a pair of this tree into its typed view.
+    pub fn decode(self, pair: KvPair) -> Entry {
+        let problem = |e: &dyn std::fmt::Display| View::Unreadable(e.to_string());
+        let view = match self {
+            Tree::Rcs => StoredRc::from_json(&pair.value)
+                .map_or_else(|e| problem(&e), |rc| View::Rc(Arc::new(rc))),
+            Tree::Rolls => StoredRoll::from_json(&pair.value)
+                .map_or_else(|e| problem(&e), |roll| View::Roll(Arc::new(roll))),
+            Tree::DaemonSets => StoredDaemonSet::from_json(&pair.value)
+                .map_or_else(|e| problem(&e), |ds| View::DaemonSet(Arc::new(ds))),
+            Tree::Labels(_) => decode_labels(&pair)
+                .map_or_else(|| View::Unreadable("not a label set".into()), View::Labels),
+            Tree::Health => {
+                HealthRecord::from_json(&pair.value).map_or_else(|e| problem(&e), View::Health)
+            }
+            Tree::Intent | Tree::Reality | Tree::DsStatus | Tree::Locks => View::Raw,
+        };
+        Entry { pair, view }
+    }
+}
+
+/// One mirrored key: the pair as the store holds it and its typed view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub pair: KvPair,
+    pub view: View,
+}
+
+impl Entry {
+    /// The label set, for label entries.
+    pub fn labels(&self) -> Option<&Labels> {
+        match &self.view {
+            View::Labels(labels) => Some(labels),
+            _ => None,
+        }
+    }
+}
+
+/// What an entry's value decodes to, decided by its tree. A value that does not decode is
+/// kept (reads that need it skip it, as P2 does) with the reason.
+#[derive(Debug, Clone, PartialEq)]
+pub enum View {
+    Rc(Arc<StoredRc>),
+    Roll(Arc<StoredRoll>),
+    DaemonSet(Arc<StoredDaemonSet>),
+    Labels(Labels),
+    Health(HealthRecord),
+    /// Manifests, status records and locks: read as bytes by whoever needs them.
+    Raw,
+    Unreadable(String),
+}
+
+/// The kinds of object the change stream (`GET /api/v1/watch`) reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Rcs,
+    Rolls,
+    Daemonsets,
+    /// Nodes, known from their node labels.
+    Nodes,
+    /// Label sets of the other types, identified as `<type>/<id>`.
+    Labels,
+    /// Legacy pods in the intent tree, identified as `<node>/<pod_id>`.
+    Pods,
+    /// Manifests nodes report installed, identified as `<node>/<pod_id>`.
+    Reality,
+    /// Health records, identified as `<pod_id>/<node>`.
+    Health,
+}
+
+impl Kind {
+    /// Every kind, in the order the stream's documentation lists them.
+    pub const ALL: [Kind; 8] = [
+        Kind::Rcs,
+        Kind::Rolls,
+        Kind::Daemonsets,
+        Kind::Nodes,
+        Kind::Labels,
+        Kind::Pods,
+        Kind::Reality,
+        Kind::Health,
+    ];
+
+    /// The name used in `?kinds=` and in events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Rcs => "rcs",
+            Kind::Rolls => "rolls",
+            Kind::Daemonsets => "daemonsets",
+            Kind::Nodes => "nodes",
+            Kind::Labels => "labels",
+            Kind::Pods => "pods",
+            Kind::Reality => "reality",
+            Kind::Health => "health",
+        }
+    }
+
+    /// The kind named `name`.
+    pub fn parse(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+
+    /// The label type whose sets label objects of this kind, if they have labels. Nodes and
+    /// label sets are their own labels.
+    pub fn label_type(self) -> Option<LabelType> {
+        match self {
+            Kind::Rcs => Some(LabelType::ReplicationController),
+            Kind::Rolls => Some(LabelType::Rolls),
+            Kind::Nodes => Some(LabelType::Node),
+            Kind::Pods => Some(LabelType::Pod),
+            Kind::Labels => None,
+            Kind::Daemonsets | Kind::Reality | Kind::Health => None,
+        }
+    }
+
+    /// Whether a label selector applies to objects of this kind.
+    pub fn has_labels(self) -> bool {
+        self.label_type().is_some() || self == Kind::Labels
+    }
+
+    /// The trees whose changes have this kind.
+    pub fn trees(self) -> impl Iterator<Item = Tree> {
+        Tree::ALL
+            .into_iter()
+            .filter(move |tree| tree.kind() == Some(self))
+    }
+}
+
+/// The id an entry of `tree` has in the change stream: its key without the tree's prefix,
+/// and for labels of the other types `<type>/<id>`.
+pub fn object_id(tree: Tree, key: &str) -> &str {
+    let prefix = if tree.kind() == Some(Kind::Labels) {
+        layout::LABELS.to_owned()
+    } else {
+        tree.prefix()
+    };
+    key.get(prefix.len()..).unwrap_or(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_of_a_followed_tree_finds_its_tree() {
+        for tree in Tree::ALL {
+            let key = format!("{}x", tree.prefix());
+            assert_eq!(Tree::of_key(&key), Some(tree), "{key}");
+        }
+        assert_eq!(Tree::of_key("audit_logs/x"), None);
+        assert_eq!(Tree::of_key("labels/unknown/x"), None);
+    }
+
+    #[test]
+    fn object_ids_drop_the_tree_prefix() {
+        assert_eq!(object_id(Tree::Intent, "intent/n1/hello"), "n1/hello");
+        assert_eq!(
+            object_id(Tree::Labels(LabelType::Node), "labels/node/n1"),
+            "n1"
+        );
+        assert_eq!(
+            object_id(Tree::Labels(LabelType::Pod), "labels/pod/n1/hello"),
+            "pod/n1/hello"
+        );
+    }
+}

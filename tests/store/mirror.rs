@@ -1,0 +1,395 @@
+//! The state mirror against real stores: SQLite, and the Consul client against the fake
+//! agent. After any writes settle the mirror equals the store entry by entry, indexes
+//! included; it survives losing its watches and a store whose index goes backwards.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use p2_apiserver::kv::{
+    open_store, Cas, ConsulOptions, KvPair, KvStore, Listing, SessionInfo, SessionSpec, StoreError,
+    StoreResult, StoreUrl, TxnOp, WatchTarget,
+};
+use p2_apiserver::labels::{LabelType, Selector};
+use p2_apiserver::state::{Mirror, MirrorConfig, OwnWrite, Signal, Tree};
+use rand::Rng;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::support::fake_consul;
+
+/// Far longer than the mirror ever needs; only a mirror that never converges reaches it.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A store and what must outlive it.
+struct Backend {
+    store: Arc<dyn KvStore>,
+    _dir: tempfile::TempDir,
+}
+
+async fn sqlite() -> Backend {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db").display().to_string();
+    let store = open_store(&StoreUrl::Sqlite { path }, ConsulOptions::default())
+        .await
+        .unwrap();
+    Backend { store, _dir: dir }
+}
+
+async fn consul_fake() -> Backend {
+    let fake = fake_consul::start().await;
+    let url = format!("consul://{}", fake.addr).parse().unwrap();
+    let store = open_store(&url, ConsulOptions::default()).await.unwrap();
+    Backend {
+        store,
+        _dir: fake.dir,
+    }
+}
+
+/// Both backends, one after the other.
+async fn each_backend(test: impl AsyncFn(Backend)) {
+    test(sqlite().await).await;
+    test(consul_fake().await).await;
+}
+
+fn config() -> MirrorConfig {
+    MirrorConfig {
+        watch_wait: Duration::from_secs(5),
+        min_reread_interval: Duration::from_millis(20),
+        lost_after: Duration::from_millis(100),
+        ..MirrorConfig::default()
+    }
+}
+
+/// A loaded mirror of `store`, following it until the returned guard is dropped.
+async fn started(store: Arc<dyn KvStore>, config: MirrorConfig) -> (Mirror, Running) {
+    let mirror = Mirror::new(store, config);
+    let running = Running {
+        tasks: TaskTracker::new(),
+        cancel: CancellationToken::new(),
+    };
+    mirror.start(&running.tasks, running.cancel.clone());
+    assert!(
+        mirror.wait_for(0, PATIENCE).await,
+        "the mirror never loaded"
+    );
+    (mirror, running)
+}
+
+/// The mirror's tasks, cancelled on drop.
+struct Running {
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        self.tasks.close();
+    }
+}
+
+/// Every pair of every followed tree, as the store holds them.
+async fn stored(store: &dyn KvStore) -> Vec<KvPair> {
+    let mut pairs = Vec::new();
+    for tree in Tree::ALL {
+        pairs.extend(store.list(&tree.prefix()).await.unwrap().pairs);
+    }
+    pairs
+}
+
+/// Every pair the mirror holds.
+fn mirrored(mirror: &Mirror) -> Vec<KvPair> {
+    Tree::ALL
+        .into_iter()
+        .flat_map(|tree| mirror.entries(tree))
+        .map(|entry| entry.pair.clone())
+        .collect()
+}
+
+/// Waits until the mirror holds exactly what the store holds, then checks it once more.
+async fn assert_converges(mirror: &Mirror, store: &dyn KvStore) {
+    let converged = async {
+        loop {
+            let expected = stored(store).await;
+            if mirrored(mirror) == expected {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    if tokio::time::timeout(PATIENCE, converged).await.is_err() {
+        assert_eq!(mirrored(mirror), stored(store).await, "never converged");
+    }
+}
+
+fn pod_labels(rc: &str) -> Vec<u8> {
+    format!(r#"{{"replication_controller_id":"{rc}","app":"web"}}"#).into_bytes()
+}
+
+/// One random write: a transaction applied to the mirror as the server would, a plain
+/// write the mirror only learns of by its watch, or a delete.
+async fn random_write(store: &dyn KvStore, mirror: &Mirror, writer: usize) {
+    let (key, value) = {
+        let mut rng = rand::thread_rng();
+        let n = rng.gen_range(0..6);
+        let rc = format!("rc{}", rng.gen_range(0..3));
+        match rng.gen_range(0..5) {
+            0 => (format!("labels/pod/node{n}/pod{writer}"), pod_labels(&rc)),
+            1 => (
+                format!("labels/node/node{n}"),
+                br#"{"role":"web"}"#.to_vec(),
+            ),
+            2 => (
+                format!("intent/node{n}/pod{writer}"),
+                b"id: hello\n".to_vec(),
+            ),
+            3 => (
+                format!("health/pod{writer}/node{n}"),
+                b"{\"Status\":\"passing\"}".to_vec(),
+            ),
+            _ => (
+                format!("rolls/roll{n}"),
+                format!("{{\"n\":{writer}}}").into_bytes(),
+            ),
+        }
+    };
+    let kind = rand::thread_rng().gen_range(0..4);
+    match kind {
+        0 | 1 => {
+            let ops = [TxnOp::Set { key, value }];
+            let results = store.txn(&ops).await.unwrap();
+            mirror.apply_own_writes(OwnWrite::from_txn(&ops, &results));
+        }
+        2 => store.put(&key, &value, Cas::Any).await.unwrap(),
+        _ => {
+            let ops = [TxnOp::Delete { key }];
+            let results = store.txn(&ops).await.unwrap();
+            mirror.apply_own_writes(OwnWrite::from_txn(&ops, &results));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_concurrent_writes_the_mirror_equals_the_store() {
+    each_backend(async |backend| {
+        let (mirror, _running) = started(backend.store.clone(), config()).await;
+        let writers: Vec<_> = (0..4)
+            .map(|writer| {
+                let (store, mirror) = (backend.store.clone(), mirror.clone());
+                tokio::spawn(async move {
+                    for _ in 0..40 {
+                        random_write(store.as_ref(), &mirror, writer).await;
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.await.unwrap();
+        }
+        assert_converges(&mirror, backend.store.as_ref()).await;
+
+        // The secondary indexes agree with the entries.
+        for rc in ["rc0", "rc1", "rc2"] {
+            let selector: Selector = format!("replication_controller_id={rc}").parse().unwrap();
+            let selected: Vec<String> = mirror
+                .select(LabelType::Pod, &selector)
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect();
+            assert_eq!(mirror.pods_of_rc(rc), selected, "{rc}");
+        }
+        let scanned = mirror.select(LabelType::Pod, &"app".parse().unwrap());
+        assert_eq!(
+            scanned.len(),
+            mirror.entries(Tree::Labels(LabelType::Pod)).len()
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_write_is_readable_at_once_or_after_waiting_for_its_index() {
+    each_backend(async |backend| {
+        let store = backend.store.clone();
+        let (mirror, _running) = started(store.clone(), config()).await;
+
+        // Through this server: applied at once, no waiting.
+        let ops = [TxnOp::Set {
+            key: "labels/node/a".into(),
+            value: br#"{"role":"web"}"#.to_vec(),
+        }];
+        let results = store.txn(&ops).await.unwrap();
+        mirror.apply_own_writes(OwnWrite::from_txn(&ops, &results));
+        let written = store.get("labels/node/a").await.unwrap().unwrap();
+        assert_eq!(mirror.get("labels/node/a").unwrap().pair, written);
+        assert!(mirror.index() >= written.modify_index);
+
+        // Through another server: visible once the mirror reaches the write's index.
+        store.put("labels/node/b", b"{}", Cas::Any).await.unwrap();
+        let written = store.get("labels/node/b").await.unwrap().unwrap();
+        assert!(mirror.wait_for(written.modify_index, PATIENCE).await);
+        assert_eq!(mirror.get("labels/node/b").unwrap().pair, written);
+        let labels = mirror.labels_of(LabelType::Node, "a").unwrap();
+        assert_eq!(labels["role"], "web");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_lost_watch_is_reported_and_recovered_from() {
+    each_backend(async |backend| {
+        let switch = Switchable::new(backend.store.clone());
+        let (mirror, _running) = started(switch.clone(), config()).await;
+        assert!(mirror.health().is_healthy());
+
+        switch.cut.store(true, Ordering::SeqCst);
+        backend
+            .store
+            .put("labels/node/a", b"{}", Cas::Any)
+            .await
+            .unwrap();
+        let reported = async {
+            while mirror.health().lost.is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, reported)
+            .await
+            .expect("the lost watch is never reported");
+        let lost: Vec<String> = mirror.health().lost.into_iter().map(|(p, _)| p).collect();
+        assert!(lost.contains(&"labels/node/".to_owned()), "{lost:?}");
+
+        switch.cut.store(false, Ordering::SeqCst);
+        assert_converges(&mirror, backend.store.as_ref()).await;
+        let healthy = async {
+            while !mirror.health().is_healthy() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, healthy)
+            .await
+            .expect("the mirror never reports healthy again");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_store_going_backwards_is_read_afresh_and_subscribers_resync() {
+    for (old, fresh) in [
+        (sqlite().await, sqlite().await),
+        (consul_fake().await, consul_fake().await),
+    ] {
+        for i in 0..20 {
+            let key = format!("labels/node/old{i}");
+            old.store.put(&key, b"{}", Cas::Any).await.unwrap();
+        }
+        fresh
+            .store
+            .put("labels/node/new", b"{}", Cas::Any)
+            .await
+            .unwrap();
+        let switch = Switchable::new(old.store.clone());
+        let (mirror, _running) = started(switch.clone(), config()).await;
+        assert_converges(&mirror, old.store.as_ref()).await;
+        let mut subscriber = mirror.subscribe(None, &[]).receiver;
+
+        *switch.inner.write().unwrap() = fresh.store.clone();
+        // Wakes the watches still waiting on the old store, so they move to the fresh one.
+        old.store
+            .put("labels/node/old0", b"{}", Cas::Any)
+            .await
+            .unwrap();
+
+        assert_converges(&mirror, fresh.store.as_ref()).await;
+        let resynced = async {
+            loop {
+                if let Signal::Resync = subscriber.recv().await.unwrap() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(PATIENCE, resynced)
+            .await
+            .expect("no resync signal");
+    }
+}
+
+/// A store whose calls can fail as if it were unreachable, and whose backing store can be
+/// swapped for another, as for a store restarted empty.
+struct Switchable {
+    inner: RwLock<Arc<dyn KvStore>>,
+    cut: AtomicBool,
+}
+
+impl Switchable {
+    fn new(inner: Arc<dyn KvStore>) -> Arc<Switchable> {
+        Arc::new(Switchable {
+            inner: RwLock::new(inner),
+            cut: AtomicBool::new(false),
+        })
+    }
+
+    /// The backing store, unless cut off.
+    fn store(&self) -> StoreResult<Arc<dyn KvStore>> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("cut off".into()));
+        }
+        Ok(self.inner.read().unwrap().clone())
+    }
+}
+
+#[async_trait]
+impl KvStore for Switchable {
+    async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
+        self.store()?.get(key).await
+    }
+    async fn list(&self, prefix: &str) -> StoreResult<Listing> {
+        self.store()?.list(prefix).await
+    }
+    async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
+        self.store()?.keys(prefix, separator).await
+    }
+    async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
+        self.store()?.put(key, value, cas).await
+    }
+    async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
+        self.store()?.delete(key, cas).await
+    }
+    async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
+        self.store()?.delete_prefix(prefix).await
+    }
+    async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
+        self.store()?.txn(ops).await
+    }
+    async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
+        self.store()?.create_session(spec).await
+    }
+    async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo> {
+        self.store()?.renew_session(id).await
+    }
+    async fn destroy_session(&self, id: &str) -> StoreResult<()> {
+        self.store()?.destroy_session(id).await
+    }
+    async fn session_info(&self, id: &str) -> StoreResult<Option<SessionInfo>> {
+        self.store()?.session_info(id).await
+    }
+    async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool> {
+        self.store()?.acquire(key, value, session).await
+    }
+    async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
+        self.store()?.release(key, session).await
+    }
+    async fn watch(
+        &self,
+        target: &WatchTarget,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<Listing> {
+        self.store()?.watch(target, index, wait).await
+    }
+    async fn ping(&self) -> StoreResult<()> {
+        self.store()?.ping().await
+    }
+}
