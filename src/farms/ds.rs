@@ -29,6 +29,7 @@
 //! exist, a daemon set whose key exists but cannot be decoded keeps its pods, and a daemon
 //! set another farm still owns is left to that farm.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
@@ -37,11 +38,11 @@ use tokio::time::Instant;
 
 use crate::kv::{StoreError, StoreResult, TxnOp};
 use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
-use crate::model::{AuditRecord, DaemonSetEvent, HealthState, StoredDaemonSet};
+use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 use crate::store::layout::{self, LEADER_LOCK};
 
-use super::pods::{runs_intent, same_manifest, schedule_ops, unschedule_ops};
+use super::pods::{pod_health, same_manifest, schedule_ops, unschedule_ops};
 use super::world::{PodKey, Versioned, World};
 use super::{earliest, Farm, FarmContext, Retries};
 
@@ -442,10 +443,16 @@ fn plan(
             let key = pod(node);
             let intent = world.intents.items.get(&key);
             let on_manifest = intent.is_some_and(|raw| same_manifest(raw, &ds.manifest));
-            let healthy = intent
-                .zip(world.reality.items.get(&key))
-                .is_some_and(|(intent, reality)| runs_intent(reality, intent))
-                && world.health_of(&key) == HealthState::Passing;
+            // Healthy on what the node is meant to run now, the daemon set's manifest or not.
+            let wanted = if on_manifest {
+                Some(Cow::Borrowed(&ds.manifest))
+            } else {
+                intent
+                    .and_then(|raw| Manifest::parse(std::str::from_utf8(raw).ok()?).ok())
+                    .map(Cow::Owned)
+            };
+            let healthy =
+                wanted.is_some_and(|wanted| pod_health(world, &key, &wanted) == PodHealth::Healthy);
             (node, on_manifest, healthy)
         })
         .collect();
@@ -576,7 +583,7 @@ mod tests {
 
     use super::*;
     use crate::farms::world::Tree;
-    use crate::model::Manifest;
+    use crate::model::HealthState;
 
     const OLD: &str = "id: agent\nconfig: {version: 1}\n";
     const NEW: &str = "id: agent\nconfig: {version: 2}\n";

@@ -20,13 +20,13 @@ use tokio::time::Instant;
 
 use crate::kv::{StoreResult, TxnOp};
 use crate::labels::{LabelType, RC_ID_LABEL};
-use crate::model::{roll_step, AuditRecord, HealthState, StoredRc, StoredRoll};
+use crate::model::{roll_step, AuditRecord, HealthCounts, StoredRc, StoredRoll};
 use crate::store::layout;
 use crate::store::rcs::RcStore;
 use crate::store::rolls::RollStore;
 
-use super::pods::same_manifest;
-use super::world::{PodKey, Versioned, World};
+use super::pods::pod_health;
+use super::world::{Versioned, World};
 use super::{earliest, Farm, FarmContext, Retries};
 
 /// The roll farm's state across passes: when each roll last took a step (for `roll_delay`)
@@ -42,45 +42,41 @@ pub struct RollFarm {
 pub struct Counts {
     /// The RC's `replicas_desired`.
     pub desired: i64,
+    /// Its pods of the RC's pod id, counted by the one health rule against its manifest.
+    pub pods: HealthCounts,
+}
+
+impl Counts {
     /// Pods labelled with the RC's id.
-    pub current: i64,
-    /// Of those, pods running the RC's manifest (per the reality tree) and passing.
-    pub healthy: i64,
+    pub fn current(&self) -> i64 {
+        self.pods.current as i64
+    }
+
+    /// Of those, pods running the RC's manifest and passing.
+    pub fn healthy(&self) -> i64 {
+        self.pods.healthy as i64
+    }
+
     /// Pods still on their way: not placed yet (`desired` above `current`), not running the
     /// RC's manifest yet, or without a health result.
-    pub settling: i64,
+    pub fn settling(&self) -> i64 {
+        let pods = &self.pods;
+        (self.desired - self.current()).max(0) + (pods.current - pods.real + pods.unknown) as i64
+    }
 }
 
 /// Counts an RC's pods in `world`.
 pub fn count(world: &World, id: &str, rc: &StoredRc) -> Counts {
     let pod_id = rc.manifest.pod_id();
-    let pods: Vec<_> = world
+    let pods = world
         .pods_labelled(RC_ID_LABEL, id)
         .into_iter()
         .filter(|(_, pod)| pod == pod_id)
+        .map(|pod| pod_health(world, &pod, &rc.manifest))
         .collect();
-    let real = |pod: &&PodKey| {
-        world
-            .reality
-            .items
-            .get(*pod)
-            .is_some_and(|raw| same_manifest(raw, &rc.manifest))
-    };
-    let healthy = pods
-        .iter()
-        .filter(real)
-        .filter(|pod| world.health_of(pod) == HealthState::Passing)
-        .count() as i64;
-    let starting = pods
-        .iter()
-        .filter(|pod| !real(pod) || world.health_of(pod) == HealthState::Unknown)
-        .count() as i64;
-    let current = pods.len() as i64;
     Counts {
         desired: rc.replicas_desired,
-        current,
-        healthy,
-        settling: starting + (rc.replicas_desired - current).max(0),
+        pods,
     }
 }
 
@@ -174,11 +170,11 @@ impl RollFarm {
         // whichever RC farm owns it), the new one enabled.
         if new.value.disabled || !old.value.disabled {
             let new_counts = count(world, &spec.new_rc, &new.value);
-            if new.value.disabled && new_counts.current != new_counts.desired {
+            if new.value.disabled && new_counts.current() != new_counts.desired {
                 // Enabling it would make its farm add or remove pods outside the roll's steps.
                 let why = format!(
                     "the new RC is disabled with {} pods for {} replicas, so enabling it would change its pods outside the roll's steps",
-                    new_counts.current, new_counts.desired
+                    new_counts.current(), new_counts.desired
                 );
                 stuck(ctx, id, spec, why).await;
                 return Ok(None);
@@ -199,7 +195,7 @@ impl RollFarm {
         let new_counts = count(world, &spec.new_rc, &new.value);
         let target = spec.desired_replicas;
         if new_counts.desired >= target {
-            if new_counts.current < target {
+            if new_counts.current() < target {
                 return Ok(None);
             }
             return self
@@ -207,20 +203,20 @@ impl RollFarm {
                 .await;
         }
         let (remove, add) = roll_step(
-            old_counts.healthy.min(old_counts.desired),
-            new_counts.healthy,
+            old_counts.healthy().min(old_counts.desired),
+            new_counts.healthy(),
             old_counts.desired,
             new_counts.desired,
             target,
             spec.minimum_replicas,
         );
         if remove == 0 && add == 0 {
-            if old_counts.settling == 0 && new_counts.settling == 0 {
+            if old_counts.settling() == 0 && new_counts.settling() == 0 {
                 let why = format!(
                     "{} pods are healthy (old RC {}, new RC {}) against a minimum of {}, and none is still starting, so a step would go below the minimum",
-                    old_counts.healthy.min(old_counts.desired) + new_counts.healthy,
-                    old_counts.healthy.min(old_counts.desired),
-                    new_counts.healthy,
+                    old_counts.healthy().min(old_counts.desired) + new_counts.healthy(),
+                    old_counts.healthy().min(old_counts.desired),
+                    new_counts.healthy(),
                     spec.minimum_replicas
                 );
                 stuck(ctx, id, spec, why).await;
@@ -275,13 +271,13 @@ impl RollFarm {
                 ctx.commit(&fence, ops).await?;
                 return Ok(None);
             }
-            if old_counts.current > 0 {
+            if old_counts.current() > 0 {
                 // Our RC farm removes a rolling disabled RC's pods; P2's never does.
                 let owner = world.lock_holder(&layout::rc_ownership(&spec.old_rc));
                 if owner.is_some_and(|owner| owner != ctx.session) {
                     let why = format!(
                         "the new RC has its {} pods but the old RC still has {}, which the RC farm owning it (another session) leaves in place while the RC is disabled",
-                        spec.desired_replicas, old_counts.current
+                        spec.desired_replicas, old_counts.current()
                     );
                     stuck(ctx, id, spec, why).await;
                 }
