@@ -579,10 +579,8 @@ async fn apply(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::farms::world::Tree;
+    use crate::farms::fixture::Fleet;
     use crate::model::HealthState;
 
     const OLD: &str = "id: agent\nconfig: {version: 1}\n";
@@ -601,50 +599,19 @@ mod tests {
         }
     }
 
-    /// Nodes `n00..` labelled `role=web`, each running `manifest` (healthy or not) as
-    /// the daemon set's pod.
-    struct Fleet {
-        nodes: BTreeMap<String, Labels>,
-        labels: BTreeMap<PodKey, Versioned<Labels>>,
-        intents: BTreeMap<PodKey, Vec<u8>>,
-        reality: BTreeMap<PodKey, Vec<u8>>,
-        health: HashMap<PodKey, HealthState>,
-    }
-
+    /// The daemon set's pods: `agent`, labelled `daemon_set_id=ds`.
     impl Fleet {
-        fn new() -> Fleet {
-            Fleet {
-                nodes: BTreeMap::new(),
-                labels: BTreeMap::new(),
-                intents: BTreeMap::new(),
-                reality: BTreeMap::new(),
-                health: HashMap::new(),
-            }
-        }
-
-        fn node(&mut self, name: &str, role: &str) -> &mut Self {
-            self.nodes
-                .insert(name.into(), [("role".into(), role.into())].into());
-            self
-        }
-
         fn pod(&mut self, node: &str, manifest: &str, health: HealthState) -> &mut Self {
-            let key = (node.to_owned(), "agent".to_owned());
-            self.labels.insert(
-                key.clone(),
-                Versioned {
-                    value: [(DS_ID_LABEL.into(), "ds".into())].into(),
-                    index: 1,
-                },
-            );
-            self.intents
-                .insert(key.clone(), manifest.as_bytes().to_vec());
-            self.reality
-                .insert(key.clone(), manifest.as_bytes().to_vec());
-            self.health.insert(key, health);
-            self
+            self.labelled_pod(
+                node,
+                "agent",
+                &[(DS_ID_LABEL, "ds")],
+                manifest,
+                Some(health),
+            )
         }
 
+        /// Nodes `n00..` labelled `role=web`, each running `manifest` healthy.
         fn web(&mut self, count: usize, manifest: &str) -> &mut Self {
             for i in 0..count {
                 let name = format!("n{i:02}");
@@ -652,23 +619,6 @@ mod tests {
                     .pod(&name, manifest, HealthState::Passing);
             }
             self
-        }
-
-        fn world(&self) -> World {
-            fn tree<T>(items: T) -> Arc<Tree<T>> {
-                Arc::new(Tree { index: 1, items })
-            }
-            World {
-                rcs: tree(BTreeMap::new()),
-                rolls: tree(BTreeMap::new()),
-                daemon_sets: tree(BTreeMap::new()),
-                nodes: tree(self.nodes.clone()),
-                pod_labels: tree(self.labels.clone()),
-                intents: tree(self.intents.clone()),
-                reality: tree(self.reality.clone()),
-                health: tree(self.health.clone()),
-                locks: tree(BTreeMap::new()),
-            }
         }
     }
 

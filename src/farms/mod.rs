@@ -16,6 +16,8 @@
 
 pub mod alerts;
 pub mod ds;
+#[cfg(test)]
+mod fixture;
 pub mod pods;
 pub mod rc;
 pub mod roll;
