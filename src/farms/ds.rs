@@ -36,7 +36,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::kv::{StoreError, StoreResult, TxnOp};
+use crate::kv::TxnOp;
 use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
@@ -44,7 +44,7 @@ use crate::store::layout::{self, LEADER_LOCK};
 
 use super::pods::{pod_health, same_manifest, schedule_ops, unschedule_ops};
 use super::world::{PodKey, Versioned, World};
-use super::{earliest, Farm, FarmContext, Retries};
+use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
 
 /// Nodes changed per transaction: 2 ops each plus the fence, well under the 64-op limit.
 const NODES_PER_TXN: usize = 20;
@@ -143,7 +143,7 @@ impl DsFarm {
         disabled_now: &mut HashSet<String>,
         id: &str,
         ds: &Versioned<StoredDaemonSet>,
-    ) -> StoreResult<Option<Instant>> {
+    ) -> FarmResult<Option<Instant>> {
         let lock = layout::ds_ownership(id);
         if !ds.value.disabled {
             if let Some((rival_id, rival)) = older_contender(world, disabled_now, id, ds) {
@@ -208,7 +208,7 @@ impl DsFarm {
         id: &str,
         lock: &str,
         status: DaemonSetFarmStatus,
-    ) -> StoreResult<()> {
+    ) -> FarmResult<()> {
         let key = layout::ds_farm_status(id);
         if !self.published.contains_key(id) {
             let stored = ctx
@@ -274,7 +274,7 @@ impl DsFarm {
         world: &World,
         ds_id: &str,
         pods: &[PodKey],
-    ) -> StoreResult<()> {
+    ) -> FarmResult<()> {
         if ctx.store.get(&layout::daemon_set(ds_id)).await?.is_some() {
             tracing::warn!(ds = %ds_id, "a daemon set that cannot be read keeps its pods");
             self.present
@@ -339,7 +339,7 @@ async fn disable(
     ds: &Versioned<StoredDaemonSet>,
     rival_id: &str,
     rival: &StoredDaemonSet,
-) -> StoreResult<()> {
+) -> FarmResult<()> {
     let mut disabled = ds.value.clone();
     disabled.disabled = true;
     let record = AuditRecord::daemon_set(
@@ -387,9 +387,9 @@ fn plan(
     ds: &StoredDaemonSet,
     rollout: &mut Rollout,
     now: Instant,
-) -> StoreResult<Plan> {
+) -> FarmResult<Plan> {
     let selector: Selector = ds.node_selector.parse().map_err(|e| {
-        StoreError::Invalid(format!("the daemon set's node selector is invalid: {e}"))
+        FarmError::Unusable(format!("the daemon set's node selector is invalid: {e}"))
     })?;
     let sha = ds.manifest.sha();
     if rollout.sha != sha {
@@ -554,7 +554,7 @@ async fn apply(
     id: &str,
     ds: &StoredDaemonSet,
     plan: &Plan,
-) -> StoreResult<()> {
+) -> FarmResult<()> {
     let lock = layout::ds_ownership(id);
     let labels: Labels = [(DS_ID_LABEL.to_owned(), id.to_owned())].into();
     let pod_id = ds.manifest.pod_id();

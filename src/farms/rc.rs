@@ -20,14 +20,14 @@ use std::time::SystemTime;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::kv::{StoreError, StoreResult, TxnOp};
+use crate::kv::TxnOp;
 use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::{AllocationStrategy, AuditRecord, HealthState, StoredRc};
 use crate::store::layout;
 
 use super::pods::{replace_ops, same_manifest, schedule_ops, unschedule_ops};
 use super::world::World;
-use super::{Farm, FarmContext, Retries};
+use super::{Farm, FarmContext, FarmError, FarmResult, Retries};
 
 /// Nodes changed per transaction: at most 3 ops each (a check, the labels, the intent), plus
 /// the fence and the audit record, under the 64-op limit.
@@ -227,7 +227,7 @@ fn remove(
 
 /// Decides how one RC's pods come in line with its fields (P2's meet-desires), counting
 /// the pods it places in `load`.
-pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> StoreResult<Plan> {
+pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> FarmResult<Plan> {
     let pod_id = rc.manifest.pod_id().to_owned();
     let current = current_nodes(world, id, &pod_id);
     let mut plan = Plan {
@@ -242,7 +242,7 @@ pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> StoreRes
     let selector: Selector = rc
         .node_selector
         .parse()
-        .map_err(|e| StoreError::Invalid(format!("the RC's node selector is invalid: {e}")))?;
+        .map_err(|e| FarmError::Unusable(format!("the RC's node selector is invalid: {e}")))?;
     let eligible: BTreeSet<&String> = world
         .nodes
         .items
@@ -362,7 +362,7 @@ async fn apply(
     id: &str,
     rc: &StoredRc,
     plan: Plan,
-) -> StoreResult<()> {
+) -> FarmResult<()> {
     let pod_id = rc.manifest.pod_id();
     if let Some(available) = plan.short {
         ctx.alerts

@@ -18,7 +18,7 @@ use std::time::SystemTime;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::kv::{StoreResult, TxnOp};
+use crate::kv::TxnOp;
 use crate::labels::{LabelType, RC_ID_LABEL};
 use crate::model::{roll_step, AuditRecord, HealthCounts, StoredRc, StoredRoll};
 use crate::store::layout;
@@ -27,7 +27,7 @@ use crate::store::rolls::RollStore;
 
 use super::pods::pod_health;
 use super::world::{Versioned, World};
-use super::{earliest, Farm, FarmContext, Retries};
+use super::{earliest, Farm, FarmContext, FarmResult, Retries};
 
 /// The roll farm's state across passes: when each roll last took a step (for `roll_delay`)
 /// and backoffs; a restart only makes a roll wait its delay once more.
@@ -305,7 +305,7 @@ impl RollFarm {
         roll: &Versioned<StoredRoll>,
         action: Action,
         now: Instant,
-    ) -> StoreResult<Option<Instant>> {
+    ) -> FarmResult<Option<Instant>> {
         let spec = &roll.value;
         let fence = layout::roll_ownership(id);
         match action {
@@ -384,7 +384,7 @@ async fn finish_ops(
     roll: &Versioned<StoredRoll>,
     retire_old: Option<u64>,
     succeeded: bool,
-) -> StoreResult<Vec<TxnOp>> {
+) -> FarmResult<Vec<TxnOp>> {
     let spec = &roll.value;
     let mut ops = vec![TxnOp::DeleteCas {
         key: layout::roll(id),
