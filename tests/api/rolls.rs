@@ -819,6 +819,7 @@ async fn list_blocks_until_progress_changes() {
     // Every tree the listing watches is in use: on Consul an empty tree reads at the index
     // of the whole KV store, which any write anywhere moves.
     put_pod(&app, "n9", &old).await;
+    put_reality(&app, "n9", ARRANGED_MANIFEST).await;
     put_health(&app, "n9", "n9", HealthState::Passing).await;
     let index = app
         .get("/api/v1/rolls")
