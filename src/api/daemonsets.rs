@@ -37,13 +37,14 @@ use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::kv::{KvStore, StoreResult};
 use crate::labels::{LabelType, Requirement, Selector, DS_ID_LABEL};
 use crate::model::duration::{format_duration, parse_duration};
-use crate::model::{FieldError, HealthState, Manifest, StoredDaemonSet};
+use crate::model::{FieldError, HealthCounts, HealthState, Manifest, PodHealth, StoredDaemonSet};
 use crate::store::daemon_sets::{
     parse_daemon_set_id, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
 };
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
 use crate::store::layout;
+use crate::store::pods::{PodLocation, PodStore, PodTree};
 
 /// OpenAPI tag of the daemon-set routes.
 pub const TAG: &str = "daemonsets";
@@ -103,7 +104,8 @@ pub struct DaemonSetStatus {
     pub nodes_targeted: usize,
     /// Pods labelled `daemon_set_id=<id>`, i.e. nodes it has been scheduled on.
     pub nodes_scheduled: usize,
-    /// Of those, the ones whose health record says `passing`.
+    /// Of those running the daemon set's pod id, the ones whose node reports running its
+    /// intended manifest with health `passing`: the nodes the farm counts for `min_health`.
     pub nodes_healthy: usize,
     /// What the DS farm last published about the rollout; `null` until it has.
     pub farm: Option<DaemonSetFarmStatus>,
@@ -752,18 +754,32 @@ async fn rollout_status(
     let (_, pods) = labels
         .select(LabelType::Pod, &Selector::from_requirements([owned]))
         .await?;
-    let mut health: HashMap<&str, HashMap<String, HealthState>> = HashMap::new();
-    let mut nodes_healthy = 0;
-    for pod in &pods {
-        let Some((node, pod_id)) = pod.id.split_once('/') else {
+    // Healthy as the farm counts nodes for `min_health`: by the one rule, against what the
+    // node is meant to run (its intent, the daemon set's manifest or not yet).
+    let health = pod_health(kv, &record.ds.pod_id).await?;
+    let manifests = PodStore::new(kv.clone());
+    let mut counts = HealthCounts::default();
+    for pod in pods
+        .iter()
+        .filter_map(|pod| PodLocation::from_label_id(&pod.id))
+    {
+        if pod.pod_id() != record.ds.pod_id {
+            continue;
+        }
+        let Some(intent) = manifests.get(PodTree::Intent, &pod).await? else {
+            counts.add(PodHealth::NotReal);
             continue;
         };
-        if !health.contains_key(pod_id) {
-            health.insert(pod_id, pod_health(kv, pod_id).await?);
-        }
-        if health[pod_id].get(node) == Some(&HealthState::Passing) {
-            nodes_healthy += 1;
-        }
+        let running = manifests
+            .get(PodTree::Reality, &pod)
+            .await?
+            .map(|entry| entry.manifest.sha());
+        let result = health.get(pod.node()).copied();
+        counts.add(PodHealth::of(
+            &intent.manifest.sha(),
+            running.as_deref(),
+            result,
+        ));
     }
     let farm = DaemonSetStore::new(kv.clone())
         .farm_status(record.id)
@@ -771,7 +787,7 @@ async fn rollout_status(
     Ok(DaemonSetStatus {
         nodes_targeted,
         nodes_scheduled: pods.len(),
-        nodes_healthy,
+        nodes_healthy: counts.healthy as usize,
         farm,
     })
 }

@@ -20,6 +20,7 @@ use crate::api::pod_health::HealthStatus;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::Labels;
+use crate::model::HealthState;
 use crate::store::health::{HealthEntry, HealthStore};
 use crate::store::pods::{pod_labels_prefix, validate_node_name, validate_pod_id, PodTree};
 
@@ -128,9 +129,10 @@ async fn list_pods(
                 return None;
             }
             let key = format!("{}\0{}", entry.pod.node(), entry.pod.pod_id());
-            let health = health
+            let result = health
                 .get(&(entry.pod.pod_id().to_owned(), entry.pod.node().to_owned()))
-                .map_or(HealthStatus::Unknown, |h| h.state().into());
+                .map(HealthEntry::state);
+            let health = HealthState::of(result).into();
             let pod = Pod {
                 labels: pod_labels,
                 node: entry.pod.node().to_owned(),

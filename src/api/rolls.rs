@@ -33,10 +33,11 @@ use crate::error::{ApiError, Cause, ErrorBody};
 use crate::kv::{KvStore, StoreError};
 use crate::labels::{validate_labels_in, LabelType, Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::duration::{format_duration, parse_duration};
-use crate::model::{validate_counts, HealthState};
+use crate::model::{validate_counts, HealthCounts, HealthState, PodHealth};
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
 use crate::store::layout;
+use crate::store::pods::{PodLocation, PodStore, PodTree};
 use crate::store::rcs::RcStore;
 use crate::store::roll_creation::{CreateRollError, RcWithLabels, RollPlan, RollRcs};
 use crate::store::rolls::RollRecord;
@@ -126,15 +127,22 @@ pub struct RollProgress {
     pub new: RcProgress,
 }
 
-/// One RC's replica counts.
+/// One RC's replica counts. Pods count as the roll farm counts them: only pods running the
+/// RC's manifest (per the reality tree) are health-counted.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct RcProgress {
     /// The RC's `replicas_desired`; `null` when the RC does not exist (any more).
     pub desired: Option<i64>,
-    /// Pods labeled with the RC's id.
+    /// Pods labeled with the RC's id (of the RC's pod id, while the RC exists).
     pub current: u64,
-    /// Of those, the pods whose health is `passing`.
+    /// Of those, the pods whose node reports running the RC's manifest.
+    pub real: u64,
+    /// Of the real ones, those whose health is `passing`.
     pub healthy: u64,
+    /// Of the real ones, those whose health is `unknown` or not reported.
+    pub unknown: u64,
+    /// Of the real ones, those whose health is `warning` or `critical`.
+    pub unhealthy: u64,
 }
 
 /// Path of one roll.
@@ -185,7 +193,7 @@ async fn create_roll(
 /// Lists rolling updates with their progress, sorted by id.
 ///
 /// `selector` matches the roll's labels. Blocks with `?index=&wait=` until a roll, its labels, either RC, their pods or the pods'
-/// health change: everything the answer shows.
+/// health or what their nodes run change: everything the answer shows.
 #[utoipa::path(
     get,
     path = "/api/v1/rolls",
@@ -293,6 +301,7 @@ fn watched_prefixes() -> Vec<String> {
         LabelType::Rolls.key_prefix(),
         layout::RCS.to_owned(),
         LabelType::Pod.key_prefix(),
+        layout::REALITY.to_owned(),
         layout::HEALTH.to_owned(),
     ]
 }
@@ -483,8 +492,8 @@ struct Views {
     kv: Arc<dyn KvStore>,
     rcs: RcStore,
     roll_labels: BTreeMap<String, Labels>,
-    /// `(node, pod id)` of every pod, by the RC id it is labeled with.
-    pods_by_rc: HashMap<String, Vec<(String, String)>>,
+    /// Every pod, by the RC id it is labeled with.
+    pods_by_rc: HashMap<String, Vec<PodLocation>>,
     /// Health by node, per pod id, filled on first use.
     health: HashMap<String, HashMap<String, HealthState>>,
 }
@@ -493,16 +502,13 @@ impl Views {
     async fn load(kv: Arc<dyn KvStore>) -> Result<Self, ApiError> {
         let labels = LabelStore::new(kv.clone());
         let (_, pods) = labels.list(LabelType::Pod).await?;
-        let mut pods_by_rc: HashMap<String, Vec<(String, String)>> = HashMap::new();
+        let mut pods_by_rc: HashMap<String, Vec<PodLocation>> = HashMap::new();
         for pod in pods {
             let Some(rc_id) = pod.labels.get(RC_ID_LABEL) else {
                 continue;
             };
-            if let Some((node, pod_id)) = pod.id.split_once('/') {
-                pods_by_rc
-                    .entry(rc_id.clone())
-                    .or_default()
-                    .push((node.to_owned(), pod_id.to_owned()));
+            if let Some(location) = PodLocation::from_label_id(&pod.id) {
+                pods_by_rc.entry(rc_id.clone()).or_default().push(location);
             }
         }
         let (_, rolls) = labels.list(LabelType::Rolls).await?;
@@ -538,9 +544,11 @@ impl Views {
         })
     }
 
+    /// One RC's pods counted by [`PodHealth::of`], as the roll farm counts them; a gone or
+    /// unreadable RC wants no manifest, so its labeled pods count, none of them as real.
     async fn progress(&mut self, rc_id: &str) -> Result<RcProgress, ApiError> {
-        let desired = match self.rcs.get(rc_id).await {
-            Ok(record) => record.map(|r| r.rc.replicas_desired),
+        let rc = match self.rcs.get(rc_id).await {
+            Ok(record) => record.map(|r| r.rc),
             Err(StoreError::Invalid(why)) => {
                 tracing::warn!(rc = %rc_id, %why, "showing an unreadable RC's desired count as unknown");
                 None
@@ -548,16 +556,34 @@ impl Views {
             Err(e) => return Err(e.into()),
         };
         let pods = self.pods_by_rc.get(rc_id).cloned().unwrap_or_default();
-        let mut healthy = 0;
-        for (node, pod_id) in &pods {
-            if self.health_of(pod_id).await?.get(node) == Some(&HealthState::Passing) {
-                healthy += 1;
+        let reality = PodStore::new(self.kv.clone());
+        let mut counts = HealthCounts::default();
+        for pod in &pods {
+            let Some(rc) = &rc else {
+                counts.add(PodHealth::NotReal);
+                continue;
+            };
+            if pod.pod_id() != rc.manifest.pod_id() {
+                continue;
             }
+            let running = reality
+                .get(PodTree::Reality, pod)
+                .await?
+                .map(|entry| entry.manifest.sha());
+            let result = self.health_of(pod.pod_id()).await?.get(pod.node()).copied();
+            counts.add(PodHealth::of(
+                &rc.manifest.sha(),
+                running.as_deref(),
+                result,
+            ));
         }
         Ok(RcProgress {
-            desired,
-            current: pods.len() as u64,
-            healthy,
+            desired: rc.map(|rc| rc.replicas_desired),
+            current: counts.current,
+            real: counts.real,
+            healthy: counts.healthy,
+            unknown: counts.unknown,
+            unhealthy: counts.unhealthy,
         })
     }
 
@@ -565,15 +591,11 @@ impl Views {
     /// them; an unreadable record counts as no result.
     async fn health_of(&mut self, pod_id: &str) -> Result<&HashMap<String, HealthState>, ApiError> {
         if !self.health.contains_key(pod_id) {
-            let mut by_node = HashMap::new();
-            // A pod id read from a label key is only used as a key segment when it is one.
-            if LabelType::Node.validate_id(pod_id).is_ok() {
-                let (_, records) = HealthStore::new(self.kv.clone())
-                    .list_for_pod(pod_id)
-                    .await?;
-                by_node.extend(records.into_iter().map(|(node, r)| (node, r.state())));
-            }
-            self.health.insert(pod_id.to_owned(), by_node);
+            let (_, records) = HealthStore::new(self.kv.clone())
+                .list_for_pod(pod_id)
+                .await?;
+            let by_node = records.into_iter().map(|(node, r)| (node, r.state()));
+            self.health.insert(pod_id.to_owned(), by_node.collect());
         }
         Ok(&self.health[pod_id])
     }

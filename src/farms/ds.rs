@@ -29,21 +29,22 @@
 //! exist, a daemon set whose key exists but cannot be decoded keeps its pods, and a daemon
 //! set another farm still owns is left to that farm.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::kv::{StoreError, StoreResult, TxnOp};
+use crate::kv::TxnOp;
 use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
-use crate::model::{AuditRecord, DaemonSetEvent, HealthState, StoredDaemonSet};
+use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 use crate::store::layout::{self, LEADER_LOCK};
 
-use super::pods::{runs_intent, same_manifest, schedule_ops, unschedule_ops};
+use super::pods::{pod_health, same_manifest, schedule_ops, unschedule_ops};
 use super::world::{PodKey, Versioned, World};
-use super::{earliest, Farm, FarmContext, Retries};
+use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
 
 /// Nodes changed per transaction: 2 ops each plus the fence, well under the 64-op limit.
 const NODES_PER_TXN: usize = 20;
@@ -142,7 +143,7 @@ impl DsFarm {
         disabled_now: &mut HashSet<String>,
         id: &str,
         ds: &Versioned<StoredDaemonSet>,
-    ) -> StoreResult<Option<Instant>> {
+    ) -> FarmResult<Option<Instant>> {
         let lock = layout::ds_ownership(id);
         if !ds.value.disabled {
             if let Some((rival_id, rival)) = older_contender(world, disabled_now, id, ds) {
@@ -207,7 +208,7 @@ impl DsFarm {
         id: &str,
         lock: &str,
         status: DaemonSetFarmStatus,
-    ) -> StoreResult<()> {
+    ) -> FarmResult<()> {
         let key = layout::ds_farm_status(id);
         if !self.published.contains_key(id) {
             let stored = ctx
@@ -273,7 +274,7 @@ impl DsFarm {
         world: &World,
         ds_id: &str,
         pods: &[PodKey],
-    ) -> StoreResult<()> {
+    ) -> FarmResult<()> {
         if ctx.store.get(&layout::daemon_set(ds_id)).await?.is_some() {
             tracing::warn!(ds = %ds_id, "a daemon set that cannot be read keeps its pods");
             self.present
@@ -338,7 +339,7 @@ async fn disable(
     ds: &Versioned<StoredDaemonSet>,
     rival_id: &str,
     rival: &StoredDaemonSet,
-) -> StoreResult<()> {
+) -> FarmResult<()> {
     let mut disabled = ds.value.clone();
     disabled.disabled = true;
     let record = AuditRecord::daemon_set(
@@ -386,9 +387,9 @@ fn plan(
     ds: &StoredDaemonSet,
     rollout: &mut Rollout,
     now: Instant,
-) -> StoreResult<Plan> {
+) -> FarmResult<Plan> {
     let selector: Selector = ds.node_selector.parse().map_err(|e| {
-        StoreError::Invalid(format!("the daemon set's node selector is invalid: {e}"))
+        FarmError::Unusable(format!("the daemon set's node selector is invalid: {e}"))
     })?;
     let sha = ds.manifest.sha();
     if rollout.sha != sha {
@@ -442,10 +443,16 @@ fn plan(
             let key = pod(node);
             let intent = world.intents.items.get(&key);
             let on_manifest = intent.is_some_and(|raw| same_manifest(raw, &ds.manifest));
-            let healthy = intent
-                .zip(world.reality.items.get(&key))
-                .is_some_and(|(intent, reality)| runs_intent(reality, intent))
-                && world.health_of(&key) == HealthState::Passing;
+            // Healthy on what the node is meant to run now, the daemon set's manifest or not.
+            let wanted = if on_manifest {
+                Some(Cow::Borrowed(&ds.manifest))
+            } else {
+                intent
+                    .and_then(|raw| Manifest::parse(std::str::from_utf8(raw).ok()?).ok())
+                    .map(Cow::Owned)
+            };
+            let healthy =
+                wanted.is_some_and(|wanted| pod_health(world, &key, &wanted) == PodHealth::Healthy);
             (node, on_manifest, healthy)
         })
         .collect();
@@ -547,7 +554,7 @@ async fn apply(
     id: &str,
     ds: &StoredDaemonSet,
     plan: &Plan,
-) -> StoreResult<()> {
+) -> FarmResult<()> {
     let lock = layout::ds_ownership(id);
     let labels: Labels = [(DS_ID_LABEL.to_owned(), id.to_owned())].into();
     let pod_id = ds.manifest.pod_id();
@@ -572,11 +579,9 @@ async fn apply(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::farms::world::Tree;
-    use crate::model::Manifest;
+    use crate::farms::fixture::Fleet;
+    use crate::model::HealthState;
 
     const OLD: &str = "id: agent\nconfig: {version: 1}\n";
     const NEW: &str = "id: agent\nconfig: {version: 2}\n";
@@ -594,50 +599,19 @@ mod tests {
         }
     }
 
-    /// Nodes `n00..` labelled `role=web`, each running `manifest` (healthy or not) as
-    /// the daemon set's pod.
-    struct Fleet {
-        nodes: BTreeMap<String, Labels>,
-        labels: BTreeMap<PodKey, Versioned<Labels>>,
-        intents: BTreeMap<PodKey, Vec<u8>>,
-        reality: BTreeMap<PodKey, Vec<u8>>,
-        health: HashMap<PodKey, HealthState>,
-    }
-
+    /// The daemon set's pods: `agent`, labelled `daemon_set_id=ds`.
     impl Fleet {
-        fn new() -> Fleet {
-            Fleet {
-                nodes: BTreeMap::new(),
-                labels: BTreeMap::new(),
-                intents: BTreeMap::new(),
-                reality: BTreeMap::new(),
-                health: HashMap::new(),
-            }
-        }
-
-        fn node(&mut self, name: &str, role: &str) -> &mut Self {
-            self.nodes
-                .insert(name.into(), [("role".into(), role.into())].into());
-            self
-        }
-
         fn pod(&mut self, node: &str, manifest: &str, health: HealthState) -> &mut Self {
-            let key = (node.to_owned(), "agent".to_owned());
-            self.labels.insert(
-                key.clone(),
-                Versioned {
-                    value: [(DS_ID_LABEL.into(), "ds".into())].into(),
-                    index: 1,
-                },
-            );
-            self.intents
-                .insert(key.clone(), manifest.as_bytes().to_vec());
-            self.reality
-                .insert(key.clone(), manifest.as_bytes().to_vec());
-            self.health.insert(key, health);
-            self
+            self.labelled_pod(
+                node,
+                "agent",
+                &[(DS_ID_LABEL, "ds")],
+                manifest,
+                Some(health),
+            )
         }
 
+        /// Nodes `n00..` labelled `role=web`, each running `manifest` healthy.
         fn web(&mut self, count: usize, manifest: &str) -> &mut Self {
             for i in 0..count {
                 let name = format!("n{i:02}");
@@ -645,23 +619,6 @@ mod tests {
                     .pod(&name, manifest, HealthState::Passing);
             }
             self
-        }
-
-        fn world(&self) -> World {
-            fn tree<T>(items: T) -> Arc<Tree<T>> {
-                Arc::new(Tree { index: 1, items })
-            }
-            World {
-                rcs: tree(BTreeMap::new()),
-                rolls: tree(BTreeMap::new()),
-                daemon_sets: tree(BTreeMap::new()),
-                nodes: tree(self.nodes.clone()),
-                pod_labels: tree(self.labels.clone()),
-                intents: tree(self.intents.clone()),
-                reality: tree(self.reality.clone()),
-                health: tree(self.health.clone()),
-                locks: tree(BTreeMap::new()),
-            }
         }
     }
 

@@ -16,6 +16,8 @@
 
 pub mod alerts;
 pub mod ds;
+#[cfg(test)]
+mod fixture;
 pub mod pods;
 pub mod rc;
 pub mod roll;
@@ -31,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backoff::Backoff;
-use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::kv::{KvPair, KvStore, StoreError, TxnOp};
 use crate::leader::Term;
 use crate::store::layout::LEADER_LOCK;
 
@@ -43,6 +45,34 @@ use world::{Trees, World};
 pub const RESYNC: Duration = Duration::from_secs(30);
 /// How long a pass waits for the trees to show the farm's own last write.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(2);
+
+/// Why a farm could not reconcile an object (or do one write); the object is logged and
+/// backs off, then is reconciled again.
+#[derive(Debug, thiserror::Error)]
+pub enum FarmError {
+    /// The store failed, or a write lost to a change made since the farm looked.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The leadership term has ended, so the farm writes nothing more.
+    #[error("the leadership term has ended")]
+    TermEnded,
+    /// A free lock cannot be taken yet: its lock-delay runs after a failover.
+    #[error("{0} is free but cannot be taken yet (lock-delay)")]
+    LockDelay(String),
+    /// The object as stored cannot be acted on, e.g. a node selector that does not parse.
+    #[error("{0}")]
+    Unusable(String),
+}
+
+impl FarmError {
+    /// Whether a write lost to a change made since the farm looked (the next pass sees it).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, FarmError::Store(StoreError::Conflict { .. }))
+    }
+}
+
+/// The result of a farm's step.
+pub type FarmResult<T> = Result<T, FarmError>;
 
 /// What every farm needs during one leadership term.
 pub struct FarmContext {
@@ -76,11 +106,9 @@ impl FarmContext {
 
     /// Commits `ops` fenced by `check-session` on `lock` (one of the term's locks, or
     /// [`LEADER_LOCK`]), unless the term has ended.
-    pub async fn commit(&self, lock: &str, ops: Vec<TxnOp>) -> StoreResult<Vec<Option<KvPair>>> {
+    pub async fn commit(&self, lock: &str, ops: Vec<TxnOp>) -> FarmResult<Vec<Option<KvPair>>> {
         if self.cancel.is_cancelled() {
-            return Err(StoreError::Unavailable(
-                "the leadership term has ended".into(),
-            ));
+            return Err(FarmError::TermEnded);
         }
         let mut fenced = Vec::with_capacity(ops.len() + 1);
         let session = if lock == LEADER_LOCK {
@@ -115,9 +143,9 @@ impl FarmContext {
 
     /// Takes `lock` with the term's session if it is free; `false` when someone else has
     /// it. The lock value names this server. A free lock that cannot be taken yet (its
-    /// lock-delay runs after a failover) is a `Conflict`, so the farm retries it soon rather
-    /// than at the next change.
-    pub async fn take_lock(&self, world: &World, lock: &str) -> StoreResult<bool> {
+    /// lock-delay runs after a failover) is [`FarmError::LockDelay`], so the farm retries it
+    /// soon rather than at the next change.
+    pub async fn take_lock(&self, world: &World, lock: &str) -> FarmResult<bool> {
         match world.lock_holder(lock) {
             Some(holder) if holder == self.session => return Ok(true),
             Some(_) => return Ok(false),
@@ -133,9 +161,7 @@ impl FarmContext {
         {
             return Ok(true);
         }
-        Err(StoreError::conflict(format!(
-            "{lock} is free but cannot be taken yet (lock-delay)"
-        )))
+        Err(FarmError::LockDelay(lock.to_owned()))
     }
 
     /// Whether to reconcile object `id` now: it is not backing off, and `lock` (its
@@ -162,7 +188,7 @@ impl FarmContext {
 
     /// Frees a lock this session holds (ownership of an object that is gone); a lock that
     /// is already gone is fine.
-    pub async fn release_lock(&self, lock: &str) -> StoreResult<()> {
+    pub async fn release_lock(&self, lock: &str) -> FarmResult<()> {
         let ops = [
             TxnOp::CheckSession {
                 key: lock.to_owned(),
@@ -174,7 +200,7 @@ impl FarmContext {
         ];
         match self.store.txn(&ops).await {
             Ok(_) | Err(StoreError::Conflict { .. }) => Ok(()),
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -288,7 +314,7 @@ impl Retries {
 
     /// Records how reconciling `id` (a `what`) went: its value on success; on failure the
     /// error is logged and the object backs off.
-    pub fn record<T>(&mut self, what: &str, id: &str, result: StoreResult<T>) -> Option<T> {
+    pub fn record<T>(&mut self, what: &str, id: &str, result: FarmResult<T>) -> Option<T> {
         match result {
             Ok(value) => {
                 self.succeeded(id);

@@ -4,7 +4,7 @@
 
 use crate::kv::TxnOp;
 use crate::labels::Labels;
-use crate::model::Manifest;
+use crate::model::{Manifest, PodHealth};
 use crate::store::labels::LabelRecord;
 use crate::store::pods::{self, PodLocation, PodTree};
 
@@ -67,21 +67,32 @@ pub fn unschedule_ops(world: &World, pod: &PodKey, owned: &[&str]) -> Vec<TxnOp>
     pods::unschedule_ops(&location, owned.iter().copied(), &current)
 }
 
-/// Whether a node runs what it is intended to: the same bytes, or the same manifest SHA (a
-/// preparer may write reality re-rendered).
-pub fn runs_intent(reality: &[u8], intent: &[u8]) -> bool {
-    reality == intent
-        || std::str::from_utf8(intent)
-            .ok()
-            .and_then(|text| Manifest::parse(text).ok())
-            .is_some_and(|intent| same_manifest(reality, &intent))
+/// How `pod` counts towards an owner that wants `wanted` on its node, by the one rule of
+/// [`PodHealth::of`].
+pub fn pod_health(world: &World, pod: &PodKey, wanted: &Manifest) -> PodHealth {
+    let running = world
+        .reality
+        .items
+        .get(pod)
+        .and_then(|raw| stored_sha(raw, wanted));
+    PodHealth::of(
+        &wanted.sha(),
+        running.as_deref(),
+        world.health.items.get(pod).copied(),
+    )
 }
 
-/// Whether stored manifest bytes describe `manifest`: the same bytes, or the same SHA.
+/// Whether stored manifest bytes describe `manifest`: the same SHA.
 pub fn same_manifest(raw: &[u8], manifest: &Manifest) -> bool {
-    raw == manifest.raw().as_bytes()
-        || std::str::from_utf8(raw)
-            .ok()
-            .and_then(|text| Manifest::parse(text).ok())
-            .is_some_and(|other| other.sha() == manifest.sha())
+    stored_sha(raw, manifest).is_some_and(|sha| sha == manifest.sha())
+}
+
+/// The SHA of stored manifest bytes (`None`: not a manifest); bytes equal to `known`'s are
+/// not parsed again.
+fn stored_sha(raw: &[u8], known: &Manifest) -> Option<String> {
+    if raw == known.raw().as_bytes() {
+        return Some(known.sha());
+    }
+    let parsed = Manifest::parse(std::str::from_utf8(raw).ok()?).ok()?;
+    Some(parsed.sha())
 }

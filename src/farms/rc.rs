@@ -20,14 +20,14 @@ use std::time::SystemTime;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::kv::{StoreError, StoreResult, TxnOp};
+use crate::kv::TxnOp;
 use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
-use crate::model::{AllocationStrategy, AuditRecord, HealthState, Manifest, StoredRc};
+use crate::model::{AllocationStrategy, AuditRecord, HealthState, StoredRc};
 use crate::store::layout;
 
 use super::pods::{replace_ops, same_manifest, schedule_ops, unschedule_ops};
-use super::world::{PodKey, World};
-use super::{Farm, FarmContext, Retries};
+use super::world::World;
+use super::{Farm, FarmContext, FarmError, FarmResult, Retries};
 
 /// Nodes changed per transaction: at most 3 ops each (a check, the labels, the intent), plus
 /// the fence and the audit record, under the 64-op limit.
@@ -43,11 +43,7 @@ impl Farm for RcFarm {
     const NAME: &'static str = "rc";
 
     async fn pass(&mut self, ctx: &FarmContext, world: &World) -> Option<Instant> {
-        let mut load: HashMap<String, usize> = world
-            .load_by_node()
-            .into_iter()
-            .map(|(node, n)| (node.to_owned(), n))
-            .collect();
+        let mut load = Load::of(world);
         for (id, rc) in &world.rcs.items {
             if ctx.cancel.is_cancelled() {
                 return None;
@@ -58,15 +54,49 @@ impl Farm for RcFarm {
             {
                 continue;
             }
-            let result = reconcile(ctx, world, &mut load, id, &rc.value).await;
+            let result = match plan(world, &mut load, id, &rc.value) {
+                Ok(plan) => apply(ctx, world, id, &rc.value, plan).await,
+                Err(e) => Err(e),
+            };
             self.retries.record("RC", id, result);
         }
-        ctx.release_orphaned(world, "lock/replication_controllers/", |id| {
+        ctx.release_orphaned(world, layout::RC_LOCKS, |id| {
             world.rcs.items.contains_key(id)
         })
         .await;
         self.retries.retain(|id| world.rcs.items.contains_key(id));
         self.retries.next_due()
+    }
+}
+
+/// How many pods each node is intended to run, kept up to date by the plans of one pass so
+/// that new pods spread over nodes.
+pub struct Load(HashMap<String, usize>);
+
+impl Load {
+    /// The load the intent tree shows.
+    pub fn of(world: &World) -> Load {
+        Load(
+            world
+                .load_by_node()
+                .into_iter()
+                .map(|(node, n)| (node.to_owned(), n))
+                .collect(),
+        )
+    }
+
+    fn get(&self, node: &str) -> usize {
+        self.0.get(node).copied().unwrap_or(0)
+    }
+
+    fn add(&mut self, node: &str) {
+        *self.0.entry(node.to_owned()).or_insert(0) += 1;
+    }
+
+    fn remove(&mut self, node: &str) {
+        if let Some(n) = self.0.get_mut(node) {
+            *n = n.saturating_sub(1);
+        }
     }
 }
 
@@ -78,8 +108,22 @@ fn pod_labels(id: &str, rc: &StoredRc) -> Labels {
     labels
 }
 
-/// What one reconcile changes.
-enum Change {
+/// What one reconcile of one RC does.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// The nodes the RC has its pod on now.
+    pub current: BTreeSet<String>,
+    /// Pod changes, written in batches.
+    pub changes: Vec<Change>,
+    /// Or a node transfer, written alone in one transaction.
+    pub transfer: Option<Transfer>,
+    /// Too few eligible free nodes: how many the RC could have, for the alert.
+    pub short: Option<usize>,
+}
+
+/// One pod change.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Change {
     Schedule(String),
     /// Schedule on a node whose pod of the same id belongs to a disabled RC.
     Replace(String, Replaced),
@@ -95,12 +139,23 @@ impl Change {
 }
 
 /// The disabled RC whose pod is replaced in place, as the farm saw it.
-struct Replaced {
-    rc_id: String,
+#[derive(Debug, PartialEq, Eq)]
+pub struct Replaced {
+    pub rc_id: String,
     /// The RC's index: the replacement holds only while it is unchanged (still disabled).
     index: u64,
     /// The label keys it put on its pods, which go with it.
     labels: Vec<String>,
+}
+
+/// A node transfer (§4.3): the pod moves from `leaving` to `arriving`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Transfer {
+    pub leaving: String,
+    pub arriving: String,
+    /// The RC's mutation lock's index as seen (`None`: free): the move holds only while
+    /// nobody took it since.
+    mutation_index: Option<u64>,
 }
 
 /// Where an enabled RC may place its pod on `node`: a free node (`None` inside), or a node
@@ -147,7 +202,7 @@ fn placement_pending(world: &World, pod_id: &str) -> bool {
 /// Unschedules `count` of `current`: ineligible nodes first, then the busiest, then by name
 /// for determinism.
 fn remove(
-    load: &mut HashMap<String, usize>,
+    load: &mut Load,
     eligible: &BTreeSet<&String>,
     current: &BTreeSet<String>,
     count: usize,
@@ -156,7 +211,7 @@ fn remove(
     victims.sort_by_key(|node| {
         (
             eligible.contains(node),
-            std::cmp::Reverse(load.get(*node).copied().unwrap_or(0)),
+            std::cmp::Reverse(load.get(node)),
             (*node).clone(),
         )
     });
@@ -164,32 +219,30 @@ fn remove(
         .into_iter()
         .take(count)
         .map(|node| {
-            if let Some(n) = load.get_mut(node) {
-                *n = n.saturating_sub(1);
-            }
+            load.remove(node);
             Change::Unschedule(node.clone())
         })
         .collect()
 }
 
-/// Brings one RC's pods in line with its fields (P2's meet-desires).
-async fn reconcile(
-    ctx: &FarmContext,
-    world: &World,
-    load: &mut HashMap<String, usize>,
-    id: &str,
-    rc: &StoredRc,
-) -> StoreResult<()> {
+/// Decides how one RC's pods come in line with its fields (P2's meet-desires), counting
+/// the pods it places in `load`.
+pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> FarmResult<Plan> {
+    let pod_id = rc.manifest.pod_id().to_owned();
+    let current = current_nodes(world, id, &pod_id);
+    let mut plan = Plan {
+        current,
+        ..Plan::default()
+    };
     // A disabled RC changes nothing, unless it is the old RC of a roll.
     let rolling = world.lock_holder(&layout::rc_mutation(id)).is_some();
     if rc.disabled && !rolling {
-        return Ok(());
+        return Ok(plan);
     }
-    let pod_id = rc.manifest.pod_id().to_owned();
     let selector: Selector = rc
         .node_selector
         .parse()
-        .map_err(|e| StoreError::Invalid(format!("the RC's node selector is invalid: {e}")))?;
+        .map_err(|e| FarmError::Unusable(format!("the RC's node selector is invalid: {e}")))?;
     let eligible: BTreeSet<&String> = world
         .nodes
         .items
@@ -197,16 +250,15 @@ async fn reconcile(
         .filter(|(_, labels)| selector.matches(labels))
         .map(|(node, _)| node)
         .collect();
-    let current = current_nodes(world, id, &pod_id);
+    let current = &plan.current;
     let desired = usize::try_from(rc.replicas_desired.max(0)).unwrap_or(0);
 
     if rc.disabled {
         // The old RC of a roll gives up its surplus once no new pod may still replace one.
         if desired < current.len() && !placement_pending(world, &pod_id) {
-            let changes = remove(load, &eligible, &current, current.len() - desired);
-            return apply(ctx, world, id, rc, &current, changes).await;
+            plan.changes = remove(load, &eligible, current, current.len() - desired);
         }
-        return Ok(());
+        return Ok(plan);
     }
 
     let mut changes = Vec::new();
@@ -218,41 +270,27 @@ async fn reconcile(
             .filter(|node| !current.contains(*node))
             .filter_map(|node| Some((node, placement(world, id, node, &pod_id)?)))
             .collect();
-        candidates.sort_by_key(|(node, replaced)| {
-            (
-                replaced.is_none(),
-                load.get(*node).copied().unwrap_or(0),
-                (*node).clone(),
-            )
-        });
+        candidates
+            .sort_by_key(|(node, replaced)| (replaced.is_none(), load.get(node), (*node).clone()));
         let need = desired - current.len();
         if candidates.len() < need {
-            ctx.alerts
-                .low(
-                    id,
-                    format!(
-                        "RC {id} wants {desired} replicas of {pod_id} but only {} nodes are eligible and free",
-                        current.len() + candidates.len()
-                    ),
-                    json!({"rc_id": id, "pod_id": pod_id, "node_selector": rc.node_selector,
-                           "hostname": ctx.holder}),
-                )
-                .await;
+            plan.short = Some(current.len() + candidates.len());
         }
         for (node, replaced) in candidates.into_iter().take(need) {
             changes.push(match replaced {
                 Some(replaced) => Change::Replace(node.clone(), replaced),
                 None => {
-                    *load.entry(node.clone()).or_insert(0) += 1;
+                    load.add(node);
                     Change::Schedule(node.clone())
                 }
             });
         }
     } else if desired < current.len() {
-        changes = remove(load, &eligible, &current, current.len() - desired);
+        changes = remove(load, &eligible, current, current.len() - desired);
     } else if rc.allocation_strategy == AllocationStrategy::Dynamic {
-        if let Some(done) = transfer_node(ctx, world, load, id, rc, &eligible, &current).await? {
-            return Ok(done);
+        if let Some(transfer) = transfer_node(world, load, id, rc, &eligible, current) {
+            plan.transfer = Some(transfer);
+            return Ok(plan);
         }
     }
 
@@ -261,58 +299,135 @@ async fn reconcile(
     let stale: Vec<String> = current
         .iter()
         .filter(|node| eligible.contains(node) && !changed.contains(node))
-        .filter(|node| !intent_matches(world, &((*node).clone(), pod_id.clone()), &rc.manifest))
+        .filter(|node| {
+            !world
+                .intents
+                .items
+                .get(&((*node).clone(), pod_id.clone()))
+                .is_some_and(|raw| same_manifest(raw, &rc.manifest))
+        })
         .cloned()
         .collect();
     changes.extend(stale.into_iter().map(Change::Schedule));
-
-    apply(ctx, world, id, rc, &current, changes).await
+    plan.changes = changes;
+    Ok(plan)
 }
 
-fn intent_matches(world: &World, pod: &PodKey, manifest: &Manifest) -> bool {
-    world
-        .intents
-        .items
-        .get(pod)
-        .is_some_and(|raw| same_manifest(raw, manifest))
+/// Node transfer (§4.3): moves the pod off the first ineligible current node to the
+/// least-loaded eligible free node, when health allows and no roll holds the RC's mutation
+/// lock.
+fn transfer_node(
+    world: &World,
+    load: &mut Load,
+    id: &str,
+    rc: &StoredRc,
+    eligible: &BTreeSet<&String>,
+    current: &BTreeSet<String>,
+) -> Option<Transfer> {
+    let pod_id = rc.manifest.pod_id();
+    let leaving = current.iter().find(|node| !eligible.contains(node))?;
+    let mutation = layout::rc_mutation(id);
+    if world.lock_holder(&mutation).is_some() {
+        return None;
+    }
+    // Moving an unhealthy pod cannot lower health; moving a healthy one needs all healthy.
+    let passing =
+        |node: &String| world.health_of(&(node.clone(), pod_id.to_owned())) == HealthState::Passing;
+    if passing(leaving) && !current.iter().all(passing) {
+        return None;
+    }
+    let arriving = eligible
+        .iter()
+        .filter(|node| !current.contains(**node))
+        .filter(|node| {
+            !world
+                .intents
+                .items
+                .contains_key(&((**node).clone(), pod_id.to_owned()))
+        })
+        .min_by_key(|node| (load.get(node), (**node).clone()))?;
+    load.add(arriving);
+    Some(Transfer {
+        leaving: leaving.clone(),
+        arriving: (*arriving).clone(),
+        mutation_index: world.locks.items.get(&mutation).map(|lock| lock.index),
+    })
 }
 
-/// Writes `changes` in batches, each with its audit record listing the RC's nodes after it.
+/// Carries out `plan`: the alert, then the transfer or the changes in batches, each with its
+/// audit record listing the RC's nodes after it.
 async fn apply(
     ctx: &FarmContext,
     world: &World,
     id: &str,
     rc: &StoredRc,
-    current: &BTreeSet<String>,
-    changes: Vec<Change>,
-) -> StoreResult<()> {
+    plan: Plan,
+) -> FarmResult<()> {
+    let pod_id = rc.manifest.pod_id();
+    if let Some(available) = plan.short {
+        ctx.alerts
+            .low(
+                id,
+                format!(
+                    "RC {id} wants {} replicas of {pod_id} but only {available} nodes are eligible and free",
+                    rc.replicas_desired
+                ),
+                json!({"rc_id": id, "pod_id": pod_id, "node_selector": rc.node_selector,
+                       "hostname": ctx.holder}),
+            )
+            .await;
+    }
     let lock = layout::rc_ownership(id);
     let labels = pod_labels(id, rc);
     let owned: Vec<&str> = labels.keys().map(String::as_str).collect();
-    let pod_id = rc.manifest.pod_id();
-    let mut nodes: BTreeSet<String> = current.clone();
-    for batch in changes.chunks(NODES_PER_TXN) {
+    let pod = |node: &str| (node.to_owned(), pod_id.to_owned());
+    let mut nodes = plan.current;
+    if let Some(transfer) = plan.transfer {
+        // Atomic with the move: nobody took the mutation lock since the farm looked.
+        let key = layout::rc_mutation(id);
+        let mut ops = vec![match transfer.mutation_index {
+            None => TxnOp::CheckNotExists { key },
+            Some(index) => TxnOp::CheckIndex { key, index },
+        }];
+        ops.extend(unschedule_ops(world, &pod(&transfer.leaving), &owned));
+        ops.extend(schedule_ops(
+            world,
+            &pod(&transfer.arriving),
+            &rc.manifest,
+            &labels,
+        ));
+        nodes.remove(&transfer.leaving);
+        nodes.insert(transfer.arriving.clone());
+        ops.push(audit_op(rc, &nodes));
+        ctx.commit(&lock, ops).await?;
+        tracing::info!(rc = %id, from = %transfer.leaving, to = %transfer.arriving, "node transfer");
+        return Ok(());
+    }
+    for batch in plan.changes.chunks(NODES_PER_TXN) {
         let mut ops = Vec::new();
         for change in batch {
             match change {
                 Change::Schedule(node) => {
-                    let pod = (node.clone(), pod_id.to_owned());
-                    ops.extend(schedule_ops(world, &pod, &rc.manifest, &labels));
+                    ops.extend(schedule_ops(world, &pod(node), &rc.manifest, &labels));
                     nodes.insert(node.clone());
                 }
                 Change::Replace(node, replaced) => {
-                    let pod = (node.clone(), pod_id.to_owned());
                     ops.push(TxnOp::CheckIndex {
                         key: layout::rc(&replaced.rc_id),
                         index: replaced.index,
                     });
                     let dropped: Vec<&str> = replaced.labels.iter().map(String::as_str).collect();
-                    ops.extend(replace_ops(world, &pod, &rc.manifest, &labels, &dropped));
+                    ops.extend(replace_ops(
+                        world,
+                        &pod(node),
+                        &rc.manifest,
+                        &labels,
+                        &dropped,
+                    ));
                     nodes.insert(node.clone());
                 }
                 Change::Unschedule(node) => {
-                    let pod = (node.clone(), pod_id.to_owned());
-                    ops.extend(unschedule_ops(world, &pod, &owned));
+                    ops.extend(unschedule_ops(world, &pod(node), &owned));
                     nodes.remove(node);
                 }
             }
@@ -333,68 +448,205 @@ fn audit_op(rc: &StoredRc, nodes: &BTreeSet<String>) -> TxnOp {
     }
 }
 
-/// Node transfer (§4.3): moves the pod off the first ineligible current node to the
-/// least-loaded eligible free node, in one transaction, when health allows and no roll holds
-/// the RC's mutation lock. `Some(())` when it did (the rest of the reconcile waits for the
-/// next pass).
-async fn transfer_node(
-    ctx: &FarmContext,
-    world: &World,
-    load: &mut HashMap<String, usize>,
-    id: &str,
-    rc: &StoredRc,
-    eligible: &BTreeSet<&String>,
-    current: &BTreeSet<String>,
-) -> StoreResult<Option<()>> {
-    let pod_id = rc.manifest.pod_id().to_owned();
-    let Some(leaving) = current.iter().find(|node| !eligible.contains(node)) else {
-        return Ok(None);
-    };
-    let mutation = layout::rc_mutation(id);
-    if world.lock_holder(&mutation).is_some() {
-        return Ok(None);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::farms::fixture::{rc, Fleet, HELLO_1, HELLO_2};
+
+    const OLD: &str = "00000000-0000-4000-8000-000000000001";
+    const NEW: &str = "00000000-0000-4000-8000-000000000002";
+    const OTHER: &str = "00000000-0000-4000-8000-000000000003";
+
+    /// Web nodes `w1..=wN` and db nodes `d1..=dN`.
+    fn fleet(web: usize, db: usize) -> Fleet {
+        let mut fleet = Fleet::new();
+        for i in 1..=web {
+            fleet.node(&format!("w{i}"), "web");
+        }
+        for i in 1..=db {
+            fleet.node(&format!("d{i}"), "db");
+        }
+        fleet
     }
-    // Moving an unhealthy pod cannot lower health; moving a healthy one needs all healthy.
-    let leaving_pod = (leaving.clone(), pod_id.clone());
-    if world.health_of(&leaving_pod) == HealthState::Passing
-        && !current
+
+    fn run(fleet: &Fleet, id: &str) -> Plan {
+        let world = fleet.world();
+        let rc = &world.rcs.items[id].value;
+        plan(&world, &mut Load::of(&world), id, rc).unwrap()
+    }
+
+    fn nodes(changes: &[Change]) -> Vec<String> {
+        changes
             .iter()
-            .all(|node| world.health_of(&(node.clone(), pod_id.clone())) == HealthState::Passing)
-    {
-        return Ok(None);
+            .map(|change| match change {
+                Change::Schedule(node) => format!("+{node}"),
+                Change::Replace(node, replaced) => format!("{node}<-{}", replaced.rc_id),
+                Change::Unschedule(node) => format!("-{node}"),
+            })
+            .collect()
     }
-    let Some(target) = eligible
-        .iter()
-        .filter(|node| !current.contains(**node))
-        .filter(|node| {
-            !world
-                .intents
-                .items
-                .contains_key(&((**node).clone(), pod_id.clone()))
-        })
-        .min_by_key(|node| (load.get(**node).copied().unwrap_or(0), (**node).clone()))
-    else {
-        return Ok(None);
-    };
-    let labels = pod_labels(id, rc);
-    let owned: Vec<&str> = labels.keys().map(String::as_str).collect();
-    // Atomic with the move: nobody took the mutation lock since the farm looked.
-    let mut ops = match world.locks.items.get(&mutation) {
-        None => vec![TxnOp::CheckNotExists { key: mutation }],
-        Some(lock) => vec![TxnOp::CheckIndex {
-            key: mutation,
-            index: lock.index,
-        }],
-    };
-    ops.extend(unschedule_ops(world, &leaving_pod, &owned));
-    let arriving = ((*target).clone(), pod_id.clone());
-    ops.extend(schedule_ops(world, &arriving, &rc.manifest, &labels));
-    let mut nodes = current.clone();
-    nodes.remove(leaving);
-    nodes.insert((*target).clone());
-    ops.push(audit_op(rc, &nodes));
-    ctx.commit(&layout::rc_ownership(id), ops).await?;
-    *load.entry((*target).clone()).or_insert(0) += 1;
-    tracing::info!(rc = %id, from = %leaving, to = %target, "node transfer");
-    Ok(Some(()))
+
+    #[test]
+    fn adds_on_the_least_loaded_eligible_nodes() {
+        let mut fleet = fleet(3, 1);
+        fleet
+            .intents
+            .insert(("w1".into(), "other".into()), HELLO_1.into());
+        fleet.put_rc(rc(NEW, HELLO_1, 2, "role=web"), 5);
+        let plan = run(&fleet, NEW);
+        assert_eq!(nodes(&plan.changes), ["+w2", "+w3"]);
+        assert_eq!(plan.short, None);
+        assert_eq!(plan.transfer, None);
+    }
+
+    #[test]
+    fn too_few_nodes_places_what_it_can_and_says_so() {
+        let mut fleet = fleet(2, 0);
+        fleet.put_rc(rc(NEW, HELLO_1, 3, "role=web"), 5);
+        let plan = run(&fleet, NEW);
+        assert_eq!(nodes(&plan.changes), ["+w1", "+w2"]);
+        assert_eq!(plan.short, Some(2));
+    }
+
+    #[test]
+    fn removes_ineligible_nodes_first() {
+        let mut fleet = fleet(2, 1);
+        fleet.put_rc(rc(NEW, HELLO_1, 2, "role=web"), 5);
+        for node in ["w1", "w2", "d1"] {
+            fleet.rc_pod(NEW, node, Some(HealthState::Passing));
+        }
+        let plan = run(&fleet, NEW);
+        assert_eq!(nodes(&plan.changes), ["-d1"]);
+    }
+
+    #[test]
+    fn rewrites_intents_that_are_not_the_rcs_manifest() {
+        let mut fleet = fleet(2, 0);
+        fleet.put_rc(rc(NEW, HELLO_1, 2, ""), 5);
+        fleet.rc_pod(NEW, "w1", None).rc_pod(NEW, "w2", None);
+        fleet
+            .intents
+            .insert(("w2".into(), "hello".into()), HELLO_2.into());
+        assert_eq!(nodes(&run(&fleet, NEW).changes), ["+w2"]);
+    }
+
+    #[test]
+    fn replaces_a_disabled_rcs_pod_in_place_before_using_a_spare_node() {
+        let mut fleet = fleet(3, 0);
+        let mut old = rc(OLD, HELLO_1, 2, "");
+        old.disabled = true;
+        fleet.put_rc(old, 4).put_rc(rc(NEW, HELLO_2, 1, ""), 5);
+        fleet.rc_pod(OLD, "w1", None).rc_pod(OLD, "w2", None);
+        let plan = run(&fleet, NEW);
+        assert_eq!(nodes(&plan.changes), [format!("w1<-{OLD}")]);
+        let Change::Replace(_, replaced) = &plan.changes[0] else {
+            unreachable!()
+        };
+        assert_eq!(replaced.index, 4, "only while the old RC is unchanged");
+        assert!(replaced.labels.contains(&RC_ID_LABEL.to_owned()));
+    }
+
+    #[test]
+    fn never_takes_an_enabled_rcs_node() {
+        let mut fleet = fleet(2, 0);
+        fleet
+            .put_rc(rc(OTHER, HELLO_1, 1, ""), 4)
+            .put_rc(rc(NEW, HELLO_2, 2, ""), 5);
+        fleet.rc_pod(OTHER, "w1", None);
+        let plan = run(&fleet, NEW);
+        assert_eq!(nodes(&plan.changes), ["+w2"]);
+        assert_eq!(plan.short, Some(1));
+    }
+
+    #[test]
+    fn a_disabled_rc_changes_nothing_unless_a_roll_holds_it() {
+        let mut fleet = fleet(3, 0);
+        let mut old = rc(OLD, HELLO_1, 1, "");
+        old.disabled = true;
+        fleet.put_rc(old, 4);
+        fleet.rc_pod(OLD, "w1", None).rc_pod(OLD, "w2", None);
+        fleet
+            .intents
+            .insert(("w1".into(), "hello".into()), HELLO_2.into());
+        assert_eq!(
+            run(&fleet, OLD),
+            Plan {
+                current: ["w1".into(), "w2".into()].into(),
+                ..Plan::default()
+            }
+        );
+
+        // Rolling, it removes its surplus (and only that).
+        fleet.lock(&layout::rc_mutation(OLD), "roll");
+        assert_eq!(nodes(&run(&fleet, OLD).changes), ["-w1"]);
+    }
+
+    #[test]
+    fn a_rolling_rcs_surplus_waits_while_the_new_rc_may_replace_it() {
+        let mut fleet = fleet(3, 0);
+        let mut old = rc(OLD, HELLO_1, 1, "");
+        old.disabled = true;
+        fleet.put_rc(old, 4).put_rc(rc(NEW, HELLO_2, 1, ""), 5);
+        fleet.rc_pod(OLD, "w1", None).rc_pod(OLD, "w2", None);
+        fleet
+            .lock(&layout::rc_mutation(OLD), "roll")
+            .lock(&layout::rc_mutation(NEW), "roll");
+        assert!(run(&fleet, OLD).changes.is_empty());
+
+        // Once the new pod is placed (here on a spare node), the surplus goes.
+        fleet.rc_pod(NEW, "w3", None);
+        assert_eq!(nodes(&run(&fleet, OLD).changes), ["-w1"]);
+    }
+
+    #[test]
+    fn a_dynamic_rc_transfers_a_pod_off_an_ineligible_node() {
+        let mut fleet = fleet(2, 1);
+        let mut dynamic = rc(NEW, HELLO_1, 2, "role=web");
+        dynamic.allocation_strategy = AllocationStrategy::Dynamic;
+        fleet.put_rc(dynamic, 5);
+        fleet.rc_pod(NEW, "w1", Some(HealthState::Passing)).rc_pod(
+            NEW,
+            "d1",
+            Some(HealthState::Passing),
+        );
+        let plan = run(&fleet, NEW);
+        assert!(plan.changes.is_empty());
+        assert_eq!(
+            plan.transfer,
+            Some(Transfer {
+                leaving: "d1".into(),
+                arriving: "w2".into(),
+                mutation_index: None
+            })
+        );
+
+        // A healthy pod does not move while another is unhealthy...
+        fleet
+            .health
+            .insert(("w1".into(), "hello".into()), HealthState::Critical);
+        assert_eq!(run(&fleet, NEW).transfer, None);
+        // ...an unhealthy one does.
+        fleet
+            .health
+            .insert(("d1".into(), "hello".into()), HealthState::Warning);
+        assert!(run(&fleet, NEW).transfer.is_some());
+        // Nothing moves while a roll holds the RC.
+        fleet.lock(&layout::rc_mutation(NEW), "roll");
+        assert_eq!(
+            run(&fleet, NEW),
+            Plan {
+                current: ["d1".into(), "w1".into()].into(),
+                ..Plan::default()
+            }
+        );
+    }
+
+    #[test]
+    fn a_static_rc_keeps_its_pods_on_ineligible_nodes() {
+        let mut fleet = fleet(2, 1);
+        fleet.put_rc(rc(NEW, HELLO_1, 1, "role=web"), 5);
+        fleet.rc_pod(NEW, "d1", Some(HealthState::Passing));
+        assert_eq!(run(&fleet, NEW).transfer, None);
+        assert!(run(&fleet, NEW).changes.is_empty());
+    }
 }

@@ -18,16 +18,16 @@ use std::time::SystemTime;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::kv::{StoreResult, TxnOp};
+use crate::kv::TxnOp;
 use crate::labels::{LabelType, RC_ID_LABEL};
-use crate::model::{roll_step, AuditRecord, HealthState, StoredRc, StoredRoll};
+use crate::model::{roll_step, AuditRecord, HealthCounts, StoredRc, StoredRoll};
 use crate::store::layout;
 use crate::store::rcs::RcStore;
 use crate::store::rolls::RollStore;
 
-use super::pods::same_manifest;
-use super::world::{PodKey, Versioned, World};
-use super::{earliest, Farm, FarmContext, Retries};
+use super::pods::pod_health;
+use super::world::{Versioned, World};
+use super::{earliest, Farm, FarmContext, FarmResult, Retries};
 
 /// The roll farm's state across passes: when each roll last took a step (for `roll_delay`)
 /// and backoffs; a restart only makes a roll wait its delay once more.
@@ -42,45 +42,41 @@ pub struct RollFarm {
 pub struct Counts {
     /// The RC's `replicas_desired`.
     pub desired: i64,
+    /// Its pods of the RC's pod id, counted by the one health rule against its manifest.
+    pub pods: HealthCounts,
+}
+
+impl Counts {
     /// Pods labelled with the RC's id.
-    pub current: i64,
-    /// Of those, pods running the RC's manifest (per the reality tree) and passing.
-    pub healthy: i64,
+    pub fn current(&self) -> i64 {
+        self.pods.current as i64
+    }
+
+    /// Of those, pods running the RC's manifest and passing.
+    pub fn healthy(&self) -> i64 {
+        self.pods.healthy as i64
+    }
+
     /// Pods still on their way: not placed yet (`desired` above `current`), not running the
     /// RC's manifest yet, or without a health result.
-    pub settling: i64,
+    pub fn settling(&self) -> i64 {
+        let pods = &self.pods;
+        (self.desired - self.current()).max(0) + (pods.current - pods.real + pods.unknown) as i64
+    }
 }
 
 /// Counts an RC's pods in `world`.
 pub fn count(world: &World, id: &str, rc: &StoredRc) -> Counts {
     let pod_id = rc.manifest.pod_id();
-    let pods: Vec<_> = world
+    let pods = world
         .pods_labelled(RC_ID_LABEL, id)
         .into_iter()
         .filter(|(_, pod)| pod == pod_id)
+        .map(|pod| pod_health(world, &pod, &rc.manifest))
         .collect();
-    let real = |pod: &&PodKey| {
-        world
-            .reality
-            .items
-            .get(*pod)
-            .is_some_and(|raw| same_manifest(raw, &rc.manifest))
-    };
-    let healthy = pods
-        .iter()
-        .filter(real)
-        .filter(|pod| world.health_of(pod) == HealthState::Passing)
-        .count() as i64;
-    let starting = pods
-        .iter()
-        .filter(|pod| !real(pod) || world.health_of(pod) == HealthState::Unknown)
-        .count() as i64;
-    let current = pods.len() as i64;
     Counts {
         desired: rc.replicas_desired,
-        current,
-        healthy,
-        settling: starting + (rc.replicas_desired - current).max(0),
+        pods,
     }
 }
 
@@ -99,7 +95,10 @@ impl Farm for RollFarm {
             {
                 continue;
             }
-            let result = self.reconcile(ctx, world, id, roll).await;
+            let now = Instant::now();
+            let last_step = self.last_step.get(id).copied();
+            let action = plan(world, &ctx.session, &roll.value, last_step, now);
+            let result = self.apply(ctx, world, id, roll, action, now).await;
             if let Some(at) = self.retries.record("roll", id, result) {
                 wake = earliest(wake, at);
             }
@@ -111,187 +110,265 @@ impl Farm for RollFarm {
     }
 }
 
-impl RollFarm {
-    /// One step of one roll; returns when it wants to run again if it is waiting on time.
-    async fn reconcile(
-        &mut self,
-        ctx: &FarmContext,
-        world: &World,
-        id: &str,
-        roll: &Versioned<StoredRoll>,
-    ) -> StoreResult<Option<Instant>> {
-        let spec = &roll.value;
-        let fence = layout::roll_ownership(id);
-        let (Some(old), Some(new)) = (
-            world.rcs.items.get(&spec.old_rc),
-            world.rcs.items.get(&spec.new_rc),
-        ) else {
-            // The RC tree may simply not show an RC written with the roll yet: ask the store.
-            let store = RcStore::new(ctx.store.clone());
-            if store.get(&spec.old_rc).await?.is_some() && store.get(&spec.new_rc).await?.is_some()
-            {
-                return Ok(None);
-            }
-            tracing::warn!(roll = %id, "an RC of the roll is gone; deleting the roll");
-            let ops = finish_ops(ctx, world, id, roll, None, false).await?;
-            ctx.commit(&fence, ops).await?;
-            return Ok(None);
-        };
+/// An RC document to write, at the index it was read at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RcWrite {
+    pub rc: StoredRc,
+    pub index: u64,
+}
 
-        // Hold both RCs' mutation locks for the whole roll.
-        let mutation = [
-            layout::rc_mutation(&spec.old_rc),
-            layout::rc_mutation(&spec.new_rc),
-        ];
-        let mut take = Vec::new();
-        for lock in &mutation {
-            match world.lock_holder(lock) {
-                Some(holder) if holder == ctx.session => {}
-                Some(_) => {
-                    tracing::info!(roll = %id, %lock, "an RC of the roll is locked by someone else");
-                    return Ok(None);
-                }
-                None => take.push(TxnOp::Lock {
-                    key: lock.clone(),
-                    value: ctx.holder.as_bytes().to_vec(),
-                    session: ctx.session.clone(),
-                }),
-            }
-        }
-        if !take.is_empty() {
-            ctx.commit(&fence, take).await?;
-            return Ok(None);
-        }
-        let held: Vec<TxnOp> = mutation
-            .iter()
-            .map(|lock| TxnOp::CheckSession {
-                key: lock.clone(),
-                session: ctx.session.clone(),
-            })
-            .collect();
+/// What one reconcile of one roll does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing until the trees change: the RC farms or the pods' health have to move.
+    Wait,
+    /// An RC of the roll is not in the RC tree: the roll ends once the store confirms it.
+    RcMissing,
+    /// Another session holds this mutation lock of the roll's RCs.
+    Locked(String),
+    /// Take these free mutation locks, held for the whole roll.
+    TakeLocks(Vec<String>),
+    /// Write the RCs, checking both mutation locks; `step` is the roll step `(remove, add)`
+    /// this is, if it is one (else the enable step or the old RC's retirement).
+    Write {
+        rcs: Vec<RcWrite>,
+        step: Option<(i64, i64)>,
+    },
+    /// Wait out `roll_delay` until then before the next step.
+    Delay(Instant),
+    /// The roll cannot move on its own; why, for the alert.
+    Stuck(String),
+    /// End the roll, deleting the old RC at this index unless `None` (`leave_old`).
+    Finish { retire_old: Option<u64> },
+}
 
-        // P2's enable step: the old RC disabled (its pods are then replaced or removed by
-        // whichever RC farm owns it), the new one enabled.
-        if new.value.disabled || !old.value.disabled {
-            let new_counts = count(world, &spec.new_rc, &new.value);
-            if new.value.disabled && new_counts.current != new_counts.desired {
-                // Enabling it would make its farm add or remove pods outside the roll's steps.
-                let why = format!(
-                    "the new RC is disabled with {} pods for {} replicas, so enabling it would change its pods outside the roll's steps",
-                    new_counts.current, new_counts.desired
-                );
-                stuck(ctx, id, spec, why).await;
-                return Ok(None);
-            }
-            let mut ops = held;
-            for (rc, disabled) in [(old, true), (new, false)] {
-                if rc.value.disabled != disabled {
-                    let mut changed = rc.value.clone();
-                    changed.disabled = disabled;
-                    ops.push(RcStore::write_op(&changed, rc.index));
-                }
-            }
-            ctx.commit(&fence, ops).await?;
-            return Ok(None);
-        }
+/// Decides one roll's next move from `world`, where this farm's term holds `session`;
+/// `last_step` is when this term last stepped the roll, if it did.
+pub fn plan(
+    world: &World,
+    session: &str,
+    spec: &StoredRoll,
+    last_step: Option<Instant>,
+    now: Instant,
+) -> Action {
+    let (Some(old), Some(new)) = (
+        world.rcs.items.get(&spec.old_rc),
+        world.rcs.items.get(&spec.new_rc),
+    ) else {
+        return Action::RcMissing;
+    };
 
-        let old_counts = count(world, &spec.old_rc, &old.value);
-        let new_counts = count(world, &spec.new_rc, &new.value);
-        let target = spec.desired_replicas;
-        if new_counts.desired >= target {
-            if new_counts.current < target {
-                return Ok(None);
-            }
-            return self
-                .complete(ctx, world, id, roll, old, old_counts, held)
-                .await;
+    // Hold both RCs' mutation locks for the whole roll.
+    let mut take = Vec::new();
+    for lock in [
+        layout::rc_mutation(&spec.old_rc),
+        layout::rc_mutation(&spec.new_rc),
+    ] {
+        match world.lock_holder(&lock) {
+            Some(holder) if holder == session => {}
+            Some(_) => return Action::Locked(lock),
+            None => take.push(lock),
         }
-        let (remove, add) = roll_step(
-            old_counts.healthy.min(old_counts.desired),
-            new_counts.healthy,
-            old_counts.desired,
-            new_counts.desired,
-            target,
-            spec.minimum_replicas,
-        );
-        if remove == 0 && add == 0 {
-            if old_counts.settling == 0 && new_counts.settling == 0 {
-                let why = format!(
-                    "{} pods are healthy (old RC {}, new RC {}) against a minimum of {}, and none is still starting, so a step would go below the minimum",
-                    old_counts.healthy.min(old_counts.desired) + new_counts.healthy,
-                    old_counts.healthy.min(old_counts.desired),
-                    new_counts.healthy,
-                    spec.minimum_replicas
-                );
-                stuck(ctx, id, spec, why).await;
-            }
-            return Ok(None);
-        }
-        if new_counts.desired > 0 && !spec.roll_delay.is_zero() {
-            // Not knowing when the last step was (a new term), wait one whole delay.
-            let last = *self
-                .last_step
-                .entry(id.to_owned())
-                .or_insert_with(Instant::now);
-            let due = last + spec.roll_delay;
-            if Instant::now() < due {
-                return Ok(Some(due));
-            }
-        }
-        let mut old_rc = old.value.clone();
-        let mut new_rc = new.value.clone();
-        old_rc.replicas_desired = (old_rc.replicas_desired - remove).max(0);
-        new_rc.replicas_desired += add;
-        let mut ops = held;
-        ops.push(RcStore::write_op(&old_rc, old.index));
-        ops.push(RcStore::write_op(&new_rc, new.index));
-        ctx.commit(&fence, ops).await?;
-        self.last_step.insert(id.to_owned(), Instant::now());
-        tracing::info!(roll = %id, remove, add, old = old_rc.replicas_desired,
-                       new = new_rc.replicas_desired, "roll step");
-        Ok(None)
+    }
+    if !take.is_empty() {
+        return Action::TakeLocks(take);
     }
 
-    /// The new RC has its replicas: retire the old RC (unless `leave_old`) and the roll.
-    #[allow(clippy::too_many_arguments)]
-    async fn complete(
+    // P2's enable step: the old RC disabled (its pods are then replaced or removed by
+    // whichever RC farm owns it), the new one enabled.
+    if new.value.disabled || !old.value.disabled {
+        let new_counts = count(world, &spec.new_rc, &new.value);
+        if new.value.disabled && new_counts.current() != new_counts.desired {
+            // Enabling it would make its farm add or remove pods outside the roll's steps.
+            return Action::Stuck(format!(
+                "the new RC is disabled with {} pods for {} replicas, so enabling it would change its pods outside the roll's steps",
+                new_counts.current(), new_counts.desired
+            ));
+        }
+        let rcs = [(old, true), (new, false)]
+            .into_iter()
+            .filter(|(rc, disabled)| rc.value.disabled != *disabled)
+            .map(|(rc, disabled)| RcWrite {
+                rc: StoredRc {
+                    disabled,
+                    ..rc.value.clone()
+                },
+                index: rc.index,
+            })
+            .collect();
+        return Action::Write { rcs, step: None };
+    }
+
+    let old_counts = count(world, &spec.old_rc, &old.value);
+    let new_counts = count(world, &spec.new_rc, &new.value);
+    let target = spec.desired_replicas;
+    if new_counts.desired >= target {
+        if new_counts.current() < target {
+            return Action::Wait;
+        }
+        return complete(world, session, spec, old, old_counts);
+    }
+    let old_healthy = old_counts.healthy().min(old_counts.desired);
+    let (remove, add) = roll_step(
+        old_healthy,
+        new_counts.healthy(),
+        old_counts.desired,
+        new_counts.desired,
+        target,
+        spec.minimum_replicas,
+    );
+    if remove == 0 && add == 0 {
+        if old_counts.settling() == 0 && new_counts.settling() == 0 {
+            return Action::Stuck(format!(
+                "{} pods are healthy (old RC {old_healthy}, new RC {}) against a minimum of {}, and none is still starting, so a step would go below the minimum",
+                old_healthy + new_counts.healthy(),
+                new_counts.healthy(),
+                spec.minimum_replicas
+            ));
+        }
+        return Action::Wait;
+    }
+    if new_counts.desired > 0 && !spec.roll_delay.is_zero() {
+        // Not knowing when the last step was (a new term), wait one whole delay.
+        let due = last_step.unwrap_or(now) + spec.roll_delay;
+        if now < due {
+            return Action::Delay(due);
+        }
+    }
+    let mut old_rc = old.value.clone();
+    let mut new_rc = new.value.clone();
+    old_rc.replicas_desired = (old_rc.replicas_desired - remove).max(0);
+    new_rc.replicas_desired += add;
+    Action::Write {
+        rcs: vec![
+            RcWrite {
+                rc: old_rc,
+                index: old.index,
+            },
+            RcWrite {
+                rc: new_rc,
+                index: new.index,
+            },
+        ],
+        step: Some((remove, add)),
+    }
+}
+
+/// The new RC has its replicas: retire the old RC (unless `leave_old`) and the roll.
+fn complete(
+    world: &World,
+    session: &str,
+    spec: &StoredRoll,
+    old: &Versioned<StoredRc>,
+    old_counts: Counts,
+) -> Action {
+    if spec.leave_old {
+        return Action::Finish { retire_old: None };
+    }
+    if old_counts.desired != 0 {
+        let retired = StoredRc {
+            replicas_desired: 0,
+            ..old.value.clone()
+        };
+        return Action::Write {
+            rcs: vec![RcWrite {
+                rc: retired,
+                index: old.index,
+            }],
+            step: None,
+        };
+    }
+    if old_counts.current() > 0 {
+        // Our RC farm removes a rolling disabled RC's pods; P2's never does.
+        let owner = world.lock_holder(&layout::rc_ownership(&spec.old_rc));
+        if owner.is_some_and(|owner| owner != session) {
+            return Action::Stuck(format!(
+                "the new RC has its {} pods but the old RC still has {}, which the RC farm owning it (another session) leaves in place while the RC is disabled",
+                spec.desired_replicas,
+                old_counts.current()
+            ));
+        }
+        return Action::Wait;
+    }
+    Action::Finish {
+        retire_old: Some(old.index),
+    }
+}
+
+impl RollFarm {
+    /// Carries out `action` for roll `id`; returns when to run again if it waits on time.
+    async fn apply(
         &mut self,
         ctx: &FarmContext,
         world: &World,
         id: &str,
         roll: &Versioned<StoredRoll>,
-        old: &Versioned<StoredRc>,
-        old_counts: Counts,
-        held: Vec<TxnOp>,
-    ) -> StoreResult<Option<Instant>> {
+        action: Action,
+        now: Instant,
+    ) -> FarmResult<Option<Instant>> {
         let spec = &roll.value;
         let fence = layout::roll_ownership(id);
-        if !spec.leave_old {
-            if old_counts.desired != 0 {
-                let mut retired = old.value.clone();
-                retired.replicas_desired = 0;
-                let mut ops = held;
-                ops.push(RcStore::write_op(&retired, old.index));
-                ctx.commit(&fence, ops).await?;
-                return Ok(None);
-            }
-            if old_counts.current > 0 {
-                // Our RC farm removes a rolling disabled RC's pods; P2's never does.
-                let owner = world.lock_holder(&layout::rc_ownership(&spec.old_rc));
-                if owner.is_some_and(|owner| owner != ctx.session) {
-                    let why = format!(
-                        "the new RC has its {} pods but the old RC still has {}, which the RC farm owning it (another session) leaves in place while the RC is disabled",
-                        spec.desired_replicas, old_counts.current
-                    );
-                    stuck(ctx, id, spec, why).await;
+        match action {
+            Action::Wait => {}
+            Action::RcMissing => {
+                // The RC tree may simply not show an RC written with the roll yet: ask the
+                // store.
+                let store = RcStore::new(ctx.store.clone());
+                if store.get(&spec.old_rc).await?.is_some()
+                    && store.get(&spec.new_rc).await?.is_some()
+                {
+                    return Ok(None);
                 }
-                return Ok(None);
+                tracing::warn!(roll = %id, "an RC of the roll is gone; deleting the roll");
+                let ops = finish_ops(ctx, world, id, roll, None, false).await?;
+                ctx.commit(&fence, ops).await?;
+            }
+            Action::Locked(lock) => {
+                tracing::info!(roll = %id, %lock, "an RC of the roll is locked by someone else");
+            }
+            Action::TakeLocks(locks) => {
+                let take = locks
+                    .into_iter()
+                    .map(|key| TxnOp::Lock {
+                        key,
+                        value: ctx.holder.as_bytes().to_vec(),
+                        session: ctx.session.clone(),
+                    })
+                    .collect();
+                ctx.commit(&fence, take).await?;
+            }
+            Action::Write { rcs, step } => {
+                let mut ops: Vec<TxnOp> = [&spec.old_rc, &spec.new_rc]
+                    .into_iter()
+                    .map(|rc| TxnOp::CheckSession {
+                        key: layout::rc_mutation(rc),
+                        session: ctx.session.clone(),
+                    })
+                    .collect();
+                ops.extend(rcs.iter().map(|w| RcStore::write_op(&w.rc, w.index)));
+                ctx.commit(&fence, ops).await?;
+                if let Some((remove, add)) = step {
+                    self.last_step.insert(id.to_owned(), now);
+                    let desired = |rc: &str| {
+                        rcs.iter()
+                            .find(|w| w.rc.id == rc)
+                            .map_or(0, |w| w.rc.replicas_desired)
+                    };
+                    tracing::info!(roll = %id, remove, add, old = desired(&spec.old_rc),
+                                   new = desired(&spec.new_rc), "roll step");
+                }
+            }
+            Action::Delay(due) => {
+                self.last_step.entry(id.to_owned()).or_insert(now);
+                return Ok(Some(due));
+            }
+            Action::Stuck(why) => stuck(ctx, id, spec, why).await,
+            Action::Finish { retire_old } => {
+                let ops = finish_ops(ctx, world, id, roll, retire_old, true).await?;
+                ctx.commit(&fence, ops).await?;
+                tracing::info!(roll = %id, "roll complete");
             }
         }
-        let retire = (!spec.leave_old).then_some(old.index);
-        let ops = finish_ops(ctx, world, id, roll, retire, true).await?;
-        ctx.commit(&fence, ops).await?;
-        tracing::info!(roll = %id, "roll complete");
         Ok(None)
     }
 }
@@ -307,7 +384,7 @@ async fn finish_ops(
     roll: &Versioned<StoredRoll>,
     retire_old: Option<u64>,
     succeeded: bool,
-) -> StoreResult<Vec<TxnOp>> {
+) -> FarmResult<Vec<TxnOp>> {
     let spec = &roll.value;
     let mut ops = vec![TxnOp::DeleteCas {
         key: layout::roll(id),
@@ -360,10 +437,10 @@ async fn release_stale_locks(ctx: &FarmContext, world: &World) {
         .flat_map(|r| [r.value.old_rc.as_str(), r.value.new_rc.as_str()])
         .collect();
     for key in world.held_by(&ctx.session) {
-        let stale = if let Some(roll) = key.strip_prefix("lock/rolls/") {
+        let stale = if let Some(roll) = key.strip_prefix(layout::ROLL_LOCKS) {
             !world.rolls.items.contains_key(roll)
         } else if let Some(rc) = key
-            .strip_prefix("lock/replication_controllers/")
+            .strip_prefix(layout::RC_LOCKS)
             .and_then(|rest| rest.strip_suffix("/update"))
         {
             !rolling.contains(&rc)
@@ -375,5 +452,237 @@ async fn release_stale_locks(ctx: &FarmContext, world: &World) {
                 tracing::warn!(%key, error = %e, "releasing a roll lock failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::farms::fixture::{rc, Fleet, HELLO_1, HELLO_2};
+    use crate::model::HealthState;
+
+    const OLD: &str = "00000000-0000-4000-8000-000000000001";
+    const NEW: &str = "00000000-0000-4000-8000-000000000002";
+    const ME: &str = "my-session";
+
+    fn roll(target: i64, min: i64) -> StoredRoll {
+        StoredRoll {
+            old_rc: OLD.into(),
+            new_rc: NEW.into(),
+            desired_replicas: target,
+            minimum_replicas: min,
+            leave_old: false,
+            roll_delay: Duration::ZERO,
+        }
+    }
+
+    /// A running roll (locks held, old RC disabled, new enabled): the old RC wants
+    /// `old_desired` and has `old_healthy` healthy pods, the rest critical; likewise the new.
+    fn rolling(old_desired: i64, old_healthy: i64, new_desired: i64, new_healthy: i64) -> Fleet {
+        let mut fleet = Fleet::new();
+        let mut old = rc(OLD, HELLO_1, old_desired, "");
+        old.disabled = true;
+        fleet
+            .put_rc(old, 10)
+            .put_rc(rc(NEW, HELLO_2, new_desired, ""), 11);
+        let mut node = 0;
+        for (id, desired, healthy) in [
+            (OLD, old_desired, old_healthy),
+            (NEW, new_desired, new_healthy),
+        ] {
+            for i in 0..desired {
+                node += 1;
+                let health = if i < healthy {
+                    HealthState::Passing
+                } else {
+                    HealthState::Critical
+                };
+                fleet.rc_pod(id, &format!("n{node}"), Some(health));
+            }
+        }
+        fleet
+            .lock(&layout::rc_mutation(OLD), ME)
+            .lock(&layout::rc_mutation(NEW), ME);
+        fleet
+    }
+
+    fn run(fleet: &Fleet, spec: &StoredRoll) -> Action {
+        plan(&fleet.world(), ME, spec, None, Instant::now())
+    }
+
+    /// A step's `(remove, add)` and the counts it writes, `(old, new)`.
+    type Step = ((i64, i64), (i64, i64));
+
+    /// The step `action` is, or the action when it is no step.
+    fn step(action: Action) -> Result<Step, Action> {
+        match action {
+            Action::Write {
+                rcs,
+                step: Some(step),
+            } => Ok((
+                step,
+                (rcs[0].rc.replicas_desired, rcs[1].rc.replicas_desired),
+            )),
+            other => Err(other),
+        }
+    }
+
+    #[test]
+    fn steps_follow_the_roll_algorithm_table() {
+        // (old healthy, new healthy, target, min, old desired, new desired) -> (remove, add)
+        let cases = [
+            (1, 1, 4, 3, 3, 1, (0, 0)),
+            (1, 1, 4, 2, 3, 1, (0, 0)),
+            (2, 2, 6, 3, 4, 2, (1, 1)),
+            (1, 3, 6, 3, 3, 3, (3, 3)),
+            (3, 0, 6, 0, 6, 0, (6, 6)),
+            (1, 1, 3, 1, 1, 2, (1, 1)),
+            (0, 0, 3, 2, 0, 0, (0, 1)),
+        ];
+        for (old, new, target, min, old_desired, new_desired, (remove, add)) in cases {
+            let fleet = rolling(old_desired, old, new_desired, new);
+            let action = run(&fleet, &roll(target, min));
+            let case = format!("old {old} new {new} target {target} min {min}");
+            if (remove, add) == (0, 0) {
+                assert!(matches!(action, Action::Stuck(_)), "{case}: {action:?}");
+            } else {
+                let written = ((old_desired - remove).max(0), new_desired + add);
+                assert_eq!(step(action), Ok(((remove, add), written)), "{case}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_blocked_roll_waits_without_alerting_while_pods_are_settling() {
+        let mut fleet = rolling(3, 1, 1, 1);
+        fleet.health.remove(&("n2".to_owned(), "hello".to_owned()));
+        assert_eq!(run(&fleet, &roll(4, 3)), Action::Wait);
+        // A pod whose node does not run the RC's manifest yet is settling too.
+        let mut fleet = rolling(3, 1, 1, 1);
+        fleet
+            .reality
+            .insert(("n4".to_owned(), "hello".to_owned()), HELLO_1.into());
+        assert_eq!(run(&fleet, &roll(4, 3)), Action::Wait);
+    }
+
+    #[test]
+    fn a_pod_passing_on_another_manifest_is_not_healthy() {
+        // The new RC's pod passes, but its node still runs the old manifest.
+        let mut fleet = rolling(2, 2, 1, 1);
+        fleet
+            .reality
+            .insert(("n3".to_owned(), "hello".to_owned()), HELLO_1.into());
+        assert_eq!(
+            count(&fleet.world(), NEW, &fleet.rcs[NEW].value).healthy(),
+            0
+        );
+        // 2 old healthy against a minimum of 2: no headroom until the new pod is real.
+        assert_eq!(run(&fleet, &roll(3, 2)), Action::Wait);
+    }
+
+    #[test]
+    fn takes_free_mutation_locks_and_stops_at_anothers() {
+        let mut fleet = rolling(2, 2, 0, 0);
+        fleet.locks.clear();
+        assert_eq!(
+            run(&fleet, &roll(2, 1)),
+            Action::TakeLocks(vec![layout::rc_mutation(OLD), layout::rc_mutation(NEW)])
+        );
+        fleet.lock(&layout::rc_mutation(NEW), "someone-else");
+        assert_eq!(
+            run(&fleet, &roll(2, 1)),
+            Action::Locked(layout::rc_mutation(NEW))
+        );
+    }
+
+    #[test]
+    fn a_missing_rc_is_reported() {
+        let mut fleet = rolling(2, 2, 0, 0);
+        fleet.rcs.remove(OLD);
+        assert_eq!(run(&fleet, &roll(2, 1)), Action::RcMissing);
+    }
+
+    #[test]
+    fn the_enable_step_disables_the_old_rc_and_enables_the_new() {
+        let mut fleet = rolling(2, 2, 0, 0);
+        fleet.rcs.get_mut(OLD).unwrap().value.disabled = false;
+        fleet.rcs.get_mut(NEW).unwrap().value.disabled = true;
+        let Action::Write { rcs, step: None } = run(&fleet, &roll(2, 1)) else {
+            panic!("no enable step");
+        };
+        let written: Vec<(&str, bool, u64)> = rcs
+            .iter()
+            .map(|w| (w.rc.id.as_str(), w.rc.disabled, w.index))
+            .collect();
+        assert_eq!(written, [(OLD, true, 10), (NEW, false, 11)]);
+
+        // A disabled new RC whose pods do not match its count is not enabled.
+        fleet.rcs.get_mut(NEW).unwrap().value.replicas_desired = 1;
+        assert!(matches!(run(&fleet, &roll(2, 1)), Action::Stuck(_)));
+    }
+
+    #[test]
+    fn a_step_after_the_first_waits_for_the_roll_delay() {
+        let fleet = rolling(2, 2, 1, 1);
+        let mut spec = roll(4, 1);
+        spec.roll_delay = Duration::from_secs(30);
+        let now = Instant::now();
+        let world = fleet.world();
+        assert_eq!(
+            plan(&world, ME, &spec, None, now),
+            Action::Delay(now + spec.roll_delay),
+            "a new term waits one whole delay"
+        );
+        let last = now - Duration::from_secs(10);
+        assert_eq!(
+            plan(&world, ME, &spec, Some(last), now),
+            Action::Delay(last + spec.roll_delay)
+        );
+        let due = plan(&world, ME, &spec, Some(now - spec.roll_delay), now);
+        assert!(step(due).is_ok());
+        // The first step does not wait.
+        let fleet = rolling(2, 2, 0, 0);
+        assert!(step(plan(&fleet.world(), ME, &spec, None, now)).is_ok());
+    }
+
+    #[test]
+    fn completion_retires_the_old_rc_then_finishes() {
+        let spec = roll(2, 1);
+        // The new RC has its count but not yet its pods.
+        let mut fleet = rolling(0, 0, 2, 2);
+        fleet.labels.remove(&("n2".to_owned(), "hello".to_owned()));
+        assert_eq!(run(&fleet, &spec), Action::Wait);
+
+        // The old RC's count goes to 0 first.
+        let mut fleet = rolling(1, 1, 2, 2);
+        let Action::Write { rcs, step: None } = run(&fleet, &spec) else {
+            panic!("the old RC is not retired");
+        };
+        assert_eq!(
+            (rcs[0].rc.id.as_str(), rcs[0].rc.replicas_desired),
+            (OLD, 0)
+        );
+
+        // Then its pods go: ours are removed by our RC farm; another's never are.
+        fleet.rcs.get_mut(OLD).unwrap().value.replicas_desired = 0;
+        assert_eq!(run(&fleet, &spec), Action::Wait);
+        fleet.lock(&layout::rc_ownership(OLD), "p2-rc-farm");
+        assert!(matches!(run(&fleet, &spec), Action::Stuck(_)));
+
+        let fleet = rolling(0, 0, 2, 2);
+        assert_eq!(
+            run(&fleet, &spec),
+            Action::Finish {
+                retire_old: Some(10)
+            }
+        );
+        let leave_old = StoredRoll {
+            leave_old: true,
+            ..spec
+        };
+        let fleet = rolling(1, 1, 2, 2);
+        assert_eq!(run(&fleet, &leave_old), Action::Finish { retire_old: None });
     }
 }

@@ -10,7 +10,7 @@
 
 use tokio::time::Instant;
 
-use crate::kv::{StoreError, TxnOp};
+use crate::kv::TxnOp;
 use crate::store::layout::LEADER_LOCK;
 
 use super::world::World;
@@ -43,7 +43,7 @@ impl Farm for StaleLockFarm {
                     tracing::info!(%key, "removed a lock key left without a session");
                     self.retries.succeeded(key);
                 }
-                Err(StoreError::Conflict { .. }) => {
+                Err(e) if e.is_conflict() => {
                     // Taken or changed since the farm looked: the next listing shows it.
                     tracing::debug!(%key, "a lock key left without a session changed meanwhile");
                 }

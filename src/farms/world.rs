@@ -104,13 +104,9 @@ impl World {
             .and_then(|lock| lock.value.as_deref())
     }
 
-    /// The health of a pod; missing records are `unknown`.
+    /// The health state of a pod, by [`HealthState::of`].
     pub fn health_of(&self, pod: &PodKey) -> HealthState {
-        self.health
-            .items
-            .get(pod)
-            .copied()
-            .unwrap_or(HealthState::Unknown)
+        HealthState::of(self.health.items.get(pod).copied())
     }
 }
 

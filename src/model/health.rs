@@ -1,4 +1,6 @@
-//! Health records at `health/<pod-id>/<node>` and the ordering of health states.
+//! Health records at `health/<pod-id>/<node>`, the ordering of health states, and the one
+//! rule for how a pod counts towards its owner's health ([`PodHealth`], [`HealthCounts`]),
+//! which the farms act on and every API view shows.
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -39,6 +41,11 @@ impl HealthState {
         }
     }
 
+    /// A pod's health state from its latest result, if any: no result is `unknown`.
+    pub fn of(result: Option<HealthState>) -> HealthState {
+        result.unwrap_or(HealthState::Unknown)
+    }
+
     /// The stored string.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -59,6 +66,76 @@ impl fmt::Display for HealthState {
 impl<'de> Deserialize<'de> for HealthState {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         String::deserialize(deserializer).map(|status| HealthState::from_status(&status))
+    }
+}
+
+/// How one pod counts towards its owner's health (P2's `countHealthy`). A pod counts only
+/// if it is *real*: the node reports running the manifest its owner wants of it (same SHA).
+/// A real pod is healthy only when `passing`; `unknown` or no result is unknown; `warning`
+/// and `critical` are unhealthy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PodHealth {
+    /// The node runs another manifest, or reports none: not health-counted.
+    NotReal,
+    Healthy,
+    Unknown,
+    Unhealthy,
+}
+
+impl PodHealth {
+    /// Classifies one pod: `wanted_sha` is the SHA of the manifest its owner wants on the
+    /// node (an RC's manifest; a daemon set's node, its intent), `running_sha` the SHA of the
+    /// manifest the node reports running (`None`: none, or unreadable), `result` its latest
+    /// health result.
+    pub fn of(wanted_sha: &str, running_sha: Option<&str>, result: Option<HealthState>) -> Self {
+        if running_sha != Some(wanted_sha) {
+            return PodHealth::NotReal;
+        }
+        match HealthState::of(result) {
+            HealthState::Passing => PodHealth::Healthy,
+            HealthState::Unknown => PodHealth::Unknown,
+            HealthState::Warning | HealthState::Critical => PodHealth::Unhealthy,
+        }
+    }
+}
+
+/// The pods of one owner, counted by [`PodHealth`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HealthCounts {
+    /// Every pod counted.
+    pub current: u64,
+    /// Of those, the ones running the wanted manifest.
+    pub real: u64,
+    /// Real and `passing`.
+    pub healthy: u64,
+    /// Real without a usable result.
+    pub unknown: u64,
+    /// Real and `warning` or `critical`.
+    pub unhealthy: u64,
+}
+
+impl HealthCounts {
+    /// Counts one more pod.
+    pub fn add(&mut self, pod: PodHealth) {
+        self.current += 1;
+        let slot = match pod {
+            PodHealth::NotReal => return,
+            PodHealth::Healthy => &mut self.healthy,
+            PodHealth::Unknown => &mut self.unknown,
+            PodHealth::Unhealthy => &mut self.unhealthy,
+        };
+        self.real += 1;
+        *slot += 1;
+    }
+}
+
+impl FromIterator<PodHealth> for HealthCounts {
+    fn from_iter<I: IntoIterator<Item = PodHealth>>(pods: I) -> Self {
+        let mut counts = HealthCounts::default();
+        for pod in pods {
+            counts.add(pod);
+        }
+        counts
     }
 }
 
@@ -177,6 +254,47 @@ mod tests {
             "passing"
         );
         assert_eq!(HealthState::Warning.to_string(), "warning");
+    }
+
+    #[test]
+    fn only_a_real_passing_pod_is_healthy() {
+        use HealthState::*;
+        let of = |running, result| PodHealth::of("abc", running, result);
+        assert_eq!(of(Some("abc"), Some(Passing)), PodHealth::Healthy);
+        assert_eq!(of(Some("abc"), Some(Unknown)), PodHealth::Unknown);
+        assert_eq!(of(Some("abc"), None), PodHealth::Unknown, "no result");
+        assert_eq!(of(Some("abc"), Some(Warning)), PodHealth::Unhealthy);
+        assert_eq!(of(Some("abc"), Some(Critical)), PodHealth::Unhealthy);
+        for result in [Some(Passing), Some(Critical), None] {
+            assert_eq!(of(Some("old"), result), PodHealth::NotReal, "{result:?}");
+            assert_eq!(of(None, result), PodHealth::NotReal, "{result:?}");
+        }
+        assert_eq!(HealthState::of(None), Unknown);
+        assert_eq!(HealthState::of(Some(Warning)), Warning);
+    }
+
+    #[test]
+    fn counts_add_up_by_the_rule() {
+        let counts: HealthCounts = [
+            PodHealth::Healthy,
+            PodHealth::Healthy,
+            PodHealth::NotReal,
+            PodHealth::Unknown,
+            PodHealth::Unhealthy,
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            counts,
+            HealthCounts {
+                current: 5,
+                real: 4,
+                healthy: 2,
+                unknown: 1,
+                unhealthy: 1
+            }
+        );
+        assert_eq!(HealthCounts::default().current, 0);
     }
 
     #[test]

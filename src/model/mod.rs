@@ -26,7 +26,7 @@ use std::fmt;
 pub use audit::{AuditRecord, DaemonSetEvent};
 pub use ds::StoredDaemonSet;
 pub use duration::{format_duration, parse_duration};
-pub use health::{HealthRecord, HealthState};
+pub use health::{HealthCounts, HealthRecord, HealthState, PodHealth};
 pub use manifest::{HealthCheck, Manifest};
 pub use rc::{AllocationStrategy, StoredRc};
 pub use roll::{roll_step, validate_counts, StoredRoll};

@@ -319,10 +319,23 @@ async fn get_reports_rollout_status_from_labels_and_health() {
         &json!({"daemon_set_id": "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11"}),
     )
     .await;
+    // Healthy as the farm counts it: running the intended manifest and passing. n2 passes
+    // its check but still runs an older manifest, n3's pod is not the daemon set's.
+    let older = MANIFEST.replace("ab12", "0001");
+    for (node, running) in [("n1", MANIFEST), ("n2", older.as_str())] {
+        app.put_raw(&format!("intent/{node}/p2-log-shipper"), MANIFEST)
+            .await;
+        app.put_raw(&format!("reality/{node}/p2-log-shipper"), running)
+            .await;
+    }
     let now = std::time::SystemTime::now();
-    for (node, state) in [("n1", HealthState::Passing), ("n2", HealthState::Critical)] {
-        let record = HealthRecord::new("p2-log-shipper", node, state, now);
-        app.put_raw(&format!("health/p2-log-shipper/{node}"), &record.to_json())
+    for (node, pod_id) in [
+        ("n1", "p2-log-shipper"),
+        ("n2", "p2-log-shipper"),
+        ("n3", "other"),
+    ] {
+        let record = HealthRecord::new(pod_id, node, HealthState::Passing, now);
+        app.put_raw(&format!("health/{pod_id}/{node}"), &record.to_json())
             .await;
     }
     app.put_json(

@@ -7,12 +7,16 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use crate::support::api::{assert_operations, item_ids, labels, TestApp, TestResponse};
 use axum::http::StatusCode;
+use p2_apiserver::farms::roll;
+use p2_apiserver::farms::world::Trees;
 use p2_apiserver::kv::{Cas, SessionBehavior, SessionSpec};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::{HealthRecord, HealthState, StoredRc};
 use p2_apiserver::store::layout;
 use p2_apiserver::store::rcs::RcStore;
 use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
 
@@ -30,11 +34,24 @@ async fn delete(app: &TestApp, id: &str, if_match: Option<&str>) -> TestResponse
         .await
 }
 
+/// The manifest of the RCs [`arrange_rc`] stores.
+const ARRANGED_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+
 /// Stores an RC for pod `hello` behind the API's back, as P2 would have.
 async fn arrange_rc(app: &TestApp, replicas: i64, rc_labels: &[(&str, &str)]) -> String {
+    arrange_rc_of(app, ARRANGED_MANIFEST, replicas, rc_labels).await
+}
+
+/// Like [`arrange_rc`], with `manifest`.
+async fn arrange_rc_of(
+    app: &TestApp,
+    manifest: &str,
+    replicas: i64,
+    rc_labels: &[(&str, &str)],
+) -> String {
     let id = uuid::Uuid::new_v4().to_string();
     let doc = json!({
-        "id": id, "manifest": "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n",
+        "id": id, "manifest": manifest,
         "node_selector": "", "pod_labels": null, "replicas_desired": replicas,
         "disabled": false, "allocation_strategy": "static_strategy"
     });
@@ -93,8 +110,8 @@ async fn form_a_rolls_between_existing_rcs_in_one_transaction() {
     response.assert_created(&format!("/api/v1/rolls/{new}"), version);
     assert_eq!(
         body["progress"],
-        json!({"old": {"desired": 3, "current": 0, "healthy": 0},
-               "new": {"desired": 0, "current": 0, "healthy": 0}})
+        json!({"old": {"desired": 3, "current": 0, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0},
+               "new": {"desired": 0, "current": 0, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0}})
     );
 
     assert_eq!(
@@ -233,7 +250,7 @@ async fn form_c_creates_a_stand_in_old_rc_when_nothing_matches() {
     assert_ne!(old, new);
     assert_eq!(
         body["progress"]["old"],
-        json!({"desired": 0, "current": 0, "healthy": 0})
+        json!({"desired": 0, "current": 0, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0})
     );
 
     let old_rc = app
@@ -598,6 +615,12 @@ async fn put_health(app: &TestApp, key_node: &str, node: &str, status: HealthSta
         .await;
 }
 
+/// Puts `manifest` in the pod's reality, as if its node ran it.
+async fn put_reality(app: &TestApp, node: &str, manifest: &str) {
+    app.put_raw(&format!("reality/{node}/hello"), manifest)
+        .await;
+}
+
 #[tokio::test]
 async fn progress_counts_pods_and_passing_health() {
     let app = TestApp::new().await;
@@ -614,6 +637,9 @@ async fn progress_counts_pods_and_passing_health() {
     put_pod(&app, "n3", &old).await;
     put_pod(&app, "n4", &new).await;
     put_pod(&app, "n5", &new).await;
+    for node in ["n1", "n2", "n3", "n4", "n5"] {
+        put_reality(&app, node, ARRANGED_MANIFEST).await;
+    }
     put_health(&app, "n1", "n1", HealthState::Passing).await;
     put_health(&app, "n2", "n2", HealthState::Critical).await;
     put_health(&app, "n3", "n3", HealthState::Warning).await;
@@ -632,15 +658,16 @@ async fn progress_counts_pods_and_passing_health() {
     let body = response.json();
     assert_eq!(
         body["progress"],
-        json!({"old": {"desired": 3, "current": 3, "healthy": 1},
-               "new": {"desired": 1, "current": 2, "healthy": 1}})
+        json!({"old": {"desired": 3, "current": 3, "real": 3, "healthy": 1, "unknown": 0, "unhealthy": 2},
+               "new": {"desired": 1, "current": 2, "real": 2, "healthy": 1, "unknown": 1, "unhealthy": 0}})
     );
     assert_eq!(
         response.header("etag"),
         Some(format!("\"{}\"", body["resource_version"].as_str().unwrap()).as_str())
     );
 
-    // Once an RC is gone its desired count is unknown; its labeled pods still count.
+    // Once an RC is gone its desired count is unknown, and so is the manifest its pods
+    // should run: they still count, none as real.
     app.store
         .delete(&format!("replication_controllers/{old}"), Cas::Any)
         .await
@@ -648,8 +675,67 @@ async fn progress_counts_pods_and_passing_health() {
     let body = app.get(&format!("/api/v1/rolls/{new}")).await.json();
     assert_eq!(
         body["progress"]["old"],
-        json!({"desired": null, "current": 3, "healthy": 1})
+        json!({"desired": null, "current": 3, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0})
     );
+}
+
+/// Roll progress counts pods exactly as the roll farm does: a pod passing its health check
+/// while its node still runs another manifest is not healthy for either (the API used to
+/// count it, showing a roll healthy that the farm was still waiting on).
+#[tokio::test]
+async fn progress_agrees_with_the_roll_farms_count() {
+    let app = TestApp::new().await;
+    let old = arrange_rc(&app, 2, &[]).await;
+    let new = arrange_rc_of(&app, MANIFEST, 3, &[]).await;
+    let created = post(
+        &app,
+        json!({"old_rc_id": old, "new_rc_id": new, "desired_replicas": 5, "minimum_replicas": 2}),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let pods = [
+        ("stale", Some(ARRANGED_MANIFEST), Some(HealthState::Passing)),
+        ("ready", Some(MANIFEST), Some(HealthState::Passing)),
+        ("silent", Some(MANIFEST), None),
+        ("failing", Some(MANIFEST), Some(HealthState::Critical)),
+        ("empty", None, Some(HealthState::Passing)),
+    ];
+    for (node, running, health) in pods {
+        put_pod(&app, node, &new).await;
+        if let Some(manifest) = running {
+            put_reality(&app, node, manifest).await;
+        }
+        if let Some(state) = health {
+            put_health(&app, node, node, state).await;
+        }
+    }
+    app.put_json(
+        "labels/pod/stale/other",
+        &json!({"replication_controller_id": new}),
+    )
+    .await;
+
+    let progress = app.get(&format!("/api/v1/rolls/{new}")).await.json()["progress"]["new"].clone();
+    assert_eq!(
+        progress,
+        json!({"desired": 3, "current": 5, "real": 3, "healthy": 1, "unknown": 1, "unhealthy": 1})
+    );
+
+    let tasks = TaskTracker::new();
+    let cancel = CancellationToken::new();
+    let mut trees = Trees::start(&app.store, &tasks, &cancel).await.unwrap();
+    let world = trees.world();
+    cancel.cancel();
+    let rc = &world.rcs.items[&new].value;
+    let counts = roll::count(&world, &new, rc);
+    assert_eq!(
+        json!({"desired": counts.desired, "current": counts.pods.current,
+               "real": counts.pods.real, "healthy": counts.pods.healthy,
+               "unknown": counts.pods.unknown, "unhealthy": counts.pods.unhealthy}),
+        progress
+    );
+    tasks.close();
+    tasks.wait().await;
 }
 
 #[tokio::test]
@@ -733,6 +819,7 @@ async fn list_blocks_until_progress_changes() {
     // Every tree the listing watches is in use: on Consul an empty tree reads at the index
     // of the whole KV store, which any write anywhere moves.
     put_pod(&app, "n9", &old).await;
+    put_reality(&app, "n9", ARRANGED_MANIFEST).await;
     put_health(&app, "n9", "n9", HealthState::Passing).await;
     let index = app
         .get("/api/v1/rolls")
@@ -881,8 +968,8 @@ async fn a_roll_written_by_p2_reads_and_deletes() {
             "id": new, "old_rc_id": old, "new_rc_id": new,
             "desired_replicas": 3, "minimum_replicas": 2, "leave_old": false,
             "roll_delay": "30s", "labels": {}, "resource_version": index.to_string(),
-            "progress": {"old": {"desired": 3, "current": 0, "healthy": 0},
-                         "new": {"desired": 0, "current": 0, "healthy": 0}}
+            "progress": {"old": {"desired": 3, "current": 0, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0},
+                         "new": {"desired": 0, "current": 0, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0}}
         })
     );
     assert_eq!(app.get("/api/v1/rolls").await.json()["items"][0], body);

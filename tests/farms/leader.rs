@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use p2_apiserver::farms::alerts::Alerter;
-use p2_apiserver::farms::FarmContext;
+use p2_apiserver::farms::{FarmContext, FarmError};
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, TxnOp};
 use p2_apiserver::leader::{self, current_leader, LeaderConfig, Term};
@@ -139,7 +139,7 @@ async fn farm_writes_are_fenced_by_the_session() {
         .unwrap();
     assert!(matches!(
         ctx.commit(lock, write()).await,
-        Err(StoreError::Conflict { .. })
+        Err(FarmError::Store(StoreError::Conflict { .. }))
     ));
     assert_eq!(store.get("intent/n1/hello").await.unwrap(), None);
 
@@ -147,7 +147,7 @@ async fn farm_writes_are_fenced_by_the_session() {
     store.destroy_session(&leader).await.unwrap();
     assert!(matches!(
         ctx.commit(LEADER_LOCK, write()).await,
-        Err(StoreError::Conflict { .. })
+        Err(FarmError::Store(StoreError::Conflict { .. }))
     ));
     assert_eq!(store.get("intent/n1/hello").await.unwrap(), None);
 
@@ -155,7 +155,7 @@ async fn farm_writes_are_fenced_by_the_session() {
     term.cancel.cancel();
     assert!(matches!(
         ctx.commit(lock, write()).await,
-        Err(StoreError::Unavailable(_))
+        Err(FarmError::TermEnded)
     ));
 }
 

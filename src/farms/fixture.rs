@@ -1,0 +1,138 @@
+//! Worlds built by hand, for unit tests of the farms' plans.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::labels::{Labels, POD_ID_LABEL, RC_ID_LABEL};
+use crate::model::{AllocationStrategy, HealthState, Manifest, StoredRc, StoredRoll};
+
+use super::world::{PodKey, Tree, Versioned, World};
+
+/// The trees of a [`World`], each filled as a test needs.
+#[derive(Default)]
+pub struct Fleet {
+    pub rcs: BTreeMap<String, Versioned<StoredRc>>,
+    pub rolls: BTreeMap<String, Versioned<StoredRoll>>,
+    pub nodes: BTreeMap<String, Labels>,
+    pub labels: BTreeMap<PodKey, Versioned<Labels>>,
+    pub intents: BTreeMap<PodKey, Vec<u8>>,
+    pub reality: BTreeMap<PodKey, Vec<u8>>,
+    pub health: HashMap<PodKey, HealthState>,
+    pub locks: BTreeMap<String, Versioned<Option<String>>>,
+}
+
+/// `key=value` pairs as labels.
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+        .collect()
+}
+
+impl Fleet {
+    pub fn new() -> Fleet {
+        Fleet::default()
+    }
+
+    /// A node labelled `role=<role>`.
+    pub fn node(&mut self, name: &str, role: &str) -> &mut Self {
+        self.nodes.insert(name.into(), labels(&[("role", role)]));
+        self
+    }
+
+    /// Pod `pod_id` on `node` with `pod_labels`, intended and running `manifest`, whose
+    /// health is `health` (`None`: no result).
+    pub fn labelled_pod(
+        &mut self,
+        node: &str,
+        pod_id: &str,
+        pod_labels: &[(&str, &str)],
+        manifest: &str,
+        health: Option<HealthState>,
+    ) -> &mut Self {
+        let key = (node.to_owned(), pod_id.to_owned());
+        self.labels.insert(
+            key.clone(),
+            Versioned {
+                value: labels(pod_labels),
+                index: 1,
+            },
+        );
+        self.intents.insert(key.clone(), manifest.into());
+        self.reality.insert(key.clone(), manifest.into());
+        match health {
+            Some(state) => self.health.insert(key, state),
+            None => self.health.remove(&key),
+        };
+        self
+    }
+
+    /// Lock `key` held by `session`.
+    pub fn lock(&mut self, key: &str, session: &str) -> &mut Self {
+        self.locks.insert(
+            key.to_owned(),
+            Versioned {
+                value: Some(session.to_owned()),
+                index: 7,
+            },
+        );
+        self
+    }
+
+    pub fn world(&self) -> World {
+        fn tree<T>(items: T) -> Arc<Tree<T>> {
+            Arc::new(Tree { index: 1, items })
+        }
+        World {
+            rcs: tree(self.rcs.clone()),
+            rolls: tree(self.rolls.clone()),
+            daemon_sets: tree(BTreeMap::new()),
+            nodes: tree(self.nodes.clone()),
+            pod_labels: tree(self.labels.clone()),
+            intents: tree(self.intents.clone()),
+            reality: tree(self.reality.clone()),
+            health: tree(self.health.clone()),
+            locks: tree(self.locks.clone()),
+        }
+    }
+}
+
+/// Pod `hello`, version 1.
+pub const HELLO_1: &str = "id: hello\nconfig: {version: 1}\n";
+/// Pod `hello`, version 2.
+pub const HELLO_2: &str = "id: hello\nconfig: {version: 2}\n";
+
+/// An enabled RC running `manifest` on nodes matching `selector`.
+pub fn rc(id: &str, manifest: &str, replicas: i64, selector: &str) -> StoredRc {
+    StoredRc {
+        id: id.into(),
+        manifest: Manifest::parse(manifest).expect("a test manifest parses"),
+        node_selector: selector.into(),
+        pod_labels: None,
+        replicas_desired: replicas,
+        disabled: false,
+        allocation_strategy: AllocationStrategy::Static,
+    }
+}
+
+impl Fleet {
+    /// Stores `rc` under its id at index `index`.
+    pub fn put_rc(&mut self, rc: StoredRc, index: u64) -> &mut Self {
+        self.rcs
+            .insert(rc.id.clone(), Versioned { value: rc, index });
+        self
+    }
+
+    /// `rc`'s pod on `node`, labelled as the RC labels it, running its manifest.
+    pub fn rc_pod(&mut self, rc: &str, node: &str, health: Option<HealthState>) -> &mut Self {
+        let manifest = self.rcs[rc].value.manifest.clone();
+        let pod_id = manifest.pod_id().to_owned();
+        self.labelled_pod(
+            node,
+            &pod_id,
+            &[(RC_ID_LABEL, rc), (POD_ID_LABEL, &pod_id)],
+            manifest.raw(),
+            health,
+        )
+    }
+}
