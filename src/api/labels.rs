@@ -62,7 +62,7 @@ impl ObjectLabels {
         ObjectLabels {
             label_type,
             id,
-            labels: record.labels,
+            labels: record.value,
             resource_version: record.index.to_string(),
         }
     }

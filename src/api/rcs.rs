@@ -700,7 +700,7 @@ async fn view_response(app: &AppState, record: RcRecord) -> Result<Response, Api
     let labels = label_store
         .get(LabelType::ReplicationController, &record.rc.id)
         .await?
-        .labels;
+        .value;
     let owned =
         Requirement::equals(RC_ID_LABEL, record.rc.id.as_str()).map_err(ApiError::internal)?;
     let (_, pods) = label_store

@@ -280,7 +280,7 @@ impl RollCreator {
                     .labels
                     .get(LabelType::ReplicationController, id)
                     .await?;
-                let mut merged = current.labels;
+                let mut merged = current.value;
                 merged.extend(resolved.new_rc_labels.clone());
                 if let Some(op) =
                     write_op(LabelType::ReplicationController, id, &merged, current.index)
