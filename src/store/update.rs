@@ -8,8 +8,14 @@
 //!   the newer version, after a short jittered pause, for as long as it keeps losing, up to
 //!   [`CONTENTION_DEADLINE`]; past it the answer is a `Conflict` (409) saying so. Losing a
 //!   race is never reported as the store being unavailable: only a real store failure is.
+//!
+//! Updates of one object from this process take turns, so that many clients writing one
+//! object make one attempt each instead of making each other lose over and over; the check-
+//! and-set still decides against writers elsewhere (farms, other servers, P2's tools).
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -62,6 +68,10 @@ where
     WriteFut: Future<Output = Result<StoreResult<R>, E>>,
 {
     let deadline = Instant::now() + CONTENTION_DEADLINE;
+    let turn = turn(what);
+    let _turn = tokio::time::timeout_at(deadline, turn.lock())
+        .await
+        .map_err(|_| kept_changing(what))?;
     let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
     loop {
         let current = read().await?;
@@ -76,17 +86,36 @@ where
             Err(StoreError::Conflict { .. }) => {
                 let pause = backoff.next_delay();
                 if Instant::now() + pause > deadline {
-                    return Err(StoreError::conflict(format!(
-                        "{what} kept changing: other writes landed first for {}s; retry",
-                        CONTENTION_DEADLINE.as_secs()
-                    ))
-                    .into());
+                    return Err(kept_changing(what).into());
                 }
                 tokio::time::sleep(pause).await;
             }
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// The answer once [`CONTENTION_DEADLINE`] has passed.
+fn kept_changing(what: &str) -> StoreError {
+    StoreError::conflict(format!(
+        "{what} kept changing: other writes landed first for {}s; retry",
+        CONTENTION_DEADLINE.as_secs()
+    ))
+}
+
+/// The turn of the updates of `what` in this process: one lock per object being updated,
+/// dropped with its last holder.
+fn turn(what: &str) -> Arc<tokio::sync::Mutex<()>> {
+    static TURNS: LazyLock<Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>> =
+        LazyLock::new(Mutex::default);
+    let mut turns = TURNS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(turn) = turns.get(what).and_then(Weak::upgrade) {
+        return turn;
+    }
+    turns.retain(|_, turn| turn.strong_count() > 0);
+    let turn = Arc::new(tokio::sync::Mutex::new(()));
+    turns.insert(what.to_owned(), Arc::downgrade(&turn));
+    turn
 }
 
 #[cfg(test)]
@@ -102,14 +131,17 @@ mod tests {
     /// A store whose document moves on `conflicts` times before a write lands, and a counter
     /// of the reads the loop made.
     struct Racing {
+        /// Unique per test: updates of one name take turns across the tests' runtimes.
+        what: &'static str,
         index: Cell<u64>,
         conflicts: Cell<usize>,
         reads: Cell<usize>,
     }
 
     impl Racing {
-        fn new(conflicts: usize) -> Self {
+        fn new(what: &'static str, conflicts: usize) -> Self {
             Racing {
+                what,
                 index: Cell::new(7),
                 conflicts: Cell::new(conflicts),
                 reads: Cell::new(0),
@@ -135,13 +167,13 @@ mod tests {
         }
 
         async fn update(&self, expected: Option<u64>) -> StoreResult<u64> {
-            update_with_retry("doc", expected, || self.read(), |c| self.write(c)).await
+            update_with_retry(self.what, expected, || self.read(), |c| self.write(c)).await
         }
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_lost_race_is_retried_on_the_newer_version_until_it_lands() {
-        let racing = Racing::new(20);
+        let racing = Racing::new("retried", 20);
         let started = Instant::now();
         assert_eq!(racing.update(None).await, Ok(28));
         assert_eq!(racing.reads.get(), 21);
@@ -150,7 +182,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn past_the_deadline_the_answer_is_a_conflict_saying_so() {
-        let racing = Racing::new(usize::MAX);
+        let racing = Racing::new("deadline", usize::MAX);
         let started = Instant::now();
         let err = racing.update(None).await.unwrap_err();
         assert!(
@@ -163,20 +195,20 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_expected_version_is_written_once_and_a_stale_one_not_at_all() {
-        let racing = Racing::new(0);
+        let racing = Racing::new("expected", 0);
         assert_eq!(racing.update(Some(7)).await, Ok(8));
         let err = racing.update(Some(7)).await.unwrap_err();
-        assert_eq!(err, StoreError::stale("doc", 7));
+        assert_eq!(err, StoreError::stale("expected", 7));
         assert_eq!(racing.index.get(), 8, "nothing written");
     }
 
     #[tokio::test(start_paused = true)]
     async fn under_an_expected_version_a_lost_race_is_stale_at_once() {
-        let racing = Racing::new(1);
+        let racing = Racing::new("stale", 1);
         let started = Instant::now();
         assert_eq!(
             racing.update(Some(7)).await,
-            Err(StoreError::stale("doc", 7))
+            Err(StoreError::stale("stale", 7))
         );
         assert_eq!(racing.reads.get(), 2);
         assert_eq!(started.elapsed(), Duration::ZERO, "no pause");
@@ -191,7 +223,7 @@ mod tests {
         ] {
             let writes = Cell::new(0);
             let result: StoreResult<()> = update_with_retry(
-                "doc",
+                "failing",
                 None,
                 || async {
                     Ok(Versioned {
@@ -209,5 +241,41 @@ mod tests {
             assert!(result.is_err());
             assert_eq!(writes.get(), 1);
         }
+    }
+
+    /// Fifty updates of one object at once, each pausing between its read and its write:
+    /// they take turns, so each reads once and none loses a race.
+    #[tokio::test(start_paused = true)]
+    async fn updates_of_one_object_take_turns() {
+        let index = Cell::new(1);
+        let reads = Cell::new(0);
+        let update = |n: u64| {
+            let (index, reads) = (&index, &reads);
+            update_with_retry(
+                "turns",
+                None,
+                move || async move {
+                    reads.set(reads.get() + 1);
+                    let read = index.get();
+                    tokio::task::yield_now().await;
+                    Ok::<_, StoreError>(Versioned {
+                        value: n,
+                        index: read,
+                    })
+                },
+                move |current| async move {
+                    tokio::task::yield_now().await;
+                    if current.index != index.get() {
+                        return Ok(Err(lost()));
+                    }
+                    index.set(index.get() + 1);
+                    Ok(Ok(current.value))
+                },
+            )
+        };
+        let done = futures::future::join_all((0..50).map(update)).await;
+        assert_eq!(done, (0..50).map(Ok).collect::<Vec<_>>());
+        assert_eq!(reads.get(), 50);
+        assert_eq!(index.get(), 51);
     }
 }
