@@ -211,7 +211,7 @@ impl From<DaemonSetError> for ApiError {
             DaemonSetError::NotFound(id) => {
                 ApiError::not_found(format!("daemon set {id} not found"))
             }
-            DaemonSetError::Stale { id, expected } => stale(&format!("daemon set {id}"), expected),
+            DaemonSetError::Stale { what, expected } => stale(&what, expected),
             DaemonSetError::Invalid(problems) => ApiError::invalid(problems.into_iter().map(cause)),
             DaemonSetError::Undecodable { id, .. } => {
                 ApiError::unreadable(format!("{err}; DELETE /api/v1/daemonsets/{id} removes it"))
@@ -251,8 +251,8 @@ async fn list_daemon_sets(
     let pod_id = query.filter.pod_id.as_ref();
     let items = records
         .iter()
-        .filter(|r| pod_id.is_none_or(|pod| &r.ds.pod_id == pod))
-        .filter(|r| query.selector.matches(&r.ds.labels()))
+        .filter(|r| pod_id.is_none_or(|pod| &r.value.pod_id == pod))
+        .filter(|r| query.selector.matches(&r.value.labels()))
         .map(|r| daemon_set(r, None))
         .collect();
     let page = query.paging.page(items, |ds: &DaemonSet| ds.id.as_str());
@@ -295,9 +295,10 @@ async fn create_daemon_set(
         return Err(contention_error(&other));
     }
     let record = store.create(ds, &user).await?;
+    let id = parse_daemon_set_id(&record.value.id).map_err(ApiError::internal)?;
     // The daemon set exists now: a failure to read its status must not turn into an error
     // that makes the client create it again.
-    let status = match rollout_status(&app.store, &record).await {
+    let status = match rollout_status(&app.store, id, &record).await {
         Ok(status) => Some(status),
         Err(e) => {
             tracing::warn!(error = %e, "reading a new daemon set's status failed");
@@ -305,7 +306,7 @@ async fn create_daemon_set(
         }
     };
     created(
-        &format!("/api/v1/daemonsets/{}", record.id),
+        &format!("/api/v1/daemonsets/{id}"),
         record.index,
         daemon_set(&record, status),
     )
@@ -337,7 +338,7 @@ async fn get_daemon_set(
         .get(id)
         .await?
         .ok_or(DaemonSetError::NotFound(id))?;
-    let status = rollout_status(&app.store, &record).await?;
+    let status = rollout_status(&app.store, id, &record).await?;
     Ok((
         [etag(record.index)],
         ApiJson(daemon_set(&record, Some(status))),
@@ -348,9 +349,10 @@ async fn get_daemon_set(
 /// `min_health`, `cluster_name`, `timeout` and `disabled`.
 ///
 /// With `If-Match` the patch applies only to that version (412 otherwise); without it, it is
-/// re-applied to the latest version until it lands, so concurrent patches of different fields
-/// all take effect. A patch that changes nothing answers 200 with the daemon set unchanged.
-/// A change leaving the daemon set enabled and contending with another is refused with 409.
+/// re-applied to the latest version while it loses to concurrent writes (for up to 5 s), so
+/// concurrent patches of different fields all take effect. A patch that changes nothing
+/// answers 200 with the daemon set unchanged. A change leaving the daemon set enabled and
+/// contending with another is refused with 409.
 #[utoipa::path(
     patch,
     path = "/daemonsets/{id}",
@@ -367,7 +369,7 @@ async fn get_daemon_set(
             headers(("ETag" = String, description = "The version, for If-Match"))),
         (status = BAD_REQUEST, description = "Malformed JSON, If-Match or X-P2-User", body = ErrorBody),
         (status = NOT_FOUND, description = "No such daemon set", body = ErrorBody),
-        (status = CONFLICT, description = "It would contend with another daemon set", body = ErrorBody),
+        (status = CONFLICT, description = "It would contend with another daemon set, or it kept changing for 5 s", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "If-Match is stale", body = ErrorBody),
         (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not a JSON merge patch", body = ErrorBody),
@@ -391,7 +393,7 @@ async fn patch_daemon_set(
     if !violations.is_empty() {
         // Report a manifest for the wrong pod along with the other problems.
         if let (Some(manifest), Ok(Some(current))) = (&changes.manifest, store.get(id).await) {
-            check_pod_id(manifest, &current.ds, &mut violations);
+            check_pod_id(manifest, &current.value, &mut violations);
         }
         violations.finish()?;
     }
@@ -399,8 +401,8 @@ async fn patch_daemon_set(
         .update(id, expected, &user, |current| {
             let (changes, store, labels) = (&changes, &store, &labels);
             async move {
-                let next = changes.apply(&current.ds)?;
-                if next != current.ds {
+                let next = changes.apply(&current.value)?;
+                if next != current.value {
                     if let Some(other) = store.find_contender(&next, labels).await? {
                         return Err(contention_error(&other));
                     }
@@ -409,7 +411,7 @@ async fn patch_daemon_set(
             }
         })
         .await?;
-    let status = rollout_status(&app.store, &record).await?;
+    let status = rollout_status(&app.store, id, &record).await?;
     Ok((
         [etag(record.index)],
         ApiJson(daemon_set(&record, Some(status))),
@@ -722,7 +724,7 @@ fn contention_error(other: &StoredDaemonSet) -> ApiError {
 }
 
 fn daemon_set(record: &DaemonSetRecord, status: Option<DaemonSetStatus>) -> DaemonSet {
-    let ds = &record.ds;
+    let ds = &record.value;
     DaemonSet {
         id: ds.id.clone(),
         manifest: ds.manifest.raw().to_owned(),
@@ -740,30 +742,30 @@ fn daemon_set(record: &DaemonSetRecord, status: Option<DaemonSetStatus>) -> Daem
 /// Counts, now, the nodes a daemon set targets, the nodes it has pods on, and the healthy ones.
 async fn rollout_status(
     kv: &Arc<dyn KvStore>,
+    id: Uuid,
     record: &DaemonSetRecord,
 ) -> Result<DaemonSetStatus, ApiError> {
     let labels = LabelStore::new(kv.clone());
     // Writes keep the selector parsable; one that is not (written by another tool) cannot
     // be acted on by the farm, so it targets nothing.
-    let nodes_targeted = match record.ds.node_selector.parse::<Selector>() {
+    let nodes_targeted = match record.value.node_selector.parse::<Selector>() {
         Ok(selector) => labels.select(LabelType::Node, &selector).await?.1.len(),
         Err(_) => 0,
     };
-    let owned =
-        Requirement::equals(DS_ID_LABEL, record.id.to_string()).map_err(ApiError::internal)?;
+    let owned = Requirement::equals(DS_ID_LABEL, id.to_string()).map_err(ApiError::internal)?;
     let (_, pods) = labels
         .select(LabelType::Pod, &Selector::from_requirements([owned]))
         .await?;
     // Healthy as the farm counts nodes for `min_health`: by the one rule, against what the
     // node is meant to run (its intent, the daemon set's manifest or not yet).
-    let health = pod_health(kv, &record.ds.pod_id).await?;
+    let health = pod_health(kv, &record.value.pod_id).await?;
     let manifests = PodStore::new(kv.clone());
     let mut counts = HealthCounts::default();
     for pod in pods
         .iter()
         .filter_map(|pod| PodLocation::from_label_id(&pod.id))
     {
-        if pod.pod_id() != record.ds.pod_id {
+        if pod.pod_id() != record.value.pod_id {
             continue;
         }
         let Some(intent) = manifests.get(PodTree::Intent, &pod).await? else {
@@ -781,9 +783,7 @@ async fn rollout_status(
             result,
         ));
     }
-    let farm = DaemonSetStore::new(kv.clone())
-        .farm_status(record.id)
-        .await?;
+    let farm = DaemonSetStore::new(kv.clone()).farm_status(id).await?;
     Ok(DaemonSetStatus {
         nodes_targeted,
         nodes_scheduled: pods.len(),

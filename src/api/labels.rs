@@ -62,7 +62,7 @@ impl ObjectLabels {
         ObjectLabels {
             label_type,
             id,
-            labels: record.labels,
+            labels: record.value,
             resource_version: record.index.to_string(),
         }
     }
@@ -307,8 +307,8 @@ async fn put_labels(
 ///
 /// `{"labels": {"k": "v", "gone": null}}` sets `k` and removes `gone`, keeping the rest; the
 /// body may be `application/merge-patch+json` or `application/json`. Without `If-Match` the
-/// patch is applied to whatever is stored, retried on concurrent changes, so patches of
-/// different keys all take effect; with it, only at that version.
+/// patch is applied to whatever is stored, re-applied while it loses to concurrent writes (for
+/// up to 5 s), so patches of different keys all take effect; with it, only at that version.
 #[utoipa::path(
     patch,
     path = "/labels/{type}/{id}",
@@ -332,8 +332,8 @@ async fn put_labels(
             body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Bad id, fields or labels",
             body = ErrorBody),
-        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable or the labels \
-            kept changing", body = ErrorBody)
+        (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
 async fn patch_labels(

@@ -125,7 +125,7 @@ async fn get_node(
     let (_, intents) = app.pods().list(PodTree::Intent, Some(&node)).await?;
     let detail = NodeDetail {
         name: node,
-        labels: record.labels,
+        labels: record.value,
         pods: intents
             .into_iter()
             .map(|entry| entry.pod.pod_id().to_owned())

@@ -227,7 +227,7 @@ async fn get_p2_labels(
     Ok(ApiJson(P2ObjectLabels {
         label_type,
         id,
-        labels: record.labels,
+        labels: record.value,
         index: record.index,
     }))
 }

@@ -123,7 +123,7 @@ async fn list_pods(
         .filter_map(|entry| {
             let pod_labels = labels
                 .remove(&entry.pod)
-                .map(|record| record.labels)
+                .map(|record| record.value)
                 .unwrap_or_default();
             if !query.selector.matches(&pod_labels) {
                 return None;

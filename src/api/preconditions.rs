@@ -7,6 +7,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue};
 
 use crate::error::ApiError;
+use crate::store::update::UpdateError;
 
 /// The index a write must find, from `If-Match` (`"42"`, `W/"42"` or `42`); `None` without
 /// the header or with `*`.
@@ -47,4 +48,11 @@ pub fn stale(what: &str, expected: u64) -> ApiError {
     ApiError::precondition_failed(format!(
         "{what} has changed since version {expected}; read it again and retry"
     ))
+}
+
+/// A read-modify-write whose `If-Match` version is no longer current answers 412.
+impl UpdateError for ApiError {
+    fn stale(what: &str, expected: u64) -> Self {
+        stale(what, expected)
+    }
 }

@@ -22,7 +22,7 @@ use crate::api::blocking::index_header;
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
-use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::api::preconditions::{etag, IfMatch};
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
@@ -36,13 +36,11 @@ use crate::model::{AllocationStrategy, FieldError, Manifest, StoredRc};
 use crate::store::layout;
 use crate::store::rcs::{RcRecord, RcStore};
 use crate::store::rolls::RollStore;
+use crate::store::update::update_with_retry;
+use crate::store::Versioned;
 
 /// OpenAPI tag of the RC routes.
 pub const TAG: &str = "replication_controllers";
-
-/// How often a write is re-applied to a newer version before the server gives up; each miss
-/// means another writer landed, so this only runs out under extreme contention.
-const MAX_WRITE_ATTEMPTS: usize = 64;
 
 /// P2's store retries an id collision this many times.
 const MAX_CREATE_ATTEMPTS: usize = 3;
@@ -297,7 +295,7 @@ pub struct RcStatus {
 impl RcView {
     /// The view of `record` with its labels and the pod labels that name it.
     pub fn new(record: &RcRecord, labels: Labels, status: RcStatus) -> Self {
-        let rc = &record.rc;
+        let rc = &record.value;
         RcView {
             id: rc.id.clone(),
             manifest: rc.manifest.raw().to_owned(),
@@ -398,7 +396,11 @@ async fn create_rc(
         }
     };
     let view = RcView::new(&record, labels, RcStatus::default());
-    created(&format!("/api/v1/rcs/{}", record.rc.id), record.index, view)
+    created(
+        &format!("/api/v1/rcs/{}", record.value.id),
+        record.index,
+        view,
+    )
 }
 
 /// Lists RCs, with their labels and status, sorted by id.
@@ -444,9 +446,9 @@ async fn list_rcs(State(app): State<AppState>, query: ListQuery) -> Result<Respo
     let items = records
         .iter()
         .filter_map(|record| {
-            let labels = labels_by_rc.remove(&record.rc.id).unwrap_or_default();
+            let labels = labels_by_rc.remove(&record.value.id).unwrap_or_default();
             query.selector.matches(&labels).then(|| {
-                let pods = pods_by_rc.get(record.rc.id.as_str());
+                let pods = pods_by_rc.get(record.value.id.as_str());
                 let status = RcStatus::from_pods(pods.into_iter().flatten().copied());
                 RcView::new(record, labels, status)
             })
@@ -487,9 +489,9 @@ async fn get_rc(
 /// `node_selector`, `pod_labels` (a `null` value removes a key), `manifest` (same pod id)
 /// and `allocation_strategy`.
 ///
-/// With `If-Match` the patch applies only to that version; without it, it is re-applied to
-/// the latest version until it lands. Refused while a roll names the RC (as its old or new
-/// RC) or someone holds the RC's mutation lock.
+/// With `If-Match` the patch applies only to that version; without it, a patch that loses to
+/// a concurrent write is re-applied to the newer version, for up to 5 s. Refused while a roll
+/// names the RC (as its old or new RC) or someone holds the RC's mutation lock.
 #[utoipa::path(
     patch,
     path = "/rcs/{id}",
@@ -502,7 +504,7 @@ async fn get_rc(
             headers(("ETag" = String, description = "The RC's new version"))),
         (status = BAD_REQUEST, description = "Malformed JSON or If-Match", body = ErrorBody),
         (status = NOT_FOUND, description = "No such RC", body = ErrorBody),
-        (status = CONFLICT, description = "A roll names the RC, or someone holds its mutation lock", body = ErrorBody),
+        (status = CONFLICT, description = "A roll names the RC, someone holds its mutation lock, or it kept changing for 5 s", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "The RC changed since the If-Match version", body = ErrorBody),
         (status = PAYLOAD_TOO_LARGE, description = "Body over 1 MiB", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "Not a JSON merge patch", body = ErrorBody),
@@ -521,22 +523,23 @@ async fn patch_rc(
     let id = rc_id(&id)?;
     let patch = RcPatch::parse(patch)?;
     let store = app.rcs();
-    for _ in 0..MAX_WRITE_ATTEMPTS {
-        let record = read(&store, &id).await?;
-        check_version(&record, expected)?;
-        let guards = unclaimed(&app, &store, &id).await?;
-        let mut rc = record.rc.clone();
-        patch.apply(&mut rc)?;
-        if rc == record.rc {
-            return view_response(&app, record).await;
-        }
-        match store.write(rc, record.index, guards).await {
-            Ok(written) => return view_response(&app, written).await,
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(busy(&id))
+    let (state, store, id, patch) = (&app, &store, &id, &patch);
+    let record = update_with_retry(
+        &describe(id),
+        expected,
+        || read(store, id),
+        |record| async move {
+            let guards = unclaimed(state, store, id).await?;
+            let mut rc = record.value.clone();
+            patch.apply(&mut rc)?;
+            if rc == record.value {
+                return Ok(Ok(record));
+            }
+            Ok(store.write(rc, record.index, guards).await)
+        },
+    )
+    .await?;
+    view_response(&app, record).await
 }
 
 /// Deletes an RC and its labels in one transaction; its pods stay where they are.
@@ -568,37 +571,34 @@ async fn delete_rc(
 ) -> Result<StatusCode, ApiError> {
     let id = rc_id(&id)?;
     let store = app.rcs();
-    for _ in 0..MAX_WRITE_ATTEMPTS {
-        let mut ops = unclaimed(&app, &store, &id).await?;
-        let index = match store.get(&id).await {
-            Ok(Some(record)) => {
-                check_version(&record, expected)?;
-                if record.rc.replicas_desired > 0 && !params.force {
-                    return Err(ApiError::conflict(format!(
-                        "replication controller {id} still wants {} replicas; set \
-                         replicas_desired to 0 first or delete with ?force=true",
-                        record.rc.replicas_desired
-                    )));
-                }
-                record.index
-            }
-            Ok(None) => {
-                return Err(ApiError::not_found(format!(
-                    "no replication controller {id}"
-                )))
-            }
+    let (state, store, id) = (&app, &store, &id);
+    let read = || async move {
+        match store.get(id).await {
+            Ok(Some(record)) => Ok(record.map(Some)),
+            Ok(None) => Err(ApiError::not_found(format!(
+                "no replication controller {id}"
+            ))),
             // No farm can run an RC it cannot read, so its replica count protects nothing.
-            Err(StoreError::Invalid(why)) => unreadable_index(&app, &id, expected, &why).await?,
-            Err(e) => return Err(e.into()),
-        };
-        ops.extend(RcStore::delete_ops(&id, index));
-        match app.store.txn(&ops).await {
-            Ok(_) => return Ok(StatusCode::NO_CONTENT),
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
+            Err(StoreError::Invalid(why)) => unreadable_version(state, id, &why).await,
+            Err(e) => Err(e.into()),
         }
-    }
-    Err(busy(&id))
+    };
+    let write = |current: Versioned<Option<StoredRc>>| async move {
+        let mut ops = unclaimed(state, store, id).await?;
+        if let Some(rc) = current.value.as_ref().filter(|rc| rc.replicas_desired > 0) {
+            if !params.force {
+                return Err(ApiError::conflict(format!(
+                    "replication controller {id} still wants {} replicas; set \
+                     replicas_desired to 0 first or delete with ?force=true",
+                    rc.replicas_desired
+                )));
+            }
+        }
+        ops.extend(RcStore::delete_ops(id, current.index));
+        Ok(state.store.txn(&ops).await.map(drop))
+    };
+    update_with_retry(&describe(id), expected, read, write).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The canonical form of an RC id from a path, refused unless it is a UUID (every key under
@@ -629,35 +629,27 @@ async fn read(store: &RcStore, id: &str) -> Result<RcRecord, ApiError> {
     }
 }
 
-/// The index of an RC document that cannot be decoded, so that it can still be deleted;
-/// 412 unless it is at the version the client expects.
-async fn unreadable_index(
+/// The version of an RC document that cannot be decoded, so that it can still be deleted.
+async fn unreadable_version(
     app: &AppState,
     id: &str,
-    expected: Option<u64>,
     why: &str,
-) -> Result<u64, ApiError> {
+) -> Result<Versioned<Option<StoredRc>>, ApiError> {
     let Some(pair) = app.store.get(&layout::rc(id)).await? else {
         return Err(ApiError::not_found(format!(
             "no replication controller {id}"
         )));
     };
-    if let Some(expected) = expected.filter(|expected| *expected != pair.modify_index) {
-        return Err(stale(&format!("replication controller {id}"), expected));
-    }
     tracing::warn!(rc = %id, error = %why, "deleting an RC whose document cannot be decoded");
-    Ok(pair.modify_index)
+    Ok(Versioned {
+        value: None,
+        index: pair.modify_index,
+    })
 }
 
-/// 412 unless the RC is at the version the client expects.
-fn check_version(record: &RcRecord, expected: Option<u64>) -> Result<(), ApiError> {
-    match expected {
-        Some(expected) if expected != record.index => Err(stale(
-            &format!("replication controller {}", record.rc.id),
-            expected,
-        )),
-        _ => Ok(()),
-    }
+/// How errors name an RC.
+fn describe(id: &str) -> String {
+    format!("replication controller {id}")
 }
 
 /// The txn ops that keep a write to the RC atomic with "no roll has it as its new RC and
@@ -688,21 +680,15 @@ async fn unclaimed(app: &AppState, store: &RcStore, id: &str) -> Result<Vec<TxnO
     }
 }
 
-fn busy(id: &str) -> ApiError {
-    ApiError::conflict(format!(
-        "replication controller {id} kept changing while this request tried to apply; retry"
-    ))
-}
-
 /// The RC as a response: its view with labels and status, and its `ETag`.
 async fn view_response(app: &AppState, record: RcRecord) -> Result<Response, ApiError> {
     let label_store = app.labels();
     let labels = label_store
-        .get(LabelType::ReplicationController, &record.rc.id)
+        .get(LabelType::ReplicationController, &record.value.id)
         .await?
-        .labels;
+        .value;
     let owned =
-        Requirement::equals(RC_ID_LABEL, record.rc.id.as_str()).map_err(ApiError::internal)?;
+        Requirement::equals(RC_ID_LABEL, record.value.id.as_str()).map_err(ApiError::internal)?;
     let (_, pods) = label_store
         .select(LabelType::Pod, &Selector::from_requirements([owned]))
         .await?;

@@ -281,16 +281,13 @@ async fn delete_roll(
     IfMatch(expected): IfMatch,
 ) -> Result<StatusCode, ApiError> {
     validate_path_id(&id)?;
-    match app.rolls().delete(&id, expected).await {
-        Ok(true) => Ok(StatusCode::NO_CONTENT),
-        Ok(false) => Err(not_found(&id)),
-        Err(StoreError::Conflict { .. }) => match expected {
-            Some(expected) => Err(stale(&format!("rolling update {id}"), expected)),
-            None => Err(ApiError::conflict(format!(
-                "rolling update {id} changed while it was being deleted; retry"
-            ))),
-        },
-        Err(e) => Err(e.into()),
+    match (app.rolls().delete(&id, expected).await, expected) {
+        (Ok(true), _) => Ok(StatusCode::NO_CONTENT),
+        (Ok(false), _) => Err(not_found(&id)),
+        (Err(StoreError::Conflict { .. }), Some(expected)) => {
+            Err(stale(&format!("rolling update {id}"), expected))
+        }
+        (Err(e), _) => Err(e.into()),
     }
 }
 
@@ -522,7 +519,7 @@ impl Views {
     }
 
     async fn view(&mut self, record: &RollRecord) -> Result<Roll, ApiError> {
-        let roll = &record.roll;
+        let roll = &record.value;
         Ok(Roll {
             id: roll.new_rc.clone(),
             old_rc_id: roll.old_rc.clone(),
@@ -548,7 +545,7 @@ impl Views {
     /// unreadable RC wants no manifest, so its labeled pods count, none of them as real.
     async fn progress(&mut self, rc_id: &str) -> Result<RcProgress, ApiError> {
         let rc = match self.rcs.get(rc_id).await {
-            Ok(record) => record.map(|r| r.rc),
+            Ok(record) => record.map(|r| r.value),
             Err(StoreError::Invalid(why)) => {
                 tracing::warn!(rc = %rc_id, %why, "showing an unreadable RC's desired count as unknown");
                 None

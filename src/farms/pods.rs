@@ -12,15 +12,7 @@ use super::world::{PodKey, World};
 
 /// The pod's location and its labels as the farm last saw them.
 fn seen(world: &World, pod: &PodKey) -> (PodLocation, LabelRecord) {
-    let current = world
-        .pod_labels
-        .items
-        .get(pod)
-        .map(|seen| LabelRecord {
-            labels: seen.value.clone(),
-            index: seen.index,
-        })
-        .unwrap_or_default();
+    let current = world.pod_labels.items.get(pod).cloned().unwrap_or_default();
     (PodLocation::stored(&pod.0, &pod.1), current)
 }
 
@@ -55,7 +47,7 @@ pub fn replace_ops(
 ) -> Vec<TxnOp> {
     let (location, mut current) = seen(world, pod);
     for key in dropped {
-        current.labels.remove(*key);
+        current.value.remove(*key);
     }
     pods::schedule_ops(&location, manifest, labels, &current)
 }

@@ -22,12 +22,7 @@ pub const TREE_WAIT: Duration = Duration::from_secs(60);
 /// A node and a pod id: the identity of a legacy pod (`intent/<node>/<pod_id>`).
 pub type PodKey = (String, String);
 
-/// A decoded object and the modify index it was read at.
-#[derive(Debug, Clone)]
-pub struct Versioned<T> {
-    pub value: T,
-    pub index: u64,
-}
+pub use crate::store::Versioned;
 
 /// One tree, decoded: what the farms read instead of the store.
 #[derive(Debug, Default)]

@@ -17,10 +17,9 @@ use crate::model::{AuditRecord, DaemonSetEvent, DecodeError, FieldError, StoredD
 
 use super::labels::LabelStore;
 use super::layout;
+use super::update::{update_with_retry, UpdateError};
+use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
-/// Where audit records live, one UUID key per record./// The status namespace the DS farm writes under `status/daemon_sets/<id>/`.
-/// How many times a read-modify-write is retried on CAS conflicts before giving up.
-const MAX_CAS_ATTEMPTS: usize = 32;
 
 /// Parses a daemon-set ID: a UUID in canonical lowercase hyphenated form only, so that every
 /// ID names exactly one key and the key's segment reads back as the same ID.
@@ -34,13 +33,7 @@ pub fn parse_daemon_set_id(text: &str) -> Result<Uuid, String> {
 }
 
 /// One daemon set and the modify index it was read at (the CAS token and the API's ETag).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DaemonSetRecord {
-    /// The parsed ID; equal to `ds.id`.
-    pub id: Uuid,
-    pub ds: StoredDaemonSet,
-    pub index: u64,
-}
+pub type DaemonSetRecord = Versioned<StoredDaemonSet>;
 
 /// What the DS farm publishes about a rollout at `status/daemon_sets/<id>/daemon_set_farm`,
 /// in P2's JSON (§1.6).
@@ -64,9 +57,10 @@ pub enum DaemonSetError {
     /// No document at the daemon set's key.
     #[error("no daemon set {0}")]
     NotFound(Uuid),
-    /// The caller asked for a write at an index the daemon set is no longer at.
-    #[error("daemon set {id} has changed since version {expected}")]
-    Stale { id: Uuid, expected: u64 },
+    /// The caller asked for a write at an index the daemon set is no longer at; `what`
+    /// names it.
+    #[error("{what} has changed since version {expected}")]
+    Stale { what: String, expected: u64 },
     /// The stored document cannot be decoded, so it cannot be changed safely either.
     #[error("daemon set {id} cannot be decoded: {source}")]
     Undecodable {
@@ -80,6 +74,15 @@ pub enum DaemonSetError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl UpdateError for DaemonSetError {
+    fn stale(what: &str, expected: u64) -> Self {
+        DaemonSetError::Stale {
+            what: what.to_owned(),
+            expected,
+        }
+    }
 }
 
 fn join(errors: &[FieldError]) -> String {
@@ -110,8 +113,7 @@ impl DaemonSetStore {
         StoredDaemonSet::from_json(&pair.value)
             .map(|ds| {
                 Some(DaemonSetRecord {
-                    id,
-                    ds,
+                    value: ds,
                     index: pair.modify_index,
                 })
             })
@@ -148,58 +150,20 @@ impl DaemonSetStore {
         ];
         let results = self.kv.txn(&ops).await?;
         Ok(DaemonSetRecord {
-            id,
             index: written_index(&results),
-            ds,
+            value: ds,
         })
     }
 
-    /// Replaces `current` by `next` if the daemon set is still at `current.index`, with one
-    /// audit record per kind of change (manifest, node selector, enabled, disabled, anything
-    /// else) in the same transaction. Writes nothing when `next` equals `current`. A
-    /// concurrent change is [`DaemonSetError::Stale`].
-    pub async fn write(
-        &self,
-        current: &DaemonSetRecord,
-        next: StoredDaemonSet,
-        user: &str,
-    ) -> Result<DaemonSetRecord, DaemonSetError> {
-        if next.id != current.ds.id {
-            return Err(DaemonSetError::Invalid(vec![FieldError::new(
-                "id",
-                "cannot be changed",
-            )]));
-        }
-        check_invariants(&next)?;
-        let events = change_events(&current.ds, &next);
-        if events.is_empty() {
-            return Ok(current.clone());
-        }
-        let mut ops = vec![TxnOp::Cas {
-            key: layout::daemon_set(current.id),
-            value: next.to_json(),
-            index: current.index,
-        }];
-        ops.extend(events.into_iter().map(|event| audit_op(event, &next, user)));
-        match self.kv.txn(&ops).await {
-            Ok(results) => Ok(DaemonSetRecord {
-                id: current.id,
-                index: written_index(&results),
-                ds: next,
-            }),
-            Err(StoreError::Conflict { .. }) => Err(DaemonSetError::Stale {
-                id: current.id,
-                expected: current.index,
-            }),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Read-modify-write of one daemon set. `change` receives the latest record and returns
-    /// the daemon set it should become (or an error, which ends the update). With `expected`
-    /// the write happens only at that index ([`DaemonSetError::Stale`] otherwise); without
-    /// it a concurrent change makes `change` run again on the newer record, so concurrent
-    /// updates of different fields all take effect.
+    /// Read-modify-write of one daemon set, by the rule of [`update_with_retry`]. `change`
+    /// receives the latest record and returns the daemon set it should become (or an error,
+    /// which ends the update). The write replaces the record only at the index it was read
+    /// at, with one audit record per kind of change (manifest, node selector, enabled,
+    /// disabled, anything else) in the same transaction; nothing is written when `change`
+    /// changes nothing. With `expected` it happens only at that index
+    /// ([`DaemonSetError::Stale`] otherwise); without it a concurrent change makes `change`
+    /// run again on the newer record, so concurrent updates of different fields all take
+    /// effect.
     pub async fn update<E, F, Fut>(
         &self,
         id: Uuid,
@@ -208,29 +172,50 @@ impl DaemonSetStore {
         mut change: F,
     ) -> Result<DaemonSetRecord, E>
     where
-        E: From<DaemonSetError>,
+        E: UpdateError + From<DaemonSetError>,
         F: FnMut(DaemonSetRecord) -> Fut,
         Fut: Future<Output = Result<StoredDaemonSet, E>>,
     {
-        for _ in 0..MAX_CAS_ATTEMPTS {
-            let current = self.get(id).await?.ok_or(DaemonSetError::NotFound(id))?;
-            if let Some(expected) = expected {
-                if current.index != expected {
-                    return Err(DaemonSetError::Stale { id, expected }.into());
+        update_with_retry(
+            &describe(id),
+            expected,
+            || async { Ok(self.get(id).await?.ok_or(DaemonSetError::NotFound(id))?) },
+            |current| {
+                let next = change(current.clone());
+                async move {
+                    let next = next.await?;
+                    if next.id != current.value.id {
+                        return Err(DaemonSetError::Invalid(vec![FieldError::new(
+                            "id",
+                            "cannot be changed",
+                        )])
+                        .into());
+                    }
+                    check_invariants(&next)?;
+                    let events = change_events(&current.value, &next);
+                    if events.is_empty() {
+                        return Ok(Ok(current));
+                    }
+                    let mut ops = vec![TxnOp::Cas {
+                        key: layout::daemon_set(id),
+                        value: next.to_json(),
+                        index: current.index,
+                    }];
+                    ops.extend(events.into_iter().map(|event| audit_op(event, &next, user)));
+                    Ok(self.kv.txn(&ops).await.map(|results| DaemonSetRecord {
+                        index: written_index(&results),
+                        value: next,
+                    }))
                 }
-            }
-            let next = change(current.clone()).await?;
-            match self.write(&current, next, user).await {
-                Err(DaemonSetError::Stale { .. }) if expected.is_none() => continue,
-                result => return result.map_err(E::from),
-            }
-        }
-        Err(DaemonSetError::Store(gave_up(id)).into())
+            },
+        )
+        .await
     }
 
-    /// Deletes a daemon set (at `expected` only, when given), writing a `DAEMON_SET_DELETED`
-    /// audit record of its last state in the same transaction; returns that state. Its pods
-    /// stay until the farm's dangling-pod cleanup removes them, as in P2.
+    /// Deletes a daemon set (at `expected` only, when given, by the rule of
+    /// [`update_with_retry`]), writing a `DAEMON_SET_DELETED` audit record of its last state
+    /// in the same transaction; returns that state. Its pods stay until the farm's
+    /// dangling-pod cleanup removes them, as in P2.
     ///
     /// A stored document that cannot be decoded is deleted too, so a corrupt one can always
     /// be cleared; `None` then, and no audit record, as there is no daemon set to record.
@@ -240,23 +225,20 @@ impl DaemonSetStore {
         expected: Option<u64>,
         user: &str,
     ) -> Result<Option<StoredDaemonSet>, DaemonSetError> {
-        let key = layout::daemon_set(id);
-        for _ in 0..MAX_CAS_ATTEMPTS {
+        let key = &layout::daemon_set(id);
+        let read = || async {
             let pair = self
                 .kv
-                .get(&key)
+                .get(key)
                 .await?
                 .ok_or(DaemonSetError::NotFound(id))?;
-            let index = expected.unwrap_or(pair.modify_index);
-            if index != pair.modify_index {
-                return Err(DaemonSetError::Stale {
-                    id,
-                    expected: index,
-                });
-            }
-            let key = layout::daemon_set(id);
-            let current = StoredDaemonSet::from_json(&pair.value);
-            if let Err(e) = &current {
+            Ok(Versioned {
+                value: StoredDaemonSet::from_json(&pair.value),
+                index: pair.modify_index,
+            })
+        };
+        let write = |current: Versioned<Result<StoredDaemonSet, DecodeError>>| async move {
+            if let Err(e) = &current.value {
                 tracing::warn!(%id, error = %e, "deleting a daemon set whose document cannot be decoded");
             }
             // Consul's delete-cas succeeds on an absent key; the check makes a concurrent
@@ -264,29 +246,19 @@ impl DaemonSetStore {
             let mut ops = vec![
                 TxnOp::CheckIndex {
                     key: key.clone(),
-                    index,
+                    index: current.index,
                 },
                 TxnOp::DeleteCas {
                     key: key.clone(),
-                    index,
+                    index: current.index,
                 },
             ];
-            if let Ok(ds) = &current {
+            if let Ok(ds) = &current.value {
                 ops.push(audit_op(DaemonSetEvent::Deleted, ds, user));
             }
-            match self.kv.txn(&ops).await {
-                Ok(_) => return Ok(current.ok()),
-                Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
-                Err(StoreError::Conflict { .. }) => {
-                    return Err(DaemonSetError::Stale {
-                        id,
-                        expected: index,
-                    })
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(DaemonSetError::Store(gave_up(id)))
+            Ok(self.kv.txn(&ops).await.map(|_| current.value.ok()))
+        };
+        update_with_retry(&describe(id), expected, read, write).await
     }
 
     /// The first enabled daemon set that contends with `ds` (§4.10), reading the daemon sets
@@ -303,7 +275,7 @@ impl DaemonSetStore {
         }
         let (_, others) = self.list().await?;
         let mut nodes: Option<Vec<Labeled>> = None;
-        for other in others.into_iter().map(|record| record.ds) {
+        for other in others.into_iter().map(|record| record.value) {
             if !may_contend(ds, &other) {
                 continue;
             }
@@ -445,21 +417,17 @@ fn written_index(results: &[Option<KvPair>]) -> u64 {
         .map_or(0, |pair| pair.modify_index)
 }
 
-fn gave_up(id: Uuid) -> StoreError {
-    StoreError::Unavailable(format!(
-        "daemon set {id} kept changing; gave up after {MAX_CAS_ATTEMPTS} attempts"
-    ))
+/// How errors name a daemon set.
+fn describe(id: Uuid) -> String {
+    format!("daemon set {id}")
 }
 
 fn decode_pair(pair: &KvPair) -> Option<DaemonSetRecord> {
     let segment = pair.key.strip_prefix(layout::DAEMON_SETS)?;
-    let id = match parse_daemon_set_id(segment) {
-        Ok(id) => id,
-        Err(e) => {
-            tracing::warn!(key = %pair.key, error = %e, "skipping a daemon set key that is not an ID");
-            return None;
-        }
-    };
+    if let Err(e) = parse_daemon_set_id(segment) {
+        tracing::warn!(key = %pair.key, error = %e, "skipping a daemon set key that is not an ID");
+        return None;
+    }
     let ds = match StoredDaemonSet::from_json(&pair.value) {
         Ok(ds) => ds,
         Err(e) => {
@@ -472,8 +440,7 @@ fn decode_pair(pair: &KvPair) -> Option<DaemonSetRecord> {
         return None;
     }
     Some(DaemonSetRecord {
-        id,
-        ds,
+        value: ds,
         index: pair.modify_index,
     })
 }

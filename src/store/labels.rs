@@ -7,23 +7,18 @@ use std::sync::Arc;
 
 use crate::labels::{LabelType, Labeled, Labels, Selector};
 
-use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use super::update::update_with_retry;
+use super::Versioned;
+use crate::kv::{KvPair, KvStore, StoreResult, TxnOp};
 
 /// One object's labels and the modify index they were read at (0 when it has none).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LabelRecord {
-    pub labels: Labels,
-    pub index: u64,
-}
+pub type LabelRecord = Versioned<Labels>;
 
 /// Reads and writes labels with P2's layout and JSON.
 #[derive(Clone)]
 pub struct LabelStore {
     kv: Arc<dyn KvStore>,
 }
-
-/// How many times a read-modify-write is retried on CAS conflicts before giving up.
-const MAX_CAS_ATTEMPTS: usize = 32;
 
 impl LabelStore {
     /// Wraps the KV store.
@@ -69,9 +64,10 @@ impl LabelStore {
         .await
     }
 
-    /// Applies `change` to an object's labels with check-and-set. With `expected` the write
-    /// happens only at that index (a `Conflict` otherwise); without it the change is
-    /// re-applied to the latest labels until it lands, so concurrent writers all win.
+    /// Applies `change` to an object's labels with check-and-set, by the rule of
+    /// [`update_with_retry`]: with `expected` only at that index (a `Conflict` otherwise);
+    /// without it re-applied to the latest labels until it lands, so concurrent writers of
+    /// different keys all win.
     pub async fn update(
         &self,
         label_type: LabelType,
@@ -79,40 +75,34 @@ impl LabelStore {
         expected: Option<u64>,
         change: impl Fn(&mut Labels) + Send + Sync,
     ) -> StoreResult<LabelRecord> {
-        for _ in 0..MAX_CAS_ATTEMPTS {
-            let current = self.get(label_type, id).await?;
-            if let Some(expected) = expected {
-                if expected != current.index {
-                    return Err(StoreError::conflict(format!(
-                        "labels of {label_type} {id:?} are at index {}, not {expected}",
-                        current.index
-                    )));
-                }
-            }
-            let mut labels = current.labels.clone();
-            change(&mut labels);
-            if labels == current.labels {
-                return Ok(current);
-            }
-            let Some(op) = write_op(label_type, id, &labels, current.index) else {
-                return Ok(current);
-            };
-            match self.kv.txn(std::slice::from_ref(&op)).await {
-                Ok(results) => {
+        let change = &change;
+        update_with_retry(
+            &format!("the labels of {label_type} {id:?}"),
+            expected,
+            || self.get(label_type, id),
+            |current| async move {
+                let mut labels = current.value.clone();
+                change(&mut labels);
+                let op = (labels != current.value)
+                    .then(|| write_op(label_type, id, &labels, current.index))
+                    .flatten();
+                let Some(op) = op else {
+                    return Ok(Ok(current));
+                };
+                Ok(self.kv.txn(std::slice::from_ref(&op)).await.map(|results| {
                     let index = results
                         .into_iter()
                         .next()
                         .flatten()
                         .map_or(0, |pair| pair.modify_index);
-                    return Ok(LabelRecord { labels, index });
-                }
-                Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(StoreError::Unavailable(format!(
-            "labels of {label_type} {id:?} kept changing; gave up after {MAX_CAS_ATTEMPTS} attempts"
-        )))
+                    Versioned {
+                        value: labels,
+                        index,
+                    }
+                }))
+            },
+        )
+        .await
     }
 
     /// Removes every label of an object (an unconditional delete, as P2's "remove all").
@@ -154,8 +144,8 @@ pub fn write_op(label_type: LabelType, id: &str, labels: &Labels, index: u64) ->
 }
 
 fn record_from_pair(pair: &KvPair) -> LabelRecord {
-    LabelRecord {
-        labels: decode_labels(pair).unwrap_or_default(),
+    Versioned {
+        value: decode_labels(pair).unwrap_or_default(),
         index: pair.modify_index,
     }
 }

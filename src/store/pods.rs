@@ -243,7 +243,13 @@ impl PodStore {
                 let pod = location_under(&root, &pair.key)?;
                 let labels = decode_labels(pair)?;
                 let index = pair.modify_index;
-                Some((pod, LabelRecord { labels, index }))
+                Some((
+                    pod,
+                    LabelRecord {
+                        value: labels,
+                        index,
+                    },
+                ))
             })
             .collect();
         Ok((listing.index, labels))
@@ -260,7 +266,7 @@ pub fn schedule_ops(
     labels: &Labels,
     current: &LabelRecord,
 ) -> Vec<TxnOp> {
-    let mut merged = current.labels.clone();
+    let mut merged = current.value.clone();
     merged.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
     let mut ops = Vec::with_capacity(2);
     ops.extend(write_op(
@@ -284,7 +290,7 @@ pub fn unschedule_ops<'a>(
     label_keys: impl IntoIterator<Item = &'a str>,
     current: &LabelRecord,
 ) -> Vec<TxnOp> {
-    let mut remaining = current.labels.clone();
+    let mut remaining = current.value.clone();
     for key in label_keys {
         remaining.remove(key);
     }
@@ -413,7 +419,7 @@ mod tests {
         )
         .unwrap();
         let current = LabelRecord {
-            labels: Labels::from([("team".into(), "a".into()), ("pod_id".into(), "old".into())]),
+            value: Labels::from([("team".into(), "a".into()), ("pod_id".into(), "old".into())]),
             index: 7,
         };
         let ops = schedule_ops(
@@ -442,7 +448,7 @@ mod tests {
     fn unschedule_removes_exactly_the_given_keys() {
         let pod = PodLocation::new("node1", "hello").unwrap();
         let current = LabelRecord {
-            labels: Labels::from([
+            value: Labels::from([
                 ("team".into(), "a".into()),
                 ("daemon_set_id".into(), "d".into()),
             ]),

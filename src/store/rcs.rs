@@ -11,14 +11,11 @@ use crate::model::StoredRc;
 
 use super::labels::{write_op, LabelStore};
 use super::layout;
+use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 /// An RC and the modify index it was read at (its CAS token and ETag).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RcRecord {
-    pub rc: StoredRc,
-    pub index: u64,
-}
+pub type RcRecord = Versioned<StoredRc>;
 
 /// Typed access to RCs.
 #[derive(Clone)]
@@ -79,7 +76,7 @@ impl RcStore {
         let ops = Self::create_ops(&rc, labels, current.index);
         let results = self.kv.txn(&ops).await?;
         let index = written_index(&results);
-        Ok(RcRecord { rc, index })
+        Ok(RcRecord { value: rc, index })
     }
 
     /// The op that writes `rc` if it is still at `index`.
@@ -108,7 +105,7 @@ impl RcStore {
                 .cloned()
                 .flatten()
                 .map_or(0, |p| p.modify_index),
-            rc,
+            value: rc,
         })
     }
 
@@ -159,7 +156,7 @@ fn decode(pair: &KvPair) -> Result<RcRecord, String> {
     }
     let rc = StoredRc::from_json(&pair.value).map_err(|e| e.to_string())?;
     Ok(RcRecord {
-        rc,
+        value: rc,
         index: pair.modify_index,
     })
 }

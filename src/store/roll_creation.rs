@@ -244,10 +244,10 @@ impl RollCreator {
         for id in &ids {
             if let Some(other) = rolls
                 .iter()
-                .find(|r| &r.roll.old_rc == id || &r.roll.new_rc == id)
+                .find(|r| &r.value.old_rc == id || &r.value.new_rc == id)
             {
                 return Err(CreateRollError::InProgress {
-                    roll_id: other.roll.new_rc.clone(),
+                    roll_id: other.value.new_rc.clone(),
                     rc_id: id.clone(),
                 });
             }
@@ -280,7 +280,7 @@ impl RollCreator {
                     .labels
                     .get(LabelType::ReplicationController, id)
                     .await?;
-                let mut merged = current.labels;
+                let mut merged = current.value;
                 merged.extend(resolved.new_rc_labels.clone());
                 if let Some(op) =
                     write_op(LabelType::ReplicationController, id, &merged, current.index)
@@ -322,7 +322,7 @@ impl RollCreator {
             .flatten()
             .map_or(0, |pair| pair.modify_index);
         Ok(RollRecord {
-            roll: resolved.roll,
+            value: resolved.roll,
             index,
         })
     }

@@ -6,14 +6,12 @@ use crate::labels::LabelType;
 use crate::model::StoredRoll;
 
 use super::layout;
+use super::update::update_with_retry;
+use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
 /// A roll and the modify index it was read at.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RollRecord {
-    pub roll: StoredRoll,
-    pub index: u64,
-}
+pub type RollRecord = Versioned<StoredRoll>;
 
 /// Typed access to rolls.
 #[derive(Clone)]
@@ -53,8 +51,8 @@ impl RollStore {
         let (_, rolls) = self.list().await?;
         Ok(rolls
             .into_iter()
-            .find(|r| r.roll.old_rc == rc_id)
-            .map(|r| r.roll.new_rc))
+            .find(|r| r.value.old_rc == rc_id)
+            .map(|r| r.value.new_rc))
     }
 
     /// A txn op that holds only while no roll has `rc_id` as its new RC, the one roll key a
@@ -76,29 +74,32 @@ impl RollStore {
 
     /// Deletes a roll and its labels in one transaction, leaving both RCs; a running roll is
     /// cancelled by the farm that sees it vanish. With `expected`, only while the roll is at
-    /// that index (a `Conflict` otherwise). `false` when there is no roll. An unreadable roll
-    /// can be deleted too, so a corrupt document can always be cleared.
+    /// that index (a `Conflict` otherwise), by the rule of [`update_with_retry`]. `false`
+    /// when there is no roll. An unreadable roll can be deleted too, so a corrupt document
+    /// can always be cleared.
     pub async fn delete(&self, id: &str, expected: Option<u64>) -> StoreResult<bool> {
-        let key = layout::roll(id);
-        let Some(pair) = self.kv.get(&key).await? else {
-            return Ok(false);
+        let key = &layout::roll(id);
+        let read = || async move {
+            let pair = self.kv.get(key).await?;
+            let pair = pair.ok_or_else(|| StoreError::NotFound(key.clone()))?;
+            Ok(Versioned {
+                value: (),
+                index: pair.modify_index,
+            })
         };
-        let mut ops = Vec::with_capacity(3);
-        if let Some(expected) = expected {
-            if expected != pair.modify_index {
-                return Err(StoreError::conflict(format!(
-                    "rolling update {id} is at index {}, not {expected}",
-                    pair.modify_index
-                )));
-            }
-            ops.push(TxnOp::CheckIndex {
-                key,
-                index: expected,
-            });
+        let write = |current: Versioned<()>| async move {
+            let mut ops = vec![TxnOp::CheckIndex {
+                key: key.clone(),
+                index: current.index,
+            }];
+            ops.extend(Self::delete_ops(id));
+            Ok(self.kv.txn(&ops).await.map(drop))
+        };
+        match update_with_retry(&format!("rolling update {id}"), expected, read, write).await {
+            Ok(()) => Ok(true),
+            Err(StoreError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
         }
-        ops.extend(Self::delete_ops(id));
-        self.kv.txn(&ops).await?;
-        Ok(true)
     }
 
     /// The ops that delete a roll and its labels.
@@ -117,7 +118,7 @@ impl RollStore {
 fn decode(pair: &KvPair) -> Result<RollRecord, String> {
     let roll = StoredRoll::from_json(&pair.value).map_err(|e| e.to_string())?;
     Ok(RollRecord {
-        roll,
+        value: roll,
         index: pair.modify_index,
     })
 }

@@ -688,7 +688,7 @@ async fn stale_if_match_is_412_and_current_if_match_applies() {
     assert!(stored(&app, &id).await.is_none());
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_patches_of_different_fields_all_take_effect() {
     let app = TestApp::new().await;
     let id = create(&app, &body("")).await;

@@ -692,7 +692,7 @@ async fn schedule_and_unschedule_ops_keep_other_owners_labels() {
     let (_, after) = pods.list_labels(None).await.unwrap();
     let after = after.get(&pod).cloned().unwrap();
     assert_eq!(
-        after.labels,
+        after.value,
         labels(&[
             ("pod_id", "hello"),
             ("replication_controller_id", "rc1"),
@@ -723,7 +723,7 @@ async fn schedule_and_unschedule_ops_keep_other_owners_labels() {
         .unwrap();
     assert!(pods.get(PodTree::Intent, &pod).await.unwrap().is_none());
     let (_, left) = pods.list_labels(None).await.unwrap();
-    assert_eq!(left.get(&pod).unwrap().labels, labels(&[("team", "a")]));
+    assert_eq!(left.get(&pod).unwrap().value, labels(&[("team", "a")]));
 
     // Removing the last labels removes the key; a pod with no labels needs no label op.
     let last = left.get(&pod).cloned().unwrap();

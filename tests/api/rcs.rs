@@ -675,34 +675,80 @@ async fn concurrent_if_match_increments_all_land() {
     assert_eq!(body["replicas_desired"], 207);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_patches_of_different_pod_labels_all_land() {
+/// Sends every patch at once without If-Match, each from its own task, and checks that every
+/// one answers 200: a patch that loses a race is re-applied to the newer version, never
+/// refused as "kept changing" or as the store being unavailable.
+async fn patch_concurrently(app: &Arc<TestApp>, id: &str, patches: Vec<Value>) {
+    let clients: Vec<_> = patches
+        .into_iter()
+        .map(|body| {
+            let (app, id) = (app.clone(), id.to_owned());
+            tokio::spawn(async move { patch(&app, &id, &body, &[]).await })
+        })
+        .collect();
+    for client in clients {
+        let response = client.await.unwrap();
+        assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    }
+}
+
+/// `writers` patches each adding its own pod label, all at once; every label lands.
+async fn concurrent_pod_label_patches_all_land(writers: usize) {
     let app = Arc::new(TestApp::new().await);
     let id = create_id(&app).await;
-    let clients = (0..20).map(|n| {
-        let app = app.clone();
-        let id = id.clone();
-        tokio::spawn(async move {
-            let response = patch(
-                &app,
-                &id,
-                &json!({"pod_labels": {format!("key{n}"): format!("value{n}")}}),
-                &[],
-            )
-            .await;
-            assert_eq!(response.status, StatusCode::OK, "{response:?}");
-        })
-    });
-    for client in clients.collect::<Vec<_>>() {
-        client.await.unwrap();
-    }
+    let patches = (0..writers)
+        .map(|n| json!({"pod_labels": {format!("key{n}"): format!("value{n}")}}))
+        .collect();
+    patch_concurrently(&app, &id, patches).await;
     let body = app.get(&format!("/api/v1/rcs/{id}")).await.json();
     let labels = body["pod_labels"].as_object().unwrap();
-    for n in 0..20 {
+    for n in 0..writers {
         assert_eq!(labels[&format!("key{n}")], format!("value{n}"));
     }
     assert_eq!(labels["team"], "edge");
-    assert_eq!(labels.len(), 23);
+    assert_eq!(labels.len(), writers + 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_concurrent_patches_of_different_pod_labels_all_land() {
+    concurrent_pod_label_patches_all_land(16).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_patches_of_different_pod_labels_all_land() {
+    concurrent_pod_label_patches_all_land(50).await;
+}
+
+/// Sixteen patches at once, each changing a different field or adding or removing a
+/// different pod label: every change is in the RC at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_concurrent_patches_of_different_fields_all_land() {
+    let app = Arc::new(TestApp::new().await);
+    let id = create_id(&app).await;
+    let manifest = format!("{MANIFEST}# patched\n");
+    let mut patches = vec![
+        json!({"replicas_desired": 7}),
+        json!({"disabled": true}),
+        json!({"node_selector": "role=web"}),
+        json!({"manifest": manifest}),
+        json!({"allocation_strategy": "dynamic_strategy"}),
+        json!({"pod_labels": {"team": null}}),
+    ];
+    patches.extend((0..10).map(|n| json!({"pod_labels": {format!("key{n}"): "v"}})));
+    assert_eq!(patches.len(), 16);
+    patch_concurrently(&app, &id, patches).await;
+    let rc = app.get(&format!("/api/v1/rcs/{id}")).await.json();
+    assert_eq!(rc["replicas_desired"], 7);
+    assert_eq!(rc["disabled"], true);
+    assert_eq!(rc["node_selector"], "role=web");
+    assert_eq!(rc["manifest"], manifest);
+    assert_eq!(rc["allocation_strategy"], "dynamic_strategy");
+    let labels = rc["pod_labels"].as_object().unwrap();
+    assert!(labels.get("team").is_none(), "{labels:?}");
+    for n in 0..10 {
+        assert_eq!(labels[&format!("key{n}")], "v");
+    }
+    assert_eq!(labels.len(), 12);
 }
 
 #[tokio::test]

@@ -1,0 +1,281 @@
+//! The one read-modify-write loop. Every change that starts from what is stored (an RC or
+//! daemon-set patch or delete, a label merge, a roll's deletion) goes through
+//! [`update_with_retry`], so they all follow one rule:
+//!
+//! - With an expected version (`If-Match`), the write applies only to that version; any
+//!   other is refused at once as stale (412).
+//! - Without one, a write that loses its check-and-set to a newer write is applied again to
+//!   the newer version, after a short jittered pause, for as long as it keeps losing, up to
+//!   [`CONTENTION_DEADLINE`]; past it the answer is a `Conflict` (409) saying so. Losing a
+//!   race is never reported as the store being unavailable: only a real store failure is.
+//!
+//! Updates of one object from this process take turns, so that many clients writing one
+//! object make one attempt each instead of making each other lose over and over; the check-
+//! and-set still decides against writers elsewhere (farms, other servers, P2's tools).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Versioned;
+use crate::backoff::Backoff;
+use crate::kv::{StoreError, StoreResult};
+
+/// How long a write without an expected version keeps re-applying itself while other
+/// writers land first: far beyond what any real contention needs, and well under the
+/// default request timeout (10 s), so the client hears why rather than a timeout.
+pub const CONTENTION_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The first pause after a lost race; pauses double, with jitter, up to [`RETRY_CAP`].
+const RETRY_BASE: Duration = Duration::from_millis(2);
+/// The longest pause between two attempts.
+const RETRY_CAP: Duration = Duration::from_millis(100);
+
+/// An error an update may end with: any store error, or the refusal of a write whose
+/// expected version is no longer the stored one.
+pub trait UpdateError: From<StoreError> {
+    /// `what` is no longer at version `expected`.
+    fn stale(what: &str, expected: u64) -> Self;
+}
+
+/// Without a richer error type, a stale version is a `Conflict`, like the CAS miss it is.
+impl UpdateError for StoreError {
+    fn stale(what: &str, expected: u64) -> Self {
+        StoreError::conflict(format!("{what} has changed since version {expected}"))
+    }
+}
+
+/// Reads `what` (`read`), then lets `write` decide what to do with that version and try it,
+/// until the write lands or fails for another reason than a lost race (see the module doc).
+///
+/// `write` answers `Err` to stop with that error (a refused change), `Ok(Ok(_))` once done
+/// (having written, or found nothing to write), and `Ok(Err(_))` with the store's answer
+/// otherwise: a `Conflict` there is a lost race, any other store error ends the update.
+pub async fn update_with_retry<T, R, E, Read, ReadFut, Write, WriteFut>(
+    what: &str,
+    expected: Option<u64>,
+    mut read: Read,
+    mut write: Write,
+) -> Result<R, E>
+where
+    E: UpdateError,
+    Read: FnMut() -> ReadFut,
+    ReadFut: Future<Output = Result<Versioned<T>, E>>,
+    Write: FnMut(Versioned<T>) -> WriteFut,
+    WriteFut: Future<Output = Result<StoreResult<R>, E>>,
+{
+    let deadline = Instant::now() + CONTENTION_DEADLINE;
+    let turn = turn(what);
+    let _turn = tokio::time::timeout_at(deadline, turn.lock())
+        .await
+        .map_err(|_| kept_changing(what))?;
+    let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
+    loop {
+        let current = read().await?;
+        if let Some(expected) = expected.filter(|expected| *expected != current.index) {
+            return Err(E::stale(what, expected));
+        }
+        match write(current).await? {
+            Ok(done) => return Ok(done),
+            // Under an expected version the fresh read decides: stale, or (when only a guard
+            // of the write failed) whatever the next attempt finds.
+            Err(StoreError::Conflict { .. }) if expected.is_some() => {}
+            Err(StoreError::Conflict { .. }) => {
+                let pause = backoff.next_delay();
+                if Instant::now() + pause > deadline {
+                    return Err(kept_changing(what).into());
+                }
+                tokio::time::sleep(pause).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The answer once [`CONTENTION_DEADLINE`] has passed.
+fn kept_changing(what: &str) -> StoreError {
+    StoreError::conflict(format!(
+        "{what} kept changing: other writes landed first for {}s; retry",
+        CONTENTION_DEADLINE.as_secs()
+    ))
+}
+
+/// The turn of the updates of `what` in this process: one lock per object being updated,
+/// dropped with its last holder.
+fn turn(what: &str) -> Arc<tokio::sync::Mutex<()>> {
+    static TURNS: LazyLock<Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>> =
+        LazyLock::new(Mutex::default);
+    let mut turns = TURNS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(turn) = turns.get(what).and_then(Weak::upgrade) {
+        return turn;
+    }
+    turns.retain(|_, turn| turn.strong_count() > 0);
+    let turn = Arc::new(tokio::sync::Mutex::new(()));
+    turns.insert(what.to_owned(), Arc::downgrade(&turn));
+    turn
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    fn lost() -> StoreError {
+        StoreError::conflict("check-and-set missed")
+    }
+
+    /// A store whose document moves on `conflicts` times before a write lands, and a counter
+    /// of the reads the loop made.
+    struct Racing {
+        /// Unique per test: updates of one name take turns across the tests' runtimes.
+        what: &'static str,
+        index: Cell<u64>,
+        conflicts: Cell<usize>,
+        reads: Cell<usize>,
+    }
+
+    impl Racing {
+        fn new(what: &'static str, conflicts: usize) -> Self {
+            Racing {
+                what,
+                index: Cell::new(7),
+                conflicts: Cell::new(conflicts),
+                reads: Cell::new(0),
+            }
+        }
+
+        async fn read(&self) -> StoreResult<Versioned<&'static str>> {
+            self.reads.set(self.reads.get() + 1);
+            Ok(Versioned {
+                value: "doc",
+                index: self.index.get(),
+            })
+        }
+
+        async fn write(&self, current: Versioned<&'static str>) -> StoreResult<StoreResult<u64>> {
+            assert_eq!(current.index, self.index.get(), "writes what was just read");
+            self.index.set(self.index.get() + 1);
+            if self.conflicts.get() > 0 {
+                self.conflicts.set(self.conflicts.get() - 1);
+                return Ok(Err(lost()));
+            }
+            Ok(Ok(self.index.get()))
+        }
+
+        async fn update(&self, expected: Option<u64>) -> StoreResult<u64> {
+            update_with_retry(self.what, expected, || self.read(), |c| self.write(c)).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_race_is_retried_on_the_newer_version_until_it_lands() {
+        let racing = Racing::new("retried", 20);
+        let started = Instant::now();
+        assert_eq!(racing.update(None).await, Ok(28));
+        assert_eq!(racing.reads.get(), 21);
+        assert!(started.elapsed() < CONTENTION_DEADLINE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_the_deadline_the_answer_is_a_conflict_saying_so() {
+        let racing = Racing::new("deadline", usize::MAX);
+        let started = Instant::now();
+        let err = racing.update(None).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Conflict { message, .. } if message.contains("kept changing")),
+            "{err:?}"
+        );
+        assert!(started.elapsed() <= CONTENTION_DEADLINE);
+        assert!(started.elapsed() + RETRY_CAP >= CONTENTION_DEADLINE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expected_version_is_written_once_and_a_stale_one_not_at_all() {
+        let racing = Racing::new("expected", 0);
+        assert_eq!(racing.update(Some(7)).await, Ok(8));
+        let err = racing.update(Some(7)).await.unwrap_err();
+        assert_eq!(err, StoreError::stale("expected", 7));
+        assert_eq!(racing.index.get(), 8, "nothing written");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn under_an_expected_version_a_lost_race_is_stale_at_once() {
+        let racing = Racing::new("stale", 1);
+        let started = Instant::now();
+        assert_eq!(
+            racing.update(Some(7)).await,
+            Err(StoreError::stale("stale", 7))
+        );
+        assert_eq!(racing.reads.get(), 2);
+        assert_eq!(started.elapsed(), Duration::ZERO, "no pause");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn other_errors_end_the_update_at_once() {
+        for (outer, inner) in [
+            (Err(StoreError::Unavailable("down".into())), None),
+            (Ok(()), Some(StoreError::Unavailable("down".into()))),
+            (Ok(()), Some(StoreError::Invalid("bad".into()))),
+        ] {
+            let writes = Cell::new(0);
+            let result: StoreResult<()> = update_with_retry(
+                "failing",
+                None,
+                || async {
+                    Ok(Versioned {
+                        value: (),
+                        index: 1,
+                    })
+                },
+                |_| {
+                    writes.set(writes.get() + 1);
+                    let (outer, inner) = (outer.clone(), inner.clone());
+                    async move { outer.map(|()| inner.map_or(Ok(()), Err)) }
+                },
+            )
+            .await;
+            assert!(result.is_err());
+            assert_eq!(writes.get(), 1);
+        }
+    }
+
+    /// Fifty updates of one object at once, each pausing between its read and its write:
+    /// they take turns, so each reads once and none loses a race.
+    #[tokio::test(start_paused = true)]
+    async fn updates_of_one_object_take_turns() {
+        let index = Cell::new(1);
+        let reads = Cell::new(0);
+        let update = |n: u64| {
+            let (index, reads) = (&index, &reads);
+            update_with_retry(
+                "turns",
+                None,
+                move || async move {
+                    reads.set(reads.get() + 1);
+                    let read = index.get();
+                    tokio::task::yield_now().await;
+                    Ok::<_, StoreError>(Versioned {
+                        value: n,
+                        index: read,
+                    })
+                },
+                move |current| async move {
+                    tokio::task::yield_now().await;
+                    if current.index != index.get() {
+                        return Ok(Err(lost()));
+                    }
+                    index.set(index.get() + 1);
+                    Ok(Ok(current.value))
+                },
+            )
+        };
+        let done = futures::future::join_all((0..50).map(update)).await;
+        assert_eq!(done, (0..50).map(Ok).collect::<Vec<_>>());
+        assert_eq!(reads.get(), 50);
+        assert_eq!(index.get(), 51);
+    }
+}
