@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::kv::KvStore;
+use crate::model::Limits;
 use crate::store::daemon_sets::DaemonSetStore;
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
@@ -26,6 +27,8 @@ pub struct App {
     /// How long requests, probes and connections may take, so that a hung store or a silent
     /// client never holds the server's resources for good.
     pub limits: HttpLimits,
+    /// The bounds validation applies to what clients ask for (`--max-replicas`).
+    pub validation: Limits,
 }
 
 /// The time and connection limits of the HTTP server (`--request-timeout` and its group).
@@ -75,6 +78,7 @@ impl App {
             store,
             shutdown,
             limits: HttpLimits::default(),
+            validation: Limits::default(),
         })
     }
 

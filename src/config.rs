@@ -9,7 +9,7 @@ use url::Url;
 use crate::app::HttpLimits;
 use crate::kv::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL};
 use crate::labels::{validate_labels, Labels};
-use crate::model::parse_duration;
+use crate::model::{parse_duration, Limits, DEFAULT_MAX_REPLICAS};
 use crate::simulator::SimulatorConfig;
 
 /// HTTP/JSON control plane for P2-style deployments over Consul or an embedded SQLite store.
@@ -160,6 +160,22 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub http: HttpArgs,
+
+    /// The most replicas an RC may want (`replicas_desired`) or a roll may aim for
+    /// (`desired_replicas`); a request for more is refused with 422.
+    #[arg(long, value_name = "N", env = "P2_MAX_REPLICAS",
+          default_value_t = DEFAULT_MAX_REPLICAS,
+          value_parser = clap::value_parser!(i64).range(0..))]
+    pub max_replicas: i64,
+}
+
+impl ServeArgs {
+    /// The bounds validation applies.
+    pub fn validation(&self) -> Limits {
+        Limits {
+            max_replicas: self.max_replicas,
+        }
+    }
 }
 
 /// Time and connection limits of the HTTP server, so that a hung store or silent, slow or

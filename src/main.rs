@@ -69,6 +69,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             store: store.clone(),
             shutdown: shutdown.clone(),
             limits: args.http.limits(),
+            validation: args.validation(),
         }),
         shutdown.clone().cancelled_owned(),
     )

@@ -3,6 +3,8 @@
 //! Handlers use these instead of axum's `Json`, `Query` and `Path`, whose rejections are
 //! plain text.
 
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
@@ -145,7 +147,9 @@ impl QueryProblems {
     }
 }
 
-/// Path parameters deserialized into `T`; 400 when they do not fit.
+/// Path parameters deserialized into `T`: 422 naming the parameter when its type's own rule
+/// refuses it (an id type from `crate::model::ids`), 400 when the path does not fit `T`
+/// otherwise.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiPath<T>(pub T);
 
@@ -157,8 +161,16 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let Path(value) = Path::<T>::from_request_parts(parts, state).await?;
-        Ok(ApiPath(value))
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(PathRejection::FailedToDeserializePathParams(failed)) => match failed.kind() {
+                ErrorKind::DeserializeError { key, message, .. } => {
+                    Err(ApiError::invalid([Cause::new(key, message)]))
+                }
+                _ => Err(PathRejection::FailedToDeserializePathParams(failed).into()),
+            },
+            Err(rejection) => Err(rejection.into()),
+        }
     }
 }
 

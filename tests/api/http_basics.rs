@@ -616,6 +616,7 @@ async fn a_frozen_consul_answers_503_within_the_deadline() {
         store: Arc::new(store),
         shutdown: CancellationToken::new(),
         limits: short_limits(),
+        validation: Default::default(),
     }));
     for uri in ["/readyz", "/api/v1/rcs"] {
         let response = call(&routes, Request::get(uri).body(Body::empty()).unwrap()).await;
@@ -675,6 +676,7 @@ async fn serve(limits: HttpLimits) -> (SocketAddr, CancellationToken) {
         store: Arc::new(Frozen::EVERYTHING),
         shutdown: shutdown.clone(),
         limits,
+        validation: Default::default(),
     });
     tokio::spawn(server::run(
         listener,
