@@ -129,10 +129,15 @@ impl<S: Send + Sync> FromRequestParts<S> for AuditUser {
             .to_str()
             .map(str::trim)
             .ok()
-            .filter(|user| !user.is_empty() && user.chars().count() <= MAX_USER_CHARS)
+            .filter(|user| {
+                !user.is_empty()
+                    && user.chars().count() <= MAX_USER_CHARS
+                    && !user.chars().any(char::is_control)
+            })
             .ok_or_else(|| {
                 ApiError::bad_request(format!(
-                    "{USER_HEADER} must be a printable name of 1 to {MAX_USER_CHARS} characters"
+                    "{USER_HEADER} must be a printable name of 1 to {MAX_USER_CHARS} characters, \
+                     without control characters such as tabs"
                 ))
             })?;
         Ok(AuditUser(user.to_owned()))

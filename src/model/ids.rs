@@ -25,9 +25,7 @@ use crate::kv::keys::segment_problem;
 use crate::labels::validate_label_value;
 use crate::labels::validation::MAX_NAME_LEN;
 
-/// The longest id that is not a UUID (a node name, each part of a label id), in bytes: the
-/// length of a DNS name.
-pub const MAX_ID_BYTES: usize = 253;
+pub use crate::labels::MAX_ID_BYTES;
 
 /// Why text is not an id of some kind; its message says what the id must be and fits after
 /// the field's name (`id: must be ...`).

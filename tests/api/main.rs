@@ -13,3 +13,4 @@ mod reality;
 mod rolls;
 #[path = "../support/mod.rs"]
 mod support;
+mod validation;
