@@ -560,6 +560,27 @@ mod tests {
     }
 
     #[test]
+    fn max_replicas_reaches_validation_and_refuses_negatives() {
+        let cli = Cli::command();
+        let arg = cli
+            .get_arguments()
+            .find(|a| a.get_id() == "max_replicas")
+            .unwrap();
+        assert_eq!(arg.get_env().unwrap(), "P2_MAX_REPLICAS");
+        let default = arg.get_default_values()[0].to_str().unwrap();
+        assert_eq!(
+            serve_args(&["--max-replicas", default]).validation(),
+            Limits::default()
+        );
+        assert_eq!(
+            serve_args(&["--max-replicas", "7"]).validation(),
+            Limits { max_replicas: 7 }
+        );
+        let argv = ["p2-apiserver", "--max-replicas", "-1"];
+        assert!(Cli::try_parse_from(argv).is_err());
+    }
+
+    #[test]
     fn http_limits_default_to_the_servers_and_refuse_zero() {
         // Each default given back as a flag, so that the environment cannot get in.
         let cli = Cli::command();

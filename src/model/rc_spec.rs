@@ -35,8 +35,10 @@ pub struct RcSpec {
     #[serde(default)]
     #[schema(value_type = BTreeMap<String, String>)]
     pub pod_labels: Labels,
-    /// How many pods the RC wants; at least 0.
+    /// How many pods the RC wants: 0 to the server's `--max-replicas` (10,000 unless
+    /// configured).
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 10000)]
     pub replicas_desired: i64,
     /// A disabled RC makes no scheduling changes.
     #[serde(default)]

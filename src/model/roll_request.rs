@@ -28,8 +28,9 @@ pub struct CreateRoll {
     /// The RC gaining replicas, created with the roll (with 0 replicas; leave
     /// `replicas_desired` out). Its new id becomes the roll's id.
     pub new_rc: Option<RcSpec>,
-    /// The roll is done when the new RC has this many replicas; at least 0.
-    #[schema(example = 3)]
+    /// The roll is done when the new RC has this many replicas: 0 to the server's
+    /// `--max-replicas` (10,000 unless configured).
+    #[schema(example = 3, minimum = 0, maximum = 10000)]
     pub desired_replicas: Option<i64>,
     /// Healthy pods that must stay up throughout; between 0 and `desired_replicas`.
     #[schema(example = 2)]
