@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::kv::KvStore;
+use crate::model::Limits;
 use crate::state::{Mirror, MirrorConfig};
 use crate::store::daemon_sets::DaemonSetStore;
 use crate::store::health::HealthStore;
@@ -30,6 +31,8 @@ pub struct App {
     /// The in-memory mirror of the store's P2 trees, so reads need not re-read whole trees;
     /// it is filled once started (`serve` starts it).
     pub mirror: Mirror,
+    /// The bounds validation applies to what clients ask for (`--max-replicas`).
+    pub validation: Limits,
 }
 
 /// The time and connection limits of the HTTP server (`--request-timeout` and its group).
@@ -80,6 +83,7 @@ impl App {
             store,
             shutdown,
             limits: HttpLimits::default(),
+            validation: Limits::default(),
         })
     }
 

@@ -9,7 +9,7 @@ use url::Url;
 use crate::app::HttpLimits;
 use crate::kv::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL};
 use crate::labels::{validate_labels, Labels};
-use crate::model::parse_duration;
+use crate::model::{parse_duration, Limits, DEFAULT_MAX_REPLICAS};
 use crate::simulator::SimulatorConfig;
 
 /// HTTP/JSON control plane for P2-style deployments over Consul or an embedded SQLite store.
@@ -160,6 +160,22 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub http: HttpArgs,
+
+    /// The most replicas an RC may want (`replicas_desired`) or a roll may aim for
+    /// (`desired_replicas`); a request for more is refused with 422.
+    #[arg(long, value_name = "N", env = "P2_MAX_REPLICAS",
+          default_value_t = DEFAULT_MAX_REPLICAS,
+          value_parser = clap::value_parser!(i64).range(0..))]
+    pub max_replicas: i64,
+}
+
+impl ServeArgs {
+    /// The bounds validation applies.
+    pub fn validation(&self) -> Limits {
+        Limits {
+            max_replicas: self.max_replicas,
+        }
+    }
 }
 
 /// Time and connection limits of the HTTP server, so that a hung store or silent, slow or
@@ -541,6 +557,27 @@ mod tests {
             let argv = std::iter::once("p2-apiserver").chain(argv.iter().copied());
             assert!(Cli::try_parse_from(argv).is_err());
         }
+    }
+
+    #[test]
+    fn max_replicas_reaches_validation_and_refuses_negatives() {
+        let cli = Cli::command();
+        let arg = cli
+            .get_arguments()
+            .find(|a| a.get_id() == "max_replicas")
+            .unwrap();
+        assert_eq!(arg.get_env().unwrap(), "P2_MAX_REPLICAS");
+        let default = arg.get_default_values()[0].to_str().unwrap();
+        assert_eq!(
+            serve_args(&["--max-replicas", default]).validation(),
+            Limits::default()
+        );
+        assert_eq!(
+            serve_args(&["--max-replicas", "7"]).validation(),
+            Limits { max_replicas: 7 }
+        );
+        let argv = ["p2-apiserver", "--max-replicas", "-1"];
+        assert!(Cli::try_parse_from(argv).is_err());
     }
 
     #[test]

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::kv::StoreError;
+use crate::model::FieldError;
 
 /// The body of every error response, shaped like a Kubernetes `Status` so clients branch on
 /// `reason` and show `message`.
@@ -59,6 +60,13 @@ impl Cause {
             field: field.into(),
             message: message.into(),
         }
+    }
+}
+
+/// A model rule's finding, reported as it was found.
+impl From<FieldError> for Cause {
+    fn from(error: FieldError) -> Self {
+        Cause::new(error.field, error.message)
     }
 }
 
@@ -111,8 +119,8 @@ impl ApiError {
     }
 
     /// 422 listing every bad field; the message repeats them for clients that only show it.
-    pub fn invalid(causes: impl IntoIterator<Item = Cause>) -> Self {
-        let causes: Vec<Cause> = causes.into_iter().collect();
+    pub fn invalid(causes: impl IntoIterator<Item = impl Into<Cause>>) -> Self {
+        let causes: Vec<Cause> = causes.into_iter().map(Into::into).collect();
         let detail = causes
             .iter()
             .map(|c| format!("{}: {}", c.field, c.message))

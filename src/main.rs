@@ -73,6 +73,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             shutdown: shutdown.clone(),
             limits: args.http.limits(),
             mirror,
+            validation: args.validation(),
         }),
         shutdown.clone().cancelled_owned(),
     )

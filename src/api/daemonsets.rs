@@ -10,21 +10,16 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::IntoResponse;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
-use utoipa::openapi::RefOr;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use uuid::Uuid;
 
 use crate::api::blocking::index_header;
 use crate::api::extract::{ApiJson, ApiPath, MergePatch, NoQuery};
@@ -33,13 +28,17 @@ use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::responses::created;
 use crate::app::AppState;
-use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::error::{ApiError, ErrorBody};
+use crate::kv::keys::segment_problem;
 use crate::kv::{KvStore, StoreResult};
 use crate::labels::{LabelType, Requirement, Selector, DS_ID_LABEL};
-use crate::model::duration::{format_duration, parse_duration};
-use crate::model::{FieldError, HealthCounts, HealthState, Manifest, PodHealth, StoredDaemonSet};
+use crate::model::duration::format_duration;
+use crate::model::{
+    ds_spec, CreateDaemonSet, DaemonSetId, DaemonSetPatch, HealthCounts, HealthState, PodHealth,
+    StoredDaemonSet,
+};
 use crate::store::daemon_sets::{
-    parse_daemon_set_id, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
+    DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
 };
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
@@ -57,9 +56,6 @@ pub const DEFAULT_USER: &str = "p2-apiserver";
 
 /// The longest audit user name accepted.
 const MAX_USER_CHARS: usize = 256;
-
-/// Fields a client reads but never writes.
-const READ_ONLY_FIELDS: [&str; 4] = ["id", "pod_id", "resource_version", "status"];
 
 /// The daemon-set routes, nested under `/api/v1` by the top-level router.
 pub fn router() -> OpenApiRouter<AppState> {
@@ -111,52 +107,6 @@ pub struct DaemonSetStatus {
     pub farm: Option<DaemonSetFarmStatus>,
 }
 
-/// The body of `POST /api/v1/daemonsets`.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct CreateDaemonSet {
-    /// The pod manifest: YAML text, or a JSON object (stored as its YAML rendering). Its `id`
-    /// becomes the daemon set's `pod_id`.
-    #[schema(schema_with = manifest_schema)]
-    pub manifest: Value,
-    /// Selector of the nodes to run on; required, and `""` explicitly selects every node.
-    pub node_selector: String,
-    /// At least 0; default 0.
-    #[serde(default)]
-    #[schema(minimum = 0)]
-    pub min_health: i64,
-    /// Free-form name such as `production`; default `""`.
-    #[serde(default)]
-    pub cluster_name: String,
-    /// Per-node timeout as duration text such as `10m`; must be positive.
-    #[schema(example = "10m")]
-    pub timeout: String,
-    /// Store the daemon set paused; a disabled daemon set may contend with others.
-    #[serde(default)]
-    pub disabled: bool,
-}
-
-/// The body of `PATCH /api/v1/daemonsets/{id}`: a JSON merge patch of these fields; absent
-/// fields stay as they are and none may be `null`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
-pub struct DaemonSetPatch {
-    /// A whole new manifest (YAML text or JSON object); its `id` must equal the daemon set's
-    /// `pod_id`.
-    #[schema(schema_with = manifest_schema)]
-    pub manifest: Option<Value>,
-    /// A new node selector; `""` selects every node.
-    pub node_selector: Option<String>,
-    /// At least 0.
-    #[schema(minimum = 0)]
-    pub min_health: Option<i64>,
-    /// Free-form name such as `production`.
-    pub cluster_name: Option<String>,
-    /// Duration text such as `10m`; must be positive.
-    #[schema(example = "10m")]
-    pub timeout: Option<String>,
-    /// Pause (`true`) or resume (`false`) the daemon set.
-    pub disabled: Option<bool>,
-}
-
 /// The filter of `GET /api/v1/daemonsets`.
 #[derive(Debug, Default, Clone, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -166,16 +116,6 @@ pub struct DaemonSetFilter {
 }
 
 impl ListFilter for DaemonSetFilter {}
-
-/// `manifest` is YAML text or a JSON object.
-fn manifest_schema() -> impl Into<RefOr<Schema>> {
-    OneOfBuilder::new()
-        .item(ObjectBuilder::new().schema_type(Type::String))
-        .item(ObjectBuilder::new().schema_type(Type::Object))
-        .description(Some(
-            "Pod manifest as YAML text (kept byte for byte) or as a JSON object",
-        ))
-}
 
 /// Who makes a change, for its audit record: the `X-P2-User` header, or [`DEFAULT_USER`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,10 +132,15 @@ impl<S: Send + Sync> FromRequestParts<S> for AuditUser {
             .to_str()
             .map(str::trim)
             .ok()
-            .filter(|user| !user.is_empty() && user.chars().count() <= MAX_USER_CHARS)
+            .filter(|user| {
+                !user.is_empty()
+                    && user.chars().count() <= MAX_USER_CHARS
+                    && !user.chars().any(char::is_control)
+            })
             .ok_or_else(|| {
                 ApiError::bad_request(format!(
-                    "{USER_HEADER} must be a printable name of 1 to {MAX_USER_CHARS} characters"
+                    "{USER_HEADER} must be a printable name of 1 to {MAX_USER_CHARS} characters, \
+                     without control characters such as tabs"
                 ))
             })?;
         Ok(AuditUser(user.to_owned()))
@@ -212,7 +157,7 @@ impl From<DaemonSetError> for ApiError {
                 ApiError::not_found(format!("daemon set {id} not found"))
             }
             DaemonSetError::Stale { what, expected } => stale(&what, expected),
-            DaemonSetError::Invalid(problems) => ApiError::invalid(problems.into_iter().map(cause)),
+            DaemonSetError::Invalid(problems) => ApiError::invalid(problems),
             DaemonSetError::Undecodable { id, .. } => {
                 ApiError::unreadable(format!("{err}; DELETE /api/v1/daemonsets/{id} removes it"))
             }
@@ -288,14 +233,19 @@ async fn create_daemon_set(
     AuditUser(user): AuditUser,
     ApiJson(body): ApiJson<Map<String, Value>>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ds = new_daemon_set(body)?;
+    let ds = ds_spec::new_daemon_set(body).map_err(ApiError::invalid)?;
     let store = app.daemon_sets();
     let labels = app.labels();
     if let Some(other) = store.find_contender(&ds, &labels).await? {
         return Err(contention_error(&other));
     }
     let record = store.create(ds, &user).await?;
-    let id = parse_daemon_set_id(&record.value.id).map_err(ApiError::internal)?;
+    let id = record
+        .value
+        .id
+        .parse::<DaemonSetId>()
+        .map_err(ApiError::internal)?
+        .uuid();
     // The daemon set exists now: a failure to read its status must not turn into an error
     // that makes the client create it again.
     let status = match rollout_status(&app.store, id, &record).await {
@@ -317,7 +267,7 @@ async fn create_daemon_set(
     get,
     path = "/daemonsets/{id}",
     tag = TAG,
-    params(("id" = String, Path, description = "Daemon set ID (UUID)")),
+    params(("id" = inline(DaemonSetId), Path, description = "Daemon set ID")),
     responses(
         (status = OK, description = "The daemon set", body = DaemonSet,
             headers(("ETag" = String, description = "The version, for If-Match"))),
@@ -330,9 +280,9 @@ async fn create_daemon_set(
 async fn get_daemon_set(
     State(app): State<AppState>,
     _: NoQuery,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<DaemonSetId>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id = path_id(&id)?;
+    let id = id.uuid();
     let record = app
         .daemon_sets()
         .get(id)
@@ -358,7 +308,7 @@ async fn get_daemon_set(
     path = "/daemonsets/{id}",
     tag = TAG,
     params(
-        ("id" = String, Path, description = "Daemon set ID (UUID)"),
+        ("id" = inline(DaemonSetId), Path, description = "Daemon set ID"),
         ("If-Match" = Option<String>, Header, description = "Apply only to this version (an ETag)"),
         ("X-P2-User" = Option<String>, Header, description = "Who makes the change, for the audit record; default p2-apiserver")
     ),
@@ -381,27 +331,29 @@ async fn get_daemon_set(
 async fn patch_daemon_set(
     State(app): State<AppState>,
     _: NoQuery,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<DaemonSetId>,
     IfMatch(expected): IfMatch,
     AuditUser(user): AuditUser,
     MergePatch(body): MergePatch,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id = path_id(&id)?;
+    let id = id.uuid();
     let store = app.daemon_sets();
     let labels = app.labels();
-    let (changes, mut violations) = parse_patch(body);
-    if !violations.is_empty() {
+    let (changes, mut problems) = ds_spec::parse_patch(body);
+    if !problems.is_empty() {
         // Report a manifest for the wrong pod along with the other problems.
         if let (Some(manifest), Ok(Some(current))) = (&changes.manifest, store.get(id).await) {
-            check_pod_id(manifest, &current.value, &mut violations);
+            problems.extend(ds_spec::pod_id_problem(manifest, &current.value));
         }
-        violations.finish()?;
+        problems.finish().map_err(ApiError::invalid)?;
     }
     let record = store
         .update(id, expected, &user, |current| {
             let (changes, store, labels) = (&changes, &store, &labels);
             async move {
-                let next = changes.apply(&current.value)?;
+                let next = changes
+                    .apply(&current.value)
+                    .map_err(|e| ApiError::invalid([e]))?;
                 if next != current.value {
                     if let Some(other) = store.find_contender(&next, labels).await? {
                         return Err(contention_error(&other));
@@ -428,7 +380,7 @@ async fn patch_daemon_set(
     path = "/daemonsets/{id}",
     tag = TAG,
     params(
-        ("id" = String, Path, description = "Daemon set ID (UUID)"),
+        ("id" = inline(DaemonSetId), Path, description = "Daemon set ID"),
         ("If-Match" = Option<String>, Header, description = "Delete only this version (an ETag)"),
         ("X-P2-User" = Option<String>, Header, description = "Who makes the change, for the audit record; default p2-apiserver")
     ),
@@ -444,275 +396,13 @@ async fn patch_daemon_set(
 async fn delete_daemon_set(
     State(app): State<AppState>,
     _: NoQuery,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<DaemonSetId>,
     IfMatch(expected): IfMatch,
     AuditUser(user): AuditUser,
 ) -> Result<StatusCode, ApiError> {
-    let id = path_id(&id)?;
+    let id = id.uuid();
     app.daemon_sets().delete(id, expected, &user).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// A validated patch, ready to apply to whatever version is current.
-#[derive(Debug, Default)]
-struct Changes {
-    manifest: Option<Manifest>,
-    node_selector: Option<String>,
-    min_health: Option<i64>,
-    cluster_name: Option<String>,
-    timeout: Option<Duration>,
-    disabled: Option<bool>,
-}
-
-impl Changes {
-    /// `ds` with the changes applied; refuses a manifest for another pod, since the pod ID
-    /// of a daemon set never changes (P2's invariant).
-    fn apply(&self, ds: &StoredDaemonSet) -> Result<StoredDaemonSet, ApiError> {
-        let mut next = ds.clone();
-        if let Some(manifest) = &self.manifest {
-            let mut violations = Violations::new();
-            check_pod_id(manifest, ds, &mut violations);
-            violations.finish()?;
-            next.manifest = manifest.clone();
-        }
-        if let Some(selector) = &self.node_selector {
-            next.node_selector.clone_from(selector);
-        }
-        if let Some(min_health) = self.min_health {
-            next.min_health = min_health;
-        }
-        if let Some(name) = &self.cluster_name {
-            next.cluster_name.clone_from(name);
-        }
-        if let Some(timeout) = self.timeout {
-            next.timeout = timeout;
-        }
-        if let Some(disabled) = self.disabled {
-            next.disabled = disabled;
-        }
-        Ok(next)
-    }
-}
-
-fn check_pod_id(manifest: &Manifest, ds: &StoredDaemonSet, violations: &mut Violations) {
-    if manifest.pod_id() != ds.pod_id {
-        violations.add(
-            "manifest.id",
-            format!(
-                "must equal the daemon set's pod_id {:?}, not {:?}",
-                ds.pod_id,
-                manifest.pod_id()
-            ),
-        );
-    }
-}
-
-/// The stored daemon set a create body describes, with a fresh ID. The body is read field by
-/// field so that every bad field is reported at once, not only the first.
-fn new_daemon_set(body: Map<String, Value>) -> Result<StoredDaemonSet, ApiError> {
-    let mut fields = Fields::new(body);
-    let manifest = fields.required::<Value>("manifest", "a YAML string or a JSON object");
-    let node_selector = fields.required::<String>(
-        "node_selector",
-        "a selector string (\"\" selects every node)",
-    );
-    let min_health = fields.optional::<i64>("min_health", "an integer");
-    let cluster_name = fields.optional::<String>("cluster_name", "a string");
-    let timeout = fields.required::<String>("timeout", "duration text such as \"10m\"");
-    let disabled = fields.optional::<bool>("disabled", "true or false");
-    let mut violations = fields.into_violations();
-    let manifest = manifest.and_then(|m| valid_manifest(&m, &mut violations));
-    let node_selector = node_selector.and_then(|s| valid_selector(&s, &mut violations));
-    let timeout = timeout.and_then(|t| valid_timeout(&t, &mut violations));
-    let min_health = min_health.unwrap_or_default();
-    check_min_health(min_health, &mut violations);
-    violations.finish()?;
-    let (Some(manifest), Some(node_selector), Some(timeout)) = (manifest, node_selector, timeout)
-    else {
-        unreachable!("missing or invalid required fields are violations");
-    };
-    Ok(StoredDaemonSet {
-        id: Uuid::new_v4().to_string(),
-        disabled: disabled.unwrap_or_default(),
-        pod_id: manifest.pod_id().to_owned(),
-        manifest,
-        min_health,
-        cluster_name: cluster_name.unwrap_or_default(),
-        node_selector,
-        timeout,
-    })
-}
-
-/// Reads and validates a merge patch: what could be read, and every problem found, to which
-/// the caller adds the checks that need the stored daemon set.
-fn parse_patch(body: Map<String, Value>) -> (Changes, Violations) {
-    let mut fields = Fields::new(body);
-    let patch = DaemonSetPatch {
-        manifest: fields.optional("manifest", "a YAML string or a JSON object"),
-        node_selector: fields.optional("node_selector", "a selector string"),
-        min_health: fields.optional("min_health", "an integer"),
-        cluster_name: fields.optional("cluster_name", "a string"),
-        timeout: fields.optional("timeout", "duration text such as \"10m\""),
-        disabled: fields.optional("disabled", "true or false"),
-    };
-    let mut violations = fields.into_violations();
-    let changes = Changes {
-        manifest: patch
-            .manifest
-            .as_ref()
-            .and_then(|m| valid_manifest(m, &mut violations)),
-        node_selector: patch
-            .node_selector
-            .as_deref()
-            .and_then(|s| valid_selector(s, &mut violations)),
-        min_health: patch
-            .min_health
-            .inspect(|&n| check_min_health(n, &mut violations)),
-        cluster_name: patch.cluster_name,
-        timeout: patch
-            .timeout
-            .as_deref()
-            .and_then(|t| valid_timeout(t, &mut violations)),
-        disabled: patch.disabled,
-    };
-    (changes, violations)
-}
-
-/// A JSON object read one field at a time, collecting a violation for each bad one.
-struct Fields {
-    body: Map<String, Value>,
-    violations: Violations,
-}
-
-impl Fields {
-    fn new(body: Map<String, Value>) -> Self {
-        Fields {
-            body,
-            violations: Violations::new(),
-        }
-    }
-
-    /// The field if present; `null` and values of the wrong type are violations.
-    fn optional<T: DeserializeOwned>(&mut self, name: &str, expected: &str) -> Option<T> {
-        let value = self.body.remove(name)?;
-        if value.is_null() {
-            self.violations
-                .add(name, "must not be null; this field cannot be removed");
-            return None;
-        }
-        serde_json::from_value(value)
-            .map_err(|_| self.violations.add(name, format!("must be {expected}")))
-            .ok()
-    }
-
-    /// The field, which must be present.
-    fn required<T: DeserializeOwned>(&mut self, name: &str, expected: &str) -> Option<T> {
-        if !self.body.contains_key(name) {
-            self.violations.add(name, "is required");
-            return None;
-        }
-        self.optional(name, expected)
-    }
-
-    /// Every problem found, with each field not read counted as one.
-    fn into_violations(mut self) -> Violations {
-        for name in self.body.keys() {
-            if READ_ONLY_FIELDS.contains(&name.as_str()) {
-                self.violations
-                    .add(name.as_str(), "is set by the server and cannot be written");
-            } else {
-                self.violations
-                    .add(name.as_str(), "is not a field of a daemon set");
-            }
-        }
-        self.violations
-    }
-}
-
-fn valid_manifest(value: &Value, violations: &mut Violations) -> Option<Manifest> {
-    let parsed = match value {
-        Value::String(text) => Manifest::parse(text),
-        Value::Object(_) => Manifest::from_json_value(value),
-        _ => Err(vec![FieldError::new(
-            "manifest",
-            "must be a YAML string or a JSON object",
-        )]),
-    };
-    match parsed {
-        Ok(manifest) => {
-            // The pod ID becomes a key segment (`intent/<node>/<pod_id>`, `health/<pod_id>/…`).
-            if let Err(why) = check_key_segment(manifest.pod_id()) {
-                violations.add("manifest.id", why);
-                return None;
-            }
-            Some(manifest)
-        }
-        Err(problems) => {
-            for problem in problems {
-                let field = if problem.field == "manifest" {
-                    problem.field
-                } else {
-                    format!("manifest.{}", problem.field)
-                };
-                violations.add(field, problem.message);
-            }
-            None
-        }
-    }
-}
-
-/// The selector in canonical form, as stored.
-fn valid_selector(text: &str, violations: &mut Violations) -> Option<String> {
-    text.parse::<Selector>()
-        .map(|selector| selector.to_string())
-        .map_err(|e| violations.add("node_selector", e.to_string()))
-        .ok()
-}
-
-/// A positive duration: P2's replicator times a node out at once with a zero timeout.
-fn valid_timeout(text: &str, violations: &mut Violations) -> Option<Duration> {
-    match parse_duration(text) {
-        Ok(timeout) if timeout.is_zero() => {
-            violations.add("timeout", "must be positive");
-            None
-        }
-        Ok(timeout) => Some(timeout),
-        Err(e) => {
-            violations.add("timeout", e);
-            None
-        }
-    }
-}
-
-fn check_min_health(min_health: i64, violations: &mut Violations) {
-    if min_health < 0 {
-        violations.add("min_health", "must not be negative");
-    }
-}
-
-/// Refuses text that cannot be one key segment: empty, `.`, `..`, or holding `/`,
-/// whitespace or control characters.
-fn check_key_segment(text: &str) -> Result<(), String> {
-    if text.is_empty() || text == "." || text == ".." {
-        return Err(format!("{text:?} cannot name a key"));
-    }
-    if text
-        .chars()
-        .any(|c| c == '/' || c.is_whitespace() || c.is_control())
-    {
-        return Err(format!(
-            "{text:?} cannot name a key: it holds '/', whitespace or a control character"
-        ));
-    }
-    Ok(())
-}
-
-fn path_id(text: &str) -> Result<Uuid, ApiError> {
-    parse_daemon_set_id(text).map_err(|why| ApiError::invalid([Cause::new("id", why)]))
-}
-
-fn cause(problem: FieldError) -> Cause {
-    Cause::new(problem.field, problem.message)
 }
 
 fn contention_error(other: &StoredDaemonSet) -> ApiError {
@@ -742,7 +432,7 @@ fn daemon_set(record: &DaemonSetRecord, status: Option<DaemonSetStatus>) -> Daem
 /// Counts, now, the nodes a daemon set targets, the nodes it has pods on, and the healthy ones.
 async fn rollout_status(
     kv: &Arc<dyn KvStore>,
-    id: Uuid,
+    id: uuid::Uuid,
     record: &DaemonSetRecord,
 ) -> Result<DaemonSetStatus, ApiError> {
     let labels = LabelStore::new(kv.clone());
@@ -797,7 +487,7 @@ async fn pod_health(
     kv: &Arc<dyn KvStore>,
     pod_id: &str,
 ) -> StoreResult<HashMap<String, HealthState>> {
-    if check_key_segment(pod_id).is_err() {
+    if segment_problem(pod_id).is_some() {
         return Ok(HashMap::new());
     }
     let (_, by_node) = HealthStore::new(kv.clone()).list_for_pod(pod_id).await?;
@@ -805,50 +495,4 @@ async fn pod_health(
         .into_iter()
         .map(|(node, entry)| (node, entry.state()))
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn object(value: Value) -> Map<String, Value> {
-        match value {
-            Value::Object(map) => map,
-            _ => panic!("not an object"),
-        }
-    }
-
-    #[test]
-    fn create_lists_every_bad_field() {
-        let body = object(serde_json::json!({
-            "manifest": "id: a/b\n",
-            "node_selector": "role in (",
-            "min_health": -1,
-            "disabled": "yes",
-            "pod_id": "x",
-            "colour": "red"
-        }));
-        let err = new_daemon_set(body).unwrap_err().body();
-        let fields: Vec<&str> = err.causes.iter().map(|c| c.field.as_str()).collect();
-        assert_eq!(
-            fields,
-            [
-                "timeout",
-                "disabled",
-                "colour",
-                "pod_id",
-                "manifest.id",
-                "node_selector",
-                "min_health"
-            ]
-        );
-    }
-
-    #[test]
-    fn key_segments_refuse_what_would_change_a_key() {
-        for bad in ["", ".", "..", "a/b", "a b", "a\u{7}"] {
-            assert!(check_key_segment(bad).is_err(), "{bad:?}");
-        }
-        assert!(check_key_segment("p2-log-shipper").is_ok());
-    }
 }

@@ -3,18 +3,30 @@
 //! Handlers use these instead of axum's `Json`, `Query` and `Path`, whose rejections are
 //! plain text.
 
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::fmt;
+
+use axum::body::Bytes;
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::{JsonRejection, MissingJsonContentType, PathRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::de::DeserializeOwned;
+use serde::de::{
+    self, DeserializeOwned, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor,
+};
 use serde::Serialize;
 use utoipa::openapi::path::ParameterIn;
 use utoipa::IntoParams;
 
 use crate::error::{ApiError, Cause};
 
-/// A JSON request body (or response): 400 when malformed, 422 when of the wrong shape, 415
+/// A JSON request body (or response): 400 when malformed, 422 when of the wrong shape or
+/// naming a key twice in any object (see [`refuse_duplicate_keys`]), 415
 /// without `Content-Type: application/json`, 413 over the body limit.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiJson<T>(pub T);
@@ -27,8 +39,137 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let Json(value) = Json::<T>::from_request(req, state).await?;
+        if !is_json(media_type(req.headers()).as_str()) {
+            return Err(JsonRejection::from(MissingJsonContentType::default()).into());
+        }
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(JsonRejection::from)?;
+        refuse_duplicate_keys(&bytes)?;
+        let Json(value) = Json::<T>::from_bytes(&bytes)?;
         Ok(ApiJson(value))
+    }
+}
+
+/// The media type of a request's `Content-Type`, lower-cased, without parameters.
+fn media_type(headers: &HeaderMap) -> String {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// `application/json` or any `application/*+json`, as axum's `Json` accepts.
+fn is_json(media_type: &str) -> bool {
+    media_type
+        .strip_prefix("application/")
+        .is_some_and(|subtype| subtype == "json" || subtype.ends_with("+json"))
+}
+
+/// Refuses a JSON body in which some object, at any depth, names a key twice (422 naming
+/// where): parsers disagree on which value wins, so such a body means different things to
+/// different readers. Malformed JSON passes here and is reported by the parse that follows.
+pub fn refuse_duplicate_keys(bytes: &[u8]) -> Result<(), ApiError> {
+    let found = RefCell::new(None);
+    let seed = DuplicateKeys {
+        at: String::new(),
+        found: &found,
+    };
+    let _ = seed.deserialize(&mut serde_json::Deserializer::from_slice(bytes));
+    match found.into_inner() {
+        Some(cause) => Err(ApiError::invalid([cause])),
+        None => Ok(()),
+    }
+}
+
+/// Walks one JSON value, recording the first duplicate key (and stopping there).
+struct DuplicateKeys<'a> {
+    /// Where this value is, as a dotted path (`labels`, `items.0.name`); empty at the top.
+    at: String,
+    found: &'a RefCell<Option<Cause>>,
+}
+
+impl DuplicateKeys<'_> {
+    fn child(&self, name: &str) -> Self {
+        DuplicateKeys {
+            at: if self.at.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{}.{name}", self.at)
+            },
+            found: self.found,
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for DuplicateKeys<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DuplicateKeys<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if seen.contains(&key) {
+                let field = if self.at.is_empty() { "body" } else { &self.at };
+                *self.found.borrow_mut() =
+                    Some(Cause::new(field, format!("names the key {key:?} twice")));
+                return Err(de::Error::custom("duplicate key"));
+            }
+            map.next_value_seed(self.child(&key))?;
+            seen.insert(key);
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut index = 0usize;
+        while seq
+            .next_element_seed(self.child(&index.to_string()))?
+            .is_some()
+        {
+            index += 1;
+        }
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
     }
 }
 
@@ -145,7 +286,9 @@ impl QueryProblems {
     }
 }
 
-/// Path parameters deserialized into `T`; 400 when they do not fit.
+/// Path parameters deserialized into `T`: 422 naming the parameter when its type's own rule
+/// refuses it (an id type from `crate::model::ids`), 400 when the path does not fit `T`
+/// otherwise.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiPath<T>(pub T);
 
@@ -157,8 +300,16 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let Path(value) = Path::<T>::from_request_parts(parts, state).await?;
-        Ok(ApiPath(value))
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(PathRejection::FailedToDeserializePathParams(failed)) => match failed.kind() {
+                ErrorKind::DeserializeError { key, message, .. } => {
+                    Err(ApiError::invalid([Cause::new(key, message)]))
+                }
+                _ => Err(PathRejection::FailedToDeserializePathParams(failed).into()),
+            },
+            Err(rejection) => Err(rejection.into()),
+        }
     }
 }
 
@@ -174,19 +325,9 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        use axum::http::header::CONTENT_TYPE;
         use axum::http::StatusCode;
 
-        let content_type = req
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .split(';')
-            .next()
-            .unwrap_or_default()
-            .trim()
-            .to_ascii_lowercase();
+        let content_type = media_type(req.headers());
         if content_type != "application/merge-patch+json" && content_type != "application/json" {
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -196,6 +337,7 @@ where
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
             .map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+        refuse_duplicate_keys(&bytes)?;
         match serde_json::from_slice::<serde_json::Value>(&bytes) {
             Ok(serde_json::Value::Object(map)) => Ok(MergePatch(map)),
             Ok(_) => Err(ApiError::bad_request("a merge patch must be a JSON object")),

@@ -11,9 +11,6 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
-use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
-use utoipa::openapi::RefOr;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -25,14 +22,10 @@ use crate::api::paging::Page;
 use crate::api::preconditions::{etag, IfMatch};
 use crate::api::responses::created;
 use crate::app::AppState;
-use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::error::{ApiError, ErrorBody};
 use crate::kv::{StoreError, TxnOp};
-use crate::labels::{
-    label_key_problem, label_value_problem, validate_label_value, validate_labels_in, LabelType,
-    Labeled, Labels, Requirement, Selector, AVAILABILITY_ZONE_LABEL, CLUSTER_NAME_LABEL,
-    POD_ID_LABEL, RC_ID_LABEL,
-};
-use crate::model::{AllocationStrategy, FieldError, Manifest, StoredRc};
+use crate::labels::{LabelType, Labeled, Labels, Requirement, Selector, RC_ID_LABEL};
+use crate::model::{NewRc, RcId, RcPatch, RcSpec, StoredRc};
 use crate::store::layout;
 use crate::store::rcs::{RcRecord, RcStore};
 use crate::store::rolls::RollStore;
@@ -44,217 +37,6 @@ pub const TAG: &str = "replication_controllers";
 
 /// P2's store retries an id collision this many times.
 const MAX_CREATE_ATTEMPTS: usize = 3;
-
-/// A new RC as clients describe it. Rolling-update creation reuses it for the RC it makes,
-/// so every RC gets the same validation and the same pod labels whichever route made it
-/// (P2's two creation paths disagree on the zone and cluster labels).
-#[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RcSpec {
-    /// The pod manifest: YAML text (stored byte for byte, signatures included) or a JSON
-    /// object (stored as its YAML rendering).
-    #[schema(schema_with = manifest_schema)]
-    pub manifest: serde_json::Value,
-    /// Which nodes the RC may schedule on; `""` selects every node. Stored canonically.
-    #[serde(default)]
-    #[schema(example = "availability_zone=us-west-2a,role in (web,worker)")]
-    pub node_selector: String,
-    /// Labels put on every pod the RC schedules.
-    #[serde(default)]
-    #[schema(value_type = BTreeMap<String, String>)]
-    pub pod_labels: Labels,
-    /// How many pods the RC wants; at least 0.
-    #[serde(default)]
-    pub replicas_desired: i64,
-    /// A disabled RC makes no scheduling changes.
-    #[serde(default)]
-    pub disabled: bool,
-    /// `dynamic_strategy` (move pods off nodes that stop matching), `static_strategy`
-    /// (leave them) or `""` (older RCs; behaves as static).
-    #[serde(default)]
-    #[schema(example = "static_strategy")]
-    pub allocation_strategy: String,
-    /// The RC's own labels; `pod_id=<manifest id>` is always added.
-    #[serde(default)]
-    #[schema(value_type = BTreeMap<String, String>)]
-    pub labels: Labels,
-    /// Added to `pod_labels` as `availability_zone` when given, as `p2-rctl create` does.
-    pub availability_zone: Option<String>,
-    /// Added to `pod_labels` as `cluster_name` when given, as `p2-rctl create` does.
-    pub cluster_name: Option<String>,
-}
-
-/// A validated new RC, ready for [`crate::store::rcs::RcStore::create`] or its
-/// `create_ops`: the stored document (with a fresh id) and the RC's own labels.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewRc {
-    pub rc: StoredRc,
-    pub labels: Labels,
-}
-
-impl RcSpec {
-    /// Checks every field and reports every problem at once, with cause fields named as in
-    /// the request body.
-    pub fn validate(self) -> Result<NewRc, Vec<Cause>> {
-        self.validate_in("")
-    }
-
-    /// Like [`RcSpec::validate`] for a spec nested in a larger body: cause fields are put
-    /// under `at` (for example `new_rc.manifest`); `""` means the top level.
-    pub fn validate_in(self, at: &str) -> Result<NewRc, Vec<Cause>> {
-        let field = |name: &str| nested(at, name);
-        let mut causes = Vec::new();
-
-        let manifest = match parse_manifest(&self.manifest) {
-            Ok(manifest) => {
-                if let Err(e) = validate_label_value(manifest.pod_id()) {
-                    causes.push(Cause::new(
-                        field("manifest.id"),
-                        format!("the pod id becomes a label value and a key segment: {e}"),
-                    ));
-                }
-                Some(manifest)
-            }
-            Err(errors) => {
-                causes.extend(manifest_causes(&field("manifest"), errors));
-                None
-            }
-        };
-
-        let node_selector = match self.node_selector.parse::<Selector>() {
-            Ok(selector) => selector.to_string(),
-            Err(e) => {
-                causes.push(Cause::new(field("node_selector"), e.to_string()));
-                String::new()
-            }
-        };
-
-        let mut pod_labels = self.pod_labels;
-        let extra = [
-            (
-                AVAILABILITY_ZONE_LABEL,
-                "availability_zone",
-                self.availability_zone,
-            ),
-            (CLUSTER_NAME_LABEL, "cluster_name", self.cluster_name),
-        ];
-        for (label, name, value) in extra {
-            let Some(value) = value else { continue };
-            if let Err(e) = validate_label_value(&value) {
-                causes.push(Cause::new(field(name), e));
-            }
-            match pod_labels.get(label) {
-                Some(existing) if *existing != value => causes.push(Cause::new(
-                    field(&format!("pod_labels.{label}")),
-                    format!("contradicts {name} {value:?}; give one or make them equal"),
-                )),
-                _ => {
-                    pod_labels.insert(label.to_owned(), value);
-                }
-            }
-        }
-        for (at_field, message) in validate_labels_in(&field("pod_labels"), &pod_labels) {
-            causes.push(Cause::new(at_field, message));
-        }
-
-        let mut labels = self.labels;
-        for (at_field, message) in validate_labels_in(&field("labels"), &labels) {
-            causes.push(Cause::new(at_field, message));
-        }
-        if let Some(manifest) = &manifest {
-            match labels.get(POD_ID_LABEL) {
-                Some(given) if given != manifest.pod_id() => causes.push(Cause::new(
-                    field(&format!("labels.{POD_ID_LABEL}")),
-                    format!(
-                        "is always the manifest's id {:?}; leave it out",
-                        manifest.pod_id()
-                    ),
-                )),
-                _ => {
-                    labels.insert(POD_ID_LABEL.to_owned(), manifest.pod_id().to_owned());
-                }
-            }
-        }
-
-        if self.replicas_desired < 0 {
-            causes.push(Cause::new(field("replicas_desired"), "must be at least 0"));
-        }
-        let allocation_strategy = self
-            .allocation_strategy
-            .parse::<AllocationStrategy>()
-            .unwrap_or_else(|e| {
-                causes.push(Cause::new(field("allocation_strategy"), e));
-                AllocationStrategy::Unset
-            });
-
-        match manifest {
-            Some(manifest) if causes.is_empty() => Ok(NewRc {
-                rc: StoredRc {
-                    id: uuid::Uuid::new_v4().to_string(),
-                    manifest,
-                    node_selector,
-                    pod_labels: Some(pod_labels),
-                    replicas_desired: self.replicas_desired,
-                    disabled: self.disabled,
-                    allocation_strategy,
-                },
-                labels,
-            }),
-            _ => Err(causes),
-        }
-    }
-}
-
-/// A manifest from either of the forms a client may send, with every problem found.
-pub fn parse_manifest(value: &serde_json::Value) -> Result<Manifest, Vec<FieldError>> {
-    match value {
-        serde_json::Value::String(text) => Manifest::parse(text),
-        other => Manifest::from_json_value(other),
-    }
-}
-
-/// Manifest problems as causes under `at` (the manifest's own field).
-pub fn manifest_causes(at: &str, errors: Vec<FieldError>) -> Vec<Cause> {
-    errors
-        .into_iter()
-        .map(|e| {
-            let field = if e.field == "manifest" {
-                at.to_owned()
-            } else {
-                format!("{at}.{}", e.field)
-            };
-            Cause::new(field, e.message)
-        })
-        .collect()
-}
-
-fn nested(at: &str, name: &str) -> String {
-    if at.is_empty() {
-        name.to_owned()
-    } else {
-        format!("{at}.{name}")
-    }
-}
-
-fn manifest_schema() -> impl Into<RefOr<Schema>> {
-    OneOfBuilder::new()
-        .item(
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .description(Some("The manifest as YAML text, kept byte for byte")),
-        )
-        .item(
-            ObjectBuilder::new()
-                .schema_type(Type::Object)
-                .description(Some("The manifest as a JSON object")),
-        )
-        .description(Some(
-            "A P2 pod manifest (`id`, `launchables`, `config`, `status`, ...)",
-        ))
-        .examples([serde_json::json!(
-            "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello.tar.gz\n"
-        )])
-}
 
 /// An RC as clients see it: the stored document plus its labels, version and status.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -353,8 +135,9 @@ pub struct DeleteRcParams {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct RcPath {
-    /// The RC's UUID.
-    pub id: String,
+    /// The RC's id.
+    #[param(inline)]
+    pub id: RcId,
 }
 
 /// Creates an RC and its labels in one transaction.
@@ -382,7 +165,7 @@ async fn create_rc(
     _: NoQuery,
     ApiJson(spec): ApiJson<RcSpec>,
 ) -> Result<Response, ApiError> {
-    let NewRc { mut rc, labels } = spec.validate().map_err(ApiError::invalid)?;
+    let NewRc { mut rc, labels } = spec.validate(&app.validation).map_err(ApiError::invalid)?;
     let store = app.rcs();
     let mut attempt = 1;
     let record = loop {
@@ -479,7 +262,7 @@ async fn get_rc(
     _: NoQuery,
     ApiPath(RcPath { id }): ApiPath<RcPath>,
 ) -> Result<Response, ApiError> {
-    let id = rc_id(&id)?;
+    let id = id.to_string();
     let store = app.rcs();
     let record = read(&store, &id).await?;
     view_response(&app, record).await
@@ -520,8 +303,8 @@ async fn patch_rc(
     IfMatch(expected): IfMatch,
     MergePatch(patch): MergePatch,
 ) -> Result<Response, ApiError> {
-    let id = rc_id(&id)?;
-    let patch = RcPatch::parse(patch)?;
+    let id = id.to_string();
+    let patch = RcPatch::parse(patch, &app.validation).map_err(ApiError::invalid)?;
     let store = app.rcs();
     let (state, store, id, patch) = (&app, &store, &id, &patch);
     let record = update_with_retry(
@@ -531,7 +314,7 @@ async fn patch_rc(
         |record| async move {
             let guards = unclaimed(state, store, id).await?;
             let mut rc = record.value.clone();
-            patch.apply(&mut rc)?;
+            patch.apply(&mut rc).map_err(|e| ApiError::invalid([e]))?;
             if rc == record.value {
                 return Ok(Ok(record));
             }
@@ -565,11 +348,11 @@ async fn patch_rc(
 )]
 async fn delete_rc(
     State(app): State<AppState>,
+    ApiQuery(params): ApiQuery<DeleteRcParams>,
     ApiPath(RcPath { id }): ApiPath<RcPath>,
     IfMatch(expected): IfMatch,
-    ApiQuery(params): ApiQuery<DeleteRcParams>,
 ) -> Result<StatusCode, ApiError> {
-    let id = rc_id(&id)?;
+    let id = id.to_string();
     let store = app.rcs();
     let (state, store, id) = (&app, &store, &id);
     let read = || async move {
@@ -599,19 +382,6 @@ async fn delete_rc(
     };
     update_with_retry(&describe(id), expected, read, write).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// The canonical form of an RC id from a path, refused unless it is a UUID (every key under
-/// `replication_controllers/` must be one).
-fn rc_id(raw: &str) -> Result<String, ApiError> {
-    uuid::Uuid::parse_str(raw)
-        .map(|uuid| uuid.hyphenated().to_string())
-        .map_err(|_| {
-            ApiError::invalid([Cause::new(
-                "id",
-                format!("must be an RC id (a UUID); got {raw:?}"),
-            )])
-        })
 }
 
 /// The RC or 404. A stored document that cannot be decoded is no fault of the client's,
@@ -694,272 +464,4 @@ async fn view_response(app: &AppState, record: RcRecord) -> Result<Response, Api
         .await?;
     let view = RcView::new(&record, labels, RcStatus::from_pods(&pods));
     Ok(([etag(record.index)], ApiJson(view)).into_response())
-}
-
-/// The fields of an RC a merge patch may change.
-const PATCHABLE: &str =
-    "replicas_desired, disabled, node_selector, pod_labels, manifest, allocation_strategy";
-
-/// A merge patch of an RC, checked before anything is read.
-#[derive(Debug, Default)]
-struct RcPatch {
-    replicas_desired: Option<i64>,
-    disabled: Option<bool>,
-    node_selector: Option<String>,
-    pod_labels: Option<PodLabelsPatch>,
-    manifest: Option<Manifest>,
-    allocation_strategy: Option<AllocationStrategy>,
-}
-
-/// `pod_labels: null` removes them all; an object sets (string) or removes (`null`) keys.
-#[derive(Debug)]
-enum PodLabelsPatch {
-    Clear,
-    Merge(BTreeMap<String, Option<String>>),
-}
-
-impl RcPatch {
-    /// Checks every member of the patch, reporting every problem at once.
-    fn parse(members: serde_json::Map<String, Value>) -> Result<RcPatch, ApiError> {
-        let mut patch = RcPatch::default();
-        let mut problems = Violations::new();
-        for (name, value) in members {
-            let removal = value.is_null();
-            match name.as_str() {
-                "replicas_desired"
-                | "disabled"
-                | "node_selector"
-                | "manifest"
-                | "allocation_strategy"
-                    if removal =>
-                {
-                    problems.add(name, "cannot be removed; give it a value");
-                }
-                "replicas_desired" => match value.as_i64() {
-                    Some(n) if n >= 0 => patch.replicas_desired = Some(n),
-                    Some(_) => problems.add(name, "must be at least 0"),
-                    None => problems.add(name, "must be an integer"),
-                },
-                "disabled" => match value {
-                    Value::Bool(b) => patch.disabled = Some(b),
-                    _ => problems.add(name, "must be true or false"),
-                },
-                "node_selector" => match value.as_str().map(str::parse::<Selector>) {
-                    Some(Ok(selector)) => patch.node_selector = Some(selector.to_string()),
-                    Some(Err(e)) => problems.add(name, e.to_string()),
-                    None => problems.add(name, "must be a selector string"),
-                },
-                "pod_labels" => match value {
-                    Value::Null => patch.pod_labels = Some(PodLabelsPatch::Clear),
-                    Value::Object(entries) => {
-                        let mut merge = BTreeMap::new();
-                        for (key, value) in entries {
-                            let at = format!("pod_labels.{key}");
-                            if let Some(problem) = label_key_problem(&key) {
-                                problems.add(&at, problem);
-                            }
-                            match value {
-                                Value::Null => {
-                                    merge.insert(key, None);
-                                }
-                                Value::String(text) => {
-                                    if let Some(problem) = label_value_problem(&text) {
-                                        problems.add(&at, problem);
-                                    }
-                                    merge.insert(key, Some(text));
-                                }
-                                _ => problems.add(&at, "must be a string, or null to remove it"),
-                            }
-                        }
-                        patch.pod_labels = Some(PodLabelsPatch::Merge(merge));
-                    }
-                    _ => problems.add(name, "must be an object of label values, or null"),
-                },
-                "manifest" => match parse_manifest(&value) {
-                    Ok(manifest) => patch.manifest = Some(manifest),
-                    Err(errors) => {
-                        for cause in manifest_causes("manifest", errors) {
-                            problems.add(cause.field, cause.message);
-                        }
-                    }
-                },
-                "allocation_strategy" => match value.as_str().map(str::parse) {
-                    Some(Ok(AllocationStrategy::Unset)) | None => problems.add(
-                        name,
-                        "can only be set to \"dynamic_strategy\" or \"static_strategy\"",
-                    ),
-                    Some(Ok(strategy)) => patch.allocation_strategy = Some(strategy),
-                    Some(Err(e)) => problems.add(name, e),
-                },
-                "labels" => problems.add(
-                    name,
-                    "is read-only here; change an RC's labels with \
-                     /api/v1/labels/replication_controller/{id}",
-                ),
-                "id" | "resource_version" | "status" => problems.add(name, "is read-only"),
-                _ => problems.add(
-                    name,
-                    format!("is not a field of a replication controller; patchable: {PATCHABLE}"),
-                ),
-            }
-        }
-        problems.finish()?;
-        Ok(patch)
-    }
-
-    /// Applies the patch to `rc`; a manifest for another pod is refused, since the RC's pods,
-    /// labels and rolls are all keyed by the pod id.
-    fn apply(&self, rc: &mut StoredRc) -> Result<(), ApiError> {
-        if let Some(manifest) = &self.manifest {
-            if manifest.pod_id() != rc.manifest.pod_id() {
-                return Err(ApiError::invalid([Cause::new(
-                    "manifest.id",
-                    format!(
-                        "must stay {:?}, the RC's pod id; create a new RC (and roll to it) to \
-                         run another pod",
-                        rc.manifest.pod_id()
-                    ),
-                )]));
-            }
-            rc.manifest = manifest.clone();
-        }
-        if let Some(n) = self.replicas_desired {
-            rc.replicas_desired = n;
-        }
-        if let Some(disabled) = self.disabled {
-            rc.disabled = disabled;
-        }
-        if let Some(selector) = &self.node_selector {
-            rc.node_selector = selector.clone();
-        }
-        if let Some(strategy) = self.allocation_strategy {
-            rc.allocation_strategy = strategy;
-        }
-        match &self.pod_labels {
-            None => {}
-            Some(PodLabelsPatch::Clear) => rc.pod_labels = None,
-            Some(PodLabelsPatch::Merge(changes)) => {
-                let labels = rc.pod_labels.get_or_insert_with(Labels::new);
-                for (key, value) in changes {
-                    match value {
-                        Some(value) => labels.insert(key.clone(), value.clone()),
-                        None => labels.remove(key),
-                    };
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    fn spec(value: serde_json::Value) -> RcSpec {
-        serde_json::from_value(value).unwrap()
-    }
-
-    const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://a.example.com/h.tar.gz\n";
-
-    #[test]
-    fn a_minimal_spec_gets_p2_defaults_and_the_pod_id_label() {
-        let new = spec(json!({"manifest": MANIFEST})).validate().unwrap();
-        assert!(uuid::Uuid::parse_str(&new.rc.id).is_ok());
-        assert_eq!(new.rc.manifest.raw(), MANIFEST);
-        assert_eq!(new.rc.replicas_desired, 0);
-        assert!(!new.rc.disabled);
-        assert_eq!(new.rc.allocation_strategy, AllocationStrategy::Unset);
-        assert_eq!(new.rc.node_selector, "");
-        assert_eq!(new.rc.pod_labels, Some(Labels::new()));
-        assert_eq!(
-            new.labels,
-            Labels::from([("pod_id".into(), "hello".into())])
-        );
-    }
-
-    #[test]
-    fn zone_and_cluster_join_the_pod_labels_and_the_selector_is_canonical() {
-        let new = spec(json!({
-            "manifest": {"id": "hello"},
-            "node_selector": "role in (worker,web), az=a",
-            "availability_zone": "us-west-2a",
-            "cluster_name": "",
-            "pod_labels": {"team": "x"},
-            "allocation_strategy": "dynamic_strategy",
-        }))
-        .validate()
-        .unwrap();
-        assert_eq!(new.rc.node_selector, "az=a,role in (web,worker)");
-        assert_eq!(
-            new.rc.pod_labels.unwrap(),
-            Labels::from([
-                ("availability_zone".into(), "us-west-2a".into()),
-                ("cluster_name".into(), "".into()),
-                ("team".into(), "x".into()),
-            ])
-        );
-        assert_eq!(new.rc.allocation_strategy, AllocationStrategy::Dynamic);
-    }
-
-    #[test]
-    fn every_problem_is_reported_under_the_given_field() {
-        let causes = spec(json!({
-            "manifest": "launchables:\n  app: {}\n",
-            "node_selector": "a in (",
-            "pod_labels": {"bad key!": "v"},
-            "labels": {"k": "bad value!"},
-            "replicas_desired": -1,
-            "allocation_strategy": "sometimes",
-            "availability_zone": "no spaces",
-        }))
-        .validate_in("new_rc")
-        .unwrap_err();
-        let fields: Vec<&str> = causes.iter().map(|c| c.field.as_str()).collect();
-        for expected in [
-            "new_rc.manifest.id",
-            "new_rc.manifest.launchables.app.launchable_type",
-            "new_rc.node_selector",
-            "new_rc.pod_labels.bad key!",
-            "new_rc.labels.k",
-            "new_rc.replicas_desired",
-            "new_rc.allocation_strategy",
-            "new_rc.availability_zone",
-        ] {
-            assert!(
-                fields.contains(&expected),
-                "{expected} missing from {fields:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn contradictions_and_unusable_pod_ids_are_refused() {
-        let causes = spec(json!({
-            "manifest": {"id": "hello"},
-            "labels": {"pod_id": "other"},
-            "pod_labels": {"cluster_name": "a"},
-            "cluster_name": "b",
-        }))
-        .validate()
-        .unwrap_err();
-        let fields: Vec<&str> = causes.iter().map(|c| c.field.as_str()).collect();
-        assert_eq!(fields, ["pod_labels.cluster_name", "labels.pod_id"]);
-
-        let causes = spec(json!({"manifest": {"id": "../etc"}}))
-            .validate()
-            .unwrap_err();
-        assert_eq!(causes[0].field, "manifest.id");
-        let causes = spec(json!({"manifest": 3})).validate().unwrap_err();
-        assert_eq!(causes[0].field, "manifest");
-    }
-
-    #[test]
-    fn unknown_fields_do_not_deserialize() {
-        assert!(
-            serde_json::from_value::<RcSpec>(json!({"manifest": MANIFEST, "replica": 1})).is_err()
-        );
-    }
 }

@@ -20,10 +20,10 @@ use utoipa_axum::routes;
 
 use crate::api::extract::{ApiPath, NoQuery};
 use crate::api::preconditions::etag;
-use crate::api::rcs::manifest_causes;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::kv::{Cas, TxnOp};
+use crate::model::manifest::errors_at;
 use crate::model::Manifest;
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation, PodTree};
 
@@ -165,7 +165,7 @@ async fn put_reality(
             ),
         )),
         Ok(_) => {}
-        Err(errors) => causes.extend(manifest_causes("manifest", errors)),
+        Err(errors) => causes.extend(errors_at("manifest", errors).into_iter().map(Cause::from)),
     }
     for cause in causes {
         violations.add(cause.field, cause.message);

@@ -26,20 +26,19 @@ use crate::api::extract::{ApiJson, ApiPath, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
-use crate::api::rcs::RcSpec;
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody};
 use crate::kv::{KvStore, StoreError};
-use crate::labels::{validate_labels_in, LabelType, Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
-use crate::model::duration::{format_duration, parse_duration};
-use crate::model::{validate_counts, HealthCounts, HealthState, PodHealth};
+use crate::labels::{LabelType, Labels, RC_ID_LABEL};
+use crate::model::duration::format_duration;
+use crate::model::{CreateRoll, HealthCounts, HealthState, PodHealth, RollId};
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
 use crate::store::layout;
 use crate::store::pods::{PodLocation, PodStore, PodTree};
 use crate::store::rcs::RcStore;
-use crate::store::roll_creation::{CreateRollError, RcWithLabels, RollPlan, RollRcs};
+use crate::store::roll_creation::CreateRollError;
 use crate::store::rolls::RollRecord;
 
 /// OpenAPI tag of the roll routes.
@@ -50,47 +49,6 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_roll, list_rolls))
         .routes(routes!(get_roll, delete_roll))
-}
-
-/// A request to create a rolling update, in one of P2's three forms:
-/// `old_rc_id` + `new_rc_id` (both RCs exist); `old_rc_id` + `new_rc` (the new RC is created
-/// with the roll); `old_rc_selector` + `new_rc` (the old RC is the one RC whose labels
-/// match; when none does, a stand-in old RC with the new RC's spec and 0 replicas is
-/// created).
-#[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateRoll {
-    /// The RC losing replicas, by id.
-    #[schema(example = "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11")]
-    pub old_rc_id: Option<String>,
-    /// Selects the RC losing replicas by its RC labels; must match at most one RC.
-    #[schema(example = "pod_id=hello,cluster_name=production")]
-    pub old_rc_selector: Option<String>,
-    /// The RC gaining replicas, by id; it becomes the roll's id.
-    pub new_rc_id: Option<String>,
-    /// The RC gaining replicas, created with the roll (with 0 replicas; leave
-    /// `replicas_desired` out). Its new id becomes the roll's id.
-    pub new_rc: Option<RcSpec>,
-    /// The roll is done when the new RC has this many replicas; at least 0.
-    #[schema(example = 3)]
-    pub desired_replicas: Option<i64>,
-    /// Healthy pods that must stay up throughout; between 0 and `desired_replicas`.
-    #[schema(example = 2)]
-    pub minimum_replicas: Option<i64>,
-    /// Keep the old RC when done (partial rollouts).
-    #[serde(default)]
-    pub leave_old: bool,
-    /// Pause before each step after the first, e.g. `30s`; default `0s`.
-    #[schema(example = "30s")]
-    pub roll_delay: Option<String>,
-    /// The roll's own labels (label type `rolls`).
-    #[serde(default)]
-    #[schema(value_type = BTreeMap<String, String>)]
-    pub labels: Labels,
-    /// Labels merged into the new RC's labels (and a stand-in old RC's).
-    #[serde(default)]
-    #[schema(value_type = BTreeMap<String, String>)]
-    pub new_rc_labels: Labels,
 }
 
 /// A rolling update with its progress.
@@ -149,8 +107,9 @@ pub struct RcProgress {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct RollPath {
-    /// The roll's id (the new RC's id), a UUID.
-    pub id: String,
+    /// The roll's id (the new RC's id).
+    #[param(inline)]
+    pub id: RollId,
 }
 
 /// Creates a rolling update.
@@ -180,7 +139,7 @@ async fn create_roll(
     _: NoQuery,
     ApiJson(body): ApiJson<CreateRoll>,
 ) -> Result<Response, ApiError> {
-    let plan = validate(body)?;
+    let plan = body.validate(&app.validation).map_err(ApiError::invalid)?;
     let record = app
         .roll_creator()
         .create(plan)
@@ -244,7 +203,7 @@ async fn get_roll(
     _: NoQuery,
     ApiPath(RollPath { id }): ApiPath<RollPath>,
 ) -> Result<Response, ApiError> {
-    validate_path_id(&id)?;
+    let id = id.to_string();
     let record = match app.rolls().get(&id).await {
         Ok(Some(record)) => record,
         Ok(None) => return Err(not_found(&id)),
@@ -280,7 +239,7 @@ async fn delete_roll(
     ApiPath(RollPath { id }): ApiPath<RollPath>,
     IfMatch(expected): IfMatch,
 ) -> Result<StatusCode, ApiError> {
-    validate_path_id(&id)?;
+    let id = id.to_string();
     match (app.rolls().delete(&id, expected).await, expected) {
         (Ok(true), _) => Ok(StatusCode::NO_CONTENT),
         (Ok(false), _) => Err(not_found(&id)),
@@ -305,166 +264,6 @@ fn watched_prefixes() -> Vec<String> {
 
 fn not_found(id: &str) -> ApiError {
     ApiError::not_found(format!("no rolling update {id} exists"))
-}
-
-fn validate_path_id(id: &str) -> Result<(), ApiError> {
-    check_uuid(id).map_err(|e| ApiError::invalid([Cause::new("id", e)]))
-}
-
-/// RC and roll ids are canonical (lowercase, hyphenated) UUIDs, which is also what makes
-/// them safe key segments.
-fn check_uuid(id: &str) -> Result<(), String> {
-    match uuid::Uuid::parse_str(id) {
-        Ok(uuid) if uuid.hyphenated().to_string() == id => Ok(()),
-        Ok(uuid) => Err(format!(
-            "must be a UUID in lowercase hyphenated form, like {}",
-            uuid.hyphenated()
-        )),
-        Err(_) => Err("must be a UUID (the id of a replication controller)".to_owned()),
-    }
-}
-
-/// Checks the whole request, reporting every problem at once, and turns it into a plan.
-fn validate(body: CreateRoll) -> Result<RollPlan, ApiError> {
-    let mut causes = Vec::new();
-    let mut id_field = |field: &str, value: &Option<String>| -> Option<String> {
-        let value = value.as_ref()?;
-        match check_uuid(value) {
-            Ok(()) => Some(value.clone()),
-            Err(e) => {
-                causes.push(Cause::new(field, e));
-                None
-            }
-        }
-    };
-    let old_rc_id = id_field("old_rc_id", &body.old_rc_id);
-    let new_rc_id = id_field("new_rc_id", &body.new_rc_id);
-
-    match (&body.old_rc_id, &body.old_rc_selector) {
-        (None, None) => causes.push(Cause::new(
-            "old_rc_id",
-            "give the old RC, by old_rc_id or by old_rc_selector",
-        )),
-        (Some(_), Some(_)) => causes.push(Cause::new(
-            "old_rc_selector",
-            "give old_rc_id or old_rc_selector, not both",
-        )),
-        _ => {}
-    }
-    match (&body.new_rc_id, &body.new_rc) {
-        (None, None) => causes.push(Cause::new(
-            "new_rc_id",
-            "give the new RC, by new_rc_id or as a new_rc spec to create",
-        )),
-        (Some(_), Some(_)) => {
-            causes.push(Cause::new("new_rc", "give new_rc_id or new_rc, not both"))
-        }
-        _ => {}
-    }
-    if body.old_rc_selector.is_some() && body.new_rc_id.is_some() {
-        causes.push(Cause::new(
-            "old_rc_selector",
-            "needs new_rc: the old RC may have to be stood in for with the new RC's spec",
-        ));
-    }
-    if let (Some(old), Some(new)) = (&old_rc_id, &new_rc_id) {
-        if old == new {
-            causes.push(Cause::new(
-                "new_rc_id",
-                "must differ from old_rc_id: a roll moves replicas between two RCs",
-            ));
-        }
-    }
-    let selector = body.old_rc_selector.as_ref().and_then(|text| {
-        text.parse::<Selector>()
-            .map_err(|e| causes.push(Cause::new("old_rc_selector", e.to_string())))
-            .ok()
-    });
-
-    let new_rc = body.new_rc.and_then(|spec| {
-        if spec.replicas_desired != 0 {
-            causes.push(Cause::new(
-                "new_rc.replicas_desired",
-                "a roll's new RC starts with 0 replicas and the roll gives it desired_replicas; leave it out",
-            ));
-        }
-        spec.validate_in("new_rc")
-            .map_err(|spec_causes| causes.extend(spec_causes))
-            .ok()
-    });
-    if let Some(new_rc) = &new_rc {
-        let pod_id = new_rc.rc.manifest.pod_id();
-        if let Some(given) = body.new_rc_labels.get(POD_ID_LABEL) {
-            if given != pod_id {
-                causes.push(Cause::new(
-                    format!("new_rc_labels.{POD_ID_LABEL}"),
-                    format!("is always the new RC's manifest id {pod_id:?}; leave it out"),
-                ));
-            }
-        }
-    }
-
-    let (desired, minimum) = match (body.desired_replicas, body.minimum_replicas) {
-        (Some(desired), Some(minimum)) => {
-            if let Err(problems) = validate_counts(desired, minimum) {
-                causes.extend(problems.into_iter().map(|p| Cause::new(p.field, p.message)));
-            }
-            (desired, minimum)
-        }
-        (desired, minimum) => {
-            if desired.is_none() {
-                causes.push(Cause::new("desired_replicas", "is required"));
-            }
-            if minimum.is_none() {
-                causes.push(Cause::new("minimum_replicas", "is required"));
-            }
-            (0, 0)
-        }
-    };
-    let roll_delay = match &body.roll_delay {
-        None => std::time::Duration::ZERO,
-        Some(text) => parse_duration(text).unwrap_or_else(|e| {
-            causes.push(Cause::new("roll_delay", e));
-            std::time::Duration::ZERO
-        }),
-    };
-    for (field, labels) in [
-        ("labels", &body.labels),
-        ("new_rc_labels", &body.new_rc_labels),
-    ] {
-        for (at, message) in validate_labels_in(field, labels) {
-            causes.push(Cause::new(at, message));
-        }
-    }
-    if !causes.is_empty() {
-        return Err(ApiError::invalid(causes));
-    }
-
-    let new_rc = new_rc.map(|n| RcWithLabels {
-        rc: n.rc,
-        labels: n.labels,
-    });
-    let rcs = match (old_rc_id, selector, new_rc_id, new_rc) {
-        (Some(old_rc_id), None, Some(new_rc_id), None) => RollRcs::Existing {
-            old_rc_id,
-            new_rc_id,
-        },
-        (Some(old_rc_id), None, None, Some(new_rc)) => RollRcs::NewRc { old_rc_id, new_rc },
-        (None, Some(old_rc_selector), None, Some(new_rc)) => RollRcs::NewRcOverSelector {
-            old_rc_selector,
-            new_rc,
-        },
-        _ => return Err(ApiError::internal("validated roll request has no form")),
-    };
-    Ok(RollPlan {
-        rcs,
-        desired_replicas: desired,
-        minimum_replicas: minimum,
-        leave_old: body.leave_old,
-        roll_delay,
-        roll_labels: body.labels,
-        new_rc_labels: body.new_rc_labels,
-    })
 }
 
 fn creation_error(err: CreateRollError) -> ApiError {

@@ -37,17 +37,30 @@ pub fn validate_value(value: &[u8]) -> StoreResult<()> {
     Ok(())
 }
 
-fn validate_segment(key: &str, segment: &str) -> StoreResult<()> {
-    let problem = if segment.is_empty() {
-        "has an empty segment"
+/// What keeps `segment` from being one key segment, `None` when it is one: it must be
+/// non-empty, not `.` or `..`, and hold no `/` or control character. The id types in
+/// `crate::model::ids` build on this rule.
+pub fn segment_problem(segment: &str) -> Option<&'static str> {
+    if segment.is_empty() {
+        Some("is empty")
     } else if segment == "." || segment == ".." {
-        "has a '.' or '..' segment"
+        Some("is '.' or '..'")
+    } else if segment.contains('/') {
+        Some("holds a '/'")
     } else if segment.chars().any(char::is_control) {
-        "holds a control character"
+        Some("holds a control character")
     } else {
-        return Ok(());
-    };
-    Err(StoreError::Invalid(format!("key {key:?} {problem}")))
+        None
+    }
+}
+
+fn validate_segment(key: &str, segment: &str) -> StoreResult<()> {
+    match segment_problem(segment) {
+        None => Ok(()),
+        Some(problem) => Err(StoreError::Invalid(format!(
+            "key {key:?} has a segment that {problem}"
+        ))),
+    }
 }
 
 #[cfg(test)]

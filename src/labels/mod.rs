@@ -16,7 +16,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 pub use selector::{Operator, ParseSelectorError, Requirement, Selector};
 pub use validation::{
     label_key_problem, label_value_problem, validate_label_key, validate_label_value,
-    validate_labels, validate_labels_in,
+    validate_labels, validate_labels_in, MAX_ID_BYTES,
 };
 
 /// A label set. Ordered, so its JSON and its printed form are stable.
@@ -95,11 +95,18 @@ impl LabelType {
     }
 
     /// Checks an object ID before it becomes part of a key: non-empty, no whitespace or
-    /// control characters, no empty, `.` or `..` segment, and a `/` only in a pod's
-    /// `<node>/<pod_id>`, so every ID maps to exactly one key and back.
+    /// control characters, no empty, `.` or `..` segment, no segment over
+    /// [`MAX_ID_BYTES`] bytes, and a `/` only in a pod's `<node>/<pod_id>`, so every ID maps
+    /// to exactly one key and back.
     pub fn validate_id(self, id: &str) -> Result<(), String> {
         if id.is_empty() {
             return Err("id must not be empty".to_string());
+        }
+        if let Some(long) = id.split('/').find(|segment| segment.len() > MAX_ID_BYTES) {
+            return Err(format!(
+                "id must be at most {MAX_ID_BYTES} bytes per '/'-separated part (a part has {})",
+                long.len()
+            ));
         }
         if let Some(c) = id.chars().find(|c| c.is_control()) {
             return Err(format!(
@@ -288,6 +295,12 @@ mod tests {
             assert!(err(t, "a b").contains("whitespace (found ' ')"));
             assert!(err(t, "a\u{a0}").contains("whitespace"));
         }
+        let long = "n".repeat(MAX_ID_BYTES + 1);
+        assert!(err(LabelType::Node, &long).contains("at most 253 bytes"));
+        assert!(err(LabelType::Pod, &format!("{long}/p")).contains("at most 253 bytes"));
+        LabelType::Pod
+            .validate_id(&format!("{}/p", &long[1..]))
+            .unwrap();
         assert!(err(LabelType::Node, "a/b").contains("node label ids must not contain '/'"));
         assert!(err(LabelType::Rolls, "/").contains("rolls label ids must not contain '/'"));
         assert!(err(LabelType::Node, ".").contains("\".\" segment"));

@@ -9,14 +9,26 @@ use super::Labels;
 pub const MAX_NAME_LEN: usize = 63;
 /// Longest allowed key prefix (a DNS-1123 subdomain), as in Kubernetes.
 pub const MAX_PREFIX_LEN: usize = 253;
+/// The longest id that is not a UUID (a node name, each part of a label id), in bytes: the
+/// length of a DNS name. Here because label ids are checked here; `crate::model::ids` uses it.
+pub const MAX_ID_BYTES: usize = 253;
+/// Longest allowed key: a prefix, `/` and a name, 253 + 1 + 63 characters.
+pub const MAX_KEY_LEN: usize = MAX_PREFIX_LEN + 1 + MAX_NAME_LEN;
 
-/// Checks a label key: an optional DNS-1123 subdomain prefix and `/`, then a name.
+/// Checks a label key: an optional DNS-1123 subdomain prefix and `/`, then a name; at most
+/// [`MAX_KEY_LEN`] characters in all.
 ///
 /// The error says which part is wrong and why, without repeating the key, so callers can
 /// attach it to whatever field or position they report.
 pub fn validate_label_key(key: &str) -> Result<(), String> {
     if key.is_empty() {
         return Err("key must not be empty".to_string());
+    }
+    let len = key.chars().count();
+    if len > MAX_KEY_LEN {
+        return Err(format!(
+            "key must be at most {MAX_KEY_LEN} characters (it has {len})"
+        ));
     }
     let name = match key.split_once('/') {
         None => key,
@@ -205,6 +217,7 @@ mod tests {
         assert!(key_err("-a.b/c").contains("\"-a\" does not"));
         assert!(key_err("a.b-/c").contains("\"b-\" does not"));
         assert!(key_err(&format!("{}/n", "p".repeat(254))).contains("at most 253"));
+        assert!(key_err(&"k".repeat(10_000)).contains("at most 317 characters (it has 10000)"));
         assert!(key_err("a/-b").contains("name must start"));
     }
 

@@ -15,7 +15,7 @@ use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 use yaml_serde::{Mapping, Value};
 
-use super::FieldError;
+use super::{FieldError, PodId};
 
 const BEGIN_SIGNED: &str = "-----BEGIN PGP SIGNED MESSAGE-----";
 const BEGIN_SIGNATURE: &str = "-----BEGIN PGP SIGNATURE-----";
@@ -118,6 +118,18 @@ impl Manifest {
         Manifest::parse(&yaml)
     }
 
+    /// A manifest a client sends for a new or changed RC or daemon set, as YAML text or a
+    /// JSON object, held to the pod-id rule ([`PodId`]) as well. Manifests read back from the
+    /// store are not, so that documents written by other tools stay readable.
+    pub fn from_request(value: &serde_json::Value) -> Result<Manifest, Vec<FieldError>> {
+        let manifest = match value {
+            serde_json::Value::String(text) => Manifest::parse(text),
+            other => Manifest::from_json_value(other),
+        }?;
+        PodId::check(manifest.pod_id()).map_err(|e| vec![FieldError::new("id", e.to_string())])?;
+        Ok(manifest)
+    }
+
     /// The bytes exactly as received; this is what gets stored and written to intents.
     pub fn raw(&self) -> &str {
         &self.raw
@@ -181,6 +193,22 @@ impl<'de> Deserialize<'de> for Manifest {
         };
         parsed.map_err(|errors| de::Error::custom(super::join_errors(&errors)))
     }
+}
+
+/// Manifest problems reported under `at`, the field holding the manifest (for example
+/// `new_rc.manifest`).
+pub fn errors_at(at: &str, errors: Vec<FieldError>) -> Vec<FieldError> {
+    errors
+        .into_iter()
+        .map(|e| {
+            let field = if e.field == "manifest" {
+                at.to_owned()
+            } else {
+                format!("{at}.{}", e.field)
+            };
+            FieldError::new(field, e.message)
+        })
+        .collect()
 }
 
 /// The signed plaintext of a PGP clear-signed message, `None` when `raw` is not one.

@@ -9,27 +9,40 @@
 //! - [`rc`], [`roll`], [`ds`]: replication controllers, rolling updates (with the roll
 //!   algorithm) and daemon sets as stored.
 //! - [`health`], [`audit`]: health records and audit log records.
+//! - [`ids`]: the id types and their rules.
+//! - [`ds_spec`]: what clients send to create or change a daemon set, and its validation.
+//! - [`rc_spec`]: what clients send to create or change an RC, and its validation.
+//! - [`roll_request`]: what clients send to create a roll, and its validation.
+//! - [`Limits`]: the configurable bounds validation applies.
 //! - [`duration`], [`timestamp`]: Go-style durations and RFC 3339 times.
 
 pub mod audit;
 pub mod ds;
+pub mod ds_spec;
 pub mod duration;
 mod gojson;
 pub mod health;
+pub mod ids;
 pub mod manifest;
 pub mod rc;
+pub mod rc_spec;
 pub mod roll;
+pub mod roll_request;
 pub mod timestamp;
 
 use std::fmt;
 
 pub use audit::{AuditRecord, DaemonSetEvent};
 pub use ds::StoredDaemonSet;
+pub use ds_spec::{CreateDaemonSet, DaemonSetChanges, DaemonSetPatch};
 pub use duration::{format_duration, parse_duration};
 pub use health::{HealthCounts, HealthRecord, HealthState, PodHealth};
+pub use ids::{DaemonSetId, IdError, NodeName, PodId, RcId, RollId};
 pub use manifest::{HealthCheck, Manifest};
 pub use rc::{AllocationStrategy, StoredRc};
+pub use rc_spec::{NewRc, RcPatch, RcSpec};
 pub use roll::{roll_step, validate_counts, StoredRoll};
+pub use roll_request::{CreateRoll, RollPlan, RollRcs};
 
 /// One invalid input field; validation returns all of them so a client can fix every problem
 /// in one round trip (the API turns each into a `causes` entry).
@@ -54,6 +67,76 @@ impl FieldError {
 impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Collects every problem found in one input, so that validation reports them all at once.
+#[derive(Debug, Default)]
+pub struct Problems(Vec<FieldError>);
+
+impl Problems {
+    /// No problems yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records that `field` is wrong and why.
+    pub fn add(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError::new(field, message));
+    }
+
+    /// Records problems found by another validator.
+    pub fn extend(&mut self, errors: impl IntoIterator<Item = FieldError>) {
+        self.0.extend(errors);
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `Ok` when nothing was recorded, otherwise every problem.
+    pub fn finish(self) -> Result<(), Vec<FieldError>> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(self.0)
+        }
+    }
+}
+
+/// The default of [`Limits::max_replicas`] (`--max-replicas`).
+pub const DEFAULT_MAX_REPLICAS: i64 = 10_000;
+
+/// Bounds that validation applies and the operator may set (`--max-replicas`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The most replicas an RC may want (`replicas_desired`) or a roll may aim for
+    /// (`desired_replicas`); a typo of a few zeros must not schedule a pod on every node.
+    pub max_replicas: i64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_replicas: DEFAULT_MAX_REPLICAS,
+        }
+    }
+}
+
+impl Limits {
+    /// A replica count must be between 0 and [`Limits::max_replicas`].
+    pub fn check_replicas(&self, replicas: i64) -> Result<(), String> {
+        if replicas < 0 {
+            Err("must be at least 0".to_owned())
+        } else if replicas > self.max_replicas {
+            Err(format!(
+                "must be at most {}, the server's maximum (--max-replicas)",
+                self.max_replicas
+            ))
+        } else {
+            Ok(())
+        }
     }
 }
 

@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::labels::{LabelType, Labeled, Selector};
-use crate::model::{AuditRecord, DaemonSetEvent, DecodeError, FieldError, StoredDaemonSet};
+use crate::model::{
+    AuditRecord, DaemonSetEvent, DaemonSetId, DecodeError, FieldError, IdError, StoredDaemonSet,
+};
 
 use super::labels::LabelStore;
 use super::layout;
@@ -21,15 +23,10 @@ use super::update::{update_with_retry, UpdateError};
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
-/// Parses a daemon-set ID: a UUID in canonical lowercase hyphenated form only, so that every
-/// ID names exactly one key and the key's segment reads back as the same ID.
-pub fn parse_daemon_set_id(text: &str) -> Result<Uuid, String> {
-    match Uuid::try_parse(text) {
-        Ok(id) if id.hyphenated().to_string() == text => Ok(id),
-        _ => Err(format!(
-            "must be a lowercase hyphenated UUID such as \"1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e\", not {text:?}"
-        )),
-    }
+/// Parses a daemon-set ID by [`DaemonSetId`]'s rule, so that every ID names exactly one key
+/// and the key's segment reads back as the same ID.
+pub fn parse_daemon_set_id(text: &str) -> Result<Uuid, IdError> {
+    text.parse::<DaemonSetId>().map(DaemonSetId::uuid)
 }
 
 /// One daemon set and the modify index it was read at (the CAS token and the API's ETag).
@@ -138,7 +135,7 @@ impl DaemonSetStore {
         user: &str,
     ) -> Result<DaemonSetRecord, DaemonSetError> {
         let id = parse_daemon_set_id(&ds.id)
-            .map_err(|e| DaemonSetError::Invalid(vec![FieldError::new("id", e)]))?;
+            .map_err(|e| DaemonSetError::Invalid(vec![FieldError::new("id", e.to_string())]))?;
         check_invariants(&ds)?;
         let ops = [
             TxnOp::Cas {

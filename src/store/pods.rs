@@ -14,46 +14,22 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::labels::{LabelType, Labels};
-use crate::model::Manifest;
+use crate::model::{Manifest, NodeName, PodId};
 
 use super::labels::{write_op, LabelRecord};
 use super::layout;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 
-/// A node name as it may appear in new keys: one key segment without whitespace.
+/// A node name as it may appear in new keys: [`NodeName`]'s rule.
 pub fn validate_node_name(node: &str) -> Result<(), String> {
-    validate_segment("node name", node)
+    NodeName::check(node).map_err(|e| e.to_string())
 }
 
-/// A pod ID as it may appear in new keys: one key segment without whitespace, and not
-/// shaped like a UUID, because a UUID as the last segment of an intent key marks a UUID-pod
-/// index entry rather than a manifest, so such a pod would be invisible to every reader.
+/// A pod ID as it may appear in new keys: [`PodId`]'s rule, which refuses UUIDs, because a
+/// UUID as the last segment of an intent key marks a UUID-pod index entry rather than a
+/// manifest, so such a pod would be invisible to every reader.
 pub fn validate_pod_id(pod_id: &str) -> Result<(), String> {
-    validate_segment("pod id", pod_id)?;
-    if is_uuid(pod_id) {
-        return Err(format!(
-            "pod id {pod_id:?} has the form of a UUID, which marks a UUID pod, not a legacy pod"
-        ));
-    }
-    Ok(())
-}
-
-fn validate_segment(what: &str, text: &str) -> Result<(), String> {
-    if text.is_empty() {
-        return Err(format!("{what} must not be empty"));
-    }
-    if text == "." || text == ".." {
-        return Err(format!("{what} must not be {text:?}"));
-    }
-    if text.contains('/') {
-        return Err(format!("{what} must not contain '/'"));
-    }
-    if let Some(c) = text.chars().find(|c| c.is_control() || c.is_whitespace()) {
-        return Err(format!(
-            "{what} must not contain whitespace or control characters (found {c:?})"
-        ));
-    }
-    Ok(())
+    PodId::check(pod_id).map_err(|e| e.to_string())
 }
 
 /// Whether a key's last segment names a UUID pod (P2's `PodUniqueKeyFromConsulPath`).
@@ -374,10 +350,13 @@ mod tests {
 
     #[test]
     fn validates_names_for_new_keys() {
-        for good in ["node17.example.com", "hello", "p2-log_shipper", "ü"] {
+        for good in ["node17.example.com", "hello", "p2-log_shipper"] {
             validate_node_name(good).unwrap();
             validate_pod_id(good).unwrap();
         }
+        // A pod id is a manifest id, which becomes a label value: ASCII only.
+        validate_node_name("ü").unwrap();
+        assert!(validate_pod_id("ü").is_err());
         for bad in ["", ".", "..", "a/b", "a b", "a\tb", "a\u{7}", "\u{a0}x"] {
             assert!(validate_node_name(bad).is_err(), "{bad:?}");
             assert!(validate_pod_id(bad).is_err(), "{bad:?}");

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::labels::{LabelType, Labels, Selector, POD_ID_LABEL};
-use crate::model::{StoredRc, StoredRoll};
+pub use crate::model::roll_request::{RollPlan, RollRcs};
+pub use crate::model::NewRc as RcWithLabels;
+use crate::model::StoredRoll;
 
 use super::labels::{write_op, LabelStore};
 use super::layout;
@@ -23,55 +25,6 @@ pub const CREATION_SESSION_NAME: &str = "RU create lock for p2-apiserver";
 /// TTL of the creation session, as in P2. A creation takes far less; if the server dies
 /// mid-way, the locks vanish with the session at the latest after this long.
 pub const CREATION_SESSION_TTL: Duration = Duration::from_secs(15);
-
-/// Which RCs a roll is over: P2's three creation forms.
-#[derive(Debug, Clone)]
-pub enum RollRcs {
-    /// Both RCs exist.
-    Existing {
-        old_rc_id: String,
-        new_rc_id: String,
-    },
-    /// The old RC exists; the new one is created with the roll.
-    NewRc {
-        old_rc_id: String,
-        new_rc: RcWithLabels,
-    },
-    /// The old RC is the one RC whose labels match the selector; when none does, a stand-in
-    /// with the new RC's spec and no replicas is created so the roll has something to take
-    /// replicas from. The new RC is created with the roll.
-    NewRcOverSelector {
-        old_rc_selector: Selector,
-        new_rc: RcWithLabels,
-    },
-}
-
-/// An RC to create in the roll's transaction, with its own labels. Its id (a fresh UUID)
-/// becomes the roll's id; its replica count is forced to 0 because the roll, not its
-/// creation, gives it replicas.
-#[derive(Debug, Clone)]
-pub struct RcWithLabels {
-    pub rc: StoredRc,
-    pub labels: Labels,
-}
-
-/// Everything needed to create one roll.
-#[derive(Debug, Clone)]
-pub struct RollPlan {
-    pub rcs: RollRcs,
-    /// The roll is done when the new RC has this many replicas.
-    pub desired_replicas: i64,
-    /// Healthy pods that must stay up throughout.
-    pub minimum_replicas: i64,
-    /// Keep the old RC when done.
-    pub leave_old: bool,
-    /// Pause before each step after the first.
-    pub roll_delay: Duration,
-    /// The roll's own labels (type `rolls`).
-    pub roll_labels: Labels,
-    /// Labels merged into the new RC's labels (and the stand-in's, which P2 gives the same).
-    pub new_rc_labels: Labels,
-}
 
 /// Why a roll was not created. Every variant but `Store` is a refusal the client can act
 /// on; the API maps each to its status.

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use futures::future::join_all;
-use p2_apiserver::api::daemonsets::CreateDaemonSet;
 use p2_apiserver::kv::KvPair;
+use p2_apiserver::model::CreateDaemonSet;
 use p2_apiserver::model::{AuditRecord, HealthRecord, HealthState};
 use serde_json::{json, Value};
 

@@ -619,6 +619,7 @@ async fn a_frozen_consul_answers_503_within_the_deadline() {
         store,
         shutdown: CancellationToken::new(),
         limits: short_limits(),
+        validation: Default::default(),
     }));
     for uri in ["/readyz", "/api/v1/rcs"] {
         let response = call(&routes, Request::get(uri).body(Body::empty()).unwrap()).await;
@@ -680,6 +681,7 @@ async fn serve(limits: HttpLimits) -> (SocketAddr, CancellationToken) {
         store,
         shutdown: shutdown.clone(),
         limits,
+        validation: Default::default(),
     });
     tokio::spawn(server::run(
         listener,

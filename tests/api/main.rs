@@ -13,4 +13,5 @@ mod reality;
 mod rolls;
 #[path = "../support/mod.rs"]
 mod support;
+mod validation;
 mod watch;

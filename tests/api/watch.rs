@@ -52,6 +52,7 @@ impl Watched {
             shutdown: CancellationToken::new(),
             limits: HttpLimits::default(),
             mirror: mirror.clone(),
+            validation: Default::default(),
         });
         Watched {
             router: router::build(state),

@@ -1,0 +1,322 @@
+//! Rules every resource shares: one id rule per kind, bounded ids and label keys, duplicate
+//! JSON keys, the replica maximum and the audit user header.
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::support::api::{TestApp, TestResponse};
+
+const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello.tar.gz\n";
+
+/// The 422 for a malformed id: one cause on `field`, and the message of the one UUID rule.
+fn assert_malformed_uuid(response: &TestResponse, field: &str, what: &str) {
+    assert_eq!(
+        response.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{what}: {response:?}"
+    );
+    let error = response.error();
+    assert_eq!(error.reason, "Invalid", "{what}");
+    assert_eq!(response.cause_fields(), [field], "{what}");
+    assert!(
+        error.causes[0]
+            .message
+            .starts_with("must be a lower-case hyphenated UUID"),
+        "{what}: {error:?}"
+    );
+}
+
+#[tokio::test]
+async fn every_single_object_route_answers_ids_the_same_way() {
+    let app = TestApp::new().await;
+    let unknown = uuid::Uuid::new_v4().to_string();
+    let upper = unknown.to_uppercase();
+    // Paths stop at 8 KiB (414), so this is about as long as an id in a path gets.
+    let long = "a".repeat(8_000);
+    let patch = json!({"disabled": true});
+    for resource in ["rcs", "rolls", "daemonsets"] {
+        let mut methods = vec!["GET", "DELETE"];
+        if resource != "rolls" {
+            methods.push("PATCH");
+        }
+        for method in methods {
+            let send = |id: &str| {
+                let path = format!("/api/v1/{resource}/{id}");
+                let body = (method == "PATCH").then_some(&patch);
+                let app = &app;
+                async move { app.json_request(method, &path, body, &[]).await }
+            };
+            for bad in [upper.as_str(), "not-a-uuid", "..", long.as_str()] {
+                let what = format!("{method} {resource} {:.40}", bad);
+                assert_malformed_uuid(&send(bad).await, "id", &what);
+            }
+            let missing = send(&unknown).await;
+            assert_eq!(
+                missing.status,
+                StatusCode::NOT_FOUND,
+                "{method} {resource}: {missing:?}"
+            );
+            assert_eq!(missing.error().reason, "NotFound");
+            assert!(missing.error().message.contains(&unknown));
+        }
+    }
+    assert_eq!(app.dump().await, []);
+}
+
+#[tokio::test]
+async fn ids_in_bodies_follow_the_same_rule() {
+    let app = TestApp::new().await;
+    let upper = uuid::Uuid::new_v4().to_string().to_uppercase();
+    let response = app
+        .json_request(
+            "POST",
+            "/api/v1/rolls",
+            Some(&json!({
+                "old_rc_id": upper,
+                "new_rc_id": uuid::Uuid::new_v4().to_string(),
+                "desired_replicas": 1,
+                "minimum_replicas": 0,
+            })),
+            &[],
+        )
+        .await;
+    assert_malformed_uuid(&response, "old_rc_id", "roll body");
+}
+
+#[tokio::test]
+async fn long_node_names_pod_ids_and_label_ids_are_refused() {
+    let app = TestApp::new().await;
+    // Paths stop at 8 KiB (414), so this is about as long as an id in a path gets.
+    let long = "n".repeat(8_000);
+    for path in [
+        format!("/api/v1/nodes/{long}"),
+        format!("/api/v1/intent/{long}/hello"),
+        format!("/api/v1/intent/node1/{long}"),
+        format!("/api/v1/labels/node/{long}"),
+    ] {
+        let response = app.get(&path).await;
+        assert_eq!(
+            response.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{:.40}: {response:?}",
+            path
+        );
+    }
+    let response = app
+        .json_request(
+            "PUT",
+            &format!("/api/v1/labels/node/{long}"),
+            Some(&json!({"labels": {"a": "b"}})),
+            &[],
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let response = app
+        .json_request(
+            "PUT",
+            "/api/v1/labels/node/node1",
+            Some(&json!({"labels": {"k".repeat(10_000): "b"}})),
+            &[],
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        response.error().causes[0]
+            .message
+            .contains("at most 317 characters"),
+        "{response:?}"
+    );
+    assert_eq!(app.dump().await, []);
+}
+
+#[tokio::test]
+async fn rcs_and_daemon_sets_take_the_same_manifest_ids() {
+    let app = TestApp::new().await;
+    for id in ["a:b", "ü", "-x", "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11"] {
+        let manifest = format!("id: {id:?}\n");
+        let rc = app
+            .json_request(
+                "POST",
+                "/api/v1/rcs",
+                Some(&json!({"manifest": manifest})),
+                &[],
+            )
+            .await;
+        let ds = app
+            .json_request(
+                "POST",
+                "/api/v1/daemonsets",
+                Some(&json!({"manifest": manifest, "node_selector": "", "timeout": "1m"})),
+                &[],
+            )
+            .await;
+        for (what, response) in [("rc", &rc), ("daemon set", &ds)] {
+            assert_eq!(
+                response.status,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{what} {id:?}: {response:?}"
+            );
+            assert_eq!(response.cause_fields(), ["manifest.id"], "{what} {id:?}");
+        }
+        assert_eq!(rc.error().causes, ds.error().causes, "{id:?}");
+    }
+    assert_eq!(app.dump().await, []);
+}
+
+#[tokio::test]
+async fn duplicate_keys_are_refused_at_every_depth() {
+    let app = TestApp::new().await;
+    let manifest = serde_json::to_string(MANIFEST).unwrap();
+    let cases = [
+        (
+            "POST",
+            "/api/v1/rcs",
+            format!(r#"{{"manifest": {manifest}, "labels": {{"a": "1", "a": "2"}}}}"#),
+            "labels",
+        ),
+        (
+            "POST",
+            "/api/v1/rcs",
+            format!(r#"{{"manifest": {manifest}, "manifest": {manifest}}}"#),
+            "body",
+        ),
+        (
+            "POST",
+            "/api/v1/daemonsets",
+            r#"{"manifest": {"id": "hello", "config": {"x": 1, "x": 2}}, "node_selector": "", "timeout": "1m"}"#
+                .to_owned(),
+            "manifest.config",
+        ),
+        (
+            "PATCH",
+            &format!("/api/v1/rcs/{}", uuid::Uuid::new_v4()),
+            r#"{"pod_labels": {"a": "1", "a": null}}"#.to_owned(),
+            "pod_labels",
+        ),
+        (
+            "PUT",
+            "/api/v1/labels/node/node1",
+            r#"{"labels": {"a": "1"}, "x": [{"k": 1, "k": 2}]}"#.to_owned(),
+            "x.0",
+        ),
+    ];
+    for (method, path, body, field) in cases {
+        let content_type = if method == "PATCH" {
+            "application/merge-patch+json"
+        } else {
+            "application/json"
+        };
+        let response = app
+            .send_raw(
+                method,
+                path,
+                &[("content-type", content_type)],
+                body.clone(),
+            )
+            .await;
+        assert_eq!(
+            response.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{body}: {response:?}"
+        );
+        assert_eq!(response.cause_fields(), [field], "{body}");
+        assert!(response.error().causes[0].message.contains("twice"));
+    }
+    assert_eq!(app.dump().await, []);
+}
+
+#[tokio::test]
+async fn replica_counts_have_a_maximum() {
+    let app = TestApp::new().await;
+    let response = app
+        .json_request(
+            "POST",
+            "/api/v1/rcs",
+            Some(&json!({"manifest": MANIFEST, "replicas_desired": 10_001})),
+            &[],
+        )
+        .await;
+    assert_over_max(&response, "replicas_desired");
+
+    let at_max = app
+        .json_request(
+            "POST",
+            "/api/v1/rcs",
+            Some(&json!({"manifest": MANIFEST, "replicas_desired": 10_000})),
+            &[],
+        )
+        .await;
+    assert_eq!(at_max.status, StatusCode::CREATED, "{at_max:?}");
+    let id = at_max.json()["id"].as_str().unwrap().to_owned();
+    let before = app.dump().await;
+    let response = app
+        .merge_patch(
+            &format!("/api/v1/rcs/{id}"),
+            &json!({"replicas_desired": 1_000_000}),
+            &[],
+        )
+        .await;
+    assert_over_max(&response, "replicas_desired");
+
+    let old = app
+        .json_request(
+            "POST",
+            "/api/v1/rcs",
+            Some(&json!({"manifest": MANIFEST})),
+            &[],
+        )
+        .await
+        .json()["id"]
+        .clone();
+    let before_roll = app.dump().await;
+    let response = app
+        .json_request(
+            "POST",
+            "/api/v1/rolls",
+            Some(&json!({
+                "old_rc_id": old,
+                "new_rc_id": id,
+                "desired_replicas": 10_001,
+                "minimum_replicas": 0,
+            })),
+            &[],
+        )
+        .await;
+    assert_over_max(&response, "desired_replicas");
+    assert_eq!(app.dump().await, before_roll);
+    assert_ne!(before, before_roll);
+}
+
+fn assert_over_max(response: &TestResponse, field: &str) {
+    assert_eq!(
+        response.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{response:?}"
+    );
+    assert_eq!(response.cause_fields(), [field]);
+    assert!(
+        response.error().causes[0]
+            .message
+            .contains("must be at most 10000"),
+        "{response:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_audit_user_refuses_control_characters() {
+    let app = TestApp::new().await;
+    let body: Value = json!({"manifest": MANIFEST, "node_selector": "", "timeout": "1m"});
+    for user in ["ali\tce", "bob\t."] {
+        let response = app
+            .json_request(
+                "POST",
+                "/api/v1/daemonsets",
+                Some(&body),
+                &[("x-p2-user", user)],
+            )
+            .await;
+        assert_eq!(response.status, StatusCode::BAD_REQUEST, "{user:?}");
+        assert!(response.error().message.contains("control characters"));
+    }
+    assert_eq!(app.dump().await, []);
+}
