@@ -35,9 +35,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::pod_health::HealthStatus;
 use crate::backoff::Backoff;
 use crate::labels::{validate_labels, Labels};
+use crate::model::HealthState;
 use crate::model::Manifest;
 use crate::store::pods::validate_node_name;
 
@@ -136,9 +136,9 @@ pub async fn run(config: SimulatorConfig, shutdown: CancellationToken) -> anyhow
         .enumerate()
         .map(|(i, node)| {
             let status = if config.is_unhealthy(i + 1) {
-                HealthStatus::Critical
+                HealthState::Critical
             } else {
-                HealthStatus::Passing
+                HealthState::Passing
             };
             (node, status)
         })
@@ -202,7 +202,7 @@ struct Sim {
     client: Client,
     in_flight: Semaphore,
     /// The status each simulated node reports for its pods.
-    health: HashMap<String, HealthStatus>,
+    health: HashMap<String, HealthState>,
     /// Manifest text by SHA, so each manifest is fetched once, not once per node.
     manifests: Mutex<HashMap<String, Arc<String>>>,
     shutdown: CancellationToken,
@@ -505,7 +505,7 @@ impl Sim {
             .health
             .get(node)
             .copied()
-            .unwrap_or(HealthStatus::Passing);
+            .unwrap_or(HealthState::Passing);
         let url = self.url(&["health", pod_id, node]);
         let what = format!("reporting {pod_id}'s health on {node}");
         let body = json!({ "status": status });

@@ -33,38 +33,13 @@ use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation};
 /// OpenAPI tag of the pod health routes (`health` is the probes').
 pub const TAG: &str = "pod-health";
 
-/// A pod's health as the API shows it; anything a reader does not recognise is `unknown`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum HealthStatus {
-    /// The check succeeded; the only state rolls count as healthy.
-    Passing,
-    /// Degraded; rolls count it as unhealthy.
-    Warning,
-    /// The check failed.
-    Critical,
-    /// No usable result.
-    Unknown,
-}
-
-impl From<HealthState> for HealthStatus {
-    fn from(state: HealthState) -> Self {
-        match state {
-            HealthState::Passing => HealthStatus::Passing,
-            HealthState::Warning => HealthStatus::Warning,
-            HealthState::Critical => HealthStatus::Critical,
-            HealthState::Unknown => HealthStatus::Unknown,
-        }
-    }
-}
-
 /// A report from a node agent: `{"status": ...}`, or P2's own record, whose `Status` is read
 /// and whose other fields are ignored (the URL names the pod and node, the server the times).
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct HealthReport {
     /// Exactly one of `passing`, `warning`, `critical` or `unknown`.
     #[serde(alias = "Status")]
-    #[schema(value_type = HealthStatus)]
+    #[schema(value_type = HealthState)]
     pub status: String,
 }
 
@@ -75,7 +50,7 @@ pub struct PodHealth {
     pub pod_id: String,
     #[schema(example = "node17.example.com")]
     pub node: String,
-    pub status: HealthStatus,
+    pub status: HealthState,
     /// When the result was taken (RFC 3339).
     #[schema(example = "2020-01-14T19:06:40Z")]
     pub time: String,
@@ -89,7 +64,7 @@ pub struct PodHealth {
 impl From<HealthEntry> for PodHealth {
     fn from(entry: HealthEntry) -> Self {
         PodHealth {
-            status: entry.state().into(),
+            status: entry.state(),
             time: entry.record.time,
             expires: entry.record.expires,
             resource_version: entry.index.to_string(),

@@ -16,7 +16,6 @@ use crate::api::blocking::index_header;
 use crate::api::extract::ApiJson;
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
-use crate::api::pod_health::HealthStatus;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::Labels;
@@ -39,7 +38,7 @@ pub struct Pod {
     #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
     /// The node agent's last report; `unknown` when there is none.
-    pub health: HealthStatus,
+    pub health: HealthState,
     /// SHA of the intended manifest's canonical form; equal SHAs mean the same pod spec.
     pub manifest_sha: String,
 }
@@ -132,7 +131,7 @@ async fn list_pods(
             let result = health
                 .get(&(entry.pod.pod_id().to_owned(), entry.pod.node().to_owned()))
                 .map(HealthEntry::state);
-            let health = HealthState::of(result).into();
+            let health = HealthState::of(result);
             let pod = Pod {
                 labels: pod_labels,
                 node: entry.pod.node().to_owned(),

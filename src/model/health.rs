@@ -6,6 +6,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Deserializer, Serialize};
+use utoipa::ToSchema;
 
 use super::gojson::{self, Folded};
 use super::timestamp::format_rfc3339;
@@ -15,9 +16,13 @@ use super::DecodeError;
 /// preparer's session rather than from the record.
 const EXPIRES_AFTER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-/// A health state; ordered worst to best so the worst of several results is their `min`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+/// A health state, as stored and as the API shows it; ordered worst to best so the worst of
+/// several results is their `min`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
+#[schema(as = HealthStatus)]
 pub enum HealthState {
     /// The check failed.
     Critical,

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::support::e2e::{eventually, labels, manifest, Api, Scratch, Server, Sim, CONVERGE};
-use p2_apiserver::api::pod_health::HealthStatus;
 use p2_apiserver::api::pods::Pod;
 use p2_apiserver::api::rcs::RcView;
+use p2_apiserver::model::HealthState;
 use p2_apiserver::model::Manifest;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -86,7 +86,7 @@ async fn rc_settles(api: &Api, rc: &str, count: usize, version: u32) -> Vec<Pod>
             let ok = all.len() == count
                 && all.iter().all(|p| {
                     p.labels.get(RC_ID_LABEL).map(String::as_str) == Some(rc)
-                        && p.health == HealthStatus::Passing
+                        && p.health == HealthState::Passing
                         && p.manifest_sha == want_sha
                 });
             if ok {
@@ -107,7 +107,7 @@ async fn ds_settles(api: &Api, ds: &str, pod_id: &str, nodes: &[&str]) {
         CONVERGE,
         || async {
             let pods = owned_pods(api, pod_id, DS_ID_LABEL, ds).await;
-            if nodes_of(&pods) == want && pods.iter().all(|p| p.health == HealthStatus::Passing) {
+            if nodes_of(&pods) == want && pods.iter().all(|p| p.health == HealthState::Passing) {
                 Ok(())
             } else {
                 Err(describe(&pods))
@@ -199,7 +199,7 @@ async fn relabelling_a_node_moves_a_dynamic_rcs_pod() {
         let nodes = nodes_of(&pods);
         let moved = pods.len() == 2
             && !nodes.contains(&leaving)
-            && pods.iter().all(|p| p.health == HealthStatus::Passing);
+            && pods.iter().all(|p| p.health == HealthState::Passing);
         if moved {
             Ok(nodes)
         } else {
@@ -234,7 +234,7 @@ async fn a_rolling_update_keeps_the_minimum_healthy_and_cleans_up() {
                 let pods = api.pods(POD).await;
                 let healthy = pods
                     .iter()
-                    .filter(|p| p.health == HealthStatus::Passing)
+                    .filter(|p| p.health == HealthState::Passing)
                     .count();
                 samples.lock().unwrap().push((healthy, describe(&pods)));
                 tokio::time::sleep(Duration::from_millis(20)).await;
