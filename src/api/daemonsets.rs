@@ -1,9 +1,9 @@
 //! `/api/v1/daemonsets`: create, list, read (with rollout status), patch and delete daemon sets.
 //!
-//! What is stored is exactly P2's daemon-set document (§1.5), so P2's DS farm and `p2-dsctl`
+//! What is stored is exactly P2's daemon-set document, so P2's DS farm and `p2-dsctl`
 //! work on the same store. Every change carries an audit record naming the user, taken from
 //! the optional `X-P2-User` header (default `p2-apiserver`). Because P2's farm disables any
-//! daemon set that is created or changed into contention (§4.10), the API refuses such a write
+//! daemon set that is created or changed into contention, the API refuses such a write
 //! with 409 instead, naming the other daemon set, unless the daemon set is stored disabled.
 //! The check and the write are not one transaction: two racing writes can both pass it, in
 //! which case the farm's own check disables the later one.

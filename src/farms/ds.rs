@@ -1,13 +1,13 @@
-//! The DS farm: keeps each daemon set's pod on every node its selector matches (§4.8–4.11).
+//! The DS farm: keeps each daemon set's pod on every node its selector matches.
 //!
 //! Per daemon set this server owns (`lock/daemon_sets/<id>`), each pass:
-//! - **contention** (§4.10): of two enabled daemon sets that contend, the one written last
+//! - **contention**: of two enabled daemon sets that contend, the one written last
 //!   (higher modify index, then higher ID) is disabled with an audited CAS write and a
 //!   low-urgency alert. Its latest write is what introduced the contention (P2 disables "the
 //!   one that just appeared or changed"), and no extra reads are needed. A disabled daemon set
 //!   changes no pods.
-//! - **scheduling** (§4.9): eligible nodes without the pod get it, labelled with
-//!   `daemon_set_id` only (§3.2); a node already running the pod id for another owner is left
+//! - **scheduling**: eligible nodes without the pod get it, labelled with
+//!   `daemon_set_id` only; a node already running the pod id for another owner is left
 //!   alone. Pods on nodes no longer eligible are removed, except that a daemon set matching no
 //!   node at all removes nothing (P2's failsafe).
 //! - **replacement**: pods whose intent is not the daemon set's manifest are replaced while
@@ -23,7 +23,7 @@
 //!   `nodes_deployed` counts the nodes healthy on the current manifest now, so it also drops
 //!   when a node leaves or sickens (P2 only ever raises it within one manifest).
 //!
-//! Then, for the whole farm, **dangling-pod cleanup** (§4.11): pods labelled with a daemon set
+//! Then, for the whole farm, **dangling-pod cleanup**: pods labelled with a daemon set
 //! that does not exist lose their intent and their `daemon_set_id` label, fenced by the leader
 //! lock. Unlike P2, an empty daemon-set tree only removes pods of daemon sets this term saw
 //! exist, a daemon set whose key exists but cannot be decoded keeps its pods, and a daemon
@@ -227,7 +227,7 @@ impl DsFarm {
         Ok(())
     }
 
-    /// Unschedules pods labelled with daemon sets that do not exist (§4.11), with the
+    /// Unschedules pods labelled with daemon sets that do not exist, with the
     /// failsafes described in the module docs.
     async fn clean_dangling(&mut self, ctx: &FarmContext, world: &World) {
         let mut dangling: BTreeMap<&str, Vec<PodKey>> = BTreeMap::new();

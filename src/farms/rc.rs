@@ -1,7 +1,7 @@
-//! The RC farm: P2's meet-desires (§4.2) for every RC this server owns, plus node transfer
-//! for `dynamic_strategy` RCs (§4.3).
+//! The RC farm: P2's meet-desires for every RC this server owns, plus node transfer
+//! for `dynamic_strategy` RCs.
 //!
-//! Rolls follow P2's protocol (§4.6, domain notes §10): the old RC is disabled and the new one
+//! Rolls follow P2's protocol (its `rolling-update`): the old RC is disabled and the new one
 //! enabled. As P2's worker does, an enabled RC takes a node that runs its pod id for a
 //! *disabled* RC, replacing that pod in place (the intent is overwritten and the pod's labels
 //! move to the new RC), and prefers such nodes to free ones. A disabled RC otherwise makes no
@@ -148,7 +148,7 @@ pub struct Replaced {
     labels: Vec<String>,
 }
 
-/// A node transfer (§4.3): the pod moves from `leaving` to `arriving`.
+/// A node transfer: the pod moves from `leaving` to `arriving`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Transfer {
     pub leaving: String,
@@ -313,7 +313,7 @@ pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> FarmResu
     Ok(plan)
 }
 
-/// Node transfer (§4.3): moves the pod off the first ineligible current node to the
+/// Node transfer: moves the pod off the first ineligible current node to the
 /// least-loaded eligible free node, when health allows and no roll holds the RC's mutation
 /// lock.
 fn transfer_node(

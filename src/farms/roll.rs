@@ -1,5 +1,5 @@
 //! The roll farm: moves replicas from a roll's old RC to its new one in steps that keep at
-//! least `minimum_replicas` healthy (§4.5–4.7), then deletes the old RC (unless `leave_old`)
+//! least `minimum_replicas` healthy, then deletes the old RC (unless `leave_old`)
 //! and the roll.
 //!
 //! While a roll runs this server holds both RCs' mutation locks, so API writes to their

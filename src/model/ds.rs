@@ -129,7 +129,7 @@ mod tests {
 
     use super::*;
 
-    /// The §1.5 example, on one line as Go writes it.
+    /// P2's example daemon set, on one line as Go writes it.
     const EXAMPLE: &str = r#"{"id":"1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e","disabled":false,"manifest":"id: p2-log-shipper\nlaunchables:\n  shipper:\n    launchable_type: hoist\n    location: https://artifacts.example.com/shipper_ab12.tar.gz\nconfig: {}\n","min_health":0,"cluster_name":"production","node_selector":"role!=db","pod_id":"p2-log-shipper","timeout":600000000000}"#;
 
     fn example_value() -> Value {

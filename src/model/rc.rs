@@ -144,7 +144,7 @@ mod tests {
 
     use super::*;
 
-    /// The §1.3 example, on one line as Go writes it.
+    /// P2's example RC, on one line as Go writes it.
     const EXAMPLE: &str = r#"{"id":"5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11","manifest":"id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_3881c78e.tar.gz\nconfig:\n  ENVIRONMENT: production\nstatus:\n  port: 43770\n  http: true\n","node_selector":"availability_zone=us-west-2a,role in (web,worker)","pod_labels":{"availability_zone":"us-west-2a","cluster_name":"production"},"replicas_desired":3,"disabled":false,"allocation_strategy":"static_strategy"}"#;
 
     fn example_value() -> Value {

@@ -143,7 +143,7 @@ mod tests {
 
     use super::*;
 
-    /// The §1.4 example, on one line as Go writes it.
+    /// P2's example rolling update, on one line as Go writes it.
     const EXAMPLE: &str = r#"{"OldRC":"5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11","NewRC":"9c41f7a2-0d3e-4b6a-8f1c-2e7d5a9b3c60","DesiredReplicas":3,"MinimumReplicas":2,"LeaveOld":false,"RollDelay":30000000000}"#;
 
     #[test]

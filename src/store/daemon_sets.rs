@@ -1,5 +1,5 @@
 //! The daemon-set store: `daemon_sets/<uuid>` documents in P2's format, each change audited in
-//! the same transaction, plus the contention rule (§4.10) the API and the DS farm share.
+//! the same transaction, plus the contention rule (P2's `DSContends`) the API and the DS farm share.
 //!
 //! Reads skip (and log) what they cannot decode, so one bad document never hides the others.
 //! Writes check P2's invariants first: the ID is a UUID and never changes, `pod_id` equals the
@@ -33,7 +33,7 @@ pub fn parse_daemon_set_id(text: &str) -> Result<Uuid, IdError> {
 pub type DaemonSetRecord = Versioned<StoredDaemonSet>;
 
 /// What the DS farm publishes about a rollout at `status/daemon_sets/<id>/daemon_set_farm`,
-/// in P2's JSON (§1.6).
+/// in P2's JSON.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DaemonSetFarmStatus {
     /// SHA of the manifest being rolled out.
@@ -258,7 +258,7 @@ impl DaemonSetStore {
         update_with_retry(&describe(id), expected, read, write).await
     }
 
-    /// The first enabled daemon set that contends with `ds` (§4.10), reading the daemon sets
+    /// The first enabled daemon set that contends with `ds`, reading the daemon sets
     /// now stored and, only when a selector intersection must be evaluated, the node labels.
     /// `None` when `ds` is disabled or nothing contends. This is the check the API makes
     /// before storing an enabled daemon set and the farm makes on every created or changed one.
@@ -305,7 +305,7 @@ impl DaemonSetStore {
     }
 }
 
-/// The first of `others` that contends with `ds` (P2's `DSContends`, §4.10), given every
+/// The first of `others` that contends with `ds` (P2's `DSContends`), given every
 /// node's labels: both enabled, the same `pod_id`, different IDs, and either selector
 /// selects every node, the two selectors are the same (compared in canonical form), or some
 /// node matches both now. For callers that already hold the daemon sets and node labels,

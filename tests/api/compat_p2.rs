@@ -8,9 +8,9 @@ use serde_json::{json, Value};
 
 use crate::support::api::{TestApp, TestResponse};
 
-// ---- Replication controllers (§1.3) ----
+// ---- Replication controllers ----
 
-/// The §1.3 example exactly as P2 writes it: one line, struct order.
+/// P2's example RC exactly as P2 writes it: one line, struct order.
 const P2_RC: &str = r#"{"id":"5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11","manifest":"id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_3881c78e.tar.gz\nconfig:\n  ENVIRONMENT: production\nstatus:\n  port: 43770\n  http: true\n","node_selector":"availability_zone=us-west-2a,role in (web,worker)","pod_labels":{"availability_zone":"us-west-2a","cluster_name":"production"},"replicas_desired":3,"disabled":false,"allocation_strategy":"static_strategy"}"#;
 const P2_RC_ID: &str = "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11";
 /// The RC's labels as P2's label applicator writes them.

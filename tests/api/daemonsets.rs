@@ -14,7 +14,7 @@ use crate::support::api::{assert_operations, item_ids, TestApp, TestResponse};
 
 const MANIFEST: &str = "id: p2-log-shipper\nlaunchables:\n  shipper:\n    launchable_type: hoist\n    location: https://artifacts.example.com/shipper_ab12.tar.gz\nconfig: {}\n";
 
-/// The §1.5 example as P2 writes it (one line, Go's key order), under a fixed ID.
+/// P2's example daemon set as P2 writes it (one line, Go's key order), under a fixed ID.
 const P2_ID: &str = "1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e";
 const P2_DOCUMENT: &str = r#"{"id":"1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e","disabled":false,"manifest":"id: p2-log-shipper\nlaunchables:\n  shipper:\n    launchable_type: hoist\n    location: https://artifacts.example.com/shipper_ab12.tar.gz\nconfig: {}\n","min_health":0,"cluster_name":"production","node_selector":"role!=db","pod_id":"p2-log-shipper","timeout":600000000000}"#;
 

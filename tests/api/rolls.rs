@@ -934,7 +934,7 @@ async fn concurrent_creations_over_one_old_rc_have_exactly_one_winner() {
     assert_no_locks(&app).await;
 }
 
-/// The §1.4 example, byte for byte as P2 writes it.
+/// P2's example rolling update, byte for byte as P2 writes it.
 const P2_ROLL: &str = r#"{"OldRC":"5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11","NewRC":"9c41f7a2-0d3e-4b6a-8f1c-2e7d5a9b3c60","DesiredReplicas":3,"MinimumReplicas":2,"LeaveOld":false,"RollDelay":30000000000}"#;
 
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! Rolls across implementations: every mix of roll runner and RC farm follows P2's protocol
-//! (domain notes §4.6, §10), keeps the minimum healthy at every observed change of the store,
+//! (P2's rolling update and RC worker), keeps the minimum healthy at every observed change of the store,
 //! and completes, with and without spare nodes, on SQLite and through the Consul client
 //! against the fake agent.
 //!

@@ -1,10 +1,10 @@
-//! Doubles of P2's own RC farm and rolling update, written from the domain notes (§4.1,
-//! §4.2, §4.6, §4.7) and working on the same store as the server under test, so that tests
+//! Doubles of P2's own RC farm and rolling update, written from P2's
+//! `pkg/rc` and `pkg/roll` behaviour and working on the same store as the server under test, so that tests
 //! can run a fleet that mixes both implementations.
 //!
 //! Both poll the store every [`POLL`] instead of watching it: P2 re-runs its reconciles on
 //! every watch result, timeouts included, so a poll is what it does, only faster. Neither
-//! fences its writes by an ownership lock (P2's RC worker does not, §9 item 3); the rolling
+//! fences its writes by an ownership lock (P2's RC worker does not); the rolling
 //! update fences its writes by both mutation locks, as P2's does.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -118,7 +118,7 @@ async fn current_pods(
 }
 
 /// P2's RC farm: owns the RCs it creates (their ownership lock is taken before the RC is
-/// written, so no other farm claims them) and runs P2's RC worker on each (§4.2): a
+/// written, so no other farm claims them) and runs P2's RC worker on each: a
 /// disabled RC makes no change; add takes the eligible nodes minus the current ones **in
 /// name order** and does not look at what else runs there, so it overwrites another RC's
 /// pod of the same id in place; remove takes ineligible nodes first; consistency rewrites
@@ -346,7 +346,7 @@ async fn count_healthy(store: &dyn KvStore, id: &str, rc: &Rc) -> StoreResult<Co
     Ok(counts)
 }
 
-/// P2's `rollAlgorithm` (§4.7): how many replicas to take from the old RC and give the new.
+/// P2's `rollAlgorithm`: how many replicas to take from the old RC and give the new.
 fn roll_algorithm(
     old: i64,
     new: i64,
@@ -376,7 +376,7 @@ fn roll_algorithm(
     ((add - growth).max(0), add)
 }
 
-/// Runs `roll` as P2 does (§4.6): both mutation locks in one txn; the enable step (old RC
+/// Runs `roll` as P2 does: both mutation locks in one txn; the enable step (old RC
 /// disabled, new enabled); then, per health reading, the roll algorithm and a CAS transfer
 /// of replica counts, every write checking both locks; at the end, waits for the old RC to
 /// have no pods and deletes it while releasing the locks, in one txn. `Err` says why it
