@@ -17,7 +17,9 @@ use crate::app::AppState;
 use crate::error::ApiError;
 use crate::router::{self, MAX_HEADERS};
 
-mod first_head;
+mod json_errors;
+
+use json_errors::JsonErrors;
 
 /// How long accepting pauses after a failure (such as running out of file descriptors), so
 /// that the loop does not spin while the cause lasts.
@@ -67,13 +69,9 @@ pub async fn run(
             refuse(&stream, &too_many);
             continue;
         };
-        let (http, service, watcher) = (http.clone(), service.clone(), connections.watcher());
-        let header_read_timeout = limits.header_read_timeout;
+        let connection = connections
+            .watch(http.serve_connection(TokioIo::new(JsonErrors::new(stream)), service.clone()));
         tokio::spawn(async move {
-            let Some(stream) = first_head::read(stream, header_read_timeout).await else {
-                return drop(slot);
-            };
-            let connection = watcher.watch(http.serve_connection(TokioIo::new(stream), service));
             // Timeouts and clients hanging up end connections all the time: not worth more.
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended");

@@ -881,6 +881,10 @@ async fn a_malformed_request_is_refused_with_the_json_body_and_closed() {
             b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
             "400",
         ),
+        (
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx",
+            "400",
+        ),
     ] {
         let mut conn = connect(addr).await;
         conn.write_all(request).await.unwrap();
@@ -895,17 +899,19 @@ async fn a_malformed_request_is_refused_with_the_json_body_and_closed() {
         assert_eq!(body["code"], status.parse::<u16>().unwrap(), "{answer}");
         assert!(body["message"].as_str().is_some(), "{answer}");
     }
-    // A well-formed request on the same footing still works, its bytes replayed whole.
+    // A malformed request after a well-formed one on a kept-alive connection too.
     let mut conn = connect(addr).await;
-    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nNOT HTTP\r\n\r\n")
         .await
         .unwrap();
     let answer = read_until_closed(&mut conn).await;
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let (first, second) = answer.split_once("HTTP/1.1 400").expect(&answer);
+    assert!(first.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(second.contains("\"code\":400"), "{answer}");
 }
 
 #[tokio::test]
-async fn a_request_head_past_every_limit_gets_431_with_the_json_body() {
+async fn a_request_head_past_the_http_layers_limit_gets_431_with_the_json_body() {
     let (addr, _shutdown) = serve(HttpLimits::default()).await;
     let mut conn = connect(addr).await;
     let mut request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n".to_vec();
