@@ -80,11 +80,13 @@ where
         }
         match write(current).await? {
             Ok(done) => return Ok(done),
-            // Under an expected version the fresh read decides: stale, or (when only a guard
-            // of the write failed) whatever the next attempt finds.
-            Err(StoreError::Conflict { .. }) if expected.is_some() => {}
             Err(StoreError::Conflict { .. }) => {
-                let pause = backoff.next_delay();
+                // Under an expected version the fresh read decides at once: stale, or (when
+                // only a guard of the write failed) whatever the next attempt finds.
+                let pause = match expected {
+                    Some(_) => Duration::ZERO,
+                    None => backoff.next_delay(),
+                };
                 if Instant::now() + pause > deadline {
                     return Err(kept_changing(what).into());
                 }
