@@ -228,7 +228,7 @@ fn read_tokens(path: &Path) -> anyhow::Result<Vec<Token>> {
         }
         if earlier.iter().any(|t| t.sha256 == token.sha256) {
             bail!(
-                "tokens {:?} in {} has the same sha256 as another",
+                "token {:?} in {} has the same sha256 as another",
                 token.name,
                 path.display()
             );
