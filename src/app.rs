@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Access;
 use crate::kv::KvStore;
 use crate::model::Limits;
 use crate::state::{Mirror, MirrorConfig};
@@ -33,6 +34,9 @@ pub struct App {
     pub mirror: Mirror,
     /// The bounds validation applies to what clients ask for (`--max-replicas`).
     pub validation: Limits,
+    /// Who may call the API (`--auth-tokens`, `--cors-origin`); shared with the SIGHUP
+    /// handler, which re-reads the tokens. The default lets every request through.
+    pub access: Arc<Access>,
 }
 
 /// The time and connection limits of the HTTP server (`--request-timeout` and its group).
@@ -84,6 +88,7 @@ impl App {
             shutdown,
             limits: HttpLimits::default(),
             validation: Limits::default(),
+            access: Arc::default(),
         })
     }
 

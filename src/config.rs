@@ -1,12 +1,15 @@
 //! The command line: every flag can also come from a `P2_*` environment variable.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use axum::http::HeaderValue;
 use clap::{Args, Parser, Subcommand};
 use url::Url;
 
 use crate::app::HttpLimits;
+use crate::auth::Access;
 use crate::kv::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL};
 use crate::labels::{validate_labels, Labels};
 use crate::model::{parse_duration, Limits, DEFAULT_MAX_REPLICAS};
@@ -161,6 +164,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub http: HttpArgs,
 
+    #[command(flatten)]
+    pub access: AccessArgs,
+
     /// The most replicas an RC may want (`replicas_desired`) or a roll may aim for
     /// (`desired_replicas`); a request for more is refused with 422.
     #[arg(long, value_name = "N", env = "P2_MAX_REPLICAS",
@@ -176,6 +182,57 @@ impl ServeArgs {
             max_replicas: self.max_replicas,
         }
     }
+}
+
+/// Who may call the API: bearer tokens and browser origins (README, "Authentication").
+#[derive(Debug, Clone, Args)]
+pub struct AccessArgs {
+    /// YAML (or JSON) file of the accepted bearer tokens: per token a name, a role (viewer,
+    /// deployer, agent or admin), for an agent optionally its nodes, and the token's hex
+    /// SHA-256. Re-read on SIGHUP. Without it no token is needed, which is only allowed on
+    /// a loopback address unless --insecure-no-auth is given.
+    #[arg(long, value_name = "PATH", env = "P2_AUTH_TOKENS")]
+    pub auth_tokens: Option<PathBuf>,
+
+    /// Serve without authentication on a non-loopback address: anyone who can reach the
+    /// port may change or delete everything.
+    #[arg(long, env = "P2_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+
+    /// An origin (scheme://host[:port]) whose browser pages may call the API, preflights
+    /// included; repeat the flag for more (in the environment variable, separate them by
+    /// commas).
+    #[arg(long, value_name = "ORIGIN", env = "P2_CORS_ORIGIN", value_delimiter = ',',
+          value_parser = parse_origin)]
+    pub cors_origin: Vec<HeaderValue>,
+}
+
+impl AccessArgs {
+    /// Who may call the API, or why the server must not start: without a token file, it
+    /// serves only on a loopback address unless told `--insecure-no-auth`.
+    pub fn access(&self, listen: SocketAddr) -> anyhow::Result<Access> {
+        if self.auth_tokens.is_none() && !listen.ip().is_loopback() && !self.insecure_no_auth {
+            anyhow::bail!(
+                "refusing to serve on {listen} without authentication: it is not a loopback \
+                 address, so anyone who can reach it could change everything. Give \
+                 --auth-tokens PATH, or --insecure-no-auth to serve without authentication \
+                 anyway"
+            );
+        }
+        Access::new(self.auth_tokens.as_deref(), self.cors_origin.clone())
+    }
+}
+
+/// An origin as browsers send it: `scheme://host[:port]`, nothing after.
+fn parse_origin(text: &str) -> Result<HeaderValue, String> {
+    let url = Url::parse(text).map_err(|e| format!("{text:?}: {e}"))?;
+    let origin = url.origin().ascii_serialization();
+    if origin != text.trim_end_matches('/') || !url.origin().is_tuple() {
+        return Err(format!(
+            "{text:?} is not an origin: give scheme://host[:port], as in {origin:?}"
+        ));
+    }
+    HeaderValue::from_str(&origin).map_err(|e| format!("{text:?}: {e}"))
 }
 
 /// Time and connection limits of the HTTP server, so that a hung store or silent, slow or
@@ -646,6 +703,45 @@ mod tests {
             ["--leader-behavior", "keep"],
         ] {
             let argv = ["p2-apiserver", bad[0], bad[1]];
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn without_tokens_only_loopback_serves_unless_told_insecure() {
+        // Built directly: parsing would read P2_AUTH_TOKENS from the test's environment.
+        let args = |insecure_no_auth| AccessArgs {
+            auth_tokens: None,
+            insecure_no_auth,
+            cors_origin: Vec::new(),
+        };
+        for loopback in ["127.0.0.1:8080", "[::1]:8080"] {
+            assert!(
+                args(false).access(loopback.parse().unwrap()).is_ok(),
+                "{loopback}"
+            );
+        }
+        let error = args(false)
+            .access("0.0.0.0:8080".parse().unwrap())
+            .unwrap_err();
+        assert!(error.to_string().contains("--insecure-no-auth"), "{error}");
+        assert!(args(true).access("0.0.0.0:8080".parse().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn cors_origins_are_repeatable_origins() {
+        let args = serve_args(&[
+            "--cors-origin",
+            "https://dash.example",
+            "--cors-origin",
+            "http://localhost:3000",
+        ]);
+        assert_eq!(
+            args.access.cors_origin,
+            ["https://dash.example", "http://localhost:3000"]
+        );
+        for bad in ["dash.example", "https://dash.example/path", "*"] {
+            let argv = ["p2-apiserver", "--cors-origin", bad];
             assert!(Cli::try_parse_from(argv).is_err(), "{bad:?} accepted");
         }
     }

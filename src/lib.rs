@@ -5,6 +5,7 @@
 //! - [`app`]: the shared state handlers reach ([`app::AppState`]).
 //! - [`error`]: the one error type ([`error::ApiError`]) and the JSON error body.
 //! - [`api`]: HTTP handlers, one module per resource, and the extractors they use.
+//! - [`auth`]: bearer tokens, the role each operation needs, and the CORS origins.
 //! - [`router`]: wires routes, the OpenAPI document, fallbacks and middleware.
 //! - [`server`]: serves the router on a listener until shutdown.
 //! - [`labels`]: label types, label validity rules and Kubernetes-style selectors.
@@ -24,6 +25,7 @@
 
 pub mod api;
 pub mod app;
+pub mod auth;
 pub mod backoff;
 pub mod config;
 pub mod error;

@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 use tracing_subscriber::EnvFilter;
 
 use p2_apiserver::app::App;
+use p2_apiserver::auth::Access;
 use p2_apiserver::config::{Cli, Command, FarmArgs, ServeArgs, SimulateArgs};
 use p2_apiserver::farms::{self, alerts::Alerter};
 use p2_apiserver::kv::{open_store, KvStore};
@@ -39,12 +40,15 @@ fn init_tracing() {
         .init();
 }
 
-/// Serves until SIGINT or SIGTERM, then lets in-flight requests finish and exits 0.
+/// Serves until SIGINT or SIGTERM, then lets in-flight requests finish and exits 0; re-reads
+/// the token file on SIGHUP.
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let access = Arc::new(args.access.access(args.listen)?);
     // Installed before the port opens, so a signal sent as soon as the server is reachable
     // still shuts it down gracefully instead of killing it.
     let interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
 
     let store = open_store(&args.store, args.consul.options())
         .await
@@ -56,6 +60,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     tasks.spawn(cancel_on_signal(interrupt, terminate, shutdown.clone()));
+    tasks.spawn(reload_on_hangup(hangup, access.clone(), shutdown.clone()));
     if !args.farms.no_farms {
         tasks.spawn(run_farms(
             store.clone(),
@@ -74,6 +79,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             limits: args.http.limits(),
             mirror,
             validation: args.validation(),
+            access,
         }),
         shutdown.clone().cancelled_owned(),
     )
@@ -114,6 +120,26 @@ async fn run_farms(store: Arc<dyn KvStore>, args: FarmArgs, shutdown: Cancellati
         farms::run_term(store.clone(), term, alerts.clone(), holder.clone())
     })
     .await;
+}
+
+/// Re-reads the token file on each SIGHUP until shutdown. A file that cannot be read or is
+/// invalid leaves the tokens read before in force.
+async fn reload_on_hangup(mut hangup: Signal, access: Arc<Access>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = hangup.recv() => {}
+            () = shutdown.cancelled() => return,
+        }
+        match access.reload() {
+            None => tracing::info!("SIGHUP received; no token file to re-read"),
+            Some(Ok(count)) => {
+                tracing::info!("SIGHUP received; token file re-read: {count} tokens")
+            }
+            Some(Err(e)) => tracing::error!(
+                "SIGHUP received; keeping the previous tokens, the token file is unusable: {e:#}"
+            ),
+        }
+    }
 }
 
 /// Cancels `shutdown` on the first SIGINT or SIGTERM; returns early if something else

@@ -5,14 +5,16 @@ use std::time::Duration;
 
 use axum::body::{to_bytes, Body, HttpBody};
 use axum::extract::{Request, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use axum::http::{HeaderName, Method, StatusCode, Uri};
+use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use http_body_util::LengthLimitError;
 use tower::ServiceBuilder;
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::{Level, Span};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
@@ -21,8 +23,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::api;
+use crate::api::blocking::INDEX_HEADER;
 use crate::api::list_query::requested_wait;
 use crate::app::{AppState, HttpLimits};
+use crate::auth;
 use crate::error::{ApiError, Cause, ErrorBody};
 
 /// Largest request body accepted: generous for any resource (a value in the store is at most
@@ -82,6 +86,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .nest("/api/v1", api::leader::router())
         .nest("/api/v1", api::watch::router());
     document_unknown_parameters(router.get_openapi_mut());
+    auth::document(router.get_openapi_mut());
     router
 }
 
@@ -122,14 +127,43 @@ fn document_unknown_parameters(openapi: &mut utoipa::openapi::OpenApi) {
 }
 
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI
-/// at `/docs`, JSON fallbacks and middleware.
+/// at `/docs`, JSON fallbacks and middleware. Each route checks the request's token against
+/// the role its operation needs ([`auth`]); the fallbacks do not, so an unknown route is a
+/// 404 to anyone.
 pub fn build(state: AppState) -> Router {
     let limits = state.limits;
+    let access = state.access.clone();
     let (routes, openapi) = api().split_for_parts();
     let routes = routes
         .merge(SwaggerUi::new("/docs").url("/openapi.json", openapi))
         .with_state(state);
-    with_middleware(routes, limits)
+    let origins = access.cors_origins().to_vec();
+    let routes = routes.layer(middleware::from_fn_with_state(access, auth::authorize));
+    with_cors(with_middleware(routes, limits), origins)
+}
+
+/// With `--cors-origin`, answers browsers' preflights and adds the CORS headers for the
+/// allowed origins to every answer, errors included. Outermost: preflights come without a
+/// token and to routes that have no OPTIONS.
+fn with_cors(router: Router, origins: Vec<HeaderValue>) -> Router {
+    if origins.is_empty() {
+        return router;
+    }
+    router.layer(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins))
+            .allow_methods([
+                Method::GET,
+                Method::HEAD,
+                Method::POST,
+                Method::PUT,
+                Method::PATCH,
+                Method::DELETE,
+            ])
+            .allow_headers(AllowHeaders::mirror_request())
+            .expose_headers([REQUEST_ID_HEADER, INDEX_HEADER, LOCATION])
+            .max_age(Duration::from_secs(600)),
+    )
 }
 
 /// What every route gets: JSON 404 and 405, limits on the request head and body, the
@@ -142,6 +176,7 @@ pub fn with_middleware(router: Router, limits: HttpLimits) -> Router {
     // the request carries it; the body is read in full before the deadline starts, so a slow
     // client is told 408 and a slow store 503.
     let layers = ServiceBuilder::new()
+        .layer(SetSensitiveRequestHeadersLayer::new([AUTHORIZATION]))
         .layer(SetRequestIdLayer::new(REQUEST_ID_HEADER, MakeRequestUuid))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID_HEADER))
         .layer(
@@ -170,6 +205,7 @@ fn request_span<B>(request: &axum::http::Request<B>) -> Span {
         id = %request_id,
         method = %request.method(),
         uri = %request.uri(),
+        subject = tracing::field::Empty,
     )
 }
 

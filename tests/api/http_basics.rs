@@ -620,6 +620,7 @@ async fn a_frozen_consul_answers_503_within_the_deadline() {
         shutdown: CancellationToken::new(),
         limits: short_limits(),
         validation: Default::default(),
+        access: Default::default(),
     }));
     for uri in ["/readyz", "/api/v1/rcs"] {
         let response = call(&routes, Request::get(uri).body(Body::empty()).unwrap()).await;
@@ -682,6 +683,7 @@ async fn serve(limits: HttpLimits) -> (SocketAddr, CancellationToken) {
         shutdown: shutdown.clone(),
         limits,
         validation: Default::default(),
+        access: Default::default(),
     });
     tokio::spawn(server::run(
         listener,

@@ -1,5 +1,6 @@
 //! The REST API, driven in-process through the router (and over TCP where the listener matters).
 
+mod auth;
 mod compat_p2;
 mod daemonsets;
 mod http_basics;

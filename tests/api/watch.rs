@@ -53,6 +53,7 @@ impl Watched {
             limits: HttpLimits::default(),
             mirror: mirror.clone(),
             validation: Default::default(),
+            access: Default::default(),
         });
         Watched {
             router: router::build(state),

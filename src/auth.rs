@@ -1,0 +1,557 @@
+//! Who may call the API: bearer tokens with roles (`--auth-tokens`), the one table of the role
+//! each operation needs, and the browser origins allowed to call it (`--cors-origin`).
+//!
+//! The token file is YAML (so JSON works too): per token its `name` (the subject logged with
+//! each request), its `role`, for an `agent` optionally the `nodes` it may report for, and the
+//! hex SHA-256 of the token, never the token itself. A presented token is hashed and its digest
+//! compared in constant time (`subtle`) with every configured digest.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use anyhow::{bail, Context};
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use axum::http::{HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+
+use crate::error::ApiError;
+
+/// What a token may do. `viewer` reads; `deployer` and `agent` each add their writes to it;
+/// `admin` may do everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Every read (GET and HEAD) and the change stream.
+    Viewer,
+    /// Viewer, plus creating, patching and deleting RCs, rolls and daemon sets, and label
+    /// writes.
+    Deployer,
+    /// Viewer, plus the node agents' reports: reality and health.
+    Agent,
+    /// Everything, including `?force=true`.
+    Admin,
+}
+
+impl Role {
+    /// Whether this role may do what `needed` may.
+    pub fn grants(self, needed: Role) -> bool {
+        self == needed || self == Role::Admin || needed == Role::Viewer
+    }
+
+    /// The name used in the token file and in the OpenAPI document.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Deployer => "deployer",
+            Role::Agent => "agent",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// What an operation needs from its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Nothing: probes and the API's documentation.
+    Nobody,
+    /// A token whose role grants this one.
+    Role(Role),
+}
+
+/// The role each operation needs, by method and route template (as the OpenAPI document
+/// spells it; a served catch-all such as `{*id}` matches the document's parameters). HEAD
+/// needs what GET does. An operation not listed needs `admin`, and `?force=true` needs
+/// `admin` on any operation. An `agent` token listing `nodes` may only do its agent
+/// operations on a route whose `node` parameter is one of them.
+const RULES: &[(Method, &str, Need)] = &[
+    (Method::GET, "/healthz", Need::Nobody),
+    (Method::GET, "/readyz", Need::Nobody),
+    (Method::GET, "/openapi.json", Need::Nobody),
+    (Method::GET, "/docs", Need::Nobody),
+    (Method::GET, "/docs/", Need::Nobody),
+    (Method::GET, "/docs/{rest}", Need::Nobody),
+    (Method::GET, "/api/v1/labels/{type}", VIEWER),
+    (Method::GET, "/api/v1/labels/{type}/{id}", VIEWER),
+    (Method::PUT, "/api/v1/labels/{type}/{id}", DEPLOYER),
+    (Method::PATCH, "/api/v1/labels/{type}/{id}", DEPLOYER),
+    (Method::DELETE, "/api/v1/labels/{type}/{id}", DEPLOYER),
+    (Method::GET, "/api/select", VIEWER),
+    (Method::GET, "/api/labels/{type}", VIEWER),
+    (Method::GET, "/api/labels/{type}/{id}", VIEWER),
+    (Method::PUT, "/api/labels/{type}/{id}", DEPLOYER),
+    (Method::DELETE, "/api/labels/{type}/{id}", DEPLOYER),
+    (Method::PUT, "/api/labels/{type}/{id}/{name}", DEPLOYER),
+    (Method::DELETE, "/api/labels/{type}/{id}/{name}", DEPLOYER),
+    (Method::GET, "/api/v1/nodes", VIEWER),
+    (Method::GET, "/api/v1/nodes/{node}", VIEWER),
+    (Method::GET, "/api/v1/pods", VIEWER),
+    (Method::GET, "/api/v1/health/{pod_id}", VIEWER),
+    (Method::GET, "/api/v1/health/{pod_id}/{node}", VIEWER),
+    (Method::PUT, "/api/v1/health/{pod_id}/{node}", AGENT),
+    (Method::DELETE, "/api/v1/health/{pod_id}/{node}", AGENT),
+    (Method::GET, "/api/v1/intent/{node}/{pod_id}", VIEWER),
+    (Method::GET, "/api/v1/reality/{node}/{pod_id}", VIEWER),
+    (Method::PUT, "/api/v1/reality/{node}/{pod_id}", AGENT),
+    (Method::DELETE, "/api/v1/reality/{node}/{pod_id}", AGENT),
+    (Method::GET, "/api/v1/daemonsets", VIEWER),
+    (Method::POST, "/api/v1/daemonsets", DEPLOYER),
+    (Method::GET, "/api/v1/daemonsets/{id}", VIEWER),
+    (Method::PATCH, "/api/v1/daemonsets/{id}", DEPLOYER),
+    (Method::DELETE, "/api/v1/daemonsets/{id}", DEPLOYER),
+    (Method::GET, "/api/v1/rcs", VIEWER),
+    (Method::POST, "/api/v1/rcs", DEPLOYER),
+    (Method::GET, "/api/v1/rcs/{id}", VIEWER),
+    (Method::PATCH, "/api/v1/rcs/{id}", DEPLOYER),
+    (Method::DELETE, "/api/v1/rcs/{id}", DEPLOYER),
+    (Method::GET, "/api/v1/rolls", VIEWER),
+    (Method::POST, "/api/v1/rolls", DEPLOYER),
+    (Method::GET, "/api/v1/rolls/{id}", VIEWER),
+    (Method::DELETE, "/api/v1/rolls/{id}", DEPLOYER),
+    (Method::GET, "/api/v1/leader", VIEWER),
+    (Method::GET, "/api/v1/watch", VIEWER),
+];
+
+const VIEWER: Need = Need::Role(Role::Viewer);
+const DEPLOYER: Need = Need::Role(Role::Deployer);
+const AGENT: Need = Need::Role(Role::Agent);
+
+/// The table's entry for an operation, `None` when it has none.
+pub fn rule(method: &Method, template: &str) -> Option<Need> {
+    let method = if method == Method::HEAD {
+        &Method::GET
+    } else {
+        method
+    };
+    RULES
+        .iter()
+        .find(|(m, path, _)| m == method && template_matches(path, template))
+        .map(|&(_, _, need)| need)
+}
+
+/// What a request needs: its operation's entry (`admin` without one), raised to `admin` by
+/// `?force=true`.
+fn need(method: &Method, template: Option<&str>, query: Option<&str>) -> Need {
+    let need = template
+        .and_then(|template| rule(method, template))
+        .unwrap_or(Need::Role(Role::Admin));
+    let forced = query.is_some_and(|query| {
+        url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "force" && v == "true")
+    });
+    match need {
+        Need::Role(_) if forced => Need::Role(Role::Admin),
+        need => need,
+    }
+}
+
+/// Whether a table path matches a route template: segment by segment, a parameter matching
+/// any parameter, and a served catch-all (`{*id}`) the rest of the table path's parameters.
+fn template_matches(path: &str, template: &str) -> bool {
+    let is_param = |s: &str| s.starts_with('{') && s.ends_with('}');
+    let mut ours = path.split('/');
+    for theirs in template.split('/') {
+        if theirs.starts_with("{*") {
+            let rest: Vec<&str> = ours.collect();
+            return !rest.is_empty() && rest.iter().all(|s| is_param(s));
+        }
+        match ours.next() {
+            Some(s) if s == theirs || (is_param(s) && is_param(theirs)) => {}
+            _ => return false,
+        }
+    }
+    ours.next().is_none()
+}
+
+/// One configured token.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Token {
+    name: String,
+    role: Role,
+    #[serde(default)]
+    nodes: Option<Vec<String>>,
+    #[serde(deserialize_with = "hex_digest")]
+    sha256: [u8; 32],
+}
+
+/// The token file's shape.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenFile {
+    tokens: Vec<Token>,
+}
+
+fn hex_digest<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
+    let text = String::deserialize(d)?;
+    let bad = || serde::de::Error::custom("sha256 must be 64 hexadecimal digits");
+    if text.len() != 64 || !text.is_ascii() {
+        return Err(bad());
+    }
+    let mut digest = [0u8; 32];
+    for (byte, pair) in digest.iter_mut().zip(text.as_bytes().chunks(2)) {
+        let pair = std::str::from_utf8(pair).map_err(|_| bad())?;
+        *byte = u8::from_str_radix(pair, 16).map_err(|_| bad())?;
+    }
+    Ok(digest)
+}
+
+/// Reads and checks a token file.
+fn read_tokens(path: &Path) -> anyhow::Result<Vec<Token>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the token file {}", path.display()))?;
+    let file: TokenFile = yaml_serde::from_str(&text)
+        .with_context(|| format!("parsing the token file {}", path.display()))?;
+    for (i, token) in file.tokens.iter().enumerate() {
+        if token.name.trim().is_empty() {
+            bail!("token {} in {} has an empty name", i + 1, path.display());
+        }
+        if token.nodes.is_some() && token.role != Role::Agent {
+            bail!(
+                "token {:?} in {}: only an agent token may list nodes",
+                token.name,
+                path.display()
+            );
+        }
+        let earlier = &file.tokens[..i];
+        if earlier.iter().any(|t| t.name == token.name) {
+            bail!(
+                "the name {:?} appears twice in {}",
+                token.name,
+                path.display()
+            );
+        }
+        if earlier.iter().any(|t| t.sha256 == token.sha256) {
+            bail!(
+                "token {:?} in {} has the same sha256 as another",
+                token.name,
+                path.display()
+            );
+        }
+    }
+    Ok(file.tokens)
+}
+
+/// The token file and the tokens last read from it.
+#[derive(Debug)]
+struct TokenSource {
+    path: PathBuf,
+    tokens: RwLock<Arc<Vec<Token>>>,
+}
+
+/// Who may call the API, shared by every request: the tokens (none configured means no
+/// authentication) and the origins allowed to call from a browser.
+#[derive(Debug, Default)]
+pub struct Access {
+    tokens: Option<TokenSource>,
+    cors_origins: Vec<HeaderValue>,
+}
+
+impl Access {
+    /// Tokens read from `tokens` (with none, every request is let through) and browser calls
+    /// allowed from `cors_origins`.
+    pub fn new(tokens: Option<&Path>, cors_origins: Vec<HeaderValue>) -> anyhow::Result<Self> {
+        let tokens = match tokens {
+            None => None,
+            Some(path) => Some(TokenSource {
+                tokens: RwLock::new(Arc::new(read_tokens(path)?)),
+                path: path.to_owned(),
+            }),
+        };
+        Ok(Access {
+            tokens,
+            cors_origins,
+        })
+    }
+
+    /// Re-reads the token file, returning how many tokens it now lists; if the new file is
+    /// unreadable or invalid the old tokens stay in force and the error is returned. `None`
+    /// without a token file.
+    pub fn reload(&self) -> Option<anyhow::Result<usize>> {
+        let source = self.tokens.as_ref()?;
+        Some(read_tokens(&source.path).map(|tokens| {
+            let count = tokens.len();
+            *source.tokens.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tokens);
+            count
+        }))
+    }
+
+    /// The origins allowed to call from a browser.
+    pub fn cors_origins(&self) -> &[HeaderValue] {
+        &self.cors_origins
+    }
+
+    /// The configured token whose digest is that of `presented`. Every digest is compared, in
+    /// constant time, so the time taken does not tell how close a guess came.
+    fn find(&self, source: &TokenSource, presented: &str) -> Option<Token> {
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        let tokens = source
+            .tokens
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        tokens
+            .iter()
+            .fold(None, |found, token| {
+                let matches: bool = token.sha256.ct_eq(&digest).into();
+                found.or(matches.then_some(token))
+            })
+            .cloned()
+    }
+}
+
+/// Lets a request through only with a token whose role grants what its operation needs
+/// ([`RULES`]): 401 without a known token, 403 with one lacking the role. Records the
+/// token's name in the request's span. With no token file, lets every request through.
+pub async fn authorize(
+    State(access): State<Arc<Access>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(source) = &access.tokens else {
+        return next.run(request).await;
+    };
+    let template = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned());
+    let need = need(request.method(), template.as_deref(), request.uri().query());
+    let Need::Role(needed) = need else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    let Some(token) = presented.and_then(|presented| access.find(source, presented)) else {
+        let message = if presented.is_some() {
+            "the bearer token is not known"
+        } else {
+            "this operation needs a bearer token (Authorization: Bearer TOKEN)"
+        };
+        let mut response = ApiError::new(StatusCode::UNAUTHORIZED, message).into_response();
+        response.headers_mut().insert(
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static(r#"Bearer realm="p2-apiserver""#),
+        );
+        return response;
+    };
+    tracing::Span::current().record("subject", tracing::field::display(&token.name));
+    if !token.role.grants(needed) {
+        return forbidden(format!(
+            "{:?} has the role {}; this operation needs {}",
+            token.name,
+            token.role.as_str(),
+            needed.as_str()
+        ));
+    }
+    if let (Role::Agent, Some(nodes)) = (needed, &token.nodes) {
+        let (mut parts, body) = request.into_parts();
+        let node = RawPathParams::from_request_parts(&mut parts, &())
+            .await
+            .ok()
+            .and_then(|params| {
+                params
+                    .iter()
+                    .find(|(name, _)| *name == "node")
+                    .map(|(_, value)| value.to_owned())
+            });
+        if !node.is_some_and(|node| nodes.contains(&node)) {
+            return forbidden(format!(
+                "{:?} may only report for the nodes {}",
+                token.name,
+                nodes.join(", ")
+            ));
+        }
+        return next.run(Request::from_parts(parts, body)).await;
+    }
+    next.run(request).await
+}
+
+fn forbidden(message: String) -> Response {
+    ApiError::new(StatusCode::FORBIDDEN, message).into_response()
+}
+
+/// The name of the bearer scheme in the OpenAPI document.
+const SCHEME: &str = "bearer";
+
+/// Declares the bearer scheme in the document, and on each operation the role it needs
+/// (`x-required-role`, `none` for the public ones, and a sentence of its description), its
+/// security requirement and its 401 and 403 answers. An operation missing from [`RULES`] gets
+/// no `x-required-role`, which the tests catch.
+pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
+    let components = openapi.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        SCHEME,
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some(
+                    "A token from the server's --auth-tokens file; without that file (only \
+                     allowed on loopback or with --insecure-no-auth) no token is needed.",
+                ))
+                .build(),
+        ),
+    );
+    for (path, item) in openapi.paths.paths.iter_mut() {
+        let operations = [
+            (Method::GET, &mut item.get),
+            (Method::PUT, &mut item.put),
+            (Method::POST, &mut item.post),
+            (Method::DELETE, &mut item.delete),
+            (Method::PATCH, &mut item.patch),
+        ];
+        for (method, operation) in operations {
+            let Some(operation) = operation else { continue };
+            let Some(need) = rule(&method, path) else {
+                continue;
+            };
+            let role = match need {
+                Need::Nobody => "none",
+                Need::Role(role) => role.as_str(),
+            };
+            operation
+                .extensions
+                .get_or_insert_with(Default::default)
+                .insert("x-required-role".to_owned(), role.into());
+            let Need::Role(role) = need else { continue };
+            let forced = operation
+                .parameters
+                .iter()
+                .flatten()
+                .any(|p| p.name == "force");
+            let sentence = if forced {
+                format!(
+                    "Needs a token with the `{}` role (`admin` with `?force=true`).",
+                    role.as_str()
+                )
+            } else {
+                format!("Needs a token with the `{}` role.", role.as_str())
+            };
+            operation.description = Some(match operation.description.take() {
+                Some(text) if !text.is_empty() => format!("{text}\n\n{sentence}"),
+                _ => sentence,
+            });
+            operation.security = Some(vec![SecurityRequirement::new(SCHEME, Vec::<String>::new())]);
+            let responses = &mut operation.responses.responses;
+            for (status, description) in [
+                ("401", "No bearer token, or an unknown one"),
+                ("403", "The token's role does not allow this operation"),
+            ] {
+                let body = ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build();
+                let response = ResponseBuilder::new()
+                    .description(description)
+                    .content("application/json", body)
+                    .build();
+                responses.insert(status.to_owned(), RefOr::T(response));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_grant_viewer_and_their_own_and_admin_all() {
+        use Role::*;
+        for role in [Viewer, Deployer, Agent, Admin] {
+            assert!(role.grants(Viewer));
+            assert!(role.grants(role));
+            assert!(Admin.grants(role));
+        }
+        assert!(!Deployer.grants(Agent));
+        assert!(!Agent.grants(Deployer));
+        assert!(!Viewer.grants(Deployer));
+        assert!(!Deployer.grants(Admin));
+    }
+
+    #[test]
+    fn served_catch_alls_match_the_documented_parameters() {
+        assert!(template_matches(
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/{type}/{*id}"
+        ));
+        assert!(template_matches(
+            "/api/labels/{type}/{id}/{name}",
+            "/api/labels/{type}/{*tail}"
+        ));
+        assert!(!template_matches("/api/v1/rcs", "/api/v1/rcs/{id}"));
+        assert!(!template_matches("/api/v1/rcs/{id}", "/api/v1/rcs"));
+        assert!(!template_matches(
+            "/api/v1/labels/{type}",
+            "/api/v1/labels/{type}/{*id}"
+        ));
+    }
+
+    #[test]
+    fn unknown_operations_and_force_need_admin() {
+        let admin = Need::Role(Role::Admin);
+        assert_eq!(need(&Method::POST, Some("/api/v1/nodes"), None), admin);
+        assert_eq!(need(&Method::GET, None, None), admin);
+        assert_eq!(
+            need(
+                &Method::DELETE,
+                Some("/api/v1/rcs/{id}"),
+                Some("force=true")
+            ),
+            admin
+        );
+        assert_eq!(
+            need(
+                &Method::DELETE,
+                Some("/api/v1/rcs/{id}"),
+                Some("force=false")
+            ),
+            DEPLOYER
+        );
+        assert_eq!(need(&Method::HEAD, Some("/api/v1/rcs"), None), VIEWER);
+        assert_eq!(
+            need(&Method::GET, Some("/healthz"), Some("force=true")),
+            Need::Nobody
+        );
+    }
+
+    #[test]
+    fn token_files_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.yaml");
+        let digest = format!("{:x}", Sha256::digest(b"secret"));
+        let write = |text: String| std::fs::write(&path, text).unwrap();
+        write(format!(
+            "tokens:\n  - {{name: a, role: agent, nodes: [n1], sha256: {digest}}}\n"
+        ));
+        let access = Access::new(Some(&path), Vec::new()).unwrap();
+        let source = access.tokens.as_ref().unwrap();
+        assert_eq!(access.find(source, "secret").unwrap().name, "a");
+        assert!(access.find(source, "other").is_none());
+
+        for bad in [
+            format!("tokens:\n  - {{name: a, role: viewer, nodes: [n1], sha256: {digest}}}\n"),
+            format!("tokens:\n  - {{name: a, role: root, sha256: {digest}}}\n"),
+            "tokens:\n  - {name: a, role: viewer, sha256: 12}\n".to_owned(),
+            format!(
+                "tokens:\n  - {{name: a, role: viewer, sha256: {digest}}}\n  - {{name: a, role: admin, sha256: {}}}\n",
+                "0".repeat(64)
+            ),
+            "not: [yaml".to_owned(),
+        ] {
+            write(bad.clone());
+            assert!(read_tokens(&path).is_err(), "{bad}");
+            // A bad new file leaves the old tokens in force.
+            assert!(access.reload().unwrap().is_err());
+            assert_eq!(access.find(source, "secret").unwrap().name, "a");
+        }
+    }
+}
