@@ -25,6 +25,7 @@ use p2_apiserver::labels::Labels;
 use p2_apiserver::leader::{self, LeaderConfig};
 use p2_apiserver::server;
 use p2_apiserver::simulator::{self, SimulatorConfig};
+use p2_apiserver::state::{Mirror, MirrorConfig};
 use tokio_util::sync::CancellationToken;
 
 /// Counts every call the farms make to the store, by operation.
@@ -224,11 +225,24 @@ async fn main() {
         behavior: SessionBehavior::Delete,
     };
     let alerts = Arc::new(Alerter::new(None));
+    // The farms' mirror reads through the counting store, so its watches are counted too.
+    let mirror = Mirror::new(farm_store.clone(), MirrorConfig::default());
+    let mirror_tasks = tokio_util::task::TaskTracker::new();
+    mirror.start(&mirror_tasks, shutdown.clone());
+    mirror_tasks.close();
     let farms = tokio::spawn(leader::campaign(
         farm_store.clone(),
         config,
         shutdown.clone(),
-        move |term| farms::run_term(farm_store.clone(), term, alerts.clone(), "bench".into()),
+        move |term| {
+            farms::run_term(
+                farm_store.clone(),
+                mirror.clone(),
+                term,
+                alerts.clone(),
+                "bench".into(),
+            )
+        },
     ));
 
     let base = format!("http://{addr}");
@@ -324,5 +338,6 @@ async fn main() {
     shutdown.cancel();
     let _ = simulator.await;
     let _ = farms.await;
+    mirror_tasks.wait().await;
     let _ = server.await;
 }
