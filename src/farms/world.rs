@@ -32,7 +32,7 @@ pub use crate::store::Versioned;
 /// One tree, decoded: what the farms read instead of the store.
 #[derive(Debug, Default)]
 pub struct Tree<T> {
-    /// The listing index this was decoded from.
+    /// The highest index the tree's entries reflect, as the mirror had it.
     pub index: u64,
     pub items: T,
 }
@@ -168,7 +168,8 @@ impl Trees {
     }
 
     /// The mirror as it is now, marking it seen, once the trees have caught up with each
-    /// other (bounded by [`CATCH_UP_LIMIT`]).
+    /// other (bounded by [`CATCH_UP_LIMIT`]). What comes in during a wait (a daemon set
+    /// edited while the health results were being caught up with) is waited for in turn.
     pub async fn world(&mut self) -> World {
         let deadline = Instant::now() + CATCH_UP_LIMIT;
         loop {
@@ -185,7 +186,6 @@ impl Trees {
             {
                 return self.current();
             }
-            // Changes that came in meanwhile are caught up with in the next round.
             self.caught_up.fetch_max(newest, Ordering::SeqCst);
         }
     }
@@ -209,14 +209,8 @@ impl Trees {
                 state::Tree::Labels(LabelType::Pod) => {
                     world.pod_labels = build(&snapshot, pod_labels)
                 }
-                state::Tree::Intent | state::Tree::Reality => {
-                    let manifests = build(&snapshot, legacy_pod);
-                    if tree == state::Tree::Intent {
-                        world.intents = manifests;
-                    } else {
-                        world.reality = manifests;
-                    }
-                }
+                state::Tree::Intent => world.intents = build(&snapshot, legacy_pod),
+                state::Tree::Reality => world.reality = build(&snapshot, legacy_pod),
                 state::Tree::Health => world.health = build(&snapshot, health),
                 state::Tree::Locks => world.locks = build(&snapshot, lock),
                 state::Tree::Labels(_) | state::Tree::DsStatus => {}
