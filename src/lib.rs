@@ -19,7 +19,7 @@
 //!   per tree, with secondary indexes and the change stream behind `GET /api/v1/watch`.
 //! - [`backoff`]: exponential backoff with jitter for anything that retries.
 //! - [`leader`]: leader election over a store session and lock; the leader runs the farms.
-//! - [`farms`]: the RC, roll and daemon-set reconcilers, driven by shared tree watches.
+//! - [`farms`]: the RC, roll and daemon-set reconcilers, driven by the mirror.
 //! - [`simulator`]: simulated nodes that act as node agents through the REST API, for the
 //!   demo, the end-to-end tests and the benchmark.
 

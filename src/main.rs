@@ -61,16 +61,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let tasks = TaskTracker::new();
     tasks.spawn(cancel_on_signal(interrupt, terminate, shutdown.clone()));
     tasks.spawn(reload_on_hangup(hangup, access.clone(), shutdown.clone()));
+    // One mirror of the store, read by the API and the farms alike.
+    let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+    mirror.start(&tasks, shutdown.clone());
     if !args.farms.no_farms {
         tasks.spawn(run_farms(
             store.clone(),
+            mirror.clone(),
             args.farms.clone(),
             shutdown.clone(),
         ));
     }
-
-    let mirror = Mirror::new(store.clone(), MirrorConfig::default());
-    mirror.start(&tasks, shutdown.clone());
     let served = server::run(
         listener,
         Arc::new(App {
@@ -106,8 +107,14 @@ async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     result
 }
 
-/// Campaigns for leadership until shutdown, running the farms while this server leads.
-async fn run_farms(store: Arc<dyn KvStore>, args: FarmArgs, shutdown: CancellationToken) {
+/// Campaigns for leadership until shutdown, running the farms on `mirror` while this server
+/// leads.
+async fn run_farms(
+    store: Arc<dyn KvStore>,
+    mirror: Mirror,
+    args: FarmArgs,
+    shutdown: CancellationToken,
+) {
     let holder = args.holder();
     let config = LeaderConfig {
         holder: holder.clone(),
@@ -117,7 +124,13 @@ async fn run_farms(store: Arc<dyn KvStore>, args: FarmArgs, shutdown: Cancellati
     };
     let alerts = Arc::new(Alerter::new(args.alert_webhook));
     leader::campaign(store.clone(), config, shutdown, move |term| {
-        farms::run_term(store.clone(), term, alerts.clone(), holder.clone())
+        farms::run_term(
+            store.clone(),
+            mirror.clone(),
+            term,
+            alerts.clone(),
+            holder.clone(),
+        )
     })
     .await;
 }

@@ -1,6 +1,6 @@
 //! The farms: reconcilers that make stored desired state true, run by the leader only.
 //!
-//! - [`world`]: one blocking watch per tree, decoded once and shared by all farms.
+//! - [`world`]: the farms' view of the server's mirror of the store, shared by all farms.
 //! - [`rc`]: keeps each RC at its replica count on eligible nodes (P2's meet-desires).
 //! - [`roll`]: moves replicas from old RCs to new ones, keeping a minimum healthy.
 //! - [`ds`]: keeps each daemon set's pod on every matching node, honouring `min_health`.
@@ -12,7 +12,10 @@
 //! one reconcile per object is ever in flight. Every write is one transaction that starts
 //! with a `check-session` on a lock this term holds (fencing), and no write is started once
 //! the term is cancelled. The farms take their locks with the term's own session, whose
-//! behavior is always delete (see [`crate::leader`]).
+//! behavior is always delete (see [`crate::leader`]). A committed write is applied to the
+//! mirror at once, so the next pass sees it without waiting for the tree's watch; the
+//! mirror is only ever a hint for what to try, every write being fenced and CAS'd against
+//! the store itself.
 
 pub mod alerts;
 pub mod ds;
@@ -25,7 +28,7 @@ pub mod stale_locks;
 pub mod world;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -35,6 +38,7 @@ use tokio_util::task::TaskTracker;
 use crate::backoff::Backoff;
 use crate::kv::{KvPair, KvStore, StoreError, TxnOp};
 use crate::leader::Term;
+use crate::state::{Mirror, OwnWrite};
 use crate::store::layout::LEADER_LOCK;
 
 use alerts::Alerter;
@@ -43,8 +47,6 @@ use world::{Trees, World};
 /// How often every object is reconciled even when nothing changed: the safety net for a
 /// missed watch result or a failed write.
 pub const RESYNC: Duration = Duration::from_secs(30);
-/// How long a pass waits for the trees to show the farm's own last write.
-const CATCH_UP_LIMIT: Duration = Duration::from_secs(2);
 
 /// Why a farm could not reconcile an object (or do one write); the object is logged and
 /// backs off, then is reconciled again.
@@ -77,6 +79,8 @@ pub type FarmResult<T> = Result<T, FarmError>;
 /// What every farm needs during one leadership term.
 pub struct FarmContext {
     pub store: Arc<dyn KvStore>,
+    /// The server's mirror of `store`, which the farms' own writes are applied to.
+    pub mirror: Mirror,
     /// The term's session: the farms' locks are taken and fenced with it.
     pub session: String,
     /// The session holding [`LEADER_LOCK`], for writes fenced on leadership alone.
@@ -86,26 +90,30 @@ pub struct FarmContext {
     pub alerts: Arc<Alerter>,
     /// Names this server in lock values and audit records.
     pub holder: String,
-    /// The highest index each tree must reach before the farms trust it again.
-    written: Mutex<HashMap<&'static str, u64>>,
 }
 
 impl FarmContext {
     /// The context for one term.
-    pub fn new(store: Arc<dyn KvStore>, term: &Term, alerts: Arc<Alerter>, holder: String) -> Self {
+    pub fn new(
+        store: Arc<dyn KvStore>,
+        mirror: Mirror,
+        term: &Term,
+        alerts: Arc<Alerter>,
+        holder: String,
+    ) -> Self {
         FarmContext {
             store,
+            mirror,
             session: term.session.clone(),
             leader_session: term.leader_session.clone(),
             cancel: term.cancel.clone(),
             alerts,
             holder,
-            written: Mutex::new(HashMap::new()),
         }
     }
 
     /// Commits `ops` fenced by `check-session` on `lock` (one of the term's locks, or
-    /// [`LEADER_LOCK`]), unless the term has ended.
+    /// [`LEADER_LOCK`]), unless the term has ended; what it wrote is applied to the mirror.
     pub async fn commit(&self, lock: &str, ops: Vec<TxnOp>) -> FarmResult<Vec<Option<KvPair>>> {
         if self.cancel.is_cancelled() {
             return Err(FarmError::TermEnded);
@@ -122,22 +130,8 @@ impl FarmContext {
         });
         fenced.extend(ops);
         let results = self.store.txn(&fenced).await?;
-        let index = results
-            .iter()
-            .flatten()
-            .map(|pair| pair.modify_index)
-            .max()
-            .unwrap_or(0);
-        let mut written = self.written.lock().expect("no panics while held");
-        // Only ops that surely change their key move its tree's index: writes, and
-        // delete-CAS of a key the farm saw (a plain delete of an absent key changes nothing).
-        let changes = |op: &&TxnOp| op.value().is_some() || matches!(op, TxnOp::DeleteCas { .. });
-        for op in fenced[1..].iter().filter(changes) {
-            if let Some(tree) = world::tree_of(op.key()) {
-                let at = written.entry(tree).or_insert(0);
-                *at = (*at).max(index);
-            }
-        }
+        self.mirror
+            .apply_own_writes(OwnWrite::from_txn(&fenced, &results));
         Ok(results)
     }
 
@@ -199,7 +193,12 @@ impl FarmContext {
             },
         ];
         match self.store.txn(&ops).await {
-            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(()),
+            Ok(results) => {
+                self.mirror
+                    .apply_own_writes(OwnWrite::from_txn(&ops, &results));
+                Ok(())
+            }
+            Err(StoreError::Conflict { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
@@ -222,14 +221,6 @@ impl FarmContext {
             }
         }
     }
-
-    /// Whether `world` shows every write this term made.
-    fn caught_up(&self, world: &World) -> bool {
-        let written = self.written.lock().expect("no panics while held");
-        written
-            .iter()
-            .all(|(tree, index)| world.index_of(tree) >= *index)
-    }
 }
 
 /// One farm: a pass over everything it owns.
@@ -246,20 +237,15 @@ pub trait Farm: Send {
     ) -> impl std::future::Future<Output = Option<Instant>> + Send;
 }
 
-/// Runs `farm` until the term ends: a pass on every change of the trees, after its own
-/// writes are visible, and at least every [`RESYNC`].
+/// Runs `farm` until the term ends: a pass on every change of the mirror (the farms' own
+/// writes included, applied at once) and at least every [`RESYNC`].
 pub async fn drive<F: Farm>(mut farm: F, ctx: Arc<FarmContext>, mut trees: Trees) {
     tracing::info!(farm = F::NAME, "farm started");
     loop {
-        let deadline = Instant::now() + CATCH_UP_LIMIT;
-        let mut world = trees.world();
-        while !ctx.caught_up(&world) && Instant::now() < deadline {
-            tokio::select! {
-                () = trees.changed() => world = trees.world(),
-                () = tokio::time::sleep_until(deadline) => {}
-                () = ctx.cancel.cancelled() => break,
-            }
-        }
+        let world = tokio::select! {
+            world = trees.world() => world,
+            () = ctx.cancel.cancelled() => break,
+        };
         if ctx.cancel.is_cancelled() {
             break;
         }
@@ -351,26 +337,23 @@ impl Retries {
     }
 }
 
-/// Starts the tree watches and every farm for one term; returns when the term ends and
-/// every farm task has stopped.
-pub async fn run_term(store: Arc<dyn KvStore>, term: Term, alerts: Arc<Alerter>, holder: String) {
+/// Runs every farm for one term on `mirror` (a started mirror of `store`, shared with the
+/// API) once it has read every tree; returns when the term ends and every farm task has
+/// stopped.
+pub async fn run_term(
+    store: Arc<dyn KvStore>,
+    mirror: Mirror,
+    term: Term,
+    alerts: Arc<Alerter>,
+    holder: String,
+) {
+    tokio::select! {
+        () = mirror.loaded() => {}
+        () = term.cancel.cancelled() => return,
+    }
     let tasks = TaskTracker::new();
-    let trees = loop {
-        // A failed attempt stops the watches it had already started.
-        let attempt = term.cancel.child_token();
-        match Trees::start(&store, &tasks, &attempt).await {
-            Ok(trees) => break trees,
-            Err(e) => {
-                attempt.cancel();
-                tracing::warn!(error = %e, "reading the trees failed; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    () = term.cancel.cancelled() => return,
-                }
-            }
-        }
-    };
-    let ctx = Arc::new(FarmContext::new(store, &term, alerts, holder));
+    let trees = Trees::new(mirror.clone());
+    let ctx = Arc::new(FarmContext::new(store, mirror, &term, alerts, holder));
     spawn_farm(
         &tasks,
         &term,

@@ -1,23 +1,28 @@
-//! The farms' shared view of the store: one blocking watch per tree, decoded once per change
-//! and shared by every reconciler, so idle load does not grow with the number of objects.
+//! The farms' view of the store: the server's [`Mirror`] (one blocking watch per tree, each
+//! entry decoded once, when it changes), shaped as the maps the farms read. A [`World`] is
+//! rebuilt tree by tree, only for the trees that changed since the last one.
+//!
+//! The mirror re-reads each tree on its own schedule, so on its own it may show a change of
+//! one tree before an earlier change of another (a pod's new reality before the removal of
+//! its old health result). A farm must not act on such a mix, so [`Trees::world`] first
+//! waits until every tree it reads holds every change up to the newest the mirror shows
+//! (see [`Mirror::wait_for_trees`]), once per new index, shared by all the farms.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio::time::Instant;
 
-use crate::backoff::Backoff;
-use crate::kv::{KvPair, KvStore, Listing, StoreResult, WatchTarget};
 use crate::labels::{LabelType, Labels};
-use crate::model::{HealthRecord, HealthState, StoredDaemonSet, StoredRc, StoredRoll};
-use crate::store::labels::decode_labels;
+use crate::model::{HealthState, StoredDaemonSet, StoredRc, StoredRoll};
+use crate::state::{self, Entry, Mirror, TreeSnapshot, View};
 
-/// How long one blocking query of a tree waits: the farms' idle request rate is the number
-/// of trees divided by this.
-pub const TREE_WAIT: Duration = Duration::from_secs(60);
+/// How long [`Trees::world`] waits for the trees to catch up with each other before the
+/// farms go on with what they have (their writes being fenced and CAS'd anyway).
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(2);
 
 /// A node and a pod id: the identity of a legacy pod (`intent/<node>/<pod_id>`).
 pub type PodKey = (String, String);
@@ -27,7 +32,7 @@ pub use crate::store::Versioned;
 /// One tree, decoded: what the farms read instead of the store.
 #[derive(Debug, Default)]
 pub struct Tree<T> {
-    /// The listing index this was decoded from.
+    /// The highest index the tree's entries reflect, as the mirror had it.
     pub index: u64,
     pub items: T,
 }
@@ -41,10 +46,9 @@ pub type PodLabelMap = BTreeMap<PodKey, Versioned<Labels>>;
 pub type ManifestMap = BTreeMap<PodKey, Vec<u8>>;
 pub type HealthMap = HashMap<PodKey, HealthState>;
 pub type LockMap = BTreeMap<String, Versioned<Option<String>>>;
-type Feed<T> = watch::Receiver<Arc<Tree<T>>>;
 
-/// Everything the farms look at, as of the latest watch results.
-#[derive(Clone)]
+/// Everything the farms look at, as of the mirror when it was taken.
+#[derive(Clone, Default)]
 pub struct World {
     pub rcs: Arc<Tree<RcMap>>,
     pub rolls: Arc<Tree<RollMap>>,
@@ -99,178 +103,193 @@ impl World {
             .and_then(|lock| lock.value.as_deref())
     }
 
+    /// The highest index any of its trees reflects.
+    fn newest_index(&self) -> u64 {
+        [
+            self.rcs.index,
+            self.rolls.index,
+            self.daemon_sets.index,
+            self.nodes.index,
+            self.pod_labels.index,
+            self.intents.index,
+            self.reality.index,
+            self.health.index,
+            self.locks.index,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+    }
+
     /// The health state of a pod, by [`HealthState::of`].
     pub fn health_of(&self, pod: &PodKey) -> HealthState {
         HealthState::of(self.health.items.get(pod).copied())
     }
 }
 
-/// The receiving ends of the tree watches.
+/// The farms' window on the mirror: the latest [`World`] and what woke them.
 #[derive(Clone)]
 pub struct Trees {
-    rcs: Feed<RcMap>,
-    rolls: Feed<RollMap>,
-    daemon_sets: Feed<DaemonSetMap>,
-    nodes: Feed<NodeMap>,
-    pod_labels: Feed<PodLabelMap>,
-    intents: Feed<ManifestMap>,
-    reality: Feed<ManifestMap>,
-    health: Feed<HealthMap>,
-    locks: Feed<LockMap>,
+    mirror: Mirror,
+    changes: watch::Receiver<u64>,
+    world: World,
+    /// The newest index every followed tree is known to hold all changes up to; shared by
+    /// the clones, so one farm's wait serves all.
+    caught_up: Arc<AtomicU64>,
+    /// The mirror's generation of each tree the world was built from, by position in
+    /// [`Trees::FOLLOWED`].
+    generations: [Option<u64>; 9],
 }
 
 impl Trees {
-    /// Reads every tree once and starts watching each on `tasks` until `cancel`.
-    pub async fn start(
-        store: &Arc<dyn KvStore>,
-        tasks: &TaskTracker,
-        cancel: &CancellationToken,
-    ) -> StoreResult<Trees> {
-        Ok(Trees {
-            rcs: follow(store, tasks, cancel, "replication_controllers/", decode_rcs).await?,
-            rolls: follow(store, tasks, cancel, "rolls/", decode_rolls).await?,
-            daemon_sets: follow(store, tasks, cancel, "daemon_sets/", decode_daemon_sets).await?,
-            nodes: follow(store, tasks, cancel, "labels/node/", decode_nodes).await?,
-            pod_labels: follow(store, tasks, cancel, "labels/pod/", decode_pod_labels).await?,
-            intents: follow(store, tasks, cancel, "intent/", |l| {
-                decode_pod_tree(l, "intent/")
-            })
-            .await?,
-            reality: follow(store, tasks, cancel, "reality/", |l| {
-                decode_pod_tree(l, "reality/")
-            })
-            .await?,
-            health: follow(store, tasks, cancel, "health/", decode_health).await?,
-            locks: follow(store, tasks, cancel, "lock/", decode_locks).await?,
-        })
-    }
+    /// The mirror's trees the farms read.
+    const FOLLOWED: [state::Tree; 9] = [
+        state::Tree::Rcs,
+        state::Tree::Rolls,
+        state::Tree::DaemonSets,
+        state::Tree::Labels(LabelType::Node),
+        state::Tree::Labels(LabelType::Pod),
+        state::Tree::Intent,
+        state::Tree::Reality,
+        state::Tree::Health,
+        state::Tree::Locks,
+    ];
 
-    /// The latest decoded state of every tree, marking it seen.
-    pub fn world(&mut self) -> World {
-        World {
-            rcs: self.rcs.borrow_and_update().clone(),
-            rolls: self.rolls.borrow_and_update().clone(),
-            daemon_sets: self.daemon_sets.borrow_and_update().clone(),
-            nodes: self.nodes.borrow_and_update().clone(),
-            pod_labels: self.pod_labels.borrow_and_update().clone(),
-            intents: self.intents.borrow_and_update().clone(),
-            reality: self.reality.borrow_and_update().clone(),
-            health: self.health.borrow_and_update().clone(),
-            locks: self.locks.borrow_and_update().clone(),
+    /// A view of `mirror`, which must be started (and is best loaded, see
+    /// [`Mirror::loaded`]).
+    pub fn new(mirror: Mirror) -> Trees {
+        Trees {
+            changes: mirror.changes(),
+            mirror,
+            world: World::default(),
+            caught_up: Arc::new(AtomicU64::new(0)),
+            generations: [None; 9],
         }
     }
 
-    /// Waits until any tree has changed since the last [`Trees::world`].
-    pub async fn changed(&mut self) {
-        tokio::select! {
-            _ = self.rcs.changed() => {}
-            _ = self.rolls.changed() => {}
-            _ = self.daemon_sets.changed() => {}
-            _ = self.nodes.changed() => {}
-            _ = self.pod_labels.changed() => {}
-            _ = self.intents.changed() => {}
-            _ = self.reality.changed() => {}
-            _ = self.health.changed() => {}
-            _ = self.locks.changed() => {}
-        }
-    }
-}
-
-/// Lists `prefix`, then keeps a blocking watch on it, publishing each new listing decoded.
-async fn follow<T, D>(
-    store: &Arc<dyn KvStore>,
-    tasks: &TaskTracker,
-    cancel: &CancellationToken,
-    prefix: &'static str,
-    decode: D,
-) -> StoreResult<Feed<T>>
-where
-    T: Send + Sync + 'static,
-    D: Fn(&Listing) -> T + Send + 'static,
-{
-    let first = store.list(prefix).await?;
-    let (tx, rx) = watch::channel(Arc::new(Tree {
-        index: first.index,
-        items: decode(&first),
-    }));
-    let (store, cancel) = (store.clone(), cancel.clone());
-    tasks.spawn(async move {
-        let target = WatchTarget::Prefix(prefix.into());
-        let mut index = first.index;
-        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    /// The mirror as it is now, marking it seen, once the trees have caught up with each
+    /// other (bounded by [`CATCH_UP_LIMIT`]). What comes in during a wait (a daemon set
+    /// edited while the health results were being caught up with) is waited for in turn.
+    pub async fn world(&mut self) -> World {
+        let deadline = Instant::now() + CATCH_UP_LIMIT;
         loop {
-            let result = tokio::select! {
-                result = store.watch(&target, index, TREE_WAIT) => result,
-                () = cancel.cancelled() => return,
+            let world = self.current();
+            let newest = world.newest_index();
+            if newest <= self.caught_up.load(Ordering::SeqCst) {
+                return world;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !self
+                .mirror
+                .wait_for_trees(&Trees::FOLLOWED, newest, left)
+                .await
+            {
+                return self.current();
+            }
+            self.caught_up.fetch_max(newest, Ordering::SeqCst);
+        }
+    }
+
+    /// The mirror as it is now, marking it seen; only the trees that changed are rebuilt.
+    fn current(&mut self) -> World {
+        self.changes.borrow_and_update();
+        for (position, tree) in Trees::FOLLOWED.into_iter().enumerate() {
+            let Some(snapshot) = self.mirror.snapshot(tree, self.generations[position]) else {
+                continue;
             };
-            match result {
-                Ok(listing) => {
-                    backoff.reset();
-                    if listing.index != index {
-                        index = listing.index;
-                        let items = decode(&listing);
-                        tx.send_replace(Arc::new(Tree { index, items }));
-                    }
+            self.generations[position] = Some(snapshot.generation);
+            let world = &mut self.world;
+            match tree {
+                state::Tree::Rcs => world.rcs = build(&snapshot, by_id(rc_of)),
+                state::Tree::Rolls => world.rolls = build(&snapshot, by_id(roll_of)),
+                state::Tree::DaemonSets => {
+                    world.daemon_sets = build(&snapshot, by_id(daemon_set_of))
                 }
-                Err(e) => {
-                    tracing::warn!(prefix, error = %e, "watching a tree failed; retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(backoff.next_delay()) => {}
-                        () = cancel.cancelled() => return,
-                    }
+                state::Tree::Labels(LabelType::Node) => world.nodes = build(&snapshot, node_labels),
+                state::Tree::Labels(LabelType::Pod) => {
+                    world.pod_labels = build(&snapshot, pod_labels)
                 }
+                state::Tree::Intent => world.intents = build(&snapshot, legacy_pod),
+                state::Tree::Reality => world.reality = build(&snapshot, legacy_pod),
+                state::Tree::Health => world.health = build(&snapshot, health),
+                state::Tree::Locks => world.locks = build(&snapshot, lock),
+                state::Tree::Labels(_) | state::Tree::DsStatus => {}
             }
         }
-    });
-    Ok(rx)
+        self.world.clone()
+    }
+
+    /// Waits until the mirror has changed since the last [`Trees::world`].
+    pub async fn changed(&mut self) {
+        if self.changes.changed().await.is_err() {
+            // The mirror lives as long as `self`, so this is never reached; never spin.
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
-fn strip<'a>(pair: &'a KvPair, prefix: &str) -> Option<&'a str> {
-    pair.key.strip_prefix(prefix)
-}
-
-/// Decodes every document of a tree keyed by UUID, skipping (and logging) the bad ones.
-fn decode_by_id<T>(
-    listing: &Listing,
-    prefix: &str,
-    decode: impl Fn(&[u8]) -> Result<T, crate::model::DecodeError>,
-) -> BTreeMap<String, Versioned<T>> {
-    listing
-        .decode_readable("document", |pair| {
-            let id = strip(pair, prefix).unwrap_or(&pair.key);
-            if uuid::Uuid::parse_str(id).is_err() {
-                return Err(format!("{id:?} is not a UUID"));
-            }
-            let value = decode(&pair.value).map_err(|e| e.to_string())?;
-            let versioned = Versioned {
-                value,
-                index: pair.modify_index,
-            };
-            Ok((id.to_owned(), versioned))
-        })
-        .into_iter()
-        .collect()
-}
-
-fn decode_rcs(listing: &Listing) -> BTreeMap<String, Versioned<StoredRc>> {
-    decode_by_id(listing, "replication_controllers/", StoredRc::from_json)
-}
-
-fn decode_rolls(listing: &Listing) -> BTreeMap<String, Versioned<StoredRoll>> {
-    decode_by_id(listing, "rolls/", StoredRoll::from_json)
-}
-
-fn decode_daemon_sets(listing: &Listing) -> BTreeMap<String, Versioned<StoredDaemonSet>> {
-    decode_by_id(listing, "daemon_sets/", StoredDaemonSet::from_json)
-}
-
-fn decode_nodes(listing: &Listing) -> BTreeMap<String, Labels> {
-    let prefix = LabelType::Node.key_prefix();
-    listing
-        .pairs
+/// One tree of the world from the mirror's entries, skipping those `item` cannot use.
+fn build<K, V, M>(
+    snapshot: &TreeSnapshot,
+    item: impl Fn(&str, &Entry) -> Option<(K, V)>,
+) -> Arc<Tree<M>>
+where
+    M: FromIterator<(K, V)>,
+{
+    let prefix = snapshot.tree.prefix();
+    let items = snapshot
+        .entries
         .iter()
-        .filter_map(|pair| Some((strip(pair, &prefix)?.to_owned(), decode_labels(pair)?)))
-        .collect()
+        .filter_map(|entry| item(entry.pair.key.strip_prefix(&prefix)?, entry))
+        .collect();
+    Arc::new(Tree {
+        index: snapshot.index,
+        items,
+    })
+}
+
+/// Documents keyed by UUID, with their modify index; `view` picks the document.
+fn by_id<T: Clone>(
+    view: fn(&View) -> Option<&Arc<T>>,
+) -> impl Fn(&str, &Entry) -> Option<(String, Versioned<T>)> {
+    move |id, entry| {
+        if uuid::Uuid::parse_str(id).is_err() {
+            return None;
+        }
+        let value = T::clone(view(&entry.view)?);
+        Some((
+            id.to_owned(),
+            Versioned {
+                value,
+                index: entry.pair.modify_index,
+            },
+        ))
+    }
+}
+
+fn rc_of(view: &View) -> Option<&Arc<StoredRc>> {
+    match view {
+        View::Rc(rc) => Some(rc),
+        _ => None,
+    }
+}
+
+fn roll_of(view: &View) -> Option<&Arc<StoredRoll>> {
+    match view {
+        View::Roll(roll) => Some(roll),
+        _ => None,
+    }
+}
+
+fn daemon_set_of(view: &View) -> Option<&Arc<StoredDaemonSet>> {
+    match view {
+        View::DaemonSet(ds) => Some(ds),
+        _ => None,
+    }
+}
+
+fn node_labels(node: &str, entry: &Entry) -> Option<(String, Labels)> {
+    Some((node.to_owned(), entry.labels()?.clone()))
 }
 
 fn split_pod(rest: &str) -> Option<PodKey> {
@@ -281,105 +300,39 @@ fn split_pod(rest: &str) -> Option<PodKey> {
     Some((node.to_owned(), pod_id.to_owned()))
 }
 
-fn decode_pod_labels(listing: &Listing) -> BTreeMap<PodKey, Versioned<Labels>> {
-    let prefix = LabelType::Pod.key_prefix();
-    listing
-        .pairs
-        .iter()
-        .filter_map(|pair| {
-            let pod = split_pod(strip(pair, &prefix)?)?;
-            let labels = decode_labels(pair)?;
-            Some((
-                pod,
-                Versioned {
-                    value: labels,
-                    index: pair.modify_index,
-                },
-            ))
-        })
-        .collect()
+fn pod_labels(rest: &str, entry: &Entry) -> Option<(PodKey, Versioned<Labels>)> {
+    let labels = Versioned {
+        value: entry.labels()?.clone(),
+        index: entry.pair.modify_index,
+    };
+    Some((split_pod(rest)?, labels))
 }
 
 /// `intent/` and `reality/`: legacy pods only; UUID-named entries are new-style pod indexes.
-fn decode_pod_tree(listing: &Listing, prefix: &str) -> BTreeMap<PodKey, Vec<u8>> {
-    listing
-        .pairs
-        .iter()
-        .filter_map(|pair| {
-            let pod = split_pod(strip(pair, prefix)?)?;
-            (uuid::Uuid::parse_str(&pod.1).is_err()).then(|| (pod, pair.value.clone()))
-        })
-        .collect()
+fn legacy_pod(rest: &str, entry: &Entry) -> Option<(PodKey, Vec<u8>)> {
+    let pod = split_pod(rest)?;
+    (uuid::Uuid::parse_str(&pod.1).is_err()).then(|| (pod, entry.pair.value.clone()))
 }
 
-/// `health/<pod_id>/<node>`, keyed as (node, pod id) by the record's own fields.
-fn decode_health(listing: &Listing) -> HashMap<PodKey, HealthState> {
-    listing
-        .pairs
-        .iter()
-        .filter_map(|pair| {
-            let (pod_id, node) = split_pod(strip(pair, "health/")?)?;
-            // P2 keys results by the record's own Node field.
-            match HealthRecord::from_json(&pair.value) {
-                Ok(record) if !record.node.is_empty() => {
-                    Some(((record.node, pod_id), record.status))
-                }
-                Ok(record) => Some(((node, pod_id), record.status)),
-                Err(_) => Some(((node, pod_id), HealthState::Unknown)),
-            }
-        })
-        .collect()
-}
-
-fn decode_locks(listing: &Listing) -> LockMap {
-    listing
-        .pairs
-        .iter()
-        .map(|pair| {
-            let lock = Versioned {
-                value: pair.session.clone(),
-                index: pair.modify_index,
-            };
-            (pair.key.clone(), lock)
-        })
-        .collect()
-}
-
-/// The prefix of every tree the farms watch; a tree is named by its prefix.
-pub const TREE_PREFIXES: [&str; 9] = [
-    "replication_controllers/",
-    "rolls/",
-    "daemon_sets/",
-    "labels/node/",
-    "labels/pod/",
-    "intent/",
-    "reality/",
-    "health/",
-    "lock/",
-];
-
-/// The watched tree a key belongs to, if any.
-pub fn tree_of(key: &str) -> Option<&'static str> {
-    TREE_PREFIXES
-        .iter()
-        .copied()
-        .find(|prefix| key.starts_with(prefix))
-}
-
-impl World {
-    /// The listing index a tree was decoded from.
-    pub fn index_of(&self, tree: &str) -> u64 {
-        match tree {
-            "replication_controllers/" => self.rcs.index,
-            "rolls/" => self.rolls.index,
-            "daemon_sets/" => self.daemon_sets.index,
-            "labels/node/" => self.nodes.index,
-            "labels/pod/" => self.pod_labels.index,
-            "intent/" => self.intents.index,
-            "reality/" => self.reality.index,
-            "health/" => self.health.index,
-            "lock/" => self.locks.index,
-            _ => 0,
+/// `health/<pod_id>/<node>`, keyed as (node, pod id) by the record's own fields; a record
+/// that does not decode counts as unknown.
+fn health(rest: &str, entry: &Entry) -> Option<(PodKey, HealthState)> {
+    let (pod_id, node) = split_pod(rest)?;
+    match &entry.view {
+        // P2 keys results by the record's own Node field.
+        View::Health(record) if !record.node.is_empty() => {
+            Some(((record.node.clone(), pod_id), record.status))
         }
+        View::Health(record) => Some(((node, pod_id), record.status)),
+        _ => Some(((node, pod_id), HealthState::Unknown)),
     }
+}
+
+/// Lock keys (full keys), with the session holding each.
+fn lock(_: &str, entry: &Entry) -> Option<(String, Versioned<Option<String>>)> {
+    let lock = Versioned {
+        value: entry.pair.session.clone(),
+        index: entry.pair.modify_index,
+    };
+    Some((entry.pair.key.clone(), lock))
 }

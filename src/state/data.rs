@@ -27,6 +27,9 @@ use super::trees::{Entry, Tree, View};
 pub(super) struct TreeState {
     /// The highest index the tree's entries reflect (its listings' and own writes').
     pub index: u64,
+    /// Moves on every change of `entries`, so readers can tell a tree changed even when its
+    /// index did not (an own delete).
+    pub generation: u64,
     pub entries: BTreeMap<String, Arc<Entry>>,
     /// Own deletes not yet confirmed by a listing: the version each removed.
     pub tombstones: HashMap<String, Arc<Entry>>,
@@ -190,6 +193,7 @@ impl State {
     /// Removes a key the server itself deleted, leaving a tombstone until a listing confirms.
     pub(super) fn apply_own_delete(&mut self, tree: Tree, key: &str) {
         if let Some(entry) = self.tree_mut(tree).entries.remove(key) {
+            self.tree_mut(tree).generation += 1;
             self.drop_from_indexes(tree, &entry);
             self.tree_mut(tree).tombstones.insert(key.to_owned(), entry);
         }
@@ -199,7 +203,9 @@ impl State {
         let entry = Arc::new(entry);
         let key = entry.pair.key.clone();
         let index = entry.pair.modify_index;
-        let old = self.tree_mut(tree).entries.insert(key, entry.clone());
+        let state = self.tree_mut(tree);
+        state.generation += 1;
+        let old = state.entries.insert(key, entry.clone());
         let change_type = match &old {
             Some(old) => {
                 self.drop_from_indexes(tree, old);
@@ -216,6 +222,7 @@ impl State {
         let state = self.tree_mut(tree);
         let removed = match state.entries.remove(key) {
             Some(entry) => {
+                state.generation += 1;
                 self.drop_from_indexes(tree, &entry);
                 entry
             }

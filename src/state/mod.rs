@@ -118,6 +118,18 @@ impl OwnWrite {
     }
 }
 
+/// One tree as the mirror held it at one moment.
+#[derive(Debug, Clone)]
+pub struct TreeSnapshot {
+    pub tree: Tree,
+    /// Moves on every change of the tree's entries.
+    pub generation: u64,
+    /// The highest index the entries reflect.
+    pub index: u64,
+    /// Sorted by key.
+    pub entries: Vec<Arc<Entry>>,
+}
+
 /// Whether the mirror can be trusted, for `/readyz`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MirrorHealth {
@@ -223,17 +235,22 @@ impl Mirror {
     /// at `index` was made (its keys cut at the first `/`), and the wait lasts until the
     /// mirror has reached those indexes.
     pub async fn wait_for(&self, index: u64, timeout: Duration) -> bool {
-        tokio::time::timeout(timeout, self.reach(index))
+        self.wait_for_trees(&Tree::ALL, index, timeout).await
+    }
+
+    /// [`Mirror::wait_for`] for `trees` only.
+    pub async fn wait_for_trees(&self, trees: &[Tree], index: u64, timeout: Duration) -> bool {
+        tokio::time::timeout(timeout, self.reach(trees, index))
             .await
             .unwrap_or(false)
     }
 
-    async fn reach(&self, index: u64) -> bool {
+    async fn reach(&self, trees: &[Tree], index: u64) -> bool {
         if !self.until(|mirror| mirror.is_loaded()).await {
             return false;
         }
         let mut targets = Vec::new();
-        for tree in Tree::ALL {
+        for &tree in trees {
             if self.tree_index(tree) < index {
                 match self.store().keys(&tree.prefix(), Some('/')).await {
                     Ok((current, _)) => targets.push((tree, current)),
@@ -261,6 +278,11 @@ impl Mirror {
                 return false;
             }
         }
+    }
+
+    /// Waits until every tree has been read once.
+    pub async fn loaded(&self) {
+        self.until(|mirror| mirror.is_loaded()).await;
     }
 
     /// Whether every tree has been read once.
@@ -309,6 +331,22 @@ impl Mirror {
             .take_while(|(key, _)| key.starts_with(prefix))
             .map(|(_, entry)| entry.clone())
             .collect()
+    }
+
+    /// `tree`'s index and entries (sorted by key), read together, unless its generation is
+    /// still `known`: lets a reader rebuild what it derives from a tree only when it changed.
+    pub fn snapshot(&self, tree: Tree, known: Option<u64>) -> Option<TreeSnapshot> {
+        let state = self.read();
+        let tree_state = state.tree(tree);
+        if known == Some(tree_state.generation) {
+            return None;
+        }
+        Some(TreeSnapshot {
+            tree,
+            generation: tree_state.generation,
+            index: tree_state.index,
+            entries: tree_state.entries.values().cloned().collect(),
+        })
     }
 
     /// Every entry of `tree`, sorted by key.

@@ -12,6 +12,7 @@ use p2_apiserver::farms::world::Trees;
 use p2_apiserver::kv::{Cas, SessionBehavior, SessionSpec};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::{HealthRecord, HealthState, StoredRc};
+use p2_apiserver::state::{Mirror, MirrorConfig};
 use p2_apiserver::store::layout;
 use p2_apiserver::store::rcs::RcStore;
 use serde_json::{json, Value};
@@ -723,8 +724,10 @@ async fn progress_agrees_with_the_roll_farms_count() {
 
     let tasks = TaskTracker::new();
     let cancel = CancellationToken::new();
-    let mut trees = Trees::start(&app.store, &tasks, &cancel).await.unwrap();
-    let world = trees.world();
+    let mirror = Mirror::new(app.store.clone(), MirrorConfig::default());
+    mirror.start(&tasks, cancel.clone());
+    mirror.loaded().await;
+    let world = Trees::new(mirror).world().await;
     cancel.cancel();
     let rc = &world.rcs.items[&new].value;
     let counts = roll::count(&world, &new, rc);

@@ -18,11 +18,13 @@ use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore};
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{Cas, KvPair, KvStore, SessionBehavior, SessionSpec};
 use p2_apiserver::leader::{self, current_leader, LeaderConfig};
+use p2_apiserver::state::{Mirror, MirrorConfig};
 use p2_apiserver::store::layout::{self, LEADER_LOCK};
 use serde_json::json;
 use severable::Severable;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
 const TTL: Duration = Duration::from_secs(10);
@@ -61,6 +63,7 @@ async fn fake_consul() -> Backend {
 struct Server {
     shutdown: CancellationToken,
     task: JoinHandle<()>,
+    mirror: TaskTracker,
 }
 
 impl Server {
@@ -74,18 +77,35 @@ impl Server {
         let shutdown = CancellationToken::new();
         let alerts = Arc::new(Alerter::new(None));
         let farm_store = store.clone();
+        let tasks = TaskTracker::new();
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        mirror.start(&tasks, shutdown.clone());
+        tasks.close();
         let task = tokio::spawn(leader::campaign(
             store,
             config,
             shutdown.clone(),
-            move |term| farms::run_term(farm_store.clone(), term, alerts.clone(), "test".into()),
+            move |term| {
+                farms::run_term(
+                    farm_store.clone(),
+                    mirror.clone(),
+                    term,
+                    alerts.clone(),
+                    "test".into(),
+                )
+            },
         ));
-        Server { shutdown, task }
+        Server {
+            shutdown,
+            task,
+            mirror: tasks,
+        }
     }
 
     async fn stop(self) {
         self.shutdown.cancel();
         self.task.await.unwrap();
+        self.mirror.wait().await;
     }
 }
 

@@ -18,6 +18,7 @@ use p2_apiserver::kv::{
 };
 use p2_apiserver::labels::{LabelType, Labels};
 use p2_apiserver::leader::{self, LeaderConfig};
+use p2_apiserver::state::{Mirror, MirrorConfig};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -120,11 +121,22 @@ impl Harness {
         };
         let farm_store = store.clone();
         let alerts = Arc::new(Alerter::new(webhook));
+        // The farms read the store through a mirror of it, as under `serve`.
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        mirror.start(&tasks, shutdown.clone());
         tasks.spawn(leader::campaign(
             store.clone(),
             config,
             shutdown.clone(),
-            move |term| farms::run_term(farm_store.clone(), term, alerts.clone(), "test".into()),
+            move |term| {
+                farms::run_term(
+                    farm_store.clone(),
+                    mirror.clone(),
+                    term,
+                    alerts.clone(),
+                    "test".into(),
+                )
+            },
         ));
         Harness {
             store,
