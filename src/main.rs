@@ -68,13 +68,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     mirror.start(&tasks, shutdown.clone());
     let served = server::run(
         listener,
-        Arc::new(App {
-            store: store.clone(),
-            shutdown: shutdown.clone(),
-            limits: args.http.limits(),
+        App::serving(
+            store.clone(),
             mirror,
-            validation: args.validation(),
-        }),
+            shutdown.clone(),
+            args.http.limits(),
+            args.validation(),
+        ),
         shutdown.clone().cancelled_owned(),
     )
     .await;

@@ -21,6 +21,7 @@ pub mod pod_health;
 pub mod pods;
 pub mod preconditions;
 pub mod rcs;
+pub mod reads;
 pub mod reality;
 pub mod responses;
 pub mod rolls;
