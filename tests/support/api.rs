@@ -73,6 +73,14 @@ impl TestApp {
     /// A fresh app whose store is `wrap` applied to an empty store; for injecting failures
     /// while keeping real storage underneath.
     pub async fn wrapping(wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>) -> Self {
+        Self::configured(wrap, MirrorConfig::default()).await
+    }
+
+    /// A fresh app whose store is `wrap` applied to an empty store, mirrored by `config`.
+    pub async fn configured(
+        wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>,
+        config: MirrorConfig,
+    ) -> Self {
         let (store, backing): (Arc<dyn KvStore>, _) = match consul() {
             None => {
                 let dir = tempfile::tempdir().expect("temp dir");
@@ -94,7 +102,7 @@ impl TestApp {
             }
         };
         let store = wrap(store);
-        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        let mirror = Mirror::new(store.clone(), config);
         let following = CancellationToken::new();
         mirror.start(&TaskTracker::new(), following.clone());
         assert!(
