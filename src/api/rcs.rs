@@ -5,6 +5,7 @@
 //! the pod labels the RC farm writes. List items carry the status too, so a dashboard needs
 //! one request; that is why a list's `X-Index` also follows the pod label tree.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use axum::extract::State;
@@ -77,9 +78,14 @@ pub struct RcStatus {
 }
 
 impl RcView {
-    /// The view of `record` with its labels and the pod labels that name it.
-    pub fn new(record: &RcRecord, labels: Labels, status: RcStatus) -> Self {
-        let rc = &record.value;
+    /// The view of `record` (owned, or shared with the mirror) with its labels and the pod
+    /// labels that name it.
+    pub fn new(
+        record: &Versioned<impl Borrow<StoredRc>>,
+        labels: Labels,
+        status: RcStatus,
+    ) -> Self {
+        let rc: &StoredRc = record.value.borrow();
         RcView {
             id: rc.id.clone(),
             manifest: rc.manifest.raw().to_owned(),
@@ -533,7 +539,12 @@ async fn view_response(app: &AppState, record: RcRecord) -> Result<Response, Api
 }
 
 /// The RC's view with its `ETag` and the `X-Index` it reflects.
-fn view_answer(record: &RcRecord, labels: Labels, status: RcStatus, index: u64) -> Response {
+fn view_answer(
+    record: &Versioned<impl Borrow<StoredRc>>,
+    labels: Labels,
+    status: RcStatus,
+    index: u64,
+) -> Response {
     let view = RcView::new(record, labels, status);
     ([etag(record.index), index_header(index)], ApiJson(view)).into_response()
 }

@@ -157,11 +157,11 @@ pub fn unreadable(id: &str, why: &dyn std::fmt::Display) -> String {
 
 /// The RC a mirrored entry holds, by the rules of a read from the store: a key that is not
 /// an RC id or a document that does not decode is an error naming the problem.
-pub fn from_entry(entry: &Entry) -> Result<RcRecord, String> {
+pub fn from_entry(entry: &Entry) -> Result<Versioned<Arc<StoredRc>>, String> {
     check_key(&entry.pair)?;
     match &entry.view {
-        View::Rc(rc) => Ok(RcRecord {
-            value: StoredRc::clone(rc),
+        View::Rc(rc) => Ok(Versioned {
+            value: rc.clone(),
             index: entry.pair.modify_index,
         }),
         View::Unreadable(why) => Err(why.clone()),
