@@ -112,7 +112,7 @@ async fn mirror_reads_cost_the_store_nothing_and_consistent_reads_go_to_it() {
     let id = create(&app, 1).await;
     let path = format!("/api/v1/rcs/{id}");
     let before = counting.calls();
-    for uri in [path.as_str(), "/api/v1/rcs"] {
+    for uri in [path.as_str(), "/api/v1/rcs", "/api/v1/daemonsets"] {
         let response = app.get(uri).await;
         assert_eq!(response.status, StatusCode::OK, "{response:?}");
         assert!(response.x_index() > 0);
@@ -244,4 +244,42 @@ async fn wait_until<T, F: std::future::Future<Output = Option<T>>>(check: impl F
         assert!(tokio::time::Instant::now() < deadline, "never happened");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A daemon set created, patched or deleted through the server is in its list at once, as
+/// it is in a consistent list.
+#[tokio::test]
+async fn a_daemon_set_write_is_listed_at_once() {
+    let app = TestApp::new().await;
+    let spec = json!({
+        "manifest": "id: shipper\nlaunchables: {}\n",
+        "node_selector": "",
+        "min_health": 0,
+        "cluster_name": "production",
+        "timeout": "10m",
+        "disabled": false,
+    });
+    let created = app
+        .json_request("POST", "/api/v1/daemonsets", Some(&spec), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let path = format!("/api/v1/daemonsets/{id}");
+    for disabled in [true, false, true] {
+        let patched = app
+            .merge_patch(&path, &json!({"disabled": disabled}), &[])
+            .await;
+        assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+        for list in ["/api/v1/daemonsets", "/api/v1/daemonsets?consistent=true"] {
+            let listed = app.get(list).await;
+            assert!(listed.x_index() >= version(&patched), "{listed:?}");
+            let items = listed.json()["items"].clone();
+            assert_eq!(items[0]["id"], id.as_str(), "{list}");
+            assert_eq!(items[0]["disabled"], disabled, "{list}");
+        }
+    }
+    let deleted = app.json_request("DELETE", &path, None, &[]).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    let listed = app.get("/api/v1/daemonsets").await.json();
+    assert_eq!(listed["items"], json!([]));
 }
