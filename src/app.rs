@@ -12,6 +12,7 @@ use crate::state::{Mirror, MirrorConfig};
 use crate::store::daemon_sets::DaemonSetStore;
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
+use crate::store::own_writes::OwnWrites;
 use crate::store::pods::PodStore;
 use crate::store::rcs::RcStore;
 use crate::store::roll_creation::RollCreator;
@@ -21,7 +22,9 @@ use crate::store::rolls::RollStore;
 /// here must be cheap to share, because every request holds a reference.
 pub struct App {
     /// Where all state lives: Consul in production, the embedded SQLite store on one machine.
-    /// A trait object so the same handlers run on either backend.
+    /// A trait object so the same handlers run on either backend. Built with
+    /// [`App::serving`], it applies its successful writes to `mirror` at once
+    /// ([`OwnWrites`]), so reads of the mirror see this server's own writes.
     pub store: Arc<dyn KvStore>,
     /// Cancelled when the server starts shutting down, so that blocking queries (which may
     /// wait up to 10 minutes) answer at once and graceful shutdown is not held up by them.
@@ -82,13 +85,34 @@ impl App {
     /// The state for a server over `store` with the default limits, whose blocking queries
     /// end when `shutdown` is cancelled.
     pub fn draining_on(store: Arc<dyn KvStore>, shutdown: CancellationToken) -> AppState {
-        Arc::new(App {
-            mirror: Mirror::new(store.clone(), MirrorConfig::default()),
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        Self::serving(
             store,
+            mirror,
             shutdown,
-            limits: HttpLimits::default(),
-            validation: Limits::default(),
-            access: Arc::default(),
+            HttpLimits::default(),
+            Limits::default(),
+            Arc::default(),
+        )
+    }
+
+    /// The state for a server over `store` that reads from `mirror` (a mirror of `store`,
+    /// to be started by the caller) and applies its own writes to it.
+    pub fn serving(
+        store: Arc<dyn KvStore>,
+        mirror: Mirror,
+        shutdown: CancellationToken,
+        limits: HttpLimits,
+        validation: Limits,
+        access: Arc<Access>,
+    ) -> AppState {
+        Arc::new(App {
+            store: OwnWrites::wrap(store, mirror.clone()),
+            mirror,
+            shutdown,
+            limits,
+            validation,
+            access,
         })
     }
 

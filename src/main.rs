@@ -74,14 +74,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let served = server::run(
         listener,
-        Arc::new(App {
-            store: store.clone(),
-            shutdown: shutdown.clone(),
-            limits: args.http.limits(),
+        App::serving(
+            store.clone(),
             mirror,
-            validation: args.validation(),
+            shutdown.clone(),
+            args.http.limits(),
+            args.validation(),
             access,
-        }),
+        ),
         shutdown.clone().cancelled_owned(),
     )
     .await;

@@ -8,6 +8,7 @@
 //! The check and the write are not one transaction: two racing writes can both pass it, in
 //! which case the farm's own check disables the later one.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ use crate::api::extract::{ApiJson, ApiPath, MergePatch, NoQuery};
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::api::reads::{mirror_index, source, Source};
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
@@ -37,13 +39,15 @@ use crate::model::{
     ds_spec, CreateDaemonSet, DaemonSetId, DaemonSetPatch, HealthCounts, HealthState, PodHealth,
     StoredDaemonSet,
 };
+use crate::state::Tree;
 use crate::store::daemon_sets::{
-    DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
+    self, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
 };
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
 use crate::store::layout;
 use crate::store::pods::{PodLocation, PodStore, PodTree};
+use crate::store::Versioned;
 
 /// OpenAPI tag of the daemon-set routes.
 pub const TAG: &str = "daemonsets";
@@ -113,6 +117,8 @@ pub struct DaemonSetStatus {
 pub struct DaemonSetFilter {
     /// Only daemon sets running this pod ID.
     pub pod_id: Option<String>,
+    /// Read through to the store rather than from this server's mirror of it.
+    pub consistent: Option<bool>,
 }
 
 impl ListFilter for DaemonSetFilter {}
@@ -170,7 +176,8 @@ impl From<DaemonSetError> for ApiError {
 ///
 /// Daemon sets have no labels of their own in P2, so `selector` matches `pod_id` and
 /// `cluster_name` as labels, e.g. `cluster_name in (production,staging)`. Blocks with `?index=&wait=` until the daemon-set tree changes; `X-Index` carries its
-/// index. Items carry no `status`; read one daemon set for it.
+/// index. Items carry no `status`; read one daemon set for it. Served from the server's
+/// mirror of the store unless `?consistent=true`.
 #[utoipa::path(
     get,
     path = "/daemonsets",
@@ -188,18 +195,38 @@ async fn list_daemon_sets(
     State(app): State<AppState>,
     query: ListQuery<DaemonSetFilter>,
 ) -> Result<impl IntoResponse, ApiError> {
-    query
-        .blocking
-        .block(&app, &[layout::DAEMON_SETS.to_owned()])
-        .await?;
-    let (index, records) = app.daemon_sets().list().await?;
     let pod_id = query.filter.pod_id.as_ref();
-    let items = records
-        .iter()
-        .filter(|r| pod_id.is_none_or(|pod| &r.value.pod_id == pod))
-        .filter(|r| query.selector.matches(&r.value.labels()))
-        .map(|r| daemon_set(r, None))
-        .collect();
+    let wanted = |ds: &StoredDaemonSet| {
+        pod_id.is_none_or(|pod| &ds.pod_id == pod) && query.selector.matches(&ds.labels())
+    };
+    let consistent = query.filter.consistent.unwrap_or(false);
+    let trees = [Tree::DaemonSets];
+    let (index, items) = match source(&app, &trees, consistent, query.blocking).await {
+        Source::Mirror(mirror) => {
+            let index = mirror_index(mirror, &trees);
+            let records = mirror.entries(Tree::DaemonSets);
+            let records = records
+                .iter()
+                .filter_map(|entry| daemon_sets::from_entry(entry));
+            let items = records
+                .filter(|r| wanted(&r.value))
+                .map(|r| daemon_set(&r, None))
+                .collect();
+            (index, items)
+        }
+        Source::Store(blocking) => {
+            blocking
+                .block(&app, &[layout::DAEMON_SETS.to_owned()])
+                .await?;
+            let (index, records) = app.daemon_sets().list().await?;
+            let items = records
+                .iter()
+                .filter(|r| wanted(&r.value))
+                .map(|r| daemon_set(r, None))
+                .collect();
+            (index, items)
+        }
+    };
     let page = query.paging.page(items, |ds: &DaemonSet| ds.id.as_str());
     Ok(([index_header(index)], ApiJson(page)))
 }
@@ -413,8 +440,11 @@ fn contention_error(other: &StoredDaemonSet) -> ApiError {
     ))
 }
 
-fn daemon_set(record: &DaemonSetRecord, status: Option<DaemonSetStatus>) -> DaemonSet {
-    let ds = &record.value;
+fn daemon_set(
+    record: &Versioned<impl Borrow<StoredDaemonSet>>,
+    status: Option<DaemonSetStatus>,
+) -> DaemonSet {
+    let ds: &StoredDaemonSet = record.value.borrow();
     DaemonSet {
         id: ds.id.clone(),
         manifest: ds.manifest.raw().to_owned(),

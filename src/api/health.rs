@@ -44,22 +44,37 @@ async fn get_healthz(_: NoQuery) -> ApiJson<Health> {
     ApiJson(HEALTHY)
 }
 
-/// Readiness: answers 200 only while the store answers, within `--readiness-timeout`.
+/// Readiness: answers 200 only while the store answers, within `--readiness-timeout`, and
+/// the server's mirror of the store follows every tree.
 ///
 /// While it fails, load balancers send traffic elsewhere; the body says why: a store that
-/// refuses is `ServiceUnavailable`, one that does not answer in time (hung) `StoreTimeout`.
+/// refuses is `ServiceUnavailable`, one that does not answer in time (hung) `StoreTimeout`,
+/// a mirror that has lost a tree's watch for longer than its bound `ServiceUnavailable`
+/// naming the trees (its reads meanwhile go to the store). A mirror still loading does not
+/// make the server unready: reads go to the store until it has loaded.
 #[utoipa::path(
     get,
     path = "/readyz",
     tag = TAG,
     responses(
-        (status = OK, description = "The store answers", body = Health),
-        (status = SERVICE_UNAVAILABLE, description = "The store fails or does not answer in time", body = ErrorBody)
+        (status = OK, description = "The store answers and the mirror follows it", body = Health),
+        (status = SERVICE_UNAVAILABLE, description = "The store fails or does not answer in time, or the mirror has lost its watch", body = ErrorBody)
     )
 )]
 async fn get_readyz(State(app): State<AppState>, _: NoQuery) -> Result<ApiJson<Health>, ApiError> {
     // Unlike other 5xx bodies this one names the cause: telling the operator why the
     // instance is out of rotation is the point of the probe.
+    let lost = app.mirror.health().lost;
+    if !lost.is_empty() {
+        let trees: Vec<String> = lost
+            .iter()
+            .map(|(prefix, since)| format!("{prefix} for {}s", since.as_secs()))
+            .collect();
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("mirror not ready: lost the watch of {}", trees.join(", ")),
+        ));
+    }
     let timeout = app.limits.readiness_timeout;
     match tokio::time::timeout(timeout, app.store.ping()).await {
         Ok(Ok(())) => Ok(ApiJson(HEALTHY)),

@@ -101,12 +101,14 @@ impl<F: ListFilter> ListQuery<F> {
             }
         };
         let limit = params.limit.as_deref().map(parse_count);
-        let index = params.index.as_deref().map(parse_count);
-        for (name, count) in [("limit", &limit), ("index", &index)] {
-            if let Some(Count::Malformed) = count {
-                problems.malformed(name, "must be a whole number");
-            }
+        if let Some(Count::Malformed) = limit {
+            problems.malformed("limit", "must be a whole number");
         }
+        let blocking = BlockingText::read(
+            params.index.as_deref(),
+            params.wait.as_deref(),
+            &mut problems,
+        );
         problems.finish()?;
 
         let mut violations = Violations::new();
@@ -118,14 +120,7 @@ impl<F: ListFilter> ListQuery<F> {
                 None
             }
         };
-        let index = match index {
-            Some(Count::Fits(n)) if n <= MAX_INDEX => Some(n),
-            None => None,
-            Some(_) => {
-                violations.add("index", format!("must be between 0 and {MAX_INDEX}"));
-                None
-            }
-        };
+        let blocking = blocking.check_index(&mut violations);
         let after = params.continue_token.as_deref().and_then(|token| {
             let after = decode_token(token);
             if after.is_none() {
@@ -141,7 +136,67 @@ impl<F: ListFilter> ListQuery<F> {
                 Selector::everything()
             }
         };
-        let wait = match params.wait.as_deref().map(check_wait) {
+        let blocking = blocking.check_wait(&mut violations);
+        filter.check(&mut violations);
+        violations.finish()?;
+        Ok(ListQuery {
+            filter,
+            selector,
+            paging: Paging { limit, after },
+            blocking,
+        })
+    }
+}
+
+/// `index` and `wait` as sent, shared by listings and single-object reads: a malformed
+/// index is a 400 problem, values out of bounds are 422 violations, the index's named
+/// before the wait's.
+pub(crate) struct BlockingText<'a> {
+    index: Option<Count>,
+    wait: Option<&'a str>,
+}
+
+/// [`BlockingText`] with its index checked.
+pub(crate) struct CheckedIndex<'a> {
+    index: Option<u64>,
+    wait: Option<&'a str>,
+}
+
+impl<'a> BlockingText<'a> {
+    /// Reads both, noting a malformed index in `problems`.
+    pub(crate) fn read(
+        index: Option<&str>,
+        wait: Option<&'a str>,
+        problems: &mut QueryProblems,
+    ) -> Self {
+        let index = index.map(parse_count);
+        if let Some(Count::Malformed) = index {
+            problems.malformed("index", "must be a whole number");
+        }
+        BlockingText { index, wait }
+    }
+
+    /// Adds an index out of bounds to `violations`.
+    pub(crate) fn check_index(self, violations: &mut Violations) -> CheckedIndex<'a> {
+        let index = match self.index {
+            Some(Count::Fits(n)) if n <= MAX_INDEX => Some(n),
+            None | Some(Count::Malformed) => None,
+            Some(Count::OutOfRange | Count::Fits(_)) => {
+                violations.add("index", format!("must be between 0 and {MAX_INDEX}"));
+                None
+            }
+        };
+        CheckedIndex {
+            index,
+            wait: self.wait,
+        }
+    }
+}
+
+impl CheckedIndex<'_> {
+    /// The blocking asked for, adding a wait out of bounds to `violations`.
+    pub(crate) fn check_wait(self, violations: &mut Violations) -> Blocking {
+        let wait = match self.wait.map(check_wait) {
             None => DEFAULT_WAIT,
             Some(Ok(wait)) => wait,
             Some(Err(problem)) => {
@@ -149,16 +204,9 @@ impl<F: ListFilter> ListQuery<F> {
                 DEFAULT_WAIT
             }
         };
-        filter.check(&mut violations);
-        violations.finish()?;
-        Ok(ListQuery {
-            filter,
-            selector,
-            paging: Paging { limit, after },
-            blocking: Blocking {
-                until: index.map(|index| (index, wait)),
-            },
-        })
+        Blocking {
+            until: self.index.map(|index| (index, wait)),
+        }
     }
 }
 

@@ -4,8 +4,9 @@
 //! them together. The shared conventions of every resource live beside them:
 //! [`extract`] (bodies, paths and queries; a parameter a route does not take is 400),
 //! [`list_query`] (the query of every listing, checked before the handler runs),
-//! [`blocking`] (`?index=&wait=` and `X-Index`), [`paging`] (`limit`, `continue`) and
-//! [`preconditions`] (`ETag`, `If-Match`).
+//! [`blocking`] (`?index=&wait=` and `X-Index`), [`reads`] (the mirror or the store, and
+//! `?consistent=true`), [`paging`] (`limit`, `continue`) and [`preconditions`] (`ETag`,
+//! `If-Match`).
 
 pub mod blocking;
 pub mod daemonsets;
@@ -21,6 +22,7 @@ pub mod pod_health;
 pub mod pods;
 pub mod preconditions;
 pub mod rcs;
+pub mod reads;
 pub mod reality;
 pub mod responses;
 pub mod rolls;

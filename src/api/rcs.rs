@@ -5,6 +5,7 @@
 //! the pod labels the RC farm writes. List items carry the status too, so a dashboard needs
 //! one request; that is why a list's `X-Index` also follows the pod label tree.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use axum::extract::State;
@@ -20,14 +21,16 @@ use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, IfMatch};
+use crate::api::reads::{mirror_index, source, ConsistentFilter, ReadParams, ReadQuery, Source};
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::kv::{StoreError, TxnOp};
-use crate::labels::{LabelType, Labeled, Labels, Requirement, Selector, RC_ID_LABEL};
+use crate::labels::{LabelType, Labels, Requirement, Selector, RC_ID_LABEL};
 use crate::model::{NewRc, RcId, RcPatch, RcSpec, StoredRc};
+use crate::state::{Mirror, Tree};
 use crate::store::layout;
-use crate::store::rcs::{RcRecord, RcStore};
+use crate::store::rcs::{self, RcRecord, RcStore};
 use crate::store::rolls::RollStore;
 use crate::store::update::update_with_retry;
 use crate::store::Versioned;
@@ -75,9 +78,14 @@ pub struct RcStatus {
 }
 
 impl RcView {
-    /// The view of `record` with its labels and the pod labels that name it.
-    pub fn new(record: &RcRecord, labels: Labels, status: RcStatus) -> Self {
-        let rc = &record.value;
+    /// The view of `record` (owned, or shared with the mirror) with its labels and the pod
+    /// labels that name it.
+    pub fn new(
+        record: &Versioned<impl Borrow<StoredRc>>,
+        labels: Labels,
+        status: RcStatus,
+    ) -> Self {
+        let rc: &StoredRc = record.value.borrow();
         RcView {
             id: rc.id.clone(),
             manifest: rc.manifest.raw().to_owned(),
@@ -94,16 +102,11 @@ impl RcView {
 }
 
 impl RcStatus {
-    /// The status of the RC that `pods` (pod label entries) belong to.
-    fn from_pods<'a>(pods: impl IntoIterator<Item = &'a Labeled>) -> Self {
+    /// The status of the RC whose pods (label ids `<node>/<pod_id>`) are `pods`.
+    fn from_pods<'a>(pods: impl IntoIterator<Item = &'a str>) -> Self {
         let mut nodes: Vec<String> = pods
             .into_iter()
-            .map(|pod| {
-                pod.id
-                    .split_once('/')
-                    .map_or(&*pod.id, |(node, _)| node)
-                    .to_owned()
-            })
+            .map(|id| id.split_once('/').map_or(id, |(node, _)| node).to_owned())
             .collect();
         let current_replicas = nodes.len();
         nodes.sort();
@@ -113,7 +116,20 @@ impl RcStatus {
             nodes,
         }
     }
+
+    /// The status the mirror holds for RC `id`.
+    fn mirrored(mirror: &Mirror, id: &str) -> Self {
+        Self::from_pods(mirror.pods_of_rc(id).iter().map(String::as_str))
+    }
 }
+
+/// The trees an RC's view is made of: its document, its labels and the pod labels its
+/// status counts. Their highest index is a read's `X-Index`.
+const RC_TREES: [Tree; 3] = [
+    Tree::Rcs,
+    Tree::Labels(LabelType::ReplicationController),
+    Tree::Labels(LabelType::Pod),
+];
 
 /// The RC routes.
 pub fn router() -> OpenApiRouter<AppState> {
@@ -188,27 +204,51 @@ async fn create_rc(
 
 /// Lists RCs, with their labels and status, sorted by id.
 ///
-/// `selector` matches the RC's own labels, e.g. `pod_id=hello`. Blocks with `?index=&wait=` until an RC, an RC label or a pod label changes.
+/// `selector` matches the RC's own labels, e.g. `pod_id=hello`. Blocks with `?index=&wait=`
+/// until an RC, an RC label or a pod label changes. Served from the server's mirror of the
+/// store unless `?consistent=true` (see `X-Index`).
 #[utoipa::path(
     get,
     path = "/rcs",
     tag = TAG,
-    params(ListParams),
+    params(ListParams, ConsistentFilter),
     responses(
         (status = OK, description = "One page of RCs", body = Page<RcView>,
-            headers(("X-Index" = u64, description = "Pass as `index` to wait for a change"))),
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
         (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Bad selector, limit, token or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
     )
 )]
-async fn list_rcs(State(app): State<AppState>, query: ListQuery) -> Result<Response, ApiError> {
-    let prefixes = [
-        layout::RCS.to_owned(),
-        LabelType::ReplicationController.key_prefix(),
-        LabelType::Pod.key_prefix(),
-    ];
-    query.blocking.block(&app, &prefixes).await?;
+async fn list_rcs(
+    State(app): State<AppState>,
+    query: ListQuery<ConsistentFilter>,
+) -> Result<Response, ApiError> {
+    let blocking = match source(&app, &RC_TREES, query.filter.consistent(), query.blocking).await {
+        Source::Mirror(mirror) => {
+            let index = mirror_index(mirror, &RC_TREES);
+            let items = mirror
+                .entries(Tree::Rcs)
+                .iter()
+                .filter_map(|entry| {
+                    let record = rcs::from_entry(entry)
+                        .map_err(|e| tracing::debug!(key = %entry.pair.key, error = %e, "skipping unreadable RC"))
+                        .ok()?;
+                    let id = &record.value.id;
+                    let labels = mirror
+                        .labels_of(LabelType::ReplicationController, id)
+                        .unwrap_or_default();
+                    query.selector.matches(&labels).then(|| {
+                        RcView::new(&record, labels, RcStatus::mirrored(mirror, id))
+                    })
+                })
+                .collect();
+            let page = query.paging.page(items, |view: &RcView| &view.id);
+            return Ok(([index_header(index)], ApiJson(page)).into_response());
+        }
+        Source::Store(blocking) => blocking,
+    };
+    blocking.block(&app, &rc_prefixes()).await?;
 
     let store = app.rcs();
     let label_store = app.labels();
@@ -220,10 +260,10 @@ async fn list_rcs(State(app): State<AppState>, query: ListQuery) -> Result<Respo
         .into_iter()
         .map(|labeled| (labeled.id, labeled.labels))
         .collect();
-    let mut pods_by_rc: BTreeMap<&str, Vec<&Labeled>> = BTreeMap::new();
+    let mut pods_by_rc: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for pod in &pods {
         if let Some(rc_id) = pod.labels.get(RC_ID_LABEL) {
-            pods_by_rc.entry(rc_id).or_default().push(pod);
+            pods_by_rc.entry(rc_id).or_default().push(&pod.id);
         }
     }
     let items = records
@@ -243,28 +283,49 @@ async fn list_rcs(State(app): State<AppState>, query: ListQuery) -> Result<Respo
 }
 
 /// One RC with its labels and status.
+///
+/// Served from the server's mirror of the store unless `?consistent=true` (see `X-Index`).
+/// Blocks with `?index=&wait=` until the RC, an RC label or a pod label changes.
 #[utoipa::path(
     get,
     path = "/rcs/{id}",
     tag = TAG,
-    params(RcPath),
+    params(RcPath, ReadParams),
     responses(
         (status = OK, description = "The RC", body = RcView,
-            headers(("ETag" = String, description = "The RC's version"))),
+            headers(("ETag" = String, description = "The RC's version"),
+                    ("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
+        (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
         (status = NOT_FOUND, description = "No such RC", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID, or a bad index or wait", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The stored RC cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
     )
 )]
 async fn get_rc(
     State(app): State<AppState>,
-    _: NoQuery,
+    query: ReadQuery,
     ApiPath(RcPath { id }): ApiPath<RcPath>,
 ) -> Result<Response, ApiError> {
     let id = id.to_string();
-    let store = app.rcs();
-    let record = read(&store, &id).await?;
+    let blocking = match source(&app, &RC_TREES, query.consistent, query.blocking).await {
+        Source::Mirror(mirror) => {
+            let index = mirror_index(mirror, &RC_TREES);
+            let entry = mirror
+                .get(&layout::rc(&id))
+                .ok_or_else(|| no_such_rc(&id))?;
+            let record = rcs::from_entry(&entry)
+                .map_err(|why| unreadable_rc(&id, &rcs::unreadable(&id, &why)))?;
+            let labels = mirror
+                .labels_of(LabelType::ReplicationController, &id)
+                .unwrap_or_default();
+            let status = RcStatus::mirrored(mirror, &id);
+            return Ok(view_answer(&record, labels, status, index));
+        }
+        Source::Store(blocking) => blocking,
+    };
+    blocking.block(&app, &rc_prefixes()).await?;
+    let record = read(&app.rcs(), &id).await?;
     view_response(&app, record).await
 }
 
@@ -389,14 +450,24 @@ async fn delete_rc(
 async fn read(store: &RcStore, id: &str) -> Result<RcRecord, ApiError> {
     match store.get(id).await {
         Ok(Some(record)) => Ok(record),
-        Ok(None) => Err(ApiError::not_found(format!(
-            "no replication controller {id}"
-        ))),
-        Err(StoreError::Invalid(why)) => Err(ApiError::unreadable(format!(
-            "{why}; DELETE /api/v1/rcs/{id} removes it"
-        ))),
+        Ok(None) => Err(no_such_rc(id)),
+        Err(StoreError::Invalid(why)) => Err(unreadable_rc(id, &why)),
         Err(e) => Err(e.into()),
     }
+}
+
+fn no_such_rc(id: &str) -> ApiError {
+    ApiError::not_found(format!("no replication controller {id}"))
+}
+
+/// 500 `UnreadableDocument` for the RC `id` that cannot be decoded (`why`).
+fn unreadable_rc(id: &str, why: &str) -> ApiError {
+    ApiError::unreadable(format!("{why}; DELETE /api/v1/rcs/{id} removes it"))
+}
+
+/// The prefixes of [`RC_TREES`], for blocking reads served from the store.
+fn rc_prefixes() -> Vec<String> {
+    RC_TREES.iter().map(|tree| tree.prefix()).collect()
 }
 
 /// The version of an RC document that cannot be decoded, so that it can still be deleted.
@@ -450,18 +521,30 @@ async fn unclaimed(app: &AppState, store: &RcStore, id: &str) -> Result<Vec<TxnO
     }
 }
 
-/// The RC as a response: its view with labels and status, and its `ETag`.
+/// The RC as a response read from the store: its view with labels and status, its `ETag`,
+/// and the highest index of what it was made of.
 async fn view_response(app: &AppState, record: RcRecord) -> Result<Response, ApiError> {
     let label_store = app.labels();
     let labels = label_store
         .get(LabelType::ReplicationController, &record.value.id)
-        .await?
-        .value;
+        .await?;
     let owned =
         Requirement::equals(RC_ID_LABEL, record.value.id.as_str()).map_err(ApiError::internal)?;
-    let (_, pods) = label_store
+    let (pods_index, pods) = label_store
         .select(LabelType::Pod, &Selector::from_requirements([owned]))
         .await?;
-    let view = RcView::new(&record, labels, RcStatus::from_pods(&pods));
-    Ok(([etag(record.index)], ApiJson(view)).into_response())
+    let status = RcStatus::from_pods(pods.iter().map(|pod| pod.id.as_str()));
+    let index = record.index.max(labels.index).max(pods_index);
+    Ok(view_answer(&record, labels.value, status, index))
+}
+
+/// The RC's view with its `ETag` and the `X-Index` it reflects.
+fn view_answer(
+    record: &Versioned<impl Borrow<StoredRc>>,
+    labels: Labels,
+    status: RcStatus,
+    index: u64,
+) -> Response {
+    let view = RcView::new(record, labels, status);
+    ([etag(record.index), index_header(index)], ApiJson(view)).into_response()
 }

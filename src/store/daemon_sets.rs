@@ -22,6 +22,7 @@ use super::layout;
 use super::update::{update_with_retry, UpdateError};
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::state::{Entry, View};
 
 /// Parses a daemon-set ID by [`DaemonSetId`]'s rule, so that every ID names exactly one key
 /// and the key's segment reads back as the same ID.
@@ -420,11 +421,7 @@ fn describe(id: Uuid) -> String {
 }
 
 fn decode_pair(pair: &KvPair) -> Option<DaemonSetRecord> {
-    let segment = pair.key.strip_prefix(layout::DAEMON_SETS)?;
-    if let Err(e) = parse_daemon_set_id(segment) {
-        tracing::warn!(key = %pair.key, error = %e, "skipping a daemon set key that is not an ID");
-        return None;
-    }
+    let segment = key_id(&pair.key)?;
     let ds = match StoredDaemonSet::from_json(&pair.value) {
         Ok(ds) => ds,
         Err(e) => {
@@ -432,14 +429,43 @@ fn decode_pair(pair: &KvPair) -> Option<DaemonSetRecord> {
             return None;
         }
     };
-    if ds.id != segment {
-        tracing::warn!(key = %pair.key, id = %ds.id, "skipping a daemon set whose id disagrees with its key");
-        return None;
-    }
-    Some(DaemonSetRecord {
+    named_by_key(&pair.key, segment, &ds).then_some(DaemonSetRecord {
         value: ds,
         index: pair.modify_index,
     })
+}
+
+/// The daemon set a mirrored entry holds, if a listing of the store would show it (the
+/// same rules as [`DaemonSetStore::list`]); shared with the mirror, not copied.
+pub fn from_entry(entry: &Entry) -> Option<Versioned<Arc<StoredDaemonSet>>> {
+    let segment = key_id(&entry.pair.key)?;
+    let View::DaemonSet(ds) = &entry.view else {
+        tracing::warn!(key = %entry.pair.key, "skipping undecodable daemon set");
+        return None;
+    };
+    named_by_key(&entry.pair.key, segment, ds).then(|| Versioned {
+        value: ds.clone(),
+        index: entry.pair.modify_index,
+    })
+}
+
+/// The id segment of a daemon-set key, if it is an id (a key that is not is logged).
+fn key_id(key: &str) -> Option<&str> {
+    let segment = key.strip_prefix(layout::DAEMON_SETS)?;
+    if let Err(e) = parse_daemon_set_id(segment) {
+        tracing::warn!(key = %key, error = %e, "skipping a daemon set key that is not an ID");
+        return None;
+    }
+    Some(segment)
+}
+
+/// Whether `ds` has the id its key names (one that does not is logged).
+fn named_by_key(key: &str, segment: &str, ds: &StoredDaemonSet) -> bool {
+    if ds.id != segment {
+        tracing::warn!(key = %key, id = %ds.id, "skipping a daemon set whose id disagrees with its key");
+        return false;
+    }
+    true
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub mod daemon_sets;
 pub mod health;
 pub mod labels;
 pub mod layout;
+pub mod own_writes;
 pub mod pods;
 pub mod rcs;
 pub mod roll_creation;

@@ -13,6 +13,7 @@ use super::labels::{write_op, LabelStore};
 use super::layout;
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::state::{Entry, View};
 
 /// An RC and the modify index it was read at (its CAS token and ETag).
 pub type RcRecord = Versioned<StoredRc>;
@@ -39,7 +40,7 @@ impl RcStore {
             None => Ok(None),
             Some(pair) => decode(&pair)
                 .map(Some)
-                .map_err(|e| StoreError::Invalid(format!("stored RC {id} is unreadable: {e}"))),
+                .map_err(|e| StoreError::Invalid(unreadable(id, &e))),
         }
     }
 
@@ -149,11 +150,35 @@ impl RcStore {
     }
 }
 
-fn decode(pair: &KvPair) -> Result<RcRecord, String> {
+/// Why the stored RC `id` cannot be read.
+pub fn unreadable(id: &str, why: &dyn std::fmt::Display) -> String {
+    format!("stored RC {id} is unreadable: {why}")
+}
+
+/// The RC a mirrored entry holds, by the rules of a read from the store: a key that is not
+/// an RC id or a document that does not decode is an error naming the problem.
+pub fn from_entry(entry: &Entry) -> Result<Versioned<Arc<StoredRc>>, String> {
+    check_key(&entry.pair)?;
+    match &entry.view {
+        View::Rc(rc) => Ok(Versioned {
+            value: rc.clone(),
+            index: entry.pair.modify_index,
+        }),
+        View::Unreadable(why) => Err(why.clone()),
+        _ => Err(format!("key {:?} is not an RC", entry.pair.key)),
+    }
+}
+
+fn check_key(pair: &KvPair) -> Result<(), String> {
     let id = pair.key.strip_prefix(layout::RCS).unwrap_or(&pair.key);
     if uuid::Uuid::parse_str(id).is_err() {
         return Err(format!("key {:?} is not an RC id", pair.key));
     }
+    Ok(())
+}
+
+fn decode(pair: &KvPair) -> Result<RcRecord, String> {
+    check_key(pair)?;
     let rc = StoredRc::from_json(&pair.value).map_err(|e| e.to_string())?;
     Ok(RcRecord {
         value: rc,

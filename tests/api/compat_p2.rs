@@ -88,6 +88,9 @@ async fn a_p2_rc_survives_get_and_patch_unchanged_but_for_the_patched_fields() {
         )
         .await
         .unwrap();
+    app.mirrored(&key).await;
+    app.mirrored(&format!("labels/replication_controller/{P2_RC_ID}"))
+        .await;
     let original: Value = serde_json::from_str(P2_RC).unwrap();
 
     let got = app.get(&format!("/api/v1/rcs/{P2_RC_ID}")).await;
@@ -153,6 +156,7 @@ async fn a_p2_rc_with_nil_pod_labels_keeps_them_null() {
         .put(&key, document.as_bytes(), Cas::Index(0))
         .await
         .unwrap();
+    app.mirrored(&key).await;
     let view = app.get(&format!("/api/v1/rcs/{id}")).await.json();
     assert_eq!(view["pod_labels"], json!({}));
     assert_eq!(view["labels"], json!({}));

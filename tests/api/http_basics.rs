@@ -514,10 +514,12 @@ fn router_over(store: impl KvStore) -> Router {
     router::build(App::new(Arc::new(store)))
 }
 
-/// A PUT of one node's labels: a read, then a write.
-fn put_node_labels() -> Request<Body> {
+/// A PUT of `node`'s labels: a read, then a write. Each test names a node no other test
+/// writes: updates of one object take turns across the whole test binary, and with time
+/// paused, waiting for another test's turn passes the contention deadline at once.
+fn put_node_labels(node: &str) -> Request<Body> {
     let mut request = post_json(
-        "/api/v1/labels/node/node1",
+        &format!("/api/v1/labels/node/{node}"),
         r#"{"labels": {"role": "web"}}"#,
     );
     *request.method_mut() = axum::http::Method::PUT;
@@ -538,7 +540,11 @@ async fn a_read_from_a_hung_store_answers_503_store_timeout() {
 
 #[tokio::test(start_paused = true)]
 async fn a_write_cut_by_the_deadline_answers_503_outcome_unknown() {
-    let response = call(&router_over(Frozen::EVERYTHING), put_node_labels()).await;
+    let response = call(
+        &router_over(Frozen::EVERYTHING),
+        put_node_labels("hung-write"),
+    )
+    .await;
     assert_eq!(response.status, StatusCode::SERVICE_UNAVAILABLE);
     let error = response.error();
     assert_eq!(error.reason, "OutcomeUnknown");
@@ -627,7 +633,7 @@ async fn a_frozen_consul_answers_503_within_the_deadline() {
         assert_eq!(response.status, StatusCode::SERVICE_UNAVAILABLE, "{uri}");
         assert_eq!(response.error().reason, "StoreTimeout", "{uri}");
     }
-    let response = call(&routes, put_node_labels()).await;
+    let response = call(&routes, put_node_labels("cut-write")).await;
     assert_eq!(response.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(response.error().reason, "OutcomeUnknown");
 }
@@ -650,7 +656,11 @@ async fn a_write_whose_answer_consul_lost_answers_503_outcome_unknown() {
         .mount(&consul)
         .await;
 
-    let response = call(&router_over(consul_at(consul.uri())), put_node_labels()).await;
+    let response = call(
+        &router_over(consul_at(consul.uri())),
+        put_node_labels("consul-write"),
+    )
+    .await;
 
     assert_eq!(response.status, StatusCode::SERVICE_UNAVAILABLE);
     let error = response.error();

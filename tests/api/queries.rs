@@ -108,9 +108,9 @@ async fn unknown_parameters_are_named_with_the_accepted_ones() {
         "limitt",
         &format!("accepted: {LIST_PARAMS}, node, pod_id"),
     );
-    // A single-object route, a route that takes no query at all, and a write.
+    // A single-object read, a route that takes no query at all, and a write.
     let response = app.get(&format!("{rc}?limit=5")).await;
-    assert_unknown(&response, "limit", "this route takes none");
+    assert_unknown(&response, "limit", "accepted: index, wait, consistent");
     assert_unknown(
         &app.get("/healthz?verbose").await,
         "verbose",
@@ -142,7 +142,7 @@ async fn unknown_parameters_are_named_with_the_accepted_ones() {
     assert_eq!(response.status, StatusCode::BAD_REQUEST);
     assert_eq!(
         response.error().message,
-        format!("unknown query parameters `limitt`, `zz`; accepted: {LIST_PARAMS}")
+        format!("unknown query parameters `limitt`, `zz`; accepted: {LIST_PARAMS}, consistent")
     );
 }
 

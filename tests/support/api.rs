@@ -19,24 +19,37 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
-use p2_apiserver::app::App;
+use p2_apiserver::app::{App, HttpLimits};
 use p2_apiserver::error::ErrorBody;
 use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
 use p2_apiserver::kv::prefixed::Prefixed;
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{Cas, KvPair, KvStore, StoreUrl};
 use p2_apiserver::labels::Labels;
+use p2_apiserver::model::Limits;
 use p2_apiserver::router;
+use p2_apiserver::state::{Mirror, MirrorConfig};
 use tempfile::TempDir;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
-/// The real router over a store that lives as long as the app.
+/// The real router over a store that lives as long as the app, reading from a started
+/// mirror of the store as a served app does.
 pub struct TestApp {
     router: Router,
     /// The store the router uses, for arranging and checking state behind the API's back.
     pub store: Arc<dyn KvStore>,
+    /// The router's mirror of `store`, loaded before the app is handed out.
+    pub mirror: Mirror,
+    /// Stops the mirror when the app is dropped.
+    _following: DropGuard,
     _backing: Backing,
 }
+
+/// Far longer than the mirror takes to load or to learn of a write; only a mirror that
+/// never gets there reaches it.
+const MIRROR_PATIENCE: Duration = Duration::from_secs(30);
 
 /// What must outlive an app's store, and what to clear once it is gone.
 enum Backing {
@@ -60,6 +73,14 @@ impl TestApp {
     /// A fresh app whose store is `wrap` applied to an empty store; for injecting failures
     /// while keeping real storage underneath.
     pub async fn wrapping(wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>) -> Self {
+        Self::configured(wrap, MirrorConfig::default()).await
+    }
+
+    /// A fresh app whose store is `wrap` applied to an empty store, mirrored by `config`.
+    pub async fn configured(
+        wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>,
+        config: MirrorConfig,
+    ) -> Self {
         let (store, backing): (Arc<dyn KvStore>, _) = match consul() {
             None => {
                 let dir = tempfile::tempdir().expect("temp dir");
@@ -81,11 +102,47 @@ impl TestApp {
             }
         };
         let store = wrap(store);
+        let mirror = Mirror::new(store.clone(), config);
+        let following = CancellationToken::new();
+        mirror.start(&TaskTracker::new(), following.clone());
+        assert!(
+            mirror.wait_for(0, MIRROR_PATIENCE).await,
+            "the mirror never loaded"
+        );
+        let state = App::serving(
+            store.clone(),
+            mirror.clone(),
+            CancellationToken::new(),
+            HttpLimits::default(),
+            Limits::default(),
+            Default::default(),
+        );
         TestApp {
-            router: router::build(App::new(store.clone())),
+            router: router::build(state),
             store,
+            mirror,
+            _following: following.drop_guard(),
             _backing: backing,
         }
+    }
+
+    /// Waits until the mirror holds what the store holds at `key` (or knows it is gone),
+    /// as it eventually does after a write behind the API's back.
+    pub async fn mirrored(&self, key: &str) {
+        let index = match self.stored(key).await {
+            Some(pair) => pair.modify_index,
+            None => {
+                self.store
+                    .keys(key, Some('/'))
+                    .await
+                    .expect("read the store")
+                    .0
+            }
+        };
+        assert!(
+            self.mirror.wait_for(index, MIRROR_PATIENCE).await,
+            "the mirror never learnt of {key}"
+        );
     }
 
     /// Sends one request through the whole router, middleware included.
@@ -403,12 +460,14 @@ impl TestApp {
         Some(String::from_utf8(pair.value).expect("a text value"))
     }
 
-    /// Writes `value` at `key` behind the API's back, as P2 or another tool would.
+    /// Writes `value` at `key` behind the API's back, as P2 or another tool would, and
+    /// waits until the mirror has learnt of it.
     pub async fn put_raw(&self, key: &str, value: impl AsRef<[u8]>) {
         self.store
             .put(key, value.as_ref(), Cas::Any)
             .await
             .expect("write the store");
+        self.mirrored(key).await;
     }
 
     /// Writes `value` as JSON at `key` behind the API's back.

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod counting;
 pub mod e2e;
 pub mod fake_consul;
 pub mod farms;

@@ -1,0 +1,149 @@
+//! Where a read is served from: the state mirror, or the store itself.
+//!
+//! Reads come from the mirror ([`crate::state::Mirror`]) at the index it has reached, which
+//! `X-Index` states; the server's own writes are in it at once, so a client that wrote
+//! through this server reads its write. A read goes through to the store instead when the
+//! client asks for `?consistent=true`, when the mirror is not healthy (not loaded yet, or a
+//! tree's watch lost for longer than its bound: stale data is never served silently), and
+//! for a blocking read whose `index` is past the mirror's (the client has seen a newer
+//! state, e.g. on another server). Blocking reads from the mirror wait on its change
+//! signal, so waiting clients cost the store nothing.
+
+use axum::extract::FromRequestParts;
+use axum::extract::Query;
+use axum::http::request::Parts;
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use crate::api::blocking::Blocking;
+use crate::api::extract::{declared_params, QueryProblems};
+use crate::api::list_query::{BlockingText, ListFilter};
+use crate::app::App;
+use crate::error::{ApiError, Violations};
+use crate::state::{Mirror, Tree};
+
+/// The query of a single-object read: blocking and consistency.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReadParams {
+    /// Hold the request until the object's `X-Index` differs from this one (the `X-Index` of
+    /// a previous answer).
+    // The maximum is `MAX_INDEX`, which the attribute takes only as a literal.
+    #[param(value_type = Option<u64>, minimum = 0, maximum = 9223372036854775807_u64)]
+    index: Option<String>,
+    /// How long to hold it at most, e.g. `30s` or `5m`; at most `10m`, default `5m`. Only
+    /// with `index`.
+    wait: Option<String>,
+    /// Read through to the store rather than from this server's mirror of it.
+    consistent: Option<bool>,
+}
+
+/// A single-object read's query, read and checked.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReadQuery {
+    pub consistent: bool,
+    pub blocking: Blocking,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for ReadQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let mut problems = QueryProblems::new(parts.uri.query(), declared_params::<ReadParams>());
+        let params = match Query::<ReadParams>::try_from_uri(&parts.uri) {
+            Ok(Query(params)) => params,
+            Err(e) => {
+                problems.finish()?;
+                return Err(e.into());
+            }
+        };
+        let blocking = BlockingText::read(
+            params.index.as_deref(),
+            params.wait.as_deref(),
+            &mut problems,
+        );
+        problems.finish()?;
+        let mut violations = Violations::new();
+        let blocking = blocking
+            .check_index(&mut violations)
+            .check_wait(&mut violations);
+        violations.finish()?;
+        Ok(ReadQuery {
+            consistent: params.consistent.unwrap_or(false),
+            blocking,
+        })
+    }
+}
+
+/// The filter of a listing that can read through to the store.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ConsistentFilter {
+    /// Read through to the store rather than from this server's mirror of it.
+    consistent: Option<bool>,
+}
+
+impl ListFilter for ConsistentFilter {}
+
+impl ConsistentFilter {
+    /// Whether the client asked to read through to the store.
+    pub fn consistent(&self) -> bool {
+        self.consistent.unwrap_or(false)
+    }
+}
+
+/// Where a read is served from.
+pub enum Source<'a> {
+    /// The mirror, having held the read if it asked to block.
+    Mirror(&'a Mirror),
+    /// The store, with the blocking still to do there.
+    Store(Blocking),
+}
+
+/// Where to serve a read of `trees` from (see the module documentation); a blocking read
+/// served from the mirror is held here, on the mirror.
+///
+/// `trees` are the trees the answer is made of: their highest index is the read's
+/// `X-Index` ([`mirror_index`]) and what a blocking read waits to see change.
+pub async fn source<'a>(
+    app: &'a App,
+    trees: &[Tree],
+    consistent: bool,
+    blocking: Blocking,
+) -> Source<'a> {
+    let mirror = &app.mirror;
+    if consistent || !mirror.health().is_healthy() {
+        return Source::Store(blocking);
+    }
+    if let Some((index, wait)) = blocking.until {
+        if index > mirror_index(mirror, trees) {
+            return Source::Store(blocking);
+        }
+        let mut changes = mirror.changes();
+        let held = async {
+            loop {
+                changes.borrow_and_update();
+                if mirror_index(mirror, trees) != index || changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::timeout(wait, held) => {}
+            () = app.shutdown.cancelled() => {}
+        }
+        if !mirror.health().is_healthy() {
+            return Source::Store(Blocking::default());
+        }
+    }
+    Source::Mirror(mirror)
+}
+
+/// The index a mirror read of `trees` reflects: the highest of theirs.
+pub fn mirror_index(mirror: &Mirror, trees: &[Tree]) -> u64 {
+    trees
+        .iter()
+        .map(|tree| mirror.tree_index(*tree))
+        .max()
+        .unwrap_or(0)
+}

@@ -1,0 +1,131 @@
+//! The store as the server's handlers use it: every write that succeeds is applied to the
+//! state mirror at once, so that a client that wrote through this server and then reads
+//! from it sees its write without waiting for the mirror's watches (read-your-writes).
+//!
+//! A transaction's results carry the indexes the store gave, so they are applied as they
+//! are; a plain put or lock answers no index, so the key is read back once and the pair
+//! applied; a delete needs no index. Reads and watches go straight through.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::kv::{
+    Cas, KvPair, KvStore, Listing, SessionInfo, SessionSpec, StoreResult, TxnOp, WatchTarget,
+};
+use crate::state::{Mirror, OwnWrite};
+
+/// A store that tells `mirror` of its own successful writes.
+pub struct OwnWrites {
+    kv: Arc<dyn KvStore>,
+    mirror: Mirror,
+}
+
+impl OwnWrites {
+    /// `kv`, telling `mirror` of each write made through it.
+    pub fn wrap(kv: Arc<dyn KvStore>, mirror: Mirror) -> Arc<dyn KvStore> {
+        Arc::new(OwnWrites { kv, mirror })
+    }
+
+    /// Applies what is now stored at `key` (a failed read leaves it to the watches).
+    async fn read_back(&self, key: &str) {
+        match self.kv.get(key).await {
+            Ok(Some(pair)) => self.mirror.apply_own_writes([OwnWrite::Put(pair)]),
+            Ok(None) => self
+                .mirror
+                .apply_own_writes([OwnWrite::Delete(key.to_owned())]),
+            Err(_) => {}
+        }
+    }
+}
+
+#[async_trait]
+impl KvStore for OwnWrites {
+    async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
+        self.kv.get(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> StoreResult<Listing> {
+        self.kv.list(prefix).await
+    }
+
+    async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
+        self.kv.keys(prefix, separator).await
+    }
+
+    async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
+        self.kv.put(key, value, cas).await?;
+        self.read_back(key).await;
+        Ok(())
+    }
+
+    async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
+        self.kv.delete(key, cas).await?;
+        self.mirror
+            .apply_own_writes([OwnWrite::Delete(key.to_owned())]);
+        Ok(())
+    }
+
+    async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
+        self.kv.delete_prefix(prefix).await?;
+        let gone = self.mirror.under(prefix);
+        self.mirror.apply_own_writes(
+            gone.iter()
+                .map(|entry| OwnWrite::Delete(entry.pair.key.clone())),
+        );
+        Ok(())
+    }
+
+    async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
+        let results = self.kv.txn(ops).await?;
+        self.mirror
+            .apply_own_writes(OwnWrite::from_txn(ops, &results));
+        Ok(results)
+    }
+
+    async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
+        self.kv.create_session(spec).await
+    }
+
+    async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo> {
+        self.kv.renew_session(id).await
+    }
+
+    async fn destroy_session(&self, id: &str) -> StoreResult<()> {
+        self.kv.destroy_session(id).await
+    }
+
+    async fn session_info(&self, id: &str) -> StoreResult<Option<SessionInfo>> {
+        self.kv.session_info(id).await
+    }
+
+    async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool> {
+        let acquired = self.kv.acquire(key, value, session).await?;
+        if acquired {
+            self.read_back(key).await;
+        }
+        Ok(acquired)
+    }
+
+    async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
+        let released = self.kv.release(key, session).await?;
+        if released {
+            self.read_back(key).await;
+        }
+        Ok(released)
+    }
+
+    async fn watch(
+        &self,
+        target: &WatchTarget,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<Listing> {
+        self.kv.watch(target, index, wait).await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.kv.ping().await
+    }
+}

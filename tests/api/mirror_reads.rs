@@ -1,0 +1,285 @@
+//! RC reads served from the state mirror: each answer's `X-Index`, read-your-writes,
+//! `?consistent=true`, the fall-back to the store (and `/readyz`) when the mirror has lost
+//! its watch, and blocking reads that wait on the mirror at no cost to the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use p2_apiserver::kv::Cas;
+use p2_apiserver::state::{MirrorConfig, Tree};
+use serde_json::{json, Value};
+
+use crate::support::api::{TestApp, TestResponse};
+use crate::support::counting::Counting;
+
+/// Far longer than the mirror needs to notice anything; only a mirror that never does
+/// reaches it.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn spec(replicas: i64) -> Value {
+    json!({
+        "manifest": "id: hello\nlaunchables: {}\n",
+        "node_selector": "",
+        "replicas_desired": replicas,
+    })
+}
+
+async fn create(app: &TestApp, replicas: i64) -> String {
+    let response = app
+        .json_request("POST", "/api/v1/rcs", Some(&spec(replicas)), &[])
+        .await;
+    assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
+    response.json()["id"].as_str().unwrap().to_owned()
+}
+
+async fn set_replicas(app: &TestApp, id: &str, replicas: i64) -> u64 {
+    let patched = app
+        .merge_patch(
+            &format!("/api/v1/rcs/{id}"),
+            &json!({"replicas_desired": replicas}),
+            &[],
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    version(&patched)
+}
+
+fn version(response: &TestResponse) -> u64 {
+    response.json()["resource_version"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// An app over a counting store, with `config`.
+async fn counted(config: MirrorConfig) -> (TestApp, Arc<Counting>) {
+    let mut counting = None;
+    let app = TestApp::configured(
+        |inner| {
+            let store = Counting::new(inner);
+            counting = Some(store.clone());
+            store
+        },
+        config,
+    )
+    .await;
+    (app, counting.unwrap())
+}
+
+/// Writes, each read back at once, over and over and from several clients at once: every
+/// read sees the write before it, at an `X-Index` at least the write's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_is_read_back_at_once() {
+    let app = Arc::new(TestApp::new().await);
+    let clients = (0..4).map(|_| {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let id = create(&app, 0).await;
+            let listed = app.get("/api/v1/rcs").await.json();
+            assert!(listed["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|item| item["id"] == id.as_str()));
+            for replicas in 1..=25 {
+                let written = set_replicas(&app, &id, replicas).await;
+                let got = app.get(&format!("/api/v1/rcs/{id}")).await;
+                assert_eq!(got.status, StatusCode::OK, "{got:?}");
+                assert_eq!(got.json()["replicas_desired"], replicas);
+                assert_eq!(version(&got), written);
+                assert!(got.x_index() >= written, "{got:?}");
+            }
+            let deleted = app
+                .json_request("DELETE", &format!("/api/v1/rcs/{id}?force=true"), None, &[])
+                .await;
+            assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+            let gone = app.get(&format!("/api/v1/rcs/{id}")).await;
+            assert_eq!(gone.status, StatusCode::NOT_FOUND, "{gone:?}");
+        })
+    });
+    for client in clients.collect::<Vec<_>>() {
+        client.await.unwrap();
+    }
+}
+
+/// A read from the mirror asks the store nothing; `?consistent=true` reads the store, and so
+/// sees a write made behind the server's back at once.
+#[tokio::test]
+async fn mirror_reads_cost_the_store_nothing_and_consistent_reads_go_to_it() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let id = create(&app, 1).await;
+    let path = format!("/api/v1/rcs/{id}");
+    let before = counting.calls();
+    for uri in [path.as_str(), "/api/v1/rcs", "/api/v1/daemonsets"] {
+        let response = app.get(uri).await;
+        assert_eq!(response.status, StatusCode::OK, "{response:?}");
+        assert!(response.x_index() > 0);
+    }
+    assert_eq!(counting.calls(), before, "a mirror read asked the store");
+
+    let key = format!("replication_controllers/{id}");
+    let mut stored: Value = app.stored_json(&key).await.unwrap();
+    stored["replicas_desired"] = json!(7);
+    app.store
+        .put(&key, stored.to_string().as_bytes(), Cas::Any)
+        .await
+        .unwrap();
+    let index = app.stored(&key).await.unwrap().modify_index;
+    let before = counting.calls();
+    let got = app.get(&format!("{path}?consistent=true")).await;
+    assert!(
+        counting.calls() > before,
+        "a consistent read did not ask the store"
+    );
+    assert_eq!(got.json()["replicas_desired"], 7);
+    assert!(got.x_index() >= index);
+    let listed = app.get("/api/v1/rcs?consistent=true").await.json();
+    assert_eq!(listed["items"][0]["replicas_desired"], 7);
+}
+
+/// A mirror that has lost its watch makes `/readyz` fail, naming it, and reads go to the
+/// store rather than answer what the mirror last saw; once the watch is back, all is well.
+#[tokio::test]
+async fn a_mirror_that_lost_its_watch_is_not_ready_and_reads_go_to_the_store() {
+    let config = MirrorConfig {
+        watch_wait: Duration::from_millis(100),
+        lost_after: Duration::ZERO,
+        ..MirrorConfig::default()
+    };
+    let (app, counting) = counted(config).await;
+    let id = create(&app, 1).await;
+    assert_eq!(app.get("/readyz").await.status, StatusCode::OK);
+
+    counting.fail_watches(true);
+    let not_ready = wait_until(|| async {
+        let response = app.get("/readyz").await;
+        (response.status != StatusCode::OK).then_some(response)
+    })
+    .await;
+    assert_eq!(not_ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    let message = not_ready.error().message;
+    assert!(message.contains("lost the watch"), "{message}");
+
+    // Written behind the server's back: the mirror cannot learn of it.
+    let key = format!("replication_controllers/{id}");
+    let mut stored: Value = app.stored_json(&key).await.unwrap();
+    stored["replicas_desired"] = json!(4);
+    app.store
+        .put(&key, stored.to_string().as_bytes(), Cas::Any)
+        .await
+        .unwrap();
+    let got = app.get(&format!("/api/v1/rcs/{id}")).await.json();
+    assert_eq!(got["replicas_desired"], 4);
+    let listed = app.get("/api/v1/rcs").await.json();
+    assert_eq!(listed["items"][0]["replicas_desired"], 4);
+
+    counting.fail_watches(false);
+    wait_until(|| async {
+        let response = app.get("/readyz").await;
+        (response.status == StatusCode::OK).then_some(())
+    })
+    .await;
+}
+
+/// Blocked GETs of one RC and of the list return when the RC changes, with the change; while
+/// they wait, the store is asked nothing and has no more watches than the mirror's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn blocked_reads_wait_on_the_mirror_and_return_on_a_change() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let app = Arc::new(app);
+    let id = create(&app, 1).await;
+    // On Consul an empty tree's index moves with every write anywhere, waking its waiters:
+    // the RC has a pod, so that every tree its view is made of holds something.
+    let pod = json!({"replication_controller_id": id});
+    app.put_json("labels/pod/node1/hello", &pod).await;
+    let path = format!("/api/v1/rcs/{id}");
+    let got = app.get(&path).await;
+    let index = got.x_index();
+    assert_eq!(got.json()["status"]["current_replicas"], 1);
+    assert_eq!(app.get("/api/v1/rcs").await.x_index(), index);
+
+    let before = counting.calls();
+    let mut held = Vec::new();
+    for n in 0..40 {
+        let uri = if n % 2 == 0 {
+            format!("{path}?index={index}&wait=30s")
+        } else {
+            format!("/api/v1/rcs?index={index}&wait=30s")
+        };
+        held.push(app.get_held(uri).await);
+    }
+    assert_eq!(counting.calls(), before, "waiting clients asked the store");
+    assert!(
+        counting.most_watching() <= Tree::ALL.len(),
+        "waiting clients watched the store: {} watches",
+        counting.most_watching()
+    );
+
+    let written = set_replicas(&app, &id, 3).await;
+    for held in held {
+        let answer = held
+            .woken("a blocked read was not woken by the change")
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        assert!(answer.x_index() >= written);
+        let body = answer.json();
+        let rc = if body["items"].is_array() {
+            body["items"][0].clone()
+        } else {
+            body
+        };
+        assert_eq!(rc["replicas_desired"], 3);
+    }
+}
+
+/// Polls `check` until it answers something.
+async fn wait_until<T, F: std::future::Future<Output = Option<T>>>(check: impl Fn() -> F) -> T {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never happened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A daemon set created, patched or deleted through the server is in its list at once, as
+/// it is in a consistent list.
+#[tokio::test]
+async fn a_daemon_set_write_is_listed_at_once() {
+    let app = TestApp::new().await;
+    let spec = json!({
+        "manifest": "id: shipper\nlaunchables: {}\n",
+        "node_selector": "",
+        "min_health": 0,
+        "cluster_name": "production",
+        "timeout": "10m",
+        "disabled": false,
+    });
+    let created = app
+        .json_request("POST", "/api/v1/daemonsets", Some(&spec), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let path = format!("/api/v1/daemonsets/{id}");
+    for disabled in [true, false, true] {
+        let patched = app
+            .merge_patch(&path, &json!({"disabled": disabled}), &[])
+            .await;
+        assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+        for list in ["/api/v1/daemonsets", "/api/v1/daemonsets?consistent=true"] {
+            let listed = app.get(list).await;
+            assert!(listed.x_index() >= version(&patched), "{listed:?}");
+            let items = listed.json()["items"].clone();
+            assert_eq!(items[0]["id"], id.as_str(), "{list}");
+            assert_eq!(items[0]["disabled"], disabled, "{list}");
+        }
+    }
+    let deleted = app.json_request("DELETE", &path, None, &[]).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    let listed = app.get("/api/v1/daemonsets").await.json();
+    assert_eq!(listed["items"], json!([]));
+}

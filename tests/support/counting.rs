@@ -1,0 +1,142 @@
+//! A store that counts what it is asked, to check what reads cost the store, and whose
+//! watches can be made to fail, as for a server that lost its watch of the store.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use p2_apiserver::kv::{
+    Cas, KvPair, KvStore, Listing, SessionInfo, SessionSpec, StoreError, StoreResult, TxnOp,
+    WatchTarget,
+};
+
+pub struct Counting {
+    inner: Arc<dyn KvStore>,
+    /// Every call but watches.
+    calls: AtomicUsize,
+    /// Watches waiting for the store's answer now, and the most there have been at once.
+    watching: AtomicUsize,
+    most_watching: AtomicUsize,
+    watches_fail: AtomicBool,
+}
+
+impl Counting {
+    pub fn new(inner: Arc<dyn KvStore>) -> Arc<Counting> {
+        Arc::new(Counting {
+            inner,
+            calls: AtomicUsize::new(0),
+            watching: AtomicUsize::new(0),
+            most_watching: AtomicUsize::new(0),
+            watches_fail: AtomicBool::new(false),
+        })
+    }
+
+    /// How many calls other than watches the store has had.
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// The most watches that have waited at once.
+    pub fn most_watching(&self) -> usize {
+        self.most_watching.load(Ordering::SeqCst)
+    }
+
+    /// Whether watches fail at once (`true`) or go through (`false`) from now on.
+    pub fn fail_watches(&self, fail: bool) {
+        self.watches_fail.store(fail, Ordering::SeqCst);
+    }
+
+    fn count(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Counts a watch as waiting while it lives.
+struct Watching<'a>(&'a Counting);
+
+impl<'a> Watching<'a> {
+    fn start(counting: &'a Counting) -> Self {
+        let now = counting.watching.fetch_add(1, Ordering::SeqCst) + 1;
+        counting.most_watching.fetch_max(now, Ordering::SeqCst);
+        Watching(counting)
+    }
+}
+
+impl Drop for Watching<'_> {
+    fn drop(&mut self) {
+        self.0.watching.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl KvStore for Counting {
+    async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
+        self.count();
+        self.inner.get(key).await
+    }
+    async fn list(&self, prefix: &str) -> StoreResult<Listing> {
+        self.count();
+        self.inner.list(prefix).await
+    }
+    async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
+        self.count();
+        self.inner.keys(prefix, separator).await
+    }
+    async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
+        self.count();
+        self.inner.put(key, value, cas).await
+    }
+    async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
+        self.count();
+        self.inner.delete(key, cas).await
+    }
+    async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
+        self.count();
+        self.inner.delete_prefix(prefix).await
+    }
+    async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
+        self.count();
+        self.inner.txn(ops).await
+    }
+    async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
+        self.count();
+        self.inner.create_session(spec).await
+    }
+    async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo> {
+        self.count();
+        self.inner.renew_session(id).await
+    }
+    async fn destroy_session(&self, id: &str) -> StoreResult<()> {
+        self.count();
+        self.inner.destroy_session(id).await
+    }
+    async fn session_info(&self, id: &str) -> StoreResult<Option<SessionInfo>> {
+        self.count();
+        self.inner.session_info(id).await
+    }
+    async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool> {
+        self.count();
+        self.inner.acquire(key, value, session).await
+    }
+    async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
+        self.count();
+        self.inner.release(key, session).await
+    }
+    async fn watch(
+        &self,
+        target: &WatchTarget,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<Listing> {
+        if self.watches_fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("the watch was lost".into()));
+        }
+        let _watching = Watching::start(self);
+        self.inner.watch(target, index, wait).await
+    }
+    async fn ping(&self) -> StoreResult<()> {
+        self.count();
+        self.inner.ping().await
+    }
+}
