@@ -36,6 +36,7 @@ use crate::labels::{
     ParseLabelTypeError,
 };
 use crate::store::labels::{LabelRecord, LabelStore};
+use crate::store::layout;
 
 /// OpenAPI tag of these routes.
 pub const TAG: &str = "labels";
@@ -210,7 +211,7 @@ async fn list_labels(
     let query = query?;
     query
         .blocking
-        .block(&app, &[label_type.key_prefix()])
+        .block(&app, &[layout::labels_of_type(label_type)])
         .await?;
     let (index, mut items) = store(&app).select(label_type, &query.selector).await?;
     items.sort_by(|a, b| a.id.cmp(&b.id));

@@ -18,6 +18,7 @@ use crate::api::preconditions::etag;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels};
+use crate::store::layout;
 use crate::store::pods::{validate_node_name, PodTree};
 
 /// OpenAPI tag of the node routes.
@@ -76,7 +77,7 @@ async fn list_nodes(
 ) -> Result<impl IntoResponse, ApiError> {
     query
         .blocking
-        .block(&app, &[LabelType::Node.key_prefix()])
+        .block(&app, &[layout::labels_of_type(LabelType::Node)])
         .await?;
     let (index, nodes) = app
         .labels()

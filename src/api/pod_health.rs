@@ -28,6 +28,7 @@ use crate::kv::{Cas, StoreError};
 use crate::labels::{LabelType, Labels};
 use crate::model::HealthState;
 use crate::store::health::{HealthEntry, HealthStore};
+use crate::store::layout;
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation};
 
 /// OpenAPI tag of the pod health routes (`health` is the probes').
@@ -251,7 +252,7 @@ async fn list_pod_health(
     let by_labels = !query.selector.is_everything();
     let mut prefixes = vec![HealthStore::prefix(Some(&pod_id))];
     if by_labels {
-        prefixes.push(LabelType::Pod.key_prefix());
+        prefixes.push(layout::labels_of_type(LabelType::Pod));
     }
     query.blocking.block(&app, &prefixes).await?;
     let (mut index, by_node) = app.health().list_for_pod(&pod_id).await?;

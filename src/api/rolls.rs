@@ -254,9 +254,9 @@ async fn delete_roll(
 fn watched_prefixes() -> Vec<String> {
     vec![
         layout::ROLLS.to_owned(),
-        LabelType::Rolls.key_prefix(),
+        layout::labels_of_type(LabelType::Rolls),
         layout::RCS.to_owned(),
-        LabelType::Pod.key_prefix(),
+        layout::labels_of_type(LabelType::Pod),
         layout::REALITY.to_owned(),
         layout::HEALTH.to_owned(),
     ]

@@ -406,7 +406,7 @@ async fn finish_ops(
     ops.extend(RollStore::delete_ops(id));
     let labels = ctx
         .store
-        .get(&LabelType::Rolls.label_key(id))
+        .get(&layout::labels(LabelType::Rolls, id))
         .await?
         .and_then(|pair| serde_json::from_slice(&pair.value).ok())
         .unwrap_or_default();

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::store::layout;
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub use selector::{Operator, ParseSelectorError, Requirement, Selector};
@@ -81,17 +80,6 @@ impl LabelType {
             LabelType::Rolls => "rolls",
             LabelType::PodClusters => "pod_clusters",
         }
-    }
-
-    /// The KV prefix holding every object of this type, with its trailing `/` so a prefix
-    /// listing cannot pick up a sibling type whose name merely starts the same.
-    pub fn key_prefix(self) -> String {
-        layout::labels_of_type(self.as_str())
-    }
-
-    /// The KV key of one object's labels; `id` must have passed [`LabelType::validate_id`].
-    pub fn label_key(self, id: &str) -> String {
-        layout::labels(self.as_str(), id)
     }
 
     /// Checks an object ID before it becomes part of a key: non-empty, no whitespace or
@@ -246,23 +234,6 @@ mod tests {
             assert!(message.contains("node, pod, replication_controller, rolls, pod_clusters"));
         }
         assert!(serde_json::from_str::<LabelType>("\"daemon_set\"").is_err());
-    }
-
-    #[test]
-    fn keys() {
-        assert_eq!(LabelType::Node.key_prefix(), "labels/node/");
-        assert_eq!(LabelType::PodClusters.key_prefix(), "labels/pod_clusters/");
-        assert_eq!(
-            LabelType::ReplicationController.label_key("5a0e3b8c"),
-            "labels/replication_controller/5a0e3b8c"
-        );
-        assert_eq!(
-            LabelType::Pod.label_key("node17.example.com/hello"),
-            "labels/pod/node17.example.com/hello"
-        );
-        assert!(LabelType::Pod
-            .label_key("n/p")
-            .starts_with(&LabelType::Pod.key_prefix()));
     }
 
     #[test]

@@ -21,6 +21,7 @@ use crate::labels::{LabelType, Labels};
 
 use super::changes::{ChangeType, Stream};
 use super::trees::{Entry, Tree, View};
+use crate::store::layout;
 
 /// One tree's entries and bookkeeping.
 #[derive(Debug, Default)]
@@ -270,7 +271,7 @@ impl State {
     pub(super) fn labels_of(&self, label_type: LabelType, id: &str) -> Option<&Labels> {
         self.tree(Tree::Labels(label_type))
             .entries
-            .get(&label_type.label_key(id))
+            .get(&layout::labels(label_type, id))
             .and_then(|entry| entry.labels())
     }
 }
@@ -292,7 +293,11 @@ fn terms(tree: Tree, entry: &Entry) -> Vec<(LabelTerm, String)> {
     let (Tree::Labels(label_type), Some(labels)) = (tree, entry.labels()) else {
         return Vec::new();
     };
-    let Some(id) = entry.pair.key.strip_prefix(&label_type.key_prefix()) else {
+    let Some(id) = entry
+        .pair
+        .key
+        .strip_prefix(&layout::labels_of_type(label_type))
+    else {
         return Vec::new();
     };
     labels

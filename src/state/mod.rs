@@ -37,6 +37,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::kv::{KvPair, KvStore, Listing, TxnOp};
 use crate::labels::{LabelType, Labels, Operator, Selector, RC_ID_LABEL};
+use crate::store::layout;
 
 pub use changes::{Change, ChangeType, Signal};
 pub use trees::{object_id, Entry, Kind, Tree, View};
@@ -403,7 +404,7 @@ impl Mirror {
                 ids.into_iter().cloned().collect()
             }
             None => {
-                let prefix = label_type.key_prefix();
+                let prefix = layout::labels_of_type(label_type);
                 let entries = &state.tree(Tree::Labels(label_type)).entries;
                 entries
                     .keys()

@@ -52,7 +52,7 @@ impl Tree {
             Tree::Rcs => layout::RCS.to_owned(),
             Tree::Rolls => layout::ROLLS.to_owned(),
             Tree::DaemonSets => layout::DAEMON_SETS.to_owned(),
-            Tree::Labels(label_type) => label_type.key_prefix(),
+            Tree::Labels(label_type) => layout::labels_of_type(label_type),
             Tree::Intent => layout::INTENT.to_owned(),
             Tree::Reality => layout::REALITY.to_owned(),
             Tree::Health => layout::HEALTH.to_owned(),

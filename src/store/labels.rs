@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::labels::{LabelType, Labeled, Labels, Selector};
 
+use super::layout;
 use super::update::update_with_retry;
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreResult, TxnOp};
@@ -28,13 +29,13 @@ impl LabelStore {
 
     /// One object's labels; an object without a key has no labels and index 0.
     pub async fn get(&self, label_type: LabelType, id: &str) -> StoreResult<LabelRecord> {
-        let pair = self.kv.get(&label_type.label_key(id)).await?;
+        let pair = self.kv.get(&layout::labels(label_type, id)).await?;
         Ok(pair.map(|pair| record_from_pair(&pair)).unwrap_or_default())
     }
 
     /// Every labeled object of a type, with the listing's index for blocking queries.
     pub async fn list(&self, label_type: LabelType) -> StoreResult<(u64, Vec<Labeled>)> {
-        let listing = self.kv.list(&label_type.key_prefix()).await?;
+        let listing = self.kv.list(&layout::labels_of_type(label_type)).await?;
         Ok((listing.index, decode_listing(label_type, &listing.pairs)))
     }
 
@@ -112,7 +113,7 @@ impl LabelStore {
         id: &str,
         expected: Option<u64>,
     ) -> StoreResult<()> {
-        let key = label_type.label_key(id);
+        let key = layout::labels(label_type, id);
         match expected {
             Some(index) => {
                 let op = TxnOp::DeleteCas {
@@ -135,7 +136,7 @@ impl LabelStore {
 /// The txn op that makes an object's labels `labels`, given the index they were read at:
 /// a CAS write, or a delete-CAS when the set is empty; `None` when there is nothing to do.
 pub fn write_op(label_type: LabelType, id: &str, labels: &Labels, index: u64) -> Option<TxnOp> {
-    let key = label_type.label_key(id);
+    let key = layout::labels(label_type, id);
     if labels.is_empty() {
         return (index != 0).then_some(TxnOp::DeleteCas { key, index });
     }
@@ -163,7 +164,7 @@ pub fn decode_labels(pair: &KvPair) -> Option<Labels> {
 }
 
 fn decode_listing(label_type: LabelType, pairs: &[KvPair]) -> Vec<Labeled> {
-    let prefix = label_type.key_prefix();
+    let prefix = layout::labels_of_type(label_type);
     pairs
         .iter()
         .filter_map(|pair| {

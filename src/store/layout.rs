@@ -6,6 +6,8 @@
 
 use std::fmt::Display;
 
+use crate::labels::LabelType;
+
 /// RC documents: `replication_controllers/<rc-id>`.
 pub const RCS: &str = "replication_controllers/";
 /// Rolling-update documents, keyed by the new RC's ID: `rolls/<rc-id>`.
@@ -58,14 +60,15 @@ pub fn ds_farm_status(id: impl Display) -> String {
     format!("{DS_STATUS}{id}/{DS_FARM_STATUS_NAMESPACE}")
 }
 
-/// `labels/<type>/`: every label set of one type; `label_type` is the type's stored name.
-pub fn labels_of_type(label_type: &str) -> String {
-    format!("{LABELS}{label_type}/")
+/// `labels/<type>/`: every label set of one type, with the trailing `/` so that a prefix
+/// listing cannot pick up a sibling type whose name merely starts the same.
+pub fn labels_of_type(label_type: LabelType) -> String {
+    format!("{LABELS}{}/", label_type.as_str())
 }
 
-/// `labels/<type>/<id>`.
-pub fn labels(label_type: &str, id: &str) -> String {
-    format!("{LABELS}{label_type}/{id}")
+/// `labels/<type>/<id>`; `id` must have passed [`LabelType::validate_id`].
+pub fn labels(label_type: LabelType, id: &str) -> String {
+    format!("{LABELS}{}/{id}", label_type.as_str())
 }
 
 /// `<tree><node>/<pod-id>` in the intent or reality tree.
@@ -127,8 +130,19 @@ mod tests {
             ds_farm_status(id),
             format!("status/daemon_sets/{id}/daemon_set_farm")
         );
-        assert_eq!(labels("pod", "node1/hello"), "labels/pod/node1/hello");
-        assert_eq!(labels_of_type("node"), "labels/node/");
+        assert_eq!(
+            labels(LabelType::Pod, "node1/hello"),
+            "labels/pod/node1/hello"
+        );
+        assert_eq!(labels_of_type(LabelType::Node), "labels/node/");
+        assert_eq!(
+            labels_of_type(LabelType::PodClusters),
+            "labels/pod_clusters/"
+        );
+        assert_eq!(
+            labels(LabelType::ReplicationController, "5a0e3b8c"),
+            "labels/replication_controller/5a0e3b8c"
+        );
         assert_eq!(pod(INTENT, "node1", "hello"), "intent/node1/hello");
         assert_eq!(health("hello", "node1"), "health/hello/node1");
         assert_eq!(

@@ -101,7 +101,7 @@ impl PodLocation {
 
     /// The key of the pod's labels.
     pub fn label_key(&self) -> String {
-        LabelType::Pod.label_key(&self.label_id())
+        layout::labels(LabelType::Pod, &self.label_id())
     }
 }
 
@@ -147,8 +147,8 @@ impl PodTree {
 /// segment.
 pub fn pod_labels_prefix(node: Option<&str>) -> String {
     match node {
-        Some(node) => format!("{}{node}/", LabelType::Pod.key_prefix()),
-        None => LabelType::Pod.key_prefix(),
+        Some(node) => format!("{}{node}/", layout::labels_of_type(LabelType::Pod)),
+        None => layout::labels_of_type(LabelType::Pod),
     }
 }
 
@@ -211,7 +211,7 @@ impl PodStore {
     ) -> StoreResult<(u64, BTreeMap<PodLocation, LabelRecord>)> {
         check_node_filter(node)?;
         let listing = self.kv.list(&pod_labels_prefix(node)).await?;
-        let root = LabelType::Pod.key_prefix();
+        let root = layout::labels_of_type(LabelType::Pod);
         let labels = listing
             .pairs
             .iter()

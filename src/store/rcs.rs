@@ -122,7 +122,7 @@ impl RcStore {
                 index,
             },
             TxnOp::Delete {
-                key: LabelType::ReplicationController.label_key(id),
+                key: layout::labels(LabelType::ReplicationController, id),
             },
         ]
     }

@@ -109,7 +109,7 @@ impl RollStore {
                 key: layout::roll(id),
             },
             TxnOp::Delete {
-                key: LabelType::Rolls.label_key(id),
+                key: layout::labels(LabelType::Rolls, id),
             },
         ]
     }

@@ -439,7 +439,7 @@ async fn labels_of_a_deleted_rc_do_not_make_a_match() {
     let live = arrange_rc(&app, 1, &[("pod_id", "hello")]).await;
     let gone = uuid::Uuid::new_v4().to_string();
     app.put_raw(
-        &LabelType::ReplicationController.label_key(&gone),
+        &layout::labels(LabelType::ReplicationController, &gone),
         br#"{"pod_id":"hello"}"#,
     )
     .await;
@@ -604,7 +604,7 @@ async fn validation_lists_every_bad_field_and_writes_nothing() {
 
 async fn put_pod(app: &TestApp, node: &str, rc: &str) {
     app.put_json(
-        &LabelType::Pod.label_key(&format!("{node}/hello")),
+        &layout::labels(LabelType::Pod, &format!("{node}/hello")),
         &json!({"pod_id": "hello", "replication_controller_id": rc}),
     )
     .await;

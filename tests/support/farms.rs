@@ -4,6 +4,7 @@
 //! RC worker and rolling update, for tests of a fleet that mixes both implementations.
 
 use super::fake_consul;
+use p2_apiserver::store::layout;
 pub mod p2;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -147,7 +148,7 @@ impl Harness {
     }
 
     pub async fn label(&self, label_type: LabelType, id: &str, labels: serde_json::Value) {
-        let key = label_type.label_key(id);
+        let key = layout::labels(label_type, id);
         self.store
             .put(&key, labels.to_string().as_bytes(), Cas::Any)
             .await
@@ -182,7 +183,7 @@ impl Harness {
     }
 
     pub async fn pod_labels(&self, node: &str, pod_id: &str) -> Labels {
-        let key = LabelType::Pod.label_key(&format!("{node}/{pod_id}"));
+        let key = layout::labels(LabelType::Pod, &format!("{node}/{pod_id}"));
         let pair = self.store.get(&key).await.unwrap().unwrap();
         serde_json::from_slice(&pair.value).unwrap()
     }
