@@ -126,7 +126,7 @@ impl Farm for DsFarm {
         self.published
             .retain(|id, _| world.daemon_sets.items.contains_key(id));
         self.clean_dangling(ctx, world).await;
-        ctx.release_orphaned(world, "lock/daemon_sets/", |id| {
+        ctx.release_orphaned(world, layout::DS_LOCKS, |id| {
             world.daemon_sets.items.contains_key(id)
         })
         .await;

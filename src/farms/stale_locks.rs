@@ -11,7 +11,7 @@
 use tokio::time::Instant;
 
 use crate::kv::TxnOp;
-use crate::store::layout::LEADER_LOCK;
+use crate::store::layout::{self, LEADER_LOCK};
 
 use super::world::World;
 use super::{Farm, FarmContext, Retries};
@@ -68,10 +68,10 @@ fn session_only(key: &str) -> bool {
         key.strip_prefix(prefix)
             .is_some_and(|id| !id.is_empty() && !id.contains('/'))
     };
-    if single("lock/rolls/") || single("lock/daemon_sets/") {
+    if single(layout::ROLL_LOCKS) || single(layout::DS_LOCKS) {
         return true;
     }
-    let Some(rest) = key.strip_prefix("lock/replication_controllers/") else {
+    let Some(rest) = key.strip_prefix(layout::RC_LOCKS) else {
         return false;
     };
     match rest.split_once('/') {
