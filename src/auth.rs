@@ -306,7 +306,7 @@ impl Access {
 }
 
 /// Lets a request through only with a token whose role grants what its operation needs
-/// ([`RULES`]): 401 without a known token, 403 with one lacking the role. Records the
+/// (`RULES`): 401 without a known token, 403 with one lacking the role. Records the
 /// token's name in the request's span. With no token file, lets every request through.
 pub async fn authorize(
     State(access): State<Arc<Access>>,
@@ -385,7 +385,7 @@ const SCHEME: &str = "bearer";
 
 /// Declares the bearer scheme in the document, and on each operation the role it needs
 /// (`x-required-role`, `none` for the public ones, and a sentence of its description), its
-/// security requirement and its 401 and 403 answers. An operation missing from [`RULES`] gets
+/// security requirement and its 401 and 403 answers. An operation missing from `RULES` gets
 /// no `x-required-role`, which the tests catch.
 pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
     let components = openapi.components.get_or_insert_with(Default::default);

@@ -199,7 +199,7 @@ pub struct AccessArgs {
     #[arg(long, env = "P2_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
 
-    /// An origin (scheme://host[:port]) whose browser pages may call the API, preflights
+    /// An origin (`scheme://host[:port]`) whose browser pages may call the API, preflights
     /// included; repeat the flag for more (in the environment variable, separate them by
     /// commas).
     #[arg(long, value_name = "ORIGIN", env = "P2_CORS_ORIGIN", value_delimiter = ',',

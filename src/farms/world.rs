@@ -168,7 +168,7 @@ impl Trees {
     }
 
     /// The mirror as it is now, marking it seen, once the trees have caught up with each
-    /// other (bounded by [`CATCH_UP_LIMIT`]). What comes in during a wait (a daemon set
+    /// other (bounded by `CATCH_UP_LIMIT`). What comes in during a wait (a daemon set
     /// edited while the health results were being caught up with) is waited for in turn.
     pub async fn world(&mut self) -> World {
         let deadline = Instant::now() + CATCH_UP_LIMIT;
