@@ -49,15 +49,36 @@ impl Tree {
     /// The tree's key prefix.
     pub fn prefix(self) -> String {
         match self {
-            Tree::Rcs => layout::RCS.to_owned(),
-            Tree::Rolls => layout::ROLLS.to_owned(),
-            Tree::DaemonSets => layout::DAEMON_SETS.to_owned(),
             Tree::Labels(label_type) => layout::labels_of_type(label_type),
-            Tree::Intent => layout::INTENT.to_owned(),
-            Tree::Reality => layout::REALITY.to_owned(),
-            Tree::Health => layout::HEALTH.to_owned(),
-            Tree::DsStatus => layout::DS_STATUS.to_owned(),
-            Tree::Locks => layout::LOCKS.to_owned(),
+            other => other.fixed_prefix().to_owned(),
+        }
+    }
+
+    /// The prefix of a tree other than a label tree, as a constant.
+    fn fixed_prefix(self) -> &'static str {
+        match self {
+            Tree::Rcs => layout::RCS,
+            Tree::Rolls => layout::ROLLS,
+            Tree::DaemonSets => layout::DAEMON_SETS,
+            Tree::Intent => layout::INTENT,
+            Tree::Reality => layout::REALITY,
+            Tree::Health => layout::HEALTH,
+            Tree::DsStatus => layout::DS_STATUS,
+            Tree::Locks => layout::LOCKS,
+            Tree::Labels(_) => layout::LABELS,
+        }
+    }
+
+    /// Whether `key` lies in this tree; checked on every read, so it builds no string.
+    fn holds(self, key: &str) -> bool {
+        let Some(rest) = key.strip_prefix(self.fixed_prefix()) else {
+            return false;
+        };
+        match self {
+            Tree::Labels(label_type) => rest
+                .strip_prefix(label_type.as_str())
+                .is_some_and(|rest| rest.starts_with('/')),
+            _ => true,
         }
     }
 
@@ -71,9 +92,7 @@ impl Tree {
 
     /// The tree a key belongs to, if the mirror follows it.
     pub fn of_key(key: &str) -> Option<Tree> {
-        Tree::ALL
-            .into_iter()
-            .find(|tree| key.starts_with(&tree.prefix()))
+        Tree::ALL.into_iter().find(|tree| tree.holds(key))
     }
 
     /// The kind its changes have in the change stream; `None` for the farms' bookkeeping
