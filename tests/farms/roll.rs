@@ -29,16 +29,7 @@ async fn rolls_keep_the_minimum_healthy_and_clean_up() {
     h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&4)).then_some(()) })
         .await;
     let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
-    let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 4, "MinimumReplicas": 3,
-                      "LeaveOld": false, "RollDelay": 0});
-    h.store
-        .put(
-            &format!("rolls/{new}"),
-            roll.to_string().as_bytes(),
-            Cas::Index(0),
-        )
-        .await
-        .unwrap();
+    h.put_roll(&old, &new, 4, 3).await;
 
     let lowest = AtomicUsize::new(usize::MAX);
     h.wait_until(|| async {
@@ -171,16 +162,7 @@ async fn a_roll_held_at_its_minimum_raises_an_alert() {
         .await;
     // A minimum equal to every pod there is: no step can keep it.
     let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
-    let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 3, "MinimumReplicas": 3,
-                      "LeaveOld": false, "RollDelay": 0});
-    h.store
-        .put(
-            &format!("rolls/{new}"),
-            roll.to_string().as_bytes(),
-            Cas::Index(0),
-        )
-        .await
-        .unwrap();
+    h.put_roll(&old, &new, 3, 3).await;
     let description = h.alert_about(&webhook, &new).await;
     assert!(
         description.contains("3 pods are healthy") && description.contains("minimum of 3"),

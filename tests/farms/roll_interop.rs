@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use crate::support::farms::p2::{self, P2RcFarm, P2Roll};
 use crate::support::farms::{alert_webhook, warnings, Backend, Harness, Snapshot, MANIFEST};
-use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
 use serde_json::json;
 
@@ -80,19 +79,6 @@ async fn wait_healthy(h: &Harness, rc: &str, count: usize) {
         .await;
 }
 
-async fn put_roll(h: &Harness, old: &str, new: &str) {
-    let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": REPLICAS,
-                      "MinimumReplicas": MINIMUM, "LeaveOld": false, "RollDelay": 0});
-    h.store
-        .put(
-            &format!("rolls/{new}"),
-            roll.to_string().as_bytes(),
-            Cas::Index(0),
-        )
-        .await
-        .unwrap();
-}
-
 /// Follows the store from now until the roll has completed (the old RC and any roll record
 /// gone), checking at every change that old and new together keep the minimum healthy and
 /// that the old RC, once disabled, is never enabled again.
@@ -148,7 +134,7 @@ async fn our_roll_with_p2_rc_farm(backend: Backend, nodes: Nodes) {
     let old = p2.put_rc(rc(MANIFEST, REPLICAS)).await;
     wait_healthy(&h, &old, REPLICAS).await;
     let new = p2.put_rc(new_rc(nodes)).await;
-    put_roll(&h, &old, &new).await;
+    h.put_roll(&old, &new, REPLICAS, MINIMUM).await;
     follow_roll(&h, &old, &new).await;
     quiet_after_completion(&h, &new).await;
 }
@@ -174,7 +160,7 @@ async fn our_roll_with_our_rc_farm(backend: Backend, nodes: Nodes) {
     let old = h.put_rc(rc(MANIFEST, REPLICAS)).await;
     wait_healthy(&h, &old, REPLICAS).await;
     let new = h.put_rc(new_rc(nodes)).await;
-    put_roll(&h, &old, &new).await;
+    h.put_roll(&old, &new, REPLICAS, MINIMUM).await;
     follow_roll(&h, &old, &new).await;
     quiet_after_completion(&h, &new).await;
 }
@@ -197,7 +183,7 @@ async fn a_roll_left_with_old_pods_p2_will_not_remove_raises_an_alert() {
     h.label(LabelType::Node, "node0", json!({"role": "web"}))
         .await;
     let new = p2.put_rc(rc(NEW_MANIFEST, 0)).await;
-    put_roll(&h, &old, &new).await;
+    h.put_roll(&old, &new, REPLICAS, MINIMUM).await;
     h.follow(|snapshot| {
         let healthy = snapshot.rc_pods(&old).1 + snapshot.rc_pods(&new).1;
         assert!(

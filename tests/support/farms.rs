@@ -167,6 +167,22 @@ impl Harness {
         id
     }
 
+    /// Stores a roll from `old` to `new` (P2's document, no delay, the old RC deleted at the
+    /// end), as `p2-rctl` or the API would.
+    pub async fn put_roll(&self, old: &str, new: &str, desired: usize, minimum: usize) {
+        let roll = serde_json::json!({"OldRC": old, "NewRC": new, "DesiredReplicas": desired,
+                                      "MinimumReplicas": minimum, "LeaveOld": false,
+                                      "RollDelay": 0});
+        self.store
+            .put(
+                &layout::roll(new),
+                roll.to_string().as_bytes(),
+                Cas::Index(0),
+            )
+            .await
+            .unwrap();
+    }
+
     pub async fn set_replicas(&self, id: &str, replicas: i64) {
         let key = format!("replication_controllers/{id}");
         let pair = self.store.get(&key).await.unwrap().unwrap();
