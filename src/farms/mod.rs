@@ -38,8 +38,9 @@ use tokio_util::task::TaskTracker;
 use crate::backoff::Backoff;
 use crate::kv::{KvPair, KvStore, StoreError, TxnOp};
 use crate::leader::Term;
-use crate::state::{Mirror, OwnWrite};
+use crate::state::Mirror;
 use crate::store::layout::LEADER_LOCK;
+use crate::store::own_writes::OwnWrites;
 
 use alerts::Alerter;
 use world::{Trees, World};
@@ -79,8 +80,6 @@ pub type FarmResult<T> = Result<T, FarmError>;
 /// What every farm needs during one leadership term.
 pub struct FarmContext {
     pub store: Arc<dyn KvStore>,
-    /// The server's mirror of `store`, which the farms' own writes are applied to.
-    pub mirror: Mirror,
     /// The term's session: the farms' locks are taken and fenced with it.
     pub session: String,
     /// The session holding [`LEADER_LOCK`], for writes fenced on leadership alone.
@@ -94,16 +93,9 @@ pub struct FarmContext {
 
 impl FarmContext {
     /// The context for one term.
-    pub fn new(
-        store: Arc<dyn KvStore>,
-        mirror: Mirror,
-        term: &Term,
-        alerts: Arc<Alerter>,
-        holder: String,
-    ) -> Self {
+    pub fn new(store: Arc<dyn KvStore>, term: &Term, alerts: Arc<Alerter>, holder: String) -> Self {
         FarmContext {
             store,
-            mirror,
             session: term.session.clone(),
             leader_session: term.leader_session.clone(),
             cancel: term.cancel.clone(),
@@ -113,7 +105,7 @@ impl FarmContext {
     }
 
     /// Commits `ops` fenced by `check-session` on `lock` (one of the term's locks, or
-    /// [`LEADER_LOCK`]), unless the term has ended; what it wrote is applied to the mirror.
+    /// [`LEADER_LOCK`]), unless the term has ended.
     pub async fn commit(&self, lock: &str, ops: Vec<TxnOp>) -> FarmResult<Vec<Option<KvPair>>> {
         if self.cancel.is_cancelled() {
             return Err(FarmError::TermEnded);
@@ -129,10 +121,7 @@ impl FarmContext {
             session: session.clone(),
         });
         fenced.extend(ops);
-        let results = self.store.txn(&fenced).await?;
-        self.mirror
-            .apply_own_writes(OwnWrite::from_txn(&fenced, &results));
-        Ok(results)
+        Ok(self.store.txn(&fenced).await?)
     }
 
     /// Takes `lock` with the term's session if it is free; `false` when someone else has
@@ -193,11 +182,7 @@ impl FarmContext {
             },
         ];
         match self.store.txn(&ops).await {
-            Ok(results) => {
-                self.mirror
-                    .apply_own_writes(OwnWrite::from_txn(&ops, &results));
-                Ok(())
-            }
+            Ok(_) => Ok(()),
             Err(StoreError::Conflict { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
@@ -353,7 +338,9 @@ pub async fn run_term(
     }
     let tasks = TaskTracker::new();
     let trees = Trees::new(mirror.clone());
-    let ctx = Arc::new(FarmContext::new(store, mirror, &term, alerts, holder));
+    // Every write of the farms reaches the mirror at once, as the API's do.
+    let store = OwnWrites::wrap(store, mirror);
+    let ctx = Arc::new(FarmContext::new(store, &term, alerts, holder));
     spawn_farm(
         &tasks,
         &term,

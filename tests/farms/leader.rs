@@ -12,7 +12,6 @@ use p2_apiserver::farms::{FarmContext, FarmError};
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, TxnOp};
 use p2_apiserver::leader::{self, current_leader, LeaderConfig, Term};
-use p2_apiserver::state::{Mirror, MirrorConfig};
 use p2_apiserver::store::layout::LEADER_LOCK;
 use severable::Severable;
 use tokio_util::sync::CancellationToken;
@@ -118,7 +117,6 @@ async fn farm_writes_are_fenced_by_the_session() {
     };
     let ctx = FarmContext::new(
         store.clone(),
-        Mirror::new(store.clone(), MirrorConfig::default()),
         &term,
         Arc::new(Alerter::new(None)),
         "t".into(),
