@@ -246,6 +246,50 @@ async fn wait_until<T, F: std::future::Future<Output = Option<T>>>(check: impl F
     }
 }
 
+/// Two servers on one store, as the README documents: a write through one shows on the
+/// other once the other's watch delivers it. Until then the other answers what its mirror
+/// holds, while `?consistent=true` and a blocking read whose `index` is the write's (past its
+/// mirror) read the store and see the write.
+#[tokio::test]
+async fn a_write_through_one_server_shows_on_another_once_its_watch_delivers_it() {
+    let first = TestApp::new().await;
+    let mut counting = None;
+    let second = first
+        .beside(
+            |store| {
+                let store = Counting::new(store);
+                counting = Some(store.clone());
+                store
+            },
+            MirrorConfig::default(),
+        )
+        .await;
+    let counting = counting.unwrap();
+    let id = create(&first, 1).await;
+    let path = format!("/api/v1/rcs/{id}");
+    wait_until(|| async { (second.get(&path).await.status == StatusCode::OK).then_some(()) }).await;
+
+    counting.fail_watches(true);
+    let written = set_replicas(&first, &id, 5).await;
+    let stale = second.get(&path).await;
+    assert_eq!(stale.json()["replicas_desired"], 1, "{stale:?}");
+    assert!(stale.x_index() < written, "{stale:?}");
+    let consistent = second.get(&format!("{path}?consistent=true")).await;
+    assert_eq!(consistent.json()["replicas_desired"], 5, "{consistent:?}");
+    assert!(consistent.x_index() >= written);
+    let blocked = second.get(&format!("{path}?index={written}&wait=1s")).await;
+    assert_eq!(blocked.json()["replicas_desired"], 5, "{blocked:?}");
+    assert!(blocked.x_index() >= written);
+
+    counting.fail_watches(false);
+    let delivered = wait_until(|| async {
+        let response = second.get(&path).await;
+        (response.json()["replicas_desired"] == 5).then_some(response)
+    })
+    .await;
+    assert!(delivered.x_index() >= written);
+}
+
 /// A daemon set created, patched or deleted through the server is in its list at once, as
 /// it is in a consistent list.
 #[tokio::test]

@@ -44,7 +44,7 @@ pub struct TestApp {
     pub mirror: Mirror,
     /// Stops the mirror when the app is dropped.
     _following: DropGuard,
-    _backing: Backing,
+    _backing: Option<Backing>,
 }
 
 /// Far longer than the mirror takes to load or to learn of a write; only a mirror that
@@ -102,7 +102,30 @@ impl TestApp {
             }
         };
         let store = wrap(store);
-        let mirror = Mirror::new(store.clone(), config);
+        Self::serving(store.clone(), store, config, Some(backing)).await
+    }
+
+    /// A second server over this app's store, as two servers share one store, with its own
+    /// router and its own mirror, which follows the store through `wrap` (the server's
+    /// requests go to the store directly).
+    pub async fn beside(
+        &self,
+        wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>,
+        config: MirrorConfig,
+    ) -> Self {
+        let followed = wrap(self.store.clone());
+        Self::serving(self.store.clone(), followed, config, None).await
+    }
+
+    /// An app serving `store` through a mirror of `followed` started with `config`; `backing`
+    /// is what the store needs to outlive it, for the app that created the store.
+    async fn serving(
+        store: Arc<dyn KvStore>,
+        followed: Arc<dyn KvStore>,
+        config: MirrorConfig,
+        backing: Option<Backing>,
+    ) -> Self {
+        let mirror = Mirror::new(followed, config);
         let following = CancellationToken::new();
         mirror.start(&TaskTracker::new(), following.clone());
         assert!(

@@ -42,7 +42,8 @@ impl Counting {
         self.most_watching.load(Ordering::SeqCst)
     }
 
-    /// Whether watches fail at once (`true`) or go through (`false`) from now on.
+    /// Whether watches fail (`true`: at once, and those already waiting when they return) or
+    /// go through (`false`) from now on.
     pub fn fail_watches(&self, fail: bool) {
         self.watches_fail.store(fail, Ordering::SeqCst);
     }
@@ -132,8 +133,14 @@ impl KvStore for Counting {
         if self.watches_fail.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("the watch was lost".into()));
         }
-        let _watching = Watching::start(self);
-        self.inner.watch(target, index, wait).await
+        let answer = {
+            let _watching = Watching::start(self);
+            self.inner.watch(target, index, wait).await
+        };
+        if self.watches_fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("the watch was lost".into()));
+        }
+        answer
     }
     async fn ping(&self) -> StoreResult<()> {
         self.count();
