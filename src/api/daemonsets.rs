@@ -201,7 +201,7 @@ async fn list_daemon_sets(
     };
     let consistent = query.filter.consistent.unwrap_or(false);
     let trees = [Tree::DaemonSets];
-    let (index, items) = match source(&app, &trees, consistent, query.blocking).await {
+    let (index, items) = match source(&app, &trees, &[], consistent, query.blocking).await {
         Source::Mirror(mirror) => {
             let index = mirror_index(mirror, &trees);
             let records = mirror.entries(Tree::DaemonSets);

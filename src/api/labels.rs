@@ -24,10 +24,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::blocking::index_header;
-use crate::api::extract::{ApiJson, ApiPath, MergePatch, NoQuery};
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::api::reads::{reader, ConsistentFilter};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::StoreError;
@@ -35,6 +36,7 @@ use crate::labels::{
     label_key_problem, label_value_problem, validate_labels, LabelType, Labeled, Labels,
     ParseLabelTypeError,
 };
+use crate::state::Tree;
 use crate::store::labels::{LabelRecord, LabelStore};
 use crate::store::layout;
 
@@ -189,7 +191,8 @@ struct ObjectRoutes;
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        ListParams
+        ListParams,
+        ConsistentFilter
     ),
     responses(
         (status = OK, description = "One page of matching objects", body = Page<Labeled>,
@@ -204,16 +207,22 @@ struct ObjectRoutes;
 async fn list_labels(
     State(app): State<AppState>,
     ApiPath(type_name): ApiPath<String>,
-    query: Result<ListQuery, ApiError>,
+    query: Result<ListQuery<ConsistentFilter>, ApiError>,
 ) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<Page<Labeled>>), ApiError> {
     // An unknown type is 404 whatever the query, as on every label route.
     let label_type = label_type(&type_name)?;
     let query = query?;
-    query
-        .blocking
-        .block(&app, &[layout::labels_of_type(label_type)])
+    let kv = reader(
+        &app,
+        &[Tree::Labels(label_type)],
+        &[layout::labels_of_type(label_type)],
+        query.filter.consistent(),
+        query.blocking,
+    )
+    .await?;
+    let (index, mut items) = LabelStore::new(kv)
+        .select(label_type, &query.selector)
         .await?;
-    let (index, mut items) = store(&app).select(label_type, &query.selector).await?;
     items.sort_by(|a, b| a.id.cmp(&b.id));
     Ok((
         [index_header(index)],
@@ -230,7 +239,8 @@ async fn list_labels(
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        ("id" = String, Path, description = ID_DOC)
+        ("id" = String, Path, description = ID_DOC),
+        ConsistentFilter
     ),
     responses(
         (status = OK, description = "The object's labels", body = ObjectLabels,
@@ -243,14 +253,16 @@ async fn list_labels(
 )]
 async fn get_labels(
     State(app): State<AppState>,
-    _: NoQuery,
+    ApiQuery(read): ApiQuery<ConsistentFilter>,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
 ) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<ObjectLabels>), ApiError> {
     let label_type = label_type(&type_name)?;
     let mut violations = Violations::new();
     check_id(label_type, &id, &mut violations);
     violations.finish()?;
-    let record = store(&app).get(label_type, &id).await?;
+    let trees = [Tree::Labels(label_type)];
+    let kv = reader(&app, &trees, &[], read.consistent(), Default::default()).await?;
+    let record = LabelStore::new(kv).get(label_type, &id).await?;
     Ok(answer(label_type, id, record))
 }
 

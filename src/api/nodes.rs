@@ -11,15 +11,18 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::blocking::index_header;
-use crate::api::extract::{ApiJson, ApiPath, NoQuery};
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::etag;
+use crate::api::reads::{reader, ConsistentFilter};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels};
+use crate::state::Tree;
+use crate::store::labels::LabelStore;
 use crate::store::layout;
-use crate::store::pods::{validate_node_name, PodTree};
+use crate::store::pods::{validate_node_name, PodStore, PodTree};
 
 /// OpenAPI tag of the node routes.
 pub const TAG: &str = "nodes";
@@ -62,7 +65,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     get,
     path = "/nodes",
     tag = TAG,
-    params(ListParams),
+    params(ListParams, ConsistentFilter),
     responses(
         (status = OK, description = "One page of nodes", body = Page<Node>,
             headers(("X-Index" = u64, description = "Index of the node label tree; pass it back as `index` to block"))),
@@ -73,14 +76,17 @@ pub fn router() -> OpenApiRouter<AppState> {
 )]
 async fn list_nodes(
     State(app): State<AppState>,
-    query: ListQuery,
+    query: ListQuery<ConsistentFilter>,
 ) -> Result<impl IntoResponse, ApiError> {
-    query
-        .blocking
-        .block(&app, &[layout::labels_of_type(LabelType::Node)])
-        .await?;
-    let (index, nodes) = app
-        .labels()
+    let kv = reader(
+        &app,
+        &[Tree::Labels(LabelType::Node)],
+        &[layout::labels_of_type(LabelType::Node)],
+        query.filter.consistent(),
+        query.blocking,
+    )
+    .await?;
+    let (index, nodes) = LabelStore::new(kv)
         .select(LabelType::Node, &query.selector)
         .await?;
     let nodes = nodes
@@ -99,7 +105,7 @@ async fn list_nodes(
     get,
     path = "/nodes/{node}",
     tag = TAG,
-    params(("node" = String, Path, description = "The node name")),
+    params(("node" = String, Path, description = "The node name"), ConsistentFilter),
     responses(
         (status = OK, description = "The node", body = NodeDetail,
             headers(("ETag" = String, description = "The modify index of the node's labels"))),
@@ -110,7 +116,7 @@ async fn list_nodes(
 )]
 async fn get_node(
     State(app): State<AppState>,
-    _: NoQuery,
+    ApiQuery(read): ApiQuery<ConsistentFilter>,
     ApiPath(node): ApiPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let mut violations = Violations::new();
@@ -119,11 +125,15 @@ async fn get_node(
     }
     violations.finish()?;
 
-    let record = app.labels().get(LabelType::Node, &node).await?;
+    let trees = [Tree::Labels(LabelType::Node), Tree::Intent];
+    let kv = reader(&app, &trees, &[], read.consistent(), Default::default()).await?;
+    let record = LabelStore::new(kv.clone())
+        .get(LabelType::Node, &node)
+        .await?;
     if record.index == 0 {
         return Err(ApiError::not_found(format!("node {node:?} has no labels")));
     }
-    let (_, intents) = app.pods().list(PodTree::Intent, Some(&node)).await?;
+    let (_, intents) = PodStore::new(kv).list(PodTree::Intent, Some(&node)).await?;
     let detail = NodeDetail {
         name: node,
         labels: record.value,

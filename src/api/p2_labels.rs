@@ -34,12 +34,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery, NoQuery};
+use crate::api::reads::reader;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{
     label_key_problem, label_value_problem, validate_labels_in, LabelType, Labeled, Labels,
     ParseLabelTypeError, ParseSelectorError, Selector,
 };
+use crate::state::Tree;
 use crate::store::labels::LabelStore;
 
 /// OpenAPI tag of these routes.
@@ -87,7 +89,7 @@ pub struct SelectParams {
     #[serde(rename = "type")]
     #[param(rename = "type")]
     pub label_type: Option<String>,
-    /// Sent by P2's clients and ignored: every answer is read from the store.
+    /// Sent by P2's clients and ignored, as P2's server does.
     #[serde(rename = "cachedMatch")]
     #[param(rename = "cachedMatch", value_type = Option<bool>)]
     pub cached_match: Option<String>,
@@ -97,7 +99,7 @@ pub struct SelectParams {
 #[derive(Debug, Default, Clone, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ReadParams {
-    /// Accepted for P2's clients and ignored: every answer is read from the store.
+    /// Accepted for P2's clients and ignored.
     #[param(value_type = Option<bool>)]
     pub stale: Option<String>,
 }
@@ -139,8 +141,8 @@ struct ObjectRoutes;
 
 /// Objects of a type whose labels match a selector, as P2's `/api/select`.
 ///
-/// `cachedMatch`, which P2 clients send, is ignored: every answer is read from the store. A
-/// type with no labels at all answers `[]` (P2 answers 404).
+/// `cachedMatch`, which P2 clients send, is ignored, as P2's server does. A type with no
+/// labels at all answers `[]` (P2 answers 404).
 #[utoipa::path(
     get,
     path = "/api/select",
@@ -163,7 +165,10 @@ async fn select_p2_labels(
         .unwrap_or_default()
         .parse()
         .map_err(|e: ParseSelectorError| ApiError::bad_request(e.to_string()))?;
-    let (_, matches) = store(&app).select(label_type, &selector).await?;
+    let (_, matches) = mirrored(&app, label_type)
+        .await?
+        .select(label_type, &selector)
+        .await?;
     Ok(ApiJson(matches))
 }
 
@@ -188,7 +193,7 @@ async fn list_p2_labels(
     ApiPath(type_name): ApiPath<String>,
 ) -> Result<ApiJson<Vec<Labeled>>, ApiError> {
     let label_type = label_type(&type_name)?;
-    let (_, all) = store(&app).list(label_type).await?;
+    let (_, all) = mirrored(&app, label_type).await?.list(label_type).await?;
     if all.is_empty() {
         return Err(ApiError::not_found(format!(
             "no labels found for type {label_type}"
@@ -223,7 +228,10 @@ async fn get_p2_labels(
     let label_type = label_type(&type_name)?;
     let id = query_unescape(&tail)?;
     check_id(label_type, &id)?;
-    let record = store(&app).get(label_type, &id).await?;
+    let record = mirrored(&app, label_type)
+        .await?
+        .get(label_type, &id)
+        .await?;
     Ok(ApiJson(P2ObjectLabels {
         label_type,
         id,
@@ -481,6 +489,15 @@ fn query_unescape(text: &str) -> Result<String, ApiError> {
 
 fn store(app: &AppState) -> LabelStore {
     app.labels()
+}
+
+/// The labels of a type as read by P2's clients, which ask for no consistency: from the
+/// mirror while it is healthy (with the server's own writes), else from the store.
+async fn mirrored(app: &AppState, label_type: LabelType) -> Result<LabelStore, ApiError> {
+    let trees = [Tree::Labels(label_type)];
+    Ok(LabelStore::new(
+        reader(app, &trees, &[], false, Default::default()).await?,
+    ))
 }
 
 /// A bad type is 400 in P2's label API, with P2's message.

@@ -18,16 +18,19 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::blocking::index_header;
-use crate::api::extract::{ApiJson, ApiPath, NoQuery};
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::api::reads::{reader, ConsistentFilter};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::{Cas, StoreError};
 use crate::labels::{LabelType, Labels};
 use crate::model::HealthState;
+use crate::state::Tree;
 use crate::store::health::{HealthEntry, HealthStore};
+use crate::store::labels::LabelStore;
 use crate::store::layout;
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation};
 
@@ -89,7 +92,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     tag = TAG,
     params(
         ("pod_id" = String, Path, description = "The pod ID"),
-        ("node" = String, Path, description = "The node name")
+        ("node" = String, Path, description = "The node name"),
+        ConsistentFilter
     ),
     responses(
         (status = OK, description = "The last report", body = PodHealth,
@@ -101,7 +105,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 )]
 async fn get_pod_health(
     State(app): State<AppState>,
-    _: NoQuery,
+    ApiQuery(read): ApiQuery<ConsistentFilter>,
     ApiPath((pod_id, node)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
     let mut violations = Violations::new();
@@ -110,7 +114,15 @@ async fn get_pod_health(
     let Some(pod) = pod else {
         return Err(ApiError::internal("validation passed without a pod"));
     };
-    let entry = app.health().get(&pod).await?.ok_or_else(|| {
+    let kv = reader(
+        &app,
+        &[Tree::Health],
+        &[],
+        read.consistent(),
+        Default::default(),
+    )
+    .await?;
+    let entry = HealthStore::new(kv).get(&pod).await?.ok_or_else(|| {
         ApiError::not_found(format!("no health report for pod {pod_id:?} on {node:?}"))
     })?;
     Ok(([etag(entry.index)], ApiJson(PodHealth::from(entry))))
@@ -229,7 +241,7 @@ async fn delete_pod_health(
     get,
     path = "/health/{pod_id}",
     tag = TAG,
-    params(("pod_id" = String, Path, description = "The pod ID"), ListParams),
+    params(("pod_id" = String, Path, description = "The pod ID"), ListParams, ConsistentFilter),
     responses(
         (status = OK, description = "One page of reports", body = Page<PodHealth>,
             headers(("X-Index" = u64, description = "Index of the pod's health records; pass it back as `index` to block"))),
@@ -241,7 +253,7 @@ async fn delete_pod_health(
 async fn list_pod_health(
     State(app): State<AppState>,
     ApiPath(pod_id): ApiPath<String>,
-    query: Result<ListQuery, ApiError>,
+    query: Result<ListQuery<ConsistentFilter>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
     let mut violations = Violations::new();
     if let Err(e) = validate_pod_id(&pod_id) {
@@ -251,14 +263,23 @@ async fn list_pod_health(
 
     let by_labels = !query.selector.is_everything();
     let mut prefixes = vec![HealthStore::prefix(Some(&pod_id))];
+    let mut trees = vec![Tree::Health];
     if by_labels {
         prefixes.push(layout::labels_of_type(LabelType::Pod));
+        trees.push(Tree::Labels(LabelType::Pod));
     }
-    query.blocking.block(&app, &prefixes).await?;
-    let (mut index, by_node) = app.health().list_for_pod(&pod_id).await?;
+    let kv = reader(
+        &app,
+        &trees,
+        &prefixes,
+        query.filter.consistent(),
+        query.blocking,
+    )
+    .await?;
+    let (mut index, by_node) = HealthStore::new(kv.clone()).list_for_pod(&pod_id).await?;
     let mut reports: Vec<PodHealth> = by_node.into_values().map(PodHealth::from).collect();
     if by_labels {
-        let (labels_index, labeled) = app.labels().list(LabelType::Pod).await?;
+        let (labels_index, labeled) = LabelStore::new(kv).list(LabelType::Pod).await?;
         let labels: HashMap<String, Labels> = labeled
             .into_iter()
             .map(|pod| (pod.id, pod.labels))

@@ -16,12 +16,16 @@ use crate::api::blocking::index_header;
 use crate::api::extract::ApiJson;
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
+use crate::api::reads::reader;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
-use crate::labels::Labels;
+use crate::labels::{LabelType, Labels};
 use crate::model::HealthState;
+use crate::state::Tree;
 use crate::store::health::{HealthEntry, HealthStore};
-use crate::store::pods::{pod_labels_prefix, validate_node_name, validate_pod_id, PodTree};
+use crate::store::pods::{
+    pod_labels_prefix, validate_node_name, validate_pod_id, PodStore, PodTree,
+};
 
 /// OpenAPI tag of the pod routes.
 pub const TAG: &str = "pods";
@@ -51,6 +55,8 @@ pub struct PodFilter {
     pub node: Option<String>,
     /// Only pods with this ID.
     pub pod_id: Option<String>,
+    /// Read through to the store rather than from this server's mirror of it.
+    pub consistent: Option<bool>,
 }
 
 impl PodFilter {
@@ -62,6 +68,11 @@ impl PodFilter {
     /// The pod ID to list, if any.
     fn pod_id(&self) -> Option<&str> {
         self.pod_id.as_deref().filter(|s| !s.is_empty())
+    }
+
+    /// Whether the client asked to read through to the store.
+    fn consistent(&self) -> bool {
+        self.consistent.unwrap_or(false)
     }
 }
 
@@ -108,11 +119,19 @@ async fn list_pods(
         pod_labels_prefix(node),
         HealthStore::prefix(pod_id),
     ];
-    query.blocking.block(&app, &prefixes).await?;
-    let pods = app.pods();
+    let trees = [Tree::Intent, Tree::Labels(LabelType::Pod), Tree::Health];
+    let kv = reader(
+        &app,
+        &trees,
+        &prefixes,
+        query.filter.consistent(),
+        query.blocking,
+    )
+    .await?;
+    let pods = PodStore::new(kv.clone());
     let (intent_index, intents) = pods.list(PodTree::Intent, node).await?;
     let (labels_index, mut labels) = pods.list_labels(node).await?;
-    let (health_index, health) = read_health(&app.health(), pod_id).await?;
+    let (health_index, health) = read_health(&HealthStore::new(kv), pod_id).await?;
 
     // Keyed so that string order is node-then-pod order: '\0' sorts below any character a
     // node name can hold, unlike '/', which sorts after '-' and '.'.

@@ -224,7 +224,15 @@ async fn list_rcs(
     State(app): State<AppState>,
     query: ListQuery<ConsistentFilter>,
 ) -> Result<Response, ApiError> {
-    let blocking = match source(&app, &RC_TREES, query.filter.consistent(), query.blocking).await {
+    let blocking = match source(
+        &app,
+        &RC_TREES,
+        &[],
+        query.filter.consistent(),
+        query.blocking,
+    )
+    .await
+    {
         Source::Mirror(mirror) => {
             let index = mirror_index(mirror, &RC_TREES);
             let items = mirror
@@ -308,7 +316,7 @@ async fn get_rc(
     ApiPath(RcPath { id }): ApiPath<RcPath>,
 ) -> Result<Response, ApiError> {
     let id = id.to_string();
-    let blocking = match source(&app, &RC_TREES, query.consistent, query.blocking).await {
+    let blocking = match source(&app, &RC_TREES, &[], query.consistent, query.blocking).await {
         Source::Mirror(mirror) => {
             let index = mirror_index(mirror, &RC_TREES);
             let entry = mirror

@@ -9,6 +9,9 @@
 //! state, e.g. on another server). Blocking reads from the mirror wait on its change
 //! signal, so waiting clients cost the store nothing.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use axum::extract::FromRequestParts;
 use axum::extract::Query;
 use axum::http::request::Parts;
@@ -20,7 +23,8 @@ use crate::api::extract::{declared_params, QueryProblems};
 use crate::api::list_query::{BlockingText, ListFilter};
 use crate::app::App;
 use crate::error::{ApiError, Violations};
-use crate::state::{Mirror, Tree};
+use crate::kv::KvStore;
+use crate::state::{Mirror, MirrorReader, Tree};
 
 /// The query of a single-object read: blocking and consistency.
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -104,10 +108,13 @@ pub enum Source<'a> {
 /// served from the mirror is held here, on the mirror.
 ///
 /// `trees` are the trees the answer is made of: their highest index is the read's
-/// `X-Index` ([`mirror_index`]) and what a blocking read waits to see change.
+/// `X-Index` ([`mirror_index`]). A blocking read waits for a change under `prefixes` (the
+/// keys the answer is made of, within `trees`), or of `trees` when there are none: a read of
+/// one node's pods is not woken by another node's.
 pub async fn source<'a>(
     app: &'a App,
     trees: &[Tree],
+    prefixes: &[String],
     consistent: bool,
     blocking: Blocking,
 ) -> Source<'a> {
@@ -116,27 +123,78 @@ pub async fn source<'a>(
         return Source::Store(blocking);
     }
     if let Some((index, wait)) = blocking.until {
-        if index > mirror_index(mirror, trees) {
+        // Taken before the index is compared, so that a change landing in between is
+        // either past `index` or unlike `before`, and never missed.
+        let before = extents(mirror, prefixes);
+        let reached = mirror_index(mirror, trees);
+        if index > reached {
             return Source::Store(blocking);
         }
-        let mut changes = mirror.changes();
-        let held = async {
-            loop {
-                changes.borrow_and_update();
-                if mirror_index(mirror, trees) != index || changes.changed().await.is_err() {
-                    return;
-                }
-            }
-        };
-        tokio::select! {
-            _ = tokio::time::timeout(wait, held) => {}
-            () = app.shutdown.cancelled() => {}
+        if index == reached {
+            hold(app, trees, prefixes, (index, before), wait).await;
         }
         if !mirror.health().is_healthy() {
             return Source::Store(Blocking::default());
         }
     }
     Source::Mirror(mirror)
+}
+
+/// What a blocked read of `prefixes` waits to see change, by [`Mirror::extent`].
+fn extents(mirror: &Mirror, prefixes: &[String]) -> Vec<(usize, u64)> {
+    prefixes
+        .iter()
+        .map(|prefix| mirror.extent(prefix))
+        .collect()
+}
+
+/// Holds a blocking read of `trees` on the mirror for at most `wait`, until what it reads
+/// changes from `seen`: the trees' index and the `prefixes`' extents.
+async fn hold(
+    app: &App,
+    trees: &[Tree],
+    prefixes: &[String],
+    seen: (u64, Vec<(usize, u64)>),
+    wait: Duration,
+) {
+    let mirror = &app.mirror;
+    let (index, before) = seen;
+    let mut changes = mirror.changes();
+    let held = async {
+        loop {
+            changes.borrow_and_update();
+            let moved = mirror_index(mirror, trees) != index;
+            if moved && (prefixes.is_empty() || extents(mirror, prefixes) != before) {
+                return;
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(wait, held) => {}
+        () = app.shutdown.cancelled() => {}
+    }
+}
+
+/// What to read `trees` through, by [`source`]: the mirror, read as a store, or the store
+/// itself once a blocking read has waited there for a change under `prefixes` (the keys the
+/// answer is made of). Lets a handler read through a repository in one code path.
+pub async fn reader(
+    app: &App,
+    trees: &[Tree],
+    prefixes: &[String],
+    consistent: bool,
+    blocking: Blocking,
+) -> Result<Arc<dyn KvStore>, ApiError> {
+    match source(app, trees, prefixes, consistent, blocking).await {
+        Source::Mirror(mirror) => Ok(Arc::new(MirrorReader::new(mirror.clone()))),
+        Source::Store(blocking) => {
+            blocking.block(app, prefixes).await?;
+            Ok(app.store.clone())
+        }
+    }
 }
 
 /// The index a mirror read of `trees` reflects: the highest of theirs.

@@ -18,13 +18,15 @@ use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::extract::{ApiPath, NoQuery};
+use crate::api::extract::{ApiPath, ApiQuery, NoQuery};
 use crate::api::preconditions::etag;
+use crate::api::reads::{reader, ConsistentFilter};
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::kv::{Cas, TxnOp};
 use crate::model::manifest::errors_at;
 use crate::model::Manifest;
+use crate::state::Tree;
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation, PodTree};
 
 /// OpenAPI tag of the reality routes (the intent route is under the pods tag).
@@ -87,7 +89,7 @@ const POD_ID_DOC: &str = "The pod ID (the manifest's `id`)";
     get,
     path = "/intent/{node}/{pod_id}",
     tag = crate::api::pods::TAG,
-    params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC)),
+    params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC), ConsistentFilter),
     responses(
         (status = OK, description = "The intended manifest", body = String, content_type = "application/yaml",
             headers(("ETag" = String, description = "The intent's modify index"))),
@@ -98,10 +100,10 @@ const POD_ID_DOC: &str = "The pod ID (the manifest's `id`)";
 )]
 async fn get_intent(
     State(app): State<AppState>,
-    _: NoQuery,
+    ApiQuery(query): ApiQuery<ConsistentFilter>,
     ApiPath((node, pod_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
-    read(&app, PodTree::Intent, &node, &pod_id).await
+    read(&app, PodTree::Intent, &node, &pod_id, query.consistent()).await
 }
 
 /// The manifest a node last reported installed, byte for byte.
@@ -109,7 +111,7 @@ async fn get_intent(
     get,
     path = "/reality/{node}/{pod_id}",
     tag = TAG,
-    params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC)),
+    params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC), ConsistentFilter),
     responses(
         (status = OK, description = "The installed manifest", body = String, content_type = "application/yaml",
             headers(("ETag" = String, description = "The report's modify index"))),
@@ -120,10 +122,10 @@ async fn get_intent(
 )]
 async fn get_reality(
     State(app): State<AppState>,
-    _: NoQuery,
+    ApiQuery(query): ApiQuery<ConsistentFilter>,
     ApiPath((node, pod_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
-    read(&app, PodTree::Reality, &node, &pod_id).await
+    read(&app, PodTree::Reality, &node, &pod_id, query.consistent()).await
 }
 
 /// Reports the manifest a node has installed, as P2's preparer does after each install.
@@ -210,15 +212,22 @@ async fn delete_reality(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Answers the raw bytes stored for `pod` in `tree`, or 404.
+/// Answers the raw bytes stored for `pod` in `tree`, or 404; from the mirror unless
+/// `consistent`.
 async fn read(
     app: &AppState,
     tree: PodTree,
     node: &str,
     pod_id: &str,
+    consistent: bool,
 ) -> Result<Response, ApiError> {
     let pod = valid_pod(node, pod_id)?;
-    let pair = app.store.get(&tree.key(&pod)).await?.ok_or_else(|| {
+    let followed = match tree {
+        PodTree::Intent => Tree::Intent,
+        PodTree::Reality => Tree::Reality,
+    };
+    let kv = reader(app, &[followed], &[], consistent, Default::default()).await?;
+    let pair = kv.get(&tree.key(&pod)).await?.ok_or_else(|| {
         let what = match tree {
             PodTree::Intent => "intended",
             PodTree::Reality => "reported",

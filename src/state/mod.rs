@@ -24,6 +24,7 @@
 mod changes;
 mod data;
 mod feed;
+mod reader;
 mod trees;
 
 use std::collections::BTreeSet;
@@ -40,6 +41,7 @@ use crate::labels::{LabelType, Labels, Operator, Selector, RC_ID_LABEL};
 use crate::store::layout;
 
 pub use changes::{Change, ChangeType, Signal};
+pub use reader::MirrorReader;
 pub use trees::{object_id, Entry, Kind, Tree, View};
 
 use changes::Stream;
@@ -321,17 +323,46 @@ impl Mirror {
     /// Every entry whose key starts with `prefix`, sorted by key; `prefix` must lie within
     /// one followed tree (e.g. `intent/<node>/` for the intents of a node).
     pub fn under(&self, prefix: &str) -> Vec<Arc<Entry>> {
-        let Some(tree) = Tree::of_key(prefix) else {
-            return Vec::new();
-        };
+        self.listing(prefix)
+            .map(|(_, entries)| entries)
+            .unwrap_or_default()
+    }
+
+    /// The index of the tree `prefix` lies in and the entries under `prefix` (as
+    /// [`Mirror::under`]), read together, so the index is that of the entries; `None` for a
+    /// prefix in no followed tree.
+    pub fn listing(&self, prefix: &str) -> Option<(u64, Vec<Arc<Entry>>)> {
+        let tree = Tree::of_key(prefix)?;
         let state = self.read();
-        state
-            .tree(tree)
+        let tree_state = state.tree(tree);
+        let entries = tree_state
             .entries
             .range(prefix.to_owned()..)
             .take_while(|(key, _)| key.starts_with(prefix))
             .map(|(_, entry)| entry.clone())
-            .collect()
+            .collect();
+        Some((tree_state.index, entries))
+    }
+
+    /// How many entries lie under `prefix`, and the highest modify index among them: any
+    /// write under `prefix` changes one of the two (an added or changed entry has the
+    /// newest index; a removal alone lowers the count). A whole tree's is its index.
+    pub fn extent(&self, prefix: &str) -> (usize, u64) {
+        let Some(tree) = Tree::of_key(prefix) else {
+            return (0, 0);
+        };
+        let state = self.read();
+        let tree_state = state.tree(tree);
+        if tree.prefix() == prefix {
+            return (0, tree_state.index);
+        }
+        tree_state
+            .entries
+            .range(prefix.to_owned()..)
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .fold((0, 0), |(count, highest), (_, entry)| {
+                (count + 1, highest.max(entry.pair.modify_index))
+            })
     }
 
     /// `tree`'s index and entries (sorted by key), read together, unless its generation is

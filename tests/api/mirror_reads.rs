@@ -139,6 +139,85 @@ async fn mirror_reads_cost_the_store_nothing_and_consistent_reads_go_to_it() {
     assert_eq!(listed["items"][0]["replicas_desired"], 7);
 }
 
+/// Every read of labels, nodes, pods, health, intent and reality (P2's label routes too)
+/// is served from the mirror, asking the store nothing, with what was written behind the
+/// server's back once the mirror has it; with `?consistent=true` they read the store.
+#[tokio::test]
+async fn every_read_of_labels_nodes_pods_and_health_is_served_from_the_mirror() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let manifest = "id: hello\nlaunchables: {}\n";
+    app.put_raw("intent/node1/hello", manifest).await;
+    app.put_raw("reality/node1/hello", manifest).await;
+    app.put_json("labels/node/node1", &json!({"role": "web"}))
+        .await;
+    app.put_json("labels/pod/node1/hello", &json!({"app": "hello"}))
+        .await;
+    let health = json!({"Id": "hello", "Node": "node1", "Service": "hello",
+        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    app.put_json("health/hello/node1", &health).await;
+    for key in [
+        "intent/node1/hello",
+        "reality/node1/hello",
+        "labels/node/node1",
+        "labels/pod/node1/hello",
+        "health/hello/node1",
+    ] {
+        app.mirrored(key).await;
+    }
+    // Each read, and a JSON pointer into its answer with what must be there.
+    let reads = [
+        ("/api/v1/labels/node", "/items/0/labels/role", "web"),
+        ("/api/v1/labels/node/node1", "/labels/role", "web"),
+        ("/api/v1/nodes", "/items/0/name", "node1"),
+        ("/api/v1/nodes/node1", "/pods/0", "hello"),
+        ("/api/v1/pods", "/items/0/health", "passing"),
+        (
+            "/api/v1/pods?selector=app%3Dhello",
+            "/items/0/pod_id",
+            "hello",
+        ),
+        ("/api/v1/health/hello", "/items/0/node", "node1"),
+        ("/api/v1/health/hello/node1", "/status", "passing"),
+        ("/api/labels/node", "/0/id", "node1"),
+        ("/api/labels/node/node1", "/labels/role", "web"),
+        (
+            "/api/select?type=node&selector=role%3Dweb",
+            "/0/id",
+            "node1",
+        ),
+    ];
+    let before = counting.calls();
+    for (uri, pointer, expected) in reads {
+        let response = app.get(uri).await;
+        assert_eq!(response.status, StatusCode::OK, "{uri}: {response:?}");
+        let found = response.json().pointer(pointer).cloned();
+        assert_eq!(found, Some(json!(expected)), "{uri}: {response:?}");
+    }
+    for uri in ["/api/v1/intent/node1/hello", "/api/v1/reality/node1/hello"] {
+        let response = app.get(uri).await;
+        assert_eq!(response.status, StatusCode::OK, "{uri}: {response:?}");
+        assert_eq!(response.body, manifest.as_bytes(), "{uri}");
+    }
+    assert_eq!(counting.calls(), before, "a mirror read asked the store");
+
+    for uri in [
+        "/api/v1/labels/node?consistent=true",
+        "/api/v1/labels/node/node1?consistent=true",
+        "/api/v1/nodes?consistent=true",
+        "/api/v1/nodes/node1?consistent=true",
+        "/api/v1/pods?consistent=true",
+        "/api/v1/health/hello?consistent=true",
+        "/api/v1/health/hello/node1?consistent=true",
+        "/api/v1/intent/node1/hello?consistent=true",
+        "/api/v1/reality/node1/hello?consistent=true",
+    ] {
+        let before = counting.calls();
+        let response = app.get(uri).await;
+        assert_eq!(response.status, StatusCode::OK, "{uri}: {response:?}");
+        assert!(counting.calls() > before, "{uri} did not ask the store");
+    }
+}
+
 /// A mirror that has lost its watch makes `/readyz` fail, naming it, and reads go to the
 /// store rather than answer what the mirror last saw; once the watch is back, all is well.
 #[tokio::test]

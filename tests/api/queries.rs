@@ -106,7 +106,7 @@ async fn unknown_parameters_are_named_with_the_accepted_ones() {
     assert_unknown(
         &response,
         "limitt",
-        &format!("accepted: {LIST_PARAMS}, node, pod_id"),
+        &format!("accepted: {LIST_PARAMS}, node, pod_id, consistent"),
     );
     // A single-object read, a route that takes no query at all, and a write.
     let response = app.get(&format!("{rc}?limit=5")).await;

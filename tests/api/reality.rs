@@ -186,6 +186,7 @@ async fn intent_is_answered_as_the_farms_wrote_it() {
         .await
         .unwrap();
     let pair = app.store.get("intent/node1/hello").await.unwrap().unwrap();
+    app.mirrored("intent/node1/hello").await;
     let got = app.get("/api/v1/intent/node1/hello").await;
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(got.header("content-type"), Some("application/yaml"));
