@@ -63,6 +63,9 @@ pub enum Need {
     Nobody,
     /// A token whose role grants this one.
     Role(Role),
+    /// `viewer`, or nothing when the server runs with `--metrics-public`: the metrics and
+    /// the version, which scrapers may be let read without a token.
+    ViewerUnlessPublic,
 }
 
 /// The role each operation needs, by method and route template (as the OpenAPI document
@@ -73,6 +76,8 @@ pub enum Need {
 const RULES: &[(Method, &str, Need)] = &[
     (Method::GET, "/healthz", Need::Nobody),
     (Method::GET, "/readyz", Need::Nobody),
+    (Method::GET, "/metrics", Need::ViewerUnlessPublic),
+    (Method::GET, "/version", Need::ViewerUnlessPublic),
     (Method::GET, "/openapi.json", Need::Nobody),
     (Method::GET, "/docs", Need::Nobody),
     (Method::GET, "/docs/", Need::Nobody),
@@ -250,6 +255,8 @@ struct TokenSource {
 pub struct Access {
     tokens: Option<TokenSource>,
     cors_origins: Vec<HeaderValue>,
+    /// Whether the metrics and the version need no token (`--metrics-public`).
+    metrics_public: bool,
 }
 
 impl Access {
@@ -266,7 +273,16 @@ impl Access {
         Ok(Access {
             tokens,
             cors_origins,
+            metrics_public: false,
         })
+    }
+
+    /// The same, with the metrics and the version readable without a token when `public`.
+    pub fn with_metrics_public(self, public: bool) -> Self {
+        Access {
+            metrics_public: public,
+            ..self
+        }
     }
 
     /// Re-reads the token file, returning how many tokens it now lists; if the new file is
@@ -320,9 +336,10 @@ pub async fn authorize(
         .extensions()
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_owned());
-    let need = need(request.method(), template.as_deref(), request.uri().query());
-    let Need::Role(needed) = need else {
-        return next.run(request).await;
+    let needed = match need(request.method(), template.as_deref(), request.uri().query()) {
+        Need::Role(role) => role,
+        Need::ViewerUnlessPublic if !access.metrics_public => Role::Viewer,
+        Need::Nobody | Need::ViewerUnlessPublic => return next.run(request).await,
     };
     let presented = request
         .headers()
@@ -414,15 +431,22 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
             let Some(need) = rule(&method, path) else {
                 continue;
             };
-            let role = match need {
-                Need::Nobody => "none",
-                Need::Role(role) => role.as_str(),
+            let (role, unless) = match need {
+                Need::Nobody => (None, ""),
+                Need::Role(role) => (Some(role), ""),
+                Need::ViewerUnlessPublic => (
+                    Some(Role::Viewer),
+                    ", unless the server runs with `--metrics-public`",
+                ),
             };
             operation
                 .extensions
                 .get_or_insert_with(Default::default)
-                .insert("x-required-role".to_owned(), role.into());
-            let Need::Role(role) = need else { continue };
+                .insert(
+                    "x-required-role".to_owned(),
+                    role.map_or("none", Role::as_str).into(),
+                );
+            let Some(role) = role else { continue };
             let forced = operation
                 .parameters
                 .iter()
@@ -434,7 +458,7 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
                     role.as_str()
                 )
             } else {
-                format!("Needs a token with the `{}` role.", role.as_str())
+                format!("Needs a token with the `{}` role{unless}.", role.as_str())
             };
             operation.description = Some(match operation.description.take() {
                 Some(text) if !text.is_empty() => format!("{text}\n\n{sentence}"),

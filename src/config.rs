@@ -205,6 +205,11 @@ pub struct AccessArgs {
     #[arg(long, value_name = "ORIGIN", env = "P2_CORS_ORIGIN", value_delimiter = ',',
           value_parser = parse_origin)]
     pub cors_origin: Vec<HeaderValue>,
+
+    /// Serve /metrics and /version without a token, for a Prometheus that scrapes without
+    /// one; otherwise they need the viewer role.
+    #[arg(long, env = "P2_METRICS_PUBLIC")]
+    pub metrics_public: bool,
 }
 
 impl AccessArgs {
@@ -219,7 +224,10 @@ impl AccessArgs {
                  anyway"
             );
         }
-        Access::new(self.auth_tokens.as_deref(), self.cors_origin.clone())
+        Ok(
+            Access::new(self.auth_tokens.as_deref(), self.cors_origin.clone())?
+                .with_metrics_public(self.metrics_public),
+        )
     }
 }
 
@@ -714,6 +722,7 @@ mod tests {
             auth_tokens: None,
             insecure_no_auth,
             cors_origin: Vec::new(),
+            metrics_public: false,
         };
         for loopback in ["127.0.0.1:8080", "[::1]:8080"] {
             assert!(

@@ -204,10 +204,12 @@ where
         config.session_ttl,
         term.cancel.clone(),
     ));
+    crate::metrics::leading(true);
     let farms = tokio::spawn(lead(term.clone()));
     let outcome = watch_while_ours(&*store, session, &term.cancel).await;
     term.cancel.cancel();
     let _ = farms.await;
+    crate::metrics::leading(false);
     let _ = renewer.await;
     if let Err(e) = store.destroy_session(&farm_session).await {
         tracing::warn!(session = %farm_session, error = %e, "destroying the term's session failed");

@@ -20,6 +20,8 @@
 //! - [`backoff`]: exponential backoff with jitter for anything that retries.
 //! - [`leader`]: leader election over a store session and lock; the leader runs the farms.
 //! - [`farms`]: the RC, roll and daemon-set reconcilers, driven by the mirror.
+//! - [`metrics`]: the Prometheus metrics, their names and the recorder `/metrics` renders;
+//!   [`version`]: what the binary was built from.
 //! - [`simulator`]: simulated nodes that act as node agents through the REST API, for the
 //!   demo, the end-to-end tests and the benchmark.
 
@@ -33,9 +35,11 @@ pub mod farms;
 pub mod kv;
 pub mod labels;
 pub mod leader;
+pub mod metrics;
 pub mod model;
 pub mod router;
 pub mod server;
 pub mod simulator;
 pub mod state;
 pub mod store;
+pub mod version;

@@ -17,6 +17,7 @@ use p2_apiserver::config::{Cli, Command, FarmArgs, ServeArgs, SimulateArgs};
 use p2_apiserver::farms::{self, alerts::Alerter};
 use p2_apiserver::kv::{open_store, KvStore};
 use p2_apiserver::leader::{self, LeaderConfig};
+use p2_apiserver::metrics;
 use p2_apiserver::server;
 use p2_apiserver::simulator;
 use p2_apiserver::state::{Mirror, MirrorConfig};
@@ -43,6 +44,8 @@ fn init_tracing() {
 /// Serves until SIGINT or SIGTERM, then lets in-flight requests finish and exits 0; re-reads
 /// the token file on SIGHUP.
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Before anything records a metric.
+    metrics::install();
     let access = Arc::new(args.access.access(args.listen)?);
     // Installed before the port opens, so a signal sent as soon as the server is reachable
     // still shuts it down gracefully instead of killing it.
@@ -61,6 +64,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let tasks = TaskTracker::new();
     tasks.spawn(cancel_on_signal(interrupt, terminate, shutdown.clone()));
     tasks.spawn(reload_on_hangup(hangup, access.clone(), shutdown.clone()));
+    tasks.spawn(metrics::upkeep(shutdown.clone()));
     // One mirror of the store, read by the API and the farms alike.
     let mirror = Mirror::new(store.clone(), MirrorConfig::default());
     mirror.start(&tasks, shutdown.clone());

@@ -28,6 +28,7 @@ use crate::api::list_query::requested_wait;
 use crate::app::{AppState, HttpLimits};
 use crate::auth;
 use crate::error::{ApiError, Cause, ErrorBody};
+use crate::metrics;
 
 /// Largest request body accepted: generous for any resource (a value in the store is at most
 /// 512 KiB) while bounding what one request can make the server buffer.
@@ -63,6 +64,7 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
         (name = api::leader::TAG, description = "Which server runs the farms"),
         (name = api::rolls::TAG, description = "Rolling updates: moving replicas from one RC to another"),
         (name = api::watch::TAG, description = "The change stream: Server-Sent Events of every change to the objects asked for"),
+        (name = api::observability::TAG, description = "Prometheus metrics and the server's version"),
     ),
     components(schemas(ErrorBody, Cause))
 )]
@@ -74,6 +76,7 @@ struct ApiDoc;
 pub fn api() -> OpenApiRouter<AppState> {
     let mut router = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(api::health::router())
+        .merge(api::observability::router())
         .nest("/api/v1", api::labels::router())
         .merge(api::p2_labels::router())
         .nest("/api/v1", api::nodes::router())
@@ -129,8 +132,9 @@ fn document_unknown_parameters(openapi: &mut utoipa::openapi::OpenApi) {
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI
 /// at `/docs`, JSON fallbacks and middleware. Each route checks the request's token against
 /// the role its operation needs ([`auth`]); the fallbacks do not, so an unknown route is a
-/// 404 to anyone.
+/// 404 to anyone. Installs the metrics recorder that `/metrics` renders, if nothing has yet.
 pub fn build(state: AppState) -> Router {
+    metrics::install();
     let limits = state.limits;
     let access = state.access.clone();
     let (routes, openapi) = api().split_for_parts();
@@ -167,7 +171,8 @@ fn with_cors(router: Router, origins: Vec<HeaderValue>) -> Router {
 }
 
 /// What every route gets: JSON 404 and 405, limits on the request head and body, the
-/// request deadline, request ids and a tracing span.
+/// request deadline, request ids, a tracing span and the request's metrics (outermost, so
+/// that every answer is counted).
 ///
 /// Call it last: the 405 fallback only reaches routes already added. Public so tests can wrap
 /// test-only routes exactly as the real ones are wrapped.
@@ -176,6 +181,7 @@ pub fn with_middleware(router: Router, limits: HttpLimits) -> Router {
     // the request carries it; the body is read in full before the deadline starts, so a slow
     // client is told 408 and a slow store 503.
     let layers = ServiceBuilder::new()
+        .layer(middleware::from_fn(metrics::track_http))
         .layer(SetSensitiveRequestHeadersLayer::new([AUTHORIZATION]))
         .layer(SetRequestIdLayer::new(REQUEST_ID_HEADER, MakeRequestUuid))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID_HEADER))

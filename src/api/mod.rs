@@ -16,6 +16,7 @@ pub mod labels;
 pub mod leader;
 pub mod list_query;
 pub mod nodes;
+pub mod observability;
 pub mod p2_labels;
 pub mod paging;
 pub mod pod_health;

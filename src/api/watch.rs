@@ -29,6 +29,7 @@ use crate::api::extract::ApiQuery;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::Selector;
+use crate::metrics::SseClient;
 use crate::state::{object_id, Change, Kind, Mirror, Signal, Subscription};
 
 /// OpenAPI tag of the change stream.
@@ -210,6 +211,8 @@ struct Watcher {
     receiver: tokio::sync::broadcast::Receiver<Signal>,
     /// Whether the stream ends once `pending` is sent.
     ending: bool,
+    /// Counts the stream in the metrics while it lives.
+    _client: SseClient,
 }
 
 impl Watcher {
@@ -221,6 +224,7 @@ impl Watcher {
             filter,
             pending: VecDeque::new(),
             ending: false,
+            _client: SseClient::connected(),
         };
         watcher.queue(subscription, resume.is_none());
         watcher

@@ -101,6 +101,11 @@ struct Plan {
 
 impl Farm for DsFarm {
     const NAME: &'static str = "ds";
+    const OWNERSHIP_LOCKS: Option<&'static str> = Some(layout::DS_LOCKS);
+
+    fn retries(&self) -> &Retries {
+        &self.retries
+    }
 
     async fn pass(&mut self, ctx: &FarmContext, world: &World) -> Option<Instant> {
         self.seen.extend(world.daemon_sets.items.keys().cloned());

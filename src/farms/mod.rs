@@ -38,6 +38,7 @@ use tokio_util::task::TaskTracker;
 use crate::backoff::Backoff;
 use crate::kv::{KvPair, KvStore, StoreError, TxnOp};
 use crate::leader::Term;
+use crate::metrics::FarmPass;
 use crate::state::Mirror;
 use crate::store::layout::LEADER_LOCK;
 use crate::store::own_writes::OwnWrites;
@@ -195,23 +196,39 @@ impl FarmContext {
         prefix: &str,
         exists: impl Fn(&str) -> bool,
     ) {
-        for key in world.held_by(&self.session) {
-            let Some(id) = key.strip_prefix(prefix) else {
-                continue;
-            };
-            if !id.contains('/') && !exists(id) {
+        for (key, id) in self.owned(world, prefix) {
+            if !exists(id) {
                 if let Err(e) = self.release_lock(key).await {
                     tracing::warn!(%key, error = %e, "releasing an ownership lock failed");
                 }
             }
         }
     }
+
+    /// The ownership locks `<prefix><id>` this session holds, each with its object's id
+    /// (a lock under an object's own, such as its mutation lock, is not one).
+    fn owned<'a>(
+        &'a self,
+        world: &'a World,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+        world.held_by(&self.session).filter_map(move |key| {
+            let id = key.strip_prefix(prefix)?;
+            (!id.contains('/')).then_some((key, id))
+        })
+    }
 }
 
 /// One farm: a pass over everything it owns.
 pub trait Farm: Send {
-    /// For logs.
+    /// For logs and metrics.
     const NAME: &'static str;
+
+    /// The lock tree of the objects it owns, if it owns any (for the owned-objects metric).
+    const OWNERSHIP_LOCKS: Option<&'static str> = None;
+
+    /// Its per-object backoff (for the error and queue metrics).
+    fn retries(&self) -> &Retries;
 
     /// Reconciles every object once against `world`; returns when it wants to run again
     /// at the latest (a roll delay, a per-object backoff), if sooner than [`RESYNC`].
@@ -226,6 +243,7 @@ pub trait Farm: Send {
 /// writes included, applied at once) and at least every [`RESYNC`].
 pub async fn drive<F: Farm>(mut farm: F, ctx: Arc<FarmContext>, mut trees: Trees) {
     tracing::info!(farm = F::NAME, "farm started");
+    let mut failures = farm.retries().failures();
     loop {
         let world = tokio::select! {
             world = trees.world() => world,
@@ -234,12 +252,24 @@ pub async fn drive<F: Farm>(mut farm: F, ctx: Arc<FarmContext>, mut trees: Trees
         if ctx.cancel.is_cancelled() {
             break;
         }
+        let started = Instant::now();
         let wake = farm
             .pass(&ctx, &world)
             .await
             .map_or(Instant::now() + RESYNC, |at| {
                 at.min(Instant::now() + RESYNC)
             });
+        let retries = farm.retries();
+        crate::metrics::farm_pass(
+            F::NAME,
+            FarmPass {
+                took: started.elapsed(),
+                new_errors: retries.failures() - failures,
+                waiting: retries.waiting(),
+                owned: F::OWNERSHIP_LOCKS.map(|prefix| ctx.owned(&world, prefix).count()),
+            },
+        );
+        failures = retries.failures();
         tokio::select! {
             () = trees.changed() => {}
             () = tokio::time::sleep_until(wake) => {}
@@ -261,6 +291,8 @@ pub fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 #[derive(Default)]
 pub struct Retries {
     failing: HashMap<String, (Backoff, Instant)>,
+    /// Failures recorded so far.
+    failures: u64,
 }
 
 impl Retries {
@@ -273,6 +305,7 @@ impl Retries {
 
     /// Records a failure; returns when to try again.
     pub fn failed(&mut self, id: &str) -> Instant {
+        self.failures += 1;
         let (backoff, not_before) = self.failing.entry(id.to_owned()).or_insert_with(|| {
             (
                 Backoff::new(Duration::from_millis(500), Duration::from_secs(60)),
@@ -314,6 +347,16 @@ impl Retries {
             .map(|(_, at)| *at)
             .filter(|at| *at > now)
             .min()
+    }
+
+    /// How many failures have been recorded.
+    pub fn failures(&self) -> u64 {
+        self.failures
+    }
+
+    /// How many objects wait to be retried after a failure.
+    pub fn waiting(&self) -> usize {
+        self.failing.len()
     }
 
     /// Forgets the objects that no longer exist.

@@ -41,6 +41,11 @@ pub struct RcFarm {
 
 impl Farm for RcFarm {
     const NAME: &'static str = "rc";
+    const OWNERSHIP_LOCKS: Option<&'static str> = Some(layout::RC_LOCKS);
+
+    fn retries(&self) -> &Retries {
+        &self.retries
+    }
 
     async fn pass(&mut self, ctx: &FarmContext, world: &World) -> Option<Instant> {
         let mut load = Load::of(world);

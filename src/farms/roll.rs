@@ -82,6 +82,11 @@ pub fn count(world: &World, id: &str, rc: &StoredRc) -> Counts {
 
 impl Farm for RollFarm {
     const NAME: &'static str = "roll";
+    const OWNERSHIP_LOCKS: Option<&'static str> = Some(layout::ROLL_LOCKS);
+
+    fn retries(&self) -> &Retries {
+        &self.retries
+    }
 
     async fn pass(&mut self, ctx: &FarmContext, world: &World) -> Option<Instant> {
         let mut wake: Option<Instant> = None;

@@ -25,6 +25,10 @@ pub struct StaleLockFarm {
 impl Farm for StaleLockFarm {
     const NAME: &'static str = "stale-locks";
 
+    fn retries(&self) -> &Retries {
+        &self.retries
+    }
+
     async fn pass(&mut self, ctx: &FarmContext, world: &World) -> Option<Instant> {
         for (key, lock) in &world.locks.items {
             if lock.value.is_some() || !session_only(key) || !self.retries.ready(key) {

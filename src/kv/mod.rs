@@ -8,6 +8,7 @@
 
 pub mod consul;
 pub mod keys;
+pub mod metered;
 pub mod open;
 pub mod prefixed;
 pub mod sqlite;

@@ -4,6 +4,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use super::consul::{ConsulConfig, ConsulStore};
+use super::metered::Metered;
 use super::sqlite::SqliteStore;
 use super::{KvStore, StoreResult};
 
@@ -54,15 +55,22 @@ pub struct ConsulOptions {
     pub datacenter: Option<String>,
 }
 
-/// Opens the store named by `url`; for SQLite this creates the file and applies migrations.
+/// Opens the store named by `url`, its operations measured ([`Metered`]); for SQLite this
+/// creates the file and applies migrations.
 pub async fn open_store(url: &StoreUrl, consul: ConsulOptions) -> StoreResult<Arc<dyn KvStore>> {
     match url {
-        StoreUrl::Sqlite { path } => Ok(Arc::new(SqliteStore::open(path).await?)),
-        StoreUrl::Consul { base_url } => Ok(Arc::new(ConsulStore::new(ConsulConfig {
-            base_url: base_url.clone(),
-            token: consul.token,
-            datacenter: consul.datacenter,
-        })?)),
+        StoreUrl::Sqlite { path } => Ok(Metered::wrap(
+            Arc::new(SqliteStore::open(path).await?),
+            "sqlite",
+        )),
+        StoreUrl::Consul { base_url } => Ok(Metered::wrap(
+            Arc::new(ConsulStore::new(ConsulConfig {
+                base_url: base_url.clone(),
+                token: consul.token,
+                datacenter: consul.datacenter,
+            })?),
+            "consul",
+        )),
     }
 }
 

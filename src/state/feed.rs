@@ -25,6 +25,7 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
     // The index of the last listing; 0 until the tree has been read (again).
     let mut index = 0;
     let mut last_read: Option<Instant> = None;
+    let mut last_success = Instant::now();
     loop {
         // At most one read per interval: the changes of the interval come in one listing.
         if let Some(last) = last_read {
@@ -57,6 +58,8 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
         match result {
             Ok(listing) => {
                 backoff.reset();
+                last_success = Instant::now();
+                crate::metrics::mirror_lag(&prefix, Duration::ZERO);
                 mirror.watch_succeeded(tree);
                 if !fresh && listing.index < index {
                     tracing::warn!(
@@ -76,6 +79,7 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
             Err(e) => {
                 tracing::warn!(prefix, error = %e, "watching a tree failed; retrying");
                 mirror.watch_failed(tree);
+                crate::metrics::mirror_lag(&prefix, last_success.elapsed());
                 let retry = Instant::now() + backoff.next_delay();
                 if !pause_until(retry, &cancel, &mut epoch).await {
                     return;

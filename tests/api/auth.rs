@@ -63,6 +63,11 @@ struct Secured {
 
 impl Secured {
     async fn new(cors_origins: &[&str]) -> Self {
+        Self::serving(cors_origins, false).await
+    }
+
+    /// With the metrics and the version public when `metrics_public`.
+    async fn serving(cors_origins: &[&str], metrics_public: bool) -> Self {
         let app = TestApp::new().await;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens.yaml");
@@ -77,8 +82,11 @@ impl Secured {
             .map(|o| HeaderValue::from_str(o).unwrap())
             .collect();
         let mut state = App::new(app.store.clone());
-        Arc::get_mut(&mut state).unwrap().access =
-            Arc::new(Access::new(Some(&path), origins).unwrap());
+        Arc::get_mut(&mut state).unwrap().access = Arc::new(
+            Access::new(Some(&path), origins)
+                .unwrap()
+                .with_metrics_public(metrics_public),
+        );
         Secured {
             router: router::build(state),
             _app: app,
@@ -188,6 +196,25 @@ async fn reads_answer_head_and_public_routes_need_no_token() {
     }
     // An unknown route is a 404 to anyone.
     assert_eq!(secured.send("GET", "/nowhere", None).await.status, 404);
+}
+
+#[tokio::test]
+async fn metrics_and_version_need_a_viewer_unless_public() {
+    let secured = Secured::new(&[]).await;
+    for uri in ["/metrics", "/version"] {
+        let response = secured.send("GET", uri, None).await;
+        assert_denied(&response, StatusCode::UNAUTHORIZED, uri);
+        let response = secured.send("GET", uri, Some("viewer-token")).await;
+        assert_eq!(response.status, StatusCode::OK, "{uri}: {response:?}");
+    }
+    let public = Secured::serving(&[], true).await;
+    for uri in ["/metrics", "/version"] {
+        let response = public.send("GET", uri, None).await;
+        assert_eq!(response.status, StatusCode::OK, "{uri}: {response:?}");
+    }
+    // Only they are public.
+    let response = public.send("GET", "/api/v1/rcs", None).await;
+    assert_denied(&response, StatusCode::UNAUTHORIZED, "/api/v1/rcs");
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@ mod compat_p2;
 mod daemonsets;
 mod http_basics;
 mod labels;
+mod metrics;
 mod mirror_reads;
 mod openapi;
 mod p2_labels;

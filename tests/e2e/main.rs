@@ -1,5 +1,6 @@
 //! End to end: the real binary, the simulator and the API together.
 
+mod metrics;
 mod scenarios;
 #[path = "../support/mod.rs"]
 mod support;

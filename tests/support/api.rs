@@ -22,6 +22,7 @@ use http_body_util::BodyExt;
 use p2_apiserver::app::{App, HttpLimits};
 use p2_apiserver::error::ErrorBody;
 use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
+use p2_apiserver::kv::metered::Metered;
 use p2_apiserver::kv::prefixed::Prefixed;
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{Cas, KvPair, KvStore, StoreUrl};
@@ -77,6 +78,7 @@ impl TestApp {
     }
 
     /// A fresh app whose store is `wrap` applied to an empty store, mirrored by `config`.
+    /// The empty store's operations are measured, as a served store's are.
     pub async fn configured(
         wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>,
         config: MirrorConfig,
@@ -88,7 +90,10 @@ impl TestApp {
                 let sqlite = SqliteStore::open(path.to_str().expect("utf-8 temp path"))
                     .await
                     .expect("open sqlite store");
-                (Arc::new(sqlite), Backing::Dir(dir))
+                (
+                    Metered::wrap(Arc::new(sqlite), backend()),
+                    Backing::Dir(dir),
+                )
             }
             Some(config) => {
                 let consul: Arc<dyn KvStore> = Arc::new(consul_store(config.clone()));
@@ -98,7 +103,10 @@ impl TestApp {
                     config: config.clone(),
                     prefix: store.prefix().to_owned(),
                 };
-                (Arc::new(store), Backing::Namespace(namespace))
+                (
+                    Metered::wrap(Arc::new(store), backend()),
+                    Backing::Namespace(namespace),
+                )
             }
         };
         let store = wrap(store);
@@ -173,10 +181,29 @@ impl TestApp {
         call(&self.router, request).await
     }
 
+    /// Sends one request through the whole router, leaving the answer's body unread: for a
+    /// stream, which never ends.
+    pub async fn open(&self, request: Request<Body>) -> axum::response::Response {
+        self.router
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("infallible")
+    }
+
     /// `GET path`.
     pub async fn get(&self, path: &str) -> TestResponse {
         self.send(Request::get(path).body(Body::empty()).unwrap())
             .await
+    }
+}
+
+/// The backend the apps use, as the store metrics name it.
+pub fn backend() -> &'static str {
+    if consul().is_some() {
+        "consul"
+    } else {
+        "sqlite"
     }
 }
 

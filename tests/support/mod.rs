@@ -6,4 +6,5 @@ pub mod counting;
 pub mod e2e;
 pub mod fake_consul;
 pub mod farms;
+pub mod scrape;
 pub mod severable;

@@ -1,0 +1,131 @@
+//! A store that records every operation's backend, name, outcome and duration
+//! ([`crate::metrics::STORE_OPERATION_DURATION`]), wrapped around the backend where it is
+//! opened so that every caller's operations are counted.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::{
+    Cas, KvPair, KvStore, Listing, SessionInfo, SessionSpec, StoreError, StoreResult, TxnOp,
+    WatchTarget,
+};
+
+/// `inner`, measured under the backend name `backend`.
+pub struct Metered {
+    inner: Arc<dyn KvStore>,
+    backend: &'static str,
+}
+
+impl Metered {
+    /// Wraps `inner`, whose operations are recorded under `backend` (`sqlite`, `consul`).
+    pub fn wrap(inner: Arc<dyn KvStore>, backend: &'static str) -> Arc<dyn KvStore> {
+        Arc::new(Metered { inner, backend })
+    }
+
+    async fn measure<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = StoreResult<T>>,
+    ) -> StoreResult<T> {
+        let started = Instant::now();
+        let result = call.await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(e) => error_kind(e),
+        };
+        crate::metrics::store_operation(self.backend, operation, outcome, started.elapsed());
+        result
+    }
+}
+
+/// The outcome label of a failed operation: its error kind.
+fn error_kind(error: &StoreError) -> &'static str {
+    match error {
+        StoreError::NotFound(_) => "not_found",
+        StoreError::Conflict { .. } => "conflict",
+        StoreError::Unavailable(_) => "unavailable",
+        StoreError::OutcomeUnknown(_) => "outcome_unknown",
+        StoreError::Invalid(_) => "invalid",
+        StoreError::Forbidden(_) => "forbidden",
+    }
+}
+
+#[async_trait]
+impl KvStore for Metered {
+    async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
+        self.measure("get", self.inner.get(key)).await
+    }
+
+    async fn list(&self, prefix: &str) -> StoreResult<Listing> {
+        self.measure("list", self.inner.list(prefix)).await
+    }
+
+    async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
+        self.measure("keys", self.inner.keys(prefix, separator))
+            .await
+    }
+
+    async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
+        self.measure("put", self.inner.put(key, value, cas)).await
+    }
+
+    async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
+        self.measure("delete", self.inner.delete(key, cas)).await
+    }
+
+    async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
+        self.measure("delete_prefix", self.inner.delete_prefix(prefix))
+            .await
+    }
+
+    async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
+        self.measure("txn", self.inner.txn(ops)).await
+    }
+
+    async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
+        self.measure("create_session", self.inner.create_session(spec))
+            .await
+    }
+
+    async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo> {
+        self.measure("renew_session", self.inner.renew_session(id))
+            .await
+    }
+
+    async fn destroy_session(&self, id: &str) -> StoreResult<()> {
+        self.measure("destroy_session", self.inner.destroy_session(id))
+            .await
+    }
+
+    async fn session_info(&self, id: &str) -> StoreResult<Option<SessionInfo>> {
+        self.measure("session_info", self.inner.session_info(id))
+            .await
+    }
+
+    async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool> {
+        self.measure("acquire", self.inner.acquire(key, value, session))
+            .await
+    }
+
+    async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
+        self.measure("release", self.inner.release(key, session))
+            .await
+    }
+
+    async fn watch(
+        &self,
+        target: &WatchTarget,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<Listing> {
+        self.measure("watch", self.inner.watch(target, index, wait))
+            .await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.measure("ping", self.inner.ping()).await
+    }
+}

@@ -1,0 +1,234 @@
+//! The server's Prometheus metrics: the one home of every metric's name, labels and help
+//! text, and of the recorder that `GET /metrics` renders.
+//!
+//! Metrics are recorded through the `metrics` facade into the process's one
+//! `metrics-exporter-prometheus` recorder, installed by [`install`]; the code that records
+//! (the store wrapper, the farms, the election, the mirror, the change stream) calls the
+//! functions here, so it needs no handle passed down to it. The exporter's own HTTP listener
+//! is not used: the API serves the text format itself, behind its authentication.
+//!
+//! Durations are histograms in seconds, whose `_count` also counts the events measured.
+//! Label values come from small fixed sets (route templates, never raw paths), so the number
+//! of series stays bounded whatever clients send.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::Response;
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio_util::sync::CancellationToken;
+
+/// HTTP requests, by `route` (the route template, `unmatched` for a request no route takes),
+/// `method` and `status`; the time to the response's head.
+pub const HTTP_REQUEST_DURATION: &str = "p2_http_request_duration_seconds";
+/// Store operations, by `backend` (`sqlite`, `consul`), `operation` (the store call: `get`,
+/// `list`, `txn`, `watch`, ...) and `outcome` (`ok`, or the error kind: `conflict`,
+/// `not_found`, `unavailable`, `outcome_unknown`, `invalid`, `forbidden`).
+pub const STORE_OPERATION_DURATION: &str = "p2_store_operation_duration_seconds";
+/// Passes of a farm over every object it owns, by `farm`.
+pub const FARM_RECONCILE_DURATION: &str = "p2_farm_reconcile_duration_seconds";
+/// Failed reconciles of one object by a farm (each puts the object into backoff), by `farm`.
+pub const FARM_ERRORS: &str = "p2_farm_errors_total";
+/// Objects (or steps) a farm waits to retry after a failure, by `farm`.
+pub const FARM_QUEUE_DEPTH: &str = "p2_farm_queue_depth";
+/// Objects whose ownership lock this server's farm holds, by `farm`.
+pub const FARM_OWNED_OBJECTS: &str = "p2_farm_owned_objects";
+/// 1 while this server leads (runs the farms), else 0.
+pub const LEADER: &str = "p2_leader_is_leader";
+/// Leadership terms this server has begun.
+pub const LEADER_TERMS: &str = "p2_leader_terms_total";
+/// How far the mirror may be behind the store, by `tree` (its key prefix).
+pub const MIRROR_LAG: &str = "p2_mirror_lag_seconds";
+/// Clients of the change stream (`GET /api/v1/watch`) connected now.
+pub const SSE_CLIENTS: &str = "p2_sse_clients";
+/// Always 1, labelled with the `version` and `git_commit` the binary was built from.
+pub const BUILD_INFO: &str = "p2_build_info";
+
+/// Histogram buckets, in seconds: from a millisecond (a mirror read, an SQLite get) to ten
+/// minutes (the longest blocking watch).
+const BUCKETS: [f64; 17] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0, 600.0,
+];
+
+/// How often recorded durations are folded into their histograms between scrapes, so that
+/// memory stays bounded when nobody scrapes.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// The process's recorder, installed (and every metric described) on the first call; later
+/// calls return the same. Call it before anything records: what is recorded without a
+/// recorder is lost.
+pub fn install() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets(&BUCKETS)
+            .expect("the buckets are not empty")
+            .build_recorder();
+        let handle = recorder.handle();
+        if let Err(e) = metrics::set_global_recorder(recorder) {
+            tracing::error!(error = %e, "another metrics recorder is installed; /metrics stays empty");
+        }
+        describe();
+        handle
+    })
+}
+
+/// The Prometheus text exposition of every metric.
+pub fn render() -> String {
+    install().render()
+}
+
+/// Folds recorded durations into their histograms every few seconds until `shutdown`.
+pub async fn upkeep(shutdown: CancellationToken) {
+    let handle = install();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(UPKEEP_EVERY) => handle.run_upkeep(),
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Gives every metric its help text, and sets the build's.
+fn describe() {
+    describe_histogram!(
+        HTTP_REQUEST_DURATION,
+        metrics::Unit::Seconds,
+        "HTTP requests by route template, method and status: time to the response head"
+    );
+    describe_histogram!(
+        STORE_OPERATION_DURATION,
+        metrics::Unit::Seconds,
+        "Store operations by backend, operation and outcome"
+    );
+    describe_histogram!(
+        FARM_RECONCILE_DURATION,
+        metrics::Unit::Seconds,
+        "Passes of each farm over every object it owns"
+    );
+    describe_counter!(FARM_ERRORS, "Failed reconciles of one object by each farm");
+    describe_gauge!(
+        FARM_QUEUE_DEPTH,
+        "Objects each farm waits to retry after a failure"
+    );
+    describe_gauge!(
+        FARM_OWNED_OBJECTS,
+        "Objects whose ownership lock each farm holds"
+    );
+    describe_gauge!(LEADER, "1 while this server leads and runs the farms");
+    describe_counter!(LEADER_TERMS, "Leadership terms this server has begun");
+    describe_gauge!(
+        MIRROR_LAG,
+        metrics::Unit::Seconds,
+        "How far each tree of the mirror may be behind the store: 0 while its watch works, \
+         else the time since its last successful read"
+    );
+    describe_gauge!(SSE_CLIENTS, "Clients of the change stream connected now");
+    describe_gauge!(BUILD_INFO, "The version and git commit of this binary");
+    gauge!(BUILD_INFO, "version" => crate::version::VERSION, "git_commit" => crate::version::GIT_COMMIT)
+        .set(1.0);
+}
+
+/// Middleware recording every request under its route template, method and status.
+pub async fn track_http(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
+    let method = method_label(request.method());
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    histogram!(HTTP_REQUEST_DURATION, "route" => route, "method" => method, "status" => status)
+        .record(started.elapsed());
+    response
+}
+
+/// The method's name if it is a standard one; `other` for any other, which clients may make
+/// up at will.
+fn method_label(method: &Method) -> &'static str {
+    const KNOWN: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::PATCH,
+        Method::DELETE,
+        Method::OPTIONS,
+        Method::TRACE,
+        Method::CONNECT,
+    ];
+    KNOWN
+        .iter()
+        .find(|known| *known == method)
+        .map_or("other", |known| known.as_str())
+}
+
+/// Records one store operation.
+pub fn store_operation(
+    backend: &'static str,
+    operation: &'static str,
+    outcome: &'static str,
+    took: Duration,
+) {
+    histogram!(STORE_OPERATION_DURATION, "backend" => backend, "operation" => operation, "outcome" => outcome)
+        .record(took);
+}
+
+/// What one pass of a farm left: how long it took, the failures since the last pass, the
+/// objects waiting for a retry, and the objects it owns (for a farm that owns any).
+pub struct FarmPass {
+    pub took: Duration,
+    /// Failed reconciles since the previous pass.
+    pub new_errors: u64,
+    /// Objects waiting for a retry.
+    pub waiting: usize,
+    /// Objects owned; `None` for a farm that owns none.
+    pub owned: Option<usize>,
+}
+
+/// Records one pass of `farm`.
+pub fn farm_pass(farm: &'static str, pass: FarmPass) {
+    histogram!(FARM_RECONCILE_DURATION, "farm" => farm).record(pass.took);
+    counter!(FARM_ERRORS, "farm" => farm).increment(pass.new_errors);
+    gauge!(FARM_QUEUE_DEPTH, "farm" => farm).set(pass.waiting as f64);
+    if let Some(owned) = pass.owned {
+        gauge!(FARM_OWNED_OBJECTS, "farm" => farm).set(owned as f64);
+    }
+}
+
+/// Records that this server began (`true`) or ended (`false`) a leadership term.
+pub fn leading(leads: bool) {
+    if leads {
+        counter!(LEADER_TERMS).increment(1);
+    }
+    gauge!(LEADER).set(if leads { 1.0 } else { 0.0 });
+}
+
+/// Records how far the mirror of the tree under `prefix` may be behind: zero after a
+/// successful read, the time since the last one while reads fail.
+pub fn mirror_lag(prefix: &str, lag: Duration) {
+    gauge!(MIRROR_LAG, "tree" => prefix.to_owned()).set(lag.as_secs_f64());
+}
+
+/// Counts a change-stream client while it lives.
+pub struct SseClient(());
+
+impl SseClient {
+    /// Counts a client that just connected, until the value is dropped.
+    pub fn connected() -> SseClient {
+        gauge!(SSE_CLIENTS).increment(1.0);
+        SseClient(())
+    }
+}
+
+impl Drop for SseClient {
+    fn drop(&mut self) {
+        gauge!(SSE_CLIENTS).decrement(1.0);
+    }
+}

@@ -1,0 +1,143 @@
+//! `/metrics` scraped and read with a Prometheus text parser, and `/version`.
+//!
+//! The metrics are the process's, shared by every test of this binary, and others run beside
+//! these: so each test looks at what its own requests add to counters (which only grow),
+//! under labels its requests decide. The end-to-end tests check the gauges of a server alone
+//! in its process.
+
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use p2_apiserver::kv::{Cas, StoreError};
+use p2_apiserver::model::timestamp::format_rfc3339;
+
+use crate::support::api::{backend, TestApp};
+use crate::support::scrape::Metrics;
+
+const HTTP: &str = "p2_http_request_duration_seconds";
+const STORE: &str = "p2_store_operation_duration_seconds";
+const SSE: &str = "p2_sse_clients";
+
+async fn scrape(app: &TestApp) -> Metrics {
+    let response = app.get("/metrics").await;
+    assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    assert_eq!(
+        response.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    Metrics::parse(std::str::from_utf8(&response.body).expect("UTF-8"))
+}
+
+#[tokio::test]
+async fn requests_are_counted_by_route_template_method_and_status() {
+    let app = TestApp::new().await;
+    let id = uuid::Uuid::new_v4().to_string();
+    let before = scrape(&app).await;
+    for _ in 0..3 {
+        let response = app.get(&format!("/api/v1/rcs/{id}")).await;
+        assert_eq!(response.status, StatusCode::NOT_FOUND);
+    }
+    let response = app.get(&format!("/nowhere/{id}")).await;
+    assert_eq!(response.status, StatusCode::NOT_FOUND);
+    let after = scrape(&app).await;
+
+    let rc = [
+        ("route", "/api/v1/rcs/{id}"),
+        ("method", "GET"),
+        ("status", "404"),
+    ];
+    assert!(after.count(HTTP, &rc) - before.count(HTTP, &rc) >= 3.0);
+    // A histogram: cumulative buckets up to +Inf, which holds every request.
+    let buckets = after.buckets(HTTP, &rc);
+    assert!(buckets.len() > 10, "{buckets:?}");
+    assert!(buckets.windows(2).all(|w| w[0].count <= w[1].count));
+    let last = buckets.last().unwrap();
+    assert!(last.less_than.is_infinite(), "{buckets:?}");
+    assert_eq!(last.count, after.count(HTTP, &rc));
+    assert!(after.help(HTTP).is_some());
+
+    // A path no route takes is counted under one label, never as itself.
+    let unmatched = [("route", "unmatched"), ("method", "GET"), ("status", "404")];
+    assert!(after.count(HTTP, &unmatched) - before.count(HTTP, &unmatched) >= 1.0);
+    let routes = after.label_values("route");
+    assert!(
+        routes.iter().all(|route| !route.contains(&id)),
+        "{routes:?}"
+    );
+}
+
+#[tokio::test]
+async fn store_operations_are_counted_by_backend_operation_and_outcome() {
+    let app = TestApp::new().await;
+    let key = format!("metrics-test/{}", uuid::Uuid::new_v4());
+    let before = scrape(&app).await;
+    app.store.put(&key, b"1", Cas::Index(0)).await.unwrap();
+    let refused = app.store.put(&key, b"2", Cas::Index(0)).await;
+    assert!(
+        matches!(refused, Err(StoreError::Conflict { .. })),
+        "{refused:?}"
+    );
+    // The API's own reads go through the same measured store.
+    let response = app.get("/api/v1/leader").await;
+    assert_eq!(response.status, StatusCode::NOT_FOUND);
+    let after = scrape(&app).await;
+
+    for (operation, outcome) in [("put", "ok"), ("put", "conflict"), ("get", "ok")] {
+        let labels = [
+            ("backend", backend()),
+            ("operation", operation),
+            ("outcome", outcome),
+        ];
+        let added = after.count(STORE, &labels) - before.count(STORE, &labels);
+        assert!(added >= 1.0, "{labels:?}: {added}");
+        assert!(!after.buckets(STORE, &labels).is_empty(), "{labels:?}");
+    }
+}
+
+#[tokio::test]
+async fn change_stream_clients_are_counted_while_connected() {
+    let app = TestApp::new().await;
+    let request = Request::get("/api/v1/watch").body(Body::empty()).unwrap();
+    let stream = app.open(request).await;
+    assert_eq!(stream.status(), StatusCode::OK);
+    let clients = scrape(&app).await.value(SSE, &[]);
+    assert!(clients.is_some_and(|clients| clients >= 1.0), "{clients:?}");
+    drop(stream);
+}
+
+#[tokio::test]
+async fn version_names_the_crate_commit_and_build_time() {
+    let app = TestApp::new().await;
+    let version = app.get("/version").await.json();
+    assert_eq!(version["version"], env!("CARGO_PKG_VERSION"));
+    let head = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|output| output.status.success())
+        .map(|output| String::from_utf8(output.stdout).unwrap().trim().to_owned());
+    assert_eq!(version["git_commit"], head.as_deref().unwrap_or("unknown"));
+    // Whole seconds in UTC, so it compares as text with the time now.
+    let built = version["build_time"].as_str().unwrap();
+    let since_epoch = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap();
+    let now = format_rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(since_epoch.as_secs()));
+    assert_eq!(built.len(), now.len(), "{built}");
+    assert!(
+        built.ends_with('Z') && built > "2024" && built <= now.as_str(),
+        "{built}"
+    );
+
+    let info = scrape(&app).await.value(
+        "p2_build_info",
+        &[
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("git_commit", version["git_commit"].as_str().unwrap()),
+        ],
+    );
+    assert_eq!(info, Some(1.0));
+}

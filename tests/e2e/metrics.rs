@@ -1,0 +1,91 @@
+//! The metrics of a leading server alone in its process, scraped over HTTP and read with a
+//! Prometheus text parser: leadership, the farms, the mirror, the store and the change
+//! stream's clients.
+
+use crate::scenarios::{create_rc, rc_settles};
+use crate::support::e2e::{eventually, labels, Api, Scratch, Server, Sim, CONVERGE};
+use crate::support::scrape::Metrics;
+
+async fn scrape(api: &Api) -> Metrics {
+    let response = reqwest::get(format!("{}/metrics", api.base))
+        .await
+        .expect("GET /metrics");
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    Metrics::parse(&response.text().await.expect("the metrics"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leading_server_reports_its_farms_mirror_store_and_clients() {
+    let scratch = Scratch::new();
+    let server = Server::start("solo", &scratch.db(), &[]);
+    let api = server.api();
+    let _web = Sim::start(&api, "web", 3, labels(&[("role", "web")])).await;
+    let rc = create_rc(&api, 1, "role=web", 2, "static_strategy").await;
+    rc_settles(&api, &rc, 2, 1).await;
+
+    let rc_farm = [("farm", "rc")];
+    let metrics = eventually(
+        "the RC farm to own the RC, with nothing to retry",
+        CONVERGE,
+        || async {
+            let metrics = scrape(&api).await;
+            let owned = metrics.value("p2_farm_owned_objects", &rc_farm);
+            let waiting = metrics.value("p2_farm_queue_depth", &rc_farm);
+            if owned == Some(1.0) && waiting == Some(0.0) {
+                Ok(metrics)
+            } else {
+                Err(format!("owned {owned:?}, waiting {waiting:?}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(metrics.value("p2_leader_is_leader", &[]), Some(1.0));
+    assert_eq!(metrics.value("p2_leader_terms_total", &[]), Some(1.0));
+    assert!(metrics.count("p2_farm_reconcile_duration_seconds", &rc_farm) >= 1.0);
+    assert!(metrics.value("p2_farm_errors_total", &rc_farm).is_some());
+    // The daemon-set farm owns nothing here; the stale-lock farm never owns anything.
+    assert_eq!(
+        metrics.value("p2_farm_owned_objects", &[("farm", "ds")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        metrics.value("p2_farm_owned_objects", &[("farm", "stale-locks")]),
+        None
+    );
+    // The farms' writes, in transactions on the SQLite store.
+    let txns = [
+        ("backend", "sqlite"),
+        ("operation", "txn"),
+        ("outcome", "ok"),
+    ];
+    assert!(metrics.count("p2_store_operation_duration_seconds", &txns) >= 1.0);
+    // Every tree is followed, none behind.
+    let trees = metrics.label_values("tree");
+    assert!(
+        trees.iter().any(|tree| tree == "replication_controllers/"),
+        "{trees:?}"
+    );
+    for tree in &trees {
+        assert_eq!(
+            metrics.value("p2_mirror_lag_seconds", &[("tree", tree)]),
+            Some(0.0),
+            "{tree}"
+        );
+    }
+
+    // The change stream's clients, counted while connected.
+    assert_eq!(metrics.value("p2_sse_clients", &[]), None);
+    let stream = reqwest::get(format!("{}/api/v1/watch", api.base))
+        .await
+        .expect("GET /api/v1/watch");
+    assert_eq!(stream.status(), reqwest::StatusCode::OK);
+    assert_eq!(scrape(&api).await.value("p2_sse_clients", &[]), Some(1.0));
+    drop(stream);
+    eventually("the stream's client to be gone", CONVERGE, || async {
+        match scrape(&api).await.value("p2_sse_clients", &[]) {
+            Some(0.0) => Ok(()),
+            clients => Err(format!("{clients:?}")),
+        }
+    })
+    .await;
+}
