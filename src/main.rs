@@ -122,6 +122,7 @@ async fn run_farms(
         lock_delay: args.leader_lock_delay,
         behavior: args.leader_behavior,
     };
+    let options = args.options();
     let alerts = Arc::new(Alerter::new(args.alert_webhook));
     leader::campaign(store.clone(), config, shutdown, move |term| {
         farms::run_term(
@@ -130,6 +131,7 @@ async fn run_farms(
             term,
             alerts.clone(),
             holder.clone(),
+            options,
         )
     })
     .await;
