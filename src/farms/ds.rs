@@ -187,7 +187,12 @@ impl DsFarm {
                 &mut Rollout::default(),
                 Instant::now(),
             );
-            let rival = contender(world, id, &ds.value, |other_id, _| {
+            // Contended: it would contend if it were enabled, so it stays disabled.
+            let enabled = StoredDaemonSet {
+                disabled: false,
+                ..ds.value.clone()
+            };
+            let rival = contender(world, id, &enabled, |other_id, _| {
                 !disabled_now.contains(other_id)
             })
             .map(|(rival_id, rival)| (rival_id.to_owned(), rival.value.pod_id.clone()));

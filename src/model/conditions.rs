@@ -546,7 +546,8 @@ pub struct DsFacts {
     /// Nodes on an old manifest left as they are because replacing them would go below
     /// `min_health`.
     pub held_back: usize,
-    /// An enabled daemon set it contends with: its id and their pod id.
+    /// An enabled daemon set it contends with (or would, were it enabled): its id and their
+    /// pod id.
     pub contender: Option<(String, String)>,
 }
 
