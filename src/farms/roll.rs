@@ -120,7 +120,11 @@ impl Farm for RollFarm {
             let action = plan(world, &ctx.session, &roll.value, last_step, now);
             let activity = activity(&action, &roll.value);
             let result = self.apply(ctx, world, id, roll, action, now).await;
-            let published = self.publish(ctx, world, id, roll, &activity).await;
+            // A finished roll is gone: the next pass removes its conditions.
+            let published = match activity {
+                RollActivity::Finishing => Ok(None),
+                _ => self.publish(ctx, world, id, roll, &activity).await,
+            };
             let result = result.and_then(|at| Ok(earliest(at, published?)));
             if let Some(at) = self.retries.record("roll", id, result) {
                 wake = earliest(wake, at);
@@ -160,8 +164,9 @@ pub enum Action {
         rcs: Vec<RcWrite>,
         step: Option<(i64, i64)>,
     },
-    /// Set the old RC's count to 0 once the new RC has its replicas, like a write.
-    Retire(RcWrite),
+    /// Set the old RC's count to 0 once the new RC has its replicas, like a write (boxed:
+    /// an RC document is large).
+    Retire(Box<RcWrite>),
     /// Wait out `roll_delay` until then before the next step.
     Delay(Instant),
     /// The roll cannot move on its own; why, for the alert.
@@ -314,10 +319,10 @@ fn complete(
             replicas_desired: 0,
             ..old.value.clone()
         };
-        return Action::Retire(RcWrite {
+        return Action::Retire(Box::new(RcWrite {
             rc: retired,
             index: old.index,
-        });
+        }));
     }
     if old_counts.current() > 0 {
         // Our RC farm removes a rolling disabled RC's pods; P2's never does.
