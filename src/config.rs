@@ -10,6 +10,7 @@ use url::Url;
 
 use crate::app::HttpLimits;
 use crate::auth::Access;
+use crate::farms::FarmOptions;
 use crate::kv::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL};
 use crate::labels::{validate_labels, Labels};
 use crate::model::{parse_duration, Limits, DEFAULT_MAX_REPLICAS};
@@ -337,9 +338,22 @@ pub struct FarmArgs {
     /// too few eligible nodes); without it alerts are only logged.
     #[arg(long, value_name = "URL", env = "P2_ALERT_WEBHOOK")]
     pub alert_webhook: Option<String>,
+
+    /// How long a roll may go without progress (a replica moved, a pod placed, removed or
+    /// turned healthy) before its `Stalled` condition turns true and an alert is raised.
+    #[arg(long, value_name = "DURATION", env = "P2_ROLL_STALL_DEADLINE", default_value = "10m",
+          value_parser = parse_timeout)]
+    pub roll_stall_deadline: Duration,
 }
 
 impl FarmArgs {
+    /// The farms' settings.
+    pub fn options(&self) -> FarmOptions {
+        FarmOptions {
+            roll_stall_deadline: self.roll_stall_deadline,
+        }
+    }
+
     /// The name this server goes by in the election.
     pub fn holder(&self) -> String {
         self.holder.clone().unwrap_or_else(|| {
@@ -713,6 +727,25 @@ mod tests {
             let argv = ["p2-apiserver", bad[0], bad[1]];
             assert!(Cli::try_parse_from(argv).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn the_roll_stall_deadline_defaults_to_the_farms_and_refuses_zero() {
+        let cli = Cli::command();
+        let arg = cli
+            .get_arguments()
+            .find(|a| a.get_id() == "roll_stall_deadline")
+            .unwrap();
+        let default = arg.get_default_values()[0].to_str().unwrap();
+        let args = serve_args(&["--roll-stall-deadline", default]);
+        assert_eq!(args.farms.options(), FarmOptions::default());
+        let args = serve_args(&["--roll-stall-deadline", "90s"]);
+        assert_eq!(
+            args.farms.options().roll_stall_deadline,
+            Duration::from_secs(90)
+        );
+        let argv = ["p2-apiserver", "--roll-stall-deadline", "0s"];
+        assert!(Cli::try_parse_from(argv).is_err());
     }
 
     #[test]

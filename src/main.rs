@@ -126,6 +126,7 @@ async fn run_farms(
         lock_delay: args.leader_lock_delay,
         behavior: args.leader_behavior,
     };
+    let options = args.options();
     let alerts = Arc::new(Alerter::new(args.alert_webhook));
     leader::campaign(store.clone(), config, shutdown, move |term| {
         farms::run_term(
@@ -134,6 +135,7 @@ async fn run_farms(
             term,
             alerts.clone(),
             holder.clone(),
+            options,
         )
     })
     .await;

@@ -34,12 +34,14 @@ use crate::error::{ApiError, ErrorBody};
 use crate::kv::keys::segment_problem;
 use crate::kv::{KvStore, StoreResult};
 use crate::labels::{LabelType, Requirement, Selector, DS_ID_LABEL};
+use crate::model::conditions::{Condition, ObjectKind};
 use crate::model::duration::format_duration;
 use crate::model::{
     ds_spec, CreateDaemonSet, DaemonSetId, DaemonSetPatch, HealthCounts, HealthState, PodHealth,
     StoredDaemonSet,
 };
-use crate::state::Tree;
+use crate::state::{Mirror, Tree};
+use crate::store::conditions::mirrored;
 use crate::store::daemon_sets::{
     self, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
 };
@@ -94,6 +96,11 @@ pub struct DaemonSet {
     /// The rollout as seen now; given for a single daemon set, absent in lists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<DaemonSetStatus>,
+    /// `Progressing`, `Blocked` and `Contended`, as the leader's DS farm last computed them;
+    /// empty until a leader's farm has looked at the daemon set (or when another farm owns
+    /// it).
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
 }
 
 /// Where a daemon set's rollout stands, computed when asked from node labels, pod labels and
@@ -210,7 +217,7 @@ async fn list_daemon_sets(
                 .filter_map(|entry| daemon_sets::from_entry(entry));
             let items = records
                 .filter(|r| wanted(&r.value))
-                .map(|r| daemon_set(&r, None))
+                .map(|r| daemon_set(mirror, &r, None))
                 .collect();
             (index, items)
         }
@@ -222,7 +229,7 @@ async fn list_daemon_sets(
             let items = records
                 .iter()
                 .filter(|r| wanted(&r.value))
-                .map(|r| daemon_set(r, None))
+                .map(|r| daemon_set(&app.mirror, r, None))
                 .collect();
             (index, items)
         }
@@ -285,7 +292,7 @@ async fn create_daemon_set(
     created(
         &format!("/api/v1/daemonsets/{id}"),
         record.index,
-        daemon_set(&record, status),
+        daemon_set(&app.mirror, &record, status),
     )
 }
 
@@ -318,7 +325,7 @@ async fn get_daemon_set(
     let status = rollout_status(&app.store, id, &record).await?;
     Ok((
         [etag(record.index)],
-        ApiJson(daemon_set(&record, Some(status))),
+        ApiJson(daemon_set(&app.mirror, &record, Some(status))),
     ))
 }
 
@@ -393,7 +400,7 @@ async fn patch_daemon_set(
     let status = rollout_status(&app.store, id, &record).await?;
     Ok((
         [etag(record.index)],
-        ApiJson(daemon_set(&record, Some(status))),
+        ApiJson(daemon_set(&app.mirror, &record, Some(status))),
     ))
 }
 
@@ -441,10 +448,12 @@ fn contention_error(other: &StoredDaemonSet) -> ApiError {
 }
 
 fn daemon_set(
+    mirror: &Mirror,
     record: &Versioned<impl Borrow<StoredDaemonSet>>,
     status: Option<DaemonSetStatus>,
 ) -> DaemonSet {
     let ds: &StoredDaemonSet = record.value.borrow();
+    let conditions = mirrored(mirror, ObjectKind::DaemonSets, &ds.id);
     DaemonSet {
         id: ds.id.clone(),
         manifest: ds.manifest.raw().to_owned(),
@@ -456,6 +465,7 @@ fn daemon_set(
         disabled: ds.disabled,
         resource_version: record.index.to_string(),
         status,
+        conditions,
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! Stored documents keep P2's exact shape (`crate::model::StoredRc`); what clients see is
 //! [`RcView`], which adds the RC's own labels, its `resource_version` and a status read from
-//! the pod labels the RC farm writes. List items carry the status too, so a dashboard needs
+//! the pod labels the RC farm writes, and the conditions the leader's RC farm computed. List
+//! items carry the status too, so a dashboard needs
 //! one request; that is why a list's `X-Index` also follows the pod label tree.
 
 use std::borrow::Borrow;
@@ -27,8 +28,10 @@ use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::kv::{StoreError, TxnOp};
 use crate::labels::{LabelType, Labels, Requirement, Selector, RC_ID_LABEL};
+use crate::model::conditions::{Condition, ObjectKind};
 use crate::model::{NewRc, RcId, RcPatch, RcSpec, StoredRc};
 use crate::state::{Mirror, Tree};
+use crate::store::conditions::mirrored;
 use crate::store::layout;
 use crate::store::rcs::{self, RcRecord, RcStore};
 use crate::store::rolls::RollStore;
@@ -66,6 +69,10 @@ pub struct RcView {
     pub resource_version: String,
     /// What the RC farm has done so far, from the pod labels.
     pub status: RcStatus,
+    /// `Ready`, `Progressing` and `Degraded`, as the leader's RC farm last computed them;
+    /// empty until a leader's farm has looked at the RC (or when another farm owns it).
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
 }
 
 /// Where an RC's pods are, as the pod labels say (`replication_controller_id=<id>`).
@@ -84,6 +91,7 @@ impl RcView {
         record: &Versioned<impl Borrow<StoredRc>>,
         labels: Labels,
         status: RcStatus,
+        conditions: Vec<Condition>,
     ) -> Self {
         let rc: &StoredRc = record.value.borrow();
         RcView {
@@ -97,6 +105,7 @@ impl RcView {
             labels,
             resource_version: record.index.to_string(),
             status,
+            conditions,
         }
     }
 }
@@ -194,7 +203,7 @@ async fn create_rc(
             Err(e) => return Err(e.into()),
         }
     };
-    let view = RcView::new(&record, labels, RcStatus::default());
+    let view = RcView::new(&record, labels, RcStatus::default(), Vec::new());
     created(
         &format!("/api/v1/rcs/{}", record.value.id),
         record.index,
@@ -247,7 +256,8 @@ async fn list_rcs(
                         .labels_of(LabelType::ReplicationController, id)
                         .unwrap_or_default();
                     query.selector.matches(&labels).then(|| {
-                        RcView::new(&record, labels, RcStatus::mirrored(mirror, id))
+                        let conditions = mirrored(mirror, ObjectKind::Rcs, id);
+                        RcView::new(&record, labels, RcStatus::mirrored(mirror, id), conditions)
                     })
                 })
                 .collect();
@@ -281,7 +291,8 @@ async fn list_rcs(
             query.selector.matches(&labels).then(|| {
                 let pods = pods_by_rc.get(record.value.id.as_str());
                 let status = RcStatus::from_pods(pods.into_iter().flatten().copied());
-                RcView::new(record, labels, status)
+                let conditions = mirrored(&app.mirror, ObjectKind::Rcs, &record.value.id);
+                RcView::new(record, labels, status, conditions)
             })
         })
         .collect();
@@ -328,7 +339,7 @@ async fn get_rc(
                 .labels_of(LabelType::ReplicationController, &id)
                 .unwrap_or_default();
             let status = RcStatus::mirrored(mirror, &id);
-            return Ok(view_answer(&record, labels, status, index));
+            return Ok(view_answer(mirror, &record, labels, status, index));
         }
         Source::Store(blocking) => blocking,
     };
@@ -543,16 +554,25 @@ async fn view_response(app: &AppState, record: RcRecord) -> Result<Response, Api
         .await?;
     let status = RcStatus::from_pods(pods.iter().map(|pod| pod.id.as_str()));
     let index = record.index.max(labels.index).max(pods_index);
-    Ok(view_answer(&record, labels.value, status, index))
+    Ok(view_answer(
+        &app.mirror,
+        &record,
+        labels.value,
+        status,
+        index,
+    ))
 }
 
 /// The RC's view with its `ETag` and the `X-Index` it reflects.
 fn view_answer(
+    mirror: &Mirror,
     record: &Versioned<impl Borrow<StoredRc>>,
     labels: Labels,
     status: RcStatus,
     index: u64,
 ) -> Response {
-    let view = RcView::new(record, labels, status);
+    let rc: &StoredRc = record.value.borrow();
+    let conditions = mirrored(mirror, ObjectKind::Rcs, &rc.id);
+    let view = RcView::new(record, labels, status, conditions);
     ([etag(record.index), index_header(index)], ApiJson(view)).into_response()
 }

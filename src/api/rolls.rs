@@ -31,8 +31,11 @@ use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody};
 use crate::kv::{KvStore, StoreError};
 use crate::labels::{LabelType, Labels, RC_ID_LABEL};
+use crate::model::conditions::{Condition, ObjectKind};
 use crate::model::duration::format_duration;
 use crate::model::{CreateRoll, HealthCounts, HealthState, PodHealth, RollId};
+use crate::state::Mirror;
+use crate::store::conditions::mirrored;
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
 use crate::store::layout;
@@ -76,6 +79,10 @@ pub struct Roll {
     pub resource_version: String,
     /// How far the roll has come.
     pub progress: RollProgress,
+    /// `Progressing` and `Stalled`, as the leader's roll farm last computed them; empty until
+    /// a leader's farm has looked at the roll (or when another farm owns it).
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
 }
 
 /// Replica counts of both RCs, as they are now.
@@ -145,7 +152,10 @@ async fn create_roll(
         .create(plan)
         .await
         .map_err(creation_error)?;
-    let view = Views::load(app.store.clone()).await?.view(&record).await?;
+    let view = Views::load(app.store.clone(), app.mirror.clone())
+        .await?
+        .view(&record)
+        .await?;
     created(&format!("/api/v1/rolls/{}", view.id), record.index, view)
 }
 
@@ -171,7 +181,7 @@ async fn list_rolls(State(app): State<AppState>, query: ListQuery) -> Result<Res
     let index = combined_index(app.store.as_ref(), &prefixes).await?;
 
     let (_, records) = app.rolls().list().await?;
-    let mut views = Views::load(app.store.clone()).await?;
+    let mut views = Views::load(app.store.clone(), app.mirror.clone()).await?;
     let mut items = Vec::with_capacity(records.len());
     for record in &records {
         let view = views.view(record).await?;
@@ -211,7 +221,10 @@ async fn get_roll(
         Err(StoreError::Invalid(why)) => return Err(ApiError::internal(why)),
         Err(e) => return Err(e.into()),
     };
-    let view = Views::load(app.store.clone()).await?.view(&record).await?;
+    let view = Views::load(app.store.clone(), app.mirror.clone())
+        .await?
+        .view(&record)
+        .await?;
     Ok(([etag(record.index)], ApiJson(view)).into_response())
 }
 
@@ -286,6 +299,7 @@ fn creation_error(err: CreateRollError) -> ApiError {
 /// records at most once however many rolls are shown.
 struct Views {
     kv: Arc<dyn KvStore>,
+    mirror: Mirror,
     rcs: RcStore,
     roll_labels: BTreeMap<String, Labels>,
     /// Every pod, by the RC id it is labeled with.
@@ -295,7 +309,7 @@ struct Views {
 }
 
 impl Views {
-    async fn load(kv: Arc<dyn KvStore>) -> Result<Self, ApiError> {
+    async fn load(kv: Arc<dyn KvStore>, mirror: Mirror) -> Result<Self, ApiError> {
         let labels = LabelStore::new(kv.clone());
         let (_, pods) = labels.list(LabelType::Pod).await?;
         let mut pods_by_rc: HashMap<String, Vec<PodLocation>> = HashMap::new();
@@ -311,6 +325,7 @@ impl Views {
         Ok(Views {
             rcs: RcStore::new(kv.clone()),
             kv,
+            mirror,
             roll_labels: rolls.into_iter().map(|l| (l.id, l.labels)).collect(),
             pods_by_rc,
             health: HashMap::new(),
@@ -337,6 +352,7 @@ impl Views {
                 old: self.progress(&roll.old_rc).await?,
                 new: self.progress(&roll.new_rc).await?,
             },
+            conditions: mirrored(&self.mirror, ObjectKind::Rolls, &roll.new_rc),
         })
     }
 

@@ -38,10 +38,12 @@ use tokio::time::Instant;
 
 use crate::kv::TxnOp;
 use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
+use crate::model::conditions::{ds_conditions, DsFacts, ObjectKind};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 use crate::store::layout::{self, LEADER_LOCK};
 
+use super::conditions::Published;
 use super::pods::{pod_health, same_manifest, schedule_ops, unschedule_ops};
 use super::world::{PodKey, Versioned, World};
 use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
@@ -57,7 +59,6 @@ const RECHECK_PRESENT: Duration = Duration::from_secs(60);
 const CONTENTION_INCIDENT: &str = "preemptive_ds_contention";
 
 /// The DS farm's state across the passes of one term.
-#[derive(Default)]
 pub struct DsFarm {
     retries: Retries,
     /// Every daemon set listed during this term: only these may be cleaned up when the
@@ -69,6 +70,21 @@ pub struct DsFarm {
     published: HashMap<String, Option<DaemonSetFarmStatus>>,
     /// Dangling daemon-set IDs whose key exists undecodable, until when to trust that.
     present: HashMap<String, Instant>,
+    /// The conditions published per daemon set.
+    conditions: Published,
+}
+
+impl Default for DsFarm {
+    fn default() -> Self {
+        DsFarm {
+            retries: Retries::default(),
+            seen: HashSet::new(),
+            rollouts: HashMap::new(),
+            published: HashMap::new(),
+            present: HashMap::new(),
+            conditions: Published::new(ObjectKind::DaemonSets),
+        }
+    }
 }
 
 /// The rollout of one manifest: when each node not yet healthy on it started waiting, and
@@ -94,6 +110,12 @@ struct Plan {
     timed_out: Vec<String>,
     /// No node is eligible, so the failsafe keeps the pods the daemon set has.
     stranded: bool,
+    /// Nodes the selector matches.
+    targeted: usize,
+    /// Of the nodes keeping the pod, those healthy on what they are meant to run now.
+    healthy: usize,
+    /// Nodes on an old manifest left as they are because of `min_health`.
+    held_back: usize,
     status: DaemonSetFarmStatus,
     /// The next timeout due.
     wake: Option<Instant>,
@@ -130,6 +152,9 @@ impl Farm for DsFarm {
             .retain(|id, _| world.daemon_sets.items.contains_key(id));
         self.published
             .retain(|id, _| world.daemon_sets.items.contains_key(id));
+        self.conditions
+            .remove_gone(ctx, |id| world.daemon_sets.items.contains_key(id))
+            .await;
         self.clean_dangling(ctx, world).await;
         ctx.release_orphaned(world, layout::DS_LOCKS, |id| {
             world.daemon_sets.items.contains_key(id)
@@ -160,21 +185,36 @@ impl DsFarm {
         if ds.value.disabled {
             // Paused: no pod changes, and the rollout starts afresh when it is enabled.
             self.rollouts.remove(id);
-            let mut status = plan(
+            let planned = plan(
                 world,
                 id,
                 &ds.value,
                 &mut Rollout::default(),
                 Instant::now(),
-            )?
-            .status;
+            );
+            // Contended: it would contend if it were enabled, so it stays disabled.
+            let enabled = StoredDaemonSet {
+                disabled: false,
+                ..ds.value.clone()
+            };
+            let rival = contender(world, id, &enabled, |other_id, _| {
+                !disabled_now.contains(other_id)
+            })
+            .map(|(rival_id, rival)| (rival_id.to_owned(), rival.value.pod_id.clone()));
+            let mut facts = facts(&ds.value, planned.as_ref());
+            facts.contender = rival;
+            self.publish_conditions(ctx, id, ds, &facts).await?;
+            let mut status = planned?.status;
             status.replication_in_progress = false;
             self.publish(ctx, id, &lock, status).await?;
             return Ok(None);
         }
 
         let rollout = self.rollouts.entry(id.to_owned()).or_default();
-        let plan = plan(world, id, &ds.value, rollout, Instant::now())?;
+        let planned = plan(world, id, &ds.value, rollout, Instant::now());
+        self.publish_conditions(ctx, id, ds, &facts(&ds.value, planned.as_ref()))
+            .await?;
+        let plan = planned?;
         if !plan.timed_out.is_empty() {
             tracing::warn!(ds = %id, nodes = ?plan.timed_out, timeout = ?ds.value.timeout,
                            "nodes did not become healthy on the new manifest in time; giving up on them");
@@ -204,6 +244,20 @@ impl DsFarm {
         apply(ctx, world, id, &ds.value, &plan).await?;
         self.publish(ctx, id, &lock, plan.status).await?;
         Ok(plan.wake)
+    }
+
+    /// Publishes the conditions `facts` make.
+    async fn publish_conditions(
+        &mut self,
+        ctx: &FarmContext,
+        id: &str,
+        ds: &Versioned<StoredDaemonSet>,
+        facts: &DsFacts,
+    ) -> FarmResult<()> {
+        let lock = layout::ds_ownership(id);
+        self.conditions
+            .publish(ctx, &lock, id, ds_conditions(facts), ds.index, None)
+            .await
     }
 
     /// Writes the status record if it differs from what is stored.
@@ -298,6 +352,28 @@ impl DsFarm {
     }
 }
 
+/// What a daemon set's conditions are made of: what `plan` says, or why it could not plan.
+fn facts(ds: &StoredDaemonSet, plan: Result<&Plan, &FarmError>) -> DsFacts {
+    let mut facts = DsFacts {
+        disabled: ds.disabled,
+        min_health: ds.min_health,
+        ..DsFacts::default()
+    };
+    match plan {
+        Ok(plan) => {
+            facts.targeted = plan.targeted;
+            facts.deployed = usize::try_from(plan.status.nodes_deployed).unwrap_or(0);
+            facts.healthy = plan.healthy;
+            facts.changes = plan.remove.len() + plan.add.len() + plan.replace.len();
+            facts.in_progress = plan.status.replication_in_progress;
+            facts.stranded = plan.stranded;
+            facts.held_back = plan.held_back;
+        }
+        Err(e) => facts.selector_error = Some(e.to_string()),
+    }
+    facts
+}
+
 /// An enabled daemon set written before `ds` that contends with it, if any: `ds` is then the
 /// one to disable.
 fn older_contender<'w>(
@@ -306,6 +382,18 @@ fn older_contender<'w>(
     id: &str,
     ds: &Versioned<StoredDaemonSet>,
 ) -> Option<(&'w str, &'w Versioned<StoredDaemonSet>)> {
+    contender(world, id, &ds.value, |other_id, other| {
+        !disabled_now.contains(other_id) && (other.index, other_id) < (ds.index, id)
+    })
+}
+
+/// An enabled daemon set other than `id` that `rival` accepts and that contends with `ds`.
+fn contender<'w>(
+    world: &'w World,
+    id: &str,
+    ds: &StoredDaemonSet,
+    rival: impl Fn(&str, &Versioned<StoredDaemonSet>) -> bool,
+) -> Option<(&'w str, &'w Versioned<StoredDaemonSet>)> {
     let rivals: Vec<(&String, &Versioned<StoredDaemonSet>)> = world
         .daemon_sets
         .items
@@ -313,9 +401,8 @@ fn older_contender<'w>(
         .filter(|(other_id, other)| {
             other_id.as_str() != id
                 && !other.value.disabled
-                && !disabled_now.contains(*other_id)
-                && other.value.pod_id == ds.value.pod_id
-                && (other.index, other_id.as_str()) < (ds.index, id)
+                && other.value.pod_id == ds.pod_id
+                && rival(other_id, other)
         })
         .collect();
     if rivals.is_empty() {
@@ -333,7 +420,7 @@ fn older_contender<'w>(
         .collect();
     rivals
         .into_iter()
-        .find(|(_, other)| contends(&ds.value, &other.value, &nodes))
+        .find(|(_, other)| contends(ds, &other.value, &nodes))
         .map(|(other_id, other)| (other_id.as_str(), other))
 }
 
@@ -508,12 +595,14 @@ fn plan(
         .collect();
     stale.sort();
     let mut replace = Vec::new();
-    for (healthy, node) in stale {
+    let mut held_back = 0;
+    for (position, &(healthy, node)) in stale.iter().enumerate() {
         if in_flight >= MAX_IN_FLIGHT {
             break;
         }
         if healthy {
             if healthy_left <= min_health {
+                held_back = stale.len() - position;
                 break;
             }
             healthy_left -= 1;
@@ -547,6 +636,9 @@ fn plan(
         replace,
         timed_out,
         stranded,
+        targeted: eligible.len(),
+        healthy: staying.iter().filter(|(_, _, healthy)| *healthy).count(),
+        held_back,
         status,
         wake,
     })

@@ -6,6 +6,7 @@
 //! - [`ds`]: keeps each daemon set's pod on every matching node, honouring `min_health`.
 //! - [`stale_locks`]: removes lock keys left without a session in the farms' lock trees.
 //! - [`alerts`]: the webhook the farms call when they cannot do what is asked.
+//! - [`conditions`]: the status conditions each farm publishes for the objects it owns.
 //!
 //! Each farm is a loop of idempotent passes over every object it owns, woken by tree changes
 //! and re-run periodically as a safety net. Objects are reconciled one at a time, so at most
@@ -18,6 +19,7 @@
 //! the store itself.
 
 pub mod alerts;
+pub mod conditions;
 pub mod ds;
 #[cfg(test)]
 mod fixture;
@@ -49,6 +51,21 @@ use world::{Trees, World};
 /// How often every object is reconciled even when nothing changed: the safety net for a
 /// missed watch result or a failed write.
 pub const RESYNC: Duration = Duration::from_secs(30);
+
+/// Settings of the farms that come from the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FarmOptions {
+    /// How long a roll may go without progress before it is `Stalled` (and alerted).
+    pub roll_stall_deadline: Duration,
+}
+
+impl Default for FarmOptions {
+    fn default() -> Self {
+        FarmOptions {
+            roll_stall_deadline: Duration::from_secs(600),
+        }
+    }
+}
 
 /// Why a farm could not reconcile an object (or do one write); the object is logged and
 /// backs off, then is reconciled again.
@@ -374,6 +391,7 @@ pub async fn run_term(
     term: Term,
     alerts: Arc<Alerter>,
     holder: String,
+    options: FarmOptions,
 ) {
     tokio::select! {
         () = mirror.loaded() => {}
@@ -392,7 +410,11 @@ pub async fn run_term(
     spawn_farm(
         &tasks,
         &term,
-        drive(roll::RollFarm::default(), ctx.clone(), trees.clone()),
+        drive(
+            roll::RollFarm::new(options.roll_stall_deadline),
+            ctx.clone(),
+            trees.clone(),
+        ),
     );
     spawn_farm(
         &tasks,

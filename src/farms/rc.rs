@@ -22,10 +22,13 @@ use tokio::time::Instant;
 
 use crate::kv::TxnOp;
 use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
+use crate::model::conditions::{rc_conditions, ObjectKind, RcFacts};
 use crate::model::{AllocationStrategy, AuditRecord, HealthState, StoredRc};
 use crate::store::layout;
 
+use super::conditions::Published;
 use super::pods::{replace_ops, same_manifest, schedule_ops, unschedule_ops};
+use super::roll::count;
 use super::world::World;
 use super::{Farm, FarmContext, FarmError, FarmResult, Retries};
 
@@ -33,10 +36,20 @@ use super::{Farm, FarmContext, FarmError, FarmResult, Retries};
 /// the fence and the audit record, under the 64-op limit.
 const NODES_PER_TXN: usize = 20;
 
-/// The RC farm's state across passes: only backoffs, nothing a restart would miss.
-#[derive(Default)]
+/// The RC farm's state across passes: backoffs, and the conditions it published (read
+/// again by a new term).
 pub struct RcFarm {
     retries: Retries,
+    conditions: Published,
+}
+
+impl Default for RcFarm {
+    fn default() -> Self {
+        RcFarm {
+            retries: Retries::default(),
+            conditions: Published::new(ObjectKind::Rcs),
+        }
+    }
 }
 
 impl Farm for RcFarm {
@@ -59,12 +72,28 @@ impl Farm for RcFarm {
             {
                 continue;
             }
-            let result = match plan(world, &mut load, id, &rc.value) {
+            let planned = plan(world, &mut load, id, &rc.value);
+            let conditions = rc_conditions(&facts(world, id, &rc.value, planned.as_ref()));
+            let result = match planned {
                 Ok(plan) => apply(ctx, world, id, &rc.value, plan).await,
                 Err(e) => Err(e),
             };
-            self.retries.record("RC", id, result);
+            let published = self
+                .conditions
+                .publish(
+                    ctx,
+                    &layout::rc_ownership(id),
+                    id,
+                    conditions,
+                    rc.index,
+                    None,
+                )
+                .await;
+            self.retries.record("RC", id, result.and(published));
         }
+        self.conditions
+            .remove_gone(ctx, |id| world.rcs.items.contains_key(id))
+            .await;
         ctx.release_orphaned(world, layout::RC_LOCKS, |id| {
             world.rcs.items.contains_key(id)
         })
@@ -113,11 +142,38 @@ fn pod_labels(id: &str, rc: &StoredRc) -> Labels {
     labels
 }
 
+/// What one RC's conditions are made of: what the farm sees of it and what `plan` (or why
+/// it could not plan) says.
+fn facts(world: &World, id: &str, rc: &StoredRc, plan: Result<&Plan, &FarmError>) -> RcFacts {
+    let counts = count(world, id, rc);
+    let mut facts = RcFacts {
+        desired: rc.replicas_desired,
+        disabled: rc.disabled,
+        rolling: world.lock_holder(&layout::rc_mutation(id)).is_some(),
+        current: usize::try_from(counts.pods.current).unwrap_or(usize::MAX),
+        healthy: usize::try_from(counts.pods.healthy).unwrap_or(usize::MAX),
+        ..RcFacts::default()
+    };
+    match plan {
+        Ok(plan) => {
+            facts.eligible = plan.eligible;
+            facts.available = plan.short;
+            facts.changes = plan.changes.len();
+            facts.transfer = plan.transfer.is_some();
+        }
+        Err(e) => facts.selector_error = Some(e.to_string()),
+    }
+    facts
+}
+
 /// What one reconcile of one RC does.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     /// The nodes the RC has its pod on now.
     pub current: BTreeSet<String>,
+    /// How many nodes its selector matches (0 for a disabled RC, whose nodes are not looked
+    /// at).
+    pub eligible: usize,
     /// Pod changes, written in batches.
     pub changes: Vec<Change>,
     /// Or a node transfer, written alone in one transaction.
@@ -255,6 +311,7 @@ pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> FarmResu
         .filter(|(_, labels)| selector.matches(labels))
         .map(|(node, _)| node)
         .collect();
+    plan.eligible = eligible.len();
     let current = &plan.current;
     let desired = usize::try_from(rc.replicas_desired.max(0)).unwrap_or(0);
 
@@ -641,6 +698,7 @@ mod tests {
             run(&fleet, NEW),
             Plan {
                 current: ["d1".into(), "w1".into()].into(),
+                eligible: 2,
                 ..Plan::default()
             }
         );

@@ -13,28 +13,48 @@
 //! to 0 instead of blocking the roll forever; a roll whose RCs vanish is always cleaned up.
 
 use std::collections::HashMap;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 use tokio::time::Instant;
 
 use crate::kv::TxnOp;
 use crate::labels::{LabelType, RC_ID_LABEL};
+use crate::model::conditions::{
+    roll_conditions, ConditionStatus, ObjectKind, RollActivity, RollStuck, RollWait,
+};
 use crate::model::{roll_step, AuditRecord, HealthCounts, StoredRc, StoredRoll};
 use crate::store::layout;
 use crate::store::rcs::RcStore;
 use crate::store::rolls::RollStore;
 
+use super::conditions::Published;
 use super::pods::pod_health;
 use super::world::{Versioned, World};
 use super::{earliest, Farm, FarmContext, FarmResult, Retries};
 
-/// The roll farm's state across passes: when each roll last took a step (for `roll_delay`)
-/// and backoffs; a restart only makes a roll wait its delay once more.
-#[derive(Default)]
+/// The roll farm's state across passes: when each roll last took a step (for `roll_delay`),
+/// backoffs, and the conditions it published (with each roll's last progress, so that a new
+/// term goes on counting towards the stall deadline); a restart only makes a roll wait its
+/// delay once more.
 pub struct RollFarm {
     retries: Retries,
     last_step: HashMap<String, Instant>,
+    conditions: Published,
+    /// How long a roll may go without progress before it is stalled.
+    stall_deadline: Duration,
+}
+
+impl RollFarm {
+    /// A roll farm for one term; rolls without progress for `stall_deadline` are stalled.
+    pub fn new(stall_deadline: Duration) -> RollFarm {
+        RollFarm {
+            retries: Retries::default(),
+            last_step: HashMap::new(),
+            conditions: Published::new(ObjectKind::Rolls),
+            stall_deadline,
+        }
+    }
 }
 
 /// Replica counts of one RC as the roll sees them.
@@ -103,13 +123,23 @@ impl Farm for RollFarm {
             let now = Instant::now();
             let last_step = self.last_step.get(id).copied();
             let action = plan(world, &ctx.session, &roll.value, last_step, now);
+            let activity = activity(&action, &roll.value);
             let result = self.apply(ctx, world, id, roll, action, now).await;
+            // A finished roll is gone: the next pass removes its conditions.
+            let published = match activity {
+                RollActivity::Finishing => Ok(None),
+                _ => self.publish(ctx, world, id, roll, &activity).await,
+            };
+            let result = result.and_then(|at| Ok(earliest(at, published?)));
             if let Some(at) = self.retries.record("roll", id, result) {
                 wake = earliest(wake, at);
             }
         }
         self.last_step
             .retain(|id, _| world.rolls.items.contains_key(id));
+        self.conditions
+            .remove_gone(ctx, |id| world.rolls.items.contains_key(id))
+            .await;
         release_stale_locks(ctx, world).await;
         earliest(wake, self.retries.next_due())
     }
@@ -126,7 +156,7 @@ pub struct RcWrite {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Nothing until the trees change: the RC farms or the pods' health have to move.
-    Wait,
+    Wait(RollWait),
     /// An RC of the roll is not in the RC tree: the roll ends once the store confirms it.
     RcMissing,
     /// Another session holds this mutation lock of the roll's RCs.
@@ -134,15 +164,18 @@ pub enum Action {
     /// Take these free mutation locks, held for the whole roll.
     TakeLocks(Vec<String>),
     /// Write the RCs, checking both mutation locks; `step` is the roll step `(remove, add)`
-    /// this is, if it is one (else the enable step or the old RC's retirement).
+    /// this is, if it is one (else the enable step).
     Write {
         rcs: Vec<RcWrite>,
         step: Option<(i64, i64)>,
     },
+    /// Set the old RC's count to 0 once the new RC has its replicas, like a write (boxed:
+    /// an RC document is large).
+    Retire(Box<RcWrite>),
     /// Wait out `roll_delay` until then before the next step.
     Delay(Instant),
     /// The roll cannot move on its own; why, for the alert.
-    Stuck(String),
+    Stuck(RollStuck),
     /// End the roll, deleting the old RC at this index unless `None` (`leave_old`).
     Finish { retire_old: Option<u64> },
 }
@@ -185,10 +218,10 @@ pub fn plan(
         let new_counts = count(world, &spec.new_rc, &new.value);
         if new.value.disabled && new_counts.current() != new_counts.desired {
             // Enabling it would make its farm add or remove pods outside the roll's steps.
-            return Action::Stuck(format!(
-                "the new RC is disabled with {} pods for {} replicas, so enabling it would change its pods outside the roll's steps",
-                new_counts.current(), new_counts.desired
-            ));
+            return Action::Stuck(RollStuck::NewRcOutOfStep {
+                pods: new_counts.current(),
+                desired: new_counts.desired,
+            });
         }
         let rcs = [(old, true), (new, false)]
             .into_iter()
@@ -209,7 +242,10 @@ pub fn plan(
     let target = spec.desired_replicas;
     if new_counts.desired >= target {
         if new_counts.current() < target {
-            return Action::Wait;
+            return Action::Wait(RollWait::Placement {
+                placed: new_counts.current(),
+                target,
+            });
         }
         return complete(world, session, spec, old, old_counts);
     }
@@ -223,15 +259,28 @@ pub fn plan(
         spec.minimum_replicas,
     );
     if remove == 0 && add == 0 {
-        if old_counts.settling() == 0 && new_counts.settling() == 0 {
-            return Action::Stuck(format!(
-                "{} pods are healthy (old RC {old_healthy}, new RC {}) against a minimum of {}, and none is still starting, so a step would go below the minimum",
-                old_healthy + new_counts.healthy(),
-                new_counts.healthy(),
-                spec.minimum_replicas
-            ));
+        if new_counts.settling() > 0 {
+            return Action::Wait(RollWait::NewPods {
+                healthy: new_counts.healthy(),
+                desired: new_counts.desired,
+            });
         }
-        return Action::Wait;
+        if old_counts.settling() > 0 {
+            return Action::Wait(RollWait::OldPods {
+                settling: old_counts.settling(),
+            });
+        }
+        if spec.minimum_replicas >= target {
+            return Action::Stuck(RollStuck::MinimumEqualsDesired {
+                minimum: spec.minimum_replicas,
+                desired: target,
+            });
+        }
+        return Action::Stuck(RollStuck::NoHealthyHeadroom {
+            old_healthy,
+            new_healthy: new_counts.healthy(),
+            minimum: spec.minimum_replicas,
+        });
     }
     if new_counts.desired > 0 && !spec.roll_delay.is_zero() {
         // Not knowing when the last step was (a new term), wait one whole delay.
@@ -275,25 +324,23 @@ fn complete(
             replicas_desired: 0,
             ..old.value.clone()
         };
-        return Action::Write {
-            rcs: vec![RcWrite {
-                rc: retired,
-                index: old.index,
-            }],
-            step: None,
-        };
+        return Action::Retire(Box::new(RcWrite {
+            rc: retired,
+            index: old.index,
+        }));
     }
     if old_counts.current() > 0 {
         // Our RC farm removes a rolling disabled RC's pods; P2's never does.
         let owner = world.lock_holder(&layout::rc_ownership(&spec.old_rc));
         if owner.is_some_and(|owner| owner != session) {
-            return Action::Stuck(format!(
-                "the new RC has its {} pods but the old RC still has {}, which the RC farm owning it (another session) leaves in place while the RC is disabled",
-                spec.desired_replicas,
-                old_counts.current()
-            ));
+            return Action::Stuck(RollStuck::OldPodsKept {
+                remaining: old_counts.current(),
+                target: spec.desired_replicas,
+            });
         }
-        return Action::Wait;
+        return Action::Wait(RollWait::OldPodRemoval {
+            remaining: old_counts.current(),
+        });
     }
     Action::Finish {
         retire_old: Some(old.index),
@@ -314,7 +361,7 @@ impl RollFarm {
         let spec = &roll.value;
         let fence = layout::roll_ownership(id);
         match action {
-            Action::Wait => {}
+            Action::Wait(_) => {}
             Action::RcMissing => {
                 // The RC tree may simply not show an RC written with the roll yet: ask the
                 // store.
@@ -342,14 +389,13 @@ impl RollFarm {
                     .collect();
                 ctx.commit(&fence, take).await?;
             }
+            Action::Retire(write) => {
+                let mut ops = mutation_checks(ctx, spec);
+                ops.push(RcStore::write_op(&write.rc, write.index));
+                ctx.commit(&fence, ops).await?;
+            }
             Action::Write { rcs, step } => {
-                let mut ops: Vec<TxnOp> = [&spec.old_rc, &spec.new_rc]
-                    .into_iter()
-                    .map(|rc| TxnOp::CheckSession {
-                        key: layout::rc_mutation(rc),
-                        session: ctx.session.clone(),
-                    })
-                    .collect();
+                let mut ops = mutation_checks(ctx, spec);
                 ops.extend(rcs.iter().map(|w| RcStore::write_op(&w.rc, w.index)));
                 ctx.commit(&fence, ops).await?;
                 if let Some((remove, add)) = step {
@@ -367,13 +413,127 @@ impl RollFarm {
                 self.last_step.entry(id.to_owned()).or_insert(now);
                 return Ok(Some(due));
             }
-            Action::Stuck(why) => stuck(ctx, id, spec, why).await,
+            Action::Stuck(why) => stuck(ctx, id, spec, why.message()).await,
             Action::Finish { retire_old } => {
                 let ops = finish_ops(ctx, world, id, roll, retire_old, true).await?;
                 ctx.commit(&fence, ops).await?;
                 tracing::info!(roll = %id, "roll complete");
             }
         }
+        Ok(None)
+    }
+}
+
+/// Ops that make a write hold only while this session holds both RCs' mutation locks.
+fn mutation_checks(ctx: &FarmContext, spec: &StoredRoll) -> Vec<TxnOp> {
+    [&spec.old_rc, &spec.new_rc]
+        .into_iter()
+        .map(|rc| TxnOp::CheckSession {
+            key: layout::rc_mutation(rc),
+            session: ctx.session.clone(),
+        })
+        .collect()
+}
+
+/// What `action` is doing with the roll, for its conditions.
+fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
+    match action {
+        Action::Wait(wait) => RollActivity::Waiting(wait.clone()),
+        Action::RcMissing => RollActivity::Stuck(RollStuck::RcMissing),
+        Action::Locked(lock) => {
+            RollActivity::Stuck(RollStuck::MutationLockHeld { lock: lock.clone() })
+        }
+        Action::TakeLocks(_) => RollActivity::TakingLocks,
+        Action::Write { rcs, step: Some(_) } => {
+            let desired = |rc: &str| {
+                rcs.iter()
+                    .find(|w| w.rc.id == rc)
+                    .map_or(0, |w| w.rc.replicas_desired)
+            };
+            RollActivity::Stepping {
+                old: desired(&spec.old_rc),
+                new: desired(&spec.new_rc),
+            }
+        }
+        Action::Write { step: None, .. } => RollActivity::Enabling,
+        Action::Retire(_) => RollActivity::RetiringOld,
+        Action::Delay(_) => RollActivity::Delaying {
+            delay: spec.roll_delay,
+        },
+        Action::Stuck(stuck) => RollActivity::Stuck(stuck.clone()),
+        Action::Finish { .. } => RollActivity::Finishing,
+    }
+}
+
+/// A roll's replica counts, both RCs': any change of them is progress.
+fn progress_mark(world: &World, spec: &StoredRoll) -> Vec<i64> {
+    [&spec.old_rc, &spec.new_rc]
+        .into_iter()
+        .filter_map(|id| Some((id, &world.rcs.items.get(id)?.value)))
+        .flat_map(|(id, rc)| {
+            let counts = count(world, id, rc);
+            [counts.desired, counts.current(), counts.healthy()]
+        })
+        .collect()
+}
+
+impl RollFarm {
+    /// Publishes roll `id`'s conditions for `activity`; a roll newly stalled is logged, and
+    /// a stalled one alerted (the alerter keeps repeats apart). Returns when the roll stalls
+    /// if it has not yet.
+    async fn publish(
+        &mut self,
+        ctx: &FarmContext,
+        world: &World,
+        id: &str,
+        roll: &Versioned<StoredRoll>,
+        activity: &RollActivity,
+    ) -> FarmResult<Option<Instant>> {
+        if !self.conditions.load(ctx).await {
+            return Ok(None);
+        }
+        let previous = self.conditions.previous(id);
+        let was_stalled = previous.is_some_and(|p| {
+            p.conditions
+                .iter()
+                .any(|c| c.condition_type == "Stalled" && c.status == ConditionStatus::True)
+        });
+        let now = SystemTime::now();
+        let (observed, progress) = roll_conditions(
+            activity,
+            progress_mark(world, &roll.value),
+            previous.and_then(|p| p.progress.as_ref()),
+            self.stall_deadline,
+            now,
+        );
+        let stalled = observed
+            .iter()
+            .find(|c| c.condition_type == "Stalled" && c.status == ConditionStatus::True)
+            .map(|c| c.message.clone());
+        let still = now.duration_since(progress.at()).unwrap_or_default();
+        let stalls_at = self
+            .stall_deadline
+            .checked_sub(still)
+            .map(|left| Instant::now() + left);
+        let lock = layout::roll_ownership(id);
+        self.conditions
+            .publish(ctx, &lock, id, observed, roll.index, Some(progress))
+            .await?;
+        let Some(why) = stalled else {
+            return Ok(stalls_at);
+        };
+        if !was_stalled {
+            tracing::warn!(roll = %id, "roll stalled: {why}");
+        }
+        let details = json!({"roll_id": id, "old_rc": roll.value.old_rc,
+                             "new_rc": roll.value.new_rc, "hostname": ctx.holder});
+        ctx.alerts
+            .low(
+                &format!("roll_stalled/{id}"),
+                format!("roll {id} stalled: {why}"),
+                details,
+            )
+            .await;
         Ok(None)
     }
 }
@@ -462,8 +622,6 @@ async fn release_stale_locks(ctx: &FarmContext, world: &World) {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::farms::fixture::{rc, Fleet, HELLO_1, HELLO_2};
     use crate::model::HealthState;
@@ -563,13 +721,44 @@ mod tests {
     fn a_blocked_roll_waits_without_alerting_while_pods_are_settling() {
         let mut fleet = rolling(3, 1, 1, 1);
         fleet.health.remove(&("n2".to_owned(), "hello".to_owned()));
-        assert_eq!(run(&fleet, &roll(4, 3)), Action::Wait);
+        assert!(matches!(run(&fleet, &roll(4, 3)), Action::Wait(_)));
         // A pod whose node does not run the RC's manifest yet is settling too.
         let mut fleet = rolling(3, 1, 1, 1);
         fleet
             .reality
             .insert(("n4".to_owned(), "hello".to_owned()), HELLO_1.into());
-        assert_eq!(run(&fleet, &roll(4, 3)), Action::Wait);
+        assert!(matches!(run(&fleet, &roll(4, 3)), Action::Wait(_)));
+    }
+
+    #[test]
+    fn a_blocked_roll_says_exactly_why() {
+        // Every old pod healthy, but the minimum leaves no room for a step.
+        assert_eq!(
+            run(&rolling(3, 3, 0, 0), &roll(3, 3)),
+            Action::Stuck(RollStuck::MinimumEqualsDesired {
+                minimum: 3,
+                desired: 3
+            })
+        );
+        // A critical old pod leaves no room above a lower minimum either.
+        assert_eq!(
+            run(&rolling(3, 2, 0, 0), &roll(3, 2)),
+            Action::Stuck(RollStuck::NoHealthyHeadroom {
+                old_healthy: 2,
+                new_healthy: 0,
+                minimum: 2
+            })
+        );
+        // A new pod still starting is waited for, and counted.
+        let mut fleet = rolling(2, 2, 1, 0);
+        fleet.health.remove(&("n3".to_owned(), "hello".to_owned()));
+        assert_eq!(
+            run(&fleet, &roll(3, 2)),
+            Action::Wait(RollWait::NewPods {
+                healthy: 0,
+                desired: 1
+            })
+        );
     }
 
     #[test]
@@ -584,7 +773,7 @@ mod tests {
             0
         );
         // 2 old healthy against a minimum of 2: no headroom until the new pod is real.
-        assert_eq!(run(&fleet, &roll(3, 2)), Action::Wait);
+        assert!(matches!(run(&fleet, &roll(3, 2)), Action::Wait(_)));
     }
 
     #[test]
@@ -658,21 +847,27 @@ mod tests {
         // The new RC has its count but not yet its pods.
         let mut fleet = rolling(0, 0, 2, 2);
         fleet.labels.remove(&("n2".to_owned(), "hello".to_owned()));
-        assert_eq!(run(&fleet, &spec), Action::Wait);
+        assert_eq!(
+            run(&fleet, &spec),
+            Action::Wait(RollWait::Placement {
+                placed: 1,
+                target: 2
+            })
+        );
 
         // The old RC's count goes to 0 first.
         let mut fleet = rolling(1, 1, 2, 2);
-        let Action::Write { rcs, step: None } = run(&fleet, &spec) else {
+        let Action::Retire(write) = run(&fleet, &spec) else {
             panic!("the old RC is not retired");
         };
-        assert_eq!(
-            (rcs[0].rc.id.as_str(), rcs[0].rc.replicas_desired),
-            (OLD, 0)
-        );
+        assert_eq!((write.rc.id.as_str(), write.rc.replicas_desired), (OLD, 0));
 
         // Then its pods go: ours are removed by our RC farm; another's never are.
         fleet.rcs.get_mut(OLD).unwrap().value.replicas_desired = 0;
-        assert_eq!(run(&fleet, &spec), Action::Wait);
+        assert_eq!(
+            run(&fleet, &spec),
+            Action::Wait(RollWait::OldPodRemoval { remaining: 1 })
+        );
         fleet.lock(&layout::rc_ownership(OLD), "p2-rc-farm");
         assert!(matches!(run(&fleet, &spec), Action::Stuck(_)));
 

@@ -9,6 +9,7 @@
 //! - [`rc`], [`roll`], [`ds`]: replication controllers, rolling updates (with the roll
 //!   algorithm) and daemon sets as stored.
 //! - [`health`], [`audit`]: health records and audit log records.
+//! - [`conditions`]: the status conditions the farms compute for RCs, rolls and daemon sets.
 //! - [`ids`]: the id types and their rules.
 //! - [`ds_spec`]: what clients send to create or change a daemon set, and its validation.
 //! - [`rc_spec`]: what clients send to create or change an RC, and its validation.
@@ -17,6 +18,7 @@
 //! - [`duration`], [`timestamp`]: Go-style durations and RFC 3339 times.
 
 pub mod audit;
+pub mod conditions;
 pub mod ds;
 pub mod ds_spec;
 pub mod duration;

@@ -25,12 +25,14 @@ pub enum Tree {
     Reality,
     Health,
     DsStatus,
+    /// The conditions the farms compute, beside P2's trees.
+    Conditions,
     Locks,
 }
 
 impl Tree {
     /// Every tree the server reads. Audit records are write-only and not mirrored.
-    pub const ALL: [Tree; 13] = [
+    pub const ALL: [Tree; 14] = [
         Tree::Rcs,
         Tree::Rolls,
         Tree::DaemonSets,
@@ -43,6 +45,7 @@ impl Tree {
         Tree::Reality,
         Tree::Health,
         Tree::DsStatus,
+        Tree::Conditions,
         Tree::Locks,
     ];
 
@@ -64,6 +67,7 @@ impl Tree {
             Tree::Reality => layout::REALITY,
             Tree::Health => layout::HEALTH,
             Tree::DsStatus => layout::DS_STATUS,
+            Tree::Conditions => layout::CONDITIONS,
             Tree::Locks => layout::LOCKS,
             Tree::Labels(_) => layout::LABELS,
         }
@@ -96,7 +100,8 @@ impl Tree {
     }
 
     /// The kind its changes have in the change stream; `None` for the farms' bookkeeping
-    /// (locks, status records), which is no dashboard's business.
+    /// (locks, status records, conditions: the objects' views show these), which is no
+    /// dashboard's business.
     pub fn kind(self) -> Option<Kind> {
         match self {
             Tree::Rcs => Some(Kind::Rcs),
@@ -107,7 +112,7 @@ impl Tree {
             Tree::Intent => Some(Kind::Pods),
             Tree::Reality => Some(Kind::Reality),
             Tree::Health => Some(Kind::Health),
-            Tree::DsStatus | Tree::Locks => None,
+            Tree::DsStatus | Tree::Conditions | Tree::Locks => None,
         }
     }
 
@@ -126,7 +131,9 @@ impl Tree {
             Tree::Health => {
                 HealthRecord::from_json(&pair.value).map_or_else(|e| problem(&e), View::Health)
             }
-            Tree::Intent | Tree::Reality | Tree::DsStatus | Tree::Locks => View::Raw,
+            Tree::Intent | Tree::Reality | Tree::DsStatus | Tree::Conditions | Tree::Locks => {
+                View::Raw
+            }
         };
         Entry { pair, view }
     }
@@ -158,7 +165,7 @@ pub enum View {
     DaemonSet(Arc<StoredDaemonSet>),
     Labels(Labels),
     Health(HealthRecord),
-    /// Manifests, status records and locks: read as bytes by whoever needs them.
+    /// Manifests, status records, conditions and locks: read as bytes by whoever needs them.
     Raw,
     Unreadable(String),
 }

@@ -7,6 +7,7 @@
 use std::fmt::Display;
 
 use crate::labels::LabelType;
+use crate::model::conditions::ObjectKind;
 
 /// RC documents: `replication_controllers/<rc-id>`.
 pub const RCS: &str = "replication_controllers/";
@@ -37,6 +38,11 @@ pub const DS_LOCKS: &str = "lock/daemon_sets/";
 /// Held by the leader's session; its value names the holder. P2's tools ignore it.
 pub const LEADER_LOCK: &str = "lock/p2-apiserver/leader";
 
+/// Everything this server keeps beside P2's trees (P2's tools ignore it).
+pub const APISERVER_ROOT: &str = "p2-apiserver/";
+/// Status conditions the farms compute: `p2-apiserver/conditions/<kind>/<id>`.
+pub const CONDITIONS: &str = "p2-apiserver/conditions/";
+
 /// The namespace under which the DS farm keeps its status record, as P2's DS farm names it.
 pub const DS_FARM_STATUS_NAMESPACE: &str = "daemon_set_farm";
 
@@ -58,6 +64,16 @@ pub fn daemon_set(id: impl Display) -> String {
 /// `status/daemon_sets/<id>/daemon_set_farm`: the DS farm's status record.
 pub fn ds_farm_status(id: impl Display) -> String {
     format!("{DS_STATUS}{id}/{DS_FARM_STATUS_NAMESPACE}")
+}
+
+/// `p2-apiserver/conditions/<kind>/`: the conditions of every object of one kind.
+pub fn conditions_of_kind(kind: ObjectKind) -> String {
+    format!("{CONDITIONS}{}/", kind.as_str())
+}
+
+/// `p2-apiserver/conditions/<kind>/<id>`: one object's conditions.
+pub fn conditions(kind: ObjectKind, id: impl Display) -> String {
+    format!("{CONDITIONS}{}/{id}", kind.as_str())
 }
 
 /// `labels/<type>/`: every label set of one type, with the trailing `/` so that a prefix
@@ -154,5 +170,10 @@ mod tests {
             format!("lock/replication_controllers/{id}/update_creation")
         );
         assert!(new_audit_log().starts_with("audit_logs/"));
+        assert_eq!(
+            conditions(ObjectKind::DaemonSets, id),
+            format!("p2-apiserver/conditions/daemon_sets/{id}")
+        );
+        assert!(conditions(ObjectKind::Rcs, id).starts_with(APISERVER_ROOT));
     }
 }

@@ -3,6 +3,7 @@
 //! Each reads documents as [`Versioned`] values and changes them through
 //! [`update::update_with_retry`].
 
+pub mod conditions;
 pub mod daemon_sets;
 pub mod health;
 pub mod labels;

@@ -104,7 +104,8 @@ async fn create_stores_p2s_document_with_its_audit_record_in_one_transaction() {
             "id": id, "manifest": MANIFEST, "node_selector": "role!=db", "min_health": 2,
             "cluster_name": "production", "pod_id": "p2-log-shipper", "timeout": "10m0s",
             "disabled": false, "resource_version": pair.modify_index.to_string(),
-            "status": {"nodes_targeted": 1, "nodes_scheduled": 0, "nodes_healthy": 0, "farm": null}
+            "status": {"nodes_targeted": 1, "nodes_scheduled": 0, "nodes_healthy": 0, "farm": null},
+            "conditions": []
         })
     );
     let expected = format!(

@@ -2,6 +2,7 @@
 
 mod auth;
 mod compat_p2;
+mod conditions;
 mod daemonsets;
 mod http_basics;
 mod labels;

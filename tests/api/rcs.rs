@@ -89,6 +89,7 @@ async fn create_answers_201_and_stores_the_rc_and_its_labels() {
             "labels": {"owner": "ops", "pod_id": "hello"},
             "resource_version": version,
             "status": {"current_replicas": 0, "nodes": []},
+            "conditions": [],
         })
     );
     let rc = app

@@ -972,7 +972,8 @@ async fn a_roll_written_by_p2_reads_and_deletes() {
             "desired_replicas": 3, "minimum_replicas": 2, "leave_old": false,
             "roll_delay": "30s", "labels": {}, "resource_version": index.to_string(),
             "progress": {"old": {"desired": 3, "current": 0, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0},
-                         "new": {"desired": 0, "current": 0, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0}}
+                         "new": {"desired": 0, "current": 0, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0}},
+            "conditions": []
         })
     );
     assert_eq!(app.get("/api/v1/rolls").await.json()["items"][0], body);

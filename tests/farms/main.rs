@@ -1,5 +1,6 @@
 //! The farms and leader election, driven directly against a store.
 
+mod conditions;
 mod ds;
 mod leader;
 mod locks;

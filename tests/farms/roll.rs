@@ -165,7 +165,7 @@ async fn a_roll_held_at_its_minimum_raises_an_alert() {
     h.put_roll(&old, &new, 3, 3).await;
     let description = h.alert_about(&webhook, &new).await;
     assert!(
-        description.contains("3 pods are healthy") && description.contains("minimum of 3"),
+        description.contains("minimum_replicas (3) is not below desired_replicas (3)"),
         "{description}"
     );
     assert_eq!(h.rc_nodes(&old).await.len(), 3);

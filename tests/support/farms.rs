@@ -12,7 +12,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use p2_apiserver::farms::{self, alerts::Alerter};
+use p2_apiserver::farms::{self, alerts::Alerter, FarmOptions};
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{
     open_store, Cas, ConsulOptions, KvStore, Listing, SessionBehavior, WatchTarget,
@@ -91,6 +91,15 @@ impl Harness {
 
     /// Like [`Harness::start_with_alerts`], on `backend`.
     pub async fn start_on(backend: Backend, webhook: Option<String>) -> Harness {
+        Self::start_with(backend, webhook, FarmOptions::default()).await
+    }
+
+    /// Like [`Harness::start_on`], with the farms' `options`.
+    pub async fn start_with(
+        backend: Backend,
+        webhook: Option<String>,
+        options: FarmOptions,
+    ) -> Harness {
         let _ = tracing_subscriber::registry()
             .with(
                 tracing_subscriber::fmt::layer()
@@ -136,6 +145,7 @@ impl Harness {
                     term,
                     alerts.clone(),
                     "test".into(),
+                    options,
                 )
             },
         ));

@@ -1,0 +1,1044 @@
+//! Status conditions: which conditions hold for an RC, a roll or a daemon set, given what its
+//! farm saw in one pass, and the record the farms keep of them.
+//!
+//! They follow the Kubernetes API conventions for conditions: a `type`, a `status` of
+//! `True`, `False` or `Unknown`, a `reason` (one CamelCase word a program can match on), a
+//! `message` (the sentence for a human), the time the status last changed, and the modify
+//! index of the document they were computed from. The field names are snake_case like the
+//! rest of this API. Pure: the farms gather the facts, these functions name the conditions.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::duration::format_duration;
+use super::timestamp::format_rfc3339;
+use ConditionStatus::{False, True, Unknown};
+
+/// The kinds of object that carry conditions, named as in their keys
+/// (`p2-apiserver/conditions/<kind>/<id>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ObjectKind {
+    Rcs,
+    Rolls,
+    DaemonSets,
+}
+
+impl ObjectKind {
+    /// The key segment of the kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectKind::Rcs => "rcs",
+            ObjectKind::Rolls => "rolls",
+            ObjectKind::DaemonSets => "daemon_sets",
+        }
+    }
+}
+
+/// Whether a condition holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum ConditionStatus {
+    True,
+    False,
+    /// The farm cannot tell (e.g. a disabled RC's nodes are not looked at).
+    Unknown,
+}
+
+/// One condition of an object, as shown in its view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Condition {
+    /// `Ready`, `Progressing`, `Degraded` (RCs); `Progressing`, `Stalled` (rolls);
+    /// `Progressing`, `Blocked`, `Contended` (daemon sets).
+    #[serde(rename = "type")]
+    pub condition_type: String,
+    pub status: ConditionStatus,
+    /// Why, as one CamelCase word, e.g. `TooFewEligibleNodes`.
+    #[schema(example = "TooFewEligibleNodes")]
+    pub reason: String,
+    /// Why, as a sentence, e.g. `2 of 5 desired nodes match the selector`.
+    pub message: String,
+    /// When `status` last changed (RFC 3339).
+    #[schema(format = DateTime)]
+    pub last_transition_time: String,
+    /// The modify index of the object's document the condition was computed from.
+    pub observed_index: u64,
+}
+
+/// A condition as one pass finds it, before it is stamped with times.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    pub condition_type: &'static str,
+    pub status: ConditionStatus,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Observed {
+    fn new(
+        condition_type: &'static str,
+        status: ConditionStatus,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> Observed {
+        Observed {
+            condition_type,
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// What the farms store per object beside P2's documents.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConditionsRecord {
+    pub conditions: Vec<Condition>,
+    /// Rolls only: the last progress, kept here so that a new leader knows how long a roll
+    /// has been standing still.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+}
+
+/// A roll's last progress: the counts it had then, and when (milliseconds since the epoch).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    pub mark: Vec<i64>,
+    pub at_unix_ms: u64,
+}
+
+impl Progress {
+    fn new(mark: Vec<i64>, now: SystemTime) -> Progress {
+        let at_unix_ms = now
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Progress { mark, at_unix_ms }
+    }
+
+    /// When it was.
+    pub fn at(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.at_unix_ms)
+    }
+}
+
+/// Turns what a pass observed into conditions: a condition whose status is unchanged keeps
+/// its transition time from `previous`, so that only real changes change the record.
+pub fn stamp(
+    previous: &[Condition],
+    observed: Vec<Observed>,
+    index: u64,
+    now: SystemTime,
+) -> Vec<Condition> {
+    observed
+        .into_iter()
+        .map(|o| {
+            let since = previous
+                .iter()
+                .find(|c| c.condition_type == o.condition_type && c.status == o.status)
+                .map_or_else(|| format_rfc3339(now), |c| c.last_transition_time.clone());
+            Condition {
+                condition_type: o.condition_type.to_owned(),
+                status: o.status,
+                reason: o.reason.to_owned(),
+                message: o.message,
+                last_transition_time: since,
+                observed_index: index,
+            }
+        })
+        .collect()
+}
+
+/// "1 pod", "2 pods".
+fn pods(n: impl Into<i64>) -> String {
+    match n.into() {
+        1 => "1 pod".to_owned(),
+        n => format!("{n} pods"),
+    }
+}
+
+/// What the RC farm saw of one RC in a pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RcFacts {
+    pub desired: i64,
+    pub disabled: bool,
+    /// A roll holds its mutation lock (a disabled RC then still gives up its surplus).
+    pub rolling: bool,
+    /// Why the node selector cannot be used (a sentence), if it cannot.
+    pub selector_error: Option<String>,
+    /// Nodes the selector matches.
+    pub eligible: usize,
+    /// When the RC cannot have all its pods: how many it can have (the nodes it is on plus
+    /// the eligible nodes free for it).
+    pub available: Option<usize>,
+    /// Pods labelled with the RC's id.
+    pub current: usize,
+    /// Of those, pods running the RC's manifest and passing.
+    pub healthy: usize,
+    /// Pod changes the farm makes in this pass (placements, removals, rewrites).
+    pub changes: usize,
+    /// Whether the farm moves a pod off an ineligible node in this pass.
+    pub transfer: bool,
+}
+
+/// An RC's `Ready`, `Progressing` and `Degraded` conditions.
+pub fn rc_conditions(f: &RcFacts) -> Vec<Observed> {
+    let desired = f.desired.max(0);
+    let ready = if f.current as i64 == desired && f.healthy as i64 >= desired {
+        Observed::new(
+            "Ready",
+            True,
+            "AllReplicasHealthy",
+            format!("{} of {desired} desired pods are healthy", f.healthy),
+        )
+    } else {
+        Observed::new(
+            "Ready",
+            False,
+            "ReplicasNotReady",
+            format!(
+                "{} of {desired} desired pods are healthy ({} placed)",
+                f.healthy,
+                pods(f.current as i64)
+            ),
+        )
+    };
+
+    let degraded = if let Some(error) = &f.selector_error {
+        Observed::new("Degraded", True, "InvalidNodeSelector", error.clone())
+    } else if f.disabled && !f.rolling {
+        Observed::new(
+            "Degraded",
+            Unknown,
+            "Disabled",
+            "the RC is disabled, so its nodes are not looked at",
+        )
+    } else if (f.eligible as i64) < desired {
+        Observed::new(
+            "Degraded",
+            True,
+            "TooFewEligibleNodes",
+            format!(
+                "{} of {desired} desired nodes match the selector",
+                f.eligible
+            ),
+        )
+    } else if let Some(available) = f.available.filter(|a| (*a as i64) < desired) {
+        Observed::new(
+            "Degraded",
+            True,
+            "TooFewFreeNodes",
+            format!(
+                "{} nodes match the selector but only {available} of the {desired} desired can run the pod: the others run the same pod id for another owner",
+                f.eligible
+            ),
+        )
+    } else {
+        Observed::new(
+            "Degraded",
+            False,
+            "EnoughNodes",
+            format!(
+                "{} nodes match the selector for {desired} desired pods",
+                f.eligible
+            ),
+        )
+    };
+
+    let progressing = if degraded.reason == "InvalidNodeSelector" {
+        Observed::new(
+            "Progressing",
+            False,
+            "InvalidNodeSelector",
+            degraded.message.clone(),
+        )
+    } else if f.transfer {
+        Observed::new(
+            "Progressing",
+            True,
+            "NodeTransfer",
+            "moving a pod off a node the selector no longer matches",
+        )
+    } else if f.changes > 0 {
+        Observed::new(
+            "Progressing",
+            True,
+            "PodsChanging",
+            format!("placing, removing or updating {}", pods(f.changes as i64)),
+        )
+    } else if f.disabled && !f.rolling {
+        Observed::new(
+            "Progressing",
+            False,
+            "Disabled",
+            "the RC is disabled, so it changes no pods",
+        )
+    } else if degraded.status == True {
+        Observed::new(
+            "Progressing",
+            False,
+            "TooFewNodes",
+            format!(
+                "every pod that can be placed is placed: {}",
+                degraded.message
+            ),
+        )
+    } else if ready.status == False {
+        Observed::new(
+            "Progressing",
+            True,
+            "WaitingForHealthyPods",
+            format!(
+                "waiting for {} to become healthy: {}",
+                pods(f.current.saturating_sub(f.healthy) as i64),
+                ready.message
+            ),
+        )
+    } else {
+        Observed::new(
+            "Progressing",
+            False,
+            "Complete",
+            "every desired pod is placed with the RC's manifest and healthy",
+        )
+    };
+    vec![ready, progressing, degraded]
+}
+
+/// What a roll waits for while it cannot take a step, which should come on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RollWait {
+    /// The new RC's pods are starting: `healthy` of its `desired` pass.
+    NewPods { healthy: i64, desired: i64 },
+    /// The old RC's pods are starting or have no health result.
+    OldPods { settling: i64 },
+    /// The new RC has its count; its RC farm has placed `placed` of the `target` pods.
+    Placement { placed: i64, target: i64 },
+    /// The old RC's count is 0; its RC farm still has `remaining` pods to remove.
+    OldPodRemoval { remaining: i64 },
+}
+
+/// Why a roll cannot move at all until something outside it changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RollStuck {
+    /// `minimum_replicas` equals (or exceeds) `desired_replicas`: the roll replaces pods
+    /// rather than adding extra ones, so any step would go below the minimum.
+    MinimumEqualsDesired { minimum: i64, desired: i64 },
+    /// Too few healthy pods for a step to keep the minimum, and none is still starting.
+    NoHealthyHeadroom {
+        old_healthy: i64,
+        new_healthy: i64,
+        minimum: i64,
+    },
+    /// The new RC is disabled with pods that do not match its count.
+    NewRcOutOfStep { pods: i64, desired: i64 },
+    /// The old RC's remaining pods are on an RC farm (another session) that leaves them.
+    OldPodsKept { remaining: i64, target: i64 },
+    /// Another session holds this mutation lock of the roll's RCs.
+    MutationLockHeld { lock: String },
+    /// An RC of the roll does not exist; the roll is being ended.
+    RcMissing,
+}
+
+/// What the roll farm does with a roll in one pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RollActivity {
+    TakingLocks,
+    Enabling,
+    /// A step: the counts the RCs move to.
+    Stepping {
+        old: i64,
+        new: i64,
+    },
+    /// Waiting out `roll_delay` before the next step.
+    Delaying {
+        delay: Duration,
+    },
+    RetiringOld,
+    Finishing,
+    Waiting(RollWait),
+    Stuck(RollStuck),
+}
+
+impl RollWait {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RollWait::NewPods { .. } => "WaitingForNewPods",
+            RollWait::OldPods { .. } => "WaitingForOldPods",
+            RollWait::Placement { .. } => "WaitingForPlacement",
+            RollWait::OldPodRemoval { .. } => "WaitingForOldPodRemoval",
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            RollWait::NewPods { healthy, desired } => format!(
+                "waiting for {} more healthy pod{} on the new RC: {healthy} of {desired} passing",
+                desired - healthy,
+                if desired - healthy == 1 { "" } else { "s" }
+            ),
+            RollWait::OldPods { settling } => format!(
+                "waiting for {} of the old RC to start or report health",
+                pods(*settling)
+            ),
+            RollWait::Placement { placed, target } => format!(
+                "waiting for the new RC's farm to place {}: {placed} of {target} placed",
+                pods(target - placed)
+            ),
+            RollWait::OldPodRemoval { remaining } => format!(
+                "waiting for the old RC's farm to remove its last {}",
+                pods(*remaining)
+            ),
+        }
+    }
+}
+
+impl RollStuck {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RollStuck::MinimumEqualsDesired { .. } => "MinimumEqualsDesired",
+            RollStuck::NoHealthyHeadroom { .. } => "NoHealthyHeadroom",
+            RollStuck::NewRcOutOfStep { .. } => "NewRcOutOfStep",
+            RollStuck::OldPodsKept { .. } => "OldPodsKept",
+            RollStuck::MutationLockHeld { .. } => "MutationLockHeld",
+            RollStuck::RcMissing => "RcMissing",
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            RollStuck::MinimumEqualsDesired { minimum, desired } => format!(
+                "minimum_replicas ({minimum}) is not below desired_replicas ({desired}): a roll replaces pods rather than adding extra ones, so every step would go below the minimum; lower minimum_replicas or cancel the roll"
+            ),
+            RollStuck::NoHealthyHeadroom {
+                old_healthy,
+                new_healthy,
+                minimum,
+            } => format!(
+                "{} healthy (old RC {old_healthy}, new RC {new_healthy}) against a minimum of {minimum}, and none is still starting, so a step would go below the minimum",
+                pods(old_healthy + new_healthy)
+            ),
+            RollStuck::NewRcOutOfStep { pods: n, desired } => format!(
+                "the new RC is disabled with {} for {desired} replicas, so enabling it would change its pods outside the roll's steps",
+                pods(*n)
+            ),
+            RollStuck::OldPodsKept { remaining, target } => format!(
+                "the new RC has its {} but the old RC still has {remaining}, which the RC farm owning it (another session) leaves in place while the RC is disabled",
+                pods(*target)
+            ),
+            RollStuck::MutationLockHeld { lock } => {
+                format!("another session holds {lock}, so the roll cannot change the RC's counts")
+            }
+            RollStuck::RcMissing => "an RC of the roll does not exist, so the roll is ending".into(),
+        }
+    }
+}
+
+/// A roll's `Progressing` and `Stalled` conditions, and its progress record.
+///
+/// Progress is any change of `mark` (the roll's replica counts); a roll waiting out its
+/// `roll_delay` counts as progressing. A roll with no progress for `deadline` is stalled,
+/// for the reason it is not moving now.
+pub fn roll_conditions(
+    activity: &RollActivity,
+    mark: Vec<i64>,
+    previous: Option<&Progress>,
+    deadline: Duration,
+    now: SystemTime,
+) -> (Vec<Observed>, Progress) {
+    let progressing = match activity {
+        RollActivity::TakingLocks => Observed::new(
+            "Progressing",
+            True,
+            "TakingLocks",
+            "taking both RCs' mutation locks",
+        ),
+        RollActivity::Enabling => Observed::new(
+            "Progressing",
+            True,
+            "EnablingNewRc",
+            "disabling the old RC and enabling the new one",
+        ),
+        RollActivity::Stepping { old, new } => Observed::new(
+            "Progressing",
+            True,
+            "ReplicasMoving",
+            format!("moving replicas: the old RC to {old}, the new RC to {new}"),
+        ),
+        RollActivity::Delaying { delay } => Observed::new(
+            "Progressing",
+            True,
+            "RollDelay",
+            format!(
+                "waiting out the roll delay of {} before the next step",
+                format_duration(*delay)
+            ),
+        ),
+        RollActivity::RetiringOld => Observed::new(
+            "Progressing",
+            True,
+            "RetiringOldRc",
+            "the new RC has its replicas; setting the old RC's to 0",
+        ),
+        RollActivity::Finishing => Observed::new(
+            "Progressing",
+            True,
+            "Completing",
+            "the new RC has its pods; ending the roll",
+        ),
+        RollActivity::Waiting(wait) => {
+            Observed::new("Progressing", True, wait.reason(), wait.message())
+        }
+        RollActivity::Stuck(stuck) => {
+            Observed::new("Progressing", False, stuck.reason(), stuck.message())
+        }
+    };
+    let progress = match previous {
+        Some(p) if p.mark == mark && !matches!(activity, RollActivity::Delaying { .. }) => {
+            p.clone()
+        }
+        _ => Progress::new(mark, now),
+    };
+    let still = now.duration_since(progress.at()).unwrap_or(Duration::ZERO);
+    let stalled = if still >= deadline {
+        Observed::new(
+            "Stalled",
+            True,
+            progressing.reason,
+            format!(
+                "no progress for {}: {}",
+                format_duration(deadline),
+                progressing.message
+            ),
+        )
+    } else {
+        Observed::new(
+            "Stalled",
+            False,
+            "ProgressWithinDeadline",
+            format!(
+                "the roll has progressed within the last {}",
+                format_duration(deadline)
+            ),
+        )
+    };
+    (vec![progressing, stalled], progress)
+}
+
+/// What the DS farm saw of one daemon set in a pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DsFacts {
+    pub disabled: bool,
+    /// Why the node selector cannot be used (a sentence), if it cannot.
+    pub selector_error: Option<String>,
+    /// Nodes the selector matches.
+    pub targeted: usize,
+    /// Targeted nodes healthy on the current manifest.
+    pub deployed: usize,
+    /// Targeted nodes healthy on what they are meant to run now.
+    pub healthy: usize,
+    pub min_health: i64,
+    /// Pod changes the farm makes in this pass.
+    pub changes: usize,
+    /// Whether the rollout is unfinished.
+    pub in_progress: bool,
+    /// No node matches, so the daemon set keeps the pods it has.
+    pub stranded: bool,
+    /// Nodes on an old manifest left as they are because replacing them would go below
+    /// `min_health`.
+    pub held_back: usize,
+    /// An enabled daemon set it contends with (or would, were it enabled): its id and their
+    /// pod id.
+    pub contender: Option<(String, String)>,
+}
+
+/// A daemon set's `Progressing`, `Blocked` and `Contended` conditions.
+pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
+    let contended = match &f.contender {
+        Some((rival, pod_id)) => Observed::new(
+            "Contended",
+            True,
+            "ContendsWithDaemonSet",
+            format!(
+                "daemon set {rival} already runs pod {pod_id} on nodes this one selects{}",
+                if f.disabled {
+                    "; this one stays disabled"
+                } else {
+                    ""
+                }
+            ),
+        ),
+        None => Observed::new(
+            "Contended",
+            False,
+            "NoContention",
+            "no enabled daemon set runs the same pod on the nodes this one selects",
+        ),
+    };
+    let blocked = if f.held_back > 0 {
+        Observed::new(
+            "Blocked",
+            True,
+            "MinHealth",
+            format!(
+                "{} wait for the new manifest: {} of {} nodes are healthy and replacing another would go below min_health ({})",
+                pods(f.held_back as i64),
+                f.healthy,
+                f.targeted,
+                f.min_health
+            ),
+        )
+    } else {
+        Observed::new(
+            "Blocked",
+            False,
+            "NotBlocked",
+            format!("min_health ({}) holds no replacement back", f.min_health),
+        )
+    };
+    let progressing = if let Some(error) = &f.selector_error {
+        Observed::new("Progressing", False, "InvalidNodeSelector", error.clone())
+    } else if f.disabled {
+        Observed::new(
+            "Progressing",
+            False,
+            "Disabled",
+            "the daemon set is disabled, so it changes no pods",
+        )
+    } else if f.stranded {
+        Observed::new(
+            "Progressing",
+            False,
+            "NoEligibleNodes",
+            "no node matches the selector; the pods it has are kept rather than all removed",
+        )
+    } else if f.in_progress || f.changes > 0 {
+        Observed::new(
+            "Progressing",
+            True,
+            "Replicating",
+            format!(
+                "{} of {} targeted nodes are healthy on the current manifest",
+                f.deployed, f.targeted
+            ),
+        )
+    } else {
+        Observed::new(
+            "Progressing",
+            False,
+            "Complete",
+            format!(
+                "all {} targeted nodes are healthy on the current manifest",
+                f.targeted
+            ),
+        )
+    };
+    vec![progressing, blocked, contended]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn find<'a>(conditions: &'a [Observed], kind: &str) -> &'a Observed {
+        conditions
+            .iter()
+            .find(|c| c.condition_type == kind)
+            .unwrap_or_else(|| panic!("no {kind}"))
+    }
+
+    fn rc(f: RcFacts) -> Vec<Observed> {
+        rc_conditions(&f)
+    }
+
+    fn settled_rc() -> RcFacts {
+        RcFacts {
+            desired: 3,
+            eligible: 5,
+            current: 3,
+            healthy: 3,
+            ..RcFacts::default()
+        }
+    }
+
+    #[test]
+    fn an_rc_with_every_pod_healthy_is_ready_and_complete() {
+        let c = rc(settled_rc());
+        assert_eq!(
+            find(&c, "Ready"),
+            &Observed::new(
+                "Ready",
+                True,
+                "AllReplicasHealthy",
+                "3 of 3 desired pods are healthy"
+            )
+        );
+        assert_eq!(find(&c, "Progressing").reason, "Complete");
+        assert_eq!(find(&c, "Degraded").reason, "EnoughNodes");
+        assert_eq!(find(&c, "Degraded").status, False);
+    }
+
+    #[test]
+    fn an_rc_waiting_for_health_is_progressing_and_not_ready() {
+        let c = rc(RcFacts {
+            healthy: 1,
+            ..settled_rc()
+        });
+        let ready = find(&c, "Ready");
+        assert_eq!((ready.status, ready.reason), (False, "ReplicasNotReady"));
+        assert_eq!(
+            ready.message,
+            "1 of 3 desired pods are healthy (3 pods placed)"
+        );
+        let progressing = find(&c, "Progressing");
+        assert_eq!(
+            (progressing.status, progressing.reason),
+            (True, "WaitingForHealthyPods")
+        );
+        assert!(progressing.message.starts_with("waiting for 2 pods"));
+    }
+
+    #[test]
+    fn an_rc_placing_pods_or_moving_one_is_progressing() {
+        let c = rc(RcFacts {
+            current: 1,
+            healthy: 1,
+            changes: 2,
+            ..settled_rc()
+        });
+        assert_eq!(find(&c, "Progressing").reason, "PodsChanging");
+        let c = rc(RcFacts {
+            transfer: true,
+            ..settled_rc()
+        });
+        assert_eq!(find(&c, "Progressing").reason, "NodeTransfer");
+    }
+
+    #[test]
+    fn an_rc_matching_too_few_nodes_is_degraded() {
+        let c = rc(RcFacts {
+            desired: 5,
+            eligible: 2,
+            available: Some(2),
+            current: 2,
+            healthy: 2,
+            ..RcFacts::default()
+        });
+        let degraded = find(&c, "Degraded");
+        assert_eq!(
+            (degraded.status, degraded.reason, degraded.message.as_str()),
+            (
+                True,
+                "TooFewEligibleNodes",
+                "2 of 5 desired nodes match the selector"
+            )
+        );
+        assert_eq!(find(&c, "Progressing").reason, "TooFewNodes");
+        assert_eq!(find(&c, "Ready").status, False);
+    }
+
+    #[test]
+    fn an_rc_whose_nodes_run_the_pod_for_another_owner_is_degraded() {
+        let c = rc(RcFacts {
+            available: Some(2),
+            current: 2,
+            healthy: 2,
+            ..settled_rc()
+        });
+        let degraded = find(&c, "Degraded");
+        assert_eq!(
+            (degraded.status, degraded.reason),
+            (True, "TooFewFreeNodes")
+        );
+        assert!(
+            degraded.message.contains("only 2 of the 3"),
+            "{}",
+            degraded.message
+        );
+    }
+
+    #[test]
+    fn an_rc_with_a_bad_selector_is_degraded_and_not_progressing() {
+        let c = rc(RcFacts {
+            selector_error: Some("unexpected token".into()),
+            ..settled_rc()
+        });
+        for kind in ["Degraded", "Progressing"] {
+            assert_eq!(find(&c, kind).reason, "InvalidNodeSelector");
+        }
+        assert_eq!(find(&c, "Degraded").status, True);
+        assert_eq!(find(&c, "Progressing").status, False);
+    }
+
+    #[test]
+    fn a_disabled_rc_is_not_progressing_and_its_nodes_are_unknown() {
+        let c = rc(RcFacts {
+            disabled: true,
+            eligible: 0,
+            ..settled_rc()
+        });
+        assert_eq!(find(&c, "Progressing").reason, "Disabled");
+        let degraded = find(&c, "Degraded");
+        assert_eq!((degraded.status, degraded.reason), (Unknown, "Disabled"));
+        // The old RC of a roll still gives up its surplus.
+        let c = rc(RcFacts {
+            disabled: true,
+            rolling: true,
+            changes: 1,
+            ..settled_rc()
+        });
+        assert_eq!(find(&c, "Progressing").reason, "PodsChanging");
+    }
+
+    const DEADLINE: Duration = Duration::from_secs(600);
+
+    fn at(seconds: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_700_000_000 + seconds)
+    }
+
+    fn roll(activity: RollActivity) -> Vec<Observed> {
+        roll_conditions(&activity, vec![1], None, DEADLINE, at(0)).0
+    }
+
+    #[test]
+    fn each_roll_activity_has_its_progressing_reason() {
+        let cases = [
+            (RollActivity::TakingLocks, True, "TakingLocks"),
+            (RollActivity::Enabling, True, "EnablingNewRc"),
+            (
+                RollActivity::Stepping { old: 2, new: 1 },
+                True,
+                "ReplicasMoving",
+            ),
+            (
+                RollActivity::Delaying {
+                    delay: Duration::from_secs(30),
+                },
+                True,
+                "RollDelay",
+            ),
+            (RollActivity::RetiringOld, True, "RetiringOldRc"),
+            (RollActivity::Finishing, True, "Completing"),
+            (
+                RollActivity::Waiting(RollWait::OldPods { settling: 1 }),
+                True,
+                "WaitingForOldPods",
+            ),
+            (
+                RollActivity::Waiting(RollWait::Placement {
+                    placed: 2,
+                    target: 3,
+                }),
+                True,
+                "WaitingForPlacement",
+            ),
+            (
+                RollActivity::Waiting(RollWait::OldPodRemoval { remaining: 1 }),
+                True,
+                "WaitingForOldPodRemoval",
+            ),
+            (
+                RollActivity::Stuck(RollStuck::NoHealthyHeadroom {
+                    old_healthy: 1,
+                    new_healthy: 1,
+                    minimum: 2,
+                }),
+                False,
+                "NoHealthyHeadroom",
+            ),
+            (
+                RollActivity::Stuck(RollStuck::NewRcOutOfStep {
+                    pods: 1,
+                    desired: 2,
+                }),
+                False,
+                "NewRcOutOfStep",
+            ),
+            (
+                RollActivity::Stuck(RollStuck::OldPodsKept {
+                    remaining: 1,
+                    target: 2,
+                }),
+                False,
+                "OldPodsKept",
+            ),
+            (
+                RollActivity::Stuck(RollStuck::MutationLockHeld { lock: "l".into() }),
+                False,
+                "MutationLockHeld",
+            ),
+            (
+                RollActivity::Stuck(RollStuck::RcMissing),
+                False,
+                "RcMissing",
+            ),
+        ];
+        for (activity, status, reason) in cases {
+            let c = roll(activity.clone());
+            let progressing = find(&c, "Progressing");
+            assert_eq!(
+                (progressing.status, progressing.reason),
+                (status, reason),
+                "{activity:?}"
+            );
+            assert_eq!(find(&c, "Stalled").status, False, "{activity:?}");
+        }
+    }
+
+    #[test]
+    fn the_wait_for_new_pods_says_how_many_more() {
+        let c = roll(RollActivity::Waiting(RollWait::NewPods {
+            healthy: 2,
+            desired: 3,
+        }));
+        assert_eq!(
+            find(&c, "Progressing").message,
+            "waiting for 1 more healthy pod on the new RC: 2 of 3 passing"
+        );
+    }
+
+    #[test]
+    fn a_roll_with_minimum_equal_to_desired_says_so() {
+        let stuck = RollActivity::Stuck(RollStuck::MinimumEqualsDesired {
+            minimum: 3,
+            desired: 3,
+        });
+        let c = roll(stuck);
+        let progressing = find(&c, "Progressing");
+        assert_eq!(
+            (progressing.status, progressing.reason),
+            (False, "MinimumEqualsDesired")
+        );
+        assert!(progressing
+            .message
+            .starts_with("minimum_replicas (3) is not below desired_replicas (3)"));
+    }
+
+    #[test]
+    fn a_roll_without_progress_for_the_deadline_is_stalled_for_its_reason() {
+        let stuck = RollActivity::Stuck(RollStuck::MinimumEqualsDesired {
+            minimum: 3,
+            desired: 3,
+        });
+        let (_, first) = roll_conditions(&stuck, vec![3, 0], None, DEADLINE, at(0));
+        assert_eq!(first.at(), at(0));
+        // Just before the deadline: not stalled, and the progress record is unchanged.
+        let (c, kept) = roll_conditions(&stuck, vec![3, 0], Some(&first), DEADLINE, at(599));
+        assert_eq!(kept, first);
+        assert_eq!(find(&c, "Stalled").reason, "ProgressWithinDeadline");
+        let (c, _) = roll_conditions(&stuck, vec![3, 0], Some(&first), DEADLINE, at(600));
+        let stalled = find(&c, "Stalled");
+        assert_eq!(
+            (stalled.status, stalled.reason),
+            (True, "MinimumEqualsDesired")
+        );
+        assert!(stalled
+            .message
+            .starts_with("no progress for 10m0s: minimum_replicas"));
+
+        // A waiting roll stalls too, for what it waits on.
+        let waiting = RollActivity::Waiting(RollWait::NewPods {
+            healthy: 2,
+            desired: 3,
+        });
+        let (c, _) = roll_conditions(&waiting, vec![3, 0], Some(&first), DEADLINE, at(900));
+        assert_eq!(find(&c, "Stalled").reason, "WaitingForNewPods");
+    }
+
+    #[test]
+    fn a_change_of_counts_or_a_roll_delay_is_progress() {
+        let waiting = RollActivity::Waiting(RollWait::OldPods { settling: 1 });
+        let (_, first) = roll_conditions(&waiting, vec![3, 0], None, DEADLINE, at(0));
+        let (c, moved) = roll_conditions(&waiting, vec![2, 1], Some(&first), DEADLINE, at(700));
+        assert_eq!(moved.at(), at(700));
+        assert_eq!(find(&c, "Stalled").status, False);
+        let delay = RollActivity::Delaying {
+            delay: Duration::from_secs(900),
+        };
+        let (c, delayed) = roll_conditions(&delay, vec![3, 0], Some(&first), DEADLINE, at(800));
+        assert_eq!(delayed.at(), at(800));
+        assert_eq!(find(&c, "Stalled").status, False);
+    }
+
+    fn settled_ds() -> DsFacts {
+        DsFacts {
+            targeted: 4,
+            deployed: 4,
+            healthy: 4,
+            min_health: 3,
+            ..DsFacts::default()
+        }
+    }
+
+    #[test]
+    fn a_rolled_out_daemon_set_is_complete_unblocked_and_uncontended() {
+        let c = ds_conditions(&settled_ds());
+        assert_eq!(find(&c, "Progressing").reason, "Complete");
+        assert_eq!(find(&c, "Blocked").reason, "NotBlocked");
+        assert_eq!(find(&c, "Contended").reason, "NoContention");
+        assert!(c.iter().all(|c| c.status == False));
+    }
+
+    #[test]
+    fn a_daemon_set_held_back_by_min_health_is_blocked() {
+        let c = ds_conditions(&DsFacts {
+            deployed: 0,
+            held_back: 1,
+            healthy: 3,
+            in_progress: true,
+            ..settled_ds()
+        });
+        let blocked = find(&c, "Blocked");
+        assert_eq!((blocked.status, blocked.reason), (True, "MinHealth"));
+        assert_eq!(
+            blocked.message,
+            "1 pod wait for the new manifest: 3 of 4 nodes are healthy and replacing another would go below min_health (3)"
+        );
+        assert_eq!(find(&c, "Progressing").reason, "Replicating");
+    }
+
+    #[test]
+    fn a_daemon_set_contending_with_another_says_which() {
+        let c = ds_conditions(&DsFacts {
+            disabled: true,
+            contender: Some(("rival".into(), "agent".into())),
+            ..settled_ds()
+        });
+        let contended = find(&c, "Contended");
+        assert_eq!(
+            (contended.status, contended.reason),
+            (True, "ContendsWithDaemonSet")
+        );
+        assert!(contended
+            .message
+            .contains("daemon set rival already runs pod agent"));
+        assert_eq!(find(&c, "Progressing").reason, "Disabled");
+    }
+
+    #[test]
+    fn a_daemon_set_matching_no_node_or_with_a_bad_selector_is_not_progressing() {
+        let c = ds_conditions(&DsFacts {
+            targeted: 0,
+            stranded: true,
+            ..settled_ds()
+        });
+        assert_eq!(find(&c, "Progressing").reason, "NoEligibleNodes");
+        let c = ds_conditions(&DsFacts {
+            selector_error: Some("bad".into()),
+            ..settled_ds()
+        });
+        assert_eq!(find(&c, "Progressing").reason, "InvalidNodeSelector");
+    }
+
+    #[test]
+    fn stamping_keeps_the_transition_time_while_the_status_holds() {
+        let observed = |status, message: &str| vec![Observed::new("Ready", status, "R", message)];
+        let first = stamp(&[], observed(False, "a"), 5, at(0));
+        assert_eq!(first[0].last_transition_time, format_rfc3339(at(0)));
+        assert_eq!(first[0].observed_index, 5);
+        let same = stamp(&first, observed(False, "b"), 6, at(10));
+        assert_eq!(same[0].last_transition_time, first[0].last_transition_time);
+        assert_eq!((same[0].message.as_str(), same[0].observed_index), ("b", 6));
+        let flipped = stamp(&same, observed(True, "c"), 6, at(20));
+        assert_eq!(flipped[0].last_transition_time, format_rfc3339(at(20)));
+    }
+}

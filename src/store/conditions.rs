@@ -1,0 +1,70 @@
+//! The status conditions the farms compute for RCs, rolls and daemon sets, kept beside P2's
+//! trees at `p2-apiserver/conditions/<kind>/<id>` (P2's tools ignore them).
+//!
+//! Only the leader's farms write them, fenced like their other writes; the API reads them from
+//! the mirror. An object no leader has looked at yet has none.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::kv::{KvStore, StoreResult, TxnOp};
+use crate::model::conditions::{Condition, ConditionsRecord, ObjectKind};
+use crate::state::Mirror;
+
+use super::layout;
+
+/// Typed access to the conditions records.
+#[derive(Clone)]
+pub struct ConditionStore {
+    kv: Arc<dyn KvStore>,
+}
+
+impl ConditionStore {
+    /// Wraps the KV store.
+    pub fn new(kv: Arc<dyn KvStore>) -> Self {
+        ConditionStore { kv }
+    }
+
+    /// Every record of one kind, by object id; `None` for a record that does not decode
+    /// (rewritten or removed like any other).
+    pub async fn list(
+        &self,
+        kind: ObjectKind,
+    ) -> StoreResult<HashMap<String, Option<ConditionsRecord>>> {
+        let prefix = layout::conditions_of_kind(kind);
+        let listing = self.kv.list(&prefix).await?;
+        Ok(listing
+            .pairs
+            .into_iter()
+            .filter_map(|pair| {
+                let id = pair.key.strip_prefix(&prefix)?.to_owned();
+                Some((id, serde_json::from_slice(&pair.value).ok()))
+            })
+            .collect())
+    }
+
+    /// The op that writes an object's record.
+    pub fn put_op(kind: ObjectKind, id: &str, record: &ConditionsRecord) -> TxnOp {
+        TxnOp::Set {
+            key: layout::conditions(kind, id),
+            value: serde_json::to_vec(record).expect("a conditions record always serializes"),
+        }
+    }
+
+    /// The op that removes an object's record.
+    pub fn delete_op(kind: ObjectKind, id: &str) -> TxnOp {
+        TxnOp::Delete {
+            key: layout::conditions(kind, id),
+        }
+    }
+}
+
+/// The conditions the mirror holds for an object; empty when no leader has computed them
+/// yet (or the record cannot be read).
+pub fn mirrored(mirror: &Mirror, kind: ObjectKind, id: &str) -> Vec<Condition> {
+    mirror
+        .get(&layout::conditions(kind, id))
+        .and_then(|entry| serde_json::from_slice::<ConditionsRecord>(&entry.pair.value).ok())
+        .map(|record| record.conditions)
+        .unwrap_or_default()
+}

@@ -1,0 +1,234 @@
+//! The conditions the farms publish beside P2's documents, driven against the embedded store.
+
+use std::time::Duration;
+
+use crate::support::farms::{alert_webhook, warnings, Backend, Harness, MANIFEST};
+use p2_apiserver::farms::FarmOptions;
+use p2_apiserver::kv::Cas;
+use p2_apiserver::labels::LabelType;
+use p2_apiserver::model::conditions::ObjectKind;
+use p2_apiserver::store::layout;
+use serde_json::{json, Value};
+
+const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
+
+/// The conditions stored for an object, if any.
+async fn conditions(h: &Harness, kind: ObjectKind, id: &str) -> Option<Vec<Value>> {
+    let pair = h.store.get(&layout::conditions(kind, id)).await.unwrap()?;
+    let record: Value = serde_json::from_slice(&pair.value).unwrap();
+    Some(record["conditions"].as_array().unwrap().clone())
+}
+
+/// Waits until the object's condition `kind` has `status` and `reason`; returns it.
+async fn wait_for(
+    h: &Harness,
+    kind: ObjectKind,
+    id: &str,
+    condition: &str,
+    status: &str,
+    reason: &str,
+) -> Value {
+    h.wait_until(|| async {
+        conditions(h, kind, id)
+            .await?
+            .into_iter()
+            .find(|c| c["type"] == condition && c["status"] == status && c["reason"] == reason)
+    })
+    .await
+}
+
+fn rc(manifest: &str, selector: &str, replicas: i64) -> Value {
+    json!({"manifest": manifest, "node_selector": selector, "pod_labels": {},
+           "replicas_desired": replicas, "disabled": false, "allocation_strategy": ""})
+}
+
+fn ds(selector: &str, min_health: i64) -> Value {
+    json!({"disabled": false, "manifest": MANIFEST, "min_health": min_health,
+           "cluster_name": "production", "node_selector": selector, "pod_id": "hello",
+           "timeout": 60_000_000_000_u64})
+}
+
+async fn web_nodes(h: &Harness, count: usize) {
+    for i in 1..=count {
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_with_minimum_equal_to_desired_is_stalled_and_alerted() {
+    let webhook = alert_webhook().await;
+    let options = FarmOptions {
+        roll_stall_deadline: Duration::from_secs(1),
+    };
+    let h = Harness::start_with(Backend::Sqlite, Some(webhook.uri()), options).await;
+    web_nodes(&h, 3).await;
+    h.run_fake_nodes(Duration::from_millis(50));
+    let old = h.put_rc(rc(MANIFEST, "role=web", 3)).await;
+    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&3)).then_some(()) })
+        .await;
+    let new = h.put_rc(rc(NEW_MANIFEST, "role=web", 0)).await;
+    h.put_roll(&old, &new, 3, 3).await;
+
+    let progressing = wait_for(
+        &h,
+        ObjectKind::Rolls,
+        &new,
+        "Progressing",
+        "False",
+        "MinimumEqualsDesired",
+    )
+    .await;
+    let why = progressing["message"].as_str().unwrap();
+    assert!(
+        why.starts_with("minimum_replicas (3) is not below desired_replicas (3)"),
+        "{why}"
+    );
+    let stalled = wait_for(
+        &h,
+        ObjectKind::Rolls,
+        &new,
+        "Stalled",
+        "True",
+        "MinimumEqualsDesired",
+    )
+    .await;
+    assert_eq!(stalled["message"], format!("no progress for 1s: {why}"));
+    let alert = h
+        .alert_about(&webhook, &format!("roll_stalled/{new}"))
+        .await;
+    assert_eq!(
+        alert,
+        format!("roll {new} stalled: no progress for 1s: {why}")
+    );
+    assert!(!warnings("p2_apiserver::farms::roll", "roll stalled").is_empty());
+
+    // Cancelling the roll removes its conditions.
+    h.store.delete(&layout::roll(&new), Cas::Any).await.unwrap();
+    h.wait_until(|| async {
+        conditions(&h, ObjectKind::Rolls, &new)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rc_selecting_too_few_nodes_is_degraded_until_it_goes() {
+    let h = Harness::start().await;
+    web_nodes(&h, 2).await;
+    h.label(LabelType::Node, "db1", json!({"role": "db"})).await;
+    let id = h.put_rc(rc(MANIFEST, "role=web", 5)).await;
+    let degraded = wait_for(
+        &h,
+        ObjectKind::Rcs,
+        &id,
+        "Degraded",
+        "True",
+        "TooFewEligibleNodes",
+    )
+    .await;
+    assert_eq!(
+        degraded["message"],
+        "2 of 5 desired nodes match the selector"
+    );
+    let ready = wait_for(
+        &h,
+        ObjectKind::Rcs,
+        &id,
+        "Ready",
+        "False",
+        "ReplicasNotReady",
+    )
+    .await;
+    assert!(ready["observed_index"].as_u64().unwrap() > 0);
+
+    // Fewer replicas fit: no longer degraded.
+    h.set_replicas(&id, 2).await;
+    wait_for(&h, ObjectKind::Rcs, &id, "Degraded", "False", "EnoughNodes").await;
+
+    h.set_replicas(&id, 0).await;
+    h.wait_for_rc_nodes(&id, 0).await;
+    h.store.delete(&layout::rc(&id), Cas::Any).await.unwrap();
+    h.wait_until(|| async {
+        conditions(&h, ObjectKind::Rcs, &id)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contending_daemon_set_says_with_which() {
+    let h = Harness::start().await;
+    web_nodes(&h, 2).await;
+    let first = h.put_ds(ds("role=web", 0)).await;
+    wait_for(
+        &h,
+        ObjectKind::DaemonSets,
+        &first,
+        "Contended",
+        "False",
+        "NoContention",
+    )
+    .await;
+    let second = h.put_ds(ds("", 0)).await;
+    let contended = wait_for(
+        &h,
+        ObjectKind::DaemonSets,
+        &second,
+        "Contended",
+        "True",
+        "ContendsWithDaemonSet",
+    )
+    .await;
+    let message = contended["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("daemon set {first} already runs pod hello")),
+        "{message}"
+    );
+    wait_for(
+        &h,
+        ObjectKind::DaemonSets,
+        &second,
+        "Progressing",
+        "False",
+        "Disabled",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_set_held_by_min_health_is_blocked() {
+    let h = Harness::start().await;
+    web_nodes(&h, 2).await;
+    h.run_fake_nodes(Duration::from_millis(50));
+    let id = h.put_ds(ds("role=web", 2)).await;
+    wait_for(
+        &h,
+        ObjectKind::DaemonSets,
+        &id,
+        "Progressing",
+        "False",
+        "Complete",
+    )
+    .await;
+    // A new manifest: replacing either healthy node would leave fewer than 2 healthy.
+    h.edit_ds(&id, |doc| doc["manifest"] = NEW_MANIFEST.into())
+        .await;
+    let blocked = wait_for(
+        &h,
+        ObjectKind::DaemonSets,
+        &id,
+        "Blocked",
+        "True",
+        "MinHealth",
+    )
+    .await;
+    assert_eq!(
+        blocked["message"],
+        "2 pods wait for the new manifest: 2 of 2 nodes are healthy and replacing another would go below min_health (2)"
+    );
+}
