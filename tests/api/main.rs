@@ -15,5 +15,6 @@ mod reality;
 mod rolls;
 #[path = "../support/mod.rs"]
 mod support;
+mod tls;
 mod validation;
 mod watch;

@@ -3,3 +3,4 @@
 mod scenarios;
 #[path = "../support/mod.rs"]
 mod support;
+mod tls;

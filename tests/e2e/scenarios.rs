@@ -38,7 +38,7 @@ fn describe(pods: &[Pod]) -> String {
 }
 
 /// Creates an RC of manifest version `version` and returns its id.
-async fn create_rc(
+pub(crate) async fn create_rc(
     api: &Api,
     version: u32,
     selector: &str,
@@ -76,7 +76,7 @@ async fn owned_pods(api: &Api, pod_id: &str, label: &str, value: &str) -> Vec<Po
 
 /// Waits until `rc` has exactly `count` pods, all passing on manifest `version`, and no pod
 /// of [`POD`] is outside it; returns them.
-async fn rc_settles(api: &Api, rc: &str, count: usize, version: u32) -> Vec<Pod> {
+pub(crate) async fn rc_settles(api: &Api, rc: &str, count: usize, version: u32) -> Vec<Pod> {
     let want_sha = sha(POD, version);
     eventually(
         &format!("RC {rc} at {count} healthy pods"),

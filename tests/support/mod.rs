@@ -7,3 +7,4 @@ pub mod e2e;
 pub mod fake_consul;
 pub mod farms;
 pub mod severable;
+pub mod tls;
