@@ -256,6 +256,7 @@ async fn main() {
         start_delay: Duration::ZERO,
         name_prefix: "node".into(),
         max_in_flight: 32,
+        ca_cert: None,
     };
     let simulator = tokio::spawn(simulator::run(simulation, shutdown.clone()));
     let nodes = wait_for(

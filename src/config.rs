@@ -14,6 +14,7 @@ use crate::farms::FarmOptions;
 use crate::kv::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL};
 use crate::labels::{validate_labels, Labels};
 use crate::model::{parse_duration, Limits, DEFAULT_MAX_REPLICAS};
+use crate::server::Tls;
 use crate::simulator::SimulatorConfig;
 
 /// HTTP/JSON control plane for P2-style deployments over Consul or an embedded SQLite store.
@@ -25,7 +26,7 @@ pub struct Cli {
 
     /// `serve`'s flags, accepted without the subcommand because serving is the default.
     #[command(flatten)]
-    serve: ServeArgs,
+    serve: Box<ServeArgs>,
 }
 
 impl Cli {
@@ -38,8 +39,9 @@ impl Cli {
 /// What the binary can do.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve the HTTP API (the default when no command is given).
-    Serve(ServeArgs),
+    /// Serve the HTTP API (the default when no command is given). Boxed: it holds every
+    /// server flag, far more than the other commands.
+    Serve(Box<ServeArgs>),
     /// Simulate node agents against a running server: label N nodes, then report the pods
     /// intended on them installed and healthy, as P2's preparers would.
     Simulate(SimulateArgs),
@@ -48,7 +50,7 @@ pub enum Command {
 /// Everything `simulate` needs.
 #[derive(Debug, Clone, Args)]
 pub struct SimulateArgs {
-    /// Base URL of the server to drive.
+    /// Base URL of the server to drive: http:// or https://.
     #[arg(
         long,
         value_name = "URL",
@@ -91,6 +93,11 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "N", env = "P2_SIM_MAX_IN_FLIGHT", default_value_t = 32,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub max_in_flight: u16,
+
+    /// PEM certificates to trust, besides the usual public roots, when the server's URL is
+    /// https://: its CA's, or its own self-signed certificate.
+    #[arg(long, value_name = "PATH", env = "P2_SIM_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 impl SimulateArgs {
@@ -104,6 +111,7 @@ impl SimulateArgs {
             start_delay: self.start_delay,
             name_prefix: self.name_prefix.clone(),
             max_in_flight: usize::from(self.max_in_flight),
+            ca_cert: self.ca_cert.clone(),
         }
     }
 }
@@ -136,7 +144,7 @@ fn parse_fraction(text: &str) -> Result<f64, String> {
 /// Everything `serve` needs; later features add their flags here.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Address to serve HTTP on; port 0 picks a free port, which the log reports
+    /// Address to serve HTTP (HTTPS with --tls-cert) on; port 0 picks a free port, which the log reports
     /// ("listening on ADDR").
     #[arg(
         long,
@@ -167,6 +175,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub access: AccessArgs,
+
+    #[command(flatten)]
+    pub tls: TlsArgs,
 
     /// The most replicas an RC may want (`replicas_desired`) or a roll may aim for
     /// (`desired_replicas`); a request for more is refused with 422.
@@ -229,6 +240,32 @@ impl AccessArgs {
             Access::new(self.auth_tokens.as_deref(), self.cors_origin.clone())?
                 .with_metrics_public(self.metrics_public),
         )
+    }
+}
+
+/// HTTPS (README, "TLS").
+#[derive(Debug, Clone, Args)]
+pub struct TlsArgs {
+    /// Serve HTTPS only, with this PEM certificate chain (the server's certificate first);
+    /// needs --tls-key. Re-read, with the key, on SIGHUP: new connections get the new pair,
+    /// and a pair that cannot be used leaves the old one in force.
+    #[arg(long, value_name = "PATH", env = "P2_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key (PKCS#8, PKCS#1 or SEC1) of --tls-cert's certificate; needs
+    /// --tls-cert.
+    #[arg(long, value_name = "PATH", env = "P2_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The TLS identity to serve with, or `None` to serve plain HTTP.
+    pub fn tls(&self) -> anyhow::Result<Option<Tls>> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Tls::load(cert, key).map(Some),
+            (None, None) => Ok(None),
+            _ => anyhow::bail!("give both --tls-cert and --tls-key, or neither"),
+        }
     }
 }
 
@@ -445,7 +482,7 @@ mod tests {
     fn serve_args(argv: &[&str]) -> ServeArgs {
         let argv = std::iter::once("p2-apiserver").chain(argv.iter().copied());
         match Cli::try_parse_from(argv).unwrap().into_command() {
-            Command::Serve(args) => args,
+            Command::Serve(args) => *args,
             other => panic!("expected serve, got {other:?}"),
         }
     }
@@ -594,6 +631,8 @@ mod tests {
             "web",
             "--max-in-flight",
             "8",
+            "--ca-cert",
+            "/etc/p2/ca.pem",
         ])
         .unwrap();
         let config = args.config();
@@ -607,6 +646,7 @@ mod tests {
         assert_eq!(config.start_delay, Duration::from_millis(250));
         assert_eq!(config.name_prefix, "web");
         assert_eq!(config.max_in_flight, 8);
+        assert_eq!(config.ca_cert, Some(PathBuf::from("/etc/p2/ca.pem")));
     }
 
     #[test]
@@ -768,6 +808,32 @@ mod tests {
             .unwrap_err();
         assert!(error.to_string().contains("--insecure-no-auth"), "{error}");
         assert!(args(true).access("0.0.0.0:8080".parse().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn tls_needs_both_the_certificate_and_the_key() {
+        let args = serve_args(&[
+            "--tls-cert",
+            "/etc/p2/cert.pem",
+            "--tls-key",
+            "/etc/p2/key.pem",
+        ]);
+        assert_eq!(args.tls.tls_cert, Some(PathBuf::from("/etc/p2/cert.pem")));
+        assert_eq!(args.tls.tls_key, Some(PathBuf::from("/etc/p2/key.pem")));
+        for alone in [["--tls-cert", "cert.pem"], ["--tls-key", "key.pem"]] {
+            let argv = ["p2-apiserver", alone[0], alone[1]];
+            let error = Cli::try_parse_from(argv).unwrap_err();
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "{alone:?}"
+            );
+        }
+        let cli = Cli::command();
+        for (id, env) in [("tls_cert", "P2_TLS_CERT"), ("tls_key", "P2_TLS_KEY")] {
+            let arg = cli.get_arguments().find(|a| a.get_id() == id).unwrap();
+            assert_eq!(arg.get_env().unwrap(), env);
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ use p2_apiserver::farms::{self, alerts::Alerter};
 use p2_apiserver::kv::{open_store, KvStore};
 use p2_apiserver::leader::{self, LeaderConfig};
 use p2_apiserver::metrics;
-use p2_apiserver::server;
+use p2_apiserver::server::{self, Tls};
 use p2_apiserver::simulator;
 use p2_apiserver::state::{Mirror, MirrorConfig};
 
@@ -27,7 +27,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_tracing();
     match cli.into_command() {
-        Command::Serve(args) => serve(args).await,
+        Command::Serve(args) => serve(*args).await,
         Command::Simulate(args) => simulate(args).await,
     }
 }
@@ -42,11 +42,12 @@ fn init_tracing() {
 }
 
 /// Serves until SIGINT or SIGTERM, then lets in-flight requests finish and exits 0; re-reads
-/// the token file on SIGHUP.
+/// the token file and the TLS certificate and key on SIGHUP.
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Before anything records a metric.
     metrics::install();
     let access = Arc::new(args.access.access(args.listen)?);
+    let tls = args.tls.tls()?.map(Arc::new);
     // Installed before the port opens, so a signal sent as soon as the server is reachable
     // still shuts it down gracefully instead of killing it.
     let interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -63,8 +64,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     tasks.spawn(cancel_on_signal(interrupt, terminate, shutdown.clone()));
-    tasks.spawn(reload_on_hangup(hangup, access.clone(), shutdown.clone()));
     tasks.spawn(metrics::upkeep(shutdown.clone()));
+    tasks.spawn(reload_on_hangup(
+        hangup,
+        access.clone(),
+        tls.clone(),
+        shutdown.clone(),
+    ));
     // One mirror of the store, read by the API and the farms alike.
     let mirror = Mirror::new(store.clone(), MirrorConfig::default());
     mirror.start(&tasks, shutdown.clone());
@@ -76,8 +82,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             shutdown.clone(),
         ));
     }
-    let served = server::run(
+    let served = server::run_with(
         listener,
+        tls,
         App::serving(
             store.clone(),
             mirror,
@@ -141,9 +148,14 @@ async fn run_farms(
     .await;
 }
 
-/// Re-reads the token file on each SIGHUP until shutdown. A file that cannot be read or is
-/// invalid leaves the tokens read before in force.
-async fn reload_on_hangup(mut hangup: Signal, access: Arc<Access>, shutdown: CancellationToken) {
+/// Re-reads the token file and the TLS certificate and key on each SIGHUP until shutdown. A
+/// file that cannot be read or is invalid leaves what was read before in force.
+async fn reload_on_hangup(
+    mut hangup: Signal,
+    access: Arc<Access>,
+    tls: Option<Arc<Tls>>,
+    shutdown: CancellationToken,
+) {
     loop {
         tokio::select! {
             _ = hangup.recv() => {}
@@ -157,6 +169,18 @@ async fn reload_on_hangup(mut hangup: Signal, access: Arc<Access>, shutdown: Can
             Some(Err(e)) => tracing::error!(
                 "SIGHUP received; keeping the previous tokens, the token file is unusable: {e:#}"
             ),
+        }
+        if let Some(tls) = &tls {
+            match tls.reload() {
+                Ok(()) => tracing::info!(
+                    "SIGHUP received; TLS certificate and key re-read from {}",
+                    tls.cert_path().display()
+                ),
+                Err(e) => tracing::error!(
+                    "SIGHUP received; keeping the previous TLS certificate, the new pair is \
+                     unusable: {e:#}"
+                ),
+            }
         }
     }
 }

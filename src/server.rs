@@ -1,4 +1,5 @@
-//! Serves the API on a listener until told to stop, within the connection limits.
+//! Serves the API on a listener, over HTTP or HTTPS, until told to stop, within the
+//! connection limits.
 
 use std::future::Future;
 use std::io;
@@ -10,38 +11,58 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_rustls::server::TlsStream;
 
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::router::{self, MAX_HEADERS};
 
 mod json_errors;
+mod tls;
 
 use json_errors::JsonErrors;
+use tls::Handshake;
+pub use tls::Tls;
 
 /// How long accepting pauses after a failure (such as running out of file descriptors), so
 /// that the loop does not spin while the cause lasts.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
-/// Serves until `shutdown` completes, then stops accepting connections and returns once the
-/// requests in flight have been answered.
-///
-/// The caller binds the listener, so tests can pass `127.0.0.1:0` and read the port back.
-/// Logs `listening on ADDR` first; end-to-end tests parse that line.
-///
-/// Each connection is HTTP/1.1 and is closed when it goes `--header-read-timeout` without a
-/// complete request head (silent, trickling or idle). At most `--max-connections` are open
-/// at once; past that, a new one is answered 503 at once and closed, so a flood of idle
-/// clients can neither exhaust the file descriptors nor leave newcomers hanging.
+/// Serves plain HTTP until `shutdown` completes; see [`run_with`].
 pub async fn run(
     listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    run_with(listener, None, state, shutdown).await
+}
+
+/// Serves until `shutdown` completes, then stops accepting connections and returns once the
+/// requests in flight have been answered. With `tls`, it serves HTTPS only.
+///
+/// The caller binds the listener, so tests can pass `127.0.0.1:0` and read the port back.
+/// Logs `listening on ADDR` first; end-to-end tests parse that line.
+///
+/// Each connection is HTTP/1.1 and is closed when it goes `--header-read-timeout` without a
+/// complete request head (silent, trickling or idle); over HTTPS the TLS handshake must also
+/// be done within that time, before the first head's own. At most `--max-connections` are
+/// open at once; past that, a new one is answered 503 at once and closed, so a flood of idle
+/// clients can neither exhaust the file descriptors nor leave newcomers hanging.
+pub async fn run_with(
+    listener: TcpListener,
+    tls: Option<Arc<Tls>>,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!("listening on {addr}");
+    if let Some(tls) = &tls {
+        tracing::info!("serving HTTPS with {}", tls.cert_path().display());
+    }
     let limits = state.limits;
     let service = TowerToHyperService::new(router::build(state));
     let mut http = http1::Builder::new();
@@ -69,11 +90,25 @@ pub async fn run(
             refuse(&stream, &too_many);
             continue;
         };
-        let connection = connections
-            .watch(http.serve_connection(TokioIo::new(JsonErrors::new(stream)), service.clone()));
+        // Taken now, so that shutdown also waits for a connection still in its handshake.
+        let watcher = connections.watcher();
+        let (http, service, tls) = (http.clone(), service.clone(), tls.clone());
         tokio::spawn(async move {
             // Timeouts and clients hanging up end connections all the time: not worth more.
-            if let Err(e) = connection.await {
+            let served = match tls {
+                None => {
+                    let io = TokioIo::new(JsonErrors::new(stream));
+                    watcher.watch(http.serve_connection(io, service)).await
+                }
+                Some(tls) => match secure(&tls, stream, limits.header_read_timeout).await {
+                    Some(stream) => {
+                        let io = TokioIo::new(JsonErrors::new(stream));
+                        watcher.watch(http.serve_connection(io, service)).await
+                    }
+                    None => Ok(()),
+                },
+            };
+            if let Err(e) = served {
                 tracing::debug!(error = %e, "connection ended");
             }
             drop(slot);
@@ -83,6 +118,54 @@ pub async fn run(
     connections.shutdown().await;
     tracing::info!("server stopped; in-flight requests answered");
     Ok(())
+}
+
+/// The connection past its TLS handshake, done within `timeout`; `None` when it cannot be
+/// served: too slow, not TLS (answered 400 and closed), or a failed handshake.
+async fn secure(
+    tls: &Tls,
+    stream: TcpStream,
+    timeout: Duration,
+) -> Option<Box<TlsStream<TcpStream>>> {
+    let deadline = Instant::now() + timeout;
+    match tokio::time::timeout_at(deadline, tls.handshake(stream)).await {
+        Ok(Ok(Handshake::Done(stream))) => Some(stream),
+        Ok(Ok(Handshake::NotTls(stream))) => {
+            let answer = raw_answer(
+                StatusCode::BAD_REQUEST,
+                "this port serves HTTPS only: send the request over TLS (an https:// URL)",
+            );
+            if tokio::time::timeout_at(deadline, answer_plain(stream, &answer))
+                .await
+                .is_err()
+            {
+                tracing::debug!("a plain HTTP client on the HTTPS port was too slow to answer");
+            }
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// Reads what the client has sent (so that closing does not reset the connection before it
+/// reads the answer), writes `answer` and closes.
+async fn answer_plain(mut stream: TcpStream, answer: &[u8]) {
+    let mut request = [0; 4096];
+    let written = async {
+        let _ = stream.read(&mut request).await?;
+        stream.write_all(answer).await?;
+        stream.shutdown().await
+    };
+    if let Err(e) = written.await {
+        tracing::debug!(error = %e, "answering a plain HTTP client on the HTTPS port");
+    }
 }
 
 /// The answer to a connection past the cap: a complete 503 with the JSON error body, sent

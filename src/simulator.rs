@@ -23,11 +23,12 @@
 //! records would.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use reqwest::{Client, RequestBuilder, Response, StatusCode, Url};
+use reqwest::{Certificate, Client, ClientBuilder, RequestBuilder, Response, StatusCode, Url};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{watch, Semaphore};
@@ -73,6 +74,8 @@ pub struct SimulatorConfig {
     pub name_prefix: String,
     /// The most requests in flight at once, the blocking watch aside.
     pub max_in_flight: usize,
+    /// PEM certificates to trust for an https:// server, besides the usual public roots.
+    pub ca_cert: Option<PathBuf>,
 }
 
 impl SimulatorConfig {
@@ -116,8 +119,33 @@ impl SimulatorConfig {
         if self.server.cannot_be_a_base() {
             bail!("the server URL {} cannot be a base URL", self.server);
         }
+        if !matches!(self.server.scheme(), "http" | "https") {
+            bail!(
+                "the server URL {} is neither http:// nor https://",
+                self.server
+            );
+        }
         Ok(())
     }
+}
+
+/// An HTTP client builder that also trusts the PEM certificates in `ca_cert`, such as a
+/// private CA's or a server's self-signed one.
+pub fn client_trusting(ca_cert: Option<&Path>) -> anyhow::Result<ClientBuilder> {
+    let mut builder = Client::builder();
+    if let Some(path) = ca_cert {
+        let pem = std::fs::read(path)
+            .with_context(|| format!("reading the CA certificates {}", path.display()))?;
+        let certs = Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("reading the CA certificates {}", path.display()))?;
+        if certs.is_empty() {
+            bail!("no certificate in {} (PEM expected)", path.display());
+        }
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    Ok(builder)
 }
 
 /// Runs the simulated nodes until `shutdown`: labels them, then keeps their reality and
@@ -126,7 +154,7 @@ impl SimulatorConfig {
 /// fix; a pod whose reports are refused is logged and skipped.
 pub async fn run(config: SimulatorConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     config.validate()?;
-    let client = Client::builder()
+    let client = client_trusting(config.ca_cert.as_deref())?
         .connect_timeout(Duration::from_secs(5))
         .build()
         .context("building the HTTP client")?;
@@ -591,6 +619,7 @@ mod tests {
             start_delay: Duration::from_millis(50),
             name_prefix: "web".into(),
             max_in_flight: 4,
+            ca_cert: None,
         }
     }
 
@@ -650,6 +679,10 @@ mod tests {
             },
             SimulatorConfig {
                 server: "data:text".parse().unwrap(),
+                ..good.clone()
+            },
+            SimulatorConfig {
+                server: "ftp://h:1/".parse().unwrap(),
                 ..good.clone()
             },
         ];

@@ -17,5 +17,6 @@ mod reality;
 mod rolls;
 #[path = "../support/mod.rs"]
 mod support;
+mod tls;
 mod validation;
 mod watch;

@@ -4,3 +4,4 @@ mod metrics;
 mod scenarios;
 #[path = "../support/mod.rs"]
 mod support;
+mod tls;

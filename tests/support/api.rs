@@ -11,6 +11,7 @@
 use super::fake_consul;
 
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -29,6 +30,7 @@ use p2_apiserver::kv::{Cas, KvPair, KvStore, StoreUrl};
 use p2_apiserver::labels::Labels;
 use p2_apiserver::model::Limits;
 use p2_apiserver::router;
+use p2_apiserver::server::{self, Tls};
 use p2_apiserver::state::{Mirror, MirrorConfig};
 use tempfile::TempDir;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -204,6 +206,46 @@ pub fn backend() -> &'static str {
         "consul"
     } else {
         "sqlite"
+    }
+}
+
+/// An app served on a real socket, stopped when dropped.
+pub struct Served {
+    pub addr: SocketAddr,
+    /// `http://ADDR` or `https://ADDR`.
+    pub url: String,
+    _serving: DropGuard,
+}
+
+impl TestApp {
+    /// Serves this app's store and mirror on a free loopback port with `limits`, over HTTPS
+    /// when given `tls`, as the binary does.
+    pub async fn serve(&self, tls: Option<Arc<Tls>>, limits: HttpLimits) -> Served {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free port");
+        let addr = listener.local_addr().expect("the bound address");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let shutdown = CancellationToken::new();
+        let state = App::serving(
+            self.store.clone(),
+            self.mirror.clone(),
+            shutdown.clone(),
+            limits,
+            Limits::default(),
+            Default::default(),
+        );
+        tokio::spawn(server::run_with(
+            listener,
+            tls,
+            state,
+            shutdown.clone().cancelled_owned(),
+        ));
+        Served {
+            addr,
+            url: format!("{scheme}://{addr}"),
+            _serving: shutdown.drop_guard(),
+        }
     }
 }
 

@@ -18,6 +18,8 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::tls::{PairFiles, TestCa};
+
 /// How long a test waits for the farms to converge before failing.
 pub const CONVERGE: Duration = Duration::from_secs(30);
 
@@ -65,8 +67,10 @@ impl Scratch {
 /// log is printed then.
 pub struct Server {
     pub name: String,
-    /// `http://ADDR`, as the server logged it.
+    /// `http://ADDR` (`https://` with TLS), ADDR as the server logged it.
     pub url: String,
+    /// The CA certificate clients trust, when serving HTTPS.
+    ca_cert: Option<PathBuf>,
     child: Child,
     log: Arc<Mutex<VecDeque<String>>>,
 }
@@ -117,6 +121,7 @@ impl Server {
         let mut server = Server {
             name: name.to_owned(),
             url: String::new(),
+            ca_cert: None,
             child,
             log,
         };
@@ -128,9 +133,50 @@ impl Server {
         server
     }
 
+    /// Starts a server as [`Server::start`] does, serving HTTPS with the pair in `files`,
+    /// whose CA is `ca`.
+    pub fn start_https(
+        name: &str,
+        db: &Path,
+        files: &PairFiles,
+        ca: &TestCa,
+        extra: &[&str],
+    ) -> Server {
+        let (cert, key) = (files.cert(), files.key());
+        let mut args = vec![
+            "--tls-cert",
+            cert.to_str().expect("a UTF-8 path"),
+            "--tls-key",
+            key.to_str().expect("a UTF-8 path"),
+        ];
+        args.extend_from_slice(extra);
+        let mut server = Server::start(name, db, &args);
+        server.url = server.url.replacen("http://", "https://", 1);
+        server.ca_cert = Some(ca.cert_path());
+        server
+    }
+
     /// A client for this server's API.
     pub fn api(&self) -> Api {
-        Api::new(&self.url)
+        Api::trusting(&self.url, self.ca_cert.clone())
+    }
+
+    /// Sends the process the signal `name` (such as `HUP`).
+    pub fn signal(&self, name: &str) {
+        let sent = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{name} failed");
+    }
+
+    /// Whether a line of the log kept contains `text`.
+    pub fn logged(&self, text: &str) -> bool {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|line| line.contains(text))
     }
 
     /// Kills the process with SIGKILL, as a crash would, and reaps it.
@@ -175,6 +221,7 @@ impl Sim {
             start_delay: START_DELAY,
             name_prefix: prefix.to_owned(),
             max_in_flight: 16,
+            ca_cert: api.ca_cert.clone(),
         };
         let nodes = config.node_names();
         let shutdown = CancellationToken::new();
@@ -213,16 +260,25 @@ impl Drop for Sim {
 pub struct Api {
     client: reqwest::Client,
     pub base: String,
+    /// The CA certificate the client trusts besides the public roots, for HTTPS.
+    pub ca_cert: Option<PathBuf>,
 }
 
 impl Api {
     pub fn new(base: &str) -> Api {
+        Api::trusting(base, None)
+    }
+
+    /// A client for the server at `base` that also trusts the certificates in `ca_cert`.
+    pub fn trusting(base: &str, ca_cert: Option<PathBuf>) -> Api {
         Api {
-            client: reqwest::Client::builder()
+            client: simulator::client_trusting(ca_cert.as_deref())
+                .expect("the CA certificate")
                 .timeout(Duration::from_secs(20))
                 .build()
                 .expect("HTTP client"),
             base: base.to_owned(),
+            ca_cert,
         }
     }
 

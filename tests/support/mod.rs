@@ -8,3 +8,4 @@ pub mod fake_consul;
 pub mod farms;
 pub mod scrape;
 pub mod severable;
+pub mod tls;
