@@ -837,6 +837,17 @@ mod tests {
     }
 
     #[test]
+    fn metrics_public_is_a_flag_with_its_env_var() {
+        let cli = Cli::command();
+        let arg = cli
+            .get_arguments()
+            .find(|a| a.get_id() == "metrics_public")
+            .unwrap();
+        assert_eq!(arg.get_env().unwrap(), "P2_METRICS_PUBLIC");
+        assert!(serve_args(&["--metrics-public"]).access.metrics_public);
+    }
+
+    #[test]
     fn cors_origins_are_repeatable_origins() {
         let args = serve_args(&[
             "--cors-origin",

@@ -54,7 +54,7 @@ async fn requests_are_counted_by_route_template_method_and_status() {
     assert!(buckets.len() > 10, "{buckets:?}");
     assert!(buckets.windows(2).all(|w| w[0].count <= w[1].count));
     let last = buckets.last().unwrap();
-    assert!(last.less_than.is_infinite(), "{buckets:?}");
+    assert!(last.le.is_infinite(), "{buckets:?}");
     assert_eq!(last.count, after.count(HTTP, &rc));
     assert!(after.help(HTTP).is_some());
 
