@@ -242,6 +242,7 @@ async fn main() {
                 term,
                 alerts.clone(),
                 "bench".into(),
+                Default::default(),
             )
         },
     ));

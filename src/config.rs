@@ -14,6 +14,7 @@ use crate::kv::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_S
 use crate::labels::{validate_labels, Labels};
 use crate::model::{parse_duration, Limits, DEFAULT_MAX_REPLICAS};
 use crate::simulator::SimulatorConfig;
+use crate::store::events::Retention;
 
 /// HTTP/JSON control plane for P2-style deployments over Consul or an embedded SQLite store.
 #[derive(Debug, Parser)]
@@ -30,7 +31,8 @@ pub struct Cli {
 impl Cli {
     /// The command to run: `serve` when none is named.
     pub fn into_command(self) -> Command {
-        self.command.unwrap_or(Command::Serve(self.serve))
+        self.command
+            .unwrap_or_else(|| Command::Serve(Box::new(self.serve)))
     }
 }
 
@@ -38,7 +40,7 @@ impl Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the HTTP API (the default when no command is given).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Simulate node agents against a running server: label N nodes, then report the pods
     /// intended on them installed and healthy, as P2's preparers would.
     Simulate(SimulateArgs),
@@ -329,9 +331,28 @@ pub struct FarmArgs {
     /// too few eligible nodes); without it alerts are only logged.
     #[arg(long, value_name = "URL", env = "P2_ALERT_WEBHOOK")]
     pub alert_webhook: Option<String>,
+
+    /// How many events (`GET /api/v1/events`) are kept, and how many finished rolls; the
+    /// leader prunes the oldest beyond it.
+    #[arg(long, value_name = "N", env = "P2_EVENT_RETENTION_COUNT", default_value_t = 10_000,
+          value_parser = parse_retention_count)]
+    pub event_retention_count: usize,
+
+    /// How long events and finished rolls are kept.
+    #[arg(long, value_name = "DURATION", env = "P2_EVENT_RETENTION_AGE", default_value = "168h",
+          value_parser = parse_duration)]
+    pub event_retention_age: Duration,
 }
 
 impl FarmArgs {
+    /// How long and how many events and finished rolls are kept.
+    pub fn retention(&self) -> Retention {
+        Retention {
+            count: self.event_retention_count,
+            age: self.event_retention_age,
+        }
+    }
+
     /// The name this server goes by in the election.
     pub fn holder(&self) -> String {
         self.holder.clone().unwrap_or_else(|| {
@@ -340,6 +361,14 @@ impl FarmArgs {
                 .unwrap_or_else(|_| "localhost".into());
             format!("{host}:{}", std::process::id())
         })
+    }
+}
+
+/// A retention count: at least 1, so the latest change is always kept.
+fn parse_retention_count(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(count) if count >= 1 => Ok(count),
+        _ => Err("must be a whole number, at least 1".into()),
     }
 }
 
@@ -423,7 +452,7 @@ mod tests {
     fn serve_args(argv: &[&str]) -> ServeArgs {
         let argv = std::iter::once("p2-apiserver").chain(argv.iter().copied());
         match Cli::try_parse_from(argv).unwrap().into_command() {
-            Command::Serve(args) => args,
+            Command::Serve(args) => *args,
             other => panic!("expected serve, got {other:?}"),
         }
     }

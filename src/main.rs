@@ -26,7 +26,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_tracing();
     match cli.into_command() {
-        Command::Serve(args) => serve(args).await,
+        Command::Serve(args) => serve(*args).await,
         Command::Simulate(args) => simulate(args).await,
     }
 }
@@ -122,6 +122,7 @@ async fn run_farms(
         lock_delay: args.leader_lock_delay,
         behavior: args.leader_behavior,
     };
+    let retention = args.retention();
     let alerts = Arc::new(Alerter::new(args.alert_webhook));
     leader::campaign(store.clone(), config, shutdown, move |term| {
         farms::run_term(
@@ -130,6 +131,7 @@ async fn run_farms(
             term,
             alerts.clone(),
             holder.clone(),
+            retention,
         )
     })
     .await;

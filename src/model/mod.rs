@@ -9,6 +9,8 @@
 //! - [`rc`], [`roll`], [`ds`]: replication controllers, rolling updates (with the roll
 //!   algorithm) and daemon sets as stored.
 //! - [`health`], [`audit`]: health records and audit log records.
+//! - [`event`]: this server's own records beside P2's: events, created and modified times,
+//!   finished rolls.
 //! - [`ids`]: the id types and their rules.
 //! - [`ds_spec`]: what clients send to create or change a daemon set, and its validation.
 //! - [`rc_spec`]: what clients send to create or change an RC, and its validation.
@@ -20,6 +22,7 @@ pub mod audit;
 pub mod ds;
 pub mod ds_spec;
 pub mod duration;
+pub mod event;
 mod gojson;
 pub mod health;
 pub mod ids;

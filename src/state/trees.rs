@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::kv::KvPair;
 use crate::labels::{LabelType, Labels};
+use crate::model::event::Event;
 use crate::model::{HealthRecord, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::store::labels::decode_labels;
 use crate::store::layout;
@@ -26,11 +27,17 @@ pub enum Tree {
     Health,
     DsStatus,
     Locks,
+    /// This server's events, bounded by retention.
+    Events,
+    /// Created and modified times of RCs, rolls and daemon sets.
+    Meta,
+    /// Finished rolls, bounded by retention.
+    RollHistory,
 }
 
 impl Tree {
     /// Every tree the server reads. Audit records are write-only and not mirrored.
-    pub const ALL: [Tree; 13] = [
+    pub const ALL: [Tree; 16] = [
         Tree::Rcs,
         Tree::Rolls,
         Tree::DaemonSets,
@@ -44,6 +51,9 @@ impl Tree {
         Tree::Health,
         Tree::DsStatus,
         Tree::Locks,
+        Tree::Events,
+        Tree::Meta,
+        Tree::RollHistory,
     ];
 
     /// The tree's key prefix.
@@ -65,6 +75,9 @@ impl Tree {
             Tree::Health => layout::HEALTH,
             Tree::DsStatus => layout::DS_STATUS,
             Tree::Locks => layout::LOCKS,
+            Tree::Events => layout::EVENTS,
+            Tree::Meta => layout::META,
+            Tree::RollHistory => layout::ROLL_HISTORY,
             Tree::Labels(_) => layout::LABELS,
         }
     }
@@ -96,7 +109,8 @@ impl Tree {
     }
 
     /// The kind its changes have in the change stream; `None` for the farms' bookkeeping
-    /// (locks, status records), which is no dashboard's business.
+    /// (locks, status records, times, finished rolls), which is no dashboard's business:
+    /// the objects' own changes and the events tell it.
     pub fn kind(self) -> Option<Kind> {
         match self {
             Tree::Rcs => Some(Kind::Rcs),
@@ -107,7 +121,8 @@ impl Tree {
             Tree::Intent => Some(Kind::Pods),
             Tree::Reality => Some(Kind::Reality),
             Tree::Health => Some(Kind::Health),
-            Tree::DsStatus | Tree::Locks => None,
+            Tree::Events => Some(Kind::Events),
+            Tree::DsStatus | Tree::Locks | Tree::Meta | Tree::RollHistory => None,
         }
     }
 
@@ -126,7 +141,14 @@ impl Tree {
             Tree::Health => {
                 HealthRecord::from_json(&pair.value).map_or_else(|e| problem(&e), View::Health)
             }
-            Tree::Intent | Tree::Reality | Tree::DsStatus | Tree::Locks => View::Raw,
+            Tree::Events => Event::from_json(&pair.value)
+                .map_or_else(|e| problem(&e), |event| View::Event(Arc::new(event))),
+            Tree::Intent
+            | Tree::Reality
+            | Tree::DsStatus
+            | Tree::Locks
+            | Tree::Meta
+            | Tree::RollHistory => View::Raw,
         };
         Entry { pair, view }
     }
@@ -158,7 +180,9 @@ pub enum View {
     DaemonSet(Arc<StoredDaemonSet>),
     Labels(Labels),
     Health(HealthRecord),
-    /// Manifests, status records and locks: read as bytes by whoever needs them.
+    Event(Arc<Event>),
+    /// Manifests, status records, locks, times and finished rolls: read as bytes by whoever
+    /// needs them.
     Raw,
     Unreadable(String),
 }
@@ -180,11 +204,14 @@ pub enum Kind {
     Reality,
     /// Health records, identified as `<pod_id>/<node>`.
     Health,
+    /// This server's events (`GET /api/v1/events`), identified by event id; only when asked
+    /// for, as their snapshot is the whole retained history.
+    Events,
 }
 
 impl Kind {
     /// Every kind, in the order the stream's documentation lists them.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Rcs,
         Kind::Rolls,
         Kind::Daemonsets,
@@ -193,7 +220,13 @@ impl Kind {
         Kind::Pods,
         Kind::Reality,
         Kind::Health,
+        Kind::Events,
     ];
+
+    /// The kinds a stream carries when none are asked for: all but events.
+    pub fn defaults() -> impl Iterator<Item = Kind> {
+        Kind::ALL.into_iter().filter(|kind| *kind != Kind::Events)
+    }
 
     /// The name used in `?kinds=` and in events.
     pub fn as_str(self) -> &'static str {
@@ -206,6 +239,7 @@ impl Kind {
             Kind::Pods => "pods",
             Kind::Reality => "reality",
             Kind::Health => "health",
+            Kind::Events => "events",
         }
     }
 
@@ -223,7 +257,7 @@ impl Kind {
             Kind::Nodes => Some(LabelType::Node),
             Kind::Pods => Some(LabelType::Pod),
             Kind::Labels => None,
-            Kind::Daemonsets | Kind::Reality | Kind::Health => None,
+            Kind::Daemonsets | Kind::Reality | Kind::Health | Kind::Events => None,
         }
     }
 

@@ -7,6 +7,7 @@
 use std::fmt::Display;
 
 use crate::labels::LabelType;
+use crate::model::event::ObjectKind;
 
 /// RC documents: `replication_controllers/<rc-id>`.
 pub const RCS: &str = "replication_controllers/";
@@ -36,6 +37,16 @@ pub const ROLL_LOCKS: &str = "lock/rolls/";
 pub const DS_LOCKS: &str = "lock/daemon_sets/";
 /// Held by the leader's session; its value names the holder. P2's tools ignore it.
 pub const LEADER_LOCK: &str = "lock/p2-apiserver/leader";
+
+/// Everything this server keeps beside P2's trees; P2's tools never read under it.
+pub const OURS: &str = "p2-apiserver/";
+/// Events: `p2-apiserver/events/<sortable id>`.
+pub const EVENTS: &str = "p2-apiserver/events/";
+/// Created and modified times: `p2-apiserver/meta/<kind>/<id>`, kind `rcs`, `rolls` or
+/// `daemon_sets`.
+pub const META: &str = "p2-apiserver/meta/";
+/// Finished rolls: `p2-apiserver/history/rolls/<id>`.
+pub const ROLL_HISTORY: &str = "p2-apiserver/history/rolls/";
 
 /// The namespace under which the DS farm keeps its status record, as P2's DS farm names it.
 pub const DS_FARM_STATUS_NAMESPACE: &str = "daemon_set_farm";
@@ -89,6 +100,47 @@ pub fn health(pod_id: &str, node: &str) -> String {
 /// A fresh `audit_logs/<uuid>` key.
 pub fn new_audit_log() -> String {
     format!("{AUDIT_LOGS}{}", uuid::Uuid::new_v4())
+}
+
+/// `p2-apiserver/events/<id>`.
+pub fn event(id: &str) -> String {
+    format!("{EVENTS}{id}")
+}
+
+/// `p2-apiserver/meta/<kind>/<id>`: the created and modified times of an object.
+pub fn meta(kind: ObjectKind, id: impl Display) -> String {
+    let kind = match kind {
+        ObjectKind::Rcs => "rcs",
+        ObjectKind::Rolls => "rolls",
+        ObjectKind::Daemonsets => "daemon_sets",
+    };
+    format!("{META}{kind}/{id}")
+}
+
+/// The object whose times a meta key holds: its kind and id.
+pub fn meta_object(key: &str) -> Option<(ObjectKind, &str)> {
+    let (kind, id) = key.strip_prefix(META)?.split_once('/')?;
+    let kind = match kind {
+        "rcs" => ObjectKind::Rcs,
+        "rolls" => ObjectKind::Rolls,
+        "daemon_sets" => ObjectKind::Daemonsets,
+        _ => return None,
+    };
+    Some((kind, id))
+}
+
+/// The key of the P2 document of `kind` `id`.
+pub fn object(kind: ObjectKind, id: impl Display) -> String {
+    match kind {
+        ObjectKind::Rcs => rc(id),
+        ObjectKind::Rolls => roll(id),
+        ObjectKind::Daemonsets => daemon_set(id),
+    }
+}
+
+/// `p2-apiserver/history/rolls/<id>`.
+pub fn roll_history(id: impl Display) -> String {
+    format!("{ROLL_HISTORY}{id}")
 }
 
 /// Which farm runs an RC: `lock/replication_controllers/<id>`.
@@ -154,5 +206,14 @@ mod tests {
             format!("lock/replication_controllers/{id}/update_creation")
         );
         assert!(new_audit_log().starts_with("audit_logs/"));
+        assert_eq!(
+            meta(ObjectKind::Daemonsets, id),
+            format!("p2-apiserver/meta/daemon_sets/{id}")
+        );
+        for kind in ObjectKind::ALL {
+            let key = meta(kind, id);
+            assert_eq!(meta_object(&key), Some((kind, id)));
+        }
+        assert_eq!(roll_history(id), format!("p2-apiserver/history/rolls/{id}"));
     }
 }

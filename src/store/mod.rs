@@ -4,6 +4,7 @@
 //! [`update::update_with_retry`].
 
 pub mod daemon_sets;
+pub mod events;
 pub mod health;
 pub mod labels;
 pub mod layout;

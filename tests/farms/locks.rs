@@ -92,6 +92,7 @@ impl Server {
                     term,
                     alerts.clone(),
                     "test".into(),
+                    Default::default(),
                 )
             },
         ));

@@ -1,6 +1,7 @@
 //! The farms and leader election, driven directly against a store.
 
 mod ds;
+mod events;
 mod leader;
 mod locks;
 mod rc;

@@ -81,6 +81,19 @@ impl TestApp {
         wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>,
         config: MirrorConfig,
     ) -> Self {
+        Self::built(wrap, config, Default::default()).await
+    }
+
+    /// A fresh app over an empty store that lets requests through as `access` says.
+    pub async fn secured(access: Arc<p2_apiserver::auth::Access>) -> Self {
+        Self::built(|store| store, MirrorConfig::default(), access).await
+    }
+
+    async fn built(
+        wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>,
+        config: MirrorConfig,
+        access: Arc<p2_apiserver::auth::Access>,
+    ) -> Self {
         let (store, backing): (Arc<dyn KvStore>, _) = match consul() {
             None => {
                 let dir = tempfile::tempdir().expect("temp dir");
@@ -115,7 +128,7 @@ impl TestApp {
             CancellationToken::new(),
             HttpLimits::default(),
             Limits::default(),
-            Default::default(),
+            access,
         );
         TestApp {
             router: router::build(state),

@@ -20,6 +20,7 @@ use p2_apiserver::kv::{
 use p2_apiserver::labels::{LabelType, Labels};
 use p2_apiserver::leader::{self, LeaderConfig};
 use p2_apiserver::state::{Mirror, MirrorConfig};
+use p2_apiserver::store::events::Retention;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -91,6 +92,19 @@ impl Harness {
 
     /// Like [`Harness::start_with_alerts`], on `backend`.
     pub async fn start_on(backend: Backend, webhook: Option<String>) -> Harness {
+        Self::start_full(backend, webhook, Retention::default()).await
+    }
+
+    /// Like [`Harness::start`], keeping events and finished rolls within `retention`.
+    pub async fn start_with_retention(retention: Retention) -> Harness {
+        Self::start_full(Backend::Sqlite, None, retention).await
+    }
+
+    async fn start_full(
+        backend: Backend,
+        webhook: Option<String>,
+        retention: Retention,
+    ) -> Harness {
         let _ = tracing_subscriber::registry()
             .with(
                 tracing_subscriber::fmt::layer()
@@ -136,6 +150,7 @@ impl Harness {
                     term,
                     alerts.clone(),
                     "test".into(),
+                    retention,
                 )
             },
         ));
