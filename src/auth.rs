@@ -12,6 +12,7 @@ use std::sync::{Arc, RwLock};
 use anyhow::{bail, Context};
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
 use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -22,6 +23,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
 use crate::error::ApiError;
+use crate::model::event::{Actor, ANONYMOUS};
+use crate::router::REQUEST_ID_HEADER;
 
 /// What a token may do. `viewer` reads; `deployer` and `agent` each add their writes to it;
 /// `admin` may do everything.
@@ -121,6 +124,7 @@ const RULES: &[(Method, &str, Need)] = &[
     (Method::DELETE, "/api/v1/rolls/{id}", DEPLOYER),
     (Method::GET, "/api/v1/leader", VIEWER),
     (Method::GET, "/api/v1/watch", VIEWER),
+    (Method::GET, "/api/v1/events", VIEWER),
 ];
 
 const VIEWER: Need = Need::Role(Role::Viewer);
@@ -321,12 +325,38 @@ impl Access {
     }
 }
 
+/// The name of the token a request was authenticated with, put in its extensions by
+/// [`authorize`].
+#[derive(Debug, Clone)]
+struct Subject(String);
+
+/// Who makes a request, for its events and P2's audit records: the name of its token, or
+/// [`ANONYMOUS`] when the server runs without tokens (or the operation needs none); with
+/// the request's id.
+impl<S: Send + Sync> FromRequestParts<S> for Actor {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let name = parts
+            .extensions
+            .get::<Subject>()
+            .map_or_else(|| ANONYMOUS.to_owned(), |subject| subject.0.clone());
+        let request_id = parts
+            .headers
+            .get(&REQUEST_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        Ok(Actor { name, request_id })
+    }
+}
+
 /// Lets a request through only with a token whose role grants what its operation needs
 /// (`RULES`): 401 without a known token, 403 with one lacking the role. Records the
-/// token's name in the request's span. With no token file, lets every request through.
+/// token's name in the request's span and, for the handler, its extensions ([`Actor`]).
+/// With no token file, lets every request through.
 pub async fn authorize(
     State(access): State<Arc<Access>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     let Some(source) = &access.tokens else {
@@ -362,6 +392,7 @@ pub async fn authorize(
         return response;
     };
     tracing::Span::current().record("subject", tracing::field::display(&token.name));
+    request.extensions_mut().insert(Subject(token.name.clone()));
     if !token.role.grants(needed) {
         return forbidden(format!(
             "{:?} has the role {}; this operation needs {}",

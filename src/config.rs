@@ -16,6 +16,7 @@ use crate::labels::{validate_labels, Labels};
 use crate::model::{parse_duration, Limits, DEFAULT_MAX_REPLICAS};
 use crate::server::Tls;
 use crate::simulator::SimulatorConfig;
+use crate::store::events::Retention;
 
 /// HTTP/JSON control plane for P2-style deployments over Consul or an embedded SQLite store.
 #[derive(Debug, Parser)]
@@ -32,7 +33,7 @@ pub struct Cli {
 impl Cli {
     /// The command to run: `serve` when none is named.
     pub fn into_command(self) -> Command {
-        self.command.unwrap_or(Command::Serve(self.serve))
+        self.command.unwrap_or_else(|| Command::Serve(self.serve))
     }
 }
 
@@ -381,6 +382,17 @@ pub struct FarmArgs {
     #[arg(long, value_name = "DURATION", env = "P2_ROLL_STALL_DEADLINE", default_value = "10m",
           value_parser = parse_timeout)]
     pub roll_stall_deadline: Duration,
+
+    /// How many events (`GET /api/v1/events`) are kept, and how many finished rolls; the
+    /// leader prunes the oldest beyond it.
+    #[arg(long, value_name = "N", env = "P2_EVENT_RETENTION_COUNT", default_value_t = 10_000,
+          value_parser = parse_retention_count)]
+    pub event_retention_count: usize,
+
+    /// How long events and finished rolls are kept.
+    #[arg(long, value_name = "DURATION", env = "P2_EVENT_RETENTION_AGE", default_value = "168h",
+          value_parser = parse_duration)]
+    pub event_retention_age: Duration,
 }
 
 impl FarmArgs {
@@ -388,6 +400,10 @@ impl FarmArgs {
     pub fn options(&self) -> FarmOptions {
         FarmOptions {
             roll_stall_deadline: self.roll_stall_deadline,
+            retention: Retention {
+                count: self.event_retention_count,
+                age: self.event_retention_age,
+            },
         }
     }
 
@@ -399,6 +415,14 @@ impl FarmArgs {
                 .unwrap_or_else(|_| "localhost".into());
             format!("{host}:{}", std::process::id())
         })
+    }
+}
+
+/// A retention count: at least 1, so the latest change is always kept.
+fn parse_retention_count(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(count) if count >= 1 => Ok(count),
+        _ => Err("must be a whole number, at least 1".into()),
     }
 }
 

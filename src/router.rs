@@ -65,6 +65,7 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
         (name = api::rolls::TAG, description = "Rolling updates: moving replicas from one RC to another"),
         (name = api::watch::TAG, description = "The change stream: Server-Sent Events of every change to the objects asked for"),
         (name = api::observability::TAG, description = "Prometheus metrics and the server's version"),
+        (name = api::events::TAG, description = "Who changed what, when: every change made through the API or by the farms"),
     ),
     components(schemas(ErrorBody, Cause))
 )]
@@ -87,7 +88,8 @@ pub fn api() -> OpenApiRouter<AppState> {
         .nest("/api/v1", api::rcs::router())
         .merge(api::rolls::router())
         .nest("/api/v1", api::leader::router())
-        .nest("/api/v1", api::watch::router());
+        .nest("/api/v1", api::watch::router())
+        .nest("/api/v1", api::events::router());
     document_unknown_parameters(router.get_openapi_mut());
     auth::document(router.get_openapi_mut());
     router

@@ -1,8 +1,8 @@
 //! `/api/v1/daemonsets`: create, list, read (with rollout status), patch and delete daemon sets.
 //!
 //! What is stored is exactly P2's daemon-set document, so P2's DS farm and `p2-dsctl`
-//! work on the same store. Every change carries an audit record naming the user, taken from
-//! the optional `X-P2-User` header (default `p2-apiserver`). Because P2's farm disables any
+//! work on the same store. Every change carries an audit record naming who made it: the
+//! name of the request's token ([`Actor`]; `anonymous` without tokens). Because P2's farm disables any
 //! daemon set that is created or changed into contention, the API refuses such a write
 //! with 409 instead, naming the other daemon set, unless the daemon set is stored disabled.
 //! The check and the write are not one transaction: two racing writes can both pass it, in
@@ -12,9 +12,8 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::{FromRequestParts, State};
-use axum::http::request::Parts;
-use axum::http::{HeaderName, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -34,8 +33,9 @@ use crate::error::{ApiError, ErrorBody};
 use crate::kv::keys::segment_problem;
 use crate::kv::{KvStore, StoreResult};
 use crate::labels::{LabelType, Requirement, Selector, DS_ID_LABEL};
-use crate::model::conditions::{Condition, ObjectKind};
+use crate::model::conditions::Condition;
 use crate::model::duration::format_duration;
+use crate::model::event::{Actor, Meta, ObjectKind};
 use crate::model::{
     ds_spec, CreateDaemonSet, DaemonSetId, DaemonSetPatch, HealthCounts, HealthState, PodHealth,
     StoredDaemonSet,
@@ -45,6 +45,7 @@ use crate::store::conditions::mirrored;
 use crate::store::daemon_sets::{
     self, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
 };
+use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
 use crate::store::layout;
@@ -53,15 +54,6 @@ use crate::store::Versioned;
 
 /// OpenAPI tag of the daemon-set routes.
 pub const TAG: &str = "daemonsets";
-
-/// The header naming who makes a change, recorded in its audit record.
-pub const USER_HEADER: HeaderName = HeaderName::from_static("x-p2-user");
-
-/// The audit user when a request names none.
-pub const DEFAULT_USER: &str = "p2-apiserver";
-
-/// The longest audit user name accepted.
-const MAX_USER_CHARS: usize = 256;
 
 /// The daemon-set routes, nested under `/api/v1` by the top-level router.
 pub fn router() -> OpenApiRouter<AppState> {
@@ -101,6 +93,26 @@ pub struct DaemonSet {
     /// it).
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// When the daemon set was created through this server; `null` for one another tool
+    /// created.
+    #[schema(format = DateTime)]
+    pub created: Option<String>,
+    /// When its document last changed through this server (the API or the farm); `null`
+    /// for one another tool created and this server never changed.
+    #[schema(format = DateTime)]
+    pub modified: Option<String>,
+}
+
+impl DaemonSet {
+    /// The view with the times kept beside the daemon set.
+    fn with_times(self, meta: Option<Meta>) -> Self {
+        let (created, modified) = Meta::times(meta);
+        DaemonSet {
+            created,
+            modified,
+            ..self
+        }
+    }
 }
 
 /// Where a daemon set's rollout stands, computed when asked from node labels, pod labels and
@@ -129,36 +141,6 @@ pub struct DaemonSetFilter {
 }
 
 impl ListFilter for DaemonSetFilter {}
-
-/// Who makes a change, for its audit record: the `X-P2-User` header, or [`DEFAULT_USER`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuditUser(pub String);
-
-impl<S: Send + Sync> FromRequestParts<S> for AuditUser {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let Some(value) = parts.headers.get(&USER_HEADER) else {
-            return Ok(AuditUser(DEFAULT_USER.to_owned()));
-        };
-        let user = value
-            .to_str()
-            .map(str::trim)
-            .ok()
-            .filter(|user| {
-                !user.is_empty()
-                    && user.chars().count() <= MAX_USER_CHARS
-                    && !user.chars().any(char::is_control)
-            })
-            .ok_or_else(|| {
-                ApiError::bad_request(format!(
-                    "{USER_HEADER} must be a printable name of 1 to {MAX_USER_CHARS} characters, \
-                     without control characters such as tabs"
-                ))
-            })?;
-        Ok(AuditUser(user.to_owned()))
-    }
-}
 
 /// How daemon-set store failures reach clients: a missing daemon set is 404, a stale
 /// `If-Match` 412, a broken invariant 422 and an unreadable stored document 500
@@ -217,7 +199,10 @@ async fn list_daemon_sets(
                 .filter_map(|entry| daemon_sets::from_entry(entry));
             let items = records
                 .filter(|r| wanted(&r.value))
-                .map(|r| daemon_set(mirror, &r, None))
+                .map(|r| {
+                    let meta = mirrored_meta(mirror, ObjectKind::Daemonsets, &r.value.id);
+                    daemon_set(mirror, &r, None).with_times(meta)
+                })
                 .collect();
             (index, items)
         }
@@ -226,10 +211,11 @@ async fn list_daemon_sets(
                 .block(&app, &[layout::DAEMON_SETS.to_owned()])
                 .await?;
             let (index, records) = app.daemon_sets().list().await?;
+            let mut times = list_meta(app.store.as_ref(), ObjectKind::Daemonsets).await?;
             let items = records
                 .iter()
                 .filter(|r| wanted(&r.value))
-                .map(|r| daemon_set(&app.mirror, r, None))
+                .map(|r| daemon_set(&app.mirror, r, None).with_times(times.remove(&r.value.id)))
                 .collect();
             (index, items)
         }
@@ -247,13 +233,12 @@ async fn list_daemon_sets(
     post,
     path = "/daemonsets",
     tag = TAG,
-    params(("X-P2-User" = Option<String>, Header, description = "Who makes the change, for the audit record; default p2-apiserver")),
     request_body = CreateDaemonSet,
     responses(
         (status = CREATED, description = "The new daemon set", body = DaemonSet,
             headers(("ETag" = String, description = "The version, for If-Match"),
                     ("Location" = String, description = "URL of the new daemon set"))),
-        (status = BAD_REQUEST, description = "Malformed JSON or X-P2-User", body = ErrorBody),
+        (status = BAD_REQUEST, description = "Malformed JSON", body = ErrorBody),
         (status = CONFLICT, description = "It would contend with another daemon set", body = ErrorBody),
         (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not JSON", body = ErrorBody),
@@ -264,7 +249,7 @@ async fn list_daemon_sets(
 async fn create_daemon_set(
     State(app): State<AppState>,
     _: NoQuery,
-    AuditUser(user): AuditUser,
+    actor: Actor,
     ApiJson(body): ApiJson<Map<String, Value>>,
 ) -> Result<impl IntoResponse, ApiError> {
     let ds = ds_spec::new_daemon_set(body).map_err(ApiError::invalid)?;
@@ -273,7 +258,7 @@ async fn create_daemon_set(
     if let Some(other) = store.find_contender(&ds, &labels).await? {
         return Err(contention_error(&other));
     }
-    let record = store.create(ds, &user).await?;
+    let record = store.create(ds, &actor).await?;
     let id = record
         .value
         .id
@@ -289,10 +274,15 @@ async fn create_daemon_set(
             None
         }
     };
+    let meta = read_meta(
+        app.store.as_ref(),
+        &layout::meta(ObjectKind::Daemonsets, id),
+    )
+    .await?;
     created(
         &format!("/api/v1/daemonsets/{id}"),
         record.index,
-        daemon_set(&app.mirror, &record, status),
+        daemon_set(&app.mirror, &record, status).with_times(meta),
     )
 }
 
@@ -323,9 +313,14 @@ async fn get_daemon_set(
         .await?
         .ok_or(DaemonSetError::NotFound(id))?;
     let status = rollout_status(&app.store, id, &record).await?;
+    let meta = read_meta(
+        app.store.as_ref(),
+        &layout::meta(ObjectKind::Daemonsets, id),
+    )
+    .await?;
     Ok((
         [etag(record.index)],
-        ApiJson(daemon_set(&app.mirror, &record, Some(status))),
+        ApiJson(daemon_set(&app.mirror, &record, Some(status)).with_times(meta)),
     ))
 }
 
@@ -343,15 +338,14 @@ async fn get_daemon_set(
     tag = TAG,
     params(
         ("id" = inline(DaemonSetId), Path, description = "Daemon set ID"),
-        ("If-Match" = Option<String>, Header, description = "Apply only to this version (an ETag)"),
-        ("X-P2-User" = Option<String>, Header, description = "Who makes the change, for the audit record; default p2-apiserver")
+        ("If-Match" = Option<String>, Header, description = "Apply only to this version (an ETag)")
     ),
     request_body(content = DaemonSetPatch, content_type = "application/merge-patch+json",
         description = "A JSON merge patch; application/json is accepted too"),
     responses(
         (status = OK, description = "The daemon set after the patch", body = DaemonSet,
             headers(("ETag" = String, description = "The version, for If-Match"))),
-        (status = BAD_REQUEST, description = "Malformed JSON, If-Match or X-P2-User", body = ErrorBody),
+        (status = BAD_REQUEST, description = "Malformed JSON or If-Match", body = ErrorBody),
         (status = NOT_FOUND, description = "No such daemon set", body = ErrorBody),
         (status = CONFLICT, description = "It would contend with another daemon set, or it kept changing for 5 s", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "If-Match is stale", body = ErrorBody),
@@ -367,7 +361,7 @@ async fn patch_daemon_set(
     _: NoQuery,
     ApiPath(id): ApiPath<DaemonSetId>,
     IfMatch(expected): IfMatch,
-    AuditUser(user): AuditUser,
+    actor: Actor,
     MergePatch(body): MergePatch,
 ) -> Result<impl IntoResponse, ApiError> {
     let id = id.uuid();
@@ -382,7 +376,7 @@ async fn patch_daemon_set(
         problems.finish().map_err(ApiError::invalid)?;
     }
     let record = store
-        .update(id, expected, &user, |current| {
+        .update(id, expected, &actor, |current| {
             let (changes, store, labels) = (&changes, &store, &labels);
             async move {
                 let next = changes
@@ -398,9 +392,14 @@ async fn patch_daemon_set(
         })
         .await?;
     let status = rollout_status(&app.store, id, &record).await?;
+    let meta = read_meta(
+        app.store.as_ref(),
+        &layout::meta(ObjectKind::Daemonsets, id),
+    )
+    .await?;
     Ok((
         [etag(record.index)],
-        ApiJson(daemon_set(&app.mirror, &record, Some(status))),
+        ApiJson(daemon_set(&app.mirror, &record, Some(status)).with_times(meta)),
     ))
 }
 
@@ -415,12 +414,11 @@ async fn patch_daemon_set(
     tag = TAG,
     params(
         ("id" = inline(DaemonSetId), Path, description = "Daemon set ID"),
-        ("If-Match" = Option<String>, Header, description = "Delete only this version (an ETag)"),
-        ("X-P2-User" = Option<String>, Header, description = "Who makes the change, for the audit record; default p2-apiserver")
+        ("If-Match" = Option<String>, Header, description = "Delete only this version (an ETag)")
     ),
     responses(
         (status = NO_CONTENT, description = "Deleted"),
-        (status = BAD_REQUEST, description = "Malformed If-Match or X-P2-User", body = ErrorBody),
+        (status = BAD_REQUEST, description = "Malformed If-Match", body = ErrorBody),
         (status = NOT_FOUND, description = "No such daemon set", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "If-Match is stale", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The ID is not a UUID", body = ErrorBody),
@@ -432,10 +430,10 @@ async fn delete_daemon_set(
     _: NoQuery,
     ApiPath(id): ApiPath<DaemonSetId>,
     IfMatch(expected): IfMatch,
-    AuditUser(user): AuditUser,
+    actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let id = id.uuid();
-    app.daemon_sets().delete(id, expected, &user).await?;
+    app.daemon_sets().delete(id, expected, &actor).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -453,7 +451,7 @@ fn daemon_set(
     status: Option<DaemonSetStatus>,
 ) -> DaemonSet {
     let ds: &StoredDaemonSet = record.value.borrow();
-    let conditions = mirrored(mirror, ObjectKind::DaemonSets, &ds.id);
+    let conditions = mirrored(mirror, ObjectKind::Daemonsets, &ds.id);
     DaemonSet {
         id: ds.id.clone(),
         manifest: ds.manifest.raw().to_owned(),
@@ -466,6 +464,8 @@ fn daemon_set(
         resource_version: record.index.to_string(),
         status,
         conditions,
+        created: None,
+        modified: None,
     }
 }
 

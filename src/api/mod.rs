@@ -10,6 +10,7 @@
 
 pub mod blocking;
 pub mod daemonsets;
+pub mod events;
 pub mod extract;
 pub mod health;
 pub mod labels;

@@ -31,10 +31,26 @@ pub struct Page<T> {
 impl Paging {
     /// Cuts one page out of `items`, which must be sorted by `key` ascending.
     pub fn page<T>(&self, items: Vec<T>, key: impl Fn(&T) -> &str) -> Page<T> {
+        self.cut(items, key, |item, after| item > after)
+    }
+
+    /// Cuts one page out of `items`, sorted by `key` descending (newest first, for
+    /// time-sortable keys): the next page starts below the token's key.
+    pub fn page_descending<T>(&self, items: Vec<T>, key: impl Fn(&T) -> &str) -> Page<T> {
+        self.cut(items, key, |item, after| item < after)
+    }
+
+    /// The items `beyond` the token's key, at most `limit` of them.
+    fn cut<T>(
+        &self,
+        items: Vec<T>,
+        key: impl Fn(&T) -> &str,
+        beyond: impl Fn(&str, &str) -> bool,
+    ) -> Page<T> {
         let mut rest: Vec<T> = match &self.after {
             Some(after) => items
                 .into_iter()
-                .filter(|i| key(i) > after.as_str())
+                .filter(|i| beyond(key(i), after.as_str()))
                 .collect(),
             None => items,
         };

@@ -28,10 +28,12 @@ use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::kv::{StoreError, TxnOp};
 use crate::labels::{LabelType, Labels, Requirement, Selector, RC_ID_LABEL};
-use crate::model::conditions::{Condition, ObjectKind};
+use crate::model::conditions::Condition;
+use crate::model::event::{Actor, Meta, ObjectKind};
 use crate::model::{NewRc, RcId, RcPatch, RcSpec, StoredRc};
 use crate::state::{Mirror, Tree};
 use crate::store::conditions::mirrored;
+use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::layout;
 use crate::store::rcs::{self, RcRecord, RcStore};
 use crate::store::rolls::RollStore;
@@ -73,6 +75,13 @@ pub struct RcView {
     /// empty until a leader's farm has looked at the RC (or when another farm owns it).
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// When the RC was created through this server; `null` for one another tool created.
+    #[schema(format = DateTime)]
+    pub created: Option<String>,
+    /// When its document last changed through this server (the API or a roll); `null`
+    /// for one another tool created and this server never changed.
+    #[schema(format = DateTime)]
+    pub modified: Option<String>,
 }
 
 /// Where an RC's pods are, as the pod labels say (`replication_controller_id=<id>`).
@@ -106,6 +115,18 @@ impl RcView {
             resource_version: record.index.to_string(),
             status,
             conditions,
+            created: None,
+            modified: None,
+        }
+    }
+
+    /// The view with the times kept beside the RC.
+    pub fn with_times(self, meta: Option<Meta>) -> Self {
+        let (created, modified) = Meta::times(meta);
+        RcView {
+            created,
+            modified,
+            ..self
         }
     }
 }
@@ -188,13 +209,14 @@ pub struct RcPath {
 async fn create_rc(
     State(app): State<AppState>,
     _: NoQuery,
+    actor: Actor,
     ApiJson(spec): ApiJson<RcSpec>,
 ) -> Result<Response, ApiError> {
     let NewRc { mut rc, labels } = spec.validate(&app.validation).map_err(ApiError::invalid)?;
     let store = app.rcs();
     let mut attempt = 1;
     let record = loop {
-        match store.create(rc.clone(), &labels).await {
+        match store.create(rc.clone(), &labels, &actor).await {
             Ok(record) => break record,
             Err(StoreError::Conflict { .. }) if attempt < MAX_CREATE_ATTEMPTS => {
                 attempt += 1;
@@ -203,7 +225,12 @@ async fn create_rc(
             Err(e) => return Err(e.into()),
         }
     };
-    let view = RcView::new(&record, labels, RcStatus::default(), Vec::new());
+    let meta = read_meta(
+        app.store.as_ref(),
+        &layout::meta(ObjectKind::Rcs, &record.value.id),
+    )
+    .await?;
+    let view = RcView::new(&record, labels, RcStatus::default(), Vec::new()).with_times(meta);
     created(
         &format!("/api/v1/rcs/{}", record.value.id),
         record.index,
@@ -258,6 +285,7 @@ async fn list_rcs(
                     query.selector.matches(&labels).then(|| {
                         let conditions = mirrored(mirror, ObjectKind::Rcs, id);
                         RcView::new(&record, labels, RcStatus::mirrored(mirror, id), conditions)
+                            .with_times(mirrored_meta(mirror, ObjectKind::Rcs, id))
                     })
                 })
                 .collect();
@@ -273,6 +301,7 @@ async fn list_rcs(
     let (rcs_index, records) = store.list().await?;
     let (labels_index, rc_labels) = label_store.list(LabelType::ReplicationController).await?;
     let (pods_index, pods) = label_store.list(LabelType::Pod).await?;
+    let mut times = list_meta(app.store.as_ref(), ObjectKind::Rcs).await?;
 
     let mut labels_by_rc: BTreeMap<String, Labels> = rc_labels
         .into_iter()
@@ -293,6 +322,7 @@ async fn list_rcs(
                 let status = RcStatus::from_pods(pods.into_iter().flatten().copied());
                 let conditions = mirrored(&app.mirror, ObjectKind::Rcs, &record.value.id);
                 RcView::new(record, labels, status, conditions)
+                    .with_times(times.remove(&record.value.id))
             })
         })
         .collect();
@@ -339,7 +369,8 @@ async fn get_rc(
                 .labels_of(LabelType::ReplicationController, &id)
                 .unwrap_or_default();
             let status = RcStatus::mirrored(mirror, &id);
-            return Ok(view_answer(mirror, &record, labels, status, index));
+            let meta = mirrored_meta(mirror, ObjectKind::Rcs, &id);
+            return Ok(view_answer(mirror, &record, labels, status, meta, index));
         }
         Source::Store(blocking) => blocking,
     };
@@ -381,24 +412,26 @@ async fn patch_rc(
     _: NoQuery,
     ApiPath(RcPath { id }): ApiPath<RcPath>,
     IfMatch(expected): IfMatch,
+    actor: Actor,
     MergePatch(patch): MergePatch,
 ) -> Result<Response, ApiError> {
     let id = id.to_string();
     let patch = RcPatch::parse(patch, &app.validation).map_err(ApiError::invalid)?;
     let store = app.rcs();
-    let (state, store, id, patch) = (&app, &store, &id, &patch);
+    let (state, store, id, patch, actor) = (&app, &store, &id, &patch, &actor);
     let record = update_with_retry(
         &describe(id),
         expected,
         || read(store, id),
         |record| async move {
-            let guards = unclaimed(state, store, id).await?;
+            let mut with = unclaimed(state, store, id).await?;
             let mut rc = record.value.clone();
             patch.apply(&mut rc).map_err(|e| ApiError::invalid([e]))?;
             if rc == record.value {
                 return Ok(Ok(record));
             }
-            Ok(store.write(rc, record.index, guards).await)
+            with.extend(store.updated_ops(&record.value, &rc, actor).await?);
+            Ok(store.write(rc, record.index, with).await)
         },
     )
     .await?;
@@ -431,10 +464,11 @@ async fn delete_rc(
     ApiQuery(params): ApiQuery<DeleteRcParams>,
     ApiPath(RcPath { id }): ApiPath<RcPath>,
     IfMatch(expected): IfMatch,
+    actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let id = id.to_string();
     let store = app.rcs();
-    let (state, store, id) = (&app, &store, &id);
+    let (state, store, id, actor) = (&app, &store, &id, &actor);
     let read = || async move {
         match store.get(id).await {
             Ok(Some(record)) => Ok(record.map(Some)),
@@ -458,6 +492,7 @@ async fn delete_rc(
             }
         }
         ops.extend(RcStore::delete_ops(id, current.index));
+        ops.extend(store.deleted_ops(id, current.value.as_ref(), actor).await?);
         Ok(state.store.txn(&ops).await.map(drop))
     };
     update_with_retry(&describe(id), expected, read, write).await?;
@@ -554,11 +589,17 @@ async fn view_response(app: &AppState, record: RcRecord) -> Result<Response, Api
         .await?;
     let status = RcStatus::from_pods(pods.iter().map(|pod| pod.id.as_str()));
     let index = record.index.max(labels.index).max(pods_index);
+    let meta = read_meta(
+        app.store.as_ref(),
+        &layout::meta(ObjectKind::Rcs, &record.value.id),
+    )
+    .await?;
     Ok(view_answer(
         &app.mirror,
         &record,
         labels.value,
         status,
+        meta,
         index,
     ))
 }
@@ -569,10 +610,11 @@ fn view_answer(
     record: &Versioned<impl Borrow<StoredRc>>,
     labels: Labels,
     status: RcStatus,
+    meta: Option<Meta>,
     index: u64,
 ) -> Response {
     let rc: &StoredRc = record.value.borrow();
     let conditions = mirrored(mirror, ObjectKind::Rcs, &rc.id);
-    let view = RcView::new(record, labels, status, conditions);
+    let view = RcView::new(record, labels, status, conditions).with_times(meta);
     ([etag(record.index), index_header(index)], ApiJson(view)).into_response()
 }

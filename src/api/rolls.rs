@@ -23,26 +23,29 @@ use utoipa_axum::routes;
 
 use crate::api::blocking::{combined_index, index_header};
 use crate::api::extract::{ApiJson, ApiPath, NoQuery};
-use crate::api::list_query::{ListParams, ListQuery};
+use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::responses::created;
 use crate::app::AppState;
-use crate::error::{ApiError, Cause, ErrorBody};
+use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::kv::{KvStore, StoreError};
 use crate::labels::{LabelType, Labels, RC_ID_LABEL};
-use crate::model::conditions::{Condition, ObjectKind};
+use crate::model::conditions::Condition;
 use crate::model::duration::format_duration;
+use crate::model::event::{Actor, FinishedRoll, ObjectKind, RcProgress, RollOutcome, RollProgress};
 use crate::model::{CreateRoll, HealthCounts, HealthState, PodHealth, RollId};
 use crate::state::Mirror;
 use crate::store::conditions::mirrored;
+use crate::store::events::read_meta;
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
 use crate::store::layout;
 use crate::store::pods::{PodLocation, PodStore, PodTree};
 use crate::store::rcs::RcStore;
 use crate::store::roll_creation::CreateRollError;
-use crate::store::rolls::RollRecord;
+use crate::store::rolls::{decode_finished, RollRecord};
+use crate::store::Versioned;
 
 /// OpenAPI tag of the roll routes.
 pub const TAG: &str = "rolls";
@@ -54,7 +57,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_roll, delete_roll))
 }
 
-/// A rolling update with its progress.
+/// A rolling update with its progress: a running one, or a finished one (kept for
+/// `--event-retention-age`) with its outcome and final progress.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Roll {
     /// The roll's id, which is the new RC's id.
@@ -75,39 +79,82 @@ pub struct Roll {
     /// The roll's own labels.
     #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
-    /// The roll document's modify index; also its `ETag`.
+    /// The roll document's modify index; also its `ETag`. For a finished roll, that of its
+    /// finished record.
     pub resource_version: String,
-    /// How far the roll has come.
+    /// How far the roll has come; for a finished roll, how far it came.
     pub progress: RollProgress,
     /// `Progressing` and `Stalled`, as the leader's roll farm last computed them; empty until
     /// a leader's farm has looked at the roll (or when another farm owns it).
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// When the roll was created (it started then), if through this server.
+    #[schema(format = DateTime)]
+    pub created: Option<String>,
+    /// When the roll document last changed through this server; for a finished roll,
+    /// when it ended.
+    #[schema(format = DateTime)]
+    pub modified: Option<String>,
+    /// `null` while the roll runs; how it ended once finished.
+    pub outcome: Option<RollOutcome>,
+    /// When it ended; `null` while it runs.
+    #[schema(format = DateTime)]
+    pub ended: Option<String>,
 }
 
-/// Replica counts of both RCs, as they are now.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct RollProgress {
-    pub old: RcProgress,
-    pub new: RcProgress,
+/// Which rolls a listing shows.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RollFilter {
+    /// `active` (the default: rolls still running), `finished` (kept for the retention
+    /// period) or `all`.
+    state: Option<String>,
 }
 
-/// One RC's replica counts. Pods count as the roll farm counts them: only pods running the
-/// RC's manifest (per the reality tree) are health-counted.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct RcProgress {
-    /// The RC's `replicas_desired`; `null` when the RC does not exist (any more).
-    pub desired: Option<i64>,
-    /// Pods labeled with the RC's id (of the RC's pod id, while the RC exists).
-    pub current: u64,
-    /// Of those, the pods whose node reports running the RC's manifest.
-    pub real: u64,
-    /// Of the real ones, those whose health is `passing`.
-    pub healthy: u64,
-    /// Of the real ones, those whose health is `unknown` or not reported.
-    pub unknown: u64,
-    /// Of the real ones, those whose health is `warning` or `critical`.
-    pub unhealthy: u64,
+impl ListFilter for RollFilter {
+    fn check(&self, violations: &mut Violations) {
+        if !matches!(
+            self.state.as_deref(),
+            None | Some("active" | "finished" | "all")
+        ) {
+            violations.add("state", "must be active, finished or all");
+        }
+    }
+}
+
+impl RollFilter {
+    fn active(&self) -> bool {
+        matches!(self.state.as_deref(), None | Some("active" | "all"))
+    }
+
+    fn finished(&self) -> bool {
+        matches!(self.state.as_deref(), Some("finished" | "all"))
+    }
+}
+
+impl Roll {
+    /// The view of a finished roll.
+    fn finished(record: &Versioned<FinishedRoll>) -> Roll {
+        let done = &record.value;
+        let roll = &done.roll;
+        Roll {
+            id: roll.new_rc.clone(),
+            old_rc_id: roll.old_rc.clone(),
+            new_rc_id: roll.new_rc.clone(),
+            desired_replicas: roll.desired_replicas,
+            minimum_replicas: roll.minimum_replicas,
+            leave_old: roll.leave_old,
+            roll_delay: format_duration(roll.roll_delay),
+            labels: done.labels.clone(),
+            resource_version: record.index.to_string(),
+            progress: done.progress.clone(),
+            conditions: Vec::new(),
+            created: done.started.clone(),
+            modified: Some(done.ended.clone()),
+            outcome: Some(done.outcome),
+            ended: Some(done.ended.clone()),
+        }
+    }
 }
 
 /// Path of one roll.
@@ -144,12 +191,13 @@ pub struct RollPath {
 async fn create_roll(
     State(app): State<AppState>,
     _: NoQuery,
+    actor: Actor,
     ApiJson(body): ApiJson<CreateRoll>,
 ) -> Result<Response, ApiError> {
     let plan = body.validate(&app.validation).map_err(ApiError::invalid)?;
     let record = app
         .roll_creator()
-        .create(plan)
+        .create(plan, &actor)
         .await
         .map_err(creation_error)?;
     let view = Views::load(app.store.clone(), app.mirror.clone())
@@ -159,7 +207,9 @@ async fn create_roll(
     created(&format!("/api/v1/rolls/{}", view.id), record.index, view)
 }
 
-/// Lists rolling updates with their progress, sorted by id.
+/// Lists rolling updates with their progress, sorted by id: the running ones, or with
+/// `state` the finished ones or both (a finished roll whose id a running roll has again is
+/// left out).
 ///
 /// `selector` matches the roll's labels. Blocks with `?index=&wait=` until a roll, its labels, either RC, their pods or the pods'
 /// health or what their nodes run change: everything the answer shows.
@@ -167,7 +217,7 @@ async fn create_roll(
     get,
     path = "/api/v1/rolls",
     tag = TAG,
-    params(ListParams),
+    params(RollFilter, ListParams),
     responses(
         (status = OK, description = "One page of rolls", body = Page<Roll>,
             headers(("X-Index" = u64, description = "Pass as `index` to wait for a change"))),
@@ -175,26 +225,42 @@ async fn create_roll(
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
-async fn list_rolls(State(app): State<AppState>, query: ListQuery) -> Result<Response, ApiError> {
-    let prefixes = watched_prefixes();
+async fn list_rolls(
+    State(app): State<AppState>,
+    query: ListQuery<RollFilter>,
+) -> Result<Response, ApiError> {
+    let prefixes = watched_prefixes(query.filter.finished());
     query.blocking.block(&app, &prefixes).await?;
     let index = combined_index(app.store.as_ref(), &prefixes).await?;
 
     let (_, records) = app.rolls().list().await?;
     let mut views = Views::load(app.store.clone(), app.mirror.clone()).await?;
     let mut items = Vec::with_capacity(records.len());
-    for record in &records {
-        let view = views.view(record).await?;
-        if query.selector.matches(&view.labels) {
-            items.push(view);
+    if query.filter.active() {
+        for record in &records {
+            items.push(views.view(record).await?);
         }
     }
+    if query.filter.finished() {
+        let running: Vec<&str> = records.iter().map(|r| r.value.new_rc.as_str()).collect();
+        let listing = app.store.list(layout::ROLL_HISTORY).await?;
+        items.extend(
+            listing
+                .pairs
+                .iter()
+                .filter_map(decode_finished)
+                .map(|record| Roll::finished(&record))
+                .filter(|roll| !running.contains(&roll.id.as_str())),
+        );
+    }
+    items.retain(|roll| query.selector.matches(&roll.labels));
     items.sort_by(|a, b| a.id.cmp(&b.id));
     let page = query.paging.page(items, |roll| roll.id.as_str());
     Ok(([index_header(index)], ApiJson(page)).into_response())
 }
 
-/// Reads one rolling update with its progress.
+/// Reads one rolling update with its progress: a running one, else a finished one kept
+/// for the retention period, with its outcome.
 #[utoipa::path(
     get,
     path = "/api/v1/rolls/{id}",
@@ -216,7 +282,12 @@ async fn get_roll(
     let id = id.to_string();
     let record = match app.rolls().get(&id).await {
         Ok(Some(record)) => record,
-        Ok(None) => return Err(not_found(&id)),
+        Ok(None) => {
+            let finished = app.rolls().finished(&id).await?;
+            let finished = finished.ok_or_else(|| not_found(&id))?;
+            let view = Roll::finished(&finished);
+            return Ok(([etag(finished.index)], ApiJson(view)).into_response());
+        }
         // The document is broken, not the request.
         Err(StoreError::Invalid(why)) => return Err(ApiError::internal(why)),
         Err(e) => return Err(e.into()),
@@ -230,7 +301,9 @@ async fn get_roll(
 
 /// Cancels a rolling update: deletes the roll and its labels, leaving both RCs as they are.
 ///
-/// A roll farm running it stops; the RCs keep their current replica counts.
+/// A roll farm running it stops; the RCs keep their current replica counts. The roll stays
+/// readable as finished, `cancelled`, with its progress at the time, for the retention
+/// period.
 #[utoipa::path(
     delete,
     path = "/api/v1/rolls/{id}",
@@ -251,9 +324,34 @@ async fn delete_roll(
     _: NoQuery,
     ApiPath(RollPath { id }): ApiPath<RollPath>,
     IfMatch(expected): IfMatch,
+    actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let id = id.to_string();
-    match (app.rolls().delete(&id, expected).await, expected) {
+    let rolls = app.rolls();
+    // An unreadable roll is deleted without a record of it: there is no roll to record.
+    let records = match rolls.get(&id).await {
+        Ok(Some(record)) => {
+            let view = Views::load(app.store.clone(), app.mirror.clone())
+                .await?
+                .view(&record)
+                .await?;
+            let labels = view.labels.clone();
+            rolls
+                .finished_ops(
+                    &record.value,
+                    &labels,
+                    RollOutcome::Cancelled,
+                    view.progress,
+                    &actor,
+                    None,
+                )
+                .await?
+        }
+        Ok(None) => return Err(not_found(&id)),
+        Err(StoreError::Invalid(_)) => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    match (rolls.delete(&id, expected, records).await, expected) {
         (Ok(true), _) => Ok(StatusCode::NO_CONTENT),
         (Ok(false), _) => Err(not_found(&id)),
         (Err(StoreError::Conflict { .. }), Some(expected)) => {
@@ -263,16 +361,21 @@ async fn delete_roll(
     }
 }
 
-/// Everything a roll view shows comes from these trees.
-fn watched_prefixes() -> Vec<String> {
-    vec![
+/// Everything a roll view shows comes from these trees, and the finished rolls' tree when
+/// they are listed (only then: on Consul an empty tree reads at the whole store's index).
+fn watched_prefixes(finished: bool) -> Vec<String> {
+    let mut prefixes = vec![
         layout::ROLLS.to_owned(),
         layout::labels_of_type(LabelType::Rolls),
         layout::RCS.to_owned(),
         layout::labels_of_type(LabelType::Pod),
         layout::REALITY.to_owned(),
         layout::HEALTH.to_owned(),
-    ]
+    ];
+    if finished {
+        prefixes.push(layout::ROLL_HISTORY.to_owned());
+    }
+    prefixes
 }
 
 fn not_found(id: &str) -> ApiError {
@@ -334,6 +437,11 @@ impl Views {
 
     async fn view(&mut self, record: &RollRecord) -> Result<Roll, ApiError> {
         let roll = &record.value;
+        let meta = read_meta(
+            self.kv.as_ref(),
+            &layout::meta(ObjectKind::Rolls, &roll.new_rc),
+        )
+        .await?;
         Ok(Roll {
             id: roll.new_rc.clone(),
             old_rc_id: roll.old_rc.clone(),
@@ -353,6 +461,10 @@ impl Views {
                 new: self.progress(&roll.new_rc).await?,
             },
             conditions: mirrored(&self.mirror, ObjectKind::Rolls, &roll.new_rc),
+            created: meta.as_ref().and_then(|m| m.created.clone()),
+            modified: meta.map(|m| m.modified),
+            outcome: None,
+            ended: None,
         })
     }
 
@@ -389,14 +501,7 @@ impl Views {
                 result,
             ));
         }
-        Ok(RcProgress {
-            desired: rc.map(|rc| rc.replicas_desired),
-            current: counts.current,
-            real: counts.real,
-            healthy: counts.healthy,
-            unknown: counts.unknown,
-            unhealthy: counts.unhealthy,
-        })
+        Ok(RcProgress::new(rc.map(|rc| rc.replicas_desired), counts))
     }
 
     /// Health by node of one pod id. Records are keyed by their `Node` field, as P2 reads

@@ -51,8 +51,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[into_params(parameter_in = Query)]
 pub struct WatchQuery {
     /// Comma-separated kinds to watch: `rcs`, `rolls`, `daemonsets`, `nodes`, `labels`,
-    /// `pods`, `reality`, `health`. Default: every kind, or with a `selector` every kind
-    /// that has labels (`rcs`, `rolls`, `nodes`, `labels`, `pods`).
+    /// `pods`, `reality`, `health`, `events`. Default: every kind but `events` (whose
+    /// snapshot is every retained event), or with a `selector` every kind that has labels
+    /// (`rcs`, `rolls`, `nodes`, `labels`, `pods`).
     kinds: Option<String>,
     /// Only objects whose labels (as the mirror holds them when the event is sent) match
     /// this Kubernetes label selector.
@@ -107,7 +108,7 @@ impl Filter {
             None if query.selector.is_some() => {
                 Kind::ALL.into_iter().filter(|k| k.has_labels()).collect()
             }
-            None => Kind::ALL.to_vec(),
+            None => Kind::defaults().collect(),
             Some(names) => {
                 let mut kinds = Vec::new();
                 for name in names.split(',').map(str::trim) {

@@ -43,19 +43,27 @@ impl Alerter {
         }
     }
 
-    /// Sends a low-urgency alert unless the same incident was sent recently.
-    pub async fn low(&self, incident_key: &str, description: String, details: serde_json::Value) {
+    /// Sends a low-urgency alert unless the same incident was sent recently; whether it was
+    /// sent (or logged, without a webhook).
+    pub async fn low(
+        &self,
+        incident_key: &str,
+        description: String,
+        details: serde_json::Value,
+    ) -> bool {
         {
             let mut last_sent = self.last_sent.lock().expect("no panics while held");
             if let Some(at) = last_sent.get(incident_key) {
                 if at.elapsed() < REPEAT_AFTER {
-                    return;
+                    return false;
                 }
             }
             last_sent.insert(incident_key.to_owned(), Instant::now());
         }
         tracing::warn!(incident = incident_key, %details, "alert: {description}");
-        let Some(url) = &self.webhook else { return };
+        let Some(url) = &self.webhook else {
+            return true;
+        };
         let alert = Alert {
             incident_key: incident_key.to_owned(),
             description,
@@ -68,5 +76,6 @@ impl Alerter {
             Ok(response) => tracing::warn!(status = %response.status(), "alert webhook refused"),
             Err(e) => tracing::warn!(error = %e, "alert webhook unreachable"),
         }
+        true
     }
 }

@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::time::SystemTime;
 
-use crate::model::conditions::{stamp, ConditionsRecord, ObjectKind, Observed, Progress};
+use crate::model::conditions::{stamp, ConditionsRecord, Observed, Progress};
+use crate::model::event::ObjectKind;
 use crate::store::conditions::ConditionStore;
 use crate::store::layout::LEADER_LOCK;
 

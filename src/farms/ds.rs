@@ -38,7 +38,8 @@ use tokio::time::Instant;
 
 use crate::kv::TxnOp;
 use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
-use crate::model::conditions::{ds_conditions, DsFacts, ObjectKind};
+use crate::model::conditions::{ds_conditions, DsFacts};
+use crate::model::event::{diff, ds_fields, Action, FieldChange, ObjectKind};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 use crate::store::layout::{self, LEADER_LOCK};
@@ -82,7 +83,7 @@ impl Default for DsFarm {
             rollouts: HashMap::new(),
             published: HashMap::new(),
             present: HashMap::new(),
-            conditions: Published::new(ObjectKind::DaemonSets),
+            conditions: Published::new(ObjectKind::Daemonsets),
         }
     }
 }
@@ -122,7 +123,7 @@ struct Plan {
 }
 
 impl Farm for DsFarm {
-    const NAME: &'static str = "ds";
+    const NAME: &'static str = FARM;
     const OWNERSHIP_LOCKS: Option<&'static str> = Some(layout::DS_LOCKS);
 
     fn retries(&self) -> &Retries {
@@ -218,28 +219,30 @@ impl DsFarm {
         if !plan.timed_out.is_empty() {
             tracing::warn!(ds = %id, nodes = ?plan.timed_out, timeout = ?ds.value.timeout,
                            "nodes did not become healthy on the new manifest in time; giving up on them");
-            ctx.alerts
-                .low(
-                    &format!("ds_replication_timeout/{id}"),
-                    format!(
-                        "daemon set {id}: {} nodes did not become healthy on the new manifest within {:?}",
-                        plan.timed_out.len(),
-                        ds.value.timeout
-                    ),
-                    json!({"daemon_set_id": id, "pod_id": ds.value.pod_id,
-                           "nodes": plan.timed_out, "hostname": ctx.holder}),
-                )
-                .await;
+            ctx.alert(
+                FARM,
+                (ObjectKind::Daemonsets, id),
+                &format!("ds_replication_timeout/{id}"),
+                format!(
+                    "daemon set {id}: {} nodes did not become healthy on the new manifest within {:?}",
+                    plan.timed_out.len(),
+                    ds.value.timeout
+                ),
+                json!({"daemon_set_id": id, "pod_id": ds.value.pod_id,
+                       "nodes": plan.timed_out, "hostname": ctx.holder}),
+            )
+            .await;
         }
         if plan.stranded {
-            ctx.alerts
-                .low(
-                    &format!("ds_no_eligible_nodes/{id}"),
-                    format!("daemon set {id} matches no node; keeping its pods rather than removing every one"),
-                    json!({"daemon_set_id": id, "node_selector": ds.value.node_selector,
-                           "hostname": ctx.holder}),
-                )
-                .await;
+            ctx.alert(
+                FARM,
+                (ObjectKind::Daemonsets, id),
+                &format!("ds_no_eligible_nodes/{id}"),
+                format!("daemon set {id} matches no node; keeping its pods rather than removing every one"),
+                json!({"daemon_set_id": id, "node_selector": ds.value.node_selector,
+                       "hostname": ctx.holder}),
+            )
+            .await;
         }
         apply(ctx, world, id, &ds.value, &plan).await?;
         self.publish(ctx, id, &lock, plan.status).await?;
@@ -440,7 +443,7 @@ async fn disable(
         &ctx.holder,
         SystemTime::now(),
     );
-    let ops = vec![
+    let mut ops = vec![
         TxnOp::Cas {
             key: layout::daemon_set(id),
             value: disabled.to_json(),
@@ -451,19 +454,28 @@ async fn disable(
             value: record.to_json(),
         },
     ];
+    let description = format!(
+        "daemon set {id} contends with {rival_id} for pod {}; disabled {id}",
+        ds.value.pod_id
+    );
+    let changes = diff(&ds_fields(&ds.value), &ds_fields(&disabled));
+    let mut event = ctx
+        .actor(FARM)
+        .event(ObjectKind::Daemonsets, id, Action::Updated, changes);
+    event.message = Some(description.clone());
+    ops.extend(ctx.record(&event).await?);
     ctx.commit(&layout::ds_ownership(id), ops).await?;
     tracing::warn!(ds = %id, contends_with = %rival_id, "disabled a contending daemon set");
-    ctx.alerts
-        .low(
-            CONTENTION_INCIDENT,
-            format!(
-                "daemon set {id} contends with {rival_id} for pod {}; disabled {id}",
-                ds.value.pod_id
-            ),
-            json!({"disabled_daemon_set": disabled, "contending_daemon_set": rival,
-                   "hostname": ctx.holder}),
-        )
-        .await;
+    let details = json!({"disabled_daemon_set": disabled, "contending_daemon_set": rival,
+                         "hostname": ctx.holder});
+    ctx.alert(
+        FARM,
+        (ObjectKind::Daemonsets, id),
+        CONTENTION_INCIDENT,
+        description,
+        details,
+    )
+    .await;
     Ok(())
 }
 
@@ -644,7 +656,10 @@ fn plan(
     })
 }
 
-/// Writes the plan's pod changes, removals first, in fenced batches.
+/// The farm's name in logs and in the actor of its events.
+const FARM: &str = "ds";
+
+/// Writes the plan's pod changes, removals first, in fenced batches, each with its event.
 async fn apply(
     ctx: &FarmContext,
     world: &World,
@@ -656,16 +671,51 @@ async fn apply(
     let labels: Labels = [(DS_ID_LABEL.to_owned(), id.to_owned())].into();
     let pod_id = ds.manifest.pod_id();
     let manifest = &ds.manifest;
-    let changes: Vec<Vec<TxnOp>> =
-        plan.remove
-            .iter()
-            .map(|pod| unschedule_ops(world, pod, &[DS_ID_LABEL]))
-            .chain(plan.add.iter().chain(&plan.replace).map(|node| {
-                schedule_ops(world, &(node.clone(), pod_id.to_owned()), manifest, &labels)
-            }))
-            .collect();
+    // Each change with the node it adds (`true`) or removes the pod from.
+    let changes: Vec<(Vec<TxnOp>, &str, bool)> = plan
+        .remove
+        .iter()
+        .map(|pod| {
+            let ops = unschedule_ops(world, pod, &[DS_ID_LABEL]);
+            (ops, pod.0.as_str(), false)
+        })
+        .chain(plan.add.iter().chain(&plan.replace).map(|node| {
+            let pod = (node.clone(), pod_id.to_owned());
+            (
+                schedule_ops(world, &pod, manifest, &labels),
+                node.as_str(),
+                true,
+            )
+        }))
+        .collect();
+    let mut nodes: BTreeSet<&str> = world
+        .pod_labels
+        .items
+        .iter()
+        .filter(|(_, labels)| labels.value.get(DS_ID_LABEL).map(String::as_str) == Some(id))
+        .map(|((node, _), _)| node.as_str())
+        .collect();
     for batch in changes.chunks(NODES_PER_TXN) {
-        ctx.commit(&lock, batch.concat()).await?;
+        let before = nodes.clone();
+        let mut ops = Vec::new();
+        for (change, node, adds) in batch {
+            ops.extend(change.iter().cloned());
+            if *adds {
+                nodes.insert(*node);
+            } else {
+                nodes.remove(*node);
+            }
+        }
+        let change = FieldChange {
+            field: "nodes".to_owned(),
+            before: json!(before),
+            after: json!(nodes),
+        };
+        let event =
+            ctx.actor(FARM)
+                .event(ObjectKind::Daemonsets, id, Action::Scheduled, vec![change]);
+        ops.extend(ctx.record(&event).await?);
+        ctx.commit(&lock, ops).await?;
     }
     if !changes.is_empty() {
         tracing::info!(ds = %id, removed = plan.remove.len(), added = plan.add.len(),

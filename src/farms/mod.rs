@@ -5,6 +5,7 @@
 //! - [`roll`]: moves replicas from old RCs to new ones, keeping a minimum healthy.
 //! - [`ds`]: keeps each daemon set's pod on every matching node, honouring `min_health`.
 //! - [`stale_locks`]: removes lock keys left without a session in the farms' lock trees.
+//! - [`retention`]: prunes events and finished rolls, and times left by deleted objects.
 //! - [`alerts`]: the webhook the farms call when they cannot do what is asked.
 //! - [`conditions`]: the status conditions each farm publishes for the objects it owns.
 //!
@@ -25,6 +26,7 @@ pub mod ds;
 mod fixture;
 pub mod pods;
 pub mod rc;
+pub mod retention;
 pub mod roll;
 pub mod stale_locks;
 pub mod world;
@@ -41,7 +43,9 @@ use crate::backoff::Backoff;
 use crate::kv::{KvPair, KvStore, StoreError, TxnOp};
 use crate::leader::Term;
 use crate::metrics::FarmPass;
+use crate::model::event::{Action, Actor, Event, ObjectKind};
 use crate::state::Mirror;
+use crate::store::events::{record_ops, Retention};
 use crate::store::layout::LEADER_LOCK;
 use crate::store::own_writes::OwnWrites;
 
@@ -57,12 +61,15 @@ pub const RESYNC: Duration = Duration::from_secs(30);
 pub struct FarmOptions {
     /// How long a roll may go without progress before it is `Stalled` (and alerted).
     pub roll_stall_deadline: Duration,
+    /// How many events and finished rolls are kept, and for how long.
+    pub retention: Retention,
 }
 
 impl Default for FarmOptions {
     fn default() -> Self {
         FarmOptions {
             roll_stall_deadline: Duration::from_secs(600),
+            retention: Retention::default(),
         }
     }
 }
@@ -184,6 +191,45 @@ impl FarmContext {
                 retries.failed(id);
                 false
             }
+        }
+    }
+
+    /// The actor the farm named `farm` records its events as: `farm:<farm>@<holder>`.
+    pub fn actor(&self, farm: &str) -> Actor {
+        Actor::farm(farm, &self.holder)
+    }
+
+    /// The ops recording `event` in its change's transaction (see
+    /// [`crate::store::events::record_ops`]).
+    pub async fn record(&self, event: &Event) -> FarmResult<Vec<TxnOp>> {
+        Ok(record_ops(self.store.as_ref(), event).await?)
+    }
+
+    /// Raises a low-urgency alert from the farm named `farm` about `kind` `id` (see
+    /// [`Alerter::low`]) and, when it is not a repeat, records it as an event.
+    pub async fn alert(
+        &self,
+        farm: &str,
+        (kind, id): (ObjectKind, &str),
+        incident_key: &str,
+        description: String,
+        details: serde_json::Value,
+    ) {
+        if !self
+            .alerts
+            .low(incident_key, description.clone(), details)
+            .await
+        {
+            return;
+        }
+        let mut event = self.actor(farm).event(kind, id, Action::Alert, Vec::new());
+        event.message = Some(description);
+        let written = match self.record(&event).await {
+            Ok(ops) => self.commit(LEADER_LOCK, ops).await.map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            tracing::warn!(%id, error = %e, "recording an alert as an event failed");
         }
     }
 
@@ -383,8 +429,8 @@ impl Retries {
 }
 
 /// Runs every farm for one term on `mirror` (a started mirror of `store`, shared with the
-/// API) once it has read every tree; returns when the term ends and every farm task has
-/// stopped.
+/// API) once it has read every tree, with `options`; returns when the term ends and every
+/// farm task has stopped.
 pub async fn run_term(
     store: Arc<dyn KvStore>,
     mirror: Mirror,
@@ -400,7 +446,7 @@ pub async fn run_term(
     let tasks = TaskTracker::new();
     let trees = Trees::new(mirror.clone());
     // Every write of the farms reaches the mirror at once, as the API's do.
-    let store = OwnWrites::wrap(store, mirror);
+    let store = OwnWrites::wrap(store, mirror.clone());
     let ctx = Arc::new(FarmContext::new(store, &term, alerts, holder));
     spawn_farm(
         &tasks,
@@ -426,6 +472,15 @@ pub async fn run_term(
         &term,
         drive(
             stale_locks::StaleLockFarm::default(),
+            ctx.clone(),
+            trees.clone(),
+        ),
+    );
+    spawn_farm(
+        &tasks,
+        &term,
+        drive(
+            retention::RetentionFarm::new(mirror, options.retention),
             ctx.clone(),
             trees.clone(),
         ),

@@ -22,7 +22,8 @@ use tokio::time::Instant;
 
 use crate::kv::TxnOp;
 use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
-use crate::model::conditions::{rc_conditions, ObjectKind, RcFacts};
+use crate::model::conditions::{rc_conditions, RcFacts};
+use crate::model::event::{Action, FieldChange, ObjectKind};
 use crate::model::{AllocationStrategy, AuditRecord, HealthState, StoredRc};
 use crate::store::layout;
 
@@ -53,7 +54,7 @@ impl Default for RcFarm {
 }
 
 impl Farm for RcFarm {
-    const NAME: &'static str = "rc";
+    const NAME: &'static str = FARM;
     const OWNERSHIP_LOCKS: Option<&'static str> = Some(layout::RC_LOCKS);
 
     fn retries(&self) -> &Retries {
@@ -427,16 +428,13 @@ async fn apply(
 ) -> FarmResult<()> {
     let pod_id = rc.manifest.pod_id();
     if let Some(available) = plan.short {
-        ctx.alerts
-            .low(
-                id,
-                format!(
-                    "RC {id} wants {} replicas of {pod_id} but only {available} nodes are eligible and free",
-                    rc.replicas_desired
-                ),
-                json!({"rc_id": id, "pod_id": pod_id, "node_selector": rc.node_selector,
-                       "hostname": ctx.holder}),
-            )
+        let description = format!(
+            "RC {id} wants {} replicas of {pod_id} but only {available} nodes are eligible and free",
+            rc.replicas_desired
+        );
+        let details = json!({"rc_id": id, "pod_id": pod_id, "node_selector": rc.node_selector,
+                             "hostname": ctx.holder});
+        ctx.alert(FARM, (ObjectKind::Rcs, id), id, description, details)
             .await;
     }
     let lock = layout::rc_ownership(id);
@@ -458,14 +456,17 @@ async fn apply(
             &rc.manifest,
             &labels,
         ));
+        let before = nodes.clone();
         nodes.remove(&transfer.leaving);
         nodes.insert(transfer.arriving.clone());
         ops.push(audit_op(rc, &nodes));
+        ops.extend(scheduled_ops(ctx, id, &before, &nodes).await?);
         ctx.commit(&lock, ops).await?;
         tracing::info!(rc = %id, from = %transfer.leaving, to = %transfer.arriving, "node transfer");
         return Ok(());
     }
     for batch in plan.changes.chunks(NODES_PER_TXN) {
+        let before = nodes.clone();
         let mut ops = Vec::new();
         for change in batch {
             match change {
@@ -495,10 +496,32 @@ async fn apply(
             }
         }
         ops.push(audit_op(rc, &nodes));
+        ops.extend(scheduled_ops(ctx, id, &before, &nodes).await?);
         ctx.commit(&lock, ops).await?;
         tracing::info!(rc = %id, nodes = nodes.len(), "RC retargeted");
     }
     Ok(())
+}
+
+/// The farm's name in logs and in the actor of its events.
+const FARM: &str = "rc";
+
+/// The ops recording that RC `id`'s pods moved from the nodes `before` to `after`.
+async fn scheduled_ops(
+    ctx: &FarmContext,
+    id: &str,
+    before: &BTreeSet<String>,
+    after: &BTreeSet<String>,
+) -> FarmResult<Vec<TxnOp>> {
+    let change = FieldChange {
+        field: "nodes".to_owned(),
+        before: json!(before),
+        after: json!(after),
+    };
+    let event = ctx
+        .actor(FARM)
+        .event(ObjectKind::Rcs, id, Action::Scheduled, vec![change]);
+    ctx.record(&event).await
 }
 
 fn audit_op(rc: &StoredRc, nodes: &BTreeSet<String>) -> TxnOp {

@@ -21,8 +21,9 @@ use tokio::time::Instant;
 use crate::kv::TxnOp;
 use crate::labels::{LabelType, RC_ID_LABEL};
 use crate::model::conditions::{
-    roll_conditions, ConditionStatus, ObjectKind, RollActivity, RollStuck, RollWait,
+    roll_conditions, ConditionStatus, RollActivity, RollStuck, RollWait,
 };
+use crate::model::event::{ObjectKind, RcProgress, RollOutcome, RollProgress};
 use crate::model::{roll_step, AuditRecord, HealthCounts, StoredRc, StoredRoll};
 use crate::store::layout;
 use crate::store::rcs::RcStore;
@@ -32,6 +33,9 @@ use super::conditions::Published;
 use super::pods::pod_health;
 use super::world::{Versioned, World};
 use super::{earliest, Farm, FarmContext, FarmResult, Retries};
+
+/// The farm's name in logs and in the actor of its events.
+const FARM: &str = "roll";
 
 /// The roll farm's state across passes: when each roll last took a step (for `roll_delay`),
 /// backoffs, and the conditions it published (with each roll's last progress, so that a new
@@ -101,7 +105,7 @@ pub fn count(world: &World, id: &str, rc: &StoredRc) -> Counts {
 }
 
 impl Farm for RollFarm {
-    const NAME: &'static str = "roll";
+    const NAME: &'static str = FARM;
     const OWNERSHIP_LOCKS: Option<&'static str> = Some(layout::ROLL_LOCKS);
 
     fn retries(&self) -> &Retries {
@@ -372,7 +376,7 @@ impl RollFarm {
                     return Ok(None);
                 }
                 tracing::warn!(roll = %id, "an RC of the roll is gone; deleting the roll");
-                let ops = finish_ops(ctx, world, id, roll, None, false).await?;
+                let ops = finish_ops(ctx, world, id, roll, None, RollOutcome::Failed).await?;
                 ctx.commit(&fence, ops).await?;
             }
             Action::Locked(lock) => {
@@ -397,6 +401,13 @@ impl RollFarm {
             Action::Write { rcs, step } => {
                 let mut ops = mutation_checks(ctx, spec);
                 ops.extend(rcs.iter().map(|w| RcStore::write_op(&w.rc, w.index)));
+                let store = RcStore::new(ctx.store.clone());
+                for write in &rcs {
+                    if let Some(before) = world.rcs.items.get(&write.rc.id) {
+                        let actor = ctx.actor(FARM);
+                        ops.extend(store.updated_ops(&before.value, &write.rc, &actor).await?);
+                    }
+                }
                 ctx.commit(&fence, ops).await?;
                 if let Some((remove, add)) = step {
                     self.last_step.insert(id.to_owned(), now);
@@ -415,7 +426,8 @@ impl RollFarm {
             }
             Action::Stuck(why) => stuck(ctx, id, spec, why.message()).await,
             Action::Finish { retire_old } => {
-                let ops = finish_ops(ctx, world, id, roll, retire_old, true).await?;
+                let ops =
+                    finish_ops(ctx, world, id, roll, retire_old, RollOutcome::Succeeded).await?;
                 ctx.commit(&fence, ops).await?;
                 tracing::info!(roll = %id, "roll complete");
             }
@@ -539,7 +551,9 @@ impl RollFarm {
 }
 
 /// Ops that end a roll: release the mutation locks this session holds, delete the old RC
-/// at `retire_old` (when given), the roll and its labels, with a completion audit record.
+/// at `retire_old` (when given), the roll and its labels, with P2's completion audit record,
+/// and this server's finished record of the roll (its progress as the farm last saw it)
+/// and events.
 /// The roll is deleted at the index the farm read, which also makes the next pass wait until
 /// the rolls tree shows it gone rather than try to end it again.
 async fn finish_ops(
@@ -548,9 +562,11 @@ async fn finish_ops(
     id: &str,
     roll: &Versioned<StoredRoll>,
     retire_old: Option<u64>,
-    succeeded: bool,
+    outcome: RollOutcome,
 ) -> FarmResult<Vec<TxnOp>> {
     let spec = &roll.value;
+    let actor = ctx.actor(FARM);
+    let rcs = RcStore::new(ctx.store.clone());
     let mut ops = vec![TxnOp::DeleteCas {
         key: layout::roll(id),
         index: roll.index,
@@ -567,6 +583,8 @@ async fn finish_ops(
     }
     if let Some(index) = retire_old {
         ops.extend(RcStore::delete_ops(&spec.old_rc, index));
+        let before = world.rcs.items.get(&spec.old_rc).map(|rc| &rc.value);
+        ops.extend(rcs.deleted_ops(&spec.old_rc, before, &actor).await?);
     }
     ops.extend(RollStore::delete_ops(id));
     let labels = ctx
@@ -575,6 +593,27 @@ async fn finish_ops(
         .await?
         .and_then(|pair| serde_json::from_slice(&pair.value).ok())
         .unwrap_or_default();
+    let progress = |rc_id: &str| {
+        world
+            .rcs
+            .items
+            .get(rc_id)
+            .map_or_else(RcProgress::default, |rc| {
+                let counts = count(world, rc_id, &rc.value);
+                RcProgress::new(Some(counts.desired), counts.pods)
+            })
+    };
+    let progress = RollProgress {
+        old: progress(&spec.old_rc),
+        new: progress(&spec.new_rc),
+    };
+    let message = (outcome == RollOutcome::Failed)
+        .then(|| "an RC of the roll was deleted before the roll finished".to_owned());
+    let finished = RollStore::new(ctx.store.clone())
+        .finished_ops(spec, &labels, outcome, progress, &actor, message)
+        .await?;
+    ops.extend(finished);
+    let succeeded = outcome == RollOutcome::Succeeded;
     let record = AuditRecord::ru_completion(id, &labels, succeeded, !succeeded, SystemTime::now());
     ops.push(TxnOp::Set {
         key: layout::new_audit_log(),
@@ -587,8 +626,8 @@ async fn finish_ops(
 async fn stuck(ctx: &FarmContext, id: &str, spec: &StoredRoll, why: String) {
     let details = json!({"roll_id": id, "old_rc": spec.old_rc, "new_rc": spec.new_rc,
                          "hostname": ctx.holder});
-    ctx.alerts
-        .low(id, format!("roll {id} cannot move: {why}"), details)
+    let description = format!("roll {id} cannot move: {why}");
+    ctx.alert(FARM, (ObjectKind::Rolls, id), id, description, details)
         .await;
 }
 

@@ -213,7 +213,12 @@ impl Trees {
                 state::Tree::Reality => world.reality = build(&snapshot, legacy_pod),
                 state::Tree::Health => world.health = build(&snapshot, health),
                 state::Tree::Locks => world.locks = build(&snapshot, lock),
-                state::Tree::Labels(_) | state::Tree::DsStatus | state::Tree::Conditions => {}
+                state::Tree::Labels(_)
+                | state::Tree::DsStatus
+                | state::Tree::Events
+                | state::Tree::Meta
+                | state::Tree::RollHistory
+                | state::Tree::Conditions => {}
             }
         }
         self.world.clone()

@@ -16,26 +16,6 @@ use super::duration::format_duration;
 use super::timestamp::format_rfc3339;
 use ConditionStatus::{False, True, Unknown};
 
-/// The kinds of object that carry conditions, named as in their keys
-/// (`p2-apiserver/conditions/<kind>/<id>`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ObjectKind {
-    Rcs,
-    Rolls,
-    DaemonSets,
-}
-
-impl ObjectKind {
-    /// The key segment of the kind.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ObjectKind::Rcs => "rcs",
-            ObjectKind::Rolls => "rolls",
-            ObjectKind::DaemonSets => "daemon_sets",
-        }
-    }
-}
-
 /// Whether a condition holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub enum ConditionStatus {

@@ -10,6 +10,8 @@
 //!   algorithm) and daemon sets as stored.
 //! - [`health`], [`audit`]: health records and audit log records.
 //! - [`conditions`]: the status conditions the farms compute for RCs, rolls and daemon sets.
+//! - [`event`]: this server's own records beside P2's: events, created and modified times,
+//!   finished rolls.
 //! - [`ids`]: the id types and their rules.
 //! - [`ds_spec`]: what clients send to create or change a daemon set, and its validation.
 //! - [`rc_spec`]: what clients send to create or change an RC, and its validation.
@@ -22,6 +24,7 @@ pub mod conditions;
 pub mod ds;
 pub mod ds_spec;
 pub mod duration;
+pub mod event;
 mod gojson;
 pub mod health;
 pub mod ids;

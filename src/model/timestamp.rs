@@ -1,4 +1,5 @@
-//! RFC 3339 timestamps as Go's `time.Time` writes them in JSON, for health and audit records.
+//! RFC 3339 timestamps as Go's `time.Time` writes them in JSON, for health and audit records,
+//! and their reading, for the times clients send.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -31,6 +32,82 @@ pub fn format_rfc3339(time: SystemTime) -> String {
     }
     out.push('Z');
     out
+}
+
+/// Reads an RFC 3339 time such as `2020-01-14T11:06:40.12Z` or `2020-01-14T12:06:40+01:00`
+/// (at or after the epoch); `None` for anything else.
+pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
+    let bytes = text.as_bytes();
+    let digits = |range: std::ops::Range<usize>| -> Option<i64> {
+        let part = text.get(range)?;
+        part.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    let separators = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
+    if bytes.len() < 20
+        || !matches!(bytes[10], b'T' | b't' | b' ')
+        || separators.iter().any(|&(i, c)| bytes[i] != c)
+    {
+        return None;
+    }
+    let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
+    let (hour, minute, second) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let mut rest = &text[19..];
+    let mut nanos = 0u32;
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let len = fraction.bytes().take_while(u8::is_ascii_digit).count();
+        if len == 0 || len > 9 {
+            return None;
+        }
+        nanos = format!("{:0<9}", &fraction[..len]).parse().ok()?;
+        rest = &fraction[len..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let zone = rest.get(1..)?;
+            let (h, m) = zone.split_once(':')?;
+            if h.len() != 2
+                || m.len() != 2
+                || !(h.bytes().chain(m.bytes())).all(|b| b.is_ascii_digit())
+            {
+                return None;
+            }
+            sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60)
+        }
+    };
+    let days = days_from_civil(year, month as u32, day as u32);
+    if civil_from_days(days) != (year, month as u32, day as u32) {
+        return None;
+    }
+    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset;
+    let seconds = u64::try_from(seconds).ok()?;
+    Some(UNIX_EPOCH + std::time::Duration::new(seconds, nanos))
+}
+
+/// Day count since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year.rem_euclid(400);
+    let shifted_month = i64::from((month + 9) % 12);
+    let day_of_year = (153 * shifted_month + 2) / 5 + i64::from(day) - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
 }
 
 /// Proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
@@ -75,6 +152,31 @@ mod tests {
             "2000-02-29T00:00:00.000000001Z"
         );
         assert_eq!(format_rfc3339(at(4_102_444_799, 0)), "2099-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn parses_what_it_formats_and_offsets() {
+        for time in [
+            UNIX_EPOCH,
+            at(1_579_000_000, 120_000_000),
+            at(951_782_400, 1),
+        ] {
+            assert_eq!(parse_rfc3339(&format_rfc3339(time)), Some(time));
+        }
+        assert_eq!(
+            parse_rfc3339("2020-01-14T12:06:40+01:00"),
+            Some(at(1_579_000_000, 0))
+        );
+        for bad in [
+            "",
+            "2020-01-14",
+            "2020-02-30T00:00:00Z",
+            "2020-01-14T11:06:40",
+            "2020-01-14T11:06:40.Z",
+            "x020-01-14T11:06:40Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::kv::KvPair;
 use crate::labels::{LabelType, Labels};
+use crate::model::event::Event;
 use crate::model::{HealthRecord, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::store::labels::decode_labels;
 use crate::store::layout;
@@ -28,11 +29,17 @@ pub enum Tree {
     /// The conditions the farms compute, beside P2's trees.
     Conditions,
     Locks,
+    /// This server's events, bounded by retention.
+    Events,
+    /// Created and modified times of RCs, rolls and daemon sets.
+    Meta,
+    /// Finished rolls, bounded by retention.
+    RollHistory,
 }
 
 impl Tree {
     /// Every tree the server reads. Audit records are write-only and not mirrored.
-    pub const ALL: [Tree; 14] = [
+    pub const ALL: [Tree; 17] = [
         Tree::Rcs,
         Tree::Rolls,
         Tree::DaemonSets,
@@ -47,6 +54,9 @@ impl Tree {
         Tree::DsStatus,
         Tree::Conditions,
         Tree::Locks,
+        Tree::Events,
+        Tree::Meta,
+        Tree::RollHistory,
     ];
 
     /// The tree's key prefix.
@@ -69,6 +79,9 @@ impl Tree {
             Tree::DsStatus => layout::DS_STATUS,
             Tree::Conditions => layout::CONDITIONS,
             Tree::Locks => layout::LOCKS,
+            Tree::Events => layout::EVENTS,
+            Tree::Meta => layout::META,
+            Tree::RollHistory => layout::ROLL_HISTORY,
             Tree::Labels(_) => layout::LABELS,
         }
     }
@@ -100,8 +113,8 @@ impl Tree {
     }
 
     /// The kind its changes have in the change stream; `None` for the farms' bookkeeping
-    /// (locks, status records, conditions: the objects' views show these), which is no
-    /// dashboard's business.
+    /// (locks, status records, conditions, times, finished rolls), which is no dashboard's
+    /// business: the objects' views, their own changes and the events tell it.
     pub fn kind(self) -> Option<Kind> {
         match self {
             Tree::Rcs => Some(Kind::Rcs),
@@ -112,7 +125,10 @@ impl Tree {
             Tree::Intent => Some(Kind::Pods),
             Tree::Reality => Some(Kind::Reality),
             Tree::Health => Some(Kind::Health),
-            Tree::DsStatus | Tree::Conditions | Tree::Locks => None,
+            Tree::Events => Some(Kind::Events),
+            Tree::DsStatus | Tree::Conditions | Tree::Locks | Tree::Meta | Tree::RollHistory => {
+                None
+            }
         }
     }
 
@@ -131,9 +147,15 @@ impl Tree {
             Tree::Health => {
                 HealthRecord::from_json(&pair.value).map_or_else(|e| problem(&e), View::Health)
             }
-            Tree::Intent | Tree::Reality | Tree::DsStatus | Tree::Conditions | Tree::Locks => {
-                View::Raw
-            }
+            Tree::Events => Event::from_json(&pair.value)
+                .map_or_else(|e| problem(&e), |event| View::Event(Arc::new(event))),
+            Tree::Intent
+            | Tree::Reality
+            | Tree::DsStatus
+            | Tree::Conditions
+            | Tree::Locks
+            | Tree::Meta
+            | Tree::RollHistory => View::Raw,
         };
         Entry { pair, view }
     }
@@ -165,7 +187,9 @@ pub enum View {
     DaemonSet(Arc<StoredDaemonSet>),
     Labels(Labels),
     Health(HealthRecord),
-    /// Manifests, status records, conditions and locks: read as bytes by whoever needs them.
+    Event(Arc<Event>),
+    /// Manifests, status records, conditions, locks, times and finished rolls: read as bytes
+    /// by whoever needs them.
     Raw,
     Unreadable(String),
 }
@@ -187,11 +211,14 @@ pub enum Kind {
     Reality,
     /// Health records, identified as `<pod_id>/<node>`.
     Health,
+    /// This server's events (`GET /api/v1/events`), identified by event id; only when asked
+    /// for, as their snapshot is the whole retained history.
+    Events,
 }
 
 impl Kind {
     /// Every kind, in the order the stream's documentation lists them.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Rcs,
         Kind::Rolls,
         Kind::Daemonsets,
@@ -200,7 +227,13 @@ impl Kind {
         Kind::Pods,
         Kind::Reality,
         Kind::Health,
+        Kind::Events,
     ];
+
+    /// The kinds a stream carries when none are asked for: all but events.
+    pub fn defaults() -> impl Iterator<Item = Kind> {
+        Kind::ALL.into_iter().filter(|kind| *kind != Kind::Events)
+    }
 
     /// The name used in `?kinds=` and in events.
     pub fn as_str(self) -> &'static str {
@@ -213,6 +246,7 @@ impl Kind {
             Kind::Pods => "pods",
             Kind::Reality => "reality",
             Kind::Health => "health",
+            Kind::Events => "events",
         }
     }
 
@@ -230,7 +264,7 @@ impl Kind {
             Kind::Nodes => Some(LabelType::Node),
             Kind::Pods => Some(LabelType::Pod),
             Kind::Labels => None,
-            Kind::Daemonsets | Kind::Reality | Kind::Health => None,
+            Kind::Daemonsets | Kind::Reality | Kind::Health | Kind::Events => None,
         }
     }
 

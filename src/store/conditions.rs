@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::kv::{KvStore, StoreResult, TxnOp};
-use crate::model::conditions::{Condition, ConditionsRecord, ObjectKind};
+use crate::model::conditions::{Condition, ConditionsRecord};
+use crate::model::event::ObjectKind;
 use crate::state::Mirror;
 
 use super::layout;

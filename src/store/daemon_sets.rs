@@ -13,10 +13,12 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::labels::{LabelType, Labeled, Selector};
+use crate::model::event::{diff, ds_fields, Action, Actor, ObjectKind};
 use crate::model::{
     AuditRecord, DaemonSetEvent, DaemonSetId, DecodeError, FieldError, IdError, StoredDaemonSet,
 };
 
+use super::events::{meta_delete_op, record_ops};
 use super::labels::LabelStore;
 use super::layout;
 use super::update::{update_with_retry, UpdateError};
@@ -129,23 +131,26 @@ impl DaemonSetStore {
 
     /// Creates a daemon set whose `id` the caller chose (normally a fresh UUID v4): one
     /// transaction writes it only if the key is absent, together with its
-    /// `DAEMON_SET_CREATED` audit record.
+    /// `DAEMON_SET_CREATED` audit record naming `actor`, and its event and times.
     pub async fn create(
         &self,
         ds: StoredDaemonSet,
-        user: &str,
+        actor: &Actor,
     ) -> Result<DaemonSetRecord, DaemonSetError> {
         let id = parse_daemon_set_id(&ds.id)
             .map_err(|e| DaemonSetError::Invalid(vec![FieldError::new("id", e.to_string())]))?;
         check_invariants(&ds)?;
-        let ops = [
+        let mut ops = vec![
             TxnOp::Cas {
                 key: layout::daemon_set(id),
                 value: ds.to_json(),
                 index: 0,
             },
-            audit_op(DaemonSetEvent::Created, &ds, user),
+            audit_op(DaemonSetEvent::Created, &ds, &actor.name),
         ];
+        let changes = diff(&serde_json::Value::Null, &ds_fields(&ds));
+        let event = actor.event(ObjectKind::Daemonsets, &ds.id, Action::Created, changes);
+        ops.extend(record_ops(self.kv.as_ref(), &event).await?);
         let results = self.kv.txn(&ops).await?;
         Ok(DaemonSetRecord {
             index: written_index(&results),
@@ -157,7 +162,8 @@ impl DaemonSetStore {
     /// receives the latest record and returns the daemon set it should become (or an error,
     /// which ends the update). The write replaces the record only at the index it was read
     /// at, with one audit record per kind of change (manifest, node selector, enabled,
-    /// disabled, anything else) in the same transaction; nothing is written when `change`
+    /// disabled, anything else) naming `actor`, and the change's event and times, in the
+    /// same transaction; nothing is written when `change`
     /// changes nothing. With `expected` it happens only at that index
     /// ([`DaemonSetError::Stale`] otherwise); without it a concurrent change makes `change`
     /// run again on the newer record, so concurrent updates of different fields all take
@@ -166,7 +172,7 @@ impl DaemonSetStore {
         &self,
         id: Uuid,
         expected: Option<u64>,
-        user: &str,
+        actor: &Actor,
         mut change: F,
     ) -> Result<DaemonSetRecord, E>
     where
@@ -199,7 +205,15 @@ impl DaemonSetStore {
                         value: next.to_json(),
                         index: current.index,
                     }];
-                    ops.extend(events.into_iter().map(|event| audit_op(event, &next, user)));
+                    ops.extend(
+                        events
+                            .into_iter()
+                            .map(|event| audit_op(event, &next, &actor.name)),
+                    );
+                    let changes = diff(&ds_fields(&current.value), &ds_fields(&next));
+                    let event =
+                        actor.event(ObjectKind::Daemonsets, &next.id, Action::Updated, changes);
+                    ops.extend(record_ops(self.kv.as_ref(), &event).await?);
                     Ok(self.kv.txn(&ops).await.map(|results| DaemonSetRecord {
                         index: written_index(&results),
                         value: next,
@@ -212,7 +226,8 @@ impl DaemonSetStore {
 
     /// Deletes a daemon set (at `expected` only, when given, by the rule of
     /// [`update_with_retry`]), writing a `DAEMON_SET_DELETED` audit record of its last state
-    /// in the same transaction; returns that state. Its pods stay until the farm's
+    /// naming `actor`, and the deletion's event, and removing its times, in the same
+    /// transaction; returns that state. Its pods stay until the farm's
     /// dangling-pod cleanup removes them, as in P2.
     ///
     /// A stored document that cannot be decoded is deleted too, so a corrupt one can always
@@ -221,7 +236,7 @@ impl DaemonSetStore {
         &self,
         id: Uuid,
         expected: Option<u64>,
-        user: &str,
+        actor: &Actor,
     ) -> Result<Option<StoredDaemonSet>, DaemonSetError> {
         let key = &layout::daemon_set(id);
         let read = || async {
@@ -251,9 +266,22 @@ impl DaemonSetStore {
                     index: current.index,
                 },
             ];
-            if let Ok(ds) = &current.value {
-                ops.push(audit_op(DaemonSetEvent::Deleted, ds, user));
-            }
+            ops.push(meta_delete_op(ObjectKind::Daemonsets, &id.to_string()));
+            let before = match &current.value {
+                Ok(ds) => {
+                    ops.push(audit_op(DaemonSetEvent::Deleted, ds, &actor.name));
+                    ds_fields(ds)
+                }
+                Err(_) => serde_json::Value::Null,
+            };
+            let changes = diff(&before, &serde_json::Value::Null);
+            let event = actor.event(
+                ObjectKind::Daemonsets,
+                &id.to_string(),
+                Action::Deleted,
+                changes,
+            );
+            ops.extend(record_ops(self.kv.as_ref(), &event).await?);
             Ok(self.kv.txn(&ops).await.map(|_| current.value.ok()))
         };
         update_with_retry(&describe(id), expected, read, write).await

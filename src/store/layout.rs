@@ -7,7 +7,7 @@
 use std::fmt::Display;
 
 use crate::labels::LabelType;
-use crate::model::conditions::ObjectKind;
+use crate::model::event::ObjectKind;
 
 /// RC documents: `replication_controllers/<rc-id>`.
 pub const RCS: &str = "replication_controllers/";
@@ -38,10 +38,17 @@ pub const DS_LOCKS: &str = "lock/daemon_sets/";
 /// Held by the leader's session; its value names the holder. P2's tools ignore it.
 pub const LEADER_LOCK: &str = "lock/p2-apiserver/leader";
 
-/// Everything this server keeps beside P2's trees (P2's tools ignore it).
-pub const APISERVER_ROOT: &str = "p2-apiserver/";
+/// Everything this server keeps beside P2's trees; P2's tools never read under it.
+pub const OURS: &str = "p2-apiserver/";
 /// Status conditions the farms compute: `p2-apiserver/conditions/<kind>/<id>`.
 pub const CONDITIONS: &str = "p2-apiserver/conditions/";
+/// Events: `p2-apiserver/events/<sortable id>`.
+pub const EVENTS: &str = "p2-apiserver/events/";
+/// Created and modified times: `p2-apiserver/meta/<kind>/<id>`, kind `rcs`, `rolls` or
+/// `daemon_sets`.
+pub const META: &str = "p2-apiserver/meta/";
+/// Finished rolls: `p2-apiserver/history/rolls/<id>`.
+pub const ROLL_HISTORY: &str = "p2-apiserver/history/rolls/";
 
 /// The namespace under which the DS farm keeps its status record, as P2's DS farm names it.
 pub const DS_FARM_STATUS_NAMESPACE: &str = "daemon_set_farm";
@@ -68,12 +75,12 @@ pub fn ds_farm_status(id: impl Display) -> String {
 
 /// `p2-apiserver/conditions/<kind>/`: the conditions of every object of one kind.
 pub fn conditions_of_kind(kind: ObjectKind) -> String {
-    format!("{CONDITIONS}{}/", kind.as_str())
+    format!("{CONDITIONS}{}/", segment(kind))
 }
 
 /// `p2-apiserver/conditions/<kind>/<id>`: one object's conditions.
 pub fn conditions(kind: ObjectKind, id: impl Display) -> String {
-    format!("{CONDITIONS}{}/{id}", kind.as_str())
+    format!("{CONDITIONS}{}/{id}", segment(kind))
 }
 
 /// `labels/<type>/`: every label set of one type, with the trailing `/` so that a prefix
@@ -105,6 +112,48 @@ pub fn health(pod_id: &str, node: &str) -> String {
 /// A fresh `audit_logs/<uuid>` key.
 pub fn new_audit_log() -> String {
     format!("{AUDIT_LOGS}{}", uuid::Uuid::new_v4())
+}
+
+/// `p2-apiserver/events/<id>`.
+pub fn event(id: &str) -> String {
+    format!("{EVENTS}{id}")
+}
+
+/// `p2-apiserver/meta/<kind>/<id>`: the created and modified times of an object.
+pub fn meta(kind: ObjectKind, id: impl Display) -> String {
+    format!("{META}{}/{id}", segment(kind))
+}
+
+/// The object whose times a meta key holds: its kind and id.
+pub fn meta_object(key: &str) -> Option<(ObjectKind, &str)> {
+    let (kind, id) = key.strip_prefix(META)?.split_once('/')?;
+    let kind = ObjectKind::ALL
+        .into_iter()
+        .find(|candidate| segment(*candidate) == kind)?;
+    Some((kind, id))
+}
+
+/// The key segment naming `kind` in the trees beside P2's.
+fn segment(kind: ObjectKind) -> &'static str {
+    match kind {
+        ObjectKind::Rcs => "rcs",
+        ObjectKind::Rolls => "rolls",
+        ObjectKind::Daemonsets => "daemon_sets",
+    }
+}
+
+/// The key of the P2 document of `kind` `id`.
+pub fn object(kind: ObjectKind, id: impl Display) -> String {
+    match kind {
+        ObjectKind::Rcs => rc(id),
+        ObjectKind::Rolls => roll(id),
+        ObjectKind::Daemonsets => daemon_set(id),
+    }
+}
+
+/// `p2-apiserver/history/rolls/<id>`.
+pub fn roll_history(id: impl Display) -> String {
+    format!("{ROLL_HISTORY}{id}")
 }
 
 /// Which farm runs an RC: `lock/replication_controllers/<id>`.
@@ -171,9 +220,18 @@ mod tests {
         );
         assert!(new_audit_log().starts_with("audit_logs/"));
         assert_eq!(
-            conditions(ObjectKind::DaemonSets, id),
+            conditions(ObjectKind::Daemonsets, id),
             format!("p2-apiserver/conditions/daemon_sets/{id}")
         );
-        assert!(conditions(ObjectKind::Rcs, id).starts_with(APISERVER_ROOT));
+        assert!(conditions(ObjectKind::Rcs, id).starts_with(OURS));
+        assert_eq!(
+            meta(ObjectKind::Daemonsets, id),
+            format!("p2-apiserver/meta/daemon_sets/{id}")
+        );
+        for kind in ObjectKind::ALL {
+            let key = meta(kind, id);
+            assert_eq!(meta_object(&key), Some((kind, id)));
+        }
+        assert_eq!(roll_history(id), format!("p2-apiserver/history/rolls/{id}"));
     }
 }

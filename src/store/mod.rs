@@ -5,6 +5,7 @@
 
 pub mod conditions;
 pub mod daemon_sets;
+pub mod events;
 pub mod health;
 pub mod labels;
 pub mod layout;

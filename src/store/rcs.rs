@@ -7,8 +7,10 @@
 use std::sync::Arc;
 
 use crate::labels::{LabelType, Labels};
+use crate::model::event::{diff, rc_fields, Action, Actor, ObjectKind};
 use crate::model::StoredRc;
 
+use super::events::{meta_delete_op, record_ops};
 use super::labels::{write_op, LabelStore};
 use super::layout;
 use super::Versioned;
@@ -68,16 +70,55 @@ impl RcStore {
         ops
     }
 
-    /// Creates `rc` and its labels in one transaction.
-    pub async fn create(&self, rc: StoredRc, labels: &Labels) -> StoreResult<RcRecord> {
+    /// Creates `rc` and its labels in one transaction, with its event and times.
+    pub async fn create(
+        &self,
+        rc: StoredRc,
+        labels: &Labels,
+        actor: &Actor,
+    ) -> StoreResult<RcRecord> {
         let current = self
             .labels
             .get(LabelType::ReplicationController, &rc.id)
             .await?;
-        let ops = Self::create_ops(&rc, labels, current.index);
+        let mut ops = Self::create_ops(&rc, labels, current.index);
+        ops.extend(self.created_ops(&rc, actor).await?);
         let results = self.kv.txn(&ops).await?;
         let index = written_index(&results);
         Ok(RcRecord { value: rc, index })
+    }
+
+    /// The ops recording that `actor` created `rc`: its event and times.
+    pub async fn created_ops(&self, rc: &StoredRc, actor: &Actor) -> StoreResult<Vec<TxnOp>> {
+        let changes = diff(&serde_json::Value::Null, &rc_fields(rc));
+        let event = actor.event(ObjectKind::Rcs, &rc.id, Action::Created, changes);
+        record_ops(self.kv.as_ref(), &event).await
+    }
+
+    /// The ops recording that `actor` changed `before` into `after`: its event and times.
+    pub async fn updated_ops(
+        &self,
+        before: &StoredRc,
+        after: &StoredRc,
+        actor: &Actor,
+    ) -> StoreResult<Vec<TxnOp>> {
+        let changes = diff(&rc_fields(before), &rc_fields(after));
+        let event = actor.event(ObjectKind::Rcs, &after.id, Action::Updated, changes);
+        record_ops(self.kv.as_ref(), &event).await
+    }
+
+    /// The ops recording that `actor` deleted RC `id`, last seen as `before` (`None` when
+    /// it could not be read).
+    pub async fn deleted_ops(
+        &self,
+        id: &str,
+        before: Option<&StoredRc>,
+        actor: &Actor,
+    ) -> StoreResult<Vec<TxnOp>> {
+        let before = before.map_or(serde_json::Value::Null, rc_fields);
+        let changes = diff(&before, &serde_json::Value::Null);
+        let event = actor.event(ObjectKind::Rcs, id, Action::Deleted, changes);
+        record_ops(self.kv.as_ref(), &event).await
     }
 
     /// The op that writes `rc` if it is still at `index`.
@@ -89,15 +130,10 @@ impl RcStore {
         }
     }
 
-    /// Writes `rc` if it is still at `index`, together with `guards` (checks that must hold
-    /// too); a miss of either is a `Conflict`.
-    pub async fn write(
-        &self,
-        rc: StoredRc,
-        index: u64,
-        guards: Vec<TxnOp>,
-    ) -> StoreResult<RcRecord> {
-        let mut ops = guards;
+    /// Writes `rc` if it is still at `index`, together with `with` (checks that must hold
+    /// too, and the change's records); a miss of any is a `Conflict`.
+    pub async fn write(&self, rc: StoredRc, index: u64, with: Vec<TxnOp>) -> StoreResult<RcRecord> {
+        let mut ops = with;
         ops.push(Self::write_op(&rc, index));
         let results = self.kv.txn(&ops).await?;
         Ok(RcRecord {
@@ -110,7 +146,7 @@ impl RcStore {
         })
     }
 
-    /// The ops that delete the RC at `index` and all its labels.
+    /// The ops that delete the RC at `index`, all its labels and its times.
     pub fn delete_ops(id: &str, index: u64) -> Vec<TxnOp> {
         vec![
             TxnOp::CheckIndex {
@@ -124,6 +160,7 @@ impl RcStore {
             TxnOp::Delete {
                 key: layout::labels(LabelType::ReplicationController, id),
             },
+            meta_delete_op(ObjectKind::Rcs, id),
         ]
     }
 

@@ -9,10 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::labels::{LabelType, Labels, Selector, POD_ID_LABEL};
+use crate::model::event::{diff, roll_fields, Action, Actor, ObjectKind};
 pub use crate::model::roll_request::{RollPlan, RollRcs};
 pub use crate::model::NewRc as RcWithLabels;
 use crate::model::StoredRoll;
 
+use super::events::record_ops;
 use super::labels::{write_op, LabelStore};
 use super::layout;
 use super::rcs::RcStore;
@@ -83,10 +85,15 @@ impl RollCreator {
     /// Creates the roll described by `plan` (and the RCs it asks for) in one transaction,
     /// after taking the update-creation lock of every RC involved and checking no roll is
     /// over them. The locks' session is destroyed before returning, whatever the outcome.
-    pub async fn create(&self, plan: RollPlan) -> Result<RollRecord, CreateRollError> {
+    /// The transaction records each creation as made by `actor`.
+    pub async fn create(
+        &self,
+        plan: RollPlan,
+        actor: &Actor,
+    ) -> Result<RollRecord, CreateRollError> {
         let resolved = self.resolve(plan).await?;
         let session = CreationSession::open(self.kv.clone()).await?;
-        let result = self.create_locked(&session, resolved).await;
+        let result = self.create_locked(&session, resolved, actor).await;
         session.close().await;
         result
     }
@@ -186,6 +193,7 @@ impl RollCreator {
         &self,
         session: &CreationSession,
         resolved: Resolved,
+        actor: &Actor,
     ) -> Result<RollRecord, CreateRollError> {
         let mut ids = vec![resolved.old.id().to_owned(), resolved.new.id().to_owned()];
         // Sorted as P2 sorts them, so identical requests contend on the same first lock.
@@ -227,7 +235,10 @@ impl RollCreator {
             }
         }
         match &resolved.new {
-            NewSide::Create(new_rc) => self.push_rc_creation(&mut txn, "new", new_rc).await?,
+            NewSide::Create(new_rc) => {
+                self.push_rc_creation(&mut txn, "new", new_rc, actor)
+                    .await?
+            }
             NewSide::Existing(id) if !resolved.new_rc_labels.is_empty() => {
                 let current = self
                     .labels
@@ -247,7 +258,7 @@ impl RollCreator {
             NewSide::Existing(_) => {}
         }
         if let OldSide::StandIn(stand_in) = &resolved.old {
-            self.push_rc_creation(&mut txn, "stand-in old", stand_in)
+            self.push_rc_creation(&mut txn, "stand-in old", stand_in, actor)
                 .await?;
         }
         let roll_id = resolved.roll.new_rc.clone();
@@ -265,6 +276,14 @@ impl RollCreator {
             txn.push(
                 op,
                 format!("the labels of rolling update {roll_id} changed"),
+            );
+        }
+        let changes = diff(&serde_json::Value::Null, &roll_fields(&resolved.roll));
+        let event = actor.event(ObjectKind::Rolls, &roll_id, Action::Created, changes);
+        for op in record_ops(self.kv.as_ref(), &event).await? {
+            txn.push(
+                op,
+                format!("the records of rolling update {roll_id} changed"),
             );
         }
 
@@ -285,6 +304,7 @@ impl RollCreator {
         txn: &mut Txn,
         which: &str,
         RcWithLabels { rc, labels }: &RcWithLabels,
+        actor: &Actor,
     ) -> Result<(), CreateRollError> {
         let current = self
             .labels
@@ -297,6 +317,12 @@ impl RollCreator {
                     "the {which} replication controller {} or its labels appeared meanwhile",
                     rc.id
                 ),
+            );
+        }
+        for op in self.rcs.created_ops(rc, actor).await? {
+            txn.push(
+                op,
+                format!("the records of replication controller {} changed", rc.id),
             );
         }
         Ok(())

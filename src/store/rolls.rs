@@ -2,9 +2,15 @@
 
 use std::sync::Arc;
 
+use std::collections::BTreeMap;
+
 use crate::labels::LabelType;
+use crate::model::event::{
+    diff, roll_fields, Action, Actor, FinishedRoll, ObjectKind, RollOutcome, RollProgress,
+};
 use crate::model::StoredRoll;
 
+use super::events::{meta_delete_op, read_meta, record_ops};
 use super::layout;
 use super::update::update_with_retry;
 use super::Versioned;
@@ -72,13 +78,20 @@ impl RollStore {
         }
     }
 
-    /// Deletes a roll and its labels in one transaction, leaving both RCs; a running roll is
-    /// cancelled by the farm that sees it vanish. With `expected`, only while the roll is at
+    /// Deletes a roll and its labels in one transaction with `with` (the deletion's
+    /// records), leaving both RCs; a running roll is cancelled by the farm that sees it
+    /// vanish. With `expected`, only while the roll is at
     /// that index (a `Conflict` otherwise), by the rule of [`update_with_retry`]. `false`
     /// when there is no roll. An unreadable roll can be deleted too, so a corrupt document
     /// can always be cleared.
-    pub async fn delete(&self, id: &str, expected: Option<u64>) -> StoreResult<bool> {
+    pub async fn delete(
+        &self,
+        id: &str,
+        expected: Option<u64>,
+        with: Vec<TxnOp>,
+    ) -> StoreResult<bool> {
         let key = &layout::roll(id);
+        let with = &with;
         let read = || async move {
             let pair = self.kv.get(key).await?;
             let pair = pair.ok_or_else(|| StoreError::NotFound(key.clone()))?;
@@ -93,6 +106,7 @@ impl RollStore {
                 index: current.index,
             }];
             ops.extend(Self::delete_ops(id));
+            ops.extend(with.iter().cloned());
             Ok(self.kv.txn(&ops).await.map(drop))
         };
         match update_with_retry(&format!("rolling update {id}"), expected, read, write).await {
@@ -102,7 +116,7 @@ impl RollStore {
         }
     }
 
-    /// The ops that delete a roll and its labels.
+    /// The ops that delete a roll, its labels and its times.
     pub fn delete_ops(id: &str) -> Vec<TxnOp> {
         vec![
             TxnOp::Delete {
@@ -111,7 +125,57 @@ impl RollStore {
             TxnOp::Delete {
                 key: layout::labels(LabelType::Rolls, id),
             },
+            meta_delete_op(ObjectKind::Rolls, id),
         ]
+    }
+
+    /// The ops recording that `roll` ended with `outcome` (by `actor`, for the reason in
+    /// `message` if any): its finished record, kept for the retention period, with its
+    /// labels, start time (when it was recorded) and `progress`, and the event.
+    pub async fn finished_ops(
+        &self,
+        roll: &StoredRoll,
+        labels: &BTreeMap<String, String>,
+        outcome: RollOutcome,
+        progress: RollProgress,
+        actor: &Actor,
+        message: Option<String>,
+    ) -> StoreResult<Vec<TxnOp>> {
+        let id = &roll.new_rc;
+        let started = read_meta(self.kv.as_ref(), &layout::meta(ObjectKind::Rolls, id))
+            .await?
+            .and_then(|meta| meta.created);
+        let action = match outcome {
+            RollOutcome::Succeeded => Action::Succeeded,
+            RollOutcome::Cancelled => Action::Cancelled,
+            RollOutcome::Failed => Action::Failed,
+        };
+        let changes = diff(&roll_fields(roll), &serde_json::Value::Null);
+        let mut event = actor.event(ObjectKind::Rolls, id, action, changes);
+        event.message = message;
+        let finished = FinishedRoll {
+            roll: roll.into(),
+            labels: labels.clone(),
+            outcome,
+            started,
+            ended: event.time.clone(),
+            progress,
+        };
+        let mut ops = vec![TxnOp::Set {
+            key: layout::roll_history(id),
+            value: finished.to_json(),
+        }];
+        ops.extend(record_ops(self.kv.as_ref(), &event).await?);
+        Ok(ops)
+    }
+
+    /// The finished roll `id`, if one is kept.
+    pub async fn finished(&self, id: &str) -> StoreResult<Option<Versioned<FinishedRoll>>> {
+        Ok(self
+            .kv
+            .get(&layout::roll_history(id))
+            .await?
+            .and_then(|pair| decode_finished(&pair)))
     }
 }
 
@@ -121,4 +185,18 @@ fn decode(pair: &KvPair) -> Result<RollRecord, String> {
         value: roll,
         index: pair.modify_index,
     })
+}
+
+/// A finished roll as stored; `None` (logged) when it cannot be read.
+pub fn decode_finished(pair: &KvPair) -> Option<Versioned<FinishedRoll>> {
+    match FinishedRoll::from_json(&pair.value) {
+        Ok(finished) => Some(Versioned {
+            value: finished,
+            index: pair.modify_index,
+        }),
+        Err(e) => {
+            tracing::warn!(key = %pair.key, error = %e, "skipping an unreadable finished roll");
+            None
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! The conditions the leader's farms publish, as the RC, roll and daemon-set views show them.
 
 use axum::http::StatusCode;
-use p2_apiserver::model::conditions::{Condition, ConditionStatus, ConditionsRecord, ObjectKind};
+use p2_apiserver::model::conditions::{Condition, ConditionStatus, ConditionsRecord};
+use p2_apiserver::model::event::ObjectKind;
 use p2_apiserver::store::layout;
 use serde_json::{json, Value};
 
@@ -81,7 +82,7 @@ async fn views_show_the_conditions_the_farms_published() {
             &new,
         ),
         (
-            ObjectKind::DaemonSets,
+            ObjectKind::Daemonsets,
             format!("/api/v1/daemonsets/{ds}"),
             "/api/v1/daemonsets",
             &ds,

@@ -4,6 +4,7 @@ mod auth;
 mod compat_p2;
 mod conditions;
 mod daemonsets;
+mod events;
 mod http_basics;
 mod labels;
 mod metrics;

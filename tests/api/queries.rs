@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use crate::support::api::{TestApp, TestResponse};
 
 /// Every list route, each answering `X-Index`.
-const LISTS: [&str; 7] = [
+const LISTS: [&str; 8] = [
     "/api/v1/rcs",
     "/api/v1/rolls",
     "/api/v1/daemonsets",
@@ -20,6 +20,7 @@ const LISTS: [&str; 7] = [
     "/api/v1/pods",
     "/api/v1/nodes",
     "/api/v1/health/hello",
+    "/api/v1/events",
 ];
 
 const LIST_PARAMS: &str = "limit, continue, selector, index, wait";

@@ -90,8 +90,11 @@ async fn create_answers_201_and_stores_the_rc_and_its_labels() {
             "resource_version": version,
             "status": {"current_replicas": 0, "nodes": []},
             "conditions": [],
+            "created": body["created"],
+            "modified": body["created"],
         })
     );
+    assert!(body["created"].is_string());
     let rc = app
         .store
         .get(&format!("replication_controllers/{id}"))
@@ -371,6 +374,7 @@ async fn patch_changes_only_the_given_fields() {
     expected["manifest"] = json!(new_manifest);
     expected["allocation_strategy"] = json!("dynamic_strategy");
     expected["resource_version"] = json!(version);
+    expected["modified"] = body["modified"].clone();
     assert_eq!(body, expected);
     assert_eq!(app.get(&format!("/api/v1/rcs/{id}")).await.json(), expected);
 
@@ -556,7 +560,12 @@ async fn delete_needs_zero_replicas_or_force_and_removes_the_labels_too() {
         .await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
     assert!(deleted.body.is_empty());
-    assert_eq!(app.dump().await, []);
+    let left: Vec<String> = app.dump().await.into_iter().map(|(key, _)| key).collect();
+    assert!(
+        left.iter()
+            .all(|key| key.starts_with("p2-apiserver/events/")),
+        "only the events are left: {left:?}"
+    );
     assert_eq!(app.get(&path).await.status, StatusCode::NOT_FOUND);
     let again = app.json_request("DELETE", &path, None, &[]).await;
     assert_eq!(again.status, StatusCode::NOT_FOUND);

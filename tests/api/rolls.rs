@@ -11,6 +11,7 @@ use p2_apiserver::farms::roll;
 use p2_apiserver::farms::world::Trees;
 use p2_apiserver::kv::{Cas, SessionBehavior, SessionSpec};
 use p2_apiserver::labels::LabelType;
+use p2_apiserver::model::event::Actor;
 use p2_apiserver::model::{HealthRecord, HealthState, StoredRc};
 use p2_apiserver::state::{Mirror, MirrorConfig};
 use p2_apiserver::store::layout;
@@ -58,7 +59,7 @@ async fn arrange_rc_of(
     });
     let rc = StoredRc::from_json(doc.to_string().as_bytes()).unwrap();
     RcStore::new(app.store.clone())
-        .create(rc, &labels(rc_labels))
+        .create(rc, &labels(rc_labels), &Actor::farm("test", "arranged"))
         .await
         .unwrap();
     id
@@ -892,7 +893,7 @@ async fn delete_cancels_the_roll_and_leaves_both_rcs() {
     let response = delete(&app, &id, None).await;
     assert_eq!(response.status, StatusCode::NOT_FOUND, "{response:?}");
     let response = app.get(&format!("/api/v1/rolls/{id}")).await;
-    assert_eq!(response.status, StatusCode::NOT_FOUND);
+    assert_eq!(response.json()["outcome"], "cancelled", "kept as finished");
 
     // Without If-Match, and the RCs are free for a new roll afterwards.
     let response = post(
@@ -973,7 +974,8 @@ async fn a_roll_written_by_p2_reads_and_deletes() {
             "roll_delay": "30s", "labels": {}, "resource_version": index.to_string(),
             "progress": {"old": {"desired": 3, "current": 0, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0},
                          "new": {"desired": 0, "current": 0, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0}},
-            "conditions": []
+            "conditions": [],
+            "created": null, "modified": null, "outcome": null, "ended": null
         })
     );
     assert_eq!(app.get("/api/v1/rolls").await.json()["items"][0], body);

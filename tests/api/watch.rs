@@ -336,3 +336,25 @@ async fn bad_queries_are_refused() {
         StatusCode::BAD_REQUEST
     );
 }
+
+#[tokio::test]
+async fn events_flow_through_the_stream_when_asked_for() {
+    let watched = Watched::new(MirrorConfig::default()).await;
+    let mut stream = watched.open("/api/v1/watch?kinds=events", None).await;
+    assert_eq!(summary(&stream.snapshot().await), pairs(&[("synced", "")]));
+    let manifest = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+    let body =
+        serde_json::json!({"manifest": manifest, "node_selector": "", "replicas_desired": 0});
+    let request = Request::post("/api/v1/rcs")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let created = call(&watched.router, request).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let event = stream.next().await.unwrap();
+    assert_eq!(event.event, "added");
+    assert_eq!(event.data["kind"], "events");
+    assert_eq!(event.data["object"]["action"], "created");
+    assert_eq!(event.data["object"]["object_id"], created.json()["id"]);
+    assert_eq!(event.data["id"], event.data["object"]["id"]);
+}

@@ -6,7 +6,7 @@ use crate::support::farms::{alert_webhook, warnings, Backend, Harness, MANIFEST}
 use p2_apiserver::farms::FarmOptions;
 use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
-use p2_apiserver::model::conditions::ObjectKind;
+use p2_apiserver::model::event::ObjectKind;
 use p2_apiserver::store::layout;
 use serde_json::{json, Value};
 
@@ -60,6 +60,7 @@ async fn a_roll_with_minimum_equal_to_desired_is_stalled_and_alerted() {
     let webhook = alert_webhook().await;
     let options = FarmOptions {
         roll_stall_deadline: Duration::from_secs(1),
+        ..FarmOptions::default()
     };
     let h = Harness::start_with(Backend::Sqlite, Some(webhook.uri()), options).await;
     web_nodes(&h, 3).await;
@@ -167,7 +168,7 @@ async fn a_contending_daemon_set_says_with_which() {
     let first = h.put_ds(ds("role=web", 0)).await;
     wait_for(
         &h,
-        ObjectKind::DaemonSets,
+        ObjectKind::Daemonsets,
         &first,
         "Contended",
         "False",
@@ -177,7 +178,7 @@ async fn a_contending_daemon_set_says_with_which() {
     let second = h.put_ds(ds("", 0)).await;
     let contended = wait_for(
         &h,
-        ObjectKind::DaemonSets,
+        ObjectKind::Daemonsets,
         &second,
         "Contended",
         "True",
@@ -191,7 +192,7 @@ async fn a_contending_daemon_set_says_with_which() {
     );
     wait_for(
         &h,
-        ObjectKind::DaemonSets,
+        ObjectKind::Daemonsets,
         &second,
         "Progressing",
         "False",
@@ -208,7 +209,7 @@ async fn a_daemon_set_held_by_min_health_is_blocked() {
     let id = h.put_ds(ds("role=web", 2)).await;
     wait_for(
         &h,
-        ObjectKind::DaemonSets,
+        ObjectKind::Daemonsets,
         &id,
         "Progressing",
         "False",
@@ -220,7 +221,7 @@ async fn a_daemon_set_held_by_min_health_is_blocked() {
         .await;
     let blocked = wait_for(
         &h,
-        ObjectKind::DaemonSets,
+        ObjectKind::Daemonsets,
         &id,
         "Blocked",
         "True",

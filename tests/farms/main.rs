@@ -2,6 +2,7 @@
 
 mod conditions;
 mod ds;
+mod events;
 mod leader;
 mod locks;
 mod rc;

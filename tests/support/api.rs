@@ -85,6 +85,19 @@ impl TestApp {
         wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>,
         config: MirrorConfig,
     ) -> Self {
+        Self::built(wrap, config, Default::default()).await
+    }
+
+    /// A fresh app over an empty store that lets requests through as `access` says.
+    pub async fn secured(access: Arc<p2_apiserver::auth::Access>) -> Self {
+        Self::built(|store| store, MirrorConfig::default(), access).await
+    }
+
+    async fn built(
+        wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>,
+        config: MirrorConfig,
+        access: Arc<p2_apiserver::auth::Access>,
+    ) -> Self {
         let (store, backing): (Arc<dyn KvStore>, _) = match consul() {
             None => {
                 let dir = tempfile::tempdir().expect("temp dir");
@@ -112,7 +125,7 @@ impl TestApp {
             }
         };
         let store = wrap(store);
-        Self::serving(store.clone(), store, config, Some(backing)).await
+        Self::serving(store.clone(), store, config, access, Some(backing)).await
     }
 
     /// A second server over this app's store, as two servers share one store, with its own
@@ -124,15 +137,24 @@ impl TestApp {
         config: MirrorConfig,
     ) -> Self {
         let followed = wrap(self.store.clone());
-        Self::serving(self.store.clone(), followed, config, None).await
+        Self::serving(
+            self.store.clone(),
+            followed,
+            config,
+            Default::default(),
+            None,
+        )
+        .await
     }
 
-    /// An app serving `store` through a mirror of `followed` started with `config`; `backing`
-    /// is what the store needs to outlive it, for the app that created the store.
+    /// An app serving `store` through a mirror of `followed` started with `config`, letting
+    /// requests through as `access` says; `backing` is what the store needs to outlive it, for
+    /// the app that created the store.
     async fn serving(
         store: Arc<dyn KvStore>,
         followed: Arc<dyn KvStore>,
         config: MirrorConfig,
+        access: Arc<p2_apiserver::auth::Access>,
         backing: Option<Backing>,
     ) -> Self {
         let mirror = Mirror::new(followed, config);
@@ -148,7 +170,7 @@ impl TestApp {
             CancellationToken::new(),
             HttpLimits::default(),
             Limits::default(),
-            Default::default(),
+            access,
         );
         TestApp {
             router: router::build(state),

@@ -20,6 +20,7 @@ use p2_apiserver::kv::{
 use p2_apiserver::labels::{LabelType, Labels};
 use p2_apiserver::leader::{self, LeaderConfig};
 use p2_apiserver::state::{Mirror, MirrorConfig};
+use p2_apiserver::store::events::Retention;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -92,6 +93,15 @@ impl Harness {
     /// Like [`Harness::start_with_alerts`], on `backend`.
     pub async fn start_on(backend: Backend, webhook: Option<String>) -> Harness {
         Self::start_with(backend, webhook, FarmOptions::default()).await
+    }
+
+    /// Like [`Harness::start`], keeping events and finished rolls within `retention`.
+    pub async fn start_with_retention(retention: Retention) -> Harness {
+        let options = FarmOptions {
+            retention,
+            ..FarmOptions::default()
+        };
+        Self::start_with(Backend::Sqlite, None, options).await
     }
 
     /// Like [`Harness::start_on`], with the farms' `options`.

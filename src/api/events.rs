@@ -1,0 +1,150 @@
+//! `GET /api/v1/events`: who changed what and when, newest first, from the server's mirror
+//! of the events tree (bounded by `--event-retention-count` and `--event-retention-age`).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::api::blocking::index_header;
+use crate::api::extract::ApiJson;
+use crate::api::list_query::{ListFilter, ListParams, ListQuery};
+use crate::api::paging::Page;
+use crate::api::reads::{mirror_index, source, Source};
+use crate::app::AppState;
+use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::model::event::{Event, ObjectKind};
+use crate::model::timestamp::parse_rfc3339;
+use crate::state::{Tree, View};
+use crate::store::layout;
+
+/// OpenAPI tag of the events route.
+pub const TAG: &str = "events";
+
+/// The events route.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_events))
+}
+
+/// The filters of `GET /api/v1/events`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventFilter {
+    /// Only events about objects of this kind: `rcs`, `rolls` or `daemonsets`.
+    kind: Option<String>,
+    /// Only events about the object with this id.
+    id: Option<String>,
+    /// Only events by this actor (a token's name, `anonymous`, or `farm:<farm>@<holder>`).
+    actor: Option<String>,
+    /// Only events at or after this time (RFC 3339).
+    #[param(format = DateTime)]
+    since: Option<String>,
+    /// Only events before this time (RFC 3339).
+    #[param(format = DateTime)]
+    until: Option<String>,
+}
+
+impl ListFilter for EventFilter {
+    fn check(&self, violations: &mut Violations) {
+        if let Some(kind) = &self.kind {
+            if ObjectKind::parse(kind).is_none() {
+                violations.add("kind", "must be rcs, rolls or daemonsets");
+            }
+        }
+        for (field, value) in [("since", &self.since), ("until", &self.until)] {
+            if value.as_deref().is_some_and(|t| parse_rfc3339(t).is_none()) {
+                violations.add(field, "must be an RFC 3339 time, e.g. 2024-05-01T12:00:00Z");
+            }
+        }
+    }
+}
+
+impl EventFilter {
+    /// Whether `event` passes every filter given.
+    fn admits(&self, event: &Event) -> bool {
+        let time = Event::time_of_id(&event.id);
+        let bound = |text: &Option<String>| text.as_deref().and_then(parse_rfc3339);
+        let after = |since: SystemTime| time.is_some_and(|t| t >= since);
+        let before = |until: SystemTime| time.is_some_and(|t| t < until);
+        self.kind
+            .as_deref()
+            .is_none_or(|k| event.kind.as_str() == k)
+            && self.id.as_deref().is_none_or(|id| event.object_id == id)
+            && self.actor.as_deref().is_none_or(|a| event.actor == a)
+            && bound(&self.since).is_none_or(after)
+            && bound(&self.until).is_none_or(before)
+    }
+}
+
+/// Lists events, newest first.
+///
+/// Every change made through the API or by the farms is an event, written in the same
+/// transaction as the change: its time, actor, action, object, request id and the fields it
+/// changed, before and after. Events are kept up to `--event-retention-count` and for
+/// `--event-retention-age`. Served from the server's mirror of the store; blocks with
+/// `?index=&wait=` until an event is added or pruned. Events have no labels: `selector`
+/// must be empty. The change stream carries them too (`GET /api/v1/watch?kinds=events`).
+#[utoipa::path(
+    get,
+    path = "/events",
+    tag = TAG,
+    params(EventFilter, ListParams),
+    responses(
+        (status = OK, description = "One page of events, newest first", body = Page<Event>,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
+        (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Bad kind, time, selector, limit, continue token, index or wait", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
+    )
+)]
+async fn list_events(
+    State(app): State<AppState>,
+    query: ListQuery<EventFilter>,
+) -> Result<Response, ApiError> {
+    if !query.selector.is_everything() {
+        return Err(ApiError::invalid([Cause::new(
+            "selector",
+            "events have no labels to select",
+        )]));
+    }
+    let trees = [Tree::Events];
+    let (index, events): (u64, Vec<Arc<Event>>) =
+        match source(&app, &trees, &[], false, query.blocking).await {
+            Source::Mirror(mirror) => {
+                let events = mirror
+                    .entries(Tree::Events)
+                    .iter()
+                    .filter_map(|entry| match &entry.view {
+                        View::Event(event) => Some(event.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                (mirror_index(mirror, &trees), events)
+            }
+            Source::Store(blocking) => {
+                blocking.block(&app, &[layout::EVENTS.to_owned()]).await?;
+                let listing = app.store.list(layout::EVENTS).await?;
+                let events = listing
+                    .decode_readable("event", |pair| Event::from_json(&pair.value).map(Arc::new));
+                (listing.index, events)
+            }
+        };
+    let mut items: Vec<Arc<Event>> = events
+        .into_iter()
+        .filter(|event| query.filter.admits(event))
+        .collect();
+    items.reverse();
+    let page = query
+        .paging
+        .page_descending(items, |event| event.id.as_str());
+    let page = Page {
+        items: page.items.iter().map(|e| Event::clone(e)).collect(),
+        continue_token: page.continue_token,
+    };
+    Ok(([index_header(index)], ApiJson(page)).into_response())
+}

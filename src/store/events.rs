@@ -1,0 +1,137 @@
+//! The records this server keeps beside P2's trees (see [`crate::model::event`]): the ops
+//! that record a change in the change's own transaction, and which of them retention drops.
+//!
+//! An object's times are deleted by the ops that delete the object (each repository's delete
+//! ops), so they go with it; times left by an object another tool deleted are removed by the
+//! retention farm ([`crate::farms::retention`]).
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use crate::kv::{KvStore, StoreResult, TxnOp};
+use crate::model::event::{Action, Event, Meta, ObjectKind};
+use crate::state::Mirror;
+
+use super::layout;
+
+/// How many events and finished rolls are kept, and for how long (`--event-retention-count`,
+/// `--event-retention-age`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// At most this many of each; the oldest go first.
+    pub count: usize,
+    /// None older than this.
+    pub age: Duration,
+}
+
+impl Default for Retention {
+    /// The command line's defaults.
+    fn default() -> Self {
+        Retention {
+            count: 10_000,
+            age: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// The ops that record `event` in its change's transaction: the event, and for a creation or
+/// a change of the document the object's created and modified times (reading the times kept
+/// so far, for a change).
+pub async fn record_ops(kv: &dyn KvStore, event: &Event) -> StoreResult<Vec<TxnOp>> {
+    let mut ops = vec![TxnOp::Set {
+        key: layout::event(&event.id),
+        value: event.to_json(),
+    }];
+    let key = layout::meta(event.kind, &event.object_id);
+    let created = match event.action {
+        Action::Created => Some(event.time.clone()),
+        Action::Updated => read_meta(kv, &key).await?.and_then(|meta| meta.created),
+        _ => return Ok(ops),
+    };
+    let meta = Meta {
+        created,
+        modified: event.time.clone(),
+    };
+    ops.push(TxnOp::Set {
+        key,
+        value: meta.to_json(),
+    });
+    Ok(ops)
+}
+
+/// The times kept at `key`; `None` when absent or unreadable.
+pub async fn read_meta(kv: &dyn KvStore, key: &str) -> StoreResult<Option<Meta>> {
+    Ok(kv
+        .get(key)
+        .await?
+        .and_then(|pair| Meta::from_json(&pair.value).ok()))
+}
+
+/// The times the mirror holds for `kind` `id`.
+pub fn mirrored_meta(mirror: &Mirror, kind: ObjectKind, id: &str) -> Option<Meta> {
+    let entry = mirror.get(&layout::meta(kind, id))?;
+    Meta::from_json(&entry.pair.value).ok()
+}
+
+/// The times of every object of `kind` the store holds, by id.
+pub async fn list_meta(kv: &dyn KvStore, kind: ObjectKind) -> StoreResult<HashMap<String, Meta>> {
+    let prefix = layout::meta(kind, "");
+    let listing = kv.list(&prefix).await?;
+    Ok(listing
+        .pairs
+        .iter()
+        .filter_map(|pair| {
+            let id = pair.key.strip_prefix(&prefix)?;
+            Some((id.to_owned(), Meta::from_json(&pair.value).ok()?))
+        })
+        .collect())
+}
+
+/// The op that removes the times of the object whose P2 document is deleted.
+pub fn meta_delete_op(kind: ObjectKind, id: &str) -> TxnOp {
+    TxnOp::Delete {
+        key: layout::meta(kind, id),
+    }
+}
+
+/// Which of `items` (each with its time, sorted by time ascending) retention drops at
+/// `now`: all but the newest `count`, and every one older than `age`.
+pub fn expired<T>(
+    items: &[(SystemTime, T)],
+    retention: Retention,
+    now: SystemTime,
+) -> impl Iterator<Item = &T> {
+    let over = items.len().saturating_sub(retention.count);
+    let cutoff = now.checked_sub(retention.age);
+    items
+        .iter()
+        .enumerate()
+        .filter_map(move |(i, (time, item))| {
+            let old = cutoff.is_some_and(|cutoff| *time < cutoff);
+            (i < over || old).then_some(item)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use super::*;
+
+    #[test]
+    fn retention_drops_the_oldest_beyond_the_count_and_all_past_the_age() {
+        let items: Vec<(SystemTime, u64)> = (1..=5)
+            .map(|s| (UNIX_EPOCH + Duration::from_secs(s * 100), s))
+            .collect();
+        let now = UNIX_EPOCH + Duration::from_secs(1000);
+        let dropped = |count, age| -> Vec<u64> {
+            expired(&items, Retention { count, age }, now)
+                .copied()
+                .collect()
+        };
+        assert_eq!(dropped(3, Duration::from_secs(10_000)), [1, 2]);
+        assert_eq!(dropped(10, Duration::from_secs(750)), [1, 2]);
+        assert_eq!(dropped(4, Duration::from_secs(650)), [1, 2, 3]);
+        assert!(dropped(10, Duration::from_secs(10_000)).is_empty());
+    }
+}

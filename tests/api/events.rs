@@ -1,0 +1,398 @@
+//! Events of the changes made through the API (with the token's name as actor), their
+//! listing, the created and modified times beside P2's documents, and finished rolls.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use p2_apiserver::auth::Access;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tempfile::TempDir;
+
+use crate::support::api::{item_ids, TestApp, TestResponse};
+
+const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
+
+/// An app whose tokens are `alice` (deployer, token `alice-token`) and `viewer`
+/// (`viewer-token`).
+async fn secured() -> (TestApp, TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.yaml");
+    let mut text = String::from("tokens:\n");
+    for (name, role) in [("alice", "deployer"), ("viewer", "viewer")] {
+        let digest = format!("{:x}", Sha256::digest(format!("{name}-token").as_bytes()));
+        text += &format!("  - {{name: {name}, role: {role}, sha256: {digest}}}\n");
+    }
+    std::fs::write(&path, text).unwrap();
+    let access = Access::new(Some(&path), Vec::new()).unwrap();
+    (TestApp::secured(Arc::new(access)).await, dir)
+}
+
+const ALICE: (&str, &str) = ("authorization", "Bearer alice-token");
+const VIEWER: (&str, &str) = ("authorization", "Bearer viewer-token");
+
+fn rc_spec() -> Value {
+    json!({"manifest": MANIFEST, "node_selector": "", "replicas_desired": 1, "labels": {}})
+}
+
+async fn send(
+    app: &TestApp,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    headers: &[(&str, &str)],
+) -> TestResponse {
+    let response = if method == "PATCH" {
+        app.merge_patch(path, body.unwrap(), headers).await
+    } else {
+        app.json_request(method, path, body, headers).await
+    };
+    assert!(
+        response.status.is_success(),
+        "{method} {path}: {response:?}"
+    );
+    response
+}
+
+async fn events(app: &TestApp, query: &str, headers: &[(&str, &str)]) -> Vec<Value> {
+    let response = app
+        .json_request("GET", &format!("/api/v1/events{query}"), None, headers)
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    response.json()["items"].as_array().unwrap().clone()
+}
+
+fn summary(event: &Value) -> (String, String, String) {
+    let text = |field: &str| event[field].as_str().unwrap().to_owned();
+    (text("actor"), text("action"), text("kind"))
+}
+
+#[tokio::test]
+async fn api_changes_are_events_by_the_tokens_name_in_the_changes_transaction() {
+    let (app, _dir) = secured().await;
+    let rc = send(
+        &app,
+        "POST",
+        "/api/v1/rcs",
+        Some(&rc_spec()),
+        &[ALICE, ("x-request-id", "req-1")],
+    )
+    .await
+    .json();
+    let rc_id = rc["id"].as_str().unwrap();
+    let rc_path = format!("/api/v1/rcs/{rc_id}");
+    send(
+        &app,
+        "PATCH",
+        &rc_path,
+        Some(&json!({"replicas_desired": 3})),
+        &[ALICE],
+    )
+    .await;
+    let ds = json!({"manifest": MANIFEST, "node_selector": "role=web", "cluster_name": "c", "timeout": "1m"});
+    let ds = send(&app, "POST", "/api/v1/daemonsets", Some(&ds), &[ALICE])
+        .await
+        .json();
+    let ds_path = format!("/api/v1/daemonsets/{}", ds["id"].as_str().unwrap());
+    send(
+        &app,
+        "PATCH",
+        &ds_path,
+        Some(&json!({"min_health": 1})),
+        &[ALICE],
+    )
+    .await;
+    send(&app, "DELETE", &ds_path, None, &[ALICE]).await;
+    send(
+        &app,
+        "PATCH",
+        &rc_path,
+        Some(&json!({"replicas_desired": 0})),
+        &[ALICE],
+    )
+    .await;
+    send(&app, "DELETE", &rc_path, None, &[ALICE]).await;
+
+    let listed = events(&app, "", &[VIEWER]).await;
+    let seen: Vec<(String, String, String)> = listed.iter().map(summary).collect();
+    let alice = |action: &str, kind: &str| ("alice".to_owned(), action.to_owned(), kind.to_owned());
+    assert_eq!(
+        seen,
+        [
+            alice("deleted", "rcs"),
+            alice("updated", "rcs"),
+            alice("deleted", "daemonsets"),
+            alice("updated", "daemonsets"),
+            alice("created", "daemonsets"),
+            alice("updated", "rcs"),
+            alice("created", "rcs"),
+        ],
+        "newest first"
+    );
+    let created = &listed[6];
+    assert_eq!(created["object_id"], rc_id);
+    assert_eq!(created["request_id"], "req-1");
+    assert!(created["time"].as_str().unwrap().ends_with('Z'));
+    let patched = &listed[5];
+    assert_eq!(
+        patched["changes"],
+        json!([{"field": "replicas_desired", "before": 1, "after": 3}])
+    );
+    assert!(
+        patched["request_id"].is_string(),
+        "the generated request id"
+    );
+    let manifest = created["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["field"] == "manifest")
+        .unwrap();
+    assert!(manifest["after"].as_str().unwrap().starts_with("sha256:"));
+    assert!(listed[0]["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["after"].is_null()));
+
+    // P2's audit records of the daemon set name the token too.
+    let audit = app.store.list("audit_logs/").await.unwrap();
+    assert_eq!(audit.pairs.len(), 3);
+    for pair in &audit.pairs {
+        let record: Value = serde_json::from_slice(&pair.value).unwrap();
+        assert_eq!(record["event_details"]["user"], "alice", "{record}");
+    }
+}
+
+#[tokio::test]
+async fn events_filter_by_kind_id_actor_and_time_and_page_newest_first() {
+    let app = TestApp::new().await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let rc = send(&app, "POST", "/api/v1/rcs", Some(&rc_spec()), &[])
+            .await
+            .json();
+        ids.push(rc["id"].as_str().unwrap().to_owned());
+    }
+    let ds =
+        json!({"manifest": MANIFEST, "node_selector": "", "cluster_name": "c", "timeout": "1m"});
+    send(&app, "POST", "/api/v1/daemonsets", Some(&ds), &[]).await;
+
+    let all = events(&app, "", &[]).await;
+    assert_eq!(all.len(), 4);
+    assert!(all.iter().all(|e| e["actor"] == "anonymous"));
+    let object_ids = |events: &[Value]| -> Vec<String> {
+        events
+            .iter()
+            .map(|e| e["object_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let rcs = events(&app, "?kind=rcs", &[]).await;
+    assert_eq!(
+        object_ids(&rcs),
+        [ids[2].clone(), ids[1].clone(), ids[0].clone()]
+    );
+    assert_eq!(
+        object_ids(&events(&app, &format!("?id={}", ids[1]), &[]).await),
+        [ids[1].clone()]
+    );
+    assert_eq!(
+        events(&app, "?actor=anonymous&kind=daemonsets", &[])
+            .await
+            .len(),
+        1
+    );
+    assert!(events(&app, "?actor=alice", &[]).await.is_empty());
+
+    let oldest = all[3]["time"].as_str().unwrap();
+    let newest = all[0]["time"].as_str().unwrap();
+    let since = events(&app, &format!("?since={}", newest.replace('+', "%2B")), &[]).await;
+    assert_eq!(since.len(), 1);
+    let until = events(&app, &format!("?until={oldest}"), &[]).await;
+    assert!(until.is_empty(), "until is exclusive");
+    assert!(events(&app, "?since=2999-01-01T00:00:00Z", &[])
+        .await
+        .is_empty());
+    assert_eq!(
+        events(&app, "?since=2000-01-01T00:00:00%2B01:00", &[])
+            .await
+            .len(),
+        4
+    );
+
+    let first = app.get("/api/v1/events?limit=3").await.json();
+    assert_eq!(item_ids(&first).len(), 3);
+    let token = first["continue"].as_str().unwrap();
+    let rest = app
+        .get(&format!("/api/v1/events?limit=3&continue={token}"))
+        .await
+        .json();
+    let mut paged = item_ids(&first);
+    paged.extend(item_ids(&rest));
+    let listed: Vec<String> = all
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(paged, listed);
+    assert!(rest["continue"].is_null());
+
+    for (query, field) in [
+        ("kind=pods", "kind"),
+        ("since=yesterday", "since"),
+        ("until=2024-13-01T00:00:00Z", "until"),
+        ("selector=a%3Db", "selector"),
+    ] {
+        let response = app.get(&format!("/api/v1/events?{query}")).await;
+        assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{query}");
+        assert_eq!(response.unprocessable_fields(), [field], "{query}");
+    }
+}
+
+#[tokio::test]
+async fn times_are_shown_updated_kept_out_of_p2s_documents_and_removed_with_the_object() {
+    let app = TestApp::new().await;
+    let rc = send(&app, "POST", "/api/v1/rcs", Some(&rc_spec()), &[])
+        .await
+        .json();
+    let id = rc["id"].as_str().unwrap();
+    let (created, modified) = (
+        rc["created"].as_str().unwrap(),
+        rc["modified"].as_str().unwrap(),
+    );
+    assert_eq!(created, modified);
+    let path = format!("/api/v1/rcs/{id}");
+    let patched = send(
+        &app,
+        "PATCH",
+        &path,
+        Some(&json!({"replicas_desired": 0})),
+        &[],
+    )
+    .await
+    .json();
+    assert_eq!(patched["created"], created);
+    assert!(patched["modified"].as_str().unwrap() > modified);
+    for read in [
+        app.get(&path).await.json(),
+        app.get(&format!("{path}?consistent=true")).await.json(),
+    ] {
+        assert_eq!(read["modified"], patched["modified"]);
+    }
+    let listed = app.get("/api/v1/rcs").await.json();
+    assert_eq!(listed["items"][0]["created"], created);
+
+    // P2 rewrites its documents without unknown fields, so nothing is added to them.
+    let stored = app
+        .stored_json(&format!("replication_controllers/{id}"))
+        .await
+        .unwrap();
+    for field in ["created", "modified"] {
+        assert!(stored.get(field).is_none(), "{stored}");
+    }
+    let meta = format!("p2-apiserver/meta/rcs/{id}");
+    assert!(app.stored(&meta).await.is_some());
+    send(&app, "DELETE", &path, None, &[]).await;
+    assert!(
+        app.stored(&meta).await.is_none(),
+        "the times go with the RC"
+    );
+
+    let ds =
+        json!({"manifest": MANIFEST, "node_selector": "", "cluster_name": "c", "timeout": "1m"});
+    let ds = send(&app, "POST", "/api/v1/daemonsets", Some(&ds), &[])
+        .await
+        .json();
+    let ds_id = ds["id"].as_str().unwrap();
+    assert!(ds["created"].is_string());
+    let ds_path = format!("/api/v1/daemonsets/{ds_id}");
+    let patched = send(
+        &app,
+        "PATCH",
+        &ds_path,
+        Some(&json!({"disabled": true})),
+        &[],
+    )
+    .await
+    .json();
+    assert_eq!(patched["created"], ds["created"]);
+    assert!(patched["modified"].as_str().unwrap() > ds["modified"].as_str().unwrap());
+    let stored = app
+        .stored_json(&format!("daemon_sets/{ds_id}"))
+        .await
+        .unwrap();
+    assert!(stored.get("created").is_none() && stored.get("modified").is_none());
+    send(&app, "DELETE", &ds_path, None, &[]).await;
+    assert!(app
+        .stored(&format!("p2-apiserver/meta/daemon_sets/{ds_id}"))
+        .await
+        .is_none());
+
+    // An RC another tool created has no known times.
+    let foreign = uuid::Uuid::new_v4().to_string();
+    let doc = json!({"id": foreign, "manifest": MANIFEST, "node_selector": "",
+                     "pod_labels": null, "replicas_desired": 0, "disabled": false,
+                     "allocation_strategy": ""});
+    app.put_json(&format!("replication_controllers/{foreign}"), &doc)
+        .await;
+    app.mirrored(&format!("replication_controllers/{foreign}"))
+        .await;
+    let read = app.get(&format!("/api/v1/rcs/{foreign}")).await.json();
+    assert!(
+        read["created"].is_null() && read["modified"].is_null(),
+        "{read}"
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_roll_stays_readable_as_finished() {
+    let app = TestApp::new().await;
+    let old = send(&app, "POST", "/api/v1/rcs", Some(&rc_spec()), &[])
+        .await
+        .json();
+    let roll = json!({"old_rc_id": old["id"], "new_rc": {"manifest": NEW_MANIFEST},
+                      "desired_replicas": 1, "minimum_replicas": 0, "labels": {"team": "edge"}});
+    let roll = send(&app, "POST", "/api/v1/rolls", Some(&roll), &[])
+        .await
+        .json();
+    let id = roll["id"].as_str().unwrap();
+    assert!(roll["created"].is_string());
+    assert!(roll["outcome"].is_null() && roll["ended"].is_null());
+    let roll_doc = app.stored_json(&format!("rolls/{id}")).await.unwrap();
+    assert!(roll_doc.get("created").is_none());
+
+    let path = format!("/api/v1/rolls/{id}");
+    send(&app, "DELETE", &path, None, &[]).await;
+    assert!(app
+        .stored(&format!("p2-apiserver/meta/rolls/{id}"))
+        .await
+        .is_none());
+    let done = app.get(&path).await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    let done = done.json();
+    assert_eq!(done["outcome"], "cancelled");
+    assert_eq!(done["created"], roll["created"]);
+    assert!(done["ended"].as_str().unwrap() >= roll["created"].as_str().unwrap());
+    assert_eq!(done["labels"]["team"], "edge");
+    assert_eq!(done["progress"]["old"]["desired"], 1);
+    assert_eq!(done["old_rc_id"], old["id"]);
+
+    let ids = |query: &str| {
+        let app = &app;
+        let query = query.to_owned();
+        async move { item_ids(&app.get(&format!("/api/v1/rolls{query}")).await.json()) }
+    };
+    assert!(ids("").await.is_empty());
+    assert!(ids("?state=active").await.is_empty());
+    assert_eq!(ids("?state=finished").await, [id]);
+    assert_eq!(ids("?state=all").await, [id]);
+    let bad = app.get("/api/v1/rolls?state=done").await;
+    assert_eq!(bad.unprocessable_fields(), ["state"]);
+
+    let cancelled = events(&app, "?kind=rolls", &[]).await;
+    let actions: Vec<&str> = cancelled
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["cancelled", "created"]);
+}
