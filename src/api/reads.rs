@@ -133,12 +133,24 @@ pub async fn source<'a>(
         if index == reached {
             hold(app, trees, prefixes, (index, before), wait).await;
         }
+        // Each tree has its own watch, so one write to several trees (an intent and its pod
+        // labels) can reach them one after the other. The answer waits until every tree has
+        // caught up with the newest of them, so that its `X-Index` stands for all it shows
+        // and the client's next blocking read at that index misses nothing.
+        if trees.len() > 1 {
+            let newest = mirror_index(mirror, trees);
+            mirror.wait_for_trees(trees, newest, CATCH_UP).await;
+        }
         if !mirror.health().is_healthy() {
             return Source::Store(Blocking::default());
         }
     }
     Source::Mirror(mirror)
 }
+
+/// How long a blocking read's answer waits for its trees to catch up with one another; past
+/// it, the answer is given as the mirror holds it.
+const CATCH_UP: Duration = Duration::from_secs(1);
 
 /// What a blocked read of `prefixes` waits to see change, by [`Mirror::extent`].
 fn extents(mirror: &Mirror, prefixes: &[String]) -> Vec<(usize, u64)> {
@@ -197,11 +209,14 @@ pub async fn reader(
     }
 }
 
-/// The index a mirror read of `trees` reflects: the highest of theirs.
+/// The index a mirror read of `trees` reflects: the highest of theirs, and never below 1, as
+/// a store's listing (so that a client blocking at the `X-Index` of empty trees is held on
+/// the mirror).
 pub fn mirror_index(mirror: &Mirror, trees: &[Tree]) -> u64 {
     trees
         .iter()
         .map(|tree| mirror.tree_index(*tree))
         .max()
         .unwrap_or(0)
+        .max(1)
 }

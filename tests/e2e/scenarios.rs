@@ -258,14 +258,20 @@ async fn a_rolling_update_keeps_the_minimum_healthy_and_cleans_up() {
     let new = roll["id"].as_str().unwrap().to_owned();
 
     rc_settles(&api, &new, 4, 2).await;
-    eventually("the roll and the old RC to go", CONVERGE, || async {
-        let roll = api.status(&format!("/api/v1/rolls/{new}")).await;
-        let old_rc = api.status(&format!("/api/v1/rcs/{old}")).await;
-        match (roll, old_rc) {
-            (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND) => Ok(()),
-            other => Err(format!("roll, old RC: {other:?}")),
-        }
-    })
+    eventually(
+        "the roll to succeed and the old RC to go",
+        CONVERGE,
+        || async {
+            let (_, roll) = api
+                .send(Method::GET, &format!("/api/v1/rolls/{new}"), None)
+                .await;
+            let old_rc = api.status(&format!("/api/v1/rcs/{old}")).await;
+            match (roll["outcome"].as_str(), old_rc) {
+                (Some("succeeded"), StatusCode::NOT_FOUND) => Ok(()),
+                other => Err(format!("roll outcome, old RC: {other:?}")),
+            }
+        },
+    )
     .await;
     stop.cancel();
     sampler.await.unwrap();
