@@ -539,13 +539,14 @@ impl RollFarm {
         }
         let details = json!({"roll_id": id, "old_rc": roll.value.old_rc,
                              "new_rc": roll.value.new_rc, "hostname": ctx.holder});
-        ctx.alerts
-            .low(
-                &format!("roll_stalled/{id}"),
-                format!("roll {id} stalled: {why}"),
-                details,
-            )
-            .await;
+        ctx.alert(
+            FARM,
+            (ObjectKind::Rolls, id),
+            &format!("roll_stalled/{id}"),
+            format!("roll {id} stalled: {why}"),
+            details,
+        )
+        .await;
         Ok(None)
     }
 }

@@ -6,7 +6,7 @@ use crate::support::farms::{alert_webhook, warnings, Backend, Harness, MANIFEST}
 use p2_apiserver::farms::FarmOptions;
 use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
-use p2_apiserver::model::event::ObjectKind;
+use p2_apiserver::model::event::{Action, Event, ObjectKind};
 use p2_apiserver::store::layout;
 use serde_json::{json, Value};
 
@@ -103,6 +103,21 @@ async fn a_roll_with_minimum_equal_to_desired_is_stalled_and_alerted() {
         format!("roll {new} stalled: no progress for 1s: {why}")
     );
     assert!(!warnings("p2_apiserver::farms::roll", "roll stalled").is_empty());
+    // The stall is an event too, recorded once the alert has gone out.
+    h.wait_until(|| async {
+        let events = h.store.list("p2-apiserver/events/").await.unwrap().pairs;
+        events
+            .iter()
+            .map(|pair| Event::from_json(&pair.value).unwrap())
+            .any(|event| {
+                event.action == Action::Alert
+                    && event.object_id == new
+                    && event.actor == "farm:roll@test"
+                    && event.message.as_deref() == Some(alert.as_str())
+            })
+            .then_some(())
+    })
+    .await;
 
     // Cancelling the roll removes its conditions.
     h.store.delete(&layout::roll(&new), Cas::Any).await.unwrap();
