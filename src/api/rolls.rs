@@ -33,7 +33,9 @@ use crate::kv::{KvStore, StoreError};
 use crate::labels::{LabelType, Labels, RC_ID_LABEL};
 use crate::model::conditions::Condition;
 use crate::model::duration::format_duration;
-use crate::model::event::{Actor, FinishedRoll, ObjectKind, RcProgress, RollOutcome, RollProgress};
+use crate::model::event::{
+    Actor, FinishedRoll, ObjectKind, RcProgress, RollOutcome, RollProgress, StoredRollFields,
+};
 use crate::model::{CreateRoll, HealthCounts, HealthState, PodHealth, RollId};
 use crate::state::Mirror;
 use crate::store::conditions::mirrored;
@@ -133,10 +135,9 @@ impl RollFilter {
 }
 
 impl Roll {
-    /// The view of a finished roll.
-    fn finished(record: &Versioned<FinishedRoll>) -> Roll {
-        let done = &record.value;
-        let roll = &done.roll;
+    /// The view of `roll` at `index` with its `labels` and `progress`; as for a running roll
+    /// with no conditions or times known, which the callers add.
+    fn of(roll: &StoredRollFields, labels: Labels, index: u64, progress: RollProgress) -> Roll {
         Roll {
             id: roll.new_rc.clone(),
             old_rc_id: roll.old_rc.clone(),
@@ -145,14 +146,31 @@ impl Roll {
             minimum_replicas: roll.minimum_replicas,
             leave_old: roll.leave_old,
             roll_delay: format_duration(roll.roll_delay),
-            labels: done.labels.clone(),
-            resource_version: record.index.to_string(),
-            progress: done.progress.clone(),
+            labels,
+            resource_version: index.to_string(),
+            progress,
             conditions: Vec::new(),
+            created: None,
+            modified: None,
+            outcome: None,
+            ended: None,
+        }
+    }
+
+    /// The view of a finished roll.
+    fn finished(record: &Versioned<FinishedRoll>) -> Roll {
+        let done = &record.value;
+        Roll {
             created: done.started.clone(),
             modified: Some(done.ended.clone()),
             outcome: Some(done.outcome),
             ended: Some(done.ended.clone()),
+            ..Roll::of(
+                &done.roll,
+                done.labels.clone(),
+                record.index,
+                done.progress.clone(),
+            )
         }
     }
 }
@@ -442,29 +460,20 @@ impl Views {
             &layout::meta(ObjectKind::Rolls, &roll.new_rc),
         )
         .await?;
+        let labels = self
+            .roll_labels
+            .get(&roll.new_rc)
+            .cloned()
+            .unwrap_or_default();
+        let progress = RollProgress {
+            old: self.progress(&roll.old_rc).await?,
+            new: self.progress(&roll.new_rc).await?,
+        };
         Ok(Roll {
-            id: roll.new_rc.clone(),
-            old_rc_id: roll.old_rc.clone(),
-            new_rc_id: roll.new_rc.clone(),
-            desired_replicas: roll.desired_replicas,
-            minimum_replicas: roll.minimum_replicas,
-            leave_old: roll.leave_old,
-            roll_delay: format_duration(roll.roll_delay),
-            labels: self
-                .roll_labels
-                .get(&roll.new_rc)
-                .cloned()
-                .unwrap_or_default(),
-            resource_version: record.index.to_string(),
-            progress: RollProgress {
-                old: self.progress(&roll.old_rc).await?,
-                new: self.progress(&roll.new_rc).await?,
-            },
             conditions: mirrored(&self.mirror, ObjectKind::Rolls, &roll.new_rc),
             created: meta.as_ref().and_then(|m| m.created.clone()),
             modified: meta.map(|m| m.modified),
-            outcome: None,
-            ended: None,
+            ..Roll::of(&roll.into(), labels, record.index, progress)
         })
     }
 
