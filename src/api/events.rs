@@ -18,7 +18,7 @@ use crate::api::paging::Page;
 use crate::api::reads::{mirror_index, source, Source};
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
-use crate::model::event::{Event, ObjectKind};
+use crate::model::event::{Event, EventKind};
 use crate::model::timestamp::parse_rfc3339;
 use crate::state::{Tree, View};
 use crate::store::layout;
@@ -35,7 +35,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct EventFilter {
-    /// Only events about objects of this kind: `rcs`, `rolls` or `daemonsets`.
+    /// Only events about objects of this kind: `rcs`, `rolls`, `daemonsets`, `nodes` (node
+    /// labels), `labels` (other objects' labels), `reality` or `health` (node agents'
+    /// reports).
     kind: Option<String>,
     /// Only events about the object with this id.
     id: Option<String>,
@@ -52,8 +54,9 @@ pub struct EventFilter {
 impl ListFilter for EventFilter {
     fn check(&self, violations: &mut Violations) {
         if let Some(kind) = &self.kind {
-            if ObjectKind::parse(kind).is_none() {
-                violations.add("kind", "must be rcs, rolls or daemonsets");
+            if EventKind::parse(kind).is_none() {
+                let names: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+                violations.add("kind", format!("must be one of {}", names.join(", ")));
             }
         }
         for (field, value) in [("since", &self.since), ("until", &self.until)] {

@@ -36,6 +36,7 @@ use crate::labels::{
     label_key_problem, label_value_problem, validate_labels, LabelType, Labeled, Labels,
     ParseLabelTypeError,
 };
+use crate::model::event::Actor;
 use crate::state::Tree;
 use crate::store::labels::{LabelRecord, LabelStore};
 use crate::store::layout;
@@ -300,6 +301,7 @@ async fn put_labels(
     _: NoQuery,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
     IfMatch(expected): IfMatch,
+    actor: Actor,
     ApiJson(body): ApiJson<ReplaceLabels>,
 ) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<ObjectLabels>), ApiError> {
     let label_type = label_type(&type_name)?;
@@ -310,7 +312,7 @@ async fn put_labels(
     }
     violations.finish()?;
     let record = store(&app)
-        .replace(label_type, &id, body.labels, expected)
+        .replace(label_type, &id, body.labels, expected, &actor)
         .await
         .map_err(|e| write_error(e, expected, label_type, &id))?;
     Ok(answer(label_type, id, record))
@@ -354,6 +356,7 @@ async fn patch_labels(
     _: NoQuery,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
     IfMatch(expected): IfMatch,
+    actor: Actor,
     MergePatch(patch): MergePatch,
 ) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<ObjectLabels>), ApiError> {
     let label_type = label_type(&type_name)?;
@@ -362,7 +365,9 @@ async fn patch_labels(
     let patch = LabelsPatch::parse(patch, &mut violations);
     violations.finish()?;
     let record = store(&app)
-        .update(label_type, &id, expected, |labels| patch.apply(labels))
+        .update(label_type, &id, expected, &actor, |labels| {
+            patch.apply(labels)
+        })
         .await
         .map_err(|e| write_error(e, expected, label_type, &id))?;
     Ok(answer(label_type, id, record))
@@ -396,13 +401,14 @@ async fn delete_labels(
     _: NoQuery,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
     IfMatch(expected): IfMatch,
+    actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let label_type = label_type(&type_name)?;
     let mut violations = Violations::new();
     check_id(label_type, &id, &mut violations);
     violations.finish()?;
     store(&app)
-        .delete(label_type, &id, expected)
+        .delete(label_type, &id, expected, &actor)
         .await
         .map_err(|e| write_error(e, expected, label_type, &id))?;
     Ok(StatusCode::NO_CONTENT)

@@ -41,6 +41,7 @@ use crate::labels::{
     label_key_problem, label_value_problem, validate_labels_in, LabelType, Labeled, Labels,
     ParseLabelTypeError, ParseSelectorError, Selector,
 };
+use crate::model::event::Actor;
 use crate::state::Tree;
 use crate::store::labels::LabelStore;
 
@@ -246,6 +247,7 @@ async fn put_p2_target(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath((type_name, tail)): ApiPath<(String, String)>,
+    actor: Actor,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
     let target = Target::parse(&type_name, &tail)?;
@@ -253,9 +255,10 @@ async fn put_p2_target(
     let body: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
     match target.name {
-        None => put_p2_labels(&app, target.label_type, &target.id, body_as(body)?).await,
+        None => put_p2_labels(&app, &actor, target.label_type, &target.id, body_as(body)?).await,
         Some(name) => {
-            put_p2_label(&app, target.label_type, &target.id, &name, body_as(body)?).await
+            let body = body_as(body)?;
+            put_p2_label(&app, &actor, target.label_type, &target.id, &name, body).await
         }
     }
 }
@@ -265,11 +268,12 @@ async fn delete_p2_target(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath((type_name, tail)): ApiPath<(String, String)>,
+    actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let target = Target::parse(&type_name, &tail)?;
     match target.name {
-        None => delete_p2_labels(&app, target.label_type, &target.id).await,
-        Some(name) => delete_p2_label(&app, target.label_type, &target.id, &name).await,
+        None => delete_p2_labels(&app, &actor, target.label_type, &target.id).await,
+        Some(name) => delete_p2_label(&app, &actor, target.label_type, &target.id, &name).await,
     }
 }
 
@@ -297,6 +301,7 @@ async fn delete_p2_target(
 )]
 async fn put_p2_labels(
     app: &AppState,
+    actor: &Actor,
     label_type: LabelType,
     id: &str,
     body: SetLabelsRequest,
@@ -308,7 +313,9 @@ async fn put_p2_labels(
     }
     violations.finish()?;
     store(app)
-        .update(label_type, id, None, |labels| labels.extend(values.clone()))
+        .update(label_type, id, None, actor, |labels| {
+            labels.extend(values.clone())
+        })
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -336,6 +343,7 @@ async fn put_p2_labels(
 )]
 async fn put_p2_label(
     app: &AppState,
+    actor: &Actor,
     label_type: LabelType,
     id: &str,
     name: &str,
@@ -350,7 +358,7 @@ async fn put_p2_label(
     }
     violations.finish()?;
     store(app)
-        .update(label_type, id, None, |labels| {
+        .update(label_type, id, None, actor, |labels| {
             labels.insert(name.to_string(), body.value.clone());
         })
         .await?;
@@ -374,10 +382,11 @@ async fn put_p2_label(
 )]
 async fn delete_p2_labels(
     app: &AppState,
+    actor: &Actor,
     label_type: LabelType,
     id: &str,
 ) -> Result<StatusCode, ApiError> {
-    store(app).delete(label_type, id, None).await?;
+    store(app).delete(label_type, id, None, actor).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -402,12 +411,13 @@ async fn delete_p2_labels(
 )]
 async fn delete_p2_label(
     app: &AppState,
+    actor: &Actor,
     label_type: LabelType,
     id: &str,
     name: &str,
 ) -> Result<StatusCode, ApiError> {
     store(app)
-        .update(label_type, id, None, |labels| {
+        .update(label_type, id, None, actor, |labels| {
             labels.remove(name);
         })
         .await?;

@@ -25,8 +25,9 @@ use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::reads::{reader, ConsistentFilter};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
-use crate::kv::{Cas, StoreError};
+use crate::kv::StoreError;
 use crate::labels::{LabelType, Labels};
+use crate::model::event::Actor;
 use crate::model::HealthState;
 use crate::state::Tree;
 use crate::store::health::{HealthEntry, HealthStore};
@@ -159,6 +160,7 @@ async fn put_pod_health(
     _: NoQuery,
     ApiPath((pod_id, node)): ApiPath<(String, String)>,
     IfMatch(expected): IfMatch,
+    actor: Actor,
     ApiJson(report): ApiJson<HealthReport>,
 ) -> Result<impl IntoResponse, ApiError> {
     let mut violations = Violations::new();
@@ -173,7 +175,7 @@ async fn put_pod_health(
 
     let written = app
         .health()
-        .put(&pod, state, SystemTime::now(), expected)
+        .put(&pod, state, SystemTime::now(), expected, &actor)
         .await;
     let entry = match (written, expected) {
         (Err(StoreError::Conflict { .. }), Some(expected)) => {
@@ -213,6 +215,7 @@ async fn delete_pod_health(
     _: NoQuery,
     ApiPath((pod_id, node)): ApiPath<(String, String)>,
     IfMatch(expected): IfMatch,
+    actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let mut violations = Violations::new();
     let pod = check_pod(&pod_id, &node, &mut violations);
@@ -220,9 +223,8 @@ async fn delete_pod_health(
     let Some(pod) = pod else {
         return Err(ApiError::internal("validation passed without a pod"));
     };
-    let cas = expected.map_or(Cas::Any, Cas::Index);
-    match app.store.delete(&HealthStore::key(&pod), cas).await {
-        Err(StoreError::Conflict { .. }) => Err(stale(
+    match app.health().delete(&pod, expected, &actor).await {
+        Err(StoreError::Conflict { .. }) if expected.is_some() => Err(stale(
             &format!("health of {pod_id:?} on {node:?}"),
             expected.unwrap_or_default(),
         )),

@@ -23,11 +23,12 @@ use crate::api::preconditions::etag;
 use crate::api::reads::{reader, ConsistentFilter};
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
-use crate::kv::{Cas, TxnOp};
+use crate::model::event::Actor;
 use crate::model::manifest::errors_at;
 use crate::model::Manifest;
 use crate::state::Tree;
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation, PodTree};
+use crate::store::reports::Report;
 
 /// OpenAPI tag of the reality routes (the intent route is under the pods tag).
 pub const TAG: &str = "reality";
@@ -153,6 +154,7 @@ async fn put_reality(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath((node, pod_id)): ApiPath<(String, String)>,
+    actor: Actor,
     YamlBody(text): YamlBody,
 ) -> Result<Response, ApiError> {
     let mut violations = Violations::new();
@@ -175,16 +177,9 @@ async fn put_reality(
     violations.finish()?;
     let pod = pod.ok_or_else(|| ApiError::internal("validation passed without a pod"))?;
 
-    let set = TxnOp::Set {
-        key: PodTree::Reality.key(&pod),
-        value: text.into_bytes(),
-    };
-    let written = app.store.txn(std::slice::from_ref(&set)).await?;
-    let index = written
-        .into_iter()
-        .next()
-        .flatten()
-        .map_or(0, |pair| pair.modify_index);
+    let index = Report::reality(&pod)
+        .write(app.store.as_ref(), Some(text.into_bytes()), None, &actor)
+        .await?;
     Ok((StatusCode::NO_CONTENT, [etag(index)]).into_response())
 }
 
@@ -204,10 +199,11 @@ async fn delete_reality(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath((node, pod_id)): ApiPath<(String, String)>,
+    actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let pod = valid_pod(&node, &pod_id)?;
-    app.store
-        .delete(&PodTree::Reality.key(&pod), Cas::Any)
+    Report::reality(&pod)
+        .write(app.store.as_ref(), None, None, &actor)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

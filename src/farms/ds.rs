@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use crate::kv::TxnOp;
 use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
 use crate::model::conditions::{ds_conditions, DsFacts};
-use crate::model::event::{diff, ds_fields, Action, FieldChange, ObjectKind};
+use crate::model::event::{diff, ds_fields, Action, Event, FieldChange, ObjectKind};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 use crate::store::layout::{self, LEADER_LOCK};
@@ -343,11 +343,18 @@ impl DsFarm {
                 .insert(ds_id.to_owned(), Instant::now() + RECHECK_PRESENT);
             return Ok(());
         }
+        let mut nodes: BTreeSet<&str> = pods.iter().map(|(node, _)| node.as_str()).collect();
         for batch in pods.chunks(NODES_PER_TXN) {
-            let ops = batch
+            let before = nodes.clone();
+            let mut ops: Vec<TxnOp> = batch
                 .iter()
                 .flat_map(|pod| unschedule_ops(world, pod, &[DS_ID_LABEL]))
                 .collect();
+            for (node, _) in batch {
+                nodes.remove(node.as_str());
+            }
+            let event = nodes_event(ctx, ds_id, &before, &nodes);
+            ops.extend(ctx.record(&event).await?);
             ctx.commit(LEADER_LOCK, ops).await?;
         }
         tracing::info!(ds = %ds_id, pods = pods.len(), "removed pods of a deleted daemon set");
@@ -706,14 +713,7 @@ async fn apply(
                 nodes.remove(*node);
             }
         }
-        let change = FieldChange {
-            field: "nodes".to_owned(),
-            before: json!(before),
-            after: json!(nodes),
-        };
-        let event =
-            ctx.actor(FARM)
-                .event(ObjectKind::Daemonsets, id, Action::Scheduled, vec![change]);
+        let event = nodes_event(ctx, id, &before, &nodes);
         ops.extend(ctx.record(&event).await?);
         ctx.commit(&lock, ops).await?;
     }
@@ -722,6 +722,22 @@ async fn apply(
                        replaced = plan.replace.len(), "daemon set retargeted");
     }
     Ok(())
+}
+
+/// The farm's event of daemon set `id`'s pods moving from the nodes `before` to `after`.
+fn nodes_event(
+    ctx: &FarmContext,
+    id: &str,
+    before: &BTreeSet<&str>,
+    after: &BTreeSet<&str>,
+) -> Event {
+    let change = FieldChange {
+        field: "nodes".to_owned(),
+        before: json!(before),
+        after: json!(after),
+    };
+    ctx.actor(FARM)
+        .event(ObjectKind::Daemonsets, id, Action::Scheduled, vec![change])
 }
 
 #[cfg(test)]

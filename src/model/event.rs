@@ -16,6 +16,7 @@ use utoipa::ToSchema;
 use super::health::HealthCounts;
 use super::timestamp::format_rfc3339;
 use super::{StoredDaemonSet, StoredRc, StoredRoll};
+use crate::labels::LabelType;
 
 /// The kinds of object events are about; named as in the change stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -47,13 +48,90 @@ impl ObjectKind {
     }
 }
 
+/// What an event is about, named and identified as the change stream names the entry that
+/// changed: an object of a document kind; a node's labels (`nodes`, by node name) or another
+/// object's labels (`labels`, as `<type>/<id>`); the manifest a node reports running
+/// (`reality`, as `<node>/<pod_id>`) or a pod's health on a node (`health`, as
+/// `<pod_id>/<node>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Rcs,
+    Rolls,
+    Daemonsets,
+    Nodes,
+    Labels,
+    Reality,
+    Health,
+}
+
+impl EventKind {
+    /// Every kind.
+    pub const ALL: [EventKind; 7] = [
+        EventKind::Rcs,
+        EventKind::Rolls,
+        EventKind::Daemonsets,
+        EventKind::Nodes,
+        EventKind::Labels,
+        EventKind::Reality,
+        EventKind::Health,
+    ];
+
+    /// The name used in events and in `?kind=`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Rcs => "rcs",
+            EventKind::Rolls => "rolls",
+            EventKind::Daemonsets => "daemonsets",
+            EventKind::Nodes => "nodes",
+            EventKind::Labels => "labels",
+            EventKind::Reality => "reality",
+            EventKind::Health => "health",
+        }
+    }
+
+    /// The kind named `name`.
+    pub fn parse(name: &str) -> Option<EventKind> {
+        EventKind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+    }
+
+    /// The document kind, whose objects have times kept beside them; `None` for the others.
+    pub fn document(self) -> Option<ObjectKind> {
+        ObjectKind::ALL
+            .into_iter()
+            .find(|kind| EventKind::from(*kind) == self)
+    }
+
+    /// The kind and id of the events about the labels of `label_type` `id`.
+    pub fn of_labels(label_type: LabelType, id: &str) -> (EventKind, String) {
+        match label_type {
+            LabelType::Node => (EventKind::Nodes, id.to_owned()),
+            _ => (EventKind::Labels, format!("{label_type}/{id}")),
+        }
+    }
+}
+
+impl From<ObjectKind> for EventKind {
+    fn from(kind: ObjectKind) -> Self {
+        match kind {
+            ObjectKind::Rcs => EventKind::Rcs,
+            ObjectKind::Rolls => EventKind::Rolls,
+            ObjectKind::Daemonsets => EventKind::Daemonsets,
+        }
+    }
+}
+
 /// What happened to the object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
+    /// It came to be: for labels and reports, the first of them.
     Created,
     /// Its document changed.
     Updated,
+    /// It is gone: for labels and reports, the last of them.
     Deleted,
     /// A farm placed or removed its pods (the document is unchanged).
     Scheduled,
@@ -65,6 +143,18 @@ pub enum Action {
     Failed,
     /// A farm cannot do what the object asks; `message` says why.
     Alert,
+}
+
+impl Action {
+    /// The action of a change to something that may be absent before or after it, such as a
+    /// label set or a report: `Created`, `Deleted` or `Updated`.
+    pub fn of_change(existed: bool, exists: bool) -> Action {
+        match (existed, exists) {
+            (false, _) => Action::Created,
+            (true, false) => Action::Deleted,
+            (true, true) => Action::Updated,
+        }
+    }
 }
 
 /// One field's value before and after a change; `null` where it had none.
@@ -90,7 +180,7 @@ pub struct Event {
     /// for the leader's farms.
     pub actor: String,
     pub action: Action,
-    pub kind: ObjectKind,
+    pub kind: EventKind,
     /// The object's id.
     pub object_id: String,
     /// The `X-Request-Id` of the API request that made the change; `null` for farms.
@@ -152,7 +242,7 @@ impl Actor {
     /// The event of `action` on `kind` `id`, changing `changes`, happening now.
     pub fn event(
         &self,
-        kind: ObjectKind,
+        kind: impl Into<EventKind>,
         id: &str,
         action: Action,
         changes: Vec<FieldChange>,
@@ -163,7 +253,7 @@ impl Actor {
             time: format_rfc3339(now),
             actor: self.name.clone(),
             action,
-            kind,
+            kind: kind.into(),
             object_id: id.to_owned(),
             request_id: self.request_id.clone(),
             changes,

@@ -42,7 +42,10 @@ pub async fn record_ops(kv: &dyn KvStore, event: &Event) -> StoreResult<Vec<TxnO
         key: layout::event(&event.id),
         value: event.to_json(),
     }];
-    let key = layout::meta(event.kind, &event.object_id);
+    let Some(kind) = event.kind.document() else {
+        return Ok(ops);
+    };
+    let key = layout::meta(kind, &event.object_id);
     let created = match event.action {
         Action::Created => Some(event.time.clone()),
         Action::Updated => read_meta(kv, &key).await?.and_then(|meta| meta.created),

@@ -19,7 +19,9 @@ use crate::model::{HealthRecord, HealthState};
 
 use super::layout;
 use super::pods::PodLocation;
-use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use super::reports::Report;
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult};
+use crate::model::event::Actor;
 
 /// One health record as read, with where it was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,35 +105,42 @@ impl HealthStore {
         Ok((index, all))
     }
 
-    /// Records `state` for `pod` as taken at `now`, in the preparer's format. With
-    /// `expected` the write happens only if the key is still at that modify index (0: only
-    /// if absent), a `Conflict` otherwise.
+    /// Records `state` for `pod` as taken at `now`, in the preparer's format, with `actor`'s
+    /// event when the status changes (see [`Report`]). With `expected` the write happens
+    /// only if the key is still at that modify index (0: only if absent), a `Conflict`
+    /// otherwise.
     pub async fn put(
         &self,
         pod: &PodLocation,
         state: HealthState,
         now: SystemTime,
         expected: Option<u64>,
+        actor: &Actor,
     ) -> StoreResult<HealthEntry> {
         let record = HealthRecord::new(pod.pod_id(), pod.node(), state, now);
-        let key = Self::key(pod);
-        let value = record.to_json();
-        let op = match expected {
-            Some(index) => TxnOp::Cas { key, value, index },
-            None => TxnOp::Set { key, value },
-        };
-        let results = self.kv.txn(std::slice::from_ref(&op)).await?;
-        let index = results
-            .into_iter()
-            .next()
-            .flatten()
-            .map_or(0, |pair| pair.modify_index);
+        let index = Report::health(pod)
+            .write(self.kv.as_ref(), Some(record.to_json()), expected, actor)
+            .await?;
         Ok(HealthEntry {
             pod_id: pod.pod_id().to_owned(),
             node: pod.node().to_owned(),
             record,
             index,
         })
+    }
+
+    /// Removes `pod`'s record, if still at `expected` when given; with `actor`'s event when
+    /// there was one.
+    pub async fn delete(
+        &self,
+        pod: &PodLocation,
+        expected: Option<u64>,
+        actor: &Actor,
+    ) -> StoreResult<()> {
+        Report::health(pod)
+            .write(self.kv.as_ref(), None, expected, actor)
+            .await
+            .map(drop)
     }
 
     async fn read(&self, prefix: &str) -> StoreResult<(u64, Vec<HealthEntry>)> {

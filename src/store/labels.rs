@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use crate::labels::{LabelType, Labeled, Labels, Selector};
 
+use super::events::record_ops;
 use super::layout;
 use super::update::update_with_retry;
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreResult, TxnOp};
+use crate::model::event::{diff, Action, Actor, Event, EventKind};
 
 /// One object's labels and the modify index they were read at (0 when it has none).
 pub type LabelRecord = Versioned<Labels>;
@@ -58,8 +60,9 @@ impl LabelStore {
         id: &str,
         labels: Labels,
         expected: Option<u64>,
+        actor: &Actor,
     ) -> StoreResult<LabelRecord> {
-        self.update(label_type, id, expected, move |current| {
+        self.update(label_type, id, expected, actor, move |current| {
             *current = labels.clone()
         })
         .await
@@ -68,12 +71,14 @@ impl LabelStore {
     /// Applies `change` to an object's labels with check-and-set, by the rule of
     /// [`update_with_retry`]: with `expected` only at that index (a `Conflict` otherwise);
     /// without it re-applied to the latest labels until it lands, so concurrent writers of
-    /// different keys all win.
+    /// different keys all win. A change that changes something is recorded as `actor`'s
+    /// event in the same transaction. Returns the new record.
     pub async fn update(
         &self,
         label_type: LabelType,
         id: &str,
         expected: Option<u64>,
+        actor: &Actor,
         change: impl Fn(&mut Labels) + Send + Sync,
     ) -> StoreResult<LabelRecord> {
         let change = &change;
@@ -84,13 +89,18 @@ impl LabelStore {
             |current| async move {
                 let mut labels = current.value.clone();
                 change(&mut labels);
-                let op = (labels != current.value)
-                    .then(|| write_op(label_type, id, &labels, current.index))
-                    .flatten();
+                // A key left empty or unreadable is removed even though no label changes.
+                let op = write_op(label_type, id, &labels, current.index)
+                    .filter(|_| labels != current.value || labels.is_empty());
                 let Some(op) = op else {
                     return Ok(Ok(current));
                 };
-                Ok(self.kv.txn(std::slice::from_ref(&op)).await.map(|results| {
+                let mut ops = vec![op];
+                if labels != current.value {
+                    let event = event(actor, label_type, id, &current.value, &labels);
+                    ops.extend(record_ops(self.kv.as_ref(), &event).await?);
+                }
+                Ok(self.kv.txn(&ops).await.map(|results| {
                     let index = results
                         .into_iter()
                         .next()
@@ -106,31 +116,33 @@ impl LabelStore {
         .await
     }
 
-    /// Removes every label of an object (an unconditional delete, as P2's "remove all").
+    /// Removes every label of an object (if still at `expected`, when given); removing the
+    /// labels of an object that has none succeeds, unless `expected` names a version.
     pub async fn delete(
         &self,
         label_type: LabelType,
         id: &str,
         expected: Option<u64>,
+        actor: &Actor,
     ) -> StoreResult<()> {
-        let key = layout::labels(label_type, id);
-        match expected {
-            Some(index) => {
-                let op = TxnOp::DeleteCas {
-                    key: key.clone(),
-                    index,
-                };
-                // Delete-CAS of an absent key succeeds; an If-Match on nothing must not.
-                let check = if index == 0 {
-                    TxnOp::CheckNotExists { key }
-                } else {
-                    TxnOp::CheckIndex { key, index }
-                };
-                self.kv.txn(&[check, op]).await.map(drop)
-            }
-            None => self.kv.delete(&key, crate::kv::Cas::Any).await,
-        }
+        self.update(label_type, id, expected, actor, Labels::clear)
+            .await
+            .map(drop)
     }
+}
+
+/// The event of `actor` changing the labels of `label_type` `id` from `before` to `after`:
+/// one change per label.
+fn event(actor: &Actor, label_type: LabelType, id: &str, before: &Labels, after: &Labels) -> Event {
+    let (kind, object_id) = EventKind::of_labels(label_type, id);
+    let as_json = |labels: &Labels| serde_json::to_value(labels).unwrap_or_default();
+    let action = Action::of_change(!before.is_empty(), !after.is_empty());
+    actor.event(
+        kind,
+        &object_id,
+        action,
+        diff(&as_json(before), &as_json(after)),
+    )
 }
 
 /// The txn op that makes an object's labels `labels`, given the index they were read at:

@@ -12,6 +12,7 @@ pub mod layout;
 pub mod own_writes;
 pub mod pods;
 pub mod rcs;
+pub mod reports;
 pub mod roll_creation;
 pub mod rolls;
 pub mod update;

@@ -14,13 +14,17 @@ use crate::support::api::{item_ids, TestApp, TestResponse};
 const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
 const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
 
-/// An app whose tokens are `alice` (deployer, token `alice-token`) and `viewer`
-/// (`viewer-token`).
+/// An app whose tokens are `alice` (deployer, token `alice-token`), `viewer`
+/// (`viewer-token`) and `agent1` (agent, `agent1-token`).
 async fn secured() -> (TestApp, TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens.yaml");
     let mut text = String::from("tokens:\n");
-    for (name, role) in [("alice", "deployer"), ("viewer", "viewer")] {
+    for (name, role) in [
+        ("alice", "deployer"),
+        ("viewer", "viewer"),
+        ("agent1", "agent"),
+    ] {
         let digest = format!("{:x}", Sha256::digest(format!("{name}-token").as_bytes()));
         text += &format!("  - {{name: {name}, role: {role}, sha256: {digest}}}\n");
     }
@@ -31,6 +35,7 @@ async fn secured() -> (TestApp, TempDir) {
 
 const ALICE: (&str, &str) = ("authorization", "Bearer alice-token");
 const VIEWER: (&str, &str) = ("authorization", "Bearer viewer-token");
+const AGENT: (&str, &str) = ("authorization", "Bearer agent1-token");
 
 fn rc_spec() -> Value {
     json!({"manifest": MANIFEST, "node_selector": "", "replicas_desired": 1, "labels": {}})
@@ -395,4 +400,203 @@ async fn a_cancelled_roll_stays_readable_as_finished() {
         .map(|e| e["action"].as_str().unwrap())
         .collect();
     assert_eq!(actions, ["cancelled", "created"]);
+}
+
+/// Each event's action, kind, id and changes as `field: before -> after`, oldest first.
+fn changes(events: &[Value]) -> Vec<(String, String, String, Vec<String>)> {
+    let text = |event: &Value, field: &str| event[field].as_str().unwrap().to_owned();
+    events
+        .iter()
+        .rev()
+        .map(|event| {
+            let changes = event["changes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}: {} -> {}",
+                        c["field"].as_str().unwrap(),
+                        c["before"],
+                        c["after"]
+                    )
+                })
+                .collect();
+            (
+                text(event, "action"),
+                text(event, "kind"),
+                text(event, "object_id"),
+                changes,
+            )
+        })
+        .collect()
+}
+
+fn change(
+    action: &str,
+    kind: &str,
+    id: &str,
+    changes: &[&str],
+) -> (String, String, String, Vec<String>) {
+    let changes = changes.iter().map(|c| c.to_string()).collect();
+    (action.to_owned(), kind.to_owned(), id.to_owned(), changes)
+}
+
+#[tokio::test]
+async fn label_writes_through_both_label_apis_are_events_and_unchanged_sets_are_not() {
+    let (app, _dir) = secured().await;
+    let v1 = "/api/v1/labels/pod/node1%2Fhello";
+    let set = json!({"labels": {"app": "hello", "tier": "web"}});
+    send(
+        &app,
+        "PUT",
+        v1,
+        Some(&set),
+        &[ALICE, ("x-request-id", "req-9")],
+    )
+    .await;
+    send(&app, "PUT", v1, Some(&set), &[ALICE]).await;
+    let patch = json!({"labels": {"tier": null, "zone": "a"}});
+    send(&app, "PATCH", v1, Some(&patch), &[ALICE]).await;
+    let p2 = "/api/labels/node/node1";
+    send(
+        &app,
+        "PUT",
+        p2,
+        Some(&json!({"values": {"role": "web"}})),
+        &[ALICE],
+    )
+    .await;
+    send(
+        &app,
+        "PUT",
+        &format!("{p2}/rack"),
+        Some(&json!({"value": "r1"})),
+        &[ALICE],
+    )
+    .await;
+    send(&app, "DELETE", &format!("{p2}/role"), None, &[ALICE]).await;
+    send(&app, "DELETE", p2, None, &[ALICE]).await;
+    send(&app, "DELETE", p2, None, &[ALICE]).await;
+    send(&app, "DELETE", v1, None, &[ALICE]).await;
+
+    let listed = events(&app, "", &[VIEWER]).await;
+    assert!(listed.iter().all(|e| e["actor"] == "alice"), "{listed:?}");
+    assert_eq!(listed.last().unwrap()["request_id"], "req-9");
+    let pod = "pod/node1/hello";
+    assert_eq!(
+        changes(&listed),
+        [
+            change(
+                "created",
+                "labels",
+                pod,
+                &[r#"app: null -> "hello""#, r#"tier: null -> "web""#]
+            ),
+            change(
+                "updated",
+                "labels",
+                pod,
+                &[r#"tier: "web" -> null"#, r#"zone: null -> "a""#]
+            ),
+            change("created", "nodes", "node1", &[r#"role: null -> "web""#]),
+            change("updated", "nodes", "node1", &[r#"rack: null -> "r1""#]),
+            change("updated", "nodes", "node1", &[r#"role: "web" -> null"#]),
+            change("deleted", "nodes", "node1", &[r#"rack: "r1" -> null"#]),
+            change(
+                "deleted",
+                "labels",
+                pod,
+                &[r#"app: "hello" -> null"#, r#"zone: "a" -> null"#]
+            ),
+        ]
+    );
+    assert_eq!(
+        events(&app, "?kind=nodes&id=node1", &[VIEWER]).await.len(),
+        4
+    );
+    assert!(app.keys("p2-apiserver/meta/").await.is_empty());
+}
+
+#[tokio::test]
+async fn agent_reports_are_events_when_what_they_say_changes() {
+    let (app, _dir) = secured().await;
+    let yaml = [("content-type", "application/yaml"), AGENT];
+    let reality = "/api/v1/reality/node1/hello";
+    for manifest in [MANIFEST, MANIFEST, NEW_MANIFEST] {
+        let put = app
+            .send_raw("PUT", reality, &yaml, manifest.to_owned())
+            .await;
+        assert_eq!(put.status, StatusCode::NO_CONTENT, "{put:?}");
+    }
+    for _ in 0..2 {
+        send(&app, "DELETE", reality, None, &[AGENT]).await;
+    }
+    let health = "/api/v1/health/hello/node1";
+    for status in ["passing", "passing", "critical"] {
+        send(
+            &app,
+            "PUT",
+            health,
+            Some(&json!({"status": status})),
+            &[AGENT],
+        )
+        .await;
+    }
+    for _ in 0..2 {
+        send(&app, "DELETE", health, None, &[AGENT]).await;
+    }
+
+    let listed = events(&app, "", &[VIEWER]).await;
+    assert!(listed.iter().all(|e| e["actor"] == "agent1"), "{listed:?}");
+    let sha = |manifest: &str| {
+        let parsed = p2_apiserver::model::Manifest::parse(manifest).unwrap();
+        format!("\"sha256:{}\"", parsed.sha())
+    };
+    let (old, new) = (sha(MANIFEST), sha(NEW_MANIFEST));
+    assert_eq!(
+        changes(&listed),
+        [
+            change(
+                "created",
+                "reality",
+                "node1/hello",
+                &[&format!("manifest: null -> {old}")]
+            ),
+            change(
+                "updated",
+                "reality",
+                "node1/hello",
+                &[&format!("manifest: {old} -> {new}")]
+            ),
+            change(
+                "deleted",
+                "reality",
+                "node1/hello",
+                &[&format!("manifest: {new} -> null")]
+            ),
+            change(
+                "created",
+                "health",
+                "hello/node1",
+                &[r#"status: null -> "passing""#]
+            ),
+            change(
+                "updated",
+                "health",
+                "hello/node1",
+                &[r#"status: "passing" -> "critical""#]
+            ),
+            change(
+                "deleted",
+                "health",
+                "hello/node1",
+                &[r#"status: "critical" -> null"#]
+            ),
+        ]
+    );
+    let response = app
+        .json_request("GET", "/api/v1/events?kind=pods", None, &[VIEWER])
+        .await;
+    assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
 }

@@ -2,7 +2,7 @@
 //! at `/openapi.json`, with Swagger UI at `/docs`.
 //!
 //! After an intended API change, regenerate the committed copy with
-//! `UPDATE_OPENAPI=1 cargo test --test openapi`.
+//! `UPDATE_OPENAPI=1 cargo test --test api openapi`.
 
 use crate::support::api::TestApp;
 use p2_apiserver::router;
@@ -25,7 +25,7 @@ fn committed_document_matches_the_code() {
         serde_json::from_str(&std::fs::read_to_string(COMMITTED).unwrap()).unwrap();
     assert!(
         committed == generated,
-        "openapi/openapi.json is stale; run UPDATE_OPENAPI=1 cargo test --test openapi"
+        "openapi/openapi.json is stale; run UPDATE_OPENAPI=1 cargo test --test api openapi"
     );
 }
 

@@ -6,6 +6,7 @@ use crate::support::api::{labels, TestApp, TestResponse};
 use axum::body::Body;
 use axum::http::StatusCode;
 use p2_apiserver::kv::{Cas, StoreError};
+use p2_apiserver::model::event::Actor;
 use p2_apiserver::model::{HealthState, Manifest};
 use p2_apiserver::store::health::HealthStore;
 use p2_apiserver::store::labels::LabelRecord;
@@ -805,12 +806,17 @@ async fn health_store_keys_results_by_the_records_node() {
     assert!(all.contains_key(&("hello".to_string(), "renamed".to_string())));
 
     let pod = PodLocation::new("node3", "hello").unwrap();
+    let agent = Actor {
+        name: "agent".into(),
+        request_id: None,
+    };
     let written = health
         .put(
             &pod,
             HealthState::Critical,
             std::time::SystemTime::now(),
             Some(0),
+            &agent,
         )
         .await
         .unwrap();
@@ -821,7 +827,8 @@ async fn health_store_keys_results_by_the_records_node() {
                 &pod,
                 HealthState::Passing,
                 std::time::SystemTime::now(),
-                Some(0)
+                Some(0),
+                &agent,
             )
             .await,
         Err(StoreError::Conflict { .. })

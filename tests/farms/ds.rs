@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::support::farms::{Harness, MANIFEST};
 use p2_apiserver::kv::{Cas, KvStore};
 use p2_apiserver::labels::LabelType;
+use p2_apiserver::model::event::{Action, Event};
 use p2_apiserver::model::Manifest;
 use serde_json::{json, Value};
 
@@ -229,6 +230,19 @@ async fn dangling_pods_are_cleaned_up_but_an_empty_tree_wipes_nothing_unseen() {
     h.wait_until(|| async { h.intent("node1", "leftover").await.is_none().then_some(()) })
         .await;
     assert!(h.labelled_nodes(DS_ID, &unknown).await.is_empty());
+    let listing = h.store.list("p2-apiserver/events/").await.unwrap();
+    let removal = listing
+        .pairs
+        .iter()
+        .map(|pair| Event::from_json(&pair.value).unwrap())
+        .find(|event| event.object_id == unknown)
+        .expect("removing a gone daemon set's pods is an event");
+    assert_eq!(removal.action, Action::Scheduled);
+    assert!(removal.actor.starts_with("farm:ds@"), "{removal:?}");
+    assert_eq!(
+        (&removal.changes[0].before, &removal.changes[0].after),
+        (&json!(["node1"]), &json!([]))
+    );
 
     // Deleting the only daemon set empties the tree, but this term saw it exist.
     h.store

@@ -1,0 +1,124 @@
+//! Node agents' reports: the manifest a node runs (`reality/<node>/<pod_id>`) and a pod's
+//! health on a node (`health/<pod_id>/<node>`), written with check-and-set so that a change
+//! in what a report says is recorded as an event in the same transaction.
+//!
+//! Agents repeat their reports, so only a change is an event: a reality report whose
+//! manifest has another SHA, a health report whose status differs. A re-report of the same
+//! thing is written (its bytes or time may differ) without one, so events stay a record of
+//! changes rather than of heartbeats.
+
+use serde_json::Value;
+
+use super::events::record_ops;
+use super::health::HealthStore;
+use super::pods::{PodLocation, PodTree};
+use super::update::update_with_retry;
+use super::Versioned;
+use crate::kv::{KvStore, StoreResult, TxnOp};
+use crate::model::event::{Action, Actor, EventKind, FieldChange};
+use crate::model::{HealthRecord, Manifest};
+
+/// One report's key, and how its events name and summarize it.
+pub struct Report {
+    kind: EventKind,
+    id: String,
+    key: String,
+    /// The field an event shows before and after.
+    field: &'static str,
+    /// What of a stored value an event shows; a change of it is an event.
+    summarize: fn(&[u8]) -> Value,
+}
+
+impl Report {
+    /// The manifest `pod`'s node reports running, shown by its P2 SHA.
+    pub fn reality(pod: &PodLocation) -> Report {
+        Report {
+            kind: EventKind::Reality,
+            id: pod.label_id(),
+            key: PodTree::Reality.key(pod),
+            field: "manifest",
+            summarize: |bytes| {
+                let text = String::from_utf8_lossy(bytes);
+                Manifest::parse(&text).map_or_else(
+                    |_| "unreadable".into(),
+                    |m| format!("sha256:{}", m.sha()).into(),
+                )
+            },
+        }
+    }
+
+    /// `pod`'s health on its node, shown by its status.
+    pub fn health(pod: &PodLocation) -> Report {
+        Report {
+            kind: EventKind::Health,
+            id: format!("{}/{}", pod.pod_id(), pod.node()),
+            key: HealthStore::key(pod),
+            field: "status",
+            summarize: |bytes| {
+                HealthRecord::from_json(bytes)
+                    .map_or_else(|_| "unreadable".into(), |r| r.status.as_str().into())
+            },
+        }
+    }
+
+    /// Stores `value` as the report, or removes it for `None` (nothing to do when there is
+    /// none), by the rule of [`update_with_retry`]: with `expected` only at that index (0:
+    /// only while there is none). Returns the report's new modify index, 0 once removed.
+    pub async fn write(
+        &self,
+        kv: &dyn KvStore,
+        value: Option<Vec<u8>>,
+        expected: Option<u64>,
+        actor: &Actor,
+    ) -> StoreResult<u64> {
+        let value = &value;
+        update_with_retry(
+            &format!("the {} report {:?}", self.kind.as_str(), self.id),
+            expected,
+            || async {
+                let pair = kv.get(&self.key).await?;
+                Ok(pair.map_or_else(Versioned::default, |pair| Versioned {
+                    index: pair.modify_index,
+                    value: Some(pair.value),
+                }))
+            },
+            |current: Versioned<Option<Vec<u8>>>| async move {
+                let key = self.key.clone();
+                let op = match value {
+                    Some(value) => TxnOp::Cas {
+                        key,
+                        value: value.clone(),
+                        index: current.index,
+                    },
+                    None if current.index == 0 => return Ok(Ok(0)),
+                    None => TxnOp::DeleteCas {
+                        key,
+                        index: current.index,
+                    },
+                };
+                let mut ops = vec![op];
+                let shown =
+                    |value: &Option<Vec<u8>>| value.as_deref().map_or(Value::Null, self.summarize);
+                let (before, after) = (shown(&current.value), shown(value));
+                if before != after {
+                    let action = Action::of_change(!before.is_null(), !after.is_null());
+                    let change = FieldChange {
+                        field: self.field.to_owned(),
+                        before,
+                        after,
+                    };
+                    let event = actor.event(self.kind, &self.id, action, vec![change]);
+                    ops.extend(record_ops(kv, &event).await?);
+                }
+                Ok(kv.txn(&ops).await.map(|results| {
+                    results
+                        .into_iter()
+                        .next()
+                        .flatten()
+                        .map_or(0, |pair| pair.modify_index)
+                }))
+            },
+        )
+        .await
+    }
+}
