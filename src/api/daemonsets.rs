@@ -43,7 +43,7 @@ use crate::model::{
     StoredDaemonSet,
 };
 use crate::state::Tree;
-use crate::store::conditions::{mirrored, read_conditions};
+use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::daemon_sets::{
     self, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
 };
@@ -215,11 +215,15 @@ async fn list_daemon_sets(
                 .await?;
             let (index, records) = app.daemon_sets().list().await?;
             let mut times = list_meta(app.store.as_ref(), ObjectKind::Daemonsets).await?;
+            let mut conditions = ConditionStore::new(app.store.clone())
+                .list(ObjectKind::Daemonsets)
+                .await?;
             let items = records
                 .iter()
                 .filter(|r| wanted(&r.value))
                 .map(|r| {
-                    let conditions = mirrored(&app.mirror, ObjectKind::Daemonsets, &r.value.id);
+                    let conditions = conditions.remove(&r.value.id).flatten();
+                    let conditions = conditions.map(|r| r.conditions).unwrap_or_default();
                     daemon_set(r, None, conditions).with_times(times.remove(&r.value.id))
                 })
                 .collect();

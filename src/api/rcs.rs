@@ -32,7 +32,7 @@ use crate::model::conditions::Condition;
 use crate::model::event::{Actor, Meta, ObjectKind};
 use crate::model::{NewRc, RcId, RcPatch, RcSpec, StoredRc};
 use crate::state::{Mirror, Tree};
-use crate::store::conditions::{mirrored, read_conditions};
+use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::layout;
 use crate::store::rcs::{self, RcRecord, RcStore};
@@ -297,6 +297,9 @@ async fn list_rcs(
     let (labels_index, rc_labels) = label_store.list(LabelType::ReplicationController).await?;
     let (pods_index, pods) = label_store.list(LabelType::Pod).await?;
     let mut times = list_meta(app.store.as_ref(), ObjectKind::Rcs).await?;
+    let mut conditions = ConditionStore::new(app.store.clone())
+        .list(ObjectKind::Rcs)
+        .await?;
 
     let mut labels_by_rc: BTreeMap<String, Labels> = rc_labels
         .into_iter()
@@ -315,7 +318,8 @@ async fn list_rcs(
             query.selector.matches(&labels).then(|| {
                 let pods = pods_by_rc.get(record.value.id.as_str());
                 let status = RcStatus::from_pods(pods.into_iter().flatten().copied());
-                let conditions = mirrored(&app.mirror, ObjectKind::Rcs, &record.value.id);
+                let conditions = conditions.remove(&record.value.id).flatten();
+                let conditions = conditions.map(|r| r.conditions).unwrap_or_default();
                 RcView::new(record, labels, status, conditions)
                     .with_times(times.remove(&record.value.id))
             })
