@@ -21,12 +21,14 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::index_header;
+use crate::api::blocking::{index_header, Blocking};
 use crate::api::extract::{ApiJson, ApiPath, MergePatch, NoQuery};
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
-use crate::api::reads::{mirror_index, source, Source};
+use crate::api::reads::{
+    indexed_reader, mirror_index, reader, source, IndexedReader, ReadParams, ReadQuery, Source,
+};
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
@@ -40,8 +42,8 @@ use crate::model::{
     ds_spec, CreateDaemonSet, DaemonSetId, DaemonSetPatch, HealthCounts, HealthState, PodHealth,
     StoredDaemonSet,
 };
-use crate::state::{Mirror, Tree};
-use crate::store::conditions::mirrored;
+use crate::state::Tree;
+use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::daemon_sets::{
     self, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
 };
@@ -201,7 +203,8 @@ async fn list_daemon_sets(
                 .filter(|r| wanted(&r.value))
                 .map(|r| {
                     let meta = mirrored_meta(mirror, ObjectKind::Daemonsets, &r.value.id);
-                    daemon_set(mirror, &r, None).with_times(meta)
+                    let conditions = mirrored(mirror, ObjectKind::Daemonsets, &r.value.id);
+                    daemon_set(&r, None, conditions).with_times(meta)
                 })
                 .collect();
             (index, items)
@@ -212,10 +215,17 @@ async fn list_daemon_sets(
                 .await?;
             let (index, records) = app.daemon_sets().list().await?;
             let mut times = list_meta(app.store.as_ref(), ObjectKind::Daemonsets).await?;
+            let mut conditions = ConditionStore::new(app.store.clone())
+                .list(ObjectKind::Daemonsets)
+                .await?;
             let items = records
                 .iter()
                 .filter(|r| wanted(&r.value))
-                .map(|r| daemon_set(&app.mirror, r, None).with_times(times.remove(&r.value.id)))
+                .map(|r| {
+                    let conditions = conditions.remove(&r.value.id).flatten();
+                    let conditions = conditions.map(|r| r.conditions).unwrap_or_default();
+                    daemon_set(r, None, conditions).with_times(times.remove(&r.value.id))
+                })
                 .collect();
             (index, items)
         }
@@ -267,61 +277,51 @@ async fn create_daemon_set(
         .uuid();
     // The daemon set exists now: a failure to read its status must not turn into an error
     // that makes the client create it again.
-    let status = match rollout_status(&app.store, id, &record).await {
-        Ok(status) => Some(status),
+    let view = match current_view(&app, id, &record).await {
+        Ok(view) => view,
         Err(e) => {
             tracing::warn!(error = %e, "reading a new daemon set's status failed");
-            None
+            daemon_set(&record, None, Vec::new())
         }
     };
-    let meta = read_meta(
-        app.store.as_ref(),
-        &layout::meta(ObjectKind::Daemonsets, id),
-    )
-    .await?;
-    created(
-        &format!("/api/v1/daemonsets/{id}"),
-        record.index,
-        daemon_set(&app.mirror, &record, status).with_times(meta),
-    )
+    created(&format!("/api/v1/daemonsets/{id}"), record.index, view)
 }
 
 /// Reads one daemon set with its rollout status.
+///
+/// Served from the server's mirror of the store unless `?consistent=true` (see `X-Index`).
+/// Blocks with `?index=&wait=` until anything its status is made of changes: daemon sets,
+/// node and pod labels, intents, reality, health or the farm's status records.
 #[utoipa::path(
     get,
     path = "/daemonsets/{id}",
     tag = TAG,
-    params(("id" = inline(DaemonSetId), Path, description = "Daemon set ID")),
+    params(("id" = inline(DaemonSetId), Path, description = "Daemon set ID"), ReadParams),
     responses(
         (status = OK, description = "The daemon set", body = DaemonSet,
-            headers(("ETag" = String, description = "The version, for If-Match"))),
+            headers(("ETag" = String, description = "The version, for If-Match"),
+                    ("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
+        (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
         (status = NOT_FOUND, description = "No such daemon set", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "The ID is not a UUID", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "The ID is not a UUID, or a bad index or wait", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The stored daemon set cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
 async fn get_daemon_set(
     State(app): State<AppState>,
-    _: NoQuery,
+    query: ReadQuery,
     ApiPath(id): ApiPath<DaemonSetId>,
 ) -> Result<impl IntoResponse, ApiError> {
     let id = id.uuid();
-    let record = app
-        .daemon_sets()
+    let IndexedReader { kv, index } =
+        indexed_reader(&app, &DS_TREES, &[], query.consistent, query.blocking).await?;
+    let record = DaemonSetStore::new(kv.clone())
         .get(id)
         .await?
         .ok_or(DaemonSetError::NotFound(id))?;
-    let status = rollout_status(&app.store, id, &record).await?;
-    let meta = read_meta(
-        app.store.as_ref(),
-        &layout::meta(ObjectKind::Daemonsets, id),
-    )
-    .await?;
-    Ok((
-        [etag(record.index)],
-        ApiJson(daemon_set(&app.mirror, &record, Some(status)).with_times(meta)),
-    ))
+    let view = view(&kv, id, &record).await?;
+    Ok(([etag(record.index), index_header(index)], ApiJson(view)))
 }
 
 /// Changes a daemon set with a JSON merge patch of `manifest`, `node_selector`,
@@ -391,16 +391,8 @@ async fn patch_daemon_set(
             }
         })
         .await?;
-    let status = rollout_status(&app.store, id, &record).await?;
-    let meta = read_meta(
-        app.store.as_ref(),
-        &layout::meta(ObjectKind::Daemonsets, id),
-    )
-    .await?;
-    Ok((
-        [etag(record.index)],
-        ApiJson(daemon_set(&app.mirror, &record, Some(status)).with_times(meta)),
-    ))
+    let view = current_view(&app, id, &record).await?;
+    Ok(([etag(record.index)], ApiJson(view)))
 }
 
 /// Deletes a daemon set (only at the `If-Match` version, when given).
@@ -445,13 +437,49 @@ fn contention_error(other: &StoredDaemonSet) -> ApiError {
     ))
 }
 
+/// The trees a daemon set's view is made of: its document, and what its rollout status
+/// counts. Their highest index is a read's `X-Index`; times and conditions change with the
+/// document or are the farms' own.
+const DS_TREES: [Tree; 7] = [
+    Tree::DaemonSets,
+    Tree::Labels(LabelType::Node),
+    Tree::Labels(LabelType::Pod),
+    Tree::Intent,
+    Tree::Reality,
+    Tree::Health,
+    Tree::DsStatus,
+];
+
+/// The view of `record` with its rollout status, times and conditions, all read through
+/// `kv`.
+async fn view(
+    kv: &Arc<dyn KvStore>,
+    id: uuid::Uuid,
+    record: &DaemonSetRecord,
+) -> Result<DaemonSet, ApiError> {
+    let status = rollout_status(kv, id, record).await?;
+    let meta = read_meta(kv.as_ref(), &layout::meta(ObjectKind::Daemonsets, id)).await?;
+    let conditions = read_conditions(kv.as_ref(), ObjectKind::Daemonsets, &id.to_string()).await?;
+    Ok(daemon_set(record, Some(status), conditions).with_times(meta))
+}
+
+/// The view of a daemon set just written, for the write's answer: from the mirror (which
+/// holds this server's own writes at once) unless it cannot be trusted.
+async fn current_view(
+    app: &AppState,
+    id: uuid::Uuid,
+    record: &DaemonSetRecord,
+) -> Result<DaemonSet, ApiError> {
+    let kv = reader(app, &DS_TREES, &[], false, Blocking::default()).await?;
+    view(&kv, id, record).await
+}
+
 fn daemon_set(
-    mirror: &Mirror,
     record: &Versioned<impl Borrow<StoredDaemonSet>>,
     status: Option<DaemonSetStatus>,
+    conditions: Vec<Condition>,
 ) -> DaemonSet {
     let ds: &StoredDaemonSet = record.value.borrow();
-    let conditions = mirrored(mirror, ObjectKind::Daemonsets, &ds.id);
     DaemonSet {
         id: ds.id.clone(),
         manifest: ds.manifest.raw().to_owned(),

@@ -17,7 +17,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::index_header;
+use crate::api::blocking::{index_header, Blocking};
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
@@ -32,7 +32,7 @@ use crate::model::conditions::Condition;
 use crate::model::event::{Actor, Meta, ObjectKind};
 use crate::model::{NewRc, RcId, RcPatch, RcSpec, StoredRc};
 use crate::state::{Mirror, Tree};
-use crate::store::conditions::mirrored;
+use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::layout;
 use crate::store::rcs::{self, RcRecord, RcStore};
@@ -225,12 +225,7 @@ async fn create_rc(
             Err(e) => return Err(e.into()),
         }
     };
-    let meta = read_meta(
-        app.store.as_ref(),
-        &layout::meta(ObjectKind::Rcs, &record.value.id),
-    )
-    .await?;
-    let view = RcView::new(&record, labels, RcStatus::default(), Vec::new()).with_times(meta);
+    let (view, _) = written_view(&app, &record).await?;
     created(
         &format!("/api/v1/rcs/{}", record.value.id),
         record.index,
@@ -302,6 +297,9 @@ async fn list_rcs(
     let (labels_index, rc_labels) = label_store.list(LabelType::ReplicationController).await?;
     let (pods_index, pods) = label_store.list(LabelType::Pod).await?;
     let mut times = list_meta(app.store.as_ref(), ObjectKind::Rcs).await?;
+    let mut conditions = ConditionStore::new(app.store.clone())
+        .list(ObjectKind::Rcs)
+        .await?;
 
     let mut labels_by_rc: BTreeMap<String, Labels> = rc_labels
         .into_iter()
@@ -320,7 +318,8 @@ async fn list_rcs(
             query.selector.matches(&labels).then(|| {
                 let pods = pods_by_rc.get(record.value.id.as_str());
                 let status = RcStatus::from_pods(pods.into_iter().flatten().copied());
-                let conditions = mirrored(&app.mirror, ObjectKind::Rcs, &record.value.id);
+                let conditions = conditions.remove(&record.value.id).flatten();
+                let conditions = conditions.map(|r| r.conditions).unwrap_or_default();
                 RcView::new(record, labels, status, conditions)
                     .with_times(times.remove(&record.value.id))
             })
@@ -365,18 +364,14 @@ async fn get_rc(
                 .ok_or_else(|| no_such_rc(&id))?;
             let record = rcs::from_entry(&entry)
                 .map_err(|why| unreadable_rc(&id, &rcs::unreadable(&id, &why)))?;
-            let labels = mirror
-                .labels_of(LabelType::ReplicationController, &id)
-                .unwrap_or_default();
-            let status = RcStatus::mirrored(mirror, &id);
-            let meta = mirrored_meta(mirror, ObjectKind::Rcs, &id);
-            return Ok(view_answer(mirror, &record, labels, status, meta, index));
+            return Ok(answer(&record, mirrored_view(mirror, &record), index));
         }
         Source::Store(blocking) => blocking,
     };
     blocking.block(&app, &rc_prefixes()).await?;
     let record = read(&app.rcs(), &id).await?;
-    view_response(&app, record).await
+    let (view, index) = stored_view(&app, &record).await?;
+    Ok(answer(&record, view, index))
 }
 
 /// Changes an RC with a JSON merge patch of `replicas_desired`, `disabled`,
@@ -435,7 +430,8 @@ async fn patch_rc(
         },
     )
     .await?;
-    view_response(&app, record).await
+    let (view, index) = written_view(&app, &record).await?;
+    Ok(answer(&record, view, index))
 }
 
 /// Deletes an RC and its labels in one transaction; its pods stay where they are.
@@ -575,46 +571,56 @@ async fn unclaimed(app: &AppState, store: &RcStore, id: &str) -> Result<Vec<TxnO
     }
 }
 
-/// The RC as a response read from the store: its view with labels and status, its `ETag`,
+/// The view of an RC just written (or found unchanged by a write), and the index it
+/// reflects, for the write's answer: from the mirror once it holds the RC at least at
+/// `record`'s version, which it does at once for this server's own writes, so that the
+/// answer costs the store nothing; from the store while the mirror cannot be trusted or lags
+/// (a patch that changed nothing, of an RC last written through another server).
+async fn written_view(app: &AppState, record: &RcRecord) -> Result<(RcView, u64), ApiError> {
+    if let Source::Mirror(mirror) = source(app, &RC_TREES, &[], false, Blocking::default()).await {
+        let index = mirror_index(mirror, &RC_TREES);
+        let held = mirror.get(&layout::rc(&record.value.id));
+        if held.is_some_and(|entry| entry.pair.modify_index >= record.index) {
+            return Ok((mirrored_view(mirror, record), index.max(record.index)));
+        }
+    }
+    stored_view(app, record).await
+}
+
+/// The view of `record` with its labels, status, conditions and times as the mirror holds
+/// them.
+fn mirrored_view(mirror: &Mirror, record: &Versioned<impl Borrow<StoredRc>>) -> RcView {
+    let id = &record.value.borrow().id;
+    let labels = mirror
+        .labels_of(LabelType::ReplicationController, id)
+        .unwrap_or_default();
+    let status = RcStatus::mirrored(mirror, id);
+    let conditions = mirrored(mirror, ObjectKind::Rcs, id);
+    let meta = mirrored_meta(mirror, ObjectKind::Rcs, id);
+    RcView::new(record, labels, status, conditions).with_times(meta)
+}
+
+/// The view of `record` with its labels, status, conditions and times read from the store,
 /// and the highest index of what it was made of.
-async fn view_response(app: &AppState, record: RcRecord) -> Result<Response, ApiError> {
+async fn stored_view(app: &AppState, record: &RcRecord) -> Result<(RcView, u64), ApiError> {
+    let id = &record.value.id;
     let label_store = app.labels();
     let labels = label_store
-        .get(LabelType::ReplicationController, &record.value.id)
+        .get(LabelType::ReplicationController, id)
         .await?;
-    let owned =
-        Requirement::equals(RC_ID_LABEL, record.value.id.as_str()).map_err(ApiError::internal)?;
+    let owned = Requirement::equals(RC_ID_LABEL, id.as_str()).map_err(ApiError::internal)?;
     let (pods_index, pods) = label_store
         .select(LabelType::Pod, &Selector::from_requirements([owned]))
         .await?;
     let status = RcStatus::from_pods(pods.iter().map(|pod| pod.id.as_str()));
     let index = record.index.max(labels.index).max(pods_index);
-    let meta = read_meta(
-        app.store.as_ref(),
-        &layout::meta(ObjectKind::Rcs, &record.value.id),
-    )
-    .await?;
-    Ok(view_answer(
-        &app.mirror,
-        &record,
-        labels.value,
-        status,
-        meta,
-        index,
-    ))
+    let conditions = read_conditions(app.store.as_ref(), ObjectKind::Rcs, id).await?;
+    let meta = read_meta(app.store.as_ref(), &layout::meta(ObjectKind::Rcs, id)).await?;
+    let view = RcView::new(record, labels.value, status, conditions).with_times(meta);
+    Ok((view, index))
 }
 
 /// The RC's view with its `ETag` and the `X-Index` it reflects.
-fn view_answer(
-    mirror: &Mirror,
-    record: &Versioned<impl Borrow<StoredRc>>,
-    labels: Labels,
-    status: RcStatus,
-    meta: Option<Meta>,
-    index: u64,
-) -> Response {
-    let rc: &StoredRc = record.value.borrow();
-    let conditions = mirrored(mirror, ObjectKind::Rcs, &rc.id);
-    let view = RcView::new(record, labels, status, conditions).with_times(meta);
+fn answer(record: &Versioned<impl Borrow<StoredRc>>, view: RcView, index: u64) -> Response {
     ([etag(record.index), index_header(index)], ApiJson(view)).into_response()
 }

@@ -18,7 +18,7 @@ use axum::http::request::Parts;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use crate::api::blocking::Blocking;
+use crate::api::blocking::{combined_index, Blocking};
 use crate::api::extract::{declared_params, QueryProblems};
 use crate::api::list_query::{BlockingText, ListFilter};
 use crate::app::App;
@@ -192,7 +192,8 @@ async fn hold(
 
 /// What to read `trees` through, by [`source`]: the mirror, read as a store, or the store
 /// itself once a blocking read has waited there for a change under `prefixes` (the keys the
-/// answer is made of). Lets a handler read through a repository in one code path.
+/// answer is made of; the trees' prefixes when there are none). Lets a handler read through a
+/// repository in one code path.
 pub async fn reader(
     app: &App,
     trees: &[Tree],
@@ -200,11 +201,61 @@ pub async fn reader(
     consistent: bool,
     blocking: Blocking,
 ) -> Result<Arc<dyn KvStore>, ApiError> {
+    Ok(open(app, trees, prefixes, consistent, blocking).await?.0)
+}
+
+/// A [`reader`] and the index an answer read through it reflects.
+pub struct IndexedReader {
+    pub kv: Arc<dyn KvStore>,
+    /// Taken before anything is read, so that a client blocking at it misses no change: the
+    /// mirror's index of the trees ([`mirror_index`]), or the store's of the prefixes.
+    pub index: u64,
+}
+
+/// [`reader`], with the index of an answer made of `trees` (under `prefixes`), for a read
+/// whose repositories' own indexes do not cover all it shows.
+pub async fn indexed_reader(
+    app: &App,
+    trees: &[Tree],
+    prefixes: &[String],
+    consistent: bool,
+    blocking: Blocking,
+) -> Result<IndexedReader, ApiError> {
+    let (kv, source) = open(app, trees, prefixes, consistent, blocking).await?;
+    let index = match source {
+        Opened::Mirror(mirror) => mirror_index(mirror, trees),
+        Opened::Store(prefixes) => combined_index(app.store.as_ref(), &prefixes).await?,
+    };
+    Ok(IndexedReader { kv, index })
+}
+
+/// Which source [`open`] read from: the mirror, or the store with the prefixes it watched.
+enum Opened<'a> {
+    Mirror(&'a Mirror),
+    Store(Vec<String>),
+}
+
+/// The reader of [`reader`] and where it reads.
+async fn open<'a>(
+    app: &'a App,
+    trees: &[Tree],
+    prefixes: &[String],
+    consistent: bool,
+    blocking: Blocking,
+) -> Result<(Arc<dyn KvStore>, Opened<'a>), ApiError> {
     match source(app, trees, prefixes, consistent, blocking).await {
-        Source::Mirror(mirror) => Ok(Arc::new(MirrorReader::new(mirror.clone()))),
+        Source::Mirror(mirror) => Ok((
+            Arc::new(MirrorReader::new(mirror.clone())),
+            Opened::Mirror(mirror),
+        )),
         Source::Store(blocking) => {
-            blocking.block(app, prefixes).await?;
-            Ok(app.store.clone())
+            let prefixes = if prefixes.is_empty() {
+                trees.iter().map(|tree| tree.prefix()).collect()
+            } else {
+                prefixes.to_vec()
+            };
+            blocking.block(app, &prefixes).await?;
+            Ok((app.store.clone(), Opened::Store(prefixes)))
         }
     }
 }

@@ -21,11 +21,12 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{combined_index, index_header};
+use crate::api::blocking::{index_header, Blocking};
 use crate::api::extract::{ApiJson, ApiPath, NoQuery};
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::api::reads::{indexed_reader, reader, IndexedReader, ReadParams, ReadQuery};
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
@@ -37,8 +38,8 @@ use crate::model::event::{
     Actor, FinishedRoll, ObjectKind, RcProgress, RollOutcome, RollProgress, StoredRollFields,
 };
 use crate::model::{CreateRoll, HealthCounts, HealthState, PodHealth, RollId};
-use crate::state::Mirror;
-use crate::store::conditions::mirrored;
+use crate::state::Tree;
+use crate::store::conditions::read_conditions;
 use crate::store::events::read_meta;
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
@@ -46,7 +47,7 @@ use crate::store::layout;
 use crate::store::pods::{PodLocation, PodStore, PodTree};
 use crate::store::rcs::RcStore;
 use crate::store::roll_creation::CreateRollError;
-use crate::store::rolls::{decode_finished, RollRecord};
+use crate::store::rolls::{decode_finished, RollRecord, RollStore};
 use crate::store::Versioned;
 
 /// OpenAPI tag of the roll routes.
@@ -111,6 +112,8 @@ pub struct RollFilter {
     /// `active` (the default: rolls still running), `finished` (kept for the retention
     /// period) or `all`.
     state: Option<String>,
+    /// Read through to the store rather than from this server's mirror of it.
+    consistent: Option<bool>,
 }
 
 impl ListFilter for RollFilter {
@@ -131,6 +134,10 @@ impl RollFilter {
 
     fn finished(&self) -> bool {
         matches!(self.state.as_deref(), Some("finished" | "all"))
+    }
+
+    fn consistent(&self) -> bool {
+        self.consistent.unwrap_or(false)
     }
 }
 
@@ -218,10 +225,7 @@ async fn create_roll(
         .create(plan, &actor)
         .await
         .map_err(creation_error)?;
-    let view = Views::load(app.store.clone(), app.mirror.clone())
-        .await?
-        .view(&record)
-        .await?;
+    let view = current_view(&app, &record).await?;
     created(&format!("/api/v1/rolls/{}", view.id), record.index, view)
 }
 
@@ -229,8 +233,10 @@ async fn create_roll(
 /// `state` the finished ones or both (a finished roll whose id a running roll has again is
 /// left out).
 ///
-/// `selector` matches the roll's labels. Blocks with `?index=&wait=` until a roll, its labels, either RC, their pods or the pods'
-/// health or what their nodes run change: everything the answer shows.
+/// `selector` matches the roll's labels. Blocks with `?index=&wait=` until a roll, its
+/// labels, either RC, their pods or the pods' health or what their nodes run change:
+/// everything the answer shows. Served from the server's mirror of the store unless
+/// `?consistent=true` (see `X-Index`).
 #[utoipa::path(
     get,
     path = "/api/v1/rolls",
@@ -238,8 +244,9 @@ async fn create_roll(
     params(RollFilter, ListParams),
     responses(
         (status = OK, description = "One page of rolls", body = Page<Roll>,
-            headers(("X-Index" = u64, description = "Pass as `index` to wait for a change"))),
-        (status = UNPROCESSABLE_ENTITY, description = "Bad selector, limit, continue token or wait", body = ErrorBody),
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
+        (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Bad state, selector, limit, continue token or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -247,21 +254,26 @@ async fn list_rolls(
     State(app): State<AppState>,
     query: ListQuery<RollFilter>,
 ) -> Result<Response, ApiError> {
-    let prefixes = watched_prefixes(query.filter.finished());
-    query.blocking.block(&app, &prefixes).await?;
-    let index = combined_index(app.store.as_ref(), &prefixes).await?;
-
-    let (_, records) = app.rolls().list().await?;
-    let mut views = Views::load(app.store.clone(), app.mirror.clone()).await?;
+    let finished = query.filter.finished();
+    let IndexedReader { kv, index } = indexed_reader(
+        &app,
+        &roll_trees(finished),
+        &[],
+        query.filter.consistent(),
+        query.blocking,
+    )
+    .await?;
+    let (_, records) = RollStore::new(kv.clone()).list().await?;
+    let mut views = Views::load(kv.clone()).await?;
     let mut items = Vec::with_capacity(records.len());
     if query.filter.active() {
         for record in &records {
             items.push(views.view(record).await?);
         }
     }
-    if query.filter.finished() {
+    if finished {
         let running: Vec<&str> = records.iter().map(|r| r.value.new_rc.as_str()).collect();
-        let listing = app.store.list(layout::ROLL_HISTORY).await?;
+        let listing = kv.list(layout::ROLL_HISTORY).await?;
         items.extend(
             listing
                 .pairs
@@ -279,42 +291,52 @@ async fn list_rolls(
 
 /// Reads one rolling update with its progress: a running one, else a finished one kept
 /// for the retention period, with its outcome.
+///
+/// Served from the server's mirror of the store unless `?consistent=true` (see `X-Index`).
+/// Blocks with `?index=&wait=` until anything a roll's view shows changes, as the listing
+/// of every state does.
 #[utoipa::path(
     get,
     path = "/api/v1/rolls/{id}",
     tag = TAG,
-    params(RollPath),
+    params(RollPath, ReadParams),
     responses(
         (status = OK, description = "The roll", body = Roll,
-            headers(("ETag" = String, description = "The roll's modify index"))),
+            headers(("ETag" = String, description = "The roll's modify index"),
+                    ("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
+        (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
         (status = NOT_FOUND, description = "No such roll", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID, or a bad index or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
 async fn get_roll(
     State(app): State<AppState>,
-    _: NoQuery,
+    query: ReadQuery,
     ApiPath(RollPath { id }): ApiPath<RollPath>,
 ) -> Result<Response, ApiError> {
     let id = id.to_string();
-    let record = match app.rolls().get(&id).await {
-        Ok(Some(record)) => record,
+    let IndexedReader { kv, index } = indexed_reader(
+        &app,
+        &roll_trees(true),
+        &[],
+        query.consistent,
+        query.blocking,
+    )
+    .await?;
+    let rolls = RollStore::new(kv.clone());
+    let (version, view) = match rolls.get(&id).await {
+        Ok(Some(record)) => (record.index, Views::load(kv).await?.view(&record).await?),
         Ok(None) => {
-            let finished = app.rolls().finished(&id).await?;
+            let finished = rolls.finished(&id).await?;
             let finished = finished.ok_or_else(|| not_found(&id))?;
-            let view = Roll::finished(&finished);
-            return Ok(([etag(finished.index)], ApiJson(view)).into_response());
+            (finished.index, Roll::finished(&finished))
         }
         // The document is broken, not the request.
         Err(StoreError::Invalid(why)) => return Err(ApiError::internal(why)),
         Err(e) => return Err(e.into()),
     };
-    let view = Views::load(app.store.clone(), app.mirror.clone())
-        .await?
-        .view(&record)
-        .await?;
-    Ok(([etag(record.index)], ApiJson(view)).into_response())
+    Ok(([etag(version), index_header(index)], ApiJson(view)).into_response())
 }
 
 /// Cancels a rolling update: deletes the roll and its labels, leaving both RCs as they are.
@@ -349,10 +371,7 @@ async fn delete_roll(
     // An unreadable roll is deleted without a record of it: there is no roll to record.
     let records = match rolls.get(&id).await {
         Ok(Some(record)) => {
-            let view = Views::load(app.store.clone(), app.mirror.clone())
-                .await?
-                .view(&record)
-                .await?;
+            let view = current_view(&app, &record).await?;
             let labels = view.labels.clone();
             rolls
                 .finished_ops(
@@ -379,21 +398,31 @@ async fn delete_roll(
     }
 }
 
-/// Everything a roll view shows comes from these trees, and the finished rolls' tree when
-/// they are listed (only then: on Consul an empty tree reads at the whole store's index).
-fn watched_prefixes(finished: bool) -> Vec<String> {
-    let mut prefixes = vec![
-        layout::ROLLS.to_owned(),
-        layout::labels_of_type(LabelType::Rolls),
-        layout::RCS.to_owned(),
-        layout::labels_of_type(LabelType::Pod),
-        layout::REALITY.to_owned(),
-        layout::HEALTH.to_owned(),
+/// The trees a roll's view is made of (its document and labels, both RCs, their pods,
+/// what the nodes run and the pods' health), and the finished rolls' when they are shown
+/// (only then: on Consul an empty tree reads at the whole store's index). Their highest index
+/// is a read's `X-Index`; times and conditions change with them or are the farms' own.
+fn roll_trees(finished: bool) -> Vec<Tree> {
+    let mut trees = vec![
+        Tree::Rolls,
+        Tree::Labels(LabelType::Rolls),
+        Tree::Rcs,
+        Tree::Labels(LabelType::Pod),
+        Tree::Reality,
+        Tree::Health,
     ];
     if finished {
-        prefixes.push(layout::ROLL_HISTORY.to_owned());
+        trees.push(Tree::RollHistory);
     }
-    prefixes
+    trees
+}
+
+/// The view of a roll just read or written for a write's answer or record, from the mirror
+/// (which holds this server's own writes at once) unless it cannot be trusted.
+async fn current_view(app: &AppState, record: &RollRecord) -> Result<Roll, ApiError> {
+    let trees = roll_trees(false);
+    let kv = reader(app, &trees, &[], false, Blocking::default()).await?;
+    Views::load(kv).await?.view(record).await
 }
 
 fn not_found(id: &str) -> ApiError {
@@ -420,7 +449,6 @@ fn creation_error(err: CreateRollError) -> ApiError {
 /// records at most once however many rolls are shown.
 struct Views {
     kv: Arc<dyn KvStore>,
-    mirror: Mirror,
     rcs: RcStore,
     roll_labels: BTreeMap<String, Labels>,
     /// Every pod, by the RC id it is labeled with.
@@ -430,7 +458,7 @@ struct Views {
 }
 
 impl Views {
-    async fn load(kv: Arc<dyn KvStore>, mirror: Mirror) -> Result<Self, ApiError> {
+    async fn load(kv: Arc<dyn KvStore>) -> Result<Self, ApiError> {
         let labels = LabelStore::new(kv.clone());
         let (_, pods) = labels.list(LabelType::Pod).await?;
         let mut pods_by_rc: HashMap<String, Vec<PodLocation>> = HashMap::new();
@@ -446,7 +474,6 @@ impl Views {
         Ok(Views {
             rcs: RcStore::new(kv.clone()),
             kv,
-            mirror,
             roll_labels: rolls.into_iter().map(|l| (l.id, l.labels)).collect(),
             pods_by_rc,
             health: HashMap::new(),
@@ -469,8 +496,9 @@ impl Views {
             old: self.progress(&roll.old_rc).await?,
             new: self.progress(&roll.new_rc).await?,
         };
+        let conditions = read_conditions(self.kv.as_ref(), ObjectKind::Rolls, &roll.new_rc).await?;
         Ok(Roll {
-            conditions: mirrored(&self.mirror, ObjectKind::Rolls, &roll.new_rc),
+            conditions,
             created: meta.as_ref().and_then(|m| m.created.clone()),
             modified: meta.map(|m| m.modified),
             ..Roll::of(&roll.into(), labels, record.index, progress)

@@ -1,8 +1,9 @@
 //! The status conditions the farms compute for RCs, rolls and daemon sets, kept beside P2's
 //! trees at `p2-apiserver/conditions/<kind>/<id>` (P2's tools ignore them).
 //!
-//! Only the leader's farms write them, fenced like their other writes; the API reads them from
-//! the mirror. An object no leader has looked at yet has none.
+//! Only the leader's farms write them, fenced like their other writes; the API reads them as
+//! it reads the rest of an object's view (from the mirror, or from the store when asked).
+//! An object no leader has looked at yet has none.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -60,12 +61,28 @@ impl ConditionStore {
     }
 }
 
-/// The conditions the mirror holds for an object; empty when no leader has computed them
-/// yet (or the record cannot be read).
+/// The conditions kept for an object; empty when no leader has computed them yet (or the
+/// record cannot be read).
+pub async fn read_conditions(
+    kv: &dyn KvStore,
+    kind: ObjectKind,
+    id: &str,
+) -> StoreResult<Vec<Condition>> {
+    let pair = kv.get(&layout::conditions(kind, id)).await?;
+    Ok(pair.map(|pair| decode(&pair.value)).unwrap_or_default())
+}
+
+/// The conditions the mirror holds for an object, as [`read_conditions`] reads them.
 pub fn mirrored(mirror: &Mirror, kind: ObjectKind, id: &str) -> Vec<Condition> {
     mirror
         .get(&layout::conditions(kind, id))
-        .and_then(|entry| serde_json::from_slice::<ConditionsRecord>(&entry.pair.value).ok())
+        .map(|entry| decode(&entry.pair.value))
+        .unwrap_or_default()
+}
+
+/// The conditions of a stored record; none when it cannot be read.
+fn decode(value: &[u8]) -> Vec<Condition> {
+    serde_json::from_slice::<ConditionsRecord>(value)
         .map(|record| record.conditions)
         .unwrap_or_default()
 }

@@ -1,4 +1,4 @@
-//! RC reads served from the state mirror: each answer's `X-Index`, read-your-writes,
+//! Reads served from the state mirror: each answer's `X-Index`, read-your-writes,
 //! `?consistent=true`, the fall-back to the store (and `/readyz`) when the mirror has lost
 //! its watch, and blocking reads that wait on the mirror at no cost to the store.
 
@@ -216,6 +216,136 @@ async fn every_read_of_labels_nodes_pods_and_health_is_served_from_the_mirror() 
         assert_eq!(response.status, StatusCode::OK, "{uri}: {response:?}");
         assert!(counting.calls() > before, "{uri} did not ask the store");
     }
+}
+
+/// Every read of rolls (running, finished, listed in every state) and of one daemon set is
+/// served from the mirror, progress and rollout status included, asking the store nothing;
+/// with `?consistent=true` they read the store.
+#[tokio::test]
+async fn every_read_of_rolls_and_daemon_sets_is_served_from_the_mirror() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let roll = |old: &str, new: &str| {
+        json!({"old_rc_id": old, "new_rc_id": new,
+        "desired_replicas": 1, "minimum_replicas": 0, "labels": {"team": "a"}})
+    };
+    let (old, new) = (create(&app, 1).await, create(&app, 0).await);
+    let created = app
+        .json_request("POST", "/api/v1/rolls", Some(&roll(&old, &new)), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let (other_old, cancelled) = (create(&app, 1).await, create(&app, 0).await);
+    let created = app
+        .json_request(
+            "POST",
+            "/api/v1/rolls",
+            Some(&roll(&other_old, &cancelled)),
+            &[],
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let path = format!("/api/v1/rolls/{cancelled}");
+    let deleted = app.json_request("DELETE", &path, None, &[]).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    let ds = json!({"manifest": "id: shipper\nlaunchables: {}\n", "node_selector": "",
+        "min_health": 0, "cluster_name": "production", "timeout": "10m", "disabled": false});
+    let created = app
+        .json_request("POST", "/api/v1/daemonsets", Some(&ds), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let ds = created.json()["id"].as_str().unwrap().to_owned();
+    let manifest = "id: hello\nlaunchables: {}\n";
+    app.put_json("labels/node/node1", &json!({"role": "web"}))
+        .await;
+    app.put_json(
+        "labels/pod/node1/hello",
+        &json!({"replication_controller_id": new}),
+    )
+    .await;
+    app.put_raw("reality/node1/hello", manifest).await;
+    let health = json!({"Id": "hello", "Node": "node1", "Service": "hello",
+        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    app.put_json("health/hello/node1", &health).await;
+
+    // Each read, and a JSON pointer into its answer with what must be there.
+    let mut both = [new.clone(), cancelled.clone()];
+    both.sort();
+    let one_roll = format!("/api/v1/rolls/{new}");
+    let one_ds = format!("/api/v1/daemonsets/{ds}");
+    let reads = [
+        ("/api/v1/rolls", "/items/0/progress/new/healthy", json!(1)),
+        ("/api/v1/rolls?state=active", "/items/0/id", json!(new)),
+        (
+            "/api/v1/rolls?state=finished",
+            "/items/0/id",
+            json!(cancelled),
+        ),
+        ("/api/v1/rolls?state=all", "/items/0/id", json!(both[0])),
+        ("/api/v1/rolls?state=all", "/items/1/id", json!(both[1])),
+        (one_roll.as_str(), "/progress/new/current", json!(1)),
+        (one_roll.as_str(), "/labels/team", json!("a")),
+        (path.as_str(), "/outcome", json!("cancelled")),
+        (one_ds.as_str(), "/status/nodes_targeted", json!(1)),
+    ];
+    let before = counting.calls();
+    for (uri, pointer, expected) in &reads {
+        let response = app.get(uri).await;
+        assert_eq!(response.status, StatusCode::OK, "{uri}: {response:?}");
+        assert!(response.x_index() > 0, "{uri}: {response:?}");
+        let found = response.json().pointer(pointer).cloned();
+        assert_eq!(found.as_ref(), Some(expected), "{uri}: {response:?}");
+    }
+    assert_eq!(counting.calls(), before, "a mirror read asked the store");
+
+    for (uri, pointer, expected) in &reads {
+        let separator = if uri.contains('?') { '&' } else { '?' };
+        let uri = format!("{uri}{separator}consistent=true");
+        let before = counting.calls();
+        let response = app.get(&uri).await;
+        assert_eq!(response.status, StatusCode::OK, "{uri}: {response:?}");
+        assert!(counting.calls() > before, "{uri} did not ask the store");
+        let found = response.json().pointer(pointer).cloned();
+        assert_eq!(found.as_ref(), Some(expected), "{uri}: {response:?}");
+    }
+}
+
+/// The answer to an RC patch shows the patch, and the RC's pods as the mirror holds them,
+/// at an `X-Index` at least the write's; the patch lists no tree that grows with the fleet.
+#[tokio::test]
+async fn a_patch_answers_with_its_write_and_the_pods_from_the_mirror() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let id = create(&app, 1).await;
+    for node in ["node2", "node1"] {
+        let pod = json!({"replication_controller_id": id});
+        app.put_json(&format!("labels/pod/{node}/hello"), &pod)
+            .await;
+    }
+    let listed_before = counting.listed().len();
+    let patched = app
+        .merge_patch(
+            &format!("/api/v1/rcs/{id}"),
+            &json!({"replicas_desired": 2}),
+            &[],
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    let listed = counting.listed().split_off(listed_before);
+    let fleet = ["labels/", "intent/", "reality/", "health/"];
+    assert!(
+        !listed
+            .iter()
+            .any(|prefix| fleet.iter().any(|tree| prefix.starts_with(tree))),
+        "the patch listed {listed:?}"
+    );
+    let view = patched.json();
+    assert_eq!(view["replicas_desired"], 2);
+    assert_eq!(
+        view["status"],
+        json!({"current_replicas": 2, "nodes": ["node1", "node2"]})
+    );
+    assert!(view["modified"].is_string(), "{view}");
+    assert!(patched.x_index() >= version(&patched), "{patched:?}");
+    let got = app.get(&format!("/api/v1/rcs/{id}")).await;
+    assert_eq!(got.json(), view);
 }
 
 /// A mirror that has lost its watch makes `/readyz` fail, naming it, and reads go to the

@@ -39,7 +39,8 @@ async fn delete(app: &TestApp, id: &str, if_match: Option<&str>) -> TestResponse
 /// The manifest of the RCs [`arrange_rc`] stores.
 const ARRANGED_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
 
-/// Stores an RC for pod `hello` behind the API's back, as P2 would have.
+/// Stores an RC for pod `hello` behind the API's back, as P2 would have, and waits until
+/// the mirror has it.
 async fn arrange_rc(app: &TestApp, replicas: i64, rc_labels: &[(&str, &str)]) -> String {
     arrange_rc_of(app, ARRANGED_MANIFEST, replicas, rc_labels).await
 }
@@ -62,6 +63,7 @@ async fn arrange_rc_of(
         .create(rc, &labels(rc_labels), &Actor::farm("test", "arranged"))
         .await
         .unwrap();
+    app.mirrored(&format!("replication_controllers/{id}")).await;
     id
 }
 
@@ -670,10 +672,9 @@ async fn progress_counts_pods_and_passing_health() {
 
     // Once an RC is gone its desired count is unknown, and so is the manifest its pods
     // should run: they still count, none as real.
-    app.store
-        .delete(&format!("replication_controllers/{old}"), Cas::Any)
-        .await
-        .unwrap();
+    let key = format!("replication_controllers/{old}");
+    app.store.delete(&key, Cas::Any).await.unwrap();
+    app.mirrored(&key).await;
     let body = app.get(&format!("/api/v1/rolls/{new}")).await.json();
     assert_eq!(
         body["progress"]["old"],
@@ -957,6 +958,7 @@ async fn a_roll_written_by_p2_reads_and_deletes() {
         .put(&format!("rolls/{new}"), P2_ROLL.as_bytes(), Cas::Index(0))
         .await
         .unwrap();
+    app.mirrored(&format!("rolls/{new}")).await;
 
     let response = app.get(&format!("/api/v1/rolls/{new}")).await;
     assert_eq!(response.status, StatusCode::OK, "{response:?}");

@@ -2,7 +2,7 @@
 //! watches can be made to fail, as for a server that lost its watch of the store.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,6 +15,8 @@ pub struct Counting {
     inner: Arc<dyn KvStore>,
     /// Every call but watches.
     calls: AtomicUsize,
+    /// The prefix of every listing (of pairs or keys), in order.
+    listed: Mutex<Vec<String>>,
     /// Watches waiting for the store's answer now, and the most there have been at once.
     watching: AtomicUsize,
     most_watching: AtomicUsize,
@@ -26,6 +28,7 @@ impl Counting {
         Arc::new(Counting {
             inner,
             calls: AtomicUsize::new(0),
+            listed: Mutex::default(),
             watching: AtomicUsize::new(0),
             most_watching: AtomicUsize::new(0),
             watches_fail: AtomicBool::new(false),
@@ -35,6 +38,16 @@ impl Counting {
     /// How many calls other than watches the store has had.
     pub fn calls(&self) -> usize {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// The prefixes listed so far (pairs or keys), in order.
+    pub fn listed(&self) -> Vec<String> {
+        self.listed.lock().unwrap().clone()
+    }
+
+    fn list_of(&self, prefix: &str) {
+        self.count();
+        self.listed.lock().unwrap().push(prefix.to_owned());
     }
 
     /// The most watches that have waited at once.
@@ -77,11 +90,11 @@ impl KvStore for Counting {
         self.inner.get(key).await
     }
     async fn list(&self, prefix: &str) -> StoreResult<Listing> {
-        self.count();
+        self.list_of(prefix);
         self.inner.list(prefix).await
     }
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
-        self.count();
+        self.list_of(prefix);
         self.inner.keys(prefix, separator).await
     }
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
