@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::api::answers::Answers;
 use crate::auth::Access;
 use crate::kv::KvStore;
 use crate::model::Limits;
@@ -40,6 +41,8 @@ pub struct App {
     /// Who may call the API (`--auth-tokens`, `--cors-origin`); shared with the SIGHUP
     /// handler, which re-reads the tokens. The default lets every request through.
     pub access: Arc<Access>,
+    /// Answers built from the mirror, served again while the trees they read are unchanged.
+    pub answers: Answers,
 }
 
 /// The time and connection limits of the HTTP server (`--request-timeout` and its group).
@@ -113,6 +116,7 @@ impl App {
             limits,
             validation,
             access,
+            answers: Answers::default(),
         })
     }
 

@@ -9,7 +9,7 @@
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
-use axum::extract::State;
+use axum::extract::{OriginalUri, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -161,6 +161,16 @@ const RC_TREES: [Tree; 3] = [
     Tree::Labels(LabelType::Pod),
 ];
 
+/// Every tree an RC's view reads: [`RC_TREES`], the farms' conditions and the times kept
+/// beside it. A kept answer stands while none of them changes.
+const VIEW_TREES: [Tree; 5] = [
+    Tree::Rcs,
+    Tree::Labels(LabelType::ReplicationController),
+    Tree::Labels(LabelType::Pod),
+    Tree::Conditions,
+    Tree::Meta,
+];
+
 /// The RC routes.
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -253,6 +263,7 @@ async fn create_rc(
 )]
 async fn list_rcs(
     State(app): State<AppState>,
+    OriginalUri(target): OriginalUri,
     query: ListQuery<ConsistentFilter>,
 ) -> Result<Response, ApiError> {
     let blocking = match source(
@@ -265,27 +276,12 @@ async fn list_rcs(
     .await
     {
         Source::Mirror(mirror) => {
-            let index = mirror_index(mirror, &RC_TREES);
-            let items = mirror
-                .entries(Tree::Rcs)
-                .iter()
-                .filter_map(|entry| {
-                    let record = rcs::from_entry(entry)
-                        .map_err(|e| tracing::debug!(key = %entry.pair.key, error = %e, "skipping unreadable RC"))
-                        .ok()?;
-                    let id = &record.value.id;
-                    let labels = mirror
-                        .labels_of(LabelType::ReplicationController, id)
-                        .unwrap_or_default();
-                    query.selector.matches(&labels).then(|| {
-                        let conditions = mirrored(mirror, ObjectKind::Rcs, id);
-                        RcView::new(&record, labels, RcStatus::mirrored(mirror, id), conditions)
-                            .with_times(mirrored_meta(mirror, ObjectKind::Rcs, id))
-                    })
-                })
-                .collect();
-            let page = query.paging.page(items, |view: &RcView| &view.id);
-            return Ok(([index_header(index)], ApiJson(page)).into_response());
+            let target = target.to_string();
+            let build = || async { Ok(mirrored_list(mirror, &query)) };
+            return app
+                .answers
+                .get_or_build(mirror, &VIEW_TREES, &target, build)
+                .await;
         }
         Source::Store(blocking) => blocking,
     };
@@ -352,19 +348,27 @@ async fn list_rcs(
 )]
 async fn get_rc(
     State(app): State<AppState>,
+    OriginalUri(target): OriginalUri,
     query: ReadQuery,
     ApiPath(RcPath { id }): ApiPath<RcPath>,
 ) -> Result<Response, ApiError> {
     let id = id.to_string();
     let blocking = match source(&app, &RC_TREES, &[], query.consistent, query.blocking).await {
         Source::Mirror(mirror) => {
-            let index = mirror_index(mirror, &RC_TREES);
-            let entry = mirror
-                .get(&layout::rc(&id))
-                .ok_or_else(|| no_such_rc(&id))?;
-            let record = rcs::from_entry(&entry)
-                .map_err(|why| unreadable_rc(&id, &rcs::unreadable(&id, &why)))?;
-            return Ok(answer(&record, mirrored_view(mirror, &record), index));
+            let build = || async {
+                let index = mirror_index(mirror, &RC_TREES);
+                let entry = mirror
+                    .get(&layout::rc(&id))
+                    .ok_or_else(|| no_such_rc(&id))?;
+                let record = rcs::from_entry(&entry)
+                    .map_err(|why| unreadable_rc(&id, &rcs::unreadable(&id, &why)))?;
+                Ok(answer(&record, mirrored_view(mirror, &record), index))
+            };
+            let target = target.to_string();
+            return app
+                .answers
+                .get_or_build(mirror, &VIEW_TREES, &target, build)
+                .await;
         }
         Source::Store(blocking) => blocking,
     };
@@ -569,6 +573,29 @@ async fn unclaimed(app: &AppState, store: &RcStore, id: &str) -> Result<Vec<TxnO
              retry later"
         ))),
     }
+}
+
+/// The page of RCs `query` asks for, as the mirror holds them.
+fn mirrored_list(mirror: &Mirror, query: &ListQuery<ConsistentFilter>) -> Response {
+    let index = mirror_index(mirror, &RC_TREES);
+    let items = mirror
+        .entries(Tree::Rcs)
+        .iter()
+        .filter_map(|entry| {
+            let record = rcs::from_entry(entry)
+                .map_err(|e| tracing::debug!(key = %entry.pair.key, error = %e, "skipping unreadable RC"))
+                .ok()?;
+            let labels = mirror
+                .labels_of(LabelType::ReplicationController, &record.value.id)
+                .unwrap_or_default();
+            query
+                .selector
+                .matches(&labels)
+                .then(|| mirrored_view(mirror, &record))
+        })
+        .collect();
+    let page = query.paging.page(items, |view: &RcView| &view.id);
+    ([index_header(index)], ApiJson(page)).into_response()
 }
 
 /// The view of an RC just written (or found unchanged by a write), and the index it

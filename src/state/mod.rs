@@ -223,6 +223,16 @@ impl Mirror {
         self.read().tree(tree).index
     }
 
+    /// The generation of each of `trees`, read together: it moves on every change of a
+    /// tree's entries, own deletes included, so equal generations mean unchanged trees.
+    pub fn generations(&self, trees: &[Tree]) -> Vec<u64> {
+        let state = self.read();
+        trees
+            .iter()
+            .map(|tree| state.tree(*tree).generation)
+            .collect()
+    }
+
     /// A receiver woken on every change, holding the mirror's index: what blocking reads
     /// wait on.
     pub fn changes(&self) -> watch::Receiver<u64> {

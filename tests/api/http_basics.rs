@@ -627,6 +627,7 @@ async fn a_frozen_consul_answers_503_within_the_deadline() {
         limits: short_limits(),
         validation: Default::default(),
         access: Default::default(),
+        answers: Default::default(),
     }));
     for uri in ["/readyz", "/api/v1/rcs"] {
         let response = call(&routes, Request::get(uri).body(Body::empty()).unwrap()).await;
@@ -694,6 +695,7 @@ async fn serve(limits: HttpLimits) -> (SocketAddr, CancellationToken) {
         limits,
         validation: Default::default(),
         access: Default::default(),
+        answers: Default::default(),
     });
     tokio::spawn(server::run(
         listener,

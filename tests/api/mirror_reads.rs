@@ -536,3 +536,50 @@ async fn a_daemon_set_write_is_listed_at_once() {
     let listed = app.get("/api/v1/daemonsets").await.json();
     assert_eq!(listed["items"], json!([]));
 }
+
+/// Hot reads of the mirror are answered from kept answers; none is served once anything it
+/// shows has changed: the RC's labels, a pod label (written behind the server's back, or
+/// deleted), the RC itself.
+#[tokio::test]
+async fn a_kept_answer_is_never_served_once_what_it_shows_has_changed() {
+    let app = TestApp::new().await;
+    let id = create(&app, 1).await;
+    let (one, list) = (format!("/api/v1/rcs/{id}"), "/api/v1/rcs");
+    let both = || async {
+        let (rc, listed) = (app.get(&one).await, app.get(list).await);
+        assert_eq!(rc.status, StatusCode::OK, "{rc:?}");
+        assert_eq!(listed.json()["items"][0], rc.json());
+        rc.json()
+    };
+    for _ in 0..2 {
+        assert_eq!(both().await["status"]["current_replicas"], 0);
+    }
+
+    let labels = json!({"labels": {"team": "a"}});
+    let labelled = app
+        .json_request(
+            "PATCH",
+            &format!("/api/v1/labels/replication_controller/{id}"),
+            Some(&labels),
+            &[("content-type", "application/merge-patch+json")],
+        )
+        .await;
+    assert_eq!(labelled.status, StatusCode::OK, "{labelled:?}");
+    assert_eq!(both().await["labels"]["team"], "a");
+
+    let pod = "labels/pod/node1/hello";
+    app.put_json(pod, &json!({"replication_controller_id": id}))
+        .await;
+    app.mirrored(pod).await;
+    assert_eq!(both().await["status"]["nodes"], json!(["node1"]));
+    app.store.delete(pod, Cas::Any).await.unwrap();
+    app.mirrored(pod).await;
+    assert_eq!(both().await["status"]["current_replicas"], 0);
+
+    set_replicas(&app, &id, 0).await;
+    assert_eq!(both().await["replicas_desired"], 0);
+    let deleted = app.json_request("DELETE", &one, None, &[]).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    assert_eq!(app.get(&one).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(app.get(list).await.json()["items"], json!([]));
+}

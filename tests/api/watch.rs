@@ -54,6 +54,7 @@ impl Watched {
             mirror: mirror.clone(),
             validation: Default::default(),
             access: Default::default(),
+            answers: Default::default(),
         });
         Watched {
             router: router::build(state),

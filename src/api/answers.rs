@@ -1,0 +1,99 @@
+//! Answers built from the mirror, kept and served again until one of the trees they were
+//! read from changes.
+//!
+//! A read served from the mirror is a function of its request and of the trees it reads, and
+//! a tree's generation moves on every change of its entries (the server's own writes and
+//! deletes included). So an answer kept with the generations it was built at is exactly what
+//! building it again would give, for as long as they hold: a hot read costs a lookup instead
+//! of decoding, counting and serializing. Generations are read before the answer is built,
+//! so a change made meanwhile only makes the next request build it again.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Mutex, PoisonError};
+
+use axum::body::{to_bytes, Body, Bytes};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::error::ApiError;
+use crate::state::{Mirror, Tree};
+
+/// The most bytes of answers kept; past it every kept answer is dropped at once, which
+/// bounds memory without bookkeeping per answer (the hot ones come back at the next read).
+const MAX_BYTES: usize = 32 << 20;
+
+/// Kept answers, by request target (path and query).
+#[derive(Default)]
+pub struct Answers {
+    kept: Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    by_target: HashMap<String, Kept200>,
+    bytes: usize,
+}
+
+/// A `200 OK` answer and the generations of the trees it was built from.
+struct Kept200 {
+    generations: Vec<u64>,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answers {
+    /// The answer to `target`, which reads `trees` of `mirror`: the kept one while those
+    /// trees are unchanged, else the one `build` makes (kept when it is a `200 OK`).
+    pub async fn get_or_build<F>(
+        &self,
+        mirror: &Mirror,
+        trees: &[Tree],
+        target: &str,
+        build: impl FnOnce() -> F,
+    ) -> Result<Response, ApiError>
+    where
+        F: Future<Output = Result<Response, ApiError>>,
+    {
+        let generations = mirror.generations(trees);
+        if let Some(answer) = self.lookup(target, &generations) {
+            return Ok(answer);
+        }
+        let response = build().await?;
+        if response.status() != StatusCode::OK {
+            return Ok(response);
+        }
+        let (parts, body) = response.into_parts();
+        let body = to_bytes(body, MAX_BYTES)
+            .await
+            .map_err(|e| ApiError::internal(format!("reading an answer to keep it: {e}")))?;
+        self.keep(target, generations, parts.headers.clone(), body.clone());
+        Ok((parts, Body::from(body)).into_response())
+    }
+
+    fn lookup(&self, target: &str, generations: &[u64]) -> Option<Response> {
+        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        let answer = kept
+            .by_target
+            .get(target)
+            .filter(|answer| answer.generations == generations)?;
+        Some((answer.headers.clone(), answer.body.clone()).into_response())
+    }
+
+    fn keep(&self, target: &str, generations: Vec<u64>, headers: HeaderMap, body: Bytes) {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.bytes + body.len() > MAX_BYTES {
+            kept.by_target.clear();
+            kept.bytes = 0;
+        }
+        kept.bytes += body.len();
+        let answer = Kept200 {
+            generations,
+            headers,
+            body,
+        };
+        if let Some(replaced) = kept.by_target.insert(target.to_owned(), answer) {
+            kept.bytes -= replaced.body.len();
+        }
+    }
+}
