@@ -6,22 +6,33 @@
 //! - `GET /healthz` (the reference: no store, no mirror);
 //! - `GET /api/v1/rcs/{id}` with 100 RCs of 10 pods, as a ratio to `/healthz`;
 //! - `GET /api/v1/rcs` (100 RCs with status), as a ratio to `/healthz`;
+//! - `PATCH /api/v1/rcs/{id}` (a CAS read-modify-write, durable), each connection patching
+//!   an RC of its own, as a ratio to `/healthz`;
+//! - the same PATCH of one hot RC by 16 connections at once: every request must succeed;
+//! - `GET /api/v1/watch?kinds=rcs` (Server-Sent Events): 1,000 watchers of every RC on one
+//!   server while RCs are patched 50 times a second; how many changes each watcher missed
+//!   and the delay from sending a PATCH to each watcher receiving its change, beside the
+//!   PATCH's own round trip in the same run;
 //! - `GET /api/v1/rcs/{id}` with a large fleet (10,000 RCs of 10 pods over 10,000 nodes by
 //!   default), as a ratio to the same GET with 100 RCs.
 //!
 //! Sizes and durations can be changed:
-//! `cargo bench --bench api -- --secs 5 --connections 64 --large-rcs 1000`.
+//! `cargo bench --bench api -- --secs 5 --connections 64 --watchers 100 --large-rcs 1000`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use p2_apiserver::app::App;
+use p2_apiserver::app::{App, HttpLimits};
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{KvStore, TxnOp, MAX_TXN_OPS};
 use p2_apiserver::server;
 use p2_apiserver::state::{Mirror, MirrorConfig};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+#[path = "support/rss.rs"]
+mod rss;
+use rss::peak_rss_mib;
 
 /// Pods per RC, as in the issue's figures.
 const PODS_PER_RC: usize = 10;
@@ -32,6 +43,7 @@ struct Args {
     secs: u64,
     connections: usize,
     large_rcs: usize,
+    watchers: usize,
 }
 
 impl Args {
@@ -40,6 +52,7 @@ impl Args {
             secs: 5,
             connections: 64,
             large_rcs: 10_000,
+            watchers: 1_000,
         };
         let mut words = std::env::args().skip(1);
         while let Some(word) = words.next() {
@@ -53,6 +66,7 @@ impl Args {
                 "--secs" => args.secs = value(),
                 "--connections" => args.connections = value() as usize,
                 "--large-rcs" => args.large_rcs = value() as usize,
+                "--watchers" => args.watchers = value() as usize,
                 // `cargo bench` passes `--bench`.
                 _ => {}
             }
@@ -65,7 +79,9 @@ impl Args {
 /// loaded; stopped when dropped.
 struct Served {
     base: String,
+    store: Arc<dyn KvStore>,
     first_rc: String,
+    rcs: Vec<String>,
     stop: CancellationToken,
     _dir: tempfile::TempDir,
 }
@@ -95,11 +111,16 @@ async fn serve(rcs: usize) -> Served {
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
+    let limits = HttpLimits {
+        // Room for the change stream's watchers.
+        max_connections: 4_096,
+        ..Default::default()
+    };
     let state = App::serving(
-        store,
+        store.clone(),
         mirror,
         stop.clone(),
-        Default::default(),
+        limits,
         Default::default(),
         Default::default(),
     );
@@ -111,7 +132,9 @@ async fn serve(rcs: usize) -> Served {
     );
     Served {
         base,
+        store,
         first_rc: ids[0].clone(),
+        rcs: ids,
         stop,
         _dir: dir,
     }
@@ -169,15 +192,29 @@ struct Figure {
 
 /// `connections` clients each sending `GET url` back to back for `secs`.
 async fn measure(url: &str, connections: usize, secs: u64) -> Figure {
+    let url = url.to_owned();
+    measure_with(connections, secs, move |client, _| client.get(&url)).await
+}
+
+/// `connections` clients each sending the request `request` makes (given the client's
+/// number) back to back for `secs`.
+async fn measure_with(
+    connections: usize,
+    secs: u64,
+    request: impl Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
+) -> Figure {
+    let request = Arc::new(request);
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(connections)
         .build()
         .unwrap();
     // Opens the connections before the clock starts.
     let warm: Vec<_> = (0..connections)
-        .map(|_| {
-            let (client, url) = (client.clone(), url.to_owned());
-            tokio::spawn(async move { client.get(&url).send().await.unwrap().bytes().await })
+        .map(|worker| {
+            let (client, request) = (client.clone(), request.clone());
+            tokio::spawn(
+                async move { request(&client, worker).send().await.unwrap().bytes().await },
+            )
         })
         .collect();
     for warm in warm {
@@ -186,14 +223,14 @@ async fn measure(url: &str, connections: usize, secs: u64) -> Figure {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(secs);
     let workers: Vec<_> = (0..connections)
-        .map(|_| {
-            let (client, url) = (client.clone(), url.to_owned());
+        .map(|worker| {
+            let (client, request) = (client.clone(), request.clone());
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 let mut failed = 0;
                 while Instant::now() < deadline {
                     let sent = Instant::now();
-                    match client.get(&url).send().await {
+                    match request(&client, worker).send().await {
                         Ok(response) if response.status().is_success() => {
                             if response.bytes().await.is_err() {
                                 failed += 1;
@@ -214,14 +251,181 @@ async fn measure(url: &str, connections: usize, secs: u64) -> Figure {
         latencies.extend(mine);
         failed += my_failed;
     }
-    let elapsed = started.elapsed().as_secs_f64();
+    figure(latencies, failed, started.elapsed())
+}
+
+/// The figure of requests that took `latencies` over `elapsed`.
+fn figure(mut latencies: Vec<Duration>, failed: usize, elapsed: Duration) -> Figure {
     latencies.sort_unstable();
     let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
     Figure {
-        per_second: latencies.len() as f64 / elapsed,
+        per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
         p50: at(0.50),
         p99: at(0.99),
         failed,
+    }
+}
+
+/// A PATCH of RC `id`'s replica count, as a merge patch: to a value no PATCH before it in
+/// the last thousand set, so that each one changes the RC.
+fn patch_rc(client: &reqwest::Client, base: &str, id: &str) -> reqwest::RequestBuilder {
+    static TURN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let replicas = 1 + TURN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 1_000;
+    client
+        .patch(format!("{base}/api/v1/rcs/{id}"))
+        .header("content-type", "application/merge-patch+json")
+        .body(format!(r#"{{"replicas_desired":{replicas}}}"#))
+}
+
+/// `writers` tasks each writing its own key back to back for `secs`, every write a CAS on
+/// the index it last wrote: what the store's durable commits sustain without HTTP.
+async fn measure_store_cas(store: &Arc<dyn KvStore>, writers: usize, secs: u64) -> Figure {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..writers)
+        .map(|writer| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let key = format!("bench/cas/{writer}");
+                let (mut index, mut latencies, mut failed) = (0, Vec::new(), 0);
+                while Instant::now() < deadline {
+                    let sent = Instant::now();
+                    let ops = [TxnOp::Cas {
+                        key: key.clone(),
+                        value: b"x".to_vec(),
+                        index,
+                    }];
+                    match store.txn(&ops).await {
+                        Ok(results) => index = results[0].as_ref().map_or(0, |p| p.modify_index),
+                        Err(_) => failed += 1,
+                    }
+                    latencies.push(sent.elapsed());
+                }
+                (latencies, failed)
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    let mut failed = 0;
+    for task in tasks {
+        let (mine, my_failed) = task.await.unwrap();
+        latencies.extend(mine);
+        failed += my_failed;
+    }
+    figure(latencies, failed, started.elapsed())
+}
+
+/// Changes per second the change-stream figure makes.
+const CHANGES_PER_SECOND: u64 = 50;
+
+/// `watchers` clients on `GET /api/v1/watch?kinds=rcs` while one writer patches the RCs
+/// [`CHANGES_PER_SECOND`] times a second for `secs`: prints how many changes the watchers
+/// missed and the delay from sending each PATCH to each watcher receiving its change, beside
+/// the PATCH round trip.
+async fn measure_watch(served: &Served, watchers: usize, secs: u64) {
+    let client = reqwest::Client::new();
+    let url = format!("{}/api/v1/watch?kinds=rcs", served.base);
+    let stop = CancellationToken::new();
+    let (synced_tx, mut synced_rx) = tokio::sync::mpsc::channel::<()>(watchers);
+    let tasks: Vec<_> = (0..watchers)
+        .map(|_| {
+            let (client, url, stop, synced) =
+                (client.clone(), url.clone(), stop.clone(), synced_tx.clone());
+            tokio::spawn(async move { watch_changes(&client, &url, &stop, &synced).await })
+        })
+        .collect();
+    drop(synced_tx);
+    for _ in 0..watchers {
+        synced_rx
+            .recv()
+            .await
+            .expect("a watcher failed before its snapshot");
+    }
+
+    // index of each change -> when its PATCH was sent
+    let mut sent = std::collections::HashMap::new();
+    let mut round_trips = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(1_000 / CHANGES_PER_SECOND));
+    for turn in 0..secs * CHANGES_PER_SECOND {
+        tick.tick().await;
+        let id = &served.rcs[turn as usize % served.rcs.len()];
+        let started = Instant::now();
+        let response = patch_rc(&client, &served.base, id).send().await.unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        round_trips.push(started.elapsed());
+        let etag = response.headers()["etag"]
+            .to_str()
+            .unwrap()
+            .trim_matches('"');
+        sent.insert(etag.parse::<u64>().unwrap(), started);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.cancel();
+
+    let mut delays = Vec::new();
+    let mut missed = 0;
+    for task in tasks {
+        let received = task.await.unwrap();
+        missed += sent
+            .keys()
+            .filter(|index| !received.contains_key(*index))
+            .count();
+        delays.extend(
+            received
+                .iter()
+                .filter_map(|(index, at)| Some(at.duration_since(*sent.get(index)?))),
+        );
+    }
+    let quantiles = |mut values: Vec<Duration>| {
+        values.sort_unstable();
+        let at = |q: f64| values[((values.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
+        format!("p50 {:>6.2} ms  p99 {:>6.2} ms", at(0.5), at(0.99))
+    };
+    println!(
+        "{:<44} {} changes x {watchers} watchers, missed {missed}, delivery {}  (PATCH round trip, reference: {})",
+        format!("SSE: {watchers} watchers, {CHANGES_PER_SECOND} changes/s"),
+        sent.len(),
+        quantiles(delays),
+        quantiles(round_trips),
+    );
+}
+
+/// Follows the change stream at `url` until `stop`, saying on `synced` when its snapshot is
+/// in; returns when each `modified` event arrived, by index.
+async fn watch_changes(
+    client: &reqwest::Client,
+    url: &str,
+    stop: &CancellationToken,
+    synced: &tokio::sync::mpsc::Sender<()>,
+) -> std::collections::HashMap<u64, Instant> {
+    let mut response = client.get(url).send().await.unwrap();
+    assert!(response.status().is_success());
+    let mut received = std::collections::HashMap::new();
+    let mut buffer = String::new();
+    loop {
+        let chunk = tokio::select! {
+            chunk = response.chunk() => chunk.unwrap(),
+            () = stop.cancelled() => return received,
+        };
+        let Some(chunk) = chunk else {
+            return received;
+        };
+        let at = Instant::now();
+        buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            let Some(data) = event.lines().find_map(|line| line.strip_prefix("data:")) else {
+                continue;
+            };
+            let data: serde_json::Value = serde_json::from_str(data.trim()).unwrap();
+            match data["type"].as_str() {
+                Some("synced") => synced.send(()).await.unwrap(),
+                Some("modified") => {
+                    received.insert(data["index"].as_u64().unwrap(), at);
+                }
+                _ => {}
+            }
+        }
     }
 }
 
@@ -265,6 +469,31 @@ fn main() {
             &list,
             Some(("/healthz", &healthz)),
         );
+        let (base, rcs) = (small.base.clone(), small.rcs.clone());
+        let distinct = measure_with(c, secs, move |client, worker| {
+            patch_rc(client, &base, &rcs[worker % rcs.len()])
+        })
+        .await;
+        report(
+            &format!("CAS PATCH distinct RCs ({c} writers)"),
+            &distinct,
+            Some(("/healthz", &healthz)),
+        );
+        let store_cas = measure_store_cas(&small.store, c, secs).await;
+        report(
+            &format!("CAS txn distinct keys, store only ({c} writers)"),
+            &store_cas,
+            Some(("/healthz", &healthz)),
+        );
+        let (base, hot) = (small.base.clone(), small.first_rc.clone());
+        let contended =
+            measure_with(16, secs, move |client, _| patch_rc(client, &base, &hot)).await;
+        report(
+            "CAS PATCH one hot RC (16 writers)",
+            &contended,
+            Some(("/healthz", &healthz)),
+        );
+        measure_watch(&small, args.watchers, secs).await;
         drop(small);
 
         let large = serve(args.large_rcs).await;
@@ -277,5 +506,9 @@ fn main() {
         );
         let healthz = measure(&format!("{}/healthz", large.base), c, secs).await;
         report("GET /healthz (large fleet, reference)", &healthz, None);
+        println!(
+            "peak RSS of the process (server, mirror and load generator): {:.0} MiB",
+            peak_rss_mib()
+        );
     });
 }

@@ -29,6 +29,10 @@ use p2_apiserver::simulator::{self, SimulatorConfig};
 use p2_apiserver::state::{Mirror, MirrorConfig};
 use tokio_util::sync::CancellationToken;
 
+#[path = "support/rss.rs"]
+mod rss;
+use rss::peak_rss_mib;
+
 /// Counts every call the farms make to the store, by operation.
 struct Counting {
     inner: Arc<dyn KvStore>,
@@ -302,6 +306,10 @@ async fn main() {
     println!(
         "{} RCs x {} replicas over {} nodes: RCs created in {:.2?}; all {want} pods scheduled after {:.2?}; all healthy after {:.2?}; busiest node runs {busiest} pods",
         sizes.rcs, sizes.replicas, sizes.nodes, created, scheduled, healthy
+    );
+    println!(
+        "peak RSS of the process (server, mirror, farms and simulated nodes): {:.0} MiB",
+        peak_rss_mib()
     );
 
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -81,7 +81,7 @@ impl Fleet {
 
     pub fn world(&self) -> World {
         fn tree<T>(items: T) -> Arc<Tree<T>> {
-            Arc::new(Tree { index: 1, items })
+            Arc::new(Tree::new(1, items))
         }
         World {
             rcs: tree(self.rcs.clone()),

@@ -105,32 +105,52 @@ impl Farm for RcFarm {
 }
 
 /// How many pods each node is intended to run, kept up to date by the plans of one pass so
-/// that new pods spread over nodes.
-pub struct Load(HashMap<String, usize>);
+/// that new pods spread over nodes; also ordered by load, so that placing a pod costs the
+/// nodes looked at rather than every node.
+pub struct Load {
+    by_node: HashMap<String, usize>,
+    /// `(load, node)` of every node of `by_node` and every labelled node.
+    ordered: BTreeSet<(usize, String)>,
+}
 
 impl Load {
     /// The load the intent tree shows.
     pub fn of(world: &World) -> Load {
-        Load(
-            world
-                .load_by_node()
-                .into_iter()
-                .map(|(node, n)| (node.to_owned(), n))
-                .collect(),
-        )
+        let mut by_node: HashMap<String, usize> = world
+            .nodes
+            .items
+            .keys()
+            .map(|node| (node.clone(), 0))
+            .collect();
+        for (node, n) in world.load_by_node() {
+            by_node.insert(node.to_owned(), n);
+        }
+        let ordered = by_node.iter().map(|(node, n)| (*n, node.clone())).collect();
+        Load { by_node, ordered }
     }
 
     fn get(&self, node: &str) -> usize {
-        self.0.get(node).copied().unwrap_or(0)
+        self.by_node.get(node).copied().unwrap_or(0)
+    }
+
+    /// The nodes from the least loaded, by name among equals.
+    fn least_loaded(&self) -> impl Iterator<Item = &String> {
+        self.ordered.iter().map(|(_, node)| node)
+    }
+
+    fn set(&mut self, node: &str, n: usize) {
+        let old = self.by_node.insert(node.to_owned(), n).unwrap_or(0);
+        self.ordered.remove(&(old, node.to_owned()));
+        self.ordered.insert((n, node.to_owned()));
     }
 
     fn add(&mut self, node: &str) {
-        *self.0.entry(node.to_owned()).or_insert(0) += 1;
+        self.set(node, self.get(node) + 1);
     }
 
     fn remove(&mut self, node: &str) {
-        if let Some(n) = self.0.get_mut(node) {
-            *n = n.saturating_sub(1);
+        if self.by_node.contains_key(node) {
+            self.set(node, self.get(node).saturating_sub(1));
         }
     }
 }
@@ -261,18 +281,54 @@ fn placement_pending(world: &World, pod_id: &str) -> bool {
     })
 }
 
+/// At most `need` nodes to place an RC's pod on, best first: those where it replaces a
+/// disabled RC's pod, then free ones, each the least loaded first, then by name. Fewer only
+/// when there are no more.
+fn candidates(
+    world: &World,
+    load: &Load,
+    id: &str,
+    pod_id: &str,
+    eligible: &BTreeSet<String>,
+    current: &BTreeSet<String>,
+    need: usize,
+) -> Vec<(String, Option<Replaced>)> {
+    let open = |node: &String| eligible.contains(node) && !current.contains(node);
+    let running = world.nodes_running(pod_id).unwrap_or_default();
+    let mut replacing: Vec<(String, Replaced)> = running
+        .iter()
+        .filter(|node| open(node))
+        .filter_map(|node| Some((node.clone(), placement(world, id, node, pod_id)??)))
+        .collect();
+    replacing.sort_by(|(a, _), (b, _)| (load.get(a), a).cmp(&(load.get(b), b)));
+    let mut chosen: Vec<(String, Option<Replaced>)> = replacing
+        .into_iter()
+        .take(need)
+        .map(|(node, replaced)| (node, Some(replaced)))
+        .collect();
+    for node in load.least_loaded() {
+        if chosen.len() >= need {
+            break;
+        }
+        if open(node) && !running.contains(node) {
+            chosen.push((node.clone(), None));
+        }
+    }
+    chosen
+}
+
 /// Unschedules `count` of `current`: ineligible nodes first, then the busiest, then by name
 /// for determinism.
 fn remove(
     load: &mut Load,
-    eligible: &BTreeSet<&String>,
+    eligible: &BTreeSet<String>,
     current: &BTreeSet<String>,
     count: usize,
 ) -> Vec<Change> {
     let mut victims: Vec<&String> = current.iter().collect();
     victims.sort_by_key(|node| {
         (
-            eligible.contains(node),
+            eligible.contains(*node),
             std::cmp::Reverse(load.get(node)),
             (*node).clone(),
         )
@@ -305,13 +361,7 @@ pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> FarmResu
         .node_selector
         .parse()
         .map_err(|e| FarmError::Unusable(format!("the RC's node selector is invalid: {e}")))?;
-    let eligible: BTreeSet<&String> = world
-        .nodes
-        .items
-        .iter()
-        .filter(|(_, labels)| selector.matches(labels))
-        .map(|(node, _)| node)
-        .collect();
+    let eligible = world.nodes_matching(&rc.node_selector, &selector);
     plan.eligible = eligible.len();
     let current = &plan.current;
     let desired = usize::try_from(rc.replicas_desired.max(0)).unwrap_or(0);
@@ -326,25 +376,17 @@ pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> FarmResu
 
     let mut changes = Vec::new();
     if desired > current.len() {
-        // Nodes where the pod replaces a disabled RC's first, then the least loaded.
-        let mut candidates: Vec<(&String, Option<Replaced>)> = eligible
-            .iter()
-            .copied()
-            .filter(|node| !current.contains(*node))
-            .filter_map(|node| Some((node, placement(world, id, node, &pod_id)?)))
-            .collect();
-        candidates
-            .sort_by_key(|(node, replaced)| (replaced.is_none(), load.get(node), (*node).clone()));
         let need = desired - current.len();
+        let candidates = candidates(world, load, id, &pod_id, &eligible, current, need);
         if candidates.len() < need {
             plan.short = Some(current.len() + candidates.len());
         }
-        for (node, replaced) in candidates.into_iter().take(need) {
+        for (node, replaced) in candidates {
             changes.push(match replaced {
-                Some(replaced) => Change::Replace(node.clone(), replaced),
+                Some(replaced) => Change::Replace(node, replaced),
                 None => {
-                    load.add(node);
-                    Change::Schedule(node.clone())
+                    load.add(&node);
+                    Change::Schedule(node)
                 }
             });
         }
@@ -361,7 +403,7 @@ pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> FarmResu
     let changed: BTreeSet<&String> = changes.iter().map(Change::node).collect();
     let stale: Vec<String> = current
         .iter()
-        .filter(|node| eligible.contains(node) && !changed.contains(node))
+        .filter(|node| eligible.contains(*node) && !changed.contains(node))
         .filter(|node| {
             !world
                 .intents
@@ -384,11 +426,11 @@ fn transfer_node(
     load: &mut Load,
     id: &str,
     rc: &StoredRc,
-    eligible: &BTreeSet<&String>,
+    eligible: &BTreeSet<String>,
     current: &BTreeSet<String>,
 ) -> Option<Transfer> {
     let pod_id = rc.manifest.pod_id();
-    let leaving = current.iter().find(|node| !eligible.contains(node))?;
+    let leaving = current.iter().find(|node| !eligible.contains(*node))?;
     let mutation = layout::rc_mutation(id);
     if world.lock_holder(&mutation).is_some() {
         return None;
@@ -401,18 +443,18 @@ fn transfer_node(
     }
     let arriving = eligible
         .iter()
-        .filter(|node| !current.contains(**node))
+        .filter(|node| !current.contains(*node))
         .filter(|node| {
             !world
                 .intents
                 .items
-                .contains_key(&((**node).clone(), pod_id.to_owned()))
+                .contains_key(&((*node).clone(), pod_id.to_owned()))
         })
-        .min_by_key(|node| (load.get(node), (**node).clone()))?;
+        .min_by_key(|node| (load.get(node), *node))?;
     load.add(arriving);
     Some(Transfer {
         leaving: leaving.clone(),
-        arriving: (*arriving).clone(),
+        arriving: arriving.clone(),
         mutation_index: world.locks.items.get(&mutation).map(|lock| lock.index),
     })
 }

@@ -8,15 +8,16 @@
 //! waits until every tree it reads holds every change up to the newest the mirror shows
 //! (see [`Mirror::wait_for_trees`]), once per new index, shared by all the farms.
 
-use std::collections::{BTreeMap, HashMap};
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::labels::{LabelType, Labels};
+use crate::labels::{LabelType, Labels, Selector};
 use crate::model::{HealthState, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::state::{self, Entry, Mirror, TreeSnapshot, View};
 
@@ -35,6 +36,40 @@ pub struct Tree<T> {
     /// The highest index the tree's entries reflect, as the mirror had it.
     pub index: u64,
     pub items: T,
+    /// Indexes derived from `items` on first use, by name, kept as long as the tree: a pass
+    /// asks the same question of every object it owns, so each is answered once per change
+    /// of the tree instead of once per object.
+    memo: Mutex<HashMap<String, Arc<dyn Any + Send + Sync>>>,
+}
+
+impl<T> Tree<T> {
+    pub fn new(index: u64, items: T) -> Tree<T> {
+        Tree {
+            index,
+            items,
+            memo: Mutex::default(),
+        }
+    }
+
+    /// What `derive` makes of the items, made once per `name`.
+    fn memo<V: Any + Send + Sync>(&self, name: &str, derive: impl FnOnce(&T) -> V) -> Arc<V> {
+        if let Some(known) = self
+            .memo
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
+            if let Ok(known) = known.clone().downcast::<V>() {
+                return known;
+            }
+        }
+        let derived = Arc::new(derive(&self.items));
+        self.memo
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_owned(), derived.clone());
+        derived
+    }
 }
 
 /// Decoded trees, by what they map.
@@ -67,14 +102,42 @@ pub struct World {
 }
 
 impl World {
-    /// The nodes running a pod labelled `key=value`, sorted.
+    /// The pods labelled `key=value`, sorted.
     pub fn pods_labelled(&self, key: &str, value: &str) -> Vec<PodKey> {
-        self.pod_labels
-            .items
-            .iter()
-            .filter(|(_, labels)| labels.value.get(key).map(String::as_str) == Some(value))
-            .map(|(pod, _)| pod.clone())
-            .collect()
+        let by_value = self.pod_labels.memo(&format!("label {key}"), |pods| {
+            let mut by_value: HashMap<String, Vec<PodKey>> = HashMap::new();
+            for (pod, labels) in pods {
+                if let Some(value) = labels.value.get(key) {
+                    by_value.entry(value.clone()).or_default().push(pod.clone());
+                }
+            }
+            by_value
+        });
+        by_value.get(value).cloned().unwrap_or_default()
+    }
+
+    /// The nodes whose labels `selector` (parsed from `text`) matches.
+    pub fn nodes_matching(&self, text: &str, selector: &Selector) -> Arc<BTreeSet<String>> {
+        self.nodes.memo(&format!("selector {text}"), |nodes| {
+            nodes
+                .iter()
+                .filter(|(_, labels)| selector.matches(labels))
+                .map(|(node, _)| node.clone())
+                .collect()
+        })
+    }
+
+    /// The nodes intended to run a legacy pod of id `pod_id`.
+    pub fn nodes_running(&self, pod_id: &str) -> Option<Arc<BTreeSet<String>>> {
+        let by_pod = self.intents.memo("by pod id", |intents| {
+            let mut by_pod: HashMap<String, Arc<BTreeSet<String>>> = HashMap::new();
+            for (node, pod_id) in intents.keys() {
+                let nodes = by_pod.entry(pod_id.clone()).or_default();
+                Arc::make_mut(nodes).insert(node.clone());
+            }
+            by_pod
+        });
+        by_pod.get(pod_id).cloned()
     }
 
     /// How many pods each node is intended to run; used to spread new pods.
@@ -103,24 +166,6 @@ impl World {
             .and_then(|lock| lock.value.as_deref())
     }
 
-    /// The highest index any of its trees reflects.
-    fn newest_index(&self) -> u64 {
-        [
-            self.rcs.index,
-            self.rolls.index,
-            self.daemon_sets.index,
-            self.nodes.index,
-            self.pod_labels.index,
-            self.intents.index,
-            self.reality.index,
-            self.health.index,
-            self.locks.index,
-        ]
-        .into_iter()
-        .max()
-        .unwrap_or(0)
-    }
-
     /// The health state of a pod, by [`HealthState::of`].
     pub fn health_of(&self, pod: &PodKey) -> HealthState {
         HealthState::of(self.health.items.get(pod).copied())
@@ -132,12 +177,19 @@ impl World {
 pub struct Trees {
     mirror: Mirror,
     changes: watch::Receiver<u64>,
-    world: World,
+    /// The latest world, shared by the clones so that each change is decoded once for all
+    /// the farms.
+    built: Arc<Mutex<Built>>,
     /// The newest index every followed tree is known to hold all changes up to; shared by
     /// the clones, so one farm's wait serves all.
     caught_up: Arc<AtomicU64>,
-    /// The mirror's generation of each tree the world was built from, by position in
-    /// [`Trees::FOLLOWED`].
+}
+
+/// A world and the mirror's generation of each tree it was built from, by position in
+/// [`Trees::FOLLOWED`].
+#[derive(Default)]
+struct Built {
+    world: World,
     generations: [Option<u64>; 9],
 }
 
@@ -161,20 +213,21 @@ impl Trees {
         Trees {
             changes: mirror.changes(),
             mirror,
-            world: World::default(),
+            built: Arc::default(),
             caught_up: Arc::new(AtomicU64::new(0)),
-            generations: [None; 9],
         }
     }
 
     /// The mirror as it is now, marking it seen, once the trees have caught up with each
-    /// other (bounded by `CATCH_UP_LIMIT`). What comes in during a wait (a daemon set
-    /// edited while the health results were being caught up with) is waited for in turn.
+    /// other (bounded by `CATCH_UP_LIMIT`). Only what the watches brought is waited for:
+    /// the server's own writes are in the mirror already, every tree of a transaction at
+    /// once. What comes in during a wait (a daemon set edited while the health results
+    /// were being caught up with) is waited for in turn.
     pub async fn world(&mut self) -> World {
         let deadline = Instant::now() + CATCH_UP_LIMIT;
         loop {
+            let newest = self.mirror.listed_index(&Trees::FOLLOWED);
             let world = self.current();
-            let newest = world.newest_index();
             if newest <= self.caught_up.load(Ordering::SeqCst) {
                 return world;
             }
@@ -193,12 +246,13 @@ impl Trees {
     /// The mirror as it is now, marking it seen; only the trees that changed are rebuilt.
     fn current(&mut self) -> World {
         self.changes.borrow_and_update();
+        let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
+        let Built { world, generations } = &mut *built;
         for (position, tree) in Trees::FOLLOWED.into_iter().enumerate() {
-            let Some(snapshot) = self.mirror.snapshot(tree, self.generations[position]) else {
+            let Some(snapshot) = self.mirror.snapshot(tree, generations[position]) else {
                 continue;
             };
-            self.generations[position] = Some(snapshot.generation);
-            let world = &mut self.world;
+            generations[position] = Some(snapshot.generation);
             match tree {
                 state::Tree::Rcs => world.rcs = build(&snapshot, by_id(rc_of)),
                 state::Tree::Rolls => world.rolls = build(&snapshot, by_id(roll_of)),
@@ -221,7 +275,7 @@ impl Trees {
                 | state::Tree::Conditions => {}
             }
         }
-        self.world.clone()
+        world.clone()
     }
 
     /// Waits until the mirror has changed since the last [`Trees::world`].
@@ -247,10 +301,7 @@ where
         .iter()
         .filter_map(|entry| item(entry.pair.key.strip_prefix(&prefix)?, entry))
         .collect();
-    Arc::new(Tree {
-        index: snapshot.index,
-        items,
-    })
+    Arc::new(Tree::new(snapshot.index, items))
 }
 
 /// Documents keyed by UUID, with their modify index; `view` picks the document.

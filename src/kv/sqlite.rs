@@ -1,8 +1,14 @@
 //! The embedded backend: SQLite through sqlx, schema in `migrations/`.
 //!
-//! Every write runs in one `BEGIN IMMEDIATE` transaction on a single writer connection, so
-//! writes are serialized within a process by the pool and across processes by SQLite's own
-//! lock; each committed write takes the next value of one monotonic index. Watches wake on
+//! Every write runs on a single writer connection, so writes are serialized within a process
+//! by its lock and across processes by SQLite's own lock; each committed write takes the
+//! next value of one monotonic index.
+//!
+//! Group commit: the writes that queue while a commit is being made durable go into one
+//! `BEGIN IMMEDIATE` transaction, each inside a savepoint of its own (so each is still
+//! all-or-nothing, and its checks see the batch's earlier writes), and the batch is committed
+//! with one fsync by a flusher task. A write is answered only once its batch is durable; if
+//! the commit fails, every write of the batch fails. Watches wake on
 //! this process's commits at once and notice other processes' commits by polling the index.
 //! A background task expires sessions and reaps old tombstones.
 
@@ -11,12 +17,13 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
-use tokio::sync::watch;
+use sqlx::{Row, Sqlite, SqliteConnection};
+use tokio::sync::{oneshot, watch, Mutex, Notify, OwnedMutexGuard};
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -43,7 +50,9 @@ pub struct SqliteStore {
 
 struct Inner {
     reader: SqlitePool,
-    writer: SqlitePool,
+    writer: Arc<Mutex<Writer>>,
+    /// Wakes the flusher: a write has left the batch.
+    flush: Arc<Notify>,
     /// The highest index this process has seen committed; watches wait on it.
     changes: watch::Sender<u64>,
 }
@@ -69,13 +78,26 @@ impl SqliteStore {
             .await
             .map_err(unavailable)?;
         let last = last_index(&reader).await?;
+        let conn = writer.acquire().await.map_err(unavailable)?;
+        let flush = Arc::new(Notify::new());
         let inner = Arc::new(Inner {
             reader,
-            writer,
+            writer: Arc::new(Mutex::new(Writer {
+                conn,
+                open: false,
+                dirty: false,
+                pending: Vec::new(),
+            })),
+            flush: flush.clone(),
             changes: watch::Sender::new(last),
         });
         let background = CancellationToken::new();
         tokio::spawn(run_background(Arc::downgrade(&inner), background.clone()));
+        tokio::spawn(run_flusher(
+            Arc::downgrade(&inner),
+            flush,
+            background.clone(),
+        ));
         Ok(SqliteStore { inner, background })
     }
 
@@ -238,35 +260,156 @@ async fn read_key(pool: &SqlitePool, key: &str) -> StoreResult<Listing> {
     Ok(listing)
 }
 
-/// One write transaction; every change it makes carries `index`.
+/// The writer connection and the batch of writes it holds open.
+struct Writer {
+    conn: PoolConnection<Sqlite>,
+    /// A `BEGIN IMMEDIATE` is open: the batch.
+    open: bool,
+    /// A write's savepoint was left open (it failed or was abandoned): rolled back before
+    /// anything else runs.
+    dirty: bool,
+    /// The writes released into the batch, waiting for its commit: the index each took and
+    /// where to say how it went.
+    pending: Vec<(u64, oneshot::Sender<StoreResult<()>>)>,
+}
+
+impl Writer {
+    async fn run(&mut self, sql: &str) -> StoreResult<()> {
+        sqlx::query(sql)
+            .execute(&mut *self.conn)
+            .await
+            .map(drop)
+            .map_err(unavailable)
+    }
+
+    /// Rolls back a savepoint left open; if even that fails, the whole batch.
+    async fn settle(&mut self) {
+        if !self.dirty {
+            return;
+        }
+        self.dirty = false;
+        let undone = match self.run("ROLLBACK TO SAVEPOINT write").await {
+            Ok(()) => self.run("RELEASE SAVEPOINT write").await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = undone {
+            self.abort(e).await;
+        }
+    }
+
+    /// Rolls the batch back, failing every write in it.
+    async fn abort(&mut self, cause: StoreError) {
+        if let Err(e) = self.run("ROLLBACK").await {
+            tracing::warn!(error = %e, "rolling back a failed batch of writes failed");
+        }
+        self.open = false;
+        for (_, waiter) in self.pending.drain(..) {
+            let _ = waiter.send(Err(cause.clone()));
+        }
+    }
+
+    /// Commits the batch, if one is open, and answers its writes; publishes the new index.
+    async fn commit_batch(&mut self, changes: &watch::Sender<u64>) {
+        self.settle().await;
+        if !self.open {
+            return;
+        }
+        if let Err(e) = self.run("COMMIT").await {
+            self.abort(e).await;
+            return;
+        }
+        self.open = false;
+        let newest = self.pending.iter().map(|(index, _)| *index).max();
+        if let Some(newest) = newest {
+            changes.send_if_modified(|seen| {
+                let newer = newest > *seen;
+                *seen = (*seen).max(newest);
+                newer
+            });
+        }
+        for (_, waiter) in self.pending.drain(..) {
+            let _ = waiter.send(Ok(()));
+        }
+    }
+}
+
+/// Commits the batches of writes until the store is dropped.
+async fn run_flusher(inner: Weak<Inner>, flush: Arc<Notify>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = flush.notified() => {}
+            () = stop.cancelled() => return,
+        }
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        // Writes that queued for the writer before this lock was asked for join the batch.
+        let mut writer = inner.writer.clone().lock_owned().await;
+        writer.commit_batch(&inner.changes).await;
+    }
+}
+
+/// One write transaction within the batch; every change it makes carries `index`.
 struct WriteTxn {
-    tx: Transaction<'static, Sqlite>,
+    tx: Held,
     index: u64,
     now_ms: i64,
     wrote: bool,
+    flush: Arc<Notify>,
+}
+
+/// The writer, held for one write: derefs to its connection.
+struct Held(OwnedMutexGuard<Writer>);
+
+impl std::ops::Deref for Held {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        &self.0.conn
+    }
+}
+
+impl std::ops::DerefMut for Held {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.0.conn
+    }
+}
+
+impl Drop for WriteTxn {
+    /// Whether committed or abandoned, the batch is left for the flusher to commit (after
+    /// rolling back an abandoned write's savepoint).
+    fn drop(&mut self) {
+        self.flush.notify_one();
+    }
 }
 
 impl WriteTxn {
     async fn begin(inner: &Inner) -> StoreResult<Self> {
-        let mut tx = inner
-            .writer
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(unavailable)?;
-        let last: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'last_index'")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(unavailable)?;
-        Ok(WriteTxn {
-            tx,
-            index: last as u64 + 1,
+        let mut writer = inner.writer.clone().lock_owned().await;
+        writer.settle().await;
+        if !writer.open {
+            writer.run("BEGIN IMMEDIATE").await?;
+            writer.open = true;
+        }
+        writer.run("SAVEPOINT write").await?;
+        writer.dirty = true;
+        let mut txn = WriteTxn {
+            tx: Held(writer),
+            index: 0,
             now_ms: now_ms(),
             wrote: false,
-        })
+            flush: inner.flush.clone(),
+        };
+        let last: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'last_index'")
+            .fetch_one(&mut *txn.tx)
+            .await
+            .map_err(unavailable)?;
+        txn.index = last as u64 + 1;
+        Ok(txn)
     }
 
-    /// Commits, publishing the new index to this process's watchers if anything changed.
-    async fn commit(mut self, inner: &Inner) -> StoreResult<()> {
+    /// Releases the write into the batch and waits until the batch is durable. A write that
+    /// changed nothing waits too when the batch holds others' writes, which it may have read.
+    async fn commit(mut self, _inner: &Inner) -> StoreResult<()> {
         if self.wrote {
             sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'last_index'")
                 .bind(self.index as i64)
@@ -274,15 +417,24 @@ impl WriteTxn {
                 .await
                 .map_err(unavailable)?;
         }
-        self.tx.commit().await.map_err(unavailable)?;
-        if self.wrote {
-            inner.changes.send_if_modified(|seen| {
-                let newer = self.index > *seen;
-                *seen = (*seen).max(self.index);
-                newer
-            });
+        let writer = &mut self.tx.0;
+        writer.run("RELEASE SAVEPOINT write").await?;
+        writer.dirty = false;
+        let waiting = if self.wrote || !writer.pending.is_empty() {
+            let (done, waiter) = oneshot::channel();
+            writer.pending.push((self.index, done));
+            Some(waiter)
+        } else {
+            None
+        };
+        // Dropping the transaction frees the writer and wakes the flusher.
+        drop(self);
+        match waiting {
+            Some(waiter) => waiter
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Unavailable("the store was closed".into()))),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     async fn row(&mut self, key: &str) -> StoreResult<Option<KvPair>> {

@@ -28,6 +28,9 @@ use crate::store::layout;
 pub(super) struct TreeState {
     /// The highest index the tree's entries reflect (its listings' and own writes').
     pub index: u64,
+    /// The index of the newest listing applied: what the tree's watch has shown, the
+    /// server's own writes aside.
+    pub listed: u64,
     /// Moves on every change of `entries`, so readers can tell a tree changed even when its
     /// index did not (an own delete).
     pub generation: u64,
@@ -161,8 +164,10 @@ impl State {
         if authoritative {
             state.tombstones.clear();
             state.index = index;
+            state.listed = index;
         } else {
             state.index = state.index.max(index);
+            state.listed = state.listed.max(index);
         }
         state.loaded = true;
     }

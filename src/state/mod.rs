@@ -233,6 +233,17 @@ impl Mirror {
             .collect()
     }
 
+    /// The newest index the watches of `trees` have shown: the mirror's index less the
+    /// server's own writes, which need no other tree to catch up with them.
+    pub fn listed_index(&self, trees: &[Tree]) -> u64 {
+        let state = self.read();
+        trees
+            .iter()
+            .map(|tree| state.tree(*tree).listed)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// A receiver woken on every change, holding the mirror's index: what blocking reads
     /// wait on.
     pub fn changes(&self) -> watch::Receiver<u64> {
