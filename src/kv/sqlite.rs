@@ -188,13 +188,7 @@ async fn read_prefix(pool: &SqlitePool, prefix: &str, with_values: bool) -> Stor
     } else {
         "key, x'' AS value, create_index, modify_index, lock_index, session"
     };
-    let start = prefix.as_bytes().to_vec();
-    let end = prefix_end(prefix);
-    let range = if end.is_some() {
-        "key >= ?1 AND key < ?2"
-    } else {
-        "key >= ?1"
-    };
+    let (range, start, end) = prefix_range(prefix);
     let rows = sqlx::query(&format!(
         "SELECT {columns} FROM kv WHERE {range} ORDER BY key"
     ))
@@ -203,6 +197,28 @@ async fn read_prefix(pool: &SqlitePool, prefix: &str, with_values: bool) -> Stor
     .fetch_all(&mut *tx)
     .await
     .map_err(unavailable)?;
+    let index = prefix_index(&mut *tx, prefix).await?;
+    tx.commit().await.map_err(unavailable)?;
+    let pairs = rows.iter().map(pair_from_row).collect::<StoreResult<_>>()?;
+    Ok(Listing { index, pairs })
+}
+
+/// The condition selecting the keys under `prefix` (a byte range served by the primary key),
+/// with its two bounds to bind as `?1` and `?2`.
+fn prefix_range(prefix: &str) -> (&'static str, Vec<u8>, Option<Vec<u8>>) {
+    let end = prefix_end(prefix);
+    let range = if end.is_some() {
+        "key >= ?1 AND key < ?2"
+    } else {
+        "key >= ?1"
+    };
+    (range, prefix.as_bytes().to_vec(), end)
+}
+
+/// The index of a prefix: the highest index of any change under it (deletes included),
+/// computed inside SQLite, so asking costs no row of the prefix.
+async fn prefix_index(conn: &mut SqliteConnection, prefix: &str) -> StoreResult<u64> {
+    let (range, start, end) = prefix_range(prefix);
     let index: i64 = sqlx::query_scalar(&format!(
         "SELECT max(
             coalesce((SELECT max(modify_index) FROM kv WHERE {range}), 0),
@@ -212,18 +228,12 @@ async fn read_prefix(pool: &SqlitePool, prefix: &str, with_values: bool) -> Stor
     ))
     .bind(&start)
     .bind(&end)
-    .fetch_one(&mut *tx)
+    .fetch_one(conn)
     .await
     .map_err(unavailable)?;
-    tx.commit().await.map_err(unavailable)?;
-    let pairs = rows.iter().map(pair_from_row).collect::<StoreResult<_>>()?;
-    Ok(Listing {
-        index: index as u64,
-        pairs,
-    })
+    Ok(index as u64)
 }
 
-/// Reads one key and its index (for an absent key, the index of its deletion).
 async fn read_key(pool: &SqlitePool, key: &str) -> StoreResult<Listing> {
     let mut tx = pool.begin().await.map_err(unavailable)?;
     let row = sqlx::query(&format!("SELECT {PAIR_COLUMNS} FROM kv WHERE key = ?1"))
@@ -1044,8 +1054,8 @@ impl KvStore for SqliteStore {
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WATCH_WAIT);
         let mut changes = self.inner.changes.subscribe();
         let reader = &self.inner.reader;
-        // Every commit wakes every watch, so a wake-up first reads only the index (a prefix's
-        // keys without their values) and reads the values once the index has moved.
+        // Every commit wakes every watch, so a wake-up first reads only the index and reads
+        // the pairs once it has moved.
         let snapshot = || async move {
             match target {
                 WatchTarget::Key(key) => read_key(reader, key).await,
@@ -1056,7 +1066,16 @@ impl KvStore for SqliteStore {
             changes.borrow_and_update();
             let probe = match target {
                 WatchTarget::Key(key) => read_key(reader, key).await?,
-                WatchTarget::Prefix(prefix) => read_prefix(reader, prefix, false).await?,
+                WatchTarget::Prefix(prefix) => {
+                    // In a transaction of its own, so that its snapshot ends with it.
+                    let mut tx = reader.begin().await.map_err(unavailable)?;
+                    let index = prefix_index(&mut tx, prefix).await?;
+                    tx.commit().await.map_err(unavailable)?;
+                    Listing {
+                        index,
+                        pairs: Vec::new(),
+                    }
+                }
             };
             if probe.index != index {
                 return match target {
