@@ -68,6 +68,11 @@ impl KvStore for Metered {
             .await
     }
 
+    async fn prefix_index(&self, prefix: &str) -> StoreResult<u64> {
+        self.measure("prefix_index", self.inner.prefix_index(prefix))
+            .await
+    }
+
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
         self.measure("put", self.inner.put(key, value, cas)).await
     }

@@ -325,6 +325,13 @@ pub trait KvStore: Send + Sync + 'static {
     /// separator following the prefix and deduplicated, as Consul's `?keys&separator=`.
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)>;
 
+    /// The index a listing of `prefix` would carry, without its pairs: what a reader asks to
+    /// learn whether it has caught up. By default the index of its keys cut at the first
+    /// `/`, which Consul answers from its index alone.
+    async fn prefix_index(&self, prefix: &str) -> StoreResult<u64> {
+        Ok(self.keys(prefix, Some('/')).await?.0)
+    }
+
     /// Writes `value` at `key` if `cas` holds; a CAS miss is `Conflict`.
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()>;
 

@@ -150,6 +150,13 @@ impl KvStore for Prefixed {
 
     /// The separator cuts keys after the caller's prefix, which lies inside the namespace,
     /// so the cut keys all keep the namespace and strip like whole keys.
+    async fn prefix_index(&self, prefix: &str) -> StoreResult<u64> {
+        self.inner
+            .prefix_index(&self.under(prefix)?)
+            .await
+            .map_err(|e| self.strip_error(e))
+    }
+
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
         let (index, keys) = self
             .inner

@@ -197,10 +197,18 @@ async fn read_prefix(pool: &SqlitePool, prefix: &str, with_values: bool) -> Stor
     .fetch_all(&mut *tx)
     .await
     .map_err(unavailable)?;
-    let index = prefix_index(&mut *tx, prefix).await?;
+    let index = prefix_index(&mut tx, prefix).await?;
     tx.commit().await.map_err(unavailable)?;
     let pairs = rows.iter().map(pair_from_row).collect::<StoreResult<_>>()?;
     Ok(Listing { index, pairs })
+}
+
+/// The index of a prefix, read in a transaction of its own so that its snapshot ends with it.
+async fn read_prefix_index(pool: &SqlitePool, prefix: &str) -> StoreResult<u64> {
+    let mut tx = pool.begin().await.map_err(unavailable)?;
+    let index = prefix_index(&mut tx, prefix).await?;
+    tx.commit().await.map_err(unavailable)?;
+    Ok(index)
 }
 
 /// The condition selecting the keys under `prefix` (a byte range served by the primary key),
@@ -858,6 +866,11 @@ impl KvStore for SqliteStore {
         read_prefix(&self.inner.reader, prefix, true).await
     }
 
+    async fn prefix_index(&self, prefix: &str) -> StoreResult<u64> {
+        validate_prefix(prefix)?;
+        read_prefix_index(&self.inner.reader, prefix).await
+    }
+
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
         validate_prefix(prefix)?;
         let listing = read_prefix(&self.inner.reader, prefix, false).await?;
@@ -1066,16 +1079,10 @@ impl KvStore for SqliteStore {
             changes.borrow_and_update();
             let probe = match target {
                 WatchTarget::Key(key) => read_key(reader, key).await?,
-                WatchTarget::Prefix(prefix) => {
-                    // In a transaction of its own, so that its snapshot ends with it.
-                    let mut tx = reader.begin().await.map_err(unavailable)?;
-                    let index = prefix_index(&mut tx, prefix).await?;
-                    tx.commit().await.map_err(unavailable)?;
-                    Listing {
-                        index,
-                        pairs: Vec::new(),
-                    }
-                }
+                WatchTarget::Prefix(prefix) => Listing {
+                    index: read_prefix_index(reader, prefix).await?,
+                    pairs: Vec::new(),
+                },
             };
             if probe.index != index {
                 return match target {

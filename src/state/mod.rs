@@ -256,8 +256,7 @@ impl Mirror {
     /// A tree's own index only moves when the tree changes, so a tree below `index` may be
     /// current (the change at `index` was elsewhere) or lagging (its watch has yet to
     /// deliver). The store is asked for the index of each such tree, once, after the write
-    /// at `index` was made (its keys cut at the first `/`), and the wait lasts until the
-    /// mirror has reached those indexes.
+    /// at `index` was made, and the wait lasts until the mirror has reached those indexes.
     pub async fn wait_for(&self, index: u64, timeout: Duration) -> bool {
         self.wait_for_trees(&Tree::ALL, index, timeout).await
     }
@@ -276,8 +275,8 @@ impl Mirror {
         let mut targets = Vec::new();
         for &tree in trees {
             if self.tree_index(tree) < index {
-                match self.store().keys(&tree.prefix(), Some('/')).await {
-                    Ok((current, _)) => targets.push((tree, current)),
+                match self.store().prefix_index(&tree.prefix()).await {
+                    Ok(current) => targets.push((tree, current)),
                     Err(_) => return false,
                 }
             }

@@ -54,6 +54,10 @@ impl KvStore for OwnWrites {
         self.kv.keys(prefix, separator).await
     }
 
+    async fn prefix_index(&self, prefix: &str) -> StoreResult<u64> {
+        self.kv.prefix_index(prefix).await
+    }
+
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
         self.kv.put(key, value, cas).await?;
         self.read_back(key).await;

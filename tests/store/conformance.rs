@@ -578,6 +578,34 @@ async fn prefix_watch_sees_deletes(s: Subject) {
     assert!(snapshot.pairs.is_empty());
 }
 
+/// A prefix's index alone is the index a listing of it carries, deletes included.
+async fn prefix_index_is_a_listings_index(s: Subject) {
+    let prefix = s.key("indexed/");
+    let same = |s: &Subject| {
+        let (store, prefix) = (s.store.clone(), prefix.clone());
+        async move {
+            let listed = store.list(&prefix).await.unwrap().index;
+            assert_eq!(store.prefix_index(&prefix).await.unwrap(), listed);
+            listed
+        }
+    };
+    s.store
+        .put(&s.key("indexed/a"), b"a", Cas::Any)
+        .await
+        .unwrap();
+    s.store
+        .put(&s.key("indexed/b/c"), b"c", Cas::Any)
+        .await
+        .unwrap();
+    s.store.put(&s.key("other"), b"x", Cas::Any).await.unwrap();
+    let written = same(&s).await;
+    s.store.delete(&s.key("indexed/a"), Cas::Any).await.unwrap();
+    let deleted = same(&s).await;
+    assert!(deleted > written);
+    s.store.delete_prefix(&prefix).await.unwrap();
+    assert!(same(&s).await > deleted);
+}
+
 macro_rules! conformance {
     ($backend:ident: $($check:ident),* $(,)?) => {
         mod $backend {
@@ -616,6 +644,7 @@ macro_rules! conformance_suite {
                     watch_wakes_on_change,
                     watch_times_out_unchanged,
                     prefix_watch_sees_deletes,
+                    prefix_index_is_a_listings_index,
                 );
             )*
         }
