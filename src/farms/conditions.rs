@@ -61,6 +61,25 @@ impl Published {
         if !self.load(ctx).await {
             return Ok(());
         }
+        let Some(record) = self.changed(id, observed, index, progress) else {
+            return Ok(());
+        };
+        self.write(ctx, lock, id, &record).await?;
+        self.remember(id, record);
+        Ok(())
+    }
+
+    /// Object `id`'s conditions record, computed from its document at `index`, when it
+    /// differs from the stored one; `None` when it does not, or when the stored records
+    /// are not loaded (see [`Published::load`]).
+    pub fn changed(
+        &self,
+        id: &str,
+        observed: Vec<Observed>,
+        index: u64,
+        progress: Option<Progress>,
+    ) -> Option<ConditionsRecord> {
+        self.records.as_ref()?;
         let previous = self.previous(id);
         let conditions = stamp(
             previous.map_or(&[][..], |p| &p.conditions),
@@ -72,15 +91,28 @@ impl Published {
             conditions,
             progress,
         };
-        if previous == Some(&record) {
-            return Ok(());
-        }
-        let op = ConditionStore::put_op(self.kind, id, &record);
+        (previous != Some(&record)).then_some(record)
+    }
+
+    /// Stores `record` for object `id`, fenced by `lock`; [`Published::remember`] it once
+    /// written.
+    pub async fn write(
+        &self,
+        ctx: &FarmContext,
+        lock: &str,
+        id: &str,
+        record: &ConditionsRecord,
+    ) -> FarmResult<()> {
+        let op = ConditionStore::put_op(self.kind, id, record);
         ctx.commit(lock, vec![op]).await?;
+        Ok(())
+    }
+
+    /// Notes that `record` is what is stored for object `id`.
+    pub fn remember(&mut self, id: &str, record: ConditionsRecord) {
         if let Some(records) = &mut self.records {
             records.insert(id.to_owned(), Some(record));
         }
-        Ok(())
     }
 
     /// Removes the records of objects that no longer exist, whoever deleted them.

@@ -35,6 +35,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::stream::{self, StreamExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -55,6 +56,11 @@ use world::{Trees, World};
 /// How often every object is reconciled even when nothing changed: the safety net for a
 /// missed watch result or a failed write.
 pub const RESYNC: Duration = Duration::from_secs(30);
+
+/// How many objects a farm's pass writes for at once: their transactions then share the
+/// store's commits (SQLite's group commit, Consul's raft batches) instead of each waiting
+/// for the one before.
+pub const CONCURRENT_OBJECTS: usize = 16;
 
 /// Settings of the farms that come from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,19 +185,35 @@ impl FarmContext {
         if !retries.ready(id) {
             return false;
         }
-        match self.take_lock(world, lock).await {
-            Ok(true) => true,
-            Ok(false) => {
-                // Someone else owns it now; any backoff of ours is moot.
-                retries.succeeded(id);
-                false
-            }
-            Err(e) => {
-                tracing::debug!(%id, error = %e, "cannot take the ownership lock yet");
-                retries.failed(id);
-                false
-            }
-        }
+        let taken = self.take_lock(world, lock).await;
+        settle_claim(retries, id, taken)
+    }
+
+    /// [`FarmContext::claim`] over `ids` (each with its ownership lock from `lock_of`), up
+    /// to [`CONCURRENT_OBJECTS`] at once; the ids to reconcile now, in the order given.
+    pub async fn claim_all<'a>(
+        &self,
+        world: &World,
+        retries: &mut Retries,
+        ids: impl IntoIterator<Item = &'a str>,
+        lock_of: impl Fn(&str) -> String,
+    ) -> Vec<&'a str> {
+        let ready: Vec<&str> = ids.into_iter().filter(|id| retries.ready(id)).collect();
+        let claims: Vec<_> = ready
+            .into_iter()
+            .map(|id| {
+                let lock = lock_of(id);
+                async move { (id, self.take_lock(world, &lock).await) }
+            })
+            .collect();
+        let taken: Vec<(&str, FarmResult<bool>)> = stream::iter(claims)
+            .buffered(CONCURRENT_OBJECTS)
+            .collect()
+            .await;
+        taken
+            .into_iter()
+            .filter_map(|(id, taken)| settle_claim(retries, id, taken).then_some(id))
+            .collect()
     }
 
     /// The actor the farm named `farm` records its events as: `farm:<farm>@<holder>`.
@@ -340,6 +362,25 @@ pub async fn drive<F: Farm>(mut farm: F, ctx: Arc<FarmContext>, mut trees: Trees
         }
     }
     tracing::info!(farm = F::NAME, "farm stopped");
+}
+
+/// Whether a claim of object `id` that `taken` its lock (see [`FarmContext::take_lock`])
+/// lets the pass reconcile it; someone else's lock clears the object's backoff, an error
+/// starts or extends it.
+fn settle_claim(retries: &mut Retries, id: &str, taken: FarmResult<bool>) -> bool {
+    match taken {
+        Ok(true) => true,
+        Ok(false) => {
+            // Someone else owns it now; any backoff of ours is moot.
+            retries.succeeded(id);
+            false
+        }
+        Err(e) => {
+            tracing::debug!(%id, error = %e, "cannot take the ownership lock yet");
+            retries.failed(id);
+            false
+        }
+    }
 }
 
 /// The sooner of two optional wake-up times.

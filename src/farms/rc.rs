@@ -17,6 +17,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::SystemTime;
 
+use futures::stream::{self, StreamExt};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -31,7 +32,7 @@ use super::conditions::Published;
 use super::pods::{replace_ops, same_manifest, schedule_ops, unschedule_ops};
 use super::roll::count;
 use super::world::World;
-use super::{Farm, FarmContext, FarmError, FarmResult, Retries};
+use super::{Farm, FarmContext, FarmError, FarmResult, Retries, CONCURRENT_OBJECTS};
 
 /// Nodes changed per transaction: at most 3 ops each (a check, the labels, the intent), plus
 /// the fence and the audit record, under the 64-op limit.
@@ -61,36 +62,62 @@ impl Farm for RcFarm {
         &self.retries
     }
 
+    /// Claims and plans the RCs one after another (the plans share the nodes' load), then
+    /// writes up to [`CONCURRENT_OBJECTS`] RCs' changes at once.
     async fn pass(&mut self, ctx: &FarmContext, world: &World) -> Option<Instant> {
+        let ids = world.rcs.items.keys().map(String::as_str);
+        let claimed = ctx
+            .claim_all(world, &mut self.retries, ids, |id| layout::rc_ownership(id))
+            .await;
+        self.conditions.load(ctx).await;
         let mut load = Load::of(world);
-        for (id, rc) in &world.rcs.items {
-            if ctx.cancel.is_cancelled() {
-                return None;
-            }
-            if !ctx
-                .claim(world, &mut self.retries, id, &layout::rc_ownership(id))
-                .await
-            {
-                continue;
-            }
-            let planned = plan(world, &mut load, id, &rc.value);
-            let conditions = rc_conditions(&facts(world, id, &rc.value, planned.as_ref()));
-            let result = match planned {
-                Ok(plan) => apply(ctx, world, id, &rc.value, plan).await,
-                Err(e) => Err(e),
-            };
-            let published = self
-                .conditions
-                .publish(
-                    ctx,
-                    &layout::rc_ownership(id),
-                    id,
-                    conditions,
-                    rc.index,
-                    None,
-                )
-                .await;
-            self.retries.record("RC", id, result.and(published));
+        let planned: Vec<_> = claimed
+            .into_iter()
+            .map(|id| {
+                let rc = &world.rcs.items[id];
+                let planned = plan(world, &mut load, id, &rc.value);
+                let facts = facts(world, id, &rc.value, planned.as_ref());
+                let conditions = self
+                    .conditions
+                    .changed(id, rc_conditions(&facts), rc.index, None);
+                (id, &rc.value, planned, conditions)
+            })
+            .collect();
+        let conditions = &self.conditions;
+        // Built before they are streamed: a stream mapping through a closure would not be
+        // `Send` for every lifetime, as the pass's future must be.
+        let writes: Vec<_> = planned
+            .into_iter()
+            .map(|(id, rc, planned, record)| async move {
+                let lock = layout::rc_ownership(id);
+                let applied = match planned {
+                    Ok(plan) => apply(ctx, world, id, rc, plan).await,
+                    Err(e) => Err(e),
+                };
+                let published = match record {
+                    Some(record) => conditions
+                        .write(ctx, &lock, id, &record)
+                        .await
+                        .map(|()| Some(record)),
+                    None => Ok(None),
+                };
+                (id, applied, published)
+            })
+            .collect();
+        let outcomes: Vec<_> = stream::iter(writes)
+            .buffer_unordered(CONCURRENT_OBJECTS)
+            .collect()
+            .await;
+        if ctx.cancel.is_cancelled() {
+            return None;
+        }
+        for (id, applied, published) in outcomes {
+            let published = published.map(|record| {
+                if let Some(record) = record {
+                    self.conditions.remember(id, record);
+                }
+            });
+            self.retries.record("RC", id, applied.and(published));
         }
         self.conditions
             .remove_gone(ctx, |id| world.rcs.items.contains_key(id))
