@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use tokio::sync::futures::Notified;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -27,9 +28,12 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
     let mut last_read: Option<Instant> = None;
     let mut last_success = Instant::now();
     loop {
-        // At most one read per interval: the changes of the interval come in one listing.
+        // At most one read per interval, unless someone waits for the tree: the changes
+        // of the interval come in one listing.
         if let Some(last) = last_read {
-            if !pause_until(last + config.min_reread_interval, &cancel, &mut epoch).await {
+            let until = last + config.min_reread_interval;
+            let wanted = mirror.wanted(tree).notified();
+            if !pause_until(until, &cancel, &mut epoch, Some(wanted)).await {
                 return;
             }
         }
@@ -81,7 +85,7 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                 mirror.watch_failed(tree);
                 crate::metrics::mirror_lag(&prefix, last_success.elapsed());
                 let retry = Instant::now() + backoff.next_delay();
-                if !pause_until(retry, &cancel, &mut epoch).await {
+                if !pause_until(retry, &cancel, &mut epoch, None).await {
                     return;
                 }
             }
@@ -89,15 +93,24 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
     }
 }
 
-/// Sleeps until `until`, or less if the epoch moves; `false` once cancelled.
+/// Sleeps until `until`, or less if the epoch moves or `wanted` is notified; `false` once
+/// cancelled.
 async fn pause_until(
     until: Instant,
     cancel: &CancellationToken,
     epoch: &mut watch::Receiver<u64>,
+    wanted: Option<Notified<'_>>,
 ) -> bool {
+    let wanted = async {
+        match wanted {
+            Some(wanted) => wanted.await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         () = tokio::time::sleep_until(until) => true,
         _ = epoch.changed() => true,
+        () = wanted => true,
         () = cancel.cancelled() => false,
     }
 }

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -54,7 +54,9 @@ pub struct MirrorConfig {
     /// trees divided by this.
     pub watch_wait: Duration,
     /// The least time between two reads of one tree: under a storm of writes a tree is
-    /// re-read at most this often, each read taking in every change since the last.
+    /// re-read at most this often, each read taking in every change since the last, unless
+    /// a reader waits for the tree to catch up ([`Mirror::wait_for`], a farm's pass), which
+    /// costs one read per wait.
     pub min_reread_interval: Duration,
     /// How long a tree's watch may fail before [`Mirror::health`] reports the mirror stale.
     pub lost_after: Duration,
@@ -178,6 +180,9 @@ struct Inner {
     index: watch::Sender<u64>,
     /// Moves when the store went backwards: every tree re-reads.
     epoch: watch::Sender<u64>,
+    /// By tree position: someone waits for the tree to catch up, so its next read need
+    /// not wait out [`MirrorConfig::min_reread_interval`].
+    wanted: Vec<Notify>,
     started: AtomicBool,
 }
 
@@ -192,6 +197,7 @@ impl Mirror {
                 state: RwLock::new(State::new(stream)),
                 index: watch::channel(0).0,
                 epoch: watch::channel(0).0,
+                wanted: Tree::ALL.iter().map(|_| Notify::new()).collect(),
                 started: AtomicBool::new(false),
             }),
         }
@@ -279,6 +285,11 @@ impl Mirror {
                     Ok(current) => targets.push((tree, current)),
                     Err(_) => return false,
                 }
+            }
+        }
+        for (tree, current) in &targets {
+            if self.tree_index(*tree) < *current {
+                self.wanted(*tree).notify_one();
             }
         }
         self.until(|mirror| {
@@ -562,6 +573,11 @@ impl Mirror {
         let mut state = self.write();
         state.apply(prepared);
         self.publish(&state);
+    }
+
+    /// Notified when someone waits for `tree` to catch up (see [`Inner::wanted`]).
+    fn wanted(&self, tree: Tree) -> &Notify {
+        &self.inner.wanted[tree.position()]
     }
 
     /// The store went backwards: subscribers start again and every tree re-reads.
