@@ -1,8 +1,11 @@
 //! Farm benchmark on the embedded store, with the node simulator.
 //!
 //! `cargo bench --bench farms` reports:
-//! - the time from creating 100 RCs of 10 replicas over 1,000 simulated nodes until all
-//!   1,000 pods exist (and until all report healthy), and how evenly they spread;
+//! - the time from the farms' start until all 1,000 pods of 100 RCs of 10 replicas exist
+//!   on 1,000 simulated nodes (and until all report healthy), and how evenly they spread.
+//!   The RCs are created through the API before the farms start (and that time is printed
+//!   too), so that the figure is the farms' own: their mirror's first read, the election,
+//!   and every pass until the pods exist;
 //! - the store requests per second the farms make when nothing changes (the watches of the
 //!   mirror they read included), with 100 RCs and again with 10, to show that idle load does
 //!   not grow with the number of RCs.
@@ -15,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use p2_apiserver::app::App;
 use p2_apiserver::farms::{self, alerts::Alerter};
 use p2_apiserver::kv::sqlite::SqliteStore;
@@ -188,7 +192,7 @@ async fn wait_for(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> b
     let started = Instant::now();
     while !check().await {
         assert!(started.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     started.elapsed()
 }
@@ -222,6 +226,56 @@ async fn main() {
         shutdown.clone().cancelled_owned(),
     ));
 
+    let base = format!("http://{addr}");
+    let simulation = SimulatorConfig {
+        server: base.parse().unwrap(),
+        nodes: sizes.nodes,
+        labels: Labels::from([("pool".to_string(), "bench".to_string())]),
+        unhealthy_fraction: 0.0,
+        start_delay: Duration::ZERO,
+        name_prefix: "node".into(),
+        max_in_flight: 32,
+        ca_cert: None,
+    };
+    let simulator = tokio::spawn(simulator::run(simulation, shutdown.clone()));
+    let nodes = wait_for(
+        "the simulated nodes",
+        Duration::from_secs(120),
+        async || store.list("labels/node/").await.unwrap().pairs.len() == sizes.nodes,
+    )
+    .await;
+    println!("{} simulated nodes labelled in {:.2?}", sizes.nodes, nodes);
+
+    let client = reqwest::Client::new();
+    let want = sizes.rcs * sizes.replicas;
+    // The RCs are created before the farms start, 16 POSTs at a time, so that convergence
+    // measures the farms alone.
+    let started = Instant::now();
+    let posts = (0..sizes.rcs).map(|i| {
+        let client = client.clone();
+        let base = base.clone();
+        async move {
+            let manifest = format!(
+                "id: app-{i:03}\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/app-{i:03}_1.tar.gz\n"
+            );
+            let body = serde_json::json!({"manifest": manifest, "node_selector": "pool=bench",
+                                          "replicas_desired": sizes.replicas});
+            let response = client
+                .post(format!("{base}/api/v1/rcs"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 201, "{}", response.text().await.unwrap());
+            let rc: serde_json::Value = response.json().await.unwrap();
+            rc["id"].as_str().unwrap().to_owned()
+        }
+    });
+    let ids: Vec<String> = futures::stream::iter(posts).buffered(16).collect().await;
+    let created = started.elapsed();
+    println!("{} RCs created through the API in {created:.2?}", sizes.rcs);
+
+    let started = Instant::now();
     let farm_store: Arc<dyn KvStore> = counting.clone();
     let config = LeaderConfig {
         holder: "bench".into(),
@@ -251,61 +305,20 @@ async fn main() {
         },
     ));
 
-    let base = format!("http://{addr}");
-    let simulation = SimulatorConfig {
-        server: base.parse().unwrap(),
-        nodes: sizes.nodes,
-        labels: Labels::from([("pool".to_string(), "bench".to_string())]),
-        unhealthy_fraction: 0.0,
-        start_delay: Duration::ZERO,
-        name_prefix: "node".into(),
-        max_in_flight: 32,
-        ca_cert: None,
-    };
-    let simulator = tokio::spawn(simulator::run(simulation, shutdown.clone()));
-    let nodes = wait_for(
-        "the simulated nodes",
-        Duration::from_secs(120),
-        async || store.list("labels/node/").await.unwrap().pairs.len() == sizes.nodes,
-    )
-    .await;
-    println!("{} simulated nodes labelled in {:.2?}", sizes.nodes, nodes);
-
-    let client = reqwest::Client::new();
-    let want = sizes.rcs * sizes.replicas;
-    let started = Instant::now();
-    let mut ids = Vec::new();
-    for i in 0..sizes.rcs {
-        let manifest = format!(
-            "id: app-{i:03}\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/app-{i:03}_1.tar.gz\n"
-        );
-        let body = serde_json::json!({"manifest": manifest, "node_selector": "pool=bench",
-                                      "replicas_desired": sizes.replicas});
-        let response = client
-            .post(format!("{base}/api/v1/rcs"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 201, "{}", response.text().await.unwrap());
-        let rc: serde_json::Value = response.json().await.unwrap();
-        ids.push(rc["id"].as_str().unwrap().to_owned());
-    }
-    let created = started.elapsed();
-    let scheduled = wait_for("every pod", Duration::from_secs(600), async || {
+    wait_for("every pod", Duration::from_secs(600), async || {
         pods(&*store).await.0 == want
     })
-    .await
-        + created;
-    let healthy = wait_for("every pod healthy", Duration::from_secs(600), async || {
+    .await;
+    let scheduled = started.elapsed();
+    wait_for("every pod healthy", Duration::from_secs(600), async || {
         pods(&*store).await.1 >= want
     })
-    .await
-        + scheduled;
+    .await;
+    let healthy = started.elapsed();
     let (_, _, busiest) = pods(&*store).await;
     println!(
-        "{} RCs x {} replicas over {} nodes: RCs created in {:.2?}; all {want} pods scheduled after {:.2?}; all healthy after {:.2?}; busiest node runs {busiest} pods",
-        sizes.rcs, sizes.replicas, sizes.nodes, created, scheduled, healthy
+        "{} RCs x {} replicas over {} nodes, from the farms' start: all {want} pods scheduled after {:.2?}; all healthy after {:.2?}; busiest node runs {busiest} pods",
+        sizes.rcs, sizes.replicas, sizes.nodes, scheduled, healthy
     );
     println!(
         "peak RSS of the process (server, mirror, farms and simulated nodes): {:.0} MiB",
