@@ -238,6 +238,24 @@ async fn a_write_is_readable_at_once_or_after_waiting_for_its_index() {
 }
 
 #[tokio::test]
+async fn a_reader_waiting_for_a_tree_does_not_wait_out_its_reread_interval() {
+    each_backend(async |backend| {
+        let store = backend.store.clone();
+        // Paced far beyond the test's patience: only the wait itself can get the tree read.
+        let paced = MirrorConfig {
+            min_reread_interval: Duration::from_secs(3600),
+            ..config()
+        };
+        let (mirror, _running) = started(store.clone(), paced).await;
+        store.put("labels/node/b", b"{}", Cas::Any).await.unwrap();
+        let written = store.get("labels/node/b").await.unwrap().unwrap();
+        assert!(mirror.wait_for(written.modify_index, PATIENCE).await);
+        assert_eq!(mirror.get("labels/node/b").unwrap().pair, written);
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_lost_watch_is_reported_and_recovered_from() {
     each_backend(async |backend| {
         let switch = Switchable::new(backend.store.clone());
