@@ -23,8 +23,8 @@ use p2_apiserver::app::App;
 use p2_apiserver::farms::{self, alerts::Alerter};
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{
-    Cas, KvPair, KvStore, Listing, SessionBehavior, SessionInfo, SessionSpec, StoreResult, TxnOp,
-    WatchTarget,
+    Cas, KvPair, KvStore, Listing, PrefixUpdate, SessionBehavior, SessionInfo, SessionSpec,
+    StoreResult, TxnOp, WatchTarget,
 };
 use p2_apiserver::labels::Labels;
 use p2_apiserver::leader::{self, LeaderConfig};
@@ -119,6 +119,15 @@ impl KvStore for Counting {
     ) -> StoreResult<Listing> {
         self.count("watch");
         self.inner.watch(target, index, wait).await
+    }
+    async fn watch_changes(
+        &self,
+        prefix: &str,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<PrefixUpdate> {
+        self.count("watch");
+        self.inner.watch_changes(prefix, index, wait).await
     }
     async fn ping(&self) -> StoreResult<()> {
         self.count("ping");

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{
-    Cas, KvPair, KvStore, Listing, SessionInfo, SessionSpec, StoreError, StoreResult, TxnOp,
-    WatchTarget,
+    Cas, KvPair, KvStore, Listing, PrefixUpdate, SessionInfo, SessionSpec, StoreError, StoreResult,
+    TxnOp, WatchTarget,
 };
 
 /// `inner`, measured under the backend name `backend`.
@@ -127,6 +127,16 @@ impl KvStore for Metered {
         wait: Duration,
     ) -> StoreResult<Listing> {
         self.measure("watch", self.inner.watch(target, index, wait))
+            .await
+    }
+
+    async fn watch_changes(
+        &self,
+        prefix: &str,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<PrefixUpdate> {
+        self.measure("watch", self.inner.watch_changes(prefix, index, wait))
             .await
     }
 

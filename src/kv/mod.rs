@@ -301,6 +301,35 @@ pub struct SessionInfo {
     pub create_index: u64,
 }
 
+/// What changed under a prefix after an index, deletes included: what a follower of the
+/// prefix needs to bring its copy from that index to [`Changes::index`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// The prefix's index now, as a listing of it would carry.
+    pub index: u64,
+    /// The pairs written after the index, sorted by key.
+    pub changed: Vec<KvPair>,
+    /// The keys deleted after the index, each with the index of its deletion.
+    pub deleted: Vec<(String, u64)>,
+}
+
+/// What a watch of a prefix brings: the prefix whole, or only what changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrefixUpdate {
+    Whole(Listing),
+    Since(Changes),
+}
+
+impl PrefixUpdate {
+    /// The index the update brings the prefix to.
+    pub fn index(&self) -> u64 {
+        match self {
+            PrefixUpdate::Whole(listing) => listing.index,
+            PrefixUpdate::Since(changes) => changes.index,
+        }
+    }
+}
+
 /// What a watch follows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WatchTarget {
@@ -370,6 +399,20 @@ pub trait KvStore: Send + Sync + 'static {
     /// lower than `index` means the store went backwards: start again from 0.
     async fn watch(&self, target: &WatchTarget, index: u64, wait: Duration)
         -> StoreResult<Listing>;
+
+    /// [`KvStore::watch`] of `prefix` that, where the store can, answers with only what
+    /// changed after `index` rather than the whole prefix, so following a large tree costs
+    /// its changes. By default, and wherever the store cannot tell (Consul keeps no
+    /// deletes; tombstones reaped past `index`), the prefix whole.
+    async fn watch_changes(
+        &self,
+        prefix: &str,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<PrefixUpdate> {
+        let target = WatchTarget::Prefix(prefix.to_owned());
+        Ok(PrefixUpdate::Whole(self.watch(&target, index, wait).await?))
+    }
 
     /// Whether the store answers at all; used by `/readyz`.
     async fn ping(&self) -> StoreResult<()>;

@@ -13,8 +13,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    validate_key, validate_prefix, validate_txn, Cas, KvPair, KvStore, Listing, SessionInfo,
-    SessionSpec, StoreError, StoreResult, TxnFailure, TxnOp, WatchTarget,
+    validate_key, validate_prefix, validate_txn, Cas, Changes, KvPair, KvStore, Listing,
+    PrefixUpdate, SessionInfo, SessionSpec, StoreError, StoreResult, TxnFailure, TxnOp,
+    WatchTarget,
 };
 
 /// A store whose keys all live under `prefix` of `inner`.
@@ -262,6 +263,35 @@ impl KvStore for Prefixed {
         self.strip_listing(listing)
     }
 
+    async fn watch_changes(
+        &self,
+        prefix: &str,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<PrefixUpdate> {
+        let update = self
+            .inner
+            .watch_changes(&self.under(prefix)?, index, wait)
+            .await
+            .map_err(|e| self.strip_error(e))?;
+        Ok(match update {
+            PrefixUpdate::Whole(listing) => PrefixUpdate::Whole(self.strip_listing(listing)?),
+            PrefixUpdate::Since(changes) => PrefixUpdate::Since(Changes {
+                index: changes.index,
+                changed: changes
+                    .changed
+                    .into_iter()
+                    .map(|pair| self.strip_pair(pair))
+                    .collect::<StoreResult<_>>()?,
+                deleted: changes
+                    .deleted
+                    .into_iter()
+                    .map(|(key, index)| Ok((self.strip(key)?, index)))
+                    .collect::<StoreResult<_>>()?,
+            }),
+        })
+    }
+
     async fn ping(&self) -> StoreResult<()> {
         self.inner.ping().await
     }
@@ -474,6 +504,33 @@ mod tests {
         let key = WatchTarget::Key("rcs/a".into());
         let one = store.watch(&key, 0, Duration::ZERO).await.unwrap();
         assert_eq!(keys_of(&one), ["rcs/a"]);
+    }
+
+    #[tokio::test]
+    async fn watched_changes_name_the_callers_keys() {
+        let f = fixture().await;
+        f.store.put("rcs/a", b"a", Cas::Any).await.unwrap();
+        f.store.put("rcs/b", b"b", Cas::Any).await.unwrap();
+        let start = f.store.list("rcs/").await.unwrap();
+        f.store.put("rcs/a", b"a2", Cas::Any).await.unwrap();
+        f.store.delete("rcs/b", Cas::Any).await.unwrap();
+        let update = f
+            .store
+            .watch_changes("rcs/", start.index, Duration::ZERO)
+            .await
+            .unwrap();
+        let PrefixUpdate::Since(changes) = update else {
+            panic!("SQLite answers with the changes: {update:?}");
+        };
+        assert_eq!(
+            keys_of(&Listing {
+                index: 0,
+                pairs: changes.changed
+            }),
+            ["rcs/a"]
+        );
+        let deleted: Vec<&str> = changes.deleted.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(deleted, ["rcs/b"]);
     }
 
     #[tokio::test]

@@ -27,9 +27,9 @@ use tokio::sync::{oneshot, watch, Mutex, Notify, OwnedMutexGuard};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    validate_key, validate_prefix, validate_txn, validate_value, Cas, KvPair, KvStore, Listing,
-    SessionBehavior, SessionInfo, SessionSpec, StoreError, StoreResult, TxnFailure, TxnOp,
-    WatchTarget, MAX_WATCH_WAIT,
+    validate_key, validate_prefix, validate_txn, validate_value, Cas, Changes, KvPair, KvStore,
+    Listing, PrefixUpdate, SessionBehavior, SessionInfo, SessionSpec, StoreError, StoreResult,
+    TxnFailure, TxnOp, WatchTarget, MAX_WATCH_WAIT,
 };
 
 /// How often other processes' writes and expired sessions are looked for.
@@ -113,6 +113,42 @@ impl SqliteStore {
         tokio::spawn(f(inner))
             .await
             .map_err(|e| StoreError::Unavailable(format!("write task failed: {e}")))?
+    }
+}
+
+impl SqliteStore {
+    /// Waits until what `target` covers has an index other than `index`, or `wait` passes.
+    /// Every commit wakes every watch, so a wake-up reads only the index; for a key, that
+    /// read is its snapshot, returned when it moved.
+    async fn wait_for_change(
+        &self,
+        target: &WatchTarget,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<Option<Listing>> {
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_WATCH_WAIT);
+        let mut changes = self.inner.changes.subscribe();
+        let reader = &self.inner.reader;
+        loop {
+            changes.borrow_and_update();
+            match target {
+                WatchTarget::Key(key) => {
+                    let probe = read_key(reader, key).await?;
+                    if probe.index != index {
+                        return Ok(Some(probe));
+                    }
+                }
+                WatchTarget::Prefix(prefix) => {
+                    if read_prefix_index(reader, prefix).await? != index {
+                        return Ok(None);
+                    }
+                }
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return Ok(None),
+            }
+        }
     }
 }
 
@@ -209,6 +245,52 @@ async fn read_prefix_index(pool: &SqlitePool, prefix: &str) -> StoreResult<u64> 
     let index = prefix_index(&mut tx, prefix).await?;
     tx.commit().await.map_err(unavailable)?;
     Ok(index)
+}
+
+/// What changed under `prefix` after `index`, in one snapshot; `None` when tombstones of
+/// deletes after `index` may have been reaped, so only a listing can tell.
+async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResult<Option<Changes>> {
+    let mut tx = pool.begin().await.map_err(unavailable)?;
+    let reaped: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'reaped_index'")
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(unavailable)?;
+    if index < reaped as u64 {
+        return Ok(None);
+    }
+    let (range, start, end) = prefix_range(prefix);
+    let rows = sqlx::query(&format!(
+        "SELECT {PAIR_COLUMNS} FROM kv WHERE {range} AND modify_index > ?3 ORDER BY key"
+    ))
+    .bind(&start)
+    .bind(&end)
+    .bind(index as i64)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(unavailable)?;
+    let deleted: Vec<(Vec<u8>, i64)> = sqlx::query_as(&format!(
+        "SELECT key, delete_index FROM tombstones WHERE {range} AND delete_index > ?3 ORDER BY key"
+    ))
+    .bind(&start)
+    .bind(&end)
+    .bind(index as i64)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(unavailable)?;
+    let now = prefix_index(&mut tx, prefix).await?;
+    tx.commit().await.map_err(unavailable)?;
+    let deleted = deleted
+        .into_iter()
+        .map(|(key, at)| {
+            let key = String::from_utf8(key).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            Ok((key, at as u64))
+        })
+        .collect::<StoreResult<_>>()?;
+    Ok(Some(Changes {
+        index: now,
+        changed: rows.iter().map(pair_from_row).collect::<StoreResult<_>>()?,
+        deleted,
+    }))
 }
 
 /// The condition selecting the keys under `prefix` (a byte range served by the primary key),
@@ -1064,36 +1146,30 @@ impl KvStore for SqliteStore {
             WatchTarget::Key(key) => validate_key(key)?,
             WatchTarget::Prefix(prefix) => validate_prefix(prefix)?,
         }
-        let deadline = tokio::time::Instant::now() + wait.min(MAX_WATCH_WAIT);
-        let mut changes = self.inner.changes.subscribe();
+        if let Some(probe) = self.wait_for_change(target, index, wait).await? {
+            return Ok(probe);
+        }
+        match target {
+            WatchTarget::Key(key) => read_key(&self.inner.reader, key).await,
+            WatchTarget::Prefix(prefix) => read_prefix(&self.inner.reader, prefix, true).await,
+        }
+    }
+
+    async fn watch_changes(
+        &self,
+        prefix: &str,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<PrefixUpdate> {
+        validate_prefix(prefix)?;
+        let target = WatchTarget::Prefix(prefix.to_owned());
+        self.wait_for_change(&target, index, wait).await?;
         let reader = &self.inner.reader;
-        // Every commit wakes every watch, so a wake-up first reads only the index and reads
-        // the pairs once it has moved.
-        let snapshot = || async move {
-            match target {
-                WatchTarget::Key(key) => read_key(reader, key).await,
-                WatchTarget::Prefix(prefix) => read_prefix(reader, prefix, true).await,
-            }
-        };
-        loop {
-            changes.borrow_and_update();
-            let probe = match target {
-                WatchTarget::Key(key) => read_key(reader, key).await?,
-                WatchTarget::Prefix(prefix) => Listing {
-                    index: read_prefix_index(reader, prefix).await?,
-                    pairs: Vec::new(),
-                },
-            };
-            if probe.index != index {
-                return match target {
-                    WatchTarget::Key(_) => Ok(probe),
-                    WatchTarget::Prefix(_) => snapshot().await,
-                };
-            }
-            match tokio::time::timeout_at(deadline, changes.changed()).await {
-                Ok(Ok(())) => continue,
-                _ => return snapshot().await,
-            }
+        match read_changes(reader, prefix, index).await? {
+            Some(changes) => Ok(PrefixUpdate::Since(changes)),
+            None => Ok(PrefixUpdate::Whole(
+                read_prefix(reader, prefix, true).await?,
+            )),
         }
     }
 
@@ -1111,5 +1187,53 @@ mod tests {
         assert_eq!(prefix_end(""), None);
         assert_eq!(prefix_end("ab").unwrap(), b"ac".to_vec());
         assert_eq!(prefix_end("labels/").unwrap(), b"labels0".to_vec());
+    }
+
+    #[tokio::test]
+    async fn a_watch_brings_only_what_changed_unless_tombstones_were_reaped_past_its_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("s.db").display().to_string())
+            .await
+            .unwrap();
+        for i in 0..50 {
+            store
+                .put(&format!("k/{i:02}"), b"v", Cas::Any)
+                .await
+                .unwrap();
+        }
+        store.put("other/x", b"v", Cas::Any).await.unwrap();
+        let listed = store.list("k/").await.unwrap();
+        store.put("k/07", b"new", Cas::Any).await.unwrap();
+        store.delete("k/08", Cas::Any).await.unwrap();
+        store.put("other/y", b"v", Cas::Any).await.unwrap();
+        let deleted_at = store.get("k/07").await.unwrap().unwrap().modify_index + 1;
+
+        let update = store
+            .watch_changes("k/", listed.index, Duration::ZERO)
+            .await
+            .unwrap();
+        let PrefixUpdate::Since(changes) = update else {
+            panic!("a listing where the changes were asked for: {update:?}");
+        };
+        let changed: Vec<&str> = changes.changed.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(changed, ["k/07"]);
+        assert_eq!(changes.deleted, [("k/08".to_owned(), deleted_at)]);
+        assert_eq!(changes.index, store.list("k/").await.unwrap().index);
+
+        // Once the delete's tombstone may be gone, only a listing can tell what changed.
+        let mut writer = store.inner.writer.lock().await;
+        writer
+            .run(
+                "UPDATE meta SET value = (SELECT value FROM meta WHERE name = 'last_index')
+                 WHERE name = 'reaped_index'",
+            )
+            .await
+            .unwrap();
+        drop(writer);
+        let update = store
+            .watch_changes("k/", listed.index, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(matches!(update, PrefixUpdate::Whole(l) if l.pairs.len() == 49));
     }
 }

@@ -11,12 +11,16 @@
 //! - an own delete leaves a tombstone holding the version it removed, so an older listing
 //!   that still holds that version does not bring it back; the tombstone goes (and the
 //!   deletion is streamed) once a listing no longer holds the key.
+//!
+//! The changes since an index (where the store can tell them) follow the same rules, a
+//! reported delete standing for a listing's absence: it removes an entry not rewritten
+//! since, and confirms an own delete.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::kv::{KvPair, Listing};
+use crate::kv::{KvPair, PrefixUpdate};
 use crate::labels::{LabelType, Labels};
 
 use super::changes::{ChangeType, Stream};
@@ -57,14 +61,17 @@ pub(super) struct State {
     pub stream: Stream,
 }
 
-/// A listing prepared outside the lock: every key it holds, and the pairs that differ from
-/// the mirror already decoded.
+/// A listing (or the changes since an index) prepared outside the lock: every key it
+/// holds, and the pairs that differ from the mirror already decoded.
 pub(super) struct Prepared {
     tree: Tree,
     index: u64,
     authoritative: bool,
-    /// Every listed key with its modify index, sorted by key.
+    /// Every listed (or changed) key with its modify index, sorted by key.
     listed: Vec<(String, u64)>,
+    /// For changes, the keys deleted and when; `None` for a listing, whose deletes are the
+    /// keys it lacks.
+    deleted: Option<Vec<(String, u64)>>,
     decoded: HashMap<String, Entry>,
 }
 
@@ -97,13 +104,18 @@ impl State {
     pub(super) fn prepare(
         &self,
         tree: Tree,
-        listing: Listing,
+        update: PrefixUpdate,
         authoritative: bool,
     ) -> (Prepared, Vec<KvPair>) {
         let current = self.tree(tree);
-        let mut listed = Vec::with_capacity(listing.pairs.len());
+        let index = update.index();
+        let (pairs, deleted) = match update {
+            PrefixUpdate::Whole(listing) => (listing.pairs, None),
+            PrefixUpdate::Since(changes) => (changes.changed, Some(changes.deleted)),
+        };
+        let mut listed = Vec::with_capacity(pairs.len());
         let mut to_decode = Vec::new();
-        for pair in listing.pairs {
+        for pair in pairs {
             listed.push((pair.key.clone(), pair.modify_index));
             let held = current.entries.get(&pair.key).map(|e| e.pair.modify_index);
             if held != Some(pair.modify_index) {
@@ -113,9 +125,10 @@ impl State {
         listed.sort_unstable();
         let prepared = Prepared {
             tree,
-            index: listing.index,
+            index,
             authoritative,
             listed,
+            deleted,
             decoded: HashMap::new(),
         };
         (prepared, to_decode)
@@ -139,26 +152,12 @@ impl State {
                 self.upsert(tree, entry);
             }
         }
-        let gone: Vec<String> = {
-            let state = self.tree(tree);
-            let listed = |key: &String| {
-                prepared
-                    .listed
-                    .binary_search_by(|(k, _)| k.as_str().cmp(key))
-                    .is_ok()
-            };
-            let removed = state.entries.iter().filter(|(key, entry)| {
-                !listed(key) && (authoritative || entry.pair.modify_index <= index)
-            });
-            let confirmed = state.tombstones.keys().filter(|key| !listed(key));
-            removed
-                .map(|(key, _)| key)
-                .chain(confirmed)
-                .cloned()
-                .collect()
+        let gone = match prepared.deleted.take() {
+            None => self.unlisted(&prepared),
+            Some(deleted) => self.deleted(tree, deleted),
         };
-        for key in gone {
-            self.remove(tree, &key, index);
+        for (key, at) in gone {
+            self.remove(tree, &key, at);
         }
         let state = self.tree_mut(tree);
         if authoritative {
@@ -170,6 +169,40 @@ impl State {
             state.listed = state.listed.max(index);
         }
         state.loaded = true;
+    }
+
+    /// What a listing's absences delete, each at the listing's index: entries it lacks
+    /// (unless written after it was taken) and own deletes it confirms.
+    fn unlisted(&self, listing: &Prepared) -> Vec<(String, u64)> {
+        let state = self.tree(listing.tree);
+        let listed = |key: &String| {
+            listing
+                .listed
+                .binary_search_by(|(k, _)| k.as_str().cmp(key))
+                .is_ok()
+        };
+        let removed = state.entries.iter().filter(|(key, entry)| {
+            !listed(key) && (listing.authoritative || entry.pair.modify_index <= listing.index)
+        });
+        let confirmed = state.tombstones.keys().filter(|key| !listed(key));
+        removed
+            .map(|(key, _)| key)
+            .chain(confirmed)
+            .map(|key| (key.clone(), listing.index))
+            .collect()
+    }
+
+    /// What reported deletes remove: entries not rewritten since (an own write after the
+    /// delete), and own deletes they confirm.
+    fn deleted(&self, tree: Tree, deleted: Vec<(String, u64)>) -> Vec<(String, u64)> {
+        let state = self.tree(tree);
+        deleted
+            .into_iter()
+            .filter(|(key, at)| match state.entries.get(key) {
+                Some(entry) => entry.pair.modify_index <= *at,
+                None => state.tombstones.contains_key(key),
+            })
+            .collect()
     }
 
     /// Applies a pair the server itself wrote, unless the mirror already holds it or a newer
@@ -314,6 +347,7 @@ fn terms(tree: Tree, entry: &Entry) -> Vec<(LabelTerm, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::{Changes, Listing};
 
     fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {
         KvPair {
@@ -326,11 +360,11 @@ mod tests {
         }
     }
 
-    fn listing(index: u64, pairs: &[KvPair]) -> Listing {
-        Listing {
+    fn listing(index: u64, pairs: &[KvPair]) -> PrefixUpdate {
+        PrefixUpdate::Whole(Listing {
             index,
             pairs: pairs.to_vec(),
-        }
+        })
     }
 
     fn apply(state: &mut State, index: u64, pairs: &[KvPair], authoritative: bool) {
@@ -381,6 +415,66 @@ mod tests {
         let deleted = state.stream.replay_from(0).unwrap();
         assert_eq!(deleted.last().unwrap().change_type, ChangeType::Deleted);
         assert_eq!(deleted.last().unwrap().entry.pair.key, "labels/node/a");
+    }
+
+    fn apply_changes(state: &mut State, index: u64, changed: &[KvPair], deleted: &[(&str, u64)]) {
+        let changes = Changes {
+            index,
+            changed: changed.to_vec(),
+            deleted: deleted.iter().map(|(k, i)| (k.to_string(), *i)).collect(),
+        };
+        let tree = Tree::Labels(LabelType::Node);
+        let (prepared, pairs) = state.prepare(tree, PrefixUpdate::Since(changes), false);
+        state.apply(prepared.decode(pairs));
+    }
+
+    #[test]
+    fn changes_since_an_index_apply_as_a_listing_would() {
+        let tree = Tree::Labels(LabelType::Node);
+        let mut state = State::new(Stream::new(10, 10));
+        let (a, b, c) = (
+            pair("labels/node/a", "{}", 2),
+            pair("labels/node/b", "{}", 3),
+            pair("labels/node/c", "{}", 4),
+        );
+        apply(&mut state, 4, &[a, b, c], true);
+
+        // b is deleted at 6, but this server wrote it again at 7 before the changes came.
+        state.apply_own_put(tree, tree.decode(pair("labels/node/b", r#"{"r":"x"}"#, 7)));
+        // c is deleted by this server, at 8.
+        state.apply_own_delete(tree, "labels/node/c");
+        let a2 = pair("labels/node/a", r#"{"r":"y"}"#, 5);
+        let d = pair("labels/node/d", "{}", 9);
+        apply_changes(
+            &mut state,
+            9,
+            &[a2, d],
+            &[("labels/node/b", 6), ("labels/node/c", 8)],
+        );
+        assert_eq!(
+            held(&state),
+            [
+                ("labels/node/a".into(), 5),
+                ("labels/node/b".into(), 7),
+                ("labels/node/d".into(), 9)
+            ]
+        );
+        assert!(
+            state.tree(tree).tombstones.is_empty(),
+            "c's delete confirmed"
+        );
+        assert_eq!(state.index(), 9);
+        let streamed = state.stream.replay_from(4).unwrap();
+        let deleted: Vec<_> = streamed
+            .iter()
+            .filter(|change| change.change_type == ChangeType::Deleted)
+            .map(|change| (change.entry.pair.key.as_str(), change.index))
+            .collect();
+        assert_eq!(deleted, [("labels/node/c", 8)]);
+
+        // A delete reported for a key the mirror never held changes nothing.
+        apply_changes(&mut state, 10, &[], &[("labels/node/z", 10)]);
+        assert_eq!(held(&state).len(), 3);
     }
 
     #[test]

@@ -9,16 +9,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::kv::WatchTarget;
+use crate::kv::PrefixUpdate;
 
 use super::trees::Tree;
 use super::Mirror;
 
-/// Follows `tree` until `cancel`: reads it whole, then watches it, re-reading it whole when
-/// the store's index goes backwards or another tree saw it do so (`epoch` moved).
+/// Follows `tree` until `cancel`: reads it whole, then watches it, taking in only what
+/// changed where the store can say (see [`crate::kv::KvStore::watch_changes`]), and reads it
+/// whole again when the store's index goes backwards or another tree saw it do so (`epoch`
+/// moved).
 pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken) {
     let prefix = tree.prefix();
-    let target = WatchTarget::Prefix(prefix.clone());
     let config = mirror.config().clone();
     let mut epoch = mirror.epoch();
     let mut seen_epoch = *epoch.borrow_and_update();
@@ -45,11 +46,11 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
         let fresh = index == 0;
         let read = async {
             if fresh {
-                mirror.store().list(&prefix).await
+                mirror.store().list(&prefix).await.map(PrefixUpdate::Whole)
             } else {
                 mirror
                     .store()
-                    .watch(&target, index, config.watch_wait)
+                    .watch_changes(&prefix, index, config.watch_wait)
                     .await
             }
         };
@@ -60,24 +61,24 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
         };
         last_read = Some(Instant::now());
         match result {
-            Ok(listing) => {
+            Ok(update) => {
                 backoff.reset();
                 last_success = Instant::now();
                 crate::metrics::mirror_lag(&prefix, Duration::ZERO);
                 mirror.watch_succeeded(tree);
-                if !fresh && listing.index < index {
+                if !fresh && update.index() < index {
                     tracing::warn!(
                         prefix,
                         was = index,
-                        now = listing.index,
+                        now = update.index(),
                         "the store's index went backwards; re-reading every tree"
                     );
                     mirror.resync();
                     continue;
                 }
-                if fresh || listing.index != index {
-                    index = listing.index;
-                    mirror.apply_listing(tree, listing, fresh);
+                if fresh || update.index() != index {
+                    index = update.index();
+                    mirror.apply_update(tree, update, fresh);
                 }
             }
             Err(e) => {

@@ -36,7 +36,7 @@ use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::kv::{KvPair, KvStore, Listing, TxnOp};
+use crate::kv::{KvPair, KvStore, PrefixUpdate, TxnOp};
 use crate::labels::{LabelType, Labels, Operator, Selector, RC_ID_LABEL};
 use crate::store::layout;
 
@@ -566,9 +566,9 @@ impl Mirror {
         self.inner.epoch.subscribe()
     }
 
-    /// Merges a listing of `tree`, decoding outside the lock.
-    fn apply_listing(&self, tree: Tree, listing: Listing, authoritative: bool) {
-        let (prepared, pairs) = self.read().prepare(tree, listing, authoritative);
+    /// Merges a listing of `tree`, or what changed in it, decoding outside the lock.
+    fn apply_update(&self, tree: Tree, update: PrefixUpdate, authoritative: bool) {
+        let (prepared, pairs) = self.read().prepare(tree, update, authoritative);
         let prepared = prepared.decode(pairs);
         let mut state = self.write();
         state.apply(prepared);

@@ -12,7 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::kv::{
-    Cas, KvPair, KvStore, Listing, SessionInfo, SessionSpec, StoreResult, TxnOp, WatchTarget,
+    Cas, KvPair, KvStore, Listing, PrefixUpdate, SessionInfo, SessionSpec, StoreResult, TxnOp,
+    WatchTarget,
 };
 use crate::state::{Mirror, OwnWrite};
 
@@ -127,6 +128,15 @@ impl KvStore for OwnWrites {
         wait: Duration,
     ) -> StoreResult<Listing> {
         self.kv.watch(target, index, wait).await
+    }
+
+    async fn watch_changes(
+        &self,
+        prefix: &str,
+        index: u64,
+        wait: Duration,
+    ) -> StoreResult<PrefixUpdate> {
+        self.kv.watch_changes(prefix, index, wait).await
     }
 
     async fn ping(&self) -> StoreResult<()> {

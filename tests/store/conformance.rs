@@ -6,6 +6,7 @@
 //! with a printed reason otherwise. Every test works under its own random key prefix, so the
 //! suite can share one Consul with other users.
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,8 +15,8 @@ use std::time::{Duration, Instant};
 use crate::support::fake_consul;
 
 use p2_apiserver::kv::{
-    open_store, Cas, ConsulOptions, KvStore, SessionBehavior, SessionSpec, StoreError, StoreUrl,
-    TxnOp, WatchTarget, MAX_TXN_OPS, MAX_VALUE_BYTES,
+    open_store, Cas, ConsulOptions, KvPair, KvStore, PrefixUpdate, SessionBehavior, SessionSpec,
+    StoreError, StoreUrl, TxnOp, WatchTarget, MAX_TXN_OPS, MAX_VALUE_BYTES,
 };
 
 /// A backend under test, with a key prefix of its own.
@@ -606,6 +607,75 @@ async fn prefix_index_is_a_listings_index(s: Subject) {
     assert!(same(&s).await > deleted);
 }
 
+/// Whatever a backend answers (the prefix whole, or only what changed), applying a watch's
+/// update to a copy taken at the index it was given leaves exactly what the prefix holds.
+async fn watch_changes_bring_a_copy_up_to_date(s: Subject) {
+    let prefix = s.key("changing/");
+    for name in ["a", "b", "c/d", "c/e"] {
+        let key = s.key(&format!("changing/{name}"));
+        s.store.put(&key, name.as_bytes(), Cas::Any).await.unwrap();
+    }
+    let before = s.store.list(&prefix).await.unwrap();
+    s.store
+        .put(&s.key("changing/a"), b"a2", Cas::Any)
+        .await
+        .unwrap();
+    s.store
+        .delete(&s.key("changing/b"), Cas::Any)
+        .await
+        .unwrap();
+    s.store.delete_prefix(&s.key("changing/c/")).await.unwrap();
+    s.store
+        .put(&s.key("changing/f"), b"f", Cas::Any)
+        .await
+        .unwrap();
+    s.store
+        .put(&s.key("unrelated"), b"x", Cas::Any)
+        .await
+        .unwrap();
+
+    let update = s
+        .store
+        .watch_changes(&prefix, before.index, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let now = s.store.list(&prefix).await.unwrap();
+    assert_eq!(update.index(), now.index);
+    let mut copy: BTreeMap<String, KvPair> = before
+        .pairs
+        .into_iter()
+        .map(|pair| (pair.key.clone(), pair))
+        .collect();
+    match update {
+        PrefixUpdate::Whole(listing) => {
+            copy = listing
+                .pairs
+                .into_iter()
+                .map(|p| (p.key.clone(), p))
+                .collect();
+        }
+        PrefixUpdate::Since(changes) => {
+            for (key, at) in changes.deleted {
+                assert!(at > before.index, "{key} deleted at {at}, before the index");
+                copy.remove(&key);
+            }
+            for pair in changes.changed {
+                assert!(pair.modify_index > before.index, "{pair:?} is not a change");
+                copy.insert(pair.key.clone(), pair);
+            }
+        }
+    }
+    assert_eq!(copy.into_values().collect::<Vec<_>>(), now.pairs);
+
+    // Nothing changed: the watch times out and brings the same index.
+    let idle = s
+        .store
+        .watch_changes(&prefix, now.index, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert_eq!(idle.index(), now.index);
+}
+
 macro_rules! conformance {
     ($backend:ident: $($check:ident),* $(,)?) => {
         mod $backend {
@@ -645,6 +715,7 @@ macro_rules! conformance_suite {
                     watch_times_out_unchanged,
                     prefix_watch_sees_deletes,
                     prefix_index_is_a_listings_index,
+                    watch_changes_bring_a_copy_up_to_date,
                 );
             )*
         }
