@@ -8,6 +8,7 @@
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::extract::{OriginalUri, State};
 use axum::http::StatusCode;
@@ -22,11 +23,13 @@ use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, IfMatch};
-use crate::api::reads::{mirror_index, source, ConsistentFilter, ReadParams, ReadQuery, Source};
+use crate::api::reads::{
+    self, mirror_index, source, ConsistentFilter, ReadParams, ReadQuery, Source,
+};
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
-use crate::kv::{StoreError, TxnOp};
+use crate::kv::{KvStore, StoreError, TxnOp};
 use crate::labels::{LabelType, Labels, Requirement, Selector, RC_ID_LABEL};
 use crate::model::conditions::Condition;
 use crate::model::event::{Actor, Meta, ObjectKind};
@@ -423,7 +426,7 @@ async fn patch_rc(
         expected,
         || read(store, id),
         |record| async move {
-            let mut with = unclaimed(state, store, id).await?;
+            let mut with = unclaimed(state, id).await?;
             let mut rc = record.value.clone();
             patch.apply(&mut rc).map_err(|e| ApiError::invalid([e]))?;
             if rc == record.value {
@@ -481,7 +484,7 @@ async fn delete_rc(
         }
     };
     let write = |current: Versioned<Option<StoredRc>>| async move {
-        let mut ops = unclaimed(state, store, id).await?;
+        let mut ops = unclaimed(state, id).await?;
         if let Some(rc) = current.value.as_ref().filter(|rc| rc.replicas_desired > 0) {
             if !params.force {
                 return Err(ApiError::conflict(format!(
@@ -551,28 +554,45 @@ fn describe(id: &str) -> String {
 /// nobody holds its mutation lock", or 409 naming the roll that names it (as old or new RC,
 /// whether or not a farm runs the roll right now) or else the session holding the lock.
 ///
-/// A roll naming the RC as its old one has no key derived from the RC, so it is looked for
-/// just before the write rather than inside its transaction: a roll created in between goes
-/// unseen (a delete then makes the roll's creation fail, as it needs both RCs present).
-async fn unclaimed(app: &AppState, store: &RcStore, id: &str) -> Result<Vec<TxnOp>, ApiError> {
-    let cannot = |holder: String| {
+/// The rolls and the lock are read from the mirror (from the store while it is unhealthy):
+/// what lets a write through is checked again inside its transaction, and a refusal is
+/// confirmed by the store, so a mirror behind the store refuses nothing it should not. A
+/// roll naming the RC as its old one has no key derived from the RC, so it is looked for
+/// just before the write rather than inside its transaction: a roll created in between, or
+/// not yet mirrored, goes unseen (a delete then makes the roll's creation fail, as it needs
+/// both RCs present).
+async fn unclaimed(app: &AppState, id: &str) -> Result<Vec<TxnOp>, ApiError> {
+    let trees = [Tree::Rolls, Tree::Locks];
+    let mirrored = reads::reader(app, &trees, &[], false, Blocking::default()).await?;
+    let refusal = match claim_checks(mirrored, id).await? {
+        Ok(ops) => return Ok(ops),
+        Err(_) => claim_checks(app.store.clone(), id).await?,
+    };
+    refusal.map_err(|holder| {
         ApiError::conflict(format!(
             "replication controller {id} cannot be changed now: {holder}"
         ))
-    };
-    if let Some(roll) = app.rolls().naming(id).await? {
-        return Err(cannot(format!(
+    })
+}
+
+/// [`unclaimed`] as `kv` shows it: the ops, or who holds the RC.
+async fn claim_checks(
+    kv: Arc<dyn KvStore>,
+    id: &str,
+) -> Result<Result<Vec<TxnOp>, String>, ApiError> {
+    if let Some(roll) = RollStore::new(kv.clone()).naming(id).await? {
+        return Ok(Err(format!(
             "roll {roll} names it; wait for the roll to finish or cancel it with \
              DELETE /api/v1/rolls/{roll}"
         )));
     }
-    match store.mutation_guard(id).await? {
+    Ok(match RcStore::new(kv).mutation_guard(id).await? {
         Ok(guard) => Ok(vec![guard, RollStore::absent_op(id)]),
-        Err(session) => Err(cannot(format!(
+        Err(session) => Err(format!(
             "session {session} holds its mutation lock (a node transfer or another tool); \
              retry later"
-        ))),
-    }
+        )),
+    })
 }
 
 /// The page of RCs `query` asks for, as the mirror holds them.
