@@ -8,11 +8,15 @@
 //! `BEGIN IMMEDIATE` transaction, each inside a savepoint of its own (so each is still
 //! all-or-nothing, and its checks see the batch's earlier writes), and the batch is committed
 //! with one fsync by a flusher task. A write is answered only once its batch is durable; if
-//! the commit fails, every write of the batch fails. Watches wake on
-//! this process's commits at once and notice other processes' commits by polling the index.
+//! the commit fails, every write of the batch fails. Each committed batch tells the
+//! watches which keys it touched, so a commit wakes only the watches it concerns; other
+//! processes' commits, noticed by polling the index, wake every watch.
 //! A background task expires sessions and reaps old tombstones.
 
+use std::collections::BTreeSet;
+use std::ops::Bound;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,7 +27,8 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 use sqlx::{Row, Sqlite, SqliteConnection};
-use tokio::sync::{oneshot, watch, Mutex, Notify, OwnedMutexGuard};
+use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::sync::{oneshot, Mutex, Notify, OwnedMutexGuard};
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -39,6 +44,8 @@ const SESSION_SWEEP_INTERVAL: Duration = Duration::from_millis(500);
 /// Tombstones older than this are reaped; watchers older than this see a reset instead.
 const TOMBSTONE_TTL: Duration = Duration::from_secs(3600);
 const TOMBSTONE_SWEEP_INTERVAL: Duration = Duration::from_secs(600);
+/// How many committed batches a watch may fall behind before it has to probe blindly.
+const BATCH_BACKLOG: usize = 1024;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -53,8 +60,56 @@ struct Inner {
     writer: Arc<Mutex<Writer>>,
     /// Wakes the flusher: a write has left the batch.
     flush: Arc<Notify>,
-    /// The highest index this process has seen committed; watches wait on it.
-    changes: watch::Sender<u64>,
+    /// What each committed batch touched; watches wait on it.
+    batches: broadcast::Sender<Arc<Touched>>,
+    /// The highest index whose changes have been announced on `batches` (raised only once
+    /// they have been): a commit found above it that this process did not make is another
+    /// process's, with keys unknown.
+    announced: AtomicU64,
+}
+
+/// What a write, or a committed batch of writes, changed: enough for a watch to tell,
+/// without reading the store, whether its keys may have moved.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Touched {
+    /// Keys written or deleted.
+    keys: BTreeSet<String>,
+    /// Prefixes deleted as a whole.
+    ranges: Vec<String>,
+    /// Changes whose keys are unknown (another process's commits, reaped tombstones).
+    everything: bool,
+}
+
+impl Touched {
+    fn is_empty(&self) -> bool {
+        !self.everything && self.keys.is_empty() && self.ranges.is_empty()
+    }
+
+    fn merge(&mut self, other: Touched) {
+        self.keys.extend(other.keys);
+        self.ranges.extend(other.ranges);
+        self.everything |= other.everything;
+    }
+
+    /// Whether what `target` covers may have changed.
+    fn touches(&self, target: &WatchTarget) -> bool {
+        self.everything
+            || match target {
+                WatchTarget::Key(key) => {
+                    self.keys.contains(key) || self.ranges.iter().any(|r| key.starts_with(r))
+                }
+                WatchTarget::Prefix(prefix) => {
+                    self.keys
+                        .range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded))
+                        .next()
+                        .is_some_and(|k| k.starts_with(prefix.as_str()))
+                        || self
+                            .ranges
+                            .iter()
+                            .any(|r| r.starts_with(prefix.as_str()) || prefix.starts_with(r))
+                }
+            }
+    }
 }
 
 impl SqliteStore {
@@ -87,9 +142,12 @@ impl SqliteStore {
                 open: false,
                 dirty: false,
                 pending: Vec::new(),
+                taken: None,
+                touched: Touched::default(),
             })),
             flush: flush.clone(),
-            changes: watch::Sender::new(last),
+            batches: broadcast::Sender::new(BATCH_BACKLOG),
+            announced: AtomicU64::new(last),
         });
         let background = CancellationToken::new();
         tokio::spawn(run_background(Arc::downgrade(&inner), background.clone()));
@@ -118,8 +176,10 @@ impl SqliteStore {
 
 impl SqliteStore {
     /// Waits until what `target` covers has an index other than `index`, or `wait` passes.
-    /// Every commit wakes every watch, so a wake-up reads only the index; for a key, that
-    /// read is its snapshot, returned when it moved.
+    /// Only a committed batch that touched the target wakes it; a batch may concern the
+    /// target without moving its index (another process's commit, a deleted range beside
+    /// it), so a wake-up reads only the index. For a key that read is its snapshot,
+    /// returned when it moved.
     async fn wait_for_change(
         &self,
         target: &WatchTarget,
@@ -127,10 +187,10 @@ impl SqliteStore {
         wait: Duration,
     ) -> StoreResult<Option<Listing>> {
         let deadline = tokio::time::Instant::now() + wait.min(MAX_WATCH_WAIT);
-        let mut changes = self.inner.changes.subscribe();
+        // Subscribed before the first probe: a commit the probe misses is announced after it.
+        let mut batches = self.inner.batches.subscribe();
         let reader = &self.inner.reader;
         loop {
-            changes.borrow_and_update();
             match target {
                 WatchTarget::Key(key) => {
                     let probe = read_key(reader, key).await?;
@@ -144,9 +204,8 @@ impl SqliteStore {
                     }
                 }
             }
-            match tokio::time::timeout_at(deadline, changes.changed()).await {
-                Ok(Ok(())) => continue,
-                _ => return Ok(None),
+            if !touched_before(&mut batches, target, deadline).await {
+                return Ok(None);
             }
         }
     }
@@ -202,10 +261,14 @@ fn prefix_end(prefix: &str) -> Option<Vec<u8>> {
     None
 }
 
+/// A key as stored (a blob, so that keys sort by byte).
+fn key_from_bytes(key: Vec<u8>) -> StoreResult<String> {
+    String::from_utf8(key).map_err(|e| StoreError::Unavailable(e.to_string()))
+}
+
 fn pair_from_row(row: &SqliteRow) -> StoreResult<KvPair> {
-    let key: Vec<u8> = row.get("key");
     Ok(KvPair {
-        key: String::from_utf8(key).map_err(|e| StoreError::Unavailable(e.to_string()))?,
+        key: key_from_bytes(row.get("key"))?,
         value: row.get("value"),
         create_index: row.get::<i64, _>("create_index") as u64,
         modify_index: row.get::<i64, _>("modify_index") as u64,
@@ -368,9 +431,12 @@ struct Writer {
     /// A write's savepoint was left open (it failed or was abandoned): rolled back before
     /// anything else runs.
     dirty: bool,
-    /// The writes released into the batch, waiting for its commit: the index each took and
-    /// where to say how it went.
-    pending: Vec<(u64, oneshot::Sender<StoreResult<()>>)>,
+    /// The writes released into the batch, waiting for its commit: where to say how it went.
+    pending: Vec<oneshot::Sender<StoreResult<()>>>,
+    /// The first and last index taken by the writes released into the batch.
+    taken: Option<(u64, u64)>,
+    /// What the writes released into the batch touched.
+    touched: Touched,
 }
 
 impl Writer {
@@ -403,13 +469,16 @@ impl Writer {
             tracing::warn!(error = %e, "rolling back a failed batch of writes failed");
         }
         self.open = false;
-        for (_, waiter) in self.pending.drain(..) {
+        self.taken = None;
+        self.touched = Touched::default();
+        for waiter in self.pending.drain(..) {
             let _ = waiter.send(Err(cause.clone()));
         }
     }
 
-    /// Commits the batch, if one is open, and answers its writes; publishes the new index.
-    async fn commit_batch(&mut self, changes: &watch::Sender<u64>) {
+    /// Commits the batch, if one is open, and answers its writes; tells the watches what it
+    /// touched.
+    async fn commit_batch(&mut self, inner: &Inner) {
         self.settle().await;
         if !self.open {
             return;
@@ -419,15 +488,20 @@ impl Writer {
             return;
         }
         self.open = false;
-        let newest = self.pending.iter().map(|(index, _)| *index).max();
-        if let Some(newest) = newest {
-            changes.send_if_modified(|seen| {
-                let newer = newest > *seen;
-                *seen = (*seen).max(newest);
-                newer
-            });
+        let mut touched = std::mem::take(&mut self.touched);
+        let taken = self.taken.take();
+        if let Some((first, _)) = taken {
+            // The indexes below `first` that were never announced are other processes'
+            // commits, made before this batch took the database's write lock.
+            touched.everything |= inner.announced.load(Ordering::Acquire) < first - 1;
         }
-        for (_, waiter) in self.pending.drain(..) {
+        if !touched.is_empty() {
+            let _ = inner.batches.send(Arc::new(touched));
+        }
+        if let Some((_, last)) = taken {
+            inner.announced.fetch_max(last, Ordering::AcqRel);
+        }
+        for waiter in self.pending.drain(..) {
             let _ = waiter.send(Ok(()));
         }
     }
@@ -445,7 +519,7 @@ async fn run_flusher(inner: Weak<Inner>, flush: Arc<Notify>, stop: CancellationT
         };
         // Writes that queued for the writer before this lock was asked for join the batch.
         let mut writer = inner.writer.clone().lock_owned().await;
-        writer.commit_batch(&inner.changes).await;
+        writer.commit_batch(&inner).await;
     }
 }
 
@@ -455,6 +529,8 @@ struct WriteTxn {
     index: u64,
     now_ms: i64,
     wrote: bool,
+    /// What this write changed; joins the batch's only when the write is released into it.
+    touched: Touched,
     flush: Arc<Notify>,
 }
 
@@ -497,6 +573,7 @@ impl WriteTxn {
             index: 0,
             now_ms: now_ms(),
             wrote: false,
+            touched: Touched::default(),
             flush: inner.flush.clone(),
         };
         let last: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'last_index'")
@@ -520,9 +597,14 @@ impl WriteTxn {
         let writer = &mut self.tx.0;
         writer.run("RELEASE SAVEPOINT write").await?;
         writer.dirty = false;
+        writer.touched.merge(std::mem::take(&mut self.touched));
+        if self.wrote {
+            let first = writer.taken.map_or(self.index, |(first, _)| first);
+            writer.taken = Some((first, self.index));
+        }
         let waiting = if self.wrote || !writer.pending.is_empty() {
             let (done, waiter) = oneshot::channel();
-            writer.pending.push((self.index, done));
+            writer.pending.push(done);
             Some(waiter)
         } else {
             None
@@ -591,12 +673,18 @@ impl WriteTxn {
             .await
             .map_err(unavailable)?;
         self.wrote = true;
+        self.touched.keys.insert(pair.key.clone());
         Ok(pair)
     }
 
     /// Deletes the keys selected by `filter` (a `WHERE` clause over `?1`, `?2`), leaving
-    /// tombstones so that watches see the deletes.
-    async fn remove_where(&mut self, filter: &str, a: &[u8], b: Option<&[u8]>) -> StoreResult<()> {
+    /// tombstones so that watches see the deletes; whether any key was deleted.
+    async fn remove_where(
+        &mut self,
+        filter: &str,
+        a: &[u8],
+        b: Option<&[u8]>,
+    ) -> StoreResult<bool> {
         let tombstoned = sqlx::query(&format!(
             "INSERT INTO tombstones (key, delete_index, deleted_at_ms)
              SELECT key, ?3, ?4 FROM kv WHERE {filter}
@@ -619,21 +707,22 @@ impl WriteTxn {
                 .map_err(unavailable)?;
             self.wrote = true;
         }
-        Ok(())
+        Ok(tombstoned.rows_affected() > 0)
     }
 
     async fn remove(&mut self, key: &str) -> StoreResult<()> {
-        self.remove_where("key = ?1", key.as_bytes(), None).await
+        if self.remove_where("key = ?1", key.as_bytes(), None).await? {
+            self.touched.keys.insert(key.to_owned());
+        }
+        Ok(())
     }
 
     async fn remove_prefix(&mut self, prefix: &str) -> StoreResult<()> {
-        match prefix_end(prefix) {
-            Some(end) => {
-                self.remove_where("key >= ?1 AND key < ?2", prefix.as_bytes(), Some(&end))
-                    .await
-            }
-            None => self.remove_where("key >= ?1", b"", None).await,
+        let (range, start, end) = prefix_range(prefix);
+        if self.remove_where(range, &start, end.as_deref()).await? {
+            self.touched.ranges.push(prefix.to_owned());
         }
+        Ok(())
     }
 
     async fn session(&mut self, id: &str) -> StoreResult<Option<SessionInfo>> {
@@ -773,13 +862,17 @@ impl WriteTxn {
             .fetch_all(&mut *self.tx)
             .await
             .map_err(unavailable)?;
+        let held = held
+            .into_iter()
+            .map(key_from_bytes)
+            .collect::<StoreResult<Vec<_>>>()?;
         if lock_delay_ms > 0 {
             for key in &held {
                 sqlx::query(
                     "INSERT INTO lock_delays (key, until_ms) VALUES (?1, ?2)
                      ON CONFLICT (key) DO UPDATE SET until_ms = excluded.until_ms",
                 )
-                .bind(key)
+                .bind(key.as_bytes())
                 .bind(self.now_ms + lock_delay_ms)
                 .execute(&mut *self.tx)
                 .await
@@ -788,7 +881,7 @@ impl WriteTxn {
         }
         if behavior == SessionBehavior::Delete.as_str() {
             for key in &held {
-                self.remove_where("key = ?1", key, None).await?;
+                self.remove(key).await?;
             }
         } else if !held.is_empty() {
             sqlx::query("UPDATE kv SET session = NULL, modify_index = ?2 WHERE session = ?1")
@@ -798,6 +891,7 @@ impl WriteTxn {
                 .await
                 .map_err(unavailable)?;
             self.wrote = true;
+            self.touched.keys.extend(held);
         }
         sqlx::query("DELETE FROM sessions WHERE id = ?1")
             .bind(id)
@@ -850,6 +944,24 @@ async fn run_txn(inner: &Inner, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>
     }
 }
 
+/// Waits for a committed batch that may have touched `target`, skipping the others without
+/// reading the store; `false` once `deadline` passes first.
+async fn touched_before(
+    batches: &mut broadcast::Receiver<Arc<Touched>>,
+    target: &WatchTarget,
+    deadline: tokio::time::Instant,
+) -> bool {
+    loop {
+        match tokio::time::timeout_at(deadline, batches.recv()).await {
+            Ok(Ok(batch)) if batch.touches(target) => return true,
+            Ok(Ok(_)) => {}
+            // Batches were missed: any of them may have touched the target.
+            Ok(Err(RecvError::Lagged(_))) => return true,
+            Ok(Err(RecvError::Closed)) | Err(_) => return false,
+        }
+    }
+}
+
 /// Polls for other processes' commits, expires sessions and reaps tombstones until the
 /// store is dropped.
 async fn run_background(inner: Weak<Inner>, stop: CancellationToken) {
@@ -864,11 +976,18 @@ async fn run_background(inner: Weak<Inner>, stop: CancellationToken) {
         }
         let Some(inner) = inner.upgrade() else { return };
         if let Ok(index) = last_index(&inner.reader).await {
-            inner.changes.send_if_modified(|seen| {
-                let newer = index > *seen;
-                *seen = (*seen).max(index);
-                newer
-            });
+            if inner.announced.load(Ordering::Acquire) < index {
+                // This process's own commit may be between its `COMMIT` and its announcement:
+                // once no batch is being committed, an index still unannounced is another's.
+                let _writer = inner.writer.lock().await;
+                if inner.announced.load(Ordering::Acquire) < index {
+                    let _ = inner.batches.send(Arc::new(Touched {
+                        everything: true,
+                        ..Touched::default()
+                    }));
+                    inner.announced.fetch_max(index, Ordering::AcqRel);
+                }
+            }
         }
         if last_session_sweep.elapsed() >= SESSION_SWEEP_INTERVAL {
             last_session_sweep = tokio::time::Instant::now();
@@ -923,11 +1042,13 @@ async fn reap_tombstones(inner: &Inner) -> StoreResult<()> {
     .execute(&mut *txn.tx)
     .await
     .map_err(unavailable)?;
-    sqlx::query("DELETE FROM tombstones WHERE deleted_at_ms < ?1")
+    let reaped = sqlx::query("DELETE FROM tombstones WHERE deleted_at_ms < ?1")
         .bind(cutoff)
         .execute(&mut *txn.tx)
         .await
         .map_err(unavailable)?;
+    // Raising the reaped index may raise the index of any prefix or absent key.
+    txn.touched.everything = reaped.rows_affected() > 0;
     sqlx::query("DELETE FROM lock_delays WHERE until_ms < ?1")
         .bind(txn.now_ms)
         .execute(&mut *txn.tx)
@@ -1235,5 +1356,227 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(update, PrefixUpdate::Whole(l) if l.pairs.len() == 49));
+    }
+
+    fn touched(keys: &[&str], ranges: &[&str]) -> Touched {
+        Touched {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            ranges: ranges.iter().map(|r| r.to_string()).collect(),
+            everything: false,
+        }
+    }
+
+    fn key(key: &str) -> WatchTarget {
+        WatchTarget::Key(key.into())
+    }
+
+    fn prefix(prefix: &str) -> WatchTarget {
+        WatchTarget::Prefix(prefix.into())
+    }
+
+    #[test]
+    fn a_written_key_touches_itself_and_the_prefixes_above_it() {
+        let batch = touched(&["pods/node-1/a"], &[]);
+        for target in [
+            key("pods/node-1/a"),
+            prefix("pods/node-1/a"),
+            prefix("pods/node-1/"),
+            prefix("pods/"),
+            prefix(""),
+        ] {
+            assert!(batch.touches(&target), "{target:?}");
+        }
+        for target in [
+            key("pods/node-1/ab"),
+            key("pods/node-1/"),
+            prefix("pods/node-1/a/"),
+            prefix("pods/node-2/"),
+            prefix("rcs/"),
+        ] {
+            assert!(!batch.touches(&target), "{target:?}");
+        }
+    }
+
+    #[test]
+    fn keys_sorted_around_a_prefix_do_not_touch_it() {
+        // "pods/node-10/x" is the first key at or after "pods/node-1/" but not under it.
+        let batch = touched(&["a", "pods/node-0", "pods/node-10/x", "z"], &[]);
+        assert!(!batch.touches(&prefix("pods/node-1/")));
+        assert!(!batch.touches(&key("pods/node-1")));
+        assert!(batch.touches(&prefix("pods/node-1")));
+        assert!(batch.touches(&prefix("pods/node-10/")));
+        assert!(batch.touches(&key("z")));
+    }
+
+    #[test]
+    fn a_deleted_range_touches_what_it_covers_and_what_covers_it() {
+        let batch = touched(&[], &["rcs/abc/"]);
+        for target in [
+            key("rcs/abc/x"),
+            prefix("rcs/abc/x/"),
+            prefix("rcs/abc/"),
+            prefix("rcs/ab"),
+            prefix(""),
+        ] {
+            assert!(batch.touches(&target), "{target:?}");
+        }
+        for target in [
+            key("rcs/abc"),
+            key("rcs/abcd/x"),
+            prefix("rcs/abcd"),
+            prefix("rcs/abd/"),
+            prefix("pods/"),
+        ] {
+            assert!(!batch.touches(&target), "{target:?}");
+        }
+        let all = touched(&[], &[""]);
+        assert!(all.touches(&key("x")));
+        assert!(all.touches(&prefix("y/")));
+    }
+
+    #[test]
+    fn unknown_changes_touch_every_target_and_no_change_none() {
+        let unknown = Touched {
+            everything: true,
+            ..Touched::default()
+        };
+        let nothing = Touched::default();
+        assert!(nothing.is_empty() && !unknown.is_empty());
+        for target in [key("a"), prefix("a/"), prefix("")] {
+            assert!(unknown.touches(&target), "{target:?}");
+            assert!(!nothing.touches(&target), "{target:?}");
+        }
+    }
+
+    #[test]
+    fn a_batch_touches_what_any_of_its_writes_touched() {
+        let mut batch = touched(&["a/1"], &[]);
+        batch.merge(touched(&["b/1"], &["c/"]));
+        assert_eq!(batch, touched(&["a/1", "b/1"], &["c/"]));
+        batch.merge(Touched {
+            everything: true,
+            ..Touched::default()
+        });
+        assert!(batch.touches(&prefix("d/")));
+    }
+
+    fn announce(batches: &broadcast::Sender<Arc<Touched>>, keys: &[&str], times: usize) {
+        for _ in 0..times {
+            batches.send(Arc::new(touched(keys, &[]))).unwrap();
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_watch_skips_the_batches_beside_it() {
+        let batches = broadcast::Sender::new(BATCH_BACKLOG);
+        let mut watching = batches.subscribe();
+        let target = prefix("a/");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        announce(&batches, &["b/1", "ab"], 3);
+        batches.send(Arc::new(touched(&[], &["a0/"]))).unwrap();
+        assert!(!touched_before(&mut watching, &target, deadline).await);
+        announce(&batches, &["b/1"], 3);
+        announce(&batches, &["a/1"], 1);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        assert!(touched_before(&mut watching, &target, deadline).await);
+        assert!(watching.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_fell_behind_probes() {
+        let batches = broadcast::Sender::new(BATCH_BACKLOG);
+        let mut watching = batches.subscribe();
+        announce(&batches, &["b/1"], BATCH_BACKLOG + 1);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        assert!(touched_before(&mut watching, &prefix("a/"), deadline).await);
+    }
+
+    async fn open_in(dir: &tempfile::TempDir) -> SqliteStore {
+        let path = dir.path().join("kv.db").display().to_string();
+        SqliteStore::open(&path).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn each_commit_announces_the_keys_its_writes_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        let mut batches = store.inner.batches.subscribe();
+        let mut next = || {
+            let batch = batches.try_recv().unwrap();
+            assert!(batches.is_empty(), "one batch per sequential write");
+            batch
+        };
+
+        store.put("b/x", b"1", Cas::Any).await.unwrap();
+        let batch = next();
+        assert_eq!(*batch, touched(&["b/x"], &[]));
+        assert!(!batch.touches(&prefix("a/")));
+
+        // A write rolled back by a failed check announces nothing, nor does deleting an
+        // absent key.
+        let ops = [
+            TxnOp::Set {
+                key: "a/x".into(),
+                value: b"1".to_vec(),
+            },
+            TxnOp::CheckNotExists { key: "b/x".into() },
+        ];
+        assert!(store.txn(&ops).await.is_err());
+        store.delete("a/absent", Cas::Any).await.unwrap();
+        store.delete("b/x", Cas::Any).await.unwrap();
+        assert_eq!(*next(), touched(&["b/x"], &[]));
+
+        store.put("b/y", b"1", Cas::Any).await.unwrap();
+        next();
+        store.delete_prefix("b/").await.unwrap();
+        assert_eq!(*next(), touched(&[], &["b/"]));
+    }
+
+    #[tokio::test]
+    async fn an_ended_session_announces_the_keys_it_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        let mut batches = store.inner.batches.subscribe();
+        for (behavior, key) in [
+            (SessionBehavior::Delete, "a/lock"),
+            (SessionBehavior::Release, "b/lock"),
+        ] {
+            let session = store
+                .create_session(&SessionSpec {
+                    name: "s".into(),
+                    ttl: Duration::from_secs(10),
+                    lock_delay: Duration::ZERO,
+                    behavior,
+                })
+                .await
+                .unwrap();
+            assert!(store.acquire(key, b"held", &session).await.unwrap());
+            assert_eq!(*batches.try_recv().unwrap(), touched(&[key], &[]));
+            store.destroy_session(&session).await.unwrap();
+            assert_eq!(*batches.try_recv().unwrap(), touched(&[key], &[]));
+            assert!(batches.is_empty());
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn another_processs_commits_announce_unknown_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, theirs) = (open_in(&dir).await, open_in(&dir).await);
+        let mut batches = ours.inner.batches.subscribe();
+        theirs.put("a/x", b"1", Cas::Any).await.unwrap();
+        assert!(batches.recv().await.unwrap().everything);
+        // Their commit and then ours, before our poll may have noticed theirs: it is
+        // announced by the time ours is, by the poll or with ours.
+        theirs.put("a/y", b"1", Cas::Any).await.unwrap();
+        ours.put("b/z", b"1", Cas::Any).await.unwrap();
+        let mut unknown = false;
+        loop {
+            let batch = batches.try_recv().unwrap();
+            unknown |= batch.everything;
+            if batch.keys.contains("b/z") {
+                break;
+            }
+        }
+        assert!(unknown);
     }
 }

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use crate::support::fake_consul;
 
 use p2_apiserver::kv::{
-    open_store, Cas, ConsulOptions, KvPair, KvStore, PrefixUpdate, SessionBehavior, SessionSpec,
-    StoreError, StoreUrl, TxnOp, WatchTarget, MAX_TXN_OPS, MAX_VALUE_BYTES,
+    open_store, Cas, ConsulOptions, KvPair, KvStore, Listing, PrefixUpdate, SessionBehavior,
+    SessionSpec, StoreError, StoreUrl, TxnOp, WatchTarget, MAX_TXN_OPS, MAX_VALUE_BYTES,
 };
 
 /// A backend under test, with a key prefix of its own.
@@ -579,6 +579,90 @@ async fn prefix_watch_sees_deletes(s: Subject) {
     assert!(snapshot.pairs.is_empty());
 }
 
+/// Makes `change` while a watch on each target waits, after a write beside them that must
+/// not end their wait; returns what each watch woke with, checking that its index moved.
+async fn watched(
+    s: &Subject,
+    targets: &[&WatchTarget],
+    change: impl std::future::Future<Output = ()>,
+) -> Vec<Listing> {
+    let mut waiters = Vec::new();
+    for &target in targets {
+        let index = s
+            .store
+            .watch(target, 0, Duration::ZERO)
+            .await
+            .unwrap()
+            .index;
+        let (store, target) = (s.store.clone(), target.clone());
+        let waiter = tokio::spawn(async move {
+            store
+                .watch(&target, index, Duration::from_secs(30))
+                .await
+                .unwrap()
+        });
+        waiters.push((index, waiter));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.store
+        .put(&s.key("tree/b/beside"), b"x", Cas::Any)
+        .await
+        .unwrap();
+    change.await;
+    let mut woke = Vec::new();
+    for (index, waiter) in waiters {
+        let snapshot = waiter.await.unwrap();
+        assert!(snapshot.index > index, "{snapshot:?} after {index}");
+        woke.push(snapshot);
+    }
+    woke
+}
+
+fn keys_of(listing: &Listing) -> Vec<&str> {
+    listing.pairs.iter().map(|p| p.key.as_str()).collect()
+}
+
+/// Watches on a prefix and on a key under it wake for every kind of change to them: a write,
+/// a delete, a deleted parent prefix, and the end of a session that held the key.
+async fn watch_wakes_for_each_change_it_covers(s: Subject) {
+    let prefix = WatchTarget::Prefix(s.key("tree/a/"));
+    let (key, other) = (s.key("tree/a/k"), s.key("tree/a/other"));
+    let key_target = WatchTarget::Key(key.clone());
+    s.store.put(&other, b"o", Cas::Any).await.unwrap();
+
+    let woke = watched(&s, &[&prefix], async {
+        s.store.put(&key, b"1", Cas::Any).await.unwrap();
+    })
+    .await;
+    assert_eq!(keys_of(&woke[0]), [key.as_str(), other.as_str()]);
+
+    let woke = watched(&s, &[&prefix, &key_target], async {
+        s.store.delete(&key, Cas::Any).await.unwrap();
+    })
+    .await;
+    assert_eq!(keys_of(&woke[0]), [other.as_str()]);
+    assert!(woke[1].pairs.is_empty());
+
+    s.store.put(&key, b"2", Cas::Any).await.unwrap();
+    let woke = watched(&s, &[&prefix, &key_target], async {
+        s.store.delete_prefix(&s.key("tree/")).await.unwrap();
+    })
+    .await;
+    assert!(woke.iter().all(|listing| listing.pairs.is_empty()));
+
+    s.store.put(&other, b"o", Cas::Any).await.unwrap();
+    let session = s
+        .session("d", SessionBehavior::Delete, Duration::ZERO)
+        .await;
+    assert!(s.store.acquire(&key, b"held", &session).await.unwrap());
+    let woke = watched(&s, &[&prefix, &key_target], async {
+        s.store.destroy_session(&session).await.unwrap();
+    })
+    .await;
+    assert_eq!(keys_of(&woke[0]), [other.as_str()]);
+    assert!(woke[1].pairs.is_empty());
+}
+
 /// A prefix's index alone is the index a listing of it carries, deletes included.
 async fn prefix_index_is_a_listings_index(s: Subject) {
     let prefix = s.key("indexed/");
@@ -714,6 +798,7 @@ macro_rules! conformance_suite {
                     watch_wakes_on_change,
                     watch_times_out_unchanged,
                     prefix_watch_sees_deletes,
+                    watch_wakes_for_each_change_it_covers,
                     prefix_index_is_a_listings_index,
                     watch_changes_bring_a_copy_up_to_date,
                 );
