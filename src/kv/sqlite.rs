@@ -13,7 +13,7 @@
 //! processes' commits, noticed by polling the index, wake every watch.
 //! A background task expires sessions and reaps old tombstones.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -531,6 +531,11 @@ struct WriteTxn {
     wrote: bool,
     /// What this write changed; joins the batch's only when the write is released into it.
     touched: Touched,
+    /// The rows of the keys read or written so far (`None`: absent), so that each key costs
+    /// one read per write, and a transaction's keys are read together
+    /// ([`WriteTxn::prefetch`]): every statement is a round trip to SQLite's thread while
+    /// the writer is held.
+    rows: HashMap<String, Option<KvPair>>,
     flush: Arc<Notify>,
 }
 
@@ -574,6 +579,7 @@ impl WriteTxn {
             now_ms: now_ms(),
             wrote: false,
             touched: Touched::default(),
+            rows: HashMap::new(),
             flush: inner.flush.clone(),
         };
         let last: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'last_index'")
@@ -620,12 +626,44 @@ impl WriteTxn {
     }
 
     async fn row(&mut self, key: &str) -> StoreResult<Option<KvPair>> {
+        if let Some(row) = self.rows.get(key) {
+            return Ok(row.clone());
+        }
         let row = sqlx::query(&format!("SELECT {PAIR_COLUMNS} FROM kv WHERE key = ?1"))
             .bind(key.as_bytes())
             .fetch_optional(&mut *self.tx)
             .await
             .map_err(unavailable)?;
-        row.as_ref().map(pair_from_row).transpose()
+        let row = row.as_ref().map(pair_from_row).transpose()?;
+        self.rows.insert(key.to_owned(), row.clone());
+        Ok(row)
+    }
+
+    /// Reads the rows of every key `ops` read, in one statement (a set reads nothing).
+    async fn prefetch(&mut self, ops: &[TxnOp]) -> StoreResult<()> {
+        let keys: BTreeSet<&str> = ops
+            .iter()
+            .filter(|op| !matches!(op, TxnOp::Set { .. }))
+            .map(TxnOp::key)
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let placeholders = vec!["?"; keys.len()].join(", ");
+        let sql = format!("SELECT {PAIR_COLUMNS} FROM kv WHERE key IN ({placeholders})");
+        let mut query = sqlx::query(&sql);
+        for key in &keys {
+            query = query.bind(key.as_bytes());
+        }
+        let rows = query.fetch_all(&mut *self.tx).await.map_err(unavailable)?;
+        for key in keys {
+            self.rows.insert(key.to_owned(), None);
+        }
+        for row in &rows {
+            let pair = pair_from_row(row)?;
+            self.rows.insert(pair.key.clone(), Some(pair));
+        }
+        Ok(())
     }
 
     /// Writes `value` at `key`, keeping its creation index; `lock` replaces the lock state.
@@ -667,13 +705,38 @@ impl WriteTxn {
         .execute(&mut *self.tx)
         .await
         .map_err(unavailable)?;
-        sqlx::query("DELETE FROM tombstones WHERE key = ?1")
-            .bind(key.as_bytes())
-            .execute(&mut *self.tx)
-            .await
-            .map_err(unavailable)?;
         self.wrote = true;
         self.touched.keys.insert(pair.key.clone());
+        self.rows.insert(pair.key.clone(), Some(pair.clone()));
+        Ok(pair)
+    }
+
+    /// Writes `value` at `key` whatever is there, keeping its creation index and lock state,
+    /// in one statement: the commonest op of a transaction needs no read first.
+    async fn set(&mut self, key: &str, value: &[u8]) -> StoreResult<KvPair> {
+        let row = sqlx::query(
+            "INSERT INTO kv (key, value, create_index, modify_index) VALUES (?1, ?2, ?3, ?3)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value,
+                modify_index = excluded.modify_index
+             RETURNING create_index, lock_index, session",
+        )
+        .bind(key.as_bytes())
+        .bind(value)
+        .bind(self.index as i64)
+        .fetch_one(&mut *self.tx)
+        .await
+        .map_err(unavailable)?;
+        self.wrote = true;
+        self.touched.keys.insert(key.to_owned());
+        let pair = KvPair {
+            key: key.to_owned(),
+            value: value.to_vec(),
+            create_index: row.get::<i64, _>("create_index") as u64,
+            modify_index: self.index,
+            lock_index: row.get::<i64, _>("lock_index") as u64,
+            session: row.get("session"),
+        };
+        self.rows.insert(pair.key.clone(), Some(pair.clone()));
         Ok(pair)
     }
 
@@ -714,6 +777,7 @@ impl WriteTxn {
         if self.remove_where("key = ?1", key.as_bytes(), None).await? {
             self.touched.keys.insert(key.to_owned());
         }
+        self.rows.insert(key.to_owned(), None);
         Ok(())
     }
 
@@ -722,6 +786,7 @@ impl WriteTxn {
         if self.remove_where(range, &start, end.as_deref()).await? {
             self.touched.ranges.push(prefix.to_owned());
         }
+        self.rows.retain(|key, _| !key.starts_with(prefix));
         Ok(())
     }
 
@@ -751,13 +816,13 @@ impl WriteTxn {
     /// Applies one op as Consul's state store does; `Err(what)` is a failed check.
     async fn apply(&mut self, op: &TxnOp) -> StoreResult<Result<Option<KvPair>, String>> {
         let key = op.key();
+        if let TxnOp::Set { value, .. } = op {
+            return Ok(Ok(Some(self.set(key, value).await?)));
+        }
         let existing = self.row(key).await?;
         let failed = |what: String| Ok(Err(what));
         match op {
-            TxnOp::Set { value, .. } => {
-                let pair = self.store(key, value, existing.as_ref(), None).await?;
-                Ok(Ok(Some(pair)))
-            }
+            TxnOp::Set { .. } => unreachable!("written above without a read"),
             TxnOp::Cas { value, index, .. } => {
                 let current = existing.as_ref().map_or(0, |e| e.modify_index);
                 if current != *index {
@@ -849,6 +914,8 @@ impl WriteTxn {
 
     /// Ends a session, applying its behavior and lock-delay to every key it holds.
     async fn invalidate_session(&mut self, id: &str) -> StoreResult<()> {
+        // It releases or deletes the keys the session holds, whichever they are.
+        self.rows.clear();
         let row = sqlx::query("SELECT lock_delay_ms, behavior FROM sessions WHERE id = ?1")
             .bind(id)
             .fetch_optional(&mut *self.tx)
@@ -922,6 +989,7 @@ fn session_from_row(row: &SqliteRow) -> StoreResult<SessionInfo> {
 /// Runs `ops` in one write transaction: all applied, or none and every failure reported.
 async fn run_txn(inner: &Inner, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
     let mut txn = WriteTxn::begin(inner).await?;
+    txn.prefetch(ops).await?;
     let mut results = Vec::with_capacity(ops.len());
     let mut failures = Vec::new();
     for (op_index, op) in ops.iter().enumerate() {
@@ -1341,6 +1409,19 @@ mod tests {
         assert_eq!(changes.deleted, [("k/08".to_owned(), deleted_at)]);
         assert_eq!(changes.index, store.list("k/").await.unwrap().index);
 
+        // Written again, the key is a change and no longer a delete.
+        store.put("k/08", b"back", Cas::Any).await.unwrap();
+        let update = store
+            .watch_changes("k/", listed.index, Duration::ZERO)
+            .await
+            .unwrap();
+        let PrefixUpdate::Since(changes) = update else {
+            panic!("a listing where the changes were asked for: {update:?}");
+        };
+        let changed: Vec<&str> = changes.changed.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(changed, ["k/07", "k/08"]);
+        assert_eq!(changes.deleted, []);
+
         // Once the delete's tombstone may be gone, only a listing can tell what changed.
         let mut writer = store.inner.writer.lock().await;
         writer
@@ -1355,7 +1436,7 @@ mod tests {
             .watch_changes("k/", listed.index, Duration::ZERO)
             .await
             .unwrap();
-        assert!(matches!(update, PrefixUpdate::Whole(l) if l.pairs.len() == 49));
+        assert!(matches!(update, PrefixUpdate::Whole(l) if l.pairs.len() == 50));
     }
 
     fn touched(keys: &[&str], ranges: &[&str]) -> Touched {

@@ -691,6 +691,55 @@ async fn prefix_index_is_a_listings_index(s: Subject) {
     assert!(same(&s).await > deleted);
 }
 
+/// Each op of a transaction sees what the ops before it did.
+async fn txn_ops_see_the_ops_before_them(s: Subject) {
+    let (a, b) = (s.key("seen/a"), s.key("seen/b"));
+    s.store.put(&b, b"old", Cas::Any).await.unwrap();
+    let results = s
+        .store
+        .txn(&[
+            TxnOp::Get { key: b.clone() },
+            TxnOp::Set {
+                key: a.clone(),
+                value: b"new".to_vec(),
+            },
+            TxnOp::Get { key: a.clone() },
+            TxnOp::Delete { key: b.clone() },
+            TxnOp::CheckNotExists { key: b.clone() },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results[0].as_ref().unwrap().value, b"old");
+    let set = results[1].as_ref().unwrap();
+    assert_eq!(results[2].as_ref().unwrap(), set);
+    assert_eq!(set.value, b"new");
+
+    let refused = s
+        .store
+        .txn(&[
+            TxnOp::Delete { key: a.clone() },
+            TxnOp::Set {
+                key: b.clone(),
+                value: b"again".to_vec(),
+            },
+            TxnOp::Cas {
+                key: b.clone(),
+                value: b"twice".to_vec(),
+                index: 0,
+            },
+        ])
+        .await
+        .unwrap_err();
+    match refused {
+        StoreError::Conflict { failures, .. } => {
+            assert_eq!(failures.iter().map(|f| f.op_index).collect::<Vec<_>>(), [2]);
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(s.store.get(&a).await.unwrap().unwrap().value, b"new");
+    assert_eq!(s.store.get(&b).await.unwrap(), None);
+}
+
 /// Whatever a backend answers (the prefix whole, or only what changed), applying a watch's
 /// update to a copy taken at the index it was given leaves exactly what the prefix holds.
 async fn watch_changes_bring_a_copy_up_to_date(s: Subject) {
@@ -801,6 +850,7 @@ macro_rules! conformance_suite {
                     watch_wakes_for_each_change_it_covers,
                     prefix_index_is_a_listings_index,
                     watch_changes_bring_a_copy_up_to_date,
+                    txn_ops_see_the_ops_before_them,
                 );
             )*
         }
