@@ -32,7 +32,7 @@ use tokio_util::task::TaskTracker;
 
 #[path = "support/rss.rs"]
 mod rss;
-use rss::peak_rss_mib;
+use rss::rss_mib;
 
 /// Pods per RC, as in the figures.
 const PODS_PER_RC: usize = 10;
@@ -497,6 +497,10 @@ fn main() {
         drop(small);
 
         let large = serve(args.large_rcs).await;
+        println!(
+            "RSS of the process with this fleet mirrored, before its load: {:.0} MiB",
+            rss_mib().now
+        );
         let rc_url = format!("{}/api/v1/rcs/{}", large.base, large.first_rc);
         let big = measure(&rc_url, c, secs).await;
         report(
@@ -508,7 +512,7 @@ fn main() {
         report("GET /healthz (large fleet, reference)", &healthz, None);
         println!(
             "peak RSS of the process (server, mirror and load generator): {:.0} MiB",
-            peak_rss_mib()
+            rss_mib().peak
         );
     });
 }

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 #[path = "support/rss.rs"]
 mod rss;
-use rss::peak_rss_mib;
+use rss::rss_mib;
 
 /// Counts every call the farms make to the store, by operation.
 struct Counting {
@@ -329,9 +329,10 @@ async fn main() {
         "{} RCs x {} replicas over {} nodes, from the farms' start: all {want} pods scheduled after {:.2?}; all healthy after {:.2?}; busiest node runs {busiest} pods",
         sizes.rcs, sizes.replicas, sizes.nodes, scheduled, healthy
     );
+    let rss = rss_mib();
     println!(
-        "peak RSS of the process (server, mirror, farms and simulated nodes): {:.0} MiB",
-        peak_rss_mib()
+        "RSS of the process (server, mirror, farms and simulated nodes): {:.0} MiB now, {:.0} MiB at its peak",
+        rss.now, rss.peak
     );
 
     tokio::time::sleep(Duration::from_secs(3)).await;
