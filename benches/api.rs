@@ -496,6 +496,10 @@ fn main() {
         measure_watch(&small, args.watchers, secs).await;
         drop(small);
 
+        println!(
+            "RSS of the process before the large fleet: {:.0} MiB",
+            rss_mib().now
+        );
         let large = serve(args.large_rcs).await;
         println!(
             "RSS of the process with this fleet mirrored, before its load: {:.0} MiB",
