@@ -34,6 +34,10 @@ use tokio_util::task::TaskTracker;
 mod rss;
 use rss::rss_mib;
 
+/// The allocator the server binary runs with (`src/main.rs`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Pods per RC, as in the figures.
 const PODS_PER_RC: usize = 10;
 /// RCs of the small fleet.

@@ -37,6 +37,10 @@ use tokio_util::sync::CancellationToken;
 mod rss;
 use rss::rss_mib;
 
+/// The allocator the server binary runs with (`src/main.rs`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Counts every call the farms make to the store, by operation.
 struct Counting {
     inner: Arc<dyn KvStore>,

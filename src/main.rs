@@ -22,6 +22,14 @@ use p2_apiserver::server::{self, Tls};
 use p2_apiserver::simulator;
 use p2_apiserver::state::{Mirror, MirrorConfig};
 
+/// mimalloc rather than the system allocator: the server's many short-lived allocations (a
+/// request's JSON, the mirror's decoded entries) cost less CPU, and freed memory is reused
+/// rather than left fragmented. Measured with `cargo bench --bench api` on 2 cores: GET one
+/// RC and durable PATCH gained well over half, and a 10,000-RC fleet grew the process by
+/// 58 to 85 MiB instead of 217 MiB.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
