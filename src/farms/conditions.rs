@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::time::SystemTime;
 
+use crate::kv::TxnOp;
 use crate::model::conditions::{stamp, ConditionsRecord, Observed, Progress};
 use crate::model::event::ObjectKind;
 use crate::store::conditions::ConditionStore;
@@ -103,9 +104,13 @@ impl Published {
         id: &str,
         record: &ConditionsRecord,
     ) -> FarmResult<()> {
-        let op = ConditionStore::put_op(self.kind, id, record);
-        ctx.commit(lock, vec![op]).await?;
+        ctx.commit(lock, vec![self.put_op(id, record)]).await?;
         Ok(())
+    }
+
+    /// The op storing `record` for object `id`, to commit with the object's own changes.
+    pub fn put_op(&self, id: &str, record: &ConditionsRecord) -> TxnOp {
+        ConditionStore::put_op(self.kind, id, record)
     }
 
     /// Notes that `record` is what is stored for object `id`.

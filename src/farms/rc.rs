@@ -21,7 +21,7 @@ use futures::stream::{self, StreamExt};
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::kv::TxnOp;
+use crate::kv::{TxnOp, MAX_TXN_OPS};
 use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::conditions::{rc_conditions, RcFacts};
 use crate::model::event::{Action, FieldChange, ObjectKind};
@@ -89,19 +89,23 @@ impl Farm for RcFarm {
         let writes: Vec<_> = planned
             .into_iter()
             .map(|(id, rc, planned, record)| async move {
-                let lock = layout::rc_ownership(id);
-                let applied = match planned {
-                    Ok(plan) => apply(ctx, world, id, rc, plan).await,
-                    Err(e) => Err(e),
+                let published = record.as_ref().map(|record| conditions.put_op(id, record));
+                let (applied, published) = match planned {
+                    Ok(plan) => {
+                        let applied = apply(ctx, world, id, rc, plan, published).await;
+                        let published = applied.is_ok();
+                        (applied, published)
+                    }
+                    // The conditions say why it cannot be planned.
+                    Err(e) => {
+                        let published = match published {
+                            Some(op) => ctx.commit(&layout::rc_ownership(id), vec![op]).await,
+                            None => Ok(Vec::new()),
+                        };
+                        (Err(e), published.is_ok())
+                    }
                 };
-                let published = match record {
-                    Some(record) => conditions
-                        .write(ctx, &lock, id, &record)
-                        .await
-                        .map(|()| Some(record)),
-                    None => Ok(None),
-                };
-                (id, applied, published)
+                (id, applied, record.filter(|_| published))
             })
             .collect();
         let outcomes: Vec<_> = stream::iter(writes)
@@ -112,12 +116,10 @@ impl Farm for RcFarm {
             return None;
         }
         for (id, applied, published) in outcomes {
-            let published = published.map(|record| {
-                if let Some(record) = record {
-                    self.conditions.remember(id, record);
-                }
-            });
-            self.retries.record("RC", id, applied.and(published));
+            if let Some(record) = published {
+                self.conditions.remember(id, record);
+            }
+            self.retries.record("RC", id, applied);
         }
         self.conditions
             .remove_gone(ctx, |id| world.rcs.items.contains_key(id))
@@ -487,13 +489,16 @@ fn transfer_node(
 }
 
 /// Carries out `plan`: the alert, then the transfer or the changes in batches, each with its
-/// audit record listing the RC's nodes after it.
+/// audit record listing the RC's nodes after it. `with` (the RC's conditions, when they
+/// changed) goes in the last transaction if it has room, else in one of its own, so an RC
+/// settled in one batch costs one transaction.
 async fn apply(
     ctx: &FarmContext,
     world: &World,
     id: &str,
     rc: &StoredRc,
     plan: Plan,
+    mut with: Option<TxnOp>,
 ) -> FarmResult<()> {
     let pod_id = rc.manifest.pod_id();
     if let Some(available) = plan.short {
@@ -530,11 +535,13 @@ async fn apply(
         nodes.insert(transfer.arriving.clone());
         ops.push(audit_op(rc, &nodes));
         ops.extend(scheduled_ops(ctx, id, &before, &nodes).await?);
+        ops.extend(with);
         ctx.commit(&lock, ops).await?;
         tracing::info!(rc = %id, from = %transfer.leaving, to = %transfer.arriving, "node transfer");
         return Ok(());
     }
-    for batch in plan.changes.chunks(NODES_PER_TXN) {
+    let batches = plan.changes.chunks(NODES_PER_TXN).count();
+    for (position, batch) in plan.changes.chunks(NODES_PER_TXN).enumerate() {
         let before = nodes.clone();
         let mut ops = Vec::new();
         for change in batch {
@@ -566,8 +573,15 @@ async fn apply(
         }
         ops.push(audit_op(rc, &nodes));
         ops.extend(scheduled_ops(ctx, id, &before, &nodes).await?);
+        // Room for it and the fence.
+        if position + 1 == batches && ops.len() + 2 <= MAX_TXN_OPS {
+            ops.extend(with.take());
+        }
         ctx.commit(&lock, ops).await?;
         tracing::info!(rc = %id, nodes = nodes.len(), "RC retargeted");
+    }
+    if let Some(op) = with {
+        ctx.commit(&lock, vec![op]).await?;
     }
     Ok(())
 }
