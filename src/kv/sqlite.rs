@@ -344,10 +344,7 @@ async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResul
     tx.commit().await.map_err(unavailable)?;
     let deleted = deleted
         .into_iter()
-        .map(|(key, at)| {
-            let key = String::from_utf8(key).map_err(|e| StoreError::Unavailable(e.to_string()))?;
-            Ok((key, at as u64))
-        })
+        .map(|(key, at)| Ok((key_from_bytes(key)?, at as u64)))
         .collect::<StoreResult<_>>()?;
     Ok(Some(Changes {
         index: now,
