@@ -3,9 +3,10 @@
 //!
 //! Why: without it, every API read and every farm wake-up re-reads whole trees, so their
 //! cost grows with the fleet rather than with the answer. The mirror reads each tree once,
-//! then only re-reads a tree when the store says it changed, at most once per
-//! [`MirrorConfig::min_reread_interval`], and decodes only the entries whose modify index
-//! changed. What it holds:
+//! then reads a tree again only when the store says it changed, at most once per
+//! [`MirrorConfig::min_reread_interval`] unless a reader waits for it, taking in only what
+//! changed where the store can say (else the tree whole), and decodes only the entries
+//! whose modify index changed. What it holds:
 //! - every entry of every tree in [`Tree::ALL`] with its create and modify index, and its
 //!   typed view ([`View`]);
 //! - secondary indexes: object ids by label (the pods of an RC, label selectors over a type),
