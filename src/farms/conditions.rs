@@ -65,7 +65,7 @@ impl Published {
         let Some(record) = self.changed(id, observed, index, progress) else {
             return Ok(());
         };
-        self.write(ctx, lock, id, &record).await?;
+        ctx.commit(lock, vec![self.put_op(id, &record)]).await?;
         self.remember(id, record);
         Ok(())
     }
@@ -95,20 +95,8 @@ impl Published {
         (previous != Some(&record)).then_some(record)
     }
 
-    /// Stores `record` for object `id`, fenced by `lock`; [`Published::remember`] it once
-    /// written.
-    pub async fn write(
-        &self,
-        ctx: &FarmContext,
-        lock: &str,
-        id: &str,
-        record: &ConditionsRecord,
-    ) -> FarmResult<()> {
-        ctx.commit(lock, vec![self.put_op(id, record)]).await?;
-        Ok(())
-    }
-
-    /// The op storing `record` for object `id`, to commit with the object's own changes.
+    /// The op storing `record` for object `id`, to commit with the object's own changes;
+    /// [`Published::remember`] it once committed.
     pub fn put_op(&self, id: &str, record: &ConditionsRecord) -> TxnOp {
         ConditionStore::put_op(self.kind, id, record)
     }
