@@ -5,12 +5,15 @@
 //! next value of one monotonic index.
 //!
 //! Group commit: the writes that queue while a commit is being made durable go into one
-//! `BEGIN IMMEDIATE` transaction, each inside a savepoint of its own (so each is still
-//! all-or-nothing, and its checks see the batch's earlier writes), and the batch is committed
-//! with one fsync by a flusher task. A write is answered only once its batch is durable; if
-//! the commit fails, every write of the batch fails. Each committed batch tells the
-//! watches which keys it touched, so a commit wakes only the watches it concerns; other
-//! processes' commits, noticed by polling the index, wake every watch.
+//! `BEGIN IMMEDIATE` transaction, and the batch is committed with one fsync by a flusher
+//! task. Each write stays all-or-nothing: it reads the rows it concerns (seeing the batch's
+//! earlier writes), makes its checks in memory, and changes the database only once they all
+//! pass, in a few statements (every statement is a round trip to SQLite's thread while the
+//! writer is held); a write that fails partway rolls back the whole batch. A write is
+//! answered only once its batch is durable; if the commit fails, every write of the batch
+//! fails. Each committed batch tells the watches which keys it touched, so a commit wakes
+//! only the watches it concerns; other processes' commits, noticed by polling the index,
+//! wake every watch.
 //! A background task expires sessions and reaps old tombstones.
 
 use std::collections::{BTreeSet, HashMap};
@@ -46,6 +49,8 @@ const TOMBSTONE_TTL: Duration = Duration::from_secs(3600);
 const TOMBSTONE_SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 /// How many committed batches a watch may fall behind before it has to probe blindly.
 const BATCH_BACKLOG: usize = 1024;
+/// Rows written by one statement: 6 parameters each, well under SQLite's 32,766.
+const ROWS_PER_STATEMENT: usize = 500;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -140,6 +145,7 @@ impl SqliteStore {
             writer: Arc::new(Mutex::new(Writer {
                 conn,
                 open: false,
+                last_index: 0,
                 dirty: false,
                 pending: Vec::new(),
                 taken: None,
@@ -240,9 +246,9 @@ fn now_ms() -> i64 {
         .unwrap_or_default()
 }
 
-async fn last_index(pool: &SqlitePool) -> StoreResult<u64> {
+async fn last_index<'e>(db: impl sqlx::SqliteExecutor<'e>) -> StoreResult<u64> {
     let value: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'last_index'")
-        .fetch_one(pool)
+        .fetch_one(db)
         .await
         .map_err(unavailable)?;
     Ok(value as u64)
@@ -425,8 +431,12 @@ struct Writer {
     conn: PoolConnection<Sqlite>,
     /// A `BEGIN IMMEDIATE` is open: the batch.
     open: bool,
-    /// A write's savepoint was left open (it failed or was abandoned): rolled back before
-    /// anything else runs.
+    /// The index of the batch's last write: read when the batch begins (nobody else writes
+    /// while it holds the database), stored when it commits.
+    last_index: u64,
+    /// A write began changing the database and did not finish (it failed or was abandoned):
+    /// its changes cannot be undone apart from the batch's, so the batch is rolled back
+    /// before anything else runs.
     dirty: bool,
     /// The writes released into the batch, waiting for its commit: where to say how it went.
     pending: Vec<oneshot::Sender<StoreResult<()>>>,
@@ -445,18 +455,31 @@ impl Writer {
             .map_err(unavailable)
     }
 
-    /// Rolls back a savepoint left open; if even that fails, the whole batch.
+    /// Rolls the batch back if a write left it half-done.
     async fn settle(&mut self) {
-        if !self.dirty {
-            return;
+        if self.dirty {
+            self.dirty = false;
+            let cause = StoreError::Unavailable("a write failed partway through".into());
+            self.abort(cause).await;
         }
-        self.dirty = false;
-        let undone = match self.run("ROLLBACK TO SAVEPOINT write").await {
-            Ok(()) => self.run("RELEASE SAVEPOINT write").await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = undone {
-            self.abort(e).await;
+    }
+
+    /// Opens a batch, if none is open, and reads the index it starts from.
+    async fn open(&mut self) -> StoreResult<()> {
+        if self.open {
+            return Ok(());
+        }
+        self.run("BEGIN IMMEDIATE").await?;
+        self.open = true;
+        match last_index(&mut *self.conn).await {
+            Ok(last) => {
+                self.last_index = last;
+                Ok(())
+            }
+            Err(e) => {
+                self.abort(e.clone()).await;
+                Err(e)
+            }
         }
     }
 
@@ -479,6 +502,16 @@ impl Writer {
         self.settle().await;
         if !self.open {
             return;
+        }
+        if self.taken.is_some() {
+            let stored = sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'last_index'")
+                .bind(self.last_index as i64)
+                .execute(&mut *self.conn)
+                .await;
+            if let Err(e) = stored {
+                self.abort(unavailable(e)).await;
+                return;
+            }
         }
         if let Err(e) = self.run("COMMIT").await {
             self.abort(e).await;
@@ -528,11 +561,12 @@ struct WriteTxn {
     wrote: bool,
     /// What this write changed; joins the batch's only when the write is released into it.
     touched: Touched,
-    /// The rows of the keys read or written so far (`None`: absent), so that each key costs
-    /// one read per write, and a transaction's keys are read together
-    /// ([`WriteTxn::prefetch`]): every statement is a round trip to SQLite's thread while
-    /// the writer is held.
+    /// This write's view of the rows of the keys it read or wrote (`None`: absent). Its ops
+    /// are checked against it and change it; the database follows only when the write is
+    /// flushed ([`WriteTxn::flush`]).
     rows: HashMap<String, Option<KvPair>>,
+    /// The keys whose row in `rows` the database does not hold yet.
+    staged: BTreeSet<String>,
     flush: Arc<Notify>,
 }
 
@@ -552,9 +586,18 @@ impl std::ops::DerefMut for Held {
     }
 }
 
+impl Held {
+    /// The connection, for a statement that changes the database: from here until the
+    /// write is released, a failure leaves the batch to be rolled back.
+    fn writing(&mut self) -> &mut SqliteConnection {
+        self.0.dirty = true;
+        &mut self.0.conn
+    }
+}
+
 impl Drop for WriteTxn {
     /// Whether committed or abandoned, the batch is left for the flusher to commit (after
-    /// rolling back an abandoned write's savepoint).
+    /// rolling it back if this write left it half-done).
     fn drop(&mut self) {
         self.flush.notify_one();
     }
@@ -564,44 +607,29 @@ impl WriteTxn {
     async fn begin(inner: &Inner) -> StoreResult<Self> {
         let mut writer = inner.writer.clone().lock_owned().await;
         writer.settle().await;
-        if !writer.open {
-            writer.run("BEGIN IMMEDIATE").await?;
-            writer.open = true;
-        }
-        writer.run("SAVEPOINT write").await?;
-        writer.dirty = true;
-        let mut txn = WriteTxn {
+        writer.open().await?;
+        Ok(WriteTxn {
+            index: writer.last_index + 1,
             tx: Held(writer),
-            index: 0,
             now_ms: now_ms(),
             wrote: false,
             touched: Touched::default(),
             rows: HashMap::new(),
+            staged: BTreeSet::new(),
             flush: inner.flush.clone(),
-        };
-        let last: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'last_index'")
-            .fetch_one(&mut *txn.tx)
-            .await
-            .map_err(unavailable)?;
-        txn.index = last as u64 + 1;
-        Ok(txn)
+        })
     }
 
-    /// Releases the write into the batch and waits until the batch is durable. A write that
-    /// changed nothing waits too when the batch holds others' writes, which it may have read.
+    /// Flushes the write, releases it into the batch and waits until the batch is durable.
+    /// A write that changed nothing waits too when the batch holds others' writes, which it
+    /// may have read.
     async fn commit(mut self, _inner: &Inner) -> StoreResult<()> {
-        if self.wrote {
-            sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'last_index'")
-                .bind(self.index as i64)
-                .execute(&mut *self.tx)
-                .await
-                .map_err(unavailable)?;
-        }
+        self.flush().await?;
         let writer = &mut self.tx.0;
-        writer.run("RELEASE SAVEPOINT write").await?;
         writer.dirty = false;
         writer.touched.merge(std::mem::take(&mut self.touched));
         if self.wrote {
+            writer.last_index = self.index;
             let first = writer.taken.map_or(self.index, |(first, _)| first);
             writer.taken = Some((first, self.index));
         }
@@ -636,12 +664,12 @@ impl WriteTxn {
         Ok(row)
     }
 
-    /// Reads the rows of every key `ops` read, in one statement (a set reads nothing).
+    /// Reads the rows of every key of `ops` in one statement.
     async fn prefetch(&mut self, ops: &[TxnOp]) -> StoreResult<()> {
         let keys: BTreeSet<&str> = ops
             .iter()
-            .filter(|op| !matches!(op, TxnOp::Set { .. }))
             .map(TxnOp::key)
+            .filter(|key| !self.rows.contains_key(*key))
             .collect();
         if keys.is_empty() {
             return Ok(());
@@ -668,14 +696,14 @@ impl WriteTxn {
         &mut self,
         key: &str,
         value: &[u8],
-        existing: Option<&KvPair>,
         lock: Option<(u64, Option<&str>)>,
     ) -> StoreResult<KvPair> {
+        let existing = self.row(key).await?;
         let (lock_index, session) = match lock {
             Some((lock_index, session)) => (lock_index, session.map(str::to_owned)),
             None => (
-                existing.map_or(0, |e| e.lock_index),
-                existing.and_then(|e| e.session.clone()),
+                existing.as_ref().map_or(0, |e| e.lock_index),
+                existing.as_ref().and_then(|e| e.session.clone()),
             ),
         };
         let pair = KvPair {
@@ -686,101 +714,111 @@ impl WriteTxn {
             lock_index,
             session,
         };
-        sqlx::query(
-            "INSERT INTO kv (key, value, create_index, modify_index, lock_index, session)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-             ON CONFLICT (key) DO UPDATE SET value = excluded.value,
-                modify_index = excluded.modify_index, lock_index = excluded.lock_index,
-                session = excluded.session",
-        )
-        .bind(key.as_bytes())
-        .bind(value)
-        .bind(pair.create_index as i64)
-        .bind(pair.modify_index as i64)
-        .bind(pair.lock_index as i64)
-        .bind(&pair.session)
-        .execute(&mut *self.tx)
-        .await
-        .map_err(unavailable)?;
         self.wrote = true;
         self.touched.keys.insert(pair.key.clone());
+        self.staged.insert(pair.key.clone());
         self.rows.insert(pair.key.clone(), Some(pair.clone()));
         Ok(pair)
-    }
-
-    /// Writes `value` at `key` whatever is there, keeping its creation index and lock state,
-    /// in one statement: the commonest op of a transaction needs no read first.
-    async fn set(&mut self, key: &str, value: &[u8]) -> StoreResult<KvPair> {
-        let row = sqlx::query(
-            "INSERT INTO kv (key, value, create_index, modify_index) VALUES (?1, ?2, ?3, ?3)
-             ON CONFLICT (key) DO UPDATE SET value = excluded.value,
-                modify_index = excluded.modify_index
-             RETURNING create_index, lock_index, session",
-        )
-        .bind(key.as_bytes())
-        .bind(value)
-        .bind(self.index as i64)
-        .fetch_one(&mut *self.tx)
-        .await
-        .map_err(unavailable)?;
-        self.wrote = true;
-        self.touched.keys.insert(key.to_owned());
-        let pair = KvPair {
-            key: key.to_owned(),
-            value: value.to_vec(),
-            create_index: row.get::<i64, _>("create_index") as u64,
-            modify_index: self.index,
-            lock_index: row.get::<i64, _>("lock_index") as u64,
-            session: row.get("session"),
-        };
-        self.rows.insert(pair.key.clone(), Some(pair.clone()));
-        Ok(pair)
-    }
-
-    /// Deletes the keys selected by `filter` (a `WHERE` clause over `?1`, `?2`), leaving
-    /// tombstones so that watches see the deletes; whether any key was deleted.
-    async fn remove_where(
-        &mut self,
-        filter: &str,
-        a: &[u8],
-        b: Option<&[u8]>,
-    ) -> StoreResult<bool> {
-        let tombstoned = sqlx::query(&format!(
-            "INSERT INTO tombstones (key, delete_index, deleted_at_ms)
-             SELECT key, ?3, ?4 FROM kv WHERE {filter}
-             ON CONFLICT (key) DO UPDATE SET delete_index = excluded.delete_index,
-                deleted_at_ms = excluded.deleted_at_ms"
-        ))
-        .bind(a)
-        .bind(b)
-        .bind(self.index as i64)
-        .bind(self.now_ms)
-        .execute(&mut *self.tx)
-        .await
-        .map_err(unavailable)?;
-        if tombstoned.rows_affected() > 0 {
-            sqlx::query(&format!("DELETE FROM kv WHERE {filter}"))
-                .bind(a)
-                .bind(b)
-                .execute(&mut *self.tx)
-                .await
-                .map_err(unavailable)?;
-            self.wrote = true;
-        }
-        Ok(tombstoned.rows_affected() > 0)
     }
 
     async fn remove(&mut self, key: &str) -> StoreResult<()> {
-        if self.remove_where("key = ?1", key.as_bytes(), None).await? {
+        if self.row(key).await?.is_some() {
+            self.wrote = true;
             self.touched.keys.insert(key.to_owned());
+            self.staged.insert(key.to_owned());
+            self.rows.insert(key.to_owned(), None);
         }
-        self.rows.insert(key.to_owned(), None);
         Ok(())
     }
 
+    /// Makes the database hold the staged rows: the written ones in one upsert per
+    /// [`ROWS_PER_STATEMENT`], the deleted ones tombstoned and deleted together.
+    async fn flush(&mut self) -> StoreResult<()> {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        let staged = std::mem::take(&mut self.staged);
+        let mut written = Vec::new();
+        let mut deleted = Vec::new();
+        for key in &staged {
+            match &self.rows[key] {
+                Some(pair) => written.push(pair),
+                None => deleted.push(key.as_str()),
+            }
+        }
+        let conn = self.tx.writing();
+        for rows in written.chunks(ROWS_PER_STATEMENT) {
+            let values = vec!["(?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
+            let sql = format!(
+                "INSERT INTO kv (key, value, create_index, modify_index, lock_index, session)
+                 VALUES {values}
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value,
+                    create_index = excluded.create_index, modify_index = excluded.modify_index,
+                    lock_index = excluded.lock_index, session = excluded.session"
+            );
+            let mut query = sqlx::query(&sql);
+            for pair in rows {
+                query = query
+                    .bind(pair.key.as_bytes())
+                    .bind(&pair.value[..])
+                    .bind(pair.create_index as i64)
+                    .bind(pair.modify_index as i64)
+                    .bind(pair.lock_index as i64)
+                    .bind(pair.session.as_deref());
+            }
+            query.execute(&mut *conn).await.map_err(unavailable)?;
+        }
+        for keys in deleted.chunks(ROWS_PER_STATEMENT) {
+            let placeholders = vec!["?"; keys.len()].join(", ");
+            let tombstone = format!(
+                "INSERT INTO tombstones (key, delete_index, deleted_at_ms)
+                 SELECT key, ?, ? FROM kv WHERE key IN ({placeholders})
+                 ON CONFLICT (key) DO UPDATE SET delete_index = excluded.delete_index,
+                    deleted_at_ms = excluded.deleted_at_ms"
+            );
+            let delete = format!("DELETE FROM kv WHERE key IN ({placeholders})");
+            let mut tombstones = sqlx::query(&tombstone)
+                .bind(self.index as i64)
+                .bind(self.now_ms);
+            let mut deletes = sqlx::query(&delete);
+            for key in keys {
+                tombstones = tombstones.bind(key.as_bytes());
+                deletes = deletes.bind(key.as_bytes());
+            }
+            tombstones.execute(&mut *conn).await.map_err(unavailable)?;
+            deletes.execute(&mut *conn).await.map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes every key under `prefix`, leaving tombstones so that watches see the deletes.
     async fn remove_prefix(&mut self, prefix: &str) -> StoreResult<()> {
+        self.flush().await?;
         let (range, start, end) = prefix_range(prefix);
-        if self.remove_where(range, &start, end.as_deref()).await? {
+        let index = self.index as i64;
+        let now_ms = self.now_ms;
+        let conn = self.tx.writing();
+        let tombstoned = sqlx::query(&format!(
+            "INSERT INTO tombstones (key, delete_index, deleted_at_ms)
+             SELECT key, ?3, ?4 FROM kv WHERE {range}
+             ON CONFLICT (key) DO UPDATE SET delete_index = excluded.delete_index,
+                deleted_at_ms = excluded.deleted_at_ms"
+        ))
+        .bind(&start[..])
+        .bind(end.as_deref())
+        .bind(index)
+        .bind(now_ms)
+        .execute(&mut *conn)
+        .await
+        .map_err(unavailable)?;
+        if tombstoned.rows_affected() > 0 {
+            sqlx::query(&format!("DELETE FROM kv WHERE {range}"))
+                .bind(&start[..])
+                .bind(end.as_deref())
+                .execute(&mut *conn)
+                .await
+                .map_err(unavailable)?;
+            self.wrote = true;
             self.touched.ranges.push(prefix.to_owned());
         }
         self.rows.retain(|key, _| !key.starts_with(prefix));
@@ -813,13 +851,10 @@ impl WriteTxn {
     /// Applies one op as Consul's state store does; `Err(what)` is a failed check.
     async fn apply(&mut self, op: &TxnOp) -> StoreResult<Result<Option<KvPair>, String>> {
         let key = op.key();
-        if let TxnOp::Set { value, .. } = op {
-            return Ok(Ok(Some(self.set(key, value).await?)));
-        }
         let existing = self.row(key).await?;
         let failed = |what: String| Ok(Err(what));
         match op {
-            TxnOp::Set { .. } => unreachable!("written above without a read"),
+            TxnOp::Set { value, .. } => Ok(Ok(Some(self.store(key, value, None).await?))),
             TxnOp::Cas { value, index, .. } => {
                 let current = existing.as_ref().map_or(0, |e| e.modify_index);
                 if current != *index {
@@ -827,7 +862,7 @@ impl WriteTxn {
                         "failed to set key {key:?}, index is stale (current {current}, expected {index})"
                     ));
                 }
-                let pair = self.store(key, value, existing.as_ref(), None).await?;
+                let pair = self.store(key, value, None).await?;
                 Ok(Ok(Some(pair)))
             }
             TxnOp::Get { .. } => match existing {
@@ -870,7 +905,7 @@ impl WriteTxn {
                 let lock_index = existing.as_ref().map_or(0, |e| e.lock_index);
                 match held_by {
                     Some(holder) if holder == session => {
-                        let pair = self.store(key, value, existing.as_ref(), None).await?;
+                        let pair = self.store(key, value, None).await?;
                         Ok(Ok(Some(pair)))
                     }
                     Some(_) => failed(format!("failed to lock key {key:?}, lock is already held")),
@@ -879,7 +914,7 @@ impl WriteTxn {
                     }
                     None => {
                         let lock = Some((lock_index + 1, Some(session.as_str())));
-                        let pair = self.store(key, value, existing.as_ref(), lock).await?;
+                        let pair = self.store(key, value, lock).await?;
                         Ok(Ok(Some(pair)))
                     }
                 }
@@ -892,7 +927,7 @@ impl WriteTxn {
                     ));
                 }
                 let lock = Some((e.map_or(0, |e| e.lock_index), None));
-                let pair = self.store(key, value, e, lock).await?;
+                let pair = self.store(key, value, lock).await?;
                 Ok(Ok(Some(pair)))
             }
             TxnOp::CheckSession { session, .. } => {
@@ -912,6 +947,7 @@ impl WriteTxn {
     /// Ends a session, applying its behavior and lock-delay to every key it holds.
     async fn invalidate_session(&mut self, id: &str) -> StoreResult<()> {
         // It releases or deletes the keys the session holds, whichever they are.
+        self.flush().await?;
         self.rows.clear();
         let row = sqlx::query("SELECT lock_delay_ms, behavior FROM sessions WHERE id = ?1")
             .bind(id)
@@ -938,7 +974,7 @@ impl WriteTxn {
                 )
                 .bind(key.as_bytes())
                 .bind(self.now_ms + lock_delay_ms)
-                .execute(&mut *self.tx)
+                .execute(self.tx.writing())
                 .await
                 .map_err(unavailable)?;
             }
@@ -951,7 +987,7 @@ impl WriteTxn {
             sqlx::query("UPDATE kv SET session = NULL, modify_index = ?2 WHERE session = ?1")
                 .bind(id)
                 .bind(self.index as i64)
-                .execute(&mut *self.tx)
+                .execute(self.tx.writing())
                 .await
                 .map_err(unavailable)?;
             self.wrote = true;
@@ -959,7 +995,7 @@ impl WriteTxn {
         }
         sqlx::query("DELETE FROM sessions WHERE id = ?1")
             .bind(id)
-            .execute(&mut *self.tx)
+            .execute(self.tx.writing())
             .await
             .map_err(unavailable)?;
         self.wrote = true;
@@ -1104,19 +1140,19 @@ async fn reap_tombstones(inner: &Inner) -> StoreResult<()> {
          WHERE name = 'reaped_index'",
     )
     .bind(cutoff)
-    .execute(&mut *txn.tx)
+    .execute(txn.tx.writing())
     .await
     .map_err(unavailable)?;
     let reaped = sqlx::query("DELETE FROM tombstones WHERE deleted_at_ms < ?1")
         .bind(cutoff)
-        .execute(&mut *txn.tx)
+        .execute(txn.tx.writing())
         .await
         .map_err(unavailable)?;
     // Raising the reaped index may raise the index of any prefix or absent key.
     txn.touched.everything = reaped.rows_affected() > 0;
     sqlx::query("DELETE FROM lock_delays WHERE until_ms < ?1")
         .bind(txn.now_ms)
-        .execute(&mut *txn.tx)
+        .execute(txn.tx.writing())
         .await
         .map_err(unavailable)?;
     txn.commit(inner).await
@@ -1224,7 +1260,7 @@ impl KvStore for SqliteStore {
             .bind(spec.behavior.as_str())
             .bind(txn.index as i64)
             .bind(txn.now_ms + spec.ttl.as_millis() as i64)
-            .execute(&mut *txn.tx)
+            .execute(txn.tx.writing())
             .await
             .map_err(unavailable)?;
             txn.wrote = true;
@@ -1246,7 +1282,7 @@ impl KvStore for SqliteStore {
             sqlx::query("UPDATE sessions SET expires_at_ms = ?2 WHERE id = ?1")
                 .bind(&id)
                 .bind(txn.now_ms + info.ttl.as_millis() as i64)
-                .execute(&mut *txn.tx)
+                .execute(txn.tx.writing())
                 .await
                 .map_err(unavailable)?;
             txn.commit(&inner).await?;
@@ -1572,6 +1608,48 @@ mod tests {
     async fn open_in(dir: &tempfile::TempDir) -> SqliteStore {
         let path = dir.path().join("kv.db").display().to_string();
         SqliteStore::open(&path).await.unwrap()
+    }
+
+    /// A write that fails after it began changing the database takes its batch down: none
+    /// of it is committed, its index is not used up, and the store goes on.
+    #[tokio::test]
+    async fn a_write_failing_partway_leaves_nothing_behind() {
+        use sqlx::Connection;
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        store.put("x", b"1", Cas::Any).await.unwrap();
+        let before = store.get("x").await.unwrap().unwrap();
+        let path = dir.path().join("kv.db").display().to_string();
+        let mut other = SqliteConnection::connect(&format!("sqlite://{path}"))
+            .await
+            .unwrap();
+        sqlx::query(
+            "CREATE TRIGGER refuse BEFORE DELETE ON kv WHEN OLD.key = X'78'
+             BEGIN SELECT RAISE(ABORT, 'refused'); END",
+        )
+        .execute(&mut other)
+        .await
+        .unwrap();
+
+        // The set is written first, then the delete fails.
+        let ops = [
+            TxnOp::Set {
+                key: "a".into(),
+                value: b"1".to_vec(),
+            },
+            TxnOp::Delete { key: "x".into() },
+        ];
+        let failed = store.txn(&ops).await;
+        assert!(
+            matches!(failed, Err(StoreError::Unavailable(_))),
+            "{failed:?}"
+        );
+
+        store.put("b", b"1", Cas::Any).await.unwrap();
+        assert_eq!(store.get("a").await.unwrap(), None);
+        assert_eq!(store.get("x").await.unwrap(), Some(before.clone()));
+        let b = store.get("b").await.unwrap().unwrap();
+        assert_eq!(b.modify_index, before.modify_index + 1);
     }
 
     #[tokio::test]
