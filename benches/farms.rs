@@ -1,143 +1,39 @@
-//! Farm benchmark on the embedded store, with the node simulator.
+//! Farm benchmark on the embedded store: the server binary and the node simulator, each its
+//! own child process, so that the figures are the server's alone.
 //!
 //! `cargo bench --bench farms` reports:
-//! - the time from the farms' start until all 1,000 pods of 100 RCs of 10 replicas exist
-//!   on 1,000 simulated nodes (and until all report healthy), and how evenly they spread.
-//!   The RCs are created through the API before the farms start (and that time is printed
-//!   too), so that the figure is the farms' own: their mirror's first read, the election,
-//!   and every pass until the pods exist;
-//! - the store requests per second the farms make when nothing changes (the watches of the
-//!   mirror they read included), with 100 RCs and again with 10, to show that idle load does
-//!   not grow with the number of RCs.
+//! - the time from the farm-running server's start until all 1,000 pods of 100 RCs of 10
+//!   replicas exist on 1,000 simulated nodes (and until all report healthy), and how evenly
+//!   they spread. The nodes are labelled and the RCs created through the API (and that time
+//!   is printed too) by a first server run with `--no-farms`, which is then stopped; the
+//!   server started again with its farms on the same database and port is timed from its
+//!   start (its mirror's first read and the election included), while the simulator rides
+//!   out the restart by retrying;
+//! - the server's RSS now and at its peak (the simulator's apart), after convergence and
+//!   after each idle phase;
+//! - the store requests per second the server makes when nothing changes, from its own
+//!   `/metrics` (every store call of the process: the mirror's watches, the farms, the
+//!   leader, and the API answering the simulator), with 100 RCs and again with 10, to show
+//!   that idle load does not grow with the number of RCs.
 //!
-//! Sizes can be changed: `cargo bench --bench farms -- --nodes 200 --rcs 20 --idle 10`.
+//! The bench waits for convergence by reading the database file itself, which the server
+//! does not count. Sizes can be changed:
+//! `cargo bench --bench farms -- --nodes 200 --rcs 20 --idle 10`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use futures::StreamExt;
-use p2_apiserver::app::App;
-use p2_apiserver::farms::{self, alerts::Alerter};
 use p2_apiserver::kv::sqlite::SqliteStore;
-use p2_apiserver::kv::{
-    Cas, KvPair, KvStore, Listing, PrefixUpdate, SessionBehavior, SessionInfo, SessionSpec,
-    StoreResult, TxnOp, WatchTarget,
-};
+use p2_apiserver::kv::{KvPair, KvStore};
 use p2_apiserver::labels::Labels;
-use p2_apiserver::leader::{self, LeaderConfig};
-use p2_apiserver::server;
-use p2_apiserver::simulator::{self, SimulatorConfig};
-use p2_apiserver::state::{Mirror, MirrorConfig};
-use tokio_util::sync::CancellationToken;
+use p2_apiserver::metrics::STORE_OPERATION_DURATION;
+use prom_text_format_parser::{Scrape, ValueType};
 
 #[path = "support/rss.rs"]
 mod rss;
-use rss::rss_mib;
-
-/// The allocator the server binary runs with (`src/main.rs`).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Counts every call the farms make to the store, by operation.
-struct Counting {
-    inner: Arc<dyn KvStore>,
-    calls: Mutex<HashMap<&'static str, u64>>,
-    total: AtomicU64,
-}
-
-impl Counting {
-    fn count(&self, op: &'static str) {
-        self.total.fetch_add(1, Ordering::Relaxed);
-        *self.calls.lock().unwrap().entry(op).or_insert(0) += 1;
-    }
-
-    fn reset(&self) -> (u64, BTreeMap<&'static str, u64>) {
-        let total = self.total.swap(0, Ordering::Relaxed);
-        let calls = std::mem::take(&mut *self.calls.lock().unwrap());
-        (total, calls.into_iter().collect())
-    }
-}
-
-#[async_trait]
-impl KvStore for Counting {
-    async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
-        self.count("get");
-        self.inner.get(key).await
-    }
-    async fn list(&self, prefix: &str) -> StoreResult<Listing> {
-        self.count("list");
-        self.inner.list(prefix).await
-    }
-    async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
-        self.count("keys");
-        self.inner.keys(prefix, separator).await
-    }
-    async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
-        self.count("put");
-        self.inner.put(key, value, cas).await
-    }
-    async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
-        self.count("delete");
-        self.inner.delete(key, cas).await
-    }
-    async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
-        self.count("delete_prefix");
-        self.inner.delete_prefix(prefix).await
-    }
-    async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
-        self.count("txn");
-        self.inner.txn(ops).await
-    }
-    async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
-        self.count("create_session");
-        self.inner.create_session(spec).await
-    }
-    async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo> {
-        self.count("renew_session");
-        self.inner.renew_session(id).await
-    }
-    async fn destroy_session(&self, id: &str) -> StoreResult<()> {
-        self.count("destroy_session");
-        self.inner.destroy_session(id).await
-    }
-    async fn session_info(&self, id: &str) -> StoreResult<Option<SessionInfo>> {
-        self.count("session_info");
-        self.inner.session_info(id).await
-    }
-    async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool> {
-        self.count("acquire");
-        self.inner.acquire(key, value, session).await
-    }
-    async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
-        self.count("release");
-        self.inner.release(key, session).await
-    }
-    async fn watch(
-        &self,
-        target: &WatchTarget,
-        index: u64,
-        wait: Duration,
-    ) -> StoreResult<Listing> {
-        self.count("watch");
-        self.inner.watch(target, index, wait).await
-    }
-    async fn watch_changes(
-        &self,
-        prefix: &str,
-        index: u64,
-        wait: Duration,
-    ) -> StoreResult<PrefixUpdate> {
-        self.count("watch");
-        self.inner.watch_changes(prefix, index, wait).await
-    }
-    async fn ping(&self) -> StoreResult<()> {
-        self.count("ping");
-        self.inner.ping().await
-    }
-}
+use rss::{rss_mib_of, Rss};
 
 struct Sizes {
     nodes: usize,
@@ -165,6 +61,62 @@ fn sizes() -> Sizes {
         }
     }
     sizes
+}
+
+/// A child process of the server binary, killed when dropped, so also when the bench
+/// panics. Its log goes to the bench's stderr, leaving stdout to the figures.
+struct Child(std::process::Child);
+
+impl Child {
+    fn start(args: &[&str]) -> Child {
+        let child = Command::new(env!("CARGO_BIN_EXE_p2-apiserver"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::from(std::io::stderr()))
+            .spawn()
+            .expect("start p2-apiserver");
+        Child(child)
+    }
+
+    fn rss(&self) -> Rss {
+        rss_mib_of(self.0.id())
+    }
+
+    /// Stops it with SIGTERM, as an operator would, and waits until it has exited cleanly.
+    fn stop(mut self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM failed");
+        let status = self.0.wait().expect("wait for p2-apiserver");
+        assert!(status.success(), "p2-apiserver exited with {status}");
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `serve` on `port` over the SQLite file `db`, with `/metrics` open to the bench.
+fn serve(db: &str, port: u16, farms: bool) -> Child {
+    let listen = format!("127.0.0.1:{port}");
+    let store = format!("sqlite://{db}");
+    let mut args = vec![
+        "serve",
+        "--listen",
+        &listen,
+        "--store",
+        &store,
+        "--metrics-public",
+    ];
+    if !farms {
+        args.push("--no-farms");
+    }
+    Child::start(&args)
 }
 
 /// Pods by owning RC, and how many are healthy on their intended manifest.
@@ -210,47 +162,96 @@ async fn wait_for(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> b
     started.elapsed()
 }
 
-async fn idle_rate(counting: &Counting, idle: Duration) -> (f64, BTreeMap<&'static str, u64>) {
-    counting.reset();
+/// The server's store operations so far, by operation (and outcome, when not `ok`), from
+/// the `_count` of its `/metrics` histogram.
+async fn store_operations(client: &reqwest::Client, base: &str) -> BTreeMap<String, f64> {
+    let response = client.get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    let scrape = Scrape::parse(&text).expect("the Prometheus text format");
+    let mut operations = BTreeMap::new();
+    let metrics = scrape.metrics.iter();
+    for metric in metrics.filter(|m| m.name == STORE_OPERATION_DURATION) {
+        for sample in &metric.samples {
+            if sample.value.value_type != ValueType::Count {
+                continue;
+            }
+            let label = |key: &str| {
+                let found = sample.labels.iter().find(|l| l.key == key);
+                found.map_or("", |l| l.value.as_str())
+            };
+            let name = match label("outcome") {
+                "ok" => label("operation").to_owned(),
+                outcome => format!("{}/{outcome}", label("operation")),
+            };
+            *operations.entry(name).or_insert(0.0) += sample.value.value.as_f64();
+        }
+    }
+    operations
+}
+
+/// The server's store requests per second over `idle`, and their number by operation.
+async fn idle_rate(
+    client: &reqwest::Client,
+    base: &str,
+    idle: Duration,
+) -> (f64, BTreeMap<String, u64>) {
+    let before = store_operations(client, base).await;
     tokio::time::sleep(idle).await;
-    let (total, calls) = counting.reset();
+    let after = store_operations(client, base).await;
+    let calls: BTreeMap<String, u64> = after
+        .into_iter()
+        .map(|(name, count)| {
+            let added = count - before.get(&name).copied().unwrap_or(0.0);
+            (name, added as u64)
+        })
+        .filter(|(_, added)| *added > 0)
+        .collect();
+    let total: u64 = calls.values().sum();
     (total as f64 / idle.as_secs_f64(), calls)
+}
+
+fn print_rss(when: &str, server: &Child, simulator: &Child) {
+    let (ours, sim) = (server.rss(), simulator.rss());
+    println!(
+        "RSS {when}: the server {:.0} MiB now, {:.0} MiB at its peak; the simulator apart {:.0} MiB now, {:.0} MiB at its peak",
+        ours.now, ours.peak, sim.now, sim.peak
+    );
 }
 
 #[tokio::main]
 async fn main() {
     let sizes = sizes();
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bench.db").display().to_string();
-    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-    let counting = Arc::new(Counting {
-        inner: store.clone(),
-        calls: Mutex::default(),
-        total: AtomicU64::new(0),
-    });
-    let shutdown = CancellationToken::new();
+    let db = dir.path().join("bench.db").display().to_string();
+    // A free port, kept across the restart so that the simulator follows the server.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let api = App::draining_on(store.clone(), shutdown.clone());
-    let server = tokio::spawn(server::run(
-        listener,
-        api,
-        shutdown.clone().cancelled_owned(),
-    ));
-
-    let base = format!("http://{addr}");
-    let simulation = SimulatorConfig {
-        server: base.parse().unwrap(),
-        nodes: sizes.nodes,
-        labels: Labels::from([("pool".to_string(), "bench".to_string())]),
-        unhealthy_fraction: 0.0,
-        start_delay: Duration::ZERO,
-        name_prefix: "node".into(),
-        max_in_flight: 32,
-        ca_cert: None,
-    };
-    let simulator = tokio::spawn(simulator::run(simulation, shutdown.clone()));
+    let server = serve(&db, port, false);
+    wait_for("the server", Duration::from_secs(30), async || {
+        let ready = client.get(format!("{base}/readyz")).send().await;
+        ready.is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    let store = SqliteStore::open(&db).await.unwrap();
+    let nodes = sizes.nodes.to_string();
+    let simulator = Child::start(&[
+        "simulate",
+        "--server",
+        &base,
+        "--nodes",
+        &nodes,
+        "--labels",
+        "pool=bench",
+        "--start-delay",
+        "0",
+    ]);
     let nodes = wait_for(
         "the simulated nodes",
         Duration::from_secs(120),
@@ -259,7 +260,6 @@ async fn main() {
     .await;
     println!("{} simulated nodes labelled in {:.2?}", sizes.nodes, nodes);
 
-    let client = reqwest::Client::new();
     let want = sizes.rcs * sizes.replicas;
     // The RCs are created before the farms start, 16 POSTs at a time, so that convergence
     // measures the farms alone.
@@ -288,62 +288,36 @@ async fn main() {
     let created = started.elapsed();
     println!("{} RCs created through the API in {created:.2?}", sizes.rcs);
 
+    server.stop();
     let started = Instant::now();
-    let farm_store: Arc<dyn KvStore> = counting.clone();
-    let config = LeaderConfig {
-        holder: "bench".into(),
-        session_ttl: Duration::from_secs(15),
-        lock_delay: Duration::from_secs(5),
-        behavior: SessionBehavior::Delete,
-    };
-    let alerts = Arc::new(Alerter::new(None));
-    // The farms' mirror reads through the counting store, so its watches are counted too.
-    let mirror = Mirror::new(farm_store.clone(), MirrorConfig::default());
-    let mirror_tasks = tokio_util::task::TaskTracker::new();
-    mirror.start(&mirror_tasks, shutdown.clone());
-    mirror_tasks.close();
-    let farms = tokio::spawn(leader::campaign(
-        farm_store.clone(),
-        config,
-        shutdown.clone(),
-        move |term| {
-            farms::run_term(
-                farm_store.clone(),
-                mirror.clone(),
-                term,
-                alerts.clone(),
-                "bench".into(),
-                farms::FarmOptions::default(),
-            )
-        },
-    ));
-
+    let server = serve(&db, port, true);
     wait_for("every pod", Duration::from_secs(600), async || {
-        pods(&*store).await.0 == want
+        pods(&store).await.0 == want
     })
     .await;
     let scheduled = started.elapsed();
     wait_for("every pod healthy", Duration::from_secs(600), async || {
-        pods(&*store).await.1 >= want
+        pods(&store).await.1 >= want
     })
     .await;
     let healthy = started.elapsed();
-    let (_, _, busiest) = pods(&*store).await;
+    let (_, _, busiest) = pods(&store).await;
     println!(
-        "{} RCs x {} replicas over {} nodes, from the farms' start: all {want} pods scheduled after {:.2?}; all healthy after {:.2?}; busiest node runs {busiest} pods",
+        "{} RCs x {} replicas over {} nodes, from the farm-running server's start: all {want} pods scheduled after {:.2?}; all healthy after {:.2?}; busiest node runs {busiest} pods",
         sizes.rcs, sizes.replicas, sizes.nodes, scheduled, healthy
     );
-    let rss = rss_mib();
-    println!(
-        "RSS of the process (server, mirror, farms and simulated nodes): {:.0} MiB now, {:.0} MiB at its peak",
-        rss.now, rss.peak
-    );
+    print_rss("after convergence", &server, &simulator);
 
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (rate, calls) = idle_rate(&counting, sizes.idle).await;
+    let (rate, calls) = idle_rate(&client, &base, sizes.idle).await;
     println!(
-        "idle with {} RCs: {rate:.2} store requests/s by the farms over {:.0?} {calls:?}",
+        "idle with {} RCs: {rate:.2} store requests/s by the server (mirror watches, farms, leader, the simulator's reports through the API) over {:.0?} {calls:?}",
         sizes.rcs, sizes.idle
+    );
+    print_rss(
+        &format!("after idling with {} RCs", sizes.rcs),
+        &server,
+        &simulator,
     );
 
     // Scale down to a tenth of the RCs and measure again.
@@ -367,15 +341,17 @@ async fn main() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (rate, calls) = idle_rate(&counting, sizes.idle).await;
+    let (rate, calls) = idle_rate(&client, &base, sizes.idle).await;
     println!(
-        "idle with {keep} RCs: {rate:.2} store requests/s by the farms over {:.0?} {calls:?}",
+        "idle with {keep} RCs: {rate:.2} store requests/s by the server (mirror watches, farms, leader, the simulator's reports through the API) over {:.0?} {calls:?}",
         sizes.idle
     );
+    print_rss(
+        &format!("after idling with {keep} RCs"),
+        &server,
+        &simulator,
+    );
 
-    shutdown.cancel();
-    let _ = simulator.await;
-    let _ = farms.await;
-    mirror_tasks.wait().await;
-    let _ = server.await;
+    simulator.stop();
+    server.stop();
 }
