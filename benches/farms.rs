@@ -47,7 +47,9 @@ fn sizes() -> Sizes {
         nodes: 1000,
         rcs: 100,
         replicas: 10,
-        idle: Duration::from_secs(30),
+        // The mirror's watches of quiet trees end every 60 s: a shorter window may catch
+        // none of them, or all.
+        idle: Duration::from_secs(60),
     };
     let args: Vec<String> = std::env::args().collect();
     for pair in args.windows(2) {
