@@ -31,39 +31,65 @@ pub struct Page<T> {
 impl Paging {
     /// Cuts one page out of `items`, which must be sorted by `key` ascending.
     pub fn page<T>(&self, items: Vec<T>, key: impl Fn(&T) -> &str) -> Page<T> {
-        self.cut(items, key, |item, after| item > after)
+        self.cut(items, key, |item, after| item > after, Some)
     }
 
     /// Cuts one page out of `items`, sorted by `key` descending (newest first, for
     /// time-sortable keys): the next page starts below the token's key.
     pub fn page_descending<T>(&self, items: Vec<T>, key: impl Fn(&T) -> &str) -> Page<T> {
-        self.cut(items, key, |item, after| item < after)
+        self.cut(items, key, |item, after| item < after, Some)
     }
 
-    /// The items `beyond` the token's key, at most `limit` of them.
-    fn cut<T>(
+    /// [`Paging::page`] of what `decode` makes of `items`, leaving out those it cannot
+    /// decode; only as many are decoded as the page needs, so a page's cost does not grow
+    /// with the items past it.
+    pub fn page_decoded<T, U>(
+        &self,
+        items: Vec<T>,
+        key: impl Fn(&T) -> &str,
+        decode: impl FnMut(T) -> Option<U>,
+    ) -> Page<U> {
+        self.cut(items, key, |item, after| item > after, decode)
+    }
+
+    /// The items `beyond` the token's key that `decode` keeps, at most `limit` of them; a
+    /// continue token when one more is kept past them.
+    fn cut<T, U>(
         &self,
         items: Vec<T>,
         key: impl Fn(&T) -> &str,
         beyond: impl Fn(&str, &str) -> bool,
-    ) -> Page<T> {
-        let mut rest: Vec<T> = match &self.after {
-            Some(after) => items
-                .into_iter()
-                .filter(|i| beyond(key(i), after.as_str()))
-                .collect(),
-            None => items,
-        };
+        mut decode: impl FnMut(T) -> Option<U>,
+    ) -> Page<U> {
         let limit = self.limit.unwrap_or(usize::MAX);
-        let continue_token = if rest.len() > limit {
-            rest.truncate(limit);
-            rest.last().map(|last| encode(key(last)))
-        } else {
-            None
-        };
+        let mut kept = Vec::new();
+        let mut last_key = None;
+        for item in items {
+            if let Some(after) = &self.after {
+                if !beyond(key(&item), after) {
+                    continue;
+                }
+            }
+            let item_key = (kept.len() < limit).then(|| key(&item).to_owned());
+            let Some(decoded) = decode(item) else {
+                continue;
+            };
+            match item_key {
+                Some(item_key) => {
+                    kept.push(decoded);
+                    last_key = Some(item_key);
+                }
+                None => {
+                    return Page {
+                        items: kept,
+                        continue_token: last_key.as_deref().map(encode),
+                    }
+                }
+            }
+        }
         Page {
-            items: rest,
-            continue_token,
+            items: kept,
+            continue_token: None,
         }
     }
 }
@@ -98,6 +124,40 @@ mod tests {
             }
         }
         assert_eq!(seen, items);
+    }
+
+    /// Items that do not decode are left out of full pages, and a page decodes only up to
+    /// the first kept item past it.
+    #[test]
+    fn decoded_pages_are_full_and_decode_only_what_they_need() {
+        let items: Vec<String> = (0..10).map(|i| format!("item-{i}")).collect();
+        let mut paging = Paging {
+            limit: Some(3),
+            after: None,
+        };
+        let mut seen = Vec::new();
+        loop {
+            let mut decoded = Vec::new();
+            let page = paging.page_decoded(
+                items.clone(),
+                |s| s.as_str(),
+                |s| {
+                    decoded.push(s.clone());
+                    (!s.ends_with('4')).then_some(s)
+                },
+            );
+            assert!(decoded.len() <= 5, "decoded {decoded:?}");
+            if page.continue_token.is_some() {
+                assert_eq!(page.items.len(), 3);
+            }
+            seen.extend(page.items);
+            match page.continue_token {
+                Some(token) => paging.after = decode_token(&token),
+                None => break,
+            }
+        }
+        let kept: Vec<&String> = items.iter().filter(|s| !s.ends_with('4')).collect();
+        assert_eq!(seen.iter().collect::<Vec<_>>(), kept);
     }
 
     #[test]

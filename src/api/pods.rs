@@ -24,7 +24,7 @@ use crate::model::HealthState;
 use crate::state::Tree;
 use crate::store::health::{HealthEntry, HealthStore};
 use crate::store::pods::{
-    pod_labels_prefix, validate_node_name, validate_pod_id, PodStore, PodTree,
+    decode_entry, pod_labels_prefix, validate_node_name, validate_pod_id, PodStore, PodTree,
 };
 
 /// OpenAPI tag of the pod routes.
@@ -129,43 +129,45 @@ async fn list_pods(
     )
     .await?;
     let pods = PodStore::new(kv.clone());
-    let (intent_index, intents) = pods.list(PodTree::Intent, node).await?;
+    let (intent_index, intents) = pods.locate(PodTree::Intent, node).await?;
     let (labels_index, mut labels) = pods.list_labels(node).await?;
     let (health_index, health) = read_health(&HealthStore::new(kv), pod_id).await?;
 
     // Keyed so that string order is node-then-pod order: '\0' sorts below any character a
-    // node name can hold, unlike '/', which sorts after '-' and '.'.
+    // node name can hold, unlike '/', which sorts after '-' and '.'. Only the page's
+    // manifests are decoded.
     let items = intents
         .into_iter()
-        .filter(|entry| pod_id.is_none_or(|id| entry.pod.pod_id() == id))
-        .filter_map(|entry| {
+        .filter(|(pod, _)| pod_id.is_none_or(|id| pod.pod_id() == id))
+        .filter_map(|(pod, pair)| {
             let pod_labels = labels
-                .remove(&entry.pod)
+                .remove(&pod)
                 .map(|record| record.value)
                 .unwrap_or_default();
             if !query.selector.matches(&pod_labels) {
                 return None;
             }
-            let key = format!("{}\0{}", entry.pod.node(), entry.pod.pod_id());
+            let key = format!("{}\0{}", pod.node(), pod.pod_id());
+            Some((key, pod, pod_labels, pair))
+        })
+        .collect();
+    let page = query.paging.page_decoded(
+        items,
+        |(key, ..)| key,
+        |(_, pod, labels, pair)| {
+            let entry = decode_entry(pod, &pair)?;
             let result = health
                 .get(&(entry.pod.pod_id().to_owned(), entry.pod.node().to_owned()))
                 .map(HealthEntry::state);
-            let health = HealthState::of(result);
-            let pod = Pod {
-                labels: pod_labels,
+            Some(Pod {
+                labels,
                 node: entry.pod.node().to_owned(),
                 pod_id: entry.pod.pod_id().to_owned(),
-                health,
+                health: HealthState::of(result),
                 manifest_sha: entry.manifest.sha(),
-            };
-            Some((key, pod))
-        })
-        .collect();
-    let keyed = query.paging.page(items, |(key, _)| key);
-    let page = Page {
-        items: keyed.items.into_iter().map(|(_, pod)| pod).collect(),
-        continue_token: keyed.continue_token,
-    };
+            })
+        },
+    );
     let index = intent_index.max(labels_index).max(health_index);
     Ok(([index_header(index)], ApiJson(page)))
 }

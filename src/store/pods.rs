@@ -189,18 +189,30 @@ impl PodStore {
         tree: PodTree,
         node: Option<&str>,
     ) -> StoreResult<(u64, Vec<PodEntry>)> {
+        let (index, located) = self.locate(tree, node).await?;
+        let pods = located
+            .into_iter()
+            .filter_map(|(pod, pair)| decode_entry(pod, &pair))
+            .collect();
+        Ok((index, pods))
+    }
+
+    /// [`PodStore::list`] before the manifests are decoded ([`decode_entry`]), so that a
+    /// caller answering one page decodes only that page's.
+    pub async fn locate(
+        &self,
+        tree: PodTree,
+        node: Option<&str>,
+    ) -> StoreResult<(u64, Vec<(PodLocation, KvPair)>)> {
         check_node_filter(node)?;
         let listing = self.kv.list(&tree.prefix(node)).await?;
-        let mut pods: Vec<PodEntry> = listing
+        let mut located: Vec<(PodLocation, KvPair)> = listing
             .pairs
-            .iter()
-            .filter_map(|pair| {
-                let pod = location_under(tree.root(), &pair.key)?;
-                decode_entry(pod, pair)
-            })
+            .into_iter()
+            .filter_map(|pair| Some((location_under(tree.root(), &pair.key)?, pair)))
             .collect();
-        pods.sort_by(|a, b| a.pod.cmp(&b.pod));
-        Ok((listing.index, pods))
+        located.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok((listing.index, located))
     }
 
     /// The labels of every pod, all or one node's, with the listing's index. A pod without
@@ -311,7 +323,8 @@ fn location_under(root: &str, key: &str) -> Option<PodLocation> {
     PodLocation::from_key_segments(node, pod_id)
 }
 
-fn decode_entry(pod: PodLocation, pair: &KvPair) -> Option<PodEntry> {
+/// The pod `pair` holds at `pod`; `None` (logged) when its manifest does not decode.
+pub fn decode_entry(pod: PodLocation, pair: &KvPair) -> Option<PodEntry> {
     let text = match std::str::from_utf8(&pair.value) {
         Ok(text) => text,
         Err(e) => {
