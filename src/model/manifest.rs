@@ -9,7 +9,9 @@
 mod p2_yaml;
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{LazyLock, Mutex, PoisonError};
 
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
@@ -45,10 +47,40 @@ pub struct HealthCheck {
     pub http: bool,
 }
 
+/// The manifests parsed lately, by their text: every replica of an RC stores the same
+/// manifest, and each pod listing and farm pass decodes the stored ones again, so a text
+/// is parsed once rather than on every read. Emptied once it holds [`PARSED_BYTES`].
+static PARSED: LazyLock<Mutex<Parsed>> = LazyLock::new(Mutex::default);
+
+/// The text [`PARSED`] may hold, counted twice (the key and the manifest's own copy).
+const PARSED_BYTES: usize = 8 << 20;
+
+#[derive(Default)]
+struct Parsed {
+    by_text: HashMap<String, Manifest>,
+    bytes: usize,
+}
+
 impl Manifest {
     /// Parses and validates manifest text, plain YAML or PGP clear-signed YAML, returning
     /// every validation problem at once.
     pub fn parse(raw: &str) -> Result<Manifest, Vec<FieldError>> {
+        let lock = || PARSED.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(parsed) = lock().by_text.get(raw) {
+            return Ok(parsed.clone());
+        }
+        let parsed = Manifest::parse_text(raw)?;
+        let mut memo = lock();
+        if memo.bytes + 2 * raw.len() > PARSED_BYTES {
+            *memo = Parsed::default();
+        }
+        memo.bytes += 2 * raw.len();
+        memo.by_text.insert(raw.to_owned(), parsed.clone());
+        Ok(parsed)
+    }
+
+    /// [`Manifest::parse`], without the memo.
+    fn parse_text(raw: &str) -> Result<Manifest, Vec<FieldError>> {
         if raw.trim().is_empty() {
             return Err(vec![FieldError::new("manifest", "is empty")]);
         }
@@ -458,6 +490,19 @@ mod tests {
     use super::*;
 
     const HELLO: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_3881c78e.tar.gz\nconfig:\n  ENVIRONMENT: production\nstatus:\n  port: 43770\n  http: true\n";
+
+    #[test]
+    fn a_text_parsed_again_comes_from_the_memo_and_invalid_ones_are_not_kept() {
+        let raw = format!("{HELLO}# remembered\n");
+        let first = Manifest::parse(&raw).unwrap();
+        let held = |raw: &str| PARSED.lock().unwrap().by_text.contains_key(raw);
+        assert!(held(&raw));
+        let again = Manifest::parse(&raw).unwrap();
+        assert_eq!((again.raw(), again.sha()), (first.raw(), first.sha()));
+        assert!(Manifest::parse("id: [").is_err());
+        assert!(!held("id: ["));
+        assert!(PARSED.lock().unwrap().bytes <= PARSED_BYTES);
+    }
 
     fn errors(raw: &str) -> Vec<String> {
         Manifest::parse(raw)
