@@ -59,8 +59,13 @@ pub const RESYNC: Duration = Duration::from_secs(30);
 
 /// How many objects a farm's pass writes for at once: their transactions then share the
 /// store's commits (SQLite's group commit, Consul's raft batches) instead of each waiting
-/// for the one before.
-pub const CONCURRENT_OBJECTS: usize = 16;
+/// for the one before, and hold their own among the API's writes. Under the 200
+/// connections a Consul agent allows one client by default.
+pub const CONCURRENT_OBJECTS: usize = 128;
+
+/// The [`Farm::PACE`] of the farms that keep the store tidy (stale locks, retention): work
+/// that can wait a second.
+pub const HOUSEKEEPING_PACE: Duration = Duration::from_secs(1);
 
 /// Settings of the farms that come from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -312,6 +317,11 @@ pub trait Farm: Send {
     /// The lock tree of the objects it owns, if it owns any (for the owned-objects metric).
     const OWNERSHIP_LOCKS: Option<&'static str> = None;
 
+    /// The shortest time from one pass to the next: a farm whose work is not urgent looks
+    /// at a storm of changes a few times, rather than once per change (each pass reads
+    /// whole trees of the mirror).
+    const PACE: Duration = Duration::ZERO;
+
     /// Its per-object backoff (for the error and queue metrics).
     fn retries(&self) -> &Retries;
 
@@ -355,6 +365,12 @@ pub async fn drive<F: Farm>(mut farm: F, ctx: Arc<FarmContext>, mut trees: Trees
             },
         );
         failures = retries.failures();
+        if !F::PACE.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep_until(started + F::PACE) => {}
+                () = ctx.cancel.cancelled() => break,
+            }
+        }
         tokio::select! {
             () = trees.changed() => {}
             () = tokio::time::sleep_until(wake) => {}

@@ -7,7 +7,7 @@
 //! absent), fenced on leadership, so nothing newer is ever undone.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
@@ -43,6 +43,7 @@ impl RetentionFarm {
 
 impl Farm for RetentionFarm {
     const NAME: &'static str = "retention";
+    const PACE: Duration = super::HOUSEKEEPING_PACE;
 
     fn retries(&self) -> &Retries {
         &self.retries

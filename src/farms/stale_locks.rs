@@ -8,6 +8,8 @@
 //! Each such key is deleted with a CAS on the index it was seen at, so that a concurrent
 //! acquire is never undone.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use crate::kv::TxnOp;
@@ -24,6 +26,7 @@ pub struct StaleLockFarm {
 
 impl Farm for StaleLockFarm {
     const NAME: &'static str = "stale-locks";
+    const PACE: Duration = super::HOUSEKEEPING_PACE;
 
     fn retries(&self) -> &Retries {
         &self.retries
