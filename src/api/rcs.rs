@@ -421,10 +421,21 @@ async fn patch_rc(
     let patch = RcPatch::parse(patch, &app.validation).map_err(ApiError::invalid)?;
     let store = app.rcs();
     let (state, store, id, patch, actor) = (&app, &store, &id, &patch, &actor);
+    let first_attempt = std::sync::atomic::AtomicBool::new(true);
+    let first_attempt = &first_attempt;
     let record = update_with_retry(
         &describe(id),
         expected,
-        || read(store, id),
+        || async move {
+            // The mirror serves the first attempt: the write's check-and-set refuses a
+            // version it no longer holds, and the attempts after read the store.
+            if first_attempt.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                if let Some(record) = mirrored_record(state, id, expected).await {
+                    return Ok(record);
+                }
+            }
+            read(store, id).await
+        },
         |record| async move {
             let mut with = unclaimed(state, id).await?;
             let mut rc = record.value.clone();
@@ -616,6 +627,24 @@ fn mirrored_list(mirror: &Mirror, query: &ListQuery<ConsistentFilter>) -> Respon
         .collect();
     let page = query.paging.page(items, |view: &RcView| &view.id);
     ([index_header(index)], ApiJson(page)).into_response()
+}
+
+/// The RC as the mirror holds it, when it can be trusted and holds the RC (at version
+/// `expected`, if given: another version may only mean the mirror lags).
+async fn mirrored_record(app: &AppState, id: &str, expected: Option<u64>) -> Option<RcRecord> {
+    let Source::Mirror(mirror) = source(app, &RC_TREES, &[], false, Blocking::default()).await
+    else {
+        return None;
+    };
+    let entry = mirror.get(&layout::rc(id))?;
+    let record = rcs::from_entry(&entry).ok()?;
+    let record = Versioned {
+        value: StoredRc::clone(&record.value),
+        index: record.index,
+    };
+    expected
+        .is_none_or(|expected| expected == record.index)
+        .then_some(record)
 }
 
 /// The view of an RC just written (or found unchanged by a write), and the index it

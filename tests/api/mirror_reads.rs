@@ -309,7 +309,8 @@ async fn every_read_of_rolls_and_daemon_sets_is_served_from_the_mirror() {
 }
 
 /// The answer to an RC patch shows the patch, and the RC's pods as the mirror holds them,
-/// at an `X-Index` at least the write's; the patch lists no tree at all.
+/// at an `X-Index` at least the write's; the patch lists no tree at all, and reads the RC
+/// from the mirror.
 #[tokio::test]
 async fn a_patch_answers_with_its_write_and_the_pods_from_the_mirror() {
     let (app, counting) = counted(MirrorConfig::default()).await;
@@ -320,6 +321,7 @@ async fn a_patch_answers_with_its_write_and_the_pods_from_the_mirror() {
             .await;
     }
     let listed_before = counting.listed().len();
+    let read_before = counting.read().len();
     let patched = app
         .merge_patch(
             &format!("/api/v1/rcs/{id}"),
@@ -332,6 +334,13 @@ async fn a_patch_answers_with_its_write_and_the_pods_from_the_mirror() {
     // either (the checks that no roll names the RC read the mirror).
     let listed = counting.listed().split_off(listed_before);
     assert!(listed.is_empty(), "the patch listed {listed:?}");
+    let read = counting.read().split_off(read_before);
+    assert!(
+        !read
+            .iter()
+            .any(|key| key.ends_with(&format!("replication_controllers/{id}"))),
+        "the patch read the RC from the store: {read:?}"
+    );
     let view = patched.json();
     assert_eq!(view["replicas_desired"], 2);
     assert_eq!(

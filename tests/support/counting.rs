@@ -17,6 +17,8 @@ pub struct Counting {
     calls: AtomicUsize,
     /// The prefix of every listing (of pairs or keys), in order.
     listed: Mutex<Vec<String>>,
+    /// The key of every single-key read, in order.
+    read: Mutex<Vec<String>>,
     /// Watches waiting for the store's answer now, and the most there have been at once.
     watching: AtomicUsize,
     most_watching: AtomicUsize,
@@ -29,6 +31,7 @@ impl Counting {
             inner,
             calls: AtomicUsize::new(0),
             listed: Mutex::default(),
+            read: Mutex::default(),
             watching: AtomicUsize::new(0),
             most_watching: AtomicUsize::new(0),
             watches_fail: AtomicBool::new(false),
@@ -38,6 +41,11 @@ impl Counting {
     /// How many calls other than watches the store has had.
     pub fn calls(&self) -> usize {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// The keys read one by one so far, in order.
+    pub fn read(&self) -> Vec<String> {
+        self.read.lock().unwrap().clone()
     }
 
     /// The prefixes listed so far (pairs or keys), in order.
@@ -87,6 +95,7 @@ impl Drop for Watching<'_> {
 impl KvStore for Counting {
     async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
         self.count();
+        self.read.lock().unwrap().push(key.to_owned());
         self.inner.get(key).await
     }
     async fn list(&self, prefix: &str) -> StoreResult<Listing> {
