@@ -14,7 +14,10 @@
 //!   and the delay from sending a PATCH to each watcher receiving its change, beside the
 //!   PATCH's own round trip in the same run;
 //! - `GET /api/v1/rcs/{id}` with a large fleet (10,000 RCs of 10 pods over 10,000 nodes by
-//!   default), as a ratio to the same GET with 100 RCs.
+//!   default), as a ratio to the same GET with 100 RCs;
+//! - with `CONSUL_HTTP_ADDR` set (and `CONSUL_HTTP_TOKEN` if the agent needs one): GET one
+//!   RC (100 RCs) from a server on that Consul, as a ratio to a raw Consul KV GET of the
+//!   same key.
 //!
 //! Sizes and durations can be changed:
 //! `cargo bench --bench api -- --secs 5 --connections 64 --watchers 100 --large-rcs 1000`.
@@ -23,6 +26,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use p2_apiserver::app::{App, HttpLimits};
+use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore};
+use p2_apiserver::kv::prefixed::Prefixed;
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{KvStore, TxnOp, MAX_TXN_OPS};
 use p2_apiserver::server;
@@ -87,7 +92,7 @@ struct Served {
     first_rc: String,
     rcs: Vec<String>,
     stop: CancellationToken,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Drop for Served {
@@ -101,6 +106,11 @@ async fn serve(rcs: usize) -> Served {
     let path = dir.path().join("p2.db");
     let store: Arc<dyn KvStore> =
         Arc::new(SqliteStore::open(path.to_str().unwrap()).await.unwrap());
+    serve_on(store, rcs, Some(dir)).await
+}
+
+/// [`serve`] on `store`; `dir` (where the store lives, if anywhere) is kept as long.
+async fn serve_on(store: Arc<dyn KvStore>, rcs: usize, dir: Option<tempfile::TempDir>) -> Served {
     let nodes = rcs.max(1_000);
     let started = Instant::now();
     let ids = populate(store.as_ref(), rcs, nodes).await;
@@ -184,6 +194,42 @@ fn set(key: String, value: serde_json::Value) -> TxnOp {
         key,
         value: value.to_string().into_bytes(),
     }
+}
+
+/// With `CONSUL_HTTP_ADDR` set: GET one RC from a server on that Consul (its fleet written
+/// under a prefix of its own, deleted afterwards), beside a raw Consul KV GET of the same key.
+async fn measure_consul(connections: usize, secs: u64) {
+    let Some(config) = ConsulConfig::from_env() else {
+        println!("GET one RC on Consul: skipped, CONSUL_HTTP_ADDR is not set");
+        return;
+    };
+    let config = config.unwrap_or_else(|why| panic!("{why}"));
+    let agent = config.base_url.clone();
+    let token = config.token.clone();
+    let consul: Arc<dyn KvStore> = Arc::new(ConsulStore::new(config).unwrap());
+    let prefix = format!("p2-apiserver-bench/{}/", uuid::Uuid::new_v4());
+    let store = Arc::new(Prefixed::new(consul.clone(), prefix.clone()).unwrap());
+    let served = serve_on(store, SMALL_RCS, None).await;
+    let key = format!("{prefix}replication_controllers/{}", served.first_rc);
+    let raw_url = format!("{agent}/v1/kv/{key}");
+    let raw = measure_with(connections, secs, move |client, _| {
+        let request = client.get(&raw_url);
+        match &token {
+            Some(token) => request.header("X-Consul-Token", token),
+            None => request,
+        }
+    })
+    .await;
+    report("raw Consul KV GET of one RC (reference)", &raw, None);
+    let rc_url = format!("{}/api/v1/rcs/{}", served.base, served.first_rc);
+    let one = measure(&rc_url, connections, secs).await;
+    report(
+        "GET one RC on Consul (100 RCs)",
+        &one,
+        Some(("raw Consul KV GET", &raw)),
+    );
+    drop(served);
+    consul.delete_prefix(&prefix).await.unwrap();
 }
 
 /// What one figure measured.
@@ -522,5 +568,7 @@ fn main() {
             "peak RSS of the process (server, mirror and load generator): {:.0} MiB",
             rss_mib().peak
         );
+        drop(large);
+        measure_consul(c, secs).await;
     });
 }

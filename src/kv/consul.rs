@@ -32,6 +32,30 @@ pub struct ConsulConfig {
     pub datacenter: Option<String>,
 }
 
+impl ConsulConfig {
+    /// The agent `CONSUL_HTTP_ADDR` names, read as Consul's own tools read it (`HOST:PORT`
+    /// or an `http(s)://` URL), with `CONSUL_HTTP_TOKEN`; `None` when it names none.
+    pub fn from_env() -> Option<Result<ConsulConfig, String>> {
+        let addr = std::env::var("CONSUL_HTTP_ADDR").ok()?;
+        let url = if addr.contains("://") {
+            addr.replacen("http://", "consul://", 1)
+                .replacen("https://", "consul+https://", 1)
+        } else {
+            format!("consul://{addr}")
+        };
+        Some(match url.parse() {
+            Ok(super::StoreUrl::Consul { base_url }) => Ok(ConsulConfig {
+                base_url,
+                token: std::env::var("CONSUL_HTTP_TOKEN").ok(),
+                datacenter: None,
+            }),
+            _ => Err(format!(
+                "CONSUL_HTTP_ADDR={addr:?} is not HOST:PORT or an http(s) URL"
+            )),
+        })
+    }
+}
+
 /// Time limits of the HTTP client, kept apart from [`ConsulConfig`] because only tests and
 /// unusual deployments need to change them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::fake_consul;
 
+use p2_apiserver::kv::consul::ConsulConfig;
 use p2_apiserver::kv::{
     open_store, Cas, ConsulOptions, KvPair, KvStore, Listing, PrefixUpdate, SessionBehavior,
     SessionSpec, StoreError, StoreUrl, TxnOp, WatchTarget, MAX_TXN_OPS, MAX_VALUE_BYTES,
@@ -86,7 +87,7 @@ async fn consul_fake() -> Option<Subject> {
 }
 
 async fn consul() -> Option<Subject> {
-    let Ok(addr) = std::env::var("CONSUL_HTTP_ADDR") else {
+    let Some(config) = ConsulConfig::from_env() else {
         static NOTICE: std::sync::Once = std::sync::Once::new();
         // Written past the test harness's capture so that the skip is always visible.
         NOTICE.call_once(|| {
@@ -97,17 +98,15 @@ async fn consul() -> Option<Subject> {
         });
         return None;
     };
-    let url = if addr.contains("://") {
-        addr.replacen("http://", "consul://", 1)
-            .replacen("https://", "consul+https://", 1)
-    } else {
-        format!("consul://{addr}")
-    };
+    let config = config.unwrap_or_else(|why| panic!("{why}"));
     let options = ConsulOptions {
-        token: std::env::var("CONSUL_HTTP_TOKEN").ok(),
+        token: config.token,
         datacenter: None,
     };
-    let store = open_store(&url.parse().unwrap(), options).await.unwrap();
+    let url = StoreUrl::Consul {
+        base_url: config.base_url,
+    };
+    let store = open_store(&url, options).await.unwrap();
     Some(Subject {
         store,
         prefix: prefix(),

@@ -26,7 +26,7 @@ use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
 use p2_apiserver::kv::metered::Metered;
 use p2_apiserver::kv::prefixed::Prefixed;
 use p2_apiserver::kv::sqlite::SqliteStore;
-use p2_apiserver::kv::{Cas, KvPair, KvStore, StoreUrl};
+use p2_apiserver::kv::{Cas, KvPair, KvStore};
 use p2_apiserver::labels::Labels;
 use p2_apiserver::model::Limits;
 use p2_apiserver::router;
@@ -281,10 +281,11 @@ fn consul() -> Option<&'static ConsulConfig> {
             let (config, notice) = if std::env::var("P2_TEST_FAKE_CONSUL").is_ok_and(|v| v == "1") {
                 let addr = shared_fake();
                 let notice = format!("a fake Consul agent at {addr} (P2_TEST_FAKE_CONSUL=1)");
-                (Some(consul_config(&addr)), notice)
-            } else if let Ok(addr) = std::env::var("CONSUL_HTTP_ADDR") {
-                let notice = format!("the Consul at {addr} (CONSUL_HTTP_ADDR)");
-                (Some(consul_config(&addr)), notice)
+                (Some(fake_config(&addr)), notice)
+            } else if let Some(config) = ConsulConfig::from_env() {
+                let config = config.unwrap_or_else(|why| panic!("{why}"));
+                let notice = format!("the Consul at {} (CONSUL_HTTP_ADDR)", config.base_url);
+                (Some(config), notice)
             } else {
                 let notice = "SQLite; set CONSUL_HTTP_ADDR to use Consul".to_string();
                 (None, notice)
@@ -295,20 +296,11 @@ fn consul() -> Option<&'static ConsulConfig> {
         .as_ref()
 }
 
-/// `CONSUL_HTTP_ADDR` as Consul's own tools read it: `HOST:PORT` or a URL.
-fn consul_config(addr: &str) -> ConsulConfig {
-    let url = if addr.contains("://") {
-        addr.replacen("http://", "consul://", 1)
-            .replacen("https://", "consul+https://", 1)
-    } else {
-        format!("consul://{addr}")
-    };
-    let Ok(StoreUrl::Consul { base_url }) = url.parse() else {
-        panic!("CONSUL_HTTP_ADDR={addr:?} is not HOST:PORT or an http(s) URL");
-    };
+/// The fake agent listening at `addr`.
+fn fake_config(addr: &str) -> ConsulConfig {
     ConsulConfig {
-        base_url,
-        token: std::env::var("CONSUL_HTTP_TOKEN").ok(),
+        base_url: format!("http://{addr}"),
+        token: None,
         datacenter: None,
     }
 }
@@ -335,7 +327,7 @@ fn shared_fake() -> String {
             let addr = fake.addr.to_string();
             // A key outside every namespace, so that even a lone test does not see the
             // indexes of an empty store.
-            consul_store(consul_config(&addr))
+            consul_store(fake_config(&addr))
                 .put("p2-apiserver-test-neighbour", b"", Cas::Any)
                 .await
                 .expect("write to the fake Consul");
