@@ -8,6 +8,7 @@
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::{OriginalUri, State};
@@ -421,7 +422,7 @@ async fn patch_rc(
     let patch = RcPatch::parse(patch, &app.validation).map_err(ApiError::invalid)?;
     let store = app.rcs();
     let (state, store, id, patch, actor) = (&app, &store, &id, &patch, &actor);
-    let first_attempt = std::sync::atomic::AtomicBool::new(true);
+    let first_attempt = AtomicBool::new(true);
     let first_attempt = &first_attempt;
     let record = update_with_retry(
         &describe(id),
@@ -429,7 +430,7 @@ async fn patch_rc(
         || async move {
             // The mirror serves the first attempt: the write's check-and-set refuses a
             // version it no longer holds, and the attempts after read the store.
-            if first_attempt.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            if first_attempt.swap(false, Ordering::Relaxed) {
                 if let Some(record) = mirrored_record(state, id, expected).await {
                     return Ok(record);
                 }
