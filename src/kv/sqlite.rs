@@ -769,55 +769,57 @@ impl WriteTxn {
             query.execute(&mut *conn).await.map_err(unavailable)?;
         }
         for keys in deleted.chunks(ROWS_PER_STATEMENT) {
-            let placeholders = vec!["?"; keys.len()].join(", ");
-            let tombstone = format!(
-                "INSERT INTO tombstones (key, delete_index, deleted_at_ms)
-                 SELECT key, ?, ? FROM kv WHERE key IN ({placeholders})
-                 ON CONFLICT (key) DO UPDATE SET delete_index = excluded.delete_index,
-                    deleted_at_ms = excluded.deleted_at_ms"
-            );
-            let delete = format!("DELETE FROM kv WHERE key IN ({placeholders})");
-            let mut tombstones = sqlx::query(&tombstone)
-                .bind(self.index as i64)
-                .bind(self.now_ms);
-            let mut deletes = sqlx::query(&delete);
-            for key in keys {
-                tombstones = tombstones.bind(key.as_bytes());
-                deletes = deletes.bind(key.as_bytes());
-            }
-            tombstones.execute(&mut *conn).await.map_err(unavailable)?;
-            deletes.execute(&mut *conn).await.map_err(unavailable)?;
+            let placeholders: Vec<String> = (1..=keys.len()).map(|n| format!("?{n}")).collect();
+            let filter = format!("key IN ({})", placeholders.join(", "));
+            let params: Vec<Option<&[u8]>> = keys.iter().map(|k| Some(k.as_bytes())).collect();
+            self.tombstone_where(&filter, &params).await?;
         }
         Ok(())
+    }
+
+    /// Deletes the rows `filter` selects (over parameters `?1` onwards, bound from `params`),
+    /// leaving tombstones so that watches see the deletes; how many it deleted.
+    async fn tombstone_where(
+        &mut self,
+        filter: &str,
+        params: &[Option<&[u8]>],
+    ) -> StoreResult<u64> {
+        let (index, now) = (params.len() + 1, params.len() + 2);
+        let tombstone = format!(
+            "INSERT INTO tombstones (key, delete_index, deleted_at_ms)
+             SELECT key, ?{index}, ?{now} FROM kv WHERE {filter}
+             ON CONFLICT (key) DO UPDATE SET delete_index = excluded.delete_index,
+                deleted_at_ms = excluded.deleted_at_ms"
+        );
+        let delete = format!("DELETE FROM kv WHERE {filter}");
+        let mut tombstones = sqlx::query(&tombstone);
+        let mut deletes = sqlx::query(&delete);
+        for param in params {
+            tombstones = tombstones.bind(*param);
+            deletes = deletes.bind(*param);
+        }
+        let tombstones = tombstones.bind(self.index as i64).bind(self.now_ms);
+        let conn = self.tx.writing();
+        let tombstoned = tombstones
+            .execute(&mut *conn)
+            .await
+            .map_err(unavailable)?
+            .rows_affected();
+        if tombstoned > 0 {
+            deletes.execute(&mut *conn).await.map_err(unavailable)?;
+        }
+        Ok(tombstoned)
     }
 
     /// Deletes every key under `prefix`, leaving tombstones so that watches see the deletes.
     async fn remove_prefix(&mut self, prefix: &str) -> StoreResult<()> {
         self.flush().await?;
         let (range, start, end) = prefix_range(prefix);
-        let index = self.index as i64;
-        let now_ms = self.now_ms;
-        let conn = self.tx.writing();
-        let tombstoned = sqlx::query(&format!(
-            "INSERT INTO tombstones (key, delete_index, deleted_at_ms)
-             SELECT key, ?3, ?4 FROM kv WHERE {range}
-             ON CONFLICT (key) DO UPDATE SET delete_index = excluded.delete_index,
-                deleted_at_ms = excluded.deleted_at_ms"
-        ))
-        .bind(&start[..])
-        .bind(end.as_deref())
-        .bind(index)
-        .bind(now_ms)
-        .execute(&mut *conn)
-        .await
-        .map_err(unavailable)?;
-        if tombstoned.rows_affected() > 0 {
-            sqlx::query(&format!("DELETE FROM kv WHERE {range}"))
-                .bind(&start[..])
-                .bind(end.as_deref())
-                .execute(&mut *conn)
-                .await
-                .map_err(unavailable)?;
+        if self
+            .tombstone_where(range, &[Some(&start), end.as_deref()])
+            .await?
+            > 0
+        {
             self.wrote = true;
             self.touched.ranges.push(prefix.to_owned());
         }
