@@ -328,8 +328,9 @@ async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResul
         return Ok(None);
     }
     let (range, start, end) = prefix_range(prefix);
+    let changed = ROWS.changed_since(&mut tx, index).await?;
     let rows = sqlx::query(&format!(
-        "SELECT {PAIR_COLUMNS} FROM kv WHERE {range} AND modify_index > ?3 ORDER BY key"
+        "SELECT {PAIR_COLUMNS} FROM {changed} AND {range} ORDER BY key"
     ))
     .bind(&start)
     .bind(&end)
@@ -337,8 +338,9 @@ async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResul
     .fetch_all(&mut *tx)
     .await
     .map_err(unavailable)?;
+    let deleted = TOMBSTONES.changed_since(&mut tx, index).await?;
     let deleted: Vec<(Vec<u8>, i64)> = sqlx::query_as(&format!(
-        "SELECT key, delete_index FROM tombstones WHERE {range} AND delete_index > ?3 ORDER BY key"
+        "SELECT key, delete_index FROM {deleted} AND {range} ORDER BY key"
     ))
     .bind(&start)
     .bind(&end)
@@ -359,6 +361,78 @@ async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResul
     }))
 }
 
+/// How many of the newest entries of a change index a read looks through before it reads the
+/// whole prefix instead: a busy prefix's latest changes are among them, and a quiet prefix
+/// costs this much more than reading it whole.
+const RECENT_CHANGES: i64 = 1024;
+
+/// A table whose entries carry the index of their last change, with an index on that
+/// (`migrations/0003_change_indexes.sql`), so that a prefix's recent changes are found
+/// without reading the prefix.
+struct ChangeTable {
+    table: &'static str,
+    by_change: &'static str,
+    column: &'static str,
+}
+
+const ROWS: ChangeTable = ChangeTable {
+    table: "kv",
+    by_change: "kv_by_change",
+    column: "modify_index",
+};
+
+const TOMBSTONES: ChangeTable = ChangeTable {
+    table: "tombstones",
+    by_change: "tombstones_by_change",
+    column: "delete_index",
+};
+
+impl ChangeTable {
+    /// An SQL expression for the highest index under the prefix `range` (0 if none), `?3`
+    /// bound to [`RECENT_CHANGES`]: looked for among the newest entries of the change index,
+    /// and only if none is under the prefix, in the prefix itself (SQLite's `coalesce` stops
+    /// at its first non-null argument).
+    fn newest(&self, range: &str) -> String {
+        let ChangeTable {
+            table,
+            by_change,
+            column,
+        } = self;
+        format!(
+            "coalesce(
+                (SELECT max({column}) FROM (SELECT key, {column} FROM {table} INDEXED BY {by_change}
+                    ORDER BY {column} DESC LIMIT ?3) WHERE {range}),
+                (SELECT max({column}) FROM {table} WHERE {range}),
+                0)"
+        )
+    }
+
+    /// `FROM ... WHERE <entries changed after ?3>`, to be narrowed to a prefix: through the
+    /// change index when few entries of any prefix changed after `index`, else through the
+    /// key (the `+` keeps SQLite from the change index), which reads the prefix whole.
+    async fn changed_since(&self, conn: &mut SqliteConnection, index: u64) -> StoreResult<String> {
+        let ChangeTable {
+            table,
+            by_change,
+            column,
+        } = self;
+        let recent: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM (SELECT 1 FROM {table} INDEXED BY {by_change}
+                WHERE {column} > ?1 LIMIT ?2)"
+        ))
+        .bind(index as i64)
+        .bind(RECENT_CHANGES)
+        .fetch_one(conn)
+        .await
+        .map_err(unavailable)?;
+        Ok(if recent < RECENT_CHANGES {
+            format!("{table} INDEXED BY {by_change} WHERE {column} > ?3")
+        } else {
+            format!("{table} WHERE +{column} > ?3")
+        })
+    }
+}
+
 /// The condition selecting the keys under `prefix` (a byte range served by the primary key),
 /// with its two bounds to bind as `?1` and `?2`.
 fn prefix_range(prefix: &str) -> (&'static str, Vec<u8>, Option<Vec<u8>>) {
@@ -372,18 +446,16 @@ fn prefix_range(prefix: &str) -> (&'static str, Vec<u8>, Option<Vec<u8>>) {
 }
 
 /// The index of a prefix: the highest index of any change under it (deletes included),
-/// computed inside SQLite, so asking costs no row of the prefix.
+/// computed inside SQLite, so asking returns no row of the prefix.
 async fn prefix_index(conn: &mut SqliteConnection, prefix: &str) -> StoreResult<u64> {
     let (range, start, end) = prefix_range(prefix);
+    let (rows, tombstones) = (ROWS.newest(range), TOMBSTONES.newest(range));
     let index: i64 = sqlx::query_scalar(&format!(
-        "SELECT max(
-            coalesce((SELECT max(modify_index) FROM kv WHERE {range}), 0),
-            coalesce((SELECT max(delete_index) FROM tombstones WHERE {range}), 0),
-            (SELECT value FROM meta WHERE name = 'reaped_index'),
-            1)"
+        "SELECT max({rows}, {tombstones}, (SELECT value FROM meta WHERE name = 'reaped_index'), 1)"
     ))
     .bind(&start)
     .bind(&end)
+    .bind(RECENT_CHANGES)
     .fetch_one(conn)
     .await
     .map_err(unavailable)?;
@@ -1405,6 +1477,7 @@ impl KvStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::MAX_TXN_OPS;
 
     #[test]
     fn prefix_end_bounds_every_key_with_the_prefix() {
@@ -1472,6 +1545,57 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(update, PrefixUpdate::Whole(l) if l.pairs.len() == 50));
+    }
+
+    /// A busy prefix's index and changes are found among the newest changes of the store; a
+    /// prefix behind more than `RECENT_CHANGES` newer writes and deletes elsewhere is read
+    /// whole instead. Both ways give the same answers.
+    #[tokio::test]
+    async fn a_quiet_prefix_behind_many_newer_changes_elsewhere_keeps_its_index_and_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        store.put("quiet/a", b"v", Cas::Any).await.unwrap();
+        store.put("quiet/b", b"v", Cas::Any).await.unwrap();
+        let listed = store.list("quiet/").await.unwrap().index;
+        store.put("quiet/a", b"new", Cas::Any).await.unwrap();
+        store.delete("quiet/b", Cas::Any).await.unwrap();
+        let recent_index = store.prefix_index("quiet/").await.unwrap();
+        let recent_changes = store
+            .watch_changes("quiet/", listed, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(
+            matches!(&recent_changes, PrefixUpdate::Since(c) if c.changed.len() == 1 && c.deleted.len() == 1)
+        );
+
+        let busy = (0..RECENT_CHANGES + 10).map(|i| format!("busy/{i:05}"));
+        for keys in busy.collect::<Vec<_>>().chunks(MAX_TXN_OPS) {
+            let ops = keys.iter().map(|key| TxnOp::Set {
+                key: key.clone(),
+                value: b"v".to_vec(),
+            });
+            store.txn(&ops.collect::<Vec<_>>()).await.unwrap();
+        }
+        let written = store.prefix_index("busy/").await.unwrap();
+        store.delete_prefix("busy/").await.unwrap();
+        let busy_index = store.prefix_index("busy/").await.unwrap();
+        assert!(busy_index > written);
+
+        assert_eq!(store.prefix_index("quiet/").await.unwrap(), recent_index);
+        let quiet_changes = store
+            .watch_changes("quiet/", listed, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(quiet_changes, recent_changes);
+        let busy_changes = store
+            .watch_changes("busy/", written, Duration::ZERO)
+            .await
+            .unwrap();
+        let PrefixUpdate::Since(busy_changes) = busy_changes else {
+            panic!("a listing where the changes were asked for: {busy_changes:?}");
+        };
+        assert_eq!(busy_changes.index, busy_index);
+        assert_eq!(busy_changes.deleted.len() as i64, RECENT_CHANGES + 10);
     }
 
     fn touched(keys: &[&str], ranges: &[&str]) -> Touched {
