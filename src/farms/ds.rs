@@ -46,7 +46,7 @@ use crate::store::layout::{self, LEADER_LOCK};
 
 use super::conditions::Published;
 use super::pods::{pod_health, same_manifest, schedule_ops, unschedule_ops};
-use super::world::{PodKey, Versioned, World};
+use super::world::{pod_key, PodKey, Shared, World};
 use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
 
 /// Nodes changed per transaction: 2 ops each plus the fence, well under the 64-op limit.
@@ -173,7 +173,7 @@ impl DsFarm {
         world: &World,
         disabled_now: &mut HashSet<String>,
         id: &str,
-        ds: &Versioned<StoredDaemonSet>,
+        ds: &Shared<StoredDaemonSet>,
     ) -> FarmResult<Option<Instant>> {
         let lock = layout::ds_ownership(id);
         if !ds.value.disabled {
@@ -196,7 +196,7 @@ impl DsFarm {
             // Contended: it would contend if it were enabled, so it stays disabled.
             let enabled = StoredDaemonSet {
                 disabled: false,
-                ..ds.value.clone()
+                ..StoredDaemonSet::clone(&ds.value)
             };
             let rival = contender(world, id, &enabled, |other_id, _| {
                 !disabled_now.contains(other_id)
@@ -254,7 +254,7 @@ impl DsFarm {
         &mut self,
         ctx: &FarmContext,
         id: &str,
-        ds: &Versioned<StoredDaemonSet>,
+        ds: &Shared<StoredDaemonSet>,
         facts: &DsFacts,
     ) -> FarmResult<()> {
         let lock = layout::ds_ownership(id);
@@ -293,8 +293,8 @@ impl DsFarm {
     /// failsafes described in the module docs.
     async fn clean_dangling(&mut self, ctx: &FarmContext, world: &World) {
         let mut dangling: BTreeMap<&str, Vec<PodKey>> = BTreeMap::new();
-        for (pod, labels) in &world.pod_labels.items {
-            if let Some(ds_id) = labels.value.get(DS_ID_LABEL) {
+        for (pod, labels) in world.labelled_pods() {
+            if let Some(ds_id) = labels.get(DS_ID_LABEL) {
                 if !world.daemon_sets.items.contains_key(ds_id) {
                     dangling.entry(ds_id).or_default().push(pod.clone());
                 }
@@ -343,7 +343,7 @@ impl DsFarm {
                 .insert(ds_id.to_owned(), Instant::now() + RECHECK_PRESENT);
             return Ok(());
         }
-        let mut nodes: BTreeSet<&str> = pods.iter().map(|(node, _)| node.as_str()).collect();
+        let mut nodes: BTreeSet<&str> = pods.iter().map(|(node, _)| &**node).collect();
         for batch in pods.chunks(NODES_PER_TXN) {
             let before = nodes.clone();
             let mut ops: Vec<TxnOp> = batch
@@ -351,7 +351,7 @@ impl DsFarm {
                 .flat_map(|pod| unschedule_ops(world, pod, &[DS_ID_LABEL]))
                 .collect();
             for (node, _) in batch {
-                nodes.remove(node.as_str());
+                nodes.remove(&**node);
             }
             let event = nodes_event(ctx, ds_id, &before, &nodes);
             ops.extend(ctx.record(&event).await?);
@@ -390,8 +390,8 @@ fn older_contender<'w>(
     world: &'w World,
     disabled_now: &HashSet<String>,
     id: &str,
-    ds: &Versioned<StoredDaemonSet>,
-) -> Option<(&'w str, &'w Versioned<StoredDaemonSet>)> {
+    ds: &Shared<StoredDaemonSet>,
+) -> Option<(&'w str, &'w Shared<StoredDaemonSet>)> {
     contender(world, id, &ds.value, |other_id, other| {
         !disabled_now.contains(other_id) && (other.index, other_id) < (ds.index, id)
     })
@@ -402,9 +402,9 @@ fn contender<'w>(
     world: &'w World,
     id: &str,
     ds: &StoredDaemonSet,
-    rival: impl Fn(&str, &Versioned<StoredDaemonSet>) -> bool,
-) -> Option<(&'w str, &'w Versioned<StoredDaemonSet>)> {
-    let rivals: Vec<(&String, &Versioned<StoredDaemonSet>)> = world
+    rival: impl Fn(&str, &Shared<StoredDaemonSet>) -> bool,
+) -> Option<(&'w str, &'w Shared<StoredDaemonSet>)> {
+    let rivals: Vec<(&String, &Shared<StoredDaemonSet>)> = world
         .daemon_sets
         .items
         .iter()
@@ -419,9 +419,7 @@ fn contender<'w>(
         return None;
     }
     let nodes: Vec<Labeled> = world
-        .nodes
-        .items
-        .iter()
+        .node_labels()
         .map(|(node, labels)| Labeled {
             label_type: LabelType::Node,
             id: node.clone(),
@@ -438,11 +436,11 @@ fn contender<'w>(
 async fn disable(
     ctx: &FarmContext,
     id: &str,
-    ds: &Versioned<StoredDaemonSet>,
+    ds: &Shared<StoredDaemonSet>,
     rival_id: &str,
     rival: &StoredDaemonSet,
 ) -> FarmResult<()> {
-    let mut disabled = ds.value.clone();
+    let mut disabled = StoredDaemonSet::clone(&ds.value);
     disabled.disabled = true;
     let record = AuditRecord::daemon_set(
         DaemonSetEvent::Disabled,
@@ -510,19 +508,17 @@ fn plan(
         };
     }
     let pod_id = ds.manifest.pod_id();
-    let pod = |node: &str| (node.to_owned(), pod_id.to_owned());
+    let pod = |node: &str| pod_key(node, pod_id);
     let eligible: BTreeSet<&str> = world
-        .nodes
-        .items
-        .iter()
+        .node_labels()
         .filter(|(_, labels)| selector.matches(labels))
         .map(|(node, _)| node.as_str())
         .collect();
     let mut current = BTreeSet::new();
     let mut strays = Vec::new();
     for labelled in world.pods_labelled(DS_ID_LABEL, id) {
-        if labelled.1 == pod_id {
-            current.insert(labelled.0);
+        if &*labelled.1 == pod_id {
+            current.insert(labelled.0.to_string());
         } else {
             strays.push(labelled);
         }
@@ -552,7 +548,7 @@ fn plan(
         .filter(|node| eligible.contains(node.as_str()))
         .map(|node| {
             let key = pod(node);
-            let intent = world.intents.items.get(&key);
+            let intent = world.intent(&key);
             let on_manifest = intent.is_some_and(|raw| same_manifest(raw, &ds.manifest));
             // Healthy on what the node is meant to run now, the daemon set's manifest or not.
             let wanted = if on_manifest {
@@ -684,10 +680,10 @@ async fn apply(
         .iter()
         .map(|pod| {
             let ops = unschedule_ops(world, pod, &[DS_ID_LABEL]);
-            (ops, pod.0.as_str(), false)
+            (ops, &*pod.0, false)
         })
         .chain(plan.add.iter().chain(&plan.replace).map(|node| {
-            let pod = (node.clone(), pod_id.to_owned());
+            let pod = pod_key(node, pod_id);
             (
                 schedule_ops(world, &pod, manifest, &labels),
                 node.as_str(),
@@ -696,11 +692,9 @@ async fn apply(
         }))
         .collect();
     let mut nodes: BTreeSet<&str> = world
-        .pod_labels
-        .items
-        .iter()
-        .filter(|(_, labels)| labels.value.get(DS_ID_LABEL).map(String::as_str) == Some(id))
-        .map(|((node, _), _)| node.as_str())
+        .labelled_pods()
+        .filter(|(_, labels)| labels.get(DS_ID_LABEL).map(String::as_str) == Some(id))
+        .map(|((node, _), _)| &**node)
         .collect();
     for batch in changes.chunks(NODES_PER_TXN) {
         let before = nodes.clone();
@@ -744,6 +738,7 @@ fn nodes_event(
 mod tests {
     use super::*;
     use crate::farms::fixture::Fleet;
+    use crate::farms::world::Versioned;
     use crate::model::HealthState;
 
     const OLD: &str = "id: agent\nconfig: {version: 1}\n";
@@ -807,7 +802,7 @@ mod tests {
             Instant::now(),
         );
         assert_eq!(plan.add, ["free"]);
-        assert_eq!(plan.remove, [("db1".to_owned(), "agent".to_owned())]);
+        assert_eq!(plan.remove, [pod_key("db1", "agent")]);
         assert!(plan.replace.is_empty());
         assert_eq!(plan.status.nodes_deployed, 2);
         assert!(plan.status.replication_in_progress);
@@ -875,9 +870,7 @@ mod tests {
         let plan = run(&fleet.world(), &ds(NEW, 0, ""), &mut rollout, now);
         assert_eq!(plan.replace.len(), MAX_IN_FLIGHT);
         for node in &plan.replace {
-            fleet
-                .intents
-                .insert((node.clone(), "agent".into()), NEW.into());
+            fleet.intents.insert(pod_key(node, "agent"), NEW.into());
         }
         let plan = run(&fleet.world(), &ds(NEW, 0, ""), &mut rollout, now);
         assert!(plan.replace.is_empty(), "{:?}", plan.replace);
@@ -949,7 +942,7 @@ mod tests {
     fn strays_of_another_pod_id_are_removed() {
         let mut fleet = Fleet::new();
         fleet.web(1, OLD);
-        let stray = ("n00".to_owned(), "old-agent".to_owned());
+        let stray = pod_key("n00", "old-agent");
         fleet.labels.insert(
             stray.clone(),
             Versioned {

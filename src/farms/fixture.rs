@@ -3,10 +3,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::labels::{Labels, POD_ID_LABEL, RC_ID_LABEL};
+use crate::kv::KvPair;
+use crate::labels::{LabelType, Labels, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::{AllocationStrategy, HealthState, Manifest, StoredRc, StoredRoll};
+use crate::state::{self, Entry};
 
-use super::world::{PodKey, Tree, Versioned, World};
+use super::world::{pod_key, ManifestMap, PodKey, Shared, Tree, Versioned, World};
 
 /// The trees of a [`World`], each filled as a test needs.
 #[derive(Default)]
@@ -50,7 +52,7 @@ impl Fleet {
         manifest: &str,
         health: Option<HealthState>,
     ) -> &mut Self {
-        let key = (node.to_owned(), pod_id.to_owned());
+        let key = pod_key(node, pod_id);
         self.labels.insert(
             key.clone(),
             Versioned {
@@ -83,18 +85,70 @@ impl Fleet {
         fn tree<T>(items: T) -> Arc<Tree<T>> {
             Arc::new(Tree::new(1, items))
         }
+        fn shared<T: Clone>(
+            documents: &BTreeMap<String, Versioned<T>>,
+        ) -> BTreeMap<String, Shared<T>> {
+            documents
+                .iter()
+                .map(|(id, document)| (id.clone(), document.clone().map(Arc::new)))
+                .collect()
+        }
+        fn manifests(tree: state::Tree, pods: &BTreeMap<PodKey, Vec<u8>>) -> ManifestMap {
+            pods.iter()
+                .map(|(pod, raw)| (pod.clone(), entry(tree, &pod_name(pod), raw.clone(), 1)))
+                .collect()
+        }
+        let node_labels = state::Tree::Labels(LabelType::Node);
+        let pod_labels = state::Tree::Labels(LabelType::Pod);
         World {
-            rcs: tree(self.rcs.clone()),
-            rolls: tree(self.rolls.clone()),
+            rcs: tree(shared(&self.rcs)),
+            rolls: tree(shared(&self.rolls)),
             daemon_sets: tree(BTreeMap::new()),
-            nodes: tree(self.nodes.clone()),
-            pod_labels: tree(self.labels.clone()),
-            intents: tree(self.intents.clone()),
-            reality: tree(self.reality.clone()),
+            nodes: tree(
+                self.nodes
+                    .iter()
+                    .map(|(node, labels)| (node.clone(), entry(node_labels, node, json(labels), 1)))
+                    .collect(),
+            ),
+            pod_labels: tree(
+                self.labels
+                    .iter()
+                    .map(|(pod, labels)| {
+                        let value = json(&labels.value);
+                        let entry = entry(pod_labels, &pod_name(pod), value, labels.index);
+                        (pod.clone(), entry)
+                    })
+                    .collect(),
+            ),
+            intents: tree(manifests(state::Tree::Intent, &self.intents)),
+            reality: tree(manifests(state::Tree::Reality, &self.reality)),
             health: tree(self.health.clone()),
             locks: tree(self.locks.clone()),
         }
     }
+}
+
+/// A mirror entry of `tree` for object `id` (its key below the tree's prefix), decoded as
+/// the mirror decodes it.
+fn entry(tree: state::Tree, id: &str, value: Vec<u8>, index: u64) -> Arc<Entry> {
+    let pair = KvPair {
+        key: format!("{}{id}", tree.prefix()),
+        value,
+        create_index: index,
+        modify_index: index,
+        lock_index: 0,
+        session: None,
+    };
+    Arc::new(tree.decode(pair))
+}
+
+/// `<node>/<pod_id>`, as pod keys name a pod.
+fn pod_name((node, pod_id): &PodKey) -> String {
+    format!("{node}/{pod_id}")
+}
+
+fn json(labels: &Labels) -> Vec<u8> {
+    serde_json::to_vec(labels).expect("labels serialize")
 }
 
 /// Pod `hello`, version 1.

@@ -12,8 +12,10 @@ use super::world::{PodKey, World};
 
 /// The pod's location and its labels as the farm last saw them.
 fn seen(world: &World, pod: &PodKey) -> (PodLocation, LabelRecord) {
-    let current = world.pod_labels.items.get(pod).cloned().unwrap_or_default();
-    (PodLocation::stored(&pod.0, &pod.1), current)
+    (
+        PodLocation::stored(&pod.0, &pod.1),
+        world.pod_label_record(pod),
+    )
 }
 
 /// [`pods::schedule_ops`] at the labels the farm saw. A pod the farm believes absent must
@@ -63,9 +65,7 @@ pub fn unschedule_ops(world: &World, pod: &PodKey, owned: &[&str]) -> Vec<TxnOp>
 /// [`PodHealth::of`].
 pub fn pod_health(world: &World, pod: &PodKey, wanted: &Manifest) -> PodHealth {
     let running = world
-        .reality
-        .items
-        .get(pod)
+        .reality_of(pod)
         .and_then(|raw| stored_sha(raw, wanted));
     PodHealth::of(
         &wanted.sha(),

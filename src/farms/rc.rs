@@ -31,7 +31,7 @@ use crate::store::layout;
 use super::conditions::Published;
 use super::pods::{replace_ops, same_manifest, schedule_ops, unschedule_ops};
 use super::roll::count;
-use super::world::World;
+use super::world::{pod_key, World};
 use super::{Farm, FarmContext, FarmError, FarmResult, Retries, CONCURRENT_OBJECTS};
 
 /// Nodes changed per transaction: at most 3 ops each (a check, the labels, the intent), plus
@@ -272,11 +272,11 @@ pub struct Transfer {
 /// Where an enabled RC may place its pod on `node`: a free node (`None` inside), or a node
 /// whose pod of the same id belongs to a disabled RC; `None` when the node is taken.
 fn placement(world: &World, id: &str, node: &str, pod_id: &str) -> Option<Option<Replaced>> {
-    let pod = (node.to_owned(), pod_id.to_owned());
+    let pod = pod_key(node, pod_id);
     if !world.intents.items.contains_key(&pod) {
         return Some(None);
     }
-    let owner = world.pod_labels.items.get(&pod)?.value.get(RC_ID_LABEL)?;
+    let owner = world.pod_labels_of(&pod)?.get(RC_ID_LABEL)?;
     let rc = world.rcs.items.get(owner)?;
     (owner != id && rc.value.disabled && rc.value.manifest.pod_id() == pod_id).then(|| {
         Some(Replaced {
@@ -292,8 +292,8 @@ fn current_nodes(world: &World, id: &str, pod_id: &str) -> BTreeSet<String> {
     world
         .pods_labelled(RC_ID_LABEL, id)
         .into_iter()
-        .filter(|(_, pod)| pod == pod_id)
-        .map(|(node, _)| node)
+        .filter(|(_, pod)| &**pod == pod_id)
+        .map(|(node, _)| node.to_string())
         .collect()
 }
 
@@ -322,12 +322,12 @@ fn candidates(
     current: &BTreeSet<String>,
     need: usize,
 ) -> Vec<(String, Option<Replaced>)> {
-    let open = |node: &String| eligible.contains(node) && !current.contains(node);
+    let open = |node: &str| eligible.contains(node) && !current.contains(node);
     let running = world.nodes_running(pod_id).unwrap_or_default();
     let mut replacing: Vec<(String, Replaced)> = running
         .iter()
         .filter(|node| open(node))
-        .filter_map(|node| Some((node.clone(), placement(world, id, node, pod_id)??)))
+        .filter_map(|node| Some((node.to_string(), placement(world, id, node, pod_id)??)))
         .collect();
     replacing.sort_by(|(a, _), (b, _)| (load.get(a), a).cmp(&(load.get(b), b)));
     let mut chosen: Vec<(String, Option<Replaced>)> = replacing
@@ -339,7 +339,7 @@ fn candidates(
         if chosen.len() >= need {
             break;
         }
-        if open(node) && !running.contains(node) {
+        if open(node) && !running.contains(node.as_str()) {
             chosen.push((node.clone(), None));
         }
     }
@@ -435,9 +435,7 @@ pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> FarmResu
         .filter(|node| eligible.contains(*node) && !changed.contains(node))
         .filter(|node| {
             !world
-                .intents
-                .items
-                .get(&((*node).clone(), pod_id.clone()))
+                .intent(&pod_key(node, &pod_id))
                 .is_some_and(|raw| same_manifest(raw, &rc.manifest))
         })
         .cloned()
@@ -465,20 +463,14 @@ fn transfer_node(
         return None;
     }
     // Moving an unhealthy pod cannot lower health; moving a healthy one needs all healthy.
-    let passing =
-        |node: &String| world.health_of(&(node.clone(), pod_id.to_owned())) == HealthState::Passing;
+    let passing = |node: &String| world.health_of(&pod_key(node, pod_id)) == HealthState::Passing;
     if passing(leaving) && !current.iter().all(passing) {
         return None;
     }
     let arriving = eligible
         .iter()
         .filter(|node| !current.contains(*node))
-        .filter(|node| {
-            !world
-                .intents
-                .items
-                .contains_key(&((*node).clone(), pod_id.to_owned()))
-        })
+        .filter(|node| !world.intents.items.contains_key(&pod_key(node, pod_id)))
         .min_by_key(|node| (load.get(node), *node))?;
     load.add(arriving);
     Some(Transfer {
@@ -514,7 +506,7 @@ async fn apply(
     let lock = layout::rc_ownership(id);
     let labels = pod_labels(id, rc);
     let owned: Vec<&str> = labels.keys().map(String::as_str).collect();
-    let pod = |node: &str| (node.to_owned(), pod_id.to_owned());
+    let pod = |node: &str| pod_key(node, pod_id);
     let mut nodes = plan.current;
     if let Some(transfer) = plan.transfer {
         // Atomic with the move: nobody took the mutation lock since the farm looked.

@@ -31,7 +31,7 @@ use crate::store::rolls::RollStore;
 
 use super::conditions::Published;
 use super::pods::pod_health;
-use super::world::{Versioned, World};
+use super::world::{Shared, World};
 use super::{earliest, Farm, FarmContext, FarmResult, Retries};
 
 /// The farm's name in logs and in the actor of its events.
@@ -95,7 +95,7 @@ pub fn count(world: &World, id: &str, rc: &StoredRc) -> Counts {
     let pods = world
         .pods_labelled(RC_ID_LABEL, id)
         .into_iter()
-        .filter(|(_, pod)| pod == pod_id)
+        .filter(|(_, pod)| &**pod == pod_id)
         .map(|pod| pod_health(world, &pod, &rc.manifest))
         .collect();
     Counts {
@@ -233,7 +233,7 @@ pub fn plan(
             .map(|(rc, disabled)| RcWrite {
                 rc: StoredRc {
                     disabled,
-                    ..rc.value.clone()
+                    ..StoredRc::clone(&rc.value)
                 },
                 index: rc.index,
             })
@@ -293,8 +293,8 @@ pub fn plan(
             return Action::Delay(due);
         }
     }
-    let mut old_rc = old.value.clone();
-    let mut new_rc = new.value.clone();
+    let mut old_rc = StoredRc::clone(&old.value);
+    let mut new_rc = StoredRc::clone(&new.value);
     old_rc.replicas_desired = (old_rc.replicas_desired - remove).max(0);
     new_rc.replicas_desired += add;
     Action::Write {
@@ -317,7 +317,7 @@ fn complete(
     world: &World,
     session: &str,
     spec: &StoredRoll,
-    old: &Versioned<StoredRc>,
+    old: &Shared<StoredRc>,
     old_counts: Counts,
 ) -> Action {
     if spec.leave_old {
@@ -326,7 +326,7 @@ fn complete(
     if old_counts.desired != 0 {
         let retired = StoredRc {
             replicas_desired: 0,
-            ..old.value.clone()
+            ..StoredRc::clone(&old.value)
         };
         return Action::Retire(Box::new(RcWrite {
             rc: retired,
@@ -358,7 +358,7 @@ impl RollFarm {
         ctx: &FarmContext,
         world: &World,
         id: &str,
-        roll: &Versioned<StoredRoll>,
+        roll: &Shared<StoredRoll>,
         action: Action,
         now: Instant,
     ) -> FarmResult<Option<Instant>> {
@@ -498,7 +498,7 @@ impl RollFarm {
         ctx: &FarmContext,
         world: &World,
         id: &str,
-        roll: &Versioned<StoredRoll>,
+        roll: &Shared<StoredRoll>,
         activity: &RollActivity,
     ) -> FarmResult<Option<Instant>> {
         if !self.conditions.load(ctx).await {
@@ -561,7 +561,7 @@ async fn finish_ops(
     ctx: &FarmContext,
     world: &World,
     id: &str,
-    roll: &Versioned<StoredRoll>,
+    roll: &Shared<StoredRoll>,
     retire_old: Option<u64>,
     outcome: RollOutcome,
 ) -> FarmResult<Vec<TxnOp>> {
@@ -584,7 +584,7 @@ async fn finish_ops(
     }
     if let Some(index) = retire_old {
         ops.extend(RcStore::delete_ops(&spec.old_rc, index));
-        let before = world.rcs.items.get(&spec.old_rc).map(|rc| &rc.value);
+        let before = world.rcs.items.get(&spec.old_rc).map(|rc| &*rc.value);
         ops.extend(rcs.deleted_ops(&spec.old_rc, before, &actor).await?);
     }
     ops.extend(RollStore::delete_ops(id));
@@ -664,6 +664,7 @@ async fn release_stale_locks(ctx: &FarmContext, world: &World) {
 mod tests {
     use super::*;
     use crate::farms::fixture::{rc, Fleet, HELLO_1, HELLO_2};
+    use crate::farms::world::pod_key;
     use crate::model::HealthState;
 
     const OLD: &str = "00000000-0000-4000-8000-000000000001";
@@ -760,13 +761,11 @@ mod tests {
     #[test]
     fn a_blocked_roll_waits_without_alerting_while_pods_are_settling() {
         let mut fleet = rolling(3, 1, 1, 1);
-        fleet.health.remove(&("n2".to_owned(), "hello".to_owned()));
+        fleet.health.remove(&pod_key("n2", "hello"));
         assert!(matches!(run(&fleet, &roll(4, 3)), Action::Wait(_)));
         // A pod whose node does not run the RC's manifest yet is settling too.
         let mut fleet = rolling(3, 1, 1, 1);
-        fleet
-            .reality
-            .insert(("n4".to_owned(), "hello".to_owned()), HELLO_1.into());
+        fleet.reality.insert(pod_key("n4", "hello"), HELLO_1.into());
         assert!(matches!(run(&fleet, &roll(4, 3)), Action::Wait(_)));
     }
 
@@ -791,7 +790,7 @@ mod tests {
         );
         // A new pod still starting is waited for, and counted.
         let mut fleet = rolling(2, 2, 1, 0);
-        fleet.health.remove(&("n3".to_owned(), "hello".to_owned()));
+        fleet.health.remove(&pod_key("n3", "hello"));
         assert_eq!(
             run(&fleet, &roll(3, 2)),
             Action::Wait(RollWait::NewPods {
@@ -805,9 +804,7 @@ mod tests {
     fn a_pod_passing_on_another_manifest_is_not_healthy() {
         // The new RC's pod passes, but its node still runs the old manifest.
         let mut fleet = rolling(2, 2, 1, 1);
-        fleet
-            .reality
-            .insert(("n3".to_owned(), "hello".to_owned()), HELLO_1.into());
+        fleet.reality.insert(pod_key("n3", "hello"), HELLO_1.into());
         assert_eq!(
             count(&fleet.world(), NEW, &fleet.rcs[NEW].value).healthy(),
             0
@@ -886,7 +883,7 @@ mod tests {
         let spec = roll(2, 1);
         // The new RC has its count but not yet its pods.
         let mut fleet = rolling(0, 0, 2, 2);
-        fleet.labels.remove(&("n2".to_owned(), "hello".to_owned()));
+        fleet.labels.remove(&pod_key("n2", "hello"));
         assert_eq!(
             run(&fleet, &spec),
             Action::Wait(RollWait::Placement {

@@ -20,15 +20,25 @@ use tokio::time::Instant;
 use crate::labels::{LabelType, Labels, Selector};
 use crate::model::{HealthState, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::state::{self, Entry, Mirror, TreeSnapshot, View};
+use crate::store::labels::LabelRecord;
 
 /// How long [`Trees::world`] waits for the trees to catch up with each other before the
 /// farms go on with what they have (their writes being fenced and CAS'd anyway).
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(2);
 
-/// A node and a pod id: the identity of a legacy pod (`intent/<node>/<pod_id>`).
-pub type PodKey = (String, String);
+/// A node and a pod id: the identity of a legacy pod (`intent/<node>/<pod_id>`). Shared
+/// strings, so that the trees and the indexes derived from them copy pointers, not text.
+pub type PodKey = (Arc<str>, Arc<str>);
+
+/// The [`PodKey`] of pod `pod_id` on `node`.
+pub fn pod_key(node: &str, pod_id: &str) -> PodKey {
+    (node.into(), pod_id.into())
+}
 
 pub use crate::store::Versioned;
+
+/// A document as the mirror decoded it (shared, not copied), at its modify index.
+pub type Shared<T> = Versioned<Arc<T>>;
 
 /// One tree, decoded: what the farms read instead of the store.
 #[derive(Debug, Default)]
@@ -72,13 +82,17 @@ impl<T> Tree<T> {
     }
 }
 
-/// Decoded trees, by what they map.
-pub type RcMap = BTreeMap<String, Versioned<StoredRc>>;
-pub type RollMap = BTreeMap<String, Versioned<StoredRoll>>;
-pub type DaemonSetMap = BTreeMap<String, Versioned<StoredDaemonSet>>;
-pub type NodeMap = BTreeMap<String, Labels>;
-pub type PodLabelMap = BTreeMap<PodKey, Versioned<Labels>>;
-pub type ManifestMap = BTreeMap<PodKey, Vec<u8>>;
+/// Decoded trees, by what they map. Documents and mirror entries are the mirror's own,
+/// shared: building a tree copies pointers, and a world costs little beside the mirror.
+pub type RcMap = BTreeMap<String, Shared<StoredRc>>;
+pub type RollMap = BTreeMap<String, Shared<StoredRoll>>;
+pub type DaemonSetMap = BTreeMap<String, Shared<StoredDaemonSet>>;
+/// Label entries (read through [`World::node_labels`]).
+pub type NodeMap = BTreeMap<String, Arc<Entry>>;
+/// Label entries (read through [`World::pod_labels_of`] and the like).
+pub type PodLabelMap = BTreeMap<PodKey, Arc<Entry>>;
+/// Manifest entries (read through [`World::intent`] and [`World::reality_of`]).
+pub type ManifestMap = BTreeMap<PodKey, Arc<Entry>>;
 pub type HealthMap = HashMap<PodKey, HealthState>;
 pub type LockMap = BTreeMap<String, Versioned<Option<String>>>;
 
@@ -89,7 +103,7 @@ pub struct World {
     pub rolls: Arc<Tree<RollMap>>,
     pub daemon_sets: Arc<Tree<DaemonSetMap>>,
     pub nodes: Arc<Tree<NodeMap>>,
-    /// Pod labels by (node, pod id), with the label key's index for CAS writes.
+    /// Pod labels by (node, pod id); the entry's index is the CAS token of label writes.
     pub pod_labels: Arc<Tree<PodLabelMap>>,
     /// Intended manifests (raw bytes) by (node, pod id).
     pub intents: Arc<Tree<ManifestMap>>,
@@ -102,13 +116,58 @@ pub struct World {
 }
 
 impl World {
+    /// The manifest `pod` is intended to run (raw bytes).
+    pub fn intent(&self, pod: &PodKey) -> Option<&[u8]> {
+        Some(&self.intents.items.get(pod)?.pair.value)
+    }
+
+    /// The manifest `pod`'s node reports running (raw bytes).
+    pub fn reality_of(&self, pod: &PodKey) -> Option<&[u8]> {
+        Some(&self.reality.items.get(pod)?.pair.value)
+    }
+
+    /// The labels of `pod`.
+    pub fn pod_labels_of(&self, pod: &PodKey) -> Option<&Labels> {
+        self.pod_labels.items.get(pod)?.labels()
+    }
+
+    /// The labels of `pod` at their index (empty at 0 when it has none), for a CAS write.
+    pub fn pod_label_record(&self, pod: &PodKey) -> LabelRecord {
+        self.pod_labels
+            .items
+            .get(pod)
+            .and_then(|entry| {
+                Some(LabelRecord {
+                    value: entry.labels()?.clone(),
+                    index: entry.pair.modify_index,
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every labelled pod with its labels.
+    pub fn labelled_pods(&self) -> impl Iterator<Item = (&PodKey, &Labels)> {
+        labelled(&self.pod_labels.items)
+    }
+
+    /// Every node with its labels.
+    pub fn node_labels(&self) -> impl Iterator<Item = (&String, &Labels)> {
+        labelled(&self.nodes.items)
+    }
+
     /// The pods labelled `key=value`, sorted.
     pub fn pods_labelled(&self, key: &str, value: &str) -> Vec<PodKey> {
         let by_value = self.pod_labels.memo(&format!("label {key}"), |pods| {
             let mut by_value: HashMap<String, Vec<PodKey>> = HashMap::new();
-            for (pod, labels) in pods {
-                if let Some(value) = labels.value.get(key) {
-                    by_value.entry(value.clone()).or_default().push(pod.clone());
+            for (pod, labels) in labelled(pods) {
+                let Some(value) = labels.get(key) else {
+                    continue;
+                };
+                match by_value.get_mut(value) {
+                    Some(pods) => pods.push(pod.clone()),
+                    None => {
+                        by_value.insert(value.clone(), vec![pod.clone()]);
+                    }
                 }
             }
             by_value
@@ -119,8 +178,7 @@ impl World {
     /// The nodes whose labels `selector` (parsed from `text`) matches.
     pub fn nodes_matching(&self, text: &str, selector: &Selector) -> Arc<BTreeSet<String>> {
         self.nodes.memo(&format!("selector {text}"), |nodes| {
-            nodes
-                .iter()
+            labelled(nodes)
                 .filter(|(_, labels)| selector.matches(labels))
                 .map(|(node, _)| node.clone())
                 .collect()
@@ -128,9 +186,9 @@ impl World {
     }
 
     /// The nodes intended to run a legacy pod of id `pod_id`.
-    pub fn nodes_running(&self, pod_id: &str) -> Option<Arc<BTreeSet<String>>> {
+    pub fn nodes_running(&self, pod_id: &str) -> Option<Arc<BTreeSet<Arc<str>>>> {
         let by_pod = self.intents.memo("by pod id", |intents| {
-            let mut by_pod: HashMap<String, Arc<BTreeSet<String>>> = HashMap::new();
+            let mut by_pod: HashMap<Arc<str>, Arc<BTreeSet<Arc<str>>>> = HashMap::new();
             for (node, pod_id) in intents.keys() {
                 let nodes = by_pod.entry(pod_id.clone()).or_default();
                 Arc::make_mut(nodes).insert(node.clone());
@@ -144,7 +202,7 @@ impl World {
     pub fn load_by_node(&self) -> HashMap<&str, usize> {
         let mut load = HashMap::new();
         for (node, _) in self.intents.items.keys() {
-            *load.entry(node.as_str()).or_insert(0) += 1;
+            *load.entry(&**node).or_insert(0) += 1;
         }
         load
     }
@@ -170,6 +228,13 @@ impl World {
     pub fn health_of(&self, pod: &PodKey) -> HealthState {
         HealthState::of(self.health.items.get(pod).copied())
     }
+}
+
+/// The label sets of label entries, by key.
+fn labelled<K>(entries: &BTreeMap<K, Arc<Entry>>) -> impl Iterator<Item = (&K, &Labels)> {
+    entries
+        .iter()
+        .filter_map(|(key, entry)| Some((key, entry.labels()?)))
 }
 
 /// The farms' window on the mirror: the latest [`World`] and what woke them.
@@ -290,7 +355,7 @@ impl Trees {
 /// One tree of the world from the mirror's entries, skipping those `item` cannot use.
 fn build<K, V, M>(
     snapshot: &TreeSnapshot,
-    item: impl Fn(&str, &Entry) -> Option<(K, V)>,
+    item: impl Fn(&str, &Arc<Entry>) -> Option<(K, V)>,
 ) -> Arc<Tree<M>>
 where
     M: FromIterator<(K, V)>,
@@ -305,14 +370,14 @@ where
 }
 
 /// Documents keyed by UUID, with their modify index; `view` picks the document.
-fn by_id<T: Clone>(
+fn by_id<T>(
     view: fn(&View) -> Option<&Arc<T>>,
-) -> impl Fn(&str, &Entry) -> Option<(String, Versioned<T>)> {
+) -> impl Fn(&str, &Arc<Entry>) -> Option<(String, Shared<T>)> {
     move |id, entry| {
         if uuid::Uuid::parse_str(id).is_err() {
             return None;
         }
-        let value = T::clone(view(&entry.view)?);
+        let value = view(&entry.view)?.clone();
         Some((
             id.to_owned(),
             Versioned {
@@ -344,8 +409,9 @@ fn daemon_set_of(view: &View) -> Option<&Arc<StoredDaemonSet>> {
     }
 }
 
-fn node_labels(node: &str, entry: &Entry) -> Option<(String, Labels)> {
-    Some((node.to_owned(), entry.labels()?.clone()))
+fn node_labels(node: &str, entry: &Arc<Entry>) -> Option<(String, Arc<Entry>)> {
+    entry.labels()?;
+    Some((node.to_owned(), entry.clone()))
 }
 
 fn split_pod(rest: &str) -> Option<PodKey> {
@@ -353,31 +419,28 @@ fn split_pod(rest: &str) -> Option<PodKey> {
     if node.is_empty() || pod_id.is_empty() || pod_id.contains('/') {
         return None;
     }
-    Some((node.to_owned(), pod_id.to_owned()))
+    Some(pod_key(node, pod_id))
 }
 
-fn pod_labels(rest: &str, entry: &Entry) -> Option<(PodKey, Versioned<Labels>)> {
-    let labels = Versioned {
-        value: entry.labels()?.clone(),
-        index: entry.pair.modify_index,
-    };
-    Some((split_pod(rest)?, labels))
+fn pod_labels(rest: &str, entry: &Arc<Entry>) -> Option<(PodKey, Arc<Entry>)> {
+    entry.labels()?;
+    Some((split_pod(rest)?, entry.clone()))
 }
 
 /// `intent/` and `reality/`: legacy pods only; UUID-named entries are new-style pod indexes.
-fn legacy_pod(rest: &str, entry: &Entry) -> Option<(PodKey, Vec<u8>)> {
+fn legacy_pod(rest: &str, entry: &Arc<Entry>) -> Option<(PodKey, Arc<Entry>)> {
     let pod = split_pod(rest)?;
-    (uuid::Uuid::parse_str(&pod.1).is_err()).then(|| (pod, entry.pair.value.clone()))
+    (uuid::Uuid::parse_str(&pod.1).is_err()).then(|| (pod, entry.clone()))
 }
 
 /// `health/<pod_id>/<node>`, keyed as (node, pod id) by the record's own fields; a record
 /// that does not decode counts as unknown.
-fn health(rest: &str, entry: &Entry) -> Option<(PodKey, HealthState)> {
+fn health(rest: &str, entry: &Arc<Entry>) -> Option<(PodKey, HealthState)> {
     let (pod_id, node) = split_pod(rest)?;
     match &entry.view {
         // P2 keys results by the record's own Node field.
         View::Health(record) if !record.node.is_empty() => {
-            Some(((record.node.clone(), pod_id), record.status))
+            Some(((record.node.as_str().into(), pod_id), record.status))
         }
         View::Health(record) => Some(((node, pod_id), record.status)),
         _ => Some(((node, pod_id), HealthState::Unknown)),
@@ -385,7 +448,7 @@ fn health(rest: &str, entry: &Entry) -> Option<(PodKey, HealthState)> {
 }
 
 /// Lock keys (full keys), with the session holding each.
-fn lock(_: &str, entry: &Entry) -> Option<(String, Versioned<Option<String>>)> {
+fn lock(_: &str, entry: &Arc<Entry>) -> Option<(String, Versioned<Option<String>>)> {
     let lock = Versioned {
         value: entry.pair.session.clone(),
         index: entry.pair.modify_index,
