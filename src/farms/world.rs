@@ -250,12 +250,12 @@ pub struct Trees {
     caught_up: Arc<AtomicU64>,
 }
 
-/// A world and the mirror's generation of each tree it was built from, by position in
+/// A world and the mirror's snapshot of each tree it was built from, by position in
 /// [`Trees::FOLLOWED`].
 #[derive(Default)]
 struct Built {
     world: World,
-    generations: [Option<u64>; 9],
+    from: [Option<TreeSnapshot>; 9],
 }
 
 impl Trees {
@@ -308,30 +308,38 @@ impl Trees {
         }
     }
 
-    /// The mirror as it is now, marking it seen; only the trees that changed are rebuilt.
+    /// The mirror as it is now, marking it seen; only the trees that changed are updated,
+    /// and only in the entries that changed.
     fn current(&mut self) -> World {
         self.changes.borrow_and_update();
         let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
-        let Built { world, generations } = &mut *built;
+        let Built { world, from } = &mut *built;
         for (position, tree) in Trees::FOLLOWED.into_iter().enumerate() {
-            let Some(snapshot) = self.mirror.snapshot(tree, generations[position]) else {
+            let known = from[position].as_ref().map(|snapshot| snapshot.generation);
+            let Some(snapshot) = self.mirror.snapshot(tree, known) else {
                 continue;
             };
-            generations[position] = Some(snapshot.generation);
+            let before = from[position].as_ref().map_or(&[][..], |was| &was.entries);
+            let changes = Changes {
+                before,
+                after: &snapshot,
+            };
             match tree {
-                state::Tree::Rcs => world.rcs = build(&snapshot, by_id(rc_of)),
-                state::Tree::Rolls => world.rolls = build(&snapshot, by_id(roll_of)),
+                state::Tree::Rcs => changes.apply(&mut world.rcs, by_id(rc_of)),
+                state::Tree::Rolls => changes.apply(&mut world.rolls, by_id(roll_of)),
                 state::Tree::DaemonSets => {
-                    world.daemon_sets = build(&snapshot, by_id(daemon_set_of))
+                    changes.apply(&mut world.daemon_sets, by_id(daemon_set_of))
                 }
-                state::Tree::Labels(LabelType::Node) => world.nodes = build(&snapshot, node_labels),
+                state::Tree::Labels(LabelType::Node) => {
+                    changes.apply(&mut world.nodes, node_labels)
+                }
                 state::Tree::Labels(LabelType::Pod) => {
-                    world.pod_labels = build(&snapshot, pod_labels)
+                    changes.apply(&mut world.pod_labels, pod_labels)
                 }
-                state::Tree::Intent => world.intents = build(&snapshot, legacy_pod),
-                state::Tree::Reality => world.reality = build(&snapshot, legacy_pod),
+                state::Tree::Intent => changes.apply(&mut world.intents, legacy_pod),
+                state::Tree::Reality => changes.apply(&mut world.reality, legacy_pod),
                 state::Tree::Health => world.health = build(&snapshot, health),
-                state::Tree::Locks => world.locks = build(&snapshot, lock),
+                state::Tree::Locks => changes.apply(&mut world.locks, lock),
                 state::Tree::Labels(_)
                 | state::Tree::DsStatus
                 | state::Tree::Events
@@ -339,6 +347,7 @@ impl Trees {
                 | state::Tree::RollHistory
                 | state::Tree::Conditions => {}
             }
+            from[position] = Some(snapshot);
         }
         world.clone()
     }
@@ -352,7 +361,64 @@ impl Trees {
     }
 }
 
-/// One tree of the world from the mirror's entries, skipping those `item` cannot use.
+/// How one tree of the mirror changed: its entries `before` (as a tree of the world was
+/// built from them) and now. The mirror replaces an entry's `Arc` when it changes, so an
+/// entry still behind the same pointer is unchanged.
+struct Changes<'a> {
+    before: &'a [Arc<Entry>],
+    after: &'a TreeSnapshot,
+}
+
+impl Changes<'_> {
+    /// Brings `tree`, built from `before` by `item`, to the entries now: walks both sorted
+    /// lists and derives items again only for the entries that changed, so an update costs
+    /// a pointer comparison per unchanged entry, and a copy of the map's pointers only when a
+    /// farm still holds the previous world. `item` must key distinct entries apart (an
+    /// entry's item key a function of its key alone), or removing one entry's item could
+    /// remove another's.
+    fn apply<K: Ord + Clone, V: Clone>(
+        &self,
+        tree: &mut Arc<Tree<BTreeMap<K, V>>>,
+        item: impl Fn(&str, &Arc<Entry>) -> Option<(K, V)>,
+    ) {
+        let prefix = self.after.tree.prefix();
+        let derive = |entry: &Arc<Entry>| item(entry.pair.key.strip_prefix(&prefix)?, entry);
+        let mut items = match Arc::try_unwrap(std::mem::take(tree)) {
+            Ok(alone) => alone.items,
+            Err(shared) => shared.items.clone(),
+        };
+        let mut before = self.before.iter().peekable();
+        let mut after = self.after.entries.iter().peekable();
+        loop {
+            let (gone, came) = match (before.peek(), after.peek()) {
+                (None, None) => break,
+                (Some(was), Some(is)) if Arc::ptr_eq(was, is) => {
+                    before.next();
+                    after.next();
+                    continue;
+                }
+                (Some(was), Some(is)) => match was.pair.key.cmp(&is.pair.key) {
+                    std::cmp::Ordering::Less => (before.next(), None),
+                    std::cmp::Ordering::Equal => (before.next(), after.next()),
+                    std::cmp::Ordering::Greater => (None, after.next()),
+                },
+                (Some(_), None) => (before.next(), None),
+                (None, Some(_)) => (None, after.next()),
+            };
+            if let Some((key, _)) = gone.and_then(&derive) {
+                items.remove(&key);
+            }
+            if let Some((key, value)) = came.and_then(&derive) {
+                items.insert(key, value);
+            }
+        }
+        *tree = Arc::new(Tree::new(self.after.index, items));
+    }
+}
+
+/// One tree of the world from the mirror's entries, skipping those `item` cannot use; for
+/// health results, which two entries may give for one pod (see [`health`]), so that which
+/// one counts does not depend on the order they changed in.
 fn build<K, V, M>(
     snapshot: &TreeSnapshot,
     item: impl Fn(&str, &Arc<Entry>) -> Option<(K, V)>,
@@ -454,4 +520,90 @@ fn lock(_: &str, entry: &Arc<Entry>) -> Option<(String, Versioned<Option<String>
         index: entry.pair.modify_index,
     };
     Some((entry.pair.key.clone(), lock))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::KvPair;
+
+    fn intent(key: &str, manifest: &str, index: u64) -> Arc<Entry> {
+        let pair = KvPair {
+            key: format!("intent/{key}"),
+            value: manifest.into(),
+            create_index: index,
+            modify_index: index,
+            lock_index: 0,
+            session: None,
+        };
+        Arc::new(state::Tree::Intent.decode(pair))
+    }
+
+    fn snapshot(index: u64, entries: &[&Arc<Entry>]) -> TreeSnapshot {
+        TreeSnapshot {
+            tree: state::Tree::Intent,
+            generation: index,
+            index,
+            entries: entries.iter().map(|entry| Arc::clone(entry)).collect(),
+        }
+    }
+
+    #[test]
+    fn an_update_makes_the_tree_a_build_would_and_leaves_the_old_one_alone() {
+        let new_style = intent("n1/00000000-0000-4000-8000-000000000001", "x", 1);
+        let (a, b, c) = (
+            intent("n1/a", "a", 1),
+            intent("n1/b", "b", 1),
+            intent("n2/c", "c", 1),
+        );
+        let first = snapshot(1, &[&new_style, &a, &b, &c]);
+        let mut tree: Arc<Tree<ManifestMap>> = Arc::default();
+        Changes {
+            before: &[],
+            after: &first,
+        }
+        .apply(&mut tree, legacy_pod);
+        assert_eq!(
+            tree.items,
+            build::<_, _, ManifestMap>(&first, legacy_pod).items
+        );
+        let held = tree.clone();
+
+        // `a` rewritten, `b` deleted, `d` added; `c` and the new-style entry unchanged.
+        let (a2, d) = (intent("n1/a", "a2", 2), intent("n3/d", "d", 2));
+        let second = snapshot(2, &[&new_style, &a2, &c, &d]);
+        Changes {
+            before: &first.entries,
+            after: &second,
+        }
+        .apply(&mut tree, legacy_pod);
+        assert_eq!(tree.index, 2);
+        assert_eq!(
+            tree.items,
+            build::<_, _, ManifestMap>(&second, legacy_pod).items
+        );
+        assert!(Arc::ptr_eq(&tree.items[&pod_key("n2", "c")], &c));
+
+        assert_eq!(held.index, 1);
+        let held_keys: Vec<_> = held
+            .items
+            .keys()
+            .map(|(node, pod)| format!("{node}/{pod}"))
+            .collect();
+        assert_eq!(held_keys, ["n1/a", "n1/b", "n2/c"]);
+        assert_eq!(held.items[&pod_key("n1", "a")].pair.value, b"a");
+
+        // Alone, the tree is updated in place, to the same result.
+        drop(held);
+        let third = snapshot(3, &[&c]);
+        Changes {
+            before: &second.entries,
+            after: &third,
+        }
+        .apply(&mut tree, legacy_pod);
+        assert_eq!(
+            tree.items,
+            build::<_, _, ManifestMap>(&third, legacy_pod).items
+        );
+    }
 }
