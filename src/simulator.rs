@@ -2,9 +2,10 @@
 //!
 //! Each simulated node is named `<prefix>-0001`, `<prefix>-0002`, ... and is given its node
 //! labels once, at start (a PUT that replaces them; later relabelling through the API is left
-//! alone). One blocking watch over `GET /api/v1/pods` then follows what is intended on every
-//! simulated node, so the load on the server does not grow with the number of nodes. For
-//! each (node, pod) whose intended manifest changes, the simulator does what a preparer does:
+//! alone). One change stream of pods (`GET /api/v1/watch?kinds=pods`) then follows what is
+//! intended on every simulated node: a snapshot once, then one event per change, so the load
+//! on the server grows with the changes, not with the number of nodes or pods. For each
+//! (node, pod) whose intended manifest changes, the simulator does what a preparer does:
 //!
 //! - a new pod: after `start_delay`, report the manifest installed
 //!   (`PUT /api/v1/reality/<node>/<pod_id>`) and then its health;
@@ -14,24 +15,33 @@
 //!   starting is not).
 //!
 //! A node's pods are all `passing`, or all `critical` on the nodes chosen by
-//! `unhealthy_fraction`. The manifest bytes come from `GET /api/v1/intent/<node>/<pod_id>`,
-//! fetched once per manifest SHA and reused for every node running it.
+//! `unhealthy_fraction`. The manifest text comes with each event; it is kept once per SHA
+//! and shared by every node running it.
+//!
+//! The stream's changes are handed to the reconciler in batches, at most every
+//! [`PUBLISH_INTERVAL`], and the reconciler looks only at the pods a batch names, so one
+//! change costs the same at 100 pods as at 100,000. A stream that breaks (the server
+//! restarted, or cut off the simulator for reading too slowly) is resumed from the last
+//! event's position (`Last-Event-ID`); when the server cannot resume from there it sends a
+//! fresh snapshot, which replaces what was intended.
 //!
 //! Requests that fail for a reason that may pass (no connection, 5xx, 429) are retried with
 //! backoff, so the simulator may start before the server. Nothing is cleaned up on shutdown:
 //! a node that stops leaves its reports behind, as a crashed preparer's session-less
 //! records would.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use eventsource_stream::{Event, Eventsource};
+use futures::StreamExt;
 use reqwest::{Certificate, Client, ClientBuilder, RequestBuilder, Response, StatusCode, Url};
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -42,14 +52,13 @@ use crate::model::HealthState;
 use crate::model::Manifest;
 use crate::store::pods::validate_node_name;
 
-/// How long one blocking query of the pod listing is held by the server.
-const WATCH_WAIT: Duration = Duration::from_secs(30);
-/// Items per page of the pod listing (the server's maximum).
-const PAGE_LIMIT: usize = 1000;
-/// The least time between two listings: the simulator's own health reports wake its watch,
-/// and a burst of them should cost one listing, not one each.
-const MIN_LIST_INTERVAL: Duration = Duration::from_millis(100);
-/// Limit of any request but the blocking watch.
+/// The least time between two batches of intent changes handed to the reconciler: a burst
+/// of changes (the simulator's own reports among them) costs it one pass, not one each.
+const PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
+/// How long the change stream may stay silent before the connection counts as lost: the
+/// server sends a comment line every 15 s on an idle stream.
+const STREAM_SILENCE: Duration = Duration::from_secs(45);
+/// Limit of any request but the change stream.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const RETRY_BASE: Duration = Duration::from_millis(100);
 const RETRY_CAP: Duration = Duration::from_secs(5);
@@ -150,12 +159,13 @@ pub fn client_trusting(ca_cert: Option<&Path>) -> anyhow::Result<ClientBuilder> 
 
 /// Runs the simulated nodes until `shutdown`: labels them, then keeps their reality and
 /// health in line with what is intended on them. Fails on a bad configuration, or when the
-/// server refuses the node labels or the pod listing as wrong (a 4xx), which retrying cannot
-/// fix; a pod whose reports are refused is logged and skipped.
+/// server refuses the node labels or the change stream as wrong (a 4xx), which retrying
+/// cannot fix; a pod whose reports are refused is logged and skipped.
 pub async fn run(config: SimulatorConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     config.validate()?;
     let client = client_trusting(config.ca_cert.as_deref())?
         .connect_timeout(Duration::from_secs(5))
+        .read_timeout(STREAM_SILENCE)
         .build()
         .context("building the HTTP client")?;
     let health = config
@@ -175,7 +185,6 @@ pub async fn run(config: SimulatorConfig, shutdown: CancellationToken) -> anyhow
         client,
         in_flight: Semaphore::new(config.max_in_flight),
         health,
-        manifests: Mutex::new(HashMap::new()),
         shutdown: shutdown.clone(),
         config,
     });
@@ -189,32 +198,55 @@ pub async fn run(config: SimulatorConfig, shutdown: CancellationToken) -> anyhow
     if !sim.label_nodes().await? {
         return Ok(());
     }
-    let (desired_tx, desired_rx) = watch::channel(Arc::new(Desired::new()));
-    let watcher = tokio::spawn(sim.clone().watch_pods(desired_tx));
-    let reconciled = sim.clone().reconcile(desired_rx).await;
+    let (intents_tx, intents_rx) = mpsc::unbounded_channel();
+    let follower = tokio::spawn(sim.clone().follow_pods(intents_tx));
+    let reconciled = sim.clone().reconcile(intents_rx).await;
     shutdown.cancel();
-    let watched = watcher.await.context("the pod watch panicked")?;
-    reconciled.and(watched)
+    let followed = follower.await.context("following the pods panicked")?;
+    reconciled.and(followed)
 }
 
 /// A node and a pod ID.
 type PodKey = (String, String);
 
-/// What is intended on the simulated nodes: manifest SHA by (node, pod ID).
-type Desired = BTreeMap<PodKey, String>;
+/// A manifest intended on simulated nodes; one per SHA, shared by every pod running it.
+#[derive(Debug)]
+struct Intended {
+    /// P2's manifest SHA: what is compared with what is reported installed.
+    sha: String,
+    /// The manifest text, reported as the pod's reality once it is installed.
+    text: String,
+}
 
-/// A finished job: its pod and what is reported there now.
+/// What the change stream says is intended on the simulated nodes, in batches for the
+/// reconciler.
+#[derive(Debug)]
+enum Intents {
+    /// Everything intended now: a pod not in it is no longer intended.
+    Snapshot(HashMap<PodKey, Arc<Intended>>),
+    /// What changed since the last batch: the manifest now intended, or `None`.
+    Changes(HashMap<PodKey, Option<Arc<Intended>>>),
+}
+
+/// A finished job: its pod and the SHA reported installed there now.
 type JobResult = (PodKey, anyhow::Result<Option<String>>);
 
 /// One (node, pod) as the reconciler tracks it.
 #[derive(Debug, Default)]
 struct Slot {
-    /// The intended manifest's SHA; `None` once the pod is no longer intended.
-    want: Option<String>,
+    /// The intended manifest; `None` once the pod is no longer intended.
+    want: Option<Arc<Intended>>,
     /// The SHA last reported installed; `None` when nothing is reported.
     have: Option<String>,
     /// A job is converging this pod; at most one is, so reports never race.
     busy: bool,
+}
+
+impl Slot {
+    /// Whether what is reported differs from what is intended.
+    fn diverges(&self) -> bool {
+        self.want.as_ref().map(|want| want.sha.as_str()) != self.have.as_deref()
+    }
 }
 
 /// What a request came to.
@@ -231,24 +263,151 @@ struct Sim {
     in_flight: Semaphore,
     /// The status each simulated node reports for its pods.
     health: HashMap<String, HealthState>,
-    /// Manifest text by SHA, so each manifest is fetched once, not once per node.
-    manifests: Mutex<HashMap<String, Arc<String>>>,
     shutdown: CancellationToken,
 }
 
-/// The pod listing as the simulator reads it.
+/// The data of a change event of the stream, as the simulator reads it (the server writes a
+/// [`crate::api::watch::WatchEvent`]).
 #[derive(Deserialize)]
-struct PodPage {
-    items: Vec<PodItem>,
-    #[serde(rename = "continue")]
-    continue_token: Option<String>,
+struct PodChange {
+    /// `<node>/<pod_id>`.
+    id: String,
+    /// The manifest text; a JSON value when the text was JSON, which reads as the same
+    /// manifest once written out again.
+    object: serde_json::Value,
 }
 
-#[derive(Deserialize)]
-struct PodItem {
-    node: String,
-    pod_id: String,
-    manifest_sha: String,
+/// Where the simulator is in the change stream, and what it has read but not yet handed to
+/// the reconciler.
+struct Follower {
+    intents: mpsc::UnboundedSender<Intents>,
+    /// Where to resume: the SSE id of the last event read since a snapshot was complete;
+    /// `None` before, as a snapshot cut short must start over.
+    position: Option<String>,
+    /// The snapshot being read, until its `synced` event.
+    snapshot: Option<HashMap<PodKey, Arc<Intended>>>,
+    /// Changes read since the last batch.
+    changes: HashMap<PodKey, Option<Arc<Intended>>>,
+    /// When the last batch was handed over.
+    published: Instant,
+    /// The manifests intended, by SHA, so that the pods of one SHA share one text; at each
+    /// snapshot, those no longer in use are forgotten.
+    manifests: HashMap<String, Arc<Intended>>,
+}
+
+impl Follower {
+    fn new(intents: mpsc::UnboundedSender<Intents>) -> Follower {
+        Follower {
+            intents,
+            position: None,
+            snapshot: None,
+            changes: HashMap::new(),
+            published: Instant::now(),
+            manifests: HashMap::new(),
+        }
+    }
+
+    /// A stream was opened: it starts with a snapshot unless it resumes.
+    fn opened(&mut self) {
+        if self.position.is_none() {
+            self.snapshot = Some(HashMap::new());
+        }
+    }
+
+    /// Takes in one event; only pods on `nodes` are kept.
+    fn read(&mut self, event: &Event, nodes: &HashMap<String, HealthState>) -> anyhow::Result<()> {
+        match event.event.as_str() {
+            kind @ ("added" | "modified" | "deleted") => {
+                let change: PodChange = serde_json::from_str(&event.data)
+                    .with_context(|| format!("decoding a change event: {}", event.data))?;
+                let Some((node, pod_id)) = change.id.split_once('/') else {
+                    bail!("a pod's change event has the id {:?}", change.id);
+                };
+                if nodes.contains_key(node) {
+                    let key = (node.to_owned(), pod_id.to_owned());
+                    let intended = match kind {
+                        "deleted" => None,
+                        _ => self.intern(&key, change.object),
+                    };
+                    match (&mut self.snapshot, intended) {
+                        (Some(snapshot), Some(intended)) => {
+                            snapshot.insert(key, intended);
+                        }
+                        (Some(snapshot), None) => {
+                            snapshot.remove(&key);
+                        }
+                        (None, intended) => {
+                            self.changes.insert(key, intended);
+                        }
+                    }
+                }
+                if self.snapshot.is_none() {
+                    self.position = Some(event.id.clone());
+                }
+            }
+            "synced" => {
+                if let Some(snapshot) = self.snapshot.take() {
+                    self.manifests
+                        .retain(|_, intended| Arc::strong_count(intended) > 1);
+                    self.send(Intents::Snapshot(snapshot));
+                }
+                self.position = Some(event.id.clone());
+            }
+            "resync" => {
+                // Positions are void: a fresh snapshot follows and replaces everything.
+                self.position = None;
+                self.snapshot = Some(HashMap::new());
+                self.changes.clear();
+            }
+            "dropped" => tracing::info!("cut off by the server for reading too slowly; resuming"),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The manifest an event brings, shared with every pod of the same SHA; `None` (as the
+    /// pod listing does) when it is not a valid manifest.
+    fn intern(
+        &mut self,
+        (node, pod_id): &PodKey,
+        object: serde_json::Value,
+    ) -> Option<Arc<Intended>> {
+        let text = match object {
+            serde_json::Value::String(text) => text,
+            json => json.to_string(),
+        };
+        let sha = match Manifest::parse(&text) {
+            Ok(manifest) => manifest.sha(),
+            Err(errors) => {
+                tracing::warn!(%node, %pod_id, ?errors, "the intent is not a valid manifest; not running it");
+                return None;
+            }
+        };
+        let intended = self
+            .manifests
+            .entry(sha.clone())
+            .or_insert_with(|| Arc::new(Intended { sha, text }));
+        Some(intended.clone())
+    }
+
+    /// When the changes read are due to the reconciler; `None` when there are none.
+    fn due(&self) -> Option<Instant> {
+        (!self.changes.is_empty()).then(|| self.published + PUBLISH_INTERVAL)
+    }
+
+    /// Hands the changes read to the reconciler.
+    fn publish(&mut self) {
+        if !self.changes.is_empty() {
+            let changes = std::mem::take(&mut self.changes);
+            self.send(Intents::Changes(changes));
+        }
+    }
+
+    fn send(&mut self, intents: Intents) {
+        // Fails only once the reconciler has stopped, and the simulator with it.
+        let _ = self.intents.send(intents);
+        self.published = Instant::now();
+    }
 }
 
 impl Sim {
@@ -283,11 +442,17 @@ impl Sim {
                 }
                 Err(e) => tracing::debug!(%what, error = %e, "retrying"),
             }
-            let pause = backoff.next_delay();
-            tokio::select! {
-                () = self.shutdown.cancelled() => return Outcome::Stopped,
-                () = tokio::time::sleep(pause) => {}
+            if !self.pause(&mut backoff).await {
+                return Outcome::Stopped;
             }
+        }
+    }
+
+    /// Waits the backoff's next delay; `false` if shutdown came first.
+    async fn pause(&self, backoff: &mut Backoff) -> bool {
+        tokio::select! {
+            () = self.shutdown.cancelled() => false,
+            () = tokio::time::sleep(backoff.next_delay()) => true,
         }
     }
 
@@ -335,129 +500,137 @@ impl Sim {
         Ok(all)
     }
 
-    /// Follows the pod listing with one blocking query at a time and publishes what is
-    /// intended on the simulated nodes whenever it changes.
-    async fn watch_pods(
+    /// Follows the change stream of pods until shutdown, handing what is intended on the
+    /// simulated nodes to the reconciler; a stream that ends is resumed, after a pause that
+    /// grows while streams end before bringing any event.
+    async fn follow_pods(
         self: Arc<Self>,
-        desired: watch::Sender<Arc<Desired>>,
+        intents: mpsc::UnboundedSender<Intents>,
     ) -> anyhow::Result<()> {
-        let mut index: Option<u64> = None;
-        loop {
-            let started = Instant::now();
-            let Some((next, pods)) = self.list_pods(index).await? else {
-                return Ok(());
-            };
-            index = Some(next);
-            desired.send_if_modified(|current| {
-                let changed = **current != pods;
-                if changed {
-                    *current = Arc::new(pods);
-                }
-                changed
-            });
-            tokio::select! {
-                () = self.shutdown.cancelled() => return Ok(()),
-                () = tokio::time::sleep_until(started + MIN_LIST_INTERVAL) => {}
-            }
-        }
-    }
-
-    /// Every page of the pod listing, the first held until the listing's index moves past
-    /// `index`; the first page's `X-Index` with what is intended on simulated nodes. `None` on
-    /// shutdown.
-    async fn list_pods(&self, index: Option<u64>) -> anyhow::Result<Option<(u64, Desired)>> {
-        let mut pods = Desired::new();
-        let mut first_index = None;
-        let mut token: Option<String> = None;
-        loop {
-            let mut url = self.url(&["pods"]);
-            url.query_pairs_mut()
-                .append_pair("limit", &PAGE_LIMIT.to_string());
-            if let Some(token) = &token {
-                url.query_pairs_mut().append_pair("continue", token);
-            }
-            let mut timeout = REQUEST_TIMEOUT;
-            if let (Some(index), None) = (index, &first_index) {
-                url.query_pairs_mut()
-                    .append_pair("index", &index.to_string())
-                    .append_pair("wait", &format!("{}s", WATCH_WAIT.as_secs()));
-                timeout += WATCH_WAIT;
-            }
-            let Some(response) = self.watch_request(url, timeout).await? else {
-                return Ok(None);
-            };
-            let page_index = response
-                .headers()
-                .get("x-index")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok())
-                .context("the pod listing carries no X-Index")?;
-            first_index.get_or_insert(page_index);
-            let page: PodPage = response.json().await.context("decoding the pod listing")?;
-            for pod in page.items {
-                if self.health.contains_key(&pod.node) {
-                    pods.insert((pod.node, pod.pod_id), pod.manifest_sha);
-                }
-            }
-            match page.continue_token {
-                Some(next) => token = Some(next),
-                None => return Ok(first_index.map(|index| (index, pods))),
-            }
-        }
-    }
-
-    /// One page of the listing, retried until it answers; outside the in-flight limit, so
-    /// a held query never keeps reports waiting.
-    async fn watch_request(&self, url: Url, timeout: Duration) -> anyhow::Result<Option<Response>> {
+        let mut follower = Follower::new(intents);
         let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
         loop {
-            let sent = self.client.get(url.clone()).timeout(timeout).send();
+            let Some(response) = self.open_stream(follower.position.as_deref()).await? else {
+                return Ok(());
+            };
+            follower.opened();
+            let Some(read) = self.read_stream(response, &mut follower).await? else {
+                return Ok(());
+            };
+            if read > 0 {
+                backoff.reset();
+            }
+            if !self.pause(&mut backoff).await {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Opens the change stream of pods, resuming from `position` when given, retrying until
+    /// the server answers; outside the in-flight limit, so the stream never keeps reports
+    /// waiting. `None` on shutdown.
+    async fn open_stream(&self, position: Option<&str>) -> anyhow::Result<Option<Response>> {
+        let mut url = self.url(&["watch"]);
+        url.query_pairs_mut().append_pair("kinds", "pods");
+        let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
+        loop {
+            let mut request = self.client.get(url.clone());
+            if let Some(position) = position {
+                request = request.header("last-event-id", position);
+            }
             let result = tokio::select! {
                 () = self.shutdown.cancelled() => return Ok(None),
-                result = sent => result,
+                result = request.send() => result,
             };
             match result {
                 Ok(response) if response.status().is_success() => return Ok(Some(response)),
                 Ok(response) if !retryable(response.status()) => {
                     let status = response.status();
                     let body = response.text().await.unwrap_or_default();
-                    bail!("listing pods: the server answered {status}: {body}");
+                    bail!("opening the change stream: the server answered {status}: {body}");
                 }
-                Ok(response) => {
-                    tracing::warn!(status = %response.status(), "listing pods failed; retrying")
-                }
-                Err(e) => tracing::warn!(error = %e, "listing pods failed; retrying"),
+                Ok(response) => tracing::warn!(
+                    status = %response.status(),
+                    "opening the change stream failed; retrying"
+                ),
+                Err(e) => tracing::warn!(error = %e, "opening the change stream failed; retrying"),
             }
-            let pause = backoff.next_delay();
-            tokio::select! {
-                () = self.shutdown.cancelled() => return Ok(None),
-                () = tokio::time::sleep(pause) => {}
+            if !self.pause(&mut backoff).await {
+                return Ok(None);
             }
         }
     }
 
+    /// Reads one stream until it ends, handing changes over at most every
+    /// [`PUBLISH_INTERVAL`] and at its end; how many events it brought, `None` on shutdown.
+    async fn read_stream(
+        &self,
+        response: Response,
+        follower: &mut Follower,
+    ) -> anyhow::Result<Option<usize>> {
+        let mut events = response.bytes_stream().eventsource();
+        let mut read = 0;
+        loop {
+            let due = follower.due();
+            let next = tokio::select! {
+                () = self.shutdown.cancelled() => return Ok(None),
+                () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
+                    follower.publish();
+                    continue;
+                }
+                next = events.next() => next,
+            };
+            match next {
+                Some(Ok(event)) => {
+                    read += 1;
+                    follower.read(&event, &self.health)?;
+                    if follower.due().is_some_and(|due| due <= Instant::now()) {
+                        follower.publish();
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "the change stream broke; resuming");
+                    break;
+                }
+                None => break,
+            }
+        }
+        follower.publish();
+        Ok(Some(read))
+    }
+
     /// Keeps one job per (node, pod) whose report differs from its intent until shutdown.
+    /// Each turn looks only at the pods whose intent changed or whose job ended, so a change
+    /// costs the same however many pods there are.
     async fn reconcile(
         self: Arc<Self>,
-        mut desired: watch::Receiver<Arc<Desired>>,
+        mut intents: mpsc::UnboundedReceiver<Intents>,
     ) -> anyhow::Result<()> {
         let mut slots: HashMap<PodKey, Slot> = HashMap::new();
         let mut jobs: JoinSet<JobResult> = JoinSet::new();
+        let mut touched: Vec<PodKey> = Vec::new();
         loop {
             tokio::select! {
                 () = self.shutdown.cancelled() => return Ok(()),
-                changed = desired.changed() => {
-                    if changed.is_err() {
-                        return Ok(());
+                received = intents.recv() => match received {
+                    None => return Ok(()),
+                    Some(Intents::Snapshot(mut wanted)) => {
+                        for (key, slot) in &mut slots {
+                            slot.want = wanted.remove(key);
+                            touched.push(key.clone());
+                        }
+                        for (key, want) in wanted {
+                            touched.push(key.clone());
+                            slots.entry(key).or_default().want = Some(want);
+                        }
                     }
-                    let current = desired.borrow_and_update().clone();
-                    for (key, slot) in &mut slots {
-                        slot.want = current.get(key).cloned();
+                    Some(Intents::Changes(changes)) => {
+                        for (key, want) in changes {
+                            touched.push(key.clone());
+                            slots.entry(key).or_default().want = want;
+                        }
                     }
-                    for (key, sha) in current.iter() {
-                        slots.entry(key.clone()).or_default().want = Some(sha.clone());
-                    }
-                }
+                },
                 Some(joined) = jobs.join_next() => {
                     let (key, result) = joined.context("a pod job panicked")?;
                     let Some(slot) = slots.get_mut(&key) else { continue };
@@ -468,23 +641,28 @@ impl Sim {
                             // Refused as wrong, so retrying cannot help; the next change
                             // to this pod's intent tries again.
                             tracing::warn!(node = %key.0, pod_id = %key.1, error = %e, "giving up on a pod");
-                            slot.have = slot.want.clone();
+                            slot.have = slot.want.as_ref().map(|want| want.sha.clone());
                         }
                     }
+                    touched.push(key);
                 }
             }
-            slots.retain(|_, slot| slot.busy || slot.want.is_some() || slot.have.is_some());
-            for (key, slot) in &mut slots {
-                if slot.busy || slot.want == slot.have {
+            for key in touched.drain(..) {
+                let Some(slot) = slots.get_mut(&key) else {
+                    continue;
+                };
+                if slot.busy {
+                    continue;
+                }
+                if slot.want.is_none() && slot.have.is_none() {
+                    slots.remove(&key);
+                    continue;
+                }
+                if !slot.diverges() {
                     continue;
                 }
                 slot.busy = true;
-                let (sim, key, want, had) = (
-                    self.clone(),
-                    key.clone(),
-                    slot.want.clone(),
-                    slot.have.clone(),
-                );
+                let (sim, want, had) = (self.clone(), slot.want.clone(), slot.have.clone());
                 jobs.spawn(async move {
                     let result = sim.converge(&key.0, &key.1, want, had).await;
                     (key, result)
@@ -493,12 +671,12 @@ impl Sim {
         }
     }
 
-    /// Brings one pod's reports to `want` from `had`; returns what is reported afterwards.
+    /// Brings one pod's reports to `want` from `had`; returns the SHA reported afterwards.
     async fn converge(
         &self,
         node: &str,
         pod_id: &str,
-        want: Option<String>,
+        want: Option<Arc<Intended>>,
         had: Option<String>,
     ) -> anyhow::Result<Option<String>> {
         let Some(want) = want else {
@@ -515,16 +693,12 @@ impl Sim {
             () = self.shutdown.cancelled() => return Ok(had),
             () = tokio::time::sleep(self.config.start_delay) => {}
         }
-        let Some((sha, text)) = self.manifest(node, pod_id, &want).await? else {
-            // No longer intended: the next listing says so, and the pod is withdrawn then.
-            return Ok(had);
-        };
         let url = self.url(&["reality", node, pod_id]);
         let what = format!("reporting {pod_id} installed on {node}");
         let put = |c: &Client| {
             c.put(url.clone())
                 .header(reqwest::header::CONTENT_TYPE, crate::api::reality::YAML)
-                .body(text.as_str().to_owned())
+                .body(want.text.clone())
         };
         if self.expect(&what, &[], put).await?.is_none() {
             return Ok(had);
@@ -539,7 +713,7 @@ impl Sim {
         let body = json!({ "status": status });
         self.expect(&what, &[], |c| c.put(url.clone()).json(&body))
             .await?;
-        Ok(Some(sha))
+        Ok(Some(want.sha.clone()))
     }
 
     async fn withdraw_health(&self, node: &str, pod_id: &str) -> anyhow::Result<()> {
@@ -547,48 +721,6 @@ impl Sim {
         let what = format!("withdrawing {pod_id}'s health on {node}");
         self.expect(&what, &[], |c| c.delete(url.clone())).await?;
         Ok(())
-    }
-
-    /// The manifest intended for the pod, with its SHA: from the cache when `sha` was seen
-    /// before, else read from the intent. `None` when it is no longer intended.
-    async fn manifest(
-        &self,
-        node: &str,
-        pod_id: &str,
-        sha: &str,
-    ) -> anyhow::Result<Option<(String, Arc<String>)>> {
-        if let Some(text) = self.cached(sha) {
-            return Ok(Some((sha.to_owned(), text)));
-        }
-        let url = self.url(&["intent", node, pod_id]);
-        let what = format!("reading the intent of {pod_id} on {node}");
-        let Some(response) = self
-            .expect(&what, &[StatusCode::NOT_FOUND], |c| c.get(url.clone()))
-            .await?
-        else {
-            return Ok(None);
-        };
-        if response.status() == StatusCode::NOT_FOUND {
-            return Ok(None);
-        }
-        let text = response.text().await.with_context(|| what.clone())?;
-        let sha = Manifest::parse(&text)
-            .map_err(|errors| anyhow::anyhow!("{what}: not a valid manifest: {errors:?}"))?
-            .sha();
-        let text = Arc::new(text);
-        self.lock_manifests().insert(sha.clone(), text.clone());
-        Ok(Some((sha, text)))
-    }
-
-    fn cached(&self, sha: &str) -> Option<Arc<String>> {
-        self.lock_manifests().get(sha).cloned()
-    }
-
-    fn lock_manifests(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<String>>> {
-        // The map is only ever inserted into whole; a panic elsewhere cannot leave it torn.
-        self.manifests
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -605,10 +737,14 @@ mod tests {
 
     use tokio::net::TcpListener;
 
+    use tokio_util::task::TaskTracker;
+
     use super::*;
-    use crate::app::App;
+    use crate::app::{App, HttpLimits};
     use crate::kv::sqlite::SqliteStore;
-    use crate::kv::{Cas, KvStore};
+    use crate::kv::{Cas, KvStore, TxnOp};
+    use crate::model::Limits;
+    use crate::state::{Mirror, MirrorConfig};
 
     fn config(server: Url, nodes: usize, unhealthy_fraction: f64) -> SimulatorConfig {
         SimulatorConfig {
@@ -698,7 +834,6 @@ mod tests {
             client: Client::new(),
             in_flight: Semaphore::new(1),
             health: HashMap::new(),
-            manifests: Mutex::new(HashMap::new()),
             shutdown: CancellationToken::new(),
         };
         assert_eq!(
@@ -711,9 +846,9 @@ mod tests {
         );
     }
 
-    fn manifest(version: u32) -> String {
+    fn manifest(pod: &str, version: u32) -> String {
         format!(
-            "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_{version}.tar.gz\n"
+            "id: {pod}\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/{pod}_{version}.tar.gz\n"
         )
     }
 
@@ -741,56 +876,94 @@ mod tests {
         Some(record["Status"].as_str().unwrap().to_owned())
     }
 
+    /// A server over `store` on `listener` until `stop`, with its mirror started with
+    /// `mirror`, as `serve` runs it.
+    fn serve(
+        store: &Arc<dyn KvStore>,
+        listener: TcpListener,
+        mirror: MirrorConfig,
+        stop: &CancellationToken,
+    ) -> tokio::task::JoinHandle<std::io::Result<()>> {
+        let mirror = Mirror::new(store.clone(), mirror);
+        mirror.start(&TaskTracker::new(), stop.clone());
+        let app = App::serving(
+            store.clone(),
+            mirror,
+            stop.clone(),
+            HttpLimits::default(),
+            Limits::default(),
+            Arc::default(),
+        );
+        tokio::spawn(crate::server::run(
+            listener,
+            app,
+            stop.clone().cancelled_owned(),
+        ))
+    }
+
+    async fn sqlite(dir: &tempfile::TempDir) -> Arc<dyn KvStore> {
+        let path = dir.path().join("sim.db").display().to_string();
+        Arc::new(SqliteStore::open(&path).await.unwrap())
+    }
+
+    async fn intend(store: &Arc<dyn KvStore>, node: &str, pod: &str, version: u32) {
+        let key = format!("intent/{node}/{pod}");
+        let manifest = manifest(pod, version);
+        store
+            .put(&key, manifest.as_bytes(), Cas::Any)
+            .await
+            .unwrap();
+    }
+
+    /// Whether `pod` on `node` is reported installed at `version` and `status`, or, for
+    /// `None`, has no report at all.
+    async fn reported(
+        store: &Arc<dyn KvStore>,
+        node: &str,
+        pod: &str,
+        version_and_status: Option<(u32, &str)>,
+    ) -> bool {
+        let reality = value(store, &format!("reality/{node}/{pod}")).await;
+        let status = status(store, pod, node).await;
+        match version_and_status {
+            Some((version, expected)) => {
+                reality == Some(manifest(pod, version)) && status.as_deref() == Some(expected)
+            }
+            None => reality.is_none() && status.is_none(),
+        }
+    }
+
     #[tokio::test]
     async fn follows_intents_with_reality_and_health() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sim.db").display().to_string();
-        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+        let store = sqlite(&dir).await;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let server: Url = format!("http://{}", listener.local_addr().unwrap())
             .parse()
             .unwrap();
         let shutdown = CancellationToken::new();
-        let serving = tokio::spawn(crate::server::run(
-            listener,
-            App::new(store.clone()),
-            shutdown.clone().cancelled_owned(),
-        ));
+        let serving = serve(&store, listener, MirrorConfig::default(), &shutdown);
+        // Intended before the simulator starts: in the stream's snapshot.
+        intend(&store, "web-0001", "hello", 1).await;
         let simulating = tokio::spawn(run(config(server, 2, 0.5), shutdown.clone()));
 
         eventually("node labels", || async {
             value(&store, "labels/node/web-0002").await.as_deref() == Some(r#"{"role":"web"}"#)
         })
         .await;
-        // A node the simulator does not own is left alone.
-        for node in ["web-0001", "web-0002", "other"] {
-            store
-                .put(
-                    &format!("intent/{node}/hello"),
-                    manifest(1).as_bytes(),
-                    Cas::Any,
-                )
-                .await
-                .unwrap();
+        // Intended later: changes after the snapshot. A node the simulator does not own is
+        // left alone.
+        for node in ["web-0002", "other"] {
+            intend(&store, node, "hello", 1).await;
         }
         eventually("reports on both nodes", || async {
-            status(&store, "hello", "web-0001").await.as_deref() == Some("passing")
-                && status(&store, "hello", "web-0002").await.as_deref() == Some("critical")
+            reported(&store, "web-0001", "hello", Some((1, "passing"))).await
+                && reported(&store, "web-0002", "hello", Some((1, "critical"))).await
         })
         .await;
-        for node in ["web-0001", "web-0002"] {
-            assert_eq!(
-                value(&store, &format!("reality/{node}/hello")).await,
-                Some(manifest(1))
-            );
-        }
-        assert_eq!(value(&store, "reality/other/hello").await, None);
-        assert_eq!(status(&store, "hello", "other").await, None);
+        assert!(reported(&store, "other", "hello", None).await);
 
-        store
-            .put("intent/web-0001/hello", manifest(2).as_bytes(), Cas::Any)
-            .await
-            .unwrap();
+        intend(&store, "web-0001", "hello", 2).await;
         store
             .delete("intent/web-0002/hello", Cas::Any)
             .await
@@ -798,16 +971,128 @@ mod tests {
         eventually(
             "the new manifest reported and the removed pod withdrawn",
             || async {
-                value(&store, "reality/web-0001/hello").await == Some(manifest(2))
-                    && status(&store, "hello", "web-0001").await.as_deref() == Some("passing")
-                    && value(&store, "reality/web-0002/hello").await.is_none()
-                    && status(&store, "hello", "web-0002").await.is_none()
+                reported(&store, "web-0001", "hello", Some((2, "passing"))).await
+                    && reported(&store, "web-0002", "hello", None).await
             },
         )
         .await;
 
         shutdown.cancel();
         simulating.await.unwrap().unwrap();
+        serving.await.unwrap().unwrap();
+    }
+
+    /// Puts (or with `None` deletes) the intent of `pods` on `node` in one transaction, so
+    /// the server streams them in one burst.
+    async fn burst(store: &Arc<dyn KvStore>, node: &str, pods: &[String], version: Option<u32>) {
+        let ops: Vec<TxnOp> = pods
+            .iter()
+            .map(|pod| {
+                let key = format!("intent/{node}/{pod}");
+                match version {
+                    Some(version) => TxnOp::Set {
+                        key,
+                        value: manifest(pod, version).into_bytes(),
+                    },
+                    None => TxnOp::Delete { key },
+                }
+            })
+            .collect();
+        store.txn(&ops).await.unwrap();
+    }
+
+    async fn all_reported(
+        store: &Arc<dyn KvStore>,
+        pods: &[String],
+        version_and_status: Option<(u32, &str)>,
+    ) -> bool {
+        for pod in pods {
+            if !reported(store, "web-0001", pod, version_and_status).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    #[tokio::test]
+    async fn resumes_after_a_restart_and_after_being_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sqlite(&dir).await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let first = CancellationToken::new();
+        let serving = serve(&store, listener, MirrorConfig::default(), &first);
+        let shutdown = CancellationToken::new();
+        let server = format!("http://{addr}").parse().unwrap();
+        let simulating = tokio::spawn(run(config(server, 1, 0.0), shutdown.clone()));
+        for pod in ["hello", "gone"] {
+            intend(&store, "web-0001", pod, 1).await;
+        }
+        eventually("both pods reported", || async {
+            reported(&store, "web-0001", "hello", Some((1, "passing"))).await
+                && reported(&store, "web-0001", "gone", Some((1, "passing"))).await
+        })
+        .await;
+
+        // The server stops, intents change meanwhile, and a new server comes up at the same
+        // address: the simulator resumes from the position it had. This server cuts off a
+        // client one change behind, so a burst of changes makes the simulator resume again.
+        first.cancel();
+        serving.await.unwrap().unwrap();
+        intend(&store, "web-0001", "hello", 2).await;
+        intend(&store, "web-0001", "new", 1).await;
+        let cutting = MirrorConfig {
+            subscriber_buffer: 1,
+            ..MirrorConfig::default()
+        };
+        let second = CancellationToken::new();
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let serving = serve(&store, listener, cutting.clone(), &second);
+        eventually("the changes made while the server was down", || async {
+            reported(&store, "web-0001", "hello", Some((2, "passing"))).await
+                && reported(&store, "web-0001", "new", Some((1, "passing"))).await
+        })
+        .await;
+        store
+            .delete("intent/web-0001/gone", Cas::Any)
+            .await
+            .unwrap();
+        eventually("a change after resuming", || {
+            reported(&store, "web-0001", "gone", None)
+        })
+        .await;
+        let many: Vec<String> = (0..20).map(|i| format!("pod{i}")).collect();
+        burst(&store, "web-0001", &many, Some(1)).await;
+        eventually("a burst of new pods", || {
+            all_reported(&store, &many, Some((1, "passing")))
+        })
+        .await;
+
+        // This one also keeps too few changes to resume from: a burst makes the simulator
+        // start again from a snapshot, which tells what is no longer intended.
+        second.cancel();
+        serving.await.unwrap().unwrap();
+        let forgetful = MirrorConfig {
+            retained_changes: 4,
+            ..cutting
+        };
+        let third = CancellationToken::new();
+        let serving = serve(
+            &store,
+            TcpListener::bind(addr).await.unwrap(),
+            forgetful,
+            &third,
+        );
+        burst(&store, "web-0001", &many, None).await;
+        eventually("a burst of removed pods", || {
+            all_reported(&store, &many, None)
+        })
+        .await;
+        assert!(reported(&store, "web-0001", "hello", Some((2, "passing"))).await);
+
+        shutdown.cancel();
+        simulating.await.unwrap().unwrap();
+        third.cancel();
         serving.await.unwrap().unwrap();
     }
 }

@@ -73,17 +73,18 @@ async fn a_leading_server_reports_its_farms_mirror_store_and_clients() {
         );
     }
 
-    // The change stream's clients, counted while connected.
-    assert_eq!(metrics.value("p2_sse_clients", &[]), None);
+    // The change stream's clients, counted while connected: the simulator, which follows
+    // its pods through the stream, and one more.
+    assert_eq!(metrics.value("p2_sse_clients", &[]), Some(1.0));
     let stream = reqwest::get(format!("{}/api/v1/watch", api.base))
         .await
         .expect("GET /api/v1/watch");
     assert_eq!(stream.status(), reqwest::StatusCode::OK);
-    assert_eq!(scrape(&api).await.value("p2_sse_clients", &[]), Some(1.0));
+    assert_eq!(scrape(&api).await.value("p2_sse_clients", &[]), Some(2.0));
     drop(stream);
     eventually("the stream's client to be gone", CONVERGE, || async {
         match scrape(&api).await.value("p2_sse_clients", &[]) {
-            Some(0.0) => Ok(()),
+            Some(1.0) => Ok(()),
             clients => Err(format!("{clients:?}")),
         }
     })
