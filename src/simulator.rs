@@ -81,7 +81,7 @@ pub struct SimulatorConfig {
     /// Node names are `<name_prefix>-0001` and up; several simulators with different
     /// prefixes can share one server.
     pub name_prefix: String,
-    /// The most requests in flight at once, the blocking watch aside.
+    /// The most requests in flight at once, the change stream aside.
     pub max_in_flight: usize,
     /// PEM certificates to trust for an https:// server, besides the usual public roots.
     pub ca_cert: Option<PathBuf>,
