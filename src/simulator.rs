@@ -18,12 +18,12 @@
 //! `unhealthy_fraction`. The manifest text comes with each event; it is kept once per SHA
 //! and shared by every node running it.
 //!
-//! The stream's changes are handed to the reconciler in batches, at most every
-//! [`PUBLISH_INTERVAL`], and the reconciler looks only at the pods a batch names, so one
-//! change costs the same at 100 pods as at 100,000. A stream that breaks (the server
-//! restarted, or cut off the simulator for reading too slowly) is resumed from the last
-//! event's position (`Last-Event-ID`); when the server cannot resume from there it sends a
-//! fresh snapshot, which replaces what was intended.
+//! The stream's changes are handed to the reconciler in batches, at most every 100 ms,
+//! and the reconciler looks only at the pods a batch names, so one change costs the same
+//! at 100 pods as at 100,000. A stream that breaks (the server restarted, or cut off the
+//! simulator for reading too slowly) is resumed from the last event's position
+//! (`Last-Event-ID`); when the server cannot resume from there it sends a fresh snapshot,
+//! which replaces what was intended.
 //!
 //! Requests that fail for a reason that may pass (no connection, 5xx, 429) are retried with
 //! backoff, so the simulator may start before the server. Nothing is cleaned up on shutdown:
