@@ -362,58 +362,65 @@ async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResul
 }
 
 /// How many of the newest entries of a change index a read looks through before it reads the
-/// whole prefix instead: a busy prefix's latest changes are among them, and a quiet prefix
-/// costs this much more than reading it whole.
+/// prefix's keys instead: a busy prefix's latest changes are among them, and a quiet prefix
+/// costs this much more than reading its keys.
 const RECENT_CHANGES: i64 = 1024;
 
-/// A table whose entries carry the index of their last change, with an index on that
-/// (`migrations/0003_change_indexes.sql`), so that a prefix's recent changes are found
-/// without reading the prefix.
+/// A table whose entries carry the index of their last change, with two indexes holding
+/// both (`migrations/0003_change_indexes.sql`, `0004_key_change_indexes.sql`), so that a
+/// prefix's changes and its newest change are found without visiting the prefix's rows.
 struct ChangeTable {
     table: &'static str,
+    /// By change index, then key: the newest changes of every prefix.
     by_change: &'static str,
+    /// By key, then change index: every change index of one prefix.
+    by_key_change: &'static str,
     column: &'static str,
 }
 
 const ROWS: ChangeTable = ChangeTable {
     table: "kv",
     by_change: "kv_by_change",
+    by_key_change: "kv_by_key_change",
     column: "modify_index",
 };
 
 const TOMBSTONES: ChangeTable = ChangeTable {
     table: "tombstones",
     by_change: "tombstones_by_change",
+    by_key_change: "tombstones_by_key_change",
     column: "delete_index",
 };
 
 impl ChangeTable {
     /// An SQL expression for the highest index under the prefix `range` (0 if none), `?3`
     /// bound to [`RECENT_CHANGES`]: looked for among the newest entries of the change index,
-    /// and only if none is under the prefix, in the prefix itself (SQLite's `coalesce` stops
-    /// at its first non-null argument).
+    /// and only if none is under the prefix, among the prefix's keys (SQLite's `coalesce`
+    /// stops at its first non-null argument).
     fn newest(&self, range: &str) -> String {
         let ChangeTable {
             table,
             by_change,
+            by_key_change,
             column,
         } = self;
         format!(
             "coalesce(
                 (SELECT max({column}) FROM (SELECT key, {column} FROM {table} INDEXED BY {by_change}
                     ORDER BY {column} DESC LIMIT ?3) WHERE {range}),
-                (SELECT max({column}) FROM {table} WHERE {range}),
+                (SELECT max({column}) FROM {table} INDEXED BY {by_key_change} WHERE {range}),
                 0)"
         )
     }
 
     /// `FROM ... WHERE <entries changed after ?3>`, to be narrowed to a prefix: through the
     /// change index when few entries of any prefix changed after `index`, else through the
-    /// key (the `+` keeps SQLite from the change index), which reads the prefix whole.
+    /// prefix's keys in the key index; either way only the rows that changed are visited.
     async fn changed_since(&self, conn: &mut SqliteConnection, index: u64) -> StoreResult<String> {
         let ChangeTable {
             table,
             by_change,
+            by_key_change,
             column,
         } = self;
         let recent: i64 = sqlx::query_scalar(&format!(
@@ -428,7 +435,7 @@ impl ChangeTable {
         Ok(if recent < RECENT_CHANGES {
             format!("{table} INDEXED BY {by_change} WHERE {column} > ?3")
         } else {
-            format!("{table} WHERE +{column} > ?3")
+            format!("{table} INDEXED BY {by_key_change} WHERE {column} > ?3")
         })
     }
 }
@@ -1549,7 +1556,7 @@ mod tests {
 
     /// A busy prefix's index and changes are found among the newest changes of the store; a
     /// prefix behind more than `RECENT_CHANGES` newer writes and deletes elsewhere is read
-    /// whole instead. Both ways give the same answers.
+    /// through its keys instead. Both ways give the same answers.
     #[tokio::test]
     async fn a_quiet_prefix_behind_many_newer_changes_elsewhere_keeps_its_index_and_changes() {
         let dir = tempfile::tempdir().unwrap();
