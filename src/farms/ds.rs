@@ -292,14 +292,12 @@ impl DsFarm {
     /// Unschedules pods labelled with daemon sets that do not exist, with the
     /// failsafes described in the module docs.
     async fn clean_dangling(&mut self, ctx: &FarmContext, world: &World) {
-        let mut dangling: BTreeMap<&str, Vec<PodKey>> = BTreeMap::new();
-        for (pod, labels) in world.labelled_pods() {
-            if let Some(ds_id) = labels.get(DS_ID_LABEL) {
-                if !world.daemon_sets.items.contains_key(ds_id) {
-                    dangling.entry(ds_id).or_default().push(pod.clone());
-                }
-            }
-        }
+        let by_ds = world.pods_by_label(DS_ID_LABEL);
+        let dangling: BTreeMap<&str, &[PodKey]> = by_ds
+            .iter()
+            .filter(|(ds_id, _)| !world.daemon_sets.items.contains_key(*ds_id))
+            .map(|(ds_id, pods)| (ds_id.as_str(), pods.as_slice()))
+            .collect();
         let now = Instant::now();
         self.present
             .retain(|id, until| *until > now && dangling.contains_key(id.as_str()));
@@ -319,7 +317,7 @@ impl DsFarm {
             {
                 continue;
             }
-            match self.remove_dangling(ctx, world, ds_id, &pods).await {
+            match self.remove_dangling(ctx, world, ds_id, pods).await {
                 Ok(()) => self.retries.succeeded(&retry_key),
                 Err(e) => {
                     tracing::warn!(ds = %ds_id, error = %e, "cleaning up dangling pods failed");
@@ -691,11 +689,8 @@ async fn apply(
             )
         }))
         .collect();
-    let mut nodes: BTreeSet<&str> = world
-        .labelled_pods()
-        .filter(|(_, labels)| labels.get(DS_ID_LABEL).map(String::as_str) == Some(id))
-        .map(|((node, _), _)| &**node)
-        .collect();
+    let labelled = world.pods_labelled(DS_ID_LABEL, id);
+    let mut nodes: BTreeSet<&str> = labelled.iter().map(|(node, _)| &**node).collect();
     for batch in changes.chunks(NODES_PER_TXN) {
         let before = nodes.clone();
         let mut ops = Vec::new();

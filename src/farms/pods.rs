@@ -74,9 +74,11 @@ pub fn pod_health(world: &World, pod: &PodKey, wanted: &Manifest) -> PodHealth {
     )
 }
 
-/// Whether stored manifest bytes describe `manifest`: the same SHA.
+/// Whether stored manifest bytes describe `manifest`: the same SHA (the same bytes need no
+/// SHA at all, which is the usual case on every pass over a converged fleet).
 pub fn same_manifest(raw: &[u8], manifest: &Manifest) -> bool {
-    stored_sha(raw, manifest).is_some_and(|sha| sha == manifest.sha())
+    raw == manifest.raw().as_bytes()
+        || stored_sha(raw, manifest).is_some_and(|sha| sha == manifest.sha())
 }
 
 /// The SHA of stored manifest bytes (`None`: not a manifest); bytes equal to `known`'s are

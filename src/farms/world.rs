@@ -145,11 +145,6 @@ impl World {
             .unwrap_or_default()
     }
 
-    /// Every labelled pod with its labels.
-    pub fn labelled_pods(&self) -> impl Iterator<Item = (&PodKey, &Labels)> {
-        labelled(&self.pod_labels.items)
-    }
-
     /// Every node with its labels.
     pub fn node_labels(&self) -> impl Iterator<Item = (&String, &Labels)> {
         labelled(&self.nodes.items)
@@ -157,7 +152,16 @@ impl World {
 
     /// The pods labelled `key=value`, sorted.
     pub fn pods_labelled(&self, key: &str, value: &str) -> Vec<PodKey> {
-        let by_value = self.pod_labels.memo(&format!("label {key}"), |pods| {
+        self.pods_by_label(key)
+            .get(value)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The pods that have label `key`, sorted, by its value: derived once per pod-label
+    /// tree, so a pass asking for them costs nothing more while only other trees change.
+    pub fn pods_by_label(&self, key: &str) -> Arc<HashMap<String, Vec<PodKey>>> {
+        self.pod_labels.memo(&format!("label {key}"), |pods| {
             let mut by_value: HashMap<String, Vec<PodKey>> = HashMap::new();
             for (pod, labels) in labelled(pods) {
                 let Some(value) = labels.get(key) else {
@@ -171,8 +175,7 @@ impl World {
                 }
             }
             by_value
-        });
-        by_value.get(value).cloned().unwrap_or_default()
+        })
     }
 
     /// The nodes whose labels `selector` (parsed from `text`) matches.
