@@ -144,9 +144,8 @@ impl Tree {
                 .map_or_else(|e| problem(&e), |ds| View::DaemonSet(Arc::new(ds))),
             Tree::Labels(_) => decode_labels(&pair)
                 .map_or_else(|| View::Unreadable("not a label set".into()), View::Labels),
-            Tree::Health => {
-                HealthRecord::from_json(&pair.value).map_or_else(|e| problem(&e), View::Health)
-            }
+            Tree::Health => HealthRecord::from_json(&pair.value)
+                .map_or_else(|e| problem(&e), |record| View::Health(Box::new(record))),
             Tree::Events => Event::from_json(&pair.value)
                 .map_or_else(|e| problem(&e), |event| View::Event(Arc::new(event))),
             Tree::Intent
@@ -179,14 +178,16 @@ impl Entry {
 }
 
 /// What an entry's value decodes to, decided by its tree. A value that does not decode is
-/// kept (reads that need it skip it, as P2 does) with the reason.
+/// kept (reads that need it skip it, as P2 does) with the reason. No variant is larger than a
+/// `String`, so that the entries of every tree stay small (a health record inline would make
+/// each of them 100 bytes larger).
 #[derive(Debug, Clone, PartialEq)]
 pub enum View {
     Rc(Arc<StoredRc>),
     Roll(Arc<StoredRoll>),
     DaemonSet(Arc<StoredDaemonSet>),
     Labels(Labels),
-    Health(HealthRecord),
+    Health(Box<HealthRecord>),
     Event(Arc<Event>),
     /// Manifests, status records, conditions, locks, times and finished rolls: read as bytes
     /// by whoever needs them.
@@ -304,6 +305,11 @@ mod tests {
         }
         assert_eq!(Tree::of_key("audit_logs/x"), None);
         assert_eq!(Tree::of_key("labels/unknown/x"), None);
+    }
+
+    #[test]
+    fn a_view_is_no_larger_than_a_string_and_its_variant() {
+        assert!(std::mem::size_of::<View>() <= std::mem::size_of::<String>() + 8);
     }
 
     #[test]
