@@ -432,11 +432,12 @@ impl ChangeTable {
         .fetch_one(conn)
         .await
         .map_err(unavailable)?;
-        Ok(if recent < RECENT_CHANGES {
-            format!("{table} INDEXED BY {by_change} WHERE {column} > ?3")
+        let through = if recent < RECENT_CHANGES {
+            by_change
         } else {
-            format!("{table} INDEXED BY {by_key_change} WHERE {column} > ?3")
-        })
+            by_key_change
+        };
+        Ok(format!("{table} INDEXED BY {through} WHERE {column} > ?3"))
     }
 }
 
