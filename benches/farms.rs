@@ -298,6 +298,7 @@ async fn main() {
         "{} RCs x {} replicas over {} nodes, from the farm-running server's start: all {want} pods scheduled after {scheduled:.2?}",
         sizes.rcs, sizes.replicas, sizes.nodes
     );
+    print_rss("once scheduled", &server, &simulator);
     wait_for("every pod healthy", Duration::from_secs(600), async || {
         passing(&store).await >= want
     })

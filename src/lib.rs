@@ -17,7 +17,8 @@
 //!   health), in P2's key layout.
 //! - [`state`]: the in-memory mirror of every P2 tree the server reads, fed by one watch
 //!   per tree, with secondary indexes and the change stream behind `GET /api/v1/watch`.
-//! - [`backoff`]: exponential backoff with jitter for anything that retries.
+//! - [`backoff`]: exponential backoff with jitter for anything that retries; [`interner`]:
+//!   values shared by content, so that what a large fleet repeats is kept once.
 //! - [`leader`]: leader election over a store session and lock; the leader runs the farms.
 //! - [`farms`]: the RC, roll and daemon-set reconcilers, driven by the mirror.
 //! - [`metrics`]: the Prometheus metrics, their names and the recorder `/metrics` renders;
@@ -32,6 +33,7 @@ pub mod backoff;
 pub mod config;
 pub mod error;
 pub mod farms;
+pub mod interner;
 pub mod kv;
 pub mod labels;
 pub mod leader;

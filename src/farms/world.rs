@@ -11,12 +11,13 @@
 use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::interner::Interner;
 use crate::labels::{LabelType, Labels, Selector};
 use crate::model::{HealthState, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::state::{self, Entry, Mirror, TreeSnapshot, View};
@@ -483,12 +484,16 @@ fn node_labels(node: &str, entry: &Arc<Entry>) -> Option<(String, Arc<Entry>)> {
     Some((node.to_owned(), entry.clone()))
 }
 
+/// The node names and pod ids of the worlds' pod keys, shared: a fleet of 100,000 pods
+/// names far fewer nodes and pod ids, and each pod has a key in several trees.
+static POD_KEY_NAMES: LazyLock<Interner<str>> = LazyLock::new(Interner::default);
+
 fn split_pod(rest: &str) -> Option<PodKey> {
     let (node, pod_id) = rest.split_once('/')?;
     if node.is_empty() || pod_id.is_empty() || pod_id.contains('/') {
         return None;
     }
-    Some(pod_key(node, pod_id))
+    Some((POD_KEY_NAMES.text(node), POD_KEY_NAMES.text(pod_id)))
 }
 
 fn pod_labels(rest: &str, entry: &Arc<Entry>) -> Option<(PodKey, Arc<Entry>)> {
@@ -509,7 +514,7 @@ fn health(rest: &str, entry: &Arc<Entry>) -> Option<(PodKey, HealthState)> {
     match &entry.view {
         // P2 keys results by the record's own Node field.
         View::Health(record) if !record.node.is_empty() => {
-            Some(((record.node.as_str().into(), pod_id), record.status))
+            Some(((POD_KEY_NAMES.text(&record.node), pod_id), record.status))
         }
         View::Health(record) => Some(((node, pod_id), record.status)),
         _ => Some(((node, pod_id), HealthState::Unknown)),

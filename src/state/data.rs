@@ -16,7 +16,7 @@
 //! reported delete standing for a listing's absence: it removes an entry not rewritten
 //! since, and confirms an own delete.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,6 +24,7 @@ use crate::kv::{KvPair, PrefixUpdate};
 use crate::labels::{LabelType, Labels};
 
 use super::changes::{ChangeType, Stream};
+use super::entries::Entries;
 use super::trees::{Entry, Tree, View};
 use crate::store::layout;
 
@@ -38,7 +39,7 @@ pub(super) struct TreeState {
     /// Moves on every change of `entries`, so readers can tell a tree changed even when its
     /// index did not (an own delete).
     pub generation: u64,
-    pub entries: BTreeMap<String, Arc<Entry>>,
+    pub entries: Entries,
     /// Own deletes not yet confirmed by a listing: the version each removed.
     pub tombstones: HashMap<String, Arc<Entry>>,
     /// Whether a first listing has been applied.
@@ -181,12 +182,13 @@ impl State {
                 .binary_search_by(|(k, _)| k.as_str().cmp(key))
                 .is_ok()
         };
-        let removed = state.entries.iter().filter(|(key, entry)| {
-            !listed(key) && (listing.authoritative || entry.pair.modify_index <= listing.index)
+        let removed = state.entries.values().filter(|entry| {
+            !listed(&entry.pair.key)
+                && (listing.authoritative || entry.pair.modify_index <= listing.index)
         });
         let confirmed = state.tombstones.keys().filter(|key| !listed(key));
         removed
-            .map(|(key, _)| key)
+            .map(|entry| &entry.pair.key)
             .chain(confirmed)
             .map(|key| (key.clone(), listing.index))
             .collect()
@@ -240,11 +242,10 @@ impl State {
 
     fn upsert(&mut self, tree: Tree, entry: Entry) {
         let entry = Arc::new(entry);
-        let key = entry.pair.key.clone();
         let index = entry.pair.modify_index;
         let state = self.tree_mut(tree);
         state.generation += 1;
-        let old = state.entries.insert(key, entry.clone());
+        let old = state.entries.insert(entry.clone());
         let change_type = match &old {
             Some(old) => {
                 self.drop_from_indexes(tree, old);

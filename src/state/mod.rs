@@ -24,6 +24,7 @@
 
 mod changes;
 mod data;
+mod entries;
 mod feed;
 mod reader;
 mod trees;
@@ -367,12 +368,7 @@ impl Mirror {
         let tree = Tree::of_key(prefix)?;
         let state = self.read();
         let tree_state = state.tree(tree);
-        let entries = tree_state
-            .entries
-            .range(prefix.to_owned()..)
-            .take_while(|(key, _)| key.starts_with(prefix))
-            .map(|(_, entry)| entry.clone())
-            .collect();
+        let entries = tree_state.entries.under(prefix).cloned().collect();
         Some((tree_state.index, entries))
     }
 
@@ -390,9 +386,8 @@ impl Mirror {
         }
         tree_state
             .entries
-            .range(prefix.to_owned()..)
-            .take_while(|(key, _)| key.starts_with(prefix))
-            .fold((0, 0), |(count, highest), (_, entry)| {
+            .under(prefix)
+            .fold((0, 0), |(count, highest), entry| {
                 (count + 1, highest.max(entry.pair.modify_index))
             })
     }
@@ -470,8 +465,8 @@ impl Mirror {
                 let prefix = layout::labels_of_type(label_type);
                 let entries = &state.tree(Tree::Labels(label_type)).entries;
                 entries
-                    .keys()
-                    .filter_map(|key| key.strip_prefix(&prefix).map(str::to_owned))
+                    .values()
+                    .filter_map(|entry| entry.pair.key.strip_prefix(&prefix).map(str::to_owned))
                     .collect()
             }
         };

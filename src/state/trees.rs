@@ -4,10 +4,11 @@
 //! reads can answer with indexes and CAS tokens exactly as the store would) and the typed
 //! view decoded once, when the entry changed.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use serde::Serialize;
 
+use crate::interner::Interner;
 use crate::kv::KvPair;
 use crate::labels::{LabelType, Labels};
 use crate::model::event::Event;
@@ -142,7 +143,8 @@ impl Tree {
                 .map_or_else(|e| problem(&e), |roll| View::Roll(Arc::new(roll))),
             Tree::DaemonSets => StoredDaemonSet::from_json(&pair.value)
                 .map_or_else(|e| problem(&e), |ds| View::DaemonSet(Arc::new(ds))),
-            Tree::Labels(_) => decode_labels(&pair)
+            Tree::Labels(_) => LABEL_SETS
+                .share(&pair.value, || decode_labels(&pair).map(Arc::new))
                 .map_or_else(|| View::Unreadable("not a label set".into()), View::Labels),
             Tree::Health => HealthRecord::from_json(&pair.value)
                 .map_or_else(|e| problem(&e), |record| View::Health(Box::new(record))),
@@ -159,6 +161,10 @@ impl Tree {
         Entry { pair, view }
     }
 }
+
+/// The label sets of every mirror, shared by their stored bytes: an RC's replicas carry the
+/// same labels, so a fleet's pod-label tree holds a set per RC rather than one per pod.
+static LABEL_SETS: LazyLock<Interner<Labels>> = LazyLock::new(Interner::default);
 
 /// One mirrored key: the pair as the store holds it and its typed view.
 #[derive(Debug, Clone, PartialEq)]
@@ -186,7 +192,8 @@ pub enum View {
     Rc(Arc<StoredRc>),
     Roll(Arc<StoredRoll>),
     DaemonSet(Arc<StoredDaemonSet>),
-    Labels(Labels),
+    /// Shared with every entry of the same bytes.
+    Labels(Arc<Labels>),
     Health(Box<HealthRecord>),
     Event(Arc<Event>),
     /// Manifests, status records, conditions, locks, times and finished rolls: read as bytes
