@@ -3,6 +3,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use imbl::OrdMap;
+
 use crate::kv::KvPair;
 use crate::labels::{LabelType, Labels, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::{AllocationStrategy, HealthState, Manifest, StoredRc, StoredRoll};
@@ -87,7 +89,7 @@ impl Fleet {
         }
         fn shared<T: Clone>(
             documents: &BTreeMap<String, Versioned<T>>,
-        ) -> BTreeMap<String, Shared<T>> {
+        ) -> OrdMap<String, Shared<T>> {
             documents
                 .iter()
                 .map(|(id, document)| (id.clone(), document.clone().map(Arc::new)))
@@ -103,7 +105,7 @@ impl Fleet {
         World {
             rcs: tree(shared(&self.rcs)),
             rolls: tree(shared(&self.rolls)),
-            daemon_sets: tree(BTreeMap::new()),
+            daemon_sets: tree(OrdMap::new()),
             nodes: tree(
                 self.nodes
                     .iter()
@@ -123,7 +125,7 @@ impl Fleet {
             intents: tree(manifests(state::Tree::Intent, &self.intents)),
             reality: tree(manifests(state::Tree::Reality, &self.reality)),
             health: tree(self.health.clone()),
-            locks: tree(self.locks.clone()),
+            locks: tree(self.locks.clone().into_iter().collect()),
         }
     }
 }

@@ -1,6 +1,9 @@
 //! The farms' view of the store: the server's [`Mirror`] (one blocking watch per tree, each
 //! entry decoded once, when it changes), shaped as the maps the farms read. A [`World`] is
-//! rebuilt tree by tree, only for the trees that changed since the last one.
+//! updated tree by tree, only for the trees that changed since the last one, and only in the
+//! entries that changed. Its maps are persistent ([`imbl::OrdMap`]): a new world shares all
+//! but the changed paths with the one before, so a farm holding the previous world costs
+//! no copy, and catching up costs the changes, not the fleet.
 //!
 //! The mirror re-reads each tree on its own schedule, so on its own it may show a change of
 //! one tree before an earlier change of another (a pod's new reality before the removal of
@@ -9,18 +12,19 @@
 //! (see [`Mirror::wait_for_trees`]), once per new index, shared by all the farms.
 
 use std::any::Any;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
+use imbl::OrdMap;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::interner::Interner;
 use crate::labels::{LabelType, Labels, Selector};
 use crate::model::{HealthState, StoredDaemonSet, StoredRc, StoredRoll};
-use crate::state::{self, Entry, Mirror, TreeSnapshot, View};
+use crate::state::{self, Entry, Mirror, TreeEntries, TreeSnapshot, View};
 use crate::store::labels::LabelRecord;
 
 /// How long [`Trees::world`] waits for the trees to catch up with each other before the
@@ -85,17 +89,17 @@ impl<T> Tree<T> {
 
 /// Decoded trees, by what they map. Documents and mirror entries are the mirror's own,
 /// shared: building a tree copies pointers, and a world costs little beside the mirror.
-pub type RcMap = BTreeMap<String, Shared<StoredRc>>;
-pub type RollMap = BTreeMap<String, Shared<StoredRoll>>;
-pub type DaemonSetMap = BTreeMap<String, Shared<StoredDaemonSet>>;
+pub type RcMap = OrdMap<String, Shared<StoredRc>>;
+pub type RollMap = OrdMap<String, Shared<StoredRoll>>;
+pub type DaemonSetMap = OrdMap<String, Shared<StoredDaemonSet>>;
 /// Label entries (read through [`World::node_labels`]).
-pub type NodeMap = BTreeMap<String, Arc<Entry>>;
+pub type NodeMap = OrdMap<String, Arc<Entry>>;
 /// Label entries (read through [`World::pod_labels_of`] and the like).
-pub type PodLabelMap = BTreeMap<PodKey, Arc<Entry>>;
+pub type PodLabelMap = OrdMap<PodKey, Arc<Entry>>;
 /// Manifest entries (read through [`World::intent`] and [`World::reality_of`]).
-pub type ManifestMap = BTreeMap<PodKey, Arc<Entry>>;
+pub type ManifestMap = OrdMap<PodKey, Arc<Entry>>;
 pub type HealthMap = HashMap<PodKey, HealthState>;
-pub type LockMap = BTreeMap<String, Versioned<Option<String>>>;
+pub type LockMap = OrdMap<String, Versioned<Option<String>>>;
 
 /// Everything the farms look at, as of the mirror when it was taken.
 #[derive(Clone, Default)]
@@ -235,7 +239,7 @@ impl World {
 }
 
 /// The label sets of label entries, by key.
-fn labelled<K>(entries: &BTreeMap<K, Arc<Entry>>) -> impl Iterator<Item = (&K, &Labels)> {
+fn labelled<K: Ord>(entries: &OrdMap<K, Arc<Entry>>) -> impl Iterator<Item = (&K, &Labels)> {
     entries
         .iter()
         .filter_map(|(key, entry)| Some((key, entry.labels()?)))
@@ -254,12 +258,12 @@ pub struct Trees {
     caught_up: Arc<AtomicU64>,
 }
 
-/// A world and the mirror's snapshot of each tree it was built from, by position in
+/// A world and the generation of each mirror tree it was built from, by position in
 /// [`Trees::FOLLOWED`].
 #[derive(Default)]
 struct Built {
     world: World,
-    from: [Option<TreeSnapshot>; 9],
+    from: [Option<u64>; 9],
 }
 
 impl Trees {
@@ -319,31 +323,38 @@ impl Trees {
         let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
         let Built { world, from } = &mut *built;
         for (position, tree) in Trees::FOLLOWED.into_iter().enumerate() {
-            let known = from[position].as_ref().map(|snapshot| snapshot.generation);
-            let Some(snapshot) = self.mirror.snapshot(tree, known) else {
+            let known = from[position];
+            let snapshot = match tree {
+                // Keyed by the records' own fields: derived from the whole tree at once.
+                state::Tree::Health => self.mirror.whole_snapshot(tree, known),
+                _ => self.mirror.snapshot(tree, known),
+            };
+            let Some(snapshot) = snapshot else {
                 continue;
             };
-            let before = from[position].as_ref().map_or(&[][..], |was| &was.entries);
-            let changes = Changes {
-                before,
-                after: &snapshot,
-            };
             match tree {
-                state::Tree::Rcs => changes.apply(&mut world.rcs, by_id(rc_of)),
-                state::Tree::Rolls => changes.apply(&mut world.rolls, by_id(roll_of)),
-                state::Tree::DaemonSets => {
-                    changes.apply(&mut world.daemon_sets, by_id(daemon_set_of))
-                }
+                state::Tree::Rcs => update(&mut world.rcs, &snapshot, uuid_id, shared(rc_of)),
+                state::Tree::Rolls => update(&mut world.rolls, &snapshot, uuid_id, shared(roll_of)),
+                state::Tree::DaemonSets => update(
+                    &mut world.daemon_sets,
+                    &snapshot,
+                    uuid_id,
+                    shared(daemon_set_of),
+                ),
                 state::Tree::Labels(LabelType::Node) => {
-                    changes.apply(&mut world.nodes, node_labels)
+                    update(&mut world.nodes, &snapshot, node_name, label_entry)
                 }
                 state::Tree::Labels(LabelType::Pod) => {
-                    changes.apply(&mut world.pod_labels, pod_labels)
+                    update(&mut world.pod_labels, &snapshot, split_pod, label_entry)
                 }
-                state::Tree::Intent => changes.apply(&mut world.intents, legacy_pod),
-                state::Tree::Reality => changes.apply(&mut world.reality, legacy_pod),
+                state::Tree::Intent => {
+                    update(&mut world.intents, &snapshot, legacy_pod, manifest_entry)
+                }
+                state::Tree::Reality => {
+                    update(&mut world.reality, &snapshot, legacy_pod, manifest_entry)
+                }
                 state::Tree::Health => world.health = build(&snapshot, health),
-                state::Tree::Locks => changes.apply(&mut world.locks, lock),
+                state::Tree::Locks => update(&mut world.locks, &snapshot, lock_key, lock),
                 state::Tree::Labels(_)
                 | state::Tree::DsStatus
                 | state::Tree::Events
@@ -351,7 +362,7 @@ impl Trees {
                 | state::Tree::RollHistory
                 | state::Tree::Conditions => {}
             }
-            from[position] = Some(snapshot);
+            from[position] = Some(snapshot.generation);
         }
         world.clone()
     }
@@ -365,59 +376,39 @@ impl Trees {
     }
 }
 
-/// How one tree of the mirror changed: its entries `before` (as a tree of the world was
-/// built from them) and now. The mirror replaces an entry's `Arc` when it changes, so an
-/// entry still behind the same pointer is unchanged.
-struct Changes<'a> {
-    before: &'a [Arc<Entry>],
-    after: &'a TreeSnapshot,
-}
-
-impl Changes<'_> {
-    /// Brings `tree`, built from `before` by `item`, to the entries now: walks both sorted
-    /// lists and derives items again only for the entries that changed, so an update costs
-    /// a pointer comparison per unchanged entry, and a copy of the map's pointers only when a
-    /// farm still holds the previous world. `item` must key distinct entries apart (an
-    /// entry's item key a function of its key alone), or removing one entry's item could
-    /// remove another's.
-    fn apply<K: Ord + Clone, V: Clone>(
-        &self,
-        tree: &mut Arc<Tree<BTreeMap<K, V>>>,
-        item: impl Fn(&str, &Arc<Entry>) -> Option<(K, V)>,
-    ) {
-        let prefix = self.after.tree.prefix();
-        let derive = |entry: &Arc<Entry>| item(entry.pair.key.strip_prefix(&prefix)?, entry);
-        let mut items = match Arc::try_unwrap(std::mem::take(tree)) {
-            Ok(alone) => alone.items,
-            Err(shared) => shared.items.clone(),
-        };
-        let mut before = self.before.iter().peekable();
-        let mut after = self.after.entries.iter().peekable();
-        loop {
-            let (gone, came) = match (before.peek(), after.peek()) {
-                (None, None) => break,
-                (Some(was), Some(is)) if Arc::ptr_eq(was, is) => {
-                    before.next();
-                    after.next();
+/// Brings `tree` to the mirror's `snapshot` of it: each entry's item is keyed by `key_of`
+/// its key (without the tree's prefix; `None`: no item) and made by `value_of` the entry
+/// (`None`: no item). From the changed entries only, when the snapshot has them: the map is
+/// persistent, so its previous version, which a farm may hold, is left as it was at the cost
+/// of the changed paths alone.
+fn update<K: Ord + Clone, V: Clone>(
+    tree: &mut Arc<Tree<OrdMap<K, V>>>,
+    snapshot: &TreeSnapshot,
+    key_of: impl Fn(&str) -> Option<K>,
+    value_of: impl Fn(&Arc<Entry>) -> Option<V>,
+) {
+    let prefix = snapshot.tree.prefix();
+    let key_of = |key: &str| key_of(key.strip_prefix(&prefix)?);
+    let items = match &snapshot.entries {
+        TreeEntries::All(entries) => entries
+            .iter()
+            .filter_map(|entry| Some((key_of(&entry.pair.key)?, value_of(entry)?)))
+            .collect(),
+        TreeEntries::Changed(changed) => {
+            let mut items = tree.items.clone();
+            for (key, now) in changed {
+                let Some(item_key) = key_of(key) else {
                     continue;
-                }
-                (Some(was), Some(is)) => match was.pair.key.cmp(&is.pair.key) {
-                    std::cmp::Ordering::Less => (before.next(), None),
-                    std::cmp::Ordering::Equal => (before.next(), after.next()),
-                    std::cmp::Ordering::Greater => (None, after.next()),
-                },
-                (Some(_), None) => (before.next(), None),
-                (None, Some(_)) => (None, after.next()),
-            };
-            if let Some((key, _)) = gone.and_then(&derive) {
-                items.remove(&key);
+                };
+                match now.as_ref().and_then(&value_of) {
+                    Some(value) => items.insert(item_key, value),
+                    None => items.remove(&item_key),
+                };
             }
-            if let Some((key, value)) = came.and_then(&derive) {
-                items.insert(key, value);
-            }
+            items
         }
-        *tree = Arc::new(Tree::new(self.after.index, items));
-    }
+    };
+    *tree = Arc::new(Tree::new(snapshot.index, items));
 }
 
 /// One tree of the world from the mirror's entries, skipping those `item` cannot use; for
@@ -431,30 +422,28 @@ where
     M: FromIterator<(K, V)>,
 {
     let prefix = snapshot.tree.prefix();
-    let items = snapshot
-        .entries
+    let TreeEntries::All(entries) = &snapshot.entries else {
+        unreachable!("a whole snapshot holds every entry");
+    };
+    let items = entries
         .iter()
         .filter_map(|entry| item(entry.pair.key.strip_prefix(&prefix)?, entry))
         .collect();
     Arc::new(Tree::new(snapshot.index, items))
 }
 
-/// Documents keyed by UUID, with their modify index; `view` picks the document.
-fn by_id<T>(
-    view: fn(&View) -> Option<&Arc<T>>,
-) -> impl Fn(&str, &Arc<Entry>) -> Option<(String, Shared<T>)> {
-    move |id, entry| {
-        if uuid::Uuid::parse_str(id).is_err() {
-            return None;
-        }
-        let value = view(&entry.view)?.clone();
-        Some((
-            id.to_owned(),
-            Versioned {
-                value,
-                index: entry.pair.modify_index,
-            },
-        ))
+/// RCs, rolls and daemon sets are keyed by UUID.
+fn uuid_id(id: &str) -> Option<String> {
+    uuid::Uuid::parse_str(id).is_ok().then(|| id.to_owned())
+}
+
+/// A document with its modify index; `view` picks the document.
+fn shared<T>(view: fn(&View) -> Option<&Arc<T>>) -> impl Fn(&Arc<Entry>) -> Option<Shared<T>> {
+    move |entry| {
+        Some(Versioned {
+            value: view(&entry.view)?.clone(),
+            index: entry.pair.modify_index,
+        })
     }
 }
 
@@ -479,9 +468,18 @@ fn daemon_set_of(view: &View) -> Option<&Arc<StoredDaemonSet>> {
     }
 }
 
-fn node_labels(node: &str, entry: &Arc<Entry>) -> Option<(String, Arc<Entry>)> {
+fn node_name(node: &str) -> Option<String> {
+    Some(node.to_owned())
+}
+
+/// A label entry, when it holds a label set.
+fn label_entry(entry: &Arc<Entry>) -> Option<Arc<Entry>> {
     entry.labels()?;
-    Some((node.to_owned(), entry.clone()))
+    Some(entry.clone())
+}
+
+fn manifest_entry(entry: &Arc<Entry>) -> Option<Arc<Entry>> {
+    Some(entry.clone())
 }
 
 /// The node names and pod ids of the worlds' pod keys, shared: a fleet of 100,000 pods
@@ -496,15 +494,10 @@ fn split_pod(rest: &str) -> Option<PodKey> {
     Some((POD_KEY_NAMES.text(node), POD_KEY_NAMES.text(pod_id)))
 }
 
-fn pod_labels(rest: &str, entry: &Arc<Entry>) -> Option<(PodKey, Arc<Entry>)> {
-    entry.labels()?;
-    Some((split_pod(rest)?, entry.clone()))
-}
-
 /// `intent/` and `reality/`: legacy pods only; UUID-named entries are new-style pod indexes.
-fn legacy_pod(rest: &str, entry: &Arc<Entry>) -> Option<(PodKey, Arc<Entry>)> {
+fn legacy_pod(rest: &str) -> Option<PodKey> {
     let pod = split_pod(rest)?;
-    (uuid::Uuid::parse_str(&pod.1).is_err()).then(|| (pod, entry.clone()))
+    uuid::Uuid::parse_str(&pod.1).is_err().then_some(pod)
 }
 
 /// `health/<pod_id>/<node>`, keyed as (node, pod id) by the record's own fields; a record
@@ -521,13 +514,17 @@ fn health(rest: &str, entry: &Arc<Entry>) -> Option<(PodKey, HealthState)> {
     }
 }
 
-/// Lock keys (full keys), with the session holding each.
-fn lock(_: &str, entry: &Arc<Entry>) -> Option<(String, Versioned<Option<String>>)> {
-    let lock = Versioned {
+/// Lock keys are full keys.
+fn lock_key(rest: &str) -> Option<String> {
+    Some(format!("{}{rest}", state::Tree::Locks.prefix()))
+}
+
+/// The session holding a lock.
+fn lock(entry: &Arc<Entry>) -> Option<Versioned<Option<String>>> {
+    Some(Versioned {
         value: entry.pair.session.clone(),
         index: entry.pair.modify_index,
-    };
-    Some((entry.pair.key.clone(), lock))
+    })
 }
 
 #[cfg(test)]
@@ -547,71 +544,58 @@ mod tests {
         Arc::new(state::Tree::Intent.decode(pair))
     }
 
-    fn snapshot(index: u64, entries: &[&Arc<Entry>]) -> TreeSnapshot {
-        TreeSnapshot {
+    /// Updates an intent tree to `entries` at `index`.
+    fn update_intents(tree: &mut Arc<Tree<ManifestMap>>, index: u64, entries: TreeEntries) {
+        let snapshot = TreeSnapshot {
             tree: state::Tree::Intent,
             generation: index,
             index,
-            entries: entries.iter().map(|entry| Arc::clone(entry)).collect(),
-        }
+            entries,
+        };
+        update(tree, &snapshot, legacy_pod, manifest_entry);
+    }
+
+    fn all(entries: &[&Arc<Entry>]) -> TreeEntries {
+        TreeEntries::All(entries.iter().map(|entry| Arc::clone(entry)).collect())
+    }
+
+    fn changed(entries: &[(&str, Option<&Arc<Entry>>)]) -> TreeEntries {
+        let changed = entries
+            .iter()
+            .map(|(key, now)| (format!("intent/{key}"), now.map(Arc::clone)));
+        TreeEntries::Changed(changed.collect())
+    }
+
+    fn keys(tree: &Tree<ManifestMap>) -> Vec<String> {
+        let keys = tree.items.keys().map(|(node, pod)| format!("{node}/{pod}"));
+        keys.collect()
     }
 
     #[test]
-    fn an_update_makes_the_tree_a_build_would_and_leaves_the_old_one_alone() {
+    fn an_update_by_changes_makes_the_tree_a_whole_build_would_and_leaves_the_old_one_alone() {
         let new_style = intent("n1/00000000-0000-4000-8000-000000000001", "x", 1);
         let (a, b, c) = (
             intent("n1/a", "a", 1),
             intent("n1/b", "b", 1),
             intent("n2/c", "c", 1),
         );
-        let first = snapshot(1, &[&new_style, &a, &b, &c]);
         let mut tree: Arc<Tree<ManifestMap>> = Arc::default();
-        Changes {
-            before: &[],
-            after: &first,
-        }
-        .apply(&mut tree, legacy_pod);
-        assert_eq!(
-            tree.items,
-            build::<_, _, ManifestMap>(&first, legacy_pod).items
-        );
+        update_intents(&mut tree, 1, all(&[&new_style, &a, &b, &c]));
+        assert_eq!(keys(&tree), ["n1/a", "n1/b", "n2/c"]);
         let held = tree.clone();
 
         // `a` rewritten, `b` deleted, `d` added; `c` and the new-style entry unchanged.
         let (a2, d) = (intent("n1/a", "a2", 2), intent("n3/d", "d", 2));
-        let second = snapshot(2, &[&new_style, &a2, &c, &d]);
-        Changes {
-            before: &first.entries,
-            after: &second,
-        }
-        .apply(&mut tree, legacy_pod);
+        let changes = changed(&[("n1/a", Some(&a2)), ("n1/b", None), ("n3/d", Some(&d))]);
+        update_intents(&mut tree, 2, changes);
+        let mut whole: Arc<Tree<ManifestMap>> = Arc::default();
+        update_intents(&mut whole, 2, all(&[&new_style, &a2, &c, &d]));
         assert_eq!(tree.index, 2);
-        assert_eq!(
-            tree.items,
-            build::<_, _, ManifestMap>(&second, legacy_pod).items
-        );
+        assert_eq!(tree.items, whole.items);
         assert!(Arc::ptr_eq(&tree.items[&pod_key("n2", "c")], &c));
 
         assert_eq!(held.index, 1);
-        let held_keys: Vec<_> = held
-            .items
-            .keys()
-            .map(|(node, pod)| format!("{node}/{pod}"))
-            .collect();
-        assert_eq!(held_keys, ["n1/a", "n1/b", "n2/c"]);
+        assert_eq!(keys(&held), ["n1/a", "n1/b", "n2/c"]);
         assert_eq!(held.items[&pod_key("n1", "a")].pair.value, b"a");
-
-        // Alone, the tree is updated in place, to the same result.
-        drop(held);
-        let third = snapshot(3, &[&c]);
-        Changes {
-            before: &second.entries,
-            after: &third,
-        }
-        .apply(&mut tree, legacy_pod);
-        assert_eq!(
-            tree.items,
-            build::<_, _, ManifestMap>(&third, legacy_pod).items
-        );
     }
 }

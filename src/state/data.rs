@@ -24,7 +24,7 @@ use crate::kv::{KvPair, PrefixUpdate};
 use crate::labels::{LabelType, Labels};
 
 use super::changes::{ChangeType, Stream};
-use super::entries::Entries;
+use super::entries::{Entries, Journal};
 use super::trees::{Entry, Tree, View};
 use crate::store::layout;
 
@@ -40,6 +40,8 @@ pub(super) struct TreeState {
     /// index did not (an own delete).
     pub generation: u64,
     pub entries: Entries,
+    /// The latest changes of `entries`, by the generation each made.
+    pub journal: Journal,
     /// Own deletes not yet confirmed by a listing: the version each removed.
     pub tombstones: HashMap<String, Arc<Entry>>,
     /// Whether a first listing has been applied.
@@ -233,8 +235,10 @@ impl State {
 
     /// Removes a key the server itself deleted, leaving a tombstone until a listing confirms.
     pub(super) fn apply_own_delete(&mut self, tree: Tree, key: &str) {
-        if let Some(entry) = self.tree_mut(tree).entries.remove(key) {
-            self.tree_mut(tree).generation += 1;
+        let state = self.tree_mut(tree);
+        if let Some(entry) = state.entries.remove(key) {
+            state.generation += 1;
+            state.journal.record(state.generation, entry.clone());
             self.drop_from_indexes(tree, &entry);
             self.tree_mut(tree).tombstones.insert(key.to_owned(), entry);
         }
@@ -245,6 +249,7 @@ impl State {
         let index = entry.pair.modify_index;
         let state = self.tree_mut(tree);
         state.generation += 1;
+        state.journal.record(state.generation, entry.clone());
         let old = state.entries.insert(entry.clone());
         let change_type = match &old {
             Some(old) => {
@@ -263,6 +268,7 @@ impl State {
         let removed = match state.entries.remove(key) {
             Some(entry) => {
                 state.generation += 1;
+                state.journal.record(state.generation, entry.clone());
                 self.drop_from_indexes(tree, &entry);
                 entry
             }

@@ -1,9 +1,11 @@
-//! One tree's entries, sorted by key. Each entry is found by its own pair's key, so a key is
-//! kept once rather than again beside its entry: at 100,000 pods, in each of four trees.
+//! One tree's entries, sorted by key, and its latest changes. Each entry is found by its own
+//! pair's key, so a key is kept once rather than again beside its entry: at 100,000 pods, in
+//! each of four trees. The latest changes let a reader that knows the tree at one generation
+//! catch up by what changed since, not by walking every entry.
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -77,6 +79,51 @@ impl Entries {
     }
 }
 
+/// How many of a tree's latest changes are kept. The farms catch up several times a second,
+/// far fewer changes apart even while a large fleet is scheduled; a reader further behind
+/// walks the whole tree instead. Each change keeps its entry (for a removal, the version
+/// removed) alive until it drops out.
+const JOURNAL_LENGTH: usize = 8192;
+
+/// A tree's latest changes, by the generation each made.
+#[derive(Debug, Default)]
+pub(super) struct Journal {
+    changes: VecDeque<(u64, Arc<Entry>)>,
+    /// Every change made after this generation is in `changes`.
+    complete_after: u64,
+}
+
+impl Journal {
+    /// Notes that the change making `generation` changed `entry`'s key.
+    pub(super) fn record(&mut self, generation: u64, entry: Arc<Entry>) {
+        self.changes.push_back((generation, entry));
+        if self.changes.len() > JOURNAL_LENGTH {
+            if let Some((dropped, _)) = self.changes.pop_front() {
+                self.complete_after = dropped;
+            }
+        }
+    }
+
+    /// The keys changed after `generation`, sorted, each once; `None` when changes made
+    /// after it are no longer all kept.
+    pub(super) fn keys_since(&self, generation: u64) -> Option<Vec<&str>> {
+        if generation < self.complete_after {
+            return None;
+        }
+        let first = self
+            .changes
+            .partition_point(|(made, _)| *made <= generation);
+        let mut keys: Vec<&str> = self
+            .changes
+            .range(first..)
+            .map(|(_, entry)| entry.pair.key.as_str())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        Some(keys)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +153,25 @@ mod tests {
         assert_eq!(keys, ["intent/a/x", "intent/b/x"]);
         assert_eq!(entries.remove("intent/a/x").unwrap().pair.modify_index, 2);
         assert!(entries.get("intent/a/x").is_none());
+    }
+
+    #[test]
+    fn the_journal_names_each_key_changed_since_a_generation_while_it_reaches_back() {
+        let mut journal = Journal::default();
+        journal.record(1, entry("intent/b/x", 1));
+        journal.record(2, entry("intent/a/x", 2));
+        journal.record(3, entry("intent/b/x", 3));
+        assert_eq!(
+            journal.keys_since(0),
+            Some(vec!["intent/a/x", "intent/b/x"])
+        );
+        assert_eq!(journal.keys_since(2), Some(vec!["intent/b/x"]));
+        assert_eq!(journal.keys_since(3), Some(vec![]));
+        for generation in 4..4 + JOURNAL_LENGTH as u64 {
+            journal.record(generation, entry("intent/c/x", generation));
+        }
+        assert_eq!(journal.keys_since(2), None, "change 3 is no longer kept");
+        assert_eq!(journal.keys_since(3), Some(vec!["intent/c/x"]));
     }
 
     #[test]

@@ -133,8 +133,17 @@ pub struct TreeSnapshot {
     pub generation: u64,
     /// The highest index the entries reflect.
     pub index: u64,
-    /// Sorted by key.
-    pub entries: Vec<Arc<Entry>>,
+    pub entries: TreeEntries,
+}
+
+/// A tree's entries in a [`TreeSnapshot`]: all of them, or those that changed.
+#[derive(Debug, Clone)]
+pub enum TreeEntries {
+    /// Every entry, sorted by key.
+    All(Vec<Arc<Entry>>),
+    /// Each key changed since the generation the reader knew, sorted, with its entry now
+    /// (`None`: removed).
+    Changed(Vec<(String, Option<Arc<Entry>>)>),
 }
 
 /// Whether the mirror can be trusted, for `/readyz`.
@@ -392,19 +401,42 @@ impl Mirror {
             })
     }
 
-    /// `tree`'s index and entries (sorted by key), read together, unless its generation is
-    /// still `known`: lets a reader rebuild what it derives from a tree only when it changed.
+    /// `tree`'s index and what changed in it since generation `known`, read together
+    /// (every entry when `known` is `None` or too old to tell); `None` while its generation
+    /// is still `known`. Lets a reader keep what it derives from a tree up to date by the
+    /// entries that changed.
     pub fn snapshot(&self, tree: Tree, known: Option<u64>) -> Option<TreeSnapshot> {
+        self.read_snapshot(tree, known, true)
+    }
+
+    /// As [`Mirror::snapshot`], but always with every entry: for a reader that derives
+    /// from the whole tree at once.
+    pub fn whole_snapshot(&self, tree: Tree, known: Option<u64>) -> Option<TreeSnapshot> {
+        self.read_snapshot(tree, known, false)
+    }
+
+    fn read_snapshot(&self, tree: Tree, known: Option<u64>, changes: bool) -> Option<TreeSnapshot> {
         let state = self.read();
         let tree_state = state.tree(tree);
         if known == Some(tree_state.generation) {
             return None;
         }
+        let since = known
+            .filter(|_| changes)
+            .and_then(|known| tree_state.journal.keys_since(known));
+        let entries = match since {
+            Some(keys) => TreeEntries::Changed(
+                keys.into_iter()
+                    .map(|key| (key.to_owned(), tree_state.entries.get(key).cloned()))
+                    .collect(),
+            ),
+            None => TreeEntries::All(tree_state.entries.values().cloned().collect()),
+        };
         Some(TreeSnapshot {
             tree,
             generation: tree_state.generation,
             index: tree_state.index,
-            entries: tree_state.entries.values().cloned().collect(),
+            entries,
         })
     }
 

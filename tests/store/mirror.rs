@@ -2,6 +2,7 @@
 //! agent. After any writes settle the mirror equals the store entry by entry, indexes
 //! included; it survives losing its watches and a store whose index goes backwards.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -12,7 +13,9 @@ use p2_apiserver::kv::{
     StoreResult, StoreUrl, TxnOp, WatchTarget,
 };
 use p2_apiserver::labels::{LabelType, Selector};
-use p2_apiserver::state::{Mirror, MirrorConfig, OwnWrite, Signal, Tree};
+use p2_apiserver::state::{
+    Entry, Mirror, MirrorConfig, OwnWrite, Signal, Tree, TreeEntries, TreeSnapshot,
+};
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -124,6 +127,35 @@ async fn assert_converges(mirror: &Mirror, store: &dyn KvStore) {
     }
 }
 
+/// The entries of a tree as a reader holds them.
+fn by_key(entries: &[Arc<Entry>]) -> BTreeMap<String, Arc<Entry>> {
+    let by_key = entries.iter().map(|e| (e.pair.key.clone(), e.clone()));
+    by_key.collect()
+}
+
+/// `before` updated by the mirror's changes since is the tree the mirror holds now.
+fn assert_catches_up(mirror: &Mirror, before: TreeSnapshot) {
+    let tree = before.tree;
+    let TreeEntries::All(entries) = &before.entries else {
+        panic!("a whole snapshot");
+    };
+    let mut held = by_key(entries);
+    let Some(since) = mirror.snapshot(tree, Some(before.generation)) else {
+        assert_eq!(held, by_key(&mirror.entries(tree)), "{tree:?} unchanged");
+        return;
+    };
+    let TreeEntries::Changed(changed) = since.entries else {
+        panic!("{tree:?}: a few changes are told as changes");
+    };
+    for (key, now) in changed {
+        match now {
+            Some(entry) => held.insert(key, entry),
+            None => held.remove(&key),
+        };
+    }
+    assert_eq!(held, by_key(&mirror.entries(tree)), "{tree:?}");
+}
+
 fn pod_labels(rc: &str) -> Vec<u8> {
     format!(r#"{{"replication_controller_id":"{rc}","app":"web"}}"#).into_bytes()
 }
@@ -175,6 +207,10 @@ async fn random_write(store: &dyn KvStore, mirror: &Mirror, writer: usize) {
 async fn after_concurrent_writes_the_mirror_equals_the_store() {
     each_backend(async |backend| {
         let (mirror, _running) = started(backend.store.clone(), config()).await;
+        let before: Vec<TreeSnapshot> = Tree::ALL
+            .into_iter()
+            .map(|tree| mirror.whole_snapshot(tree, None).unwrap())
+            .collect();
         let writers: Vec<_> = (0..4)
             .map(|writer| {
                 let (store, mirror) = (backend.store.clone(), mirror.clone());
@@ -189,6 +225,11 @@ async fn after_concurrent_writes_the_mirror_equals_the_store() {
             writer.await.unwrap();
         }
         assert_converges(&mirror, backend.store.as_ref()).await;
+
+        // A reader that knew each tree before catches up by the changes since.
+        for before in before {
+            assert_catches_up(&mirror, before);
+        }
 
         // The secondary indexes agree with the entries.
         for rc in ["rc0", "rc1", "rc2"] {
