@@ -33,6 +33,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
+use imbl::OrdSet;
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -293,10 +294,10 @@ impl DsFarm {
     /// failsafes described in the module docs.
     async fn clean_dangling(&mut self, ctx: &FarmContext, world: &World) {
         let by_ds = world.pods_by_label(DS_ID_LABEL);
-        let dangling: BTreeMap<&str, &[PodKey]> = by_ds
+        let dangling: BTreeMap<&str, &OrdSet<PodKey>> = by_ds
             .iter()
             .filter(|(ds_id, _)| !world.daemon_sets.items.contains_key(*ds_id))
-            .map(|(ds_id, pods)| (ds_id.as_str(), pods.as_slice()))
+            .map(|(ds_id, pods)| (ds_id.as_str(), pods))
             .collect();
         let now = Instant::now();
         self.present
@@ -317,7 +318,8 @@ impl DsFarm {
             {
                 continue;
             }
-            match self.remove_dangling(ctx, world, ds_id, pods).await {
+            let pods: Vec<PodKey> = pods.iter().cloned().collect();
+            match self.remove_dangling(ctx, world, ds_id, &pods).await {
                 Ok(()) => self.retries.succeeded(&retry_key),
                 Err(e) => {
                     tracing::warn!(ds = %ds_id, error = %e, "cleaning up dangling pods failed");

@@ -10,7 +10,9 @@ use crate::labels::{LabelType, Labels, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::{AllocationStrategy, HealthState, Manifest, StoredRc, StoredRoll};
 use crate::state::{self, Entry};
 
-use super::world::{pod_key, ManifestMap, PodKey, Shared, Tree, Versioned, World};
+use super::world::{
+    index_pods, pod_key, ManifestMap, PodKey, PodLabelMap, Shared, Tree, Versioned, World,
+};
 
 /// The trees of a [`World`], each filled as a test needs.
 #[derive(Default)]
@@ -102,6 +104,15 @@ impl Fleet {
         }
         let node_labels = state::Tree::Labels(LabelType::Node);
         let pod_labels = state::Tree::Labels(LabelType::Pod);
+        let pod_label_entries: PodLabelMap = self
+            .labels
+            .iter()
+            .map(|(pod, labels)| {
+                let value = json(&labels.value);
+                let entry = entry(pod_labels, &pod_name(pod), value, labels.index);
+                (pod.clone(), entry)
+            })
+            .collect();
         World {
             rcs: tree(shared(&self.rcs)),
             rolls: tree(shared(&self.rolls)),
@@ -112,16 +123,8 @@ impl Fleet {
                     .map(|(node, labels)| (node.clone(), entry(node_labels, node, json(labels), 1)))
                     .collect(),
             ),
-            pod_labels: tree(
-                self.labels
-                    .iter()
-                    .map(|(pod, labels)| {
-                        let value = json(&labels.value);
-                        let entry = entry(pod_labels, &pod_name(pod), value, labels.index);
-                        (pod.clone(), entry)
-                    })
-                    .collect(),
-            ),
+            pods_by_label: index_pods(&pod_label_entries),
+            pod_labels: tree(pod_label_entries),
             intents: tree(manifests(state::Tree::Intent, &self.intents)),
             reality: tree(manifests(state::Tree::Reality, &self.reality)),
             health: tree(self.health.clone()),

@@ -302,10 +302,12 @@ impl FarmContext {
         world: &'a World,
         prefix: &'a str,
     ) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
-        world.held_by(&self.session).filter_map(move |key| {
-            let id = key.strip_prefix(prefix)?;
-            (!id.contains('/')).then_some((key, id))
-        })
+        let held = world.locks_under(prefix);
+        held.filter(|(_, holder)| *holder == Some(self.session.as_str()))
+            .filter_map(move |(key, _)| {
+                let id = key.strip_prefix(prefix)?;
+                (!id.contains('/')).then_some((key, id))
+            })
     }
 }
 

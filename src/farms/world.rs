@@ -13,16 +13,17 @@
 
 use std::any::Any;
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use imbl::OrdMap;
+use imbl::{OrdMap, OrdSet};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::interner::Interner;
-use crate::labels::{LabelType, Labels, Selector};
+use crate::labels::{LabelType, Labels, Selector, DS_ID_LABEL, RC_ID_LABEL};
 use crate::model::{HealthState, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::state::{self, Entry, Mirror, TreeEntries, TreeSnapshot, View};
 use crate::store::labels::LabelRecord;
@@ -100,6 +101,12 @@ pub type PodLabelMap = OrdMap<PodKey, Arc<Entry>>;
 pub type ManifestMap = OrdMap<PodKey, Arc<Entry>>;
 pub type HealthMap = HashMap<PodKey, HealthState>;
 pub type LockMap = OrdMap<String, Versioned<Option<String>>>;
+/// The pods carrying each value of one label key, sorted.
+pub type PodsByValue = OrdMap<String, OrdSet<PodKey>>;
+
+/// The label keys the farms find pods by (an RC's pods, a daemon set's): every world
+/// indexes its pods by their values.
+const INDEXED_POD_LABELS: [&str; 2] = [RC_ID_LABEL, DS_ID_LABEL];
 
 /// Everything the farms look at, as of the mirror when it was taken.
 #[derive(Clone, Default)]
@@ -110,6 +117,9 @@ pub struct World {
     pub nodes: Arc<Tree<NodeMap>>,
     /// Pod labels by (node, pod id); the entry's index is the CAS token of label writes.
     pub pod_labels: Arc<Tree<PodLabelMap>>,
+    /// The pods of `pod_labels` by the value of each of [`INDEXED_POD_LABELS`], kept up to
+    /// date change by change with that tree.
+    pub pods_by_label: [PodsByValue; 2],
     /// Intended manifests (raw bytes) by (node, pod id).
     pub intents: Arc<Tree<ManifestMap>>,
     /// Manifests the nodes report running, by (node, pod id).
@@ -155,32 +165,20 @@ impl World {
         labelled(&self.nodes.items)
     }
 
-    /// The pods labelled `key=value`, sorted.
+    /// The pods labelled `key=value`, sorted; `key` is one of [`INDEXED_POD_LABELS`].
     pub fn pods_labelled(&self, key: &str, value: &str) -> Vec<PodKey> {
-        self.pods_by_label(key)
-            .get(value)
-            .cloned()
+        let pods = self.pods_by_label(key).get(value);
+        pods.map(|pods| pods.iter().cloned().collect())
             .unwrap_or_default()
     }
 
-    /// The pods that have label `key`, sorted, by its value: derived once per pod-label
-    /// tree, so a pass asking for them costs nothing more while only other trees change.
-    pub fn pods_by_label(&self, key: &str) -> Arc<HashMap<String, Vec<PodKey>>> {
-        self.pod_labels.memo(&format!("label {key}"), |pods| {
-            let mut by_value: HashMap<String, Vec<PodKey>> = HashMap::new();
-            for (pod, labels) in labelled(pods) {
-                let Some(value) = labels.get(key) else {
-                    continue;
-                };
-                match by_value.get_mut(value) {
-                    Some(pods) => pods.push(pod.clone()),
-                    None => {
-                        by_value.insert(value.clone(), vec![pod.clone()]);
-                    }
-                }
-            }
-            by_value
-        })
+    /// The pods that have label `key`, by its value; `key` is one of
+    /// [`INDEXED_POD_LABELS`].
+    pub fn pods_by_label(&self, key: &str) -> &PodsByValue {
+        let position = INDEXED_POD_LABELS
+            .iter()
+            .position(|indexed| *indexed == key);
+        &self.pods_by_label[position.expect("pods are looked up by an indexed label")]
     }
 
     /// The nodes whose labels `selector` (parsed from `text`) matches.
@@ -222,6 +220,18 @@ impl World {
             .iter()
             .filter(move |(_, lock)| lock.value.as_deref() == Some(session))
             .map(|(key, _)| key.as_str())
+    }
+
+    /// The lock keys under `prefix`, sorted, with the session holding each.
+    pub fn locks_under<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'a str, Option<&'a str>)> + 'a {
+        self.locks
+            .items
+            .range::<_, str>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(move |(key, _)| key.starts_with(prefix))
+            .map(|(key, lock)| (key.as_str(), lock.value.as_deref()))
     }
 
     /// The session holding `key`, if any.
@@ -344,9 +354,7 @@ impl Trees {
                 state::Tree::Labels(LabelType::Node) => {
                     update(&mut world.nodes, &snapshot, node_name, label_entry)
                 }
-                state::Tree::Labels(LabelType::Pod) => {
-                    update(&mut world.pod_labels, &snapshot, split_pod, label_entry)
-                }
+                state::Tree::Labels(LabelType::Pod) => update_pod_labels(world, &snapshot),
                 state::Tree::Intent => {
                     update(&mut world.intents, &snapshot, legacy_pod, manifest_entry)
                 }
@@ -409,6 +417,63 @@ fn update<K: Ord + Clone, V: Clone>(
         }
     };
     *tree = Arc::new(Tree::new(snapshot.index, items));
+}
+
+/// The pods of `pods` by the value of each of [`INDEXED_POD_LABELS`].
+pub fn index_pods(pods: &PodLabelMap) -> [PodsByValue; 2] {
+    let mut indexes = <[PodsByValue; 2]>::default();
+    for (pod, labels) in labelled(pods) {
+        index_pod(&mut indexes, pod, labels, true);
+    }
+    indexes
+}
+
+/// Brings the world's pod labels, and its index of them, to the mirror's `snapshot`.
+fn update_pod_labels(world: &mut World, snapshot: &TreeSnapshot) {
+    if let TreeEntries::Changed(changed) = &snapshot.entries {
+        reindex(&mut world.pods_by_label, &world.pod_labels.items, changed);
+    }
+    update(&mut world.pod_labels, snapshot, split_pod, label_entry);
+    if let TreeEntries::All(_) = &snapshot.entries {
+        world.pods_by_label = index_pods(&world.pod_labels.items);
+    }
+}
+
+/// Brings `indexes` of the pod-label tree `pods` to its entries `changed` since.
+fn reindex(
+    indexes: &mut [PodsByValue; 2],
+    pods: &PodLabelMap,
+    changed: &[(String, Option<Arc<Entry>>)],
+) {
+    let prefix = state::Tree::Labels(LabelType::Pod).prefix();
+    for (key, now) in changed {
+        let Some(pod) = key.strip_prefix(&prefix).and_then(split_pod) else {
+            continue;
+        };
+        if let Some(was) = pods.get(&pod).and_then(|entry| entry.labels()) {
+            index_pod(indexes, &pod, was, false);
+        }
+        if let Some(labels) = now.as_deref().and_then(Entry::labels) {
+            index_pod(indexes, &pod, labels, true);
+        }
+    }
+}
+
+/// Adds `pod` with its `labels` to `indexes`, or removes it.
+fn index_pod(indexes: &mut [PodsByValue; 2], pod: &PodKey, labels: &Labels, add: bool) {
+    for (index, key) in indexes.iter_mut().zip(INDEXED_POD_LABELS) {
+        let Some(value) = labels.get(key) else {
+            continue;
+        };
+        if add {
+            index.entry(value.clone()).or_default().insert(pod.clone());
+        } else if let Some(pods) = index.get_mut(value) {
+            pods.remove(pod);
+            if pods.is_empty() {
+                index.remove(value);
+            }
+        }
+    }
 }
 
 /// One tree of the world from the mirror's entries, skipping those `item` cannot use; for
@@ -597,5 +662,51 @@ mod tests {
         assert_eq!(held.index, 1);
         assert_eq!(keys(&held), ["n1/a", "n1/b", "n2/c"]);
         assert_eq!(held.items[&pod_key("n1", "a")].pair.value, b"a");
+    }
+
+    fn pod_labels(key: &str, rc: &str, index: u64) -> Arc<Entry> {
+        let pair = KvPair {
+            key: format!("labels/pod/{key}"),
+            value: format!(r#"{{"{RC_ID_LABEL}":"{rc}"}}"#).into_bytes(),
+            create_index: index,
+            modify_index: index,
+            lock_index: 0,
+            session: None,
+        };
+        Arc::new(state::Tree::Labels(LabelType::Pod).decode(pair))
+    }
+
+    #[test]
+    fn the_pod_label_index_follows_the_changes_as_a_whole_index_would() {
+        let (a, b) = (pod_labels("n1/a", "rc1", 1), pod_labels("n2/a", "rc1", 1));
+        let c = pod_labels("n3/c", "rc2", 1);
+        let mut world = World::default();
+        let whole = TreeEntries::All(vec![a, b, c]);
+        let snapshot = |index, entries| TreeSnapshot {
+            tree: state::Tree::Labels(LabelType::Pod),
+            generation: index,
+            index,
+            entries,
+        };
+        update_pod_labels(&mut world, &snapshot(1, whole));
+        assert_eq!(world.pods_labelled(RC_ID_LABEL, "rc1").len(), 2);
+
+        // `n2/a` moves to rc2, `n1/a` goes, `n4/d` comes.
+        let (b2, d) = (pod_labels("n2/a", "rc2", 2), pod_labels("n4/d", "rc1", 2));
+        let changed = TreeEntries::Changed(vec![
+            ("labels/pod/n1/a".into(), None),
+            ("labels/pod/n2/a".into(), Some(b2)),
+            ("labels/pod/n4/d".into(), Some(d)),
+        ]);
+        update_pod_labels(&mut world, &snapshot(2, changed));
+        assert_eq!(world.pods_by_label, index_pods(&world.pod_labels.items));
+        assert_eq!(
+            world.pods_labelled(RC_ID_LABEL, "rc1"),
+            [pod_key("n4", "d")]
+        );
+        assert_eq!(
+            world.pods_labelled(RC_ID_LABEL, "rc2"),
+            [pod_key("n2", "a"), pod_key("n3", "c")]
+        );
     }
 }
