@@ -31,7 +31,7 @@ pub mod roll;
 pub mod stale_locks;
 pub mod world;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backoff::Backoff;
-use crate::kv::{KvPair, KvStore, StoreError, TxnOp};
+use crate::kv::{KvPair, KvStore, StoreError, TxnOp, MAX_TXN_OPS};
 use crate::leader::Term;
 use crate::metrics::FarmPass;
 use crate::model::event::{Action, Actor, Event, ObjectKind};
@@ -194,8 +194,11 @@ impl FarmContext {
         settle_claim(retries, id, taken)
     }
 
-    /// [`FarmContext::claim`] over `ids` (each with its ownership lock from `lock_of`), up
-    /// to [`CONCURRENT_OBJECTS`] at once; the ids to reconcile now, in the order given.
+    /// [`FarmContext::claim`] over `ids` (each with its ownership lock from `lock_of`); the
+    /// ids to reconcile now, in the order given. Free locks are taken many to a
+    /// transaction (a new leader of a large fleet takes thousands at once); a batch that
+    /// fails (one of its locks taken meanwhile, or in its lock-delay) is taken lock by lock,
+    /// as are the others, up to [`CONCURRENT_OBJECTS`] at once.
     pub async fn claim_all<'a>(
         &self,
         world: &World,
@@ -203,22 +206,66 @@ impl FarmContext {
         ids: impl IntoIterator<Item = &'a str>,
         lock_of: impl Fn(&str) -> String,
     ) -> Vec<&'a str> {
-        let ready: Vec<&str> = ids.into_iter().filter(|id| retries.ready(id)).collect();
-        let claims: Vec<_> = ready
+        let ready: Vec<(&str, String)> = ids
             .into_iter()
-            .map(|id| {
-                let lock = lock_of(id);
-                async move { (id, self.take_lock(world, &lock).await) }
+            .filter(|id| retries.ready(id))
+            .map(|id| (id, lock_of(id)))
+            .collect();
+        let free: Vec<&(&str, String)> = ready
+            .iter()
+            .filter(|(_, lock)| world.lock_holder(lock).is_none())
+            .collect();
+        let batches: Vec<_> = free
+            .chunks(MAX_TXN_OPS)
+            .map(|batch| async move { self.take_free_locks(batch).await })
+            .collect();
+        let taken: HashSet<&str> = stream::iter(batches)
+            .buffer_unordered((CONCURRENT_OBJECTS / MAX_TXN_OPS).max(1))
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        let claims: Vec<_> = ready
+            .iter()
+            .map(|(id, lock)| async {
+                if taken.contains(id) {
+                    return (*id, Ok(true));
+                }
+                (*id, self.take_lock(world, lock).await)
             })
             .collect();
-        let taken: Vec<(&str, FarmResult<bool>)> = stream::iter(claims)
+        let claimed: Vec<(&str, FarmResult<bool>)> = stream::iter(claims)
             .buffered(CONCURRENT_OBJECTS)
             .collect()
             .await;
-        taken
+        claimed
             .into_iter()
             .filter_map(|(id, taken)| settle_claim(retries, id, taken).then_some(id))
             .collect()
+    }
+
+    /// Takes the free locks of `batch` (ids with their locks) in one transaction: the ids
+    /// whose lock it took, all or none.
+    async fn take_free_locks<'a>(&self, batch: &[&(&'a str, String)]) -> Vec<&'a str> {
+        if self.cancel.is_cancelled() {
+            return Vec::new();
+        }
+        let take: Vec<TxnOp> = batch
+            .iter()
+            .map(|(_, lock)| TxnOp::Lock {
+                key: lock.clone(),
+                value: self.holder.as_bytes().to_vec(),
+                session: self.session.clone(),
+            })
+            .collect();
+        match self.store.txn(&take).await {
+            Ok(_) => batch.iter().map(|(id, _)| *id).collect(),
+            Err(e) => {
+                tracing::debug!(error = %e, "a batch of free locks was not taken at once");
+                Vec::new()
+            }
+        }
     }
 
     /// The actor the farm named `farm` records its events as: `farm:<farm>@<holder>`.
@@ -564,4 +611,49 @@ fn spawn_farm(
         }
         cancel.cancel();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::sqlite::SqliteStore;
+    use crate::kv::{SessionBehavior, SessionSpec};
+
+    async fn session(store: &dyn KvStore, name: &str) -> String {
+        let spec = SessionSpec {
+            name: name.into(),
+            ttl: Duration::from_secs(60),
+            lock_delay: Duration::ZERO,
+            behavior: SessionBehavior::Delete,
+        };
+        store.create_session(&spec).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_free_locks_that_fails_is_taken_lock_by_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db").display().to_string();
+        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+        let term = Term {
+            leader_session: session(store.as_ref(), "leader").await,
+            session: session(store.as_ref(), "term").await,
+            cancel: CancellationToken::new(),
+        };
+        let alerts = Arc::new(Alerter::new(None));
+        let ctx = FarmContext::new(store.clone(), &term, alerts, "me".into());
+        // The world saw every lock free, but another farm has since taken the lock of `b`.
+        let other = session(store.as_ref(), "another farm").await;
+        assert!(store.acquire("lock/b", b"", &other).await.unwrap());
+        let world = World::default();
+        let mut retries = Retries::default();
+        let ids = ["a", "b", "c"];
+        let claimed = ctx
+            .claim_all(&world, &mut retries, ids, |id| format!("lock/{id}"))
+            .await;
+        assert_eq!(claimed, ["a", "c"]);
+        for (id, holder) in [("a", &term.session), ("b", &other), ("c", &term.session)] {
+            let lock = store.get(&format!("lock/{id}")).await.unwrap().unwrap();
+            assert_eq!(lock.session.as_ref(), Some(holder), "{id}");
+        }
+    }
 }
