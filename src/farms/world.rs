@@ -361,7 +361,11 @@ impl Trees {
                 state::Tree::Reality => {
                     update(&mut world.reality, &snapshot, legacy_pod, manifest_entry)
                 }
-                state::Tree::Health => world.health = build(&snapshot, health),
+                state::Tree::Health => {
+                    if let TreeEntries::All(entries) = &snapshot.entries {
+                        world.health = build(&snapshot, entries, health);
+                    }
+                }
                 state::Tree::Locks => update(&mut world.locks, &snapshot, lock_key, lock),
                 state::Tree::Labels(_)
                 | state::Tree::DsStatus
@@ -476,20 +480,19 @@ fn index_pod(indexes: &mut [PodsByValue; 2], pod: &PodKey, labels: &Labels, add:
     }
 }
 
-/// One tree of the world from the mirror's entries, skipping those `item` cannot use; for
-/// health results, which two entries may give for one pod (see [`health`]), so that which
-/// one counts does not depend on the order they changed in.
+/// One tree of the world from every entry of the mirror's `snapshot` (its `entries`),
+/// skipping those `item` cannot use; for health results, which two entries may give for one
+/// pod (see [`health`]), so that which one counts does not depend on the order they changed
+/// in.
 fn build<K, V, M>(
     snapshot: &TreeSnapshot,
+    entries: &[Arc<Entry>],
     item: impl Fn(&str, &Arc<Entry>) -> Option<(K, V)>,
 ) -> Arc<Tree<M>>
 where
     M: FromIterator<(K, V)>,
 {
     let prefix = snapshot.tree.prefix();
-    let TreeEntries::All(entries) = &snapshot.entries else {
-        unreachable!("a whole snapshot holds every entry");
-    };
     let items = entries
         .iter()
         .filter_map(|entry| item(entry.pair.key.strip_prefix(&prefix)?, entry))
