@@ -106,7 +106,7 @@ pub type PodsByValue = OrdMap<String, OrdSet<PodKey>>;
 
 /// The label keys the farms find pods by (an RC's pods, a daemon set's): every world
 /// indexes its pods by their values.
-const INDEXED_POD_LABELS: [&str; 2] = [RC_ID_LABEL, DS_ID_LABEL];
+pub const INDEXED_POD_LABELS: [&str; 2] = [RC_ID_LABEL, DS_ID_LABEL];
 
 /// Everything the farms look at, as of the mirror when it was taken.
 #[derive(Clone, Default)]
