@@ -50,6 +50,15 @@ pub(super) struct TreeState {
     pub failing_since: Option<Instant>,
 }
 
+impl TreeState {
+    /// Notes a change of `entry`'s key (put, or removed): the generation moves, and the
+    /// journal tells readers which key changed with it.
+    fn changed(&mut self, entry: &Arc<Entry>) {
+        self.generation += 1;
+        self.journal.record(self.generation, entry.clone());
+    }
+}
+
 /// `(label type, key, value)` of the inverted label index.
 type LabelTerm = (LabelType, String, String);
 
@@ -237,8 +246,7 @@ impl State {
     pub(super) fn apply_own_delete(&mut self, tree: Tree, key: &str) {
         let state = self.tree_mut(tree);
         if let Some(entry) = state.entries.remove(key) {
-            state.generation += 1;
-            state.journal.record(state.generation, entry.clone());
+            state.changed(&entry);
             self.drop_from_indexes(tree, &entry);
             self.tree_mut(tree).tombstones.insert(key.to_owned(), entry);
         }
@@ -248,8 +256,7 @@ impl State {
         let entry = Arc::new(entry);
         let index = entry.pair.modify_index;
         let state = self.tree_mut(tree);
-        state.generation += 1;
-        state.journal.record(state.generation, entry.clone());
+        state.changed(&entry);
         let old = state.entries.insert(entry.clone());
         let change_type = match &old {
             Some(old) => {
@@ -267,8 +274,7 @@ impl State {
         let state = self.tree_mut(tree);
         let removed = match state.entries.remove(key) {
             Some(entry) => {
-                state.generation += 1;
-                state.journal.record(state.generation, entry.clone());
+                state.changed(&entry);
                 self.drop_from_indexes(tree, &entry);
                 entry
             }
