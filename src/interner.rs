@@ -23,6 +23,13 @@ struct Known<T: ?Sized> {
     sweep_at: usize,
 }
 
+impl<T: ?Sized> Known<T> {
+    /// The value shared for `bytes`, if someone holds it.
+    fn held(&self, bytes: &[u8]) -> Option<Arc<T>> {
+        self.by_bytes.get(bytes).and_then(Weak::upgrade)
+    }
+}
+
 impl<T: ?Sized> Default for Interner<T> {
     fn default() -> Self {
         Interner {
@@ -36,13 +43,18 @@ impl<T: ?Sized> Default for Interner<T> {
 
 impl<T: ?Sized> Interner<T> {
     /// The value made from `bytes`: the one already shared if someone holds it, else what
-    /// `make` makes of them (`None` when it cannot), kept to share from then on.
+    /// `make` makes of them (`None` when it cannot), kept to share from then on. `make`
+    /// runs outside the lock, so that threads decoding different values do not wait on
+    /// each other; of two made at once from the same bytes, the first kept is shared.
     pub fn share(&self, bytes: &[u8], make: impl FnOnce() -> Option<Arc<T>>) -> Option<Arc<T>> {
-        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(shared) = known.by_bytes.get(bytes).and_then(Weak::upgrade) {
+        if let Some(shared) = self.lock().held(bytes) {
             return Some(shared);
         }
         let made = make()?;
+        let mut known = self.lock();
+        if let Some(shared) = known.held(bytes) {
+            return Some(shared);
+        }
         known.by_bytes.insert(bytes.into(), Arc::downgrade(&made));
         if known.by_bytes.len() >= known.sweep_at {
             known.by_bytes.retain(|_, value| value.strong_count() > 0);
@@ -51,11 +63,14 @@ impl<T: ?Sized> Interner<T> {
         Some(made)
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Known<T>> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// How many values it knows, forgotten ones not yet swept included.
     #[cfg(test)]
     fn known(&self) -> usize {
-        let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        known.by_bytes.len()
+        self.lock().by_bytes.len()
     }
 }
 
