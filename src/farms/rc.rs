@@ -17,13 +17,13 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::SystemTime;
 
-use futures::stream::{self, StreamExt};
+use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::json;
 use tokio::time::Instant;
 
 use crate::kv::{TxnOp, MAX_TXN_OPS};
 use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
-use crate::model::conditions::{rc_conditions, RcFacts};
+use crate::model::conditions::{rc_conditions, ConditionsRecord, RcFacts};
 use crate::model::event::{Action, FieldChange, ObjectKind};
 use crate::model::{AllocationStrategy, AuditRecord, HealthState, StoredRc};
 use crate::store::layout;
@@ -84,34 +84,25 @@ impl Farm for RcFarm {
             })
             .collect();
         let conditions = &self.conditions;
-        // Built before they are streamed: a stream mapping through a closure would not be
-        // `Send` for every lifetime, as the pass's future must be.
-        let writes: Vec<_> = planned
-            .into_iter()
-            .map(|(id, rc, planned, record)| async move {
-                let published = record.as_ref().map(|record| conditions.put_op(id, record));
-                let (applied, published) = match planned {
-                    Ok(plan) => {
-                        let applied = apply(ctx, world, id, rc, plan, published).await;
-                        let published = applied.is_ok();
-                        (applied, published)
-                    }
-                    // The conditions say why it cannot be planned.
-                    Err(e) => {
-                        let published = match published {
-                            Some(op) => ctx.commit(&layout::rc_ownership(id), vec![op]).await,
-                            None => Ok(Vec::new()),
-                        };
-                        (Err(e), published.is_ok())
-                    }
+        // Each RC's write is made when there is room for it, not all of them up front (ten
+        // thousand futures of a few kilobytes each). Not a mapped stream: one mapping through
+        // a closure would not be `Send` for every lifetime, as the pass's future must be.
+        let mut planned = planned.into_iter();
+        let mut writing = FuturesUnordered::new();
+        let mut outcomes = Vec::new();
+        loop {
+            while writing.len() < CONCURRENT_OBJECTS {
+                let Some((id, rc, planned, record)) = planned.next() else {
+                    break;
                 };
-                (id, applied, record.filter(|_| published))
-            })
-            .collect();
-        let outcomes: Vec<_> = stream::iter(writes)
-            .buffer_unordered(CONCURRENT_OBJECTS)
-            .collect()
-            .await;
+                writing.push(write(ctx, world, conditions, id, rc, planned, record));
+            }
+            let Some(outcome) = writing.next().await else {
+                break;
+            };
+            outcomes.push(outcome);
+        }
+        drop(writing);
         if ctx.cancel.is_cancelled() {
             return None;
         }
@@ -576,6 +567,36 @@ async fn apply(
         ctx.commit(&lock, vec![op]).await?;
     }
     Ok(())
+}
+
+/// Writes RC `id`'s planned changes with its conditions `record` (only they, when it could
+/// not be planned), giving back the record once published.
+async fn write<'a>(
+    ctx: &FarmContext,
+    world: &World,
+    conditions: &Published,
+    id: &'a str,
+    rc: &StoredRc,
+    planned: FarmResult<Plan>,
+    record: Option<ConditionsRecord>,
+) -> (&'a str, FarmResult<()>, Option<ConditionsRecord>) {
+    let published = record.as_ref().map(|record| conditions.put_op(id, record));
+    let (applied, published) = match planned {
+        Ok(plan) => {
+            let applied = apply(ctx, world, id, rc, plan, published).await;
+            let published = applied.is_ok();
+            (applied, published)
+        }
+        // The conditions say why it cannot be planned.
+        Err(e) => {
+            let published = match published {
+                Some(op) => ctx.commit(&layout::rc_ownership(id), vec![op]).await,
+                None => Ok(Vec::new()),
+            };
+            (Err(e), published.is_ok())
+        }
+    };
+    (id, applied, record.filter(|_| published))
 }
 
 /// The farm's name in logs and in the actor of its events.
