@@ -82,6 +82,15 @@ impl Interner<str> {
     }
 }
 
+impl Interner<[u8]> {
+    /// `bytes`, shared: the one held already if any, else `bytes` itself.
+    pub fn bytes(&self, bytes: Arc<[u8]>) -> Arc<[u8]> {
+        let key = bytes.clone();
+        self.share(&key, || Some(bytes))
+            .expect("bytes are always kept")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -867,7 +867,7 @@ mod tests {
 
     async fn value(store: &Arc<dyn KvStore>, key: &str) -> Option<String> {
         let pair = store.get(key).await.unwrap()?;
-        Some(String::from_utf8(pair.value).unwrap())
+        Some(String::from_utf8(pair.value.to_vec()).unwrap())
     }
 
     async fn status(store: &Arc<dyn KvStore>, pod: &str, node: &str) -> Option<String> {

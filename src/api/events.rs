@@ -1,7 +1,7 @@
 //! `GET /api/v1/events`: who changed what and when, newest first, from the server's mirror
 //! of the events tree (bounded by `--event-retention-count` and `--event-retention-age`).
 
-use std::sync::Arc;
+use crate::kv::KvPair;
 use std::time::SystemTime;
 
 use axum::extract::State;
@@ -20,7 +20,7 @@ use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::model::event::{Event, EventKind};
 use crate::model::timestamp::parse_rfc3339;
-use crate::state::{Tree, View};
+use crate::state::Tree;
 use crate::store::layout;
 
 /// OpenAPI tag of the events route.
@@ -116,38 +116,34 @@ async fn list_events(
         )]));
     }
     let trees = [Tree::Events];
-    let (index, events): (u64, Vec<Arc<Event>>) =
+    let (index, mut stored): (u64, Vec<KvPair>) =
         match source(&app, &trees, &[], false, query.blocking).await {
             Source::Mirror(mirror) => {
-                let events = mirror
+                let pairs = mirror
                     .entries(Tree::Events)
                     .iter()
-                    .filter_map(|entry| match &entry.view {
-                        View::Event(event) => Some(event.clone()),
-                        _ => None,
-                    })
+                    .map(|entry| entry.pair.clone())
                     .collect();
-                (mirror_index(mirror, &trees), events)
+                (mirror_index(mirror, &trees), pairs)
             }
             Source::Store(blocking) => {
                 blocking.block(&app, &[layout::EVENTS.to_owned()]).await?;
                 let listing = app.store.list(layout::EVENTS).await?;
-                let events = listing
-                    .decode_readable("event", |pair| Event::from_json(&pair.value).map(Arc::new));
-                (listing.index, events)
+                (listing.index, listing.pairs)
             }
         };
-    let mut items: Vec<Arc<Event>> = events
-        .into_iter()
-        .filter(|event| query.filter.admits(event))
-        .collect();
-    items.reverse();
-    let page = query
-        .paging
-        .page_descending(items, |event| event.id.as_str());
-    let page = Page {
-        items: page.items.iter().map(|e| Event::clone(e)).collect(),
-        continue_token: page.continue_token,
-    };
+    stored.reverse();
+    // Decoded newest first, only until the page is full.
+    let page = query.paging.page_descending_decoded(
+        stored,
+        |pair| &pair.key[layout::EVENTS.len()..],
+        |pair| match Event::from_json(&pair.value) {
+            Ok(event) => query.filter.admits(&event).then_some(event),
+            Err(e) => {
+                tracing::warn!(key = %pair.key, error = %e, "skipping unreadable event");
+                None
+            }
+        },
+    );
     Ok(([index_header(index)], ApiJson(page)).into_response())
 }

@@ -34,10 +34,16 @@ impl Paging {
         self.cut(items, key, |item, after| item > after, Some)
     }
 
-    /// Cuts one page out of `items`, sorted by `key` descending (newest first, for
-    /// time-sortable keys): the next page starts below the token's key.
-    pub fn page_descending<T>(&self, items: Vec<T>, key: impl Fn(&T) -> &str) -> Page<T> {
-        self.cut(items, key, |item, after| item < after, Some)
+    /// Cuts one page of what `decode` makes of `items`, which are sorted by `key`
+    /// descending (newest first, for time-sortable keys): the next page starts below the
+    /// token's key. Only as many are decoded as the page needs (see [`Paging::page_decoded`]).
+    pub fn page_descending_decoded<T, U>(
+        &self,
+        items: Vec<T>,
+        key: impl Fn(&T) -> &str,
+        decode: impl FnMut(T) -> Option<U>,
+    ) -> Page<U> {
+        self.cut(items, key, |item, after| item < after, decode)
     }
 
     /// [`Paging::page`] of what `decode` makes of `items`, leaving out those it cannot

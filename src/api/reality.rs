@@ -231,7 +231,7 @@ async fn read(
         ApiError::not_found(format!("pod {pod_id:?} is not {what} on node {node:?}"))
     })?;
     let content_type = (CONTENT_TYPE, HeaderValue::from_static(YAML));
-    Ok(([content_type, etag(pair.modify_index)], pair.value).into_response())
+    Ok(([content_type, etag(pair.modify_index)], pair.value.to_vec()).into_response())
 }
 
 /// The pod a URL names, or a 422 listing every bad part.

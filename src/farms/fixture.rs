@@ -138,7 +138,7 @@ impl Fleet {
 fn entry(tree: state::Tree, id: &str, value: Vec<u8>, index: u64) -> Arc<Entry> {
     let pair = KvPair {
         key: format!("{}{id}", tree.prefix()),
-        value,
+        value: value.into(),
         create_index: index,
         modify_index: index,
         lock_index: 0,

@@ -603,7 +603,7 @@ mod tests {
     fn intent(key: &str, manifest: &str, index: u64) -> Arc<Entry> {
         let pair = KvPair {
             key: format!("intent/{key}"),
-            value: manifest.into(),
+            value: manifest.as_bytes().into(),
             create_index: index,
             modify_index: index,
             lock_index: 0,
@@ -664,13 +664,13 @@ mod tests {
 
         assert_eq!(held.index, 1);
         assert_eq!(keys(&held), ["n1/a", "n1/b", "n2/c"]);
-        assert_eq!(held.items[&pod_key("n1", "a")].pair.value, b"a");
+        assert_eq!(&*held.items[&pod_key("n1", "a")].pair.value, b"a");
     }
 
     fn pod_labels(key: &str, rc: &str, index: u64) -> Arc<Entry> {
         let pair = KvPair {
             key: format!("labels/pod/{key}"),
-            value: format!(r#"{{"{RC_ID_LABEL}":"{rc}"}}"#).into_bytes(),
+            value: format!(r#"{{"{RC_ID_LABEL}":"{rc}"}}"#).as_bytes().into(),
             create_index: index,
             modify_index: index,
             lock_index: 0,

@@ -382,7 +382,7 @@ impl KvStore for ConsulStore {
                 },
                 TxnOp::Unlock {
                     key: key.to_string(),
-                    value: pair.value,
+                    value: pair.value.to_vec(),
                     session: session.to_string(),
                 },
             ];

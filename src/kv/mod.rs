@@ -84,7 +84,7 @@ pub struct TxnFailure {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvPair {
     pub key: String,
-    pub value: Vec<u8>,
+    pub value: std::sync::Arc<[u8]>,
     /// Index of the write that created the key.
     pub create_index: u64,
     /// Index of the last write to the key; the CAS token.

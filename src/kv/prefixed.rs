@@ -432,7 +432,7 @@ mod tests {
             .map(|r| r.as_ref().map(|p| p.key.as_str()))
             .collect();
         assert_eq!(keys, [Some("a"), None, Some("a")]);
-        assert_eq!(results[2].as_ref().unwrap().value, b"new");
+        assert_eq!(&*results[2].as_ref().unwrap().value, b"new");
         assert!(f.inner.get(&format!("{NS}a")).await.unwrap().is_some());
         assert!(f.inner.get(&format!("{NS}b")).await.unwrap().is_none());
     }
@@ -499,7 +499,7 @@ mod tests {
         let woken = watcher.await.unwrap().unwrap();
         assert!(woken.index > start.index);
         assert_eq!(keys_of(&woken), ["rcs/a"]);
-        assert_eq!(woken.pairs[0].value, b"inside");
+        assert_eq!(&*woken.pairs[0].value, b"inside");
 
         let key = WatchTarget::Key("rcs/a".into());
         let one = store.watch(&key, 0, Duration::ZERO).await.unwrap();

@@ -275,7 +275,7 @@ fn key_from_bytes(key: Vec<u8>) -> StoreResult<String> {
 fn pair_from_row(row: &SqliteRow) -> StoreResult<KvPair> {
     Ok(KvPair {
         key: key_from_bytes(row.get("key"))?,
-        value: row.get("value"),
+        value: row.get::<&[u8], _>("value").into(),
         create_index: row.get::<i64, _>("create_index") as u64,
         modify_index: row.get::<i64, _>("modify_index") as u64,
         lock_index: row.get::<i64, _>("lock_index") as u64,
@@ -788,7 +788,7 @@ impl WriteTxn {
         };
         let pair = KvPair {
             key: key.to_owned(),
-            value: value.to_vec(),
+            value: value.into(),
             create_index: existing.map_or(self.index, |e| e.create_index),
             modify_index: self.index,
             lock_index,
@@ -1423,7 +1423,7 @@ impl KvStore for SqliteStore {
         self.write(move |inner| async move {
             let mut txn = WriteTxn::begin(&inner).await?;
             let value = match txn.row(&key).await? {
-                Some(pair) => pair.value,
+                Some(pair) => pair.value.to_vec(),
                 None => return Ok(false),
             };
             let released = txn

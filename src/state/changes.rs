@@ -156,7 +156,7 @@ mod tests {
     fn entry(key: &str, index: u64) -> Arc<Entry> {
         let pair = KvPair {
             key: key.into(),
-            value: b"{}".to_vec(),
+            value: b"{}".as_slice().into(),
             create_index: index,
             modify_index: index,
             lock_index: 0,

@@ -365,7 +365,7 @@ mod tests {
     fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {
         KvPair {
             key: key.into(),
-            value: value.as_bytes().to_vec(),
+            value: value.as_bytes().into(),
             create_index: 1,
             modify_index,
             lock_index: 0,

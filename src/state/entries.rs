@@ -133,7 +133,7 @@ mod tests {
     fn entry(key: &str, index: u64) -> Arc<Entry> {
         Arc::new(Tree::Intent.decode(KvPair {
             key: key.into(),
-            value: b"id: x".to_vec(),
+            value: b"id: x".as_slice().into(),
             create_index: index,
             modify_index: index,
             lock_index: 0,

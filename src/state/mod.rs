@@ -111,7 +111,7 @@ impl OwnWrite {
                     };
                     Some(OwnWrite::Put(KvPair {
                         key: op.key().to_owned(),
-                        value: op.value().unwrap_or_default().to_vec(),
+                        value: op.value().unwrap_or_default().into(),
                         session,
                         ..answered.clone()
                     }))

@@ -11,7 +11,6 @@ use serde::Serialize;
 use crate::interner::Interner;
 use crate::kv::KvPair;
 use crate::labels::{LabelType, Labels};
-use crate::model::event::Event;
 use crate::model::{HealthRecord, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::store::labels::decode_labels;
 use crate::store::layout;
@@ -134,7 +133,10 @@ impl Tree {
     }
 
     /// Decodes a pair of this tree into its typed view.
-    pub fn decode(self, pair: KvPair) -> Entry {
+    pub fn decode(self, mut pair: KvPair) -> Entry {
+        if self.values_repeat() {
+            pair.value = VALUES.bytes(pair.value);
+        }
         let problem = |e: &dyn std::fmt::Display| View::Unreadable(e.to_string());
         let view = match self {
             Tree::Rcs => StoredRc::from_json(&pair.value)
@@ -148,10 +150,9 @@ impl Tree {
                 .map_or_else(|| View::Unreadable("not a label set".into()), View::Labels),
             Tree::Health => HealthRecord::from_json(&pair.value)
                 .map_or_else(|e| problem(&e), |record| View::Health(Box::new(record))),
-            Tree::Events => Event::from_json(&pair.value)
-                .map_or_else(|e| problem(&e), |event| View::Event(Arc::new(event))),
             Tree::Intent
             | Tree::Reality
+            | Tree::Events
             | Tree::DsStatus
             | Tree::Conditions
             | Tree::Locks
@@ -161,6 +162,18 @@ impl Tree {
         Entry { pair, view }
     }
 }
+
+impl Tree {
+    /// Whether many of its keys hold the same bytes: an RC's replicas carry one manifest
+    /// (in intent and again in reality) and one label set.
+    fn values_repeat(self) -> bool {
+        matches!(self, Tree::Labels(_) | Tree::Intent | Tree::Reality)
+    }
+}
+
+/// The values of the trees whose values repeat, shared by content: a fleet's intent tree
+/// then holds a manifest per RC rather than one per pod.
+static VALUES: LazyLock<Interner<[u8]>> = LazyLock::new(Interner::default);
 
 /// The label sets of every mirror, shared by their stored bytes: an RC's replicas carry the
 /// same labels, so a fleet's pod-label tree holds a set per RC rather than one per pod.
@@ -195,9 +208,8 @@ pub enum View {
     /// Shared with every entry of the same bytes.
     Labels(Arc<Labels>),
     Health(Box<HealthRecord>),
-    Event(Arc<Event>),
-    /// Manifests, status records, conditions, locks, times and finished rolls: read as bytes
-    /// by whoever needs them.
+    /// Manifests, events, status records, conditions, locks, times and finished rolls: read
+    /// as bytes by whoever needs them (events are many and read a page at a time).
     Raw,
     Unreadable(String),
 }

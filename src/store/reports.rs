@@ -79,7 +79,7 @@ impl Report {
                 let pair = kv.get(&self.key).await?;
                 Ok(pair.map_or_else(Versioned::default, |pair| Versioned {
                     index: pair.modify_index,
-                    value: Some(pair.value),
+                    value: Some(pair.value.to_vec()),
                 }))
             },
             |current: Versioned<Option<Vec<u8>>>| async move {

@@ -18,7 +18,7 @@ const P2_RC_LABELS: &str = r#"{"pod_id":"hello"}"#;
 
 async fn raw(app: &TestApp, key: &str) -> String {
     let pair = app.store.get(key).await.unwrap().expect("key exists");
-    String::from_utf8(pair.value).unwrap()
+    String::from_utf8(pair.value.to_vec()).unwrap()
 }
 
 async fn patch_rc(app: &TestApp, id: &str, body: Value) -> TestResponse {

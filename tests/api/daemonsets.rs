@@ -113,7 +113,7 @@ async fn create_stores_p2s_document_with_its_audit_record_in_one_transaction() {
         r#"{{"id":"{id}","disabled":false,"manifest":{},"min_health":2,"cluster_name":"production","node_selector":"role!=db","pod_id":"p2-log-shipper","timeout":600000000000}}"#,
         serde_json::to_string(MANIFEST).unwrap()
     );
-    assert_eq!(String::from_utf8(pair.value.clone()).unwrap(), expected);
+    assert_eq!(String::from_utf8(pair.value.to_vec()).unwrap(), expected);
 
     let audits = audit_records(&app).await;
     assert_eq!(audits.len(), 1);
@@ -744,7 +744,7 @@ async fn a_p2_written_document_survives_get_and_patch() {
     assert_eq!(ds["timeout"], "10m0s");
     assert_eq!(ds["pod_id"], "p2-log-shipper");
     assert_eq!(
-        stored(&app, P2_ID).await.unwrap().value,
+        &*stored(&app, P2_ID).await.unwrap().value,
         P2_DOCUMENT.as_bytes()
     );
 
@@ -752,14 +752,14 @@ async fn a_p2_written_document_survives_get_and_patch() {
     assert_eq!(response.status, StatusCode::OK, "{response:?}");
     let expected = P2_DOCUMENT.replace(r#""min_health":0"#, r#""min_health":3"#);
     assert_eq!(
-        String::from_utf8(stored(&app, P2_ID).await.unwrap().value).unwrap(),
+        String::from_utf8(stored(&app, P2_ID).await.unwrap().value.to_vec()).unwrap(),
         expected
     );
     let response = patch(&app, P2_ID, &json!({"timeout": "1m"}), &[]).await;
     assert_eq!(response.status, StatusCode::OK);
     let expected = expected.replace("600000000000", "60000000000");
     assert_eq!(
-        String::from_utf8(stored(&app, P2_ID).await.unwrap().value).unwrap(),
+        String::from_utf8(stored(&app, P2_ID).await.unwrap().value.to_vec()).unwrap(),
         expected
     );
 }

@@ -56,7 +56,7 @@ async fn put_replaces_the_set_and_stores_p2s_json() {
         Some(format!("\"{version}\"").as_str())
     );
     // P2's label object: compact JSON, string to string, keys sorted as Go writes them.
-    assert_eq!(pair.value, br#"{"az":"us-west-2a","role":"web"}"#);
+    assert_eq!(&*pair.value, br#"{"az":"us-west-2a","role":"web"}"#);
 
     let second = put(&app, NODE, json!({"tier": "front"})).await;
     assert_eq!(second.status, StatusCode::OK);

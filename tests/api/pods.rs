@@ -445,7 +445,7 @@ async fn health_reports_are_stored_exactly_as_p2_writes_them() {
     let mut keys_sorted = keys.clone();
     keys_sorted.sort();
     assert_eq!(keys_sorted, expected);
-    let raw = String::from_utf8(pair.value.clone()).unwrap();
+    let raw = String::from_utf8(pair.value.to_vec()).unwrap();
     assert!(raw.starts_with(r#"{"Id":"hello","Node":"node17.example.com","Service":"hello","Status":"passing","Time":""#), "{raw}");
     let time = stored["Time"].as_str().unwrap();
     let expires = stored["Expires"].as_str().unwrap();

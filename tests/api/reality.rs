@@ -27,7 +27,11 @@ async fn delete(app: &TestApp, path: &str, headers: &[(&str, &str)]) -> TestResp
 }
 
 async fn stored(app: &TestApp, key: &str) -> Option<Vec<u8>> {
-    app.store.get(key).await.unwrap().map(|pair| pair.value)
+    app.store
+        .get(key)
+        .await
+        .unwrap()
+        .map(|pair| pair.value.to_vec())
 }
 
 fn causes(response: &TestResponse) -> Vec<String> {
@@ -61,7 +65,7 @@ async fn reality_round_trips_byte_for_byte_in_every_yaml_media_type() {
             "{content_type}: {put:?}"
         );
         let pair = app.store.get("reality/node1/hello").await.unwrap().unwrap();
-        assert_eq!(pair.value, body.as_bytes(), "{content_type}");
+        assert_eq!(&*pair.value, body.as_bytes(), "{content_type}");
         assert_eq!(
             put.header("etag"),
             Some(format!("\"{}\"", pair.modify_index).as_str())

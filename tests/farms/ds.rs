@@ -43,7 +43,7 @@ async fn intents_with(h: &Harness, manifest: &str) -> usize {
     listing
         .pairs
         .iter()
-        .filter(|pair| pair.key.ends_with("/hello") && pair.value == manifest.as_bytes())
+        .filter(|pair| pair.key.ends_with("/hello") && &*pair.value == manifest.as_bytes())
         .count()
 }
 

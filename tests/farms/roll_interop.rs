@@ -111,7 +111,7 @@ async fn follow_roll(h: &Harness, old: &str, new: &str) {
     assert_eq!(snapshot.rc_pods(old), (0, 0));
     let intents: Vec<_> = h.store.list("intent/").await.unwrap().pairs;
     assert_eq!(intents.len(), REPLICAS, "{intents:?}");
-    assert!(intents.iter().all(|p| p.value == NEW_MANIFEST.as_bytes()));
+    assert!(intents.iter().all(|p| &*p.value == NEW_MANIFEST.as_bytes()));
     let locks = h.store.list("lock/replication_controllers/").await.unwrap();
     assert!(locks.pairs.iter().all(|p| !p.key.ends_with("/update")));
 }

@@ -134,7 +134,7 @@ async fn create_only_cas(s: Subject) {
         s.store.put(&key, b"second", Cas::Index(0)).await
     ));
     let pair = s.store.get(&key).await.unwrap().unwrap();
-    assert_eq!(pair.value, b"first");
+    assert_eq!(&*pair.value, b"first");
     assert_eq!(pair.create_index, pair.modify_index);
 }
 
@@ -154,7 +154,7 @@ async fn cas_stale_and_fresh(s: Subject) {
             .put(&key, b"stale", Cas::Index(first.modify_index))
             .await
     ));
-    assert_eq!(s.store.get(&key).await.unwrap().unwrap().value, b"v2");
+    assert_eq!(&*s.store.get(&key).await.unwrap().unwrap().value, b"v2");
 }
 
 async fn delete_cas(s: Subject) {
@@ -166,7 +166,7 @@ async fn delete_cas(s: Subject) {
         s.store.delete(&key, Cas::Index(first.modify_index)).await
     ));
     let current = s.store.get(&key).await.unwrap().unwrap();
-    assert_eq!(current.value, b"v2");
+    assert_eq!(&*current.value, b"v2");
     s.store
         .delete(&key, Cas::Index(current.modify_index))
         .await
@@ -211,7 +211,7 @@ async fn txn_all_or_nothing(s: Subject) {
     }
     let listing = s.store.list(&s.key("txn/")).await.unwrap();
     assert_eq!(listing.pairs.len(), 1, "{:?}", listing.pairs);
-    assert_eq!(listing.pairs[0].value, b"old");
+    assert_eq!(&*listing.pairs[0].value, b"old");
 
     // The same ops without the failing one all apply, with results lined up.
     let mut ops = ops;
@@ -222,7 +222,7 @@ async fn txn_all_or_nothing(s: Subject) {
     let results = s.store.txn(&ops).await.unwrap();
     assert_eq!(results.len(), ops.len());
     assert!(results[2].is_none(), "a delete answers nothing");
-    assert_eq!(results[4].as_ref().unwrap().value, b"new");
+    assert_eq!(&*results[4].as_ref().unwrap().value, b"new");
     let keys = s.store.keys(&s.key("txn/"), None).await.unwrap().1;
     assert_eq!(keys, vec![s.key("txn/a"), s.key("txn/d"), existing]);
 }
@@ -358,7 +358,7 @@ async fn counter_with_cas_retry(s: Subject) {
         task.await.unwrap();
     }
     let pair = s.store.get(&key).await.unwrap().unwrap();
-    assert_eq!(pair.value, b"800");
+    assert_eq!(&*pair.value, b"800");
 }
 
 async fn lock_exclusivity(s: Subject) {
@@ -452,7 +452,7 @@ async fn destroy_applies_behavior(s: Subject) {
     s.store.destroy_session(&d).await.unwrap();
     let pair = s.store.get(&released).await.unwrap().unwrap();
     assert_eq!(pair.session, None);
-    assert_eq!(pair.value, b"r");
+    assert_eq!(&*pair.value, b"r");
     assert_eq!(s.store.get(&deleted).await.unwrap(), None);
 }
 
@@ -518,7 +518,7 @@ async fn watch_wakes_on_change(s: Subject) {
     let written = Instant::now();
     let (snapshot, woke) = waiter.await.unwrap();
     assert!(snapshot.index > index);
-    assert_eq!(snapshot.pairs[0].value, b"2");
+    assert_eq!(&*snapshot.pairs[0].value, b"2");
     assert!(woke.saturating_duration_since(written) < Duration::from_secs(1));
 }
 
@@ -708,10 +708,10 @@ async fn txn_ops_see_the_ops_before_them(s: Subject) {
         ])
         .await
         .unwrap();
-    assert_eq!(results[0].as_ref().unwrap().value, b"old");
+    assert_eq!(&*results[0].as_ref().unwrap().value, b"old");
     let set = results[1].as_ref().unwrap();
     assert_eq!(results[2].as_ref().unwrap(), set);
-    assert_eq!(set.value, b"new");
+    assert_eq!(&*set.value, b"new");
 
     let refused = s
         .store
@@ -735,7 +735,7 @@ async fn txn_ops_see_the_ops_before_them(s: Subject) {
         }
         other => panic!("expected a conflict, got {other:?}"),
     }
-    assert_eq!(s.store.get(&a).await.unwrap().unwrap().value, b"new");
+    assert_eq!(&*s.store.get(&a).await.unwrap().unwrap().value, b"new");
     assert_eq!(s.store.get(&b).await.unwrap(), None);
 }
 

@@ -44,7 +44,7 @@ fn entry(key: &str, value: &str, modify_index: u64) -> serde_json::Value {
 fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {
     KvPair {
         key: key.into(),
-        value: value.as_bytes().to_vec(),
+        value: value.as_bytes().into(),
         create_index: 3,
         modify_index,
         lock_index: 0,
@@ -117,7 +117,7 @@ async fn get_sends_token_and_datacenter_and_decodes_the_entry() {
         got,
         Some(KvPair {
             key: "labels/pod/node1/hello".into(),
-            value: b"hello".to_vec(),
+            value: b"hello".as_slice().into(),
             create_index: 7,
             modify_index: 42,
             lock_index: 2,
@@ -438,7 +438,7 @@ async fn txn_sends_consul_verbs_and_lines_results_up_with_ops() {
         ]
     );
     assert_eq!(
-        results[0].as_ref().unwrap().value,
+        &*results[0].as_ref().unwrap().value,
         b"1",
         "a write result carries its value"
     );

@@ -25,7 +25,10 @@ async fn two_stores_on_one_file_stay_cas_correct() {
             for _ in 0..25 {
                 loop {
                     let pair = store.get("counter").await.unwrap().unwrap();
-                    let n: u64 = String::from_utf8(pair.value).unwrap().parse().unwrap();
+                    let n: u64 = String::from_utf8(pair.value.to_vec())
+                        .unwrap()
+                        .parse()
+                        .unwrap();
                     let next = (n + 1).to_string();
                     match store
                         .put("counter", next.as_bytes(), Cas::Index(pair.modify_index))
@@ -42,7 +45,7 @@ async fn two_stores_on_one_file_stay_cas_correct() {
     for task in tasks {
         task.await.unwrap();
     }
-    assert_eq!(b.get("counter").await.unwrap().unwrap().value, b"200");
+    assert_eq!(&*b.get("counter").await.unwrap().unwrap().value, b"200");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,7 +98,7 @@ async fn state_and_index_survive_a_restart() {
     let before = store.list("").await.unwrap().index;
     drop(store);
     let store = SqliteStore::open(&path).await.unwrap();
-    assert_eq!(store.get("a").await.unwrap().unwrap().value, b"1");
+    assert_eq!(&*store.get("a").await.unwrap().unwrap().value, b"1");
     store.put("c", b"3", Cas::Any).await.unwrap();
     let after = store.get("c").await.unwrap().unwrap().modify_index;
     assert!(after > before);

@@ -536,7 +536,7 @@ impl TestApp {
         listing
             .pairs
             .into_iter()
-            .map(|p| (p.key, p.value))
+            .map(|p| (p.key, p.value.to_vec()))
             .collect()
     }
 
@@ -563,7 +563,7 @@ impl TestApp {
     /// The value stored at `key` as text, if any.
     pub async fn stored_text(&self, key: &str) -> Option<String> {
         let pair = self.stored(key).await?;
-        Some(String::from_utf8(pair.value).expect("a text value"))
+        Some(String::from_utf8(pair.value.to_vec()).expect("a text value"))
     }
 
     /// Writes `value` at `key` behind the API's back, as P2 or another tool would, and

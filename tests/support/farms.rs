@@ -230,7 +230,7 @@ impl Harness {
             .get(&format!("intent/{node}/{pod_id}"))
             .await
             .unwrap()?;
-        Some(String::from_utf8(pair.value).unwrap())
+        Some(String::from_utf8(pair.value.to_vec()).unwrap())
     }
 
     /// The nodes whose pod labels name the RC, sorted.
@@ -297,7 +297,7 @@ impl Harness {
         let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {
             // What each pod was last intended to run, and since when.
-            let mut seen: HashMap<String, (Vec<u8>, tokio::time::Instant)> = HashMap::new();
+            let mut seen: HashMap<String, (Arc<[u8]>, tokio::time::Instant)> = HashMap::new();
             while !shutdown.is_cancelled() {
                 let intents = store.list("intent/").await.unwrap();
                 let mut live = HashSet::new();
@@ -494,7 +494,7 @@ impl From<Listing> for Snapshot {
         let values = listing
             .pairs
             .into_iter()
-            .map(|pair| (pair.key, pair.value))
+            .map(|pair| (pair.key, pair.value.to_vec()))
             .collect();
         Snapshot {
             index: listing.index,

@@ -48,7 +48,7 @@ impl KvEntry {
         };
         Ok(KvPair {
             key: self.key,
-            value,
+            value: value.into(),
             create_index: self.create_index,
             modify_index: self.modify_index,
             lock_index: self.lock_index,
@@ -325,7 +325,7 @@ impl TxnAnswer {
             // Consul leaves the value out of write results; what a committed write stored is
             // the op's own value, which the embedded backend returns as well.
             if let Some(value) = op.value() {
-                pair.value = value.to_vec();
+                pair.value = value.into();
             }
             lined_up.push(Some(pair));
         }
