@@ -327,6 +327,27 @@ mod tests {
     }
 
     #[test]
+    fn the_same_manifest_on_two_nodes_is_kept_once_and_an_rc_document_is_not_shared() {
+        let decode = |tree: Tree, key: &str, value: &str| {
+            tree.decode(KvPair {
+                key: key.into(),
+                value: value.as_bytes().into(),
+                create_index: 1,
+                modify_index: 1,
+                lock_index: 0,
+                session: None,
+            })
+        };
+        let a = decode(Tree::Intent, "intent/n1/hello", "id: hello\n");
+        let b = decode(Tree::Reality, "reality/n2/hello", "id: hello\n");
+        assert!(Arc::ptr_eq(&a.pair.value, &b.pair.value));
+        let doc = r#"{"id":"x"}"#;
+        let a = decode(Tree::Rcs, "replication_controllers/x", doc);
+        let b = decode(Tree::Rcs, "replication_controllers/x", doc);
+        assert!(!Arc::ptr_eq(&a.pair.value, &b.pair.value));
+    }
+
+    #[test]
     fn a_view_is_no_larger_than_a_string_and_its_variant() {
         assert!(std::mem::size_of::<View>() <= std::mem::size_of::<String>() + 8);
     }
