@@ -6,7 +6,11 @@
 //! and the interner forgets it some time after the last holder drops it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+
+/// Node names and pod ids, shared by the mirror's health views and the farms' pod keys: a
+/// hundred thousand pods name ten thousand nodes and as many pod ids as there are RCs.
+pub static NAMES: LazyLock<Interner<str>> = LazyLock::new(Interner::default);
 
 /// Below this many known values, forgotten ones are not swept.
 const SWEEP_FLOOR: usize = 1024;

@@ -15,14 +15,14 @@ use std::any::Any;
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use imbl::{OrdMap, OrdSet};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::interner::Interner;
+use crate::interner::NAMES;
 use crate::labels::{LabelType, Labels, Selector, DS_ID_LABEL, RC_ID_LABEL};
 use crate::model::{HealthState, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::state::{self, Entry, Mirror, TreeEntries, TreeSnapshot, View};
@@ -550,16 +550,12 @@ fn manifest_entry(entry: &Arc<Entry>) -> Option<Arc<Entry>> {
     Some(entry.clone())
 }
 
-/// The node names and pod ids of the worlds' pod keys, shared: a fleet of 100,000 pods
-/// names far fewer nodes and pod ids, and each pod has a key in several trees.
-static POD_KEY_NAMES: LazyLock<Interner<str>> = LazyLock::new(Interner::default);
-
 fn split_pod(rest: &str) -> Option<PodKey> {
     let (node, pod_id) = rest.split_once('/')?;
     if node.is_empty() || pod_id.is_empty() || pod_id.contains('/') {
         return None;
     }
-    Some((POD_KEY_NAMES.text(node), POD_KEY_NAMES.text(pod_id)))
+    Some((NAMES.text(node), NAMES.text(pod_id)))
 }
 
 /// `intent/` and `reality/`: legacy pods only; UUID-named entries are new-style pod indexes.
@@ -575,7 +571,7 @@ fn health(rest: &str, entry: &Arc<Entry>) -> Option<(PodKey, HealthState)> {
     match &entry.view {
         // P2 keys results by the record's own Node field.
         View::Health(record) if !record.node.is_empty() => {
-            Some(((POD_KEY_NAMES.text(&record.node), pod_id), record.status))
+            Some(((record.node.clone(), pod_id), record.status))
         }
         View::Health(record) => Some(((node, pod_id), record.status)),
         _ => Some(((node, pod_id), HealthState::Unknown)),

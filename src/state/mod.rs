@@ -44,7 +44,7 @@ use crate::store::layout;
 
 pub use changes::{Change, ChangeType, Signal};
 pub use reader::MirrorReader;
-pub use trees::{object_id, Entry, Kind, Tree, View};
+pub use trees::{object_id, Entry, HealthView, Kind, Tree, View};
 
 use changes::Stream;
 use data::State;

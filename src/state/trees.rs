@@ -8,10 +8,10 @@ use std::sync::{Arc, LazyLock};
 
 use serde::Serialize;
 
-use crate::interner::Interner;
+use crate::interner::{Interner, NAMES};
 use crate::kv::KvPair;
 use crate::labels::{LabelType, Labels};
-use crate::model::{HealthRecord, StoredDaemonSet, StoredRc, StoredRoll};
+use crate::model::{HealthRecord, HealthState, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::store::labels::decode_labels;
 use crate::store::layout;
 
@@ -148,8 +148,15 @@ impl Tree {
             Tree::Labels(_) => LABEL_SETS
                 .share(&pair.value, || decode_labels(&pair).map(Arc::new))
                 .map_or_else(|| View::Unreadable("not a label set".into()), View::Labels),
-            Tree::Health => HealthRecord::from_json(&pair.value)
-                .map_or_else(|e| problem(&e), |record| View::Health(Box::new(record))),
+            Tree::Health => HealthRecord::from_json(&pair.value).map_or_else(
+                |e| problem(&e),
+                |record| {
+                    View::Health(HealthView {
+                        node: NAMES.text(&record.node),
+                        status: record.status,
+                    })
+                },
+            ),
             Tree::Intent
             | Tree::Reality
             | Tree::Events
@@ -207,11 +214,21 @@ pub enum View {
     DaemonSet(Arc<StoredDaemonSet>),
     /// Shared with every entry of the same bytes.
     Labels(Arc<Labels>),
-    Health(Box<HealthRecord>),
+    Health(HealthView),
     /// Manifests, events, status records, conditions, locks, times and finished rolls: read
     /// as bytes by whoever needs them (events are many and read a page at a time).
     Raw,
     Unreadable(String),
+}
+
+/// What the farms read of a health record: the node it names and its state. Readers of the
+/// whole record decode the entry's bytes; kept whole, a fleet's hundred thousand records
+/// would cost five strings each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthView {
+    /// The record's own `Node` field (P2 keys results by it, not by the key).
+    pub node: Arc<str>,
+    pub status: HealthState,
 }
 
 /// The kinds of object the change stream (`GET /api/v1/watch`) reports.
