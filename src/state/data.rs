@@ -66,8 +66,9 @@ type LabelTerm = (LabelType, String, String);
 #[derive(Debug)]
 pub(super) struct State {
     pub trees: Vec<TreeState>,
-    /// Object ids by label: answers "pods of RC x" and narrows label selectors.
-    pub by_label: HashMap<LabelTerm, BTreeSet<String>>,
+    /// Object ids by label: answers "pods of RC x" and narrows label selectors. An object's
+    /// id is kept once for all its labels.
+    pub by_label: HashMap<LabelTerm, BTreeSet<Arc<str>>>,
     /// RC ids by the pod id of their manifest.
     pub rcs_by_pod: HashMap<String, BTreeSet<String>>,
     pub stream: Stream,
@@ -340,7 +341,7 @@ impl Prepared {
 }
 
 /// The inverted-index terms of a label entry, with the object id they point at.
-fn terms(tree: Tree, entry: &Entry) -> Vec<(LabelTerm, String)> {
+fn terms(tree: Tree, entry: &Entry) -> Vec<(LabelTerm, Arc<str>)> {
     let (Tree::Labels(label_type), Some(labels)) = (tree, entry.labels()) else {
         return Vec::new();
     };
@@ -351,9 +352,10 @@ fn terms(tree: Tree, entry: &Entry) -> Vec<(LabelTerm, String)> {
     else {
         return Vec::new();
     };
+    let id: Arc<str> = id.into();
     labels
         .iter()
-        .map(|(key, value)| ((label_type, key.clone(), value.clone()), id.to_owned()))
+        .map(|(key, value)| ((label_type, key.clone(), value.clone()), id.clone()))
         .collect()
 }
 

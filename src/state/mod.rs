@@ -456,7 +456,7 @@ impl Mirror {
         self.read()
             .by_label
             .get(&term)
-            .map(|ids| ids.iter().cloned().collect())
+            .map(|ids| ids.iter().map(|id| id.to_string()).collect())
             .unwrap_or_default()
     }
 
@@ -482,7 +482,7 @@ impl Mirror {
         });
         let candidates: Vec<String> = match narrowing {
             Some(requirement) => {
-                let ids: BTreeSet<&String> = requirement
+                let ids: BTreeSet<&Arc<str>> = requirement
                     .values()
                     .iter()
                     .filter_map(|value| {
@@ -491,7 +491,7 @@ impl Mirror {
                     })
                     .flatten()
                     .collect();
-                ids.into_iter().cloned().collect()
+                ids.into_iter().map(|id| id.to_string()).collect()
             }
             None => {
                 let prefix = layout::labels_of_type(label_type);
