@@ -1,7 +1,7 @@
 //! `GET /api/v1/events`: who changed what and when, newest first, from the server's mirror
 //! of the events tree (bounded by `--event-retention-count` and `--event-retention-age`).
 
-use crate::kv::KvPair;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::extract::State;
@@ -20,7 +20,7 @@ use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::model::event::{Event, EventKind};
 use crate::model::timestamp::parse_rfc3339;
-use crate::state::Tree;
+use crate::state::{Entry, Tree};
 use crate::store::layout;
 
 /// OpenAPI tag of the events route.
@@ -116,31 +116,26 @@ async fn list_events(
         )]));
     }
     let trees = [Tree::Events];
-    let (index, mut stored): (u64, Vec<KvPair>) =
+    let (index, mut stored): (u64, Vec<Arc<Entry>>) =
         match source(&app, &trees, &[], false, query.blocking).await {
-            Source::Mirror(mirror) => {
-                let pairs = mirror
-                    .entries(Tree::Events)
-                    .iter()
-                    .map(|entry| entry.pair.clone())
-                    .collect();
-                (mirror_index(mirror, &trees), pairs)
-            }
+            Source::Mirror(mirror) => (mirror_index(mirror, &trees), mirror.entries(Tree::Events)),
             Source::Store(blocking) => {
                 blocking.block(&app, &[layout::EVENTS.to_owned()]).await?;
                 let listing = app.store.list(layout::EVENTS).await?;
-                (listing.index, listing.pairs)
+                let entries = listing.pairs.into_iter();
+                let entries = entries.map(|pair| Arc::new(Tree::Events.decode(pair)));
+                (listing.index, entries.collect())
             }
         };
     stored.reverse();
     // Decoded newest first, only until the page is full.
     let page = query.paging.page_descending_decoded(
         stored,
-        |pair| &pair.key[layout::EVENTS.len()..],
-        |pair| match Event::from_json(&pair.value) {
+        |entry| &entry.pair.key[layout::EVENTS.len()..],
+        |entry| match Event::from_json(&entry.pair.value) {
             Ok(event) => query.filter.admits(&event).then_some(event),
             Err(e) => {
-                tracing::warn!(key = %pair.key, error = %e, "skipping unreadable event");
+                tracing::warn!(key = %entry.pair.key, error = %e, "skipping unreadable event");
                 None
             }
         },
