@@ -13,6 +13,7 @@ pub mod open;
 pub mod prefixed;
 pub mod sqlite;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -84,7 +85,8 @@ pub struct TxnFailure {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvPair {
     pub key: String,
-    pub value: std::sync::Arc<[u8]>,
+    /// Shared rather than copied: the mirror keeps one copy of a value many keys hold.
+    pub value: Arc<[u8]>,
     /// Index of the write that created the key.
     pub create_index: u64,
     /// Index of the last write to the key; the CAS token.

@@ -132,6 +132,12 @@ impl Tree {
         }
     }
 
+    /// Whether many of its keys hold the same bytes: an RC's replicas carry one manifest
+    /// (in intent and again in reality) and one label set.
+    fn values_repeat(self) -> bool {
+        matches!(self, Tree::Labels(_) | Tree::Intent | Tree::Reality)
+    }
+
     /// Decodes a pair of this tree into its typed view.
     pub fn decode(self, mut pair: KvPair) -> Entry {
         if self.values_repeat() {
@@ -167,14 +173,6 @@ impl Tree {
             | Tree::RollHistory => View::Raw,
         };
         Entry { pair, view }
-    }
-}
-
-impl Tree {
-    /// Whether many of its keys hold the same bytes: an RC's replicas carry one manifest
-    /// (in intent and again in reality) and one label set.
-    fn values_repeat(self) -> bool {
-        matches!(self, Tree::Labels(_) | Tree::Intent | Tree::Reality)
     }
 }
 
