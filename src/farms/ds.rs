@@ -538,7 +538,7 @@ fn plan(
     let add: Vec<String> = eligible
         .iter()
         .filter(|node| !current.contains(**node))
-        .filter(|node| !world.intents.items.contains_key(&pod(node)))
+        .filter(|node| world.intent(&pod(node)).is_none())
         .map(|node| (*node).to_owned())
         .collect();
 

@@ -10,9 +10,7 @@ use crate::labels::{LabelType, Labels, POD_ID_LABEL, RC_ID_LABEL};
 use crate::model::{AllocationStrategy, HealthState, Manifest, StoredRc, StoredRoll};
 use crate::state::{self, Entry};
 
-use super::world::{
-    index_pods, pod_key, ManifestMap, PodKey, PodLabelMap, Shared, Tree, Versioned, World,
-};
+use super::world::{index_pods, pod_key, PodEntries, PodKey, Shared, Tree, Versioned, World};
 
 /// The trees of a [`World`], each filled as a test needs.
 #[derive(Default)]
@@ -97,22 +95,19 @@ impl Fleet {
                 .map(|(id, document)| (id.clone(), document.clone().map(Arc::new)))
                 .collect()
         }
-        fn manifests(tree: state::Tree, pods: &BTreeMap<PodKey, Vec<u8>>) -> ManifestMap {
-            pods.iter()
-                .map(|(pod, raw)| (pod.clone(), entry(tree, &pod_name(pod), raw.clone(), 1)))
-                .collect()
+        fn manifests(tree: state::Tree, pods: &BTreeMap<PodKey, Vec<u8>>) -> PodEntries {
+            let entries = pods
+                .iter()
+                .map(|(pod, raw)| entry(tree, &pod_name(pod), raw.clone(), 1));
+            PodEntries::new(tree, entries.collect())
         }
         let node_labels = state::Tree::Labels(LabelType::Node);
         let pod_labels = state::Tree::Labels(LabelType::Pod);
-        let pod_label_entries: PodLabelMap = self
-            .labels
-            .iter()
-            .map(|(pod, labels)| {
-                let value = json(&labels.value);
-                let entry = entry(pod_labels, &pod_name(pod), value, labels.index);
-                (pod.clone(), entry)
-            })
-            .collect();
+        let pod_label_entries = self.labels.iter().map(|(pod, labels)| {
+            let value = json(&labels.value);
+            entry(pod_labels, &pod_name(pod), value, labels.index)
+        });
+        let pod_label_entries = PodEntries::new(pod_labels, pod_label_entries.collect());
         World {
             rcs: tree(shared(&self.rcs)),
             rolls: tree(shared(&self.rolls)),

@@ -28,7 +28,7 @@ pub fn schedule_ops(
 ) -> Vec<TxnOp> {
     let (location, current) = seen(world, pod);
     let mut ops = Vec::new();
-    if !world.intents.items.contains_key(pod) {
+    if world.intent(pod).is_none() {
         ops.push(TxnOp::CheckNotExists {
             key: PodTree::Intent.key(&location),
         });

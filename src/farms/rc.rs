@@ -264,7 +264,7 @@ pub struct Transfer {
 /// whose pod of the same id belongs to a disabled RC; `None` when the node is taken.
 fn placement(world: &World, id: &str, node: &str, pod_id: &str) -> Option<Option<Replaced>> {
     let pod = pod_key(node, pod_id);
-    if !world.intents.items.contains_key(&pod) {
+    if world.intent(&pod).is_none() {
         return Some(None);
     }
     let owner = world.pod_labels_of(&pod)?.get(RC_ID_LABEL)?;
@@ -461,7 +461,7 @@ fn transfer_node(
     let arriving = eligible
         .iter()
         .filter(|node| !current.contains(*node))
-        .filter(|node| !world.intents.items.contains_key(&pod_key(node, pod_id)))
+        .filter(|node| world.intent(&pod_key(node, pod_id)).is_none())
         .min_by_key(|node| (load.get(node), *node))?;
     load.add(arriving);
     Some(Transfer {

@@ -3,7 +3,8 @@
 //! updated tree by tree, only for the trees that changed since the last one, and only in the
 //! entries that changed. Its maps are persistent ([`imbl::OrdMap`]): a new world shares all
 //! but the changed paths with the one before, so a farm holding the previous world costs
-//! no copy, and catching up costs the changes, not the fleet.
+//! no copy, and catching up costs the changes, not the fleet. The pod trees, the largest,
+//! are the mirror's own persistent entries ([`PodEntries`]), read by node and pod id.
 //!
 //! The mirror re-reads each tree on its own schedule, so on its own it may show a change of
 //! one tree before an earlier change of another (a pod's new reality before the removal of
@@ -25,7 +26,7 @@ use tokio::time::Instant;
 use crate::interner::NAMES;
 use crate::labels::{LabelType, Labels, Selector, DS_ID_LABEL, RC_ID_LABEL};
 use crate::model::{HealthState, StoredDaemonSet, StoredRc, StoredRoll};
-use crate::state::{self, Entry, Mirror, TreeEntries, TreeSnapshot, View};
+use crate::state::{self, Entries, Entry, Mirror, TreeSnapshot, View};
 use crate::store::labels::LabelRecord;
 
 /// How long [`Trees::world`] waits for the trees to catch up with each other before the
@@ -95,14 +96,49 @@ pub type RollMap = OrdMap<String, Shared<StoredRoll>>;
 pub type DaemonSetMap = OrdMap<String, Shared<StoredDaemonSet>>;
 /// Label entries (read through [`World::node_labels`]).
 pub type NodeMap = OrdMap<String, Arc<Entry>>;
-/// Label entries (read through [`World::pod_labels_of`] and the like).
-pub type PodLabelMap = OrdMap<PodKey, Arc<Entry>>;
-/// Manifest entries (read through [`World::intent`] and [`World::reality_of`]).
-pub type ManifestMap = OrdMap<PodKey, Arc<Entry>>;
 pub type HealthMap = HashMap<PodKey, HealthState>;
 pub type LockMap = OrdMap<String, Versioned<Option<String>>>;
 /// The pods carrying each value of one label key, sorted.
 pub type PodsByValue = OrdMap<String, OrdSet<PodKey>>;
+
+/// One of the mirror's trees of pods (`<prefix><node>/<pod_id>`: intent, reality, pod
+/// labels), read by node and pod id. The mirror's own entries, not a copy: these trees hold
+/// an entry per pod.
+#[derive(Debug, Clone, Default)]
+pub struct PodEntries {
+    prefix: String,
+    /// Intent and reality hold legacy pods only: UUID-named entries there are new-style
+    /// pod indexes.
+    legacy_only: bool,
+    entries: Entries,
+}
+
+impl PodEntries {
+    /// The pods of `tree`, one of intent, reality and pod labels, in `entries`.
+    pub fn new(tree: state::Tree, entries: Entries) -> PodEntries {
+        PodEntries {
+            prefix: tree.prefix(),
+            legacy_only: tree != state::Tree::Labels(LabelType::Pod),
+            entries,
+        }
+    }
+
+    /// The entry of `pod`.
+    pub fn get(&self, (node, pod_id): &PodKey) -> Option<&Arc<Entry>> {
+        if self.legacy_only && is_uuid(pod_id) {
+            return None;
+        }
+        self.entries.get(&format!("{}{node}/{pod_id}", self.prefix))
+    }
+
+    /// Every pod as (node, pod id), with its entry.
+    pub fn iter(&self) -> impl Iterator<Item = ((&str, &str), &Arc<Entry>)> {
+        self.entries.under(&self.prefix).filter_map(|entry| {
+            let pod = pod_name(&entry.pair.key[self.prefix.len()..])?;
+            (!self.legacy_only || !is_uuid(pod.1)).then_some((pod, entry))
+        })
+    }
+}
 
 /// The label keys the farms find pods by (an RC's pods, a daemon set's): every world
 /// indexes its pods by their values.
@@ -116,14 +152,14 @@ pub struct World {
     pub daemon_sets: Arc<Tree<DaemonSetMap>>,
     pub nodes: Arc<Tree<NodeMap>>,
     /// Pod labels by (node, pod id); the entry's index is the CAS token of label writes.
-    pub pod_labels: Arc<Tree<PodLabelMap>>,
+    pub pod_labels: Arc<Tree<PodEntries>>,
     /// The pods of `pod_labels` by the value of each of [`INDEXED_POD_LABELS`], kept up to
     /// date change by change with that tree.
     pub pods_by_label: [PodsByValue; 2],
     /// Intended manifests (raw bytes) by (node, pod id).
-    pub intents: Arc<Tree<ManifestMap>>,
+    pub intents: Arc<Tree<PodEntries>>,
     /// Manifests the nodes report running, by (node, pod id).
-    pub reality: Arc<Tree<ManifestMap>>,
+    pub reality: Arc<Tree<PodEntries>>,
     /// Health by (node, pod id).
     pub health: Arc<Tree<HealthMap>>,
     /// Lock keys under `lock/`, the session holding each (`None` when free) and their index.
@@ -195,9 +231,9 @@ impl World {
     pub fn nodes_running(&self, pod_id: &str) -> Option<Arc<BTreeSet<Arc<str>>>> {
         let by_pod = self.intents.memo("by pod id", |intents| {
             let mut by_pod: HashMap<Arc<str>, Arc<BTreeSet<Arc<str>>>> = HashMap::new();
-            for (node, pod_id) in intents.keys() {
-                let nodes = by_pod.entry(pod_id.clone()).or_default();
-                Arc::make_mut(nodes).insert(node.clone());
+            for ((node, pod_id), _) in intents.iter() {
+                let nodes = by_pod.entry(NAMES.text(pod_id)).or_default();
+                Arc::make_mut(nodes).insert(NAMES.text(node));
             }
             by_pod
         });
@@ -207,8 +243,8 @@ impl World {
     /// How many pods each node is intended to run; used to spread new pods.
     pub fn load_by_node(&self) -> HashMap<&str, usize> {
         let mut load = HashMap::new();
-        for (node, _) in self.intents.items.keys() {
-            *load.entry(&**node).or_insert(0) += 1;
+        for ((node, _), _) in self.intents.items.iter() {
+            *load.entry(node).or_insert(0) += 1;
         }
         load
     }
@@ -249,7 +285,7 @@ impl World {
 }
 
 /// The label sets of label entries, by key.
-fn labelled<K: Ord>(entries: &OrdMap<K, Arc<Entry>>) -> impl Iterator<Item = (&K, &Labels)> {
+fn labelled(entries: &NodeMap) -> impl Iterator<Item = (&String, &Labels)> {
     entries
         .iter()
         .filter_map(|(key, entry)| Some((key, entry.labels()?)))
@@ -334,12 +370,7 @@ impl Trees {
         let Built { world, from } = &mut *built;
         for (position, tree) in Trees::FOLLOWED.into_iter().enumerate() {
             let known = from[position];
-            let snapshot = match tree {
-                // Keyed by the records' own fields: derived from the whole tree at once.
-                state::Tree::Health => self.mirror.whole_snapshot(tree, known),
-                _ => self.mirror.snapshot(tree, known),
-            };
-            let Some(snapshot) = snapshot else {
+            let Some(snapshot) = self.mirror.snapshot(tree, known) else {
                 continue;
             };
             match tree {
@@ -355,17 +386,10 @@ impl Trees {
                     update(&mut world.nodes, &snapshot, node_name, label_entry)
                 }
                 state::Tree::Labels(LabelType::Pod) => update_pod_labels(world, &snapshot),
-                state::Tree::Intent => {
-                    update(&mut world.intents, &snapshot, legacy_pod, manifest_entry)
-                }
-                state::Tree::Reality => {
-                    update(&mut world.reality, &snapshot, legacy_pod, manifest_entry)
-                }
-                state::Tree::Health => {
-                    if let TreeEntries::All(entries) = &snapshot.entries {
-                        world.health = build(&snapshot, entries, health);
-                    }
-                }
+                state::Tree::Intent => world.intents = pods(&snapshot),
+                state::Tree::Reality => world.reality = pods(&snapshot),
+                // Keyed by the records' own fields: derived from the whole tree at once.
+                state::Tree::Health => world.health = build(&snapshot, health),
                 state::Tree::Locks => update(&mut world.locks, &snapshot, lock_key, lock),
                 state::Tree::Labels(_)
                 | state::Tree::DsStatus
@@ -390,9 +414,9 @@ impl Trees {
 
 /// Brings `tree` to the mirror's `snapshot` of it: each entry's item is keyed by `key_of`
 /// its key (without the tree's prefix; `None`: no item) and made by `value_of` the entry
-/// (`None`: no item). From the changed entries only, when the snapshot has them: the map is
-/// persistent, so its previous version, which a farm may hold, is left as it was at the cost
-/// of the changed paths alone.
+/// (`None`: no item). From the changed entries only, when the snapshot names them: the map
+/// is persistent, so its previous version, which a farm may hold, is left as it was at the
+/// cost of the changed paths alone.
 fn update<K: Ord + Clone, V: Clone>(
     tree: &mut Arc<Tree<OrdMap<K, V>>>,
     snapshot: &TreeSnapshot,
@@ -401,18 +425,19 @@ fn update<K: Ord + Clone, V: Clone>(
 ) {
     let prefix = snapshot.tree.prefix();
     let key_of = |key: &str| key_of(key.strip_prefix(&prefix)?);
-    let items = match &snapshot.entries {
-        TreeEntries::All(entries) => entries
-            .iter()
+    let items = match &snapshot.changed {
+        None => snapshot
+            .entries
+            .values()
             .filter_map(|entry| Some((key_of(&entry.pair.key)?, value_of(entry)?)))
             .collect(),
-        TreeEntries::Changed(changed) => {
+        Some(changed) => {
             let mut items = tree.items.clone();
-            for (key, now) in changed {
+            for key in changed {
                 let Some(item_key) = key_of(key) else {
                     continue;
                 };
-                match now.as_ref().and_then(&value_of) {
+                match snapshot.entries.get(key).and_then(&value_of) {
                     Some(value) => items.insert(item_key, value),
                     None => items.remove(&item_key),
                 };
@@ -423,41 +448,50 @@ fn update<K: Ord + Clone, V: Clone>(
     *tree = Arc::new(Tree::new(snapshot.index, items));
 }
 
+/// The pod tree of the mirror's `snapshot`.
+fn pods(snapshot: &TreeSnapshot) -> Arc<Tree<PodEntries>> {
+    let pods = PodEntries::new(snapshot.tree, snapshot.entries.clone());
+    Arc::new(Tree::new(snapshot.index, pods))
+}
+
 /// The pods of `pods` by the value of each of [`INDEXED_POD_LABELS`].
-pub fn index_pods(pods: &PodLabelMap) -> [PodsByValue; 2] {
+pub fn index_pods(pods: &PodEntries) -> [PodsByValue; 2] {
     let mut indexes = <[PodsByValue; 2]>::default();
-    for (pod, labels) in labelled(pods) {
-        index_pod(&mut indexes, pod, labels, true);
+    for ((node, pod_id), entry) in pods.iter() {
+        if let Some(labels) = entry.labels() {
+            let pod = (NAMES.text(node), NAMES.text(pod_id));
+            index_pod(&mut indexes, &pod, labels, true);
+        }
     }
     indexes
 }
 
 /// Brings the world's pod labels, and its index of them, to the mirror's `snapshot`.
 fn update_pod_labels(world: &mut World, snapshot: &TreeSnapshot) {
-    if let TreeEntries::Changed(changed) = &snapshot.entries {
-        reindex(&mut world.pods_by_label, &world.pod_labels.items, changed);
+    let now = pods(snapshot);
+    match &snapshot.changed {
+        Some(changed) => reindex(
+            &mut world.pods_by_label,
+            &world.pod_labels.items,
+            &now.items,
+            changed,
+        ),
+        None => world.pods_by_label = index_pods(&now.items),
     }
-    update(&mut world.pod_labels, snapshot, split_pod, label_entry);
-    if let TreeEntries::All(_) = &snapshot.entries {
-        world.pods_by_label = index_pods(&world.pod_labels.items);
-    }
+    world.pod_labels = now;
 }
 
-/// Brings `indexes` of the pod-label tree `pods` to its entries `changed` since.
-fn reindex(
-    indexes: &mut [PodsByValue; 2],
-    pods: &PodLabelMap,
-    changed: &[(String, Option<Arc<Entry>>)],
-) {
+/// Brings `indexes` of the pod-label tree `was` to `now`, the keys `changed` between them.
+fn reindex(indexes: &mut [PodsByValue; 2], was: &PodEntries, now: &PodEntries, changed: &[String]) {
     let prefix = state::Tree::Labels(LabelType::Pod).prefix();
-    for (key, now) in changed {
+    for key in changed {
         let Some(pod) = key.strip_prefix(&prefix).and_then(split_pod) else {
             continue;
         };
-        if let Some(was) = pods.get(&pod).and_then(|entry| entry.labels()) {
-            index_pod(indexes, &pod, was, false);
+        if let Some(labels) = was.entries.get(key).and_then(|entry| entry.labels()) {
+            index_pod(indexes, &pod, labels, false);
         }
-        if let Some(labels) = now.as_deref().and_then(Entry::labels) {
+        if let Some(labels) = now.entries.get(key).and_then(|entry| entry.labels()) {
             index_pod(indexes, &pod, labels, true);
         }
     }
@@ -486,15 +520,15 @@ fn index_pod(indexes: &mut [PodsByValue; 2], pod: &PodKey, labels: &Labels, add:
 /// in.
 fn build<K, V, M>(
     snapshot: &TreeSnapshot,
-    entries: &[Arc<Entry>],
     item: impl Fn(&str, &Arc<Entry>) -> Option<(K, V)>,
 ) -> Arc<Tree<M>>
 where
     M: FromIterator<(K, V)>,
 {
     let prefix = snapshot.tree.prefix();
-    let items = entries
-        .iter()
+    let items = snapshot
+        .entries
+        .values()
         .filter_map(|entry| item(entry.pair.key.strip_prefix(&prefix)?, entry))
         .collect();
     Arc::new(Tree::new(snapshot.index, items))
@@ -502,7 +536,7 @@ where
 
 /// RCs, rolls and daemon sets are keyed by UUID.
 fn uuid_id(id: &str) -> Option<String> {
-    uuid::Uuid::parse_str(id).is_ok().then(|| id.to_owned())
+    is_uuid(id).then(|| id.to_owned())
 }
 
 /// A document with its modify index; `view` picks the document.
@@ -546,22 +580,22 @@ fn label_entry(entry: &Arc<Entry>) -> Option<Arc<Entry>> {
     Some(entry.clone())
 }
 
-fn manifest_entry(entry: &Arc<Entry>) -> Option<Arc<Entry>> {
-    Some(entry.clone())
-}
-
-fn split_pod(rest: &str) -> Option<PodKey> {
+/// `<node>/<pod_id>` as (node, pod id).
+fn pod_name(rest: &str) -> Option<(&str, &str)> {
     let (node, pod_id) = rest.split_once('/')?;
     if node.is_empty() || pod_id.is_empty() || pod_id.contains('/') {
         return None;
     }
+    Some((node, pod_id))
+}
+
+fn split_pod(rest: &str) -> Option<PodKey> {
+    let (node, pod_id) = pod_name(rest)?;
     Some((NAMES.text(node), NAMES.text(pod_id)))
 }
 
-/// `intent/` and `reality/`: legacy pods only; UUID-named entries are new-style pod indexes.
-fn legacy_pod(rest: &str) -> Option<PodKey> {
-    let pod = split_pod(rest)?;
-    uuid::Uuid::parse_str(&pod.1).is_err().then_some(pod)
+fn is_uuid(id: &str) -> bool {
+    uuid::Uuid::parse_str(id).is_ok()
 }
 
 /// `health/<pod_id>/<node>`, keyed as (node, pod id) by the record's own fields; a record
@@ -596,108 +630,121 @@ mod tests {
     use super::*;
     use crate::kv::KvPair;
 
-    fn intent(key: &str, manifest: &str, index: u64) -> Arc<Entry> {
+    fn entry(tree: state::Tree, key: &str, value: &str, index: u64) -> Arc<Entry> {
         let pair = KvPair {
-            key: format!("intent/{key}"),
-            value: manifest.as_bytes().into(),
+            key: format!("{}{key}", tree.prefix()),
+            value: value.as_bytes().into(),
             create_index: index,
             modify_index: index,
             lock_index: 0,
             session: None,
         };
-        Arc::new(state::Tree::Intent.decode(pair))
+        Arc::new(tree.decode(pair))
     }
 
-    /// Updates an intent tree to `entries` at `index`.
-    fn update_intents(tree: &mut Arc<Tree<ManifestMap>>, index: u64, entries: TreeEntries) {
-        let snapshot = TreeSnapshot {
-            tree: state::Tree::Intent,
+    /// `tree` at `index` holding `entries`, the keys `changed` (below the tree's prefix)
+    /// named as changed since the generation before.
+    fn snapshot(
+        tree: state::Tree,
+        index: u64,
+        entries: &[&Arc<Entry>],
+        changed: Option<&[&str]>,
+    ) -> TreeSnapshot {
+        TreeSnapshot {
+            tree,
             generation: index,
             index,
-            entries,
-        };
-        update(tree, &snapshot, legacy_pod, manifest_entry);
-    }
-
-    fn all(entries: &[&Arc<Entry>]) -> TreeEntries {
-        TreeEntries::All(entries.iter().map(|entry| Arc::clone(entry)).collect())
-    }
-
-    fn changed(entries: &[(&str, Option<&Arc<Entry>>)]) -> TreeEntries {
-        let changed = entries
-            .iter()
-            .map(|(key, now)| (format!("intent/{key}"), now.map(Arc::clone)));
-        TreeEntries::Changed(changed.collect())
-    }
-
-    fn keys(tree: &Tree<ManifestMap>) -> Vec<String> {
-        let keys = tree.items.keys().map(|(node, pod)| format!("{node}/{pod}"));
-        keys.collect()
+            entries: entries.iter().map(|entry| Arc::clone(entry)).collect(),
+            changed: changed.map(|keys| {
+                keys.iter()
+                    .map(|key| format!("{}{key}", tree.prefix()))
+                    .collect()
+            }),
+        }
     }
 
     #[test]
     fn an_update_by_changes_makes_the_tree_a_whole_build_would_and_leaves_the_old_one_alone() {
-        let new_style = intent("n1/00000000-0000-4000-8000-000000000001", "x", 1);
+        let nodes = state::Tree::Labels(LabelType::Node);
+        let node =
+            |name, role, index| entry(nodes, name, &format!(r#"{{"role":"{role}"}}"#), index);
+        let unreadable = entry(nodes, "n0", "not json", 1);
         let (a, b, c) = (
-            intent("n1/a", "a", 1),
-            intent("n1/b", "b", 1),
-            intent("n2/c", "c", 1),
+            node("n1", "web", 1),
+            node("n2", "web", 1),
+            node("n3", "db", 1),
         );
-        let mut tree: Arc<Tree<ManifestMap>> = Arc::default();
-        update_intents(&mut tree, 1, all(&[&new_style, &a, &b, &c]));
-        assert_eq!(keys(&tree), ["n1/a", "n1/b", "n2/c"]);
+        let mut tree: Arc<Tree<NodeMap>> = Arc::default();
+        let whole = snapshot(nodes, 1, &[&unreadable, &a, &b, &c], None);
+        update(&mut tree, &whole, node_name, label_entry);
+        assert_eq!(tree.items.keys().collect::<Vec<_>>(), ["n1", "n2", "n3"]);
         let held = tree.clone();
 
-        // `a` rewritten, `b` deleted, `d` added; `c` and the new-style entry unchanged.
-        let (a2, d) = (intent("n1/a", "a2", 2), intent("n3/d", "d", 2));
-        let changes = changed(&[("n1/a", Some(&a2)), ("n1/b", None), ("n3/d", Some(&d))]);
-        update_intents(&mut tree, 2, changes);
-        let mut whole: Arc<Tree<ManifestMap>> = Arc::default();
-        update_intents(&mut whole, 2, all(&[&new_style, &a2, &c, &d]));
+        // `n1` relabelled, `n2` deleted, `n4` added; `n3` and the unreadable `n0` unchanged.
+        let (a2, d) = (node("n1", "db", 2), node("n4", "web", 2));
+        let now = [&unreadable, &a2, &c, &d];
+        let changes = snapshot(nodes, 2, &now, Some(&["n1", "n2", "n4"]));
+        update(&mut tree, &changes, node_name, label_entry);
+        let mut rebuilt: Arc<Tree<NodeMap>> = Arc::default();
+        update(
+            &mut rebuilt,
+            &snapshot(nodes, 2, &now, None),
+            node_name,
+            label_entry,
+        );
         assert_eq!(tree.index, 2);
-        assert_eq!(tree.items, whole.items);
-        assert!(Arc::ptr_eq(&tree.items[&pod_key("n2", "c")], &c));
+        assert_eq!(tree.items, rebuilt.items);
+        assert!(Arc::ptr_eq(&tree.items["n3"], &c));
 
         assert_eq!(held.index, 1);
-        assert_eq!(keys(&held), ["n1/a", "n1/b", "n2/c"]);
-        assert_eq!(&*held.items[&pod_key("n1", "a")].pair.value, b"a");
+        assert_eq!(held.items.keys().collect::<Vec<_>>(), ["n1", "n2", "n3"]);
+        assert!(Arc::ptr_eq(&held.items["n1"], &a));
     }
 
-    fn pod_labels(key: &str, rc: &str, index: u64) -> Arc<Entry> {
-        let pair = KvPair {
-            key: format!("labels/pod/{key}"),
-            value: format!(r#"{{"{RC_ID_LABEL}":"{rc}"}}"#).as_bytes().into(),
-            create_index: index,
-            modify_index: index,
-            lock_index: 0,
-            session: None,
-        };
-        Arc::new(state::Tree::Labels(LabelType::Pod).decode(pair))
+    #[test]
+    fn a_pod_tree_is_read_by_node_and_pod_id_and_intents_hold_legacy_pods_only() {
+        let uuid = "00000000-0000-4000-8000-000000000001";
+        let intents = [
+            entry(state::Tree::Intent, &format!("n1/{uuid}"), "x", 1),
+            entry(state::Tree::Intent, "n1/a", "a", 1),
+            entry(state::Tree::Intent, "n2/a", "b", 1),
+        ];
+        let pods = PodEntries::new(state::Tree::Intent, intents.iter().cloned().collect());
+        let found = |node, pod_id| pods.get(&pod_key(node, pod_id)).map(|e| &*e.pair.value);
+        assert_eq!(found("n2", "a"), Some(b"b".as_slice()));
+        assert_eq!(found("n1", uuid), None);
+        assert_eq!(found("n3", "a"), None);
+        let listed: Vec<(&str, &str)> = pods.iter().map(|(pod, _)| pod).collect();
+        assert_eq!(listed, [("n1", "a"), ("n2", "a")]);
+
+        let labels = state::Tree::Labels(LabelType::Pod);
+        let labelled = entry(labels, &format!("n1/{uuid}"), "{}", 1);
+        let pods = PodEntries::new(labels, [labelled].into_iter().collect());
+        assert!(pods.get(&pod_key("n1", uuid)).is_some());
     }
 
     #[test]
     fn the_pod_label_index_follows_the_changes_as_a_whole_index_would() {
-        let (a, b) = (pod_labels("n1/a", "rc1", 1), pod_labels("n2/a", "rc1", 1));
-        let c = pod_labels("n3/c", "rc2", 1);
-        let mut world = World::default();
-        let whole = TreeEntries::All(vec![a, b, c]);
-        let snapshot = |index, entries| TreeSnapshot {
-            tree: state::Tree::Labels(LabelType::Pod),
-            generation: index,
-            index,
-            entries,
+        let tree = state::Tree::Labels(LabelType::Pod);
+        let pod = |key, rc: &str, index| {
+            entry(tree, key, &format!(r#"{{"{RC_ID_LABEL}":"{rc}"}}"#), index)
         };
-        update_pod_labels(&mut world, &snapshot(1, whole));
+        let (a, b, c) = (
+            pod("n1/a", "rc1", 1),
+            pod("n2/a", "rc1", 1),
+            pod("n3/c", "rc2", 1),
+        );
+        let mut world = World::default();
+        update_pod_labels(&mut world, &snapshot(tree, 1, &[&a, &b, &c], None));
         assert_eq!(world.pods_labelled(RC_ID_LABEL, "rc1").len(), 2);
 
         // `n2/a` moves to rc2, `n1/a` goes, `n4/d` comes.
-        let (b2, d) = (pod_labels("n2/a", "rc2", 2), pod_labels("n4/d", "rc1", 2));
-        let changed = TreeEntries::Changed(vec![
-            ("labels/pod/n1/a".into(), None),
-            ("labels/pod/n2/a".into(), Some(b2)),
-            ("labels/pod/n4/d".into(), Some(d)),
-        ]);
-        update_pod_labels(&mut world, &snapshot(2, changed));
+        let (b2, d) = (pod("n2/a", "rc2", 2), pod("n4/d", "rc1", 2));
+        let changed = ["n1/a", "n2/a", "n4/d"];
+        update_pod_labels(
+            &mut world,
+            &snapshot(tree, 2, &[&b2, &c, &d], Some(&changed)),
+        );
         assert_eq!(world.pods_by_label, index_pods(&world.pod_labels.items));
         assert_eq!(
             world.pods_labelled(RC_ID_LABEL, "rc1"),

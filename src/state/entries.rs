@@ -1,22 +1,26 @@
 //! One tree's entries, sorted by key, and its latest changes. Each entry is found by its own
 //! pair's key, so a key is kept once rather than again beside its entry: at 100,000 pods, in
-//! each of four trees. The latest changes let a reader that knows the tree at one generation
-//! catch up by what changed since, not by walking every entry.
+//! each of four trees. The entries are a persistent set, so a reader (the farms' world) keeps
+//! a tree as it was at no cost but the paths the mirror changes after. The latest changes let
+//! a reader that knows the tree at one generation catch up by what changed since, not by
+//! walking every entry.
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::ops::Bound;
 use std::sync::Arc;
 
+use imbl::OrdSet;
+
 use super::trees::Entry;
 
-/// The entries of one tree by key.
-#[derive(Debug, Default)]
-pub(super) struct Entries(BTreeSet<ByKey>);
+/// The entries of one tree by key; a copy is cheap and stays as it was.
+#[derive(Debug, Default, Clone)]
+pub struct Entries(OrdSet<ByKey>);
 
 /// An entry ordered and found by its key.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct ByKey(Arc<Entry>);
 
 impl ByKey {
@@ -52,30 +56,36 @@ impl Ord for ByKey {
 }
 
 impl Entries {
-    pub(super) fn get(&self, key: &str) -> Option<&Arc<Entry>> {
+    pub fn get(&self, key: &str) -> Option<&Arc<Entry>> {
         self.0.get(key).map(|found| &found.0)
     }
 
     /// Puts `entry` at its key, giving back the entry it replaces.
     pub(super) fn insert(&mut self, entry: Arc<Entry>) -> Option<Arc<Entry>> {
-        self.0.replace(ByKey(entry)).map(|old| old.0)
+        self.0.insert(ByKey(entry)).map(|old| old.0)
     }
 
     pub(super) fn remove(&mut self, key: &str) -> Option<Arc<Entry>> {
-        self.0.take(key).map(|old| old.0)
+        self.0.remove(key).map(|old| old.0)
     }
 
     /// Every entry, by key.
-    pub(super) fn values(&self) -> impl Iterator<Item = &Arc<Entry>> {
+    pub fn values(&self) -> impl Iterator<Item = &Arc<Entry>> {
         self.0.iter().map(|found| &found.0)
     }
 
     /// The entries whose key starts with `prefix`, by key.
-    pub(super) fn under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a Arc<Entry>> {
+    pub fn under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a Arc<Entry>> {
         self.0
-            .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
+            .range::<_, str>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(move |found| found.key().starts_with(prefix))
             .map(|found| &found.0)
+    }
+}
+
+impl FromIterator<Arc<Entry>> for Entries {
+    fn from_iter<I: IntoIterator<Item = Arc<Entry>>>(entries: I) -> Entries {
+        Entries(entries.into_iter().map(ByKey).collect())
     }
 }
 

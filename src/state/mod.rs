@@ -43,6 +43,7 @@ use crate::labels::{LabelType, Labels, Operator, Selector, RC_ID_LABEL};
 use crate::store::layout;
 
 pub use changes::{Change, ChangeType, Signal};
+pub use entries::Entries;
 pub use reader::MirrorReader;
 pub use trees::{object_id, Entry, HealthView, Kind, Tree, View};
 
@@ -133,17 +134,11 @@ pub struct TreeSnapshot {
     pub generation: u64,
     /// The highest index the entries reflect.
     pub index: u64,
-    pub entries: TreeEntries,
-}
-
-/// A tree's entries in a [`TreeSnapshot`]: all of them, or those that changed.
-#[derive(Debug, Clone)]
-pub enum TreeEntries {
-    /// Every entry, sorted by key.
-    All(Vec<Arc<Entry>>),
-    /// Each key changed since the generation the reader knew, sorted, with its entry now
-    /// (`None`: removed).
-    Changed(Vec<(String, Option<Arc<Entry>>)>),
+    /// Every entry: the mirror's own, kept as they were at no cost.
+    pub entries: Entries,
+    /// The keys changed since the generation the reader knew, sorted, each once; `None`
+    /// when it knew none, or one too old to tell.
+    pub changed: Option<Vec<String>>,
 }
 
 /// Whether the mirror can be trusted, for `/readyz`.
@@ -401,42 +396,22 @@ impl Mirror {
             })
     }
 
-    /// `tree`'s index and what changed in it since generation `known`, read together
-    /// (every entry when `known` is `None` or too old to tell); `None` while its generation
-    /// is still `known`. Lets a reader keep what it derives from a tree up to date by the
-    /// entries that changed.
+    /// `tree`'s index, its entries and the keys changed in it since generation `known`,
+    /// read together; `None` while its generation is still `known`. Lets a reader keep what
+    /// it derives from a tree up to date by the entries that changed.
     pub fn snapshot(&self, tree: Tree, known: Option<u64>) -> Option<TreeSnapshot> {
-        self.read_snapshot(tree, known, true)
-    }
-
-    /// As [`Mirror::snapshot`], but always with every entry: for a reader that derives
-    /// from the whole tree at once.
-    pub fn whole_snapshot(&self, tree: Tree, known: Option<u64>) -> Option<TreeSnapshot> {
-        self.read_snapshot(tree, known, false)
-    }
-
-    fn read_snapshot(&self, tree: Tree, known: Option<u64>, changes: bool) -> Option<TreeSnapshot> {
         let state = self.read();
         let tree_state = state.tree(tree);
         if known == Some(tree_state.generation) {
             return None;
         }
-        let since = known
-            .filter(|_| changes)
-            .and_then(|known| tree_state.journal.keys_since(known));
-        let entries = match since {
-            Some(keys) => TreeEntries::Changed(
-                keys.into_iter()
-                    .map(|key| (key.to_owned(), tree_state.entries.get(key).cloned()))
-                    .collect(),
-            ),
-            None => TreeEntries::All(tree_state.entries.values().cloned().collect()),
-        };
+        let changed = known.and_then(|known| tree_state.journal.keys_since(known));
         Some(TreeSnapshot {
             tree,
             generation: tree_state.generation,
             index: tree_state.index,
-            entries,
+            entries: tree_state.entries.clone(),
+            changed: changed.map(|keys| keys.into_iter().map(str::to_owned).collect()),
         })
     }
 

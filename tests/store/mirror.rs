@@ -13,9 +13,7 @@ use p2_apiserver::kv::{
     StoreResult, StoreUrl, TxnOp, WatchTarget,
 };
 use p2_apiserver::labels::{LabelType, Selector};
-use p2_apiserver::state::{
-    Entry, Mirror, MirrorConfig, OwnWrite, Signal, Tree, TreeEntries, TreeSnapshot,
-};
+use p2_apiserver::state::{Entry, Mirror, MirrorConfig, OwnWrite, Signal, Tree, TreeSnapshot};
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -128,28 +126,27 @@ async fn assert_converges(mirror: &Mirror, store: &dyn KvStore) {
 }
 
 /// The entries of a tree as a reader holds them.
-fn by_key(entries: &[Arc<Entry>]) -> BTreeMap<String, Arc<Entry>> {
-    let by_key = entries.iter().map(|e| (e.pair.key.clone(), e.clone()));
+fn by_key<'a>(entries: impl IntoIterator<Item = &'a Arc<Entry>>) -> BTreeMap<String, Arc<Entry>> {
+    let by_key = entries.into_iter().map(|e| (e.pair.key.clone(), e.clone()));
     by_key.collect()
 }
 
-/// `before` updated by the mirror's changes since is the tree the mirror holds now.
-fn assert_catches_up(mirror: &Mirror, before: TreeSnapshot) {
+/// `before` is still the tree as it was (`was`), and updated by the keys the mirror names
+/// as changed since, it is the tree the mirror holds now.
+fn assert_catches_up(mirror: &Mirror, before: TreeSnapshot, was: BTreeMap<String, Arc<Entry>>) {
     let tree = before.tree;
-    let TreeEntries::All(entries) = &before.entries else {
-        panic!("a whole snapshot");
-    };
-    let mut held = by_key(entries);
+    let mut held = by_key(before.entries.values());
+    assert_eq!(held, was, "{tree:?}: a snapshot stays as it was taken");
     let Some(since) = mirror.snapshot(tree, Some(before.generation)) else {
         assert_eq!(held, by_key(&mirror.entries(tree)), "{tree:?} unchanged");
         return;
     };
-    let TreeEntries::Changed(changed) = since.entries else {
-        panic!("{tree:?}: a few changes are told as changes");
-    };
-    for (key, now) in changed {
-        match now {
-            Some(entry) => held.insert(key, entry),
+    let changed = since
+        .changed
+        .unwrap_or_else(|| panic!("{tree:?}: a few changes are named"));
+    for key in changed {
+        match since.entries.get(&key) {
+            Some(entry) => held.insert(key, entry.clone()),
             None => held.remove(&key),
         };
     }
@@ -207,9 +204,13 @@ async fn random_write(store: &dyn KvStore, mirror: &Mirror, writer: usize) {
 async fn after_concurrent_writes_the_mirror_equals_the_store() {
     each_backend(async |backend| {
         let (mirror, _running) = started(backend.store.clone(), config()).await;
-        let before: Vec<TreeSnapshot> = Tree::ALL
+        let before: Vec<(TreeSnapshot, BTreeMap<String, Arc<Entry>>)> = Tree::ALL
             .into_iter()
-            .map(|tree| mirror.whole_snapshot(tree, None).unwrap())
+            .map(|tree| {
+                let snapshot = mirror.snapshot(tree, None).unwrap();
+                let was = by_key(snapshot.entries.values());
+                (snapshot, was)
+            })
             .collect();
         let writers: Vec<_> = (0..4)
             .map(|writer| {
@@ -227,8 +228,8 @@ async fn after_concurrent_writes_the_mirror_equals_the_store() {
         assert_converges(&mirror, backend.store.as_ref()).await;
 
         // A reader that knew each tree before catches up by the changes since.
-        for before in before {
-            assert_catches_up(&mirror, before);
+        for (before, was) in before {
+            assert_catches_up(&mirror, before, was);
         }
 
         // The secondary indexes agree with the entries.
