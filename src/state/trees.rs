@@ -143,7 +143,7 @@ impl Tree {
         if self.values_repeat() {
             pair.value = VALUES.bytes(pair.value);
         }
-        let problem = |e: &dyn std::fmt::Display| View::Unreadable(e.to_string());
+        let problem = |e: &dyn std::fmt::Display| View::Unreadable(e.to_string().into());
         let view = match self {
             Tree::Rcs => StoredRc::from_json(&pair.value)
                 .map_or_else(|e| problem(&e), |rc| View::Rc(Arc::new(rc))),
@@ -202,9 +202,9 @@ impl Entry {
 }
 
 /// What an entry's value decodes to, decided by its tree. A value that does not decode is
-/// kept (reads that need it skip it, as P2 does) with the reason. No variant is larger than a
-/// `String`, so that the entries of every tree stay small (a health record inline would make
-/// each of them 100 bytes larger).
+/// kept (reads that need it skip it, as P2 does) with the reason. No variant is larger than
+/// two words, so that the entries of every tree stay small (a health record inline would
+/// make each of them 100 bytes larger).
 #[derive(Debug, Clone, PartialEq)]
 pub enum View {
     Rc(Arc<StoredRc>),
@@ -216,7 +216,7 @@ pub enum View {
     /// Manifests, events, status records, conditions, locks, times and finished rolls: read
     /// as bytes by whoever needs them (events are many and read a page at a time).
     Raw,
-    Unreadable(String),
+    Unreadable(Box<str>),
 }
 
 /// What the farms read of a health record: the node it names and its state. Readers of the
@@ -330,6 +330,13 @@ pub fn object_id(tree: Tree, key: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Four trees hold an entry per pod: with its shared count, an entry fits the
+    /// allocator's 128-byte size class, where one word more would take 160 bytes.
+    #[test]
+    fn an_entry_is_at_most_112_bytes() {
+        assert!(std::mem::size_of::<Entry>() <= 112);
+    }
 
     #[test]
     fn every_key_of_a_followed_tree_finds_its_tree() {

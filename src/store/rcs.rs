@@ -201,7 +201,7 @@ pub fn from_entry(entry: &Entry) -> Result<Versioned<Arc<StoredRc>>, String> {
             value: rc.clone(),
             index: entry.pair.modify_index,
         }),
-        View::Unreadable(why) => Err(why.clone()),
+        View::Unreadable(why) => Err(why.to_string()),
         _ => Err(format!("key {:?} is not an RC", entry.pair.key)),
     }
 }
