@@ -386,8 +386,8 @@ impl Trees {
                     update(&mut world.nodes, &snapshot, node_name, label_entry)
                 }
                 state::Tree::Labels(LabelType::Pod) => update_pod_labels(world, &snapshot),
-                state::Tree::Intent => world.intents = pods(&snapshot),
-                state::Tree::Reality => world.reality = pods(&snapshot),
+                state::Tree::Intent => world.intents = pod_tree(&snapshot),
+                state::Tree::Reality => world.reality = pod_tree(&snapshot),
                 // Keyed by the records' own fields: derived from the whole tree at once.
                 state::Tree::Health => world.health = build(&snapshot, health),
                 state::Tree::Locks => update(&mut world.locks, &snapshot, lock_key, lock),
@@ -449,7 +449,7 @@ fn update<K: Ord + Clone, V: Clone>(
 }
 
 /// The pod tree of the mirror's `snapshot`.
-fn pods(snapshot: &TreeSnapshot) -> Arc<Tree<PodEntries>> {
+fn pod_tree(snapshot: &TreeSnapshot) -> Arc<Tree<PodEntries>> {
     let pods = PodEntries::new(snapshot.tree, snapshot.entries.clone());
     Arc::new(Tree::new(snapshot.index, pods))
 }
@@ -468,7 +468,7 @@ pub fn index_pods(pods: &PodEntries) -> [PodsByValue; 2] {
 
 /// Brings the world's pod labels, and its index of them, to the mirror's `snapshot`.
 fn update_pod_labels(world: &mut World, snapshot: &TreeSnapshot) {
-    let now = pods(snapshot);
+    let now = pod_tree(snapshot);
     match &snapshot.changed {
         Some(changed) => reindex(
             &mut world.pods_by_label,
