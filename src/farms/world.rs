@@ -370,7 +370,15 @@ impl Trees {
         let Built { world, from } = &mut *built;
         for (position, tree) in Trees::FOLLOWED.into_iter().enumerate() {
             let known = from[position];
-            let Some(snapshot) = self.mirror.snapshot(tree, known) else {
+            // The pod trees are the mirror's entries as they are, and the health map is
+            // derived from the whole tree: neither needs the keys that changed.
+            let snapshot = match tree {
+                state::Tree::Intent | state::Tree::Reality | state::Tree::Health => {
+                    self.mirror.entries_snapshot(tree, known)
+                }
+                _ => self.mirror.snapshot(tree, known),
+            };
+            let Some(snapshot) = snapshot else {
                 continue;
             };
             match tree {
@@ -388,7 +396,7 @@ impl Trees {
                 state::Tree::Labels(LabelType::Pod) => update_pod_labels(world, &snapshot),
                 state::Tree::Intent => world.intents = pod_tree(&snapshot),
                 state::Tree::Reality => world.reality = pod_tree(&snapshot),
-                // Keyed by the records' own fields: derived from the whole tree at once.
+                // Keyed by the records' own fields.
                 state::Tree::Health => world.health = build(&snapshot, health),
                 state::Tree::Locks => update(&mut world.locks, &snapshot, lock_key, lock),
                 state::Tree::Labels(_)

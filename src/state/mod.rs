@@ -137,7 +137,7 @@ pub struct TreeSnapshot {
     /// Every entry: the mirror's own, kept as they were at no cost.
     pub entries: Entries,
     /// The keys changed since the generation the reader knew, sorted, each once; `None`
-    /// when it knew none, or one too old to tell.
+    /// when it knew none, one too old to tell, or did not ask.
     pub changed: Option<Vec<String>>,
 }
 
@@ -400,12 +400,24 @@ impl Mirror {
     /// read together; `None` while its generation is still `known`. Lets a reader keep what
     /// it derives from a tree up to date by the entries that changed.
     pub fn snapshot(&self, tree: Tree, known: Option<u64>) -> Option<TreeSnapshot> {
+        self.read_snapshot(tree, known, true)
+    }
+
+    /// As [`Mirror::snapshot`], without the changed keys: for a reader that keeps the
+    /// entries as they are, or derives from all of them at once.
+    pub fn entries_snapshot(&self, tree: Tree, known: Option<u64>) -> Option<TreeSnapshot> {
+        self.read_snapshot(tree, known, false)
+    }
+
+    fn read_snapshot(&self, tree: Tree, known: Option<u64>, changes: bool) -> Option<TreeSnapshot> {
         let state = self.read();
         let tree_state = state.tree(tree);
         if known == Some(tree_state.generation) {
             return None;
         }
-        let changed = known.and_then(|known| tree_state.journal.keys_since(known));
+        let changed = known
+            .filter(|_| changes)
+            .and_then(|known| tree_state.journal.keys_since(known));
         Some(TreeSnapshot {
             tree,
             generation: tree_state.generation,

@@ -141,6 +141,16 @@ fn assert_catches_up(mirror: &Mirror, before: TreeSnapshot, was: BTreeMap<String
         assert_eq!(held, by_key(&mirror.entries(tree)), "{tree:?} unchanged");
         return;
     };
+    let unnamed = mirror.entries_snapshot(tree, Some(before.generation));
+    let unnamed = unnamed.unwrap_or_else(|| panic!("{tree:?}: changed"));
+    assert_eq!(
+        unnamed.changed, None,
+        "{tree:?}: changes are named only when asked"
+    );
+    assert_eq!(
+        by_key(unnamed.entries.values()),
+        by_key(since.entries.values())
+    );
     let changed = since
         .changed
         .unwrap_or_else(|| panic!("{tree:?}: a few changes are named"));
