@@ -202,9 +202,10 @@ impl Entry {
 }
 
 /// What an entry's value decodes to, decided by its tree. A value that does not decode is
-/// kept (reads that need it skip it, as P2 does) with the reason. No variant is larger than
-/// two words, so that the entries of every tree stay small (a health record inline would
-/// make each of them 100 bytes larger).
+/// kept (reads that need it skip it, as P2 does) with the reason. No variant holds more
+/// than two words and a byte (the health state, whose spare values tell the variants
+/// apart), so that the entries of every tree stay small (a health record inline would make
+/// each of them 100 bytes larger).
 #[derive(Debug, Clone, PartialEq)]
 pub enum View {
     Rc(Arc<StoredRc>),
