@@ -8,9 +8,12 @@
 //! - a listed pair replaces an entry only if its modify index is higher;
 //! - an entry the listing lacks is removed only if its modify index is not past the
 //!   listing's (else it was written after the listing was taken);
-//! - an own delete leaves a tombstone holding the version it removed, so an older listing
-//!   that still holds that version does not bring it back; the tombstone goes (and the
-//!   deletion is streamed) once a listing no longer holds the key.
+//! - an own delete comes with an index at which the store no longer held the key: it
+//!   removes only an entry written at or before that index (a newer one was written after
+//!   the delete, by another writer, and the watch may bring it first), and leaves a
+//!   tombstone burying every version up to that index, so an older listing that still
+//!   holds one does not bring it back; the tombstone goes (and the deletion is streamed)
+//!   once a listing no longer holds the key, or holds a newer version.
 //!
 //! The changes since an index (where the store can tell them) follow the same rules, a
 //! reported delete standing for a listing's absence: it removes an entry not rewritten
@@ -42,15 +45,30 @@ pub(super) struct TreeState {
     pub entries: Entries,
     /// The latest changes of `entries`, by the generation each made.
     pub journal: Journal,
-    /// Own deletes not yet confirmed by a listing: the version each removed.
-    pub tombstones: HashMap<String, Arc<Entry>>,
+    /// Own deletes not yet confirmed by a listing.
+    pub tombstones: HashMap<String, Tombstone>,
     /// Whether a first listing has been applied.
     pub loaded: bool,
     /// Since when the tree's watch has been failing, if it is.
     pub failing_since: Option<Instant>,
 }
 
+/// An own delete not yet confirmed by a listing.
+#[derive(Debug)]
+pub(super) struct Tombstone {
+    /// The version it removed, streamed as deleted once a listing confirms.
+    pub removed: Arc<Entry>,
+    /// The store no longer held the key at this index: no version written at or before it
+    /// is current.
+    pub through: u64,
+}
+
 impl TreeState {
+    /// The index up to which an own delete of `key` buries its versions, if one is pending.
+    fn buried(&self, key: &str) -> Option<u64> {
+        self.tombstones.get(key).map(|tombstone| tombstone.through)
+    }
+
     /// Notes a change of `entry`'s key (put, or removed): the generation moves, and the
     /// journal tells readers which key changed with it.
     fn changed(&mut self, entry: &Arc<Entry>) {
@@ -157,7 +175,7 @@ impl State {
             };
             let state = self.tree(tree);
             let held = state.entries.get(key).map(|e| e.pair.modify_index);
-            let buried = state.tombstones.get(key).map(|e| e.pair.modify_index);
+            let buried = state.buried(key);
             let newer = held.is_none_or(|held| held < *modify_index)
                 && buried.is_none_or(|buried| buried < *modify_index);
             if authoritative || newer {
@@ -228,10 +246,7 @@ impl State {
             .entries
             .get(&entry.pair.key)
             .map(|e| e.pair.modify_index);
-        let buried = state
-            .tombstones
-            .get(&entry.pair.key)
-            .map(|e| e.pair.modify_index);
+        let buried = state.buried(&entry.pair.key);
         if held.is_some_and(|held| held >= modify_index)
             || buried.is_some_and(|buried| buried >= modify_index)
         {
@@ -243,13 +258,22 @@ impl State {
         self.upsert(tree, entry);
     }
 
-    /// Removes a key the server itself deleted, leaving a tombstone until a listing confirms.
-    pub(super) fn apply_own_delete(&mut self, tree: Tree, key: &str) {
+    /// Removes a key the server itself deleted, which the store no longer held at `through`,
+    /// leaving a tombstone until a listing confirms. An entry written after `through` is a
+    /// newer version than the delete removed, and stays.
+    pub(super) fn apply_own_delete(&mut self, tree: Tree, key: &str, through: u64) {
         let state = self.tree_mut(tree);
-        if let Some(entry) = state.entries.remove(key) {
-            state.changed(&entry);
-            self.drop_from_indexes(tree, &entry);
-            self.tree_mut(tree).tombstones.insert(key.to_owned(), entry);
+        let held = state.entries.get(key).map(|e| e.pair.modify_index);
+        if held.is_none_or(|held| held > through) {
+            return;
+        }
+        if let Some(removed) = state.entries.remove(key) {
+            state.changed(&removed);
+            self.drop_from_indexes(tree, &removed);
+            let tombstone = Tombstone { removed, through };
+            self.tree_mut(tree)
+                .tombstones
+                .insert(key.to_owned(), tombstone);
         }
     }
 
@@ -280,7 +304,7 @@ impl State {
                 entry
             }
             None => match state.tombstones.remove(key) {
-                Some(entry) => entry,
+                Some(tombstone) => tombstone.removed,
                 None => return,
             },
         };
@@ -413,7 +437,7 @@ mod tests {
         );
         assert_eq!(state.labels_of(LabelType::Node, "a").unwrap()["r"], "y");
 
-        state.apply_own_delete(tree, "labels/node/a");
+        state.apply_own_delete(tree, "labels/node/a", 7);
         let stale = [
             pair("labels/node/a", r#"{"r":"y"}"#, 5),
             pair("labels/node/b", "{}", 6),
@@ -425,11 +449,37 @@ mod tests {
             "a stale listing revived a"
         );
         // The listing that confirms the delete streams it and drops the tombstone.
-        apply(&mut state, 7, &[pair("labels/node/b", "{}", 6)], false);
+        apply(&mut state, 8, &[pair("labels/node/b", "{}", 6)], false);
         assert!(state.tree(tree).tombstones.is_empty());
         let deleted = state.stream.replay_from(0).unwrap();
         assert_eq!(deleted.last().unwrap().change_type, ChangeType::Deleted);
         assert_eq!(deleted.last().unwrap().entry.pair.key, "labels/node/a");
+    }
+
+    #[test]
+    fn an_own_delete_applied_late_keeps_a_newer_version() {
+        let tree = Tree::Labels(LabelType::Node);
+        let mut state = State::new(Stream::new(10, 10));
+        apply(&mut state, 2, &[pair("labels/node/a", "{}", 2)], true);
+
+        // This server deletes `a` at 5; another writer creates it again at 6, and the watch
+        // brings that version before the delete is applied.
+        let again = pair("labels/node/a", r#"{"r":"y"}"#, 6);
+        apply(&mut state, 6, std::slice::from_ref(&again), false);
+        state.apply_own_delete(tree, "labels/node/a", 5);
+        assert_eq!(held(&state), [("labels/node/a".into(), 6)]);
+        assert!(state.tree(tree).tombstones.is_empty());
+
+        // Applied in time, the delete buries the old version only: an older listing does
+        // not bring it back, a newer version does come.
+        let mut state = State::new(Stream::new(10, 10));
+        apply(&mut state, 2, &[pair("labels/node/a", "{}", 2)], true);
+        state.apply_own_delete(tree, "labels/node/a", 5);
+        apply(&mut state, 4, &[pair("labels/node/a", "{}", 2)], false);
+        assert_eq!(held(&state), []);
+        apply(&mut state, 6, std::slice::from_ref(&again), false);
+        assert_eq!(held(&state), [("labels/node/a".into(), 6)]);
+        assert!(state.tree(tree).tombstones.is_empty());
     }
 
     fn apply_changes(state: &mut State, index: u64, changed: &[KvPair], deleted: &[(&str, u64)]) {
@@ -457,7 +507,7 @@ mod tests {
         // b is deleted at 6, but this server wrote it again at 7 before the changes came.
         state.apply_own_put(tree, tree.decode(pair("labels/node/b", r#"{"r":"x"}"#, 7)));
         // c is deleted by this server, at 8.
-        state.apply_own_delete(tree, "labels/node/c");
+        state.apply_own_delete(tree, "labels/node/c", 8);
         let a2 = pair("labels/node/a", r#"{"r":"y"}"#, 5);
         let d = pair("labels/node/d", "{}", 9);
         apply_changes(
@@ -520,7 +570,7 @@ mod tests {
         assert!(state.by_label[&term("rc1")].contains("n1/hello"));
         state.apply_own_put(tree, labelled("rc2", 3));
         assert!(!state.by_label.contains_key(&term("rc1")));
-        state.apply_own_delete(tree, "labels/pod/n1/hello");
+        state.apply_own_delete(tree, "labels/pod/n1/hello", 3);
         assert!(state.by_label.is_empty());
     }
 }

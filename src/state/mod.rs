@@ -86,20 +86,36 @@ impl Default for MirrorConfig {
 pub enum OwnWrite {
     /// The pair as now stored, with the indexes the store answered.
     Put(KvPair),
-    /// The key is gone.
-    Delete(String),
+    /// The key is gone: the store no longer held it at index `through`, so no version
+    /// written at or before it is current. `None` when the store did not tell such an
+    /// index: the mirror then leaves the delete to its watches.
+    Delete { key: String, through: Option<u64> },
 }
 
 impl OwnWrite {
     /// The writes of a successful transaction: each write op's key with the value it wrote
-    /// and the indexes the store answered (reads and checks write nothing).
+    /// and the indexes the store answered (reads and checks write nothing). A delete is
+    /// known gone through the transaction's own index, which its other writes answer; in a
+    /// transaction that only deletes, through the index a compare-and-delete named (the
+    /// version it removed), and otherwise through no known index.
     pub fn from_txn(ops: &[TxnOp], results: &[Option<KvPair>]) -> Vec<OwnWrite> {
+        let txn_index = ops
+            .iter()
+            .zip(results)
+            .filter(|(op, _)| op.value().is_some())
+            .filter_map(|(_, result)| Some(result.as_ref()?.modify_index))
+            .max();
         ops.iter()
             .zip(results)
             .filter_map(|(op, result)| match op {
-                TxnOp::Delete { key } | TxnOp::DeleteCas { key, .. } => {
-                    Some(OwnWrite::Delete(key.clone()))
-                }
+                TxnOp::Delete { key } => Some(OwnWrite::Delete {
+                    key: key.clone(),
+                    through: txn_index,
+                }),
+                TxnOp::DeleteCas { key, index } => Some(OwnWrite::Delete {
+                    key: key.clone(),
+                    through: Some(txn_index.unwrap_or(*index)),
+                }),
                 TxnOp::Set { .. }
                 | TxnOp::Cas { .. }
                 | TxnOp::Lock { .. }
@@ -504,25 +520,32 @@ impl Mirror {
     /// watches; keys outside the followed trees are ignored. Deletions reach the change
     /// stream when a listing confirms them.
     pub fn apply_own_writes(&self, writes: impl IntoIterator<Item = OwnWrite>) {
-        let decoded: Vec<(Tree, Option<Entry>, String)> = writes
+        /// A write decoded outside the lock.
+        enum Decoded {
+            Put(Entry),
+            Delete { key: String, through: u64 },
+        }
+        let decoded: Vec<(Tree, Decoded)> = writes
             .into_iter()
             .filter_map(|write| match write {
                 OwnWrite::Put(pair) => {
                     let tree = Tree::of_key(&pair.key)?;
-                    let key = pair.key.clone();
-                    Some((tree, Some(tree.decode(pair)), key))
+                    Some((tree, Decoded::Put(tree.decode(pair))))
                 }
-                OwnWrite::Delete(key) => Some((Tree::of_key(&key)?, None, key)),
+                OwnWrite::Delete { key, through } => {
+                    let (tree, through) = (Tree::of_key(&key)?, through?);
+                    Some((tree, Decoded::Delete { key, through }))
+                }
             })
             .collect();
         if decoded.is_empty() {
             return;
         }
         let mut state = self.write();
-        for (tree, entry, key) in decoded {
-            match entry {
-                Some(entry) => state.apply_own_put(tree, entry),
-                None => state.apply_own_delete(tree, &key),
+        for (tree, write) in decoded {
+            match write {
+                Decoded::Put(entry) => state.apply_own_put(tree, entry),
+                Decoded::Delete { key, through } => state.apply_own_delete(tree, &key, through),
             }
         }
         self.publish(&state);
@@ -625,5 +648,64 @@ impl Mirror {
 
     fn write(&self) -> RwLockWriteGuard<'_, State> {
         self.inner.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(key: &str, modify_index: u64) -> Option<KvPair> {
+        Some(KvPair {
+            key: key.into(),
+            value: Default::default(),
+            create_index: 1,
+            modify_index,
+            lock_index: 0,
+            session: None,
+        })
+    }
+
+    fn deletes(writes: Vec<OwnWrite>) -> Vec<(String, Option<u64>)> {
+        writes
+            .into_iter()
+            .filter_map(|write| match write {
+                OwnWrite::Delete { key, through } => Some((key, through)),
+                OwnWrite::Put(_) => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_txn_delete_is_gone_through_the_index_its_writes_answer() {
+        // A read answers an older index, which says nothing of when the txn ran.
+        let ops = [
+            TxnOp::Get { key: "a".into() },
+            TxnOp::Delete { key: "b".into() },
+            TxnOp::Set {
+                key: "c".into(),
+                value: b"{}".to_vec(),
+            },
+        ];
+        let results = [answered("a", 3), None, answered("c", 9)];
+        assert_eq!(
+            deletes(OwnWrite::from_txn(&ops, &results)),
+            [("b".into(), Some(9))]
+        );
+
+        // Deletes only: a compare-and-delete's named version, else no known index.
+        let ops = [
+            TxnOp::Get { key: "a".into() },
+            TxnOp::DeleteCas {
+                key: "b".into(),
+                index: 4,
+            },
+            TxnOp::Delete { key: "c".into() },
+        ];
+        let results = [answered("a", 3), None, None];
+        assert_eq!(
+            deletes(OwnWrite::from_txn(&ops, &results)),
+            [("b".into(), Some(4)), ("c".into(), None)]
+        );
     }
 }

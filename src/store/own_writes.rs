@@ -4,7 +4,11 @@
 //!
 //! A transaction's results carry the indexes the store gave, so they are applied as they
 //! are; a plain put or lock answers no index, so the key is read back once and the pair
-//! applied; a delete needs no index. Reads and watches go straight through.
+//! applied. A delete is applied with an index at which the store no longer held the key
+//! (so that a newer version, written after it by another writer, is never taken for the
+//! one it removed): the transaction's own index when its other writes answer it, the
+//! version a compare-and-delete named, or else the index of a read of the key's absence.
+//! Reads and watches go straight through.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,14 +33,36 @@ impl OwnWrites {
         Arc::new(OwnWrites { kv, mirror })
     }
 
-    /// Applies what is now stored at `key` (a failed read leaves it to the watches).
+    /// Applies what is now stored at `key`: the pair, or its absence at the index of a
+    /// listing that lacks it. A key written again between the two reads, or a failed read,
+    /// is left to the watches.
     async fn read_back(&self, key: &str) {
-        match self.kv.get(key).await {
-            Ok(Some(pair)) => self.mirror.apply_own_writes([OwnWrite::Put(pair)]),
-            Ok(None) => self
-                .mirror
-                .apply_own_writes([OwnWrite::Delete(key.to_owned())]),
-            Err(_) => {}
+        let write = match self.kv.get(key).await {
+            Ok(Some(pair)) => OwnWrite::Put(pair),
+            Ok(None) => match self.kv.keys(key, Some('/')).await {
+                Ok((index, keys)) if !keys.iter().any(|listed| listed == key) => OwnWrite::Delete {
+                    key: key.to_owned(),
+                    through: Some(index),
+                },
+                _ => return,
+            },
+            Err(_) => return,
+        };
+        self.mirror.apply_own_writes([write]);
+    }
+
+    /// Applies `writes`, reading back the deleted keys whose index the store did not tell.
+    async fn apply(&self, writes: Vec<OwnWrite>) {
+        let unindexed: Vec<String> = writes
+            .iter()
+            .filter_map(|write| match write {
+                OwnWrite::Delete { key, through: None } => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        self.mirror.apply_own_writes(writes);
+        for key in unindexed {
+            self.read_back(&key).await;
         }
     }
 }
@@ -67,25 +93,33 @@ impl KvStore for OwnWrites {
 
     async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
         self.kv.delete(key, cas).await?;
-        self.mirror
-            .apply_own_writes([OwnWrite::Delete(key.to_owned())]);
+        match cas {
+            Cas::Index(version) => self.mirror.apply_own_writes([OwnWrite::Delete {
+                key: key.to_owned(),
+                through: Some(version),
+            }]),
+            Cas::Any => self.read_back(key).await,
+        }
         Ok(())
     }
 
     async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
         self.kv.delete_prefix(prefix).await?;
-        let gone = self.mirror.under(prefix);
-        self.mirror.apply_own_writes(
-            gone.iter()
-                .map(|entry| OwnWrite::Delete(entry.pair.key.clone())),
-        );
+        if let Ok((index, left)) = self.kv.keys(prefix, None).await {
+            let gone = self.mirror.under(prefix);
+            let gone = gone.iter().filter(|entry| !left.contains(&entry.pair.key));
+            self.mirror
+                .apply_own_writes(gone.map(|entry| OwnWrite::Delete {
+                    key: entry.pair.key.clone(),
+                    through: Some(index),
+                }));
+        }
         Ok(())
     }
 
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         let results = self.kv.txn(ops).await?;
-        self.mirror
-            .apply_own_writes(OwnWrite::from_txn(ops, &results));
+        self.apply(OwnWrite::from_txn(ops, &results)).await;
         Ok(results)
     }
 

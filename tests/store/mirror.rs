@@ -14,6 +14,7 @@ use p2_apiserver::kv::{
 };
 use p2_apiserver::labels::{LabelType, Selector};
 use p2_apiserver::state::{Entry, Mirror, MirrorConfig, OwnWrite, Signal, Tree, TreeSnapshot};
+use p2_apiserver::store::own_writes::OwnWrites;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -167,9 +168,10 @@ fn pod_labels(rc: &str) -> Vec<u8> {
     format!(r#"{{"replication_controller_id":"{rc}","app":"web"}}"#).into_bytes()
 }
 
-/// One random write: a transaction applied to the mirror as the server would, a plain
-/// write the mirror only learns of by its watch, or a delete.
-async fn random_write(store: &dyn KvStore, mirror: &Mirror, writer: usize) {
+/// One random write: through this server (`own`, which applies its writes to the mirror at
+/// once) a transaction, a delete or a compare-and-delete of the version the mirror holds;
+/// or a plain write through another server, which the mirror only learns of by its watch.
+async fn random_write(own: &dyn KvStore, other: &dyn KvStore, mirror: &Mirror, writer: usize) {
     let (key, value) = {
         let mut rng = rand::thread_rng();
         let n = rng.gen_range(0..6);
@@ -194,18 +196,17 @@ async fn random_write(store: &dyn KvStore, mirror: &Mirror, writer: usize) {
             ),
         }
     };
-    let kind = rand::thread_rng().gen_range(0..4);
+    let kind = rand::thread_rng().gen_range(0..5);
     match kind {
-        0 | 1 => {
-            let ops = [TxnOp::Set { key, value }];
-            let results = store.txn(&ops).await.unwrap();
-            mirror.apply_own_writes(OwnWrite::from_txn(&ops, &results));
-        }
-        2 => store.put(&key, &value, Cas::Any).await.unwrap(),
+        0 | 1 => drop(own.txn(&[TxnOp::Set { key, value }]).await.unwrap()),
+        2 => other.put(&key, &value, Cas::Any).await.unwrap(),
+        3 => drop(own.txn(&[TxnOp::Delete { key }]).await.unwrap()),
         _ => {
-            let ops = [TxnOp::Delete { key }];
-            let results = store.txn(&ops).await.unwrap();
-            mirror.apply_own_writes(OwnWrite::from_txn(&ops, &results));
+            let Some(held) = mirror.get(&key) else { return };
+            match own.delete(&key, Cas::Index(held.pair.modify_index)).await {
+                Ok(()) | Err(StoreError::Conflict { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
         }
     }
 }
@@ -225,9 +226,10 @@ async fn after_concurrent_writes_the_mirror_equals_the_store() {
         let writers: Vec<_> = (0..4)
             .map(|writer| {
                 let (store, mirror) = (backend.store.clone(), mirror.clone());
+                let own = OwnWrites::wrap(store.clone(), mirror.clone());
                 tokio::spawn(async move {
                     for _ in 0..40 {
-                        random_write(store.as_ref(), &mirror, writer).await;
+                        random_write(own.as_ref(), store.as_ref(), &mirror, writer).await;
                     }
                 })
             })
