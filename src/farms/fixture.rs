@@ -2,15 +2,18 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use imbl::OrdMap;
 
 use crate::kv::KvPair;
 use crate::labels::{LabelType, Labels, POD_ID_LABEL, RC_ID_LABEL};
-use crate::model::{AllocationStrategy, HealthState, Manifest, StoredRc, StoredRoll};
+use crate::model::{AllocationStrategy, HealthRecord, HealthState, Manifest, StoredRc, StoredRoll};
 use crate::state::{self, Entry};
 
-use super::world::{index_pods, pod_key, PodEntries, PodKey, Shared, Tree, Versioned, World};
+use super::world::{
+    index_pods, pod_key, HealthResults, PodEntries, PodKey, Shared, Tree, Versioned, World,
+};
 
 /// The trees of a [`World`], each filled as a test needs.
 #[derive(Default)]
@@ -122,7 +125,16 @@ impl Fleet {
             pod_labels: tree(pod_label_entries),
             intents: tree(manifests(state::Tree::Intent, &self.intents)),
             reality: tree(manifests(state::Tree::Reality, &self.reality)),
-            health: tree(self.health.clone()),
+            health: tree(HealthResults::new(
+                self.health
+                    .iter()
+                    .map(|((node, pod_id), state)| {
+                        let record = HealthRecord::new(pod_id, node, *state, SystemTime::now());
+                        let id = format!("{pod_id}/{node}");
+                        entry(state::Tree::Health, &id, record.to_json(), 1)
+                    })
+                    .collect(),
+            )),
             locks: tree(self.locks.clone().into_iter().collect()),
         }
     }

@@ -70,7 +70,7 @@ pub fn pod_health(world: &World, pod: &PodKey, wanted: &Manifest) -> PodHealth {
     PodHealth::of(
         &wanted.sha(),
         running.as_deref(),
-        world.health.items.get(pod).copied(),
+        world.health.items.get(pod),
     )
 }
 

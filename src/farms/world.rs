@@ -3,8 +3,9 @@
 //! updated tree by tree, only for the trees that changed since the last one, and only in the
 //! entries that changed. Its maps are persistent ([`imbl::OrdMap`]): a new world shares all
 //! but the changed paths with the one before, so a farm holding the previous world costs
-//! no copy, and catching up costs the changes, not the fleet. The pod trees, the largest,
-//! are the mirror's own persistent entries ([`PodEntries`]), read by node and pod id.
+//! no copy, and catching up costs the changes, not the fleet. The pod trees and health, the
+//! largest, are the mirror's own persistent entries ([`PodEntries`], [`HealthResults`]),
+//! read by node and pod id.
 //!
 //! The mirror re-reads each tree on its own schedule, so on its own it may show a change of
 //! one tree before an earlier change of another (a pod's new reality before the removal of
@@ -28,6 +29,7 @@ use crate::labels::{LabelType, Labels, Selector, DS_ID_LABEL, RC_ID_LABEL};
 use crate::model::{HealthState, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::state::{self, Entries, Entry, Mirror, TreeSnapshot, View};
 use crate::store::labels::LabelRecord;
+use crate::store::layout;
 
 /// How long [`Trees::world`] waits for the trees to catch up with each other before the
 /// farms go on with what they have (their writes being fenced and CAS'd anyway).
@@ -96,7 +98,6 @@ pub type RollMap = OrdMap<String, Shared<StoredRoll>>;
 pub type DaemonSetMap = OrdMap<String, Shared<StoredDaemonSet>>;
 /// Label entries (read through [`World::node_labels`]).
 pub type NodeMap = OrdMap<String, Arc<Entry>>;
-pub type HealthMap = HashMap<PodKey, HealthState>;
 pub type LockMap = OrdMap<String, Versioned<Option<String>>>;
 /// The pods carrying each value of one label key, sorted.
 pub type PodsByValue = OrdMap<String, OrdSet<PodKey>>;
@@ -140,6 +141,100 @@ impl PodEntries {
     }
 }
 
+/// The health results (`health/<pod_id>/<node>`), read by pod: the mirror's own entries,
+/// not a copy, since the tree holds an entry per pod. P2 takes a result as the health of
+/// the node its record names, which a hand-written record may give otherwise than its key:
+/// those few are also kept by the pod they name, updated change by change.
+#[derive(Debug, Clone, Default)]
+pub struct HealthResults {
+    entries: Entries,
+    /// The results whose record names another node than their key, by the pod they name,
+    /// each by key.
+    misfiled: OrdMap<PodKey, OrdMap<String, HealthState>>,
+}
+
+impl HealthResults {
+    /// The results in `entries` (the mirror's health tree).
+    pub fn new(entries: Entries) -> HealthResults {
+        let mut by_pod: OrdMap<PodKey, OrdMap<String, HealthState>> = OrdMap::new();
+        for (pod, key, state) in entries.values().filter_map(misfiled) {
+            by_pod.entry(pod).or_default().insert(key, state);
+        }
+        HealthResults {
+            entries,
+            misfiled: by_pod,
+        }
+    }
+
+    /// The results of the health tree's `snapshot`: from `was`, by the keys that changed,
+    /// when the snapshot names them.
+    fn update(was: &HealthResults, snapshot: &TreeSnapshot) -> HealthResults {
+        let Some(changed) = &snapshot.changed else {
+            return HealthResults::new(snapshot.entries.clone());
+        };
+        let mut misfiled_now = was.misfiled.clone();
+        for key in changed {
+            if let Some((pod, key, _)) = was.entries.get(key).and_then(misfiled) {
+                if let Some(by_key) = misfiled_now.get_mut(&pod) {
+                    by_key.remove(&key);
+                    if by_key.is_empty() {
+                        misfiled_now.remove(&pod);
+                    }
+                }
+            }
+            if let Some((pod, key, state)) = snapshot.entries.get(key).and_then(misfiled) {
+                misfiled_now.entry(pod).or_default().insert(key, state);
+            }
+        }
+        HealthResults {
+            entries: snapshot.entries.clone(),
+            misfiled: misfiled_now,
+        }
+    }
+
+    /// The health result of `pod`, if there is one: of the results naming it, the last by
+    /// key, which is the one a read of the whole tree in key order keeps.
+    pub fn get(&self, pod: &PodKey) -> Option<HealthState> {
+        let (node, pod_id) = pod;
+        let key = layout::health(pod_id, node);
+        let filed = self.entries.get(&key).and_then(|entry| {
+            let (named, state) = health_result(node, entry);
+            (named == &**node).then_some((key.as_str(), state))
+        });
+        let misfiled = self.misfiled.get(pod).and_then(|by_key| {
+            let (key, state) = by_key.get_max()?;
+            Some((key.as_str(), *state))
+        });
+        filed
+            .into_iter()
+            .chain(misfiled)
+            .max_by_key(|(key, _)| *key)
+            .map(|(_, state)| state)
+    }
+}
+
+/// The node a health entry is the result for (its record's `Node`, else its key's node
+/// `node_of_key`) and its state (unknown when the record cannot be read).
+fn health_result<'a>(node_of_key: &'a str, entry: &'a Entry) -> (&'a str, HealthState) {
+    match &entry.view {
+        View::Health(record) if !record.node.is_empty() => (&record.node, record.status),
+        View::Health(record) => (node_of_key, record.status),
+        _ => (node_of_key, HealthState::Unknown),
+    }
+}
+
+/// A health entry whose record names another node than its key: the pod it names, its key
+/// and its state.
+fn misfiled(entry: &Arc<Entry>) -> Option<(PodKey, String, HealthState)> {
+    let rest = entry.pair.key.strip_prefix(layout::HEALTH)?;
+    let (pod_id, node) = pod_name(rest)?;
+    let (named, state) = health_result(node, entry);
+    (named != node).then(|| {
+        let pod = (NAMES.text(named), NAMES.text(pod_id));
+        (pod, entry.pair.key.clone(), state)
+    })
+}
+
 /// The label keys the farms find pods by (an RC's pods, a daemon set's): every world
 /// indexes its pods by their values.
 pub const INDEXED_POD_LABELS: [&str; 2] = [RC_ID_LABEL, DS_ID_LABEL];
@@ -161,7 +256,7 @@ pub struct World {
     /// Manifests the nodes report running, by (node, pod id).
     pub reality: Arc<Tree<PodEntries>>,
     /// Health by (node, pod id).
-    pub health: Arc<Tree<HealthMap>>,
+    pub health: Arc<Tree<HealthResults>>,
     /// Lock keys under `lock/`, the session holding each (`None` when free) and their index.
     pub locks: Arc<Tree<LockMap>>,
 }
@@ -280,7 +375,7 @@ impl World {
 
     /// The health state of a pod, by [`HealthState::of`].
     pub fn health_of(&self, pod: &PodKey) -> HealthState {
-        HealthState::of(self.health.items.get(pod).copied())
+        HealthState::of(self.health.items.get(pod))
     }
 }
 
@@ -370,10 +465,10 @@ impl Trees {
         let Built { world, from } = &mut *built;
         for (position, tree) in Trees::FOLLOWED.into_iter().enumerate() {
             let known = from[position];
-            // The pod trees are the mirror's entries as they are, and the health map is
-            // derived from the whole tree: neither needs the keys that changed.
+            // The pod trees are the mirror's entries as they are: they need not know the
+            // keys that changed.
             let snapshot = match tree {
-                state::Tree::Intent | state::Tree::Reality | state::Tree::Health => {
+                state::Tree::Intent | state::Tree::Reality => {
                     self.mirror.entries_snapshot(tree, known)
                 }
                 _ => self.mirror.snapshot(tree, known),
@@ -396,8 +491,10 @@ impl Trees {
                 state::Tree::Labels(LabelType::Pod) => update_pod_labels(world, &snapshot),
                 state::Tree::Intent => world.intents = pod_tree(&snapshot),
                 state::Tree::Reality => world.reality = pod_tree(&snapshot),
-                // Keyed by the records' own fields.
-                state::Tree::Health => world.health = build(&snapshot, health),
+                state::Tree::Health => {
+                    let results = HealthResults::update(&world.health.items, &snapshot);
+                    world.health = Arc::new(Tree::new(snapshot.index, results));
+                }
                 state::Tree::Locks => update(&mut world.locks, &snapshot, lock_key, lock),
                 state::Tree::Labels(_)
                 | state::Tree::DsStatus
@@ -522,26 +619,6 @@ fn index_pod(indexes: &mut [PodsByValue; 2], pod: &PodKey, labels: &Labels, add:
     }
 }
 
-/// One tree of the world from every entry of the mirror's `snapshot` (its `entries`),
-/// skipping those `item` cannot use; for health results, which two entries may give for one
-/// pod (see [`health`]), so that which one counts does not depend on the order they changed
-/// in.
-fn build<K, V, M>(
-    snapshot: &TreeSnapshot,
-    item: impl Fn(&str, &Arc<Entry>) -> Option<(K, V)>,
-) -> Arc<Tree<M>>
-where
-    M: FromIterator<(K, V)>,
-{
-    let prefix = snapshot.tree.prefix();
-    let items = snapshot
-        .entries
-        .values()
-        .filter_map(|entry| item(entry.pair.key.strip_prefix(&prefix)?, entry))
-        .collect();
-    Arc::new(Tree::new(snapshot.index, items))
-}
-
 /// RCs, rolls and daemon sets are keyed by UUID.
 fn uuid_id(id: &str) -> Option<String> {
     is_uuid(id).then(|| id.to_owned())
@@ -604,20 +681,6 @@ fn split_pod(rest: &str) -> Option<PodKey> {
 
 fn is_uuid(id: &str) -> bool {
     uuid::Uuid::parse_str(id).is_ok()
-}
-
-/// `health/<pod_id>/<node>`, keyed as (node, pod id) by the record's own fields; a record
-/// that does not decode counts as unknown.
-fn health(rest: &str, entry: &Arc<Entry>) -> Option<(PodKey, HealthState)> {
-    let (pod_id, node) = split_pod(rest)?;
-    match &entry.view {
-        // P2 keys results by the record's own Node field.
-        View::Health(record) if !record.node.is_empty() => {
-            Some(((record.node.clone(), pod_id), record.status))
-        }
-        View::Health(record) => Some(((node, pod_id), record.status)),
-        _ => Some(((node, pod_id), HealthState::Unknown)),
-    }
 }
 
 /// Lock keys are full keys.
@@ -729,6 +792,64 @@ mod tests {
         let labelled = entry(labels, &format!("n1/{uuid}"), "{}", 1);
         let pods = PodEntries::new(labels, [labelled].into_iter().collect());
         assert!(pods.get(&pod_key("n1", uuid)).is_some());
+    }
+
+    #[test]
+    fn health_is_read_by_the_node_a_record_names_and_follows_changes_as_a_whole_read_would() {
+        let tree = state::Tree::Health;
+        let result = |key_node: &str, named: &str, state: HealthState, index| {
+            let record = crate::model::HealthRecord::new("p", named, state, std::time::UNIX_EPOCH);
+            let value = String::from_utf8(record.to_json()).unwrap();
+            entry(tree, &format!("p/{key_node}"), &value, index)
+        };
+        let filed = result("n1", "n1", HealthState::Passing, 1);
+        let unnamed = result("n2", "", HealthState::Critical, 1);
+        let misfiled = result("n3", "n4", HealthState::Passing, 1);
+        let own = result("n4", "n4", HealthState::Warning, 1);
+        let later = result("n5", "n4", HealthState::Critical, 1);
+        let unreadable = entry(tree, "p/n6", "not json", 1);
+        let all = [&filed, &unnamed, &misfiled, &own, &later, &unreadable];
+        let pods: Vec<PodKey> = (1..=7).map(|n| pod_key(&format!("n{n}"), "p")).collect();
+        let states = |results: &HealthResults| -> Vec<Option<HealthState>> {
+            pods.iter().map(|pod| results.get(pod)).collect()
+        };
+        let whole = HealthResults::new(snapshot(tree, 1, &all, None).entries);
+        use HealthState::*;
+        // n4 has three results naming it: the last by key (n5's) counts.
+        assert_eq!(
+            states(&whole),
+            [
+                Some(Passing),
+                Some(Critical),
+                None,
+                Some(Critical),
+                None,
+                Some(Unknown),
+                None
+            ]
+        );
+
+        // n5's result goes and n3's turns to name n3: n4's own is then the last.
+        let renamed = result("n3", "n3", HealthState::Warning, 2);
+        let now = [&filed, &unnamed, &renamed, &own, &unreadable];
+        let changes = snapshot(tree, 2, &now, Some(&["p/n3", "p/n5"]));
+        let updated = HealthResults::update(&whole, &changes);
+        let rebuilt = HealthResults::new(snapshot(tree, 2, &now, None).entries);
+        assert_eq!(states(&updated), states(&rebuilt));
+        assert_eq!(
+            states(&updated),
+            [
+                Some(Passing),
+                Some(Critical),
+                Some(Warning),
+                Some(Warning),
+                None,
+                Some(Unknown),
+                None
+            ]
+        );
+        assert!(updated.misfiled.is_empty());
+        assert_eq!(states(&whole)[3], Some(Critical), "the old results changed");
     }
 
     #[test]
