@@ -8,7 +8,7 @@
 //! - a listed pair replaces an entry only if its modify index is higher;
 //! - an entry the listing lacks is removed only if its modify index is not past the
 //!   listing's (else it was written after the listing was taken);
-//! - an own delete comes with an index at which the store no longer held the key: it
+//! - an own delete comes with an index up to which no version of the key is current: it
 //!   removes only an entry written at or before that index (a newer one was written after
 //!   the delete, by another writer, and the watch may bring it first), and leaves a
 //!   tombstone burying every version up to that index, so an older listing that still
@@ -58,8 +58,7 @@ pub(super) struct TreeState {
 pub(super) struct Tombstone {
     /// The version it removed, streamed as deleted once a listing confirms.
     pub removed: Arc<Entry>,
-    /// The store no longer held the key at this index: no version written at or before it
-    /// is current.
+    /// No version written at or before this index is current any more.
     pub through: u64,
 }
 
@@ -258,8 +257,8 @@ impl State {
         self.upsert(tree, entry);
     }
 
-    /// Removes a key the server itself deleted, which the store no longer held at `through`,
-    /// leaving a tombstone until a listing confirms. An entry written after `through` is a
+    /// Removes a key the server itself deleted, no version of it written at or before
+    /// `through` being current, leaving a tombstone until a listing confirms. An entry written after `through` is a
     /// newer version than the delete removed, and stays.
     pub(super) fn apply_own_delete(&mut self, tree: Tree, key: &str, through: u64) {
         let state = self.tree_mut(tree);

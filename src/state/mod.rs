@@ -86,9 +86,9 @@ impl Default for MirrorConfig {
 pub enum OwnWrite {
     /// The pair as now stored, with the indexes the store answered.
     Put(KvPair),
-    /// The key is gone: the store no longer held it at index `through`, so no version
-    /// written at or before it is current. `None` when the store did not tell such an
-    /// index: the mirror then leaves the delete to its watches.
+    /// The key is gone: no version of it written at or before index `through` is current
+    /// any more. `None` when the store did not tell such an index: the mirror then leaves
+    /// the delete to its watches.
     Delete { key: String, through: Option<u64> },
 }
 

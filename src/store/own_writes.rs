@@ -4,10 +4,11 @@
 //!
 //! A transaction's results carry the indexes the store gave, so they are applied as they
 //! are; a plain put or lock answers no index, so the key is read back once and the pair
-//! applied. A delete is applied with an index at which the store no longer held the key
-//! (so that a newer version, written after it by another writer, is never taken for the
-//! one it removed): the transaction's own index when its other writes answer it, the
-//! version a compare-and-delete named, or else the index of a read of the key's absence.
+//! applied. A delete is applied with an index up to which no version of the key is current
+//! any more (so that a newer version, written after it by another writer, is never taken
+//! for the one it removed): the transaction's own index when its other writes answer it,
+//! the version a compare-and-delete named, or else the index of a read of the key's
+//! absence.
 //! Reads and watches go straight through.
 
 use std::sync::Arc;
