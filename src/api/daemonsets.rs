@@ -197,7 +197,7 @@ async fn list_daemon_sets(
             let index = mirror_index(mirror, &trees);
             let records = mirror.entries(Tree::DaemonSets);
             let records = records
-                .iter()
+                .values()
                 .filter_map(|entry| daemon_sets::from_entry(entry));
             let items = records
                 .filter(|r| wanted(&r.value))

@@ -20,7 +20,7 @@ use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::model::event::{Event, EventKind};
 use crate::model::timestamp::parse_rfc3339;
-use crate::state::{Entry, Tree};
+use crate::state::{Entries, Tree};
 use crate::store::layout;
 
 /// OpenAPI tag of the events route.
@@ -116,7 +116,7 @@ async fn list_events(
         )]));
     }
     let trees = [Tree::Events];
-    let (index, mut stored): (u64, Vec<Arc<Entry>>) =
+    let (index, stored): (u64, Entries) =
         match source(&app, &trees, &[], false, query.blocking).await {
             Source::Mirror(mirror) => (mirror_index(mirror, &trees), mirror.entries(Tree::Events)),
             Source::Store(blocking) => {
@@ -127,10 +127,9 @@ async fn list_events(
                 (listing.index, entries.collect())
             }
         };
-    stored.reverse();
-    // Decoded newest first, only until the page is full.
+    // Read in place, newest first, and decoded only until the page is full.
     let page = query.paging.page_descending_decoded(
-        stored,
+        stored.values().rev(),
         |entry| &entry.pair.key[layout::EVENTS.len()..],
         |entry| match Event::from_json(&entry.pair.value) {
             Ok(event) => query.filter.admits(&event).then_some(event),

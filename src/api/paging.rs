@@ -39,7 +39,7 @@ impl Paging {
     /// token's key. Only as many are decoded as the page needs (see [`Paging::page_decoded`]).
     pub fn page_descending_decoded<T, U>(
         &self,
-        items: Vec<T>,
+        items: impl IntoIterator<Item = T>,
         key: impl Fn(&T) -> &str,
         decode: impl FnMut(T) -> Option<U>,
     ) -> Page<U> {
@@ -51,7 +51,7 @@ impl Paging {
     /// with the items past it.
     pub fn page_decoded<T, U>(
         &self,
-        items: Vec<T>,
+        items: impl IntoIterator<Item = T>,
         key: impl Fn(&T) -> &str,
         decode: impl FnMut(T) -> Option<U>,
     ) -> Page<U> {
@@ -62,7 +62,7 @@ impl Paging {
     /// continue token when one more is kept past them.
     fn cut<T, U>(
         &self,
-        items: Vec<T>,
+        items: impl IntoIterator<Item = T>,
         key: impl Fn(&T) -> &str,
         beyond: impl Fn(&str, &str) -> bool,
         mut decode: impl FnMut(T) -> Option<U>,

@@ -136,7 +136,7 @@ async fn list_pods(
     // Keyed so that string order is node-then-pod order: '\0' sorts below any character a
     // node name can hold, unlike '/', which sorts after '-' and '.'. Only the page's
     // manifests are decoded.
-    let items = intents
+    let items: Vec<_> = intents
         .into_iter()
         .filter(|(pod, _)| pod_id.is_none_or(|id| pod.pod_id() == id))
         .filter_map(|(pod, pair)| {

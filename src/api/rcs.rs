@@ -612,7 +612,7 @@ fn mirrored_list(mirror: &Mirror, query: &ListQuery<ConsistentFilter>) -> Respon
     let index = mirror_index(mirror, &RC_TREES);
     let items = mirror
         .entries(Tree::Rcs)
-        .iter()
+        .values()
         .filter_map(|entry| {
             let record = rcs::from_entry(entry)
                 .map_err(|e| tracing::debug!(key = %entry.pair.key, error = %e, "skipping unreadable RC"))

@@ -55,8 +55,8 @@ impl Farm for RetentionFarm {
             let mut items: Vec<(SystemTime, Arc<Entry>)> = self
                 .mirror
                 .entries(tree)
-                .into_iter()
-                .filter_map(|entry| Some((time(&entry.pair)?, entry)))
+                .values()
+                .filter_map(|entry| Some((time(&entry.pair)?, entry.clone())))
                 .collect();
             items.sort_by_key(|item| item.0);
             items
@@ -94,7 +94,7 @@ impl RetentionFarm {
     /// Deletes the times of objects the mirror no longer holds, each only while its object
     /// is still absent from the store.
     async fn remove_orphaned_times(&self, ctx: &FarmContext) {
-        for entry in self.mirror.entries(Tree::Meta) {
+        for entry in self.mirror.entries(Tree::Meta).values() {
             let Some((kind, id)) = layout::meta_object(&entry.pair.key) else {
                 continue;
             };

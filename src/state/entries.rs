@@ -70,8 +70,16 @@ impl Entries {
     }
 
     /// Every entry, by key.
-    pub fn values(&self) -> impl Iterator<Item = &Arc<Entry>> {
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = &Arc<Entry>> {
         self.0.iter().map(|found| &found.0)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// The entries whose key starts with `prefix`, by key.

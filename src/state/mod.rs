@@ -444,8 +444,8 @@ impl Mirror {
     }
 
     /// Every entry of `tree`, sorted by key.
-    pub fn entries(&self, tree: Tree) -> Vec<Arc<Entry>> {
-        self.read().tree(tree).entries.values().cloned().collect()
+    pub fn entries(&self, tree: Tree) -> Entries {
+        self.read().tree(tree).entries.clone()
     }
 
     /// The labels of `id` of `label_type`.

@@ -105,8 +105,11 @@ async fn stored(store: &dyn KvStore) -> Vec<KvPair> {
 fn mirrored(mirror: &Mirror) -> Vec<KvPair> {
     Tree::ALL
         .into_iter()
-        .flat_map(|tree| mirror.entries(tree))
-        .map(|entry| entry.pair.clone())
+        .flat_map(|tree| {
+            let entries = mirror.entries(tree);
+            let pairs: Vec<KvPair> = entries.values().map(|entry| entry.pair.clone()).collect();
+            pairs
+        })
         .collect()
 }
 
@@ -139,7 +142,11 @@ fn assert_catches_up(mirror: &Mirror, before: TreeSnapshot, was: BTreeMap<String
     let mut held = by_key(before.entries.values());
     assert_eq!(held, was, "{tree:?}: a snapshot stays as it was taken");
     let Some(since) = mirror.snapshot(tree, Some(before.generation)) else {
-        assert_eq!(held, by_key(&mirror.entries(tree)), "{tree:?} unchanged");
+        assert_eq!(
+            held,
+            by_key(mirror.entries(tree).values()),
+            "{tree:?} unchanged"
+        );
         return;
     };
     let unnamed = mirror.entries_snapshot(tree, Some(before.generation));
@@ -161,7 +168,7 @@ fn assert_catches_up(mirror: &Mirror, before: TreeSnapshot, was: BTreeMap<String
             None => held.remove(&key),
         };
     }
-    assert_eq!(held, by_key(&mirror.entries(tree)), "{tree:?}");
+    assert_eq!(held, by_key(mirror.entries(tree).values()), "{tree:?}");
 }
 
 fn pod_labels(rc: &str) -> Vec<u8> {
