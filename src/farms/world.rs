@@ -565,7 +565,7 @@ pub fn index_pods(pods: &PodEntries) -> [PodsByValue; 2] {
     for ((node, pod_id), entry) in pods.iter() {
         if let Some(labels) = entry.labels() {
             let pod = (NAMES.text(node), NAMES.text(pod_id));
-            index_pod(&mut indexes, &pod, labels, true);
+            index_pod(&mut indexes, &pod, labels);
         }
     }
     indexes
@@ -594,27 +594,32 @@ fn reindex(indexes: &mut [PodsByValue; 2], was: &PodEntries, now: &PodEntries, c
             continue;
         };
         if let Some(labels) = was.entries.get(key).and_then(|entry| entry.labels()) {
-            index_pod(indexes, &pod, labels, false);
+            unindex_pod(indexes, &pod, labels);
         }
         if let Some(labels) = now.entries.get(key).and_then(|entry| entry.labels()) {
-            index_pod(indexes, &pod, labels, true);
+            index_pod(indexes, &pod, labels);
         }
     }
 }
 
-/// Adds `pod` with its `labels` to `indexes`, or removes it.
-fn index_pod(indexes: &mut [PodsByValue; 2], pod: &PodKey, labels: &Labels, add: bool) {
+/// Adds `pod` with its `labels` to `indexes`.
+fn index_pod(indexes: &mut [PodsByValue; 2], pod: &PodKey, labels: &Labels) {
     for (index, key) in indexes.iter_mut().zip(INDEXED_POD_LABELS) {
-        let Some(value) = labels.get(key) else {
+        if let Some(value) = labels.get(key) {
+            index.entry(value.clone()).or_default().insert(pod.clone());
+        }
+    }
+}
+
+/// Removes `pod`, which had `labels`, from `indexes`.
+fn unindex_pod(indexes: &mut [PodsByValue; 2], pod: &PodKey, labels: &Labels) {
+    for (index, key) in indexes.iter_mut().zip(INDEXED_POD_LABELS) {
+        let Some(pods) = labels.get(key).and_then(|value| index.get_mut(value)) else {
             continue;
         };
-        if add {
-            index.entry(value.clone()).or_default().insert(pod.clone());
-        } else if let Some(pods) = index.get_mut(value) {
-            pods.remove(pod);
-            if pods.is_empty() {
-                index.remove(value);
-            }
+        pods.remove(pod);
+        if pods.is_empty() {
+            index.remove(&labels[key]);
         }
     }
 }
