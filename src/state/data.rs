@@ -258,22 +258,23 @@ impl State {
     }
 
     /// Removes a key the server itself deleted, no version of it written at or before
-    /// `through` being current, leaving a tombstone until a listing confirms. An entry written after `through` is a
-    /// newer version than the delete removed, and stays.
+    /// `through` being current, leaving a tombstone until a listing confirms. An entry
+    /// written after `through` is a newer version than the delete removed, and stays.
     pub(super) fn apply_own_delete(&mut self, tree: Tree, key: &str, through: u64) {
         let state = self.tree_mut(tree);
         let held = state.entries.get(key).map(|e| e.pair.modify_index);
         if held.is_none_or(|held| held > through) {
             return;
         }
-        if let Some(removed) = state.entries.remove(key) {
-            state.changed(&removed);
-            self.drop_from_indexes(tree, &removed);
-            let tombstone = Tombstone { removed, through };
-            self.tree_mut(tree)
-                .tombstones
-                .insert(key.to_owned(), tombstone);
-        }
+        let Some(removed) = state.entries.remove(key) else {
+            return;
+        };
+        state.changed(&removed);
+        self.drop_from_indexes(tree, &removed);
+        let tombstone = Tombstone { removed, through };
+        self.tree_mut(tree)
+            .tombstones
+            .insert(key.to_owned(), tombstone);
     }
 
     fn upsert(&mut self, tree: Tree, entry: Entry) {
