@@ -9,8 +9,8 @@
 //!   server started again with its farms on the same database and port is timed from its
 //!   start (its mirror's first read and the election included), while the simulator rides
 //!   out the restart by retrying;
-//! - the server's RSS now and at its peak (the simulator's apart), after convergence and
-//!   after each idle phase;
+//! - the server's RSS now and at its peak (the simulator's apart): once scheduled, every
+//!   25 s until all are healthy, after convergence and after each idle phase;
 //! - the store requests per second the server makes when nothing changes, from its own
 //!   `/metrics` (every store call of the process: the mirror's watches, the farms, the
 //!   leader, and the API answering the simulator), with 100 RCs and again with 10, to show
@@ -216,6 +216,9 @@ async fn idle_rate(
     (total as f64 / idle.as_secs_f64(), calls)
 }
 
+/// How often the server's RSS is printed while the bench waits for every pod to be healthy.
+const RSS_REPORT_EVERY: Duration = Duration::from_secs(25);
+
 fn print_rss(when: &str, server: &Child, simulator: &Child) {
     let (ours, sim) = (server.rss(), simulator.rss());
     println!(
@@ -308,7 +311,15 @@ async fn main() {
         sizes.rcs, sizes.replicas, sizes.nodes
     );
     print_rss("once scheduled", &server, &simulator);
+    // The server's peak so far, every so often while the reports come in: at 100,000 pods
+    // all healthy is minutes away.
+    let mut next_report = RSS_REPORT_EVERY;
     wait_for("every pod healthy", Duration::from_secs(600), async || {
+        if started.elapsed() >= next_report {
+            let when = format!("{next_report:.0?} after the farm-running server's start");
+            print_rss(&when, &server, &simulator);
+            next_report += RSS_REPORT_EVERY;
+        }
         passing(&store).await >= want
     })
     .await;
