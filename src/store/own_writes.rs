@@ -8,8 +8,7 @@
 //! any more (so that a newer version, written after it by another writer, is never taken
 //! for the one it removed): the transaction's own index when its other writes answer it,
 //! the version a compare-and-delete named, or else the index of a read of the key's
-//! absence.
-//! Reads and watches go straight through.
+//! absence. Reads and watches go straight through.
 
 use std::sync::Arc;
 use std::time::Duration;
