@@ -203,12 +203,20 @@ async fn watch(
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(HEARTBEAT)))
 }
 
+/// An event waiting in a client's backlog. A change is rendered only when its turn comes, so
+/// a snapshot of a large fleet costs the client a pointer per object until it reads it,
+/// and a client cut off halfway never has the rest rendered.
+enum Pending {
+    Control(Event),
+    Change(Arc<Change>),
+}
+
 /// One client's stream.
 struct Watcher {
     app: AppState,
     filter: Filter,
     /// Events to send before listening again.
-    pending: VecDeque<Event>,
+    pending: VecDeque<Pending>,
     receiver: tokio::sync::broadcast::Receiver<Signal>,
     /// Whether the stream ends once `pending` is sent.
     ending: bool,
@@ -237,23 +245,27 @@ impl Watcher {
         self.receiver = subscription.receiver;
         let position = subscription.position;
         if subscription.resynced {
-            self.pending.push_back(control("resync", position));
+            self.pending
+                .push_back(Pending::Control(control("resync", position)));
         }
         for change in subscription.backlog {
             if self.filter.admits(&self.app.mirror, &change) {
-                self.pending.push_back(change_event(&change));
+                self.pending.push_back(Pending::Change(change));
             }
         }
         if snapshot || subscription.resynced {
-            self.pending.push_back(control("synced", position));
+            self.pending
+                .push_back(Pending::Control(control("synced", position)));
         }
     }
 
     /// The next event to send; `None` ends the stream.
     async fn next(&mut self) -> Option<Event> {
         loop {
-            if let Some(event) = self.pending.pop_front() {
-                return Some(event);
+            match self.pending.pop_front() {
+                Some(Pending::Control(event)) => return Some(event),
+                Some(Pending::Change(change)) => return Some(change_event(&change)),
+                None => {}
             }
             if self.ending {
                 return None;
@@ -270,8 +282,8 @@ impl Watcher {
                 }
                 Ok(Signal::Resync) => {
                     let subscription = self.app.mirror.subscribe(None, &self.filter.kinds);
-                    self.pending
-                        .push_back(control("resync", subscription.position));
+                    let resync = control("resync", subscription.position);
+                    self.pending.push_back(Pending::Control(resync));
                     self.queue(subscription, true);
                 }
                 Err(RecvError::Lagged(_)) => {
