@@ -62,32 +62,27 @@ impl Farm for RcFarm {
         &self.retries
     }
 
-    /// Claims and plans the RCs one after another (the plans share the nodes' load), then
-    /// writes up to [`CONCURRENT_OBJECTS`] RCs' changes at once.
+    /// Claims the RCs, then plans them one after another (the plans share the nodes' load),
+    /// each when there is room to write it, up to [`CONCURRENT_OBJECTS`] RCs' changes at once.
     async fn pass(&mut self, ctx: &FarmContext, world: &World) -> Option<Instant> {
         let ids = world.rcs.items.keys().map(String::as_str);
         let claimed = ctx
             .claim_all(world, &mut self.retries, ids, |id| layout::rc_ownership(id))
             .await;
         self.conditions.load(ctx).await;
-        let mut load = Load::of(world);
-        let planned: Vec<_> = claimed
-            .into_iter()
-            .map(|id| {
-                let rc = &world.rcs.items[id];
-                let planned = plan(world, &mut load, id, &rc.value);
-                let facts = facts(world, id, &rc.value, planned.as_ref());
-                let conditions = self
-                    .conditions
-                    .changed(id, rc_conditions(&facts), rc.index, None);
-                (id, &rc.value, planned, conditions)
-            })
-            .collect();
         let conditions = &self.conditions;
-        // Each RC's write is made when there is room for it, not all of them up front (ten
-        // thousand futures of a few kilobytes each). Not a mapped stream: one mapping through
-        // a closure would not be `Send` for every lifetime, as the pass's future must be.
-        let mut planned = planned.into_iter();
+        let mut load = Load::of(world);
+        // An RC is planned only when its write can start, so a pass over ten thousand RCs
+        // holds the plans, facts and conditions of the few being written, not of them all.
+        // Not a mapped stream: one mapping through a closure would not be `Send` for every
+        // lifetime, as the pass's future must be.
+        let mut planned = claimed.into_iter().map(|id| {
+            let rc = &world.rcs.items[id];
+            let planned = plan(world, &mut load, id, &rc.value);
+            let facts = facts(world, id, &rc.value, planned.as_ref());
+            let record = conditions.changed(id, rc_conditions(&facts), rc.index, None);
+            (id, &rc.value, planned, record)
+        });
         let mut writing = FuturesUnordered::new();
         let mut outcomes = Vec::new();
         loop {
