@@ -12,7 +12,7 @@
 //! Differences from P2, on purpose: at completion an old RC whose count a human raised is set
 //! to 0 instead of blocking the roll forever; a roll whose RCs vanish is always cleaned up.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use serde_json::json;
@@ -47,6 +47,10 @@ pub struct RollFarm {
     conditions: Published,
     /// How long a roll may go without progress before it is stalled.
     stall_deadline: Duration,
+    /// The RC mutation locks this term's session took for rolls and has not released: the
+    /// only ones a gone roll can leave, so a pass looks at these rather than at every lock
+    /// the session holds (the RC farm's ownership of each RC among them).
+    mutation_locks: BTreeSet<String>,
 }
 
 impl RollFarm {
@@ -57,6 +61,7 @@ impl RollFarm {
             last_step: HashMap::new(),
             conditions: Published::new(ObjectKind::Rolls),
             stall_deadline,
+            mutation_locks: BTreeSet::new(),
         }
     }
 }
@@ -144,7 +149,11 @@ impl Farm for RollFarm {
         self.conditions
             .remove_gone(ctx, |id| world.rolls.items.contains_key(id))
             .await;
-        release_stale_locks(ctx, world).await;
+        ctx.release_orphaned(world, layout::ROLL_LOCKS, |id| {
+            world.rolls.items.contains_key(id)
+        })
+        .await;
+        self.release_stale_mutation_locks(ctx, world).await;
         earliest(wake, self.retries.next_due())
     }
 }
@@ -383,6 +392,8 @@ impl RollFarm {
                 tracing::info!(roll = %id, %lock, "an RC of the roll is locked by someone else");
             }
             Action::TakeLocks(locks) => {
+                // Noted before the commit, so that one whose outcome is unknown is looked at too.
+                self.mutation_locks.extend(locks.iter().cloned());
                 let take = locks
                     .into_iter()
                     .map(|key| TxnOp::Lock {
@@ -632,30 +643,35 @@ async fn stuck(ctx: &FarmContext, id: &str, spec: &StoredRoll, why: String) {
         .await;
 }
 
-/// Releases locks this session holds for rolls that are gone (a cancelled roll leaves both
-/// RCs free for API writes again).
-async fn release_stale_locks(ctx: &FarmContext, world: &World) {
-    let rolling: Vec<&str> = world
-        .rolls
-        .items
-        .values()
-        .flat_map(|r| [r.value.old_rc.as_str(), r.value.new_rc.as_str()])
-        .collect();
-    for key in world.held_by(&ctx.session) {
-        let stale = if let Some(roll) = key.strip_prefix(layout::ROLL_LOCKS) {
-            !world.rolls.items.contains_key(roll)
-        } else if let Some(rc) = key
-            .strip_prefix(layout::RC_LOCKS)
-            .and_then(|rest| rest.strip_suffix("/update"))
-        {
-            !rolling.contains(&rc)
-        } else {
-            false
-        };
-        if stale {
-            if let Err(e) = ctx.release_lock(key).await {
-                tracing::warn!(%key, error = %e, "releasing a roll lock failed");
+impl RollFarm {
+    /// Releases the RC mutation locks this term took for rolls that are gone (a cancelled
+    /// roll leaves both RCs free for API writes again). One the mirror shows free or held by
+    /// another session is only forgotten: a finished roll deleted it.
+    async fn release_stale_mutation_locks(&mut self, ctx: &FarmContext, world: &World) {
+        if self.mutation_locks.is_empty() {
+            return;
+        }
+        let rolling: HashSet<String> = world
+            .rolls
+            .items
+            .values()
+            .flat_map(|r| [&r.value.old_rc, &r.value.new_rc])
+            .map(|rc| layout::rc_mutation(rc.as_str()))
+            .collect();
+        let stale: Vec<String> = self
+            .mutation_locks
+            .iter()
+            .filter(|key| !rolling.contains(*key))
+            .cloned()
+            .collect();
+        for key in stale {
+            if world.lock_holder(&key) == Some(ctx.session.as_str()) {
+                if let Err(e) = ctx.release_lock(&key).await {
+                    tracing::warn!(%key, error = %e, "releasing a roll lock failed");
+                    continue;
+                }
             }
+            self.mutation_locks.remove(&key);
         }
     }
 }

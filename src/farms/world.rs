@@ -344,15 +344,6 @@ impl World {
         load
     }
 
-    /// The lock keys `session` holds.
-    pub fn held_by<'a>(&'a self, session: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.locks
-            .items
-            .iter()
-            .filter(move |(_, lock)| lock.value.as_deref() == Some(session))
-            .map(|(key, _)| key.as_str())
-    }
-
     /// The lock keys under `prefix`, sorted, with the session holding each.
     pub fn locks_under<'a>(
         &'a self,
