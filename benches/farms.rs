@@ -122,16 +122,41 @@ fn serve(db: &str, port: u16, farms: bool) -> Child {
 }
 
 /// Pods scheduled: their intents, which the RC farm writes in the same transaction as
-/// their labels. Counted by SQLite over its key index, so that polling a large fleet costs
-/// the bench (which shares the machine with the server) next to nothing.
-async fn scheduled(db: &sqlx::SqlitePool) -> usize {
-    let count: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM kv WHERE key >= CAST('intent/' AS BLOB) AND key < CAST('intent0' AS BLOB)",
-    )
-    .fetch_one(db)
-    .await
-    .unwrap();
-    usize::try_from(count).unwrap()
+/// their labels. Counted as they are written, over SQLite's index of changes, so that a poll
+/// costs the intents written since the last rather than the whole tree: a full count every
+/// 20 ms over 100,000 intents cost the bench (which shares the machine with the server)
+/// about 0.9 CPU-s while 10,000 RCs were scheduled. Nothing is unscheduled meanwhile, so
+/// each intent is created once.
+struct Scheduled {
+    db: sqlx::SqlitePool,
+    count: usize,
+    /// The newest change to an intent counted so far.
+    seen: i64,
+}
+
+impl Scheduled {
+    fn new(db: sqlx::SqlitePool) -> Self {
+        Scheduled {
+            db,
+            count: 0,
+            seen: 0,
+        }
+    }
+
+    async fn count(&mut self) -> usize {
+        let (created, newest): (i64, Option<i64>) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE create_index > ?1), max(modify_index)
+             FROM kv INDEXED BY kv_by_change WHERE modify_index > ?1
+             AND key >= CAST('intent/' AS BLOB) AND key < CAST('intent0' AS BLOB)",
+        )
+        .bind(self.seen)
+        .fetch_one(&self.db)
+        .await
+        .unwrap();
+        self.count += usize::try_from(created).unwrap();
+        self.seen = newest.unwrap_or(self.seen);
+        self.count
+    }
 }
 
 /// Health results reported passing.
@@ -249,7 +274,7 @@ async fn main() {
     .await;
     let store = SqliteStore::open(&db).await.unwrap();
     let read_only = format!("sqlite://{db}?mode=ro").parse().unwrap();
-    let counter = sqlx::SqlitePool::connect_with(read_only).await.unwrap();
+    let mut intents = Scheduled::new(sqlx::SqlitePool::connect_with(read_only).await.unwrap());
     let nodes = sizes.nodes.to_string();
     let simulator = Child::start(&[
         "simulate",
@@ -302,7 +327,7 @@ async fn main() {
     let started = Instant::now();
     let server = serve(&db, port, true);
     wait_for("every pod", Duration::from_secs(600), async || {
-        scheduled(&counter).await == want
+        intents.count().await == want
     })
     .await;
     let scheduled = started.elapsed();
