@@ -42,6 +42,7 @@ use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
 use crate::model::conditions::{ds_conditions, DsFacts};
 use crate::model::event::{diff, ds_fields, Action, Event, FieldChange, ObjectKind};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
+use crate::state::Mirror;
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 use crate::store::layout::{self, LEADER_LOCK};
 
@@ -76,15 +77,16 @@ pub struct DsFarm {
     conditions: Published,
 }
 
-impl Default for DsFarm {
-    fn default() -> Self {
+impl DsFarm {
+    /// A DS farm for one term, its conditions as `mirror` holds them.
+    pub fn new(mirror: Mirror) -> Self {
         DsFarm {
             retries: Retries::default(),
             seen: HashSet::new(),
             rollouts: HashMap::new(),
             published: HashMap::new(),
             present: HashMap::new(),
-            conditions: Published::new(ObjectKind::Daemonsets),
+            conditions: Published::new(ObjectKind::Daemonsets, mirror),
         }
     }
 }

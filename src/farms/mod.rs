@@ -557,13 +557,13 @@ pub async fn run_term(
     spawn_farm(
         &tasks,
         &term,
-        drive(rc::RcFarm::default(), ctx.clone(), trees.clone()),
+        drive(rc::RcFarm::new(mirror.clone()), ctx.clone(), trees.clone()),
     );
     spawn_farm(
         &tasks,
         &term,
         drive(
-            roll::RollFarm::new(options.roll_stall_deadline),
+            roll::RollFarm::new(options.roll_stall_deadline, mirror.clone()),
             ctx.clone(),
             trees.clone(),
         ),
@@ -571,7 +571,7 @@ pub async fn run_term(
     spawn_farm(
         &tasks,
         &term,
-        drive(ds::DsFarm::default(), ctx.clone(), trees.clone()),
+        drive(ds::DsFarm::new(mirror.clone()), ctx.clone(), trees.clone()),
     );
     spawn_farm(
         &tasks,

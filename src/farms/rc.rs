@@ -23,9 +23,10 @@ use tokio::time::Instant;
 
 use crate::kv::{TxnOp, MAX_TXN_OPS};
 use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
-use crate::model::conditions::{rc_conditions, ConditionsRecord, RcFacts};
+use crate::model::conditions::{rc_conditions, RcFacts};
 use crate::model::event::{Action, FieldChange, ObjectKind};
 use crate::model::{AllocationStrategy, AuditRecord, HealthState, StoredRc};
+use crate::state::Mirror;
 use crate::store::layout;
 
 use super::conditions::Published;
@@ -38,18 +39,18 @@ use super::{Farm, FarmContext, FarmError, FarmResult, Retries, CONCURRENT_OBJECT
 /// the fence and the audit record, under the 64-op limit.
 const NODES_PER_TXN: usize = 20;
 
-/// The RC farm's state across passes: backoffs, and the conditions it published (read
-/// again by a new term).
+/// The RC farm's state across passes: backoffs, and the conditions it publishes.
 pub struct RcFarm {
     retries: Retries,
     conditions: Published,
 }
 
-impl Default for RcFarm {
-    fn default() -> Self {
+impl RcFarm {
+    /// An RC farm for one term, its conditions as `mirror` holds them.
+    pub fn new(mirror: Mirror) -> Self {
         RcFarm {
             retries: Retries::default(),
-            conditions: Published::new(ObjectKind::Rcs),
+            conditions: Published::new(ObjectKind::Rcs, mirror),
         }
     }
 }
@@ -69,7 +70,6 @@ impl Farm for RcFarm {
         let claimed = ctx
             .claim_all(world, &mut self.retries, ids, |id| layout::rc_ownership(id))
             .await;
-        self.conditions.load(ctx).await;
         let conditions = &self.conditions;
         let mut load = Load::of(world);
         // An RC is planned only when its write can start, so a pass over ten thousand RCs
@@ -80,17 +80,19 @@ impl Farm for RcFarm {
             let rc = &world.rcs.items[id];
             let planned = plan(world, &mut load, id, &rc.value);
             let facts = facts(world, id, &rc.value, planned.as_ref());
-            let record = conditions.changed(id, rc_conditions(&facts), rc.index, None);
-            (id, &rc.value, planned, record)
+            let published = conditions
+                .changed(id, rc_conditions(&facts), rc.index, None)
+                .map(|record| conditions.put_op(id, &record));
+            (id, &rc.value, planned, published)
         });
         let mut writing = FuturesUnordered::new();
         let mut outcomes = Vec::new();
         loop {
             while writing.len() < CONCURRENT_OBJECTS {
-                let Some((id, rc, planned, record)) = planned.next() else {
+                let Some((id, rc, planned, published)) = planned.next() else {
                     break;
                 };
-                writing.push(write(ctx, world, conditions, id, rc, planned, record));
+                writing.push(write(ctx, world, id, rc, planned, published));
             }
             let Some(outcome) = writing.next().await else {
                 break;
@@ -101,10 +103,7 @@ impl Farm for RcFarm {
         if ctx.cancel.is_cancelled() {
             return None;
         }
-        for (id, applied, published) in outcomes {
-            if let Some(record) = published {
-                self.conditions.remember(id, record);
-            }
+        for (id, applied) in outcomes {
             self.retries.record("RC", id, applied);
         }
         self.conditions
@@ -564,34 +563,30 @@ async fn apply(
     Ok(())
 }
 
-/// Writes RC `id`'s planned changes with its conditions `record` (only they, when it could
-/// not be planned), giving back the record once published.
+/// Writes RC `id`'s planned changes with the op `published` storing its conditions (only
+/// that, when it could not be planned).
 async fn write<'a>(
     ctx: &FarmContext,
     world: &World,
-    conditions: &Published,
     id: &'a str,
     rc: &StoredRc,
     planned: FarmResult<Plan>,
-    record: Option<ConditionsRecord>,
-) -> (&'a str, FarmResult<()>, Option<ConditionsRecord>) {
-    let published = record.as_ref().map(|record| conditions.put_op(id, record));
-    let (applied, published) = match planned {
-        Ok(plan) => {
-            let applied = apply(ctx, world, id, rc, plan, published).await;
-            let published = applied.is_ok();
-            (applied, published)
-        }
+    published: Option<TxnOp>,
+) -> (&'a str, FarmResult<()>) {
+    let applied = match planned {
+        Ok(plan) => apply(ctx, world, id, rc, plan, published).await,
         // The conditions say why it cannot be planned.
         Err(e) => {
-            let published = match published {
-                Some(op) => ctx.commit(&layout::rc_ownership(id), vec![op]).await,
-                None => Ok(Vec::new()),
-            };
-            (Err(e), published.is_ok())
+            if let Some(op) = published {
+                if let Err(e) = ctx.commit(&layout::rc_ownership(id), vec![op]).await {
+                    // The next pass computes them again.
+                    tracing::debug!(rc = %id, error = %e, "writing the conditions of an RC failed");
+                }
+            }
+            Err(e)
         }
     };
-    (id, applied, record.filter(|_| published))
+    (id, applied)
 }
 
 /// The farm's name in logs and in the actor of its events.

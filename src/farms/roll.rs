@@ -25,6 +25,7 @@ use crate::model::conditions::{
 };
 use crate::model::event::{ObjectKind, RcProgress, RollOutcome, RollProgress};
 use crate::model::{roll_step, AuditRecord, HealthCounts, StoredRc, StoredRoll};
+use crate::state::Mirror;
 use crate::store::layout;
 use crate::store::rcs::RcStore;
 use crate::store::rolls::RollStore;
@@ -54,12 +55,13 @@ pub struct RollFarm {
 }
 
 impl RollFarm {
-    /// A roll farm for one term; rolls without progress for `stall_deadline` are stalled.
-    pub fn new(stall_deadline: Duration) -> RollFarm {
+    /// A roll farm for one term, its conditions as `mirror` holds them; rolls without
+    /// progress for `stall_deadline` are stalled.
+    pub fn new(stall_deadline: Duration, mirror: Mirror) -> RollFarm {
         RollFarm {
             retries: Retries::default(),
             last_step: HashMap::new(),
-            conditions: Published::new(ObjectKind::Rolls),
+            conditions: Published::new(ObjectKind::Rolls, mirror),
             stall_deadline,
             mutation_locks: BTreeSet::new(),
         }
@@ -512,11 +514,8 @@ impl RollFarm {
         roll: &Shared<StoredRoll>,
         activity: &RollActivity,
     ) -> FarmResult<Option<Instant>> {
-        if !self.conditions.load(ctx).await {
-            return Ok(None);
-        }
         let previous = self.conditions.previous(id);
-        let was_stalled = previous.is_some_and(|p| {
+        let was_stalled = previous.as_ref().is_some_and(|p| {
             p.conditions
                 .iter()
                 .any(|c| c.condition_type == "Stalled" && c.status == ConditionStatus::True)
@@ -525,7 +524,7 @@ impl RollFarm {
         let (observed, progress) = roll_conditions(
             activity,
             progress_mark(world, &roll.value),
-            previous.and_then(|p| p.progress.as_ref()),
+            previous.as_ref().and_then(|p| p.progress.as_ref()),
             self.stall_deadline,
             now,
         );

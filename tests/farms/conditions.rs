@@ -176,6 +176,32 @@ async fn an_rc_selecting_too_few_nodes_is_degraded_until_it_goes() {
     .await;
 }
 
+/// The index at which the conditions of RC `id` were last written, once there are some.
+async fn conditions_written(h: &Harness, id: &str) -> u64 {
+    let key = layout::conditions(ObjectKind::Rcs, id);
+    let pair = h
+        .wait_until(|| async { h.store.get(&key).await.unwrap() })
+        .await;
+    pair.modify_index
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditions_that_still_hold_are_not_written_again() {
+    let h = Harness::start().await;
+    web_nodes(&h, 3).await;
+    let first = h.put_rc(rc(MANIFEST, "role=web", 1)).await;
+    h.wait_for_rc_nodes(&first, 1).await;
+    // Once the farm has written a later RC's conditions, it has seen the first one placed.
+    let second = h.put_rc(rc(MANIFEST, "role=web", 1)).await;
+    conditions_written(&h, &second).await;
+    let settled = conditions_written(&h, &first).await;
+
+    // The pass that writes a third RC's conditions finds the first one's as stored.
+    let third = h.put_rc(rc(MANIFEST, "role=web", 1)).await;
+    conditions_written(&h, &third).await;
+    assert_eq!(conditions_written(&h, &first).await, settled);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contending_daemon_set_says_with_which() {
     let h = Harness::start().await;
