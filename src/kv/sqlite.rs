@@ -132,9 +132,11 @@ impl SqliteStore {
             .await
             .map_err(unavailable)?;
         migrate(&writer).await?;
+        // Readers keep small page caches (256 KiB each rather than SQLite's 2 MiB): they
+        // read little beside the mirror, and what they read is in the OS's cache anyway.
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
-            .connect_with(options.read_only(true))
+            .connect_with(options.read_only(true).pragma("cache_size", "-256"))
             .await
             .map_err(unavailable)?;
         let last = last_index(&reader).await?;
