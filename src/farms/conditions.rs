@@ -36,7 +36,7 @@ impl Published {
     /// Writes object `id`'s conditions, computed from its document at `index`, fenced by
     /// `lock`, unless they are what is stored.
     pub async fn publish(
-        &mut self,
+        &self,
         ctx: &FarmContext,
         lock: &str,
         id: &str,

@@ -254,7 +254,7 @@ impl DsFarm {
 
     /// Publishes the conditions `facts` make.
     async fn publish_conditions(
-        &mut self,
+        &self,
         ctx: &FarmContext,
         id: &str,
         ds: &Shared<StoredDaemonSet>,

@@ -507,7 +507,7 @@ impl RollFarm {
     /// a stalled one alerted (the alerter keeps repeats apart). Returns when the roll stalls
     /// if it has not yet.
     async fn publish(
-        &mut self,
+        &self,
         ctx: &FarmContext,
         world: &World,
         id: &str,
