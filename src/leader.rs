@@ -77,7 +77,7 @@ pub async fn current_leader(store: &dyn KvStore) -> StoreResult<Option<LeaderRec
     let Some(pair) = store.get(LEADER_LOCK).await? else {
         return Ok(None);
     };
-    if pair.session.is_none() {
+    if pair.session().is_none() {
         return Ok(None);
     }
     Ok(serde_json::from_slice(&pair.value).ok())
@@ -165,7 +165,7 @@ where
         let free = snapshot
             .pairs
             .first()
-            .is_none_or(|pair| pair.session.is_none());
+            .is_none_or(|pair| pair.session().is_none());
         if free {
             sleep_or_cancel(Duration::from_millis(250), alive).await;
             index = 0;
@@ -246,7 +246,7 @@ async fn watch_while_ours(
         let ours = snapshot
             .pairs
             .first()
-            .is_some_and(|pair| pair.session.as_deref() == Some(session));
+            .is_some_and(|pair| pair.session() == Some(session));
         if !ours {
             tracing::warn!("the leader lock left this server");
             return Ok(());

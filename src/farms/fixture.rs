@@ -148,8 +148,7 @@ fn entry(tree: state::Tree, id: &str, value: Vec<u8>, index: u64) -> Arc<Entry> 
         value: value.into(),
         create_index: index,
         modify_index: index,
-        lock_index: 0,
-        session: None,
+        lock: None,
     };
     Arc::new(tree.decode(pair))
 }

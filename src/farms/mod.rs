@@ -653,7 +653,7 @@ mod tests {
         assert_eq!(claimed, ["a", "c"]);
         for (id, holder) in [("a", &term.session), ("b", &other), ("c", &term.session)] {
             let lock = store.get(&format!("lock/{id}")).await.unwrap().unwrap();
-            assert_eq!(lock.session.as_ref(), Some(holder), "{id}");
+            assert_eq!(lock.session(), Some(holder.as_str()), "{id}");
         }
     }
 }

@@ -687,7 +687,7 @@ fn lock_key(rest: &str) -> Option<String> {
 /// The session holding a lock.
 fn lock(entry: &Arc<Entry>) -> Option<Versioned<Option<String>>> {
     Some(Versioned {
-        value: entry.pair.session.clone(),
+        value: entry.pair.session().map(str::to_owned),
         index: entry.pair.modify_index,
     })
 }
@@ -703,8 +703,7 @@ mod tests {
             value: value.as_bytes().into(),
             create_index: index,
             modify_index: index,
-            lock_index: 0,
-            session: None,
+            lock: None,
         };
         Arc::new(tree.decode(pair))
     }

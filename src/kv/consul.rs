@@ -372,7 +372,7 @@ impl KvStore for ConsulStore {
             let Some(pair) = self.get(key).await? else {
                 return Ok(false);
             };
-            if pair.session.as_deref() != Some(session) {
+            if pair.session() != Some(session) {
                 return Ok(false);
             }
             let ops = [

@@ -91,10 +91,38 @@ pub struct KvPair {
     pub create_index: u64,
     /// Index of the last write to the key; the CAS token.
     pub modify_index: u64,
+    /// The key's lock bookkeeping; `None` for a key never acquired nor held. Out of line,
+    /// since few keys are ever locked and the mirror keeps hundreds of thousands of pairs.
+    pub lock: Option<Box<Lock>>,
+}
+
+/// A key's lock bookkeeping, as Consul keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lock {
     /// How many times the key has been acquired as a lock.
-    pub lock_index: u64,
+    pub index: u64,
     /// Session holding the key as a lock, if any.
     pub session: Option<String>,
+}
+
+impl Lock {
+    /// The bookkeeping of a key acquired `index` times and held by `session`: `None` for a
+    /// key never acquired nor held, so that equal pairs compare equal.
+    pub fn of(index: u64, session: Option<String>) -> Option<Box<Lock>> {
+        (index != 0 || session.is_some()).then(|| Box::new(Lock { index, session }))
+    }
+}
+
+impl KvPair {
+    /// How many times the key has been acquired as a lock.
+    pub fn lock_index(&self) -> u64 {
+        self.lock.as_ref().map_or(0, |lock| lock.index)
+    }
+
+    /// Session holding the key as a lock, if any.
+    pub fn session(&self) -> Option<&str> {
+        self.lock.as_ref()?.session.as_deref()
+    }
 }
 
 /// A consistent read of a prefix: its pairs and the index to pass to the next watch.

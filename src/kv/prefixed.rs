@@ -546,14 +546,14 @@ mod tests {
         assert!(f.store.session_info(&session).await.unwrap().is_some());
         assert!(f.store.acquire("lock", b"me", &session).await.unwrap());
         let held = f.inner.get(&format!("{NS}lock")).await.unwrap().unwrap();
-        assert_eq!(held.session.as_deref(), Some(session.as_str()));
+        assert_eq!(held.session(), Some(session.as_str()));
         let ops = [TxnOp::CheckSession {
             key: "lock".into(),
             session: session.clone(),
         }];
         f.store.txn(&ops).await.unwrap();
         assert!(f.store.release("lock", &session).await.unwrap());
-        assert_eq!(f.store.get("lock").await.unwrap().unwrap().session, None);
+        assert_eq!(f.store.get("lock").await.unwrap().unwrap().session(), None);
         f.store.destroy_session(&session).await.unwrap();
         assert_eq!(f.store.session_info(&session).await.unwrap(), None);
     }

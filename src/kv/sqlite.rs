@@ -36,8 +36,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     validate_key, validate_prefix, validate_txn, validate_value, Cas, Changes, KvPair, KvStore,
-    Listing, PrefixUpdate, SessionBehavior, SessionInfo, SessionSpec, StoreError, StoreResult,
-    TxnFailure, TxnOp, WatchTarget, MAX_WATCH_WAIT,
+    Listing, Lock, PrefixUpdate, SessionBehavior, SessionInfo, SessionSpec, StoreError,
+    StoreResult, TxnFailure, TxnOp, WatchTarget, MAX_WATCH_WAIT,
 };
 
 /// How often other processes' writes and expired sessions are looked for.
@@ -280,8 +280,7 @@ fn pair_from_row(row: &SqliteRow) -> StoreResult<KvPair> {
         value: row.get::<&[u8], _>("value").into(),
         create_index: row.get::<i64, _>("create_index") as u64,
         modify_index: row.get::<i64, _>("modify_index") as u64,
-        lock_index: row.get::<i64, _>("lock_index") as u64,
-        session: row.get("session"),
+        lock: Lock::of(row.get::<i64, _>("lock_index") as u64, row.get("session")),
     })
 }
 
@@ -781,20 +780,16 @@ impl WriteTxn {
         lock: Option<(u64, Option<&str>)>,
     ) -> StoreResult<KvPair> {
         let existing = self.row(key).await?;
-        let (lock_index, session) = match lock {
-            Some((lock_index, session)) => (lock_index, session.map(str::to_owned)),
-            None => (
-                existing.as_ref().map_or(0, |e| e.lock_index),
-                existing.as_ref().and_then(|e| e.session.clone()),
-            ),
+        let lock = match lock {
+            Some((lock_index, session)) => Lock::of(lock_index, session.map(str::to_owned)),
+            None => existing.as_ref().and_then(|e| e.lock.clone()),
         };
         let pair = KvPair {
             key: key.to_owned(),
             value: value.into(),
             create_index: existing.map_or(self.index, |e| e.create_index),
             modify_index: self.index,
-            lock_index,
-            session,
+            lock,
         };
         self.wrote = true;
         self.touched.keys.insert(pair.key.clone());
@@ -845,8 +840,8 @@ impl WriteTxn {
                     .bind(&pair.value[..])
                     .bind(pair.create_index as i64)
                     .bind(pair.modify_index as i64)
-                    .bind(pair.lock_index as i64)
-                    .bind(pair.session.as_deref());
+                    .bind(pair.lock_index() as i64)
+                    .bind(pair.session());
             }
             query.execute(&mut *conn).await.map_err(unavailable)?;
         }
@@ -985,8 +980,8 @@ impl WriteTxn {
                         "failed to lock key {key:?}: invalid session {session:?}"
                     ));
                 }
-                let held_by = existing.as_ref().and_then(|e| e.session.as_deref());
-                let lock_index = existing.as_ref().map_or(0, |e| e.lock_index);
+                let held_by = existing.as_ref().and_then(KvPair::session);
+                let lock_index = existing.as_ref().map_or(0, KvPair::lock_index);
                 match held_by {
                     Some(holder) if holder == session => {
                         let pair = self.store(key, value, None).await?;
@@ -1005,18 +1000,18 @@ impl WriteTxn {
             }
             TxnOp::Unlock { value, session, .. } => {
                 let e = existing.as_ref();
-                if e.and_then(|e| e.session.as_deref()) != Some(session.as_str()) {
+                if e.and_then(KvPair::session) != Some(session.as_str()) {
                     return failed(format!(
                         "failed to unlock key {key:?}, lock isn't held, or is held by another session"
                     ));
                 }
-                let lock = Some((e.map_or(0, |e| e.lock_index), None));
+                let lock = Some((e.map_or(0, KvPair::lock_index), None));
                 let pair = self.store(key, value, lock).await?;
                 Ok(Ok(Some(pair)))
             }
             TxnOp::CheckSession { session, .. } => {
-                let current = existing.as_ref().and_then(|e| e.session.clone());
-                if current.as_deref() == Some(session.as_str()) {
+                let current = existing.as_ref().and_then(KvPair::session);
+                if current == Some(session.as_str()) {
                     Ok(Ok(existing))
                 } else {
                     failed(format!(

@@ -159,8 +159,7 @@ mod tests {
             value: b"{}".as_slice().into(),
             create_index: index,
             modify_index: index,
-            lock_index: 0,
-            session: None,
+            lock: None,
         };
         Arc::new(Tree::Rolls.decode(pair))
     }

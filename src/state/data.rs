@@ -394,8 +394,7 @@ mod tests {
             value: value.as_bytes().into(),
             create_index: 1,
             modify_index,
-            lock_index: 0,
-            session: None,
+            lock: None,
         }
     }
 

@@ -154,8 +154,7 @@ mod tests {
             value: b"id: x".as_slice().into(),
             create_index: index,
             modify_index: index,
-            lock_index: 0,
-            session: None,
+            lock: None,
         }))
     }
 

@@ -38,7 +38,7 @@ use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::kv::{KvPair, KvStore, PrefixUpdate, TxnOp};
+use crate::kv::{KvPair, KvStore, Lock, PrefixUpdate, TxnOp};
 use crate::labels::{LabelType, Labels, Operator, Selector, RC_ID_LABEL};
 use crate::store::layout;
 
@@ -124,12 +124,12 @@ impl OwnWrite {
                     let session = match op {
                         TxnOp::Lock { session, .. } => Some(session.clone()),
                         TxnOp::Unlock { .. } => None,
-                        _ => answered.session.clone(),
+                        _ => answered.session().map(str::to_owned),
                     };
                     Some(OwnWrite::Put(KvPair {
                         key: op.key().to_owned(),
                         value: op.value().unwrap_or_default().into(),
-                        session,
+                        lock: Lock::of(answered.lock_index(), session),
                         ..answered.clone()
                     }))
                 }
@@ -661,8 +661,7 @@ mod tests {
             value: Default::default(),
             create_index: 1,
             modify_index,
-            lock_index: 0,
-            session: None,
+            lock: None,
         })
     }
 

@@ -143,7 +143,7 @@ impl Tree {
         if self.values_repeat() {
             pair.value = VALUES.bytes(pair.value);
         }
-        let problem = |e: &dyn std::fmt::Display| View::Unreadable(e.to_string().into());
+        let problem = |e: &dyn std::fmt::Display| View::Unreadable(Arc::new(e.to_string()));
         let view = match self {
             Tree::Rcs => StoredRc::from_json(&pair.value)
                 .map_or_else(|e| problem(&e), |rc| View::Rc(Arc::new(rc))),
@@ -153,15 +153,13 @@ impl Tree {
                 .map_or_else(|e| problem(&e), |ds| View::DaemonSet(Arc::new(ds))),
             Tree::Labels(_) => LABEL_SETS
                 .share(&pair.value, || decode_labels(&pair).map(Arc::new))
-                .map_or_else(|| View::Unreadable("not a label set".into()), View::Labels),
+                .map_or_else(
+                    || View::Unreadable(Arc::new("not a label set".into())),
+                    View::Labels,
+                ),
             Tree::Health => HealthRecord::from_json(&pair.value).map_or_else(
                 |e| problem(&e),
-                |record| {
-                    View::Health(HealthView {
-                        node: NAMES.text(&record.node),
-                        status: record.status,
-                    })
-                },
+                |record| View::Health(HealthView::shared(&record.node, record.status)),
             ),
             Tree::Intent
             | Tree::Reality
@@ -202,10 +200,9 @@ impl Entry {
 }
 
 /// What an entry's value decodes to, decided by its tree. A value that does not decode is
-/// kept (reads that need it skip it, as P2 does) with the reason. No variant holds more
-/// than two words and a byte (the health state, whose spare values tell the variants
-/// apart), so that the entries of every tree stay small (a health record inline would make
-/// each of them 100 bytes larger).
+/// kept (reads that need it skip it, as P2 does) with the reason. Every variant holds one
+/// pointer at most, so that a view takes two words and the entries of every tree stay
+/// small (a health record inline would make each of them 100 bytes larger).
 #[derive(Debug, Clone, PartialEq)]
 pub enum View {
     Rc(Arc<StoredRc>),
@@ -213,11 +210,13 @@ pub enum View {
     DaemonSet(Arc<StoredDaemonSet>),
     /// Shared with every entry of the same bytes.
     Labels(Arc<Labels>),
-    Health(HealthView),
+    /// Shared with every entry naming the same node in the same state.
+    Health(Arc<HealthView>),
     /// Manifests, events, status records, conditions, locks, times and finished rolls: read
     /// as bytes by whoever needs them (events are many and read a page at a time).
     Raw,
-    Unreadable(Box<str>),
+    /// Why the value does not decode; an `Arc<String>` (one pointer) rather than a `str`.
+    Unreadable(Arc<String>),
 }
 
 /// What the farms read of a health record: the node it names and its state. Readers of the
@@ -228,6 +227,24 @@ pub struct HealthView {
     /// The record's own `Node` field (P2 keys results by it, not by the key).
     pub node: Arc<str>,
     pub status: HealthState,
+}
+
+/// Health views by node and state: a fleet's results name each node in one or two states.
+static HEALTH_VIEWS: LazyLock<Interner<HealthView>> = LazyLock::new(Interner::default);
+
+impl HealthView {
+    /// The view shared by every result naming `node` in `status`.
+    fn shared(node: &str, status: HealthState) -> Arc<HealthView> {
+        let found_by = [status.as_str().as_bytes(), b"/", node.as_bytes()].concat();
+        HEALTH_VIEWS
+            .share(&found_by, || {
+                Some(Arc::new(HealthView {
+                    node: NAMES.text(node),
+                    status,
+                }))
+            })
+            .expect("a health view is always made")
+    }
 }
 
 /// The kinds of object the change stream (`GET /api/v1/watch`) reports.
@@ -333,10 +350,10 @@ mod tests {
     use super::*;
 
     /// Four trees hold an entry per pod: with its shared count, an entry fits the
-    /// allocator's 128-byte size class, where one word more would take 160 bytes.
+    /// allocator's 96-byte size class, where one word more would take 112 bytes.
     #[test]
-    fn an_entry_is_at_most_112_bytes() {
-        assert!(std::mem::size_of::<Entry>() <= 112);
+    fn an_entry_is_at_most_80_bytes() {
+        assert!(std::mem::size_of::<Entry>() <= 80);
     }
 
     #[test]
@@ -357,8 +374,7 @@ mod tests {
                 value: value.as_bytes().into(),
                 create_index: 1,
                 modify_index: 1,
-                lock_index: 0,
-                session: None,
+                lock: None,
             })
         };
         let a = decode(Tree::Intent, "intent/n1/hello", "id: hello\n");
@@ -371,8 +387,8 @@ mod tests {
     }
 
     #[test]
-    fn a_view_is_no_larger_than_a_string_and_its_variant() {
-        assert!(std::mem::size_of::<View>() <= std::mem::size_of::<String>() + 8);
+    fn a_view_is_a_pointer_and_its_variant() {
+        assert!(std::mem::size_of::<View>() <= 16);
     }
 
     #[test]

@@ -175,14 +175,13 @@ impl RcStore {
         let key = layout::rc_mutation(id);
         Ok(match self.kv.get(&key).await? {
             None => Ok(TxnOp::CheckNotExists { key }),
-            Some(KvPair {
-                session: Some(session),
-                ..
-            }) => Err(session),
-            Some(pair) => Ok(TxnOp::CheckIndex {
-                key,
-                index: pair.modify_index,
-            }),
+            Some(pair) => match pair.session() {
+                Some(session) => Err(session.to_owned()),
+                None => Ok(TxnOp::CheckIndex {
+                    key,
+                    index: pair.modify_index,
+                }),
+            },
         })
     }
 }

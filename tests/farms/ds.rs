@@ -258,7 +258,8 @@ async fn dangling_pods_are_cleaned_up_but_an_empty_tree_wipes_nothing_unseen() {
             .get(&format!("lock/daemon_sets/{id}"))
             .await
             .unwrap();
-        lock.is_none_or(|pair| pair.session.is_none()).then_some(())
+        lock.is_none_or(|pair| pair.session().is_none())
+            .then_some(())
     })
     .await;
 }

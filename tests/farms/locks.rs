@@ -171,17 +171,23 @@ async fn objects_with_locks(store: &dyn KvStore) -> Vec<String> {
     ]
 }
 
+/// The session holding the lock `key`, if any.
+async fn holder(store: &dyn KvStore, key: &str) -> Option<String> {
+    let pair = store.get(key).await.unwrap()?;
+    pair.session().map(str::to_owned)
+}
+
 /// The farms' session, once it holds every one of `keys`; it is never the leader's.
 async fn wait_for_farm_locks(store: &dyn KvStore, keys: &[String]) -> String {
     wait_until("the farms hold their locks", || async {
         let mut holders = Vec::new();
         for key in keys {
-            holders.push(store.get(key).await.unwrap().and_then(|pair| pair.session));
+            holders.push(holder(store, key).await);
         }
         holders.iter().all(|h| h.is_some() && *h == holders[0])
     })
     .await;
-    let farm = store.get(&keys[0]).await.unwrap().unwrap().session.unwrap();
+    let farm = holder(store, &keys[0]).await.unwrap();
     let leader = current_leader(store).await.unwrap().unwrap();
     assert_ne!(
         farm, leader.session,
@@ -208,7 +214,7 @@ async fn farm_locks_vanish_when_the_sessions_are_destroyed(backend: Backend) {
         left.iter().map(|p| p.key.as_str()).collect::<Vec<_>>(),
         [LEADER_LOCK]
     );
-    assert_eq!(left[0].session, None, "the leader lock is only released");
+    assert_eq!(left[0].session(), None, "the leader lock is only released");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,7 +252,7 @@ async fn farm_locks_vanish_when_the_sessions_expire(backend: Backend) {
     })
     .await;
     let left = lock_keys(&*store).await;
-    assert_eq!(left[0].session, None, "the leader lock is only released");
+    assert_eq!(left[0].session(), None, "the leader lock is only released");
     server.stop().await;
 }
 
@@ -326,11 +332,11 @@ async fn sessionless_locks_are_removed(backend: Backend) {
     })
     .await;
     let leader = current_leader(&*store).await.unwrap().unwrap();
-    let owner = store.get(&stale[0]).await.unwrap().unwrap().session;
+    let owner = holder(&*store, &stale[0]).await;
     assert!(owner.is_some_and(|owner| owner != leader.session && owner != other));
     assert_eq!(store.get(&held).await.unwrap(), Some(held_before));
     let outsiders = store.get(&outsiders).await.unwrap().unwrap();
-    assert_eq!(outsiders.session, None);
+    assert_eq!(outsiders.session(), None);
     server.stop().await;
 }
 

@@ -376,8 +376,8 @@ async fn lock_exclusivity(s: Subject) {
     let held = s.store.get(&key).await.unwrap().unwrap();
     assert!(s.store.acquire(&key, b"a2", &a).await.unwrap());
     let again = s.store.get(&key).await.unwrap().unwrap();
-    assert_eq!(again.lock_index, held.lock_index);
-    assert_eq!(again.session.as_deref(), Some(a.as_str()));
+    assert_eq!(again.lock_index(), held.lock_index());
+    assert_eq!(again.session(), Some(a.as_str()));
     // A txn lock by the other session rolls back; check-session passes only for the holder.
     let ops = [TxnOp::Lock {
         key: key.clone(),
@@ -399,15 +399,15 @@ async fn lock_exclusivity(s: Subject) {
     assert!(s.store.release(&key, &a).await.unwrap());
     assert!(s.store.acquire(&key, b"b", &b).await.unwrap());
     let taken = s.store.get(&key).await.unwrap().unwrap();
-    assert_eq!(taken.session.as_deref(), Some(b.as_str()));
-    assert_eq!(taken.lock_index, held.lock_index + 1);
+    assert_eq!(taken.session(), Some(b.as_str()));
+    assert_eq!(taken.lock_index(), held.lock_index() + 1);
     let unlock = [TxnOp::Unlock {
         key: key.clone(),
         value: b"free".to_vec(),
         session: b.clone(),
     }];
     s.store.txn(&unlock).await.unwrap();
-    assert_eq!(s.store.get(&key).await.unwrap().unwrap().session, None);
+    assert_eq!(s.store.get(&key).await.unwrap().unwrap().session(), None);
     s.store.destroy_session(&a).await.unwrap();
     s.store.destroy_session(&b).await.unwrap();
 }
@@ -451,7 +451,7 @@ async fn destroy_applies_behavior(s: Subject) {
     s.store.destroy_session(&r).await.unwrap();
     s.store.destroy_session(&d).await.unwrap();
     let pair = s.store.get(&released).await.unwrap().unwrap();
-    assert_eq!(pair.session, None);
+    assert_eq!(pair.session(), None);
     assert_eq!(&*pair.value, b"r");
     assert_eq!(s.store.get(&deleted).await.unwrap(), None);
 }
@@ -468,7 +468,7 @@ async fn expiry_applies_behavior(s: Subject) {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let pair = s.store.get(&released).await.unwrap().unwrap();
-    assert_eq!(pair.session, None);
+    assert_eq!(pair.session(), None);
 }
 
 async fn lock_delay_honoured(s: Subject) {

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
 use p2_apiserver::kv::{
-    Cas, KvPair, KvStore, SessionBehavior, SessionSpec, StoreError, TxnFailure, TxnOp, WatchTarget,
-    MAX_VALUE_BYTES,
+    Cas, KvPair, KvStore, Lock, SessionBehavior, SessionSpec, StoreError, TxnFailure, TxnOp,
+    WatchTarget, MAX_VALUE_BYTES,
 };
 use serde_json::json;
 use wiremock::matchers::{
@@ -47,8 +47,7 @@ fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {
         value: value.as_bytes().into(),
         create_index: 3,
         modify_index,
-        lock_index: 0,
-        session: None,
+        lock: None,
     }
 }
 
@@ -120,8 +119,7 @@ async fn get_sends_token_and_datacenter_and_decodes_the_entry() {
             value: b"hello".as_slice().into(),
             create_index: 7,
             modify_index: 42,
-            lock_index: 2,
-            session: Some("s-1".into()),
+            lock: Lock::of(2, Some("s-1".into())),
         })
     );
 }
@@ -443,7 +441,7 @@ async fn txn_sends_consul_verbs_and_lines_results_up_with_ops() {
         "a write result carries its value"
     );
     assert_eq!(results[2], Some(pair("c", "stored", 20)));
-    assert_eq!(results[6].as_ref().unwrap().session.as_deref(), Some("s"));
+    assert_eq!(results[6].as_ref().unwrap().session(), Some("s"));
 }
 
 #[tokio::test]

@@ -481,14 +481,14 @@ fn session(info: &SessionInfo) -> Value {
 fn entry(pair: &KvPair, with_value: bool) -> Value {
     let value = (with_value && !pair.value.is_empty()).then(|| BASE64.encode(&pair.value));
     let mut entry = json!({
-        "LockIndex": pair.lock_index,
+        "LockIndex": pair.lock_index(),
         "Key": pair.key,
         "Flags": 0,
         "Value": value,
         "CreateIndex": pair.create_index,
         "ModifyIndex": pair.modify_index,
     });
-    if let Some(session) = &pair.session {
+    if let Some(session) = pair.session() {
         entry["Session"] = json!(session);
     }
     entry

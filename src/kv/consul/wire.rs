@@ -7,7 +7,8 @@ use base64::Engine as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::kv::{
-    KvPair, SessionBehavior, SessionInfo, SessionSpec, StoreError, StoreResult, TxnFailure, TxnOp,
+    KvPair, Lock, SessionBehavior, SessionInfo, SessionSpec, StoreError, StoreResult, TxnFailure,
+    TxnOp,
 };
 
 /// Decodes a JSON answer; an answer we cannot read means Consul (or something posing as it)
@@ -51,8 +52,7 @@ impl KvEntry {
             value: value.into(),
             create_index: self.create_index,
             modify_index: self.modify_index,
-            lock_index: self.lock_index,
-            session: self.session.filter(|s| !s.is_empty()),
+            lock: Lock::of(self.lock_index, self.session.filter(|s| !s.is_empty())),
         })
     }
 }
