@@ -366,17 +366,18 @@ mod tests {
         assert_eq!(Tree::of_key("labels/unknown/x"), None);
     }
 
+    fn decode(tree: Tree, key: &str, value: &str) -> Entry {
+        tree.decode(KvPair {
+            key: key.into(),
+            value: value.as_bytes().into(),
+            create_index: 1,
+            modify_index: 1,
+            lock: None,
+        })
+    }
+
     #[test]
     fn the_same_manifest_on_two_nodes_is_kept_once_and_an_rc_document_is_not_shared() {
-        let decode = |tree: Tree, key: &str, value: &str| {
-            tree.decode(KvPair {
-                key: key.into(),
-                value: value.as_bytes().into(),
-                create_index: 1,
-                modify_index: 1,
-                lock: None,
-            })
-        };
         let a = decode(Tree::Intent, "intent/n1/hello", "id: hello\n");
         let b = decode(Tree::Reality, "reality/n2/hello", "id: hello\n");
         assert!(Arc::ptr_eq(&a.pair.value, &b.pair.value));
@@ -384,6 +385,25 @@ mod tests {
         let a = decode(Tree::Rcs, "replication_controllers/x", doc);
         let b = decode(Tree::Rcs, "replication_controllers/x", doc);
         assert!(!Arc::ptr_eq(&a.pair.value, &b.pair.value));
+    }
+
+    #[test]
+    fn results_naming_one_node_in_one_state_share_their_view() {
+        let result = |pod: &str, status: &str| {
+            let record = format!(
+                r#"{{"Id":"{pod}","Node":"n1","Service":"{pod}","Status":"{status}","Time":"t","Expires":"e"}}"#
+            );
+            match decode(Tree::Health, &format!("health/n1/{pod}"), &record).view {
+                View::Health(view) => view,
+                other => panic!("not a health view: {other:?}"),
+            }
+        };
+        let a = result("a", "passing");
+        assert_eq!((&*a.node, a.status), ("n1", HealthState::Passing));
+        assert!(Arc::ptr_eq(&a, &result("b", "passing")));
+        let critical = result("c", "critical");
+        assert_eq!(critical.status, HealthState::Critical);
+        assert!(!Arc::ptr_eq(&a, &critical));
     }
 
     #[test]
