@@ -90,7 +90,8 @@ pub struct SimulateArgs {
     )]
     pub name_prefix: String,
 
-    /// The most requests in flight at once, besides the one change stream.
+    /// The most requests in flight at once, besides the one change stream, and the most
+    /// pods being reported at once (from a pod's install to its health).
     #[arg(long, value_name = "N", env = "P2_SIM_MAX_IN_FLIGHT", default_value_t = 32,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub max_in_flight: u16,

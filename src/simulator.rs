@@ -81,7 +81,8 @@ pub struct SimulatorConfig {
     /// Node names are `<name_prefix>-0001` and up; several simulators with different
     /// prefixes can share one server.
     pub name_prefix: String,
-    /// The most requests in flight at once, the change stream aside.
+    /// The most requests in flight at once, the change stream aside, and the most pods
+    /// being reported at once.
     pub max_in_flight: usize,
     /// PEM certificates to trust for an https:// server, besides the usual public roots.
     pub ca_cert: Option<PathBuf>,
@@ -184,6 +185,7 @@ pub async fn run(config: SimulatorConfig, shutdown: CancellationToken) -> anyhow
     let sim = Arc::new(Sim {
         client,
         in_flight: Semaphore::new(config.max_in_flight),
+        reporting: Semaphore::new(config.max_in_flight),
         health,
         shutdown: shutdown.clone(),
         config,
@@ -261,6 +263,10 @@ struct Sim {
     config: SimulatorConfig,
     client: Client,
     in_flight: Semaphore,
+    /// Pods being reported, at most `max_in_flight`: a pod's permit is held from its install
+    /// to its health report, so that pods come up one after another rather than all
+    /// installed before any is healthy (requests are served in the order they queue).
+    reporting: Semaphore,
     /// The status each simulated node reports for its pods.
     health: HashMap<String, HealthState>,
     shutdown: CancellationToken,
@@ -680,6 +686,7 @@ impl Sim {
         had: Option<String>,
     ) -> anyhow::Result<Option<String>> {
         let Some(want) = want else {
+            let _reporting = self.reporting.acquire().await;
             self.withdraw_health(node, pod_id).await?;
             let url = self.url(&["reality", node, pod_id]);
             let what = format!("withdrawing {pod_id} on {node}");
@@ -687,12 +694,14 @@ impl Sim {
             return Ok(None);
         };
         if had.is_some() {
+            let _reporting = self.reporting.acquire().await;
             self.withdraw_health(node, pod_id).await?;
         }
         tokio::select! {
             () = self.shutdown.cancelled() => return Ok(had),
             () = tokio::time::sleep(self.config.start_delay) => {}
         }
+        let _reporting = self.reporting.acquire().await;
         let url = self.url(&["reality", node, pod_id]);
         let what = format!("reporting {pod_id} installed on {node}");
         let put = |c: &Client| {
@@ -833,6 +842,7 @@ mod tests {
             config: config(server.parse().unwrap(), 1, 0.0),
             client: Client::new(),
             in_flight: Semaphore::new(1),
+            reporting: Semaphore::new(1),
             health: HashMap::new(),
             shutdown: CancellationToken::new(),
         };
@@ -1012,6 +1022,58 @@ mod tests {
             }
         }
         true
+    }
+
+    #[tokio::test]
+    async fn reports_each_pod_healthy_before_installing_more_than_its_share() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sqlite(&dir).await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let shutdown = CancellationToken::new();
+        let serving = serve(&store, listener, MirrorConfig::default(), &shutdown);
+        let config = config(server, 1, 0.0);
+        let most = config.max_in_flight;
+        let simulating = tokio::spawn(run(config, shutdown.clone()));
+        eventually("node labels", || async {
+            value(&store, "labels/node/web-0001").await.is_some()
+        })
+        .await;
+        let many: Vec<String> = (0..40).map(|i| format!("pod{i}")).collect();
+        burst(&store, "web-0001", &many, Some(1)).await;
+        eventually("a burst of new pods", || {
+            all_reported(&store, &many, Some((1, "passing")))
+        })
+        .await;
+
+        // In the order the reports were written, never more pods installed and not yet
+        // healthy than may be in flight.
+        let mut reports: Vec<(u64, bool)> = Vec::new();
+        for (prefix, healthy) in [("reality/", false), ("health/", true)] {
+            let listing = store.list(prefix).await.unwrap();
+            reports.extend(listing.pairs.iter().map(|p| (p.create_index, healthy)));
+        }
+        reports.sort_unstable();
+        let mut waiting: usize = 0;
+        let mut most_waiting = 0;
+        for (_, healthy) in reports {
+            if healthy {
+                waiting -= 1;
+            } else {
+                waiting += 1;
+            }
+            most_waiting = most_waiting.max(waiting);
+        }
+        assert!(
+            most_waiting <= most,
+            "{most_waiting} pods were installed and not yet healthy at once"
+        );
+
+        shutdown.cancel();
+        simulating.await.unwrap().unwrap();
+        serving.await.unwrap().unwrap();
     }
 
     #[tokio::test]
