@@ -7,8 +7,9 @@
 //! retained changes from there, possibly repeating those of that very position, never
 //! missing one. A position the server no longer retains (or never gave: another server's,
 //! or one from before the store was reset) gets a `resync` event and a fresh snapshot.
-//! A client more than the server's buffer behind is sent `dropped` and disconnected, so a
-//! slow client never holds the others back.
+//! A client more than the server's buffer behind on one of its kinds (changes of other kinds
+//! do not count) is sent `dropped` and disconnected, so a slow client never holds the
+//! others back.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -30,7 +31,7 @@ use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::Selector;
 use crate::metrics::SseClient;
-use crate::state::{object_id, Change, Kind, Mirror, Signal, Subscription};
+use crate::state::{object_id, Backlog, Change, Kind, Mirror, Receiver, Signal};
 
 /// OpenAPI tag of the change stream.
 pub const TAG: &str = "watch";
@@ -217,7 +218,7 @@ struct Watcher {
     filter: Filter,
     /// Events to send before listening again.
     pending: VecDeque<Pending>,
-    receiver: tokio::sync::broadcast::Receiver<Signal>,
+    receiver: Receiver,
     /// Whether the stream ends once `pending` is sent.
     ending: bool,
     /// Counts the stream in the metrics while it lives.
@@ -228,32 +229,31 @@ impl Watcher {
     fn start(app: AppState, filter: Filter, resume: Option<u64>) -> Watcher {
         let subscription = app.mirror.subscribe(resume, &filter.kinds);
         let mut watcher = Watcher {
-            receiver: subscription.receiver.resubscribe(),
+            receiver: subscription.receiver,
             app,
             filter,
             pending: VecDeque::new(),
             ending: false,
             _client: SseClient::connected(),
         };
-        watcher.queue(subscription, resume.is_none());
+        watcher.queue(subscription.backlog, resume.is_none());
         watcher
     }
 
-    /// Listens from where `subscription` starts, queuing its backlog: after a snapshot, a
-    /// `synced` event; before one that replaces a position that cannot resume, `resync`.
-    fn queue(&mut self, subscription: Subscription, snapshot: bool) {
-        self.receiver = subscription.receiver;
-        let position = subscription.position;
-        if subscription.resynced {
+    /// Queues a subscription's backlog: after a snapshot, a `synced` event; before one that
+    /// replaces a position that cannot resume, `resync`.
+    fn queue(&mut self, backlog: Backlog, snapshot: bool) {
+        let position = backlog.position;
+        if backlog.resynced {
             self.pending
                 .push_back(Pending::Control(control("resync", position)));
         }
-        for change in subscription.backlog {
+        for change in backlog.changes {
             if self.filter.admits(&self.app.mirror, &change) {
                 self.pending.push_back(Pending::Change(change));
             }
         }
-        if snapshot || subscription.resynced {
+        if snapshot || backlog.resynced {
             self.pending
                 .push_back(Pending::Control(control("synced", position)));
         }
@@ -282,9 +282,10 @@ impl Watcher {
                 }
                 Ok(Signal::Resync) => {
                     let subscription = self.app.mirror.subscribe(None, &self.filter.kinds);
-                    let resync = control("resync", subscription.position);
+                    let resync = control("resync", subscription.backlog.position);
                     self.pending.push_back(Pending::Control(resync));
-                    self.queue(subscription, true);
+                    self.receiver = subscription.receiver;
+                    self.queue(subscription.backlog, true);
                 }
                 Err(RecvError::Lagged(_)) => {
                     self.ending = true;

@@ -8,13 +8,20 @@
 //! one has a position at least as high, and resuming from a position replays every retained
 //! change at or past it. A subscriber may see the changes of its last position again, never
 //! miss one.
+//!
+//! Each kind is broadcast on a channel of its own, so that a subscriber's buffer bound counts
+//! only the changes it asked for: a dashboard following RCs is not cut off by a storm of pod
+//! changes. A subscriber of several kinds merges their channels back into the order the
+//! changes were emitted (see [`Receiver`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 
+use futures::future::select_all;
 use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
-use super::trees::{Entry, Tree};
+use super::trees::{Entry, Kind, Tree};
 
 /// What happened to an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,10 +68,16 @@ pub enum Signal {
     Resync,
 }
 
-/// The broadcast and its retained log.
+/// A signal and its place in the order the signals were sent, counted from 1.
+type Sequenced = (u64, Signal);
+
+/// The broadcasts, a channel per kind, and the retained log.
 #[derive(Debug)]
 pub(super) struct Stream {
-    sender: broadcast::Sender<Signal>,
+    /// By kind, in the order of [`Kind::ALL`].
+    senders: Vec<broadcast::Sender<Sequenced>>,
+    /// The last signal's place.
+    sequence: u64,
     log: VecDeque<Arc<Change>>,
     retain: usize,
     /// The highest position given.
@@ -75,10 +88,14 @@ pub(super) struct Stream {
 
 impl Stream {
     /// A stream keeping the last `retain` changes, whose subscribers may fall `buffer`
-    /// signals behind before they are cut off.
+    /// signals of one kind behind before they are cut off.
     pub(super) fn new(retain: usize, buffer: usize) -> Stream {
         Stream {
-            sender: broadcast::channel(buffer.max(1)).0,
+            senders: Kind::ALL
+                .iter()
+                .map(|_| broadcast::channel(buffer.max(1)).0)
+                .collect(),
+            sequence: 0,
             log: VecDeque::new(),
             retain: retain.max(1),
             position: 0,
@@ -99,9 +116,9 @@ impl Stream {
         index: u64,
         entry: Arc<Entry>,
     ) {
-        if tree.kind().is_none() {
+        let Some(kind) = tree.kind() else {
             return;
-        }
+        };
         self.position = self.position.max(index);
         let change = Arc::new(Change {
             change_type,
@@ -118,7 +135,8 @@ impl Stream {
         }
         self.log.push_back(change.clone());
         // No subscriber is not an error.
-        let _ = self.sender.send(Signal::Change(change));
+        self.sequence += 1;
+        let _ = self.senders[kind.position()].send((self.sequence, Signal::Change(change)));
     }
 
     /// Voids every position given so far: the log is emptied and the positions given from
@@ -127,7 +145,12 @@ impl Stream {
         self.log.clear();
         self.position += 1;
         self.window_start = self.position;
-        let _ = self.sender.send(Signal::Resync);
+        // On every channel, so that every subscriber hears it; they hear it once, as one
+        // place in the order.
+        self.sequence += 1;
+        for sender in &self.senders {
+            let _ = sender.send((self.sequence, Signal::Resync));
+        }
     }
 
     /// The retained changes at or past `position`, or `None` when some of them are no longer
@@ -142,9 +165,69 @@ impl Stream {
         Some(self.log.range(first..).cloned().collect())
     }
 
-    /// A receiver of every signal from now on.
-    pub(super) fn subscribe(&self) -> broadcast::Receiver<Signal> {
-        self.sender.subscribe()
+    /// A receiver of every signal from now on about `kinds`.
+    pub(super) fn subscribe(&self, kinds: &[Kind]) -> Receiver {
+        let receivers: Vec<_> = Kind::ALL
+            .iter()
+            .zip(&self.senders)
+            .filter(|(kind, _)| kinds.contains(kind))
+            .map(|(_, sender)| sender.subscribe())
+            .collect();
+        Receiver {
+            heads: receivers.iter().map(|_| None).collect(),
+            receivers,
+            given: 0,
+        }
+    }
+}
+
+/// A subscriber's channels, one per kind it asked for, read as one stream in the order the
+/// signals were sent. They are sent one after another under the mirror's lock, so once a
+/// signal has been received, every signal sent before it is already in its channel: after
+/// each receipt the receiver looks at the head of every channel and gives the earliest.
+#[derive(Debug)]
+pub struct Receiver {
+    receivers: Vec<broadcast::Receiver<Sequenced>>,
+    /// The signal read from each channel and not given yet.
+    heads: Vec<Option<Sequenced>>,
+    /// The place of the last signal given: a resync, sent on every channel, is given once.
+    given: u64,
+}
+
+impl Receiver {
+    /// The next signal; [`RecvError::Lagged`] when the subscriber fell more than its buffer
+    /// behind on one of its kinds. Cancel-safe: a signal read is kept until it is given.
+    pub async fn recv(&mut self) -> Result<Signal, RecvError> {
+        loop {
+            for (receiver, head) in self.receivers.iter_mut().zip(&mut self.heads) {
+                // A head already given (a resync heard on another channel) is dropped.
+                while head.as_ref().is_none_or(|(place, _)| *place <= self.given) {
+                    match receiver.try_recv() {
+                        Ok(signal) => *head = Some(signal),
+                        Err(TryRecvError::Empty) => {
+                            *head = None;
+                            break;
+                        }
+                        Err(TryRecvError::Lagged(missed)) => return Err(RecvError::Lagged(missed)),
+                        Err(TryRecvError::Closed) => return Err(RecvError::Closed),
+                    }
+                }
+            }
+            let earliest = (self.heads.iter().enumerate())
+                .filter_map(|(at, head)| Some((head.as_ref()?.0, at)))
+                .min();
+            if let Some((_, at)) = earliest {
+                let (place, signal) = self.heads[at].take().expect("the earliest head is there");
+                self.given = place;
+                return Ok(signal);
+            }
+            if self.receivers.is_empty() {
+                return std::future::pending().await;
+            }
+            let waiting = self.receivers.iter_mut().map(|r| Box::pin(r.recv()));
+            let (signal, at, _) = select_all(waiting).await;
+            self.heads[at] = Some(signal?);
+        }
     }
 }
 
@@ -213,6 +296,66 @@ mod tests {
         assert!(stream.replay_from(5).is_none());
         stream.emit(ChangeType::Added, Tree::Rolls, 2, entry("rolls/a", 2));
         assert_eq!(positions(&stream.replay_from(6).unwrap()), [(2, 6)]);
+    }
+
+    fn rc(index: u64) -> Arc<Entry> {
+        entry(&format!("replication_controllers/{index}"), index)
+    }
+
+    /// The indexes of the changes `receiver` has ready, until it has none.
+    async fn received(receiver: &mut Receiver) -> Result<Vec<u64>, RecvError> {
+        let mut indexes = Vec::new();
+        let ready = std::time::Duration::from_millis(50);
+        while let Ok(signal) = tokio::time::timeout(ready, receiver.recv()).await {
+            match signal? {
+                Signal::Change(change) => indexes.push(change.index),
+                Signal::Resync => indexes.push(0),
+            }
+        }
+        Ok(indexes)
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_of_several_kinds_gets_their_changes_in_the_order_emitted() {
+        let mut stream = Stream::new(10, 10);
+        let mut receiver = stream.subscribe(&[Kind::Rcs, Kind::Rolls]);
+        stream.emit(ChangeType::Added, Tree::Rolls, 100, entry("rolls/a", 100));
+        stream.emit(ChangeType::Added, Tree::Rcs, 97, rc(97));
+        stream.emit(ChangeType::Added, Tree::Intent, 98, entry("intent/n/p", 98));
+        stream.emit(
+            ChangeType::Modified,
+            Tree::Rolls,
+            101,
+            entry("rolls/a", 101),
+        );
+        stream.emit(ChangeType::Added, Tree::Rcs, 102, rc(102));
+        assert_eq!(received(&mut receiver).await.unwrap(), [100, 97, 101, 102]);
+        stream.resync();
+        assert_eq!(received(&mut receiver).await.unwrap(), [0]);
+    }
+
+    #[tokio::test]
+    async fn only_changes_of_the_kinds_asked_for_count_against_the_buffer() {
+        let mut stream = Stream::new(10, 2);
+        let mut rcs = stream.subscribe(&[Kind::Rcs]);
+        let mut everything = stream.subscribe(&Kind::ALL);
+        for index in 1..=5 {
+            let pod = entry(&format!("intent/n/p{index}"), index);
+            stream.emit(ChangeType::Added, Tree::Intent, index, pod);
+        }
+        stream.emit(ChangeType::Added, Tree::Rcs, 6, rc(6));
+        assert_eq!(received(&mut rcs).await.unwrap(), [6]);
+        assert!(matches!(
+            received(&mut everything).await,
+            Err(RecvError::Lagged(_))
+        ));
+        for index in 7..=9 {
+            stream.emit(ChangeType::Added, Tree::Rcs, index, rc(index));
+        }
+        assert!(matches!(
+            received(&mut rcs).await,
+            Err(RecvError::Lagged(_))
+        ));
     }
 
     #[test]

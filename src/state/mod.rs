@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -42,7 +42,7 @@ use crate::kv::{KvPair, KvStore, Lock, PrefixUpdate, TxnOp};
 use crate::labels::{LabelType, Labels, Operator, Selector, RC_ID_LABEL};
 use crate::store::layout;
 
-pub use changes::{Change, ChangeType, Signal};
+pub use changes::{Change, ChangeType, Receiver, Signal};
 pub use entries::Entries;
 pub use reader::MirrorReader;
 pub use trees::{object_id, Entry, HealthView, Kind, Tree, View};
@@ -65,7 +65,7 @@ pub struct MirrorConfig {
     pub lost_after: Duration,
     /// How many changes the stream keeps for subscribers resuming from a position.
     pub retained_changes: usize,
-    /// How many changes a subscriber may fall behind before it is cut off.
+    /// How many changes of one kind a subscriber may fall behind before it is cut off.
     pub subscriber_buffer: usize,
 }
 
@@ -177,15 +177,21 @@ impl MirrorHealth {
 /// Where a subscriber starts: what it is sent first, then what its receiver brings.
 #[derive(Debug)]
 pub struct Subscription {
-    /// The position asked for could not be resumed from: the backlog is a fresh snapshot.
+    pub backlog: Backlog,
+    /// Every signal after the backlog about the kinds asked for.
+    pub receiver: Receiver,
+}
+
+/// What a subscriber is sent first.
+#[derive(Debug)]
+pub struct Backlog {
+    /// The position asked for could not be resumed from: the changes are a fresh snapshot.
     pub resynced: bool,
     /// A snapshot (every entry as `added`, at the current position) or the changes retained
     /// since the position asked for.
-    pub backlog: Vec<Arc<Change>>,
+    pub changes: Vec<Arc<Change>>,
     /// The stream's position when the backlog was taken.
     pub position: u64,
-    /// Every signal after the backlog.
-    pub receiver: broadcast::Receiver<Signal>,
 }
 
 /// The mirror; cheap to clone, every clone the same mirror.
@@ -551,24 +557,23 @@ impl Mirror {
         self.publish(&state);
     }
 
-    /// Starts a subscriber: from `resume` (a position it was given) when the retained
-    /// changes cover it, else from a snapshot. Only changes of `kinds` are in the backlog;
-    /// the receiver brings every signal.
+    /// Starts a subscriber of `kinds`: from `resume` (a position it was given) when the
+    /// retained changes cover it, else from a snapshot.
     pub fn subscribe(&self, resume: Option<u64>, kinds: &[Kind]) -> Subscription {
         let state = self.read();
-        let receiver = state.stream.subscribe();
+        let receiver = state.stream.subscribe(kinds);
         let position = state.stream.position();
         let wanted = |tree: Tree| tree.kind().is_some_and(|kind| kinds.contains(&kind));
         if let Some(changes) = resume.and_then(|from| state.stream.replay_from(from)) {
-            let backlog = changes.into_iter().filter(|c| wanted(c.tree)).collect();
-            return Subscription {
+            let changes = changes.into_iter().filter(|c| wanted(c.tree)).collect();
+            let backlog = Backlog {
                 resynced: false,
-                backlog,
+                changes,
                 position,
-                receiver,
             };
+            return Subscription { backlog, receiver };
         }
-        let backlog = Tree::ALL
+        let changes = Tree::ALL
             .into_iter()
             .filter(|tree| wanted(*tree))
             .flat_map(|tree| {
@@ -584,12 +589,12 @@ impl Mirror {
                 })
             })
             .collect();
-        Subscription {
+        let backlog = Backlog {
             resynced: resume.is_some(),
-            backlog,
+            changes,
             position,
-            receiver,
-        }
+        };
+        Subscription { backlog, receiver }
     }
 
     fn config(&self) -> &MirrorConfig {

@@ -283,6 +283,14 @@ impl Kind {
         Kind::Events,
     ];
 
+    /// Its position in [`Kind::ALL`].
+    pub fn position(self) -> usize {
+        Kind::ALL
+            .iter()
+            .position(|kind| *kind == self)
+            .expect("every kind is in Kind::ALL")
+    }
+
     /// The kinds a stream carries when none are asked for: all but events.
     pub fn defaults() -> impl Iterator<Item = Kind> {
         Kind::ALL.into_iter().filter(|kind| *kind != Kind::Events)

@@ -13,7 +13,9 @@ use p2_apiserver::kv::{
     StoreResult, StoreUrl, TxnOp, WatchTarget,
 };
 use p2_apiserver::labels::{LabelType, Selector};
-use p2_apiserver::state::{Entry, Mirror, MirrorConfig, OwnWrite, Signal, Tree, TreeSnapshot};
+use p2_apiserver::state::{
+    Entry, Kind, Mirror, MirrorConfig, OwnWrite, Signal, Tree, TreeSnapshot,
+};
 use p2_apiserver::store::own_writes::OwnWrites;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
@@ -372,7 +374,7 @@ async fn a_store_going_backwards_is_read_afresh_and_subscribers_resync() {
         let switch = Switchable::new(old.store.clone());
         let (mirror, _running) = started(switch.clone(), config()).await;
         assert_converges(&mirror, old.store.as_ref()).await;
-        let mut subscriber = mirror.subscribe(None, &[]).receiver;
+        let mut subscriber = mirror.subscribe(None, &[Kind::Nodes]).receiver;
 
         *switch.inner.write().unwrap() = fresh.store.clone();
         // Wakes the watches still waiting on the old store, so they move to the fresh one.
