@@ -315,14 +315,14 @@ fn control(event_type: &str, position: u64) -> Event {
 /// A change's event; its data is rendered once for all streams.
 fn change_event(change: &Arc<Change>) -> Event {
     let data = change.rendered.get_or_init(|| {
-        let pair = &change.entry.pair;
-        let object = serde_json::from_slice(&pair.value).unwrap_or_else(|_| {
-            serde_json::Value::String(String::from_utf8_lossy(&pair.value).into_owned())
+        let value = change.entry.value();
+        let object = serde_json::from_slice(&value).unwrap_or_else(|_| {
+            serde_json::Value::String(String::from_utf8_lossy(&value).into_owned())
         });
         let event = WatchEvent {
             event_type: change.change_type.as_str().to_owned(),
             kind: change.tree.kind(),
-            id: Some(object_id(change.tree, &pair.key).to_owned()),
+            id: Some(object_id(change.tree, &change.entry.pair.key).to_owned()),
             index: change.index,
             object: Some(object),
         };

@@ -216,10 +216,10 @@ impl HealthResults {
 /// The node a health entry is the result for (its record's `Node`, else its key's node
 /// `node_of_key`) and its state (unknown when the record cannot be read).
 fn health_result<'a>(node_of_key: &'a str, entry: &'a Entry) -> (&'a str, HealthState) {
-    match &entry.view {
-        View::Health(record) if !record.node.is_empty() => (&record.node, record.status),
-        View::Health(record) => (node_of_key, record.status),
-        _ => (node_of_key, HealthState::Unknown),
+    match entry.health() {
+        Some(record) if !record.node.is_empty() => (&record.node, record.status),
+        Some(record) => (node_of_key, record.status),
+        None => (node_of_key, HealthState::Unknown),
     }
 }
 

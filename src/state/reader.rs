@@ -29,7 +29,7 @@ impl MirrorReader {
         })?;
         Ok(Listing {
             index: index.max(1),
-            pairs: entries.iter().map(|entry| entry.pair.clone()).collect(),
+            pairs: entries.iter().map(|entry| entry.to_pair()).collect(),
         })
     }
 }
@@ -41,7 +41,7 @@ fn read_only<T>() -> StoreResult<T> {
 #[async_trait]
 impl KvStore for MirrorReader {
     async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
-        Ok(self.0.get(key).map(|entry| entry.pair.clone()))
+        Ok(self.0.get(key).map(|entry| entry.to_pair()))
     }
 
     async fn list(&self, prefix: &str) -> StoreResult<Listing> {

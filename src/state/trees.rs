@@ -4,13 +4,16 @@
 //! reads can answer with indexes and CAS tokens exactly as the store would) and the typed
 //! view decoded once, when the entry changed.
 
+use std::borrow::Cow;
 use std::sync::{Arc, LazyLock};
+use std::time::SystemTime;
 
 use serde::Serialize;
 
 use crate::interner::{Interner, NAMES};
 use crate::kv::KvPair;
 use crate::labels::{LabelType, Labels};
+use crate::model::timestamp::parse_rfc3339;
 use crate::model::{HealthRecord, HealthState, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::store::labels::decode_labels;
 use crate::store::layout;
@@ -157,10 +160,16 @@ impl Tree {
                     || View::Unreadable(Arc::new("not a label set".into())),
                     View::Labels,
                 ),
-            Tree::Health => HealthRecord::from_json(&pair.value).map_or_else(
-                |e| problem(&e),
-                |record| View::Health(HealthView::shared(&record.node, record.status)),
-            ),
+            Tree::Health => match HealthRecord::from_json(&pair.value) {
+                Err(e) => problem(&e),
+                Ok(record) => match HealthParts::of(&record, &pair.value) {
+                    Some(parts) => {
+                        pair.value = NO_VALUE.clone();
+                        View::HealthParts(Box::new(parts))
+                    }
+                    None => View::Health(HealthView::shared(&record.node, record.status)),
+                },
+            },
             Tree::Intent
             | Tree::Reality
             | Tree::Events
@@ -182,7 +191,12 @@ static VALUES: LazyLock<Interner<[u8]>> = LazyLock::new(Interner::default);
 /// same labels, so a fleet's pod-label tree holds a set per RC rather than one per pod.
 static LABEL_SETS: LazyLock<Interner<Labels>> = LazyLock::new(Interner::default);
 
-/// One mirrored key: the pair as the store holds it and its typed view.
+/// The value of a pair whose view encodes it again ([`View::HealthParts`]): one for all.
+static NO_VALUE: LazyLock<Arc<[u8]>> = LazyLock::new(|| Arc::from([]));
+
+/// One mirrored key: the pair as the store holds it and its typed view. Read the value
+/// through [`Entry::value`] or [`Entry::to_pair`]: a health record the view encodes again
+/// is not kept as bytes too, and its pair's value is empty.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub pair: KvPair,
@@ -190,6 +204,34 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// The value as stored.
+    pub fn value(&self) -> Cow<'_, [u8]> {
+        match &self.view {
+            View::HealthParts(parts) => Cow::Owned(parts.encode()),
+            _ => Cow::Borrowed(&self.pair.value),
+        }
+    }
+
+    /// The pair as stored.
+    pub fn to_pair(&self) -> KvPair {
+        match &self.view {
+            View::HealthParts(parts) => KvPair {
+                value: parts.encode().into(),
+                ..self.pair.clone()
+            },
+            _ => self.pair.clone(),
+        }
+    }
+
+    /// What a health entry says: the node its record names and its state.
+    pub fn health(&self) -> Option<&HealthView> {
+        match &self.view {
+            View::Health(view) => Some(view),
+            View::HealthParts(parts) => Some(&parts.view),
+            _ => None,
+        }
+    }
+
     /// The label set, for label entries.
     pub fn labels(&self) -> Option<&Labels> {
         match &self.view {
@@ -211,7 +253,10 @@ pub enum View {
     /// Shared with every entry of the same bytes.
     Labels(Arc<Labels>),
     /// Shared with every entry naming the same node in the same state.
+    /// A health record kept as its bytes.
     Health(Arc<HealthView>),
+    /// A health record kept as the parts that encode it again, without its bytes.
+    HealthParts(Box<HealthParts>),
     /// Manifests, events, status records, conditions, locks, times and finished rolls: read
     /// as bytes by whoever needs them (events are many and read a page at a time).
     Raw,
@@ -227,6 +272,35 @@ pub struct HealthView {
     /// The record's own `Node` field (P2 keys results by it, not by the key).
     pub node: Arc<str>,
     pub status: HealthState,
+}
+
+/// A health record as this server writes it (P2's format, `Time` given, `Expires` a
+/// century on, the pod's id as `Id` and `Service`), kept as its parts: 40 bytes rather than
+/// the record's 190. Records another writer stored differently keep their bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthParts {
+    pub view: Arc<HealthView>,
+    pod_id: Arc<str>,
+    time: SystemTime,
+}
+
+impl HealthParts {
+    /// The parts of `record`, read from `bytes`, when they encode exactly `bytes` again.
+    fn of(record: &HealthRecord, bytes: &[u8]) -> Option<HealthParts> {
+        let time = parse_rfc3339(&record.time)?;
+        let again = HealthRecord::new(&record.id, &record.node, record.status, time);
+        (again.to_json() == bytes).then(|| HealthParts {
+            view: HealthView::shared(&record.node, record.status),
+            pod_id: NAMES.text(&record.id),
+            time,
+        })
+    }
+
+    /// The record's bytes.
+    fn encode(&self) -> Vec<u8> {
+        let view = &self.view;
+        HealthRecord::new(&self.pod_id, &view.node, view.status, self.time).to_json()
+    }
 }
 
 /// Health views by node and state: a fleet's results name each node in one or two states.
@@ -412,6 +486,31 @@ mod tests {
         let critical = result("c", "critical");
         assert_eq!(critical.status, HealthState::Critical);
         assert!(!Arc::ptr_eq(&a, &critical));
+    }
+
+    #[test]
+    fn a_record_this_server_writes_is_kept_as_its_parts_and_encodes_the_same_bytes() {
+        let now = SystemTime::now();
+        let record = HealthRecord::new("hello", "n1", HealthState::Critical, now);
+        let bytes = String::from_utf8(record.to_json()).unwrap();
+        let entry = decode(Tree::Health, "health/hello/n1", &bytes);
+        assert!(
+            matches!(entry.view, View::HealthParts(_)),
+            "{:?}",
+            entry.view
+        );
+        assert!(entry.pair.value.is_empty(), "the bytes are not kept");
+        assert_eq!(entry.value(), bytes.as_bytes());
+        assert_eq!(entry.to_pair().value.as_ref(), bytes.as_bytes());
+        let view = entry.health().unwrap();
+        assert_eq!((&*view.node, view.status), ("n1", HealthState::Critical));
+
+        // P2's preparer writes its local time: kept as written.
+        let p2 = r#"{"Id":"hello","Node":"n1","Service":"hello","Status":"passing","Time":"2020-01-14T11:06:40.123456789-08:00","Expires":"2120-01-14T11:06:40.123456789-08:00"}"#;
+        let entry = decode(Tree::Health, "health/hello/n1", p2);
+        assert!(matches!(entry.view, View::Health(_)), "{:?}", entry.view);
+        assert_eq!(entry.value(), p2.as_bytes());
+        assert_eq!(entry.health().unwrap().status, HealthState::Passing);
     }
 
     #[test]

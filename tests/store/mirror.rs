@@ -109,7 +109,7 @@ fn mirrored(mirror: &Mirror) -> Vec<KvPair> {
         .into_iter()
         .flat_map(|tree| {
             let entries = mirror.entries(tree);
-            let pairs: Vec<KvPair> = entries.values().map(|entry| entry.pair.clone()).collect();
+            let pairs: Vec<KvPair> = entries.values().map(|entry| entry.to_pair()).collect();
             pairs
         })
         .collect()
