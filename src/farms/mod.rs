@@ -160,6 +160,25 @@ impl FarmContext {
         Ok(self.store.txn(&fenced).await?)
     }
 
+    /// Commits several ops in one transaction, each fenced by `check-session` on its own lock
+    /// (one of the term's locks), unless the term has ended: all are written or none.
+    pub async fn commit_each(
+        &self,
+        fenced: Vec<(String, TxnOp)>,
+    ) -> FarmResult<Vec<Option<KvPair>>> {
+        if self.cancel.is_cancelled() {
+            return Err(FarmError::TermEnded);
+        }
+        let ops: Vec<TxnOp> = fenced
+            .into_iter()
+            .flat_map(|(lock, op)| {
+                let session = self.session.clone();
+                [TxnOp::CheckSession { key: lock, session }, op]
+            })
+            .collect();
+        Ok(self.store.txn(&ops).await?)
+    }
+
     /// Takes `lock` with the term's session if it is free; `false` when someone else has
     /// it. The lock value names this server. A free lock that cannot be taken yet (its
     /// lock-delay runs after a failover) is [`FarmError::LockDelay`], so the farm retries it

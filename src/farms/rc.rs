@@ -17,6 +17,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::SystemTime;
 
+use futures::future::Either;
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::json;
 use tokio::time::Instant;
@@ -87,17 +88,34 @@ impl Farm for RcFarm {
         });
         let mut writing = FuturesUnordered::new();
         let mut outcomes = Vec::new();
+        // The RCs whose only write is their conditions, gathered for one transaction.
+        let mut conditions_only = Vec::new();
         loop {
             while writing.len() < CONCURRENT_OBJECTS {
                 let Some((id, rc, planned, published)) = planned.next() else {
+                    if !conditions_only.is_empty() {
+                        let gathered = std::mem::take(&mut conditions_only);
+                        writing.push(Either::Right(publish_together(ctx, gathered)));
+                    }
                     break;
                 };
-                writing.push(write(ctx, world, id, rc, planned, published));
+                match (planned, published) {
+                    (Ok(plan), Some(op)) if plan.writes_nothing() => {
+                        conditions_only.push((id, op));
+                        if conditions_only.len() == CONDITIONS_PER_TXN {
+                            let gathered = std::mem::take(&mut conditions_only);
+                            writing.push(Either::Right(publish_together(ctx, gathered)));
+                        }
+                    }
+                    (planned, published) => writing.push(Either::Left(async move {
+                        vec![write(ctx, world, id, rc, planned, published).await]
+                    })),
+                }
             }
             let Some(outcome) = writing.next().await else {
                 break;
             };
-            outcomes.push(outcome);
+            outcomes.extend(outcome);
         }
         drop(writing);
         if ctx.cancel.is_cancelled() {
@@ -215,6 +233,14 @@ pub struct Plan {
     pub transfer: Option<Transfer>,
     /// Too few eligible free nodes: how many the RC could have, for the alert.
     pub short: Option<usize>,
+}
+
+impl Plan {
+    /// Whether applying it writes nothing (nor alerts): no pod changes, no transfer, enough
+    /// nodes.
+    fn writes_nothing(&self) -> bool {
+        self.changes.is_empty() && self.transfer.is_none() && self.short.is_none()
+    }
 }
 
 /// One pod change.
@@ -561,6 +587,37 @@ async fn apply(
         ctx.commit(&lock, vec![op]).await?;
     }
     Ok(())
+}
+
+/// How many RCs' conditions, each fenced by the RC's ownership lock, one transaction
+/// stores.
+const CONDITIONS_PER_TXN: usize = MAX_TXN_OPS / 2;
+
+/// Stores the conditions of RCs that have nothing else to write in one transaction, each
+/// record fenced by its RC's ownership lock: after a pass schedules a thousand RCs, the next
+/// records their pods placed, and then each health result coming in changes a count. When
+/// the transaction fails (a lock lost, a store error), each RC is written alone, so that
+/// one RC's failure backs off only that RC.
+async fn publish_together<'a>(
+    ctx: &FarmContext,
+    gathered: Vec<(&'a str, TxnOp)>,
+) -> Vec<(&'a str, FarmResult<()>)> {
+    let fenced = gathered
+        .iter()
+        .map(|(id, op)| (layout::rc_ownership(id), op.clone()))
+        .collect();
+    match ctx.commit_each(fenced).await {
+        Ok(_) => gathered.into_iter().map(|(id, _)| (id, Ok(()))).collect(),
+        Err(e) => {
+            tracing::debug!(error = %e, "storing the conditions of several RCs at once failed; storing them one by one");
+            let mut outcomes = Vec::with_capacity(gathered.len());
+            for (id, op) in gathered {
+                let lock = layout::rc_ownership(id);
+                outcomes.push((id, ctx.commit(&lock, vec![op]).await.map(drop)));
+            }
+            outcomes
+        }
+    }
 }
 
 /// Writes RC `id`'s planned changes with the op `published` storing its conditions (only

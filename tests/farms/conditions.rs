@@ -1,12 +1,13 @@
 //! The conditions the farms publish beside P2's documents, driven against the embedded store.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::support::farms::{alert_webhook, warnings, Backend, Harness, MANIFEST};
 use p2_apiserver::farms::FarmOptions;
-use p2_apiserver::kv::Cas;
+use p2_apiserver::kv::{Cas, TxnOp};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::event::{Action, Event, ObjectKind};
+use p2_apiserver::model::{HealthRecord, HealthState};
 use p2_apiserver::store::layout;
 use serde_json::{json, Value};
 
@@ -206,6 +207,57 @@ async fn conditions_that_still_hold_are_not_written_again() {
         .get(&layout::conditions(ObjectKind::Rcs, &first))
         .await;
     assert_eq!(pair.unwrap().unwrap().modify_index, settled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditions_changed_by_one_write_are_stored_in_one_transaction() {
+    let h = Harness::start().await;
+    web_nodes(&h, 3).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(h.put_rc(rc(MANIFEST, "role=web", 1)).await);
+    }
+    for id in &ids {
+        placed(&h, id).await;
+    }
+    // Every pod installed and healthy at once: the next pass finds every RC's conditions
+    // changed, and nothing else to write for them.
+    let intents = h.store.list(layout::INTENT).await.unwrap().pairs;
+    assert_eq!(intents.len(), 3);
+    let reports: Vec<TxnOp> = intents
+        .iter()
+        .flat_map(|pair| {
+            let node = pair.key[layout::INTENT.len()..].split('/').next().unwrap();
+            let record = HealthRecord::new("hello", node, HealthState::Passing, SystemTime::now());
+            [
+                TxnOp::Set {
+                    key: format!("{}{node}/hello", layout::REALITY),
+                    value: pair.value.to_vec(),
+                },
+                TxnOp::Set {
+                    key: format!("{}hello/{node}", layout::HEALTH),
+                    value: record.to_json(),
+                },
+            ]
+        })
+        .collect();
+    h.store.txn(&reports).await.unwrap();
+    let mut written = Vec::new();
+    for id in &ids {
+        wait_for(
+            &h,
+            ObjectKind::Rcs,
+            id,
+            "Ready",
+            "True",
+            "AllReplicasHealthy",
+        )
+        .await;
+        let key = layout::conditions(ObjectKind::Rcs, id);
+        written.push(h.store.get(&key).await.unwrap().unwrap().modify_index);
+    }
+    written.dedup();
+    assert_eq!(written.len(), 1, "written at {written:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
