@@ -143,40 +143,43 @@ impl FarmContext {
     /// Commits `ops` fenced by `check-session` on `lock` (one of the term's locks, or
     /// [`LEADER_LOCK`]), unless the term has ended.
     pub async fn commit(&self, lock: &str, ops: Vec<TxnOp>) -> FarmResult<Vec<Option<KvPair>>> {
-        if self.cancel.is_cancelled() {
-            return Err(FarmError::TermEnded);
-        }
         let mut fenced = Vec::with_capacity(ops.len() + 1);
+        fenced.push(self.fence(lock));
+        fenced.extend(ops);
+        self.commit_fenced(&fenced).await
+    }
+
+    /// Commits several ops in one transaction, each fenced by `check-session` on its own lock
+    /// (as for [`FarmContext::commit`]), unless the term has ended: all are written or none.
+    pub async fn commit_each(
+        &self,
+        writes: Vec<(String, TxnOp)>,
+    ) -> FarmResult<Vec<Option<KvPair>>> {
+        let fenced: Vec<TxnOp> = writes
+            .into_iter()
+            .flat_map(|(lock, op)| [self.fence(&lock), op])
+            .collect();
+        self.commit_fenced(&fenced).await
+    }
+
+    /// The `check-session` op fencing a write on `lock` with the session that holds it.
+    fn fence(&self, lock: &str) -> TxnOp {
         let session = if lock == LEADER_LOCK {
             &self.leader_session
         } else {
             &self.session
         };
-        fenced.push(TxnOp::CheckSession {
+        TxnOp::CheckSession {
             key: lock.to_owned(),
             session: session.clone(),
-        });
-        fenced.extend(ops);
-        Ok(self.store.txn(&fenced).await?)
+        }
     }
 
-    /// Commits several ops in one transaction, each fenced by `check-session` on its own lock
-    /// (one of the term's locks), unless the term has ended: all are written or none.
-    pub async fn commit_each(
-        &self,
-        fenced: Vec<(String, TxnOp)>,
-    ) -> FarmResult<Vec<Option<KvPair>>> {
+    async fn commit_fenced(&self, ops: &[TxnOp]) -> FarmResult<Vec<Option<KvPair>>> {
         if self.cancel.is_cancelled() {
             return Err(FarmError::TermEnded);
         }
-        let ops: Vec<TxnOp> = fenced
-            .into_iter()
-            .flat_map(|(lock, op)| {
-                let session = self.session.clone();
-                [TxnOp::CheckSession { key: lock, session }, op]
-            })
-            .collect();
-        Ok(self.store.txn(&ops).await?)
+        Ok(self.store.txn(ops).await?)
     }
 
     /// Takes `lock` with the term's session if it is free; `false` when someone else has
