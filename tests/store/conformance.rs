@@ -501,6 +501,55 @@ async fn lock_delay_honoured(s: Subject) {
     s.store.destroy_session(&c).await.unwrap();
 }
 
+/// Several locks taken in one transaction: each key's lock-delay and the session are
+/// checked for every lock, and one lock refused takes none.
+async fn txn_locks_each_checked(s: Subject) {
+    let keys: Vec<String> = (0..4).map(|i| s.key(&format!("locks/{i}"))).collect();
+    let lock = |key: &String, session: &String| TxnOp::Lock {
+        key: key.clone(),
+        value: b"v".to_vec(),
+        session: session.clone(),
+    };
+    let gone = s
+        .session("gone", SessionBehavior::Release, Duration::from_secs(30))
+        .await;
+    assert!(s.store.acquire(&keys[1], b"gone", &gone).await.unwrap());
+    s.store.destroy_session(&gone).await.unwrap();
+    let live = s
+        .session("live", SessionBehavior::Release, Duration::ZERO)
+        .await;
+
+    // The second key is in its lock-delay: nothing is taken.
+    let ops: Vec<TxnOp> = keys[..3].iter().map(|k| lock(k, &live)).collect();
+    match s.store.txn(&ops).await {
+        Err(StoreError::Conflict { failures, .. }) => {
+            let refused: Vec<usize> = failures.iter().map(|f| f.op_index).collect();
+            assert_eq!(refused, [1], "{failures:?}");
+        }
+        other => panic!("expected the lock-delay to refuse the transaction, got {other:?}"),
+    }
+    // A session that ended takes nothing either, whichever key.
+    let ops = vec![lock(&keys[0], &gone), lock(&keys[3], &gone)];
+    match s.store.txn(&ops).await {
+        Err(StoreError::Conflict { failures, .. }) => assert_eq!(failures[0].op_index, 0),
+        other => panic!("expected the ended session to be refused, got {other:?}"),
+    }
+    for key in &keys {
+        let held = s.store.get(key).await.unwrap();
+        assert_eq!(held.as_ref().and_then(KvPair::session), None, "{key}");
+    }
+
+    // Without the delayed key, every lock is taken.
+    let free = [&keys[0], &keys[2], &keys[3]];
+    let ops: Vec<TxnOp> = free.iter().map(|k| lock(k, &live)).collect();
+    s.store.txn(&ops).await.unwrap();
+    for key in free {
+        let held = s.store.get(key).await.unwrap().unwrap();
+        assert_eq!(held.session(), Some(live.as_str()), "{key}");
+    }
+    s.store.destroy_session(&live).await.unwrap();
+}
+
 async fn watch_wakes_on_change(s: Subject) {
     let key = s.key("watched");
     s.store.put(&key, b"1", Cas::Any).await.unwrap();
@@ -843,6 +892,7 @@ macro_rules! conformance_suite {
                     destroy_applies_behavior,
                     expiry_applies_behavior,
                     lock_delay_honoured,
+                    txn_locks_each_checked,
                     watch_wakes_on_change,
                     watch_times_out_unchanged,
                     prefix_watch_sees_deletes,
