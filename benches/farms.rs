@@ -8,7 +8,8 @@
 //!   is printed too) by a first server run with `--no-farms`, which is then stopped; the
 //!   server started again with its farms on the same database and port is timed from its
 //!   start (its mirror's first read and the election included), while the simulator rides
-//!   out the restart by retrying;
+//!   out the restart by retrying; and when every RC's lock was taken, since a new leader
+//!   takes them all before it schedules;
 //! - the server's RSS now and at its peak (the simulator's apart): once scheduled, every
 //!   25 s until all are healthy, after convergence and after each idle phase;
 //! - the store requests per second the server makes when nothing changes, from its own
@@ -159,6 +160,19 @@ impl Scheduled {
     }
 }
 
+/// The RC ownership locks held: a new leader takes one per RC before it schedules.
+async fn rc_locks(db: &sqlx::SqlitePool) -> usize {
+    let (held,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM kv WHERE session IS NOT NULL
+         AND key >= CAST('lock/replication_controllers/' AS BLOB)
+         AND key < CAST('lock/replication_controllers0' AS BLOB)",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap();
+    usize::try_from(held).unwrap()
+}
+
 /// Health results reported passing.
 async fn passing(store: &dyn KvStore) -> usize {
     let health = store.list("health/").await.unwrap();
@@ -256,7 +270,7 @@ fn print_rss(when: &str, server: &Child, simulator: &Child) {
 async fn main() {
     let sizes = sizes();
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("bench.db").display().to_string();
+    let db_path = dir.path().join("bench.db").display().to_string();
     // A free port, kept across the restart so that the simulator follows the server.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -266,15 +280,16 @@ async fn main() {
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
 
-    let server = serve(&db, port, false);
+    let server = serve(&db_path, port, false);
     wait_for("the server", Duration::from_secs(30), async || {
         let ready = client.get(format!("{base}/readyz")).send().await;
         ready.is_ok_and(|r| r.status().is_success())
     })
     .await;
-    let store = SqliteStore::open(&db).await.unwrap();
-    let read_only = format!("sqlite://{db}?mode=ro").parse().unwrap();
-    let mut intents = Scheduled::new(sqlx::SqlitePool::connect_with(read_only).await.unwrap());
+    let store = SqliteStore::open(&db_path).await.unwrap();
+    let read_only = format!("sqlite://{db_path}?mode=ro").parse().unwrap();
+    let db = sqlx::SqlitePool::connect_with(read_only).await.unwrap();
+    let mut intents = Scheduled::new(db.clone());
     let nodes = sizes.nodes.to_string();
     let simulator = Child::start(&[
         "simulate",
@@ -325,12 +340,19 @@ async fn main() {
 
     server.stop();
     let started = Instant::now();
-    let server = serve(&db, port, true);
+    let server = serve(&db_path, port, true);
+    let mut claimed = None;
     wait_for("every pod", Duration::from_secs(600), async || {
+        if claimed.is_none() && rc_locks(&db).await == sizes.rcs {
+            claimed = Some(started.elapsed());
+        }
         intents.count().await == want
     })
     .await;
     let scheduled = started.elapsed();
+    if let Some(claimed) = claimed {
+        println!("every RC's lock taken after {claimed:.2?} from the farm-running server's start (its mirror's first read and the election included)");
+    }
     println!(
         "{} RCs x {} replicas over {} nodes, from the farm-running server's start: all {want} pods scheduled after {scheduled:.2?}",
         sizes.rcs, sizes.replicas, sizes.nodes

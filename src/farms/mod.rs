@@ -218,7 +218,8 @@ impl FarmContext {
 
     /// [`FarmContext::claim`] over `ids` (each with its ownership lock from `lock_of`); the
     /// ids to reconcile now, in the order given. Free locks are taken many to a
-    /// transaction (a new leader of a large fleet takes thousands at once); a batch that
+    /// transaction, up to [`CONCURRENT_OBJECTS`] transactions at once, so that a new leader
+    /// of ten thousand RCs takes their locks in a few of the store's commits; a batch that
     /// fails (one of its locks taken meanwhile, or in its lock-delay) is taken lock by lock,
     /// as are the others, up to [`CONCURRENT_OBJECTS`] at once.
     pub async fn claim_all<'a>(
@@ -242,7 +243,7 @@ impl FarmContext {
             .map(|batch| async move { self.take_free_locks(batch).await })
             .collect();
         let taken: HashSet<&str> = stream::iter(batches)
-            .buffer_unordered((CONCURRENT_OBJECTS / MAX_TXN_OPS).max(1))
+            .buffer_unordered(CONCURRENT_OBJECTS)
             .collect::<Vec<_>>()
             .await
             .into_iter()
