@@ -756,28 +756,8 @@ impl WriteTxn {
     /// Reads the rows of every key of `ops` in one statement, and the lock-delays of the
     /// keys they lock in another.
     async fn prefetch(&mut self, ops: &[TxnOp]) -> StoreResult<()> {
-        let locked: BTreeSet<&str> = ops
-            .iter()
-            .filter(|op| matches!(op, TxnOp::Lock { .. }))
-            .map(TxnOp::key)
-            .filter(|key| !self.lock_delays.contains_key(*key))
-            .collect();
-        if !locked.is_empty() {
-            let placeholders = vec!["?"; locked.len()].join(", ");
-            let sql =
-                format!("SELECT key, until_ms FROM lock_delays WHERE key IN ({placeholders})");
-            let mut query = sqlx::query_as::<_, (Vec<u8>, i64)>(&sql);
-            for key in &locked {
-                query = query.bind(key.as_bytes());
-            }
-            let delays = query.fetch_all(&mut *self.tx).await.map_err(unavailable)?;
-            for key in locked {
-                self.lock_delays.insert(key.to_owned(), None);
-            }
-            for (key, until) in delays {
-                self.lock_delays.insert(key_from_bytes(key)?, Some(until));
-            }
-        }
+        let locked = ops.iter().filter(|op| matches!(op, TxnOp::Lock { .. }));
+        self.read_lock_delays(locked.map(TxnOp::key)).await?;
         let keys: BTreeSet<&str> = ops
             .iter()
             .map(TxnOp::key)
@@ -953,19 +933,37 @@ impl WriteTxn {
         Ok(session)
     }
 
+    /// Reads the lock-delays of those of `keys` not read yet, in one statement.
+    async fn read_lock_delays<'k>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'k str>,
+    ) -> StoreResult<()> {
+        let keys: BTreeSet<&str> = keys
+            .into_iter()
+            .filter(|key| !self.lock_delays.contains_key(*key))
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let placeholders = vec!["?"; keys.len()].join(", ");
+        let sql = format!("SELECT key, until_ms FROM lock_delays WHERE key IN ({placeholders})");
+        let mut query = sqlx::query_as::<_, (Vec<u8>, i64)>(&sql);
+        for key in &keys {
+            query = query.bind(key.as_bytes());
+        }
+        let delays = query.fetch_all(&mut *self.tx).await.map_err(unavailable)?;
+        for key in keys {
+            self.lock_delays.insert(key.to_owned(), None);
+        }
+        for (key, until) in delays {
+            self.lock_delays.insert(key_from_bytes(key)?, Some(until));
+        }
+        Ok(())
+    }
+
     async fn lock_delayed(&mut self, key: &str) -> StoreResult<bool> {
-        let until = match self.lock_delays.get(key) {
-            Some(until) => *until,
-            None => {
-                let until = sqlx::query_scalar("SELECT until_ms FROM lock_delays WHERE key = ?1")
-                    .bind(key.as_bytes())
-                    .fetch_optional(&mut *self.tx)
-                    .await
-                    .map_err(unavailable)?;
-                self.lock_delays.insert(key.to_owned(), until);
-                until
-            }
-        };
+        self.read_lock_delays([key]).await?;
+        let until = self.lock_delays[key];
         Ok(until.is_some_and(|until| until > self.now_ms))
     }
 
