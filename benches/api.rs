@@ -395,19 +395,39 @@ async fn measure_watch(served: &Served, watchers: usize, secs: u64) {
     // index of each change -> when its PATCH was sent
     let mut sent = std::collections::HashMap::new();
     let mut round_trips = Vec::new();
+    // Every change is written after this index. A patch setting the value an RC already holds
+    // changes nothing, and its answer carries the RC's older index: it is sent again with the
+    // next value, so that each turn makes one change.
+    let mut newest = client
+        .get(format!("{}/api/v1/rcs/{}", served.base, served.rcs[0]))
+        .send()
+        .await
+        .unwrap()
+        .headers()["x-index"]
+        .to_str()
+        .unwrap()
+        .parse::<u64>()
+        .unwrap();
     let mut tick = tokio::time::interval(Duration::from_millis(1_000 / CHANGES_PER_SECOND));
     for turn in 0..secs * CHANGES_PER_SECOND {
         tick.tick().await;
         let id = &served.rcs[turn as usize % served.rcs.len()];
         let started = Instant::now();
-        let response = patch_rc(&client, &served.base, id).send().await.unwrap();
-        assert!(response.status().is_success(), "{}", response.status());
+        let index = loop {
+            let response = patch_rc(&client, &served.base, id).send().await.unwrap();
+            assert!(response.status().is_success(), "{}", response.status());
+            let etag = response.headers()["etag"]
+                .to_str()
+                .unwrap()
+                .trim_matches('"');
+            let index = etag.parse::<u64>().unwrap();
+            if index > newest {
+                break index;
+            }
+        };
+        newest = index;
         round_trips.push(started.elapsed());
-        let etag = response.headers()["etag"]
-            .to_str()
-            .unwrap()
-            .trim_matches('"');
-        sent.insert(etag.parse::<u64>().unwrap(), started);
+        sent.insert(index, started);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.cancel();
