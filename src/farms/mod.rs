@@ -349,20 +349,23 @@ impl FarmContext {
         }
     }
 
-    /// Frees this session's ownership locks `<prefix><id>` of objects that no longer exist.
+    /// Frees this session's ownership locks `<prefix><id>` of objects that no longer exist,
+    /// up to [`CONCURRENT_OBJECTS`] at once: thousands of objects deleted together would
+    /// otherwise hold up the farm's pass for a round trip each.
     pub async fn release_orphaned(
         &self,
         world: &World,
         prefix: &str,
         exists: impl Fn(&str) -> bool,
     ) {
-        for (key, id) in self.owned(world, prefix) {
-            if !exists(id) {
+        let orphaned = self.owned(world, prefix).filter(|(_, id)| !exists(id));
+        stream::iter(orphaned)
+            .for_each_concurrent(CONCURRENT_OBJECTS, |(key, _)| async move {
                 if let Err(e) = self.release_lock(key).await {
                     tracing::warn!(%key, error = %e, "releasing an ownership lock failed");
                 }
-            }
-        }
+            })
+            .await;
     }
 
     /// The ownership locks `<prefix><id>` this session holds, each with its object's id

@@ -133,3 +133,34 @@ async fn too_few_eligible_nodes_raise_an_alert() {
     assert_eq!(body["incident_key"], id.as_str());
     assert_eq!(body["details"]["pod_id"], "hello");
 }
+
+/// The farm frees the ownership lock of each RC deleted under it, however many go at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ownership_locks_of_deleted_rcs_are_freed() {
+    let h = Harness::start().await;
+    let rc = json!({"manifest": MANIFEST, "node_selector": "", "pod_labels": null,
+                    "replicas_desired": 0, "disabled": false, "allocation_strategy": ""});
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        ids.push(h.put_rc(rc.clone()).await);
+    }
+    let owned = || async {
+        let locks = h.store.list("lock/replication_controllers/").await.unwrap();
+        let ids = locks.pairs.into_iter().filter_map(|pair| {
+            let id = pair.key.strip_prefix("lock/replication_controllers/")?;
+            (!id.contains('/')).then(|| id.to_owned())
+        });
+        ids.collect::<Vec<_>>()
+    };
+    h.wait_until(|| async { (owned().await.len() == ids.len()).then_some(()) })
+        .await;
+    for id in &ids {
+        let key = format!("replication_controllers/{id}");
+        h.store
+            .delete(&key, p2_apiserver::kv::Cas::Any)
+            .await
+            .unwrap();
+    }
+    h.wait_until(|| async { owned().await.is_empty().then_some(()) })
+        .await;
+}
