@@ -4,7 +4,7 @@
 
 use std::time::SystemTime;
 
-use crate::kv::TxnOp;
+use crate::kv::{TxnOp, MAX_TXN_OPS};
 use crate::model::conditions::{stamp, ConditionsRecord, Observed, Progress};
 use crate::model::event::ObjectKind;
 use crate::state::Mirror;
@@ -79,21 +79,22 @@ impl Published {
         ConditionStore::put_op(self.kind, id, record)
     }
 
-    /// Removes the records of objects that no longer exist, whoever deleted them.
+    /// Removes the records of objects that no longer exist, whoever deleted them: as many
+    /// to a transaction as its fence leaves room for, since thousands deleted together
+    /// would otherwise hold up the farm's pass for a commit each.
     pub async fn remove_gone(&self, ctx: &FarmContext, exists: impl Fn(&str) -> bool) {
         let prefix = layout::conditions_of_kind(self.kind);
-        let gone: Vec<String> = self
+        let gone: Vec<TxnOp> = self
             .mirror
             .under(&prefix)
             .iter()
             .filter_map(|entry| entry.pair.key.strip_prefix(&prefix))
             .filter(|id| !exists(id))
-            .map(str::to_owned)
+            .map(|id| ConditionStore::delete_op(self.kind, id))
             .collect();
-        for id in gone {
-            let op = ConditionStore::delete_op(self.kind, &id);
-            if let Err(e) = ctx.commit(LEADER_LOCK, vec![op]).await {
-                tracing::warn!(kind = self.kind.as_str(), %id, error = %e, "removing the conditions of a gone object failed");
+        for ops in gone.chunks(MAX_TXN_OPS - 1) {
+            if let Err(e) = ctx.commit(LEADER_LOCK, ops.to_vec()).await {
+                tracing::warn!(kind = self.kind.as_str(), records = ops.len(), error = %e, "removing the conditions of gone objects failed");
             }
         }
     }

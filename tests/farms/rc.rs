@@ -134,26 +134,36 @@ async fn too_few_eligible_nodes_raise_an_alert() {
     assert_eq!(body["details"]["pod_id"], "hello");
 }
 
-/// The farm frees the ownership lock of each RC deleted under it, however many go at once.
+/// The farm frees the ownership lock and removes the conditions of each RC deleted under
+/// it, however many go at once (more than fit one transaction).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ownership_locks_of_deleted_rcs_are_freed() {
+async fn the_locks_and_conditions_of_deleted_rcs_are_removed() {
     let h = Harness::start().await;
     let rc = json!({"manifest": MANIFEST, "node_selector": "", "pod_labels": null,
                     "replicas_desired": 0, "disabled": false, "allocation_strategy": ""});
     let mut ids = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..p2_apiserver::kv::MAX_TXN_OPS + 10 {
         ids.push(h.put_rc(rc.clone()).await);
     }
-    let owned = || async {
-        let locks = h.store.list("lock/replication_controllers/").await.unwrap();
-        let ids = locks.pairs.into_iter().filter_map(|pair| {
-            let id = pair.key.strip_prefix("lock/replication_controllers/")?;
+    let store = &h.store;
+    let under = |prefix: &'static str| async move {
+        let pairs = store.list(prefix).await.unwrap().pairs.into_iter();
+        let ids = pairs.filter_map(|pair| {
+            let id = pair.key.strip_prefix(prefix)?;
             (!id.contains('/')).then(|| id.to_owned())
         });
         ids.collect::<Vec<_>>()
     };
-    h.wait_until(|| async { (owned().await.len() == ids.len()).then_some(()) })
-        .await;
+    let (locks, conditions) = (
+        "lock/replication_controllers/",
+        "p2-apiserver/conditions/rcs/",
+    );
+    h.wait_until(|| async {
+        let all =
+            under(locks).await.len() == ids.len() && under(conditions).await.len() == ids.len();
+        all.then_some(())
+    })
+    .await;
     for id in &ids {
         let key = format!("replication_controllers/{id}");
         h.store
@@ -161,6 +171,9 @@ async fn the_ownership_locks_of_deleted_rcs_are_freed() {
             .await
             .unwrap();
     }
-    h.wait_until(|| async { owned().await.is_empty().then_some(()) })
-        .await;
+    h.wait_until(|| async {
+        let none = under(locks).await.is_empty() && under(conditions).await.is_empty();
+        none.then_some(())
+    })
+    .await;
 }
