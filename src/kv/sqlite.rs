@@ -6,12 +6,15 @@
 //!
 //! Group commit: the writes that queue while a commit is being made durable go into one
 //! `BEGIN IMMEDIATE` transaction, and the batch is committed with one fsync by a flusher
-//! task. Each write stays all-or-nothing: it reads the rows it concerns (seeing the batch's
-//! earlier writes), makes its checks in memory, and changes the database only once they all
-//! pass, in a few statements (every statement is a round trip to SQLite's thread while the
-//! writer is held); a write that fails partway rolls back the whole batch. A write is
-//! answered only once its batch is durable; if the commit fails, every write of the batch
-//! fails. Each committed batch tells the watches which keys it touched, so a commit wakes
+//! task. Transactions of ops queue for one task, which runs all those queued on one hold of
+//! the writer: it reads the rows they concern together (seeing the batch's earlier writes),
+//! then checks each transaction in memory, in turn, and leaves the rows of each that passed
+//! all its checks with the batch. The batch writes them at its commit, a few hundred to a
+//! statement. Every statement is a round trip to SQLite's thread while every other write
+//! waits, so a transaction costs none of its own. Each write stays all-or-nothing; one that
+//! fails partway through changing the database (only deleting a prefix or ending a session
+//! change it at once) rolls back the whole batch. A write is answered only once its batch is
+//! durable; if the commit fails, every write of the batch fails. Each committed batch tells the watches which keys it touched, so a commit wakes
 //! only the watches it concerns; other processes' commits, noticed by polling the index,
 //! wake every watch.
 //! A background task expires sessions and reaps old tombstones.
@@ -65,6 +68,9 @@ struct Inner {
     writer: Arc<Mutex<Writer>>,
     /// Wakes the flusher: a write has left the batch.
     flush: Arc<Notify>,
+    /// Transactions waiting for the writer, run together by [`run_queued`]; and what wakes it.
+    queued: std::sync::Mutex<Vec<Queued>>,
+    queued_ready: Arc<Notify>,
     /// What each committed batch touched; watches wait on it.
     batches: broadcast::Sender<Arc<Touched>>,
     /// The highest index whose changes have been announced on `batches` (raised only once
@@ -142,6 +148,7 @@ impl SqliteStore {
         let last = last_index(&reader).await?;
         let conn = writer.acquire().await.map_err(unavailable)?;
         let flush = Arc::new(Notify::new());
+        let queued_ready = Arc::new(Notify::new());
         let inner = Arc::new(Inner {
             reader,
             writer: Arc::new(Mutex::new(Writer {
@@ -152,8 +159,11 @@ impl SqliteStore {
                 pending: Vec::new(),
                 taken: None,
                 touched: Touched::default(),
+                staged: HashMap::new(),
             })),
             flush: flush.clone(),
+            queued: std::sync::Mutex::new(Vec::new()),
+            queued_ready: queued_ready.clone(),
             batches: broadcast::Sender::new(BATCH_BACKLOG),
             announced: AtomicU64::new(last),
         });
@@ -162,6 +172,11 @@ impl SqliteStore {
         tokio::spawn(run_flusher(
             Arc::downgrade(&inner),
             flush,
+            background.clone(),
+        ));
+        tokio::spawn(run_queued(
+            Arc::downgrade(&inner),
+            queued_ready,
             background.clone(),
         ));
         Ok(SqliteStore { inner, background })
@@ -525,6 +540,29 @@ struct Writer {
     taken: Option<(u64, u64)>,
     /// What the writes released into the batch touched.
     touched: Touched,
+    /// The rows the writes released into the batch changed, by key: the database holds them
+    /// only once [`Writer::write_staged`] runs, at the batch's commit or before a statement
+    /// that reads the table.
+    staged: HashMap<String, Staged>,
+}
+
+/// A row changed by a write of the batch and not yet in the database.
+enum Staged {
+    Written(KvPair),
+    /// Deleted at `index`, at `at_ms`: what its tombstone records.
+    Deleted {
+        index: u64,
+        at_ms: i64,
+    },
+}
+
+impl Staged {
+    fn row(&self) -> Option<KvPair> {
+        match self {
+            Staged::Written(pair) => Some(pair.clone()),
+            Staged::Deleted { .. } => None,
+        }
+    }
 }
 
 impl Writer {
@@ -572,9 +610,73 @@ impl Writer {
         self.open = false;
         self.taken = None;
         self.touched = Touched::default();
+        self.staged.clear();
         for waiter in self.pending.drain(..) {
             let _ = waiter.send(Err(cause.clone()));
         }
+    }
+
+    /// Makes the database hold the batch's staged rows: the written ones in one upsert per
+    /// [`ROWS_PER_STATEMENT`], the deleted ones tombstoned and deleted as many at a time.
+    async fn write_staged(&mut self) -> StoreResult<()> {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        let staged = std::mem::take(&mut self.staged);
+        let mut written = Vec::new();
+        let mut deleted = Vec::new();
+        for (key, row) in &staged {
+            match row {
+                Staged::Written(pair) => written.push(pair),
+                Staged::Deleted { index, at_ms } => deleted.push((key.as_bytes(), *index, *at_ms)),
+            }
+        }
+        for rows in written.chunks(ROWS_PER_STATEMENT) {
+            let values = vec!["(?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
+            let sql = format!(
+                "INSERT INTO kv (key, value, create_index, modify_index, lock_index, session)
+                 VALUES {values}
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value,
+                    create_index = excluded.create_index, modify_index = excluded.modify_index,
+                    lock_index = excluded.lock_index, session = excluded.session"
+            );
+            let mut query = sqlx::query(&sql);
+            for pair in rows {
+                query = query
+                    .bind(pair.key.as_bytes())
+                    .bind(&pair.value[..])
+                    .bind(pair.create_index as i64)
+                    .bind(pair.modify_index as i64)
+                    .bind(pair.lock_index() as i64)
+                    .bind(pair.session());
+            }
+            query.execute(&mut *self.conn).await.map_err(unavailable)?;
+        }
+        for rows in deleted.chunks(ROWS_PER_STATEMENT) {
+            let values = vec!["(?, ?, ?)"; rows.len()].join(", ");
+            let sql = format!(
+                "INSERT INTO tombstones (key, delete_index, deleted_at_ms) VALUES {values}
+                 ON CONFLICT (key) DO UPDATE SET delete_index = excluded.delete_index,
+                    deleted_at_ms = excluded.deleted_at_ms"
+            );
+            let mut tombstones = sqlx::query(&sql);
+            let placeholders = vec!["?"; rows.len()].join(", ");
+            let sql = format!("DELETE FROM kv WHERE key IN ({placeholders})");
+            let mut deletes = sqlx::query(&sql);
+            for &(key, index, at_ms) in rows {
+                tombstones = tombstones.bind(key).bind(index as i64).bind(at_ms);
+                deletes = deletes.bind(key);
+            }
+            tombstones
+                .execute(&mut *self.conn)
+                .await
+                .map_err(unavailable)?;
+            deletes
+                .execute(&mut *self.conn)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
     }
 
     /// Commits the batch, if one is open, and answers its writes; tells the watches what it
@@ -582,6 +684,10 @@ impl Writer {
     async fn commit_batch(&mut self, inner: &Inner) {
         self.settle().await;
         if !self.open {
+            return;
+        }
+        if let Err(e) = self.write_staged().await {
+            self.abort(e).await;
             return;
         }
         if self.taken.is_some() {
@@ -643,10 +749,10 @@ struct WriteTxn {
     /// What this write changed; joins the batch's only when the write is released into it.
     touched: Touched,
     /// This write's view of the rows of the keys it read or wrote (`None`: absent). Its ops
-    /// are checked against it and change it; the database follows only when the write is
-    /// flushed ([`WriteTxn::flush`]).
+    /// are checked against it and change it; the batch takes the changed rows only when the
+    /// write is committed ([`WriteTxn::release_rows`]).
     rows: HashMap<String, Option<KvPair>>,
-    /// The keys whose row in `rows` the database does not hold yet.
+    /// The keys whose row in `rows` this write changed.
     staged: BTreeSet<String>,
     /// The sessions this write looked up (`None`: none live), and the lock-delays of the keys
     /// it may lock (`None`: no delay), each read once: a leader taking a thousand locks
@@ -709,11 +815,20 @@ impl WriteTxn {
         })
     }
 
-    /// Flushes the write, releases it into the batch and waits until the batch is durable.
-    /// A write that changed nothing waits too when the batch holds others' writes, which it
-    /// may have read.
+    /// Releases the write into the batch, frees the writer and waits until the batch is
+    /// durable. A write that changed nothing waits too when the batch holds others' writes,
+    /// which it may have read.
     async fn commit(mut self, _inner: &Inner) -> StoreResult<()> {
-        self.flush().await?;
+        let durable = self.release();
+        // Dropping the transaction frees the writer and wakes the flusher.
+        drop(self);
+        durable.wait().await
+    }
+
+    /// Releases the write into the batch, and makes this transaction the next write on the
+    /// same writer.
+    fn release(&mut self) -> Durable {
+        self.release_rows();
         let writer = &mut self.tx.0;
         writer.dirty = false;
         writer.touched.merge(std::mem::take(&mut self.touched));
@@ -722,26 +837,36 @@ impl WriteTxn {
             let first = writer.taken.map_or(self.index, |(first, _)| first);
             writer.taken = Some((first, self.index));
         }
-        let waiting = if self.wrote || !writer.pending.is_empty() {
+        let durable = if self.wrote || !writer.pending.is_empty() {
             let (done, waiter) = oneshot::channel();
             writer.pending.push(done);
-            Some(waiter)
+            Durable(Some(waiter))
         } else {
-            None
+            Durable(None)
         };
-        // Dropping the transaction frees the writer and wakes the flusher.
-        drop(self);
-        match waiting {
-            Some(waiter) => waiter
-                .await
-                .unwrap_or_else(|_| Err(StoreError::Unavailable("the store was closed".into()))),
-            None => Ok(()),
+        self.index = writer.last_index + 1;
+        self.wrote = false;
+        durable
+    }
+
+    /// Forgets what the write changed (none of it reached the batch), and makes this
+    /// transaction the next write on the same writer.
+    fn discard(&mut self) {
+        for key in std::mem::take(&mut self.staged) {
+            self.rows.remove(&key);
         }
+        self.touched = Touched::default();
+        self.wrote = false;
     }
 
     async fn row(&mut self, key: &str) -> StoreResult<Option<KvPair>> {
         if let Some(row) = self.rows.get(key) {
             return Ok(row.clone());
+        }
+        if let Some(staged) = self.tx.0.staged.get(key) {
+            let row = staged.row();
+            self.rows.insert(key.to_owned(), row.clone());
+            return Ok(row);
         }
         let row = sqlx::query(&format!("SELECT {PAIR_COLUMNS} FROM kv WHERE key = ?1"))
             .bind(key.as_bytes())
@@ -753,32 +878,44 @@ impl WriteTxn {
         Ok(row)
     }
 
-    /// Reads the rows of every key of `ops` in one statement, and the lock-delays of the
-    /// keys they lock in another.
-    async fn prefetch(&mut self, ops: &[TxnOp]) -> StoreResult<()> {
+    /// Reads the rows of every key of `ops` and the lock-delays of the keys they lock, a
+    /// statement per [`ROWS_PER_STATEMENT`] keys.
+    async fn prefetch(&mut self, ops: &[&TxnOp]) -> StoreResult<()> {
         let locked = ops.iter().filter(|op| matches!(op, TxnOp::Lock { .. }));
-        self.read_lock_delays(locked.map(TxnOp::key)).await?;
-        let keys: BTreeSet<&str> = ops
-            .iter()
-            .map(TxnOp::key)
-            .filter(|key| !self.rows.contains_key(*key))
-            .collect();
+        self.read_lock_delays(locked.map(|op| op.key())).await?;
+        let mut keys = BTreeSet::new();
+        for key in ops.iter().map(|op| op.key()) {
+            if self.rows.contains_key(key) {
+                continue;
+            }
+            match self.tx.0.staged.get(key) {
+                Some(staged) => {
+                    self.rows.insert(key.to_owned(), staged.row());
+                }
+                None => {
+                    keys.insert(key);
+                }
+            }
+        }
         if keys.is_empty() {
             return Ok(());
         }
-        let placeholders = vec!["?"; keys.len()].join(", ");
-        let sql = format!("SELECT {PAIR_COLUMNS} FROM kv WHERE key IN ({placeholders})");
-        let mut query = sqlx::query(&sql);
-        for key in &keys {
-            query = query.bind(key.as_bytes());
-        }
-        let rows = query.fetch_all(&mut *self.tx).await.map_err(unavailable)?;
-        for key in keys {
-            self.rows.insert(key.to_owned(), None);
-        }
-        for row in &rows {
-            let pair = pair_from_row(row)?;
-            self.rows.insert(pair.key.clone(), Some(pair));
+        let keys: Vec<&str> = keys.into_iter().collect();
+        for keys in keys.chunks(ROWS_PER_STATEMENT) {
+            let placeholders = vec!["?"; keys.len()].join(", ");
+            let sql = format!("SELECT {PAIR_COLUMNS} FROM kv WHERE key IN ({placeholders})");
+            let mut query = sqlx::query(&sql);
+            for key in keys {
+                query = query.bind(key.as_bytes());
+            }
+            let rows = query.fetch_all(&mut *self.tx).await.map_err(unavailable)?;
+            for key in keys {
+                self.rows.insert((*key).to_owned(), None);
+            }
+            for row in &rows {
+                let pair = pair_from_row(row)?;
+                self.rows.insert(pair.key.clone(), Some(pair));
+            }
         }
         Ok(())
     }
@@ -819,50 +956,27 @@ impl WriteTxn {
         Ok(())
     }
 
-    /// Makes the database hold the staged rows: the written ones in one upsert per
-    /// [`ROWS_PER_STATEMENT`], the deleted ones tombstoned and deleted together.
+    /// Makes the database hold this write's changed rows, and the batch's: for a statement
+    /// that reads or changes the table itself. From here on, the write failing leaves the
+    /// batch to be rolled back.
     async fn flush(&mut self) -> StoreResult<()> {
-        if self.staged.is_empty() {
-            return Ok(());
+        self.tx.0.dirty = true;
+        self.release_rows();
+        self.tx.0.write_staged().await
+    }
+
+    /// Leaves the rows this write changed with the batch.
+    fn release_rows(&mut self) {
+        for key in std::mem::take(&mut self.staged) {
+            let staged = match &self.rows[&key] {
+                Some(pair) => Staged::Written(pair.clone()),
+                None => Staged::Deleted {
+                    index: self.index,
+                    at_ms: self.now_ms,
+                },
+            };
+            self.tx.0.staged.insert(key, staged);
         }
-        let staged = std::mem::take(&mut self.staged);
-        let mut written = Vec::new();
-        let mut deleted = Vec::new();
-        for key in &staged {
-            match &self.rows[key] {
-                Some(pair) => written.push(pair),
-                None => deleted.push(key.as_str()),
-            }
-        }
-        let conn = self.tx.writing();
-        for rows in written.chunks(ROWS_PER_STATEMENT) {
-            let values = vec!["(?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
-            let sql = format!(
-                "INSERT INTO kv (key, value, create_index, modify_index, lock_index, session)
-                 VALUES {values}
-                 ON CONFLICT (key) DO UPDATE SET value = excluded.value,
-                    create_index = excluded.create_index, modify_index = excluded.modify_index,
-                    lock_index = excluded.lock_index, session = excluded.session"
-            );
-            let mut query = sqlx::query(&sql);
-            for pair in rows {
-                query = query
-                    .bind(pair.key.as_bytes())
-                    .bind(&pair.value[..])
-                    .bind(pair.create_index as i64)
-                    .bind(pair.modify_index as i64)
-                    .bind(pair.lock_index() as i64)
-                    .bind(pair.session());
-            }
-            query.execute(&mut *conn).await.map_err(unavailable)?;
-        }
-        for keys in deleted.chunks(ROWS_PER_STATEMENT) {
-            let placeholders: Vec<String> = (1..=keys.len()).map(|n| format!("?{n}")).collect();
-            let filter = format!("key IN ({})", placeholders.join(", "));
-            let params: Vec<Option<&[u8]>> = keys.iter().map(|k| Some(k.as_bytes())).collect();
-            self.tombstone_where(&filter, &params).await?;
-        }
-        Ok(())
     }
 
     /// Deletes the rows `filter` selects (over parameters `?1` onwards, bound from `params`),
@@ -942,21 +1056,22 @@ impl WriteTxn {
             .into_iter()
             .filter(|key| !self.lock_delays.contains_key(*key))
             .collect();
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let placeholders = vec!["?"; keys.len()].join(", ");
-        let sql = format!("SELECT key, until_ms FROM lock_delays WHERE key IN ({placeholders})");
-        let mut query = sqlx::query_as::<_, (Vec<u8>, i64)>(&sql);
-        for key in &keys {
-            query = query.bind(key.as_bytes());
-        }
-        let delays = query.fetch_all(&mut *self.tx).await.map_err(unavailable)?;
-        for key in keys {
-            self.lock_delays.insert(key.to_owned(), None);
-        }
-        for (key, until) in delays {
-            self.lock_delays.insert(key_from_bytes(key)?, Some(until));
+        let keys: Vec<&str> = keys.into_iter().collect();
+        for keys in keys.chunks(ROWS_PER_STATEMENT) {
+            let placeholders = vec!["?"; keys.len()].join(", ");
+            let sql =
+                format!("SELECT key, until_ms FROM lock_delays WHERE key IN ({placeholders})");
+            let mut query = sqlx::query_as::<_, (Vec<u8>, i64)>(&sql);
+            for key in keys {
+                query = query.bind(key.as_bytes());
+            }
+            let delays = query.fetch_all(&mut *self.tx).await.map_err(unavailable)?;
+            for key in keys {
+                self.lock_delays.insert((*key).to_owned(), None);
+            }
+            for (key, until) in delays {
+                self.lock_delays.insert(key_from_bytes(key)?, Some(until));
+            }
         }
         Ok(())
     }
@@ -1063,6 +1178,28 @@ impl WriteTxn {
         }
     }
 
+    /// Applies every op of one transaction: its results, or, when any check failed, a
+    /// conflict naming each failure (the caller then discards the write).
+    async fn apply_all(&mut self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
+        let mut results = Vec::with_capacity(ops.len());
+        let mut failures = Vec::new();
+        for (op_index, op) in ops.iter().enumerate() {
+            match self.apply(op).await? {
+                Ok(result) => results.push(result),
+                Err(what) => failures.push(TxnFailure { op_index, what }),
+            }
+        }
+        if failures.is_empty() {
+            return Ok(results);
+        }
+        let message = failures
+            .iter()
+            .map(|f| format!("op {}: {}", f.op_index, f.what))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Err(StoreError::Conflict { message, failures })
+    }
+
     /// Ends a session, applying its behavior and lock-delay to every key it holds.
     async fn invalidate_session(&mut self, id: &str) -> StoreResult<()> {
         // It releases or deletes the keys the session holds, whichever they are.
@@ -1140,29 +1277,93 @@ fn session_from_row(row: &SqliteRow) -> StoreResult<SessionInfo> {
     })
 }
 
-/// Runs `ops` in one write transaction: all applied, or none and every failure reported.
-async fn run_txn(inner: &Inner, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
-    let mut txn = WriteTxn::begin(inner).await?;
-    txn.prefetch(ops).await?;
-    let mut results = Vec::with_capacity(ops.len());
-    let mut failures = Vec::new();
-    for (op_index, op) in ops.iter().enumerate() {
-        match txn.apply(op).await? {
-            Ok(result) => results.push(result),
-            Err(what) => failures.push(TxnFailure { op_index, what }),
+/// A transaction waiting for the writer, and where to answer it: its results, or its
+/// failure, once released into the batch; the batch says whether it became durable.
+struct Queued {
+    ops: Vec<TxnOp>,
+    answer: oneshot::Sender<StoreResult<(Vec<Option<KvPair>>, Durable)>>,
+}
+
+/// Whether the batch a write was released into became durable (`None`: the write need not
+/// wait, having neither written nor read others' writes).
+struct Durable(Option<oneshot::Receiver<StoreResult<()>>>);
+
+impl Durable {
+    async fn wait(self) -> StoreResult<()> {
+        match self.0 {
+            Some(waiter) => waiter
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Unavailable("the store was closed".into()))),
+            None => Ok(()),
         }
     }
-    if failures.is_empty() {
-        txn.commit(inner).await?;
-        Ok(results)
-    } else {
-        // Dropping the transaction rolls it back.
-        let message = failures
-            .iter()
-            .map(|f| format!("op {}: {}", f.op_index, f.what))
-            .collect::<Vec<_>>()
-            .join("; ");
-        Err(StoreError::Conflict { message, failures })
+}
+
+/// Runs `ops` in one write transaction: all applied, or none and every failure reported.
+/// The transaction queues for [`run_queued`], so a caller dropping this future leaves the
+/// writer alone.
+async fn run_txn(inner: &Inner, ops: Vec<TxnOp>) -> StoreResult<Vec<Option<KvPair>>> {
+    let (answer, answered) = oneshot::channel();
+    inner
+        .queued
+        .lock()
+        .expect("the queue of transactions is never left half-changed")
+        .push(Queued { ops, answer });
+    inner.queued_ready.notify_one();
+    let closed = || StoreError::Unavailable("the store was closed".into());
+    let (results, durable) = answered.await.map_err(|_| closed())??;
+    durable.wait().await?;
+    Ok(results)
+}
+
+/// Runs the queued transactions until the store is dropped, all those queued at once on one
+/// hold of the writer: their keys are read together, a few statements for all of them, and
+/// each is then checked and applied in memory, in the order queued. Taken one at a time,
+/// each would hold the writer across its own round trip to SQLite's thread, and its wait for
+/// the runtime to run it again, while every other write waited.
+async fn run_queued(inner: Weak<Inner>, ready: Arc<Notify>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = ready.notified() => {}
+            () = stop.cancelled() => return,
+        }
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let queued = std::mem::take(
+            &mut *inner
+                .queued
+                .lock()
+                .expect("the queue of transactions is never left half-changed"),
+        );
+        if queued.is_empty() {
+            continue;
+        }
+        let mut txn = match WriteTxn::begin(&inner).await {
+            Ok(txn) => txn,
+            Err(e) => {
+                for queued in queued {
+                    let _ = queued.answer.send(Err(e.clone()));
+                }
+                continue;
+            }
+        };
+        let all: Vec<&TxnOp> = queued.iter().flat_map(|q| &q.ops).collect();
+        let read = txn.prefetch(&all).await;
+        for Queued { ops, answer } in queued {
+            let applied = match &read {
+                Ok(()) => txn.apply_all(&ops).await,
+                Err(e) => Err(e.clone()),
+            };
+            let answered = match applied {
+                Ok(results) => Ok((results, txn.release())),
+                Err(e) => {
+                    txn.discard();
+                    Err(e)
+                }
+            };
+            let _ = answer.send(answered);
+        }
     }
 }
 
@@ -1329,8 +1530,7 @@ impl KvStore for SqliteStore {
                 index,
             },
         };
-        self.write(move |inner| async move { run_txn(&inner, &[op]).await.map(drop) })
-            .await
+        run_txn(&self.inner, vec![op]).await.map(drop)
     }
 
     async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
@@ -1342,8 +1542,7 @@ impl KvStore for SqliteStore {
                 index,
             },
         };
-        self.write(move |inner| async move { run_txn(&inner, &[op]).await.map(drop) })
-            .await
+        run_txn(&self.inner, vec![op]).await.map(drop)
     }
 
     async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
@@ -1359,9 +1558,7 @@ impl KvStore for SqliteStore {
 
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         validate_txn(ops)?;
-        let ops = ops.to_vec();
-        self.write(move |inner| async move { run_txn(&inner, &ops).await })
-            .await
+        run_txn(&self.inner, ops.to_vec()).await
     }
 
     async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
@@ -1823,6 +2020,75 @@ mod tests {
         assert_eq!(store.get("x").await.unwrap(), Some(before.clone()));
         let b = store.get("b").await.unwrap().unwrap();
         assert_eq!(b.modify_index, before.modify_index + 1);
+    }
+
+    /// Writes queued behind one another share a batch: each sees the rows the ones before it
+    /// changed, though the database holds none of them until the batch commits, and none that
+    /// a write failing its checks changed; a key created and deleted within the batch leaves
+    /// a tombstone like any other.
+    #[tokio::test]
+    async fn writes_of_one_batch_see_each_others_rows_and_commit_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(open_in(&dir).await);
+        store.put("a/y", b"1", Cas::Any).await.unwrap();
+        let before = store.get("a/y").await.unwrap().unwrap().modify_index;
+        let mut batches = store.inner.batches.subscribe();
+
+        let held = store.inner.writer.clone().lock_owned().await;
+        let set = |key: &str, value: &str| TxnOp::Set {
+            key: key.into(),
+            value: value.into(),
+        };
+        let cas = |key: &str, value: &str, index| TxnOp::Cas {
+            key: key.into(),
+            value: value.into(),
+            index,
+        };
+        let delete = |key: &str| TxnOp::Delete { key: key.into() };
+        let writes = vec![
+            (vec![cas("a/x", "1", 0)], true),
+            // Fails its check: its set is seen by no later write, and takes no index.
+            (vec![set("a/x", "lost"), cas("a/w", "1", 7)], false),
+            (vec![cas("a/x", "2", before + 1)], true),
+            (vec![delete("a/y")], true),
+            (vec![set("a/z", "1")], true),
+            (vec![delete("a/z")], true),
+        ];
+        let mut tasks = Vec::new();
+        for (ops, passes) in writes {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                assert_eq!(store.txn(&ops).await.is_ok(), passes, "{ops:?}");
+            }));
+        }
+        // Every write queues for the writer, in order, before it is let go.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        for task in tasks {
+            task.await.unwrap();
+        }
+
+        let x = store.get("a/x").await.unwrap().unwrap();
+        assert_eq!(&x.value[..], b"2");
+        assert_eq!((x.create_index, x.modify_index), (before + 1, before + 2));
+        let Ok(PrefixUpdate::Since(changes)) =
+            store.watch_changes("a/", before, Duration::ZERO).await
+        else {
+            panic!("only what changed since {before}");
+        };
+        assert_eq!(changes.changed, vec![x]);
+        let deleted = [
+            ("a/y".to_owned(), before + 3),
+            ("a/z".to_owned(), before + 5),
+        ];
+        assert_eq!(changes.deleted, deleted);
+        assert_eq!(
+            *batches.try_recv().unwrap(),
+            touched(&["a/x", "a/y", "a/z"], &[])
+        );
+        assert!(batches.is_empty(), "one batch");
     }
 
     #[tokio::test]
