@@ -11,12 +11,14 @@
 //! then checks each transaction in memory, in turn, and leaves the rows of each that passed
 //! all its checks with the batch. The batch writes them at its commit, a few hundred to a
 //! statement. Every statement is a round trip to SQLite's thread while every other write
-//! waits, so a transaction costs none of its own. Each write stays all-or-nothing; one that
-//! fails partway through changing the database (only deleting a prefix or ending a session
-//! change it at once) rolls back the whole batch. A write is answered only once its batch is
-//! durable; if the commit fails, every write of the batch fails. Each committed batch tells the watches which keys it touched, so a commit wakes
-//! only the watches it concerns; other processes' commits, noticed by polling the index,
-//! wake every watch.
+//! waits, so a transaction costs none of its own; both tasks run on a thread of their own,
+//! so that the writer never waits for a turn behind the server's other work. Each write
+//! stays all-or-nothing; one that fails partway through changing the database (only
+//! deleting a prefix or ending a session change it at once) rolls back the whole batch. A
+//! write is answered only once its batch is durable; if the commit fails, every write of the
+//! batch fails. Each committed batch tells the watches which keys it touched, so a commit
+//! wakes only the watches it concerns; other processes' commits, noticed by polling the
+//! index, wake every watch.
 //! A background task expires sessions and reaps old tombstones.
 
 use std::collections::{BTreeSet, HashMap};
@@ -169,16 +171,25 @@ impl SqliteStore {
         });
         let background = CancellationToken::new();
         tokio::spawn(run_background(Arc::downgrade(&inner), background.clone()));
-        tokio::spawn(run_flusher(
-            Arc::downgrade(&inner),
-            flush,
-            background.clone(),
-        ));
-        tokio::spawn(run_queued(
-            Arc::downgrade(&inner),
-            queued_ready,
-            background.clone(),
-        ));
+        // The writer's tasks run on a thread of their own: on the server's runtime, the writer
+        // waited after each round trip to SQLite's thread for its turn behind every other
+        // runnable task, while all the other writes waited for the writer.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Unavailable(format!("starting the writer's runtime: {e}")))?;
+        let (weak, stop) = (Arc::downgrade(&inner), background.clone());
+        std::thread::Builder::new()
+            .name("sqlite-writer".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    tokio::join!(
+                        run_flusher(weak.clone(), flush, stop.clone()),
+                        run_queued(weak, queued_ready, stop),
+                    )
+                })
+            })
+            .map_err(|e| StoreError::Unavailable(format!("starting the writer's thread: {e}")))?;
         Ok(SqliteStore { inner, background })
     }
 
@@ -1330,16 +1341,19 @@ async fn run_queued(inner: Weak<Inner>, ready: Arc<Notify>, stop: CancellationTo
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let queued = std::mem::take(
-            &mut *inner
+        let queue = || {
+            inner
                 .queued
                 .lock()
-                .expect("the queue of transactions is never left half-changed"),
-        );
-        if queued.is_empty() {
+                .expect("the queue of transactions is never left half-changed")
+        };
+        if queue().is_empty() {
             continue;
         }
-        let mut txn = match WriteTxn::begin(&inner).await {
+        let began = WriteTxn::begin(&inner).await;
+        // Those queued while the writer was waited for join the others.
+        let queued = std::mem::take(&mut *queue());
+        let mut txn = match began {
             Ok(txn) => txn,
             Err(e) => {
                 for queued in queued {
