@@ -11,9 +11,9 @@
 //! then checks each transaction in memory, in turn, and leaves the rows of each that passed
 //! all its checks with the batch. The batch writes them at its commit, a few hundred to a
 //! statement. Every statement is a round trip to SQLite's thread while every other write
-//! waits, so a transaction costs none of its own; both tasks run on a thread of their own,
-//! so that the writer never waits for a turn behind the server's other work. Each write
-//! stays all-or-nothing; one that fails partway through changing the database (only
+//! waits, so a transaction run this way makes none of its own; both tasks run on a thread of
+//! their own, so that the writer never waits for a turn behind the server's other work. Each
+//! write stays all-or-nothing; one that fails partway through changing the database (only
 //! deleting a prefix or ending a session change it at once) rolls back the whole batch. A
 //! write is answered only once its batch is durable; if the commit fails, every write of the
 //! batch fails. Each committed batch tells the watches which keys it touched, so a commit
