@@ -2188,4 +2188,52 @@ mod tests {
         }
         assert!(unknown);
     }
+
+    /// A session that expires while two processes write ends cleanly whichever process's
+    /// sweep ends it: its keys go, and both processes go on writing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_expiring_between_two_processes_leaves_both_writing() {
+        use sqlx::Connection;
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, theirs) = (open_in(&dir).await, open_in(&dir).await);
+        let session = theirs
+            .create_session(&SessionSpec {
+                name: "s".into(),
+                ttl: Duration::from_secs(10),
+                lock_delay: Duration::from_secs(5),
+                behavior: SessionBehavior::Delete,
+            })
+            .await
+            .unwrap();
+        let locks: Vec<TxnOp> = (0..64)
+            .map(|i| TxnOp::Lock {
+                key: format!("lock/{i}"),
+                value: b"held".to_vec(),
+                session: session.clone(),
+            })
+            .collect();
+        theirs.txn(&locks).await.unwrap();
+        let path = dir.path().join("kv.db").display().to_string();
+        let mut other = SqliteConnection::connect(&format!("sqlite://{path}"))
+            .await
+            .unwrap();
+        sqlx::query("UPDATE sessions SET expires_at_ms = 0")
+            .execute(&mut other)
+            .await
+            .unwrap();
+
+        let writes = async {
+            let mut i = 0;
+            while !ours.list("lock/").await.unwrap().pairs.is_empty() {
+                ours.put(&format!("a/{i}"), b"1", Cas::Any).await.unwrap();
+                theirs.put(&format!("b/{i}"), b"1", Cas::Any).await.unwrap();
+                i += 1;
+            }
+            ours.put("a/after", b"1", Cas::Any).await.unwrap();
+            theirs.put("b/after", b"1", Cas::Any).await.unwrap();
+        };
+        tokio::time::timeout(Duration::from_secs(60), writes)
+            .await
+            .expect("both processes still write");
+    }
 }
