@@ -1226,31 +1226,33 @@ impl WriteTxn {
         let Some(row) = row else { return Ok(()) };
         let lock_delay_ms: i64 = row.get("lock_delay_ms");
         let behavior: String = row.get("behavior");
-        let held: Vec<Vec<u8>> = sqlx::query_scalar("SELECT key FROM kv WHERE session = ?1")
+        // The rows it holds, read in one statement and their lock-delays written in another:
+        // a leader's session may hold thousands, and ending it holds the database meanwhile.
+        let held = sqlx::query(&format!("SELECT {PAIR_COLUMNS} FROM kv WHERE session = ?1"))
             .bind(id)
             .fetch_all(&mut *self.tx)
             .await
             .map_err(unavailable)?;
         let held = held
-            .into_iter()
-            .map(key_from_bytes)
+            .iter()
+            .map(pair_from_row)
             .collect::<StoreResult<Vec<_>>>()?;
-        if lock_delay_ms > 0 {
-            for key in &held {
-                sqlx::query(
-                    "INSERT INTO lock_delays (key, until_ms) VALUES (?1, ?2)
-                     ON CONFLICT (key) DO UPDATE SET until_ms = excluded.until_ms",
-                )
-                .bind(key.as_bytes())
-                .bind(self.now_ms + lock_delay_ms)
-                .execute(self.tx.writing())
-                .await
-                .map_err(unavailable)?;
-            }
+        if lock_delay_ms > 0 && !held.is_empty() {
+            sqlx::query(
+                "INSERT INTO lock_delays (key, until_ms) SELECT key, ?2 FROM kv WHERE session = ?1
+                 ON CONFLICT (key) DO UPDATE SET until_ms = excluded.until_ms",
+            )
+            .bind(id)
+            .bind(self.now_ms + lock_delay_ms)
+            .execute(self.tx.writing())
+            .await
+            .map_err(unavailable)?;
         }
         if behavior == SessionBehavior::Delete.as_str() {
-            for key in &held {
-                self.remove(key).await?;
+            for pair in held {
+                let key = pair.key.clone();
+                self.rows.insert(key.clone(), Some(pair));
+                self.remove(&key).await?;
             }
         } else if !held.is_empty() {
             sqlx::query("UPDATE kv SET session = NULL, modify_index = ?2 WHERE session = ?1")
@@ -1260,7 +1262,9 @@ impl WriteTxn {
                 .await
                 .map_err(unavailable)?;
             self.wrote = true;
-            self.touched.keys.extend(held);
+            self.touched
+                .keys
+                .extend(held.into_iter().map(|pair| pair.key));
         }
         sqlx::query("DELETE FROM sessions WHERE id = ?1")
             .bind(id)
