@@ -142,8 +142,12 @@ impl SqliteStore {
         migrate(&writer).await?;
         // Readers keep small page caches (256 KiB each rather than SQLite's 2 MiB): they
         // read little beside the mirror, and what they read is in the OS's cache anyway.
+        // They are not pinged before each use, as pooled connections are by default: a
+        // connection to a file cannot have dropped, and each ping was a round trip to its
+        // thread.
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
+            .test_before_acquire(false)
             .connect_with(options.read_only(true).pragma("cache_size", "-256"))
             .await
             .map_err(unavailable)?;
