@@ -444,7 +444,10 @@ async fn patch_rc(
             if rc == record.value {
                 return Ok(Ok(record));
             }
-            with.extend(store.updated_ops(&record.value, &rc, actor).await?);
+            let recorded = store
+                .updated_ops(&record.value, record.index, &rc, actor, &state.mirror)
+                .await?;
+            with.extend(recorded);
             Ok(store.write(rc, record.index, with).await)
         },
     )

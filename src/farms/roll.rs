@@ -52,6 +52,8 @@ pub struct RollFarm {
     /// only ones a gone roll can leave, so a pass looks at these rather than at every lock
     /// the session holds (the RC farm's ownership of each RC among them).
     mutation_locks: BTreeSet<String>,
+    /// The mirror the farms' world follows, which holds the times written with each RC.
+    mirror: Mirror,
 }
 
 impl RollFarm {
@@ -61,9 +63,10 @@ impl RollFarm {
         RollFarm {
             retries: Retries::default(),
             last_step: HashMap::new(),
-            conditions: Published::new(ObjectKind::Rolls, mirror),
+            conditions: Published::new(ObjectKind::Rolls, mirror.clone()),
             stall_deadline,
             mutation_locks: BTreeSet::new(),
+            mirror,
         }
     }
 }
@@ -418,7 +421,16 @@ impl RollFarm {
                 for write in &rcs {
                     if let Some(before) = world.rcs.items.get(&write.rc.id) {
                         let actor = ctx.actor(FARM);
-                        ops.extend(store.updated_ops(&before.value, &write.rc, &actor).await?);
+                        let recorded = store
+                            .updated_ops(
+                                &before.value,
+                                write.index,
+                                &write.rc,
+                                &actor,
+                                &self.mirror,
+                            )
+                            .await?;
+                        ops.extend(recorded);
                     }
                 }
                 ctx.commit(&fence, ops).await?;

@@ -38,6 +38,39 @@ impl Default for Retention {
 /// a change of the document the object's created and modified times (reading the times kept
 /// so far, for a change).
 pub async fn record_ops(kv: &dyn KvStore, event: &Event) -> StoreResult<Vec<TxnOp>> {
+    record_ops_keeping(kv, event, None).await
+}
+
+/// [`record_ops`] for a change of the object's document from its version at index
+/// `replaced`, taking the times kept so far from `mirror` when it holds those written with
+/// that version, which saves a read of the store.
+///
+/// Times are written only in transactions that write their document, and deleted with it,
+/// so times at the replaced version's index belong to that version's object however far the
+/// mirror lags; and the change's check-and-set on that version fails if the object has gone
+/// since. Otherwise (the mirror lags, or another tool wrote the version) they are read from
+/// the store.
+pub async fn record_update_ops(
+    kv: &dyn KvStore,
+    event: &Event,
+    mirror: &Mirror,
+    replaced: u64,
+) -> StoreResult<Vec<TxnOp>> {
+    let kept = event
+        .kind
+        .document()
+        .and_then(|kind| mirror.get(&layout::meta(kind, &event.object_id)))
+        .filter(|entry| entry.pair.modify_index == replaced)
+        .and_then(|entry| Meta::from_json(&entry.pair.value).ok());
+    record_ops_keeping(kv, event, kept).await
+}
+
+/// [`record_ops`], with the times kept so far when already known.
+async fn record_ops_keeping(
+    kv: &dyn KvStore,
+    event: &Event,
+    kept: Option<Meta>,
+) -> StoreResult<Vec<TxnOp>> {
     let mut ops = vec![TxnOp::Set {
         key: layout::event(&event.id),
         value: event.to_json(),
@@ -48,7 +81,10 @@ pub async fn record_ops(kv: &dyn KvStore, event: &Event) -> StoreResult<Vec<TxnO
     let key = layout::meta(kind, &event.object_id);
     let created = match event.action {
         Action::Created => Some(event.time.clone()),
-        Action::Updated => read_meta(kv, &key).await?.and_then(|meta| meta.created),
+        Action::Updated => match kept {
+            Some(meta) => meta.created,
+            None => read_meta(kv, &key).await?.and_then(|meta| meta.created),
+        },
         _ => return Ok(ops),
     };
     let meta = Meta {

@@ -10,12 +10,12 @@ use crate::labels::{LabelType, Labels};
 use crate::model::event::{diff, rc_fields, Action, Actor, ObjectKind};
 use crate::model::StoredRc;
 
-use super::events::{meta_delete_op, record_ops};
+use super::events::{meta_delete_op, record_ops, record_update_ops};
 use super::labels::{write_op, LabelStore};
 use super::layout;
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
-use crate::state::{Entry, View};
+use crate::state::{Entry, Mirror, View};
 
 /// An RC and the modify index it was read at (its CAS token and ETag).
 pub type RcRecord = Versioned<StoredRc>;
@@ -95,16 +95,20 @@ impl RcStore {
         record_ops(self.kv.as_ref(), &event).await
     }
 
-    /// The ops recording that `actor` changed `before` into `after`: its event and times.
+    /// The ops recording that `actor` changed `before` (the version at index `replaced`)
+    /// into `after`: its event and times, the times kept so far taken from `mirror` when it
+    /// holds those of `before` ([`record_update_ops`]).
     pub async fn updated_ops(
         &self,
         before: &StoredRc,
+        replaced: u64,
         after: &StoredRc,
         actor: &Actor,
+        mirror: &Mirror,
     ) -> StoreResult<Vec<TxnOp>> {
         let changes = diff(&rc_fields(before), &rc_fields(after));
         let event = actor.event(ObjectKind::Rcs, &after.id, Action::Updated, changes);
-        record_ops(self.kv.as_ref(), &event).await
+        record_update_ops(self.kv.as_ref(), &event, mirror, replaced).await
     }
 
     /// The ops recording that `actor` deleted RC `id`, last seen as `before` (`None` when
