@@ -19,7 +19,9 @@
 //!
 //! The bench waits for convergence by reading the database file itself, which the server
 //! does not count. Sizes can be changed:
-//! `cargo bench --bench farms -- --nodes 200 --rcs 20 --idle 10`.
+//! `cargo bench --bench farms -- --nodes 200 --rcs 20 --idle 10`; and `--start-delay-ms`
+//! makes the simulated pods take that long to start (0 by default: they report while the
+//! farm still schedules).
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::{Command, Stdio};
@@ -41,6 +43,8 @@ struct Sizes {
     rcs: usize,
     replicas: usize,
     idle: Duration,
+    /// How long a simulated pod takes to start before it is reported.
+    start_delay: Duration,
 }
 
 fn sizes() -> Sizes {
@@ -51,6 +55,7 @@ fn sizes() -> Sizes {
         // The mirror's watches of quiet trees end every 60 s: a shorter window may catch
         // none of them, or all.
         idle: Duration::from_secs(60),
+        start_delay: Duration::ZERO,
     };
     let args: Vec<String> = std::env::args().collect();
     for pair in args.windows(2) {
@@ -60,6 +65,7 @@ fn sizes() -> Sizes {
             "--rcs" => sizes.rcs = value() as usize,
             "--replicas" => sizes.replicas = value() as usize,
             "--idle" => sizes.idle = Duration::from_secs(value()),
+            "--start-delay-ms" => sizes.start_delay = Duration::from_millis(value()),
             _ => {}
         }
     }
@@ -291,6 +297,7 @@ async fn main() {
     let db = sqlx::SqlitePool::connect_with(read_only).await.unwrap();
     let mut intents = Scheduled::new(db.clone());
     let nodes = sizes.nodes.to_string();
+    let start_delay = format!("{}ms", sizes.start_delay.as_millis());
     let simulator = Child::start(&[
         "simulate",
         "--server",
@@ -300,7 +307,7 @@ async fn main() {
         "--labels",
         "pool=bench",
         "--start-delay",
-        "0",
+        &start_delay,
     ]);
     let nodes = wait_for(
         "the simulated nodes",
