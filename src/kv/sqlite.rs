@@ -35,7 +35,10 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 use sqlx::{Row, Sqlite, SqliteConnection};
-use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::sync::broadcast::{
+    self,
+    error::{RecvError, TryRecvError},
+};
 use tokio::sync::{oneshot, Mutex, Notify, OwnedMutexGuard};
 use tokio_util::sync::CancellationToken;
 
@@ -79,6 +82,58 @@ struct Inner {
     /// they have been): a commit found above it that this process did not make is another
     /// process's, with keys unknown.
     announced: AtomicU64,
+    /// The indexes of prefixes read lately, each kept until a batch that may have touched
+    /// it is announced ([`Inner::announce`]). A quiet prefix's index is asked for again at
+    /// each change elsewhere (the mirror waiting for its trees to catch up), and reading it
+    /// visits every key of the prefix.
+    prefix_indexes: std::sync::Mutex<HashMap<String, u64>>,
+}
+
+/// The most prefix indexes [`Inner::prefix_indexes`] keeps: the mirror's trees and then
+/// some.
+const KNOWN_PREFIX_INDEXES: usize = 64;
+
+impl Inner {
+    fn known_prefix_indexes(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.prefix_indexes
+            .lock()
+            .expect("the known prefix indexes are never left half-changed")
+    }
+
+    /// Tells the watches what a committed batch touched, forgetting first the prefix
+    /// indexes it may have changed: both under the lock of those indexes, so that an index
+    /// read before the batch's commit is either forgotten here or never kept
+    /// ([`Inner::prefix_index`]), and a watch woken by the batch reads the new one.
+    fn announce(&self, touched: Touched) {
+        let mut known = self.known_prefix_indexes();
+        known.retain(|prefix, _| !touched.touches_prefix(prefix));
+        let _ = self.batches.send(Arc::new(touched));
+    }
+
+    /// The index of `prefix`, kept from an earlier read when no batch announced since may
+    /// have touched it.
+    async fn prefix_index(&self, prefix: &str) -> StoreResult<u64> {
+        if let Some(&index) = self.known_prefix_indexes().get(prefix) {
+            return Ok(index);
+        }
+        // Subscribed before the read: a batch committed after the read's snapshot began is
+        // announced after this.
+        let mut batches = self.batches.subscribe();
+        let index = read_prefix_index(&self.reader, prefix).await?;
+        let mut known = self.known_prefix_indexes();
+        loop {
+            match batches.try_recv() {
+                Ok(batch) if !batch.touches_prefix(prefix) => {}
+                Err(TryRecvError::Empty) => break,
+                // It may have changed since the read.
+                Ok(_) | Err(TryRecvError::Lagged(_) | TryRecvError::Closed) => return Ok(index),
+            }
+        }
+        if known.len() < KNOWN_PREFIX_INDEXES {
+            known.insert(prefix.to_owned(), index);
+        }
+        Ok(index)
+    }
 }
 
 /// What a write, or a committed batch of writes, changed: enough for a watch to tell,
@@ -104,6 +159,20 @@ impl Touched {
         self.everything |= other.everything;
     }
 
+    /// Whether anything under `prefix` may have changed.
+    fn touches_prefix(&self, prefix: &str) -> bool {
+        self.everything
+            || self
+                .keys
+                .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
+                .next()
+                .is_some_and(|k| k.starts_with(prefix))
+            || self
+                .ranges
+                .iter()
+                .any(|r| r.starts_with(prefix) || prefix.starts_with(r.as_str()))
+    }
+
     /// Whether what `target` covers may have changed.
     fn touches(&self, target: &WatchTarget) -> bool {
         self.everything
@@ -111,16 +180,7 @@ impl Touched {
                 WatchTarget::Key(key) => {
                     self.keys.contains(key) || self.ranges.iter().any(|r| key.starts_with(r))
                 }
-                WatchTarget::Prefix(prefix) => {
-                    self.keys
-                        .range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded))
-                        .next()
-                        .is_some_and(|k| k.starts_with(prefix.as_str()))
-                        || self
-                            .ranges
-                            .iter()
-                            .any(|r| r.starts_with(prefix.as_str()) || prefix.starts_with(r))
-                }
+                WatchTarget::Prefix(prefix) => self.touches_prefix(prefix),
             }
     }
 }
@@ -172,6 +232,7 @@ impl SqliteStore {
             queued_ready: queued_ready.clone(),
             batches: broadcast::Sender::new(BATCH_BACKLOG),
             announced: AtomicU64::new(last),
+            prefix_indexes: std::sync::Mutex::default(),
         });
         let background = CancellationToken::new();
         tokio::spawn(run_background(Arc::downgrade(&inner), background.clone()));
@@ -237,7 +298,7 @@ impl SqliteStore {
                     }
                 }
                 WatchTarget::Prefix(prefix) => {
-                    if read_prefix_index(reader, prefix).await? != index {
+                    if self.inner.prefix_index(prefix).await? != index {
                         return Ok(None);
                     }
                 }
@@ -728,7 +789,7 @@ impl Writer {
             touched.everything |= inner.announced.load(Ordering::Acquire) < first - 1;
         }
         if !touched.is_empty() {
-            let _ = inner.batches.send(Arc::new(touched));
+            inner.announce(touched);
         }
         if let Some((_, last)) = taken {
             inner.announced.fetch_max(last, Ordering::AcqRel);
@@ -1426,10 +1487,10 @@ async fn run_background(inner: Weak<Inner>, stop: CancellationToken) {
                 // once no batch is being committed, an index still unannounced is another's.
                 let _writer = inner.writer.lock().await;
                 if inner.announced.load(Ordering::Acquire) < index {
-                    let _ = inner.batches.send(Arc::new(Touched {
+                    inner.announce(Touched {
                         everything: true,
                         ..Touched::default()
-                    }));
+                    });
                     inner.announced.fetch_max(index, Ordering::AcqRel);
                 }
             }
@@ -1516,7 +1577,7 @@ impl KvStore for SqliteStore {
 
     async fn prefix_index(&self, prefix: &str) -> StoreResult<u64> {
         validate_prefix(prefix)?;
-        read_prefix_index(&self.inner.reader, prefix).await
+        self.inner.prefix_index(prefix).await
     }
 
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
@@ -1847,7 +1908,9 @@ mod tests {
         let busy_index = store.prefix_index("busy/").await.unwrap();
         assert!(busy_index > written);
 
-        assert_eq!(store.prefix_index("quiet/").await.unwrap(), recent_index);
+        // Read from the database, not from the indexes kept.
+        let quiet_index = read_prefix_index(&store.inner.reader, "quiet/").await;
+        assert_eq!(quiet_index.unwrap(), recent_index);
         let quiet_changes = store
             .watch_changes("quiet/", listed, Duration::ZERO)
             .await
@@ -2172,6 +2235,41 @@ mod tests {
             store.destroy_session(&session).await.unwrap();
             assert_eq!(*batches.try_recv().unwrap(), touched(&[key], &[]));
             assert!(batches.is_empty());
+        }
+    }
+
+    /// A prefix's index, once read, is kept until a batch that may have moved it is
+    /// announced: a write under the prefix, a deleted range over it, another process's
+    /// commit; writes elsewhere leave it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kept_prefix_index_is_forgotten_by_any_change_that_may_have_moved_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, theirs) = (open_in(&dir).await, open_in(&dir).await);
+        let kept = |store: &SqliteStore| store.inner.known_prefix_indexes().get("a/").copied();
+        ours.put("a/x", b"1", Cas::Any).await.unwrap();
+        let written = ours.prefix_index("a/").await.unwrap();
+        assert_eq!(kept(&ours), Some(written));
+        ours.put("b/x", b"1", Cas::Any).await.unwrap();
+        assert_eq!(kept(&ours), Some(written));
+        assert_eq!(ours.prefix_index("a/").await.unwrap(), written);
+
+        ours.put("a/y", b"1", Cas::Any).await.unwrap();
+        assert_eq!(kept(&ours), None);
+        let rewritten = ours.prefix_index("a/").await.unwrap();
+        assert!(rewritten > written);
+        ours.delete_prefix("").await.unwrap();
+        let deleted = ours.prefix_index("a/").await.unwrap();
+        assert!(deleted > rewritten);
+
+        theirs.put("a/z", b"1", Cas::Any).await.unwrap();
+        let theirs_index = theirs.prefix_index("a/").await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while ours.prefix_index("a/").await.unwrap() != theirs_index {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "their write never seen"
+            );
+            tokio::time::sleep(POLL_INTERVAL / 4).await;
         }
     }
 
