@@ -420,7 +420,8 @@ async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResul
         return Ok(None);
     }
     let (range, start, end) = prefix_range(prefix);
-    let changed = ROWS.changed_since(&mut tx, index).await?;
+    let bounds = (range, start.as_slice(), end.as_deref());
+    let changed = ROWS.changed_since(&mut tx, index, bounds).await?;
     let rows = sqlx::query(&format!(
         "SELECT {PAIR_COLUMNS} FROM {changed} AND {range} ORDER BY key"
     ))
@@ -430,7 +431,7 @@ async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResul
     .fetch_all(&mut *tx)
     .await
     .map_err(unavailable)?;
-    let deleted = TOMBSTONES.changed_since(&mut tx, index).await?;
+    let deleted = TOMBSTONES.changed_since(&mut tx, index, bounds).await?;
     let deleted: Vec<(Vec<u8>, i64)> = sqlx::query_as(&format!(
         "SELECT key, delete_index FROM {deleted} AND {range} ORDER BY key"
     ))
@@ -453,9 +454,10 @@ async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResul
     }))
 }
 
-/// How many of the newest entries of a change index a read looks through before it reads the
-/// prefix's keys instead: a busy prefix's latest changes are among them, and a quiet prefix
-/// costs this much more than reading its keys.
+/// How many of the newest entries of a change index a read of a prefix's index looks through
+/// before it reads the prefix's keys instead: a busy prefix's latest changes are among them,
+/// and a quiet prefix costs this much more than reading its keys. Also the first limit to
+/// which a read of changes counts (see [`ChangeTable::changed_since`]).
 const RECENT_CHANGES: i64 = 1024;
 
 /// A table whose entries carry the index of their last change, with two indexes holding
@@ -505,29 +507,54 @@ impl ChangeTable {
         )
     }
 
-    /// `FROM ... WHERE <entries changed after ?3>`, to be narrowed to a prefix: through the
-    /// change index when few entries of any prefix changed after `index`, else through the
-    /// prefix's keys in the key index; either way only the rows that changed are visited.
-    async fn changed_since(&self, conn: &mut SqliteConnection, index: u64) -> StoreResult<String> {
+    /// `FROM ... WHERE <entries changed after ?3>`, to be narrowed to the prefix `range`
+    /// (bounds `start` and `end`): through the change index when fewer entries of any prefix
+    /// changed after `index` than the prefix holds, else through the prefix's keys in the key
+    /// index; either way only the rows that changed are read. Which is fewer is found by
+    /// counting both up to a limit that grows fourfold until one falls short, so that
+    /// telling costs about what the cheaper way does: a large busy prefix (the pods of a
+    /// fleet being scheduled) has fewer changes since its last read than keys, a small quiet
+    /// one fewer keys than the store's changes since.
+    async fn changed_since(
+        &self,
+        conn: &mut SqliteConnection,
+        index: u64,
+        (range, start, end): (&str, &[u8], Option<&[u8]>),
+    ) -> StoreResult<String> {
         let ChangeTable {
             table,
             by_change,
             by_key_change,
             column,
         } = self;
-        let recent: i64 = sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM (SELECT 1 FROM {table} INDEXED BY {by_change}
-                WHERE {column} > ?1 LIMIT ?2)"
-        ))
-        .bind(index as i64)
-        .bind(RECENT_CHANGES)
-        .fetch_one(conn)
-        .await
-        .map_err(unavailable)?;
-        let through = if recent < RECENT_CHANGES {
-            by_change
-        } else {
-            by_key_change
+        let mut limit = RECENT_CHANGES;
+        let through = loop {
+            let changes: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM (SELECT 1 FROM {table} INDEXED BY {by_change}
+                    WHERE {column} > ?1 LIMIT ?2)"
+            ))
+            .bind(index as i64)
+            .bind(limit)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(unavailable)?;
+            if changes < limit {
+                break by_change;
+            }
+            let keys: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM (SELECT 1 FROM {table} INDEXED BY {by_key_change}
+                    WHERE {range} LIMIT ?3)"
+            ))
+            .bind(start)
+            .bind(end)
+            .bind(limit)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(unavailable)?;
+            if keys < limit {
+                break by_key_change;
+            }
+            limit *= 4;
         };
         Ok(format!("{table} INDEXED BY {through} WHERE {column} > ?3"))
     }
