@@ -60,18 +60,7 @@ impl Published {
         index: u64,
         progress: Option<Progress>,
     ) -> Option<ConditionsRecord> {
-        let previous = self.previous(id);
-        let conditions = stamp(
-            previous.as_ref().map_or(&[][..], |p| &p.conditions),
-            observed,
-            index,
-            SystemTime::now(),
-        );
-        let record = ConditionsRecord {
-            conditions,
-            progress,
-        };
-        (previous.as_ref() != Some(&record)).then_some(record)
+        changed_from(self.previous(id), observed, index, progress)
     }
 
     /// The op storing `record` for object `id`, to commit with the object's own changes.
@@ -98,4 +87,25 @@ impl Published {
             }
         }
     }
+}
+
+/// The conditions record computed from an object's document at `index`, when it differs from
+/// `previous`, the one stored ([`Published::previous`]); `None` when it does not.
+pub fn changed_from(
+    previous: Option<ConditionsRecord>,
+    observed: Vec<Observed>,
+    index: u64,
+    progress: Option<Progress>,
+) -> Option<ConditionsRecord> {
+    let conditions = stamp(
+        previous.as_ref().map_or(&[][..], |p| &p.conditions),
+        observed,
+        index,
+        SystemTime::now(),
+    );
+    let record = ConditionsRecord {
+        conditions,
+        progress,
+    };
+    (previous.as_ref() != Some(&record)).then_some(record)
 }

@@ -30,7 +30,7 @@ use crate::store::layout;
 use crate::store::rcs::RcStore;
 use crate::store::rolls::RollStore;
 
-use super::conditions::Published;
+use super::conditions::{changed_from, Published};
 use super::pods::pod_health;
 use super::world::{Shared, World};
 use super::{earliest, Farm, FarmContext, FarmResult, Retries};
@@ -549,10 +549,11 @@ impl RollFarm {
             .stall_deadline
             .checked_sub(still)
             .map(|left| Instant::now() + left);
-        let lock = layout::roll_ownership(id);
-        self.conditions
-            .publish(ctx, &lock, id, observed, roll.index, Some(progress))
-            .await?;
+        if let Some(record) = changed_from(previous, observed, roll.index, Some(progress)) {
+            let lock = layout::roll_ownership(id);
+            ctx.commit(&lock, vec![self.conditions.put_op(id, &record)])
+                .await?;
+        }
         let Some(why) = stalled else {
             return Ok(stalls_at);
         };
