@@ -80,14 +80,21 @@ struct Inner {
     batches: broadcast::Sender<Arc<Touched>>,
     /// The highest index whose changes have been announced on `batches` (raised only once
     /// they have been): a commit found above it that this process did not make is another
-    /// process's, with keys unknown.
+    /// process's, whose keys are read from the change indexes ([`touched_by_others`]).
     announced: AtomicU64,
+    /// The reaped index as last seen: reaping takes no index of its own, and another
+    /// process's is known only by this rising.
+    reaped: AtomicU64,
     /// The indexes of prefixes read lately, each kept until a batch that may have touched
     /// it is announced ([`Inner::announce`]). A quiet prefix's index is asked for again at
     /// each change elsewhere (the mirror waiting for its trees to catch up), and reading it
-    /// visits every key of the prefix.
+    /// may visit every row of the prefix.
     prefix_indexes: std::sync::Mutex<HashMap<String, u64>>,
 }
+
+/// The most keys of other processes' commits read to tell the watches which moved
+/// ([`touched_by_others`]); beyond, they are told that anything may have.
+const OTHERS_KEYS_READ: usize = 10_000;
 
 /// The most prefix indexes [`Inner::prefix_indexes`] keeps: the mirror's trees and then
 /// some.
@@ -105,6 +112,9 @@ impl Inner {
     /// read before the batch's commit is either forgotten here or never kept
     /// ([`Inner::prefix_index`]), and a watch woken by the batch reads the new one.
     fn announce(&self, touched: Touched) {
+        if touched.is_empty() {
+            return;
+        }
         let mut known = self.known_prefix_indexes();
         known.retain(|prefix, _| !touched.touches_prefix(prefix));
         let _ = self.batches.send(Arc::new(touched));
@@ -138,7 +148,7 @@ impl Inner {
 
 /// What a write, or a committed batch of writes, changed: enough for a watch to tell,
 /// without reading the store, whether its keys may have moved.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Touched {
     /// Keys written or deleted.
     keys: BTreeSet<String>,
@@ -149,6 +159,14 @@ struct Touched {
 }
 
 impl Touched {
+    /// Changes whose keys are unknown: every watch and kept index may have moved.
+    fn everything() -> Self {
+        Touched {
+            everything: true,
+            ..Touched::default()
+        }
+    }
+
     fn is_empty(&self) -> bool {
         !self.everything && self.keys.is_empty() && self.ranges.is_empty()
     }
@@ -211,7 +229,8 @@ impl SqliteStore {
             .connect_with(options.read_only(true).pragma("cache_size", "-256"))
             .await
             .map_err(unavailable)?;
-        let last = last_index(&reader).await?;
+        let last = meta(&reader, "last_index").await?;
+        let reaped = meta(&reader, "reaped_index").await?;
         let conn = writer.acquire().await.map_err(unavailable)?;
         let flush = Arc::new(Notify::new());
         let queued_ready = Arc::new(Notify::new());
@@ -232,6 +251,7 @@ impl SqliteStore {
             queued_ready: queued_ready.clone(),
             batches: broadcast::Sender::new(BATCH_BACKLOG),
             announced: AtomicU64::new(last),
+            reaped: AtomicU64::new(reaped),
             prefix_indexes: std::sync::Mutex::default(),
         });
         let background = CancellationToken::new();
@@ -339,8 +359,10 @@ fn now_ms() -> i64 {
         .unwrap_or_default()
 }
 
-async fn last_index<'e>(db: impl sqlx::SqliteExecutor<'e>) -> StoreResult<u64> {
-    let value: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'last_index'")
+/// A counter of the `meta` table: `last_index` or `reaped_index`.
+async fn meta<'e>(db: impl sqlx::SqliteExecutor<'e>, name: &str) -> StoreResult<u64> {
+    let value: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = ?1")
+        .bind(name)
         .fetch_one(db)
         .await
         .map_err(unavailable)?;
@@ -412,11 +434,7 @@ async fn read_prefix_index(pool: &SqlitePool, prefix: &str) -> StoreResult<u64> 
 /// deletes after `index` may have been reaped, so only a listing can tell.
 async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResult<Option<Changes>> {
     let mut tx = pool.begin().await.map_err(unavailable)?;
-    let reaped: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'reaped_index'")
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(unavailable)?;
-    if index < reaped as u64 {
+    if index < meta(&mut *tx, "reaped_index").await? {
         return Ok(None);
     }
     let (range, start, end) = prefix_range(prefix);
@@ -455,34 +473,36 @@ async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResul
 }
 
 /// How many of the newest entries of a change index a read of a prefix's index looks through
-/// before it reads the prefix's keys instead: a busy prefix's latest changes are among them,
-/// and a quiet prefix costs this much more than reading its keys. Also the first limit to
+/// before it reads the prefix's rows instead: a busy prefix's latest changes are among them,
+/// and a quiet prefix costs this much more than reading its rows. Also the first limit to
 /// which a read of changes counts (see [`ChangeTable::changed_since`]).
 const RECENT_CHANGES: i64 = 1024;
 
-/// A table whose entries carry the index of their last change, with two indexes holding
-/// both (`migrations/0003_change_indexes.sql`, `0004_key_change_indexes.sql`), so that a
-/// prefix's changes and its newest change are found without visiting the prefix's rows.
+/// A table whose entries carry the index of their last change, with an index by change
+/// (`migrations/0003_change_indexes.sql`) so that a busy prefix's changes and its newest
+/// change are found without visiting the prefix's rows. A quiet prefix's are found through
+/// its keys, visiting its rows: rare, since a prefix's index is kept until a change under it
+/// is announced (`migrations/0005_drop_key_change_indexes.sql`).
 struct ChangeTable {
     table: &'static str,
     /// By change index, then key: the newest changes of every prefix.
     by_change: &'static str,
-    /// By key, then change index: every change index of one prefix.
-    by_key_change: &'static str,
+    /// The primary key's index (as SQLite names it): every key of one prefix.
+    by_key: &'static str,
     column: &'static str,
 }
 
 const ROWS: ChangeTable = ChangeTable {
     table: "kv",
     by_change: "kv_by_change",
-    by_key_change: "kv_by_key_change",
+    by_key: "sqlite_autoindex_kv_1",
     column: "modify_index",
 };
 
 const TOMBSTONES: ChangeTable = ChangeTable {
     table: "tombstones",
     by_change: "tombstones_by_change",
-    by_key_change: "tombstones_by_key_change",
+    by_key: "sqlite_autoindex_tombstones_1",
     column: "delete_index",
 };
 
@@ -495,22 +515,22 @@ impl ChangeTable {
         let ChangeTable {
             table,
             by_change,
-            by_key_change,
+            by_key,
             column,
         } = self;
         format!(
             "coalesce(
                 (SELECT max({column}) FROM (SELECT key, {column} FROM {table} INDEXED BY {by_change}
                     ORDER BY {column} DESC LIMIT ?3) WHERE {range}),
-                (SELECT max({column}) FROM {table} INDEXED BY {by_key_change} WHERE {range}),
+                (SELECT max({column}) FROM {table} INDEXED BY {by_key} WHERE {range}),
                 0)"
         )
     }
 
     /// `FROM ... WHERE <entries changed after ?3>`, to be narrowed to the prefix `range`
     /// (bounds `start` and `end`): through the change index when fewer entries of any prefix
-    /// changed after `index` than the prefix holds, else through the prefix's keys in the key
-    /// index; either way only the rows that changed are read. Which is fewer is found by
+    /// changed after `index` than the prefix holds (reading only the rows that changed), else
+    /// through the prefix's keys (visiting each of its rows, fewer). Which is fewer is found by
     /// counting both up to a limit that grows fourfold until one falls short, so that
     /// telling costs about what the cheaper way does: a large busy prefix (the pods of a
     /// fleet being scheduled) has fewer changes since its last read than keys, a small quiet
@@ -524,7 +544,7 @@ impl ChangeTable {
         let ChangeTable {
             table,
             by_change,
-            by_key_change,
+            by_key,
             column,
         } = self;
         let mut limit = RECENT_CHANGES;
@@ -542,7 +562,7 @@ impl ChangeTable {
                 break by_change;
             }
             let keys: i64 = sqlx::query_scalar(&format!(
-                "SELECT count(*) FROM (SELECT 1 FROM {table} INDEXED BY {by_key_change}
+                "SELECT count(*) FROM (SELECT 1 FROM {table} INDEXED BY {by_key}
                     WHERE {range} LIMIT ?3)"
             ))
             .bind(start)
@@ -552,7 +572,7 @@ impl ChangeTable {
             .await
             .map_err(unavailable)?;
             if keys < limit {
-                break by_key_change;
+                break by_key;
             }
             limit *= 4;
         };
@@ -693,7 +713,7 @@ impl Writer {
         }
         self.run("BEGIN IMMEDIATE").await?;
         self.open = true;
-        match last_index(&mut *self.conn).await {
+        match meta(&mut *self.conn, "last_index").await {
             Ok(last) => {
                 self.last_index = last;
                 Ok(())
@@ -803,21 +823,23 @@ impl Writer {
                 return;
             }
         }
+        if let Some((first, _)) = self.taken {
+            // The indexes below `first` that were never announced are other processes'
+            // commits, made before this batch took the database's write lock.
+            let announced = inner.announced.load(Ordering::Acquire);
+            if announced + 1 < first {
+                let theirs = touched_by_others(&mut self.conn, announced, first).await;
+                self.touched.merge(theirs);
+            }
+        }
         if let Err(e) = self.run("COMMIT").await {
             self.abort(e).await;
             return;
         }
         self.open = false;
-        let mut touched = std::mem::take(&mut self.touched);
+        let touched = std::mem::take(&mut self.touched);
         let taken = self.taken.take();
-        if let Some((first, _)) = taken {
-            // The indexes below `first` that were never announced are other processes'
-            // commits, made before this batch took the database's write lock.
-            touched.everything |= inner.announced.load(Ordering::Acquire) < first - 1;
-        }
-        if !touched.is_empty() {
-            inner.announce(touched);
-        }
+        inner.announce(touched);
         if let Some((_, last)) = taken {
             inner.announced.fetch_max(last, Ordering::AcqRel);
         }
@@ -1508,19 +1530,8 @@ async fn run_background(inner: Weak<Inner>, stop: CancellationToken) {
             _ = poll.tick() => {}
         }
         let Some(inner) = inner.upgrade() else { return };
-        if let Ok(index) = last_index(&inner.reader).await {
-            if inner.announced.load(Ordering::Acquire) < index {
-                // This process's own commit may be between its `COMMIT` and its announcement:
-                // once no batch is being committed, an index still unannounced is another's.
-                let _writer = inner.writer.lock().await;
-                if inner.announced.load(Ordering::Acquire) < index {
-                    inner.announce(Touched {
-                        everything: true,
-                        ..Touched::default()
-                    });
-                    inner.announced.fetch_max(index, Ordering::AcqRel);
-                }
-            }
+        if let Err(e) = announce_others_commits(&inner).await {
+            tracing::warn!(error = %e, "reading other processes' commits failed");
         }
         if last_session_sweep.elapsed() >= SESSION_SWEEP_INTERVAL {
             last_session_sweep = tokio::time::Instant::now();
@@ -1534,6 +1545,64 @@ async fn run_background(inner: Weak<Inner>, stop: CancellationToken) {
                 tracing::warn!(error = %e, "reaping tombstones failed");
             }
         }
+    }
+}
+
+/// Announces what other processes committed, or reaped, since this process last looked.
+async fn announce_others_commits(inner: &Inner) -> StoreResult<()> {
+    let index = meta(&inner.reader, "last_index").await?;
+    let reaped = meta(&inner.reader, "reaped_index").await?;
+    if inner.announced.load(Ordering::Acquire) >= index
+        && inner.reaped.load(Ordering::Acquire) >= reaped
+    {
+        return Ok(());
+    }
+    // This process's own commit may be between its `COMMIT` and its announcement: once no
+    // batch is being committed, an index still unannounced is another's.
+    let _writer = inner.writer.lock().await;
+    let announced = inner.announced.load(Ordering::Acquire);
+    let touched = if inner.reaped.fetch_max(reaped, Ordering::AcqRel) < reaped {
+        // A prefix's index never falls below the reaped index.
+        Touched::everything()
+    } else if announced < index {
+        let mut conn = inner.reader.acquire().await.map_err(unavailable)?;
+        touched_by_others(&mut conn, announced, u64::MAX).await
+    } else {
+        return Ok(());
+    };
+    inner.announce(touched);
+    inner.announced.fetch_max(index, Ordering::AcqRel);
+    Ok(())
+}
+
+/// What other processes' commits with indexes strictly between `after` and `before` touched:
+/// the keys they wrote or deleted, read through the change indexes (a key written again
+/// since is among the newer rows, a deleted one among the tombstones); anything when more
+/// than [`OTHERS_KEYS_READ`] changed, or when reading them failed.
+async fn touched_by_others(conn: &mut SqliteConnection, after: u64, before: u64) -> Touched {
+    let before = before.min(i64::MAX as u64);
+    let keys: Result<Vec<Vec<u8>>, _> = sqlx::query_scalar(
+        "SELECT key FROM kv INDEXED BY kv_by_change WHERE modify_index > ?1 AND modify_index < ?2
+         UNION ALL
+         SELECT key FROM tombstones INDEXED BY tombstones_by_change
+            WHERE delete_index > ?1 AND delete_index < ?2
+         LIMIT ?3",
+    )
+    .bind(after as i64)
+    .bind(before as i64)
+    .bind(OTHERS_KEYS_READ as i64 + 1)
+    .fetch_all(conn)
+    .await;
+    let keys = match keys {
+        Ok(keys) if keys.len() <= OTHERS_KEYS_READ => keys.into_iter().map(key_from_bytes),
+        _ => return Touched::everything(),
+    };
+    match keys.collect() {
+        Ok(keys) => Touched {
+            keys,
+            ..Touched::default()
+        },
+        Err(_) => Touched::everything(),
     }
 }
 
@@ -1587,7 +1656,11 @@ async fn reap_tombstones(inner: &Inner) -> StoreResult<()> {
         .execute(txn.tx.writing())
         .await
         .map_err(unavailable)?;
-    txn.commit(inner).await
+    let reaped_index = meta(&mut *txn.tx, "reaped_index").await?;
+    txn.commit(inner).await?;
+    // Announced already: the poll need not take it for another process's.
+    inner.reaped.fetch_max(reaped_index, Ordering::AcqRel);
+    Ok(())
 }
 
 #[async_trait]
@@ -1824,7 +1897,7 @@ impl KvStore for SqliteStore {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        last_index(&self.inner.reader).await.map(drop)
+        meta(&self.inner.reader, "last_index").await.map(drop)
     }
 }
 
@@ -2265,9 +2338,37 @@ mod tests {
         }
     }
 
+    /// Runs `sql` on the store's file in `dir` through a connection of its own, as a tool
+    /// beside the store would.
+    async fn run_beside(dir: &tempfile::TempDir, sql: &str) {
+        use sqlx::Connection;
+        let path = dir.path().join("kv.db").display().to_string();
+        let mut other = SqliteConnection::connect(&format!("sqlite://{path}"))
+            .await
+            .unwrap();
+        sqlx::query(sql).execute(&mut other).await.unwrap();
+    }
+
+    /// The next announcement of a batch that touched `key`, or of unknown changes.
+    async fn announcement_of(
+        batches: &mut broadcast::Receiver<Arc<Touched>>,
+        key: &str,
+    ) -> Arc<Touched> {
+        let next = async {
+            loop {
+                let batch = batches.recv().await.unwrap();
+                if batch.everything || batch.keys.contains(key) {
+                    return batch;
+                }
+            }
+        };
+        let announced = tokio::time::timeout(Duration::from_secs(10), next).await;
+        announced.expect("the change announced")
+    }
+
     /// A prefix's index, once read, is kept until a batch that may have moved it is
     /// announced: a write under the prefix, a deleted range over it, another process's
-    /// commit; writes elsewhere leave it.
+    /// commit under it; writes elsewhere, another process's too, leave it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_kept_prefix_index_is_forgotten_by_any_change_that_may_have_moved_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -2288,6 +2389,11 @@ mod tests {
         let deleted = ours.prefix_index("a/").await.unwrap();
         assert!(deleted > rewritten);
 
+        let mut batches = ours.inner.batches.subscribe();
+        theirs.put("b/y", b"1", Cas::Any).await.unwrap();
+        announcement_of(&mut batches, "b/y").await;
+        assert_eq!(kept(&ours), Some(deleted));
+
         theirs.put("a/z", b"1", Cas::Any).await.unwrap();
         let theirs_index = theirs.prefix_index("a/").await.unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -2301,32 +2407,59 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn another_processs_commits_announce_unknown_changes() {
+    async fn another_processs_commits_announce_the_keys_they_changed() {
         let dir = tempfile::tempdir().unwrap();
         let (ours, theirs) = (open_in(&dir).await, open_in(&dir).await);
         let mut batches = ours.inner.batches.subscribe();
         theirs.put("a/x", b"1", Cas::Any).await.unwrap();
-        assert!(batches.recv().await.unwrap().everything);
+        assert_eq!(*batches.recv().await.unwrap(), touched(&["a/x"], &[]));
+        theirs.delete("a/x", Cas::Any).await.unwrap();
+        assert_eq!(*batches.recv().await.unwrap(), touched(&["a/x"], &[]));
+
         // Their commit and then ours, before our poll may have noticed theirs: it is
         // announced by the time ours is, by the poll or with ours.
         theirs.put("a/y", b"1", Cas::Any).await.unwrap();
         ours.put("b/z", b"1", Cas::Any).await.unwrap();
-        let mut unknown = false;
-        loop {
-            let batch = batches.try_recv().unwrap();
-            unknown |= batch.everything;
-            if batch.keys.contains("b/z") {
-                break;
-            }
+        let mut announced = Vec::new();
+        while !announced
+            .iter()
+            .any(|batch: &Touched| batch.keys.contains("b/z"))
+        {
+            announced.push(Touched::clone(&batches.try_recv().unwrap()));
         }
-        assert!(unknown);
+        let theirs_then_ours = [touched(&["a/y"], &[]), touched(&["b/z"], &[])];
+        assert!(announced == theirs_then_ours || announced == [touched(&["a/y", "b/z"], &[])]);
+    }
+
+    /// Reaping takes no index: another process's is seen by the reaped index rising, and
+    /// may have moved any prefix's index.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn another_processs_reaping_announces_unknown_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, theirs) = (open_in(&dir).await, open_in(&dir).await);
+        theirs.put("a/x", b"1", Cas::Any).await.unwrap();
+        theirs.delete("a/x", Cas::Any).await.unwrap();
+        ours.prefix_index("b/").await.unwrap();
+        let mut batches = ours.inner.batches.subscribe();
+        announcement_of(&mut batches, "a/x").await;
+        assert!(ours.inner.known_prefix_indexes().contains_key("b/"));
+
+        run_beside(&dir, "UPDATE tombstones SET deleted_at_ms = 0").await;
+        reap_tombstones(&theirs.inner).await.unwrap();
+        let announced = tokio::time::timeout(Duration::from_secs(10), batches.recv()).await;
+        assert!(
+            announced
+                .expect("their reaping announced")
+                .unwrap()
+                .everything
+        );
+        assert!(ours.inner.known_prefix_indexes().is_empty());
     }
 
     /// A session that expires while two processes write ends cleanly whichever process's
     /// sweep ends it: its keys go, and both processes go on writing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_session_expiring_between_two_processes_leaves_both_writing() {
-        use sqlx::Connection;
         let dir = tempfile::tempdir().unwrap();
         let (ours, theirs) = (open_in(&dir).await, open_in(&dir).await);
         let session = theirs
@@ -2346,14 +2479,7 @@ mod tests {
             })
             .collect();
         theirs.txn(&locks).await.unwrap();
-        let path = dir.path().join("kv.db").display().to_string();
-        let mut other = SqliteConnection::connect(&format!("sqlite://{path}"))
-            .await
-            .unwrap();
-        sqlx::query("UPDATE sessions SET expires_at_ms = 0")
-            .execute(&mut other)
-            .await
-            .unwrap();
+        run_beside(&dir, "UPDATE sessions SET expires_at_ms = 0").await;
 
         let writes = async {
             let mut i = 0;
