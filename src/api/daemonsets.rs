@@ -376,7 +376,7 @@ async fn patch_daemon_set(
         problems.finish().map_err(ApiError::invalid)?;
     }
     let record = store
-        .update(id, expected, &actor, |current| {
+        .update(id, expected, &actor, &app.mirror, |current| {
             let (changes, store, labels) = (&changes, &store, &labels);
             async move {
                 let next = changes

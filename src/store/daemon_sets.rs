@@ -18,13 +18,13 @@ use crate::model::{
     AuditRecord, DaemonSetEvent, DaemonSetId, DecodeError, FieldError, IdError, StoredDaemonSet,
 };
 
-use super::events::{meta_delete_op, record_ops};
+use super::events::{meta_delete_op, record_ops, record_update_ops};
 use super::labels::LabelStore;
 use super::layout;
 use super::update::{update_with_retry, UpdateError};
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
-use crate::state::{Entry, View};
+use crate::state::{Entry, Mirror, View};
 
 /// Parses a daemon-set ID by [`DaemonSetId`]'s rule, so that every ID names exactly one key
 /// and the key's segment reads back as the same ID.
@@ -162,9 +162,10 @@ impl DaemonSetStore {
     /// receives the latest record and returns the daemon set it should become (or an error,
     /// which ends the update). The write replaces the record only at the index it was read
     /// at, with one audit record per kind of change (manifest, node selector, enabled,
-    /// disabled, anything else) naming `actor`, and the change's event and times, in the
-    /// same transaction; nothing is written when `change`
-    /// changes nothing. With `expected` it happens only at that index
+    /// disabled, anything else) naming `actor`, and the change's event and times (the times
+    /// kept so far taken from `mirror` when it holds those of the version replaced, by the
+    /// rule of [`record_update_ops`]), in the same transaction; nothing is written when
+    /// `change` changes nothing. With `expected` it happens only at that index
     /// ([`DaemonSetError::Stale`] otherwise); without it a concurrent change makes `change`
     /// run again on the newer record, so concurrent updates of different fields all take
     /// effect.
@@ -173,6 +174,7 @@ impl DaemonSetStore {
         id: Uuid,
         expected: Option<u64>,
         actor: &Actor,
+        mirror: &Mirror,
         mut change: F,
     ) -> Result<DaemonSetRecord, E>
     where
@@ -213,7 +215,8 @@ impl DaemonSetStore {
                     let changes = diff(&ds_fields(&current.value), &ds_fields(&next));
                     let event =
                         actor.event(ObjectKind::Daemonsets, &next.id, Action::Updated, changes);
-                    ops.extend(record_ops(self.kv.as_ref(), &event).await?);
+                    let kv = self.kv.as_ref();
+                    ops.extend(record_update_ops(kv, &event, mirror, current.index).await?);
                     Ok(self.kv.txn(&ops).await.map(|results| DaemonSetRecord {
                         index: written_index(&results),
                         value: next,

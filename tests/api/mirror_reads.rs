@@ -404,6 +404,39 @@ async fn a_patch_keeps_the_mirrors_times_only_for_the_version_it_replaces() {
     assert!(stored["created"].is_null(), "{stored}");
 }
 
+/// A daemon set's patch takes the times kept so far from the mirror, as an RC's does: it
+/// keeps the created time without reading it from the store.
+#[tokio::test]
+async fn a_daemon_set_patch_takes_its_times_from_the_mirror() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let spec =
+        json!({"manifest": {"id": "hello", "config": {}}, "node_selector": "", "timeout": "90s"});
+    let created = app
+        .json_request("POST", "/api/v1/daemonsets", Some(&spec), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let ds = created.json();
+    let id = ds["id"].as_str().unwrap();
+    let read_before = counting.read().len();
+    let patched = app
+        .merge_patch(
+            &format!("/api/v1/daemonsets/{id}"),
+            &json!({"min_health": 1}),
+            &[],
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    let read = counting.read().split_off(read_before);
+    let times = format!("p2-apiserver/meta/daemon_sets/{id}");
+    assert!(
+        !read.contains(&times),
+        "the patch read {read:?} from the store"
+    );
+    let view = patched.json();
+    assert_eq!(view["created"], ds["created"]);
+    assert_ne!(view["modified"], ds["modified"]);
+}
+
 /// A mirror that has lost its watch makes `/readyz` fail, naming it, and reads go to the
 /// store rather than answer what the mirror last saw; once the watch is back, all is well.
 #[tokio::test]
