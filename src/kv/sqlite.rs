@@ -88,7 +88,7 @@ struct Inner {
     /// The indexes of prefixes read lately, each kept until a batch that may have touched
     /// it is announced ([`Inner::announce`]). A quiet prefix's index is asked for again at
     /// each change elsewhere (the mirror waiting for its trees to catch up), and reading it
-    /// may visit every row of the prefix.
+    /// visits every key of the prefix.
     prefix_indexes: std::sync::Mutex<HashMap<String, u64>>,
 }
 
@@ -473,36 +473,34 @@ async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResul
 }
 
 /// How many of the newest entries of a change index a read of a prefix's index looks through
-/// before it reads the prefix's rows instead: a busy prefix's latest changes are among them,
-/// and a quiet prefix costs this much more than reading its rows. Also the first limit to
+/// before it reads the prefix's keys instead: a busy prefix's latest changes are among them,
+/// and a quiet prefix costs this much more than reading its keys. Also the first limit to
 /// which a read of changes counts (see [`ChangeTable::changed_since`]).
 const RECENT_CHANGES: i64 = 1024;
 
-/// A table whose entries carry the index of their last change, with an index by change
-/// (`migrations/0003_change_indexes.sql`) so that a busy prefix's changes and its newest
-/// change are found without visiting the prefix's rows. A quiet prefix's are found through
-/// its keys, visiting its rows: rare, since a prefix's index is kept until a change under it
-/// is announced (`migrations/0005_drop_key_change_indexes.sql`).
+/// A table whose entries carry the index of their last change, with two indexes holding
+/// both (`migrations/0003_change_indexes.sql`, `0004_key_change_indexes.sql`), so that a
+/// prefix's changes and its newest change are found without visiting the prefix's rows.
 struct ChangeTable {
     table: &'static str,
     /// By change index, then key: the newest changes of every prefix.
     by_change: &'static str,
-    /// The primary key's index (as SQLite names it): every key of one prefix.
-    by_key: &'static str,
+    /// By key, then change index: every change index of one prefix.
+    by_key_change: &'static str,
     column: &'static str,
 }
 
 const ROWS: ChangeTable = ChangeTable {
     table: "kv",
     by_change: "kv_by_change",
-    by_key: "sqlite_autoindex_kv_1",
+    by_key_change: "kv_by_key_change",
     column: "modify_index",
 };
 
 const TOMBSTONES: ChangeTable = ChangeTable {
     table: "tombstones",
     by_change: "tombstones_by_change",
-    by_key: "sqlite_autoindex_tombstones_1",
+    by_key_change: "tombstones_by_key_change",
     column: "delete_index",
 };
 
@@ -515,22 +513,22 @@ impl ChangeTable {
         let ChangeTable {
             table,
             by_change,
-            by_key,
+            by_key_change,
             column,
         } = self;
         format!(
             "coalesce(
                 (SELECT max({column}) FROM (SELECT key, {column} FROM {table} INDEXED BY {by_change}
                     ORDER BY {column} DESC LIMIT ?3) WHERE {range}),
-                (SELECT max({column}) FROM {table} INDEXED BY {by_key} WHERE {range}),
+                (SELECT max({column}) FROM {table} INDEXED BY {by_key_change} WHERE {range}),
                 0)"
         )
     }
 
     /// `FROM ... WHERE <entries changed after ?3>`, to be narrowed to the prefix `range`
     /// (bounds `start` and `end`): through the change index when fewer entries of any prefix
-    /// changed after `index` than the prefix holds (reading only the rows that changed), else
-    /// through the prefix's keys (visiting each of its rows, fewer). Which is fewer is found by
+    /// changed after `index` than the prefix holds, else through the prefix's keys in the key
+    /// index; either way only the rows that changed are read. Which is fewer is found by
     /// counting both up to a limit that grows fourfold until one falls short, so that
     /// telling costs about what the cheaper way does: a large busy prefix (the pods of a
     /// fleet being scheduled) has fewer changes since its last read than keys, a small quiet
@@ -544,7 +542,7 @@ impl ChangeTable {
         let ChangeTable {
             table,
             by_change,
-            by_key,
+            by_key_change,
             column,
         } = self;
         let mut limit = RECENT_CHANGES;
@@ -562,7 +560,7 @@ impl ChangeTable {
                 break by_change;
             }
             let keys: i64 = sqlx::query_scalar(&format!(
-                "SELECT count(*) FROM (SELECT 1 FROM {table} INDEXED BY {by_key}
+                "SELECT count(*) FROM (SELECT 1 FROM {table} INDEXED BY {by_key_change}
                     WHERE {range} LIMIT ?3)"
             ))
             .bind(start)
@@ -572,7 +570,7 @@ impl ChangeTable {
             .await
             .map_err(unavailable)?;
             if keys < limit {
-                break by_key;
+                break by_key_change;
             }
             limit *= 4;
         };
