@@ -2437,10 +2437,18 @@ mod tests {
         let (ours, theirs) = (open_in(&dir).await, open_in(&dir).await);
         theirs.put("a/x", b"1", Cas::Any).await.unwrap();
         theirs.delete("a/x", Cas::Any).await.unwrap();
+        let deleted = meta(&theirs.inner.reader, "last_index").await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while ours.inner.announced.load(Ordering::Acquire) < deleted {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "their delete never seen"
+            );
+            tokio::time::sleep(POLL_INTERVAL / 4).await;
+        }
         ours.prefix_index("b/").await.unwrap();
-        let mut batches = ours.inner.batches.subscribe();
-        announcement_of(&mut batches, "a/x").await;
         assert!(ours.inner.known_prefix_indexes().contains_key("b/"));
+        let mut batches = ours.inner.batches.subscribe();
 
         run_beside(&dir, "UPDATE tombstones SET deleted_at_ms = 0").await;
         reap_tombstones(&theirs.inner).await.unwrap();
