@@ -175,7 +175,14 @@ async fn put_pod_health(
 
     let written = app
         .health()
-        .put(&pod, state, SystemTime::now(), expected, &actor)
+        .put(
+            &app.mirror,
+            &pod,
+            state,
+            SystemTime::now(),
+            expected,
+            &actor,
+        )
         .await;
     let entry = match (written, expected) {
         (Err(StoreError::Conflict { .. }), Some(expected)) => {
@@ -223,7 +230,11 @@ async fn delete_pod_health(
     let Some(pod) = pod else {
         return Err(ApiError::internal("validation passed without a pod"));
     };
-    match app.health().delete(&pod, expected, &actor).await {
+    match app
+        .health()
+        .delete(&app.mirror, &pod, expected, &actor)
+        .await
+    {
         Err(StoreError::Conflict { .. }) if expected.is_some() => Err(stale(
             &format!("health of {pod_id:?} on {node:?}"),
             expected.unwrap_or_default(),

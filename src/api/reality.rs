@@ -178,7 +178,13 @@ async fn put_reality(
     let pod = pod.ok_or_else(|| ApiError::internal("validation passed without a pod"))?;
 
     let index = Report::reality(&pod)
-        .write(app.store.as_ref(), Some(text.into_bytes()), None, &actor)
+        .write(
+            app.store.as_ref(),
+            &app.mirror,
+            Some(text.into_bytes()),
+            None,
+            &actor,
+        )
         .await?;
     Ok((StatusCode::NO_CONTENT, [etag(index)]).into_response())
 }
@@ -203,7 +209,7 @@ async fn delete_reality(
 ) -> Result<StatusCode, ApiError> {
     let pod = valid_pod(&node, &pod_id)?;
     Report::reality(&pod)
-        .write(app.store.as_ref(), None, None, &actor)
+        .write(app.store.as_ref(), &app.mirror, None, None, &actor)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -22,6 +22,7 @@ use super::pods::PodLocation;
 use super::reports::Report;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult};
 use crate::model::event::Actor;
+use crate::state::Mirror;
 
 /// One health record as read, with where it was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,6 +112,7 @@ impl HealthStore {
     /// otherwise.
     pub async fn put(
         &self,
+        mirror: &Mirror,
         pod: &PodLocation,
         state: HealthState,
         now: SystemTime,
@@ -119,7 +121,13 @@ impl HealthStore {
     ) -> StoreResult<HealthEntry> {
         let record = HealthRecord::new(pod.pod_id(), pod.node(), state, now);
         let index = Report::health(pod)
-            .write(self.kv.as_ref(), Some(record.to_json()), expected, actor)
+            .write(
+                self.kv.as_ref(),
+                mirror,
+                Some(record.to_json()),
+                expected,
+                actor,
+            )
             .await?;
         Ok(HealthEntry {
             pod_id: pod.pod_id().to_owned(),
@@ -133,12 +141,13 @@ impl HealthStore {
     /// there was one.
     pub async fn delete(
         &self,
+        mirror: &Mirror,
         pod: &PodLocation,
         expected: Option<u64>,
         actor: &Actor,
     ) -> StoreResult<()> {
         Report::health(pod)
-            .write(self.kv.as_ref(), None, expected, actor)
+            .write(self.kv.as_ref(), mirror, None, expected, actor)
             .await
             .map(drop)
     }

@@ -17,6 +17,7 @@ use super::Versioned;
 use crate::kv::{KvStore, StoreResult, TxnOp};
 use crate::model::event::{Action, Actor, EventKind, FieldChange};
 use crate::model::{HealthRecord, Manifest};
+use crate::state::Mirror;
 
 /// One report's key, and how its events name and summarize it.
 pub struct Report {
@@ -64,23 +65,35 @@ impl Report {
     /// Stores `value` as the report, or removes it for `None` (nothing to do when there is
     /// none), by the rule of [`update_with_retry`]: with `expected` only at that index (0:
     /// only while there is none). Returns the report's new modify index, 0 once removed.
+    ///
+    /// The first attempt starts from the report as `mirror` holds it (when that is safe: see
+    /// `mirrored`), later ones from the store: agents report often, and a read of
+    /// the store for each report cost as much as its write.
     pub async fn write(
         &self,
         kv: &dyn KvStore,
+        mirror: &Mirror,
         value: Option<Vec<u8>>,
         expected: Option<u64>,
         actor: &Actor,
     ) -> StoreResult<u64> {
         let value = &value;
+        let mut mirrored = self.mirrored(mirror, value.is_none(), expected);
         update_with_retry(
             &format!("the {} report {:?}", self.kind.as_str(), self.id),
             expected,
-            || async {
-                let pair = kv.get(&self.key).await?;
-                Ok(pair.map_or_else(Versioned::default, |pair| Versioned {
-                    index: pair.modify_index,
-                    value: Some(pair.value.to_vec()),
-                }))
+            || {
+                let mirrored = mirrored.take();
+                async move {
+                    if let Some(current) = mirrored {
+                        return Ok(current);
+                    }
+                    let pair = kv.get(&self.key).await?;
+                    Ok(pair.map_or_else(Versioned::default, |pair| Versioned {
+                        index: pair.modify_index,
+                        value: Some(pair.value.to_vec()),
+                    }))
+                }
             },
             |current: Versioned<Option<Vec<u8>>>| async move {
                 let key = self.key.clone();
@@ -120,5 +133,29 @@ impl Report {
             },
         )
         .await
+    }
+
+    /// The report as `mirror` holds it, when a write checked against its index is safe to
+    /// try: if the mirror lags, the check-and-set fails and the next attempt reads the
+    /// store. `None` (read the store) for a removal of a report the mirror does not hold, which
+    /// would otherwise end as "nothing to remove", and under an `expected` version the mirror
+    /// does not show, which would otherwise end as stale.
+    fn mirrored(
+        &self,
+        mirror: &Mirror,
+        removing: bool,
+        expected: Option<u64>,
+    ) -> Option<Versioned<Option<Vec<u8>>>> {
+        let current = match mirror.get(&self.key) {
+            Some(entry) => Versioned {
+                index: entry.pair.modify_index,
+                value: Some(entry.value().into_owned()),
+            },
+            None if removing || !mirror.is_loaded() => return None,
+            None => Versioned::default(),
+        };
+        expected
+            .is_none_or(|expected| expected == current.index)
+            .then_some(current)
     }
 }

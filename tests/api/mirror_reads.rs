@@ -662,3 +662,53 @@ async fn a_kept_answer_is_never_served_once_what_it_shows_has_changed() {
     assert_eq!(app.get(&one).await.status, StatusCode::NOT_FOUND);
     assert_eq!(app.get(list).await.json()["items"], json!([]));
 }
+
+/// A node agent's report starts from what the mirror holds, so the store is read only for a
+/// report the mirror has not seen: one written behind the server's back while the mirror
+/// cannot watch is found in the store when the first attempt's check-and-set fails, and the
+/// change is recorded from it.
+#[tokio::test]
+async fn a_report_reads_the_store_only_for_what_the_mirror_has_not_seen() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let (reality, health) = ("reality/node1/hello", "health/hello/node1");
+    let reads_of = |key: &str| counting.read().iter().filter(|read| *read == key).count();
+    let report = async |status: &str| {
+        let path = format!("/api/v1/{health}");
+        let body = json!({"status": status});
+        let response = app.json_request("PUT", &path, Some(&body), &[]).await;
+        assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    };
+    let yaml = [("content-type", "application/yaml")];
+    let manifest = "id: hello\nlaunchables: {}\n";
+    for _ in 0..2 {
+        let put = app
+            .send_raw("PUT", &format!("/api/v1/{reality}"), &yaml, manifest)
+            .await;
+        assert_eq!(put.status, StatusCode::NO_CONTENT, "{put:?}");
+    }
+    for status in ["passing", "warning"] {
+        report(status).await;
+    }
+    for path in [reality, health] {
+        let path = format!("/api/v1/{path}");
+        let deleted = app.json_request("DELETE", &path, None, &[]).await;
+        assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    }
+    assert_eq!((reads_of(reality), reads_of(health)), (0, 0));
+
+    counting.fail_watches(true);
+    let record = json!({"Id": "hello", "Node": "node1", "Status": "critical"});
+    app.store
+        .put(health, record.to_string().as_bytes(), Cas::Any)
+        .await
+        .unwrap();
+    report("passing").await;
+    assert_eq!(reads_of(health), 1);
+    let events = app.get("/api/v1/events?kind=health").await.json();
+    let newest = &events["items"][0];
+    assert_eq!(newest["action"], "updated", "{events}");
+    assert_eq!(
+        newest["changes"],
+        json!([{"field": "status", "before": "critical", "after": "passing"}])
+    );
+}

@@ -812,6 +812,7 @@ async fn health_store_keys_results_by_the_records_node() {
     };
     let written = health
         .put(
+            &app.mirror,
             &pod,
             HealthState::Critical,
             std::time::SystemTime::now(),
@@ -824,6 +825,7 @@ async fn health_store_keys_results_by_the_records_node() {
     assert!(matches!(
         health
             .put(
+                &app.mirror,
                 &pod,
                 HealthState::Passing,
                 std::time::SystemTime::now(),
