@@ -28,8 +28,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use p2_apiserver::kv::sqlite::SqliteStore;
-use p2_apiserver::kv::KvStore;
 use p2_apiserver::labels::Labels;
 use p2_apiserver::metrics::STORE_OPERATION_DURATION;
 use prom_text_format_parser::{Scrape, ValueType};
@@ -128,76 +126,88 @@ fn serve(db: &str, port: u16, farms: bool) -> Child {
     Child::start(&args)
 }
 
-/// Pods scheduled: their intents, which the RC farm writes in the same transaction as
-/// their labels. Counted as they are written, over SQLite's index of changes, so that a poll
-/// costs the intents written since the last rather than the whole tree: a full count every
-/// 20 ms over 100,000 intents cost the bench (which shares the machine with the server)
-/// about 0.9 CPU-s while 10,000 RCs were scheduled. Nothing is unscheduled meanwhile, so
-/// each intent is created once.
-struct Scheduled {
+/// How many keys under a prefix of the database file meet a condition, kept up to date over
+/// SQLite's indexes of changes, so that a poll costs the rows changed since the last rather
+/// than the whole prefix. Full reads every 20 ms (of 100,000 intents, then of 100,000 health
+/// records) cost the bench, which shares the machine with the server, CPU in proportion to
+/// the fleet; so did holding the store open, whose poll reads each key the server writes.
+struct Counted {
     db: sqlx::SqlitePool,
+    /// The prefix's key range, `[start, end)`.
+    range: (Vec<u8>, Vec<u8>),
+    /// An SQL condition on a `kv` row.
+    condition: &'static str,
+    /// Whether each key now under the prefix meets it.
+    meets: HashMap<Vec<u8>, bool>,
+    /// How many do.
     count: usize,
-    /// The newest change to an intent counted so far.
+    /// The newest change read so far.
     seen: i64,
 }
 
-impl Scheduled {
-    fn new(db: sqlx::SqlitePool) -> Self {
-        Scheduled {
-            db,
+impl Counted {
+    fn new(db: &sqlx::SqlitePool, prefix: &str, condition: &'static str) -> Self {
+        let start = prefix.as_bytes().to_vec();
+        let mut end = start.clone();
+        *end.last_mut().unwrap() += 1;
+        Counted {
+            db: db.clone(),
+            range: (start, end),
+            condition,
+            meets: HashMap::new(),
             count: 0,
             seen: 0,
         }
     }
 
     async fn count(&mut self) -> usize {
-        let (created, newest): (i64, Option<i64>) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE create_index > ?1), max(modify_index)
-             FROM kv INDEXED BY kv_by_change WHERE modify_index > ?1
-             AND key >= CAST('intent/' AS BLOB) AND key < CAST('intent0' AS BLOB)",
-        )
+        let (start, end) = &self.range;
+        // A key is either a row or a tombstone (whose condition reads as NULL).
+        let changed: Vec<(Vec<u8>, Option<bool>, i64)> = sqlx::query_as(&format!(
+            "SELECT key, {}, modify_index FROM kv INDEXED BY kv_by_change
+             WHERE modify_index > ?1 AND key >= ?2 AND key < ?3
+             UNION ALL
+             SELECT key, NULL, delete_index FROM tombstones INDEXED BY tombstones_by_change
+             WHERE delete_index > ?1 AND key >= ?2 AND key < ?3",
+            self.condition
+        ))
         .bind(self.seen)
-        .fetch_one(&self.db)
+        .bind(start)
+        .bind(end)
+        .fetch_all(&self.db)
         .await
         .unwrap();
-        self.count += usize::try_from(created).unwrap();
-        self.seen = newest.unwrap_or(self.seen);
+        for (key, meets, index) in changed {
+            let before = match meets {
+                Some(meets) => self.meets.insert(key, meets),
+                None => self.meets.remove(&key),
+            };
+            self.count =
+                self.count + usize::from(meets == Some(true)) - usize::from(before == Some(true));
+            self.seen = self.seen.max(index);
+        }
         self.count
     }
 }
 
-/// The RC ownership locks held: a new leader takes one per RC before it schedules.
-async fn rc_locks(db: &sqlx::SqlitePool) -> usize {
-    let (held,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM kv WHERE session IS NOT NULL
-         AND key >= CAST('lock/replication_controllers/' AS BLOB)
-         AND key < CAST('lock/replication_controllers0' AS BLOB)",
+/// The most pods an RC placed on one node.
+async fn busiest(db: &sqlx::SqlitePool) -> usize {
+    let labels: Vec<(Vec<u8>, Vec<u8>)> = sqlx::query_as(
+        "SELECT key, value FROM kv WHERE key >= CAST('labels/pod/' AS BLOB)
+         AND key < CAST('labels/pod0' AS BLOB)",
     )
-    .fetch_one(db)
+    .fetch_all(db)
     .await
     .unwrap();
-    usize::try_from(held).unwrap()
-}
-
-/// Health results reported passing.
-async fn passing(store: &dyn KvStore) -> usize {
-    let health = store.list("health/").await.unwrap();
-    health
-        .pairs
-        .iter()
-        .filter(|p| String::from_utf8_lossy(&p.value).contains("\"passing\""))
-        .count()
-}
-
-/// The most pods an RC placed on one node.
-async fn busiest(store: &dyn KvStore) -> usize {
-    let labels = store.list("labels/pod/").await.unwrap();
-    let mut per_node: HashMap<&str, usize> = HashMap::new();
-    for pair in &labels.pairs {
-        let labels: Labels = serde_json::from_slice(&pair.value).unwrap_or_default();
+    let mut per_node: HashMap<Vec<u8>, usize> = HashMap::new();
+    for (key, value) in &labels {
+        let labels: Labels = serde_json::from_slice(value).unwrap_or_default();
         if labels.contains_key("replication_controller_id") {
-            let node = pair.key["labels/pod/".len()..].split('/').next().unwrap();
-            *per_node.entry(node).or_insert(0) += 1;
+            let node = key["labels/pod/".len()..]
+                .split(|b| *b == b'/')
+                .next()
+                .unwrap();
+            *per_node.entry(node.to_vec()).or_insert(0) += 1;
         }
     }
     per_node.values().copied().max().unwrap_or(0)
@@ -292,10 +302,19 @@ async fn main() {
         ready.is_ok_and(|r| r.status().is_success())
     })
     .await;
-    let store = SqliteStore::open(&db_path).await.unwrap();
     let read_only = format!("sqlite://{db_path}?mode=ro").parse().unwrap();
     let db = sqlx::SqlitePool::connect_with(read_only).await.unwrap();
-    let mut intents = Scheduled::new(db.clone());
+    let mut node_labels = Counted::new(&db, "labels/node/", "1");
+    // Intents are written in the same transaction as their pods' labels.
+    let mut intents = Counted::new(&db, "intent/", "1");
+    // A new leader takes every RC's lock before it schedules.
+    let mut rc_locks = Counted::new(&db, "lock/replication_controllers/", "session IS NOT NULL");
+    let mut passing = Counted::new(
+        &db,
+        "health/",
+        "instr(value, CAST('\"passing\"' AS BLOB)) > 0",
+    );
+    let mut rcs = Counted::new(&db, "replication_controllers/", "1");
     let nodes = sizes.nodes.to_string();
     let start_delay = format!("{}ms", sizes.start_delay.as_millis());
     let simulator = Child::start(&[
@@ -312,7 +331,7 @@ async fn main() {
     let nodes = wait_for(
         "the simulated nodes",
         Duration::from_secs(120),
-        async || store.list("labels/node/").await.unwrap().pairs.len() == sizes.nodes,
+        async || node_labels.count().await == sizes.nodes,
     )
     .await;
     println!("{} simulated nodes labelled in {:.2?}", sizes.nodes, nodes);
@@ -350,7 +369,7 @@ async fn main() {
     let server = serve(&db_path, port, true);
     let mut claimed = None;
     wait_for("every pod", Duration::from_secs(600), async || {
-        if claimed.is_none() && rc_locks(&db).await == sizes.rcs {
+        if claimed.is_none() && rc_locks.count().await == sizes.rcs {
             claimed = Some(started.elapsed());
         }
         intents.count().await == want
@@ -374,11 +393,11 @@ async fn main() {
             print_rss(&when, &server, &simulator);
             next_report += RSS_REPORT_EVERY;
         }
-        passing(&store).await >= want
+        passing.count().await >= want
     })
     .await;
     let healthy = started.elapsed();
-    let busiest = busiest(&store).await;
+    let busiest = busiest(&db).await;
     println!("all healthy after {healthy:.2?}; busiest node runs {busiest} pods");
     print_rss("after convergence", &server, &simulator);
 
@@ -405,13 +424,7 @@ async fn main() {
         assert_eq!(response.status(), 204);
     }
     wait_for("the farms to settle", Duration::from_secs(60), async || {
-        store
-            .list("replication_controllers/")
-            .await
-            .unwrap()
-            .pairs
-            .len()
-            == keep
+        rcs.count().await == keep
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
