@@ -24,8 +24,8 @@ use utoipa::ToSchema;
 
 use crate::backoff::Backoff;
 use crate::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, StoreResult, WatchTarget};
+use crate::layout::LEADER_LOCK;
 use crate::model::timestamp::format_rfc3339;
-use crate::store::layout::LEADER_LOCK;
 
 /// How a server takes part in the election.
 #[derive(Debug, Clone)]

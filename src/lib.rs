@@ -13,6 +13,7 @@
 //!   and the pure domain rules around them.
 //! - [`kv`]: the key-value engine: the Consul-shaped trait, its SQLite and Consul backends,
 //!   with no knowledge of P2.
+//! - [`layout`]: P2's key layout, and the keys this server keeps beside P2's trees.
 //! - [`store`]: P2's repositories over [`kv`] (RCs, rolls, daemon sets, labels, pods,
 //!   health), in P2's key layout.
 //! - [`state`]: the in-memory mirror of every P2 tree the server reads, fed by one watch
@@ -36,6 +37,7 @@ pub mod farms;
 pub mod interner;
 pub mod kv;
 pub mod labels;
+pub mod layout;
 pub mod leader;
 pub mod metrics;
 pub mod model;

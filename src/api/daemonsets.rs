@@ -35,6 +35,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::kv::keys::segment_problem;
 use crate::kv::{KvStore, StoreResult};
 use crate::labels::{LabelType, Requirement, Selector, DS_ID_LABEL};
+use crate::layout;
 use crate::model::conditions::Condition;
 use crate::model::duration::format_duration;
 use crate::model::event::{Actor, Meta, ObjectKind};
@@ -50,7 +51,6 @@ use crate::store::daemon_sets::{
 use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
-use crate::store::layout;
 use crate::store::pods::{PodLocation, PodStore, PodTree};
 use crate::store::Versioned;
 

@@ -18,10 +18,10 @@ use crate::api::paging::Page;
 use crate::api::reads::{mirror_index, source, Source};
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::layout;
 use crate::model::event::{Event, EventKind};
 use crate::model::timestamp::parse_rfc3339;
 use crate::state::{Entries, Tree};
-use crate::store::layout;
 
 /// OpenAPI tag of the events route.
 pub const TAG: &str = "events";

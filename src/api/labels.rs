@@ -36,10 +36,10 @@ use crate::labels::{
     label_key_problem, label_value_problem, validate_labels, LabelType, Labeled, Labels,
     ParseLabelTypeError,
 };
+use crate::layout;
 use crate::model::event::Actor;
 use crate::state::Tree;
 use crate::store::labels::{LabelRecord, LabelStore};
-use crate::store::layout;
 
 /// OpenAPI tag of these routes.
 pub const TAG: &str = "labels";

@@ -19,9 +19,9 @@ use crate::api::reads::{reader, ConsistentFilter};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels};
+use crate::layout;
 use crate::state::Tree;
 use crate::store::labels::LabelStore;
-use crate::store::layout;
 use crate::store::pods::{validate_node_name, PodStore, PodTree};
 
 /// OpenAPI tag of the node routes.

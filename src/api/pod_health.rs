@@ -27,12 +27,12 @@ use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::StoreError;
 use crate::labels::{LabelType, Labels};
+use crate::layout;
 use crate::model::event::Actor;
 use crate::model::HealthState;
 use crate::state::Tree;
 use crate::store::health::{HealthEntry, HealthStore};
 use crate::store::labels::LabelStore;
-use crate::store::layout;
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation};
 
 /// OpenAPI tag of the pod health routes (`health` is the probes').

@@ -32,6 +32,7 @@ use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::kv::{KvStore, StoreError};
 use crate::labels::{LabelType, Labels, RC_ID_LABEL};
+use crate::layout;
 use crate::model::conditions::Condition;
 use crate::model::duration::format_duration;
 use crate::model::event::{
@@ -43,7 +44,6 @@ use crate::store::conditions::read_conditions;
 use crate::store::events::read_meta;
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
-use crate::store::layout;
 use crate::store::pods::{PodLocation, PodStore, PodTree};
 use crate::store::rcs::RcStore;
 use crate::store::roll_creation::CreateRollError;

@@ -5,11 +5,11 @@
 use std::time::SystemTime;
 
 use crate::kv::{TxnOp, MAX_TXN_OPS};
+use crate::layout::{self, LEADER_LOCK};
 use crate::model::conditions::{stamp, ConditionsRecord, Observed, Progress};
 use crate::model::event::ObjectKind;
 use crate::state::Mirror;
 use crate::store::conditions::ConditionStore;
-use crate::store::layout::{self, LEADER_LOCK};
 
 use super::{FarmContext, FarmResult};
 

@@ -39,12 +39,12 @@ use tokio::time::Instant;
 
 use crate::kv::TxnOp;
 use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
+use crate::layout::{self, LEADER_LOCK};
 use crate::model::conditions::{ds_conditions, DsFacts};
 use crate::model::event::{diff, ds_fields, Action, Event, FieldChange, ObjectKind};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::state::Mirror;
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
-use crate::store::layout::{self, LEADER_LOCK};
 
 use super::conditions::Published;
 use super::pods::{pod_health, same_manifest, schedule_ops, unschedule_ops};

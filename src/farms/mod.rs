@@ -42,12 +42,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::backoff::Backoff;
 use crate::kv::{KvPair, KvStore, StoreError, TxnOp, MAX_TXN_OPS};
+use crate::layout::LEADER_LOCK;
 use crate::leader::Term;
 use crate::metrics::FarmPass;
 use crate::model::event::{Action, Actor, Event, ObjectKind};
 use crate::state::Mirror;
 use crate::store::events::{record_ops, Retention};
-use crate::store::layout::LEADER_LOCK;
 use crate::store::own_writes::OwnWrites;
 
 use alerts::Alerter;

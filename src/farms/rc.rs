@@ -24,11 +24,11 @@ use tokio::time::Instant;
 
 use crate::kv::{TxnOp, MAX_TXN_OPS};
 use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
+use crate::layout;
 use crate::model::conditions::{rc_conditions, RcFacts};
 use crate::model::event::{Action, FieldChange, ObjectKind};
 use crate::model::{AllocationStrategy, AuditRecord, HealthState, StoredRc};
 use crate::state::Mirror;
-use crate::store::layout;
 
 use super::conditions::Published;
 use super::pods::{replace_ops, same_manifest, schedule_ops, unschedule_ops};

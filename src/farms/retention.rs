@@ -12,11 +12,11 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use crate::kv::{KvPair, TxnOp, MAX_TXN_OPS};
+use crate::layout::{self, LEADER_LOCK};
 use crate::model::event::Event;
 use crate::model::timestamp::parse_rfc3339;
 use crate::state::{Entry, Mirror, Tree};
 use crate::store::events::{expired, Retention};
-use crate::store::layout::{self, LEADER_LOCK};
 use crate::store::rolls::decode_finished;
 
 use super::world::World;

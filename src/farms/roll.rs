@@ -20,13 +20,13 @@ use tokio::time::Instant;
 
 use crate::kv::TxnOp;
 use crate::labels::{LabelType, RC_ID_LABEL};
+use crate::layout;
 use crate::model::conditions::{
     roll_conditions, ConditionStatus, RollActivity, RollStuck, RollWait,
 };
 use crate::model::event::{ObjectKind, RcProgress, RollOutcome, RollProgress};
 use crate::model::{roll_step, AuditRecord, HealthCounts, StoredRc, StoredRoll};
 use crate::state::Mirror;
-use crate::store::layout;
 use crate::store::rcs::RcStore;
 use crate::store::rolls::RollStore;
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::kv::TxnOp;
-use crate::store::layout::{self, LEADER_LOCK};
+use crate::layout::{self, LEADER_LOCK};
 
 use super::world::World;
 use super::{Farm, FarmContext, Retries};
@@ -90,7 +90,7 @@ fn session_only(key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::session_only;
-    use crate::store::layout;
+    use crate::layout;
 
     #[test]
     fn only_the_locks_taken_with_delete_sessions_count() {

@@ -26,10 +26,10 @@ use tokio::time::Instant;
 
 use crate::interner::NAMES;
 use crate::labels::{LabelType, Labels, Selector, DS_ID_LABEL, RC_ID_LABEL};
+use crate::layout;
 use crate::model::{HealthState, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::state::{self, Entries, Entry, Mirror, TreeSnapshot, View};
 use crate::store::labels::LabelRecord;
-use crate::store::layout;
 
 /// How long [`Trees::world`] waits for the trees to catch up with each other before the
 /// farms go on with what they have (their writes being fenced and CAS'd anyway).

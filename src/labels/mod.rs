@@ -21,6 +21,11 @@ pub use validation::{
 /// A label set. Ordered, so its JSON and its printed form are stable.
 pub type Labels = BTreeMap<String, String>;
 
+/// A label set as P2 stores it: a JSON object, or `null` for a nil map (an empty set).
+pub fn from_json(bytes: &[u8]) -> serde_json::Result<Labels> {
+    serde_json::from_slice::<Option<Labels>>(bytes).map(Option::unwrap_or_default)
+}
+
 /// Put on every pod an RC schedules; names the pod (its manifest `id`).
 pub const POD_ID_LABEL: &str = "pod_id";
 /// Put on every pod an RC schedules; the RC finds its pods by it.

@@ -29,7 +29,7 @@ use crate::labels::{LabelType, Labels};
 use super::changes::{ChangeType, Stream};
 use super::entries::{Entries, Journal};
 use super::trees::{Entry, Tree, View};
-use crate::store::layout;
+use crate::layout;
 
 /// One tree's entries and bookkeeping.
 #[derive(Debug, Default)]

@@ -40,7 +40,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::kv::{KvPair, KvStore, Lock, PrefixUpdate, TxnOp};
 use crate::labels::{LabelType, Labels, Operator, Selector, RC_ID_LABEL};
-use crate::store::layout;
+use crate::layout;
 
 pub use changes::{Change, ChangeType, Receiver, Signal};
 pub use entries::Entries;

@@ -1,6 +1,6 @@
 //! Which trees the mirror follows, what each entry holds, and the kinds of the change stream.
 //!
-//! A tree is named by its prefix in [`crate::store::layout`]; an entry keeps the raw pair (so
+//! A tree is named by its prefix in [`crate::layout`]; an entry keeps the raw pair (so
 //! reads can answer with indexes and CAS tokens exactly as the store would) and the typed
 //! view decoded once, when the entry changed.
 
@@ -12,11 +12,10 @@ use serde::Serialize;
 
 use crate::interner::{Interner, NAMES};
 use crate::kv::KvPair;
-use crate::labels::{LabelType, Labels};
+use crate::labels::{self, LabelType, Labels};
+use crate::layout;
 use crate::model::timestamp::parse_rfc3339;
 use crate::model::{HealthRecord, HealthState, StoredDaemonSet, StoredRc, StoredRoll};
-use crate::store::labels::decode_labels;
-use crate::store::layout;
 
 /// A tree the mirror follows with one blocking watch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -155,7 +154,9 @@ impl Tree {
             Tree::DaemonSets => StoredDaemonSet::from_json(&pair.value)
                 .map_or_else(|e| problem(&e), |ds| View::DaemonSet(Arc::new(ds))),
             Tree::Labels(_) => LABEL_SETS
-                .share(&pair.value, || decode_labels(&pair).map(Arc::new))
+                .share(&pair.value, || {
+                    labels::from_json(&pair.value).ok().map(Arc::new)
+                })
                 .map_or_else(
                     || View::Unreadable(Arc::new("not a label set".into())),
                     View::Labels,

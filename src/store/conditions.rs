@@ -13,7 +13,7 @@ use crate::model::conditions::{Condition, ConditionsRecord};
 use crate::model::event::ObjectKind;
 use crate::state::Mirror;
 
-use super::layout;
+use crate::layout;
 
 /// Typed access to the conditions records.
 #[derive(Clone)]

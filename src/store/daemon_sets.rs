@@ -20,10 +20,10 @@ use crate::model::{
 
 use super::events::{meta_delete_op, record_ops, record_update_ops};
 use super::labels::LabelStore;
-use super::layout;
 use super::update::{update_with_retry, UpdateError};
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::layout;
 use crate::state::{Entry, Mirror, View};
 
 /// Parses a daemon-set ID by [`DaemonSetId`]'s rule, so that every ID names exactly one key

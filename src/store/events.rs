@@ -12,7 +12,7 @@ use crate::kv::{KvStore, StoreResult, TxnOp};
 use crate::model::event::{Action, Event, Meta, ObjectKind};
 use crate::state::Mirror;
 
-use super::layout;
+use crate::layout;
 
 /// How many events and finished rolls are kept, and for how long (`--event-retention-count`,
 /// `--event-retention-age`).

@@ -17,10 +17,10 @@ use std::time::SystemTime;
 
 use crate::model::{HealthRecord, HealthState};
 
-use super::layout;
 use super::pods::PodLocation;
 use super::reports::Report;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult};
+use crate::layout;
 use crate::model::event::Actor;
 use crate::state::Mirror;
 

@@ -5,13 +5,13 @@
 
 use std::sync::Arc;
 
-use crate::labels::{LabelType, Labeled, Labels, Selector};
+use crate::labels::{self, LabelType, Labeled, Labels, Selector};
 
 use super::events::record_ops;
-use super::layout;
 use super::update::update_with_retry;
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreResult, TxnOp};
+use crate::layout;
 use crate::model::event::{diff, Action, Actor, Event, EventKind};
 
 /// One object's labels and the modify index they were read at (0 when it has none).
@@ -166,8 +166,8 @@ fn record_from_pair(pair: &KvPair) -> LabelRecord {
 /// One label key's object (P2 writes `null` for a nil map); logged and `None` when
 /// unreadable.
 pub fn decode_labels(pair: &KvPair) -> Option<Labels> {
-    match serde_json::from_slice::<Option<Labels>>(&pair.value) {
-        Ok(labels) => Some(labels.unwrap_or_default()),
+    match labels::from_json(&pair.value) {
+        Ok(labels) => Some(labels),
         Err(e) => {
             tracing::warn!(key = %pair.key, error = %e, "skipping unreadable labels");
             None

@@ -8,7 +8,6 @@ pub mod daemon_sets;
 pub mod events;
 pub mod health;
 pub mod labels;
-pub mod layout;
 pub mod own_writes;
 pub mod pods;
 pub mod rcs;

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use crate::labels::{LabelType, Labels};
 use crate::model::{Manifest, NodeName, PodId};
 
-use super::labels::{write_op, LabelRecord};
-use super::layout;
+use super::labels::{decode_labels, write_op, LabelRecord};
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::layout;
 
 /// A node name as it may appear in new keys: [`NodeName`]'s rule.
 pub fn validate_node_name(node: &str) -> Result<(), String> {
@@ -341,17 +341,6 @@ pub fn decode_entry(pod: PodLocation, pair: &KvPair) -> Option<PodEntry> {
         Err(errors) => {
             let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
             tracing::warn!(key = %pair.key, errors = %errors.join("; "), "skipping an invalid manifest");
-            None
-        }
-    }
-}
-
-/// P2 writes `null` for a pod whose label map is nil.
-fn decode_labels(pair: &KvPair) -> Option<Labels> {
-    match serde_json::from_slice::<Option<Labels>>(&pair.value) {
-        Ok(labels) => Some(labels.unwrap_or_default()),
-        Err(e) => {
-            tracing::warn!(key = %pair.key, error = %e, "skipping undecodable pod labels");
             None
         }
     }

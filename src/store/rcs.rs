@@ -12,9 +12,9 @@ use crate::model::StoredRc;
 
 use super::events::{meta_delete_op, record_ops, record_update_ops};
 use super::labels::{write_op, LabelStore};
-use super::layout;
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::layout;
 use crate::state::{Entry, Mirror, View};
 
 /// An RC and the modify index it was read at (its CAS token and ETag).

@@ -10,11 +10,11 @@
 use serde_json::Value;
 
 use super::events::record_ops;
-use super::health::HealthStore;
 use super::pods::{PodLocation, PodTree};
 use super::update::update_with_retry;
 use super::Versioned;
 use crate::kv::{KvStore, StoreResult, TxnOp};
+use crate::layout;
 use crate::model::event::{Action, Actor, EventKind, FieldChange};
 use crate::model::{HealthRecord, Manifest};
 use crate::state::Mirror;
@@ -53,7 +53,7 @@ impl Report {
         Report {
             kind: EventKind::Health,
             id: format!("{}/{}", pod.pod_id(), pod.node()),
-            key: HealthStore::key(pod),
+            key: layout::health(pod.pod_id(), pod.node()),
             field: "status",
             summarize: |bytes| {
                 HealthRecord::from_json(bytes)

@@ -16,10 +16,10 @@ use crate::model::StoredRoll;
 
 use super::events::record_ops;
 use super::labels::{write_op, LabelStore};
-use super::layout;
 use super::rcs::RcStore;
 use super::rolls::{RollRecord, RollStore};
 use crate::kv::{KvPair, KvStore, SessionBehavior, SessionSpec, StoreError, TxnFailure, TxnOp};
+use crate::layout;
 
 /// Name of the creation session, which is also the value of the locks it takes: P2 names
 /// its session this way and lock values only tell people who holds the lock.

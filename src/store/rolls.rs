@@ -11,10 +11,10 @@ use crate::model::event::{
 use crate::model::StoredRoll;
 
 use super::events::{meta_delete_op, read_meta, record_ops};
-use super::layout;
 use super::update::update_with_retry;
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::layout;
 
 /// A roll and the modify index it was read at.
 pub type RollRecord = Versioned<StoredRoll>;

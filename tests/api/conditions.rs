@@ -1,9 +1,9 @@
 //! The conditions the leader's farms publish, as the RC, roll and daemon-set views show them.
 
 use axum::http::StatusCode;
+use p2_apiserver::layout;
 use p2_apiserver::model::conditions::{Condition, ConditionStatus, ConditionsRecord};
 use p2_apiserver::model::event::ObjectKind;
-use p2_apiserver::store::layout;
 use serde_json::{json, Value};
 
 use crate::support::api::TestApp;

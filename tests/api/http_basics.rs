@@ -330,10 +330,7 @@ fn binary_serves_and_exits_0_on_sigterm() {
         let store = p2_apiserver::kv::sqlite::SqliteStore::open(&path)
             .await
             .unwrap();
-        store
-            .get(p2_apiserver::store::layout::LEADER_LOCK)
-            .await
-            .unwrap()
+        store.get(p2_apiserver::layout::LEADER_LOCK).await.unwrap()
     });
     assert_eq!(lock, None, "the leader lock outlived the server");
     assert!(

@@ -6,9 +6,9 @@ use crate::support::farms::{alert_webhook, warnings, Backend, Harness, MANIFEST}
 use p2_apiserver::farms::FarmOptions;
 use p2_apiserver::kv::{Cas, TxnOp};
 use p2_apiserver::labels::LabelType;
+use p2_apiserver::layout;
 use p2_apiserver::model::event::{Action, Event, ObjectKind};
 use p2_apiserver::model::{HealthRecord, HealthState};
-use p2_apiserver::store::layout;
 use serde_json::{json, Value};
 
 const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";

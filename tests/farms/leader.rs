@@ -11,8 +11,8 @@ use p2_apiserver::farms::alerts::Alerter;
 use p2_apiserver::farms::{FarmContext, FarmError};
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, TxnOp};
+use p2_apiserver::layout::LEADER_LOCK;
 use p2_apiserver::leader::{self, current_leader, LeaderConfig, Term};
-use p2_apiserver::store::layout::LEADER_LOCK;
 use severable::Severable;
 use tokio_util::sync::CancellationToken;
 

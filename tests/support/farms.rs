@@ -4,7 +4,7 @@
 //! RC worker and rolling update, for tests of a fleet that mixes both implementations.
 
 use super::fake_consul;
-use p2_apiserver::store::layout;
+use p2_apiserver::layout;
 pub mod p2;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -17,7 +17,7 @@ use p2_apiserver::model::Manifest;
 use serde_json::Value;
 
 use super::Harness;
-use p2_apiserver::store::layout;
+use p2_apiserver::layout;
 
 /// How often the doubles look at the store.
 const POLL: Duration = Duration::from_millis(50);
