@@ -211,8 +211,20 @@ fn facts(world: &World, id: &str, rc: &StoredRc, plan: Result<&Plan, &FarmError>
         Ok(plan) => {
             facts.eligible = plan.eligible;
             facts.available = plan.short;
-            facts.changes = plan.changes.len();
             facts.transfer = plan.transfer.is_some();
+            // The conditions are written with the plan's changes. When it only adds pods,
+            // they tell how the RC is once those are written, as the next pass will find it
+            // and so leave it: that pass rewrote every RC of a newly scheduled fleet, only to
+            // say that the pods had been placed.
+            if plan
+                .changes
+                .iter()
+                .any(|c| matches!(c, Change::Unschedule(_)))
+            {
+                facts.changes = plan.changes.len();
+            } else {
+                facts.current += plan.changes.len();
+            }
         }
         Err(e) => facts.selector_error = Some(e.to_string()),
     }

@@ -192,6 +192,19 @@ async fn placed(h: &Harness, id: &str) -> u64 {
     .await
 }
 
+/// A pass that only places pods writes the RC's conditions in their transaction, telling
+/// the RC as the placement leaves it, so the next pass has nothing to rewrite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditions_written_with_a_placement_tell_the_pods_placed() {
+    let h = Harness::start().await;
+    web_nodes(&h, 2).await;
+    let id = h.put_rc(rc(MANIFEST, "role=web", 1)).await;
+    let written = placed(&h, &id).await;
+    let intents = h.store.list(layout::INTENT).await.unwrap().pairs;
+    let placed_at: Vec<u64> = intents.iter().map(|pair| pair.modify_index).collect();
+    assert_eq!(placed_at, [written]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_that_still_hold_are_not_written_again() {
     let h = Harness::start().await;
