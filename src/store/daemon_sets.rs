@@ -158,7 +158,8 @@ impl DaemonSetStore {
         })
     }
 
-    /// Read-modify-write of one daemon set, by the rule of [`update_with_retry`]. `change`
+    /// Read-modify-write of one daemon set, by the rule of [`update_with_retry`], starting
+    /// from the record `mirror` holds when it holds one (at `expected`, if given). `change`
     /// receives the latest record and returns the daemon set it should become (or an error,
     /// which ends the update). The write replaces the record only at the index it was read
     /// at, with one audit record per kind of change (manifest, node selector, enabled,
@@ -182,10 +183,27 @@ impl DaemonSetStore {
         F: FnMut(DaemonSetRecord) -> Fut,
         Fut: Future<Output = Result<StoredDaemonSet, E>>,
     {
+        // The mirror serves the first attempt, as for an RC: the write's check-and-set
+        // refuses a version it no longer holds, and the attempts after read the store.
+        let mut mirrored = mirror
+            .get(&layout::daemon_set(id))
+            .and_then(|entry| from_entry(&entry))
+            .filter(|record| expected.is_none_or(|expected| expected == record.index));
         update_with_retry(
             &describe(id),
             expected,
-            || async { Ok(self.get(id).await?.ok_or(DaemonSetError::NotFound(id))?) },
+            || {
+                let mirrored = mirrored.take();
+                async move {
+                    match mirrored {
+                        Some(record) => Ok(Versioned {
+                            value: StoredDaemonSet::clone(&record.value),
+                            index: record.index,
+                        }),
+                        None => Ok(self.get(id).await?.ok_or(DaemonSetError::NotFound(id))?),
+                    }
+                }
+            },
             |current| {
                 let next = change(current.clone());
                 async move {
