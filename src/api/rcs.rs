@@ -8,7 +8,6 @@
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::{OriginalUri, State};
@@ -41,7 +40,7 @@ use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::rcs::{self, RcRecord, RcStore};
 use crate::store::rolls::RollStore;
-use crate::store::update::update_with_retry;
+use crate::store::update::{update_from_mirror, update_with_retry};
 use crate::store::Versioned;
 
 /// OpenAPI tag of the RC routes.
@@ -422,21 +421,11 @@ async fn patch_rc(
     let patch = RcPatch::parse(patch, &app.validation).map_err(ApiError::invalid)?;
     let store = app.rcs();
     let (state, store, id, patch, actor) = (&app, &store, &id, &patch, &actor);
-    let first_attempt = AtomicBool::new(true);
-    let first_attempt = &first_attempt;
-    let record = update_with_retry(
+    let record = update_from_mirror(
         &describe(id),
         expected,
-        || async move {
-            // The mirror serves the first attempt: the write's check-and-set refuses a
-            // version it no longer holds, and the attempts after read the store.
-            if first_attempt.swap(false, Ordering::Relaxed) {
-                if let Some(record) = mirrored_record(state, id, expected).await {
-                    return Ok(record);
-                }
-            }
-            read(store, id).await
-        },
+        || mirrored_record(state, id),
+        || read(store, id),
         |record| async move {
             let mut with = unclaimed(state, id).await?;
             let mut rc = record.value.clone();
@@ -633,22 +622,18 @@ fn mirrored_list(mirror: &Mirror, query: &ListQuery<ConsistentFilter>) -> Respon
     ([index_header(index)], ApiJson(page)).into_response()
 }
 
-/// The RC as the mirror holds it, when it can be trusted and holds the RC (at version
-/// `expected`, if given: another version may only mean the mirror lags).
-async fn mirrored_record(app: &AppState, id: &str, expected: Option<u64>) -> Option<RcRecord> {
+/// The RC as the mirror holds it, when it can be trusted and holds the RC.
+async fn mirrored_record(app: &AppState, id: &str) -> Option<RcRecord> {
     let Source::Mirror(mirror) = source(app, &RC_TREES, &[], false, Blocking::default()).await
     else {
         return None;
     };
     let entry = mirror.get(&layout::rc(id))?;
     let record = rcs::from_entry(&entry).ok()?;
-    let record = Versioned {
+    Some(Versioned {
         value: StoredRc::clone(&record.value),
         index: record.index,
-    };
-    expected
-        .is_none_or(|expected| expected == record.index)
-        .then_some(record)
+    })
 }
 
 /// The view of an RC just written (or found unchanged by a write), and the index it

@@ -20,7 +20,7 @@ use crate::model::{
 
 use super::events::{meta_delete_op, record_ops, record_update_ops};
 use super::labels::LabelStore;
-use super::update::{update_with_retry, UpdateError};
+use super::update::{update_from_mirror, update_with_retry, UpdateError};
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 use crate::layout;
@@ -158,8 +158,8 @@ impl DaemonSetStore {
         })
     }
 
-    /// Read-modify-write of one daemon set, by the rule of [`update_with_retry`], starting
-    /// from the record `mirror` holds when it holds one (at `expected`, if given). `change`
+    /// Read-modify-write of one daemon set, by the rule of [`update_from_mirror`] (its first
+    /// attempt starts from the record `mirror` holds). `change`
     /// receives the latest record and returns the daemon set it should become (or an error,
     /// which ends the update). The write replaces the record only at the index it was read
     /// at, with one audit record per kind of change (manifest, node selector, enabled,
@@ -183,27 +183,18 @@ impl DaemonSetStore {
         F: FnMut(DaemonSetRecord) -> Fut,
         Fut: Future<Output = Result<StoredDaemonSet, E>>,
     {
-        // The mirror serves the first attempt, as for an RC: the write's check-and-set
-        // refuses a version it no longer holds, and the attempts after read the store.
-        let mut mirrored = mirror
-            .get(&layout::daemon_set(id))
-            .and_then(|entry| from_entry(&entry))
-            .filter(|record| expected.is_none_or(|expected| expected == record.index));
-        update_with_retry(
+        let mirrored = || async move {
+            let record = from_entry(&*mirror.get(&layout::daemon_set(id))?)?;
+            Some(Versioned {
+                value: StoredDaemonSet::clone(&record.value),
+                index: record.index,
+            })
+        };
+        update_from_mirror(
             &describe(id),
             expected,
-            || {
-                let mirrored = mirrored.take();
-                async move {
-                    match mirrored {
-                        Some(record) => Ok(Versioned {
-                            value: StoredDaemonSet::clone(&record.value),
-                            index: record.index,
-                        }),
-                        None => Ok(self.get(id).await?.ok_or(DaemonSetError::NotFound(id))?),
-                    }
-                }
-            },
+            mirrored,
+            || async { Ok(self.get(id).await?.ok_or(DaemonSetError::NotFound(id))?) },
             |current| {
                 let next = change(current.clone());
                 async move {

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::events::record_ops;
 use super::pods::{PodLocation, PodTree};
-use super::update::update_with_retry;
+use super::update::update_from_mirror;
 use super::Versioned;
 use crate::kv::{KvStore, StoreResult, TxnOp};
 use crate::layout;
@@ -63,12 +63,12 @@ impl Report {
     }
 
     /// Stores `value` as the report, or removes it for `None` (nothing to do when there is
-    /// none), by the rule of [`update_with_retry`]: with `expected` only at that index (0:
+    /// none), by the rule of [`update_from_mirror`]: with `expected` only at that index (0:
     /// only while there is none). Returns the report's new modify index, 0 once removed.
     ///
-    /// The first attempt starts from the report as `mirror` holds it (when that is safe: see
-    /// `mirrored`), later ones from the store: agents report often, and a read of
-    /// the store for each report cost as much as its write.
+    /// The first attempt starts from the report as `mirror` holds it, later ones from the
+    /// store: agents report often, and a read of the store for each report cost as much as
+    /// its write.
     pub async fn write(
         &self,
         kv: &dyn KvStore,
@@ -78,22 +78,16 @@ impl Report {
         actor: &Actor,
     ) -> StoreResult<u64> {
         let value = &value;
-        let mut mirrored = self.mirrored(mirror, value.is_none(), expected);
-        update_with_retry(
+        update_from_mirror(
             &format!("the {} report {:?}", self.kind.as_str(), self.id),
             expected,
-            || {
-                let mirrored = mirrored.take();
-                async move {
-                    if let Some(current) = mirrored {
-                        return Ok(current);
-                    }
-                    let pair = kv.get(&self.key).await?;
-                    Ok(pair.map_or_else(Versioned::default, |pair| Versioned {
-                        index: pair.modify_index,
-                        value: Some(pair.value.to_vec()),
-                    }))
-                }
+            || async { self.mirrored(mirror, value.is_none()) },
+            || async {
+                let pair = kv.get(&self.key).await?;
+                Ok(pair.map_or_else(Versioned::default, |pair| Versioned {
+                    index: pair.modify_index,
+                    value: Some(pair.value.to_vec()),
+                }))
             },
             |current: Versioned<Option<Vec<u8>>>| async move {
                 let key = self.key.clone();
@@ -135,17 +129,11 @@ impl Report {
         .await
     }
 
-    /// The report as `mirror` holds it, when a write checked against its index is safe to
-    /// try: if the mirror lags, the check-and-set fails and the next attempt reads the
-    /// store. `None` (read the store) for a removal of a report the mirror does not hold, which
-    /// would otherwise end as "nothing to remove", and under an `expected` version the mirror
-    /// does not show, which would otherwise end as stale.
-    fn mirrored(
-        &self,
-        mirror: &Mirror,
-        removing: bool,
-        expected: Option<u64>,
-    ) -> Option<Versioned<Option<Vec<u8>>>> {
+    /// The report as `mirror` holds it, for the first attempt of [`update_from_mirror`]. The
+    /// mirror's word that there is none serves a write (whose check-and-set then requires
+    /// that there still be none), not a removal, which would end as "nothing to remove": the
+    /// store is read then.
+    fn mirrored(&self, mirror: &Mirror, removing: bool) -> Option<Versioned<Option<Vec<u8>>>> {
         let current = match mirror.get(&self.key) {
             Some(entry) => Versioned {
                 index: entry.pair.modify_index,
@@ -154,8 +142,6 @@ impl Report {
             None if removing || !mirror.is_loaded() => return None,
             None => Versioned::default(),
         };
-        expected
-            .is_none_or(|expected| expected == current.index)
-            .then_some(current)
+        Some(current)
     }
 }

@@ -97,6 +97,49 @@ where
     }
 }
 
+/// [`update_with_retry`] whose first attempt starts from the version `mirrored` finds in the
+/// mirror, rather than from the store: the write's check-and-set refuses a version the store
+/// no longer holds, and the attempts after that read the store (`read`). `mirrored` runs
+/// once the update's turn has come, so it sees this process's writes before it (they reach
+/// the mirror at once). It answers `None` when the mirror cannot tell (it may not hold the
+/// object yet); a version other than `expected` may only mean that the mirror lags, so the
+/// store is read then too.
+pub async fn update_from_mirror<T, R, E, Mirrored, MirroredFut, Read, ReadFut, Write, WriteFut>(
+    what: &str,
+    expected: Option<u64>,
+    mirrored: Mirrored,
+    mut read: Read,
+    write: Write,
+) -> Result<R, E>
+where
+    E: UpdateError,
+    Mirrored: FnOnce() -> MirroredFut,
+    MirroredFut: Future<Output = Option<Versioned<T>>>,
+    Read: FnMut() -> ReadFut,
+    ReadFut: Future<Output = Result<Versioned<T>, E>>,
+    Write: FnMut(Versioned<T>) -> WriteFut,
+    WriteFut: Future<Output = Result<StoreResult<R>, E>>,
+{
+    let mut mirrored = Some(mirrored);
+    let read = move || {
+        let first = mirrored.take().map(|mirrored| mirrored());
+        // Futures do nothing until awaited: the store is read only when needed.
+        let stored = read();
+        async move {
+            if let Some(first) = first {
+                let current = first
+                    .await
+                    .filter(|current| expected.is_none_or(|expected| expected == current.index));
+                if let Some(current) = current {
+                    return Ok(current);
+                }
+            }
+            stored.await
+        }
+    };
+    update_with_retry(what, expected, read, write).await
+}
+
 /// The answer once [`CONTENTION_DEADLINE`] has passed.
 fn kept_changing(what: &str) -> StoreError {
     StoreError::conflict(format!(
@@ -214,6 +257,64 @@ mod tests {
         );
         assert_eq!(racing.reads.get(), 2);
         assert_eq!(started.elapsed(), Duration::ZERO, "no pause");
+    }
+
+    /// An update of a document stored at `stored`, starting from the mirror's `mirrored`
+    /// version; counts its reads of the store.
+    async fn from_mirror(
+        stored: &Cell<u64>,
+        reads: &Cell<usize>,
+        mirrored: u64,
+        expected: Option<u64>,
+    ) -> StoreResult<u64> {
+        update_from_mirror(
+            "from the mirror",
+            expected,
+            || async move {
+                Some(Versioned {
+                    value: (),
+                    index: mirrored,
+                })
+            },
+            || async {
+                reads.set(reads.get() + 1);
+                Ok(Versioned {
+                    value: (),
+                    index: stored.get(),
+                })
+            },
+            |current: Versioned<()>| async move {
+                if current.index != stored.get() {
+                    return Ok(Err(lost()));
+                }
+                stored.set(stored.get() + 1);
+                Ok(Ok(stored.get()))
+            },
+        )
+        .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_update_from_the_mirror_reads_the_store_only_once_the_mirror_lags() {
+        let (stored, reads) = (Cell::new(7), Cell::new(0));
+        assert_eq!(from_mirror(&stored, &reads, 7, None).await, Ok(8));
+        assert_eq!(reads.get(), 0, "a current mirror spares the store");
+        assert_eq!(from_mirror(&stored, &reads, 7, None).await, Ok(9));
+        assert_eq!(
+            reads.get(),
+            1,
+            "a lagging mirror costs a lost race, then a read"
+        );
+        assert_eq!(from_mirror(&stored, &reads, 8, Some(9)).await, Ok(10));
+        assert_eq!(
+            reads.get(),
+            2,
+            "another version than expected is read again, not stale"
+        );
+        assert_eq!(
+            from_mirror(&stored, &reads, 9, Some(9)).await,
+            Err(StoreError::stale("from the mirror", 9))
+        );
     }
 
     #[tokio::test(start_paused = true)]
