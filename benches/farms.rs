@@ -130,7 +130,8 @@ fn serve(db: &str, port: u16, farms: bool) -> Child {
 /// SQLite's indexes of changes, so that a poll costs the rows changed since the last rather
 /// than the whole prefix. Full reads every 20 ms (of 100,000 intents, then of 100,000 health
 /// records) cost the bench, which shares the machine with the server, CPU in proportion to
-/// the fleet; so did holding the store open, whose poll reads each key the server writes.
+/// the fleet. Nor does the bench hold the store open, whose poll would read each key the
+/// server writes.
 struct Counted {
     db: sqlx::SqlitePool,
     /// The prefix's key range, `[start, end)`.

@@ -131,17 +131,16 @@ impl Report {
 
     /// The report as `mirror` holds it, for the first attempt of [`update_from_mirror`]. The
     /// mirror's word that there is none serves a write (whose check-and-set then requires
-    /// that there still be none), not a removal, which would end as "nothing to remove": the
-    /// store is read then.
+    /// that there still be none) once it has loaded, but not a removal, which would end as
+    /// "nothing to remove": the store is read then.
     fn mirrored(&self, mirror: &Mirror, removing: bool) -> Option<Versioned<Option<Vec<u8>>>> {
-        let current = match mirror.get(&self.key) {
-            Some(entry) => Versioned {
+        match mirror.get(&self.key) {
+            Some(entry) => Some(Versioned {
                 index: entry.pair.modify_index,
                 value: Some(entry.value().into_owned()),
-            },
-            None if removing || !mirror.is_loaded() => return None,
-            None => Versioned::default(),
-        };
-        Some(current)
+            }),
+            None if removing || !mirror.is_loaded() => None,
+            None => Some(Versioned::default()),
+        }
     }
 }
