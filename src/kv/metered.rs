@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{
-    Cas, KvPair, KvStore, Listing, PrefixUpdate, SessionInfo, SessionSpec, StoreError, StoreResult,
-    TxnOp, WatchTarget,
+    Cas, HeldWrites, KvPair, KvStore, Listing, PrefixUpdate, SessionInfo, SessionSpec, StoreError,
+    StoreResult, TxnOp, WatchTarget,
 };
 
 /// `inner`, measured under the backend name `backend`.
@@ -135,8 +135,9 @@ impl KvStore for Metered {
         prefix: &str,
         index: u64,
         wait: Duration,
+        held: HeldWrites<'_>,
     ) -> StoreResult<PrefixUpdate> {
-        self.measure("watch", self.inner.watch_changes(prefix, index, wait))
+        self.measure("watch", self.inner.watch_changes(prefix, index, wait, held))
             .await
     }
 

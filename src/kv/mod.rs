@@ -369,6 +369,11 @@ pub enum WatchTarget {
     Prefix(String),
 }
 
+/// The indexes of transactions whose writes a watcher already holds (the server's own,
+/// applied to its mirror as they committed), asked for once a watch wakes: reading them
+/// back would cost as much as the writes did.
+pub type HeldWrites<'a> = &'a (dyn Fn() -> Vec<u64> + Send + Sync);
+
 /// The store every part of the server is written against.
 ///
 /// Errors are [`StoreError`] kinds; a CAS miss or rollback is always `Conflict`.
@@ -433,13 +438,16 @@ pub trait KvStore: Send + Sync + 'static {
     /// [`KvStore::watch`] of `prefix` that, where the store can, answers with only what
     /// changed after `index` rather than the whole prefix, so following a large tree costs
     /// its changes. By default, and wherever the store cannot tell (Consul keeps no
-    /// deletes; tombstones reaped past `index`), the prefix whole.
+    /// deletes; tombstones reaped past `index`), the prefix whole. The changes may leave out
+    /// the pairs written by the transactions `held` names once the watch wakes.
     async fn watch_changes(
         &self,
         prefix: &str,
         index: u64,
         wait: Duration,
+        held: HeldWrites<'_>,
     ) -> StoreResult<PrefixUpdate> {
+        let _ = held;
         let target = WatchTarget::Prefix(prefix.to_owned());
         Ok(PrefixUpdate::Whole(self.watch(&target, index, wait).await?))
     }

@@ -13,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    validate_key, validate_prefix, validate_txn, Cas, Changes, KvPair, KvStore, Listing,
-    PrefixUpdate, SessionInfo, SessionSpec, StoreError, StoreResult, TxnFailure, TxnOp,
+    validate_key, validate_prefix, validate_txn, Cas, Changes, HeldWrites, KvPair, KvStore,
+    Listing, PrefixUpdate, SessionInfo, SessionSpec, StoreError, StoreResult, TxnFailure, TxnOp,
     WatchTarget,
 };
 
@@ -268,10 +268,11 @@ impl KvStore for Prefixed {
         prefix: &str,
         index: u64,
         wait: Duration,
+        held: HeldWrites<'_>,
     ) -> StoreResult<PrefixUpdate> {
         let update = self
             .inner
-            .watch_changes(&self.under(prefix)?, index, wait)
+            .watch_changes(&self.under(prefix)?, index, wait, held)
             .await
             .map_err(|e| self.strip_error(e))?;
         Ok(match update {
@@ -516,7 +517,7 @@ mod tests {
         f.store.delete("rcs/b", Cas::Any).await.unwrap();
         let update = f
             .store
-            .watch_changes("rcs/", start.index, Duration::ZERO)
+            .watch_changes("rcs/", start.index, Duration::ZERO, &Vec::new)
             .await
             .unwrap();
         let PrefixUpdate::Since(changes) = update else {

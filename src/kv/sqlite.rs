@@ -43,8 +43,8 @@ use tokio::sync::{oneshot, Mutex, Notify, OwnedMutexGuard};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    validate_key, validate_prefix, validate_txn, validate_value, Cas, Changes, KvPair, KvStore,
-    Listing, Lock, PrefixUpdate, SessionBehavior, SessionInfo, SessionSpec, StoreError,
+    validate_key, validate_prefix, validate_txn, validate_value, Cas, Changes, HeldWrites, KvPair,
+    KvStore, Listing, Lock, PrefixUpdate, SessionBehavior, SessionInfo, SessionSpec, StoreError,
     StoreResult, TxnFailure, TxnOp, WatchTarget, MAX_WATCH_WAIT,
 };
 
@@ -430,9 +430,16 @@ async fn read_prefix_index(pool: &SqlitePool, prefix: &str) -> StoreResult<u64> 
     Ok(index)
 }
 
-/// What changed under `prefix` after `index`, in one snapshot; `None` when tombstones of
+/// What changed under `prefix` after `index`, in one snapshot, but the pairs written by the
+/// transactions at the indexes `held` (each transaction has an index of its own, so they
+/// are left out by their index before their rows are read); `None` when tombstones of
 /// deletes after `index` may have been reaped, so only a listing can tell.
-async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResult<Option<Changes>> {
+async fn read_changes(
+    pool: &SqlitePool,
+    prefix: &str,
+    index: u64,
+    held: &[u64],
+) -> StoreResult<Option<Changes>> {
     let mut tx = pool.begin().await.map_err(unavailable)?;
     if index < meta(&mut *tx, "reaped_index").await? {
         return Ok(None);
@@ -441,11 +448,13 @@ async fn read_changes(pool: &SqlitePool, prefix: &str, index: u64) -> StoreResul
     let bounds = (range, start.as_slice(), end.as_deref());
     let changed = ROWS.changed_since(&mut tx, index, bounds).await?;
     let rows = sqlx::query(&format!(
-        "SELECT {PAIR_COLUMNS} FROM {changed} AND {range} ORDER BY key"
+        "SELECT {PAIR_COLUMNS} FROM {changed} AND {range}
+            AND modify_index NOT IN (SELECT value FROM json_each(?4)) ORDER BY key"
     ))
     .bind(&start)
     .bind(&end)
     .bind(index as i64)
+    .bind(serde_json::to_string(held).expect("indexes serialize"))
     .fetch_all(&mut *tx)
     .await
     .map_err(unavailable)?;
@@ -1881,12 +1890,13 @@ impl KvStore for SqliteStore {
         prefix: &str,
         index: u64,
         wait: Duration,
+        held: HeldWrites<'_>,
     ) -> StoreResult<PrefixUpdate> {
         validate_prefix(prefix)?;
         let target = WatchTarget::Prefix(prefix.to_owned());
         self.wait_for_change(&target, index, wait).await?;
         let reader = &self.inner.reader;
-        match read_changes(reader, prefix, index).await? {
+        match read_changes(reader, prefix, index, &held()).await? {
             Some(changes) => Ok(PrefixUpdate::Since(changes)),
             None => Ok(PrefixUpdate::Whole(
                 read_prefix(reader, prefix, true).await?,
@@ -1912,6 +1922,58 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn changes_leave_out_the_pairs_of_the_transactions_the_watcher_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("s.db").display().to_string())
+            .await
+            .unwrap();
+        let set = |key: &str| TxnOp::Set {
+            key: key.into(),
+            value: b"v".to_vec(),
+        };
+        store.txn(&[set("k/gone")]).await.unwrap();
+        let listed = store.list("k/").await.unwrap();
+        let held = store.txn(&[set("k/a"), set("k/b")]).await.unwrap();
+        let held = held[0].as_ref().unwrap().modify_index;
+        store.txn(&[set("k/c")]).await.unwrap();
+        store
+            .txn(&[
+                set("k/a"),
+                TxnOp::Delete {
+                    key: "k/gone".into(),
+                },
+            ])
+            .await
+            .unwrap();
+        let rewritten = store.get("k/a").await.unwrap().unwrap().modify_index;
+
+        let update = store
+            .watch_changes("k/", listed.index, Duration::ZERO, &|| vec![held])
+            .await
+            .unwrap();
+        let PrefixUpdate::Since(changes) = update else {
+            panic!("a listing where the changes were asked for: {update:?}");
+        };
+        // k/b is left out; k/a was written again after the held transaction.
+        let changed: Vec<&str> = changes.changed.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(changed, ["k/a", "k/c"]);
+        assert_eq!(changes.deleted, [("k/gone".to_owned(), rewritten)]);
+        assert_eq!(changes.index, rewritten);
+
+        // A delete in a held transaction is still told: the watcher confirms it by it.
+        let update = store
+            .watch_changes("k/", listed.index, Duration::ZERO, &|| vec![rewritten])
+            .await
+            .unwrap();
+        let PrefixUpdate::Since(changes) = update else {
+            panic!("a listing where the changes were asked for: {update:?}");
+        };
+        let changed: Vec<&str> = changes.changed.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(changed, ["k/b", "k/c"]);
+        assert_eq!(changes.deleted, [("k/gone".to_owned(), rewritten)]);
+    }
+
+    #[tokio::test]
     async fn a_watch_brings_only_what_changed_unless_tombstones_were_reaped_past_its_index() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("s.db").display().to_string())
@@ -1931,7 +1993,7 @@ mod tests {
         let deleted_at = store.get("k/07").await.unwrap().unwrap().modify_index + 1;
 
         let update = store
-            .watch_changes("k/", listed.index, Duration::ZERO)
+            .watch_changes("k/", listed.index, Duration::ZERO, &Vec::new)
             .await
             .unwrap();
         let PrefixUpdate::Since(changes) = update else {
@@ -1945,7 +2007,7 @@ mod tests {
         // Written again, the key is a change and no longer a delete.
         store.put("k/08", b"back", Cas::Any).await.unwrap();
         let update = store
-            .watch_changes("k/", listed.index, Duration::ZERO)
+            .watch_changes("k/", listed.index, Duration::ZERO, &Vec::new)
             .await
             .unwrap();
         let PrefixUpdate::Since(changes) = update else {
@@ -1966,7 +2028,7 @@ mod tests {
             .unwrap();
         drop(writer);
         let update = store
-            .watch_changes("k/", listed.index, Duration::ZERO)
+            .watch_changes("k/", listed.index, Duration::ZERO, &Vec::new)
             .await
             .unwrap();
         assert!(matches!(update, PrefixUpdate::Whole(l) if l.pairs.len() == 50));
@@ -1986,7 +2048,7 @@ mod tests {
         store.delete("quiet/b", Cas::Any).await.unwrap();
         let recent_index = store.prefix_index("quiet/").await.unwrap();
         let recent_changes = store
-            .watch_changes("quiet/", listed, Duration::ZERO)
+            .watch_changes("quiet/", listed, Duration::ZERO, &Vec::new)
             .await
             .unwrap();
         assert!(
@@ -2010,12 +2072,12 @@ mod tests {
         let quiet_index = read_prefix_index(&store.inner.reader, "quiet/").await;
         assert_eq!(quiet_index.unwrap(), recent_index);
         let quiet_changes = store
-            .watch_changes("quiet/", listed, Duration::ZERO)
+            .watch_changes("quiet/", listed, Duration::ZERO, &Vec::new)
             .await
             .unwrap();
         assert_eq!(quiet_changes, recent_changes);
         let busy_changes = store
-            .watch_changes("busy/", written, Duration::ZERO)
+            .watch_changes("busy/", written, Duration::ZERO, &Vec::new)
             .await
             .unwrap();
         let PrefixUpdate::Since(busy_changes) = busy_changes else {
@@ -2256,8 +2318,9 @@ mod tests {
         let x = store.get("a/x").await.unwrap().unwrap();
         assert_eq!(&x.value[..], b"2");
         assert_eq!((x.create_index, x.modify_index), (before + 1, before + 2));
-        let Ok(PrefixUpdate::Since(changes)) =
-            store.watch_changes("a/", before, Duration::ZERO).await
+        let Ok(PrefixUpdate::Since(changes)) = store
+            .watch_changes("a/", before, Duration::ZERO, &Vec::new)
+            .await
         else {
             panic!("only what changed since {before}");
         };

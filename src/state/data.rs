@@ -47,6 +47,10 @@ pub(super) struct TreeState {
     pub journal: Journal,
     /// Own deletes not yet confirmed by a listing.
     pub tombstones: HashMap<String, Tombstone>,
+    /// The indexes of the server's own transactions past `listed` whose pairs in the tree
+    /// were applied as they committed: the tree's watch leaves them out of the changes it
+    /// reads. Forgetting one only costs reading its pairs back.
+    pub held: BTreeSet<u64>,
     /// Whether a first listing has been applied.
     pub loaded: bool,
     /// Since when the tree's watch has been failing, if it is.
@@ -75,6 +79,9 @@ impl TreeState {
         self.journal.record(self.generation, entry.clone());
     }
 }
+
+/// How many of its own transactions' indexes the mirror keeps per tree between reads of it.
+const MOST_HELD: usize = 10_000;
 
 /// `(label type, key, value)` of the inverted label index.
 type LabelTerm = (LabelType, String, String);
@@ -191,14 +198,33 @@ impl State {
         }
         let state = self.tree_mut(tree);
         if authoritative {
+            // It may have replaced pairs of transactions past it.
+            state.held.clear();
             state.tombstones.clear();
             state.index = index;
             state.listed = index;
         } else {
             state.index = state.index.max(index);
             state.listed = state.listed.max(index);
+            state.held = state.held.split_off(&(index + 1));
         }
         state.loaded = true;
+    }
+
+    /// Notes that the pairs the server's transaction at `index` wrote in `tree` are applied,
+    /// keeping at most [`MOST_HELD`] such indexes (a tree whose watch fails reads none).
+    pub(super) fn hold(&mut self, tree: Tree, index: u64) {
+        let held = &mut self.tree_mut(tree).held;
+        held.insert(index);
+        if held.len() > MOST_HELD {
+            held.pop_first();
+        }
+    }
+
+    /// The indexes of the server's own transactions after `index` whose pairs in `tree`
+    /// are applied.
+    pub(super) fn held(&self, tree: Tree, index: u64) -> Vec<u64> {
+        self.tree(tree).held.range(index + 1..).copied().collect()
     }
 
     /// What a listing's absences delete, each at the listing's index: entries it lacks
@@ -490,6 +516,26 @@ mod tests {
         let tree = Tree::Labels(LabelType::Node);
         let (prepared, pairs) = state.prepare(tree, PrefixUpdate::Since(changes), false);
         state.apply(prepared.decode(pairs));
+    }
+
+    #[test]
+    fn own_transactions_are_held_until_a_read_passes_them_or_replaces_the_tree() {
+        let tree = Tree::Labels(LabelType::Node);
+        let mut state = State::new(Stream::new(10, 10));
+        apply(&mut state, 2, &[], true);
+        for index in [5, 7, 9] {
+            state.hold(tree, index);
+        }
+        assert_eq!(state.held(tree, 2), [5, 7, 9]);
+        assert_eq!(state.held(tree, 7), [9]);
+
+        // Read changes up to 7: the read found (or left out) what was written before.
+        apply_changes(&mut state, 7, &[], &[]);
+        assert_eq!(state.held(tree, 2), [9]);
+
+        // A listing taken as the whole truth may have replaced the pair of 9: read it again.
+        apply(&mut state, 8, &[], true);
+        assert_eq!(state.held(tree, 2), Vec::<u64>::new());
     }
 
     #[test]

@@ -50,7 +50,9 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
             } else {
                 mirror
                     .store()
-                    .watch_changes(&prefix, index, config.watch_wait)
+                    .watch_changes(&prefix, index, config.watch_wait, &|| {
+                        mirror.held(tree, index)
+                    })
                     .await
             }
         };

@@ -99,12 +99,7 @@ impl OwnWrite {
     /// transaction that only deletes, through the index a compare-and-delete named (the
     /// version it removed), and otherwise through no known index.
     pub fn from_txn(ops: &[TxnOp], results: &[Option<KvPair>]) -> Vec<OwnWrite> {
-        let txn_index = ops
-            .iter()
-            .zip(results)
-            .filter(|(op, _)| op.value().is_some())
-            .filter_map(|(_, result)| Some(result.as_ref()?.modify_index))
-            .max();
+        let txn_index = Self::txn_index(ops, results);
         ops.iter()
             .zip(results)
             .filter_map(|(op, result)| match op {
@@ -139,6 +134,18 @@ impl OwnWrite {
                 | TxnOp::CheckSession { .. } => None,
             })
             .collect()
+    }
+}
+
+impl OwnWrite {
+    /// The index of a successful transaction, as its writes answer it (`None` when it
+    /// wrote no value).
+    pub fn txn_index(ops: &[TxnOp], results: &[Option<KvPair>]) -> Option<u64> {
+        ops.iter()
+            .zip(results)
+            .filter(|(op, _)| op.value().is_some())
+            .filter_map(|(_, result)| Some(result.as_ref()?.modify_index))
+            .max()
     }
 }
 
@@ -524,8 +531,10 @@ impl Mirror {
 
     /// Applies the server's own successful writes at once, so reads need not wait for the
     /// watches; keys outside the followed trees are ignored. Deletions reach the change
-    /// stream when a listing confirms them.
-    pub fn apply_own_writes(&self, writes: impl IntoIterator<Item = OwnWrite>) {
+    /// stream when a listing confirms them. `txn` is the index of the transaction that made
+    /// them all, if they are one transaction's: its pairs are then not read back when the
+    /// watches wake.
+    pub fn apply_own_writes(&self, writes: impl IntoIterator<Item = OwnWrite>, txn: Option<u64>) {
         /// A write decoded outside the lock.
         enum Decoded {
             Put(Entry),
@@ -550,7 +559,12 @@ impl Mirror {
         let mut state = self.write();
         for (tree, write) in decoded {
             match write {
-                Decoded::Put(entry) => state.apply_own_put(tree, entry),
+                Decoded::Put(entry) => {
+                    if let Some(index) = txn {
+                        state.hold(tree, index);
+                    }
+                    state.apply_own_put(tree, entry);
+                }
                 Decoded::Delete { key, through } => state.apply_own_delete(tree, &key, through),
             }
         }
@@ -607,6 +621,12 @@ impl Mirror {
 
     fn epoch(&self) -> watch::Receiver<u64> {
         self.inner.epoch.subscribe()
+    }
+
+    /// The indexes of this server's transactions after `index` whose pairs in `tree` the
+    /// mirror holds.
+    fn held(&self, tree: Tree, index: u64) -> Vec<u64> {
+        self.read().held(tree, index)
     }
 
     /// Merges a listing of `tree`, or what changed in it, decoding outside the lock.

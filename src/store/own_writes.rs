@@ -16,8 +16,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::kv::{
-    Cas, KvPair, KvStore, Listing, PrefixUpdate, SessionInfo, SessionSpec, StoreResult, TxnOp,
-    WatchTarget,
+    Cas, HeldWrites, KvPair, KvStore, Listing, PrefixUpdate, SessionInfo, SessionSpec, StoreResult,
+    TxnOp, WatchTarget,
 };
 use crate::state::{Mirror, OwnWrite};
 
@@ -48,11 +48,12 @@ impl OwnWrites {
             },
             Err(_) => return,
         };
-        self.mirror.apply_own_writes([write]);
+        self.mirror.apply_own_writes([write], None);
     }
 
-    /// Applies `writes`, reading back the deleted keys whose index the store did not tell.
-    async fn apply(&self, writes: Vec<OwnWrite>) {
+    /// Applies `writes` (of the transaction at `txn`, if they are one's), reading back the
+    /// deleted keys whose index the store did not tell.
+    async fn apply(&self, writes: Vec<OwnWrite>, txn: Option<u64>) {
         let unindexed: Vec<String> = writes
             .iter()
             .filter_map(|write| match write {
@@ -60,7 +61,7 @@ impl OwnWrites {
                 _ => None,
             })
             .collect();
-        self.mirror.apply_own_writes(writes);
+        self.mirror.apply_own_writes(writes, txn);
         for key in unindexed {
             self.read_back(&key).await;
         }
@@ -94,10 +95,13 @@ impl KvStore for OwnWrites {
     async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
         self.kv.delete(key, cas).await?;
         match cas {
-            Cas::Index(version) => self.mirror.apply_own_writes([OwnWrite::Delete {
-                key: key.to_owned(),
-                through: Some(version),
-            }]),
+            Cas::Index(version) => self.mirror.apply_own_writes(
+                [OwnWrite::Delete {
+                    key: key.to_owned(),
+                    through: Some(version),
+                }],
+                None,
+            ),
             Cas::Any => self.read_back(key).await,
         }
         Ok(())
@@ -108,18 +112,21 @@ impl KvStore for OwnWrites {
         if let Ok((index, left)) = self.kv.keys(prefix, None).await {
             let gone = self.mirror.under(prefix);
             let gone = gone.iter().filter(|entry| !left.contains(&entry.pair.key));
-            self.mirror
-                .apply_own_writes(gone.map(|entry| OwnWrite::Delete {
+            self.mirror.apply_own_writes(
+                gone.map(|entry| OwnWrite::Delete {
                     key: entry.pair.key.clone(),
                     through: Some(index),
-                }));
+                }),
+                None,
+            );
         }
         Ok(())
     }
 
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         let results = self.kv.txn(ops).await?;
-        self.apply(OwnWrite::from_txn(ops, &results)).await;
+        let txn = OwnWrite::txn_index(ops, &results);
+        self.apply(OwnWrite::from_txn(ops, &results), txn).await;
         Ok(results)
     }
 
@@ -169,8 +176,9 @@ impl KvStore for OwnWrites {
         prefix: &str,
         index: u64,
         wait: Duration,
+        held: HeldWrites<'_>,
     ) -> StoreResult<PrefixUpdate> {
-        self.kv.watch_changes(prefix, index, wait).await
+        self.kv.watch_changes(prefix, index, wait, held).await
     }
 
     async fn ping(&self) -> StoreResult<()> {

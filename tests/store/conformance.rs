@@ -817,7 +817,7 @@ async fn watch_changes_bring_a_copy_up_to_date(s: Subject) {
 
     let update = s
         .store
-        .watch_changes(&prefix, before.index, Duration::from_secs(5))
+        .watch_changes(&prefix, before.index, Duration::from_secs(5), &Vec::new)
         .await
         .unwrap();
     let now = s.store.list(&prefix).await.unwrap();
@@ -851,7 +851,7 @@ async fn watch_changes_bring_a_copy_up_to_date(s: Subject) {
     // Nothing changed: the watch times out and brings the same index.
     let idle = s
         .store
-        .watch_changes(&prefix, now.index, Duration::from_millis(50))
+        .watch_changes(&prefix, now.index, Duration::from_millis(50), &Vec::new)
         .await
         .unwrap();
     assert_eq!(idle.index(), now.index);

@@ -284,7 +284,7 @@ async fn a_write_is_readable_at_once_or_after_waiting_for_its_index() {
             value: br#"{"role":"web"}"#.to_vec(),
         }];
         let results = store.txn(&ops).await.unwrap();
-        mirror.apply_own_writes(OwnWrite::from_txn(&ops, &results));
+        mirror.apply_own_writes(OwnWrite::from_txn(&ops, &results), None);
         let written = store.get("labels/node/a").await.unwrap().unwrap();
         assert_eq!(mirror.get("labels/node/a").unwrap().pair, written);
         assert!(mirror.index() >= written.modify_index);
