@@ -138,13 +138,15 @@ impl OwnWrite {
 }
 
 impl OwnWrite {
-    /// The index of a successful transaction, as its writes answer it (`None` when it
-    /// wrote no value).
+    /// The index of a successful transaction, as its writes answer it: `None` when it
+    /// wrote no value, or when a write went unanswered (its pair is then not known).
     pub fn txn_index(ops: &[TxnOp], results: &[Option<KvPair>]) -> Option<u64> {
         ops.iter()
             .zip(results)
             .filter(|(op, _)| op.value().is_some())
-            .filter_map(|(_, result)| Some(result.as_ref()?.modify_index))
+            .map(|(_, result)| Some(result.as_ref()?.modify_index))
+            .collect::<Option<Vec<u64>>>()?
+            .into_iter()
             .max()
     }
 }
@@ -731,5 +733,21 @@ mod tests {
             deletes(OwnWrite::from_txn(&ops, &results)),
             [("b".into(), Some(4)), ("c".into(), None)]
         );
+    }
+
+    #[test]
+    fn a_txn_index_is_known_only_when_every_write_answers_it() {
+        let set = |key: &str| TxnOp::Set {
+            key: key.into(),
+            value: b"{}".to_vec(),
+        };
+        let ops = [TxnOp::Get { key: "a".into() }, set("b"), set("c")];
+        let index = |results: &[Option<KvPair>]| OwnWrite::txn_index(&ops, results);
+        assert_eq!(
+            index(&[answered("a", 3), answered("b", 9), answered("c", 9)]),
+            Some(9)
+        );
+        // A write without its pair: what else the transaction wrote is not known.
+        assert_eq!(index(&[answered("a", 3), answered("b", 9), None]), None);
     }
 }

@@ -4,13 +4,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use p2_apiserver::kv::{
-    open_store, Cas, ConsulOptions, KvPair, KvStore, Listing, SessionInfo, SessionSpec, StoreError,
-    StoreResult, StoreUrl, TxnOp, WatchTarget,
+    open_store, Cas, ConsulOptions, HeldWrites, KvPair, KvStore, Listing, PrefixUpdate,
+    SessionInfo, SessionSpec, StoreError, StoreResult, StoreUrl, TxnOp, WatchTarget,
 };
 use p2_apiserver::labels::{LabelType, Selector};
 use p2_apiserver::state::{
@@ -301,6 +301,46 @@ async fn a_write_is_readable_at_once_or_after_waiting_for_its_index() {
 }
 
 #[tokio::test]
+async fn the_mirror_does_not_read_back_what_its_own_transactions_wrote() {
+    // The SQLite store can leave them out; Consul's watches answer whole listings.
+    let backend = sqlite().await;
+    let switch = Switchable::new(backend.store.clone());
+    switch.changes.store(true, Ordering::SeqCst);
+    // Read again only when waited for, so that no read falls between a transaction's commit
+    // and the mirror taking its pairs in (it would find them, as it should).
+    let paced = MirrorConfig {
+        min_reread_interval: Duration::from_secs(3600),
+        ..config()
+    };
+    let (mirror, _running) = started(switch.clone(), paced).await;
+    let own = OwnWrites::wrap(switch.clone(), mirror.clone());
+    let set = |key: &str| TxnOp::Set {
+        key: key.into(),
+        value: br#"{"role":"web"}"#.to_vec(),
+    };
+
+    own.txn(&[set("labels/node/ours")]).await.unwrap();
+    own.txn(&[set("labels/node/ours-too")]).await.unwrap();
+    backend
+        .store
+        .txn(&[set("labels/node/theirs")])
+        .await
+        .unwrap();
+    let theirs = backend
+        .store
+        .get("labels/node/theirs")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(mirror.wait_for(theirs.modify_index, PATIENCE).await);
+
+    assert_eq!(mirror.get("labels/node/theirs").unwrap().pair, theirs);
+    assert!(mirror.get("labels/node/ours").is_some());
+    assert_eq!(*switch.changed.lock().unwrap(), ["labels/node/theirs"]);
+    assert_converges(&mirror, backend.store.as_ref()).await;
+}
+
+#[tokio::test]
 async fn a_reader_waiting_for_a_tree_does_not_wait_out_its_reread_interval() {
     each_backend(async |backend| {
         let store = backend.store.clone();
@@ -399,10 +439,14 @@ async fn a_store_going_backwards_is_read_afresh_and_subscribers_resync() {
 }
 
 /// A store whose calls can fail as if it were unreachable, and whose backing store can be
-/// swapped for another, as for a store restarted empty.
+/// swapped for another, as for a store restarted empty. Its watches answer whole listings,
+/// unless `changes` is set: they then answer what the backing store does, and note the keys
+/// of the pairs it answered as changed.
 struct Switchable {
     inner: RwLock<Arc<dyn KvStore>>,
     cut: AtomicBool,
+    changes: AtomicBool,
+    changed: Mutex<Vec<String>>,
 }
 
 impl Switchable {
@@ -410,6 +454,8 @@ impl Switchable {
         Arc::new(Switchable {
             inner: RwLock::new(inner),
             cut: AtomicBool::new(false),
+            changes: AtomicBool::new(false),
+            changed: Mutex::default(),
         })
     }
 
@@ -470,6 +516,27 @@ impl KvStore for Switchable {
         wait: Duration,
     ) -> StoreResult<Listing> {
         self.store()?.watch(target, index, wait).await
+    }
+    async fn watch_changes(
+        &self,
+        prefix: &str,
+        index: u64,
+        wait: Duration,
+        held: HeldWrites<'_>,
+    ) -> StoreResult<PrefixUpdate> {
+        if !self.changes.load(Ordering::SeqCst) {
+            let target = WatchTarget::Prefix(prefix.to_owned());
+            return Ok(PrefixUpdate::Whole(self.watch(&target, index, wait).await?));
+        }
+        let update = self
+            .store()?
+            .watch_changes(prefix, index, wait, held)
+            .await?;
+        if let PrefixUpdate::Since(changes) = &update {
+            let keys = changes.changed.iter().map(|pair| pair.key.clone());
+            self.changed.lock().unwrap().extend(keys);
+        }
+        Ok(update)
     }
     async fn ping(&self) -> StoreResult<()> {
         self.store()?.ping().await
