@@ -1921,6 +1921,20 @@ mod tests {
         assert_eq!(prefix_end("labels/").unwrap(), b"labels0".to_vec());
     }
 
+    /// What changed under `prefix` after `index`, but the pairs of the transactions at
+    /// `held`, as a watch that need not wait answers; a whole listing fails the test.
+    async fn changes_since(store: &SqliteStore, prefix: &str, index: u64, held: &[u64]) -> Changes {
+        let held = held.to_vec();
+        let update = store
+            .watch_changes(prefix, index, Duration::ZERO, &move || held.clone())
+            .await
+            .unwrap();
+        let PrefixUpdate::Since(changes) = update else {
+            panic!("a listing where the changes were asked for: {update:?}");
+        };
+        changes
+    }
+
     #[tokio::test]
     async fn changes_leave_out_the_pairs_of_the_transactions_the_watcher_holds() {
         let dir = tempfile::tempdir().unwrap();
@@ -1947,13 +1961,7 @@ mod tests {
             .unwrap();
         let rewritten = store.get("k/a").await.unwrap().unwrap().modify_index;
 
-        let update = store
-            .watch_changes("k/", listed.index, Duration::ZERO, &|| vec![held])
-            .await
-            .unwrap();
-        let PrefixUpdate::Since(changes) = update else {
-            panic!("a listing where the changes were asked for: {update:?}");
-        };
+        let changes = changes_since(&store, "k/", listed.index, &[held]).await;
         // k/b is left out; k/a was written again after the held transaction.
         let changed: Vec<&str> = changes.changed.iter().map(|p| p.key.as_str()).collect();
         assert_eq!(changed, ["k/a", "k/c"]);
@@ -1961,13 +1969,7 @@ mod tests {
         assert_eq!(changes.index, rewritten);
 
         // A delete in a held transaction is still told: the watcher confirms it by it.
-        let update = store
-            .watch_changes("k/", listed.index, Duration::ZERO, &|| vec![rewritten])
-            .await
-            .unwrap();
-        let PrefixUpdate::Since(changes) = update else {
-            panic!("a listing where the changes were asked for: {update:?}");
-        };
+        let changes = changes_since(&store, "k/", listed.index, &[rewritten]).await;
         let changed: Vec<&str> = changes.changed.iter().map(|p| p.key.as_str()).collect();
         assert_eq!(changed, ["k/b", "k/c"]);
         assert_eq!(changes.deleted, [("k/gone".to_owned(), rewritten)]);
@@ -1992,13 +1994,7 @@ mod tests {
         store.put("other/y", b"v", Cas::Any).await.unwrap();
         let deleted_at = store.get("k/07").await.unwrap().unwrap().modify_index + 1;
 
-        let update = store
-            .watch_changes("k/", listed.index, Duration::ZERO, &Vec::new)
-            .await
-            .unwrap();
-        let PrefixUpdate::Since(changes) = update else {
-            panic!("a listing where the changes were asked for: {update:?}");
-        };
+        let changes = changes_since(&store, "k/", listed.index, &[]).await;
         let changed: Vec<&str> = changes.changed.iter().map(|p| p.key.as_str()).collect();
         assert_eq!(changed, ["k/07"]);
         assert_eq!(changes.deleted, [("k/08".to_owned(), deleted_at)]);
@@ -2006,13 +2002,7 @@ mod tests {
 
         // Written again, the key is a change and no longer a delete.
         store.put("k/08", b"back", Cas::Any).await.unwrap();
-        let update = store
-            .watch_changes("k/", listed.index, Duration::ZERO, &Vec::new)
-            .await
-            .unwrap();
-        let PrefixUpdate::Since(changes) = update else {
-            panic!("a listing where the changes were asked for: {update:?}");
-        };
+        let changes = changes_since(&store, "k/", listed.index, &[]).await;
         let changed: Vec<&str> = changes.changed.iter().map(|p| p.key.as_str()).collect();
         assert_eq!(changed, ["k/07", "k/08"]);
         assert_eq!(changes.deleted, []);
@@ -2076,13 +2066,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(quiet_changes, recent_changes);
-        let busy_changes = store
-            .watch_changes("busy/", written, Duration::ZERO, &Vec::new)
-            .await
-            .unwrap();
-        let PrefixUpdate::Since(busy_changes) = busy_changes else {
-            panic!("a listing where the changes were asked for: {busy_changes:?}");
-        };
+        let busy_changes = changes_since(&store, "busy/", written, &[]).await;
         assert_eq!(busy_changes.index, busy_index);
         assert_eq!(busy_changes.deleted.len() as i64, RECENT_CHANGES + 10);
     }
@@ -2318,12 +2302,7 @@ mod tests {
         let x = store.get("a/x").await.unwrap().unwrap();
         assert_eq!(&x.value[..], b"2");
         assert_eq!((x.create_index, x.modify_index), (before + 1, before + 2));
-        let Ok(PrefixUpdate::Since(changes)) = store
-            .watch_changes("a/", before, Duration::ZERO, &Vec::new)
-            .await
-        else {
-            panic!("only what changed since {before}");
-        };
+        let changes = changes_since(&store, "a/", before, &[]).await;
         assert_eq!(changes.changed, vec![x]);
         let deleted = [
             ("a/y".to_owned(), before + 3),
