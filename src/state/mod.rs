@@ -93,6 +93,18 @@ pub enum OwnWrite {
 }
 
 impl OwnWrite {
+    /// The index of a successful transaction, as its writes answer it: `None` when it
+    /// wrote no value, or when a write went unanswered (its pair is then not known).
+    pub fn txn_index(ops: &[TxnOp], results: &[Option<KvPair>]) -> Option<u64> {
+        ops.iter()
+            .zip(results)
+            .filter(|(op, _)| op.value().is_some())
+            .map(|(_, result)| Some(result.as_ref()?.modify_index))
+            .collect::<Option<Vec<u64>>>()?
+            .into_iter()
+            .max()
+    }
+
     /// The writes of a successful transaction: each write op's key with the value it wrote
     /// and the indexes the store answered (reads and checks write nothing). A delete is
     /// known gone through the transaction's own index, which its other writes answer; in a
@@ -134,20 +146,6 @@ impl OwnWrite {
                 | TxnOp::CheckSession { .. } => None,
             })
             .collect()
-    }
-}
-
-impl OwnWrite {
-    /// The index of a successful transaction, as its writes answer it: `None` when it
-    /// wrote no value, or when a write went unanswered (its pair is then not known).
-    pub fn txn_index(ops: &[TxnOp], results: &[Option<KvPair>]) -> Option<u64> {
-        ops.iter()
-            .zip(results)
-            .filter(|(op, _)| op.value().is_some())
-            .map(|(_, result)| Some(result.as_ref()?.modify_index))
-            .collect::<Option<Vec<u64>>>()?
-            .into_iter()
-            .max()
     }
 }
 
