@@ -1945,9 +1945,7 @@ mod tests {
     #[tokio::test]
     async fn changes_leave_out_the_pairs_of_the_transactions_the_watcher_holds() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("s.db").display().to_string())
-            .await
-            .unwrap();
+        let store = open_in(&dir).await;
         let set = |key: &str| TxnOp::Set {
             key: key.into(),
             value: b"v".to_vec(),
@@ -1985,9 +1983,7 @@ mod tests {
     #[tokio::test]
     async fn a_watch_brings_only_what_changed_unless_tombstones_were_reaped_past_its_index() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("s.db").display().to_string())
-            .await
-            .unwrap();
+        let store = open_in(&dir).await;
         for i in 0..50 {
             store
                 .put(&format!("k/{i:02}"), b"v", Cas::Any)
