@@ -643,15 +643,10 @@ fn spawn_farm(
 mod tests {
     use super::*;
     use crate::kv::sqlite::SqliteStore;
-    use crate::kv::{SessionBehavior, SessionSpec};
+    use crate::kv::SessionSpec;
 
     async fn session(store: &dyn KvStore, name: &str) -> String {
-        let spec = SessionSpec {
-            name: name.into(),
-            ttl: Duration::from_secs(60),
-            lock_delay: Duration::ZERO,
-            behavior: SessionBehavior::Delete,
-        };
+        let spec = SessionSpec::deleting(name, Duration::from_secs(60));
         store.create_session(&spec).await.unwrap()
     }
 

@@ -302,6 +302,17 @@ pub struct SessionSpec {
 }
 
 impl SessionSpec {
+    /// A session as P2's farms and tools take their locks with: behavior delete, so that
+    /// its locks go with it, and no lock-delay.
+    pub fn deleting(name: impl Into<String>, ttl: Duration) -> SessionSpec {
+        SessionSpec {
+            name: name.into(),
+            ttl,
+            lock_delay: Duration::ZERO,
+            behavior: SessionBehavior::Delete,
+        }
+    }
+
     /// Refuses TTLs outside Consul's range, so both backends accept the same specs.
     pub fn validate(&self) -> StoreResult<()> {
         if self.ttl < MIN_SESSION_TTL || self.ttl > MAX_SESSION_TTL {

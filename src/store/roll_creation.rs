@@ -18,7 +18,7 @@ use super::events::record_ops;
 use super::labels::{write_op, LabelStore};
 use super::rcs::RcStore;
 use super::rolls::{RollRecord, RollStore};
-use crate::kv::{KvPair, KvStore, SessionBehavior, SessionSpec, StoreError, TxnFailure, TxnOp};
+use crate::kv::{KvPair, KvStore, SessionSpec, StoreError, TxnFailure, TxnOp};
 use crate::layout;
 
 /// Name of the creation session, which is also the value of the locks it takes: P2 names
@@ -453,13 +453,8 @@ struct CreationSession {
 
 impl CreationSession {
     async fn open(kv: Arc<dyn KvStore>) -> Result<Self, StoreError> {
-        let spec = SessionSpec {
-            name: CREATION_SESSION_NAME.to_owned(),
-            ttl: CREATION_SESSION_TTL,
-            // Nothing should wait to re-lock once a creation is over.
-            lock_delay: Duration::ZERO,
-            behavior: SessionBehavior::Delete,
-        };
+        // No lock-delay: nothing should wait to re-lock once a creation is over.
+        let spec = SessionSpec::deleting(CREATION_SESSION_NAME, CREATION_SESSION_TTL);
         let id = kv.create_session(&spec).await?;
         Ok(CreationSession {
             kv,

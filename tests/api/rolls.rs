@@ -9,7 +9,7 @@ use crate::support::api::{assert_operations, item_ids, labels, TestApp, TestResp
 use axum::http::StatusCode;
 use p2_apiserver::farms::roll;
 use p2_apiserver::farms::world::Trees;
-use p2_apiserver::kv::{Cas, SessionBehavior, SessionSpec};
+use p2_apiserver::kv::{Cas, SessionSpec};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::layout;
 use p2_apiserver::model::event::Actor;
@@ -371,12 +371,10 @@ async fn a_held_update_creation_lock_is_409() {
     let old = arrange_rc(&app, 3, &[]).await;
     let session = app
         .store
-        .create_session(&SessionSpec {
-            name: "RU create lock for p2-rctl".into(),
-            ttl: Duration::from_secs(15),
-            lock_delay: Duration::ZERO,
-            behavior: SessionBehavior::Delete,
-        })
+        .create_session(&SessionSpec::deleting(
+            "RU create lock for p2-rctl",
+            Duration::from_secs(15),
+        ))
         .await
         .unwrap();
     let lock = layout::rc_update_creation(&old);

@@ -302,12 +302,7 @@ async fn sessionless_locks_are_removed(backend: Backend) {
     }
     let outsiders = format!("lock/replication_controllers/{gone}/node_transfer");
     store.put(&outsiders, b"", Cas::Any).await.unwrap();
-    let spec = SessionSpec {
-        name: "another farm".into(),
-        ttl: Duration::from_secs(120),
-        lock_delay: Duration::ZERO,
-        behavior: SessionBehavior::Delete,
-    };
+    let spec = SessionSpec::deleting("another farm", Duration::from_secs(120));
     let other = store.create_session(&spec).await.unwrap();
     let held = layout::rc_ownership(&foreign);
     assert!(store.acquire(&held, b"", &other).await.unwrap());

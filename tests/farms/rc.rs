@@ -57,16 +57,11 @@ async fn schedules_scales_down_and_moves_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rcs_owned_by_another_farm_are_left_alone() {
-    use p2_apiserver::kv::{SessionBehavior, SessionSpec};
+    use p2_apiserver::kv::SessionSpec;
     let h = Harness::start().await;
     h.label(LabelType::Node, "node1", json!({"role": "web"}))
         .await;
-    let spec = SessionSpec {
-        name: "another farm".into(),
-        ttl: Duration::from_secs(60),
-        lock_delay: Duration::ZERO,
-        behavior: SessionBehavior::Delete,
-    };
+    let spec = SessionSpec::deleting("another farm", Duration::from_secs(60));
     let other = h.store.create_session(&spec).await.unwrap();
     let rc = json!({"manifest": MANIFEST, "node_selector": "", "pod_labels": null,
                     "replicas_desired": 1, "disabled": false, "allocation_strategy": ""});

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use p2_apiserver::kv::sqlite::SqliteStore;
-use p2_apiserver::kv::{Cas, KvStore, SessionBehavior, SessionSpec, StoreError, WatchTarget};
+use p2_apiserver::kv::{Cas, KvStore, SessionSpec, StoreError, WatchTarget};
 
 async fn two_stores_on_one_file() -> (tempfile::TempDir, Arc<SqliteStore>, Arc<SqliteStore>) {
     let dir = tempfile::tempdir().unwrap();
@@ -74,12 +74,7 @@ async fn watches_see_the_other_stores_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_are_exclusive_across_stores() {
     let (_dir, a, b) = two_stores_on_one_file().await;
-    let spec = SessionSpec {
-        name: "farm".into(),
-        ttl: Duration::from_secs(10),
-        lock_delay: Duration::ZERO,
-        behavior: SessionBehavior::Delete,
-    };
+    let spec = SessionSpec::deleting("farm", Duration::from_secs(10));
     let sa = a.create_session(&spec).await.unwrap();
     let sb = b.create_session(&spec).await.unwrap();
     assert!(a.acquire("lock/leader", b"a", &sa).await.unwrap());

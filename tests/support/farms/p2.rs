@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use p2_apiserver::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, StoreResult, TxnOp};
+use p2_apiserver::kv::{KvStore, SessionSpec, StoreError, StoreResult, TxnOp};
 use p2_apiserver::labels::{Labels, Selector};
 use p2_apiserver::model::Manifest;
 use serde_json::Value;
@@ -35,12 +35,7 @@ fn mutation_lock(id: &str) -> String {
 
 /// A session as P2's farms and tools make them: behaviour `delete`.
 async fn session(store: &dyn KvStore, name: &str) -> String {
-    let spec = SessionSpec {
-        name: name.into(),
-        ttl: Duration::from_secs(60),
-        lock_delay: Duration::ZERO,
-        behavior: SessionBehavior::Delete,
-    };
+    let spec = SessionSpec::deleting(name, Duration::from_secs(60));
     store.create_session(&spec).await.unwrap()
 }
 
