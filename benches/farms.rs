@@ -22,6 +22,10 @@
 //! `cargo bench --bench farms -- --nodes 200 --rcs 20 --idle 10`; and `--start-delay-ms`
 //! makes the simulated pods take that long to start (0 by default: they report while the
 //! farm still schedules).
+//!
+//! `cargo bench --bench farms -- --growth 10` prints instead how the time to schedule grows
+//! from 1,000 RCs × 10 over 2,000 nodes to 10,000 RCs × 10 over 10,000 nodes: ten runs of
+//! each, alternately, and the ratio of their medians.
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::{Command, Stdio};
@@ -43,6 +47,9 @@ struct Sizes {
     idle: Duration,
     /// How long a simulated pod takes to start before it is reported.
     start_delay: Duration,
+    /// `--growth N`: instead of one fleet's figures, the time to schedule the two
+    /// sizes, N runs of each.
+    growth_runs: Option<usize>,
 }
 
 fn sizes() -> Sizes {
@@ -54,6 +61,7 @@ fn sizes() -> Sizes {
         // none of them, or all.
         idle: Duration::from_secs(60),
         start_delay: Duration::ZERO,
+        growth_runs: None,
     };
     let args: Vec<String> = std::env::args().collect();
     for pair in args.windows(2) {
@@ -64,6 +72,7 @@ fn sizes() -> Sizes {
             "--replicas" => sizes.replicas = value() as usize,
             "--idle" => sizes.idle = Duration::from_secs(value()),
             "--start-delay-ms" => sizes.start_delay = Duration::from_millis(value()),
+            "--growth" => sizes.growth_runs = Some(value() as usize),
             _ => {}
         }
     }
@@ -272,6 +281,41 @@ async fn idle_rate(
     (total as f64 / idle.as_secs_f64(), calls)
 }
 
+/// The time to schedule 10,000 RCs × 10 over 10,000 nodes beside 1,000 RCs × 10 over 2,000
+/// nodes, as a ratio. The two sizes alternate, `runs` times, so that both see the same
+/// drift of a shared machine, and the ratio is of their medians.
+async fn growth(runs: usize) {
+    let sizes = [(1_000, 2_000), (10_000, 10_000)].map(|(rcs, nodes)| Sizes {
+        nodes,
+        rcs,
+        replicas: 10,
+        idle: Duration::ZERO,
+        start_delay: Duration::ZERO,
+        growth_runs: None,
+    });
+    let mut times: [Vec<Duration>; 2] = Default::default();
+    for _ in 0..runs {
+        for (sizes, times) in sizes.iter().zip(&mut times) {
+            let fleet = Fleet::set_up(sizes).await;
+            times.push(fleet.scheduled(sizes).await);
+        }
+    }
+    let [small, large] = times.map(|mut times| {
+        times.sort();
+        println!("{times:.2?}");
+        let middle = times.len() / 2;
+        if times.len() % 2 == 0 {
+            (times[middle - 1] + times[middle]) / 2
+        } else {
+            times[middle]
+        }
+    });
+    println!(
+        "growth from 1,000 to 10,000 RCs: {:.1}x in time, the medians of {runs} runs each ({large:.2?} against {small:.2?})",
+        large.as_secs_f64() / small.as_secs_f64()
+    );
+}
+
 /// How often the server's RSS is printed while the bench waits for every pod to be healthy.
 const RSS_REPORT_EVERY: Duration = Duration::from_secs(25);
 
@@ -283,142 +327,193 @@ fn print_rss(when: &str, server: &Child, simulator: &Child) {
     );
 }
 
+/// A fleet ready for the farms: the nodes labelled by the simulator and the RCs created
+/// through a first server run with `--no-farms`, then the server started again with its
+/// farms on the same database and port. Dropping it kills both processes before its
+/// database goes.
+struct Fleet {
+    server: Child,
+    simulator: Child,
+    client: reqwest::Client,
+    base: String,
+    /// The database file, read-only, as the bench watches it.
+    db: sqlx::SqlitePool,
+    /// The RCs, in the order created.
+    ids: Vec<String>,
+    /// When the farm-running server was started.
+    started: Instant,
+    _dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    async fn set_up(sizes: &Sizes) -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let db_path = dir.path().join("bench.db").display().to_string();
+        // A free port, kept across the restart so that the simulator follows the server.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let base = format!("http://127.0.0.1:{port}");
+        let client = reqwest::Client::new();
+
+        let server = serve(&db_path, port, false);
+        wait_for("the server", Duration::from_secs(30), async || {
+            let ready = client.get(format!("{base}/readyz")).send().await;
+            ready.is_ok_and(|r| r.status().is_success())
+        })
+        .await;
+        let read_only = format!("sqlite://{db_path}?mode=ro").parse().unwrap();
+        let db = sqlx::SqlitePool::connect_with(read_only).await.unwrap();
+        let mut node_labels = Counted::new(&db, "labels/node/", "1");
+        let nodes = sizes.nodes.to_string();
+        let start_delay = format!("{}ms", sizes.start_delay.as_millis());
+        let simulator = Child::start(&[
+            "simulate",
+            "--server",
+            &base,
+            "--nodes",
+            &nodes,
+            "--labels",
+            "pool=bench",
+            "--start-delay",
+            &start_delay,
+        ]);
+        let nodes = wait_for(
+            "the simulated nodes",
+            Duration::from_secs(120),
+            async || node_labels.count().await == sizes.nodes,
+        )
+        .await;
+        println!("{} simulated nodes labelled in {:.2?}", sizes.nodes, nodes);
+
+        // The RCs are created before the farms start, 16 POSTs at a time, so that convergence
+        // measures the farms alone.
+        let started = Instant::now();
+        let posts = (0..sizes.rcs).map(|i| {
+            let client = client.clone();
+            let base = base.clone();
+            async move {
+                let manifest = format!(
+                    "id: app-{i:03}\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/app-{i:03}_1.tar.gz\n"
+                );
+                let body = serde_json::json!({"manifest": manifest, "node_selector": "pool=bench",
+                                              "replicas_desired": sizes.replicas});
+                let response = client
+                    .post(format!("{base}/api/v1/rcs"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 201, "{}", response.text().await.unwrap());
+                let rc: serde_json::Value = response.json().await.unwrap();
+                rc["id"].as_str().unwrap().to_owned()
+            }
+        });
+        let ids: Vec<String> = futures::stream::iter(posts).buffered(16).collect().await;
+        let created = started.elapsed();
+        println!("{} RCs created through the API in {created:.2?}", sizes.rcs);
+
+        server.stop();
+        let started = Instant::now();
+        let server = serve(&db_path, port, true);
+        Fleet {
+            server,
+            simulator,
+            client,
+            base,
+            db,
+            ids,
+            started,
+            _dir: dir,
+        }
+    }
+
+    /// Waits until every pod is scheduled; how long that took from the farm-running
+    /// server's start.
+    async fn scheduled(&self, sizes: &Sizes) -> Duration {
+        // Intents are written in the same transaction as their pods' labels.
+        let mut intents = Counted::new(&self.db, "intent/", "1");
+        // A new leader takes every RC's lock before it schedules.
+        let mut rc_locks = Counted::new(
+            &self.db,
+            "lock/replication_controllers/",
+            "session IS NOT NULL",
+        );
+        let want = sizes.rcs * sizes.replicas;
+        let mut claimed = None;
+        wait_for("every pod", Duration::from_secs(600), async || {
+            if claimed.is_none() && rc_locks.count().await == sizes.rcs {
+                claimed = Some(self.started.elapsed());
+            }
+            intents.count().await == want
+        })
+        .await;
+        let scheduled = self.started.elapsed();
+        if let Some(claimed) = claimed {
+            println!("every RC's lock taken after {claimed:.2?} from the farm-running server's start (its mirror's first read and the election included)");
+        }
+        println!(
+            "{} RCs x {} replicas over {} nodes, from the farm-running server's start: all {want} pods scheduled after {scheduled:.2?}",
+            sizes.rcs, sizes.replicas, sizes.nodes
+        );
+        scheduled
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let sizes = sizes();
-    let dir = tempfile::tempdir().unwrap();
-    let db_path = dir.path().join("bench.db").display().to_string();
-    // A free port, kept across the restart so that the simulator follows the server.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let base = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-
-    let server = serve(&db_path, port, false);
-    wait_for("the server", Duration::from_secs(30), async || {
-        let ready = client.get(format!("{base}/readyz")).send().await;
-        ready.is_ok_and(|r| r.status().is_success())
-    })
-    .await;
-    let read_only = format!("sqlite://{db_path}?mode=ro").parse().unwrap();
-    let db = sqlx::SqlitePool::connect_with(read_only).await.unwrap();
-    let mut node_labels = Counted::new(&db, "labels/node/", "1");
-    // Intents are written in the same transaction as their pods' labels.
-    let mut intents = Counted::new(&db, "intent/", "1");
-    // A new leader takes every RC's lock before it schedules.
-    let mut rc_locks = Counted::new(&db, "lock/replication_controllers/", "session IS NOT NULL");
+    if let Some(runs) = sizes.growth_runs {
+        growth(runs).await;
+        return;
+    }
+    let fleet = Fleet::set_up(&sizes).await;
+    fleet.scheduled(&sizes).await;
+    let want = sizes.rcs * sizes.replicas;
     let mut passing = Counted::new(
-        &db,
+        &fleet.db,
         "health/",
         "instr(value, CAST('\"passing\"' AS BLOB)) > 0",
     );
-    let mut rcs = Counted::new(&db, "replication_controllers/", "1");
-    let nodes = sizes.nodes.to_string();
-    let start_delay = format!("{}ms", sizes.start_delay.as_millis());
-    let simulator = Child::start(&[
-        "simulate",
-        "--server",
-        &base,
-        "--nodes",
-        &nodes,
-        "--labels",
-        "pool=bench",
-        "--start-delay",
-        &start_delay,
-    ]);
-    let nodes = wait_for(
-        "the simulated nodes",
-        Duration::from_secs(120),
-        async || node_labels.count().await == sizes.nodes,
-    )
-    .await;
-    println!("{} simulated nodes labelled in {:.2?}", sizes.nodes, nodes);
-
-    let want = sizes.rcs * sizes.replicas;
-    // The RCs are created before the farms start, 16 POSTs at a time, so that convergence
-    // measures the farms alone.
-    let started = Instant::now();
-    let posts = (0..sizes.rcs).map(|i| {
-        let client = client.clone();
-        let base = base.clone();
-        async move {
-            let manifest = format!(
-                "id: app-{i:03}\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/app-{i:03}_1.tar.gz\n"
-            );
-            let body = serde_json::json!({"manifest": manifest, "node_selector": "pool=bench",
-                                          "replicas_desired": sizes.replicas});
-            let response = client
-                .post(format!("{base}/api/v1/rcs"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(response.status(), 201, "{}", response.text().await.unwrap());
-            let rc: serde_json::Value = response.json().await.unwrap();
-            rc["id"].as_str().unwrap().to_owned()
-        }
-    });
-    let ids: Vec<String> = futures::stream::iter(posts).buffered(16).collect().await;
-    let created = started.elapsed();
-    println!("{} RCs created through the API in {created:.2?}", sizes.rcs);
-
-    server.stop();
-    let started = Instant::now();
-    let server = serve(&db_path, port, true);
-    let mut claimed = None;
-    wait_for("every pod", Duration::from_secs(600), async || {
-        if claimed.is_none() && rc_locks.count().await == sizes.rcs {
-            claimed = Some(started.elapsed());
-        }
-        intents.count().await == want
-    })
-    .await;
-    let scheduled = started.elapsed();
-    if let Some(claimed) = claimed {
-        println!("every RC's lock taken after {claimed:.2?} from the farm-running server's start (its mirror's first read and the election included)");
-    }
-    println!(
-        "{} RCs x {} replicas over {} nodes, from the farm-running server's start: all {want} pods scheduled after {scheduled:.2?}",
-        sizes.rcs, sizes.replicas, sizes.nodes
-    );
-    print_rss("once scheduled", &server, &simulator);
+    let mut rcs = Counted::new(&fleet.db, "replication_controllers/", "1");
+    print_rss("once scheduled", &fleet.server, &fleet.simulator);
     // The server's peak so far, every so often while the reports come in: at 100,000 pods
     // all healthy is minutes away.
     let mut next_report = RSS_REPORT_EVERY;
     wait_for("every pod healthy", Duration::from_secs(600), async || {
-        if started.elapsed() >= next_report {
+        if fleet.started.elapsed() >= next_report {
             let when = format!("{next_report:.0?} after the farm-running server's start");
-            print_rss(&when, &server, &simulator);
+            print_rss(&when, &fleet.server, &fleet.simulator);
             next_report += RSS_REPORT_EVERY;
         }
         passing.count().await >= want
     })
     .await;
-    let healthy = started.elapsed();
-    let busiest = busiest(&db).await;
+    let healthy = fleet.started.elapsed();
+    let busiest = busiest(&fleet.db).await;
     println!("all healthy after {healthy:.2?}; busiest node runs {busiest} pods");
-    print_rss("after convergence", &server, &simulator);
+    print_rss("after convergence", &fleet.server, &fleet.simulator);
 
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (rate, calls) = idle_rate(&client, &base, sizes.idle).await;
+    let (rate, calls) = idle_rate(&fleet.client, &fleet.base, sizes.idle).await;
     println!(
         "idle with {} RCs: {rate:.2} store requests/s by the server (mirror watches, farms, leader, the simulator's reports through the API) over {:.0?} {calls:?}",
         sizes.rcs, sizes.idle
     );
     print_rss(
         &format!("after idling with {} RCs", sizes.rcs),
-        &server,
-        &simulator,
+        &fleet.server,
+        &fleet.simulator,
     );
 
     // Scale down to a tenth of the RCs and measure again.
     let keep = (sizes.rcs / 10).max(1);
-    for id in &ids[keep..] {
-        let response = client
-            .delete(format!("{base}/api/v1/rcs/{id}?force=true"))
+    for id in &fleet.ids[keep..] {
+        let response = fleet
+            .client
+            .delete(format!("{}/api/v1/rcs/{id}?force=true", fleet.base))
             .send()
             .await
             .unwrap();
@@ -429,17 +524,17 @@ async fn main() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (rate, calls) = idle_rate(&client, &base, sizes.idle).await;
+    let (rate, calls) = idle_rate(&fleet.client, &fleet.base, sizes.idle).await;
     println!(
         "idle with {keep} RCs: {rate:.2} store requests/s by the server (mirror watches, farms, leader, the simulator's reports through the API) over {:.0?} {calls:?}",
         sizes.idle
     );
     print_rss(
         &format!("after idling with {keep} RCs"),
-        &server,
-        &simulator,
+        &fleet.server,
+        &fleet.simulator,
     );
 
-    simulator.stop();
-    server.stop();
+    fleet.simulator.stop();
+    fleet.server.stop();
 }
