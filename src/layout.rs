@@ -109,9 +109,10 @@ pub fn health(pod_id: &str, node: &str) -> String {
     format!("{HEALTH}{pod_id}/{node}")
 }
 
-/// A fresh `audit_logs/<uuid>` key.
+/// A fresh `audit_logs/<uuid>` key, time-ordered (v7) so that new records are appended to
+/// the store's key order rather than scattered through it (P2's are v4).
 pub fn new_audit_log() -> String {
-    format!("{AUDIT_LOGS}{}", uuid::Uuid::new_v4())
+    format!("{AUDIT_LOGS}{}", uuid::Uuid::now_v7())
 }
 
 /// `p2-apiserver/events/<id>`.

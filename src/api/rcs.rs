@@ -52,7 +52,8 @@ const MAX_CREATE_ATTEMPTS: usize = 3;
 /// An RC as clients see it: the stored document plus its labels, version and status.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RcView {
-    /// UUID v4, assigned on creation.
+    /// A UUID assigned on creation: time-ordered (v7) when this server makes it, v4 when
+    /// P2's tools do.
     pub id: String,
     /// The pod manifest as stored: YAML text, byte for byte.
     pub manifest: String,
@@ -233,7 +234,7 @@ async fn create_rc(
             Ok(record) => break record,
             Err(StoreError::Conflict { .. }) if attempt < MAX_CREATE_ATTEMPTS => {
                 attempt += 1;
-                rc.id = uuid::Uuid::new_v4().to_string();
+                rc.id = RcId::generate().to_string();
             }
             Err(e) => return Err(e.into()),
         }

@@ -15,7 +15,7 @@ use crate::labels::{Labels, CLUSTER_NAME_LABEL, POD_ID_LABEL};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "Folded<RawDaemonSet>")]
 pub struct StoredDaemonSet {
-    /// UUID v4, also the key's last segment.
+    /// A UUID (v7 when this server made it, v4 when P2 did), also the key's last segment.
     pub id: String,
     /// Pauses the daemon set.
     pub disabled: bool,

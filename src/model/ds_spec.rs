@@ -146,7 +146,7 @@ pub fn new_daemon_set(body: Map<String, Value>) -> Result<StoredDaemonSet, Vec<F
         unreachable!("missing or invalid required fields are violations");
     };
     Ok(StoredDaemonSet {
-        id: DaemonSetId::new_v4().to_string(),
+        id: DaemonSetId::generate().to_string(),
         disabled: disabled.unwrap_or_default(),
         pod_id: manifest.pod_id().to_owned(),
         manifest,

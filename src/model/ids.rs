@@ -116,9 +116,13 @@ macro_rules! uuid_id {
         pub struct $name(Uuid);
 
         impl $name {
-            /// A fresh random (v4) id.
-            pub fn new_v4() -> Self {
-                $name(Uuid::new_v4())
+            /// A fresh id: a time-ordered UUID (v7), so that objects made one after another
+            /// sit side by side in the store's key order, and so do their locks, times and
+            /// conditions. A farm's pass over them then reads and writes neighbouring
+            /// pages of SQLite's indexes rather than one page per object. P2 makes v4 ids
+            /// and reads any UUID.
+            pub fn generate() -> Self {
+                $name(Uuid::now_v7())
             }
 
             /// The UUID itself.
@@ -311,6 +315,15 @@ fn check_pod_id(text: &str) -> Result<(), IdError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_made_one_after_another_sort_in_that_order() {
+        let ids: Vec<String> = (0..100).map(|_| RcId::generate().to_string()).collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(ids, sorted);
+        assert!(ids.iter().all(|id| id.parse::<RcId>().is_ok()));
+    }
 
     #[test]
     fn uuid_ids_take_only_the_canonical_spelling() {

@@ -14,7 +14,7 @@ use super::{join_errors, DecodeError, Manifest};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "Folded<RawRc>")]
 pub struct StoredRc {
-    /// UUID v4, also the key's last segment.
+    /// A UUID (v7 when this server made it, v4 when P2 did), also the key's last segment.
     pub id: String,
     /// The pod manifest, written as its raw YAML string.
     pub manifest: Manifest,

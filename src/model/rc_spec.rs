@@ -156,7 +156,7 @@ impl RcSpec {
         match manifest {
             Some(manifest) if causes.is_empty() => Ok(NewRc {
                 rc: StoredRc {
-                    id: RcId::new_v4().to_string(),
+                    id: RcId::generate().to_string(),
                     manifest,
                     node_selector,
                     pod_labels: Some(pod_labels),

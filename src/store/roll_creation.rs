@@ -12,7 +12,7 @@ use crate::labels::{LabelType, Labels, Selector, POD_ID_LABEL};
 use crate::model::event::{diff, roll_fields, Action, Actor, ObjectKind};
 pub use crate::model::roll_request::{RollPlan, RollRcs};
 pub use crate::model::NewRc as RcWithLabels;
-use crate::model::StoredRoll;
+use crate::model::{RcId, StoredRoll};
 
 use super::events::record_ops;
 use super::labels::{write_op, LabelStore};
@@ -378,7 +378,7 @@ impl RcWithLabels {
     /// A stand-in old RC: this spec and these labels under a fresh id, as P2 makes it.
     fn stand_in(&self) -> OldSide {
         let mut rc = self.rc.clone();
-        rc.id = uuid::Uuid::new_v4().to_string();
+        rc.id = RcId::generate().to_string();
         OldSide::StandIn(Box::new(RcWithLabels {
             rc,
             labels: self.labels.clone(),

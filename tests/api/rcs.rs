@@ -73,7 +73,7 @@ async fn create_answers_201_and_stores_the_rc_and_its_labels() {
         .await;
     let body = response.json();
     let id = body["id"].as_str().unwrap().to_owned();
-    assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 4);
+    assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 7);
     let version = body["resource_version"].as_str().unwrap();
     response.assert_created(&format!("/api/v1/rcs/{id}"), version);
     assert_eq!(
