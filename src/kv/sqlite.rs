@@ -215,8 +215,8 @@ impl SqliteStore {
         // The writer keeps its statement journals in memory: each upsert of hundreds of rows
         // into the open batch journals the pages it changes, and SQLite spills a journal
         // past 64 KiB to a temporary file, one write per page. It checkpoints the log every
-        // 8,192 pages rather than SQLite's 1,000: a page the batches keep changing is then
-        // copied into the database once per checkpoint rather than eight times.
+        // 8,192 pages rather than SQLite's 1,000: a page the batches keep changing is copied
+        // into the database file once per 8,192 pages of log rather than once per 1,000.
         let writer_options = options
             .clone()
             .pragma("temp_store", "memory")

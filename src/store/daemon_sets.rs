@@ -129,9 +129,10 @@ impl DaemonSetStore {
         Ok((listing.index, records))
     }
 
-    /// Creates a daemon set whose `id` the caller chose (normally a fresh one, see [`DaemonSetId::generate`]): one
-    /// transaction writes it only if the key is absent, together with its
-    /// `DAEMON_SET_CREATED` audit record naming `actor`, and its event and times.
+    /// Creates a daemon set whose `id` the caller chose (normally
+    /// [`DaemonSetId::generate`]'s): one transaction writes it only if the key is absent,
+    /// together with its `DAEMON_SET_CREATED` audit record naming `actor`, and its event and
+    /// times.
     pub async fn create(
         &self,
         ds: StoredDaemonSet,
