@@ -796,16 +796,8 @@ impl Writer {
             }
             query.execute(&mut *self.conn).await.map_err(unavailable)?;
             // A key written again is no longer deleted.
-            let placeholders = vec!["?"; rows.len()].join(", ");
-            let sql = format!("DELETE FROM tombstones WHERE key IN ({placeholders})");
-            let mut cleared = sqlx::query(&sql);
-            for pair in rows {
-                cleared = cleared.bind(pair.key.as_bytes());
-            }
-            cleared
-                .execute(&mut *self.conn)
-                .await
-                .map_err(unavailable)?;
+            let keys = rows.iter().map(|pair| pair.key.as_bytes());
+            self.delete_keys("tombstones", keys).await?;
         }
         for rows in deleted.chunks(ROWS_PER_STATEMENT) {
             let values = vec!["(?, ?, ?)"; rows.len()].join(", ");
@@ -815,23 +807,36 @@ impl Writer {
                     deleted_at_ms = excluded.deleted_at_ms"
             );
             let mut tombstones = sqlx::query(&sql);
-            let placeholders = vec!["?"; rows.len()].join(", ");
-            let sql = format!("DELETE FROM kv WHERE key IN ({placeholders})");
-            let mut deletes = sqlx::query(&sql);
             for &(key, index, at_ms) in rows {
                 tombstones = tombstones.bind(key).bind(index as i64).bind(at_ms);
-                deletes = deletes.bind(key);
             }
             tombstones
                 .execute(&mut *self.conn)
                 .await
                 .map_err(unavailable)?;
-            deletes
-                .execute(&mut *self.conn)
-                .await
-                .map_err(unavailable)?;
+            self.delete_keys("kv", rows.iter().map(|&(key, _, _)| key))
+                .await?;
         }
         Ok(())
+    }
+
+    /// Deletes the rows of `table` at `keys`, in one statement.
+    async fn delete_keys<'k>(
+        &mut self,
+        table: &str,
+        keys: impl ExactSizeIterator<Item = &'k [u8]>,
+    ) -> StoreResult<()> {
+        let placeholders = vec!["?"; keys.len()].join(", ");
+        let sql = format!("DELETE FROM {table} WHERE key IN ({placeholders})");
+        let mut query = sqlx::query(&sql);
+        for key in keys {
+            query = query.bind(key);
+        }
+        query
+            .execute(&mut *self.conn)
+            .await
+            .map(drop)
+            .map_err(unavailable)
     }
 
     /// Commits the batch, if one is open, and answers its writes; tells the watches what it
