@@ -52,17 +52,23 @@ struct Sizes {
     growth_runs: Option<usize>,
 }
 
+impl Default for Sizes {
+    fn default() -> Self {
+        Sizes {
+            nodes: 1000,
+            rcs: 100,
+            replicas: 10,
+            // The mirror's watches of quiet trees end every 60 s: a shorter window may catch
+            // none of them, or all.
+            idle: Duration::from_secs(60),
+            start_delay: Duration::ZERO,
+            growth_runs: None,
+        }
+    }
+}
+
 fn sizes() -> Sizes {
-    let mut sizes = Sizes {
-        nodes: 1000,
-        rcs: 100,
-        replicas: 10,
-        // The mirror's watches of quiet trees end every 60 s: a shorter window may catch
-        // none of them, or all.
-        idle: Duration::from_secs(60),
-        start_delay: Duration::ZERO,
-        growth_runs: None,
-    };
+    let mut sizes = Sizes::default();
     let args: Vec<String> = std::env::args().collect();
     for pair in args.windows(2) {
         let value = || pair[1].parse::<u64>().expect("a number");
@@ -288,10 +294,7 @@ async fn growth(runs: usize) {
     let sizes = [(1_000, 2_000), (10_000, 10_000)].map(|(rcs, nodes)| Sizes {
         nodes,
         rcs,
-        replicas: 10,
-        idle: Duration::ZERO,
-        start_delay: Duration::ZERO,
-        growth_runs: None,
+        ..Sizes::default()
     });
     let mut times: [Vec<Duration>; 2] = Default::default();
     for _ in 0..runs {
