@@ -29,6 +29,13 @@ pub const HTTP_REQUEST_DURATION: &str = "p2_http_request_duration_seconds";
 /// `list`, `txn`, `watch`, ...) and `outcome` (`ok`, or the error kind: `conflict`,
 /// `not_found`, `unavailable`, `outcome_unknown`, `invalid`, `forbidden`).
 pub const STORE_OPERATION_DURATION: &str = "p2_store_operation_duration_seconds";
+/// The embedded store's writer, by `stage`: `read` (the rows that queued transactions check,
+/// read together), `check` (their ops applied in memory), `write` (the batch's changed rows
+/// written into the database) and `commit` (the batch made durable). The writer does one
+/// stage at a time, so the stages' sums tell where its time goes.
+pub const SQLITE_WRITER_STAGE_DURATION: &str = "p2_sqlite_writer_stage_duration_seconds";
+/// Rows the embedded store's writer wrote into the database, changed or deleted.
+pub const SQLITE_ROWS_WRITTEN: &str = "p2_sqlite_rows_written_total";
 /// Passes of a farm over every object it owns, by `farm`.
 pub const FARM_RECONCILE_DURATION: &str = "p2_farm_reconcile_duration_seconds";
 /// Failed reconciles of one object by a farm (each puts the object into backoff), by `farm`.
@@ -111,6 +118,15 @@ fn describe() {
         metrics::Unit::Seconds,
         "Passes of each farm over every object it owns"
     );
+    describe_histogram!(
+        SQLITE_WRITER_STAGE_DURATION,
+        metrics::Unit::Seconds,
+        "The embedded store's writer, by stage: read, check, write, commit"
+    );
+    describe_counter!(
+        SQLITE_ROWS_WRITTEN,
+        "Rows the embedded store's writer wrote into the database"
+    );
     describe_counter!(FARM_ERRORS, "Failed reconciles of one object by each farm");
     describe_gauge!(
         FARM_QUEUE_DEPTH,
@@ -178,6 +194,16 @@ pub fn store_operation(
 ) {
     histogram!(STORE_OPERATION_DURATION, "backend" => backend, "operation" => operation, "outcome" => outcome)
         .record(took);
+}
+
+/// Records one stage of the embedded store's writer.
+pub fn sqlite_writer_stage(stage: &'static str, took: Duration) {
+    histogram!(SQLITE_WRITER_STAGE_DURATION, "stage" => stage).record(took);
+}
+
+/// Counts rows the embedded store's writer wrote into the database.
+pub fn sqlite_rows_written(rows: usize) {
+    counter!(SQLITE_ROWS_WRITTEN).increment(rows as u64);
 }
 
 /// What one pass of a farm left: how long it took, the failures since the last pass, the

@@ -26,7 +26,7 @@ use std::ops::Bound;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use sqlx::pool::PoolConnection;
@@ -47,6 +47,7 @@ use super::{
     KvStore, Listing, Lock, PrefixUpdate, SessionBehavior, SessionInfo, SessionSpec, StoreError,
     StoreResult, TxnFailure, TxnOp, WatchTarget, MAX_WATCH_WAIT,
 };
+use crate::metrics;
 
 /// How often other processes' writes and expired sessions are looked for.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -817,6 +818,7 @@ impl Writer {
             self.delete_keys("kv", rows.iter().map(|&(key, _, _)| key))
                 .await?;
         }
+        metrics::sqlite_rows_written(staged.len());
         Ok(())
     }
 
@@ -846,10 +848,13 @@ impl Writer {
         if !self.open {
             return;
         }
+        let started = Instant::now();
         if let Err(e) = self.write_staged().await {
             self.abort(e).await;
             return;
         }
+        metrics::sqlite_writer_stage("write", started.elapsed());
+        let started = Instant::now();
         if self.taken.is_some() {
             let stored = sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'last_index'")
                 .bind(self.last_index as i64)
@@ -873,6 +878,7 @@ impl Writer {
             self.abort(e).await;
             return;
         }
+        metrics::sqlite_writer_stage("commit", started.elapsed());
         self.open = false;
         let touched = std::mem::take(&mut self.touched);
         let taken = self.taken.take();
@@ -1518,7 +1524,10 @@ async fn run_queued(inner: Weak<Inner>, ready: Arc<Notify>, stop: CancellationTo
             }
         };
         let all: Vec<&TxnOp> = queued.iter().flat_map(|q| &q.ops).collect();
+        let started = Instant::now();
         let read = txn.prefetch(&all).await;
+        metrics::sqlite_writer_stage("read", started.elapsed());
+        let started = Instant::now();
         for Queued { ops, answer } in queued {
             let applied = match &read {
                 Ok(()) => txn.apply_all(&ops).await,
@@ -1533,6 +1542,7 @@ async fn run_queued(inner: Weak<Inner>, ready: Arc<Notify>, stop: CancellationTo
             };
             let _ = answer.send(answered);
         }
+        metrics::sqlite_writer_stage("check", started.elapsed());
     }
 }
 

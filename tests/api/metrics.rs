@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use p2_apiserver::kv::{Cas, StoreError};
+use p2_apiserver::kv::{Cas, StoreError, TxnOp};
 use p2_apiserver::model::timestamp::format_rfc3339;
 
 use crate::support::api::{backend, TestApp};
@@ -19,6 +19,8 @@ use crate::support::scrape::Metrics;
 const HTTP: &str = "p2_http_request_duration_seconds";
 const STORE: &str = "p2_store_operation_duration_seconds";
 const SSE: &str = "p2_sse_clients";
+const WRITER: &str = "p2_sqlite_writer_stage_duration_seconds";
+const ROWS_WRITTEN: &str = "p2_sqlite_rows_written_total";
 
 async fn scrape(app: &TestApp) -> Metrics {
     let response = app.get("/metrics").await;
@@ -94,6 +96,35 @@ async fn store_operations_are_counted_by_backend_operation_and_outcome() {
         assert!(added >= 1.0, "{labels:?}: {added}");
         assert!(!after.buckets(STORE, &labels).is_empty(), "{labels:?}");
     }
+}
+
+#[tokio::test]
+async fn the_embedded_stores_writer_is_timed_by_stage_and_counts_its_rows() {
+    let app = TestApp::new().await;
+    let before = scrape(&app).await;
+    let ops: Vec<TxnOp> = (0..3)
+        .map(|i| TxnOp::Set {
+            key: format!("metrics-test/{}/{i}", uuid::Uuid::new_v4()),
+            value: b"1".to_vec(),
+        })
+        .collect();
+    app.store.txn(&ops).await.unwrap();
+    let after = scrape(&app).await;
+
+    if backend() == "consul" {
+        // Consul writes for itself; the embedded writer has nothing to say.
+        return;
+    }
+    let rows = |metrics: &Metrics| metrics.value(ROWS_WRITTEN, &[]).unwrap_or(0.0);
+    let written = rows(&after) - rows(&before);
+    assert!(written >= 3.0, "{written}");
+    for stage in ["read", "check", "write", "commit"] {
+        let labels = [("stage", stage)];
+        let added = after.count(WRITER, &labels) - before.count(WRITER, &labels);
+        assert!(added >= 1.0, "{stage}: {added}");
+    }
+    assert!(after.help(WRITER).is_some());
+    assert!(after.help(ROWS_WRITTEN).is_some());
 }
 
 #[tokio::test]
