@@ -33,7 +33,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use p2_apiserver::labels::Labels;
-use p2_apiserver::metrics::STORE_OPERATION_DURATION;
+use p2_apiserver::metrics::{
+    SQLITE_ROWS_WRITTEN, SQLITE_WRITER_STAGE_DURATION, STORE_OPERATION_DURATION,
+};
 use prom_text_format_parser::{Scrape, ValueType};
 
 #[path = "support/rss.rs"]
@@ -238,13 +240,66 @@ async fn wait_for(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> b
     started.elapsed()
 }
 
-/// The server's store operations so far, by operation (and outcome, when not `ok`), from
-/// the `_count` of its `/metrics` histogram.
-async fn store_operations(client: &reqwest::Client, base: &str) -> BTreeMap<String, f64> {
+/// The server's `/metrics`, parsed.
+async fn scrape(client: &reqwest::Client, base: &str) -> Scrape {
     let response = client.get(format!("{base}/metrics")).send().await.unwrap();
     assert_eq!(response.status(), 200);
     let text = response.text().await.unwrap();
-    let scrape = Scrape::parse(&text).expect("the Prometheus text format");
+    Scrape::parse(&text).expect("the Prometheus text format")
+}
+
+/// The sums of the samples of `metric` of type `value_type`, by the value of `label`.
+fn sums_by(
+    scrape: &Scrape,
+    metric: &str,
+    value_type: ValueType,
+    label: &str,
+) -> BTreeMap<String, f64> {
+    let mut sums = BTreeMap::new();
+    for metric in scrape.metrics.iter().filter(|m| m.name == metric) {
+        for sample in metric
+            .samples
+            .iter()
+            .filter(|s| s.value.value_type == value_type)
+        {
+            let found = sample.labels.iter().find(|l| l.key == label);
+            let value = found.map_or("", |l| l.value.as_str()).to_owned();
+            *sums.entry(value).or_insert(0.0) += sample.value.value.as_f64();
+        }
+    }
+    sums
+}
+
+/// How the server's SQLite writer spent `took`: the time in each of its stages, and per row
+/// written.
+async fn print_writer(client: &reqwest::Client, base: &str, took: Duration) {
+    let scrape = scrape(client, base).await;
+    let stages = sums_by(
+        &scrape,
+        SQLITE_WRITER_STAGE_DURATION,
+        ValueType::Sum,
+        "stage",
+    );
+    let rows = sums_by(&scrape, SQLITE_ROWS_WRITTEN, ValueType::Sample, "");
+    let rows = rows.values().sum::<f64>();
+    let busy: f64 = stages.values().sum();
+    let each: Vec<String> = ["read", "check", "write", "commit"]
+        .into_iter()
+        .map(|stage| format!("{stage} {:.2} s", stages.get(stage).copied().unwrap_or(0.0)))
+        .collect();
+    println!(
+        "the SQLite writer was busy {busy:.2} s of those {:.2} s ({:.0}%): {}; {rows:.0} rows written, {:.1} us each",
+        took.as_secs_f64(),
+        100.0 * busy / took.as_secs_f64(),
+        each.join(", "),
+        1e6 * busy / rows.max(1.0)
+    );
+}
+
+/// The server's store operations so far, by operation (and outcome, when not `ok`), from
+/// the `_count` of its `/metrics` histogram.
+async fn store_operations(client: &reqwest::Client, base: &str) -> BTreeMap<String, f64> {
+    let scrape = scrape(client, base).await;
     let mut operations = BTreeMap::new();
     let metrics = scrape.metrics.iter();
     for metric in metrics.filter(|m| m.name == STORE_OPERATION_DURATION) {
@@ -461,6 +516,7 @@ impl Fleet {
             "{} RCs x {} replicas over {} nodes, from the farm-running server's start: all {want} pods scheduled after {scheduled:.2?}",
             sizes.rcs, sizes.replicas, sizes.nodes
         );
+        print_writer(&self.client, &self.base, scheduled).await;
         scheduled
     }
 }
