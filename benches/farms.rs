@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use p2_apiserver::labels::Labels;
 use p2_apiserver::metrics::{
-    SQLITE_ROWS_WRITTEN, SQLITE_WRITER_STAGE_DURATION, STORE_OPERATION_DURATION,
+    WriterStage, SQLITE_ROWS_WRITTEN, SQLITE_WRITER_STAGE_DURATION, STORE_OPERATION_DURATION,
 };
 use prom_text_format_parser::{Scrape, ValueType};
 
@@ -283,9 +283,12 @@ async fn print_writer(client: &reqwest::Client, base: &str, took: Duration) {
     let rows = sums_by(&scrape, SQLITE_ROWS_WRITTEN, ValueType::Sample, "");
     let rows = rows.values().sum::<f64>();
     let busy: f64 = stages.values().sum();
-    let each: Vec<String> = ["read", "check", "write", "commit"]
+    let each: Vec<String> = WriterStage::ALL
         .into_iter()
-        .map(|stage| format!("{stage} {:.2} s", stages.get(stage).copied().unwrap_or(0.0)))
+        .map(|stage| {
+            let took = stages.get(stage.label()).copied().unwrap_or(0.0);
+            format!("{} {took:.2} s", stage.label())
+        })
         .collect();
     println!(
         "the SQLite writer was busy {busy:.2} s of those {:.2} s ({:.0}%): {}; {rows:.0} rows written, {:.1} us each",

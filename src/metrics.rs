@@ -29,10 +29,8 @@ pub const HTTP_REQUEST_DURATION: &str = "p2_http_request_duration_seconds";
 /// `list`, `txn`, `watch`, ...) and `outcome` (`ok`, or the error kind: `conflict`,
 /// `not_found`, `unavailable`, `outcome_unknown`, `invalid`, `forbidden`).
 pub const STORE_OPERATION_DURATION: &str = "p2_store_operation_duration_seconds";
-/// The embedded store's writer, by `stage`: `read` (the rows that queued transactions check,
-/// read together), `check` (their ops applied in memory), `write` (the batch's changed rows
-/// written into the database) and `commit` (the batch made durable). The writer does one
-/// stage at a time, so the stages' sums tell where its time goes.
+/// The embedded store's writer, by `stage` ([`WriterStage`]). The writer does one stage at a
+/// time, so the stages' sums tell where its time goes.
 pub const SQLITE_WRITER_STAGE_DURATION: &str = "p2_sqlite_writer_stage_duration_seconds";
 /// Rows the embedded store's writer wrote into the database, changed or deleted.
 pub const SQLITE_ROWS_WRITTEN: &str = "p2_sqlite_rows_written_total";
@@ -196,9 +194,41 @@ pub fn store_operation(
         .record(took);
 }
 
+/// A stage of the embedded store's writer, in the order a write goes through them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriterStage {
+    /// The rows that queued transactions check, read together.
+    Read,
+    /// Their ops applied in memory.
+    Check,
+    /// The batch's changed rows written into the database.
+    Write,
+    /// The batch made durable.
+    Commit,
+}
+
+impl WriterStage {
+    pub const ALL: [WriterStage; 4] = [
+        WriterStage::Read,
+        WriterStage::Check,
+        WriterStage::Write,
+        WriterStage::Commit,
+    ];
+
+    /// Its `stage` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            WriterStage::Read => "read",
+            WriterStage::Check => "check",
+            WriterStage::Write => "write",
+            WriterStage::Commit => "commit",
+        }
+    }
+}
+
 /// Records one stage of the embedded store's writer.
-pub fn sqlite_writer_stage(stage: &'static str, took: Duration) {
-    histogram!(SQLITE_WRITER_STAGE_DURATION, "stage" => stage).record(took);
+pub fn sqlite_writer_stage(stage: WriterStage, took: Duration) {
+    histogram!(SQLITE_WRITER_STAGE_DURATION, "stage" => stage.label()).record(took);
 }
 
 /// Counts rows the embedded store's writer wrote into the database.

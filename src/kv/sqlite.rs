@@ -47,7 +47,7 @@ use super::{
     KvStore, Listing, Lock, PrefixUpdate, SessionBehavior, SessionInfo, SessionSpec, StoreError,
     StoreResult, TxnFailure, TxnOp, WatchTarget, MAX_WATCH_WAIT,
 };
-use crate::metrics;
+use crate::metrics::{self, WriterStage};
 
 /// How often other processes' writes and expired sessions are looked for.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -853,7 +853,7 @@ impl Writer {
             self.abort(e).await;
             return;
         }
-        metrics::sqlite_writer_stage("write", started.elapsed());
+        metrics::sqlite_writer_stage(WriterStage::Write, started.elapsed());
         let started = Instant::now();
         if self.taken.is_some() {
             let stored = sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'last_index'")
@@ -878,7 +878,7 @@ impl Writer {
             self.abort(e).await;
             return;
         }
-        metrics::sqlite_writer_stage("commit", started.elapsed());
+        metrics::sqlite_writer_stage(WriterStage::Commit, started.elapsed());
         self.open = false;
         let touched = std::mem::take(&mut self.touched);
         let taken = self.taken.take();
@@ -1526,7 +1526,7 @@ async fn run_queued(inner: Weak<Inner>, ready: Arc<Notify>, stop: CancellationTo
         let all: Vec<&TxnOp> = queued.iter().flat_map(|q| &q.ops).collect();
         let started = Instant::now();
         let read = txn.prefetch(&all).await;
-        metrics::sqlite_writer_stage("read", started.elapsed());
+        metrics::sqlite_writer_stage(WriterStage::Read, started.elapsed());
         let started = Instant::now();
         for Queued { ops, answer } in queued {
             let applied = match &read {
@@ -1542,7 +1542,7 @@ async fn run_queued(inner: Weak<Inner>, ready: Arc<Notify>, stop: CancellationTo
             };
             let _ = answer.send(answered);
         }
-        metrics::sqlite_writer_stage("check", started.elapsed());
+        metrics::sqlite_writer_stage(WriterStage::Check, started.elapsed());
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use p2_apiserver::kv::{Cas, StoreError, TxnOp};
+use p2_apiserver::metrics::WriterStage;
 use p2_apiserver::model::timestamp::format_rfc3339;
 
 use crate::support::api::{backend, TestApp};
@@ -118,10 +119,10 @@ async fn the_embedded_stores_writer_is_timed_by_stage_and_counts_its_rows() {
     let rows = |metrics: &Metrics| metrics.value(ROWS_WRITTEN, &[]).unwrap_or(0.0);
     let written = rows(&after) - rows(&before);
     assert!(written >= 3.0, "{written}");
-    for stage in ["read", "check", "write", "commit"] {
-        let labels = [("stage", stage)];
+    for stage in WriterStage::ALL {
+        let labels = [("stage", stage.label())];
         let added = after.count(WRITER, &labels) - before.count(WRITER, &labels);
-        assert!(added >= 1.0, "{stage}: {added}");
+        assert!(added >= 1.0, "{stage:?}: {added}");
     }
     assert!(after.help(WRITER).is_some());
     assert!(after.help(ROWS_WRITTEN).is_some());
