@@ -36,7 +36,7 @@ use p2_apiserver::labels::Labels;
 use p2_apiserver::metrics::{
     WriterStage, SQLITE_ROWS_WRITTEN, SQLITE_WRITER_STAGE_DURATION, STORE_OPERATION_DURATION,
 };
-use prom_text_format_parser::{Scrape, ValueType};
+use prom_text_format_parser::{Sample, Scrape, ValueType};
 
 #[path = "support/rss.rs"]
 mod rss;
@@ -248,12 +248,12 @@ async fn scrape(client: &reqwest::Client, base: &str) -> Scrape {
     Scrape::parse(&text).expect("the Prometheus text format")
 }
 
-/// The sums of the samples of `metric` of type `value_type`, by the value of `label`.
+/// The sums of the samples of `metric` of type `value_type`, by what `key` makes of each.
 fn sums_by(
     scrape: &Scrape,
     metric: &str,
     value_type: ValueType,
-    label: &str,
+    key: impl Fn(&Sample) -> String,
 ) -> BTreeMap<String, f64> {
     let mut sums = BTreeMap::new();
     for metric in scrape.metrics.iter().filter(|m| m.name == metric) {
@@ -262,12 +262,16 @@ fn sums_by(
             .iter()
             .filter(|s| s.value.value_type == value_type)
         {
-            let found = sample.labels.iter().find(|l| l.key == label);
-            let value = found.map_or("", |l| l.value.as_str()).to_owned();
-            *sums.entry(value).or_insert(0.0) += sample.value.value.as_f64();
+            *sums.entry(key(sample)).or_insert(0.0) += sample.value.value.as_f64();
         }
     }
     sums
+}
+
+/// The value of the sample's label `name`, `""` when it has none.
+fn label<'a>(sample: &'a Sample, name: &str) -> &'a str {
+    let found = sample.labels.iter().find(|l| l.key == name);
+    found.map_or("", |l| l.value.as_str())
 }
 
 /// How the server's SQLite writer spent `took`: the time in each of its stages, and per row
@@ -278,9 +282,11 @@ async fn print_writer(client: &reqwest::Client, base: &str, took: Duration) {
         &scrape,
         SQLITE_WRITER_STAGE_DURATION,
         ValueType::Sum,
-        "stage",
+        |sample| label(sample, "stage").to_owned(),
     );
-    let rows = sums_by(&scrape, SQLITE_ROWS_WRITTEN, ValueType::Sample, "");
+    let rows = sums_by(&scrape, SQLITE_ROWS_WRITTEN, ValueType::Sample, |_| {
+        String::new()
+    });
     let rows = rows.values().sum::<f64>();
     let busy: f64 = stages.values().sum();
     let each: Vec<String> = WriterStage::ALL
@@ -303,25 +309,15 @@ async fn print_writer(client: &reqwest::Client, base: &str, took: Duration) {
 /// the `_count` of its `/metrics` histogram.
 async fn store_operations(client: &reqwest::Client, base: &str) -> BTreeMap<String, f64> {
     let scrape = scrape(client, base).await;
-    let mut operations = BTreeMap::new();
-    let metrics = scrape.metrics.iter();
-    for metric in metrics.filter(|m| m.name == STORE_OPERATION_DURATION) {
-        for sample in &metric.samples {
-            if sample.value.value_type != ValueType::Count {
-                continue;
-            }
-            let label = |key: &str| {
-                let found = sample.labels.iter().find(|l| l.key == key);
-                found.map_or("", |l| l.value.as_str())
-            };
-            let name = match label("outcome") {
-                "ok" => label("operation").to_owned(),
-                outcome => format!("{}/{outcome}", label("operation")),
-            };
-            *operations.entry(name).or_insert(0.0) += sample.value.value.as_f64();
-        }
-    }
-    operations
+    sums_by(
+        &scrape,
+        STORE_OPERATION_DURATION,
+        ValueType::Count,
+        |sample| match label(sample, "outcome") {
+            "ok" => label(sample, "operation").to_owned(),
+            outcome => format!("{}/{outcome}", label(sample, "operation")),
+        },
+    )
 }
 
 /// The server's store requests per second over `idle`, and their number by operation.
