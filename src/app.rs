@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::api::answers::Answers;
+use crate::answers::Answers;
 use crate::auth::Access;
 use crate::kv::KvStore;
 use crate::model::Limits;

@@ -13,7 +13,7 @@ use anyhow::{bail, Context};
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
 use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -24,7 +24,6 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
 use crate::error::ApiError;
 use crate::model::event::{Actor, ANONYMOUS};
-use crate::router::REQUEST_ID_HEADER;
 
 /// What a token may do. `viewer` reads; `deployer` and `agent` each add their writes to it;
 /// `admin` may do everything.
@@ -329,6 +328,10 @@ impl Access {
 /// [`authorize`].
 #[derive(Debug, Clone)]
 struct Subject(String);
+
+/// Header carrying the request id, as most proxies and tracing tools expect: set by the
+/// router on every request that lacks one, and recorded with who made it.
+pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Who makes a request, for its events and P2's audit records: the name of its token, or
 /// [`ANONYMOUS`] when the server runs without tokens (or the operation needs none); with

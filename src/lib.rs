@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - [`config`]: the command line (clap), every flag also an environment variable.
-//! - [`app`]: the shared state handlers reach ([`app::AppState`]).
+//! - [`app`]: the shared state handlers reach ([`app::AppState`]); [`answers`]: the
+//!   answers built from the mirror that it keeps until what they read changes.
 //! - [`error`]: the one error type ([`error::ApiError`]) and the JSON error body.
 //! - [`api`]: HTTP handlers, one module per resource, and the extractors they use.
 //! - [`auth`]: bearer tokens, the role each operation needs, and the CORS origins.
@@ -27,6 +28,7 @@
 //! - [`simulator`]: simulated nodes that act as node agents through the REST API, for the
 //!   demo, the end-to-end tests and the benchmark.
 
+pub mod answers;
 pub mod api;
 pub mod app;
 pub mod auth;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::body::{to_bytes, Body, HttpBody};
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
-use axum::http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -26,7 +26,7 @@ use crate::api;
 use crate::api::blocking::INDEX_HEADER;
 use crate::api::list_query::requested_wait;
 use crate::app::{AppState, HttpLimits};
-use crate::auth;
+use crate::auth::{self, REQUEST_ID_HEADER};
 use crate::error::{ApiError, Cause, ErrorBody};
 use crate::metrics;
 
@@ -44,9 +44,6 @@ pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 /// Most headers accepted in one request; more are 431. The HTTP layer's own limit
 /// ([`crate::server`]) is set above it, so that this one answers with the JSON body.
 pub const MAX_HEADERS: usize = 100;
-
-/// Header carrying the request id, as most proxies and tracing tools expect.
-pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The OpenAPI document's root: tags and the shared schemas.
 #[derive(OpenApi)]

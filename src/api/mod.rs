@@ -6,9 +6,9 @@
 //! [`list_query`] (the query of every listing, checked before the handler runs),
 //! [`blocking`] (`?index=&wait=` and `X-Index`), [`reads`] (the mirror or the store, and
 //! `?consistent=true`), [`paging`] (`limit`, `continue`) and [`preconditions`] (`ETag`,
-//! `If-Match`); [`answers`] keeps answers built from the mirror until what they read changes.
+//! `If-Match`); [`crate::answers`] keeps answers built from the mirror until what they read
+//! changes.
 
-pub mod answers;
 pub mod blocking;
 pub mod daemonsets;
 pub mod events;
