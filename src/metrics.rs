@@ -119,7 +119,10 @@ fn describe() {
     describe_histogram!(
         SQLITE_WRITER_STAGE_DURATION,
         metrics::Unit::Seconds,
-        "The embedded store's writer, by stage: read, check, write, commit"
+        format!(
+            "The embedded store's writer, by stage: {}",
+            WriterStage::ALL.map(WriterStage::label).join(", ")
+        )
     );
     describe_counter!(
         SQLITE_ROWS_WRITTEN,
