@@ -26,13 +26,23 @@
 //! `cargo bench --bench farms -- --growth 10` prints instead how the time to schedule grows
 //! from 1,000 RCs × 10 over 2,000 nodes to 10,000 RCs × 10 over 10,000 nodes: ten runs of
 //! each, alternately, and the ratio of their medians.
+//!
+//! `cargo bench --bench farms -- --store-growth 8` prints how the same sizes grow on the
+//! embedded store alone, in this process (no server, mirror, farms or simulator): each RC's
+//! ten intents and ten pod labels in one transaction, as the RC farm's first pass writes
+//! them, `CONCURRENT_OBJECTS` RCs at a time. The pods go on the least-loaded nodes by name,
+//! as the farm places them, and then, for comparison, on nodes scattered over the fleet.
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use p2_apiserver::labels::Labels;
+use p2_apiserver::farms::CONCURRENT_OBJECTS;
+use p2_apiserver::kv::sqlite::SqliteStore;
+use p2_apiserver::kv::{KvStore, TxnOp, MAX_TXN_OPS};
+use p2_apiserver::labels::{LabelType, Labels};
+use p2_apiserver::layout;
 use p2_apiserver::metrics::{
     WriterStage, SQLITE_ROWS_WRITTEN, SQLITE_WRITER_STAGE_DURATION, STORE_OPERATION_DURATION,
 };
@@ -52,6 +62,9 @@ struct Sizes {
     /// `--growth N`: instead of one fleet's figures, the time to schedule the issue's two
     /// sizes, N runs of each.
     growth_runs: Option<usize>,
+    /// `--store-growth N`: instead, the same sizes' first writes to the embedded store
+    /// alone, N runs of each.
+    store_growth_runs: Option<usize>,
 }
 
 impl Default for Sizes {
@@ -65,6 +78,7 @@ impl Default for Sizes {
             idle: Duration::from_secs(60),
             start_delay: Duration::ZERO,
             growth_runs: None,
+            store_growth_runs: None,
         }
     }
 }
@@ -81,6 +95,7 @@ fn sizes() -> Sizes {
             "--idle" => sizes.idle = Duration::from_secs(value()),
             "--start-delay-ms" => sizes.start_delay = Duration::from_millis(value()),
             "--growth" => sizes.growth_runs = Some(value() as usize),
+            "--store-growth" => sizes.store_growth_runs = Some(value() as usize),
             _ => {}
         }
     }
@@ -345,7 +360,7 @@ async fn idle_rate(
 /// nodes, as a ratio. The two sizes alternate, `runs` times, so that both see the same
 /// drift of a shared machine, and the ratio is of their medians.
 async fn growth(runs: usize) {
-    let sizes = [(1_000, 2_000), (10_000, 10_000)].map(|(rcs, nodes)| Sizes {
+    let sizes = GROWTH_SIZES.map(|(rcs, nodes)| Sizes {
         nodes,
         rcs,
         ..Sizes::default()
@@ -357,20 +372,111 @@ async fn growth(runs: usize) {
             times.push(fleet.scheduled(sizes).await);
         }
     }
-    let [small, large] = times.map(|mut times| {
-        times.sort();
-        println!("{times:.2?}");
-        let middle = times.len() / 2;
-        if times.len() % 2 == 0 {
-            (times[middle - 1] + times[middle]) / 2
-        } else {
-            times[middle]
-        }
-    });
+    let [small, large] = times.map(median);
     println!(
         "growth from 1,000 to 10,000 RCs: {:.1}x in time, the medians of {runs} runs each ({large:.2?} against {small:.2?})",
         large.as_secs_f64() / small.as_secs_f64()
     );
+}
+
+/// The median of `times`, printed sorted first.
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    println!("{times:.2?}");
+    let middle = times.len() / 2;
+    if times.len().is_multiple_of(2) {
+        (times[middle - 1] + times[middle]) / 2
+    } else {
+        times[middle]
+    }
+}
+
+/// The issue's two sizes: (RCs, nodes), each RC of [`Sizes::default`]'s replicas.
+const GROWTH_SIZES: [(usize, usize); 2] = [(1_000, 2_000), (10_000, 10_000)];
+
+/// The time the two sizes' first writes take on the embedded store alone, alternately,
+/// `runs` times for each placement of the pods, as a ratio of their medians.
+async fn store_growth(runs: usize) {
+    let replicas = Sizes::default().replicas;
+    for scattered in [false, true] {
+        let mut times: [Vec<Duration>; 2] = Default::default();
+        for _ in 0..runs {
+            for (&(rcs, nodes), times) in GROWTH_SIZES.iter().zip(&mut times) {
+                times.push(first_writes(rcs, nodes, replicas, scattered).await);
+            }
+        }
+        let [small, large] = times.map(median);
+        let placed = if scattered {
+            "on nodes scattered over the fleet"
+        } else {
+            "on the least-loaded nodes by name, as the RC farm places them"
+        };
+        let rows = |rcs: usize| (2 * rcs * replicas) as f64;
+        println!(
+            "the store alone, pods {placed}: {:.1}x in time, the medians of {runs} runs each ({large:.2?} against {small:.2?}; {:.1} us against {:.1} us per row)",
+            large.as_secs_f64() / small.as_secs_f64(),
+            1e6 * large.as_secs_f64() / rows(GROWTH_SIZES[1].0),
+            1e6 * small.as_secs_f64() / rows(GROWTH_SIZES[0].0),
+        );
+    }
+}
+
+/// How long a fresh embedded store takes to write the intents and pod labels of `rcs` RCs
+/// of `replicas` over `nodes`, `CONCURRENT_OBJECTS` RCs at a time, after the RCs and the
+/// nodes' labels the farm would read.
+async fn first_writes(rcs: usize, nodes: usize, replicas: usize, scattered: bool) -> Duration {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db").display().to_string();
+    let store = SqliteStore::open(&path).await.unwrap();
+    let node = |n: usize| format!("node-{n:04}");
+    let before = (0..rcs)
+        .map(|i| TxnOp::Set {
+            key: layout::rc(uuid::Uuid::now_v7()),
+            value: format!(
+                "{{\"id\": \"app-{i:05}\", \"manifest\": \"{}\"}}",
+                "m".repeat(800)
+            )
+            .into_bytes(),
+        })
+        .chain((0..nodes).map(|n| TxnOp::Set {
+            key: layout::labels(LabelType::Node, &node(n)),
+            value: br#"{"pool": "bench"}"#.to_vec(),
+        }))
+        .collect::<Vec<_>>();
+    for ops in before.chunks(MAX_TXN_OPS) {
+        store.txn(ops).await.unwrap();
+    }
+    let started = Instant::now();
+    let store = &store;
+    futures::stream::iter(0..rcs)
+        .for_each_concurrent(CONCURRENT_OBJECTS, |i| async move {
+            let pod_id = format!("app-{i:05}");
+            let ops: Vec<TxnOp> = (0..replicas)
+                .flat_map(|r| {
+                    // Scattered: strides of two primes, so that an RC's pods land on
+                    // distinct nodes far apart at either size.
+                    let n = if scattered {
+                        (i * 7919 + r * 104_729) % nodes
+                    } else {
+                        (i * replicas + r) % nodes
+                    };
+                    let (node, value) = (node(n), "i".repeat(250).into_bytes());
+                    [
+                        TxnOp::Set {
+                            key: layout::pod(layout::INTENT, &node, &pod_id),
+                            value,
+                        },
+                        TxnOp::Set {
+                            key: layout::labels(LabelType::Pod, &format!("{node}/{pod_id}")),
+                            value: br#"{"replication_controller_id": "rc"}"#.to_vec(),
+                        },
+                    ]
+                })
+                .collect();
+            store.txn(&ops).await.unwrap();
+        })
+        .await;
+    started.elapsed()
 }
 
 /// How often the server's RSS is printed while the bench waits for every pod to be healthy.
@@ -525,6 +631,10 @@ async fn main() {
     let sizes = sizes();
     if let Some(runs) = sizes.growth_runs {
         growth(runs).await;
+        return;
+    }
+    if let Some(runs) = sizes.store_growth_runs {
+        store_growth(runs).await;
         return;
     }
     let fleet = Fleet::set_up(&sizes).await;
