@@ -192,7 +192,7 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        QueryProblems::new(parts.uri.query(), declared_params::<T>()).finish()?;
+        QueryProblems::new(parts.uri.query(), declared_params::<T>).finish()?;
         let Query(value) = Query::<T>::from_request_parts(parts, state).await?;
         Ok(ApiQuery(value))
     }
@@ -206,7 +206,7 @@ impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        QueryProblems::new(parts.uri.query(), Vec::new()).finish()?;
+        QueryProblems::new(parts.uri.query(), Vec::new).finish()?;
         Ok(NoQuery)
     }
 }
@@ -229,10 +229,18 @@ pub struct QueryProblems {
 }
 
 impl QueryProblems {
-    /// Starts with the parameters of `query` that are not among `accepted`.
-    pub fn new(query: Option<&str>, accepted: Vec<String>) -> Self {
+    /// Starts with the parameters of `query` that are not among those `accepted` lists,
+    /// which is called only when there is a query: most requests have none, and listing a
+    /// route's parameters builds their whole OpenAPI description.
+    pub fn new(query: Option<&str>, accepted: impl FnOnce() -> Vec<String>) -> Self {
+        let query = query.unwrap_or_default();
+        let accepted = if query.is_empty() {
+            Vec::new()
+        } else {
+            accepted()
+        };
         let mut unknown: Vec<String> = Vec::new();
-        for (name, _) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        for (name, _) in url::form_urlencoded::parse(query.as_bytes()) {
             if !accepted.iter().any(|a| *a == name) && !unknown.iter().any(|u| *u == name) {
                 unknown.push(name.into_owned());
             }

@@ -86,9 +86,11 @@ impl<F: ListFilter, S: Send + Sync> FromRequestParts<S> for ListQuery<F> {
 
 impl<F: ListFilter> ListQuery<F> {
     fn from_uri(uri: &Uri) -> Result<Self, ApiError> {
-        let mut accepted = declared_params::<ListParams>();
-        accepted.extend(declared_params::<F>());
-        let mut problems = QueryProblems::new(uri.query(), accepted);
+        let mut problems = QueryProblems::new(uri.query(), || {
+            let mut accepted = declared_params::<ListParams>();
+            accepted.extend(declared_params::<F>());
+            accepted
+        });
         let (params, filter) = match (
             Query::<ListParams>::try_from_uri(uri),
             Query::<F>::try_from_uri(uri),

@@ -53,7 +53,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ReadQuery {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let mut problems = QueryProblems::new(parts.uri.query(), declared_params::<ReadParams>());
+        let mut problems = QueryProblems::new(parts.uri.query(), declared_params::<ReadParams>);
         let params = match Query::<ReadParams>::try_from_uri(&parts.uri) {
             Ok(Query(params)) => params,
             Err(e) => {
