@@ -212,14 +212,8 @@ async fn measure_consul(connections: usize, secs: u64) {
     let served = serve_on(store, SMALL_RCS, None).await;
     let key = format!("{prefix}replication_controllers/{}", served.first_rc);
     let raw_url = format!("{agent}/v1/kv/{key}");
-    let raw = measure_with(connections, secs, move |client, _| {
-        let request = client.get(&raw_url);
-        match &token {
-            Some(token) => request.header("X-Consul-Token", token),
-            None => request,
-        }
-    })
-    .await;
+    let token = token.map(|token| ("X-Consul-Token", token));
+    let raw = measure_get(&raw_url, token.as_slice(), connections, secs).await;
     report("raw Consul KV GET of one RC (reference)", &raw, None);
     let rc_url = format!("{}/api/v1/rcs/{}", served.base, served.first_rc);
     let one = measure(&rc_url, connections, secs).await;
@@ -242,8 +236,88 @@ struct Figure {
 
 /// `connections` clients each sending `GET url` back to back for `secs`.
 async fn measure(url: &str, connections: usize, secs: u64) -> Figure {
-    let url = url.to_owned();
-    measure_with(connections, secs, move |client, _| client.get(&url)).await
+    measure_get(url, &[], connections, secs).await
+}
+
+/// `connections` clients each sending `GET url` with `headers` back to back for `secs`, each
+/// on an HTTP/1.1 connection of its own through hyper's connection API: no pool to check
+/// out from and no URL to parse per request, so that the load generator, which shares the
+/// machine's cores with the server, takes as little of them as it can.
+async fn measure_get(
+    url: &str,
+    headers: &[(&'static str, String)],
+    connections: usize,
+    secs: u64,
+) -> Figure {
+    let url: hyper::Uri = url.parse().unwrap();
+    assert_eq!(
+        url.scheme_str(),
+        Some("http"),
+        "the load generator speaks plain HTTP"
+    );
+    let authority = url.authority().unwrap().to_string();
+    let mut sent_headers = hyper::HeaderMap::new();
+    sent_headers.insert(hyper::header::HOST, authority.parse().unwrap());
+    for (name, value) in headers {
+        sent_headers.insert(*name, value.parse().unwrap());
+    }
+    // Sent in origin form, as a client does to a server: the path and query alone.
+    let origin: hyper::Uri = url.path_and_query().unwrap().as_str().parse().unwrap();
+    let request = Arc::new((origin, sent_headers));
+    // Opens the connections, each answering one request, before the clock starts.
+    let mut senders = Vec::new();
+    for _ in 0..connections {
+        let stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(connection);
+        assert!(get(&mut sender, &request).await, "GET {url} failed");
+        senders.push(sender);
+    }
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(secs);
+    let workers: Vec<_> = senders
+        .into_iter()
+        .map(|mut sender| {
+            let request = request.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut failed = 0;
+                while Instant::now() < deadline {
+                    let sent = Instant::now();
+                    if !get(&mut sender, &request).await {
+                        failed += 1;
+                    }
+                    latencies.push(sent.elapsed());
+                }
+                (latencies, failed)
+            })
+        })
+        .collect();
+    gather(workers, started).await
+}
+
+/// Sends a GET of `(uri, headers)` on `sender`'s connection and reads the whole answer:
+/// whether it was a success.
+async fn get(
+    sender: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+    (uri, headers): &(hyper::Uri, hyper::HeaderMap),
+) -> bool {
+    use http_body_util::BodyExt;
+    let mut sent = hyper::Request::new(http_body_util::Empty::new());
+    *sent.uri_mut() = uri.clone();
+    *sent.headers_mut() = headers.clone();
+    if sender.ready().await.is_err() {
+        return false;
+    }
+    match sender.send_request(sent).await {
+        Ok(response) => {
+            let success = response.status().is_success();
+            response.into_body().collect().await.is_ok() && success
+        }
+        Err(_) => false,
+    }
 }
 
 /// `connections` clients each sending the request `request` makes (given the client's
@@ -294,6 +368,14 @@ async fn measure_with(
             })
         })
         .collect();
+    gather(workers, started).await
+}
+
+/// The figure of the requests the `workers` started at `started` made.
+async fn gather(
+    workers: Vec<tokio::task::JoinHandle<(Vec<Duration>, usize)>>,
+    started: Instant,
+) -> Figure {
     let mut latencies = Vec::new();
     let mut failed = 0;
     for worker in workers {
