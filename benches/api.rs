@@ -4,7 +4,8 @@
 //!
 //! `cargo bench --bench api` reports requests per second, p50 and p99 of:
 //! - `GET /healthz` (the reference: no store, no mirror);
-//! - `GET /api/v1/rcs/{id}` with 100 RCs of 10 pods, as a ratio to `/healthz`;
+//! - `GET /api/v1/rcs/{id}` with 100 RCs of 10 pods, as a ratio to `/healthz` (the two
+//!   measured in turns);
 //! - `GET /api/v1/rcs` (100 RCs with status), as a ratio to `/healthz`;
 //! - `PATCH /api/v1/rcs/{id}` (a CAS read-modify-write, durable), each connection patching
 //!   an RC of its own, as a ratio to `/healthz`;
@@ -14,7 +15,7 @@
 //!   and the delay from sending a PATCH to each watcher receiving its change, beside the
 //!   PATCH's own round trip in the same run;
 //! - `GET /api/v1/rcs/{id}` with a large fleet (10,000 RCs of 10 pods over 10,000 nodes by
-//!   default), as a ratio to the same GET with 100 RCs;
+//!   default), as a ratio to the same GET with 100 RCs measured again in turns with it;
 //! - with `CONSUL_HTTP_ADDR` set (and `CONSUL_HTTP_TOKEN` if the agent needs one): GET one
 //!   RC (100 RCs) from a server on that Consul, as a ratio to a raw Consul KV GET of the
 //!   same key.
@@ -213,7 +214,14 @@ async fn measure_consul(connections: usize, secs: u64) {
     let key = format!("{prefix}replication_controllers/{}", served.first_rc);
     let raw_url = format!("{agent}/v1/kv/{key}");
     let token = token.map(|token| ("X-Consul-Token", token));
-    let raw = measure_get(&raw_url, token.as_slice(), connections, secs).await;
+    let raw = measure_get(
+        &raw_url,
+        token.as_slice(),
+        connections,
+        Duration::from_secs(secs),
+    )
+    .await
+    .figure();
     report("raw Consul KV GET of one RC (reference)", &raw, None);
     let rc_url = format!("{}/api/v1/rcs/{}", served.base, served.first_rc);
     let one = measure(&rc_url, connections, secs).await;
@@ -236,7 +244,29 @@ struct Figure {
 
 /// `connections` clients each sending `GET url` back to back for `secs`.
 async fn measure(url: &str, connections: usize, secs: u64) -> Figure {
-    measure_get(url, &[], connections, secs).await
+    measure_get(url, &[], connections, Duration::from_secs(secs))
+        .await
+        .figure()
+}
+
+/// How many turns each of the URLs [`measure_alternately`] compares gets.
+const TURNS: u32 = 3;
+
+/// `GET` of each of `urls` as [`measure`] does, in turns of `secs / TURNS` each, so that a
+/// figure and its reference see the same changes in the speed of a shared machine.
+async fn measure_alternately<const N: usize>(
+    urls: [&str; N],
+    connections: usize,
+    secs: u64,
+) -> [Figure; N] {
+    let turn = Duration::from_secs(secs) / TURNS;
+    let mut samples: [Samples; N] = std::array::from_fn(|_| Samples::default());
+    for _ in 0..TURNS {
+        for (url, samples) in urls.iter().zip(&mut samples) {
+            samples.add(measure_get(url, &[], connections, turn).await);
+        }
+    }
+    samples.map(Samples::figure)
 }
 
 /// `connections` clients each sending `GET url` with `headers` back to back for `secs`, each
@@ -247,8 +277,8 @@ async fn measure_get(
     url: &str,
     headers: &[(&'static str, String)],
     connections: usize,
-    secs: u64,
-) -> Figure {
+    time: Duration,
+) -> Samples {
     let url: hyper::Uri = url.parse().unwrap();
     assert_eq!(
         url.scheme_str(),
@@ -276,7 +306,7 @@ async fn measure_get(
         senders.push(sender);
     }
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(secs);
+    let deadline = started + time;
     let workers: Vec<_> = senders
         .into_iter()
         .map(|mut sender| {
@@ -368,14 +398,14 @@ async fn measure_with(
             })
         })
         .collect();
-    gather(workers, started).await
+    gather(workers, started).await.figure()
 }
 
-/// The figure of the requests the `workers` started at `started` made.
+/// The requests the `workers` started at `started` made.
 async fn gather(
     workers: Vec<tokio::task::JoinHandle<(Vec<Duration>, usize)>>,
     started: Instant,
-) -> Figure {
+) -> Samples {
     let mut latencies = Vec::new();
     let mut failed = 0;
     for worker in workers {
@@ -383,7 +413,31 @@ async fn gather(
         latencies.extend(mine);
         failed += my_failed;
     }
-    figure(latencies, failed, started.elapsed())
+    Samples {
+        latencies,
+        failed,
+        elapsed: started.elapsed(),
+    }
+}
+
+/// Requests measured: how long each took, how many failed, and over how long.
+#[derive(Default)]
+struct Samples {
+    latencies: Vec<Duration>,
+    failed: usize,
+    elapsed: Duration,
+}
+
+impl Samples {
+    fn add(&mut self, more: Samples) {
+        self.latencies.extend(more.latencies);
+        self.failed += more.failed;
+        self.elapsed += more.elapsed;
+    }
+
+    fn figure(self) -> Figure {
+        figure(self.latencies, self.failed, self.elapsed)
+    }
 }
 
 /// The figure of requests that took `latencies` over `elapsed`.
@@ -610,10 +664,10 @@ fn main() {
             std::thread::available_parallelism().map_or(0, |n| n.get())
         );
         let small = serve(SMALL_RCS).await;
-        let healthz = measure(&format!("{}/healthz", small.base), c, secs).await;
-        report("GET /healthz (reference)", &healthz, None);
         let rc_url = format!("{}/api/v1/rcs/{}", small.base, small.first_rc);
-        let one = measure(&rc_url, c, secs).await;
+        let healthz_url = format!("{}/healthz", small.base);
+        let [healthz, one] = measure_alternately([&healthz_url, &rc_url], c, secs).await;
+        report("GET /healthz (reference)", &healthz, None);
         report("GET one RC (100 RCs)", &one, Some(("/healthz", &healthz)));
         let list = measure(&format!("{}/api/v1/rcs", small.base), c, secs).await;
         report(
@@ -646,7 +700,6 @@ fn main() {
             Some(("/healthz", &healthz)),
         );
         measure_watch(&small, args.watchers, secs).await;
-        drop(small);
 
         println!(
             "RSS of the process before the large fleet: {:.0} MiB",
@@ -657,13 +710,16 @@ fn main() {
             "RSS of the process with this fleet mirrored, before its load: {:.0} MiB",
             rss_mib().now
         );
-        let rc_url = format!("{}/api/v1/rcs/{}", large.base, large.first_rc);
-        let big = measure(&rc_url, c, secs).await;
+        // The small fleet's GET again, in turns with the large one's.
+        let large_url = format!("{}/api/v1/rcs/{}", large.base, large.first_rc);
+        let [one, big] = measure_alternately([&rc_url, &large_url], c, secs).await;
+        report("GET one RC (100 RCs), again", &one, None);
         report(
             &format!("GET one RC ({} RCs)", args.large_rcs),
             &big,
-            Some(("GET one RC (100 RCs)", &one)),
+            Some(("GET one RC (100 RCs), again", &one)),
         );
+        drop(small);
         let healthz = measure(&format!("{}/healthz", large.base), c, secs).await;
         report("GET /healthz (large fleet, reference)", &healthz, None);
         println!(
