@@ -214,17 +214,14 @@ async fn measure_consul(connections: usize, secs: u64) {
     let key = format!("{prefix}replication_controllers/{}", served.first_rc);
     let raw_url = format!("{agent}/v1/kv/{key}");
     let token = token.map(|token| ("X-Consul-Token", token));
-    let raw = measure_get(
-        &raw_url,
-        token.as_slice(),
-        connections,
-        Duration::from_secs(secs),
-    )
-    .await
-    .figure();
-    report("raw Consul KV GET of one RC (reference)", &raw, None);
     let rc_url = format!("{}/api/v1/rcs/{}", served.base, served.first_rc);
-    let one = measure(&rc_url, connections, secs).await;
+    let [raw, one] = measure_alternately(
+        [(&raw_url, token.as_slice()), (&rc_url, &[])],
+        connections,
+        secs,
+    )
+    .await;
+    report("raw Consul KV GET of one RC (reference)", &raw, None);
     report(
         "GET one RC on Consul (100 RCs)",
         &one,
@@ -249,27 +246,28 @@ async fn measure(url: &str, connections: usize, secs: u64) -> Figure {
         .figure()
 }
 
-/// How many turns each of the URLs [`measure_alternately`] compares gets.
+/// How many turns each of the GETs [`measure_alternately`] compares gets.
 const TURNS: u32 = 3;
 
-/// `GET` of each of `urls` as [`measure`] does, in turns of `secs / TURNS` each, so that a
-/// figure and its reference see the same changes in the speed of a shared machine.
+/// Each of `gets` (a URL and the headers to send) as [`measure_get`] sends it, in turns of
+/// `secs / TURNS` each, so that a figure and its reference see the same changes in the speed
+/// of a shared machine.
 async fn measure_alternately<const N: usize>(
-    urls: [&str; N],
+    gets: [(&str, &[(&'static str, String)]); N],
     connections: usize,
     secs: u64,
 ) -> [Figure; N] {
     let turn = Duration::from_secs(secs) / TURNS;
     let mut samples: [Samples; N] = std::array::from_fn(|_| Samples::default());
     for _ in 0..TURNS {
-        for (url, samples) in urls.iter().zip(&mut samples) {
-            samples.add(measure_get(url, &[], connections, turn).await);
+        for ((url, headers), samples) in gets.iter().zip(&mut samples) {
+            samples.add(measure_get(url, headers, connections, turn).await);
         }
     }
     samples.map(Samples::figure)
 }
 
-/// `connections` clients each sending `GET url` with `headers` back to back for `secs`, each
+/// `connections` clients each sending `GET url` with `headers` back to back for `time`, each
 /// on an HTTP/1.1 connection of its own through hyper's connection API: no pool to check
 /// out from and no URL to parse per request, so that the load generator, which shares the
 /// machine's cores with the server, takes as little of them as it can.
@@ -666,7 +664,8 @@ fn main() {
         let small = serve(SMALL_RCS).await;
         let rc_url = format!("{}/api/v1/rcs/{}", small.base, small.first_rc);
         let healthz_url = format!("{}/healthz", small.base);
-        let [healthz, one] = measure_alternately([&healthz_url, &rc_url], c, secs).await;
+        let [healthz, one] =
+            measure_alternately([(&healthz_url, &[]), (&rc_url, &[])], c, secs).await;
         report("GET /healthz (reference)", &healthz, None);
         report("GET one RC (100 RCs)", &one, Some(("/healthz", &healthz)));
         let list = measure(&format!("{}/api/v1/rcs", small.base), c, secs).await;
@@ -712,7 +711,7 @@ fn main() {
         );
         // The small fleet's GET again, in turns with the large one's.
         let large_url = format!("{}/api/v1/rcs/{}", large.base, large.first_rc);
-        let [one, big] = measure_alternately([&rc_url, &large_url], c, secs).await;
+        let [one, big] = measure_alternately([(&rc_url, &[]), (&large_url, &[])], c, secs).await;
         report("GET one RC (100 RCs), again", &one, None);
         report(
             &format!("GET one RC ({} RCs)", args.large_rcs),
