@@ -433,20 +433,21 @@ impl Samples {
         self.elapsed += more.elapsed;
     }
 
+    /// The figure of these requests.
     fn figure(self) -> Figure {
-        figure(self.latencies, self.failed, self.elapsed)
-    }
-}
-
-/// The figure of requests that took `latencies` over `elapsed`.
-fn figure(mut latencies: Vec<Duration>, failed: usize, elapsed: Duration) -> Figure {
-    latencies.sort_unstable();
-    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
-    Figure {
-        per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
-        p50: at(0.50),
-        p99: at(0.99),
-        failed,
+        let Samples {
+            mut latencies,
+            failed,
+            elapsed,
+        } = self;
+        latencies.sort_unstable();
+        let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+        Figure {
+            per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
+            p50: at(0.50),
+            p99: at(0.99),
+            failed,
+        }
     }
 }
 
@@ -489,14 +490,7 @@ async fn measure_store_cas(store: &Arc<dyn KvStore>, writers: usize, secs: u64) 
             })
         })
         .collect();
-    let mut latencies = Vec::new();
-    let mut failed = 0;
-    for task in tasks {
-        let (mine, my_failed) = task.await.unwrap();
-        latencies.extend(mine);
-        failed += my_failed;
-    }
-    figure(latencies, failed, started.elapsed())
+    gather(tasks, started).await.figure()
 }
 
 /// Changes per second the change-stream figure makes.
