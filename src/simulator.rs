@@ -15,8 +15,8 @@
 //!   starting is not).
 //!
 //! A node's pods are all `passing`, or all `critical` on the nodes chosen by
-//! `unhealthy_fraction`. The manifest text comes with each event; it is kept once per SHA
-//! and shared by every node running it.
+//! `unhealthy_fraction`. The manifest text comes with each event; it is kept (and parsed for
+//! its SHA) once per text, and shared by every node running it.
 //!
 //! The stream's changes are handed to the reconciler in batches, at most every 100 ms,
 //! and the reconciler looks only at the pods a batch names, so one change costs the same
@@ -211,7 +211,7 @@ pub async fn run(config: SimulatorConfig, shutdown: CancellationToken) -> anyhow
 /// A node and a pod ID.
 type PodKey = (String, String);
 
-/// A manifest intended on simulated nodes; one per SHA, shared by every pod running it.
+/// A manifest intended on simulated nodes; one per text, shared by every pod running it.
 #[derive(Debug)]
 struct Intended {
     /// P2's manifest SHA: what is compared with what is reported installed.
@@ -296,8 +296,9 @@ struct Follower {
     changes: HashMap<PodKey, Option<Arc<Intended>>>,
     /// When the last batch was handed over.
     published: Instant,
-    /// The manifests intended, by SHA, so that the pods of one SHA share one text; at each
-    /// snapshot, those no longer in use are forgotten.
+    /// The manifests intended, by text, so that the pods of one manifest share it and a text
+    /// is parsed (for its SHA) once, not once per pod; at each snapshot, those no longer in
+    /// use are forgotten.
     manifests: HashMap<String, Arc<Intended>>,
 }
 
@@ -382,6 +383,9 @@ impl Follower {
             serde_json::Value::String(text) => text,
             json => json.to_string(),
         };
+        if let Some(intended) = self.manifests.get(&text) {
+            return Some(intended.clone());
+        }
         let sha = match Manifest::parse(&text) {
             Ok(manifest) => manifest.sha(),
             Err(errors) => {
@@ -389,11 +393,12 @@ impl Follower {
                 return None;
             }
         };
-        let intended = self
-            .manifests
-            .entry(sha.clone())
-            .or_insert_with(|| Arc::new(Intended { sha, text }));
-        Some(intended.clone())
+        let intended = Arc::new(Intended {
+            sha,
+            text: text.clone(),
+        });
+        self.manifests.insert(text, intended.clone());
+        Some(intended)
     }
 
     /// When the changes read are due to the reconciler; `None` when there are none.
