@@ -116,6 +116,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     shutdown.cancel();
     tasks.close();
     tasks.wait().await;
+    store.shut_down().await;
     served.context("serving HTTP")
 }
 

@@ -144,4 +144,8 @@ impl KvStore for Metered {
     async fn ping(&self) -> StoreResult<()> {
         self.measure("ping", self.inner.ping()).await
     }
+
+    async fn shut_down(&self) {
+        self.inner.shut_down().await
+    }
 }

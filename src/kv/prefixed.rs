@@ -296,6 +296,10 @@ impl KvStore for Prefixed {
     async fn ping(&self) -> StoreResult<()> {
         self.inner.ping().await
     }
+
+    async fn shut_down(&self) {
+        self.inner.shut_down().await
+    }
 }
 
 #[cfg(test)]

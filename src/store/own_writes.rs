@@ -184,4 +184,8 @@ impl KvStore for OwnWrites {
     async fn ping(&self) -> StoreResult<()> {
         self.kv.ping().await
     }
+
+    async fn shut_down(&self) {
+        self.kv.shut_down().await
+    }
 }

@@ -343,6 +343,24 @@ async fn leader(api: &Api) -> Result<String, String> {
     }
 }
 
+/// A server stopped with SIGTERM leaves every write in the database file itself: a copy of
+/// that file alone, as an operator might back it up, serves them.
+#[tokio::test]
+async fn a_stopped_servers_database_file_holds_every_write() {
+    let scratch = Scratch::new();
+    let mut server = Server::start("a", &scratch.db(), &["--no-farms"]);
+    let rc = create_rc(&server.api(), 1, "role=web", 3, "static_strategy").await;
+    server.stop();
+    let log = format!("{}-wal", scratch.db().display());
+    assert_eq!(std::fs::metadata(log).map_or(0, |m| m.len()), 0);
+
+    let copy = Scratch::new();
+    std::fs::copy(scratch.db(), copy.db()).unwrap();
+    let restarted = Server::start("b", &copy.db(), &["--no-farms"]);
+    let path = format!("/api/v1/rcs/{rc}");
+    assert_eq!(restarted.api().status(&path).await, StatusCode::OK);
+}
+
 /// Two servers on one database; the leader is killed with SIGKILL.
 ///
 /// The invariant sampled throughout, through the surviving server: every instance of the

@@ -179,6 +179,18 @@ impl Server {
             .any(|line| line.contains(text))
     }
 
+    /// Stops the process with SIGTERM, as an operator would, and waits until it has exited
+    /// cleanly.
+    pub fn stop(&mut self) {
+        self.signal("TERM");
+        let status = self.child.wait().expect("wait for p2-apiserver");
+        assert!(
+            status.success(),
+            "server {} exited with {status}",
+            self.name
+        );
+    }
+
     /// Kills the process with SIGKILL, as a crash would, and reaps it.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
