@@ -1950,12 +1950,27 @@ impl KvStore for SqliteStore {
 
     /// Commits the open batch, if any, then copies the log into the database file and
     /// empties it. Left to SQLite, the log would stay beside the file until the next start
-    /// (a process that exits does not close its connections).
+    /// (a process that exits does not close its connections). Another process reading or
+    /// writing the file holds the checkpoint back: it waits for that a second at most, not
+    /// the writer's usual ten.
     async fn shut_down(&self) {
         let mut writer = self.inner.writer.clone().lock_owned().await;
         writer.commit_batch(&self.inner).await;
-        if let Err(e) = writer.run("PRAGMA wal_checkpoint(TRUNCATE)").await {
-            tracing::warn!(error = %e, "checkpointing the log at shutdown failed");
+        let checkpointed = async {
+            writer.run("PRAGMA busy_timeout = 1000").await?;
+            // (busy, pages in the log, pages checkpointed); busy when held back.
+            let (busy, _, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+                .fetch_one(&mut *writer.conn)
+                .await
+                .map_err(unavailable)?;
+            Ok::<_, StoreError>(busy == 0)
+        };
+        match checkpointed.await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                "another process held the log at shutdown: it stays beside the database file"
+            ),
+            Err(e) => tracing::warn!(error = %e, "checkpointing the log at shutdown failed"),
         }
     }
 }
@@ -2277,6 +2292,35 @@ mod tests {
         // The store goes on after a checkpoint.
         store.put("k/100", b"v", Cas::Any).await.unwrap();
         assert!(store.get("k/100").await.unwrap().is_some());
+    }
+
+    /// Another process reading the file holds the checkpoint back: the shutdown waits for it
+    /// a second at most and leaves the log, which the next start replays.
+    #[tokio::test]
+    async fn a_shutdown_beside_a_reader_of_the_file_is_prompt() {
+        use sqlx::Connection;
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        store.put("k/0", b"v", Cas::Any).await.unwrap();
+        let path = dir.path().join("kv.db").display().to_string();
+        let mut reader = SqliteConnection::connect(&format!("sqlite://{path}"))
+            .await
+            .unwrap();
+        sqlx::query("BEGIN").execute(&mut reader).await.unwrap();
+        sqlx::query("SELECT count(*) FROM kv")
+            .execute(&mut reader)
+            .await
+            .unwrap();
+        store.put("k/1", b"v", Cas::Any).await.unwrap();
+
+        let started = std::time::Instant::now();
+        store.shut_down().await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let log = dir.path().join("kv.db-wal");
+        assert!(std::fs::metadata(log).unwrap().len() > 0);
+        drop(reader);
+        drop(store);
+        assert_eq!(open_in(&dir).await.list("k/").await.unwrap().pairs.len(), 2);
     }
 
     /// A write that fails after it began changing the database takes its batch down: none
