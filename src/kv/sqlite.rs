@@ -204,6 +204,10 @@ impl Touched {
     }
 }
 
+/// How long a connection waits for another one (of this process or another) holding the
+/// database file locked.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl SqliteStore {
     /// Opens (creating if needed) the database file and applies migrations.
     pub async fn open(path: &str) -> StoreResult<Self> {
@@ -212,7 +216,7 @@ impl SqliteStore {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(10));
+            .busy_timeout(BUSY_TIMEOUT);
         // The writer keeps its statement journals in memory: each upsert of hundreds of rows
         // into the open batch journals the pages it changes, and SQLite spills a journal
         // past 64 KiB to a temporary file, one write per page. It checkpoints the log every
@@ -1952,7 +1956,7 @@ impl KvStore for SqliteStore {
     /// empties it. Left to SQLite, the log would stay beside the file until the next start
     /// (a process that exits does not close its connections). Another process reading or
     /// writing the file holds the checkpoint back: it waits for that a second at most, not
-    /// the writer's usual ten.
+    /// `BUSY_TIMEOUT`, which it then restores.
     async fn shut_down(&self) {
         let mut writer = self.inner.writer.clone().lock_owned().await;
         writer.commit_batch(&self.inner).await;
@@ -1963,6 +1967,8 @@ impl KvStore for SqliteStore {
                 .fetch_one(&mut *writer.conn)
                 .await
                 .map_err(unavailable)?;
+            let usual = format!("PRAGMA busy_timeout = {}", BUSY_TIMEOUT.as_millis());
+            writer.run(&usual).await?;
             Ok::<_, StoreError>(busy == 0)
         };
         match checkpointed.await {
