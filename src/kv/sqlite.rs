@@ -502,7 +502,8 @@ async fn read_changes(
 const RECENT_CHANGES: i64 = 1024;
 
 /// A table whose entries carry the index of their last change, with two indexes holding
-/// both (`migrations/0003_change_indexes.sql`, `0004_key_change_indexes.sql`), so that a
+/// both (`migrations/0003_change_indexes.sql`, `0004_key_change_indexes.sql`; for the rows,
+/// `0006_one_key_index.sql` makes the second their only index by key), so that a
 /// prefix's changes and its newest change are found without visiting the prefix's rows.
 struct ChangeTable {
     table: &'static str,
@@ -601,7 +602,7 @@ impl ChangeTable {
     }
 }
 
-/// The condition selecting the keys under `prefix` (a byte range served by the primary key),
+/// The condition selecting the keys under `prefix` (a byte range served by the key index),
 /// with its two bounds to bind as `?1` and `?2`.
 fn prefix_range(prefix: &str) -> (&'static str, Vec<u8>, Option<Vec<u8>>) {
     let end = prefix_end(prefix);
@@ -760,9 +761,9 @@ impl Writer {
         }
     }
 
-    /// Makes the database hold the batch's staged rows: the written ones in one upsert per
-    /// [`ROWS_PER_STATEMENT`], their tombstones cleared as many at a time, the deleted ones
-    /// tombstoned and deleted as many at a time.
+    /// Makes the database hold the batch's staged rows: the written ones, each key's old row
+    /// deleted first, in one insert per [`ROWS_PER_STATEMENT`], their tombstones cleared as
+    /// many at a time, the deleted ones tombstoned and deleted as many at a time.
     async fn write_staged(&mut self) -> StoreResult<()> {
         if self.staged.is_empty() {
             return Ok(());
@@ -781,13 +782,13 @@ impl Writer {
         written.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         deleted.sort_unstable_by(|a, b| a.0.cmp(b.0));
         for rows in written.chunks(ROWS_PER_STATEMENT) {
+            // One row per key: the key's old row goes before the new one is inserted.
+            self.delete_keys("kv", rows.iter().map(|pair| pair.key.as_bytes()))
+                .await?;
             let values = vec!["(?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
             let sql = format!(
                 "INSERT INTO kv (key, value, create_index, modify_index, lock_index, session)
-                 VALUES {values}
-                 ON CONFLICT (key) DO UPDATE SET value = excluded.value,
-                    create_index = excluded.create_index, modify_index = excluded.modify_index,
-                    lock_index = excluded.lock_index, session = excluded.session"
+                 VALUES {values}"
             );
             let mut query = sqlx::query(&sql);
             for pair in rows {
@@ -2275,6 +2276,119 @@ mod tests {
     async fn open_in(dir: &tempfile::TempDir) -> SqliteStore {
         let path = dir.path().join("kv.db").display().to_string();
         SqliteStore::open(&path).await.unwrap()
+    }
+
+    /// The rows' only key index is not unique by key (`migrations/0006_one_key_index.sql`):
+    /// the writer keeps one row per key, whether a key is written again in one batch, in
+    /// later ones, by concurrent writers, with a lock, or after a delete.
+    #[tokio::test]
+    async fn a_key_written_again_keeps_one_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        let writes = (0..200).map(|i| {
+            let store = &store;
+            async move {
+                let key = format!("k/{}", i % 7);
+                store.put(&key, format!("{i}").as_bytes(), Cas::Any).await
+            }
+        });
+        for written in futures::future::join_all(writes).await {
+            written.unwrap();
+        }
+        for round in 0..3 {
+            for i in 0..7 {
+                store
+                    .put(&format!("k/{i}"), b"again", Cas::Any)
+                    .await
+                    .unwrap();
+            }
+            store.delete("k/3", Cas::Any).await.unwrap();
+            store
+                .put("k/3", format!("{round}").as_bytes(), Cas::Index(0))
+                .await
+                .unwrap();
+        }
+        let spec = SessionSpec {
+            behavior: SessionBehavior::Release,
+            ..SessionSpec::deleting("test", Duration::from_secs(30))
+        };
+        let session = store.create_session(&spec).await.unwrap();
+        assert!(store.acquire("k/4", b"held", &session).await.unwrap());
+        store.destroy_session(&session).await.unwrap();
+
+        let duplicated: Vec<(Vec<u8>, i64)> =
+            sqlx::query_as("SELECT key, count(*) FROM kv GROUP BY key HAVING count(*) > 1")
+                .fetch_all(&store.inner.reader)
+                .await
+                .unwrap();
+        assert_eq!(duplicated, vec![]);
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM kv")
+            .fetch_one(&store.inner.reader)
+            .await
+            .unwrap();
+        assert_eq!(rows, 7);
+        assert_eq!(store.get("k/3").await.unwrap().unwrap().value[..], b"2"[..]);
+        assert_eq!(
+            store.get("k/4").await.unwrap().unwrap().value[..],
+            b"held"[..]
+        );
+    }
+
+    /// A database file from before the one key index keeps every row, with its indexes,
+    /// once opened by this version.
+    #[tokio::test]
+    async fn a_database_from_before_the_one_key_index_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kv.db").display().to_string();
+        let earlier = tempfile::tempdir().unwrap();
+        for migration in std::fs::read_dir("migrations").unwrap() {
+            let migration = migration.unwrap().path();
+            let name = migration.file_name().unwrap().to_str().unwrap().to_owned();
+            if name.as_str() < "0006" {
+                std::fs::copy(&migration, earlier.path().join(name)).unwrap();
+            }
+        }
+        {
+            let options = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))
+                .unwrap()
+                .create_if_missing(true);
+            let db = SqlitePool::connect_with(options).await.unwrap();
+            let earlier = sqlx::migrate::Migrator::new(earlier.path()).await.unwrap();
+            earlier.run(&db).await.unwrap();
+            for (key, create, modify) in [("a/1", 2, 5), ("a/2", 3, 3), ("b/1", 4, 4)] {
+                sqlx::query(
+                    "INSERT INTO kv (key, value, create_index, modify_index) VALUES (?1, ?1, ?2, ?3)",
+                )
+                .bind(key.as_bytes())
+                .bind(create)
+                .bind(modify)
+                .execute(&db)
+                .await
+                .unwrap();
+            }
+            sqlx::query("UPDATE meta SET value = 5 WHERE name = 'last_index'")
+                .execute(&db)
+                .await
+                .unwrap();
+            db.close().await;
+        }
+
+        let store = SqliteStore::open(&path).await.unwrap();
+        let listing = store.list("a/").await.unwrap();
+        let rows: Vec<_> = listing
+            .pairs
+            .iter()
+            .map(|p| (p.key.as_str(), p.create_index, p.modify_index))
+            .collect();
+        assert_eq!(rows, vec![("a/1", 2, 5), ("a/2", 3, 3)]);
+        assert_eq!(listing.index, 5);
+        assert_eq!(
+            store.get("b/1").await.unwrap().unwrap().value[..],
+            b"b/1"[..]
+        );
+        store.put("a/2", b"new", Cas::Index(3)).await.unwrap();
+        let a2 = store.get("a/2").await.unwrap().unwrap();
+        assert_eq!((a2.create_index, a2.modify_index), (3, 6));
     }
 
     /// After a shutdown, the database file alone holds every write: a copy of it without
