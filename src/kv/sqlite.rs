@@ -2391,6 +2391,41 @@ mod tests {
         assert_eq!((a2.create_index, a2.modify_index), (3, 6));
     }
 
+    /// A file a newer server migrated further is refused, with the migration named, and
+    /// left as it was.
+    #[tokio::test]
+    async fn a_database_of_a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        store.put("k", b"v", Cas::Any).await.unwrap();
+        store.shut_down().await;
+        drop(store);
+        let path = dir.path().join("kv.db").display().to_string();
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{path}")).unwrap();
+        let db = SqlitePool::connect_with(options.clone()).await.unwrap();
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+             VALUES (9999, 'a newer server', 1, x'00', 0)",
+        )
+        .execute(&db)
+        .await
+        .unwrap();
+        db.close().await;
+
+        let Err(refused) = SqliteStore::open(&path).await else {
+            panic!("a newer schema was opened");
+        };
+        assert!(refused.to_string().contains("9999"), "{refused}");
+        let db = SqlitePool::connect_with(options.read_only(true))
+            .await
+            .unwrap();
+        let value: Vec<u8> = sqlx::query_scalar("SELECT value FROM kv WHERE key = x'6b'")
+            .fetch_one(&db)
+            .await
+            .unwrap();
+        assert_eq!(value, b"v");
+    }
+
     /// After a shutdown, the database file alone holds every write: a copy of it without
     /// the log reads them all.
     #[tokio::test]
