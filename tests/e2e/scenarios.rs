@@ -361,6 +361,33 @@ async fn a_stopped_servers_database_file_holds_every_write() {
     assert_eq!(restarted.api().status(&path).await, StatusCode::OK);
 }
 
+/// A server started without mimalloc's purge delay set runs with the binary's own, in the
+/// process it was started as; one started with it set keeps the value it was given.
+#[tokio::test]
+async fn a_server_runs_with_the_allocators_purge_delay_unless_given_one() {
+    let scratch = Scratch::new();
+    let defaulted = Server::start("a", &scratch.db(), &["--no-farms"]);
+    let given = Server::start_with_env(
+        "b",
+        &scratch.db(),
+        &["--no-farms"],
+        &[("MIMALLOC_PURGE_DELAY", "0")],
+    );
+    let delays = |server: &Server| -> Vec<String> {
+        let environment = server.environment();
+        let set = environment
+            .iter()
+            .filter(|var| var.starts_with("MIMALLOC_PURGE_DELAY="));
+        set.cloned().collect()
+    };
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        assert_eq!(delays(&defaulted), ["MIMALLOC_PURGE_DELAY=10"]);
+    } else {
+        println!("skipped the server without the purge delay: the tests run with it set");
+    }
+    assert_eq!(delays(&given), ["MIMALLOC_PURGE_DELAY=0"]);
+}
+
 /// Two servers on one database; the leader is killed with SIGKILL.
 ///
 /// The invariant sampled throughout, through the surviving server: every instance of the

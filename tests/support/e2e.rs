@@ -79,12 +79,18 @@ impl Server {
     /// Starts a server named `name` (its leader-election holder) on a free port over the
     /// SQLite file `db`, with `extra` flags, and waits until it listens.
     pub fn start(name: &str, db: &Path, extra: &[&str]) -> Server {
+        Server::start_with_env(name, db, extra, &[])
+    }
+
+    /// Starts a server as [`Server::start`] does, with `env` added to its environment.
+    pub fn start_with_env(name: &str, db: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let store = format!("sqlite://{}", db.display());
         let mut child = Command::new(env!("CARGO_BIN_EXE_p2-apiserver"))
             .args(["serve", "--listen", "127.0.0.1:0", "--store", &store])
             .args(["--holder", name])
             .args(extra)
             .env("RUST_LOG", "info,tower_http=warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -157,6 +163,15 @@ impl Server {
     }
 
     /// A client for this server's API.
+    /// The server's environment, as its process holds it now.
+    pub fn environment(&self) -> Vec<String> {
+        let environ = std::fs::read(format!("/proc/{}/environ", self.child.id())).unwrap();
+        environ
+            .split(|&b| b == 0)
+            .map(|var| String::from_utf8_lossy(var).into_owned())
+            .collect()
+    }
+
     pub fn api(&self) -> Api {
         Api::trusting(&self.url, self.ca_cert.clone())
     }
