@@ -40,7 +40,8 @@ use tokio_util::task::TaskTracker;
 mod rss;
 use rss::rss_mib;
 
-/// The allocator the server binary runs with (`src/main.rs`).
+/// The allocator the server binary runs with (`src/main.rs`), with the same purge delay
+/// (`p2_apiserver::allocator`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -644,6 +645,7 @@ fn report(what: &str, figure: &Figure, reference: Option<(&str, &Figure)>) {
 }
 
 fn main() {
+    p2_apiserver::allocator::start_again_with_allocator_options();
     let args = Args::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

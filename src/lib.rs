@@ -24,10 +24,12 @@
 //! - [`leader`]: leader election over a store session and lock; the leader runs the farms.
 //! - [`farms`]: the RC, roll and daemon-set reconcilers, driven by the mirror.
 //! - [`metrics`]: the Prometheus metrics, their names and the recorder `/metrics` renders;
-//!   [`version`]: what the binary was built from.
+//!   [`version`]: what the binary was built from; [`allocator`]: how soon the binaries give
+//!   freed memory back to the OS.
 //! - [`simulator`]: simulated nodes that act as node agents through the REST API, for the
 //!   demo, the end-to-end tests and the benchmark.
 
+pub mod allocator;
 pub mod answers;
 pub mod api;
 pub mod app;

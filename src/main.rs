@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing_subscriber::EnvFilter;
 
+use p2_apiserver::allocator;
 use p2_apiserver::app::App;
 use p2_apiserver::auth::Access;
 use p2_apiserver::config::{Cli, Command, FarmArgs, ServeArgs, SimulateArgs};
@@ -32,43 +33,13 @@ use p2_apiserver::state::{Mirror, MirrorConfig};
 /// It also replaces the C library's `malloc` (`override`), so SQLite allocates from the same
 /// heap: under glibc's `malloc`, SQLite's threads each kept an arena of their own, which held
 /// 48 of the 286 MiB resident in the 10,000-RC farm bench's server 90 s after its start.
+/// How soon it gives freed memory back to the OS: [`allocator`].
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's option for how many milliseconds memory freed stays with the process before it
-/// goes back to the OS, and the value the binary runs with unless the option is set: 10 ms,
-/// mimalloc 2's default, rather than mimalloc 3's second. While the farms wrote, the second
-/// kept memory the mirror had freed: the 10,000-RC farm bench's server peaked at 243 MiB with
-/// 10 ms, against 254 to 263 MiB with the second, and `/healthz`, GET one RC, durable PATCH
-/// and the scheduling were as fast (README, Memory).
-const PURGE_DELAY: (&str, &str) = ("MIMALLOC_PURGE_DELAY", "10");
-
 fn main() -> anyhow::Result<()> {
-    start_again_with_allocator_options();
+    allocator::start_again_with_allocator_options();
     run()
-}
-
-/// mimalloc reads its options from the environment as the process loads, and setting one
-/// later takes an unsafe call. So a process started without [`PURGE_DELAY`] set starts itself
-/// again with it: `exec` keeps its process id, arguments and the rest of its environment. If
-/// that fails, it goes on as it is.
-fn start_again_with_allocator_options() {
-    use std::os::unix::process::CommandExt;
-    let (option, value) = PURGE_DELAY;
-    if std::env::var_os(option).is_some() {
-        return;
-    }
-    let Ok(binary) = std::env::current_exe() else {
-        return;
-    };
-    let mut args = std::env::args_os();
-    let name = args.next().unwrap_or_else(|| binary.clone().into());
-    let failed = std::process::Command::new(&binary)
-        .arg0(name)
-        .args(args)
-        .env(option, value)
-        .exec();
-    eprintln!("could not start again with {option}={value} ({failed}); going on without it");
 }
 
 #[tokio::main]
