@@ -162,7 +162,6 @@ impl Server {
         server
     }
 
-    /// A client for this server's API.
     /// The server's environment, as its process holds it now.
     pub fn environment(&self) -> Vec<String> {
         let environ = std::fs::read(format!("/proc/{}/environ", self.child.id())).unwrap();
@@ -172,6 +171,7 @@ impl Server {
             .collect()
     }
 
+    /// A client for this server's API.
     pub fn api(&self) -> Api {
         Api::trusting(&self.url, self.ca_cert.clone())
     }
