@@ -420,12 +420,12 @@ impl Kind {
 /// The id an entry of `tree` has in the change stream: its key without the tree's prefix,
 /// and for labels of the other types `<type>/<id>`.
 pub fn object_id(tree: Tree, key: &str) -> &str {
-    let prefix = if tree.kind() == Some(Kind::Labels) {
-        layout::LABELS.to_owned()
-    } else {
-        tree.prefix()
+    let prefix_len = match tree {
+        Tree::Labels(_) if tree.kind() == Some(Kind::Labels) => layout::LABELS.len(),
+        Tree::Labels(_) => tree.prefix().len(),
+        other => other.fixed_prefix().len(),
     };
-    key.get(prefix.len()..).unwrap_or(key)
+    key.get(prefix_len..).unwrap_or(key)
 }
 
 #[cfg(test)]
