@@ -44,7 +44,8 @@ use p2_apiserver::kv::{KvStore, TxnOp, MAX_TXN_OPS};
 use p2_apiserver::labels::{LabelType, Labels};
 use p2_apiserver::layout;
 use p2_apiserver::metrics::{
-    WriterStage, SQLITE_ROWS_WRITTEN, SQLITE_WRITER_STAGE_DURATION, STORE_OPERATION_DURATION,
+    WriterStage, SQLITE_ROWS_WRITTEN, SQLITE_WRITER_STAGE_DURATION, SSE_CLIENTS_DROPPED,
+    STORE_OPERATION_DURATION,
 };
 use prom_text_format_parser::{Sample, Scrape, ValueType};
 
@@ -317,6 +318,13 @@ async fn print_writer(client: &reqwest::Client, base: &str, took: Duration) {
         100.0 * busy / took.as_secs_f64(),
         each.join(", "),
         1e6 * busy / rows.max(1.0)
+    );
+    let dropped = sums_by(&scrape, SSE_CLIENTS_DROPPED, ValueType::Sample, |_| {
+        String::new()
+    });
+    println!(
+        "change-stream clients cut off for reading too slowly (the simulator's among them): {}",
+        dropped.values().sum::<f64>()
     );
 }
 

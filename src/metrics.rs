@@ -50,6 +50,8 @@ pub const LEADER_TERMS: &str = "p2_leader_terms_total";
 pub const MIRROR_LAG: &str = "p2_mirror_lag_seconds";
 /// Clients of the change stream (`GET /api/v1/watch`) connected now.
 pub const SSE_CLIENTS: &str = "p2_sse_clients";
+/// Clients of the change stream cut off for falling too far behind.
+pub const SSE_CLIENTS_DROPPED: &str = "p2_sse_clients_dropped_total";
 /// Always 1, labelled with the `version` and `git_commit` the binary was built from.
 pub const BUILD_INFO: &str = "p2_build_info";
 
@@ -146,6 +148,10 @@ fn describe() {
          else the time since its last successful read"
     );
     describe_gauge!(SSE_CLIENTS, "Clients of the change stream connected now");
+    describe_counter!(
+        SSE_CLIENTS_DROPPED,
+        "Clients of the change stream cut off for falling too far behind"
+    );
     describe_gauge!(BUILD_INFO, "The version and git commit of this binary");
     gauge!(BUILD_INFO, "version" => crate::version::VERSION, "git_commit" => crate::version::GIT_COMMIT)
         .set(1.0);
@@ -273,6 +279,11 @@ pub fn leading(leads: bool) {
 /// successful read, the time since the last one while reads fail.
 pub fn mirror_lag(prefix: &str, lag: Duration) {
     gauge!(MIRROR_LAG, "tree" => prefix.to_owned()).set(lag.as_secs_f64());
+}
+
+/// Counts a change-stream client cut off for falling too far behind.
+pub fn sse_client_dropped() {
+    counter!(SSE_CLIENTS_DROPPED).increment(1);
 }
 
 /// Counts a change-stream client while it lives.

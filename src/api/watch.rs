@@ -30,7 +30,7 @@ use crate::api::extract::ApiQuery;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::Selector;
-use crate::metrics::SseClient;
+use crate::metrics::{self, SseClient};
 use crate::state::{object_id, Backlog, Change, Kind, Mirror, Receiver, Signal};
 
 /// OpenAPI tag of the change stream.
@@ -289,6 +289,7 @@ impl Watcher {
                 }
                 Err(RecvError::Lagged(_)) => {
                     self.ending = true;
+                    metrics::sse_client_dropped();
                     return Some(control("dropped", self.app.mirror.position()));
                 }
                 Err(RecvError::Closed) => return None,

@@ -650,6 +650,17 @@ mod tests {
         store.create_session(&spec).await.unwrap()
     }
 
+    /// A writer batch reaches the change stream at once: the largest the farms write must
+    /// not cut off a subscriber that has yet to read any of it.
+    #[test]
+    fn a_change_stream_subscriber_has_room_for_the_farms_largest_batch() {
+        let buffer = crate::state::MirrorConfig::default().subscriber_buffer;
+        assert!(
+            buffer >= CONCURRENT_OBJECTS * crate::kv::MAX_TXN_OPS,
+            "{buffer}"
+        );
+    }
+
     #[tokio::test]
     async fn a_batch_of_free_locks_that_fails_is_taken_lock_by_lock() {
         let dir = tempfile::tempdir().unwrap();

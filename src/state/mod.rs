@@ -65,7 +65,10 @@ pub struct MirrorConfig {
     pub lost_after: Duration,
     /// How many changes the stream keeps for subscribers resuming from a position.
     pub retained_changes: usize,
-    /// How many changes of one kind a subscriber may fall behind before it is cut off.
+    /// How many changes of one kind a subscriber may fall behind before it is cut off. A
+    /// writer batch reaches the stream at once, so this leaves room for the largest the
+    /// farms write: `CONCURRENT_OBJECTS` transactions of up to `MAX_TXN_OPS` ops, 8,192 pods
+    /// when the RC farm schedules; a client is not slow for not having read that yet.
     pub subscriber_buffer: usize,
 }
 
@@ -76,7 +79,7 @@ impl Default for MirrorConfig {
             min_reread_interval: Duration::from_millis(250),
             lost_after: Duration::from_secs(30),
             retained_changes: 10_000,
-            subscriber_buffer: 1_024,
+            subscriber_buffer: 8_192,
         }
     }
 }
@@ -698,6 +701,13 @@ mod tests {
                 OwnWrite::Put(_) => None,
             })
             .collect()
+    }
+
+    /// A client cut off resumes from its last position, which must still be retained.
+    #[test]
+    fn a_subscriber_cut_off_can_resume_from_the_retained_changes() {
+        let config = MirrorConfig::default();
+        assert!(config.retained_changes >= config.subscriber_buffer);
     }
 
     #[test]
