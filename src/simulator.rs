@@ -15,8 +15,9 @@
 //!   starting is not).
 //!
 //! A node's pods are all `passing`, or all `critical` on the nodes chosen by
-//! `unhealthy_fraction`. The manifest text comes with each event; it is kept (and parsed for
-//! its SHA) once per text, and shared by every node running it.
+//! `unhealthy_fraction`. The manifest text comes with each event; it is kept once per text,
+//! and shared by every node running it. A pod is installed again when its intended text
+//! changes; the server, not the simulator, refuses a text that is not a valid manifest.
 //!
 //! The stream's changes are handed to the reconciler in batches, at most every 100 ms,
 //! and the reconciler looks only at the pods a batch names, so one change costs the same
@@ -30,6 +31,7 @@
 //! a node that stops leaves its reports behind, as a crashed preparer's session-less
 //! records would.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -41,6 +43,7 @@ use futures::StreamExt;
 use reqwest::{Certificate, Client, ClientBuilder, RequestBuilder, Response, StatusCode, Url};
 use serde::Deserialize;
 use serde_json::json;
+use serde_json::value::RawValue;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -49,7 +52,6 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::labels::{validate_labels, Labels};
 use crate::model::HealthState;
-use crate::model::Manifest;
 use crate::store::pods::validate_node_name;
 
 /// The least time between two batches of intent changes handed to the reconciler: a burst
@@ -211,35 +213,30 @@ pub async fn run(config: SimulatorConfig, shutdown: CancellationToken) -> anyhow
 /// A node and a pod ID.
 type PodKey = (String, String);
 
-/// A manifest intended on simulated nodes; one per text, shared by every pod running it.
-#[derive(Debug)]
-struct Intended {
-    /// P2's manifest SHA: what is compared with what is reported installed.
-    sha: String,
-    /// The manifest text, reported as the pod's reality once it is installed.
-    text: String,
-}
+/// A manifest text intended on simulated nodes, reported as the pod's reality once it is
+/// installed; one per text, shared by every pod running it.
+type Intended = Arc<str>;
 
 /// What the change stream says is intended on the simulated nodes, in batches for the
 /// reconciler.
 #[derive(Debug)]
 enum Intents {
     /// Everything intended now: a pod not in it is no longer intended.
-    Snapshot(HashMap<PodKey, Arc<Intended>>),
+    Snapshot(HashMap<PodKey, Intended>),
     /// What changed since the last batch: the manifest now intended, or `None`.
-    Changes(HashMap<PodKey, Option<Arc<Intended>>>),
+    Changes(HashMap<PodKey, Option<Intended>>),
 }
 
-/// A finished job: its pod and the SHA reported installed there now.
-type JobResult = (PodKey, anyhow::Result<Option<String>>);
+/// A finished job: its pod and the manifest reported installed there now.
+type JobResult = (PodKey, anyhow::Result<Option<Intended>>);
 
 /// One (node, pod) as the reconciler tracks it.
 #[derive(Debug, Default)]
 struct Slot {
     /// The intended manifest; `None` once the pod is no longer intended.
-    want: Option<Arc<Intended>>,
-    /// The SHA last reported installed; `None` when nothing is reported.
-    have: Option<String>,
+    want: Option<Intended>,
+    /// The manifest last reported installed; `None` when nothing is reported.
+    have: Option<Intended>,
     /// A job is converging this pod; at most one is, so reports never race.
     busy: bool,
 }
@@ -247,7 +244,7 @@ struct Slot {
 impl Slot {
     /// Whether what is reported differs from what is intended.
     fn diverges(&self) -> bool {
-        self.want.as_ref().map(|want| want.sha.as_str()) != self.have.as_deref()
+        self.want != self.have
     }
 }
 
@@ -273,14 +270,17 @@ struct Sim {
 }
 
 /// The data of a change event of the stream, as the simulator reads it (the server writes a
-/// [`crate::api::watch::WatchEvent`]).
+/// [`crate::api::watch::WatchEvent`]), borrowed from the event's text, so that a manifest
+/// already known costs no copy.
 #[derive(Deserialize)]
-struct PodChange {
+struct PodChange<'a> {
     /// `<node>/<pod_id>`.
-    id: String,
-    /// The manifest text; a JSON value when the text was JSON, which reads as the same
-    /// manifest once written out again.
-    object: serde_json::Value,
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    /// The manifest text as a JSON string; a JSON value when the text was JSON, which reads
+    /// as the same manifest.
+    #[serde(borrow)]
+    object: &'a RawValue,
 }
 
 /// Where the simulator is in the change stream, and what it has read but not yet handed to
@@ -291,15 +291,15 @@ struct Follower {
     /// `None` before, as a snapshot cut short must start over.
     position: Option<String>,
     /// The snapshot being read, until its `synced` event.
-    snapshot: Option<HashMap<PodKey, Arc<Intended>>>,
+    snapshot: Option<HashMap<PodKey, Intended>>,
     /// Changes read since the last batch.
-    changes: HashMap<PodKey, Option<Arc<Intended>>>,
+    changes: HashMap<PodKey, Option<Intended>>,
     /// When the last batch was handed over.
     published: Instant,
-    /// The manifests intended, by text, so that the pods of one manifest share it and a text
-    /// is parsed (for its SHA) once, not once per pod; at each snapshot, those no longer in
-    /// use are forgotten.
-    manifests: HashMap<String, Arc<Intended>>,
+    /// The manifests intended, by their JSON in the stream, so that the pods of one manifest
+    /// share it and its JSON is decoded once, not once per pod; at each snapshot, those no
+    /// longer in use are forgotten.
+    manifests: HashMap<Box<str>, Intended>,
 }
 
 impl Follower {
@@ -325,7 +325,7 @@ impl Follower {
     fn read(&mut self, event: &Event, nodes: &HashMap<String, HealthState>) -> anyhow::Result<()> {
         match event.event.as_str() {
             kind @ ("added" | "modified" | "deleted") => {
-                let change: PodChange = serde_json::from_str(&event.data)
+                let change: PodChange<'_> = serde_json::from_str(&event.data)
                     .with_context(|| format!("decoding a change event: {}", event.data))?;
                 let Some((node, pod_id)) = change.id.split_once('/') else {
                     bail!("a pod's change event has the id {:?}", change.id);
@@ -334,7 +334,7 @@ impl Follower {
                     let key = (node.to_owned(), pod_id.to_owned());
                     let intended = match kind {
                         "deleted" => None,
-                        _ => self.intern(&key, change.object),
+                        _ => Some(self.intern(change.object)?),
                     };
                     match (&mut self.snapshot, intended) {
                         (Some(snapshot), Some(intended)) => {
@@ -372,33 +372,21 @@ impl Follower {
         Ok(())
     }
 
-    /// The manifest an event brings, shared with every pod of the same SHA; `None` (as the
-    /// pod listing does) when it is not a valid manifest.
-    fn intern(
-        &mut self,
-        (node, pod_id): &PodKey,
-        object: serde_json::Value,
-    ) -> Option<Arc<Intended>> {
-        let text = match object {
-            serde_json::Value::String(text) => text,
-            json => json.to_string(),
-        };
-        if let Some(intended) = self.manifests.get(&text) {
-            return Some(intended.clone());
+    /// The manifest text an event brings, shared with every pod of the same text.
+    fn intern(&mut self, object: &RawValue) -> anyhow::Result<Intended> {
+        let json = object.get();
+        if let Some(intended) = self.manifests.get(json) {
+            return Ok(intended.clone());
         }
-        let sha = match Manifest::parse(&text) {
-            Ok(manifest) => manifest.sha(),
-            Err(errors) => {
-                tracing::warn!(%node, %pod_id, ?errors, "the intent is not a valid manifest; not running it");
-                return None;
-            }
+        let text: Intended = if json.starts_with('"') {
+            serde_json::from_str::<String>(json)
+                .context("decoding a manifest's text")?
+                .into()
+        } else {
+            json.into()
         };
-        let intended = Arc::new(Intended {
-            sha,
-            text: text.clone(),
-        });
-        self.manifests.insert(text, intended.clone());
-        Some(intended)
+        self.manifests.insert(json.into(), text.clone());
+        Ok(text)
     }
 
     /// When the changes read are due to the reconciler; `None` when there are none.
@@ -652,7 +640,7 @@ impl Sim {
                             // Refused as wrong, so retrying cannot help; the next change
                             // to this pod's intent tries again.
                             tracing::warn!(node = %key.0, pod_id = %key.1, error = %e, "giving up on a pod");
-                            slot.have = slot.want.as_ref().map(|want| want.sha.clone());
+                            slot.have = slot.want.clone();
                         }
                     }
                     touched.push(key);
@@ -682,14 +670,15 @@ impl Sim {
         }
     }
 
-    /// Brings one pod's reports to `want` from `had`; returns the SHA reported afterwards.
+    /// Brings one pod's reports to `want` from `had`; returns the manifest reported
+    /// afterwards.
     async fn converge(
         &self,
         node: &str,
         pod_id: &str,
-        want: Option<Arc<Intended>>,
-        had: Option<String>,
-    ) -> anyhow::Result<Option<String>> {
+        want: Option<Intended>,
+        had: Option<Intended>,
+    ) -> anyhow::Result<Option<Intended>> {
         let Some(want) = want else {
             let _reporting = self.reporting.acquire().await;
             self.withdraw_health(node, pod_id).await?;
@@ -712,7 +701,7 @@ impl Sim {
         let put = |c: &Client| {
             c.put(url.clone())
                 .header(reqwest::header::CONTENT_TYPE, crate::api::reality::YAML)
-                .body(want.text.clone())
+                .body(want.to_string())
         };
         if self.expect(&what, &[], put).await?.is_none() {
             return Ok(had);
@@ -727,7 +716,7 @@ impl Sim {
         let body = json!({ "status": status });
         self.expect(&what, &[], |c| c.put(url.clone()).json(&body))
             .await?;
-        Ok(Some(want.sha.clone()))
+        Ok(Some(want))
     }
 
     async fn withdraw_health(&self, node: &str, pod_id: &str) -> anyhow::Result<()> {
