@@ -324,7 +324,7 @@ async fn print_writer(client: &reqwest::Client, base: &str, took: Duration) {
     });
     println!(
         "change-stream clients cut off for reading too slowly (the simulator's among them): {}",
-        dropped.values().sum::<f64>()
+        dropped.values().sum::<f64>() as u64
     );
 }
 
