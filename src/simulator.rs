@@ -967,6 +967,12 @@ mod tests {
         .await;
         assert!(reported(&store, "other", "hello", None).await);
 
+        // A text that is not a manifest: the server refuses its report, and the simulator
+        // goes on with the others.
+        store
+            .put("intent/web-0002/broken", b"id: [", Cas::Any)
+            .await
+            .unwrap();
         intend(&store, "web-0001", "hello", 2).await;
         store
             .delete("intent/web-0002/hello", Cas::Any)
@@ -980,6 +986,7 @@ mod tests {
             },
         )
         .await;
+        assert!(reported(&store, "web-0002", "broken", None).await);
 
         shutdown.cancel();
         simulating.await.unwrap().unwrap();
