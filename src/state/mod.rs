@@ -67,8 +67,8 @@ pub struct MirrorConfig {
     pub retained_changes: usize,
     /// How many changes of one kind a subscriber may fall behind before it is cut off. A
     /// writer batch reaches the stream at once, so this leaves room for the largest the
-    /// farms write: `CONCURRENT_OBJECTS` transactions of up to `MAX_TXN_OPS` ops, 8,192 pods
-    /// when the RC farm schedules; a client is not slow for not having read that yet.
+    /// farms write: `CONCURRENT_OBJECTS` transactions of up to `MAX_TXN_OPS` ops, 8,192
+    /// changes; a client is not slow for not having read those yet.
     pub subscriber_buffer: usize,
 }
 
