@@ -23,7 +23,8 @@ const SSE: &str = "p2_sse_clients";
 const WRITER: &str = "p2_sqlite_writer_stage_duration_seconds";
 const ROWS_WRITTEN: &str = "p2_sqlite_rows_written_total";
 
-async fn scrape(app: &TestApp) -> Metrics {
+/// The app's `/metrics`, parsed.
+pub(crate) async fn scrape(app: &TestApp) -> Metrics {
     let response = app.get("/metrics").await;
     assert_eq!(response.status, StatusCode::OK, "{response:?}");
     assert_eq!(

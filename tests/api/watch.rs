@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
+use crate::metrics::scrape;
 use crate::support::api::{call, TestApp};
-use crate::support::scrape::Metrics;
 
 /// Far longer than any event takes to come; only a stream that never sends reaches it.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -296,7 +296,8 @@ async fn a_slow_client_is_dropped_without_holding_back_the_others() {
         ..MirrorConfig::default()
     };
     let watched = Watched::new(config).await;
-    let before = dropped_clients(&watched.app).await;
+    let dropped = async || scrape(&watched.app).await.value(SSE_CLIENTS_DROPPED, &[]);
+    let before = dropped().await.unwrap_or(0.0);
     let mut slow = watched.open("/api/v1/watch?kinds=nodes", None).await;
     let mut fast = watched.open("/api/v1/watch?kinds=nodes", None).await;
     slow.snapshot().await;
@@ -315,15 +316,11 @@ async fn a_slow_client_is_dropped_without_holding_back_the_others() {
     }
     assert_eq!(last.event, "dropped");
     // The metrics are the process's: other tests may cut off clients of their own.
-    let after = dropped_clients(&watched.app).await;
-    assert!(after > before, "{before} then {after}");
-}
-
-/// How many change-stream clients this process has cut off so far.
-async fn dropped_clients(app: &TestApp) -> f64 {
-    let response = app.get("/metrics").await;
-    let metrics = Metrics::parse(std::str::from_utf8(&response.body).unwrap());
-    metrics.value(SSE_CLIENTS_DROPPED, &[]).unwrap_or(0.0)
+    let after = dropped().await;
+    assert!(
+        after.is_some_and(|after| after > before),
+        "{before} then {after:?}"
+    );
 }
 
 #[tokio::test]
