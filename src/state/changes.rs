@@ -74,8 +74,11 @@ type Sequenced = (u64, Signal);
 /// The broadcasts, a channel per kind, and the retained log.
 #[derive(Debug)]
 pub(super) struct Stream {
-    /// By kind, in the order of [`Kind::ALL`].
-    senders: Vec<broadcast::Sender<Sequenced>>,
+    /// By kind, in the order of [`Kind::ALL`]; each made when first subscribed to, as a
+    /// channel holds its whole buffer from the start and most kinds may never be watched.
+    senders: Vec<OnceLock<broadcast::Sender<Sequenced>>>,
+    /// The capacity of each channel.
+    buffer: usize,
     /// The last signal's place.
     sequence: u64,
     log: VecDeque<Arc<Change>>,
@@ -91,10 +94,8 @@ impl Stream {
     /// signals of one kind behind before they are cut off.
     pub(super) fn new(retain: usize, buffer: usize) -> Stream {
         Stream {
-            senders: Kind::ALL
-                .iter()
-                .map(|_| broadcast::channel(buffer.max(1)).0)
-                .collect(),
+            senders: Kind::ALL.iter().map(|_| OnceLock::new()).collect(),
+            buffer: buffer.max(1),
             sequence: 0,
             log: VecDeque::new(),
             retain: retain.max(1),
@@ -136,7 +137,9 @@ impl Stream {
         self.log.push_back(change.clone());
         // No subscriber is not an error.
         self.sequence += 1;
-        let _ = self.senders[kind.position()].send((self.sequence, Signal::Change(change)));
+        if let Some(sender) = self.senders[kind.position()].get() {
+            let _ = sender.send((self.sequence, Signal::Change(change)));
+        }
     }
 
     /// Voids every position given so far: the log is emptied and the positions given from
@@ -148,7 +151,7 @@ impl Stream {
         // On every channel, so that every subscriber hears it; they hear it once, as one
         // place in the order.
         self.sequence += 1;
-        for sender in &self.senders {
+        for sender in self.senders.iter().filter_map(OnceLock::get) {
             let _ = sender.send((self.sequence, Signal::Resync));
         }
     }
@@ -171,7 +174,10 @@ impl Stream {
             .iter()
             .zip(&self.senders)
             .filter(|(kind, _)| kinds.contains(kind))
-            .map(|(_, sender)| sender.subscribe())
+            .map(|(_, sender)| {
+                let sender = sender.get_or_init(|| broadcast::channel(self.buffer).0);
+                sender.subscribe()
+            })
             .collect();
         Receiver {
             heads: receivers.iter().map(|_| None).collect(),
@@ -356,6 +362,21 @@ mod tests {
             received(&mut rcs).await,
             Err(RecvError::Lagged(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_kinds_channel_is_made_when_first_subscribed_to() {
+        let mut stream = Stream::new(10, 10);
+        stream.emit(ChangeType::Added, Tree::Rcs, 1, rc(1));
+        assert!(stream.senders.iter().all(|sender| sender.get().is_none()));
+        let mut rcs = stream.subscribe(&[Kind::Rcs]);
+        stream.emit(ChangeType::Added, Tree::Rcs, 2, rc(2));
+        assert_eq!(received(&mut rcs).await.unwrap(), [2]);
+        let made = stream
+            .senders
+            .iter()
+            .filter(|sender| sender.get().is_some());
+        assert_eq!(made.count(), 1);
     }
 
     #[test]
