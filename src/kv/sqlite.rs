@@ -49,6 +49,9 @@ use super::{
 };
 use crate::metrics::{self, WriterStage};
 
+mod recent;
+use recent::Write;
+
 /// How often other processes' writes and expired sessions are looked for.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// How often expired sessions are invalidated.
@@ -91,6 +94,9 @@ struct Inner {
     /// each change elsewhere (the mirror waiting for its trees to catch up), and reading it
     /// visits every key of the prefix.
     prefix_indexes: std::sync::Mutex<HashMap<String, u64>>,
+    /// This process's latest writes, as the prefixes followed that each touched: a watch of
+    /// the state mirror reads changes only past the writes it holds.
+    recent: Arc<recent::Shared>,
 }
 
 /// The most keys of other processes' commits read to tell the watches which moved
@@ -108,15 +114,23 @@ impl Inner {
             .expect("the known prefix indexes are never left half-changed")
     }
 
-    /// Tells the watches what a committed batch touched, forgetting first the prefix
-    /// indexes it may have changed: both under the lock of those indexes, so that an index
-    /// read before the batch's commit is either forgotten here or never kept
-    /// ([`Inner::prefix_index`]), and a watch woken by the batch reads the new one.
-    fn announce(&self, touched: Touched) {
+    /// Tells the watches what a committed batch touched, and its writes, forgetting first
+    /// the prefix indexes it may have changed: all under the lock of those indexes, so that
+    /// an index read before the batch's commit is either forgotten here or never kept
+    /// ([`Inner::prefix_index`]), and a watch woken by the batch reads the new one and finds
+    /// its writes among the recent ones.
+    fn announce(&self, touched: Touched, written: Vec<Write>) {
+        let mut known = self.known_prefix_indexes();
+        {
+            let mut recent = self.recent.lock();
+            if touched.everything {
+                recent.forget();
+            }
+            recent.committed(written);
+        }
         if touched.is_empty() {
             return;
         }
-        let mut known = self.known_prefix_indexes();
         known.retain(|prefix, _| !touched.touches_prefix(prefix));
         let _ = self.batches.send(Arc::new(touched));
     }
@@ -258,6 +272,7 @@ impl SqliteStore {
                 pending: Vec::new(),
                 taken: None,
                 touched: Touched::default(),
+                written: Vec::new(),
                 staged: HashMap::new(),
             })),
             flush: flush.clone(),
@@ -267,6 +282,7 @@ impl SqliteStore {
             announced: AtomicU64::new(last),
             reaped: AtomicU64::new(reaped),
             prefix_indexes: std::sync::Mutex::default(),
+            recent: Arc::default(),
         });
         let background = CancellationToken::new();
         tokio::spawn(run_background(Arc::downgrade(&inner), background.clone()));
@@ -685,6 +701,8 @@ struct Writer {
     taken: Option<(u64, u64)>,
     /// What the writes released into the batch touched.
     touched: Touched,
+    /// Those writes, each as the followed prefixes it touched.
+    written: Vec<Write>,
     /// The rows the writes released into the batch changed, by key: the database holds them
     /// only once [`Writer::write_staged`] runs, at the batch's commit or before a statement
     /// that reads the table.
@@ -755,6 +773,7 @@ impl Writer {
         self.open = false;
         self.taken = None;
         self.touched = Touched::default();
+        self.written.clear();
         self.staged.clear();
         for waiter in self.pending.drain(..) {
             let _ = waiter.send(Err(cause.clone()));
@@ -887,7 +906,7 @@ impl Writer {
         self.open = false;
         let touched = std::mem::take(&mut self.touched);
         let taken = self.taken.take();
-        inner.announce(touched);
+        inner.announce(touched, std::mem::take(&mut self.written));
         if let Some((_, last)) = taken {
             inner.announced.fetch_max(last, Ordering::AcqRel);
         }
@@ -921,6 +940,10 @@ struct WriteTxn {
     wrote: bool,
     /// What this write changed; joins the batch's only when the write is released into it.
     touched: Touched,
+    /// The keys of `touched` it deleted.
+    deleted: Vec<String>,
+    /// Where the write is described once released ([`Writer::written`]).
+    recent: Arc<recent::Shared>,
     /// This write's view of the rows of the keys it read or wrote (`None`: absent). Its ops
     /// are checked against it and change it; the batch takes the changed rows only when the
     /// write is committed ([`WriteTxn::release_rows`]).
@@ -980,6 +1003,8 @@ impl WriteTxn {
             now_ms: now_ms(),
             wrote: false,
             touched: Touched::default(),
+            deleted: Vec::new(),
+            recent: inner.recent.clone(),
             rows: HashMap::new(),
             staged: BTreeSet::new(),
             sessions: HashMap::new(),
@@ -1004,6 +1029,17 @@ impl WriteTxn {
         self.release_rows();
         let writer = &mut self.tx.0;
         writer.dirty = false;
+        let deleted = std::mem::take(&mut self.deleted);
+        if self.wrote {
+            let keys = self.touched.keys.iter().map(String::as_str);
+            let ranges = self.touched.ranges.iter().map(String::as_str);
+            let write = self.recent.lock().describe(
+                self.index,
+                keys,
+                deleted.iter().map(String::as_str).chain(ranges),
+            );
+            writer.written.push(write);
+        }
         writer.touched.merge(std::mem::take(&mut self.touched));
         if self.wrote {
             writer.last_index = self.index;
@@ -1029,6 +1065,7 @@ impl WriteTxn {
             self.rows.remove(&key);
         }
         self.touched = Touched::default();
+        self.deleted.clear();
         self.wrote = false;
     }
 
@@ -1123,6 +1160,7 @@ impl WriteTxn {
         if self.row(key).await?.is_some() {
             self.wrote = true;
             self.touched.keys.insert(key.to_owned());
+            self.deleted.push(key.to_owned());
             self.staged.insert(key.to_owned());
             self.rows.insert(key.to_owned(), None);
         }
@@ -1622,7 +1660,7 @@ async fn announce_others_commits(inner: &Inner) -> StoreResult<()> {
     } else {
         return Ok(());
     };
-    inner.announce(touched);
+    inner.announce(touched, Vec::new());
     inner.announced.fetch_max(index, Ordering::AcqRel);
     Ok(())
 }
@@ -1940,8 +1978,24 @@ impl KvStore for SqliteStore {
         validate_prefix(prefix)?;
         let target = WatchTarget::Prefix(prefix.to_owned());
         self.wait_for_change(&target, index, wait).await?;
+        let held = held();
+        // What moved the prefix up to `from` is writes the caller holds: the changes are
+        // read past it, and not at all when that is everything.
+        let now = self.inner.prefix_index(prefix).await?;
+        let from = self
+            .inner
+            .recent
+            .lock()
+            .held_through(prefix, index, now, &held);
+        if from == now {
+            return Ok(PrefixUpdate::Since(Changes {
+                index: now,
+                changed: Vec::new(),
+                deleted: Vec::new(),
+            }));
+        }
         let reader = &self.inner.reader;
-        match read_changes(reader, prefix, index, &held()).await? {
+        match read_changes(reader, prefix, from, &held).await? {
             Some(changes) => Ok(PrefixUpdate::Since(changes)),
             None => Ok(PrefixUpdate::Whole(
                 read_prefix(reader, prefix, true).await?,
@@ -2008,14 +2062,18 @@ mod tests {
         changes
     }
 
+    /// An op setting `key` to `v`.
+    fn set(key: &str) -> TxnOp {
+        TxnOp::Set {
+            key: key.into(),
+            value: b"v".to_vec(),
+        }
+    }
+
     #[tokio::test]
     async fn changes_leave_out_the_pairs_of_the_transactions_the_watcher_holds() {
         let dir = tempfile::tempdir().unwrap();
         let store = open_in(&dir).await;
-        let set = |key: &str| TxnOp::Set {
-            key: key.into(),
-            value: b"v".to_vec(),
-        };
         store.txn(&[set("k/gone")]).await.unwrap();
         let listed = store.list("k/").await.unwrap();
         let held = store.txn(&[set("k/a"), set("k/b")]).await.unwrap();
@@ -2044,6 +2102,59 @@ mod tests {
         let changed: Vec<&str> = changes.changed.iter().map(|p| p.key.as_str()).collect();
         assert_eq!(changed, ["k/b", "k/c"]);
         assert_eq!(changes.deleted, [("k/gone".to_owned(), rewritten)]);
+    }
+
+    /// Once a prefix is watched, a watch woken only by transactions the watcher holds
+    /// answers with no changes at the prefix's index, without reading: a tombstone slipped
+    /// into the file behind the store's back is not seen. The changes are read from the
+    /// first write it does not hold, or the first delete under the prefix.
+    #[tokio::test]
+    async fn a_watch_woken_only_by_held_transactions_reads_nothing() {
+        use sqlx::Connection;
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        let index_of = |results: Vec<Option<KvPair>>| results[0].as_ref().unwrap().modify_index;
+        let listed = store.list("k/").await.unwrap().index;
+        assert!(changes_since(&store, "k/", listed, &[])
+            .await
+            .changed
+            .is_empty());
+        let a = index_of(store.txn(&[set("k/a")]).await.unwrap());
+        store.txn(&[set("other/x")]).await.unwrap();
+        let b = index_of(store.txn(&[set("k/b"), set("other/y")]).await.unwrap());
+        let path = dir.path().join("kv.db").display().to_string();
+        let mut behind = SqliteConnection::connect(&format!("sqlite://{path}"))
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO tombstones (key, delete_index, deleted_at_ms) VALUES (?1, ?2, 0)")
+            .bind(b"k/sneaked".as_slice())
+            .bind(b as i64)
+            .execute(&mut behind)
+            .await
+            .unwrap();
+
+        let changes = changes_since(&store, "k/", listed, &[a, b]).await;
+        assert_eq!(
+            (changes.index, changes.changed, changes.deleted),
+            (b, vec![], vec![])
+        );
+
+        // Holding only the first, what follows it is read, the tombstone with it.
+        let changes = changes_since(&store, "k/", listed, &[a]).await;
+        let changed: Vec<&str> = changes.changed.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(changed, ["k/b"]);
+        assert_eq!(changes.deleted, [("k/sneaked".to_owned(), b)]);
+
+        // A held transaction that deletes under the prefix is read.
+        let c = index_of(
+            store
+                .txn(&[set("k/c"), TxnOp::Delete { key: "k/a".into() }])
+                .await
+                .unwrap(),
+        );
+        let changes = changes_since(&store, "k/", b, &[c]).await;
+        assert!(changes.changed.is_empty());
+        assert_eq!(changes.deleted, [("k/a".to_owned(), c)]);
     }
 
     #[tokio::test]
