@@ -940,7 +940,8 @@ struct WriteTxn {
     wrote: bool,
     /// What this write changed; joins the batch's only when the write is released into it.
     touched: Touched,
-    /// The keys of `touched` it deleted.
+    /// The keys of `touched` it deleted, listed as it deletes them: a write that then
+    /// deletes a range hands its staged rows to the batch before it is released.
     deleted: Vec<String>,
     /// Where the write is described once released ([`Writer::written`]).
     recent: Arc<recent::Shared>,

@@ -1,5 +1,5 @@
-//! This process's latest writes, each as the followed prefixes it put keys under or deleted
-//! from: enough to tell a watch woken by transactions its caller already holds (the state mirror
+//! This process's latest writes, each as the followed prefixes it wrote or deleted keys
+//! under: enough to tell a watch woken by transactions its caller already holds (the state mirror
 //! applies the server's own transactions as they commit) that it need not read past them,
 //! where reading visits every change of every prefix since its last read.
 
@@ -39,8 +39,8 @@ pub(super) struct RecentWrites {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Write {
     index: u64,
-    /// The prefixes it put a key under.
-    put: u64,
+    /// The prefixes it wrote or deleted a key under.
+    touched: u64,
     /// The prefixes it deleted a key or a range from.
     deleted: u64,
     /// How many prefixes were followed when it was described: it tells of no later one.
@@ -48,12 +48,12 @@ pub(super) struct Write {
 }
 
 impl RecentWrites {
-    /// Describes the write at `index` that put the keys `put`, and deleted the keys or
-    /// ranges `deleted`.
+    /// Describes the write at `index` that wrote or deleted the keys `touched`, and of those
+    /// deleted the keys `deleted`, or deleted the ranges among them.
     pub fn describe<'a>(
         &self,
         index: u64,
-        put: impl IntoIterator<Item = &'a str>,
+        touched: impl IntoIterator<Item = &'a str>,
         deleted: impl IntoIterator<Item = &'a str>,
     ) -> Write {
         let mask = |keys: &mut dyn Iterator<Item = &str>, under: fn(&str, &str) -> bool| {
@@ -67,7 +67,9 @@ impl RecentWrites {
         };
         Write {
             index,
-            put: mask(&mut put.into_iter(), |key, prefix| key.starts_with(prefix)),
+            touched: mask(&mut touched.into_iter(), |key, prefix| {
+                key.starts_with(prefix)
+            }),
             // A range covers the prefix, or lies under it.
             deleted: mask(&mut deleted.into_iter(), |key, prefix| {
                 key.starts_with(prefix) || prefix.starts_with(key)
@@ -125,8 +127,8 @@ impl RecentWrites {
         let flag = 1 << bit;
         let (start, stop) = ((after - self.from) as usize, (end - self.from) as usize);
         for write in self.writes.range(start..stop) {
-            let unheld_put = write.put & flag != 0 && held.binary_search(&write.index).is_err();
-            if write.known <= bit || write.deleted & flag != 0 || unheld_put {
+            let unheld = write.touched & flag != 0 && held.binary_search(&write.index).is_err();
+            if write.known <= bit || write.deleted & flag != 0 || unheld {
                 return write.index - 1;
             }
         }
