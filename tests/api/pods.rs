@@ -306,15 +306,9 @@ async fn pages_through_pods_in_node_then_pod_order() {
     arrange_pods(&app).await;
 
     let mut seen = Vec::new();
-    let mut path = "/api/v1/pods?limit=1".to_string();
-    loop {
-        let page = app.get(&path).await.json();
+    for page in app.pages("/api/v1/pods?limit=1").await {
         assert_eq!(page["items"].as_array().unwrap().len(), 1);
         seen.extend(pod_names(&page));
-        match page["continue"].as_str() {
-            Some(token) => path = format!("/api/v1/pods?limit=1&continue={token}"),
-            None => break,
-        }
     }
     assert_eq!(
         seen,

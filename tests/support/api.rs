@@ -220,7 +220,29 @@ impl TestApp {
         self.send(Request::get(path).body(Body::empty()).unwrap())
             .await
     }
+
+    /// Every page of the list at `path` (which has a query), following each page's
+    /// `continue` token until a page has none; fails on an error or a list that never ends.
+    pub async fn pages(&self, path: &str) -> Vec<serde_json::Value> {
+        let mut pages = Vec::new();
+        let mut next = path.to_owned();
+        loop {
+            let response = self.get(&next).await;
+            assert_eq!(response.status, StatusCode::OK, "GET {next}");
+            let page = response.json();
+            let token = page["continue"].as_str().map(str::to_owned);
+            pages.push(page);
+            let Some(token) = token else {
+                return pages;
+            };
+            assert!(pages.len() < MOST_PAGES, "{path} never ran out of pages");
+            next = format!("{path}&continue={token}");
+        }
+    }
 }
+
+/// More pages than any test's list has: [`TestApp::pages`] stops a token that repeats.
+const MOST_PAGES: usize = 1_000;
 
 /// The backend the apps use, as the store metrics name it.
 pub fn backend() -> &'static str {
