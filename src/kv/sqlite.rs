@@ -2158,6 +2158,213 @@ mod tests {
         assert_eq!(changes.deleted, [("k/a".to_owned(), c)]);
     }
 
+    /// Random histories against two stores on one file: batches of concurrent transactions
+    /// (sets, deletes, locks and unlocks), ranges deleted, sessions ended (releasing or
+    /// deleting what they hold), locks taken and freed, batches rolled back after a write
+    /// was released into them, and the other process's commits. After each step, a watch
+    /// of each prefix from many indexes, holding most of its own transactions as the mirror
+    /// does, answers exactly what a read of every change would (up to the index it
+    /// answers at), whether or not it skipped past the writes it holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watch_skipping_held_writes_answers_what_a_full_read_does() {
+        let mut skipped = 0;
+        for seed in 0..2 {
+            skipped += random_history(seed).await;
+        }
+        assert!(skipped > 0, "no watch ever skipped past a held write");
+    }
+
+    /// The prefixes the random histories write under, and those their watches follow.
+    const WRITTEN: [&str; 4] = ["a/", "a/x/", "b/", "c/"];
+    const WATCHED: [&str; 6] = ["a/", "a/x/", "b/", "c/", "a", "d/"];
+
+    /// Runs one random history (see above); how many watches skipped past held writes.
+    async fn random_history(seed: u64) -> usize {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        use std::collections::BTreeMap;
+
+        let rng = &mut StdRng::seed_from_u64(seed);
+        let key =
+            |rng: &mut StdRng| format!("{}k{}", WRITTEN[rng.gen_range(0..4)], rng.gen_range(0..4));
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(open_in(&dir).await);
+        let other = open_in(&dir).await;
+        let mut held: BTreeMap<&str, BTreeSet<u64>> = BTreeMap::new();
+        let mut sessions: Vec<String> = Vec::new();
+        let mut skipped = 0;
+        for step in 0..120 {
+            match rng.gen_range(0..100) {
+                0..45 => {
+                    let mut writes = Vec::new();
+                    for _ in 0..rng.gen_range(1..5) {
+                        let ops: Vec<TxnOp> = (0..rng.gen_range(1..4))
+                            .map(|_| {
+                                let key = key(rng);
+                                let session = (!sessions.is_empty())
+                                    .then(|| sessions[rng.gen_range(0..sessions.len())].clone());
+                                match (rng.gen_range(0..10), session) {
+                                    (6..=7, _) => TxnOp::Delete { key },
+                                    (8, Some(session)) => TxnOp::Lock {
+                                        key,
+                                        value: b"l".to_vec(),
+                                        session,
+                                    },
+                                    (9, Some(session)) => TxnOp::Unlock {
+                                        key,
+                                        value: b"u".to_vec(),
+                                        session,
+                                    },
+                                    _ => TxnOp::Set {
+                                        key,
+                                        value: vec![step as u8],
+                                    },
+                                }
+                            })
+                            .collect();
+                        let store = store.clone();
+                        writes.push(tokio::spawn(async move { (store.txn(&ops).await, ops) }));
+                    }
+                    if rng.gen_bool(0.2) {
+                        let (store, prefix) = (store.clone(), WRITTEN[rng.gen_range(0..4)]);
+                        writes.push(tokio::spawn(async move {
+                            (
+                                store.delete_prefix(prefix).await.map(|()| Vec::new()),
+                                Vec::new(),
+                            )
+                        }));
+                    }
+                    if rng.gen_bool(0.2) && !sessions.is_empty() {
+                        let (store, id) = (
+                            store.clone(),
+                            sessions.remove(rng.gen_range(0..sessions.len())),
+                        );
+                        writes.push(tokio::spawn(async move {
+                            (
+                                store.destroy_session(&id).await.map(|()| Vec::new()),
+                                Vec::new(),
+                            )
+                        }));
+                    }
+                    // The mirror holds a transaction's index for the prefixes it wrote under,
+                    // though not always yet.
+                    for write in writes {
+                        let (Ok(results), ops) = write.await.unwrap() else {
+                            continue;
+                        };
+                        let Some(index) = crate::state::OwnWrite::txn_index(&ops, &results) else {
+                            continue;
+                        };
+                        for op in ops.iter().filter(|op| op.value().is_some()) {
+                            for prefix in WATCHED {
+                                if op.key().starts_with(prefix) && rng.gen_bool(0.9) {
+                                    held.entry(prefix).or_default().insert(index);
+                                }
+                            }
+                        }
+                    }
+                }
+                45..55 => {
+                    let key = key(rng);
+                    let op = if rng.gen_bool(0.7) {
+                        TxnOp::Set {
+                            key,
+                            value: b"o".to_vec(),
+                        }
+                    } else {
+                        TxnOp::Delete { key }
+                    };
+                    other.txn(&[op]).await.unwrap();
+                }
+                55..65 => {
+                    let behavior = if rng.gen_bool(0.5) {
+                        SessionBehavior::Delete
+                    } else {
+                        SessionBehavior::Release
+                    };
+                    let spec = SessionSpec {
+                        name: "s".into(),
+                        ttl: Duration::from_secs(30),
+                        lock_delay: Duration::ZERO,
+                        behavior,
+                    };
+                    sessions.push(store.create_session(&spec).await.unwrap());
+                }
+                65..72 => {
+                    let mut txn = WriteTxn::begin(&store.inner).await.unwrap();
+                    let op = TxnOp::Set {
+                        key: key(rng),
+                        value: b"r".to_vec(),
+                    };
+                    txn.apply(&op).await.unwrap().unwrap();
+                    let durable = txn.release();
+                    txn.tx.0.dirty = true;
+                    drop(txn);
+                    assert!(
+                        durable.wait().await.is_err(),
+                        "a rolled-back write was answered"
+                    );
+                }
+                72..80 if !sessions.is_empty() => {
+                    let session = &sessions[rng.gen_range(0..sessions.len())];
+                    let key = key(rng);
+                    if rng.gen_bool(0.5) {
+                        let _ = store.acquire(&key, b"q", session).await;
+                    } else {
+                        let _ = store.release(&key, session).await;
+                    }
+                }
+                // Time for the poll to announce the other process's commits.
+                80..83 => tokio::time::sleep(Duration::from_millis(150)).await,
+                _ => {}
+            }
+            let last = meta(&store.inner.reader, "last_index").await.unwrap();
+            // Some prefixes are first watched late.
+            let followed: Vec<&str> = WATCHED.into_iter().filter(|_| rng.gen_bool(0.7)).collect();
+            for prefix in followed {
+                let mut afters: BTreeSet<u64> = (last.saturating_sub(4).max(1)..=last).collect();
+                afters.extend((0..6).map(|_| rng.gen_range(1..=last)));
+                for after in afters {
+                    let holds: Vec<u64> = held
+                        .get(prefix)
+                        .map(|held| held.range(after + 1..).copied().collect())
+                        .unwrap_or_default();
+                    let now = store.inner.prefix_index(prefix).await.unwrap();
+                    let skips = store
+                        .inner
+                        .recent
+                        .lock()
+                        .held_through(prefix, after, now, &holds)
+                        > after;
+                    let watched = changes_since(&store, prefix, after, &holds).await;
+                    let read = read_changes(&store.inner.reader, prefix, after, &holds)
+                        .await
+                        .unwrap()
+                        .expect("nothing is reaped in these histories");
+                    let upto = |changes: &Changes| {
+                        let changed = changes
+                            .changed
+                            .iter()
+                            .map(|pair| (pair.key.clone(), pair.modify_index));
+                        let deleted = changes.deleted.iter().cloned();
+                        let upto = watched.index;
+                        (
+                            changed.filter(|c| c.1 <= upto).collect::<Vec<_>>(),
+                            deleted.filter(|d| d.1 <= upto).collect::<Vec<_>>(),
+                        )
+                    };
+                    assert_eq!(
+                        upto(&watched),
+                        upto(&read),
+                        "seed {seed}, step {step}: {prefix} after {after}, holding {holds:?}"
+                    );
+                    skipped += usize::from(skips);
+                }
+            }
+        }
+        skipped
+    }
+
     #[tokio::test]
     async fn a_watch_brings_only_what_changed_unless_tombstones_were_reaped_past_its_index() {
         let dir = tempfile::tempdir().unwrap();
