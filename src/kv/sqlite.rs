@@ -269,6 +269,7 @@ impl SqliteStore {
                 open: false,
                 last_index: 0,
                 dirty: false,
+                failed: false,
                 pending: Vec::new(),
                 taken: None,
                 touched: Touched::default(),
@@ -695,6 +696,11 @@ struct Writer {
     /// its changes cannot be undone apart from the batch's, so the batch is rolled back
     /// before anything else runs.
     dirty: bool,
+    /// A statement of the batch failed. SQLite rolls a transaction back by itself after some
+    /// failures (a full disk, an I/O error, no memory), and the batch's later statements
+    /// would then each commit on their own: so the batch is rolled back whole, its writes
+    /// failed, before anything else runs.
+    failed: bool,
     /// The writes released into the batch, waiting for its commit: where to say how it went.
     pending: Vec<oneshot::Sender<StoreResult<()>>>,
     /// The first and last index taken by the writes released into the batch.
@@ -737,12 +743,15 @@ impl Writer {
             .map_err(unavailable)
     }
 
-    /// Rolls the batch back if a write left it half-done.
+    /// Rolls the batch back if a write left it half-done or a statement of it failed.
     async fn settle(&mut self) {
-        if self.dirty {
-            self.dirty = false;
-            let cause = StoreError::Unavailable("a write failed partway through".into());
-            self.abort(cause).await;
+        if self.dirty || self.failed {
+            let cause = if self.dirty {
+                "a write failed partway through"
+            } else {
+                "a statement of the batch failed"
+            };
+            self.abort(StoreError::Unavailable(cause.into())).await;
         }
     }
 
@@ -771,6 +780,8 @@ impl Writer {
             tracing::warn!(error = %e, "rolling back a failed batch of writes failed");
         }
         self.open = false;
+        self.dirty = false;
+        self.failed = false;
         self.taken = None;
         self.touched = Touched::default();
         self.written.clear();
@@ -983,6 +994,15 @@ impl Held {
         self.0.dirty = true;
         &mut self.0.conn
     }
+
+    /// What a statement that reads the batch's state gave; its failure leaves the batch to
+    /// be rolled back ([`Writer::failed`]).
+    fn checked<T>(&mut self, outcome: Result<T, sqlx::Error>) -> StoreResult<T> {
+        outcome.map_err(|e| {
+            self.0.failed = true;
+            unavailable(e)
+        })
+    }
 }
 
 impl Drop for WriteTxn {
@@ -1082,8 +1102,8 @@ impl WriteTxn {
         let row = sqlx::query(&format!("SELECT {PAIR_COLUMNS} FROM kv WHERE key = ?1"))
             .bind(key.as_bytes())
             .fetch_optional(&mut *self.tx)
-            .await
-            .map_err(unavailable)?;
+            .await;
+        let row = self.tx.checked(row)?;
         let row = row.as_ref().map(pair_from_row).transpose()?;
         self.rows.insert(key.to_owned(), row.clone());
         Ok(row)
@@ -1119,7 +1139,8 @@ impl WriteTxn {
             for key in keys {
                 query = query.bind(key.as_bytes());
             }
-            let rows = query.fetch_all(&mut *self.tx).await.map_err(unavailable)?;
+            let rows = query.fetch_all(&mut *self.tx).await;
+            let rows = self.tx.checked(rows)?;
             for key in keys {
                 self.rows.insert((*key).to_owned(), None);
             }
@@ -1252,8 +1273,8 @@ impl WriteTxn {
         .bind(id)
         .bind(self.now_ms)
         .fetch_optional(&mut *self.tx)
-        .await
-        .map_err(unavailable)?;
+        .await;
+        let row = self.tx.checked(row)?;
         let session = row.as_ref().map(session_from_row).transpose()?;
         self.sessions.insert(id.to_owned(), session.clone());
         Ok(session)
@@ -1277,7 +1298,8 @@ impl WriteTxn {
             for key in keys {
                 query = query.bind(key.as_bytes());
             }
-            let delays = query.fetch_all(&mut *self.tx).await.map_err(unavailable)?;
+            let delays = query.fetch_all(&mut *self.tx).await;
+            let delays = self.tx.checked(delays)?;
             for key in keys {
                 self.lock_delays.insert((*key).to_owned(), None);
             }
@@ -1422,8 +1444,8 @@ impl WriteTxn {
         let row = sqlx::query("SELECT lock_delay_ms, behavior FROM sessions WHERE id = ?1")
             .bind(id)
             .fetch_optional(&mut *self.tx)
-            .await
-            .map_err(unavailable)?;
+            .await;
+        let row = self.tx.checked(row)?;
         let Some(row) = row else { return Ok(()) };
         let lock_delay_ms: i64 = row.get("lock_delay_ms");
         let behavior: String = row.get("behavior");
@@ -1432,8 +1454,8 @@ impl WriteTxn {
         let held = sqlx::query(&format!("SELECT {PAIR_COLUMNS} FROM kv WHERE session = ?1"))
             .bind(id)
             .fetch_all(&mut *self.tx)
-            .await
-            .map_err(unavailable)?;
+            .await;
+        let held = self.tx.checked(held)?;
         let held = held
             .iter()
             .map(pair_from_row)
@@ -1707,14 +1729,13 @@ async fn expire_sessions(inner: &Inner) -> StoreResult<()> {
     for id in expired {
         let mut txn = WriteTxn::begin(inner).await?;
         // Renewed by someone else between the read and the write lock: keep it.
-        let still_expired: Option<i64> =
+        let still_expired: Result<Option<i64>, _> =
             sqlx::query_scalar("SELECT 1 FROM sessions WHERE id = ?1 AND expires_at_ms <= ?2")
                 .bind(&id)
                 .bind(txn.now_ms)
                 .fetch_optional(&mut *txn.tx)
-                .await
-                .map_err(unavailable)?;
-        if still_expired.is_some() {
+                .await;
+        if txn.tx.checked(still_expired)?.is_some() {
             tracing::info!(session = %id, "session expired");
             txn.invalidate_session(&id).await?;
         }
@@ -2837,6 +2858,45 @@ mod tests {
         assert_eq!(store.get("x").await.unwrap(), Some(before.clone()));
         let b = store.get("b").await.unwrap().unwrap();
         assert_eq!(b.modify_index, before.modify_index + 1);
+    }
+
+    /// A statement that fails may have rolled the batch back inside SQLite, after which the
+    /// batch's later statements would each commit on their own: so a failed read rolls the
+    /// whole batch back, the writes released into it before included, and the store goes on.
+    /// The read made to fail here is of the lock-delays, renamed away behind the store.
+    #[tokio::test]
+    async fn a_read_failing_within_a_batch_fails_the_writes_already_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        let spec = SessionSpec::deleting("test", Duration::from_secs(30));
+        let session = store.create_session(&spec).await.unwrap();
+        run_beside(&dir, "ALTER TABLE lock_delays RENAME TO lock_delays_away").await;
+
+        let mut txn = WriteTxn::begin(&store.inner).await.unwrap();
+        txn.apply(&set("k/released")).await.unwrap().unwrap();
+        let durable = txn.release();
+        let lock = TxnOp::Lock {
+            key: "k/locked".into(),
+            value: b"v".to_vec(),
+            session,
+        };
+        let failed = txn.apply(&lock).await;
+        assert!(
+            matches!(failed, Err(StoreError::Unavailable(_))),
+            "{failed:?}"
+        );
+        txn.discard();
+        drop(txn);
+        let answered = durable.wait().await;
+        assert!(
+            matches!(answered, Err(StoreError::Unavailable(_))),
+            "{answered:?}"
+        );
+        assert_eq!(store.get("k/released").await.unwrap(), None);
+
+        run_beside(&dir, "ALTER TABLE lock_delays_away RENAME TO lock_delays").await;
+        store.put("k/after", b"v", Cas::Any).await.unwrap();
+        assert!(store.get("k/after").await.unwrap().is_some());
     }
 
     /// Writes queued behind one another share a batch: each sees the rows the ones before it
