@@ -142,6 +142,12 @@ impl Stream {
         }
     }
 
+    /// Makes the positions given so far the first a subscriber may resume from: those
+    /// before them came before the stream started and are not in its log.
+    pub(super) fn start_window(&mut self) {
+        self.window_start = self.window_start.max(self.position);
+    }
+
     /// Voids every position given so far: the log is emptied and the positions given from
     /// now on are above all of them, so no old position can resume.
     pub(super) fn resync(&mut self) {
@@ -277,6 +283,24 @@ mod tests {
         );
         assert_eq!(positions(&stream.replay_from(101).unwrap()), [(101, 101)]);
         assert!(stream.replay_from(102).is_none(), "a position never given");
+    }
+
+    /// The stream starts where the mirror's first whole read left it: a position from before
+    /// (another server's, or this one's before a restart) is refused, since what changed
+    /// then, a delete say, is in no listing.
+    #[test]
+    fn a_position_from_before_the_stream_started_cannot_resume() {
+        let mut stream = Stream::new(10, 10);
+        stream.emit(ChangeType::Added, Tree::Rolls, 3, entry("rolls/a", 3));
+        stream.emit(ChangeType::Added, Tree::Rolls, 12, entry("rolls/b", 12));
+        stream.start_window();
+        assert!(stream.replay_from(10).is_none());
+        stream.emit(ChangeType::Modified, Tree::Rolls, 13, entry("rolls/a", 13));
+        assert_eq!(positions(&stream.replay_from(13).unwrap()), [(13, 13)]);
+        assert_eq!(
+            positions(&stream.replay_from(12).unwrap()),
+            [(12, 12), (13, 13)]
+        );
     }
 
     #[test]

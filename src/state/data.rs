@@ -11,9 +11,10 @@
 //! - an own delete comes with an index up to which no version of the key is current: it
 //!   removes only an entry written at or before that index (a newer one was written after
 //!   the delete, by another writer, and the watch may bring it first), and leaves a
-//!   tombstone burying every version up to that index, so an older listing that still
-//!   holds one does not bring it back; the tombstone goes (and the deletion is streamed)
-//!   once a listing no longer holds the key, or holds a newer version.
+//!   tombstone burying every version up to that index, held or not yet, so an older
+//!   listing that still holds one does not bring it back; the tombstone goes (and the
+//!   deletion is streamed, if the mirror held the key) once a listing no longer holds the
+//!   key, or holds a newer version, or once a listing from after the delete is applied.
 //!
 //! The changes since an index (where the store can tell them) follow the same rules, a
 //! reported delete standing for a listing's absence: it removes an entry not rewritten
@@ -60,8 +61,9 @@ pub(super) struct TreeState {
 /// An own delete not yet confirmed by a listing.
 #[derive(Debug)]
 pub(super) struct Tombstone {
-    /// The version it removed, streamed as deleted once a listing confirms.
-    pub removed: Arc<Entry>,
+    /// The version it removed, streamed as deleted once a listing confirms; `None` when the
+    /// mirror held none yet (another writer's, which the watch had not brought).
+    pub removed: Option<Arc<Entry>>,
     /// No version written at or before this index is current any more.
     pub through: u64,
 }
@@ -154,8 +156,14 @@ impl State {
         let mut to_decode = Vec::new();
         for pair in pairs {
             listed.push((pair.key.clone(), pair.modify_index));
-            let held = current.entries.get(&pair.key).map(|e| e.pair.modify_index);
-            if held != Some(pair.modify_index) {
+            // An entry at the same index is the same version, unless the store was replaced
+            // (an authoritative listing after its index went backwards), which may have
+            // reused the index for another value.
+            let same = current.entries.get(&pair.key).is_some_and(|held| {
+                held.pair.modify_index == pair.modify_index
+                    && (!authoritative || held.value()[..] == pair.value[..])
+            });
+            if !same {
                 to_decode.push(pair);
             }
         }
@@ -207,8 +215,20 @@ impl State {
             state.index = state.index.max(index);
             state.listed = state.listed.max(index);
             state.held = state.held.split_off(&(index + 1));
+            // A delete of a key the mirror never held has nothing to stream: once a
+            // listing from after it is applied, no older one can bring the key back.
+            let listed = state.listed;
+            state
+                .tombstones
+                .retain(|_, tombstone| tombstone.removed.is_some() || tombstone.through > listed);
         }
+        let first = !state.loaded;
         state.loaded = true;
+        if first && self.trees.iter().all(|tree| tree.loaded) {
+            // Positions from before the mirror's first whole read were never given by this
+            // stream: what changed then (a delete, say) is in no listing.
+            self.stream.start_window();
+        }
     }
 
     /// Notes that the pairs the server's transaction at `index` wrote in `tree` are applied,
@@ -289,14 +309,16 @@ impl State {
     pub(super) fn apply_own_delete(&mut self, tree: Tree, key: &str, through: u64) {
         let state = self.tree_mut(tree);
         let held = state.entries.get(key).map(|e| e.pair.modify_index);
-        if held.is_none_or(|held| held > through) {
+        if held.is_some_and(|held| held > through) {
             return;
         }
-        let Some(removed) = state.entries.remove(key) else {
-            return;
-        };
-        state.changed(&removed);
-        self.drop_from_indexes(tree, &removed);
+        // A key the mirror does not hold yet (another writer's) is buried all the same, so
+        // that the watch's read from before the delete does not bring it in.
+        let removed = state.entries.remove(key);
+        if let Some(removed) = &removed {
+            state.changed(removed);
+            self.drop_from_indexes(tree, removed);
+        }
         let tombstone = Tombstone { removed, through };
         self.tree_mut(tree)
             .tombstones
@@ -329,8 +351,8 @@ impl State {
                 self.drop_from_indexes(tree, &entry);
                 entry
             }
-            None => match state.tombstones.remove(key) {
-                Some(tombstone) => tombstone.removed,
+            None => match state.tombstones.remove(key).and_then(|t| t.removed) {
+                Some(removed) => removed,
                 None => return,
             },
         };
@@ -617,5 +639,61 @@ mod tests {
         assert!(!state.by_label.contains_key(&term("rc1")));
         state.apply_own_delete(tree, "labels/pod/n1/hello", 3);
         assert!(state.by_label.is_empty());
+    }
+
+    /// Another writer creates a key at 10; before the watch brings it, this server deletes
+    /// it at 12. The watch's read taken at 11 still holds the key and must not bring it back;
+    /// the read that reports the delete confirms it, with nothing to stream.
+    #[test]
+    fn an_own_delete_of_a_key_not_yet_mirrored_buries_it() {
+        let tree = Tree::Labels(LabelType::Node);
+        let mut state = State::new(Stream::new(10, 10));
+        apply(&mut state, 9, &[], true);
+        state.apply_own_delete(tree, "labels/node/a", 12);
+        apply_changes(&mut state, 11, &[pair("labels/node/a", "{}", 10)], &[]);
+        assert_eq!(held(&state), []);
+        apply_changes(&mut state, 12, &[], &[("labels/node/a", 12)]);
+        assert_eq!(held(&state), []);
+        assert!(state.tree(tree).tombstones.is_empty());
+        assert!(state.stream.replay_from(0).unwrap().is_empty());
+    }
+
+    /// A delete of a key no store ever held is never reported: its tombstone goes once a
+    /// read from after the delete is applied, rather than staying for good.
+    #[test]
+    fn an_own_delete_of_a_key_never_stored_is_forgotten_after_a_later_read() {
+        let tree = Tree::Labels(LabelType::Node);
+        let mut state = State::new(Stream::new(10, 10));
+        apply(&mut state, 9, &[], true);
+        state.apply_own_delete(tree, "labels/node/never", 12);
+        apply_changes(&mut state, 11, &[], &[]);
+        assert_eq!(state.tree(tree).tombstones.len(), 1);
+        apply_changes(&mut state, 13, &[], &[]);
+        assert!(state.tree(tree).tombstones.is_empty());
+    }
+
+    /// A store replaced by another (its index gone backwards) may reuse an index for another
+    /// value: the authoritative re-read takes the value it lists.
+    #[test]
+    fn a_re_read_after_the_store_went_backwards_takes_values_at_reused_indexes() {
+        let mut state = State::new(Stream::new(10, 10));
+        apply(
+            &mut state,
+            9,
+            &[pair("labels/node/a", r#"{"r":"x"}"#, 5)],
+            true,
+        );
+        apply(
+            &mut state,
+            6,
+            &[pair("labels/node/a", r#"{"r":"y"}"#, 5)],
+            true,
+        );
+        assert_eq!(state.labels_of(LabelType::Node, "a").unwrap()["r"], "y");
+        // The same version listed again is not decoded again.
+        let tree = Tree::Labels(LabelType::Node);
+        let again = [pair("labels/node/a", r#"{"r":"y"}"#, 5)];
+        let (_, to_decode) = state.prepare(tree, listing(6, &again), true);
+        assert!(to_decode.is_empty());
     }
 }
