@@ -2,11 +2,14 @@
 //! tools that would otherwise poll.
 //!
 //! A stream starts with a snapshot (every object asked for, as `added`), marked done by a
-//! `synced` event, then carries every change. Each event's SSE id is a stream position (see
-//! [`crate::state::Change::position`]); a client that reconnects with `Last-Event-ID` gets the
-//! retained changes from there, possibly repeating those of that very position, never
-//! missing one. A position the server no longer retains (or never gave: another server's,
-//! or one from before the store was reset) gets a `resync` event and a fresh snapshot.
+//! `synced` event, then carries every change. Each change's SSE id is a stream position (see
+//! [`crate::state::Change::position`]), and so is `synced`'s; a snapshot's objects and the
+//! `resync` and `dropped` events have none, so a client's last id is always a position it
+//! has everything up to. A client that reconnects with `Last-Event-ID` gets the retained
+//! changes from there, possibly repeating those of that very position, never missing one. A
+//! position the server no longer retains (or never gave: one from before its mirror first
+//! read the store, or from before the store was reset) gets a `resync` event and a fresh
+//! snapshot.
 //! A client more than the server's buffer behind on one of its kinds (changes of other kinds
 //! do not count) is sent `dropped` and disconnected, so a slow client never holds the
 //! others back.
@@ -150,9 +153,12 @@ impl Filter {
 ///
 /// The stream starts with every object asked for as an `added` event, then a `synced`
 /// event, then one event per change. Every event's data is a JSON object (`WatchEvent`);
-/// the SSE event name is its `type`; the SSE id is the stream position to pass back in
-/// `Last-Event-ID` when reconnecting. Positions are store indexes: the highest index the
-/// stream had reached (a change to one kind may arrive after a later change to another).
+/// the SSE event name is its `type`; the SSE id of a change and of `synced` is the stream
+/// position to pass back in `Last-Event-ID` when reconnecting (a snapshot's objects and the
+/// `resync` and `dropped` events have none, so a client cut off amid a snapshot or dropped
+/// resumes from the last position it has everything up to). Positions are store indexes:
+/// the highest index the stream had reached (a change to one kind may arrive after a later
+/// change to another).
 /// On reconnection the changes retained since that position are sent instead of the
 /// snapshot (those of the position itself may come again: apply them idempotently); for a
 /// position no longer retained, or not from this server's stream, a `resync` event comes
@@ -210,6 +216,9 @@ async fn watch(
 enum Pending {
     Control(Event),
     Change(Arc<Change>),
+    /// An object of a snapshot: sent without an id, so that a client cut off midway
+    /// resumes from where it was before the snapshot, or takes a new one.
+    Snapshot(Arc<Change>),
 }
 
 /// One client's stream.
@@ -244,18 +253,24 @@ impl Watcher {
     /// replaces a position that cannot resume, `resync`.
     fn queue(&mut self, backlog: Backlog, snapshot: bool) {
         let position = backlog.position;
+        let snapshot = snapshot || backlog.resynced;
         if backlog.resynced {
             self.pending
                 .push_back(Pending::Control(control("resync", position)));
         }
         for change in backlog.changes {
             if self.filter.admits(&self.app.mirror, &change) {
-                self.pending.push_back(Pending::Change(change));
+                self.pending.push_back(if snapshot {
+                    Pending::Snapshot(change)
+                } else {
+                    Pending::Change(change)
+                });
             }
         }
-        if snapshot || backlog.resynced {
-            self.pending
-                .push_back(Pending::Control(control("synced", position)));
+        if snapshot {
+            // The position the snapshot reflects: resuming from it misses nothing.
+            let synced = control("synced", position).id(position.to_string());
+            self.pending.push_back(Pending::Control(synced));
         }
     }
 
@@ -264,7 +279,10 @@ impl Watcher {
         loop {
             match self.pending.pop_front() {
                 Some(Pending::Control(event)) => return Some(event),
-                Some(Pending::Change(change)) => return Some(change_event(&change)),
+                Some(Pending::Change(change)) => {
+                    return Some(change_event(&change).id(change.position.to_string()))
+                }
+                Some(Pending::Snapshot(change)) => return Some(change_event(&change)),
                 None => {}
             }
             if self.ending {
@@ -277,7 +295,7 @@ impl Watcher {
             match signal {
                 Ok(Signal::Change(change)) => {
                     if self.filter.admits(&self.app.mirror, &change) {
-                        return Some(change_event(&change));
+                        return Some(change_event(&change).id(change.position.to_string()));
                     }
                 }
                 Ok(Signal::Resync) => {
@@ -298,7 +316,9 @@ impl Watcher {
     }
 }
 
-/// An event without an object: `synced`, `resync`, `dropped`.
+/// An event without an object (`synced`, `resync`, `dropped`), at `position`. Only `synced`
+/// is given an id: a client reconnecting after `resync` or `dropped` resumes from the last
+/// change it received.
 fn control(event_type: &str, position: u64) -> Event {
     let data = WatchEvent {
         event_type: event_type.to_owned(),
@@ -309,7 +329,6 @@ fn control(event_type: &str, position: u64) -> Event {
     };
     Event::default()
         .event(event_type)
-        .id(position.to_string())
         .data(serde_json::to_string(&data).expect("an event serializes"))
 }
 
@@ -321,7 +340,7 @@ fn may_be_json(value: &[u8]) -> bool {
     first.is_some_and(|b| b"{[\"-0123456789tfn".contains(b))
 }
 
-/// A change's event; its data is rendered once for all streams.
+/// A change's event, without its id; its data is rendered once for all streams.
 fn change_event(change: &Arc<Change>) -> Event {
     let data = change.rendered.get_or_init(|| {
         let value = change.entry.value();
@@ -342,7 +361,6 @@ fn change_event(change: &Arc<Change>) -> Event {
     });
     Event::default()
         .event(change.change_type.as_str())
-        .id(change.position.to_string())
         .data(data.as_str())
 }
 
