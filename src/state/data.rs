@@ -54,7 +54,7 @@ pub(super) struct TreeState {
     pub held: BTreeSet<u64>,
     /// Whether a first listing has been applied.
     pub loaded: bool,
-    /// Since when the tree's watch has been failing, if it is.
+    /// While the tree's watch is failing, the time of its last success.
     pub failing_since: Option<Instant>,
 }
 

@@ -19,8 +19,9 @@
 //! after a write through this server sees it; [`Mirror::wait_for`] holds a read (bounded)
 //! until the mirror has reached an index, for writes it learns of from its watches. If the
 //! store's index goes backwards (a store restarted empty or restored), every tree is re-read
-//! and subscribers are told to start again ([`Signal::Resync`]). A tree whose watch has been
-//! failing longer than [`MirrorConfig::lost_after`] makes [`Mirror::health`] report it.
+//! and subscribers are told to start again ([`Signal::Resync`]). A tree whose watch is
+//! failing, its last success longer ago than [`MirrorConfig::lost_after`], makes
+//! [`Mirror::health`] report it.
 
 mod changes;
 mod data;
@@ -61,7 +62,8 @@ pub struct MirrorConfig {
     /// a reader waits for the tree to catch up ([`Mirror::wait_for`], a farm's pass), which
     /// costs one read per wait.
     pub min_reread_interval: Duration,
-    /// How long a tree's watch may fail before [`Mirror::health`] reports the mirror stale.
+    /// How long after its last success a failing tree watch makes [`Mirror::health`] report
+    /// the mirror stale.
     pub lost_after: Duration,
     /// How many changes the stream keeps for subscribers resuming from a position.
     pub retained_changes: usize,
@@ -659,10 +661,12 @@ impl Mirror {
         }
     }
 
-    fn watch_failed(&self, tree: Tree) {
+    /// Notes a failed read of `tree`'s watch, whose last success was at `last_success`: the
+    /// tree has been out of touch since then, however long the failed read took to fail.
+    fn watch_failed(&self, tree: Tree, last_success: Instant) {
         self.write().trees[tree.position()]
             .failing_since
-            .get_or_insert_with(Instant::now);
+            .get_or_insert(last_success);
     }
 
     /// Wakes everyone waiting on the mirror's index.
@@ -701,6 +705,26 @@ mod tests {
                 OwnWrite::Put(_) => None,
             })
             .collect()
+    }
+
+    /// A watch that fails only after a long wait (a store that hangs until the read times
+    /// out) has been out of touch since its last success, not since it failed.
+    #[tokio::test]
+    async fn a_tree_is_lost_from_its_watchs_last_success() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kv.db").display().to_string();
+        let store = Arc::new(crate::kv::sqlite::SqliteStore::open(&path).await.unwrap());
+        let config = MirrorConfig {
+            lost_after: Duration::from_secs(30),
+            ..MirrorConfig::default()
+        };
+        let mirror = Mirror::new(store, config);
+        let tree = Tree::Rcs;
+        mirror.watch_failed(tree, Instant::now() - Duration::from_secs(31));
+        assert_eq!(mirror.health().lost.len(), 1);
+        mirror.watch_succeeded(tree);
+        mirror.watch_failed(tree, Instant::now());
+        assert!(mirror.health().lost.is_empty());
     }
 
     /// A client cut off resumes from its last position, which must still be retained.
