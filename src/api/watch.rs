@@ -14,9 +14,9 @@
 //! do not count) is sent `dropped` and disconnected, so a slow client never holds the
 //! others back.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -34,7 +34,9 @@ use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::Selector;
 use crate::metrics::{self, SseClient};
-use crate::state::{object_id, Backlog, Change, Kind, Mirror, Receiver, Signal};
+use crate::state::{
+    object_id, Backlog, Change, ChangeType, Entry, Kind, Mirror, Receiver, Signal, Tree,
+};
 
 /// OpenAPI tag of the change stream.
 pub const TAG: &str = "watch";
@@ -60,7 +62,8 @@ pub struct WatchQuery {
     /// (`rcs`, `rolls`, `nodes`, `labels`, `pods`).
     kinds: Option<String>,
     /// Only objects whose labels (as the mirror holds them when the event is sent) match
-    /// this Kubernetes label selector.
+    /// this Kubernetes label selector. An object the client was sent that is deleted or
+    /// stops matching comes as `deleted`; one that starts matching, as `added`.
     selector: Option<String>,
 }
 
@@ -131,19 +134,34 @@ impl Filter {
         Ok(Filter { kinds, selector })
     }
 
-    /// Whether the change is of a kind asked for and its object's labels match.
-    fn admits(&self, mirror: &Mirror, change: &Change) -> bool {
-        let Some(kind) = change.tree.kind().filter(|k| self.kinds.contains(k)) else {
-            return false;
-        };
+    /// Whether `tree` holds objects of a kind asked for.
+    fn follows(&self, tree: Tree) -> bool {
+        tree.kind().is_some_and(|kind| self.kinds.contains(&kind))
+    }
+
+    /// The keys of the objects the selector matches now (none without one): what a client
+    /// that resumes holds, but for the changes since its position, which tell it the rest.
+    fn selected_now(&self, mirror: &Mirror) -> HashSet<String> {
         let Some(selector) = &self.selector else {
-            return true;
+            return HashSet::new();
         };
-        let labels = match kind.label_type() {
-            Some(label_type) => {
-                mirror.labels_of(label_type, object_id(change.tree, &change.entry.pair.key))
+        let mut selected = HashSet::new();
+        for tree in Tree::ALL.into_iter().filter(|tree| self.follows(*tree)) {
+            for entry in mirror.entries(tree).values() {
+                if self.selects(selector, mirror, tree, entry) {
+                    selected.insert(entry.pair.key.clone());
+                }
             }
-            None => change.entry.labels().cloned(),
+        }
+        selected
+    }
+
+    /// Whether the object `entry` of `tree` (of a kind asked for) has labels, as the mirror
+    /// holds them now, that the selector matches.
+    fn selects(&self, selector: &Selector, mirror: &Mirror, tree: Tree, entry: &Entry) -> bool {
+        let labels = match tree.kind().and_then(Kind::label_type) {
+            Some(label_type) => mirror.labels_of(label_type, object_id(tree, &entry.pair.key)),
+            None => entry.labels().cloned(),
         };
         selector.matches(&labels.unwrap_or_default())
     }
@@ -228,6 +246,9 @@ struct Watcher {
     /// Events to send before listening again.
     pending: VecDeque<Pending>,
     receiver: Receiver,
+    /// With a selector, the keys of the objects last sent as matching it: an object that
+    /// is deleted or stops matching is sent as `deleted` only if the client holds it.
+    selected: HashSet<String>,
     /// Whether the stream ends once `pending` is sent.
     ending: bool,
     /// Counts the stream in the metrics while it lives.
@@ -236,17 +257,57 @@ struct Watcher {
 
 impl Watcher {
     fn start(app: AppState, filter: Filter, resume: Option<u64>) -> Watcher {
+        // Taken before the subscription, so that every change after it is in the backlog.
+        let selected = match resume {
+            Some(_) => filter.selected_now(&app.mirror),
+            None => HashSet::new(),
+        };
         let subscription = app.mirror.subscribe(resume, &filter.kinds);
+        let resumed = resume.is_some() && !subscription.backlog.resynced;
         let mut watcher = Watcher {
             receiver: subscription.receiver,
             app,
             filter,
             pending: VecDeque::new(),
+            selected,
             ending: false,
             _client: SseClient::connected(),
         };
-        watcher.queue(subscription.backlog, resume.is_none());
+        watcher.queue(subscription.backlog, !resumed);
         watcher
+    }
+
+    /// The event to send for `change`, if any. Without a selector, every change of a kind
+    /// asked for. With one, a change of an object that matches it; the deletion of an object
+    /// the client holds; and, for an object that stops matching, a deletion. `unsure`: the
+    /// change is replayed to a client that resumed, which may hold any object that changed
+    /// since its position, so each one that is gone or does not match is sent as deleted.
+    fn admit(&mut self, change: Arc<Change>, unsure: bool) -> Option<Arc<Change>> {
+        if !self.filter.follows(change.tree) {
+            return None;
+        }
+        let Some(selector) = &self.filter.selector else {
+            return Some(change);
+        };
+        let key = &change.entry.pair.key;
+        let held = self.selected.remove(key) || unsure;
+        if change.change_type == ChangeType::Deleted {
+            return held.then_some(change);
+        }
+        let mirror = &self.app.mirror;
+        if self
+            .filter
+            .selects(selector, mirror, change.tree, &change.entry)
+        {
+            self.selected.insert(key.clone());
+            // An object that starts matching is new to the client.
+            return Some(if held {
+                change
+            } else {
+                retyped(&change, ChangeType::Added)
+            });
+        }
+        held.then(|| retyped(&change, ChangeType::Deleted))
     }
 
     /// Queues a subscription's backlog: after a snapshot, a `synced` event; before one that
@@ -258,8 +319,11 @@ impl Watcher {
             self.pending
                 .push_back(Pending::Control(control("resync", position)));
         }
+        if snapshot {
+            self.selected.clear();
+        }
         for change in backlog.changes {
-            if self.filter.admits(&self.app.mirror, &change) {
+            if let Some(change) = self.admit(change, !snapshot) {
                 self.pending.push_back(if snapshot {
                     Pending::Snapshot(change)
                 } else {
@@ -294,7 +358,7 @@ impl Watcher {
             };
             match signal {
                 Ok(Signal::Change(change)) => {
-                    if self.filter.admits(&self.app.mirror, &change) {
+                    if let Some(change) = self.admit(change, false) {
                         return Some(change_event(&change).id(change.position.to_string()));
                     }
                 }
@@ -314,6 +378,18 @@ impl Watcher {
             }
         }
     }
+}
+
+/// `change` as a change of another type, for one client.
+fn retyped(change: &Change, change_type: ChangeType) -> Arc<Change> {
+    Arc::new(Change {
+        change_type,
+        tree: change.tree,
+        index: change.index,
+        position: change.position,
+        entry: change.entry.clone(),
+        rendered: OnceLock::new(),
+    })
 }
 
 /// An event without an object (`synced`, `resync`, `dropped`), at `position`. Only `synced`

@@ -240,6 +240,59 @@ async fn a_selector_picks_objects_by_their_labels() {
     assert_eq!(summary(&[event]), pairs(&[("added", "web1")]));
 }
 
+/// With a selector, an object the client holds is sent as deleted when it is deleted or
+/// stops matching, and one that starts matching is sent; others' deletions are not.
+#[tokio::test]
+async fn a_selector_stream_deletes_what_leaves_it() {
+    let watched = Watched::new(MirrorConfig::default()).await;
+    for (node, role) in [
+        ("web1", "web"),
+        ("web2", "web"),
+        ("db1", "db"),
+        ("db2", "db"),
+    ] {
+        watched.label_node(node, role).await;
+    }
+    watched.mirrored("labels/node/db2").await;
+    let path = "/api/v1/watch?kinds=nodes&selector=role%3Dweb";
+    let mut stream = watched.open(path, None).await;
+    let snapshot = stream.snapshot().await;
+    assert_eq!(
+        summary(&snapshot),
+        pairs(&[("added", "web1"), ("added", "web2"), ("synced", "")])
+    );
+    let synced = snapshot.last().unwrap().id.clone();
+
+    let delete = async |node: &str| {
+        let key = format!("labels/node/{node}");
+        watched.app.store.delete(&key, Cas::Any).await.unwrap();
+    };
+    delete("db1").await;
+    delete("web1").await;
+    watched.label_node("web2", "db").await;
+    watched.label_node("db2", "web").await;
+    let mut events = Vec::new();
+    for _ in 0..3 {
+        events.push(stream.next().await.unwrap());
+    }
+    // Own writes reach the mirror at once, the store's deletes through its watch.
+    let mut events = summary(&events);
+    events.sort();
+    assert_eq!(
+        events,
+        pairs(&[("added", "db2"), ("deleted", "web1"), ("deleted", "web2")])
+    );
+
+    // A client resuming from before those changes is told of the objects that left too
+    // (a stream that never sends them fails the test by going silent).
+    let mut resumed = watched.open(path, Some(&synced)).await;
+    let mut seen = Vec::new();
+    let left = pairs(&[("deleted", "web1"), ("deleted", "web2")]);
+    while !left.iter().all(|event| seen.contains(event)) {
+        seen.extend(summary(&[resumed.next().await.unwrap()]));
+    }
+}
+
 #[tokio::test]
 async fn a_stream_resumes_from_the_last_event_id() {
     let watched = Watched::new(MirrorConfig::default()).await;
