@@ -623,12 +623,13 @@ fn mirrored_list(mirror: &Mirror, query: &ListQuery<ConsistentFilter>) -> Respon
     ([index_header(index)], ApiJson(page)).into_response()
 }
 
-/// The RC as the mirror holds it, when it can be trusted and holds the RC.
+/// The RC as the mirror holds it, when it can be trusted and holds the RC. Nothing is
+/// waited for: the write checks the version it starts from.
 async fn mirrored_record(app: &AppState, id: &str) -> Option<RcRecord> {
-    let Source::Mirror(mirror) = source(app, &RC_TREES, &[], false, Blocking::default()).await
-    else {
+    let mirror = &app.mirror;
+    if !mirror.health().is_healthy() {
         return None;
-    };
+    }
     let entry = mirror.get(&layout::rc(id))?;
     let record = rcs::from_entry(&entry).ok()?;
     Some(Versioned {

@@ -2,7 +2,10 @@
 //!
 //! Reads come from the mirror ([`crate::state::Mirror`]) at the index it has reached, which
 //! `X-Index` states; the server's own writes are in it at once, so a client that wrote
-//! through this server reads its write. A read goes through to the store instead when the
+//! through this server reads its write. The index claims an own write only once the tree's
+//! watch has listed past it, which a read waits for (bounded): that listing brings in any
+//! other writer's change from before the write, which the index would otherwise claim
+//! without the answer holding it. A read goes through to the store instead when the
 //! client asks for `?consistent=true`, when the mirror is not healthy (not loaded yet, or a
 //! tree's watch lost for longer than its bound: stale data is never served silently), and
 //! for a blocking read whose `index` is past the mirror's (the client has seen a newer
@@ -16,6 +19,7 @@ use axum::extract::FromRequestParts;
 use axum::extract::Query;
 use axum::http::request::Parts;
 use serde::Deserialize;
+use tokio::time::Instant;
 use utoipa::IntoParams;
 
 use crate::api::blocking::{combined_index, Blocking};
@@ -24,7 +28,7 @@ use crate::api::list_query::{BlockingText, ListFilter};
 use crate::app::App;
 use crate::error::{ApiError, Violations};
 use crate::kv::KvStore;
-use crate::state::{Mirror, MirrorReader, Tree};
+use crate::state::{Extent, Mirror, MirrorReader, Tree};
 
 /// The query of a single-object read: blocking and consistency.
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -107,10 +111,11 @@ pub enum Source<'a> {
 /// Where to serve a read of `trees` from (see the module documentation); a blocking read
 /// served from the mirror is held here, on the mirror.
 ///
-/// `trees` are the trees the answer is made of: their highest index is the read's
-/// `X-Index` ([`mirror_index`]). A blocking read waits for a change under `prefixes` (the
-/// keys the answer is made of, within `trees`), or of `trees` when there are none: a read of
-/// one node's pods is not woken by another node's.
+/// `trees` are the trees the answer is made of: their listed index is the read's `X-Index`
+/// ([`mirror_index`]), once their watches have confirmed the server's own writes to them
+/// (bounded). A blocking read waits for a change under `prefixes` (the keys the answer is
+/// made of, within `trees`), or of `trees` when there are none: a read of one node's pods is
+/// not woken by another node's.
 pub async fn source<'a>(
     app: &'a App,
     trees: &[Tree],
@@ -122,43 +127,48 @@ pub async fn source<'a>(
     if consistent || !mirror.health().is_healthy() {
         return Source::Store(blocking);
     }
-    if let Some((index, wait)) = blocking.until {
-        // Taken before the index is compared, so that a change landing in between is
-        // either past `index` or unlike `before`, and never missed.
-        let before = extents(mirror, prefixes);
-        let reached = mirror_index(mirror, trees);
-        if index > reached {
-            return Source::Store(blocking);
+    let deadline = Instant::now() + CATCH_UP;
+    let Some((index, wait)) = blocking.until else {
+        mirror.confirm(trees, CATCH_UP).await;
+        return Source::Mirror(mirror);
+    };
+    // Taken with the index, so that a change landing after is either past `index` or
+    // unlike the extents, and never missed; and only once the trees' own writes are
+    // confirmed, or a client at the index may not have seen what they are compared with.
+    let seen = loop {
+        mirror
+            .confirm(trees, deadline.saturating_duration_since(Instant::now()))
+            .await;
+        let seen = mirror.seen(trees, prefixes);
+        if seen.confirmed || Instant::now() >= deadline {
+            break seen;
         }
-        if index == reached {
-            hold(app, trees, prefixes, (index, before), wait).await;
-        }
-        // Each tree has its own watch, so one write to several trees (an intent and its pod
-        // labels) can reach them one after the other. The answer waits until every tree has
-        // caught up with the newest of them, so that its `X-Index` stands for all it shows
-        // and the client's next blocking read at that index misses nothing.
-        if trees.len() > 1 {
-            let newest = mirror_index(mirror, trees);
-            mirror.wait_for_trees(trees, newest, CATCH_UP).await;
-        }
-        if !mirror.health().is_healthy() {
-            return Source::Store(Blocking::default());
-        }
+    };
+    let reached = seen.index.max(1);
+    if index > reached {
+        return Source::Store(blocking);
+    }
+    if index == reached && seen.confirmed {
+        hold(app, trees, prefixes, (index, seen.extents), wait).await;
+    }
+    // Each tree has its own watch, so one write to several trees (an intent and its pod
+    // labels) can reach them one after the other. The answer waits until every tree has
+    // caught up with the newest of them, so that its `X-Index` stands for all it shows
+    // and the client's next blocking read at that index misses nothing.
+    if trees.len() > 1 {
+        let newest = mirror_index(mirror, trees);
+        mirror.wait_for_trees(trees, newest, CATCH_UP).await;
+    }
+    if !mirror.health().is_healthy() {
+        return Source::Store(Blocking::default());
     }
     Source::Mirror(mirror)
 }
 
-/// How long a blocking read's answer waits for its trees to catch up with one another; past
-/// it, the answer is given as the mirror holds it.
+/// How long a read waits for its trees' watches to confirm the server's own writes, and a
+/// blocking read's answer for its trees to catch up with one another; past it, the answer
+/// is given as the mirror holds it, at the index it has confirmed.
 const CATCH_UP: Duration = Duration::from_secs(1);
-
-/// What a blocked read of `prefixes` waits to see change, by [`Mirror::extent`].
-fn extents(mirror: &Mirror, prefixes: &[String]) -> Vec<(usize, u64)> {
-    prefixes
-        .iter()
-        .map(|prefix| mirror.extent(prefix))
-        .collect()
-}
 
 /// Holds a blocking read of `trees` on the mirror for at most `wait`, until what it reads
 /// changes from `seen`: the trees' index and the `prefixes`' extents.
@@ -166,7 +176,7 @@ async fn hold(
     app: &App,
     trees: &[Tree],
     prefixes: &[String],
-    seen: (u64, Vec<(usize, u64)>),
+    seen: (u64, Vec<Extent>),
     wait: Duration,
 ) {
     let mirror = &app.mirror;
@@ -175,8 +185,8 @@ async fn hold(
     let held = async {
         loop {
             changes.borrow_and_update();
-            let moved = mirror_index(mirror, trees) != index;
-            if moved && (prefixes.is_empty() || extents(mirror, prefixes) != before) {
+            let now = mirror.seen(trees, prefixes);
+            if now.index.max(1) != index && (prefixes.is_empty() || now.extents != before) {
                 return;
             }
             if changes.changed().await.is_err() {
@@ -260,14 +270,9 @@ async fn open<'a>(
     }
 }
 
-/// The index a mirror read of `trees` reflects: the highest of theirs, and never below 1, as
-/// a store's listing (so that a client blocking at the `X-Index` of empty trees is held on
-/// the mirror).
+/// The index a mirror read of `trees` reflects: the newest their watches have listed
+/// ([`Mirror::listed_index`]), and never below 1, as a store's listing (so that a client
+/// blocking at the `X-Index` of empty trees is held on the mirror).
 pub fn mirror_index(mirror: &Mirror, trees: &[Tree]) -> u64 {
-    trees
-        .iter()
-        .map(|tree| mirror.tree_index(*tree))
-        .max()
-        .unwrap_or(0)
-        .max(1)
+    mirror.listed_index(trees).max(1)
 }

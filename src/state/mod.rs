@@ -16,8 +16,11 @@
 //!
 //! Consistency: the mirror's index ([`Mirror::index`]) is the highest index it has applied.
 //! The server's own writes are applied at once ([`Mirror::apply_own_writes`]), so a read
-//! after a write through this server sees it; [`Mirror::wait_for`] holds a read (bounded)
-//! until the mirror has reached an index, for writes it learns of from its watches. If the
+//! after a write through this server sees it; an answer claims them in its index only once
+//! a listing has confirmed them ([`Mirror::listed_index`], [`Mirror::confirm`]), since an
+//! own write can overtake another writer's earlier change. [`Mirror::wait_for`] holds a
+//! read (bounded) until the mirror has reached an index, for writes it learns of from its
+//! watches. If the
 //! store's index goes backwards (a store restarted empty or restored), every tree is re-read
 //! and subscribers are told to start again ([`Signal::Resync`]). A tree whose watch is
 //! failing, its last success longer ago than [`MirrorConfig::lost_after`], makes
@@ -186,6 +189,39 @@ impl MirrorHealth {
     }
 }
 
+/// What a blocking read has seen of its trees, by [`Mirror::seen`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// The trees' listed index: the read's `X-Index`.
+    pub index: u64,
+    /// By prefix asked for.
+    pub extents: Vec<Extent>,
+    /// No own write in the trees is waiting for its watch's confirmation.
+    pub confirmed: bool,
+}
+
+/// How many entries lie under a prefix, and the highest modify index among them: a write
+/// under the prefix that reaches the mirror in index order changes one of the two (an added
+/// or changed entry has the newest index; a removal alone lowers the count). A whole
+/// tree's is its listed index.
+pub type Extent = (usize, u64);
+
+fn extent(state: &State, prefix: &str) -> Extent {
+    let Some(tree) = Tree::of_key(prefix) else {
+        return (0, 0);
+    };
+    let tree_state = state.tree(tree);
+    if tree.prefix() == prefix {
+        return (0, tree_state.listed);
+    }
+    tree_state
+        .entries
+        .under(prefix)
+        .fold((0, 0), |(count, highest), entry| {
+            (count + 1, highest.max(entry.pair.modify_index))
+        })
+}
+
 /// Where a subscriber starts: what it is sent first, then what its receiver brings.
 #[derive(Debug)]
 pub struct Subscription {
@@ -264,7 +300,7 @@ impl Mirror {
         self.read().stream.position()
     }
 
-    /// The highest index `tree`'s entries reflect.
+    /// The highest index `tree`'s entries reflect, own writes included.
     pub fn tree_index(&self, tree: Tree) -> u64 {
         self.read().tree(tree).index
     }
@@ -279,8 +315,12 @@ impl Mirror {
             .collect()
     }
 
-    /// The newest index the watches of `trees` have shown: the mirror's index less the
-    /// server's own writes, which need no other tree to catch up with them.
+    /// The newest index the watches of `trees` have shown: what a read of them claims to
+    /// reflect (its `X-Index`). The server's own writes are in the entries at once, but they
+    /// count here only once a listing confirms them ([`Mirror::confirm`]): another writer's
+    /// change from before an own write may not have reached the mirror yet, and the own
+    /// write's index alone would claim it. The farms need no other tree to catch up with
+    /// their own writes either.
     pub fn listed_index(&self, trees: &[Tree]) -> u64 {
         let state = self.read();
         trees
@@ -399,35 +439,71 @@ impl Mirror {
             .unwrap_or_default()
     }
 
-    /// The index of the tree `prefix` lies in and the entries under `prefix` (as
-    /// [`Mirror::under`]), read together, so the index is that of the entries; `None` for a
-    /// prefix in no followed tree.
+    /// The listed index of the tree `prefix` lies in ([`Mirror::listed_index`]) and the
+    /// entries under `prefix` (as [`Mirror::under`]), read together; `None` for a prefix in
+    /// no followed tree.
     pub fn listing(&self, prefix: &str) -> Option<(u64, Vec<Arc<Entry>>)> {
         let tree = Tree::of_key(prefix)?;
         let state = self.read();
         let tree_state = state.tree(tree);
         let entries = tree_state.entries.under(prefix).cloned().collect();
-        Some((tree_state.index, entries))
+        Some((tree_state.listed, entries))
     }
 
-    /// How many entries lie under `prefix`, and the highest modify index among them: any
-    /// write under `prefix` changes one of the two (an added or changed entry has the
-    /// newest index; a removal alone lowers the count). A whole tree's is its index.
-    pub fn extent(&self, prefix: &str) -> (usize, u64) {
-        let Some(tree) = Tree::of_key(prefix) else {
-            return (0, 0);
-        };
+    /// What a blocking read of `trees` (under `prefixes`) has seen, read together: their
+    /// listed index, each prefix's [`Extent`], and whether the trees hold no own write their
+    /// watches have yet to confirm ([`Mirror::confirm`]). Only a confirmed view is a
+    /// baseline to wait for a change from: an unconfirmed own write is in the extents but
+    /// not in the index, so a client at the index may not have seen it.
+    pub fn seen(&self, trees: &[Tree], prefixes: &[String]) -> Seen {
         let state = self.read();
-        let tree_state = state.tree(tree);
-        if tree.prefix() == prefix {
-            return (0, tree_state.index);
+        let confirmed = trees.iter().all(|tree| {
+            let tree = state.tree(*tree);
+            tree.listed >= tree.index
+        });
+        Seen {
+            index: trees
+                .iter()
+                .map(|tree| state.tree(*tree).listed)
+                .max()
+                .unwrap_or(0),
+            extents: prefixes
+                .iter()
+                .map(|prefix| extent(&state, prefix))
+                .collect(),
+            confirmed,
         }
-        tree_state
-            .entries
-            .under(prefix)
-            .fold((0, 0), |(count, highest), entry| {
-                (count + 1, highest.max(entry.pair.modify_index))
-            })
+    }
+
+    /// Waits, at most `timeout`, until the watches of `trees` have confirmed every write
+    /// this server had applied to them when called, each listing bringing in with it any
+    /// other writer's change from before the write; whether they did. Each tree behind is
+    /// read at once rather than at its next paced read.
+    pub async fn confirm(&self, trees: &[Tree], timeout: Duration) -> bool {
+        let targets: Vec<(Tree, u64)> = {
+            let state = self.read();
+            trees
+                .iter()
+                .map(|tree| (*tree, state.tree(*tree)))
+                .filter(|(_, state)| state.listed < state.index)
+                .map(|(tree, state)| (tree, state.index))
+                .collect()
+        };
+        if targets.is_empty() {
+            return true;
+        }
+        for (tree, _) in &targets {
+            self.wanted(*tree).notify_one();
+        }
+        let confirmed = self.until(|mirror| {
+            let state = mirror.read();
+            targets
+                .iter()
+                .all(|(tree, index)| state.tree(*tree).listed >= *index)
+        });
+        tokio::time::timeout(timeout, confirmed)
+            .await
+            .unwrap_or(false)
     }
 
     /// `tree`'s index, its entries and the keys changed in it since generation `known`,
@@ -725,6 +801,42 @@ mod tests {
         mirror.watch_succeeded(tree);
         mirror.watch_failed(tree, Instant::now());
         assert!(mirror.health().lost.is_empty());
+    }
+
+    /// An own write is in the entries at once, but in the listed index (what answers claim)
+    /// only once a listing confirms it; a confirmation does not wait out the paced reads.
+    #[tokio::test]
+    async fn an_own_write_is_listed_once_its_watch_confirms_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kv.db").display().to_string();
+        let store = Arc::new(crate::kv::sqlite::SqliteStore::open(&path).await.unwrap());
+        let config = MirrorConfig {
+            min_reread_interval: Duration::from_secs(600),
+            ..MirrorConfig::default()
+        };
+        let mirror = Mirror::new(store.clone(), config);
+        let cancel = CancellationToken::new();
+        mirror.start(&TaskTracker::new(), cancel.clone());
+        mirror.loaded().await;
+        let trees = [Tree::Rcs];
+        assert!(mirror.seen(&trees, &[]).confirmed);
+
+        let ops = [TxnOp::Set {
+            key: layout::rc("a"),
+            value: b"{}".to_vec(),
+        }];
+        let results = store.txn(&ops).await.unwrap();
+        let written = OwnWrite::txn_index(&ops, &results).unwrap();
+        mirror.apply_own_writes(OwnWrite::from_txn(&ops, &results), Some(written));
+        assert!(mirror.get(&layout::rc("a")).is_some());
+        assert_eq!(mirror.tree_index(Tree::Rcs), written);
+        let seen = mirror.seen(&trees, &[]);
+        assert!(seen.index < written && !seen.confirmed, "{seen:?}");
+
+        assert!(mirror.confirm(&trees, Duration::from_secs(30)).await);
+        let seen = mirror.seen(&trees, &[]);
+        assert!(seen.index >= written && seen.confirmed, "{seen:?}");
+        cancel.cancel();
     }
 
     /// A client cut off resumes from its last position, which must still be retained.

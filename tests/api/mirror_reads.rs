@@ -135,6 +135,57 @@ async fn a_write_is_read_back_at_once() {
     }
 }
 
+/// Another writer changes one RC, and before the mirror's watch has brought the change in,
+/// a write through this server changes another. The answers after the write claim an
+/// `X-Index` past both changes, so they show both: the server's own write counts in an
+/// `X-Index` only once a listing of its tree confirms it, and that listing brings the
+/// other writer's change along. (Were the write claimed at once, a client blocking at that
+/// index would not be woken when the other change arrived: the index would not move.)
+#[tokio::test]
+async fn an_own_write_is_claimed_only_with_the_changes_before_it() {
+    // The watches read a tree at most once a minute, unless a read waits for it.
+    let (app, _) = counted(MirrorConfig {
+        min_reread_interval: Duration::from_secs(60),
+        ..MirrorConfig::default()
+    })
+    .await;
+    let (theirs, ours) = (create(&app, 0).await, create(&app, 0).await);
+    let theirs_path = format!("/api/v1/rcs/{theirs}");
+    assert_eq!(app.get(&theirs_path).await.json()["replicas_desired"], 0);
+
+    let key = format!("replication_controllers/{theirs}");
+    edit_unseen(&app, &key, "replicas_desired", json!(4)).await;
+    let edited = app.store.get(&key).await.unwrap().unwrap();
+    let patched = app
+        .merge_patch(
+            &format!("/api/v1/rcs/{ours}"),
+            &json!({"replicas_desired": 2}),
+            &[],
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    assert!(version(&patched) > edited.modify_index);
+
+    for answer in [
+        patched,
+        app.get(&theirs_path).await,
+        app.get("/api/v1/rcs").await,
+    ] {
+        assert!(answer.x_index() >= edited.modify_index, "{answer:?}");
+        let body = answer.json();
+        let shown = match body["items"].as_array() {
+            Some(items) => items
+                .iter()
+                .find(|item| item["id"] == theirs.as_str())
+                .cloned()
+                .unwrap(),
+            None if body["id"] == theirs.as_str() => body,
+            None => continue,
+        };
+        assert_eq!(shown["replicas_desired"], 4, "{answer:?}");
+    }
+}
+
 /// A read from the mirror asks the store nothing; `?consistent=true` reads the store, and so
 /// sees a write made behind the server's back at once.
 #[tokio::test]
