@@ -28,7 +28,7 @@ use crate::api::list_query::{BlockingText, ListFilter};
 use crate::app::App;
 use crate::error::{ApiError, Violations};
 use crate::kv::KvStore;
-use crate::state::{Extent, Mirror, MirrorReader, Tree};
+use crate::state::{Mirror, MirrorReader, Seen, Tree};
 
 /// The query of a single-object read: blocking and consistency.
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -144,12 +144,12 @@ pub async fn source<'a>(
             break seen;
         }
     };
-    let reached = seen.index.max(1);
+    let reached = seen.index().max(1);
     if index > reached {
         return Source::Store(blocking);
     }
     if index == reached && seen.confirmed {
-        hold(app, trees, prefixes, (index, seen.extents), wait).await;
+        hold(app, trees, prefixes, seen, wait).await;
     }
     // Each tree has its own watch, so one write to several trees (an intent and its pod
     // labels) can reach them one after the other. The answer waits until every tree has
@@ -171,22 +171,18 @@ pub async fn source<'a>(
 const CATCH_UP: Duration = Duration::from_secs(1);
 
 /// Holds a blocking read of `trees` on the mirror for at most `wait`, until what it reads
-/// changes from `seen`: the trees' index and the `prefixes`' extents.
-async fn hold(
-    app: &App,
-    trees: &[Tree],
-    prefixes: &[String],
-    seen: (u64, Vec<Extent>),
-    wait: Duration,
-) {
+/// changes from `before`: a tree's listed index and the `prefixes`' extents. Any tree's
+/// index counts, not only the highest (the answer's `X-Index`): a tree's watch may deliver
+/// another writer's change from below it.
+async fn hold(app: &App, trees: &[Tree], prefixes: &[String], before: Seen, wait: Duration) {
     let mirror = &app.mirror;
-    let (index, before) = seen;
     let mut changes = mirror.changes();
     let held = async {
         loop {
             changes.borrow_and_update();
             let now = mirror.seen(trees, prefixes);
-            if now.index.max(1) != index && (prefixes.is_empty() || now.extents != before) {
+            if now.listed != before.listed && (prefixes.is_empty() || now.extents != before.extents)
+            {
                 return;
             }
             if changes.changed().await.is_err() {

@@ -192,12 +192,21 @@ impl MirrorHealth {
 /// What a blocking read has seen of its trees, by [`Mirror::seen`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {
-    /// The trees' listed index: the read's `X-Index`.
-    pub index: u64,
+    /// By tree asked for, its listed index; the highest is the read's `X-Index`
+    /// ([`Seen::index`]). A tree's watch can deliver another writer's change below that
+    /// (the trees are read one by one), which moves only the tree's own.
+    pub listed: Vec<u64>,
     /// By prefix asked for.
     pub extents: Vec<Extent>,
     /// No own write in the trees is waiting for its watch's confirmation.
     pub confirmed: bool,
+}
+
+impl Seen {
+    /// The trees' listed index ([`Mirror::listed_index`]).
+    pub fn index(&self) -> u64 {
+        self.listed.iter().copied().max().unwrap_or(0)
+    }
 }
 
 /// How many entries lie under a prefix, and the highest modify index among them: a write
@@ -462,11 +471,7 @@ impl Mirror {
             tree.listed >= tree.index
         });
         Seen {
-            index: trees
-                .iter()
-                .map(|tree| state.tree(*tree).listed)
-                .max()
-                .unwrap_or(0),
+            listed: trees.iter().map(|tree| state.tree(*tree).listed).collect(),
             extents: prefixes
                 .iter()
                 .map(|prefix| extent(&state, prefix))
@@ -831,11 +836,11 @@ mod tests {
         assert!(mirror.get(&layout::rc("a")).is_some());
         assert_eq!(mirror.tree_index(Tree::Rcs), written);
         let seen = mirror.seen(&trees, &[]);
-        assert!(seen.index < written && !seen.confirmed, "{seen:?}");
+        assert!(seen.index() < written && !seen.confirmed, "{seen:?}");
 
         assert!(mirror.confirm(&trees, Duration::from_secs(30)).await);
         let seen = mirror.seen(&trees, &[]);
-        assert!(seen.index >= written && seen.confirmed, "{seen:?}");
+        assert!(seen.index() >= written && seen.confirmed, "{seen:?}");
         cancel.cancel();
     }
 

@@ -587,6 +587,42 @@ async fn blocked_reads_wait_on_the_mirror_and_return_on_a_change() {
     }
 }
 
+/// The trees an RC's view is made of are watched one by one, so another writer's change
+/// can reach one tree after a newer change reached another: below the answer's `X-Index`.
+/// A read blocked at that index is woken by it all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_blocked_read_is_woken_by_a_change_delivered_below_its_index() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let app = Arc::new(app);
+    let id = create(&app, 1).await;
+    let path = format!("/api/v1/rcs/{id}");
+
+    counting.delay_watches_of(Some("labels/pod/"));
+    let pod = json!({"replication_controller_id": id}).to_string();
+    let label = "labels/pod/node1/hello";
+    app.store
+        .put(label, pod.as_bytes(), Cas::Any)
+        .await
+        .unwrap();
+    let key = format!("replication_controllers/{id}");
+    edit_unseen(&app, &key, "replicas_desired", json!(2)).await;
+    let got = wait_until(|| async {
+        let response = app.get(&path).await;
+        (response.json()["replicas_desired"] == 2).then_some(response)
+    })
+    .await;
+    assert_eq!(got.json()["status"]["current_replicas"], 0, "{got:?}");
+
+    let held = app
+        .get_held(format!("{path}?index={}&wait=30s", got.x_index()))
+        .await;
+    counting.delay_watches_of(None);
+    let answer = held
+        .woken("a change delivered below the read's index did not wake it")
+        .await;
+    assert_eq!(answer.json()["status"]["current_replicas"], 1, "{answer:?}");
+}
+
 /// Polls `check` until it answers something.
 async fn wait_until<T, F: std::future::Future<Output = Option<T>>>(check: impl Fn() -> F) -> T {
     let deadline = tokio::time::Instant::now() + PATIENCE;

@@ -23,6 +23,8 @@ pub struct Counting {
     watching: AtomicUsize,
     most_watching: AtomicUsize,
     watches_fail: AtomicBool,
+    /// Watches of prefixes under this one keep their answers until it is cleared.
+    delayed: Mutex<Option<String>>,
 }
 
 impl Counting {
@@ -35,6 +37,7 @@ impl Counting {
             watching: AtomicUsize::new(0),
             most_watching: AtomicUsize::new(0),
             watches_fail: AtomicBool::new(false),
+            delayed: Mutex::default(),
         })
     }
 
@@ -67,6 +70,20 @@ impl Counting {
     /// go through (`false`) from now on.
     pub fn fail_watches(&self, fail: bool) {
         self.watches_fail.store(fail, Ordering::SeqCst);
+    }
+
+    /// Makes the watches of prefixes under `prefix` keep their answers (as a watch slow to
+    /// deliver) until called again with another prefix, or `None`.
+    pub fn delay_watches_of(&self, prefix: Option<&str>) {
+        *self.delayed.lock().unwrap() = prefix.map(str::to_owned);
+    }
+
+    fn delays(&self, target: &WatchTarget) -> bool {
+        let delayed = self.delayed.lock().unwrap();
+        match (&*delayed, target) {
+            (Some(delayed), WatchTarget::Prefix(prefix)) => prefix.starts_with(delayed.as_str()),
+            _ => false,
+        }
     }
 
     fn count(&self) {
@@ -159,6 +176,9 @@ impl KvStore for Counting {
             let _watching = Watching::start(self);
             self.inner.watch(target, index, wait).await
         };
+        while self.delays(target) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         if self.watches_fail.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("the watch was lost".into()));
         }
