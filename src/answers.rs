@@ -1,12 +1,13 @@
 //! Answers built from the mirror, kept and served again until one of the trees they were
 //! read from changes.
 //!
-//! A read served from the mirror is a function of its request and of the trees it reads, and
-//! a tree's generation moves on every change of its entries (the server's own writes and
-//! deletes included). So an answer kept with the generations it was built at is exactly what
-//! building it again would give, for as long as they hold: a hot read costs a lookup instead
-//! of decoding, counting and serializing. Generations are read before the answer is built,
-//! so a change made meanwhile only makes the next request build it again.
+//! A read served from the mirror is a function of its request and of the trees it reads: a
+//! tree's generation moves on every change of its entries (the server's own writes and
+//! deletes included), and its listed index, which the answer's `X-Index` states, when a
+//! listing confirms own writes. So an answer kept with the versions (both) it was built at
+//! is exactly what building it again would give, for as long as they hold: a hot read costs
+//! a lookup instead of decoding, counting and serializing. Versions are read before the
+//! answer is built, so a change made meanwhile only makes the next request build it again.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,16 +36,16 @@ struct Kept {
     bytes: usize,
 }
 
-/// A `200 OK` answer and the generations of the trees it was built from.
+/// A `200 OK` answer and the versions of the trees it was built from.
 struct Kept200 {
-    generations: Vec<u64>,
+    versions: Vec<(u64, u64)>,
     headers: HeaderMap,
     body: Bytes,
 }
 
 impl Answers {
     /// The answer to `target`, which reads `trees` of `mirror`: the kept one while those
-    /// trees are unchanged, else the one `build` makes (kept when it is a `200 OK`).
+    /// trees' versions are unchanged, else the one `build` makes (kept when it is a `200 OK`).
     pub async fn get_or_build<F>(
         &self,
         mirror: &Mirror,
@@ -55,8 +56,8 @@ impl Answers {
     where
         F: Future<Output = Result<Response, ApiError>>,
     {
-        let generations = mirror.generations(trees);
-        if let Some(answer) = self.lookup(target, &generations) {
+        let versions = mirror.versions(trees);
+        if let Some(answer) = self.lookup(target, &versions) {
             return Ok(answer);
         }
         let response = build().await?;
@@ -67,20 +68,20 @@ impl Answers {
         let body = to_bytes(body, MAX_BYTES)
             .await
             .map_err(|e| ApiError::internal(format!("reading an answer to keep it: {e}")))?;
-        self.keep(target, generations, parts.headers.clone(), body.clone());
+        self.keep(target, versions, parts.headers.clone(), body.clone());
         Ok((parts, Body::from(body)).into_response())
     }
 
-    fn lookup(&self, target: &str, generations: &[u64]) -> Option<Response> {
+    fn lookup(&self, target: &str, versions: &[(u64, u64)]) -> Option<Response> {
         let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         let answer = kept
             .by_target
             .get(target)
-            .filter(|answer| answer.generations == generations)?;
+            .filter(|answer| answer.versions == versions)?;
         Some((answer.headers.clone(), answer.body.clone()).into_response())
     }
 
-    fn keep(&self, target: &str, generations: Vec<u64>, headers: HeaderMap, body: Bytes) {
+    fn keep(&self, target: &str, versions: Vec<(u64, u64)>, headers: HeaderMap, body: Bytes) {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         if kept.bytes + body.len() > MAX_BYTES {
             kept.by_target.clear();
@@ -88,7 +89,7 @@ impl Answers {
         }
         kept.bytes += body.len();
         let answer = Kept200 {
-            generations,
+            versions,
             headers,
             body,
         };

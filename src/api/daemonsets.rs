@@ -21,13 +21,14 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{index_header, Blocking};
+use crate::api::blocking::index_header;
 use crate::api::extract::{ApiJson, ApiPath, MergePatch, NoQuery};
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::reads::{
-    indexed_reader, mirror_index, reader, source, IndexedReader, ReadParams, ReadQuery, Source,
+    current_reader, indexed_reader, mirror_index, source, IndexedReader, ReadParams, ReadQuery,
+    Source,
 };
 use crate::api::responses::created;
 use crate::app::AppState;
@@ -470,8 +471,7 @@ async fn current_view(
     id: uuid::Uuid,
     record: &DaemonSetRecord,
 ) -> Result<DaemonSet, ApiError> {
-    let kv = reader(app, &DS_TREES, &[], false, Blocking::default()).await?;
-    view(&kv, id, record).await
+    view(&current_reader(app), id, record).await
 }
 
 fn daemon_set(

@@ -18,13 +18,14 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{index_header, Blocking};
+use crate::api::blocking::index_header;
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, IfMatch};
 use crate::api::reads::{
-    self, mirror_index, source, ConsistentFilter, ReadParams, ReadQuery, Source,
+    current_mirror, current_reader, mirror_index, source, ConsistentFilter, ReadParams, ReadQuery,
+    Source,
 };
 use crate::api::responses::created;
 use crate::app::AppState;
@@ -567,9 +568,7 @@ fn describe(id: &str) -> String {
 /// not yet mirrored, goes unseen (a delete then makes the roll's creation fail, as it needs
 /// both RCs present).
 async fn unclaimed(app: &AppState, id: &str) -> Result<Vec<TxnOp>, ApiError> {
-    let trees = [Tree::Rolls, Tree::Locks];
-    let mirrored = reads::reader(app, &trees, &[], false, Blocking::default()).await?;
-    let refusal = match claim_checks(mirrored, id).await? {
+    let refusal = match claim_checks(current_reader(app), id).await? {
         Ok(ops) => return Ok(ops),
         Err(_) => claim_checks(app.store.clone(), id).await?,
     };
@@ -626,11 +625,7 @@ fn mirrored_list(mirror: &Mirror, query: &ListQuery<ConsistentFilter>) -> Respon
 /// The RC as the mirror holds it, when it can be trusted and holds the RC. Nothing is
 /// waited for: the write checks the version it starts from.
 async fn mirrored_record(app: &AppState, id: &str) -> Option<RcRecord> {
-    let mirror = &app.mirror;
-    if !mirror.health().is_healthy() {
-        return None;
-    }
-    let entry = mirror.get(&layout::rc(id))?;
+    let entry = current_mirror(app)?.get(&layout::rc(id))?;
     let record = rcs::from_entry(&entry).ok()?;
     Some(Versioned {
         value: StoredRc::clone(&record.value),
@@ -641,14 +636,15 @@ async fn mirrored_record(app: &AppState, id: &str) -> Option<RcRecord> {
 /// The view of an RC just written (or found unchanged by a write), and the index it
 /// reflects, for the write's answer: from the mirror once it holds the RC at least at
 /// `record`'s version, which it does at once for this server's own writes, so that the
-/// answer costs the store nothing; from the store while the mirror cannot be trusted or lags
-/// (a patch that changed nothing, of an RC last written through another server).
+/// answer costs the store nothing (at the index the mirror's watches have listed, which may
+/// not claim the write yet); from the store while the mirror cannot be trusted or lags (a
+/// patch that changed nothing, of an RC last written through another server).
 async fn written_view(app: &AppState, record: &RcRecord) -> Result<(RcView, u64), ApiError> {
-    if let Source::Mirror(mirror) = source(app, &RC_TREES, &[], false, Blocking::default()).await {
+    if let Some(mirror) = current_mirror(app) {
         let index = mirror_index(mirror, &RC_TREES);
         let held = mirror.get(&layout::rc(&record.value.id));
         if held.is_some_and(|entry| entry.pair.modify_index >= record.index) {
-            return Ok((mirrored_view(mirror, record), index.max(record.index)));
+            return Ok((mirrored_view(mirror, record), index));
         }
     }
     stored_view(app, record).await

@@ -1,11 +1,12 @@
 //! Where a read is served from: the state mirror, or the store itself.
 //!
-//! Reads come from the mirror ([`crate::state::Mirror`]) at the index it has reached, which
-//! `X-Index` states; the server's own writes are in it at once, so a client that wrote
-//! through this server reads its write. The index claims an own write only once the tree's
-//! watch has listed past it, which a read waits for (bounded): that listing brings in any
-//! other writer's change from before the write, which the index would otherwise claim
-//! without the answer holding it. A read goes through to the store instead when the
+//! Reads come from the mirror ([`crate::state::Mirror`]) at the index its watches have
+//! listed, which `X-Index` states; the server's own writes are in it at once, so a client
+//! that wrote through this server reads its write. The index claims an own write only once
+//! the tree's watch has listed past it, which a read waits for (bounded; a write's own
+//! answer does not, [`current_mirror`]): that listing brings in any other writer's change
+//! from before the write, which the index would otherwise claim without the answer holding
+//! it. A read goes through to the store instead when the
 //! client asks for `?consistent=true`, when the mirror is not healthy (not loaded yet, or a
 //! tree's watch lost for longer than its bound: stale data is never served silently), and
 //! for a blocking read whose `index` is past the mirror's (the client has seen a newer
@@ -193,6 +194,24 @@ async fn hold(app: &App, trees: &[Tree], prefixes: &[String], before: Seen, wait
     tokio::select! {
         _ = tokio::time::timeout(wait, held) => {}
         () = app.shutdown.cancelled() => {}
+    }
+}
+
+/// The mirror as it holds things now, the server's own writes in, while it can be trusted:
+/// what a write reads to check itself and to build its answer. Neither waits for the
+/// watches to confirm the server's own writes, so a write costs the store no read; an
+/// answer built from it claims only the index they have listed ([`mirror_index`]).
+pub fn current_mirror(app: &App) -> Option<&Mirror> {
+    let mirror = &app.mirror;
+    mirror.health().is_healthy().then_some(mirror)
+}
+
+/// [`current_mirror`] read as a store, or the store itself while the mirror cannot be
+/// trusted.
+pub fn current_reader(app: &App) -> Arc<dyn KvStore> {
+    match current_mirror(app) {
+        Some(mirror) => Arc::new(MirrorReader::new(mirror.clone())),
+        None => app.store.clone(),
     }
 }
 

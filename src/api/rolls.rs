@@ -21,12 +21,12 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{index_header, Blocking};
+use crate::api::blocking::index_header;
 use crate::api::extract::{ApiJson, ApiPath, NoQuery};
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
-use crate::api::reads::{indexed_reader, reader, IndexedReader, ReadParams, ReadQuery};
+use crate::api::reads::{current_reader, indexed_reader, IndexedReader, ReadParams, ReadQuery};
 use crate::api::responses::created;
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
@@ -420,9 +420,7 @@ fn roll_trees(finished: bool) -> Vec<Tree> {
 /// The view of a roll just read or written for a write's answer or record, from the mirror
 /// (which holds this server's own writes at once) unless it cannot be trusted.
 async fn current_view(app: &AppState, record: &RollRecord) -> Result<Roll, ApiError> {
-    let trees = roll_trees(false);
-    let kv = reader(app, &trees, &[], false, Blocking::default()).await?;
-    Views::load(kv).await?.view(record).await
+    Views::load(current_reader(app)).await?.view(record).await
 }
 
 fn not_found(id: &str) -> ApiError {

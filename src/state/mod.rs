@@ -213,6 +213,10 @@ impl Seen {
 /// under the prefix that reaches the mirror in index order changes one of the two (an added
 /// or changed entry has the newest index; a removal alone lowers the count). A whole
 /// tree's is its listed index.
+///
+/// An own delete counts once a listing confirms it, as it does in the index: until then
+/// the removed entry is counted, so that a blocked read whose client may not have seen the
+/// delete is woken when it is confirmed.
 pub type Extent = (usize, u64);
 
 fn extent(state: &State, prefix: &str) -> Extent {
@@ -223,9 +227,15 @@ fn extent(state: &State, prefix: &str) -> Extent {
     if tree.prefix() == prefix {
         return (0, tree_state.listed);
     }
+    let unconfirmed_deletes = tree_state
+        .tombstones
+        .iter()
+        .filter(|(key, _)| key.starts_with(prefix))
+        .filter_map(|(_, tombstone)| tombstone.removed.as_ref());
     tree_state
         .entries
         .under(prefix)
+        .chain(unconfirmed_deletes)
         .fold((0, 0), |(count, highest), entry| {
             (count + 1, highest.max(entry.pair.modify_index))
         })
@@ -314,13 +324,19 @@ impl Mirror {
         self.read().tree(tree).index
     }
 
-    /// The generation of each of `trees`, read together: it moves on every change of a
-    /// tree's entries, own deletes included, so equal generations mean unchanged trees.
-    pub fn generations(&self, trees: &[Tree]) -> Vec<u64> {
+    /// The generation and listed index of each of `trees`, read together. The generation
+    /// moves on every change of a tree's entries, own deletes included, and the listed index
+    /// (what answers claim, [`Mirror::listed_index`]) on a listing that confirms own writes
+    /// without changing an entry: equal versions mean answers read from the trees are
+    /// unchanged, index included.
+    pub fn versions(&self, trees: &[Tree]) -> Vec<(u64, u64)> {
         let state = self.read();
         trees
             .iter()
-            .map(|tree| state.tree(*tree).generation)
+            .map(|tree| {
+                let tree = state.tree(*tree);
+                (tree.generation, tree.listed)
+            })
             .collect()
     }
 
