@@ -137,11 +137,11 @@ pub async fn source<'a>(
     // unlike the extents, and never missed; and only once the trees' own writes are
     // confirmed, or a client at the index may not have seen what they are compared with.
     let seen = loop {
-        mirror
-            .confirm(trees, deadline.saturating_duration_since(Instant::now()))
-            .await;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let confirmed = mirror.confirm(trees, left).await;
         let seen = mirror.seen(trees, prefixes);
-        if seen.confirmed || Instant::now() >= deadline {
+        // Unconfirmed after a confirmation: another own write came in meanwhile.
+        if seen.confirmed || !confirmed || Instant::now() >= deadline {
             break seen;
         }
     };

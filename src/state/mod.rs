@@ -52,7 +52,7 @@ pub use reader::MirrorReader;
 pub use trees::{object_id, Entry, HealthView, Kind, Tree, View};
 
 use changes::Stream;
-use data::State;
+use data::{State, TreeState};
 
 /// How the mirror follows the store and how much of its change stream it keeps.
 #[derive(Debug, Clone)]
@@ -499,19 +499,28 @@ impl Mirror {
     /// Waits, at most `timeout`, until the watches of `trees` have confirmed every write
     /// this server had applied to them when called, each listing bringing in with it any
     /// other writer's change from before the write; whether they did. Each tree behind is
-    /// read at once rather than at its next paced read.
+    /// read at once rather than at its next paced read; a tree whose watch is failing is not
+    /// waited for.
     pub async fn confirm(&self, trees: &[Tree], timeout: Duration) -> bool {
-        let targets: Vec<(Tree, u64)> = {
+        let (targets, failing): (Vec<(Tree, u64)>, bool) = {
             let state = self.read();
-            trees
+            let behind: Vec<(Tree, &TreeState)> = trees
                 .iter()
                 .map(|tree| (*tree, state.tree(*tree)))
                 .filter(|(_, state)| state.listed < state.index)
+                .collect();
+            let failing = behind
+                .iter()
+                .any(|(_, state)| state.failing_since.is_some());
+            let targets = behind
+                .into_iter()
+                .filter(|(_, state)| state.failing_since.is_none())
                 .map(|(tree, state)| (tree, state.index))
-                .collect()
+                .collect();
+            (targets, failing)
         };
         if targets.is_empty() {
-            return true;
+            return !failing;
         }
         for (tree, _) in &targets {
             self.wanted(*tree).notify_one();
@@ -522,9 +531,10 @@ impl Mirror {
                 .iter()
                 .all(|(tree, index)| state.tree(*tree).listed >= *index)
         });
-        tokio::time::timeout(timeout, confirmed)
+        let confirmed = tokio::time::timeout(timeout, confirmed)
             .await
-            .unwrap_or(false)
+            .unwrap_or(false);
+        confirmed && !failing
     }
 
     /// `tree`'s index, its entries and the keys changed in it since generation `known`,
@@ -825,7 +835,8 @@ mod tests {
     }
 
     /// An own write is in the entries at once, but in the listed index (what answers claim)
-    /// only once a listing confirms it; a confirmation does not wait out the paced reads.
+    /// only once a listing confirms it; a confirmation does not wait out the paced reads,
+    /// nor for a failing watch.
     #[tokio::test]
     async fn an_own_write_is_listed_once_its_watch_confirms_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -853,6 +864,15 @@ mod tests {
         assert_eq!(mirror.tree_index(Tree::Rcs), written);
         let seen = mirror.seen(&trees, &[]);
         assert!(seen.index() < written && !seen.confirmed, "{seen:?}");
+
+        // A failing watch cannot confirm anything: it is not waited for.
+        mirror.watch_failed(Tree::Rcs, Instant::now());
+        let waited = tokio::time::timeout(
+            Duration::from_secs(30),
+            mirror.confirm(&trees, Duration::from_secs(600)),
+        );
+        assert_eq!(waited.await, Ok(false));
+        mirror.watch_succeeded(Tree::Rcs);
 
         assert!(mirror.confirm(&trees, Duration::from_secs(30)).await);
         let seen = mirror.seen(&trees, &[]);
