@@ -814,18 +814,26 @@ mod tests {
             .collect()
     }
 
+    /// A mirror (not started) of a new embedded store in a directory that lives as long as
+    /// the first value.
+    async fn embedded(config: MirrorConfig) -> (tempfile::TempDir, Arc<dyn KvStore>, Mirror) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kv.db").display().to_string();
+        let store: Arc<dyn KvStore> =
+            Arc::new(crate::kv::sqlite::SqliteStore::open(&path).await.unwrap());
+        let mirror = Mirror::new(store.clone(), config);
+        (dir, store, mirror)
+    }
+
     /// A watch that fails only after a long wait (a store that hangs until the read times
     /// out) has been out of touch since its last success, not since it failed.
     #[tokio::test]
     async fn a_tree_is_lost_from_its_watchs_last_success() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("kv.db").display().to_string();
-        let store = Arc::new(crate::kv::sqlite::SqliteStore::open(&path).await.unwrap());
         let config = MirrorConfig {
             lost_after: Duration::from_secs(30),
             ..MirrorConfig::default()
         };
-        let mirror = Mirror::new(store, config);
+        let (_dir, _, mirror) = embedded(config).await;
         let tree = Tree::Rcs;
         mirror.watch_failed(tree, Instant::now() - Duration::from_secs(31));
         assert_eq!(mirror.health().lost.len(), 1);
@@ -839,14 +847,11 @@ mod tests {
     /// nor for a failing watch.
     #[tokio::test]
     async fn an_own_write_is_listed_once_its_watch_confirms_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("kv.db").display().to_string();
-        let store = Arc::new(crate::kv::sqlite::SqliteStore::open(&path).await.unwrap());
         let config = MirrorConfig {
             min_reread_interval: Duration::from_secs(600),
             ..MirrorConfig::default()
         };
-        let mirror = Mirror::new(store.clone(), config);
+        let (_dir, store, mirror) = embedded(config).await;
         let cancel = CancellationToken::new();
         mirror.start(&TaskTracker::new(), cancel.clone());
         mirror.loaded().await;
