@@ -149,16 +149,20 @@ pub async fn source<'a>(
     if index > reached {
         return Source::Store(blocking);
     }
-    if index == reached && seen.confirmed {
+    if index == reached {
+        // An unconfirmed view (a watch failing, or too slow) is no baseline for the
+        // prefixes' extents, but it is for the trees' listed indexes: the read is held
+        // until one of them moves.
+        let prefixes = if seen.confirmed { prefixes } else { &[] };
         hold(app, trees, prefixes, seen, wait).await;
     }
     // Each tree has its own watch, so one write to several trees (an intent and its pod
-    // labels) can reach them one after the other. The answer waits until every tree has
-    // caught up with the newest of them, so that its `X-Index` stands for all it shows
-    // and the client's next blocking read at that index misses nothing.
+    // labels) can reach them one after the other. The answer waits until every tree's
+    // watch has caught up with the newest of them, so that its `X-Index` stands for all it
+    // shows and the client's next blocking read at that index misses nothing.
     if trees.len() > 1 {
         let newest = mirror_index(mirror, trees);
-        mirror.wait_for_trees(trees, newest, CATCH_UP).await;
+        mirror.wait_for_listed(trees, newest, CATCH_UP).await;
     }
     if !mirror.health().is_healthy() {
         return Source::Store(Blocking::default());

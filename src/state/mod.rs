@@ -374,18 +374,36 @@ impl Mirror {
 
     /// [`Mirror::wait_for`] for `trees` only.
     pub async fn wait_for_trees(&self, trees: &[Tree], index: u64, timeout: Duration) -> bool {
-        tokio::time::timeout(timeout, self.reach(trees, index))
+        tokio::time::timeout(timeout, self.reach(trees, index, Mirror::tree_index))
             .await
             .unwrap_or(false)
     }
 
-    async fn reach(&self, trees: &[Tree], index: u64) -> bool {
+    /// [`Mirror::wait_for_trees`] counting only what the watches have listed
+    /// ([`Mirror::listed_index`]), not the server's own writes: for an answer that claims
+    /// its trees' listed index, since an own write can overtake another writer's earlier
+    /// change.
+    pub async fn wait_for_listed(&self, trees: &[Tree], index: u64, timeout: Duration) -> bool {
+        let listed = |mirror: &Mirror, tree| mirror.listed_index(&[tree]);
+        tokio::time::timeout(timeout, self.reach(trees, index, listed))
+            .await
+            .unwrap_or(false)
+    }
+
+    /// Waits until every tree's index by `reached` is the store's for the tree, for those
+    /// below `index`.
+    async fn reach(
+        &self,
+        trees: &[Tree],
+        index: u64,
+        reached: impl Fn(&Mirror, Tree) -> u64,
+    ) -> bool {
         if !self.until(|mirror| mirror.is_loaded()).await {
             return false;
         }
         let mut targets = Vec::new();
         for &tree in trees {
-            if self.tree_index(tree) < index {
+            if reached(self, tree) < index {
                 match self.store().prefix_index(&tree.prefix()).await {
                     Ok(current) => targets.push((tree, current)),
                     Err(_) => return false,
@@ -393,14 +411,14 @@ impl Mirror {
             }
         }
         for (tree, current) in &targets {
-            if self.tree_index(*tree) < *current {
+            if reached(self, *tree) < *current {
                 self.wanted(*tree).notify_one();
             }
         }
         self.until(|mirror| {
             targets
                 .iter()
-                .all(|(tree, current)| mirror.tree_index(*tree) >= *current)
+                .all(|(tree, current)| reached(mirror, *tree) >= *current)
         })
         .await
     }

@@ -56,6 +56,12 @@ async fn edit_unseen(app: &TestApp, key: &str, field: &str, value: Value) {
         .unwrap();
 }
 
+/// A passing health record of pod `hello` on `node1`, as P2's health checker writes it.
+fn passing_hello_on_node1() -> Value {
+    json!({"Id": "hello", "Node": "node1", "Service": "hello",
+        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"})
+}
+
 fn version(response: &TestResponse) -> u64 {
     response.json()["resource_version"]
         .as_str()
@@ -253,9 +259,8 @@ async fn every_read_of_labels_nodes_pods_and_health_is_served_from_the_mirror() 
         .await;
     app.put_json("labels/pod/node1/hello", &json!({"app": "hello"}))
         .await;
-    let health = json!({"Id": "hello", "Node": "node1", "Service": "hello",
-        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
-    app.put_json("health/hello/node1", &health).await;
+    app.put_json("health/hello/node1", &passing_hello_on_node1())
+        .await;
     for key in [
         "intent/node1/hello",
         "reality/node1/hello",
@@ -363,9 +368,8 @@ async fn every_read_of_rolls_and_daemon_sets_is_served_from_the_mirror() {
     )
     .await;
     app.put_raw("reality/node1/hello", manifest).await;
-    let health = json!({"Id": "hello", "Node": "node1", "Service": "hello",
-        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
-    app.put_json("health/hello/node1", &health).await;
+    app.put_json("health/hello/node1", &passing_hello_on_node1())
+        .await;
 
     // Each read, and a JSON pointer into its answer with what must be there.
     let mut both = [new.clone(), cancelled.clone()];
@@ -658,6 +662,10 @@ async fn a_blocked_read_of_part_of_a_tree_is_woken_by_an_own_delete() {
         .await;
     app.put_json("labels/pod/node1/hello", &json!({"a": "b"}))
         .await;
+    // On Consul an empty tree's index moves with every write anywhere: every tree the read
+    // is made of holds something.
+    app.put_json("health/hello/node1", &passing_hello_on_node1())
+        .await;
     let first = app.get("/api/v1/pods?node=node1").await;
     assert_eq!(
         first.json()["items"][0]["labels"],
@@ -675,6 +683,69 @@ async fn a_blocked_read_of_part_of_a_tree_is_woken_by_an_own_delete() {
     counting.delay_watches_of(None);
     let answer = held.woken("the delete did not wake the read").await;
     assert_eq!(answer.json()["items"][0]["labels"], json!({}), "{answer:?}");
+}
+
+/// A read blocked at an answer's index while a failing watch leaves the server's own write
+/// unconfirmed is held until the watch lists again, rather than answered at once (and again
+/// at once when the client asks again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_blocked_read_is_held_while_a_failing_watch_leaves_an_own_write_unconfirmed() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let app = Arc::new(app);
+    let id = create(&app, 0).await;
+    let path = format!("/api/v1/rcs/{id}");
+
+    counting.fail_watches(true);
+    let written = set_replicas(&app, &id, 3).await;
+    // Waits out its bound for the confirmation, by which time the watch has failed.
+    let unconfirmed = app.get(&path).await;
+    assert!(unconfirmed.x_index() < written, "{unconfirmed:?}");
+
+    let uri = format!("{path}?index={}&wait=30s", unconfirmed.x_index());
+    let held = app.get_held(uri).await;
+    counting.fail_watches(false);
+    let answer = held
+        .woken("the read was not woken once the watch listed again")
+        .await;
+    assert!(answer.x_index() >= written, "{answer:?}");
+}
+
+/// A blocked read of several trees, woken by one of them, waits for the others' watches to
+/// list up to it: here the RC tree, where another writer's change hides behind the
+/// server's own later write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_woken_read_waits_for_every_trees_watch_not_only_for_the_servers_own_writes() {
+    // The watches read a tree at most once a minute, unless a read waits for it.
+    let (app, _) = counted(MirrorConfig {
+        min_reread_interval: Duration::from_secs(60),
+        ..MirrorConfig::default()
+    })
+    .await;
+    let app = Arc::new(app);
+    let (theirs, ours) = (create(&app, 0).await, create(&app, 0).await);
+    let first = app.get("/api/v1/rcs").await;
+    let held = app
+        .get_held(format!("/api/v1/rcs?index={}&wait=30s", first.x_index()))
+        .await;
+
+    let key = format!("replication_controllers/{theirs}");
+    edit_unseen(&app, &key, "replicas_desired", json!(4)).await;
+    let edited = app.store.get(&key).await.unwrap().unwrap();
+    set_replicas(&app, &ours, 2).await;
+    app.put_json("labels/pod/node1/other", &json!({"app": "other"}))
+        .await;
+
+    let answer = held.woken("the pod label did not wake the read").await;
+    assert!(answer.x_index() >= edited.modify_index, "{answer:?}");
+    let items = answer.json()["items"].clone();
+    let shown = items
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["id"] == theirs.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(shown["replicas_desired"], 4, "{answer:?}");
 }
 
 /// Polls `check` until it answers something.
