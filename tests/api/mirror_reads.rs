@@ -162,15 +162,8 @@ async fn an_own_write_is_claimed_only_with_the_changes_before_it() {
     let key = format!("replication_controllers/{theirs}");
     edit_unseen(&app, &key, "replicas_desired", json!(4)).await;
     let edited = app.store.get(&key).await.unwrap().unwrap();
-    let patched = app
-        .merge_patch(
-            &format!("/api/v1/rcs/{ours}"),
-            &json!({"replicas_desired": 2}),
-            &[],
-        )
-        .await;
-    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
-    assert!(version(&patched) > edited.modify_index);
+    let written = set_replicas(&app, &ours, 2).await;
+    assert!(written > edited.modify_index);
 
     for answer in [app.get(&theirs_path).await, app.get("/api/v1/rcs").await] {
         assert!(answer.x_index() >= edited.modify_index, "{answer:?}");
