@@ -114,7 +114,11 @@ pub enum Source<'a> {
 ///
 /// `trees` are the trees the answer is made of: their listed index is the read's `X-Index`
 /// ([`mirror_index`]), once their watches have confirmed the server's own writes to them
-/// (bounded). A blocking read waits for a change under `prefixes` (the keys the answer is
+/// and every tree holds every change up to it (bounded, [`Mirror::catch_up`]). The trees
+/// are watched one by one, so one write to several trees (an intent and its pod labels)
+/// can reach them one after the other: an answer claiming the newer index without the
+/// older change would leave a client blocking at that index waiting for a change it has
+/// not seen. A blocking read waits for a change under `prefixes` (the keys the answer is
 /// made of, within `trees`), or of `trees` when there are none: a read of one node's pods is
 /// not woken by another node's.
 pub async fn source<'a>(
@@ -131,6 +135,8 @@ pub async fn source<'a>(
     let deadline = Instant::now() + CATCH_UP;
     let Some((index, wait)) = blocking.until else {
         mirror.confirm(trees, CATCH_UP).await;
+        let left = deadline.saturating_duration_since(Instant::now());
+        mirror.catch_up(trees, left).await;
         return Source::Mirror(mirror);
     };
     // Taken with the index, so that a change landing after is either past `index` or
@@ -156,23 +162,16 @@ pub async fn source<'a>(
         let prefixes = if seen.confirmed { prefixes } else { &[] };
         hold(app, trees, prefixes, seen, wait).await;
     }
-    // Each tree has its own watch, so one write to several trees (an intent and its pod
-    // labels) can reach them one after the other. The answer waits until every tree's
-    // watch has caught up with the newest of them, so that its `X-Index` stands for all it
-    // shows and the client's next blocking read at that index misses nothing.
-    if trees.len() > 1 {
-        let newest = mirror_index(mirror, trees);
-        mirror.wait_for_listed(trees, newest, CATCH_UP).await;
-    }
+    mirror.catch_up(trees, CATCH_UP).await;
     if !mirror.health().is_healthy() {
         return Source::Store(Blocking::default());
     }
     Source::Mirror(mirror)
 }
 
-/// How long a read waits for its trees' watches to confirm the server's own writes, and a
-/// blocking read's answer for its trees to catch up with one another; past it, the answer
-/// is given as the mirror holds it, at the index it has confirmed.
+/// How long a read waits for its trees' watches to confirm the server's own writes, and
+/// then for its trees to catch up with one another; past it, the answer is given as the
+/// mirror holds it, at the index it has confirmed.
 const CATCH_UP: Duration = Duration::from_secs(1);
 
 /// Holds a blocking read of `trees` on the mirror for at most `wait`, until what it reads

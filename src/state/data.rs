@@ -40,6 +40,10 @@ pub(super) struct TreeState {
     /// The index of the newest listing applied: what the tree's watch has shown, the
     /// server's own writes aside.
     pub listed: u64,
+    /// Every change to the tree up to this index is in `entries`: `listed`, or higher once a
+    /// read of the tree that began after a higher index was committed has been applied
+    /// (`Mirror::catch_up`).
+    pub complete: u64,
     /// Moves on every change of `entries`, so readers can tell a tree changed even when its
     /// index did not (an own delete).
     pub generation: u64,
@@ -211,9 +215,11 @@ impl State {
             state.tombstones.clear();
             state.index = index;
             state.listed = index;
+            state.complete = index;
         } else {
             state.index = state.index.max(index);
             state.listed = state.listed.max(index);
+            state.complete = state.complete.max(index);
             state.held = state.held.split_off(&(index + 1));
             // A delete of a key the mirror never held has nothing to stream: once a
             // listing from after it is applied, no older one can bring the key back.

@@ -44,6 +44,8 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
             index = 0;
         }
         let fresh = index == 0;
+        // Committed before the read begins, so in the tree as the read finds it.
+        let known = mirror.index();
         let read = async {
             if fresh {
                 mirror.store().list(&prefix).await.map(PrefixUpdate::Whole)
@@ -81,6 +83,9 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                 if fresh || update.index() != index {
                     index = update.index();
                     mirror.apply_update(tree, update, fresh);
+                }
+                if !fresh {
+                    mirror.read_through(tree, known);
                 }
             }
             Err(e) => {

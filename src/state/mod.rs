@@ -18,12 +18,13 @@
 //! The server's own writes are applied at once ([`Mirror::apply_own_writes`]), so a read
 //! after a write through this server sees it; an answer claims them in its index only once
 //! a listing has confirmed them ([`Mirror::listed_index`], [`Mirror::confirm`]), since an
-//! own write can overtake another writer's earlier change. [`Mirror::wait_for`] holds a
-//! read (bounded) until the mirror has reached an index, for writes it learns of from its
-//! watches. If the
-//! store's index goes backwards (a store restarted empty or restored), every tree is re-read
-//! and subscribers are told to start again ([`Signal::Resync`]). A tree whose watch is
-//! failing, its last success longer ago than [`MirrorConfig::lost_after`], makes
+//! own write can overtake another writer's earlier change; and an answer made of several
+//! trees claims an index only once each holds every change up to it ([`Mirror::catch_up`]),
+//! since each tree's watch delivers on its own. [`Mirror::wait_for`] holds a read (bounded)
+//! until the mirror has reached an index, for writes it learns of from its watches. If the
+//! store's index goes backwards (a store restarted empty or restored), every tree is
+//! re-read and subscribers are told to start again ([`Signal::Resync`]). A tree whose watch
+//! is failing, its last success longer ago than [`MirrorConfig::lost_after`], makes
 //! [`Mirror::health`] report it.
 
 mod changes;
@@ -278,6 +279,9 @@ struct Inner {
     /// By tree position: someone waits for the tree to catch up, so its next read need
     /// not wait out [`MirrorConfig::min_reread_interval`].
     wanted: Vec<Notify>,
+    /// By tree position: held while a reader asks the store for the tree's index
+    /// ([`Mirror::catch_up`]), so that readers waiting alike share one call.
+    probes: Vec<tokio::sync::Mutex<()>>,
     started: AtomicBool,
 }
 
@@ -293,6 +297,10 @@ impl Mirror {
                 index: watch::channel(0).0,
                 epoch: watch::channel(0).0,
                 wanted: Tree::ALL.iter().map(|_| Notify::new()).collect(),
+                probes: Tree::ALL
+                    .iter()
+                    .map(|_| tokio::sync::Mutex::new(()))
+                    .collect(),
                 started: AtomicBool::new(false),
             }),
         }
@@ -374,36 +382,19 @@ impl Mirror {
 
     /// [`Mirror::wait_for`] for `trees` only.
     pub async fn wait_for_trees(&self, trees: &[Tree], index: u64, timeout: Duration) -> bool {
-        tokio::time::timeout(timeout, self.reach(trees, index, Mirror::tree_index))
+        tokio::time::timeout(timeout, self.reach(trees, index))
             .await
             .unwrap_or(false)
     }
 
-    /// [`Mirror::wait_for_trees`] counting only what the watches have listed
-    /// ([`Mirror::listed_index`]), not the server's own writes: for an answer that claims
-    /// its trees' listed index, since an own write can overtake another writer's earlier
-    /// change.
-    pub async fn wait_for_listed(&self, trees: &[Tree], index: u64, timeout: Duration) -> bool {
-        let listed = |mirror: &Mirror, tree| mirror.listed_index(&[tree]);
-        tokio::time::timeout(timeout, self.reach(trees, index, listed))
-            .await
-            .unwrap_or(false)
-    }
-
-    /// Waits until every tree's index by `reached` is the store's for the tree, for those
-    /// below `index`.
-    async fn reach(
-        &self,
-        trees: &[Tree],
-        index: u64,
-        reached: impl Fn(&Mirror, Tree) -> u64,
-    ) -> bool {
+    /// Waits until every tree's index is the store's for the tree, for those below `index`.
+    async fn reach(&self, trees: &[Tree], index: u64) -> bool {
         if !self.until(|mirror| mirror.is_loaded()).await {
             return false;
         }
         let mut targets = Vec::new();
         for &tree in trees {
-            if reached(self, tree) < index {
+            if self.tree_index(tree) < index {
                 match self.store().prefix_index(&tree.prefix()).await {
                     Ok(current) => targets.push((tree, current)),
                     Err(_) => return false,
@@ -411,16 +402,69 @@ impl Mirror {
             }
         }
         for (tree, current) in &targets {
-            if reached(self, *tree) < *current {
+            if self.tree_index(*tree) < *current {
                 self.wanted(*tree).notify_one();
             }
         }
         self.until(|mirror| {
             targets
                 .iter()
-                .all(|(tree, current)| reached(mirror, *tree) >= *current)
+                .all(|(tree, current)| mirror.tree_index(*tree) >= *current)
         })
         .await
+    }
+
+    /// Waits, at most `timeout`, until each of `trees` holds every change up to the newest
+    /// index their watches have listed ([`Mirror::listed_index`]: the `X-Index` of an answer
+    /// made of them); whether they all do. Each tree has its own watch, so another writer's
+    /// change to one tree can reach the mirror after a newer change to another, and an
+    /// answer claiming the newer index would lack it. A tree read since that index was
+    /// committed holds it; of any other, the store is asked for the tree's index (one call
+    /// at a time per tree, shared by the readers waiting), and the tree read at once if it
+    /// moved. A tree whose watch is failing is not waited for.
+    pub async fn catch_up(&self, trees: &[Tree], timeout: Duration) -> bool {
+        let newest = self.listed_index(trees);
+        let caught_up = async {
+            let mut all = true;
+            for &tree in trees {
+                all &= self.complete_through(tree, newest).await;
+            }
+            all
+        };
+        tokio::time::timeout(timeout, caught_up)
+            .await
+            .unwrap_or(false)
+    }
+
+    /// [`Mirror::catch_up`] for one tree.
+    async fn complete_through(&self, tree: Tree, index: u64) -> bool {
+        let complete = |mirror: &Mirror| {
+            let state = mirror.read();
+            let tree = state.tree(tree);
+            (tree.complete >= index, tree.failing_since.is_some())
+        };
+        match complete(self) {
+            (true, _) => return true,
+            (false, true) => return false,
+            (false, false) => {}
+        }
+        let _probe = self.inner.probes[tree.position()].lock().await;
+        if complete(self).0 {
+            return true;
+        }
+        let known = self.index();
+        let Ok(current) = self.store().prefix_index(&tree.prefix()).await else {
+            return false;
+        };
+        let listed = |mirror: &Mirror| mirror.listed_index(&[tree]) >= current;
+        if !listed(self) {
+            self.wanted(tree).notify_one();
+            if !self.until(listed).await {
+                return false;
+            }
+        }
+        self.read_through(tree, known);
+        true
     }
 
     /// Waits until `done` holds, checking it after every change.
@@ -792,6 +836,14 @@ impl Mirror {
         self.write().trees[tree.position()]
             .failing_since
             .get_or_insert(last_success);
+    }
+
+    /// Notes that `tree` holds every change up to `known`: a read of it that began once
+    /// `known` was committed has been applied.
+    fn read_through(&self, tree: Tree, known: u64) {
+        let mut state = self.write();
+        let tree = &mut state.trees[tree.position()];
+        tree.complete = tree.complete.max(known);
     }
 
     /// Wakes everyone waiting on the mirror's index.

@@ -123,6 +123,10 @@ impl KvStore for Counting {
         self.list_of(prefix);
         self.inner.keys(prefix, separator).await
     }
+    async fn prefix_index(&self, prefix: &str) -> StoreResult<u64> {
+        self.count();
+        self.inner.prefix_index(prefix).await
+    }
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
         self.count();
         self.inner.put(key, value, cas).await
