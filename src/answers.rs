@@ -3,8 +3,9 @@
 //!
 //! A read served from the mirror is a function of its request and of the trees it reads: a
 //! tree's generation moves on every change of its entries (the server's own writes and
-//! deletes included), and its listed index, which the answer's `X-Index` states, when a
-//! listing confirms own writes. So an answer kept with the versions (both) it was built at
+//! deletes included), and its listed and complete indexes, which decide the answer's
+//! `X-Index`, when a listing confirms own writes and as the tree is found to hold every
+//! change up to a newer index. So an answer kept with the versions it was built at
 //! is exactly what building it again would give, for as long as they hold: a hot read costs
 //! a lookup instead of decoding, counting and serializing. Versions are read before the
 //! answer is built, so a change made meanwhile only makes the next request build it again.
@@ -18,7 +19,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
-use crate::state::{Mirror, Tree};
+use crate::state::{Mirror, Tree, TreeVersion};
 
 /// The most bytes of answers kept; past it every kept answer is dropped at once, which
 /// bounds memory without bookkeeping per answer (the hot ones come back at the next read).
@@ -38,7 +39,7 @@ struct Kept {
 
 /// A `200 OK` answer and the versions of the trees it was built from.
 struct Kept200 {
-    versions: Vec<(u64, u64)>,
+    versions: Vec<TreeVersion>,
     headers: HeaderMap,
     body: Bytes,
 }
@@ -72,7 +73,7 @@ impl Answers {
         Ok((parts, Body::from(body)).into_response())
     }
 
-    fn lookup(&self, target: &str, versions: &[(u64, u64)]) -> Option<Response> {
+    fn lookup(&self, target: &str, versions: &[TreeVersion]) -> Option<Response> {
         let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         let answer = kept
             .by_target
@@ -81,7 +82,7 @@ impl Answers {
         Some((answer.headers.clone(), answer.body.clone()).into_response())
     }
 
-    fn keep(&self, target: &str, versions: Vec<(u64, u64)>, headers: HeaderMap, body: Bytes) {
+    fn keep(&self, target: &str, versions: Vec<TreeVersion>, headers: HeaderMap, body: Bytes) {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         if kept.bytes + body.len() > MAX_BYTES {
             kept.by_target.clear();

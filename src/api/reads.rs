@@ -112,15 +112,16 @@ pub enum Source<'a> {
 /// Where to serve a read of `trees` from (see the module documentation); a blocking read
 /// served from the mirror is held here, on the mirror.
 ///
-/// `trees` are the trees the answer is made of: their listed index is the read's `X-Index`
-/// ([`mirror_index`]), once their watches have confirmed the server's own writes to them
-/// and every tree holds every change up to it (bounded, [`Mirror::catch_up`]). The trees
-/// are watched one by one, so one write to several trees (an intent and its pod labels)
-/// can reach them one after the other: an answer claiming the newer index without the
-/// older change would leave a client blocking at that index waiting for a change it has
-/// not seen. A blocking read waits for a change under `prefixes` (the keys the answer is
-/// made of, within `trees`), or of `trees` when there are none: a read of one node's pods is
-/// not woken by another node's.
+/// `trees` are the trees the answer is made of. Its `X-Index` ([`mirror_index`]) is
+/// their listed index, but no higher than every one of them holds every change up to: the
+/// trees are watched one by one, so one write to several trees (an intent and its pod
+/// labels) can reach them one after the other, and an answer claiming the newer index
+/// without the older change would leave a client blocking at that index waiting for a
+/// change it has not seen. So a read first waits (bounded) for the watches to confirm the
+/// server's own writes to the trees, then for every tree to hold every change up to their
+/// listed index ([`Mirror::catch_up`]). A blocking read waits for a change under
+/// `prefixes` (the keys the answer is made of, within `trees`), or of `trees` when there
+/// are none: a read of one node's pods is not woken by another node's.
 pub async fn source<'a>(
     app: &'a App,
     trees: &[Tree],
@@ -273,7 +274,7 @@ async fn open<'a>(
 ) -> Result<(Arc<dyn KvStore>, Opened<'a>), ApiError> {
     match source(app, trees, prefixes, consistent, blocking).await {
         Source::Mirror(mirror) => Ok((
-            Arc::new(MirrorReader::new(mirror.clone())),
+            Arc::new(MirrorReader::answering(mirror.clone(), trees)),
             Opened::Mirror(mirror),
         )),
         Source::Store(blocking) => {
@@ -288,9 +289,9 @@ async fn open<'a>(
     }
 }
 
-/// The index a mirror read of `trees` reflects: the newest their watches have listed
-/// ([`Mirror::listed_index`]), and never below 1, as a store's listing (so that a client
-/// blocking at the `X-Index` of empty trees is held on the mirror).
+/// The index a mirror read of `trees` reflects ([`Mirror::claimable_index`]), and never
+/// below 1, as a store's listing (so that a client blocking at the `X-Index` of empty trees
+/// is held on the mirror).
 pub fn mirror_index(mirror: &Mirror, trees: &[Tree]) -> u64 {
-    mirror.listed_index(trees).max(1)
+    mirror.claimable_index(trees).max(1)
 }

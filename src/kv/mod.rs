@@ -402,7 +402,7 @@ pub trait KvStore: Send + Sync + 'static {
 
     /// The index a listing of `prefix` would carry, without its pairs: what a reader asks to
     /// learn whether it has caught up. By default the index of its keys cut at the first
-    /// `/`, which Consul answers from its index alone.
+    /// `/`: Consul sends no values, but still visits every key under the prefix.
     async fn prefix_index(&self, prefix: &str) -> StoreResult<u64> {
         Ok(self.keys(prefix, Some('/')).await?.0)
     }

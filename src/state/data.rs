@@ -60,6 +60,9 @@ pub(super) struct TreeState {
     pub loaded: bool,
     /// While the tree's watch is failing, the time of its last success.
     pub failing_since: Option<Instant>,
+    /// The store's index went backwards and the tree is yet to be read whole again: its
+    /// indexes are the old store's.
+    pub reread: bool,
 }
 
 /// An own delete not yet confirmed by a listing.
@@ -216,6 +219,7 @@ impl State {
             state.index = index;
             state.listed = index;
             state.complete = index;
+            state.reread = false;
         } else {
             state.index = state.index.max(index);
             state.listed = state.listed.max(index);

@@ -45,7 +45,7 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
         }
         let fresh = index == 0;
         // Committed before the read begins, so in the tree as the read finds it.
-        let known = mirror.index();
+        let known = mirror.committed_index();
         let read = async {
             if fresh {
                 mirror.store().list(&prefix).await.map(PrefixUpdate::Whole)
@@ -84,7 +84,8 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                     index = update.index();
                     mirror.apply_update(tree, update, fresh);
                 }
-                if !fresh {
+                // Unless the store went backwards meanwhile: `known` was the old store's.
+                if !fresh && *epoch.borrow() == seen_epoch {
                     mirror.read_through(tree, known);
                 }
             }

@@ -190,13 +190,18 @@ impl MirrorHealth {
     }
 }
 
+/// A tree's generation, listed index and complete index ([`Mirror::versions`]).
+pub type TreeVersion = (u64, u64, u64);
+
 /// What a blocking read has seen of its trees, by [`Mirror::seen`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {
-    /// By tree asked for, its listed index; the highest is the read's `X-Index`
-    /// ([`Seen::index`]). A tree's watch can deliver another writer's change below that
-    /// (the trees are read one by one), which moves only the tree's own.
+    /// By tree asked for, its listed index. A tree's watch can deliver another writer's
+    /// change below the read's `X-Index` (the trees are read one by one), which moves only
+    /// the tree's own.
     pub listed: Vec<u64>,
+    /// The index an answer made of the trees claims ([`Mirror::claimable_index`]).
+    pub claimable: u64,
     /// By prefix asked for.
     pub extents: Vec<Extent>,
     /// No own write in the trees is waiting for its watch's confirmation.
@@ -204,9 +209,9 @@ pub struct Seen {
 }
 
 impl Seen {
-    /// The trees' listed index ([`Mirror::listed_index`]).
+    /// The read's `X-Index` ([`Mirror::claimable_index`]).
     pub fn index(&self) -> u64 {
-        self.listed.iter().copied().max().unwrap_or(0)
+        self.claimable
     }
 }
 
@@ -219,6 +224,14 @@ impl Seen {
 /// the removed entry is counted, so that a blocked read whose client may not have seen the
 /// delete is woken when it is confirmed.
 pub type Extent = (usize, u64);
+
+/// [`Mirror::claimable_index`] in `state`.
+fn claimable(state: &State, trees: &[Tree]) -> u64 {
+    let trees = || trees.iter().map(|tree| state.tree(*tree));
+    let listed = trees().map(|tree| tree.listed).max().unwrap_or(0);
+    let complete = trees().map(|tree| tree.complete).min().unwrap_or(0);
+    listed.min(complete)
+}
 
 fn extent(state: &State, prefix: &str) -> Extent {
     let Some(tree) = Tree::of_key(prefix) else {
@@ -279,8 +292,9 @@ struct Inner {
     /// By tree position: someone waits for the tree to catch up, so its next read need
     /// not wait out [`MirrorConfig::min_reread_interval`].
     wanted: Vec<Notify>,
-    /// By tree position: held while a reader asks the store for the tree's index
-    /// ([`Mirror::catch_up`]), so that readers waiting alike share one call.
+    /// By tree position: held while a reader asks the store for the tree's index and waits
+    /// for the tree's watch to list past it ([`Mirror::catch_up`]), so that readers waiting
+    /// alike share one call.
     probes: Vec<tokio::sync::Mutex<()>>,
     started: AtomicBool,
 }
@@ -332,18 +346,19 @@ impl Mirror {
         self.read().tree(tree).index
     }
 
-    /// The generation and listed index of each of `trees`, read together. The generation
-    /// moves on every change of a tree's entries, own deletes included, and the listed index
-    /// (what answers claim, [`Mirror::listed_index`]) on a listing that confirms own writes
-    /// without changing an entry: equal versions mean answers read from the trees are
-    /// unchanged, index included.
-    pub fn versions(&self, trees: &[Tree]) -> Vec<(u64, u64)> {
+    /// The generation, listed index and complete index of each of `trees`, read together.
+    /// The generation moves on every change of a tree's entries, own deletes included, and
+    /// the other two, which decide the index answers claim ([`Mirror::claimable_index`]),
+    /// on a listing that confirms own writes without changing an entry and as the tree is
+    /// found to hold every change up to a newer index: equal versions mean answers read from
+    /// the trees are unchanged, index included.
+    pub fn versions(&self, trees: &[Tree]) -> Vec<TreeVersion> {
         let state = self.read();
         trees
             .iter()
             .map(|tree| {
                 let tree = state.tree(*tree);
-                (tree.generation, tree.listed)
+                (tree.generation, tree.listed, tree.complete)
             })
             .collect()
     }
@@ -361,6 +376,15 @@ impl Mirror {
             .map(|tree| state.tree(*tree).listed)
             .max()
             .unwrap_or(0)
+    }
+
+    /// The index an answer made of `trees` claims (its `X-Index`): the newest their watches
+    /// have listed ([`Mirror::listed_index`]), but no newer than every one of them holds
+    /// every change up to. Each tree has its own watch, so another writer's change to one
+    /// tree can reach the mirror after a newer change to another; [`Mirror::catch_up`]
+    /// brings the trees up to their listed index.
+    pub fn claimable_index(&self, trees: &[Tree]) -> u64 {
+        claimable(&self.read(), trees)
     }
 
     /// A receiver woken on every change, holding the mirror's index: what blocking reads
@@ -415,49 +439,44 @@ impl Mirror {
     }
 
     /// Waits, at most `timeout`, until each of `trees` holds every change up to the newest
-    /// index their watches have listed ([`Mirror::listed_index`]: the `X-Index` of an answer
-    /// made of them); whether they all do. Each tree has its own watch, so another writer's
-    /// change to one tree can reach the mirror after a newer change to another, and an
-    /// answer claiming the newer index would lack it. A tree read since that index was
-    /// committed holds it; of any other, the store is asked for the tree's index (one call
-    /// at a time per tree, shared by the readers waiting), and the tree read at once if it
-    /// moved. A tree whose watch is failing is not waited for.
+    /// index their watches have listed ([`Mirror::listed_index`]), so that an answer made
+    /// of them claims that index ([`Mirror::claimable_index`]); whether they all do. A tree
+    /// read since that index was committed holds it; of any other, the store is asked for
+    /// the tree's index (one call at a time per tree, shared by the readers waiting), and if
+    /// it moved, the tree's next read is made without waiting out its pacing. A tree whose
+    /// watch is failing is not waited for: unless the store says it has not moved, answers
+    /// claim no more than it held when its watch last read it.
     pub async fn catch_up(&self, trees: &[Tree], timeout: Duration) -> bool {
         let newest = self.listed_index(trees);
-        let caught_up = async {
-            let mut all = true;
-            for &tree in trees {
-                all &= self.complete_through(tree, newest).await;
-            }
-            all
-        };
+        let each = trees
+            .iter()
+            .map(|tree| self.complete_through(*tree, newest));
+        let caught_up = futures::future::join_all(each);
         tokio::time::timeout(timeout, caught_up)
             .await
-            .unwrap_or(false)
+            .is_ok_and(|done| done.into_iter().all(|done| done))
     }
 
     /// [`Mirror::catch_up`] for one tree.
     async fn complete_through(&self, tree: Tree, index: u64) -> bool {
-        let complete = |mirror: &Mirror| {
-            let state = mirror.read();
-            let tree = state.tree(tree);
-            (tree.complete >= index, tree.failing_since.is_some())
-        };
-        match complete(self) {
-            (true, _) => return true,
-            (false, true) => return false,
-            (false, false) => {}
-        }
-        let _probe = self.inner.probes[tree.position()].lock().await;
-        if complete(self).0 {
+        let complete = |mirror: &Mirror| mirror.read().tree(tree).complete >= index;
+        if complete(self) {
             return true;
         }
-        let known = self.index();
+        let _probe = self.inner.probes[tree.position()].lock().await;
+        if complete(self) {
+            return true;
+        }
+        let known = self.committed_index();
         let Ok(current) = self.store().prefix_index(&tree.prefix()).await else {
             return false;
         };
         let listed = |mirror: &Mirror| mirror.listed_index(&[tree]) >= current;
         if !listed(self) {
+            // A failing watch ignores readers until its backoff is over.
+            if self.read().tree(tree).failing_since.is_some() {
+                return false;
+            }
             self.wanted(tree).notify_one();
             if !self.until(listed).await {
                 return false;
@@ -550,6 +569,7 @@ impl Mirror {
         });
         Seen {
             listed: trees.iter().map(|tree| state.tree(*tree).listed).collect(),
+            claimable: claimable(&state, trees),
             extents: prefixes
                 .iter()
                 .map(|prefix| extent(&state, prefix))
@@ -821,6 +841,10 @@ impl Mirror {
     fn resync(&self) {
         let state = &mut *self.write();
         state.stream.resync();
+        for tree in &mut state.trees {
+            tree.reread = true;
+            tree.complete = 0;
+        }
         self.inner.epoch.send_modify(|epoch| *epoch += 1);
     }
 
@@ -836,6 +860,15 @@ impl Mirror {
         self.write().trees[tree.position()]
             .failing_since
             .get_or_insert(last_success);
+    }
+
+    /// The highest index known to be committed in the store as it is: the trees' own, but
+    /// not those of a tree not read whole again since the store's index went backwards
+    /// (they are the old store's).
+    fn committed_index(&self) -> u64 {
+        let state = self.read();
+        let current = state.trees.iter().filter(|tree| !tree.reread);
+        current.map(|tree| tree.index).max().unwrap_or(0)
     }
 
     /// Notes that `tree` holds every change up to `known`: a read of it that began once

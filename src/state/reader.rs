@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::Mirror;
+use super::{Mirror, Tree};
 use crate::kv::{
     Cas, KvPair, KvStore, Listing, SessionInfo, SessionSpec, StoreError, StoreResult, TxnOp,
     WatchTarget,
@@ -16,17 +16,36 @@ use crate::kv::{
 /// Reads of the mirror's trees, answered as the store would answer them at the mirror's
 /// index.
 #[derive(Clone)]
-pub struct MirrorReader(Mirror);
+pub struct MirrorReader {
+    mirror: Mirror,
+    /// The trees of the answer read through it, if one is: no listing's index claims more
+    /// than they all hold ([`Mirror::claimable_index`]).
+    answer: Vec<Tree>,
+}
 
 impl MirrorReader {
     pub fn new(mirror: Mirror) -> Self {
-        MirrorReader(mirror)
+        MirrorReader {
+            mirror,
+            answer: Vec::new(),
+        }
+    }
+
+    /// A reader for an answer made of `trees`.
+    pub fn answering(mirror: Mirror, trees: &[Tree]) -> Self {
+        MirrorReader {
+            mirror,
+            answer: trees.to_vec(),
+        }
     }
 
     fn listing(&self, prefix: &str) -> StoreResult<Listing> {
-        let (index, entries) = self.0.listing(prefix).ok_or_else(|| {
+        let (mut index, entries) = self.mirror.listing(prefix).ok_or_else(|| {
             StoreError::Invalid(format!("the mirror follows no tree holding {prefix:?}"))
         })?;
+        if !self.answer.is_empty() {
+            index = index.min(self.mirror.claimable_index(&self.answer));
+        }
         Ok(Listing {
             index: index.max(1),
             pairs: entries.iter().map(|entry| entry.to_pair()).collect(),
@@ -41,7 +60,7 @@ fn read_only<T>() -> StoreResult<T> {
 #[async_trait]
 impl KvStore for MirrorReader {
     async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
-        Ok(self.0.get(key).map(|entry| entry.to_pair()))
+        Ok(self.mirror.get(key).map(|entry| entry.to_pair()))
     }
 
     async fn list(&self, prefix: &str) -> StoreResult<Listing> {

@@ -132,6 +132,15 @@ async fn assert_converges(mirror: &Mirror, store: &dyn KvStore) {
 }
 
 /// The entries of a tree as a reader holds them.
+/// Waits until `done` holds, at most 30 s.
+async fn eventually(done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "never happened");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn by_key<'a>(entries: impl IntoIterator<Item = &'a Arc<Entry>>) -> BTreeMap<String, Arc<Entry>> {
     let by_key = entries.into_iter().map(|e| (e.pair.key.clone(), e.clone()));
     by_key.collect()
@@ -447,15 +456,34 @@ struct Switchable {
     cut: AtomicBool,
     changes: AtomicBool,
     changed: Mutex<Vec<String>>,
+    /// Listings of prefixes under this one wait until it is cleared.
+    slow_lists: Mutex<Option<String>>,
+    /// Watches of prefixes under this one keep their answers until it is cleared.
+    held_watches: Mutex<Option<String>>,
 }
 
 impl Switchable {
+    fn slow_lists(&self, prefix: Option<&str>) {
+        *self.slow_lists.lock().unwrap() = prefix.map(str::to_owned);
+    }
+    fn hold_watches(&self, prefix: Option<&str>) {
+        *self.held_watches.lock().unwrap() = prefix.map(str::to_owned);
+    }
+    fn under(setting: &Mutex<Option<String>>, prefix: &str) -> bool {
+        setting
+            .lock()
+            .unwrap()
+            .as_deref()
+            .is_some_and(|under| prefix.starts_with(under))
+    }
     fn new(inner: Arc<dyn KvStore>) -> Arc<Switchable> {
         Arc::new(Switchable {
             inner: RwLock::new(inner),
             cut: AtomicBool::new(false),
             changes: AtomicBool::new(false),
             changed: Mutex::default(),
+            slow_lists: Mutex::default(),
+            held_watches: Mutex::default(),
         })
     }
 
@@ -474,6 +502,9 @@ impl KvStore for Switchable {
         self.store()?.get(key).await
     }
     async fn list(&self, prefix: &str) -> StoreResult<Listing> {
+        while Self::under(&self.slow_lists, prefix) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         self.store()?.list(prefix).await
     }
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
@@ -515,7 +546,13 @@ impl KvStore for Switchable {
         index: u64,
         wait: Duration,
     ) -> StoreResult<Listing> {
-        self.store()?.watch(target, index, wait).await
+        let answer = self.store()?.watch(target, index, wait).await;
+        if let WatchTarget::Prefix(prefix) = target {
+            while Self::under(&self.held_watches, prefix) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        answer
     }
     async fn watch_changes(
         &self,
@@ -541,4 +578,91 @@ impl KvStore for Switchable {
     async fn ping(&self) -> StoreResult<()> {
         self.store()?.ping().await
     }
+}
+
+/// Another writer's change to the node labels, which their watch holds back, then a newer
+/// one to the RCs, which the mirror lists; the trees of an answer made of both.
+async fn node_labels_held_behind_the_rcs(
+    switch: &Switchable,
+    store: &dyn KvStore,
+    mirror: &Mirror,
+) -> [Tree; 2] {
+    switch.hold_watches(Some("labels/node/"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    store.put("labels/node/c", b"{}", Cas::Any).await.unwrap();
+    let rc = "replication_controllers/x";
+    store.put(rc, b"{}", Cas::Any).await.unwrap();
+    let rc_index = store.get(rc).await.unwrap().unwrap().modify_index;
+    eventually(|| mirror.listed_index(&[Tree::Rcs]) >= rc_index).await;
+    [Tree::Rcs, Tree::Labels(LabelType::Node)]
+}
+
+/// A tree read after the store went backwards holds no change up to the old store's index:
+/// until every tree is read whole again, the mirror's index is the old store's, and a tree
+/// taking it as what its next read holds would pass for caught up with indexes it never saw.
+#[tokio::test]
+async fn a_tree_read_after_the_store_went_backwards_holds_no_index_of_the_old_store() {
+    let (old, fresh) = (sqlite().await, sqlite().await);
+    for i in 0..50 {
+        let key = format!("replication_controllers/old{i}");
+        old.store.put(&key, b"{}", Cas::Any).await.unwrap();
+    }
+    old.store
+        .put("labels/node/old", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    fresh
+        .store
+        .put("labels/node/new", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    let switch = Switchable::new(old.store.clone());
+    let (mirror, _running) = started(switch.clone(), config()).await;
+    assert_converges(&mirror, old.store.as_ref()).await;
+    let old_index = mirror.index();
+
+    // The RC tree's re-read is slow: until it lands, the mirror's index is the old store's.
+    switch.slow_lists(Some("replication_controllers/"));
+    *switch.inner.write().unwrap() = fresh.store.clone();
+    old.store
+        .put("labels/node/old", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    eventually(|| mirror.get("labels/node/new").is_some()).await;
+    // The node labels' next read (not a fresh one) has begun: a write ends it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    fresh
+        .store
+        .put("labels/node/b", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    eventually(|| mirror.get("labels/node/b").is_some()).await;
+    switch.slow_lists(None);
+    assert_converges(&mirror, fresh.store.as_ref()).await;
+    assert!(mirror.index() < old_index);
+
+    let trees = node_labels_held_behind_the_rcs(&switch, fresh.store.as_ref(), &mirror).await;
+    let caught_up = mirror.catch_up(&trees, Duration::from_millis(500)).await;
+
+    assert!(
+        !caught_up || mirror.get("labels/node/c").is_some(),
+        "caught up through {} without labels/node/c",
+        mirror.listed_index(&trees)
+    );
+    switch.hold_watches(None);
+}
+
+/// Catching up waits for a tree whose watch has yet to deliver another writer's change from
+/// below the newest index of the trees asked for.
+#[tokio::test]
+async fn catching_up_waits_for_a_tree_whose_watch_has_yet_to_deliver() {
+    let store = sqlite().await;
+    let switch = Switchable::new(store.store.clone());
+    let (mirror, _running) = started(switch.clone(), config()).await;
+    let trees = node_labels_held_behind_the_rcs(&switch, store.store.as_ref(), &mirror).await;
+    let caught_up = mirror.catch_up(&trees, Duration::from_millis(500)).await;
+    assert!(!caught_up && mirror.get("labels/node/c").is_none());
+    switch.hold_watches(None);
+    assert!(mirror.catch_up(&trees, Duration::from_secs(5)).await);
+    assert!(mirror.get("labels/node/c").is_some());
 }

@@ -25,6 +25,8 @@ pub struct Counting {
     watches_fail: AtomicBool,
     /// Watches of prefixes under this one keep their answers until it is cleared.
     delayed: Mutex<Option<String>>,
+    /// Watches of prefixes under this one keep answers past this index until cleared.
+    held_past: Mutex<Option<(String, u64)>>,
 }
 
 impl Counting {
@@ -38,6 +40,7 @@ impl Counting {
             most_watching: AtomicUsize::new(0),
             watches_fail: AtomicBool::new(false),
             delayed: Mutex::default(),
+            held_past: Mutex::default(),
         })
     }
 
@@ -76,6 +79,22 @@ impl Counting {
     /// deliver) until called again with another prefix, or `None`.
     pub fn delay_watches_of(&self, prefix: Option<&str>) {
         *self.delayed.lock().unwrap() = prefix.map(str::to_owned);
+    }
+
+    /// Makes the watches of prefixes under `prefix` keep any answer past `index` (as a watch
+    /// slow to deliver its next change) until called again.
+    pub fn hold_watches_past(&self, held: Option<(&str, u64)>) {
+        *self.held_past.lock().unwrap() = held.map(|(p, i)| (p.to_owned(), i));
+    }
+
+    fn holds(&self, target: &WatchTarget, answered: u64) -> bool {
+        let held = self.held_past.lock().unwrap();
+        match (&*held, target) {
+            (Some((held, past)), WatchTarget::Prefix(prefix)) => {
+                prefix.starts_with(held.as_str()) && answered > *past
+            }
+            _ => false,
+        }
     }
 
     fn delays(&self, target: &WatchTarget) -> bool {
@@ -180,7 +199,8 @@ impl KvStore for Counting {
             let _watching = Watching::start(self);
             self.inner.watch(target, index, wait).await
         };
-        while self.delays(target) {
+        let answered = answer.as_ref().map_or(0, |listing| listing.index);
+        while self.delays(target) || self.holds(target, answered) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         if self.watches_fail.load(Ordering::SeqCst) {
