@@ -439,8 +439,8 @@ fn contention_error(other: &StoredDaemonSet) -> ApiError {
 }
 
 /// The trees a daemon set's view is made of: its document, and what its rollout status
-/// counts. Their highest index is a read's `X-Index`; times and conditions change with the
-/// document or are the farms' own.
+/// counts. A read's `X-Index` is what they hold (`reads::mirror_index`); times and
+/// conditions change with the document or are the farms' own.
 const DS_TREES: [Tree; 7] = [
     Tree::DaemonSets,
     Tree::Labels(LabelType::Node),

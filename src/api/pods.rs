@@ -102,7 +102,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     params(PodFilter, ListParams),
     responses(
         (status = OK, description = "One page of pods", body = Page<Pod>,
-            headers(("X-Index" = u64, description = "Highest index of the intents, pod labels and health records listed; pass it back as `index` to block"))),
+            headers(("X-Index" = u64, description = "The index the intents, pod labels and health records listed reflect; pass it back as `index` to block"))),
         (status = BAD_REQUEST, description = "The query string does not parse", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "A bad node, pod ID, selector, limit, continue token, index or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)

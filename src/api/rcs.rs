@@ -159,7 +159,7 @@ impl RcStatus {
 }
 
 /// The trees an RC's view is made of: its document, its labels and the pod labels its
-/// status counts. Their highest index is a read's `X-Index`.
+/// status counts. A read's `X-Index` is what they hold (`reads::mirror_index`).
 const RC_TREES: [Tree; 3] = [
     Tree::Rcs,
     Tree::Labels(LabelType::ReplicationController),

@@ -143,7 +143,7 @@ pub async fn source<'a>(
     // Taken with the index, so that a change landing after is either past `index` or
     // unlike the extents, and never missed; and only once the trees' own writes are
     // confirmed, or a client at the index may not have seen what they are compared with.
-    let seen = loop {
+    let mut seen = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let confirmed = mirror.confirm(trees, left).await;
         let seen = mirror.seen(trees, prefixes);
@@ -152,6 +152,12 @@ pub async fn source<'a>(
             break seen;
         }
     };
+    // An index the watches have listed but the trees do not all hold yet (from a store's
+    // answer, or another server's) is caught up with rather than read from the store.
+    if index > seen.index() && seen.listed.iter().any(|listed| *listed >= index) {
+        mirror.catch_up(trees, CATCH_UP).await;
+        seen = mirror.seen(trees, prefixes);
+    }
     let reached = seen.index().max(1);
     if index > reached {
         return Source::Store(blocking);
@@ -177,8 +183,8 @@ const CATCH_UP: Duration = Duration::from_secs(1);
 
 /// Holds a blocking read of `trees` on the mirror for at most `wait`, until what it reads
 /// changes from `before`: a tree's listed index and the `prefixes`' extents. Any tree's
-/// index counts, not only the highest (the answer's `X-Index`): a tree's watch may deliver
-/// another writer's change from below it.
+/// index counts, not only the answer's `X-Index`: a tree whose watch lags holds that index
+/// down, and its late delivery of another writer's change may leave it unmoved.
 async fn hold(app: &App, trees: &[Tree], prefixes: &[String], before: Seen, wait: Duration) {
     let mirror = &app.mirror;
     let mut changes = mirror.changes();

@@ -400,8 +400,9 @@ async fn delete_roll(
 
 /// The trees a roll's view is made of (its document and labels, both RCs, their pods,
 /// what the nodes run and the pods' health), and the finished rolls' when they are shown
-/// (only then: on Consul an empty tree reads at the whole store's index). Their highest index
-/// is a read's `X-Index`; times and conditions change with them or are the farms' own.
+/// (only then: on Consul an empty tree reads at the whole store's index). A read's `X-Index`
+/// is what they hold (`reads::mirror_index`); times and conditions change with them or are
+/// the farms' own.
 fn roll_trees(finished: bool) -> Vec<Tree> {
     let mut trees = vec![
         Tree::Rolls,

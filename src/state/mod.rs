@@ -196,9 +196,8 @@ pub type TreeVersion = (u64, u64, u64);
 /// What a blocking read has seen of its trees, by [`Mirror::seen`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {
-    /// By tree asked for, its listed index. A tree's watch can deliver another writer's
-    /// change below the read's `X-Index` (the trees are read one by one), which moves only
-    /// the tree's own.
+    /// By tree asked for, its listed index. A tree whose watch lags holds the read's
+    /// `X-Index` down while the others' move, and its own delivery moves only its own.
     pub listed: Vec<u64>,
     /// The index an answer made of the trees claims ([`Mirror::claimable_index`]).
     pub claimable: u64,
@@ -467,6 +466,7 @@ impl Mirror {
         if complete(self) {
             return true;
         }
+        let epoch = *self.inner.epoch.borrow();
         let known = self.committed_index();
         let Ok(current) = self.store().prefix_index(&tree.prefix()).await else {
             return false;
@@ -481,6 +481,10 @@ impl Mirror {
             if !self.until(listed).await {
                 return false;
             }
+        }
+        // `known` was the old store's if the store went backwards meanwhile.
+        if *self.inner.epoch.borrow() != epoch {
+            return false;
         }
         self.read_through(tree, known);
         true

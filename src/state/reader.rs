@@ -18,24 +18,25 @@ use crate::kv::{
 #[derive(Clone)]
 pub struct MirrorReader {
     mirror: Mirror,
-    /// The trees of the answer read through it, if one is: no listing's index claims more
-    /// than they all hold ([`Mirror::claimable_index`]).
-    answer: Vec<Tree>,
+    /// For an answer read through it, what its trees all held when it was made
+    /// ([`Mirror::claimable_index`]): no listing's index claims more, so that a tree listed
+    /// first is not claimed past by a later listing.
+    claims_at_most: Option<u64>,
 }
 
 impl MirrorReader {
     pub fn new(mirror: Mirror) -> Self {
         MirrorReader {
             mirror,
-            answer: Vec::new(),
+            claims_at_most: None,
         }
     }
 
-    /// A reader for an answer made of `trees`.
+    /// A reader for an answer made of `trees`, made once they have caught up.
     pub fn answering(mirror: Mirror, trees: &[Tree]) -> Self {
         MirrorReader {
+            claims_at_most: Some(mirror.claimable_index(trees)),
             mirror,
-            answer: trees.to_vec(),
         }
     }
 
@@ -43,8 +44,8 @@ impl MirrorReader {
         let (mut index, entries) = self.mirror.listing(prefix).ok_or_else(|| {
             StoreError::Invalid(format!("the mirror follows no tree holding {prefix:?}"))
         })?;
-        if !self.answer.is_empty() {
-            index = index.min(self.mirror.claimable_index(&self.answer));
+        if let Some(cap) = self.claims_at_most {
+            index = index.min(cap);
         }
         Ok(Listing {
             index: index.max(1),

@@ -460,6 +460,8 @@ struct Switchable {
     slow_lists: Mutex<Option<String>>,
     /// Watches of prefixes under this one keep their answers until it is cleared.
     held_watches: Mutex<Option<String>>,
+    /// Key listings of prefixes under this one wait until it is cleared.
+    slow_keys: Mutex<Option<String>>,
 }
 
 impl Switchable {
@@ -484,6 +486,7 @@ impl Switchable {
             changed: Mutex::default(),
             slow_lists: Mutex::default(),
             held_watches: Mutex::default(),
+            slow_keys: Mutex::default(),
         })
     }
 
@@ -508,6 +511,9 @@ impl KvStore for Switchable {
         self.store()?.list(prefix).await
     }
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
+        while Self::under(&self.slow_keys, prefix) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         self.store()?.keys(prefix, separator).await
     }
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
@@ -597,11 +603,9 @@ async fn node_labels_held_behind_the_rcs(
     [Tree::Rcs, Tree::Labels(LabelType::Node)]
 }
 
-/// A tree read after the store went backwards holds no change up to the old store's index:
-/// until every tree is read whole again, the mirror's index is the old store's, and a tree
-/// taking it as what its next read holds would pass for caught up with indexes it never saw.
-#[tokio::test]
-async fn a_tree_read_after_the_store_went_backwards_holds_no_index_of_the_old_store() {
+/// A mirror of an old store (50 RCs and a node label) behind a switch, and the fresh store
+/// (one other node label, at lower indexes) the switch can turn to.
+async fn about_to_go_backwards() -> (Backend, Backend, Arc<Switchable>, Mirror, Running) {
     let (old, fresh) = (sqlite().await, sqlite().await);
     for i in 0..50 {
         let key = format!("replication_controllers/old{i}");
@@ -617,8 +621,17 @@ async fn a_tree_read_after_the_store_went_backwards_holds_no_index_of_the_old_st
         .await
         .unwrap();
     let switch = Switchable::new(old.store.clone());
-    let (mirror, _running) = started(switch.clone(), config()).await;
+    let (mirror, running) = started(switch.clone(), config()).await;
     assert_converges(&mirror, old.store.as_ref()).await;
+    (old, fresh, switch, mirror, running)
+}
+
+/// A tree read after the store went backwards holds no change up to the old store's index:
+/// until every tree is read whole again, the mirror's index is the old store's, and a tree
+/// taking it as what its next read holds would pass for caught up with indexes it never saw.
+#[tokio::test]
+async fn a_tree_read_after_the_store_went_backwards_holds_no_index_of_the_old_store() {
+    let (old, fresh, switch, mirror, _running) = about_to_go_backwards().await;
     let old_index = mirror.index();
 
     // The RC tree's re-read is slow: until it lands, the mirror's index is the old store's.
@@ -665,4 +678,111 @@ async fn catching_up_waits_for_a_tree_whose_watch_has_yet_to_deliver() {
     switch.hold_watches(None);
     assert!(mirror.catch_up(&trees, Duration::from_secs(5)).await);
     assert!(mirror.get("labels/node/c").is_some());
+}
+
+/// An answer read through the mirror one tree at a time (as `list_pods` reads intents, then
+/// pod labels, then health) takes the highest listing index as its `X-Index`: no listing
+/// claims more than the trees held when the reader was made, or a tree listed early could
+/// miss a change that a later listing's index claims.
+#[tokio::test]
+async fn an_answer_read_tree_by_tree_claims_no_index_its_first_listing_lacks() {
+    use p2_apiserver::state::MirrorReader;
+    let backend = sqlite().await;
+    let store = backend.store.clone();
+    store.put("intent/node1/a", b"{}", Cas::Any).await.unwrap();
+    store
+        .put("labels/pod/node1/a", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    let (mirror, _running) = started(store.clone(), config()).await;
+    assert_converges(&mirror, store.as_ref()).await;
+    let trees = [Tree::Intent, Tree::Labels(LabelType::Pod)];
+    assert!(mirror.catch_up(&trees, PATIENCE).await);
+
+    let reader = MirrorReader::answering(mirror.clone(), &trees);
+    let intents = reader.list("intent/").await.unwrap();
+    // Another writer, between the handler's two listings: an intent, then a pod label.
+    store.put("intent/node1/b", b"{}", Cas::Any).await.unwrap();
+    store
+        .put("labels/pod/node1/b", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    let intent_b = store
+        .get("intent/node1/b")
+        .await
+        .unwrap()
+        .unwrap()
+        .modify_index;
+    assert_converges(&mirror, store.as_ref()).await;
+    assert!(mirror.catch_up(&trees, PATIENCE).await);
+    let labels = reader.list("labels/pod/").await.unwrap();
+
+    let x_index = intents.index.max(labels.index);
+    let shown = intents
+        .pairs
+        .iter()
+        .any(|pair| pair.key == "intent/node1/b");
+    assert!(
+        x_index < intent_b || shown,
+        "X-Index {x_index} claims intent/node1/b (at {intent_b}) but the answer's intents lack it"
+    );
+}
+
+/// A reader's probe in flight while the store goes backwards marks no tree as holding the
+/// old store's index once the tree has been read whole again.
+#[tokio::test]
+async fn a_probe_across_a_resync_marks_nothing_of_the_old_store() {
+    let (old, fresh, switch, mirror, _running) = about_to_go_backwards().await;
+    let trees = [Tree::Rcs, Tree::Labels(LabelType::Node)];
+
+    // A change to the RCs: the node labels are behind it until a reader probes them; the
+    // probe is slow.
+    old.store
+        .put("replication_controllers/late", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    let late = old
+        .store
+        .get("replication_controllers/late")
+        .await
+        .unwrap()
+        .unwrap()
+        .modify_index;
+    eventually(|| mirror.listed_index(&[Tree::Rcs]) >= late).await;
+    *switch.slow_keys.lock().unwrap() = Some("labels/node/".to_owned());
+    let probing = tokio::spawn({
+        let mirror = mirror.clone();
+        async move { mirror.catch_up(&trees, PATIENCE).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // The store goes backwards; every tree is read again from the fresh one.
+    *switch.inner.write().unwrap() = fresh.store.clone();
+    old.store
+        .put("labels/node/old", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    eventually(|| mirror.get("labels/node/new").is_some()).await;
+    assert_converges(&mirror, fresh.store.as_ref()).await;
+    // The probe answers now, from the fresh store.
+    *switch.slow_keys.lock().unwrap() = None;
+    let _ = probing.await.unwrap();
+
+    let trees = node_labels_held_behind_the_rcs(&switch, fresh.store.as_ref(), &mirror).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let claimed = mirror.claimable_index(&trees);
+    let has_c = mirror.get("labels/node/c").is_some();
+    switch.hold_watches(None);
+    assert!(
+        has_c
+            || claimed
+                < fresh
+                    .store
+                    .get("labels/node/c")
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .modify_index,
+        "claims {claimed} without labels/node/c"
+    );
 }
