@@ -416,14 +416,7 @@ async fn a_store_going_backwards_is_read_afresh_and_subscribers_resync() {
             let key = format!("labels/node/old{i}");
             old.store.put(&key, b"{}", Cas::Any).await.unwrap();
         }
-        fresh
-            .store
-            .put("labels/node/new", b"{}", Cas::Any)
-            .await
-            .unwrap();
-        let switch = Switchable::new(old.store.clone());
-        let (mirror, _running) = started(switch.clone(), config()).await;
-        assert_converges(&mirror, old.store.as_ref()).await;
+        let (switch, mirror, _running) = behind_a_switch(&old, &fresh).await;
         let mut subscriber = mirror.subscribe(None, &[Kind::Nodes]).receiver;
 
         *switch.inner.write().unwrap() = fresh.store.clone();
@@ -615,6 +608,13 @@ async fn about_to_go_backwards() -> (Backend, Backend, Arc<Switchable>, Mirror, 
         .put("labels/node/old", b"{}", Cas::Any)
         .await
         .unwrap();
+    let (switch, mirror, running) = behind_a_switch(&old, &fresh).await;
+    (old, fresh, switch, mirror, running)
+}
+
+/// A mirror of `old` behind a switch, once it holds what `old` holds, and `fresh` given one
+/// node label (at an index below `old`'s) for the switch to turn to.
+async fn behind_a_switch(old: &Backend, fresh: &Backend) -> (Arc<Switchable>, Mirror, Running) {
     fresh
         .store
         .put("labels/node/new", b"{}", Cas::Any)
@@ -623,7 +623,7 @@ async fn about_to_go_backwards() -> (Backend, Backend, Arc<Switchable>, Mirror, 
     let switch = Switchable::new(old.store.clone());
     let (mirror, running) = started(switch.clone(), config()).await;
     assert_converges(&mirror, old.store.as_ref()).await;
-    (old, fresh, switch, mirror, running)
+    (switch, mirror, running)
 }
 
 /// A tree read after the store went backwards holds no change up to the old store's index:
