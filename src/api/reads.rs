@@ -155,7 +155,7 @@ pub async fn source<'a>(
     // An index the watches have listed but the trees do not all hold yet (from a store's
     // answer, or another server's) is caught up with rather than read from the store.
     if index > seen.index() && seen.listed.iter().any(|listed| *listed >= index) {
-        mirror.catch_up(trees, CATCH_UP).await;
+        mirror.catch_up_to(trees, index, CATCH_UP).await;
         seen = mirror.seen(trees, prefixes);
     }
     let reached = seen.index().max(1);

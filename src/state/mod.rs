@@ -438,18 +438,31 @@ impl Mirror {
     }
 
     /// Waits, at most `timeout`, until each of `trees` holds every change up to the newest
-    /// index their watches have listed ([`Mirror::listed_index`]), so that an answer made
-    /// of them claims that index ([`Mirror::claimable_index`]); whether they all do. A tree
+    /// index their watches have listed, so that an answer made of them claims that index
+    /// ([`Mirror::claimable_index`]); whether they all do. Trees that hold nothing count
+    /// only as trees to catch up: on Consul an empty prefix lists at the whole store's
+    /// index, which moves with every write anywhere, and the others would catch up with
+    /// each. A tree
     /// read since that index was committed holds it; of any other, the store is asked for
     /// the tree's index (one call at a time per tree, shared by the readers waiting), and if
     /// it moved, the tree's next read is made without waiting out its pacing. A tree whose
     /// watch is failing is not waited for: unless the store says it has not moved, answers
     /// claim no more than it held when its watch last read it.
     pub async fn catch_up(&self, trees: &[Tree], timeout: Duration) -> bool {
-        let newest = self.listed_index(trees);
-        let each = trees
-            .iter()
-            .map(|tree| self.complete_through(*tree, newest));
+        let newest = {
+            let state = self.read();
+            let trees = trees.iter().map(|tree| state.tree(*tree));
+            let holding =
+                trees.filter(|tree| !tree.entries.is_empty() || !tree.tombstones.is_empty());
+            holding.map(|tree| tree.listed).max().unwrap_or(0)
+        };
+        self.catch_up_to(trees, newest, timeout).await
+    }
+
+    /// [`Mirror::catch_up`] up to `index` (bounded by what the store holds): for a client
+    /// that has seen `index`, which the watches have listed.
+    pub async fn catch_up_to(&self, trees: &[Tree], index: u64, timeout: Duration) -> bool {
+        let each = trees.iter().map(|tree| self.complete_through(*tree, index));
         let caught_up = futures::future::join_all(each);
         tokio::time::timeout(timeout, caught_up)
             .await

@@ -1137,3 +1137,26 @@ async fn a_listing_holds_only_what_was_committed_before_its_read() {
         "claims {claimed} without labels/node/b (at {b})"
     );
 }
+
+/// Writes outside an answer's trees cost its reads nothing, even when one of its trees is
+/// empty (an RC without pods has no pod labels): on Consul an empty prefix lists at the
+/// whole store's index, which such a write moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_outside_an_answers_trees_cost_its_reads_nothing() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let id = create(&app, 0).await;
+    let path = format!("/api/v1/rcs/{id}");
+    catch_up(&app, &counting, [path.as_str()]).await;
+    let mut calls = 0;
+    for round in 0..5 {
+        let mut record = passing_hello_on_node1();
+        record["Output"] = json!(round);
+        app.put_json("health/hello/node1", &record).await;
+        let before = counting.calls();
+        for _ in 0..5 {
+            app.get(&path).await;
+        }
+        calls += counting.calls() - before;
+    }
+    assert_eq!(calls, 0, "calls to the store for 25 reads of an RC");
+}
