@@ -22,7 +22,7 @@ use crate::api::extract::{ApiJson, ApiPath, ApiQuery, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
-use crate::api::reads::{reader, ConsistentFilter};
+use crate::api::reads::{indexed_reader, reader, ConsistentFilter, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::StoreError;
@@ -281,7 +281,9 @@ async fn list_pod_health(
         prefixes.push(layout::labels_of_type(LabelType::Pod));
         trees.push(Tree::Labels(LabelType::Pod));
     }
-    let kv = reader(
+    // The index is taken before anything is read: a write landing between the reads below
+    // is in the answer or above it, never claimed without being shown.
+    let IndexedReader { kv, index } = indexed_reader(
         &app,
         &trees,
         &prefixes,
@@ -289,10 +291,10 @@ async fn list_pod_health(
         query.blocking,
     )
     .await?;
-    let (mut index, by_node) = HealthStore::new(kv.clone()).list_for_pod(&pod_id).await?;
+    let (_, by_node) = HealthStore::new(kv.clone()).list_for_pod(&pod_id).await?;
     let mut reports: Vec<PodHealth> = by_node.into_values().map(PodHealth::from).collect();
     if by_labels {
-        let (labels_index, labeled) = LabelStore::new(kv).list(LabelType::Pod).await?;
+        let (_, labeled) = LabelStore::new(kv).list(LabelType::Pod).await?;
         let labels: HashMap<String, Labels> = labeled
             .into_iter()
             .map(|pod| (pod.id, pod.labels))
@@ -304,7 +306,6 @@ async fn list_pod_health(
             let pod_labels = labels.get(&pod.label_id()).unwrap_or(&no_labels);
             query.selector.matches(pod_labels)
         });
-        index = index.max(labels_index);
     }
     let page = query
         .paging

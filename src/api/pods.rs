@@ -16,7 +16,7 @@ use crate::api::blocking::index_header;
 use crate::api::extract::ApiJson;
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
-use crate::api::reads::reader;
+use crate::api::reads::{indexed_reader, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels};
@@ -120,7 +120,9 @@ async fn list_pods(
         HealthStore::prefix(pod_id),
     ];
     let trees = [Tree::Intent, Tree::Labels(LabelType::Pod), Tree::Health];
-    let kv = reader(
+    // The index is taken before anything is read: a write landing between the reads below
+    // is in the answer or above it, never claimed without being shown.
+    let IndexedReader { kv, index } = indexed_reader(
         &app,
         &trees,
         &prefixes,
@@ -129,9 +131,9 @@ async fn list_pods(
     )
     .await?;
     let pods = PodStore::new(kv.clone());
-    let (intent_index, intents) = pods.locate(PodTree::Intent, node).await?;
-    let (labels_index, mut labels) = pods.list_labels(node).await?;
-    let (health_index, health) = read_health(&HealthStore::new(kv), pod_id).await?;
+    let (_, intents) = pods.locate(PodTree::Intent, node).await?;
+    let (_, mut labels) = pods.list_labels(node).await?;
+    let (_, health) = read_health(&HealthStore::new(kv), pod_id).await?;
 
     // Keyed so that string order is node-then-pod order: '\0' sorts below any character a
     // node name can hold, unlike '/', which sorts after '-' and '.'. Only the page's
@@ -168,7 +170,6 @@ async fn list_pods(
             })
         },
     );
-    let index = intent_index.max(labels_index).max(health_index);
     Ok(([index_header(index)], ApiJson(page)))
 }
 

@@ -18,7 +18,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::index_header;
+use crate::api::blocking::{combined_index, index_header};
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
@@ -292,11 +292,13 @@ async fn list_rcs(
     };
     blocking.block(&app, &rc_prefixes()).await?;
 
+    // Taken before anything is read, as in `get_rc`.
+    let index = combined_index(app.store.as_ref(), &rc_prefixes()).await?;
     let store = app.rcs();
     let label_store = app.labels();
-    let (rcs_index, records) = store.list().await?;
-    let (labels_index, rc_labels) = label_store.list(LabelType::ReplicationController).await?;
-    let (pods_index, pods) = label_store.list(LabelType::Pod).await?;
+    let (_, records) = store.list().await?;
+    let (_, rc_labels) = label_store.list(LabelType::ReplicationController).await?;
+    let (_, pods) = label_store.list(LabelType::Pod).await?;
     let mut times = list_meta(app.store.as_ref(), ObjectKind::Rcs).await?;
     let mut conditions = ConditionStore::new(app.store.clone())
         .list(ObjectKind::Rcs)
@@ -327,7 +329,6 @@ async fn list_rcs(
         })
         .collect();
     let page = query.paging.page(items, |view: &RcView| &view.id);
-    let index = rcs_index.max(labels_index).max(pods_index);
     Ok(([index_header(index)], ApiJson(page)).into_response())
 }
 
@@ -378,8 +379,11 @@ async fn get_rc(
         Source::Store(blocking) => blocking,
     };
     blocking.block(&app, &rc_prefixes()).await?;
+    // Taken before anything is read: a change landing between the reads is in the answer
+    // or above its index, so a client blocking at it misses nothing.
+    let index = combined_index(app.store.as_ref(), &rc_prefixes()).await?;
     let record = read(&app.rcs(), &id).await?;
-    let (view, index) = stored_view(&app, &record).await?;
+    let view = stored_view(&app, &record).await?;
     Ok(answer(&record, view, index))
 }
 
@@ -647,7 +651,8 @@ async fn written_view(app: &AppState, record: &RcRecord) -> Result<(RcView, u64)
             return Ok((mirrored_view(mirror, record), index));
         }
     }
-    stored_view(app, record).await
+    let index = combined_index(app.store.as_ref(), &rc_prefixes()).await?;
+    Ok((stored_view(app, record).await?, index))
 }
 
 /// The view of `record` with its labels, status, conditions and times as the mirror holds
@@ -665,22 +670,20 @@ fn mirrored_view(mirror: &Mirror, record: &Versioned<impl Borrow<StoredRc>>) -> 
 
 /// The view of `record` with its labels, status, conditions and times read from the store,
 /// and the highest index of what it was made of.
-async fn stored_view(app: &AppState, record: &RcRecord) -> Result<(RcView, u64), ApiError> {
+async fn stored_view(app: &AppState, record: &RcRecord) -> Result<RcView, ApiError> {
     let id = &record.value.id;
     let label_store = app.labels();
     let labels = label_store
         .get(LabelType::ReplicationController, id)
         .await?;
     let owned = Requirement::equals(RC_ID_LABEL, id.as_str()).map_err(ApiError::internal)?;
-    let (pods_index, pods) = label_store
+    let (_, pods) = label_store
         .select(LabelType::Pod, &Selector::from_requirements([owned]))
         .await?;
     let status = RcStatus::from_pods(pods.iter().map(|pod| pod.id.as_str()));
-    let index = record.index.max(labels.index).max(pods_index);
     let conditions = read_conditions(app.store.as_ref(), ObjectKind::Rcs, id).await?;
     let meta = read_meta(app.store.as_ref(), &layout::meta(ObjectKind::Rcs, id)).await?;
-    let view = RcView::new(record, labels.value, status, conditions).with_times(meta);
-    Ok((view, index))
+    Ok(RcView::new(record, labels.value, status, conditions).with_times(meta))
 }
 
 /// The RC's view with its `ETag` and the `X-Index` it reflects.

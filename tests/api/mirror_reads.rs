@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use p2_apiserver::kv::Cas;
+use p2_apiserver::kv::{Cas, TxnOp};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::state::{MirrorConfig, Tree};
 use serde_json::{json, Value};
@@ -1159,4 +1159,115 @@ async fn writes_outside_an_answers_trees_cost_its_reads_nothing() {
         calls += counting.calls() - before;
     }
     assert_eq!(calls, 0, "calls to the store for 25 reads of an RC");
+}
+
+/// A blocking read with `?consistent=true` of one RC, at the `X-Index` of the same read, is
+/// held until something changes: another RC written after the one read (which moves the
+/// RCs' tree index past the RC's own) is not a reason to answer at once, over and over.
+#[tokio::test]
+async fn a_consistent_blocking_read_of_one_rc_is_held_at_its_own_index() {
+    let app = TestApp::new().await;
+    let id = create(&app, 1).await;
+    create(&app, 1).await;
+    let path = format!("/api/v1/rcs/{id}?consistent=true");
+    let index = app.get(&path).await.x_index();
+    let started = std::time::Instant::now();
+    let again = app.get(&format!("{path}&index={index}&wait=3s")).await;
+    assert_eq!(again.status, StatusCode::OK, "{again:?}");
+    // On Consul another test's write anywhere may move the RC trees' index (an empty
+    // prefix lists at the whole store's): an answer at a new index is not early.
+    assert!(
+        started.elapsed() >= Duration::from_secs(2) || again.x_index() != index,
+        "answered after {:?} at the index asked for ({index}), without a change",
+        started.elapsed()
+    );
+}
+
+/// Reads `uri`, whose answer is read from the store, while another writer commits `writes`
+/// just before it lists the pod labels; the answer, and the index of the writes.
+async fn read_amid(
+    app: &TestApp,
+    counting: &Counting,
+    uri: &str,
+    writes: Vec<TxnOp>,
+) -> (TestResponse, u64) {
+    let first = writes[0].key().to_owned();
+    counting.before_next_listing_of("labels/pod/", writes);
+    let listed = app.get(uri).await;
+    assert_eq!(listed.status, StatusCode::OK, "{listed:?}");
+    let written = app.stored(&first).await.unwrap().modify_index;
+    (listed, written)
+}
+
+fn set(key: &str, value: &str) -> TxnOp {
+    TxnOp::Set {
+        key: key.to_owned(),
+        value: value.as_bytes().to_vec(),
+    }
+}
+
+/// A listing read from the store (`?consistent=true`) claims in `X-Index` only what it
+/// holds: another writer's transaction committed between its reads of the intents and of
+/// the pod labels is either in the answer or above its index, so a client blocking at that
+/// index is woken by it rather than left without the pod.
+#[tokio::test]
+async fn a_consistent_listing_of_pods_claims_no_write_made_between_its_reads() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let farm_writes = vec![
+        set("intent/node9/hello", "id: hello\nlaunchables: {}\n"),
+        set("labels/pod/node9/hello", r#"{"app":"web"}"#),
+    ];
+    let uri = "/api/v1/pods?consistent=true";
+    let (listed, written) = read_amid(&app, &counting, uri, farm_writes).await;
+    let pods = listed.json()["items"].as_array().unwrap().len();
+    assert!(
+        pods == 1 || listed.x_index() < written,
+        "X-Index {} claims the write at {written}, but the answer holds {pods} pods",
+        listed.x_index()
+    );
+}
+
+/// As for pods, for RCs: a change to an RC and a pod label of it, committed after the RCs
+/// were read and before the pod labels were, is not claimed without the change.
+#[tokio::test]
+async fn a_consistent_listing_of_rcs_claims_no_write_made_between_its_reads() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let id = create(&app, 1).await;
+    let key = format!("replication_controllers/{id}");
+    let mut rc: Value = serde_json::from_slice(&app.stored(&key).await.unwrap().value).unwrap();
+    rc["replicas_desired"] = json!(7);
+    let pod_labels = json!({"replication_controller_id": id}).to_string();
+    let farm_writes = vec![
+        set(&key, &rc.to_string()),
+        set("labels/pod/node9/hello", &pod_labels),
+    ];
+    let uri = "/api/v1/rcs?consistent=true";
+    let (listed, written) = read_amid(&app, &counting, uri, farm_writes).await;
+    let replicas = &listed.json()["items"][0]["replicas_desired"];
+    assert!(
+        *replicas == json!(7) || listed.x_index() < written,
+        "X-Index {} claims the write at {written}, but the answer holds {replicas} replicas",
+        listed.x_index()
+    );
+}
+
+/// As for pods, for one pod's health selected by its labels: a health record and the pod's
+/// labels, committed after the records were read and before the labels were.
+#[tokio::test]
+async fn a_consistent_listing_of_a_pods_health_claims_no_write_made_between_its_reads() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let record = json!({"Id": "hello", "Node": "node9", "Service": "hello",
+        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    let checker_writes = vec![
+        set("health/hello/node9", &record.to_string()),
+        set("labels/pod/node9/hello", r#"{"app":"web"}"#),
+    ];
+    let uri = "/api/v1/health/hello?selector=app%3Dweb&consistent=true";
+    let (listed, written) = read_amid(&app, &counting, uri, checker_writes).await;
+    let reports = listed.json()["items"].as_array().unwrap().len();
+    assert!(
+        reports == 1 || listed.x_index() < written,
+        "X-Index {} claims the write at {written}, but the answer holds {reports} reports",
+        listed.x_index()
+    );
 }

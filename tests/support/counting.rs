@@ -27,6 +27,8 @@ pub struct Counting {
     delayed: Mutex<Option<String>>,
     /// Watches of prefixes under this one keep answers past this index until cleared.
     held_past: Mutex<Option<(String, u64)>>,
+    /// The next listing of a prefix under this one first commits these ops.
+    interjected: Mutex<Option<(String, Vec<TxnOp>)>>,
 }
 
 impl Counting {
@@ -41,6 +43,7 @@ impl Counting {
             watches_fail: AtomicBool::new(false),
             delayed: Mutex::default(),
             held_past: Mutex::default(),
+            interjected: Mutex::default(),
         })
     }
 
@@ -85,6 +88,23 @@ impl Counting {
     /// slow to deliver its next change) until called again.
     pub fn hold_watches_past(&self, held: Option<(&str, u64)>) {
         *self.held_past.lock().unwrap() = held.map(|(p, i)| (p.to_owned(), i));
+    }
+
+    /// Makes the next listing of a prefix under `prefix` first commit `ops`, as another
+    /// writer's transaction landing between the listings a read makes.
+    pub fn before_next_listing_of(&self, prefix: &str, ops: Vec<TxnOp>) {
+        *self.interjected.lock().unwrap() = Some((prefix.to_owned(), ops));
+    }
+
+    /// The ops to commit before listing `prefix`, if armed for it.
+    fn interjected_before(&self, prefix: &str) -> Option<Vec<TxnOp>> {
+        let mut interjected = self.interjected.lock().unwrap();
+        match &*interjected {
+            Some((armed, _)) if prefix.starts_with(armed.as_str()) => {
+                interjected.take().map(|(_, ops)| ops)
+            }
+            _ => None,
+        }
     }
 
     fn holds(&self, target: &WatchTarget, answered: u64) -> bool {
@@ -136,6 +156,9 @@ impl KvStore for Counting {
     }
     async fn list(&self, prefix: &str) -> StoreResult<Listing> {
         self.list_of(prefix);
+        if let Some(ops) = self.interjected_before(prefix) {
+            self.inner.txn(&ops).await?;
+        }
         self.inner.list(prefix).await
     }
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
