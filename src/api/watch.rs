@@ -10,8 +10,10 @@
 //! position the server no longer retains (or never gave: one from before its mirror first
 //! read the store, or from before the store was reset) gets a `resync` event and a fresh
 //! snapshot.
-//! A client more than the server's buffer behind on one of its kinds (changes of other kinds
-//! do not count) is sent `dropped` and disconnected, so a slow client never holds the
+//! With a selector over RCs, rolls or pods, whose labels are kept apart from them, the
+//! stream follows their label sets' changes too, to send an object that starts or stops
+//! matching. A client more than the server's buffer behind on one of the kinds it follows
+//! (changes of other kinds do not count) is sent `dropped` and disconnected, so a slow client never holds the
 //! others back.
 
 use std::collections::{HashSet, VecDeque};
@@ -35,7 +37,8 @@ use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::Selector;
 use crate::metrics::{self, SseClient};
 use crate::state::{
-    object_id, Backlog, Change, ChangeType, Entry, Kind, Mirror, Receiver, Signal, Tree,
+    object_id, Backlog, Change, ChangeType, Entry, Kind, Mirror, Receiver, Signal, Subscription,
+    Tree,
 };
 
 /// OpenAPI tag of the change stream.
@@ -132,6 +135,24 @@ impl Filter {
         };
         violations.finish()?;
         Ok(Filter { kinds, selector })
+    }
+
+    /// The kinds not asked for whose changes the stream reads too: with a selector over
+    /// objects whose labels are kept apart from them (RCs, rolls, pods), the label sets,
+    /// whose changes move those objects into or out of the selector.
+    fn relabelling(&self) -> Vec<Kind> {
+        let kinds = &self.kinds;
+        let relabels = self.selector.is_some() && kinds.iter().any(|kind| labelled_apart(*kind));
+        if relabels && !kinds.contains(&Kind::Labels) {
+            vec![Kind::Labels]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Subscribes to the mirror's changes for this filter.
+    fn subscribe(&self, mirror: &Mirror, resume: Option<u64>) -> Subscription {
+        mirror.subscribe(resume, &self.kinds, &self.relabelling())
     }
 
     /// Whether `tree` holds objects of a kind asked for.
@@ -262,7 +283,7 @@ impl Watcher {
             Some(_) => filter.selected_now(&app.mirror),
             None => HashSet::new(),
         };
-        let subscription = app.mirror.subscribe(resume, &filter.kinds);
+        let subscription = filter.subscribe(&app.mirror, resume);
         let resumed = resume.is_some() && !subscription.backlog.resynced;
         let mut watcher = Watcher {
             receiver: subscription.receiver,
@@ -310,6 +331,40 @@ impl Watcher {
         held.then(|| retyped(&change, ChangeType::Deleted))
     }
 
+    /// For a change of a label set kept apart from its object (an RC's, a roll's, a pod's)
+    /// when the client follows the object's kind with a selector: the object as `added` if
+    /// it now matches and the client did not hold it, as `deleted` if it no longer matches
+    /// and the client held it. `unsure`: replayed to a client that resumed, which may hold
+    /// the object or not.
+    fn relabeled(&mut self, change: &Change, unsure: bool) -> Option<Arc<Change>> {
+        let selector = self.filter.selector.as_ref()?;
+        let Tree::Labels(label_type) = change.tree else {
+            return None;
+        };
+        let kind = (self.filter.kinds.iter().copied())
+            .find(|kind| kind.label_type() == Some(label_type) && labelled_apart(*kind))?;
+        let tree = kind.trees().next()?;
+        let id = change.entry.pair.key.strip_prefix(&change.tree.prefix())?;
+        let key = format!("{}{id}", tree.prefix());
+        let mirror = &self.app.mirror;
+        let entry = mirror.get(&key)?;
+        let change_type = if self.filter.selects(selector, mirror, tree, &entry) {
+            let new = self.selected.insert(key);
+            (new || unsure).then_some(ChangeType::Added)?
+        } else {
+            let held = self.selected.remove(&key);
+            (held || unsure).then_some(ChangeType::Deleted)?
+        };
+        Some(Arc::new(Change {
+            change_type,
+            tree,
+            index: change.index,
+            position: change.position,
+            entry,
+            rendered: OnceLock::new(),
+        }))
+    }
+
     /// Queues a subscription's backlog: after a snapshot, a `synced` event; before one that
     /// replaces a position that cannot resume, `resync`.
     fn queue(&mut self, backlog: Backlog, snapshot: bool) {
@@ -323,6 +378,11 @@ impl Watcher {
             self.selected.clear();
         }
         for change in backlog.changes {
+            // A snapshot's label sets move no object: its objects are sent as they are.
+            let relabeled = (!snapshot).then(|| self.relabeled(&change, true)).flatten();
+            if let Some(relabeled) = relabeled {
+                self.pending.push_back(Pending::Change(relabeled));
+            }
             if let Some(change) = self.admit(change, !snapshot) {
                 self.pending.push_back(if snapshot {
                     Pending::Snapshot(change)
@@ -358,12 +418,14 @@ impl Watcher {
             };
             match signal {
                 Ok(Signal::Change(change)) => {
-                    if let Some(change) = self.admit(change, false) {
-                        return Some(change_event(&change).id(change.position.to_string()));
+                    let relabeled = self.relabeled(&change, false);
+                    let admitted = self.admit(change, false);
+                    for change in admitted.into_iter().chain(relabeled) {
+                        self.pending.push_back(Pending::Change(change));
                     }
                 }
                 Ok(Signal::Resync) => {
-                    let subscription = self.app.mirror.subscribe(None, &self.filter.kinds);
+                    let subscription = self.filter.subscribe(&self.app.mirror, None);
                     let resync = control("resync", subscription.backlog.position);
                     self.pending.push_back(Pending::Control(resync));
                     self.receiver = subscription.receiver;
@@ -378,6 +440,13 @@ impl Watcher {
             }
         }
     }
+}
+
+/// Whether the labels of objects of `kind` are kept in a tree apart from the objects, whose
+/// changes do not change the objects.
+fn labelled_apart(kind: Kind) -> bool {
+    kind.label_type()
+        .is_some_and(|label_type| kind.trees().all(|tree| tree != Tree::Labels(label_type)))
 }
 
 /// `change` as a change of another type, for one client.

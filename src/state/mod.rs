@@ -782,15 +782,26 @@ impl Mirror {
         self.publish(&state);
     }
 
-    /// Starts a subscriber of `kinds`: from `resume` (a position it was given) when the
-    /// retained changes cover it, else from a snapshot.
-    pub fn subscribe(&self, resume: Option<u64>, kinds: &[Kind]) -> Subscription {
+    /// Starts a subscriber of `kinds`, and of the changes alone of `changes_of` (kinds it
+    /// wants no snapshot of, such as label sets that move the objects it follows into or out
+    /// of a selector): from `resume` (a position it was given) when the retained changes
+    /// cover it, else from a snapshot.
+    pub fn subscribe(
+        &self,
+        resume: Option<u64>,
+        kinds: &[Kind],
+        changes_of: &[Kind],
+    ) -> Subscription {
         let state = self.read();
-        let receiver = state.stream.subscribe(kinds);
+        let followed: Vec<Kind> = kinds.iter().chain(changes_of).copied().collect();
+        let receiver = state.stream.subscribe(&followed);
         let position = state.stream.position();
-        let wanted = |tree: Tree| tree.kind().is_some_and(|kind| kinds.contains(&kind));
+        let of = |kinds: &[Kind], tree: Tree| tree.kind().is_some_and(|kind| kinds.contains(&kind));
         if let Some(changes) = resume.and_then(|from| state.stream.replay_from(from)) {
-            let changes = changes.into_iter().filter(|c| wanted(c.tree)).collect();
+            let changes = changes
+                .into_iter()
+                .filter(|c| of(&followed, c.tree))
+                .collect();
             let backlog = Backlog {
                 resynced: false,
                 changes,
@@ -800,7 +811,7 @@ impl Mirror {
         }
         let changes = Tree::ALL
             .into_iter()
-            .filter(|tree| wanted(*tree))
+            .filter(|tree| of(kinds, *tree))
             .flat_map(|tree| {
                 state.tree(tree).entries.values().map(move |entry| {
                     Arc::new(Change {

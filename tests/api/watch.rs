@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use crate::metrics::scrape;
-use crate::support::api::{call, TestApp};
+use crate::support::api::{call, TestApp, TestResponse};
 
 /// Far longer than any event takes to come; only a stream that never sends reaches it.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -96,6 +96,25 @@ impl Watched {
             .put(&key, value.as_bytes(), Cas::Any)
             .await
             .unwrap();
+    }
+
+    /// Sends `request` with the JSON `body` through the server.
+    async fn send(&self, request: axum::http::request::Builder, body: Value) -> TestResponse {
+        let request = request
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        call(&self.router, request).await
+    }
+
+    /// Creates an RC of no replicas through the server; the answer.
+    async fn create_rc(&self) -> TestResponse {
+        let manifest = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+        let body =
+            serde_json::json!({"manifest": manifest, "node_selector": "", "replicas_desired": 0});
+        let created = self.send(Request::post("/api/v1/rcs"), body).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+        created
     }
 
     /// Waits until the mirror holds what the store holds at `key`.
@@ -428,19 +447,80 @@ async fn events_flow_through_the_stream_when_asked_for() {
     let watched = Watched::new(MirrorConfig::default()).await;
     let mut stream = watched.open("/api/v1/watch?kinds=events", None).await;
     assert_eq!(summary(&stream.snapshot().await), pairs(&[("synced", "")]));
-    let manifest = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
-    let body =
-        serde_json::json!({"manifest": manifest, "node_selector": "", "replicas_desired": 0});
-    let request = Request::post("/api/v1/rcs")
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let created = call(&watched.router, request).await;
-    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let created = watched.create_rc().await;
     let event = stream.next().await.unwrap();
     assert_eq!(event.event, "added");
     assert_eq!(event.data["kind"], "events");
     assert_eq!(event.data["object"]["action"], "created");
     assert_eq!(event.data["object"]["object_id"], created.json()["id"]);
     assert_eq!(event.data["id"], event.data["object"]["id"]);
+}
+
+/// With a selector over RCs, an RC whose labels change so that it starts matching is sent
+/// as `added`, and one that stops matching as `deleted`, although the change is to its
+/// label set (another tree) and not to the RC itself.
+#[tokio::test]
+async fn a_selector_stream_follows_label_changes_of_an_rc() {
+    let watched = Watched::new(MirrorConfig::default()).await;
+    let created = watched.create_rc().await;
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    watched
+        .mirrored(&format!("replication_controllers/{id}"))
+        .await;
+
+    let path = "/api/v1/watch?kinds=rcs&selector=app%3Dweb";
+    let mut stream = watched.open(path, None).await;
+    assert_eq!(summary(&stream.snapshot().await), pairs(&[("synced", "")]));
+
+    let label = async |app: &str| {
+        let uri = format!("/api/v1/labels/replication_controller/{id}");
+        let labels = serde_json::json!({"labels": {"app": app}});
+        let response = watched.send(Request::put(uri), labels).await;
+        assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    };
+    let soon = Duration::from_secs(5);
+    label("web").await;
+    let entered = tokio::time::timeout(soon, stream.next())
+        .await
+        .expect("the RC that started matching the selector was never sent")
+        .unwrap();
+    assert_eq!(summary(&[entered]), pairs(&[("added", &id)]));
+    label("db").await;
+    let left = tokio::time::timeout(soon, stream.next())
+        .await
+        .expect("the RC that stopped matching the selector was never sent as deleted")
+        .unwrap();
+    assert_eq!(summary(&[left]), pairs(&[("deleted", &id)]));
+}
+
+/// With a selector over pods, a pod whose intent reaches the mirror before its labels (each
+/// tree has its own watch) is sent as `added` once its labels do, and as `deleted` once
+/// they are removed.
+#[tokio::test]
+async fn a_selector_stream_sends_a_pod_once_its_labels_arrive() {
+    let watched = Watched::new(MirrorConfig::default()).await;
+    let path = "/api/v1/watch?kinds=pods&selector=replication_controller_id%3Drc1";
+    let mut stream = watched.open(path, None).await;
+    assert_eq!(summary(&stream.snapshot().await), pairs(&[("synced", "")]));
+
+    let store = &watched.app.store;
+    let intent = "intent/node1/hello";
+    store.put(intent, b"id: hello\n", Cas::Any).await.unwrap();
+    watched.mirrored(intent).await;
+    let labels = "labels/pod/node1/hello";
+    let owned = br#"{"replication_controller_id":"rc1"}"#;
+    store.put(labels, owned, Cas::Any).await.unwrap();
+    let soon = Duration::from_secs(5);
+    let entered = tokio::time::timeout(soon, stream.next())
+        .await
+        .expect("the pod was never sent once its labels arrived")
+        .unwrap();
+    assert_eq!(summary(&[entered]), pairs(&[("added", "node1/hello")]));
+
+    store.delete(labels, Cas::Any).await.unwrap();
+    let left = tokio::time::timeout(soon, stream.next())
+        .await
+        .expect("the pod whose labels went was never sent as deleted")
+        .unwrap();
+    assert_eq!(summary(&[left]), pairs(&[("deleted", "node1/hello")]));
 }

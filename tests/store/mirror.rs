@@ -417,7 +417,7 @@ async fn a_store_going_backwards_is_read_afresh_and_subscribers_resync() {
             old.store.put(&key, b"{}", Cas::Any).await.unwrap();
         }
         let (switch, mirror, _running) = behind_a_switch(&old, &fresh).await;
-        let mut subscriber = mirror.subscribe(None, &[Kind::Nodes]).receiver;
+        let mut subscriber = mirror.subscribe(None, &[Kind::Nodes], &[]).receiver;
 
         *switch.inner.write().unwrap() = fresh.store.clone();
         // Wakes the watches still waiting on the old store, so they move to the fresh one.
