@@ -20,9 +20,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::model::event::{Actor, ANONYMOUS};
 
 /// What a token may do. `viewer` reads; `deployer` and `agent` each add their writes to it;
@@ -504,14 +503,7 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
                 ("401", "No bearer token, or an unknown one"),
                 ("403", "The token's role does not allow this operation"),
             ] {
-                let body = ContentBuilder::new()
-                    .schema(Some(Ref::from_schema_name("ErrorBody")))
-                    .build();
-                let response = ResponseBuilder::new()
-                    .description(description)
-                    .content("application/json", body)
-                    .build();
-                responses.insert(status.to_owned(), RefOr::T(response));
+                responses.insert(status.to_owned(), ErrorBody::documented(description));
             }
         }
     }

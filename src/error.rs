@@ -44,6 +44,22 @@ pub struct ErrorBody {
     pub causes: Vec<Cause>,
 }
 
+impl ErrorBody {
+    /// An error response of the OpenAPI document, for the responses added to operations
+    /// after they are collected (the limits on every request, authentication).
+    pub fn documented(description: &str) -> utoipa::openapi::RefOr<utoipa::openapi::Response> {
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let body = ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name("ErrorBody")))
+            .build();
+        let response = ResponseBuilder::new()
+            .description(description)
+            .content("application/json", body)
+            .build();
+        utoipa::openapi::RefOr::T(response)
+    }
+}
+
 /// One bad field of a request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Cause {

@@ -17,7 +17,8 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::{Level, Span};
-use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::RefOr;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
@@ -88,14 +89,14 @@ pub fn api() -> OpenApiRouter<AppState> {
         .nest("/api/v1", api::watch::router())
         .nest("/api/v1", api::events::router());
     document_unknown_parameters(router.get_openapi_mut());
+    document_request_limits(router.get_openapi_mut());
     auth::document(router.get_openapi_mut());
     router
 }
 
-/// Every route answers 400 to a query parameter it does not take ([`api::extract`]), so
-/// every operation documents that 400, added to the one it may already have.
-fn document_unknown_parameters(openapi: &mut utoipa::openapi::OpenApi) {
-    let operations = openapi.paths.paths.values_mut().flat_map(|item| {
+/// Every operation of `openapi`.
+fn operations(openapi: &mut utoipa::openapi::OpenApi) -> impl Iterator<Item = &mut Operation> {
+    openapi.paths.paths.values_mut().flat_map(|item| {
         [
             &mut item.get,
             &mut item.put,
@@ -105,8 +106,34 @@ fn document_unknown_parameters(openapi: &mut utoipa::openapi::OpenApi) {
         ]
         .into_iter()
         .flatten()
-    });
-    for operation in operations {
+    })
+}
+
+/// The limits on every request ([`with_middleware`]) answer on every route: 414 and 431 for
+/// its head, and for a body 413 and 408. Each operation documents those that apply to it.
+fn document_request_limits(openapi: &mut utoipa::openapi::OpenApi) {
+    for operation in operations(openapi) {
+        let mut limits = vec![
+            ("414", "The request target (path and query) is over 8 KiB"),
+            ("431", "The header section is over 100 headers or 32 KiB"),
+        ];
+        if operation.request_body.is_some() {
+            limits.push(("413", "The body is over 1 MiB"));
+            limits.push(("408", "The body took too long to arrive"));
+        }
+        let responses = &mut operation.responses.responses;
+        for (code, description) in limits {
+            if !responses.contains_key(code) {
+                responses.insert(code.to_owned(), ErrorBody::documented(description));
+            }
+        }
+    }
+}
+
+/// Every route answers 400 to a query parameter it does not take ([`api::extract`]), so
+/// every operation documents that 400, added to the one it may already have.
+fn document_unknown_parameters(openapi: &mut utoipa::openapi::OpenApi) {
+    for operation in operations(openapi) {
         let responses = &mut operation.responses.responses;
         match responses.get_mut("400") {
             Some(RefOr::T(response)) => {
@@ -115,14 +142,8 @@ fn document_unknown_parameters(openapi: &mut utoipa::openapi::OpenApi) {
             }
             Some(RefOr::Ref(_)) => {}
             None => {
-                let body = ContentBuilder::new()
-                    .schema(Some(Ref::from_schema_name("ErrorBody")))
-                    .build();
-                let response = ResponseBuilder::new()
-                    .description("An unknown query parameter")
-                    .content("application/json", body)
-                    .build();
-                responses.insert("400".to_owned(), RefOr::T(response));
+                let response = ErrorBody::documented("An unknown query parameter");
+                responses.insert("400".to_owned(), response);
             }
         }
     }

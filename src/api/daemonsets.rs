@@ -251,7 +251,6 @@ async fn list_daemon_sets(
                     ("Location" = String, description = "URL of the new daemon set"))),
         (status = BAD_REQUEST, description = "Malformed JSON", body = ErrorBody),
         (status = CONFLICT, description = "It would contend with another daemon set", body = ErrorBody),
-        (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not JSON", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Invalid fields, all listed", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
@@ -350,7 +349,6 @@ async fn get_daemon_set(
         (status = NOT_FOUND, description = "No such daemon set", body = ErrorBody),
         (status = CONFLICT, description = "It would contend with another daemon set, or it kept changing for 5 s", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "If-Match is stale", body = ErrorBody),
-        (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not a JSON merge patch", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Invalid fields, all listed", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The stored daemon set cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),

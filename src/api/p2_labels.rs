@@ -88,11 +88,11 @@ pub struct SelectParams {
     pub selector: Option<String>,
     /// Label type to search: node, pod, replication_controller, rolls or pod_clusters.
     #[serde(rename = "type")]
-    #[param(rename = "type")]
+    #[param(rename = "type", required = true, value_type = String)]
     pub label_type: Option<String>,
-    /// Sent by P2's clients and ignored, as P2's server does.
+    /// Sent by P2's clients and ignored, whatever its value, as P2's server does.
     #[serde(rename = "cachedMatch")]
-    #[param(rename = "cachedMatch", value_type = Option<bool>)]
+    #[param(rename = "cachedMatch")]
     pub cached_match: Option<String>,
 }
 
@@ -100,8 +100,7 @@ pub struct SelectParams {
 #[derive(Debug, Default, Clone, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ReadParams {
-    /// Accepted for P2's clients and ignored.
-    #[param(value_type = Option<bool>)]
+    /// Accepted for P2's clients and ignored, whatever its value.
     pub stale: Option<String>,
 }
 
@@ -293,7 +292,6 @@ async fn delete_p2_target(
     responses(
         (status = NO_CONTENT, description = "The labels are set"),
         (status = BAD_REQUEST, description = "Bad type or id, or malformed JSON", body = ErrorBody),
-        (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Bad body shape or labels",
             body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
@@ -335,7 +333,6 @@ async fn put_p2_labels(
         (status = NO_CONTENT, description = "The label is set"),
         (status = BAD_REQUEST, description = "Bad type, id or name, or malformed JSON",
             body = ErrorBody),
-        (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Bad body shape, label name or value",
             body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)

@@ -149,7 +149,6 @@ async fn get_pod_health(
             headers(("ETag" = String, description = "The record's new modify index"))),
         (status = BAD_REQUEST, description = "Malformed JSON or If-Match", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "The record changed since the If-Match version", body = ErrorBody),
-        (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "A bad pod ID, node name or status", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)

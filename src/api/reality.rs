@@ -144,7 +144,6 @@ async fn get_reality(
         (status = NO_CONTENT, description = "Stored",
             headers(("ETag" = String, description = "The report's new modify index"))),
         (status = BAD_REQUEST, description = "The body is not UTF-8", body = ErrorBody),
-        (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not sent as YAML", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "A bad node name, pod ID or manifest, or a manifest of another pod", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)

@@ -207,7 +207,6 @@ pub struct RollPath {
                     ("Location" = String, description = "The roll's URL"))),
         (status = BAD_REQUEST, description = "The body is not JSON", body = ErrorBody),
         (status = CONFLICT, description = "Another roll is over, or being created over, one of the RCs; or the old-RC selector is ambiguous", body = ErrorBody),
-        (status = PAYLOAD_TOO_LARGE, description = "The body is over 1 MiB", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Invalid fields, every one listed; a named RC does not exist; or leave_old without an old RC", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)

@@ -51,16 +51,19 @@ pub struct DaemonSetPatch {
     #[schema(schema_with = manifest_schema)]
     pub manifest: Option<Value>,
     /// A new node selector; `""` selects every node.
+    #[schema(nullable = false)]
     pub node_selector: Option<String>,
     /// At least 0.
-    #[schema(minimum = 0)]
+    #[schema(minimum = 0, nullable = false)]
     pub min_health: Option<i64>,
     /// Free-form name such as `production`.
+    #[schema(nullable = false)]
     pub cluster_name: Option<String>,
     /// Duration text such as `10m`; must be positive.
-    #[schema(example = "10m")]
+    #[schema(example = "10m", nullable = false)]
     pub timeout: Option<String>,
     /// Pause (`true`) or resume (`false`) the daemon set.
+    #[schema(nullable = false)]
     pub disabled: Option<bool>,
 }
 

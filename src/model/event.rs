@@ -161,9 +161,9 @@ impl Action {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FieldChange {
     pub field: String,
-    #[schema(value_type = Object)]
+    /// Any JSON value.
     pub before: Value,
-    #[schema(value_type = Object)]
+    /// Any JSON value.
     pub after: Value,
 }
 

@@ -30,10 +30,16 @@ pub struct CreateRoll {
     pub new_rc: Option<RcSpec>,
     /// The roll is done when the new RC has this many replicas: 0 to the server's
     /// `--max-replicas` (10,000 unless configured).
-    #[schema(example = 3, minimum = 0, maximum = 10000)]
+    #[schema(
+        example = 3,
+        minimum = 0,
+        maximum = 10000,
+        required = true,
+        nullable = false
+    )]
     pub desired_replicas: Option<i64>,
     /// Healthy pods that must stay up throughout; between 0 and `desired_replicas`.
-    #[schema(example = 2)]
+    #[schema(example = 2, required = true, nullable = false)]
     pub minimum_replicas: Option<i64>,
     /// Keep the old RC when done (partial rollouts).
     #[serde(default)]

@@ -61,6 +61,17 @@ fn every_operation_is_named_tagged_and_documents_its_errors() {
                         .any(|code| code.starts_with('4') || code.starts_with('5')),
                 "{name} documents no error response"
             );
+            // The limits on every request answer on every route.
+            let mut limits = vec!["414", "431"];
+            if op.get("requestBody").is_some() {
+                limits.extend(["413", "408"]);
+            }
+            for code in limits {
+                assert!(
+                    responses.contains_key(code),
+                    "{name} does not document {code}"
+                );
+            }
             for (code, response) in responses {
                 if code.starts_with('4') || code.starts_with('5') {
                     let schema = &response["content"]["application/json"]["schema"]["$ref"];
@@ -69,6 +80,48 @@ fn every_operation_is_named_tagged_and_documents_its_errors() {
             }
         }
     }
+}
+
+/// What the document says of fields and parameters the server takes or gives otherwise
+/// than their Rust types alone would say: an event's `before` and `after` are any JSON
+/// value; a daemon set patch refuses `null` (a field cannot be removed); a roll needs its
+/// replica counts; P2's select needs its label type, and its ignored flags take any text.
+#[test]
+fn fields_are_documented_as_the_server_takes_and_gives_them() {
+    let doc = generated();
+    let schemas = &doc["components"]["schemas"];
+    for side in ["before", "after"] {
+        let schema = &schemas["FieldChange"]["properties"][side];
+        assert!(schema.get("type").is_none(), "{side}: {schema}");
+    }
+    for (field, schema) in schemas["DaemonSetPatch"]["properties"].as_object().unwrap() {
+        let types = schema["type"].as_array().cloned().unwrap_or_default();
+        assert!(
+            !types.contains(&"null".into()),
+            "{field} is nullable: {schema}"
+        );
+    }
+    let roll = &schemas["CreateRoll"];
+    for field in ["desired_replicas", "minimum_replicas"] {
+        assert!(roll["required"].as_array().unwrap().contains(&field.into()));
+        assert_eq!(roll["properties"][field]["type"], "integer");
+    }
+    let parameter = |path: &str, name: &str| {
+        let parameters = doc["paths"][path]["get"]["parameters"].as_array().unwrap();
+        let found = parameters.iter().find(|p| p["name"] == name);
+        found
+            .unwrap_or_else(|| panic!("{path} has no {name}"))
+            .clone()
+    };
+    assert_eq!(parameter("/api/select", "type")["required"], true);
+    assert_eq!(
+        parameter("/api/select", "cachedMatch")["schema"]["type"],
+        "string"
+    );
+    assert_eq!(
+        parameter("/api/labels/{type}/{id}", "stale")["schema"]["type"],
+        "string"
+    );
 }
 
 #[tokio::test]
