@@ -38,6 +38,7 @@ pub struct EventFilter {
     /// Only events about objects of this kind: `rcs`, `rolls`, `daemonsets`, `nodes` (node
     /// labels), `labels` (other objects' labels), `reality` or `health` (node agents'
     /// reports).
+    #[param(value_type = Option<EventKind>)]
     kind: Option<String>,
     /// Only events about the object with this id.
     id: Option<String>,
