@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use imbl::{OrdMap, OrdSet};
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 use crate::interner::NAMES;
 use crate::labels::{LabelType, Labels, Selector, DS_ID_LABEL, RC_ID_LABEL};
@@ -31,9 +30,13 @@ use crate::model::{HealthState, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::state::{self, Entries, Entry, Mirror, TreeSnapshot, View};
 use crate::store::labels::LabelRecord;
 
-/// How long [`Trees::world`] waits for the trees to catch up with each other before the
-/// farms go on with what they have (their writes being fenced and CAS'd anyway).
+/// How long [`Trees::world`] waits for the trees to catch up with each other before it
+/// says so in the log and tries again; the farms never act on trees known to be behind.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(2);
+
+/// How long [`Trees::world`] pauses before trying again when the trees did not catch up
+/// (a store error answers at once: never spin).
+const CATCH_UP_RETRY: Duration = Duration::from_millis(250);
 
 /// A node and a pod id: the identity of a legacy pod (`intent/<node>/<pod_id>`). Shared
 /// strings, so that the trees and the indexes derived from them copy pointers, not text.
@@ -424,25 +427,38 @@ impl Trees {
     }
 
     /// The mirror as it is now, marking it seen, once the trees have caught up with each
-    /// other (bounded by `CATCH_UP_LIMIT`). Only what the watches brought is waited for:
-    /// the server's own writes are in the mirror already, every tree of a transaction at
-    /// once. What comes in during a wait (a daemon set edited while the health results
-    /// were being caught up with) is waited for in turn.
+    /// other (`CATCH_UP_LIMIT` at a time, tried again until they have: the farms never act
+    /// on trees known to be behind). A tree has caught up once it holds every change up to
+    /// the store's index for it: the server's own writes are in it at once, but they do not
+    /// tell that another writer's earlier change has arrived, so a tree the server wrote
+    /// has caught up once its watch has read past the write. What comes in during a wait (a
+    /// daemon set edited while the health results were being caught up with) is waited for
+    /// in turn.
     pub async fn world(&mut self) -> World {
-        let deadline = Instant::now() + CATCH_UP_LIMIT;
+        let mut warned = false;
         loop {
             let newest = self.mirror.listed_index(&Trees::FOLLOWED);
             let world = self.current();
             if newest <= self.caught_up.load(Ordering::SeqCst) {
                 return world;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
             if !self
                 .mirror
-                .wait_for_trees(&Trees::FOLLOWED, newest, left)
+                .wait_for_trees(&Trees::FOLLOWED, newest, CATCH_UP_LIMIT)
                 .await
             {
-                return self.current();
+                // A tree known to be behind the others (its watch failing or slow): acting
+                // on the mix could place a pod twice (an RC seen without the pods another
+                // writer placed for it), and no CAS of the farms' would catch it. Wait.
+                if !warned {
+                    tracing::warn!(
+                        newest,
+                        "the mirror's trees have not caught up with each other; the farms wait"
+                    );
+                    warned = true;
+                }
+                tokio::time::sleep(CATCH_UP_RETRY).await;
+                continue;
             }
             self.caught_up.fetch_max(newest, Ordering::SeqCst);
         }

@@ -410,14 +410,18 @@ impl Mirror {
             .unwrap_or(false)
     }
 
-    /// Waits until every tree's index is the store's for the tree, for those below `index`.
+    /// Waits until every tree holds every change up to the store's index for the tree, for
+    /// those that do not hold every change up to `index`. What a tree holds every change up
+    /// to is its `complete` index, not its own index: the server's own writes lift that
+    /// past another writer's earlier change that the tree's watch has yet to deliver.
     async fn reach(&self, trees: &[Tree], index: u64) -> bool {
         if !self.until(|mirror| mirror.is_loaded()).await {
             return false;
         }
+        let holds = |mirror: &Mirror, tree: Tree| mirror.read().tree(tree).complete;
         let mut targets = Vec::new();
         for &tree in trees {
-            if self.tree_index(tree) < index {
+            if holds(self, tree) < index {
                 match self.store().prefix_index(&tree.prefix()).await {
                     Ok(current) => targets.push((tree, current)),
                     Err(_) => return false,
@@ -425,14 +429,14 @@ impl Mirror {
             }
         }
         for (tree, current) in &targets {
-            if self.tree_index(*tree) < *current {
+            if holds(self, *tree) < *current {
                 self.wanted(*tree).notify_one();
             }
         }
         self.until(|mirror| {
             targets
                 .iter()
-                .all(|(tree, current)| mirror.tree_index(*tree) >= *current)
+                .all(|(tree, current)| holds(mirror, *tree) >= *current)
         })
         .await
     }

@@ -5,6 +5,7 @@ mod ds;
 mod events;
 mod leader;
 mod locks;
+mod mirror_lag;
 mod rc;
 mod roll;
 mod roll_interop;

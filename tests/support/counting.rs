@@ -1,7 +1,7 @@
 //! A store that counts what it is asked, to check what reads cost the store, and whose
 //! watches can be made to fail, as for a server that lost its watch of the store.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +22,8 @@ pub struct Counting {
     /// Watches waiting for the store's answer now, and the most there have been at once.
     watching: AtomicUsize,
     most_watching: AtomicUsize,
-    watches_fail: AtomicBool,
+    /// Watches of prefixes under this one fail (`""`: every watch) until it is cleared.
+    failing: Mutex<Option<String>>,
     /// Watches of prefixes under this one keep their answers until it is cleared.
     delayed: Mutex<Option<String>>,
     /// Watches of prefixes under this one keep answers past this index until cleared.
@@ -40,7 +41,7 @@ impl Counting {
             read: Mutex::default(),
             watching: AtomicUsize::new(0),
             most_watching: AtomicUsize::new(0),
-            watches_fail: AtomicBool::new(false),
+            failing: Mutex::default(),
             delayed: Mutex::default(),
             held_past: Mutex::default(),
             interjected: Mutex::default(),
@@ -75,7 +76,24 @@ impl Counting {
     /// Whether watches fail (`true`: at once, and those already waiting when they return) or
     /// go through (`false`) from now on.
     pub fn fail_watches(&self, fail: bool) {
-        self.watches_fail.store(fail, Ordering::SeqCst);
+        self.fail_watches_of(fail.then_some(""));
+    }
+
+    /// Makes the watches of prefixes under `prefix` fail, as [`Counting::fail_watches`] does
+    /// every watch, until called again with another prefix, or `None`.
+    pub fn fail_watches_of(&self, prefix: Option<&str>) {
+        *self.failing.lock().unwrap() = prefix.map(str::to_owned);
+    }
+
+    fn fails(&self, target: &WatchTarget) -> bool {
+        let failing = self.failing.lock().unwrap();
+        let watched = match target {
+            WatchTarget::Prefix(prefix) => prefix,
+            WatchTarget::Key(key) => key,
+        };
+        failing
+            .as_deref()
+            .is_some_and(|failing| watched.starts_with(failing))
     }
 
     /// Makes the watches of prefixes under `prefix` keep their answers (as a watch slow to
@@ -215,7 +233,7 @@ impl KvStore for Counting {
         index: u64,
         wait: Duration,
     ) -> StoreResult<Listing> {
-        if self.watches_fail.load(Ordering::SeqCst) {
+        if self.fails(target) {
             return Err(StoreError::Unavailable("the watch was lost".into()));
         }
         let answer = {
@@ -226,7 +244,7 @@ impl KvStore for Counting {
         while self.delays(target) || self.holds(target, answered) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        if self.watches_fail.load(Ordering::SeqCst) {
+        if self.fails(target) {
             return Err(StoreError::Unavailable("the watch was lost".into()));
         }
         answer

@@ -3,6 +3,7 @@
 //! fake agent of `support/fake_consul.rs` ([`Backend`]); [`p2`] holds doubles of P2's own
 //! RC worker and rolling update, for tests of a fleet that mixes both implementations.
 
+use super::counting::Counting;
 use super::fake_consul;
 use p2_apiserver::layout;
 pub mod p2;
@@ -43,6 +44,8 @@ pub enum Backend {
 
 pub struct Harness {
     pub store: Arc<dyn KvStore>,
+    /// The mirror the farms read.
+    pub mirror: Mirror,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     _dir: tempfile::TempDir,
@@ -104,11 +107,35 @@ impl Harness {
         Self::start_with(Backend::Sqlite, None, options).await
     }
 
+    /// Like [`Harness::start`], on an embedded store behind a counting one, whose watches
+    /// can be held back or made to fail.
+    pub async fn start_counted() -> (Harness, Arc<Counting>) {
+        let mut counting = None;
+        let options = FarmOptions::default();
+        let harness = Self::start_over(Backend::Sqlite, None, options, |store| {
+            let store = Counting::new(store);
+            counting = Some(store.clone());
+            store
+        })
+        .await;
+        (harness, counting.unwrap())
+    }
+
     /// Like [`Harness::start_on`], with the farms' `options`.
     pub async fn start_with(
         backend: Backend,
         webhook: Option<String>,
         options: FarmOptions,
+    ) -> Harness {
+        Self::start_over(backend, webhook, options, |store| store).await
+    }
+
+    /// Like [`Harness::start_with`], with the store `backend` gives wrapped by `wrap`.
+    async fn start_over(
+        backend: Backend,
+        webhook: Option<String>,
+        options: FarmOptions,
+        wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>,
     ) -> Harness {
         let _ = tracing_subscriber::registry()
             .with(
@@ -131,6 +158,7 @@ impl Harness {
                 (store, fake.dir)
             }
         };
+        let store = wrap(store);
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
         let config = LeaderConfig {
@@ -144,6 +172,7 @@ impl Harness {
         // The farms read the store through a mirror of it, as under `serve`.
         let mirror = Mirror::new(store.clone(), MirrorConfig::default());
         mirror.start(&tasks, shutdown.clone());
+        let farm_mirror = mirror.clone();
         tasks.spawn(leader::campaign(
             store.clone(),
             config,
@@ -151,7 +180,7 @@ impl Harness {
             move |term| {
                 farms::run_term(
                     farm_store.clone(),
-                    mirror.clone(),
+                    farm_mirror.clone(),
                     term,
                     alerts.clone(),
                     "test".into(),
@@ -161,6 +190,7 @@ impl Harness {
         ));
         Harness {
             store,
+            mirror,
             shutdown,
             tasks,
             _dir: dir,
@@ -176,15 +206,20 @@ impl Harness {
     }
 
     /// Stores an RC document as given (plus a fresh id) and returns the id.
-    pub async fn put_rc(&self, mut doc: serde_json::Value) -> String {
+    pub async fn put_rc(&self, doc: serde_json::Value) -> String {
         let id = uuid::Uuid::new_v4().to_string();
-        doc["id"] = id.clone().into();
+        self.put_rc_as(&id, doc).await;
+        id
+    }
+
+    /// Stores an RC document as given, with id `id`.
+    pub async fn put_rc_as(&self, id: &str, mut doc: serde_json::Value) {
+        doc["id"] = id.into();
         let key = format!("replication_controllers/{id}");
         self.store
             .put(&key, doc.to_string().as_bytes(), Cas::Index(0))
             .await
             .unwrap();
-        id
     }
 
     /// Stores a roll from `old` to `new` (P2's document, no delay, the old RC deleted at the

@@ -1,0 +1,120 @@
+//! The farms on a mirror whose tree watches lag or fail: a farm must not act on a view in
+//! which one tree shows a change (a lock freed) that came after another writer's change to
+//! another tree (the pods that lock's holder placed) which the mirror does not hold yet.
+
+use std::time::Duration;
+
+use p2_apiserver::kv::{Cas, SessionSpec, TxnOp};
+use p2_apiserver::labels::LabelType;
+use p2_apiserver::layout;
+use p2_apiserver::store::own_writes::OwnWrites;
+use serde_json::json;
+
+use crate::support::farms::{Harness, MANIFEST};
+
+/// An RC of one replica of `manifest` on the web nodes.
+fn rc(manifest: &str) -> serde_json::Value {
+    json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {},
+           "replicas_desired": 1, "disabled": false, "allocation_strategy": "static_strategy"})
+}
+
+/// Nodes `n1` to `n3` labelled `role=web`, and the farms seen scheduling an RC there (so
+/// that they are known to run).
+async fn web_nodes(h: &Harness) {
+    for node in ["n1", "n2", "n3"] {
+        h.label(LabelType::Node, node, json!({"role": "web"})).await;
+    }
+    let other = h
+        .put_rc(rc(&MANIFEST.replace("id: hello", "id: other")))
+        .await;
+    h.wait_for_rc_nodes(&other, 1).await;
+}
+
+/// RC `x` of one replica, owned by another farm's session (a leader of a term before this
+/// one, or P2's RC farm), once this server's mirror shows it locked; `x` and the session.
+async fn rc_owned_elsewhere(h: &Harness) -> (String, String) {
+    let spec = SessionSpec::deleting("previous leader", Duration::from_secs(10));
+    let session = h.store.create_session(&spec).await.unwrap();
+    let x = uuid::Uuid::new_v4().to_string();
+    let lock = layout::rc_ownership(&x);
+    assert!(h.store.acquire(&lock, b"previous", &session).await.unwrap());
+    h.put_rc_as(&x, rc(MANIFEST)).await;
+    h.wait_until(|| async {
+        let locked = h.mirror.get(&lock);
+        let held = locked.is_some_and(|e| e.pair.session() == Some(session.as_str()));
+        (h.mirror.get(&layout::rc(&x)).is_some() && held).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        h.rc_nodes(&x).await.is_empty(),
+        "its owner has not placed it yet"
+    );
+    (x, session)
+}
+
+/// The other farm places RC `x`'s pod on n1, fenced on its lock as this server's farms
+/// write (the test then ends its session, which frees the RC's lock).
+async fn placed_by_its_owner(h: &Harness, x: &str, session: &str) {
+    let labels = json!({"pod_id": "hello", "replication_controller_id": x});
+    let placed = [
+        TxnOp::CheckSession {
+            key: layout::rc_ownership(x),
+            session: session.to_owned(),
+        },
+        TxnOp::Cas {
+            key: layout::labels(LabelType::Pod, "n1/hello"),
+            value: labels.to_string().into_bytes(),
+            index: 0,
+        },
+        TxnOp::Set {
+            key: "intent/n1/hello".into(),
+            value: MANIFEST.as_bytes().to_vec(),
+        },
+    ];
+    h.store.txn(&placed).await.unwrap();
+}
+
+/// The pod-label watch lags (its answers held back for a moment, well under the farms'
+/// catch-up bound), and meanwhile this server writes a pod's labels itself (an API label
+/// write). Its own write lifts the tree's index in the mirror past the other writer's
+/// change the watch has yet to deliver: the farms must not take the tree as caught up, or
+/// once the RC's lock is free they see RC `x` without its pod and place a second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_own_write_does_not_pass_for_a_lagging_tree_having_caught_up() {
+    let (h, store) = Harness::start_counted().await;
+    web_nodes(&h).await;
+    let (x, session) = rc_owned_elsewhere(&h).await;
+
+    store.delay_watches_of(Some("labels/pod/"));
+    placed_by_its_owner(&h, &x, &session).await;
+    // A label written through this server's API, after the other farm's write.
+    let api = OwnWrites::wrap(h.store.clone(), h.mirror.clone());
+    let misc = layout::labels(LabelType::Pod, "n3/misc");
+    api.put(&misc, br#"{"team":"a"}"#, Cas::Any).await.unwrap();
+    h.store.destroy_session(&session).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+
+    let placed = h.rc_nodes(&x).await;
+    store.delay_watches_of(None);
+    assert_eq!(placed, ["n1"], "RC {x} of one replica was placed twice");
+}
+
+/// The pod-label watch fails, so the mirror never gets the pod another farm placed. The
+/// farms must not act on trees they know to be behind, however long they wait for them to
+/// catch up (2 s at a time), or they place RC `x` a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_farm_does_not_act_on_a_tree_whose_watch_fails() {
+    let (h, store) = Harness::start_counted().await;
+    web_nodes(&h).await;
+    let (x, session) = rc_owned_elsewhere(&h).await;
+
+    store.fail_watches_of(Some("labels/pod/"));
+    placed_by_its_owner(&h, &x, &session).await;
+    h.store.destroy_session(&session).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    let placed = h.rc_nodes(&x).await;
+    store.fail_watches_of(None);
+    assert_eq!(placed, ["n1"], "RC {x} of one replica was placed twice");
+}
