@@ -10,7 +10,8 @@
 //! replace the old ones in place or land on spare nodes; the roll completes when the old RC
 //! has no pods left. A roll that cannot move on its own raises an alert saying why.
 //! Differences from P2, on purpose: at completion an old RC whose count a human raised is set
-//! to 0 instead of blocking the roll forever; a roll whose RCs vanish is always cleaned up.
+//! to 0 (once the new RC's healthy pods alone keep the minimum) instead of blocking the roll
+//! forever; a roll whose RCs vanish is always cleaned up.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
@@ -265,7 +266,7 @@ pub fn plan(
                 target,
             });
         }
-        return complete(world, session, spec, old, old_counts);
+        return complete(world, session, spec, old, old_counts, new_counts);
     }
     let old_healthy = old_counts.healthy().min(old_counts.desired);
     let (remove, add) = roll_step(
@@ -333,11 +334,28 @@ fn complete(
     spec: &StoredRoll,
     old: &Shared<StoredRc>,
     old_counts: Counts,
+    new_counts: Counts,
 ) -> Action {
     if spec.leave_old {
         return Action::Finish { retire_old: None };
     }
     if old_counts.desired != 0 {
+        // Retiring removes every old pod at once: the new ones alone must keep the minimum,
+        // as for a step that moves everything left (a roll to fewer replicas than the old
+        // RC wants leaves it some).
+        if new_counts.healthy() < spec.minimum_replicas {
+            if new_counts.settling() > 0 {
+                return Action::Wait(RollWait::NewPods {
+                    healthy: new_counts.healthy(),
+                    desired: new_counts.desired,
+                });
+            }
+            return Action::Stuck(RollStuck::NoHealthyHeadroom {
+                old_healthy: old_counts.healthy().min(old_counts.desired),
+                new_healthy: new_counts.healthy(),
+                minimum: spec.minimum_replicas,
+            });
+        }
         let retired = StoredRc {
             replicas_desired: 0,
             ..StoredRc::clone(&old.value)
@@ -904,6 +922,25 @@ mod tests {
         // The first step does not wait.
         let fleet = rolling(2, 2, 0, 0);
         assert!(step(plan(&fleet.world(), ME, &spec, None, now)).is_ok());
+    }
+
+    /// A roll to fewer replicas than the old RC wants: its own step leaves the old RC a
+    /// replica once the new RC has the target. Retiring that replica must keep the roll's
+    /// minimum healthy, as every step does: not while the new pods are not yet healthy.
+    #[test]
+    fn a_shrinking_roll_does_not_retire_the_old_rc_below_the_minimum() {
+        let spec = roll(2, 1);
+        // Three healthy old pods, no new one: one step moves the whole target.
+        let fleet = rolling(3, 3, 0, 0);
+        assert_eq!(step(run(&fleet, &spec)), Ok(((2, 2), (1, 2))));
+        // The new RC's two pods are placed (in place of two old ones), not yet healthy; the
+        // old RC keeps its one healthy pod, the only one.
+        let fleet = rolling(1, 1, 2, 0);
+        let action = run(&fleet, &spec);
+        assert!(
+            !matches!(action, Action::Retire(_)),
+            "retiring the old RC now leaves no pod healthy, below the minimum of 1: {action:?}"
+        );
     }
 
     #[test]
