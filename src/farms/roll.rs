@@ -609,10 +609,18 @@ async fn finish_ops(
     let spec = &roll.value;
     let actor = ctx.actor(FARM);
     let rcs = RcStore::new(ctx.store.clone());
-    let mut ops = vec![TxnOp::DeleteCas {
-        key: layout::roll(id),
-        index: roll.index,
-    }];
+    // A delete-cas succeeds on an absent key: the check makes a roll deleted since (cancelled
+    // through the API) a conflict rather than a second ending.
+    let mut ops = vec![
+        TxnOp::CheckIndex {
+            key: layout::roll(id),
+            index: roll.index,
+        },
+        TxnOp::DeleteCas {
+            key: layout::roll(id),
+            index: roll.index,
+        },
+    ];
     for rc in [&spec.old_rc, &spec.new_rc] {
         let lock = layout::rc_mutation(rc);
         if world.lock_holder(&lock) == Some(ctx.session.as_str()) {
@@ -986,5 +994,66 @@ mod tests {
         };
         let fleet = rolling(1, 1, 2, 2);
         assert_eq!(run(&fleet, &leave_old), Action::Finish { retire_old: None });
+    }
+
+    /// A roll the API cancelled after the farm read it (the cancel's finished record and
+    /// `cancelled` event are written) must not be finished again by the farm: its
+    /// delete-cas succeeds on the absent roll, so without a check of the roll's index the
+    /// farm's commit lands too, recording a second ending (`succeeded`) and overwriting the
+    /// finished record's outcome.
+    #[tokio::test]
+    async fn a_roll_cancelled_since_the_farm_read_it_is_not_finished_again() {
+        use crate::kv::sqlite::SqliteStore;
+        use crate::kv::{Cas, KvStore, SessionSpec};
+        use crate::leader::Term;
+        use std::sync::Arc;
+        use tokio_util::sync::CancellationToken;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db").display().to_string();
+        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+        let session = |name: &'static str| {
+            let store = store.clone();
+            async move {
+                let spec = SessionSpec::deleting(name, Duration::from_secs(60));
+                store.create_session(&spec).await.unwrap()
+            }
+        };
+        let term = Term {
+            leader_session: session("leader").await,
+            session: session("term").await,
+            cancel: CancellationToken::new(),
+        };
+        let alerts = Arc::new(super::super::alerts::Alerter::new(None));
+        let ctx = FarmContext::new(store.clone(), &term, alerts, "me".into());
+        let fence = layout::roll_ownership(NEW);
+        assert!(store.acquire(&fence, b"me", &term.session).await.unwrap());
+
+        // The roll as the farm's world holds it.
+        let spec = roll(2, 1);
+        let key = layout::roll(NEW);
+        store.put(&key, &spec.to_json(), Cas::Any).await.unwrap();
+        let index = store.get(&key).await.unwrap().unwrap().modify_index;
+        let seen: Shared<StoredRoll> = Shared {
+            value: Arc::new(spec),
+            index,
+        };
+        // Cancelled through the API meanwhile.
+        store.delete(&key, Cas::Index(index)).await.unwrap();
+
+        let world = Fleet::new().world();
+        let ops = finish_ops(&ctx, &world, NEW, &seen, None, RollOutcome::Succeeded)
+            .await
+            .unwrap();
+        let committed = ctx.commit(&fence, ops).await;
+        assert!(
+            committed.is_err(),
+            "the farm finished a roll that was already gone: its commit landed"
+        );
+        assert!(store
+            .get(&layout::roll_history(NEW))
+            .await
+            .unwrap()
+            .is_none());
     }
 }

@@ -133,7 +133,13 @@ impl LabelStore {
 
 /// The event of `actor` changing the labels of `label_type` `id` from `before` to `after`:
 /// one change per label.
-fn event(actor: &Actor, label_type: LabelType, id: &str, before: &Labels, after: &Labels) -> Event {
+pub fn event(
+    actor: &Actor,
+    label_type: LabelType,
+    id: &str,
+    before: &Labels,
+    after: &Labels,
+) -> Event {
     let (kind, object_id) = EventKind::of_labels(label_type, id);
     let as_json = |labels: &Labels| serde_json::to_value(labels).unwrap_or_default();
     let action = Action::of_change(!before.is_empty(), !after.is_empty());

@@ -91,19 +91,27 @@ impl Report {
             },
             |current: Versioned<Option<Vec<u8>>>| async move {
                 let key = self.key.clone();
-                let op = match value {
-                    Some(value) => TxnOp::Cas {
+                let mut ops = match value {
+                    Some(value) => vec![TxnOp::Cas {
                         key,
                         value: value.clone(),
                         index: current.index,
-                    },
+                    }],
                     None if current.index == 0 => return Ok(Ok(0)),
-                    None => TxnOp::DeleteCas {
-                        key,
-                        index: current.index,
-                    },
+                    // A delete-cas succeeds on an absent key (as Consul's does): the check
+                    // makes a removal another writer made first a lost race, whose next
+                    // attempt finds nothing to remove, rather than a second event.
+                    None => vec![
+                        TxnOp::CheckIndex {
+                            key: key.clone(),
+                            index: current.index,
+                        },
+                        TxnOp::DeleteCas {
+                            key,
+                            index: current.index,
+                        },
+                    ],
                 };
-                let mut ops = vec![op];
                 let shown =
                     |value: &Option<Vec<u8>>| value.as_deref().map_or(Value::Null, self.summarize);
                 let (before, after) = (shown(&current.value), shown(value));
@@ -117,12 +125,14 @@ impl Report {
                     let event = actor.event(self.kind, &self.id, action, vec![change]);
                     ops.extend(record_ops(kv, &event).await?);
                 }
-                Ok(kv.txn(&ops).await.map(|results| {
-                    results
+                Ok(kv.txn(&ops).await.map(|results| match value {
+                    // A removal writes nothing (its first result is the check's).
+                    None => 0,
+                    Some(_) => results
                         .into_iter()
                         .next()
                         .flatten()
-                        .map_or(0, |pair| pair.modify_index)
+                        .map_or(0, |pair| pair.modify_index),
                 }))
             },
         )

@@ -244,7 +244,7 @@ impl RollCreator {
                     .labels
                     .get(LabelType::ReplicationController, id)
                     .await?;
-                let mut merged = current.value;
+                let mut merged = current.value.clone();
                 merged.extend(resolved.new_rc_labels.clone());
                 if let Some(op) =
                     write_op(LabelType::ReplicationController, id, &merged, current.index)
@@ -253,6 +253,22 @@ impl RollCreator {
                         op,
                         format!("the labels of replication controller {id} changed"),
                     );
+                }
+                if merged != current.value {
+                    // A label write like any other: its event in the same transaction.
+                    let event = super::labels::event(
+                        actor,
+                        LabelType::ReplicationController,
+                        id,
+                        &current.value,
+                        &merged,
+                    );
+                    for op in record_ops(self.kv.as_ref(), &event).await? {
+                        txn.push(
+                            op,
+                            format!("the records of replication controller {id} changed"),
+                        );
+                    }
                 }
             }
             NewSide::Existing(_) => {}

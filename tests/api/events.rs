@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use p2_apiserver::auth::Access;
+use p2_apiserver::layout;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tempfile::TempDir;
@@ -599,4 +600,111 @@ async fn agent_reports_are_events_when_what_they_say_changes() {
         .json_request("GET", "/api/v1/events?kind=pods", None, &[VIEWER])
         .await;
     assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+/// The events the store holds (not a mirror's view of them), oldest first.
+async fn stored_events(app: &TestApp) -> Vec<Value> {
+    let listing = app
+        .store
+        .list(layout::EVENTS)
+        .await
+        .expect("list the events");
+    listing
+        .pairs
+        .iter()
+        .map(|pair| serde_json::from_slice(&pair.value).expect("an event"))
+        .collect()
+}
+
+/// Two servers on one store, as the README documents. A report removed through one is gone
+/// from the store while the other's mirror, whose watch has not delivered the removal yet,
+/// still shows it: a removal through the other then removes nothing, and must record no
+/// second `deleted` event for a change that did not happen.
+#[tokio::test]
+async fn removing_a_report_another_server_already_removed_is_no_event() {
+    let first = TestApp::new().await;
+    let (second, counting) = first.beside_counted().await;
+    let health = "/api/v1/health/hello/node1";
+    send(
+        &first,
+        "PUT",
+        health,
+        Some(&json!({"status": "passing"})),
+        &[],
+    )
+    .await;
+    let reality = "/api/v1/reality/node1/hello";
+    let yaml = [("content-type", "application/yaml")];
+    let put = first
+        .send_raw("PUT", reality, &yaml, MANIFEST.to_owned())
+        .await;
+    assert_eq!(put.status, StatusCode::NO_CONTENT, "{put:?}");
+    second.mirrored("health/hello/node1").await;
+    second.mirrored("reality/node1/hello").await;
+
+    // The second server's mirror stops hearing of changes, as when its watch lags.
+    counting.fail_watches(true);
+    for path in [health, reality] {
+        send(&first, "DELETE", path, None, &[]).await;
+        send(&second, "DELETE", path, None, &[]).await;
+    }
+    assert!(first.stored("health/hello/node1").await.is_none());
+    assert!(first.stored("reality/node1/hello").await.is_none());
+
+    let deleted: Vec<(String, String)> = stored_events(&first)
+        .await
+        .iter()
+        .filter(|e| e["action"] == "deleted")
+        .map(|e| {
+            let text = |field: &str| e[field].as_str().unwrap().to_owned();
+            (text("kind"), text("object_id"))
+        })
+        .collect();
+    assert_eq!(
+        deleted,
+        [
+            ("health".to_owned(), "hello/node1".to_owned()),
+            ("reality".to_owned(), "node1/hello".to_owned()),
+        ],
+        "each report was removed once"
+    );
+}
+
+/// A roll over two existing RCs with `new_rc_labels` merges them into the new RC's labels in
+/// its transaction: a label write like any other, so an event of the new RC's labels, as the
+/// label APIs record one.
+#[tokio::test]
+async fn new_rc_labels_merged_into_an_existing_rc_by_a_roll_are_an_event() {
+    let app = TestApp::new().await;
+    let old = send(&app, "POST", "/api/v1/rcs", Some(&rc_spec()), &[])
+        .await
+        .json();
+    let mut spec = rc_spec();
+    spec["manifest"] = json!(NEW_MANIFEST);
+    spec["replicas_desired"] = json!(0);
+    let new = send(&app, "POST", "/api/v1/rcs", Some(&spec), &[])
+        .await
+        .json();
+    let new_id = new["id"].as_str().unwrap();
+    let roll = json!({"old_rc_id": old["id"], "new_rc_id": new_id,
+                      "desired_replicas": 1, "minimum_replicas": 0,
+                      "new_rc_labels": {"team": "edge"}});
+    send(&app, "POST", "/api/v1/rolls", Some(&roll), &[]).await;
+    let labels = app
+        .stored_json(&format!("labels/replication_controller/{new_id}"))
+        .await;
+    assert_eq!(labels, Some(json!({"pod_id": "hello", "team": "edge"})));
+
+    let object_id = format!("replication_controller/{new_id}");
+    let listed = events(&app, &format!("?kind=labels&id={object_id}"), &[]).await;
+    assert_eq!(
+        changes(&listed),
+        [change(
+            "updated",
+            "labels",
+            &object_id,
+            &[r#"team: null -> "edge""#]
+        )],
+        "{listed:?}"
+    );
 }

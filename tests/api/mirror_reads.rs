@@ -824,18 +824,7 @@ async fn wait_until<T, F: std::future::Future<Output = Option<T>>>(check: impl F
 #[tokio::test]
 async fn a_write_through_one_server_shows_on_another_once_its_watch_delivers_it() {
     let first = TestApp::new().await;
-    let mut counting = None;
-    let second = first
-        .beside(
-            |store| {
-                let store = Counting::new(store);
-                counting = Some(store.clone());
-                store
-            },
-            MirrorConfig::default(),
-        )
-        .await;
-    let counting = counting.unwrap();
+    let (second, counting) = first.beside_counted().await;
     let id = create(&first, 1).await;
     let path = format!("/api/v1/rcs/{id}");
     wait_until(|| async { (second.get(&path).await.status == StatusCode::OK).then_some(()) }).await;

@@ -8,6 +8,7 @@
 
 // Each test crate uses its own subset of these helpers.
 
+use super::counting::Counting;
 use super::fake_consul;
 
 use std::io::Write as _;
@@ -145,6 +146,19 @@ impl TestApp {
             None,
         )
         .await
+    }
+
+    /// [`TestApp::beside`], its mirror following the store through a counting store, whose
+    /// watches can be held back or made to fail.
+    pub async fn beside_counted(&self) -> (Self, Arc<Counting>) {
+        let mut counting = None;
+        let wrap = |store| {
+            let store = Counting::new(store);
+            counting = Some(store.clone());
+            store as Arc<dyn KvStore>
+        };
+        let app = self.beside(wrap, MirrorConfig::default()).await;
+        (app, counting.unwrap())
     }
 
     /// An app serving `store` through a mirror of `followed` started with `config`, letting
