@@ -223,7 +223,13 @@ fn facts(world: &World, id: &str, rc: &StoredRc, plan: Result<&Plan, &FarmError>
             {
                 facts.changes = plan.changes.len();
             } else {
-                facts.current += plan.changes.len();
+                // Only a pod on a node the RC is not on yet is one more: a `Schedule` on a
+                // current node rewrites that pod's intent.
+                facts.current += plan
+                    .changes
+                    .iter()
+                    .filter(|c| !plan.current.contains(c.node()))
+                    .count();
             }
         }
         Err(e) => facts.selector_error = Some(e.to_string()),
@@ -889,5 +895,58 @@ mod tests {
         fleet.rc_pod(NEW, "d1", Some(HealthState::Passing));
         assert_eq!(run(&fleet, NEW).transfer, None);
         assert!(run(&fleet, NEW).changes.is_empty());
+    }
+
+    /// A pass that rewrites the intents of pods the RC already has (its manifest changed, or
+    /// another tool rewrote an intent) places no pod: the conditions written with it must
+    /// count the pods the RC has, not those plus every rewrite. Counting the rewrites says
+    /// "4 pods placed" of an RC of 2, and turns a healthy RC's `Ready` false for one pass
+    /// (moving its transition time) only to turn it true again on the next.
+    #[test]
+    fn conditions_written_with_rewritten_intents_count_the_pods_once() {
+        use crate::farms::world::pod_key;
+        use crate::model::conditions::ConditionStatus;
+        use crate::model::HealthState;
+
+        let ready = |fleet: &Fleet| {
+            let world = fleet.world();
+            let rc = &world.rcs.items[OLD].value;
+            let planned = plan(&world, &mut Load::of(&world), OLD, rc);
+            let facts = facts(&world, OLD, rc, planned.as_ref());
+            rc_conditions(&facts)
+                .into_iter()
+                .find(|c| c.condition_type == "Ready")
+                .unwrap()
+        };
+
+        // Healthy on both nodes, but another tool rewrote one node's intent.
+        let mut drifted = fleet(2, 0);
+        drifted.put_rc(rc(OLD, HELLO_1, 2, "role=web"), 10);
+        drifted
+            .rc_pod(OLD, "w1", Some(HealthState::Passing))
+            .rc_pod(OLD, "w2", Some(HealthState::Passing));
+        drifted
+            .intents
+            .insert(pod_key("w1", "hello"), HELLO_2.into());
+        assert_eq!(nodes(&run(&drifted, OLD).changes), ["+w1"]);
+        let shown = ready(&drifted);
+        assert_eq!(
+            (shown.status, shown.message.as_str()),
+            (ConditionStatus::True, "2 of 2 desired pods are healthy")
+        );
+
+        // The RC's manifest changed: both intents are rewritten, still two pods.
+        let mut patched = fleet(2, 0);
+        patched.put_rc(rc(OLD, HELLO_1, 2, "role=web"), 10);
+        patched
+            .rc_pod(OLD, "w1", Some(HealthState::Passing))
+            .rc_pod(OLD, "w2", Some(HealthState::Passing));
+        patched.put_rc(rc(OLD, HELLO_2, 2, "role=web"), 11);
+        assert_eq!(nodes(&run(&patched, OLD).changes), ["+w1", "+w2"]);
+        let shown = ready(&patched);
+        assert_eq!(
+            shown.message,
+            "0 of 2 desired pods are healthy (2 pods placed)"
+        );
     }
 }
