@@ -485,7 +485,12 @@ fn daemon_set(
         min_health: ds.min_health,
         cluster_name: ds.cluster_name.clone(),
         pod_id: ds.pod_id.clone(),
-        timeout: format_duration(ds.timeout),
+        // P2's "no timeout" is a negative duration, which Go prints as "-1ns".
+        timeout: if ds.timeout == crate::model::duration::NO_TIMEOUT {
+            "-1ns".to_owned()
+        } else {
+            format_duration(ds.timeout)
+        },
         disabled: ds.disabled,
         resource_version: record.index.to_string(),
         status,

@@ -488,7 +488,10 @@ async fn disable(
 
 /// When a node that started waiting at `since` is given up on; `None` for a zero timeout.
 fn deadline(timeout: Duration, since: Instant) -> Option<Instant> {
-    (!timeout.is_zero()).then(|| since + timeout)
+    // A timeout too long to add (P2's negative "no timeout") has no deadline either.
+    (!timeout.is_zero())
+        .then(|| since.checked_add(timeout))
+        .flatten()
 }
 
 /// Decides what one enabled daemon set's pods need, updating the rollout's timers.

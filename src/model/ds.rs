@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::duration::duration_nanos;
+use super::duration::timeout_nanos;
 use super::gojson::{self, Folded};
 use super::{join_errors, DecodeError, FieldError, Manifest};
 use crate::labels::{Labels, CLUSTER_NAME_LABEL, POD_ID_LABEL};
@@ -29,8 +29,9 @@ pub struct StoredDaemonSet {
     pub node_selector: String,
     /// Must equal the manifest's `id` (see [`StoredDaemonSet::validate`]).
     pub pod_id: String,
-    /// Per-node replication timeout; stored as nanoseconds.
-    #[serde(with = "duration_nanos")]
+    /// Per-node replication timeout; stored as nanoseconds, negative (P2's "none") read as
+    /// [`super::duration::NO_TIMEOUT`].
+    #[serde(with = "timeout_nanos")]
     pub timeout: Duration,
 }
 
@@ -97,7 +98,7 @@ struct RawDaemonSet {
     node_selector: String,
     #[serde(default)]
     pod_id: String,
-    #[serde(default, with = "duration_nanos")]
+    #[serde(default, with = "timeout_nanos")]
     timeout: Duration,
 }
 

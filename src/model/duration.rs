@@ -185,7 +185,7 @@ pub mod duration_string {
 pub mod duration_nanos {
     use std::time::Duration;
 
-    use serde::{de, Deserialize, Deserializer, Serializer};
+    use serde::{Deserialize, Deserializer, Serializer};
 
     /// Writes whole nanoseconds, saturating at Go's limit (about 292 years), which no real
     /// delay or timeout reaches.
@@ -194,12 +194,36 @@ pub mod duration_nanos {
         serializer.serialize_u64(nanos)
     }
 
-    /// Reads whole nanoseconds; negative values are refused rather than guessed at.
+    /// Reads whole nanoseconds; a negative value (which Go's `time.Duration` may hold) is
+    /// read as zero, as P2 reads a negative `RollDelay` (it only waits when `> 0`).
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
         let nanos = i64::deserialize(deserializer)?;
-        u64::try_from(nanos)
-            .map(Duration::from_nanos)
-            .map_err(|_| de::Error::custom(format!("negative duration {nanos}ns")))
+        Ok(Duration::from_nanos(u64::try_from(nanos).unwrap_or(0)))
+    }
+}
+
+/// A daemon set's per-node timeout that P2 stores as negative nanoseconds: "no timeout".
+pub const NO_TIMEOUT: Duration = Duration::from_nanos(u64::MAX);
+
+/// A DS `timeout` in nanoseconds, where a negative value (P2's "no timeout") reads as
+/// [`NO_TIMEOUT`] and is written back as `-1`.
+pub mod timeout_nanos {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::NO_TIMEOUT;
+
+    pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        if *duration == NO_TIMEOUT {
+            return serializer.serialize_i64(-1);
+        }
+        super::duration_nanos::serialize(duration, serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        let nanos = i64::deserialize(deserializer)?;
+        Ok(u64::try_from(nanos).map_or(NO_TIMEOUT, Duration::from_nanos))
     }
 }
 
@@ -330,7 +354,9 @@ mod tests {
     #[test]
     fn serde_helpers_reject_bad_values() {
         assert!(serde_json::from_str::<Body>(r#"{"text":"1","nanos":0}"#).is_err());
-        assert!(serde_json::from_str::<Body>(r#"{"text":"1s","nanos":-5}"#).is_err());
+        // A negative Go duration is zero here, as P2 reads a negative RollDelay.
+        let negative: Body = serde_json::from_str(r#"{"text":"1s","nanos":-5}"#).unwrap();
+        assert_eq!(negative.nanos, Duration::ZERO);
         assert!(serde_json::from_str::<Body>(r#"{"text":"1s","nanos":0,"maybe":"x"}"#).is_err());
     }
 

@@ -39,8 +39,9 @@ pub struct Manifest {
 /// How the preparer checks a pod's health (HTTP HEAD on `port` and `path`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthCheck {
-    /// TCP port of the status endpoint.
-    pub port: u16,
+    /// TCP port of the status endpoint: P2's Go `int`, not range-checked by P2 (a port no
+    /// endpoint can have just fails its checks).
+    pub port: i64,
     /// Request path, always starting with `/`.
     pub path: String,
     /// Plain HTTP instead of HTTPS.
@@ -438,14 +439,19 @@ fn nested_string(
     }
 }
 
-fn port_field(map: &Mapping, key: &str, path: &str, problems: &mut Vec<FieldError>) -> Option<u16> {
+/// A Go `int` port as yaml.v2 decodes it: any integer, a float truncated.
+fn port_field(map: &Mapping, key: &str, path: &str, problems: &mut Vec<FieldError>) -> Option<i64> {
     match map.get(key).map(untag) {
         None | Some(Value::Null) => None,
-        Some(Value::Number(n)) if n.as_u64().is_some_and(|port| port <= 65_535) => {
-            n.as_u64().map(|port| port as u16)
+        Some(Value::Number(n)) if n.as_i64().is_some() => n.as_i64(),
+        Some(Value::Number(n))
+            if n.as_f64()
+                .is_some_and(|f| f.is_finite() && f.abs() < 9.2e18) =>
+        {
+            n.as_f64().map(|f| f as i64)
         }
         Some(_) => {
-            problems.push(FieldError::new(path, "must be a port number (0-65535)"));
+            problems.push(FieldError::new(path, "must be an integer"));
             None
         }
     }
@@ -708,10 +714,13 @@ launchables:
             })
         );
         assert_eq!(check("id: a\n"), None);
+        // Any Go int, a float truncated, as yaml.v2 reads P2's `int` fields.
+        assert_eq!(check("id: a\nstatus_port: 70000\n").unwrap().port, 70000);
+        assert_eq!(check("id: a\nstatus_port: 8080.0\n").unwrap().port, 8080);
         assert_eq!(
-            errors("id: a\nstatus_port: 70000\nstatus: {http: maybe}\n"),
+            errors("id: a\nstatus_port: x\nstatus: {http: maybe}\n"),
             [
-                "status_port: must be a port number (0-65535)",
+                "status_port: must be an integer",
                 "status.http: must be a boolean"
             ]
         );

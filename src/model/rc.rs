@@ -91,8 +91,10 @@ impl TryFrom<Folded<RawRc>> for StoredRc {
 
 /// What an RC does when one of its nodes stops matching its selector: `Dynamic` moves the
 /// pod to another node, `Static` leaves it. `Unset` is the `""` that older RCs carry and
-/// behaves like `Static`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// behaves like `Static`. P2's field is a plain Go string that `Create` does not check, so
+/// any other stored string is kept as `Other` (behaving like `Static`, as in P2's farm).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
 pub enum AllocationStrategy {
     /// `"dynamic_strategy"`.
     #[serde(rename = "dynamic_strategy")]
@@ -104,15 +106,31 @@ pub enum AllocationStrategy {
     #[default]
     #[serde(rename = "")]
     Unset,
+    /// Any other string P2 stored, kept as is.
+    #[serde(skip)]
+    Other(String),
+}
+
+impl From<String> for AllocationStrategy {
+    fn from(text: String) -> Self {
+        text.parse().unwrap_or(AllocationStrategy::Other(text))
+    }
+}
+
+impl From<AllocationStrategy> for String {
+    fn from(strategy: AllocationStrategy) -> Self {
+        strategy.as_str().to_owned()
+    }
 }
 
 impl AllocationStrategy {
     /// The stored string.
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &str {
         match self {
             AllocationStrategy::Dynamic => "dynamic_strategy",
             AllocationStrategy::Static => "static_strategy",
             AllocationStrategy::Unset => "",
+            AllocationStrategy::Other(text) => text,
         }
     }
 }
@@ -259,9 +277,9 @@ mod tests {
             ("static_strategy", AllocationStrategy::Static),
             ("", AllocationStrategy::Unset),
         ] {
-            assert_eq!(text.parse::<AllocationStrategy>(), Ok(strategy));
+            assert_eq!(text.parse::<AllocationStrategy>(), Ok(strategy.clone()));
             assert_eq!(strategy.to_string(), text);
-            assert_eq!(serde_json::to_value(strategy).unwrap(), json!(text));
+            assert_eq!(serde_json::to_value(&strategy).unwrap(), json!(text));
             assert_eq!(
                 serde_json::from_value::<AllocationStrategy>(json!(text)).unwrap(),
                 strategy
@@ -270,7 +288,11 @@ mod tests {
         assert!("dynamic".parse::<AllocationStrategy>().is_err());
         let mut value = example_value();
         value["allocation_strategy"] = json!("bogus");
-        assert!(decode(&value).is_err());
+        let rc = decode(&value).unwrap();
+        assert_eq!(rc.allocation_strategy.as_str(), "bogus");
+        assert!(String::from_utf8(rc.to_json())
+            .unwrap()
+            .contains(r#""allocation_strategy":"bogus""#));
     }
 
     #[test]

@@ -334,8 +334,8 @@ impl RcPatch {
         if let Some(selector) = &self.node_selector {
             rc.node_selector = selector.clone();
         }
-        if let Some(strategy) = self.allocation_strategy {
-            rc.allocation_strategy = strategy;
+        if let Some(strategy) = &self.allocation_strategy {
+            rc.allocation_strategy = strategy.clone();
         }
         match &self.pod_labels {
             None => {}

@@ -192,7 +192,9 @@ mod tests {
         let roll = StoredRoll::from_json(b"{}").unwrap();
         assert_eq!(roll.desired_replicas, 0);
         assert_eq!(roll.roll_delay, Duration::ZERO);
-        assert!(StoredRoll::from_json(br#"{"RollDelay":-1}"#).is_err());
+        // P2 only waits for a RollDelay > 0: a negative one is no delay.
+        let roll = StoredRoll::from_json(br#"{"RollDelay":-1}"#).unwrap();
+        assert_eq!(roll.roll_delay, Duration::ZERO);
         assert!(StoredRoll::from_json(br#"{"DesiredReplicas":"3"}"#).is_err());
         assert!(StoredRoll::from_json(b"[]").is_err());
     }

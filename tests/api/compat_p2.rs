@@ -166,3 +166,80 @@ async fn a_p2_rc_with_nil_pod_labels_keeps_them_null() {
         document.replace(r#""disabled":false"#, r#""disabled":true"#)
     );
 }
+
+/// P2 stores whatever `allocation_strategy` string it is given on create (only
+/// `update-strategy` checks the value) and its Go type is a plain string, so P2's tools read
+/// such an RC back and its farm runs it (as a non-dynamic RC). It must not become an
+/// unreadable document here, and a patch must keep the string.
+#[tokio::test]
+async fn a_p2_rc_with_an_allocation_strategy_p2_does_not_check_is_read_and_kept() {
+    let app = TestApp::new().await;
+    let key = format!("replication_controllers/{P2_RC_ID}");
+    let document = P2_RC.replace(r#""static_strategy""#, r#""manual_strategy""#);
+    app.store
+        .put(&key, document.as_bytes(), Cas::Index(0))
+        .await
+        .unwrap();
+    app.mirrored(&key).await;
+
+    let got = app.get(&format!("/api/v1/rcs/{P2_RC_ID}")).await;
+    assert_eq!(got.status, StatusCode::OK, "{got:?}");
+    assert_eq!(got.json()["allocation_strategy"], "manual_strategy");
+
+    patch_rc(&app, P2_RC_ID, json!({"replicas_desired": 4})).await;
+    assert_eq!(
+        raw(&app, &key).await,
+        document.replace(r#""replicas_desired":3"#, r#""replicas_desired":4"#)
+    );
+}
+
+// ---- Daemon sets ----
+
+/// P2's example daemon set as P2 writes it, with a negative `timeout`: P2's replicator reads
+/// a negative timeout as "no timeout" (it gives up on a node only for zero or a positive
+/// value), and the DS store writes any `time.Duration` it is given.
+const P2_DS_ID: &str = "1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e";
+const P2_DS_NO_TIMEOUT: &str = r#"{"id":"1f6b2c9d-3e4a-4f5b-8c7d-9e0a1b2c3d4e","disabled":false,"manifest":"id: p2-log-shipper\nlaunchables:\n  shipper:\n    launchable_type: hoist\n    location: https://artifacts.example.com/shipper_ab12.tar.gz\nconfig: {}\n","min_health":0,"cluster_name":"production","node_selector":"role!=db","pod_id":"p2-log-shipper","timeout":-1}"#;
+
+#[tokio::test]
+async fn a_p2_daemon_set_without_a_timeout_is_read_and_kept() {
+    let app = TestApp::new().await;
+    let key = format!("daemon_sets/{P2_DS_ID}");
+    app.put_raw(&key, P2_DS_NO_TIMEOUT.as_bytes()).await;
+
+    let got = app.get(&format!("/api/v1/daemonsets/{P2_DS_ID}")).await;
+    assert_eq!(got.status, StatusCode::OK, "{got:?}");
+
+    let response = app
+        .json_request(
+            "PATCH",
+            &format!("/api/v1/daemonsets/{P2_DS_ID}"),
+            Some(&json!({"min_health": 3})),
+            &[("content-type", "application/merge-patch+json")],
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    assert_eq!(
+        raw(&app, &key).await,
+        P2_DS_NO_TIMEOUT.replace(r#""min_health":0"#, r#""min_health":3"#)
+    );
+}
+
+/// P2 decodes `status_port` and `status.port` into a Go `int` with yaml.v2, which takes any
+/// integer and truncates a float (this server's own SHA canonicalizer models exactly that).
+/// A manifest P2 accepts must not make the RC holding it unreadable here.
+#[tokio::test]
+async fn a_p2_rc_whose_status_port_p2_accepts_is_readable() {
+    let app = TestApp::new().await;
+    let key = format!("replication_controllers/{P2_RC_ID}");
+    for port in ["43770.0", "70000"] {
+        let document = P2_RC.replace("port: 43770", &format!("port: {port}"));
+        app.store
+            .put(&key, document.as_bytes(), Cas::Any)
+            .await
+            .unwrap();
+        app.mirrored(&key).await;
+        let got = app.get(&format!("/api/v1/rcs/{P2_RC_ID}")).await;
+        assert_eq!(got.status, StatusCode::OK, "port {port}: {got:?}");
+    }
+}

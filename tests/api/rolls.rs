@@ -996,7 +996,7 @@ async fn an_unreadable_roll_is_skipped_in_lists_and_can_be_deleted() {
     let app = TestApp::new().await;
     let (_, good) = create_between_new_rcs(&app, json!({})).await;
     let bad = uuid::Uuid::new_v4().to_string();
-    app.put_raw(&format!("rolls/{bad}"), br#"{"RollDelay":-1}"#)
+    app.put_raw(&format!("rolls/{bad}"), br#"{"DesiredReplicas":"3"}"#)
         .await;
 
     let body = app.get("/api/v1/rolls").await.json();
