@@ -267,6 +267,15 @@ pub fn farm_pass(farm: &'static str, pass: FarmPass) {
     }
 }
 
+/// Records that `farm` stopped with its term: it owns nothing (its locks went with the
+/// term's session) and waits on nothing any more.
+pub fn farm_stopped(farm: &'static str, owns: bool) {
+    gauge!(FARM_QUEUE_DEPTH, "farm" => farm).set(0.0);
+    if owns {
+        gauge!(FARM_OWNED_OBJECTS, "farm" => farm).set(0.0);
+    }
+}
+
 /// Records that this server began (`true`) or ended (`false`) a leadership term.
 pub fn leading(leads: bool) {
     if leads {
@@ -300,5 +309,49 @@ impl SseClient {
 impl Drop for SseClient {
     fn drop(&mut self) {
         gauge!(SSE_CLIENTS).decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prom_text_format_parser::Scrape;
+
+    /// The value of the gauge `name` of farm `farm` in `text`, parsed as Prometheus would.
+    fn farm_gauge(text: &str, name: &str, farm: &str) -> Option<f64> {
+        let scrape = Scrape::parse(text).expect("the Prometheus text format");
+        let metric = scrape.metrics.iter().find(|metric| metric.name == name)?;
+        let sample = metric.samples.iter().find(|sample| {
+            let label = |label: &&prom_text_format_parser::Label| label.key == "farm";
+            sample
+                .labels
+                .iter()
+                .find(label)
+                .is_some_and(|l| l.value == farm)
+        })?;
+        Some(sample.value.value.as_f64())
+    }
+
+    /// A farm that stops with its term (its locks gone with the term's session) reports
+    /// owning and waiting for nothing, not what its last pass saw.
+    #[test]
+    fn a_stopped_farm_reports_owning_and_waiting_for_nothing() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let gauges = || {
+            let text = handle.render();
+            let gauge = |name| farm_gauge(&text, name, "rc");
+            (gauge(FARM_OWNED_OBJECTS), gauge(FARM_QUEUE_DEPTH))
+        };
+        let pass = FarmPass {
+            took: Duration::from_millis(1),
+            new_errors: 0,
+            waiting: 3,
+            owned: Some(5),
+        };
+        metrics::with_local_recorder(&recorder, || farm_pass("rc", pass));
+        assert_eq!(gauges(), (Some(5.0), Some(3.0)));
+        metrics::with_local_recorder(&recorder, || farm_stopped("rc", true));
+        assert_eq!(gauges(), (Some(0.0), Some(0.0)));
     }
 }

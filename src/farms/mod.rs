@@ -452,6 +452,7 @@ pub async fn drive<F: Farm>(mut farm: F, ctx: Arc<FarmContext>, mut trees: Trees
             () = ctx.cancel.cancelled() => break,
         }
     }
+    crate::metrics::farm_stopped(F::NAME, F::OWNERSHIP_LOCKS.is_some());
     tracing::info!(farm = F::NAME, "farm stopped");
 }
 
