@@ -97,17 +97,13 @@ impl TryFrom<Folded<RawRc>> for StoredRc {
 #[serde(from = "String", into = "String")]
 pub enum AllocationStrategy {
     /// `"dynamic_strategy"`.
-    #[serde(rename = "dynamic_strategy")]
     Dynamic,
     /// `"static_strategy"`.
-    #[serde(rename = "static_strategy")]
     Static,
     /// `""`, kept so that stored documents round-trip unchanged.
     #[default]
-    #[serde(rename = "")]
     Unset,
     /// Any other string P2 stored, kept as is.
-    #[serde(skip)]
     Other(String),
 }
 
