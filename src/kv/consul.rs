@@ -108,36 +108,31 @@ impl ConsulStore {
     }
 
     /// After a lost CAS put: a consistent read tells whether the write landed. The key
-    /// holding this write's `token` (its flags) proves it did; the key still at `cas_index`
-    /// proves it did not (a CAS write always moves the index); anything else (the key moved
-    /// on, or a create-only put finds nothing) leaves the outcome unknown, since another
-    /// writer may have come first or after.
-    async fn put_landed(
-        &self,
-        key: &str,
-        token: u64,
-        cas_index: u64,
-        lost: String,
-    ) -> StoreResult<()> {
+    /// holding this write's `token` (its flags) proves it did. Nothing a read shows proves
+    /// it did not: a request whose answer was lost (a timeout above all) may still be on its
+    /// way through Consul's leader and land after the read, even on a key still at the CAS
+    /// index; and a key that moved on may have moved after this write landed. So anything
+    /// else leaves the outcome unknown.
+    async fn put_landed(&self, key: &str, token: u64, lost: String) -> StoreResult<()> {
         match self.consistent_get(key, &lost).await? {
             Some((_, flags)) if flags == token => Ok(()),
-            Some((pair, _)) if cas_index != 0 && pair.modify_index == cas_index => {
-                Err(StoreError::Unavailable(format!(
-                    "{lost}; a re-read shows the write was not applied"
-                )))
-            }
-            _ => Err(StoreError::OutcomeUnknown(format!(
+            Some(_) => Err(StoreError::OutcomeUnknown(format!(
+                "{lost}; a re-read does not show the write, which may still land"
+            ))),
+            None => Err(StoreError::OutcomeUnknown(format!(
                 "{lost}; the key changed since"
             ))),
         }
     }
 
-    /// After a lost delete: a consistent read tells whether the key is gone.
+    /// After a lost delete: a consistent read tells whether the key is gone. A key still
+    /// there proves nothing: the delete may still land, or may have landed before another
+    /// writer made the key again.
     async fn delete_landed(&self, key: &str, lost: String) -> StoreResult<()> {
         match self.consistent_get(key, &lost).await? {
             None => Ok(()),
-            Some(_) => Err(StoreError::Unavailable(format!(
-                "{lost}; a re-read shows the delete was not applied"
+            Some(_) => Err(StoreError::OutcomeUnknown(format!(
+                "{lost}; a re-read still finds the key, and the delete may still land"
             ))),
         }
     }
@@ -266,7 +261,7 @@ impl KvStore for ConsulStore {
         {
             Ok(answer) => cas_outcome(&answer, "put", key),
             Err(WriteFailure::Lost(lost)) => match cas {
-                Cas::Index(index) => self.put_landed(key, token, index, lost).await,
+                Cas::Index(_) => self.put_landed(key, token, lost).await,
                 Cas::Any => Err(WriteFailure::Lost(lost).into_error()),
             },
             Err(failure) => Err(failure.into_error()),

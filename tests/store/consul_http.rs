@@ -646,7 +646,7 @@ async fn a_lost_cas_put_overtaken_by_another_writer_has_an_unknown_outcome() {
 }
 
 #[tokio::test]
-async fn a_lost_cas_put_that_did_not_land_is_unavailable() {
+async fn a_lost_cas_put_not_seen_by_the_check_has_an_unknown_outcome() {
     let server = MockServer::start().await;
     Mock::given(method("PUT"))
         .and(path("/v1/kv/rc/1"))
@@ -664,7 +664,7 @@ async fn a_lost_cas_put_that_did_not_land_is_unavailable() {
     let result = store(&server).put("rc/1", b"new", Cas::Index(20)).await;
 
     assert!(
-        matches!(&result, Err(StoreError::Unavailable(m)) if m.contains("not applied")),
+        matches!(&result, Err(StoreError::OutcomeUnknown(m)) if m.contains("may still land")),
         "{result:?}"
     );
 }
@@ -1027,4 +1027,128 @@ fn a_bad_address_or_token_is_refused_when_building() {
             "{base_url} accepted"
         );
     }
+}
+
+/// A CAS put whose answer times out while Consul is still applying it (its RPC to the
+/// leader goes on without the client): the check read comes before the write lands, so it
+/// shows the key still at the CAS index, and yet the write lands a moment later.
+struct ApplyLater(Arc<Mutex<Option<u64>>>);
+
+impl Respond for ApplyLater {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let flags: u64 = request
+            .url
+            .query_pairs()
+            .find(|(k, _)| k == "flags")
+            .map(|(_, v)| v.parse().unwrap())
+            .unwrap();
+        let landed = self.0.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(400));
+            *landed.lock().unwrap() = Some(flags);
+        });
+        boolean(true).set_delay(Duration::from_secs(2))
+    }
+}
+
+/// What a read of `rc/1` finds: the old entry until the put above lands, then its own.
+struct KeyState(Arc<Mutex<Option<u64>>>);
+
+impl Respond for KeyState {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        match *self.0.lock().unwrap() {
+            None => kv_answer(20, json!([entry("rc/1", "old", 20)])),
+            Some(flags) => {
+                let mut stored = entry("rc/1", "new", 25);
+                stored["Flags"] = flags.into();
+                kv_answer(25, json!([stored]))
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_timed_out_cas_put_still_in_flight_is_not_reported_as_unapplied() {
+    let server = MockServer::start().await;
+    let landed = Arc::new(Mutex::new(None));
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("cas", "20"))
+        .respond_with(ApplyLater(landed.clone()))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rc/1"))
+        .respond_with(KeyState(landed))
+        .mount(&server)
+        .await;
+    let timeouts = ConsulTimeouts {
+        request: Duration::from_millis(150),
+        ..ConsulTimeouts::default()
+    };
+    let store = ConsulStore::with_timeouts(config(&server), timeouts).unwrap();
+
+    let result = store.put("rc/1", b"new", Cas::Index(20)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let now = store.get("rc/1").await.unwrap().unwrap();
+
+    // The write did land: "not applied" (Unavailable, safe to redo) was wrong.
+    assert_eq!(&*now.value, b"new");
+    assert!(
+        matches!(&result, Err(StoreError::OutcomeUnknown(_))),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_write_refused_with_leadership_lost_has_an_unknown_outcome() {
+    let server = MockServer::start().await;
+    // Raft's ErrLeadershipLost: the leader was deposed while committing the entry, which the
+    // next leader may still commit. Consul's agent answers 500 with the error's text.
+    Mock::given(method("PUT"))
+        .and(path("/v1/txn"))
+        .respond_with(
+            ResponseTemplate::new(500)
+                .set_body_string("rpc error making call: leadership lost while committing log"),
+        )
+        .expect(1)
+        .mount(&server)
+        .await;
+
+    let result = store(&server)
+        .txn(&[TxnOp::Set {
+            key: "a".into(),
+            value: vec![],
+        }])
+        .await;
+
+    assert!(
+        matches!(&result, Err(StoreError::OutcomeUnknown(_))),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_lost_cas_delete_of_a_key_written_again_since_has_an_unknown_outcome() {
+    let server = MockServer::start().await;
+    Mock::given(method("DELETE"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("cas", "20"))
+        .respond_with_err(drop_connection)
+        .expect(1)
+        .mount(&server)
+        .await;
+    // The key is there, but no longer at index 20: the delete may have landed and another
+    // writer created the key again (CreateIndex 30), or it may not have; nothing tells.
+    let mut again = entry("rc/1", "other", 30);
+    again["CreateIndex"] = 30.into();
+    expect_check_read(&server, "rc/1", kv_answer(30, json!([again]))).await;
+
+    let result = store(&server).delete("rc/1", Cas::Index(20)).await;
+
+    assert!(
+        matches!(&result, Err(StoreError::OutcomeUnknown(_))),
+        "{result:?}"
+    );
 }

@@ -185,6 +185,16 @@ impl Http {
         let what = describe(&method, &url);
         match self.send(method, url, body, None).await {
             Ok(answer) if answer.status.is_success() => Ok(answer),
+            // A server error may come after the write reached Raft: a leader deposed while
+            // committing it ("leadership lost while committing log"), or a forwarded RPC cut
+            // off ("rpc error making call: EOF"), and the next leader may still commit it.
+            Ok(answer) if answer.status.is_server_error() && !refused_before_applying(&answer) => {
+                Err(WriteFailure::Lost(format!(
+                    "{what}: {} {}",
+                    answer.status.as_u16(),
+                    answer.text()
+                )))
+            }
             Ok(answer) => Err(WriteFailure::Refused(status_error(&what, &answer), answer)),
             Err(e) if e.is_connect() || e.is_builder() => {
                 Err(WriteFailure::NotSent(StoreError::Unavailable(format!(
@@ -238,6 +248,15 @@ fn read_outcome(what: &str, answer: Answer) -> StoreResult<Answer> {
     } else {
         Err(status_error(what, &answer))
     }
+}
+
+/// A server error that Consul raises before the write reaches Raft, so nothing was applied:
+/// no leader to forward it to, an unknown datacenter, or a lock naming an invalid session.
+fn refused_before_applying(answer: &Answer) -> bool {
+    let text = answer.text().to_ascii_lowercase();
+    is_invalid_session(answer)
+        || text.contains("no cluster leader")
+        || text.contains("no path to datacenter")
 }
 
 /// Consul answers 500 when a lock names a session that does not exist; that is the
