@@ -13,7 +13,7 @@ use serde_json::json;
 use wiremock::matchers::{
     body_json, body_string, header, method, path, query_param, query_param_is_missing,
 };
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::{Mock, MockBuilder, MockServer, Request, Respond, ResponseTemplate};
 
 fn config(server: &MockServer) -> ConsulConfig {
     ConsulConfig {
@@ -732,12 +732,11 @@ async fn a_lost_cas_delete_is_checked_by_reading_the_key() {
     store(&server).delete("rc/1", Cas::Index(20)).await.unwrap();
 }
 
-#[tokio::test]
-async fn a_lost_txn_answer_has_an_unknown_outcome() {
+/// Sends a one-op transaction to a Consul whose `PUT /v1/txn` answers as `answer` makes it,
+/// once, and checks that its outcome is unknown.
+async fn assert_txn_outcome_unknown(answer: impl FnOnce(MockBuilder) -> Mock) {
     let server = MockServer::start().await;
-    Mock::given(method("PUT"))
-        .and(path("/v1/txn"))
-        .respond_with_err(drop_connection)
+    answer(Mock::given(method("PUT")).and(path("/v1/txn")))
         .expect(1)
         .mount(&server)
         .await;
@@ -753,6 +752,11 @@ async fn a_lost_txn_answer_has_an_unknown_outcome() {
         matches!(&result, Err(StoreError::OutcomeUnknown(_))),
         "{result:?}"
     );
+}
+
+#[tokio::test]
+async fn a_lost_txn_answer_has_an_unknown_outcome() {
+    assert_txn_outcome_unknown(|put| put.respond_with_err(drop_connection)).await;
 }
 
 #[tokio::test]
@@ -1103,30 +1107,11 @@ async fn a_timed_out_cas_put_still_in_flight_is_not_reported_as_unapplied() {
 
 #[tokio::test]
 async fn a_write_refused_with_leadership_lost_has_an_unknown_outcome() {
-    let server = MockServer::start().await;
     // Raft's ErrLeadershipLost: the leader was deposed while committing the entry, which the
     // next leader may still commit. Consul's agent answers 500 with the error's text.
-    Mock::given(method("PUT"))
-        .and(path("/v1/txn"))
-        .respond_with(
-            ResponseTemplate::new(500)
-                .set_body_string("rpc error making call: leadership lost while committing log"),
-        )
-        .expect(1)
-        .mount(&server)
-        .await;
-
-    let result = store(&server)
-        .txn(&[TxnOp::Set {
-            key: "a".into(),
-            value: vec![],
-        }])
-        .await;
-
-    assert!(
-        matches!(&result, Err(StoreError::OutcomeUnknown(_))),
-        "{result:?}"
-    );
+    let lost = ResponseTemplate::new(500)
+        .set_body_string("rpc error making call: leadership lost while committing log");
+    assert_txn_outcome_unknown(|put| put.respond_with(lost)).await;
 }
 
 #[tokio::test]
