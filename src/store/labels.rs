@@ -95,7 +95,18 @@ impl LabelStore {
                 let Some(op) = op else {
                     return Ok(Ok(current));
                 };
-                let mut ops = vec![op];
+                // A delete-cas of a key another writer deleted since the read succeeds (as
+                // in Consul): checking the index first makes that a conflict, whose fresh
+                // read finds nothing left to delete, rather than a second `deleted` event.
+                let mut ops = match &op {
+                    TxnOp::DeleteCas { key, index } => vec![TxnOp::CheckIndex {
+                        key: key.clone(),
+                        index: *index,
+                    }],
+                    _ => Vec::new(),
+                };
+                let written = ops.len();
+                ops.push(op);
                 if labels != current.value {
                     let event = event(actor, label_type, id, &current.value, &labels);
                     ops.extend(record_ops(self.kv.as_ref(), &event).await?);
@@ -103,7 +114,7 @@ impl LabelStore {
                 Ok(self.kv.txn(&ops).await.map(|results| {
                     let index = results
                         .into_iter()
-                        .next()
+                        .nth(written)
                         .flatten()
                         .map_or(0, |pair| pair.modify_index);
                     Versioned {

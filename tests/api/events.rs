@@ -5,12 +5,15 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use p2_apiserver::auth::Access;
+use p2_apiserver::kv::TxnOp;
+use p2_apiserver::labels::LabelType;
 use p2_apiserver::layout;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
 use crate::support::api::{item_ids, TestApp, TestResponse};
+use crate::support::counting::Counting;
 
 const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
 const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
@@ -667,6 +670,52 @@ async fn removing_a_report_another_server_already_removed_is_no_event() {
             ("reality".to_owned(), "node1/hello".to_owned()),
         ],
         "each report was removed once"
+    );
+}
+
+/// Emptying an object's labels reads them and then deletes them at the index read. Another
+/// writer (a second server, or one of P2's tools) that empties them in between leaves
+/// nothing to delete: the delete must then record no `deleted` event for a change this
+/// server did not make (a delete-cas of an absent key succeeds, in Consul as here).
+#[tokio::test]
+async fn emptying_labels_another_writer_emptied_meanwhile_is_no_event() {
+    let mut counting = None;
+    let app = TestApp::wrapping(|store| {
+        let store = Counting::new(store);
+        counting = Some(store.clone());
+        store
+    })
+    .await;
+    let counting = counting.unwrap();
+    let path = "/api/v1/labels/node/node1";
+    let set = app
+        .json_request("PUT", path, Some(&json!({"labels": {"pool": "web"}})), &[])
+        .await;
+    assert_eq!(set.status, StatusCode::OK, "{set:?}");
+    let key = layout::labels(LabelType::Node, "node1");
+    let stored = app.store.get(&key).await.unwrap().expect("the labels");
+
+    counting.after_next_get_of(
+        &key,
+        vec![TxnOp::DeleteCas {
+            key: key.clone(),
+            index: stored.modify_index,
+        }],
+    );
+    let delete = app.json_request("DELETE", path, None, &[]).await;
+    assert_eq!(delete.status, StatusCode::NO_CONTENT, "{delete:?}");
+
+    assert!(app.store.get(&key).await.unwrap().is_none());
+    let actions: Vec<Value> = stored_events(&app)
+        .await
+        .iter()
+        .filter(|e| e["kind"] == "nodes" && e["object_id"] == "node1")
+        .map(|e| e["action"].clone())
+        .collect();
+    assert_eq!(
+        actions,
+        [json!("created")],
+        "the labels were emptied elsewhere"
     );
 }
 

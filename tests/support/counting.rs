@@ -30,6 +30,8 @@ pub struct Counting {
     held_past: Mutex<Option<(String, u64)>>,
     /// The next listing of a prefix under this one first commits these ops.
     interjected: Mutex<Option<(String, Vec<TxnOp>)>>,
+    /// The next read of a key under this one commits these ops once it has read.
+    after_get: Mutex<Option<(String, Vec<TxnOp>)>>,
 }
 
 impl Counting {
@@ -45,6 +47,7 @@ impl Counting {
             delayed: Mutex::default(),
             held_past: Mutex::default(),
             interjected: Mutex::default(),
+            after_get: Mutex::default(),
         })
     }
 
@@ -114,13 +117,17 @@ impl Counting {
         *self.interjected.lock().unwrap() = Some((prefix.to_owned(), ops));
     }
 
-    /// The ops to commit before listing `prefix`, if armed for it.
-    fn interjected_before(&self, prefix: &str) -> Option<Vec<TxnOp>> {
-        let mut interjected = self.interjected.lock().unwrap();
-        match &*interjected {
-            Some((armed, _)) if prefix.starts_with(armed.as_str()) => {
-                interjected.take().map(|(_, ops)| ops)
-            }
+    /// Makes the next single-key read of a key under `prefix` commit `ops` once it has read,
+    /// as another writer's transaction landing between a read and the write made from it.
+    pub fn after_next_get_of(&self, prefix: &str, ops: Vec<TxnOp>) {
+        *self.after_get.lock().unwrap() = Some((prefix.to_owned(), ops));
+    }
+
+    /// The ops armed in `slot` for a read of `key` (a key or a listed prefix), taken.
+    fn armed_for(slot: &Mutex<Option<(String, Vec<TxnOp>)>>, key: &str) -> Option<Vec<TxnOp>> {
+        let mut slot = slot.lock().unwrap();
+        match &*slot {
+            Some((armed, _)) if key.starts_with(armed.as_str()) => slot.take().map(|(_, ops)| ops),
             _ => None,
         }
     }
@@ -170,11 +177,15 @@ impl KvStore for Counting {
     async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
         self.count();
         self.read.lock().unwrap().push(key.to_owned());
-        self.inner.get(key).await
+        let read = self.inner.get(key).await;
+        if let Some(ops) = Self::armed_for(&self.after_get, key) {
+            self.inner.txn(&ops).await?;
+        }
+        read
     }
     async fn list(&self, prefix: &str) -> StoreResult<Listing> {
         self.list_of(prefix);
-        if let Some(ops) = self.interjected_before(prefix) {
+        if let Some(ops) = Self::armed_for(&self.interjected, prefix) {
             self.inner.txn(&ops).await?;
         }
         self.inner.list(prefix).await
