@@ -38,7 +38,7 @@ use crate::kv::{KvStore, StoreResult};
 use crate::labels::{LabelType, Requirement, Selector, DS_ID_LABEL};
 use crate::layout;
 use crate::model::conditions::Condition;
-use crate::model::duration::format_duration;
+use crate::model::duration::format_timeout;
 use crate::model::event::{Actor, Meta, ObjectKind};
 use crate::model::{
     ds_spec, CreateDaemonSet, DaemonSetId, DaemonSetPatch, HealthCounts, HealthState, PodHealth,
@@ -485,12 +485,7 @@ fn daemon_set(
         min_health: ds.min_health,
         cluster_name: ds.cluster_name.clone(),
         pod_id: ds.pod_id.clone(),
-        // P2's "no timeout" is a negative duration, which Go prints as "-1ns".
-        timeout: if ds.timeout == crate::model::duration::NO_TIMEOUT {
-            "-1ns".to_owned()
-        } else {
-            format_duration(ds.timeout)
-        },
+        timeout: format_timeout(ds.timeout),
         disabled: ds.disabled,
         resource_version: record.index.to_string(),
         status,

@@ -205,6 +205,16 @@ pub mod duration_nanos {
 /// A daemon set's per-node timeout that P2 stores as negative nanoseconds: "no timeout".
 pub const NO_TIMEOUT: Duration = Duration::from_nanos(u64::MAX);
 
+/// A DS timeout as the API shows it: Go's text, and [`NO_TIMEOUT`] as Go prints the
+/// negative duration P2 stores for it, `"-1ns"`.
+pub fn format_timeout(timeout: Duration) -> String {
+    if timeout == NO_TIMEOUT {
+        "-1ns".to_owned()
+    } else {
+        format_duration(timeout)
+    }
+}
+
 /// A DS `timeout` in nanoseconds, where a negative value (P2's "no timeout") reads as
 /// [`NO_TIMEOUT`] and is written back as `-1`.
 pub mod timeout_nanos {
