@@ -54,7 +54,8 @@ pub struct HttpLimits {
     /// The longest `/readyz` waits for the store's answer before reporting not-ready.
     pub readiness_timeout: Duration,
     /// The longest a connection may go without a complete request head: a new connection
-    /// until its first request's headers are in, a kept-alive one between two requests.
+    /// until its first request's headers are in, a kept-alive one between two requests;
+    /// and the longest an answer may wait on a client that takes none of it.
     pub header_read_timeout: Duration,
     /// The longest a request body may take to arrive in full.
     pub body_read_timeout: Duration,

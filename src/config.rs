@@ -301,7 +301,8 @@ pub struct HttpArgs {
     pub readiness_timeout: Duration,
 
     /// Longest a connection may go without a complete request head, whether new or idle
-    /// between two requests; then it is closed.
+    /// between two requests, or without taking any of an answer sent to it; then it is
+    /// closed.
     #[arg(long, value_name = "DURATION", env = "P2_HEADER_READ_TIMEOUT", default_value = "10s",
           value_parser = parse_timeout)]
     pub header_read_timeout: Duration,

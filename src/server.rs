@@ -22,9 +22,11 @@ use crate::error::ApiError;
 use crate::router::{self, MAX_HEADERS};
 
 mod json_errors;
+mod stalled_writes;
 mod tls;
 
 use json_errors::JsonErrors;
+use stalled_writes::StalledWrites;
 use tls::Handshake;
 pub use tls::Tls;
 
@@ -48,8 +50,9 @@ pub async fn run(
 /// Logs `listening on ADDR` first; end-to-end tests parse that line.
 ///
 /// Each connection is HTTP/1.1 and is closed when it goes `--header-read-timeout` without a
-/// complete request head (silent, trickling or idle); over HTTPS the TLS handshake must also
-/// be done within that time, before the first head's own. At most `--max-connections` are
+/// complete request head (silent, trickling or idle), or as long without taking any of an
+/// answer being sent to it; over HTTPS the TLS handshake must also be done within that time,
+/// before the first head's own. At most `--max-connections` are
 /// open at once; past that, a new one is answered 503 at once and closed, so a flood of idle
 /// clients can neither exhaust the file descriptors nor leave newcomers hanging.
 pub async fn run_with(
@@ -70,6 +73,9 @@ pub async fn run_with(
         .header_read_timeout(limits.header_read_timeout)
         // Above the router's own limit, so that it answers with the JSON body.
         .max_headers(4 * MAX_HEADERS);
+    // A client that takes none of its answer for as long as a head may take to arrive is
+    // cut off, so that it holds neither its slot nor a graceful stop.
+    let stall = limits.header_read_timeout;
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let too_many = refusal();
     let connections = GracefulShutdown::new();
@@ -97,12 +103,12 @@ pub async fn run_with(
             // Timeouts and clients hanging up end connections all the time: not worth more.
             let served = match tls {
                 None => {
-                    let io = TokioIo::new(JsonErrors::new(stream));
+                    let io = TokioIo::new(JsonErrors::new(StalledWrites::new(stream, stall)));
                     watcher.watch(http.serve_connection(io, service)).await
                 }
                 Some(tls) => match secure(&tls, stream, limits.header_read_timeout).await {
                     Some(stream) => {
-                        let io = TokioIo::new(JsonErrors::new(stream));
+                        let io = TokioIo::new(JsonErrors::new(StalledWrites::new(stream, stall)));
                         watcher.watch(http.serve_connection(io, service)).await
                     }
                     None => Ok(()),

@@ -936,3 +936,60 @@ async fn a_request_head_past_the_http_layers_limit_gets_431_with_the_json_body()
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
     assert!(answer.contains("\"code\":431"), "{answer}");
 }
+
+#[tokio::test]
+async fn a_client_that_never_reads_its_answers_is_cut_off() {
+    let limits = HttpLimits {
+        max_connections: 1,
+        ..short_limits()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let store: Arc<dyn KvStore> = Arc::new(Frozen::EVERYTHING);
+    let app = Arc::new(App {
+        mirror: Mirror::new(store.clone(), MirrorConfig::default()),
+        store,
+        shutdown: shutdown.clone(),
+        limits,
+        validation: Default::default(),
+        access: Default::default(),
+        answers: Default::default(),
+    });
+    let served = tokio::spawn(server::run(
+        listener,
+        app,
+        shutdown.clone().cancelled_owned(),
+    ));
+
+    // Asks for far more than the sockets' buffers hold, and reads none of it.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut deaf = socket.connect(addr).await.unwrap();
+    let big = b"GET /openapi.json HTTP/1.1\r\nHost: test\r\n\r\n".repeat(400);
+    deaf.write_all(&big).await.unwrap();
+
+    // Its slot frees once the server gives up on it.
+    let deadline = Instant::now() + HANG;
+    loop {
+        let mut conn = connect(addr).await;
+        conn.write_all(HEALTHZ).await.unwrap();
+        if read_response(&mut conn).await.0 == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a client that reads nothing keeps its connection"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Nor does it hold up a graceful stop.
+    deaf.write_all(&big).await.ok();
+    shutdown.cancel();
+    tokio::time::timeout(HANG, served)
+        .await
+        .expect("the server waited on a client that reads nothing")
+        .unwrap()
+        .unwrap();
+    drop(deaf);
+}
