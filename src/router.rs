@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::body::{to_bytes, Body, HttpBody};
 use axum::extract::{Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
+use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION};
 use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -185,7 +185,9 @@ fn with_cors(router: Router, origins: Vec<HeaderValue>) -> Router {
                 Method::DELETE,
             ])
             .allow_headers(AllowHeaders::mirror_request())
-            .expose_headers([REQUEST_ID_HEADER, INDEX_HEADER, LOCATION])
+            // Past the few headers a page may always read: ours, and `ETag`, without which
+            // a page could not make the `If-Match` writes the API offers.
+            .expose_headers([REQUEST_ID_HEADER, INDEX_HEADER, LOCATION, ETAG])
             .max_age(Duration::from_secs(600)),
     )
 }

@@ -304,6 +304,24 @@ async fn cors_preflights_are_answered_for_allowed_origins_only() {
     );
 }
 
+#[tokio::test]
+async fn cors_answers_let_pages_read_the_headers_the_api_answers_with() {
+    let secured = Secured::new(&["https://dash.example"]).await;
+    let request = Request::get("/api/v1/labels/node/node-1")
+        .header("origin", "https://dash.example")
+        .header("authorization", "Bearer viewer-token")
+        .body(Body::empty())
+        .unwrap();
+    let response = call(&secured.router, request).await;
+    assert!(response.header("etag").is_some(), "{response:?}");
+    let exposed = response.header("access-control-expose-headers").unwrap();
+    let exposed: Vec<_> = exposed.split(',').map(str::trim).collect();
+    // An ETag a page cannot read is no use to it for If-Match.
+    for header in ["etag", "x-index", "x-request-id", "location"] {
+        assert!(exposed.contains(&header), "{header} in {exposed:?}");
+    }
+}
+
 // The real binary.
 
 /// A `p2-apiserver serve` process without farms, killed when dropped; its stdout lines arrive
