@@ -33,7 +33,7 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery, NoQuery};
+use crate::api::extract::{refuse_duplicate_keys, ApiJson, ApiPath, ApiQuery, NoQuery};
 use crate::api::reads::reader;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
@@ -251,6 +251,9 @@ async fn put_p2_target(
 ) -> Result<StatusCode, ApiError> {
     let target = Target::parse(&type_name, &tail)?;
     let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+    // Read without `ApiJson` (the content type is not checked), but under the same rule on
+    // keys named twice: the value kept would be whichever the parser picks.
+    refuse_duplicate_keys(&body)?;
     let body: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
     match target.name {

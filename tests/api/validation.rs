@@ -199,6 +199,19 @@ async fn duplicate_keys_are_refused_at_every_depth() {
             r#"{"labels": {"a": "1"}, "x": [{"k": 1, "k": 2}]}"#.to_owned(),
             "x.0",
         ),
+        // P2's own label routes, which read their bodies as JSON whatever the content type.
+        (
+            "PUT",
+            "/api/labels/node/node1",
+            r#"{"values": {"a": "1", "a": "2"}}"#.to_owned(),
+            "values",
+        ),
+        (
+            "PUT",
+            "/api/labels/node/node1/color",
+            r#"{"value": "red", "value": "blue"}"#.to_owned(),
+            "body",
+        ),
     ];
     for (method, path, body, field) in cases {
         let content_type = if method == "PATCH" {
