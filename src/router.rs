@@ -161,19 +161,19 @@ pub fn build(state: AppState) -> Router {
     let routes = routes
         .merge(SwaggerUi::new("/docs").url("/openapi.json", openapi))
         .with_state(state);
-    let origins = access.cors_origins().to_vec();
+    let cors = cors(access.cors_origins().to_vec());
     let routes = routes.layer(middleware::from_fn_with_state(access, auth::authorize));
-    with_cors(with_middleware(routes, limits), origins)
+    with_middleware_and_cors(routes, limits, cors)
 }
 
-/// With `--cors-origin`, answers browsers' preflights and adds the CORS headers for the
-/// allowed origins to every answer, errors included. Outermost: preflights come without a
-/// token and to routes that have no OPTIONS.
-fn with_cors(router: Router, origins: Vec<HeaderValue>) -> Router {
+/// With `--cors-origin`, what answers browsers' preflights and adds the CORS headers for the
+/// allowed origins to every answer, errors included. Outside authentication and the JSON
+/// fallbacks: preflights come without a token and to routes that have no OPTIONS.
+fn cors(origins: Vec<HeaderValue>) -> Option<CorsLayer> {
     if origins.is_empty() {
-        return router;
+        return None;
     }
-    router.layer(
+    Some(
         CorsLayer::new()
             .allow_origin(AllowOrigin::list(origins))
             .allow_methods([
@@ -199,6 +199,13 @@ fn with_cors(router: Router, origins: Vec<HeaderValue>) -> Router {
 /// Call it last: the 405 fallback only reaches routes already added. Public so tests can wrap
 /// test-only routes exactly as the real ones are wrapped.
 pub fn with_middleware(router: Router, limits: HttpLimits) -> Router {
+    with_middleware_and_cors(router, limits, None)
+}
+
+/// [`with_middleware`], with `cors` answering preflights inside the layers that give every
+/// request its id, span and metrics, so that a preflight is answered, logged and counted as
+/// any other request.
+fn with_middleware_and_cors(router: Router, limits: HttpLimits, cors: Option<CorsLayer>) -> Router {
     // Outermost first: the request id exists before the span is opened, so every log line of
     // the request carries it; the body is read in full before the deadline starts, so a slow
     // client is told 408 and a slow store 503.
@@ -212,6 +219,7 @@ pub fn with_middleware(router: Router, limits: HttpLimits) -> Router {
                 .make_span_with(request_span)
                 .on_response(DefaultOnResponse::new().level(Level::INFO)),
         )
+        .option_layer(cors)
         .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn(head_limits))
         .layer(middleware::from_fn_with_state(limits, read_body))

@@ -305,6 +305,26 @@ async fn cors_preflights_are_answered_for_allowed_origins_only() {
 }
 
 #[tokio::test]
+async fn cors_preflights_get_a_request_id_like_every_request() {
+    let secured = Secured::new(&["https://dash.example"]).await;
+    let preflight = |id: Option<&str>| {
+        let mut request = Request::options("/api/v1/rcs")
+            .header("origin", "https://dash.example")
+            .header("access-control-request-method", "POST");
+        if let Some(id) = id {
+            request = request.header("x-request-id", id);
+        }
+        request.body(Body::empty()).unwrap()
+    };
+    let response = call(&secured.router, preflight(None)).await;
+    assert!(response.status.is_success(), "{response:?}");
+    let id = response.header("x-request-id").expect("a request id");
+    uuid::Uuid::parse_str(id).expect("a UUID");
+    let response = call(&secured.router, preflight(Some("preflight-7"))).await;
+    assert_eq!(response.header("x-request-id"), Some("preflight-7"));
+}
+
+#[tokio::test]
 async fn cors_answers_let_pages_read_the_headers_the_api_answers_with() {
     let secured = Secured::new(&["https://dash.example"]).await;
     let request = Request::get("/api/v1/labels/node/node-1")
