@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,10 +12,11 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::server::TlsStream;
 
 use crate::app::AppState;
@@ -22,11 +24,9 @@ use crate::error::ApiError;
 use crate::router::{self, MAX_HEADERS};
 
 mod json_errors;
-mod stalled_writes;
 mod tls;
 
 use json_errors::JsonErrors;
-use stalled_writes::StalledWrites;
 use tls::Handshake;
 pub use tls::Tls;
 
@@ -103,12 +103,12 @@ pub async fn run_with(
             // Timeouts and clients hanging up end connections all the time: not worth more.
             let served = match tls {
                 None => {
-                    let io = TokioIo::new(JsonErrors::new(StalledWrites::new(stream, stall)));
+                    let io = TokioIo::new(JsonErrors::new(cut_off_when_stalled(stream, stall)));
                     watcher.watch(http.serve_connection(io, service)).await
                 }
                 Some(tls) => match secure(&tls, stream, limits.header_read_timeout).await {
                     Some(stream) => {
-                        let io = TokioIo::new(JsonErrors::new(StalledWrites::new(stream, stall)));
+                        let io = TokioIo::new(JsonErrors::new(cut_off_when_stalled(stream, stall)));
                         watcher.watch(http.serve_connection(io, service)).await
                     }
                     None => Ok(()),
@@ -128,6 +128,18 @@ pub async fn run_with(
 
 /// The connection past its TLS handshake, done within `timeout`; `None` when it cannot be
 /// served: too slow, not TLS (answered 400 and closed), or a failed handshake.
+/// `stream`, whose writes fail once the client has taken nothing of them for `limit`: a
+/// client that never reads its answers would otherwise keep its connection, its slot under
+/// `--max-connections` and a graceful stop waiting forever.
+fn cut_off_when_stalled<S: AsyncRead + AsyncWrite>(
+    stream: S,
+    limit: Duration,
+) -> Pin<Box<TimeoutStream<S>>> {
+    let mut stream = TimeoutStream::new(stream);
+    stream.set_write_timeout(Some(limit));
+    Box::pin(stream)
+}
+
 async fn secure(
     tls: &Tls,
     stream: TcpStream,
