@@ -1063,11 +1063,12 @@ impl WriteTxn {
     }
 
     /// Releases the write into the batch, and makes this transaction the next write on the
-    /// same writer.
+    /// same writer. A write that changed the database without taking an index (a renewal,
+    /// a reaping) waits for the batch too: the batch may yet be rolled back, and it with it.
     fn release(&mut self) -> Durable {
         self.release_rows();
         let writer = &mut self.tx.0;
-        writer.dirty = false;
+        let changed = std::mem::replace(&mut writer.dirty, false);
         let deleted = std::mem::take(&mut self.deleted);
         if self.wrote {
             let keys = self.touched.keys.iter().map(String::as_str);
@@ -1085,7 +1086,7 @@ impl WriteTxn {
             let first = writer.taken.map_or(self.index, |(first, _)| first);
             writer.taken = Some((first, self.index));
         }
-        let durable = if self.wrote || !writer.pending.is_empty() {
+        let durable = if self.wrote || changed || !writer.pending.is_empty() {
             let (done, waiter) = oneshot::channel();
             writer.pending.push(done);
             Durable(Some(waiter))
@@ -1541,7 +1542,7 @@ struct Queued {
 }
 
 /// Whether the batch a write was released into became durable (`None`: the write need not
-/// wait, having neither written nor read others' writes).
+/// wait, having neither changed the database nor read others' writes).
 struct Durable(Option<oneshot::Receiver<StoreResult<()>>>);
 
 impl Durable {

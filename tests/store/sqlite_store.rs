@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use p2_apiserver::kv::sqlite::SqliteStore;
-use p2_apiserver::kv::{Cas, KvStore, SessionSpec, StoreError, WatchTarget};
+use p2_apiserver::kv::{Cas, KvStore, SessionSpec, StoreError, TxnOp, WatchTarget};
 
 async fn two_stores_on_one_file() -> (tempfile::TempDir, Arc<SqliteStore>, Arc<SqliteStore>) {
     let dir = tempfile::tempdir().unwrap();
@@ -97,4 +97,78 @@ async fn state_and_index_survive_a_restart() {
     store.put("c", b"3", Cas::Any).await.unwrap();
     let after = store.get("c").await.unwrap().unwrap().modify_index;
     assert!(after > before);
+}
+
+/// When `session` expires, as the file holds it.
+async fn expiry(conn: &mut sqlx::SqliteConnection, session: &str) -> i64 {
+    sqlx::query_scalar("SELECT expires_at_ms FROM sessions WHERE id = ?1")
+        .bind(session)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// A renewal is answered only once the batch it went into is durable: when a later write of
+/// the same batch fails and the batch is rolled back, the renewal is rolled back with it and
+/// must not be answered as done, or a leader would count on a TTL the store does not hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_rolled_back_with_its_batch_is_not_answered_as_done() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.db").display().to_string();
+    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let spec = SessionSpec::deleting("leader", Duration::from_secs(60));
+    let session = store.create_session(&spec).await.unwrap();
+    store.put("x", b"1", Cas::Any).await.unwrap();
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{path}"))
+        .await
+        .unwrap();
+    let before = expiry(&mut other, &session).await;
+    // The batch's delete of `x` will fail as the batch is written.
+    sqlx::query(
+        "CREATE TRIGGER refuse BEFORE DELETE ON kv WHEN OLD.key = X'78'
+         BEGIN SELECT RAISE(ABORT, 'refused'); END",
+    )
+    .execute(&mut other)
+    .await
+    .unwrap();
+
+    // Another process holds the file, so that the renewal and the failing write queue
+    // behind it, in that order, and go into one batch.
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let renewing = {
+        let (store, session) = (store.clone(), session.clone());
+        tokio::spawn(async move { store.renew_session(&session).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let failing = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let ops = [
+                TxnOp::Set {
+                    key: "a".into(),
+                    value: b"1".to_vec(),
+                },
+                TxnOp::Delete { key: "x".into() },
+            ];
+            store.txn(&ops).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+
+    let failed = failing.await.unwrap();
+    assert!(
+        matches!(failed, Err(StoreError::Unavailable(_))),
+        "{failed:?}"
+    );
+    let renewed = renewing.await.unwrap();
+    let after = expiry(&mut other, &session).await;
+    assert!(
+        renewed.is_err() || after > before,
+        "renewal answered {renewed:?}, but the session still expires at {after} (was {before})"
+    );
 }
