@@ -243,7 +243,10 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 impl SqliteStore {
     /// Opens (creating if needed) the database file and applies migrations.
     pub async fn open(path: &str) -> StoreResult<Self> {
-        let options = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))
+        // The URL's database part is percent-decoded and ends at a `?`: both are escaped, so
+        // that the file opened is the one named, never another one created empty.
+        let escaped = path.replace('%', "%25").replace('?', "%3F");
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{escaped}"))
             .map_err(|e| StoreError::Invalid(format!("bad sqlite path {path:?}: {e}")))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)

@@ -172,3 +172,26 @@ async fn a_renewal_rolled_back_with_its_batch_is_not_answered_as_done() {
         "renewal answered {renewed:?}, but the session still expires at {after} (was {before})"
     );
 }
+
+/// The store lives in the file named, whatever its name holds: a `%` or a `?` in it is not
+/// read as a URL's escape or query, which would open, or create, another file.
+#[tokio::test]
+async fn the_store_is_in_the_file_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["100%41.db", "what?.db", "a%3Fmode=ro.db"] {
+        let path = dir.path().join(name);
+        let store = SqliteStore::open(&path.display().to_string()).await;
+        let store = store.unwrap_or_else(|e| panic!("{name}: {e}"));
+        store.put("k", b"v", Cas::Any).await.unwrap();
+        store.shut_down().await;
+        drop(store);
+        assert!(path.exists(), "{name}: no such file");
+    }
+    let mut files: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".db"))
+        .collect();
+    files.sort();
+    assert_eq!(files, ["100%41.db", "a%3Fmode=ro.db", "what?.db"]);
+}
