@@ -29,6 +29,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use sqlx::migrate::MigrateError;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -261,12 +262,7 @@ impl SqliteStore {
             .clone()
             .pragma("temp_store", "memory")
             .pragma("wal_autocheckpoint", "8192");
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(writer_options)
-            .await
-            .map_err(unavailable)?;
-        migrate(&writer).await?;
+        let writer = open_writer(writer_options).await?;
         // Readers keep small page caches (256 KiB each rather than SQLite's 2 MiB): they
         // read little beside the mirror, and what they read is in the OS's cache anyway.
         // They are not pinged before each use, as pooled connections are by default: a
@@ -388,16 +384,50 @@ impl Drop for SqliteStore {
     }
 }
 
-async fn migrate(writer: &SqlitePool) -> StoreResult<()> {
-    // Two processes starting on a fresh file may race to create the schema; the loser
-    // finds it done on the second try.
-    match MIGRATOR.run(writer).await {
-        Ok(()) => Ok(()),
-        Err(_) => MIGRATOR
-            .run(writer)
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("migrating the database: {e}"))),
+/// Connects the writer and migrates the file. Processes starting together on a fresh file
+/// race: turning it to WAL mode takes a lock SQLite does not wait for, and each applies the
+/// migrations the others have not recorded yet, failing on what a winner made meanwhile. A
+/// loser tries again, and finds the winner's work done, for up to [`BUSY_TIMEOUT`]; a file
+/// a newer server migrated is refused at once.
+async fn open_writer(options: SqliteConnectOptions) -> StoreResult<SqlitePool> {
+    let started = Instant::now();
+    loop {
+        let connected = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await;
+        let failed = match connected {
+            Ok(writer) => match MIGRATOR.run(&writer).await {
+                Ok(()) => return Ok(writer),
+                Err(e) => {
+                    writer.close().await;
+                    let raced = matches!(
+                        e,
+                        MigrateError::Execute(_) | MigrateError::ExecuteMigration(..)
+                    );
+                    let e = StoreError::Unavailable(format!("migrating the database: {e}"));
+                    if !raced {
+                        return Err(e);
+                    }
+                    e
+                }
+            },
+            Err(e) if is_busy(&e) => unavailable(e),
+            Err(e) => return Err(unavailable(e)),
+        };
+        if started.elapsed() >= BUSY_TIMEOUT {
+            return Err(failed);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Whether SQLite refused for a lock another connection holds (`SQLITE_BUSY`,
+/// `SQLITE_LOCKED` and their extended codes).
+fn is_busy(e: &sqlx::Error) -> bool {
+    let code = e.as_database_error().and_then(|e| e.code());
+    code.and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
 }
 
 fn unavailable(e: sqlx::Error) -> StoreError {

@@ -195,3 +195,20 @@ async fn the_store_is_in_the_file_named() {
     files.sort();
     assert_eq!(files, ["100%41.db", "a%3Fmode=ro.db", "what?.db"]);
 }
+
+/// Servers starting together on a fresh file all open it: each race to make the schema (the
+/// file's turn to WAL mode, each migration) has losers, who find it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn servers_starting_together_on_a_fresh_file_all_open_it() {
+    for _ in 0..30 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kv.db").display().to_string();
+        let opening = (0..4).map(|_| {
+            let path = path.clone();
+            tokio::spawn(async move { SqliteStore::open(&path).await.map(drop) })
+        });
+        for opened in futures::future::join_all(opening).await {
+            opened.unwrap().unwrap();
+        }
+    }
+}
