@@ -1132,14 +1132,23 @@ impl WriteTxn {
     }
 
     /// Forgets what the write changed (none of it reached the batch), and makes this
-    /// transaction the next write on the same writer.
-    fn discard(&mut self) {
+    /// transaction the next write on the same writer. Its failure stands only once the
+    /// writes of the batch it may have read are durable: a check failed on a row the batch
+    /// then rolls back failed on nothing the store ever held.
+    fn discard(&mut self) -> Durable {
         for key in std::mem::take(&mut self.staged) {
             self.rows.remove(&key);
         }
         self.touched = Touched::default();
         self.deleted.clear();
         self.wrote = false;
+        let writer = &mut self.tx.0;
+        if writer.pending.is_empty() {
+            return Durable(None);
+        }
+        let (done, waiter) = oneshot::channel();
+        writer.pending.push(done);
+        Durable(Some(waiter))
     }
 
     async fn row(&mut self, key: &str) -> StoreResult<Option<KvPair>> {
@@ -1568,10 +1577,11 @@ fn session_from_row(row: &SqliteRow) -> StoreResult<SessionInfo> {
 }
 
 /// A transaction waiting for the writer, and where to answer it: its results, or its
-/// failure, once released into the batch; the batch says whether it became durable.
+/// failure, once released into the batch or discarded; the batch says whether it became
+/// durable, and with it the results or the failure.
 struct Queued {
     ops: Vec<TxnOp>,
-    answer: oneshot::Sender<StoreResult<(Vec<Option<KvPair>>, Durable)>>,
+    answer: oneshot::Sender<(StoreResult<Vec<Option<KvPair>>>, Durable)>,
 }
 
 /// Whether the batch a write was released into became durable (`None`: the write need not
@@ -1601,9 +1611,9 @@ async fn run_txn(inner: &Inner, ops: Vec<TxnOp>) -> StoreResult<Vec<Option<KvPai
         .push(Queued { ops, answer });
     inner.queued_ready.notify_one();
     let closed = || StoreError::Unavailable("the store was closed".into());
-    let (results, durable) = answered.await.map_err(|_| closed())??;
+    let (results, durable) = answered.await.map_err(|_| closed())?;
     durable.wait().await?;
-    Ok(results)
+    results
 }
 
 /// Runs the queued transactions until the store is dropped, all those queued at once on one
@@ -1636,7 +1646,7 @@ async fn run_queued(inner: Weak<Inner>, ready: Arc<Notify>, stop: CancellationTo
             Ok(txn) => txn,
             Err(e) => {
                 for queued in queued {
-                    let _ = queued.answer.send(Err(e.clone()));
+                    let _ = queued.answer.send((Err(e.clone()), Durable(None)));
                 }
                 continue;
             }
@@ -1652,11 +1662,8 @@ async fn run_queued(inner: Weak<Inner>, ready: Arc<Notify>, stop: CancellationTo
                 Err(e) => Err(e.clone()),
             };
             let answered = match applied {
-                Ok(results) => Ok((results, txn.release())),
-                Err(e) => {
-                    txn.discard();
-                    Err(e)
-                }
+                Ok(results) => (Ok(results), txn.release()),
+                Err(e) => (Err(e), txn.discard()),
             };
             let _ = answer.send(answered);
         }

@@ -212,3 +212,65 @@ async fn servers_starting_together_on_a_fresh_file_all_open_it() {
         }
     }
 }
+
+/// A transaction whose check fails against a write of its batch that is not yet durable
+/// fails as that write does: when the batch is rolled back, the check failed on nothing the
+/// store ever held, and a conflict (a create told the key exists) would be a wrong answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_failed_on_a_write_rolled_back_with_its_batch_is_no_conflict() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.db").display().to_string();
+    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+    store.put("x", b"1", Cas::Any).await.unwrap();
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{path}"))
+        .await
+        .unwrap();
+    // The first write's delete of `x` will fail as the batch is written.
+    sqlx::query(
+        "CREATE TRIGGER refuse BEFORE DELETE ON kv WHEN OLD.key = X'78'
+         BEGIN SELECT RAISE(ABORT, 'refused'); END",
+    )
+    .execute(&mut other)
+    .await
+    .unwrap();
+
+    // Another process holds the file, so that both transactions queue behind it, in
+    // order, and run in one batch.
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let run = |ops: Vec<TxnOp>| {
+        let store = store.clone();
+        tokio::spawn(async move { store.txn(&ops).await })
+    };
+    let creating = run(vec![
+        TxnOp::Cas {
+            key: "a".into(),
+            value: b"1".to_vec(),
+            index: 0,
+        },
+        TxnOp::Delete { key: "x".into() },
+    ]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let creating_too = run(vec![TxnOp::Cas {
+        key: "a".into(),
+        value: b"2".to_vec(),
+        index: 0,
+    }]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+
+    let created = creating.await.unwrap();
+    assert!(
+        matches!(created, Err(StoreError::Unavailable(_))),
+        "{created:?}"
+    );
+    let second = creating_too.await.unwrap();
+    let stored = store.get("a").await.unwrap();
+    assert!(
+        !matches!(second, Err(StoreError::Conflict { .. })) || stored.is_some(),
+        "the second create was told {second:?}, but the store holds {stored:?}"
+    );
+}
