@@ -1095,6 +1095,15 @@ impl WriteTxn {
         durable.wait().await
     }
 
+    /// Gives the write up, having changed nothing, once the writes of the batch it read are
+    /// durable: what it read of them decides its answer only if they are.
+    async fn abandon(mut self) -> StoreResult<()> {
+        let durable = self.discard();
+        // Dropping the transaction frees the writer and wakes the flusher.
+        drop(self);
+        durable.wait().await
+    }
+
     /// Releases the write into the batch, and makes this transaction the next write on the
     /// same writer. A write that changed the database without taking an index (a renewal,
     /// a reaping) waits for the batch too: the batch may yet be rolled back, and it with it.
@@ -1998,6 +2007,7 @@ impl KvStore for SqliteStore {
         self.write(move |inner| async move {
             let mut txn = WriteTxn::begin(&inner).await?;
             if txn.session(&session).await?.is_none() {
+                txn.abandon().await?;
                 return Err(StoreError::NotFound(format!("invalid session {session:?}")));
             }
             let taken = txn.apply(&op).await?.is_ok();
@@ -2014,7 +2024,10 @@ impl KvStore for SqliteStore {
             let mut txn = WriteTxn::begin(&inner).await?;
             let value = match txn.row(&key).await? {
                 Some(pair) => pair.value.to_vec(),
-                None => return Ok(false),
+                None => {
+                    txn.abandon().await?;
+                    return Ok(false);
+                }
             };
             let released = txn
                 .apply(&TxnOp::Unlock {

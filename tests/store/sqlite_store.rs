@@ -274,3 +274,68 @@ async fn a_check_failed_on_a_write_rolled_back_with_its_batch_is_no_conflict() {
         "the second create was told {second:?}, but the store holds {stored:?}"
     );
 }
+
+/// A release that finds its key deleted by a write of its batch not yet durable answers as
+/// that write fails: when the batch is rolled back, the key is still held, and "not held"
+/// would be a wrong answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_a_key_deleted_by_a_write_rolled_back_is_not_refused() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.db").display().to_string();
+    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let spec = SessionSpec::deleting("farm", Duration::from_secs(60));
+    let session = store.create_session(&spec).await.unwrap();
+    assert!(store.acquire("lock/k", b"held", &session).await.unwrap());
+    store.put("x", b"1", Cas::Any).await.unwrap();
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{path}"))
+        .await
+        .unwrap();
+    // The delete's batch fails as it is written.
+    sqlx::query(
+        "CREATE TRIGGER refuse BEFORE DELETE ON kv WHEN OLD.key = X'78'
+         BEGIN SELECT RAISE(ABORT, 'refused'); END",
+    )
+    .execute(&mut other)
+    .await
+    .unwrap();
+
+    // Another process holds the file, so that the delete and the release queue behind it,
+    // in that order, and go into one batch.
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let deleting = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let ops = [
+                TxnOp::Delete {
+                    key: "lock/k".into(),
+                },
+                TxnOp::Delete { key: "x".into() },
+            ];
+            store.txn(&ops).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let releasing = {
+        let (store, session) = (store.clone(), session.clone());
+        tokio::spawn(async move { store.release("lock/k", &session).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+
+    let deleted = deleting.await.unwrap();
+    assert!(
+        matches!(deleted, Err(StoreError::Unavailable(_))),
+        "{deleted:?}"
+    );
+    let released = releasing.await.unwrap();
+    let held = store.get("lock/k").await.unwrap();
+    let holder = held.as_ref().and_then(|pair| pair.session());
+    assert!(
+        !matches!(released, Ok(false)) || holder != Some(session.as_str()),
+        "the release was refused, but the key is held by its session: {held:?}"
+    );
+}
