@@ -47,7 +47,7 @@ use crate::state::Mirror;
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 
 use super::conditions::Published;
-use super::pods::{pod_health, same_manifest, schedule_ops, unschedule_ops};
+use super::pods::{is_free, pod_health, same_manifest, schedule_ops, unschedule_ops};
 use super::world::{pod_key, PodKey, Shared, World};
 use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
 
@@ -543,7 +543,7 @@ fn plan(
     let add: Vec<String> = eligible
         .iter()
         .filter(|node| !current.contains(**node))
-        .filter(|node| world.intent(&pod(node)).is_none())
+        .filter(|node| is_free(world, &pod(node)))
         .map(|node| (*node).to_owned())
         .collect();
 

@@ -3,7 +3,7 @@
 //! farm read, so a concurrent change to the pod rolls the write back.
 
 use crate::kv::TxnOp;
-use crate::labels::Labels;
+use crate::labels::{Labels, DS_ID_LABEL, RC_ID_LABEL};
 use crate::model::{Manifest, PodHealth};
 use crate::store::labels::LabelRecord;
 use crate::store::pods::{self, PodLocation, PodTree};
@@ -16,6 +16,24 @@ fn seen(world: &World, pod: &PodKey) -> (PodLocation, LabelRecord) {
         PodLocation::stored(&pod.0, &pod.1),
         world.pod_label_record(pod),
     )
+}
+
+/// Whether an owner may place `pod` as a new pod of its own: nobody intends it, and its
+/// labels name no RC or daemon set that exists. A pod whose intent went (deleted by hand, or
+/// by a tool that deletes its labels next) while its labels still name its owner is that
+/// owner's to put back: another owner placing it would label it for both, and the two farms
+/// would then rewrite its intent in turn for ever, each seeing the other's manifest.
+pub fn is_free(world: &World, pod: &PodKey) -> bool {
+    if world.intent(pod).is_some() {
+        return false;
+    }
+    let Some(labels) = world.pod_labels_of(pod) else {
+        return true;
+    };
+    let rc = labels.get(RC_ID_LABEL);
+    let ds = labels.get(DS_ID_LABEL);
+    !(rc.is_some_and(|id| world.rcs.items.contains_key(id))
+        || ds.is_some_and(|id| world.daemon_sets.items.contains_key(id)))
 }
 
 /// [`pods::schedule_ops`] at the labels the farm saw. A pod the farm believes absent must

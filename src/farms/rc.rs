@@ -31,7 +31,7 @@ use crate::model::{AllocationStrategy, AuditRecord, HealthState, StoredRc};
 use crate::state::Mirror;
 
 use super::conditions::Published;
-use super::pods::{replace_ops, same_manifest, schedule_ops, unschedule_ops};
+use super::pods::{is_free, replace_ops, same_manifest, schedule_ops, unschedule_ops};
 use super::roll::count;
 use super::world::{pod_key, World};
 use super::{Farm, FarmContext, FarmError, FarmResult, Retries, CONCURRENT_OBJECTS};
@@ -368,7 +368,8 @@ fn candidates(
         if chosen.len() >= need {
             break;
         }
-        if open(node) && !running.contains(node.as_str()) {
+        if open(node) && !running.contains(node.as_str()) && is_free(world, &pod_key(node, pod_id))
+        {
             chosen.push((node.clone(), None));
         }
     }
@@ -499,7 +500,7 @@ fn transfer_node(
     let arriving = eligible
         .iter()
         .filter(|node| !current.contains(*node))
-        .filter(|node| world.intent(&pod_key(node, pod_id)).is_none())
+        .filter(|node| is_free(world, &pod_key(node, pod_id)))
         .min_by_key(|node| (load.get(node), *node))?;
     load.add(arriving);
     Some(Transfer {

@@ -146,6 +146,50 @@ async fn of_two_contending_daemon_sets_the_newer_is_disabled() {
     assert_eq!(disabled[0]["event_details"]["daemon_set"]["disabled"], true);
 }
 
+/// A pod whose intent went while its labels still name its RC (deleted by hand, say) is the
+/// RC's to put back: a daemon set of the same pod id leaves that node alone. Taking it would
+/// label the pod for both, and the two farms would rewrite its intent in turn for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_intent_went_is_left_to_the_rc_its_labels_name() {
+    let h = Harness::start().await;
+    web_nodes(&h, 3).await;
+    let rc = h
+        .put_rc(
+            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+                       "replicas_desired": 1, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    let node = h.wait_for_rc_nodes(&rc, 1).await.remove(0);
+    // Disabled, the RC does not put the intent back before the daemon set looks.
+    h.edit_rc(&rc, |doc| doc["disabled"] = true.into()).await;
+    let intent = format!("intent/{node}/hello");
+    h.store.delete(&intent, Cas::Any).await.unwrap();
+    let mut doc = ds_doc("", 0, Duration::from_secs(600));
+    doc["manifest"] = NEW_MANIFEST.into();
+    let ds = h.put_ds(doc).await;
+    h.wait_until(|| async { (h.labelled_nodes(DS_ID, &ds).await.len() >= 2).then_some(()) })
+        .await;
+    tokio::time::sleep(SETTLE).await;
+    assert!(!h.labelled_nodes(DS_ID, &ds).await.contains(&node));
+    assert_eq!(h.intent(&node, "hello").await, None);
+
+    // Enabled again, the RC puts its pod back, and the pod stays as it put it.
+    h.edit_rc(&rc, |doc| doc["disabled"] = false.into()).await;
+    let index = h
+        .wait_until(|| async {
+            let pair = h.store.get(&intent).await.unwrap()?;
+            (&*pair.value == MANIFEST.as_bytes()).then_some(pair.modify_index)
+        })
+        .await;
+    tokio::time::sleep(SETTLE).await;
+    let pair = h.store.get(&intent).await.unwrap().unwrap();
+    assert_eq!(
+        pair.modify_index, index,
+        "the intent is rewritten again and again"
+    );
+    assert_eq!(h.rc_nodes(&rc).await, [node]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manifest_change_rolls_node_by_node_keeping_min_health() {
     let h = Harness::start().await;

@@ -91,6 +91,57 @@ async fn rcs_owned_by_another_farm_are_left_alone() {
     h.wait_for_rc_nodes(&id, 1).await;
 }
 
+/// A node whose pod lost its intent while its labels still name a daemon set is that daemon
+/// set's to put back: an RC of the same pod id does not take it as a free node, which would
+/// label the pod for both and set the two farms rewriting its intent in turn for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_intent_went_is_left_to_the_daemon_set_its_labels_name() {
+    use p2_apiserver::kv::Cas;
+    let h = Harness::start().await;
+    for i in 1..=2 {
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
+            .await;
+    }
+    let ds = h
+        .put_ds(
+            json!({"disabled": false, "manifest": MANIFEST, "min_health": 0,
+                       "cluster_name": "production", "node_selector": "", "pod_id": "hello",
+                       "timeout": 600_000_000_000u64}),
+        )
+        .await;
+    h.wait_until(|| async {
+        (h.labelled_nodes("daemon_set_id", &ds).await.len() == 2).then_some(())
+    })
+    .await;
+    // Disabled, the daemon set does not put the intent back before the RC looks.
+    h.edit_ds(&ds, |doc| doc["disabled"] = true.into()).await;
+    h.store
+        .delete("intent/node1/hello", Cas::Any)
+        .await
+        .unwrap();
+    let rc = h
+        .put_rc(
+            json!({"manifest": MANIFEST, "node_selector": "", "pod_labels": {},
+                       "replicas_desired": 1, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    // The RC has looked once it says it lacks nodes.
+    h.wait_until(|| async {
+        let key = format!("p2-apiserver/conditions/rcs/{rc}");
+        h.store.get(&key).await.unwrap().map(drop)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(h.rc_nodes(&rc).await.is_empty());
+    assert_eq!(h.intent("node1", "hello").await, None);
+
+    // Enabled again, the daemon set puts its pod back.
+    h.edit_ds(&ds, |doc| doc["disabled"] = false.into()).await;
+    h.wait_until(|| async { h.intent("node1", "hello").await })
+        .await;
+    assert!(h.rc_nodes(&rc).await.is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_few_eligible_nodes_raise_an_alert() {
     use wiremock::matchers::{body_partial_json, method};

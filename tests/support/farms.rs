@@ -253,6 +253,22 @@ impl Harness {
             .unwrap();
     }
 
+    /// Changes an RC's document with CAS, as a user of the store would.
+    pub async fn edit_rc(&self, id: &str, change: impl FnOnce(&mut serde_json::Value)) {
+        let key = format!("replication_controllers/{id}");
+        let pair = self.store.get(&key).await.unwrap().unwrap();
+        let mut doc: serde_json::Value = serde_json::from_slice(&pair.value).unwrap();
+        change(&mut doc);
+        self.store
+            .put(
+                &key,
+                doc.to_string().as_bytes(),
+                Cas::Index(pair.modify_index),
+            )
+            .await
+            .unwrap();
+    }
+
     pub async fn pod_labels(&self, node: &str, pod_id: &str) -> Labels {
         let key = layout::labels(LabelType::Pod, &format!("{node}/{pod_id}"));
         let pair = self.store.get(&key).await.unwrap().unwrap();
