@@ -22,13 +22,19 @@ fn seen(world: &World, pod: &PodKey) -> (PodLocation, LabelRecord) {
 /// labels name no RC or daemon set that exists. A pod whose intent went (deleted by hand, or
 /// by a tool that deletes its labels next) while its labels still name its owner is that
 /// owner's to put back: another owner placing it would label it for both, and the two farms
-/// would then rewrite its intent in turn for ever, each seeing the other's manifest.
+/// would then rewrite its intent in turn for ever, each seeing the other's manifest. A pod
+/// whose label key holds something that is not a label set is not free either: a write must
+/// CAS on labels it has read, so placing it would fail, and with it every other node of the
+/// same transaction, on every pass.
 pub fn is_free(world: &World, pod: &PodKey) -> bool {
     if world.intent(pod).is_some() {
         return false;
     }
-    let Some(labels) = world.pod_labels_of(pod) else {
+    let Some(entry) = world.pod_labels.items.get(pod) else {
         return true;
+    };
+    let Some(labels) = entry.labels() else {
+        return false;
     };
     let rc = labels.get(RC_ID_LABEL);
     let ds = labels.get(DS_ID_LABEL);

@@ -142,6 +142,31 @@ async fn a_pod_whose_intent_went_is_left_to_the_daemon_set_its_labels_name() {
     assert!(h.rc_nodes(&rc).await.is_empty());
 }
 
+/// A node whose pod label key holds something that is not a label set is skipped: placing a
+/// pod there cannot succeed, and the RC's other placements, written with it, failed with it
+/// on every pass, so the RC never scaled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_unreadable_pod_labels_does_not_hold_up_the_rc() {
+    use p2_apiserver::kv::Cas;
+    let h = Harness::start().await;
+    for i in 1..=3 {
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
+            .await;
+    }
+    h.store
+        .put("labels/pod/node1/hello", b"not a label set", Cas::Any)
+        .await
+        .unwrap();
+    let id = h
+        .put_rc(
+            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+                       "replicas_desired": 2, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    assert_eq!(h.wait_for_rc_nodes(&id, 2).await, ["node2", "node3"]);
+    assert_eq!(h.intent("node1", "hello").await, None);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_few_eligible_nodes_raise_an_alert() {
     use wiremock::matchers::{body_partial_json, method};
