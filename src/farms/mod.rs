@@ -303,7 +303,10 @@ impl FarmContext {
     }
 
     /// Raises a low-urgency alert from the farm named `farm` about `kind` `id` (see
-    /// [`Alerter::low`]) and, when it is not a repeat, records it as an event.
+    /// [`Alerter::low`]) and, when it is not a repeat, records it as an event. Nothing is
+    /// sent once the term has ended: a pass over many objects would otherwise go on posting
+    /// to the webhook, seconds each, before its writes found the term over, and hold up the
+    /// server's stepping down or stopping.
     pub async fn alert(
         &self,
         farm: &str,
@@ -312,6 +315,9 @@ impl FarmContext {
         description: String,
         details: serde_json::Value,
     ) {
+        if self.cancel.is_cancelled() {
+            return;
+        }
         if !self
             .alerts
             .low(incident_key, description.clone(), details)

@@ -218,3 +218,82 @@ async fn a_crashed_leader_is_replaced_within_the_documented_bound() {
     a.await.unwrap();
     b.await.unwrap();
 }
+
+/// Once its term has ended a farm posts no more alerts. A pass that found a great many RCs
+/// short of nodes (their node labels wiped, say) went on posting an alert for each, through
+/// a webhook that may take seconds to answer, before its writes found the term over: the
+/// server could neither step down nor stop meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_alert_is_posted_once_the_term_has_ended() {
+    use p2_apiserver::farms::{self, FarmOptions, CONCURRENT_OBJECTS};
+    use p2_apiserver::kv::Cas;
+    use p2_apiserver::state::{Mirror, MirrorConfig};
+    use tokio_util::task::TaskTracker;
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let webhook = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(3)))
+        .mount(&webhook)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("alerts.db").display().to_string();
+    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let session = |name: &'static str| {
+        let store = store.clone();
+        async move {
+            let spec = SessionSpec::deleting(name, Duration::from_secs(60));
+            store.create_session(&spec).await.unwrap()
+        }
+    };
+    let term = Term {
+        leader_session: session("leader").await,
+        session: session("farms").await,
+        cancel: CancellationToken::new(),
+    };
+    assert!(store
+        .acquire(LEADER_LOCK, b"", &term.leader_session)
+        .await
+        .unwrap());
+    // RCs whose selector matches no node: each is short of nodes, and alerted about.
+    let rcs = 3 * CONCURRENT_OBJECTS;
+    for _ in 0..rcs {
+        let id = uuid::Uuid::new_v4().to_string();
+        let rc = serde_json::json!({"id": id, "manifest": "id: hello\n", "node_selector": "role=none",
+                                    "pod_labels": {}, "replicas_desired": 1, "disabled": false,
+                                    "allocation_strategy": ""});
+        let key = format!("replication_controllers/{id}");
+        store
+            .put(&key, rc.to_string().as_bytes(), Cas::Index(0))
+            .await
+            .unwrap();
+    }
+    let tasks = TaskTracker::new();
+    let shutdown = CancellationToken::new();
+    let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+    mirror.start(&tasks, shutdown.clone());
+    let farms = tokio::spawn(farms::run_term(
+        store.clone(),
+        mirror,
+        term.clone(),
+        Arc::new(Alerter::new(Some(webhook.uri()))),
+        "t".into(),
+        FarmOptions::default(),
+    ));
+    wait_for(async || !webhook.received_requests().await.unwrap().is_empty()).await;
+
+    term.cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(120), farms)
+        .await
+        .expect("the farms stop")
+        .unwrap();
+    let posted = webhook.received_requests().await.unwrap().len();
+    assert!(
+        posted <= CONCURRENT_OBJECTS,
+        "{posted} alerts posted, only those under way when the term ended may be"
+    );
+    shutdown.cancel();
+    tasks.close();
+    tasks.wait().await;
+}
