@@ -8,7 +8,7 @@
 //!   changes no pods.
 //! - **scheduling**: eligible nodes without the pod get it, labelled with
 //!   `daemon_set_id` only; a node already running the pod id for another owner is left
-//!   alone. Pods on nodes no longer eligible are removed, except that a daemon set matching no
+//!   alone, and so is a pod whose labels name an RC as well as the daemon set. Pods on nodes no longer eligible are removed, except that a daemon set matching no
 //!   node at all removes nothing (P2's failsafe).
 //! - **replacement**: pods whose intent is not the daemon set's manifest are replaced while
 //!   at least `min_health` nodes stay healthy (reality equals intent and health passing), at
@@ -47,7 +47,7 @@ use crate::state::Mirror;
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 
 use super::conditions::Published;
-use super::pods::{is_free, pod_health, same_manifest, schedule_ops, unschedule_ops};
+use super::pods::{is_free, pod_health, rc_labelled, same_manifest, schedule_ops, unschedule_ops};
 use super::world::{pod_key, PodKey, Shared, World};
 use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
 
@@ -522,6 +522,9 @@ fn plan(
     let mut current = BTreeSet::new();
     let mut strays = Vec::new();
     for labelled in world.pods_labelled(DS_ID_LABEL, id) {
+        if rc_labelled(world, &labelled) {
+            continue;
+        }
         if &*labelled.1 == pod_id {
             current.insert(labelled.0.to_string());
         } else {

@@ -42,6 +42,17 @@ pub fn is_free(world: &World, pod: &PodKey) -> bool {
         || ds.is_some_and(|id| world.daemon_sets.items.contains_key(id)))
 }
 
+/// Whether the labels of `pod` name an RC that exists. A daemon set leaves such a pod to the
+/// RC: P2's farms place their pods without looking at another owner's labels, so a pod may
+/// be labelled for both, and a daemon set and an RC each writing its own manifest over the
+/// other's would rewrite its intent in turn for ever.
+pub fn rc_labelled(world: &World, pod: &PodKey) -> bool {
+    world
+        .pod_labels_of(pod)
+        .and_then(|labels| labels.get(RC_ID_LABEL))
+        .is_some_and(|id| world.rcs.items.contains_key(id))
+}
+
 /// [`pods::schedule_ops`] at the labels the farm saw. A pod the farm believes absent must
 /// still be absent: never overwrite an intent that someone else wrote since it looked.
 pub fn schedule_ops(

@@ -190,6 +190,54 @@ async fn a_pod_whose_intent_went_is_left_to_the_rc_its_labels_name() {
     assert_eq!(h.rc_nodes(&rc).await, [node]);
 }
 
+/// A pod labelled for both an RC and a daemon set (as P2's farms may leave one, each placing
+/// its pod without looking at the other's labels) is left to the RC: the daemon set does not
+/// write its manifest over the RC's, which the RC would write back, for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_labelled_for_an_rc_too_is_left_to_the_rc() {
+    let h = Harness::start().await;
+    h.label(LabelType::Node, "node1", json!({"role": "web"}))
+        .await;
+    h.label(LabelType::Node, "node2", json!({"role": "db"}))
+        .await;
+    let rc = h
+        .put_rc(
+            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+                       "replicas_desired": 1, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    h.wait_for_rc_nodes(&rc, 1).await;
+    let mut doc = ds_doc("", 0, Duration::from_secs(600));
+    doc["manifest"] = NEW_MANIFEST.into();
+    let ds = h.put_ds(doc).await;
+    wait_for_ds_nodes(&h, &ds, &["node2"]).await;
+    // Another farm placed the daemon set's pod over the RC's, merging its label in.
+    h.label(
+        LabelType::Pod,
+        "node1/hello",
+        json!({"pod_id": "hello", "replication_controller_id": rc, DS_ID: ds}),
+    )
+    .await;
+    h.store
+        .put("intent/node1/hello", NEW_MANIFEST.as_bytes(), Cas::Any)
+        .await
+        .unwrap();
+
+    let index = h
+        .wait_until(|| async {
+            let pair = h.store.get("intent/node1/hello").await.unwrap()?;
+            (&*pair.value == MANIFEST.as_bytes()).then_some(pair.modify_index)
+        })
+        .await;
+    tokio::time::sleep(SETTLE).await;
+    let pair = h.store.get("intent/node1/hello").await.unwrap().unwrap();
+    assert_eq!(
+        (String::from_utf8_lossy(&pair.value), pair.modify_index),
+        (MANIFEST.into(), index),
+        "the daemon set and the RC rewrite the pod's intent in turn"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manifest_change_rolls_node_by_node_keeping_min_health() {
     let h = Harness::start().await;
