@@ -47,7 +47,9 @@ use crate::state::Mirror;
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 
 use super::conditions::Published;
-use super::pods::{is_free, pod_health, rc_labelled, same_manifest, schedule_ops, unschedule_ops};
+use super::pods::{
+    is_free, pod_health, rc_labelled, same_manifest, schedule_ops, unlabel_ops, unschedule_ops,
+};
 use super::world::{pod_key, PodKey, Shared, World};
 use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
 
@@ -348,9 +350,13 @@ impl DsFarm {
         let mut nodes: BTreeSet<&str> = pods.iter().map(|(node, _)| &**node).collect();
         for batch in pods.chunks(NODES_PER_TXN) {
             let before = nodes.clone();
+            // A pod whose labels name an RC too is the RC's: only the label goes.
             let mut ops: Vec<TxnOp> = batch
                 .iter()
-                .flat_map(|pod| unschedule_ops(world, pod, &[DS_ID_LABEL]))
+                .flat_map(|pod| match rc_labelled(world, pod) {
+                    true => unlabel_ops(world, pod, &[DS_ID_LABEL]),
+                    false => unschedule_ops(world, pod, &[DS_ID_LABEL]),
+                })
                 .collect();
             for (node, _) in batch {
                 nodes.remove(&**node);

@@ -3,9 +3,9 @@
 //! farm read, so a concurrent change to the pod rolls the write back.
 
 use crate::kv::TxnOp;
-use crate::labels::{Labels, DS_ID_LABEL, RC_ID_LABEL};
+use crate::labels::{LabelType, Labels, DS_ID_LABEL, RC_ID_LABEL};
 use crate::model::{Manifest, PodHealth};
-use crate::store::labels::LabelRecord;
+use crate::store::labels::{self, LabelRecord};
 use crate::store::pods::{self, PodLocation, PodTree};
 
 use super::world::{PodKey, World};
@@ -94,6 +94,23 @@ pub fn replace_ops(
 pub fn unschedule_ops(world: &World, pod: &PodKey, owned: &[&str]) -> Vec<TxnOp> {
     let (location, current) = seen(world, pod);
     pods::unschedule_ops(&location, owned.iter().copied(), &current)
+}
+
+/// The op that removes exactly the label keys `owned` from `pod`'s labels (CAS on the labels
+/// the farm saw), leaving its intent: an owner letting go of a pod another owner keeps.
+pub fn unlabel_ops(world: &World, pod: &PodKey, owned: &[&str]) -> Vec<TxnOp> {
+    let (location, mut current) = seen(world, pod);
+    for key in owned {
+        current.value.remove(*key);
+    }
+    labels::write_op(
+        LabelType::Pod,
+        &location.label_id(),
+        &current.value,
+        current.index,
+    )
+    .into_iter()
+    .collect()
 }
 
 /// How `pod` counts towards an owner that wants `wanted` on its node, by the one rule of

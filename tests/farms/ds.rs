@@ -238,6 +238,48 @@ async fn a_pod_labelled_for_an_rc_too_is_left_to_the_rc() {
     );
 }
 
+/// When a daemon set is deleted, a pod of its that an RC's labels also name keeps running
+/// for the RC: the cleanup takes only the daemon set's label off it, not its intent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_daemon_sets_pod_labelled_for_an_rc_too_keeps_running() {
+    let h = Harness::start().await;
+    web_nodes(&h, 1).await;
+    let rc = h
+        .put_rc(
+            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+                       "replicas_desired": 1, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    h.wait_for_rc_nodes(&rc, 1).await;
+    let ds = h
+        .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
+        .await;
+    // Another farm labelled the RC's pod for the daemon set as well.
+    h.label(
+        LabelType::Pod,
+        "node1/hello",
+        json!({"pod_id": "hello", "replication_controller_id": rc, DS_ID: ds}),
+    )
+    .await;
+    let intent = h.store.get("intent/node1/hello").await.unwrap().unwrap();
+    h.wait_until(|| async { h.ds_status(&ds).await.map(drop) })
+        .await;
+
+    h.store
+        .delete(&format!("daemon_sets/{ds}"), Cas::Any)
+        .await
+        .unwrap();
+    wait_for_ds_nodes(&h, &ds, &[]).await;
+    tokio::time::sleep(SETTLE).await;
+    let now = h.store.get("intent/node1/hello").await.unwrap().unwrap();
+    assert_eq!(
+        (now.create_index, now.modify_index),
+        (intent.create_index, intent.modify_index),
+        "the RC's pod was removed (and put back)"
+    );
+    assert_eq!(h.rc_nodes(&rc).await, ["node1"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manifest_change_rolls_node_by_node_keeping_min_health() {
     let h = Harness::start().await;
