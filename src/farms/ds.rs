@@ -8,8 +8,9 @@
 //!   changes no pods.
 //! - **scheduling**: eligible nodes without the pod get it, labelled with
 //!   `daemon_set_id` only; a node already running the pod id for another owner is left
-//!   alone, and so is a pod whose labels name an RC as well as the daemon set. Pods on nodes no longer eligible are removed, except that a daemon set matching no
-//!   node at all removes nothing (P2's failsafe).
+//!   alone, and so is a pod whose labels name an enabled RC as well as the daemon set. Pods
+//!   on nodes no longer eligible are removed, except that a daemon set matching no node at
+//!   all removes nothing (P2's failsafe).
 //! - **replacement**: pods whose intent is not the daemon set's manifest are replaced while
 //!   at least `min_health` nodes stay healthy (reality equals intent and health passing), at
 //!   most [`MAX_IN_FLIGHT`] nodes at a time. P2 ignores `min_health`; we do not. Unhealthy

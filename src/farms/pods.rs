@@ -19,13 +19,15 @@ fn seen(world: &World, pod: &PodKey) -> (PodLocation, LabelRecord) {
 }
 
 /// Whether an owner may place `pod` as a new pod of its own: nobody intends it, and its
-/// labels name no RC or daemon set that exists. A pod whose intent went (deleted by hand, or
-/// by a tool that deletes its labels next) while its labels still name its owner is that
-/// owner's to put back: another owner placing it would label it for both, and the two farms
-/// would then rewrite its intent in turn for ever, each seeing the other's manifest. A pod
-/// whose label key holds something that is not a label set is not free either: a write must
-/// CAS on labels it has read, so placing it would fail, and with it every other node of the
-/// same transaction, on every pass.
+/// labels name no enabled RC or daemon set. A pod whose intent went (deleted by hand, or by a
+/// tool that deletes its labels next) while its labels still name its owner is that owner's
+/// to put back: another owner placing it would label it for both, and the two farms would
+/// then rewrite its intent in turn for ever, each seeing the other's manifest. A disabled
+/// owner puts nothing back, so its labels hold the pod for nobody (the new RC of a roll
+/// takes such a pod of the old one, as it would replace it in place). A pod whose label key
+/// holds something that is not a label set is not free either: a write must CAS on labels it
+/// has read, so placing it would fail, and with it every other node of the same
+/// transaction, on every pass.
 pub fn is_free(world: &World, pod: &PodKey) -> bool {
     if world.intent(pod).is_some() {
         return false;
@@ -36,21 +38,27 @@ pub fn is_free(world: &World, pod: &PodKey) -> bool {
     let Some(labels) = entry.labels() else {
         return false;
     };
-    let rc = labels.get(RC_ID_LABEL);
-    let ds = labels.get(DS_ID_LABEL);
-    !(rc.is_some_and(|id| world.rcs.items.contains_key(id))
-        || ds.is_some_and(|id| world.daemon_sets.items.contains_key(id)))
+    let ds = labels
+        .get(DS_ID_LABEL)
+        .and_then(|id| world.daemon_sets.items.get(id));
+    !(names_enabled_rc(world, labels) || ds.is_some_and(|ds| !ds.value.disabled))
 }
 
-/// Whether the labels of `pod` name an RC that exists. A daemon set leaves such a pod to the
-/// RC: P2's farms place their pods without looking at another owner's labels, so a pod may
-/// be labelled for both, and a daemon set and an RC each writing its own manifest over the
+/// Whether the labels of `pod` name an enabled RC. A daemon set leaves such a pod to the RC:
+/// P2's farms place their pods without looking at another owner's labels, so a pod may be
+/// labelled for both, and a daemon set and an RC each writing its own manifest over the
 /// other's would rewrite its intent in turn for ever.
 pub fn rc_labelled(world: &World, pod: &PodKey) -> bool {
     world
         .pod_labels_of(pod)
-        .and_then(|labels| labels.get(RC_ID_LABEL))
-        .is_some_and(|id| world.rcs.items.contains_key(id))
+        .is_some_and(|labels| names_enabled_rc(world, labels))
+}
+
+fn names_enabled_rc(world: &World, labels: &Labels) -> bool {
+    labels
+        .get(RC_ID_LABEL)
+        .and_then(|id| world.rcs.items.get(id))
+        .is_some_and(|rc| !rc.value.disabled)
 }
 
 /// [`pods::schedule_ops`] at the labels the farm saw. A pod the farm believes absent must

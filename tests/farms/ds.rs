@@ -156,12 +156,15 @@ async fn a_pod_whose_intent_went_is_left_to_the_rc_its_labels_name() {
     let rc = h
         .put_rc(
             json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": 1, "disabled": false, "allocation_strategy": ""}),
+                       "replicas_desired": 1, "disabled": false,
+                       "allocation_strategy": "static_strategy"}),
         )
         .await;
     let node = h.wait_for_rc_nodes(&rc, 1).await.remove(0);
-    // Disabled, the RC does not put the intent back before the daemon set looks.
-    h.edit_rc(&rc, |doc| doc["disabled"] = true.into()).await;
+    // Its node out of the selector, the static RC keeps the pod but does not put its intent
+    // back before the daemon set looks.
+    h.label(LabelType::Node, &node, json!({"role": "spare"}))
+        .await;
     let intent = format!("intent/{node}/hello");
     h.store.delete(&intent, Cas::Any).await.unwrap();
     let mut doc = ds_doc("", 0, Duration::from_secs(600));
@@ -173,8 +176,9 @@ async fn a_pod_whose_intent_went_is_left_to_the_rc_its_labels_name() {
     assert!(!h.labelled_nodes(DS_ID, &ds).await.contains(&node));
     assert_eq!(h.intent(&node, "hello").await, None);
 
-    // Enabled again, the RC puts its pod back, and the pod stays as it put it.
-    h.edit_rc(&rc, |doc| doc["disabled"] = false.into()).await;
+    // In the selector again, the RC puts its pod back, and the pod stays as it put it.
+    h.label(LabelType::Node, &node, json!({"role": "web"}))
+        .await;
     let index = h
         .wait_until(|| async {
             let pair = h.store.get(&intent).await.unwrap()?;

@@ -98,23 +98,23 @@ async fn rcs_owned_by_another_farm_are_left_alone() {
 async fn a_pod_whose_intent_went_is_left_to_the_daemon_set_its_labels_name() {
     use p2_apiserver::kv::Cas;
     let h = Harness::start().await;
-    for i in 1..=2 {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
+    h.label(LabelType::Node, "node1", json!({"role": "web"}))
+        .await;
     let ds = h
         .put_ds(
             json!({"disabled": false, "manifest": MANIFEST, "min_health": 0,
-                       "cluster_name": "production", "node_selector": "", "pod_id": "hello",
-                       "timeout": 600_000_000_000u64}),
+                       "cluster_name": "production", "node_selector": "role=web",
+                       "pod_id": "hello", "timeout": 600_000_000_000u64}),
         )
         .await;
     h.wait_until(|| async {
-        (h.labelled_nodes("daemon_set_id", &ds).await.len() == 2).then_some(())
+        (h.labelled_nodes("daemon_set_id", &ds).await == ["node1"]).then_some(())
     })
     .await;
-    // Disabled, the daemon set does not put the intent back before the RC looks.
-    h.edit_ds(&ds, |doc| doc["disabled"] = true.into()).await;
+    // Matching no node any more, the daemon set keeps its pod but does not put its intent
+    // back before the RC looks.
+    h.label(LabelType::Node, "node1", json!({"role": "spare"}))
+        .await;
     h.store
         .delete("intent/node1/hello", Cas::Any)
         .await
@@ -135,11 +135,38 @@ async fn a_pod_whose_intent_went_is_left_to_the_daemon_set_its_labels_name() {
     assert!(h.rc_nodes(&rc).await.is_empty());
     assert_eq!(h.intent("node1", "hello").await, None);
 
-    // Enabled again, the daemon set puts its pod back.
-    h.edit_ds(&ds, |doc| doc["disabled"] = false.into()).await;
+    // Matching it again, the daemon set puts its pod back.
+    h.label(LabelType::Node, "node1", json!({"role": "web"}))
+        .await;
     h.wait_until(|| async { h.intent("node1", "hello").await })
         .await;
     assert!(h.rc_nodes(&rc).await.is_empty());
+}
+
+/// A disabled RC puts nothing back, so the labels it left on a pod whose intent went hold
+/// that node for nobody: the new RC of a roll takes it, as it takes the old RC's pods in
+/// place, instead of waiting for a node the old RC will never free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_left_without_intent_by_a_disabled_rc_is_taken_by_another() {
+    use p2_apiserver::kv::Cas;
+    let h = Harness::start().await;
+    h.label(LabelType::Node, "node1", json!({"role": "web"}))
+        .await;
+    let rc = |disabled: bool| {
+        json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+               "replicas_desired": 1, "disabled": disabled, "allocation_strategy": ""})
+    };
+    let old = h.put_rc(rc(false)).await;
+    h.wait_for_rc_nodes(&old, 1).await;
+    h.edit_rc(&old, |doc| doc["disabled"] = true.into()).await;
+    h.store
+        .delete("intent/node1/hello", Cas::Any)
+        .await
+        .unwrap();
+    let new = h.put_rc(rc(false)).await;
+    h.wait_for_rc_nodes(&new, 1).await;
+    assert_eq!(h.intent("node1", "hello").await.as_deref(), Some(MANIFEST));
+    assert!(h.rc_nodes(&old).await.is_empty());
 }
 
 /// A node whose pod label key holds something that is not a label set is skipped: placing a
