@@ -19,29 +19,32 @@ fn seen(world: &World, pod: &PodKey) -> (PodLocation, LabelRecord) {
 }
 
 /// Whether an owner may place `pod` as a new pod of its own: nobody intends it, and its
-/// labels name no enabled RC or daemon set. A pod whose intent went (deleted by hand, or by a
-/// tool that deletes its labels next) while its labels still name its owner is that owner's
-/// to put back: another owner placing it would label it for both, and the two farms would
-/// then rewrite its intent in turn for ever, each seeing the other's manifest. A disabled
-/// owner puts nothing back, so its labels hold the pod for nobody (the new RC of a roll
-/// takes such a pod of the old one, as it would replace it in place). A pod whose label key
-/// holds something that is not a label set is not free either: a write must CAS on labels it
-/// has read, so placing it would fail, and with it every other node of the same
-/// transaction, on every pass.
-pub fn is_free(world: &World, pod: &PodKey) -> bool {
-    if world.intent(pod).is_some() {
+/// labels do not hold it for another owner ([`held_by_labels`]).
+pub fn is_free(world: &World, (node, pod_id): &PodKey) -> bool {
+    world.intents.items.get_at(node, pod_id).is_none() && !held_by_labels(world, node, pod_id)
+}
+
+/// Whether the labels of pod `pod_id` on `node` hold it for an owner: they name an enabled
+/// RC or daemon set, or are not a label set at all. A pod whose intent went (deleted by
+/// hand, or by a tool that deletes its labels next) while its labels still name its owner is
+/// that owner's to put back: another owner placing it would label it for both, and the two
+/// farms would then rewrite its intent in turn for ever, each seeing the other's manifest. A
+/// disabled owner puts nothing back, so its labels hold the pod for nobody (the new RC of a
+/// roll takes such a pod of the old one, as it would replace it in place). A label key that
+/// holds no label set cannot be placed on either: a write must CAS on labels it has read, so
+/// placing it would fail, and with it every other node of the same transaction, on every
+/// pass.
+pub fn held_by_labels(world: &World, node: &str, pod_id: &str) -> bool {
+    let Some(entry) = world.pod_labels.items.get_at(node, pod_id) else {
         return false;
-    }
-    let Some(entry) = world.pod_labels.items.get(pod) else {
-        return true;
     };
     let Some(labels) = entry.labels() else {
-        return false;
+        return true;
     };
     let ds = labels
         .get(DS_ID_LABEL)
         .and_then(|id| world.daemon_sets.items.get(id));
-    !(names_enabled_rc(world, labels) || ds.is_some_and(|ds| !ds.value.disabled))
+    names_enabled_rc(world, labels) || ds.is_some_and(|ds| !ds.value.disabled)
 }
 
 /// Whether the labels of `pod` name an enabled RC. A daemon set leaves such a pod to the RC:

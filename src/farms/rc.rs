@@ -31,7 +31,9 @@ use crate::model::{AllocationStrategy, AuditRecord, HealthState, StoredRc};
 use crate::state::Mirror;
 
 use super::conditions::Published;
-use super::pods::{is_free, replace_ops, same_manifest, schedule_ops, unschedule_ops};
+use super::pods::{
+    held_by_labels, is_free, replace_ops, same_manifest, schedule_ops, unschedule_ops,
+};
 use super::roll::count;
 use super::world::{pod_key, World};
 use super::{Farm, FarmContext, FarmError, FarmResult, Retries, CONCURRENT_OBJECTS};
@@ -368,8 +370,8 @@ fn candidates(
         if chosen.len() >= need {
             break;
         }
-        if open(node) && !running.contains(node.as_str()) && is_free(world, &pod_key(node, pod_id))
-        {
+        // `running` holds every node that intends the pod: only its labels may hold it.
+        if open(node) && !running.contains(node.as_str()) && !held_by_labels(world, node, pod_id) {
             chosen.push((node.clone(), None));
         }
     }

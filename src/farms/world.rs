@@ -129,6 +129,11 @@ impl PodEntries {
 
     /// The entry of `pod`.
     pub fn get(&self, (node, pod_id): &PodKey) -> Option<&Arc<Entry>> {
+        self.get_at(node, pod_id)
+    }
+
+    /// The entry of pod `pod_id` on `node`, for a caller that holds no [`PodKey`] of it.
+    pub fn get_at(&self, node: &str, pod_id: &str) -> Option<&Arc<Entry>> {
         if self.legacy_only && is_uuid(pod_id) {
             return None;
         }
