@@ -108,23 +108,14 @@ async fn expiry(conn: &mut sqlx::SqliteConnection, session: &str) -> i64 {
         .unwrap()
 }
 
-/// A renewal is answered only once the batch it went into is durable: when a later write of
-/// the same batch fails and the batch is rolled back, the renewal is rolled back with it and
-/// must not be answered as done, or a leader would count on a TTL the store does not hold.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewal_rolled_back_with_its_batch_is_not_answered_as_done() {
+/// Another connection to the file at `path` that makes a batch deleting the key `x` fail
+/// as it is written (a trigger), then holds the file's write lock: the transactions started
+/// next queue behind it, in order, and go into one batch once it commits.
+async fn holding_the_file_and_refusing_to_delete_x(path: &str) -> sqlx::SqliteConnection {
     use sqlx::Connection;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("kv.db").display().to_string();
-    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
-    let spec = SessionSpec::deleting("leader", Duration::from_secs(60));
-    let session = store.create_session(&spec).await.unwrap();
-    store.put("x", b"1", Cas::Any).await.unwrap();
     let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{path}"))
         .await
         .unwrap();
-    let before = expiry(&mut other, &session).await;
-    // The batch's delete of `x` will fail as the batch is written.
     sqlx::query(
         "CREATE TRIGGER refuse BEFORE DELETE ON kv WHEN OLD.key = X'78'
          BEGIN SELECT RAISE(ABORT, 'refused'); END",
@@ -132,13 +123,27 @@ async fn a_renewal_rolled_back_with_its_batch_is_not_answered_as_done() {
     .execute(&mut other)
     .await
     .unwrap();
-
-    // Another process holds the file, so that the renewal and the failing write queue
-    // behind it, in that order, and go into one batch.
     sqlx::query("BEGIN IMMEDIATE")
         .execute(&mut other)
         .await
         .unwrap();
+    other
+}
+
+/// A renewal is answered only once the batch it went into is durable: when a later write of
+/// the same batch fails and the batch is rolled back, the renewal is rolled back with it and
+/// must not be answered as done, or a leader would count on a TTL the store does not hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_rolled_back_with_its_batch_is_not_answered_as_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.db").display().to_string();
+    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let spec = SessionSpec::deleting("leader", Duration::from_secs(60));
+    let session = store.create_session(&spec).await.unwrap();
+    store.put("x", b"1", Cas::Any).await.unwrap();
+    // The renewal and then a write deleting `x` go into one batch, which fails.
+    let mut other = holding_the_file_and_refusing_to_delete_x(&path).await;
+    let before = expiry(&mut other, &session).await;
     let renewing = {
         let (store, session) = (store.clone(), session.clone());
         tokio::spawn(async move { store.renew_session(&session).await })
@@ -218,29 +223,12 @@ async fn servers_starting_together_on_a_fresh_file_all_open_it() {
 /// store ever held, and a conflict (a create told the key exists) would be a wrong answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_failed_on_a_write_rolled_back_with_its_batch_is_no_conflict() {
-    use sqlx::Connection;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kv.db").display().to_string();
     let store = Arc::new(SqliteStore::open(&path).await.unwrap());
     store.put("x", b"1", Cas::Any).await.unwrap();
-    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{path}"))
-        .await
-        .unwrap();
-    // The first write's delete of `x` will fail as the batch is written.
-    sqlx::query(
-        "CREATE TRIGGER refuse BEFORE DELETE ON kv WHEN OLD.key = X'78'
-         BEGIN SELECT RAISE(ABORT, 'refused'); END",
-    )
-    .execute(&mut other)
-    .await
-    .unwrap();
-
-    // Another process holds the file, so that both transactions queue behind it, in
-    // order, and run in one batch.
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut other)
-        .await
-        .unwrap();
+    // Both creates go into one batch, which fails on the first's delete of `x`.
+    let mut other = holding_the_file_and_refusing_to_delete_x(&path).await;
     let run = |ops: Vec<TxnOp>| {
         let store = store.clone();
         tokio::spawn(async move { store.txn(&ops).await })
@@ -280,7 +268,6 @@ async fn a_check_failed_on_a_write_rolled_back_with_its_batch_is_no_conflict() {
 /// would be a wrong answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_of_a_key_deleted_by_a_write_rolled_back_is_not_refused() {
-    use sqlx::Connection;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kv.db").display().to_string();
     let store = Arc::new(SqliteStore::open(&path).await.unwrap());
@@ -288,24 +275,8 @@ async fn a_release_of_a_key_deleted_by_a_write_rolled_back_is_not_refused() {
     let session = store.create_session(&spec).await.unwrap();
     assert!(store.acquire("lock/k", b"held", &session).await.unwrap());
     store.put("x", b"1", Cas::Any).await.unwrap();
-    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{path}"))
-        .await
-        .unwrap();
-    // The delete's batch fails as it is written.
-    sqlx::query(
-        "CREATE TRIGGER refuse BEFORE DELETE ON kv WHEN OLD.key = X'78'
-         BEGIN SELECT RAISE(ABORT, 'refused'); END",
-    )
-    .execute(&mut other)
-    .await
-    .unwrap();
-
-    // Another process holds the file, so that the delete and the release queue behind it,
-    // in that order, and go into one batch.
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut other)
-        .await
-        .unwrap();
+    // The delete and then the release go into one batch, which fails on deleting `x`.
+    let mut other = holding_the_file_and_refusing_to_delete_x(&path).await;
     let deleting = {
         let store = store.clone();
         tokio::spawn(async move {
