@@ -681,6 +681,18 @@ const HANG: Duration = Duration::from_secs(30);
 /// The server on a free port over a hung store, with `limits`; stops when the token is
 /// cancelled (or the test's runtime ends).
 async fn serve(limits: HttpLimits) -> (SocketAddr, CancellationToken) {
+    let (addr, shutdown, _) = serving(limits).await;
+    (addr, shutdown)
+}
+
+/// [`serve`], with the server's task, which ends when the server has stopped.
+async fn serving(
+    limits: HttpLimits,
+) -> (
+    SocketAddr,
+    CancellationToken,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
@@ -694,12 +706,12 @@ async fn serve(limits: HttpLimits) -> (SocketAddr, CancellationToken) {
         access: Default::default(),
         answers: Default::default(),
     });
-    tokio::spawn(server::run(
+    let served = tokio::spawn(server::run(
         listener,
         app,
         shutdown.clone().cancelled_owned(),
     ));
-    (addr, shutdown)
+    (addr, shutdown, served)
 }
 
 /// Everything the server sends until it closes the connection.
@@ -943,24 +955,7 @@ async fn a_client_that_never_reads_its_answers_is_cut_off() {
         max_connections: 1,
         ..short_limits()
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let shutdown = CancellationToken::new();
-    let store: Arc<dyn KvStore> = Arc::new(Frozen::EVERYTHING);
-    let app = Arc::new(App {
-        mirror: Mirror::new(store.clone(), MirrorConfig::default()),
-        store,
-        shutdown: shutdown.clone(),
-        limits,
-        validation: Default::default(),
-        access: Default::default(),
-        answers: Default::default(),
-    });
-    let served = tokio::spawn(server::run(
-        listener,
-        app,
-        shutdown.clone().cancelled_owned(),
-    ));
+    let (addr, shutdown, served) = serving(limits).await;
 
     // Asks for far more than the sockets' buffers hold, and reads none of it.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();

@@ -255,13 +255,18 @@ impl Harness {
 
     /// Changes an RC's document with CAS, as a user of the store would.
     pub async fn edit_rc(&self, id: &str, change: impl FnOnce(&mut serde_json::Value)) {
-        let key = format!("replication_controllers/{id}");
-        let pair = self.store.get(&key).await.unwrap().unwrap();
+        self.edit_json(&format!("replication_controllers/{id}"), change)
+            .await;
+    }
+
+    /// Changes the JSON document at `key` with CAS.
+    async fn edit_json(&self, key: &str, change: impl FnOnce(&mut serde_json::Value)) {
+        let pair = self.store.get(key).await.unwrap().unwrap();
         let mut doc: serde_json::Value = serde_json::from_slice(&pair.value).unwrap();
         change(&mut doc);
         self.store
             .put(
-                &key,
+                key,
                 doc.to_string().as_bytes(),
                 Cas::Index(pair.modify_index),
             )
@@ -447,18 +452,7 @@ impl Harness {
 
     /// Changes a daemon set's document with CAS, as a user of the store would.
     pub async fn edit_ds(&self, id: &str, change: impl FnOnce(&mut serde_json::Value)) {
-        let key = format!("daemon_sets/{id}");
-        let pair = self.store.get(&key).await.unwrap().unwrap();
-        let mut doc: serde_json::Value = serde_json::from_slice(&pair.value).unwrap();
-        change(&mut doc);
-        self.store
-            .put(
-                &key,
-                doc.to_string().as_bytes(),
-                Cas::Index(pair.modify_index),
-            )
-            .await
-            .unwrap();
+        self.edit_json(&format!("daemon_sets/{id}"), change).await;
     }
 
     /// The nodes whose pod labels carry `key=value`, sorted.
