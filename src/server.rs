@@ -52,9 +52,9 @@ pub async fn run(
 /// Each connection is HTTP/1.1 and is closed when it goes `--header-read-timeout` without a
 /// complete request head (silent, trickling or idle), or as long without taking any of an
 /// answer being sent to it; over HTTPS the TLS handshake must also be done within that time,
-/// before the first head's own. At most `--max-connections` are
-/// open at once; past that, a new one is answered 503 at once and closed, so a flood of idle
-/// clients can neither exhaust the file descriptors nor leave newcomers hanging.
+/// before the first head's own. At most `--max-connections` are open at once; past that, a
+/// new one is answered 503 at once and closed, so a flood of idle clients can neither
+/// exhaust the file descriptors nor leave newcomers hanging.
 pub async fn run_with(
     listener: TcpListener,
     tls: Option<Arc<Tls>>,
