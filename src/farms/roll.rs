@@ -4,11 +4,12 @@
 //!
 //! While a roll runs this server holds both RCs' mutation locks, so API writes to their
 //! counts are refused, and every write is fenced by the roll's ownership lock and checks both
-//! mutation locks, as P2's do. The protocol is P2's, so that any RC farm (ours or P2's) can
-//! own the RCs: the old RC is disabled and the new one enabled for the roll's duration (the
-//! old one is never enabled again), the counts move between them, and the new RC's pods
-//! replace the old ones in place or land on spare nodes; the roll completes when the old RC
-//! has no pods left. A roll that cannot move on its own raises an alert saying why.
+//! mutation locks, as P2's do, and the roll itself, so nothing lands once it is cancelled.
+//! The protocol is P2's, so that any RC farm (ours or P2's) can own the RCs: the old RC is
+//! disabled and the new one enabled for the roll's duration (the old one is never enabled
+//! again), the counts move between them, and the new RC's pods replace the old ones in place
+//! or land on spare nodes; the roll completes when the old RC has no pods left. A roll that
+//! cannot move on its own raises an alert saying why.
 //! Differences from P2, on purpose: at completion an old RC whose count a human raised is set
 //! to 0 (once the new RC's healthy pods alone keep the minimum) instead of blocking the roll
 //! forever; a roll whose RCs vanish is always cleaned up.
@@ -428,12 +429,12 @@ impl RollFarm {
                 ctx.commit(&fence, take).await?;
             }
             Action::Retire(write) => {
-                let mut ops = mutation_checks(ctx, spec);
+                let mut ops = roll_checks(ctx, id, roll);
                 ops.push(RcStore::write_op(&write.rc, write.index));
                 ctx.commit(&fence, ops).await?;
             }
             Action::Write { rcs, step } => {
-                let mut ops = mutation_checks(ctx, spec);
+                let mut ops = roll_checks(ctx, id, roll);
                 ops.extend(rcs.iter().map(|w| RcStore::write_op(&w.rc, w.index)));
                 let store = RcStore::new(ctx.store.clone());
                 for write in &rcs {
@@ -479,15 +480,25 @@ impl RollFarm {
     }
 }
 
-/// Ops that make a write hold only while this session holds both RCs' mutation locks.
-fn mutation_checks(ctx: &FarmContext, spec: &StoredRoll) -> Vec<TxnOp> {
-    [&spec.old_rc, &spec.new_rc]
-        .into_iter()
-        .map(|rc| TxnOp::CheckSession {
-            key: layout::rc_mutation(rc),
-            session: ctx.session.clone(),
-        })
-        .collect()
+/// Ops that make a write of roll `id`'s RCs hold only while the roll is still the one read
+/// (a roll cancelled since leaves both RCs at their counts of the moment, as its finished
+/// record shows them, although this session holds its locks until the next pass) and this
+/// session holds both RCs' mutation locks.
+fn roll_checks(ctx: &FarmContext, id: &str, roll: &Shared<StoredRoll>) -> Vec<TxnOp> {
+    let spec = &roll.value;
+    let mut ops = vec![TxnOp::CheckIndex {
+        key: layout::roll(id),
+        index: roll.index,
+    }];
+    ops.extend(
+        [&spec.old_rc, &spec.new_rc]
+            .into_iter()
+            .map(|rc| TxnOp::CheckSession {
+                key: layout::rc_mutation(rc),
+                session: ctx.session.clone(),
+            }),
+    );
+    ops
 }
 
 /// What `action` is doing with the roll, for its conditions.
@@ -996,15 +1007,15 @@ mod tests {
         assert_eq!(run(&fleet, &leave_old), Action::Finish { retire_old: None });
     }
 
-    /// A roll the API cancelled after the farm read it (the cancel's finished record and
-    /// `cancelled` event are written) must not be finished again by the farm: its
-    /// delete-cas succeeds on the absent roll, so without a check of the roll's index the
-    /// farm's commit lands too, recording a second ending (`succeeded`) and overwriting the
-    /// finished record's outcome.
-    #[tokio::test]
-    async fn a_roll_cancelled_since_the_farm_read_it_is_not_finished_again() {
+    /// A farm's context for one term over a fresh embedded store (kept in the directory
+    /// returned), holding the ownership lock of the roll `NEW`.
+    async fn term() -> (
+        tempfile::TempDir,
+        std::sync::Arc<dyn crate::kv::KvStore>,
+        FarmContext,
+    ) {
         use crate::kv::sqlite::SqliteStore;
-        use crate::kv::{Cas, KvStore, SessionSpec};
+        use crate::kv::{KvStore, SessionSpec};
         use crate::leader::Term;
         use std::sync::Arc;
         use tokio_util::sync::CancellationToken;
@@ -1028,24 +1039,82 @@ mod tests {
         let ctx = FarmContext::new(store.clone(), &term, alerts, "me".into());
         let fence = layout::roll_ownership(NEW);
         assert!(store.acquire(&fence, b"me", &term.session).await.unwrap());
+        (dir, store, ctx)
+    }
 
-        // The roll as the farm's world holds it.
-        let spec = roll(2, 1);
+    /// Stores `spec` as the roll `NEW`; answers it as the farm's world then holds it.
+    async fn store_roll(store: &dyn crate::kv::KvStore, spec: StoredRoll) -> Shared<StoredRoll> {
         let key = layout::roll(NEW);
-        store.put(&key, &spec.to_json(), Cas::Any).await.unwrap();
+        store
+            .put(&key, &spec.to_json(), crate::kv::Cas::Any)
+            .await
+            .unwrap();
         let index = store.get(&key).await.unwrap().unwrap().modify_index;
-        let seen: Shared<StoredRoll> = Shared {
-            value: Arc::new(spec),
+        Shared {
+            value: std::sync::Arc::new(spec),
             index,
-        };
+        }
+    }
+
+    /// Stores the roll's two RCs (`OLD` with 2 replicas, `NEW` with none) with both mutation
+    /// locks held by the term, and answers a write of each at the index stored.
+    async fn store_rcs(
+        store: &dyn crate::kv::KvStore,
+        ctx: &FarmContext,
+    ) -> impl Fn(&str, i64) -> RcWrite {
+        let mut stored = HashMap::new();
+        for (id, manifest, replicas) in [(OLD, HELLO_1, 2), (NEW, HELLO_2, 0)] {
+            let written = rc(id, manifest, replicas, "");
+            let key = layout::rc(id);
+            store
+                .put(&key, &written.to_json(), crate::kv::Cas::Any)
+                .await
+                .unwrap();
+            let index = store.get(&key).await.unwrap().unwrap().modify_index;
+            stored.insert(id.to_owned(), (written, index));
+            let lock = layout::rc_mutation(id);
+            assert!(store.acquire(&lock, b"me", &ctx.session).await.unwrap());
+        }
+        move |id, replicas| {
+            let (rc, index) = &stored[id];
+            RcWrite {
+                rc: StoredRc {
+                    replicas_desired: replicas,
+                    ..rc.clone()
+                },
+                index: *index,
+            }
+        }
+    }
+
+    /// The roll farm of a term over `store`.
+    fn farm(store: &std::sync::Arc<dyn crate::kv::KvStore>) -> RollFarm {
+        use crate::state::{Mirror, MirrorConfig};
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        RollFarm::new(Duration::from_secs(600), mirror)
+    }
+
+    /// A roll the API cancelled after the farm read it (the cancel's finished record and
+    /// `cancelled` event are written) must not be finished again by the farm: its
+    /// delete-cas succeeds on the absent roll, so without a check of the roll's index the
+    /// farm's commit lands too, recording a second ending (`succeeded`) and overwriting the
+    /// finished record's outcome.
+    #[tokio::test]
+    async fn a_roll_cancelled_since_the_farm_read_it_is_not_finished_again() {
+        let (_dir, store, ctx) = term().await;
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
         // Cancelled through the API meanwhile.
-        store.delete(&key, Cas::Index(index)).await.unwrap();
+        let key = layout::roll(NEW);
+        store
+            .delete(&key, crate::kv::Cas::Index(seen.index))
+            .await
+            .unwrap();
 
         let world = Fleet::new().world();
         let ops = finish_ops(&ctx, &world, NEW, &seen, None, RollOutcome::Succeeded)
             .await
             .unwrap();
-        let committed = ctx.commit(&fence, ops).await;
+        let committed = ctx.commit(&layout::roll_ownership(NEW), ops).await;
         assert!(
             committed.is_err(),
             "the farm finished a roll that was already gone: its commit landed"
@@ -1055,5 +1124,43 @@ mod tests {
             .await
             .unwrap()
             .is_none());
+    }
+
+    /// A cancelled roll leaves both RCs at their counts of the moment (its finished record
+    /// shows them): a step or a retirement the farm planned from the roll before the cancel
+    /// must not land after it, although the farm still holds the roll's locks until its
+    /// next pass.
+    #[tokio::test]
+    async fn a_roll_cancelled_since_the_farm_read_it_moves_no_replica() {
+        let (_dir, store, ctx) = term().await;
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+        let write = store_rcs(store.as_ref(), &ctx).await;
+        // Cancelled through the API meanwhile.
+        let key = layout::roll(NEW);
+        store
+            .delete(&key, crate::kv::Cas::Index(seen.index))
+            .await
+            .unwrap();
+        let planned = [
+            Action::Write {
+                rcs: vec![write(OLD, 1), write(NEW, 1)],
+                step: Some((1, 1)),
+            },
+            Action::Retire(Box::new(write(OLD, 0))),
+        ];
+        let mut farm = farm(&store);
+        let world = Fleet::new().world();
+        for action in planned {
+            let at = format!("{action:?}");
+            let applied = farm
+                .apply(&ctx, &world, NEW, &seen, action, Instant::now())
+                .await;
+            assert!(applied.is_err(), "landed after the cancel: {at}");
+        }
+        for (id, replicas) in [(OLD, 2), (NEW, 0)] {
+            let pair = store.get(&layout::rc(id)).await.unwrap().unwrap();
+            let stored = StoredRc::from_json(&pair.value).unwrap();
+            assert_eq!(stored.replicas_desired, replicas, "RC {id}");
+        }
     }
 }
