@@ -429,30 +429,10 @@ impl RollFarm {
                 ctx.commit(&fence, take).await?;
             }
             Action::Retire(write) => {
-                let mut ops = roll_checks(ctx, id, roll);
-                ops.push(RcStore::write_op(&write.rc, write.index));
-                ctx.commit(&fence, ops).await?;
+                self.write_rcs(ctx, world, id, roll, &[*write]).await?;
             }
             Action::Write { rcs, step } => {
-                let mut ops = roll_checks(ctx, id, roll);
-                ops.extend(rcs.iter().map(|w| RcStore::write_op(&w.rc, w.index)));
-                let store = RcStore::new(ctx.store.clone());
-                for write in &rcs {
-                    if let Some(before) = world.rcs.items.get(&write.rc.id) {
-                        let actor = ctx.actor(FARM);
-                        let recorded = store
-                            .updated_ops(
-                                &before.value,
-                                write.index,
-                                &write.rc,
-                                &actor,
-                                &self.mirror,
-                            )
-                            .await?;
-                        ops.extend(recorded);
-                    }
-                }
-                ctx.commit(&fence, ops).await?;
+                self.write_rcs(ctx, world, id, roll, &rcs).await?;
                 if let Some((remove, add)) = step {
                     self.last_step.insert(id.to_owned(), now);
                     let desired = |rc: &str| {
@@ -477,6 +457,34 @@ impl RollFarm {
             }
         }
         Ok(None)
+    }
+}
+
+impl RollFarm {
+    /// Writes roll `id`'s RCs as `rcs` says, each at the index it was read at, with the
+    /// records of each change (a step, the enable step or the old RC's retirement alike).
+    async fn write_rcs(
+        &self,
+        ctx: &FarmContext,
+        world: &World,
+        id: &str,
+        roll: &Shared<StoredRoll>,
+        rcs: &[RcWrite],
+    ) -> FarmResult<()> {
+        let mut ops = roll_checks(ctx, id, roll);
+        ops.extend(rcs.iter().map(|w| RcStore::write_op(&w.rc, w.index)));
+        let store = RcStore::new(ctx.store.clone());
+        for write in rcs {
+            if let Some(before) = world.rcs.items.get(&write.rc.id) {
+                let actor = ctx.actor(FARM);
+                let recorded = store
+                    .updated_ops(&before.value, write.index, &write.rc, &actor, &self.mirror)
+                    .await?;
+                ops.extend(recorded);
+            }
+        }
+        ctx.commit(&layout::roll_ownership(id), ops).await?;
+        Ok(())
     }
 }
 

@@ -91,6 +91,35 @@ async fn a_roll_the_farm_completes_is_recorded_as_succeeded_with_farm_events() {
     }));
 }
 
+/// A roll to fewer replicas than the old RC wants leaves it some, which the farm sets to 0
+/// at completion: a change of the RC's document like any step, with its event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retiring_a_shrinking_rolls_old_rc_is_recorded() {
+    let h = Harness::start().await;
+    web_nodes(&h, 3).await;
+    h.run_fake_nodes(Duration::from_millis(50));
+    let old = h.put_rc(rc(MANIFEST, 3)).await;
+    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&3)).then_some(()) })
+        .await;
+    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
+    h.put_roll(&old, &new, 2, 1).await;
+
+    assert_eq!(finished(&h, &new).await["outcome"], "succeeded");
+    let events = events(&h).await;
+    let retired = events.iter().any(|e| {
+        e.actor == "farm:roll@test"
+            && e.object_id == old
+            && serde_json::to_value(e.action).unwrap() == "updated"
+            && e.changes
+                .iter()
+                .any(|c| c.field == "replicas_desired" && c.after == 0)
+    });
+    assert!(
+        retired,
+        "no event sets the old RC's count to 0: {events:#?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_whose_rc_is_deleted_underneath_is_recorded_as_failed() {
     let h = Harness::start().await;
