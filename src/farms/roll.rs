@@ -40,13 +40,14 @@ use super::{earliest, Farm, FarmContext, FarmResult, Retries};
 /// The farm's name in logs and in the actor of its events.
 const FARM: &str = "roll";
 
-/// The roll farm's state across passes: when each roll last took a step (for `roll_delay`),
-/// backoffs, and the conditions it published (with each roll's last progress, so that a new
-/// term goes on counting towards the stall deadline); a restart only makes a roll wait its
-/// delay once more.
+/// The roll farm's state across passes: since when each roll has been able to take its next
+/// step (for `roll_delay`), backoffs, and the conditions it published (with each roll's last
+/// progress, so that a new term goes on counting towards the stall deadline); a restart only
+/// makes a roll wait its delay once more.
 pub struct RollFarm {
     retries: Retries,
-    last_step: HashMap<String, Instant>,
+    /// Since when each roll waiting out its `roll_delay` has been able to step.
+    ready_since: HashMap<String, Instant>,
     conditions: Published,
     /// How long a roll may go without progress before it is stalled.
     stall_deadline: Duration,
@@ -64,7 +65,7 @@ impl RollFarm {
     pub fn new(stall_deadline: Duration, mirror: Mirror) -> RollFarm {
         RollFarm {
             retries: Retries::default(),
-            last_step: HashMap::new(),
+            ready_since: HashMap::new(),
             conditions: Published::new(ObjectKind::Rolls, mirror.clone()),
             stall_deadline,
             mutation_locks: BTreeSet::new(),
@@ -137,8 +138,8 @@ impl Farm for RollFarm {
                 continue;
             }
             let now = Instant::now();
-            let last_step = self.last_step.get(id).copied();
-            let action = plan(world, &ctx.session, &roll.value, last_step, now);
+            let ready_since = self.ready_since.get(id).copied();
+            let action = plan(world, &ctx.session, &roll.value, ready_since, now);
             let activity = activity(&action, &roll.value);
             let result = self.apply(ctx, world, id, roll, action, now).await;
             // A finished roll is gone: the next pass removes its conditions.
@@ -151,7 +152,7 @@ impl Farm for RollFarm {
                 wake = earliest(wake, at);
             }
         }
-        self.last_step
+        self.ready_since
             .retain(|id, _| world.rolls.items.contains_key(id));
         self.conditions
             .remove_gone(ctx, |id| world.rolls.items.contains_key(id))
@@ -201,12 +202,13 @@ pub enum Action {
 }
 
 /// Decides one roll's next move from `world`, where this farm's term holds `session`;
-/// `last_step` is when this term last stepped the roll, if it did.
+/// `ready_since` is since when this term has seen the roll able to take the step it would
+/// take now, if it has.
 pub fn plan(
     world: &World,
     session: &str,
     spec: &StoredRoll,
-    last_step: Option<Instant>,
+    ready_since: Option<Instant>,
     now: Instant,
 ) -> Action {
     let (Some(old), Some(new)) = (
@@ -303,8 +305,11 @@ pub fn plan(
         });
     }
     if new_counts.desired > 0 && !spec.roll_delay.is_zero() {
-        // Not knowing when the last step was (a new term), wait one whole delay.
-        let due = last_step.unwrap_or(now) + spec.roll_delay;
+        // As in P2, the delay runs from when the roll could step again (the last step's new
+        // pods healthy, when the minimum needs them), not from the last step: the pods are
+        // seen healthy for a whole delay, however long they took to start, before the next
+        // step. Not knowing since when (a new term), wait one whole delay.
+        let due = ready_since.unwrap_or(now) + spec.roll_delay;
         if now < due {
             return Action::Delay(due);
         }
@@ -397,6 +402,14 @@ impl RollFarm {
     ) -> FarmResult<Option<Instant>> {
         let spec = &roll.value;
         let fence = layout::roll_ownership(id);
+        // Only a roll that keeps being able to step keeps counting towards its delay; a step
+        // that did not land is tried again without a new delay.
+        if !matches!(
+            action,
+            Action::Delay(_) | Action::Write { step: Some(_), .. }
+        ) {
+            self.ready_since.remove(id);
+        }
         match action {
             Action::Wait(_) => {}
             Action::RcMissing => {
@@ -434,7 +447,7 @@ impl RollFarm {
             Action::Write { rcs, step } => {
                 self.write_rcs(ctx, world, id, roll, &rcs).await?;
                 if let Some((remove, add)) = step {
-                    self.last_step.insert(id.to_owned(), now);
+                    self.ready_since.remove(id);
                     let desired = |rc: &str| {
                         rcs.iter()
                             .find(|w| w.rc.id == rc)
@@ -445,7 +458,7 @@ impl RollFarm {
                 }
             }
             Action::Delay(due) => {
-                self.last_step.entry(id.to_owned()).or_insert(now);
+                self.ready_since.entry(id.to_owned()).or_insert(now);
                 return Ok(Some(due));
             }
             Action::Stuck(why) => stuck(ctx, id, spec, why.message()).await,
@@ -949,6 +962,47 @@ mod tests {
         // The first step does not wait.
         let fleet = rolling(2, 2, 0, 0);
         assert!(step(plan(&fleet.world(), ME, &spec, None, now)).is_ok());
+    }
+
+    /// As in P2, `roll_delay` is a pause between a roll becoming able to step and the step,
+    /// so new pods are seen healthy for that long before the next step: pods that take
+    /// longer than the delay to become healthy are not stepped over the moment they are.
+    #[tokio::test]
+    async fn the_roll_delay_runs_from_when_the_roll_can_step_again() {
+        let (_dir, store, ctx) = term().await;
+        let spec = StoredRoll {
+            roll_delay: Duration::from_secs(30),
+            ..roll(2, 1)
+        };
+        let seen = store_roll(store.as_ref(), spec.clone()).await;
+        let write = store_rcs(store.as_ref(), &ctx).await;
+        let mut farm = farm(&store);
+        let world = Fleet::new().world();
+        let stepped = Instant::now();
+        let step = Action::Write {
+            rcs: vec![write(OLD, 1), write(NEW, 1)],
+            step: Some((1, 1)),
+        };
+        farm.apply(&ctx, &world, NEW, &seen, step, stepped)
+            .await
+            .unwrap();
+        // The new pod takes longer than the delay to become healthy.
+        let waiting = Action::Wait(RollWait::NewPods {
+            healthy: 0,
+            desired: 1,
+        });
+        let later = stepped + Duration::from_secs(10);
+        farm.apply(&ctx, &world, NEW, &seen, waiting, later)
+            .await
+            .unwrap();
+        let healthy = stepped + Duration::from_secs(40);
+        let fleet = rolling(1, 1, 1, 1);
+        let since = farm.ready_since.get(NEW).copied();
+        assert_eq!(
+            plan(&fleet.world(), ME, &spec, since, healthy),
+            Action::Delay(healthy + spec.roll_delay),
+            "the next step must wait a whole delay once the new pod is healthy"
+        );
     }
 
     /// A roll to fewer replicas than the old RC wants: its own step leaves the old RC a
