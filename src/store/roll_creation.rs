@@ -201,14 +201,10 @@ impl RollCreator {
         for id in &ids {
             session.lock(id).await?;
         }
-        let (_, rolls) = self.rolls.list().await?;
         for id in &ids {
-            if let Some(other) = rolls
-                .iter()
-                .find(|r| &r.value.old_rc == id || &r.value.new_rc == id)
-            {
+            if let Some(roll_id) = self.rolls.naming(id).await? {
                 return Err(CreateRollError::InProgress {
-                    roll_id: other.value.new_rc.clone(),
+                    roll_id,
                     rc_id: id.clone(),
                 });
             }

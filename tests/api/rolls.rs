@@ -1109,3 +1109,25 @@ async fn an_unreadable_roll_still_guards_its_new_rc() {
         .await
         .is_some());
 }
+
+/// ...and from being another roll's old RC: the one rule of which roll names an RC holds
+/// for a roll's creation as for the RC's writes.
+#[tokio::test]
+async fn an_unreadable_roll_still_guards_its_new_rc_from_another_roll() {
+    let app = TestApp::new().await;
+    let busy = arrange_rc(&app, 3, &[("pod_id", "hello")]).await;
+    let other = arrange_rc(&app, 0, &[("pod_id", "hello")]).await;
+    app.put_raw(&format!("rolls/{busy}"), "{not json").await;
+    let response = post(
+        &app,
+        json!({"old_rc_id": busy, "new_rc_id": other, "desired_replicas": 3, "minimum_replicas": 1}),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::CONFLICT, "{response:?}");
+    assert!(response
+        .error()
+        .message
+        .contains(&format!("rolling update {busy}")));
+    assert_eq!(app.keys("rolls/").await, [format!("rolls/{busy}")]);
+    assert_no_locks(&app).await;
+}
