@@ -218,6 +218,21 @@ pub fn plan(
         return Action::RcMissing;
     };
 
+    // P2 runs each roll under a session of its own, so of two rolls over one RC (which no
+    // creation makes, but a write of the roll tree can) one waits on the other's mutation
+    // lock. This farm holds every roll's locks in its one session, where a lock held for
+    // one roll stops no other: of the rolls sharing an RC, the one whose id sorts first
+    // goes on alone (the one a new term takes the locks for first).
+    let names = |rc: &String| *rc == spec.old_rc || *rc == spec.new_rc;
+    if let Some(first) = world.rolls.items.values().find(|other| {
+        other.value.new_rc < spec.new_rc
+            && (names(&other.value.old_rc) || names(&other.value.new_rc))
+    }) {
+        return Action::Stuck(RollStuck::AnotherRoll {
+            roll: first.value.new_rc.clone(),
+        });
+    }
+
     // Hold both RCs' mutation locks for the whole roll.
     let mut take = Vec::new();
     for lock in [
@@ -752,6 +767,7 @@ mod tests {
     use crate::farms::fixture::{rc, Fleet, HELLO_1, HELLO_2};
     use crate::farms::world::pod_key;
     use crate::model::HealthState;
+    use crate::store::Versioned;
 
     const OLD: &str = "00000000-0000-4000-8000-000000000001";
     const NEW: &str = "00000000-0000-4000-8000-000000000002";
@@ -911,6 +927,38 @@ mod tests {
         assert_eq!(
             run(&fleet, &roll(2, 1)),
             Action::Locked(layout::rc_mutation(NEW))
+        );
+    }
+
+    /// Two rolls over one RC (which no creation makes, but a write of the roll tree can):
+    /// P2 runs each under a session of its own, so one waits on the other's mutation lock.
+    /// This farm holds every roll's locks in one session, so a lock it holds for one roll
+    /// must not let the other take the same RC's replicas too.
+    #[test]
+    fn of_two_rolls_over_one_rc_one_goes_at_a_time() {
+        const THIRD: &str = "00000000-0000-4000-8000-000000000003";
+        let mut fleet = rolling(2, 2, 0, 0);
+        fleet.put_rc(rc(THIRD, HELLO_2, 0, ""), 12);
+        let first = roll(2, 1);
+        let second = StoredRoll {
+            new_rc: THIRD.into(),
+            ..roll(2, 1)
+        };
+        for (id, spec) in [(NEW, &first), (THIRD, &second)] {
+            fleet.rolls.insert(
+                id.into(),
+                Versioned {
+                    value: spec.clone(),
+                    index: 20,
+                },
+            );
+        }
+        fleet.lock(&layout::rc_mutation(THIRD), ME);
+        assert!(step(run(&fleet, &first)).is_ok());
+        assert_eq!(
+            run(&fleet, &second),
+            Action::Stuck(RollStuck::AnotherRoll { roll: NEW.into() }),
+            "the second roll takes the old RC's replicas too"
         );
     }
 

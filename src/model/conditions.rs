@@ -315,6 +315,8 @@ pub enum RollStuck {
     OldPodsKept { remaining: i64, target: i64 },
     /// Another session holds this mutation lock of the roll's RCs.
     MutationLockHeld { lock: String },
+    /// Another roll over one of its RCs, whose id sorts first, goes first.
+    AnotherRoll { roll: String },
     /// An RC of the roll does not exist; the roll is being ended.
     RcMissing,
 }
@@ -380,6 +382,7 @@ impl RollStuck {
             RollStuck::NewRcOutOfStep { .. } => "NewRcOutOfStep",
             RollStuck::OldPodsKept { .. } => "OldPodsKept",
             RollStuck::MutationLockHeld { .. } => "MutationLockHeld",
+            RollStuck::AnotherRoll { .. } => "AnotherRoll",
             RollStuck::RcMissing => "RcMissing",
         }
     }
@@ -408,6 +411,9 @@ impl RollStuck {
             RollStuck::MutationLockHeld { lock } => {
                 format!("another session holds {lock}, so the roll cannot change the RC's counts")
             }
+            RollStuck::AnotherRoll { roll } => format!(
+                "roll {roll} moves the replicas of one of its RCs too, and one roll at a time does; cancel one of them"
+            ),
             RollStuck::RcMissing => "an RC of the roll does not exist, so the roll is ending".into(),
         }
     }
@@ -845,6 +851,11 @@ mod tests {
                 RollActivity::Stuck(RollStuck::MutationLockHeld { lock: "l".into() }),
                 False,
                 "MutationLockHeld",
+            ),
+            (
+                RollActivity::Stuck(RollStuck::AnotherRoll { roll: "r".into() }),
+                False,
+                "AnotherRoll",
             ),
             (
                 RollActivity::Stuck(RollStuck::RcMissing),
