@@ -11,10 +11,14 @@
 //!
 //! Updates of one object from this process take turns, so that many clients writing one
 //! object make one attempt each instead of making each other lose over and over; the check-
-//! and-set still decides against writers elsewhere (farms, other servers, P2's tools).
+//! and-set still decides against writers elsewhere (farms, other servers, P2's tools). A
+//! write whose turn does not come by [`CONTENTION_DEADLINE`] is a `Conflict` only if the
+//! store answered the attempts ahead of it meanwhile; if it answered none (it hangs), the
+//! store is unavailable.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -69,16 +73,23 @@ where
 {
     let deadline = Instant::now() + CONTENTION_DEADLINE;
     let turn = turn(what);
-    let _turn = tokio::time::timeout_at(deadline, turn.lock())
-        .await
-        .map_err(|_| kept_changing(what))?;
+    let answered = turn.answered.load(Ordering::Relaxed);
+    let _turn = match tokio::time::timeout_at(deadline, turn.lock.lock()).await {
+        Ok(held) => held,
+        Err(_) if turn.answered.load(Ordering::Relaxed) == answered => {
+            return Err(not_answering(what).into());
+        }
+        Err(_) => return Err(kept_changing(what).into()),
+    };
     let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
     loop {
         let current = read().await?;
         if let Some(expected) = expected.filter(|expected| *expected != current.index) {
             return Err(E::stale(what, expected));
         }
-        match write(current).await? {
+        let written = write(current).await;
+        turn.answered.fetch_add(1, Ordering::Relaxed);
+        match written? {
             Ok(done) => return Ok(done),
             Err(StoreError::Conflict { .. }) => {
                 // Under an expected version the fresh read decides at once: stale, or (when
@@ -148,17 +159,33 @@ fn kept_changing(what: &str) -> StoreError {
     ))
 }
 
-/// The turn of the updates of `what` in this process: one lock per object being updated,
+/// The answer to a write whose turn did not come while the store answered none of the
+/// attempts ahead of it.
+fn not_answering(what: &str) -> StoreError {
+    StoreError::Unavailable(format!(
+        "{what}: the store answered none of the writes of it ahead of this one for {}s",
+        CONTENTION_DEADLINE.as_secs()
+    ))
+}
+
+/// The turn of the updates of one object in this process, and how many of their attempts
+/// the store has answered.
+#[derive(Default)]
+struct Turn {
+    lock: tokio::sync::Mutex<()>,
+    answered: AtomicU64,
+}
+
+/// The turn of the updates of `what` in this process: one per object being updated,
 /// dropped with its last holder.
-fn turn(what: &str) -> Arc<tokio::sync::Mutex<()>> {
-    static TURNS: LazyLock<Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>> =
-        LazyLock::new(Mutex::default);
+fn turn(what: &str) -> Arc<Turn> {
+    static TURNS: LazyLock<Mutex<HashMap<String, Weak<Turn>>>> = LazyLock::new(Mutex::default);
     let mut turns = TURNS.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(turn) = turns.get(what).and_then(Weak::upgrade) {
         return turn;
     }
     turns.retain(|_, turn| turn.strong_count() > 0);
-    let turn = Arc::new(tokio::sync::Mutex::new(()));
+    let turn = Arc::new(Turn::default());
     turns.insert(what.to_owned(), Arc::downgrade(&turn));
     turn
 }
@@ -380,5 +407,38 @@ mod tests {
         assert_eq!(done, (0..50).map(Ok).collect::<Vec<_>>());
         assert_eq!(reads.get(), 50);
         assert_eq!(index.get(), 51);
+    }
+
+    /// A write whose turn does not come by the deadline is a conflict while the writes
+    /// ahead of it keep losing races, and the store being unavailable while it answers none
+    /// of them.
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_that_does_not_come_tells_contention_from_a_store_that_hangs() {
+        let racing = Racing::new("contended turn", usize::MAX);
+        let (ahead, behind) = tokio::join!(racing.update(None), racing.update(None));
+        for err in [ahead.unwrap_err(), behind.unwrap_err()] {
+            assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
+        }
+
+        let hung = update_with_retry(
+            "hung turn",
+            None,
+            || async {
+                Ok(Versioned {
+                    value: (),
+                    index: 1,
+                })
+            },
+            |_| std::future::pending::<StoreResult<StoreResult<()>>>(),
+        );
+        let behind = Racing::new("hung turn", 0);
+        tokio::select! {
+            // The hung update first, so that its turn comes first.
+            biased;
+            _ = hung => unreachable!("the store never answers"),
+            answer = behind.update(None) => {
+                assert!(matches!(answer, Err(StoreError::Unavailable(_))), "{answer:?}");
+            }
+        }
     }
 }

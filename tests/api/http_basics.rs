@@ -548,6 +548,24 @@ async fn a_write_cut_by_the_deadline_answers_503_outcome_unknown() {
     assert!(error.message.contains("re-read"), "{error:?}");
 }
 
+/// A write of an object waits for the turn of an earlier write of it, which the hung store
+/// never answers: it is told the store is not answering, not that the object kept changing.
+#[tokio::test(start_paused = true)]
+async fn a_write_waiting_behind_one_the_store_never_answers_answers_503() {
+    let routes = router_over(Frozen::EVERYTHING);
+    let (first, second) = tokio::join!(
+        call(&routes, put_node_labels("hung-twice")),
+        call(&routes, put_node_labels("hung-twice")),
+    );
+    for response in [first, second] {
+        assert_eq!(
+            response.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{response:?}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn readyz_reports_not_ready_while_the_store_hangs() {
     let routes = router_over(Frozen::EVERYTHING);
