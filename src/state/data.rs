@@ -60,6 +60,9 @@ pub(super) struct TreeState {
     pub loaded: bool,
     /// While the tree's watch is failing, the time of its last success.
     pub failing_since: Option<Instant>,
+    /// While a read of the tree's watch is waiting for its answer, when it is overdue and
+    /// the time of the watch's last success.
+    pub unanswered: Option<(Instant, Instant)>,
     /// The store's index went backwards and the tree is yet to be read whole again: its
     /// indexes are the old store's.
     pub reread: bool,

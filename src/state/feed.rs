@@ -14,6 +14,11 @@ use crate::kv::PrefixUpdate;
 use super::trees::Tree;
 use super::Mirror;
 
+/// How long past its wait (and the sixteenth of it Consul may add) a read of a tree may go
+/// unanswered before the tree is out of touch as if the read had failed: a store that takes
+/// the request and never answers fails no read, so its watch would never count as lost.
+const WATCH_SLACK: Duration = Duration::from_secs(5);
+
 /// Follows `tree` until `cancel`: reads it whole, then watches it, taking in only what
 /// changed where the store can say (see [`crate::kv::KvStore::watch_changes`]), and reads it
 /// whole again when the store's index goes backwards or another tree saw it do so (`epoch`
@@ -46,6 +51,12 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
         let fresh = index == 0;
         // Committed before the read begins, so in the tree as the read finds it.
         let known = mirror.committed_index();
+        // A whole read has no wait to be overdue past, and may take long on a large tree.
+        let overdue = (!fresh).then(|| {
+            let wait = config.watch_wait;
+            (Instant::now() + wait + wait / 16 + WATCH_SLACK).into_std()
+        });
+        mirror.watch_started(tree, overdue, last_success.into_std());
         let read = async {
             if fresh {
                 mirror.store().list(&prefix).await.map(PrefixUpdate::Whole)

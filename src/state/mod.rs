@@ -24,8 +24,8 @@
 //! until the mirror has reached an index, for writes it learns of from its watches. If the
 //! store's index goes backwards (a store restarted empty or restored), every tree is
 //! re-read and subscribers are told to start again ([`Signal::Resync`]). A tree whose watch
-//! is failing, its last success longer ago than [`MirrorConfig::lost_after`], makes
-//! [`Mirror::health`] report it.
+//! is failing, or whose read has gone unanswered past its wait, its last success longer ago
+//! than [`MirrorConfig::lost_after`], makes [`Mirror::health`] report it.
 
 mod changes;
 mod data;
@@ -66,8 +66,8 @@ pub struct MirrorConfig {
     /// a reader waits for the tree to catch up ([`Mirror::wait_for`], a farm's pass), which
     /// costs one read per wait.
     pub min_reread_interval: Duration,
-    /// How long after its last success a failing tree watch makes [`Mirror::health`] report
-    /// the mirror stale.
+    /// How long after its last success a failing tree watch (or one whose read has gone
+    /// unanswered past its wait) makes [`Mirror::health`] report the mirror stale.
     pub lost_after: Duration,
     /// How many changes the stream keeps for subscribers resuming from a position.
     pub retained_changes: usize,
@@ -542,7 +542,11 @@ impl Mirror {
             if !tree_state.loaded {
                 health.loading.push(tree.prefix());
             }
-            if let Some(since) = tree_state.failing_since {
+            let overdue = tree_state
+                .unanswered
+                .filter(|(overdue, _)| *overdue <= Instant::now())
+                .map(|(_, last_success)| last_success);
+            if let Some(since) = tree_state.failing_since.or(overdue) {
                 let lost = since.elapsed();
                 if lost > self.inner.config.lost_after {
                     health.lost.push((tree.prefix(), lost));
@@ -880,18 +884,28 @@ impl Mirror {
         self.inner.epoch.send_modify(|epoch| *epoch += 1);
     }
 
+    /// Notes that `tree`'s watch has sent a read, which is overdue once `overdue` passes
+    /// (never, when `None`): from then on until it is answered, the tree has been out of
+    /// touch since the watch's `last_success`, as if the read had failed.
+    fn watch_started(&self, tree: Tree, overdue: Option<Instant>, last_success: Instant) {
+        self.write().trees[tree.position()].unanswered =
+            overdue.map(|overdue| (overdue, last_success));
+    }
+
     fn watch_succeeded(&self, tree: Tree) {
-        if self.read().tree(tree).failing_since.is_some() {
-            self.write().trees[tree.position()].failing_since = None;
-        }
+        let mut state = self.write();
+        let tree = &mut state.trees[tree.position()];
+        tree.failing_since = None;
+        tree.unanswered = None;
     }
 
     /// Notes a failed read of `tree`'s watch, whose last success was at `last_success`: the
     /// tree has been out of touch since then, however long the failed read took to fail.
     fn watch_failed(&self, tree: Tree, last_success: Instant) {
-        self.write().trees[tree.position()]
-            .failing_since
-            .get_or_insert(last_success);
+        let mut state = self.write();
+        let tree = &mut state.trees[tree.position()];
+        tree.unanswered = None;
+        tree.failing_since.get_or_insert(last_success);
     }
 
     /// The highest index known to be committed in the store as it is: the trees' own, but

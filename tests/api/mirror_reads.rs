@@ -596,6 +596,34 @@ async fn a_mirror_that_lost_its_watch_is_not_ready_and_reads_go_to_the_store() {
     .await;
 }
 
+/// A watch the store never answers (a store that takes the request and hangs) is lost as a
+/// failing one is, once it is overdue: `/readyz` names it and reads go to the store.
+#[tokio::test]
+async fn a_watch_the_store_never_answers_is_lost_once_overdue() {
+    let (app, counting) = counted_quick_to_lose_watches().await;
+    let id = create(&app, 1).await;
+
+    counting.delay_watches_of(Some(""));
+    let not_ready = wait_until(|| async {
+        let response = app.get("/readyz").await;
+        (response.status != StatusCode::OK).then_some(response)
+    })
+    .await;
+    let message = not_ready.error().message;
+    assert!(message.contains("lost the watch"), "{message}");
+    let key = format!("replication_controllers/{id}");
+    edit_unseen(&app, &key, "replicas_desired", json!(4)).await;
+    let got = app.get(&format!("/api/v1/rcs/{id}")).await.json();
+    assert_eq!(got["replicas_desired"], 4);
+
+    counting.delay_watches_of(None);
+    wait_until(|| async {
+        let response = app.get("/readyz").await;
+        (response.status == StatusCode::OK).then_some(())
+    })
+    .await;
+}
+
 /// Blocked GETs of one RC and of the list return when the RC changes, with the change; while
 /// they wait, the store is asked nothing and has no more watches than the mirror's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
