@@ -162,7 +162,10 @@ impl ConsulStore {
             .write(Method::PUT, self.http.url(["txn"]), Some(body))
             .await
         {
-            Ok(answer) => wire::decode::<wire::TxnAnswer>("txn", &answer.body)?.into_results(ops),
+            Ok(answer) => written(
+                wire::decode::<wire::TxnAnswer>("txn", &answer.body)
+                    .and_then(|committed| committed.into_results(ops)),
+            ),
             Err(WriteFailure::Refused(e, answer)) if answer.status == StatusCode::CONFLICT => {
                 // The 409 body lists the failing ops; keep Consul's text if it does not parse.
                 match wire::decode::<wire::TxnAnswer>("txn", &answer.body) {
@@ -197,6 +200,18 @@ fn validate_session_id(id: &str) -> StoreResult<()> {
         return Err(StoreError::Invalid(format!("bad session id {id:?}")));
     }
     Ok(())
+}
+
+/// What a write Consul applied (it answered 2xx) reads from its answer. An answer that
+/// cannot be read (a proxy's page, say) leaves what the write did unknown: it is not the
+/// store being unavailable, which would invite a blind retry.
+fn written<T>(read: StoreResult<T>) -> StoreResult<T> {
+    read.map_err(|e| match e {
+        StoreError::Unavailable(why) => StoreError::OutcomeUnknown(format!(
+            "{why}; the write reached Consul, and what it did is not known"
+        )),
+        other => other,
+    })
 }
 
 /// The answer of a KV write: `false` is a missed check-and-set.
@@ -259,7 +274,7 @@ impl KvStore for ConsulStore {
             .write(Method::PUT, url, Some(value.to_vec()))
             .await
         {
-            Ok(answer) => cas_outcome(&answer, "put", key),
+            Ok(answer) => written(cas_outcome(&answer, "put", key)),
             Err(WriteFailure::Lost(lost)) => match cas {
                 Cas::Index(_) => self.put_landed(key, token, lost).await,
                 Cas::Any => Err(WriteFailure::Lost(lost).into_error()),
@@ -275,7 +290,7 @@ impl KvStore for ConsulStore {
             url.query_pairs_mut().append_pair("cas", &index.to_string());
         }
         match self.http.write(Method::DELETE, url, None).await {
-            Ok(answer) => cas_outcome(&answer, "delete", key),
+            Ok(answer) => written(cas_outcome(&answer, "delete", key)),
             // Either way the goal was "gone": if it is gone, nothing is left to do.
             Err(WriteFailure::Lost(lost)) => self.delete_landed(key, lost).await,
             Err(failure) => Err(failure.into_error()),
@@ -304,7 +319,8 @@ impl KvStore for ConsulStore {
         let url = self.http.url(["session", "create"]);
         match self.http.write(Method::PUT, url, Some(body)).await {
             Ok(answer) => {
-                let created: wire::SessionCreated = wire::decode("session create", &answer.body)?;
+                let created: wire::SessionCreated =
+                    written(wire::decode("session create", &answer.body))?;
                 Ok(created.id)
             }
             Err(failure) => Err(failure.into_error()),
@@ -315,7 +331,7 @@ impl KvStore for ConsulStore {
         validate_session_id(id)?;
         let url = self.http.url(["session", "renew", id]);
         match self.http.write(Method::PUT, url, None).await {
-            Ok(answer) => wire::decode_session("session renew", &answer.body)?
+            Ok(answer) => written(wire::decode_session("session renew", &answer.body))?
                 .ok_or_else(|| StoreError::NotFound(format!("session {id}"))),
             Err(failure) => Err(failure.into_error()),
         }
@@ -353,7 +369,7 @@ impl KvStore for ConsulStore {
             .write(Method::PUT, url, Some(value.to_vec()))
             .await
         {
-            Ok(answer) => answer.boolean("acquire"),
+            Ok(answer) => written(answer.boolean("acquire")),
             Err(failure) => Err(failure.into_error()),
         }
     }

@@ -690,6 +690,35 @@ async fn a_write_whose_answer_consul_lost_answers_503_outcome_unknown() {
     );
 }
 
+/// Consul committed the transaction (200) but its answer cannot be read (a proxy's page, a
+/// body cut short by one): what it wrote is not known, so the write is not reported as the
+/// store being unavailable, which would invite a blind retry.
+#[tokio::test]
+async fn a_write_whose_committed_answer_is_unreadable_answers_503_outcome_unknown() {
+    let consul = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path_regex("^/v1/kv/"))
+        .respond_with(ResponseTemplate::new(404).insert_header("X-Consul-Index", "7"))
+        .mount(&consul)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/txn"))
+        .respond_with(ResponseTemplate::new(200).set_body_string("<html>bad gateway</html>"))
+        .expect(1)
+        .mount(&consul)
+        .await;
+
+    let response = call(
+        &router_over(consul_at(consul.uri())),
+        put_node_labels("consul-unreadable"),
+    )
+    .await;
+
+    assert_eq!(response.status, StatusCode::SERVICE_UNAVAILABLE);
+    let error = response.error();
+    assert_eq!(error.reason, "OutcomeUnknown", "{error:?}");
+}
+
 // Connections: the real server on a real socket.
 
 /// How long a test waits for the server to answer or close before calling it hung. Far
