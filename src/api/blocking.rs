@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use futures::future::select_all;
 
 use crate::app::App;
@@ -95,4 +96,11 @@ pub async fn wait_for_change(
 /// The `X-Index` header for a listing.
 pub fn index_header(index: u64) -> (HeaderName, HeaderValue) {
     (INDEX_HEADER, HeaderValue::from(index.max(1)))
+}
+
+/// An error answer with the `X-Index` of the read that found it: the 404 of an object gone
+/// tells a blocking client the index to wait at for it to come back, as Consul's blocking
+/// queries do, rather than leave it asking again at its old index, answered at once.
+pub fn error_at(error: ApiError, index: u64) -> Response {
+    ([index_header(index)], error).into_response()
 }

@@ -14,14 +14,14 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::index_header;
+use crate::api::blocking::{error_at, index_header};
 use crate::api::extract::{ApiJson, ApiPath, MergePatch, NoQuery};
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
@@ -302,7 +302,8 @@ async fn create_daemon_set(
             headers(("ETag" = String, description = "The version, for If-Match"),
                     ("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
         (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
-        (status = NOT_FOUND, description = "No such daemon set", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such daemon set", body = ErrorBody,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for the daemon set to come back"))),
         (status = UNPROCESSABLE_ENTITY, description = "The ID is not a UUID, or a bad index or wait", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The stored daemon set cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
@@ -312,16 +313,15 @@ async fn get_daemon_set(
     State(app): State<AppState>,
     query: ReadQuery,
     ApiPath(id): ApiPath<DaemonSetId>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     let id = id.uuid();
     let IndexedReader { kv, index } =
         indexed_reader(&app, &DS_TREES, &[], query.consistent, query.blocking).await?;
-    let record = DaemonSetStore::new(kv.clone())
-        .get(id)
-        .await?
-        .ok_or(DaemonSetError::NotFound(id))?;
+    let Some(record) = DaemonSetStore::new(kv.clone()).get(id).await? else {
+        return Ok(error_at(DaemonSetError::NotFound(id).into(), index));
+    };
     let view = view(&kv, id, &record).await?;
-    Ok(([etag(record.index), index_header(index)], ApiJson(view)))
+    Ok(([etag(record.index), index_header(index)], ApiJson(view)).into_response())
 }
 
 /// Changes a daemon set with a JSON merge patch of `manifest`, `node_selector`,

@@ -18,7 +18,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{combined_index, index_header};
+use crate::api::blocking::{combined_index, error_at, index_header};
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
@@ -345,7 +345,8 @@ async fn list_rcs(
             headers(("ETag" = String, description = "The RC's version"),
                     ("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
         (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
-        (status = NOT_FOUND, description = "No such RC", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such RC", body = ErrorBody,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for the RC to come back"))),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID, or a bad index or wait", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The stored RC cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
@@ -362,9 +363,9 @@ async fn get_rc(
         Source::Mirror(mirror) => {
             let build = || async {
                 let index = mirror_index(mirror, &RC_TREES);
-                let entry = mirror
-                    .get(&layout::rc(&id))
-                    .ok_or_else(|| no_such_rc(&id))?;
+                let Some(entry) = mirror.get(&layout::rc(&id)) else {
+                    return Ok(error_at(no_such_rc(&id), index));
+                };
                 let record = rcs::from_entry(&entry)
                     .map_err(|why| unreadable_rc(&id, &rcs::unreadable(&id, &why)))?;
                 Ok(answer(&record, mirrored_view(mirror, &record), index))
@@ -381,7 +382,10 @@ async fn get_rc(
     // Taken before anything is read: a change landing between the reads is in the answer
     // or above its index, so a client blocking at it misses nothing.
     let index = combined_index(app.store.as_ref(), &rc_prefixes()).await?;
-    let record = read(&app.rcs(), &id).await?;
+    let record = match read(&app.rcs(), &id).await {
+        Err(e) if e.status() == StatusCode::NOT_FOUND => return Ok(error_at(e, index)),
+        record => record?,
+    };
     let view = stored_view(&app, &record).await?;
     Ok(answer(&record, view, index))
 }

@@ -21,7 +21,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::index_header;
+use crate::api::blocking::{error_at, index_header};
 use crate::api::extract::{ApiJson, ApiPath, NoQuery};
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
@@ -304,7 +304,8 @@ async fn list_rolls(
             headers(("ETag" = String, description = "The roll's modify index"),
                     ("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
         (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
-        (status = NOT_FOUND, description = "No such roll", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such roll", body = ErrorBody,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for the roll to come back"))),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID, or a bad index or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
@@ -327,8 +328,9 @@ async fn get_roll(
     let (version, view) = match rolls.get(&id).await {
         Ok(Some(record)) => (record.index, Views::load(kv).await?.view(&record).await?),
         Ok(None) => {
-            let finished = rolls.finished(&id).await?;
-            let finished = finished.ok_or_else(|| not_found(&id))?;
+            let Some(finished) = rolls.finished(&id).await? else {
+                return Ok(error_at(not_found(&id), index));
+            };
             (finished.index, Roll::finished(&finished))
         }
         // The document is broken, not the request.

@@ -675,6 +675,82 @@ async fn blocked_reads_wait_on_the_mirror_and_return_on_a_change() {
     }
 }
 
+/// Blocks on `path` at the index of a read of it, deletes it with `DELETE {path}{delete}`,
+/// and returns the 404 that wakes the read.
+async fn deleted_while_blocked(app: &Arc<TestApp>, path: &str, delete: &str) -> TestResponse {
+    let got = app.get(path).await;
+    let blocked = {
+        let (app, uri) = (
+            app.clone(),
+            format!("{path}?index={}&wait=30s", got.x_index()),
+        );
+        tokio::spawn(async move { app.get(&uri).await })
+    };
+    let uri = format!("{path}{delete}");
+    let deleted = app.json_request("DELETE", &uri, None, &[]).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    let mut gone = tokio::time::timeout(PATIENCE, blocked)
+        .await
+        .expect("the delete did not wake the read")
+        .unwrap();
+    // On Consul an empty tree's index moves with every write anywhere, which may have
+    // answered the read before the delete: it then blocks again.
+    let mut answers = 1;
+    while gone.status == StatusCode::OK {
+        let uri = format!("{path}?index={}&wait=30s", gone.x_index());
+        gone = app.get(&uri).await;
+        answers += 1;
+        assert!(answers <= 10, "the delete was never answered: {gone:?}");
+    }
+    assert_eq!(gone.status, StatusCode::NOT_FOUND, "{gone:?}");
+    gone
+}
+
+/// A read blocked on one object that is deleted while it waits answers 404 with the index it
+/// reflects, at which the client then waits for the object to come back, rather than being
+/// answered the same 404 at once, over and over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_blocked_read_of_an_object_deleted_meanwhile_answers_404_at_an_index_to_wait_at() {
+    let app = Arc::new(TestApp::new().await);
+    let id = create(&app, 1).await;
+    // On Consul an empty tree's index moves with every write anywhere, waking its waiters:
+    // the RC has a pod, so that every tree its view is made of holds something.
+    let pod = json!({"replication_controller_id": id});
+    app.put_json("labels/pod/node1/hello", &pod).await;
+    let path = format!("/api/v1/rcs/{id}");
+    let gone = deleted_while_blocked(&app, &path, "?force=true").await;
+
+    // Once the index claims the delete, a read at it is held for its wait.
+    let mut index = gone.x_index();
+    let mut answers = 0;
+    loop {
+        let again = app.get(&format!("{path}?index={index}&wait=1s")).await;
+        assert_eq!(again.status, StatusCode::NOT_FOUND, "{again:?}");
+        if again.x_index() == index {
+            break;
+        }
+        index = again.x_index();
+        answers += 1;
+        assert!(answers <= 10, "answered at once again and again: {again:?}");
+    }
+
+    let spec = json!({
+        "manifest": "id: shipper\nlaunchables: {}\n",
+        "node_selector": "",
+        "min_health": 0,
+        "cluster_name": "production",
+        "timeout": "10m",
+        "disabled": false,
+    });
+    let created = app
+        .json_request("POST", "/api/v1/daemonsets", Some(&spec), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let ds = created.json()["id"].as_str().unwrap().to_owned();
+    let gone = deleted_while_blocked(&app, &format!("/api/v1/daemonsets/{ds}"), "").await;
+    assert!(gone.x_index() >= index, "{gone:?}");
+}
+
 /// The trees an RC's view is made of are watched one by one, so another writer's change
 /// can reach one tree after a newer change reached another. An answer waits for the slower
 /// tree to deliver it rather than claim the newer index without it.
