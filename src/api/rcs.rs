@@ -239,7 +239,15 @@ async fn create_rc(
             Err(e) => return Err(e.into()),
         }
     };
-    let (view, _) = written_view(&app, &record).await?;
+    // The RC exists now: a failure to read its labels and status back must not turn into
+    // an error that makes the client create it again.
+    let view = match written_view(&app, &record).await {
+        Ok((view, _)) => view,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading a new RC's labels and status failed");
+            RcView::new(&record, labels, RcStatus::default(), Vec::new())
+        }
+    };
     created(
         &format!("/api/v1/rcs/{}", record.value.id),
         record.index,

@@ -596,6 +596,29 @@ async fn a_mirror_that_lost_its_watch_is_not_ready_and_reads_go_to_the_store() {
     .await;
 }
 
+/// An RC the store created is answered as created when, the mirror having lost its watch,
+/// reading it back from the store fails: an error would make the client create it again.
+#[tokio::test]
+async fn a_created_rc_is_answered_201_when_reading_it_back_fails() {
+    let (app, counting) = counted_quick_to_lose_watches().await;
+    lose_watches(&app, &counting).await;
+
+    counting.fail_reads_after_next_txn(true);
+    let response = app
+        .json_request("POST", "/api/v1/rcs", Some(&spec(3)), &[])
+        .await;
+    counting.fail_reads_after_next_txn(false);
+    assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
+    let created = response.json();
+    assert_eq!(created["replicas_desired"], 3);
+    assert_eq!(created["labels"]["pod_id"], "hello");
+    let key = format!(
+        "replication_controllers/{}",
+        created["id"].as_str().unwrap()
+    );
+    assert!(app.stored(&key).await.is_some());
+}
+
 /// A watch the store never answers (a store that takes the request and hangs) is lost as a
 /// failing one is, once it is overdue: `/readyz` names it and reads go to the store.
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! A store that counts what it is asked, to check what reads cost the store, and whose
-//! watches can be made to fail, as for a server that lost its watch of the store.
+//! watches can be made to fail, as for a server that lost its watch of the store (and its
+//! reads, as for a store lost right after a write).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +33,10 @@ pub struct Counting {
     interjected: Mutex<Option<(String, Vec<TxnOp>)>>,
     /// The next read of a key under this one commits these ops once it has read.
     after_get: Mutex<Option<(String, Vec<TxnOp>)>>,
+    /// Reads fail once the next transaction has committed (armed), and from then on
+    /// (failing), until cleared.
+    reads_fail_after_txn: AtomicBool,
+    reads_failing: AtomicBool,
 }
 
 impl Counting {
@@ -48,6 +53,8 @@ impl Counting {
             held_past: Mutex::default(),
             interjected: Mutex::default(),
             after_get: Mutex::default(),
+            reads_fail_after_txn: AtomicBool::new(false),
+            reads_failing: AtomicBool::new(false),
         })
     }
 
@@ -123,6 +130,21 @@ impl Counting {
         *self.after_get.lock().unwrap() = Some((prefix.to_owned(), ops));
     }
 
+    /// Makes every read (of a key, a prefix or its index) fail once the next transaction
+    /// has committed, as a store lost right after it applied a write (`true`); or lets reads
+    /// through again (`false`).
+    pub fn fail_reads_after_next_txn(&self, fail: bool) {
+        self.reads_fail_after_txn.store(fail, Ordering::SeqCst);
+        self.reads_failing.store(false, Ordering::SeqCst);
+    }
+
+    fn read_fails(&self) -> StoreResult<()> {
+        if self.reads_failing.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("the store was lost".into()));
+        }
+        Ok(())
+    }
+
     /// The ops armed in `slot` for a read of `key` (a key or a listed prefix), taken.
     fn armed_for(slot: &Mutex<Option<(String, Vec<TxnOp>)>>, key: &str) -> Option<Vec<TxnOp>> {
         let mut slot = slot.lock().unwrap();
@@ -176,6 +198,7 @@ impl Drop for Watching<'_> {
 impl KvStore for Counting {
     async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
         self.count();
+        self.read_fails()?;
         self.read.lock().unwrap().push(key.to_owned());
         let read = self.inner.get(key).await;
         if let Some(ops) = Self::armed_for(&self.after_get, key) {
@@ -185,6 +208,7 @@ impl KvStore for Counting {
     }
     async fn list(&self, prefix: &str) -> StoreResult<Listing> {
         self.list_of(prefix);
+        self.read_fails()?;
         if let Some(ops) = Self::armed_for(&self.interjected, prefix) {
             self.inner.txn(&ops).await?;
         }
@@ -192,10 +216,12 @@ impl KvStore for Counting {
     }
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
         self.list_of(prefix);
+        self.read_fails()?;
         self.inner.keys(prefix, separator).await
     }
     async fn prefix_index(&self, prefix: &str) -> StoreResult<u64> {
         self.count();
+        self.read_fails()?;
         self.inner.prefix_index(prefix).await
     }
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
@@ -212,7 +238,11 @@ impl KvStore for Counting {
     }
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         self.count();
-        self.inner.txn(ops).await
+        let results = self.inner.txn(ops).await?;
+        if self.reads_fail_after_txn.swap(false, Ordering::SeqCst) {
+            self.reads_failing.store(true, Ordering::SeqCst);
+        }
+        Ok(results)
     }
     async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
         self.count();
