@@ -86,7 +86,9 @@ pub async fn current_leader(store: &dyn KvStore) -> StoreResult<Option<LeaderRec
 /// Campaigns until `shutdown`, running `lead` for every term this server wins. `lead` must
 /// return soon after its term is cancelled. When a term ends its session is destroyed,
 /// which deletes the farms' locks at once; on shutdown the leader session is destroyed too,
-/// which frees the leader lock.
+/// which frees the leader lock. A session the store could not destroy then (an outage is
+/// what ends a term) is destroyed as soon as it answers again, rather than left to hold its
+/// locks until the store expires it.
 pub async fn campaign<F, Fut>(
     store: Arc<dyn KvStore>,
     config: LeaderConfig,
@@ -97,7 +99,9 @@ pub async fn campaign<F, Fut>(
     Fut: Future<Output = ()> + Send + 'static,
 {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let mut leftover = Vec::new();
     while !shutdown.is_cancelled() {
+        end_sessions(&*store, &mut leftover).await;
         let spec = config.session_spec("", config.behavior);
         let session = match store.create_session(&spec).await {
             Ok(session) => session,
@@ -116,14 +120,14 @@ pub async fn campaign<F, Fut>(
             config.session_ttl,
             alive.clone(),
         ));
-        if let Err(e) = hold_or_wait(&store, &config, &session, &alive, &lead).await {
+        let run = hold_or_wait(&store, &config, &session, &alive, &lead, &mut leftover).await;
+        if let Err(e) = run {
             tracing::warn!(error = %e, "leader election failed; starting over");
         }
         alive.cancel();
         let _ = renewer.await;
-        if let Err(e) = store.destroy_session(&session).await {
-            tracing::warn!(%session, error = %e, "destroying the leader session failed");
-        }
+        leftover.push(session);
+        end_sessions(&*store, &mut leftover).await;
         if !shutdown.is_cancelled() {
             sleep_or_cancel(backoff.next_delay(), &shutdown).await;
         }
@@ -138,6 +142,7 @@ async fn hold_or_wait<F, Fut>(
     session: &str,
     alive: &CancellationToken,
     lead: &F,
+    leftover: &mut Vec<String>,
 ) -> StoreResult<()>
 where
     F: Fn(Term) -> Fut,
@@ -154,7 +159,7 @@ where
         let value = serde_json::to_vec(&record).expect("a record always serializes");
         if store.acquire(LEADER_LOCK, &value, session).await? {
             tracing::info!(holder = %config.holder, "elected leader");
-            return lead_term(store.clone(), config, session, alive, lead).await;
+            return lead_term(store.clone(), config, session, alive, lead, leftover).await;
         }
         // Refused: someone holds the lock (wait until that changes), or it is free but its
         // lock-delay runs, whose end no watch reports (look again shortly, without blocking).
@@ -178,13 +183,14 @@ where
 
 /// Leads one term: creates the term's session, runs `lead` until the leader lock leaves
 /// `session` or either session is lost, then destroys the term's session once the farms
-/// have stopped.
+/// have stopped (or leaves it in `leftover` when the store cannot destroy it).
 async fn lead_term<F, Fut>(
     store: Arc<dyn KvStore>,
     config: &LeaderConfig,
     session: &str,
     alive: &CancellationToken,
     lead: &F,
+    leftover: &mut Vec<String>,
 ) -> StoreResult<()>
 where
     F: Fn(Term) -> Fut,
@@ -211,9 +217,8 @@ where
     let _ = farms.await;
     crate::metrics::leading(false);
     let _ = renewer.await;
-    if let Err(e) = store.destroy_session(&farm_session).await {
-        tracing::warn!(session = %farm_session, error = %e, "destroying the term's session failed");
-    }
+    leftover.push(farm_session);
+    end_sessions(&*store, leftover).await;
     tracing::info!("stepped down");
     outcome
 }
@@ -297,6 +302,20 @@ async fn keep_alive(
             }
         }
     }
+}
+
+/// Destroys `sessions` in order (a term's before the leader's, so that the farms' locks are
+/// free again no later than the leader lock), keeping those the store could not destroy
+/// for the next attempt.
+async fn end_sessions(store: &dyn KvStore, sessions: &mut Vec<String>) {
+    let mut kept = Vec::new();
+    for session in sessions.drain(..) {
+        if let Err(e) = store.destroy_session(&session).await {
+            tracing::warn!(%session, error = %e, "destroying a session failed; trying again later");
+            kept.push(session);
+        }
+    }
+    *sessions = kept;
 }
 
 async fn sleep_or_cancel(pause: Duration, cancel: &CancellationToken) {

@@ -219,6 +219,69 @@ async fn a_crashed_leader_is_replaced_within_the_documented_bound() {
     b.await.unwrap();
 }
 
+/// A leader cut off from the store for two thirds of its TTL steps down, and cannot end its
+/// sessions then. Once the store answers again it ends them, so the leader lock and the
+/// farms' locks are free after the lock-delay rather than held until the store expires
+/// those sessions (on Consul, up to twice the TTL after a renewal that may come late).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_a_step_down_could_not_end_are_ended_once_the_store_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("outage.db").display().to_string();
+    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let severable = Severable::new(store.clone());
+    let shutdown = CancellationToken::new();
+    let config = LeaderConfig {
+        session_ttl: Duration::from_secs(15),
+        ..config("a")
+    };
+    let ttl = config.session_ttl;
+    let terms = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ended = Arc::new(AtomicUsize::new(0));
+    let (began, over) = (terms.clone(), ended.clone());
+    let a = tokio::spawn(leader::campaign(
+        severable.clone(),
+        config,
+        shutdown.clone(),
+        move |term: Term| {
+            began.lock().unwrap().push(term.clone());
+            let over = over.clone();
+            async move {
+                term.cancel.cancelled().await;
+                over.fetch_add(1, Ordering::SeqCst);
+            }
+        },
+    ));
+    wait_for(async || !terms.lock().unwrap().is_empty()).await;
+    let first = current_leader(&*store).await.unwrap().unwrap();
+    let farms = terms.lock().unwrap()[0].session.clone();
+    let lock = "lock/replication_controllers/x";
+    assert!(store.acquire(lock, b"a", &farms).await.unwrap());
+
+    severable.cut();
+    let renewed = severable.last_renewal(&first.session);
+    wait_for(async || ended.load(Ordering::SeqCst) == 1).await;
+    // Its attempts to end the sessions as it stepped down have failed by now.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    severable.mend();
+    wait_for(async || {
+        current_leader(&*store)
+            .await
+            .unwrap()
+            .is_some_and(|now| now.session != first.session)
+    })
+    .await;
+    let led_again = tokio::time::Instant::now() - renewed;
+    assert!(
+        led_again < ttl,
+        "led again {led_again:?} after the last renewal: the old sessions were left to expire"
+    );
+    assert_eq!(store.session_info(&farms).await.unwrap(), None);
+    assert_eq!(store.get(lock).await.unwrap(), None);
+
+    shutdown.cancel();
+    a.await.unwrap();
+}
+
 /// Once its term has ended a farm posts no more alerts. A pass that found a great many RCs
 /// short of nodes (their node labels wiped, say) went on posting an alert for each, through
 /// a webhook that may take seconds to answer, before its writes found the term over: the

@@ -1,6 +1,7 @@
 //! A store whose session calls can be cut off, as for a server that lost the store or
 //! crashed: its sessions are then left for the store to expire. Every other call goes
-//! through, so tests can keep watching the same store.
+//! through, so tests can keep watching the same store. The cut can be mended, as for a
+//! store that answers again after an outage.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +35,11 @@ impl Severable {
     /// From now on every session call fails as if the store were unreachable.
     pub fn cut(&self) {
         self.cut.store(true, Ordering::SeqCst);
+    }
+
+    /// From now on session calls go through again.
+    pub fn mend(&self) {
+        self.cut.store(false, Ordering::SeqCst);
     }
 
     /// When the last successful create or renewal of `session` was sent.
