@@ -27,6 +27,10 @@ use crate::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, StoreResult, 
 use crate::layout::LEADER_LOCK;
 use crate::model::timestamp::format_rfc3339;
 
+/// How long destroying a session may take before it is left for later (or, on stopping, to
+/// the store's expiry).
+const END_SESSION_WAIT: Duration = Duration::from_secs(3);
+
 /// How a server takes part in the election.
 #[derive(Debug, Clone)]
 pub struct LeaderConfig {
@@ -88,7 +92,9 @@ pub async fn current_leader(store: &dyn KvStore) -> StoreResult<Option<LeaderRec
 /// which deletes the farms' locks at once; on shutdown the leader session is destroyed too,
 /// which frees the leader lock. A session the store could not destroy then (an outage is
 /// what ends a term) is destroyed as soon as it answers again, rather than left to hold its
-/// locks until the store expires it.
+/// locks until the store expires it. A store that does not answer holds up neither
+/// stepping down nor stopping: session calls give way to the end of the session's use, and
+/// destroying waits [`END_SESSION_WAIT`] at most.
 pub async fn campaign<F, Fut>(
     store: Arc<dyn KvStore>,
     config: LeaderConfig,
@@ -103,7 +109,11 @@ pub async fn campaign<F, Fut>(
     while !shutdown.is_cancelled() {
         end_sessions(&*store, &mut leftover).await;
         let spec = config.session_spec("", config.behavior);
-        let session = match store.create_session(&spec).await {
+        let created = tokio::select! {
+            created = store.create_session(&spec) => created,
+            () = shutdown.cancelled() => break,
+        };
+        let session = match created {
             Ok(session) => session,
             Err(e) => {
                 tracing::warn!(error = %e, "creating the leader session failed");
@@ -182,8 +192,8 @@ where
 }
 
 /// Leads one term: creates the term's session, runs `lead` until the leader lock leaves
-/// `session` or either session is lost, then destroys the term's session once the farms
-/// have stopped (or leaves it in `leftover` when the store cannot destroy it).
+/// `session` or either session is lost, then, once the farms have stopped, leaves the
+/// term's session in `leftover` to be destroyed.
 async fn lead_term<F, Fut>(
     store: Arc<dyn KvStore>,
     config: &LeaderConfig,
@@ -197,7 +207,10 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let spec = config.session_spec(":farms", SessionBehavior::Delete);
-    let farm_session = store.create_session(&spec).await?;
+    let farm_session = tokio::select! {
+        created = store.create_session(&spec) => created?,
+        () = alive.cancelled() => return Ok(()),
+    };
     let term = Term {
         leader_session: session.into(),
         session: farm_session.clone(),
@@ -217,8 +230,8 @@ where
     let _ = farms.await;
     crate::metrics::leading(false);
     let _ = renewer.await;
+    // Destroyed by `campaign` right after, before the leader's.
     leftover.push(farm_session);
-    end_sessions(&*store, leftover).await;
     tracing::info!("stepped down");
     outcome
 }
@@ -281,11 +294,16 @@ async fn keep_alive(
             () = tokio::time::sleep(pause) => {}
             () = alive.cancelled() => return,
         }
-        // A renewal that hangs must not outlive the point where the farms have to stop.
+        // A renewal that hangs must not outlive the point where the farms have to stop, nor
+        // hold up the end of the session's use.
         let deadline = last_renewed + give_up_after;
-        let renewed = tokio::time::timeout_at(deadline, store.renew_session(&session))
-            .await
-            .unwrap_or_else(|_| Err(StoreError::Unavailable("renewal timed out".into())));
+        let renewal = tokio::time::timeout_at(deadline, store.renew_session(&session));
+        let renewed = tokio::select! {
+            renewed = renewal => renewed,
+            () = alive.cancelled() => return,
+        };
+        let renewed =
+            renewed.unwrap_or_else(|_| Err(StoreError::Unavailable("renewal timed out".into())));
         match renewed {
             Ok(_) => last_renewed = Instant::now(),
             Err(StoreError::NotFound(_)) => {
@@ -306,11 +324,23 @@ async fn keep_alive(
 
 /// Destroys `sessions` in order (a term's before the leader's, so that the farms' locks are
 /// free again no later than the leader lock), keeping those the store could not destroy
-/// for the next attempt.
+/// for the next attempt. A store that does not answer one within [`END_SESSION_WAIT`] is
+/// not asked about the others this time: stepping down and stopping do not wait on it.
 async fn end_sessions(store: &dyn KvStore, sessions: &mut Vec<String>) {
     let mut kept = Vec::new();
+    let mut answering = true;
     for session in sessions.drain(..) {
-        if let Err(e) = store.destroy_session(&session).await {
+        if !answering {
+            kept.push(session);
+            continue;
+        }
+        let destroyed = tokio::time::timeout(END_SESSION_WAIT, store.destroy_session(&session))
+            .await
+            .unwrap_or_else(|_| {
+                answering = false;
+                Err(StoreError::Unavailable("no answer in time".into()))
+            });
+        if let Err(e) = destroyed {
             tracing::warn!(%session, error = %e, "destroying a session failed; trying again later");
             kept.push(session);
         }

@@ -282,6 +282,54 @@ async fn sessions_a_step_down_could_not_end_are_ended_once_the_store_answers() {
     a.await.unwrap();
 }
 
+/// A server asked to stop while the store takes its session calls and never answers them
+/// stops within seconds: a leader neither waits out a renewal nor waits on the store to
+/// destroy its sessions, which the store then expires; a server still creating its session
+/// gives up on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_stops_promptly_while_the_store_does_not_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stalled.db").display().to_string();
+    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let severable = Severable::new(store.clone());
+    let shutdown = CancellationToken::new();
+    let idle = |term: Term| async move { term.cancel.cancelled().await };
+    let a = tokio::spawn(leader::campaign(
+        severable.clone(),
+        config("a"),
+        shutdown.clone(),
+        idle,
+    ));
+    wait_for(async || current_leader(&*store).await.unwrap().is_some()).await;
+    // Past the first renewals, so that the next ones are under way when the stop comes.
+    tokio::time::sleep(config("a").session_ttl / 3 + Duration::from_millis(500)).await;
+
+    severable.stall();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = tokio::time::Instant::now();
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(8), a)
+        .await
+        .unwrap_or_else(|_| panic!("still stopping {:?} after asked to", asked.elapsed()))
+        .unwrap();
+
+    let shutdown = CancellationToken::new();
+    let b = tokio::spawn(leader::campaign(
+        severable.clone(),
+        config("b"),
+        shutdown.clone(),
+        idle,
+    ));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = tokio::time::Instant::now();
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(8), b)
+        .await
+        .unwrap_or_else(|_| panic!("still stopping {:?} after asked to", asked.elapsed()))
+        .unwrap();
+    severable.mend();
+}
+
 /// Once its term has ended a farm posts no more alerts. A pass that found a great many RCs
 /// short of nodes (their node labels wiped, say) went on posting an alert for each, through
 /// a webhook that may take seconds to answer, before its writes found the term over: the

@@ -1,7 +1,8 @@
 //! A store whose session calls can be cut off, as for a server that lost the store or
 //! crashed: its sessions are then left for the store to expire. Every other call goes
-//! through, so tests can keep watching the same store. The cut can be mended, as for a
-//! store that answers again after an outage.
+//! through, so tests can keep watching the same store. The calls can instead be stalled,
+//! left unanswered as by a store that takes them and never replies; and the cut or the
+//! stall can be mended, as for a store that answers again after an outage.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +19,8 @@ use tokio::time::Instant;
 pub struct Severable {
     inner: Arc<dyn KvStore>,
     cut: AtomicBool,
+    /// Session calls wait while it holds `true`.
+    stalled: tokio::sync::watch::Sender<bool>,
     /// When the last successful create or renewal of each session was sent: its TTL runs
     /// from a moment after that.
     renewed: Mutex<HashMap<String, Instant>>,
@@ -28,6 +31,7 @@ impl Severable {
         Arc::new(Severable {
             inner,
             cut: AtomicBool::new(false),
+            stalled: tokio::sync::watch::Sender::new(false),
             renewed: Mutex::new(HashMap::new()),
         })
     }
@@ -37,9 +41,15 @@ impl Severable {
         self.cut.store(true, Ordering::SeqCst);
     }
 
-    /// From now on session calls go through again.
+    /// From now on every session call waits, unanswered, until [`Severable::mend`].
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
+    /// From now on session calls go through again, and those stalled are answered.
     pub fn mend(&self) {
         self.cut.store(false, Ordering::SeqCst);
+        self.stalled.send_replace(false);
     }
 
     /// When the last successful create or renewal of `session` was sent.
@@ -47,7 +57,9 @@ impl Severable {
         self.renewed.lock().unwrap()[session]
     }
 
-    fn check(&self) -> StoreResult<()> {
+    async fn check(&self) -> StoreResult<()> {
+        let mut stalled = self.stalled.subscribe();
+        let _ = stalled.wait_for(|stalled| !stalled).await;
         if self.cut.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("cut off".into()));
         }
@@ -83,21 +95,21 @@ impl KvStore for Severable {
         self.inner.txn(ops).await
     }
     async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
-        self.check()?;
+        self.check().await?;
         let sent = Instant::now();
         let id = self.inner.create_session(spec).await?;
         self.renewed(&id, sent);
         Ok(id)
     }
     async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo> {
-        self.check()?;
+        self.check().await?;
         let sent = Instant::now();
         let info = self.inner.renew_session(id).await?;
         self.renewed(id, sent);
         Ok(info)
     }
     async fn destroy_session(&self, id: &str) -> StoreResult<()> {
-        self.check()?;
+        self.check().await?;
         self.inner.destroy_session(id).await
     }
     async fn session_info(&self, id: &str) -> StoreResult<Option<SessionInfo>> {
