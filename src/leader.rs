@@ -3,7 +3,8 @@
 //! Each server keeps one store session and competes for [`LEADER_LOCK`] with it; the lock's
 //! value names the holder. The winner runs the farms under a *term* token that is cancelled
 //! the moment leadership or a session is in doubt (the lock key changes hands or vanishes,
-//! or renewals stop succeeding), before the farms can write again.
+//! renewals stop succeeding, or a farm taking a lock finds the term's session gone), before
+//! the farms can write again.
 //!
 //! Each term also has a session of its own, whose behavior is always delete: the farms take
 //! their ownership and mutation locks with it, so those keys vanish with it as P2's farms'

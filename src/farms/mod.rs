@@ -185,7 +185,8 @@ impl FarmContext {
     /// Takes `lock` with the term's session if it is free; `false` when someone else has
     /// it. The lock value names this server. A free lock that cannot be taken yet (its
     /// lock-delay runs after a failover) is [`FarmError::LockDelay`], so the farm retries it
-    /// soon rather than at the next change.
+    /// soon rather than at the next change. A session the store no longer knows ends the
+    /// term at once: its locks are gone, and the next renewal would only find it out later.
     pub async fn take_lock(&self, world: &World, lock: &str) -> FarmResult<bool> {
         match world.lock_holder(lock) {
             Some(holder) if holder == self.session => return Ok(true),
@@ -195,14 +196,20 @@ impl FarmContext {
         if self.cancel.is_cancelled() {
             return Ok(false);
         }
-        if self
+        match self
             .store
             .acquire(lock, self.holder.as_bytes(), &self.session)
-            .await?
+            .await
         {
-            return Ok(true);
+            Ok(true) => Ok(true),
+            Ok(false) => Err(FarmError::LockDelay(lock.to_owned())),
+            Err(StoreError::NotFound(e)) => {
+                tracing::warn!(session = %self.session, error = %e, "the term's session is gone; the term ends");
+                self.cancel.cancel();
+                Err(FarmError::TermEnded)
+            }
+            Err(e) => Err(e.into()),
         }
-        Err(FarmError::LockDelay(lock.to_owned()))
     }
 
     /// Whether to reconcile object `id` now: it is not backing off, and `lock` (its

@@ -266,6 +266,50 @@ async fn farm_locks_vanish_when_the_sessions_expire_on_consul() {
     farm_locks_vanish_when_the_sessions_expire(fake_consul().await).await;
 }
 
+/// The term's session ended by the store (an operator destroyed it, say) while the leader's
+/// lives on: the farms find their locks gone and the session refused when they take them
+/// again, and the term ends then, not at the session's next renewal.
+async fn a_term_whose_session_is_gone_ends_at_once(backend: Backend) {
+    let store = backend.store;
+    let keys = objects_with_locks(&*store).await;
+    let severable = Severable::new(store.clone());
+    let server = Server::start(severable.clone(), SessionBehavior::Delete);
+    let farm = wait_for_farm_locks(&*store, &keys).await;
+    let leader = current_leader(&*store).await.unwrap().unwrap();
+    // Just renewed: the next renewal is a third of the TTL away.
+    let renewed = severable.last_renewal(&farm);
+    wait_until("the farms' session is renewed", || async {
+        severable.last_renewal(&farm) != renewed
+    })
+    .await;
+
+    store.destroy_session(&farm).await.unwrap();
+    let destroyed = tokio::time::Instant::now();
+    wait_until("the term ends", || async {
+        current_leader(&*store)
+            .await
+            .unwrap()
+            .is_none_or(|now| now.session != leader.session)
+    })
+    .await;
+    let ended = destroyed.elapsed();
+    assert!(
+        ended < TTL / 6,
+        "the term ended {ended:?} after its session"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_whose_session_is_gone_ends_at_once_on_sqlite() {
+    a_term_whose_session_is_gone_ends_at_once(sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_whose_session_is_gone_ends_at_once_on_consul() {
+    a_term_whose_session_is_gone_ends_at_once(fake_consul().await).await;
+}
+
 /// Keys an older run left without a session under P2's lock trees are removed (or, for an
 /// RC that exists, taken over by the farm that then runs it); a lock a live session holds,
 /// and a kind of lock the farms do not take, are left alone.
