@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use axum::extract::State;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::IntoResponse;
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -28,7 +29,7 @@ use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
-use crate::api::reads::{reader, ConsistentFilter};
+use crate::api::reads::{indexed_reader, reader, ConsistentFilter, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::StoreError;
@@ -245,7 +246,8 @@ async fn list_labels(
     ),
     responses(
         (status = OK, description = "The object's labels", body = ObjectLabels,
-            headers(("ETag" = String, description = "The labels' version, for `If-Match`"))),
+            headers(("ETag" = String, description = "The labels' version, for `If-Match`"),
+                    ("X-Index" = u64, description = "The index the answer reflects"))),
         (status = NOT_FOUND, description = "No such label type", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not valid for the type",
             body = ErrorBody),
@@ -256,15 +258,16 @@ async fn get_labels(
     State(app): State<AppState>,
     ApiQuery(read): ApiQuery<ConsistentFilter>,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
-) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<ObjectLabels>), ApiError> {
+) -> Result<impl IntoResponse, ApiError> {
     let label_type = label_type(&type_name)?;
     let mut violations = Violations::new();
     check_id(label_type, &id, &mut violations);
     violations.finish()?;
     let trees = [Tree::Labels(label_type)];
-    let kv = reader(&app, &trees, &[], read.consistent(), Default::default()).await?;
+    let IndexedReader { kv, index } =
+        indexed_reader(&app, &trees, &[], read.consistent(), Default::default()).await?;
     let record = LabelStore::new(kv).get(label_type, &id).await?;
-    Ok(answer(label_type, id, record))
+    Ok(([index_header(index)], answer(label_type, id, record)))
 }
 
 /// Replace one object's labels.

@@ -15,7 +15,7 @@ use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::etag;
-use crate::api::reads::{reader, ConsistentFilter};
+use crate::api::reads::{indexed_reader, reader, ConsistentFilter, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels};
@@ -108,7 +108,8 @@ async fn list_nodes(
     params(("node" = String, Path, description = "The node name"), ConsistentFilter),
     responses(
         (status = OK, description = "The node", body = NodeDetail,
-            headers(("ETag" = String, description = "The modify index of the node's labels"))),
+            headers(("ETag" = String, description = "The modify index of the node's labels"),
+                    ("X-Index" = u64, description = "The index the answer reflects"))),
         (status = NOT_FOUND, description = "The node has no labels", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The node name is not valid", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
@@ -126,7 +127,8 @@ async fn get_node(
     violations.finish()?;
 
     let trees = [Tree::Labels(LabelType::Node), Tree::Intent];
-    let kv = reader(&app, &trees, &[], read.consistent(), Default::default()).await?;
+    let IndexedReader { kv, index } =
+        indexed_reader(&app, &trees, &[], read.consistent(), Default::default()).await?;
     let record = LabelStore::new(kv.clone())
         .get(LabelType::Node, &node)
         .await?;
@@ -143,5 +145,5 @@ async fn get_node(
             .collect(),
         resource_version: record.index.to_string(),
     };
-    Ok(([etag(record.index)], ApiJson(detail)))
+    Ok(([etag(record.index), index_header(index)], ApiJson(detail)))
 }

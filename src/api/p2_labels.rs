@@ -25,6 +25,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -33,8 +34,9 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::api::blocking::index_header;
 use crate::api::extract::{refuse_duplicate_keys, ApiJson, ApiPath, ApiQuery, NoQuery};
-use crate::api::reads::reader;
+use crate::api::reads::{indexed_reader, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{
@@ -149,7 +151,8 @@ struct ObjectRoutes;
     tag = TAG,
     params(SelectParams),
     responses(
-        (status = OK, description = "The matching objects", body = Vec<Labeled>),
+        (status = OK, description = "The matching objects", body = Vec<Labeled>,
+            headers(("X-Index" = u64, description = "The index the answer reflects"))),
         (status = BAD_REQUEST, description = "Bad type or selector", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
@@ -157,7 +160,7 @@ struct ObjectRoutes;
 async fn select_p2_labels(
     State(app): State<AppState>,
     ApiQuery(params): ApiQuery<SelectParams>,
-) -> Result<ApiJson<Vec<Labeled>>, ApiError> {
+) -> Result<impl IntoResponse, ApiError> {
     let label_type = label_type(params.label_type.as_deref().unwrap_or_default())?;
     let selector: Selector = params
         .selector
@@ -165,11 +168,9 @@ async fn select_p2_labels(
         .unwrap_or_default()
         .parse()
         .map_err(|e: ParseSelectorError| ApiError::bad_request(e.to_string()))?;
-    let (_, matches) = mirrored(&app, label_type)
-        .await?
-        .select(label_type, &selector)
-        .await?;
-    Ok(ApiJson(matches))
+    let (labels, index) = mirrored(&app, label_type).await?;
+    let (_, matches) = labels.select(label_type, &selector).await?;
+    Ok(([index_header(index)], ApiJson(matches)))
 }
 
 /// Every labeled object of a type, as P2's `GET /api/labels/{type}`.
@@ -181,7 +182,8 @@ async fn select_p2_labels(
     tag = TAG,
     params(("type" = LabelType, Path, description = "Label type")),
     responses(
-        (status = OK, description = "Every labeled object of the type", body = Vec<Labeled>),
+        (status = OK, description = "Every labeled object of the type", body = Vec<Labeled>,
+            headers(("X-Index" = u64, description = "The index the answer reflects"))),
         (status = BAD_REQUEST, description = "Bad type", body = ErrorBody),
         (status = NOT_FOUND, description = "The type has no labels at all", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
@@ -191,15 +193,16 @@ async fn list_p2_labels(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath(type_name): ApiPath<String>,
-) -> Result<ApiJson<Vec<Labeled>>, ApiError> {
+) -> Result<impl IntoResponse, ApiError> {
     let label_type = label_type(&type_name)?;
-    let (_, all) = mirrored(&app, label_type).await?.list(label_type).await?;
+    let (labels, index) = mirrored(&app, label_type).await?;
+    let (_, all) = labels.list(label_type).await?;
     if all.is_empty() {
         return Err(ApiError::not_found(format!(
             "no labels found for type {label_type}"
         )));
     }
-    Ok(ApiJson(all))
+    Ok(([index_header(index)], ApiJson(all)))
 }
 
 /// One object's labels and their index, as P2's `GET /api/labels/{type}/{id}`.
@@ -215,7 +218,8 @@ async fn list_p2_labels(
         ReadParams
     ),
     responses(
-        (status = OK, description = "The object's labels", body = P2ObjectLabels),
+        (status = OK, description = "The object's labels", body = P2ObjectLabels,
+            headers(("X-Index" = u64, description = "The index the answer reflects"))),
         (status = BAD_REQUEST, description = "Bad type or id", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
@@ -224,20 +228,19 @@ async fn get_p2_labels(
     State(app): State<AppState>,
     _: ApiQuery<ReadParams>,
     ApiPath((type_name, tail)): ApiPath<(String, String)>,
-) -> Result<ApiJson<P2ObjectLabels>, ApiError> {
+) -> Result<impl IntoResponse, ApiError> {
     let label_type = label_type(&type_name)?;
     let id = query_unescape(&tail)?;
     check_id(label_type, &id)?;
-    let record = mirrored(&app, label_type)
-        .await?
-        .get(label_type, &id)
-        .await?;
-    Ok(ApiJson(P2ObjectLabels {
+    let (labels, index) = mirrored(&app, label_type).await?;
+    let record = labels.get(label_type, &id).await?;
+    let labels = P2ObjectLabels {
         label_type,
         id,
         labels: record.value,
         index: record.index,
-    }))
+    };
+    Ok(([index_header(index)], ApiJson(labels)))
 }
 
 /// `PUT /api/labels/{type}/{tail}`: one label when the tail names one, else a set. The
@@ -502,12 +505,13 @@ fn store(app: &AppState) -> LabelStore {
 }
 
 /// The labels of a type as read by P2's clients, which ask for no consistency: from the
-/// mirror while it is healthy (with the server's own writes), else from the store.
-async fn mirrored(app: &AppState, label_type: LabelType) -> Result<LabelStore, ApiError> {
+/// mirror while it is healthy (with the server's own writes), else from the store; with the
+/// index an answer read from them reflects.
+async fn mirrored(app: &AppState, label_type: LabelType) -> Result<(LabelStore, u64), ApiError> {
     let trees = [Tree::Labels(label_type)];
-    Ok(LabelStore::new(
-        reader(app, &trees, &[], false, Default::default()).await?,
-    ))
+    let IndexedReader { kv, index } =
+        indexed_reader(app, &trees, &[], false, Default::default()).await?;
+    Ok((LabelStore::new(kv), index))
 }
 
 /// A bad type is 400 in P2's label API, with P2's message.

@@ -22,7 +22,7 @@ use crate::api::extract::{ApiJson, ApiPath, ApiQuery, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
-use crate::api::reads::{indexed_reader, reader, ConsistentFilter, IndexedReader};
+use crate::api::reads::{indexed_reader, ConsistentFilter, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::StoreError;
@@ -98,7 +98,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     ),
     responses(
         (status = OK, description = "The last report", body = PodHealth,
-            headers(("ETag" = String, description = "The record's modify index"))),
+            headers(("ETag" = String, description = "The record's modify index"),
+                    ("X-Index" = u64, description = "The index the answer reflects"))),
         (status = NOT_FOUND, description = "No report for this pod on this node", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The pod ID or node name is not valid", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
@@ -115,7 +116,7 @@ async fn get_pod_health(
     let Some(pod) = pod else {
         return Err(ApiError::internal("validation passed without a pod"));
     };
-    let kv = reader(
+    let IndexedReader { kv, index } = indexed_reader(
         &app,
         &[Tree::Health],
         &[],
@@ -126,7 +127,10 @@ async fn get_pod_health(
     let entry = HealthStore::new(kv).get(&pod).await?.ok_or_else(|| {
         ApiError::not_found(format!("no health report for pod {pod_id:?} on {node:?}"))
     })?;
-    Ok(([etag(entry.index)], ApiJson(PodHealth::from(entry))))
+    Ok((
+        [etag(entry.index), index_header(index)],
+        ApiJson(PodHealth::from(entry)),
+    ))
 }
 
 /// Reports a pod's health on one node, as a node agent does after every check that changes

@@ -18,9 +18,10 @@ use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::api::blocking::index_header;
 use crate::api::extract::{ApiPath, ApiQuery, NoQuery};
 use crate::api::preconditions::etag;
-use crate::api::reads::{reader, ConsistentFilter};
+use crate::api::reads::{indexed_reader, ConsistentFilter, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::model::event::Actor;
@@ -93,7 +94,8 @@ const POD_ID_DOC: &str = "The pod ID (the manifest's `id`)";
     params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC), ConsistentFilter),
     responses(
         (status = OK, description = "The intended manifest", body = String, content_type = "application/yaml",
-            headers(("ETag" = String, description = "The intent's modify index"))),
+            headers(("ETag" = String, description = "The intent's modify index"),
+                    ("X-Index" = u64, description = "The index the answer reflects"))),
         (status = NOT_FOUND, description = "The pod is not intended on this node", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The node name or pod ID is not valid", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
@@ -115,7 +117,8 @@ async fn get_intent(
     params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC), ConsistentFilter),
     responses(
         (status = OK, description = "The installed manifest", body = String, content_type = "application/yaml",
-            headers(("ETag" = String, description = "The report's modify index"))),
+            headers(("ETag" = String, description = "The report's modify index"),
+                    ("X-Index" = u64, description = "The index the answer reflects"))),
         (status = NOT_FOUND, description = "The node reports no such pod", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The node name or pod ID is not valid", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
@@ -227,7 +230,8 @@ async fn read(
         PodTree::Intent => Tree::Intent,
         PodTree::Reality => Tree::Reality,
     };
-    let kv = reader(app, &[followed], &[], consistent, Default::default()).await?;
+    let IndexedReader { kv, index } =
+        indexed_reader(app, &[followed], &[], consistent, Default::default()).await?;
     let pair = kv.get(&tree.key(&pod)).await?.ok_or_else(|| {
         let what = match tree {
             PodTree::Intent => "intended",
@@ -236,7 +240,8 @@ async fn read(
         ApiError::not_found(format!("pod {pod_id:?} is not {what} on node {node:?}"))
     })?;
     let content_type = (CONTENT_TYPE, HeaderValue::from_static(YAML));
-    Ok(([content_type, etag(pair.modify_index)], pair.value.to_vec()).into_response())
+    let headers = [content_type, etag(pair.modify_index), index_header(index)];
+    Ok((headers, pair.value.to_vec()).into_response())
 }
 
 /// The pod a URL names, or a 422 listing every bad part.

@@ -279,18 +279,22 @@ async fn mirror_reads_cost_the_store_nothing_and_consistent_reads_go_to_it() {
 /// Every read of labels, nodes, pods, health, intent and reality (P2's label routes too)
 /// is served from the mirror, asking the store nothing, with what was written behind the
 /// server's back once the mirror has it; with `?consistent=true` they read the store.
-#[tokio::test]
-async fn every_read_of_labels_nodes_pods_and_health_is_served_from_the_mirror() {
-    let (app, counting) = counted(MirrorConfig::default()).await;
-    let manifest = "id: hello\nlaunchables: {}\n";
-    app.put_raw("intent/node1/hello", manifest).await;
-    app.put_raw("reality/node1/hello", manifest).await;
+/// The manifest of the pod `hello` that [`hello_on_node1`] stores.
+const HELLO: &str = "id: hello\nlaunchables: {}\n";
+
+/// Stores, as another writer would, the pod `hello` on `node1` (its intent, reality, labels
+/// and passing health) and `node1`'s label `role=web`, and waits until the mirror holds
+/// them; answers each key with the index it was stored at.
+async fn hello_on_node1(app: &TestApp) -> Vec<(&'static str, u64)> {
+    app.put_raw("intent/node1/hello", HELLO).await;
+    app.put_raw("reality/node1/hello", HELLO).await;
     app.put_json("labels/node/node1", &json!({"role": "web"}))
         .await;
     app.put_json("labels/pod/node1/hello", &json!({"app": "hello"}))
         .await;
     app.put_json("health/hello/node1", &passing_hello_on_node1())
         .await;
+    let mut stored = Vec::new();
     for key in [
         "intent/node1/hello",
         "reality/node1/hello",
@@ -299,7 +303,15 @@ async fn every_read_of_labels_nodes_pods_and_health_is_served_from_the_mirror() 
         "health/hello/node1",
     ] {
         app.mirrored(key).await;
+        stored.push((key, app.stored(key).await.unwrap().modify_index));
     }
+    stored
+}
+
+#[tokio::test]
+async fn every_read_of_labels_nodes_pods_and_health_is_served_from_the_mirror() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    hello_on_node1(&app).await;
     // Each read, and a JSON pointer into its answer with what must be there.
     let reads = [
         ("/api/v1/labels/node", "/items/0/labels/role", "web"),
@@ -333,7 +345,7 @@ async fn every_read_of_labels_nodes_pods_and_health_is_served_from_the_mirror() 
     for uri in ["/api/v1/intent/node1/hello", "/api/v1/reality/node1/hello"] {
         let response = app.get(uri).await;
         assert_eq!(response.status, StatusCode::OK, "{uri}: {response:?}");
-        assert_eq!(response.body, manifest.as_bytes(), "{uri}");
+        assert_eq!(response.body, HELLO.as_bytes(), "{uri}");
     }
     assert_eq!(counting.calls(), before, "a mirror read asked the store");
 
@@ -352,6 +364,56 @@ async fn every_read_of_labels_nodes_pods_and_health_is_served_from_the_mirror() 
         let response = app.get(uri).await;
         assert_eq!(response.status, StatusCode::OK, "{uri}: {response:?}");
         assert!(counting.calls() > before, "{uri} did not ask the store");
+    }
+}
+
+/// Every read of labels, nodes, pods and health, from the mirror and from the store, P2's
+/// label routes included, answers with the index it reflects: at least the index of what
+/// it shows.
+#[tokio::test]
+async fn every_read_answers_the_index_it_reflects() {
+    let app = TestApp::new().await;
+    let stored: std::collections::HashMap<_, _> = hello_on_node1(&app).await.into_iter().collect();
+    // Each read, and the key whose stored version it shows.
+    let reads = [
+        ("/api/v1/labels/node", "labels/node/node1"),
+        ("/api/v1/labels/node/node1", "labels/node/node1"),
+        ("/api/v1/labels/pod/node1%2Fhello", "labels/pod/node1/hello"),
+        ("/api/v1/nodes", "labels/node/node1"),
+        ("/api/v1/nodes/node1", "intent/node1/hello"),
+        ("/api/v1/pods", "health/hello/node1"),
+        ("/api/v1/health/hello", "health/hello/node1"),
+        ("/api/v1/health/hello/node1", "health/hello/node1"),
+        ("/api/v1/intent/node1/hello", "intent/node1/hello"),
+        ("/api/v1/reality/node1/hello", "reality/node1/hello"),
+    ];
+    let p2_reads = [
+        ("/api/labels/node", "labels/node/node1"),
+        ("/api/labels/node/node1", "labels/node/node1"),
+        (
+            "/api/select?type=node&selector=role%3Dweb",
+            "labels/node/node1",
+        ),
+    ];
+    let consistent = reads.map(|(uri, key)| (format!("{uri}?consistent=true"), key));
+    let every_read = reads
+        .into_iter()
+        .chain(p2_reads)
+        .map(|(uri, key)| (uri.to_owned(), key))
+        .chain(consistent);
+    for (uri, key) in every_read {
+        let response = app.get(&uri).await;
+        assert_eq!(response.status, StatusCode::OK, "{uri}: {response:?}");
+        assert!(
+            response.header("x-index").is_some(),
+            "{uri} answers no X-Index: {response:?}"
+        );
+        assert!(
+            response.x_index() >= stored[key],
+            "{uri} claims {} below {key} at {}",
+            response.x_index(),
+            stored[key]
+        );
     }
 }
 

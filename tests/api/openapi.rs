@@ -82,6 +82,29 @@ fn every_operation_is_named_tagged_and_documents_its_errors() {
     }
 }
 
+/// Every read of the API documents the `X-Index` it answers with, but the leader (read from
+/// its lock, not from P2's trees) and the change stream (whose events carry their indexes).
+#[test]
+fn every_read_documents_the_index_it_reflects() {
+    let doc = generated();
+    let paths = doc["paths"].as_object().unwrap();
+    let reads = paths
+        .iter()
+        .filter(|(path, _)| path.starts_with("/api/"))
+        .filter(|(path, _)| !["/api/v1/leader", "/api/v1/watch"].contains(&path.as_str()))
+        .filter_map(|(path, item)| Some((path, item.get("get")?)));
+    let mut checked = 0;
+    for (path, op) in reads {
+        let headers = &op["responses"]["200"]["headers"];
+        assert!(
+            headers.get("X-Index").is_some(),
+            "GET {path} does not document X-Index"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 15, "only {checked} reads");
+}
+
 /// What the document says of fields and parameters the server takes or gives otherwise
 /// than their Rust types alone would say: an event's `before` and `after` are any JSON
 /// value; a daemon set patch refuses `null` (a field cannot be removed); a roll needs its
