@@ -95,7 +95,7 @@ pub async fn current_leader(store: &dyn KvStore) -> StoreResult<Option<LeaderRec
 /// what ends a term) is destroyed as soon as it answers again, rather than left to hold its
 /// locks until the store expires it. A store that does not answer holds up neither
 /// stepping down nor stopping: session calls give way to the end of the session's use, and
-/// destroying waits [`END_SESSION_WAIT`] at most.
+/// destroying waits `END_SESSION_WAIT` at most.
 pub async fn campaign<F, Fut>(
     store: Arc<dyn KvStore>,
     config: LeaderConfig,
