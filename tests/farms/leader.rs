@@ -25,6 +25,13 @@ fn config(holder: &str) -> LeaderConfig {
     }
 }
 
+/// A store in a fresh SQLite file, kept as long as the directory answered with it.
+async fn sqlite_store() -> (tempfile::TempDir, Arc<dyn KvStore>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leader.db").display().to_string();
+    (dir, Arc::new(SqliteStore::open(&path).await.unwrap()))
+}
+
 async fn wait_for(mut check: impl AsyncFnMut() -> bool) {
     let give_up = tokio::time::Instant::now() + Duration::from_secs(40);
     while !check().await {
@@ -37,9 +44,7 @@ async fn wait_for(mut check: impl AsyncFnMut() -> bool) {
 /// the other takes over after the lock-delay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_takes_over_and_the_old_term_ends() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("leader.db").display().to_string();
-    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let (_dir, store) = sqlite_store().await;
     let shutdown = CancellationToken::new();
     let terms = Arc::new(AtomicUsize::new(0));
     let ended = Arc::new(AtomicUsize::new(0));
@@ -90,9 +95,7 @@ async fn the_standby_takes_over_and_the_old_term_ends() {
 /// on the leader lock check the leader's.
 #[tokio::test]
 async fn farm_writes_are_fenced_by_the_session() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("fence.db").display().to_string();
-    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let (_dir, store) = sqlite_store().await;
     let spec = |name: &str, behavior| SessionSpec {
         name: name.into(),
         ttl: Duration::from_secs(10),
@@ -165,9 +168,7 @@ async fn farm_writes_are_fenced_by_the_session() {
 /// for a loaded machine: still well short of the 2×TTL Consul may take.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_leader_is_replaced_within_the_documented_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("failover.db").display().to_string();
-    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let (_dir, store) = sqlite_store().await;
     let severable = Severable::new(store.clone());
     let shutdown = CancellationToken::new();
     let idle = |term: Term| async move { term.cancel.cancelled().await };
@@ -225,9 +226,7 @@ async fn a_crashed_leader_is_replaced_within_the_documented_bound() {
 /// those sessions (on Consul, up to twice the TTL after a renewal that may come late).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_a_step_down_could_not_end_are_ended_once_the_store_answers() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("outage.db").display().to_string();
-    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let (_dir, store) = sqlite_store().await;
     let severable = Severable::new(store.clone());
     let shutdown = CancellationToken::new();
     // Long enough that the store's expiry of the sessions comes well after the outage.
@@ -294,9 +293,7 @@ async fn sessions_a_step_down_could_not_end_are_ended_once_the_store_answers() {
 /// gives up on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_stops_promptly_while_the_store_does_not_answer() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("stalled.db").display().to_string();
-    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let (_dir, store) = sqlite_store().await;
     let severable = Severable::new(store.clone());
     let shutdown = CancellationToken::new();
     let idle = |term: Term| async move { term.cancel.cancelled().await };
@@ -354,9 +351,7 @@ async fn no_alert_is_posted_once_the_term_has_ended() {
         .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(3)))
         .mount(&webhook)
         .await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("alerts.db").display().to_string();
-    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let (_dir, store) = sqlite_store().await;
     let session = |name: &'static str| {
         let store = store.clone();
         async move {
