@@ -80,6 +80,17 @@ async fn edit_replicas_unseen(app: &TestApp, id: &str, replicas: i64) -> u64 {
 }
 
 /// A passing health record of pod `hello` on `node1`, as P2's health checker writes it.
+/// Creates the daemon set of pod `shipper` on every node; answers its id.
+async fn create_daemon_set(app: &TestApp) -> String {
+    let spec = json!({"manifest": "id: shipper\nlaunchables: {}\n", "node_selector": "",
+        "min_health": 0, "cluster_name": "production", "timeout": "10m", "disabled": false});
+    let created = app
+        .json_request("POST", "/api/v1/daemonsets", Some(&spec), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    created.json()["id"].as_str().unwrap().to_owned()
+}
+
 fn passing_hello_on_node1() -> Value {
     json!({"Id": "hello", "Node": "node1", "Service": "hello",
         "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"})
@@ -445,13 +456,7 @@ async fn every_read_of_rolls_and_daemon_sets_is_served_from_the_mirror() {
     let path = format!("/api/v1/rolls/{cancelled}");
     let deleted = app.json_request("DELETE", &path, None, &[]).await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
-    let ds = json!({"manifest": "id: shipper\nlaunchables: {}\n", "node_selector": "",
-        "min_health": 0, "cluster_name": "production", "timeout": "10m", "disabled": false});
-    let created = app
-        .json_request("POST", "/api/v1/daemonsets", Some(&ds), &[])
-        .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
-    let ds = created.json()["id"].as_str().unwrap().to_owned();
+    let ds = create_daemon_set(&app).await;
     let manifest = "id: hello\nlaunchables: {}\n";
     app.put_json("labels/node/node1", &json!({"role": "web"}))
         .await;
@@ -819,19 +824,7 @@ async fn a_blocked_read_of_an_object_deleted_meanwhile_answers_404_at_an_index_t
         assert!(answers <= 10, "answered at once again and again: {again:?}");
     }
 
-    let spec = json!({
-        "manifest": "id: shipper\nlaunchables: {}\n",
-        "node_selector": "",
-        "min_health": 0,
-        "cluster_name": "production",
-        "timeout": "10m",
-        "disabled": false,
-    });
-    let created = app
-        .json_request("POST", "/api/v1/daemonsets", Some(&spec), &[])
-        .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
-    let ds = created.json()["id"].as_str().unwrap().to_owned();
+    let ds = create_daemon_set(&app).await;
     let gone = deleted_while_blocked(&app, &format!("/api/v1/daemonsets/{ds}"), "").await;
     assert!(gone.x_index() >= index, "{gone:?}");
 }
@@ -1045,19 +1038,7 @@ async fn a_write_through_one_server_shows_on_another_once_its_watch_delivers_it(
 #[tokio::test]
 async fn a_daemon_set_write_is_listed_at_once() {
     let app = TestApp::new().await;
-    let spec = json!({
-        "manifest": "id: shipper\nlaunchables: {}\n",
-        "node_selector": "",
-        "min_health": 0,
-        "cluster_name": "production",
-        "timeout": "10m",
-        "disabled": false,
-    });
-    let created = app
-        .json_request("POST", "/api/v1/daemonsets", Some(&spec), &[])
-        .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
-    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let id = create_daemon_set(&app).await;
     let path = format!("/api/v1/daemonsets/{id}");
     for disabled in [true, false, true] {
         let patched = app
