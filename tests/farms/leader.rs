@@ -32,6 +32,33 @@ async fn sqlite_store() -> (tempfile::TempDir, Arc<dyn KvStore>) {
     (dir, Arc::new(SqliteStore::open(&path).await.unwrap()))
 }
 
+/// Runs a server's campaign over `store` as `holder` until `shutdown`, leading each term it
+/// wins by doing nothing until the term ends.
+fn campaign_idle(
+    store: Arc<dyn KvStore>,
+    holder: &str,
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let idle = |term: Term| async move { term.cancel.cancelled().await };
+    tokio::spawn(leader::campaign(
+        store,
+        config(holder),
+        shutdown.clone(),
+        idle,
+    ))
+}
+
+/// Asks the server `campaign` to stop through `shutdown`, and checks that it stops within
+/// seconds.
+async fn stops_promptly(shutdown: CancellationToken, campaign: tokio::task::JoinHandle<()>) {
+    let asked = tokio::time::Instant::now();
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(8), campaign)
+        .await
+        .unwrap_or_else(|_| panic!("still stopping {:?} after asked to", asked.elapsed()))
+        .unwrap();
+}
+
 async fn wait_for(mut check: impl AsyncFnMut() -> bool) {
     let give_up = tokio::time::Instant::now() + Duration::from_secs(40);
     while !check().await {
@@ -171,22 +198,11 @@ async fn a_crashed_leader_is_replaced_within_the_documented_bound() {
     let (_dir, store) = sqlite_store().await;
     let severable = Severable::new(store.clone());
     let shutdown = CancellationToken::new();
-    let idle = |term: Term| async move { term.cancel.cancelled().await };
-    let a = tokio::spawn(leader::campaign(
-        severable.clone(),
-        config("a"),
-        shutdown.clone(),
-        idle,
-    ));
+    let a = campaign_idle(severable.clone(), "a", &shutdown);
     wait_for(async || current_leader(&*store).await.unwrap().is_some()).await;
     let first = current_leader(&*store).await.unwrap().unwrap();
     assert_eq!(first.holder, "a");
-    let b = tokio::spawn(leader::campaign(
-        store.clone(),
-        config("b"),
-        shutdown.clone(),
-        idle,
-    ));
+    let b = campaign_idle(store.clone(), "b", &shutdown);
 
     severable.cut();
     let crashed = tokio::time::Instant::now();
@@ -296,40 +312,19 @@ async fn a_server_stops_promptly_while_the_store_does_not_answer() {
     let (_dir, store) = sqlite_store().await;
     let severable = Severable::new(store.clone());
     let shutdown = CancellationToken::new();
-    let idle = |term: Term| async move { term.cancel.cancelled().await };
-    let a = tokio::spawn(leader::campaign(
-        severable.clone(),
-        config("a"),
-        shutdown.clone(),
-        idle,
-    ));
+    let a = campaign_idle(severable.clone(), "a", &shutdown);
     wait_for(async || current_leader(&*store).await.unwrap().is_some()).await;
     // Past the first renewals, so that the next ones are under way when the stop comes.
     tokio::time::sleep(config("a").session_ttl / 3 + Duration::from_millis(500)).await;
 
     severable.stall();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let asked = tokio::time::Instant::now();
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(8), a)
-        .await
-        .unwrap_or_else(|_| panic!("still stopping {:?} after asked to", asked.elapsed()))
-        .unwrap();
+    stops_promptly(shutdown, a).await;
 
     let shutdown = CancellationToken::new();
-    let b = tokio::spawn(leader::campaign(
-        severable.clone(),
-        config("b"),
-        shutdown.clone(),
-        idle,
-    ));
+    let b = campaign_idle(severable.clone(), "b", &shutdown);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let asked = tokio::time::Instant::now();
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(8), b)
-        .await
-        .unwrap_or_else(|_| panic!("still stopping {:?} after asked to", asked.elapsed()))
-        .unwrap();
+    stops_promptly(shutdown, b).await;
     severable.mend();
 }
 
