@@ -144,11 +144,25 @@ async fn counted_quick_to_lose_watches() -> (TestApp, Arc<Counting>) {
 /// Makes the store's watches fail, and waits until `/readyz` tells; its answer.
 async fn lose_watches(app: &TestApp, counting: &Counting) -> TestResponse {
     counting.fail_watches(true);
+    until_not_ready(app).await
+}
+
+/// Waits until `/readyz` says the server is not ready; its answer.
+async fn until_not_ready(app: &TestApp) -> TestResponse {
     wait_until(|| async {
         let response = app.get("/readyz").await;
         (response.status != StatusCode::OK).then_some(response)
     })
     .await
+}
+
+/// Waits until `/readyz` says the server is ready.
+async fn until_ready(app: &TestApp) {
+    wait_until(|| async {
+        let response = app.get("/readyz").await;
+        (response.status == StatusCode::OK).then_some(())
+    })
+    .await;
 }
 
 /// Writes, each read back at once, over and over and from several clients at once: every
@@ -656,11 +670,7 @@ async fn a_mirror_that_lost_its_watch_is_not_ready_and_reads_go_to_the_store() {
     assert_eq!(listed["items"][0]["replicas_desired"], 4);
 
     counting.fail_watches(false);
-    wait_until(|| async {
-        let response = app.get("/readyz").await;
-        (response.status == StatusCode::OK).then_some(())
-    })
-    .await;
+    until_ready(&app).await;
 }
 
 /// An RC the store created is answered as created when, the mirror having lost its watch,
@@ -694,11 +704,7 @@ async fn a_watch_the_store_never_answers_is_lost_once_overdue() {
     let id = create(&app, 1).await;
 
     counting.delay_watches_of(Some(""));
-    let not_ready = wait_until(|| async {
-        let response = app.get("/readyz").await;
-        (response.status != StatusCode::OK).then_some(response)
-    })
-    .await;
+    let not_ready = until_not_ready(&app).await;
     let message = not_ready.error().message;
     assert!(message.contains("lost the watch"), "{message}");
     let key = format!("replication_controllers/{id}");
@@ -707,11 +713,7 @@ async fn a_watch_the_store_never_answers_is_lost_once_overdue() {
     assert_eq!(got["replicas_desired"], 4);
 
     counting.delay_watches_of(None);
-    wait_until(|| async {
-        let response = app.get("/readyz").await;
-        (response.status == StatusCode::OK).then_some(())
-    })
-    .await;
+    until_ready(&app).await;
 }
 
 /// Blocked GETs of one RC and of the list return when the RC changes, with the change; while
