@@ -275,15 +275,7 @@ async fn create_daemon_set(
         .parse::<DaemonSetId>()
         .map_err(ApiError::internal)?
         .uuid();
-    // The daemon set exists now: a failure to read its status must not turn into an error
-    // that makes the client create it again.
-    let view = match current_view(&app, id, &record).await {
-        Ok(view) => view,
-        Err(e) => {
-            tracing::warn!(error = %e, "reading a new daemon set's status failed");
-            daemon_set(&record, None, Vec::new())
-        }
-    };
+    let view = applied_view(&app, id, &record).await;
     created(&format!("/api/v1/daemonsets/{id}"), record.index, view)
 }
 
@@ -390,7 +382,7 @@ async fn patch_daemon_set(
             }
         })
         .await?;
-    let view = current_view(&app, id, &record).await?;
+    let view = applied_view(&app, id, &record).await;
     Ok(([etag(record.index)], ApiJson(view)))
 }
 
@@ -470,6 +462,18 @@ async fn current_view(
     record: &DaemonSetRecord,
 ) -> Result<DaemonSet, ApiError> {
     view(&current_reader(app), id, record).await
+}
+
+/// [`current_view`], or, when that cannot be read, the view of what was written without
+/// its status: the write is applied, and an error would invite the client to apply it again.
+async fn applied_view(app: &AppState, id: uuid::Uuid, record: &DaemonSetRecord) -> DaemonSet {
+    match current_view(app, id, record).await {
+        Ok(view) => view,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading a written daemon set's status back failed");
+            daemon_set(record, None, Vec::new())
+        }
+    }
 }
 
 fn daemon_set(

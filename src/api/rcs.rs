@@ -239,15 +239,7 @@ async fn create_rc(
             Err(e) => return Err(e.into()),
         }
     };
-    // The RC exists now: a failure to read its labels and status back must not turn into
-    // an error that makes the client create it again.
-    let view = match written_view(&app, &record).await {
-        Ok((view, _)) => view,
-        Err(e) => {
-            tracing::warn!(error = %e, "reading a new RC's labels and status failed");
-            RcView::new(&record, labels, RcStatus::default(), Vec::new())
-        }
-    };
+    let (view, _) = applied_view(&app, &record, || labels).await;
     created(
         &format!("/api/v1/rcs/{}", record.value.id),
         record.index,
@@ -457,7 +449,12 @@ async fn patch_rc(
         },
     )
     .await?;
-    let (view, index) = written_view(&app, &record).await?;
+    let (view, index) = applied_view(&app, &record, || {
+        app.mirror
+            .labels_of(LabelType::ReplicationController, id)
+            .unwrap_or_default()
+    })
+    .await;
     Ok(answer(&record, view, index))
 }
 
@@ -663,6 +660,24 @@ async fn written_view(app: &AppState, record: &RcRecord) -> Result<(RcView, u64)
     }
     let index = combined_index(app.store.as_ref(), &rc_prefixes()).await?;
     Ok((stored_view(app, record).await?, index))
+}
+
+/// [`written_view`], or, when that cannot be read, the view of what was written with
+/// `labels` (and no status) at the write's index: the write is applied, and an error would
+/// invite the client to apply it again.
+async fn applied_view(
+    app: &AppState,
+    record: &RcRecord,
+    labels: impl FnOnce() -> Labels,
+) -> (RcView, u64) {
+    match written_view(app, record).await {
+        Ok(answer) => answer,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading a written RC's labels and status back failed");
+            let view = RcView::new(record, labels(), RcStatus::default(), Vec::new());
+            (view, record.index)
+        }
+    }
 }
 
 /// The view of `record` with its labels, status, conditions and times as the mirror holds

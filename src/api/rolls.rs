@@ -219,12 +219,26 @@ async fn create_roll(
     ApiJson(body): ApiJson<CreateRoll>,
 ) -> Result<Response, ApiError> {
     let plan = body.validate(&app.validation).map_err(ApiError::invalid)?;
+    let labels = plan.roll_labels.clone();
     let record = app
         .roll_creator()
         .create(plan, &actor)
         .await
         .map_err(creation_error)?;
-    let view = current_view(&app, &record).await?;
+    // The roll exists now: a failure to read its progress back must not turn into an error
+    // that makes the client create it again.
+    let view = match current_view(&app, &record).await {
+        Ok(view) => view,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading a new roll's progress failed");
+            Roll::of(
+                &(&record.value).into(),
+                labels,
+                record.index,
+                RollProgress::default(),
+            )
+        }
+    };
     created(&format!("/api/v1/rolls/{}", view.id), record.index, view)
 }
 

@@ -680,11 +680,8 @@ async fn a_created_rc_is_answered_201_when_reading_it_back_fails() {
     let (app, counting) = counted_quick_to_lose_watches().await;
     lose_watches(&app, &counting).await;
 
-    counting.fail_reads_after_next_txn(true);
-    let response = app
-        .json_request("POST", "/api/v1/rcs", Some(&spec(3)), &[])
-        .await;
-    counting.fail_reads_after_next_txn(false);
+    let response =
+        answer_losing_reads_after_the_write(&app, &counting, "POST", "/api/v1/rcs", &spec(3)).await;
     assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
     let created = response.json();
     assert_eq!(created["replicas_desired"], 3);
@@ -694,6 +691,88 @@ async fn a_created_rc_is_answered_201_when_reading_it_back_fails() {
         created["id"].as_str().unwrap()
     );
     assert!(app.stored(&key).await.is_some());
+}
+
+/// The answer to `method` `uri` with `body` when the store, the mirror having lost its
+/// watch, fails every read once the request's write has committed.
+async fn answer_losing_reads_after_the_write(
+    app: &TestApp,
+    counting: &Counting,
+    method: &str,
+    uri: &str,
+    body: &Value,
+) -> TestResponse {
+    counting.fail_reads_after_next_txn(true);
+    let response = app.json_request(method, uri, Some(body), &[]).await;
+    counting.fail_reads_after_next_txn(false);
+    response
+}
+
+/// A patched RC is answered with what was written when reading it back fails: a 503 would
+/// make the client apply the patch again blindly.
+#[tokio::test]
+async fn a_patched_rc_is_answered_200_when_reading_it_back_fails() {
+    let (app, counting) = counted_quick_to_lose_watches().await;
+    let id = create(&app, 1).await;
+    lose_watches(&app, &counting).await;
+
+    let response = answer_losing_reads_after_the_write(
+        &app,
+        &counting,
+        "PATCH",
+        &format!("/api/v1/rcs/{id}"),
+        &json!({"replicas_desired": 4}),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    assert_eq!(response.json()["replicas_desired"], 4);
+    let stored: Value = app
+        .stored_json(&format!("replication_controllers/{id}"))
+        .await
+        .unwrap();
+    assert_eq!(stored["replicas_desired"], 4);
+    let etag = format!("\"{}\"", version(&response));
+    assert_eq!(response.header("etag"), Some(etag.as_str()));
+}
+
+/// A patched daemon set is answered with what was written when reading it back fails.
+#[tokio::test]
+async fn a_patched_daemon_set_is_answered_200_when_reading_it_back_fails() {
+    let (app, counting) = counted_quick_to_lose_watches().await;
+    let id = create_daemon_set(&app).await;
+    lose_watches(&app, &counting).await;
+
+    let response = answer_losing_reads_after_the_write(
+        &app,
+        &counting,
+        "PATCH",
+        &format!("/api/v1/daemonsets/{id}"),
+        &json!({"disabled": true}),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    assert_eq!(response.json()["disabled"], true);
+    let stored: Value = app.stored_json(&format!("daemon_sets/{id}")).await.unwrap();
+    assert_eq!(stored["disabled"], true);
+}
+
+/// A created roll is answered 201 when reading it back fails: an error would make the
+/// client create it again, and find its RCs taken by the roll it made.
+#[tokio::test]
+async fn a_created_roll_is_answered_201_when_reading_it_back_fails() {
+    let (app, counting) = counted_quick_to_lose_watches().await;
+    let (old, new) = (create(&app, 1).await, create(&app, 0).await);
+    lose_watches(&app, &counting).await;
+
+    let roll = json!({"old_rc_id": old, "new_rc_id": new,
+        "desired_replicas": 1, "minimum_replicas": 0, "labels": {"team": "a"}});
+    let response =
+        answer_losing_reads_after_the_write(&app, &counting, "POST", "/api/v1/rolls", &roll).await;
+    assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
+    let created = response.json();
+    assert_eq!(created["id"], new.as_str());
+    assert_eq!(created["labels"]["team"], "a");
+    assert!(app.stored(&format!("rolls/{new}")).await.is_some());
 }
 
 /// A watch the store never answers (a store that takes the request and hangs) is lost as a
