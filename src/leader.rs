@@ -94,8 +94,8 @@ pub async fn current_leader(store: &dyn KvStore) -> StoreResult<Option<LeaderRec
 /// which frees the leader lock. A session the store could not destroy then (an outage is
 /// what ends a term) is destroyed as soon as it answers again, rather than left to hold its
 /// locks until the store expires it. A store that does not answer holds up neither
-/// stepping down nor stopping: session calls give way to the end of the session's use, and
-/// destroying waits `END_SESSION_WAIT` at most.
+/// stepping down nor stopping: session calls and bids for the lock give way to the end of
+/// the session's use, and destroying waits `END_SESSION_WAIT` at most.
 pub async fn campaign<F, Fut>(
     store: Arc<dyn KvStore>,
     config: LeaderConfig,
@@ -168,7 +168,13 @@ where
             since: format_rfc3339(SystemTime::now()),
         };
         let value = serde_json::to_vec(&record).expect("a record always serializes");
-        if store.acquire(LEADER_LOCK, &value, session).await? {
+        // A bid the store leaves unanswered gives way to the end of the session's use; the
+        // session is destroyed after, so a bid the store did apply frees the lock with it.
+        let acquired = tokio::select! {
+            acquired = store.acquire(LEADER_LOCK, &value, session) => acquired?,
+            () = alive.cancelled() => return Ok(()),
+        };
+        if acquired {
             tracing::info!(holder = %config.holder, "elected leader");
             return lead_term(store.clone(), config, session, alive, lead, leftover).await;
         }

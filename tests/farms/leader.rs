@@ -328,6 +328,22 @@ async fn a_server_stops_promptly_while_the_store_does_not_answer() {
     severable.mend();
 }
 
+/// A server asked to stop while it waits on the store to answer its bid for the leader
+/// lock stops within seconds, rather than after the store's request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_stops_promptly_while_the_store_does_not_answer_its_bid_for_the_lock() {
+    let (_dir, store) = sqlite_store().await;
+    let severable = Severable::new(store.clone());
+    severable.stall_acquires();
+    let shutdown = CancellationToken::new();
+    let a = campaign_idle(severable.clone(), "a", &shutdown);
+    wait_for(async || severable.acquiring() > 0).await;
+
+    stops_promptly(shutdown, a).await;
+    severable.mend();
+    assert_eq!(current_leader(&*store).await.unwrap(), None);
+}
+
 /// Once its term has ended a farm posts no more alerts. A pass that found a great many RCs
 /// short of nodes (their node labels wiped, say) went on posting an alert for each, through
 /// a webhook that may take seconds to answer, before its writes found the term over: the

@@ -2,10 +2,11 @@
 //! crashed: its sessions are then left for the store to expire. Every other call goes
 //! through, so tests can keep watching the same store. The calls can instead be stalled,
 //! left unanswered as by a store that takes them and never replies; and the cut or the
-//! stall can be mended, as for a store that answers again after an outage.
+//! stall can be mended, as for a store that answers again after an outage. Lock
+//! acquisitions alone can be stalled too, as by a store that answers all but those.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,6 +22,10 @@ pub struct Severable {
     cut: AtomicBool,
     /// Session calls wait while it holds `true`.
     stalled: tokio::sync::watch::Sender<bool>,
+    /// Lock acquisitions wait while it holds `true`.
+    acquires_stalled: tokio::sync::watch::Sender<bool>,
+    /// Lock acquisitions waiting now.
+    acquiring: AtomicUsize,
     /// When the last successful create or renewal of each session was sent: its TTL runs
     /// from a moment after that.
     renewed: Mutex<HashMap<String, Instant>>,
@@ -32,6 +37,8 @@ impl Severable {
             inner,
             cut: AtomicBool::new(false),
             stalled: tokio::sync::watch::Sender::new(false),
+            acquires_stalled: tokio::sync::watch::Sender::new(false),
+            acquiring: AtomicUsize::new(0),
             renewed: Mutex::new(HashMap::new()),
         })
     }
@@ -46,10 +53,22 @@ impl Severable {
         self.stalled.send_replace(true);
     }
 
-    /// From now on session calls go through again, and those stalled are answered.
+    /// From now on every lock acquisition waits, unanswered, until [`Severable::mend`].
+    pub fn stall_acquires(&self) {
+        self.acquires_stalled.send_replace(true);
+    }
+
+    /// How many lock acquisitions are waiting on a stall now.
+    pub fn acquiring(&self) -> usize {
+        self.acquiring.load(Ordering::SeqCst)
+    }
+
+    /// From now on session calls and lock acquisitions go through again, and those stalled
+    /// are answered.
     pub fn mend(&self) {
         self.cut.store(false, Ordering::SeqCst);
         self.stalled.send_replace(false);
+        self.acquires_stalled.send_replace(false);
     }
 
     /// When the last successful create or renewal of `session` was sent.
@@ -116,6 +135,10 @@ impl KvStore for Severable {
         self.inner.session_info(id).await
     }
     async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool> {
+        let mut stalled = self.acquires_stalled.subscribe();
+        self.acquiring.fetch_add(1, Ordering::SeqCst);
+        let _ = stalled.wait_for(|stalled| !stalled).await;
+        self.acquiring.fetch_sub(1, Ordering::SeqCst);
         self.inner.acquire(key, value, session).await
     }
     async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
