@@ -351,7 +351,7 @@ async fn patch_daemon_set(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath(id): ApiPath<DaemonSetId>,
-    IfMatch(expected): IfMatch,
+    if_match: IfMatch,
     actor: Actor,
     MergePatch(body): MergePatch,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -366,6 +366,9 @@ async fn patch_daemon_set(
         }
         problems.finish().map_err(ApiError::invalid)?;
     }
+    let expected = if_match
+        .expected(app.store.as_ref(), &layout::daemon_set(id))
+        .await?;
     let record = store
         .update(id, expected, &actor, &app.mirror, |current| {
             let (changes, store, labels) = (&changes, &store, &labels);
@@ -412,10 +415,13 @@ async fn delete_daemon_set(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath(id): ApiPath<DaemonSetId>,
-    IfMatch(expected): IfMatch,
+    if_match: IfMatch,
     actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let id = id.uuid();
+    let expected = if_match
+        .expected(app.store.as_ref(), &layout::daemon_set(id))
+        .await?;
     app.daemon_sets().delete(id, expected, &actor).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -302,7 +302,7 @@ async fn put_labels(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
-    IfMatch(expected): IfMatch,
+    if_match: IfMatch,
     actor: Actor,
     ApiJson(body): ApiJson<ReplaceLabels>,
 ) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<ObjectLabels>), ApiError> {
@@ -313,6 +313,9 @@ async fn put_labels(
         violations.add(field, message);
     }
     violations.finish()?;
+    let expected = if_match
+        .expected(app.store.as_ref(), &layout::labels(label_type, &id))
+        .await?;
     let record = store(&app)
         .replace(label_type, &id, body.labels, expected, &actor)
         .await
@@ -356,7 +359,7 @@ async fn patch_labels(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
-    IfMatch(expected): IfMatch,
+    if_match: IfMatch,
     actor: Actor,
     MergePatch(patch): MergePatch,
 ) -> Result<([(HeaderName, HeaderValue); 1], ApiJson<ObjectLabels>), ApiError> {
@@ -365,6 +368,9 @@ async fn patch_labels(
     check_id(label_type, &id, &mut violations);
     let patch = LabelsPatch::parse(patch, &mut violations);
     violations.finish()?;
+    let expected = if_match
+        .expected(app.store.as_ref(), &layout::labels(label_type, &id))
+        .await?;
     let record = store(&app)
         .update(label_type, &id, expected, &actor, |labels| {
             patch.apply(labels)
@@ -401,13 +407,16 @@ async fn delete_labels(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
-    IfMatch(expected): IfMatch,
+    if_match: IfMatch,
     actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let label_type = label_type(&type_name)?;
     let mut violations = Violations::new();
     check_id(label_type, &id, &mut violations);
     violations.finish()?;
+    let expected = if_match
+        .expected(app.store.as_ref(), &layout::labels(label_type, &id))
+        .await?;
     store(&app)
         .delete(label_type, &id, expected, &actor)
         .await

@@ -162,7 +162,7 @@ async fn put_pod_health(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath((pod_id, node)): ApiPath<(String, String)>,
-    IfMatch(expected): IfMatch,
+    if_match: IfMatch,
     actor: Actor,
     ApiJson(report): ApiJson<HealthReport>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -170,6 +170,9 @@ async fn put_pod_health(
     let pod = check_pod(&pod_id, &node, &mut violations);
     let state = parse_status(&report.status, &mut violations);
     violations.finish()?;
+    let expected = if_match
+        .expected(app.store.as_ref(), &layout::health(&pod_id, &node))
+        .await?;
     let (Some(pod), Some(state)) = (pod, state) else {
         return Err(ApiError::internal(
             "validation passed without a pod or a status",
@@ -224,12 +227,15 @@ async fn delete_pod_health(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath((pod_id, node)): ApiPath<(String, String)>,
-    IfMatch(expected): IfMatch,
+    if_match: IfMatch,
     actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let mut violations = Violations::new();
     let pod = check_pod(&pod_id, &node, &mut violations);
     violations.finish()?;
+    let expected = if_match
+        .expected(app.store.as_ref(), &layout::health(&pod_id, &node))
+        .await?;
     let Some(pod) = pod else {
         return Err(ApiError::internal("validation passed without a pod"));
     };

@@ -1,39 +1,110 @@
 //! Optimistic concurrency over HTTP: a single resource's `ETag` is its modify index, and
 //! `If-Match` makes a write conditional on it (412 when stale).
 
+use std::collections::BTreeSet;
+
 use axum::extract::FromRequestParts;
 use axum::http::header::{ETAG, IF_MATCH};
 use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue};
 
 use crate::error::ApiError;
+use crate::kv::KvStore;
 use crate::store::update::UpdateError;
 
-/// The index a write must find, from `If-Match` (`"42"`, `W/"42"` or `42`); `None` without
-/// the header or with `*`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct IfMatch(pub Option<u64>);
+/// A write's `If-Match`, compared as RFC 9110 §13.1.1 says: strongly, so a weak tag
+/// (`W/"42"`) never matches and a header of weak tags only fails at once (412). A list names
+/// the versions any of which the write may find; `*`, any version at all. A bare `42` is
+/// taken as `"42"`, as clients built before the header was checked send it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum IfMatch {
+    /// No header: the write applies to whatever version is stored.
+    #[default]
+    Absent,
+    /// `*`: any version, but there must be one.
+    Any,
+    /// The versions the strong tags name: at least one.
+    Versions(BTreeSet<u64>),
+}
+
+impl IfMatch {
+    /// The version the write must find, for its check-and-set (`None`: any). A single
+    /// version needs no read. For `*` or several, `key`'s version is read, and the write is
+    /// a check-and-set on it: with `*` if there is one (412 otherwise), with a list if the
+    /// list names it (otherwise the write answers as for the list's first version, stale).
+    pub async fn expected(&self, store: &dyn KvStore, key: &str) -> Result<Option<u64>, ApiError> {
+        let versions = match self {
+            IfMatch::Absent => return Ok(None),
+            IfMatch::Versions(versions) if versions.len() == 1 => {
+                return Ok(versions.first().copied())
+            }
+            IfMatch::Any => None,
+            IfMatch::Versions(versions) => Some(versions),
+        };
+        // An object never stored, or deleted, is at version 0 (labels: none).
+        let current = store.get(key).await?.map_or(0, |pair| pair.modify_index);
+        match versions {
+            None if current == 0 => Err(ApiError::precondition_failed(
+                "If-Match: * needs the object to exist, and it does not",
+            )),
+            None => Ok(Some(current)),
+            Some(versions) if versions.contains(&current) => Ok(Some(current)),
+            Some(versions) => Ok(versions.first().copied()),
+        }
+    }
+
+    fn parse(text: &str) -> Result<Self, ApiError> {
+        let malformed = || {
+            ApiError::bad_request(format!(
+                "If-Match must be `*` or ETags this server issued, like \"42\" or \"42\", \"43\"; \
+                 got {text:?}"
+            ))
+        };
+        if text.trim() == "*" {
+            return Ok(IfMatch::Any);
+        }
+        let (mut versions, mut weak) = (BTreeSet::new(), false);
+        // RFC 9110 §5.6.1: a list may hold empty elements, which count for nothing.
+        for tag in text.split(',').map(str::trim).filter(|tag| !tag.is_empty()) {
+            if let Some(opaque) = tag.strip_prefix("W/") {
+                opaque_tag(opaque).ok_or_else(malformed)?;
+                weak = true;
+                continue;
+            }
+            let version = opaque_tag(tag).unwrap_or(tag);
+            versions.insert(version.parse::<u64>().map_err(|_| malformed())?);
+        }
+        match (versions.is_empty(), weak) {
+            (false, _) => Ok(IfMatch::Versions(versions)),
+            (true, true) => Err(ApiError::precondition_failed(
+                "If-Match names only weak ETags, which never match a write's precondition \
+                 (RFC 9110 §13.1.1); send the ETag as it was given, like \"42\"",
+            )),
+            (true, false) => Err(malformed()),
+        }
+    }
+}
+
+/// What a quoted entity tag holds between its quotes.
+fn opaque_tag(tag: &str) -> Option<&str> {
+    tag.strip_prefix('"')?.strip_suffix('"')
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let Some(value) = parts.headers.get(IF_MATCH) else {
-            return Ok(IfMatch(None));
-        };
-        let text = value
-            .to_str()
-            .map_err(|_| ApiError::bad_request("If-Match is not valid text"))?
-            .trim();
-        if text == "*" {
-            return Ok(IfMatch(None));
+        let mut lines = parts.headers.get_all(IF_MATCH).iter().peekable();
+        if lines.peek().is_none() {
+            return Ok(IfMatch::Absent);
         }
-        let bare = text.trim_start_matches("W/").trim_matches('"');
-        bare.parse::<u64>().map(|i| IfMatch(Some(i))).map_err(|_| {
-            ApiError::bad_request(format!(
-                "If-Match must be an ETag this server issued, like \"42\"; got {text:?}"
-            ))
-        })
+        // A list may come as several header lines (RFC 9110 §5.3).
+        let text = lines
+            .map(|line| line.to_str())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| ApiError::bad_request("If-Match is not valid text"))?
+            .join(",");
+        IfMatch::parse(&text)
     }
 }
 

@@ -421,12 +421,15 @@ async fn patch_rc(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath(RcPath { id }): ApiPath<RcPath>,
-    IfMatch(expected): IfMatch,
+    if_match: IfMatch,
     actor: Actor,
     MergePatch(patch): MergePatch,
 ) -> Result<Response, ApiError> {
     let id = id.to_string();
     let patch = RcPatch::parse(patch, &app.validation).map_err(ApiError::invalid)?;
+    let expected = if_match
+        .expected(app.store.as_ref(), &layout::rc(&id))
+        .await?;
     let store = app.rcs();
     let (state, store, id, patch, actor) = (&app, &store, &id, &patch, &actor);
     let record = update_from_mirror(
@@ -483,10 +486,13 @@ async fn delete_rc(
     State(app): State<AppState>,
     ApiQuery(params): ApiQuery<DeleteRcParams>,
     ApiPath(RcPath { id }): ApiPath<RcPath>,
-    IfMatch(expected): IfMatch,
+    if_match: IfMatch,
     actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let id = id.to_string();
+    let expected = if_match
+        .expected(app.store.as_ref(), &layout::rc(&id))
+        .await?;
     let store = app.rcs();
     let (state, store, id, actor) = (&app, &store, &id, &actor);
     let read = || async move {

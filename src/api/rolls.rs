@@ -378,10 +378,13 @@ async fn delete_roll(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath(RollPath { id }): ApiPath<RollPath>,
-    IfMatch(expected): IfMatch,
+    if_match: IfMatch,
     actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let id = id.to_string();
+    let expected = if_match
+        .expected(app.store.as_ref(), &layout::roll(&id))
+        .await?;
     let rolls = app.rolls();
     // An unreadable roll is deleted without a record of it: there is no roll to record.
     let records = match rolls.get(&id).await {

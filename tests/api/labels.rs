@@ -469,12 +469,26 @@ async fn if_match_guards_every_write() {
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
     bad.error();
 
-    // The current version lets every write through; weak and bare forms are accepted.
+    // A weak ETag never matches, not even the current version's (RFC 9110 §13.1.1); the
+    // current version in the bare form lets the write through.
+    let weak = patch(
+        &app,
+        NODE,
+        &[("if-match", &format!("W/{current}"))],
+        json!({"labels": {"b": "2"}}),
+    )
+    .await;
+    assert_eq!(weak.status, StatusCode::PRECONDITION_FAILED, "{weak:?}");
+    assert_eq!(weak.error().reason, "PreconditionFailed");
+    assert_eq!(
+        app.stored_text("labels/node/node17.example.com").await,
+        before
+    );
     let bare = current.trim_matches('"');
     let patched = patch(
         &app,
         NODE,
-        &[("if-match", &format!("W/{current}"))],
+        &[("if-match", bare)],
         json!({"labels": {"b": "2"}}),
     )
     .await;
@@ -714,4 +728,50 @@ async fn fifty_concurrent_patches_of_different_keys_all_survive() {
     for i in 0..WRITERS {
         assert_eq!(labels[format!("k{i}")], format!("v{i}"));
     }
+}
+
+/// `If-Match` may list ETags, any of which the labels may be at, and `*` asks only that there
+/// be labels; weak ETags in a list count for nothing.
+#[tokio::test]
+async fn if_match_takes_a_list_of_etags_or_any_version() {
+    let app = TestApp::new().await;
+    let labels = |value: &str| json!({"labels": {"a": value}});
+    let none = app
+        .send_json("PUT", NODE, &[("if-match", "*")], &labels("1"))
+        .await;
+    assert_eq!(none.status, StatusCode::PRECONDITION_FAILED, "{none:?}");
+    none.error();
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
+
+    let created = app.send_json("PUT", NODE, &[], &labels("1")).await;
+    let first = created.header("etag").unwrap().to_owned();
+    let listed = format!("W/\"1\", \"1\", {first}");
+    let patched = patch(&app, NODE, &[("if-match", &listed)], labels("2")).await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    assert_eq!(patched.json()["labels"], json!({"a": "2"}));
+
+    let before = app.stored_text("labels/node/node17.example.com").await;
+    let stale = patch(&app, NODE, &[("if-match", &listed)], labels("3")).await;
+    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED, "{stale:?}");
+    assert!(stale.error().message.contains("has changed"));
+    let weak_only = format!("W/{first}, W/\"1\"");
+    let weak = patch(&app, NODE, &[("if-match", &weak_only)], labels("3")).await;
+    assert_eq!(weak.status, StatusCode::PRECONDITION_FAILED, "{weak:?}");
+    assert!(weak.error().message.contains("weak"));
+    assert_eq!(
+        app.stored_text("labels/node/node17.example.com").await,
+        before
+    );
+
+    let any = patch(&app, NODE, &[("if-match", "*")], labels("4")).await;
+    assert_eq!(any.status, StatusCode::OK, "{any:?}");
+    assert_eq!(any.json()["labels"], json!({"a": "4"}));
+    let mixed = app
+        .send_raw("DELETE", NODE, &[("if-match", "*, \"1\"")], "")
+        .await;
+    assert_eq!(mixed.status, StatusCode::BAD_REQUEST, "{mixed:?}");
+    mixed.error();
+    let deleted = app.send_raw("DELETE", NODE, &[("if-match", "*")], "").await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }

@@ -544,6 +544,50 @@ async fn if_match_makes_patch_and_delete_conditional() {
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
 }
 
+/// A weak ETag never matches, so a patch naming only the RC's current version as weak is
+/// refused; `*` lets a patch through to whatever version is stored, while the RC exists.
+#[tokio::test]
+async fn if_match_compares_etags_strongly_and_any_needs_the_rc() {
+    let app = TestApp::new().await;
+    let created = create(&app, &spec()).await;
+    let id = created["id"].as_str().unwrap();
+    let current = format!("\"{}\"", created["resource_version"].as_str().unwrap());
+
+    let before = app.dump().await;
+    let weak = patch(
+        &app,
+        id,
+        &json!({"replicas_desired": 0}),
+        &[("if-match", &format!("W/{current}"))],
+    )
+    .await;
+    assert_eq!(weak.status, StatusCode::PRECONDITION_FAILED, "{weak:?}");
+    assert_eq!(weak.error().reason, "PreconditionFailed");
+    assert_eq!(app.dump().await, before);
+
+    let listed = format!("W/{current}, {current}");
+    let ok = patch(
+        &app,
+        id,
+        &json!({"replicas_desired": 0}),
+        &[("if-match", &listed)],
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::OK, "{ok:?}");
+    let any = patch(&app, id, &json!({"disabled": true}), &[("if-match", "*")]).await;
+    assert_eq!(any.status, StatusCode::OK, "{any:?}");
+    assert_eq!(any.json()["disabled"], true);
+
+    let path = format!("/api/v1/rcs/{id}");
+    let deleted = app
+        .json_request("DELETE", &path, None, &[("if-match", "*")])
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    let gone = patch(&app, id, &json!({"disabled": false}), &[("if-match", "*")]).await;
+    assert_eq!(gone.status, StatusCode::PRECONDITION_FAILED, "{gone:?}");
+    gone.error();
+}
+
 #[tokio::test]
 async fn delete_needs_zero_replicas_or_force_and_removes_the_labels_too() {
     let app = TestApp::new().await;
