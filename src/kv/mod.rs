@@ -463,7 +463,8 @@ pub trait KvStore: Send + Sync + 'static {
         Ok(PrefixUpdate::Whole(self.watch(&target, index, wait).await?))
     }
 
-    /// Whether the store answers at all; used by `/readyz`.
+    /// Whether the store answers, and can take writes as far as it can tell without one;
+    /// used by `/readyz`.
     async fn ping(&self) -> StoreResult<()>;
 
     /// Called as the server stops, once nothing else writes: leaves what the store holds

@@ -24,7 +24,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -98,6 +98,11 @@ struct Inner {
     /// This process's latest writes, as the prefixes followed that each touched: a watch of
     /// the state mirror reads changes only past the writes it holds.
     recent: Arc<recent::Shared>,
+    /// Another process held the database's write lock past [`BUSY_TIMEOUT`] when the writer
+    /// last tried to take it ([`Writer::locked_out`]): no write can commit, though reads do.
+    locked_out: Arc<AtomicBool>,
+    /// A ping is trying to take the write lock while locked out; the next waits for none.
+    probing: AtomicBool,
 }
 
 /// The most keys of other processes' commits read to tell the watches which moved
@@ -279,6 +284,7 @@ impl SqliteStore {
         let conn = writer.acquire().await.map_err(unavailable)?;
         let flush = Arc::new(Notify::new());
         let queued_ready = Arc::new(Notify::new());
+        let locked_out = Arc::new(AtomicBool::new(false));
         let inner = Arc::new(Inner {
             reader,
             writer: Arc::new(Mutex::new(Writer {
@@ -292,6 +298,7 @@ impl SqliteStore {
                 touched: Touched::default(),
                 written: Vec::new(),
                 staged: HashMap::new(),
+                locked_out: locked_out.clone(),
             })),
             flush: flush.clone(),
             queued: std::sync::Mutex::new(Vec::new()),
@@ -301,6 +308,8 @@ impl SqliteStore {
             reaped: AtomicU64::new(reaped),
             prefix_indexes: std::sync::Mutex::default(),
             recent: Arc::default(),
+            locked_out,
+            probing: AtomicBool::new(false),
         });
         let background = CancellationToken::new();
         tokio::spawn(run_background(Arc::downgrade(&inner), background.clone()));
@@ -764,6 +773,9 @@ struct Writer {
     /// only once [`Writer::write_staged`] runs, at the batch's commit or before a statement
     /// that reads the table.
     staged: HashMap<String, Staged>,
+    /// Whether the last `BEGIN IMMEDIATE` found the write lock held by another process for
+    /// all of [`BUSY_TIMEOUT`].
+    locked_out: Arc<AtomicBool>,
 }
 
 /// A row changed by a write of the batch and not yet in the database.
@@ -811,7 +823,12 @@ impl Writer {
         if self.open {
             return Ok(());
         }
-        self.run("BEGIN IMMEDIATE").await?;
+        let began = sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *self.conn)
+            .await;
+        let locked_out = began.as_ref().err().is_some_and(is_busy);
+        self.locked_out.store(locked_out, Ordering::Release);
+        began.map_err(unavailable)?;
         self.open = true;
         match meta(&mut *self.conn, "last_index").await {
             Ok(last) => {
@@ -2097,8 +2114,34 @@ impl KvStore for SqliteStore {
         }
     }
 
+    /// Reads answer through a reader; while another process has held the write lock past
+    /// [`BUSY_TIMEOUT`], no write commits, so the store is not ready until the writer takes
+    /// the lock again. A ping then tries to take it, one at a time, on a task of its own (as a
+    /// write runs), so that a ping given up on never leaves the writer mid-statement.
     async fn ping(&self) -> StoreResult<()> {
-        meta(&self.inner.reader, "last_index").await.map(drop)
+        meta(&self.inner.reader, "last_index").await?;
+        if !self.inner.locked_out.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let locked_out = || {
+            StoreError::Unavailable(
+                "another process holds the database's write lock: writes cannot commit".into(),
+            )
+        };
+        if self.inner.probing.swap(true, Ordering::AcqRel) {
+            return Err(locked_out());
+        }
+        let inner = self.inner.clone();
+        let probe = tokio::spawn(async move {
+            // Taken, the lock goes back as the empty batch commits.
+            let began = WriteTxn::begin(&inner).await.map(drop);
+            inner.probing.store(false, Ordering::Release);
+            began
+        });
+        match probe.await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(locked_out()),
+        }
     }
 
     /// Commits the open batch, if any, then copies the log into the database file and
@@ -2888,6 +2931,54 @@ mod tests {
         drop(reader);
         drop(store);
         assert_eq!(open_in(&dir).await.list("k/").await.unwrap().pairs.len(), 2);
+    }
+
+    /// While another process holds the write lock past the busy timeout, writes fail and the
+    /// store is not ready, though reads answer; once the lock is let go, a ping takes it
+    /// and the store is ready again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_lock_held_by_another_process_keeps_the_store_unready_until_let_go() {
+        use sqlx::Connection;
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        store.put("k/0", b"v", Cas::Any).await.unwrap();
+        store.ping().await.unwrap();
+        let path = dir.path().join("kv.db").display().to_string();
+        let mut other = SqliteConnection::connect(&format!("sqlite://{path}"))
+            .await
+            .unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .unwrap();
+
+        let refused = store.put("k/1", b"v", Cas::Any).await;
+        assert!(
+            matches!(refused, Err(StoreError::Unavailable(_))),
+            "{refused:?}"
+        );
+        assert!(
+            store.get("k/0").await.unwrap().is_some(),
+            "reads still answer"
+        );
+        let pinged = tokio::time::timeout(Duration::from_secs(1), store.ping()).await;
+        assert!(!matches!(pinged, Ok(Ok(()))), "ready while locked out");
+        let again = store.ping().await;
+        assert!(
+            matches!(&again, Err(StoreError::Unavailable(why)) if why.contains("write lock")),
+            "a ping beside one trying the lock answers at once: {again:?}"
+        );
+
+        sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+        let ready = async {
+            while store.ping().await.is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(BUSY_TIMEOUT * 2, ready)
+            .await
+            .expect("ready once the lock is let go");
+        store.put("k/1", b"v", Cas::Any).await.unwrap();
     }
 
     /// A write that fails after it began changing the database takes its batch down: none
