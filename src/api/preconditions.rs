@@ -12,10 +12,12 @@ use crate::error::ApiError;
 use crate::kv::KvStore;
 use crate::store::update::UpdateError;
 
-/// A write's `If-Match`, compared as RFC 9110 §13.1.1 says: strongly, so a weak tag
-/// (`W/"42"`) never matches and a header of weak tags only fails at once (412). A list names
-/// the versions any of which the write may find; `*`, any version at all. A bare `42` is
-/// taken as `"42"`, as clients built before the header was checked send it.
+/// A write's `If-Match`: a list names the versions any of which the write may find; `*`,
+/// any version at all. A tag is taken for the version it names, weak (`W/"42"`) or not:
+/// RFC 9110 §13.1.1 would have a weak tag never match, but a compressing proxy passes this
+/// server's ETags on weakened, and a client sending back what it was given would then never
+/// write. A bare `42` is taken as `"42"`, as clients built before the header was checked
+/// send it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum IfMatch {
     /// No header: the write applies to whatever version is stored.
@@ -63,25 +65,17 @@ impl IfMatch {
         if text.trim() == "*" {
             return Ok(IfMatch::Any);
         }
-        let (mut versions, mut weak) = (BTreeSet::new(), false);
+        let mut versions = BTreeSet::new();
         // RFC 9110 §5.6.1: a list may hold empty elements, which count for nothing.
         for tag in text.split(',').map(str::trim).filter(|tag| !tag.is_empty()) {
-            if let Some(opaque) = tag.strip_prefix("W/") {
-                opaque_tag(opaque).ok_or_else(malformed)?;
-                weak = true;
-                continue;
-            }
+            let tag = tag.strip_prefix("W/").unwrap_or(tag);
             let version = opaque_tag(tag).unwrap_or(tag);
             versions.insert(version.parse::<u64>().map_err(|_| malformed())?);
         }
-        match (versions.is_empty(), weak) {
-            (false, _) => Ok(IfMatch::Versions(versions)),
-            (true, true) => Err(ApiError::precondition_failed(
-                "If-Match names only weak ETags, which never match a write's precondition \
-                 (RFC 9110 §13.1.1); send the ETag as it was given, like \"42\"",
-            )),
-            (true, false) => Err(malformed()),
+        if versions.is_empty() {
+            return Err(malformed());
         }
+        Ok(IfMatch::Versions(versions))
     }
 }
 

@@ -544,28 +544,34 @@ async fn if_match_makes_patch_and_delete_conditional() {
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
 }
 
-/// A weak ETag never matches, so a patch naming only the RC's current version as weak is
-/// refused; `*` lets a patch through to whatever version is stored, while the RC exists.
+/// A list of ETags lets a patch through if the RC is at any of them, weak or not; `*` lets
+/// it through to whatever version is stored, while the RC exists.
 #[tokio::test]
-async fn if_match_compares_etags_strongly_and_any_needs_the_rc() {
+async fn if_match_takes_a_list_of_etags_or_any_version_of_an_rc_that_exists() {
     let app = TestApp::new().await;
     let created = create(&app, &spec()).await;
     let id = created["id"].as_str().unwrap();
-    let current = format!("\"{}\"", created["resource_version"].as_str().unwrap());
+    let version: u64 = created["resource_version"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let current = format!("\"{version}\"");
+    let (later, latest) = (version + 1, version + 2);
 
     let before = app.dump().await;
-    let weak = patch(
+    let stale = patch(
         &app,
         id,
         &json!({"replicas_desired": 0}),
-        &[("if-match", &format!("W/{current}"))],
+        &[("if-match", &format!("\"{later}\", W/\"{latest}\""))],
     )
     .await;
-    assert_eq!(weak.status, StatusCode::PRECONDITION_FAILED, "{weak:?}");
-    assert_eq!(weak.error().reason, "PreconditionFailed");
+    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED, "{stale:?}");
+    assert_eq!(stale.error().reason, "PreconditionFailed");
     assert_eq!(app.dump().await, before);
 
-    let listed = format!("W/{current}, {current}");
+    let listed = format!("\"{later}\", W/{current}");
     let ok = patch(
         &app,
         id,
