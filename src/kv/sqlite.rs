@@ -2115,7 +2115,7 @@ impl KvStore for SqliteStore {
     }
 
     /// Reads answer through a reader; while another process has held the write lock past
-    /// [`BUSY_TIMEOUT`], no write commits, so the store is not ready until the writer takes
+    /// the busy timeout, no write commits, so the store is not ready until the writer takes
     /// the lock again. A ping then tries to take it, one at a time, on a task of its own (as a
     /// write runs), so that a ping given up on never leaves the writer mid-statement.
     async fn ping(&self) -> StoreResult<()> {
