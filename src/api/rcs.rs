@@ -442,7 +442,8 @@ async fn patch_rc(
             let mut rc = record.value.clone();
             patch.apply(&mut rc).map_err(|e| ApiError::invalid([e]))?;
             if rc == record.value {
-                return Ok(Ok(record));
+                let key = layout::rc(id);
+                return Ok(record.confirmed(state.store.as_ref(), &key).await);
             }
             let recorded = store
                 .updated_ops(&record.value, record.index, &rc, actor, &state.mirror)

@@ -167,7 +167,8 @@ impl DaemonSetStore {
     /// disabled, anything else) naming `actor`, and the change's event and times (the times
     /// kept so far taken from `mirror` when it holds those of the version replaced, by the
     /// rule of [`record_update_ops`]), in the same transaction; nothing is written when
-    /// `change` changes nothing. With `expected` it happens only at that index
+    /// `change` changes nothing (the store confirms the version then, as the write's
+    /// check-and-set would). With `expected` it happens only at that index
     /// ([`DaemonSetError::Stale`] otherwise); without it a concurrent change makes `change`
     /// run again on the newer record, so concurrent updates of different fields all take
     /// effect.
@@ -210,7 +211,8 @@ impl DaemonSetStore {
                     check_invariants(&next)?;
                     let events = change_events(&current.value, &next);
                     if events.is_empty() {
-                        return Ok(Ok(current));
+                        let key = layout::daemon_set(id);
+                        return Ok(current.confirmed(self.kv.as_ref(), &key).await);
                     }
                     let mut ops = vec![TxnOp::Cas {
                         key: layout::daemon_set(id),

@@ -1,6 +1,8 @@
 //! The one shape every repository reads and writes: a decoded document and the modify index
 //! it was read at, which is both the CAS token of the next write and the API's `ETag`.
 
+use crate::kv::{KvStore, StoreResult, TxnOp};
+
 /// A decoded document and the modify index it was read at (0 for a document that is not
 /// stored, such as the labels of an object that has none).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -16,5 +18,18 @@ impl<T> Versioned<T> {
             value: f(self.value),
             index: self.index,
         }
+    }
+
+    /// This version, once the store confirms that `key` is still at it (a `Conflict` when
+    /// it has moved on). A change that finds nothing to write answers with the version it
+    /// started from, which may be the mirror's, behind the store: a write's check-and-set
+    /// would have caught that, and this check stands in for it.
+    pub async fn confirmed(self, kv: &dyn KvStore, key: &str) -> StoreResult<Self> {
+        let check = TxnOp::CheckIndex {
+            key: key.to_owned(),
+            index: self.index,
+        };
+        kv.txn(&[check]).await?;
+        Ok(self)
     }
 }

@@ -648,6 +648,55 @@ async fn a_daemon_set_patch_starts_from_the_mirror() {
     assert_eq!(patched.json()["min_health"], 3, "{patched:?}");
 }
 
+/// A patch that changes nothing of what the mirror holds still answers for what the store
+/// holds: with the mirror behind it, the patch is made on the store's version (which it
+/// changes), and an `If-Match` the mirror still shows as current is stale. For an RC and a
+/// daemon set alike.
+#[tokio::test]
+async fn a_patch_changing_nothing_the_mirror_holds_answers_for_what_the_store_holds() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let rc = create(&app, 1).await;
+    let ds = create_daemon_set(&app).await;
+    let objects = [
+        (
+            format!("/api/v1/rcs/{rc}"),
+            format!("replication_controllers/{rc}"),
+            "replicas_desired",
+            json!(1),
+            json!(3),
+        ),
+        (
+            format!("/api/v1/daemonsets/{ds}"),
+            format!("daemon_sets/{ds}"),
+            "min_health",
+            json!(0),
+            json!(2),
+        ),
+    ];
+    let mut seen = Vec::new();
+    for (path, ..) in &objects {
+        let got = app.get(path).await;
+        seen.push(got.header("etag").unwrap().to_owned());
+    }
+    counting.fail_watches(true);
+    for ((path, key, field, mirrored, stored), etag) in objects.iter().zip(&seen) {
+        edit_unseen(&app, key, field, stored.clone()).await;
+        let unchanged = json!({ *field: mirrored });
+        let stale = app
+            .merge_patch(path, &unchanged, &[("if-match", etag.as_str())])
+            .await;
+        assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED, "{stale:?}");
+        let patched = app.merge_patch(path, &unchanged, &[]).await;
+        assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+        assert_eq!(patched.json()[*field], *mirrored, "{patched:?}");
+        let now: Value = app.stored_json(key).await.unwrap();
+        assert_eq!(
+            now[*field], *mirrored,
+            "{path}: the store still holds {now}"
+        );
+    }
+}
+
 /// A mirror that has lost its watch makes `/readyz` fail, naming it, and reads go to the
 /// store rather than answer what the mirror last saw; once the watch is back, all is well.
 #[tokio::test]
