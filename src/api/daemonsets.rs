@@ -9,7 +9,7 @@
 //! which case the farm's own check disables the later one.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -126,8 +126,9 @@ pub struct DaemonSetStatus {
     pub nodes_targeted: usize,
     /// Pods labelled `daemon_set_id=<id>`, i.e. nodes it has been scheduled on.
     pub nodes_scheduled: usize,
-    /// Of those running the daemon set's pod id, the ones whose node reports running its
-    /// intended manifest with health `passing`: the nodes the farm counts for `min_health`.
+    /// Of those on targeted nodes running the daemon set's pod id, the ones whose node
+    /// reports running its intended manifest with health `passing`: the nodes the farm
+    /// counts for `min_health`.
     pub nodes_healthy: usize,
     /// What the DS farm last published about the rollout; `null` until it has.
     pub farm: Option<DaemonSetFarmStatus>,
@@ -514,9 +515,12 @@ async fn rollout_status(
     let labels = LabelStore::new(kv.clone());
     // Writes keep the selector parsable; one that is not (written by another tool) cannot
     // be acted on by the farm, so it targets nothing.
-    let nodes_targeted = match record.value.node_selector.parse::<Selector>() {
-        Ok(selector) => labels.select(LabelType::Node, &selector).await?.1.len(),
-        Err(_) => 0,
+    let targeted: HashSet<String> = match record.value.node_selector.parse::<Selector>() {
+        Ok(selector) => {
+            let (_, nodes) = labels.select(LabelType::Node, &selector).await?;
+            nodes.into_iter().map(|node| node.id).collect()
+        }
+        Err(_) => HashSet::new(),
     };
     let owned = Requirement::equals(DS_ID_LABEL, id.to_string()).map_err(ApiError::internal)?;
     let (_, pods) = labels
@@ -531,7 +535,8 @@ async fn rollout_status(
         .iter()
         .filter_map(|pod| PodLocation::from_label_id(&pod.id))
     {
-        if pod.pod_id() != record.value.pod_id {
+        // The farm keeps the pod only on the nodes the selector matches now.
+        if pod.pod_id() != record.value.pod_id || !targeted.contains(pod.node()) {
             continue;
         }
         let Some(intent) = manifests.get(PodTree::Intent, &pod).await? else {
@@ -551,7 +556,7 @@ async fn rollout_status(
     }
     let farm = DaemonSetStore::new(kv.clone()).farm_status(id).await?;
     Ok(DaemonSetStatus {
-        nodes_targeted,
+        nodes_targeted: targeted.len(),
         nodes_scheduled: pods.len(),
         nodes_healthy: counts.healthy as usize,
         farm,

@@ -357,6 +357,20 @@ async fn get_reports_rollout_status_from_labels_and_health() {
             "farm": {"manifest_sha": "ab12", "nodes_deployed": 1, "replication_in_progress": true}
         })
     );
+
+    // A node the selector no longer matches is on its way to losing the pod: the farm no
+    // longer counts it healthy, and neither does the status.
+    label_node(&app, "n1", json!({"role": "db"})).await;
+    let status = app.get(&format!("/api/v1/daemonsets/{id}")).await.json()["status"].clone();
+    assert_eq!(
+        (
+            &status["nodes_targeted"],
+            &status["nodes_scheduled"],
+            &status["nodes_healthy"]
+        ),
+        (&json!(1), &json!(2), &json!(0)),
+        "{status}"
+    );
 }
 
 #[tokio::test]
