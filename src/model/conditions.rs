@@ -607,6 +607,18 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
                 f.deployed, f.targeted
             ),
         )
+    } else if f.deployed < f.targeted {
+        Observed::new(
+            "Progressing",
+            False,
+            "Complete",
+            format!(
+                "{} of {} targeted nodes are healthy on the current manifest; the farm has \
+                 nothing left to change on the others (another owner runs the pod there, or \
+                 they were given up on past the timeout)",
+                f.deployed, f.targeted
+            ),
+        )
     } else {
         Observed::new(
             "Progressing",
@@ -960,10 +972,34 @@ mod tests {
         }
     }
 
+    /// Complete with nodes left to other owners (or given up on) says how many are healthy,
+    /// not "all".
+    #[test]
+    fn a_daemon_set_complete_short_of_some_nodes_says_how_many_are_healthy() {
+        let c = ds_conditions(&DsFacts {
+            deployed: 3,
+            healthy: 3,
+            ..settled_ds()
+        });
+        let progressing = find(&c, "Progressing");
+        assert_eq!(progressing.reason, "Complete");
+        assert!(
+            progressing
+                .message
+                .starts_with("3 of 4 targeted nodes are healthy"),
+            "{}",
+            progressing.message
+        );
+    }
+
     #[test]
     fn a_rolled_out_daemon_set_is_complete_unblocked_and_uncontended() {
         let c = ds_conditions(&settled_ds());
         assert_eq!(find(&c, "Progressing").reason, "Complete");
+        assert_eq!(
+            find(&c, "Progressing").message,
+            "all 4 targeted nodes are healthy on the current manifest"
+        );
         assert_eq!(find(&c, "Blocked").reason, "NotBlocked");
         assert_eq!(find(&c, "Contended").reason, "NoContention");
         assert!(c.iter().all(|c| c.status == False));
