@@ -49,12 +49,14 @@ use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 
 use super::conditions::Published;
 use super::pods::{
-    is_free, pod_health, rc_labelled, same_manifest, schedule_ops, unlabel_ops, unschedule_ops,
+    is_free, nodes_per_txn, pod_health, rc_labelled, same_manifest, schedule_ops, unlabel_ops,
+    unschedule_ops,
 };
 use super::world::{pod_key, PodKey, Shared, World};
 use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
 
-/// Nodes changed per transaction: 2 ops each plus the fence, well under the 64-op limit.
+/// Nodes changed per transaction: 2 ops each plus the fence, well under the 64-op limit;
+/// fewer for a large manifest ([`nodes_per_txn`]).
 const NODES_PER_TXN: usize = 20;
 /// Nodes of one daemon set that may be on their way to healthy at once, as in P2.
 pub const MAX_IN_FLIGHT: usize = 50;
@@ -708,7 +710,7 @@ async fn apply(
         .collect();
     let labelled = world.pods_labelled(DS_ID_LABEL, id);
     let mut nodes: BTreeSet<&str> = labelled.iter().map(|(node, _)| &**node).collect();
-    for batch in changes.chunks(NODES_PER_TXN) {
+    for batch in changes.chunks(nodes_per_txn(manifest, NODES_PER_TXN)) {
         let before = nodes.clone();
         let mut ops = Vec::new();
         for (change, node, adds) in batch {

@@ -32,14 +32,16 @@ use crate::state::Mirror;
 
 use super::conditions::Published;
 use super::pods::{
-    held_by_labels, is_free, replace_ops, same_manifest, schedule_ops, unschedule_ops,
+    held_by_labels, is_free, nodes_per_txn, replace_ops, same_manifest, schedule_ops,
+    unschedule_ops,
 };
 use super::roll::count;
 use super::world::{pod_key, World};
 use super::{Farm, FarmContext, FarmError, FarmResult, Retries, CONCURRENT_OBJECTS};
 
 /// Nodes changed per transaction: at most 3 ops each (a check, the labels, the intent), plus
-/// the fence and the audit record, under the 64-op limit.
+/// the fence and the audit record, under the 64-op limit; fewer for a large manifest
+/// ([`nodes_per_txn`]).
 const NODES_PER_TXN: usize = 20;
 
 /// The RC farm's state across passes: backoffs, and the conditions it publishes.
@@ -564,8 +566,9 @@ async fn apply(
         tracing::info!(rc = %id, from = %transfer.leaving, to = %transfer.arriving, "node transfer");
         return Ok(());
     }
-    let batches = plan.changes.chunks(NODES_PER_TXN).count();
-    for (position, batch) in plan.changes.chunks(NODES_PER_TXN).enumerate() {
+    let per_txn = nodes_per_txn(&rc.manifest, NODES_PER_TXN);
+    let batches = plan.changes.chunks(per_txn).count();
+    for (position, batch) in plan.changes.chunks(per_txn).enumerate() {
         let before = nodes.clone();
         let mut ops = Vec::new();
         for change in batch {

@@ -24,6 +24,10 @@ pub use open::{open_store, ConsulOptions, StoreUrl};
 
 /// The most operations one transaction may hold: Consul 0.7 refuses more than 64.
 pub const MAX_TXN_OPS: usize = 64;
+/// The most bytes one transaction may take as Consul's `/v1/txn` body (its ops as JSON, values
+/// in base64): Consul refuses a longer body (`txn_max_req_len`, 512 KiB), as older agents
+/// refuse values adding up to more than that, with a 413.
+pub const MAX_TXN_BYTES: usize = 512 * 1024;
 /// The longest a blocking watch may wait, as in Consul (which caps `wait` at 10 minutes).
 pub const MAX_WATCH_WAIT: Duration = Duration::from_secs(600);
 /// Shortest session TTL Consul accepts.

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::support::farms::{Harness, MANIFEST};
+use crate::support::farms::{Backend, Harness, MANIFEST};
 use p2_apiserver::kv::{Cas, KvStore};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::event::{Action, Event};
@@ -400,4 +400,18 @@ async fn dangling_pods_are_cleaned_up_but_an_empty_tree_wipes_nothing_unseen() {
             .then_some(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_set_of_a_large_manifest_is_scheduled_through_consul() {
+    let h = Harness::start_on(Backend::FakeConsul, None).await;
+    web_nodes(&h, 20).await;
+    // 60 KB: twenty intents of it are more than a transaction may carry.
+    let manifest = format!("{MANIFEST}config:\n  blob: {}\n", "x".repeat(60_000));
+    let mut doc = ds_doc("role=web", 0, Duration::from_secs(600));
+    doc["manifest"] = manifest.clone().into();
+    let id = h.put_ds(doc).await;
+    h.wait_until(|| async { (h.labelled_nodes(DS_ID, &id).await.len() == 20).then_some(()) })
+        .await;
+    assert_eq!(intents_with(&h, &manifest).await, 20);
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::support::farms::{Harness, MANIFEST};
+use crate::support::farms::{Backend, Harness, MANIFEST};
 use p2_apiserver::labels::LabelType;
 use serde_json::json;
 
@@ -274,4 +274,42 @@ async fn the_locks_and_conditions_of_deleted_rcs_are_removed() {
         none.then_some(())
     })
     .await;
+}
+
+/// A manifest of 60 KB: twenty intents of it are more than a transaction may carry.
+fn large_manifest() -> String {
+    format!("{MANIFEST}config:\n  blob: {}\n", "x".repeat(60_000))
+}
+
+/// An RC of a large manifest is scheduled in batches the store takes, on every backend.
+async fn schedules_a_large_manifest_on(backend: Backend) {
+    let h = Harness::start_on(backend, None).await;
+    for i in 1..=20 {
+        h.label(
+            LabelType::Node,
+            &format!("node{i:02}"),
+            json!({"role": "web"}),
+        )
+        .await;
+    }
+    let manifest = large_manifest();
+    let id = h
+        .put_rc(json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {},
+                       "replicas_desired": 20, "disabled": false, "allocation_strategy": "static_strategy"}))
+        .await;
+    let nodes = h.wait_for_rc_nodes(&id, 20).await;
+    assert_eq!(
+        h.intent(&nodes[0], "hello").await.as_deref(),
+        Some(manifest.as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rc_of_a_large_manifest_is_scheduled() {
+    schedules_a_large_manifest_on(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rc_of_a_large_manifest_is_scheduled_through_consul() {
+    schedules_a_large_manifest_on(Backend::FakeConsul).await;
 }
