@@ -162,12 +162,16 @@ impl Filter {
 
     /// The keys of the objects the selector matches now (none without one): what a client
     /// that resumes holds, but for the changes since its position, which tell it the rest.
+    /// The server's own deletes not streamed yet are changes since its position too, and
+    /// not in the retained changes: the client may hold those objects, so their deletion is
+    /// sent when it is streamed.
     fn selected_now(&self, mirror: &Mirror) -> HashSet<String> {
         let Some(selector) = &self.selector else {
             return HashSet::new();
         };
         let mut selected = HashSet::new();
         for tree in Tree::ALL.into_iter().filter(|tree| self.follows(*tree)) {
+            selected.extend(mirror.unstreamed_deletes(tree));
             for entry in mirror.entries(tree).values() {
                 if self.selects(selector, mirror, tree, entry) {
                     selected.insert(entry.pair.key.clone());

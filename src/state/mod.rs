@@ -680,6 +680,15 @@ impl Mirror {
         self.read().tree(tree).entries.clone()
     }
 
+    /// The keys of `tree` the server itself deleted whose deletion is not streamed yet: a
+    /// listing has still to confirm it (see [`Mirror::apply_own_writes`]).
+    pub fn unstreamed_deletes(&self, tree: Tree) -> Vec<String> {
+        let state = self.read();
+        let tombstones = state.tree(tree).tombstones.iter();
+        let streamed_later = tombstones.filter(|(_, tombstone)| tombstone.removed.is_some());
+        streamed_later.map(|(key, _)| key.clone()).collect()
+    }
+
     /// The labels of `id` of `label_type`.
     pub fn labels_of(&self, label_type: LabelType, id: &str) -> Option<Labels> {
         self.read().labels_of(label_type, id).cloned()

@@ -524,3 +524,70 @@ async fn a_selector_stream_sends_a_pod_once_its_labels_arrive() {
         .unwrap();
     assert_eq!(summary(&[left]), pairs(&[("deleted", "node1/hello")]));
 }
+
+/// Opens a stream of `app` at `uri`, resuming from `last` if given.
+async fn open_on(app: &TestApp, uri: &str, last: Option<&str>) -> Events {
+    let mut request = Request::get(uri);
+    if let Some(last) = last {
+        request = request.header("last-event-id", last);
+    }
+    let response = app.open(request.body(Body::empty()).unwrap()).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    Events {
+        body: response.into_body(),
+        buffer: String::new(),
+    }
+}
+
+/// A client resuming with a selector while the server's own delete of an object it holds
+/// is not yet confirmed by the tree's watch is told of the delete once it is.
+#[tokio::test]
+async fn a_resumed_selector_stream_hears_of_an_own_delete_confirmed_after_it_resumed() {
+    let config = MirrorConfig {
+        // The tree's watch reads again only when asked to, so the delete stays unconfirmed.
+        min_reread_interval: Duration::from_secs(60),
+        ..MirrorConfig::default()
+    };
+    let app = TestApp::configured(|store| store, config).await;
+    let label = async |node: &str| {
+        let uri = format!("/api/v1/labels/node/{node}");
+        let labels = serde_json::json!({"labels": {"role": "web"}});
+        let request = Request::put(uri)
+            .header("content-type", "application/json")
+            .body(Body::from(labels.to_string()))
+            .unwrap();
+        assert_eq!(app.send(request).await.status, StatusCode::OK);
+    };
+    label("web1").await;
+    let path = "/api/v1/watch?kinds=nodes&selector=role%3Dweb";
+    let mut stream = open_on(&app, path, None).await;
+    let snapshot = stream.snapshot().await;
+    assert_eq!(
+        summary(&snapshot),
+        pairs(&[("added", "web1"), ("synced", "")])
+    );
+    // The client's last event is a later change, of another object.
+    label("web2").await;
+    let last = stream.next().await.unwrap();
+    let last_id = last.id.clone();
+    assert_eq!(summary(&[last]), pairs(&[("added", "web2")]));
+    drop(stream);
+    let request = Request::delete("/api/v1/labels/node/web1")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(app.send(request).await.status, StatusCode::NO_CONTENT);
+    assert!(app.mirror.get("labels/node/web1").is_none());
+    let mut resumed = open_on(&app, path, Some(&last_id)).await;
+    // The tree's watch reads it, confirming the delete.
+    app.mirrored("labels/node/web1").await;
+    let deleted = async {
+        while let Some(event) = resumed.next().await {
+            if summary(&[event]) == pairs(&[("deleted", "web1")]) {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), deleted)
+        .await
+        .expect("the deleted object was never sent as deleted");
+}
