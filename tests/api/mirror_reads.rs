@@ -1552,3 +1552,30 @@ async fn a_consistent_listing_of_a_pods_health_claims_no_write_made_between_its_
     let one_report = |body: &Value| body["items"].as_array().unwrap().len() == 1;
     read_amid(&app, &counting, uri, checker_writes, one_report).await;
 }
+
+/// A change that reaches the mirror after an answer was built, while the other trees of the
+/// answer hold nothing newer, is not taken as seen by a client blocking at the answer's
+/// index: the client is answered with it at once rather than held until another change.
+#[tokio::test]
+async fn a_change_landing_between_an_answer_and_the_next_block_wakes_it() {
+    let app = TestApp::new().await;
+    let id = create(&app, 1).await;
+    let pod = json!({"replication_controller_id": id});
+    app.put_json("labels/pod/node1/hello", &pod).await;
+    let path = format!("/api/v1/rcs/{id}");
+    let index = app.get(&path).await.x_index();
+    let key = format!("labels/replication_controller/{id}");
+    app.store
+        .put(&key, br#"{"app":"web"}"#, Cas::Any)
+        .await
+        .unwrap();
+    let labels = [Tree::Labels(LabelType::ReplicationController)];
+    let stored = app.stored(&key).await.unwrap().modify_index;
+    wait_until(|| async { (app.mirror.listed_index(&labels) >= stored).then_some(()) }).await;
+    let blocked = format!("{path}?index={index}&wait=20s");
+    let answer = tokio::time::timeout(Duration::from_secs(5), app.get(&blocked))
+        .await
+        .expect("a client blocked at an index before a change the mirror holds was held");
+    assert!(answer.x_index() >= stored, "{answer:?}");
+    assert_eq!(answer.json()["labels"]["app"], "web");
+}
