@@ -21,7 +21,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{error_at, index_header};
+use crate::api::blocking::{combined_index, error_at, index_header};
 use crate::api::extract::{ApiJson, ApiPath, MergePatch, NoQuery};
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
@@ -193,10 +193,9 @@ async fn list_daemon_sets(
         pod_id.is_none_or(|pod| &ds.pod_id == pod) && query.selector.matches(&ds.labels())
     };
     let consistent = query.filter.consistent.unwrap_or(false);
-    let trees = [Tree::DaemonSets];
-    let (index, items) = match source(&app, &trees, &[], consistent, query.blocking).await {
+    let (index, items) = match source(&app, &LIST_TREES, &[], consistent, query.blocking).await {
         Source::Mirror(mirror) => {
-            let index = mirror_index(mirror, &trees);
+            let index = mirror_index(mirror, &LIST_TREES);
             let records = mirror.entries(Tree::DaemonSets);
             let records = records
                 .values()
@@ -212,10 +211,12 @@ async fn list_daemon_sets(
             (index, items)
         }
         Source::Store(blocking) => {
-            blocking
-                .block(&app, &[layout::DAEMON_SETS.to_owned()])
-                .await?;
-            let (index, records) = app.daemon_sets().list().await?;
+            let prefixes: Vec<String> = LIST_TREES.iter().map(|tree| tree.prefix()).collect();
+            blocking.block(&app, &prefixes).await?;
+            // Taken before anything is read: a change landing between the reads is in the
+            // answer or above its index, so a client blocking at it misses nothing.
+            let index = combined_index(app.store.as_ref(), &prefixes).await?;
+            let (_, records) = app.daemon_sets().list().await?;
             let mut times = list_meta(app.store.as_ref(), ObjectKind::Daemonsets).await?;
             let mut conditions = ConditionStore::new(app.store.clone())
                 .list(ObjectKind::Daemonsets)
@@ -435,10 +436,11 @@ fn contention_error(other: &StoredDaemonSet) -> ApiError {
     ))
 }
 
-/// The trees a daemon set's view is made of: its document, and what its rollout status
-/// counts. A read's `X-Index` is what they hold (`reads::mirror_index`); times and
-/// conditions change with the document or are the farms' own.
-const DS_TREES: [Tree; 7] = [
+/// The trees a daemon set's view is made of: its document, what its rollout status counts,
+/// and the farms' conditions (written after the pass that saw the rest change, so a client
+/// blocked at an answer's index is woken by them too). A read's `X-Index` is what they hold
+/// (`reads::mirror_index`); times change with the document.
+const DS_TREES: [Tree; 8] = [
     Tree::DaemonSets,
     Tree::Labels(LabelType::Node),
     Tree::Labels(LabelType::Pod),
@@ -446,7 +448,12 @@ const DS_TREES: [Tree; 7] = [
     Tree::Reality,
     Tree::Health,
     Tree::DsStatus,
+    Tree::Conditions,
 ];
+
+/// The trees a listing of daemon sets is made of: their documents and the farms'
+/// conditions (its items have no rollout status).
+const LIST_TREES: [Tree; 2] = [Tree::DaemonSets, Tree::Conditions];
 
 /// The view of `record` with its rollout status, times and conditions, all read through
 /// `kv`.

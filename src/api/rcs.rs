@@ -4,7 +4,8 @@
 //! [`RcView`], which adds the RC's own labels, its `resource_version` and a status read from
 //! the pod labels the RC farm writes, and the conditions the leader's RC farm computed. List
 //! items carry the status too, so a dashboard needs
-//! one request; that is why a list's `X-Index` also follows the pod label tree.
+//! one request; that is why a list's `X-Index` also follows the pod label tree (and the
+//! conditions', which a list shows too).
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
@@ -158,16 +159,19 @@ impl RcStatus {
     }
 }
 
-/// The trees an RC's view is made of: its document, its labels and the pod labels its
-/// status counts. A read's `X-Index` is what they hold (`reads::mirror_index`).
-const RC_TREES: [Tree; 3] = [
+/// The trees an RC's view is made of: its document, its labels, the pod labels its
+/// status counts and the farms' conditions (written after the pass that saw the pods
+/// change, so a client blocked at an answer's index is woken by them too). A read's
+/// `X-Index` is what they hold (`reads::mirror_index`).
+const RC_TREES: [Tree; 4] = [
     Tree::Rcs,
     Tree::Labels(LabelType::ReplicationController),
     Tree::Labels(LabelType::Pod),
+    Tree::Conditions,
 ];
 
-/// Every tree an RC's view reads: [`RC_TREES`], the farms' conditions and the times kept
-/// beside it. A kept answer stands while none of them changes.
+/// Every tree an RC's view reads: [`RC_TREES`] and the times kept beside it (which change
+/// with the RC). A kept answer stands while none of them changes.
 const VIEW_TREES: [Tree; 5] = [
     Tree::Rcs,
     Tree::Labels(LabelType::ReplicationController),

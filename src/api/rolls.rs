@@ -417,10 +417,11 @@ async fn delete_roll(
 }
 
 /// The trees a roll's view is made of (its document and labels, both RCs, their pods,
-/// what the nodes run and the pods' health), and the finished rolls' when they are shown
-/// (only then: on Consul an empty tree reads at the whole store's index). A read's `X-Index`
-/// is what they hold (`reads::mirror_index`); times and conditions change with them or are
-/// the farms' own.
+/// what the nodes run, the pods' health, and the farms' conditions, written after the pass
+/// that saw the rest change or once a deadline passes with nothing else changing), and the
+/// finished rolls' when they are shown (only then: on Consul an empty tree reads at the
+/// whole store's index). A read's `X-Index` is what they hold (`reads::mirror_index`);
+/// times change with the roll.
 fn roll_trees(finished: bool) -> Vec<Tree> {
     let mut trees = vec![
         Tree::Rolls,
@@ -429,6 +430,7 @@ fn roll_trees(finished: bool) -> Vec<Tree> {
         Tree::Labels(LabelType::Pod),
         Tree::Reality,
         Tree::Health,
+        Tree::Conditions,
     ];
     if finished {
         trees.push(Tree::RollHistory);

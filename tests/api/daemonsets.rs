@@ -490,8 +490,13 @@ async fn list_filters_by_a_selector_on_pod_id_and_cluster_name() {
 #[tokio::test]
 async fn list_blocks_until_the_tree_changes() {
     let app = TestApp::new().await;
-    // Start from a tree in use: on Consul an empty tree reads at the index of the whole KV
-    // store, which any write anywhere moves.
+    // Start from trees in use (the daemon sets' and the conditions'): on Consul an empty
+    // tree reads at the index of the whole KV store, which any write anywhere moves.
+    app.put_raw(
+        "p2-apiserver/conditions/daemon_sets/other",
+        br#"{"conditions": []}"#,
+    )
+    .await;
     let mut other = body("");
     other["manifest"] = json!(manifest_for("shipper"));
     let other = create(&app, &other).await;

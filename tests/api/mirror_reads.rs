@@ -34,6 +34,14 @@ async fn create(app: &TestApp, replicas: i64) -> String {
     response.json()["id"].as_str().unwrap().to_owned()
 }
 
+/// Gives RC `id` a conditions record, as a leader's farm does: on Consul an empty tree's
+/// index moves with every write anywhere, waking every read blocked on an answer made of it
+/// (an RC's is made of the conditions too).
+async fn give_conditions(app: &TestApp, id: &str) {
+    let key = format!("p2-apiserver/conditions/rcs/{id}");
+    app.put_json(&key, &json!({"conditions": []})).await;
+}
+
 async fn set_replicas(app: &TestApp, id: &str, replicas: i64) -> u64 {
     let patched = app
         .merge_patch(
@@ -852,9 +860,11 @@ async fn blocked_reads_wait_on_the_mirror_and_return_on_a_change() {
     let app = Arc::new(app);
     let id = create(&app, 1).await;
     // On Consul an empty tree's index moves with every write anywhere, waking its waiters:
-    // the RC has a pod, so that every tree its view is made of holds something.
+    // the RC has a pod and conditions, so that every tree its view is made of holds
+    // something.
     let pod = json!({"replication_controller_id": id});
     app.put_json("labels/pod/node1/hello", &pod).await;
+    give_conditions(&app, &id).await;
     let path = format!("/api/v1/rcs/{id}");
     let got = app.get(&path).await;
     let index = got.x_index();
@@ -934,9 +944,11 @@ async fn a_blocked_read_of_an_object_deleted_meanwhile_answers_404_at_an_index_t
     let app = Arc::new(TestApp::new().await);
     let id = create(&app, 1).await;
     // On Consul an empty tree's index moves with every write anywhere, waking its waiters:
-    // the RC has a pod, so that every tree its view is made of holds something.
+    // the RC has a pod and conditions, so that every tree its view is made of holds
+    // something.
     let pod = json!({"replication_controller_id": id});
     app.put_json("labels/pod/node1/hello", &pod).await;
+    give_conditions(&app, &id).await;
     let path = format!("/api/v1/rcs/{id}");
     let gone = deleted_while_blocked(&app, &path, "?force=true").await;
 
@@ -1051,6 +1063,7 @@ async fn a_blocked_read_is_held_while_a_failing_watch_leaves_an_own_write_unconf
     let (app, counting) = counted(MirrorConfig::default()).await;
     let app = Arc::new(app);
     let id = create(&app, 0).await;
+    give_conditions(&app, &id).await;
     let path = format!("/api/v1/rcs/{id}");
 
     counting.fail_watches(true);
@@ -1092,6 +1105,7 @@ async fn a_woken_read_waits_for_every_trees_watch_not_only_for_the_servers_own_w
     .await;
     let app = Arc::new(app);
     let (theirs, ours) = (create(&app, 0).await, create(&app, 0).await);
+    give_conditions(&app, &ours).await;
     let first = app.get("/api/v1/rcs").await;
     let held = app
         .get_held(format!("/api/v1/rcs?index={}&wait=30s", first.x_index()))
@@ -1368,6 +1382,7 @@ async fn a_blocking_client_answered_from_the_store_is_held_on_the_mirror() {
     let (app, counting) = counted(MirrorConfig::default()).await;
     let app = Arc::new(app);
     let id = create(&app, 1).await;
+    give_conditions(&app, &id).await;
     let path = format!("/api/v1/rcs/{id}");
     app.get(&path).await;
     let labelled = label_pod_of(&app, &id, "node0").await;
@@ -1578,4 +1593,71 @@ async fn a_change_landing_between_an_answer_and_the_next_block_wakes_it() {
         .expect("a client blocked at an index before a change the mirror holds was held");
     assert!(answer.x_index() >= stored, "{answer:?}");
     assert_eq!(answer.json()["labels"]["app"], "web");
+}
+
+/// The conditions an RC's, a roll's or a daemon set's view shows are the farms' own writes,
+/// made after the pass that saw what they describe change (a roll's `Stalled` after a
+/// deadline, with nothing else changing): a client blocked at the index of an answer is
+/// woken by them, and the answer's `X-Index` moves past them.
+#[tokio::test]
+async fn a_blocked_read_is_woken_when_the_conditions_it_shows_change() {
+    let app = Arc::new(TestApp::new().await);
+    let (old, new) = (create(&app, 1).await, create(&app, 0).await);
+    let roll = json!({"old_rc_id": old, "new_rc_id": new,
+        "desired_replicas": 1, "minimum_replicas": 0});
+    let created = app
+        .json_request("POST", "/api/v1/rolls", Some(&roll), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let ds = create_daemon_set(&app).await;
+    let pod = json!({"replication_controller_id": old});
+    app.put_json("labels/pod/node1/hello", &pod).await;
+    let conditions = async |segment: &str, id: &str, status: &str| {
+        let record = json!({"conditions": [{
+            "type": "Progressing", "status": status, "reason": "Complete", "message": "",
+            "last_transition_time": "2026-01-01T00:00:00Z", "observed_index": 1
+        }]});
+        let key = format!("p2-apiserver/conditions/{segment}/{id}");
+        app.put_json(&key, &record).await;
+        app.mirrored(&key).await;
+    };
+    let kinds = [
+        ("rcs", "rcs", &old),
+        ("rolls", "rolls", &new),
+        ("daemonsets", "daemon_sets", &ds),
+    ];
+    for (kind, segment, id) in kinds {
+        conditions(segment, id, "False").await;
+        let one = format!("/api/v1/{kind}/{id}");
+        let all = format!("/api/v1/{kind}");
+        let shown = |answer: &TestResponse| {
+            let body = answer.json();
+            let object = match body["items"].as_array() {
+                Some(items) => items
+                    .iter()
+                    .find(|item| item["id"] == **id)
+                    .unwrap()
+                    .clone(),
+                None => body,
+            };
+            object["conditions"][0]["status"].clone()
+        };
+        for (uri, status) in [(one.as_str(), "True"), (all.as_str(), "False")] {
+            let first = app.get(uri).await.x_index();
+            let held = app.get_held(format!("{uri}?index={first}&wait=30s")).await;
+            conditions(segment, id, status).await;
+            let why = "a blocked read was not woken by the conditions it shows";
+            let mut answer = held.woken(why).await;
+            // On Consul an empty tree's index moves with every write anywhere, waking its
+            // waiters early: the client blocks again at the answer's index, as clients do.
+            while shown(&answer) != status {
+                let index = answer.x_index();
+                let again = format!("{uri}?index={index}&wait=30s");
+                answer = tokio::time::timeout(Duration::from_secs(5), app.get(&again))
+                    .await
+                    .expect(why);
+            }
+            assert!(answer.x_index() > first, "{uri}: {answer:?}");
+        }
+    }
 }

@@ -309,10 +309,16 @@ async fn list_filters_by_rc_labels_and_pages_by_id() {
 async fn a_blocking_list_wakes_on_a_change_and_times_out_unchanged() {
     let app = Arc::new(TestApp::new().await);
     create(&app, &spec()).await;
-    // A pod of no RC here, so that every tree the listing watches is in use: on Consul an
-    // empty tree reads at the index of the whole KV store, which any write anywhere moves.
+    // A pod and conditions of no RC here, so that every tree the listing watches is in use:
+    // on Consul an empty tree reads at the index of the whole KV store, which any write
+    // anywhere moves.
     app.put_raw("labels/pod/node9/other", br#"{"pod_id": "other"}"#)
         .await;
+    app.put_raw(
+        "p2-apiserver/conditions/rcs/other",
+        br#"{"conditions": []}"#,
+    )
+    .await;
     let index = app
         .get("/api/v1/rcs")
         .await

@@ -824,6 +824,11 @@ async fn list_blocks_until_progress_changes() {
     put_pod(&app, "n9", &old).await;
     put_reality(&app, "n9", ARRANGED_MANIFEST).await;
     put_health(&app, "n9", "n9", HealthState::Passing).await;
+    app.put_raw(
+        "p2-apiserver/conditions/rolls/other",
+        br#"{"conditions": []}"#,
+    )
+    .await;
     let index = app
         .get("/api/v1/rolls")
         .await
