@@ -30,7 +30,7 @@ use crate::api::reads::{
     current_reader, indexed_reader, mirror_index, source, IndexedReader, ReadParams, ReadQuery,
     Source,
 };
-use crate::api::responses::created;
+use crate::api::responses::{created, read_back};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::kv::keys::segment_problem;
@@ -479,15 +479,12 @@ async fn current_view(
 }
 
 /// [`current_view`], or, when that cannot be read, the view of what was written without
-/// its status: the write is applied, and an error would invite the client to apply it again.
+/// its status ([`read_back`]).
 async fn applied_view(app: &AppState, id: uuid::Uuid, record: &DaemonSetRecord) -> DaemonSet {
-    match current_view(app, id, record).await {
-        Ok(view) => view,
-        Err(e) => {
-            tracing::warn!(error = %e, "reading a written daemon set's status back failed");
-            daemon_set(record, None, Vec::new())
-        }
-    }
+    read_back("daemon set", current_view(app, id, record), || {
+        daemon_set(record, None, Vec::new())
+    })
+    .await
 }
 
 fn daemon_set(

@@ -28,7 +28,7 @@ use crate::api::reads::{
     current_mirror, current_reader, mirror_index, source, ConsistentFilter, ReadParams, ReadQuery,
     Source,
 };
-use crate::api::responses::created;
+use crate::api::responses::{created, read_back};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::kv::{KvStore, StoreError, TxnOp};
@@ -674,21 +674,17 @@ async fn written_view(app: &AppState, record: &RcRecord) -> Result<(RcView, u64)
 }
 
 /// [`written_view`], or, when that cannot be read, the view of what was written with
-/// `labels` (and no status) at the write's index: the write is applied, and an error would
-/// invite the client to apply it again.
+/// `labels` (and no status) at the write's index ([`read_back`]).
 async fn applied_view(
     app: &AppState,
     record: &RcRecord,
     labels: impl FnOnce() -> Labels,
 ) -> (RcView, u64) {
-    match written_view(app, record).await {
-        Ok(answer) => answer,
-        Err(e) => {
-            tracing::warn!(error = %e, "reading a written RC's labels and status back failed");
-            let view = RcView::new(record, labels(), RcStatus::default(), Vec::new());
-            (view, record.index)
-        }
-    }
+    read_back("RC", written_view(app, record), || {
+        let view = RcView::new(record, labels(), RcStatus::default(), Vec::new());
+        (view, record.index)
+    })
+    .await
 }
 
 /// The view of `record` with its labels, status, conditions and times as the mirror holds

@@ -1,4 +1,8 @@
-//! Success answers shared by the resources, so that every create answers alike.
+//! Success answers shared by the resources, so that every create answers alike, and every
+//! committed write answers whether or not its object can be read back.
+
+use std::fmt::Display;
+use std::future::Future;
 
 use axum::http::header::LOCATION;
 use axum::http::{HeaderValue, StatusCode};
@@ -19,4 +23,21 @@ pub fn created(location: &str, index: u64, body: impl Serialize) -> Result<Respo
         ApiJson(body),
     )
         .into_response())
+}
+
+/// What a committed write answers with: the object as `read` back, or, when that read fails,
+/// as `written` (what the write itself knows of it). The write is applied, and an error would
+/// invite the client to apply it again.
+pub async fn read_back<T, E: Display>(
+    what: &str,
+    read: impl Future<Output = Result<T, E>>,
+    written: impl FnOnce() -> T,
+) -> T {
+    match read.await {
+        Ok(answer) => answer,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading a written {what} back failed");
+            written()
+        }
+    }
 }

@@ -27,7 +27,7 @@ use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::reads::{current_reader, indexed_reader, IndexedReader, ReadParams, ReadQuery};
-use crate::api::responses::created;
+use crate::api::responses::{created, read_back};
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::kv::{KvStore, StoreError};
@@ -225,20 +225,11 @@ async fn create_roll(
         .create(plan, &actor)
         .await
         .map_err(creation_error)?;
-    // The roll exists now: a failure to read its progress back must not turn into an error
-    // that makes the client create it again.
-    let view = match current_view(&app, &record).await {
-        Ok(view) => view,
-        Err(e) => {
-            tracing::warn!(error = %e, "reading a new roll's progress failed");
-            Roll::of(
-                &(&record.value).into(),
-                labels,
-                record.index,
-                RollProgress::default(),
-            )
-        }
-    };
+    let view = read_back("roll", current_view(&app, &record), || {
+        let spec = (&record.value).into();
+        Roll::of(&spec, labels, record.index, RollProgress::default())
+    })
+    .await;
     created(&format!("/api/v1/rolls/{}", view.id), record.index, view)
 }
 
