@@ -2247,7 +2247,6 @@ mod tests {
     /// first write it does not hold, or the first delete under the prefix.
     #[tokio::test]
     async fn a_watch_woken_only_by_held_transactions_reads_nothing() {
-        use sqlx::Connection;
         let dir = tempfile::tempdir().unwrap();
         let store = open_in(&dir).await;
         let index_of = |results: Vec<Option<KvPair>>| results[0].as_ref().unwrap().modify_index;
@@ -2259,10 +2258,7 @@ mod tests {
         let a = index_of(store.txn(&[set("k/a")]).await.unwrap());
         store.txn(&[set("other/x")]).await.unwrap();
         let b = index_of(store.txn(&[set("k/b"), set("other/y")]).await.unwrap());
-        let path = dir.path().join("kv.db").display().to_string();
-        let mut behind = SqliteConnection::connect(&format!("sqlite://{path}"))
-            .await
-            .unwrap();
+        let mut behind = connect_beside(&dir).await;
         sqlx::query("INSERT INTO tombstones (key, delete_index, deleted_at_ms) VALUES (?1, ?2, 0)")
             .bind(b"k/sneaked".as_slice())
             .bind(b as i64)
@@ -2908,14 +2904,10 @@ mod tests {
     /// a second at most and leaves the log, which the next start replays.
     #[tokio::test]
     async fn a_shutdown_beside_a_reader_of_the_file_is_prompt() {
-        use sqlx::Connection;
         let dir = tempfile::tempdir().unwrap();
         let store = open_in(&dir).await;
         store.put("k/0", b"v", Cas::Any).await.unwrap();
-        let path = dir.path().join("kv.db").display().to_string();
-        let mut reader = SqliteConnection::connect(&format!("sqlite://{path}"))
-            .await
-            .unwrap();
+        let mut reader = connect_beside(&dir).await;
         sqlx::query("BEGIN").execute(&mut reader).await.unwrap();
         sqlx::query("SELECT count(*) FROM kv")
             .execute(&mut reader)
@@ -2938,15 +2930,11 @@ mod tests {
     /// and the store is ready again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_write_lock_held_by_another_process_keeps_the_store_unready_until_let_go() {
-        use sqlx::Connection;
         let dir = tempfile::tempdir().unwrap();
         let store = open_in(&dir).await;
         store.put("k/0", b"v", Cas::Any).await.unwrap();
         store.ping().await.unwrap();
-        let path = dir.path().join("kv.db").display().to_string();
-        let mut other = SqliteConnection::connect(&format!("sqlite://{path}"))
-            .await
-            .unwrap();
+        let mut other = connect_beside(&dir).await;
         sqlx::query("BEGIN IMMEDIATE")
             .execute(&mut other)
             .await
@@ -2985,15 +2973,11 @@ mod tests {
     /// of it is committed, its index is not used up, and the store goes on.
     #[tokio::test]
     async fn a_write_failing_partway_leaves_nothing_behind() {
-        use sqlx::Connection;
         let dir = tempfile::tempdir().unwrap();
         let store = open_in(&dir).await;
         store.put("x", b"1", Cas::Any).await.unwrap();
         let before = store.get("x").await.unwrap().unwrap();
-        let path = dir.path().join("kv.db").display().to_string();
-        let mut other = SqliteConnection::connect(&format!("sqlite://{path}"))
-            .await
-            .unwrap();
+        let mut other = connect_beside(&dir).await;
         sqlx::query(
             "CREATE TRIGGER refuse BEFORE DELETE ON kv WHEN OLD.key = X'78'
              BEGIN SELECT RAISE(ABORT, 'refused'); END",
@@ -3189,14 +3173,19 @@ mod tests {
         }
     }
 
+    /// A connection of its own to the store's file in `dir`, as a tool beside the store opens.
+    async fn connect_beside(dir: &tempfile::TempDir) -> SqliteConnection {
+        use sqlx::Connection;
+        let path = dir.path().join("kv.db").display().to_string();
+        SqliteConnection::connect(&format!("sqlite://{path}"))
+            .await
+            .unwrap()
+    }
+
     /// Runs `sql` on the store's file in `dir` through a connection of its own, as a tool
     /// beside the store would.
     async fn run_beside(dir: &tempfile::TempDir, sql: &str) {
-        use sqlx::Connection;
-        let path = dir.path().join("kv.db").display().to_string();
-        let mut other = SqliteConnection::connect(&format!("sqlite://{path}"))
-            .await
-            .unwrap();
+        let mut other = connect_beside(dir).await;
         sqlx::query(sql).execute(&mut other).await.unwrap();
     }
 
