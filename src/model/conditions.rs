@@ -607,28 +607,21 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
                 f.deployed, f.targeted
             ),
         )
-    } else if f.deployed < f.targeted {
-        Observed::new(
-            "Progressing",
-            False,
-            "Complete",
+    } else {
+        let message = if f.deployed < f.targeted {
             format!(
                 "{} of {} targeted nodes are healthy on the current manifest; the farm has \
                  nothing left to change on the others (another owner runs the pod there, or \
                  they were given up on past the timeout)",
                 f.deployed, f.targeted
-            ),
-        )
-    } else {
-        Observed::new(
-            "Progressing",
-            False,
-            "Complete",
+            )
+        } else {
             format!(
                 "all {} targeted nodes are healthy on the current manifest",
                 f.targeted
-            ),
-        )
+            )
+        };
+        Observed::new("Progressing", False, "Complete", message)
     };
     vec![progressing, blocked, contended]
 }
