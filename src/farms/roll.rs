@@ -486,9 +486,7 @@ impl RollFarm {
         }
         Ok(None)
     }
-}
 
-impl RollFarm {
     /// Writes roll `id`'s RCs as `rcs` says, each at the index it was read at, with the
     /// records of each change (a step, the enable step or the old RC's retirement alike).
     async fn write_rcs(
