@@ -42,15 +42,15 @@ use crate::kv::TxnOp;
 use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
 use crate::layout::{self, LEADER_LOCK};
 use crate::model::conditions::{ds_conditions, DsFacts};
-use crate::model::event::{diff, ds_fields, Action, Event, FieldChange, ObjectKind};
+use crate::model::event::{diff, ds_fields, Action, Event, ObjectKind};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::state::Mirror;
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 
 use super::conditions::Published;
 use super::pods::{
-    is_free, nodes_per_txn, pod_health, rc_labelled, same_manifest, schedule_ops, unlabel_ops,
-    unschedule_ops,
+    is_free, nodes_moved, nodes_per_txn, pod_health, rc_labelled, same_manifest, schedule_ops,
+    unlabel_ops, unschedule_ops,
 };
 use super::world::{pod_key, PodKey, Shared, World};
 use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
@@ -350,9 +350,7 @@ impl DsFarm {
                 .insert(ds_id.to_owned(), Instant::now() + RECHECK_PRESENT);
             return Ok(());
         }
-        let mut nodes: BTreeSet<&str> = pods.iter().map(|(node, _)| &**node).collect();
         for batch in pods.chunks(NODES_PER_TXN) {
-            let before = nodes.clone();
             // A pod whose labels name an RC too is the RC's: only the label goes.
             let mut ops: Vec<TxnOp> = batch
                 .iter()
@@ -361,10 +359,8 @@ impl DsFarm {
                     false => unschedule_ops(world, pod, &[DS_ID_LABEL]),
                 })
                 .collect();
-            for (node, _) in batch {
-                nodes.remove(&**node);
-            }
-            let event = nodes_event(ctx, ds_id, &before, &nodes);
+            let left: Vec<&str> = batch.iter().map(|(node, _)| &**node).collect();
+            let event = nodes_event(ctx, ds_id, &left, &[]);
             ops.extend(ctx.record(&event).await?);
             ctx.commit(LEADER_LOCK, ops).await?;
         }
@@ -708,20 +704,18 @@ async fn apply(
             )
         }))
         .collect();
-    let labelled = world.pods_labelled(DS_ID_LABEL, id);
-    let mut nodes: BTreeSet<&str> = labelled.iter().map(|(node, _)| &**node).collect();
-    for batch in changes.chunks(nodes_per_txn(manifest, NODES_PER_TXN)) {
-        let before = nodes.clone();
+    for batch in changes.chunks(nodes_per_txn(manifest, NODES_PER_TXN, 0)) {
+        let (mut left, mut placed) = (Vec::new(), Vec::new());
         let mut ops = Vec::new();
         for (change, node, adds) in batch {
             ops.extend(change.iter().cloned());
             if *adds {
-                nodes.insert(*node);
+                placed.push(*node);
             } else {
-                nodes.remove(*node);
+                left.push(*node);
             }
         }
-        let event = nodes_event(ctx, id, &before, &nodes);
+        let event = nodes_event(ctx, id, &left, &placed);
         ops.extend(ctx.record(&event).await?);
         ctx.commit(&lock, ops).await?;
     }
@@ -732,18 +726,10 @@ async fn apply(
     Ok(())
 }
 
-/// The farm's event of daemon set `id`'s pods moving from the nodes `before` to `after`.
-fn nodes_event(
-    ctx: &FarmContext,
-    id: &str,
-    before: &BTreeSet<&str>,
-    after: &BTreeSet<&str>,
-) -> Event {
-    let change = FieldChange {
-        field: "nodes".to_owned(),
-        before: json!(before),
-        after: json!(after),
-    };
+/// The farm's event of daemon set `id`'s pods leaving the nodes `left` and placed on (or
+/// rewritten on) the nodes `placed`.
+fn nodes_event(ctx: &FarmContext, id: &str, left: &[&str], placed: &[&str]) -> Event {
+    let change = nodes_moved(left, placed);
     ctx.actor(FARM)
         .event(ObjectKind::Daemonsets, id, Action::Scheduled, vec![change])
 }

@@ -2,8 +2,11 @@
 //! pod's labels change together in one transaction, the labels with CAS on the index the
 //! farm read, so a concurrent change to the pod rolls the write back.
 
+use serde_json::json;
+
 use crate::kv::{TxnOp, MAX_TXN_BYTES};
 use crate::labels::{LabelType, Labels, DS_ID_LABEL, RC_ID_LABEL};
+use crate::model::event::FieldChange;
 use crate::model::{Manifest, PodHealth};
 use crate::store::labels::{self, LabelRecord};
 use crate::store::pods::{self, PodLocation, PodTree};
@@ -12,14 +15,26 @@ use super::world::{PodKey, World};
 
 /// How many nodes one transaction schedules `manifest` on: at most `most`, and few enough
 /// that their intents (the manifest each, in base64 as Consul takes it) fill at most half of
-/// what a transaction may carry, the rest left to their labels, checks, audit record and
-/// event. Otherwise a large manifest makes every batch one the store refuses, and its pods
-/// are never placed.
-pub fn nodes_per_txn(manifest: &Manifest, most: usize) -> usize {
+/// what a transaction may carry beside `beside` bytes (an RC's audit record, which lists every
+/// node it is on), the rest left to their labels, checks and event. Otherwise a large
+/// manifest, or an RC on thousands of nodes, makes every batch one the store refuses, and its
+/// pods are never placed.
+pub fn nodes_per_txn(manifest: &Manifest, most: usize, beside: usize) -> usize {
     /// The labels, check and keys that come with each intent, generously.
     const PER_NODE_REST: usize = 1024;
     let per_node = manifest.raw().len().div_ceil(3) * 4 + PER_NODE_REST;
-    (MAX_TXN_BYTES / 2 / per_node).clamp(1, most)
+    (MAX_TXN_BYTES.saturating_sub(beside) / 2 / per_node).clamp(1, most)
+}
+
+/// The `nodes` change of a `scheduled` event: the nodes its pods `left` (`before`) and those
+/// they were `placed` on (`after`). Only the nodes that changed, not every node the object is
+/// on, so that an event stays small however large its RC or daemon set.
+pub fn nodes_moved(left: &[&str], placed: &[&str]) -> FieldChange {
+    FieldChange {
+        field: "nodes".to_owned(),
+        before: json!(left),
+        after: json!(placed),
+    }
 }
 
 /// The pod's location and its labels as the farm last saw them.

@@ -26,13 +26,13 @@ use crate::kv::{TxnOp, MAX_TXN_OPS};
 use crate::labels::{Labels, Selector, POD_ID_LABEL, RC_ID_LABEL};
 use crate::layout;
 use crate::model::conditions::{rc_conditions, RcFacts};
-use crate::model::event::{Action, FieldChange, ObjectKind};
+use crate::model::event::{Action, ObjectKind};
 use crate::model::{AllocationStrategy, AuditRecord, HealthState, StoredRc};
 use crate::state::Mirror;
 
 use super::conditions::Published;
 use super::pods::{
-    held_by_labels, is_free, nodes_per_txn, replace_ops, same_manifest, schedule_ops,
+    held_by_labels, is_free, nodes_moved, nodes_per_txn, replace_ops, same_manifest, schedule_ops,
     unschedule_ops,
 };
 use super::roll::count;
@@ -556,26 +556,29 @@ async fn apply(
             &rc.manifest,
             &labels,
         ));
-        let before = nodes.clone();
         nodes.remove(&transfer.leaving);
         nodes.insert(transfer.arriving.clone());
         ops.push(audit_op(rc, &nodes));
-        ops.extend(scheduled_ops(ctx, id, &before, &nodes).await?);
+        ops.extend(scheduled_ops(ctx, id, &[&transfer.leaving], &[&transfer.arriving]).await?);
         ops.extend(with);
         ctx.commit(&lock, ops).await?;
         tracing::info!(rc = %id, from = %transfer.leaving, to = %transfer.arriving, "node transfer");
         return Ok(());
     }
-    let per_txn = nodes_per_txn(&rc.manifest, NODES_PER_TXN);
+    let per_txn = nodes_per_txn(
+        &rc.manifest,
+        NODES_PER_TXN,
+        audit_bound(rc, &nodes, &plan.changes),
+    );
     let batches = plan.changes.chunks(per_txn).count();
     for (position, batch) in plan.changes.chunks(per_txn).enumerate() {
-        let before = nodes.clone();
+        let (mut left, mut placed) = (Vec::new(), Vec::new());
         let mut ops = Vec::new();
         for change in batch {
             match change {
                 Change::Schedule(node) => {
                     ops.extend(schedule_ops(world, &pod(node), &rc.manifest, &labels));
-                    nodes.insert(node.clone());
+                    placed.push(node.as_str());
                 }
                 Change::Replace(node, replaced) => {
                     ops.push(TxnOp::CheckIndex {
@@ -590,16 +593,20 @@ async fn apply(
                         &labels,
                         &dropped,
                     ));
-                    nodes.insert(node.clone());
+                    placed.push(node.as_str());
                 }
                 Change::Unschedule(node) => {
                     ops.extend(unschedule_ops(world, &pod(node), &owned));
-                    nodes.remove(node);
+                    left.push(node.as_str());
                 }
             }
         }
+        for node in &left {
+            nodes.remove(*node);
+        }
+        nodes.extend(placed.iter().map(|node| node.to_string()));
         ops.push(audit_op(rc, &nodes));
-        ops.extend(scheduled_ops(ctx, id, &before, &nodes).await?);
+        ops.extend(scheduled_ops(ctx, id, &left, &placed).await?);
         // Room for it and the fence.
         if position + 1 == batches && ops.len() + 2 <= MAX_TXN_OPS {
             ops.extend(with.take());
@@ -673,22 +680,29 @@ async fn write<'a>(
 /// The farm's name in logs and in the actor of its events.
 const FARM: &str = "rc";
 
-/// The ops recording that RC `id`'s pods moved from the nodes `before` to `after`.
+/// The ops recording that RC `id`'s pods `left` some nodes and were `placed` on others.
 async fn scheduled_ops(
     ctx: &FarmContext,
     id: &str,
-    before: &BTreeSet<String>,
-    after: &BTreeSet<String>,
+    left: &[&str],
+    placed: &[&str],
 ) -> FarmResult<Vec<TxnOp>> {
-    let change = FieldChange {
-        field: "nodes".to_owned(),
-        before: json!(before),
-        after: json!(after),
-    };
+    let change = nodes_moved(left, placed);
     let event = ctx
         .actor(FARM)
         .event(ObjectKind::Rcs, id, Action::Scheduled, vec![change]);
     ctx.record(&event).await
+}
+
+/// At most how many bytes the audit record of any transaction making `changes` takes, as Consul
+/// encodes it: it lists every node the RC is on, `current` and those `changes` place it on.
+fn audit_bound(rc: &StoredRc, current: &BTreeSet<String>, changes: &[Change]) -> usize {
+    let placed = changes.iter().filter_map(|change| match change {
+        Change::Schedule(node) | Change::Replace(node, _) => Some(node),
+        Change::Unschedule(_) => None,
+    });
+    let most: BTreeSet<String> = current.iter().chain(placed).cloned().collect();
+    audit_op(rc, &most).encoded_len()
 }
 
 fn audit_op(rc: &StoredRc, nodes: &BTreeSet<String>) -> TxnOp {

@@ -25,8 +25,8 @@ pub use open::{open_store, ConsulOptions, StoreUrl};
 /// The most operations one transaction may hold: Consul 0.7 refuses more than 64.
 pub const MAX_TXN_OPS: usize = 64;
 /// The most bytes one transaction may take as Consul's `/v1/txn` body (its ops as JSON, values
-/// in base64): Consul refuses a longer body (`txn_max_req_len`, 512 KiB), as older agents
-/// refuse values adding up to more than that, with a 413.
+/// in base64), by [`TxnOp::encoded_len`]: Consul refuses a longer body (`txn_max_req_len`,
+/// 512 KiB), as older agents refuse values adding up to more than that, with a 413.
 pub const MAX_TXN_BYTES: usize = 512 * 1024;
 /// The longest a blocking watch may wait, as in Consul (which caps `wait` at 10 minutes).
 pub const MAX_WATCH_WAIT: Duration = Duration::from_secs(600);
@@ -239,6 +239,21 @@ impl TxnOp {
             | TxnOp::Unlock { value, .. } => Some(value),
             _ => None,
         }
+    }
+
+    /// An upper bound of the bytes the op takes in a Consul `/v1/txn` body: its value in
+    /// base64, its key and session as JSON strings (at most twice their length, as keys and
+    /// sessions hold no control characters), and room for the field names, verb and index.
+    pub fn encoded_len(&self) -> usize {
+        const FRAMING: usize = 128;
+        let value = self.value().map_or(0, |value| value.len().div_ceil(3) * 4);
+        let session = match self {
+            TxnOp::Lock { session, .. }
+            | TxnOp::Unlock { session, .. }
+            | TxnOp::CheckSession { session, .. } => session.len(),
+            _ => 0,
+        };
+        FRAMING + 2 * (self.key().len() + session) + value
     }
 
     /// Whether Consul answers this op with the key's entry (deletes and check-not-exists

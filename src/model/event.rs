@@ -186,7 +186,9 @@ pub struct Event {
     /// The `X-Request-Id` of the API request that made the change; `null` for farms.
     pub request_id: Option<String>,
     /// Each changed field of the stored document, before and after (a manifest by its
-    /// SHA); every field for a creation or deletion.
+    /// SHA); every field for a creation or deletion. A `scheduled` event's one change,
+    /// `nodes`, lists only the nodes the pods left (`before`) and those they were placed on
+    /// or rewritten on (`after`).
     pub changes: Vec<FieldChange>,
     /// Why, for alerts and farm decisions.
     #[serde(default, skip_serializing_if = "Option::is_none")]

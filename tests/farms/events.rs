@@ -225,3 +225,74 @@ async fn retention_prunes_by_count_and_age_and_removes_times_of_gone_objects() {
     })
     .await;
 }
+
+/// The `nodes` change of each `scheduled` event of `kind` object `id`, oldest first: the
+/// nodes it left and those it was placed on, each sorted.
+async fn moves(h: &Harness, kind: &str, id: &str) -> Vec<(Vec<String>, Vec<String>)> {
+    let sorted = |nodes: &Value| {
+        let mut nodes: Vec<String> = serde_json::from_value(nodes.clone()).unwrap();
+        nodes.sort();
+        nodes
+    };
+    events(h)
+        .await
+        .iter()
+        .filter(|e| {
+            serde_json::to_value(e.action).unwrap() == "scheduled"
+                && serde_json::to_value(e.kind).unwrap() == kind
+                && e.object_id == id
+        })
+        .map(|e| {
+            assert_eq!(e.changes.len(), 1, "{e:?}");
+            assert_eq!(e.changes[0].field, "nodes");
+            (sorted(&e.changes[0].before), sorted(&e.changes[0].after))
+        })
+        .collect()
+}
+
+/// A `scheduled` event names the nodes that changed, not every node its RC or daemon set is
+/// on: an object on thousands of nodes would otherwise write events of thousands of names for
+/// every batch of its rollout (and pass what a Consul transaction may carry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_event_names_only_the_nodes_that_changed() {
+    let h = Harness::start().await;
+    web_nodes(&h, 4).await;
+    let id = h.put_rc(rc(MANIFEST, 2)).await;
+    let first = h.wait_for_rc_nodes(&id, 2).await;
+    h.set_replicas(&id, 3).await;
+    let grown = h.wait_for_rc_nodes(&id, 3).await;
+    h.set_replicas(&id, 1).await;
+    let kept = h.wait_for_rc_nodes(&id, 1).await;
+    let not_in = |all: &[String], some: &[String]| -> Vec<String> {
+        all.iter().filter(|n| !some.contains(n)).cloned().collect()
+    };
+    assert_eq!(
+        moves(&h, "rcs", &id).await,
+        [
+            (vec![], first.clone()),
+            (vec![], not_in(&grown, &first)),
+            (not_in(&grown, &kept), vec![]),
+        ]
+    );
+
+    let ds = json!({"disabled": false, "manifest": NEW_MANIFEST, "min_health": 0,
+                    "cluster_name": "production", "node_selector": "role=db",
+                    "pod_id": "hello", "timeout": 60_000_000_000_u64});
+    h.label(LabelType::Node, "db1", json!({"role": "db"})).await;
+    h.label(LabelType::Node, "db2", json!({"role": "db"})).await;
+    let ds = h.put_ds(ds).await;
+    h.wait_until(|| async {
+        (h.labelled_nodes("daemon_set_id", &ds).await.len() == 2).then_some(())
+    })
+    .await;
+    h.label(LabelType::Node, "db3", json!({"role": "db"})).await;
+    h.wait_until(|| async {
+        (h.labelled_nodes("daemon_set_id", &ds).await.len() == 3).then_some(())
+    })
+    .await;
+    let both = vec!["db1".to_owned(), "db2".to_owned()];
+    assert_eq!(
+        moves(&h, "daemonsets", &ds).await,
+        [(vec![], both), (vec![], vec!["db3".to_owned()])]
+    );
+}

@@ -313,3 +313,36 @@ async fn an_rc_of_a_large_manifest_is_scheduled() {
 async fn an_rc_of_a_large_manifest_is_scheduled_through_consul() {
     schedules_a_large_manifest_on(Backend::FakeConsul).await;
 }
+
+/// An RC on so many nodes that its audit record (P2's, listing every node it is on) fills
+/// most of a transaction is scheduled in batches small enough to leave room for it, on every
+/// backend.
+async fn schedules_an_rc_whose_audit_record_fills_most_of_a_transaction_on(backend: Backend) {
+    let h = Harness::start_on(backend, None).await;
+    // 1,400 names of 250 characters: the audit record is about 470 KB in base64, so twenty
+    // intents of a 2 KB manifest beside it are more than a transaction may carry.
+    const NODES: usize = 1_400;
+    for i in 0..NODES {
+        let name = format!("{}{i:04}", "n".repeat(246));
+        h.label(LabelType::Node, &name, json!({"role": "web"}))
+            .await;
+    }
+    let manifest = format!("{MANIFEST}config:\n  blob: {}\n", "x".repeat(2_000));
+    let id = h
+        .put_rc(
+            json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {},
+                       "replicas_desired": NODES, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    h.wait_for_rc_nodes(&id, NODES).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rc_whose_audit_record_fills_most_of_a_transaction_is_scheduled() {
+    schedules_an_rc_whose_audit_record_fills_most_of_a_transaction_on(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rc_whose_audit_record_fills_most_of_a_transaction_is_scheduled_through_consul() {
+    schedules_an_rc_whose_audit_record_fills_most_of_a_transaction_on(Backend::FakeConsul).await;
+}
