@@ -267,7 +267,7 @@ impl TxnOp {
 }
 
 /// Checks what every backend must refuse before touching storage: too many ops, bad keys,
-/// oversized values.
+/// oversized values, more than [`MAX_TXN_BYTES`] in all.
 pub fn validate_txn(ops: &[TxnOp]) -> StoreResult<()> {
     if ops.is_empty() {
         return Err(StoreError::Invalid(
@@ -285,6 +285,13 @@ pub fn validate_txn(ops: &[TxnOp]) -> StoreResult<()> {
         if let Some(value) = op.value() {
             validate_value(value).map_err(|e| StoreError::Invalid(format!("op {i}: {e}")))?;
         }
+    }
+    let bytes: usize = ops.iter().map(TxnOp::encoded_len).sum();
+    if bytes > MAX_TXN_BYTES {
+        return Err(StoreError::Invalid(format!(
+            "a transaction carries at most {MAX_TXN_BYTES} bytes (512 KiB) as Consul encodes it, \
+             got about {bytes}"
+        )));
     }
     Ok(())
 }

@@ -850,3 +850,27 @@ async fn an_undecodable_daemon_set_is_reported_and_can_be_deleted() {
     assert!(stored(&app, &good).await.is_some());
     assert_eq!(audit_records(&app).await.len(), audits);
 }
+
+/// A daemon set is stored beside its audit record, which holds it again: a manifest too
+/// large for both in one Consul transaction (512 KiB, values in base64) is refused with 422
+/// on either store, and nothing is written.
+#[tokio::test]
+async fn a_manifest_too_large_for_one_transaction_is_422_and_writes_nothing() {
+    let app = TestApp::new().await;
+    let mut doc = body("role=web");
+    doc["manifest"] = format!("{MANIFEST}blob: {}\n", "x".repeat(250_000)).into();
+    let response = post(&app, &doc, &[]).await;
+    assert_eq!(
+        response.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{response:?}"
+    );
+    assert!(
+        response.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("512 KiB"),
+        "{response:?}"
+    );
+    assert!(app.keys("").await.is_empty());
+}
