@@ -527,6 +527,15 @@ async fn status_codes_map_to_error_kinds() {
         .expect(1)
         .mount(&server)
         .await;
+    // Consul's rate limiter refuses a write with 503 before it reaches Raft.
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rate/limited"))
+        .respond_with(
+            ResponseTemplate::new(503).set_body_string("rate limit exceeded, try again later"),
+        )
+        .expect(1)
+        .mount(&server)
+        .await;
     Mock::given(method("PUT"))
         .and(path("/v1/kv/big"))
         .respond_with(
@@ -546,6 +555,11 @@ async fn status_codes_map_to_error_kinds() {
     assert!(
         matches!(&no_leader, Err(StoreError::Unavailable(m)) if m.contains("No cluster leader")),
         "{no_leader:?}"
+    );
+    let limited = store.put("rate/limited", b"x", Cas::Any).await;
+    assert!(
+        matches!(&limited, Err(StoreError::Unavailable(m)) if m.contains("rate limit")),
+        "{limited:?}"
     );
     let too_large = store.put("big", b"x", Cas::Any).await;
     assert!(
