@@ -14,7 +14,8 @@
 //!   tombstone burying every version up to that index, held or not yet, so an older
 //!   listing that still holds one does not bring it back; the tombstone goes (and the
 //!   deletion is streamed, if the mirror held the key) once a listing no longer holds the
-//!   key, or holds a newer version, or once a listing from after the delete is applied.
+//!   key, or holds a newer version, or once a listing from after the delete is applied, or
+//!   once the server itself writes a newer version.
 //!
 //! The changes since an index (where the store can tell them) follow the same rules, a
 //! reported delete standing for a listing's absence: it removes an entry not rewritten
@@ -202,8 +203,11 @@ impl State {
             let buried = state.buried(key);
             let newer = held.is_none_or(|held| held < *modify_index)
                 && buried.is_none_or(|buried| buried < *modify_index);
-            if authoritative || newer {
+            if authoritative {
                 self.tree_mut(tree).tombstones.remove(key);
+                self.upsert(tree, entry);
+            } else if newer {
+                self.unbury(tree, &entry);
                 self.upsert(tree, entry);
             }
         }
@@ -310,10 +314,29 @@ impl State {
         {
             return;
         }
+        self.unbury(tree, &entry);
         let state = self.tree_mut(tree);
-        state.tombstones.remove(&entry.pair.key);
         state.index = state.index.max(modify_index);
         self.upsert(tree, entry);
+    }
+
+    /// Drops the tombstone of `entry`'s key, a version written after the own delete that
+    /// left it. The deletion of the version it removed is streamed first, as no listing
+    /// will confirm it now: a client told the key exists hears of its deletion before the
+    /// new version comes as added. It is streamed at the index before the new version was
+    /// created, when the key was gone (or, for a version of an older creation, at the
+    /// delete's own bound).
+    fn unbury(&mut self, tree: Tree, entry: &Entry) {
+        let tombstone = self.tree_mut(tree).tombstones.remove(&entry.pair.key);
+        let Some(Tombstone {
+            removed: Some(removed),
+            through,
+        }) = tombstone
+        else {
+            return;
+        };
+        let gone = entry.pair.create_index.saturating_sub(1).max(through);
+        self.stream.emit(ChangeType::Deleted, tree, gone, removed);
     }
 
     /// Removes a key the server itself deleted, no version of it written at or before

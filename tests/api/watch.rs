@@ -591,3 +591,94 @@ async fn a_resumed_selector_stream_hears_of_an_own_delete_confirmed_after_it_res
         .await
         .expect("the deleted object was never sent as deleted");
 }
+
+/// An app whose trees' watches read again only when a reader asks them to, so that the
+/// server's own deletes stay unconfirmed by them.
+async fn unconfirmed_app() -> TestApp {
+    let config = MirrorConfig {
+        min_reread_interval: Duration::from_secs(60),
+        ..MirrorConfig::default()
+    };
+    TestApp::configured(|store| store, config).await
+}
+
+/// Labels node `node` as `role` through the server.
+async fn label_through(app: &TestApp, node: &str, role: &str) {
+    let uri = format!("/api/v1/labels/node/{node}");
+    let labels = serde_json::json!({"labels": {"role": role}});
+    let request = Request::put(uri)
+        .header("content-type", "application/json")
+        .body(Body::from(labels.to_string()))
+        .unwrap();
+    assert_eq!(app.send(request).await.status, StatusCode::OK);
+}
+
+/// Deletes node `node`'s labels through the server.
+async fn unlabel_through(app: &TestApp, node: &str) {
+    let request = Request::delete(format!("/api/v1/labels/node/{node}"))
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(app.send(request).await.status, StatusCode::NO_CONTENT);
+}
+
+/// The next `count` events of `stream`, each within a few seconds.
+async fn next_events(stream: &mut Events, count: usize) -> Vec<Sse> {
+    let mut events = Vec::new();
+    for _ in 0..count {
+        let next = tokio::time::timeout(Duration::from_secs(5), stream.next()).await;
+        let Ok(Some(event)) = next else {
+            panic!("the stream sent only {:?}", summary(&events));
+        };
+        events.push(event);
+    }
+    events
+}
+
+/// The server deletes an object and writes it again before the tree's watch confirms the
+/// delete: a client told the object exists hears of its deletion before it is added again,
+/// on a plain stream, a selector stream and a stream resumed from before the delete.
+#[tokio::test]
+async fn an_own_delete_then_write_again_is_streamed_as_deleted_then_added() {
+    let app = unconfirmed_app().await;
+    label_through(&app, "web1", "web").await;
+    let plain = "/api/v1/watch?kinds=nodes";
+    let selected = "/api/v1/watch?kinds=nodes&selector=role%3Dweb";
+    let mut streams = Vec::new();
+    let mut last_id = String::new();
+    for path in [plain, selected] {
+        let mut stream = open_on(&app, path, None).await;
+        let snapshot = stream.snapshot().await;
+        assert_eq!(
+            summary(&snapshot),
+            pairs(&[("added", "web1"), ("synced", "")])
+        );
+        last_id = snapshot.last().unwrap().id.clone();
+        streams.push(stream);
+    }
+    unlabel_through(&app, "web1").await;
+    assert!(app.mirror.get("labels/node/web1").is_none());
+    label_through(&app, "web1", "web").await;
+    let expected = pairs(&[("deleted", "web1"), ("added", "web1")]);
+    for stream in &mut streams {
+        let events = next_events(stream, 2).await;
+        assert_eq!(summary(&events), expected);
+        let index = |event: &Sse| event.data["index"].as_u64().unwrap();
+        assert!(index(&events[0]) < index(&events[1]), "{events:?}");
+    }
+    for path in [plain, selected] {
+        let mut resumed = open_on(&app, path, Some(&last_id)).await;
+        // The changes of the position resumed from may come again.
+        let mut events = next_events(&mut resumed, 1).await;
+        events.retain(|event| event.id != last_id);
+        let more = 2 - events.len();
+        events.extend(next_events(&mut resumed, more).await);
+        assert_eq!(summary(&events), expected);
+    }
+    // The watch's read confirming the delete adds nothing: the next event is a later change.
+    app.mirrored("labels/node/web1").await;
+    label_through(&app, "web2", "web").await;
+    for stream in &mut streams {
+        let next = summary(&next_events(stream, 1).await);
+        assert_eq!(next, pairs(&[("added", "web2")]));
+    }
+}
