@@ -267,8 +267,8 @@ pub struct Subscription {
 pub struct Backlog {
     /// The position asked for could not be resumed from: the changes are a fresh snapshot.
     pub resynced: bool,
-    /// A snapshot (every entry as `added`, at the current position) or the changes retained
-    /// since the position asked for.
+    /// A snapshot (every entry, and every own delete not streamed yet, as `added`, at the
+    /// current position) or the changes retained since the position asked for.
     pub changes: Vec<Arc<Change>>,
     /// The stream's position when the backlog was taken.
     pub position: u64,
@@ -826,11 +826,20 @@ impl Mirror {
             };
             return Subscription { backlog, receiver };
         }
+        // The objects the server deleted itself are there until their deletion is
+        // streamed: a snapshot holds what the changes before its position said, so that
+        // the deletion, when it comes, is of an object the subscriber was sent, and a
+        // subscriber resuming from the snapshot's position is told of it.
         let changes = Tree::ALL
             .into_iter()
             .filter(|tree| of(kinds, *tree))
             .flat_map(|tree| {
-                state.tree(tree).entries.values().map(move |entry| {
+                let tree_state = state.tree(tree);
+                let unstreamed = tree_state.tombstones.values();
+                let unstreamed = unstreamed.filter_map(|tombstone| tombstone.removed.as_ref());
+                let mut objects: Vec<_> = tree_state.entries.values().chain(unstreamed).collect();
+                objects.sort_by(|a, b| a.pair.key.cmp(&b.pair.key));
+                objects.into_iter().map(move |entry| {
                     Arc::new(Change {
                         change_type: ChangeType::Added,
                         tree,

@@ -682,3 +682,30 @@ async fn an_own_delete_then_write_again_is_streamed_as_deleted_then_added() {
         assert_eq!(next, pairs(&[("added", "web2")]));
     }
 }
+
+/// A stream opened after the server deleted an object, before the tree's watch confirmed
+/// the delete, holds the object until its deletion is streamed: it is sent that deletion,
+/// whether the watch confirms it or the object is written again, of an object it was sent,
+/// and so is a stream resumed from its snapshot's position.
+#[tokio::test]
+async fn a_snapshot_holds_an_own_delete_until_its_deletion_is_streamed() {
+    let app = unconfirmed_app().await;
+    label_through(&app, "web1", "web").await;
+    label_through(&app, "web2", "web").await;
+    unlabel_through(&app, "web1").await;
+    unlabel_through(&app, "web2").await;
+    let path = "/api/v1/watch?kinds=nodes";
+    let mut stream = open_on(&app, path, None).await;
+    let snapshot = stream.snapshot().await;
+    assert_eq!(
+        summary(&snapshot),
+        pairs(&[("added", "web1"), ("added", "web2"), ("synced", "")])
+    );
+    let synced = snapshot.last().unwrap().id.clone();
+    label_through(&app, "web1", "web").await;
+    app.mirrored("labels/node/web2").await;
+    let expected = pairs(&[("deleted", "web1"), ("added", "web1"), ("deleted", "web2")]);
+    assert_eq!(summary(&next_events(&mut stream, 3).await), expected);
+    let mut resumed = open_on(&app, path, Some(&synced)).await;
+    assert_eq!(summary(&next_events(&mut resumed, 3).await), expected);
+}
