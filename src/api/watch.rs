@@ -303,8 +303,9 @@ impl Watcher {
     }
 
     /// The event to send for `change`, if any. Without a selector, every change of a kind
-    /// asked for. With one, a change of an object that matches it; the deletion of an object
-    /// the client holds; and, for an object that stops matching, a deletion. `unsure`: the
+    /// asked for. With one, a change of an object that matches it (as `added` if the client
+    /// does not hold it, never as `added` if it does); the deletion of an object the client
+    /// holds; and, for an object that stops matching, a deletion. `unsure`: the
     /// change is replayed to a client that resumed, which may hold any object that changed
     /// since its position, so each one that is gone or does not match is sent as deleted.
     fn admit(&mut self, change: Arc<Change>, unsure: bool) -> Option<Arc<Change>> {
@@ -315,7 +316,8 @@ impl Watcher {
             return Some(change);
         };
         let key = &change.entry.pair.key;
-        let held = self.selected.remove(key) || unsure;
+        let sent = self.selected.remove(key);
+        let held = sent || unsure;
         if change.change_type == ChangeType::Deleted {
             return held.then_some(change);
         }
@@ -325,11 +327,13 @@ impl Watcher {
             .selects(selector, mirror, change.tree, &change.entry)
         {
             self.selected.insert(key.clone());
-            // An object that starts matching is new to the client.
-            return Some(if held {
-                change
-            } else {
-                retyped(&change, ChangeType::Added)
+            return Some(match change.change_type {
+                // An object that starts matching is new to the client.
+                _ if !held => retyped(&change, ChangeType::Added),
+                // One the client was sent already, its labels having brought it in as they
+                // reached the mirror before it (a pod's, which the farms write first), is not.
+                ChangeType::Added if sent && !unsure => retyped(&change, ChangeType::Modified),
+                _ => change,
             });
         }
         held.then(|| retyped(&change, ChangeType::Deleted))

@@ -709,3 +709,41 @@ async fn a_snapshot_holds_an_own_delete_until_its_deletion_is_streamed() {
     let mut resumed = open_on(&app, path, Some(&synced)).await;
     assert_eq!(summary(&next_events(&mut resumed, 3).await), expected);
 }
+
+/// With a selector over pods, a pod scheduled as the RC farm schedules it (its labels, then
+/// its intent, in one transaction of this server) is sent once as `added`: its labels bring
+/// it in, and its intent, arriving after, comes as `modified`, not as a second `added`.
+#[tokio::test]
+async fn a_selector_stream_sends_a_pod_scheduled_with_its_labels_once() {
+    use p2_apiserver::kv::TxnOp;
+    use p2_apiserver::store::own_writes::OwnWrites;
+
+    let app = TestApp::new().await;
+    let path = "/api/v1/watch?kinds=pods&selector=replication_controller_id%3Drc1";
+    let mut stream = open_on(&app, path, None).await;
+    assert_eq!(summary(&stream.snapshot().await), pairs(&[("synced", "")]));
+    let store = OwnWrites::wrap(app.store.clone(), app.mirror.clone());
+    for node in ["node1", "node2"] {
+        let ops = [
+            TxnOp::Set {
+                key: format!("labels/pod/{node}/hello"),
+                value: br#"{"replication_controller_id":"rc1"}"#.to_vec(),
+            },
+            TxnOp::Set {
+                key: format!("intent/{node}/hello"),
+                value: b"id: hello\n".to_vec(),
+            },
+        ];
+        store.txn(&ops).await.unwrap();
+    }
+    let events = next_events(&mut stream, 4).await;
+    assert_eq!(
+        summary(&events),
+        pairs(&[
+            ("added", "node1/hello"),
+            ("modified", "node1/hello"),
+            ("added", "node2/hello"),
+            ("modified", "node2/hello")
+        ])
+    );
+}
