@@ -759,9 +759,9 @@ impl Mirror {
 
     /// Applies the server's own successful writes at once, so reads need not wait for the
     /// watches; keys outside the followed trees are ignored. Deletions reach the change
-    /// stream when a listing confirms them, or before a newer version of the key. `txn` is the index of the transaction that made
-    /// them all, if they are one transaction's: its pairs are then not read back when the
-    /// watches wake.
+    /// stream when a listing confirms them, or before a newer version of the key. `txn` is
+    /// the index of the transaction that made them all, if they are one transaction's: its
+    /// pairs are then not read back when the watches wake.
     pub fn apply_own_writes(&self, writes: impl IntoIterator<Item = OwnWrite>, txn: Option<u64>) {
         /// A write decoded outside the lock.
         enum Decoded {
