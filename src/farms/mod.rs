@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backoff::Backoff;
-use crate::kv::{KvPair, KvStore, StoreError, TxnOp, MAX_TXN_OPS};
+use crate::kv::{validate_txn, KvPair, KvStore, StoreError, TxnOp, MAX_TXN_OPS};
 use crate::layout::LEADER_LOCK;
 use crate::leader::Term;
 use crate::metrics::FarmPass;
@@ -147,6 +147,15 @@ impl FarmContext {
         fenced.push(self.fence(lock));
         fenced.extend(ops);
         self.commit_fenced(&fenced).await
+    }
+
+    /// Whether `ops`, fenced on `lock` as [`FarmContext::commit`] sends them, are few and
+    /// small enough for one transaction ([`validate_txn`]).
+    pub fn fits(&self, lock: &str, ops: &[TxnOp]) -> bool {
+        let mut fenced = Vec::with_capacity(ops.len() + 1);
+        fenced.push(self.fence(lock));
+        fenced.extend_from_slice(ops);
+        validate_txn(&fenced).is_ok()
     }
 
     /// Commits several ops in one transaction, each fenced by `check-session` on its own lock

@@ -488,7 +488,12 @@ impl RollFarm {
     }
 
     /// Writes roll `id`'s RCs as `rcs` says, each at the index it was read at, with the
-    /// records of each change (a step, the enable step or the old RC's retirement alike).
+    /// records of each change (a step, the enable step or the old RC's retirement alike): in
+    /// one transaction, or one per RC, in order, when both RCs' documents (their manifests)
+    /// are more than a transaction carries, as the store would refuse that write on every
+    /// pass and the roll never move. The old RC comes first, and either write alone is safe:
+    /// a step's removal keeps the minimum without the pods it adds, the old RC is disabled
+    /// before the new one is enabled, and the next pass plans from whatever landed.
     async fn write_rcs(
         &self,
         ctx: &FarmContext,
@@ -497,20 +502,45 @@ impl RollFarm {
         roll: &Shared<StoredRoll>,
         rcs: &[RcWrite],
     ) -> FarmResult<()> {
-        let mut ops = roll_checks(ctx, id, roll);
-        ops.extend(rcs.iter().map(|w| RcStore::write_op(&w.rc, w.index)));
-        let store = RcStore::new(ctx.store.clone());
+        let mut writes = Vec::with_capacity(rcs.len());
         for write in rcs {
-            if let Some(before) = world.rcs.items.get(&write.rc.id) {
-                let actor = ctx.actor(FARM);
-                let recorded = store
-                    .updated_ops(&before.value, write.index, &write.rc, &actor, &self.mirror)
-                    .await?;
-                ops.extend(recorded);
-            }
+            writes.push(self.rc_write_ops(ctx, world, write).await?);
         }
-        ctx.commit(&layout::roll_ownership(id), ops).await?;
+        let fenced = |ops: Vec<TxnOp>| {
+            let mut all = roll_checks(ctx, id, roll);
+            all.extend(ops);
+            all
+        };
+        let together = fenced(writes.iter().flatten().cloned().collect());
+        let lock = layout::roll_ownership(id);
+        if ctx.fits(&lock, &together) {
+            ctx.commit(&lock, together).await?;
+            return Ok(());
+        }
+        for ops in writes {
+            ctx.commit(&lock, fenced(ops)).await?;
+        }
         Ok(())
+    }
+
+    /// The ops writing one RC of a roll with the records of its change.
+    async fn rc_write_ops(
+        &self,
+        ctx: &FarmContext,
+        world: &World,
+        write: &RcWrite,
+    ) -> FarmResult<Vec<TxnOp>> {
+        let mut ops = vec![RcStore::write_op(&write.rc, write.index)];
+        if let Some(before) = world.rcs.items.get(&write.rc.id) {
+            let store = RcStore::new(ctx.store.clone());
+            let actor = ctx.actor(FARM);
+            ops.extend(
+                store
+                    .updated_ops(&before.value, write.index, &write.rc, &actor, &self.mirror)
+                    .await?,
+            );
+        }
+        Ok(ops)
     }
 }
 

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::support::farms::{alert_webhook, Harness, MANIFEST};
+use crate::support::farms::{alert_webhook, Backend, Harness, MANIFEST};
 use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
 use serde_json::json;
@@ -169,4 +169,42 @@ async fn a_roll_held_at_its_minimum_raises_an_alert() {
         "{description}"
     );
     assert_eq!(h.rc_nodes(&old).await.len(), 3);
+}
+
+/// A roll between two RCs whose documents, each stored on its own, are too large for one
+/// transaction together (manifests of 200 KB: two RC documents pass Consul's 512 KiB in
+/// base64) still steps and completes, on every backend.
+async fn rolls_rcs_too_large_to_write_together_on(backend: Backend) {
+    let h = Harness::start_on(backend, None).await;
+    for i in 1..=2 {
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
+            .await;
+    }
+    h.run_fake_nodes(Duration::from_millis(100));
+    let large = |manifest: &str| format!("{manifest}config:\n  blob: {}\n", "x".repeat(200_000));
+    let old = h.put_rc(rc(&large(MANIFEST), 1)).await;
+    h.wait_for_rc_nodes(&old, 1).await;
+    let new = h.put_rc(rc(&large(NEW_MANIFEST), 0)).await;
+    h.put_roll(&old, &new, 1, 0).await;
+    let store = &h.store;
+    h.wait_until(|| async {
+        let roll = store.get(&format!("rolls/{new}")).await.unwrap();
+        let old_rc = store
+            .get(&format!("replication_controllers/{old}"))
+            .await
+            .unwrap();
+        (roll.is_none() && old_rc.is_none()).then_some(())
+    })
+    .await;
+    assert_eq!(h.wait_for_rc_nodes(&new, 1).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_of_rcs_too_large_to_write_together_completes() {
+    rolls_rcs_too_large_to_write_together_on(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_of_rcs_too_large_to_write_together_completes_through_consul() {
+    rolls_rcs_too_large_to_write_together_on(Backend::FakeConsul).await;
 }
