@@ -222,15 +222,20 @@ pub fn plan(
     // creation makes, but a write of the roll tree can) one waits on the other's mutation
     // lock. This farm holds every roll's locks in its one session, where a lock held for
     // one roll stops no other: of the rolls sharing an RC, the one whose id sorts first
-    // goes on alone (the one a new term takes the locks for first).
-    let names = |rc: &String| *rc == spec.old_rc || *rc == spec.new_rc;
-    if let Some(first) = world.rolls.items.values().find(|other| {
-        other.value.new_rc < spec.new_rc
-            && (names(&other.value.old_rc) || names(&other.value.new_rc))
-    }) {
-        return Action::Stuck(RollStuck::AnotherRoll {
-            roll: first.value.new_rc.clone(),
-        });
+    // goes on alone (the one a new term takes the locks for first). Only the rolls naming
+    // one of its RCs are looked at, not every roll: a pass plans every roll.
+    let first = [&spec.old_rc, &spec.new_rc]
+        .into_iter()
+        .filter_map(|rc| world.rolls_over(rc))
+        .filter_map(|ids| {
+            ids.iter()
+                .filter_map(|id| Some((id, world.rolls.items.get(id)?)))
+                .find(|(_, other)| other.value.new_rc < spec.new_rc)
+                .map(|(id, other)| (id.clone(), other.value.new_rc.clone()))
+        })
+        .min();
+    if let Some((_, roll)) = first {
+        return Action::Stuck(RollStuck::AnotherRoll { roll });
     }
 
     // Hold both RCs' mutation locks for the whole roll.
@@ -987,6 +992,64 @@ mod tests {
             run(&fleet, &second),
             Action::Stuck(RollStuck::AnotherRoll { roll: NEW.into() }),
             "the second roll takes the old RC's replicas too"
+        );
+    }
+
+    /// A roll waits only for a roll whose new RC sorts first and that names one of its own
+    /// RCs (as its old or new RC), the first such by id; rolls over other RCs, and those
+    /// sorting after it, stop it not.
+    #[test]
+    fn a_roll_waits_for_the_first_earlier_roll_sharing_an_rc() {
+        const UNRELATED: &str = "00000000-0000-4000-7000-000000000001";
+        const FROM_NEW: &str = "00000000-0000-4000-7000-000000000002";
+        const FROM_OLD: &str = "00000000-0000-4000-7000-000000000003";
+        const LATER: &str = "00000000-0000-4000-9000-000000000001";
+        let mut fleet = rolling(2, 2, 0, 0);
+        fleet.put_rc(rc(LATER, HELLO_2, 0, ""), 12);
+        let put = |fleet: &mut Fleet, old: &str, new: &str| {
+            let spec = StoredRoll {
+                old_rc: old.into(),
+                new_rc: new.into(),
+                ..roll(2, 1)
+            };
+            fleet.rolls.insert(
+                new.into(),
+                Versioned {
+                    value: spec.clone(),
+                    index: 20,
+                },
+            );
+            spec
+        };
+        let ours = put(&mut fleet, OLD, NEW);
+        put(
+            &mut fleet,
+            "00000000-0000-4000-7000-0000000000ff",
+            UNRELATED,
+        );
+        let later = put(&mut fleet, OLD, LATER);
+        assert!(
+            step(run(&fleet, &ours)).is_ok(),
+            "no earlier roll shares an RC"
+        );
+        assert_eq!(
+            run(&fleet, &later),
+            Action::Stuck(RollStuck::AnotherRoll { roll: NEW.into() })
+        );
+
+        put(&mut fleet, OLD, FROM_OLD);
+        put(&mut fleet, NEW, FROM_NEW);
+        assert_eq!(
+            run(&fleet, &ours),
+            Action::Stuck(RollStuck::AnotherRoll {
+                roll: FROM_NEW.into()
+            })
+        );
+        assert_eq!(
+            run(&fleet, &later),
+            Action::Stuck(RollStuck::AnotherRoll {
+                roll: FROM_OLD.into()
+            })
         );
     }
 

@@ -343,6 +343,22 @@ impl World {
         by_pod.get(pod_id).cloned()
     }
 
+    /// The ids of the rolls naming RC `rc_id` as their old or new RC, sorted: found once
+    /// per change of the roll tree, so that each roll of a pass finds those sharing its RCs
+    /// without looking at every other roll.
+    pub fn rolls_over(&self, rc_id: &str) -> Option<Arc<BTreeSet<String>>> {
+        let by_rc = self.rolls.memo("by rc", |rolls| {
+            let mut by_rc: HashMap<String, Arc<BTreeSet<String>>> = HashMap::new();
+            for (id, roll) in rolls.iter() {
+                for rc in [&roll.value.old_rc, &roll.value.new_rc] {
+                    Arc::make_mut(by_rc.entry(rc.clone()).or_default()).insert(id.clone());
+                }
+            }
+            by_rc
+        });
+        by_rc.get(rc_id).cloned()
+    }
+
     /// How many pods each node is intended to run; used to spread new pods.
     pub fn load_by_node(&self) -> HashMap<&str, usize> {
         let mut load = HashMap::new();
