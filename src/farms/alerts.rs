@@ -43,29 +43,33 @@ impl Alerter {
         }
     }
 
-    /// Sends a low-urgency alert unless the same incident was sent recently; whether it was
-    /// sent (or logged, without a webhook).
-    pub async fn low(
+    /// Whether an alert about `incident_key` is to be sent now: not if the same incident was
+    /// sent recently. It counts as sent from now on.
+    pub fn due(&self, incident_key: &str) -> bool {
+        let mut last_sent = self.last_sent.lock().expect("no panics while held");
+        if let Some(at) = last_sent.get(incident_key) {
+            if at.elapsed() < REPEAT_AFTER {
+                return false;
+            }
+        }
+        last_sent.insert(incident_key.to_owned(), Instant::now());
+        true
+    }
+
+    /// Logs a low-urgency alert and posts it to the webhook, if there is one (see
+    /// [`Alerter::due`] for leaving out repeats).
+    pub async fn send_low(
         &self,
-        incident_key: &str,
+        incident_key: String,
         description: String,
         details: serde_json::Value,
-    ) -> bool {
-        {
-            let mut last_sent = self.last_sent.lock().expect("no panics while held");
-            if let Some(at) = last_sent.get(incident_key) {
-                if at.elapsed() < REPEAT_AFTER {
-                    return false;
-                }
-            }
-            last_sent.insert(incident_key.to_owned(), Instant::now());
-        }
+    ) {
         tracing::warn!(incident = incident_key, %details, "alert: {description}");
         let Some(url) = &self.webhook else {
-            return true;
+            return;
         };
         let alert = Alert {
-            incident_key: incident_key.to_owned(),
+            incident_key,
             description,
             details,
             urgency: "low",
@@ -76,6 +80,5 @@ impl Alerter {
             Ok(response) => tracing::warn!(status = %response.status(), "alert webhook refused"),
             Err(e) => tracing::warn!(error = %e, "alert webhook unreachable"),
         }
-        true
     }
 }

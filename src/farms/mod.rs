@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -123,9 +124,15 @@ pub struct FarmContext {
     /// Cancelled when the term ends; checked before every write.
     pub cancel: CancellationToken,
     pub alerts: Arc<Alerter>,
+    /// The alerts being posted, and room for the posts at once.
+    alert_posts: TaskTracker,
+    alert_slots: Arc<Semaphore>,
     /// Names this server in lock values and audit records.
     pub holder: String,
 }
+
+/// How many alerts are posted to the webhook at once.
+pub const ALERTS_IN_FLIGHT: usize = CONCURRENT_OBJECTS;
 
 impl FarmContext {
     /// The context for one term.
@@ -136,6 +143,8 @@ impl FarmContext {
             leader_session: term.leader_session.clone(),
             cancel: term.cancel.clone(),
             alerts,
+            alert_posts: TaskTracker::new(),
+            alert_slots: Arc::new(Semaphore::new(ALERTS_IN_FLIGHT)),
             holder,
         }
     }
@@ -318,11 +327,13 @@ impl FarmContext {
         Ok(record_ops(self.store.as_ref(), event).await?)
     }
 
-    /// Raises a low-urgency alert from the farm named `farm` about `kind` `id` (see
-    /// [`Alerter::low`]) and, when it is not a repeat, records it as an event. Nothing is
-    /// sent once the term has ended: a pass over many objects would otherwise go on posting
-    /// to the webhook, seconds each, before its writes found the term over, and hold up the
-    /// server's stepping down or stopping.
+    /// Raises a low-urgency alert from the farm named `farm` about `kind` `id` and, when it is
+    /// not a repeat ([`Alerter::due`]), records it as an event. The webhook is posted to in
+    /// the background, [`ALERTS_IN_FLIGHT`] at a time: a pass awaiting each post in turn held
+    /// up every object after the alerted ones for as long as the webhook took to answer,
+    /// seconds each. Nothing is sent once the term has ended, and posts still in flight then
+    /// are dropped: a pass over many objects would otherwise go on posting to the webhook
+    /// and hold up the server's stepping down or stopping.
     pub async fn alert(
         &self,
         farm: &str,
@@ -331,16 +342,24 @@ impl FarmContext {
         description: String,
         details: serde_json::Value,
     ) {
-        if self.cancel.is_cancelled() {
+        if self.cancel.is_cancelled() || !self.alerts.due(incident_key) {
             return;
         }
-        if !self
-            .alerts
-            .low(incident_key, description.clone(), details)
-            .await
-        {
-            return;
-        }
+        let (alerts, slots, cancel) = (
+            self.alerts.clone(),
+            self.alert_slots.clone(),
+            self.cancel.clone(),
+        );
+        let (key, text) = (incident_key.to_owned(), description.clone());
+        self.alert_posts.spawn(async move {
+            tokio::select! {
+                () = async {
+                    let _slot = slots.acquire().await;
+                    alerts.send_low(key, text, details).await;
+                } => {}
+                () = cancel.cancelled() => {}
+            }
+        });
         let mut event = self.actor(farm).event(kind, id, Action::Alert, Vec::new());
         event.message = Some(description);
         let written = match self.record(&event).await {
@@ -350,6 +369,13 @@ impl FarmContext {
         if let Err(e) = written {
             tracing::warn!(%id, error = %e, "recording an alert as an event failed");
         }
+    }
+
+    /// Waits for the alerts posted in the background to be sent, or dropped as the term
+    /// ends.
+    pub async fn alerts_sent(&self) {
+        self.alert_posts.close();
+        self.alert_posts.wait().await;
     }
 
     /// Frees a lock this session holds (ownership of an object that is gone); a lock that
@@ -643,6 +669,7 @@ pub async fn run_term(
     tasks.close();
     term.cancel.cancelled().await;
     tasks.wait().await;
+    ctx.alerts_sent().await;
 }
 
 /// Runs one farm; if it ever stops before the term ends (a panic, say), the term ends too,

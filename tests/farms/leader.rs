@@ -354,14 +354,8 @@ async fn no_alert_is_posted_once_the_term_has_ended() {
     use p2_apiserver::kv::Cas;
     use p2_apiserver::state::{Mirror, MirrorConfig};
     use tokio_util::task::TaskTracker;
-    use wiremock::matchers::method;
-    use wiremock::{Mock, MockServer, ResponseTemplate};
 
-    let webhook = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(3)))
-        .mount(&webhook)
-        .await;
+    let webhook = crate::support::farms::slow_alert_webhook(Duration::from_secs(3)).await;
     let (_dir, store) = sqlite_store().await;
     let session = |name: &'static str| {
         let store = store.clone();

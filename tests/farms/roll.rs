@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::support::farms::{alert_webhook, Backend, Harness, MANIFEST};
+use crate::support::farms::{alert_webhook, slow_alert_webhook, Backend, Harness, MANIFEST};
 use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
 use serde_json::json;
@@ -207,4 +207,46 @@ async fn a_roll_of_rcs_too_large_to_write_together_completes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_of_rcs_too_large_to_write_together_completes_through_consul() {
     rolls_rcs_too_large_to_write_together_on(Backend::FakeConsul).await;
+}
+
+/// A webhook slow to answer holds up no roll: the rolls that cannot move are alerted about
+/// while the others go on. Each alert awaited in turn, ten rolls stuck behind another roll
+/// over their RC held every roll sorting after them for half a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_alert_webhook_holds_up_no_other_roll() {
+    let webhook = slow_alert_webhook(Duration::from_secs(3)).await;
+    let h = Harness::start_with_alerts(Some(webhook.uri())).await;
+    for i in 1..=2 {
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
+            .await;
+    }
+    h.run_fake_nodes(Duration::from_millis(50));
+    // Eleven rolls from one RC, sorting first: all but the first wait for it, and alert.
+    let shared = h
+        .put_rc(json!({"manifest": MANIFEST, "node_selector": "role=none",
+                                 "pod_labels": {}, "replicas_desired": 0, "disabled": false,
+                                 "allocation_strategy": ""}))
+        .await;
+    for i in 0..11 {
+        let new = format!("00000000-0000-4000-8000-{i:012}");
+        h.put_rc_as(
+            &new,
+            json!({"manifest": NEW_MANIFEST, "node_selector": "role=none",
+                                 "pod_labels": {}, "replicas_desired": 0, "disabled": false,
+                                 "allocation_strategy": ""}),
+        )
+        .await;
+        h.put_roll(&shared, &new, 1, 0).await;
+    }
+    let old = h.put_rc(rc(MANIFEST, 1)).await;
+    h.wait_for_rc_nodes(&old, 1).await;
+    let new = "ffffffff-0000-4000-8000-000000000000";
+    h.put_rc_as(new, rc(NEW_MANIFEST, 0)).await;
+    h.put_roll(&old, new, 1, 0).await;
+    let store = &h.store;
+    h.wait_until(|| async {
+        let roll = store.get(&format!("rolls/{new}")).await.unwrap();
+        roll.is_none().then_some(())
+    })
+    .await;
 }

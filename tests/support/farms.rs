@@ -502,10 +502,15 @@ impl Harness {
 
 /// A webhook that accepts every alert posted to it.
 pub async fn alert_webhook() -> wiremock::MockServer {
+    slow_alert_webhook(Duration::ZERO).await
+}
+
+/// A webhook that accepts every alert posted to it, `delay` after it was posted.
+pub async fn slow_alert_webhook(delay: Duration) -> wiremock::MockServer {
     use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
     let webhook = MockServer::start().await;
     Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(200))
+        .respond_with(ResponseTemplate::new(200).set_delay(delay))
         .mount(&webhook)
         .await;
     webhook
