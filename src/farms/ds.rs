@@ -63,6 +63,8 @@ pub const MAX_IN_FLIGHT: usize = 50;
 /// How long a daemon set whose key exists but does not decode protects its pods before the
 /// cleanup looks at the key again.
 const RECHECK_PRESENT: Duration = Duration::from_secs(60);
+/// The prefix of the retry key of a deleted daemon set's pods, before its id.
+const DANGLING_RETRY: &str = "dangling/";
 /// P2's incident key for contention alerts.
 const CONTENTION_INCIDENT: &str = "preemptive_ds_contention";
 
@@ -165,6 +167,13 @@ impl Farm for DsFarm {
             .remove_gone(ctx, |id| world.daemon_sets.items.contains_key(id))
             .await;
         self.clean_dangling(ctx, world).await;
+        // A daemon set's key, or a deleted one's whose pods are still there to clean up.
+        let by_ds = world.pods_by_label(DS_ID_LABEL);
+        self.retries
+            .retain(|key| match key.strip_prefix(DANGLING_RETRY) {
+                Some(ds_id) => by_ds.contains_key(ds_id),
+                None => world.daemon_sets.items.contains_key(key),
+            });
         ctx.release_orphaned(world, layout::DS_LOCKS, |id| {
             world.daemon_sets.items.contains_key(id)
         })
@@ -313,7 +322,7 @@ impl DsFarm {
             if ctx.cancel.is_cancelled() {
                 return;
             }
-            let retry_key = format!("dangling/{ds_id}");
+            let retry_key = format!("{DANGLING_RETRY}{ds_id}");
             if world.daemon_sets.items.is_empty() && !self.seen.contains(ds_id) {
                 tracing::debug!(ds = %ds_id, "no daemon sets listed; keeping pods of one never seen");
                 continue;
@@ -782,6 +791,21 @@ mod tests {
 
     fn run(world: &World, ds: &StoredDaemonSet, rollout: &mut Rollout, now: Instant) -> Plan {
         plan(world, "ds", ds, rollout, now).unwrap()
+    }
+
+    /// A daemon set that failed and is gone since waits for no retry: the farm's queue (its
+    /// queue-depth metric) counts only daemon sets that exist, and gone ones leave no trace.
+    #[tokio::test]
+    async fn a_gone_daemon_set_leaves_no_retry_waiting() {
+        let (_dir, ctx, mirror) = crate::farms::fixture::idle_context().await;
+        let mut farm = DsFarm::new(mirror);
+        farm.retries.failed("00000000-0000-4000-8000-000000000001");
+        // And the cleanup of a deleted one's pods, which are gone too.
+        farm.retries.failed(&format!(
+            "{DANGLING_RETRY}00000000-0000-4000-8000-000000000002"
+        ));
+        farm.pass(&ctx, &World::default()).await;
+        assert_eq!(farm.retries().waiting(), 0);
     }
 
     #[test]

@@ -201,3 +201,24 @@ impl Fleet {
         )
     }
 }
+
+/// A term's context over an empty store of its own (kept in the returned directory), for a
+/// pass over a world built by hand that writes nothing.
+pub async fn idle_context() -> (tempfile::TempDir, super::FarmContext, crate::state::Mirror) {
+    use crate::kv::sqlite::SqliteStore;
+    use crate::kv::KvStore;
+    use crate::leader::Term;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db").display().to_string();
+    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let term = Term {
+        leader_session: "leader".into(),
+        session: "term".into(),
+        cancel: tokio_util::sync::CancellationToken::new(),
+    };
+    let alerts = Arc::new(super::alerts::Alerter::new(None));
+    let mirror = crate::state::Mirror::new(store.clone(), crate::state::MirrorConfig::default());
+    let ctx = super::FarmContext::new(store, &term, alerts, "me".into());
+    (dir, ctx, mirror)
+}

@@ -154,6 +154,7 @@ impl Farm for RollFarm {
         }
         self.ready_since
             .retain(|id, _| world.rolls.items.contains_key(id));
+        self.retries.retain(|id| world.rolls.items.contains_key(id));
         self.conditions
             .remove_gone(ctx, |id| world.rolls.items.contains_key(id))
             .await;
@@ -1293,6 +1294,17 @@ mod tests {
         use crate::state::{Mirror, MirrorConfig};
         let mirror = Mirror::new(store.clone(), MirrorConfig::default());
         RollFarm::new(Duration::from_secs(600), mirror)
+    }
+
+    /// A roll that failed and is gone since (cancelled, say) waits for no retry: the farm's
+    /// queue (its queue-depth metric) counts only rolls that exist.
+    #[tokio::test]
+    async fn a_gone_roll_leaves_no_retry_waiting() {
+        let (_dir, ctx, mirror) = crate::farms::fixture::idle_context().await;
+        let mut farm = RollFarm::new(Duration::from_secs(600), mirror);
+        farm.retries.failed(NEW);
+        farm.pass(&ctx, &World::default()).await;
+        assert_eq!(farm.retries().waiting(), 0);
     }
 
     /// A roll the API cancelled after the farm read it (the cancel's finished record and
