@@ -713,7 +713,7 @@ async fn apply(
             )
         }))
         .collect();
-    for batch in changes.chunks(nodes_per_txn(manifest, NODES_PER_TXN, 0)) {
+    for batch in changes.chunks(nodes_per_txn(manifest, &labels, NODES_PER_TXN, 0)) {
         let (mut left, mut placed) = (Vec::new(), Vec::new());
         let mut ops = Vec::new();
         for (change, node, adds) in batch {

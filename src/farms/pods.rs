@@ -13,16 +13,19 @@ use crate::store::pods::{self, PodLocation, PodTree};
 
 use super::world::{PodKey, World};
 
-/// How many nodes one transaction schedules `manifest` on: at most `most`, and few enough
-/// that their intents (the manifest each, in base64 as Consul takes it) fill at most half of
-/// what a transaction may carry beside `beside` bytes (an RC's audit record, which lists every
-/// node it is on), the rest left to their labels, checks and event. Otherwise a large
-/// manifest, or an RC on thousands of nodes, makes every batch one the store refuses, and its
+/// How many nodes one transaction schedules `manifest` on, with `labels` on each pod: at most
+/// `most`, and few enough that their intents and labels (the manifest and the labels each, in
+/// base64 as Consul takes them) fill at most half of what a transaction may carry beside
+/// `beside` bytes (an RC's audit record, which lists every node it is on), the rest left to
+/// the pods' other labels, their checks and the event. Otherwise a large manifest, large pod
+/// labels, or an RC on thousands of nodes, makes every batch one the store refuses, and its
 /// pods are never placed.
-pub fn nodes_per_txn(manifest: &Manifest, most: usize, beside: usize) -> usize {
-    /// The labels, check and keys that come with each intent, generously.
+pub fn nodes_per_txn(manifest: &Manifest, labels: &Labels, most: usize, beside: usize) -> usize {
+    /// The pods' other labels, their checks and keys that come with each intent, generously.
     const PER_NODE_REST: usize = 1024;
-    let per_node = manifest.raw().len().div_ceil(3) * 4 + PER_NODE_REST;
+    let labels = serde_json::to_vec(labels).map_or(0, |json| json.len());
+    let base64 = |len: usize| len.div_ceil(3) * 4;
+    let per_node = base64(manifest.raw().len()) + base64(labels) + PER_NODE_REST;
     (MAX_TXN_BYTES.saturating_sub(beside) / 2 / per_node).clamp(1, most)
 }
 

@@ -40,8 +40,8 @@ use super::world::{pod_key, World};
 use super::{Farm, FarmContext, FarmError, FarmResult, Retries, CONCURRENT_OBJECTS};
 
 /// Nodes changed per transaction: at most 3 ops each (a check, the labels, the intent), plus
-/// the fence and the audit record, under the 64-op limit; fewer for a large manifest
-/// ([`nodes_per_txn`]).
+/// the fence and the audit record, under the 64-op limit; fewer for a large manifest or
+/// large pod labels ([`nodes_per_txn`]).
 const NODES_PER_TXN: usize = 20;
 
 /// The RC farm's state across passes: backoffs, and the conditions it publishes.
@@ -567,6 +567,7 @@ async fn apply(
     }
     let per_txn = nodes_per_txn(
         &rc.manifest,
+        &labels,
         NODES_PER_TXN,
         audit_bound(rc, &nodes, &plan.changes),
     );

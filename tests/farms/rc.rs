@@ -276,6 +276,18 @@ async fn the_locks_and_conditions_of_deleted_rcs_are_removed() {
     .await;
 }
 
+/// Labels nodes `node01` to `node<count>` `role=web`.
+async fn label_web_nodes(h: &Harness, count: usize) {
+    for i in 1..=count {
+        h.label(
+            LabelType::Node,
+            &format!("node{i:02}"),
+            json!({"role": "web"}),
+        )
+        .await;
+    }
+}
+
 /// A manifest of 60 KB: twenty intents of it are more than a transaction may carry.
 fn large_manifest() -> String {
     format!("{MANIFEST}config:\n  blob: {}\n", "x".repeat(60_000))
@@ -284,14 +296,7 @@ fn large_manifest() -> String {
 /// An RC of a large manifest is scheduled in batches the store takes, on every backend.
 async fn schedules_a_large_manifest_on(backend: Backend) {
     let h = Harness::start_on(backend, None).await;
-    for i in 1..=20 {
-        h.label(
-            LabelType::Node,
-            &format!("node{i:02}"),
-            json!({"role": "web"}),
-        )
-        .await;
-    }
+    label_web_nodes(&h, 20).await;
     let manifest = large_manifest();
     let id = h
         .put_rc(json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {},
@@ -345,4 +350,38 @@ async fn an_rc_whose_audit_record_fills_most_of_a_transaction_is_scheduled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rc_whose_audit_record_fills_most_of_a_transaction_is_scheduled_through_consul() {
     schedules_an_rc_whose_audit_record_fills_most_of_a_transaction_on(Backend::FakeConsul).await;
+}
+
+/// An RC whose pod labels are large (600 labels, about 45 KB, which every pod carries) is
+/// scheduled in batches the store takes, on every backend: twenty pods' labels are more
+/// than a transaction may carry.
+async fn schedules_an_rc_of_large_pod_labels_on(backend: Backend) {
+    let h = Harness::start_on(backend, None).await;
+    label_web_nodes(&h, 20).await;
+    let labels: serde_json::Map<String, serde_json::Value> = (0..600)
+        .map(|i| {
+            (
+                format!("team.example.com/label-{i:04}"),
+                json!("v".repeat(50)),
+            )
+        })
+        .collect();
+    let id = h
+        .put_rc(
+            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": labels,
+                       "replicas_desired": 20, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    let nodes = h.wait_for_rc_nodes(&id, 20).await;
+    assert_eq!(h.pod_labels(&nodes[0], "hello").await.len(), 602);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rc_of_large_pod_labels_is_scheduled() {
+    schedules_an_rc_of_large_pod_labels_on(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rc_of_large_pod_labels_is_scheduled_through_consul() {
+    schedules_an_rc_of_large_pod_labels_on(Backend::FakeConsul).await;
 }
