@@ -331,15 +331,25 @@ fn current_nodes(world: &World, id: &str, pod_id: &str) -> BTreeSet<String> {
 }
 
 /// Whether the new RC of a roll (enabled, its mutation lock held) running `pod_id` still has
-/// pods to place: it may replace a disabled RC's pods in place, so that RC's surplus must
-/// wait, or one step of the roll would stop two pods.
-fn placement_pending(world: &World, pod_id: &str) -> bool {
+/// pods to place on one of the nodes `current` (a disabled RC's): it may replace that RC's
+/// pods in place, so its surplus must wait, or one step of the roll would stop two pods. An
+/// RC whose selector matches none of them (another zone's roll of the same pod id) cannot,
+/// and holds nothing up however long it stays short of nodes.
+fn placement_pending(world: &World, pod_id: &str, current: &BTreeSet<String>) -> bool {
     world.rcs.items.iter().any(|(id, rc)| {
         !rc.value.disabled
             && rc.value.manifest.pod_id() == pod_id
             && world.lock_holder(&layout::rc_mutation(id)).is_some()
             && usize::try_from(rc.value.replicas_desired).unwrap_or(0)
                 > current_nodes(world, id, pod_id).len()
+            && rc
+                .value
+                .node_selector
+                .parse::<Selector>()
+                .is_ok_and(|selector| {
+                    let eligible = world.nodes_matching(&rc.value.node_selector, &selector);
+                    current.iter().any(|node| eligible.contains(node))
+                })
     })
 }
 
@@ -431,7 +441,7 @@ pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> FarmResu
 
     if rc.disabled {
         // The old RC of a roll gives up its surplus once no new pod may still replace one.
-        if desired < current.len() && !placement_pending(world, &pod_id) {
+        if desired < current.len() && !placement_pending(world, &pod_id, current) {
             plan.changes = remove(load, &eligible, current, current.len() - desired);
         }
         return Ok(plan);
@@ -863,6 +873,35 @@ mod tests {
         // Once the new pod is placed (here on a spare node), the surplus goes.
         fleet.rc_pod(NEW, "w3", None);
         assert_eq!(nodes(&run(&fleet, OLD).changes), ["-w1"]);
+    }
+
+    /// Only a new RC that may take one of the old RC's nodes holds its surplus: one rolling
+    /// elsewhere (another zone's roll of the same pod id, its selector matching none of the
+    /// old RC's nodes), and short of nodes there, held it for as long as it stayed short.
+    #[test]
+    fn a_rolling_rcs_surplus_waits_for_no_rc_that_cannot_take_its_nodes() {
+        let mut fleet = fleet(3, 1);
+        let mut old = rc(OLD, HELLO_1, 1, "role=web");
+        old.disabled = true;
+        fleet
+            .put_rc(old, 4)
+            .put_rc(rc(NEW, HELLO_2, 1, "role=web"), 5)
+            .put_rc(rc(OTHER, HELLO_2, 3, "role=db"), 6);
+        fleet
+            .rc_pod(OLD, "w1", None)
+            .rc_pod(OLD, "w2", None)
+            .rc_pod(NEW, "w3", None)
+            .rc_pod(OTHER, "d1", None);
+        for id in [OLD, NEW, OTHER] {
+            fleet.lock(&layout::rc_mutation(id), "roll");
+        }
+        assert_eq!(nodes(&run(&fleet, OLD).changes), ["-w1"]);
+
+        // One that may take its nodes still holds it.
+        let mut wider = rc(OTHER, HELLO_2, 3, "");
+        wider.disabled = false;
+        fleet.put_rc(wider, 7);
+        assert!(run(&fleet, OLD).changes.is_empty());
     }
 
     #[test]
