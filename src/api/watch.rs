@@ -9,7 +9,8 @@
 //! changes from there, possibly repeating those of that very position, never missing one. A
 //! position the server no longer retains (or never gave: one from before its mirror first
 //! read the store, or from before the store was reset) gets a `resync` event and a fresh
-//! snapshot.
+//! snapshot. While the mirror has lost the watch of a tree a stream reads, it is not opened
+//! (503), as reads go to the store then rather than serve what may be old.
 //! With a selector over RCs, rolls or pods, whose labels are kept apart from them, the
 //! stream follows their label sets' changes too, to send an object that starts or stops
 //! matching. A client more than the server's buffer behind on one of the kinds it follows
@@ -155,6 +156,26 @@ impl Filter {
         mirror.subscribe(resume, &self.kinds, &self.relabelling())
     }
 
+    /// The prefixes of the trees the stream reads (see [`Filter::reads`]) whose watch the
+    /// mirror has lost for longer than its bound ([`Mirror::health`]).
+    fn lost(&self, mirror: &Mirror) -> Vec<String> {
+        let lost = mirror.health().lost;
+        (Tree::ALL.into_iter().filter(|tree| self.reads(*tree)))
+            .map(Tree::prefix)
+            .filter(|prefix| lost.iter().any(|(lost, _)| lost == prefix))
+            .collect()
+    }
+
+    /// Whether the stream reads `tree`: it holds objects of a kind asked for, or, with a
+    /// selector, the labels of objects of such a kind.
+    fn reads(&self, tree: Tree) -> bool {
+        let labels_of_kind = |tree| {
+            let mut label_types = self.kinds.iter().filter_map(|kind| kind.label_type());
+            matches!(tree, Tree::Labels(label_type) if label_types.any(|t| t == label_type))
+        };
+        self.follows(tree) || (self.selector.is_some() && labels_of_kind(tree))
+    }
+
     /// Whether `tree` holds objects of a kind asked for.
     fn follows(&self, tree: Tree) -> bool {
         tree.kind().is_some_and(|kind| self.kinds.contains(&kind))
@@ -207,6 +228,9 @@ impl Filter {
 /// position no longer retained, or not from this server's stream, a `resync` event comes
 /// first, then a fresh snapshot. A comment line is sent every 15 s on an idle stream. A
 /// client too slow to keep up with the changes is sent a `dropped` event and disconnected.
+/// While the server has lost its watch of a tree the stream would read (as `/readyz` says),
+/// a new or resumed stream is refused with 503 rather than started from what may be an old
+/// view; a stream open already stays open and is sent the changes once the watch is back.
 #[utoipa::path(
     get,
     path = "/watch",
@@ -219,7 +243,7 @@ impl Filter {
         (status = OK, description = "An endless stream of events", body = WatchEvent, content_type = "text/event-stream"),
         (status = BAD_REQUEST, description = "`Last-Event-ID` is not a number", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "An unknown kind, a bad selector, or a selector over a kind without labels", body = ErrorBody),
-        (status = SERVICE_UNAVAILABLE, description = "The server has not read the store yet", body = ErrorBody)
+        (status = SERVICE_UNAVAILABLE, description = "The server has not read the store yet, or has lost its watch of a tree the stream reads (see `/readyz`)", body = ErrorBody)
     )
 )]
 async fn watch(
@@ -244,6 +268,16 @@ async fn watch(
         return Err(ApiError::unavailable(
             "the state mirror has not read the store yet",
         ));
+    }
+    // A tree whose watch is lost may be held as it was long ago: a stream would start from
+    // it with no sign that it is old, where a read goes to the store instead. Streams open
+    // already stay open: they are sent what changed once the watch is back.
+    let lost = filter.lost(&app.mirror);
+    if !lost.is_empty() {
+        return Err(ApiError::unavailable(format!(
+            "the state mirror has lost the watch of {}",
+            lost.join(", ")
+        )));
     }
     let watcher = Watcher::start(app, filter, resume);
     let events = stream::unfold(watcher, |mut watcher| async move {

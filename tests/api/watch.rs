@@ -527,16 +527,8 @@ async fn a_selector_stream_sends_a_pod_once_its_labels_arrive() {
 
 /// Opens a stream of `app` at `uri`, resuming from `last` if given.
 async fn open_on(app: &TestApp, uri: &str, last: Option<&str>) -> Events {
-    let mut request = Request::get(uri);
-    if let Some(last) = last {
-        request = request.header("last-event-id", last);
-    }
-    let response = app.open(request.body(Body::empty()).unwrap()).await;
-    assert_eq!(response.status(), StatusCode::OK);
-    Events {
-        body: response.into_body(),
-        buffer: String::new(),
-    }
+    let opened = try_open(app, uri, last).await;
+    opened.unwrap_or_else(|refused| panic!("{uri} refused: {refused:?}"))
 }
 
 /// A client resuming with a selector while the server's own delete of an object it holds
@@ -746,4 +738,123 @@ async fn a_selector_stream_sends_a_pod_scheduled_with_its_labels_once() {
             ("modified", "node2/hello")
         ])
     );
+}
+
+/// Opens a stream of `app` at `uri`, resuming from `last` if given: its events, or the
+/// answer refusing it.
+async fn try_open(app: &TestApp, uri: &str, last: Option<&str>) -> Result<Events, TestResponse> {
+    let mut request = Request::get(uri);
+    if let Some(last) = last {
+        request = request.header("last-event-id", last);
+    }
+    let response = app.open(request.body(Body::empty()).unwrap()).await;
+    if response.status() == StatusCode::OK {
+        return Ok(Events {
+            body: response.into_body(),
+            buffer: String::new(),
+        });
+    }
+    let (parts, body) = response.into_parts();
+    Err(TestResponse {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    })
+}
+
+/// Waits until `/readyz` answers `ready` or not.
+async fn until_readyz(app: &TestApp, ready: bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while (app.get("/readyz").await.status == StatusCode::OK) != ready {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "readyz never {ready}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// While the watch of a tree is lost past its bound, a new stream (or a resumed one) of a
+/// kind in that tree is refused with 503, as the mirror's snapshot of the tree may be
+/// arbitrarily old; streams of other kinds open. A stream already open stays open and,
+/// once the watch is back, is sent what changed meanwhile, once; and the stream refused
+/// opens then, with the change in its snapshot.
+#[tokio::test]
+async fn a_stream_of_a_tree_whose_watch_is_lost_is_refused_until_it_is_back() {
+    use crate::support::counting::Counting;
+
+    let mut counting = None;
+    let config = MirrorConfig {
+        watch_wait: Duration::from_millis(100),
+        lost_after: Duration::ZERO,
+        ..MirrorConfig::default()
+    };
+    let wrap = |store| {
+        let store = Counting::new(store);
+        counting = Some(store.clone());
+        store as Arc<dyn p2_apiserver::kv::KvStore>
+    };
+    let app = TestApp::configured(wrap, config).await;
+    let counting = counting.unwrap();
+    label_through(&app, "web1", "web").await;
+    let nodes = "/api/v1/watch?kinds=nodes";
+    let selected = "/api/v1/watch?kinds=pods&selector=app%3Dweb";
+    let mut open = open_on(&app, nodes, None).await;
+    let snapshot = open.snapshot().await;
+    assert_eq!(
+        summary(&snapshot),
+        pairs(&[("added", "web1"), ("synced", "")])
+    );
+    let synced = snapshot.last().unwrap().id.clone();
+
+    counting.fail_watches_of(Some("labels/"));
+    until_readyz(&app, false).await;
+    // Written behind the server's back: the mirror cannot learn of it.
+    let web2 = br#"{"role":"web"}"#;
+    app.store
+        .put("labels/node/web2", web2, Cas::Any)
+        .await
+        .unwrap();
+    for (uri, last) in [
+        (nodes, None),
+        (nodes, Some(synced.as_str())),
+        (selected, None),
+    ] {
+        let refused = match try_open(&app, uri, last).await {
+            Ok(mut stream) => panic!(
+                "{uri} from {last:?} opened: {:?}",
+                summary(&next_events(&mut stream, 2).await)
+            ),
+            Err(refused) => refused,
+        };
+        assert_eq!(
+            refused.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{refused:?}"
+        );
+        assert_eq!(refused.error().reason, "ServiceUnavailable");
+    }
+    // The RCs' watch is not lost: their stream opens.
+    let mut rcs = open_on(&app, "/api/v1/watch?kinds=rcs", None).await;
+    assert_eq!(summary(&rcs.snapshot().await), pairs(&[("synced", "")]));
+
+    counting.fail_watches_of(None);
+    until_readyz(&app, true).await;
+    assert_eq!(
+        summary(&next_events(&mut open, 1).await),
+        pairs(&[("added", "web2")])
+    );
+    let mut reopened = try_open(&app, nodes, None)
+        .await
+        .expect("refused once back");
+    assert_eq!(
+        summary(&reopened.snapshot().await),
+        pairs(&[("added", "web1"), ("added", "web2"), ("synced", "")])
+    );
+    // Nothing came twice: the next event of each is a later change.
+    label_through(&app, "web3", "web").await;
+    for stream in [&mut open, &mut reopened] {
+        let next = summary(&next_events(stream, 1).await);
+        assert_eq!(next, pairs(&[("added", "web3")]));
+    }
 }
