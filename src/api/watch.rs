@@ -9,8 +9,10 @@
 //! changes from there, possibly repeating those of that very position, never missing one. A
 //! position the server no longer retains (or never gave: one from before its mirror first
 //! read the store, or from before the store was reset) gets a `resync` event and a fresh
-//! snapshot. While the mirror has lost the watch of a tree a stream reads, it is not opened
-//! (503), as reads go to the store then rather than serve what may be old.
+//! snapshot; after the store went backwards, every stream is sent `resync` and a snapshot
+//! of the store as the mirror has read it again, not of the old one. While the mirror has
+//! lost the watch of a tree a stream reads, it is not opened (503), as reads go to the store
+//! then rather than serve what may be old.
 //! With a selector over RCs, rolls or pods, whose labels are kept apart from them, the
 //! stream follows their label sets' changes too, to send an object that starts or stops
 //! matching. A client more than the server's buffer behind on one of the kinds it follows
@@ -160,9 +162,16 @@ impl Filter {
     /// mirror has lost for longer than its bound ([`Mirror::health`]).
     fn lost(&self, mirror: &Mirror) -> Vec<String> {
         let lost = mirror.health().lost;
-        (Tree::ALL.into_iter().filter(|tree| self.reads(*tree)))
-            .map(Tree::prefix)
+        (self.trees().into_iter().map(Tree::prefix))
             .filter(|prefix| lost.iter().any(|(lost, _)| lost == prefix))
+            .collect()
+    }
+
+    /// The trees the stream reads ([`Filter::reads`]).
+    fn trees(&self) -> Vec<Tree> {
+        Tree::ALL
+            .into_iter()
+            .filter(|tree| self.reads(*tree))
             .collect()
     }
 
@@ -264,7 +273,12 @@ async fn watch(
         ),
     };
     let filter = Filter::from_query(&query)?;
-    if !app.mirror.wait_for(0, LOADING_WAIT).await {
+    // Nor is a stream started from the old store's entries after the store went backwards.
+    let loading = async {
+        app.mirror.loaded().await;
+        app.mirror.read_again(&filter.trees()).await
+    };
+    if tokio::time::timeout(LOADING_WAIT, loading).await != Ok(true) {
         return Err(ApiError::unavailable(
             "the state mirror has not read the store yet",
         ));
@@ -467,6 +481,13 @@ impl Watcher {
                     }
                 }
                 Ok(Signal::Resync) => {
+                    // The snapshot is of the store as it is now, once the mirror has read
+                    // it again, not of the old store's entries it holds until then.
+                    let trees = self.filter.trees();
+                    tokio::select! {
+                        _ = self.app.mirror.read_again(&trees) => {}
+                        () = self.app.shutdown.cancelled() => return None,
+                    }
                     let subscription = self.filter.subscribe(&self.app.mirror, None);
                     let resync = control("resync", subscription.backlog.position);
                     self.pending.push_back(Pending::Control(resync));

@@ -531,6 +531,17 @@ impl Mirror {
         self.read().trees.iter().all(|tree| tree.loaded)
     }
 
+    /// Waits until each of `trees` has been read whole since the store's index last went
+    /// backwards (at once if it never did): until then the tree holds the old store's
+    /// entries, which a snapshot of the change stream must not be taken from.
+    pub async fn read_again(&self, trees: &[Tree]) -> bool {
+        self.until(|mirror| {
+            let state = mirror.read();
+            trees.iter().all(|tree| !state.tree(*tree).reread)
+        })
+        .await
+    }
+
     /// Which trees are not read yet, and which have lost their watch for too long.
     pub fn health(&self) -> MirrorHealth {
         let state = self.read();

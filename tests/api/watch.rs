@@ -858,3 +858,79 @@ async fn a_stream_of_a_tree_whose_watch_is_lost_is_refused_until_it_is_back() {
         assert_eq!(next, pairs(&[("added", "web3")]));
     }
 }
+
+/// An empty store of the kind the apps use, to stand for theirs restarted empty.
+async fn fresh_store() -> (Arc<dyn p2_apiserver::kv::KvStore>, tempfile::TempDir) {
+    use p2_apiserver::kv::{open_store, ConsulOptions, StoreUrl};
+    let (url, dir) = match crate::support::api::backend() {
+        "sqlite" => {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("fresh.db").display().to_string();
+            (StoreUrl::Sqlite { path }, dir)
+        }
+        _ => {
+            let fake = crate::support::fake_consul::start().await;
+            (format!("consul://{}", fake.addr).parse().unwrap(), fake.dir)
+        }
+    };
+    let store = open_store(&url, ConsulOptions::default()).await.unwrap();
+    (store, dir)
+}
+
+/// The store restarted (its index gone backwards): a stream open is sent `resync`, then a
+/// snapshot of the store as it is now, not of the one before, which the mirror holds until
+/// it has read each tree again; and a stream opened meanwhile starts from the store as it
+/// is now too. Then changes follow, each once.
+#[tokio::test]
+async fn after_the_store_went_backwards_a_snapshot_is_of_the_store_as_it_is_now() {
+    use crate::support::switchable::Switchable;
+
+    let mut switch = None;
+    let config = MirrorConfig {
+        watch_wait: Duration::from_millis(100),
+        ..MirrorConfig::default()
+    };
+    let wrap = |store| {
+        let store = Switchable::new(store);
+        switch = Some(store.clone());
+        store as Arc<dyn p2_apiserver::kv::KvStore>
+    };
+    let app = TestApp::configured(wrap, config).await;
+    let switch = switch.unwrap();
+    for node in ["old1", "old2", "old3", "old4"] {
+        label_through(&app, node, "web").await;
+    }
+    // The node labels' watch has listed them: the fresh store's listing is below it.
+    app.mirrored("labels/node/old4").await;
+    let (fresh, _dir) = fresh_store().await;
+    fresh
+        .put("labels/node/new", br#"{"role":"web"}"#, Cas::Any)
+        .await
+        .unwrap();
+    let nodes = "/api/v1/watch?kinds=nodes";
+    let mut open = open_on(&app, nodes, None).await;
+    assert_eq!(open.snapshot().await.len(), 5);
+
+    // The node labels' whole read of the fresh store is slow.
+    switch.slow_lists(Some("labels/node/"));
+    *switch.inner.write().unwrap() = fresh;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        switch.slow_lists(None);
+    };
+    let (mut opened, ()) = tokio::join!(open_on(&app, nodes, None), release);
+
+    let expected = pairs(&[("added", "new"), ("synced", "")]);
+    assert_eq!(
+        summary(&next_events(&mut open, 1).await),
+        pairs(&[("resync", "")])
+    );
+    assert_eq!(summary(&open.snapshot().await), expected);
+    assert_eq!(summary(&opened.snapshot().await), expected);
+    label_through(&app, "web3", "web").await;
+    for stream in [&mut open, &mut opened] {
+        let next = summary(&next_events(stream, 1).await);
+        assert_eq!(next, pairs(&[("added", "web3")]));
+    }
+}

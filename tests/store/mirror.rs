@@ -3,14 +3,12 @@
 //! included; it survives losing its watches and a store whose index goes backwards.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use p2_apiserver::kv::{
-    open_store, Cas, ConsulOptions, HeldWrites, KvPair, KvStore, Listing, PrefixUpdate,
-    SessionInfo, SessionSpec, StoreError, StoreResult, StoreUrl, TxnOp, WatchTarget,
+    open_store, Cas, ConsulOptions, KvPair, KvStore, StoreError, StoreUrl, TxnOp,
 };
 use p2_apiserver::labels::{LabelType, Selector};
 use p2_apiserver::state::{
@@ -22,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::support::fake_consul;
+use crate::support::switchable::Switchable;
 
 /// Far longer than the mirror ever needs; only a mirror that never converges reaches it.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -437,145 +436,6 @@ async fn a_store_going_backwards_is_read_afresh_and_subscribers_resync() {
         tokio::time::timeout(PATIENCE, resynced)
             .await
             .expect("no resync signal");
-    }
-}
-
-/// A store whose calls can fail as if it were unreachable, and whose backing store can be
-/// swapped for another, as for a store restarted empty. Its watches answer whole listings,
-/// unless `changes` is set: they then answer what the backing store does, and note the keys
-/// of the pairs it answered as changed.
-struct Switchable {
-    inner: RwLock<Arc<dyn KvStore>>,
-    cut: AtomicBool,
-    changes: AtomicBool,
-    changed: Mutex<Vec<String>>,
-    /// Listings of prefixes under this one wait until it is cleared.
-    slow_lists: Mutex<Option<String>>,
-    /// Watches of prefixes under this one keep their answers until it is cleared.
-    held_watches: Mutex<Option<String>>,
-    /// Key listings of prefixes under this one wait until it is cleared.
-    slow_keys: Mutex<Option<String>>,
-}
-
-impl Switchable {
-    fn slow_lists(&self, prefix: Option<&str>) {
-        *self.slow_lists.lock().unwrap() = prefix.map(str::to_owned);
-    }
-    fn hold_watches(&self, prefix: Option<&str>) {
-        *self.held_watches.lock().unwrap() = prefix.map(str::to_owned);
-    }
-    fn under(setting: &Mutex<Option<String>>, prefix: &str) -> bool {
-        setting
-            .lock()
-            .unwrap()
-            .as_deref()
-            .is_some_and(|under| prefix.starts_with(under))
-    }
-    fn new(inner: Arc<dyn KvStore>) -> Arc<Switchable> {
-        Arc::new(Switchable {
-            inner: RwLock::new(inner),
-            cut: AtomicBool::new(false),
-            changes: AtomicBool::new(false),
-            changed: Mutex::default(),
-            slow_lists: Mutex::default(),
-            held_watches: Mutex::default(),
-            slow_keys: Mutex::default(),
-        })
-    }
-
-    /// The backing store, unless cut off.
-    fn store(&self) -> StoreResult<Arc<dyn KvStore>> {
-        if self.cut.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable("cut off".into()));
-        }
-        Ok(self.inner.read().unwrap().clone())
-    }
-}
-
-#[async_trait]
-impl KvStore for Switchable {
-    async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
-        self.store()?.get(key).await
-    }
-    async fn list(&self, prefix: &str) -> StoreResult<Listing> {
-        while Self::under(&self.slow_lists, prefix) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        self.store()?.list(prefix).await
-    }
-    async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
-        while Self::under(&self.slow_keys, prefix) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        self.store()?.keys(prefix, separator).await
-    }
-    async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
-        self.store()?.put(key, value, cas).await
-    }
-    async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
-        self.store()?.delete(key, cas).await
-    }
-    async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
-        self.store()?.delete_prefix(prefix).await
-    }
-    async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
-        self.store()?.txn(ops).await
-    }
-    async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
-        self.store()?.create_session(spec).await
-    }
-    async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo> {
-        self.store()?.renew_session(id).await
-    }
-    async fn destroy_session(&self, id: &str) -> StoreResult<()> {
-        self.store()?.destroy_session(id).await
-    }
-    async fn session_info(&self, id: &str) -> StoreResult<Option<SessionInfo>> {
-        self.store()?.session_info(id).await
-    }
-    async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool> {
-        self.store()?.acquire(key, value, session).await
-    }
-    async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
-        self.store()?.release(key, session).await
-    }
-    async fn watch(
-        &self,
-        target: &WatchTarget,
-        index: u64,
-        wait: Duration,
-    ) -> StoreResult<Listing> {
-        let answer = self.store()?.watch(target, index, wait).await;
-        if let WatchTarget::Prefix(prefix) = target {
-            while Self::under(&self.held_watches, prefix) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-        answer
-    }
-    async fn watch_changes(
-        &self,
-        prefix: &str,
-        index: u64,
-        wait: Duration,
-        held: HeldWrites<'_>,
-    ) -> StoreResult<PrefixUpdate> {
-        if !self.changes.load(Ordering::SeqCst) {
-            let target = WatchTarget::Prefix(prefix.to_owned());
-            return Ok(PrefixUpdate::Whole(self.watch(&target, index, wait).await?));
-        }
-        let update = self
-            .store()?
-            .watch_changes(prefix, index, wait, held)
-            .await?;
-        if let PrefixUpdate::Since(changes) = &update {
-            let keys = changes.changed.iter().map(|pair| pair.key.clone());
-            self.changed.lock().unwrap().extend(keys);
-        }
-        Ok(update)
-    }
-    async fn ping(&self) -> StoreResult<()> {
-        self.store()?.ping().await
     }
 }
 

@@ -8,4 +8,5 @@ pub mod fake_consul;
 pub mod farms;
 pub mod scrape;
 pub mod severable;
+pub mod switchable;
 pub mod tls;
