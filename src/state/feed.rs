@@ -21,8 +21,8 @@ const WATCH_SLACK: Duration = Duration::from_secs(5);
 
 /// Follows `tree` until `cancel`: reads it whole, then watches it, taking in only what
 /// changed where the store can say (see [`crate::kv::KvStore::watch_changes`]), and reads it
-/// whole again when the store's index goes backwards or another tree saw it do so (`epoch`
-/// moved).
+/// whole again when the store's index goes backwards (below the tree's last listing, or
+/// below the server's own writes it holds) or another tree saw it do so (`epoch` moved).
 pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken) {
     let prefix = tree.prefix();
     let config = mirror.config().clone();
@@ -51,6 +51,9 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
         let fresh = index == 0;
         // Committed before the read begins, so in the tree as the read finds it.
         let known = mirror.committed_index();
+        // So are the server's own writes the tree holds: a listing below them is of another
+        // store (restarted or restored), though it may be past the tree's last listing.
+        let floor = index.max(mirror.tree_index(tree));
         // A whole read has no wait to be overdue past, and may take long on a large tree.
         let overdue = (!fresh).then(|| {
             let wait = config.watch_wait;
@@ -81,10 +84,10 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                 last_success = Instant::now();
                 crate::metrics::mirror_lag(&prefix, Duration::ZERO);
                 mirror.watch_succeeded(tree);
-                if !fresh && update.index() < index {
+                if !fresh && update.index() < floor {
                     tracing::warn!(
                         prefix,
-                        was = index,
+                        was = floor,
                         now = update.index(),
                         "the store's index went backwards; re-reading every tree"
                     );

@@ -877,26 +877,33 @@ async fn fresh_store() -> (Arc<dyn p2_apiserver::kv::KvStore>, tempfile::TempDir
     (store, dir)
 }
 
+/// An app mirrored by `config` over a store that can be swapped for another: `store`, or
+/// without one the app's own.
+async fn switchable_app(
+    config: MirrorConfig,
+    store: Option<Arc<dyn p2_apiserver::kv::KvStore>>,
+) -> (TestApp, Arc<crate::support::switchable::Switchable>) {
+    let mut switch = None;
+    let wrap = |own| {
+        let store = crate::support::switchable::Switchable::new(store.unwrap_or(own));
+        switch = Some(store.clone());
+        store as Arc<dyn p2_apiserver::kv::KvStore>
+    };
+    let app = TestApp::configured(wrap, config).await;
+    (app, switch.unwrap())
+}
+
 /// The store restarted (its index gone backwards): a stream open is sent `resync`, then a
 /// snapshot of the store as it is now, not of the one before, which the mirror holds until
 /// it has read each tree again; and a stream opened meanwhile starts from the store as it
 /// is now too. Then changes follow, each once.
 #[tokio::test]
 async fn after_the_store_went_backwards_a_snapshot_is_of_the_store_as_it_is_now() {
-    use crate::support::switchable::Switchable;
-
-    let mut switch = None;
     let config = MirrorConfig {
         watch_wait: Duration::from_millis(100),
         ..MirrorConfig::default()
     };
-    let wrap = |store| {
-        let store = Switchable::new(store);
-        switch = Some(store.clone());
-        store as Arc<dyn p2_apiserver::kv::KvStore>
-    };
-    let app = TestApp::configured(wrap, config).await;
-    let switch = switch.unwrap();
+    let (app, switch) = switchable_app(config, None).await;
     for node in ["old1", "old2", "old3", "old4"] {
         label_through(&app, node, "web").await;
     }
@@ -933,4 +940,48 @@ async fn after_the_store_went_backwards_a_snapshot_is_of_the_store_as_it_is_now(
         let next = summary(&next_events(stream, 1).await);
         assert_eq!(next, pairs(&[("added", "web3")]));
     }
+}
+
+/// The store restarted while its tree's watch had yet to list the server's own writes
+/// (the fresh store's index is past the last listing, below those writes): it went
+/// backwards all the same, so a stream is sent `resync` and a snapshot of the fresh store,
+/// not the fresh store's objects added beside the old store's.
+#[tokio::test]
+async fn a_store_restarted_below_the_servers_unlisted_writes_is_read_again() {
+    use p2_apiserver::labels::LabelType;
+    use p2_apiserver::state::Tree;
+
+    let config = MirrorConfig {
+        // The watch reads again only when asked to, so the own writes stay unlisted.
+        min_reread_interval: Duration::from_secs(60),
+        ..MirrorConfig::default()
+    };
+    // A store of its own, whose index only this test moves (unlike the fake Consul the
+    // tests share).
+    let (old, _old_dir) = fresh_store().await;
+    let (app, switch) = switchable_app(config, Some(old)).await;
+    let nodes = "/api/v1/watch?kinds=nodes";
+    let mut open = open_on(&app, nodes, None).await;
+    assert_eq!(summary(&open.snapshot().await), pairs(&[("synced", "")]));
+    for node in ["old1", "old2", "old3", "old4"] {
+        label_through(&app, node, "web").await;
+    }
+    assert_eq!(next_events(&mut open, 4).await.len(), 4);
+    let tree = Tree::Labels(LabelType::Node);
+    let (fresh, _dir) = fresh_store().await;
+    for key in ["other/a", "other/b", "labels/node/new"] {
+        let value = br#"{"role":"web"}"#;
+        fresh.put(key, value, Cas::Any).await.unwrap();
+    }
+    let fresh_index = fresh.prefix_index(&tree.prefix()).await.unwrap();
+    assert!(app.mirror.listed_index(&[tree]) <= fresh_index);
+    assert!(fresh_index < app.mirror.tree_index(tree));
+
+    *switch.inner.write().unwrap() = fresh;
+    // A reader asks for the tree: its watch reads the fresh store.
+    app.mirror
+        .catch_up_to(&[tree], u64::MAX, Duration::from_secs(1))
+        .await;
+    let expected = pairs(&[("resync", ""), ("added", "new"), ("synced", "")]);
+    assert_eq!(summary(&next_events(&mut open, 3).await), expected);
 }
