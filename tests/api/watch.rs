@@ -21,6 +21,7 @@ use tower::ServiceExt;
 
 use crate::metrics::scrape;
 use crate::support::api::{call, TestApp, TestResponse};
+use crate::support::switchable::{self, fresh_store};
 
 /// Far longer than any event takes to come; only a stream that never sends reaches it.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -867,40 +868,6 @@ async fn a_stream_of_a_tree_whose_watch_is_lost_is_refused_until_it_is_back() {
     }
 }
 
-/// An empty store of the kind the apps use, to stand for theirs restarted empty.
-async fn fresh_store() -> (Arc<dyn p2_apiserver::kv::KvStore>, tempfile::TempDir) {
-    use p2_apiserver::kv::{open_store, ConsulOptions, StoreUrl};
-    let (url, dir) = match crate::support::api::backend() {
-        "sqlite" => {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("fresh.db").display().to_string();
-            (StoreUrl::Sqlite { path }, dir)
-        }
-        _ => {
-            let fake = crate::support::fake_consul::start().await;
-            (format!("consul://{}", fake.addr).parse().unwrap(), fake.dir)
-        }
-    };
-    let store = open_store(&url, ConsulOptions::default()).await.unwrap();
-    (store, dir)
-}
-
-/// An app mirrored by `config` over a store that can be swapped for another: `store`, or
-/// without one the app's own.
-async fn switchable_app(
-    config: MirrorConfig,
-    store: Option<Arc<dyn p2_apiserver::kv::KvStore>>,
-) -> (TestApp, Arc<crate::support::switchable::Switchable>) {
-    let mut switch = None;
-    let wrap = |own| {
-        let store = crate::support::switchable::Switchable::new(store.unwrap_or(own));
-        switch = Some(store.clone());
-        store as Arc<dyn p2_apiserver::kv::KvStore>
-    };
-    let app = TestApp::configured(wrap, config).await;
-    (app, switch.unwrap())
-}
-
 /// The store restarted (its index gone backwards): a stream open is sent `resync`, then a
 /// snapshot of the store as it is now, not of the one before, which the mirror holds until
 /// it has read each tree again; and a stream opened meanwhile starts from the store as it
@@ -911,7 +878,7 @@ async fn after_the_store_went_backwards_a_snapshot_is_of_the_store_as_it_is_now(
         watch_wait: Duration::from_millis(100),
         ..MirrorConfig::default()
     };
-    let (app, switch) = switchable_app(config, None).await;
+    let (app, switch) = switchable::app(config, None).await;
     for node in ["old1", "old2", "old3", "old4"] {
         label_through(&app, node, "web").await;
     }
@@ -967,7 +934,7 @@ async fn a_store_restarted_below_the_servers_unlisted_writes_is_read_again() {
     // A store of its own, whose index only this test moves (unlike the fake Consul the
     // tests share).
     let (old, _old_dir) = fresh_store().await;
-    let (app, switch) = switchable_app(config, Some(old)).await;
+    let (app, switch) = switchable::app(config, Some(old)).await;
     let nodes = "/api/v1/watch?kinds=nodes";
     let mut open = open_on(&app, nodes, None).await;
     assert_eq!(summary(&open.snapshot().await), pairs(&[("synced", "")]));

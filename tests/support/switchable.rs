@@ -1,6 +1,6 @@
 //! A store whose backing store can be swapped for another, as for a store restarted empty
 //! or restored (its index going backwards), whose calls can be cut off, and whose listings
-//! and watches of chosen prefixes can be held back.
+//! and watches of chosen prefixes can be held back; and an app over one.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -11,6 +11,9 @@ use p2_apiserver::kv::{
     Cas, HeldWrites, KvPair, KvStore, Listing, PrefixUpdate, SessionInfo, SessionSpec, StoreError,
     StoreResult, TxnOp, WatchTarget,
 };
+use p2_apiserver::state::MirrorConfig;
+
+use crate::support::api::TestApp;
 
 /// A store whose calls can fail as if it were unreachable, and whose backing store can be
 /// swapped for another, as for a store restarted empty. Its watches answer whole listings,
@@ -149,4 +152,38 @@ impl KvStore for Switchable {
     async fn ping(&self) -> StoreResult<()> {
         self.store()?.ping().await
     }
+}
+
+/// An empty store of the kind the apps use, to stand for theirs restarted empty.
+pub async fn fresh_store() -> (Arc<dyn KvStore>, tempfile::TempDir) {
+    use p2_apiserver::kv::{open_store, ConsulOptions, StoreUrl};
+    let (url, dir) = match crate::support::api::backend() {
+        "sqlite" => {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("fresh.db").display().to_string();
+            (StoreUrl::Sqlite { path }, dir)
+        }
+        _ => {
+            let fake = crate::support::fake_consul::start().await;
+            (format!("consul://{}", fake.addr).parse().unwrap(), fake.dir)
+        }
+    };
+    let store = open_store(&url, ConsulOptions::default()).await.unwrap();
+    (store, dir)
+}
+
+/// An app mirrored by `config` over a store that can be swapped for another: `store`, or
+/// without one the app's own.
+pub async fn app(
+    config: MirrorConfig,
+    store: Option<Arc<dyn KvStore>>,
+) -> (TestApp, Arc<Switchable>) {
+    let mut switch = None;
+    let wrap = |own| {
+        let store = Switchable::new(store.unwrap_or(own));
+        switch = Some(store.clone());
+        store as Arc<dyn KvStore>
+    };
+    let app = TestApp::configured(wrap, config).await;
+    (app, switch.unwrap())
 }
