@@ -7,8 +7,9 @@
 //! answer does not, [`current_mirror`]): that listing brings in any other writer's change
 //! from before the write, which the index would otherwise claim without the answer holding
 //! it. A read goes through to the store instead when the
-//! client asks for `?consistent=true`, when the mirror is not healthy (not loaded yet, or a
-//! tree's watch lost for longer than its bound: stale data is never served silently), and
+//! client asks for `?consistent=true`, when the mirror is not healthy (not loaded yet, not
+//! read again since the store's index went backwards, or a tree's watch lost for longer than
+//! its bound: stale data is never served silently), and
 //! for a blocking read whose `index` is past the mirror's (the client has seen a newer
 //! state, e.g. on another server). Blocking reads from the mirror wait on its change
 //! signal, so waiting clients cost the store nothing.

@@ -176,7 +176,8 @@ pub struct TreeSnapshot {
 /// Whether the mirror can be trusted, for `/readyz`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MirrorHealth {
-    /// The prefixes of trees not read yet.
+    /// The prefixes of trees not read yet (or not read again since the store's index went
+    /// backwards).
     pub loading: Vec<String>,
     /// The prefixes of trees whose watch has failed for longer than the bound, and for how
     /// long.
@@ -550,7 +551,9 @@ impl Mirror {
             lost: Vec::new(),
         };
         for (tree, tree_state) in Tree::ALL.into_iter().zip(&state.trees) {
-            if !tree_state.loaded {
+            // A tree not read again since the store went backwards holds the old store's
+            // entries: it is loading the store as it is now.
+            if !tree_state.loaded || tree_state.reread {
                 health.loading.push(tree.prefix());
             }
             let overdue = tree_state

@@ -1661,3 +1661,45 @@ async fn a_blocked_read_is_woken_when_the_conditions_it_shows_change() {
         }
     }
 }
+
+/// After the store went backwards (restarted empty, or restored), a read of a tree the
+/// mirror has yet to read again goes to the store, as while the mirror loads: the mirror
+/// holds the old store's entries until then.
+#[tokio::test]
+async fn a_tree_not_read_again_since_the_store_went_backwards_is_read_from_the_store() {
+    use crate::support::switchable::{self, fresh_store};
+
+    let config = MirrorConfig {
+        watch_wait: Duration::from_millis(100),
+        ..MirrorConfig::default()
+    };
+    let (app, switch) = switchable::app(config, None).await;
+    for node in ["old1", "old2", "old3", "old4"] {
+        app.put_json(&format!("labels/node/{node}"), &json!({"role": "web"}))
+            .await;
+    }
+    let (fresh, _dir) = fresh_store().await;
+    fresh
+        .put("labels/node/new", br#"{"role":"web"}"#, Cas::Any)
+        .await
+        .unwrap();
+
+    // The node labels' whole read of the fresh store is slow: the store answers it, and a
+    // read going to the store, once the hold is over.
+    switch.slow_lists(Some("labels/node/"));
+    *switch.inner.write().unwrap() = fresh;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        switch.slow_lists(None);
+    };
+    let (listed, ()) = tokio::join!(app.get("/api/v1/nodes"), release);
+    let page = listed.json();
+    let names: Vec<&str> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|node| node["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["new"], "{listed:?}");
+}
