@@ -23,7 +23,8 @@
 //! since each tree's watch delivers on its own. [`Mirror::wait_for`] holds a read (bounded)
 //! until the mirror has reached an index, for writes it learns of from its watches. If the
 //! store's index goes backwards (a store restarted empty or restored), every tree is
-//! re-read and subscribers are told to start again ([`Signal::Resync`]). A tree whose watch
+//! re-read, counting as loading until it is ([`Mirror::health`], [`Mirror::read_again`]),
+//! and subscribers are told to start again ([`Signal::Resync`]). A tree whose watch
 //! is failing, or whose read has gone unanswered past its wait, its last success longer ago
 //! than [`MirrorConfig::lost_after`], makes [`Mirror::health`] report it.
 
