@@ -49,14 +49,14 @@ use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 
 use super::conditions::Published;
 use super::pods::{
-    is_free, nodes_moved, nodes_per_txn, pod_health, rc_labelled, same_manifest, schedule_ops,
-    unlabel_ops, unschedule_ops,
+    is_free, nodes_moved, pod_health, rc_labelled, same_manifest, schedule_ops, unlabel_ops,
+    unschedule_ops, Batch,
 };
 use super::world::{pod_key, PodKey, Shared, World};
 use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
 
-/// Nodes changed per transaction: 2 ops each plus the fence, well under the 64-op limit;
-/// fewer for a large manifest ([`nodes_per_txn`]).
+/// Nodes changed per transaction: at most 3 ops each, plus the event and the fence, under
+/// the 64-op limit; fewer when their ops are large, a manifest or labels ([`Batch`]).
 const NODES_PER_TXN: usize = 20;
 /// Nodes of one daemon set that may be on their way to healthy at once, as in P2.
 pub const MAX_IN_FLIGHT: usize = 50;
@@ -359,19 +359,21 @@ impl DsFarm {
                 .insert(ds_id.to_owned(), Instant::now() + RECHECK_PRESENT);
             return Ok(());
         }
-        for batch in pods.chunks(NODES_PER_TXN) {
+        let mut batch = Batch::new(NODES_PER_TXN);
+        for pod in pods {
             // A pod whose labels name an RC too is the RC's: only the label goes.
-            let mut ops: Vec<TxnOp> = batch
-                .iter()
-                .flat_map(|pod| match rc_labelled(world, pod) {
-                    true => unlabel_ops(world, pod, &[DS_ID_LABEL]),
-                    false => unschedule_ops(world, pod, &[DS_ID_LABEL]),
-                })
-                .collect();
-            let left: Vec<&str> = batch.iter().map(|(node, _)| &**node).collect();
-            let event = nodes_event(ctx, ds_id, &left, &[]);
-            ops.extend(ctx.record(&event).await?);
-            ctx.commit(LEADER_LOCK, ops).await?;
+            let ops = match rc_labelled(world, pod) {
+                true => unlabel_ops(world, pod, &[DS_ID_LABEL]),
+                false => unschedule_ops(world, pod, &[DS_ID_LABEL]),
+            };
+            if !batch.has_room(&ops) {
+                let full = std::mem::replace(&mut batch, Batch::new(NODES_PER_TXN));
+                write_batch(ctx, ds_id, LEADER_LOCK, full).await?;
+            }
+            batch.push(&pod.0, false, ops);
+        }
+        if !batch.is_empty() {
+            write_batch(ctx, ds_id, LEADER_LOCK, batch).await?;
         }
         tracing::info!(ds = %ds_id, pods = pods.len(), "removed pods of a deleted daemon set");
         Ok(())
@@ -684,7 +686,8 @@ fn plan(
 /// The farm's name in logs and in the actor of its events.
 const FARM: &str = "ds";
 
-/// Writes the plan's pod changes, removals first, in fenced batches, each with its event.
+/// Writes the plan's pod changes, removals first, in fenced batches ([`Batch`]), each with
+/// its event.
 async fn apply(
     ctx: &FarmContext,
     world: &World,
@@ -695,43 +698,45 @@ async fn apply(
     let lock = layout::ds_ownership(id);
     let labels: Labels = [(DS_ID_LABEL.to_owned(), id.to_owned())].into();
     let pod_id = ds.manifest.pod_id();
-    let manifest = &ds.manifest;
-    // Each change with the node it adds (`true`) or removes the pod from.
-    let changes: Vec<(Vec<TxnOp>, &str, bool)> = plan
-        .remove
-        .iter()
-        .map(|pod| {
-            let ops = unschedule_ops(world, pod, &[DS_ID_LABEL]);
-            (ops, &*pod.0, false)
-        })
-        .chain(plan.add.iter().chain(&plan.replace).map(|node| {
-            let pod = pod_key(node, pod_id);
-            (
-                schedule_ops(world, &pod, manifest, &labels),
-                node.as_str(),
-                true,
+    // Each change with the node it places the pod on (`true`) or removes it from, its ops
+    // built only as its batch is gathered.
+    let removals = plan.remove.iter().map(|pod| {
+        let ops = unschedule_ops(world, pod, &[DS_ID_LABEL]);
+        (&*pod.0, false, ops)
+    });
+    let placements = plan.add.iter().chain(&plan.replace).map(|node| {
+        let ops = schedule_ops(world, &pod_key(node, pod_id), &ds.manifest, &labels);
+        (node.as_str(), true, ops)
+    });
+    let mut batch = Batch::new(NODES_PER_TXN);
+    for (node, places, ops) in removals.chain(placements) {
+        if !batch.has_room(&ops) {
+            write_batch(
+                ctx,
+                id,
+                &lock,
+                std::mem::replace(&mut batch, Batch::new(NODES_PER_TXN)),
             )
-        }))
-        .collect();
-    for batch in changes.chunks(nodes_per_txn(manifest, &labels, NODES_PER_TXN, 0)) {
-        let (mut left, mut placed) = (Vec::new(), Vec::new());
-        let mut ops = Vec::new();
-        for (change, node, adds) in batch {
-            ops.extend(change.iter().cloned());
-            if *adds {
-                placed.push(*node);
-            } else {
-                left.push(*node);
-            }
+            .await?;
         }
-        let event = nodes_event(ctx, id, &left, &placed);
-        ops.extend(ctx.record(&event).await?);
-        ctx.commit(&lock, ops).await?;
+        batch.push(node, places, ops);
     }
-    if !changes.is_empty() {
+    if !batch.is_empty() {
+        write_batch(ctx, id, &lock, batch).await?;
+    }
+    if !(plan.remove.is_empty() && plan.add.is_empty() && plan.replace.is_empty()) {
         tracing::info!(ds = %id, removed = plan.remove.len(), added = plan.add.len(),
                        replaced = plan.replace.len(), "daemon set retargeted");
     }
+    Ok(())
+}
+
+/// Writes one batch of daemon set `id`'s pod changes with its event, fenced on `lock`.
+async fn write_batch(ctx: &FarmContext, id: &str, lock: &str, batch: Batch<'_>) -> FarmResult<()> {
+    let mut ops = batch.ops;
+    let event = nodes_event(ctx, id, &batch.left, &batch.placed);
+    ops.extend(ctx.record(&event).await?);
+    ctx.commit(lock, ops).await?;
     Ok(())
 }
 

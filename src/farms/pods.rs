@@ -29,6 +29,56 @@ pub fn nodes_per_txn(manifest: &Manifest, labels: &Labels, most: usize, beside: 
     (MAX_TXN_BYTES.saturating_sub(beside) / 2 / per_node).clamp(1, most)
 }
 
+/// One transaction's worth of pod changes, gathered node by node: at most a number of nodes,
+/// and at most half of what a transaction may carry (the rest left to the event and the
+/// fence), measured on the ops themselves. So a pod whose labels another owner made large,
+/// written back as they are, never makes a batch the store refuses; and a caller that builds
+/// each node's ops only as it pushes them holds one batch of manifests, not one per node.
+pub struct Batch<'a> {
+    /// The ops of the nodes pushed so far.
+    pub ops: Vec<TxnOp>,
+    /// The nodes their pods left, and those they were placed (or rewritten) on.
+    pub left: Vec<&'a str>,
+    pub placed: Vec<&'a str>,
+    bytes: usize,
+    most: usize,
+}
+
+impl<'a> Batch<'a> {
+    /// An empty batch of at most `most` nodes.
+    pub fn new(most: usize) -> Self {
+        Batch {
+            ops: Vec::new(),
+            left: Vec::new(),
+            placed: Vec::new(),
+            bytes: 0,
+            most,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.left.is_empty() && self.placed.is_empty()
+    }
+
+    /// Whether one more node's `ops` fit; an empty batch takes any node's.
+    pub fn has_room(&self, ops: &[TxnOp]) -> bool {
+        let bytes: usize = ops.iter().map(TxnOp::encoded_len).sum();
+        self.is_empty()
+            || (self.left.len() + self.placed.len() < self.most
+                && self.bytes + bytes <= MAX_TXN_BYTES / 2)
+    }
+
+    /// Adds `node`'s `ops`: the pod placed (or rewritten) there if `places`, else leaving it.
+    pub fn push(&mut self, node: &'a str, places: bool, ops: Vec<TxnOp>) {
+        self.bytes += ops.iter().map(TxnOp::encoded_len).sum::<usize>();
+        self.ops.extend(ops);
+        match places {
+            true => self.placed.push(node),
+            false => self.left.push(node),
+        }
+    }
+}
+
 /// The `nodes` change of a `scheduled` event: the nodes its pods `left` (`before`) and those
 /// they were `placed` on (`after`). Only the nodes that changed, not every node the object is
 /// on, so that an event stays small however large its RC or daemon set.

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::support::farms::{Backend, Harness, MANIFEST};
+use crate::support::farms::{large_pod_labels, Backend, Harness, MANIFEST};
 use p2_apiserver::kv::{Cas, KvStore};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::event::{Action, Event};
@@ -414,4 +414,35 @@ async fn a_daemon_set_of_a_large_manifest_is_scheduled_through_consul() {
     h.wait_until(|| async { (h.labelled_nodes(DS_ID, &id).await.len() == 20).then_some(()) })
         .await;
     assert_eq!(intents_with(&h, &manifest).await, 20);
+}
+
+/// The cleanup of a deleted daemon set's pods takes its label off pods an RC keeps, writing
+/// back their other labels as they are. With an RC's large labels (600, about 45 KB a pod),
+/// twenty such pods are more than one transaction may carry, so the cleanup's batches are
+/// bounded by their size too, not by their number alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_daemon_sets_label_comes_off_pods_with_large_labels() {
+    let h = Harness::start().await;
+    web_nodes(&h, 20).await;
+    let labels = large_pod_labels();
+    let rc = h
+        .put_rc(
+            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": labels,
+                   "replicas_desired": 20, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    let nodes = h.wait_for_rc_nodes(&rc, 20).await;
+    // Labelled for a daemon set too while none is listed (so the farm keeps them), then
+    // found dangling all at once when another daemon set is.
+    let gone = "00000000-0000-4000-8000-0000000000dd";
+    for node in &nodes {
+        let mut labels = h.pod_labels(node, "hello").await;
+        labels.insert(DS_ID.to_owned(), gone.to_owned());
+        h.label(LabelType::Pod, &format!("{node}/hello"), json!(labels))
+            .await;
+    }
+    h.put_ds(ds_doc("role=db", 0, Duration::from_secs(600)))
+        .await;
+    wait_for_ds_nodes(&h, gone, &[]).await;
+    assert_eq!(h.rc_nodes(&rc).await, nodes);
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::support::farms::{Backend, Harness, MANIFEST};
+use crate::support::farms::{large_pod_labels, Backend, Harness, MANIFEST};
 use p2_apiserver::labels::LabelType;
 use serde_json::json;
 
@@ -358,14 +358,7 @@ async fn an_rc_whose_audit_record_fills_most_of_a_transaction_is_scheduled_throu
 async fn schedules_an_rc_of_large_pod_labels_on(backend: Backend) {
     let h = Harness::start_on(backend, None).await;
     label_web_nodes(&h, 20).await;
-    let labels: serde_json::Map<String, serde_json::Value> = (0..600)
-        .map(|i| {
-            (
-                format!("team.example.com/label-{i:04}"),
-                json!("v".repeat(50)),
-            )
-        })
-        .collect();
+    let labels = large_pod_labels();
     let id = h
         .put_rc(
             json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": labels,

@@ -31,6 +31,19 @@ use tracing_subscriber::Layer as _;
 /// A pod manifest every test can use.
 pub const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
 
+/// Pod labels an RC may carry that make each pod's label set large: 600 labels, about 45 KB,
+/// so that twenty pods' labels are more than one transaction may carry.
+pub fn large_pod_labels() -> serde_json::Map<String, serde_json::Value> {
+    (0..600)
+        .map(|i| {
+            (
+                format!("team.example.com/label-{i:04}"),
+                serde_json::json!("v".repeat(50)),
+            )
+        })
+        .collect()
+}
+
 /// How long a test waits for the farms to converge before failing.
 pub const CONVERGE: Duration = Duration::from_secs(20);
 
