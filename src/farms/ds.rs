@@ -359,22 +359,15 @@ impl DsFarm {
                 .insert(ds_id.to_owned(), Instant::now() + RECHECK_PRESENT);
             return Ok(());
         }
-        let mut batch = Batch::new(NODES_PER_TXN);
-        for pod in pods {
+        let removals = pods.iter().map(|pod| {
             // A pod whose labels name an RC too is the RC's: only the label goes.
             let ops = match rc_labelled(world, pod) {
                 true => unlabel_ops(world, pod, &[DS_ID_LABEL]),
                 false => unschedule_ops(world, pod, &[DS_ID_LABEL]),
             };
-            if !batch.has_room(&ops) {
-                let full = std::mem::replace(&mut batch, Batch::new(NODES_PER_TXN));
-                write_batch(ctx, ds_id, LEADER_LOCK, full).await?;
-            }
-            batch.push(&pod.0, false, ops);
-        }
-        if !batch.is_empty() {
-            write_batch(ctx, ds_id, LEADER_LOCK, batch).await?;
-        }
+            (&*pod.0, false, ops)
+        });
+        write_in_batches(ctx, ds_id, LEADER_LOCK, removals).await?;
         tracing::info!(ds = %ds_id, pods = pods.len(), "removed pods of a deleted daemon set");
         Ok(())
     }
@@ -698,8 +691,7 @@ async fn apply(
     let lock = layout::ds_ownership(id);
     let labels: Labels = [(DS_ID_LABEL.to_owned(), id.to_owned())].into();
     let pod_id = ds.manifest.pod_id();
-    // Each change with the node it places the pod on (`true`) or removes it from, its ops
-    // built only as its batch is gathered.
+    // Each change with the node it places the pod on (`true`) or removes it from.
     let removals = plan.remove.iter().map(|pod| {
         let ops = unschedule_ops(world, pod, &[DS_ID_LABEL]);
         (&*pod.0, false, ops)
@@ -708,25 +700,33 @@ async fn apply(
         let ops = schedule_ops(world, &pod_key(node, pod_id), &ds.manifest, &labels);
         (node.as_str(), true, ops)
     });
+    write_in_batches(ctx, id, &lock, removals.chain(placements)).await?;
+    if !(plan.remove.is_empty() && plan.add.is_empty() && plan.replace.is_empty()) {
+        tracing::info!(ds = %id, removed = plan.remove.len(), added = plan.add.len(),
+                       replaced = plan.replace.len(), "daemon set retargeted");
+    }
+    Ok(())
+}
+
+/// Writes daemon set `id`'s pod `changes` (each a node, whether the pod is placed there or
+/// leaves it, and its ops) in batches ([`Batch`]), each with its event and fenced on `lock`.
+/// A change's ops are built only as its batch is gathered.
+async fn write_in_batches<'a>(
+    ctx: &FarmContext,
+    id: &str,
+    lock: &str,
+    changes: impl Iterator<Item = (&'a str, bool, Vec<TxnOp>)>,
+) -> FarmResult<()> {
     let mut batch = Batch::new(NODES_PER_TXN);
-    for (node, places, ops) in removals.chain(placements) {
+    for (node, places, ops) in changes {
         if !batch.has_room(&ops) {
-            write_batch(
-                ctx,
-                id,
-                &lock,
-                std::mem::replace(&mut batch, Batch::new(NODES_PER_TXN)),
-            )
-            .await?;
+            let full = std::mem::replace(&mut batch, Batch::new(NODES_PER_TXN));
+            write_batch(ctx, id, lock, full).await?;
         }
         batch.push(node, places, ops);
     }
     if !batch.is_empty() {
-        write_batch(ctx, id, &lock, batch).await?;
-    }
-    if !(plan.remove.is_empty() && plan.add.is_empty() && plan.replace.is_empty()) {
-        tracing::info!(ds = %id, removed = plan.remove.len(), added = plan.add.len(),
-                       replaced = plan.replace.len(), "daemon set retargeted");
+        write_batch(ctx, id, lock, batch).await?;
     }
     Ok(())
 }
