@@ -42,7 +42,7 @@ use crate::kv::TxnOp;
 use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
 use crate::layout::{self, LEADER_LOCK};
 use crate::model::conditions::{ds_conditions, DsFacts};
-use crate::model::event::{diff, ds_fields, Action, Event, ObjectKind};
+use crate::model::event::{diff, ds_fields, Action, ObjectKind};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::state::Mirror;
 use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
@@ -731,21 +731,17 @@ async fn write_in_batches<'a>(
     Ok(())
 }
 
-/// Writes one batch of daemon set `id`'s pod changes with its event, fenced on `lock`.
+/// Writes one batch of daemon set `id`'s pod changes, fenced on `lock`, with its event: the
+/// nodes its pods left and those they were placed (or rewritten) on.
 async fn write_batch(ctx: &FarmContext, id: &str, lock: &str, batch: Batch<'_>) -> FarmResult<()> {
+    let change = nodes_moved(&batch.left, &batch.placed);
+    let event = ctx
+        .actor(FARM)
+        .event(ObjectKind::Daemonsets, id, Action::Scheduled, vec![change]);
     let mut ops = batch.ops;
-    let event = nodes_event(ctx, id, &batch.left, &batch.placed);
     ops.extend(ctx.record(&event).await?);
     ctx.commit(lock, ops).await?;
     Ok(())
-}
-
-/// The farm's event of daemon set `id`'s pods leaving the nodes `left` and placed on (or
-/// rewritten on) the nodes `placed`.
-fn nodes_event(ctx: &FarmContext, id: &str, left: &[&str], placed: &[&str]) -> Event {
-    let change = nodes_moved(left, placed);
-    ctx.actor(FARM)
-        .event(ObjectKind::Daemonsets, id, Action::Scheduled, vec![change])
 }
 
 #[cfg(test)]
