@@ -39,7 +39,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::kv::TxnOp;
-use crate::labels::{LabelType, Labeled, Labels, Selector, DS_ID_LABEL};
+use crate::labels::{Labels, Selector, DS_ID_LABEL};
 use crate::layout::{self, LEADER_LOCK};
 use crate::model::conditions::{ds_conditions, DsFacts};
 use crate::model::event::{diff, ds_fields, Action, ObjectKind};
@@ -415,31 +415,13 @@ fn contender<'w>(
     ds: &StoredDaemonSet,
     rival: impl Fn(&str, &Shared<StoredDaemonSet>) -> bool,
 ) -> Option<(&'w str, &'w Shared<StoredDaemonSet>)> {
-    let rivals: Vec<(&String, &Shared<StoredDaemonSet>)> = world
+    let nodes = || world.node_labels().map(|(_, labels)| labels);
+    world
         .daemon_sets
         .items
         .iter()
-        .filter(|(other_id, other)| {
-            other_id.as_str() != id
-                && !other.value.disabled
-                && other.value.pod_id == ds.pod_id
-                && rival(other_id, other)
-        })
-        .collect();
-    if rivals.is_empty() {
-        return None;
-    }
-    let nodes: Vec<Labeled> = world
-        .node_labels()
-        .map(|(node, labels)| Labeled {
-            label_type: LabelType::Node,
-            id: node.clone(),
-            labels: labels.clone(),
-        })
-        .collect();
-    rivals
-        .into_iter()
-        .find(|(_, other)| contends(ds, &other.value, &nodes))
+        .filter(|(other_id, other)| other_id.as_str() != id && rival(other_id, other))
+        .find(|(_, other)| contends(ds, &other.value, nodes()))
         .map(|(other_id, other)| (other_id.as_str(), other))
 }
 
@@ -523,11 +505,7 @@ fn plan(
     }
     let pod_id = ds.manifest.pod_id();
     let pod = |node: &str| pod_key(node, pod_id);
-    let eligible: BTreeSet<&str> = world
-        .node_labels()
-        .filter(|(_, labels)| selector.matches(labels))
-        .map(|(node, _)| node.as_str())
-        .collect();
+    let eligible = world.nodes_matching(&ds.node_selector, &selector);
     let mut current = BTreeSet::new();
     let mut strays = Vec::new();
     for labelled in world.pods_labelled(DS_ID_LABEL, id) {
@@ -554,9 +532,9 @@ fn plan(
     }
     let add: Vec<String> = eligible
         .iter()
-        .filter(|node| !current.contains(**node))
+        .filter(|node| !current.contains(*node))
         .filter(|node| is_free(world, &pod(node)))
-        .map(|node| (*node).to_owned())
+        .cloned()
         .collect();
 
     // The nodes that keep the pod, as (node, on the manifest, healthy).

@@ -12,7 +12,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::labels::{LabelType, Labeled, Selector};
+use crate::labels::{LabelType, Labeled, Labels, Selector};
 use crate::model::event::{diff, ds_fields, Action, Actor, ObjectKind};
 use crate::model::{
     AuditRecord, DaemonSetEvent, DaemonSetId, DecodeError, FieldError, IdError, StoredDaemonSet,
@@ -326,7 +326,8 @@ impl DaemonSetStore {
             if nodes.is_none() {
                 nodes = Some(labels.list(LabelType::Node).await?.1);
             }
-            if contends(ds, &other, nodes.as_deref().unwrap_or_default()) {
+            let nodes = nodes.iter().flatten().map(|node| &node.labels);
+            if contends(ds, &other, nodes) {
                 return Ok(Some(other));
             }
         }
@@ -349,22 +350,17 @@ impl DaemonSetStore {
     }
 }
 
-/// The first of `others` that contends with `ds` (P2's `DSContends`), given every
-/// node's labels: both enabled, the same `pod_id`, different IDs, and either selector
-/// selects every node, the two selectors are the same (compared in canonical form), or some
-/// node matches both now. For callers that already hold the daemon sets and node labels,
-/// such as the farm's watches.
-pub fn contention<'a>(
+/// Whether two daemon sets contend (P2's `DSContends`), given every node's labels: both
+/// enabled, the same `pod_id`, different IDs, and either selector selects every node, the two
+/// selectors are the same (compared in canonical form), or some node matches both now. A
+/// selector that does not parse selects no node: P2's worker cannot run such a daemon set,
+/// so it schedules nothing. The nodes are looked at only when the selectors alone do not
+/// decide.
+pub fn contends<'a>(
     ds: &StoredDaemonSet,
-    others: impl IntoIterator<Item = &'a StoredDaemonSet>,
-    nodes: &[Labeled],
-) -> Option<&'a StoredDaemonSet> {
-    others.into_iter().find(|other| contends(ds, other, nodes))
-}
-
-/// Whether two daemon sets contend (see [`contention`]). A selector that does not parse
-/// selects no node: P2's worker cannot run such a daemon set, so it schedules nothing.
-pub fn contends(ds: &StoredDaemonSet, other: &StoredDaemonSet, nodes: &[Labeled]) -> bool {
+    other: &StoredDaemonSet,
+    nodes: impl IntoIterator<Item = &'a Labels>,
+) -> bool {
     if !may_contend(ds, other) {
         return false;
     }
@@ -378,8 +374,8 @@ pub fn contends(ds: &StoredDaemonSet, other: &StoredDaemonSet, nodes: &[Labeled]
         return false;
     };
     nodes
-        .iter()
-        .any(|node| mine.matches(&node.labels) && theirs.matches(&node.labels))
+        .into_iter()
+        .any(|labels| mine.matches(labels) && theirs.matches(labels))
 }
 
 /// The conditions under which two daemon sets could schedule the same pod on one node.
@@ -596,8 +592,13 @@ mod tests {
             (ds("b", "shipper", "role in (", false), false, "unparsable"),
         ];
         for (other, expected, why) in cases {
-            assert_eq!(contends(&web, &other, &nodes), expected, "{why}");
-            assert_eq!(contends(&other, &web, &nodes), expected, "{why}, reversed");
+            let labels = || nodes.iter().map(|node| &node.labels);
+            assert_eq!(contends(&web, &other, labels()), expected, "{why}");
+            assert_eq!(
+                contends(&other, &web, labels()),
+                expected,
+                "{why}, reversed"
+            );
         }
         let everywhere = ds("a", "shipper", "", false);
         assert!(contends(
@@ -607,23 +608,6 @@ mod tests {
         ));
         let disabled = ds("a", "shipper", "", true);
         assert!(!contends(&disabled, &ds("b", "shipper", "", false), &[]));
-    }
-
-    #[test]
-    fn contention_returns_the_first_contender() {
-        let others = [
-            ds("b", "other", "", false),
-            ds("c", "shipper", "az=b", false),
-            ds("d", "shipper", "az=a", false),
-            ds("e", "shipper", "", false),
-        ];
-        let nodes = [node("n1", &[("role", "web"), ("az", "a")])];
-        let web = ds("a", "shipper", "role=web", false);
-        assert_eq!(
-            contention(&web, &others, &nodes).map(|o| o.id.as_str()),
-            Some("d")
-        );
-        assert_eq!(contention(&web, &others[..3], &[]), None);
     }
 
     #[test]
