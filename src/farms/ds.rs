@@ -49,15 +49,12 @@ use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 
 use super::conditions::Published;
 use super::pods::{
-    is_free, nodes_moved, pod_health, rc_labelled, same_manifest, schedule_ops, unlabel_ops,
-    unschedule_ops, Batch,
+    batches, is_free, nodes_moved, pod_health, rc_labelled, same_manifest, schedule_ops,
+    unlabel_ops, unschedule_ops,
 };
 use super::world::{pod_key, PodKey, Shared, World};
 use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
 
-/// Nodes changed per transaction: at most 3 ops each, plus the event and the fence, under
-/// the 64-op limit; fewer when their ops are large, a manifest or labels ([`Batch`]).
-const NODES_PER_TXN: usize = 20;
 /// Nodes of one daemon set that may be on their way to healthy at once, as in P2.
 pub const MAX_IN_FLIGHT: usize = 50;
 /// How long a daemon set whose key exists but does not decode protects its pods before the
@@ -657,7 +654,7 @@ fn plan(
 /// The farm's name in logs and in the actor of its events.
 const FARM: &str = "ds";
 
-/// Writes the plan's pod changes, removals first, in fenced batches ([`Batch`]), each with
+/// Writes the plan's pod changes, removals first, in fenced batches ([`batches`]), each with
 /// its event.
 async fn apply(
     ctx: &FarmContext,
@@ -687,38 +684,23 @@ async fn apply(
 }
 
 /// Writes daemon set `id`'s pod `changes` (each a node, whether the pod is placed there or
-/// leaves it, and its ops) in batches ([`Batch`]), each with its event and fenced on `lock`.
-/// A change's ops are built only as its batch is gathered.
+/// leaves it, and its ops) in [`batches`], each fenced on `lock` with its event: the nodes its
+/// pods left and those they were placed (or rewritten) on.
 async fn write_in_batches<'a>(
     ctx: &FarmContext,
     id: &str,
     lock: &str,
     changes: impl Iterator<Item = (&'a str, bool, Vec<TxnOp>)>,
 ) -> FarmResult<()> {
-    let mut batch = Batch::new(NODES_PER_TXN);
-    for (node, places, ops) in changes {
-        if !batch.has_room(&ops) {
-            let full = std::mem::replace(&mut batch, Batch::new(NODES_PER_TXN));
-            write_batch(ctx, id, lock, full).await?;
-        }
-        batch.push(node, places, ops);
+    for batch in batches(changes, 0) {
+        let change = nodes_moved(&batch.left, &batch.placed);
+        let event =
+            ctx.actor(FARM)
+                .event(ObjectKind::Daemonsets, id, Action::Scheduled, vec![change]);
+        let mut ops = batch.ops;
+        ops.extend(ctx.record(&event).await?);
+        ctx.commit(lock, ops).await?;
     }
-    if !batch.is_empty() {
-        write_batch(ctx, id, lock, batch).await?;
-    }
-    Ok(())
-}
-
-/// Writes one batch of daemon set `id`'s pod changes, fenced on `lock`, with its event: the
-/// nodes its pods left and those they were placed (or rewritten) on.
-async fn write_batch(ctx: &FarmContext, id: &str, lock: &str, batch: Batch<'_>) -> FarmResult<()> {
-    let change = nodes_moved(&batch.left, &batch.placed);
-    let event = ctx
-        .actor(FARM)
-        .event(ObjectKind::Daemonsets, id, Action::Scheduled, vec![change]);
-    let mut ops = batch.ops;
-    ops.extend(ctx.record(&event).await?);
-    ctx.commit(lock, ops).await?;
     Ok(())
 }
 

@@ -13,69 +13,82 @@ use crate::store::pods::{self, PodLocation, PodTree};
 
 use super::world::{PodKey, World};
 
-/// How many nodes one transaction schedules `manifest` on, with `labels` on each pod: at most
-/// `most`, and few enough that their intents and labels (the manifest and the labels each, in
-/// base64 as Consul takes them) fill at most half of what a transaction may carry beside
-/// `beside` bytes (an RC's audit record, which lists every node it is on), the rest left to
-/// the pods' other labels, their checks and the event. Otherwise a large manifest, large pod
-/// labels, or an RC on thousands of nodes, makes every batch one the store refuses, and its
-/// pods are never placed.
-pub fn nodes_per_txn(manifest: &Manifest, labels: &Labels, most: usize, beside: usize) -> usize {
-    /// The pods' other labels, their checks and keys that come with each intent, generously.
-    const PER_NODE_REST: usize = 1024;
-    let labels = serde_json::to_vec(labels).map_or(0, |json| json.len());
-    let base64 = |len: usize| len.div_ceil(3) * 4;
-    let per_node = base64(manifest.raw().len()) + base64(labels) + PER_NODE_REST;
-    (MAX_TXN_BYTES.saturating_sub(beside) / 2 / per_node).clamp(1, most)
-}
+/// Nodes changed per transaction: at most 3 ops each (a check, the labels, the intent), plus
+/// the fence, the event and an RC's audit record, under the 64-op limit; fewer when their ops
+/// are large ([`batches`]).
+pub const NODES_PER_TXN: usize = 20;
 
-/// One transaction's worth of pod changes, gathered node by node: at most a number of nodes,
-/// and at most half of what a transaction may carry (the rest left to the event and the
-/// fence), measured on the ops themselves. So a pod whose labels another owner made large,
-/// written back as they are, never makes a batch the store refuses; and a caller that builds
-/// each node's ops only as it pushes them holds one batch of manifests, not one per node.
+/// One transaction's worth of an owner's pod changes: the ops of its nodes, the nodes its pods
+/// left, and those they were placed (or rewritten) on.
+#[derive(Default)]
 pub struct Batch<'a> {
-    /// The ops of the nodes pushed so far.
     pub ops: Vec<TxnOp>,
-    /// The nodes their pods left, and those they were placed (or rewritten) on.
     pub left: Vec<&'a str>,
     pub placed: Vec<&'a str>,
-    bytes: usize,
-    most: usize,
 }
 
-impl<'a> Batch<'a> {
-    /// An empty batch of at most `most` nodes.
-    pub fn new(most: usize) -> Self {
-        Batch {
-            ops: Vec::new(),
-            left: Vec::new(),
-            placed: Vec::new(),
-            bytes: 0,
-            most,
+/// Gathers pod `changes` (each a node, whether the pod is placed there or leaves it, and its
+/// ops) into batches: at most [`NODES_PER_TXN`] nodes, and at most half of what a transaction
+/// may carry beside `beside` bytes (an RC's audit record, which lists every node it is on),
+/// measured on the ops themselves; the rest is left to the event and the fence. Otherwise a
+/// large manifest, large labels (an owner's own, or another owner's written back as they
+/// are), or an RC on thousands of nodes, makes every batch one the store refuses, and its
+/// pods are never placed. A change's ops are built only as its batch is gathered, so a
+/// placement over the whole fleet holds a batch of manifests, not one per node.
+pub fn batches<'a, I>(changes: I, beside: usize) -> Batches<'a, I>
+where
+    I: Iterator<Item = PodChange<'a>>,
+{
+    Batches {
+        changes,
+        next: None,
+        room: MAX_TXN_BYTES.saturating_sub(beside) / 2,
+    }
+}
+
+/// A node, whether an owner's pod is placed there (or rewritten) rather than leaving it,
+/// and the ops of that.
+pub type PodChange<'a> = (&'a str, bool, Vec<TxnOp>);
+
+/// The iterator of [`batches`].
+pub struct Batches<'a, I> {
+    changes: I,
+    /// The change that did not fit in the last batch.
+    next: Option<PodChange<'a>>,
+    /// At most how many bytes of ops one batch holds.
+    room: usize,
+}
+
+impl<'a, I> Batches<'a, I> {
+    /// Whether every change is in the batches returned so far: a batch ends early only
+    /// when the next change does not fit, which it keeps for the next batch.
+    pub fn done(&self) -> bool {
+        self.next.is_none()
+    }
+}
+
+impl<'a, I: Iterator<Item = PodChange<'a>>> Iterator for Batches<'a, I> {
+    type Item = Batch<'a>;
+
+    fn next(&mut self) -> Option<Batch<'a>> {
+        let mut batch = Batch::default();
+        let mut bytes = 0;
+        while let Some((node, places, ops)) = self.next.take().or_else(|| self.changes.next()) {
+            let size: usize = ops.iter().map(TxnOp::encoded_len).sum();
+            let nodes = batch.left.len() + batch.placed.len();
+            // An empty batch takes any node's ops.
+            if nodes > 0 && (nodes == NODES_PER_TXN || bytes + size > self.room) {
+                self.next = Some((node, places, ops));
+                break;
+            }
+            bytes += size;
+            batch.ops.extend(ops);
+            match places {
+                true => batch.placed.push(node),
+                false => batch.left.push(node),
+            }
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.left.is_empty() && self.placed.is_empty()
-    }
-
-    /// Whether one more node's `ops` fit; an empty batch takes any node's.
-    pub fn has_room(&self, ops: &[TxnOp]) -> bool {
-        let bytes: usize = ops.iter().map(TxnOp::encoded_len).sum();
-        self.is_empty()
-            || (self.left.len() + self.placed.len() < self.most
-                && self.bytes + bytes <= MAX_TXN_BYTES / 2)
-    }
-
-    /// Adds `node`'s `ops`: the pod placed (or rewritten) there if `places`, else leaving it.
-    pub fn push(&mut self, node: &'a str, places: bool, ops: Vec<TxnOp>) {
-        self.bytes += ops.iter().map(TxnOp::encoded_len).sum::<usize>();
-        self.ops.extend(ops);
-        match places {
-            true => self.placed.push(node),
-            false => self.left.push(node),
-        }
+        (!batch.left.is_empty() || !batch.placed.is_empty()).then_some(batch)
     }
 }
 
@@ -232,4 +245,43 @@ fn stored_sha(raw: &[u8], known: &Manifest) -> Option<String> {
     }
     let parsed = Manifest::parse(std::str::from_utf8(raw).ok()?).ok()?;
     Some(parsed.sha())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A change on `node` whose one op carries `bytes` of value, as Consul encodes it.
+    fn change(node: &str, bytes: usize) -> PodChange<'_> {
+        let value = vec![b'x'; bytes / 4 * 3];
+        (node, true, vec![TxnOp::Set { key: "k".into(), value }])
+    }
+
+    fn sizes<'a>(batches: impl Iterator<Item = Batch<'a>>) -> Vec<usize> {
+        batches.map(|batch| batch.placed.len()).collect()
+    }
+
+    #[test]
+    fn a_batch_holds_at_most_its_nodes_and_half_a_transaction_beside_what_goes_with_it() {
+        let names: Vec<String> = (0..45).map(|i| format!("n{i}")).collect();
+        let small = names.iter().map(|node| change(node, 100));
+        assert_eq!(sizes(batches(small, 0)), [20, 20, 5]);
+        let tenth = MAX_TXN_BYTES / 10;
+        let large = names[..7].iter().map(|node| change(node, tenth));
+        assert_eq!(sizes(batches(large.clone(), 0)), [4, 3]);
+        // The room beside an RC's audit record.
+        assert_eq!(sizes(batches(large, MAX_TXN_BYTES / 2)), [2, 2, 2, 1]);
+        // A change too large for any batch goes alone, for the store to refuse.
+        let huge = names[..2].iter().map(|node| change(node, MAX_TXN_BYTES));
+        assert_eq!(sizes(batches(huge, 0)), [1, 1]);
+    }
+
+    #[test]
+    fn batches_are_done_once_every_change_is_in_one() {
+        let names: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
+        let mut batches = batches(names.iter().map(|node| change(node, 100)), 0);
+        assert!(batches.next().is_some() && !batches.done());
+        assert!(batches.next().is_some() && batches.done());
+        assert!(batches.next().is_none());
+    }
 }

@@ -32,17 +32,12 @@ use crate::state::Mirror;
 
 use super::conditions::Published;
 use super::pods::{
-    held_by_labels, is_free, nodes_moved, nodes_per_txn, replace_ops, same_manifest, schedule_ops,
+    batches, held_by_labels, is_free, nodes_moved, replace_ops, same_manifest, schedule_ops,
     unschedule_ops,
 };
 use super::roll::count;
 use super::world::{pod_key, World};
 use super::{Farm, FarmContext, FarmError, FarmResult, Retries, CONCURRENT_OBJECTS};
-
-/// Nodes changed per transaction: at most 3 ops each (a check, the labels, the intent), plus
-/// the fence and the audit record, under the 64-op limit; fewer for a large manifest or
-/// large pod labels ([`nodes_per_txn`]).
-const NODES_PER_TXN: usize = 20;
 
 /// The RC farm's state across passes: backoffs, and the conditions it publishes.
 pub struct RcFarm {
@@ -575,51 +570,44 @@ async fn apply(
         tracing::info!(rc = %id, from = %transfer.leaving, to = %transfer.arriving, "node transfer");
         return Ok(());
     }
-    let per_txn = nodes_per_txn(
-        &rc.manifest,
-        &labels,
-        NODES_PER_TXN,
-        audit_bound(rc, &nodes, &plan.changes),
-    );
-    let batches = plan.changes.chunks(per_txn).count();
-    for (position, batch) in plan.changes.chunks(per_txn).enumerate() {
-        let (mut left, mut placed) = (Vec::new(), Vec::new());
-        let mut ops = Vec::new();
-        for change in batch {
-            match change {
-                Change::Schedule(node) => {
-                    ops.extend(schedule_ops(world, &pod(node), &rc.manifest, &labels));
-                    placed.push(node.as_str());
-                }
-                Change::Replace(node, replaced) => {
-                    ops.push(TxnOp::CheckIndex {
-                        key: layout::rc(&replaced.rc_id),
-                        index: replaced.index,
-                    });
-                    let dropped: Vec<&str> = replaced.labels.iter().map(String::as_str).collect();
-                    ops.extend(replace_ops(
-                        world,
-                        &pod(node),
-                        &rc.manifest,
-                        &labels,
-                        &dropped,
-                    ));
-                    placed.push(node.as_str());
-                }
-                Change::Unschedule(node) => {
-                    ops.extend(unschedule_ops(world, &pod(node), &owned));
-                    left.push(node.as_str());
-                }
-            }
+    let changes = plan.changes.iter().map(|change| match change {
+        Change::Schedule(node) => {
+            let ops = schedule_ops(world, &pod(node), &rc.manifest, &labels);
+            (node.as_str(), true, ops)
         }
-        for node in &left {
+        Change::Replace(node, replaced) => {
+            let mut ops = vec![TxnOp::CheckIndex {
+                key: layout::rc(&replaced.rc_id),
+                index: replaced.index,
+            }];
+            let dropped: Vec<&str> = replaced.labels.iter().map(String::as_str).collect();
+            ops.extend(replace_ops(
+                world,
+                &pod(node),
+                &rc.manifest,
+                &labels,
+                &dropped,
+            ));
+            (node.as_str(), true, ops)
+        }
+        Change::Unschedule(node) => (
+            node.as_str(),
+            false,
+            unschedule_ops(world, &pod(node), &owned),
+        ),
+    });
+    let beside = audit_bound(rc, &nodes, &plan.changes);
+    let mut batches = batches(changes, beside);
+    while let Some(batch) = batches.next() {
+        for node in &batch.left {
             nodes.remove(*node);
         }
-        nodes.extend(placed.iter().map(|node| node.to_string()));
+        nodes.extend(batch.placed.iter().map(|node| node.to_string()));
+        let mut ops = batch.ops;
         ops.push(audit_op(rc, &nodes));
-        ops.extend(scheduled_ops(ctx, id, &left, &placed).await?);
+        ops.extend(scheduled_ops(ctx, id, &batch.left, &batch.placed).await?);
         // Room for it and the fence.
-        if position + 1 == batches && ops.len() + 2 <= MAX_TXN_OPS {
+        if batches.done() && ops.len() + 2 <= MAX_TXN_OPS {
             ops.extend(with.take());
         }
         ctx.commit(&lock, ops).await?;
