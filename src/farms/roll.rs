@@ -15,7 +15,7 @@
 //! forever; a roll whose RCs vanish is always cleaned up.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 use tokio::time::Instant;
@@ -571,6 +571,15 @@ fn roll_checks(ctx: &FarmContext, id: &str, roll: &Shared<StoredRoll>) -> Vec<Tx
     ops
 }
 
+/// The wall-clock time of `due`, to the second, so that each pass that converts the same
+/// instant finds the same time.
+fn wall_clock(due: Instant) -> SystemTime {
+    let at = SystemTime::now() + due.saturating_duration_since(Instant::now());
+    let since_epoch = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let rounded = since_epoch.as_secs() + u64::from(since_epoch.subsec_millis() >= 500);
+    UNIX_EPOCH + Duration::from_secs(rounded)
+}
+
 /// What `action` is doing with the roll, for its conditions.
 fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
     match action {
@@ -593,8 +602,9 @@ fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
         }
         Action::Write { step: None, .. } => RollActivity::Enabling,
         Action::Retire(_) => RollActivity::RetiringOld,
-        Action::Delay(_) => RollActivity::Delaying {
+        Action::Delay(due) => RollActivity::Delaying {
             delay: spec.roll_delay,
+            until: wall_clock(*due),
         },
         Action::Stuck(stuck) => RollActivity::Stuck(stuck.clone()),
         Action::Finish { .. } => RollActivity::Finishing,

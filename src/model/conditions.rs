@@ -331,9 +331,10 @@ pub enum RollActivity {
         old: i64,
         new: i64,
     },
-    /// Waiting out `roll_delay` before the next step.
+    /// Waiting out `roll_delay` before the next step, which is due at `until`.
     Delaying {
         delay: Duration,
+        until: SystemTime,
     },
     RetiringOld,
     Finishing,
@@ -422,7 +423,7 @@ impl RollStuck {
 /// A roll's `Progressing` and `Stalled` conditions, and its progress record.
 ///
 /// Progress is any change of `mark` (the roll's replica counts); a roll waiting out its
-/// `roll_delay` counts as progressing. A roll with no progress for `deadline` is stalled,
+/// `roll_delay` counts as progressing until the delay ends. A roll with no progress for `deadline` is stalled,
 /// for the reason it is not moving now.
 pub fn roll_conditions(
     activity: &RollActivity,
@@ -450,7 +451,7 @@ pub fn roll_conditions(
             "ReplicasMoving",
             format!("moving replicas: the old RC to {old}, the new RC to {new}"),
         ),
-        RollActivity::Delaying { delay } => Observed::new(
+        RollActivity::Delaying { delay, .. } => Observed::new(
             "Progressing",
             True,
             "RollDelay",
@@ -478,10 +479,12 @@ pub fn roll_conditions(
             Observed::new("Progressing", False, stuck.reason(), stuck.message())
         }
     };
-    let progress = match previous {
-        Some(p) if p.mark == mark && !matches!(activity, RollActivity::Delaying { .. }) => {
-            p.clone()
-        }
+    let progress = match (previous, activity) {
+        // Progress up to the delay's end, recorded as of then: the same record on every pass
+        // of the wait (each a pass that a rewrite would set off again), and the step after
+        // it no later than the end of the delay, as far as the stall clock goes.
+        (_, RollActivity::Delaying { until, .. }) => Progress::new(mark, *until),
+        (Some(p), _) if p.mark == mark => p.clone(),
         _ => Progress::new(mark, now),
     };
     let still = now.duration_since(progress.at()).unwrap_or(Duration::ZERO);
@@ -803,6 +806,7 @@ mod tests {
             (
                 RollActivity::Delaying {
                     delay: Duration::from_secs(30),
+                    until: at(30),
                 },
                 True,
                 "RollDelay",
@@ -949,9 +953,18 @@ mod tests {
         assert_eq!(find(&c, "Stalled").status, False);
         let delay = RollActivity::Delaying {
             delay: Duration::from_secs(900),
+            until: at(1700),
         };
         let (c, delayed) = roll_conditions(&delay, vec![3, 0], Some(&first), DEADLINE, at(800));
-        assert_eq!(delayed.at(), at(800));
+        assert_eq!(delayed.at(), at(1700));
+        assert_eq!(find(&c, "Stalled").status, False);
+        // Every later pass of the wait finds the same record, so nothing to write.
+        let (later, again) =
+            roll_conditions(&delay, vec![3, 0], Some(&delayed), DEADLINE, at(1600));
+        assert_eq!((&later, &again), (&c, &delayed));
+        // The step after the delay is no stall, however long the delay was.
+        let stepping = RollActivity::Stepping { old: 2, new: 1 };
+        let (c, _) = roll_conditions(&stepping, vec![3, 0], Some(&again), DEADLINE, at(1701));
         assert_eq!(find(&c, "Stalled").status, False);
     }
 

@@ -345,3 +345,45 @@ async fn a_daemon_set_held_by_min_health_is_blocked() {
         "2 pods wait for the new manifest: 2 of 2 nodes are healthy and replacing another would go below min_health (2)"
     );
 }
+
+/// A roll waiting out its delay counts as progressing, but that is no change to write: its
+/// conditions are written once when the wait begins, not on every pass, each of which the
+/// write itself would set off again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_waiting_out_its_delay_writes_its_conditions_once() {
+    let h = Harness::start().await;
+    web_nodes(&h, 3).await;
+    h.run_fake_nodes(Duration::from_millis(50));
+    let old = h.put_rc(rc(MANIFEST, "role=web", 2)).await;
+    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&2)).then_some(()) })
+        .await;
+    let new = h.put_rc(rc(NEW_MANIFEST, "role=web", 0)).await;
+    let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 2, "MinimumReplicas": 1,
+                      "LeaveOld": false, "RollDelay": 3_600_000_000_000u64});
+    h.store
+        .put(
+            &layout::roll(&new),
+            roll.to_string().as_bytes(),
+            Cas::Index(0),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        &h,
+        ObjectKind::Rolls,
+        &new,
+        "Progressing",
+        "True",
+        "RollDelay",
+    )
+    .await;
+    let key = layout::conditions(ObjectKind::Rolls, &new);
+    let index = || async { h.store.get(&key).await.unwrap().unwrap().modify_index };
+    let waiting = index().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        index().await,
+        waiting,
+        "rewritten while waiting out the delay"
+    );
+}
