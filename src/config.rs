@@ -40,8 +40,8 @@ impl Cli {
 /// What the binary can do.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve the HTTP API (the default when no command is given). Boxed: it holds every
-    /// server flag, far more than the other commands.
+    /// Serve the HTTP API (the default when no command is given).
+    // Boxed: it holds every server flag, far more than the other commands.
     Serve(Box<ServeArgs>),
     /// Simulate node agents against a running server: label N nodes, then report the pods
     /// intended on them installed and healthy, as P2's preparers would.
@@ -516,6 +516,20 @@ mod tests {
     #[test]
     fn definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn each_command_is_described_for_its_user() {
+        let cli = Cli::command();
+        let about = |name| {
+            let command = cli.find_subcommand(name).unwrap();
+            command.get_about().unwrap().to_string()
+        };
+        assert_eq!(
+            about("serve"),
+            "Serve the HTTP API (the default when no command is given)"
+        );
+        assert!(about("simulate").starts_with("Simulate node agents against a running server"));
     }
 
     #[test]

@@ -254,7 +254,14 @@ mod tests {
     /// A change on `node` whose one op carries `bytes` of value, as Consul encodes it.
     fn change(node: &str, bytes: usize) -> PodChange<'_> {
         let value = vec![b'x'; bytes / 4 * 3];
-        (node, true, vec![TxnOp::Set { key: "k".into(), value }])
+        (
+            node,
+            true,
+            vec![TxnOp::Set {
+                key: "k".into(),
+                value,
+            }],
+        )
     }
 
     fn sizes<'a>(batches: impl Iterator<Item = Batch<'a>>) -> Vec<usize> {
