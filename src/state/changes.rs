@@ -6,7 +6,9 @@
 //! `position` is therefore not its index but the highest index the stream has reached when
 //! it was emitted: positions never go down, every change emitted after a subscriber's last
 //! one has a position at least as high, and resuming from a position replays every retained
-//! change at or past it. A subscriber may see the changes of its last position again, never
+//! change at or past it. Once the store has gone backwards, a position is the index plus an
+//! offset that keeps it above every earlier position, so positions still rise with the
+//! new store's indexes. A subscriber may see the changes of its last position again, never
 //! miss one.
 //!
 //! Each kind is broadcast on a channel of its own, so that a subscriber's buffer bound counts
@@ -85,6 +87,10 @@ pub(super) struct Stream {
     retain: usize,
     /// The highest position given.
     position: u64,
+    /// What is added to an index to make its position: nothing until the store first goes
+    /// backwards, then enough to keep the new store's positions above every earlier one,
+    /// rising with its indexes.
+    offset: u64,
     /// Every change at or past this position is still in the log.
     window_start: u64,
 }
@@ -100,6 +106,7 @@ impl Stream {
             log: VecDeque::new(),
             retain: retain.max(1),
             position: 0,
+            offset: 0,
             window_start: 0,
         }
     }
@@ -120,7 +127,7 @@ impl Stream {
         let Some(kind) = tree.kind() else {
             return;
         };
-        self.position = self.position.max(index);
+        self.position = self.position.max(self.offset + index);
         let change = Arc::new(Change {
             change_type,
             tree,
@@ -153,6 +160,7 @@ impl Stream {
     pub(super) fn resync(&mut self) {
         self.log.clear();
         self.position += 1;
+        self.offset = self.position;
         self.window_start = self.position;
         // On every channel, so that every subscriber hears it; they hear it once, as one
         // place in the order.
@@ -325,7 +333,31 @@ mod tests {
         stream.resync();
         assert!(stream.replay_from(5).is_none());
         stream.emit(ChangeType::Added, Tree::Rolls, 2, entry("rolls/a", 2));
-        assert_eq!(positions(&stream.replay_from(6).unwrap()), [(2, 6)]);
+        assert_eq!(positions(&stream.replay_from(6).unwrap()), [(2, 8)]);
+    }
+
+    /// After the store went backwards, positions rise with its indexes again, so that a
+    /// subscriber resumes from where it stopped rather than from the reset, and is not sent
+    /// `resync` again once the changes since the reset outnumber those retained.
+    #[test]
+    fn after_a_resync_positions_rise_with_the_new_stores_indexes() {
+        let mut stream = Stream::new(2, 10);
+        stream.emit(ChangeType::Added, Tree::Rolls, 5, entry("rolls/a", 5));
+        stream.resync();
+        for index in [2, 3, 4] {
+            stream.emit(
+                ChangeType::Added,
+                Tree::Rolls,
+                index,
+                entry("rolls/a", index),
+            );
+        }
+        let last = stream.position();
+        assert_eq!(positions(&stream.replay_from(last).unwrap()), [(4, last)]);
+        stream.resync();
+        assert!(stream.replay_from(last).is_none());
+        stream.emit(ChangeType::Added, Tree::Rolls, 1, entry("rolls/a", 1));
+        assert!(stream.position() > last);
     }
 
     fn rc(index: u64) -> Arc<Entry> {
