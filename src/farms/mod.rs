@@ -471,12 +471,17 @@ pub async fn drive<F: Farm>(mut farm: F, ctx: Arc<FarmContext>, mut trees: Trees
             break;
         }
         let started = Instant::now();
-        let wake = farm
-            .pass(&ctx, &world)
-            .await
-            .map_or(Instant::now() + RESYNC, |at| {
-                at.min(Instant::now() + RESYNC)
-            });
+        // A pass is given up when the term ends: one waiting on a store that does not
+        // answer would otherwise hold up the step-down (and the server's stop) for as long
+        // as the store takes, a request timeout per call. Nothing is lost: each write is one
+        // fenced transaction, applied whole or not at all, and the next term plans afresh.
+        let planned = tokio::select! {
+            planned = farm.pass(&ctx, &world) => planned,
+            () = ctx.cancel.cancelled() => break,
+        };
+        let wake = planned.map_or(Instant::now() + RESYNC, |at| {
+            at.min(Instant::now() + RESYNC)
+        });
         let retries = farm.retries();
         crate::metrics::farm_pass(
             F::NAME,

@@ -344,6 +344,64 @@ async fn a_server_stops_promptly_while_the_store_does_not_answer_its_bid_for_the
     assert_eq!(current_leader(&*store).await.unwrap(), None);
 }
 
+/// A leader asked to stop while the store leaves its farms' writes unanswered stops within
+/// seconds: a pass waiting on the store is given up once the term ends (every write is
+/// fenced, and the next term plans afresh), rather than holding up the step-down, the end of
+/// the sessions and so the server's exit for as long as the store takes to answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stops_promptly_while_the_store_does_not_answer_its_farms_writes() {
+    use p2_apiserver::farms::{self, FarmOptions};
+    use p2_apiserver::kv::Cas;
+    use p2_apiserver::state::{Mirror, MirrorConfig};
+    use tokio_util::task::TaskTracker;
+
+    let (_dir, store) = sqlite_store().await;
+    let severable = Severable::new(store.clone());
+    // An RC for the RC farm to claim: the claim is a transaction, which the store never answers.
+    let id = uuid::Uuid::new_v4().to_string();
+    let rc = serde_json::json!({"id": id, "manifest": "id: hello\n", "node_selector": "role=web",
+                                "pod_labels": {}, "replicas_desired": 1, "disabled": false,
+                                "allocation_strategy": ""});
+    store
+        .put(
+            &format!("replication_controllers/{id}"),
+            rc.to_string().as_bytes(),
+            Cas::Index(0),
+        )
+        .await
+        .unwrap();
+    severable.stall_txns();
+    let tasks = TaskTracker::new();
+    let shutdown = CancellationToken::new();
+    let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+    mirror.start(&tasks, shutdown.clone());
+    let farm_store: Arc<dyn KvStore> = severable.clone();
+    let lead = move |term: Term| {
+        farms::run_term(
+            farm_store.clone(),
+            mirror.clone(),
+            term,
+            Arc::new(Alerter::new(None)),
+            "a".into(),
+            FarmOptions::default(),
+        )
+    };
+    let a = tokio::spawn(leader::campaign(
+        severable.clone(),
+        config("a"),
+        shutdown.clone(),
+        lead,
+    ));
+    wait_for(async || severable.transacting() > 0).await;
+
+    stops_promptly(shutdown, a).await;
+    // It ended its sessions as it stopped, which freed the leader lock.
+    assert_eq!(current_leader(&*store).await.unwrap(), None);
+    severable.mend();
+    tasks.close();
+    tasks.wait().await;
+}
+
 /// Once its term has ended a farm posts no more alerts. A pass that found a great many RCs
 /// short of nodes (their node labels wiped, say) went on posting an alert for each, through
 /// a webhook that may take seconds to answer, before its writes found the term over: the

@@ -3,7 +3,8 @@
 //! through, so tests can keep watching the same store. The calls can instead be stalled,
 //! left unanswered as by a store that takes them and never replies; and the cut or the
 //! stall can be mended, as for a store that answers again after an outage. Lock
-//! acquisitions alone can be stalled too, as by a store that answers all but those.
+//! acquisitions alone can be stalled too, as by a store that answers all but those, and so
+//! can transactions.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -26,6 +27,10 @@ pub struct Severable {
     acquires_stalled: tokio::sync::watch::Sender<bool>,
     /// Lock acquisitions waiting now.
     acquiring: AtomicUsize,
+    /// Transactions wait while it holds `true`.
+    txns_stalled: tokio::sync::watch::Sender<bool>,
+    /// Transactions waiting now.
+    transacting: AtomicUsize,
     /// When the last successful create or renewal of each session was sent: its TTL runs
     /// from a moment after that.
     renewed: Mutex<HashMap<String, Instant>>,
@@ -39,6 +44,8 @@ impl Severable {
             stalled: tokio::sync::watch::Sender::new(false),
             acquires_stalled: tokio::sync::watch::Sender::new(false),
             acquiring: AtomicUsize::new(0),
+            txns_stalled: tokio::sync::watch::Sender::new(false),
+            transacting: AtomicUsize::new(0),
             renewed: Mutex::new(HashMap::new()),
         })
     }
@@ -58,17 +65,28 @@ impl Severable {
         self.acquires_stalled.send_replace(true);
     }
 
+    /// From now on every transaction waits, unanswered, until [`Severable::mend`].
+    pub fn stall_txns(&self) {
+        self.txns_stalled.send_replace(true);
+    }
+
+    /// How many transactions are waiting on a stall now.
+    pub fn transacting(&self) -> usize {
+        self.transacting.load(Ordering::SeqCst)
+    }
+
     /// How many lock acquisitions are waiting on a stall now.
     pub fn acquiring(&self) -> usize {
         self.acquiring.load(Ordering::SeqCst)
     }
 
-    /// From now on session calls and lock acquisitions go through again, and those stalled
-    /// are answered.
+    /// From now on session calls, lock acquisitions and transactions go through again, and
+    /// those stalled are answered.
     pub fn mend(&self) {
         self.cut.store(false, Ordering::SeqCst);
         self.stalled.send_replace(false);
         self.acquires_stalled.send_replace(false);
+        self.txns_stalled.send_replace(false);
     }
 
     /// When the last successful create or renewal of `session` was sent.
@@ -111,6 +129,10 @@ impl KvStore for Severable {
         self.inner.delete_prefix(prefix).await
     }
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
+        let mut stalled = self.txns_stalled.subscribe();
+        self.transacting.fetch_add(1, Ordering::SeqCst);
+        let _ = stalled.wait_for(|stalled| !stalled).await;
+        self.transacting.fetch_sub(1, Ordering::SeqCst);
         self.inner.txn(ops).await
     }
     async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
