@@ -180,6 +180,38 @@ async fn list_recurses_and_reads_the_index() {
     assert_eq!((empty.index, empty.pairs), (1, vec![]));
 }
 
+/// Consul leaves out of a listing the keys the token may not read, and says so only in
+/// `X-Consul-Results-Filtered-By-ACLs`: such a listing is not the tree, and is refused as the
+/// token's fault rather than taken for a tree without those keys (by the mirror, the
+/// farms, the API), whether listed, listed by key or watched.
+#[tokio::test]
+async fn a_listing_consul_filtered_by_acls_is_forbidden() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/intent/"))
+        .respond_with(
+            kv_answer(99, json!([entry("intent/n1/a", "x", 50)]))
+                .insert_header("X-Consul-Results-Filtered-By-ACLs", "true"),
+        )
+        .mount(&server)
+        .await;
+    let store = store(&server);
+
+    let listed = store.list("intent/").await;
+    assert!(
+        matches!(listed, Err(StoreError::Forbidden(_))),
+        "{listed:?}"
+    );
+    let keys = store.keys("intent/", Some('/')).await;
+    assert!(matches!(keys, Err(StoreError::Forbidden(_))), "{keys:?}");
+    let target = WatchTarget::Prefix("intent/".into());
+    let watched = store.watch(&target, 98, Duration::from_secs(1)).await;
+    assert!(
+        matches!(watched, Err(StoreError::Forbidden(_))),
+        "{watched:?}"
+    );
+}
+
 #[tokio::test]
 async fn keys_send_the_separator() {
     let server = MockServer::start().await;

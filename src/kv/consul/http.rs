@@ -16,11 +16,14 @@ const READ_RETRIES: u32 = 3;
 const READ_RETRY_BASE: Duration = Duration::from_millis(100);
 const READ_RETRY_CAP: Duration = Duration::from_secs(2);
 
-/// An answer Consul gave: its status, `X-Consul-Index` and body.
+/// An answer Consul gave: its status, `X-Consul-Index`, whether ACLs filtered it, and body.
 #[derive(Debug)]
 pub(super) struct Answer {
     pub(super) status: StatusCode,
     index: Option<u64>,
+    /// `X-Consul-Results-Filtered-By-ACLs: true`: Consul left out of a listing the keys the
+    /// token may not read, which nothing else in the answer shows.
+    filtered: bool,
     pub(super) body: Vec<u8>,
 }
 
@@ -227,10 +230,15 @@ impl Http {
             .get("X-Consul-Index")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse().ok());
+        let filtered = response
+            .headers()
+            .get("X-Consul-Results-Filtered-By-ACLs")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let body = response.bytes().await?.to_vec();
         Ok(Answer {
             status,
             index,
+            filtered,
             body,
         })
     }
@@ -242,7 +250,16 @@ fn is_transient(answer: &Answer) -> bool {
         || answer.status == StatusCode::TOO_MANY_REQUESTS
 }
 
+/// A read's answer, unless its status is an error, or Consul filtered it by ACLs: a listing
+/// short of the keys this server's token may not read is not the tree, and taken for it
+/// the mirror, the farms and the API would act on a tree without those keys.
 fn read_outcome(what: &str, answer: Answer) -> StoreResult<Answer> {
+    if answer.filtered {
+        return Err(StoreError::Forbidden(format!(
+            "{what}: Consul left out keys the token may not read \
+             (X-Consul-Results-Filtered-By-ACLs)"
+        )));
+    }
     if answer.status.is_success() || answer.status == StatusCode::NOT_FOUND {
         Ok(answer)
     } else {
