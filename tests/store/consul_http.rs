@@ -600,6 +600,37 @@ async fn status_codes_map_to_error_kinds() {
     );
 }
 
+/// A client agent that knows no server yet (restarted, before it joins the cluster again)
+/// answers every write 500 "No known Consul servers": it had nowhere to send it, so the
+/// write was not applied, and the store is unavailable rather than the outcome unknown.
+#[tokio::test]
+async fn a_write_an_agent_without_servers_refuses_is_unavailable() {
+    let server = MockServer::start().await;
+    let no_servers = || ResponseTemplate::new(500).set_body_string("No known Consul servers");
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .respond_with(no_servers())
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/txn"))
+        .respond_with(no_servers())
+        .expect(1)
+        .mount(&server)
+        .await;
+    let store = store(&server);
+
+    let put = store.put("rc/1", b"x", Cas::Any).await;
+    assert!(matches!(put, Err(StoreError::Unavailable(_))), "{put:?}");
+    let ops = [TxnOp::Set {
+        key: "rc/1".into(),
+        value: b"x".to_vec(),
+    }];
+    let txn = store.txn(&ops).await;
+    assert!(matches!(txn, Err(StoreError::Unavailable(_))), "{txn:?}");
+}
+
 #[tokio::test]
 async fn a_read_is_retried_after_a_server_error() {
     let server = MockServer::start().await;

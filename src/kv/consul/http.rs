@@ -268,12 +268,15 @@ fn read_outcome(what: &str, answer: Answer) -> StoreResult<Answer> {
 }
 
 /// A server error that Consul raises before the write reaches Raft, so nothing was applied:
-/// no leader to forward it to, an unknown datacenter, a lock naming an invalid session, or
-/// the leader's rate limit for writes (503 "rate limit exceeded, try again later").
+/// no leader to forward it to, a client agent that knows no server to send it to (one
+/// restarted, until it joins the cluster again), an unknown datacenter, a lock naming an
+/// invalid session, or the leader's rate limit for writes (503 "rate limit exceeded, try
+/// again later").
 fn refused_before_applying(answer: &Answer) -> bool {
     let text = answer.text().to_ascii_lowercase();
     is_invalid_session(answer)
         || text.contains("no cluster leader")
+        || text.contains("no known consul servers")
         || text.contains("no path to datacenter")
         || text.contains("rate limit exceeded")
 }
