@@ -30,14 +30,41 @@ impl Metered {
         operation: &'static str,
         call: impl Future<Output = StoreResult<T>>,
     ) -> StoreResult<T> {
-        let started = Instant::now();
+        let mut timer = Timer {
+            backend: self.backend,
+            operation,
+            started: Instant::now(),
+            outcome: ABANDONED,
+        };
         let result = call.await;
-        let outcome = match &result {
+        timer.outcome = match &result {
             Ok(_) => "ok",
             Err(e) => error_kind(e),
         };
-        crate::metrics::store_operation(self.backend, operation, outcome, started.elapsed());
         result
+    }
+}
+
+/// The outcome of an operation its caller stopped waiting for before the store answered (a
+/// request cut by its deadline, a farm pass given up as its term ends, a watch no longer
+/// needed). Under a store that does not answer, that is what becomes of every operation the
+/// API sends it, since the request deadline comes before the Consul client's own timeout:
+/// without it the histogram would show no sign of the hang.
+const ABANDONED: &str = "abandoned";
+
+/// Records one operation when it is dropped: once it has an outcome, or as [`ABANDONED`]
+/// when its caller gave up on it first.
+struct Timer {
+    backend: &'static str,
+    operation: &'static str,
+    started: Instant,
+    outcome: &'static str,
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        let took = self.started.elapsed();
+        crate::metrics::store_operation(self.backend, self.operation, self.outcome, took);
     }
 }
 

@@ -100,6 +100,38 @@ async fn store_operations_are_counted_by_backend_operation_and_outcome() {
     }
 }
 
+/// An operation given up before the store answers (a request cut by its deadline, a farm
+/// pass given up as its term ends) is counted as `abandoned`: under a store that does not
+/// answer, that is every operation, and the histogram would otherwise show no sign of it.
+#[tokio::test]
+async fn store_operations_given_up_before_the_store_answers_are_counted_as_abandoned() {
+    use p2_apiserver::kv::metered::Metered;
+
+    let app = TestApp::new().await;
+    let stalled = crate::support::severable::Severable::new(app.store.clone());
+    stalled.stall_txns();
+    // A backend label of its own: other tests of this binary add nothing under it.
+    let store = Metered::wrap(stalled.clone(), "stalled");
+    let labels = [
+        ("backend", "stalled"),
+        ("operation", "txn"),
+        ("outcome", "abandoned"),
+    ];
+    let before = scrape(&app).await;
+    let ops = [TxnOp::Set {
+        key: format!("metrics-test/{}", uuid::Uuid::new_v4()),
+        value: b"1".to_vec(),
+    }];
+    let cut = tokio::time::timeout(Duration::from_millis(50), store.txn(&ops)).await;
+    assert!(cut.is_err(), "{cut:?}");
+    let after = scrape(&app).await;
+    assert_eq!(
+        after.count(STORE, &labels) - before.count(STORE, &labels),
+        1.0
+    );
+    stalled.mend();
+}
+
 #[tokio::test]
 async fn the_embedded_stores_writer_is_timed_by_stage_and_counts_its_rows() {
     let app = TestApp::new().await;
