@@ -134,7 +134,8 @@ impl Manifest {
     }
 
     /// Builds a manifest from a JSON object, for API clients that send the manifest as JSON
-    /// rather than YAML text; the stored raw form is the YAML rendering of that object.
+    /// rather than YAML text; the stored raw form is that object as P2's YAML writer renders
+    /// it, so that P2 reads back the values the JSON holds.
     pub fn from_json_value(value: &serde_json::Value) -> Result<Manifest, Vec<FieldError>> {
         if !value.is_object() {
             return Err(vec![FieldError::new(
@@ -142,13 +143,7 @@ impl Manifest {
                 "must be a YAML string or a JSON object",
             )]);
         }
-        let yaml = yaml_serde::to_string(value).map_err(|e| {
-            vec![FieldError::new(
-                "manifest",
-                format!("cannot render as YAML: {e}"),
-            )]
-        })?;
-        Manifest::parse(&yaml)
+        Manifest::parse(&p2_yaml::from_json(value))
     }
 
     /// A manifest a client sends for a new or changed RC or daemon set, as YAML text or a

@@ -7,6 +7,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use p2_apiserver::kv::{Cas, SessionBehavior, SessionSpec};
+use p2_apiserver::model::Manifest;
 use p2_apiserver::router::MAX_BODY_BYTES;
 use serde_json::{json, Value};
 
@@ -131,6 +132,27 @@ async fn create_takes_a_json_manifest_and_p2_defaults() {
     let manifest = body["manifest"].as_str().unwrap();
     assert!(manifest.contains("id: hello\n"), "{manifest}");
     assert!(manifest.contains("config:\n  a: 1\n"), "{manifest}");
+}
+
+/// A JSON manifest's strings stay strings for P2, whose YAML (1.1) reads a plain `yes`, `on`,
+/// `NO` or `1_000` as a boolean or a number.
+#[tokio::test]
+async fn a_json_manifest_keeps_its_strings_strings_for_p2() {
+    let app = TestApp::new().await;
+    let config = json!({"a": "yes", "b": "on", "c": "NO", "d": "off", "e": "y", "f": "1_000", "g": "1:20", "h": 1.5, "i": 7, "j": true});
+    let body = create(
+        &app,
+        &json!({"manifest": {"id": "hello", "config": config}}),
+    )
+    .await;
+    let stored = Manifest::parse(body["manifest"].as_str().unwrap()).unwrap();
+    let as_sent = "id: hello\nconfig:\n  a: \"yes\"\n  b: \"on\"\n  c: \"NO\"\n  d: \"off\"\n  e: \"y\"\n  f: \"1_000\"\n  g: \"1:20\"\n  h: 1.5\n  i: 7\n  j: true\n";
+    assert_eq!(
+        stored.sha(),
+        Manifest::parse(as_sent).unwrap().sha(),
+        "{}",
+        stored.raw()
+    );
 }
 
 #[tokio::test]

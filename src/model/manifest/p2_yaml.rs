@@ -34,6 +34,41 @@ pub fn canonical(text: &str) -> Result<String, String> {
     Ok(emitter.out)
 }
 
+/// YAML text for a manifest a client sent as a JSON object, written as yaml.v2 writes it, so
+/// that P2 reads every value back as the JSON gave it: a string such as `"yes"`, `"on"` or
+/// `"1_000"` is quoted, where a YAML 1.2 writer leaves it plain for P2's YAML 1.1 reader to
+/// take as a boolean or a number. Numbers keep their full precision.
+pub fn from_json(value: &serde_json::Value) -> String {
+    let mut emitter = Emitter {
+        exact_floats: true,
+        ..Emitter::default()
+    };
+    emitter.node(&json_value(value), -1, false);
+    emitter.document_end();
+    emitter.out
+}
+
+fn json_value(value: &serde_json::Value) -> Go {
+    use serde_json::Value as Json;
+    match value {
+        Json::Null => Go::Null,
+        Json::Bool(b) => Go::Bool(*b),
+        Json::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(n), _) => Go::Int(n),
+            (None, Some(n)) => Go::Uint(n),
+            (None, None) => Go::Float(n.as_f64().unwrap_or_default()),
+        },
+        Json::String(s) => Go::Str(s.clone()),
+        Json::Array(items) => Go::Seq(items.iter().map(json_value).collect()),
+        Json::Object(entries) => Go::Map(sorted(
+            entries
+                .iter()
+                .map(|(key, value)| (Go::Str(key.clone()), json_value(value)))
+                .collect(),
+        )),
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The document as yaml.v2's decoder sees it: scalars keep their text and whether they were
 // plain (only plain scalars are resolved to numbers, booleans or null).
@@ -763,6 +798,8 @@ struct Emitter {
     whitespace: bool,
     /// Only indentation has been written on this line.
     indention: bool,
+    /// Floats at full precision rather than yaml.v2's float32 (for JSON sent by clients).
+    exact_floats: bool,
 }
 
 impl Default for Emitter {
@@ -772,6 +809,7 @@ impl Default for Emitter {
             column: 0,
             whitespace: true,
             indention: true,
+            exact_floats: false,
         }
     }
 }
@@ -866,6 +904,7 @@ impl Emitter {
             Go::Bool(b) => (b.to_string(), Style::Plain),
             Go::Int(n) => (n.to_string(), Style::Plain),
             Go::Uint(n) => (n.to_string(), Style::Plain),
+            Go::Float(f) if self.exact_floats => (format!("{f:?}"), Style::Plain),
             Go::Float(f) => (go_float32(*f), Style::Plain),
             Go::Str(s) => (s.clone(), string_style(s)),
             Go::Seq(_) | Go::Map(_) | Go::Struct(_) | Go::Ptr(_) => {
@@ -1066,9 +1105,10 @@ fn is_blank_or_end(c: Option<&char>) -> bool {
 }
 
 /// yaml.v2's choice for a string: double quotes when plain text would read back as another
-/// type (or a base-60 float), a literal block when it has a line break, plain otherwise.
+/// type (or a base-60 float, or the merge key `<<`, which yaml.v2 resolves to its own tag),
+/// a literal block when it has a line break, plain otherwise.
 fn string_style(text: &str) -> Style {
-    if resolve(text) != Go::Str(text.to_owned()) || is_base60_float(text) {
+    if resolve(text) != Go::Str(text.to_owned()) || is_base60_float(text) || text == "<<" {
         Style::Double
     } else if text.contains('\n') {
         Style::Literal
@@ -1541,5 +1581,53 @@ config:
         assert!(key_less(&s("Z"), &s("a")));
         assert!(key_less(&Go::Int(10), &s("1")));
         assert!(key_less(&Go::Int(2), &Go::Int(10)));
+    }
+
+    #[test]
+    fn json_is_written_so_that_both_readers_get_its_values_back() {
+        use serde::de::DeserializeSeed;
+
+        use super::{from_json, json_value, untyped, RawSeed};
+        let strings = [
+            "yes", "on", "NO", "off", "y", "~", "null", "", "1_000", "0x1F", "017", "0b101",
+            "1:20", "1.10", ".5", "+1", "1e3", ".inf", "<<", "=", "-", "- a", "a: b", "#x", "x #y",
+            " lead", "trail ", "a\nb", "ends\n", "a\tb", "'q'", "\"dq\"", "@at", "`tick", "%pct",
+            "!bang", "&amp", "*star", "[a]", "{a}", "é ü", "\u{85}", ">", "|", "?", ":", ",",
+            "1-2-3",
+        ];
+        let mut config = serde_json::Map::new();
+        for (i, text) in strings.iter().enumerate() {
+            config.insert(format!("s{i}"), serde_json::json!(text));
+            config.insert((*text).to_owned(), serde_json::json!(i));
+        }
+        let long = "a long value  with two spaces, ".repeat(8);
+        config.insert("long".into(), serde_json::json!(long));
+        config.insert(
+            "quoted_long".into(),
+            serde_json::json!(format!("{long}: yes")),
+        );
+        config.insert(
+            "long_lines".into(),
+            serde_json::json!(format!("{long}\n{long}\n")),
+        );
+        let json = serde_json::json!({
+            "id": "hello",
+            "config": config,
+            "list": strings.as_slice(),
+            "numbers": [0.123456789, -1e300, 3.0, u64::MAX, i64::MIN, 0],
+            "nothing": null, "empty": {}, "none": [], "flag": false,
+        });
+        let text = from_json(&json);
+
+        let as_yaml_1_2: serde_json::Value = yaml_serde::from_str(&text).unwrap();
+        assert_eq!(as_yaml_1_2, json, "{text}");
+        let shape: yaml_serde::Value = yaml_serde::from_str(&text).unwrap();
+        let node = RawSeed {
+            shape: &shape,
+            base: &text,
+        }
+        .deserialize(yaml_serde::Deserializer::from_str(&text))
+        .unwrap();
+        assert_eq!(untyped(&node).unwrap(), json_value(&json), "{text}");
     }
 }
