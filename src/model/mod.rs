@@ -49,6 +49,10 @@ pub use rc_spec::{NewRc, RcPatch, RcSpec};
 pub use roll::{roll_step, validate_counts, StoredRoll};
 pub use roll_request::{CreateRoll, RollPlan, RollRcs};
 
+/// JSON as Go's `json.Marshal` writes it, for documents P2 also writes that have no type
+/// here (label sets).
+pub(crate) use gojson::to_vec as to_go_json;
+
 /// One invalid input field; validation returns all of them so a client can fix every problem
 /// in one round trip (the API turns each into a `causes` entry).
 #[derive(Debug, Clone, PartialEq, Eq)]

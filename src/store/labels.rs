@@ -13,6 +13,7 @@ use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreResult, TxnOp};
 use crate::layout;
 use crate::model::event::{diff, Action, Actor, Event, EventKind};
+use crate::model::to_go_json;
 
 /// One object's labels and the modify index they were read at (0 when it has none).
 pub type LabelRecord = Versioned<Labels>;
@@ -163,13 +164,14 @@ pub fn event(
 }
 
 /// The txn op that makes an object's labels `labels`, given the index they were read at:
-/// a CAS write, or a delete-CAS when the set is empty; `None` when there is nothing to do.
+/// a CAS write (in Go's JSON, as P2's applicator writes it), or a delete-CAS when the set is
+/// empty; `None` when there is nothing to do.
 pub fn write_op(label_type: LabelType, id: &str, labels: &Labels, index: u64) -> Option<TxnOp> {
     let key = layout::labels(label_type, id);
     if labels.is_empty() {
         return (index != 0).then_some(TxnOp::DeleteCas { key, index });
     }
-    let value = serde_json::to_vec(labels).expect("a string map always serializes");
+    let value = to_go_json(labels);
     Some(TxnOp::Cas { key, value, index })
 }
 

@@ -243,3 +243,28 @@ async fn a_p2_rc_whose_status_port_p2_accepts_is_readable() {
         assert_eq!(got.status, StatusCode::OK, "port {port}: {got:?}");
     }
 }
+
+// ---- Labels ----
+
+/// P2's label applicator stores whatever value it is given, escaped by Go's JSON writer
+/// (`&` as `\u0026`); a label added here is written beside it the way Go would write it.
+#[tokio::test]
+async fn labels_p2_wrote_are_rewritten_as_p2_writes_them() {
+    let app = TestApp::new().await;
+    let key = "labels/node/node17.example.com";
+    let p2_labels = r#"{"owner":"\u003cops\u003e \u0026 sre"}"#;
+    app.put_raw(key, p2_labels.as_bytes()).await;
+
+    let response = app
+        .merge_patch(
+            "/api/v1/labels/node/node17.example.com",
+            &json!({"labels": {"role": "web"}}),
+            &[],
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    assert_eq!(
+        raw(&app, key).await,
+        r#"{"owner":"\u003cops\u003e \u0026 sre","role":"web"}"#
+    );
+}
