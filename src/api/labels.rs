@@ -73,8 +73,11 @@ impl ObjectLabels {
     }
 }
 
-/// The body of a PUT: the complete new label set.
+/// The body of a PUT: the complete new label set, and nothing else (a read's
+/// `resource_version` sent back here would otherwise be ignored, not checked; `If-Match`
+/// carries it).
 #[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReplaceLabels {
     /// Replaces every label; keys and values follow Kubernetes' rules.
     #[schema(value_type = BTreeMap<String, String>)]

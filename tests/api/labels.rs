@@ -319,6 +319,28 @@ async fn malformed_and_mistyped_bodies_are_refused_and_write_nothing() {
     assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }
 
+/// A PUT body holding more than `labels` (such as a read's `resource_version`, sent back in
+/// the hope of a check-and-set) is refused, as a PATCH's is, rather than written unchecked.
+#[tokio::test]
+async fn put_refuses_fields_besides_labels_and_writes_nothing() {
+    let app = TestApp::new().await;
+    assert_eq!(
+        put(&app, NODE, json!({"a": "b"})).await.status,
+        StatusCode::OK
+    );
+    let before = app.dump().await;
+    for extra in [
+        json!({"labels": {"a": "c"}, "resource_version": "1"}),
+        json!({"labels": {"a": "c"}, "type": "node", "id": "node17.example.com"}),
+        json!({"labels": {"a": "c"}, "lables": {}}),
+    ] {
+        let response = app.send_json("PUT", NODE, &[], &extra).await;
+        assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{extra}");
+        response.error();
+    }
+    assert_eq!(app.dump().await, before);
+}
+
 #[tokio::test]
 async fn patch_sets_removes_and_keeps() {
     let app = TestApp::new().await;
