@@ -117,16 +117,17 @@ impl Manifest {
             return Err(problems);
         }
 
-        let canonical = p2_yaml::canonical(&text).map_err(|e| {
+        let reading = p2_yaml::read(&text).map_err(|e| {
             vec![FieldError::new(
                 "manifest",
                 format!("cannot be read as P2 reads it: {e}"),
             )]
         })?;
-        let sha = sha256_hex(&canonical);
+        let sha = sha256_hex(&reading.canonical);
         Ok(Manifest {
             raw: raw.to_owned(),
-            pod_id,
+            // P2's reading, which keeps the text of an `id` such as `1.10`.
+            pod_id: reading.pod_id,
             sha,
             signed,
             health_check,
@@ -719,6 +720,16 @@ launchables:
                 "status.http: must be a boolean"
             ]
         );
+    }
+
+    /// P2 reads `id` into a Go string, which takes a scalar's text as written: `1.10` is
+    /// the pod `1.10`, not the number 1.1.
+    #[test]
+    fn the_pod_id_is_the_text_p2_reads() {
+        for id in ["1.10", "0x1F", "True", "1e3", "+12", "010"] {
+            let manifest = Manifest::parse(&format!("id: {id}\n")).unwrap();
+            assert_eq!(manifest.pod_id(), id);
+        }
     }
 
     #[test]

@@ -17,9 +17,18 @@ use std::cmp::Ordering;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use yaml_serde::Value;
 
-/// The bytes P2's `manifest.SHA()` hashes for this manifest text (the YAML itself, with any
-/// PGP armor already removed).
-pub fn canonical(text: &str) -> Result<String, String> {
+/// What P2 reads from a manifest's text (the YAML itself, with any PGP armor already
+/// removed).
+pub struct P2Reading {
+    /// The bytes P2's `manifest.SHA()` hashes.
+    pub canonical: String,
+    /// The `id` as P2's Go string field holds it: the scalar's text as written (`1.10`, not
+    /// the number 1.1).
+    pub pod_id: String,
+}
+
+/// Reads a manifest's text as P2 reads it; see [`P2Reading`].
+pub fn read(text: &str) -> Result<P2Reading, String> {
     let shape: Value = yaml_serde::from_str(text).map_err(|e| e.to_string())?;
     let node = RawSeed {
         shape: &shape,
@@ -28,10 +37,20 @@ pub fn canonical(text: &str) -> Result<String, String> {
     .deserialize(yaml_serde::Deserializer::from_str(text))
     .map_err(|e| e.to_string())?;
     let manifest = manifest_fields(&node)?;
+    let pod_id = match &manifest {
+        Go::Struct(fields) => fields.iter().find_map(|f| match (f.key, &f.value) {
+            ("id", Go::Str(id)) => Some(id.clone()),
+            _ => None,
+        }),
+        _ => None,
+    };
     let mut emitter = Emitter::default();
     emitter.node(&manifest, -1, false);
     emitter.document_end();
-    Ok(emitter.out)
+    Ok(P2Reading {
+        canonical: emitter.out,
+        pod_id: pod_id.unwrap_or_default(),
+    })
 }
 
 /// YAML text for a manifest a client sent as a JSON object, written as yaml.v2 writes it, so
@@ -1295,7 +1314,10 @@ mod tests {
     //! rules, and its SHA is `sha256sum` of that text: what P2's `manifest.SHA()` gives.
 
     use super::super::Manifest;
-    use super::canonical;
+
+    fn canonical(raw: &str) -> Result<String, String> {
+        super::read(raw).map(|reading| reading.canonical)
+    }
 
     fn check(raw: &str, expected: &str, sha: &str) {
         assert_eq!(canonical(raw).unwrap(), expected);
