@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::value::RawValue;
 
 use super::gojson;
 use super::timestamp::format_rfc3339;
@@ -21,12 +21,13 @@ const CLUSTER_NAME: &str = "cluster_name";
 
 /// One audit record. `event_type` stays a string so records written by other tools (with
 /// types this server does not produce) still list.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AuditRecord {
     /// Such as `REPLICATION_CONTROLLER_RETARGET`.
     pub event_type: String,
-    /// Event-specific JSON.
-    pub event_details: serde_json::Value,
+    /// Event-specific JSON, kept as written: P2 writes each kind's details from a Go struct,
+    /// in its field order, which a JSON value would not keep. See [`AuditRecord::details`].
+    pub event_details: Box<RawValue>,
     /// RFC 3339 time of the change.
     pub timestamp: String,
     /// Always [`SCHEMA_VERSION`] for records written here.
@@ -67,14 +68,56 @@ impl DaemonSetEvent {
     }
 }
 
+impl PartialEq for AuditRecord {
+    fn eq(&self, other: &Self) -> bool {
+        self.event_type == other.event_type
+            && self.event_details.get() == other.event_details.get()
+            && self.timestamp == other.timestamp
+            && self.schema_version == other.schema_version
+    }
+}
+
+/// `REPLICATION_CONTROLLER_RETARGET` details, in P2's field order.
+#[derive(Serialize)]
+struct RcRetargetDetails<'a> {
+    pod_id: &'a str,
+    availability_zone: String,
+    cluster_name: String,
+    nodes: &'a [String],
+}
+
+/// `ROLLING_UPDATE_COMPLETION` details, in P2's field order.
+#[derive(Serialize)]
+struct RuCompletionDetails<'a> {
+    pod_id: String,
+    availability_zone: String,
+    cluster_name: String,
+    rolling_update_id: &'a str,
+    succeeded: bool,
+    canceled: bool,
+}
+
+/// Daemon-set event details, in P2's field order.
+#[derive(Serialize)]
+struct DaemonSetDetails<'a> {
+    daemon_set: &'a StoredDaemonSet,
+    user: &'a str,
+}
+
 impl AuditRecord {
-    fn new(event_type: &str, event_details: serde_json::Value, now: SystemTime) -> AuditRecord {
+    fn new(event_type: &str, details: &impl Serialize, now: SystemTime) -> AuditRecord {
+        let details = String::from_utf8(gojson::to_vec(details)).expect("JSON is UTF-8");
         AuditRecord {
             event_type: event_type.to_owned(),
-            event_details,
+            event_details: RawValue::from_string(details).expect("details are one JSON value"),
             timestamp: format_rfc3339(now),
             schema_version: SCHEMA_VERSION,
         }
+    }
+
+    /// The details as a JSON value, to read them.
+    pub fn details(&self) -> serde_json::Value {
+        serde_json::from_str(self.event_details.get()).expect("a raw value is valid JSON")
     }
 
     /// Written with every RC scheduling transaction: `nodes` is every node the RC is on
@@ -87,13 +130,13 @@ impl AuditRecord {
                 .cloned()
                 .unwrap_or_default()
         };
-        let details = json!({
-            POD_ID: rc.manifest.pod_id(),
-            AVAILABILITY_ZONE: label(AVAILABILITY_ZONE),
-            CLUSTER_NAME: label(CLUSTER_NAME),
-            "nodes": nodes,
-        });
-        AuditRecord::new(RC_RETARGET, details, now)
+        let details = RcRetargetDetails {
+            pod_id: rc.manifest.pod_id(),
+            availability_zone: label(AVAILABILITY_ZONE),
+            cluster_name: label(CLUSTER_NAME),
+            nodes,
+        };
+        AuditRecord::new(RC_RETARGET, &details, now)
     }
 
     /// Written when a rolling update is deleted; pod ID, zone and cluster come from the
@@ -106,15 +149,15 @@ impl AuditRecord {
         now: SystemTime,
     ) -> AuditRecord {
         let label = |key: &str| roll_labels.get(key).cloned().unwrap_or_default();
-        let details = json!({
-            POD_ID: label(POD_ID),
-            AVAILABILITY_ZONE: label(AVAILABILITY_ZONE),
-            CLUSTER_NAME: label(CLUSTER_NAME),
-            "rolling_update_id": roll_id,
-            "succeeded": succeeded,
-            "canceled": canceled,
-        });
-        AuditRecord::new(RU_COMPLETION, details, now)
+        let details = RuCompletionDetails {
+            pod_id: label(POD_ID),
+            availability_zone: label(AVAILABILITY_ZONE),
+            cluster_name: label(CLUSTER_NAME),
+            rolling_update_id: roll_id,
+            succeeded,
+            canceled,
+        };
+        AuditRecord::new(RU_COMPLETION, &details, now)
     }
 
     /// Written with every daemon-set change: the daemon set after the change (before it,
@@ -125,8 +168,11 @@ impl AuditRecord {
         user: &str,
         now: SystemTime,
     ) -> AuditRecord {
-        let details = json!({"daemon_set": ds, "user": user});
-        AuditRecord::new(event.event_type(), details, now)
+        let details = DaemonSetDetails {
+            daemon_set: ds,
+            user,
+        };
+        AuditRecord::new(event.event_type(), &details, now)
     }
 
     /// Decodes a stored record.
@@ -182,7 +228,7 @@ mod tests {
         let out = String::from_utf8(record.to_json()).unwrap();
         assert_eq!(
             out,
-            r#"{"event_type":"REPLICATION_CONTROLLER_RETARGET","event_details":{"availability_zone":"us-west-2a","cluster_name":"production","nodes":["node1","node2"],"pod_id":"hello"},"timestamp":"2020-01-14T11:06:40Z","schema_version":1}"#
+            r#"{"event_type":"REPLICATION_CONTROLLER_RETARGET","event_details":{"pod_id":"hello","availability_zone":"us-west-2a","cluster_name":"production","nodes":["node1","node2"]},"timestamp":"2020-01-14T11:06:40Z","schema_version":1}"#
         );
         assert_eq!(AuditRecord::from_json(out.as_bytes()).unwrap(), record);
     }
@@ -190,9 +236,9 @@ mod tests {
     #[test]
     fn rc_retarget_without_labels_has_empty_zone_and_cluster() {
         let record = AuditRecord::rc_retarget(&rc(None), &[], now());
-        assert_eq!(record.event_details["availability_zone"], "");
-        assert_eq!(record.event_details["cluster_name"], "");
-        assert_eq!(record.event_details["nodes"], Value::Array(vec![]));
+        assert_eq!(record.details()["availability_zone"], "");
+        assert_eq!(record.details()["cluster_name"], "");
+        assert_eq!(record.details()["nodes"], Value::Array(vec![]));
     }
 
     #[test]
@@ -200,9 +246,15 @@ mod tests {
         let roll_labels = labels(&[("pod_id", "hello"), ("cluster_name", "production")]);
         let record = AuditRecord::ru_completion("ru-1", &roll_labels, true, false, now());
         assert_eq!(record.event_type, "ROLLING_UPDATE_COMPLETION");
+        assert!(
+            String::from_utf8(record.to_json()).unwrap().contains(
+                r#""event_details":{"pod_id":"hello","availability_zone":"","cluster_name":"production","rolling_update_id":"ru-1","succeeded":true,"canceled":false}"#
+            ),
+            "P2's field order"
+        );
         assert_eq!(
-            record.event_details,
-            json!({
+            record.details(),
+            serde_json::json!({
                 "pod_id": "hello", "availability_zone": "", "cluster_name": "production",
                 "rolling_update_id": "ru-1", "succeeded": true, "canceled": false
             })
@@ -231,12 +283,23 @@ mod tests {
             (DaemonSetEvent::Disabled, "DAEMON_SET_DISABLED"),
             (DaemonSetEvent::Modified, "DAEMON_SET_MODIFIED"),
         ];
+        let written = String::from_utf8(
+            AuditRecord::daemon_set(DaemonSetEvent::Created, &ds, "a<b", now()).to_json(),
+        )
+        .unwrap();
+        assert!(
+            written.contains(&format!(
+                r#""event_details":{{"daemon_set":{},"user":"a\u003cb"}}"#,
+                String::from_utf8(ds.to_json()).unwrap()
+            )),
+            "the daemon set as P2 writes it: {written}"
+        );
         for (event, name) in cases {
             let record = AuditRecord::daemon_set(event, &ds, "alice", now());
             assert_eq!(record.event_type, name);
-            assert_eq!(record.event_details["user"], "alice");
+            assert_eq!(record.details()["user"], "alice");
             assert_eq!(
-                record.event_details["daemon_set"],
+                record.details()["daemon_set"],
                 serde_json::to_value(&ds).unwrap()
             );
         }

@@ -121,9 +121,9 @@ async fn create_stores_p2s_document_with_its_audit_record_in_one_transaction() {
     assert_eq!(record.event_type, "DAEMON_SET_CREATED");
     assert_eq!(record.schema_version, 1);
     // Without tokens the actor is anonymous (see events.rs for a token's name).
-    assert_eq!(record.event_details["user"], "anonymous");
+    assert_eq!(record.details()["user"], "anonymous");
     assert_eq!(
-        record.event_details["daemon_set"],
+        record.details()["daemon_set"],
         serde_json::from_slice::<Value>(&pair.value).unwrap()
     );
     assert_eq!(*index, pair.modify_index, "written in the same transaction");
@@ -147,7 +147,7 @@ async fn create_accepts_a_manifest_object_and_defaults_optional_fields() {
     assert_eq!(ds["disabled"], false);
     assert!(ds["manifest"].as_str().unwrap().contains("id: hello"));
     let audits = audit_records(&app).await;
-    assert_eq!(audits[0].0.event_details["user"], "anonymous");
+    assert_eq!(audits[0].0.details()["user"], "anonymous");
 }
 
 #[tokio::test]
@@ -579,8 +579,8 @@ async fn patch_changes_fields_with_one_audit_record_per_kind_of_change() {
     );
     for (record, index) in &audits {
         if *index == pair.modify_index {
-            assert_eq!(record.event_details["user"], "anonymous");
-            assert_eq!(record.event_details["daemon_set"], doc);
+            assert_eq!(record.details()["user"], "anonymous");
+            assert_eq!(record.details()["daemon_set"], doc);
         }
     }
 
@@ -741,8 +741,8 @@ async fn delete_removes_the_document_with_its_audit_record_in_one_transaction() 
     let deleted_at = app.store.list("daemon_sets/").await.unwrap().index;
     let (record, index) = audit_records(&app).await.pop().unwrap();
     assert_eq!(record.event_type, "DAEMON_SET_DELETED");
-    assert_eq!(record.event_details["user"], "anonymous");
-    assert_eq!(record.event_details["daemon_set"], doc);
+    assert_eq!(record.details()["user"], "anonymous");
+    assert_eq!(record.details()["daemon_set"], doc);
     assert_eq!(index, deleted_at, "written in the same transaction");
 
     let response = delete(&app, &id, &[]).await;
