@@ -262,7 +262,11 @@ impl RcPatch {
                         let mut merge = BTreeMap::new();
                         for (key, value) in entries {
                             let at = format!("pod_labels.{key}");
-                            if let Some(problem) = label_key_problem(&key) {
+                            // A removal is not checked, so that a label P2 stored unchecked
+                            // can still be removed by name.
+                            if let Some(problem) =
+                                label_key_problem(&key).filter(|_| !value.is_null())
+                            {
                                 problems.add(&at, problem);
                             }
                             match value {

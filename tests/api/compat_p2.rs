@@ -244,6 +244,31 @@ async fn a_p2_rc_whose_status_port_p2_accepts_is_readable() {
     }
 }
 
+/// P2 stores pod labels unchecked; one this server would refuse can still be removed by
+/// name, as a bad label can be removed from any object's labels.
+#[tokio::test]
+async fn a_pod_label_p2_stored_unchecked_can_be_removed() {
+    let app = TestApp::new().await;
+    let key = format!("replication_controllers/{P2_RC_ID}");
+    let document = P2_RC.replace(
+        r#""cluster_name":"production"}"#,
+        r#""cluster_name":"production","team name":"edge"}"#,
+    );
+    app.put_raw(&key, document.as_bytes()).await;
+
+    patch_rc(&app, P2_RC_ID, json!({"pod_labels": {"team name": null}})).await;
+    assert_eq!(raw(&app, &key).await, P2_RC);
+
+    let response = app
+        .merge_patch(
+            &format!("/api/v1/rcs/{P2_RC_ID}"),
+            &json!({"pod_labels": {"team name": "edge"}}),
+            &[],
+        )
+        .await;
+    assert_eq!(response.unprocessable_fields(), ["pod_labels.team name"]);
+}
+
 // ---- Labels ----
 
 /// P2's label applicator stores whatever value it is given, escaped by Go's JSON writer
