@@ -410,7 +410,8 @@ async fn get_rc(
         content((Object = "application/merge-patch+json"), (Object = "application/json"))),
     responses(
         (status = OK, description = "The patched RC", body = RcView,
-            headers(("ETag" = String, description = "The RC's new version"))),
+            headers(("ETag" = String, description = "The RC's new version"),
+                    ("X-Index" = u64, description = "The index the answer reflects: what the mirror has read, which may be below the RC's new version"))),
         (status = BAD_REQUEST, description = "Malformed JSON or If-Match", body = ErrorBody),
         (status = NOT_FOUND, description = "No such RC", body = ErrorBody),
         (status = CONFLICT, description = "A roll names the RC, someone holds its mutation lock, or it kept changing for 5 s", body = ErrorBody),

@@ -3,6 +3,7 @@
 mod auth;
 mod compat_p2;
 mod conditions;
+mod contract;
 mod daemonsets;
 mod events;
 mod http_basics;

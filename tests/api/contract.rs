@@ -1,0 +1,725 @@
+//! What the server really answers, checked against the OpenAPI document generated SDKs are
+//! built from: every status it answers is documented for the route with its content type and
+//! body schema, and the headers the document names (`ETag`, `X-Index`, `Location`,
+//! `Retry-After`) are sent exactly when it names them.
+
+use serde_json::{json, Value};
+
+use crate::support::api::{TestApp, TestResponse};
+use p2_apiserver::router;
+
+/// A request to check: method, route as the document spells it, path, JSON body, headers.
+type Probe<'a> = (
+    &'a str,
+    &'a str,
+    String,
+    Option<Value>,
+    Vec<(&'a str, &'a str)>,
+);
+
+/// The headers whose presence the document promises or denies.
+const CONTRACT_HEADERS: [&str; 4] = ["ETag", "X-Index", "Location", "Retry-After"];
+
+fn document() -> Value {
+    let (_, openapi) = router::api().split_for_parts();
+    serde_json::to_value(&openapi).unwrap()
+}
+
+/// How `response` to `method route` (`route` as the document spells the path) disagrees
+/// with `doc`.
+pub fn disagreements(
+    doc: &Value,
+    method: &str,
+    route: &str,
+    response: &TestResponse,
+) -> Vec<String> {
+    let name = format!("{method} {route} -> {}", response.status.as_u16());
+    let op = &doc["paths"][route][method.to_ascii_lowercase()];
+    assert!(op.is_object(), "{name}: no such operation in the document");
+    let Some(documented) = op["responses"].get(response.status.as_str()) else {
+        return vec![format!("{name}: status not documented: {response:?}")];
+    };
+    let mut problems = Vec::new();
+    for header in CONTRACT_HEADERS {
+        let promised = documented["headers"].get(header).is_some();
+        let sent = response.headers.contains_key(header);
+        if promised != sent {
+            problems.push(format!("{header}: documented {promised}, sent {sent}"));
+        }
+    }
+    let content_type = response
+        .header("content-type")
+        .map(|value| value.split(';').next().unwrap().trim().to_owned());
+    match (documented["content"].as_object(), &content_type) {
+        (None, None) => {}
+        (None, Some(sent)) if response.body.is_empty() => {
+            problems.push(format!("content type {sent} on an empty body"))
+        }
+        (None, Some(sent)) => problems.push(format!("undocumented body of type {sent}")),
+        (Some(content), sent) => match sent.as_deref().and_then(|sent| content.get(sent)) {
+            None => problems.push(format!(
+                "content type {sent:?}, documented {:?}",
+                content.keys().collect::<Vec<_>>()
+            )),
+            Some(media) if sent.as_deref() == Some("application/json") => {
+                match serde_json::from_slice(&response.body) {
+                    Ok(body) => validate(doc, &media["schema"], &body, "body", &mut problems),
+                    Err(e) => problems.push(format!("the body is not JSON: {e}")),
+                }
+            }
+            Some(_) => {}
+        },
+    }
+    problems
+        .into_iter()
+        .map(|problem| format!("{name}: {problem}; {response:?}"))
+        .collect()
+}
+
+/// Checks `value` against `schema` (the subset of JSON Schema utoipa writes), adding what
+/// disagrees to `problems`.
+fn validate(doc: &Value, schema: &Value, value: &Value, at: &str, problems: &mut Vec<String>) {
+    if let Some(reference) = schema["$ref"].as_str() {
+        let name = reference.trim_start_matches("#/components/schemas/");
+        return validate(
+            doc,
+            &doc["components"]["schemas"][name],
+            value,
+            at,
+            problems,
+        );
+    }
+    if let Some(choices) = schema["oneOf"].as_array() {
+        let fitting = choices
+            .iter()
+            .filter(|choice| {
+                let mut inner = Vec::new();
+                validate(doc, choice, value, at, &mut inner);
+                inner.is_empty()
+            })
+            .count();
+        if fitting != 1 {
+            problems.push(format!("{at}: {value} fits {fitting} of oneOf {schema}"));
+        }
+        return;
+    }
+    if let Some(values) = schema["enum"].as_array() {
+        if !values.contains(value) {
+            problems.push(format!("{at}: {value} is not one of {values:?}"));
+        }
+    }
+    let types: Vec<&str> = match &schema["type"] {
+        Value::String(one) => vec![one.as_str()],
+        Value::Array(many) => many.iter().filter_map(Value::as_str).collect(),
+        _ => return,
+    };
+    let fits = |kind: &str| match kind {
+        "null" => value.is_null(),
+        "boolean" => value.is_boolean(),
+        "integer" => value.is_i64() || value.is_u64(),
+        "number" => value.is_number(),
+        "string" => value.is_string(),
+        "array" => value.is_array(),
+        "object" => value.is_object(),
+        _ => true,
+    };
+    if !types.iter().any(|kind| fits(kind)) {
+        problems.push(format!("{at}: {value} is not of type {types:?}"));
+        return;
+    }
+    if let Some(items) = value.as_array() {
+        for (i, item) in items.iter().enumerate() {
+            validate(doc, &schema["items"], item, &format!("{at}[{i}]"), problems);
+        }
+    }
+    if let Some(object) = value.as_object() {
+        for field in schema["required"].as_array().into_iter().flatten() {
+            if !object.contains_key(field.as_str().unwrap()) {
+                problems.push(format!("{at}: required {field} is missing"));
+            }
+        }
+        for (field, inner) in object {
+            let at = format!("{at}.{field}");
+            match schema["properties"].get(field) {
+                Some(property) => validate(doc, property, inner, &at, problems),
+                None => match &schema["additionalProperties"] {
+                    Value::Bool(false) => problems.push(format!("{at}: undocumented field")),
+                    Value::Object(_) => {
+                        validate(doc, &schema["additionalProperties"], inner, &at, problems)
+                    }
+                    _ if schema["properties"].is_object() => {
+                        problems.push(format!("{at}: undocumented field"))
+                    }
+                    _ => {}
+                },
+            }
+        }
+    }
+}
+
+/// Sends `method path` with an optional JSON body and checks the answer against the
+/// document, returning it.
+async fn probe(
+    app: &TestApp,
+    (doc, found): (&Value, &mut Vec<String>),
+    (method, route, path): (&str, &str, &str),
+    body: Option<&Value>,
+    headers: &[(&str, &str)],
+) -> TestResponse {
+    let response = app.json_request(method, path, body, headers).await;
+    found.extend(disagreements(doc, method, route, &response));
+    response
+}
+
+const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+
+#[tokio::test]
+async fn every_route_answers_as_documented() {
+    let doc = document();
+    let mut found = Vec::new();
+    let app = TestApp::new().await;
+    let p = |m, r, path| (m, r, path);
+    let rc = json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+                    "replicas_desired": 0});
+    let created = probe(
+        &app,
+        (&doc, &mut found),
+        p("POST", "/api/v1/rcs", "/api/v1/rcs"),
+        Some(&rc),
+        &[],
+    )
+    .await;
+    let rc_id = created.json()["id"].as_str().unwrap().to_owned();
+    let rc_path = format!("/api/v1/rcs/{rc_id}");
+    let rc_route = "/api/v1/rcs/{id}";
+    probe(
+        &app,
+        (&doc, &mut found),
+        p("GET", rc_route, &rc_path),
+        None,
+        &[],
+    )
+    .await;
+    probe(
+        &app,
+        (&doc, &mut found),
+        p("GET", "/api/v1/rcs", "/api/v1/rcs"),
+        None,
+        &[],
+    )
+    .await;
+    for (method, route, path) in [
+        ("GET", "/api/v1/rcs", "/api/v1/rcs?bogus=1"),
+        ("GET", "/api/v1/rcs", "/api/v1/rcs?limit=x"),
+        ("GET", rc_route, "/api/v1/rcs/not-a-uuid"),
+        (
+            "GET",
+            rc_route,
+            "/api/v1/rcs/00000000-0000-4000-8000-000000000009",
+        ),
+        (
+            "GET",
+            "/api/v1/rolls/{id}",
+            "/api/v1/rolls/00000000-0000-4000-8000-000000000009",
+        ),
+        (
+            "GET",
+            "/api/v1/daemonsets/{id}",
+            "/api/v1/daemonsets/00000000-0000-4000-8000-000000000009",
+        ),
+        ("GET", "/api/v1/nodes/{node}", "/api/v1/nodes/nowhere"),
+        ("GET", "/api/v1/nodes", "/api/v1/nodes"),
+        ("GET", "/api/v1/pods", "/api/v1/pods"),
+        ("GET", "/api/v1/events", "/api/v1/events"),
+        ("GET", "/api/v1/rolls", "/api/v1/rolls"),
+        ("GET", "/api/v1/daemonsets", "/api/v1/daemonsets"),
+        ("GET", "/api/v1/leader", "/api/v1/leader"),
+        ("GET", "/api/v1/labels/{type}", "/api/v1/labels/node"),
+        ("GET", "/api/v1/labels/{type}", "/api/v1/labels/bogus"),
+        (
+            "GET",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/n1",
+        ),
+        ("GET", "/api/v1/health/{pod_id}", "/api/v1/health/hello"),
+        (
+            "GET",
+            "/api/v1/health/{pod_id}/{node}",
+            "/api/v1/health/hello/n1",
+        ),
+        (
+            "DELETE",
+            "/api/v1/health/{pod_id}/{node}",
+            "/api/v1/health/hello/n1",
+        ),
+        (
+            "GET",
+            "/api/v1/intent/{node}/{pod_id}",
+            "/api/v1/intent/n1/hello",
+        ),
+        (
+            "GET",
+            "/api/v1/reality/{node}/{pod_id}",
+            "/api/v1/reality/n1/hello",
+        ),
+        (
+            "DELETE",
+            "/api/v1/reality/{node}/{pod_id}",
+            "/api/v1/reality/n1/hello",
+        ),
+        ("GET", "/api/labels/{type}", "/api/labels/node"),
+        ("GET", "/api/labels/{type}", "/api/labels/bogus"),
+        ("GET", "/api/labels/{type}/{id}", "/api/labels/node/n1"),
+        ("GET", "/api/labels/{type}/{id}", "/api/labels/bogus/n1"),
+        ("GET", "/api/select", "/api/select?type=node&selector=a%3Db"),
+        ("DELETE", "/api/labels/{type}/{id}", "/api/labels/node/n1"),
+        (
+            "DELETE",
+            "/api/labels/{type}/{id}/{name}",
+            "/api/labels/node/n1/a",
+        ),
+        ("GET", "/healthz", "/healthz"),
+        ("GET", "/readyz", "/readyz"),
+        ("GET", "/version", "/version"),
+        ("GET", "/metrics", "/metrics"),
+    ] {
+        probe(&app, (&doc, &mut found), (method, route, path), None, &[]).await;
+    }
+    let writes: Vec<Probe<'_>> = vec![
+        (
+            "PATCH",
+            rc_route,
+            rc_path.clone(),
+            Some(json!({"replicas_desired": 0})),
+            vec![("content-type", "application/merge-patch+json")],
+        ),
+        (
+            "PATCH",
+            rc_route,
+            rc_path.clone(),
+            Some(json!({"replicas_desired": -1})),
+            vec![("content-type", "application/merge-patch+json")],
+        ),
+        (
+            "PATCH",
+            rc_route,
+            rc_path.clone(),
+            Some(json!({})),
+            vec![
+                ("content-type", "application/merge-patch+json"),
+                ("if-match", "\"1\""),
+            ],
+        ),
+        (
+            "PATCH",
+            rc_route,
+            rc_path.clone(),
+            Some(json!({})),
+            vec![("content-type", "text/plain")],
+        ),
+        (
+            "POST",
+            "/api/v1/rcs",
+            "/api/v1/rcs".into(),
+            Some(json!({"manifest": 1})),
+            vec![],
+        ),
+        (
+            "PUT",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/n1".into(),
+            Some(json!({"labels": {"role": "web"}})),
+            vec![],
+        ),
+        (
+            "PATCH",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/n1".into(),
+            Some(json!({"az": "a"})),
+            vec![("content-type", "application/merge-patch+json")],
+        ),
+        (
+            "PUT",
+            "/api/labels/{type}/{id}",
+            "/api/labels/node/n2".into(),
+            Some(json!({"values": {"role": "web"}})),
+            vec![],
+        ),
+        (
+            "PUT",
+            "/api/labels/{type}/{id}/{name}",
+            "/api/labels/node/n2/az".into(),
+            Some(json!({"value": "b"})),
+            vec![],
+        ),
+        (
+            "PUT",
+            "/api/v1/health/{pod_id}/{node}",
+            "/api/v1/health/hello/n1".into(),
+            Some(json!({"status": "passing"})),
+            vec![],
+        ),
+        (
+            "POST",
+            "/api/v1/daemonsets",
+            "/api/v1/daemonsets".into(),
+            Some(
+                json!({"manifest": MANIFEST, "node_selector": "role=web", "min_health": 0, "cluster_name": "c", "timeout": "1m"}),
+            ),
+            vec![],
+        ),
+        (
+            "POST",
+            "/api/v1/rolls",
+            "/api/v1/rolls".into(),
+            Some(
+                json!({"old_rc_id": rc_id, "new_rc_id": rc_id, "desired_replicas": 1, "minimum_replicas": 0}),
+            ),
+            vec![],
+        ),
+    ];
+    for (method, route, path, body, headers) in &writes {
+        probe(
+            &app,
+            (&doc, &mut found),
+            (method, route, path),
+            body.as_ref(),
+            headers,
+        )
+        .await;
+    }
+    let reality = app
+        .send_raw(
+            "PUT",
+            "/api/v1/reality/n1/hello",
+            &[("content-type", "application/yaml")],
+            MANIFEST,
+        )
+        .await;
+    found.extend(disagreements(
+        &doc,
+        "PUT",
+        "/api/v1/reality/{node}/{pod_id}",
+        &reality,
+    ));
+    for (method, route, path) in [
+        (
+            "GET",
+            "/api/v1/reality/{node}/{pod_id}",
+            "/api/v1/reality/n1/hello",
+        ),
+        (
+            "GET",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/n1",
+        ),
+        ("GET", "/api/labels/{type}/{id}", "/api/labels/node/n2"),
+        ("GET", "/api/v1/nodes/{node}", "/api/v1/nodes/n1"),
+        (
+            "GET",
+            "/api/v1/health/{pod_id}/{node}",
+            "/api/v1/health/hello/n1",
+        ),
+        (
+            "DELETE",
+            "/api/v1/reality/{node}/{pod_id}",
+            "/api/v1/reality/n1/hello",
+        ),
+        (
+            "DELETE",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/n1",
+        ),
+        ("DELETE", rc_route, &rc_path),
+    ] {
+        probe(&app, (&doc, &mut found), (method, route, path), None, &[]).await;
+    }
+    assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
+
+/// Reads of objects in every state they show, and writes refused for a version or a
+/// conflict.
+#[tokio::test]
+async fn full_and_refused_answers_are_documented() {
+    let doc = document();
+    let mut found = Vec::new();
+    let app = TestApp::new().await;
+    app.put_raw("intent/n1/hello", MANIFEST).await;
+    app.put_raw("reality/n1/hello", MANIFEST).await;
+    app.put_json("labels/pod/n1/hello", &json!({"pod_id": "hello"}))
+        .await;
+    app.put_json("labels/node/n1", &json!({"role": "web"}))
+        .await;
+    let health = json!({"Id": "hello", "Node": "n1", "Service": "hello", "Status": "passing",
+        "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    app.put_json("health/hello/n1", &health).await;
+    let rc = |replicas: i64| {
+        json!({"manifest": MANIFEST, "node_selector": "role=web",
+        "pod_labels": {}, "replicas_desired": replicas})
+    };
+    let mut ids = Vec::new();
+    for replicas in [1, 0] {
+        let created = app
+            .json_request("POST", "/api/v1/rcs", Some(&rc(replicas)), &[])
+            .await;
+        ids.push(created.json()["id"].as_str().unwrap().to_owned());
+    }
+    let roll = json!({"old_rc_id": ids[0], "new_rc_id": ids[1], "desired_replicas": 1,
+                      "minimum_replicas": 0});
+    let ds = json!({"manifest": MANIFEST, "node_selector": "role=web", "min_health": 0,
+                    "cluster_name": "c", "timeout": "1m"});
+    let created_ds = app
+        .json_request("POST", "/api/v1/daemonsets", Some(&ds), &[])
+        .await;
+    let ds_id = created_ds.json()["id"].as_str().unwrap().to_owned();
+    let stale = [("if-match", "\"1\"")];
+    let merge = [("content-type", "application/merge-patch+json")];
+    let stale_merge = [
+        ("content-type", "application/merge-patch+json"),
+        ("if-match", "\"1\""),
+    ];
+    let (rc0, rc1) = (
+        format!("/api/v1/rcs/{}", ids[0]),
+        format!("/api/v1/rcs/{}", ids[1]),
+    );
+    let ds_path = format!("/api/v1/daemonsets/{ds_id}");
+    let missing = "00000000-0000-4000-8000-00000000000c";
+    let probes: Vec<Probe<'_>> = vec![
+        (
+            "POST",
+            "/api/v1/rolls",
+            "/api/v1/rolls".into(),
+            Some(roll.clone()),
+            vec![],
+        ),
+        (
+            "POST",
+            "/api/v1/rolls",
+            "/api/v1/rolls".into(),
+            Some(roll),
+            vec![],
+        ),
+        (
+            "POST",
+            "/api/v1/daemonsets",
+            "/api/v1/daemonsets".into(),
+            Some(ds),
+            vec![],
+        ),
+        ("GET", "/api/v1/rolls", "/api/v1/rolls".into(), None, vec![]),
+        ("GET", "/api/v1/rcs", "/api/v1/rcs".into(), None, vec![]),
+        ("GET", "/api/v1/rcs/{id}", rc0.clone(), None, vec![]),
+        (
+            "GET",
+            "/api/v1/daemonsets",
+            "/api/v1/daemonsets".into(),
+            None,
+            vec![],
+        ),
+        (
+            "GET",
+            "/api/v1/daemonsets/{id}",
+            ds_path.clone(),
+            None,
+            vec![],
+        ),
+        (
+            "GET",
+            "/api/v1/events",
+            "/api/v1/events".into(),
+            None,
+            vec![],
+        ),
+        ("GET", "/api/v1/pods", "/api/v1/pods".into(), None, vec![]),
+        ("GET", "/api/v1/nodes", "/api/v1/nodes".into(), None, vec![]),
+        (
+            "GET",
+            "/api/v1/nodes/{node}",
+            "/api/v1/nodes/n1".into(),
+            None,
+            vec![],
+        ),
+        (
+            "GET",
+            "/api/v1/health/{pod_id}",
+            "/api/v1/health/hello".into(),
+            None,
+            vec![],
+        ),
+        (
+            "GET",
+            "/api/v1/health/{pod_id}/{node}",
+            "/api/v1/health/hello/n1".into(),
+            None,
+            vec![],
+        ),
+        (
+            "GET",
+            "/api/v1/intent/{node}/{pod_id}",
+            "/api/v1/intent/n1/hello".into(),
+            None,
+            vec![],
+        ),
+        (
+            "GET",
+            "/api/v1/labels/{type}",
+            "/api/v1/labels/pod".into(),
+            None,
+            vec![],
+        ),
+        (
+            "GET",
+            "/api/labels/{type}",
+            "/api/labels/pod".into(),
+            None,
+            vec![],
+        ),
+        (
+            "PATCH",
+            "/api/v1/rcs/{id}",
+            rc0.clone(),
+            Some(json!({"replicas_desired": 2})),
+            merge.to_vec(),
+        ),
+        ("DELETE", "/api/v1/rcs/{id}", rc0.clone(), None, vec![]),
+        (
+            "DELETE",
+            "/api/v1/rcs/{id}",
+            rc1.clone(),
+            None,
+            stale.to_vec(),
+        ),
+        (
+            "PATCH",
+            "/api/v1/daemonsets/{id}",
+            ds_path.clone(),
+            Some(json!({"min_health": 1})),
+            stale_merge.to_vec(),
+        ),
+        (
+            "PATCH",
+            "/api/v1/daemonsets/{id}",
+            ds_path.clone(),
+            Some(json!({"min_health": 1})),
+            merge.to_vec(),
+        ),
+        (
+            "DELETE",
+            "/api/v1/daemonsets/{id}",
+            ds_path.clone(),
+            None,
+            stale.to_vec(),
+        ),
+        (
+            "PATCH",
+            "/api/v1/daemonsets/{id}",
+            format!("/api/v1/daemonsets/{missing}"),
+            Some(json!({})),
+            merge.to_vec(),
+        ),
+        (
+            "DELETE",
+            "/api/v1/daemonsets/{id}",
+            format!("/api/v1/daemonsets/{missing}"),
+            None,
+            vec![],
+        ),
+        (
+            "DELETE",
+            "/api/v1/rolls/{id}",
+            format!("/api/v1/rolls/{missing}"),
+            None,
+            vec![],
+        ),
+        (
+            "DELETE",
+            "/api/v1/rcs/{id}",
+            format!("/api/v1/rcs/{missing}"),
+            None,
+            vec![],
+        ),
+        (
+            "PATCH",
+            "/api/v1/rcs/{id}",
+            format!("/api/v1/rcs/{missing}"),
+            Some(json!({})),
+            merge.to_vec(),
+        ),
+        (
+            "PUT",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/n1".into(),
+            Some(json!({"labels": {}})),
+            stale.to_vec(),
+        ),
+        (
+            "PATCH",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/n1".into(),
+            Some(json!({})),
+            stale_merge.to_vec(),
+        ),
+        (
+            "DELETE",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/n1".into(),
+            None,
+            stale.to_vec(),
+        ),
+        (
+            "DELETE",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/n9".into(),
+            None,
+            vec![],
+        ),
+        (
+            "PATCH",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/bogus/n1".into(),
+            Some(json!({})),
+            merge.to_vec(),
+        ),
+        (
+            "PUT",
+            "/api/v1/health/{pod_id}/{node}",
+            "/api/v1/health/hello/n1".into(),
+            Some(json!({"status": "passing"})),
+            stale.to_vec(),
+        ),
+        (
+            "DELETE",
+            "/api/v1/health/{pod_id}/{node}",
+            "/api/v1/health/hello/n1".into(),
+            None,
+            stale.to_vec(),
+        ),
+        (
+            "DELETE",
+            "/api/v1/daemonsets/{id}",
+            ds_path.clone(),
+            None,
+            vec![],
+        ),
+    ];
+    for (method, route, path, body, headers) in probes {
+        let response = app
+            .json_request(method, &path, body.as_ref(), &headers)
+            .await;
+        found.extend(disagreements(&doc, method, route, &response));
+    }
+    let stream = app
+        .open(
+            axum::http::Request::get("/api/v1/watch")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await;
+    let watched = TestResponse {
+        status: stream.status(),
+        headers: stream.headers().clone(),
+        body: Default::default(),
+    };
+    found.extend(disagreements(&doc, "GET", "/api/v1/watch", &watched));
+    assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
