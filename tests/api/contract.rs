@@ -17,6 +17,13 @@ type Probe<'a> = (
     Vec<(&'a str, &'a str)>,
 );
 
+/// A request sent with its body as given: method, route and path, body, headers.
+type RawProbe<'a> = (
+    (&'a str, &'a str, String),
+    Option<&'a str>,
+    &'a [(&'a str, &'a str)],
+);
+
 /// The headers whose presence the document promises or denies.
 const CONTRACT_HEADERS: [&str; 4] = ["ETag", "X-Index", "Location", "Retry-After"];
 
@@ -435,6 +442,337 @@ async fn every_route_answers_as_documented() {
         probe(&app, (&doc, &mut found), (method, route, path), None, &[]).await;
     }
     assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
+
+/// Answers the document might miss: bodies that are not JSON, documents the store holds that
+/// do not decode, objects that exist only in part.
+#[tokio::test]
+async fn unusual_answers_are_documented() {
+    let doc = document();
+    let mut found = Vec::new();
+    let app = TestApp::new().await;
+    let bad = "00000000-0000-4000-8000-00000000000b";
+    for key in [
+        format!("rolls/{bad}"),
+        format!("replication_controllers/{bad}"),
+        format!("daemon_sets/{bad}"),
+        "labels/node/n1".to_owned(),
+        "labels/pod/n1/hello".to_owned(),
+        "health/hello/n1".to_owned(),
+        "intent/n1/hello".to_owned(),
+        "reality/n1/hello".to_owned(),
+    ] {
+        app.put_raw(&key, "{not json").await;
+    }
+    let p = |m, r, path| (m, r, path);
+    let roll = json!({"old_rc_id": bad, "new_rc_id": "00000000-0000-4000-8000-00000000000d",
+                      "desired_replicas": 1, "minimum_replicas": 0})
+    .to_string();
+    let json = [("content-type", "application/json")];
+    let yaml = [("content-type", "application/yaml")];
+    let text = [("content-type", "text/plain")];
+    let probes: Vec<RawProbe<'_>> = vec![
+        (
+            p("PATCH", "/api/v1/rcs/{id}", format!("/api/v1/rcs/{bad}")),
+            Some("{}"),
+            &json,
+        ),
+        (
+            p(
+                "PATCH",
+                "/api/v1/daemonsets/{id}",
+                format!("/api/v1/daemonsets/{bad}"),
+            ),
+            Some("{}"),
+            &json,
+        ),
+        (
+            p("POST", "/api/v1/rolls", "/api/v1/rolls".into()),
+            Some(&roll),
+            &json,
+        ),
+        (
+            p("DELETE", "/api/v1/rcs/{id}", format!("/api/v1/rcs/{bad}")),
+            None,
+            &[],
+        ),
+        (
+            p(
+                "DELETE",
+                "/api/v1/daemonsets/{id}",
+                format!("/api/v1/daemonsets/{bad}"),
+            ),
+            None,
+            &[],
+        ),
+        (
+            p("GET", "/api/v1/rolls/{id}", format!("/api/v1/rolls/{bad}")),
+            None,
+            &[],
+        ),
+        (
+            p(
+                "DELETE",
+                "/api/v1/rolls/{id}",
+                format!("/api/v1/rolls/{bad}"),
+            ),
+            None,
+            &[],
+        ),
+        (
+            p("GET", "/api/v1/rcs/{id}", format!("/api/v1/rcs/{bad}")),
+            None,
+            &[],
+        ),
+        (
+            p(
+                "GET",
+                "/api/v1/daemonsets/{id}",
+                format!("/api/v1/daemonsets/{bad}"),
+            ),
+            None,
+            &[],
+        ),
+        (p("GET", "/api/v1/rolls", "/api/v1/rolls".into()), None, &[]),
+        (p("GET", "/api/v1/rcs", "/api/v1/rcs".into()), None, &[]),
+        (
+            p("GET", "/api/v1/daemonsets", "/api/v1/daemonsets".into()),
+            None,
+            &[],
+        ),
+        (
+            p(
+                "GET",
+                "/api/v1/labels/{type}/{id}",
+                "/api/v1/labels/node/n1".into(),
+            ),
+            None,
+            &[],
+        ),
+        (
+            p("GET", "/api/v1/labels/{type}", "/api/v1/labels/node".into()),
+            None,
+            &[],
+        ),
+        (
+            p("GET", "/api/v1/nodes/{node}", "/api/v1/nodes/n1".into()),
+            None,
+            &[],
+        ),
+        (p("GET", "/api/v1/nodes", "/api/v1/nodes".into()), None, &[]),
+        (p("GET", "/api/v1/pods", "/api/v1/pods".into()), None, &[]),
+        (
+            p(
+                "GET",
+                "/api/labels/{type}/{id}",
+                "/api/labels/node/n1".into(),
+            ),
+            None,
+            &[],
+        ),
+        (
+            p("GET", "/api/labels/{type}", "/api/labels/node".into()),
+            None,
+            &[],
+        ),
+        (
+            p(
+                "GET",
+                "/api/select",
+                "/api/select?type=node&selector=a%3Db".into(),
+            ),
+            None,
+            &[],
+        ),
+        (
+            p(
+                "GET",
+                "/api/v1/health/{pod_id}/{node}",
+                "/api/v1/health/hello/n1".into(),
+            ),
+            None,
+            &[],
+        ),
+        (
+            p(
+                "GET",
+                "/api/v1/health/{pod_id}",
+                "/api/v1/health/hello".into(),
+            ),
+            None,
+            &[],
+        ),
+        (
+            p(
+                "GET",
+                "/api/v1/intent/{node}/{pod_id}",
+                "/api/v1/intent/n1/hello".into(),
+            ),
+            None,
+            &[],
+        ),
+        (
+            p(
+                "GET",
+                "/api/v1/reality/{node}/{pod_id}",
+                "/api/v1/reality/n1/hello".into(),
+            ),
+            None,
+            &[],
+        ),
+        (
+            p(
+                "PATCH",
+                "/api/v1/labels/{type}/{id}",
+                "/api/v1/labels/node/n1".into(),
+            ),
+            Some("{}"),
+            &[("content-type", "application/merge-patch+json")],
+        ),
+        (
+            p(
+                "PUT",
+                "/api/v1/labels/{type}/{id}",
+                "/api/v1/labels/node/n1".into(),
+            ),
+            Some(r#"{"labels":{}}"#),
+            &json,
+        ),
+        (
+            p(
+                "PUT",
+                "/api/labels/{type}/{id}/{name}",
+                "/api/labels/node/n1/a".into(),
+            ),
+            Some(r#"{"value":"b"}"#),
+            &json,
+        ),
+        (
+            p(
+                "DELETE",
+                "/api/labels/{type}/{id}/{name}",
+                "/api/labels/node/n1/a".into(),
+            ),
+            None,
+            &[],
+        ),
+        (
+            p(
+                "PUT",
+                "/api/v1/health/{pod_id}/{node}",
+                "/api/v1/health/hello/n1".into(),
+            ),
+            Some(r#"{"status":"passing"}"#),
+            &json,
+        ),
+        (
+            p("POST", "/api/v1/rcs", "/api/v1/rcs".into()),
+            Some("{"),
+            &json,
+        ),
+        (
+            p("POST", "/api/v1/rcs", "/api/v1/rcs".into()),
+            Some("{}"),
+            &text,
+        ),
+        (
+            p(
+                "PUT",
+                "/api/labels/{type}/{id}",
+                "/api/labels/node/n3".into(),
+            ),
+            Some("{"),
+            &json,
+        ),
+        (
+            p(
+                "PUT",
+                "/api/labels/{type}/{id}",
+                "/api/labels/node/n3".into(),
+            ),
+            Some("{}"),
+            &text,
+        ),
+        (
+            p(
+                "PUT",
+                "/api/labels/{type}/{id}/{name}",
+                "/api/labels/node/n3/a".into(),
+            ),
+            Some("{}"),
+            &text,
+        ),
+        (
+            p(
+                "PUT",
+                "/api/v1/reality/{node}/{pod_id}",
+                "/api/v1/reality/n1/hello".into(),
+            ),
+            Some("id: [ "),
+            &yaml,
+        ),
+        (
+            p(
+                "PUT",
+                "/api/v1/reality/{node}/{pod_id}",
+                "/api/v1/reality/n1/hello".into(),
+            ),
+            Some("{}"),
+            &text,
+        ),
+        (
+            p("POST", "/api/v1/rolls", "/api/v1/rolls".into()),
+            Some("{"),
+            &json,
+        ),
+        (
+            p("GET", "/api/v1/watch", "/api/v1/watch?kinds=bogus".into()),
+            None,
+            &[],
+        ),
+        (
+            p("GET", "/api/v1/events", "/api/v1/events?kind=bogus".into()),
+            None,
+            &[],
+        ),
+        (
+            p(
+                "GET",
+                "/api/v1/rcs/{id}",
+                format!("/api/v1/rcs/{bad}?index=1&wait=1ms"),
+            ),
+            None,
+            &[],
+        ),
+    ];
+    for ((method, route, path), body, headers) in probes {
+        let body = body.map_or_else(String::new, str::to_owned);
+        let response = app.send_raw(method, &path, headers, body).await;
+        found.extend(disagreements(&doc, method, route, &response));
+    }
+    assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
+
+/// A roll the store holds that does not decode is answered as an RC or a daemon set that
+/// does not decode is: 500 `UnreadableDocument`, saying how to clear it.
+#[tokio::test]
+async fn an_unreadable_roll_says_so_and_how_to_clear_it() {
+    let app = TestApp::new().await;
+    let id = "00000000-0000-4000-8000-00000000000b";
+    app.put_raw(&format!("rolls/{id}"), "{not json").await;
+    let path = format!("/api/v1/rolls/{id}");
+    let response = app.get(&path).await;
+    let error = response.error();
+    assert_eq!(error.reason, "UnreadableDocument", "{error:?}");
+    assert!(
+        error.message.contains(&format!("DELETE {path}")),
+        "{error:?}"
+    );
+    assert_eq!(
+        app.json_request("DELETE", &path, None, &[]).await.status,
+        204
+    );
+    assert_eq!(app.get(&path).await.status, 404);
 }
 
 /// Reads of objects in every state they show, and writes refused for a version or a
