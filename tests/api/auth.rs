@@ -15,6 +15,8 @@ use axum::http::{HeaderValue, Request, StatusCode};
 use axum::Router;
 use p2_apiserver::app::App;
 use p2_apiserver::auth::Access;
+
+use crate::contract::disagreements;
 use p2_apiserver::router;
 use sha2::{Digest, Sha256};
 use tempfile::TempDir;
@@ -165,10 +167,14 @@ async fn every_documented_operation_needs_its_role() {
             assert_eq!(operation["security"][0]["bearer"], serde_json::json!([]));
             let response = secured.send(&method, &uri, None).await;
             assert_denied(&response, StatusCode::UNAUTHORIZED, &what);
+            let found = disagreements(&document, &method, path, &response);
+            assert!(found.is_empty(), "{found:#?}");
             let response = secured.send(&method, &uri, Some("unknown")).await;
             assert_denied(&response, StatusCode::UNAUTHORIZED, &what);
             for (role, token) in ROLES {
                 let response = secured.send(&method, &uri, Some(token)).await;
+                let found = disagreements(&document, &method, path, &response);
+                assert!(found.is_empty(), "{found:#?}");
                 let what = format!("{what} as {role}");
                 if allowed(required).contains(&role) {
                     assert_let_through(&response, &what);

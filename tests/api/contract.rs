@@ -1040,7 +1040,32 @@ async fn full_and_refused_answers_are_documented() {
             vec![],
         ),
     ];
-    for (method, route, path, body, headers) in probes {
+    let roll_path = format!("/api/v1/rolls/{}", ids[1]);
+    let finished: Vec<Probe<'_>> = vec![
+        (
+            "DELETE",
+            "/api/v1/rolls/{id}",
+            roll_path.clone(),
+            None,
+            vec![],
+        ),
+        ("GET", "/api/v1/rolls/{id}", roll_path, None, vec![]),
+        (
+            "GET",
+            "/api/v1/rolls",
+            "/api/v1/rolls?state=all".into(),
+            None,
+            vec![],
+        ),
+        (
+            "GET",
+            "/api/v1/rolls",
+            "/api/v1/rolls?state=bogus".into(),
+            None,
+            vec![],
+        ),
+    ];
+    for (method, route, path, body, headers) in probes.into_iter().chain(finished) {
         let response = app
             .json_request(method, &path, body.as_ref(), &headers)
             .await;
@@ -1059,5 +1084,49 @@ async fn full_and_refused_answers_are_documented() {
         body: Default::default(),
     };
     found.extend(disagreements(&doc, "GET", "/api/v1/watch", &watched));
+    let schema = &doc["paths"]["/api/v1/watch"]["get"]["responses"]["200"]["content"]
+        ["text/event-stream"]["schema"];
+    let events = snapshot(stream.into_body()).await;
+    assert!(events.len() > 10, "{events:?}");
+    for (name, data) in events {
+        validate(&doc, schema, &data, &format!("event {name}"), &mut found);
+        if data["type"] != name.as_str() {
+            found.push(format!("event {name} has data of type {}", data["type"]));
+        }
+    }
     assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
+
+/// The events of a change stream up to its `synced`, each as its name and data.
+async fn snapshot(mut body: axum::body::Body) -> Vec<(String, Value)> {
+    use http_body_util::BodyExt;
+    let mut text = String::new();
+    let mut events = Vec::new();
+    loop {
+        while let Some(end) = text.find("\n\n") {
+            let block: String = text.drain(..end + 2).collect();
+            let field = |name: &str| {
+                let prefix = format!("{name}: ");
+                block
+                    .lines()
+                    .find_map(|line| Some(line.strip_prefix(&prefix)?.to_owned()))
+            };
+            let (Some(name), Some(data)) = (field("event"), field("data")) else {
+                continue;
+            };
+            let synced = name == "synced";
+            events.push((name, serde_json::from_str(&data).unwrap()));
+            if synced {
+                return events;
+            }
+        }
+        let frame = tokio::time::timeout(std::time::Duration::from_secs(10), body.frame())
+            .await
+            .expect("the stream went silent")
+            .expect("the stream ended in its snapshot")
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            text.push_str(std::str::from_utf8(&data).unwrap());
+        }
+    }
 }
