@@ -90,7 +90,7 @@ pub struct SelectParams {
     pub selector: Option<String>,
     /// Label type to search: node, pod, replication_controller, rolls or pod_clusters.
     #[serde(rename = "type")]
-    #[param(rename = "type", required = true, value_type = String)]
+    #[param(rename = "type", required = true, value_type = LabelType)]
     pub label_type: Option<String>,
     /// Sent by P2's clients and ignored, whatever its value, as P2's server does.
     #[serde(rename = "cachedMatch")]

@@ -111,9 +111,22 @@ pub struct Roll {
 pub struct RollFilter {
     /// `active` (the default: rolls still running), `finished` (kept for the retention
     /// period) or `all`.
+    #[param(inline, value_type = Option<RollState>)]
     state: Option<String>,
     /// Read through to the store rather than from this server's mirror of it.
     consistent: Option<bool>,
+}
+
+/// Which rolls a listing shows: those running, those finished, or all.
+// Only for the document: the filter takes the text, so that any other value is listed
+// with the query's other faults.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum RollState {
+    Active,
+    Finished,
+    All,
 }
 
 impl ListFilter for RollFilter {
