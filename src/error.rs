@@ -16,7 +16,8 @@
 //! A [`StoreError`] converts with `?`; see the `From` impl for the mapping.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::http::StatusCode;
+use axum::http::header::RETRY_AFTER;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -272,9 +273,16 @@ impl IntoResponse for ApiError {
         if let Some(cause) = &self.internal {
             tracing::error!(status = self.status.as_u16(), %cause, "request failed");
         }
-        (self.status, Json(self.body())).into_response()
+        let retry = (self.status == StatusCode::SERVICE_UNAVAILABLE)
+            .then_some([(RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS))]);
+        (self.status, retry, Json(self.body())).into_response()
     }
 }
+
+/// The `Retry-After` of every 503, in seconds: the server is briefly unable to answer (its
+/// store, its mirror, or its connection cap), and clients and SDKs that honour the header
+/// should come back soon rather than at once or never.
+pub const RETRY_AFTER_SECONDS: &str = "1";
 
 /// Collects every problem found while validating one request, so the client gets them all in
 /// a single 422 instead of one per attempt.

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use axum::body::{to_bytes, Body, HttpBody};
 use axum::extract::{Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION};
+use axum::http::header::{
+    AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION, RETRY_AFTER,
+};
 use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -90,6 +92,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .nest("/api/v1", api::events::router());
     document_unknown_parameters(router.get_openapi_mut());
     document_request_limits(router.get_openapi_mut());
+    document_unavailable(router.get_openapi_mut());
     auth::document(router.get_openapi_mut());
     router
 }
@@ -126,6 +129,28 @@ fn document_request_limits(openapi: &mut utoipa::openapi::OpenApi) {
             if !responses.contains_key(code) {
                 responses.insert(code.to_owned(), ErrorBody::documented(description));
             }
+        }
+    }
+}
+
+/// Every route may answer 503: a connection past `--max-connections` is refused before its
+/// request is read ([`crate::server`]), whatever its route. Every 503 carries `Retry-After`
+/// ([`crate::error::RETRY_AFTER_SECONDS`]), documented on each.
+fn document_unavailable(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{HeaderBuilder, ObjectBuilder, Type};
+    let retry_after = HeaderBuilder::new()
+        .schema(ObjectBuilder::new().schema_type(Type::Integer))
+        .description(Some("Seconds to wait before trying again"))
+        .build();
+    for operation in operations(openapi) {
+        let responses = &mut operation.responses.responses;
+        let unavailable = responses.entry("503".to_owned()).or_insert_with(|| {
+            ErrorBody::documented("The server is at its connection cap; retry later")
+        });
+        if let RefOr::T(response) = unavailable {
+            response
+                .headers
+                .insert("Retry-After".to_owned(), retry_after.clone());
         }
     }
 }
@@ -187,7 +212,7 @@ fn cors(origins: Vec<HeaderValue>) -> Option<CorsLayer> {
             .allow_headers(AllowHeaders::mirror_request())
             // Past the few headers a page may always read: ours, and `ETag`, without which
             // a page could not make the `If-Match` writes the API offers.
-            .expose_headers([REQUEST_ID_HEADER, INDEX_HEADER, LOCATION, ETAG])
+            .expose_headers([REQUEST_ID_HEADER, INDEX_HEADER, LOCATION, ETAG, RETRY_AFTER])
             .max_age(Duration::from_secs(600)),
     )
 }

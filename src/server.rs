@@ -20,7 +20,7 @@ use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::server::TlsStream;
 
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, RETRY_AFTER_SECONDS};
 use crate::router::{self, MAX_HEADERS};
 
 mod json_errors;
@@ -201,9 +201,9 @@ fn raw_answer(status: StatusCode, message: &str) -> Vec<u8> {
     let body = serde_json::to_vec(&ApiError::new(status, message.to_owned()).body())
         .expect("an error body serializes");
     let retry = if status == StatusCode::SERVICE_UNAVAILABLE {
-        "retry-after: 1\r\n"
+        format!("retry-after: {RETRY_AFTER_SECONDS}\r\n")
     } else {
-        ""
+        String::new()
     };
     let head = format!(
         "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\

@@ -343,7 +343,7 @@ async fn cors_answers_let_pages_read_the_headers_the_api_answers_with() {
     let exposed = response.header("access-control-expose-headers").unwrap();
     let exposed: Vec<_> = exposed.split(',').map(str::trim).collect();
     // An ETag a page cannot read is no use to it for If-Match.
-    for header in ["etag", "x-index", "x-request-id", "location"] {
+    for header in ["etag", "x-index", "x-request-id", "location", "retry-after"] {
         assert!(exposed.contains(&header), "{header} in {exposed:?}");
     }
 }

@@ -1191,3 +1191,67 @@ fn every_reference_resolves() {
     walk(&doc, &doc, &mut missing);
     assert!(missing.is_empty(), "{missing:?}");
 }
+
+/// With the store unreachable, every 503 is documented and carries the `Retry-After` the
+/// document gives it, as the refusal of a connection past the cap does.
+#[tokio::test]
+async fn answers_while_the_store_is_unreachable_are_documented() {
+    use std::sync::atomic::Ordering;
+
+    use crate::support::switchable;
+
+    let doc = document();
+    let (app, switch) = switchable::app(Default::default(), None).await;
+    switch.cut.store(true, Ordering::SeqCst);
+    let mut found = Vec::new();
+    let rc = json!({"manifest": MANIFEST, "node_selector": "role=web", "replicas_desired": 0});
+    let probes: Vec<Probe<'_>> = vec![
+        ("GET", "/readyz", "/readyz".into(), None, vec![]),
+        (
+            "POST",
+            "/api/v1/rcs",
+            "/api/v1/rcs".into(),
+            Some(rc),
+            vec![],
+        ),
+        (
+            "PUT",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/n1".into(),
+            Some(json!({"labels": {}})),
+            vec![],
+        ),
+        (
+            "GET",
+            "/api/v1/rcs",
+            "/api/v1/rcs?consistent=true".into(),
+            None,
+            vec![],
+        ),
+        (
+            "DELETE",
+            "/api/labels/{type}/{id}",
+            "/api/labels/node/n1".into(),
+            None,
+            vec![],
+        ),
+    ];
+    for (method, route, path, body, headers) in probes {
+        let response = app
+            .json_request(method, &path, body.as_ref(), &headers)
+            .await;
+        assert_eq!(response.status, 503, "{method} {path}: {response:?}");
+        assert_eq!(response.header("retry-after"), Some("1"), "{response:?}");
+        found.extend(disagreements(&doc, method, route, &response));
+    }
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let unavailable = &op["responses"]["503"];
+            assert!(
+                unavailable["headers"].get("Retry-After").is_some(),
+                "{method} {path}: {unavailable}"
+            );
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
