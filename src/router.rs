@@ -93,23 +93,27 @@ pub fn api() -> OpenApiRouter<AppState> {
     document_unknown_parameters(router.get_openapi_mut());
     document_request_limits(router.get_openapi_mut());
     document_unavailable(router.get_openapi_mut());
+    document_internal_errors(router.get_openapi_mut());
     auth::document(router.get_openapi_mut());
     router
 }
 
 /// Every operation of `openapi`.
 fn operations(openapi: &mut utoipa::openapi::OpenApi) -> impl Iterator<Item = &mut Operation> {
-    openapi.paths.paths.values_mut().flat_map(|item| {
-        [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
-        ]
-        .into_iter()
-        .flatten()
-    })
+    openapi.paths.paths.values_mut().flat_map(path_operations)
+}
+
+/// Every operation of one path.
+fn path_operations(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = &mut Operation> {
+    [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.patch,
+    ]
+    .into_iter()
+    .flatten()
 }
 
 /// The limits on every request ([`with_middleware`]) answer on every route: 414 and 431 for
@@ -151,6 +155,28 @@ fn document_unavailable(openapi: &mut utoipa::openapi::OpenApi) {
             response
                 .headers
                 .insert("Retry-After".to_owned(), retry_after.clone());
+        }
+    }
+}
+
+/// Every API route reads or writes the store, and the store may refuse the server's own
+/// credentials (a Consul token without the rights it needs): that is a 500 with the generic
+/// body ([`ApiError`]'s `From<StoreError>`), which every API operation documents, beside
+/// any 500 of its own (an unreadable document).
+fn document_internal_errors(openapi: &mut utoipa::openapi::OpenApi) {
+    let api = openapi.paths.paths.iter_mut();
+    let api = api.filter(|(path, _)| path.starts_with("/api/"));
+    for (_, item) in api {
+        for operation in path_operations(item) {
+            operation
+                .responses
+                .responses
+                .entry("500".to_owned())
+                .or_insert_with(|| {
+                    ErrorBody::documented(
+                        "The store refused the server's credentials; the cause is in the server's log",
+                    )
+                });
         }
     }
 }

@@ -6,6 +6,8 @@
 use serde_json::{json, Value};
 
 use crate::support::api::{TestApp, TestResponse};
+use p2_apiserver::error::ApiError;
+use p2_apiserver::kv::StoreError;
 use p2_apiserver::router;
 
 /// A request to check: method, route as the document spells it, path, JSON body, headers.
@@ -1254,4 +1256,28 @@ async fn answers_while_the_store_is_unreachable_are_documented() {
         }
     }
     assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
+
+/// Every API operation reads or writes the store, which may refuse the server's own
+/// credentials: the 500 that gives is documented on each, with the one error body.
+#[test]
+fn every_api_operation_documents_the_500_of_a_store_refusing_the_server() {
+    let doc = document();
+    let mut checked = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        if !path.starts_with("/api/") {
+            continue;
+        }
+        for (method, op) in item.as_object().unwrap() {
+            let internal = &op["responses"]["500"]["content"]["application/json"]["schema"];
+            assert_eq!(
+                internal["$ref"], "#/components/schemas/ErrorBody",
+                "{method} {path}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 30, "only {checked}");
+    let refused = ApiError::from(StoreError::Forbidden("ACL not found".into()));
+    assert_eq!(refused.status(), 500);
 }
