@@ -273,15 +273,18 @@ impl IntoResponse for ApiError {
         if let Some(cause) = &self.internal {
             tracing::error!(status = self.status.as_u16(), %cause, "request failed");
         }
-        let retry = (self.status == StatusCode::SERVICE_UNAVAILABLE)
-            .then_some([(RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS))]);
+        let retry = (self.status == StatusCode::SERVICE_UNAVAILABLE
+            && self.reason != Some(OUTCOME_UNKNOWN))
+        .then_some([(RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS))]);
         (self.status, retry, Json(self.body())).into_response()
     }
 }
 
-/// The `Retry-After` of every 503, in seconds: the server is briefly unable to answer (its
+/// The `Retry-After` of a 503, in seconds: the server is briefly unable to answer (its
 /// store, its mirror, or its connection cap), and clients and SDKs that honour the header
-/// should come back soon rather than at once or never.
+/// should come back soon rather than at once or never. Not of an `OutcomeUnknown`: the write
+/// may have been applied, and a client (or an SDK's retry policy) retrying it blindly could
+/// apply it twice; it must re-read first.
 pub const RETRY_AFTER_SECONDS: &str = "1";
 
 /// Collects every problem found while validating one request, so the client gets them all in
@@ -483,6 +486,20 @@ mod tests {
         }
         let unknown = ApiError::outcome_unknown("lost").body();
         assert!(unknown.message.contains("re-read"), "{unknown:?}");
+    }
+
+    #[test]
+    fn a_503_says_when_to_retry_unless_its_write_may_have_been_applied() {
+        let retry_after = |err: ApiError| {
+            let response = err.into_response();
+            response.headers().get(RETRY_AFTER).cloned()
+        };
+        assert_eq!(
+            retry_after(ApiError::unavailable("down")).unwrap(),
+            RETRY_AFTER_SECONDS
+        );
+        assert!(retry_after(ApiError::store_timeout("hung")).is_some());
+        assert_eq!(retry_after(ApiError::outcome_unknown("lost")), None);
     }
 
     #[test]

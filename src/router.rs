@@ -138,13 +138,16 @@ fn document_request_limits(openapi: &mut utoipa::openapi::OpenApi) {
 }
 
 /// Every route may answer 503: a connection past `--max-connections` is refused before its
-/// request is read ([`crate::server`]), whatever its route. Every 503 carries `Retry-After`
-/// ([`crate::error::RETRY_AFTER_SECONDS`]), documented on each.
+/// request is read ([`crate::server`]), whatever its route. Every 503 but an `OutcomeUnknown`
+/// carries `Retry-After` ([`crate::error::RETRY_AFTER_SECONDS`]), documented on each.
 fn document_unavailable(openapi: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::{HeaderBuilder, ObjectBuilder, Type};
     let retry_after = HeaderBuilder::new()
         .schema(ObjectBuilder::new().schema_type(Type::Integer))
-        .description(Some("Seconds to wait before trying again"))
+        .description(Some(
+            "Seconds to wait before trying again; not sent with `OutcomeUnknown`, whose write \
+             may have been applied: re-read before retrying it",
+        ))
         .build();
     for operation in operations(openapi) {
         let responses = &mut operation.responses.responses;
