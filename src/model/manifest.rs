@@ -90,18 +90,14 @@ impl Manifest {
             Some(Err(why)) => return Err(vec![FieldError::new("manifest", why)]),
             None => (Cow::Borrowed(raw), false),
         };
-        let mut yaml: Value = yaml_serde::from_str(&text).map_err(|e| {
-            vec![FieldError::new(
-                "manifest",
-                format!("is not valid YAML: {e}"),
-            )]
+        let document = p2_yaml::parse(&text).map_err(|e| {
+            let message = match e {
+                p2_yaml::ParseError::Syntax(e) => format!("is not valid YAML: {e}"),
+                p2_yaml::ParseError::MergeKey(e) => format!("bad YAML merge key: {e}"),
+            };
+            vec![FieldError::new("manifest", message)]
         })?;
-        yaml.apply_merge().map_err(|e| {
-            vec![FieldError::new(
-                "manifest",
-                format!("bad YAML merge key: {e}"),
-            )]
-        })?;
+        let yaml = document.yaml();
         let Value::Mapping(top) = untag(&yaml) else {
             return Err(vec![FieldError::new("manifest", "must be a YAML mapping")]);
         };
@@ -117,7 +113,7 @@ impl Manifest {
             return Err(problems);
         }
 
-        let reading = p2_yaml::read(&text).map_err(|e| {
+        let reading = document.read().map_err(|e| {
             vec![FieldError::new(
                 "manifest",
                 format!("cannot be read as P2 reads it: {e}"),
@@ -730,6 +726,40 @@ launchables:
             let manifest = Manifest::parse(&format!("id: {id}\n")).unwrap();
             assert_eq!(manifest.pod_id(), id);
         }
+    }
+
+    /// P2's YAML library (yaml.v2, non-strict) takes a mapping that repeats a key, and the
+    /// last value is the one decoded: the manifest is P2's, with P2's pod id and SHA.
+    #[test]
+    fn a_repeated_key_is_read_as_p2_reads_it() {
+        let repeated = HELLO
+            .replace("id: hello\n", "id: draft\nid: hello\n")
+            .replace(
+                "  ENVIRONMENT: production\n",
+                "  ENVIRONMENT: staging\n  ENVIRONMENT: production\n",
+            )
+            .replace("  port: 43770\n", "  port: 1\n  port: 43770\n");
+        let manifest = Manifest::parse(&repeated).unwrap();
+        assert_eq!(manifest.pod_id(), "hello");
+        assert_eq!(manifest.sha(), Manifest::parse(HELLO).unwrap().sha());
+        assert_eq!(manifest.health_check().unwrap().port, 43770);
+        assert!(Manifest::from_request(&serde_json::json!(repeated)).is_ok());
+    }
+
+    /// A struct field given twice is decoded into the struct the first one filled, so the
+    /// health check has the fields of both `status` stanzas, as P2's has.
+    #[test]
+    fn a_repeated_status_stanza_adds_to_the_first() {
+        let manifest =
+            Manifest::parse("id: a\nstatus: {http: true, path: up}\nstatus: {port: 9}\n").unwrap();
+        assert_eq!(
+            manifest.health_check(),
+            Some(&HealthCheck {
+                port: 9,
+                path: "/up".into(),
+                http: true
+            })
+        );
     }
 
     #[test]

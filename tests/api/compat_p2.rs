@@ -244,6 +244,31 @@ async fn a_p2_rc_whose_status_port_p2_accepts_is_readable() {
     }
 }
 
+/// P2 reads manifests with yaml.v2, which takes a mapping that repeats a key (the last value
+/// is the one decoded), so an RC P2's tools wrote with such a manifest must be readable here.
+#[tokio::test]
+async fn a_p2_rc_whose_manifest_repeats_a_key_is_readable() {
+    let app = TestApp::new().await;
+    let key = format!("replication_controllers/{P2_RC_ID}");
+    let document = P2_RC
+        .replace(
+            r#""manifest":"id: hello\n"#,
+            r#""manifest":"id: draft\nid: hello\n"#,
+        )
+        .replace(
+            r"  ENVIRONMENT: production\n",
+            r"  ENVIRONMENT: staging\n  ENVIRONMENT: production\n",
+        );
+    app.put_raw(&key, document.as_bytes()).await;
+
+    let got = app.get(&format!("/api/v1/rcs/{P2_RC_ID}")).await;
+    assert_eq!(got.status, StatusCode::OK, "{got:?}");
+    let stored: Value = serde_json::from_str(&document).unwrap();
+    assert_eq!(got.json()["manifest"], stored["manifest"]);
+    let listed = app.get("/api/v1/rcs").await.json();
+    assert_eq!(listed["items"][0]["id"], P2_RC_ID, "{listed}");
+}
+
 /// P2 stores pod labels unchecked; one this server would refuse can still be removed by
 /// name, as a bad label can be removed from any object's labels.
 #[tokio::test]

@@ -3,18 +3,22 @@
 //! producing them byte for byte is what makes our SHAs equal to P2's.
 //!
 //! Reading follows yaml.v2's decoder: keys the struct does not know are dropped, typed fields
-//! take the scalar's text (strings) or its YAML 1.1 resolution (ints, bools), and `config` is
-//! decoded as untyped YAML. Writing follows yaml.v2's encoder and its libyaml emitter: struct
-//! fields in declaration order with `omitempty`, map keys in yaml.v2's natural order, block
-//! style with two-space indents, strings plain when they would read back as strings (else
-//! quoted), literal blocks for multi-line strings, and lines folded at 80 columns.
+//! take the scalar's text (strings) or its YAML 1.1 resolution (ints, bools), `config` is
+//! decoded as untyped YAML, and a key a mapping repeats is decoded again into what its first
+//! value filled (P2 reads manifests with yaml.v2's non-strict `Unmarshal`, which refuses no
+//! repeated key). Writing follows yaml.v2's encoder and its libyaml emitter: struct fields in
+//! declaration order with `omitempty`, map keys in yaml.v2's natural order, block style with
+//! two-space indents, strings plain when they would read back as strings (else quoted),
+//! literal blocks for multi-line strings, and lines folded at 80 columns.
 //!
 //! Not modelled: non-scalar map keys, which P2's manifests do not use; a manifest with one
 //! gets an error here.
 
 use std::cmp::Ordering;
 
-use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{
+    DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor,
+};
 use yaml_serde::Value;
 
 /// What P2 reads from a manifest's text (the YAML itself, with any PGP armor already
@@ -27,30 +31,72 @@ pub struct P2Reading {
     pub pod_id: String,
 }
 
-/// Reads a manifest's text as P2 reads it; see [`P2Reading`].
-pub fn read(text: &str) -> Result<P2Reading, String> {
-    let shape: Value = yaml_serde::from_str(text).map_err(|e| e.to_string())?;
+/// A manifest's YAML as yaml.v2 decodes it, before P2's field types are applied: merge keys
+/// expanded, and a key a mapping repeats decoded again into what its first value filled, as
+/// yaml.v2 (non-strict, as P2 reads manifests) does rather than refusing the document.
+pub struct Document {
+    node: Node,
+}
+
+/// Why a manifest's text is not a [`Document`].
+pub enum ParseError {
+    /// The text is not YAML.
+    Syntax(String),
+    /// A merge key (`<<`) names something other than mappings.
+    MergeKey(String),
+}
+
+/// Parses a manifest's text (the YAML itself, with any PGP armor already removed).
+pub fn parse(text: &str) -> Result<Document, ParseError> {
+    let shape: Shape = yaml_serde::from_str(text).map_err(|e| ParseError::Syntax(e.to_string()))?;
     let node = RawSeed {
         shape: &shape,
         base: text,
     }
     .deserialize(yaml_serde::Deserializer::from_str(text))
-    .map_err(|e| e.to_string())?;
-    let manifest = manifest_fields(&node)?;
-    let pod_id = match &manifest {
-        Go::Struct(fields) => fields.iter().find_map(|f| match (f.key, &f.value) {
-            ("id", Go::Str(id)) => Some(id.clone()),
+    .map_err(|e| ParseError::Syntax(e.to_string()))?;
+    let node = decode_into(&node, MANIFEST, None).map_err(ParseError::MergeKey)?;
+    Ok(Document { node })
+}
+
+impl Document {
+    /// The document as YAML 1.2 values (`1.10` a number, `yes` a string), for the checks
+    /// that read it so; it has no repeated keys.
+    pub fn yaml(&self) -> Value {
+        yaml_value(&self.node)
+    }
+
+    /// The document read as P2 reads it; see [`P2Reading`].
+    pub fn read(&self) -> Result<P2Reading, String> {
+        let manifest = manifest_fields(&self.node)?;
+        let pod_id = match &manifest {
+            Go::Struct(fields) => fields.iter().find_map(|f| match (f.key, &f.value) {
+                ("id", Go::Str(id)) => Some(id.clone()),
+                _ => None,
+            }),
             _ => None,
-        }),
-        _ => None,
-    };
-    let mut emitter = Emitter::default();
-    emitter.node(&manifest, -1, false);
-    emitter.document_end();
-    Ok(P2Reading {
-        canonical: emitter.out,
-        pod_id: pod_id.unwrap_or_default(),
-    })
+        };
+        let mut emitter = Emitter::default();
+        emitter.node(&manifest, -1, false);
+        emitter.document_end();
+        Ok(P2Reading {
+            canonical: emitter.out,
+            pod_id: pod_id.unwrap_or_default(),
+        })
+    }
+}
+
+fn yaml_value(node: &Node) -> Value {
+    match node {
+        Node::Scalar { value, .. } => value.clone(),
+        Node::Seq(items) => Value::Sequence(items.iter().map(yaml_value).collect()),
+        Node::Map(entries) => Value::Mapping(
+            entries
+                .iter()
+                .map(|(key, value)| (yaml_value(key), yaml_value(value)))
+                .collect(),
+        ),
+    }
 }
 
 /// YAML text for a manifest a client sent as a JSON object, written as yaml.v2 writes it, so
@@ -94,16 +140,114 @@ fn json_value(value: &serde_json::Value) -> Go {
 
 #[derive(Debug, Clone, PartialEq)]
 enum Node {
-    Scalar { text: String, plain: bool },
+    /// `value` is the scalar as a YAML 1.2 reader takes it.
+    Scalar {
+        text: String,
+        plain: bool,
+        value: Value,
+    },
     Seq(Vec<Node>),
     Map(Vec<(Node, Node)>),
+}
+
+/// The document's first parse: every node's kind, and each scalar as a YAML 1.2 reader takes
+/// it. Unlike a [`Value`], a mapping keeps every entry it has, a repeated key included, so
+/// that [`RawSeed`] meets the entries the parser gives it in the same order.
+enum Shape {
+    Scalar(Value),
+    Tagged(Box<Shape>),
+    Seq(Vec<Shape>),
+    Map(Vec<(Shape, Shape)>),
+}
+
+impl<'de> serde::Deserialize<'de> for Shape {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Shape, D::Error> {
+        deserializer.deserialize_any(ShapeVisitor)
+    }
+}
+
+/// Builds a [`Shape`] from what the parser reports, as [`Value`]'s own visitor does.
+struct ShapeVisitor;
+
+impl<'de> Visitor<'de> for ShapeVisitor {
+    type Value = Shape;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any YAML value")
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Shape, E> {
+        Ok(Shape::Scalar(Value::Bool(b)))
+    }
+
+    fn visit_i64<E>(self, n: i64) -> Result<Shape, E> {
+        Ok(Shape::Scalar(Value::Number(n.into())))
+    }
+
+    fn visit_u64<E>(self, n: u64) -> Result<Shape, E> {
+        Ok(Shape::Scalar(Value::Number(n.into())))
+    }
+
+    fn visit_f64<E>(self, f: f64) -> Result<Shape, E> {
+        Ok(Shape::Scalar(Value::Number(f.into())))
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<Shape, E> {
+        Ok(Shape::Scalar(Value::String(text.to_owned())))
+    }
+
+    fn visit_unit<E>(self) -> Result<Shape, E> {
+        Ok(Shape::Scalar(Value::Null))
+    }
+
+    fn visit_none<E>(self) -> Result<Shape, E> {
+        Ok(Shape::Scalar(Value::Null))
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Shape, D::Error> {
+        serde::Deserialize::deserialize(deserializer)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Shape, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = access.next_element()? {
+            items.push(item);
+        }
+        Ok(Shape::Seq(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Shape, A::Error> {
+        let mut entries = Vec::new();
+        while let Some(key) = access.next_key()? {
+            entries.push((key, access.next_value()?));
+        }
+        Ok(Shape::Map(entries))
+    }
+
+    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<Shape, A::Error> {
+        let (tag, contents): (String, _) = data.variant()?;
+        if tag.is_empty() {
+            return Err(serde::de::Error::custom("empty YAML tag is not allowed"));
+        }
+        Ok(Shape::Tagged(Box::new(contents.newtype_variant()?)))
+    }
 }
 
 /// Reads one node from the deserializer, asking for the same shape a first parse found, so
 /// that every scalar comes back as its text rather than as a number or boolean.
 struct RawSeed<'a, 'de> {
-    shape: &'a Value,
+    shape: &'a Shape,
     base: &'de str,
+}
+
+impl RawSeed<'_, '_> {
+    /// The scalar's YAML 1.2 value, from the first parse.
+    fn value(&self) -> Value {
+        match self.shape {
+            Shape::Scalar(value) => value.clone(),
+            _ => Value::Null,
+        }
+    }
 }
 
 impl<'de> DeserializeSeed<'de> for RawSeed<'_, 'de> {
@@ -111,19 +255,23 @@ impl<'de> DeserializeSeed<'de> for RawSeed<'_, 'de> {
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Node, D::Error> {
         match self.shape {
-            Value::Tagged(tagged) => RawSeed {
-                shape: &tagged.value,
+            Shape::Tagged(tagged) => RawSeed {
+                shape: tagged,
                 base: self.base,
             }
             .deserialize(deserializer)
             .map(|node| match node {
                 // An explicit tag keeps a scalar from being resolved, as in yaml.v2.
-                Node::Scalar { text, .. } => Node::Scalar { text, plain: false },
+                Node::Scalar { text, value, .. } => Node::Scalar {
+                    text,
+                    plain: false,
+                    value,
+                },
                 other => other,
             }),
-            Value::Mapping(_) => deserializer.deserialize_map(self),
-            Value::Sequence(_) => deserializer.deserialize_seq(self),
-            _ => deserializer.deserialize_str(self),
+            Shape::Map(_) => deserializer.deserialize_map(self),
+            Shape::Seq(_) => deserializer.deserialize_seq(self),
+            Shape::Scalar(_) => deserializer.deserialize_str(self),
         }
     }
 }
@@ -148,6 +296,7 @@ impl<'de> Visitor<'de> for RawSeed<'_, 'de> {
         Ok(Node::Scalar {
             text: text.to_owned(),
             plain: !quoted,
+            value: self.value(),
         })
     }
 
@@ -157,11 +306,12 @@ impl<'de> Visitor<'de> for RawSeed<'_, 'de> {
         Ok(Node::Scalar {
             text: text.to_owned(),
             plain: text.is_empty(),
+            value: self.value(),
         })
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Node, A::Error> {
-        let Value::Mapping(shapes) = self.shape else {
+        let Shape::Map(shapes) = self.shape else {
             return Err(serde::de::Error::custom("a mapping where none was"));
         };
         let mut entries = Vec::with_capacity(shapes.len());
@@ -181,7 +331,7 @@ impl<'de> Visitor<'de> for RawSeed<'_, 'de> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Node, A::Error> {
-        let Value::Sequence(shapes) = self.shape else {
+        let Shape::Seq(shapes) = self.shape else {
             return Err(serde::de::Error::custom("a sequence where none was"));
         };
         let mut items = Vec::with_capacity(shapes.len());
@@ -346,7 +496,9 @@ fn go_parse_float(text: &str) -> Option<f64> {
 /// A plain scalar's Go value; anything else is a string.
 fn untyped(node: &Node) -> Result<Go, String> {
     match node {
-        Node::Scalar { text, plain: true } => Ok(resolve(text)),
+        Node::Scalar {
+            text, plain: true, ..
+        } => Ok(resolve(text)),
         Node::Scalar { text, .. } => Ok(Go::Str(text.clone())),
         Node::Seq(items) => items
             .iter()
@@ -423,13 +575,118 @@ fn struct_entries<'n>(node: &'n Node, what: &str) -> Result<Vec<(String, &'n Nod
     }
 }
 
+/// The Go type yaml.v2 decodes a node into, as far as it decides what a repeated key does:
+/// yaml.v2 decodes each value of a key into the place the key names, so a later value adds
+/// to a struct or map an earlier one filled (`null` empties it), and replaces anything else.
+/// This mirrors the struct readers below ([`manifest_fields`], [`launchable`]).
+#[derive(Clone, Copy)]
+enum Target {
+    /// A struct: its fields of struct or map type; any other field is replaced when repeated.
+    Struct(&'static [(&'static str, Target)]),
+    /// A map with string keys (its entries decoded afresh as the given type).
+    Map(&'static Target),
+    /// `map[interface{}]interface{}`: keys compared as the Go values they resolve to.
+    UntypedMap,
+    /// Anything else (a scalar, a slice, `interface{}`): a repeated key replaces it wholly.
+    Replaced,
+}
+
+/// P2's `manifest` struct.
+const MANIFEST: Target = Target::Struct(&[
+    ("launchables", Target::Map(&LAUNCHABLE)),
+    ("config", Target::UntypedMap),
+    ("status", Target::Struct(&[])),
+    (
+        "resource_limits",
+        Target::Struct(&[("cgroup", Target::Struct(&[]))]),
+    ),
+    ("node_requirements", Target::Map(&Target::Replaced)),
+]);
+
+/// P2's `LaunchableStanza`.
+const LAUNCHABLE: Target = Target::Struct(&[
+    ("cgroup", Target::Struct(&[])),
+    ("env", Target::Map(&Target::Replaced)),
+    (
+        "version",
+        Target::Struct(&[("tags", Target::Map(&Target::Replaced))]),
+    ),
+    ("image", Target::Struct(&[])),
+    ("postStart", HOOK),
+    ("preStop", HOOK),
+]);
+
+const HOOK: Target = Target::Struct(&[("exec", Target::Struct(&[]))]);
+
+/// `node` decoded as yaml.v2 decodes it into `target`, on top of `into` (what an earlier
+/// value of the same key filled): merge keys expanded, and each key once, with the value
+/// yaml.v2 leaves it. A node of the wrong kind is kept for the struct readers to refuse.
+fn decode_into(node: &Node, target: Target, into: Option<Node>) -> Result<Node, String> {
+    let entries = match node {
+        Node::Map(entries) => entries,
+        Node::Seq(items) => {
+            return items
+                .iter()
+                .map(|item| decode_into(item, Target::Replaced, None))
+                .collect::<Result<_, _>>()
+                .map(Node::Seq)
+        }
+        scalar => return Ok(scalar.clone()),
+    };
+    let mut out = match into {
+        Some(Node::Map(entries)) => entries,
+        _ => Vec::new(),
+    };
+    // Each entry's key as the Go value it is compared by; `None` never equals another.
+    let key_of = |key: &Node| match target {
+        Target::Struct(_) | Target::Map(_) => go_string(key, "a key").ok().map(Go::Str),
+        Target::UntypedMap | Target::Replaced => untyped(key)
+            .ok()
+            .filter(|k| !matches!(k, Go::Seq(_) | Go::Map(_))),
+    };
+    let mut keys: Vec<Option<Go>> = out.iter().map(|(key, _)| key_of(key)).collect();
+    for (key, value) in merged(entries)? {
+        let id = key_of(key);
+        let at = id
+            .as_ref()
+            .and_then(|id| keys.iter().position(|k| k.as_ref() == Some(id)));
+        let field = match (target, &id) {
+            (Target::Struct(fields), Some(Go::Str(name))) => fields
+                .iter()
+                .find(|(field, _)| field == name)
+                .map_or(Target::Replaced, |(_, field)| *field),
+            (Target::Struct(_), _) => Target::Replaced,
+            (Target::Map(entry), _) => *entry,
+            (Target::UntypedMap | Target::Replaced, _) => Target::Replaced,
+        };
+        // A struct's struct or map field is decoded into again; a map's entry is made afresh.
+        let earlier = match (target, field, at) {
+            (
+                Target::Struct(_),
+                Target::Struct(_) | Target::Map(_) | Target::UntypedMap,
+                Some(at),
+            ) => Some(std::mem::replace(&mut out[at].1, Node::Seq(Vec::new()))),
+            _ => None,
+        };
+        let value = decode_into(value, field, earlier)?;
+        match at {
+            Some(at) => out[at] = (key.clone(), value),
+            None => {
+                out.push((key.clone(), value));
+                keys.push(id);
+            }
+        }
+    }
+    Ok(Node::Map(out))
+}
+
 /// A mapping's entries with YAML merge keys (`<<`) expanded where they stand, as yaml.v2
 /// does: the merged mapping's entries (from a list of mappings, the last one first), which
 /// later entries then override.
 fn merged(entries: &[(Node, Node)]) -> Result<Vec<(&Node, &Node)>, String> {
     let mut out = Vec::with_capacity(entries.len());
     for (key, value) in entries {
-        if !matches!(key, Node::Scalar { text, plain: true } if text == "<<") {
+        if !matches!(key, Node::Scalar { text, plain: true, .. } if text == "<<") {
             out.push((key, value));
             continue;
         }
@@ -452,7 +709,7 @@ fn lookup<'n>(entries: &[(String, &'n Node)], key: &str) -> Option<&'n Node> {
 }
 
 fn is_null(node: &Node) -> bool {
-    matches!(node, Node::Scalar { text, plain: true } if resolve(text) == Go::Null)
+    matches!(node, Node::Scalar { text, plain: true, .. } if resolve(text) == Go::Null)
 }
 
 /// A Go `string` field: the scalar's text (a plain null is "").
@@ -594,6 +851,7 @@ fn manifest_fields(node: &Node) -> Result<Go, String> {
 static NULL: Node = Node::Scalar {
     text: String::new(),
     plain: true,
+    value: Value::Null,
 };
 
 /// P2's `LaunchableStanza`.
@@ -1316,7 +1574,10 @@ mod tests {
     use super::super::Manifest;
 
     fn canonical(raw: &str) -> Result<String, String> {
-        super::read(raw).map(|reading| reading.canonical)
+        let Ok(document) = super::parse(raw) else {
+            return Err("not YAML".into());
+        };
+        document.read().map(|reading| reading.canonical)
     }
 
     fn check(raw: &str, expected: &str, sha: &str) {
@@ -1554,6 +1815,54 @@ node_requirements:
         assert_eq!(canonical(raw).unwrap(), expected);
     }
 
+    /// yaml.v2 decodes a repeated key again into what the first one filled: a struct field
+    /// (`status`, a launchable's `version`) keeps what the later value leaves out, a map field
+    /// (`config`, `launchables`) keeps its other entries, and anything else, including an
+    /// entry of a map, is replaced; null empties the field.
+    #[test]
+    fn repeated_keys_decode_as_in_yaml_v2() {
+        let raw = "id: draft
+id: r
+status: {http: true, port: 1}
+status: {port: 2}
+config: {a: 1, nested: {p: 1}, nested: {q: 2}}
+config: {b: 2, a: 3}
+launchables:
+  web: {launchable_type: hoist, location: https://a/web.tar.gz}
+  web: {launchable_type: hoist, version: {id: v1}, version: {artifact_name: web2}}
+launchables:
+  db: {launchable_type: hoist, location: https://a/db.tar.gz}
+resource_limits: {cgroup: {cpus: 2}}
+resource_limits: ~
+";
+        let expected = "id: r
+launchables:
+  db:
+    launchable_type: hoist
+    location: https://a/db.tar.gz
+  web:
+    launchable_type: hoist
+    version:
+      artifact_name: web2
+      id: v1
+config:
+  a: 3
+  b: 2
+  nested:
+    q: 2
+status:
+  http: true
+  port: 2
+";
+        assert_eq!(canonical(raw).unwrap(), expected);
+        let without_repeats = "id: r\nstatus: {http: true, port: 2}\nconfig: {a: 3, b: 2, nested: {q: 2}}\nlaunchables:\n  web: {launchable_type: hoist, version: {id: v1, artifact_name: web2}}\n  db: {launchable_type: hoist, location: https://a/db.tar.gz}\n";
+        assert_eq!(canonical(without_repeats).unwrap(), expected);
+        assert_eq!(
+            Manifest::parse(raw).unwrap().sha(),
+            Manifest::parse(without_repeats).unwrap().sha()
+        );
+    }
+
     #[test]
     fn strings_are_quoted_as_libyaml_quotes_them() {
         let raw = "id: q\nconfig:\n  colon: 'a: b'\n  hash: 'a #b'\n  lead: ' x'\n  dash: '- x'\n  star: '*x'\n  tab: \"a\\tb\"\n  quote: \"it's\"\n  time: '1:20'\n  nul: 'null'\n  trail: \"a\\n\"\n  keep: \"a\\n\\n\"\n  bare: \"a\\nb\"\n";
@@ -1607,9 +1916,7 @@ config:
 
     #[test]
     fn json_is_written_so_that_both_readers_get_its_values_back() {
-        use serde::de::DeserializeSeed;
-
-        use super::{from_json, json_value, untyped, RawSeed};
+        use super::{from_json, json_value, parse, untyped};
         let strings = [
             "yes", "on", "NO", "off", "y", "~", "null", "", "1_000", "0x1F", "017", "0b101",
             "1:20", "1.10", ".5", "+1", "1e3", ".inf", "<<", "=", "-", "- a", "a: b", "#x", "x #y",
@@ -1643,13 +1950,13 @@ config:
 
         let as_yaml_1_2: serde_json::Value = yaml_serde::from_str(&text).unwrap();
         assert_eq!(as_yaml_1_2, json, "{text}");
-        let shape: yaml_serde::Value = yaml_serde::from_str(&text).unwrap();
-        let node = RawSeed {
-            shape: &shape,
-            base: &text,
-        }
-        .deserialize(yaml_serde::Deserializer::from_str(&text))
-        .unwrap();
-        assert_eq!(untyped(&node).unwrap(), json_value(&json), "{text}");
+        let Ok(document) = parse(&text) else {
+            panic!("{text}")
+        };
+        assert_eq!(
+            untyped(&document.node).unwrap(),
+            json_value(&json),
+            "{text}"
+        );
     }
 }
