@@ -4,7 +4,8 @@
 //! Rolls follow P2's protocol (its `rolling-update`): the old RC is disabled and the new one
 //! enabled. As P2's worker does, an enabled RC takes a node that runs its pod id for a
 //! *disabled* RC, replacing that pod in place (the intent is overwritten and the pod's labels
-//! move to the new RC), and prefers such nodes to free ones. A disabled RC otherwise makes no
+//! move to the new RC), and prefers such nodes to free ones; of a rolling RC, only the pods
+//! beyond its count, which the roll's minimum has budgeted for. A disabled RC otherwise makes no
 //! change, except that while a roll holds its mutation lock (whoever runs the roll) its
 //! surplus pods are removed, so a roll completes whether the new pods replaced old ones in
 //! place or landed on spare nodes.
@@ -348,9 +349,28 @@ fn placement_pending(world: &World, pod_id: &str, current: &BTreeSet<String>) ->
     })
 }
 
+/// How many of disabled RC `rc_id`'s pods another RC may replace in place. While a roll
+/// holds it, only those it no longer wants (its current pods above its count): P2's roll
+/// algorithm spends the replicas a step adds beyond those it removes (a roll to more pods
+/// than the old RC had) on nodes neither RC runs, so replacing the pods the old RC keeps
+/// would take more down than the roll's minimum allows. Otherwise any of them, as P2's
+/// worker overwrites any node's pod.
+fn surplus(world: &World, rc_id: &str, pod_id: &str) -> usize {
+    let Some(rc) = world.rcs.items.get(rc_id) else {
+        return 0;
+    };
+    if world.lock_holder(&layout::rc_mutation(rc_id)).is_none() {
+        return usize::MAX;
+    }
+    let desired = usize::try_from(rc.value.replicas_desired.max(0)).unwrap_or(0);
+    current_nodes(world, rc_id, pod_id)
+        .len()
+        .saturating_sub(desired)
+}
+
 /// At most `need` nodes to place an RC's pod on, best first: those where it replaces a
-/// disabled RC's pod, then free ones, each the least loaded first, then by name. Fewer only
-/// when there are no more.
+/// disabled RC's pod ([`surplus`] of them), then free ones, each the least loaded first,
+/// then by name, then the other disabled RCs' pods. Fewer only when there are no more.
 fn candidates(
     world: &World,
     load: &Load,
@@ -368,11 +388,25 @@ fn candidates(
         .filter_map(|node| Some((node.to_string(), placement(world, id, node, pod_id)??)))
         .collect();
     replacing.sort_by(|(a, _), (b, _)| (load.get(a), a).cmp(&(load.get(b), b)));
-    let mut chosen: Vec<(String, Option<Replaced>)> = replacing
-        .into_iter()
-        .take(need)
-        .map(|(node, replaced)| (node, Some(replaced)))
-        .collect();
+    // How many more pods of each disabled RC may be replaced before a free node is used: a
+    // rolling one's surplus only.
+    let mut replaceable: HashMap<String, usize> = HashMap::new();
+    let mut chosen: Vec<(String, Option<Replaced>)> = Vec::new();
+    let mut kept = Vec::new();
+    for (node, replaced) in replacing {
+        if chosen.len() >= need {
+            break;
+        }
+        let left = replaceable
+            .entry(replaced.rc_id.clone())
+            .or_insert_with(|| surplus(world, &replaced.rc_id, pod_id));
+        if *left == 0 {
+            kept.push((node, replaced));
+            continue;
+        }
+        *left -= 1;
+        chosen.push((node, Some(replaced)));
+    }
     for node in load.least_loaded() {
         if chosen.len() >= need {
             break;
@@ -382,6 +416,14 @@ fn candidates(
             chosen.push((node.clone(), None));
         }
     }
+    // With no free node left, a pod the old RC still wants is replaced after all, as P2's
+    // worker would: otherwise a roll whose old RC is short of nodes never completes.
+    let room = need.saturating_sub(chosen.len());
+    chosen.extend(
+        kept.into_iter()
+            .take(room)
+            .map(|(node, replaced)| (node, Some(replaced))),
+    );
     chosen
 }
 
@@ -734,6 +776,20 @@ mod tests {
         fleet
     }
 
+    /// `web` nodes; a roll holds a disabled old RC wanting `old_desired` pods, with pods on
+    /// `w1` and `w2`, and a new RC wanting one.
+    fn rolling_pair(web: usize, old_desired: i64) -> Fleet {
+        let mut fleet = fleet(web, 0);
+        let mut old = rc(OLD, HELLO_1, old_desired, "");
+        old.disabled = true;
+        fleet.put_rc(old, 4).put_rc(rc(NEW, HELLO_2, 1, ""), 5);
+        fleet.rc_pod(OLD, "w1", None).rc_pod(OLD, "w2", None);
+        fleet
+            .lock(&layout::rc_mutation(OLD), "roll")
+            .lock(&layout::rc_mutation(NEW), "roll");
+        fleet
+    }
+
     fn run(fleet: &Fleet, id: &str) -> Plan {
         let world = fleet.world();
         let rc = &world.rcs.items[id].value;
@@ -811,6 +867,42 @@ mod tests {
         assert!(replaced.labels.contains(&RC_ID_LABEL.to_owned()));
     }
 
+    /// A roll that grows the pod count (target above the old RC's count) gives the new RC
+    /// more replicas than it takes from the old one: P2's roll algorithm spends the extra
+    /// on nodes neither RC runs, so the old RC must keep the pods it still wants. Replacing
+    /// those in place too took every old pod down at once: 5 old pods rolled to 6 with a
+    /// minimum of 1 (the first step: old 5 -> 1, new 0 -> 5) left none healthy.
+    #[test]
+    fn a_rolling_rc_keeps_the_pods_it_still_wants() {
+        let mut fleet = fleet(5, 0);
+        fleet.node("s1", "spare");
+        let mut old = rc(OLD, HELLO_1, 1, "");
+        old.disabled = true;
+        fleet.put_rc(old, 4).put_rc(rc(NEW, HELLO_2, 5, ""), 5);
+        for node in ["w1", "w2", "w3", "w4", "w5"] {
+            fleet.rc_pod(OLD, node, Some(HealthState::Passing));
+        }
+        fleet
+            .lock(&layout::rc_mutation(OLD), "roll")
+            .lock(&layout::rc_mutation(NEW), "roll");
+        let changes = nodes(&run(&fleet, NEW).changes);
+        let replaced = changes.iter().filter(|c| c.contains("<-")).count();
+        assert_eq!(replaced, 4, "{changes:?}");
+        assert!(changes.contains(&"+s1".to_owned()), "{changes:?}");
+    }
+
+    /// An old RC short of nodes (it wants more pods than it has) has no surplus for the
+    /// first steps: with no free node either, the new RC still replaces one of its pods, or
+    /// the roll would wait for its placement for ever.
+    #[test]
+    fn a_rolling_rcs_wanted_pod_is_replaced_when_no_node_is_free() {
+        let mut fleet = rolling_pair(2, 2);
+        assert_eq!(nodes(&run(&fleet, NEW).changes), [format!("w1<-{OLD}")]);
+        // A free node is used first.
+        fleet.node("w3", "web");
+        assert_eq!(nodes(&run(&fleet, NEW).changes), ["+w3"]);
+    }
+
     #[test]
     fn never_takes_an_enabled_rcs_node() {
         let mut fleet = fleet(2, 0);
@@ -848,14 +940,7 @@ mod tests {
 
     #[test]
     fn a_rolling_rcs_surplus_waits_while_the_new_rc_may_replace_it() {
-        let mut fleet = fleet(3, 0);
-        let mut old = rc(OLD, HELLO_1, 1, "");
-        old.disabled = true;
-        fleet.put_rc(old, 4).put_rc(rc(NEW, HELLO_2, 1, ""), 5);
-        fleet.rc_pod(OLD, "w1", None).rc_pod(OLD, "w2", None);
-        fleet
-            .lock(&layout::rc_mutation(OLD), "roll")
-            .lock(&layout::rc_mutation(NEW), "roll");
+        let mut fleet = rolling_pair(3, 1);
         assert!(run(&fleet, OLD).changes.is_empty());
 
         // Once the new pod is placed (here on a spare node), the surplus goes.
