@@ -18,8 +18,9 @@
 //!   new manifest within the daemon set's `timeout` is given up on (logged and alerted) and no
 //!   longer counts as in flight, but as an unhealthy node it still holds the healthy count
 //!   down, so a bad manifest stops the rollout at `min_health` instead of reaching every node.
-//!   A zero timeout means "never give up": P2 times such nodes out at once, which is why its
-//!   tools and our API demand a positive one, and a negative timeout cannot be decoded.
+//!   A zero timeout means "never give up", as does P2's "no timeout" (stored negative, read
+//!   as [`NO_TIMEOUT`](crate::model::duration::NO_TIMEOUT)): P2 times nodes out at once on a
+//!   zero one, which is why its tools and our API demand a positive one.
 //! - **status**: `status/daemon_sets/<id>/daemon_set_farm` is written when it changes.
 //!   `nodes_deployed` counts the nodes healthy on the current manifest now, so it also drops
 //!   when a node leaves or sickens (P2 only ever raises it within one manifest).
