@@ -249,6 +249,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 impl SqliteStore {
     /// Opens (creating if needed) the database file and applies migrations.
     pub async fn open(path: &str) -> StoreResult<Self> {
+        check_database_file(path)?;
         // The URL's database part is percent-decoded and ends at a `?`: both are escaped, so
         // that the file opened is the one named, never another one created empty.
         let escaped = path.replace('%', "%25").replace('?', "%3F");
@@ -390,6 +391,32 @@ impl SqliteStore {
 impl Drop for SqliteStore {
     fn drop(&mut self) {
         self.background.cancel();
+    }
+}
+
+/// Opens the file at `path` for reading and writing, creating it if missing, as SQLite is
+/// about to: a path it cannot open (a directory, in a directory that does not exist, on a
+/// read-only file system, not permitted) is refused with the reason, where SQLite only
+/// says "unable to open database file".
+fn check_database_file(path: &str) -> StoreResult<()> {
+    let refused = |why: String| {
+        StoreError::Unavailable(format!("cannot open the database file {path:?}: {why}"))
+    };
+    if std::fs::metadata(path).is_ok_and(|meta| meta.is_dir()) {
+        return Err(refused("it is a directory".into()));
+    }
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(refused("its directory does not exist".into()))
+        }
+        Err(e) => Err(refused(e.to_string())),
     }
 }
 
@@ -2727,6 +2754,28 @@ mod tests {
     async fn open_in(dir: &tempfile::TempDir) -> SqliteStore {
         let path = dir.path().join("kv.db").display().to_string();
         SqliteStore::open(&path).await.unwrap()
+    }
+
+    /// A path SQLite cannot open is refused at once with the reason, not only SQLite's
+    /// "unable to open database file", and nothing is created.
+    #[tokio::test]
+    async fn a_path_that_cannot_hold_the_database_is_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().display().to_string();
+        let Err(refused) = SqliteStore::open(&folder).await else {
+            panic!("a directory was opened as the database");
+        };
+        assert!(refused.to_string().contains("is a directory"), "{refused}");
+        assert!(refused.to_string().contains(&folder), "{refused}");
+
+        let missing = dir.path().join("missing").join("kv.db");
+        let missing = missing.display().to_string();
+        let Err(refused) = SqliteStore::open(&missing).await else {
+            panic!("a database was opened in a directory that does not exist");
+        };
+        let reason = refused.to_string();
+        assert!(reason.contains("directory does not exist"), "{reason}");
+        assert!(!dir.path().join("missing").exists());
     }
 
     /// The rows' only key index is not unique by key (`migrations/0006_one_key_index.sql`):
