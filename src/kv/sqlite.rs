@@ -251,8 +251,14 @@ impl SqliteStore {
     pub async fn open(path: &str) -> StoreResult<Self> {
         check_database_file(path)?;
         // The URL's database part is percent-decoded and ends at a `?`: both are escaped, so
-        // that the file opened is the one named, never another one created empty.
+        // that the file opened is the one named, never another one created empty. SQLite
+        // reads a name beginning `file:` as a URI, so such a relative path is given from `./`.
         let escaped = path.replace('%', "%25").replace('?', "%3F");
+        let escaped = if escaped.starts_with("file:") {
+            format!("./{escaped}")
+        } else {
+            escaped
+        };
         let options = SqliteConnectOptions::from_str(&format!("sqlite://{escaped}"))
             .map_err(|e| StoreError::Invalid(format!("bad sqlite path {path:?}: {e}")))?
             .create_if_missing(true)

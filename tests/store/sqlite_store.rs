@@ -310,3 +310,28 @@ async fn a_release_of_a_key_deleted_by_a_write_rolled_back_is_not_refused() {
         "the release was refused, but the key is held by its session: {held:?}"
     );
 }
+
+/// A relative store path that begins `file:` is the file of that name in the working
+/// directory, as any other relative path is, not a URI naming another file.
+#[test]
+fn a_relative_path_beginning_file_colon_is_the_file_named() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_p2-apiserver"))
+        .args(["serve", "--no-farms", "--listen", "127.0.0.1:0"])
+        .args(["--store", "sqlite://file:kv.db"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(server.stdout.take().unwrap());
+    let listening = stdout
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.contains("listening on"));
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(listening, "the server did not start");
+    assert!(dir.path().join("file:kv.db").metadata().unwrap().len() > 0);
+    assert!(!dir.path().join("kv.db").exists(), "kv.db opened instead");
+}
