@@ -3,7 +3,8 @@
 //! Status choices for refused creations:
 //! - 422 (`Invalid`, with a cause naming the field) when the request itself cannot work: a
 //!   bad field, an RC id that names no RC (the RC is referenced by the body, not addressed by
-//!   the URL, so this is not a 404), the same RC on both sides, or `leave_old` when the
+//!   the URL, so this is not a 404), the same RC on both sides, a `pod_id` in
+//!   `new_rc_labels` other than the existing new RC's manifest id, or `leave_old` when the
 //!   selector found no old RC to leave.
 //! - 409 (`Conflict`) when the request is fine but the current state is in the way and may
 //!   change: another roll over either RC, another creation holding an RC's update-creation
@@ -462,6 +463,9 @@ fn creation_error(err: CreateRollError) -> ApiError {
     match err {
         CreateRollError::RcMissing { field, .. } => ApiError::invalid([Cause::new(field, message)]),
         CreateRollError::SameRc(_) => ApiError::invalid([Cause::new("new_rc_id", message)]),
+        CreateRollError::PodIdLabel { .. } => {
+            ApiError::invalid([Cause::new("new_rc_labels.pod_id", message)])
+        }
         CreateRollError::LeaveOldWithoutOld(_) => {
             ApiError::invalid([Cause::new("leave_old", message)])
         }

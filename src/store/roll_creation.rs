@@ -12,7 +12,7 @@ use crate::labels::{LabelType, Labels, Selector, POD_ID_LABEL};
 use crate::model::event::{diff, roll_fields, Action, Actor, ObjectKind};
 pub use crate::model::roll_request::{RollPlan, RollRcs};
 pub use crate::model::NewRc as RcWithLabels;
-use crate::model::{RcId, StoredRoll};
+use crate::model::{RcId, StoredRc, StoredRoll};
 
 use super::events::record_ops;
 use super::labels::{write_op, LabelStore};
@@ -38,6 +38,10 @@ pub enum CreateRollError {
     /// Both sides name the same RC.
     #[error("the old and the new replication controller are the same ({0})")]
     SameRc(String),
+    /// `new_rc_labels` gives the existing new RC a `pod_id` label other than its manifest's
+    /// id, which is always its `pod_id` label.
+    #[error("the new RC's pod_id label is always its manifest's id {pod_id:?}, not {given:?}; leave it out")]
+    PodIdLabel { pod_id: String, given: String },
     /// The old-RC selector matches more than one RC.
     #[error("the old RC selector {selector:?} matches {} replication controllers ({}); it must match at most one", matches.len(), matches.join(", "))]
     Ambiguous {
@@ -106,7 +110,18 @@ impl RollCreator {
                 new_rc_id,
             } => {
                 self.require_rc("old_rc_id", &old_rc_id).await?;
-                self.require_rc("new_rc_id", &new_rc_id).await?;
+                let new_rc = self.require_rc("new_rc_id", &new_rc_id).await?;
+                // As for a new RC (checked with the request), and as the RC farm labels its
+                // pods: the pod_id label names the pod the RC runs.
+                let pod_id = new_rc.manifest.pod_id();
+                if let Some(given) = plan.new_rc_labels.get(POD_ID_LABEL) {
+                    if given != pod_id {
+                        return Err(CreateRollError::PodIdLabel {
+                            pod_id: pod_id.to_owned(),
+                            given: given.clone(),
+                        });
+                    }
+                }
                 (OldSide::Existing(old_rc_id), NewSide::Existing(new_rc_id))
             }
             RollRcs::NewRc { old_rc_id, new_rc } => {
@@ -178,9 +193,9 @@ impl RollCreator {
         Ok(ids)
     }
 
-    async fn require_rc(&self, field: &'static str, id: &str) -> Result<(), CreateRollError> {
+    async fn require_rc(&self, field: &'static str, id: &str) -> Result<StoredRc, CreateRollError> {
         match self.rcs.get(id).await? {
-            Some(_) => Ok(()),
+            Some(record) => Ok(record.value),
             None => Err(CreateRollError::RcMissing {
                 field,
                 id: id.to_owned(),

@@ -496,6 +496,40 @@ async fn missing_rcs_are_422_naming_the_field() {
     assert_nothing_written(&app, 1).await;
 }
 
+/// An existing new RC's `pod_id` label is its manifest's id, as for a new RC: a roll that
+/// would label it with another pod id is refused, so a selector over `pod_id` never finds an
+/// RC running another pod.
+#[tokio::test]
+async fn new_rc_labels_cannot_give_an_existing_new_rc_another_pod_id() {
+    let app = TestApp::new().await;
+    let old = arrange_rc(&app, 1, &[("pod_id", "hello")]).await;
+    let new = arrange_rc(&app, 0, &[("pod_id", "hello")]).await;
+    let response = post(
+        &app,
+        json!({"old_rc_id": old, "new_rc_id": new, "desired_replicas": 1, "minimum_replicas": 0,
+               "new_rc_labels": {"pod_id": "billing"}}),
+    )
+    .await;
+    assert_eq!(response.unprocessable_fields(), ["new_rc_labels.pod_id"]);
+    assert_eq!(
+        app.stored_json(&format!("labels/replication_controller/{new}"))
+            .await
+            .unwrap(),
+        json!({"pod_id": "hello"})
+    );
+    assert_eq!(app.keys("rolls/").await, Vec::<String>::new());
+    assert_no_locks(&app).await;
+
+    // Its own pod id may be given, as for a new RC.
+    let response = post(
+        &app,
+        json!({"old_rc_id": old, "new_rc_id": new, "desired_replicas": 1, "minimum_replicas": 0,
+               "new_rc_labels": {"pod_id": "hello"}}),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
+}
+
 #[tokio::test]
 async fn the_same_rc_on_both_sides_is_422() {
     let app = TestApp::new().await;
