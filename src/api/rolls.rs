@@ -463,7 +463,7 @@ fn creation_error(err: CreateRollError) -> ApiError {
     match err {
         CreateRollError::RcMissing { field, .. } => ApiError::invalid([Cause::new(field, message)]),
         CreateRollError::SameRc(_) => ApiError::invalid([Cause::new("new_rc_id", message)]),
-        CreateRollError::PodIdLabel { .. } => {
+        CreateRollError::PodIdLabel(_) => {
             ApiError::invalid([Cause::new("new_rc_labels.pod_id", message)])
         }
         CreateRollError::LeaveOldWithoutOld(_) => {

@@ -128,15 +128,12 @@ impl RcSpec {
             causes.push(FieldError::new(at_field, message));
         }
         if let Some(manifest) = &manifest {
-            match labels.get(POD_ID_LABEL) {
-                Some(given) if given != manifest.pod_id() => causes.push(FieldError::new(
+            match foreign_pod_id(&labels, manifest) {
+                Some(fault) => causes.push(FieldError::new(
                     field(&format!("labels.{POD_ID_LABEL}")),
-                    format!(
-                        "is always the manifest's id {:?}; leave it out",
-                        manifest.pod_id()
-                    ),
+                    fault,
                 )),
-                _ => {
+                None => {
                     labels.insert(POD_ID_LABEL.to_owned(), manifest.pod_id().to_owned());
                 }
             }
@@ -356,6 +353,15 @@ impl RcPatch {
         }
         Ok(())
     }
+}
+
+/// What is wrong with an RC's `labels`, if they give it a `pod_id` label other than its
+/// manifest's id: that label is always the manifest's id, as the RC farm labels the pods, so
+/// that a `pod_id` selector never finds an RC running another pod.
+pub fn foreign_pod_id(labels: &Labels, manifest: &Manifest) -> Option<String> {
+    let given = labels.get(POD_ID_LABEL)?;
+    let pod_id = manifest.pod_id();
+    (given != pod_id).then(|| format!("is always the RC's manifest id {pod_id:?}; leave it out"))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 
 use super::duration::parse_duration;
-use super::{validate_counts, FieldError, Limits, NewRc, RcId, RcSpec};
+use super::{foreign_pod_id, validate_counts, FieldError, Limits, NewRc, RcId, RcSpec};
 use crate::labels::{validate_labels_in, Labels, Selector, POD_ID_LABEL};
 
 /// A request to create a rolling update, in one of P2's three forms:
@@ -129,14 +129,11 @@ impl CreateRoll {
                 .ok()
         });
         if let Some(new_rc) = &new_rc {
-            let pod_id = new_rc.rc.manifest.pod_id();
-            if let Some(given) = body.new_rc_labels.get(POD_ID_LABEL) {
-                if given != pod_id {
-                    causes.push(FieldError::new(
-                        format!("new_rc_labels.{POD_ID_LABEL}"),
-                        format!("is always the new RC's manifest id {pod_id:?}; leave it out"),
-                    ));
-                }
+            if let Some(fault) = foreign_pod_id(&body.new_rc_labels, &new_rc.rc.manifest) {
+                causes.push(FieldError::new(
+                    format!("new_rc_labels.{POD_ID_LABEL}"),
+                    fault,
+                ));
             }
         }
 

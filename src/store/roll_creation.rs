@@ -12,7 +12,7 @@ use crate::labels::{LabelType, Labels, Selector, POD_ID_LABEL};
 use crate::model::event::{diff, roll_fields, Action, Actor, ObjectKind};
 pub use crate::model::roll_request::{RollPlan, RollRcs};
 pub use crate::model::NewRc as RcWithLabels;
-use crate::model::{RcId, StoredRc, StoredRoll};
+use crate::model::{foreign_pod_id, RcId, StoredRc, StoredRoll};
 
 use super::events::record_ops;
 use super::labels::{write_op, LabelStore};
@@ -40,8 +40,8 @@ pub enum CreateRollError {
     SameRc(String),
     /// `new_rc_labels` gives the existing new RC a `pod_id` label other than its manifest's
     /// id, which is always its `pod_id` label.
-    #[error("the new RC's pod_id label is always its manifest's id {pod_id:?}, not {given:?}; leave it out")]
-    PodIdLabel { pod_id: String, given: String },
+    #[error("the new RC's pod_id label {0}")]
+    PodIdLabel(String),
     /// The old-RC selector matches more than one RC.
     #[error("the old RC selector {selector:?} matches {} replication controllers ({}); it must match at most one", matches.len(), matches.join(", "))]
     Ambiguous {
@@ -111,16 +111,9 @@ impl RollCreator {
             } => {
                 self.require_rc("old_rc_id", &old_rc_id).await?;
                 let new_rc = self.require_rc("new_rc_id", &new_rc_id).await?;
-                // As for a new RC (checked with the request), and as the RC farm labels its
-                // pods: the pod_id label names the pod the RC runs.
-                let pod_id = new_rc.manifest.pod_id();
-                if let Some(given) = plan.new_rc_labels.get(POD_ID_LABEL) {
-                    if given != pod_id {
-                        return Err(CreateRollError::PodIdLabel {
-                            pod_id: pod_id.to_owned(),
-                            given: given.clone(),
-                        });
-                    }
+                // As for a new RC, checked with the request.
+                if let Some(fault) = foreign_pod_id(&plan.new_rc_labels, &new_rc.manifest) {
+                    return Err(CreateRollError::PodIdLabel(fault));
                 }
                 (OldSide::Existing(old_rc_id), NewSide::Existing(new_rc_id))
             }
