@@ -45,7 +45,8 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Simulate node agents against a running server: label N nodes, then report the pods
     /// intended on them installed and healthy, as P2's preparers would.
-    Simulate(SimulateArgs),
+    // Boxed too, so that the enum is no larger than a pointer and a tag.
+    Simulate(Box<SimulateArgs>),
 }
 
 /// Everything `simulate` needs.
@@ -100,6 +101,16 @@ pub struct SimulateArgs {
     /// https://: its CA's, or its own self-signed certificate.
     #[arg(long, value_name = "PATH", env = "P2_SIM_CA_CERT")]
     pub ca_cert: Option<PathBuf>,
+
+    /// Bearer token sent with every request, for a server run with --auth-tokens; its role
+    /// must both write node labels and report pods, which only admin may do.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "P2_SIM_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
 }
 
 impl SimulateArgs {
@@ -114,6 +125,7 @@ impl SimulateArgs {
             name_prefix: self.name_prefix.clone(),
             max_in_flight: usize::from(self.max_in_flight),
             ca_cert: self.ca_cert.clone(),
+            token: self.token.clone(),
         }
     }
 }
@@ -635,7 +647,7 @@ mod tests {
             .into_iter()
             .chain(argv.iter().copied());
         match Cli::try_parse_from(argv)?.into_command() {
-            Command::Simulate(args) => Ok(args),
+            Command::Simulate(args) => Ok(*args),
             other => panic!("expected simulate, got {other:?}"),
         }
     }
@@ -673,6 +685,8 @@ mod tests {
             "8",
             "--ca-cert",
             "/etc/p2/ca.pem",
+            "--token",
+            "secret",
         ])
         .unwrap();
         let config = args.config();
@@ -687,6 +701,7 @@ mod tests {
         assert_eq!(config.name_prefix, "web");
         assert_eq!(config.max_in_flight, 8);
         assert_eq!(config.ca_cert, Some(PathBuf::from("/etc/p2/ca.pem")));
+        assert_eq!(config.token.as_deref(), Some("secret"));
     }
 
     #[test]

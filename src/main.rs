@@ -48,7 +48,7 @@ async fn run() -> anyhow::Result<()> {
     init_tracing();
     match cli.into_command() {
         Command::Serve(args) => serve(*args).await,
-        Command::Simulate(args) => simulate(args).await,
+        Command::Simulate(args) => simulate(*args).await,
     }
 }
 

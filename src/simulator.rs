@@ -88,6 +88,9 @@ pub struct SimulatorConfig {
     pub max_in_flight: usize,
     /// PEM certificates to trust for an https:// server, besides the usual public roots.
     pub ca_cert: Option<PathBuf>,
+    /// The bearer token sent with every request, for a server run with `--auth-tokens`;
+    /// its role must both write node labels and report pods (`admin`).
+    pub token: Option<String>,
 }
 
 impl SimulatorConfig {
@@ -166,7 +169,15 @@ pub fn client_trusting(ca_cert: Option<&Path>) -> anyhow::Result<ClientBuilder> 
 /// cannot fix; a pod whose reports are refused is logged and skipped.
 pub async fn run(config: SimulatorConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     config.validate()?;
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(token) = &config.token {
+        let mut value = reqwest::header::HeaderValue::try_from(format!("Bearer {token}"))
+            .context("the token cannot be sent in a header")?;
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     let client = client_trusting(config.ca_cert.as_deref())?
+        .default_headers(headers)
         .connect_timeout(Duration::from_secs(5))
         .read_timeout(STREAM_SILENCE)
         .build()
@@ -759,6 +770,7 @@ mod tests {
             name_prefix: "web".into(),
             max_in_flight: 4,
             ca_cert: None,
+            token: None,
         }
     }
 
@@ -888,6 +900,17 @@ mod tests {
         mirror: MirrorConfig,
         stop: &CancellationToken,
     ) -> tokio::task::JoinHandle<std::io::Result<()>> {
+        serve_with(store, listener, mirror, stop, Arc::default())
+    }
+
+    /// The same, letting through only what `access` allows.
+    fn serve_with(
+        store: &Arc<dyn KvStore>,
+        listener: TcpListener,
+        mirror: MirrorConfig,
+        stop: &CancellationToken,
+        access: Arc<crate::auth::Access>,
+    ) -> tokio::task::JoinHandle<std::io::Result<()>> {
         let mirror = Mirror::new(store.clone(), mirror);
         mirror.start(&TaskTracker::new(), stop.clone());
         let app = App::serving(
@@ -896,7 +919,7 @@ mod tests {
             stop.clone(),
             HttpLimits::default(),
             Limits::default(),
-            Arc::default(),
+            access,
         );
         tokio::spawn(crate::server::run(
             listener,
@@ -935,6 +958,46 @@ mod tests {
             }
             None => reality.is_none() && status.is_none(),
         }
+    }
+
+    #[tokio::test]
+    async fn sends_its_token_to_a_server_that_needs_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sqlite(&dir).await;
+        let tokens = dir.path().join("tokens.yaml");
+        // The hex SHA-256 of "test".
+        std::fs::write(
+            &tokens,
+            "tokens:\n  - name: sim\n    role: admin\n    sha256: \
+             9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n",
+        )
+        .unwrap();
+        let access = Arc::new(crate::auth::Access::new(Some(&tokens), Vec::new()).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server: Url = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let shutdown = CancellationToken::new();
+        let serving = serve_with(&store, listener, MirrorConfig::default(), &shutdown, access);
+
+        let refused = run(config(server.clone(), 1, 0.0), shutdown.clone()).await;
+        assert!(
+            format!("{:#}", refused.unwrap_err()).contains("401"),
+            "without a token the server refuses the labels"
+        );
+        let with_token = SimulatorConfig {
+            token: Some("test".into()),
+            ..config(server, 1, 0.0)
+        };
+        let simulating = tokio::spawn(run(with_token, shutdown.clone()));
+        intend(&store, "web-0001", "hello", 1).await;
+        eventually("the pod reported with the token", || {
+            reported(&store, "web-0001", "hello", Some((1, "passing")))
+        })
+        .await;
+        shutdown.cancel();
+        simulating.await.unwrap().unwrap();
+        serving.await.unwrap().unwrap();
     }
 
     #[tokio::test]

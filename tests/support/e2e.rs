@@ -249,6 +249,7 @@ impl Sim {
             name_prefix: prefix.to_owned(),
             max_in_flight: 16,
             ca_cert: api.ca_cert.clone(),
+            token: None,
         };
         let nodes = config.node_names();
         let shutdown = CancellationToken::new();
