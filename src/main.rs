@@ -52,12 +52,16 @@ async fn run() -> anyhow::Result<()> {
     }
 }
 
-/// Logs to stdout, filtered by RUST_LOG (default `info`).
+/// Logs to stdout, filtered by RUST_LOG (default `info`). A line that cannot be written is
+/// dropped without a word: the subscriber would otherwise report it on stderr, and once
+/// stderr's reader is gone too (a `| head`, a log collector that died) that report panics
+/// the task that logged, such as the one that handles SIGTERM.
 fn init_tracing() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stdout().is_terminal())
+        .log_internal_errors(false)
         .init();
 }
 

@@ -361,6 +361,53 @@ async fn a_stopped_servers_database_file_holds_every_write() {
     assert_eq!(restarted.api().status(&path).await, StatusCode::OK);
 }
 
+/// A server whose log output has gone (its pipe's reader exited, as `| head` or a log
+/// collector that dies does) still stops on SIGTERM: a log line that cannot be written is
+/// dropped, and takes no task down with it, the one that handles the signal included.
+#[test]
+fn a_server_whose_log_pipe_closed_stops_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let scratch = Scratch::new();
+    let store = format!("sqlite://{}", scratch.db().display());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_p2-apiserver"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", &store])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("listening on") {
+        line.clear();
+        assert_ne!(stdout.read_line(&mut line).unwrap(), 0, "the server exited");
+    }
+    drop(stdout);
+    drop(child.stderr.take());
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        status.is_some_and(|status| status.success()),
+        "not stopped 20 s after SIGTERM: {status:?}"
+    );
+}
+
 /// A server started without mimalloc's purge delay set runs with the binary's own, in the
 /// process it was started as; one started with it set keeps the value it was given.
 #[tokio::test]
