@@ -334,8 +334,8 @@ async fn get_daemon_set(
         ("id" = inline(DaemonSetId), Path, description = "Daemon set ID"),
         ("If-Match" = Option<String>, Header, description = "Apply only to this version (an ETag)")
     ),
-    request_body(content = DaemonSetPatch, content_type = "application/merge-patch+json",
-        description = "A JSON merge patch; application/json is accepted too"),
+    request_body(description = "A JSON merge patch",
+        content((DaemonSetPatch = "application/merge-patch+json"), (DaemonSetPatch = "application/json"))),
     responses(
         (status = OK, description = "The daemon set after the patch", body = DaemonSet,
             headers(("ETag" = String, description = "The version, for If-Match"))),

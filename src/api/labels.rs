@@ -341,7 +341,8 @@ async fn put_labels(
         ("id" = String, Path, description = ID_DOC),
         ("If-Match" = Option<String>, Header, description = IF_MATCH_DOC)
     ),
-    request_body(content = LabelsPatch, content_type = "application/merge-patch+json"),
+    request_body(description = "A JSON merge patch",
+        content((LabelsPatch = "application/merge-patch+json"), (LabelsPatch = "application/json"))),
     responses(
         (status = OK, description = "The labels as stored", body = ObjectLabels,
             headers(("ETag" = String, description = "The new version"))),
