@@ -21,9 +21,16 @@ pub use validation::{
 /// A label set. Ordered, so its JSON and its printed form are stable.
 pub type Labels = BTreeMap<String, String>;
 
-/// A label set as P2 stores it: a JSON object, or `null` for a nil map (an empty set).
+/// A label set as P2 stores it: a JSON object, or `null` for a nil map (an empty set). A
+/// `null` value is read as `""`, as Go's JSON reads it into P2's `map[string]string`, so a
+/// set P2's tools can read is readable here too.
 pub fn from_json(bytes: &[u8]) -> serde_json::Result<Labels> {
-    serde_json::from_slice::<Option<Labels>>(bytes).map(Option::unwrap_or_default)
+    let set = serde_json::from_slice::<Option<BTreeMap<String, Option<String>>>>(bytes)?;
+    Ok(set
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(key, value)| (key, value.unwrap_or_default()))
+        .collect())
 }
 
 /// Put on every pod an RC schedules; names the pod (its manifest `id`).
@@ -199,6 +206,17 @@ pub fn label_set_string(labels: &Labels) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_set_reads_as_go_reads_it() {
+        assert_eq!(from_json(b"null").unwrap(), Labels::new());
+        let set = from_json(br#"{"a":null,"b":"x"}"#).unwrap();
+        assert_eq!(
+            set,
+            Labels::from([("a".into(), "".into()), ("b".into(), "x".into())])
+        );
+        assert!(from_json(br#"{"a":1}"#).is_err());
+    }
 
     #[test]
     fn type_strings_round_trip() {

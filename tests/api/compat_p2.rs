@@ -318,3 +318,27 @@ async fn labels_p2_wrote_are_rewritten_as_p2_writes_them() {
         r#"{"owner":"\u003cops\u003e \u0026 sre","role":"web"}"#
     );
 }
+
+/// P2's Go code decodes a label set into `map[string]string`, where a `null` value reads as
+/// `""`; such a set is read the same way here, so adding a label keeps the others.
+#[tokio::test]
+async fn a_label_set_with_a_null_value_reads_as_go_reads_it() {
+    let app = TestApp::new().await;
+    let key = "labels/node/node18.example.com";
+    let path = "/api/v1/labels/node/node18.example.com";
+    app.put_raw(key, br#"{"a":null,"b":"x"}"#).await;
+
+    let response = app.get(path).await;
+    assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    assert_eq!(response.json()["labels"], json!({"a": "", "b": "x"}));
+
+    let response = app
+        .merge_patch(path, &json!({"labels": {"role": "web"}}), &[])
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    assert_eq!(
+        response.json()["labels"],
+        json!({"a": "", "b": "x", "role": "web"})
+    );
+    assert_eq!(raw(&app, key).await, r#"{"a":"","b":"x","role":"web"}"#);
+}
