@@ -25,12 +25,21 @@ pub type Labels = BTreeMap<String, String>;
 /// `null` value is read as `""`, as Go's JSON reads it into P2's `map[string]string`, so a
 /// set P2's tools can read is readable here too.
 pub fn from_json(bytes: &[u8]) -> serde_json::Result<Labels> {
-    let set = serde_json::from_slice::<Option<BTreeMap<String, Option<String>>>>(bytes)?;
-    Ok(set
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(key, value)| (key, value.unwrap_or_default()))
-        .collect())
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let set = go_labels(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(set.unwrap_or_default())
+}
+
+/// Reads a label set as Go reads it into a `map[string]string` (for `serde(deserialize_with)`,
+/// such as an RC's `pod_labels`): `None` for `null`, and a `null` value as `""`.
+pub fn go_labels<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Labels>, D::Error> {
+    let set = <Option<BTreeMap<String, Option<String>>>>::deserialize(deserializer)?;
+    Ok(set.map(|set| {
+        set.into_iter()
+            .map(|(key, value)| (key, value.unwrap_or_default()))
+            .collect()
+    }))
 }
 
 /// Put on every pod an RC schedules; names the pod (its manifest `id`).

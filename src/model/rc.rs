@@ -59,7 +59,7 @@ struct RawRc {
     manifest: String,
     #[serde(default)]
     node_selector: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::labels::go_labels")]
     pod_labels: Option<BTreeMap<String, String>>,
     replicas_desired: i64,
     #[serde(default)]
@@ -196,6 +196,10 @@ mod tests {
         let out = String::from_utf8(decode(&value).unwrap().to_json()).unwrap();
         assert!(out.contains(r#""pod_labels":{"aa":"2","zz":"1"}"#), "{out}");
 
+        value["pod_labels"] = json!({"team": null, "aa": "2"});
+        let rc = decode(&value).unwrap();
+        let expected = BTreeMap::from([("aa".into(), "2".into()), ("team".into(), "".into())]);
+        assert_eq!(rc.pod_labels, Some(expected), "a null value is Go's \"\"");
         value["pod_labels"] = Value::Null;
         let rc = decode(&value).unwrap();
         assert_eq!(rc.pod_labels, None);
