@@ -34,12 +34,36 @@ pub fn from_json(bytes: &[u8]) -> serde_json::Result<Labels> {
 /// Reads a label set as Go reads it into a `map[string]string` (for `serde(deserialize_with)`,
 /// such as an RC's `pod_labels`): `None` for `null`, and a `null` value as `""`.
 pub fn go_labels<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Labels>, D::Error> {
-    let set = <Option<BTreeMap<String, Option<String>>>>::deserialize(deserializer)?;
-    Ok(set.map(|set| {
-        set.into_iter()
-            .map(|(key, value)| (key, value.unwrap_or_default()))
-            .collect()
-    }))
+    Ok(Option::<GoLabels>::deserialize(deserializer)?.map(|set| set.0))
+}
+
+/// A label set read straight into [`Labels`], each `null` value as `""`: the mirror reads
+/// every pod's labels, so no second map is built on the way.
+struct GoLabels(Labels);
+
+impl<'de> Deserialize<'de> for GoLabels {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = Labels;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a label set: an object of strings")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Labels, A::Error> {
+                let mut labels = Labels::new();
+                while let Some((key, value)) = map.next_entry::<String, Option<String>>()? {
+                    labels.insert(key, value.unwrap_or_default());
+                }
+                Ok(labels)
+            }
+        }
+        deserializer.deserialize_map(Entries).map(GoLabels)
+    }
 }
 
 /// Put on every pod an RC schedules; names the pod (its manifest `id`).
