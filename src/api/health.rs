@@ -50,7 +50,8 @@ async fn get_healthz(_: NoQuery) -> ApiJson<Health> {
 /// While it fails, load balancers send traffic elsewhere; the body says why: a store that
 /// refuses is `ServiceUnavailable`, one that does not answer in time (hung) `StoreTimeout`,
 /// a mirror that has lost a tree's watch for longer than its bound `ServiceUnavailable`
-/// naming the trees (its reads meanwhile go to the store). A mirror still loading does not
+/// naming the trees, or saying that the store has answered none of the mirror's reads for
+/// that long (its reads meanwhile go to the store). A mirror still loading does not
 /// make the server unready: reads go to the store until it has loaded.
 #[utoipa::path(
     get,
@@ -64,10 +65,18 @@ async fn get_healthz(_: NoQuery) -> ApiJson<Health> {
 async fn get_readyz(State(app): State<AppState>, _: NoQuery) -> Result<ApiJson<Health>, ApiError> {
     // Unlike other 5xx bodies this one names the cause: telling the operator why the
     // instance is out of rotation is the point of the probe.
-    let lost = app.mirror.health().lost;
-    if !lost.is_empty() {
-        let trees: Vec<String> = lost
-            .iter()
+    let health = app.mirror.health();
+    if let Some(silent) = health.silent {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "mirror not ready: the store has answered none of its reads for {}s",
+                silent.as_secs()
+            ),
+        ));
+    }
+    if !health.lost.is_empty() {
+        let trees: Vec<String> = (health.lost.iter())
             .map(|(prefix, since)| format!("{prefix} for {}s", since.as_secs()))
             .collect();
         return Err(ApiError::new(

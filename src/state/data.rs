@@ -109,6 +109,9 @@ pub(super) struct State {
     /// RC ids by the pod id of their manifest.
     pub rcs_by_pod: HashMap<String, BTreeSet<String>>,
     pub stream: Stream,
+    /// When the store last answered the mirror: a watch's read, or a heartbeat
+    /// ([`super::feed::heartbeat`]).
+    pub answered: Instant,
 }
 
 /// A listing (or the changes since an index) prepared outside the lock: every key it
@@ -132,6 +135,7 @@ impl State {
             by_label: HashMap::new(),
             rcs_by_pod: HashMap::new(),
             stream,
+            answered: Instant::now(),
         }
     }
 

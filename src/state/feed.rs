@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::kv::PrefixUpdate;
+use crate::layout;
 
 use super::trees::Tree;
 use super::Mirror;
@@ -112,6 +113,36 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                     return;
                 }
             }
+        }
+    }
+}
+
+/// Reads one small key whenever the store has gone a [`super::MirrorConfig::heartbeat_interval`]
+/// without answering the mirror, until `cancel`, so that [`Mirror::health`] learns within
+/// its bound of a store that takes requests and never answers them: each watch alone would
+/// notice only once its own wait had run out. A heartbeat unanswered by the next is given
+/// up, so that one lost on a dead connection does not hold the next back.
+pub(super) async fn heartbeat(mirror: Mirror, cancel: CancellationToken) {
+    let interval = mirror.config().heartbeat_interval;
+    let last_answer = || Instant::from_std(mirror.last_answer());
+    let mut last_sent = Instant::now();
+    loop {
+        let due = last_answer().max(last_sent) + interval;
+        tokio::select! {
+            () = tokio::time::sleep_until(due) => {}
+            () = cancel.cancelled() => return,
+        }
+        // A watch answered meanwhile.
+        if last_answer() + interval > Instant::now() {
+            continue;
+        }
+        last_sent = Instant::now();
+        let read = tokio::time::timeout(interval, mirror.store().get(layout::LEADER_LOCK));
+        tokio::select! {
+            read = read => if let Ok(Ok(_)) = read {
+                mirror.store_answered();
+            },
+            () = cancel.cancelled() => return,
         }
     }
 }

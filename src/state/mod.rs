@@ -26,7 +26,8 @@
 //! re-read, counting as loading until it is ([`Mirror::health`], [`Mirror::read_again`]),
 //! and subscribers are told to start again ([`Signal::Resync`]). A tree whose watch
 //! is failing, or whose read has gone unanswered past its wait, its last success longer ago
-//! than [`MirrorConfig::lost_after`], makes [`Mirror::health`] report it.
+//! than [`MirrorConfig::lost_after`], makes [`Mirror::health`] report it; so does a store
+//! that has answered none of the mirror's reads for that long, its heartbeats included.
 
 mod changes;
 mod data;
@@ -70,6 +71,12 @@ pub struct MirrorConfig {
     /// How long after its last success a failing tree watch (or one whose read has gone
     /// unanswered past its wait) makes [`Mirror::health`] report the mirror stale.
     pub lost_after: Duration,
+    /// How long the store may go without answering the mirror before it reads one key to
+    /// learn that the store still answers ([`feed::heartbeat`]): a store that takes
+    /// requests and never answers them is then noticed within [`MirrorConfig::lost_after`]
+    /// and this interval, rather than only once each watch's wait has run out. While the watches are
+    /// answered, the mirror asks nothing more.
+    pub heartbeat_interval: Duration,
     /// How many changes the stream keeps for subscribers resuming from a position.
     pub retained_changes: usize,
     /// How many changes of one kind a subscriber may fall behind before it is cut off. A
@@ -85,6 +92,7 @@ impl Default for MirrorConfig {
             watch_wait: Duration::from_secs(60),
             min_reread_interval: Duration::from_millis(250),
             lost_after: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(10),
             retained_changes: 10_000,
             subscriber_buffer: 8_192,
         }
@@ -183,6 +191,10 @@ pub struct MirrorHealth {
     /// The prefixes of trees whose watch has failed for longer than the bound, and for how
     /// long.
     pub lost: Vec<(String, Duration)>,
+    /// How long the store has gone without answering the mirror at all, once that is
+    /// longer than the bound and the heartbeats' interval together; every tree is then
+    /// lost.
+    pub silent: Option<Duration>,
 }
 
 impl MirrorHealth {
@@ -327,9 +339,11 @@ impl Mirror {
         if self.inner.started.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.store_answered();
         for tree in Tree::ALL {
             tasks.spawn(feed::follow(self.clone(), tree, cancel.clone()));
         }
+        tasks.spawn(feed::heartbeat(self.clone(), cancel));
     }
 
     /// The mirror's index: the highest index it has applied.
@@ -547,9 +561,16 @@ impl Mirror {
     /// Which trees are not read yet, and which have lost their watch for too long.
     pub fn health(&self) -> MirrorHealth {
         let state = self.read();
+        let lost_after = self.inner.config.lost_after;
+        // Beyond the bound, the heartbeats' own interval: a store that answers them may
+        // have been asked nothing for that long.
+        let silent = state.answered.elapsed();
+        let silent_after = lost_after + self.inner.config.heartbeat_interval;
+        let silent_since = (silent > silent_after).then_some(state.answered);
         let mut health = MirrorHealth {
             loading: Vec::new(),
             lost: Vec::new(),
+            silent: silent_since.map(|_| silent),
         };
         for (tree, tree_state) in Tree::ALL.into_iter().zip(&state.trees) {
             // A tree not read again since the store went backwards holds the old store's
@@ -561,9 +582,10 @@ impl Mirror {
                 .unanswered
                 .filter(|(overdue, _)| *overdue <= Instant::now())
                 .map(|(_, last_success)| last_success);
-            if let Some(since) = tree_state.failing_since.or(overdue) {
+            let since = [tree_state.failing_since, overdue, silent_since];
+            if let Some(since) = since.into_iter().flatten().min() {
                 let lost = since.elapsed();
-                if lost > self.inner.config.lost_after {
+                if lost > lost_after {
                     health.lost.push((tree.prefix(), lost));
                 }
             }
@@ -927,9 +949,20 @@ impl Mirror {
 
     fn watch_succeeded(&self, tree: Tree) {
         let mut state = self.write();
+        state.answered = Instant::now();
         let tree = &mut state.trees[tree.position()];
         tree.failing_since = None;
         tree.unanswered = None;
+    }
+
+    /// Notes that the store has just answered the mirror.
+    fn store_answered(&self) {
+        self.write().answered = Instant::now();
+    }
+
+    /// When the store last answered the mirror.
+    fn last_answer(&self) -> Instant {
+        self.read().answered
     }
 
     /// Notes a failed read of `tree`'s watch, whose last success was at `last_success`: the

@@ -852,6 +852,41 @@ async fn a_watch_the_store_never_answers_is_lost_once_overdue() {
     until_ready(&app).await;
 }
 
+/// A store that takes the mirror's reads and answers none (a hung agent) is noticed within
+/// the mirror's bound, long before any watch's wait runs out, by a heartbeat read of one
+/// key: `/readyz` says so and reads go to the store; once the store answers, all is well.
+/// A store with nothing to tell the watches answers the heartbeats, and stays ready.
+#[tokio::test]
+async fn a_store_that_answers_nothing_is_noticed_before_the_watches_waits_run_out() {
+    let lost_after = Duration::from_millis(500);
+    let (app, counting) = counted(MirrorConfig {
+        lost_after,
+        heartbeat_interval: Duration::from_millis(100),
+        ..MirrorConfig::default()
+    })
+    .await;
+    let id = create(&app, 1).await;
+    until_ready(&app).await;
+
+    counting.delay_watches_of(Some(""));
+    tokio::time::sleep(lost_after * 4).await;
+    let quiet = app.get("/readyz").await;
+    assert_eq!(quiet.status, StatusCode::OK, "{quiet:?}");
+
+    let key = format!("replication_controllers/{id}");
+    edit_unseen(&app, &key, "replicas_desired", json!(4)).await;
+    counting.stall_key_reads(true);
+    let not_ready = until_not_ready(&app).await;
+    let message = not_ready.error().message;
+    assert!(message.contains("answered none of its reads"), "{message}");
+    let listed = app.get("/api/v1/rcs").await.json();
+    assert_eq!(listed["items"][0]["replicas_desired"], 4, "{listed}");
+
+    counting.stall_key_reads(false);
+    counting.delay_watches_of(None);
+    until_ready(&app).await;
+}
+
 /// Blocked GETs of one RC and of the list return when the RC changes, with the change; while
 /// they wait, the store is asked nothing and has no more watches than the mirror's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

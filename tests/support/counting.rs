@@ -37,6 +37,8 @@ pub struct Counting {
     /// (failing), until cleared.
     reads_fail_after_txn: AtomicBool,
     reads_failing: AtomicBool,
+    /// Single-key reads wait, unanswered, while it holds `true`.
+    key_reads_stalled: AtomicBool,
 }
 
 impl Counting {
@@ -55,6 +57,7 @@ impl Counting {
             after_get: Mutex::default(),
             reads_fail_after_txn: AtomicBool::new(false),
             reads_failing: AtomicBool::new(false),
+            key_reads_stalled: AtomicBool::new(false),
         })
     }
 
@@ -138,6 +141,12 @@ impl Counting {
         self.reads_failing.store(false, Ordering::SeqCst);
     }
 
+    /// Makes single-key reads wait, unanswered, as a store that takes them and never
+    /// replies (`true`); or answers them again, those waiting included (`false`).
+    pub fn stall_key_reads(&self, stall: bool) {
+        self.key_reads_stalled.store(stall, Ordering::SeqCst);
+    }
+
     fn read_fails(&self) -> StoreResult<()> {
         if self.reads_failing.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("the store was lost".into()));
@@ -199,6 +208,9 @@ impl KvStore for Counting {
     async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
         self.count();
         self.read_fails()?;
+        while self.key_reads_stalled.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         self.read.lock().unwrap().push(key.to_owned());
         let read = self.inner.get(key).await;
         if let Some(ops) = Self::armed_for(&self.after_get, key) {
