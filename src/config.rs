@@ -301,8 +301,8 @@ fn parse_origin(text: &str) -> Result<HeaderValue, String> {
 #[derive(Debug, Clone, Args)]
 pub struct HttpArgs {
     /// Longest a request is handled once its body is in; past it the answer is 503
-    /// (`StoreTimeout`, or `OutcomeUnknown` for a write). A blocking query (`?index=`) gets its
-    /// wait, plus a sixteenth for the store's jitter, on top.
+    /// (`StoreTimeout`, or `OutcomeUnknown` for a write the store may have applied). A blocking
+    /// query (`?index=`) gets its wait, plus a sixteenth for the store's jitter, on top.
     #[arg(long, value_name = "DURATION", env = "P2_REQUEST_TIMEOUT", default_value = "10s",
           value_parser = parse_timeout)]
     pub request_timeout: Duration,

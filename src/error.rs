@@ -35,8 +35,9 @@ pub struct ErrorBody {
     /// CamelCase name of the failure, one per status: `NotFound`, `Conflict`, `Invalid`,
     /// `PreconditionFailed`, `PayloadTooLarge`, `ServiceUnavailable`, `InternalError`, ...;
     /// except that a 503 says `StoreTimeout` when the store did not answer within the
-    /// request's deadline (retry later), and `OutcomeUnknown` when a write was sent but not
-    /// confirmed, so it may or may not have been applied: re-read before retrying.
+    /// request's deadline and nothing was written (retry later), and `OutcomeUnknown` when a
+    /// write was sent but not confirmed, so it may or may not have been applied: re-read
+    /// before retrying.
     /// `UnreadableDocument` (500) when a stored document cannot be decoded.
     pub reason: String,
     /// For people; never parse it.
@@ -171,8 +172,9 @@ impl ApiError {
         }
     }
 
-    /// 503 `StoreTimeout`: the store did not answer within the request's deadline, so
-    /// nothing is known to have been done; the client may retry. `cause` goes to the log.
+    /// 503 `StoreTimeout`: the store did not answer within the request's deadline, and
+    /// nothing was written (a read, or writes all withdrawn before the store took them); the
+    /// client may retry. `cause` goes to the log.
     pub fn store_timeout(cause: impl std::fmt::Display) -> Self {
         ApiError {
             reason: Some(STORE_TIMEOUT),

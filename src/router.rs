@@ -1,6 +1,7 @@
 //! Wires every route, the OpenAPI document, the JSON fallbacks and the middleware together.
 
 use std::error::Error as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{to_bytes, Body, HttpBody};
@@ -31,6 +32,7 @@ use crate::api::list_query::requested_wait;
 use crate::app::{AppState, HttpLimits};
 use crate::auth::{self, REQUEST_ID_HEADER};
 use crate::error::{ApiError, Cause, ErrorBody};
+use crate::kv::{self, sent::Sent};
 use crate::metrics;
 
 /// Largest request body accepted: generous for any resource (a value in the store is at most
@@ -387,15 +389,19 @@ async fn read_body(State(limits): State<HttpLimits>, request: Request, next: Nex
 /// practice a hung store, whose client may otherwise retry for minutes).
 ///
 /// A request cut short may have sent a write that the store applies later, so a cut write
-/// answers `OutcomeUnknown` (re-read before retrying) and a cut read `StoreTimeout`.
+/// answers `OutcomeUnknown` (re-read before retrying) and a cut read `StoreTimeout`; so does
+/// a cut write whose every write sent was withdrawn before the store took it (the embedded
+/// store's writer waiting for a write lock held elsewhere), as nothing was written.
 async fn deadline(State(limits): State<HttpLimits>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let deadline = request_deadline(&limits, request.uri());
-    match tokio::time::timeout(deadline, next.run(request)).await {
+    let sent = Arc::new(Sent::default());
+    let handled = kv::sent::scope(sent.clone(), next.run(request));
+    match tokio::time::timeout(deadline, handled).await {
         Ok(response) => response,
         Err(_) => {
             let cause = format!("the request's deadline of {deadline:?} passed");
-            if method.is_safe() {
+            if method.is_safe() || sent.all_withdrawn() {
                 ApiError::store_timeout(cause).into_response()
             } else {
                 ApiError::outcome_unknown(cause).into_response()

@@ -11,6 +11,7 @@ pub mod keys;
 pub mod metered;
 pub mod open;
 pub mod prefixed;
+pub mod sent;
 pub mod sqlite;
 
 use std::sync::Arc;

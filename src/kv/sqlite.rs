@@ -43,6 +43,7 @@ use tokio::sync::broadcast::{
 use tokio::sync::{oneshot, Mutex, Notify, OwnedMutexGuard};
 use tokio_util::sync::CancellationToken;
 
+use super::sent::{Claim, Withdraw};
 use super::{
     validate_key, validate_prefix, validate_txn, validate_value, Cas, Changes, HeldWrites, KvPair,
     KvStore, Listing, Lock, PrefixUpdate, SessionBehavior, SessionInfo, SessionSpec, StoreError,
@@ -343,17 +344,27 @@ impl SqliteStore {
     }
 
     /// Runs a write on its own task so that a caller dropping its future (a client hanging
-    /// up) can never leave the writer connection inside a half-done transaction.
+    /// up) can never leave the writer connection inside a half-done transaction. A caller
+    /// that gives up before the write's transaction began withdraws it ([`Claim`]): it is
+    /// then never applied.
     async fn write<T, F, Fut>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(Arc<Inner>) -> Fut + Send + 'static,
+        F: FnOnce(Arc<Inner>, WriteTxn) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = StoreResult<T>> + Send + 'static,
     {
         let inner = self.inner.clone();
-        tokio::spawn(f(inner))
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("write task failed: {e}")))?
+        let claim = Claim::sent();
+        let _withdraw = Withdraw(claim.clone());
+        tokio::spawn(async move {
+            let txn = WriteTxn::begin(&inner).await?;
+            if !claim.take() {
+                return Err(withdrawn());
+            }
+            f(inner, txn).await
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("write task failed: {e}")))?
     }
 }
 
@@ -470,6 +481,12 @@ fn is_busy(e: &sqlx::Error) -> bool {
     let code = e.as_database_error().and_then(|e| e.code());
     code.and_then(|code| code.parse::<i32>().ok())
         .is_some_and(|code| matches!(code & 0xff, 5 | 6))
+}
+
+/// What a write withdrawn by its caller before the writer took it is answered, should
+/// anyone still be waiting: it was never applied.
+fn withdrawn() -> StoreError {
+    StoreError::Unavailable("the write was withdrawn before it began".into())
 }
 
 fn unavailable(e: sqlx::Error) -> StoreError {
@@ -1641,6 +1658,9 @@ fn session_from_row(row: &SqliteRow) -> StoreResult<SessionInfo> {
 struct Queued {
     ops: Vec<TxnOp>,
     answer: oneshot::Sender<(StoreResult<Vec<Option<KvPair>>>, Durable)>,
+    /// Taken once the writer holds the batch's transaction, before it applies the ops; a
+    /// caller that gave up first withdrew it, and the transaction is dropped unapplied.
+    claim: Arc<Claim>,
 }
 
 /// Whether the batch a write was released into became durable (`None`: the write need not
@@ -1660,14 +1680,17 @@ impl Durable {
 
 /// Runs `ops` in one write transaction: all applied, or none and every failure reported.
 /// The transaction queues for [`run_queued`], so a caller dropping this future leaves the
-/// writer alone.
+/// writer alone; dropped before the writer took the transaction, it withdraws it, and the
+/// transaction is never applied.
 async fn run_txn(inner: &Inner, ops: Vec<TxnOp>) -> StoreResult<Vec<Option<KvPair>>> {
     let (answer, answered) = oneshot::channel();
+    let claim = Claim::sent();
+    let _withdraw = Withdraw(claim.clone());
     inner
         .queued
         .lock()
         .expect("the queue of transactions is never left half-changed")
-        .push(Queued { ops, answer });
+        .push(Queued { ops, answer, claim });
     inner.queued_ready.notify_one();
     let closed = || StoreError::Unavailable("the store was closed".into());
     let (results, durable) = answered.await.map_err(|_| closed())?;
@@ -1699,8 +1722,12 @@ async fn run_queued(inner: Weak<Inner>, ready: Arc<Notify>, stop: CancellationTo
             continue;
         }
         let began = WriteTxn::begin(&inner).await;
-        // Those queued while the writer was waited for join the others.
-        let queued = std::mem::take(&mut *queue());
+        // Those queued while the writer was waited for join the others; those whose callers
+        // gave up meanwhile (the write lock held elsewhere past their deadline) are dropped.
+        let mut queued = std::mem::take(&mut *queue());
+        if began.is_ok() {
+            queued.retain(|queued| queued.claim.take());
+        }
         let mut txn = match began {
             Ok(txn) => txn,
             Err(e) => {
@@ -1715,7 +1742,7 @@ async fn run_queued(inner: Weak<Inner>, ready: Arc<Notify>, stop: CancellationTo
         let read = txn.prefetch(&all).await;
         metrics::sqlite_writer_stage(WriterStage::Read, started.elapsed());
         let started = Instant::now();
-        for Queued { ops, answer } in queued {
+        for Queued { ops, answer, .. } in queued {
             let applied = match &read {
                 Ok(()) => txn.apply_all(&ops).await,
                 Err(e) => Err(e.clone()),
@@ -1961,8 +1988,7 @@ impl KvStore for SqliteStore {
     async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
         validate_prefix(prefix)?;
         let prefix = prefix.to_owned();
-        self.write(move |inner| async move {
-            let mut txn = WriteTxn::begin(&inner).await?;
+        self.write(move |inner, mut txn| async move {
             txn.remove_prefix(&prefix).await?;
             txn.commit(&inner).await
         })
@@ -1977,8 +2003,7 @@ impl KvStore for SqliteStore {
     async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
         spec.validate()?;
         let spec = spec.clone();
-        self.write(move |inner| async move {
-            let mut txn = WriteTxn::begin(&inner).await?;
+        self.write(move |inner, mut txn| async move {
             let id = uuid::Uuid::new_v4().to_string();
             sqlx::query(
                 "INSERT INTO sessions (id, name, ttl_ms, lock_delay_ms, behavior, create_index,
@@ -2003,8 +2028,7 @@ impl KvStore for SqliteStore {
 
     async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo> {
         let id = id.to_owned();
-        self.write(move |inner| async move {
-            let mut txn = WriteTxn::begin(&inner).await?;
+        self.write(move |inner, mut txn| async move {
             let Some(info) = txn.session(&id).await? else {
                 txn.invalidate_session(&id).await?;
                 txn.commit(&inner).await?;
@@ -2024,8 +2048,7 @@ impl KvStore for SqliteStore {
 
     async fn destroy_session(&self, id: &str) -> StoreResult<()> {
         let id = id.to_owned();
-        self.write(move |inner| async move {
-            let mut txn = WriteTxn::begin(&inner).await?;
+        self.write(move |inner, mut txn| async move {
             txn.invalidate_session(&id).await?;
             txn.commit(&inner).await
         })
@@ -2054,8 +2077,7 @@ impl KvStore for SqliteStore {
             session: session.into(),
         };
         let session = session.to_owned();
-        self.write(move |inner| async move {
-            let mut txn = WriteTxn::begin(&inner).await?;
+        self.write(move |inner, mut txn| async move {
             if txn.session(&session).await?.is_none() {
                 txn.abandon().await?;
                 return Err(StoreError::NotFound(format!("invalid session {session:?}")));
@@ -2070,8 +2092,7 @@ impl KvStore for SqliteStore {
     async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
         validate_key(key)?;
         let (key, session) = (key.to_owned(), session.to_owned());
-        self.write(move |inner| async move {
-            let mut txn = WriteTxn::begin(&inner).await?;
+        self.write(move |inner, mut txn| async move {
             let value = match txn.row(&key).await? {
                 Some(pair) => pair.value.to_vec(),
                 None => {
@@ -2755,6 +2776,44 @@ mod tests {
         announce(&batches, &["b/1"], BATCH_BACKLOG + 1);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         assert!(touched_before(&mut watching, &prefix("a/"), deadline).await);
+    }
+
+    /// Writes whose callers give up while another process holds the file's write lock are
+    /// withdrawn, and never land once it is let go, whether queued for the writer (a put)
+    /// or waiting on a task of their own (a session); a write the writer took stays taken.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_given_up_before_the_writer_took_it_is_never_applied() {
+        use crate::kv::sent::{scope, Sent};
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        let done = Arc::new(Sent::default());
+        scope(done.clone(), store.put("before", b"v", Cas::Any))
+            .await
+            .unwrap();
+        assert!(!done.all_withdrawn(), "a write the writer took");
+
+        let mut other = connect_beside(&dir).await;
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .unwrap();
+        let cut = Duration::from_millis(200);
+        let sent = Arc::new(Sent::default());
+        let put = tokio::time::timeout(cut, store.put("k", b"v", Cas::Any));
+        assert!(scope(sent.clone(), put).await.is_err());
+        let spec = SessionSpec::deleting("cut", Duration::from_secs(60));
+        let created = tokio::time::timeout(cut, store.create_session(&spec));
+        assert!(scope(sent.clone(), created).await.is_err());
+        assert!(sent.all_withdrawn());
+
+        sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+        store.put("after", b"v", Cas::Any).await.unwrap();
+        assert_eq!(store.get("k").await.unwrap(), None);
+        let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
+            .fetch_one(&mut other)
+            .await
+            .unwrap();
+        assert_eq!(sessions, 0);
     }
 
     async fn open_in(dir: &tempfile::TempDir) -> SqliteStore {

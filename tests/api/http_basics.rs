@@ -620,6 +620,19 @@ fn short_limits() -> HttpLimits {
     }
 }
 
+/// The real router over `store` with [`short_limits`].
+fn router_with_short_limits(store: Arc<dyn KvStore>) -> Router {
+    router::build(Arc::new(App {
+        mirror: Mirror::new(store.clone(), MirrorConfig::default()),
+        store,
+        shutdown: CancellationToken::new(),
+        limits: short_limits(),
+        validation: Default::default(),
+        access: Default::default(),
+        answers: Default::default(),
+    }))
+}
+
 fn consul_at(base_url: String) -> ConsulStore {
     ConsulStore::new(ConsulConfig {
         base_url,
@@ -634,16 +647,7 @@ async fn a_frozen_consul_answers_503_within_the_deadline() {
     // Bound but never accepting: the kernel completes the connection, nobody answers.
     let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let store = consul_at(format!("http://{}", frozen.local_addr().unwrap()));
-    let store: Arc<dyn KvStore> = Arc::new(store);
-    let routes = router::build(Arc::new(App {
-        mirror: Mirror::new(store.clone(), MirrorConfig::default()),
-        store,
-        shutdown: CancellationToken::new(),
-        limits: short_limits(),
-        validation: Default::default(),
-        access: Default::default(),
-        answers: Default::default(),
-    }));
+    let routes = router_with_short_limits(Arc::new(store));
     for uri in ["/readyz", "/api/v1/rcs"] {
         let response = call(&routes, Request::get(uri).body(Body::empty()).unwrap()).await;
         assert_eq!(response.status, StatusCode::SERVICE_UNAVAILABLE, "{uri}");
@@ -652,6 +656,39 @@ async fn a_frozen_consul_answers_503_within_the_deadline() {
     let response = call(&routes, put_node_labels("cut-write")).await;
     assert_eq!(response.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(response.error().reason, "OutcomeUnknown");
+}
+
+/// A write the embedded store's writer never took into a transaction, because another
+/// process held the file's write lock past the request's deadline, is withdrawn: the answer
+/// is a retryable 503, not `OutcomeUnknown`, and the write never lands once the lock is let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_never_taken_before_the_deadline_is_withdrawn_and_retryable() {
+    use sqlx::{Connection, Executor};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.db").display().to_string();
+    let sqlite = p2_apiserver::kv::sqlite::SqliteStore::open(&path);
+    let store: Arc<dyn KvStore> = Arc::new(sqlite.await.unwrap());
+    let routes = router_with_short_limits(store.clone());
+    let before = store.list("").await.unwrap();
+    // Another process holding the file's write lock, as `sqlite3` in `BEGIN IMMEDIATE` does.
+    let other = sqlx::SqliteConnection::connect(&format!("sqlite://{path}"));
+    let mut other = other.await.unwrap();
+    other.execute("BEGIN IMMEDIATE").await.unwrap();
+
+    let started = Instant::now();
+    let response = call(&routes, put_node_labels("locked-out")).await;
+    assert!(started.elapsed() < Duration::from_secs(5), "{response:?}");
+    assert_eq!(response.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_ne!(response.error().reason, "OutcomeUnknown", "{response:?}");
+    assert_eq!(response.header("retry-after"), Some("1"), "{response:?}");
+
+    other.execute("COMMIT").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let keys = |listing: Listing| -> Vec<String> {
+        listing.pairs.into_iter().map(|pair| pair.key).collect()
+    };
+    let after = store.list("").await.unwrap();
+    assert_eq!(keys(after), keys(before), "the withdrawn write landed");
 }
 
 #[tokio::test]
