@@ -32,7 +32,8 @@ pub const STORE_OPERATION_DURATION: &str = "p2_store_operation_duration_seconds"
 /// The embedded store's writer, by `stage` ([`WriterStage`]). The writer does one stage at a
 /// time, so the stages' sums tell where its time goes.
 pub const SQLITE_WRITER_STAGE_DURATION: &str = "p2_sqlite_writer_stage_duration_seconds";
-/// Rows the embedded store's writer wrote into the database, changed or deleted.
+/// Rows the embedded store's writer wrote into the database, changed or deleted, in batches
+/// that committed.
 pub const SQLITE_ROWS_WRITTEN: &str = "p2_sqlite_rows_written_total";
 /// Passes of a farm over every object it owns, by `farm`.
 pub const FARM_RECONCILE_DURATION: &str = "p2_farm_reconcile_duration_seconds";
@@ -128,7 +129,7 @@ fn describe() {
     );
     describe_counter!(
         SQLITE_ROWS_WRITTEN,
-        "Rows the embedded store's writer wrote into the database"
+        "Rows the embedded store's writer wrote into the database, in batches that committed"
     );
     describe_counter!(FARM_ERRORS, "Failed reconciles of one object by each farm");
     describe_gauge!(
@@ -240,7 +241,8 @@ pub fn sqlite_writer_stage(stage: WriterStage, took: Duration) {
     histogram!(SQLITE_WRITER_STAGE_DURATION, "stage" => stage.label()).record(took);
 }
 
-/// Counts rows the embedded store's writer wrote into the database.
+/// Counts rows the embedded store's writer wrote into the database, once their batch
+/// committed.
 pub fn sqlite_rows_written(rows: usize) {
     counter!(SQLITE_ROWS_WRITTEN).increment(rows as u64);
 }

@@ -306,6 +306,7 @@ impl SqliteStore {
                 touched: Touched::default(),
                 written: Vec::new(),
                 staged: HashMap::new(),
+                rows_written: 0,
                 locked_out: locked_out.clone(),
             })),
             flush: flush.clone(),
@@ -823,6 +824,9 @@ struct Writer {
     /// only once [`Writer::write_staged`] runs, at the batch's commit or before a statement
     /// that reads the table.
     staged: HashMap<String, Staged>,
+    /// How many staged rows the batch has written into the database: counted in the metrics
+    /// once it commits, forgotten if it is rolled back.
+    rows_written: usize,
     /// Whether the last `BEGIN IMMEDIATE` found the write lock held by another process for
     /// all of [`BUSY_TIMEOUT`].
     locked_out: Arc<AtomicBool>,
@@ -904,6 +908,7 @@ impl Writer {
         self.touched = Touched::default();
         self.written.clear();
         self.staged.clear();
+        self.rows_written = 0;
         for waiter in self.pending.drain(..) {
             let _ = waiter.send(Err(cause.clone()));
         }
@@ -971,7 +976,7 @@ impl Writer {
             self.delete_keys("kv", rows.iter().map(|&(key, _, _)| key))
                 .await?;
         }
-        metrics::sqlite_rows_written(staged.len());
+        self.rows_written += staged.len();
         Ok(())
     }
 
@@ -1032,6 +1037,7 @@ impl Writer {
             return;
         }
         metrics::sqlite_writer_stage(WriterStage::Commit, started.elapsed());
+        metrics::sqlite_rows_written(std::mem::take(&mut self.rows_written));
         self.open = false;
         let touched = std::mem::take(&mut self.touched);
         let taken = self.taken.take();

@@ -90,3 +90,45 @@ async fn a_leading_server_reports_its_farms_mirror_store_and_clients() {
     })
     .await;
 }
+
+/// The embedded store's rows written count only rows of batches that committed: a batch
+/// whose commit fails (here a trigger refusing to record its index) wrote none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_of_a_batch_rolled_back_are_not_counted_as_written() {
+    use reqwest::{Method, StatusCode};
+    use sqlx::{Connection, Executor};
+    const ROWS: &str = "p2_sqlite_rows_written_total";
+    let scratch = Scratch::new();
+    let server = Server::start("solo", &scratch.db(), &[]);
+    let api = server.api();
+    let rows = |metrics: Metrics| metrics.value(ROWS, &[]).unwrap_or(0.0);
+    let body = serde_json::json!({ "labels": { "role": "web" } });
+    let put_labels = |node: &'static str| {
+        let (api, body) = (api.clone(), body.clone());
+        async move {
+            let path = format!("/api/v1/labels/node/{node}");
+            api.send(Method::PUT, &path, Some(&body)).await
+        }
+    };
+    let (status, answer) = put_labels("before").await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+
+    let db = format!("sqlite://{}", scratch.db().display());
+    let mut other = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    other
+        .execute(
+            "CREATE TRIGGER refuse_commits BEFORE UPDATE ON meta WHEN NEW.name = 'last_index'
+             BEGIN SELECT RAISE(ABORT, 'refused'); END",
+        )
+        .await
+        .unwrap();
+    let before = rows(scrape(&api).await);
+    let (status, answer) = put_labels("refused").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert_eq!(rows(scrape(&api).await), before, "rows of a failed batch");
+
+    other.execute("DROP TRIGGER refuse_commits").await.unwrap();
+    let (status, answer) = put_labels("after").await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(rows(scrape(&api).await) > before);
+}
