@@ -26,7 +26,7 @@ use crate::api::blocking::{error_at, index_header};
 use crate::api::extract::{ApiJson, ApiPath, NoQuery};
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
-use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::api::preconditions::{etag, IfMatch};
 use crate::api::reads::{current_reader, indexed_reader, IndexedReader, ReadParams, ReadQuery};
 use crate::api::responses::{created, read_back};
 use crate::app::AppState;
@@ -39,7 +39,7 @@ use crate::model::duration::format_duration;
 use crate::model::event::{
     Actor, FinishedRoll, ObjectKind, RcProgress, RollOutcome, RollProgress, StoredRollFields,
 };
-use crate::model::{CreateRoll, HealthCounts, HealthState, PodHealth, RollId};
+use crate::model::{CreateRoll, HealthCounts, HealthState, PodHealth, RollId, StoredRoll};
 use crate::state::Tree;
 use crate::store::conditions::read_conditions;
 use crate::store::events::read_meta;
@@ -49,6 +49,7 @@ use crate::store::pods::{PodLocation, PodStore, PodTree};
 use crate::store::rcs::RcStore;
 use crate::store::roll_creation::CreateRollError;
 use crate::store::rolls::{decode_finished, RollRecord, RollStore};
+use crate::store::update::update_with_retry;
 use crate::store::Versioned;
 
 /// OpenAPI tag of the roll routes.
@@ -396,34 +397,36 @@ async fn delete_roll(
         .expected(app.store.as_ref(), &layout::roll(&id))
         .await?;
     let rolls = app.rolls();
-    // An unreadable roll is deleted without a record of it: there is no roll to record.
-    let records = match rolls.get(&id).await {
-        Ok(Some(record)) => {
-            let view = current_view(&app, &record).await?;
-            let labels = view.labels.clone();
-            rolls
-                .finished_ops(
-                    &record.value,
-                    &labels,
-                    RollOutcome::Cancelled,
-                    view.progress,
-                    &actor,
-                    None,
-                )
-                .await?
+    let (state, rolls, id, actor) = (&app, &rolls, &id, &actor);
+    let read = || async move { rolls.get_for_delete(id).await?.ok_or_else(|| not_found(id)) };
+    // The record and the check-and-set come from one read: a roll deleted and created again
+    // since is another roll, which the next attempt reads and records.
+    let write = |current: Versioned<Option<StoredRoll>>| async move {
+        let mut ops = RollStore::delete_at_ops(id, current.index);
+        // An unreadable roll is deleted without a record of it: there is no roll to record.
+        if let Some(roll) = current.value {
+            let record = RollRecord {
+                value: roll,
+                index: current.index,
+            };
+            let view = current_view(state, &record).await?;
+            ops.extend(
+                rolls
+                    .finished_ops(
+                        &record.value,
+                        &view.labels,
+                        RollOutcome::Cancelled,
+                        view.progress,
+                        actor,
+                        None,
+                    )
+                    .await?,
+            );
         }
-        Ok(None) => return Err(not_found(&id)),
-        Err(StoreError::Invalid(_)) => Vec::new(),
-        Err(e) => return Err(e.into()),
+        Ok(state.store.txn(&ops).await.map(drop))
     };
-    match (rolls.delete(&id, expected, records).await, expected) {
-        (Ok(true), _) => Ok(StatusCode::NO_CONTENT),
-        (Ok(false), _) => Err(not_found(&id)),
-        (Err(StoreError::Conflict { .. }), Some(expected)) => {
-            Err(stale(&format!("rolling update {id}"), expected))
-        }
-        (Err(e), _) => Err(e.into()),
-    }
+    update_with_retry(&format!("rolling update {id}"), expected, read, write).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The trees a roll's view is made of (its document and labels, both RCs, their pods,

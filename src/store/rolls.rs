@@ -11,7 +11,6 @@ use crate::model::event::{
 use crate::model::StoredRoll;
 
 use super::events::{meta_delete_op, read_meta, record_ops};
-use super::update::update_with_retry;
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 use crate::layout;
@@ -78,42 +77,40 @@ impl RollStore {
         }
     }
 
-    /// Deletes a roll and its labels in one transaction with `with` (the deletion's
-    /// records), leaving both RCs; a running roll is cancelled by the farm that sees it
-    /// vanish. With `expected`, only while the roll is at
-    /// that index (a `Conflict` otherwise), by the rule of [`update_with_retry`]. `false`
-    /// when there is no roll. An unreadable roll can be deleted too, so a corrupt document
-    /// can always be cleared.
-    pub async fn delete(
+    /// A roll as its deletion reads it: its document, `None` (logged) when it cannot be
+    /// decoded, so that a corrupt document can always be cleared, and the index it was read
+    /// at; `None` when there is no roll. The deletion's record and its check-and-set
+    /// ([`RollStore::delete_at_ops`]) both come from this one read.
+    pub async fn get_for_delete(
         &self,
         id: &str,
-        expected: Option<u64>,
-        with: Vec<TxnOp>,
-    ) -> StoreResult<bool> {
-        let key = &layout::roll(id);
-        let with = &with;
-        let read = || async move {
-            let pair = self.kv.get(key).await?;
-            let pair = pair.ok_or_else(|| StoreError::NotFound(key.clone()))?;
-            Ok(Versioned {
-                value: (),
-                index: pair.modify_index,
-            })
+    ) -> StoreResult<Option<Versioned<Option<StoredRoll>>>> {
+        let Some(pair) = self.kv.get(&layout::roll(id)).await? else {
+            return Ok(None);
         };
-        let write = |current: Versioned<()>| async move {
-            let mut ops = vec![TxnOp::CheckIndex {
-                key: key.clone(),
-                index: current.index,
-            }];
-            ops.extend(Self::delete_ops(id));
-            ops.extend(with.iter().cloned());
-            Ok(self.kv.txn(&ops).await.map(drop))
+        let value = match decode(&pair) {
+            Ok(record) => Some(record.value),
+            Err(e) => {
+                tracing::warn!(roll = %id, error = %e, "deleting a roll whose document cannot be decoded");
+                None
+            }
         };
-        match update_with_retry(&format!("rolling update {id}"), expected, read, write).await {
-            Ok(()) => Ok(true),
-            Err(StoreError::NotFound(_)) => Ok(false),
-            Err(e) => Err(e),
-        }
+        Ok(Some(Versioned {
+            value,
+            index: pair.modify_index,
+        }))
+    }
+
+    /// The ops that delete the roll at `index` with its labels and times, leaving both RCs
+    /// (a running roll is cancelled by the farm that sees it vanish); a `Conflict` when the
+    /// roll is no longer at `index`, as when it was deleted and created again.
+    pub fn delete_at_ops(id: &str, index: u64) -> Vec<TxnOp> {
+        let mut ops = vec![TxnOp::CheckIndex {
+            key: layout::roll(id),
+            index,
+        }];
+        ops.extend(Self::delete_ops(id));
+        ops
     }
 
     /// The ops that delete a roll, its labels and its times.

@@ -13,7 +13,6 @@ use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
 use crate::support::api::{item_ids, TestApp, TestResponse};
-use crate::support::counting::Counting;
 
 const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
 const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
@@ -679,14 +678,7 @@ async fn removing_a_report_another_server_already_removed_is_no_event() {
 /// server did not make (a delete-cas of an absent key succeeds, in Consul as here).
 #[tokio::test]
 async fn emptying_labels_another_writer_emptied_meanwhile_is_no_event() {
-    let mut counting = None;
-    let app = TestApp::wrapping(|store| {
-        let store = Counting::new(store);
-        counting = Some(store.clone());
-        store
-    })
-    .await;
-    let counting = counting.unwrap();
+    let (app, counting) = TestApp::counted().await;
     let path = "/api/v1/labels/node/node1";
     let set = app
         .json_request("PUT", path, Some(&json!({"labels": {"pool": "web"}})), &[])

@@ -9,7 +9,7 @@ use crate::support::api::{assert_operations, item_ids, labels, TestApp, TestResp
 use axum::http::StatusCode;
 use p2_apiserver::farms::roll;
 use p2_apiserver::farms::world::Trees;
-use p2_apiserver::kv::{Cas, SessionSpec};
+use p2_apiserver::kv::{Cas, SessionSpec, TxnOp};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::layout;
 use p2_apiserver::model::event::Actor;
@@ -942,6 +942,45 @@ async fn delete_cancels_the_roll_and_leaves_both_rcs() {
     assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
     assert_eq!(delete(&app, &id, None).await.status, StatusCode::NO_CONTENT);
     assert_eq!(app.keys("rolls/").await, Vec::<String>::new());
+}
+
+/// A delete reads the roll, records it as finished and deletes it. A roll deleted and
+/// created again over the same new RC between that read and the write is another roll: the
+/// delete must not remove it under the record of the one it read.
+#[tokio::test]
+async fn a_roll_recreated_while_deleted_is_recorded_as_the_one_deleted() {
+    let (app, counting) = TestApp::counted().await;
+    let (old, id) = create_between_new_rcs(&app, json!({})).await;
+    let key = layout::roll(&id);
+    counting.after_next_get_of(
+        &key,
+        vec![
+            TxnOp::Delete { key: key.clone() },
+            TxnOp::Set {
+                key: key.clone(),
+                value: p2_roll_json(&old, &id, 3, 0, false, 0).into_bytes(),
+            },
+        ],
+    );
+
+    let response = delete(&app, &id, None).await;
+    assert_eq!(response.status, StatusCode::NO_CONTENT, "{response:?}");
+    assert!(app.stored(&key).await.is_none());
+    let finished = app
+        .stored_json(&layout::roll_history(&id))
+        .await
+        .expect("the roll's finished record");
+    let response = app.get(&format!("/api/v1/rolls/{id}")).await;
+    let body = response.json();
+    assert_eq!(body["outcome"], "cancelled", "{body}");
+    assert_eq!(
+        (
+            body["desired_replicas"].clone(),
+            body["minimum_replicas"].clone()
+        ),
+        (json!(3), json!(0)),
+        "the roll deleted is the one recorded: {finished}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

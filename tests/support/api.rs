@@ -161,6 +161,19 @@ impl TestApp {
         (app, counting.unwrap())
     }
 
+    /// A fresh app over a counting store, for injecting another writer's changes between a
+    /// read and the write made from it.
+    pub async fn counted() -> (Self, Arc<Counting>) {
+        let mut counting = None;
+        let app = Self::wrapping(|store| {
+            let store = Counting::new(store);
+            counting = Some(store.clone());
+            store
+        })
+        .await;
+        (app, counting.unwrap())
+    }
+
     /// An app serving `store` through a mirror of `followed` started with `config`, letting
     /// requests through as `access` says; `backing` is what the store needs to outlive it, for
     /// the app that created the store.
