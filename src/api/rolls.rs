@@ -531,7 +531,13 @@ impl Views {
             old: self.progress(&roll.old_rc).await?,
             new: self.progress(&roll.new_rc).await?,
         };
-        let conditions = read_conditions(self.kv.as_ref(), ObjectKind::Rolls, &roll.new_rc).await?;
+        // A roll's document is written once, when it is created (neither P2 nor this server
+        // rewrites it), so its index tells it from an earlier roll over the same new RC.
+        let conditions = read_conditions(self.kv.as_ref(), ObjectKind::Rolls, &roll.new_rc)
+            .await?
+            .into_iter()
+            .filter(|c| c.is_of(record.index))
+            .collect();
         Ok(Roll {
             conditions,
             created: meta.as_ref().and_then(|m| m.created.clone()),

@@ -635,7 +635,9 @@ impl RollFarm {
         roll: &Shared<StoredRoll>,
         activity: &RollActivity,
     ) -> FarmResult<Option<Instant>> {
-        let previous = self.conditions.previous(id);
+        // The record of an earlier roll over the same new RC, not yet removed, is none of
+        // this roll's: neither its transition times nor how long it stood still.
+        let previous = self.conditions.previous(id).filter(|p| p.is_of(roll.index));
         let was_stalled = previous.as_ref().is_some_and(|p| {
             p.conditions
                 .iter()

@@ -45,6 +45,15 @@ pub struct Condition {
     pub observed_index: u64,
 }
 
+impl Condition {
+    /// Whether it was computed for the object whose document was written at `written`,
+    /// rather than for an earlier object under the same key (a roll deleted and created
+    /// again over the same new RC), whose record stays until a farm replaces or removes it.
+    pub fn is_of(&self, written: u64) -> bool {
+        self.observed_index >= written
+    }
+}
+
 /// A condition as one pass finds it, before it is stamped with times.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observed {
@@ -78,6 +87,14 @@ pub struct ConditionsRecord {
     /// has been standing still.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+}
+
+impl ConditionsRecord {
+    /// Whether it was computed for the object whose document was written at `written`
+    /// ([`Condition::is_of`]).
+    pub fn is_of(&self, written: u64) -> bool {
+        self.conditions.iter().all(|c| c.is_of(written))
+    }
 }
 
 /// A roll's last progress: the counts it had then, and when (milliseconds since the epoch).

@@ -1647,10 +1647,17 @@ async fn a_blocked_read_is_woken_when_the_conditions_it_shows_change() {
     let ds = create_daemon_set(&app).await;
     let pod = json!({"replication_controller_id": old});
     app.put_json("labels/pod/node1/hello", &pod).await;
+    // Computed for the objects as they stand, as a farm's are: a roll's conditions from
+    // before its document was written are an earlier roll's.
+    let observed = app
+        .stored(&format!("rolls/{new}"))
+        .await
+        .unwrap()
+        .modify_index;
     let conditions = async |segment: &str, id: &str, status: &str| {
         let record = json!({"conditions": [{
             "type": "Progressing", "status": status, "reason": "Complete", "message": "",
-            "last_transition_time": "2026-01-01T00:00:00Z", "observed_index": 1
+            "last_transition_time": "2026-01-01T00:00:00Z", "observed_index": observed
         }]});
         let key = format!("p2-apiserver/conditions/{segment}/{id}");
         app.put_json(&key, &record).await;

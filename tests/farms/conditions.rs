@@ -56,6 +56,18 @@ async fn web_nodes(h: &Harness, count: usize) {
     }
 }
 
+/// Three web nodes running pods, an old RC with `replicas` of them healthy, and a new RC
+/// with none, to roll between; returns the old RC's id and the new one's.
+async fn rcs_to_roll(h: &Harness, replicas: usize) -> (String, String) {
+    web_nodes(h, 3).await;
+    h.run_fake_nodes(Duration::from_millis(50));
+    let old = h.put_rc(rc(MANIFEST, "role=web", replicas as i64)).await;
+    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&replicas)).then_some(()) })
+        .await;
+    let new = h.put_rc(rc(NEW_MANIFEST, "role=web", 0)).await;
+    (old, new)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_with_minimum_equal_to_desired_is_stalled_and_alerted() {
     let webhook = alert_webhook().await;
@@ -64,12 +76,7 @@ async fn a_roll_with_minimum_equal_to_desired_is_stalled_and_alerted() {
         ..FarmOptions::default()
     };
     let h = Harness::start_with(Backend::Sqlite, Some(webhook.uri()), options).await;
-    web_nodes(&h, 3).await;
-    h.run_fake_nodes(Duration::from_millis(50));
-    let old = h.put_rc(rc(MANIFEST, "role=web", 3)).await;
-    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&3)).then_some(()) })
-        .await;
-    let new = h.put_rc(rc(NEW_MANIFEST, "role=web", 0)).await;
+    let (old, new) = rcs_to_roll(&h, 3).await;
     h.put_roll(&old, &new, 3, 3).await;
 
     let progressing = wait_for(
@@ -352,12 +359,7 @@ async fn a_daemon_set_held_by_min_health_is_blocked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_waiting_out_its_delay_writes_its_conditions_once() {
     let h = Harness::start().await;
-    web_nodes(&h, 3).await;
-    h.run_fake_nodes(Duration::from_millis(50));
-    let old = h.put_rc(rc(MANIFEST, "role=web", 2)).await;
-    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&2)).then_some(()) })
-        .await;
-    let new = h.put_rc(rc(NEW_MANIFEST, "role=web", 0)).await;
+    let (old, new) = rcs_to_roll(&h, 2).await;
     let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 2, "MinimumReplicas": 1,
                       "LeaveOld": false, "RollDelay": 3_600_000_000_000u64});
     h.store
@@ -385,5 +387,49 @@ async fn a_roll_waiting_out_its_delay_writes_its_conditions_once() {
         index().await,
         waiting,
         "rewritten while waiting out the delay"
+    );
+}
+
+/// A roll deleted and created again over the same new RC before a farm pass removed the
+/// earlier roll's conditions is another roll: none of its conditions dates from the earlier
+/// roll's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_created_again_keeps_nothing_of_the_conditions_before_it() {
+    let h = Harness::start().await;
+    let (old, new) = rcs_to_roll(&h, 3).await;
+    h.put_roll(&old, &new, 3, 3).await;
+    let key = layout::roll(&new);
+    let stalled_at = |index: u64| {
+        let h = &h;
+        let new = &new;
+        async move {
+            h.wait_until(|| async {
+                conditions(h, ObjectKind::Rolls, new)
+                    .await?
+                    .into_iter()
+                    .find(|c| c["type"] == "Stalled" && c["observed_index"] == index)
+            })
+            .await
+        }
+    };
+    let first = h.store.get(&key).await.unwrap().unwrap();
+    let earlier = stalled_at(first.modify_index).await;
+
+    h.store
+        .txn(&[
+            TxnOp::Delete { key: key.clone() },
+            TxnOp::Set {
+                key: key.clone(),
+                value: first.value.to_vec(),
+            },
+        ])
+        .await
+        .unwrap();
+    let again = h.store.get(&key).await.unwrap().unwrap().modify_index;
+    let stalled = stalled_at(again).await;
+    assert_eq!(stalled["status"], "False", "{stalled}");
+    assert_ne!(
+        stalled["last_transition_time"], earlier["last_transition_time"],
+        "{stalled}"
     );
 }
