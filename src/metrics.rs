@@ -286,8 +286,9 @@ pub fn leading(leads: bool) {
     gauge!(LEADER).set(if leads { 1.0 } else { 0.0 });
 }
 
-/// Records how far the mirror of the tree under `prefix` may be behind: zero after a
-/// successful read, the time since the last one while reads fail.
+/// Records how far the mirror of the tree under `prefix` may be behind: zero while its
+/// watch is in touch with the store, else the time since it last was
+/// ([`crate::state::Mirror::publish_lag`]).
 pub fn mirror_lag(prefix: &str, lag: Duration) {
     gauge!(MIRROR_LAG, "tree" => prefix.to_owned()).set(lag.as_secs_f64());
 }

@@ -2,6 +2,7 @@
 //! `viewer` role, or nothing with `--metrics-public`, so a Prometheus can scrape without a
 //! token where that is wanted.
 
+use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
@@ -50,7 +51,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     tag = TAG,
     responses((status = OK, description = "Every metric, in Prometheus' text exposition format", body = String, content_type = "text/plain"))
 )]
-async fn get_metrics(_: NoQuery) -> Response {
+async fn get_metrics(State(app): State<AppState>, _: NoQuery) -> Response {
+    app.mirror.publish_lag();
     let mut response = crate::metrics::render().into_response();
     response
         .headers_mut()

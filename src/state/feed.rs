@@ -83,7 +83,6 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
             Ok(update) => {
                 backoff.reset();
                 last_success = Instant::now();
-                crate::metrics::mirror_lag(&prefix, Duration::ZERO);
                 mirror.watch_succeeded(tree);
                 if !fresh && update.index() < floor {
                     tracing::warn!(
@@ -107,7 +106,6 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
             Err(e) => {
                 tracing::warn!(prefix, error = %e, "watching a tree failed; retrying");
                 mirror.watch_failed(tree, last_success.into_std());
-                crate::metrics::mirror_lag(&prefix, last_success.elapsed());
                 let retry = Instant::now() + backoff.next_delay();
                 if !pause_until(retry, &cancel, &mut epoch, None).await {
                     return;

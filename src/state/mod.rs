@@ -73,8 +73,9 @@ pub struct MirrorConfig {
     pub lost_after: Duration,
     /// How long the store may go without answering the mirror before it reads one key to
     /// learn that the store still answers ([`feed::heartbeat`]): a store that takes
-    /// requests and never answers them is then noticed within [`MirrorConfig::lost_after`]
-    /// and this interval, rather than only once each watch's wait has run out. While the watches are
+    /// requests and never answers them is then noticed after two such intervals, and lost
+    /// after [`MirrorConfig::lost_after`] (at least the two intervals), rather than only
+    /// once each watch's wait has run out. While the watches are
     /// answered, the mirror asks nothing more.
     pub heartbeat_interval: Duration,
     /// How many changes the stream keeps for subscribers resuming from a position.
@@ -192,8 +193,7 @@ pub struct MirrorHealth {
     /// long.
     pub lost: Vec<(String, Duration)>,
     /// How long the store has gone without answering the mirror at all, once that is
-    /// longer than the bound and the heartbeats' interval together; every tree is then
-    /// lost.
+    /// longer than the bound; every tree is then lost.
     pub silent: Option<Duration>,
 }
 
@@ -562,35 +562,66 @@ impl Mirror {
     pub fn health(&self) -> MirrorHealth {
         let state = self.read();
         let lost_after = self.inner.config.lost_after;
-        // Beyond the bound, the heartbeats' own interval: a store that answers them may
-        // have been asked nothing for that long.
-        let silent = state.answered.elapsed();
-        let silent_after = lost_after + self.inner.config.heartbeat_interval;
-        let silent_since = (silent > silent_after).then_some(state.answered);
+        let silent = self.silent_since(&state).map(|since| since.elapsed());
         let mut health = MirrorHealth {
             loading: Vec::new(),
             lost: Vec::new(),
-            silent: silent_since.map(|_| silent),
+            silent: silent.filter(|silent| *silent > lost_after),
         };
-        for (tree, tree_state) in Tree::ALL.into_iter().zip(&state.trees) {
+        for (tree, since) in self.out_of_touch(&state) {
+            let tree_state = state.tree(tree);
             // A tree not read again since the store went backwards holds the old store's
             // entries: it is loading the store as it is now.
             if !tree_state.loaded || tree_state.reread {
                 health.loading.push(tree.prefix());
             }
-            let overdue = tree_state
-                .unanswered
-                .filter(|(overdue, _)| *overdue <= Instant::now())
-                .map(|(_, last_success)| last_success);
-            let since = [tree_state.failing_since, overdue, silent_since];
-            if let Some(since) = since.into_iter().flatten().min() {
-                let lost = since.elapsed();
-                if lost > lost_after {
-                    health.lost.push((tree.prefix(), lost));
-                }
+            let lost = since.map(|since| since.elapsed());
+            if let Some(lost) = lost.filter(|lost| *lost > lost_after) {
+                health.lost.push((tree.prefix(), lost));
             }
         }
         health
+    }
+
+    /// Sets `p2_mirror_lag_seconds` of every tree to how long it has been out of touch
+    /// with the store (0 while in touch): called as the metrics are read, so that the lag
+    /// grows while a read goes unanswered rather than only once it fails.
+    pub fn publish_lag(&self) {
+        let state = self.read();
+        for (tree, since) in self.out_of_touch(&state) {
+            let lag = since.map_or(Duration::ZERO, |since| since.elapsed());
+            crate::metrics::mirror_lag(&tree.prefix(), lag);
+        }
+    }
+
+    /// Since when each tree has been out of touch with the store, `None` while in touch:
+    /// its watch failing, or its read overdue, since the watch's last success; or the store
+    /// silent to every read of the mirror since its last answer.
+    fn out_of_touch<'a>(
+        &self,
+        state: &'a State,
+    ) -> impl Iterator<Item = (Tree, Option<Instant>)> + 'a {
+        let silent_since = self.silent_since(state);
+        let now = Instant::now();
+        Tree::ALL
+            .into_iter()
+            .zip(&state.trees)
+            .map(move |(tree, tree_state)| {
+                let overdue = tree_state
+                    .unanswered
+                    .filter(|(overdue, _)| *overdue <= now)
+                    .map(|(_, last_success)| last_success);
+                let since = [tree_state.failing_since, overdue, silent_since];
+                (tree, since.into_iter().flatten().min())
+            })
+    }
+
+    /// When the store last answered the mirror, if it has answered none of its reads since
+    /// for two heartbeat intervals: a heartbeat is sent one interval after the last answer,
+    /// and given one interval to be answered.
+    fn silent_since(&self, state: &State) -> Option<Instant> {
+        let heard = state.answered;
+        (heard.elapsed() > 2 * self.inner.config.heartbeat_interval).then_some(heard)
     }
 
     /// The entry at `key`, if a followed tree holds it.

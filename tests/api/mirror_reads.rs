@@ -881,6 +881,15 @@ async fn a_store_that_answers_nothing_is_noticed_before_the_watches_waits_run_ou
     assert!(message.contains("answered none of its reads"), "{message}");
     let listed = app.get("/api/v1/rcs").await.json();
     assert_eq!(listed["items"][0]["replicas_desired"], 4, "{listed}");
+    // The lag shows while the reads go unanswered, not only once they fail.
+    let lag = crate::metrics::scrape(&app).await.value(
+        "p2_mirror_lag_seconds",
+        &[("tree", "replication_controllers/")],
+    );
+    assert!(
+        lag.is_some_and(|lag| lag > lost_after.as_secs_f64()),
+        "{lag:?}"
+    );
 
     counting.stall_key_reads(false);
     counting.delay_watches_of(None);
