@@ -11,6 +11,7 @@ use url::Url;
 use crate::app::HttpLimits;
 use crate::auth::Access;
 use crate::farms::FarmOptions;
+use crate::kv::consul::DEFAULT_MAX_CONNECTIONS;
 use crate::kv::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL};
 use crate::labels::{validate_labels, Labels};
 use crate::model::{parse_duration, Limits, DEFAULT_MAX_REPLICAS};
@@ -496,6 +497,17 @@ pub struct ConsulArgs {
         env = "P2_CONSUL_DATACENTER"
     )]
     datacenter: Option<String>,
+
+    /// The most requests in flight to the Consul agent at once (at least 3): a quarter kept
+    /// for the server's own blocking watches, a quarter for API clients' blocking queries,
+    /// the rest for everything else; more wait, and a write still waiting at its request's
+    /// deadline is withdrawn unsent (503 StoreTimeout). Keep it under the agent's
+    /// limits.http_max_conns_per_client (200 by default), past which it refuses connections
+    /// with 429.
+    #[arg(id = "consul_max_connections", long = "consul-max-connections", value_name = "N",
+          env = "P2_CONSUL_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(3..))]
+    max_connections: usize,
 }
 
 impl ConsulArgs {
@@ -504,6 +516,7 @@ impl ConsulArgs {
         ConsulOptions {
             token: self.token.clone().or_else(|| self.http_token.clone()),
             datacenter: self.datacenter.clone(),
+            max_connections: self.max_connections,
         }
     }
 }
@@ -619,6 +632,8 @@ mod tests {
             "consuls",
             "--consul-datacenter",
             "dc2",
+            "--consul-max-connections",
+            "40",
         ]);
         assert_eq!(
             args.store,
@@ -629,6 +644,16 @@ mod tests {
         let options = args.consul.options();
         assert_eq!(options.token.as_deref(), Some("ours"));
         assert_eq!(options.datacenter.as_deref(), Some("dc2"));
+        assert_eq!(options.max_connections, 40);
+        assert_eq!(
+            serve_args(&["--consul-max-connections", "3"])
+                .consul
+                .options()
+                .max_connections,
+            3
+        );
+        // A connection for each share: the server's watches, its clients', everything else.
+        assert!(Cli::try_parse_from(["p2-apiserver", "--consul-max-connections", "2"]).is_err());
     }
 
     #[test]
@@ -638,6 +663,7 @@ mod tests {
             token: None,
             http_token: Some("consuls".into()),
             datacenter: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         };
         assert_eq!(args.options().token.as_deref(), Some("consuls"));
     }

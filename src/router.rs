@@ -391,7 +391,8 @@ async fn read_body(State(limits): State<HttpLimits>, request: Request, next: Nex
 /// A request cut short may have sent a write that the store applies later, so a cut write
 /// answers `OutcomeUnknown` (re-read before retrying) and a cut read `StoreTimeout`; so does
 /// a cut write whose every write sent was withdrawn before the store took it (the embedded
-/// store's writer waiting for a write lock held elsewhere), as nothing was written.
+/// store's writer waiting for a write lock held elsewhere, or Consul's client for a free
+/// connection, `--consul-max-connections`), as nothing was written.
 async fn deadline(State(limits): State<HttpLimits>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let deadline = request_deadline(&limits, request.uri());

@@ -18,6 +18,9 @@ use super::{
 /// Least time between two queries of one watch when Consul returns early with an unchanged
 /// index, so a misbehaving agent cannot make us spin.
 const MIN_REQUERY_PAUSE: Duration = Duration::from_millis(100);
+/// How many requests the store has in flight to the agent at once by default: well under
+/// the agent's `limits.http_max_conns_per_client` of 200, which it counts per client address.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 128;
 /// How often `release` re-reads and tries again when the key changes under it.
 const RELEASE_ATTEMPTS: u32 = 3;
 
@@ -96,8 +99,23 @@ impl ConsulStore {
         config: ConsulConfig,
         timeouts: ConsulTimeouts,
     ) -> Result<Self, StoreError> {
+        Self::with_limits(config, timeouts, DEFAULT_MAX_CONNECTIONS)
+    }
+
+    /// Like [`ConsulStore::with_timeouts`], with at most `max_connections` requests in flight
+    /// to the agent at once (at least 3): a quarter of them (at least one) kept for the
+    /// server's own blocking watches, a quarter for blocking queries made for a request
+    /// ([`crate::kv::sent::in_request`]: the API's clients'), the rest for everything else.
+    /// A request waits for a free one within its time limit; one that finds none is not sent
+    /// and fails `Unavailable`, and a write whose caller gives up waiting first is withdrawn
+    /// ([`crate::kv::sent`]), never sent.
+    pub fn with_limits(
+        config: ConsulConfig,
+        timeouts: ConsulTimeouts,
+        max_connections: usize,
+    ) -> Result<Self, StoreError> {
         Ok(ConsulStore {
-            http: Http::new(config, timeouts)?,
+            http: Http::new(config, timeouts, max_connections)?,
         })
     }
 

@@ -3,7 +3,7 @@
 use std::str::FromStr;
 use std::sync::Arc;
 
-use super::consul::{ConsulConfig, ConsulStore};
+use super::consul::{ConsulConfig, ConsulStore, ConsulTimeouts, DEFAULT_MAX_CONNECTIONS};
 use super::metered::Metered;
 use super::sqlite::SqliteStore;
 use super::{KvStore, StoreResult};
@@ -47,12 +47,24 @@ impl FromStr for StoreUrl {
 }
 
 /// Options that only the Consul backend uses.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ConsulOptions {
     /// Sent as `X-Consul-Token`.
     pub token: Option<String>,
     /// Sent as `?dc=`.
     pub datacenter: Option<String>,
+    /// The most requests in flight to the agent at once ([`ConsulStore::with_limits`]).
+    pub max_connections: usize,
+}
+
+impl Default for ConsulOptions {
+    fn default() -> Self {
+        ConsulOptions {
+            token: None,
+            datacenter: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
 }
 
 /// Opens the store named by `url`, its operations measured ([`Metered`]); for SQLite this
@@ -64,11 +76,15 @@ pub async fn open_store(url: &StoreUrl, consul: ConsulOptions) -> StoreResult<Ar
             "sqlite",
         )),
         StoreUrl::Consul { base_url } => Ok(Metered::wrap(
-            Arc::new(ConsulStore::new(ConsulConfig {
-                base_url: base_url.clone(),
-                token: consul.token,
-                datacenter: consul.datacenter,
-            })?),
+            Arc::new(ConsulStore::with_limits(
+                ConsulConfig {
+                    base_url: base_url.clone(),
+                    token: consul.token,
+                    datacenter: consul.datacenter,
+                },
+                ConsulTimeouts::default(),
+                consul.max_connections,
+            )?),
             "consul",
         )),
     }

@@ -1,7 +1,8 @@
 //! Whether a write a caller gave up on can still be applied: a store that queues writes (the
-//! embedded store's writer) hands each a [`Claim`], which the store takes when it begins
-//! applying the write and the caller withdraws when it stops waiting first; a withdrawn
-//! write is never applied.
+//! embedded store's writer, until its transaction began; Consul's connection budget, until
+//! the write has a connection and is sent) hands each a [`Claim`], which the store takes when
+//! it begins applying (or sending) the write and the caller withdraws when it stops waiting
+//! first; a withdrawn write is never applied.
 //!
 //! The request's deadline ([`crate::router`]) runs each request under [`scope`], which lists
 //! the claims of the writes it sends: when every write a request cut by its deadline sent was
@@ -82,6 +83,13 @@ pub async fn scope<F: Future>(sent: Arc<Sent>, request: F) -> F::Output {
     SENT.scope(sent, request).await
 }
 
+/// Whether the current task runs inside a request's [`scope`]: work done for an API client
+/// (the router's deadline sets it), rather than the server's own (farms, mirror, election).
+/// A store that keeps shares for each (Consul's connection budget) tells them apart by it.
+pub fn in_request() -> bool {
+    SENT.try_with(|_| ()).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +117,11 @@ mod tests {
         assert!(first.take());
         assert!(!sent.all_withdrawn());
         drop(claims);
+    }
+
+    #[tokio::test]
+    async fn only_work_inside_a_scope_is_for_a_request() {
+        assert!(!in_request());
+        assert!(scope(Arc::new(Sent::default()), async { in_request() }).await);
     }
 }

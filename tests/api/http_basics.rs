@@ -691,6 +691,73 @@ async fn a_write_never_taken_before_the_deadline_is_withdrawn_and_retryable() {
     assert_eq!(keys(after), keys(before), "the withdrawn write landed");
 }
 
+/// A write still waiting for a connection to Consul when the request's deadline passes was
+/// never sent: it is withdrawn, and the answer is a retryable 503 `StoreTimeout`, as for a
+/// write the embedded store's writer never took.
+#[tokio::test]
+async fn a_write_queued_for_a_connection_to_consul_is_withdrawn_and_retryable_at_its_deadline() {
+    // Reads are answered (a little late); writes never are.
+    let consul = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path_regex("^/v1/kv/"))
+        .respond_with(
+            ResponseTemplate::new(404)
+                .insert_header("X-Consul-Index", "7")
+                .set_delay(Duration::from_millis(100)),
+        )
+        .mount(&consul)
+        .await;
+    Mock::given(method("PUT"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(600)))
+        .mount(&consul)
+        .await;
+    let store = Arc::new(consul_at(consul.uri()));
+    let received = |method: &'static str, count: usize| {
+        let consul = &consul;
+        async move {
+            while consul
+                .received_requests()
+                .await
+                .unwrap()
+                .iter()
+                .filter(|r| r.method.as_str() == method)
+                .count()
+                < count
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    let hang = |i: usize| {
+        let store = store.clone();
+        tokio::spawn(async move { store.put(&format!("hung/{i}"), b"", Cas::Any).await })
+    };
+    // Hung writes hold all but one of the connections the budget (128 by default) keeps for
+    // anything but blocking watches: half of it.
+    for i in 0..63 {
+        hang(i);
+    }
+    received("PUT", 63).await;
+    let routes = router_with_short_limits(store.clone());
+
+    // The request's read takes the last connection; one more hung write queues behind it
+    // and takes the connection the read lets go, so the request's write queues in turn.
+    let response = tokio::spawn(async move { call(&routes, put_node_labels("queued")).await });
+    received("GET", 1).await;
+    hang(63);
+    let response = response.await.unwrap();
+
+    // Never sent, so the client may simply retry.
+    assert_eq!(response.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.error().reason, "StoreTimeout", "{response:?}");
+    assert_eq!(response.header("retry-after"), Some("1"), "{response:?}");
+    let sent = consul.received_requests().await.unwrap();
+    let reads = sent.iter().filter(|r| r.method.as_str() == "GET").count();
+    assert_eq!(reads, 1, "the request's read was sent");
+    let writes = sent.iter().filter(|r| r.method.as_str() == "PUT").count();
+    assert_eq!(writes, 64, "only the hung writes were sent");
+}
+
 #[tokio::test]
 async fn a_write_whose_answer_consul_lost_answers_503_outcome_unknown() {
     let consul = MockServer::start().await;

@@ -103,6 +103,7 @@ async fn consul() -> Option<Subject> {
     let options = ConsulOptions {
         token: config.token,
         datacenter: None,
+        ..ConsulOptions::default()
     };
     let url = StoreUrl::Consul {
         base_url: config.base_url,

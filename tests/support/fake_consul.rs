@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,6 +69,41 @@ pub struct FakeConsul {
     pub addr: SocketAddr,
     /// Holds the SQLite file, so it must live as long as the store is used.
     pub dir: tempfile::TempDir,
+    /// The requests being answered now, and the most there ever were at once: what a real
+    /// agent's `limits.http_max_conns_per_client` would count against one client.
+    pub in_flight: Arc<InFlight>,
+}
+
+/// Requests the agent is answering, a blocking query for the whole of its wait.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    now: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl InFlight {
+    /// The most requests that were in flight at once.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::SeqCst)
+    }
+}
+
+async fn count_in_flight(
+    State(in_flight): State<Arc<InFlight>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    /// Counts a request out however it ends, a client hanging up included.
+    struct Answering(Arc<InFlight>);
+    impl Drop for Answering {
+        fn drop(&mut self) {
+            self.0.now.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let now = in_flight.now.fetch_add(1, Ordering::SeqCst) + 1;
+    in_flight.peak.fetch_max(now, Ordering::SeqCst);
+    let _answering = Answering(in_flight);
+    next.run(request).await
 }
 
 /// Starts a fake agent with an empty store on a free port of 127.0.0.1.
@@ -79,6 +115,7 @@ pub async fn start() -> FakeConsul {
 pub async fn start_in(dir: tempfile::TempDir) -> FakeConsul {
     let path = dir.path().join("consul.db").display().to_string();
     let store: Store = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let in_flight = Arc::new(InFlight::default());
     let app = Router::new()
         .route("/v1/kv/", any(kv))
         .route("/v1/kv/{*key}", any(kv))
@@ -92,11 +129,19 @@ pub async fn start_in(dir: tempfile::TempDir) -> FakeConsul {
             get(|| async { Json("127.0.0.1:8300") }),
         )
         .layer(middleware::from_fn(datacenter))
+        .layer(middleware::from_fn_with_state(
+            in_flight.clone(),
+            count_in_flight,
+        ))
         .with_state(store);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
-    FakeConsul { addr, dir }
+    FakeConsul {
+        addr,
+        dir,
+        in_flight,
+    }
 }
 
 /// Consul forwards `?dc=` to that datacenter's servers; this agent knows no other.

@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
+use tokio::sync::{Semaphore, SemaphorePermit};
 use url::Url;
 
 use super::{ConsulConfig, ConsulTimeouts};
 use crate::backoff::Backoff;
+use crate::kv::sent::{self, Claim, Withdraw};
 use crate::kv::{StoreError, StoreResult};
 
 /// How many times an idempotent read is tried again after a transport error or a 5xx.
@@ -74,6 +76,82 @@ impl WriteFailure {
     }
 }
 
+/// The smallest budget: a connection for each share of it.
+const MIN_CONNECTIONS: usize = 3;
+
+/// The connections this client may hold to the agent at once, so that the farms, the
+/// mirror and the API together stay under the agent's `limits.http_max_conns_per_client`
+/// (200 by default), past which it refuses connections with 429.
+///
+/// Every request holds a permit for its whole life, a blocking query for all of its wait.
+/// A quarter of the budget is kept for the server's own blocking queries (the mirror's and
+/// the election's), a quarter for its clients' (a query made inside a request's scope,
+/// [`sent::in_request`]: an API blocking query), the rest for everything else. So a burst
+/// of writes cannot starve the watches, many long-held watches cannot starve writes, and
+/// clients holding blocking queries cannot hold back the mirror. A request that finds no
+/// permit within its time limit is never sent; nor is a write whose caller gave up waiting
+/// for one first (its [`Claim`] withdrawn: the request's deadline answers `StoreTimeout`).
+#[derive(Debug)]
+struct Budget {
+    /// Everything but blocking queries.
+    requests: Semaphore,
+    /// Blocking queries made outside any request: the mirror's and the election's.
+    own_watches: Semaphore,
+    /// Blocking queries made for a request: the API clients'.
+    client_watches: Semaphore,
+    max_connections: usize,
+}
+
+impl Budget {
+    fn new(max_connections: usize) -> StoreResult<Self> {
+        if max_connections < MIN_CONNECTIONS {
+            return Err(StoreError::Invalid(format!(
+                "at least {MIN_CONNECTIONS} connections to Consul are needed (one for the \
+                 server's blocking watches, one for its clients'), not {max_connections}"
+            )));
+        }
+        let watches = (max_connections / 4).max(1);
+        Ok(Budget {
+            requests: Semaphore::new(max_connections - 2 * watches),
+            own_watches: Semaphore::new(watches),
+            client_watches: Semaphore::new(watches),
+            max_connections,
+        })
+    }
+
+    /// A permit from `lane`, waited for up to `patience`; a request that gets none was not
+    /// sent.
+    async fn permit(
+        &self,
+        lane: Lane,
+        what: &str,
+        patience: Duration,
+    ) -> StoreResult<SemaphorePermit<'_>> {
+        let (semaphore, whose) = match lane {
+            Lane::Requests => (&self.requests, "requests'"),
+            Lane::Watches if sent::in_request() => (&self.client_watches, "clients' watches'"),
+            Lane::Watches => (&self.own_watches, "the server's own watches'"),
+        };
+        match tokio::time::timeout(patience, semaphore.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            // `Ok(Err(_))` cannot happen: the semaphores are never closed.
+            Ok(Err(_)) | Err(_) => Err(StoreError::Unavailable(format!(
+                "{what}: not sent, as every connection to Consul kept for {whose} use stayed \
+                 busy (--consul-max-connections is {})",
+                self.max_connections
+            ))),
+        }
+    }
+}
+
+/// Which share of the [`Budget`] a request takes its permit from.
+#[derive(Debug, Clone, Copy)]
+enum Lane {
+    Requests,
+    /// Blocking queries: the server's own, or its clients' when made for a request.
+    Watches,
+}
+
 /// The HTTP side of the Consul store.
 #[derive(Debug)]
 pub(super) struct Http {
@@ -81,10 +159,16 @@ pub(super) struct Http {
     base: Url,
     datacenter: Option<String>,
     timeouts: ConsulTimeouts,
+    budget: Budget,
 }
 
 impl Http {
-    pub(super) fn new(config: ConsulConfig, timeouts: ConsulTimeouts) -> StoreResult<Self> {
+    pub(super) fn new(
+        config: ConsulConfig,
+        timeouts: ConsulTimeouts,
+        max_connections: usize,
+    ) -> StoreResult<Self> {
+        let budget = Budget::new(max_connections)?;
         let base = Url::parse(&config.base_url).map_err(|e| {
             StoreError::Invalid(format!("Consul address {:?}: {e}", config.base_url))
         })?;
@@ -106,6 +190,8 @@ impl Http {
             .default_headers(headers)
             .connect_timeout(timeouts.connect)
             .timeout(timeouts.request)
+            // The budget bounds the connections in use; this bounds the idle ones kept.
+            .pool_max_idle_per_host(max_connections)
             .build()
             .map_err(|e| StoreError::Invalid(format!("building the HTTP client: {e}")))?;
         Ok(Http {
@@ -113,6 +199,7 @@ impl Http {
             base,
             datacenter: config.datacenter.filter(|dc| !dc.is_empty()),
             timeouts,
+            budget,
         })
     }
 
@@ -144,7 +231,11 @@ impl Http {
         let mut backoff = Backoff::new(READ_RETRY_BASE, READ_RETRY_CAP);
         let mut attempt = 0;
         loop {
-            let failure = match self.send(Method::GET, url.clone(), None, None).await {
+            // Held for this attempt only, not through the pause before the next.
+            let permit = self.request_permit(&what).await?;
+            let sent = self.send(Method::GET, url.clone(), None, None).await;
+            drop(permit);
+            let failure = match sent {
                 Ok(answer) if !is_transient(&answer) => return read_outcome(&what, answer),
                 Ok(answer) => status_error(&what, &answer),
                 Err(e) => StoreError::Unavailable(format!("{what}: {}", error_chain(&e))),
@@ -164,6 +255,7 @@ impl Http {
     pub(super) async fn read_blocking(&self, url: Url, wait: Duration) -> StoreResult<Answer> {
         let what = describe(&Method::GET, &url);
         let timeout = wait + wait / 16 + self.timeouts.watch_slack;
+        let _permit = self.budget.permit(Lane::Watches, &what, timeout).await?;
         match self.send(Method::GET, url, None, Some(timeout)).await {
             Ok(answer) => read_outcome(&what, answer),
             Err(e) => Err(StoreError::Unavailable(format!(
@@ -178,7 +270,8 @@ impl Http {
     ///
     /// A write is one HTTP request, which Consul applies whole or not at all: a caller that
     /// drops this future (a request cut by its deadline) never leaves a half-done write in
-    /// the store, only a lost answer.
+    /// the store, only a lost answer. One dropped while it waits for a connection withdraws
+    /// its [`Claim`], as it was never sent.
     pub(super) async fn write(
         &self,
         method: Method,
@@ -186,6 +279,17 @@ impl Http {
         body: Option<Vec<u8>>,
     ) -> Result<Answer, WriteFailure> {
         let what = describe(&method, &url);
+        let claim = Claim::sent();
+        let _withdraw = Withdraw(claim.clone());
+        let _permit = self
+            .request_permit(&what)
+            .await
+            .map_err(WriteFailure::NotSent)?;
+        if !claim.take() {
+            return Err(WriteFailure::NotSent(StoreError::Unavailable(format!(
+                "{what}: not sent, as its caller gave up waiting for a connection to Consul"
+            ))));
+        }
         match self.send(method, url, body, None).await {
             Ok(answer) if answer.status.is_success() => Ok(answer),
             // A server error may come after the write reached Raft: a leader deposed while
@@ -207,6 +311,13 @@ impl Http {
             }
             Err(e) => Err(WriteFailure::Lost(format!("{what}: {}", error_chain(&e)))),
         }
+    }
+
+    /// A permit for a request other than a blocking query, waited for up to its time limit.
+    async fn request_permit(&self, what: &str) -> StoreResult<SemaphorePermit<'_>> {
+        self.budget
+            .permit(Lane::Requests, what, self.timeouts.request)
+            .await
     }
 
     async fn send(
