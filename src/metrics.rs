@@ -156,6 +156,14 @@ fn describe() {
     describe_gauge!(BUILD_INFO, "The version and git commit of this binary");
     gauge!(BUILD_INFO, "version" => crate::version::VERSION, "git_commit" => crate::version::GIT_COMMIT)
         .set(1.0);
+    // Shown from the start, not from their first change: a server that has never led
+    // reports 0, so that `sum(p2_leader_is_leader) < 1` fires when no server leads (a sum
+    // of no series is no answer at all), and a counter's first increase is seen by
+    // `rate()` and `increase()`, which need a sample before it.
+    gauge!(LEADER).set(0.0);
+    counter!(LEADER_TERMS).increment(0);
+    gauge!(SSE_CLIENTS).increment(0.0);
+    counter!(SSE_CLIENTS_DROPPED).increment(0);
 }
 
 /// Middleware recording every request under its route template, method and status.
@@ -322,17 +330,37 @@ mod tests {
 
     /// The value of the gauge `name` of farm `farm` in `text`, parsed as Prometheus would.
     fn farm_gauge(text: &str, name: &str, farm: &str) -> Option<f64> {
+        value(text, name, Some(("farm", farm)))
+    }
+
+    /// The value of the counter or gauge `name` in `text` (its sample with the `label`
+    /// given, if any), parsed as Prometheus would.
+    fn value(text: &str, name: &str, label: Option<(&str, &str)>) -> Option<f64> {
         let scrape = Scrape::parse(text).expect("the Prometheus text format");
         let metric = scrape.metrics.iter().find(|metric| metric.name == name)?;
         let sample = metric.samples.iter().find(|sample| {
-            let label = |label: &&prom_text_format_parser::Label| label.key == "farm";
-            sample
-                .labels
-                .iter()
-                .find(label)
-                .is_some_and(|l| l.value == farm)
+            label.is_none_or(|(key, value)| {
+                sample
+                    .labels
+                    .iter()
+                    .any(|l| l.key == key && l.value == value)
+            })
         })?;
         Some(sample.value.value.as_f64())
+    }
+
+    /// A server that has never led nor had a change-stream client shows leadership and the
+    /// change stream at 0, not nothing: a cluster where no server leads must sum to 0.
+    #[test]
+    fn leadership_and_the_change_stream_are_shown_at_zero_from_the_start() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, describe);
+        let text = handle.render();
+        for name in [LEADER, LEADER_TERMS, SSE_CLIENTS, SSE_CLIENTS_DROPPED] {
+            assert_eq!(value(&text, name, None), Some(0.0), "{name} in\n{text}");
+        }
+        assert_eq!(value(&text, BUILD_INFO, None), Some(1.0), "{text}");
     }
 
     /// A farm that stops with its term (its locks gone with the term's session) reports
