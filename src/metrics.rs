@@ -37,7 +37,8 @@ pub const SQLITE_WRITER_STAGE_DURATION: &str = "p2_sqlite_writer_stage_duration_
 pub const SQLITE_ROWS_WRITTEN: &str = "p2_sqlite_rows_written_total";
 /// Passes of a farm over every object it owns, by `farm`.
 pub const FARM_RECONCILE_DURATION: &str = "p2_farm_reconcile_duration_seconds";
-/// Failed reconciles of one object by a farm (each puts the object into backoff), by `farm`.
+/// Failed reconciles of one object by a farm (each puts the object into backoff), or failed
+/// steps of a farm that has no objects (`retention`), by `farm`.
 pub const FARM_ERRORS: &str = "p2_farm_errors_total";
 /// Objects (or steps) a farm waits to retry after a failure, by `farm`.
 pub const FARM_QUEUE_DEPTH: &str = "p2_farm_queue_depth";

@@ -22,13 +22,19 @@ use crate::store::rolls::decode_finished;
 use super::world::World;
 use super::{Farm, FarmContext, Retries};
 
-/// The farm's state: the mirror it reads and the bounds it keeps. It retries a failed pass
-/// on the next one, so its backoff stays empty.
+/// The farm's state: the mirror it reads and the bounds it keeps. It retries a failed step
+/// on the next pass; its retries hold the steps that failed last time ([`PRUNE`],
+/// [`ORPHANED_TIMES`]), so that its errors and queue depth show them as any farm's do.
 pub struct RetentionFarm {
     mirror: Mirror,
     retention: Retention,
     retries: Retries,
 }
+
+/// The step deleting events and finished rolls past the retention, in the farm's retries.
+const PRUNE: &str = "prune";
+/// The step deleting the times of gone objects, in the farm's retries.
+const ORPHANED_TIMES: &str = "orphaned-times";
 
 impl RetentionFarm {
     /// Prunes what `mirror` shows past `retention`.
@@ -79,9 +85,11 @@ impl Farm for RetentionFarm {
         for batch in deletes.chunks(MAX_TXN_OPS - 1) {
             if let Err(e) = ctx.commit(LEADER_LOCK, batch.to_vec()).await {
                 tracing::warn!(error = %e, "pruning events and finished rolls failed");
+                self.retries.failed(PRUNE);
                 return None;
             }
         }
+        self.retries.succeeded(PRUNE);
         if !deletes.is_empty() {
             tracing::debug!(deleted = deletes.len(), "pruned events and finished rolls");
         }
@@ -93,7 +101,7 @@ impl Farm for RetentionFarm {
 impl RetentionFarm {
     /// Deletes the times of objects the mirror no longer holds, each only while its object
     /// is still absent from the store.
-    async fn remove_orphaned_times(&self, ctx: &FarmContext) {
+    async fn remove_orphaned_times(&mut self, ctx: &FarmContext) {
         for entry in self.mirror.entries(Tree::Meta).values() {
             let Some((kind, id)) = layout::meta_object(&entry.pair.key) else {
                 continue;
@@ -118,9 +126,68 @@ impl RetentionFarm {
                 Err(e) if e.is_conflict() => {}
                 Err(e) => {
                     tracing::warn!(key = %entry.pair.key, error = %e, "removing the times of a gone object failed");
+                    self.retries.failed(ORPHANED_TIMES);
                     return;
                 }
             }
         }
+        self.retries.succeeded(ORPHANED_TIMES);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    use super::*;
+    use crate::farms::alerts::Alerter;
+    use crate::kv::{Cas, SessionSpec};
+    use crate::leader::Term;
+    use crate::model::event::new_event_id;
+
+    /// A pass whose pruning fails counts as the farm's error and leaves the step waiting
+    /// for a retry, so that `p2_farm_errors_total{farm="retention"}` and its queue depth
+    /// show a store that refuses every pruning; the next pass that prunes clears it.
+    #[tokio::test]
+    async fn a_failed_pruning_is_counted_and_waits_until_a_pass_prunes() {
+        // The context's leader session holds no lock, so its fenced writes fail.
+        let (_dir, ctx, mirror) = crate::farms::fixture::idle_context().await;
+        let store = ctx.store.clone();
+        let old = layout::event(&new_event_id(UNIX_EPOCH + Duration::from_secs(1)));
+        store.put(&old, b"{}", Cas::Any).await.unwrap();
+        let (tasks, cancel) = (TaskTracker::new(), CancellationToken::new());
+        mirror.start(&tasks, cancel.clone());
+        mirror.loaded().await;
+        let mut farm = RetentionFarm::new(mirror, Retention::default());
+        let world = World::default();
+
+        farm.pass(&ctx, &world).await;
+        assert_eq!(farm.retries().failures(), 1);
+        assert_eq!(farm.retries().waiting(), 1);
+        assert!(store.get(&old).await.unwrap().is_some());
+
+        // Leading now, the farm prunes.
+        let spec = SessionSpec::deleting("test", Duration::from_secs(60));
+        let session = store.create_session(&spec).await.unwrap();
+        assert!(store.acquire(LEADER_LOCK, b"me", &session).await.unwrap());
+        let term = Term {
+            leader_session: session.clone(),
+            session,
+            cancel: CancellationToken::new(),
+        };
+        let leading = FarmContext::new(
+            store.clone(),
+            &term,
+            Arc::new(Alerter::new(None)),
+            "me".into(),
+        );
+        farm.pass(&leading, &world).await;
+        assert_eq!(farm.retries().failures(), 1);
+        assert_eq!(farm.retries().waiting(), 0);
+        assert!(store.get(&old).await.unwrap().is_none());
+        cancel.cancel();
     }
 }
