@@ -408,6 +408,7 @@ async fn patch_daemon_set(
         (status = NO_CONTENT, description = "Deleted"),
         (status = BAD_REQUEST, description = "Malformed If-Match", body = ErrorBody),
         (status = NOT_FOUND, description = "No such daemon set", body = ErrorBody),
+        (status = CONFLICT, description = "It kept changing for 5 s", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "If-Match is stale", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The ID is not a UUID", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)

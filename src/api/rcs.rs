@@ -482,7 +482,7 @@ async fn patch_rc(
         (status = NO_CONTENT, description = "Deleted"),
         (status = BAD_REQUEST, description = "Malformed query or If-Match", body = ErrorBody),
         (status = NOT_FOUND, description = "No such RC", body = ErrorBody),
-        (status = CONFLICT, description = "Replicas still desired, a roll names the RC, or someone holds its mutation lock", body = ErrorBody),
+        (status = CONFLICT, description = "Replicas still desired, a roll names the RC, someone holds its mutation lock, or it kept changing for 5 s", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "The RC changed since the If-Match version", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),

@@ -380,6 +380,7 @@ async fn get_roll(
         (status = NO_CONTENT, description = "The roll is gone"),
         (status = BAD_REQUEST, description = "If-Match is not an ETag", body = ErrorBody),
         (status = NOT_FOUND, description = "No such roll", body = ErrorBody),
+        (status = CONFLICT, description = "It kept changing for 5 s", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "The roll changed since the If-Match version", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)

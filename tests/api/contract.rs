@@ -777,6 +777,63 @@ async fn an_unreadable_roll_says_so_and_how_to_clear_it() {
     assert_eq!(app.get(&path).await.status, 404);
 }
 
+/// Creates two RCs selecting `role=web` (wanting 1 and 0 replicas) and a daemon set of the
+/// same pod: their IDs.
+async fn two_rcs_and_a_ds(app: &TestApp) -> ([String; 2], String) {
+    let id = |created: TestResponse| created.json()["id"].as_str().unwrap().to_owned();
+    let rc = |replicas: i64| {
+        json!({"manifest": MANIFEST, "node_selector": "role=web",
+        "pod_labels": {}, "replicas_desired": replicas})
+    };
+    let mut rcs = Vec::new();
+    for replicas in [1, 0] {
+        let created = app
+            .json_request("POST", "/api/v1/rcs", Some(&rc(replicas)), &[])
+            .await;
+        rcs.push(id(created));
+    }
+    let created_ds = app
+        .json_request("POST", "/api/v1/daemonsets", Some(&ds_body()), &[])
+        .await;
+    (rcs.try_into().unwrap(), id(created_ds))
+}
+
+fn ds_body() -> Value {
+    json!({"manifest": MANIFEST, "node_selector": "role=web", "min_health": 0,
+           "cluster_name": "c", "timeout": "1m"})
+}
+
+/// A delete that keeps losing its check-and-set to other writers answers 409 once the
+/// contention deadline passes, as its route documents.
+#[tokio::test]
+async fn deletes_that_keep_losing_races_answer_as_documented() {
+    let doc = document();
+    let (app, counting) = TestApp::counted().await;
+    let (rcs, ds_id) = two_rcs_and_a_ds(&app).await;
+    let roll = json!({"old_rc_id": rcs[0], "new_rc_id": rcs[1], "desired_replicas": 1,
+                      "minimum_replicas": 0});
+    let roll = app
+        .json_request("POST", "/api/v1/rolls", Some(&roll), &[])
+        .await;
+    let roll_path = format!("/api/v1/rolls/{}", roll.json()["id"].as_str().unwrap());
+    let ds_path = format!("/api/v1/daemonsets/{ds_id}");
+    counting.lose_txns_on(Some(""));
+    let (roll_delete, ds_delete) = tokio::join!(
+        app.json_request("DELETE", &roll_path, None, &[]),
+        app.json_request("DELETE", &ds_path, None, &[]),
+    );
+    counting.lose_txns_on(None);
+    let mut found = Vec::new();
+    for (route, response) in [
+        ("/api/v1/rolls/{id}", roll_delete),
+        ("/api/v1/daemonsets/{id}", ds_delete),
+    ] {
+        assert_eq!(response.status, 409, "{route}: {response:?}");
+        found.extend(disagreements(&doc, "DELETE", route, &response));
+    }
+    assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
+
 /// Reads of objects in every state they show, and writes refused for a version or a
 /// conflict.
 #[tokio::test]
@@ -793,25 +850,9 @@ async fn full_and_refused_answers_are_documented() {
     let health = json!({"Id": "hello", "Node": "n1", "Service": "hello", "Status": "passing",
         "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
     app.put_json("health/hello/n1", &health).await;
-    let rc = |replicas: i64| {
-        json!({"manifest": MANIFEST, "node_selector": "role=web",
-        "pod_labels": {}, "replicas_desired": replicas})
-    };
-    let mut ids = Vec::new();
-    for replicas in [1, 0] {
-        let created = app
-            .json_request("POST", "/api/v1/rcs", Some(&rc(replicas)), &[])
-            .await;
-        ids.push(created.json()["id"].as_str().unwrap().to_owned());
-    }
+    let (ids, ds_id) = two_rcs_and_a_ds(&app).await;
     let roll = json!({"old_rc_id": ids[0], "new_rc_id": ids[1], "desired_replicas": 1,
                       "minimum_replicas": 0});
-    let ds = json!({"manifest": MANIFEST, "node_selector": "role=web", "min_health": 0,
-                    "cluster_name": "c", "timeout": "1m"});
-    let created_ds = app
-        .json_request("POST", "/api/v1/daemonsets", Some(&ds), &[])
-        .await;
-    let ds_id = created_ds.json()["id"].as_str().unwrap().to_owned();
     let stale = [("if-match", "\"1\"")];
     let merge = [("content-type", "application/merge-patch+json")];
     let stale_merge = [
@@ -843,7 +884,7 @@ async fn full_and_refused_answers_are_documented() {
             "POST",
             "/api/v1/daemonsets",
             "/api/v1/daemonsets".into(),
-            Some(ds),
+            Some(ds_body()),
             vec![],
         ),
         ("GET", "/api/v1/rolls", "/api/v1/rolls".into(), None, vec![]),

@@ -39,6 +39,9 @@ pub struct Counting {
     reads_failing: AtomicBool,
     /// Single-key reads wait, unanswered, while it holds `true`.
     key_reads_stalled: AtomicBool,
+    /// Transactions acting on a key under this one lose their check-and-set, unapplied,
+    /// until it is cleared.
+    losing: Mutex<Option<String>>,
 }
 
 impl Counting {
@@ -58,6 +61,7 @@ impl Counting {
             reads_fail_after_txn: AtomicBool::new(false),
             reads_failing: AtomicBool::new(false),
             key_reads_stalled: AtomicBool::new(false),
+            losing: Mutex::default(),
         })
     }
 
@@ -131,6 +135,13 @@ impl Counting {
     /// as another writer's transaction landing between a read and the write made from it.
     pub fn after_next_get_of(&self, prefix: &str, ops: Vec<TxnOp>) {
         *self.after_get.lock().unwrap() = Some((prefix.to_owned(), ops));
+    }
+
+    /// Makes every transaction acting on a key under `prefix` lose its check-and-set
+    /// (a `Conflict`, nothing applied), as to writers elsewhere that always land first,
+    /// until called again with another prefix, or `None`.
+    pub fn lose_txns_on(&self, prefix: Option<&str>) {
+        *self.losing.lock().unwrap() = prefix.map(str::to_owned);
     }
 
     /// Makes every read (of a key, a prefix or its index) fail once the next transaction
@@ -250,6 +261,14 @@ impl KvStore for Counting {
     }
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         self.count();
+        let losing = self.losing.lock().unwrap().clone();
+        if let Some(losing) =
+            losing.filter(|losing| ops.iter().any(|op| op.key().starts_with(losing.as_str())))
+        {
+            return Err(StoreError::conflict(format!(
+                "another write to {losing} landed first"
+            )));
+        }
         let results = self.inner.txn(ops).await?;
         if self.reads_fail_after_txn.swap(false, Ordering::SeqCst) {
             self.reads_failing.store(true, Ordering::SeqCst);
