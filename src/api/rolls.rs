@@ -39,7 +39,7 @@ use crate::model::duration::format_duration;
 use crate::model::event::{
     Actor, FinishedRoll, ObjectKind, RcProgress, RollOutcome, RollProgress, StoredRollFields,
 };
-use crate::model::{CreateRoll, HealthCounts, HealthState, PodHealth, RollId, StoredRoll};
+use crate::model::{CreateRoll, HealthCounts, HealthState, PodHealth, RollId};
 use crate::state::Tree;
 use crate::store::conditions::read_conditions;
 use crate::store::events::read_meta;
@@ -48,7 +48,7 @@ use crate::store::labels::LabelStore;
 use crate::store::pods::{PodLocation, PodStore, PodTree};
 use crate::store::rcs::RcStore;
 use crate::store::roll_creation::CreateRollError;
-use crate::store::rolls::{decode_finished, RollRecord, RollStore};
+use crate::store::rolls::{decode_finished, RollRecord, RollStore, RollToDelete};
 use crate::store::update::update_with_retry;
 use crate::store::Versioned;
 
@@ -402,10 +402,10 @@ async fn delete_roll(
     let read = || async move { rolls.get_for_delete(id).await?.ok_or_else(|| not_found(id)) };
     // The record and the check-and-set come from one read: a roll deleted and created again
     // since is another roll, which the next attempt reads and records.
-    let write = |current: Versioned<Option<StoredRoll>>| async move {
-        let mut ops = RollStore::delete_at_ops(id, current.index);
+    let write = |current: Versioned<RollToDelete>| async move {
+        let mut ops = RollStore::delete_at_ops(id, &current);
         // An unreadable roll is deleted without a record of it: there is no roll to record.
-        if let Some(roll) = current.value {
+        if let Some(roll) = current.value.roll {
             let record = RollRecord {
                 value: roll,
                 index: current.index,
@@ -415,7 +415,7 @@ async fn delete_roll(
                 rolls
                     .finished_ops(
                         &record.value,
-                        &view.labels,
+                        &current.value.labels.value,
                         RollOutcome::Cancelled,
                         view.progress,
                         actor,

@@ -36,6 +36,16 @@ impl LabelStore {
         Ok(pair.map(|pair| record_from_pair(&pair)).unwrap_or_default())
     }
 
+    /// The op that fails a transaction unless an object's labels are still at `index`, as
+    /// [`LabelStore::get`] read them (0: it had none).
+    pub fn unchanged_op(label_type: LabelType, id: &str, index: u64) -> TxnOp {
+        let key = layout::labels(label_type, id);
+        match index {
+            0 => TxnOp::CheckNotExists { key },
+            index => TxnOp::CheckIndex { key, index },
+        }
+    }
+
     /// Every labeled object of a type, with the listing's index for blocking queries.
     pub async fn list(&self, label_type: LabelType) -> StoreResult<(u64, Vec<Labeled>)> {
         let listing = self.kv.list(&layout::labels_of_type(label_type)).await?;

@@ -11,12 +11,20 @@ use crate::model::event::{
 use crate::model::StoredRoll;
 
 use super::events::{meta_delete_op, read_meta, record_ops};
+use super::labels::{LabelRecord, LabelStore};
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 use crate::layout;
 
 /// A roll and the modify index it was read at.
 pub type RollRecord = Versioned<StoredRoll>;
+
+/// What a roll's deletion reads ([`RollStore::get_for_delete`]): its document, `None` when
+/// it cannot be decoded, and its labels as stored.
+pub struct RollToDelete {
+    pub roll: Option<StoredRoll>,
+    pub labels: LabelRecord,
+}
 
 /// Typed access to rolls.
 #[derive(Clone)]
@@ -80,35 +88,40 @@ impl RollStore {
     /// A roll as its deletion reads it: its document, `None` (logged) when it cannot be
     /// decoded, so that a corrupt document can always be cleared, and the index it was read
     /// at; `None` when there is no roll. The deletion's record and its check-and-set
-    /// ([`RollStore::delete_at_ops`]) both come from this one read.
-    pub async fn get_for_delete(
-        &self,
-        id: &str,
-    ) -> StoreResult<Option<Versioned<Option<StoredRoll>>>> {
+    /// ([`RollStore::delete_at_ops`]) both come from this one read, which reads the roll's
+    /// labels (a key of their own) too, so the record carries the labels the delete removes.
+    pub async fn get_for_delete(&self, id: &str) -> StoreResult<Option<Versioned<RollToDelete>>> {
         let Some(pair) = self.kv.get(&layout::roll(id)).await? else {
             return Ok(None);
         };
-        let value = match decode(&pair) {
+        let roll = match decode(&pair) {
             Ok(record) => Some(record.value),
             Err(e) => {
                 tracing::warn!(roll = %id, error = %e, "deleting a roll whose document cannot be decoded");
                 None
             }
         };
+        let labels = LabelStore::new(self.kv.clone())
+            .get(LabelType::Rolls, id)
+            .await?;
         Ok(Some(Versioned {
-            value,
+            value: RollToDelete { roll, labels },
             index: pair.modify_index,
         }))
     }
 
-    /// The ops that delete the roll at `index` with its labels and times, leaving both RCs
-    /// (a running roll is cancelled by the farm that sees it vanish); a `Conflict` when the
-    /// roll is no longer at `index`, as when it was deleted and created again.
-    pub fn delete_at_ops(id: &str, index: u64) -> Vec<TxnOp> {
-        let mut ops = vec![TxnOp::CheckIndex {
-            key: layout::roll(id),
-            index,
-        }];
+    /// The ops that delete the roll at `index` with its labels (still at the index `read`
+    /// read them at) and times, leaving both RCs (a running roll is cancelled by the farm
+    /// that sees it vanish); a `Conflict` when the roll is no longer at `index`, as when it
+    /// was deleted and created again, or its labels changed since.
+    pub fn delete_at_ops(id: &str, read: &Versioned<RollToDelete>) -> Vec<TxnOp> {
+        let mut ops = vec![
+            TxnOp::CheckIndex {
+                key: layout::roll(id),
+                index: read.index,
+            },
+            LabelStore::unchanged_op(LabelType::Rolls, id, read.value.labels.index),
+        ];
         ops.extend(Self::delete_ops(id));
         ops
     }

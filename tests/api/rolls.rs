@@ -983,6 +983,37 @@ async fn a_roll_recreated_while_deleted_is_recorded_as_the_one_deleted() {
     );
 }
 
+/// The finished record of a deleted roll carries the labels the delete removes: labels
+/// another writer changed, which this server's mirror has not seen yet, are the ones
+/// recorded, not the earlier ones the mirror still holds.
+#[tokio::test]
+async fn a_deleted_roll_is_recorded_with_the_labels_it_deletes() {
+    let (app, counting) = TestApp::counted().await;
+    let (_, id) = create_between_new_rcs(&app, json!({"team": "a"})).await;
+    counting.delay_watches_of(Some(&layout::labels_of_type(LabelType::Rolls)));
+    app.store
+        .put(
+            &layout::labels(LabelType::Rolls, &id),
+            br#"{"team": "b"}"#,
+            Cas::Any,
+        )
+        .await
+        .unwrap();
+
+    let response = delete(&app, &id, None).await;
+    counting.delay_watches_of(None);
+    assert_eq!(response.status, StatusCode::NO_CONTENT, "{response:?}");
+    assert!(app
+        .stored(&layout::labels(LabelType::Rolls, &id))
+        .await
+        .is_none());
+    let finished = app
+        .stored_json(&layout::roll_history(&id))
+        .await
+        .expect("the roll's finished record");
+    assert_eq!(finished["labels"], json!({"team": "b"}), "{finished}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_creations_over_one_old_rc_have_exactly_one_winner() {
     let app = Arc::new(TestApp::new().await);
