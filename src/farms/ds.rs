@@ -10,7 +10,8 @@
 //!   `daemon_set_id` only; a node already running the pod id for another owner is left
 //!   alone, and so is a pod whose labels name an enabled RC as well as the daemon set. Pods
 //!   on nodes no longer eligible are removed, except that a daemon set matching no node at
-//!   all removes nothing (P2's failsafe).
+//!   all removes nothing (P2's failsafe), and a node whose labels cannot be read keeps its
+//!   pod (P2's node selection fails on such a key, so its farm changes nothing).
 //! - **replacement**: pods whose intent is not the daemon set's manifest are replaced while
 //!   at least `min_health` nodes stay healthy (reality equals intent and health passing), at
 //!   most [`MAX_IN_FLIGHT`] nodes at a time. P2 ignores `min_health`; we do not. Unhealthy
@@ -518,13 +519,15 @@ fn plan(
     }
 
     let stranded = eligible.is_empty() && !(current.is_empty() && strays.is_empty());
+    // A node whose labels cannot be read may be eligible or not: its pod stays, as P2's
+    // farm, whose node selection fails on such a key, changes nothing.
     let mut remove = Vec::new();
     if !eligible.is_empty() {
         remove.extend(strays);
         remove.extend(
             current
                 .iter()
-                .filter(|node| !eligible.contains(node.as_str()))
+                .filter(|node| !eligible.contains(node.as_str()) && !world.node_unreadable(node))
                 .map(|node| pod(node)),
         );
     }

@@ -253,6 +253,7 @@ pub struct World {
     pub rcs: Arc<Tree<RcMap>>,
     pub rolls: Arc<Tree<RollMap>>,
     pub daemon_sets: Arc<Tree<DaemonSetMap>>,
+    /// Node label entries by node, those that cannot be read too ([`World::node_unreadable`]).
     pub nodes: Arc<Tree<NodeMap>>,
     /// Pod labels by (node, pod id); the entry's index is the CAS token of label writes.
     pub pod_labels: Arc<Tree<PodEntries>>,
@@ -297,6 +298,15 @@ impl World {
                 })
             })
             .unwrap_or_default()
+    }
+
+    /// Whether `node` has a label key that holds no label set: no selector can tell whether
+    /// it matches the node.
+    pub fn node_unreadable(&self, node: &str) -> bool {
+        self.nodes
+            .items
+            .get(node)
+            .is_some_and(|entry| entry.labels().is_none())
     }
 
     /// Every node with its labels.
@@ -514,7 +524,7 @@ impl Trees {
                     shared(daemon_set_of),
                 ),
                 state::Tree::Labels(LabelType::Node) => {
-                    update(&mut world.nodes, &snapshot, node_name, label_entry)
+                    update(&mut world.nodes, &snapshot, node_name, every_entry)
                 }
                 state::Tree::Labels(LabelType::Pod) => update_pod_labels(world, &snapshot),
                 state::Tree::Intent => world.intents = pod_tree(&snapshot),
@@ -692,9 +702,8 @@ fn node_name(node: &str) -> Option<String> {
     Some(node.to_owned())
 }
 
-/// A label entry, when it holds a label set.
-fn label_entry(entry: &Arc<Entry>) -> Option<Arc<Entry>> {
-    entry.labels()?;
+/// Any entry, whatever it holds.
+fn every_entry(entry: &Arc<Entry>) -> Option<Arc<Entry>> {
     Some(entry.clone())
 }
 
@@ -779,28 +788,34 @@ mod tests {
         );
         let mut tree: Arc<Tree<NodeMap>> = Arc::default();
         let whole = snapshot(nodes, 1, &[&unreadable, &a, &b, &c], None);
-        update(&mut tree, &whole, node_name, label_entry);
-        assert_eq!(tree.items.keys().collect::<Vec<_>>(), ["n1", "n2", "n3"]);
+        update(&mut tree, &whole, node_name, every_entry);
+        assert_eq!(
+            tree.items.keys().collect::<Vec<_>>(),
+            ["n0", "n1", "n2", "n3"]
+        );
         let held = tree.clone();
 
         // `n1` relabelled, `n2` deleted, `n4` added; `n3` and the unreadable `n0` unchanged.
         let (a2, d) = (node("n1", "db", 2), node("n4", "web", 2));
         let now = [&unreadable, &a2, &c, &d];
         let changes = snapshot(nodes, 2, &now, Some(&["n1", "n2", "n4"]));
-        update(&mut tree, &changes, node_name, label_entry);
+        update(&mut tree, &changes, node_name, every_entry);
         let mut rebuilt: Arc<Tree<NodeMap>> = Arc::default();
         update(
             &mut rebuilt,
             &snapshot(nodes, 2, &now, None),
             node_name,
-            label_entry,
+            every_entry,
         );
         assert_eq!(tree.index, 2);
         assert_eq!(tree.items, rebuilt.items);
         assert!(Arc::ptr_eq(&tree.items["n3"], &c));
 
         assert_eq!(held.index, 1);
-        assert_eq!(held.items.keys().collect::<Vec<_>>(), ["n1", "n2", "n3"]);
+        assert_eq!(
+            held.items.keys().collect::<Vec<_>>(),
+            ["n0", "n1", "n2", "n3"]
+        );
         assert!(Arc::ptr_eq(&held.items["n1"], &a));
     }
 

@@ -117,6 +117,33 @@ async fn lands_on_matching_nodes_and_leaves_relabelled_ones_but_never_all() {
     assert_eq!(h.intent("node2", "hello").await.as_deref(), Some(MANIFEST));
 }
 
+/// A node whose labels cannot be read may or may not be eligible: its pod stays, as P2's
+/// farm, whose node selection fails on such a key, changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_labels_cannot_be_read_keeps_its_pod() {
+    let h = Harness::start().await;
+    web_nodes(&h, 3).await;
+    let id = h
+        .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
+        .await;
+    wait_for_ds_nodes(&h, &id, &["node1", "node2", "node3"]).await;
+
+    h.store
+        .put("labels/node/node3", b"{not json", Cas::Any)
+        .await
+        .unwrap();
+    // A node added after it shows that the farm has looked since.
+    h.label(LabelType::Node, "node4", json!({"role": "web"}))
+        .await;
+    wait_for_ds_nodes(&h, &id, &["node1", "node2", "node3", "node4"]).await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(
+        h.labelled_nodes(DS_ID, &id).await,
+        ["node1", "node2", "node3", "node4"]
+    );
+    assert_eq!(h.intent("node3", "hello").await.as_deref(), Some(MANIFEST));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_two_contending_daemon_sets_the_newer_is_disabled() {
     let h = Harness::start().await;
