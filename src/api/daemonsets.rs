@@ -34,8 +34,8 @@ use crate::api::responses::{created, read_back};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::kv::keys::segment_problem;
-use crate::kv::{KvStore, StoreResult};
-use crate::labels::{LabelType, Requirement, Selector, DS_ID_LABEL};
+use crate::kv::{KvStore, StoreError, StoreResult};
+use crate::labels::{LabelType, Labels, Requirement, Selector, DS_ID_LABEL, RC_ID_LABEL};
 use crate::layout;
 use crate::model::conditions::Condition;
 use crate::model::duration::format_timeout;
@@ -53,6 +53,7 @@ use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
 use crate::store::pods::{PodLocation, PodStore, PodTree};
+use crate::store::rcs::RcStore;
 use crate::store::Versioned;
 
 /// OpenAPI tag of the daemon-set routes.
@@ -126,9 +127,9 @@ pub struct DaemonSetStatus {
     pub nodes_targeted: usize,
     /// Pods labelled `daemon_set_id=<id>`, i.e. nodes it has been scheduled on.
     pub nodes_scheduled: usize,
-    /// Of those on targeted nodes running the daemon set's pod id, the ones whose node
-    /// reports running its intended manifest with health `passing`: the nodes the farm
-    /// counts for `min_health`.
+    /// Of those on targeted nodes running the daemon set's pod id and not labelled for an
+    /// enabled RC too, the ones whose node reports running its intended manifest with health
+    /// `passing`: the nodes the farm counts for `min_health`.
     pub nodes_healthy: usize,
     /// What the DS farm last published about the rollout; `null` until it has.
     pub farm: Option<DaemonSetFarmStatus>,
@@ -285,7 +286,7 @@ async fn create_daemon_set(
 ///
 /// Served from the server's mirror of the store unless `?consistent=true` (see `X-Index`).
 /// Blocks with `?index=&wait=` until anything its status is made of changes: daemon sets,
-/// node and pod labels, intents, reality, health or the farm's status records.
+/// RCs, node and pod labels, intents, reality, health or the farm's status records.
 #[utoipa::path(
     get,
     path = "/daemonsets/{id}",
@@ -437,12 +438,14 @@ fn contention_error(other: &StoredDaemonSet) -> ApiError {
     ))
 }
 
-/// The trees a daemon set's view is made of: its document, what its rollout status counts,
-/// and the farms' conditions (written after the pass that saw the rest change, so a client
-/// blocked at an answer's index is woken by them too). A read's `X-Index` is what they hold
+/// The trees a daemon set's view is made of: its document, what its rollout status counts
+/// (the RCs among it, as a pod an enabled RC labels too is not counted), and the farms'
+/// conditions (written after the pass that saw the rest change, so a client blocked at an
+/// answer's index is woken by them too). A read's `X-Index` is what they hold
 /// (`reads::mirror_index`); times change with the document.
-const DS_TREES: [Tree; 8] = [
+const DS_TREES: [Tree; 9] = [
     Tree::DaemonSets,
+    Tree::Rcs,
     Tree::Labels(LabelType::Node),
     Tree::Labels(LabelType::Pod),
     Tree::Intent,
@@ -536,12 +539,15 @@ async fn rollout_status(
     let health = pod_health(kv, &record.value.pod_id).await?;
     let manifests = PodStore::new(kv.clone());
     let mut counts = HealthCounts::default();
-    for pod in pods
-        .iter()
-        .filter_map(|pod| PodLocation::from_label_id(&pod.id))
-    {
-        // The farm keeps the pod only on the nodes the selector matches now.
-        if pod.pod_id() != record.value.pod_id || !targeted.contains(pod.node()) {
+    for (pod, labels) in pods.iter().filter_map(|pod| {
+        PodLocation::from_label_id(&pod.id).map(|location| (location, &pod.labels))
+    }) {
+        // The farm keeps the pod only on the nodes the selector matches now, and leaves a
+        // pod whose labels name an enabled RC too to the RC.
+        if pod.pod_id() != record.value.pod_id
+            || !targeted.contains(pod.node())
+            || names_enabled_rc(kv, labels).await?
+        {
             continue;
         }
         let Some(intent) = manifests.get(PodTree::Intent, &pod).await? else {
@@ -566,6 +572,22 @@ async fn rollout_status(
         nodes_healthy: counts.healthy as usize,
         farm,
     })
+}
+
+/// Whether `labels` name an RC that is stored enabled, as the farm tells a pod an RC holds
+/// (an RC that cannot be read runs nowhere, so it holds nothing).
+async fn names_enabled_rc(kv: &Arc<dyn KvStore>, labels: &Labels) -> Result<bool, ApiError> {
+    let Some(rc_id) = labels
+        .get(RC_ID_LABEL)
+        .filter(|id| uuid::Uuid::parse_str(id).is_ok())
+    else {
+        return Ok(false);
+    };
+    match RcStore::new(kv.clone()).get(rc_id).await {
+        Ok(rc) => Ok(rc.is_some_and(|rc| !rc.value.disabled)),
+        Err(StoreError::Invalid(_)) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Every health result of one pod ID, by node (the record's `Node` field, as P2 keys them).

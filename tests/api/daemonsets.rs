@@ -373,6 +373,39 @@ async fn get_reports_rollout_status_from_labels_and_health() {
     );
 }
 
+/// A pod labelled for an enabled RC as well as the daemon set is the RC's: the farm leaves
+/// it alone and counts it for nothing, so the status does not count it healthy either.
+#[tokio::test]
+async fn get_counts_no_pod_an_enabled_rc_also_labels_as_healthy() {
+    let app = TestApp::new().await;
+    label_node(&app, "n1", json!({"role": "web"})).await;
+    let id = create(&app, &body("role=web")).await;
+    let rc = json!({"manifest": MANIFEST, "node_selector": "role=web", "replicas_desired": 0});
+    let rc = app
+        .json_request("POST", "/api/v1/rcs", Some(&rc), &[])
+        .await;
+    assert_eq!(rc.status, StatusCode::CREATED, "{rc:?}");
+    let rc_id = rc.json()["id"].as_str().unwrap().to_owned();
+    app.put_json(
+        "labels/pod/n1/p2-log-shipper",
+        &json!({"daemon_set_id": id, "replication_controller_id": rc_id}),
+    )
+    .await;
+    app.put_raw("intent/n1/p2-log-shipper", MANIFEST).await;
+    app.put_raw("reality/n1/p2-log-shipper", MANIFEST).await;
+    let record = HealthRecord::new(
+        "p2-log-shipper",
+        "n1",
+        HealthState::Passing,
+        std::time::SystemTime::now(),
+    );
+    app.put_raw("health/p2-log-shipper/n1", &record.to_json())
+        .await;
+
+    let status = app.get(&format!("/api/v1/daemonsets/{id}")).await.json()["status"].clone();
+    assert_eq!(status["nodes_healthy"], 0, "{status}");
+}
+
 #[tokio::test]
 async fn get_answers_404_and_422_for_bad_ids() {
     let app = TestApp::new().await;
