@@ -226,16 +226,6 @@ fn null_as_empty<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Labels, D
     Ok(Option::<Labels>::deserialize(deserializer)?.unwrap_or_default())
 }
 
-/// A label set as `k=v` pairs sorted by key and joined by `,`; P2 compares these strings to
-/// tell whether an object's labels changed.
-pub fn label_set_string(labels: &Labels) -> String {
-    labels
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,16 +356,6 @@ mod tests {
             assert!(labeled.labels.is_empty(), "{json}");
         }
         assert!(serde_json::from_str::<Labeled>(r#"{"type":"nodes","id":"n1"}"#).is_err());
-    }
-
-    #[test]
-    fn label_set_strings_are_sorted() {
-        let labels: Labels = [("z", "1"), ("a", ""), ("m", "x")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        assert_eq!(label_set_string(&labels), "a=,m=x,z=1");
-        assert_eq!(label_set_string(&Labels::new()), "");
     }
 
     #[test]
