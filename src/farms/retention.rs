@@ -23,8 +23,8 @@ use super::world::World;
 use super::{Farm, FarmContext, Retries};
 
 /// The farm's state: the mirror it reads and the bounds it keeps. It retries a failed step
-/// on the next pass; its retries hold the steps that failed last time ([`PRUNE`],
-/// [`ORPHANED_TIMES`]), so that its errors and queue depth show them as any farm's do.
+/// on the next pass; its retries hold the steps that failed last time (`prune`,
+/// `orphaned-times`), so that its errors and queue depth show them as any farm's do.
 pub struct RetentionFarm {
     mirror: Mirror,
     retention: Retention,

@@ -72,7 +72,7 @@ pub struct MirrorConfig {
     /// unanswered past its wait) makes [`Mirror::health`] report the mirror stale.
     pub lost_after: Duration,
     /// How long the store may go without answering the mirror before it reads one key to
-    /// learn that the store still answers ([`feed::heartbeat`]): a store that takes
+    /// learn that the store still answers (its heartbeat): a store that takes
     /// requests and never answers them is then noticed after two such intervals, and lost
     /// after [`MirrorConfig::lost_after`] (at least the two intervals), rather than only
     /// once each watch's wait has run out. While the watches are
