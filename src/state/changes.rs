@@ -149,9 +149,13 @@ impl Stream {
         }
     }
 
-    /// Makes the positions given so far the first a subscriber may resume from: those
-    /// before them came before the stream started and are not in its log.
-    pub(super) fn start_window(&mut self) {
+    /// Makes the positions given so far, and `index` (the highest the mirror's first whole
+    /// read listed), the first a subscriber may resume from: those before came before the
+    /// stream started and are not in its log. The listed index counts as well as the
+    /// entries' own: a delete before the read (another server's client may have stopped
+    /// just before it) is in no entry, only in the index of the tree's listing.
+    pub(super) fn start_window(&mut self, index: u64) {
+        self.position = self.position.max(self.offset + index);
         self.window_start = self.window_start.max(self.position);
     }
 
@@ -301,7 +305,7 @@ mod tests {
         let mut stream = Stream::new(10, 10);
         stream.emit(ChangeType::Added, Tree::Rolls, 3, entry("rolls/a", 3));
         stream.emit(ChangeType::Added, Tree::Rolls, 12, entry("rolls/b", 12));
-        stream.start_window();
+        stream.start_window(12);
         assert!(stream.replay_from(10).is_none());
         stream.emit(ChangeType::Modified, Tree::Rolls, 13, entry("rolls/a", 13));
         assert_eq!(positions(&stream.replay_from(13).unwrap()), [(13, 13)]);
@@ -309,6 +313,18 @@ mod tests {
             positions(&stream.replay_from(12).unwrap()),
             [(12, 12), (13, 13)]
         );
+    }
+
+    /// A delete before the first whole read is in no entry, only in the index it listed:
+    /// a position below that index may have missed it.
+    #[test]
+    fn a_position_below_the_first_reads_listed_index_cannot_resume() {
+        let mut stream = Stream::new(10, 10);
+        stream.emit(ChangeType::Added, Tree::Rolls, 12, entry("rolls/a", 12));
+        stream.start_window(14);
+        assert!(stream.replay_from(12).is_none());
+        assert_eq!(stream.position(), 14);
+        assert!(stream.replay_from(14).unwrap().is_empty());
     }
 
     #[test]

@@ -247,8 +247,10 @@ impl State {
         state.loaded = true;
         if first && self.trees.iter().all(|tree| tree.loaded) {
             // Positions from before the mirror's first whole read were never given by this
-            // stream: what changed then (a delete, say) is in no listing.
-            self.stream.start_window();
+            // stream: what changed then (a delete, say) is in no listing but its index.
+            let listed = Tree::ALL.into_iter().filter(|tree| tree.kind().is_some());
+            let listed = listed.map(|tree| self.tree(tree).listed).max();
+            self.stream.start_window(listed.unwrap_or(0));
         }
     }
 

@@ -960,3 +960,38 @@ async fn a_store_restarted_below_the_servers_unlisted_writes_is_read_again() {
     let expected = pairs(&[("resync", ""), ("added", "new"), ("synced", "")]);
     assert_eq!(summary(&next_events(&mut open, 3).await), expected);
 }
+
+/// The server restarts (a new mirror over the same store) after an object was deleted: a
+/// client resuming from a position the server before it gave, whose changes since (the
+/// delete) the new server never streamed, is sent `resync` and a fresh snapshot, not the
+/// changes of its position alone, which would leave it holding the deleted object.
+#[tokio::test]
+async fn a_position_from_before_a_restart_gets_resync_rather_than_missing_a_delete() {
+    let before = TestApp::new().await;
+    // The object deleted is not the newest, so the restarted server's newest object is
+    // at the client's position.
+    label_through(&before, "gone", "web").await;
+    label_through(&before, "kept", "web").await;
+    let nodes = "/api/v1/watch?kinds=nodes";
+    let mut stream = open_on(&before, nodes, None).await;
+    let synced = stream.snapshot().await.pop().unwrap().id;
+    drop(stream);
+    // Behind the servers' backs, as by P2's tools.
+    let store = before.store.clone();
+    store.delete("labels/node/gone", Cas::Any).await.unwrap();
+    let restarted = TestApp::wrapping(move |_| store).await;
+
+    let mut resumed = open_on(&restarted, nodes, Some(&synced)).await;
+    let mut seen = Vec::new();
+    let told = async {
+        while let Some(event) = resumed.next().await {
+            seen.extend(summary(&[event]));
+            let delete = pairs(&[("deleted", "gone")]).remove(0);
+            if seen.contains(&delete) || seen.contains(&("resync".to_owned(), String::new())) {
+                return;
+            }
+        }
+    };
+    let told = tokio::time::timeout(Duration::from_secs(5), told).await;
+    assert!(told.is_ok(), "never told of the delete: {seen:?}");
+}
