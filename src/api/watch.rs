@@ -69,7 +69,8 @@ pub struct WatchQuery {
     kinds: Option<String>,
     /// Only objects whose labels (as the mirror holds them when the event is sent) match
     /// this Kubernetes label selector. An object the client was sent that is deleted or
-    /// stops matching comes as `deleted`; one that starts matching, as `added`.
+    /// stops matching comes as `deleted`; one that starts matching, as `added`. An empty
+    /// one selects everything, as if absent.
     selector: Option<String>,
 }
 
@@ -117,16 +118,18 @@ impl Filter {
                 None
             }
         };
+        // An empty selector selects everything, as on the listings: the stream is one
+        // without a selector, of kinds without labels too.
+        let selector = selector.filter(|selector| !selector.is_everything());
+        let selecting = selector.is_some();
         let kinds = match query.kinds.as_deref() {
-            None if query.selector.is_some() => {
-                Kind::ALL.into_iter().filter(|k| k.has_labels()).collect()
-            }
+            None if selecting => Kind::ALL.into_iter().filter(|k| k.has_labels()).collect(),
             None => Kind::defaults().collect(),
             Some(names) => {
                 let mut kinds = Vec::new();
                 for name in names.split(',').map(str::trim) {
                     match Kind::parse(name) {
-                        Some(kind) if query.selector.is_some() && !kind.has_labels() => {
+                        Some(kind) if selecting && !kind.has_labels() => {
                             violations.add("kinds", format!("{name} have no labels to select"))
                         }
                         Some(kind) => kinds.push(kind),

@@ -995,3 +995,19 @@ async fn a_position_from_before_a_restart_gets_resync_rather_than_missing_a_dele
     let told = tokio::time::timeout(Duration::from_secs(5), told).await;
     assert!(told.is_ok(), "never told of the delete: {seen:?}");
 }
+
+/// An empty `selector` selects everything, as on the listings: the stream is one without a
+/// selector, of every kind asked for, those without labels included.
+#[tokio::test]
+async fn an_empty_selector_is_as_none() {
+    let watched = Watched::new(MirrorConfig::default()).await;
+    watched.label_node("n1", "web").await;
+    watched.mirrored("labels/node/n1").await;
+    let mut stream = watched
+        .open("/api/v1/watch?kinds=nodes,health&selector=", None)
+        .await;
+    assert_eq!(
+        summary(&stream.snapshot().await),
+        pairs(&[("added", "n1"), ("synced", "")])
+    );
+}
