@@ -298,6 +298,7 @@ async fn get_labels(
             body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Bad id, body shape or labels",
             body = ErrorBody),
+        (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -404,6 +405,7 @@ async fn patch_labels(
             body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not valid for the type",
             body = ErrorBody),
+        (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]

@@ -300,6 +300,7 @@ async fn delete_p2_target(
         (status = BAD_REQUEST, description = "Bad type or id, or malformed JSON", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Bad body shape or labels",
             body = ErrorBody),
+        (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -341,6 +342,7 @@ async fn put_p2_labels(
             body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Bad body shape, label name or value",
             body = ErrorBody),
+        (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -380,6 +382,7 @@ async fn put_p2_label(
     responses(
         (status = NO_CONTENT, description = "The object has no labels any more"),
         (status = BAD_REQUEST, description = "Bad type or id", body = ErrorBody),
+        (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -409,6 +412,7 @@ async fn delete_p2_labels(
     responses(
         (status = NO_CONTENT, description = "The object does not have the label any more"),
         (status = BAD_REQUEST, description = "Bad type, id or name", body = ErrorBody),
+        (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]

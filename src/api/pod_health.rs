@@ -155,6 +155,7 @@ async fn get_pod_health(
         (status = PRECONDITION_FAILED, description = "The record changed since the If-Match version", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "A bad pod ID, node name or status", body = ErrorBody),
+        (status = CONFLICT, description = "The report kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
 )]
@@ -220,6 +221,7 @@ async fn put_pod_health(
         (status = BAD_REQUEST, description = "Malformed If-Match", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "The record changed since the If-Match version", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The pod ID or node name is not valid", body = ErrorBody),
+        (status = CONFLICT, description = "The report kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
 )]

@@ -149,6 +149,7 @@ async fn get_reality(
         (status = BAD_REQUEST, description = "The body is not UTF-8", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not sent as YAML", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "A bad node name, pod ID or manifest, or a manifest of another pod", body = ErrorBody),
+        (status = CONFLICT, description = "The report kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
 )]
@@ -200,6 +201,7 @@ async fn put_reality(
     responses(
         (status = NO_CONTENT, description = "The report is gone"),
         (status = UNPROCESSABLE_ENTITY, description = "The node name or pod ID is not valid", body = ErrorBody),
+        (status = CONFLICT, description = "The report kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
 )]

@@ -834,6 +834,125 @@ async fn deletes_that_keep_losing_races_answer_as_documented() {
     assert!(found.is_empty(), "{}", found.join("\n\n"));
 }
 
+/// Writes of reports and labels without `If-Match` that keep losing to other writers
+/// answer the 409 each documents once 5 s have passed; all at once, to wait 5 s only once.
+#[tokio::test]
+async fn report_and_label_writes_that_keep_losing_races_answer_as_documented() {
+    let doc = document();
+    let (app, counting) = TestApp::counted().await;
+    let yaml = [("content-type", "application/yaml")];
+    let passing = json!({"status": "passing"});
+    let labeled = json!({"labels": {"az": "a"}});
+    for (method, path, body) in [
+        ("PUT", "/api/v1/health/hello/n2", Some(&passing)),
+        ("PUT", "/api/v1/labels/node/a2", Some(&labeled)),
+        ("PUT", "/api/v1/labels/node/b3", Some(&labeled)),
+        ("PUT", "/api/v1/labels/node/b4", Some(&labeled)),
+    ] {
+        let response = app.json_request(method, path, body, &[]).await;
+        assert_eq!(response.status, 200, "{method} {path}: {response:?}");
+    }
+    let reported = app
+        .send_raw("PUT", "/api/v1/reality/n2/hello", &yaml, MANIFEST)
+        .await;
+    assert_eq!(reported.status, 204, "{reported:?}");
+    counting.lose_txns_on(Some(""));
+    let merge = [("content-type", "application/merge-patch+json")];
+    let probes: Vec<Probe<'_>> = vec![
+        (
+            "PUT",
+            "/api/v1/health/{pod_id}/{node}",
+            "/api/v1/health/hello/n1".into(),
+            Some(passing.clone()),
+            vec![],
+        ),
+        (
+            "DELETE",
+            "/api/v1/health/{pod_id}/{node}",
+            "/api/v1/health/hello/n2".into(),
+            None,
+            vec![],
+        ),
+        (
+            "DELETE",
+            "/api/v1/reality/{node}/{pod_id}",
+            "/api/v1/reality/n2/hello".into(),
+            None,
+            vec![],
+        ),
+        (
+            "PUT",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/a1".into(),
+            Some(labeled.clone()),
+            vec![],
+        ),
+        (
+            "PATCH",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/a3".into(),
+            Some(json!({"labels": {"az": "b"}})),
+            merge.to_vec(),
+        ),
+        (
+            "DELETE",
+            "/api/v1/labels/{type}/{id}",
+            "/api/v1/labels/node/a2".into(),
+            None,
+            vec![],
+        ),
+        (
+            "PUT",
+            "/api/labels/{type}/{id}",
+            "/api/labels/node/b1".into(),
+            Some(json!({"values": {"role": "web"}})),
+            vec![],
+        ),
+        (
+            "PUT",
+            "/api/labels/{type}/{id}/{name}",
+            "/api/labels/node/b2/az".into(),
+            Some(json!({"value": "b"})),
+            vec![],
+        ),
+        (
+            "DELETE",
+            "/api/labels/{type}/{id}",
+            "/api/labels/node/b3".into(),
+            None,
+            vec![],
+        ),
+        (
+            "DELETE",
+            "/api/labels/{type}/{id}/{name}",
+            "/api/labels/node/b4/az".into(),
+            None,
+            vec![],
+        ),
+    ];
+    let app = &app;
+    let sent = probes
+        .iter()
+        .map(|(method, route, path, body, headers)| async move {
+            let response = app.json_request(method, path, body.as_ref(), headers).await;
+            (*method, *route, response)
+        });
+    let (reality, answers) = tokio::join!(
+        app.send_raw("PUT", "/api/v1/reality/n1/hello", &yaml, MANIFEST),
+        futures::future::join_all(sent),
+    );
+    counting.lose_txns_on(None);
+    let mut found = Vec::new();
+    let reality = ("PUT", "/api/v1/reality/{node}/{pod_id}", reality);
+    for (method, route, response) in answers.into_iter().chain([reality]) {
+        if response.status != 409 {
+            found.push(format!("{method} {route}: {response:?}"));
+        }
+        found.extend(disagreements(&doc, method, route, &response));
+    }
+    assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
+
 /// Reads of objects in every state they show, and writes refused for a version or a
 /// conflict.
 #[tokio::test]
