@@ -73,6 +73,15 @@ pub fn ds_farm_status(id: impl Display) -> String {
     format!("{DS_STATUS}{id}/{DS_FARM_STATUS_NAMESPACE}")
 }
 
+/// The daemon set whose DS farm status record is at `key`, if it is one.
+pub fn ds_farm_status_owner(key: &str) -> Option<&str> {
+    let id = key
+        .strip_prefix(DS_STATUS)?
+        .strip_suffix(DS_FARM_STATUS_NAMESPACE)?
+        .strip_suffix('/')?;
+    (!id.is_empty() && !id.contains('/')).then_some(id)
+}
+
 /// `p2-apiserver/conditions/<kind>/`: the conditions of every object of one kind.
 pub fn conditions_of_kind(kind: ObjectKind) -> String {
     format!("{CONDITIONS}{}/", segment(kind))
@@ -196,6 +205,8 @@ mod tests {
             ds_farm_status(id),
             format!("status/daemon_sets/{id}/daemon_set_farm")
         );
+        assert_eq!(ds_farm_status_owner(&ds_farm_status(id)), Some(id));
+        assert_eq!(ds_farm_status_owner("status/daemon_sets/x/other"), None);
         assert_eq!(
             labels(LabelType::Pod, "node1/hello"),
             "labels/pod/node1/hello"

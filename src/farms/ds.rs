@@ -24,7 +24,8 @@
 //!   zero one, which is why its tools and our API demand a positive one.
 //! - **status**: `status/daemon_sets/<id>/daemon_set_farm` is written when it changes.
 //!   `nodes_deployed` counts the nodes healthy on the current manifest now, so it also drops
-//!   when a node leaves or sickens (P2 only ever raises it within one manifest).
+//!   when a node leaves or sickens (P2 only ever raises it within one manifest). It goes
+//!   with its daemon set: the delete removes it, and the retention farm one left behind.
 //!
 //! Then, for the whole farm, **dangling-pod cleanup**: pods labelled with a daemon set
 //! that does not exist lose their intent and their `daemon_set_id` label, fenced by the leader

@@ -1,6 +1,7 @@
 //! Keeps what this server stores beside P2's trees bounded: events and finished rolls past
 //! `--event-retention-count` or `--event-retention-age` are deleted, and so are the times of
-//! objects that are gone (deleted by a tool that does not know of them, such as P2's).
+//! objects that are gone (deleted by a tool that does not know of them, such as P2's) and
+//! the DS farm status records of daemon sets that are gone.
 //!
 //! It works from the mirror, so a pass that finds nothing to prune costs no store request.
 //! Each deletion is a CAS on the index seen (times also check that their object is still
@@ -99,14 +100,22 @@ impl Farm for RetentionFarm {
 }
 
 impl RetentionFarm {
-    /// Deletes the times of objects the mirror no longer holds, each only while its object
-    /// is still absent from the store.
+    /// Deletes the times of objects the mirror no longer holds, and the DS farm status
+    /// records of daemon sets it no longer holds (one a farm pass wrote again after the
+    /// delete, or left by a tool that deletes daemon sets without it), each only while its
+    /// object is still absent from the store.
     async fn remove_orphaned_times(&mut self, ctx: &FarmContext) {
-        for entry in self.mirror.entries(Tree::Meta).values() {
-            let Some((kind, id)) = layout::meta_object(&entry.pair.key) else {
-                continue;
-            };
-            let object = layout::object(kind, id);
+        let times = self.mirror.entries(Tree::Meta);
+        let statuses = self.mirror.entries(Tree::DsStatus);
+        let times = times.values().filter_map(|entry| {
+            let (kind, id) = layout::meta_object(&entry.pair.key)?;
+            Some((layout::object(kind, id), entry))
+        });
+        let statuses = statuses.values().filter_map(|entry| {
+            let id = layout::ds_farm_status_owner(&entry.pair.key)?;
+            Some((layout::daemon_set(id), entry))
+        });
+        for (object, entry) in times.chain(statuses) {
             if self.mirror.get(&object).is_some() {
                 continue;
             }
@@ -119,13 +128,13 @@ impl RetentionFarm {
             ];
             match ctx.commit(LEADER_LOCK, ops).await {
                 Ok(_) => {
-                    tracing::debug!(key = %entry.pair.key, "removed the times of a gone object")
+                    tracing::debug!(key = %entry.pair.key, "removed a record of a gone object")
                 }
                 // The object exists after all (the mirror had not seen it yet), or the times
                 // changed: the next pass looks again.
                 Err(e) if e.is_conflict() => {}
                 Err(e) => {
-                    tracing::warn!(key = %entry.pair.key, error = %e, "removing the times of a gone object failed");
+                    tracing::warn!(key = %entry.pair.key, error = %e, "removing a record of a gone object failed");
                     self.retries.failed(ORPHANED_TIMES);
                     return;
                 }

@@ -241,8 +241,8 @@ impl DaemonSetStore {
 
     /// Deletes a daemon set (at `expected` only, when given, by the rule of
     /// [`update_with_retry`]), writing a `DAEMON_SET_DELETED` audit record of its last state
-    /// naming `actor`, and the deletion's event, and removing its times, in the same
-    /// transaction; returns that state. Its pods stay until the farm's
+    /// naming `actor`, and the deletion's event, and removing its times and its DS farm
+    /// status record, in the same transaction; returns that state. Its pods stay until the farm's
     /// dangling-pod cleanup removes them, as in P2.
     ///
     /// A stored document that cannot be decoded is deleted too, so a corrupt one can always
@@ -282,6 +282,11 @@ impl DaemonSetStore {
                 },
             ];
             ops.push(meta_delete_op(ObjectKind::Daemonsets, &id.to_string()));
+            // The DS farm's status record goes with it: P2 reads it only for a daemon set
+            // that exists, and leaving it would keep it forever.
+            ops.push(TxnOp::Delete {
+                key: layout::ds_farm_status(id),
+            });
             let before = match &current.value {
                 Ok(ds) => {
                     ops.push(audit_op(DaemonSetEvent::Deleted, ds, &actor.name));

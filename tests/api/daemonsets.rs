@@ -785,6 +785,24 @@ async fn delete_removes_the_document_with_its_audit_record_in_one_transaction() 
     assert_eq!(causes(&response), ["id"]);
 }
 
+/// The DS farm's status record goes with its daemon set, in the same transaction, rather
+/// than staying forever.
+#[tokio::test]
+async fn delete_removes_the_farm_status_record_with_the_document() {
+    let app = TestApp::new().await;
+    let id = create(&app, &body("")).await;
+    let status = format!("status/daemon_sets/{id}/daemon_set_farm");
+    app.put_json(
+        &status,
+        &json!({"manifest_sha": "ab12", "nodes_deployed": 1, "replication_in_progress": false}),
+    )
+    .await;
+    let response = delete(&app, &id, &[]).await;
+    assert_eq!(response.status, StatusCode::NO_CONTENT);
+    assert!(stored(&app, &id).await.is_none());
+    assert_eq!(app.stored(&status).await, None, "the status record is left");
+}
+
 #[tokio::test]
 async fn a_p2_written_document_survives_get_and_patch() {
     let app = TestApp::new().await;

@@ -473,3 +473,32 @@ async fn a_deleted_daemon_sets_label_comes_off_pods_with_large_labels() {
     wait_for_ds_nodes(&h, gone, &[]).await;
     assert_eq!(h.rc_nodes(&rc).await, nodes);
 }
+
+/// A daemon set's status record does not outlive it: one left by a delete that did not
+/// remove it (P2's tools), or written again by a farm pass that ran during the delete, is
+/// removed once the daemon set is gone, and stays gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_record_of_a_deleted_daemon_set_is_removed() {
+    let h = Harness::start().await;
+    web_nodes(&h, 1).await;
+    let id = h
+        .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
+        .await;
+    let status = h.wait_until(|| async { h.ds_status(&id).await }).await;
+    h.store
+        .delete(&format!("daemon_sets/{id}"), Cas::Any)
+        .await
+        .unwrap();
+    h.wait_until(|| async { h.ds_status(&id).await.is_none().then_some(()) })
+        .await;
+    // A pass that read the daemon set before its delete publishes its status after it.
+    let key = format!("status/daemon_sets/{id}/daemon_set_farm");
+    h.store
+        .put(&key, status.to_string().as_bytes(), Cas::Any)
+        .await
+        .unwrap();
+    h.wait_until(|| async { h.ds_status(&id).await.is_none().then_some(()) })
+        .await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(h.ds_status(&id).await, None);
+}
