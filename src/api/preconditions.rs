@@ -9,7 +9,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue};
 
 use crate::error::ApiError;
-use crate::kv::KvStore;
+use crate::kv::{KvStore, StoreError};
 use crate::store::update::UpdateError;
 
 /// A write's `If-Match`: a list names the versions any of which the write may find; `*`,
@@ -113,6 +113,19 @@ pub fn stale(what: &str, expected: u64) -> ApiError {
     ApiError::precondition_failed(format!(
         "{what} has changed since version {expected}; read it again and retry"
     ))
+}
+
+/// What a write made under `expected` (its `If-Match`, if any) answers: a `Conflict` when
+/// it named a version is that version gone, a 412; every other outcome as it is.
+pub fn unless_stale<T>(
+    written: Result<T, StoreError>,
+    what: &str,
+    expected: Option<u64>,
+) -> Result<T, ApiError> {
+    match (written, expected) {
+        (Err(StoreError::Conflict { .. }), Some(expected)) => Err(stale(what, expected)),
+        (written, _) => Ok(written?),
+    }
 }
 
 /// A read-modify-write whose `If-Match` version is no longer current answers 412.

@@ -8,7 +8,8 @@
 //!
 //! The intent is read-only here: the farms write it, and a node agent (or the simulator)
 //! reads it to learn what to install. Reality writes are unconditional, like the preparer's,
-//! and a DELETE of an absent pod succeeds, so an agent may repeat any report.
+//! unless they carry `If-Match`, and a DELETE of an absent pod succeeds, so an agent may
+//! repeat any report.
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
@@ -20,7 +21,7 @@ use utoipa_axum::routes;
 
 use crate::api::blocking::index_header;
 use crate::api::extract::{ApiPath, ApiQuery, NoQuery};
-use crate::api::preconditions::etag;
+use crate::api::preconditions::{etag, unless_stale, IfMatch};
 use crate::api::reads::{indexed_reader, ConsistentFilter, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
@@ -136,17 +137,20 @@ async fn get_reality(
 ///
 /// The body is the manifest's YAML, stored byte for byte; it must be a valid manifest whose
 /// `id` is the pod ID in the URL. Rolls count a pod as healthy only when this matches the
-/// intended manifest and its health is passing.
+/// intended manifest and its health is passing. With `If-Match` the report lands only on
+/// that version of it.
 #[utoipa::path(
     put,
     path = "/reality/{node}/{pod_id}",
     tag = TAG,
-    params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC)),
+    params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC),
+        ("If-Match" = Option<String>, Header, description = "Write only if the report is still at this ETag")),
     request_body(content = String, content_type = "application/yaml", description = "The manifest's YAML; also accepted as application/x-yaml, text/yaml or text/plain"),
     responses(
         (status = NO_CONTENT, description = "Stored",
             headers(("ETag" = String, description = "The report's new modify index"))),
-        (status = BAD_REQUEST, description = "The body is not UTF-8", body = ErrorBody),
+        (status = BAD_REQUEST, description = "The body is not UTF-8, or a malformed If-Match", body = ErrorBody),
+        (status = PRECONDITION_FAILED, description = "The report changed since the If-Match version", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not sent as YAML", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "A bad node name, pod ID or manifest, or a manifest of another pod", body = ErrorBody),
         (status = CONFLICT, description = "The report kept changing for 5 s", body = ErrorBody),
@@ -157,6 +161,7 @@ async fn put_reality(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath((node, pod_id)): ApiPath<(String, String)>,
+    if_match: IfMatch,
     actor: Actor,
     YamlBody(text): YamlBody,
 ) -> Result<Response, ApiError> {
@@ -179,27 +184,35 @@ async fn put_reality(
     }
     violations.finish()?;
     let pod = pod.ok_or_else(|| ApiError::internal("validation passed without a pod"))?;
+    let key = PodTree::Reality.key(&pod);
+    let expected = if_match.expected(app.store.as_ref(), &key).await?;
 
-    let index = Report::reality(&pod)
+    let written = Report::reality(&pod)
         .write(
             app.store.as_ref(),
             &app.mirror,
             Some(text.into_bytes()),
-            None,
+            expected,
             &actor,
         )
-        .await?;
+        .await;
+    let index = unless_stale(written, &format!("the report {key:?}"), expected)?;
     Ok((StatusCode::NO_CONTENT, [etag(index)]).into_response())
 }
 
 /// Reports that a node no longer runs the pod; succeeds whether or not it was reported.
+///
+/// With `If-Match` only that version is removed.
 #[utoipa::path(
     delete,
     path = "/reality/{node}/{pod_id}",
     tag = TAG,
-    params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC)),
+    params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC),
+        ("If-Match" = Option<String>, Header, description = "Delete only if the report is still at this ETag")),
     responses(
         (status = NO_CONTENT, description = "The report is gone"),
+        (status = BAD_REQUEST, description = "Malformed If-Match", body = ErrorBody),
+        (status = PRECONDITION_FAILED, description = "The report changed since the If-Match version", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The node name or pod ID is not valid", body = ErrorBody),
         (status = CONFLICT, description = "The report kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
@@ -209,12 +222,16 @@ async fn delete_reality(
     State(app): State<AppState>,
     _: NoQuery,
     ApiPath((node, pod_id)): ApiPath<(String, String)>,
+    if_match: IfMatch,
     actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let pod = valid_pod(&node, &pod_id)?;
-    Report::reality(&pod)
-        .write(app.store.as_ref(), &app.mirror, None, None, &actor)
-        .await?;
+    let key = PodTree::Reality.key(&pod);
+    let expected = if_match.expected(app.store.as_ref(), &key).await?;
+    let deleted = Report::reality(&pod)
+        .write(app.store.as_ref(), &app.mirror, None, expected, &actor)
+        .await;
+    unless_stale(deleted, &format!("the report {key:?}"), expected)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

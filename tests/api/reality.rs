@@ -261,3 +261,58 @@ async fn openapi_documents_the_node_agent_routes() {
     assert!(paths["/api/v1/intent/{node}/{pod_id}"]["get"].is_object());
     assert!(paths["/api/v1/health/{pod_id}/{node}"]["delete"]["responses"]["412"].is_object());
 }
+
+/// An `If-Match` on a report is evaluated (RFC 9110 §13.1.1), never ignored: an agent that
+/// names the version it read overwrites or withdraws only that one, not a newer report.
+#[tokio::test]
+async fn reality_put_and_delete_honour_if_match() {
+    let app = TestApp::new().await;
+    let path = "/api/v1/reality/node1/hello";
+    let put = |if_match: String, body: String| {
+        let app = &app;
+        async move {
+            app.send_raw(
+                "PUT",
+                path,
+                &[
+                    ("content-type", "application/yaml"),
+                    ("if-match", &if_match),
+                ],
+                body,
+            )
+            .await
+        }
+    };
+    let first = put_yaml(&app, path, "application/yaml", &manifest("hello")).await;
+    assert_eq!(first.status, StatusCode::NO_CONTENT, "{first:?}");
+    let read = first.header("etag").unwrap().to_owned();
+    let newer = format!("{}# newer\n", manifest("hello"));
+    let second = put_yaml(&app, path, "application/yaml", &newer).await;
+    assert_eq!(second.status, StatusCode::NO_CONTENT, "{second:?}");
+    let current = second.header("etag").unwrap().to_owned();
+
+    let before = app.dump().await;
+    let stale = put(read.clone(), manifest("hello")).await;
+    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED, "{stale:?}");
+    stale.error();
+    let stale = delete(&app, path, &[("if-match", &read)]).await;
+    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED, "{stale:?}");
+    stale.error();
+    let absent = delete(&app, "/api/v1/reality/node2/hello", &[("if-match", "*")]).await;
+    assert_eq!(absent.status, StatusCode::PRECONDITION_FAILED, "{absent:?}");
+    let garbage = put("yesterday".into(), manifest("hello")).await;
+    assert_eq!(garbage.status, StatusCode::BAD_REQUEST, "{garbage:?}");
+    garbage.error();
+    assert_eq!(app.dump().await, before);
+    assert_eq!(
+        stored(&app, "reality/node1/hello").await,
+        Some(newer.into_bytes())
+    );
+
+    let updated = put(current.clone(), manifest("hello")).await;
+    assert_eq!(updated.status, StatusCode::NO_CONTENT, "{updated:?}");
+    let current = updated.header("etag").unwrap().to_owned();
+    let deleted = delete(&app, path, &[("if-match", &current)]).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    assert_eq!(stored(&app, "reality/node1/hello").await, None);
+}
