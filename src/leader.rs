@@ -146,7 +146,8 @@ pub async fn campaign<F, Fut>(
 }
 
 /// With a live session: take the lock when it is free, lead while it is ours, wait while it
-/// is someone else's. Returns when the session is lost or the lock left us.
+/// is someone else's, ending the sessions left in `leftover` before each bid. Returns when
+/// the session is lost or the lock left us.
 async fn hold_or_wait<F, Fut>(
     store: &Arc<dyn KvStore>,
     config: &LeaderConfig,
@@ -162,6 +163,10 @@ where
     let target = WatchTarget::Key(LEADER_LOCK.into());
     let mut index = 0;
     while !alive.is_cancelled() {
+        // Sessions a step-down could not end are ended before each bid: the store may answer
+        // again first with this session, and the old term's locks (the leader lock too, when
+        // its session held it) would otherwise stay held until the store expired them.
+        end_sessions(&**store, leftover).await;
         let record = LeaderRecord {
             holder: config.holder.clone(),
             session: session.into(),

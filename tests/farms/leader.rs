@@ -67,6 +67,38 @@ async fn wait_for(mut check: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// Runs a server's campaign over `store` as "a" until `shutdown`, with sessions long enough
+/// (their TTL, returned) that the store's expiry of them comes well after an outage a test
+/// makes, leading each term by doing nothing until it ends. Returns once it leads, with the
+/// terms it has begun (kept up to date).
+async fn campaign_recording_terms(
+    store: Arc<dyn KvStore>,
+    shutdown: &CancellationToken,
+) -> (
+    Duration,
+    Arc<std::sync::Mutex<Vec<Term>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let config = LeaderConfig {
+        session_ttl: Duration::from_secs(30),
+        ..config("a")
+    };
+    let ttl = config.session_ttl;
+    let terms = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let began = terms.clone();
+    let campaign = tokio::spawn(leader::campaign(
+        store,
+        config,
+        shutdown.clone(),
+        move |term: Term| {
+            began.lock().unwrap().push(term.clone());
+            async move { term.cancel.cancelled().await }
+        },
+    ));
+    wait_for(async || !terms.lock().unwrap().is_empty()).await;
+    (ttl, terms, campaign)
+}
+
 /// Two servers campaign; when the leader's session dies (as on a crash), its term ends and
 /// the other takes over after the lock-delay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,29 +277,7 @@ async fn sessions_a_step_down_could_not_end_are_ended_once_the_store_answers() {
     let (_dir, store) = sqlite_store().await;
     let severable = Severable::new(store.clone());
     let shutdown = CancellationToken::new();
-    // Long enough that the store's expiry of the sessions comes well after the outage.
-    let config = LeaderConfig {
-        session_ttl: Duration::from_secs(30),
-        ..config("a")
-    };
-    let ttl = config.session_ttl;
-    let terms = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let ended = Arc::new(AtomicUsize::new(0));
-    let (began, over) = (terms.clone(), ended.clone());
-    let a = tokio::spawn(leader::campaign(
-        severable.clone(),
-        config,
-        shutdown.clone(),
-        move |term: Term| {
-            began.lock().unwrap().push(term.clone());
-            let over = over.clone();
-            async move {
-                term.cancel.cancelled().await;
-                over.fetch_add(1, Ordering::SeqCst);
-            }
-        },
-    ));
-    wait_for(async || !terms.lock().unwrap().is_empty()).await;
+    let (ttl, terms, a) = campaign_recording_terms(severable.clone(), &shutdown).await;
     let first = current_leader(&*store).await.unwrap().unwrap();
     let farms = terms.lock().unwrap()[0].session.clone();
     let lock = "lock/replication_controllers/x";
@@ -275,7 +285,8 @@ async fn sessions_a_step_down_could_not_end_are_ended_once_the_store_answers() {
 
     severable.cut();
     let expiry = severable.last_renewal(&first.session) + ttl;
-    wait_for(async || ended.load(Ordering::SeqCst) == 1).await;
+    let term = terms.lock().unwrap()[0].cancel.clone();
+    wait_for(async || term.is_cancelled()).await;
     // Its attempts to end the sessions as it stepped down have failed by now.
     tokio::time::sleep(Duration::from_secs(1)).await;
     severable.mend();
@@ -471,4 +482,52 @@ async fn no_alert_is_posted_once_the_term_has_ended() {
     shutdown.cancel();
     tasks.close();
     tasks.wait().await;
+}
+
+/// Sessions a step-down could not end, the store not answering, are ended once it answers
+/// again even when what it answers first is this server's new session: the next bid ends
+/// them, rather than the next step-down. Before, a new term found the old term's locks (and,
+/// when the old leader session still held it, the leader lock) held until the store
+/// expired those sessions, a TTL later (on Consul, up to twice that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_a_step_down_could_not_end_are_ended_before_the_next_bid() {
+    use p2_apiserver::kv::Cas;
+
+    let (_dir, store) = sqlite_store().await;
+    let severable = Severable::new(store.clone());
+    let shutdown = CancellationToken::new();
+    let (ttl, terms, a) = campaign_recording_terms(severable.clone(), &shutdown).await;
+    let first: Term = terms.lock().unwrap()[0].clone();
+    let lock = "lock/replication_controllers/x";
+    assert!(store.acquire(lock, b"a", &first.session).await.unwrap());
+
+    // The store stops answering session calls, and the leader lock leaves the server (an
+    // operator deleted it, say): it steps down, and cannot end its sessions.
+    severable.stall();
+    store.delete(LEADER_LOCK, Cas::Any).await.unwrap();
+    wait_for(async || first.cancel.is_cancelled()).await;
+    let expiry = severable.last_renewal(&first.session) + ttl;
+    // Past its attempts to end them: it waits on the store to create its next session.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    severable.mend();
+    let mended = tokio::time::Instant::now();
+    assert!(
+        expiry - mended > ttl / 4,
+        "the store answers again too late"
+    );
+    wait_for(async || terms.lock().unwrap().len() == 2).await;
+    wait_for(async || store.get(lock).await.unwrap().is_none()).await;
+    let freed = mended.elapsed();
+    assert!(
+        freed < ttl / 4,
+        "the old term's lock was freed {freed:?} after the store answered again: its session was left to expire"
+    );
+    assert_eq!(store.session_info(&first.session).await.unwrap(), None);
+    assert_eq!(
+        store.session_info(&first.leader_session).await.unwrap(),
+        None
+    );
+
+    shutdown.cancel();
+    a.await.unwrap();
 }
