@@ -110,6 +110,7 @@ pub async fn campaign<F, Fut>(
     while !shutdown.is_cancelled() {
         end_sessions(&*store, &mut leftover).await;
         let spec = config.session_spec("", config.behavior);
+        let asked = Instant::now();
         let created = tokio::select! {
             created = store.create_session(&spec) => created,
             () = shutdown.cancelled() => break,
@@ -129,6 +130,7 @@ pub async fn campaign<F, Fut>(
             store.clone(),
             session.clone(),
             config.session_ttl,
+            asked,
             alive.clone(),
         ));
         let run = hold_or_wait(&store, &config, &session, &alive, &lead, &mut leftover).await;
@@ -219,6 +221,7 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let spec = config.session_spec(":farms", SessionBehavior::Delete);
+    let asked = Instant::now();
     let farm_session = tokio::select! {
         created = store.create_session(&spec) => created?,
         () = alive.cancelled() => return Ok(()),
@@ -233,6 +236,7 @@ where
         store.clone(),
         farm_session.clone(),
         config.session_ttl,
+        asked,
         term.cancel.clone(),
     ));
     crate::metrics::leading(true);
@@ -285,30 +289,35 @@ async fn watch_while_ours(
     }
 }
 
-/// Renews the session every third of its TTL. Cancels `alive` when the session is gone, or
-/// when renewals have failed for two thirds of the TTL: by then the store may expire it at
-/// any moment, and the farms must stop before that, not after.
+/// Renews the session (whose creation was asked for at `created`) every third of its TTL.
+/// Cancels `alive` when the session is gone, or when renewals have failed for two thirds of
+/// the TTL: by then the store may expire it at any moment, and the farms must stop before
+/// that, not after. The TTL is counted from when the call that last renewed it (or created
+/// it) was sent, not from its answer: the store counts it from when it applied the call,
+/// which an answer that comes late may follow by most of a TTL.
 async fn keep_alive(
     store: Arc<dyn KvStore>,
     session: String,
     ttl: Duration,
+    created: Instant,
     alive: CancellationToken,
 ) {
-    let mut last_renewed = Instant::now();
+    let mut last_renewed = created;
     let give_up_after = ttl * 2 / 3;
     loop {
-        let pause = if last_renewed.elapsed() < ttl / 3 {
-            ttl / 3
+        let next = if last_renewed.elapsed() < ttl / 3 {
+            last_renewed + ttl / 3
         } else {
-            Duration::from_secs(1)
+            Instant::now() + Duration::from_secs(1)
         };
         tokio::select! {
-            () = tokio::time::sleep(pause) => {}
+            () = tokio::time::sleep_until(next) => {}
             () = alive.cancelled() => return,
         }
         // A renewal that hangs must not outlive the point where the farms have to stop, nor
         // hold up the end of the session's use.
         let deadline = last_renewed + give_up_after;
+        let sent = Instant::now();
         let renewal = tokio::time::timeout_at(deadline, store.renew_session(&session));
         let renewed = tokio::select! {
             renewed = renewal => renewed,
@@ -317,7 +326,7 @@ async fn keep_alive(
         let renewed =
             renewed.unwrap_or_else(|_| Err(StoreError::Unavailable("renewal timed out".into())));
         match renewed {
-            Ok(_) => last_renewed = Instant::now(),
+            Ok(_) => last_renewed = sent,
             Err(StoreError::NotFound(_)) => {
                 tracing::warn!(%session, "session expired");
                 alive.cancel();

@@ -531,3 +531,62 @@ async fn sessions_a_step_down_could_not_end_are_ended_before_the_next_bid() {
     shutdown.cancel();
     a.await.unwrap();
 }
+
+/// A session's TTL runs from when the store made it, not from when the answer came back: a
+/// leader whose session's creation was answered most of a TTL late, and which is then cut off
+/// from the store (so that it cannot see the leader lock go either), steps down before the store expires that session and a standby takes
+/// over. Before, it counted the TTL from the answer and led on for seconds beside the new
+/// leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_session_was_answered_late_steps_down_before_a_standby_leads() {
+    use std::sync::Mutex;
+    use tokio::time::Instant;
+
+    let (_dir, store) = sqlite_store().await;
+    let severable = Severable::new(store.clone());
+    let shutdown = CancellationToken::new();
+    severable.answer_next_creation_late(config("a").session_ttl * 4 / 5);
+    let a_began = Arc::new(AtomicUsize::new(0));
+    let a_ended = Arc::new(Mutex::new(None));
+    let (began, ended) = (a_began.clone(), a_ended.clone());
+    let a = tokio::spawn(leader::campaign(
+        severable.clone(),
+        config("a"),
+        shutdown.clone(),
+        move |term: Term| {
+            began.fetch_add(1, Ordering::SeqCst);
+            let ended = ended.clone();
+            async move {
+                term.cancel.cancelled().await;
+                ended.lock().unwrap().get_or_insert(Instant::now());
+            }
+        },
+    ));
+    wait_for(async || a_began.load(Ordering::SeqCst) > 0).await;
+    severable.cut();
+    severable.cut_watches();
+    let b_began = Arc::new(Mutex::new(None));
+    let began = b_began.clone();
+    let b = tokio::spawn(leader::campaign(
+        store.clone(),
+        config("b"),
+        shutdown.clone(),
+        move |term: Term| {
+            began.lock().unwrap().get_or_insert(Instant::now());
+            async move { term.cancel.cancelled().await }
+        },
+    ));
+    wait_for(async || b_began.lock().unwrap().is_some()).await;
+    wait_for(async || a_ended.lock().unwrap().is_some()).await;
+    let b_began = b_began.lock().unwrap().unwrap();
+    let a_ended = a_ended.lock().unwrap().unwrap();
+    assert!(
+        a_ended <= b_began,
+        "a led on {:?} after b began to lead",
+        a_ended - b_began
+    );
+
+    shutdown.cancel();
+    a.await.unwrap();
+    b.await.unwrap();
+}

@@ -4,7 +4,7 @@
 //! left unanswered as by a store that takes them and never replies; and the cut or the
 //! stall can be mended, as for a store that answers again after an outage. Lock
 //! acquisitions alone can be stalled too, as by a store that answers all but those, and so
-//! can transactions.
+//! can transactions. Watches can be cut too, and a session creation answered late.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -34,6 +34,10 @@ pub struct Severable {
     /// When the last successful create or renewal of each session was sent: its TTL runs
     /// from a moment after that.
     renewed: Mutex<HashMap<String, Instant>>,
+    /// Watches fail while it holds `true`, those under way too.
+    watches_cut: tokio::sync::watch::Sender<bool>,
+    /// How long after the store applied it the next session creation is answered.
+    next_creation_late: Mutex<Option<Duration>>,
 }
 
 impl Severable {
@@ -47,6 +51,8 @@ impl Severable {
             txns_stalled: tokio::sync::watch::Sender::new(false),
             transacting: AtomicUsize::new(0),
             renewed: Mutex::new(HashMap::new()),
+            watches_cut: tokio::sync::watch::Sender::new(false),
+            next_creation_late: Mutex::new(None),
         })
     }
 
@@ -70,6 +76,19 @@ impl Severable {
         self.txns_stalled.send_replace(true);
     }
 
+    /// From now on every watch fails as if the store were unreachable, those under way
+    /// too, until [`Severable::mend`]: with [`Severable::cut`], a server cut off from the
+    /// store.
+    pub fn cut_watches(&self) {
+        self.watches_cut.send_replace(true);
+    }
+
+    /// The next session creation is answered `delay` after the store applied it, as by a
+    /// store slow to reply: the session's TTL runs from before the answer.
+    pub fn answer_next_creation_late(&self, delay: Duration) {
+        *self.next_creation_late.lock().unwrap() = Some(delay);
+    }
+
     /// How many transactions are waiting on a stall now.
     pub fn transacting(&self) -> usize {
         self.transacting.load(Ordering::SeqCst)
@@ -84,6 +103,7 @@ impl Severable {
     /// those stalled are answered.
     pub fn mend(&self) {
         self.cut.store(false, Ordering::SeqCst);
+        self.watches_cut.send_replace(false);
         self.stalled.send_replace(false);
         self.acquires_stalled.send_replace(false);
         self.txns_stalled.send_replace(false);
@@ -140,6 +160,10 @@ impl KvStore for Severable {
         let sent = Instant::now();
         let id = self.inner.create_session(spec).await?;
         self.renewed(&id, sent);
+        let late = self.next_creation_late.lock().unwrap().take();
+        if let Some(late) = late {
+            tokio::time::sleep(late).await;
+        }
         Ok(id)
     }
     async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo> {
@@ -172,7 +196,11 @@ impl KvStore for Severable {
         index: u64,
         wait: Duration,
     ) -> StoreResult<Listing> {
-        self.inner.watch(target, index, wait).await
+        let mut cut = self.watches_cut.subscribe();
+        tokio::select! {
+            watched = self.inner.watch(target, index, wait) => watched,
+            _ = cut.wait_for(|cut| *cut) => Err(StoreError::Unavailable("cut off".into())),
+        }
     }
     async fn ping(&self) -> StoreResult<()> {
         self.inner.ping().await
