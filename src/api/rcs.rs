@@ -191,7 +191,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct DeleteRcParams {
-    /// Delete even while `replicas_desired` is above 0 (the pods stay where they are).
+    /// Delete even while `replicas_desired` is not 0 (the pods stay where they are).
     #[serde(default)]
     pub force: bool,
 }
@@ -469,7 +469,7 @@ async fn patch_rc(
 
 /// Deletes an RC and its labels in one transaction; its pods stay where they are.
 ///
-/// Refused while `replicas_desired` is above 0 unless `?force=true`, and (even with
+/// Refused while `replicas_desired` is not 0 unless `?force=true`, and (even with
 /// `?force=true`) while a roll names the RC or someone holds the RC's mutation lock. An RC
 /// whose stored document cannot be decoded is deleted whatever its replica count: no farm
 /// can run it.
@@ -514,7 +514,8 @@ async fn delete_rc(
     };
     let write = |current: Versioned<Option<StoredRc>>| async move {
         let mut ops = unclaimed(state, id).await?;
-        if let Some(rc) = current.value.as_ref().filter(|rc| rc.replicas_desired > 0) {
+        // P2 refuses any count but 0: its store writes negative ones too.
+        if let Some(rc) = current.value.as_ref().filter(|rc| rc.replicas_desired != 0) {
             if !params.force {
                 return Err(ApiError::conflict(format!(
                     "replication controller {id} still wants {} replicas; set \

@@ -921,3 +921,32 @@ async fn an_undecodable_rc_is_reported_and_can_be_deleted() {
         .await
         .is_some());
 }
+
+/// P2's store refuses to delete an RC whose `replicas_desired` is anything but 0 without
+/// `force`, and its store writes any count (`SetDesiredReplicas`): a negative count left by
+/// another tool is no licence to delete the RC unforced.
+#[tokio::test]
+async fn delete_refuses_a_negative_replica_count_without_force() {
+    let app = TestApp::new().await;
+    let id = uuid::Uuid::new_v4().to_string();
+    let key = format!("replication_controllers/{id}");
+    let stored = json!({"id": id, "manifest": MANIFEST, "node_selector": "", "pod_labels": null,
+                        "replicas_desired": -1, "disabled": false, "allocation_strategy": ""});
+    app.put_raw(&key, &stored.to_string()).await;
+    let before = app.dump().await;
+    let path = format!("/api/v1/rcs/{id}");
+
+    let refused = app.json_request("DELETE", &path, None, &[]).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
+    assert!(
+        refused.error().message.contains("-1 replicas"),
+        "{refused:?}"
+    );
+    assert_eq!(app.dump().await, before);
+
+    let forced = app
+        .json_request("DELETE", &format!("{path}?force=true"), None, &[])
+        .await;
+    assert_eq!(forced.status, StatusCode::NO_CONTENT, "{forced:?}");
+    assert!(app.stored(&key).await.is_none());
+}
