@@ -10,6 +10,9 @@
 //!   change: another roll over either RC, another creation holding an RC's update-creation
 //!   lock, an old-RC selector matching more than one RC, or a change between the checks and
 //!   the commit.
+//! - 500 (`UnreadableDocument`) when an RC the roll would be over is stored but cannot be
+//!   decoded, as for every other request over that RC: the request is fine, the document is
+//!   not, and deleting the RC clears it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -224,6 +227,7 @@ pub struct RollPath {
         (status = CONFLICT, description = "Another roll is over, or being created over, one of the RCs; or the old-RC selector is ambiguous", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Invalid fields, every one listed; a named RC does not exist; or leave_old without an old RC", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "An RC named, or matched by the old-RC selector, cannot be decoded (reason `UnreadableDocument`); DELETE of that RC removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -466,6 +470,9 @@ fn creation_error(err: CreateRollError) -> ApiError {
     let message = err.to_string();
     match err {
         CreateRollError::RcMissing { field, .. } => ApiError::invalid([Cause::new(field, message)]),
+        CreateRollError::UnreadableRc { id, .. } => {
+            ApiError::unreadable(format!("{message}; DELETE /api/v1/rcs/{id} removes it"))
+        }
         CreateRollError::SameRc(_) => ApiError::invalid([Cause::new("new_rc_id", message)]),
         CreateRollError::PodIdLabel(_) => {
             ApiError::invalid([Cause::new("new_rc_labels.pod_id", message)])

@@ -35,6 +35,9 @@ pub enum CreateRollError {
     /// The RC named by the request's `field` does not exist.
     #[error("no replication controller {id} exists")]
     RcMissing { field: &'static str, id: String },
+    /// An RC the roll would be over is stored but cannot be decoded (`why` says so).
+    #[error("{why}")]
+    UnreadableRc { id: String, why: String },
     /// Both sides name the same RC.
     #[error("the old and the new replication controller are the same ({0})")]
     SameRc(String),
@@ -177,7 +180,7 @@ impl RollCreator {
             .await?;
         let mut ids = Vec::new();
         for item in labeled {
-            if self.rcs.get(&item.id).await?.is_some() {
+            if self.read_rc(&item.id).await?.is_some() {
                 ids.push(item.id);
             } else {
                 tracing::warn!(rc = %item.id, "ignoring labels of a replication controller that does not exist");
@@ -187,12 +190,25 @@ impl RollCreator {
     }
 
     async fn require_rc(&self, field: &'static str, id: &str) -> Result<StoredRc, CreateRollError> {
-        match self.rcs.get(id).await? {
-            Some(record) => Ok(record.value),
+        match self.read_rc(id).await? {
+            Some(rc) => Ok(rc),
             None => Err(CreateRollError::RcMissing {
                 field,
                 id: id.to_owned(),
             }),
+        }
+    }
+
+    /// The RC `id`, if stored; one that cannot be decoded is `UnreadableRc`, not a fault of
+    /// the request.
+    async fn read_rc(&self, id: &str) -> Result<Option<StoredRc>, CreateRollError> {
+        match self.rcs.get(id).await {
+            Ok(record) => Ok(record.map(|r| r.value)),
+            Err(StoreError::Invalid(why)) => Err(CreateRollError::UnreadableRc {
+                id: id.to_owned(),
+                why,
+            }),
+            Err(e) => Err(e.into()),
         }
     }
 

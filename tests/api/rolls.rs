@@ -1240,3 +1240,45 @@ async fn an_unreadable_roll_still_guards_its_new_rc_from_another_roll() {
     assert_eq!(app.keys("rolls/").await, [format!("rolls/{busy}")]);
     assert_no_locks(&app).await;
 }
+
+/// A creation naming an RC whose document cannot be decoded, by id or through the old-RC
+/// selector, is refused as every request over that RC is: 500 `UnreadableDocument` naming
+/// it and how to clear it, never a 422 blaming a request that is well-formed. Nothing is
+/// written.
+#[tokio::test]
+async fn an_unreadable_rc_is_refused_as_unreadable_not_as_an_invalid_request() {
+    let app = TestApp::new().await;
+    let good = arrange_rc(&app, 0, &[("pod_id", "hello")]).await;
+    let bad = uuid::Uuid::new_v4().to_string();
+    app.put_raw(&layout::rc(&bad), "{not json").await;
+    app.put_raw(
+        &layout::labels(LabelType::ReplicationController, &bad),
+        br#"{"pod_id":"broken"}"#,
+    )
+    .await;
+    for body in [
+        json!({"old_rc_id": bad, "new_rc_id": good}),
+        json!({"old_rc_id": good, "new_rc_id": bad}),
+        json!({"old_rc_id": bad, "new_rc": {"manifest": MANIFEST}}),
+        json!({"old_rc_selector": "pod_id=broken", "new_rc": {"manifest": MANIFEST}}),
+    ] {
+        let mut body = body;
+        body["desired_replicas"] = json!(1);
+        body["minimum_replicas"] = json!(0);
+        let response = post(&app, body.clone()).await;
+        assert_eq!(
+            response.status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{body}: {response:?}"
+        );
+        let error = response.error();
+        assert_eq!(error.reason, "UnreadableDocument", "{body}");
+        assert!(
+            error.message.contains(&bad)
+                && error.message.contains(&format!("DELETE /api/v1/rcs/{bad}")),
+            "{}",
+            error.message
+        );
+    }
+    assert_nothing_written(&app, 2).await;
+}
