@@ -525,12 +525,14 @@ impl CreationSession {
     }
 
     /// Destroys the session, releasing (deleting) its locks. A failure is only logged: the
-    /// session's TTL ends it soon anyway.
+    /// session's TTL ends it soon anyway. Only an answer marks it closed: a close cut short
+    /// (its request's deadline passing while the store is slow) leaves the destruction to
+    /// [`Drop`], rather than the locks to the TTL.
     async fn close(mut self) {
-        self.closed = true;
         if let Err(e) = self.kv.destroy_session(&self.id).await {
             tracing::warn!(session = %self.id, error = %e, "could not destroy the roll-creation session; it expires with its TTL");
         }
+        self.closed = true;
     }
 }
 

@@ -1282,3 +1282,57 @@ async fn an_unreadable_rc_is_refused_as_unreadable_not_as_an_invalid_request() {
     }
     assert_nothing_written(&app, 2).await;
 }
+
+/// A creation cut short (by its request's deadline) while it ends its session still ends it:
+/// the update-creation locks of both RCs go at once, rather than staying until the store
+/// expires the session, refusing other creations over the RCs meanwhile (and holding the new
+/// RC away from P2's RC farm, which takes any key under its lock tree as held).
+#[tokio::test]
+async fn a_creation_cut_short_while_ending_its_session_still_releases_its_locks() {
+    use p2_apiserver::model::{CreateRoll, Limits};
+    use p2_apiserver::store::roll_creation::RollCreator;
+
+    let app = TestApp::new().await;
+    let old = arrange_rc(&app, 1, &[]).await;
+    let store = crate::support::severable::Severable::new(app.store.clone());
+    let request: CreateRoll = serde_json::from_value(json!({
+        "old_rc_id": old, "new_rc": {"manifest": MANIFEST},
+        "desired_replicas": 1, "minimum_replicas": 0
+    }))
+    .unwrap();
+    let plan = request.validate(&Limits::default()).unwrap();
+
+    // Held at its first lock, after its session exists; then session calls stall, so its
+    // session's destruction waits once the roll is written.
+    store.stall_acquires();
+    let creator = RollCreator::new(store.clone());
+    let creation = tokio::spawn(async move {
+        creator
+            .create(plan, &Actor::farm("test", "creation"))
+            .await
+            .map(|record| record.value.new_rc)
+    });
+    while store.acquiring() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    store.stall();
+    store.mend_acquires();
+    while app.keys("rolls/").await.is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(app.keys("lock/").await.len(), 2, "both RCs locked");
+
+    creation.abort();
+    assert!(creation.await.unwrap_err().is_cancelled());
+    store.mend();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while !app.keys("lock/").await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the locks outlived the creation: {:?}",
+            app.keys("lock/").await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

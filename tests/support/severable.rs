@@ -71,6 +71,12 @@ impl Severable {
         self.acquires_stalled.send_replace(true);
     }
 
+    /// Lock acquisitions go through again, and those stalled are answered; the other
+    /// stalls stay.
+    pub fn mend_acquires(&self) {
+        self.acquires_stalled.send_replace(false);
+    }
+
     /// From now on every transaction waits, unanswered, until [`Severable::mend`].
     pub fn stall_txns(&self) {
         self.txns_stalled.send_replace(true);
