@@ -389,7 +389,7 @@ pub struct FarmArgs {
 
     /// URL the farms POST a JSON alert to when they cannot do what is asked (for example
     /// too few eligible nodes); without it alerts are only logged.
-    #[arg(long, value_name = "URL", env = "P2_ALERT_WEBHOOK")]
+    #[arg(long, value_name = "URL", env = "P2_ALERT_WEBHOOK", value_parser = parse_webhook)]
     pub alert_webhook: Option<String>,
 
     /// How long a roll may go without progress (a replica moved, a pod placed, removed or
@@ -431,6 +431,16 @@ impl FarmArgs {
             format!("{host}:{}", std::process::id())
         })
     }
+}
+
+/// An http:// or https:// URL, checked at start: a webhook that cannot be posted to would
+/// otherwise show only when an alert is due, and lose it.
+fn parse_webhook(text: &str) -> Result<String, String> {
+    let url = Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
+        return Err(format!("{text:?} is not an http:// or https:// URL"));
+    }
+    Ok(text.to_owned())
 }
 
 /// A retention count: at least 1, so the latest change is always kept.
@@ -756,6 +766,27 @@ mod tests {
         ] {
             let argv = std::iter::once("p2-apiserver").chain(argv.iter().copied());
             assert!(Cli::try_parse_from(argv).is_err());
+        }
+    }
+
+    #[test]
+    fn the_alert_webhook_must_be_an_http_url() {
+        // A webhook that cannot be posted to would otherwise only show when an alert is due,
+        // and that alert would be lost.
+        for bad in [
+            "hooks.example.com/alert",
+            "not a url",
+            "ftp://hooks.example.com/",
+        ] {
+            let argv = ["p2-apiserver", "--alert-webhook", bad];
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?}");
+        }
+        for good in [
+            "http://127.0.0.1:9/alert",
+            "https://hooks.example.com/a?b=c",
+        ] {
+            let args = serve_args(&["--alert-webhook", good]);
+            assert_eq!(args.farms.alert_webhook.as_deref(), Some(good));
         }
     }
 
