@@ -53,8 +53,8 @@ pub async fn run(
 /// complete request head (silent, trickling or idle), or as long without taking any of an
 /// answer being sent to it; over HTTPS the TLS handshake must also be done within that time,
 /// before the first head's own. At most `--max-connections` are open at once; past that, a
-/// new one is answered 503 at once and closed, so a flood of idle clients can neither
-/// exhaust the file descriptors nor leave newcomers hanging.
+/// new one is answered 503 at once and closed (over HTTPS, closed unanswered), so a flood of
+/// idle clients can neither exhaust the file descriptors nor leave newcomers hanging.
 pub async fn run_with(
     listener: TcpListener,
     tls: Option<Arc<Tls>>,
@@ -93,7 +93,12 @@ pub async fn run_with(
             () = &mut shutdown => break,
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            refuse(&stream, &too_many);
+            // Over HTTPS no answer can be sent before a handshake, which would cost the
+            // descriptors the cap protects: the connection is closed unanswered.
+            if tls.is_none() {
+                refuse(&stream, &too_many);
+            }
+            tracing::warn!("connection refused: too many open connections");
             continue;
         };
         // Taken now, so that shutdown also waits for a connection still in its handshake.
@@ -218,5 +223,4 @@ fn refuse(stream: &TcpStream, answer: &[u8]) {
     if let Err(e) = stream.try_write(answer) {
         tracing::debug!(error = %e, "refusing a connection past the cap");
     }
-    tracing::warn!("connection refused: too many open connections");
 }

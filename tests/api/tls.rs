@@ -161,6 +161,27 @@ async fn plain_http_to_the_https_port_is_answered_400_and_closed() {
     assert_eq!(status, 400);
 }
 
+/// Past `--max-connections`, a connection to the HTTPS port is closed unanswered: the
+/// plain-HTTP 503 of the HTTP port would reach a TLS client as a corrupt record.
+#[tokio::test]
+async fn past_the_connection_cap_an_https_connection_is_closed_unanswered() {
+    let app = TestApp::new().await;
+    let ca = TestCa::new("p2 test CA");
+    let files = PairFiles::new(&ca.issue());
+    let limits = HttpLimits {
+        max_connections: 1,
+        // Long enough that the held connection stays for the whole test.
+        header_read_timeout: Duration::from_secs(600),
+        ..HttpLimits::default()
+    };
+    let (_tls, served) = serve_https(&app, &files, limits).await;
+    let _held = connect_tls(&served, &ca).await;
+
+    let mut refused = TcpStream::connect(served.addr).await.unwrap();
+    let answer = read_until_closed(&mut refused).await;
+    assert_eq!(answer, "", "plain bytes sent to a TLS client");
+}
+
 #[tokio::test]
 async fn silent_and_stalled_tls_handshakes_are_closed_at_the_header_read_timeout() {
     let app = TestApp::new().await;
