@@ -21,11 +21,10 @@ use crate::api::blocking::index_header;
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
-use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::api::preconditions::{etag, unless_stale, IfMatch};
 use crate::api::reads::{indexed_reader, ConsistentFilter, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
-use crate::kv::StoreError;
 use crate::labels::{LabelType, Labels};
 use crate::layout;
 use crate::model::event::Actor;
@@ -191,15 +190,11 @@ async fn put_pod_health(
             &actor,
         )
         .await;
-    let entry = match (written, expected) {
-        (Err(StoreError::Conflict { .. }), Some(expected)) => {
-            return Err(stale(
-                &format!("health of {pod_id:?} on {node:?}"),
-                expected,
-            ))
-        }
-        (written, _) => written?,
-    };
+    let entry = unless_stale(
+        written,
+        &format!("health of {pod_id:?} on {node:?}"),
+        expected,
+    )?;
     Ok(([etag(entry.index)], ApiJson(PodHealth::from(entry))))
 }
 
@@ -241,20 +236,16 @@ async fn delete_pod_health(
     let Some(pod) = pod else {
         return Err(ApiError::internal("validation passed without a pod"));
     };
-    match app
+    let deleted = app
         .health()
         .delete(&app.mirror, &pod, expected, &actor)
-        .await
-    {
-        Err(StoreError::Conflict { .. }) if expected.is_some() => Err(stale(
-            &format!("health of {pod_id:?} on {node:?}"),
-            expected.unwrap_or_default(),
-        )),
-        deleted => {
-            deleted?;
-            Ok(StatusCode::NO_CONTENT)
-        }
-    }
+        .await;
+    unless_stale(
+        deleted,
+        &format!("health of {pod_id:?} on {node:?}"),
+        expected,
+    )?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// A pod's health on every node that reported it, sorted by node.
