@@ -65,7 +65,8 @@ impl ConsulConfig {
 pub struct ConsulTimeouts {
     /// Establishing a connection to the agent.
     pub connect: Duration,
-    /// A whole request and its answer; blocking watches get their own, longer limit.
+    /// A whole request and its answer, the wait for a connection included; blocking watches
+    /// get their own, longer limit.
     pub request: Duration,
     /// Added to a watch's wait (after Consul's jitter of wait/16) before a watch request is
     /// given up for lost.

@@ -208,3 +208,40 @@ async fn clients_blocking_queries_do_not_hold_back_the_servers_own_watches() {
         client.abort();
     }
 }
+
+#[tokio::test]
+async fn waiting_for_a_connection_counts_against_a_requests_time_limit() {
+    // An agent that takes connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let limit = Duration::from_secs(2);
+    let timeouts = ConsulTimeouts {
+        request: limit,
+        ..ConsulTimeouts::default()
+    };
+    // One connection for requests, which a first write holds until its limit.
+    let store = Arc::new(ConsulStore::with_limits(config(&addr.to_string()), timeouts, 3).unwrap());
+    let first = {
+        let store = store.clone();
+        tokio::spawn(async move { store.put("first", b"x", Cas::Any).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // A second write waits for that connection, then for its own answer: it is given up
+    // within its limit, not after the first's limit and then its own.
+    let started = Instant::now();
+    let second = store.put("second", b"x", Cas::Any).await;
+    let took = started.elapsed();
+    assert!(second.is_err(), "{second:?}");
+    assert!(
+        took < limit + limit / 2,
+        "the second write was given up after {took:?}, its limit being {limit:?}"
+    );
+    first.abort();
+}

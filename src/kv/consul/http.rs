@@ -6,6 +6,7 @@ use std::time::Duration;
 use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
 use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
 use url::Url;
 
 use super::{ConsulConfig, ConsulTimeouts};
@@ -119,21 +120,24 @@ impl Budget {
         })
     }
 
-    /// A permit from `lane`, waited for up to `patience`; a request that gets none was not
-    /// sent.
+    /// A permit from `lane`, waited for up to `limit`, and what is left of `limit` once it
+    /// came: the wait for a connection counts against the request's own time limit, so that
+    /// a request is given up within it however long the queue. A request that gets no
+    /// permit was not sent.
     async fn permit(
         &self,
         lane: Lane,
         what: &str,
-        patience: Duration,
-    ) -> StoreResult<SemaphorePermit<'_>> {
+        limit: Duration,
+    ) -> StoreResult<(SemaphorePermit<'_>, Duration)> {
         let (semaphore, whose) = match lane {
             Lane::Requests => (&self.requests, "requests'"),
             Lane::Watches if sent::in_request() => (&self.client_watches, "clients' watches'"),
             Lane::Watches => (&self.own_watches, "the server's own watches'"),
         };
-        match tokio::time::timeout(patience, semaphore.acquire()).await {
-            Ok(Ok(permit)) => Ok(permit),
+        let asked = Instant::now();
+        match tokio::time::timeout(limit, semaphore.acquire()).await {
+            Ok(Ok(permit)) => Ok((permit, limit.saturating_sub(asked.elapsed()))),
             // `Ok(Err(_))` cannot happen: the semaphores are never closed.
             Ok(Err(_)) | Err(_) => Err(StoreError::Unavailable(format!(
                 "{what}: not sent, as every connection to Consul kept for {whose} use stayed \
@@ -189,7 +193,6 @@ impl Http {
         let client = reqwest::Client::builder()
             .default_headers(headers)
             .connect_timeout(timeouts.connect)
-            .timeout(timeouts.request)
             // The budget bounds the connections in use; this bounds the idle ones kept.
             .pool_max_idle_per_host(max_connections)
             .build()
@@ -232,8 +235,8 @@ impl Http {
         let mut attempt = 0;
         loop {
             // Held for this attempt only, not through the pause before the next.
-            let permit = self.request_permit(&what).await?;
-            let sent = self.send(Method::GET, url.clone(), None, None).await;
+            let (permit, left) = self.request_permit(&what).await?;
+            let sent = self.send(Method::GET, url.clone(), None, left).await;
             drop(permit);
             let failure = match sent {
                 Ok(answer) if !is_transient(&answer) => return read_outcome(&what, answer),
@@ -255,8 +258,10 @@ impl Http {
     pub(super) async fn read_blocking(&self, url: Url, wait: Duration) -> StoreResult<Answer> {
         let what = describe(&Method::GET, &url);
         let timeout = wait + wait / 16 + self.timeouts.watch_slack;
-        let _permit = self.budget.permit(Lane::Watches, &what, timeout).await?;
-        match self.send(Method::GET, url, None, Some(timeout)).await {
+        // The query's length is its `wait`, from when it is sent: its answer gets the whole
+        // timeout, however long the permit took.
+        let (_permit, _) = self.budget.permit(Lane::Watches, &what, timeout).await?;
+        match self.send(Method::GET, url, None, timeout).await {
             Ok(answer) => read_outcome(&what, answer),
             Err(e) => Err(StoreError::Unavailable(format!(
                 "{what}: {}",
@@ -281,7 +286,7 @@ impl Http {
         let what = describe(&method, &url);
         let claim = Claim::sent();
         let _withdraw = Withdraw(claim.clone());
-        let _permit = self
+        let (_permit, left) = self
             .request_permit(&what)
             .await
             .map_err(WriteFailure::NotSent)?;
@@ -290,7 +295,7 @@ impl Http {
                 "{what}: not sent, as its caller gave up waiting for a connection to Consul"
             ))));
         }
-        match self.send(method, url, body, None).await {
+        match self.send(method, url, body, left).await {
             Ok(answer) if answer.status.is_success() => Ok(answer),
             // A server error may come after the write reached Raft: a leader deposed while
             // committing it ("leadership lost while committing log"), or a forwarded RPC cut
@@ -313,8 +318,9 @@ impl Http {
         }
     }
 
-    /// A permit for a request other than a blocking query, waited for up to its time limit.
-    async fn request_permit(&self, what: &str) -> StoreResult<SemaphorePermit<'_>> {
+    /// A permit for a request other than a blocking query, waited for up to its time limit,
+    /// and what is left of that limit.
+    async fn request_permit(&self, what: &str) -> StoreResult<(SemaphorePermit<'_>, Duration)> {
         self.budget
             .permit(Lane::Requests, what, self.timeouts.request)
             .await
@@ -325,14 +331,11 @@ impl Http {
         method: Method,
         url: Url,
         body: Option<Vec<u8>>,
-        timeout: Option<Duration>,
+        timeout: Duration,
     ) -> reqwest::Result<Answer> {
-        let mut request = self.client.request(method, url);
+        let mut request = self.client.request(method, url).timeout(timeout);
         if let Some(body) = body {
             request = request.body(body);
-        }
-        if let Some(timeout) = timeout {
-            request = request.timeout(timeout);
         }
         let response = request.send().await?;
         let status = response.status();
