@@ -214,10 +214,12 @@ impl Filter {
         selected
     }
 
-    /// Whether the object `entry` of `tree` (of a kind asked for) has labels, as the mirror
-    /// holds them now, that the selector matches.
+    /// Whether the object `entry` of `tree` (of a kind asked for) has labels that the
+    /// selector matches: those the mirror holds now for an object whose labels are kept
+    /// apart from it, the entry's own for a node or a label set (whose labels are the entry).
     fn selects(&self, selector: &Selector, mirror: &Mirror, tree: Tree, entry: &Entry) -> bool {
-        let labels = match tree.kind().and_then(Kind::label_type) {
+        let apart = tree.kind().filter(|kind| labelled_apart(*kind));
+        let labels = match apart.and_then(Kind::label_type) {
             Some(label_type) => mirror.labels_of(label_type, object_id(tree, &entry.pair.key)),
             None => entry.labels().cloned(),
         };
@@ -359,7 +361,9 @@ impl Watcher {
     /// does not hold it, never as `added` if it does); the deletion of an object the client
     /// holds; and, for an object that stops matching, a deletion. `unsure`: the
     /// change is replayed to a client that resumed, which may hold any object that changed
-    /// since its position, so each one that is gone or does not match is sent as deleted.
+    /// since its position, so each one that is gone or does not match is sent as deleted,
+    /// and a node or a label set that matches (whose change may be the one that brought it
+    /// into the selector, as a relabelled RC's is) as added.
     fn admit(&mut self, change: Arc<Change>, unsure: bool) -> Option<Arc<Change>> {
         if !self.filter.follows(change.tree) {
             return None;
@@ -374,6 +378,7 @@ impl Watcher {
             return held.then_some(change);
         }
         let mirror = &self.app.mirror;
+        let kind = change.tree.kind()?;
         if self
             .filter
             .selects(selector, mirror, change.tree, &change.entry)
@@ -382,6 +387,7 @@ impl Watcher {
             return Some(match change.change_type {
                 // An object that starts matching is new to the client.
                 _ if !held => retyped(&change, ChangeType::Added),
+                _ if unsure && !labelled_apart(kind) => retyped(&change, ChangeType::Added),
                 // One the client was sent already, its labels having brought it in as they
                 // reached the mirror before it (a pod's, which the farms write first), is not.
                 ChangeType::Added if sent && !unsure => retyped(&change, ChangeType::Modified),

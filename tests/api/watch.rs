@@ -1011,3 +1011,74 @@ async fn an_empty_selector_is_as_none() {
         pairs(&[("added", "n1"), ("synced", "")])
     );
 }
+
+/// A node or a label set relabelled into a selector is sent as `added` and one relabelled
+/// out of it as `deleted`, live and to a client resuming from before the change (which
+/// never received the object), as RCs, rolls and pods are.
+#[tokio::test]
+async fn a_node_or_label_set_entering_a_selector_is_added_live_and_on_resume() {
+    let watched = Watched::new(MirrorConfig::default()).await;
+    let store = &watched.app.store;
+    watched.label_node("n1", "db").await;
+    let rc_labels = "labels/replication_controller/rc1";
+    store
+        .put(rc_labels, br#"{"role":"db"}"#, Cas::Any)
+        .await
+        .unwrap();
+    watched.mirrored(rc_labels).await;
+    watched.mirrored("labels/node/n1").await;
+
+    for (path, id, relabel) in [
+        (
+            "/api/v1/watch?kinds=nodes&selector=role%3Dweb",
+            "n1",
+            "labels/node/n1",
+        ),
+        (
+            "/api/v1/watch?kinds=labels&selector=role%3Dweb",
+            "replication_controller/rc1",
+            rc_labels,
+        ),
+    ] {
+        let mut live = watched.open(path, None).await;
+        let snapshot = live.snapshot().await;
+        assert_eq!(summary(&snapshot), pairs(&[("synced", "")]), "{path}");
+        let last = snapshot.last().unwrap().id.clone();
+
+        store
+            .put(relabel, br#"{"role":"web"}"#, Cas::Any)
+            .await
+            .unwrap();
+        let entered = live.next().await.unwrap();
+        assert_eq!(summary(&[entered]), pairs(&[("added", id)]), "{path} live");
+        // The changes at the resumed position may come again (as deleted: they do not
+        // match); the relabelling is the object's entry into the selector.
+        let mut resumed = watched.open(path, Some(&last)).await;
+        let entered = loop {
+            let event = resumed.next().await.unwrap();
+            assert_eq!(event.data["id"], id, "{path} resumed: {event:?}");
+            if event.data["object"]["role"] == "web" {
+                break event;
+            }
+            assert_eq!(event.event, "deleted", "{path} resumed: {event:?}");
+        };
+        assert_eq!(
+            summary(&[entered]),
+            pairs(&[("added", id)]),
+            "{path} resumed"
+        );
+
+        store
+            .put(relabel, br#"{"role":"db"}"#, Cas::Any)
+            .await
+            .unwrap();
+        let left = live.next().await.unwrap();
+        assert_eq!(summary(&[left]), pairs(&[("deleted", id)]), "{path} live");
+        let left = resumed.next().await.unwrap();
+        assert_eq!(
+            summary(&[left]),
+            pairs(&[("deleted", id)]),
+            "{path} resumed"
+        );
+    }
+}
