@@ -39,7 +39,7 @@ use crate::labels::{
 };
 use crate::layout;
 use crate::model::event::Actor;
-use crate::state::Tree;
+use crate::state::{Span, Tree};
 use crate::store::labels::{LabelRecord, LabelStore};
 
 /// OpenAPI tag of these routes.
@@ -220,7 +220,7 @@ async fn list_labels(
     let kv = reader(
         &app,
         &[Tree::Labels(label_type)],
-        &[layout::labels_of_type(label_type)],
+        &[Span::Prefix(layout::labels_of_type(label_type))],
         query.filter.consistent(),
         query.blocking,
     )

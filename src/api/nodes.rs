@@ -20,7 +20,7 @@ use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels};
 use crate::layout;
-use crate::state::Tree;
+use crate::state::{Span, Tree};
 use crate::store::labels::LabelStore;
 use crate::store::pods::{validate_node_name, PodStore, PodTree};
 
@@ -81,7 +81,7 @@ async fn list_nodes(
     let kv = reader(
         &app,
         &[Tree::Labels(LabelType::Node)],
-        &[layout::labels_of_type(LabelType::Node)],
+        &[Span::Prefix(layout::labels_of_type(LabelType::Node))],
         query.filter.consistent(),
         query.blocking,
     )

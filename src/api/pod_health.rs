@@ -29,7 +29,7 @@ use crate::labels::{LabelType, Labels};
 use crate::layout;
 use crate::model::event::Actor;
 use crate::model::HealthState;
-use crate::state::Tree;
+use crate::state::{Span, Tree};
 use crate::store::health::{HealthEntry, HealthStore};
 use crate::store::labels::LabelStore;
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation};
@@ -277,10 +277,10 @@ async fn list_pod_health(
     let query = violations.finish_with(query)?;
 
     let by_labels = !query.selector.is_everything();
-    let mut prefixes = vec![HealthStore::prefix(Some(&pod_id))];
+    let mut spans = vec![Span::Prefix(HealthStore::prefix(Some(&pod_id)))];
     let mut trees = vec![Tree::Health];
     if by_labels {
-        prefixes.push(layout::labels_of_type(LabelType::Pod));
+        spans.push(Span::Prefix(layout::labels_of_type(LabelType::Pod)));
         trees.push(Tree::Labels(LabelType::Pod));
     }
     // The index is taken before anything is read: a write landing between the reads below
@@ -288,7 +288,7 @@ async fn list_pod_health(
     let IndexedReader { kv, index } = indexed_reader(
         &app,
         &trees,
-        &prefixes,
+        &spans,
         query.filter.consistent(),
         query.blocking,
     )

@@ -21,7 +21,7 @@ use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels};
 use crate::model::HealthState;
-use crate::state::Tree;
+use crate::state::{Span, Tree};
 use crate::store::health::{HealthEntry, HealthStore};
 use crate::store::pods::{
     decode_entry, pod_labels_prefix, validate_node_name, validate_pod_id, PodStore, PodTree,
@@ -114,10 +114,18 @@ async fn list_pods(
 ) -> Result<impl IntoResponse, ApiError> {
     let node = query.filter.node();
     let pod_id = query.filter.pod_id();
-    let prefixes = [
-        PodTree::Intent.prefix(node),
-        pod_labels_prefix(node),
-        HealthStore::prefix(pod_id),
+    // A node's listing shows only its pods' health, which no prefix holds.
+    let health = match node {
+        Some(node) => Span::NodeHealth {
+            node: node.to_owned(),
+            pod_id: pod_id.map(str::to_owned),
+        },
+        None => Span::Prefix(HealthStore::prefix(pod_id)),
+    };
+    let spans = [
+        Span::Prefix(PodTree::Intent.prefix(node)),
+        Span::Prefix(pod_labels_prefix(node)),
+        health,
     ];
     let trees = [Tree::Intent, Tree::Labels(LabelType::Pod), Tree::Health];
     // The index is taken before anything is read: a write landing between the reads below
@@ -125,7 +133,7 @@ async fn list_pods(
     let IndexedReader { kv, index } = indexed_reader(
         &app,
         &trees,
-        &prefixes,
+        &spans,
         query.filter.consistent(),
         query.blocking,
     )

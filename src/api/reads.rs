@@ -30,7 +30,7 @@ use crate::api::list_query::{BlockingText, ListFilter};
 use crate::app::App;
 use crate::error::{ApiError, Violations};
 use crate::kv::KvStore;
-use crate::state::{Mirror, MirrorReader, Seen, Tree};
+use crate::state::{Mirror, MirrorReader, Seen, Span, Tree};
 
 /// The query of a single-object read: blocking and consistency.
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -121,12 +121,12 @@ pub enum Source<'a> {
 /// change it has not seen. So a read first waits (bounded) for the watches to confirm the
 /// server's own writes to the trees, then for every tree to hold every change up to their
 /// listed index ([`Mirror::catch_up`]). A blocking read waits for a change under
-/// `prefixes` (the keys the answer is made of, within `trees`), or of `trees` when there
+/// `spans` (the keys the answer is made of, within `trees`), or of `trees` when there
 /// are none: a read of one node's pods is not woken by another node's.
 pub async fn source<'a>(
     app: &'a App,
     trees: &[Tree],
-    prefixes: &[String],
+    spans: &[Span],
     consistent: bool,
     blocking: Blocking,
 ) -> Source<'a> {
@@ -147,7 +147,7 @@ pub async fn source<'a>(
     let mut seen = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let confirmed = mirror.confirm(trees, left).await;
-        let seen = mirror.seen(trees, prefixes);
+        let seen = mirror.seen(trees, spans);
         // Unconfirmed after a confirmation: another own write came in meanwhile.
         if seen.confirmed || !confirmed || Instant::now() >= deadline {
             break seen;
@@ -157,14 +157,14 @@ pub async fn source<'a>(
     // answer, or another server's) is caught up with rather than read from the store.
     if index > seen.index() && seen.listed.iter().any(|listed| *listed >= index) {
         mirror.catch_up_to(trees, index, CATCH_UP).await;
-        seen = mirror.seen(trees, prefixes);
+        seen = mirror.seen(trees, spans);
     }
     // A change listed since the answer at `index` was built is not one the client has seen,
     // though the answer's index stays there until every tree holds every change up to it:
     // caught up with, the answer claims it and is given at once, rather than the change
     // taken into the baseline of the hold below and missed until another one.
     if index == seen.index().max(1) && mirror.catch_up(trees, CATCH_UP).await {
-        seen = mirror.seen(trees, prefixes);
+        seen = mirror.seen(trees, spans);
     }
     let reached = seen.index().max(1);
     if index > reached {
@@ -172,10 +172,10 @@ pub async fn source<'a>(
     }
     if index == reached {
         // An unconfirmed view (a watch failing, or too slow) is no baseline for the
-        // prefixes' extents, but it is for the trees' listed indexes: the read is held
+        // spans' extents, but it is for the trees' listed indexes: the read is held
         // until one of them moves.
-        let prefixes = if seen.confirmed { prefixes } else { &[] };
-        hold(app, trees, prefixes, seen, wait).await;
+        let spans = if seen.confirmed { spans } else { &[] };
+        hold(app, trees, spans, seen, wait).await;
     }
     mirror.catch_up(trees, CATCH_UP).await;
     if !mirror.health().is_healthy() {
@@ -190,18 +190,17 @@ pub async fn source<'a>(
 const CATCH_UP: Duration = Duration::from_secs(1);
 
 /// Holds a blocking read of `trees` on the mirror for at most `wait`, until what it reads
-/// changes from `before`: a tree's listed index and the `prefixes`' extents. Any tree's
+/// changes from `before`: a tree's listed index and the `spans`' extents. Any tree's
 /// index counts, not only the answer's `X-Index`: a tree whose watch lags holds that index
 /// down, and its late delivery of another writer's change may leave it unmoved.
-async fn hold(app: &App, trees: &[Tree], prefixes: &[String], before: Seen, wait: Duration) {
+async fn hold(app: &App, trees: &[Tree], spans: &[Span], before: Seen, wait: Duration) {
     let mirror = &app.mirror;
     let mut changes = mirror.changes();
     let held = async {
         loop {
             changes.borrow_and_update();
-            let now = mirror.seen(trees, prefixes);
-            if now.listed != before.listed && (prefixes.is_empty() || now.extents != before.extents)
-            {
+            let now = mirror.seen(trees, spans);
+            if now.listed != before.listed && (spans.is_empty() || now.extents != before.extents) {
                 return;
             }
             if changes.changed().await.is_err() {
@@ -234,17 +233,17 @@ pub fn current_reader(app: &App) -> Arc<dyn KvStore> {
 }
 
 /// What to read `trees` through, by [`source`]: the mirror, read as a store, or the store
-/// itself once a blocking read has waited there for a change under `prefixes` (the keys the
-/// answer is made of; the trees' prefixes when there are none). Lets a handler read through a
+/// itself once a blocking read has waited there for a change under `spans` (the keys the
+/// answer is made of; the trees' prefixes when there are none; a span's prefix). Lets a handler read through a
 /// repository in one code path.
 pub async fn reader(
     app: &App,
     trees: &[Tree],
-    prefixes: &[String],
+    spans: &[Span],
     consistent: bool,
     blocking: Blocking,
 ) -> Result<Arc<dyn KvStore>, ApiError> {
-    Ok(open(app, trees, prefixes, consistent, blocking).await?.0)
+    Ok(open(app, trees, spans, consistent, blocking).await?.0)
 }
 
 /// A [`reader`] and the index an answer read through it reflects.
@@ -255,16 +254,16 @@ pub struct IndexedReader {
     pub index: u64,
 }
 
-/// [`reader`], with the index of an answer made of `trees` (under `prefixes`), for a read
+/// [`reader`], with the index of an answer made of `trees` (under `spans`), for a read
 /// whose repositories' own indexes do not cover all it shows.
 pub async fn indexed_reader(
     app: &App,
     trees: &[Tree],
-    prefixes: &[String],
+    spans: &[Span],
     consistent: bool,
     blocking: Blocking,
 ) -> Result<IndexedReader, ApiError> {
-    let (kv, source) = open(app, trees, prefixes, consistent, blocking).await?;
+    let (kv, source) = open(app, trees, spans, consistent, blocking).await?;
     let index = match source {
         Opened::Mirror(mirror) => mirror_index(mirror, trees),
         Opened::Store(prefixes) => combined_index(app.store.as_ref(), &prefixes).await?,
@@ -282,20 +281,20 @@ enum Opened<'a> {
 async fn open<'a>(
     app: &'a App,
     trees: &[Tree],
-    prefixes: &[String],
+    spans: &[Span],
     consistent: bool,
     blocking: Blocking,
 ) -> Result<(Arc<dyn KvStore>, Opened<'a>), ApiError> {
-    match source(app, trees, prefixes, consistent, blocking).await {
+    match source(app, trees, spans, consistent, blocking).await {
         Source::Mirror(mirror) => Ok((
             Arc::new(MirrorReader::answering(mirror.clone(), trees)),
             Opened::Mirror(mirror),
         )),
         Source::Store(blocking) => {
-            let prefixes = if prefixes.is_empty() {
+            let prefixes: Vec<String> = if spans.is_empty() {
                 trees.iter().map(|tree| tree.prefix()).collect()
             } else {
-                prefixes.to_vec()
+                spans.iter().map(Span::prefix).collect()
             };
             blocking.block(app, &prefixes).await?;
             Ok((app.store.clone(), Opened::Store(prefixes)))

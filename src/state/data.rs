@@ -108,6 +108,10 @@ pub(super) struct State {
     pub by_label: HashMap<LabelTerm, BTreeSet<Arc<str>>>,
     /// RC ids by the pod id of their manifest.
     pub rcs_by_pod: HashMap<String, BTreeSet<String>>,
+    /// The keys of the health records that name another node than their key's, by the
+    /// node they name (P2 takes a record as that node's result): the few a node's pod
+    /// listing shows from keys not of its pods on it.
+    pub health_naming: HashMap<String, BTreeSet<String>>,
     pub stream: Stream,
     /// When the store last answered the mirror: a watch's read, or a heartbeat
     /// ([`super::feed::heartbeat`]).
@@ -134,6 +138,7 @@ impl State {
             trees: Tree::ALL.iter().map(|_| TreeState::default()).collect(),
             by_label: HashMap::new(),
             rcs_by_pod: HashMap::new(),
+            health_naming: HashMap::new(),
             stream,
             answered: Instant::now(),
         }
@@ -412,6 +417,13 @@ impl State {
                 .or_default()
                 .insert(rc.id.clone());
         }
+        if let Some(named) = (tree == Tree::Health)
+            .then(|| misfiled_health(entry))
+            .flatten()
+        {
+            let keys = self.health_naming.entry(named.to_owned()).or_default();
+            keys.insert(entry.pair.key.clone());
+        }
     }
 
     fn drop_from_indexes(&mut self, tree: Tree, entry: &Entry) {
@@ -428,6 +440,17 @@ impl State {
                 ids.remove(&rc.id);
                 if ids.is_empty() {
                     self.rcs_by_pod.remove(rc.manifest.pod_id());
+                }
+            }
+        }
+        if let Some(named) = (tree == Tree::Health)
+            .then(|| misfiled_health(entry))
+            .flatten()
+        {
+            if let Some(keys) = self.health_naming.get_mut(named) {
+                keys.remove(&entry.pair.key);
+                if keys.is_empty() {
+                    self.health_naming.remove(named);
                 }
             }
         }
@@ -452,6 +475,13 @@ impl Prepared {
             .collect();
         self
     }
+}
+
+/// The node a health entry's record names, when not its key's node (`health/<pod_id>/<node>`).
+fn misfiled_health(entry: &Entry) -> Option<&str> {
+    let named = &*entry.health()?.node;
+    let key_node = entry.pair.key.rsplit('/').next()?;
+    (!named.is_empty() && named != key_node).then_some(named)
 }
 
 /// The inverted-index terms of a label entry, with the object id they point at.

@@ -215,7 +215,7 @@ pub struct Seen {
     pub listed: Vec<u64>,
     /// The index an answer made of the trees claims ([`Mirror::claimable_index`]).
     pub claimable: u64,
-    /// By prefix asked for.
+    /// By span asked for ([`Span`]).
     pub extents: Vec<Extent>,
     /// No own write in the trees is waiting for its watch's confirmation.
     pub confirmed: bool,
@@ -225,6 +225,43 @@ impl Seen {
     /// The read's `X-Index` ([`Mirror::claimable_index`]).
     pub fn index(&self) -> u64 {
         self.claimable
+    }
+}
+
+/// What a blocking read waits for a change of, besides its trees' listed indexes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Span {
+    /// Every key under a prefix.
+    Prefix(String),
+    /// The health results a node's pod listing shows (of one pod id, when given): the
+    /// records of the pods intended on the node at their keys on it, and those at other keys
+    /// that name the node (P2 takes a record as the result of the node it names). Health is
+    /// keyed by pod id first, so no prefix holds one node's: a listing blocked on the whole
+    /// tree would wake at every pod's report on every node.
+    NodeHealth {
+        node: String,
+        pod_id: Option<String>,
+    },
+}
+
+impl Span {
+    /// The prefix a blocking read served from the store watches for this span.
+    pub fn prefix(&self) -> String {
+        match self {
+            Span::Prefix(prefix) => prefix.clone(),
+            Span::NodeHealth { pod_id: None, .. } => layout::HEALTH.to_owned(),
+            Span::NodeHealth {
+                pod_id: Some(pod_id),
+                ..
+            } => layout::health_of_pod(pod_id),
+        }
+    }
+
+    fn extent(&self, state: &State) -> Extent {
+        match self {
+            Span::Prefix(prefix) => extent(state, prefix),
+            Span::NodeHealth { node, pod_id } => node_health_extent(state, node, pod_id.as_deref()),
+        }
     }
 }
 
@@ -266,6 +303,34 @@ fn extent(state: &State, prefix: &str) -> Extent {
         .fold((0, 0), |(count, highest), entry| {
             (count + 1, highest.max(entry.pair.modify_index))
         })
+}
+
+/// The [`Extent`] of [`Span::NodeHealth`]: of the records at the keys of the pods intended
+/// on `node` and of those elsewhere naming it, each as [`extent`] counts it.
+fn node_health_extent(state: &State, node: &str, pod_id: Option<&str>) -> Extent {
+    let on_node = layout::pod(layout::INTENT, node, "");
+    let intents = state.tree(Tree::Intent).entries.under(&on_node);
+    let pods = intents.filter_map(|entry| entry.pair.key.strip_prefix(&on_node));
+    let filed = pods
+        .filter(|pod| pod_id.is_none_or(|id| id == *pod))
+        .map(|pod| layout::health(pod, node));
+    let of_pod = pod_id.map(layout::health_of_pod);
+    let naming = state.health_naming.get(node).into_iter().flatten();
+    let naming = naming
+        .filter(|key| of_pod.as_ref().is_none_or(|prefix| key.starts_with(prefix)))
+        .cloned();
+    let health = state.tree(Tree::Health);
+    let found = filed.chain(naming).filter_map(|key| {
+        let unconfirmed_delete = || health.tombstones.get(&key)?.removed.clone();
+        health
+            .entries
+            .get(&key)
+            .cloned()
+            .or_else(unconfirmed_delete)
+    });
+    found.fold((0, 0), |(count, highest), entry| {
+        (count + 1, highest.max(entry.pair.modify_index))
+    })
 }
 
 /// Where a subscriber starts: what it is sent first, then what its receiver brings.
@@ -649,12 +714,12 @@ impl Mirror {
         Some((tree_state.listed, entries))
     }
 
-    /// What a blocking read of `trees` (under `prefixes`) has seen, read together: their
-    /// listed index, each prefix's [`Extent`], and whether the trees hold no own write their
+    /// What a blocking read of `trees` (under `spans`) has seen, read together: their
+    /// listed index, each span's [`Extent`], and whether the trees hold no own write their
     /// watches have yet to confirm ([`Mirror::confirm`]). Only a confirmed view is a
     /// baseline to wait for a change from: an unconfirmed own write is in the extents but
     /// not in the index, so a client at the index may not have seen it.
-    pub fn seen(&self, trees: &[Tree], prefixes: &[String]) -> Seen {
+    pub fn seen(&self, trees: &[Tree], spans: &[Span]) -> Seen {
         let state = self.read();
         let confirmed = trees.iter().all(|tree| {
             let tree = state.tree(*tree);
@@ -663,10 +728,7 @@ impl Mirror {
         Seen {
             listed: trees.iter().map(|tree| state.tree(*tree).listed).collect(),
             claimable: claimable(&state, trees),
-            extents: prefixes
-                .iter()
-                .map(|prefix| extent(&state, prefix))
-                .collect(),
+            extents: spans.iter().map(|span| span.extent(&state)).collect(),
             confirmed,
         }
     }

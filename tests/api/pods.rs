@@ -393,6 +393,42 @@ async fn blocking_pod_listing_wakes_on_health_and_ignores_other_trees() {
     assert_eq!(pod_names(&body), ["node1/hello"]);
 }
 
+/// A node's listing blocked at its index is not woken by another node's health (node
+/// agents block on theirs, and health is keyed by pod id first), but is by a record at
+/// another key that names the node, which the listing shows as P2 does.
+#[tokio::test]
+async fn blocking_pod_listing_of_a_node_wakes_only_on_that_nodes_health() {
+    let app = std::sync::Arc::new(TestApp::new().await);
+    for node in ["node1", "node2", "node10"] {
+        put_intent(&app, node, "hello").await;
+        label_pod(&app, node, "hello").await;
+        put_p2_health(&app, "hello", node, "passing").await;
+    }
+    put_intent(&app, "node2", "other").await;
+    let index = app.get("/api/v1/pods?node=node1").await.x_index();
+
+    let path = format!("/api/v1/pods?node=node1&index={index}&wait=30s");
+    let held = app.get_held(path).await;
+    put_p2_health(&app, "hello", "node2", "critical").await;
+    put_p2_health(&app, "hello", "node10", "critical").await;
+    put_p2_health(&app, "other", "node2", "critical").await;
+    app.mirrored("health/other/node2").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.assert_held("another node's health woke node1's listing");
+
+    let record = json!({"Id": "hello", "Node": "node1", "Service": "hello",
+        "Status": "critical", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    app.put_json("health/hello/node3", &record).await;
+    let answer = held
+        .woken("a record naming node1 did not wake its listing")
+        .await;
+    assert_eq!(
+        answer.json()["items"][0]["health"],
+        "critical",
+        "{answer:?}"
+    );
+}
+
 #[tokio::test]
 async fn blocking_pod_listing_times_out_with_the_same_index() {
     let app = TestApp::new().await;
