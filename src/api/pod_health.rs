@@ -123,6 +123,7 @@ async fn get_pod_health(
         Default::default(),
     )
     .await?;
+    // A record at the key naming another node is that node's result, not this one's.
     let entry = HealthStore::new(kv).get(&pod).await?.ok_or_else(|| {
         ApiError::not_found(format!("no health report for pod {pod_id:?} on {node:?}"))
     })?;

@@ -70,11 +70,12 @@ impl HealthStore {
         layout::health(pod.pod_id(), pod.node())
     }
 
-    /// The record at `health/<pod_id>/<node>`, or `None` when there is none or it cannot be
-    /// decoded.
+    /// The record at `health/<pod_id>/<node>`, or `None` when there is none, it cannot be
+    /// decoded, or it names another node (whose result it is, as the listings take it).
     pub async fn get(&self, pod: &PodLocation) -> StoreResult<Option<HealthEntry>> {
         let pair = self.kv.get(&Self::key(pod)).await?;
-        Ok(pair.and_then(|pair| decode(pod.pod_id(), pod.node(), &pair)))
+        let entry = pair.and_then(|pair| decode(pod.pod_id(), pod.node(), &pair));
+        Ok(entry.filter(|entry| entry.node == pod.node()))
     }
 
     /// One pod ID's records keyed by node, with the listing's index for blocking queries;

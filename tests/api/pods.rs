@@ -429,6 +429,30 @@ async fn blocking_pod_listing_of_a_node_wakes_only_on_that_nodes_health() {
     );
 }
 
+/// A record whose `Node` names another node than its key is that node's result, as P2 and
+/// the listings take it: a read of the key's node finds no report, as its listings do.
+#[tokio::test]
+async fn a_health_record_naming_another_node_is_not_this_nodes() {
+    let app = TestApp::new().await;
+    put_intent(&app, "node3", "hello").await;
+    let record = json!({"Id": "hello", "Node": "node1", "Service": "hello",
+        "Status": "critical", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    app.put_json("health/hello/node3", &record).await;
+
+    let listed = app.get("/api/v1/health/hello").await.json();
+    let nodes: Vec<_> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["node"])
+        .collect();
+    assert_eq!(nodes, [&json!("node1")]);
+    let pods = app.get("/api/v1/pods?node=node3").await.json();
+    assert_eq!(pods["items"][0]["health"], "unknown", "{pods}");
+    let got = app.get("/api/v1/health/hello/node3").await;
+    assert_eq!(got.status, StatusCode::NOT_FOUND, "{got:?}");
+}
+
 #[tokio::test]
 async fn blocking_pod_listing_times_out_with_the_same_index() {
     let app = TestApp::new().await;
