@@ -234,13 +234,12 @@ fn health_result<'a>(node_of_key: &'a str, entry: &'a Entry) -> (&'a str, Health
 /// A health entry whose record names another node than its key: the pod it names, its key
 /// and its state.
 fn misfiled(entry: &Arc<Entry>) -> Option<(PodKey, String, HealthState)> {
+    let named = entry.health_named_elsewhere()?;
     let rest = entry.pair.key.strip_prefix(layout::HEALTH)?;
-    let (pod_id, node) = pod_name(rest)?;
-    let (named, state) = health_result(node, entry);
-    (named != node).then(|| {
-        let pod = (NAMES.text(named), NAMES.text(pod_id));
-        (pod, entry.pair.key.clone(), state)
-    })
+    let (pod_id, _) = pod_name(rest)?;
+    let pod = (NAMES.text(named), NAMES.text(pod_id));
+    let (_, state) = health_result(named, entry);
+    Some((pod, entry.pair.key.clone(), state))
 }
 
 /// The label keys the farms find pods by (an RC's pods, a daemon set's): every world

@@ -418,7 +418,7 @@ impl State {
                 .insert(rc.id.clone());
         }
         if let Some(named) = (tree == Tree::Health)
-            .then(|| misfiled_health(entry))
+            .then(|| entry.health_named_elsewhere())
             .flatten()
         {
             let keys = self.health_naming.entry(named.to_owned()).or_default();
@@ -444,7 +444,7 @@ impl State {
             }
         }
         if let Some(named) = (tree == Tree::Health)
-            .then(|| misfiled_health(entry))
+            .then(|| entry.health_named_elsewhere())
             .flatten()
         {
             if let Some(keys) = self.health_naming.get_mut(named) {
@@ -475,13 +475,6 @@ impl Prepared {
             .collect();
         self
     }
-}
-
-/// The node a health entry's record names, when not its key's node (`health/<pod_id>/<node>`).
-fn misfiled_health(entry: &Entry) -> Option<&str> {
-    let named = &*entry.health()?.node;
-    let key_node = entry.pair.key.rsplit('/').next()?;
-    (!named.is_empty() && named != key_node).then_some(named)
 }
 
 /// The inverted-index terms of a label entry, with the object id they point at.

@@ -233,6 +233,15 @@ impl Entry {
         }
     }
 
+    /// For a health entry whose record names another node than its key's
+    /// (`health/<pod_id>/<node>`), the node it names: P2 takes a result as the health of the
+    /// node its record names. `None` for a record naming its key's node or none.
+    pub fn health_named_elsewhere(&self) -> Option<&str> {
+        let named = &*self.health()?.node;
+        let key_node = self.pair.key.rsplit('/').next()?;
+        (!named.is_empty() && named != key_node).then_some(named)
+    }
+
     /// The label set, for label entries.
     pub fn labels(&self) -> Option<&Labels> {
         match &self.view {
