@@ -25,8 +25,7 @@ use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, IfMatch};
 use crate::api::reads::{
-    current_mirror, current_reader, mirror_index, source, ConsistentFilter, ReadParams, ReadQuery,
-    Source,
+    current_mirror, mirror_index, source, ConsistentFilter, ReadParams, ReadQuery, Source,
 };
 use crate::api::responses::{created, read_back};
 use crate::app::AppState;
@@ -37,7 +36,7 @@ use crate::layout;
 use crate::model::conditions::Condition;
 use crate::model::event::{Actor, Meta, ObjectKind};
 use crate::model::{NewRc, RcId, RcPatch, RcSpec, StoredRc};
-use crate::state::{Mirror, Tree};
+use crate::state::{Mirror, MirrorReader, Tree};
 use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::rcs::{self, RcRecord, RcStore};
@@ -443,7 +442,7 @@ async fn patch_rc(
         || mirrored_record(state, id),
         || read(store, id),
         |record| async move {
-            let mut with = unclaimed(state, id).await?;
+            let mut with = unclaimed(state, id, record.index).await?;
             let mut rc = record.value.clone();
             patch.apply(&mut rc).map_err(|e| ApiError::invalid([e]))?;
             if rc == record.value {
@@ -513,7 +512,7 @@ async fn delete_rc(
         }
     };
     let write = |current: Versioned<Option<StoredRc>>| async move {
-        let mut ops = unclaimed(state, id).await?;
+        let mut ops = unclaimed(state, id, current.index).await?;
         // P2 refuses any count but 0: its store writes negative ones too.
         if let Some(rc) = current.value.as_ref().filter(|rc| rc.replicas_desired != 0) {
             if !params.force {
@@ -580,27 +579,51 @@ fn describe(id: &str) -> String {
     format!("replication controller {id}")
 }
 
-/// The txn ops that keep a write to the RC atomic with "no roll has it as its new RC and
-/// nobody holds its mutation lock", or 409 naming the roll that names it (as old or new RC,
-/// whether or not a farm runs the roll right now) or else the session holding the lock.
+/// The txn ops that keep a write to the RC at `version` atomic with "no roll has it as its
+/// new RC or its old one, and nobody holds its mutation lock", or 409 naming the roll that
+/// names it (as old or new RC, whether or not a farm runs the roll right now) or else the
+/// session holding the lock.
 ///
 /// The rolls and the lock are read from the mirror (from the store while it is unhealthy):
-/// what lets a write through is checked again inside its transaction, and a refusal is
-/// confirmed by the store, so a mirror behind the store refuses nothing it should not. A
-/// roll naming the RC as its old one has no key derived from the RC, so it is looked for
-/// just before the write rather than inside its transaction: a roll created in between, or
-/// not yet mirrored, goes unseen (a delete then makes the roll's creation fail, as it needs
-/// both RCs present).
-async fn unclaimed(app: &AppState, id: &str) -> Result<Vec<TxnOp>, ApiError> {
-    let refusal = match claim_checks(current_reader(app), id).await? {
-        Ok(ops) => return Ok(ops),
-        Err(_) => claim_checks(app.store.clone(), id).await?,
-    };
-    refusal.map_err(|holder| {
-        ApiError::conflict(format!(
-            "replication controller {id} cannot be changed now: {holder}"
-        ))
-    })
+/// a roll naming the RC as its new one, and the lock, are checked again inside the write's
+/// transaction, and a refusal is confirmed by the store, so a mirror behind the store
+/// refuses nothing it should not. A roll naming the RC as its old one has no key derived
+/// from the RC; its creation writes the old RC again instead (`RollCreator`), moving the
+/// version the write is check-and-set on, so a roll created after these checks fails the
+/// write, whose next attempt finds the roll. One created before `version` is looked for in
+/// the store unless the mirror holds every roll up to `version`.
+async fn unclaimed(app: &AppState, id: &str, version: u64) -> Result<Vec<TxnOp>, ApiError> {
+    if let Some(mirror) = current_mirror(app) {
+        let reader = Arc::new(MirrorReader::new(mirror.clone()));
+        if let Ok(ops) = claim_checks(reader, id).await? {
+            let (_, _, rolls_complete) = mirror.versions(&[Tree::Rolls])[0];
+            if rolls_complete >= version {
+                return Ok(ops);
+            }
+            return match RollStore::new(app.store.clone()).naming_as_old(id).await? {
+                None => Ok(ops),
+                Some(roll) => Err(claimed(id, &named_by(&roll))),
+            };
+        }
+    }
+    claim_checks(app.store.clone(), id)
+        .await?
+        .map_err(|holder| claimed(id, &holder))
+}
+
+/// The 409 for a write to the RC `id` that `holder` holds.
+fn claimed(id: &str, holder: &str) -> ApiError {
+    ApiError::conflict(format!(
+        "replication controller {id} cannot be changed now: {holder}"
+    ))
+}
+
+/// Who holds an RC that the roll `roll` names.
+fn named_by(roll: &str) -> String {
+    format!(
+        "roll {roll} names it; wait for the roll to finish or cancel it with \
+         DELETE /api/v1/rolls/{roll}"
+    )
 }
 
 /// [`unclaimed`] as `kv` shows it: the ops, or who holds the RC.
@@ -609,10 +632,7 @@ async fn claim_checks(
     id: &str,
 ) -> Result<Result<Vec<TxnOp>, String>, ApiError> {
     if let Some(roll) = RollStore::new(kv.clone()).naming(id).await? {
-        return Ok(Err(format!(
-            "roll {roll} names it; wait for the roll to finish or cancel it with \
-             DELETE /api/v1/rolls/{roll}"
-        )));
+        return Ok(Err(named_by(&roll)));
     }
     Ok(match RcStore::new(kv).mutation_guard(id).await? {
         Ok(guard) => Ok(vec![guard, RollStore::absent_op(id)]),

@@ -241,18 +241,19 @@ impl RollCreator {
                 format!("the update-creation lock of replication controller {id} was lost"),
             );
         }
-        for (side, existing) in [
-            ("old", resolved.old.existing()),
-            ("new", resolved.new.existing()),
-        ] {
-            if let Some(id) = existing {
-                txn.push(
-                    TxnOp::Get {
-                        key: layout::rc(id),
-                    },
-                    format!("the {side} replication controller {id} was deleted"),
-                );
-            }
+        if let Some(id) = resolved.old.existing() {
+            txn.push(
+                self.claim_op(id).await?,
+                format!("the old replication controller {id} was deleted or changed"),
+            );
+        }
+        if let Some(id) = resolved.new.existing() {
+            txn.push(
+                TxnOp::Get {
+                    key: layout::rc(id),
+                },
+                format!("the new replication controller {id} was deleted"),
+            );
         }
         match &resolved.new {
             NewSide::Create(new_rc) => {
@@ -332,6 +333,26 @@ impl RollCreator {
         Ok(RollRecord {
             value: resolved.roll,
             index,
+        })
+    }
+
+    /// The op that claims the existing old RC `id` for the roll: its document written again
+    /// unchanged, at the version read now. No roll key is derived from an old RC, so a write
+    /// removing or changing it checks the rolls naming it just before its transaction; this
+    /// moves the RC's version, which that write is check-and-set on, so a roll committed
+    /// after those checks fails the write, whose next attempt finds the roll. An RC changed
+    /// or deleted since it was read fails the creation instead.
+    async fn claim_op(&self, id: &str) -> Result<TxnOp, CreateRollError> {
+        let key = layout::rc(id);
+        let Some(pair) = self.kv.get(&key).await? else {
+            return Err(CreateRollError::Changed(format!(
+                "the old replication controller {id} was deleted"
+            )));
+        };
+        Ok(TxnOp::Cas {
+            key,
+            value: pair.value.to_vec(),
+            index: pair.modify_index,
         })
     }
 

@@ -61,6 +61,11 @@ impl RollStore {
         if self.kv.get(&layout::roll(rc_id)).await?.is_some() {
             return Ok(Some(rc_id.to_owned()));
         }
+        self.naming_as_old(rc_id).await
+    }
+
+    /// The id of the readable roll, if any, that moves replicas from the RC `rc_id`.
+    pub async fn naming_as_old(&self, rc_id: &str) -> StoreResult<Option<String>> {
         let (_, rolls) = self.list().await?;
         Ok(rolls
             .into_iter()

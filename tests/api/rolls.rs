@@ -1336,3 +1336,64 @@ async fn a_creation_cut_short_while_ending_its_session_still_releases_its_locks(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// An RC delete checks that no roll names the RC before its transaction. A roll created over
+/// the RC as its old one between that check and the transaction claims the RC: the delete
+/// must not then remove it (the roll farm would end the roll as failed), but find the roll
+/// and refuse.
+#[tokio::test]
+async fn an_rc_claimed_by_a_roll_between_its_checks_and_its_delete_stays() {
+    let (app, counting) = TestApp::counted().await;
+    let app = Arc::new(app);
+    let old = arrange_rc(&app, 0, &[]).await;
+    let hold = counting.hold_next_txn_on(&layout::rc(&old));
+    let deleting = {
+        let (app, old) = (app.clone(), old.clone());
+        tokio::spawn(async move { delete_rc_forced(&app, &old).await })
+    };
+    hold.reached().await;
+
+    let roll = create_over(&app, &old).await;
+    hold.release();
+
+    let deleted = deleting.await.unwrap();
+    assert_eq!(deleted.status, StatusCode::CONFLICT, "{deleted:?}");
+    let message = deleted.error().message;
+    assert!(message.contains(&roll), "{message}");
+    assert!(app.stored(&layout::rc(&old)).await.is_some());
+}
+
+/// A roll created through another server claims its old RC at once: a server whose mirror
+/// has not seen the roll yet refuses to delete the RC rather than removing it from under
+/// the roll.
+#[tokio::test]
+async fn an_rc_claimed_by_a_roll_another_server_created_is_not_deleted_by_a_lagging_one() {
+    let app = TestApp::new().await;
+    let (lagging, counting) = app.beside_counted().await;
+    let old = arrange_rc(&app, 0, &[]).await;
+    lagging.mirrored(&layout::rc(&old)).await;
+    counting.delay_watches_of(Some(layout::ROLLS));
+
+    create_over(&app, &old).await;
+    let deleted = delete_rc_forced(&lagging, &old).await;
+    counting.delay_watches_of(None);
+    assert_eq!(deleted.status, StatusCode::CONFLICT, "{deleted:?}");
+    assert!(app.stored(&layout::rc(&old)).await.is_some());
+}
+
+/// Creates a roll from the RC `old` to a new RC; its id.
+async fn create_over(app: &TestApp, old: &str) -> String {
+    let response = post(
+        app,
+        json!({"old_rc_id": old, "new_rc": {"manifest": MANIFEST},
+               "desired_replicas": 2, "minimum_replicas": 1}),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::CREATED, "{response:?}");
+    response.json()["id"].as_str().unwrap().to_owned()
+}
+
+async fn delete_rc_forced(app: &TestApp, id: &str) -> TestResponse {
+    let path = format!("/api/v1/rcs/{id}?force=true");
+    app.json_request("DELETE", &path, None, &[]).await
+}

@@ -42,6 +42,27 @@ pub struct Counting {
     /// Transactions acting on a key under this one lose their check-and-set, unapplied,
     /// until it is cleared.
     losing: Mutex<Option<String>>,
+    /// The next transaction acting on a key under this one waits for its release.
+    txn_hold: Mutex<Option<(String, Arc<TxnHold>)>>,
+}
+
+/// A transaction held before it is sent ([`Counting::hold_next_txn_on`]).
+#[derive(Default)]
+pub struct TxnHold {
+    reached: tokio::sync::Notify,
+    released: tokio::sync::Notify,
+}
+
+impl TxnHold {
+    /// Waits until the held transaction is waiting.
+    pub async fn reached(&self) {
+        self.reached.notified().await;
+    }
+
+    /// Sends the held transaction on.
+    pub fn release(&self) {
+        self.released.notify_one();
+    }
 }
 
 impl Counting {
@@ -62,6 +83,7 @@ impl Counting {
             reads_failing: AtomicBool::new(false),
             key_reads_stalled: AtomicBool::new(false),
             losing: Mutex::default(),
+            txn_hold: Mutex::default(),
         })
     }
 
@@ -142,6 +164,14 @@ impl Counting {
     /// until called again with another prefix, or `None`.
     pub fn lose_txns_on(&self, prefix: Option<&str>) {
         *self.losing.lock().unwrap() = prefix.map(str::to_owned);
+    }
+
+    /// Makes the next transaction acting on a key under `prefix` wait, unsent, until the
+    /// returned hold releases it, as a write whose checks were read long before it lands.
+    pub fn hold_next_txn_on(&self, prefix: &str) -> Arc<TxnHold> {
+        let hold = Arc::new(TxnHold::default());
+        *self.txn_hold.lock().unwrap() = Some((prefix.to_owned(), hold.clone()));
+        hold
     }
 
     /// Makes every read (of a key, a prefix or its index) fail once the next transaction
@@ -268,6 +298,19 @@ impl KvStore for Counting {
             return Err(StoreError::conflict(format!(
                 "another write to {losing} landed first"
             )));
+        }
+        let held = {
+            let mut slot = self.txn_hold.lock().unwrap();
+            match &*slot {
+                Some((prefix, _)) if ops.iter().any(|op| op.key().starts_with(prefix.as_str())) => {
+                    slot.take().map(|(_, hold)| hold)
+                }
+                _ => None,
+            }
+        };
+        if let Some(hold) = held {
+            hold.reached.notify_one();
+            hold.released.notified().await;
         }
         let results = self.inner.txn(ops).await?;
         if self.reads_fail_after_txn.swap(false, Ordering::SeqCst) {
