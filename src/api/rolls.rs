@@ -12,7 +12,9 @@
 //!   the commit.
 //! - 500 (`UnreadableDocument`) when an RC the roll would be over is stored but cannot be
 //!   decoded, as for every other request over that RC: the request is fine, the document is
-//!   not, and deleting the RC clears it.
+//!   not, and deleting the RC clears it. So too while any stored roll cannot be decoded (it
+//!   may name either RC as its old one; P2 refuses every creation then): deleting the roll
+//!   clears it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -227,7 +229,7 @@ pub struct RollPath {
         (status = CONFLICT, description = "Another roll is over, or being created over, one of the RCs; or the old-RC selector is ambiguous", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Invalid fields, every one listed; a named RC does not exist; or leave_old without an old RC", body = ErrorBody),
-        (status = INTERNAL_SERVER_ERROR, description = "An RC named, or matched by the old-RC selector, cannot be decoded (reason `UnreadableDocument`); DELETE of that RC removes it", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "An RC named, or matched by the old-RC selector, or any stored roll cannot be decoded (reason `UnreadableDocument`); DELETE of that RC or roll removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -472,6 +474,9 @@ fn creation_error(err: CreateRollError) -> ApiError {
         CreateRollError::RcMissing { field, .. } => ApiError::invalid([Cause::new(field, message)]),
         CreateRollError::UnreadableRc { id, .. } => {
             ApiError::unreadable(format!("{message}; DELETE /api/v1/rcs/{id} removes it"))
+        }
+        CreateRollError::UnreadableRoll { id, .. } => {
+            ApiError::unreadable(format!("{message}; DELETE /api/v1/rolls/{id} removes it"))
         }
         CreateRollError::SameRc(_) => ApiError::invalid([Cause::new("new_rc_id", message)]),
         CreateRollError::PodIdLabel(_) => {

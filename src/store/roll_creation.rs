@@ -38,6 +38,10 @@ pub enum CreateRollError {
     /// An RC the roll would be over is stored but cannot be decoded (`why` says so).
     #[error("{why}")]
     UnreadableRc { id: String, why: String },
+    /// A stored roll cannot be decoded (`why` says so): it may name either RC as its old
+    /// one, so no roll is created while it is stored, as in P2, whose check lists them all.
+    #[error("{why}; it may name either replication controller, so no rolling update is created while it is stored")]
+    UnreadableRoll { id: String, why: String },
     /// Both sides name the same RC.
     #[error("the old and the new replication controller are the same ({0})")]
     SameRc(String),
@@ -232,6 +236,10 @@ impl RollCreator {
                     rc_id: id.clone(),
                 });
             }
+        }
+        if let Some((id, why)) = self.rolls.unreadable().await? {
+            let why = format!("stored roll {id} is unreadable: {why}");
+            return Err(CreateRollError::UnreadableRoll { id, why });
         }
 
         let mut txn = Txn::default();

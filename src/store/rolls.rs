@@ -73,6 +73,17 @@ impl RollStore {
             .map(|r| r.value.new_rc))
     }
 
+    /// The id of a stored roll whose document cannot be decoded, if any, and why: such a
+    /// roll may name any RC as its old one.
+    pub async fn unreadable(&self) -> StoreResult<Option<(String, String)>> {
+        let listing = self.kv.list(layout::ROLLS).await?;
+        Ok(listing.pairs.iter().find_map(|pair| {
+            let why = decode(pair).err()?;
+            let id = pair.key.strip_prefix(layout::ROLLS).unwrap_or(&pair.key);
+            Some((id.to_owned(), why))
+        }))
+    }
+
     /// A txn op that holds only while no roll has `rc_id` as its new RC, the one roll key a
     /// write to that RC can check atomically.
     pub fn absent_op(rc_id: &str) -> TxnOp {

@@ -1262,23 +1262,7 @@ async fn an_unreadable_rc_is_refused_as_unreadable_not_as_an_invalid_request() {
         json!({"old_rc_id": bad, "new_rc": {"manifest": MANIFEST}}),
         json!({"old_rc_selector": "pod_id=broken", "new_rc": {"manifest": MANIFEST}}),
     ] {
-        let mut body = body;
-        body["desired_replicas"] = json!(1);
-        body["minimum_replicas"] = json!(0);
-        let response = post(&app, body.clone()).await;
-        assert_eq!(
-            response.status,
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "{body}: {response:?}"
-        );
-        let error = response.error();
-        assert_eq!(error.reason, "UnreadableDocument", "{body}");
-        assert!(
-            error.message.contains(&bad)
-                && error.message.contains(&format!("DELETE /api/v1/rcs/{bad}")),
-            "{}",
-            error.message
-        );
+        assert_refused_as_unreadable(&app, body, &format!("rcs/{bad}")).await;
     }
     assert_nothing_written(&app, 2).await;
 }
@@ -1396,4 +1380,44 @@ async fn create_over(app: &TestApp, old: &str) -> String {
 async fn delete_rc_forced(app: &TestApp, id: &str) -> TestResponse {
     let path = format!("/api/v1/rcs/{id}?force=true");
     app.json_request("DELETE", &path, None, &[]).await
+}
+
+/// A roll whose document cannot be decoded may name any RC as its old one, so no roll is
+/// created while one is stored, as P2's creation refuses: 500 `UnreadableDocument` naming
+/// it and how to clear it, rather than a second roll over its old RC. Nothing is written.
+#[tokio::test]
+async fn no_roll_is_created_while_a_roll_cannot_be_decoded() {
+    let app = TestApp::new().await;
+    let old = arrange_rc(&app, 2, &[("app", "old")]).await;
+    let new = arrange_rc(&app, 0, &[("app", "new")]).await;
+    let bad = uuid::Uuid::new_v4().to_string();
+    app.put_raw(&layout::roll(&bad), "{not json").await;
+    for body in [
+        json!({"old_rc_id": old, "new_rc_id": new}),
+        json!({"old_rc_id": old, "new_rc": {"manifest": MANIFEST}}),
+        json!({"old_rc_selector": "app=old", "new_rc": {"manifest": MANIFEST}}),
+        json!({"old_rc_selector": "app=nothing", "new_rc": {"manifest": MANIFEST}}),
+    ] {
+        assert_refused_as_unreadable(&app, body, &format!("rolls/{bad}")).await;
+    }
+    assert_eq!(app.keys("rolls/").await, [layout::roll(&bad)]);
+    assert_eq!(app.keys("replication_controllers/").await.len(), 2);
+    assert_no_locks(&app).await;
+}
+
+/// Posts `body` as a roll of 1 replica and checks it is refused as 500
+/// `UnreadableDocument`, naming `DELETE /api/v1/<clearing>` as the way to clear it.
+async fn assert_refused_as_unreadable(app: &TestApp, mut body: Value, clearing: &str) {
+    body["desired_replicas"] = json!(1);
+    body["minimum_replicas"] = json!(0);
+    let response = post(app, body.clone()).await;
+    assert_eq!(
+        response.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{body}: {response:?}"
+    );
+    let error = response.error();
+    assert_eq!(error.reason, "UnreadableDocument", "{body}");
+    let delete = format!("DELETE /api/v1/{clearing}");
+    assert!(error.message.contains(&delete), "{}", error.message);
 }
