@@ -536,9 +536,7 @@ async fn every_read_of_rolls_and_daemon_sets_is_served_from_the_mirror() {
 
 /// The answer to an RC patch shows the patch, and the RC's pods as the mirror holds them; a
 /// read after it claims the write in its `X-Index`. The patch reads nothing from the store
-/// (the RC, and the times it keeps, come from the mirror) but the rolls, unless the mirror
-/// holds every roll up to the RC's version: a roll naming the RC as its old one is the one
-/// check its transaction cannot hold.
+/// (the RC, and the times it keeps, come from the mirror).
 #[tokio::test]
 async fn a_patch_answers_with_its_write_and_the_pods_from_the_mirror() {
     let (app, counting) = counted(MirrorConfig::default()).await;
@@ -558,14 +556,10 @@ async fn a_patch_answers_with_its_write_and_the_pods_from_the_mirror() {
         )
         .await;
     assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
-    // Nothing fleet-sized (the answer's pods come from the mirror).
+    // Nothing fleet-sized (the answer's pods come from the mirror), and not the rolls
+    // either (the checks that no roll names the RC read the mirror).
     let listed = counting.listed().split_off(listed_before);
-    assert!(
-        listed
-            .iter()
-            .all(|prefix| prefix == p2_apiserver::layout::ROLLS),
-        "the patch listed {listed:?}"
-    );
+    assert!(listed.is_empty(), "the patch listed {listed:?}");
     let read = counting.read().split_off(read_before);
     assert!(read.is_empty(), "the patch read {read:?} from the store");
     let view = patched.json();
