@@ -23,7 +23,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
 /// HTTP requests, by `route` (the route template, `unmatched` for a request no route takes),
-/// `method` and `status`; the time to the response's head.
+/// `method` and `status` (`499` for one whose client hung up first); the time to the
+/// response's head, or to the hang-up.
 pub const HTTP_REQUEST_DURATION: &str = "p2_http_request_duration_seconds";
 /// Store operations, by `backend` (`sqlite`, `consul`), `operation` (the store call: `get`,
 /// `list`, `txn`, `watch`, ...) and `outcome` (`ok`, or the error kind: `conflict`,
@@ -108,7 +109,8 @@ fn describe() {
     describe_histogram!(
         HTTP_REQUEST_DURATION,
         metrics::Unit::Seconds,
-        "HTTP requests by route template, method and status: time to the response head"
+        "HTTP requests by route template, method and status (499: the client hung up first): \
+         time to the response head"
     );
     describe_histogram!(
         STORE_OPERATION_DURATION,
@@ -167,19 +169,50 @@ fn describe() {
     counter!(SSE_CLIENTS_DROPPED).increment(0);
 }
 
-/// Middleware recording every request under its route template, method and status.
+/// The `status` label of a request whose client hung up before its answer's head (its
+/// handling dropped with the connection): nginx's 499, "client closed request".
+pub const CLIENT_CLOSED_STATUS: &str = "499";
+
+/// Middleware recording every request under its route template, method and status; a
+/// request whose client hangs up first is recorded as it is dropped, under
+/// [`CLIENT_CLOSED_STATUS`].
 pub async fn track_http(request: Request, next: Next) -> Response {
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
-    let method = method_label(request.method());
-    let started = Instant::now();
+    let mut in_flight = InFlight {
+        route: Some(route),
+        method: method_label(request.method()),
+        started: Instant::now(),
+    };
     let response = next.run(request).await;
-    let status = response.status().as_u16().to_string();
-    histogram!(HTTP_REQUEST_DURATION, "route" => route, "method" => method, "status" => status)
-        .record(started.elapsed());
+    in_flight.record(&response.status().as_u16().to_string());
     response
+}
+
+/// A request being handled: recorded once, with its status when answered, or with
+/// [`CLIENT_CLOSED_STATUS`] when dropped unanswered.
+struct InFlight {
+    /// `None` once recorded.
+    route: Option<String>,
+    method: &'static str,
+    started: Instant,
+}
+
+impl InFlight {
+    fn record(&mut self, status: &str) {
+        if let Some(route) = self.route.take() {
+            histogram!(HTTP_REQUEST_DURATION, "route" => route, "method" => self.method, "status" => status.to_owned())
+                .record(self.started.elapsed());
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.record(CLIENT_CLOSED_STATUS);
+    }
 }
 
 /// The method's name if it is a standard one; `other` for any other, which clients may make

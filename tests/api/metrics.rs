@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use p2_apiserver::app::HttpLimits;
 use p2_apiserver::kv::{Cas, StoreError, TxnOp};
 use p2_apiserver::metrics::WriterStage;
 use p2_apiserver::model::timestamp::format_rfc3339;
@@ -159,6 +160,43 @@ async fn the_embedded_stores_writer_is_timed_by_stage_and_counts_its_rows() {
     }
     assert!(after.help(WRITER).is_some());
     assert!(after.help(ROWS_WRITTEN).is_some());
+}
+
+/// A request whose client hangs up before its answer is counted as it ends, under status
+/// `499` (as nginx logs it): a blocking query dropped by its client, as a client's own
+/// timeout drops it, would otherwise show in no series at all.
+#[tokio::test]
+async fn requests_whose_client_hangs_up_are_counted_as_499() {
+    use tokio::io::AsyncWriteExt;
+
+    let app = TestApp::new().await;
+    let served = app.serve(None, HttpLimits::default()).await;
+    let hung_up = [
+        ("route", "/api/v1/daemonsets"),
+        ("method", "GET"),
+        ("status", "499"),
+    ];
+    let index = app.get("/api/v1/daemonsets").await.x_index();
+    let before = scrape(&app).await;
+    let mut client = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    let request =
+        format!("GET /api/v1/daemonsets?index={index}&wait=5m HTTP/1.1\r\nHost: test\r\n\r\n");
+    client.write_all(request.as_bytes()).await.unwrap();
+    // Held by the blocking query, then given up.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(client);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let added = scrape(&app).await.count(HTTP, &hung_up) - before.count(HTTP, &hung_up);
+        if added >= 1.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the hung-up request was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
