@@ -32,6 +32,12 @@ use crate::model::timestamp::format_rfc3339;
 /// the store's expiry).
 const END_SESSION_WAIT: Duration = Duration::from_secs(3);
 
+/// How long a leader session must have lasted for the pause before the next one to start
+/// again from the shortest: a session whose term ends at once (a farm that fails as it
+/// starts, a store that loses sessions) makes the pauses grow instead, so that such a
+/// server does not bid, lead and step down twice a second.
+const HEALTHY_SESSION: Duration = Duration::from_secs(30);
+
 /// How a server takes part in the election.
 #[derive(Debug, Clone)]
 pub struct LeaderConfig {
@@ -123,7 +129,7 @@ pub async fn campaign<F, Fut>(
                 continue;
             }
         };
-        backoff.reset();
+        let began = Instant::now();
         tracing::info!(%session, "leader session created");
         let alive = shutdown.child_token();
         let renewer = tokio::spawn(keep_alive(
@@ -136,6 +142,9 @@ pub async fn campaign<F, Fut>(
         let run = hold_or_wait(&store, &config, &session, &alive, &lead, &mut leftover).await;
         if let Err(e) = run {
             tracing::warn!(error = %e, "leader election failed; starting over");
+        }
+        if began.elapsed() >= HEALTHY_SESSION {
+            backoff.reset();
         }
         alive.cancel();
         let _ = renewer.await;

@@ -590,3 +590,43 @@ async fn a_leader_whose_session_was_answered_late_steps_down_before_a_standby_le
     a.await.unwrap();
     b.await.unwrap();
 }
+
+/// A server whose every term ends at once (a farm that fails as it starts) bids ever less
+/// often, the pauses between its sessions doubling (by the backoff's jitter, the fourth is
+/// 2 s at least). Before, each new session reset the backoff, and it bid, led and stepped
+/// down every 0.25 to 0.5 s for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_terms_end_at_once_bids_ever_less_often() {
+    use std::sync::Mutex;
+    use tokio::time::Instant;
+
+    let (_dir, store) = sqlite_store().await;
+    let shutdown = CancellationToken::new();
+    let began = Arc::new(Mutex::new(Vec::new()));
+    let terms = began.clone();
+    // No lock-delay, whose wait would blur the pauses the test measures.
+    let config = LeaderConfig {
+        lock_delay: Duration::ZERO,
+        ..config("a")
+    };
+    let a = tokio::spawn(leader::campaign(
+        store,
+        config,
+        shutdown.clone(),
+        move |term: Term| {
+            terms.lock().unwrap().push(Instant::now());
+            async move { term.cancel.cancel() }
+        },
+    ));
+    wait_for(async || began.lock().unwrap().len() >= 5).await;
+    let began = began.lock().unwrap().clone();
+    let gap = began[4] - began[3];
+    assert!(
+        gap >= Duration::from_secs(2),
+        "the fifth term began {gap:?} after the fourth: {:?}",
+        began.windows(2).map(|w| w[1] - w[0]).collect::<Vec<_>>()
+    );
+
+    shutdown.cancel();
+    a.await.unwrap();
+}
