@@ -44,8 +44,8 @@ async fn get_healthz(_: NoQuery) -> ApiJson<Health> {
     ApiJson(HEALTHY)
 }
 
-/// Readiness: answers 200 only while the store answers, within `--readiness-timeout`, and
-/// the server's mirror of the store follows every tree.
+/// Readiness: answers 200 only while the store answers (the embedded one: and can write),
+/// within `--readiness-timeout`, and the server's mirror of the store follows every tree.
 ///
 /// While it fails, load balancers send traffic elsewhere; the body says why: a store that
 /// refuses is `ServiceUnavailable`, one that does not answer in time (hung) `StoreTimeout`,

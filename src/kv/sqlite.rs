@@ -104,6 +104,9 @@ struct Inner {
     locked_out: Arc<AtomicBool>,
     /// A ping is trying to take the write lock while locked out; the next waits for none.
     probing: AtomicBool,
+    /// A write failed for lack of space (`SQLITE_FULL`) since a batch of writes last
+    /// committed ([`Writer::out_of_space`]): the store is not ready until one commits again.
+    out_of_space: Arc<AtomicBool>,
 }
 
 /// The most keys of other processes' commits read to tell the watches which moved
@@ -293,6 +296,7 @@ impl SqliteStore {
         let flush = Arc::new(Notify::new());
         let queued_ready = Arc::new(Notify::new());
         let locked_out = Arc::new(AtomicBool::new(false));
+        let out_of_space = Arc::new(AtomicBool::new(false));
         let inner = Arc::new(Inner {
             reader,
             writer: Arc::new(Mutex::new(Writer {
@@ -308,6 +312,7 @@ impl SqliteStore {
                 staged: HashMap::new(),
                 rows_written: 0,
                 locked_out: locked_out.clone(),
+                out_of_space: out_of_space.clone(),
             })),
             flush: flush.clone(),
             queued: std::sync::Mutex::new(Vec::new()),
@@ -319,6 +324,7 @@ impl SqliteStore {
             recent: Arc::default(),
             locked_out,
             probing: AtomicBool::new(false),
+            out_of_space,
         });
         let background = CancellationToken::new();
         tokio::spawn(run_background(Arc::downgrade(&inner), background.clone()));
@@ -479,9 +485,14 @@ async fn open_writer(options: SqliteConnectOptions) -> StoreResult<SqlitePool> {
 /// Whether SQLite refused for a lock another connection holds (`SQLITE_BUSY`,
 /// `SQLITE_LOCKED` and their extended codes).
 fn is_busy(e: &sqlx::Error) -> bool {
+    primary_code(e).is_some_and(|code| matches!(code, 5 | 6))
+}
+
+/// SQLite's primary result code of a failure, without its extended part.
+fn primary_code(e: &sqlx::Error) -> Option<i32> {
     let code = e.as_database_error().and_then(|e| e.code());
     code.and_then(|code| code.parse::<i32>().ok())
-        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
+        .map(|code| code & 0xff)
 }
 
 /// What a write withdrawn by its caller before the writer took it is answered, should
@@ -492,6 +503,15 @@ fn withdrawn() -> StoreError {
 
 fn unavailable(e: sqlx::Error) -> StoreError {
     StoreError::Unavailable(format!("sqlite: {e}"))
+}
+
+/// The failure of a statement of the writer's, noted on `out_of_space` when it was for lack
+/// of space (`SQLITE_FULL`, which SQLite also answers when the disk is full).
+fn failed_write(out_of_space: &AtomicBool, e: sqlx::Error) -> StoreError {
+    if primary_code(&e) == Some(13) {
+        out_of_space.store(true, Ordering::Release);
+    }
+    unavailable(e)
 }
 
 fn now_ms() -> i64 {
@@ -830,6 +850,9 @@ struct Writer {
     /// Whether the last `BEGIN IMMEDIATE` found the write lock held by another process for
     /// all of [`BUSY_TIMEOUT`].
     locked_out: Arc<AtomicBool>,
+    /// Whether a statement failed for lack of space since a batch that wrote last
+    /// committed.
+    out_of_space: Arc<AtomicBool>,
 }
 
 /// A row changed by a write of the batch and not yet in the database.
@@ -857,7 +880,7 @@ impl Writer {
             .execute(&mut *self.conn)
             .await
             .map(drop)
-            .map_err(unavailable)
+            .map_err(|e| failed_write(&self.out_of_space, e))
     }
 
     /// Rolls the batch back if a write left it half-done or a statement of it failed.
@@ -953,7 +976,8 @@ impl Writer {
                     .bind(pair.lock_index() as i64)
                     .bind(pair.session());
             }
-            query.execute(&mut *self.conn).await.map_err(unavailable)?;
+            (query.execute(&mut *self.conn).await)
+                .map_err(|e| failed_write(&self.out_of_space, e))?;
             // A key written again is no longer deleted.
             let keys = rows.iter().map(|pair| pair.key.as_bytes());
             self.delete_keys("tombstones", keys).await?;
@@ -972,7 +996,7 @@ impl Writer {
             tombstones
                 .execute(&mut *self.conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(|e| failed_write(&self.out_of_space, e))?;
             self.delete_keys("kv", rows.iter().map(|&(key, _, _)| key))
                 .await?;
         }
@@ -996,7 +1020,7 @@ impl Writer {
             .execute(&mut *self.conn)
             .await
             .map(drop)
-            .map_err(unavailable)
+            .map_err(|e| failed_write(&self.out_of_space, e))
     }
 
     /// Commits the batch, if one is open, and answers its writes; tells the watches what it
@@ -1019,7 +1043,8 @@ impl Writer {
                 .execute(&mut *self.conn)
                 .await;
             if let Err(e) = stored {
-                self.abort(unavailable(e)).await;
+                let e = failed_write(&self.out_of_space, e);
+                self.abort(e).await;
                 return;
             }
         }
@@ -1035,6 +1060,10 @@ impl Writer {
         if let Err(e) = self.run("COMMIT").await {
             self.abort(e).await;
             return;
+        }
+        if self.taken.is_some() {
+            // Written: there is room again.
+            self.out_of_space.store(false, Ordering::Release);
         }
         metrics::sqlite_writer_stage(WriterStage::Commit, started.elapsed());
         metrics::sqlite_rows_written(std::mem::take(&mut self.rows_written));
@@ -1124,8 +1153,13 @@ impl Held {
     fn checked<T>(&mut self, outcome: Result<T, sqlx::Error>) -> StoreResult<T> {
         outcome.map_err(|e| {
             self.0.failed = true;
-            unavailable(e)
+            self.failed(e)
         })
+    }
+
+    /// A statement's failure, noted if it was for lack of space ([`failed_write`]).
+    fn failed(&self, e: sqlx::Error) -> StoreError {
+        failed_write(&self.0.out_of_space, e)
     }
 }
 
@@ -1377,14 +1411,13 @@ impl WriteTxn {
             deletes = deletes.bind(*param);
         }
         let tombstones = tombstones.bind(self.index as i64).bind(self.now_ms);
-        let conn = self.tx.writing();
         let tombstoned = tombstones
-            .execute(&mut *conn)
+            .execute(self.tx.writing())
             .await
-            .map_err(unavailable)?
+            .map_err(|e| self.tx.failed(e))?
             .rows_affected();
         if tombstoned > 0 {
-            deletes.execute(&mut *conn).await.map_err(unavailable)?;
+            (deletes.execute(self.tx.writing()).await).map_err(|e| self.tx.failed(e))?;
         }
         Ok(tombstoned)
     }
@@ -1612,7 +1645,7 @@ impl WriteTxn {
             .bind(self.now_ms + lock_delay_ms)
             .execute(self.tx.writing())
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.tx.failed(e))?;
         }
         if behavior == SessionBehavior::Delete.as_str() {
             for pair in held {
@@ -1626,7 +1659,7 @@ impl WriteTxn {
                 .bind(self.index as i64)
                 .execute(self.tx.writing())
                 .await
-                .map_err(unavailable)?;
+                .map_err(|e| self.tx.failed(e))?;
             self.wrote = true;
             self.touched
                 .keys
@@ -1636,7 +1669,7 @@ impl WriteTxn {
             .bind(id)
             .execute(self.tx.writing())
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.tx.failed(e))?;
         self.wrote = true;
         Ok(())
     }
@@ -1906,19 +1939,19 @@ async fn reap_tombstones(inner: &Inner) -> StoreResult<()> {
     .bind(cutoff)
     .execute(txn.tx.writing())
     .await
-    .map_err(unavailable)?;
+    .map_err(|e| txn.tx.failed(e))?;
     let reaped = sqlx::query("DELETE FROM tombstones WHERE deleted_at_ms < ?1")
         .bind(cutoff)
         .execute(txn.tx.writing())
         .await
-        .map_err(unavailable)?;
+        .map_err(|e| txn.tx.failed(e))?;
     // Raising the reaped index may raise the index of any prefix or absent key.
     txn.touched.everything = reaped.rows_affected() > 0;
     sqlx::query("DELETE FROM lock_delays WHERE until_ms < ?1")
         .bind(txn.now_ms)
         .execute(txn.tx.writing())
         .await
-        .map_err(unavailable)?;
+        .map_err(|e| txn.tx.failed(e))?;
     let reaped_index = meta(&mut *txn.tx, "reaped_index").await?;
     txn.commit(inner).await?;
     // Announced already: the poll need not take it for another process's.
@@ -2024,7 +2057,7 @@ impl KvStore for SqliteStore {
             .bind(txn.now_ms + spec.ttl.as_millis() as i64)
             .execute(txn.tx.writing())
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| txn.tx.failed(e))?;
             txn.wrote = true;
             txn.commit(&inner).await?;
             Ok(id)
@@ -2045,7 +2078,7 @@ impl KvStore for SqliteStore {
                 .bind(txn.now_ms + info.ttl.as_millis() as i64)
                 .execute(txn.tx.writing())
                 .await
-                .map_err(unavailable)?;
+                .map_err(|e| txn.tx.failed(e))?;
             txn.commit(&inner).await?;
             Ok(info)
         })
@@ -2174,12 +2207,21 @@ impl KvStore for SqliteStore {
         }
     }
 
-    /// Reads answer through a reader; while another process has held the write lock past
+    /// Reads answer through a reader, which a full disk does not stop: after a write failed
+    /// for lack of space the store is not ready until one commits again. While another
+    /// process has held the write lock past
     /// the busy timeout, no write commits, so the store is not ready until the writer takes
     /// the lock again. A ping then tries to take it, one at a time, on a task of its own (as a
     /// write runs), so that a ping given up on never leaves the writer mid-statement.
     async fn ping(&self) -> StoreResult<()> {
         meta(&self.inner.reader, "last_index").await?;
+        if self.inner.out_of_space.load(Ordering::Acquire) {
+            return Err(StoreError::Unavailable(
+                "the database is full (SQLITE_FULL: the disk, most likely): writes fail; \
+                 ready again once one commits"
+                    .into(),
+            ));
+        }
         if !self.inner.locked_out.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -3087,6 +3129,48 @@ mod tests {
             .await
             .expect("ready once the lock is let go");
         store.put("k/1", b"v", Cas::Any).await.unwrap();
+    }
+
+    /// A write that fails for lack of space (`SQLITE_FULL`, as on a full disk; here the
+    /// writer's database is capped at the pages it has) makes the store unready, saying so,
+    /// until a write commits again. Before, the readiness probe read the database, which a
+    /// full disk does not stop, and answered ready while every write failed.
+    #[tokio::test]
+    async fn a_write_failing_for_lack_of_space_keeps_the_store_unready_until_one_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        store.put("k/0", b"v", Cas::Any).await.unwrap();
+        store.ping().await.unwrap();
+        let cap = |pages: u64| {
+            let inner = store.inner.clone();
+            async move {
+                let mut writer = inner.writer.lock().await;
+                let pragma = format!("PRAGMA max_page_count = {pages}");
+                writer.run(&pragma).await.unwrap();
+            }
+        };
+        // Capped at the pages it has: SQLite sets no lower cap than that.
+        cap(1).await;
+
+        let big = vec![b'x'; 256 << 10];
+        let refused = store.put("k/big", &big, Cas::Any).await;
+        assert!(
+            matches!(&refused, Err(StoreError::Unavailable(why)) if why.contains("full")),
+            "{refused:?}"
+        );
+        assert!(
+            store.get("k/0").await.unwrap().is_some(),
+            "reads still answer"
+        );
+        let pinged = store.ping().await;
+        assert!(
+            matches!(&pinged, Err(StoreError::Unavailable(why)) if why.contains("SQLITE_FULL")),
+            "ready while writes fail for lack of space: {pinged:?}"
+        );
+
+        cap(u64::from(u32::MAX) - 1).await;
+        store.put("k/big", &big, Cas::Any).await.unwrap();
+        store.ping().await.unwrap();
     }
 
     /// A write that fails after it began changing the database takes its batch down: none
