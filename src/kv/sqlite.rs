@@ -24,7 +24,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -104,9 +104,10 @@ struct Inner {
     locked_out: Arc<AtomicBool>,
     /// A ping is trying to take the write lock while locked out; the next waits for none.
     probing: AtomicBool,
-    /// A write failed for lack of space (`SQLITE_FULL`) since a batch of writes last
-    /// committed ([`Writer::out_of_space`]): the store is not ready until one commits again.
-    out_of_space: Arc<AtomicBool>,
+    /// The primary result code with which a write failed for want of a writable disk
+    /// ([`WRITES_CANNOT_LAND`]) since a batch of writes last committed, else 0
+    /// ([`Writer::cannot_write`]): the store is not ready until one commits again.
+    cannot_write: Arc<AtomicI32>,
 }
 
 /// The most keys of other processes' commits read to tell the watches which moved
@@ -296,7 +297,7 @@ impl SqliteStore {
         let flush = Arc::new(Notify::new());
         let queued_ready = Arc::new(Notify::new());
         let locked_out = Arc::new(AtomicBool::new(false));
-        let out_of_space = Arc::new(AtomicBool::new(false));
+        let cannot_write = Arc::new(AtomicI32::new(0));
         let inner = Arc::new(Inner {
             reader,
             writer: Arc::new(Mutex::new(Writer {
@@ -312,7 +313,7 @@ impl SqliteStore {
                 staged: HashMap::new(),
                 rows_written: 0,
                 locked_out: locked_out.clone(),
-                out_of_space: out_of_space.clone(),
+                cannot_write: cannot_write.clone(),
             })),
             flush: flush.clone(),
             queued: std::sync::Mutex::new(Vec::new()),
@@ -324,7 +325,7 @@ impl SqliteStore {
             recent: Arc::default(),
             locked_out,
             probing: AtomicBool::new(false),
-            out_of_space,
+            cannot_write,
         });
         let background = CancellationToken::new();
         tokio::spawn(run_background(Arc::downgrade(&inner), background.clone()));
@@ -505,11 +506,25 @@ fn unavailable(e: sqlx::Error) -> StoreError {
     StoreError::Unavailable(format!("sqlite: {e}"))
 }
 
-/// The failure of a statement of the writer's, noted on `out_of_space` when it was for lack
-/// of space (`SQLITE_FULL`, which SQLite also answers when the disk is full).
-fn failed_write(out_of_space: &AtomicBool, e: sqlx::Error) -> StoreError {
-    if primary_code(&e) == Some(13) {
-        out_of_space.store(true, Ordering::Release);
+/// The failures that say no write can land, by primary result code, as the readiness probe
+/// words them: a full disk, a file or file system turned read-only (or the file removed), a
+/// disk that fails.
+const WRITES_CANNOT_LAND: [(i32, &str); 3] = [
+    (13, "the database is full (SQLITE_FULL: the disk, most likely)"),
+    (
+        8,
+        "the database cannot be written (SQLITE_READONLY: its file or file system, or the file removed)",
+    ),
+    (10, "the database's disk fails (SQLITE_IOERR)"),
+];
+
+/// The failure of a statement of the writer's, noted on `cannot_write` when it says that no
+/// write can land ([`WRITES_CANNOT_LAND`]).
+fn failed_write(cannot_write: &AtomicI32, e: sqlx::Error) -> StoreError {
+    if let Some(code) = primary_code(&e) {
+        if WRITES_CANNOT_LAND.iter().any(|(known, _)| *known == code) {
+            cannot_write.store(code, Ordering::Release);
+        }
     }
     unavailable(e)
 }
@@ -850,9 +865,9 @@ struct Writer {
     /// Whether the last `BEGIN IMMEDIATE` found the write lock held by another process for
     /// all of [`BUSY_TIMEOUT`].
     locked_out: Arc<AtomicBool>,
-    /// Whether a statement failed for lack of space since a batch that wrote last
-    /// committed.
-    out_of_space: Arc<AtomicBool>,
+    /// Why a statement failed for want of a writable disk since a batch that wrote last
+    /// committed ([`failed_write`]).
+    cannot_write: Arc<AtomicI32>,
 }
 
 /// A row changed by a write of the batch and not yet in the database.
@@ -880,7 +895,7 @@ impl Writer {
             .execute(&mut *self.conn)
             .await
             .map(drop)
-            .map_err(|e| failed_write(&self.out_of_space, e))
+            .map_err(|e| failed_write(&self.cannot_write, e))
     }
 
     /// Rolls the batch back if a write left it half-done or a statement of it failed.
@@ -905,7 +920,7 @@ impl Writer {
             .await;
         let locked_out = began.as_ref().err().is_some_and(is_busy);
         self.locked_out.store(locked_out, Ordering::Release);
-        began.map_err(unavailable)?;
+        began.map_err(|e| failed_write(&self.cannot_write, e))?;
         self.open = true;
         match meta(&mut *self.conn, "last_index").await {
             Ok(last) => {
@@ -977,7 +992,7 @@ impl Writer {
                     .bind(pair.session());
             }
             (query.execute(&mut *self.conn).await)
-                .map_err(|e| failed_write(&self.out_of_space, e))?;
+                .map_err(|e| failed_write(&self.cannot_write, e))?;
             // A key written again is no longer deleted.
             let keys = rows.iter().map(|pair| pair.key.as_bytes());
             self.delete_keys("tombstones", keys).await?;
@@ -996,7 +1011,7 @@ impl Writer {
             tombstones
                 .execute(&mut *self.conn)
                 .await
-                .map_err(|e| failed_write(&self.out_of_space, e))?;
+                .map_err(|e| failed_write(&self.cannot_write, e))?;
             self.delete_keys("kv", rows.iter().map(|&(key, _, _)| key))
                 .await?;
         }
@@ -1020,7 +1035,7 @@ impl Writer {
             .execute(&mut *self.conn)
             .await
             .map(drop)
-            .map_err(|e| failed_write(&self.out_of_space, e))
+            .map_err(|e| failed_write(&self.cannot_write, e))
     }
 
     /// Commits the batch, if one is open, and answers its writes; tells the watches what it
@@ -1043,7 +1058,7 @@ impl Writer {
                 .execute(&mut *self.conn)
                 .await;
             if let Err(e) = stored {
-                let e = failed_write(&self.out_of_space, e);
+                let e = failed_write(&self.cannot_write, e);
                 self.abort(e).await;
                 return;
             }
@@ -1062,8 +1077,8 @@ impl Writer {
             return;
         }
         if self.taken.is_some() {
-            // Written: there is room again.
-            self.out_of_space.store(false, Ordering::Release);
+            // Written: the disk takes writes again.
+            self.cannot_write.store(0, Ordering::Release);
         }
         metrics::sqlite_writer_stage(WriterStage::Commit, started.elapsed());
         metrics::sqlite_rows_written(std::mem::take(&mut self.rows_written));
@@ -1157,9 +1172,9 @@ impl Held {
         })
     }
 
-    /// A statement's failure, noted if it was for lack of space ([`failed_write`]).
+    /// A statement's failure, noted if it says no write can land ([`failed_write`]).
     fn failed(&self, e: sqlx::Error) -> StoreError {
-        failed_write(&self.0.out_of_space, e)
+        failed_write(&self.0.cannot_write, e)
     }
 }
 
@@ -2207,20 +2222,23 @@ impl KvStore for SqliteStore {
         }
     }
 
-    /// Reads answer through a reader, which a full disk does not stop: after a write failed
-    /// for lack of space the store is not ready until one commits again. While another
+    /// Reads answer through a reader, which a full or read-only disk does not stop: after a
+    /// write failed for want of a writable disk the store is not ready until one commits
+    /// again. While another
     /// process has held the write lock past
     /// the busy timeout, no write commits, so the store is not ready until the writer takes
     /// the lock again. A ping then tries to take it, one at a time, on a task of its own (as a
     /// write runs), so that a ping given up on never leaves the writer mid-statement.
     async fn ping(&self) -> StoreResult<()> {
         meta(&self.inner.reader, "last_index").await?;
-        if self.inner.out_of_space.load(Ordering::Acquire) {
-            return Err(StoreError::Unavailable(
-                "the database is full (SQLITE_FULL: the disk, most likely): writes fail; \
-                 ready again once one commits"
-                    .into(),
-            ));
+        let cannot_write = self.inner.cannot_write.load(Ordering::Acquire);
+        if let Some((_, why)) = WRITES_CANNOT_LAND
+            .iter()
+            .find(|(code, _)| *code == cannot_write)
+        {
+            return Err(StoreError::Unavailable(format!(
+                "{why}: writes fail; ready again once one commits"
+            )));
         }
         if !self.inner.locked_out.load(Ordering::Acquire) {
             return Ok(());
@@ -3170,6 +3188,42 @@ mod tests {
 
         cap(u64::from(u32::MAX) - 1).await;
         store.put("k/big", &big, Cas::Any).await.unwrap();
+        store.ping().await.unwrap();
+    }
+
+    /// A database that takes no writes (its file system turned read-only; here the
+    /// writer's connection made query-only) makes the store unready, saying so, until a
+    /// write commits again: reads alone, which still answer, would say it is ready.
+    #[tokio::test]
+    async fn a_database_that_takes_no_writes_keeps_the_store_unready_until_one_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        store.put("k/0", b"v", Cas::Any).await.unwrap();
+        let query_only = |on: bool| {
+            let inner = store.inner.clone();
+            async move {
+                let mut writer = inner.writer.lock().await;
+                writer
+                    .run(&format!("PRAGMA query_only = {on}"))
+                    .await
+                    .unwrap();
+            }
+        };
+        query_only(true).await;
+
+        let refused = store.put("k/1", b"v", Cas::Any).await;
+        assert!(
+            matches!(refused, Err(StoreError::Unavailable(_))),
+            "{refused:?}"
+        );
+        let pinged = store.ping().await;
+        assert!(
+            matches!(&pinged, Err(StoreError::Unavailable(why)) if why.contains("SQLITE_READONLY")),
+            "ready while no write lands: {pinged:?}"
+        );
+
+        query_only(false).await;
+        store.put("k/1", b"v", Cas::Any).await.unwrap();
         store.ping().await.unwrap();
     }
 
