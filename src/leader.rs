@@ -95,7 +95,7 @@ pub async fn current_leader(store: &dyn KvStore) -> StoreResult<Option<LeaderRec
 }
 
 /// Campaigns until `shutdown`, running `lead` for every term this server wins. `lead` must
-/// return soon after its term is cancelled. When a term ends its session is destroyed,
+/// return soon after its term is cancelled; if it returns (or panics) before, the term ends. When a term ends its session is destroyed,
 /// which deletes the farms' locks at once; on shutdown the leader session is destroyed too,
 /// which frees the leader lock. A session the store could not destroy then (an outage is
 /// what ends a term) is destroyed as soon as it answers again, rather than left to hold its
@@ -249,10 +249,20 @@ where
         term.cancel.clone(),
     ));
     crate::metrics::leading(true);
-    let farms = tokio::spawn(lead(term.clone()));
-    let outcome = watch_while_ours(&*store, session, &term.cancel).await;
+    let mut farms = tokio::spawn(lead(term.clone()));
+    // Farms that stop (or panic) before their term ends end it: leading on without them
+    // would hold the lock while nothing reconciles, and no standby could take over.
+    let (outcome, stopped) = tokio::select! {
+        outcome = watch_while_ours(&*store, session, &term.cancel) => (outcome, false),
+        _ = &mut farms => {
+            tracing::warn!("the farms stopped before their term ended; stepping down");
+            (Ok(()), true)
+        }
+    };
     term.cancel.cancel();
-    let _ = farms.await;
+    if !stopped {
+        let _ = farms.await;
+    }
     crate::metrics::leading(false);
     let _ = renewer.await;
     // Destroyed by `campaign` right after, before the leader's.

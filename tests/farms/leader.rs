@@ -630,3 +630,31 @@ async fn a_server_whose_terms_end_at_once_bids_ever_less_often() {
     shutdown.cancel();
     a.await.unwrap();
 }
+
+/// Farms that stop before their term ends (a panic outside any one farm, say) end the term:
+/// the server steps down, freeing the leader lock, rather than leading on with nothing
+/// reconciling and no standby able to take over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn farms_that_stop_before_their_term_ends_end_it() {
+    let (_dir, store) = sqlite_store().await;
+    let shutdown = CancellationToken::new();
+    let terms = Arc::new(AtomicUsize::new(0));
+    let began = terms.clone();
+    let a = tokio::spawn(leader::campaign(
+        store.clone(),
+        config("a"),
+        shutdown.clone(),
+        move |term: Term| {
+            began.fetch_add(1, Ordering::SeqCst);
+            async move {
+                drop(term);
+                panic!("the farms failed to start");
+            }
+        },
+    ));
+    // The first term ended, and the server bid again.
+    wait_for(async || terms.load(Ordering::SeqCst) >= 2).await;
+
+    shutdown.cancel();
+    a.await.unwrap();
+}
