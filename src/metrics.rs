@@ -210,8 +210,15 @@ impl InFlight {
 }
 
 impl Drop for InFlight {
+    /// Dropped unanswered: the client hung up, or the handler panicked (a server fault, which
+    /// the client sees as its connection closed), counted as a 500.
     fn drop(&mut self) {
-        self.record(CLIENT_CLOSED_STATUS);
+        let status = if std::thread::panicking() {
+            "500"
+        } else {
+            CLIENT_CLOSED_STATUS
+        };
+        self.record(status);
     }
 }
 

@@ -199,6 +199,34 @@ async fn requests_whose_client_hangs_up_are_counted_as_499() {
     }
 }
 
+/// A request whose handler panics is dropped unanswered as one whose client hangs up is, but
+/// it is the server's fault: counted as a 500, never as the client's 499.
+#[tokio::test]
+async fn requests_whose_handler_panics_are_counted_as_500() {
+    use tower::ServiceExt;
+
+    let app = TestApp::new().await;
+    let routes = axum::Router::new().route(
+        "/test/panics",
+        axum::routing::get(|| async { panic!("a handler's bug") as &'static str }),
+    );
+    let router = p2_apiserver::router::with_middleware(routes, HttpLimits::default());
+    let labels = |status| {
+        [
+            ("route", "/test/panics"),
+            ("method", "GET"),
+            ("status", status),
+        ]
+    };
+    let before = scrape(&app).await;
+    let request = Request::get("/test/panics").body(Body::empty()).unwrap();
+    let handled = tokio::spawn(router.oneshot(request)).await;
+    assert!(handled.is_err_and(|e| e.is_panic()));
+    let after = scrape(&app).await;
+    let added = |status| after.count(HTTP, &labels(status)) - before.count(HTTP, &labels(status));
+    assert_eq!((added("500"), added("499")), (1.0, 0.0));
+}
+
 #[tokio::test]
 async fn change_stream_clients_are_counted_while_connected() {
     let app = TestApp::new().await;
