@@ -865,8 +865,8 @@ struct Writer {
     /// Whether the last `BEGIN IMMEDIATE` found the write lock held by another process for
     /// all of [`BUSY_TIMEOUT`].
     locked_out: Arc<AtomicBool>,
-    /// Why a statement failed for want of a writable disk since a batch that wrote last
-    /// committed ([`failed_write`]).
+    /// Why a statement failed for want of a writable disk since a batch that changed
+    /// anything last committed ([`failed_write`]).
     cannot_write: Arc<AtomicI32>,
 }
 
@@ -1076,8 +1076,8 @@ impl Writer {
             self.abort(e).await;
             return;
         }
-        if self.taken.is_some() {
-            // Written: the disk takes writes again.
+        if !self.pending.is_empty() {
+            // Written (a key, or only a session's renewal): the disk takes writes again.
             self.cannot_write.store(0, Ordering::Release);
         }
         metrics::sqlite_writer_stage(WriterStage::Commit, started.elapsed());
@@ -3199,6 +3199,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = open_in(&dir).await;
         store.put("k/0", b"v", Cas::Any).await.unwrap();
+        let spec = SessionSpec::deleting("test", Duration::from_secs(30));
+        let session = store.create_session(&spec).await.unwrap();
         let query_only = |on: bool| {
             let inner = store.inner.clone();
             async move {
@@ -3223,7 +3225,8 @@ mod tests {
         );
 
         query_only(false).await;
-        store.put("k/1", b"v", Cas::Any).await.unwrap();
+        // A session's renewal, as a leader makes every few seconds, is a write like any.
+        store.renew_session(&session).await.unwrap();
         store.ping().await.unwrap();
     }
 
