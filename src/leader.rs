@@ -95,9 +95,9 @@ pub async fn current_leader(store: &dyn KvStore) -> StoreResult<Option<LeaderRec
 }
 
 /// Campaigns until `shutdown`, running `lead` for every term this server wins. `lead` must
-/// return soon after its term is cancelled; if it returns (or panics) before, the term ends. When a term ends its session is destroyed,
-/// which deletes the farms' locks at once; on shutdown the leader session is destroyed too,
-/// which frees the leader lock. A session the store could not destroy then (an outage is
+/// return soon after its term is cancelled; if it returns (or panics) before, the term
+/// ends. When a term ends its session is destroyed, which deletes the farms' locks at once;
+/// on shutdown the leader session is destroyed too, which frees the leader lock. A session the store could not destroy then (an outage is
 /// what ends a term) is destroyed as soon as it answers again, rather than left to hold its
 /// locks until the store expires it. A store that does not answer holds up neither
 /// stepping down nor stopping: session calls and bids for the lock give way to the end of
