@@ -3,7 +3,7 @@
 //! A dashboard or node agent follows the listing with `?index=&wait=`: the request is held
 //! until an intent, a pod label or a health record under what it lists changes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use axum::extract::State;
 use axum::response::IntoResponse;
@@ -141,7 +141,14 @@ async fn list_pods(
     let pods = PodStore::new(kv.clone());
     let (_, intents) = pods.locate(PodTree::Intent, node).await?;
     let (_, mut labels) = pods.list_labels(node).await?;
-    let (_, health) = read_health(&HealthStore::new(kv), pod_id).await?;
+    // A node's listing reads the health of its own pods' ids only: its cost is its pods',
+    // not the fleet's.
+    let health_of = match (node, pod_id) {
+        (_, Some(pod_id)) => Some(BTreeSet::from([pod_id])),
+        (Some(_), None) => Some(intents.iter().map(|(pod, _)| pod.pod_id()).collect()),
+        (None, None) => None,
+    };
+    let health = read_health(&HealthStore::new(kv), health_of).await?;
 
     // Keyed so that string order is node-then-pod order: '\0' sorts below any character a
     // node name can hold, unlike '/', which sorts after '-' and '.'. Only the page's
@@ -181,20 +188,19 @@ async fn list_pods(
     Ok(([index_header(index)], ApiJson(page)))
 }
 
-/// Health records keyed by (pod ID, node): one pod ID's when filtering by it, else all.
+/// Health records keyed by (pod ID, node): of the pod IDs given, else every one.
 async fn read_health(
     store: &HealthStore,
-    pod_id: Option<&str>,
-) -> Result<(u64, BTreeMap<(String, String), HealthEntry>), ApiError> {
-    Ok(match pod_id {
-        Some(pod_id) => {
-            let (index, by_node) = store.list_for_pod(pod_id).await?;
-            let keyed = by_node
-                .into_iter()
-                .map(|(node, entry)| ((pod_id.to_owned(), node), entry))
-                .collect();
-            (index, keyed)
-        }
-        None => store.list().await?,
-    })
+    pod_ids: Option<BTreeSet<&str>>,
+) -> Result<BTreeMap<(String, String), HealthEntry>, ApiError> {
+    let Some(pod_ids) = pod_ids else {
+        return Ok(store.list().await?.1);
+    };
+    let mut keyed = BTreeMap::new();
+    for pod_id in pod_ids {
+        let (_, by_node) = store.list_for_pod(pod_id).await?;
+        let of_pod = by_node.into_iter();
+        keyed.extend(of_pod.map(|(node, entry)| ((pod_id.to_owned(), node), entry)));
+    }
+    Ok(keyed)
 }
