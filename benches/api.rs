@@ -16,6 +16,8 @@
 //!   PATCH's own round trip in the same run;
 //! - `GET /api/v1/rcs/{id}` with a large fleet (10,000 RCs of 10 pods over 10,000 nodes by
 //!   default), as a ratio to the same GET with 100 RCs measured again in turns with it;
+//! - `GET /api/v1/pods?node=` (one node's pods with their health) in that large fleet, as a
+//!   ratio to the same listing in the small one, measured in turns with it;
 //! - with `CONSUL_HTTP_ADDR` set (and `CONSUL_HTTP_TOKEN` if the agent needs one): GET one
 //!   RC (100 RCs) from a server on that Consul, as a ratio to a raw Consul KV GET of the
 //!   same key.
@@ -156,7 +158,8 @@ async fn serve_on(store: Arc<dyn KvStore>, rcs: usize, dir: Option<tempfile::Tem
     }
 }
 
-/// Writes `rcs` RCs, their labels and their pods' labels, as the RC farm would leave them.
+/// Writes `rcs` RCs, their labels, and their pods' intents and labels, as the RC farm would
+/// leave them, and a passing health result for each pod.
 async fn populate(store: &dyn KvStore, rcs: usize, nodes: usize) -> Vec<String> {
     let mut ids = Vec::with_capacity(rcs);
     let mut ops = Vec::new();
@@ -181,6 +184,16 @@ async fn populate(store: &dyn KvStore, rcs: usize, nodes: usize) -> Vec<String> 
             ops.push(set(
                 format!("labels/pod/node{node}/app{r}"),
                 serde_json::json!({"replication_controller_id": id, "pod_id": format!("app{r}")}),
+            ));
+            ops.push(TxnOp::Set {
+                key: format!("intent/node{node}/app{r}"),
+                value: format!("id: app{r}\nlaunchables: {{}}\n").into_bytes(),
+            });
+            ops.push(set(
+                format!("health/app{r}/node{node}"),
+                serde_json::json!({"Id": format!("app{r}"), "Node": format!("node{node}"),
+                    "Service": format!("app{r}"), "Status": "passing",
+                    "Time": "2026-12-05T00:00:00Z", "Expires": "2126-12-05T00:00:00Z"}),
             ));
         }
         ids.push(id);
@@ -713,6 +726,17 @@ fn main() {
             &format!("GET one RC ({} RCs)", args.large_rcs),
             &big,
             Some(("GET one RC (100 RCs), again", &one)),
+        );
+        // One node's pods: the small fleet has one on each node, the large ten.
+        let node_pods = |served: &Served| format!("{}/api/v1/pods?node=node0", served.base);
+        let (small_node, large_node) = (node_pods(&small), node_pods(&large));
+        let [small_node, large_node] =
+            measure_alternately([(&small_node, &[]), (&large_node, &[])], c, secs).await;
+        report("list one node's pods (100 RCs)", &small_node, None);
+        report(
+            &format!("list one node's pods ({} RCs)", args.large_rcs),
+            &large_node,
+            Some(("list one node's pods (100 RCs)", &small_node)),
         );
         drop(small);
         let healthz = measure(&format!("{}/healthz", large.base), c, secs).await;
