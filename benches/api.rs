@@ -18,6 +18,9 @@
 //!   default), as a ratio to the same GET with 100 RCs measured again in turns with it;
 //! - `GET /api/v1/pods?node=` (one node's pods with their health) in that large fleet, as a
 //!   ratio to the same listing in the small one, measured in turns with it;
+//! - `GET /api/v1/rolls/{id}` (a roll over two of the fleet's RCs, with their pods' progress)
+//!   in that large fleet, as a ratio to the same read in the small one, measured in turns
+//!   with it;
 //! - with `CONSUL_HTTP_ADDR` set (and `CONSUL_HTTP_TOKEN` if the agent needs one): GET one
 //!   RC (100 RCs) from a server on that Consul, as a ratio to a raw Consul KV GET of the
 //!   same key.
@@ -88,13 +91,16 @@ impl Args {
     }
 }
 
-/// A server over a fresh store holding `rcs` RCs of [`PODS_PER_RC`] pods each, its mirror
-/// loaded; stopped when dropped.
+/// A server over a fresh store holding `rcs` RCs of [`PODS_PER_RC`] pods each and a roll
+/// between the last two, its mirror loaded; stopped when dropped.
 struct Served {
     base: String,
     store: Arc<dyn KvStore>,
     first_rc: String,
+    /// The RCs no roll names, which can be patched.
     rcs: Vec<String>,
+    /// The roll's id (its new RC's).
+    roll: String,
     stop: CancellationToken,
     _dir: Option<tempfile::TempDir>,
 }
@@ -117,7 +123,7 @@ async fn serve(rcs: usize) -> Served {
 async fn serve_on(store: Arc<dyn KvStore>, rcs: usize, dir: Option<tempfile::TempDir>) -> Served {
     let nodes = rcs.max(1_000);
     let started = Instant::now();
-    let ids = populate(store.as_ref(), rcs, nodes).await;
+    let mut ids = populate(store.as_ref(), rcs, nodes).await;
     let populated = started.elapsed();
 
     let stop = CancellationToken::new();
@@ -148,18 +154,22 @@ async fn serve_on(store: Arc<dyn KvStore>, rcs: usize, dir: Option<tempfile::Tem
         populated.as_secs_f64(),
         (started.elapsed() - populated).as_secs_f64()
     );
+    let roll = ids.pop().unwrap();
+    ids.pop();
     Served {
         base,
         store,
         first_rc: ids[0].clone(),
         rcs: ids,
+        roll,
         stop,
         _dir: dir,
     }
 }
 
 /// Writes `rcs` RCs, their labels, and their pods' intents and labels, as the RC farm would
-/// leave them, and a passing health result for each pod.
+/// leave them, a passing health result for each pod, and a roll from the last but one RC
+/// to the last (`rcs` must be at least 2), as P2 writes it.
 async fn populate(store: &dyn KvStore, rcs: usize, nodes: usize) -> Vec<String> {
     let mut ids = Vec::with_capacity(rcs);
     let mut ops = Vec::new();
@@ -197,6 +207,13 @@ async fn populate(store: &dyn KvStore, rcs: usize, nodes: usize) -> Vec<String> 
             ));
         }
         ids.push(id);
+    }
+    if let [.., old, new] = ids.as_slice() {
+        ops.push(set(
+            format!("rolls/{new}"),
+            serde_json::json!({"OldRC": old, "NewRC": new, "DesiredReplicas": PODS_PER_RC,
+                "MinimumReplicas": PODS_PER_RC / 2, "LeaveOld": false, "RollDelay": 0}),
+        ));
     }
     for batch in ops.chunks(MAX_TXN_OPS) {
         store.txn(batch).await.unwrap();
@@ -737,6 +754,17 @@ fn main() {
             &format!("list one node's pods ({} RCs)", args.large_rcs),
             &large_node,
             Some(("list one node's pods (100 RCs)", &small_node)),
+        );
+        // One roll over two RCs of ten pods each, in either fleet.
+        let roll = |served: &Served| format!("{}/api/v1/rolls/{}", served.base, served.roll);
+        let (small_roll, large_roll) = (roll(&small), roll(&large));
+        let [small_roll, large_roll] =
+            measure_alternately([(&small_roll, &[]), (&large_roll, &[])], c, secs).await;
+        report("GET one roll (100 RCs)", &small_roll, None);
+        report(
+            &format!("GET one roll ({} RCs)", args.large_rcs),
+            &large_roll,
+            Some(("GET one roll (100 RCs)", &small_roll)),
         );
         drop(small);
         let healthz = measure(&format!("{}/healthz", large.base), c, secs).await;

@@ -263,12 +263,27 @@ pub async fn indexed_reader(
     consistent: bool,
     blocking: Blocking,
 ) -> Result<IndexedReader, ApiError> {
+    Ok(indexed_source(app, trees, spans, consistent, blocking)
+        .await?
+        .0)
+}
+
+/// [`indexed_reader`], and the mirror when the reader reads it: for a read that narrows
+/// what it reads by the mirror's secondary indexes (e.g. [`Mirror::pods_of_rc`]), which
+/// the store has not.
+pub async fn indexed_source<'a>(
+    app: &'a App,
+    trees: &[Tree],
+    spans: &[Span],
+    consistent: bool,
+    blocking: Blocking,
+) -> Result<(IndexedReader, Option<&'a Mirror>), ApiError> {
     let (kv, source) = open(app, trees, spans, consistent, blocking).await?;
-    let index = match source {
-        Opened::Mirror(mirror) => mirror_index(mirror, trees),
-        Opened::Store(prefixes) => combined_index(app.store.as_ref(), &prefixes).await?,
+    let (index, mirror) = match source {
+        Opened::Mirror(mirror) => (mirror_index(mirror, trees), Some(mirror)),
+        Opened::Store(prefixes) => (combined_index(app.store.as_ref(), &prefixes).await?, None),
     };
-    Ok(IndexedReader { kv, index })
+    Ok((IndexedReader { kv, index }, mirror))
 }
 
 /// Which source [`open`] read from: the mirror, or the store with the prefixes it watched.

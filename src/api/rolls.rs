@@ -32,7 +32,9 @@ use crate::api::extract::{ApiJson, ApiPath, NoQuery};
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, IfMatch};
-use crate::api::reads::{current_reader, indexed_reader, IndexedReader, ReadParams, ReadQuery};
+use crate::api::reads::{
+    current_mirror, current_reader, indexed_source, IndexedReader, ReadParams, ReadQuery,
+};
 use crate::api::responses::{created, read_back};
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
@@ -45,7 +47,7 @@ use crate::model::event::{
     Actor, FinishedRoll, ObjectKind, RcProgress, RollOutcome, RollProgress, StoredRollFields,
 };
 use crate::model::{CreateRoll, HealthCounts, HealthState, PodHealth, RollId};
-use crate::state::Tree;
+use crate::state::{Mirror, Tree};
 use crate::store::conditions::read_conditions;
 use crate::store::events::read_meta;
 use crate::store::health::HealthStore;
@@ -280,7 +282,7 @@ async fn list_rolls(
     query: ListQuery<RollFilter>,
 ) -> Result<Response, ApiError> {
     let finished = query.filter.finished();
-    let IndexedReader { kv, index } = indexed_reader(
+    let (IndexedReader { kv, index }, mirror) = indexed_source(
         &app,
         &roll_trees(finished),
         &[],
@@ -289,7 +291,7 @@ async fn list_rolls(
     )
     .await?;
     let (_, records) = RollStore::new(kv.clone()).list().await?;
-    let mut views = Views::load(kv.clone()).await?;
+    let mut views = Views::of_every_roll(kv.clone(), mirror).await?;
     let mut items = Vec::with_capacity(records.len());
     if query.filter.active() {
         for record in &records {
@@ -343,7 +345,7 @@ async fn get_roll(
     ApiPath(RollPath { id }): ApiPath<RollPath>,
 ) -> Result<Response, ApiError> {
     let id = id.to_string();
-    let IndexedReader { kv, index } = indexed_reader(
+    let (IndexedReader { kv, index }, mirror) = indexed_source(
         &app,
         &roll_trees(true),
         &[],
@@ -353,7 +355,7 @@ async fn get_roll(
     .await?;
     let rolls = RollStore::new(kv.clone());
     let (version, view) = match rolls.get(&id).await {
-        Ok(Some(record)) => (record.index, Views::load(kv).await?.view(&record).await?),
+        Ok(Some(record)) => (record.index, Views::new(kv, mirror).view(&record).await?),
         Ok(None) => {
             let Some(finished) = rolls.finished(&id).await? else {
                 return Ok(error_at(not_found(&id), index));
@@ -461,7 +463,9 @@ fn roll_trees(finished: bool) -> Vec<Tree> {
 /// The view of a roll just read or written for a write's answer or record, from the mirror
 /// (which holds this server's own writes at once) unless it cannot be trusted.
 async fn current_view(app: &AppState, record: &RollRecord) -> Result<Roll, ApiError> {
-    Views::load(current_reader(app)).await?.view(record).await
+    Views::new(current_reader(app), current_mirror(app))
+        .view(record)
+        .await
 }
 
 fn not_found(id: &str) -> ApiError {
@@ -493,39 +497,96 @@ fn creation_error(err: CreateRollError) -> ApiError {
     }
 }
 
-/// Builds roll views for one request, reading the pod labels once and each pod's health
-/// records at most once however many rolls are shown.
+/// Builds roll views for one request, each RC's pods and each pod's health records read at
+/// most once however many rolls are shown. A view costs what its two RCs' pods cost: from
+/// the mirror, they are found through its index of pods by RC; the store has no such index,
+/// so one listing of the pod labels, read on first use, serves every RC shown.
 struct Views {
     kv: Arc<dyn KvStore>,
     rcs: RcStore,
-    roll_labels: BTreeMap<String, Labels>,
-    /// Every pod, by the RC id it is labeled with.
-    pods_by_rc: HashMap<String, Vec<PodLocation>>,
+    /// Every roll's labels, when a listing shows them all; else each roll's read by key.
+    roll_labels: Option<BTreeMap<String, Labels>>,
+    /// Where each RC's pods are found.
+    pods: PodsByRc,
     /// Health by node, per pod id, filled on first use.
     health: HashMap<String, HashMap<String, HealthState>>,
 }
 
+/// Where [`Views`] finds the pods labeled with an RC's id.
+enum PodsByRc {
+    /// The mirror's index of pods by RC.
+    Mirror(Mirror),
+    /// Every pod, by the RC id it is labeled with, once listed from the store.
+    Listed(Option<HashMap<String, Vec<PodLocation>>>),
+}
+
 impl Views {
-    async fn load(kv: Arc<dyn KvStore>) -> Result<Self, ApiError> {
-        let labels = LabelStore::new(kv.clone());
-        let (_, pods) = labels.list(LabelType::Pod).await?;
-        let mut pods_by_rc: HashMap<String, Vec<PodLocation>> = HashMap::new();
-        for pod in pods {
-            let Some(rc_id) = pod.labels.get(RC_ID_LABEL) else {
-                continue;
-            };
-            if let Some(location) = PodLocation::from_label_id(&pod.id) {
-                pods_by_rc.entry(rc_id.clone()).or_default().push(location);
-            }
-        }
-        let (_, rolls) = labels.list(LabelType::Rolls).await?;
-        Ok(Views {
+    /// Views of single rolls read through `kv`, which reads `mirror` when given.
+    fn new(kv: Arc<dyn KvStore>, mirror: Option<&Mirror>) -> Self {
+        Views {
             rcs: RcStore::new(kv.clone()),
             kv,
-            roll_labels: rolls.into_iter().map(|l| (l.id, l.labels)).collect(),
-            pods_by_rc,
+            roll_labels: None,
+            pods: match mirror {
+                Some(mirror) => PodsByRc::Mirror(mirror.clone()),
+                None => PodsByRc::Listed(None),
+            },
             health: HashMap::new(),
+        }
+    }
+
+    /// As [`Views::new`], for a listing of every roll: their labels read in one listing.
+    async fn of_every_roll(
+        kv: Arc<dyn KvStore>,
+        mirror: Option<&Mirror>,
+    ) -> Result<Self, ApiError> {
+        let (_, rolls) = LabelStore::new(kv.clone()).list(LabelType::Rolls).await?;
+        Ok(Views {
+            roll_labels: Some(rolls.into_iter().map(|l| (l.id, l.labels)).collect()),
+            ..Views::new(kv, mirror)
         })
+    }
+
+    /// The labels of the roll `id`.
+    async fn roll_labels(&self, id: &str) -> Result<Labels, ApiError> {
+        Ok(match &self.roll_labels {
+            Some(all) => all.get(id).cloned().unwrap_or_default(),
+            None => {
+                let labels = LabelStore::new(self.kv.clone());
+                labels.get(LabelType::Rolls, id).await?.value
+            }
+        })
+    }
+
+    /// The pods labeled with the RC `rc_id`, sorted.
+    async fn pods_of_rc(&mut self, rc_id: &str) -> Result<Vec<PodLocation>, ApiError> {
+        let listed = match &mut self.pods {
+            PodsByRc::Mirror(mirror) => {
+                let ids = mirror.pods_of_rc(rc_id);
+                return Ok(ids
+                    .iter()
+                    .filter_map(|id| PodLocation::from_label_id(id))
+                    .collect());
+            }
+            PodsByRc::Listed(listed) => listed,
+        };
+        if listed.is_none() {
+            let (_, pods) = LabelStore::new(self.kv.clone())
+                .list(LabelType::Pod)
+                .await?;
+            let mut by_rc: HashMap<String, Vec<PodLocation>> = HashMap::new();
+            for pod in pods {
+                let Some(rc_id) = pod.labels.get(RC_ID_LABEL) else {
+                    continue;
+                };
+                if let Some(location) = PodLocation::from_label_id(&pod.id) {
+                    by_rc.entry(rc_id.clone()).or_default().push(location);
+                }
+            }
+            *listed = Some(by_rc);
+        }
+        let pods = listed.as_ref().and_then(|by_rc| by_rc.get(rc_id));
+        Ok(pods.cloned().unwrap_or_default())
     }
 
     async fn view(&mut self, record: &RollRecord) -> Result<Roll, ApiError> {
@@ -535,11 +596,7 @@ impl Views {
             &layout::meta(ObjectKind::Rolls, &roll.new_rc),
         )
         .await?;
-        let labels = self
-            .roll_labels
-            .get(&roll.new_rc)
-            .cloned()
-            .unwrap_or_default();
+        let labels = self.roll_labels(&roll.new_rc).await?;
         let progress = RollProgress {
             old: self.progress(&roll.old_rc).await?,
             new: self.progress(&roll.new_rc).await?,
@@ -570,7 +627,7 @@ impl Views {
             }
             Err(e) => return Err(e.into()),
         };
-        let pods = self.pods_by_rc.get(rc_id).cloned().unwrap_or_default();
+        let pods = self.pods_of_rc(rc_id).await?;
         let reality = PodStore::new(self.kv.clone());
         let mut counts = HealthCounts::default();
         for pod in &pods {

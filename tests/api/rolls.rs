@@ -775,6 +775,74 @@ async fn progress_agrees_with_the_roll_farms_count() {
     tasks.wait().await;
 }
 
+/// A roll's view is the same from the mirror (found through its index of pods by RC), from
+/// the store, and in the listing: its own labels, not another roll's, and only the pods of
+/// its two RCs, by the RC id they are labeled with, counted whether or not the RC is there.
+#[tokio::test]
+async fn a_roll_reads_the_same_from_the_mirror_the_store_and_the_listing() {
+    let app = TestApp::new().await;
+    let (old, new) = create_between_new_rcs(&app, json!({"team": "a"})).await;
+    let (other_old, other_new) = create_between_new_rcs(&app, json!({"team": "b"})).await;
+    for (node, rc) in [("n1", &old), ("n2", &old), ("n3", &new), ("n4", &other_old)] {
+        put_pod(&app, node, rc).await;
+        put_reality(&app, node, ARRANGED_MANIFEST).await;
+        put_health(&app, node, node, HealthState::Passing).await;
+    }
+    put_pod(&app, "n5", &other_new).await;
+    app.put_json(
+        "labels/pod/n3/other",
+        &json!({"replication_controller_id": new}),
+    )
+    .await;
+    app.put_raw("labels/pod/n6/hello", "{not json").await;
+
+    let views = |id: String| {
+        let app = &app;
+        async move {
+            let shown = |body: &Value| {
+                json!([
+                    body["id"],
+                    body["labels"],
+                    body["progress"],
+                    body["resource_version"]
+                ])
+            };
+            let mirrored = app.get(&format!("/api/v1/rolls/{id}")).await.json();
+            let stored = app
+                .get(&format!("/api/v1/rolls/{id}?consistent=true"))
+                .await
+                .json();
+            let listing = app.get("/api/v1/rolls").await.json();
+            let items = listing["items"].as_array().unwrap();
+            let listed = items.iter().find(|roll| roll["id"] == json!(id)).unwrap();
+            assert_eq!(shown(&mirrored), shown(&stored));
+            assert_eq!(shown(&mirrored), shown(listed));
+            mirrored
+        }
+    };
+    let body = views(new.clone()).await;
+    assert_eq!(body["labels"], json!({"team": "a"}));
+    assert_eq!(
+        body["progress"],
+        json!({"old": {"desired": 2, "current": 2, "real": 2, "healthy": 2, "unknown": 0, "unhealthy": 0},
+               "new": {"desired": 0, "current": 1, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0}})
+    );
+    let body = views(other_new.clone()).await;
+    assert_eq!(body["labels"], json!({"team": "b"}));
+    assert_eq!(body["progress"]["old"]["current"], json!(1));
+    assert_eq!(body["progress"]["new"]["current"], json!(1));
+
+    // A gone RC's labeled pods of any pod id count, none as real.
+    let key = format!("replication_controllers/{new}");
+    app.store.delete(&key, Cas::Any).await.unwrap();
+    app.mirrored(&key).await;
+    let body = views(new).await;
+    assert_eq!(
+        body["progress"]["new"],
+        json!({"desired": null, "current": 2, "real": 0, "healthy": 0, "unknown": 0, "unhealthy": 0})
+    );
+}
+
 #[tokio::test]
 async fn get_of_an_unknown_or_malformed_id() {
     let app = TestApp::new().await;
