@@ -6,7 +6,6 @@
 //! next report or a DELETE, so an agent must keep reporting, and withdraw a stopped pod's
 //! record, rather than rely on its record vanishing.
 
-use std::collections::HashMap;
 use std::time::SystemTime;
 
 use axum::extract::State;
@@ -25,6 +24,7 @@ use crate::api::preconditions::{etag, unless_stale, IfMatch};
 use crate::api::reads::{indexed_reader, ConsistentFilter, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
+use crate::kv::StoreError;
 use crate::labels::{LabelType, Labels};
 use crate::layout;
 use crate::model::event::Actor;
@@ -297,18 +297,23 @@ async fn list_pod_health(
     let (_, by_node) = HealthStore::new(kv.clone()).list_for_pod(&pod_id).await?;
     let mut reports: Vec<PodHealth> = by_node.into_values().map(PodHealth::from).collect();
     if by_labels {
-        let (_, labeled) = LabelStore::new(kv).list(LabelType::Pod).await?;
-        let labels: HashMap<String, Labels> = labeled
-            .into_iter()
-            .map(|pod| (pod.id, pod.labels))
-            .collect();
-        // A pod without labels has the empty set, which a selector such as `!k` matches.
-        let no_labels = Labels::new();
-        reports.retain(|report| {
+        // The labels of the reported pods only, each read by key: the pod's cost, not the
+        // fleet's. A pod without labels (or with unreadable ones, or a record's node no key
+        // can name) has the empty set, which a selector such as `!k` matches.
+        let labels = LabelStore::new(kv);
+        let mut matching = Vec::with_capacity(reports.len());
+        for report in reports {
             let pod = PodLocation::stored(&report.node, &report.pod_id);
-            let pod_labels = labels.get(&pod.label_id()).unwrap_or(&no_labels);
-            query.selector.matches(pod_labels)
-        });
+            let pod_labels = match labels.get(LabelType::Pod, &pod.label_id()).await {
+                Ok(record) => record.value,
+                Err(StoreError::Invalid(_)) => Labels::new(),
+                Err(e) => return Err(e.into()),
+            };
+            if query.selector.matches(&pod_labels) {
+                matching.push(report);
+            }
+        }
+        reports = matching;
     }
     let page = query
         .paging

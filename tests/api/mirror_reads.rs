@@ -1597,19 +1597,34 @@ async fn a_consistent_listing_of_rcs_claims_no_write_made_between_its_reads() {
 }
 
 /// As for pods, for one pod's health selected by its labels: a health record and the pod's
-/// labels, committed after the records were read and before the labels were.
+/// labels, committed after the records were read, between the reads of the reported pods'
+/// labels.
 #[tokio::test]
 async fn a_consistent_listing_of_a_pods_health_claims_no_write_made_between_its_reads() {
     let (app, counting) = counted(MirrorConfig::default()).await;
-    let record = json!({"Id": "hello", "Node": "node9", "Service": "hello",
-        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    let record = |node: &str| {
+        json!({"Id": "hello", "Node": node, "Service": "hello", "Status": "passing",
+            "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"})
+        .to_string()
+    };
+    app.put_raw("health/hello/node8", record("node8")).await;
+    app.put_raw("labels/pod/node8/hello", r#"{"app":"web"}"#)
+        .await;
     let checker_writes = vec![
-        set("health/hello/node9", &record.to_string()),
+        set("health/hello/node9", &record("node9")),
         set("labels/pod/node9/hello", r#"{"app":"web"}"#),
     ];
+    counting.after_next_get_of("labels/pod/", checker_writes);
     let uri = "/api/v1/health/hello?selector=app%3Dweb&consistent=true";
-    let one_report = |body: &Value| body["items"].as_array().unwrap().len() == 1;
-    read_amid(&app, &counting, uri, checker_writes, one_report).await;
+    let listed = app.get(uri).await;
+    assert_eq!(listed.status, StatusCode::OK, "{listed:?}");
+    let written = app.stored("health/hello/node9").await.unwrap().modify_index;
+    let body = listed.json();
+    assert!(
+        body["items"].as_array().unwrap().len() == 2 || listed.x_index() < written,
+        "X-Index {} claims the write at {written}, but the answer lacks it: {body}",
+        listed.x_index()
+    );
 }
 
 /// A change that reaches the mirror after an answer was built, while the other trees of the

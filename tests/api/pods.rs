@@ -723,6 +723,50 @@ async fn filters_one_pods_health_by_a_selector_on_its_labels() {
     assert_eq!(nodes(not_canary.json()), ["node2", "node3"]);
 }
 
+/// A selector matches the labels of each reported pod, on the node its record names,
+/// alike from the mirror and from the store: a pod whose labels cannot be read, or whose
+/// record names a node no key can hold, has the empty set.
+#[tokio::test]
+async fn a_pods_health_selector_reads_the_labels_of_each_reported_pod() {
+    let app = TestApp::new().await;
+    put_p2_health(&app, "hello", "node1", "passing").await;
+    let elsewhere = json!({"Id": "hello", "Node": "node7", "Service": "hello",
+        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    app.put_json("health/hello/node2", &elsewhere).await;
+    put_p2_health(&app, "hello", "node3", "passing").await;
+    let dots = json!({"Id": "hello", "Node": "..", "Service": "hello",
+        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    app.put_json("health/hello/node4", &dots).await;
+    app.put_json("labels/pod/node1/hello", &json!({"deploy": "canary"}))
+        .await;
+    app.put_json("labels/pod/node2/hello", &json!({"deploy": "main"}))
+        .await;
+    app.put_json("labels/pod/node7/hello", &json!({"deploy": "canary"}))
+        .await;
+    app.put_raw("labels/pod/node3/hello", "{not json").await;
+
+    for consistent in ["", "&consistent=true"] {
+        let nodes = |body: Value| -> Vec<String> {
+            let items = body["items"].as_array().unwrap().iter();
+            items
+                .map(|i| i["node"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let canary = app
+            .get(&format!(
+                "/api/v1/health/hello?selector=deploy%3Dcanary{consistent}"
+            ))
+            .await;
+        assert_eq!(nodes(canary.json()), ["node1", "node7"], "{consistent}");
+        let unlabeled = app
+            .get(&format!(
+                "/api/v1/health/hello?selector=%21deploy{consistent}"
+            ))
+            .await;
+        assert_eq!(nodes(unlabeled.json()), ["..", "node3"], "{consistent}");
+    }
+}
+
 // ---- the stores the farms build on ----
 
 #[tokio::test]
