@@ -27,8 +27,8 @@ use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::reads::{
-    current_reader, indexed_reader, mirror_index, source, IndexedReader, ReadParams, ReadQuery,
-    Source,
+    current_mirror, current_reader, indexed_source, mirror_index, source, IndexedReader,
+    ReadParams, ReadQuery, Source,
 };
 use crate::api::responses::{created, read_back};
 use crate::app::AppState;
@@ -44,7 +44,7 @@ use crate::model::{
     ds_spec, CreateDaemonSet, DaemonSetId, DaemonSetPatch, HealthCounts, HealthState, PodHealth,
     StoredDaemonSet,
 };
-use crate::state::Tree;
+use crate::state::{Mirror, Tree};
 use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::daemon_sets::{
     self, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
@@ -310,12 +310,12 @@ async fn get_daemon_set(
     ApiPath(id): ApiPath<DaemonSetId>,
 ) -> Result<Response, ApiError> {
     let id = id.uuid();
-    let IndexedReader { kv, index } =
-        indexed_reader(&app, &DS_TREES, &[], query.consistent, query.blocking).await?;
+    let (IndexedReader { kv, index }, mirror) =
+        indexed_source(&app, &DS_TREES, &[], query.consistent, query.blocking).await?;
     let Some(record) = DaemonSetStore::new(kv.clone()).get(id).await? else {
         return Ok(error_at(DaemonSetError::NotFound(id).into(), index));
     };
-    let view = view(&kv, id, &record).await?;
+    let view = view(&kv, mirror, id, &record).await?;
     Ok(([etag(record.index), index_header(index)], ApiJson(view)).into_response())
 }
 
@@ -460,13 +460,14 @@ const DS_TREES: [Tree; 9] = [
 const LIST_TREES: [Tree; 2] = [Tree::DaemonSets, Tree::Conditions];
 
 /// The view of `record` with its rollout status, times and conditions, all read through
-/// `kv`.
+/// `kv`, which reads `mirror` when given.
 async fn view(
     kv: &Arc<dyn KvStore>,
+    mirror: Option<&Mirror>,
     id: uuid::Uuid,
     record: &DaemonSetRecord,
 ) -> Result<DaemonSet, ApiError> {
-    let status = rollout_status(kv, id, record).await?;
+    let status = rollout_status(kv, mirror, id, record).await?;
     let meta = read_meta(kv.as_ref(), &layout::meta(ObjectKind::Daemonsets, id)).await?;
     let conditions = read_conditions(kv.as_ref(), ObjectKind::Daemonsets, &id.to_string()).await?;
     Ok(daemon_set(record, Some(status), conditions).with_times(meta))
@@ -479,7 +480,7 @@ async fn current_view(
     id: uuid::Uuid,
     record: &DaemonSetRecord,
 ) -> Result<DaemonSet, ApiError> {
-    view(&current_reader(app), id, record).await
+    view(&current_reader(app), current_mirror(app), id, record).await
 }
 
 /// [`current_view`], or, when that cannot be read, the view of what was written without
@@ -515,24 +516,27 @@ fn daemon_set(
 }
 
 /// Counts, now, the nodes a daemon set targets, the nodes it has pods on, and the healthy ones.
+/// Its pods are found through the mirror's label index when `kv` reads `mirror`: a daemon
+/// set's cost is its pods', not the fleet's.
 async fn rollout_status(
     kv: &Arc<dyn KvStore>,
+    mirror: Option<&Mirror>,
     id: uuid::Uuid,
     record: &DaemonSetRecord,
 ) -> Result<DaemonSetStatus, ApiError> {
-    let labels = LabelStore::new(kv.clone());
+    let labels = LabelStore::reading(kv.clone(), mirror);
     // Writes keep the selector parsable; one that is not (written by another tool) cannot
     // be acted on by the farm, so it targets nothing.
     let targeted: HashSet<String> = match record.value.node_selector.parse::<Selector>() {
         Ok(selector) => {
-            let (_, nodes) = labels.select(LabelType::Node, &selector).await?;
+            let nodes = labels.matching(LabelType::Node, &selector).await?;
             nodes.into_iter().map(|node| node.id).collect()
         }
         Err(_) => HashSet::new(),
     };
     let owned = Requirement::equals(DS_ID_LABEL, id.to_string()).map_err(ApiError::internal)?;
-    let (_, pods) = labels
-        .select(LabelType::Pod, &Selector::from_requirements([owned]))
+    let pods = labels
+        .matching(LabelType::Pod, &Selector::from_requirements([owned]))
         .await?;
     // Healthy as the farm counts nodes for `min_health`: by the one rule, against what the
     // node is meant to run (its intent, the daemon set's manifest or not yet).

@@ -29,7 +29,9 @@ use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
-use crate::api::reads::{indexed_reader, reader, ConsistentFilter, IndexedReader};
+use crate::api::reads::{
+    indexed_reader, mirror_index, source_reader, ConsistentFilter, IndexedReader,
+};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::StoreError;
@@ -217,17 +219,27 @@ async fn list_labels(
     // An unknown type is 404 whatever the query, as on every label route.
     let label_type = label_type(&type_name)?;
     let query = query?;
-    let kv = reader(
+    let trees = [Tree::Labels(label_type)];
+    let (kv, mirror) = source_reader(
         &app,
-        &[Tree::Labels(label_type)],
+        &trees,
         &[Span::Prefix(layout::labels_of_type(label_type))],
         query.filter.consistent(),
         query.blocking,
     )
     .await?;
-    let (index, mut items) = LabelStore::new(kv)
-        .select(label_type, &query.selector)
-        .await?;
+    // From the mirror, a selector naming a value is answered through its label index.
+    let (index, mut items) = match mirror {
+        Some(mirror) => {
+            let index = mirror_index(mirror, &trees);
+            let labels = LabelStore::reading(kv, Some(mirror));
+            (index, labels.matching(label_type, &query.selector).await?)
+        }
+        None => {
+            let labels = LabelStore::new(kv);
+            labels.select(label_type, &query.selector).await?
+        }
+    };
     items.sort_by(|a, b| a.id.cmp(&b.id));
     Ok((
         [index_header(index)],

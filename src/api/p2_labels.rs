@@ -36,7 +36,7 @@ use utoipa_axum::routes;
 
 use crate::api::blocking::index_header;
 use crate::api::extract::{refuse_duplicate_keys, ApiJson, ApiPath, ApiQuery, NoQuery};
-use crate::api::reads::{indexed_reader, IndexedReader};
+use crate::api::reads::{indexed_source, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{
@@ -169,7 +169,7 @@ async fn select_p2_labels(
         .parse()
         .map_err(|e: ParseSelectorError| ApiError::bad_request(e.to_string()))?;
     let (labels, index) = mirrored(&app, label_type).await?;
-    let (_, matches) = labels.select(label_type, &selector).await?;
+    let matches = labels.matching(label_type, &selector).await?;
     Ok(([index_header(index)], ApiJson(matches)))
 }
 
@@ -509,13 +509,13 @@ fn store(app: &AppState) -> LabelStore {
 }
 
 /// The labels of a type as read by P2's clients, which ask for no consistency: from the
-/// mirror while it is healthy (with the server's own writes), else from the store; with the
-/// index an answer read from them reflects.
+/// mirror while it is healthy (with the server's own writes; a selection through its label
+/// index), else from the store; with the index an answer read from them reflects.
 async fn mirrored(app: &AppState, label_type: LabelType) -> Result<(LabelStore, u64), ApiError> {
     let trees = [Tree::Labels(label_type)];
-    let IndexedReader { kv, index } =
-        indexed_reader(app, &trees, &[], false, Default::default()).await?;
-    Ok((LabelStore::new(kv), index))
+    let (IndexedReader { kv, index }, mirror) =
+        indexed_source(app, &trees, &[], false, Default::default()).await?;
+    Ok((LabelStore::reading(kv, mirror), index))
 }
 
 /// A bad type is 400 in P2's label API, with P2's message.

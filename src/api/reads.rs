@@ -246,6 +246,22 @@ pub async fn reader(
     Ok(open(app, trees, spans, consistent, blocking).await?.0)
 }
 
+/// [`reader`], and the mirror when the reader reads it, as [`indexed_source`] gives them.
+pub async fn source_reader<'a>(
+    app: &'a App,
+    trees: &[Tree],
+    spans: &[Span],
+    consistent: bool,
+    blocking: Blocking,
+) -> Result<(Arc<dyn KvStore>, Option<&'a Mirror>), ApiError> {
+    let (kv, source) = open(app, trees, spans, consistent, blocking).await?;
+    let mirror = match source {
+        Opened::Mirror(mirror) => Some(mirror),
+        Opened::Store(_) => None,
+    };
+    Ok((kv, mirror))
+}
+
 /// A [`reader`] and the index an answer read through it reflects.
 pub struct IndexedReader {
     pub kv: Arc<dyn KvStore>,

@@ -14,6 +14,7 @@ use crate::kv::{KvPair, KvStore, StoreResult, TxnOp};
 use crate::layout;
 use crate::model::event::{diff, Action, Actor, Event, EventKind};
 use crate::model::to_go_json;
+use crate::state::Mirror;
 
 /// One object's labels and the modify index they were read at (0 when it has none).
 pub type LabelRecord = Versioned<Labels>;
@@ -22,12 +23,23 @@ pub type LabelRecord = Versioned<Labels>;
 #[derive(Clone)]
 pub struct LabelStore {
     kv: Arc<dyn KvStore>,
+    /// The mirror `kv` reads, if it reads one: [`LabelStore::matching`] narrows through its
+    /// label index.
+    mirror: Option<Mirror>,
 }
 
 impl LabelStore {
     /// Wraps the KV store.
     pub fn new(kv: Arc<dyn KvStore>) -> Self {
-        LabelStore { kv }
+        LabelStore { kv, mirror: None }
+    }
+
+    /// Wraps `kv`, which reads `mirror` when given (`api::reads` says which).
+    pub fn reading(kv: Arc<dyn KvStore>, mirror: Option<&Mirror>) -> Self {
+        LabelStore {
+            kv,
+            mirror: mirror.cloned(),
+        }
     }
 
     /// One object's labels; an object without a key has no labels and index 0.
@@ -61,6 +73,28 @@ impl LabelStore {
         let (index, mut all) = self.list(label_type).await?;
         all.retain(|labeled| selector.matches(&labeled.labels));
         Ok((index, all))
+    }
+
+    /// The objects of a type whose labels match `selector`, sorted by id, as
+    /// [`LabelStore::select`] finds them; from a mirror, through its label index
+    /// ([`Mirror::select`]), so that a selector naming a value costs what it matches, not
+    /// every label set of the type.
+    pub async fn matching(
+        &self,
+        label_type: LabelType,
+        selector: &Selector,
+    ) -> StoreResult<Vec<Labeled>> {
+        let Some(mirror) = &self.mirror else {
+            return Ok(self.select(label_type, selector).await?.1);
+        };
+        let found = mirror.select(label_type, selector).into_iter();
+        Ok(found
+            .map(|(id, labels)| Labeled {
+                label_type,
+                id,
+                labels,
+            })
+            .collect())
     }
 
     /// Replaces an object's labels if its index is still `expected` (any index when `None`);

@@ -779,3 +779,52 @@ async fn if_match_takes_a_list_of_etags_or_any_version() {
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
     assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 }
+
+/// A selection of pod labels is the same from the mirror (through its label index when a
+/// requirement names a value), from the store, and through P2's `/api/select`: an empty or
+/// unreadable set is matched only by what matches the empty set.
+#[tokio::test]
+async fn a_selection_is_the_same_from_the_mirror_the_store_and_p2s_select() {
+    let app = TestApp::new().await;
+    app.put_json("labels/pod/n1/a", &json!({"rc": "x", "team": "a"}))
+        .await;
+    app.put_json("labels/pod/n1/b", &json!({"rc": "y"})).await;
+    app.put_raw("labels/pod/n2/a", "null").await;
+    app.put_raw("labels/pod/n2/b", "{not json").await;
+    app.put_json("labels/pod/n3/a", &json!({"rc": "x", "team": ""}))
+        .await;
+    let selectors = [
+        ("rc%3Dx", vec!["n1/a", "n3/a"]),
+        ("rc%20in%20(x%2Cy)", vec!["n1/a", "n1/b", "n3/a"]),
+        ("rc%3D%3Dx%2Cteam%3Da", vec!["n1/a"]),
+        ("team%3D", vec!["n3/a"]),
+        ("%21rc", vec!["n2/a"]),
+        ("rc%21%3Dx", vec!["n1/b", "n2/a"]),
+        ("team", vec!["n1/a", "n3/a"]),
+    ];
+    for (selector, expected) in selectors {
+        let ids = |items: &Value| -> Vec<String> {
+            let items = items.as_array().unwrap().iter();
+            items
+                .map(|i| i["id"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let mirrored = app
+            .get(&format!("/api/v1/labels/pod?selector={selector}"))
+            .await
+            .json();
+        let stored = app
+            .get(&format!(
+                "/api/v1/labels/pod?selector={selector}&consistent=true"
+            ))
+            .await
+            .json();
+        let p2 = app
+            .get(&format!("/api/select?type=pod&selector={selector}"))
+            .await
+            .json();
+        assert_eq!(ids(&mirrored["items"]), expected, "{selector}");
+        assert_eq!(mirrored["items"], stored["items"], "{selector}");
+        assert_eq!(mirrored["items"], p2, "{selector}");
+    }
+}
