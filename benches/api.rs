@@ -21,6 +21,13 @@
 //! - `GET /api/v1/rolls/{id}` (a roll over two of the fleet's RCs, with their pods' progress)
 //!   in that large fleet, as a ratio to the same read in the small one, measured in turns
 //!   with it;
+//! - `GET /api/v1/events?kind=rcs&id=` (one RC's events, its creation's among the fleet's
+//!   one event per RC) in that large fleet, as a ratio to GET one RC of the same fleet
+//!   measured in turns with it;
+//! - writes of one object in either fleet in turns, each connection writing one of its own
+//!   (the same ones in both fleets), each write a change with its event: `PUT
+//!   /api/v1/health/{pod_id}/{node}`, `PUT /api/v1/labels/pod/{node}/{pod_id}` and `PATCH
+//!   /api/v1/rcs/{id}`, the large fleet's as a ratio to the small one's;
 //! - with `CONSUL_HTTP_ADDR` set (and `CONSUL_HTTP_TOKEN` if the agent needs one): GET one
 //!   RC (100 RCs) from a server on that Consul, as a ratio to a raw Consul KV GET of the
 //!   same key.
@@ -36,6 +43,7 @@ use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore};
 use p2_apiserver::kv::prefixed::Prefixed;
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{KvStore, TxnOp, MAX_TXN_OPS};
+use p2_apiserver::layout;
 use p2_apiserver::server;
 use p2_apiserver::state::{Mirror, MirrorConfig};
 use tokio_util::sync::CancellationToken;
@@ -167,9 +175,9 @@ async fn serve_on(store: Arc<dyn KvStore>, rcs: usize, dir: Option<tempfile::Tem
     }
 }
 
-/// Writes `rcs` RCs, their labels, and their pods' intents and labels, as the RC farm would
-/// leave them, a passing health result for each pod, and a roll from the last but one RC
-/// to the last (`rcs` must be at least 2), as P2 writes it.
+/// Writes `rcs` RCs, their labels and their creations' events, and their pods' intents and
+/// labels, as the RC farm would leave them, a passing health result for each pod, and a
+/// roll from the last but one RC to the last (`rcs` must be at least 2), as P2 writes it.
 async fn populate(store: &dyn KvStore, rcs: usize, nodes: usize) -> Vec<String> {
     let mut ids = Vec::with_capacity(rcs);
     let mut ops = Vec::new();
@@ -206,6 +214,21 @@ async fn populate(store: &dyn KvStore, rcs: usize, nodes: usize) -> Vec<String> 
                     "Time": "2026-12-05T00:00:00Z", "Expires": "2126-12-05T00:00:00Z"}),
             ));
         }
+        // Its creation's event, as the server records it.
+        let event = format!("{:020}-{r:08x}", 1_764_892_800_000_000_000u64 + r as u64);
+        ops.push(set(
+            layout::event(&event),
+            serde_json::json!({"id": event, "time": "2025-12-05T00:00:00Z",
+            "actor": "anonymous", "action": "created", "kind": "rcs", "object_id": id,
+            "request_id": null, "changes": [
+                created("allocation_strategy", "dynamic_strategy".into()),
+                created("disabled", false.into()),
+                created("manifest", format!("sha256:{:064x}", r).into()),
+                created("node_selector", "".into()),
+                created("pod_labels", serde_json::json!({})),
+                created("replicas_desired", PODS_PER_RC.into()),
+            ]}),
+        ));
         ids.push(id);
     }
     if let [.., old, new] = ids.as_slice() {
@@ -219,6 +242,11 @@ async fn populate(store: &dyn KvStore, rcs: usize, nodes: usize) -> Vec<String> 
         store.txn(batch).await.unwrap();
     }
     ids
+}
+
+/// An event's change of `field` from nothing to `after`, as a creation's event holds it.
+fn created(field: &str, after: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"field": field, "before": null, "after": after})
 }
 
 fn set(key: String, value: serde_json::Value) -> TxnOp {
@@ -386,7 +414,38 @@ async fn measure_with(
     secs: u64,
     request: impl Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
 ) -> Figure {
-    let request = Arc::new(request);
+    send_back_to_back(connections, Duration::from_secs(secs), Arc::new(request))
+        .await
+        .figure()
+}
+
+/// Each of `requests` as [`measure_with`] sends it, in turns of `secs / TURNS` each, as
+/// [`measure_alternately`] measures GETs.
+async fn measure_with_alternately<const N: usize, F>(
+    requests: [F; N],
+    connections: usize,
+    secs: u64,
+) -> [Figure; N]
+where
+    F: Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
+{
+    let requests = requests.map(Arc::new);
+    let turn = Duration::from_secs(secs) / TURNS;
+    let mut samples: [Samples; N] = std::array::from_fn(|_| Samples::default());
+    for _ in 0..TURNS {
+        for (request, samples) in requests.iter().zip(&mut samples) {
+            samples.add(send_back_to_back(connections, turn, request.clone()).await);
+        }
+    }
+    samples.map(Samples::figure)
+}
+
+/// `connections` clients each sending the request `request` makes (given the client's
+/// number) back to back for `time`.
+async fn send_back_to_back<F>(connections: usize, time: Duration, request: Arc<F>) -> Samples
+where
+    F: Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
+{
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(connections)
         .build()
@@ -404,7 +463,7 @@ async fn measure_with(
         warm.await.unwrap().unwrap();
     }
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(secs);
+    let deadline = started + time;
     let workers: Vec<_> = (0..connections)
         .map(|worker| {
             let (client, request) = (client.clone(), request.clone());
@@ -427,7 +486,7 @@ async fn measure_with(
             })
         })
         .collect();
-    gather(workers, started).await.figure()
+    gather(workers, started).await
 }
 
 /// The requests the `workers` started at `started` made.
@@ -491,6 +550,47 @@ fn patch_rc(client: &reqwest::Client, base: &str, id: &str) -> reqwest::RequestB
         .patch(format!("{base}/api/v1/rcs/{id}"))
         .header("content-type", "application/merge-patch+json")
         .body(format!(r#"{{"replicas_desired":{replicas}}}"#))
+}
+
+/// A PUT of the health of RC `rc`'s first pod (`app<rc>` on `node<rc * PODS_PER_RC>`, the
+/// same pod in either fleet), its status flipped from what the pod's last PUT from this
+/// process sent, so that each one is a change with its event.
+fn put_health(
+    client: &reqwest::Client,
+    base: &str,
+    rc: usize,
+    turns: &[std::sync::atomic::AtomicU64],
+) -> reqwest::RequestBuilder {
+    let turn = turns[rc].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let status = if turn.is_multiple_of(2) {
+        "critical"
+    } else {
+        "passing"
+    };
+    let node = rc * PODS_PER_RC;
+    client
+        .put(format!("{base}/api/v1/health/app{rc}/node{node}"))
+        .json(&serde_json::json!({ "status": status }))
+}
+
+/// A PUT replacing the labels of RC `rc`'s first pod (as [`put_health`] names it) with its
+/// RC's and pod id's and a label no PUT before it from this process set, so that each one
+/// is a change with its event.
+fn put_pod_labels(
+    client: &reqwest::Client,
+    base: &str,
+    (rc, rc_id): (usize, &str),
+    turns: &[std::sync::atomic::AtomicU64],
+) -> reqwest::RequestBuilder {
+    let turn = turns[rc].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let node = rc * PODS_PER_RC;
+    client
+        .put(format!("{base}/api/v1/labels/pod/node{node}/app{rc}"))
+        .json(&serde_json::json!({ "labels": {
+            "replication_controller_id": rc_id,
+            "pod_id": format!("app{rc}"),
+            "turn": turn.to_string(),
+        }}))
 }
 
 /// `writers` tasks each writing its own key back to back for `secs`, every write a CAS on
@@ -658,6 +758,15 @@ async fn watch_changes(
     }
 }
 
+/// Reports `what` in the small fleet and in the large one (of `large_rcs` RCs), the large
+/// fleet's as a ratio to the small one's.
+fn report_fleets(what: &str, large_rcs: usize, [small, large]: &[Figure; 2]) {
+    let small_name = format!("{what} ({SMALL_RCS} RCs)");
+    report(&small_name, small, None);
+    let large_name = format!("{what} ({large_rcs} RCs)");
+    report(&large_name, large, Some((&small_name, small)));
+}
+
 fn report(what: &str, figure: &Figure, reference: Option<(&str, &Figure)>) {
     let ratio = reference.map_or_else(String::new, |(name, reference)| {
         format!(
@@ -766,6 +875,57 @@ fn main() {
             &large_roll,
             Some(("GET one roll (100 RCs)", &small_roll)),
         );
+        // One RC's events (its creation's) among the fleet's, one per RC, before any write
+        // adds more: in turns with GET one RC of the same fleet.
+        let (_, events) = large.store.keys(layout::EVENTS, None).await.unwrap();
+        let rc_events = format!(
+            "{}/api/v1/events?kind=rcs&id={}",
+            large.base, large.first_rc
+        );
+        let [large_one, large_events] =
+            measure_alternately([(&large_url, &[]), (&rc_events, &[])], c, secs).await;
+        report(
+            &format!("GET one RC ({} RCs), again", args.large_rcs),
+            &large_one,
+            None,
+        );
+        report(
+            &format!("list one RC's events ({} held)", events.len()),
+            &large_events,
+            Some(("GET one RC", &large_one)),
+        );
+        // Writes of one object, in either fleet in turns: each connection writes an object
+        // of its own among the small fleet's (the same ones in the large fleet).
+        let writers = c.min(SMALL_RCS);
+        let health = |served: &Served| {
+            let base = served.base.clone();
+            let turns: Vec<_> = (0..writers).map(|_| Default::default()).collect();
+            move |client: &reqwest::Client, worker: usize| {
+                put_health(client, &base, worker % writers, &turns)
+            }
+        };
+        let figures =
+            measure_with_alternately([health(&small), health(&large)], writers, secs).await;
+        report_fleets("PUT one pod's health", args.large_rcs, &figures);
+        let pod_labels = |served: &Served| {
+            let (base, rcs) = (served.base.clone(), served.rcs.clone());
+            let turns: Vec<_> = (0..writers).map(|_| Default::default()).collect();
+            move |client: &reqwest::Client, worker: usize| {
+                let rc = worker % writers;
+                put_pod_labels(client, &base, (rc, &rcs[rc]), &turns)
+            }
+        };
+        let figures =
+            measure_with_alternately([pod_labels(&small), pod_labels(&large)], writers, secs).await;
+        report_fleets("PUT one pod's labels", args.large_rcs, &figures);
+        let patch = |served: &Served| {
+            let (base, rcs) = (served.base.clone(), served.rcs.clone());
+            move |client: &reqwest::Client, worker: usize| {
+                patch_rc(client, &base, &rcs[worker % writers])
+            }
+        };
+        let figures = measure_with_alternately([patch(&small), patch(&large)], writers, secs).await;
+        report_fleets("CAS PATCH distinct RCs", args.large_rcs, &figures);
         drop(small);
         let healthz = measure(&format!("{}/healthz", large.base), c, secs).await;
         report("GET /healthz (large fleet, reference)", &healthz, None);
