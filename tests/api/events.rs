@@ -257,6 +257,43 @@ async fn events_filter_by_kind_id_actor_and_time_and_page_newest_first() {
     }
 }
 
+/// One object's events are found by the id in their stored bytes before any is decoded:
+/// an event whose JSON escapes a character of the id (as another writer may write it) is
+/// still that object's, and one whose object id only contains the id is not.
+#[tokio::test]
+async fn an_objects_events_are_those_naming_it_however_their_json_spells_it() {
+    let app = TestApp::new().await;
+    let rc = send(&app, "POST", "/api/v1/rcs", Some(&rc_spec()), &[])
+        .await
+        .json();
+    let id = rc["id"].as_str().unwrap().to_owned();
+    let event = |event_id: &str, object_id: &str| {
+        format!(
+            r#"{{"id":"{event_id}","time":"2026-12-05T00:00:00Z","actor":"p2-tool","action":"updated","kind":"rcs","object_id":"{object_id}","request_id":null,"changes":[]}}"#
+        )
+    };
+    // The id's first hyphen escaped, as JSON allows (`\u002d` ends in no `-`).
+    let escaped = id.replacen('-', "\\u002d", 1);
+    let spelled = "01700000000000000001-00000001";
+    app.put_raw(&layout::event(spelled), event(spelled, &escaped))
+        .await;
+    let longer = "01700000000000000002-00000002";
+    app.put_raw(
+        &layout::event(longer),
+        event(longer, &format!("{id}-other")),
+    )
+    .await;
+
+    let listed: Vec<String> = events(&app, &format!("?id={id}"), &[])
+        .await
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed[1], spelled, "the escaped event is the oldest");
+    assert!(!listed.iter().any(|listed| listed == longer));
+}
+
 #[tokio::test]
 async fn times_are_shown_updated_kept_out_of_p2s_documents_and_removed_with_the_object() {
     let app = TestApp::new().await;
