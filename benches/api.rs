@@ -18,6 +18,7 @@
 //!   default), as a ratio to the same GET with 100 RCs measured again in turns with it;
 //! - `GET /api/v1/pods?node=` (one node's pods with their health) in that large fleet, as a
 //!   ratio to the same listing in the small one, measured in turns with it;
+//! - `GET /api/v1/pods?pod_id=` (one pod id's ten pods, on ten nodes) likewise;
 //! - `GET /api/v1/rolls/{id}` (a roll over two of the fleet's RCs, with their pods' progress)
 //!   in that large fleet, as a ratio to the same read in the small one, measured in turns
 //!   with it;
@@ -863,6 +864,17 @@ fn main() {
             &format!("list one node's pods ({} RCs)", args.large_rcs),
             &large_node,
             Some(("list one node's pods (100 RCs)", &small_node)),
+        );
+        // One pod id's pods: ten on ten nodes in either fleet.
+        let id_pods = |served: &Served| format!("{}/api/v1/pods?pod_id=app0", served.base);
+        let (small_id, large_id) = (id_pods(&small), id_pods(&large));
+        let [small_id, large_id] =
+            measure_alternately([(&small_id, &[]), (&large_id, &[])], c, secs).await;
+        report("list one pod id's pods (100 RCs)", &small_id, None);
+        report(
+            &format!("list one pod id's pods ({} RCs)", args.large_rcs),
+            &large_id,
+            Some(("list one pod id's pods (100 RCs)", &small_id)),
         );
         // One roll over two RCs of ten pods each, in either fleet.
         let roll = |served: &Served| format!("{}/api/v1/rolls/{}", served.base, served.roll);

@@ -16,7 +16,7 @@ use crate::api::blocking::index_header;
 use crate::api::extract::ApiJson;
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
-use crate::api::reads::{indexed_reader, IndexedReader};
+use crate::api::reads::{indexed_source, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels};
@@ -130,7 +130,7 @@ async fn list_pods(
     let trees = [Tree::Intent, Tree::Labels(LabelType::Pod), Tree::Health];
     // The index is taken before anything is read: a write landing between the reads below
     // is in the answer or above it, never claimed without being shown.
-    let IndexedReader { kv, index } = indexed_reader(
+    let (IndexedReader { kv, index }, mirror) = indexed_source(
         &app,
         &trees,
         &spans,
@@ -139,8 +139,19 @@ async fn list_pods(
     )
     .await?;
     let pods = PodStore::new(kv.clone());
-    let (_, intents) = pods.locate(PodTree::Intent, node).await?;
-    let (_, mut labels) = pods.list_labels(node).await?;
+    // A pod id's listing reads its own pods only, by key, where the mirror's index tells
+    // their nodes (intents are keyed by node first, so no prefix holds them): its cost is
+    // its pods', not the fleet's.
+    let (intents, mut labels) = match (node, pod_id, mirror) {
+        (None, Some(pod_id), Some(mirror)) => {
+            let nodes = mirror.nodes_of_pod(pod_id);
+            pods.locate_pod(PodTree::Intent, pod_id, &nodes).await?
+        }
+        _ => (
+            pods.locate(PodTree::Intent, node).await?.1,
+            pods.list_labels(node).await?.1,
+        ),
+    };
     // A node's listing reads the health of its own pods' ids only: its cost is its pods',
     // not the fleet's.
     let health_of = match (node, pod_id) {

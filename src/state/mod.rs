@@ -834,6 +834,21 @@ impl Mirror {
             .unwrap_or_default()
     }
 
+    /// The nodes with an intent of pod id `pod_id`, sorted.
+    pub fn nodes_of_pod(&self, pod_id: &str) -> Vec<String> {
+        let state = self.read();
+        let intents = state.intents_by_pod.get(&data::pod_id_hash(pod_id));
+        let keys = intents.into_iter().flatten().map(|entry| &entry.pair.key);
+        // A colliding pod id's intents share the list.
+        let nodes = keys.filter_map(|key| {
+            let (node, of) = key.strip_prefix(layout::INTENT)?.split_once('/')?;
+            (of == pod_id).then(|| node.to_owned())
+        });
+        let mut nodes: Vec<String> = nodes.collect();
+        nodes.sort_unstable();
+        nodes
+    }
+
     /// The RCs whose manifest has pod id `pod_id`, sorted.
     pub fn rcs_of_pod(&self, pod_id: &str) -> Vec<String> {
         self.read()

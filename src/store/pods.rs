@@ -215,6 +215,39 @@ impl PodStore {
         Ok((listing.index, located))
     }
 
+    /// What [`PodStore::locate`] and [`PodStore::list_labels`] list of the pods of `pod_id`
+    /// on `nodes`, read by key: for a reader that knows where a pod id's intents are (the
+    /// mirror's index), as no prefix holds them.
+    pub async fn locate_pod(
+        &self,
+        tree: PodTree,
+        pod_id: &str,
+        nodes: &[String],
+    ) -> StoreResult<(
+        Vec<(PodLocation, KvPair)>,
+        BTreeMap<PodLocation, LabelRecord>,
+    )> {
+        let mut located = Vec::with_capacity(nodes.len());
+        let mut labels = BTreeMap::new();
+        for node in nodes {
+            let Some(pod) = PodLocation::from_key_segments(node, pod_id) else {
+                continue;
+            };
+            let Some(pair) = self.kv.get(&tree.key(&pod)).await? else {
+                continue;
+            };
+            let label_key = layout::labels(LabelType::Pod, &format!("{node}/{pod_id}"));
+            let label_pair = self.kv.get(&label_key).await?;
+            if let Some(value) = label_pair.as_ref().and_then(decode_labels) {
+                let index = label_pair.map_or(0, |pair| pair.modify_index);
+                labels.insert(pod.clone(), LabelRecord { value, index });
+            }
+            located.push((pod, pair));
+        }
+        located.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok((located, labels))
+    }
+
     /// The labels of every pod, all or one node's, with the listing's index. A pod without
     /// labels is absent from the map.
     pub async fn list_labels(

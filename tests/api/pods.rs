@@ -257,6 +257,91 @@ async fn filters_pods_by_node_and_pod_id() {
     assert_eq!(unfiltered["items"].as_array().unwrap().len(), 4);
 }
 
+/// The pods of one pod id, as a listing of the whole fleet filtered by it shows them.
+async fn of_pod_id_in_the_fleet(app: &TestApp, pod_id: &str) -> Vec<Value> {
+    let fleet = app.get("/api/v1/pods").await.json();
+    let items = fleet["items"].as_array().unwrap().iter();
+    items
+        .filter(|item| item["pod_id"] == pod_id)
+        .cloned()
+        .collect()
+}
+
+/// A pod id's listing shows exactly what a listing of the fleet shows of it, from the
+/// mirror and from the store alike: a pod placed by hand with no labels or health, a pod
+/// moved to another node, an intent deleted (its labels and health left behind).
+#[tokio::test]
+async fn a_pod_ids_listing_shows_its_pods_as_the_fleets_listing_does() {
+    let app = TestApp::new().await;
+    arrange_pods(&app).await;
+    put_intent(&app, "bare", "hello").await;
+    put_intent(&app, "zeta", "hello-world").await;
+    put_p2_health(&app, "hello", "nowhere", "passing").await;
+    app.put_json("labels/pod/nowhere/hello", &json!({"pod_id": "hello"}))
+        .await;
+    let check = |step: &'static str| {
+        let app = &app;
+        async move {
+            let expected = of_pod_id_in_the_fleet(app, "hello").await;
+            for path in [
+                "/api/v1/pods?pod_id=hello",
+                "/api/v1/pods?pod_id=hello&consistent=true",
+            ] {
+                let got = app.get(path).await.json();
+                assert_eq!(got["items"], json!(expected), "{step}: {path}");
+            }
+            expected
+        }
+    };
+    let shown = check("placed").await;
+    let names: Vec<_> = shown
+        .iter()
+        .map(|p| format!("{}/{}", p["node"], p["health"]))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            r#""bare"/"unknown""#,
+            r#""web"/"passing""#,
+            r#""web-1"/"warning""#
+        ]
+    );
+    assert_eq!(shown[0]["labels"], json!({}));
+
+    // Moved from web-1 to web-2, its labels with it.
+    app.store
+        .delete("intent/web-1/hello", Cas::Any)
+        .await
+        .unwrap();
+    app.store
+        .delete("labels/pod/web-1/hello", Cas::Any)
+        .await
+        .unwrap();
+    app.mirrored("intent/web-1/hello").await;
+    put_intent(&app, "web-2", "hello").await;
+    label_pod(&app, "web-2", "hello").await;
+    let shown = check("moved").await;
+    assert_eq!(
+        pod_names(&json!({"items": shown})),
+        ["bare/hello", "web/hello", "web-2/hello"]
+    );
+
+    // Deleted: its labels and health stay, but it is not shown.
+    app.store
+        .delete("intent/web/hello", Cas::Any)
+        .await
+        .unwrap();
+    app.mirrored("intent/web/hello").await;
+    let shown = check("deleted").await;
+    assert_eq!(
+        pod_names(&json!({"items": shown})),
+        ["bare/hello", "web-2/hello"]
+    );
+
+    let none = app.get("/api/v1/pods?pod_id=absent").await.json();
+    assert_eq!(none["items"], json!([]));
+}
+
 #[tokio::test]
 async fn filters_pods_by_a_selector_on_their_labels() {
     let app = TestApp::new().await;
