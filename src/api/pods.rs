@@ -122,9 +122,17 @@ async fn list_pods(
         },
         None => Span::Prefix(HealthStore::prefix(pod_id)),
     };
+    // A pod id's listing shows only its pods' intents and labels, which no prefix holds.
+    let of_pods = |prefix: String| match (node, pod_id) {
+        (None, Some(pod_id)) => Span::PodIntents {
+            prefix,
+            pod_id: pod_id.to_owned(),
+        },
+        _ => Span::Prefix(prefix),
+    };
     let spans = [
-        Span::Prefix(PodTree::Intent.prefix(node)),
-        Span::Prefix(pod_labels_prefix(node)),
+        of_pods(PodTree::Intent.prefix(node)),
+        of_pods(pod_labels_prefix(node)),
         health,
     ];
     let trees = [Tree::Intent, Tree::Labels(LabelType::Pod), Tree::Health];

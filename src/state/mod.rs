@@ -242,6 +242,11 @@ pub enum Span {
         node: String,
         pod_id: Option<String>,
     },
+    /// The keys `<prefix><node>/<pod_id>` of the nodes one pod id is intended on, under
+    /// `prefix` (the intent tree's, or the pod label tree's): what a pod id's listing shows.
+    /// Intents are keyed by node first, so no prefix holds one pod id's: a listing blocked on
+    /// the whole trees would wake at every change of every pod.
+    PodIntents { prefix: String, pod_id: String },
 }
 
 impl Span {
@@ -254,6 +259,7 @@ impl Span {
                 pod_id: Some(pod_id),
                 ..
             } => layout::health_of_pod(pod_id),
+            Span::PodIntents { prefix, .. } => prefix.clone(),
         }
     }
 
@@ -261,6 +267,7 @@ impl Span {
         match self {
             Span::Prefix(prefix) => extent(state, prefix),
             Span::NodeHealth { node, pod_id } => node_health_extent(state, node, pod_id.as_deref()),
+            Span::PodIntents { prefix, pod_id } => pod_intents_extent(state, prefix, pod_id),
         }
     }
 }
@@ -327,6 +334,39 @@ fn node_health_extent(state: &State, node: &str, pod_id: Option<&str>) -> Extent
             .get(&key)
             .cloned()
             .or_else(unconfirmed_delete)
+    });
+    found.fold((0, 0), |(count, highest), entry| {
+        (count + 1, highest.max(entry.pair.modify_index))
+    })
+}
+
+/// The [`Extent`] of [`Span::PodIntents`]: of the keys under `prefix` of the nodes with an
+/// intent of `pod_id`, an own delete of one not confirmed yet included, each as [`extent`]
+/// counts it.
+fn pod_intents_extent(state: &State, prefix: &str, pod_id: &str) -> Extent {
+    let Some(tree) = Tree::of_key(prefix) else {
+        return (0, 0);
+    };
+    let intents = state.tree(Tree::Intent);
+    let indexed = state.intents_by_pod.get(&data::pod_id_hash(pod_id));
+    let indexed = indexed.into_iter().flatten().map(|entry| &entry.pair.key);
+    let unconfirmed_deletes = intents
+        .tombstones
+        .iter()
+        .filter(|(_, tombstone)| tombstone.removed.is_some())
+        .map(|(key, _)| key);
+    let nodes: BTreeSet<&str> = indexed
+        .chain(unconfirmed_deletes)
+        .filter_map(|key| {
+            let (node, of) = key.strip_prefix(layout::INTENT)?.split_once('/')?;
+            (of == pod_id).then_some(node)
+        })
+        .collect();
+    let held = state.tree(tree);
+    let found = nodes.into_iter().filter_map(|node| {
+        let key = format!("{prefix}{node}/{pod_id}");
+        let unconfirmed_delete = || held.tombstones.get(&key)?.removed.clone();
+        held.entries.get(&key).cloned().or_else(unconfirmed_delete)
     });
     found.fold((0, 0), |(count, highest), entry| {
         (count + 1, highest.max(entry.pair.modify_index))

@@ -342,6 +342,60 @@ async fn a_pod_ids_listing_shows_its_pods_as_the_fleets_listing_does() {
     assert_eq!(none["items"], json!([]));
 }
 
+/// A pod id's listing blocked at its index wakes when one of its pods' intent, labels or
+/// health changes, and not at another pod id's pods (its intents are keyed by node first,
+/// so no prefix holds them: the whole trees would wake it at every change of the fleet).
+#[tokio::test]
+async fn blocking_pod_id_listing_wakes_on_its_pods_changes() {
+    let app = std::sync::Arc::new(TestApp::new().await);
+    for node in ["node1", "node2"] {
+        put_intent(&app, node, "hello").await;
+        label_pod(&app, node, "hello").await;
+        put_p2_health(&app, "hello", node, "passing").await;
+    }
+    let wait_for = |app: std::sync::Arc<TestApp>| async move {
+        let index = app.get("/api/v1/pods?pod_id=hello").await.x_index();
+        app.get_held(format!("/api/v1/pods?pod_id=hello&index={index}&wait=30s"))
+            .await
+    };
+
+    let held = wait_for(app.clone()).await;
+    // Other pod ids' pods, on the same nodes or not: must not wake it.
+    put_intent(&app, "node1", "other").await;
+    label_pod(&app, "node1", "other").await;
+    put_intent(&app, "node9", "hello-world").await;
+    label_pod(&app, "node9", "hello").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.assert_held("another pod id's pods woke the listing");
+    app.put_json(
+        "labels/pod/node2/hello",
+        &json!({"pod_id": "hello", "tier": "a"}),
+    )
+    .await;
+    let answer = held.woken("a label change did not wake the listing").await;
+    assert_eq!(answer.json()["items"][1]["labels"]["tier"], "a");
+
+    let held = wait_for(app.clone()).await;
+    put_p2_health(&app, "hello", "node1", "critical").await;
+    let answer = held.woken("a health change did not wake the listing").await;
+    assert_eq!(answer.json()["items"][0]["health"], "critical");
+
+    let held = wait_for(app.clone()).await;
+    app.store
+        .delete("intent/node1/hello", Cas::Any)
+        .await
+        .unwrap();
+    let answer = held
+        .woken("a deleted intent did not wake the listing")
+        .await;
+    assert_eq!(pod_names(&answer.json()), ["node2/hello"]);
+
+    let held = wait_for(app.clone()).await;
+    put_intent(&app, "node3", "hello").await;
+    let answer = held.woken("a new intent did not wake the listing").await;
+    assert_eq!(pod_names(&answer.json()), ["node2/hello", "node3/hello"]);
+}
+
 #[tokio::test]
 async fn filters_pods_by_a_selector_on_their_labels() {
     let app = TestApp::new().await;
