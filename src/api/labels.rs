@@ -24,7 +24,7 @@ use utoipa::{OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::index_header;
+use crate::api::blocking::{index_header, Blocking};
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
@@ -37,7 +37,7 @@ use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::StoreError;
 use crate::labels::{
     label_key_problem, label_value_problem, validate_labels, LabelType, Labeled, Labels,
-    ParseLabelTypeError,
+    ParseLabelTypeError, Selector,
 };
 use crate::layout;
 use crate::model::event::Actor;
@@ -219,32 +219,49 @@ async fn list_labels(
     // An unknown type is 404 whatever the query, as on every label route.
     let label_type = label_type(&type_name)?;
     let query = query?;
-    let trees = [Tree::Labels(label_type)];
-    let (kv, mirror) = source_reader(
+    let (index, items) = select_labeled(
         &app,
-        &trees,
-        &[Span::Prefix(layout::labels_of_type(label_type))],
+        label_type,
+        &query.selector,
         query.filter.consistent(),
         query.blocking,
     )
     .await?;
-    // From the mirror, a selector naming a value is answered through its label index.
-    let (index, mut items) = match mirror {
-        Some(mirror) => {
-            let index = mirror_index(mirror, &trees);
-            let labels = LabelStore::reading(kv, Some(mirror));
-            (index, labels.matching(label_type, &query.selector).await?)
-        }
-        None => {
-            let labels = LabelStore::new(kv);
-            labels.select(label_type, &query.selector).await?
-        }
-    };
-    items.sort_by(|a, b| a.id.cmp(&b.id));
     Ok((
         [index_header(index)],
         ApiJson(query.paging.page(items, labeled_id)),
     ))
+}
+
+/// The objects of `label_type` that `selector` matches, sorted by id, and the index they
+/// reflect, read where [`source_reader`] says: from the mirror, a selector naming a value is
+/// answered through its label index, not by decoding every label set of the type.
+pub(crate) async fn select_labeled(
+    app: &AppState,
+    label_type: LabelType,
+    selector: &Selector,
+    consistent: bool,
+    blocking: Blocking,
+) -> Result<(u64, Vec<Labeled>), ApiError> {
+    let trees = [Tree::Labels(label_type)];
+    let (kv, mirror) = source_reader(
+        app,
+        &trees,
+        &[Span::Prefix(layout::labels_of_type(label_type))],
+        consistent,
+        blocking,
+    )
+    .await?;
+    let (index, mut items) = match mirror {
+        Some(mirror) => {
+            let index = mirror_index(mirror, &trees);
+            let labels = LabelStore::reading(kv, Some(mirror));
+            (index, labels.matching(label_type, selector).await?)
+        }
+        None => LabelStore::new(kv).select(label_type, selector).await?,
+    };
+    items.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok((index, items))
 }
 
 /// Read one object's labels.

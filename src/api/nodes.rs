@@ -12,15 +12,15 @@ use utoipa_axum::routes;
 
 use crate::api::blocking::index_header;
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::api::labels::select_labeled;
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::etag;
-use crate::api::reads::{indexed_reader, reader, ConsistentFilter, IndexedReader};
+use crate::api::reads::{indexed_reader, ConsistentFilter, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels};
-use crate::layout;
-use crate::state::{Span, Tree};
+use crate::state::Tree;
 use crate::store::labels::LabelStore;
 use crate::store::pods::{validate_node_name, PodStore, PodTree};
 
@@ -78,17 +78,15 @@ async fn list_nodes(
     State(app): State<AppState>,
     query: ListQuery<ConsistentFilter>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let kv = reader(
+    // From the mirror, through its label index.
+    let (index, nodes) = select_labeled(
         &app,
-        &[Tree::Labels(LabelType::Node)],
-        &[Span::Prefix(layout::labels_of_type(LabelType::Node))],
+        LabelType::Node,
+        &query.selector,
         query.filter.consistent(),
         query.blocking,
     )
     .await?;
-    let (index, nodes) = LabelStore::new(kv)
-        .select(LabelType::Node, &query.selector)
-        .await?;
     let nodes = nodes
         .into_iter()
         .map(|labeled| Node {
