@@ -113,10 +113,11 @@ pub(super) struct State {
     /// node they name (P2 takes a record as that node's result): the few a node's pod
     /// listing shows from keys not of its pods on it.
     pub health_naming: HashMap<String, BTreeSet<String>>,
-    /// The intents by their pod id's [`pod_id_hash`], unordered: answers "the pods of pod id
-    /// x", which no prefix holds (intents are keyed by node first). Each intent costs a
-    /// pointer to its entry, held by the tree anyway; pod ids whose hashes collide share a
-    /// list, which a reader filters by key.
+    /// The intents by their pod id's [`pod_id_hash`], each list in key order (so that a
+    /// daemon set's thousands of intents are found for a change by a binary search, not a
+    /// scan): answers "the pods of pod id x", which no prefix holds (intents are keyed by
+    /// node first). Each intent costs a pointer to its entry, held by the tree anyway; pod
+    /// ids whose hashes collide share a list, which a reader filters by key.
     pub intents_by_pod: HashMap<u64, Vec<Arc<Entry>>>,
     pub stream: Stream,
     /// When the store last answered the mirror: a watch's read, or a heartbeat
@@ -419,12 +420,18 @@ impl State {
             .flatten()
         {
             let intents = self.intents_by_pod.entry(pod_id_hash(pod_id)).or_default();
-            // Grown by an eighth at a time: a pod id's few intents leave little room unused,
-            // a daemon set's thousands are still added in amortized constant time.
-            if intents.len() == intents.capacity() {
-                intents.reserve_exact(1 + intents.len() / 8);
+            match intents.binary_search_by(|held| held.pair.key.cmp(&entry.pair.key)) {
+                Ok(at) => intents[at] = entry.clone(),
+                Err(at) => {
+                    // Grown by an eighth at a time: a pod id's few intents leave little room
+                    // unused, a daemon set's thousands are still added in amortized
+                    // constant time.
+                    if intents.len() == intents.capacity() {
+                        intents.reserve_exact(1 + intents.len() / 8);
+                    }
+                    intents.insert(at, entry.clone());
+                }
             }
-            intents.push(entry.clone());
         }
         for (term, id) in terms(tree, entry) {
             self.by_label.entry(term).or_default().insert(id);
@@ -452,7 +459,10 @@ impl State {
         {
             let hash = pod_id_hash(pod_id);
             if let Some(intents) = self.intents_by_pod.get_mut(&hash) {
-                intents.retain(|held| held.pair.key != entry.pair.key);
+                if let Ok(at) = intents.binary_search_by(|held| held.pair.key.cmp(&entry.pair.key))
+                {
+                    intents.remove(at);
+                }
                 if intents.is_empty() {
                     self.intents_by_pod.remove(&hash);
                 } else if intents.capacity() > intents.len() + 1 + intents.len() / 4 {
