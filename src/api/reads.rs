@@ -234,8 +234,8 @@ pub fn current_reader(app: &App) -> Arc<dyn KvStore> {
 
 /// What to read `trees` through, by [`source`]: the mirror, read as a store, or the store
 /// itself once a blocking read has waited there for a change under `spans` (the keys the
-/// answer is made of; the trees' prefixes when there are none; a span's prefix). Lets a handler read through a
-/// repository in one code path.
+/// answer is made of; the trees' prefixes when there are none; a span's prefix). Lets a
+/// handler read through a repository in one code path.
 pub async fn reader(
     app: &App,
     trees: &[Tree],
@@ -243,7 +243,9 @@ pub async fn reader(
     consistent: bool,
     blocking: Blocking,
 ) -> Result<Arc<dyn KvStore>, ApiError> {
-    Ok(open(app, trees, spans, consistent, blocking).await?.0)
+    Ok(source_reader(app, trees, spans, consistent, blocking)
+        .await?
+        .0)
 }
 
 /// [`reader`], and the mirror when the reader reads it, as [`indexed_source`] gives them.

@@ -236,7 +236,7 @@ impl PodStore {
             let Some(pair) = self.kv.get(&tree.key(&pod)).await? else {
                 continue;
             };
-            let label_key = layout::labels(LabelType::Pod, &format!("{node}/{pod_id}"));
+            let label_key = pod.label_key();
             let label_pair = self.kv.get(&label_key).await?;
             if let Some(value) = label_pair.as_ref().and_then(decode_labels) {
                 let index = label_pair.map_or(0, |pair| pair.modify_index);
