@@ -21,7 +21,7 @@ use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::layout;
 use crate::model::event::{Event, EventKind};
 use crate::model::timestamp::parse_rfc3339;
-use crate::state::{Entries, Tree};
+use crate::state::{Entries, Entry, Span, Tree};
 
 /// OpenAPI tag of the events route.
 pub const TAG: &str = "events";
@@ -68,10 +68,17 @@ impl ListFilter for EventFilter {
     }
 }
 
+/// The events a listing reads: every retained one, or one object's.
+enum Stored {
+    All(Entries),
+    OfObject(Vec<Arc<Entry>>),
+}
+
 impl EventFilter {
     /// Whether the stored bytes of an event may hold one [`EventFilter::admits`], told
-    /// without decoding them, so that one object's events cost a scan of the retained
-    /// events' bytes rather than a decoding of every one: an event about the object `id`
+    /// without decoding them, so that one object's events read from the store (the mirror
+    /// has an index of them) cost a scan of the retained events' bytes rather than a
+    /// decoding of every one: an event about the object `id`
     /// holds it in its JSON as it is, unless the JSON escapes a character somewhere (this
     /// server's writer escapes none that an object id has; any event that escapes one, or
     /// is not UTF-8, is decoded to tell).
@@ -104,7 +111,7 @@ impl EventFilter {
 /// transaction as the change: its time, actor, action, object, request id and the fields it
 /// changed, before and after. Events are kept up to `--event-retention-count` and for
 /// `--event-retention-age`. Served from the server's mirror of the store; blocks with
-/// `?index=&wait=` until an event is added or pruned. Events have no labels: `selector`
+/// `?index=&wait=` until an event (of the object, with `id`) is added or pruned. Events have no labels: `selector`
 /// must be empty. The change stream carries them too (`GET /api/v1/watch?kinds=events`).
 #[utoipa::path(
     get,
@@ -130,20 +137,38 @@ async fn list_events(
         )]));
     }
     let trees = [Tree::Events];
-    let (index, stored): (u64, Entries) =
-        match source(&app, &trees, &[], false, query.blocking).await {
-            Source::Mirror(mirror) => (mirror_index(mirror, &trees), mirror.entries(Tree::Events)),
+    // One object's listing wakes only at its own events.
+    let spans: Vec<Span> = (query.filter.id.iter())
+        .map(|id| Span::ObjectEvents {
+            object_id: id.clone(),
+        })
+        .collect();
+    let (index, stored): (u64, Stored) =
+        match source(&app, &trees, &spans, false, query.blocking).await {
+            Source::Mirror(mirror) => {
+                let index = mirror_index(mirror, &trees);
+                // One object's events are read through the mirror's index of them: their
+                // cost is theirs, not every retained event's.
+                match &query.filter.id {
+                    Some(id) => (index, Stored::OfObject(mirror.events_of(id))),
+                    None => (index, Stored::All(mirror.entries(Tree::Events))),
+                }
+            }
             Source::Store(blocking) => {
                 blocking.block(&app, &[layout::EVENTS.to_owned()]).await?;
                 let listing = app.store.list(layout::EVENTS).await?;
                 let entries = listing.pairs.into_iter();
                 let entries = entries.map(|pair| Arc::new(Tree::Events.decode(pair)));
-                (listing.index, entries.collect())
+                (listing.index, Stored::All(entries.collect()))
             }
         };
+    let newest_first: Box<dyn Iterator<Item = &Arc<Entry>>> = match &stored {
+        Stored::All(entries) => Box::new(entries.values().rev()),
+        Stored::OfObject(entries) => Box::new(entries.iter().rev()),
+    };
     // Read in place, newest first, and decoded only until the page is full.
     let page = query.paging.page_descending_decoded(
-        stored.values().rev(),
+        newest_first,
         |entry| &entry.pair.key[layout::EVENTS.len()..],
         |entry| {
             if !query.filter.may_admit(&entry.pair.value) {

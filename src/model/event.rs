@@ -6,6 +6,7 @@
 //! Also here: the created and modified times kept beside RCs, rolls and daemon sets, and the
 //! record of a finished roll, which P2's documents have no room for.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -210,6 +211,18 @@ impl Event {
     /// Reads a stored event.
     pub fn from_json(bytes: &[u8]) -> Result<Event, serde_json::Error> {
         serde_json::from_slice(bytes)
+    }
+
+    /// The id of the object a stored event is about, read without building the rest;
+    /// `None` for bytes that are not an event.
+    pub fn object_id_of(bytes: &[u8]) -> Option<Cow<'_, str>> {
+        #[derive(Deserialize)]
+        struct About<'a> {
+            #[serde(borrow)]
+            object_id: Cow<'a, str>,
+        }
+        let about: About<'_> = serde_json::from_slice(bytes).ok()?;
+        Some(about.object_id)
     }
 }
 

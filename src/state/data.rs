@@ -22,15 +22,15 @@
 //! since, and confirms an own delete.
 
 use std::collections::{BTreeSet, HashMap};
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::kv::{KvPair, PrefixUpdate};
 use crate::labels::{LabelType, Labels};
+use crate::model::event::Event;
 
 use super::changes::{ChangeType, Stream};
-use super::entries::{Entries, Journal};
+use super::entries::{ById, Entries, Journal};
 use super::trees::{Entry, Tree, View};
 use crate::layout;
 
@@ -113,12 +113,12 @@ pub(super) struct State {
     /// node they name (P2 takes a record as that node's result): the few a node's pod
     /// listing shows from keys not of its pods on it.
     pub health_naming: HashMap<String, BTreeSet<String>>,
-    /// The intents by their pod id's [`pod_id_hash`], each list in key order (so that a
-    /// daemon set's thousands of intents are found for a change by a binary search, not a
-    /// scan): answers "the pods of pod id x", which no prefix holds (intents are keyed by
-    /// node first). Each intent costs a pointer to its entry, held by the tree anyway; pod
-    /// ids whose hashes collide share a list, which a reader filters by key.
-    pub intents_by_pod: HashMap<u64, Vec<Arc<Entry>>>,
+    /// The intents by their pod id: answers "the pods of pod id x", which no prefix holds
+    /// (intents are keyed by node first).
+    pub intents_by_pod: ById,
+    /// The events by the id of the object each is about: answers "the events of object x",
+    /// which no prefix holds (events are keyed by time).
+    pub events_by_object: ById,
     pub stream: Stream,
     /// When the store last answered the mirror: a watch's read, or a heartbeat
     /// ([`super::feed::heartbeat`]).
@@ -146,7 +146,8 @@ impl State {
             by_label: HashMap::new(),
             rcs_by_pod: HashMap::new(),
             health_naming: HashMap::new(),
-            intents_by_pod: HashMap::new(),
+            intents_by_pod: ById::default(),
+            events_by_object: ById::default(),
             stream,
             answered: Instant::now(),
         }
@@ -419,19 +420,13 @@ impl State {
             .then(|| intent_pod_id(entry))
             .flatten()
         {
-            let intents = self.intents_by_pod.entry(pod_id_hash(pod_id)).or_default();
-            match intents.binary_search_by(|held| held.pair.key.cmp(&entry.pair.key)) {
-                Ok(at) => intents[at] = entry.clone(),
-                Err(at) => {
-                    // Grown by an eighth at a time: a pod id's few intents leave little room
-                    // unused, a daemon set's thousands are still added in amortized
-                    // constant time.
-                    if intents.len() == intents.capacity() {
-                        intents.reserve_exact(1 + intents.len() / 8);
-                    }
-                    intents.insert(at, entry.clone());
-                }
-            }
+            self.intents_by_pod.insert(pod_id, entry);
+        }
+        if let Some(object_id) = (tree == Tree::Events)
+            .then(|| Event::object_id_of(&entry.pair.value))
+            .flatten()
+        {
+            self.events_by_object.insert(&object_id, entry);
         }
         for (term, id) in terms(tree, entry) {
             self.by_label.entry(term).or_default().insert(id);
@@ -457,18 +452,13 @@ impl State {
             .then(|| intent_pod_id(entry))
             .flatten()
         {
-            let hash = pod_id_hash(pod_id);
-            if let Some(intents) = self.intents_by_pod.get_mut(&hash) {
-                if let Ok(at) = intents.binary_search_by(|held| held.pair.key.cmp(&entry.pair.key))
-                {
-                    intents.remove(at);
-                }
-                if intents.is_empty() {
-                    self.intents_by_pod.remove(&hash);
-                } else if intents.capacity() > intents.len() + 1 + intents.len() / 4 {
-                    intents.shrink_to_fit();
-                }
-            }
+            self.intents_by_pod.remove(pod_id, &entry.pair.key);
+        }
+        if let Some(object_id) = (tree == Tree::Events)
+            .then(|| Event::object_id_of(&entry.pair.value))
+            .flatten()
+        {
+            self.events_by_object.remove(&object_id, &entry.pair.key);
         }
         for (term, id) in terms(tree, entry) {
             if let Some(ids) = self.by_label.get_mut(&term) {
@@ -524,11 +514,6 @@ impl Prepared {
 fn intent_pod_id(entry: &Entry) -> Option<&str> {
     let rest = entry.pair.key.strip_prefix(layout::INTENT)?;
     rest.split_once('/').map(|(_, pod_id)| pod_id)
-}
-
-/// The key of [`State::intents_by_pod`].
-pub(super) fn pod_id_hash(pod_id: &str) -> u64 {
-    BuildHasherDefault::<DefaultHasher>::default().hash_one(pod_id)
 }
 
 /// The inverted-index terms of a label entry, with the object id they point at.
@@ -765,10 +750,9 @@ mod tests {
         let tree = Tree::Intent;
         let mut state = State::new(Stream::new(10, 10));
         let intents = |state: &State, pod_id: &str| {
-            let held = state.intents_by_pod.get(&pod_id_hash(pod_id));
+            let held = state.intents_by_pod.get(pod_id);
             let mut keys: Vec<(String, u64)> = held
-                .into_iter()
-                .flatten()
+                .iter()
                 .map(|e| (e.pair.key.clone(), e.pair.modify_index))
                 .collect();
             keys.sort();
@@ -813,11 +797,58 @@ mod tests {
             }
         }
         assert_eq!(state.intents_by_pod.len(), 10_000);
-        let slot = size_of::<(u64, Vec<Arc<Entry>>)>() + 1;
-        let lists: usize = state.intents_by_pod.values().map(Vec::capacity).sum();
-        let bytes = state.intents_by_pod.capacity() * slot + lists * size_of::<Arc<Entry>>();
-        let mib = bytes as f64 / (1024.0 * 1024.0);
+        let mib = state.intents_by_pod.bytes() as f64 / (1024.0 * 1024.0);
         assert!(mib < 1.5, "{mib:.2} MiB");
+    }
+
+    #[test]
+    fn the_index_of_events_by_object_id_follows_changes() {
+        let tree = Tree::Events;
+        let mut state = State::new(Stream::new(10, 10));
+        let events = |state: &State, object_id: &str| -> Vec<String> {
+            let held = state.events_by_object.get(object_id).iter();
+            held.map(|e| e.pair.key[layout::EVENTS.len()..].to_owned())
+                .collect()
+        };
+        let put = |state: &mut State, id: &str, object_id: &str, index| {
+            let key = layout::event(id);
+            let value = format!(r#"{{"id": "{id}", "object_id": "{object_id}"}}"#);
+            state.apply_own_put(tree, tree.decode(pair(&key, &value, index)));
+        };
+        put(&mut state, "3", "rc-a", 2);
+        put(&mut state, "1", "rc-a", 3);
+        put(&mut state, "2", "rc-b", 4);
+        // An escaped id is the same id.
+        let escaped = pair(&layout::event("4"), r#"{"object_id": "rc\u002da"}"#, 5);
+        state.apply_own_put(tree, tree.decode(escaped));
+        state.apply_own_put(tree, tree.decode(pair(&layout::event("5"), "{", 6)));
+        assert_eq!(events(&state, "rc-a"), ["1", "3", "4"], "in key order");
+        assert_eq!(events(&state, "rc-b"), ["2"]);
+
+        state.apply_own_delete(tree, &layout::event("1"), 7);
+        assert_eq!(events(&state, "rc-a"), ["3", "4"]);
+        // A listing that lacks them removes them too.
+        let listed = [pair(&layout::event("2"), r#"{"object_id": "rc-b"}"#, 4)];
+        let (prepared, pairs) = state.prepare(tree, listing(8, &listed), false);
+        state.apply(prepared.decode(pairs));
+        assert_eq!(events(&state, "rc-a"), Vec::<String>::new());
+        assert_eq!(state.events_by_object.len(), 1);
+    }
+
+    /// At the default retention's 10,000 events, each about an object of its own (the
+    /// most lists), the index takes well under a MiB.
+    #[test]
+    fn the_index_of_events_by_object_id_costs_little_memory() {
+        let tree = Tree::Events;
+        let mut state = State::new(Stream::new(10, 10));
+        for n in 0..10_000 {
+            let key = layout::event(&format!("{n:020}"));
+            let value = format!(r#"{{"object_id": "object-{n}"}}"#);
+            state.apply_own_put(tree, tree.decode(pair(&key, &value, 1 + n)));
+        }
+        assert_eq!(state.events_by_object.len(), 10_000);
+        let mib = state.events_by_object.bytes() as f64 / (1024.0 * 1024.0);
+        assert!(mib < 1.0, "{mib:.2} MiB");
     }
 
     /// Another writer creates a key at 10; before the watch brings it, this server deletes

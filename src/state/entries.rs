@@ -7,7 +7,8 @@
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -95,6 +96,72 @@ impl FromIterator<Arc<Entry>> for Entries {
     fn from_iter<I: IntoIterator<Item = Arc<Entry>>>(entries: I) -> Entries {
         Entries(entries.into_iter().map(ByKey).collect())
     }
+}
+
+/// Entries found by an id that no prefix of their keys holds (intents by pod id, events by
+/// object id): by the id's hash, each list in key order, so that one of a daemon set's
+/// thousands of intents is found for a change by a binary search, not a scan. Each entry
+/// costs a pointer to what its tree holds anyway; ids whose hashes collide share a list,
+/// which a reader filters.
+#[derive(Debug, Default)]
+pub(super) struct ById(HashMap<u64, Vec<Arc<Entry>>>);
+
+impl ById {
+    /// The entries filed under `id`, and under any id of the same hash, by key.
+    pub(super) fn get(&self, id: &str) -> &[Arc<Entry>] {
+        self.0.get(&id_hash(id)).map_or(&[], Vec::as_slice)
+    }
+
+    /// Files `entry` under `id`, replacing the version at its key.
+    pub(super) fn insert(&mut self, id: &str, entry: &Arc<Entry>) {
+        let list = self.0.entry(id_hash(id)).or_default();
+        match list.binary_search_by(|held| held.pair.key.cmp(&entry.pair.key)) {
+            Ok(at) => list[at] = entry.clone(),
+            Err(at) => {
+                // Grown by an eighth at a time: an id's few entries leave little room unused,
+                // a daemon set's thousands are still added in amortized constant time.
+                if list.len() == list.capacity() {
+                    list.reserve_exact(1 + list.len() / 8);
+                }
+                list.insert(at, entry.clone());
+            }
+        }
+    }
+
+    /// Drops the entry at `key` filed under `id`.
+    pub(super) fn remove(&mut self, id: &str, key: &str) {
+        let hash = id_hash(id);
+        let Some(list) = self.0.get_mut(&hash) else {
+            return;
+        };
+        if let Ok(at) = list.binary_search_by(|held| held.pair.key.as_str().cmp(key)) {
+            list.remove(at);
+        }
+        if list.is_empty() {
+            self.0.remove(&hash);
+        } else if list.capacity() > list.len() + 1 + list.len() / 4 {
+            list.shrink_to_fit();
+        }
+    }
+
+    /// How many lists are kept (one per id, but for collisions).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The bytes the map's slots and the lists take.
+    #[cfg(test)]
+    pub(super) fn bytes(&self) -> usize {
+        let slot = size_of::<(u64, Vec<Arc<Entry>>)>() + 1;
+        let lists: usize = self.0.values().map(Vec::capacity).sum();
+        self.0.capacity() * slot + lists * size_of::<Arc<Entry>>()
+    }
+}
+
+/// The key of [`ById`].
+fn id_hash(id: &str) -> u64 {
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(id)
 }
 
 /// How many of a tree's latest changes are kept. The farms catch up several times a second,

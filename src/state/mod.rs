@@ -48,6 +48,7 @@ use tokio_util::task::TaskTracker;
 use crate::kv::{KvPair, KvStore, Lock, PrefixUpdate, TxnOp};
 use crate::labels::{LabelType, Labels, Operator, Selector, RC_ID_LABEL};
 use crate::layout;
+use crate::model::event::Event;
 
 pub use changes::{Change, ChangeType, Receiver, Signal};
 pub use entries::Entries;
@@ -247,6 +248,9 @@ pub enum Span {
     /// Intents are keyed by node first, so no prefix holds one pod id's: a listing blocked on
     /// the whole trees would wake at every change of every pod.
     PodIntents { prefix: String, pod_id: String },
+    /// The events about one object. Events are keyed by time, so no prefix holds one
+    /// object's: a listing blocked on the whole tree would wake at every event.
+    ObjectEvents { object_id: String },
 }
 
 impl Span {
@@ -260,6 +264,7 @@ impl Span {
                 ..
             } => layout::health_of_pod(pod_id),
             Span::PodIntents { prefix, .. } => prefix.clone(),
+            Span::ObjectEvents { .. } => layout::EVENTS.to_owned(),
         }
     }
 
@@ -268,6 +273,7 @@ impl Span {
             Span::Prefix(prefix) => extent(state, prefix),
             Span::NodeHealth { node, pod_id } => node_health_extent(state, node, pod_id.as_deref()),
             Span::PodIntents { prefix, pod_id } => pod_intents_extent(state, prefix, pod_id),
+            Span::ObjectEvents { object_id } => object_events_extent(state, object_id),
         }
     }
 }
@@ -340,6 +346,27 @@ fn node_health_extent(state: &State, node: &str, pod_id: Option<&str>) -> Extent
     })
 }
 
+/// The [`Extent`] of [`Span::ObjectEvents`]: of the events about `object_id`, an own delete
+/// not confirmed yet included, as [`extent`] counts them.
+fn object_events_extent(state: &State, object_id: &str) -> Extent {
+    let events = state.tree(Tree::Events);
+    let filed = state.events_by_object.get(object_id).iter();
+    let unconfirmed_deletes = events.tombstones.values();
+    let unconfirmed_deletes =
+        unconfirmed_deletes.filter_map(|tombstone| tombstone.removed.as_ref());
+    filed
+        .chain(unconfirmed_deletes)
+        .filter(|entry| is_event_of(entry, object_id))
+        .fold((0, 0), |(count, highest), entry| {
+            (count + 1, highest.max(entry.pair.modify_index))
+        })
+}
+
+/// Whether the event at `entry` is about the object `object_id`.
+fn is_event_of(entry: &Entry, object_id: &str) -> bool {
+    Event::object_id_of(&entry.pair.value).is_some_and(|of| of == object_id)
+}
+
 /// The [`Extent`] of [`Span::PodIntents`]: of the keys under `prefix` of the nodes with an
 /// intent of `pod_id`, an own delete of one not confirmed yet included, each as [`extent`]
 /// counts it.
@@ -348,8 +375,8 @@ fn pod_intents_extent(state: &State, prefix: &str, pod_id: &str) -> Extent {
         return (0, 0);
     };
     let intents = state.tree(Tree::Intent);
-    let indexed = state.intents_by_pod.get(&data::pod_id_hash(pod_id));
-    let indexed = indexed.into_iter().flatten().map(|entry| &entry.pair.key);
+    let indexed = state.intents_by_pod.get(pod_id).iter();
+    let indexed = indexed.map(|entry| &entry.pair.key);
     let unconfirmed_deletes = intents
         .tombstones
         .iter()
@@ -877,8 +904,8 @@ impl Mirror {
     /// The nodes with an intent of pod id `pod_id`, sorted.
     pub fn nodes_of_pod(&self, pod_id: &str) -> Vec<String> {
         let state = self.read();
-        let intents = state.intents_by_pod.get(&data::pod_id_hash(pod_id));
-        let keys = intents.into_iter().flatten().map(|entry| &entry.pair.key);
+        let keys = state.intents_by_pod.get(pod_id).iter();
+        let keys = keys.map(|entry| &entry.pair.key);
         // A colliding pod id's intents share the list.
         let nodes = keys.filter_map(|key| {
             let (node, of) = key.strip_prefix(layout::INTENT)?.split_once('/')?;
@@ -887,6 +914,16 @@ impl Mirror {
         let mut nodes: Vec<String> = nodes.collect();
         nodes.sort_unstable();
         nodes
+    }
+
+    /// The events about the object `object_id`, by key (oldest first).
+    pub fn events_of(&self, object_id: &str) -> Vec<Arc<Entry>> {
+        let filed = self.read().events_by_object.get(object_id).to_vec();
+        // Filtered outside the lock: a colliding id's events share the list.
+        filed
+            .into_iter()
+            .filter(|entry| is_event_of(entry, object_id))
+            .collect()
     }
 
     /// The RCs whose manifest has pod id `pod_id`, sorted.

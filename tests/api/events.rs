@@ -294,6 +294,57 @@ async fn an_objects_events_are_those_naming_it_however_their_json_spells_it() {
     assert!(!listed.iter().any(|listed| listed == longer));
 }
 
+/// One object's listing blocked at its index wakes at that object's events, added or
+/// pruned, and not at another object's (events are keyed by time, so no prefix holds one
+/// object's: the whole tree would wake it at every change anywhere).
+#[tokio::test]
+async fn blocking_event_listing_of_one_object_wakes_only_on_its_events() {
+    let app = Arc::new(TestApp::new().await);
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let rc = send(&app, "POST", "/api/v1/rcs", Some(&rc_spec()), &[]).await;
+        ids.push(rc.json()["id"].as_str().unwrap().to_owned());
+    }
+    let (watched, other) = (ids[0].clone(), ids[1].clone());
+    let held = |app: Arc<TestApp>, id: String| async move {
+        let index = app.get(&format!("/api/v1/events?id={id}")).await.x_index();
+        app.get_held(format!("/api/v1/events?id={id}&index={index}&wait=30s"))
+            .await
+    };
+    let scale = |id: &str, replicas: u64| {
+        let path = format!("/api/v1/rcs/{id}");
+        let body = json!({"replicas_desired": replicas});
+        let app = app.clone();
+        async move { send(&app, "PATCH", &path, Some(&body), &[]).await }
+    };
+
+    let waiting = held(app.clone(), watched.clone()).await;
+    scale(&other, 2).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    waiting.assert_held("another object's event woke the listing");
+    scale(&watched, 3).await;
+    let answer = waiting
+        .woken("the object's own event did not wake the listing")
+        .await;
+    let items = answer.json()["items"].clone();
+    assert_eq!(items.as_array().unwrap().len(), 2, "{items}");
+    assert_eq!(items[0]["action"], "updated");
+
+    // Pruned (as the retention farm deletes events): it wakes too.
+    let waiting = held(app.clone(), watched.clone()).await;
+    let oldest = items[1]["id"].as_str().unwrap();
+    app.store
+        .txn(&[TxnOp::Delete {
+            key: layout::event(oldest),
+        }])
+        .await
+        .unwrap();
+    let answer = waiting
+        .woken("a pruned event did not wake the listing")
+        .await;
+    assert_eq!(answer.json()["items"].as_array().unwrap().len(), 1);
+}
+
 #[tokio::test]
 async fn times_are_shown_updated_kept_out_of_p2s_documents_and_removed_with_the_object() {
     let app = TestApp::new().await;
