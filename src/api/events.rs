@@ -20,6 +20,7 @@ use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::layout;
 use crate::model::event::{Event, EventKind};
+use crate::model::json_may_hold;
 use crate::model::timestamp::parse_rfc3339;
 use crate::state::{Entries, Entry, Span, Tree};
 
@@ -86,7 +87,7 @@ impl EventFilter {
         let Some(id) = self.id.as_deref() else {
             return true;
         };
-        std::str::from_utf8(stored).map_or(true, |text| text.contains('\\') || text.contains(id))
+        json_may_hold(stored, id)
     }
 
     /// Whether `event` passes every filter given.

@@ -40,7 +40,7 @@ use crate::state::{Mirror, MirrorReader, Tree};
 use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::rcs::{self, RcRecord, RcStore};
-use crate::store::rolls::RollStore;
+use crate::store::rolls::{Naming, RollStore};
 use crate::store::update::{update_from_mirror, update_with_retry};
 use crate::store::Versioned;
 
@@ -399,7 +399,8 @@ async fn get_rc(
 ///
 /// With `If-Match` the patch applies only to that version; without it, a patch that loses to
 /// a concurrent write is re-applied to the newer version, for up to 5 s. Refused while a roll
-/// names the RC (as its old or new RC) or someone holds the RC's mutation lock.
+/// names the RC (as its old or new RC) or someone holds the RC's mutation lock, and while a
+/// stored roll that cannot be decoded may name it.
 #[utoipa::path(
     patch,
     path = "/rcs/{id}",
@@ -417,7 +418,7 @@ async fn get_rc(
         (status = PRECONDITION_FAILED, description = "The RC changed since the If-Match version", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "Not a JSON merge patch", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Invalid, read-only or unknown fields, all listed", body = ErrorBody),
-        (status = INTERNAL_SERVER_ERROR, description = "The stored RC cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The stored RC cannot be decoded, or a stored roll that cannot be decoded may name it (reason `UnreadableDocument`); DELETE of that RC or roll removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
     )
 )]
@@ -469,9 +470,9 @@ async fn patch_rc(
 /// Deletes an RC and its labels in one transaction; its pods stay where they are.
 ///
 /// Refused while `replicas_desired` is not 0 unless `?force=true`, and (even with
-/// `?force=true`) while a roll names the RC or someone holds the RC's mutation lock. An RC
-/// whose stored document cannot be decoded is deleted whatever its replica count: no farm
-/// can run it.
+/// `?force=true`) while a roll names the RC or someone holds the RC's mutation lock, and
+/// while a stored roll that cannot be decoded may name it. An RC whose stored document
+/// cannot be decoded is deleted whatever its replica count: no farm can run it.
 #[utoipa::path(
     delete,
     path = "/rcs/{id}",
@@ -484,6 +485,7 @@ async fn patch_rc(
         (status = CONFLICT, description = "Replicas still desired, a roll names the RC, someone holds its mutation lock, or it kept changing for 5 s", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "The RC changed since the If-Match version", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "A stored roll that cannot be decoded may name the RC (reason `UnreadableDocument`); DELETE of that roll removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
     )
 )]
@@ -582,7 +584,9 @@ fn describe(id: &str) -> String {
 /// The txn ops that keep a write to the RC at `version` atomic with "no roll has it as its
 /// new RC or its old one, and nobody holds its mutation lock", or 409 naming the roll that
 /// names it (as old or new RC, whether or not a farm runs the roll right now) or else the
-/// session holding the lock.
+/// session holding the lock. A stored roll that cannot be decoded but may name it as its old
+/// one (only its bytes can tell) refuses the write too, with 500 `UnreadableDocument` naming
+/// the roll to delete, rather than leave a roll over an RC that is gone or changed.
 ///
 /// The rolls and the lock are read from the mirror (from the store while it is unhealthy):
 /// a roll naming the RC as its new one, and the lock, are checked again inside the write's
@@ -608,13 +612,11 @@ async fn unclaimed(app: &AppState, id: &str, version: u64) -> Result<Vec<TxnOp>,
             }
             return match RollStore::new(app.store.clone()).naming_as_old(id).await? {
                 None => Ok(ops),
-                Some(roll) => Err(claimed(id, &named_by(&roll))),
+                Some(naming) => Err(named_by(id, naming)),
             };
         }
     }
-    claim_checks(app.store.clone(), id)
-        .await?
-        .map_err(|holder| claimed(id, &holder))
+    claim_checks(app.store.clone(), id).await?
 }
 
 /// The 409 for a write to the RC `id` that `holder` holds.
@@ -624,27 +626,40 @@ fn claimed(id: &str, holder: &str) -> ApiError {
     ))
 }
 
-/// Who holds an RC that the roll `roll` names.
-fn named_by(roll: &str) -> String {
-    format!(
-        "roll {roll} names it; wait for the roll to finish or cancel it with \
-         DELETE /api/v1/rolls/{roll}"
-    )
+/// The refusal of a write to the RC `id` that the roll `naming` names, or may name.
+fn named_by(id: &str, naming: Naming) -> ApiError {
+    match naming {
+        Naming::Roll(roll) => claimed(
+            id,
+            &format!(
+                "roll {roll} names it; wait for the roll to finish or cancel it with \
+                 DELETE /api/v1/rolls/{roll}"
+            ),
+        ),
+        Naming::Unreadable { id: roll, why } => ApiError::unreadable(format!(
+            "stored roll {roll} is unreadable: {why}; it may name replication controller \
+             {id} as its old one, which is not changed while the roll is stored; \
+             DELETE /api/v1/rolls/{roll} removes it"
+        )),
+    }
 }
 
-/// [`unclaimed`] as `kv` shows it: the ops, or who holds the RC.
+/// [`unclaimed`] as `kv` shows it: the ops, or the refusal.
 async fn claim_checks(
     kv: Arc<dyn KvStore>,
     id: &str,
-) -> Result<Result<Vec<TxnOp>, String>, ApiError> {
-    if let Some(roll) = RollStore::new(kv.clone()).naming(id).await? {
-        return Ok(Err(named_by(&roll)));
+) -> Result<Result<Vec<TxnOp>, ApiError>, ApiError> {
+    if let Some(naming) = RollStore::new(kv.clone()).naming(id).await? {
+        return Ok(Err(named_by(id, naming)));
     }
     Ok(match RcStore::new(kv).mutation_guard(id).await? {
         Ok(guard) => Ok(vec![guard, RollStore::absent_op(id)]),
-        Err(session) => Err(format!(
-            "session {session} holds its mutation lock (a node transfer or another tool); \
-             retry later"
+        Err(session) => Err(claimed(
+            id,
+            &format!(
+                "session {session} holds its mutation lock (a node transfer or another \
+                 tool); retry later"
+            ),
         )),
     })
 }

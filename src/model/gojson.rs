@@ -45,6 +45,14 @@ pub(crate) fn to_vec<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     out
 }
 
+/// Whether the stored JSON bytes `stored` may hold the string `text` (an id), told without
+/// decoding them: JSON holds a string as it is unless it escapes a character somewhere (our
+/// writer and Go's escape none that an id has), so bytes that escape one, or are not UTF-8,
+/// may hold it whatever they look like.
+pub(crate) fn may_hold(stored: &[u8], text: &str) -> bool {
+    std::str::from_utf8(stored).map_or(true, |json| json.contains('\\') || json.contains(text))
+}
+
 struct GoFormatter;
 
 impl serde_json::ser::Formatter for GoFormatter {
@@ -146,6 +154,14 @@ impl<'de> Deserializer<'de> for FieldProbe<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn may_hold_is_false_only_for_plain_utf8_without_the_text() {
+        assert!(may_hold(br#"{"OldRC":"abc-1"}"#, "abc-1"));
+        assert!(!may_hold(br#"{"OldRC":"abc-2"}"#, "abc-1"));
+        assert!(may_hold(br#"{"OldRC":"\u0061bc-1"}"#, "abc-1"));
+        assert!(may_hold(b"{\"OldRC\":\"\xff\"}", "abc-1"));
+    }
 
     #[derive(Debug, Deserialize, PartialEq)]
     struct Sample {

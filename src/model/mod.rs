@@ -53,6 +53,9 @@ pub use roll_request::{CreateRoll, RollPlan, RollRcs};
 /// here (label sets).
 pub(crate) use gojson::to_vec as to_go_json;
 
+/// Whether stored JSON may hold an id, told without decoding it.
+pub(crate) use gojson::may_hold as json_may_hold;
+
 /// One invalid input field; validation returns all of them so a client can fix every problem
 /// in one round trip (the API turns each into a `causes` entry).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use crate::model::{foreign_pod_id, RcId, StoredRc, StoredRoll};
 use super::events::record_ops;
 use super::labels::{write_op, LabelStore};
 use super::rcs::RcStore;
-use super::rolls::{RollRecord, RollStore};
+use super::rolls::{Naming, RollRecord, RollStore};
 use crate::kv::{KvPair, KvStore, SessionSpec, StoreError, TxnFailure, TxnOp};
 use crate::layout;
 
@@ -230,7 +230,8 @@ impl RollCreator {
             session.lock(id).await?;
         }
         for id in &ids {
-            if let Some(roll_id) = self.rolls.naming(id).await? {
+            // A roll that cannot be decoded refuses the creation below whatever it names.
+            if let Some(Naming::Roll(roll_id)) = self.rolls.naming(id).await? {
                 return Err(CreateRollError::InProgress {
                     roll_id,
                     rc_id: id.clone(),

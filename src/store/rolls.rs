@@ -8,7 +8,7 @@ use crate::labels::LabelType;
 use crate::model::event::{
     diff, roll_fields, Action, Actor, FinishedRoll, ObjectKind, RollOutcome, RollProgress,
 };
-use crate::model::StoredRoll;
+use crate::model::{json_may_hold, StoredRoll};
 
 use super::events::{meta_delete_op, read_meta, record_ops};
 use super::labels::{LabelRecord, LabelStore};
@@ -24,6 +24,16 @@ pub type RollRecord = Versioned<StoredRoll>;
 pub struct RollToDelete {
     pub roll: Option<StoredRoll>,
     pub labels: LabelRecord,
+}
+
+/// A roll that names an RC, as [`RollStore::naming`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Naming {
+    /// The roll with this id names the RC.
+    Roll(String),
+    /// The roll `id` cannot be decoded (`why` says so) and its bytes may name the RC as its
+    /// old one.
+    Unreadable { id: String, why: String },
 }
 
 /// Typed access to rolls.
@@ -55,22 +65,35 @@ impl RollStore {
         Ok((listing.index, records))
     }
 
-    /// The id of the roll, if any, that moves replicas from or to the RC `rc_id`. A roll
-    /// document stored for `rc_id` as its new RC counts even when it cannot be decoded.
-    pub async fn naming(&self, rc_id: &str) -> StoreResult<Option<String>> {
+    /// The roll, if any, that moves replicas from or to the RC `rc_id`. A roll document
+    /// stored for `rc_id` as its new RC counts even when it cannot be decoded.
+    pub async fn naming(&self, rc_id: &str) -> StoreResult<Option<Naming>> {
         if self.kv.get(&layout::roll(rc_id)).await?.is_some() {
-            return Ok(Some(rc_id.to_owned()));
+            return Ok(Some(Naming::Roll(rc_id.to_owned())));
         }
         self.naming_as_old(rc_id).await
     }
 
-    /// The id of the readable roll, if any, that moves replicas from the RC `rc_id`.
-    pub async fn naming_as_old(&self, rc_id: &str) -> StoreResult<Option<String>> {
-        let (_, rolls) = self.list().await?;
-        Ok(rolls
-            .into_iter()
-            .find(|r| r.value.old_rc == rc_id)
-            .map(|r| r.value.new_rc))
+    /// The roll, if any, that moves replicas from the RC `rc_id`: a readable one that does,
+    /// else one that cannot be decoded whose bytes may name it (they hold its id, escape a
+    /// character or are not UTF-8), for only its bytes can tell what it names.
+    pub async fn naming_as_old(&self, rc_id: &str) -> StoreResult<Option<Naming>> {
+        let listing = self.kv.list(layout::ROLLS).await?;
+        let mut unreadable = None;
+        for pair in &listing.pairs {
+            match decode(pair) {
+                Ok(record) if record.value.old_rc == rc_id => {
+                    return Ok(Some(Naming::Roll(record.value.new_rc)));
+                }
+                Ok(_) => {}
+                Err(why) if unreadable.is_none() && json_may_hold(&pair.value, rc_id) => {
+                    let id = roll_id(pair).to_owned();
+                    unreadable = Some(Naming::Unreadable { id, why });
+                }
+                Err(_) => {}
+            }
+        }
+        Ok(unreadable)
     }
 
     /// The id of a stored roll whose document cannot be decoded, if any, and why: such a
@@ -79,8 +102,7 @@ impl RollStore {
         let listing = self.kv.list(layout::ROLLS).await?;
         Ok(listing.pairs.iter().find_map(|pair| {
             let why = decode(pair).err()?;
-            let id = pair.key.strip_prefix(layout::ROLLS).unwrap_or(&pair.key);
-            Some((id.to_owned(), why))
+            Some((roll_id(pair).to_owned(), why))
         }))
     }
 
@@ -203,6 +225,11 @@ impl RollStore {
             .await?
             .and_then(|pair| decode_finished(&pair)))
     }
+}
+
+/// The id of the roll stored at `pair`: its key below the roll tree.
+fn roll_id(pair: &KvPair) -> &str {
+    pair.key.strip_prefix(layout::ROLLS).unwrap_or(&pair.key)
 }
 
 fn decode(pair: &KvPair) -> Result<RollRecord, String> {

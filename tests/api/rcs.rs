@@ -950,3 +950,53 @@ async fn delete_refuses_a_negative_replica_count_without_force() {
     assert_eq!(forced.status, StatusCode::NO_CONTENT, "{forced:?}");
     assert!(app.stored(&key).await.is_none());
 }
+
+/// A stored roll that cannot be decoded may still name an RC as its old one: its bytes hold
+/// the RC's id. Such an RC is neither changed nor deleted while the roll is stored (500
+/// `UnreadableDocument` naming the roll and the `DELETE` that clears it) rather than leave
+/// the roll over an RC that is gone. An RC whose id the roll's bytes do not hold is changed
+/// and deleted as before.
+#[tokio::test]
+async fn an_rc_an_unreadable_roll_may_name_is_neither_changed_nor_deleted() {
+    let app = TestApp::new().await;
+    let named = create_id(&app).await;
+    let other = create_id(&app).await;
+    let bad = uuid::Uuid::new_v4().to_string();
+    let roll = json!({"OldRC": named, "NewRC": bad, "DesiredReplicas": "two",
+                      "MinimumReplicas": 1, "LeaveOld": false, "RollDelay": 0});
+    app.put_raw(&format!("rolls/{bad}"), roll.to_string()).await;
+    let before = app.dump().await;
+
+    let deleted = app
+        .json_request(
+            "DELETE",
+            &format!("/api/v1/rcs/{named}?force=true"),
+            None,
+            &[],
+        )
+        .await;
+    let patched = patch(&app, &named, &json!({"replicas_desired": 0}), &[]).await;
+    for response in [deleted, patched] {
+        assert_eq!(
+            response.status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{response:?}"
+        );
+        let error = response.error();
+        assert_eq!(error.reason, "UnreadableDocument");
+        assert!(
+            error
+                .message
+                .contains(&format!("DELETE /api/v1/rolls/{bad}")),
+            "{error:?}"
+        );
+    }
+    assert_eq!(app.dump().await, before);
+
+    let patched = patch(&app, &other, &json!({"replicas_desired": 0}), &[]).await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    let deleted = app
+        .json_request("DELETE", &format!("/api/v1/rcs/{other}"), None, &[])
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+}
