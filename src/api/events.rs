@@ -79,10 +79,10 @@ impl EventFilter {
     /// Whether the stored bytes of an event may hold one [`EventFilter::admits`], told
     /// without decoding them, so that one object's events read from the store (the mirror
     /// has an index of them) cost a scan of the retained events' bytes rather than a
-    /// decoding of every one: an event about the object `id`
-    /// holds it in its JSON as it is, unless the JSON escapes a character somewhere (this
-    /// server's writer escapes none that an object id has; any event that escapes one, or
-    /// is not UTF-8, is decoded to tell).
+    /// decoding of every one: an event about the object `id` holds it in its JSON as it is,
+    /// unless the JSON escapes a character somewhere (this server's writer escapes none
+    /// that an object id has; any event that escapes one, or is not UTF-8, is decoded to
+    /// tell).
     fn may_admit(&self, stored: &[u8]) -> bool {
         let Some(id) = self.id.as_deref() else {
             return true;
