@@ -36,7 +36,7 @@ use crate::layout;
 use crate::model::conditions::Condition;
 use crate::model::event::{Actor, Meta, ObjectKind};
 use crate::model::{NewRc, RcId, RcPatch, RcSpec, StoredRc};
-use crate::state::{Mirror, MirrorReader, Tree};
+use crate::state::{Mirror, MirrorReader, Span, Tree};
 use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::rcs::{self, RcRecord, RcStore};
@@ -337,7 +337,8 @@ async fn list_rcs(
 /// One RC with its labels and status.
 ///
 /// Served from the server's mirror of the store unless `?consistent=true` (see `X-Index`).
-/// Blocks with `?index=&wait=` until the RC, an RC label or a pod label changes.
+/// Blocks with `?index=&wait=` until the RC, its labels, its pods' labels or its conditions
+/// change.
 #[utoipa::path(
     get,
     path = "/rcs/{id}",
@@ -362,7 +363,8 @@ async fn get_rc(
     ApiPath(RcPath { id }): ApiPath<RcPath>,
 ) -> Result<Response, ApiError> {
     let id = id.to_string();
-    let blocking = match source(&app, &RC_TREES, &[], query.consistent, query.blocking).await {
+    let spans = view_spans(&id);
+    let blocking = match source(&app, &RC_TREES, &spans, query.consistent, query.blocking).await {
         Source::Mirror(mirror) => {
             let build = || async {
                 let index = mirror_index(mirror, &RC_TREES);
@@ -551,6 +553,21 @@ fn no_such_rc(id: &str) -> ApiError {
 /// 500 `UnreadableDocument` for the RC `id` that cannot be decoded (`why`).
 fn unreadable_rc(id: &str, why: &str) -> ApiError {
     ApiError::unreadable(format!("{why}; DELETE /api/v1/rcs/{id} removes it"))
+}
+
+/// What one RC's view is made of, within [`RC_TREES`]: a read of it blocked on `?index=`
+/// is woken by a change of these, not by every change of the fleet.
+fn view_spans(id: &str) -> [Span; 4] {
+    [
+        Span::Prefix(layout::rc(id)),
+        Span::Prefix(layout::labels(LabelType::ReplicationController, id)),
+        Span::Labelled {
+            label_type: LabelType::Pod,
+            label: RC_ID_LABEL.to_owned(),
+            value: id.to_owned(),
+        },
+        Span::Prefix(layout::conditions(ObjectKind::Rcs, id)),
+    ]
 }
 
 /// The prefixes of [`RC_TREES`], for blocking reads served from the store.

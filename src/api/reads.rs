@@ -122,7 +122,9 @@ pub enum Source<'a> {
 /// server's own writes to the trees, then for every tree to hold every change up to their
 /// listed index ([`Mirror::catch_up`]). A blocking read waits for a change under
 /// `spans` (the keys the answer is made of, within `trees`), or of `trees` when there
-/// are none: a read of one node's pods is not woken by another node's.
+/// are none: a read of one node's pods is not woken by another node's, even at an index
+/// the trees have since moved past while its spans did not change
+/// ([`Mirror::changed_past`]).
 pub async fn source<'a>(
     app: &'a App,
     trees: &[Tree],
@@ -170,7 +172,13 @@ pub async fn source<'a>(
     if index > reached {
         return Source::Store(blocking);
     }
-    if index == reached {
+    // At an index the trees have moved past, a read of spans nothing in which changed
+    // since is held too: on a busy fleet its trees' index moves between any two reads.
+    let unchanged_since = index < reached
+        && seen.confirmed
+        && !spans.is_empty()
+        && !mirror.changed_past(spans, index);
+    if index == reached || unchanged_since {
         // An unconfirmed view (a watch failing, or too slow) is no baseline for the
         // spans' extents, but it is for the trees' listed indexes: the read is held
         // until one of them moves.

@@ -86,11 +86,13 @@ impl TreeState {
         self.tombstones.get(key).map(|tombstone| tombstone.through)
     }
 
-    /// Notes a change of `entry`'s key (put, or removed): the generation moves, and the
-    /// journal tells readers which key changed with it.
-    fn changed(&mut self, entry: &Arc<Entry>) {
+    /// Notes a change of `entry`'s key at index `at` (put, replacing `replaced`, or
+    /// removed): the generation moves, and the journal tells readers what changed with it.
+    fn changed(&mut self, at: u64, entry: &Arc<Entry>, replaced: Option<&Arc<Entry>>) {
         self.generation += 1;
-        self.journal.record(self.generation, entry.clone());
+        let replaced = replaced.cloned();
+        self.journal
+            .record(self.generation, at, entry.clone(), replaced);
     }
 }
 
@@ -241,6 +243,7 @@ impl State {
             // It may have replaced pairs of transactions past it.
             state.held.clear();
             state.tombstones.clear();
+            state.journal.replaced_at(index);
             state.index = index;
             state.listed = index;
             state.complete = index;
@@ -372,7 +375,7 @@ impl State {
         // that the watch's read from before the delete does not bring it in.
         let removed = state.entries.remove(key);
         if let Some(removed) = &removed {
-            state.changed(removed);
+            state.changed(through, removed, None);
             self.drop_from_indexes(tree, removed);
         }
         let tombstone = Tombstone { removed, through };
@@ -385,8 +388,15 @@ impl State {
         let entry = Arc::new(entry);
         let index = entry.pair.modify_index;
         let state = self.tree_mut(tree);
-        state.changed(&entry);
         let old = state.entries.insert(entry.clone());
+        // The version replaced is kept in the journal only where a reader selects by value
+        // (by labels, or by the node a health record names) and the new one selects
+        // otherwise: elsewhere the key alone tells what it lay in.
+        let reselected = old.as_ref().filter(|old| {
+            old.labels() != entry.labels()
+                || old.health_named_elsewhere() != entry.health_named_elsewhere()
+        });
+        state.changed(index, &entry, reselected);
         let change_type = match &old {
             Some(old) => {
                 self.drop_from_indexes(tree, old);
@@ -403,7 +413,7 @@ impl State {
         let state = self.tree_mut(tree);
         let removed = match state.entries.remove(key) {
             Some(entry) => {
-                state.changed(&entry);
+                state.changed(index, &entry, None);
                 self.drop_from_indexes(tree, &entry);
                 entry
             }

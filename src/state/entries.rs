@@ -173,20 +173,57 @@ const JOURNAL_LENGTH: usize = 8192;
 /// A tree's latest changes, by the generation each made.
 #[derive(Debug, Default)]
 pub(super) struct Journal {
-    changes: VecDeque<(u64, Arc<Entry>)>,
+    changes: VecDeque<JournalChange>,
     /// Every change made after this generation is in `changes`.
     complete_after: u64,
+    /// Every change at an index past this one is in `changes`: the highest index of a
+    /// change dropped, or of a listing that replaced the tree whole.
+    complete_past: u64,
+}
+
+/// One change of a tree's entries.
+#[derive(Debug)]
+struct JournalChange {
+    generation: u64,
+    /// The store index the change was made at: a put's modify index, a delete's (or, for an
+    /// absence from a listing, the listing's).
+    at: u64,
+    /// The version put, or the one removed.
+    entry: Arc<Entry>,
+    /// The version a put replaced, when a reader that selects by value (by labels, say)
+    /// may have seen it in another selection than the new one.
+    replaced: Option<Arc<Entry>>,
 }
 
 impl Journal {
-    /// Notes that the change making `generation` changed `entry`'s key.
-    pub(super) fn record(&mut self, generation: u64, entry: Arc<Entry>) {
-        self.changes.push_back((generation, entry));
+    /// Notes that the change making `generation`, at index `at`, put `entry` (replacing
+    /// `replaced`) or removed it.
+    pub(super) fn record(
+        &mut self,
+        generation: u64,
+        at: u64,
+        entry: Arc<Entry>,
+        replaced: Option<Arc<Entry>>,
+    ) {
+        self.changes.push_back(JournalChange {
+            generation,
+            at,
+            entry,
+            replaced,
+        });
         if self.changes.len() > JOURNAL_LENGTH {
-            if let Some((dropped, _)) = self.changes.pop_front() {
-                self.complete_after = dropped;
+            if let Some(dropped) = self.changes.pop_front() {
+                self.complete_after = dropped.generation;
+                self.complete_past = self.complete_past.max(dropped.at);
             }
         }
+    }
+
+    /// Notes that the tree was replaced whole by a listing at `index` (the store's index
+    /// went backwards, or the tree was read anew): the indexes of the changes before it may
+    /// be another store's.
+    pub(super) fn replaced_at(&mut self, index: u64) {
+        self.complete_past = self.complete_past.max(index);
     }
 
     /// The keys changed after `generation`, sorted, each once; `None` when changes made
@@ -197,15 +234,25 @@ impl Journal {
         }
         let first = self
             .changes
-            .partition_point(|(made, _)| *made <= generation);
+            .partition_point(|change| change.generation <= generation);
         let mut keys: Vec<&str> = self
             .changes
             .range(first..)
-            .map(|(_, entry)| entry.pair.key.as_str())
+            .map(|change| change.entry.pair.key.as_str())
             .collect();
         keys.sort_unstable();
         keys.dedup();
         Some(keys)
+    }
+
+    /// Every version put, removed or replaced by a change at an index past `index`; `None`
+    /// when such changes are no longer all kept.
+    pub(super) fn touched_past(&self, index: u64) -> Option<impl Iterator<Item = &Arc<Entry>>> {
+        if index < self.complete_past {
+            return None;
+        }
+        let past = self.changes.iter().filter(move |change| change.at > index);
+        Some(past.flat_map(|change| std::iter::once(&change.entry).chain(&change.replaced)))
     }
 }
 
@@ -242,9 +289,9 @@ mod tests {
     #[test]
     fn the_journal_names_each_key_changed_since_a_generation_while_it_reaches_back() {
         let mut journal = Journal::default();
-        journal.record(1, entry("intent/b/x", 1));
-        journal.record(2, entry("intent/a/x", 2));
-        journal.record(3, entry("intent/b/x", 3));
+        journal.record(1, 1, entry("intent/b/x", 1), None);
+        journal.record(2, 2, entry("intent/a/x", 2), None);
+        journal.record(3, 3, entry("intent/b/x", 3), None);
         assert_eq!(
             journal.keys_since(0),
             Some(vec!["intent/a/x", "intent/b/x"])
@@ -252,10 +299,43 @@ mod tests {
         assert_eq!(journal.keys_since(2), Some(vec!["intent/b/x"]));
         assert_eq!(journal.keys_since(3), Some(vec![]));
         for generation in 4..4 + JOURNAL_LENGTH as u64 {
-            journal.record(generation, entry("intent/c/x", generation));
+            journal.record(
+                generation,
+                generation,
+                entry("intent/c/x", generation),
+                None,
+            );
         }
         assert_eq!(journal.keys_since(2), None, "change 3 is no longer kept");
         assert_eq!(journal.keys_since(3), Some(vec!["intent/c/x"]));
+    }
+
+    #[test]
+    fn the_journal_gives_the_versions_changed_past_an_index_while_it_reaches_back() {
+        let mut journal = Journal::default();
+        journal.record(1, 5, entry("intent/a/x", 5), None);
+        journal.record(2, 9, entry("intent/a/x", 9), Some(entry("intent/a/x", 5)));
+        // A removal, at the index of the delete.
+        journal.record(3, 12, entry("intent/b/x", 7), None);
+        let past = |journal: &Journal, index| {
+            let touched = journal.touched_past(index)?;
+            Some(touched.map(|e| e.pair.modify_index).collect::<Vec<_>>())
+        };
+        assert_eq!(past(&journal, 4), Some(vec![5, 9, 5, 7]));
+        assert_eq!(
+            past(&journal, 9),
+            Some(vec![7]),
+            "the removed version, at 12"
+        );
+        assert_eq!(past(&journal, 12), Some(vec![]));
+
+        for generation in 4..4 + JOURNAL_LENGTH as u64 {
+            journal.record(generation, 100 + generation, entry("intent/c/x", 1), None);
+        }
+        assert_eq!(past(&journal, 9), None, "the change at 9 is no longer kept");
+        assert_eq!(past(&journal, 12), Some(vec![1; JOURNAL_LENGTH]));
+        journal.replaced_at(200);
+        assert_eq!(past(&journal, 199), None, "before the tree was read anew");
     }
 
     #[test]

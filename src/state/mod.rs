@@ -251,6 +251,13 @@ pub enum Span {
     /// The events about one object. Events are keyed by time, so no prefix holds one
     /// object's: a listing blocked on the whole tree would wake at every event.
     ObjectEvents { object_id: String },
+    /// The label sets of one type that hold one label: the pods an RC's status counts
+    /// (`rc_id=<id>`), which no prefix holds.
+    Labelled {
+        label_type: LabelType,
+        label: String,
+        value: String,
+    },
 }
 
 impl Span {
@@ -265,6 +272,44 @@ impl Span {
             } => layout::health_of_pod(pod_id),
             Span::PodIntents { prefix, .. } => prefix.clone(),
             Span::ObjectEvents { .. } => layout::EVENTS.to_owned(),
+            Span::Labelled { label_type, .. } => layout::labels_of_type(*label_type),
+        }
+    }
+
+    /// The tree the span lies in.
+    fn tree(&self) -> Option<Tree> {
+        match self {
+            Span::Prefix(prefix) | Span::PodIntents { prefix, .. } => Tree::of_key(prefix),
+            Span::NodeHealth { .. } => Some(Tree::Health),
+            Span::ObjectEvents { .. } => Some(Tree::Events),
+            Span::Labelled { label_type, .. } => Some(Tree::Labels(*label_type)),
+        }
+    }
+
+    /// Whether a version of `entry`'s key, put or removed, may lie in the span (a superset:
+    /// a health record at a key of `node` counts whether or not a pod is intended there).
+    fn may_hold(&self, entry: &Entry) -> bool {
+        let key = entry.pair.key.as_str();
+        match self {
+            Span::Prefix(prefix) => key.starts_with(prefix.as_str()),
+            Span::PodIntents { prefix, pod_id } => key
+                .strip_prefix(prefix.as_str())
+                .and_then(|rest| rest.split_once('/'))
+                .is_some_and(|(_, of)| of == pod_id),
+            Span::NodeHealth { node, pod_id } => {
+                let Some((of, on)) = key
+                    .strip_prefix(layout::HEALTH)
+                    .and_then(|rest| rest.split_once('/'))
+                else {
+                    return false;
+                };
+                pod_id.as_deref().is_none_or(|pod_id| pod_id == of)
+                    && (on == node || entry.health_named_elsewhere() == Some(node.as_str()))
+            }
+            Span::ObjectEvents { object_id } => is_event_of(entry, object_id),
+            Span::Labelled { label, value, .. } => entry
+                .labels()
+                .is_some_and(|labels| labels.get(label) == Some(value)),
         }
     }
 
@@ -274,6 +319,11 @@ impl Span {
             Span::NodeHealth { node, pod_id } => node_health_extent(state, node, pod_id.as_deref()),
             Span::PodIntents { prefix, pod_id } => pod_intents_extent(state, prefix, pod_id),
             Span::ObjectEvents { object_id } => object_events_extent(state, object_id),
+            Span::Labelled {
+                label_type,
+                label,
+                value,
+            } => labelled_extent(state, *label_type, label, value),
         }
     }
 }
@@ -357,6 +407,28 @@ fn object_events_extent(state: &State, object_id: &str) -> Extent {
     filed
         .chain(unconfirmed_deletes)
         .filter(|entry| is_event_of(entry, object_id))
+        .fold((0, 0), |(count, highest), entry| {
+            (count + 1, highest.max(entry.pair.modify_index))
+        })
+}
+
+/// The [`Extent`] of [`Span::Labelled`]: of the label sets of `label_type` holding
+/// `label=value`, an own delete of one not confirmed yet included, as [`extent`] counts
+/// them.
+fn labelled_extent(state: &State, label_type: LabelType, label: &str, value: &str) -> Extent {
+    let tree = state.tree(Tree::Labels(label_type));
+    let term = (label_type, label.to_owned(), value.to_owned());
+    let ids = state.by_label.get(&term).into_iter().flatten();
+    let held = ids.filter_map(|id| tree.entries.get(&layout::labels(label_type, id)));
+    let unconfirmed_deletes = tree.tombstones.values();
+    let unconfirmed_deletes =
+        unconfirmed_deletes.filter_map(|tombstone| tombstone.removed.as_ref());
+    let holding = |entry: &&Arc<Entry>| {
+        entry
+            .labels()
+            .is_some_and(|labels| labels.get(label).map(String::as_str) == Some(value))
+    };
+    held.chain(unconfirmed_deletes.filter(holding))
         .fold((0, 0), |(count, highest), entry| {
             (count + 1, highest.max(entry.pair.modify_index))
         })
@@ -798,6 +870,24 @@ impl Mirror {
             extents: spans.iter().map(|span| span.extent(&state)).collect(),
             confirmed,
         }
+    }
+
+    /// Whether anything in `spans` may have changed at an index past `index`: a version put
+    /// or removed there, or replaced by one put; true too when the changes past `index` are
+    /// no longer all kept. A blocking read at an index its trees have moved past holds on
+    /// as long as this is false, as Consul's blocking read of one key holds while that key
+    /// is unchanged: a read of one object is not woken by every change of the fleet.
+    pub fn changed_past(&self, spans: &[Span], index: u64) -> bool {
+        let state = self.read();
+        spans.iter().any(|span| {
+            let Some(tree) = span.tree() else {
+                return true;
+            };
+            let Some(mut touched) = state.tree(tree).journal.touched_past(index) else {
+                return true;
+            };
+            touched.any(|entry| span.may_hold(entry))
+        })
     }
 
     /// Waits, at most `timeout`, until the watches of `trees` have confirmed every write

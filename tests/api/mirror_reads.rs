@@ -1769,3 +1769,56 @@ async fn a_tree_not_read_again_since_the_store_went_backwards_is_read_from_the_s
         .collect();
     assert_eq!(names, ["new"], "{listed:?}");
 }
+
+/// A read of one RC blocked at an index its trees have moved past since (on a busy fleet,
+/// they move between any two reads) is held while nothing of that RC changed, as Consul
+/// holds a blocking read of one key while the key is unchanged; it is woken by a change of
+/// the RC, of its pods' labels (a pod joining or leaving it), or of its conditions.
+#[tokio::test]
+async fn a_blocked_read_of_one_rc_holds_while_only_other_rcs_change() {
+    let app = Arc::new(TestApp::new().await);
+    let (watched, other) = (create(&app, 1).await, create(&app, 1).await);
+    give_conditions(&app, &watched).await;
+    give_conditions(&app, &other).await;
+    let path = format!("/api/v1/rcs/{watched}");
+    let read = app.get(&path).await;
+    // Another RC, its pods and its conditions change: the trees' index moves past the
+    // read's.
+    set_replicas(&app, &other, 2).await;
+    label_pod_of(&app, &other, "node1").await;
+    give_conditions(&app, &other).await;
+    app.mirrored("labels/pod/node1/hello").await;
+    let index = read.x_index();
+    assert!(app.get(&path).await.x_index() > index);
+
+    let held = app.get_held(format!("{path}?index={index}&wait=30s")).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.assert_held("a read of one RC was woken by another RC's changes");
+    // The pod moves from the other RC to the watched one.
+    label_pod_of(&app, &watched, "node1").await;
+    let answer = held
+        .woken("a pod joining the RC did not wake the read")
+        .await;
+    assert_eq!(answer.json()["status"]["current_replicas"], 1, "{answer:?}");
+
+    // And leaves it again, before the read is sent.
+    let index = answer.x_index();
+    label_pod_of(&app, &other, "node1").await;
+    app.mirrored("labels/pod/node1/hello").await;
+    let blocking = format!("{path}?index={index}&wait=30s");
+    let read = app.get(&blocking);
+    let answer = tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .expect("a pod leaving the RC since the read's index did not answer it at once");
+    assert_eq!(answer.json()["status"]["current_replicas"], 0, "{answer:?}");
+
+    let held = app
+        .get_held(format!("{path}?index={}&wait=30s", answer.x_index()))
+        .await;
+    set_replicas(&app, &other, 3).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.assert_held("a read of one RC was woken by another RC's change");
+    give_conditions(&app, &watched).await;
+    held.woken("the RC's conditions did not wake the read")
+        .await;
+}
