@@ -49,6 +49,7 @@ use crate::kv::{KvPair, KvStore, Lock, PrefixUpdate, TxnOp};
 use crate::labels::{LabelType, Labels, Operator, Selector, RC_ID_LABEL};
 use crate::layout;
 use crate::model::event::Event;
+use crate::model::json_may_hold;
 
 pub use changes::{Change, ChangeType, Receiver, Signal};
 pub use entries::Entries;
@@ -436,7 +437,10 @@ fn labelled_extent(state: &State, label_type: LabelType, label: &str, value: &st
 
 /// Whether the event at `entry` is about the object `object_id`.
 fn is_event_of(entry: &Entry, object_id: &str) -> bool {
-    Event::object_id_of(&entry.pair.value).is_some_and(|of| of == object_id)
+    // Most events are told apart by their bytes alone, without decoding them: a blocked
+    // read looks through up to a tree's whole journal under the mirror's lock.
+    let bytes = &entry.pair.value;
+    json_may_hold(bytes, object_id) && Event::object_id_of(bytes).is_some_and(|of| of == object_id)
 }
 
 /// The [`Extent`] of [`Span::PodIntents`]: of the keys under `prefix` of the nodes with an
