@@ -359,6 +359,10 @@ impl State {
             return;
         };
         let gone = entry.pair.create_index.saturating_sub(1).max(through);
+        // Journaled again, as when a listing confirms it ([`State::remove`]), at the new
+        // version's index, which the delete does not lie past.
+        let state = self.tree_mut(tree);
+        state.changed(entry.pair.modify_index, &removed, None);
         self.stream.emit(ChangeType::Deleted, tree, gone, removed);
     }
 
@@ -417,8 +421,15 @@ impl State {
                 self.drop_from_indexes(tree, &entry);
                 entry
             }
+            // An own delete confirmed: it was journaled at its bound, which may lie below
+            // the delete's own index (a delete-cas alone knows only the version it removed),
+            // so a reader at an index past the bound would not see it; journaled again at the
+            // index that confirms it, which does not lie below.
             None => match state.tombstones.remove(key).and_then(|t| t.removed) {
-                Some(removed) => removed,
+                Some(removed) => {
+                    state.changed(index, &removed, None);
+                    removed
+                }
                 None => return,
             },
         };
@@ -615,6 +626,45 @@ mod tests {
         let deleted = state.stream.replay_from(0).unwrap();
         assert_eq!(deleted.last().unwrap().change_type, ChangeType::Deleted);
         assert_eq!(deleted.last().unwrap().entry.pair.key, "labels/node/a");
+    }
+
+    #[test]
+    fn an_own_delete_known_only_through_the_version_it_removed_is_journaled_past_it() {
+        let tree = Tree::Labels(LabelType::Node);
+        let touched_past = |state: &State, index| -> Vec<(String, u64)> {
+            let journal = &state.tree(tree).journal;
+            let touched = journal.touched_past(index).unwrap();
+            touched
+                .map(|e| (e.pair.key.clone(), e.pair.modify_index))
+                .collect()
+        };
+        let mut state = State::new(Stream::new(10, 10));
+        let a = pair("labels/node/a", r#"{"r":"x"}"#, 2);
+        let b = pair("labels/node/b", r#"{"r":"x"}"#, 3);
+        apply(&mut state, 4, &[a, b], true);
+        // Deleted alone by a delete-cas (at 5 and 7 in the store), known gone only through
+        // the versions removed; a reader at 4 saw both.
+        state.apply_own_delete(tree, "labels/node/a", 2);
+        state.apply_own_delete(tree, "labels/node/b", 3);
+        // `a`'s delete is confirmed by a listing at 6, `b` is written again at 8 by another
+        // writer before any listing confirms its delete.
+        apply(
+            &mut state,
+            6,
+            &[pair("labels/node/b", r#"{"r":"x"}"#, 3)],
+            false,
+        );
+        let again = pair("labels/node/b", r#"{"r":"y"}"#, 8);
+        apply(&mut state, 8, std::slice::from_ref(&again), false);
+        assert_eq!(
+            touched_past(&state, 4),
+            [
+                ("labels/node/a".into(), 2),
+                ("labels/node/b".into(), 3),
+                ("labels/node/b".into(), 8)
+            ],
+            "each removed version is journaled past the index its reader saw it at"
+        );
     }
 
     #[test]

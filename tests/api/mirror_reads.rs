@@ -1822,3 +1822,38 @@ async fn a_blocked_read_of_one_rc_holds_while_only_other_rcs_change() {
     held.woken("the RC's conditions did not wake the read")
         .await;
 }
+
+/// A delete this server makes alone (the retention farm pruning an event with a
+/// delete-cas, whose transaction answers no index) is known gone only through the version
+/// it removed, below the delete's own index: a read of one object's events blocked at an
+/// index past that version, sent once the watch has confirmed the delete, is answered at
+/// once rather than held as though nothing it shows had changed since.
+#[tokio::test]
+async fn a_read_blocked_past_a_version_this_server_deleted_alone_answers_at_once() {
+    use p2_apiserver::store::own_writes::OwnWrites;
+
+    let app = Arc::new(TestApp::new().await);
+    let (watched, other) = (create(&app, 1).await, create(&app, 1).await);
+    let path = format!("/api/v1/events?id={watched}");
+    let read = app.get(&path).await;
+    let items = read.json()["items"].clone();
+    assert_eq!(items.as_array().unwrap().len(), 1, "{items}");
+    let key = p2_apiserver::layout::event(items[0]["id"].as_str().unwrap());
+    let pruned = app.stored(&key).await.unwrap();
+    assert!(pruned.modify_index <= read.x_index(), "{pruned:?} {read:?}");
+
+    let store = OwnWrites::wrap(app.store.clone(), app.mirror.clone());
+    let prune = TxnOp::DeleteCas {
+        key: key.clone(),
+        index: pruned.modify_index,
+    };
+    store.txn(&[prune]).await.unwrap();
+    set_replicas(&app, &other, 2).await;
+    app.mirrored(&key).await;
+
+    let blocking = format!("{path}&index={}&wait=30s", read.x_index());
+    let answer = tokio::time::timeout(Duration::from_secs(5), app.get(&blocking))
+        .await
+        .expect("a read blocked past the pruned event's version was held");
+    assert_eq!(answer.json()["items"], json!([]), "{answer:?}");
+}
