@@ -242,7 +242,7 @@ pub fn current_reader(app: &App) -> Arc<dyn KvStore> {
 
 /// What to read `trees` through, by [`source`]: the mirror, read as a store, or the store
 /// itself once a blocking read has waited there for a change under `spans` (the keys the
-/// answer is made of; the trees' prefixes when there are none; a span's prefix). Lets a
+/// answer is made of; the trees' prefixes when there are none; a span's prefixes). Lets a
 /// handler read through a repository in one code path.
 pub async fn reader(
     app: &App,
@@ -335,7 +335,7 @@ async fn open<'a>(
             let prefixes: Vec<String> = if spans.is_empty() {
                 trees.iter().map(|tree| tree.prefix()).collect()
             } else {
-                spans.iter().map(Span::prefix).collect()
+                spans.iter().flat_map(Span::prefixes).collect()
             };
             blocking.block(app, &prefixes).await?;
             Ok((app.store.clone(), Opened::Store(prefixes)))

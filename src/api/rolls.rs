@@ -47,7 +47,7 @@ use crate::model::event::{
     Actor, FinishedRoll, ObjectKind, RcProgress, RollOutcome, RollProgress, StoredRollFields,
 };
 use crate::model::{CreateRoll, HealthCounts, HealthState, PodHealth, RollId};
-use crate::state::{Mirror, Tree};
+use crate::state::{Mirror, Span, Tree};
 use crate::store::conditions::read_conditions;
 use crate::store::events::read_meta;
 use crate::store::health::HealthStore;
@@ -320,8 +320,9 @@ async fn list_rolls(
 /// for the retention period, with its outcome.
 ///
 /// Served from the server's mirror of the store unless `?consistent=true` (see `X-Index`).
-/// Blocks with `?index=&wait=` until anything a roll's view shows changes, as the listing
-/// of every state does.
+/// Blocks with `?index=&wait=` until the roll, its labels, its conditions, its finished
+/// record, either RC, their pods' labels, what the pods' nodes run or the pods' health
+/// change: not at other rolls' or pods' changes, even at an index they have moved past.
 #[utoipa::path(
     get,
     path = "/api/v1/rolls/{id}",
@@ -348,7 +349,7 @@ async fn get_roll(
     let (IndexedReader { kv, index }, mirror) = indexed_source(
         &app,
         &roll_trees(true),
-        &[],
+        &view_spans(&id),
         query.consistent,
         query.blocking,
     )
@@ -458,6 +459,21 @@ fn roll_trees(finished: bool) -> Vec<Tree> {
         trees.push(Tree::RollHistory);
     }
     trees
+}
+
+/// What one roll's view is made of, within [`roll_trees`]: a read of it blocked on
+/// `?index=` is woken by a change of these, not by every change of the fleet. Its times
+/// change with the roll, as in [`roll_trees`].
+fn view_spans(id: &str) -> [Span; 5] {
+    [
+        Span::Prefix(layout::roll(id)),
+        Span::Prefix(layout::labels(LabelType::Rolls, id)),
+        Span::Prefix(layout::conditions(ObjectKind::Rolls, id)),
+        Span::Prefix(layout::roll_history(id)),
+        Span::RollRcs {
+            roll_id: id.to_owned(),
+        },
+    ]
 }
 
 /// The view of a roll just read or written for a write's answer or record, from the mirror

@@ -259,12 +259,26 @@ pub enum Span {
         label: String,
         value: String,
     },
+    /// What a roll's view counts of its two RCs, as named by the roll's document when the
+    /// span is looked at (a change of the document is a change of the roll, which a read of
+    /// it spans too): each RC, the pods labelled with either's id, what their nodes run and
+    /// every health record of their pod ids. No prefix holds them: a read blocked on the
+    /// whole trees would wake at every pod's report on every node.
+    RollRcs { roll_id: String },
 }
 
+/// The trees [`Span::RollRcs`] lies in.
+const ROLL_RC_TREES: [Tree; 4] = [
+    Tree::Rcs,
+    Tree::Labels(LabelType::Pod),
+    Tree::Reality,
+    Tree::Health,
+];
+
 impl Span {
-    /// The prefix a blocking read served from the store watches for this span.
-    pub fn prefix(&self) -> String {
-        match self {
+    /// The prefixes a blocking read served from the store watches for this span.
+    pub fn prefixes(&self) -> Vec<String> {
+        let prefix = match self {
             Span::Prefix(prefix) => prefix.clone(),
             Span::NodeHealth { pod_id: None, .. } => layout::HEALTH.to_owned(),
             Span::NodeHealth {
@@ -274,16 +288,22 @@ impl Span {
             Span::PodIntents { prefix, .. } => prefix.clone(),
             Span::ObjectEvents { .. } => layout::EVENTS.to_owned(),
             Span::Labelled { label_type, .. } => layout::labels_of_type(*label_type),
-        }
+            Span::RollRcs { .. } => {
+                return ROLL_RC_TREES.iter().map(|tree| tree.prefix()).collect()
+            }
+        };
+        vec![prefix]
     }
 
-    /// The tree the span lies in.
+    /// The tree the span lies in; `None` for a span of several ([`Span::RollRcs`], which
+    /// [`Mirror::changed_past`] tells apart).
     fn tree(&self) -> Option<Tree> {
         match self {
             Span::Prefix(prefix) | Span::PodIntents { prefix, .. } => Tree::of_key(prefix),
             Span::NodeHealth { .. } => Some(Tree::Health),
             Span::ObjectEvents { .. } => Some(Tree::Events),
             Span::Labelled { label_type, .. } => Some(Tree::Labels(*label_type)),
+            Span::RollRcs { .. } => None,
         }
     }
 
@@ -311,6 +331,8 @@ impl Span {
             Span::Labelled { label, value, .. } => entry
                 .labels()
                 .is_some_and(|labels| labels.get(label) == Some(value)),
+            // Told by `RollRcs::may_hold`, which looks at the mirror.
+            Span::RollRcs { .. } => true,
         }
     }
 
@@ -325,7 +347,123 @@ impl Span {
                 label,
                 value,
             } => labelled_extent(state, *label_type, label, value),
+            Span::RollRcs { roll_id } => RollRcs::of(state, roll_id).extent(state),
         }
+    }
+}
+
+/// [`Span::RollRcs`] as the mirror holds it now.
+struct RollRcs {
+    /// The RCs' ids: the roll's own id and what its document names.
+    rcs: BTreeSet<String>,
+    /// The pods (`<node>/<pod_id>`) labelled with either RC's id, an own delete of their
+    /// labels not confirmed yet included.
+    pods: BTreeSet<String>,
+}
+
+impl RollRcs {
+    fn of(state: &State, roll_id: &str) -> RollRcs {
+        let mut rcs = BTreeSet::from([roll_id.to_owned()]);
+        let roll = state.tree(Tree::Rolls).entries.get(&layout::roll(roll_id));
+        if let Some(View::Roll(roll)) = roll.map(|entry| &entry.view) {
+            rcs.insert(roll.old_rc.clone());
+            rcs.insert(roll.new_rc.clone());
+        }
+        let labels = state.tree(Tree::Labels(LabelType::Pod));
+        let pod_labels = layout::labels_of_type(LabelType::Pod);
+        let unconfirmed_deletes = labels.tombstones.values();
+        let unconfirmed_deletes = unconfirmed_deletes
+            .filter_map(|tombstone| tombstone.removed.as_ref())
+            .filter(|entry| {
+                let rc = entry.labels().and_then(|labels| labels.get(RC_ID_LABEL));
+                rc.is_some_and(|rc| rcs.contains(rc))
+            })
+            .filter_map(|entry| entry.pair.key.strip_prefix(&pod_labels))
+            .map(str::to_owned);
+        let mut pods: BTreeSet<String> = unconfirmed_deletes.collect();
+        for rc in &rcs {
+            let term = (LabelType::Pod, RC_ID_LABEL.to_owned(), rc.clone());
+            let ids = state.by_label.get(&term).into_iter().flatten();
+            pods.extend(ids.map(|id| id.to_string()));
+        }
+        RollRcs { rcs, pods }
+    }
+
+    /// The pod ids of [`RollRcs::pods`], each once.
+    fn pod_ids(&self) -> BTreeSet<&str> {
+        let ids = self.pods.iter().filter_map(|pod| pod.split_once('/'));
+        ids.map(|(_, pod_id)| pod_id).collect()
+    }
+
+    /// Whether a version of `entry`'s key may lie in the span: an RC's document, a label
+    /// set naming one of the RCs (the version replaced by a put is given too), what a pod's
+    /// node runs, or a health record of a pod's id.
+    fn may_hold(&self, entry: &Entry, pod_ids: &BTreeSet<&str>) -> bool {
+        let key = entry.pair.key.as_str();
+        if let Some(rc) = key.strip_prefix(layout::RCS) {
+            return self.rcs.contains(rc);
+        }
+        if let Some(labels) = entry.labels() {
+            let rc = labels.get(RC_ID_LABEL);
+            return rc.is_some_and(|rc| self.rcs.contains(rc));
+        }
+        if let Some(pod) = key.strip_prefix(layout::REALITY) {
+            return self.pods.contains(pod);
+        }
+        let pod_id = key
+            .strip_prefix(layout::HEALTH)
+            .and_then(|rest| rest.split_once('/'));
+        pod_id.is_some_and(|(pod_id, _)| pod_ids.contains(pod_id))
+    }
+
+    /// Whether a version of anything in the span may have changed at an index past `index`,
+    /// as [`Mirror::changed_past`] tells it. The span is looked at now: a pod labelled with
+    /// an RC's id then but not now (or now but not then) had its labels changed past
+    /// `index`, which is a change of the span.
+    fn changed_past(&self, state: &State, index: u64) -> bool {
+        let pod_ids = self.pod_ids();
+        ROLL_RC_TREES.iter().any(|tree| {
+            let Some(mut touched) = state.tree(*tree).journal.touched_past(index) else {
+                return true;
+            };
+            touched.any(|entry| self.may_hold(entry, &pod_ids))
+        })
+    }
+
+    /// Of every entry in the span (an own delete not confirmed yet included), how many and
+    /// the highest modify index: an entry added to it by a change of what names it comes
+    /// with that change, which moves the index.
+    fn extent(&self, state: &State) -> Extent {
+        let rcs = self
+            .rcs
+            .iter()
+            .map(|rc| key_extent(state, Tree::Rcs, &layout::rc(rc)));
+        let labelled = self
+            .rcs
+            .iter()
+            .map(|rc| labelled_extent(state, LabelType::Pod, RC_ID_LABEL, rc));
+        let reality = self
+            .pods
+            .iter()
+            .map(|pod| key_extent(state, Tree::Reality, &format!("{}{pod}", layout::REALITY)));
+        let health = self.pod_ids().into_iter();
+        let health = health.map(|pod_id| extent(state, &layout::health_of_pod(pod_id)));
+        rcs.chain(labelled)
+            .chain(reality)
+            .chain(health)
+            .fold((0, 0), |(count, highest), (more, high)| {
+                (count + more, highest.max(high))
+            })
+    }
+}
+
+/// The [`Extent`] of one key of `tree`, an own delete not confirmed yet included.
+fn key_extent(state: &State, tree: Tree, key: &str) -> Extent {
+    let tree = state.tree(tree);
+    let unconfirmed_delete = || tree.tombstones.get(key)?.removed.as_ref();
+    match tree.entries.get(key).or_else(unconfirmed_delete) {
+        Some(entry) => (1, entry.pair.modify_index),
+        None => (0, 0),
     }
 }
 
@@ -884,6 +1022,9 @@ impl Mirror {
     pub fn changed_past(&self, spans: &[Span], index: u64) -> bool {
         let state = self.read();
         spans.iter().any(|span| {
+            if let Span::RollRcs { roll_id } = span {
+                return RollRcs::of(&state, roll_id).changed_past(&state, index);
+            }
             let Some(tree) = span.tree() else {
                 return true;
             };

@@ -87,7 +87,17 @@ async fn edit_replicas_unseen(app: &TestApp, id: &str, replicas: i64) -> u64 {
     edited
 }
 
-/// A passing health record of pod `hello` on `node1`, as P2's health checker writes it.
+/// Creates the roll from RC `old` to RC `new`; answers its id.
+async fn create_roll(app: &TestApp, old: &str, new: &str) -> String {
+    let roll = json!({"old_rc_id": old, "new_rc_id": new,
+        "desired_replicas": 1, "minimum_replicas": 0});
+    let created = app
+        .json_request("POST", "/api/v1/rolls", Some(&roll), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    created.json()["id"].as_str().unwrap().to_owned()
+}
+
 /// Creates the daemon set of pod `shipper` on every node; answers its id.
 async fn create_daemon_set(app: &TestApp) -> String {
     let spec = json!({"manifest": "id: shipper\nlaunchables: {}\n", "node_selector": "",
@@ -99,6 +109,7 @@ async fn create_daemon_set(app: &TestApp) -> String {
     created.json()["id"].as_str().unwrap().to_owned()
 }
 
+/// A passing health record of pod `hello` on `node1`, as P2's health checker writes it.
 fn passing_hello_on_node1() -> Value {
     json!({"Id": "hello", "Node": "node1", "Service": "hello",
         "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"})
@@ -1662,12 +1673,7 @@ async fn a_change_landing_between_an_answer_and_the_next_block_wakes_it() {
 async fn a_blocked_read_is_woken_when_the_conditions_it_shows_change() {
     let app = Arc::new(TestApp::new().await);
     let (old, new) = (create(&app, 1).await, create(&app, 0).await);
-    let roll = json!({"old_rc_id": old, "new_rc_id": new,
-        "desired_replicas": 1, "minimum_replicas": 0});
-    let created = app
-        .json_request("POST", "/api/v1/rolls", Some(&roll), &[])
-        .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    create_roll(&app, &old, &new).await;
     let ds = create_daemon_set(&app).await;
     let pod = json!({"replication_controller_id": old});
     app.put_json("labels/pod/node1/hello", &pod).await;
@@ -1821,6 +1827,106 @@ async fn a_blocked_read_of_one_rc_holds_while_only_other_rcs_change() {
     give_conditions(&app, &watched).await;
     held.woken("the RC's conditions did not wake the read")
         .await;
+}
+
+/// A read of one roll blocked at an index its trees have moved past since is held while
+/// nothing its view shows changed (another roll, its RCs, their pods, what those pods' nodes
+/// run and their health do); it is woken by a change of its roll's labels or conditions,
+/// of either RC, of its pods' labels, of what they run or of their health, and by the roll
+/// ending.
+#[tokio::test]
+async fn a_blocked_read_of_one_roll_holds_while_only_other_rolls_change() {
+    let app = Arc::new(TestApp::new().await);
+    let (old, new) = (create(&app, 1).await, create(&app, 0).await);
+    let watched = create_roll(&app, &old, &new).await;
+    let (other_old, other_new) = (create(&app, 1).await, create(&app, 0).await);
+    let other = create_roll(&app, &other_old, &other_new).await;
+    app.put_json(
+        "labels/pod/node1/hello",
+        &json!({"replication_controller_id": old}),
+    )
+    .await;
+    let path = format!("/api/v1/rolls/{watched}");
+    let read = app.get(&path).await;
+    assert_eq!(read.status, StatusCode::OK, "{read:?}");
+
+    // The other roll, its RCs and a pod of theirs change: the trees' index moves past the
+    // read's.
+    edit_replicas_unseen(&app, &other_old, 2).await;
+    app.put_json(
+        "labels/pod/node2/other",
+        &json!({"replication_controller_id": other_old}),
+    )
+    .await;
+    app.put_raw("reality/node2/other", "id: other\nlaunchables: {}\n")
+        .await;
+    let other_health = json!({"Id": "other", "Node": "node2", "Service": "other",
+        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    app.put_json("health/other/node2", &other_health).await;
+    let conditions = json!({"conditions": []});
+    app.put_json(
+        &format!("p2-apiserver/conditions/rolls/{other}"),
+        &conditions,
+    )
+    .await;
+    app.put_json(&format!("labels/rolls/{other}"), &json!({"team": "b"}))
+        .await;
+    let index = read.x_index();
+    assert!(app.get(&path).await.x_index() > index);
+    let held = app.get_held(format!("{path}?index={index}&wait=30s")).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.assert_held("a read of one roll was woken by another roll's changes");
+
+    // Each change the view shows wakes a read blocked at the latest index.
+    let manifest = "id: hello\nlaunchables: {}\n";
+    let blocked = |app: &Arc<TestApp>| {
+        let app = app.clone();
+        let path = path.clone();
+        async move {
+            let index = app.get(&path).await.x_index();
+            app.get_held(format!("{path}?index={index}&wait=30s")).await
+        }
+    };
+    let held = blocked(&app).await;
+    app.put_raw("reality/node1/hello", manifest).await;
+    held.woken("what the old RC's pod's node runs did not wake the read")
+        .await;
+    let held = blocked(&app).await;
+    app.put_json("health/hello/node1", &passing_hello_on_node1())
+        .await;
+    held.woken("the old RC's pod's health did not wake the read")
+        .await;
+    let held = blocked(&app).await;
+    edit_replicas_unseen(&app, &old, 2).await;
+    held.woken("the old RC's change did not wake the read")
+        .await;
+    let held = blocked(&app).await;
+    edit_replicas_unseen(&app, &new, 1).await;
+    held.woken("the new RC's change did not wake the read")
+        .await;
+    let held = blocked(&app).await;
+    label_pod_of(&app, &new, "node1").await;
+    let answer = held
+        .woken("a pod moving to the new RC did not wake the read")
+        .await;
+    assert_eq!(answer.json()["progress"]["new"]["current"], 1, "{answer:?}");
+    let held = blocked(&app).await;
+    app.put_json(
+        &format!("p2-apiserver/conditions/rolls/{watched}"),
+        &conditions,
+    )
+    .await;
+    held.woken("the roll's conditions did not wake the read")
+        .await;
+    let held = blocked(&app).await;
+    app.put_json(&format!("labels/rolls/{watched}"), &json!({"team": "a"}))
+        .await;
+    held.woken("the roll's labels did not wake the read").await;
+    let held = blocked(&app).await;
+    let deleted = app.json_request("DELETE", &path, None, &[]).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    let answer = held.woken("the roll ending did not wake the read").await;
+    assert_eq!(answer.json()["outcome"], "cancelled", "{answer:?}");
 }
 
 /// A delete this server makes alone (the retention farm pruning an event with a
