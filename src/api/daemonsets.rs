@@ -44,7 +44,7 @@ use crate::model::{
     ds_spec, CreateDaemonSet, DaemonSetId, DaemonSetPatch, HealthCounts, HealthState, PodHealth,
     StoredDaemonSet,
 };
-use crate::state::{Mirror, Tree};
+use crate::state::{Mirror, Span, Tree};
 use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::daemon_sets::{
     self, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
@@ -285,8 +285,11 @@ async fn create_daemon_set(
 /// Reads one daemon set with its rollout status.
 ///
 /// Served from the server's mirror of the store unless `?consistent=true` (see `X-Index`).
-/// Blocks with `?index=&wait=` until anything its status is made of changes: daemon sets,
-/// RCs, node and pod labels, intents, reality, health or the farm's status records.
+/// Blocks with `?index=&wait=` until anything it is made of changes: the daemon set, any
+/// node's labels (its selector may match the node), its pods' labels, the RCs they name,
+/// their intents, what their nodes run, their health, the farm's status record of it or
+/// its conditions; not at other daemon sets' or pods' changes, even at an index they have
+/// moved past.
 #[utoipa::path(
     get,
     path = "/daemonsets/{id}",
@@ -310,8 +313,9 @@ async fn get_daemon_set(
     ApiPath(id): ApiPath<DaemonSetId>,
 ) -> Result<Response, ApiError> {
     let id = id.uuid();
+    let spans = view_spans(id);
     let (IndexedReader { kv, index }, mirror) =
-        indexed_source(&app, &DS_TREES, &[], query.consistent, query.blocking).await?;
+        indexed_source(&app, &DS_TREES, &spans, query.consistent, query.blocking).await?;
     let Some(record) = DaemonSetStore::new(kv.clone()).get(id).await? else {
         return Ok(error_at(DaemonSetError::NotFound(id).into(), index));
     };
@@ -454,6 +458,22 @@ const DS_TREES: [Tree; 9] = [
     Tree::DsStatus,
     Tree::Conditions,
 ];
+
+/// What one daemon set's view is made of, within [`DS_TREES`]: a read of it blocked on
+/// `?index=` is woken by a change of these, not by every pod's. Every node's labels are
+/// among them (the selector may come to match any node, and node labels change seldom);
+/// times change with the document, as in [`DS_TREES`].
+fn view_spans(id: uuid::Uuid) -> [Span; 5] {
+    [
+        Span::Prefix(layout::daemon_set(id)),
+        Span::Prefix(layout::labels_of_type(LabelType::Node)),
+        Span::DaemonSetPods {
+            ds_id: id.to_string(),
+        },
+        Span::Prefix(layout::ds_farm_status(id)),
+        Span::Prefix(layout::conditions(ObjectKind::Daemonsets, id)),
+    ]
+}
 
 /// The trees a listing of daemon sets is made of: their documents and the farms'
 /// conditions (its items have no rollout status).

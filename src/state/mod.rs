@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::kv::{KvPair, KvStore, Lock, PrefixUpdate, TxnOp};
-use crate::labels::{LabelType, Labels, Operator, Selector, RC_ID_LABEL};
+use crate::labels::{LabelType, Labels, Operator, Selector, DS_ID_LABEL, RC_ID_LABEL};
 use crate::layout;
 use crate::model::event::Event;
 use crate::model::json_may_hold;
@@ -265,12 +265,26 @@ pub enum Span {
     /// every health record of their pod ids. No prefix holds them: a read blocked on the
     /// whole trees would wake at every pod's report on every node.
     RollRcs { roll_id: String },
+    /// What a daemon set's rollout status counts of its pods: the pods labelled with its id,
+    /// the RCs their labels name (a pod an enabled RC holds too is not counted), their
+    /// intents, what their nodes run and every health record of their pod ids. No prefix
+    /// holds them, as for [`Span::RollRcs`].
+    DaemonSetPods { ds_id: String },
 }
 
 /// The trees [`Span::RollRcs`] lies in.
 const ROLL_RC_TREES: [Tree; 4] = [
     Tree::Rcs,
     Tree::Labels(LabelType::Pod),
+    Tree::Reality,
+    Tree::Health,
+];
+
+/// The trees [`Span::DaemonSetPods`] lies in.
+const DS_POD_TREES: [Tree; 5] = [
+    Tree::Rcs,
+    Tree::Labels(LabelType::Pod),
+    Tree::Intent,
     Tree::Reality,
     Tree::Health,
 ];
@@ -291,11 +305,14 @@ impl Span {
             Span::RollRcs { .. } => {
                 return ROLL_RC_TREES.iter().map(|tree| tree.prefix()).collect()
             }
+            Span::DaemonSetPods { .. } => {
+                return DS_POD_TREES.iter().map(|tree| tree.prefix()).collect()
+            }
         };
         vec![prefix]
     }
 
-    /// The tree the span lies in; `None` for a span of several ([`Span::RollRcs`], which
+    /// The tree the span lies in; `None` for a span of several ([`Span::pods`], which
     /// [`Mirror::changed_past`] tells apart).
     fn tree(&self) -> Option<Tree> {
         match self {
@@ -303,7 +320,17 @@ impl Span {
             Span::NodeHealth { .. } => Some(Tree::Health),
             Span::ObjectEvents { .. } => Some(Tree::Events),
             Span::Labelled { label_type, .. } => Some(Tree::Labels(*label_type)),
-            Span::RollRcs { .. } => None,
+            Span::RollRcs { .. } | Span::DaemonSetPods { .. } => None,
+        }
+    }
+
+    /// The pods the span is made of as the mirror holds them now, for a span of several
+    /// trees.
+    fn pods(&self, state: &State) -> Option<Pods> {
+        match self {
+            Span::RollRcs { roll_id } => Some(Pods::of_roll(state, roll_id)),
+            Span::DaemonSetPods { ds_id } => Some(Pods::of_daemon_set(state, ds_id)),
+            _ => None,
         }
     }
 
@@ -331,8 +358,8 @@ impl Span {
             Span::Labelled { label, value, .. } => entry
                 .labels()
                 .is_some_and(|labels| labels.get(label) == Some(value)),
-            // Told by `RollRcs::may_hold`, which looks at the mirror.
-            Span::RollRcs { .. } => true,
+            // Told by `Pods::may_hold`, which looks at the mirror.
+            Span::RollRcs { .. } | Span::DaemonSetPods { .. } => true,
         }
     }
 
@@ -347,56 +374,98 @@ impl Span {
                 label,
                 value,
             } => labelled_extent(state, *label_type, label, value),
-            Span::RollRcs { roll_id } => RollRcs::of(state, roll_id).extent(state),
+            Span::RollRcs { roll_id } => Pods::of_roll(state, roll_id).extent(state),
+            Span::DaemonSetPods { ds_id } => Pods::of_daemon_set(state, ds_id).extent(state),
         }
     }
 }
 
-/// [`Span::RollRcs`] as the mirror holds it now.
-struct RollRcs {
-    /// The RCs' ids: the roll's own id and what its document names.
+/// [`Span::RollRcs`] or [`Span::DaemonSetPods`] as the mirror holds it now: the pods a
+/// label picks, and the RCs whose documents count.
+struct Pods {
+    /// The label that picks the pods, and the values it picks them by.
+    label: &'static str,
+    values: BTreeSet<String>,
+    /// The RCs whose documents the span holds.
     rcs: BTreeSet<String>,
-    /// The pods (`<node>/<pod_id>`) labelled with either RC's id, an own delete of their
-    /// labels not confirmed yet included.
+    /// The pods (`<node>/<pod_id>`) picked, an own delete of their labels not confirmed yet
+    /// included.
     pods: BTreeSet<String>,
+    /// The trees the span lies in.
+    trees: &'static [Tree],
 }
 
-impl RollRcs {
-    fn of(state: &State, roll_id: &str) -> RollRcs {
+impl Pods {
+    /// [`Span::RollRcs`]: the roll's RCs, and the pods labelled with either's id.
+    fn of_roll(state: &State, roll_id: &str) -> Pods {
         let mut rcs = BTreeSet::from([roll_id.to_owned()]);
         let roll = state.tree(Tree::Rolls).entries.get(&layout::roll(roll_id));
         if let Some(View::Roll(roll)) = roll.map(|entry| &entry.view) {
             rcs.insert(roll.old_rc.clone());
             rcs.insert(roll.new_rc.clone());
         }
+        let pods = Pods::picked(state, RC_ID_LABEL, &rcs);
+        Pods {
+            label: RC_ID_LABEL,
+            values: rcs.clone(),
+            rcs,
+            pods,
+            trees: &ROLL_RC_TREES,
+        }
+    }
+
+    /// [`Span::DaemonSetPods`]: the pods labelled with the daemon set's id, and the RCs
+    /// their labels name.
+    fn of_daemon_set(state: &State, ds_id: &str) -> Pods {
+        let values = BTreeSet::from([ds_id.to_owned()]);
+        let pods = Pods::picked(state, DS_ID_LABEL, &values);
+        let labels = state.tree(Tree::Labels(LabelType::Pod));
+        let rcs = pods.iter().filter_map(|pod| {
+            let key = layout::labels(LabelType::Pod, pod);
+            let unconfirmed_delete = || labels.tombstones.get(&key)?.removed.as_ref();
+            let entry = labels.entries.get(&key).or_else(unconfirmed_delete)?;
+            entry.labels()?.get(RC_ID_LABEL).cloned()
+        });
+        Pods {
+            label: DS_ID_LABEL,
+            rcs: rcs.collect(),
+            values,
+            pods,
+            trees: &DS_POD_TREES,
+        }
+    }
+
+    /// The pods whose labels give `label` one of `values`, an own delete of their labels not
+    /// confirmed yet included.
+    fn picked(state: &State, label: &str, values: &BTreeSet<String>) -> BTreeSet<String> {
         let labels = state.tree(Tree::Labels(LabelType::Pod));
         let pod_labels = layout::labels_of_type(LabelType::Pod);
         let unconfirmed_deletes = labels.tombstones.values();
         let unconfirmed_deletes = unconfirmed_deletes
             .filter_map(|tombstone| tombstone.removed.as_ref())
             .filter(|entry| {
-                let rc = entry.labels().and_then(|labels| labels.get(RC_ID_LABEL));
-                rc.is_some_and(|rc| rcs.contains(rc))
+                let value = entry.labels().and_then(|labels| labels.get(label));
+                value.is_some_and(|value| values.contains(value))
             })
             .filter_map(|entry| entry.pair.key.strip_prefix(&pod_labels))
             .map(str::to_owned);
         let mut pods: BTreeSet<String> = unconfirmed_deletes.collect();
-        for rc in &rcs {
-            let term = (LabelType::Pod, RC_ID_LABEL.to_owned(), rc.clone());
+        for value in values {
+            let term = (LabelType::Pod, label.to_owned(), value.clone());
             let ids = state.by_label.get(&term).into_iter().flatten();
             pods.extend(ids.map(|id| id.to_string()));
         }
-        RollRcs { rcs, pods }
+        pods
     }
 
-    /// The pod ids of [`RollRcs::pods`], each once.
+    /// The pod ids of [`Pods::pods`], each once.
     fn pod_ids(&self) -> BTreeSet<&str> {
         let ids = self.pods.iter().filter_map(|pod| pod.split_once('/'));
         ids.map(|(_, pod_id)| pod_id).collect()
     }
 
     /// Whether a version of `entry`'s key may lie in the span: an RC's document, a label
-    /// set naming one of the RCs (the version replaced by a put is given too), what a pod's
+    /// set picked (the version replaced by a put is given too), a pod's intent or what its
     /// node runs, or a health record of a pod's id.
     fn may_hold(&self, entry: &Entry, pod_ids: &BTreeSet<&str>) -> bool {
         let key = entry.pair.key.as_str();
@@ -404,10 +473,11 @@ impl RollRcs {
             return self.rcs.contains(rc);
         }
         if let Some(labels) = entry.labels() {
-            let rc = labels.get(RC_ID_LABEL);
-            return rc.is_some_and(|rc| self.rcs.contains(rc));
+            let value = labels.get(self.label);
+            return value.is_some_and(|value| self.values.contains(value));
         }
-        if let Some(pod) = key.strip_prefix(layout::REALITY) {
+        let pod = key.strip_prefix(layout::INTENT);
+        if let Some(pod) = pod.or_else(|| key.strip_prefix(layout::REALITY)) {
             return self.pods.contains(pod);
         }
         let pod_id = key
@@ -417,12 +487,12 @@ impl RollRcs {
     }
 
     /// Whether a version of anything in the span may have changed at an index past `index`,
-    /// as [`Mirror::changed_past`] tells it. The span is looked at now: a pod labelled with
-    /// an RC's id then but not now (or now but not then) had its labels changed past
-    /// `index`, which is a change of the span.
+    /// as [`Mirror::changed_past`] tells it. The span is looked at now: a pod picked then
+    /// but not now (or now but not then) had its labels changed past `index`, and an RC its
+    /// labels named then but not now too, which is a change of the span.
     fn changed_past(&self, state: &State, index: u64) -> bool {
         let pod_ids = self.pod_ids();
-        ROLL_RC_TREES.iter().any(|tree| {
+        self.trees.iter().any(|tree| {
             let Some(mut touched) = state.tree(*tree).journal.touched_past(index) else {
                 return true;
             };
@@ -438,18 +508,19 @@ impl RollRcs {
             .rcs
             .iter()
             .map(|rc| key_extent(state, Tree::Rcs, &layout::rc(rc)));
-        let labelled = self
-            .rcs
-            .iter()
-            .map(|rc| labelled_extent(state, LabelType::Pod, RC_ID_LABEL, rc));
-        let reality = self
-            .pods
-            .iter()
-            .map(|pod| key_extent(state, Tree::Reality, &format!("{}{pod}", layout::REALITY)));
+        let per_pod = self.trees.iter().filter_map(|tree| match tree {
+            Tree::Labels(LabelType::Pod) | Tree::Intent | Tree::Reality => Some(*tree),
+            _ => None,
+        });
+        let per_pod = per_pod.flat_map(|tree| {
+            let prefix = tree.prefix();
+            self.pods
+                .iter()
+                .map(move |pod| key_extent(state, tree, &format!("{prefix}{pod}")))
+        });
         let health = self.pod_ids().into_iter();
         let health = health.map(|pod_id| extent(state, &layout::health_of_pod(pod_id)));
-        rcs.chain(labelled)
-            .chain(reality)
+        rcs.chain(per_pod)
             .chain(health)
             .fold((0, 0), |(count, highest), (more, high)| {
                 (count + more, highest.max(high))
@@ -1022,8 +1093,8 @@ impl Mirror {
     pub fn changed_past(&self, spans: &[Span], index: u64) -> bool {
         let state = self.read();
         spans.iter().any(|span| {
-            if let Span::RollRcs { roll_id } = span {
-                return RollRcs::of(&state, roll_id).changed_past(&state, index);
+            if let Some(pods) = span.pods(&state) {
+                return pods.changed_past(&state, index);
             }
             let Some(tree) = span.tree() else {
                 return true;

@@ -11,7 +11,7 @@ use p2_apiserver::labels::LabelType;
 use p2_apiserver::state::{MirrorConfig, Tree};
 use serde_json::{json, Value};
 
-use crate::support::api::{TestApp, TestResponse};
+use crate::support::api::{Held, TestApp, TestResponse};
 use crate::support::counting::Counting;
 
 /// Far longer than the mirror needs to notice anything; only a mirror that never does
@@ -100,7 +100,13 @@ async fn create_roll(app: &TestApp, old: &str, new: &str) -> String {
 
 /// Creates the daemon set of pod `shipper` on every node; answers its id.
 async fn create_daemon_set(app: &TestApp) -> String {
-    let spec = json!({"manifest": "id: shipper\nlaunchables: {}\n", "node_selector": "",
+    create_daemon_set_of(app, "shipper").await
+}
+
+/// Creates the daemon set of pod `pod_id` on every node; answers its id.
+async fn create_daemon_set_of(app: &TestApp, pod_id: &str) -> String {
+    let manifest = format!("id: {pod_id}\nlaunchables: {{}}\n");
+    let spec = json!({"manifest": manifest, "node_selector": "",
         "min_health": 0, "cluster_name": "production", "timeout": "10m", "disabled": false});
     let created = app
         .json_request("POST", "/api/v1/daemonsets", Some(&spec), &[])
@@ -1879,38 +1885,30 @@ async fn a_blocked_read_of_one_roll_holds_while_only_other_rolls_change() {
 
     // Each change the view shows wakes a read blocked at the latest index.
     let manifest = "id: hello\nlaunchables: {}\n";
-    let blocked = |app: &Arc<TestApp>| {
-        let app = app.clone();
-        let path = path.clone();
-        async move {
-            let index = app.get(&path).await.x_index();
-            app.get_held(format!("{path}?index={index}&wait=30s")).await
-        }
-    };
-    let held = blocked(&app).await;
+    let held = held_at_latest(&app, &path).await;
     app.put_raw("reality/node1/hello", manifest).await;
     held.woken("what the old RC's pod's node runs did not wake the read")
         .await;
-    let held = blocked(&app).await;
+    let held = held_at_latest(&app, &path).await;
     app.put_json("health/hello/node1", &passing_hello_on_node1())
         .await;
     held.woken("the old RC's pod's health did not wake the read")
         .await;
-    let held = blocked(&app).await;
+    let held = held_at_latest(&app, &path).await;
     edit_replicas_unseen(&app, &old, 2).await;
     held.woken("the old RC's change did not wake the read")
         .await;
-    let held = blocked(&app).await;
+    let held = held_at_latest(&app, &path).await;
     edit_replicas_unseen(&app, &new, 1).await;
     held.woken("the new RC's change did not wake the read")
         .await;
-    let held = blocked(&app).await;
+    let held = held_at_latest(&app, &path).await;
     label_pod_of(&app, &new, "node1").await;
     let answer = held
         .woken("a pod moving to the new RC did not wake the read")
         .await;
     assert_eq!(answer.json()["progress"]["new"]["current"], 1, "{answer:?}");
-    let held = blocked(&app).await;
+    let held = held_at_latest(&app, &path).await;
     app.put_json(
         &format!("p2-apiserver/conditions/rolls/{watched}"),
         &conditions,
@@ -1918,15 +1916,114 @@ async fn a_blocked_read_of_one_roll_holds_while_only_other_rolls_change() {
     .await;
     held.woken("the roll's conditions did not wake the read")
         .await;
-    let held = blocked(&app).await;
+    let held = held_at_latest(&app, &path).await;
     app.put_json(&format!("labels/rolls/{watched}"), &json!({"team": "a"}))
         .await;
     held.woken("the roll's labels did not wake the read").await;
-    let held = blocked(&app).await;
+    let held = held_at_latest(&app, &path).await;
     let deleted = app.json_request("DELETE", &path, None, &[]).await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
     let answer = held.woken("the roll ending did not wake the read").await;
     assert_eq!(answer.json()["outcome"], "cancelled", "{answer:?}");
+}
+
+/// A read of one daemon set blocked at an index its trees have moved past since is held
+/// while nothing its view shows changed (another daemon set, its pods, their intents, what
+/// their nodes run, their health, its farm's status and its conditions do, and an RC none of
+/// its pods names); it is woken by a change of the daemon set, of any node's labels, of its
+/// pods' labels, of an RC a pod's labels name, of its pods' intents, of what they run, of
+/// their health, of its farm's status or of its conditions.
+#[tokio::test]
+async fn a_blocked_read_of_one_daemon_set_holds_while_only_other_daemon_sets_change() {
+    let app = Arc::new(TestApp::new().await);
+    let ds = create_daemon_set(&app).await;
+    let other = create_daemon_set_of(&app, "other").await;
+    let rc = create(&app, 1).await;
+    let pod = json!({"daemon_set_id": ds, "replication_controller_id": rc});
+    app.put_json("labels/pod/node1/shipper", &pod).await;
+    let path = format!("/api/v1/daemonsets/{ds}");
+    let read = app.get(&path).await;
+    assert_eq!(read.status, StatusCode::OK, "{read:?}");
+    assert_eq!(read.json()["status"]["nodes_scheduled"], 1, "{read:?}");
+
+    // The other daemon set, its pod and an RC no pod of the watched one names change: the
+    // trees' index moves past the read's.
+    let unrelated = create(&app, 1).await;
+    set_replicas(&app, &unrelated, 2).await;
+    set_min_health(&app, &format!("/api/v1/daemonsets/{other}"), 1).await;
+    app.put_json("labels/pod/node2/other", &json!({"daemon_set_id": other}))
+        .await;
+    let other_manifest = "id: other\nlaunchables: {}\n";
+    app.put_raw("intent/node2/other", other_manifest).await;
+    app.put_raw("reality/node2/other", other_manifest).await;
+    let other_health = json!({"Id": "other", "Node": "node2", "Service": "other",
+        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    app.put_json("health/other/node2", &other_health).await;
+    let status = json!({"manual_replicas": 0});
+    let farm_status = |id: &str| format!("status/daemon_sets/{id}/daemon_set_farm");
+    app.put_json(&farm_status(&other), &status).await;
+    let conditions = json!({"conditions": []});
+    let ds_conditions = |id: &str| format!("p2-apiserver/conditions/daemon_sets/{id}");
+    app.put_json(&ds_conditions(&other), &conditions).await;
+    let index = read.x_index();
+    assert!(app.get(&path).await.x_index() > index);
+    let held = app.get_held(format!("{path}?index={index}&wait=30s")).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.assert_held("a read of one daemon set was woken by another daemon set's changes");
+
+    // Each change the view shows wakes a read blocked at the latest index.
+    let manifest = "id: shipper\nlaunchables: {}\n";
+    let held = held_at_latest(&app, &path).await;
+    app.put_raw("intent/node1/shipper", manifest).await;
+    held.woken("the pod's intent did not wake the read").await;
+    let held = held_at_latest(&app, &path).await;
+    app.put_raw("reality/node1/shipper", manifest).await;
+    held.woken("what the pod's node runs did not wake the read")
+        .await;
+    let held = held_at_latest(&app, &path).await;
+    let health = json!({"Id": "shipper", "Node": "node1", "Service": "shipper",
+        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    app.put_json("health/shipper/node1", &health).await;
+    held.woken("the pod's health did not wake the read").await;
+    let held = held_at_latest(&app, &path).await;
+    set_replicas(&app, &rc, 2).await;
+    held.woken("the RC the pod's labels name did not wake the read")
+        .await;
+    let held = held_at_latest(&app, &path).await;
+    app.put_json("labels/pod/node3/shipper", &json!({"daemon_set_id": ds}))
+        .await;
+    let answer = held.woken("a pod joining did not wake the read").await;
+    assert_eq!(answer.json()["status"]["nodes_scheduled"], 2, "{answer:?}");
+    let held = held_at_latest(&app, &path).await;
+    app.put_json("labels/node/node9", &json!({"role": "web"}))
+        .await;
+    held.woken("a node's labels did not wake the read").await;
+    let held = held_at_latest(&app, &path).await;
+    app.put_json(&farm_status(&ds), &status).await;
+    held.woken("the farm's status did not wake the read").await;
+    let held = held_at_latest(&app, &path).await;
+    app.put_json(&ds_conditions(&ds), &conditions).await;
+    held.woken("the daemon set's conditions did not wake the read")
+        .await;
+    let held = held_at_latest(&app, &path).await;
+    set_min_health(&app, &path, 1).await;
+    let answer = held
+        .woken("the daemon set's change did not wake the read")
+        .await;
+    assert_eq!(answer.json()["min_health"], 1, "{answer:?}");
+}
+
+/// Patches the daemon set at `path` to `min_health`.
+async fn set_min_health(app: &TestApp, path: &str, min_health: u64) {
+    let patch = json!({"min_health": min_health});
+    let patched = app.merge_patch(path, &patch, &[]).await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+}
+
+/// A read of `path` blocked at the index of its latest answer.
+async fn held_at_latest(app: &Arc<TestApp>, path: &str) -> Held {
+    let index = app.get(path).await.x_index();
+    app.get_held(format!("{path}?index={index}&wait=30s")).await
 }
 
 /// A delete this server makes alone (the retention farm pruning an event with a
