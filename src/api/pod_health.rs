@@ -252,7 +252,8 @@ async fn delete_pod_health(
 /// A pod's health on every node that reported it, sorted by node.
 ///
 /// `selector` matches the labels of the pod on each node. Blocks with `?index=&wait=` until
-/// one of the pod's records changes (or, with a selector, a pod label).
+/// one of the pod's records changes (or, with a selector, the pod's labels on a node a
+/// record names), even at an index other pods' changes have moved past.
 #[utoipa::path(
     get,
     path = "/health/{pod_id}",
@@ -281,7 +282,9 @@ async fn list_pod_health(
     let mut spans = vec![Span::Prefix(HealthStore::prefix(Some(&pod_id)))];
     let mut trees = vec![Tree::Health];
     if by_labels {
-        spans.push(Span::Prefix(layout::labels_of_type(LabelType::Pod)));
+        spans.push(Span::ReportedPodLabels {
+            pod_id: pod_id.clone(),
+        });
         trees.push(Tree::Labels(LabelType::Pod));
     }
     // The index is taken before anything is read: a write landing between the reads below

@@ -270,6 +270,11 @@ pub enum Span {
     /// intents, what their nodes run and every health record of their pod ids. No prefix
     /// holds them, as for [`Span::RollRcs`].
     DaemonSetPods { ds_id: String },
+    /// The label sets of one pod id on the nodes its health records name (by their keys or
+    /// their `Node` fields): what a pod's health listing filters by a selector. Pod labels are
+    /// keyed by node first, so no prefix holds one pod id's: a listing blocked on the whole
+    /// tree would wake at every change of every pod's labels.
+    ReportedPodLabels { pod_id: String },
 }
 
 /// The trees [`Span::RollRcs`] lies in.
@@ -302,6 +307,7 @@ impl Span {
             Span::PodIntents { prefix, .. } => prefix.clone(),
             Span::ObjectEvents { .. } => layout::EVENTS.to_owned(),
             Span::Labelled { label_type, .. } => layout::labels_of_type(*label_type),
+            Span::ReportedPodLabels { .. } => layout::labels_of_type(LabelType::Pod),
             Span::RollRcs { .. } => {
                 return ROLL_RC_TREES.iter().map(|tree| tree.prefix()).collect()
             }
@@ -320,6 +326,7 @@ impl Span {
             Span::NodeHealth { .. } => Some(Tree::Health),
             Span::ObjectEvents { .. } => Some(Tree::Events),
             Span::Labelled { label_type, .. } => Some(Tree::Labels(*label_type)),
+            Span::ReportedPodLabels { .. } => Some(Tree::Labels(LabelType::Pod)),
             Span::RollRcs { .. } | Span::DaemonSetPods { .. } => None,
         }
     }
@@ -358,6 +365,10 @@ impl Span {
             Span::Labelled { label, value, .. } => entry
                 .labels()
                 .is_some_and(|labels| labels.get(label) == Some(value)),
+            Span::ReportedPodLabels { pod_id } => key
+                .strip_prefix(&layout::labels_of_type(LabelType::Pod))
+                .and_then(|rest| rest.split_once('/'))
+                .is_some_and(|(_, of)| of == pod_id),
             // Told by `Pods::may_hold`, which looks at the mirror.
             Span::RollRcs { .. } | Span::DaemonSetPods { .. } => true,
         }
@@ -376,6 +387,7 @@ impl Span {
             } => labelled_extent(state, *label_type, label, value),
             Span::RollRcs { roll_id } => Pods::of_roll(state, roll_id).extent(state),
             Span::DaemonSetPods { ds_id } => Pods::of_daemon_set(state, ds_id).extent(state),
+            Span::ReportedPodLabels { pod_id } => reported_pod_labels_extent(state, pod_id),
         }
     }
 }
@@ -526,6 +538,35 @@ impl Pods {
                 (count + more, highest.max(high))
             })
     }
+}
+
+/// The [`Extent`] of [`Span::ReportedPodLabels`]: of the label sets of `pod_id` on the nodes
+/// its health records name (an own delete of a record or a label set not confirmed yet
+/// included), each as [`extent`] counts it.
+fn reported_pod_labels_extent(state: &State, pod_id: &str) -> Extent {
+    let prefix = layout::health_of_pod(pod_id);
+    let health = state.tree(Tree::Health);
+    let unconfirmed_deletes = health
+        .tombstones
+        .iter()
+        .filter(|(key, _)| key.starts_with(&prefix))
+        .filter_map(|(_, tombstone)| tombstone.removed.as_ref());
+    let records = health.entries.under(&prefix).chain(unconfirmed_deletes);
+    let mut nodes = BTreeSet::new();
+    for record in records {
+        if let Some(node) = record.pair.key.strip_prefix(&prefix) {
+            nodes.insert(node.to_owned());
+        }
+        let named = record.health().map(|view| &*view.node);
+        nodes.extend(named.filter(|node| !node.is_empty()).map(str::to_owned));
+    }
+    let labels = nodes.iter().map(|node| {
+        let key = layout::labels(LabelType::Pod, &format!("{node}/{pod_id}"));
+        key_extent(state, Tree::Labels(LabelType::Pod), &key)
+    });
+    labels.fold((0, 0), |(count, highest), (more, high)| {
+        (count + more, highest.max(high))
+    })
 }
 
 /// The [`Extent`] of one key of `tree`, an own delete not confirmed yet included.

@@ -2022,8 +2022,61 @@ async fn set_min_health(app: &TestApp, path: &str, min_health: u64) {
 
 /// A read of `path` blocked at the index of its latest answer.
 async fn held_at_latest(app: &Arc<TestApp>, path: &str) -> Held {
+    held_at_latest_of(app, &format!("{path}?")).await
+}
+
+/// [`held_at_latest`] of a `path` ending in a query, or in `?`.
+async fn held_at_latest_of(app: &Arc<TestApp>, path: &str) -> Held {
     let index = app.get(path).await.x_index();
-    app.get_held(format!("{path}?index={index}&wait=30s")).await
+    let separator = if path.ends_with('?') { "" } else { "&" };
+    app.get_held(format!("{path}{separator}index={index}&wait=30s"))
+        .await
+}
+
+/// A read of one pod's health filtered by a selector, blocked at an index the trees have
+/// moved past since, is held while only other pods' labels and health change; it is woken by
+/// a change of the pod's labels on a node a record of it names, and by its records.
+#[tokio::test]
+async fn a_blocked_read_of_one_pods_health_by_labels_holds_while_only_other_pods_change() {
+    let app = Arc::new(TestApp::new().await);
+    app.put_json("health/hello/node1", &passing_hello_on_node1())
+        .await;
+    app.put_json("labels/pod/node1/hello", &json!({"team": "a"}))
+        .await;
+    let path = "/api/v1/health/hello?selector=team%3Da";
+    let read = app.get(path).await;
+    assert_eq!(read.json()["items"][0]["node"], "node1", "{read:?}");
+
+    app.put_json("labels/pod/node2/other", &json!({"team": "a"}))
+        .await;
+    let other_health = json!({"Id": "other", "Node": "node2", "Service": "other",
+        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    app.put_json("health/other/node2", &other_health).await;
+    let index = read.x_index();
+    assert!(app.get(path).await.x_index() > index);
+    let held = app.get_held(format!("{path}&index={index}&wait=30s")).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.assert_held("a read of one pod's health was woken by other pods' labels");
+
+    let held = held_at_latest_of(&app, path).await;
+    app.put_json("labels/pod/node1/hello", &json!({"team": "b"}))
+        .await;
+    let answer = held.woken("the pod's labels did not wake the read").await;
+    assert_eq!(answer.json()["items"], json!([]), "{answer:?}");
+    // A record naming node2 under node3's key: the pod's labels on node2 are the record's.
+    let held = held_at_latest_of(&app, path).await;
+    let named = json!({"Id": "hello", "Node": "node2", "Service": "hello",
+        "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"});
+    app.put_json("health/hello/node3", &named).await;
+    held.woken("the pod's health records did not wake the read")
+        .await;
+    let held = held_at_latest_of(&app, path).await;
+    app.put_json("labels/pod/node2/hello", &json!({"team": "a"}))
+        .await;
+    let answer = held
+        .woken("the pod's labels on a node a record names did not wake the read")
+        .await;
+    assert_eq!(answer.json()["items"][0]["node"], "node2", "{answer:?}");
 }
 
 /// A delete this server makes alone (the retention farm pruning an event with a
