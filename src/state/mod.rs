@@ -408,9 +408,10 @@ struct Pods {
 }
 
 impl Pods {
-    /// [`Span::RollRcs`]: the roll's RCs, and the pods labelled with either's id.
+    /// [`Span::RollRcs`]: the roll's RCs, and the pods labelled with either's id; none
+    /// while the roll has no readable document (a finished roll's view shows its record).
     fn of_roll(state: &State, roll_id: &str) -> Pods {
-        let mut rcs = BTreeSet::from([roll_id.to_owned()]);
+        let mut rcs = BTreeSet::new();
         let roll = state.tree(Tree::Rolls).entries.get(&layout::roll(roll_id));
         if let Some(View::Roll(roll)) = roll.map(|entry| &entry.view) {
             rcs.insert(roll.old_rc.clone());

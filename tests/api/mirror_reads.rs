@@ -1839,7 +1839,7 @@ async fn a_blocked_read_of_one_rc_holds_while_only_other_rcs_change() {
 /// nothing its view shows changed (another roll, its RCs, their pods, what those pods' nodes
 /// run and their health do); it is woken by a change of its roll's labels or conditions,
 /// of either RC, of its pods' labels, of what they run or of their health, and by the roll
-/// ending.
+/// ending (after which its RCs' changes are not its).
 #[tokio::test]
 async fn a_blocked_read_of_one_roll_holds_while_only_other_rolls_change() {
     let app = Arc::new(TestApp::new().await);
@@ -1925,6 +1925,12 @@ async fn a_blocked_read_of_one_roll_holds_while_only_other_rolls_change() {
     assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
     let answer = held.woken("the roll ending did not wake the read").await;
     assert_eq!(answer.json()["outcome"], "cancelled", "{answer:?}");
+    // Finished, the roll's view is its record, which its RCs' changes leave as it is.
+    let held = held_at_latest(&app, &path).await;
+    set_replicas(&app, &new, 2).await;
+    set_replicas(&app, &old, 3).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.assert_held("a read of a finished roll was woken by its RCs' changes");
 }
 
 /// A read of one daemon set blocked at an index its trees have moved past since is held
