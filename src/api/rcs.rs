@@ -169,8 +169,10 @@ const RC_TREES: [Tree; 4] = [
     Tree::Conditions,
 ];
 
-/// Every tree an RC's view reads: [`RC_TREES`] and the times kept beside it (which change
-/// with the RC). A kept answer stands while none of them changes.
+/// Every tree an RC's view reads: [`RC_TREES`] and the times kept beside it. A kept answer
+/// stands while none of them changes. The times are written with the RC, but a watch
+/// delivers them on their own tree, maybe after the RC's: a read of one RC is made of them
+/// too, so that its `X-Index` claims an RC's change only with the times written with it.
 const VIEW_TREES: [Tree; 5] = [
     Tree::Rcs,
     Tree::Labels(LabelType::ReplicationController),
@@ -364,10 +366,10 @@ async fn get_rc(
 ) -> Result<Response, ApiError> {
     let id = id.to_string();
     let spans = view_spans(&id);
-    let blocking = match source(&app, &RC_TREES, &spans, query.consistent, query.blocking).await {
+    let blocking = match source(&app, &VIEW_TREES, &spans, query.consistent, query.blocking).await {
         Source::Mirror(mirror) => {
             let build = || async {
-                let index = mirror_index(mirror, &RC_TREES);
+                let index = mirror_index(mirror, &VIEW_TREES);
                 let Some(entry) = mirror.get(&layout::rc(&id)) else {
                     return Ok(error_at(no_such_rc(&id), index));
                 };
@@ -555,11 +557,12 @@ fn unreadable_rc(id: &str, why: &str) -> ApiError {
     ApiError::unreadable(format!("{why}; DELETE /api/v1/rcs/{id} removes it"))
 }
 
-/// What one RC's view is made of, within [`RC_TREES`]: a read of it blocked on `?index=`
+/// What one RC's view is made of, within [`VIEW_TREES`]: a read of it blocked on `?index=`
 /// is woken by a change of these, not by every change of the fleet.
-fn view_spans(id: &str) -> [Span; 4] {
+fn view_spans(id: &str) -> [Span; 5] {
     [
         Span::Prefix(layout::rc(id)),
+        Span::Prefix(layout::meta(ObjectKind::Rcs, id)),
         Span::Prefix(layout::labels(LabelType::ReplicationController, id)),
         Span::Labelled {
             label_type: LabelType::Pod,

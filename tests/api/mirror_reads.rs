@@ -2119,3 +2119,35 @@ async fn a_read_blocked_past_a_version_this_server_deleted_alone_answers_at_once
         .expect("a read blocked past the pruned event's version was held");
     assert_eq!(answer.json()["items"], json!([]), "{answer:?}");
 }
+
+/// An RC written through another server reaches this one's mirror by two watches, the RC's
+/// tree's and its times': an answer claims the write's index only with the times written
+/// with it, and a read blocked at an answer's index is woken when they come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_rc_written_elsewhere_is_claimed_only_with_its_times() {
+    let first = TestApp::new().await;
+    let (second, counting) = first.beside_counted().await;
+    let second = Arc::new(second);
+    let id = create(&first, 1).await;
+    let key = format!("replication_controllers/{id}");
+    second.mirrored(&key).await;
+    let created = first.stored(&key).await.unwrap().modify_index;
+    counting.hold_watches_past(Some(("p2-apiserver/meta/", created)));
+    let written = set_replicas(&first, &id, 2).await;
+    let path = format!("/api/v1/rcs/{id}");
+    let modified = first.get(&path).await.json()["modified"].clone();
+    let answer = wait_until(|| async {
+        let answer = second.get(&path).await;
+        (version(&answer) == written).then_some(answer)
+    })
+    .await;
+    if answer.x_index() >= written {
+        assert_eq!(answer.json()["modified"], modified, "{answer:?}");
+    }
+    let held = second
+        .get_held(format!("{path}?index={}&wait=30s", answer.x_index()))
+        .await;
+    counting.hold_watches_past(None);
+    let woken = held.woken("the RC's times did not wake the read").await;
+    assert_eq!(woken.json()["modified"], modified, "{woken:?}");
+}
