@@ -1,6 +1,7 @@
 //! The REST API, driven in-process through the router (and over TCP where the listener matters).
 
 mod auth;
+mod blocking_spans;
 mod compat_p2;
 mod conditions;
 mod contract;
