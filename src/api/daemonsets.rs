@@ -445,9 +445,10 @@ fn contention_error(other: &StoredDaemonSet) -> ApiError {
 /// The trees a daemon set's view is made of: its document, what its rollout status counts
 /// (the RCs among it, as a pod an enabled RC labels too is not counted), and the farms'
 /// conditions (written after the pass that saw the rest change, so a client blocked at an
-/// answer's index is woken by them too). A read's `X-Index` is what they hold
-/// (`reads::mirror_index`); times change with the document.
-const DS_TREES: [Tree; 9] = [
+/// answer's index is woken by them too), and its times: written with the document, but
+/// delivered by a watch of their own tree, maybe after it. A read's `X-Index` is what they
+/// hold (`reads::mirror_index`), so it claims a change of the document only with its times.
+const DS_TREES: [Tree; 10] = [
     Tree::DaemonSets,
     Tree::Rcs,
     Tree::Labels(LabelType::Node),
@@ -457,15 +458,16 @@ const DS_TREES: [Tree; 9] = [
     Tree::Health,
     Tree::DsStatus,
     Tree::Conditions,
+    Tree::Meta,
 ];
 
 /// What one daemon set's view is made of, within [`DS_TREES`]: a read of it blocked on
 /// `?index=` is woken by a change of these, not by every pod's. Every node's labels are
-/// among them (the selector may come to match any node, and node labels change seldom);
-/// times change with the document, as in [`DS_TREES`].
-fn view_spans(id: uuid::Uuid) -> [Span; 5] {
+/// among them (the selector may come to match any node, and node labels change seldom).
+fn view_spans(id: uuid::Uuid) -> [Span; 6] {
     [
         Span::Prefix(layout::daemon_set(id)),
+        Span::Prefix(layout::meta(ObjectKind::Daemonsets, id)),
         Span::Prefix(layout::labels_of_type(LabelType::Node)),
         Span::DaemonSetPods {
             ds_id: id.to_string(),

@@ -346,9 +346,13 @@ async fn get_roll(
     ApiPath(RollPath { id }): ApiPath<RollPath>,
 ) -> Result<Response, ApiError> {
     let id = id.to_string();
+    // Its times too: written with the roll, but delivered by a watch of their own tree, maybe
+    // after it, so that the answer claims the roll's change only with them.
+    let mut trees = roll_trees(true);
+    trees.push(Tree::Meta);
     let (IndexedReader { kv, index }, mirror) = indexed_source(
         &app,
-        &roll_trees(true),
+        &trees,
         &view_spans(&id),
         query.consistent,
         query.blocking,
@@ -462,11 +466,12 @@ fn roll_trees(finished: bool) -> Vec<Tree> {
 }
 
 /// What one roll's view is made of, within [`roll_trees`]: a read of it blocked on
-/// `?index=` is woken by a change of these, not by every change of the fleet. Its times
-/// change with the roll, as in [`roll_trees`].
-fn view_spans(id: &str) -> [Span; 5] {
+/// `?index=` is woken by a change of these (its times among them), not by every change of
+/// the fleet.
+fn view_spans(id: &str) -> [Span; 6] {
     [
         Span::Prefix(layout::roll(id)),
+        Span::Prefix(layout::meta(ObjectKind::Rolls, id)),
         Span::Prefix(layout::labels(LabelType::Rolls, id)),
         Span::Prefix(layout::conditions(ObjectKind::Rolls, id)),
         Span::Prefix(layout::roll_history(id)),

@@ -2120,34 +2120,81 @@ async fn a_read_blocked_past_a_version_this_server_deleted_alone_answers_at_once
     assert_eq!(answer.json()["items"], json!([]), "{answer:?}");
 }
 
+/// Two servers on one store, the second's watches of the times tree held back past the
+/// store's index: what a write through the first does there reaches the second's mirror
+/// in the tree of what it wrote before its times.
+async fn times_held_back() -> (TestApp, Arc<TestApp>, Arc<Counting>) {
+    let first = TestApp::new().await;
+    let (second, counting) = first.beside_counted().await;
+    let key = "p2-apiserver/test/before";
+    first.put_raw(key, "x").await;
+    second.mirrored(key).await;
+    let before = first.stored(key).await.unwrap().modify_index;
+    counting.hold_watches_past(Some(("p2-apiserver/meta/", before)));
+    (first, Arc::new(second), counting)
+}
+
+/// Checks that `second` answers `path` as `first` does (at the version written there and
+/// with its times), at an index claiming the write only with those times, and that a read
+/// blocked at that index is woken when the held-back times come.
+async fn claimed_with_times(
+    first: &TestApp,
+    second: &Arc<TestApp>,
+    counting: &Counting,
+    path: &str,
+) {
+    let written = first.get(path).await;
+    let modified = &written.json()["modified"];
+    let answer = wait_until(|| async {
+        let answer = second.get(path).await;
+        let found = answer.status == StatusCode::OK && version(&answer) == version(&written);
+        found.then_some(answer)
+    })
+    .await;
+    if answer.x_index() >= version(&written) {
+        assert_eq!(&answer.json()["modified"], modified, "{answer:?}");
+    }
+    let blocking = format!("{path}?index={}&wait=30s", answer.x_index());
+    let reader = second.clone();
+    let blocked = tokio::spawn(async move { reader.get(&blocking).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    counting.hold_watches_past(None);
+    let woken = tokio::time::timeout(Duration::from_secs(5), blocked)
+        .await
+        .expect("the times did not wake the read")
+        .unwrap();
+    assert_eq!(&woken.json()["modified"], modified, "{woken:?}");
+}
+
 /// An RC written through another server reaches this one's mirror by two watches, the RC's
 /// tree's and its times': an answer claims the write's index only with the times written
 /// with it, and a read blocked at an answer's index is woken when they come.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_rc_written_elsewhere_is_claimed_only_with_its_times() {
+    let (first, second, counting) = times_held_back().await;
+    let path = format!("/api/v1/rcs/{}", create(&first, 1).await);
+    claimed_with_times(&first, &second, &counting, &path).await;
+}
+
+/// As for an RC, of a daemon set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_daemon_set_written_elsewhere_is_claimed_only_with_its_times() {
+    let (first, second, counting) = times_held_back().await;
+    let path = format!("/api/v1/daemonsets/{}", create_daemon_set(&first).await);
+    claimed_with_times(&first, &second, &counting, &path).await;
+}
+
+/// As for an RC, of a roll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_roll_written_elsewhere_is_claimed_only_with_its_times() {
     let first = TestApp::new().await;
+    let (old, new) = (create(&first, 1).await, create(&first, 0).await);
     let (second, counting) = first.beside_counted().await;
     let second = Arc::new(second);
-    let id = create(&first, 1).await;
-    let key = format!("replication_controllers/{id}");
+    let key = format!("replication_controllers/{new}");
     second.mirrored(&key).await;
-    let created = first.stored(&key).await.unwrap().modify_index;
-    counting.hold_watches_past(Some(("p2-apiserver/meta/", created)));
-    let written = set_replicas(&first, &id, 2).await;
-    let path = format!("/api/v1/rcs/{id}");
-    let modified = first.get(&path).await.json()["modified"].clone();
-    let answer = wait_until(|| async {
-        let answer = second.get(&path).await;
-        (version(&answer) == written).then_some(answer)
-    })
-    .await;
-    if answer.x_index() >= written {
-        assert_eq!(answer.json()["modified"], modified, "{answer:?}");
-    }
-    let held = second
-        .get_held(format!("{path}?index={}&wait=30s", answer.x_index()))
-        .await;
-    counting.hold_watches_past(None);
-    let woken = held.woken("the RC's times did not wake the read").await;
-    assert_eq!(woken.json()["modified"], modified, "{woken:?}");
+    let before = first.stored(&key).await.unwrap().modify_index;
+    counting.hold_watches_past(Some(("p2-apiserver/meta/", before)));
+    let path = format!("/api/v1/rolls/{}", create_roll(&first, &old, &new).await);
+    claimed_with_times(&first, &second, &counting, &path).await;
 }
