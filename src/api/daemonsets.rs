@@ -169,8 +169,8 @@ impl From<DaemonSetError> for ApiError {
 /// Lists daemon sets, sorted by ID, optionally only those running one pod ID.
 ///
 /// Daemon sets have no labels of their own in P2, so `selector` matches `pod_id` and
-/// `cluster_name` as labels, e.g. `cluster_name in (production,staging)`. Blocks with `?index=&wait=` until the daemon-set tree changes; `X-Index` carries its
-/// index. Items carry no `status`; read one daemon set for it. Served from the server's
+/// `cluster_name` as labels, e.g. `cluster_name in (production,staging)`. Blocks with `?index=&wait=` until a daemon set, its conditions or its times change; `X-Index`
+/// carries their index. Items carry no `status`; read one daemon set for it. Served from the server's
 /// mirror of the store unless `?consistent=true`.
 #[utoipa::path(
     get,
@@ -179,7 +179,7 @@ impl From<DaemonSetError> for ApiError {
     params(DaemonSetFilter, ListParams),
     responses(
         (status = OK, description = "One page of daemon sets", body = Page<DaemonSet>,
-            headers(("X-Index" = u64, description = "Index of the daemon-set tree, for ?index="))),
+            headers(("X-Index" = u64, description = "The index of the daemon sets, their conditions and times, for ?index="))),
         (status = BAD_REQUEST, description = "Malformed query string", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Bad selector, limit, continue token, index or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
@@ -477,9 +477,11 @@ fn view_spans(id: uuid::Uuid) -> [Span; 6] {
     ]
 }
 
-/// The trees a listing of daemon sets is made of: their documents and the farms'
-/// conditions (its items have no rollout status).
-const LIST_TREES: [Tree; 2] = [Tree::DaemonSets, Tree::Conditions];
+/// The trees a listing of daemon sets is made of: their documents, the farms' conditions
+/// and their times (its items have no rollout status). The times are written with a
+/// document but delivered by a watch of their own tree, maybe after it: the listing claims
+/// a document's change only with them.
+const LIST_TREES: [Tree; 3] = [Tree::DaemonSets, Tree::Conditions, Tree::Meta];
 
 /// The view of `record` with its rollout status, times and conditions, all read through
 /// `kv`, which reads `mirror` when given.

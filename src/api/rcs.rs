@@ -171,8 +171,9 @@ const RC_TREES: [Tree; 4] = [
 
 /// Every tree an RC's view reads: [`RC_TREES`] and the times kept beside it. A kept answer
 /// stands while none of them changes. The times are written with the RC, but a watch
-/// delivers them on their own tree, maybe after the RC's: a read of one RC is made of them
-/// too, so that its `X-Index` claims an RC's change only with the times written with it.
+/// delivers them on their own tree, maybe after the RC's: a read of one RC, or of the list,
+/// is made of them too, so that its `X-Index` claims an RC's change only with the times
+/// written with it.
 const VIEW_TREES: [Tree; 5] = [
     Tree::Rcs,
     Tree::Labels(LabelType::ReplicationController),
@@ -255,8 +256,8 @@ async fn create_rc(
 /// Lists RCs, with their labels and status, sorted by id.
 ///
 /// `selector` matches the RC's own labels, e.g. `pod_id=hello`. Blocks with `?index=&wait=`
-/// until an RC, an RC label or a pod label changes. Served from the server's mirror of the
-/// store unless `?consistent=true` (see `X-Index`).
+/// until an RC, its times, an RC label, a pod label or a condition changes. Served from
+/// the server's mirror of the store unless `?consistent=true` (see `X-Index`).
 #[utoipa::path(
     get,
     path = "/rcs",
@@ -277,7 +278,7 @@ async fn list_rcs(
 ) -> Result<Response, ApiError> {
     let blocking = match source(
         &app,
-        &RC_TREES,
+        &VIEW_TREES,
         &[],
         query.filter.consistent(),
         query.blocking,
@@ -686,7 +687,7 @@ async fn claim_checks(
 
 /// The page of RCs `query` asks for, as the mirror holds them.
 fn mirrored_list(mirror: &Mirror, query: &ListQuery<ConsistentFilter>) -> Response {
-    let index = mirror_index(mirror, &RC_TREES);
+    let index = mirror_index(mirror, &VIEW_TREES);
     let items = mirror
         .entries(Tree::Rcs)
         .values()

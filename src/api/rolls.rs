@@ -261,8 +261,8 @@ async fn create_roll(
 /// left out).
 ///
 /// `selector` matches the roll's labels. Blocks with `?index=&wait=` until a roll, its
-/// labels, either RC, their pods or the pods' health or what their nodes run change:
-/// everything the answer shows. Served from the server's mirror of the store unless
+/// labels, its times, either RC, their pods or the pods' health or what their nodes run
+/// change: everything the answer shows. Served from the server's mirror of the store unless
 /// `?consistent=true` (see `X-Index`).
 #[utoipa::path(
     get,
@@ -346,13 +346,9 @@ async fn get_roll(
     ApiPath(RollPath { id }): ApiPath<RollPath>,
 ) -> Result<Response, ApiError> {
     let id = id.to_string();
-    // Its times too: written with the roll, but delivered by a watch of their own tree, maybe
-    // after it, so that the answer claims the roll's change only with them.
-    let mut trees = roll_trees(true);
-    trees.push(Tree::Meta);
     let (IndexedReader { kv, index }, mirror) = indexed_source(
         &app,
-        &trees,
+        &roll_trees(true),
         &view_spans(&id),
         query.consistent,
         query.blocking,
@@ -447,11 +443,13 @@ async fn delete_roll(
 /// what the nodes run, the pods' health, and the farms' conditions, written after the pass
 /// that saw the rest change or once a deadline passes with nothing else changing), and the
 /// finished rolls' when they are shown (only then: on Consul an empty tree reads at the
-/// whole store's index). A read's `X-Index` is what they hold (`reads::mirror_index`);
-/// times change with the roll.
+/// whole store's index). A read's `X-Index` is what they hold (`reads::mirror_index`).
+/// The rolls' times too: written with a roll, but delivered by a watch of their own tree,
+/// maybe after it, so that an answer claims a roll's change only with them.
 fn roll_trees(finished: bool) -> Vec<Tree> {
     let mut trees = vec![
         Tree::Rolls,
+        Tree::Meta,
         Tree::Labels(LabelType::Rolls),
         Tree::Rcs,
         Tree::Labels(LabelType::Pod),

@@ -2154,16 +2154,26 @@ async fn claimed_with_times(
     if answer.x_index() >= version(&written) {
         assert_eq!(&answer.json()["modified"], modified, "{answer:?}");
     }
-    let blocking = format!("{path}?index={}&wait=30s", answer.x_index());
+    let woken = woken_by_the_times(second, counting, path, answer.x_index()).await;
+    assert_eq!(&woken.json()["modified"], modified, "{woken:?}");
+}
+
+/// The answer of `second` to `path` blocked at `index`, once the times held back come.
+async fn woken_by_the_times(
+    second: &Arc<TestApp>,
+    counting: &Counting,
+    path: &str,
+    index: u64,
+) -> TestResponse {
+    let blocking = format!("{path}?index={index}&wait=30s");
     let reader = second.clone();
     let blocked = tokio::spawn(async move { reader.get(&blocking).await });
     tokio::time::sleep(Duration::from_millis(50)).await;
     counting.hold_watches_past(None);
-    let woken = tokio::time::timeout(Duration::from_secs(5), blocked)
+    tokio::time::timeout(Duration::from_secs(5), blocked)
         .await
         .expect("the times did not wake the read")
-        .unwrap();
-    assert_eq!(&woken.json()["modified"], modified, "{woken:?}");
+        .unwrap()
 }
 
 /// An RC written through another server reaches this one's mirror by two watches, the RC's
@@ -2187,6 +2197,14 @@ async fn a_daemon_set_written_elsewhere_is_claimed_only_with_its_times() {
 /// As for an RC, of a roll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_roll_written_elsewhere_is_claimed_only_with_its_times() {
+    let (first, second, counting, id) = roll_with_times_held_back().await;
+    let path = format!("/api/v1/rolls/{id}");
+    claimed_with_times(&first, &second, &counting, &path).await;
+}
+
+/// [`times_held_back`], with a roll created through the first server once its RCs are
+/// mirrored on the second; the roll's id.
+async fn roll_with_times_held_back() -> (TestApp, Arc<TestApp>, Arc<Counting>, String) {
     let first = TestApp::new().await;
     let (old, new) = (create(&first, 1).await, create(&first, 0).await);
     let (second, counting) = first.beside_counted().await;
@@ -2195,6 +2213,60 @@ async fn a_roll_written_elsewhere_is_claimed_only_with_its_times() {
     second.mirrored(&key).await;
     let before = first.stored(&key).await.unwrap().modify_index;
     counting.hold_watches_past(Some(("p2-apiserver/meta/", before)));
-    let path = format!("/api/v1/rolls/{}", create_roll(&first, &old, &new).await);
-    claimed_with_times(&first, &second, &counting, &path).await;
+    let id = create_roll(&first, &old, &new).await;
+    (first, second, counting, id)
+}
+
+/// As [`claimed_with_times`], of the item `id` in the listing at `path`: a listing shows
+/// each item's times, so it too claims a write's index only with them.
+async fn listed_with_times(
+    first: &TestApp,
+    second: &Arc<TestApp>,
+    counting: &Counting,
+    path: &str,
+    id: &str,
+) {
+    let item = |answer: &TestResponse| {
+        let items = answer.json()["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        items.into_iter().find(|item| item["id"] == id)
+    };
+    let written = item(&first.get(path).await).expect("listed where it was written");
+    let answer = wait_until(|| async {
+        let answer = second.get(path).await;
+        item(&answer).is_some().then_some(answer)
+    })
+    .await;
+    let shown = item(&answer).unwrap();
+    if shown["modified"] != written["modified"] {
+        let stored = first.get(&format!("{path}/{id}")).await;
+        assert!(
+            answer.x_index() < version(&stored),
+            "an answer without the write's times claims its index: {answer:?}"
+        );
+    }
+    let woken = woken_by_the_times(second, counting, path, answer.x_index()).await;
+    assert_eq!(
+        item(&woken).unwrap()["modified"],
+        written["modified"],
+        "{woken:?}"
+    );
+}
+
+/// The listings of RCs, daemon sets and rolls show their items' times: as for one object,
+/// an answer on a second server claims a write's index only with the times written with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn listings_written_elsewhere_are_claimed_only_with_their_times() {
+    let (first, second, counting) = times_held_back().await;
+    let id = create(&first, 1).await;
+    listed_with_times(&first, &second, &counting, "/api/v1/rcs", &id).await;
+
+    let (first, second, counting) = times_held_back().await;
+    let id = create_daemon_set(&first).await;
+    listed_with_times(&first, &second, &counting, "/api/v1/daemonsets", &id).await;
+
+    let (first, second, counting, id) = roll_with_times_held_back().await;
+    listed_with_times(&first, &second, &counting, "/api/v1/rolls", &id).await;
 }
