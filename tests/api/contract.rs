@@ -1249,7 +1249,9 @@ async fn full_and_refused_answers_are_documented() {
     let schema = &doc["paths"]["/api/v1/watch"]["get"]["responses"]["200"]["content"]
         ["text/event-stream"]["schema"];
     let events = snapshot(stream.into_body()).await;
-    assert!(events.len() > 10, "{events:?}");
+    // Two RCs, a node, three label sets, a pod, its reality and health, and `synced`; the
+    // daemon set deleted above too until the watch confirms its delete, which it may have.
+    assert!(events.len() >= 10, "{events:?}");
     for (name, data) in events {
         validate(&doc, schema, &data, &format!("event {name}"), &mut found);
         if data["type"] != name.as_str() {
