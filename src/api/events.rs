@@ -112,8 +112,8 @@ impl EventFilter {
 /// transaction as the change: its time, actor, action, object, request id and the fields it
 /// changed, before and after. Events are kept up to `--event-retention-count` and for
 /// `--event-retention-age`. Served from the server's mirror of the store; blocks with
-/// `?index=&wait=` until an event (of the object, with `id`) is added or pruned. Events have no labels: `selector`
-/// must be empty. The change stream carries them too (`GET /api/v1/watch?kinds=events`).
+/// `?index=&wait=` until an event (of the object, with `id`) is added or pruned. Events
+/// have no labels: `selector` must be empty. The change stream carries them too (`GET /api/v1/watch?kinds=events`).
 #[utoipa::path(
     get,
     path = "/events",

@@ -81,6 +81,19 @@ pub(super) struct Tombstone {
 }
 
 impl TreeState {
+    /// The entry at `key`, or the version an own delete not confirmed yet removed from it:
+    /// what a blocked read counts there (see `Extent`).
+    pub fn held_or_unconfirmed(&self, key: &str) -> Option<&Arc<Entry>> {
+        let unconfirmed_delete = || self.tombstones.get(key)?.removed.as_ref();
+        self.entries.get(key).or_else(unconfirmed_delete)
+    }
+
+    /// The versions own deletes not confirmed yet removed.
+    pub fn unconfirmed_deletes(&self) -> impl Iterator<Item = &Arc<Entry>> {
+        let tombstones = self.tombstones.values();
+        tombstones.filter_map(|tombstone| tombstone.removed.as_ref())
+    }
+
     /// The index up to which an own delete of `key` buries its versions, if one is pending.
     fn buried(&self, key: &str) -> Option<u64> {
         self.tombstones.get(key).map(|tombstone| tombstone.through)

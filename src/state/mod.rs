@@ -434,9 +434,7 @@ impl Pods {
         let pods = Pods::picked(state, DS_ID_LABEL, &values);
         let labels = state.tree(Tree::Labels(LabelType::Pod));
         let rcs = pods.iter().filter_map(|pod| {
-            let key = layout::labels(LabelType::Pod, pod);
-            let unconfirmed_delete = || labels.tombstones.get(&key)?.removed.as_ref();
-            let entry = labels.entries.get(&key).or_else(unconfirmed_delete)?;
+            let entry = labels.held_or_unconfirmed(&layout::labels(LabelType::Pod, pod))?;
             entry.labels()?.get(RC_ID_LABEL).cloned()
         });
         Pods {
@@ -453,9 +451,8 @@ impl Pods {
     fn picked(state: &State, label: &str, values: &BTreeSet<String>) -> BTreeSet<String> {
         let labels = state.tree(Tree::Labels(LabelType::Pod));
         let pod_labels = layout::labels_of_type(LabelType::Pod);
-        let unconfirmed_deletes = labels.tombstones.values();
-        let unconfirmed_deletes = unconfirmed_deletes
-            .filter_map(|tombstone| tombstone.removed.as_ref())
+        let unconfirmed_deletes = labels
+            .unconfirmed_deletes()
             .filter(|entry| {
                 let value = entry.labels().and_then(|labels| labels.get(label));
                 value.is_some_and(|value| values.contains(value))
@@ -533,11 +530,7 @@ impl Pods {
         });
         let health = self.pod_ids().into_iter();
         let health = health.map(|pod_id| extent(state, &layout::health_of_pod(pod_id)));
-        rcs.chain(per_pod)
-            .chain(health)
-            .fold((0, 0), |(count, highest), (more, high)| {
-                (count + more, highest.max(high))
-            })
+        summed(rcs.chain(per_pod).chain(health))
     }
 }
 
@@ -547,11 +540,9 @@ impl Pods {
 fn reported_pod_labels_extent(state: &State, pod_id: &str) -> Extent {
     let prefix = layout::health_of_pod(pod_id);
     let health = state.tree(Tree::Health);
-    let unconfirmed_deletes = health
-        .tombstones
-        .iter()
-        .filter(|(key, _)| key.starts_with(&prefix))
-        .filter_map(|(_, tombstone)| tombstone.removed.as_ref());
+    let unconfirmed_deletes = health.unconfirmed_deletes();
+    let unconfirmed_deletes =
+        unconfirmed_deletes.filter(|entry| entry.pair.key.starts_with(&prefix));
     let records = health.entries.under(&prefix).chain(unconfirmed_deletes);
     let mut nodes = BTreeSet::new();
     for record in records {
@@ -565,19 +556,26 @@ fn reported_pod_labels_extent(state: &State, pod_id: &str) -> Extent {
         let key = layout::labels(LabelType::Pod, &format!("{node}/{pod_id}"));
         key_extent(state, Tree::Labels(LabelType::Pod), &key)
     });
-    labels.fold((0, 0), |(count, highest), (more, high)| {
-        (count + more, highest.max(high))
-    })
+    summed(labels)
 }
 
 /// The [`Extent`] of one key of `tree`, an own delete not confirmed yet included.
 fn key_extent(state: &State, tree: Tree, key: &str) -> Extent {
-    let tree = state.tree(tree);
-    let unconfirmed_delete = || tree.tombstones.get(key)?.removed.as_ref();
-    match tree.entries.get(key).or_else(unconfirmed_delete) {
-        Some(entry) => (1, entry.pair.modify_index),
-        None => (0, 0),
-    }
+    counted(state.tree(tree).held_or_unconfirmed(key))
+}
+
+/// The [`Extent`] of `entries`: how many, and the highest modify index among them.
+fn counted<'a>(entries: impl IntoIterator<Item = &'a Arc<Entry>>) -> Extent {
+    let highest = |(count, highest): Extent, entry: &Arc<Entry>| {
+        (count + 1, highest.max(entry.pair.modify_index))
+    };
+    entries.into_iter().fold((0, 0), highest)
+}
+
+/// The [`Extent`] of the parts whose extents are `parts`.
+fn summed(parts: impl IntoIterator<Item = Extent>) -> Extent {
+    let add = |(count, highest): Extent, (more, high): Extent| (count + more, highest.max(high));
+    parts.into_iter().fold((0, 0), add)
 }
 
 /// How many entries lie under a prefix, and the highest modify index among them: a write
@@ -606,18 +604,10 @@ fn extent(state: &State, prefix: &str) -> Extent {
     if tree.prefix() == prefix {
         return (0, tree_state.listed);
     }
-    let unconfirmed_deletes = tree_state
-        .tombstones
-        .iter()
-        .filter(|(key, _)| key.starts_with(prefix))
-        .filter_map(|(_, tombstone)| tombstone.removed.as_ref());
-    tree_state
-        .entries
-        .under(prefix)
-        .chain(unconfirmed_deletes)
-        .fold((0, 0), |(count, highest), entry| {
-            (count + 1, highest.max(entry.pair.modify_index))
-        })
+    let unconfirmed_deletes = tree_state.unconfirmed_deletes();
+    let unconfirmed_deletes =
+        unconfirmed_deletes.filter(|entry| entry.pair.key.starts_with(prefix));
+    counted(tree_state.entries.under(prefix).chain(unconfirmed_deletes))
 }
 
 /// The [`Extent`] of [`Span::NodeHealth`]: of the records at the keys of the pods intended
@@ -635,17 +625,8 @@ fn node_health_extent(state: &State, node: &str, pod_id: Option<&str>) -> Extent
         .filter(|key| of_pod.as_ref().is_none_or(|prefix| key.starts_with(prefix)))
         .cloned();
     let health = state.tree(Tree::Health);
-    let found = filed.chain(naming).filter_map(|key| {
-        let unconfirmed_delete = || health.tombstones.get(&key)?.removed.clone();
-        health
-            .entries
-            .get(&key)
-            .cloned()
-            .or_else(unconfirmed_delete)
-    });
-    found.fold((0, 0), |(count, highest), entry| {
-        (count + 1, highest.max(entry.pair.modify_index))
-    })
+    let found = filed.chain(naming);
+    counted(found.filter_map(|key| health.held_or_unconfirmed(&key)))
 }
 
 /// The [`Extent`] of [`Span::ObjectEvents`]: of the events about `object_id`, an own delete
@@ -653,15 +634,8 @@ fn node_health_extent(state: &State, node: &str, pod_id: Option<&str>) -> Extent
 fn object_events_extent(state: &State, object_id: &str) -> Extent {
     let events = state.tree(Tree::Events);
     let filed = state.events_by_object.get(object_id).iter();
-    let unconfirmed_deletes = events.tombstones.values();
-    let unconfirmed_deletes =
-        unconfirmed_deletes.filter_map(|tombstone| tombstone.removed.as_ref());
-    filed
-        .chain(unconfirmed_deletes)
-        .filter(|entry| is_event_of(entry, object_id))
-        .fold((0, 0), |(count, highest), entry| {
-            (count + 1, highest.max(entry.pair.modify_index))
-        })
+    let found = filed.chain(events.unconfirmed_deletes());
+    counted(found.filter(|entry| is_event_of(entry, object_id)))
 }
 
 /// The [`Extent`] of [`Span::Labelled`]: of the label sets of `label_type` holding
@@ -672,18 +646,13 @@ fn labelled_extent(state: &State, label_type: LabelType, label: &str, value: &st
     let term = (label_type, label.to_owned(), value.to_owned());
     let ids = state.by_label.get(&term).into_iter().flatten();
     let held = ids.filter_map(|id| tree.entries.get(&layout::labels(label_type, id)));
-    let unconfirmed_deletes = tree.tombstones.values();
-    let unconfirmed_deletes =
-        unconfirmed_deletes.filter_map(|tombstone| tombstone.removed.as_ref());
+    let unconfirmed_deletes = tree.unconfirmed_deletes();
     let holding = |entry: &&Arc<Entry>| {
         entry
             .labels()
             .is_some_and(|labels| labels.get(label).map(String::as_str) == Some(value))
     };
-    held.chain(unconfirmed_deletes.filter(holding))
-        .fold((0, 0), |(count, highest), entry| {
-            (count + 1, highest.max(entry.pair.modify_index))
-        })
+    counted(held.chain(unconfirmed_deletes.filter(holding)))
 }
 
 /// Whether the event at `entry` is about the object `object_id`.
@@ -704,11 +673,7 @@ fn pod_intents_extent(state: &State, prefix: &str, pod_id: &str) -> Extent {
     let intents = state.tree(Tree::Intent);
     let indexed = state.intents_by_pod.get(pod_id).iter();
     let indexed = indexed.map(|entry| &entry.pair.key);
-    let unconfirmed_deletes = intents
-        .tombstones
-        .iter()
-        .filter(|(_, tombstone)| tombstone.removed.is_some())
-        .map(|(key, _)| key);
+    let unconfirmed_deletes = intents.unconfirmed_deletes().map(|entry| &entry.pair.key);
     let nodes: BTreeSet<&str> = indexed
         .chain(unconfirmed_deletes)
         .filter_map(|key| {
@@ -717,14 +682,10 @@ fn pod_intents_extent(state: &State, prefix: &str, pod_id: &str) -> Extent {
         })
         .collect();
     let held = state.tree(tree);
-    let found = nodes.into_iter().filter_map(|node| {
-        let key = format!("{prefix}{node}/{pod_id}");
-        let unconfirmed_delete = || held.tombstones.get(&key)?.removed.clone();
-        held.entries.get(&key).cloned().or_else(unconfirmed_delete)
-    });
-    found.fold((0, 0), |(count, highest), entry| {
-        (count + 1, highest.max(entry.pair.modify_index))
-    })
+    let keys = nodes
+        .into_iter()
+        .map(|node| format!("{prefix}{node}/{pod_id}"));
+    counted(keys.filter_map(|key| held.held_or_unconfirmed(&key)))
 }
 
 /// Where a subscriber starts: what it is sent first, then what its receiver brings.
@@ -1405,8 +1366,7 @@ impl Mirror {
             .filter(|tree| of(kinds, *tree))
             .flat_map(|tree| {
                 let tree_state = state.tree(tree);
-                let unstreamed = tree_state.tombstones.values();
-                let unstreamed = unstreamed.filter_map(|tombstone| tombstone.removed.as_ref());
+                let unstreamed = tree_state.unconfirmed_deletes();
                 let mut objects: Vec<_> = tree_state.entries.values().chain(unstreamed).collect();
                 objects.sort_by(|a, b| a.pair.key.cmp(&b.pair.key));
                 objects.into_iter().map(move |entry| {
