@@ -21,6 +21,7 @@
 //! reported delete standing for a listing's absence: it removes an entry not rewritten
 //! since, and confirms an own delete.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
@@ -407,11 +408,13 @@ impl State {
         let state = self.tree_mut(tree);
         let old = state.entries.insert(entry.clone());
         // The version replaced is kept in the journal only where a reader selects by value
-        // (by labels, or by the node a health record names) and the new one selects
-        // otherwise: elsewhere the key alone tells what it lay in.
+        // (by labels, by the node a health record names, or by the object an event is
+        // about) and the new one selects otherwise: elsewhere the key alone tells what it
+        // lay in.
         let reselected = old.as_ref().filter(|old| {
             old.labels() != entry.labels()
                 || old.health_named_elsewhere() != entry.health_named_elsewhere()
+                || event_object_id(tree, old) != event_object_id(tree, &entry)
         });
         state.changed(index, &entry, reselected);
         let change_type = match &old {
@@ -456,10 +459,7 @@ impl State {
         {
             self.intents_by_pod.insert(pod_id, entry);
         }
-        if let Some(object_id) = (tree == Tree::Events)
-            .then(|| Event::object_id_of(&entry.pair.value))
-            .flatten()
-        {
+        if let Some(object_id) = event_object_id(tree, entry) {
             self.events_by_object.insert(&object_id, entry);
         }
         for (term, id) in terms(tree, entry) {
@@ -488,10 +488,7 @@ impl State {
         {
             self.intents_by_pod.remove(pod_id, &entry.pair.key);
         }
-        if let Some(object_id) = (tree == Tree::Events)
-            .then(|| Event::object_id_of(&entry.pair.value))
-            .flatten()
-        {
+        if let Some(object_id) = event_object_id(tree, entry) {
             self.events_by_object.remove(&object_id, &entry.pair.key);
         }
         for (term, id) in terms(tree, entry) {
@@ -542,6 +539,13 @@ impl Prepared {
             .collect();
         self
     }
+}
+
+/// The id of the object an entry of the events tree is about.
+fn event_object_id(tree: Tree, entry: &Entry) -> Option<Cow<'_, str>> {
+    (tree == Tree::Events)
+        .then(|| Event::object_id_of(&entry.pair.value))
+        .flatten()
 }
 
 /// The pod id of an intent's key, `intent/<node>/<pod_id>`.
@@ -898,11 +902,27 @@ mod tests {
         assert_eq!(events(&state, "rc-a"), ["1", "3", "4"], "in key order");
         assert_eq!(events(&state, "rc-b"), ["2"]);
 
-        state.apply_own_delete(tree, &layout::event("1"), 7);
+        // Rewritten at its key to name another object, an event moves to it, and the
+        // version replaced is journaled, for a reader of the first object's events.
+        put(&mut state, "3", "rc-b", 7);
+        assert_eq!(events(&state, "rc-a"), ["1", "4"]);
+        assert_eq!(events(&state, "rc-b"), ["2", "3"]);
+        let journal = &state.tree(tree).journal;
+        let touched = journal.touched_past(6).unwrap();
+        let touched: Vec<Option<Cow<'_, str>>> = touched
+            .map(|e| Event::object_id_of(&e.pair.value))
+            .collect();
+        assert_eq!(touched, [Some("rc-b".into()), Some("rc-a".into())]);
+        // Rewritten about the same object, only the new version is journaled.
+        put(&mut state, "3", "rc-b", 8);
+        assert_eq!(state.tree(tree).journal.touched_past(7).unwrap().count(), 1);
+        put(&mut state, "3", "rc-a", 9);
+
+        state.apply_own_delete(tree, &layout::event("1"), 10);
         assert_eq!(events(&state, "rc-a"), ["3", "4"]);
         // A listing that lacks them removes them too.
         let listed = [pair(&layout::event("2"), r#"{"object_id": "rc-b"}"#, 4)];
-        let (prepared, pairs) = state.prepare(tree, listing(8, &listed), false);
+        let (prepared, pairs) = state.prepare(tree, listing(11, &listed), false);
         state.apply(prepared.decode(pairs));
         assert_eq!(events(&state, "rc-a"), Vec::<String>::new());
         assert_eq!(state.events_by_object.len(), 1);

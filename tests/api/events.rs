@@ -2,6 +2,7 @@
 //! listing, the created and modified times beside P2's documents, and finished rolls.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use p2_apiserver::auth::Access;
@@ -294,18 +295,19 @@ async fn an_objects_events_are_those_naming_it_however_their_json_spells_it() {
     assert!(!listed.iter().any(|listed| listed == longer));
 }
 
+/// Creates an RC (which records its `created` event); its id.
+async fn create_rc(app: &TestApp) -> String {
+    let rc = send(app, "POST", "/api/v1/rcs", Some(&rc_spec()), &[]).await;
+    rc.json()["id"].as_str().unwrap().to_owned()
+}
+
 /// One object's listing blocked at its index wakes at that object's events, added or
 /// pruned, and not at another object's (events are keyed by time, so no prefix holds one
 /// object's: the whole tree would wake it at every change anywhere).
 #[tokio::test]
 async fn blocking_event_listing_of_one_object_wakes_only_on_its_events() {
     let app = Arc::new(TestApp::new().await);
-    let mut ids = Vec::new();
-    for _ in 0..2 {
-        let rc = send(&app, "POST", "/api/v1/rcs", Some(&rc_spec()), &[]).await;
-        ids.push(rc.json()["id"].as_str().unwrap().to_owned());
-    }
-    let (watched, other) = (ids[0].clone(), ids[1].clone());
+    let (watched, other) = (create_rc(&app).await, create_rc(&app).await);
     let held = |app: Arc<TestApp>, id: String| async move {
         let index = app.get(&format!("/api/v1/events?id={id}")).await.x_index();
         app.get_held(format!("/api/v1/events?id={id}&index={index}&wait=30s"))
@@ -343,6 +345,70 @@ async fn blocking_event_listing_of_one_object_wakes_only_on_its_events() {
         .woken("a pruned event did not wake the listing")
         .await;
     assert_eq!(answer.json()["items"].as_array().unwrap().len(), 1);
+}
+
+/// An event rewritten at its key (by another writer) to name another object leaves the
+/// first object's events: a listing of them blocked at an index from before the rewrite
+/// answers at once without it, as does one held when the rewrite comes, and the event is
+/// the other object's.
+#[tokio::test]
+async fn blocking_event_listing_of_one_object_wakes_when_its_event_is_rewritten_to_another() {
+    let app = Arc::new(TestApp::new().await);
+    let (watched, other) = (create_rc(&app).await, create_rc(&app).await);
+    let path = format!("/api/v1/events?id={watched}");
+    // Rewrites the watched object's newest event to name the other object, behind the
+    // server's back; that event's id.
+    let move_newest = |listing: TestResponse| {
+        let app = app.clone();
+        let other = other.clone();
+        async move {
+            let items = listing.json()["items"].clone();
+            assert_eq!(items.as_array().unwrap().len(), 1, "{items}");
+            let event_id = items[0]["id"].as_str().unwrap().to_owned();
+            let key = layout::event(&event_id);
+            let mut rewritten = app.stored_json(&key).await.unwrap();
+            rewritten["object_id"] = json!(other);
+            app.put_json(&key, &rewritten).await;
+            event_id
+        }
+    };
+
+    // Rewritten before the read is sent.
+    let listing = app.get(&path).await;
+    let index = listing.x_index();
+    let moved = move_newest(listing).await;
+    let blocking = format!("{path}&index={index}&wait=30s");
+    let answer = tokio::time::timeout(Duration::from_secs(5), app.get(&blocking))
+        .await
+        .expect("an event rewritten to name another object since the read's index did not answer it at once");
+    assert_eq!(answer.json()["items"], json!([]), "{answer:?}");
+    assert!(answer.x_index() > index, "{answer:?}");
+
+    // Rewritten while the read is held.
+    send(
+        &app,
+        "PATCH",
+        &format!("/api/v1/rcs/{watched}"),
+        Some(&json!({"replicas_desired": 2})),
+        &[],
+    )
+    .await;
+    let listing = app.get(&path).await;
+    let held = app
+        .get_held(format!("{path}&index={}&wait=30s", listing.x_index()))
+        .await;
+    let moved_while_held = move_newest(listing).await;
+    let answer = held
+        .woken("an event rewritten to name another object did not wake the listing")
+        .await;
+    assert_eq!(answer.json()["items"], json!([]), "{answer:?}");
+
+    let others = events(&app, &format!("?id={other}"), &[]).await;
+    let others: Vec<&str> = others.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(others.len(), 3, "{others:?}");
+    for moved in [moved, moved_while_held] {
+        assert!(others.contains(&moved.as_str()), "{others:?}");
+    }
 }
 
 #[tokio::test]
