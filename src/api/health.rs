@@ -95,3 +95,57 @@ async fn get_readyz(State(app): State<AppState>, _: NoQuery) -> Result<ApiJson<H
             .with_message(&format!("store not ready: no answer within {timeout:?}"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use crate::app::App;
+    use crate::error::ErrorBody;
+    use crate::kv::sqlite::SqliteStore;
+
+    /// Sends `request` to `routes`; the answer's status and error body, if any.
+    async fn call(
+        routes: &axum::Router,
+        request: Request<Body>,
+    ) -> (StatusCode, Option<ErrorBody>) {
+        let response = routes.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&body).ok())
+    }
+
+    /// With the embedded store's writer stopped, the server is not ready, saying why, and a
+    /// write is refused at once with a 503, while the process stays alive. Before, it was
+    /// ready and a write waited out its deadline.
+    #[tokio::test]
+    async fn a_stopped_store_writer_makes_the_server_unready_and_refuses_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p2.db").display().to_string();
+        let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+        let routes = crate::router::build(App::new(store.clone()));
+        let get = |uri: &str| Request::get(uri).body(Body::empty()).unwrap();
+        assert_eq!(call(&routes, get("/readyz")).await.0, StatusCode::OK);
+
+        store.stop_writer().await;
+        let (status, error) = call(&routes, get("/readyz")).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{error:?}");
+        let error = error.expect("an error body");
+        assert_eq!(error.reason, "ServiceUnavailable");
+        assert!(error.message.contains("writer"), "{error:?}");
+
+        let write = Request::put("/api/v1/labels/node/n1")
+            .header("content-type", "application/json")
+            .body(Body::from(r#"{"labels": {"role": "web"}}"#))
+            .unwrap();
+        let (status, error) = call(&routes, write).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{error:?}");
+        assert_eq!(error.expect("an error body").reason, "ServiceUnavailable");
+        assert_eq!(call(&routes, get("/healthz")).await.0, StatusCode::OK);
+    }
+}

@@ -18,7 +18,8 @@
 //! write is answered only once its batch is durable; if the commit fails, every write of the
 //! batch fails. Each committed batch tells the watches which keys it touched, so a commit
 //! wakes only the watches it concerns; other processes' commits, noticed by polling the
-//! index, wake every watch.
+//! index, wake every watch. Should the writer's tasks stop (a panic), the store is not
+//! ready and every write is answered at once.
 //! A background task expires sessions and reaps old tombstones.
 
 use std::collections::{BTreeSet, HashMap};
@@ -72,6 +73,9 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 pub struct SqliteStore {
     inner: Arc<Inner>,
     background: CancellationToken,
+    /// Stops the writer's tasks alone (tests); they stop with `background` too.
+    #[cfg_attr(not(test), allow(dead_code))]
+    writer_stop: CancellationToken,
 }
 
 struct Inner {
@@ -108,6 +112,10 @@ struct Inner {
     /// ([`WRITES_CANNOT_LAND`]) since a batch of writes last committed, else 0
     /// ([`Writer::cannot_write`]): the store is not ready until one commits again.
     cannot_write: Arc<AtomicI32>,
+    /// Cancelled once the writer's tasks have stopped (panicked, or their loops ended): no
+    /// write can commit again, so the store is not ready and every write is answered at once
+    /// rather than left waiting for them ([`writer_stopped`]).
+    writer_stopped: CancellationToken,
 }
 
 /// The most keys of other processes' commits read to tell the watches which moved
@@ -326,6 +334,7 @@ impl SqliteStore {
             locked_out,
             probing: AtomicBool::new(false),
             cannot_write,
+            writer_stopped: CancellationToken::new(),
         });
         let background = CancellationToken::new();
         tokio::spawn(run_background(Arc::downgrade(&inner), background.clone()));
@@ -336,10 +345,14 @@ impl SqliteStore {
             .enable_all()
             .build()
             .map_err(|e| StoreError::Unavailable(format!("starting the writer's runtime: {e}")))?;
-        let (weak, stop) = (Arc::downgrade(&inner), background.clone());
+        let writer_stop = background.child_token();
+        let (weak, stop) = (Arc::downgrade(&inner), writer_stop.clone());
+        // Dropped as the thread ends, whether its tasks returned or panicked.
+        let stopped = inner.writer_stopped.clone().drop_guard();
         std::thread::Builder::new()
             .name("sqlite-writer".into())
             .spawn(move || {
+                let _stopped = stopped;
                 runtime.block_on(async move {
                     tokio::join!(
                         run_flusher(weak.clone(), flush, stop.clone()),
@@ -348,7 +361,18 @@ impl SqliteStore {
                 })
             })
             .map_err(|e| StoreError::Unavailable(format!("starting the writer's thread: {e}")))?;
-        Ok(SqliteStore { inner, background })
+        Ok(SqliteStore {
+            inner,
+            background,
+            writer_stop,
+        })
+    }
+
+    /// Stops the writer's tasks, as if they had died, and waits until they have.
+    #[cfg(test)]
+    pub(crate) async fn stop_writer(&self) {
+        self.writer_stop.cancel();
+        self.inner.writer_stopped.cancelled().await;
     }
 
     /// Runs a write on its own task so that a caller dropping its future (a client hanging
@@ -500,6 +524,16 @@ fn primary_code(e: &sqlx::Error) -> Option<i32> {
 /// anyone still be waiting: it was never applied.
 fn withdrawn() -> StoreError {
     StoreError::Unavailable("the write was withdrawn before it began".into())
+}
+
+/// What a write is refused once the writer's tasks have stopped ([`Inner::writer_stopped`]),
+/// and why the store is then not ready.
+fn writer_stopped() -> StoreError {
+    StoreError::Unavailable(
+        "the store's writer has stopped (it panicked or its loop ended): no write can commit \
+         until the server restarts"
+            .into(),
+    )
 }
 
 fn unavailable(e: sqlx::Error) -> StoreError {
@@ -1189,6 +1223,10 @@ impl Drop for WriteTxn {
 impl WriteTxn {
     async fn begin(inner: &Inner) -> StoreResult<Self> {
         let mut writer = inner.writer.clone().lock_owned().await;
+        // Its batch would never commit, and the write never be answered.
+        if inner.writer_stopped.is_cancelled() {
+            return Err(writer_stopped());
+        }
         writer.settle().await;
         writer.open().await?;
         Ok(WriteTxn {
@@ -1210,20 +1248,20 @@ impl WriteTxn {
     /// Releases the write into the batch, frees the writer and waits until the batch is
     /// durable. A write that changed nothing waits too when the batch holds others' writes,
     /// which it may have read.
-    async fn commit(mut self, _inner: &Inner) -> StoreResult<()> {
+    async fn commit(mut self, inner: &Inner) -> StoreResult<()> {
         let durable = self.release();
         // Dropping the transaction frees the writer and wakes the flusher.
         drop(self);
-        durable.wait().await
+        durable.wait(inner).await
     }
 
     /// Gives the write up, having changed nothing, once the writes of the batch it read are
     /// durable: what it read of them decides its answer only if they are.
-    async fn abandon(mut self) -> StoreResult<()> {
+    async fn abandon(mut self, inner: &Inner) -> StoreResult<()> {
         let durable = self.discard();
         // Dropping the transaction frees the writer and wakes the flusher.
         drop(self);
-        durable.wait().await
+        durable.wait(inner).await
     }
 
     /// Releases the write into the batch, and makes this transaction the next write on the
@@ -1722,12 +1760,19 @@ struct Queued {
 struct Durable(Option<oneshot::Receiver<StoreResult<()>>>);
 
 impl Durable {
-    async fn wait(self) -> StoreResult<()> {
-        match self.0 {
-            Some(waiter) => waiter
-                .await
+    /// The batch's outcome; of unknown outcome if the writer stops first, as it may have
+    /// stopped committing the batch.
+    async fn wait(self, inner: &Inner) -> StoreResult<()> {
+        let Some(waiter) = self.0 else {
+            return Ok(());
+        };
+        tokio::select! {
+            biased;
+            answered = waiter => answered
                 .unwrap_or_else(|_| Err(StoreError::Unavailable("the store was closed".into()))),
-            None => Ok(()),
+            () = inner.writer_stopped.cancelled() => Err(StoreError::OutcomeUnknown(
+                "the store's writer stopped before the write's batch was committed".into(),
+            )),
         }
     }
 }
@@ -1737,6 +1782,9 @@ impl Durable {
 /// writer alone; dropped before the writer took the transaction, it withdraws it, and the
 /// transaction is never applied.
 async fn run_txn(inner: &Inner, ops: Vec<TxnOp>) -> StoreResult<Vec<Option<KvPair>>> {
+    if inner.writer_stopped.is_cancelled() {
+        return Err(writer_stopped());
+    }
     let (answer, answered) = oneshot::channel();
     let claim = Claim::sent();
     let _withdraw = Withdraw(claim.clone());
@@ -1744,11 +1792,27 @@ async fn run_txn(inner: &Inner, ops: Vec<TxnOp>) -> StoreResult<Vec<Option<KvPai
         .queued
         .lock()
         .expect("the queue of transactions is never left half-changed")
-        .push(Queued { ops, answer, claim });
+        .push(Queued {
+            ops,
+            answer,
+            claim: claim.clone(),
+        });
     inner.queued_ready.notify_one();
     let closed = || StoreError::Unavailable("the store was closed".into());
-    let (results, durable) = answered.await.map_err(|_| closed())?;
-    durable.wait().await?;
+    let (results, durable) = tokio::select! {
+        biased;
+        answered = answered => answered.map_err(|_| closed())?,
+        // Stopped before it took the transaction, the writer never will; after, it may
+        // have died applying it or committing its batch.
+        () = inner.writer_stopped.cancelled() => return Err(if claim.withdraw() {
+            writer_stopped()
+        } else {
+            StoreError::OutcomeUnknown(
+                "the store's writer stopped before the transaction was answered".into(),
+            )
+        }),
+    };
+    durable.wait(inner).await?;
     results
 }
 
@@ -2133,7 +2197,7 @@ impl KvStore for SqliteStore {
         let session = session.to_owned();
         self.write(move |inner, mut txn| async move {
             if txn.session(&session).await?.is_none() {
-                txn.abandon().await?;
+                txn.abandon(&inner).await?;
                 return Err(StoreError::NotFound(format!("invalid session {session:?}")));
             }
             let taken = txn.apply(&op).await?.is_ok();
@@ -2150,7 +2214,7 @@ impl KvStore for SqliteStore {
             let value = match txn.row(&key).await? {
                 Some(pair) => pair.value.to_vec(),
                 None => {
-                    txn.abandon().await?;
+                    txn.abandon(&inner).await?;
                     return Ok(false);
                 }
             };
@@ -2224,12 +2288,15 @@ impl KvStore for SqliteStore {
 
     /// Reads answer through a reader, which a full or read-only disk does not stop: after a
     /// write failed for want of a writable disk the store is not ready until one commits
-    /// again. While another
-    /// process has held the write lock past
-    /// the busy timeout, no write commits, so the store is not ready until the writer takes
-    /// the lock again. A ping then tries to take it, one at a time, on a task of its own (as a
-    /// write runs), so that a ping given up on never leaves the writer mid-statement.
+    /// again. Once the writer's tasks have stopped, no write ever commits: the store is not
+    /// ready again. While another process has held the write lock past the busy timeout, no
+    /// write commits, so the store is not ready until the writer takes the lock again. A
+    /// ping then tries to take it, one at a time, on a task of its own (as a write runs), so
+    /// that a ping given up on never leaves the writer mid-statement.
     async fn ping(&self) -> StoreResult<()> {
+        if self.inner.writer_stopped.is_cancelled() {
+            return Err(writer_stopped());
+        }
         meta(&self.inner.reader, "last_index").await?;
         let cannot_write = self.inner.cannot_write.load(Ordering::Acquire);
         if let Some((_, why)) = WRITES_CANNOT_LAND
@@ -2271,7 +2338,12 @@ impl KvStore for SqliteStore {
     /// `BUSY_TIMEOUT`, which it then restores.
     async fn shut_down(&self) {
         let mut writer = self.inner.writer.clone().lock_owned().await;
-        writer.commit_batch(&self.inner).await;
+        if self.inner.writer_stopped.is_cancelled() {
+            // The writer may have stopped partway through the batch: none of it is kept.
+            writer.abort(writer_stopped()).await;
+        } else {
+            writer.commit_batch(&self.inner).await;
+        }
         let checkpointed = async {
             writer.run("PRAGMA busy_timeout = 1000").await?;
             // (busy, pages in the log, pages checkpointed); busy when held back.
@@ -2553,7 +2625,7 @@ mod tests {
                     txn.tx.0.dirty = true;
                     drop(txn);
                     assert!(
-                        durable.wait().await.is_err(),
+                        durable.wait(&store.inner).await.is_err(),
                         "a rolled-back write was answered"
                     );
                 }
@@ -3149,6 +3221,58 @@ mod tests {
         store.put("k/1", b"v", Cas::Any).await.unwrap();
     }
 
+    /// A writer whose tasks have stopped (here stopped as they stop with the store; a panic
+    /// ends them too) makes the store unready, naming the writer, and every write after it
+    /// is refused at once, never applied. Before, the store answered ready and every write
+    /// waited for a writer that would never take it.
+    #[tokio::test]
+    async fn a_stopped_writer_makes_the_store_unready_and_refuses_every_write_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        store.put("k/0", b"v", Cas::Any).await.unwrap();
+        store.ping().await.unwrap();
+
+        fn for_want_of_the_writer<T: std::fmt::Debug>(answer: StoreResult<T>) {
+            assert!(
+                matches!(&answer, Err(StoreError::Unavailable(why)) if why.contains("writer")),
+                "{answer:?}"
+            );
+        }
+
+        store.stop_writer().await;
+        for_want_of_the_writer(store.ping().await);
+        // A transaction of ops (queued for the writer) and a write of its own (a session).
+        for_want_of_the_writer(store.put("k/1", b"v", Cas::Any).await);
+        let spec = SessionSpec::deleting("test", Duration::from_secs(30));
+        for_want_of_the_writer(store.create_session(&spec).await);
+        assert!(
+            store.get("k/0").await.unwrap().is_some(),
+            "reads still answer"
+        );
+        assert!(store.get("k/1").await.unwrap().is_none());
+    }
+
+    /// A write already in the batch when the writer stops is answered at once that its
+    /// outcome is unknown (the writer may have died committing it), not left waiting for a
+    /// commit that never comes; a shutdown then rolls the batch back.
+    #[tokio::test]
+    async fn a_write_in_the_batch_when_the_writer_stops_is_answered_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        let inner = store.inner.clone();
+        let mut txn = WriteTxn::begin(&inner).await.unwrap();
+        store.stop_writer().await;
+        txn.store("k/0", b"v", None).await.unwrap();
+        // A guard against the hang this test is about; the answer comes at once.
+        let answered = tokio::time::timeout(Duration::from_secs(30), txn.commit(&inner)).await;
+        assert!(
+            matches!(&answered, Ok(Err(StoreError::OutcomeUnknown(why))) if why.contains("writer")),
+            "{answered:?}"
+        );
+        store.shut_down().await;
+        assert!(store.get("k/0").await.unwrap().is_none());
+    }
+
     /// A write that fails for lack of space (`SQLITE_FULL`, as on a full disk; here the
     /// writer's database is capped at the pages it has) makes the store unready, saying so,
     /// until a write commits again. Before, the readiness probe read the database, which a
@@ -3295,7 +3419,7 @@ mod tests {
         );
         txn.discard();
         drop(txn);
-        let answered = durable.wait().await;
+        let answered = durable.wait(&store.inner).await;
         assert!(
             matches!(answered, Err(StoreError::Unavailable(_))),
             "{answered:?}"
