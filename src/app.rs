@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::answers::Answers;
 use crate::auth::Access;
+use crate::kv::shared_listings::SharedListings;
 use crate::kv::KvStore;
 use crate::model::Limits;
 use crate::state::{Mirror, MirrorConfig};
@@ -27,6 +28,12 @@ pub struct App {
     /// [`App::serving`], it applies its successful writes to `mirror` at once
     /// ([`OwnWrites`]), so reads of the mirror see this server's own writes.
     pub store: Arc<dyn KvStore>,
+    /// `store` for the reads that go through to it rather than to `mirror`
+    /// (`?consistent=true`, or while the mirror cannot be trusted; [`crate::api::reads`]):
+    /// concurrent listings of one prefix are shared, so that a crowd of such reads asks the
+    /// store for each tree once at a time. Only those reads: the mirror, the farms and the
+    /// election each need their own listings.
+    pub store_reads: Arc<SharedListings>,
     /// Cancelled when the server starts shutting down, so that blocking queries (which may
     /// wait up to 10 minutes) answer at once and graceful shutdown is not held up by them.
     pub shutdown: CancellationToken,
@@ -110,8 +117,10 @@ impl App {
         validation: Limits,
         access: Arc<Access>,
     ) -> AppState {
+        let store = OwnWrites::wrap(store, mirror.clone());
         Arc::new(App {
-            store: OwnWrites::wrap(store, mirror.clone()),
+            store_reads: SharedListings::wrap(store.clone()),
+            store,
             mirror,
             shutdown,
             limits,

@@ -31,11 +31,12 @@ pub struct Blocking {
 
 impl Blocking {
     /// Waits, if the request asked to, until the combined index of `prefixes` differs from
-    /// the client's, the wait passes, or the server starts shutting down.
+    /// the client's, the wait passes, or the server starts shutting down; read through
+    /// [`App::store_reads`], as every read that goes through to the store.
     pub async fn block(&self, app: &App, prefixes: &[String]) -> Result<(), ApiError> {
         if let Some((index, wait)) = self.until {
             tokio::select! {
-                result = wait_for_change(app.store.as_ref(), prefixes, index, wait) => result?,
+                result = wait_for_change(app.store_reads.as_ref(), prefixes, index, wait) => result?,
                 () = app.shutdown.cancelled() => {}
             }
         }

@@ -214,14 +214,13 @@ async fn list_daemon_sets(
         Source::Store(blocking) => {
             let prefixes: Vec<String> = LIST_TREES.iter().map(|tree| tree.prefix()).collect();
             blocking.block(&app, &prefixes).await?;
+            let kv: Arc<dyn KvStore> = app.store_reads.clone();
             // Taken before anything is read: a change landing between the reads is in the
             // answer or above its index, so a client blocking at it misses nothing.
-            let index = combined_index(app.store.as_ref(), &prefixes).await?;
-            let (_, records) = app.daemon_sets().list().await?;
-            let mut times = list_meta(app.store.as_ref(), ObjectKind::Daemonsets).await?;
-            let mut conditions = ConditionStore::new(app.store.clone())
-                .list(ObjectKind::Daemonsets)
-                .await?;
+            let index = combined_index(kv.as_ref(), &prefixes).await?;
+            let (_, records) = DaemonSetStore::new(kv.clone()).list().await?;
+            let mut times = list_meta(kv.as_ref(), ObjectKind::Daemonsets).await?;
+            let mut conditions = ConditionStore::new(kv).list(ObjectKind::Daemonsets).await?;
             let items = records
                 .iter()
                 .filter(|r| wanted(&r.value))

@@ -18,6 +18,7 @@ use crate::api::paging::Page;
 use crate::api::reads::{mirror_index, source, Source};
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::kv::KvStore;
 use crate::layout;
 use crate::model::event::{Event, EventKind};
 use crate::model::json_may_hold;
@@ -157,7 +158,7 @@ async fn list_events(
             }
             Source::Store(blocking) => {
                 blocking.block(&app, &[layout::EVENTS.to_owned()]).await?;
-                let listing = app.store.list(layout::EVENTS).await?;
+                let listing = app.store_reads.list(layout::EVENTS).await?;
                 let entries = listing.pairs.into_iter();
                 let entries = entries.map(|pair| Arc::new(Tree::Events.decode(pair)));
                 (listing.index, Stored::All(entries.collect()))

@@ -39,6 +39,7 @@ use crate::model::{NewRc, RcId, RcPatch, RcSpec, StoredRc};
 use crate::state::{Mirror, MirrorReader, Span, Tree};
 use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::events::{list_meta, mirrored_meta, read_meta};
+use crate::store::labels::LabelStore;
 use crate::store::rcs::{self, RcRecord, RcStore};
 use crate::store::rolls::{Naming, RollStore};
 use crate::store::update::{update_from_mirror, update_with_retry};
@@ -297,17 +298,15 @@ async fn list_rcs(
     };
     blocking.block(&app, &rc_prefixes()).await?;
 
+    let kv: Arc<dyn KvStore> = app.store_reads.clone();
     // Taken before anything is read, as in `get_rc`.
-    let index = combined_index(app.store.as_ref(), &rc_prefixes()).await?;
-    let store = app.rcs();
-    let label_store = app.labels();
-    let (_, records) = store.list().await?;
+    let index = combined_index(kv.as_ref(), &rc_prefixes()).await?;
+    let label_store = LabelStore::new(kv.clone());
+    let (_, records) = RcStore::new(kv.clone()).list().await?;
     let (_, rc_labels) = label_store.list(LabelType::ReplicationController).await?;
     let (_, pods) = label_store.list(LabelType::Pod).await?;
-    let mut times = list_meta(app.store.as_ref(), ObjectKind::Rcs).await?;
-    let mut conditions = ConditionStore::new(app.store.clone())
-        .list(ObjectKind::Rcs)
-        .await?;
+    let mut times = list_meta(kv.as_ref(), ObjectKind::Rcs).await?;
+    let mut conditions = ConditionStore::new(kv).list(ObjectKind::Rcs).await?;
 
     let mut labels_by_rc: BTreeMap<String, Labels> = rc_labels
         .into_iter()
@@ -387,14 +386,15 @@ async fn get_rc(
         Source::Store(blocking) => blocking,
     };
     blocking.block(&app, &rc_prefixes()).await?;
+    let kv: Arc<dyn KvStore> = app.store_reads.clone();
     // Taken before anything is read: a change landing between the reads is in the answer
     // or above its index, so a client blocking at it misses nothing.
-    let index = combined_index(app.store.as_ref(), &rc_prefixes()).await?;
-    let record = match read(&app.rcs(), &id).await {
+    let index = combined_index(kv.as_ref(), &rc_prefixes()).await?;
+    let record = match read(&RcStore::new(kv.clone()), &id).await {
         Err(e) if e.status() == StatusCode::NOT_FOUND => return Ok(error_at(e, index)),
         record => record?,
     };
-    let view = stored_view(&app, &record).await?;
+    let view = stored_view(&kv, &record).await?;
     Ok(answer(&record, view, index))
 }
 
@@ -734,7 +734,7 @@ async fn written_view(app: &AppState, record: &RcRecord) -> Result<(RcView, u64)
         }
     }
     let index = combined_index(app.store.as_ref(), &rc_prefixes()).await?;
-    Ok((stored_view(app, record).await?, index))
+    Ok((stored_view(&app.store, record).await?, index))
 }
 
 /// [`written_view`], or, when that cannot be read, the view of what was written with
@@ -764,11 +764,11 @@ fn mirrored_view(mirror: &Mirror, record: &Versioned<impl Borrow<StoredRc>>) -> 
     RcView::new(record, labels, status, conditions).with_times(meta)
 }
 
-/// The view of `record` with its labels, status, conditions and times read from the store,
-/// and the highest index of what it was made of.
-async fn stored_view(app: &AppState, record: &RcRecord) -> Result<RcView, ApiError> {
+/// The view of `record` with its labels, status, conditions and times read from the store
+/// through `kv`.
+async fn stored_view(kv: &Arc<dyn KvStore>, record: &RcRecord) -> Result<RcView, ApiError> {
     let id = &record.value.id;
-    let label_store = app.labels();
+    let label_store = LabelStore::new(kv.clone());
     let labels = label_store
         .get(LabelType::ReplicationController, id)
         .await?;
@@ -777,8 +777,8 @@ async fn stored_view(app: &AppState, record: &RcRecord) -> Result<RcView, ApiErr
         .select(LabelType::Pod, &Selector::from_requirements([owned]))
         .await?;
     let status = RcStatus::from_pods(pods.iter().map(|pod| pod.id.as_str()));
-    let conditions = read_conditions(app.store.as_ref(), ObjectKind::Rcs, id).await?;
-    let meta = read_meta(app.store.as_ref(), &layout::meta(ObjectKind::Rcs, id)).await?;
+    let conditions = read_conditions(kv.as_ref(), ObjectKind::Rcs, id).await?;
+    let meta = read_meta(kv.as_ref(), &layout::meta(ObjectKind::Rcs, id)).await?;
     Ok(RcView::new(record, labels.value, status, conditions).with_times(meta))
 }
 

@@ -13,6 +13,14 @@
 //! for a blocking read whose `index` is past the mirror's (the client has seen a newer
 //! state, e.g. on another server). Blocking reads from the mirror wait on its change
 //! signal, so waiting clients cost the store nothing.
+//!
+//! A read that goes through to the store reads it through [`App::store_reads`]
+//! ([`crate::kv::shared_listings`]): such reads list whole trees the store has no index into,
+//! and come in crowds when the mirror cannot be trusted, so concurrent listings of a prefix
+//! are shared; a read shares only a listing sent after it arrived, so it still sees every
+//! write acknowledged before it. The handlers that read the store themselves on that path
+//! (`Source::Store`) read through it too; writes, and the views answering them, use
+//! [`App::store`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -307,7 +315,10 @@ pub async fn indexed_source<'a>(
     let (kv, source) = open(app, trees, spans, consistent, blocking).await?;
     let (index, mirror) = match source {
         Opened::Mirror(mirror) => (mirror_index(mirror, trees), Some(mirror)),
-        Opened::Store(prefixes) => (combined_index(app.store.as_ref(), &prefixes).await?, None),
+        Opened::Store(prefixes) => (
+            combined_index(app.store_reads.as_ref(), &prefixes).await?,
+            None,
+        ),
     };
     Ok((IndexedReader { kv, index }, mirror))
 }
@@ -338,7 +349,7 @@ async fn open<'a>(
                 spans.iter().flat_map(Span::prefixes).collect()
             };
             blocking.block(app, &prefixes).await?;
-            Ok((app.store.clone(), Opened::Store(prefixes)))
+            Ok((app.store_reads.clone(), Opened::Store(prefixes)))
         }
     }
 }

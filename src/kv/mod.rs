@@ -12,6 +12,7 @@ pub mod metered;
 pub mod open;
 pub mod prefixed;
 pub mod sent;
+pub mod shared_listings;
 pub mod sqlite;
 
 use std::sync::Arc;

@@ -16,6 +16,7 @@ use axum::Router;
 use p2_apiserver::api::extract::{ApiJson, ApiPath, ApiQuery};
 use p2_apiserver::app::{App, HttpLimits};
 use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore};
+use p2_apiserver::kv::shared_listings::SharedListings;
 use p2_apiserver::kv::{
     Cas, KvPair, KvStore, Listing, SessionInfo, SessionSpec, StoreError, StoreResult, TxnOp,
     WatchTarget,
@@ -624,6 +625,7 @@ fn short_limits() -> HttpLimits {
 fn router_with_short_limits(store: Arc<dyn KvStore>) -> Router {
     router::build(Arc::new(App {
         mirror: Mirror::new(store.clone(), MirrorConfig::default()),
+        store_reads: SharedListings::wrap(store.clone()),
         store,
         shutdown: CancellationToken::new(),
         limits: short_limits(),
@@ -850,6 +852,7 @@ async fn serving(
     let store: Arc<dyn KvStore> = Arc::new(Frozen::EVERYTHING);
     let app = Arc::new(App {
         mirror: Mirror::new(store.clone(), MirrorConfig::default()),
+        store_reads: SharedListings::wrap(store.clone()),
         store,
         shutdown: shutdown.clone(),
         limits,

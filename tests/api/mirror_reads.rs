@@ -326,6 +326,54 @@ async fn mirror_reads_cost_the_store_nothing_and_consistent_reads_go_to_it() {
     assert_eq!(listed["items"][0]["replicas_desired"], 7);
 }
 
+/// Many clients reading one RC through to the store at once (`?consistent=true`) share the
+/// store's listings of the pod labels its pods are counted from: one is in flight at a time,
+/// and the reads arriving meanwhile share the next, so 32 reads make at most 2 listings.
+#[tokio::test]
+async fn concurrent_consistent_reads_share_the_stores_listings() {
+    const READS: usize = 32;
+    const POD_LABELS: &str = "labels/pod/";
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let app = Arc::new(app);
+    let id = create(&app, 1).await;
+    label_pod_of(&app, &id, "node1").await;
+    let gate = counting.hold_listings_of(POD_LABELS);
+    let before = counting.listed_pairs().len();
+    let path = format!("/api/v1/rcs/{id}?consistent=true");
+    let reads: Vec<_> = (0..READS)
+        .map(|_| {
+            let (app, path) = (app.clone(), path.clone());
+            tokio::spawn(async move { app.get(&path).await })
+        })
+        .collect();
+    gate.reached().await;
+    // Every read has arrived: waiting for the listing after the one held, or held itself.
+    let arrived = async {
+        while app.state.store_reads.waiting_for_next(POD_LABELS) < READS - 1 && gate.held() < READS
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, arrived)
+        .await
+        .expect("the reads never arrived");
+    gate.open();
+    for read in reads {
+        let got = read.await.unwrap();
+        assert_eq!(got.status, StatusCode::OK, "{got:?}");
+        assert_eq!(got.json()["status"]["current_replicas"], 1, "{got:?}");
+    }
+    let listed = counting.listed_pairs().split_off(before);
+    let mut listings = std::collections::BTreeMap::<&str, usize>::new();
+    for prefix in &listed {
+        *listings.entry(prefix).or_default() += 1;
+    }
+    assert!(
+        listings.values().all(|count| *count <= 2),
+        "{READS} reads made these listings: {listings:?}"
+    );
+}
+
 /// Every read of labels, nodes, pods, health, intent and reality (P2's label routes too)
 /// is served from the mirror, asking the store nothing, with what was written behind the
 /// server's back once the mirror has it; with `?consistent=true` they read the store.

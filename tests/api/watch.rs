@@ -10,6 +10,7 @@ use axum::http::{Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use p2_apiserver::app::{App, HttpLimits};
+use p2_apiserver::kv::shared_listings::SharedListings;
 use p2_apiserver::kv::Cas;
 use p2_apiserver::metrics::SSE_CLIENTS_DROPPED;
 use p2_apiserver::router;
@@ -52,6 +53,7 @@ impl Watched {
         );
         let state = Arc::new(App {
             store: app.store.clone(),
+            store_reads: SharedListings::wrap(app.store.clone()),
             shutdown: CancellationToken::new(),
             limits: HttpLimits::default(),
             mirror: mirror.clone(),

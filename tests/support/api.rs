@@ -21,7 +21,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
-use p2_apiserver::app::{App, HttpLimits};
+use p2_apiserver::app::{App, AppState, HttpLimits};
 use p2_apiserver::error::ErrorBody;
 use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
 use p2_apiserver::kv::metered::Metered;
@@ -46,6 +46,8 @@ pub struct TestApp {
     pub store: Arc<dyn KvStore>,
     /// The router's mirror of `store`, loaded before the app is handed out.
     pub mirror: Mirror,
+    /// What the router's handlers reach.
+    pub state: AppState,
     /// Stops the mirror when the app is dropped.
     _following: DropGuard,
     _backing: Option<Backing>,
@@ -200,7 +202,8 @@ impl TestApp {
             access,
         );
         TestApp {
-            router: router::build(state),
+            router: router::build(state.clone()),
+            state,
             store,
             mirror,
             _following: following.drop_guard(),

@@ -18,6 +18,8 @@ pub struct Counting {
     calls: AtomicUsize,
     /// The prefix of every listing (of pairs or keys), in order.
     listed: Mutex<Vec<String>>,
+    /// The prefix of every listing of pairs, in order.
+    listed_pairs: Mutex<Vec<String>>,
     /// The key of every single-key read, in order.
     read: Mutex<Vec<String>>,
     /// Watches waiting for the store's answer now, and the most there have been at once.
@@ -44,6 +46,40 @@ pub struct Counting {
     losing: Mutex<Option<String>>,
     /// The next transaction acting on a key under this one waits for its release.
     txn_hold: Mutex<Option<(String, Arc<TxnHold>)>>,
+    /// Listings of prefixes under this one wait until the gate opens.
+    listing_gate: Mutex<Option<(String, Arc<ListingGate>)>>,
+}
+
+/// Listings held, unanswered, until it opens ([`Counting::hold_listings_of`]).
+pub struct ListingGate {
+    open: tokio::sync::watch::Sender<bool>,
+    /// How many listings it holds now.
+    held: tokio::sync::watch::Sender<usize>,
+}
+
+impl ListingGate {
+    /// How many listings it holds now.
+    pub fn held(&self) -> usize {
+        *self.held.borrow()
+    }
+
+    /// Waits until it holds a listing.
+    pub async fn reached(&self) {
+        let mut held = self.held.subscribe();
+        held.wait_for(|held| *held > 0).await.unwrap();
+    }
+
+    /// Answers the listings it holds, and lets the next ones through.
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+
+    async fn pass(&self) {
+        self.held.send_modify(|held| *held += 1);
+        let mut open = self.open.subscribe();
+        open.wait_for(|open| *open).await.unwrap();
+        self.held.send_modify(|held| *held -= 1);
+    }
 }
 
 /// A transaction held before it is sent ([`Counting::hold_next_txn_on`]).
@@ -71,6 +107,7 @@ impl Counting {
             inner,
             calls: AtomicUsize::new(0),
             listed: Mutex::default(),
+            listed_pairs: Mutex::default(),
             read: Mutex::default(),
             watching: AtomicUsize::new(0),
             most_watching: AtomicUsize::new(0),
@@ -84,6 +121,7 @@ impl Counting {
             key_reads_stalled: AtomicBool::new(false),
             losing: Mutex::default(),
             txn_hold: Mutex::default(),
+            listing_gate: Mutex::default(),
         })
     }
 
@@ -100,6 +138,11 @@ impl Counting {
     /// The prefixes listed so far (pairs or keys), in order.
     pub fn listed(&self) -> Vec<String> {
         self.listed.lock().unwrap().clone()
+    }
+
+    /// The prefixes whose pairs were listed so far, in order.
+    pub fn listed_pairs(&self) -> Vec<String> {
+        self.listed_pairs.lock().unwrap().clone()
     }
 
     fn list_of(&self, prefix: &str) {
@@ -172,6 +215,17 @@ impl Counting {
         let hold = Arc::new(TxnHold::default());
         *self.txn_hold.lock().unwrap() = Some((prefix.to_owned(), hold.clone()));
         hold
+    }
+
+    /// Makes every listing of a prefix under `prefix` wait, unanswered, until the returned
+    /// gate opens, as a store slow to answer them.
+    pub fn hold_listings_of(&self, prefix: &str) -> Arc<ListingGate> {
+        let gate = Arc::new(ListingGate {
+            open: tokio::sync::watch::channel(false).0,
+            held: tokio::sync::watch::channel(0).0,
+        });
+        *self.listing_gate.lock().unwrap() = Some((prefix.to_owned(), gate.clone()));
+        gate
     }
 
     /// Makes every read (of a key, a prefix or its index) fail once the next transaction
@@ -261,9 +315,14 @@ impl KvStore for Counting {
     }
     async fn list(&self, prefix: &str) -> StoreResult<Listing> {
         self.list_of(prefix);
+        self.listed_pairs.lock().unwrap().push(prefix.to_owned());
         self.read_fails()?;
         if let Some(ops) = Self::armed_for(&self.interjected, prefix) {
             self.inner.txn(&ops).await?;
+        }
+        let gate = self.listing_gate.lock().unwrap().clone();
+        if let Some((_, gate)) = gate.filter(|(held, _)| prefix.starts_with(held.as_str())) {
+            gate.pass().await;
         }
         self.inner.list(prefix).await
     }
