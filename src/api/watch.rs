@@ -35,6 +35,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::extract::ApiQuery;
+use crate::api::list_query::MAX_INDEX;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::Selector;
@@ -252,11 +253,13 @@ impl Filter {
     tag = TAG,
     params(
         WatchQuery,
-        ("Last-Event-ID" = Option<u64>, Header, description = "The SSE id of the last event received, to resume from")
+        // The maximum is `MAX_INDEX`, which the attribute takes only as a literal.
+        ("Last-Event-ID" = Option<u64>, Header, maximum = 9223372036854775807_u64,
+            description = "The SSE id of the last event received, to resume from")
     ),
     responses(
         (status = OK, description = "An endless stream of events", body = WatchEvent, content_type = "text/event-stream"),
-        (status = BAD_REQUEST, description = "`Last-Event-ID` is not a number", body = ErrorBody),
+        (status = BAD_REQUEST, description = "`Last-Event-ID` is not a stream position (a number up to 2^63-1)", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "An unknown kind, a bad selector, or a selector over a kind without labels", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The server has not read the store yet, or has lost its watch of a tree the stream reads (see `/readyz`)", body = ErrorBody)
     )
@@ -273,8 +276,12 @@ async fn watch(
                 .to_str()
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
+                // Positions are store indexes, which never pass `MAX_INDEX`.
+                .filter(|position| *position <= MAX_INDEX)
                 .ok_or_else(|| {
-                    ApiError::bad_request("Last-Event-ID must be a stream position, a number")
+                    ApiError::bad_request(format!(
+                        "Last-Event-ID must be a stream position, a number from 0 to {MAX_INDEX}"
+                    ))
                 })?,
         ),
     };

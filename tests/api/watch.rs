@@ -445,6 +445,24 @@ async fn bad_queries_are_refused() {
     );
 }
 
+/// A `Last-Event-ID` past the highest index a store holds is no position the stream gave
+/// out: it is refused, as the document's int64 says, rather than taken for a resync.
+#[tokio::test]
+async fn a_resume_position_past_every_index_is_refused() {
+    let watched = Watched::new(MirrorConfig::default()).await;
+    for last in ["9223372036854775808", "18446744073709551615"] {
+        let request = Request::get("/api/v1/watch")
+            .header("last-event-id", last)
+            .body(Body::empty())
+            .unwrap();
+        let response = watched.router.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{last}");
+    }
+    watched
+        .open("/api/v1/watch", Some("9223372036854775807"))
+        .await;
+}
+
 #[tokio::test]
 async fn events_flow_through_the_stream_when_asked_for() {
     let watched = Watched::new(MirrorConfig::default()).await;
