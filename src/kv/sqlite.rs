@@ -347,8 +347,7 @@ impl SqliteStore {
             .map_err(|e| StoreError::Unavailable(format!("starting the writer's runtime: {e}")))?;
         let writer_stop = background.child_token();
         let (weak, stop) = (Arc::downgrade(&inner), writer_stop.clone());
-        // Dropped as the thread ends, whether its tasks returned or panicked.
-        let stopped = inner.writer_stopped.clone().drop_guard();
+        let stopped = WriterExit(inner.writer_stopped.clone());
         std::thread::Builder::new()
             .name("sqlite-writer".into())
             .spawn(move || {
@@ -524,6 +523,22 @@ fn primary_code(e: &sqlx::Error) -> Option<i32> {
 /// anyone still be waiting: it was never applied.
 fn withdrawn() -> StoreError {
     StoreError::Unavailable("the write was withdrawn before it began".into())
+}
+
+/// Dropped as the writer's thread ends, whether its tasks returned or panicked: marks the
+/// writer stopped ([`Inner::writer_stopped`]), and logs a panic, which no request would
+/// otherwise show but as a 503.
+struct WriterExit(CancellationToken);
+
+impl Drop for WriterExit {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!(
+                "the embedded store's writer panicked: no write can commit until the server restarts"
+            );
+        }
+        self.0.cancel();
+    }
 }
 
 /// What a write is refused once the writer's tasks have stopped ([`Inner::writer_stopped`]),
