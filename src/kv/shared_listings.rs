@@ -10,8 +10,9 @@
 //! for them all; a read waits at most about two listings. Listings of keys (which such
 //! a read learns its index from) are shared alike, by prefix and separator. A listing
 //! runs in its own task, so a read given up on (its request dropped) neither cancels it for
-//! the others nor leaves the prefix waiting; a failed listing fails every read that joined
-//! it. Every other operation goes straight through.
+//! the others nor leaves the prefix waiting; one every read of which was given up on is
+//! dropped, so that one the store hung on holds back no later read. A failed listing fails
+//! every read that joined it. Every other operation goes straight through.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -143,8 +144,14 @@ struct Sending<K: Hash + Eq, T> {
 impl<K: Hash + Eq, T> Sending<K, T> {
     async fn run(mut self, fetch: Fetch<T>, mut answer: watch::Sender<Answer<T>>) {
         loop {
-            let read = fetch().await.map(Arc::new);
-            answer.send_replace(Some(read));
+            // A listing every reader of which was given up on is dropped, so that a store
+            // hung on it holds back no read arriving once it answers again.
+            tokio::select! {
+                read = fetch() => {
+                    answer.send_replace(Some(read.map(Arc::new)));
+                }
+                () = answer.closed() => {}
+            }
             let mut busy = lock(&self.busy);
             // Every reader that was waiting for the next read may have been given up on.
             match busy.get_mut(&self.what).and_then(Option::take) {
@@ -283,6 +290,8 @@ mod tests {
         /// One permit answers one listing.
         answers: Semaphore,
         failing: AtomicBool,
+        /// A listing sent while set is never answered, as by a store that hung on it.
+        hung: AtomicBool,
     }
 
     impl HeldStore {
@@ -292,6 +301,7 @@ mod tests {
                 sent: watch::channel(0).0,
                 answers: Semaphore::new(0),
                 failing: AtomicBool::new(false),
+                hung: AtomicBool::new(false),
             })
         }
 
@@ -323,7 +333,11 @@ mod tests {
         async fn list(&self, _: &str) -> StoreResult<Listing> {
             let index = self.index.load(Ordering::SeqCst);
             let failing = self.failing.load(Ordering::SeqCst);
+            let hung = self.hung.load(Ordering::SeqCst);
             self.sent.send_modify(|sent| *sent += 1);
+            if hung {
+                std::future::pending::<()>().await;
+            }
             self.answers.acquire().await.unwrap().forget();
             if failing {
                 return Err(StoreError::Unavailable("the store is struggling".into()));
@@ -467,29 +481,64 @@ mod tests {
     async fn a_read_given_up_on_neither_cancels_the_listing_nor_holds_the_prefix() {
         let store = HeldStore::new();
         let shared = SharedListings::wrap(store.clone());
-        // The only read of the listing in flight, and one of two waiting for the next.
-        let reads = crowd(&store, &shared, 3).await;
-        let [sent, given_up, kept] = <[_; 3]>::try_from(reads).unwrap();
-        sent.abort();
+        // The read of the listing in flight, and three waiting for the next.
+        let reads = crowd(&store, &shared, 4).await;
+        let [sent, given_up, given_up_later, kept] = <[_; 4]>::try_from(reads).unwrap();
         given_up.abort();
-        until_waiting(&shared, 1).await;
-        store.answer(2);
+        until_waiting(&shared, 2).await;
+        store.answer(1);
+        assert_eq!(indexes(vec![sent]).await, [1]);
+        // One of the two reads of the listing now in flight given up on.
+        store.until_sent(2).await;
+        given_up_later.abort();
+        store.answer(1);
         assert_eq!(indexes(vec![kept]).await, [1]);
         assert_eq!(store.sent(), 2);
 
         // Every read waiting for the next listing given up on: it is not sent.
-        let reads = crowd(&store, &shared, 2).await;
-        for read in reads {
-            read.abort();
-        }
+        let [first, waiting] = <[_; 2]>::try_from(crowd(&store, &shared, 2).await).unwrap();
+        waiting.abort();
         until_waiting(&shared, 0).await;
         store.answer(1);
+        assert_eq!(indexes(vec![first]).await, [1]);
         until_idle(&shared).await;
         let later = read(&shared);
         store.until_sent(4).await;
         store.answer(1);
         assert_eq!(indexes(vec![later]).await, [1]);
         assert_eq!(store.sent(), 4, "a listing sent for no read");
+    }
+
+    /// A listing the store hung on, every read of which was given up on (cut by its
+    /// deadline), holds back no read once the store answers again: the next is sent at once
+    /// for the reads waiting for it, and a read arriving with none waiting is sent its own.
+    /// Before, they waited for the hung listing to come back, if ever.
+    #[tokio::test]
+    async fn a_listing_no_read_waits_for_holds_back_no_later_read() {
+        let store = HeldStore::new();
+        let shared = SharedListings::wrap(store.clone());
+        store.hung.store(true, Ordering::SeqCst);
+        let given_up = read(&shared);
+        store.until_sent(1).await;
+        let waiting = read(&shared);
+        until_waiting(&shared, 1).await;
+        store.hung.store(false, Ordering::SeqCst);
+        given_up.abort();
+        store.until_sent(2).await;
+        store.answer(1);
+        assert_eq!(indexes(vec![waiting]).await, [1]);
+
+        until_idle(&shared).await;
+        store.hung.store(true, Ordering::SeqCst);
+        let given_up = read(&shared);
+        store.until_sent(3).await;
+        given_up.abort();
+        store.hung.store(false, Ordering::SeqCst);
+        let later = read(&shared);
+        store.until_sent(4).await;
+        store.answer(1);
+        assert_eq!(indexes(vec![later]).await, [1]);
+        until_idle(&shared).await;
     }
 
     #[tokio::test]
