@@ -107,6 +107,9 @@ where
                 .subscribe();
         }
         busy.insert(what.clone(), None);
+        // Spawned with the lock let go: a task the runtime drops as it is spawned (shutting
+        // down) lets go of `what` at once, under the lock.
+        drop(busy);
         let (answer, joined) = watch::channel(None);
         let sending = Sending {
             busy: self.busy.clone(),
@@ -539,6 +542,31 @@ mod tests {
         store.answer(1);
         assert_eq!(indexes(vec![later]).await, [1]);
         until_idle(&shared).await;
+    }
+
+    /// A read arriving as the runtime shuts down, whose listing's task is dropped as it is
+    /// spawned, fails: before, the dropped task let go of the prefix under the lock the
+    /// read held to spawn it, and the thread deadlocked on itself.
+    #[test]
+    fn a_read_arriving_as_the_runtime_shuts_down_fails() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let handle = runtime.handle().clone();
+        drop(runtime);
+        let (answered, answer) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _entered = handle.enter();
+            let shared = SharedListings::wrap(HeldStore::new());
+            let _ = answered.send(futures::executor::block_on(shared.list(PREFIX)));
+        });
+        let answer = answer
+            .recv_timeout(Duration::from_secs(30))
+            .expect("never came");
+        assert!(
+            matches!(answer, Err(StoreError::Unavailable(_))),
+            "{answer:?}"
+        );
     }
 
     #[tokio::test]
