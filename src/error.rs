@@ -15,7 +15,7 @@
 //!
 //! A [`StoreError`] converts with `?`; see the `From` impl for the mapping.
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -362,13 +362,6 @@ impl From<StoreError> for ApiError {
 /// `Content-Type: application/json` 415, a body over the limit 413.
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {
-        Self::rejected(rejection.status(), rejection.body_text())
-    }
-}
-
-/// A query string that does not deserialize is 400.
-impl From<QueryRejection> for ApiError {
-    fn from(rejection: QueryRejection) -> Self {
         Self::rejected(rejection.status(), rejection.body_text())
     }
 }

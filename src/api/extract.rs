@@ -10,7 +10,7 @@ use std::fmt;
 use axum::body::Bytes;
 use axum::extract::path::ErrorKind;
 use axum::extract::rejection::{JsonRejection, MissingJsonContentType, PathRejection};
-use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
@@ -180,7 +180,8 @@ impl<T: Serialize> IntoResponse for ApiJson<T> {
 }
 
 /// A query string deserialized into `T`, whose `IntoParams` declares every parameter the
-/// route takes: 400 naming any other parameter, or when the query does not fit `T`.
+/// route takes: 400 naming any other parameter, one given twice, or one whose value does not
+/// fit its field of `T`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiQuery<T>(pub T);
 
@@ -191,10 +192,14 @@ where
 {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        QueryProblems::new(parts.uri.query(), declared_params::<T>).finish()?;
-        let Query(value) = Query::<T>::from_request_parts(parts, state).await?;
-        Ok(ApiQuery(value))
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let mut problems = QueryProblems::new(parts.uri.query(), declared_params::<T>);
+        let value = problems.read();
+        problems.finish()?;
+        // `read` notes a problem whenever it gives nothing, so `finish` has refused that.
+        value
+            .map(ApiQuery)
+            .ok_or_else(|| ApiError::bad_request("the query cannot be read"))
     }
 }
 
@@ -219,19 +224,24 @@ pub fn declared_params<T: IntoParams>() -> Vec<String> {
         .collect()
 }
 
-/// What makes a query string unreadable (400): parameters the route does not take, and
-/// values not of their parameter's kind. Collected so that one answer names them all.
+/// What makes a query string unreadable (400): parameters the route does not take, ones
+/// given more than once, and values not of their parameter's kind. Collected so that one
+/// answer names them all. Every query is read through here, so each such answer names its
+/// parameters in `causes`.
 #[derive(Debug)]
 pub struct QueryProblems {
     accepted: Vec<String>,
+    /// The query's accepted parameters, each with its first value only, for [`Self::read`].
+    first_values: String,
     unknown: Vec<String>,
     malformed: Vec<Cause>,
 }
 
 impl QueryProblems {
-    /// Starts with the parameters of `query` that are not among those `accepted` lists,
-    /// which is called only when there is a query: most requests have none, and listing a
-    /// route's parameters builds their whole OpenAPI description.
+    /// Starts with the parameters of `query` that are not among those `accepted` lists, and
+    /// those it gives more than once (which one counts would be a guess). `accepted` is
+    /// called only when there is a query: most requests have none, and listing a route's
+    /// parameters builds their whole OpenAPI description.
     pub fn new(query: Option<&str>, accepted: impl FnOnce() -> Vec<String>) -> Self {
         let query = query.unwrap_or_default();
         let accepted = if query.is_empty() {
@@ -239,16 +249,47 @@ impl QueryProblems {
         } else {
             accepted()
         };
+        let mut first_values = url::form_urlencoded::Serializer::new(String::new());
+        let mut seen: Vec<String> = Vec::new();
         let mut unknown: Vec<String> = Vec::new();
-        for (name, _) in url::form_urlencoded::parse(query.as_bytes()) {
-            if !accepted.iter().any(|a| *a == name) && !unknown.iter().any(|u| *u == name) {
-                unknown.push(name.into_owned());
+        let mut malformed = Vec::new();
+        for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            if !accepted.iter().any(|a| *a == name) {
+                if !unknown.iter().any(|u| *u == name) {
+                    unknown.push(name.into_owned());
+                }
+            } else if !seen.iter().any(|s| *s == name) {
+                first_values.append_pair(&name, &value);
+                seen.push(name.into_owned());
+            } else if !malformed.iter().any(|c: &Cause| c.field == name) {
+                malformed.push(Cause::new(name, "is given more than once"));
             }
         }
         QueryProblems {
             accepted,
+            first_values: first_values.finish(),
             unknown,
-            malformed: Vec::new(),
+            malformed,
+        }
+    }
+
+    /// The query's accepted parameters read into `T`; or `None`, noting a value that does
+    /// not fit its field (`consistent=yes`) as a problem of that parameter, for
+    /// [`Self::finish`] to refuse.
+    pub fn read<T: DeserializeOwned>(&mut self) -> Option<T> {
+        let pairs = url::form_urlencoded::parse(self.first_values.as_bytes());
+        match serde_path_to_error::deserialize(serde_urlencoded::Deserializer::new(pairs)) {
+            Ok(value) => Some(value),
+            Err(e) => {
+                // Every field of a query is a parameter: the path is its name, or `.` for
+                // the query as a whole.
+                let param = match e.path().to_string() {
+                    path if path == "." => "query".to_owned(),
+                    path => path,
+                };
+                self.malformed(&param, e.into_inner().to_string());
+                None
+            }
         }
     }
 

@@ -51,7 +51,7 @@ pub struct ListParams {
 
 /// A listing's own parameters beside [`ListParams`], such as the pods' `node`: declared
 /// (for the document and the check of unknown parameters) and checked with the common ones.
-pub trait ListFilter: DeserializeOwned + IntoParams {
+pub trait ListFilter: DeserializeOwned + IntoParams + Default {
     /// Adds each problem of the filter's values to `violations`.
     fn check(&self, _violations: &mut Violations) {}
 }
@@ -91,17 +91,9 @@ impl<F: ListFilter> ListQuery<F> {
             accepted.extend(declared_params::<F>());
             accepted
         });
-        let (params, filter) = match (
-            Query::<ListParams>::try_from_uri(uri),
-            Query::<F>::try_from_uri(uri),
-        ) {
-            (Ok(Query(params)), Ok(Query(filter))) => (params, filter),
-            // A repeated parameter, or a filter value not of its type.
-            (Err(e), _) | (_, Err(e)) => {
-                problems.finish()?;
-                return Err(e.into());
-            }
-        };
+        // A value that does not fit is a problem, refused below.
+        let params: ListParams = problems.read().unwrap_or_default();
+        let filter: F = problems.read().unwrap_or_default();
         let limit = params.limit.as_deref().map(parse_count);
         if let Some(Count::Malformed) = limit {
             problems.malformed("limit", "must be a whole number");

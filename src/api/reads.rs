@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::FromRequestParts;
-use axum::extract::Query;
 use axum::http::request::Parts;
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -68,13 +67,8 @@ impl<S: Send + Sync> FromRequestParts<S> for ReadQuery {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let mut problems = QueryProblems::new(parts.uri.query(), declared_params::<ReadParams>);
-        let params = match Query::<ReadParams>::try_from_uri(&parts.uri) {
-            Ok(Query(params)) => params,
-            Err(e) => {
-                problems.finish()?;
-                return Err(e.into());
-            }
-        };
+        // A value that does not fit is a problem, refused below.
+        let params: ReadParams = problems.read().unwrap_or_default();
         let blocking = BlockingText::read(
             params.index.as_deref(),
             params.wait.as_deref(),

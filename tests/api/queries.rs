@@ -50,12 +50,20 @@ fn assert_unknown(response: &TestResponse, unknown: &str, accepted: &str) {
     assert_eq!(response.cause_fields(), [unknown]);
 }
 
-#[tokio::test]
-async fn every_operation_refuses_a_parameter_it_does_not_take() {
-    let app = TestApp::new().await;
+/// One operation of the document, at a path a request can be sent to.
+struct Operation {
+    method: String,
+    path: String,
+    /// `METHOD template`, for messages.
+    name: String,
+    spec: Value,
+}
+
+/// Every operation of the document, its path parameters filled in.
+fn operations() -> Vec<Operation> {
     let (_, openapi) = router::api().split_for_parts();
     let document = serde_json::to_value(&openapi).unwrap();
-    let mut checked = 0;
+    let mut operations = Vec::new();
     for (template, item) in document["paths"].as_object().unwrap() {
         let path = template
             .replace("{type}", "node")
@@ -63,33 +71,106 @@ async fn every_operation_refuses_a_parameter_it_does_not_take() {
             .replace("{node}", "node1")
             .replace("{pod_id}", "hello")
             .replace("{name}", "role");
-        for (method, operation) in item.as_object().unwrap() {
+        for (method, spec) in item.as_object().unwrap() {
             let method = method.to_uppercase();
-            let response = app
-                .json_request(&method, &with_query(&path, "zz_unknown=1"), None, &[])
-                .await;
-            let name = format!("{method} {template}");
-            assert_eq!(
-                response.status,
-                StatusCode::BAD_REQUEST,
-                "{name}: {response:?}"
-            );
-            let error = response.error();
-            assert!(
-                error
-                    .message
-                    .starts_with("unknown query parameter `zz_unknown`; "),
-                "{name}: {error:?}"
-            );
-            assert_eq!(response.cause_fields(), ["zz_unknown"], "{name}");
-            assert!(
-                operation["responses"]["400"].is_object(),
-                "{name} does not document its 400"
-            );
-            checked += 1;
+            operations.push(Operation {
+                name: format!("{method} {template}"),
+                method,
+                path: path.clone(),
+                spec: spec.clone(),
+            });
         }
     }
+    operations
+}
+
+#[tokio::test]
+async fn every_operation_refuses_a_parameter_it_does_not_take() {
+    let app = TestApp::new().await;
+    let mut checked = 0;
+    for Operation {
+        method,
+        path,
+        name,
+        spec,
+    } in operations()
+    {
+        let response = app
+            .json_request(&method, &with_query(&path, "zz_unknown=1"), None, &[])
+            .await;
+        assert_eq!(
+            response.status,
+            StatusCode::BAD_REQUEST,
+            "{name}: {response:?}"
+        );
+        let error = response.error();
+        assert!(
+            error
+                .message
+                .starts_with("unknown query parameter `zz_unknown`; "),
+            "{name}: {error:?}"
+        );
+        assert_eq!(response.cause_fields(), ["zz_unknown"], "{name}");
+        assert!(
+            spec["responses"]["400"].is_object(),
+            "{name} does not document its 400"
+        );
+        checked += 1;
+    }
     assert!(checked >= 30, "only {checked} operations");
+    assert!(app.dump().await.is_empty(), "a refused request wrote");
+}
+
+/// The message of the 400 `operation` answers with `query`, checking it names only `param`.
+async fn refusal_naming(app: &TestApp, operation: &Operation, query: &str, param: &str) -> String {
+    let Operation {
+        method, path, name, ..
+    } = operation;
+    let response = app
+        .json_request(method, &with_query(path, query), None, &[])
+        .await;
+    assert_eq!(
+        response.status,
+        StatusCode::BAD_REQUEST,
+        "{name} {query}: {response:?}"
+    );
+    assert_eq!(response.cause_fields(), [param], "{name} {query}");
+    response.error().message
+}
+
+#[tokio::test]
+async fn every_operation_names_a_parameter_given_twice_or_not_of_its_type() {
+    let app = TestApp::new().await;
+    let mut checked = 0;
+    for operation in operations() {
+        let params = operation.spec["parameters"].as_array().cloned();
+        for param in params
+            .unwrap_or_default()
+            .iter()
+            .filter(|p| p["in"] == "query")
+        {
+            let name = param["name"].as_str().unwrap();
+            let boolean = param["schema"]["type"] == "boolean";
+            // A value of the parameter's type, so that only the repetition is wrong.
+            let value = match param["schema"]["type"].as_str() {
+                Some("boolean") => "true",
+                Some("integer") => "1",
+                _ => "a",
+            };
+            let twice = format!("{name}={value}&{name}={value}");
+            let message = refusal_naming(&app, &operation, &twice, name).await;
+            assert_eq!(message, format!("{name}: is given more than once"));
+            checked += 1;
+
+            if boolean {
+                let query = format!("{name}=yes");
+                let message = refusal_naming(&app, &operation, &query, name).await;
+                assert!(message.starts_with(&format!("{name}: ")), "{message}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 50, "only {checked} checks");
     assert!(app.dump().await.is_empty(), "a refused request wrote");
 }
 
