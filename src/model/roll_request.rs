@@ -14,11 +14,23 @@ use crate::labels::{validate_labels_in, Labels, Selector, POD_ID_LABEL};
 /// with the roll); `old_rc_selector` + `new_rc` (the old RC is the one RC whose labels
 /// match; when none does, a stand-in old RC with the new RC's spec and 0 replicas is
 /// created).
+// The examples (of the whole request and of its fields) are of the third form: examples of
+// `old_rc_id` and `old_rc_selector` together would make a request that is refused.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "old_rc_selector": "pod_id=hello,cluster_name=production",
+    "new_rc": {
+        "manifest": "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello.tar.gz\n",
+        "node_selector": "role=web",
+        "cluster_name": "production"
+    },
+    "desired_replicas": 3,
+    "minimum_replicas": 2,
+    "roll_delay": "30s"
+}))]
 pub struct CreateRoll {
     /// The RC losing replicas, by id.
-    #[schema(example = "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11")]
     pub old_rc_id: Option<String>,
     /// Selects the RC losing replicas by its RC labels; must match at most one RC.
     #[schema(example = "pod_id=hello,cluster_name=production")]

@@ -1489,3 +1489,27 @@ async fn assert_refused_as_unreadable(app: &TestApp, mut body: Value, clearing: 
     let delete = format!("DELETE /api/v1/{clearing}");
     assert!(error.message.contains(&delete), "{}", error.message);
 }
+
+/// The document's example of a roll request is one the server takes, and no field examples
+/// name the old RC both ways (a request giving both is refused).
+#[tokio::test]
+async fn the_documented_roll_request_example_is_taken() {
+    let (_, openapi) = p2_apiserver::router::api().split_for_parts();
+    let document = serde_json::to_value(&openapi).unwrap();
+    let schema = &document["components"]["schemas"]["CreateRoll"];
+    let with_example: Vec<&str> = schema["properties"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, property)| property.get("example").is_some())
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert!(
+        !(with_example.contains(&"old_rc_id") && with_example.contains(&"old_rc_selector")),
+        "{with_example:?}"
+    );
+
+    let app = TestApp::new().await;
+    let created = post(&app, schema["example"].clone()).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+}
