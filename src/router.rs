@@ -305,7 +305,8 @@ async fn no_route(method: Method, uri: Uri) -> ApiError {
     ApiError::not_found(format!("no route for {method} {}", uri.path()))
 }
 
-async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+/// The 405 of a route that does not take the method; axum adds the route's `Allow`.
+pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         format!(

@@ -22,10 +22,11 @@
 //! - Reads are always consistent: `cachedMatch` and `stale` are accepted and ignored.
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::header::ALLOW;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -44,6 +45,7 @@ use crate::labels::{
     ParseLabelTypeError, ParseSelectorError, Selector,
 };
 use crate::model::event::Actor;
+use crate::router;
 use crate::state::Tree;
 use crate::store::labels::LabelStore;
 
@@ -122,7 +124,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         "/api/labels/{type}/{*tail}",
         get(get_p2_labels)
             .put(put_p2_target)
-            .delete(delete_p2_target),
+            .delete(delete_p2_target)
+            .fallback(object_method_not_allowed),
     );
     OpenApiRouter::new()
         .routes(routes!(select_p2_labels))
@@ -469,6 +472,26 @@ impl Target {
             name,
         })
     }
+}
+
+/// 405 for any other method on an object route, with an `Allow` of what its path takes:
+/// GET reads an object's labels, so a label's path (`{id}/{name}`) has only PUT and DELETE.
+/// The shared route would otherwise allow GET on both.
+async fn object_method_not_allowed(
+    method: Method,
+    uri: Uri,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Response {
+    let names_a_label = path.is_ok_and(|Path((type_name, tail))| {
+        Target::parse(&type_name, &tail).is_ok_and(|target| target.name.is_some())
+    });
+    let allow = if names_a_label {
+        "PUT,DELETE"
+    } else {
+        "GET,HEAD,PUT,DELETE"
+    };
+    let error = router::method_not_allowed(method, uri).await;
+    ([(ALLOW, allow)], error).into_response()
 }
 
 /// Undoes the query-escaping P2's client applies to ids and names before the path's own

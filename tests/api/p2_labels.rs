@@ -521,3 +521,29 @@ async fn fifty_concurrent_single_label_puts_all_survive() {
         .collect();
     assert_eq!(keys, (0..WRITERS).map(|i| format!("k{i}")).collect());
 }
+
+/// A label's path (`{id}/{name}`) takes PUT and DELETE only, and its Allow says so; an
+/// object's path takes GET too. A pod's id holds a `/`, so the split depends on the type.
+#[tokio::test]
+async fn allow_lists_only_what_the_path_takes() {
+    let app = TestApp::new().await;
+    let cases = [
+        ("/api/labels/node/node1", "GET,HEAD,PUT,DELETE"),
+        ("/api/labels/node/node1/role", "PUT,DELETE"),
+        ("/api/labels/pod/node1/hello", "GET,HEAD,PUT,DELETE"),
+        ("/api/labels/pod/node1/hello/role", "PUT,DELETE"),
+    ];
+    for (path, allowed) in cases {
+        let response = app.json_request("OPTIONS", path, None, &[]).await;
+        assert_eq!(response.status, StatusCode::METHOD_NOT_ALLOWED, "{path}");
+        assert_eq!(response.error().reason, "MethodNotAllowed", "{path}");
+        let allow = response.header("allow").expect("an Allow header");
+        let allow: Vec<&str> = allow.split(',').map(str::trim).collect();
+        let allowed: Vec<&str> = allowed.split(',').collect();
+        assert_eq!(
+            allow.iter().collect::<BTreeSet<_>>(),
+            allowed.iter().collect::<BTreeSet<_>>(),
+            "{path}"
+        );
+    }
+}
