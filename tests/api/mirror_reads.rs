@@ -2080,9 +2080,21 @@ async fn held_at_latest(app: &Arc<TestApp>, path: &str) -> Held {
 }
 
 /// [`held_at_latest`] of a `path` ending in a query, or in `?`.
+///
+/// An answer may claim less than the change it shows until every tree's watch has listed
+/// past it, and a read blocked at that index then answers at once (with the same view at the
+/// newer index): the index is read again from such an answer, a few times at most, so
+/// that the read is blocked at the latest index and the wake checked is the change's own.
 async fn held_at_latest_of(app: &Arc<TestApp>, path: &str) -> Held {
-    let index = app.get(path).await.x_index();
     let separator = if path.ends_with('?') { "" } else { "&" };
+    let mut index = app.get(path).await.x_index();
+    for _ in 0..5 {
+        let held = Held::start(app, format!("{path}{separator}index={index}&wait=30s")).await;
+        if !held.is_answered() {
+            return held;
+        }
+        index = held.woken("answered").await.x_index();
+    }
     app.get_held(format!("{path}{separator}index={index}&wait=30s"))
         .await
 }

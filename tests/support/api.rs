@@ -640,18 +640,29 @@ pub struct Held(tokio::task::JoinHandle<TestResponse>);
 impl TestApp {
     /// Starts `GET path` in the background and checks, after 50ms, that it is held.
     pub async fn get_held(self: &Arc<Self>, path: String) -> Held {
-        let app = self.clone();
-        let held = Held(tokio::spawn(async move { app.get(&path).await }));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let held = Held::start(self, path).await;
         held.assert_held("the request did not block");
         held
     }
 }
 
 impl Held {
+    /// Starts `GET path` in the background and gives it 50ms to be answered.
+    pub async fn start(app: &Arc<TestApp>, path: String) -> Held {
+        let app = app.clone();
+        let held = Held(tokio::spawn(async move { app.get(&path).await }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        held
+    }
+
+    /// Whether the request was answered already rather than held.
+    pub fn is_answered(&self) -> bool {
+        self.0.is_finished()
+    }
+
     /// Panics with `why` unless the request is still held.
     pub fn assert_held(&self, why: &str) {
-        assert!(!self.0.is_finished(), "{why}");
+        assert!(!self.is_answered(), "{why}");
     }
 
     /// The answer, once a change has woken the request; panics with `why` after 5s.
