@@ -14,7 +14,8 @@
 //!   `/api/v1/labels` routes decode once.
 //! - A pod id `<node>/<pod_id>` works in the path, its `/` sent as is or encoded. A pod id
 //!   always has two parts and any other id one, so `/api/labels/pod/{node}/{pod_id}/{name}`
-//!   is unambiguous; a label name may carry its prefix's `/` as is or encoded.
+//!   is unambiguous; a label name may carry its prefix's `/` as is or encoded. GET and HEAD
+//!   on a label's path answer 405 with `Allow: PUT,DELETE`, as any other method there does.
 //! - Writes re-apply themselves on concurrent changes until they land, where P2 gives up
 //!   with a 503 after its first check-and-set miss.
 //! - `/api/select` over a type with no labels at all answers `[]`: nothing matches an empty
@@ -229,11 +230,18 @@ async fn list_p2_labels(
 )]
 async fn get_p2_labels(
     State(app): State<AppState>,
-    _: ApiQuery<ReadParams>,
+    method: Method,
+    uri: Uri,
     ApiPath((type_name, tail)): ApiPath<(String, String)>,
-) -> Result<impl IntoResponse, ApiError> {
+    query: Result<ApiQuery<ReadParams>, ApiError>,
+) -> Result<Response, ApiError> {
     let label_type = label_type(&type_name)?;
-    let id = query_unescape(&tail)?;
+    let (id, name) = split_tail(label_type, &tail)?;
+    if name.is_some() {
+        // A label's path, whatever its id and name hold: the method is wrong before they are.
+        return Ok(not_allowed_on(LABEL_PATH_ALLOWS, method, uri).await);
+    }
+    query?;
     check_id(label_type, &id)?;
     let (labels, index) = mirrored(&app, label_type).await?;
     let record = labels.get(label_type, &id).await?;
@@ -243,7 +251,7 @@ async fn get_p2_labels(
         labels: record.value,
         index: record.index,
     };
-    Ok(([index_header(index)], ApiJson(labels)))
+    Ok(([index_header(index)], ApiJson(labels)).into_response())
 }
 
 /// `PUT /api/labels/{type}/{tail}`: one label when the tail names one, else a set. The
@@ -449,17 +457,10 @@ struct Target {
 }
 
 impl Target {
-    /// A pod id has exactly two parts and every other id one, so whatever follows them is
-    /// the label name (which may itself hold a prefix's `/`).
+    /// The id and name as [`split_tail`] finds them, both checked.
     fn parse(type_name: &str, tail: &str) -> Result<Target, ApiError> {
         let label_type = label_type(type_name)?;
-        let tail = query_unescape(tail)?;
-        let id_parts = if label_type == LabelType::Pod { 2 } else { 1 };
-        let parts: Vec<&str> = tail.splitn(id_parts + 1, '/').collect();
-        let (id, name) = match parts.as_slice() {
-            [ids @ .., name] if ids.len() == id_parts => (ids.join("/"), Some(name.to_string())),
-            _ => (tail.clone(), None),
-        };
+        let (id, name) = split_tail(label_type, tail)?;
         check_id(label_type, &id)?;
         if name.as_deref() == Some("") {
             return Err(ApiError::bad_request(
@@ -474,22 +475,53 @@ impl Target {
     }
 }
 
-/// 405 for any other method on an object route, with an `Allow` of what its path takes:
-/// GET reads an object's labels, so a label's path (`{id}/{name}`) has only PUT and DELETE.
-/// The shared route would otherwise allow GET on both.
+/// Splits the path after the type (query-unescaped, see the module documentation) into an
+/// object id and, when more follows, a label name; this alone decides whether a request is
+/// on an object's path (`{id}`: GET, HEAD, PUT, DELETE) or a label's (`{id}/{name}`: PUT,
+/// DELETE). An id has as many `/`-separated parts as its type's ids have, two for a pod
+/// (`<node>/<pod_id>`) and one for any other type, so whatever follows them is the name,
+/// which may hold a prefix's `/`. A `/` sent encoded, once or twice, separates parts as a
+/// plain one does. The split looks only at the shape: an id or name that breaks its rules
+/// is refused afterwards, so a label's path answers 405 to GET even when its id is bad.
+/// The type must be known to tell the shape: a bad type is 400 on every method.
+fn split_tail(label_type: LabelType, tail: &str) -> Result<(String, Option<String>), ApiError> {
+    let tail = query_unescape(tail)?;
+    let id_parts = if label_type == LabelType::Pod { 2 } else { 1 };
+    let parts: Vec<&str> = tail.splitn(id_parts + 1, '/').collect();
+    Ok(match parts.as_slice() {
+        [ids @ .., name] if ids.len() == id_parts => (ids.join("/"), Some(name.to_string())),
+        _ => (tail, None),
+    })
+}
+
+/// What a label's path (`{id}/{name}`) takes: GET reads only an object's labels.
+const LABEL_PATH_ALLOWS: &str = "PUT,DELETE";
+
+/// What an object's path (`{id}`) takes.
+const OBJECT_PATH_ALLOWS: &str = "GET,HEAD,PUT,DELETE";
+
+/// 405 for any other method on an object route, with an `Allow` of what its path takes
+/// (see [`split_tail`]); the shared route would otherwise allow GET on both paths.
 async fn object_method_not_allowed(
     method: Method,
     uri: Uri,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
     let names_a_label = path.is_ok_and(|Path((type_name, tail))| {
-        Target::parse(&type_name, &tail).is_ok_and(|target| target.name.is_some())
+        label_type(&type_name)
+            .and_then(|label_type| split_tail(label_type, &tail))
+            .is_ok_and(|(_, name)| name.is_some())
     });
     let allow = if names_a_label {
-        "PUT,DELETE"
+        LABEL_PATH_ALLOWS
     } else {
-        "GET,HEAD,PUT,DELETE"
+        OBJECT_PATH_ALLOWS
     };
+    not_allowed_on(allow, method, uri).await
+}
+
+/// The documented 405, with `allow` as its `Allow`.
+async fn not_allowed_on(allow: &'static str, method: Method, uri: Uri) -> Response {
     let error = router::method_not_allowed(method, uri).await;
     ([(ALLOW, allow)], error).into_response()
 }

@@ -547,3 +547,48 @@ async fn allow_lists_only_what_the_path_takes() {
         );
     }
 }
+
+/// GET and HEAD on a label's path answer 405 with its Allow, as any other method there does,
+/// rather than reading the whole rest of the path as an object id. The type's id shape
+/// decides which path a request is on, before the id or name are checked; a type that is
+/// not one is 400 on every method, since it leaves the shape unknown.
+#[tokio::test]
+async fn get_and_head_on_a_labels_path_are_405_with_its_allow() {
+    let app = TestApp::new().await;
+    app.put_raw("labels/pod/node1/hello", r#"{"role":"web"}"#)
+        .await;
+    let label_paths = [
+        "/api/labels/node/node1/role",
+        "/api/labels/node/node1/example.com%2Frole",
+        "/api/labels/pod/node1/hello/role",
+        "/api/labels/pod/node1%2Fhello/role",
+        "/api/labels/pod/node1%252Fhello/example.com%252Frole",
+        "/api/labels/pod/node1/hello/role?stale=true",
+        "/api/labels/node/node1/",
+        "/api/labels/node/../role",
+    ];
+    for path in label_paths {
+        for method in ["GET", "HEAD", "OPTIONS"] {
+            let response = app.json_request(method, path, None, &[]).await;
+            assert_eq!(
+                response.status,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {path}"
+            );
+            assert_eq!(response.header("allow"), Some("PUT,DELETE"), "{path}");
+            if method != "HEAD" {
+                assert_eq!(response.error().reason, "MethodNotAllowed", "{path}");
+            }
+        }
+    }
+    for path in [
+        "/api/labels/pod/node1/hello",
+        "/api/labels/pod/node1%2Fhello",
+    ] {
+        assert_eq!(app.get(path).await.status, StatusCode::OK, "{path}");
+    }
+    let response = app.get("/api/labels/nodes/node1/role").await;
+    assert_eq!(response.status, StatusCode::BAD_REQUEST);
+    assert!(response.error().message.contains("Invalid type provided"));
+    assert_eq!(app.keys("labels/").await, ["labels/pod/node1/hello"]);
+}
