@@ -15,6 +15,7 @@ use crate::api::blocking::index_header;
 use crate::api::extract::ApiJson;
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
+use crate::api::query_values::{not_of_kind, one_of};
 use crate::api::reads::{mirror_index, source, Source};
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
@@ -59,7 +60,7 @@ impl ListFilter for EventFilter {
         if let Some(kind) = &self.kind {
             if EventKind::parse(kind).is_none() {
                 let names: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
-                violations.add("kind", format!("must be one of {}", names.join(", ")));
+                violations.add("kind", not_of_kind(one_of(&names), kind));
             }
         }
         for (field, value) in [("since", &self.since), ("until", &self.until)] {

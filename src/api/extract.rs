@@ -20,9 +20,10 @@ use serde::de::{
     self, DeserializeOwned, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor,
 };
 use serde::Serialize;
-use utoipa::openapi::path::ParameterIn;
+use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::IntoParams;
 
+use crate::api::query_values::{not_of_kind, takes};
 use crate::error::{ApiError, Cause};
 
 /// A JSON request body (or response): 400 when malformed, 422 when of the wrong shape or
@@ -216,21 +217,18 @@ impl<S: Send + Sync> FromRequestParts<S> for NoQuery {
     }
 }
 
-/// The names of the query parameters `T` declares, in declaration order.
-pub fn declared_params<T: IntoParams>() -> Vec<String> {
+/// The query parameters `T` declares, in declaration order, as the API document publishes
+/// them: each one's name, and the schema that says what it takes.
+pub fn declared_params<T: IntoParams>() -> Vec<Parameter> {
     T::into_params(|| Some(ParameterIn::Query))
-        .into_iter()
-        .map(|param| param.name)
-        .collect()
 }
 
 /// What makes a query string unreadable (400): parameters the route does not take, ones
 /// given more than once, and values not of their parameter's kind. Collected so that one
 /// answer names them all. Every query is read through here, so each such answer names its
 /// parameters in `causes`.
-#[derive(Debug)]
 pub struct QueryProblems {
-    accepted: Vec<String>,
+    accepted: Vec<Parameter>,
     /// The query's accepted parameters, each with its first value only, for [`Self::read`].
     first_values: String,
     unknown: Vec<String>,
@@ -242,7 +240,7 @@ impl QueryProblems {
     /// those it gives more than once (which one counts would be a guess). `accepted` is
     /// called only when there is a query: most requests have none, and listing a route's
     /// parameters builds their whole OpenAPI description.
-    pub fn new(query: Option<&str>, accepted: impl FnOnce() -> Vec<String>) -> Self {
+    pub fn new(query: Option<&str>, accepted: impl FnOnce() -> Vec<Parameter>) -> Self {
         let query = query.unwrap_or_default();
         let accepted = if query.is_empty() {
             Vec::new()
@@ -254,7 +252,7 @@ impl QueryProblems {
         let mut unknown: Vec<String> = Vec::new();
         let mut malformed = Vec::new();
         for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            if !accepted.iter().any(|a| *a == name) {
+            if !accepted.iter().any(|a| a.name == name) {
                 if !unknown.iter().any(|u| *u == name) {
                     unknown.push(name.into_owned());
                 }
@@ -275,19 +273,29 @@ impl QueryProblems {
 
     /// The query's accepted parameters read into `T`; or `None`, noting a value that does
     /// not fit its field (`consistent=yes`) as a problem of that parameter, for
-    /// [`Self::finish`] to refuse.
+    /// [`Self::finish`] to refuse. The cause says what the parameter takes as its published
+    /// schema says it ([`takes`]), and the value as sent.
     pub fn read<T: DeserializeOwned>(&mut self) -> Option<T> {
         let pairs = url::form_urlencoded::parse(self.first_values.as_bytes());
         match serde_path_to_error::deserialize(serde_urlencoded::Deserializer::new(pairs)) {
             Ok(value) => Some(value),
             Err(e) => {
                 // Every field of a query is a parameter: the path is its name, or `.` for
-                // the query as a whole.
-                let param = match e.path().to_string() {
-                    path if path == "." => "query".to_owned(),
-                    path => path,
-                };
-                self.malformed(&param, e.into_inner().to_string());
+                // the query as a whole, which only serde's words describe.
+                let path = e.path().to_string();
+                let sent = url::form_urlencoded::parse(self.first_values.as_bytes())
+                    .find(|(name, _)| *name == path);
+                let declared = self.accepted.iter().find(|p| p.name == path);
+                match (declared, sent) {
+                    (Some(param), Some((_, value))) => {
+                        let cause = not_of_kind(takes(param.schema.as_ref()), &value);
+                        self.malformed(&path, cause);
+                    }
+                    _ => {
+                        let field = if path == "." { "query" } else { &path };
+                        self.malformed(field, e.into_inner().to_string());
+                    }
+                }
                 None
             }
         }
@@ -314,7 +322,8 @@ impl QueryProblems {
             parts.push(if self.accepted.is_empty() {
                 "this route takes none".to_owned()
             } else {
-                format!("accepted: {}", self.accepted.join(", "))
+                let names: Vec<&str> = self.accepted.iter().map(|p| p.name.as_str()).collect();
+                format!("accepted: {}", names.join(", "))
             });
         }
         parts.extend(

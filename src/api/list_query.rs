@@ -16,6 +16,7 @@ use utoipa::IntoParams;
 use crate::api::blocking::{Blocking, DEFAULT_WAIT};
 use crate::api::extract::{declared_params, QueryProblems};
 use crate::api::paging::{decode_token, Paging, MAX_LIMIT};
+use crate::api::query_values::{duration, not_of_kind, whole_number};
 use crate::error::{ApiError, Violations};
 use crate::kv::MAX_WATCH_WAIT;
 use crate::labels::Selector;
@@ -94,9 +95,12 @@ impl<F: ListFilter> ListQuery<F> {
         // A value that does not fit is a problem, refused below.
         let params: ListParams = problems.read().unwrap_or_default();
         let filter: F = problems.read().unwrap_or_default();
-        let limit = params.limit.as_deref().map(parse_count);
-        if let Some(Count::Malformed) = limit {
-            problems.malformed("limit", "must be a whole number");
+        let limit = params
+            .limit
+            .as_deref()
+            .map(|text| (text, parse_count(text)));
+        if let Some((text, Count::Malformed)) = limit {
+            problems.malformed("limit", not_of_kind(limit_takes(), text));
         }
         let blocking = BlockingText::read(
             params.index.as_deref(),
@@ -107,10 +111,10 @@ impl<F: ListFilter> ListQuery<F> {
 
         let mut violations = Violations::new();
         let limit = match limit {
-            Some(Count::Fits(n)) if (1..=MAX_LIMIT as u64).contains(&n) => Some(n as usize),
-            None => None,
-            Some(_) => {
-                violations.add("limit", format!("must be between 1 and {MAX_LIMIT}"));
+            Some((_, Count::Fits(n))) if (1..=MAX_LIMIT as u64).contains(&n) => Some(n as usize),
+            None | Some((_, Count::Malformed)) => None,
+            Some((text, Count::OutOfRange | Count::Fits(_))) => {
+                violations.add("limit", not_of_kind(limit_takes(), text));
                 None
             }
         };
@@ -146,7 +150,8 @@ impl<F: ListFilter> ListQuery<F> {
 /// index is a 400 problem, values out of bounds are 422 violations, the index's named
 /// before the wait's.
 pub(crate) struct BlockingText<'a> {
-    index: Option<Count>,
+    /// The index as sent, and read.
+    index: Option<(&'a str, Count)>,
     wait: Option<&'a str>,
 }
 
@@ -159,13 +164,13 @@ pub(crate) struct CheckedIndex<'a> {
 impl<'a> BlockingText<'a> {
     /// Reads both, noting a malformed index in `problems`.
     pub(crate) fn read(
-        index: Option<&str>,
+        index: Option<&'a str>,
         wait: Option<&'a str>,
         problems: &mut QueryProblems,
     ) -> Self {
-        let index = index.map(parse_count);
-        if let Some(Count::Malformed) = index {
-            problems.malformed("index", "must be a whole number");
+        let index = index.map(|text| (text, parse_count(text)));
+        if let Some((text, Count::Malformed)) = index {
+            problems.malformed("index", not_of_kind(index_takes(), text));
         }
         BlockingText { index, wait }
     }
@@ -173,10 +178,10 @@ impl<'a> BlockingText<'a> {
     /// Adds an index out of bounds to `violations`.
     pub(crate) fn check_index(self, violations: &mut Violations) -> CheckedIndex<'a> {
         let index = match self.index {
-            Some(Count::Fits(n)) if n <= MAX_INDEX => Some(n),
-            None | Some(Count::Malformed) => None,
-            Some(Count::OutOfRange | Count::Fits(_)) => {
-                violations.add("index", format!("must be between 0 and {MAX_INDEX}"));
+            Some((_, Count::Fits(n))) if n <= MAX_INDEX => Some(n),
+            None | Some((_, Count::Malformed)) => None,
+            Some((text, Count::OutOfRange | Count::Fits(_))) => {
+                violations.add("index", not_of_kind(index_takes(), text));
                 None
             }
         };
@@ -229,6 +234,16 @@ enum Count {
     Malformed,
 }
 
+/// What `limit` takes; the same words for a value that is no number and one out of bounds.
+fn limit_takes() -> String {
+    whole_number(1, MAX_LIMIT)
+}
+
+/// What `index` takes.
+fn index_takes() -> String {
+    whole_number(0, MAX_INDEX)
+}
+
 fn parse_count(text: &str) -> Count {
     let digits = text.strip_prefix('-').unwrap_or(text);
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -240,12 +255,12 @@ fn parse_count(text: &str) -> Count {
     }
 }
 
+/// The wait `text` asks for; or what `wait` takes, when it is no duration or too long.
 fn check_wait(text: &str) -> Result<Duration, String> {
-    let wait = parse_duration(text)?;
-    if wait > MAX_WATCH_WAIT {
-        return Err("must be at most 10m".to_owned());
-    }
-    Ok(wait)
+    parse_duration(text)
+        .ok()
+        .filter(|wait| *wait <= MAX_WATCH_WAIT)
+        .ok_or_else(|| not_of_kind(duration("10m"), text))
 }
 
 #[cfg(test)]

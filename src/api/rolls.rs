@@ -32,6 +32,7 @@ use crate::api::extract::{ApiJson, ApiPath, NoQuery};
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, IfMatch};
+use crate::api::query_values::{not_of_kind, one_of};
 use crate::api::reads::{
     current_mirror, current_reader, indexed_source, IndexedReader, ReadParams, ReadQuery,
 };
@@ -140,11 +141,9 @@ enum RollState {
 
 impl ListFilter for RollFilter {
     fn check(&self, violations: &mut Violations) {
-        if !matches!(
-            self.state.as_deref(),
-            None | Some("active" | "finished" | "all")
-        ) {
-            violations.add("state", "must be active, finished or all");
+        const STATES: [&str; 3] = ["active", "finished", "all"];
+        if let Some(state) = self.state.as_deref().filter(|s| !STATES.contains(s)) {
+            violations.add("state", not_of_kind(one_of(&STATES), state));
         }
     }
 }
