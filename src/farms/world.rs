@@ -463,13 +463,17 @@ impl Trees {
     /// tell that another writer's earlier change has arrived, so a tree the server wrote
     /// has caught up once its watch has read past the write. What comes in during a wait (a
     /// daemon set edited while the health results were being caught up with) is waited for
-    /// in turn.
+    /// in turn. A tree out of touch with the store (its watch failing, or its read overdue)
+    /// is asked of the store whatever the other trees' indexes, and waited for if it moved:
+    /// nothing else tells that it missed a change (a pod gone critical, while no other tree
+    /// moves), and a roll would step on the health it last saw.
     pub async fn world(&mut self) -> World {
         let mut warned = false;
         loop {
             let newest = self.mirror.listed_index(&Trees::FOLLOWED);
+            let out_of_touch = !self.mirror.out_of_touch_among(&Trees::FOLLOWED).is_empty();
             let world = self.current();
-            if newest <= self.caught_up.load(Ordering::SeqCst) {
+            if newest <= self.caught_up.load(Ordering::SeqCst) && !out_of_touch {
                 return world;
             }
             if !self
@@ -491,6 +495,10 @@ impl Trees {
                 continue;
             }
             self.caught_up.fetch_max(newest, Ordering::SeqCst);
+            if out_of_touch {
+                // Still out of touch, but holding all the store had when asked.
+                return self.current();
+            }
         }
     }
 

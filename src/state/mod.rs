@@ -847,17 +847,20 @@ impl Mirror {
     }
 
     /// Waits until every tree holds every change up to the store's index for the tree, for
-    /// those that do not hold every change up to `index`. What a tree holds every change up
-    /// to is its `complete` index, not its own index: the server's own writes lift that
-    /// past another writer's earlier change that the tree's watch has yet to deliver.
+    /// those that do not hold every change up to `index`, and for those out of touch with
+    /// the store ([`Mirror::out_of_touch_among`]), whose changes past it no other tree's
+    /// index need tell. What a tree holds every change up to is its `complete` index, not
+    /// its own index: the server's own writes lift that past another writer's earlier
+    /// change that the tree's watch has yet to deliver.
     async fn reach(&self, trees: &[Tree], index: u64) -> bool {
         if !self.until(|mirror| mirror.is_loaded()).await {
             return false;
         }
         let holds = |mirror: &Mirror, tree: Tree| mirror.read().tree(tree).complete;
+        let out_of_touch = self.out_of_touch_among(trees);
         let mut targets = Vec::new();
         for &tree in trees {
-            if holds(self, tree) < index {
+            if holds(self, tree) < index || out_of_touch.contains(&tree) {
                 match self.store().prefix_index(&tree.prefix()).await {
                     Ok(current) => targets.push((tree, current)),
                     Err(_) => return false,
@@ -1012,6 +1015,17 @@ impl Mirror {
             let lag = since.map_or(Duration::ZERO, |since| since.elapsed());
             crate::metrics::mirror_lag(&tree.prefix(), lag);
         }
+    }
+
+    /// Those of `trees` out of touch with the store now ([`Mirror::out_of_touch`]): what
+    /// the mirror holds of them may be behind the store by any number of changes, and no
+    /// listing of another tree need say so.
+    pub fn out_of_touch_among(&self, trees: &[Tree]) -> Vec<Tree> {
+        let state = self.read();
+        self.out_of_touch(&state)
+            .filter(|(tree, since)| since.is_some() && trees.contains(tree))
+            .map(|(tree, _)| tree)
+            .collect()
     }
 
     /// Since when each tree has been out of touch with the store, `None` while in touch:

@@ -2,14 +2,23 @@
 //! which one tree shows a change (a lock freed) that came after another writer's change to
 //! another tree (the pods that lock's holder placed) which the mirror does not hold yet.
 
+use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
-use p2_apiserver::kv::{Cas, SessionSpec, TxnOp};
+use p2_apiserver::farms::world::{pod_key, Trees};
+use p2_apiserver::kv::sqlite::SqliteStore;
+use p2_apiserver::kv::{Cas, KvStore, SessionSpec, TxnOp};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::layout;
+use p2_apiserver::model::HealthState;
+use p2_apiserver::state::{Mirror, MirrorConfig};
 use p2_apiserver::store::own_writes::OwnWrites;
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use crate::support::counting::Counting;
 use crate::support::farms::{Harness, MANIFEST};
 
 /// An RC of one replica of `manifest` on the web nodes.
@@ -117,4 +126,65 @@ async fn a_farm_does_not_act_on_a_tree_whose_watch_fails() {
     let placed = h.rc_nodes(&x).await;
     store.fail_watches_of(None);
     assert_eq!(placed, ["n1"], "RC {x} of one replica was placed twice");
+}
+
+/// A health record of pod `hello` on `node`, as a node's agent writes it.
+fn health(node: &str, status: &str) -> Vec<u8> {
+    json!({"Id": "hello", "Node": node, "Service": "hello", "Status": status,
+           "Time": "2026-01-01T00:00:00Z", "Expires": "2126-01-01T00:00:00Z"})
+    .to_string()
+    .into_bytes()
+}
+
+/// The health watch fails just as a pod goes critical, and no other tree changes, so no
+/// newer index elsewhere tells the farms that a tree is behind. Their world must not show the
+/// pod passing still: a roll waiting out its delay would then take its next step on health
+/// the mirror can no longer vouch for, and go below its minimum. A tree out of touch with
+/// the store is asked of the store, and waited for when it moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_farms_world_waits_for_a_tree_whose_watch_fails_when_nothing_else_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db").display().to_string();
+    let store = Counting::new(Arc::new(SqliteStore::open(&path).await.unwrap()));
+    let key = layout::health("hello", "n1");
+    store
+        .put(&key, &health("n1", "passing"), Cas::Any)
+        .await
+        .unwrap();
+    let config = MirrorConfig {
+        lost_after: Duration::ZERO,
+        ..MirrorConfig::default()
+    };
+    let mirror = Mirror::new(store.clone(), config);
+    let (tasks, cancel) = (TaskTracker::new(), CancellationToken::new());
+    mirror.start(&tasks, cancel.clone());
+    mirror.loaded().await;
+    let mut trees = Trees::new(mirror.clone());
+    let pod = pod_key("n1", "hello");
+    assert_eq!(trees.world().await.health_of(&pod), HealthState::Passing);
+
+    store.fail_watches_of(Some("health/"));
+    store
+        .put(&key, &health("n1", "critical"), Cas::Any)
+        .await
+        .unwrap();
+    while !mirror
+        .health()
+        .lost
+        .iter()
+        .any(|(tree, _)| tree == "health/")
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut next = Box::pin(trees.world());
+    if let Poll::Ready(world) = futures::poll!(&mut next) {
+        assert_eq!(
+            world.health_of(&pod),
+            HealthState::Critical,
+            "the farms' world showed the pod as its failed health watch last saw it"
+        );
+    }
+    store.fail_watches_of(None);
+    assert_eq!(next.await.health_of(&pod), HealthState::Critical);
+    cancel.cancel();
 }
