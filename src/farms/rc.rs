@@ -13,7 +13,7 @@
 //! Differences from P2, on purpose: new pods go to the least-loaded eligible nodes (P2 fills
 //! nodes in name order); a node running the same pod id for an enabled RC or another owner is
 //! never taken over; an empty pod-label tree simply means "no pods"; every write is fenced by
-//! the RC's ownership lock.
+//! the RC's ownership lock, and holds only while the RC is the version it was planned from.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::SystemTime;
@@ -37,7 +37,7 @@ use super::pods::{
     unschedule_ops,
 };
 use super::roll::count;
-use super::world::{pod_key, World};
+use super::world::{pod_key, Shared, World};
 use super::{Farm, FarmContext, FarmError, FarmResult, Retries, CONCURRENT_OBJECTS};
 
 /// The RC farm's state across passes: backoffs, and the conditions it publishes.
@@ -84,7 +84,7 @@ impl Farm for RcFarm {
             let published = conditions
                 .changed(id, rc_conditions(&facts), rc.index, None)
                 .map(|record| conditions.put_op(id, &record));
-            (id, &rc.value, planned, published)
+            (id, rc, planned, published)
         });
         let mut writing = FuturesUnordered::new();
         let mut outcomes = Vec::new();
@@ -565,14 +565,24 @@ fn transfer_node(
 /// audit record listing the RC's nodes after it. `with` (the RC's conditions, when they
 /// changed) goes in the last transaction if it has room, else in one of its own, so an RC
 /// settled in one batch costs one transaction.
+///
+/// Each transaction holds only while the RC is still the version `seen` planned from: a pass
+/// writes each RC from the world it began with, and an RC scaled down, edited or deleted
+/// meanwhile would otherwise get pods it no longer wants (those of a deleted RC run for
+/// good, as nothing removes them); the next pass plans from the RC as it is.
 async fn apply(
     ctx: &FarmContext,
     world: &World,
     id: &str,
-    rc: &StoredRc,
+    seen: &Shared<StoredRc>,
     plan: Plan,
     mut with: Option<TxnOp>,
 ) -> FarmResult<()> {
+    let rc = &*seen.value;
+    let unchanged = TxnOp::CheckIndex {
+        key: layout::rc(id),
+        index: seen.index,
+    };
     let pod_id = rc.manifest.pod_id();
     if let Some(available) = plan.short {
         let description = format!(
@@ -592,10 +602,13 @@ async fn apply(
     if let Some(transfer) = plan.transfer {
         // Atomic with the move: nobody took the mutation lock since the farm looked.
         let key = layout::rc_mutation(id);
-        let mut ops = vec![match transfer.mutation_index {
-            None => TxnOp::CheckNotExists { key },
-            Some(index) => TxnOp::CheckIndex { key, index },
-        }];
+        let mut ops = vec![
+            unchanged,
+            match transfer.mutation_index {
+                None => TxnOp::CheckNotExists { key },
+                Some(index) => TxnOp::CheckIndex { key, index },
+            },
+        ];
         ops.extend(unschedule_ops(world, &pod(&transfer.leaving), &owned));
         ops.extend(schedule_ops(
             world,
@@ -645,7 +658,8 @@ async fn apply(
             nodes.remove(*node);
         }
         nodes.extend(batch.placed.iter().map(|node| node.to_string()));
-        let mut ops = batch.ops;
+        let mut ops = vec![unchanged.clone()];
+        ops.extend(batch.ops);
         ops.push(audit_op(rc, &nodes));
         ops.extend(scheduled_ops(ctx, id, &batch.left, &batch.placed).await?);
         // Room for it and the fence.
@@ -698,7 +712,7 @@ async fn write<'a>(
     ctx: &FarmContext,
     world: &World,
     id: &'a str,
-    rc: &StoredRc,
+    rc: &Shared<StoredRc>,
     planned: FarmResult<Plan>,
     published: Option<TxnOp>,
 ) -> (&'a str, FarmResult<()>) {

@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use crate::support::farms::{large_pod_labels, Backend, Harness, MANIFEST};
+use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
+use p2_apiserver::layout;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -377,4 +379,38 @@ async fn an_rc_of_large_pod_labels_is_scheduled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rc_of_large_pod_labels_is_scheduled_through_consul() {
     schedules_an_rc_of_large_pod_labels_on(Backend::FakeConsul).await;
+}
+
+/// An RC scaled to 0 and deleted while the farm's write placing its pod is on its way (a pass
+/// over many RCs writes each from the world it began with) must not get that pod: nothing
+/// removes the pods of an RC that is gone, so it would run for good with no owner. The
+/// farm's writes hold only while the RC is as the farm read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_is_not_placed_for_an_rc_deleted_while_its_placement_was_on_its_way() {
+    let (h, store) = Harness::start_counted().await;
+    h.label(LabelType::Node, "n1", json!({"role": "web"})).await;
+    let held = store.hold_next_txn_on("intent/");
+    let id = h
+        .put_rc(
+            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+                       "replicas_desired": 1, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    held.reached().await;
+    // As a client would through the API: scaled to 0 (nothing placed yet), then deleted.
+    h.set_replicas(&id, 0).await;
+    let key = format!("replication_controllers/{id}");
+    h.store.delete(&key, Cas::Any).await.unwrap();
+    held.release();
+
+    // The farm lets go of the RC once it sees it gone, after its held write.
+    let lock = layout::rc_ownership(&id);
+    h.wait_until(|| async { h.store.get(&lock).await.unwrap().is_none().then_some(()) })
+        .await;
+    assert_eq!(
+        h.rc_nodes(&id).await,
+        Vec::<String>::new(),
+        "the deleted RC {id} was given a pod"
+    );
+    assert_eq!(h.intent("n1", "hello").await, None);
 }
