@@ -84,7 +84,8 @@ struct Inner {
     /// Wakes the flusher: a write has left the batch.
     flush: Arc<Notify>,
     /// Transactions waiting for the writer, run together by [`run_queued`]; and what wakes it.
-    queued: std::sync::Mutex<Vec<Queued>>,
+    /// Shared with [`WriterExit`], which empties it as the writer stops.
+    queued: Arc<std::sync::Mutex<Vec<Queued>>>,
     queued_ready: Arc<Notify>,
     /// What each committed batch touched; watches wait on it.
     batches: broadcast::Sender<Arc<Touched>>,
@@ -324,7 +325,7 @@ impl SqliteStore {
                 cannot_write: cannot_write.clone(),
             })),
             flush: flush.clone(),
-            queued: std::sync::Mutex::new(Vec::new()),
+            queued: Arc::default(),
             queued_ready: queued_ready.clone(),
             batches: broadcast::Sender::new(BATCH_BACKLOG),
             announced: AtomicU64::new(last),
@@ -347,7 +348,10 @@ impl SqliteStore {
             .map_err(|e| StoreError::Unavailable(format!("starting the writer's runtime: {e}")))?;
         let writer_stop = background.child_token();
         let (weak, stop) = (Arc::downgrade(&inner), writer_stop.clone());
-        let stopped = WriterExit(inner.writer_stopped.clone());
+        let stopped = WriterExit {
+            stopped: inner.writer_stopped.clone(),
+            queued: inner.queued.clone(),
+        };
         std::thread::Builder::new()
             .name("sqlite-writer".into())
             .spawn(move || {
@@ -526,9 +530,15 @@ fn withdrawn() -> StoreError {
 }
 
 /// Dropped as the writer's thread ends, whether its tasks returned or panicked: marks the
-/// writer stopped ([`Inner::writer_stopped`]), and logs a panic, which no request would
-/// otherwise show but as a 503.
-struct WriterExit(CancellationToken);
+/// writer stopped ([`Inner::writer_stopped`]), logs a panic, which no request would
+/// otherwise show but as a 503, and answers the transactions still queued for the writer
+/// ([`Inner::queued`]) that it stopped: none reached SQLite. It marks the writer stopped
+/// before it empties the queue, and [`run_txn`] queues only while the writer has not
+/// stopped, told under the queue's lock: none is left queued.
+struct WriterExit {
+    stopped: CancellationToken,
+    queued: Arc<std::sync::Mutex<Vec<Queued>>>,
+}
 
 impl Drop for WriterExit {
     fn drop(&mut self) {
@@ -537,7 +547,17 @@ impl Drop for WriterExit {
                 "the embedded store's writer panicked: no write can commit until the server restarts"
             );
         }
-        self.0.cancel();
+        self.stopped.cancel();
+        // A panic elsewhere while the queue was held is no reason to leave it full.
+        let queued = std::mem::take(
+            &mut *self
+                .queued
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for queued in queued {
+            let _ = queued.answer.send((Err(writer_stopped()), Durable(None)));
+        }
     }
 }
 
@@ -1797,21 +1817,25 @@ impl Durable {
 /// writer alone; dropped before the writer took the transaction, it withdraws it, and the
 /// transaction is never applied.
 async fn run_txn(inner: &Inner, ops: Vec<TxnOp>) -> StoreResult<Vec<Option<KvPair>>> {
-    if inner.writer_stopped.is_cancelled() {
-        return Err(writer_stopped());
-    }
     let (answer, answered) = oneshot::channel();
     let claim = Claim::sent();
     let _withdraw = Withdraw(claim.clone());
-    inner
-        .queued
-        .lock()
-        .expect("the queue of transactions is never left half-changed")
-        .push(Queued {
+    {
+        let mut queue = inner
+            .queued
+            .lock()
+            .expect("the queue of transactions is never left half-changed");
+        // Told under the queue's lock: the writer, once stopped, empties the queue under it
+        // ([`WriterExit`]), so nothing queued after that would ever be taken out.
+        if inner.writer_stopped.is_cancelled() {
+            return Err(writer_stopped());
+        }
+        queue.push(Queued {
             ops,
             answer,
             claim: claim.clone(),
         });
+    }
     inner.queued_ready.notify_one();
     let closed = || StoreError::Unavailable("the store was closed".into());
     let (results, durable) = tokio::select! {
@@ -3265,6 +3289,30 @@ mod tests {
             "reads still answer"
         );
         assert!(store.get("k/1").await.unwrap().is_none());
+    }
+
+    /// A transaction queued for the writer but not yet taken into a batch when it stops never
+    /// reached SQLite: its caller is answered that the writer stopped (503), and the queue
+    /// is left empty rather than holding it, and its answer, for as long as the store lives.
+    #[tokio::test]
+    async fn a_transaction_queued_when_the_writer_stops_is_answered_and_leaves_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        // Queued as `run_txn` queues it, the writer not yet woken to take it.
+        let (answer, mut answered) = oneshot::channel();
+        store.inner.queued.lock().unwrap().push(Queued {
+            ops: vec![set("k/0")],
+            answer,
+            claim: Claim::sent(),
+        });
+        store.stop_writer().await;
+        assert_eq!(store.inner.queued.lock().unwrap().len(), 0, "left queued");
+        let answer = answered.try_recv().map(|(results, _)| results);
+        assert!(
+            matches!(&answer, Ok(Err(StoreError::Unavailable(why))) if why.contains("writer")),
+            "{answer:?}"
+        );
+        assert!(store.get("k/0").await.unwrap().is_none());
     }
 
     /// A write already in the batch when the writer stops is answered at once that its
