@@ -155,6 +155,33 @@ async fn a_json_manifest_keeps_its_strings_strings_for_p2() {
     );
 }
 
+/// A manifest holding a number float32 cannot hold (P2 takes it, and writes it as infinity
+/// in the form its SHA hashes) is taken, as YAML text or as JSON, and one P2 stored is read;
+/// before, reading such a manifest panicked.
+#[tokio::test]
+async fn a_manifest_with_a_number_beyond_float32_is_taken_and_read() {
+    let app = TestApp::new().await;
+    let text = "id: hello\nconfig:\n  big: 1e300\n";
+    let from_text = create(&app, &json!({"manifest": text})).await;
+    assert_eq!(from_text["manifest"], text);
+    create(
+        &app,
+        &json!({"manifest": {"id": "hello", "config": {"big": 1e300}}}),
+    )
+    .await;
+    let id = uuid::Uuid::new_v4().to_string();
+    let key = format!("replication_controllers/{id}");
+    let doc = json!({
+        "id": id, "manifest": text, "node_selector": "", "pod_labels": null,
+        "replicas_desired": 1, "disabled": false, "allocation_strategy": "static_strategy"
+    });
+    app.put_json(&key, &doc).await;
+    app.mirrored(&key).await;
+    let read = app.get(&format!("/api/v1/rcs/{id}")).await;
+    assert_eq!(read.status, StatusCode::OK, "{read:?}");
+    assert_eq!(read.json()["manifest"], text);
+}
+
 #[tokio::test]
 async fn create_lists_every_problem_and_writes_nothing() {
     let app = TestApp::new().await;

@@ -1518,15 +1518,16 @@ fn select_style(text: &str, wanted: Style, simple_key: bool) -> Style {
 }
 
 /// Go's `strconv.FormatFloat(f, 'g', -1, 32)` (yaml.v2 writes floats at float32 precision),
-/// with YAML's spellings of infinity and NaN.
+/// with YAML's spellings of infinity and NaN. Told of the float32, as Go tells it: a finite
+/// float beyond float32's range is infinity there.
 fn go_float32(value: f64) -> String {
-    if value.is_nan() {
+    let single = value as f32;
+    if single.is_nan() {
         return ".nan".into();
     }
-    if value.is_infinite() {
-        return if value > 0.0 { ".inf" } else { "-.inf" }.into();
+    if single.is_infinite() {
+        return if single > 0.0 { ".inf" } else { "-.inf" }.into();
     }
-    let single = value as f32;
     if single == 0.0 {
         return if single.is_sign_negative() { "-0" } else { "0" }.into();
     }
@@ -1912,6 +1913,21 @@ config:
         assert!(key_less(&s("Z"), &s("a")));
         assert!(key_less(&Go::Int(10), &s("1")));
         assert!(key_less(&Go::Int(2), &Go::Int(10)));
+    }
+
+    /// A float that float32 cannot hold is written as yaml.v2 writes it, infinity (Go's
+    /// `FormatFloat(f, 'g', -1, 32)` gives `+Inf` for it); before, the manifest's reading
+    /// panicked on it, a request's and the mirror's alike.
+    #[test]
+    fn a_float_beyond_float32s_range_is_written_as_infinity() {
+        use super::go_float32;
+        assert_eq!(go_float32(1e300), ".inf");
+        assert_eq!(go_float32(-3.5e38), "-.inf");
+        assert_eq!(go_float32(3.4e38), "3.4e+38");
+        assert_eq!(
+            canonical("id: hello\nconfig:\n  big: 1e300\n  small: -1e39\n").unwrap(),
+            "id: hello\nlaunchables: {}\nconfig:\n  big: .inf\n  small: -.inf\n"
+        );
     }
 
     #[test]
