@@ -19,16 +19,17 @@ use axum::Json;
 use serde::de::{
     self, DeserializeOwned, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::IntoParams;
 
 use crate::api::query_values::{not_of_kind, takes};
 use crate::error::{ApiError, Cause};
 
-/// A JSON request body (or response): 400 when malformed, 422 when of the wrong shape or
-/// naming a key twice in any object (see [`refuse_duplicate_keys`]), 415
-/// without `Content-Type: application/json`, 413 over the body limit.
+/// A JSON request body (or response): 400 when malformed, 422 when of the wrong shape
+/// (naming the field, [`shaped`]) or naming a key twice in any object (see
+/// [`refuse_duplicate_keys`]), 415 without `Content-Type: application/json`, 413 over the
+/// body limit.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiJson<T>(pub T);
 
@@ -47,9 +48,44 @@ where
             .await
             .map_err(JsonRejection::from)?;
         refuse_duplicate_keys(&bytes)?;
-        let Json(value) = Json::<T>::from_bytes(&bytes)?;
+        let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
+        let value = shaped(&mut deserializer)?;
+        deserializer.end().map_err(malformed_json)?;
         Ok(ApiJson(value))
     }
+}
+
+/// JSON read into the shape `T`: a value that does not fit it (of the wrong type at any
+/// depth, a field missing or unknown) is 422 with a cause naming the field, as every other
+/// invalid body is; JSON that is not well formed is 400.
+pub fn shaped<'de, T, D>(deserializer: D) -> Result<T, ApiError>
+where
+    T: Deserialize<'de>,
+    D: Deserializer<'de, Error = serde_json::Error>,
+{
+    serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        if e.inner().classify() != serde_json::error::Category::Data {
+            return malformed_json(e.into_inner());
+        }
+        let path = e.path().to_string();
+        let message = e.into_inner().to_string();
+        // The path ends at an unknown field, but at a missing one's object: serde names a
+        // missing field only in its message.
+        let missing = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next());
+        let field = match (path.as_str(), missing) {
+            (".", None) => "body".to_owned(),
+            (".", Some(name)) => name.to_owned(),
+            (_, Some(name)) => format!("{path}.{name}"),
+            (_, None) => path,
+        };
+        ApiError::invalid([Cause::new(field, message)])
+    })
+}
+
+fn malformed_json(e: serde_json::Error) -> ApiError {
+    ApiError::bad_request(format!("malformed JSON: {e}"))
 }
 
 /// The media type of a request's `Content-Type`, lower-cased, without parameters.

@@ -29,7 +29,6 @@ use axum::http::header::ALLOW;
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, OpenApi, ToSchema};
@@ -37,7 +36,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::blocking::index_header;
-use crate::api::extract::{refuse_duplicate_keys, ApiJson, ApiPath, ApiQuery, NoQuery};
+use crate::api::extract::{refuse_duplicate_keys, shaped, ApiJson, ApiPath, ApiQuery, NoQuery};
 use crate::api::reads::{indexed_source, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
@@ -271,9 +270,9 @@ async fn put_p2_target(
     let body: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
     match target.name {
-        None => put_p2_labels(&app, &actor, target.label_type, &target.id, body_as(body)?).await,
+        None => put_p2_labels(&app, &actor, target.label_type, &target.id, shaped(body)?).await,
         Some(name) => {
-            let body = body_as(body)?;
+            let body = shaped(body)?;
             put_p2_label(&app, &actor, target.label_type, &target.id, &name, body).await
         }
     }
@@ -583,15 +582,4 @@ fn check_id(label_type: LabelType, id: &str) -> Result<(), ApiError> {
     label_type
         .validate_id(id)
         .map_err(|e| ApiError::bad_request(format!("bad {label_type} id {id:?}: {e}")))
-}
-
-/// The body in the shape the route expects; a well-formed body of another shape is 422, as
-/// for any JSON body.
-fn body_as<T: DeserializeOwned>(body: Value) -> Result<T, ApiError> {
-    serde_json::from_value(body).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("the body does not have the expected shape: {e}"),
-        )
-    })
 }

@@ -163,6 +163,82 @@ async fn rcs_and_daemon_sets_take_the_same_manifest_ids() {
     assert_eq!(app.dump().await, []);
 }
 
+/// A body read into a fixed shape that it does not have (a value of the wrong type at any
+/// depth, a field missing or unknown) is 422 naming the field in `causes`, as every other
+/// invalid body is; before, the framework's message came with no cause at all.
+#[tokio::test]
+async fn a_body_of_the_wrong_shape_names_the_field() {
+    let app = TestApp::new().await;
+    let roll = json!({
+        "old_rc_selector": "pod_id=hello",
+        "new_rc": {"manifest": MANIFEST, "node_selector": ""},
+        "desired_replicas": 1,
+        "minimum_replicas": 0,
+    });
+    let with = |field: &str, value: serde_json::Value| {
+        let mut body = roll.clone();
+        body[field] = value;
+        body
+    };
+    let mut missing = roll.clone();
+    missing.as_object_mut().unwrap().remove("desired_replicas");
+    let cases = [
+        (
+            "POST",
+            "/api/v1/rolls",
+            with("desired_replicas", json!("3")),
+            "desired_replicas",
+        ),
+        (
+            "POST",
+            "/api/v1/rolls",
+            with("labels", json!({"a": 1})),
+            "labels.a",
+        ),
+        (
+            "POST",
+            "/api/v1/rolls",
+            with("colour", json!("red")),
+            "colour",
+        ),
+        ("POST", "/api/v1/rolls", missing, "desired_replicas"),
+        (
+            "PUT",
+            "/api/v1/labels/node/node1",
+            json!({"labels": {"a": 1}}),
+            "labels.a",
+        ),
+        ("PUT", "/api/v1/labels/node/node1", json!({}), "labels"),
+        // P2's own label routes, which read their bodies as JSON whatever the content type.
+        (
+            "PUT",
+            "/api/labels/node/node1",
+            json!({"values": {"a": ["b"]}}),
+            "values.a",
+        ),
+        (
+            "PUT",
+            "/api/labels/node/node1/a",
+            json!({"value": null}),
+            "value",
+        ),
+    ];
+    for (method, path, body, field) in cases {
+        let response = app.json_request(method, path, Some(&body), &[]).await;
+        assert_eq!(
+            response.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{method} {path} {body}: {response:?}"
+        );
+        assert_eq!(
+            response.cause_fields(),
+            [field],
+            "{method} {path} {body}: {response:?}"
+        );
+    }
+    assert_eq!(app.dump().await, []);
+}
+
 #[tokio::test]
 async fn duplicate_keys_are_refused_at_every_depth() {
     let app = TestApp::new().await;
