@@ -210,8 +210,9 @@ impl InFlight {
 }
 
 impl Drop for InFlight {
-    /// Dropped unanswered: the client hung up, or the handler panicked (a server fault, which
-    /// the client sees as its connection closed), counted as a 500.
+    /// Dropped unanswered: the client hung up, or a layer around the handler panicked (a
+    /// server fault, which the client sees as its connection closed; the handler's own panic
+    /// is answered 500 by the router's `deadline`), counted as a 500.
     fn drop(&mut self) {
         let status = if std::thread::panicking() {
             "500"

@@ -1,6 +1,7 @@
 //! Wires every route, the OpenAPI document, the JSON fallbacks and the middleware together.
 
 use std::error::Error as _;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use futures::FutureExt as _;
 use http_body_util::LengthLimitError;
 use tower::ServiceBuilder;
 use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
@@ -387,29 +389,48 @@ async fn read_body(State(limits): State<HttpLimits>, request: Request, next: Nex
 }
 
 /// Answers 503 once the request's deadline passes, whatever the handler is waiting for (in
-/// practice a hung store, whose client may otherwise retry for minutes).
+/// practice a hung store, whose client may otherwise retry for minutes), and 500 with the
+/// JSON body should the handler panic (a bug), which would otherwise take the connection
+/// down with no answer.
 ///
 /// A request cut short may have sent a write that the store applies later, so a cut write
-/// answers `OutcomeUnknown` (re-read before retrying) and a cut read `StoreTimeout`; so does
-/// a cut write whose every write sent was withdrawn before the store took it (the embedded
-/// store's writer waiting for a write lock held elsewhere, or Consul's client for a free
-/// connection, `--consul-max-connections`), as nothing was written.
+/// answers `OutcomeUnknown` (re-read before retrying), and a cut read `StoreTimeout` (or, on
+/// a panic, `InternalError`); so does a cut write whose every write sent was withdrawn before
+/// the store took it (the embedded store's writer waiting for a write lock held elsewhere, or
+/// Consul's client for a free connection, `--consul-max-connections`), as nothing was
+/// written.
 async fn deadline(State(limits): State<HttpLimits>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let deadline = request_deadline(&limits, request.uri());
     let sent = Arc::new(Sent::default());
-    let handled = kv::sent::scope(sent.clone(), next.run(request));
-    match tokio::time::timeout(deadline, handled).await {
-        Ok(response) => response,
-        Err(_) => {
-            let cause = format!("the request's deadline of {deadline:?} passed");
-            if method.is_safe() || sent.all_withdrawn() {
-                ApiError::store_timeout(cause).into_response()
+    let handled = AssertUnwindSafe(next.run(request)).catch_unwind();
+    let outcome = tokio::time::timeout(deadline, kv::sent::scope(sent.clone(), handled)).await;
+    let wrote_nothing = || method.is_safe() || sent.all_withdrawn();
+    let error = match outcome {
+        Ok(Ok(response)) => return response,
+        Ok(Err(panic)) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("a panic");
+            let cause = format!("the request's handler panicked: {what}");
+            if wrote_nothing() {
+                ApiError::internal(cause)
             } else {
-                ApiError::outcome_unknown(cause).into_response()
+                ApiError::outcome_unknown(cause)
             }
         }
-    }
+        Err(_) => {
+            let cause = format!("the request's deadline of {deadline:?} passed");
+            if wrote_nothing() {
+                ApiError::store_timeout(cause)
+            } else {
+                ApiError::outcome_unknown(cause)
+            }
+        }
+    };
+    error.into_response()
 }
 
 /// `--request-timeout`, plus for a blocking query its wait and the store's jitter of up to a

@@ -205,6 +205,36 @@ async fn oversized_body_is_413_json() {
     assert_eq!(response.error().reason, "PayloadTooLarge");
 }
 
+/// A handler that panics (a bug: a manifest that panicked its reading was one) is answered
+/// with the JSON error body, its cause logged under the request's id, as any other
+/// server-side failure: a read 500, a write `OutcomeUnknown`, as it may have sent a write
+/// before it panicked. Before, the panic took the connection down with no answer at all.
+#[tokio::test]
+async fn a_handler_that_panics_answers_with_the_json_body() {
+    async fn panics() {
+        panic!("a bug");
+    }
+    let routes = Router::new().route("/panics", get(panics).post(panics));
+    let router = router::with_middleware(routes, HttpLimits::default());
+    let response = call(
+        &router,
+        Request::get("/panics").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let error = response.error();
+    assert_eq!(error.reason, "InternalError");
+    assert!(!error.message.contains("a bug"), "{error:?}");
+    assert!(response.header("x-request-id").is_some());
+    let response = call(
+        &router,
+        Request::post("/panics").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.error().reason, "OutcomeUnknown");
+}
+
 #[tokio::test]
 async fn bad_json_bodies_are_json_errors() {
     let routes = extractor_routes();
