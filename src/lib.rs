@@ -45,6 +45,7 @@ pub mod layout;
 pub mod leader;
 pub mod metrics;
 pub mod model;
+pub mod panics;
 pub mod router;
 pub mod server;
 pub mod simulator;

@@ -36,6 +36,7 @@ use crate::auth::{self, REQUEST_ID_HEADER};
 use crate::error::{ApiError, Cause, ErrorBody};
 use crate::kv::{self, sent::Sent};
 use crate::metrics;
+use crate::panics;
 
 /// Largest request body accepted: generous for any resource (a value in the store is at most
 /// 512 KiB) while bounding what one request can make the server buffer.
@@ -409,12 +410,10 @@ async fn deadline(State(limits): State<HttpLimits>, request: Request, next: Next
     let error = match outcome {
         Ok(Ok(response)) => return response,
         Ok(Err(panic)) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-                .unwrap_or("a panic");
-            let cause = format!("the request's handler panicked: {what}");
+            let cause = format!(
+                "the request's handler panicked: {}",
+                panics::message(&*panic)
+            );
             if wrote_nothing() {
                 ApiError::internal(cause)
             } else {

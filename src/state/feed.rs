@@ -1,8 +1,10 @@
 //! What keeps one tree of the mirror current: a blocking watch, paced so that a storm of
 //! writes costs a few re-reads per second rather than one per write.
 
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use tokio::sync::futures::Notified;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -11,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::kv::PrefixUpdate;
 use crate::layout;
+use crate::panics;
 
 use super::trees::Tree;
 use super::Mirror;
@@ -24,6 +27,10 @@ const WATCH_SLACK: Duration = Duration::from_secs(5);
 /// changed where the store can say (see [`crate::kv::KvStore::watch_changes`]), and reads it
 /// whole again when the store's index goes backwards (below the tree's last listing, or
 /// below the server's own writes it holds) or another tree saw it do so (`epoch` moved).
+/// A panic while reading the tree or taking in what was read (a bug: a document whose
+/// decoding panics) fails the watch as a failed read does, and the tree is read whole
+/// again: had the task ended, the tree would have stayed as it was for good, the server
+/// ready.
 pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken) {
     let prefix = tree.prefix();
     let config = mirror.config().clone();
@@ -61,7 +68,7 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
             (Instant::now() + wait + wait / 16 + WATCH_SLACK).into_std()
         });
         mirror.watch_started(tree, overdue, last_success.into_std());
-        let read = async {
+        let read = AssertUnwindSafe(async {
             if fresh {
                 mirror.store().list(&prefix).await.map(PrefixUpdate::Whole)
             } else {
@@ -72,19 +79,21 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                     })
                     .await
             }
-        };
+        })
+        .catch_unwind();
         let result = tokio::select! {
             result = read => result,
             () = cancel.cancelled() => return,
             _ = epoch.changed() => continue,
         };
         last_read = Some(Instant::now());
-        match result {
-            Ok(update) => {
-                backoff.reset();
+        let failure = match result {
+            Ok(Ok(update)) => {
+                let succeeded_before = last_success;
                 last_success = Instant::now();
                 mirror.watch_succeeded(tree);
                 if !fresh && update.index() < floor {
+                    backoff.reset();
                     tracing::warn!(
                         prefix,
                         was = floor,
@@ -94,25 +103,50 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                     mirror.resync();
                     continue;
                 }
-                if fresh || update.index() != index {
-                    index = update.index();
-                    mirror.apply_update(tree, update, fresh);
-                }
-                // Unless the store went backwards meanwhile: `known` was the old store's.
-                if !fresh && *epoch.borrow() == seen_epoch {
-                    mirror.read_through(tree, known);
+                let applied = if fresh || update.index() != index {
+                    let listed = update.index();
+                    let apply = AssertUnwindSafe(|| mirror.apply_update(tree, update, fresh));
+                    std::panic::catch_unwind(apply).map(|()| index = listed)
+                } else {
+                    Ok(())
+                };
+                match applied {
+                    Ok(()) => {
+                        backoff.reset();
+                        // Unless the store went backwards meanwhile: `known` was the old
+                        // store's.
+                        if !fresh && *epoch.borrow() == seen_epoch {
+                            mirror.read_through(tree, known);
+                        }
+                        continue;
+                    }
+                    Err(panic) => {
+                        // No success: the tree is out of touch since the last one, and may
+                        // hold part of what it failed to take in.
+                        last_success = succeeded_before;
+                        index = 0;
+                        panicked(&*panic)
+                    }
                 }
             }
-            Err(e) => {
-                tracing::warn!(prefix, error = %e, "watching a tree failed; retrying");
-                mirror.watch_failed(tree, last_success.into_std());
-                let retry = Instant::now() + backoff.next_delay();
-                if !pause_until(retry, &cancel, &mut epoch, None).await {
-                    return;
-                }
+            Ok(Err(e)) => e.to_string(),
+            Err(panic) => {
+                index = 0;
+                panicked(&*panic)
             }
+        };
+        tracing::warn!(prefix, error = %failure, "watching a tree failed; retrying");
+        mirror.watch_failed(tree, last_success.into_std());
+        let retry = Instant::now() + backoff.next_delay();
+        if !pause_until(retry, &cancel, &mut epoch, None).await {
+            return;
         }
     }
+}
+
+/// A panic while following a tree, as its watch's failure.
+fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
+    format!("panicked: {}", panics::message(panic))
 }
 
 /// Reads one small key whenever the store has gone a [`super::MirrorConfig::heartbeat_interval`]

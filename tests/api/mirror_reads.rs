@@ -1788,6 +1788,45 @@ async fn a_blocked_read_is_woken_when_the_conditions_it_shows_change() {
     }
 }
 
+/// A panic while following a tree (a bug in reading or decoding what its watch brings, such
+/// as a manifest whose reading panicked) counts as a failed watch: the server says it is not
+/// ready, naming the tree, and follows the tree again once the reads stop panicking. Before,
+/// the tree's task ended: the tree stayed as it was for good while the server said it was
+/// ready.
+#[tokio::test]
+async fn a_tree_whose_watch_panics_makes_the_server_unready_and_is_followed_again() {
+    use crate::support::switchable;
+
+    let config = MirrorConfig {
+        watch_wait: Duration::from_millis(100),
+        lost_after: Duration::from_millis(200),
+        ..MirrorConfig::default()
+    };
+    let (app, switch) = switchable::app(config, None).await;
+    switch.panic_on(Some("labels/node/"));
+    let unready = async {
+        loop {
+            let answer = app.get("/readyz").await;
+            if answer.status == StatusCode::SERVICE_UNAVAILABLE {
+                return answer;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    // A guard against the silence this test is about; it comes within a second.
+    let answer = tokio::time::timeout(Duration::from_secs(30), unready)
+        .await
+        .expect("the server stayed ready while a tree's watch panicked");
+    assert!(
+        answer.error().message.contains("labels/node/"),
+        "{answer:?}"
+    );
+    switch.panic_on(None);
+    app.put_json("labels/node/after", &json!({"role": "web"}))
+        .await;
+    assert_eq!(app.get("/readyz").await.status, StatusCode::OK);
+}
+
 /// After the store went backwards (restarted empty, or restored), a read of a tree the
 /// mirror has yet to read again goes to the store, as while the mirror loads: the mirror
 /// holds the old store's entries until then.

@@ -30,6 +30,9 @@ pub struct Switchable {
     pub held_watches: Mutex<Option<String>>,
     /// Key listings of prefixes under this one wait until it is cleared.
     pub slow_keys: Mutex<Option<String>>,
+    /// Listings and watches of prefixes under this one panic until it is cleared, as a bug
+    /// in reading or decoding what they bring would.
+    pub panicking: Mutex<Option<String>>,
 }
 
 impl Switchable {
@@ -38,6 +41,14 @@ impl Switchable {
     }
     pub fn hold_watches(&self, prefix: Option<&str>) {
         *self.held_watches.lock().unwrap() = prefix.map(str::to_owned);
+    }
+    pub fn panic_on(&self, prefix: Option<&str>) {
+        *self.panicking.lock().unwrap() = prefix.map(str::to_owned);
+    }
+    fn panic_if_asked(&self, prefix: &str) {
+        if Self::under(&self.panicking, prefix) {
+            panic!("a bug while reading {prefix:?}");
+        }
     }
     fn under(setting: &Mutex<Option<String>>, prefix: &str) -> bool {
         setting
@@ -55,6 +66,7 @@ impl Switchable {
             slow_lists: Mutex::default(),
             held_watches: Mutex::default(),
             slow_keys: Mutex::default(),
+            panicking: Mutex::default(),
         })
     }
 
@@ -73,6 +85,7 @@ impl KvStore for Switchable {
         self.store()?.get(key).await
     }
     async fn list(&self, prefix: &str) -> StoreResult<Listing> {
+        self.panic_if_asked(prefix);
         while Self::under(&self.slow_lists, prefix) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -122,6 +135,7 @@ impl KvStore for Switchable {
     ) -> StoreResult<Listing> {
         let answer = self.store()?.watch(target, index, wait).await;
         if let WatchTarget::Prefix(prefix) = target {
+            self.panic_if_asked(prefix);
             while Self::under(&self.held_watches, prefix) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -143,6 +157,7 @@ impl KvStore for Switchable {
             .store()?
             .watch_changes(prefix, index, wait, held)
             .await?;
+        self.panic_if_asked(prefix);
         if let PrefixUpdate::Since(changes) = &update {
             let keys = changes.changed.iter().map(|pair| pair.key.clone());
             self.changed.lock().unwrap().extend(keys);
