@@ -87,7 +87,11 @@ pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
             {
                 return None;
             }
-            sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60)
+            let (h, m) = (h.parse::<i64>().ok()?, m.parse::<i64>().ok()?);
+            if h > 23 || m > 59 {
+                return None;
+            }
+            sign * (h * 3600 + m * 60)
         }
     };
     let days = days_from_civil(year, month as u32, day as u32);
@@ -177,6 +181,23 @@ mod tests {
         ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
         }
+    }
+
+    /// An offset is hours 00 to 23 and minutes 00 to 59 (RFC 3339's time-numoffset); before,
+    /// any two digits were taken, so `-99:99` moved the time by more than four days.
+    #[test]
+    fn an_offset_out_of_range_is_refused() {
+        for bad in [
+            "2020-01-14T11:06:40+24:00",
+            "2020-01-14T11:06:40-99:99",
+            "2020-01-14T11:06:40+01:60",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+        assert_eq!(
+            parse_rfc3339("2020-01-15T11:05:40+23:59"),
+            Some(at(1_579_000_000, 0))
+        );
     }
 
     #[test]
