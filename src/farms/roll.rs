@@ -219,6 +219,11 @@ pub fn plan(
         return Action::RcMissing;
     };
 
+    // Disabling the old RC and enabling the new one would undo each other, on every pass.
+    if spec.old_rc == spec.new_rc {
+        return Action::Stuck(RollStuck::SameRc);
+    }
+
     // P2 runs each roll under a session of its own, so of two rolls over one RC (which no
     // creation makes, but a write of the roll tree can) one waits on the other's mutation
     // lock. This farm holds every roll's locks in its one session, where a lock held for
@@ -1064,6 +1069,27 @@ mod tests {
                 roll: FROM_OLD.into()
             })
         );
+    }
+
+    /// A roll naming one RC as both its old and its new RC (P2's `schedule-update` makes one
+    /// when given the same id twice; the API refuses it) cannot move: disabling the old RC
+    /// and enabling the new one are the same write undone, which would go on every pass.
+    #[test]
+    fn a_roll_from_an_rc_to_itself_does_not_flip_it() {
+        let mut fleet = rolling(2, 2, 0, 0);
+        fleet.rcs.remove(NEW);
+        let spec = StoredRoll {
+            new_rc: OLD.into(),
+            ..roll(2, 1)
+        };
+        for disabled in [false, true] {
+            fleet.rcs.get_mut(OLD).unwrap().value.disabled = disabled;
+            let action = run(&fleet, &spec);
+            assert!(
+                !matches!(action, Action::Write { .. }),
+                "the RC (disabled: {disabled}) is written: {action:?}"
+            );
+        }
     }
 
     #[test]

@@ -334,6 +334,8 @@ pub enum RollStuck {
     MutationLockHeld { lock: String },
     /// Another roll over one of its RCs, whose id sorts first, goes first.
     AnotherRoll { roll: String },
+    /// The roll names one RC as both its old and its new RC.
+    SameRc,
     /// An RC of the roll does not exist; the roll is being ended.
     RcMissing,
 }
@@ -401,6 +403,7 @@ impl RollStuck {
             RollStuck::OldPodsKept { .. } => "OldPodsKept",
             RollStuck::MutationLockHeld { .. } => "MutationLockHeld",
             RollStuck::AnotherRoll { .. } => "AnotherRoll",
+            RollStuck::SameRc => "SameRc",
             RollStuck::RcMissing => "RcMissing",
         }
     }
@@ -432,6 +435,7 @@ impl RollStuck {
             RollStuck::AnotherRoll { roll } => format!(
                 "roll {roll} moves the replicas of one of its RCs too, and one roll at a time does; cancel one of them"
             ),
+            RollStuck::SameRc => "the roll names one RC as both its old and its new RC, so there are no replicas to move; cancel it".into(),
             RollStuck::RcMissing => "an RC of the roll does not exist, so the roll is ending".into(),
         }
     }
@@ -883,6 +887,7 @@ mod tests {
                 False,
                 "AnotherRoll",
             ),
+            (RollActivity::Stuck(RollStuck::SameRc), False, "SameRc"),
             (
                 RollActivity::Stuck(RollStuck::RcMissing),
                 False,
