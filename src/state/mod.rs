@@ -1017,9 +1017,9 @@ impl Mirror {
         }
     }
 
-    /// Those of `trees` out of touch with the store now ([`Mirror::out_of_touch`]): what
-    /// the mirror holds of them may be behind the store by any number of changes, and no
-    /// listing of another tree need say so.
+    /// Those of `trees` out of touch with the store now (a watch failing, or its read
+    /// overdue, as readiness tells it): what the mirror holds of them may be behind the
+    /// store by any number of changes, and no listing of another tree need say so.
     pub fn out_of_touch_among(&self, trees: &[Tree]) -> Vec<Tree> {
         let state = self.read();
         self.out_of_touch(&state)
