@@ -533,8 +533,9 @@ fn withdrawn() -> StoreError {
 /// writer stopped ([`Inner::writer_stopped`]), logs a panic, which no request would
 /// otherwise show but as a 503, and answers the transactions still queued for the writer
 /// ([`Inner::queued`]) that it stopped: none reached SQLite. It marks the writer stopped
-/// before it empties the queue, and [`run_txn`] queues only while the writer has not
-/// stopped, told under the queue's lock: none is left queued.
+/// under the queue's lock, and empties and answers the queue before letting go of it;
+/// [`run_txn`] queues only while the writer has not stopped, told under the queue's lock:
+/// none is left queued, nor unanswered once the writer is seen stopped.
 struct WriterExit {
     stopped: CancellationToken,
     queued: Arc<std::sync::Mutex<Vec<Queued>>>,
@@ -547,15 +548,16 @@ impl Drop for WriterExit {
                 "the embedded store's writer panicked: no write can commit until the server restarts"
             );
         }
-        self.stopped.cancel();
         // A panic elsewhere while the queue was held is no reason to leave it full.
-        let queued = std::mem::take(
-            &mut *self
-                .queued
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        for queued in queued {
+        let mut queue = self
+            .queued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Marked stopped under the queue's lock, and the queue emptied and answered before
+        // it is let go: whoever sees the writer stopped and then looks at the queue finds it
+        // empty and its transactions answered.
+        self.stopped.cancel();
+        for queued in queue.drain(..) {
             let _ = queued.answer.send((Err(writer_stopped()), Durable(None)));
         }
     }
