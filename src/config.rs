@@ -12,7 +12,9 @@ use crate::app::HttpLimits;
 use crate::auth::Access;
 use crate::farms::FarmOptions;
 use crate::kv::consul::DEFAULT_MAX_CONNECTIONS;
-use crate::kv::{ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL};
+use crate::kv::{
+    lock_delay_problem, ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL,
+};
 use crate::labels::{validate_labels, Labels};
 use crate::model::{parse_duration, Limits, DEFAULT_MAX_REPLICAS};
 use crate::server::Tls;
@@ -460,13 +462,13 @@ fn parse_session_ttl(text: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
-/// A lock-delay the store accepts: at most 60s, as in Consul.
+/// A lock-delay the store takes as given ([`lock_delay_problem`]).
 fn parse_lock_delay(text: &str) -> Result<Duration, String> {
     let delay = parse_duration(text)?;
-    if delay > Duration::from_secs(60) {
-        return Err("must be at most 60s".into());
+    match lock_delay_problem(delay) {
+        Some(problem) => Err(problem),
+        None => Ok(delay),
     }
-    Ok(delay)
 }
 
 fn parse_behavior(text: &str) -> Result<SessionBehavior, String> {
@@ -874,6 +876,7 @@ mod tests {
             ["--leader-ttl", "5s"],
             ["--leader-ttl", "25h"],
             ["--leader-lock-delay", "61s"],
+            ["--leader-lock-delay", "500ns"],
             ["--leader-behavior", "keep"],
         ] {
             let argv = ["p2-apiserver", bad[0], bad[1]];

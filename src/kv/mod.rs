@@ -36,6 +36,27 @@ pub const MAX_WATCH_WAIT: Duration = Duration::from_secs(600);
 pub const MIN_SESSION_TTL: Duration = Duration::from_secs(10);
 /// Longest session TTL Consul accepts.
 pub const MAX_SESSION_TTL: Duration = Duration::from_secs(86_400);
+/// Longest lock-delay Consul applies.
+pub const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
+/// Shortest lock-delay but zero that Consul takes as given: it reads one under 1000ns as
+/// that many seconds (its `lockDelayMinThreshold`, for clients that send 5 meaning 5s).
+pub const MIN_LOCK_DELAY: Duration = Duration::from_micros(1);
+
+/// What keeps `delay` from being a lock-delay every store takes as given, `None` when
+/// nothing does: over 60s, or under a microsecond but not zero, which Consul would hold
+/// locks for as many seconds as it has nanoseconds.
+pub fn lock_delay_problem(delay: Duration) -> Option<String> {
+    if delay > MAX_LOCK_DELAY {
+        Some(format!("lock-delay must be at most 60s, got {delay:?}"))
+    } else if !delay.is_zero() && delay < MIN_LOCK_DELAY {
+        Some(format!(
+            "lock-delay must be 0 or at least 1µs (Consul reads a shorter one as seconds), \
+             got {delay:?}"
+        ))
+    } else {
+        None
+    }
+}
 
 /// Why a store operation failed; callers branch on the kind, never on the message.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -341,7 +362,8 @@ impl SessionSpec {
         }
     }
 
-    /// Refuses TTLs outside Consul's range, so both backends accept the same specs.
+    /// Refuses TTLs and lock-delays outside what Consul takes as given, so both backends
+    /// accept the same specs.
     pub fn validate(&self) -> StoreResult<()> {
         if self.ttl < MIN_SESSION_TTL || self.ttl > MAX_SESSION_TTL {
             return Err(StoreError::Invalid(format!(
@@ -349,13 +371,10 @@ impl SessionSpec {
                 self.ttl
             )));
         }
-        if self.lock_delay > Duration::from_secs(60) {
-            return Err(StoreError::Invalid(format!(
-                "lock-delay must be at most 60s, got {:?}",
-                self.lock_delay
-            )));
+        match lock_delay_problem(self.lock_delay) {
+            Some(problem) => Err(StoreError::Invalid(problem)),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 

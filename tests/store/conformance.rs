@@ -474,6 +474,26 @@ async fn session_lifecycle(s: Subject) {
     ));
 }
 
+/// Consul reads a lock-delay under a microsecond as that many seconds (a client sending 5
+/// means 5s to it), so no store takes one but zero: asked for 1ns, Consul would hold the
+/// session's locks for a second after it ends, and for 999ns up to its own 60s cap.
+async fn sub_microsecond_lock_delays_refused(s: Subject) {
+    for delay in [Duration::from_nanos(1), Duration::from_nanos(999)] {
+        let result = s
+            .store
+            .create_session(&spec("tiny", SessionBehavior::Release, delay))
+            .await;
+        assert!(
+            matches!(result, Err(StoreError::Invalid(_))),
+            "{delay:?}: {result:?}"
+        );
+    }
+    let id = s
+        .session("micro", SessionBehavior::Release, Duration::from_micros(1))
+        .await;
+    s.store.destroy_session(&id).await.unwrap();
+}
+
 async fn destroy_applies_behavior(s: Subject) {
     let [(released, r), (deleted, d)] = s.lock_per_behavior("behavior").await;
     s.store.destroy_session(&r).await.unwrap();
@@ -918,6 +938,7 @@ macro_rules! conformance_suite {
                     counter_with_cas_retry,
                     lock_exclusivity,
                     session_lifecycle,
+                    sub_microsecond_lock_delays_refused,
                     destroy_applies_behavior,
                     expiry_applies_behavior,
                     lock_delay_honoured,
