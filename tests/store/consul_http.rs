@@ -1214,3 +1214,47 @@ async fn a_lost_cas_delete_of_a_key_written_again_since_has_an_unknown_outcome()
         "{result:?}"
     );
 }
+
+/// A proxy set in the environment (`HTTP_PROXY`, as many hosts set for their way out) is not
+/// used for an agent on a loopback address, as Consul's own clients use none there (Go's
+/// `ProxyFromEnvironment`): the proxy cannot reach this host's loopback, and would see the
+/// ACL token of every request. Run in a child process of this test binary, so that the
+/// variables reach no other test.
+#[tokio::test]
+async fn a_loopback_agent_is_reached_past_the_environments_proxy() {
+    const CHILD: &str = "P2_TEST_PROXIED_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        // A port nothing listens on: a request sent through the proxy is refused.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let test = "consul_http::a_loopback_agent_is_reached_past_the_environments_proxy";
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .env("HTTP_PROXY", &proxy)
+            .env("http_proxy", &proxy)
+            .env("ALL_PROXY", &proxy)
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy")
+            .output()
+            .unwrap();
+        let output = String::from_utf8_lossy(&child.stdout);
+        assert!(
+            child.status.success() && output.contains("1 passed"),
+            "{output}{}",
+            String::from_utf8_lossy(&child.stderr)
+        );
+        return;
+    }
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/a"))
+        .respond_with(kv_answer(5, json!([entry("a", "v", 5)])))
+        .mount(&server)
+        .await;
+
+    let got = store(&server).get("a").await;
+
+    assert_eq!(got, Ok(Some(pair("a", "v", 5))));
+}

@@ -190,11 +190,15 @@ impl Http {
             value.set_sensitive(true);
             headers.insert("X-Consul-Token", value);
         }
-        let client = reqwest::Client::builder()
+        let mut client = reqwest::Client::builder()
             .default_headers(headers)
             .connect_timeout(timeouts.connect)
             // The budget bounds the connections in use; this bounds the idle ones kept.
-            .pool_max_idle_per_host(max_connections)
+            .pool_max_idle_per_host(max_connections);
+        if is_loopback(&base) {
+            client = client.no_proxy();
+        }
+        let client = client
             .build()
             .map_err(|e| StoreError::Invalid(format!("building the HTTP client: {e}")))?;
         Ok(Http {
@@ -355,6 +359,18 @@ impl Http {
             filtered,
             body,
         })
+    }
+}
+
+/// An agent on this host, which Consul's own clients reach without the proxy the environment
+/// names (`HTTP_PROXY`, ...), as Go's `ProxyFromEnvironment` does: a proxy cannot reach this
+/// host's loopback, and would see every request's ACL token. Others go through it, as theirs.
+fn is_loopback(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
     }
 }
 
