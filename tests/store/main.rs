@@ -3,6 +3,7 @@
 mod conformance;
 mod consul_budget;
 mod consul_http;
+mod fake_agent;
 mod mirror;
 mod sqlite_store;
 #[path = "../support/mod.rs"]

@@ -8,7 +8,7 @@
 //! TTL rather than up to twice it; a blocking query also returns early when the index went
 //! backwards, and one answered at the KV table's index wakes on any write; tombstones are
 //! kept for an hour; sessions without a TTL and the `get-tree` and `delete-tree` txn verbs
-//! are not supported (400).
+//! are not supported (400). Txn verbs Consul 0.7 lacks fail their op (409), as they do there.
 //!
 //! Reads answer at Consul's index: a key's modify index, a prefix's highest modify or
 //! delete index, and, as Consul's state store does, the KV table's index (the store's
@@ -44,6 +44,22 @@ use serde_json::{json, Value};
 const MAX_BODY: usize = 512 * 1024;
 /// Consul's `maxTxnOps`.
 const MAX_OPS: usize = 64;
+/// The KV verbs of Consul 0.7, the oldest Consul the client works with. Its state store fails
+/// an op of any other verb (`check-not-exists` came in 0.8), so this agent does too: a client
+/// sending one passes no test here that it would fail there.
+const VERBS: [&str; 11] = [
+    "set",
+    "cas",
+    "lock",
+    "unlock",
+    "get",
+    "get-tree",
+    "check-index",
+    "check-session",
+    "delete",
+    "delete-tree",
+    "delete-cas",
+];
 /// The only datacenter this agent knows.
 const DATACENTER: &str = "dc1";
 /// Consul's blocking-query wait when none (or zero) is asked for, and its cap.
@@ -350,15 +366,23 @@ async fn txn(State(store): State<Store>, body: Bytes) -> Reply {
         .into_iter()
         .map(|op| op.kv.ok_or_else(|| bad("the fake runs KV ops only"))))
     .collect::<Result<Vec<_>, _>>()?;
+    let unknown: Vec<Value> = (ops.iter().enumerate())
+        .filter(|(_, op)| !VERBS.contains(&op.verb.as_str()))
+        .map(|(i, op)| json!({ "OpIndex": i, "What": format!("unknown KV verb {:?}", op.verb) }))
+        .collect();
+    if !unknown.is_empty() {
+        let answer = json!({ "Results": null, "Errors": unknown });
+        return Ok((StatusCode::CONFLICT, Json(answer)).into_response());
+    }
     let verbs: Vec<String> = ops.iter().map(|op| op.verb.clone()).collect();
     let ops = ops.into_iter().map(kv_op).collect::<Result<Vec<_>, _>>()?;
     let (status, mut answer) = match store.txn(&ops).await {
         Ok(results) => {
             let mut entries = Vec::new();
             for (verb, result) in verbs.iter().zip(results) {
-                // Consul answers an entry for every op but deletes and check-not-exists;
-                // only `get` keeps the value.
-                if matches!(verb.as_str(), "delete" | "delete-cas" | "check-not-exists") {
+                // Consul answers an entry for every op but deletes; only `get` keeps the
+                // value.
+                if matches!(verb.as_str(), "delete" | "delete-cas") {
                     continue;
                 }
                 let pair = result.ok_or_else(|| internal(format!("no entry for a {verb}")))?;
@@ -412,7 +436,6 @@ fn kv_op(op: KvOpIn) -> Result<TxnOp, Refusal> {
         "delete" => TxnOp::Delete { key },
         "delete-cas" => TxnOp::DeleteCas { key, index },
         "check-index" => TxnOp::CheckIndex { key, index },
-        "check-not-exists" => TxnOp::CheckNotExists { key },
         "lock" => TxnOp::Lock {
             key,
             value,
