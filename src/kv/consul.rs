@@ -469,13 +469,16 @@ impl KvStore for ConsulStore {
             // Consul holds a query that times out for the wait plus up to wait/16, so its
             // answer usually comes after the deadline: count from now, not from the send.
             let resume = (started + MIN_REQUERY_PAUSE).max(Instant::now());
-            // Consul reads `wait=0` as its 5-minute default, so never ask for less than the
-            // pause: at that point the wait is over.
             if resume + MIN_REQUERY_PAUSE > deadline {
                 return Ok(listing);
             }
             tokio::time::sleep_until(resume).await;
-            this_wait = deadline - Instant::now();
+            // Consul reads `wait=0` as its 5-minute default, so never ask for less than the
+            // pause: at that point the wait is over. Told after the pause, which may end late.
+            this_wait = deadline.saturating_duration_since(Instant::now());
+            if this_wait < MIN_REQUERY_PAUSE {
+                return Ok(listing);
+            }
         }
     }
 

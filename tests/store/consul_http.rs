@@ -935,6 +935,50 @@ async fn a_watch_that_times_out_returns_the_same_index_without_spinning() {
     assert!((2..=3).contains(&sent), "{sent} queries in 300ms");
 }
 
+/// A watch woken from its pause between two queries past its deadline (its thread held up
+/// meanwhile) returns what it has: what is left of its wait is nothing, and Consul reads
+/// `wait=0s` as its 5-minute default, which the client would give up on as lost.
+#[tokio::test(flavor = "current_thread")]
+async fn a_watch_held_up_past_its_deadline_asks_consul_no_more() {
+    struct Answer(Arc<tokio::sync::Notify>);
+    impl Respond for Answer {
+        fn respond(&self, _: &Request) -> ResponseTemplate {
+            self.0.notify_one();
+            missing(9)
+        }
+    }
+    let server = MockServer::start().await;
+    let answered = Arc::new(tokio::sync::Notify::new());
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("index", "9"))
+        .respond_with(Answer(answered.clone()))
+        .mount(&server)
+        .await;
+    // Holds the runtime's one thread while the watch pauses after the first answer.
+    let holdup = tokio::spawn(async move {
+        answered.notified().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        std::thread::sleep(Duration::from_millis(600));
+    });
+    let target = WatchTarget::Key("rc/1".into());
+
+    let listing = store(&server)
+        .watch(&target, 9, Duration::from_millis(300))
+        .await
+        .unwrap();
+
+    holdup.await.unwrap();
+    assert_eq!((listing.index, listing.pairs), (9, vec![]));
+    let waits: Vec<String> = requests(&server)
+        .await
+        .iter()
+        .filter_map(|r| r.url.query_pairs().find(|(k, _)| k == "wait"))
+        .map(|(_, wait)| wait.into_owned())
+        .collect();
+    assert_eq!(waits, vec!["300ms".to_string()]);
+}
+
 #[tokio::test]
 async fn a_first_watch_reads_without_blocking() {
     let server = MockServer::start().await;
