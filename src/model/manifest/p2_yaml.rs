@@ -469,7 +469,9 @@ fn go_parse_int(text: &str) -> Option<Go> {
     Some(i64::try_from(magnitude).map_or(Go::Uint(magnitude), Go::Int))
 }
 
-/// Go's `strconv.ParseFloat(s, 64)` for decimal notation and `inf`/`infinity`/`nan`.
+/// Go's `strconv.ParseFloat(s, 64)` for decimal notation and `inf`/`infinity`/`nan`. A
+/// number past float64's range is refused, as Go refuses it (`ErrRange`), so yaml.v2 keeps
+/// it a string; Rust would read it as infinity.
 fn go_parse_float(text: &str) -> Option<f64> {
     let unsigned = text.trim_start_matches(['+', '-']);
     if text.len() - unsigned.len() > 1 {
@@ -490,7 +492,7 @@ fn go_parse_float(text: &str) -> Option<f64> {
     if !decimal || !unsigned.bytes().any(|b| b.is_ascii_digit()) {
         return None;
     }
-    text.parse::<f64>().ok()
+    text.parse::<f64>().ok().filter(|value| value.is_finite())
 }
 
 /// A plain scalar's Go value; anything else is a string.
@@ -1927,6 +1929,18 @@ config:
         assert_eq!(
             canonical("id: hello\nconfig:\n  big: 1e300\n  small: -1e39\n").unwrap(),
             "id: hello\nlaunchables: {}\nconfig:\n  big: .inf\n  small: -.inf\n"
+        );
+    }
+
+    /// A number past float64's range is no float to yaml.v2: Go's `ParseFloat` refuses it
+    /// (`ErrRange`), so `resolve` leaves it a string, written back as it came. Only the
+    /// spellings of infinity are infinity; one that merely underflows is 0 in both.
+    #[test]
+    fn a_number_beyond_float64s_range_stays_a_string() {
+        assert_eq!(
+            canonical("id: hello\nconfig:\n  big: 1e400\n  small: -1.5E+309\n  tiny: 1e-400\n")
+                .unwrap(),
+            "id: hello\nlaunchables: {}\nconfig:\n  big: 1e400\n  small: -1.5E+309\n  tiny: 0\n"
         );
     }
 
