@@ -5,6 +5,7 @@
 //! before reading calls [`Blocking::block`] so a client that passes back the last
 //! `X-Index` is held until something changes.
 
+use std::cmp::Ordering;
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
@@ -34,9 +35,25 @@ impl Blocking {
     /// the client's, the wait passes, or the server starts shutting down; read through
     /// [`App::store_reads`], as every read that goes through to the store.
     pub async fn block(&self, app: &App, prefixes: &[String]) -> Result<(), ApiError> {
+        self.block_within(app, prefixes, &[]).await
+    }
+
+    /// [`Blocking::block`] for a read of part of its trees: held until what `prefixes`
+    /// (that part) holds changes past the client's index, which may be the index of the
+    /// whole trees (`beside`, the trees' prefixes), as an answer from the mirror or
+    /// [`combined_index`] of both claims. The trees' index only tells a client's index
+    /// this store never reached (it went backwards, or the index is another's), which is
+    /// answered at once.
+    pub async fn block_within(
+        &self,
+        app: &App,
+        prefixes: &[String],
+        beside: &[String],
+    ) -> Result<(), ApiError> {
         if let Some((index, wait)) = self.until {
+            let store = app.store_reads.as_ref();
             tokio::select! {
-                result = wait_for_change(app.store_reads.as_ref(), prefixes, index, wait) => result?,
+                result = wait_for_change(store, prefixes, beside, index, wait) => result?,
                 () = app.shutdown.cancelled() => {}
             }
         }
@@ -62,10 +79,13 @@ fn combined(indexes: &[u64]) -> u64 {
     indexes.iter().copied().max().unwrap_or(1).max(1)
 }
 
-/// Returns once the combined index of `prefixes` is not `index`, or after `wait`.
-pub async fn wait_for_change(
+/// Returns once the combined index of `prefixes` is past `index`, or that of `prefixes` and
+/// `beside` together is below it (the store went backwards, or the index is not its own),
+/// or after `wait`. Without `beside`, once the index of `prefixes` is not `index`.
+async fn wait_for_change(
     store: &dyn KvStore,
     prefixes: &[String],
+    beside: &[String],
     index: u64,
     wait: Duration,
 ) -> StoreResult<()> {
@@ -73,8 +93,12 @@ pub async fn wait_for_change(
     loop {
         let indexes = prefix_indexes(store, prefixes).await?;
         let current = combined(&indexes);
+        let reached = match current.cmp(&index) {
+            Ordering::Less => current.max(combined_index(store, beside).await?),
+            _ => current,
+        };
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if current != index || remaining.is_zero() {
+        if current > index || reached < index || remaining.is_zero() {
             return Ok(());
         }
         // Too short for a blocking query (Consul would answer at once, over and over).

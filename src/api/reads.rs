@@ -317,7 +317,8 @@ pub async fn indexed_source<'a>(
     Ok((IndexedReader { kv, index }, mirror))
 }
 
-/// Which source [`open`] read from: the mirror, or the store with the prefixes it watched.
+/// Which source [`open`] read from: the mirror, or the store with the prefixes whose index
+/// the answer claims.
 enum Opened<'a> {
     Mirror(&'a Mirror),
     Store(Vec<String>),
@@ -337,12 +338,21 @@ async fn open<'a>(
             Opened::Mirror(mirror),
         )),
         Source::Store(blocking) => {
-            let prefixes: Vec<String> = if spans.is_empty() {
-                trees.iter().map(|tree| tree.prefix()).collect()
+            // Held until the spans change, answered at the index of the trees (and the
+            // spans, on Consul at the whole store's when empty), as from the mirror: a
+            // client passes back either answer's index and is held while nothing it
+            // shows changed.
+            let tree_prefixes: Vec<String> = trees.iter().map(|tree| tree.prefix()).collect();
+            let span_prefixes: Vec<String> = spans.iter().flat_map(Span::prefixes).collect();
+            let prefixes = if spans.is_empty() {
+                blocking.block(app, &tree_prefixes).await?;
+                tree_prefixes
             } else {
-                spans.iter().flat_map(Span::prefixes).collect()
+                blocking
+                    .block_within(app, &span_prefixes, &tree_prefixes)
+                    .await?;
+                [span_prefixes, tree_prefixes].concat()
             };
-            blocking.block(app, &prefixes).await?;
             Ok((app.store_reads.clone(), Opened::Store(prefixes)))
         }
     }

@@ -52,6 +52,16 @@ async fn put_p2_health(app: &TestApp, pod_id: &str, node: &str, status: &str) {
         .await;
 }
 
+/// Places pod `hello` on each of `nodes` as P2 would, labelled and passing: every tree a
+/// pod listing reads in use.
+async fn place_hello(app: &TestApp, nodes: &[&str]) {
+    for node in nodes {
+        put_intent(app, node, "hello").await;
+        label_pod(app, node, "hello").await;
+        put_p2_health(app, "hello", node, "passing").await;
+    }
+}
+
 /// `PUT path` with a body labelled JSON but sent exactly as given.
 async fn put_health_raw(app: &TestApp, path: &str, body: impl Into<Body>) -> TestResponse {
     app.send_raw("PUT", path, &[("content-type", "application/json")], body)
@@ -393,11 +403,7 @@ async fn a_pod_ids_listing_shows_its_pods_as_the_fleets_listing_does() {
 #[tokio::test]
 async fn blocking_pod_id_listing_wakes_on_its_pods_changes() {
     let app = std::sync::Arc::new(TestApp::new().await);
-    for node in ["node1", "node2"] {
-        put_intent(&app, node, "hello").await;
-        label_pod(&app, node, "hello").await;
-        put_p2_health(&app, "hello", node, "passing").await;
-    }
+    place_hello(&app, &["node1", "node2"]).await;
     let wait_for = |app: std::sync::Arc<TestApp>| async move {
         let index = app.get("/api/v1/pods?pod_id=hello").await.x_index();
         app.get_held(format!("/api/v1/pods?pod_id=hello&index={index}&wait=30s"))
@@ -583,11 +589,7 @@ async fn blocking_pod_listing_wakes_on_health_and_ignores_other_trees() {
 #[tokio::test]
 async fn blocking_pod_listing_of_a_node_wakes_only_on_that_nodes_health() {
     let app = std::sync::Arc::new(TestApp::new().await);
-    for node in ["node1", "node2", "node10"] {
-        put_intent(&app, node, "hello").await;
-        label_pod(&app, node, "hello").await;
-        put_p2_health(&app, "hello", node, "passing").await;
-    }
+    place_hello(&app, &["node1", "node2", "node10"]).await;
     put_intent(&app, "node2", "other").await;
     let index = app.get("/api/v1/pods?node=node1").await.x_index();
 
@@ -611,6 +613,36 @@ async fn blocking_pod_listing_of_a_node_wakes_only_on_that_nodes_health() {
         "critical",
         "{answer:?}"
     );
+}
+
+/// A read of one node's pods that goes through to the store (`consistent=true`, or while the
+/// mirror cannot be trusted) answers the index of its trees, as the mirror does, not the
+/// lower one of that node's keys: a client blocking at the mirror's `X-Index` is held until
+/// the node's pods change, rather than answered at once with an index gone backwards.
+#[tokio::test]
+async fn a_node_listing_read_through_to_the_store_is_held_at_the_mirrors_index() {
+    let app = std::sync::Arc::new(TestApp::new().await);
+    // Another node's pod, written last, moves the trees' index past node1's keys.
+    place_hello(&app, &["node1", "node2", "node3"]).await;
+    put_intent(&app, "node3", "other").await;
+    app.mirrored("intent/node3/other").await;
+    let index = app.get("/api/v1/pods?node=node1").await.x_index();
+    let stored = app.get("/api/v1/pods?node=node1&consistent=true").await;
+    assert!(
+        stored.x_index() >= index,
+        "the store's answer claims {} below the mirror's {index}",
+        stored.x_index()
+    );
+
+    let path = format!("/api/v1/pods?node=node1&consistent=true&index={index}&wait=30s");
+    let held = app.get_held(path).await;
+    put_intent(&app, "node2", "other").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.assert_held("another node's pod woke node1's listing");
+    put_intent(&app, "node1", "other").await;
+    let answer = held.woken("node1's new pod did not wake its listing").await;
+    assert!(answer.x_index() > index, "{answer:?}");
+    assert_eq!(answer.json()["items"].as_array().unwrap().len(), 2);
 }
 
 /// A record whose `Node` names another node than its key is that node's result, as P2 and
