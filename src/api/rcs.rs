@@ -161,8 +161,8 @@ impl RcStatus {
 
 /// The trees an RC's view is made of: its document, its labels, the pod labels its
 /// status counts and the farms' conditions (written after the pass that saw the pods
-/// change, so a client blocked at an answer's index is woken by them too). A read's
-/// `X-Index` is what they hold (`reads::mirror_index`).
+/// change, so a client blocked at an answer's index is woken by them too). A write's
+/// answer claims what they hold (`reads::mirror_index`); a read's, [`VIEW_TREES`].
 const RC_TREES: [Tree; 4] = [
     Tree::Rcs,
     Tree::Labels(LabelType::ReplicationController),
@@ -296,11 +296,11 @@ async fn list_rcs(
         }
         Source::Store(blocking) => blocking,
     };
-    blocking.block(&app, &rc_prefixes()).await?;
+    blocking.block(&app, &prefixes(&VIEW_TREES)).await?;
 
     let kv: Arc<dyn KvStore> = app.store_reads.clone();
     // Taken before anything is read, as in `get_rc`.
-    let index = combined_index(kv.as_ref(), &rc_prefixes()).await?;
+    let index = combined_index(kv.as_ref(), &prefixes(&VIEW_TREES)).await?;
     let label_store = LabelStore::new(kv.clone());
     let (_, records) = RcStore::new(kv.clone()).list().await?;
     let (_, rc_labels) = label_store.list(LabelType::ReplicationController).await?;
@@ -385,11 +385,11 @@ async fn get_rc(
         }
         Source::Store(blocking) => blocking,
     };
-    blocking.block(&app, &rc_prefixes()).await?;
+    blocking.block(&app, &prefixes(&VIEW_TREES)).await?;
     let kv: Arc<dyn KvStore> = app.store_reads.clone();
     // Taken before anything is read: a change landing between the reads is in the answer
     // or above its index, so a client blocking at it misses nothing.
-    let index = combined_index(kv.as_ref(), &rc_prefixes()).await?;
+    let index = combined_index(kv.as_ref(), &prefixes(&VIEW_TREES)).await?;
     let record = match read(&RcStore::new(kv.clone()), &id).await {
         Err(e) if e.status() == StatusCode::NOT_FOUND => return Ok(error_at(e, index)),
         record => record?,
@@ -574,9 +574,11 @@ fn view_spans(id: &str) -> [Span; 5] {
     ]
 }
 
-/// The prefixes of [`RC_TREES`], for blocking reads served from the store.
-fn rc_prefixes() -> Vec<String> {
-    RC_TREES.iter().map(|tree| tree.prefix()).collect()
+/// The prefixes of `trees`, for reads served from the store: an RC read's are
+/// [`VIEW_TREES`], so that it claims and is held at the index an answer from the mirror
+/// claims; a write's answer's are [`RC_TREES`], as from the mirror.
+fn prefixes(trees: &[Tree]) -> Vec<String> {
+    trees.iter().map(|tree| tree.prefix()).collect()
 }
 
 /// The version of an RC document that cannot be decoded, so that it can still be deleted.
@@ -733,7 +735,7 @@ async fn written_view(app: &AppState, record: &RcRecord) -> Result<(RcView, u64)
             return Ok((mirrored_view(mirror, record), index));
         }
     }
-    let index = combined_index(app.store.as_ref(), &rc_prefixes()).await?;
+    let index = combined_index(app.store.as_ref(), &prefixes(&RC_TREES)).await?;
     Ok((stored_view(&app.store, record).await?, index))
 }
 

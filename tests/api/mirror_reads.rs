@@ -2369,3 +2369,32 @@ async fn listings_written_elsewhere_are_claimed_only_with_their_times() {
     let (first, second, counting, id) = roll_with_times_held_back().await;
     listed_with_times(&first, &second, &counting, "/api/v1/rolls", &id).await;
 }
+
+/// An RC's read through to the store (one RC or the list) answers the index of every tree
+/// its view is made of, the times kept beside it included, as the mirror's answer does: a
+/// client blocking at the mirror's `X-Index`, moved by another object's times, is held
+/// rather than answered at once with an index gone backwards.
+#[tokio::test]
+async fn an_rc_read_through_to_the_store_is_held_at_the_mirrors_index() {
+    let app = Arc::new(TestApp::new().await);
+    let id = create(&app, 0).await;
+    // Every tree of the view in use: on Consul an empty tree reads at the index of the
+    // whole KV store, which any write anywhere moves.
+    give_conditions(&app, &id).await;
+    label_pod_of(&app, &id, "node1").await;
+    let rc_labels = format!("labels/replication_controller/{id}");
+    app.put_json(&rc_labels, &json!({"team": "a"})).await;
+    // Written last: its times move the index of the RC's view past its other trees'.
+    create_daemon_set(&app).await;
+    let reads = [format!("/api/v1/rcs/{id}"), "/api/v1/rcs".to_owned()];
+    for (replicas, read) in (1..).zip(reads) {
+        let index = app.get(&read).await.x_index();
+        let stored = app.get(&format!("{read}?consistent=true")).await;
+        stored.assert_not_behind(index, &read);
+        let held = format!("{read}?consistent=true&index={index}&wait=30s");
+        let held = app.get_held(held).await;
+        set_replicas(&app, &id, replicas).await;
+        let answer = held.woken("the RC's change did not wake the read").await;
+        assert!(answer.x_index() > index, "{read}: {answer:?}");
+    }
+}

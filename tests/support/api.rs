@@ -499,6 +499,16 @@ impl TestResponse {
             .expect("a numeric X-Index")
     }
 
+    /// Checks that the answer, read through to the store, claims no index below `index`,
+    /// the `X-Index` of the mirror's answer to `read` before it.
+    pub fn assert_not_behind(&self, index: u64, read: &str) {
+        let claimed = self.x_index();
+        assert!(
+            claimed >= index,
+            "{read} from the store claims {claimed} below the mirror's {index}"
+        );
+    }
+
     /// Checks a create's answer: 201, the new resource's URL in `Location` and `version` in
     /// `ETag`.
     pub fn assert_created(&self, location: &str, version: impl std::fmt::Display) {
