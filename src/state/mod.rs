@@ -833,8 +833,9 @@ impl Mirror {
     ///
     /// A tree's own index only moves when the tree changes, so a tree below `index` may be
     /// current (the change at `index` was elsewhere) or lagging (its watch has yet to
-    /// deliver). The store is asked for the index of each such tree, once, after the write
-    /// at `index` was made, and the wait lasts until the mirror has reached those indexes.
+    /// deliver). The store is asked for the index of each such tree, and of each tree out of
+    /// touch with it, once, after the write at `index` was made, and the wait lasts until the
+    /// mirror has reached those indexes.
     pub async fn wait_for(&self, index: u64, timeout: Duration) -> bool {
         self.wait_for_trees(&Tree::ALL, index, timeout).await
     }
