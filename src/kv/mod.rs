@@ -42,9 +42,10 @@ pub const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
 /// that many seconds (its `lockDelayMinThreshold`, for clients that send 5 meaning 5s).
 pub const MIN_LOCK_DELAY: Duration = Duration::from_micros(1);
 
-/// What keeps `delay` from being a lock-delay every store takes as given, `None` when
-/// nothing does: over 60s, or under a microsecond but not zero, which Consul would hold
-/// locks for as many seconds as it has nanoseconds.
+/// What keeps `delay` from being a lock-delay every store takes, `None` when nothing does:
+/// over 60s, or under a microsecond but not zero, which Consul would hold locks for as many
+/// seconds as it has nanoseconds. (The embedded store keeps it to the millisecond, rounded
+/// up.)
 pub fn lock_delay_problem(delay: Duration) -> Option<String> {
     if delay > MAX_LOCK_DELAY {
         Some(format!("lock-delay must be at most 60s, got {delay:?}"))

@@ -2171,7 +2171,8 @@ impl KvStore for SqliteStore {
             .bind(&id)
             .bind(&spec.name)
             .bind(spec.ttl.as_millis() as i64)
-            .bind(spec.lock_delay.as_millis() as i64)
+            // Kept in milliseconds, rounded up: a lock-delay asked for is never dropped.
+            .bind(spec.lock_delay.as_micros().div_ceil(1000) as i64)
             .bind(spec.behavior.as_str())
             .bind(txn.index as i64)
             .bind(txn.now_ms + spec.ttl.as_millis() as i64)

@@ -491,6 +491,9 @@ async fn sub_microsecond_lock_delays_refused(s: Subject) {
     let id = s
         .session("micro", SessionBehavior::Release, Duration::from_micros(1))
         .await;
+    // Taken, and kept: a store that counts in coarser units rounds it up, never to none.
+    let info = s.store.session_info(&id).await.unwrap().unwrap();
+    assert!(!info.lock_delay.is_zero(), "{info:?}");
     s.store.destroy_session(&id).await.unwrap();
 }
 
