@@ -167,7 +167,7 @@ async fn the_embedded_stores_writer_is_timed_by_stage_and_counts_its_rows() {
 /// timeout drops it, would otherwise show in no series at all.
 #[tokio::test]
 async fn requests_whose_client_hangs_up_are_counted_as_499() {
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let app = TestApp::new().await;
     let served = app.serve(None, HttpLimits::default()).await;
@@ -176,14 +176,32 @@ async fn requests_whose_client_hangs_up_are_counted_as_499() {
         ("method", "GET"),
         ("status", "499"),
     ];
-    let index = app.get("/api/v1/daemonsets").await.x_index();
+    let mut index = app.get("/api/v1/daemonsets").await.x_index();
     let before = scrape(&app).await;
-    let mut client = tokio::net::TcpStream::connect(served.addr).await.unwrap();
-    let request =
-        format!("GET /api/v1/daemonsets?index={index}&wait=5m HTTP/1.1\r\nHost: test\r\n\r\n");
-    client.write_all(request.as_bytes()).await.unwrap();
-    // Held by the blocking query, then given up.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Held by the blocking query, then given up. An answer may claim less than the change
+    // it shows until every tree's watch has listed past it, and a read blocked there is
+    // answered at once, at a newer index: block again at that one, a few times at most.
+    let mut tries = 0;
+    let client = loop {
+        let mut client = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+        let request =
+            format!("GET /api/v1/daemonsets?index={index}&wait=5m HTTP/1.1\r\nHost: test\r\n\r\n");
+        client.write_all(request.as_bytes()).await.unwrap();
+        let mut head = vec![0; 8192];
+        let Ok(read) =
+            tokio::time::timeout(Duration::from_millis(200), client.read(&mut head)).await
+        else {
+            break client;
+        };
+        let head = String::from_utf8_lossy(&head[..read.unwrap()]).to_ascii_lowercase();
+        index = head
+            .lines()
+            .find_map(|line| line.strip_prefix("x-index:"))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or_else(|| panic!("an answer without X-Index: {head}"));
+        tries += 1;
+        assert!(tries < 5, "the blocking query was never held");
+    };
     drop(client);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
