@@ -84,7 +84,8 @@ where
     })
 }
 
-fn malformed_json(e: serde_json::Error) -> ApiError {
+/// 400 for JSON that is not well formed, every body's wording of it.
+pub fn malformed_json(e: serde_json::Error) -> ApiError {
     ApiError::bad_request(format!("malformed JSON: {e}"))
 }
 
@@ -435,7 +436,7 @@ where
         match serde_json::from_slice::<serde_json::Value>(&bytes) {
             Ok(serde_json::Value::Object(map)) => Ok(MergePatch(map)),
             Ok(_) => Err(ApiError::bad_request("a merge patch must be a JSON object")),
-            Err(e) => Err(ApiError::bad_request(format!("malformed JSON: {e}"))),
+            Err(e) => Err(malformed_json(e)),
         }
     }
 }

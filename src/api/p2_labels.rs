@@ -36,7 +36,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::blocking::index_header;
-use crate::api::extract::{refuse_duplicate_keys, shaped, ApiJson, ApiPath, ApiQuery, NoQuery};
+use crate::api::extract::{
+    malformed_json, refuse_duplicate_keys, shaped, ApiJson, ApiPath, ApiQuery, NoQuery,
+};
 use crate::api::reads::{indexed_source, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
@@ -267,8 +269,7 @@ async fn put_p2_target(
     // Read without `ApiJson` (the content type is not checked), but under the same rule on
     // keys named twice: the value kept would be whichever the parser picks.
     refuse_duplicate_keys(&body)?;
-    let body: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
+    let body: Value = serde_json::from_slice(&body).map_err(malformed_json)?;
     match target.name {
         None => put_p2_labels(&app, &actor, target.label_type, &target.id, shaped(body)?).await,
         Some(name) => {
