@@ -127,19 +127,28 @@ pub fn refuse_duplicate_keys(bytes: &[u8]) -> Result<(), ApiError> {
 
 /// Walks one JSON value, recording the first duplicate key (and stopping there).
 struct DuplicateKeys<'a> {
-    /// Where this value is, as a dotted path (`labels`, `items.0.name`); empty at the top.
+    /// Where this value is, written as [`shaped`] names a field (`labels`, `items[0].name`);
+    /// empty at the top.
     at: String,
     found: &'a RefCell<Option<Cause>>,
 }
 
 impl DuplicateKeys<'_> {
-    fn child(&self, name: &str) -> Self {
+    fn field(&self, name: &str) -> Self {
+        self.at(if self.at.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}.{name}", self.at)
+        })
+    }
+
+    fn element(&self, index: usize) -> Self {
+        self.at(format!("{}[{index}]", self.at))
+    }
+
+    fn at(&self, at: String) -> Self {
         DuplicateKeys {
-            at: if self.at.is_empty() {
-                name.to_owned()
-            } else {
-                format!("{}.{name}", self.at)
-            },
+            at,
             found: self.found,
         }
     }
@@ -169,7 +178,7 @@ impl<'de> Visitor<'de> for DuplicateKeys<'_> {
                     Some(Cause::new(field, format!("names the key {key:?} twice")));
                 return Err(de::Error::custom("duplicate key"));
             }
-            map.next_value_seed(self.child(&key))?;
+            map.next_value_seed(self.field(&key))?;
             seen.insert(key);
         }
         Ok(())
@@ -177,10 +186,7 @@ impl<'de> Visitor<'de> for DuplicateKeys<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut index = 0usize;
-        while seq
-            .next_element_seed(self.child(&index.to_string()))?
-            .is_some()
-        {
+        while seq.next_element_seed(self.element(index))?.is_some() {
             index += 1;
         }
         Ok(())

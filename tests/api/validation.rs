@@ -273,7 +273,15 @@ async fn duplicate_keys_are_refused_at_every_depth() {
             "PUT",
             "/api/v1/labels/node/node1",
             r#"{"labels": {"a": "1"}, "x": [{"k": 1, "k": 2}]}"#.to_owned(),
-            "x.0",
+            "x[0]",
+        ),
+        // An array element is named as a shape error names it, `[index]` after its array.
+        (
+            "POST",
+            "/api/v1/daemonsets",
+            r#"{"manifest": {"id": "hello", "config": {"l": [1, {"k": 1, "k": 2}]}}, "node_selector": "", "timeout": "1m"}"#
+                .to_owned(),
+            "manifest.config.l[1]",
         ),
         // P2's own label routes, which read their bodies as JSON whatever the content type.
         (
