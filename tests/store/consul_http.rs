@@ -809,6 +809,36 @@ async fn a_lost_cas_delete_is_checked_by_reading_the_key() {
     store(&server).delete("rc/1", Cas::Index(20)).await.unwrap();
 }
 
+/// A 404 without `X-Consul-Index` is not Consul's "no such key" (Consul's KV answers carry
+/// their index, found or not): a proxy or a wrong address in front of the agent answers so.
+/// Read as the key being gone, it would tell a lost delete that it landed.
+#[tokio::test]
+async fn a_404_without_consuls_index_is_not_taken_for_a_missing_key() {
+    let server = MockServer::start().await;
+    Mock::given(method("DELETE"))
+        .and(path("/v1/kv/rc/1"))
+        .and(query_param("cas", "20"))
+        .respond_with_err(drop_connection)
+        .mount(&server)
+        .await;
+    expect_check_read(&server, "rc/1", ResponseTemplate::new(404)).await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/rc/2"))
+        .respond_with(ResponseTemplate::new(404).set_body_string("404 page not found"))
+        .mount(&server)
+        .await;
+    let store = store(&server);
+
+    let deleted = store.delete("rc/1", Cas::Index(20)).await;
+    let read = store.get("rc/2").await;
+
+    assert!(
+        matches!(&deleted, Err(StoreError::OutcomeUnknown(_))),
+        "{deleted:?}"
+    );
+    assert!(matches!(&read, Err(StoreError::Unavailable(_))), "{read:?}");
+}
+
 /// Sends a one-op transaction to a Consul whose `PUT /v1/txn` answers as `answer` makes it,
 /// once, and checks that its outcome is unknown.
 async fn assert_txn_outcome_unknown(answer: impl FnOnce(MockBuilder) -> Mock) {

@@ -382,12 +382,21 @@ fn is_transient(answer: &Answer) -> bool {
 
 /// A read's answer, unless its status is an error, or Consul filtered it by ACLs: a listing
 /// short of the keys this server's token may not read is not the tree, and taken for it
-/// the mirror, the farms and the API would act on a tree without those keys.
+/// the mirror, the farms and the API would act on a tree without those keys. A 404 is
+/// "missing" only with the `X-Consul-Index` Consul's reads always carry: without it, the
+/// answer is a proxy's or another server's, and taken for a missing key it would tell a
+/// lost delete that it landed.
 fn read_outcome(what: &str, answer: Answer) -> StoreResult<Answer> {
     if answer.filtered {
         return Err(StoreError::Forbidden(format!(
             "{what}: Consul left out keys the token may not read \
              (X-Consul-Results-Filtered-By-ACLs)"
+        )));
+    }
+    if answer.status == StatusCode::NOT_FOUND && answer.index.is_none() {
+        return Err(StoreError::Unavailable(format!(
+            "{what}: 404 without X-Consul-Index, so not Consul's answer: {}",
+            answer.text()
         )));
     }
     if answer.status.is_success() || answer.status == StatusCode::NOT_FOUND {
