@@ -122,7 +122,10 @@ impl<F: ListFilter> ListQuery<F> {
         let after = params.continue_token.as_deref().and_then(|token| {
             let after = decode_token(token);
             if after.is_none() {
-                violations.add("continue", "is not a token this server issued");
+                violations.add(
+                    "continue",
+                    "is not a page token: send back a page's `continue` unchanged",
+                );
             }
             after
         });

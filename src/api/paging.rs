@@ -104,7 +104,8 @@ fn encode(key: &str) -> String {
     URL_SAFE_NO_PAD.encode(key)
 }
 
-/// The key a `continue` token carries; `None` for a token this server did not issue.
+/// The key a `continue` token carries; `None` for text no page's token could be (the
+/// token is not signed: one made by hand only moves where a listing starts).
 pub fn decode_token(token: &str) -> Option<String> {
     String::from_utf8(URL_SAFE_NO_PAD.decode(token).ok()?).ok()
 }
