@@ -80,7 +80,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let store = open_store(&args.store, args.consul.options())
         .await
-        .with_context(|| format!("opening the store {:?}", args.store))?;
+        .with_context(|| format!("opening the store {}", args.store))?;
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

@@ -1,5 +1,6 @@
 //! Turns the `--store` URL into a running backend.
 
+use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -43,6 +44,16 @@ impl FromStr for StoreUrl {
         Ok(StoreUrl::Consul {
             base_url: format!("{scheme}://{authority}"),
         })
+    }
+}
+
+/// As an operator reads it in a message: the URL given, or the agent's address.
+impl fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreUrl::Sqlite { path } => write!(f, "sqlite://{path}"),
+            StoreUrl::Consul { base_url } => write!(f, "Consul at {base_url}"),
+        }
     }
 }
 

@@ -288,7 +288,8 @@ impl SqliteStore {
             .clone()
             .pragma("temp_store", "memory")
             .pragma("wal_autocheckpoint", "8192");
-        let writer = open_writer(writer_options).await?;
+        let unopened = |e| opening_failed(path, e);
+        let writer = open_writer(writer_options).await.map_err(unopened)?;
         // Readers keep small page caches (256 KiB each rather than SQLite's 2 MiB): they
         // read little beside the mirror, and what they read is in the OS's cache anyway.
         // They are not pinged before each use, as pooled connections are by default: a
@@ -299,7 +300,7 @@ impl SqliteStore {
             .test_before_acquire(false)
             .connect_with(options.read_only(true).pragma("cache_size", "-256"))
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| unopened(unavailable(e)))?;
         let last = meta(&reader, "last_index").await?;
         let reaped = meta(&reader, "reaped_index").await?;
         let conn = writer.acquire().await.map_err(unavailable)?;
@@ -469,6 +470,20 @@ fn check_database_file(path: &str) -> StoreResult<()> {
             Err(refused("its directory does not exist".into()))
         }
         Err(e) => Err(refused(e.to_string())),
+    }
+}
+
+/// A failure to open the database, naming the file and the two SQLite keeps beside it:
+/// SQLite's words name none of them, and creating those two is what fails where this
+/// process may write the file but not its directory ("attempt to write a readonly
+/// database").
+fn opening_failed(path: &str, e: StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable(why) => StoreError::Unavailable(format!(
+            "opening the database file {path:?} and its log beside it \
+             ({path}-wal and {path}-shm, which SQLite creates in its directory): {why}"
+        )),
+        other => other,
     }
 }
 
@@ -3021,6 +3036,23 @@ mod tests {
         let reason = refused.to_string();
         assert!(reason.contains("directory does not exist"), "{reason}");
         assert!(!dir.path().join("missing").exists());
+    }
+
+    /// A file SQLite can open but whose log it cannot create beside it (here a directory
+    /// is in the way; in a directory this process may not write, SQLite says "attempt to
+    /// write a readonly database") is refused naming the file and the log.
+    #[tokio::test]
+    async fn a_database_whose_log_cannot_be_created_is_refused_naming_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kv.db").display().to_string();
+        std::fs::write(&path, b"").unwrap();
+        std::fs::create_dir(format!("{path}-wal")).unwrap();
+        let Err(refused) = SqliteStore::open(&path).await else {
+            panic!("a database was opened without its log");
+        };
+        let reason = refused.to_string();
+        assert!(reason.contains(&format!("{path:?}")), "{reason}");
+        assert!(reason.contains(&format!("{path}-wal")), "{reason}");
     }
 
     /// The rows' only key index is not unique by key (`migrations/0006_one_key_index.sql`):
