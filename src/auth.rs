@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tokio::sync::watch;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 
 use crate::error::{ApiError, ErrorBody};
@@ -249,6 +250,9 @@ fn read_tokens(path: &Path) -> anyhow::Result<Vec<Token>> {
 struct TokenSource {
     path: PathBuf,
     tokens: RwLock<Arc<Vec<Token>>>,
+    /// How many times the file has been re-read, for the answers that outlive a request's
+    /// check of its token ([`Revocation`]).
+    reloads: watch::Sender<u64>,
 }
 
 /// Who may call the API, shared by every request: the tokens (none configured means no
@@ -270,6 +274,7 @@ impl Access {
             Some(path) => Some(TokenSource {
                 tokens: RwLock::new(Arc::new(read_tokens(path)?)),
                 path: path.to_owned(),
+                reloads: watch::Sender::new(0),
             }),
         };
         Ok(Access {
@@ -295,6 +300,7 @@ impl Access {
         Some(read_tokens(&source.path).map(|tokens| {
             let count = tokens.len();
             *source.tokens.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tokens);
+            source.reloads.send_modify(|reloads| *reloads += 1);
             count
         }))
     }
@@ -323,10 +329,90 @@ impl Access {
     }
 }
 
-/// The name of the token a request was authenticated with, put in its extensions by
-/// [`authorize`].
+/// The token a request was let through with, put in its extensions by [`authorize`]: its
+/// name, and what tells whether it is still in force ([`Revocation`]).
 #[derive(Debug, Clone)]
-struct Subject(String);
+struct Subject {
+    name: String,
+    sha256: [u8; 32],
+    /// The role the request's operation needed.
+    needed: Role,
+    access: Arc<Access>,
+    /// The re-reads of the token file before the token was checked.
+    reloads_before: u64,
+}
+
+impl Subject {
+    /// Whether the tokens now in force still list this token with a role that grants what
+    /// the request needed.
+    fn in_force(&self) -> bool {
+        let Some(source) = &self.access.tokens else {
+            return true;
+        };
+        let tokens = source.tokens.read().unwrap_or_else(|e| e.into_inner());
+        tokens
+            .iter()
+            .any(|token| token.sha256 == self.sha256 && token.role.grants(self.needed))
+    }
+}
+
+/// Tells an answer that outlives its request's check of the token (the change stream) when
+/// that token is revoked: the token file re-read without it, or with a role that no longer
+/// grants the operation. A request let through without a token is never revoked.
+#[derive(Debug)]
+pub struct Revocation(Option<Revocable>);
+
+#[derive(Debug)]
+struct Revocable {
+    subject: Subject,
+    reloads: watch::Receiver<u64>,
+    /// The re-read of the token file last looked at.
+    checked: u64,
+}
+
+impl Revocation {
+    /// Whether the token has been revoked; the tokens are looked at only after a re-read.
+    pub fn revoked(&mut self) -> bool {
+        let Some(revocable) = &mut self.0 else {
+            return false;
+        };
+        let reloads = *revocable.reloads.borrow();
+        if reloads == revocable.checked {
+            return false;
+        }
+        revocable.checked = reloads;
+        !revocable.subject.in_force()
+    }
+
+    /// Waits for the next re-read of the token file (forever without a token); then
+    /// [`Revocation::revoked`] tells whether it revoked the token.
+    pub async fn reloaded(&mut self) {
+        let reread = match &mut self.0 {
+            Some(revocable) => revocable.reloads.changed().await.is_ok(),
+            None => false,
+        };
+        if !reread {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Revocation {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let revocable = parts.extensions.get::<Subject>().and_then(|subject| {
+            let source = subject.access.tokens.as_ref()?;
+            let reloads = source.reloads.subscribe();
+            Some(Revocable {
+                checked: subject.reloads_before,
+                subject: subject.clone(),
+                reloads,
+            })
+        });
+        Ok(Revocation(revocable))
+    }
+}
 
 /// Header carrying the request id, as most proxies and tracing tools expect: set by the
 /// router on every request that lacks one, and recorded with who made it.
@@ -342,7 +428,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Actor {
         let name = parts
             .extensions
             .get::<Subject>()
-            .map_or_else(|| ANONYMOUS.to_owned(), |subject| subject.0.clone());
+            .map_or_else(|| ANONYMOUS.to_owned(), |subject| subject.name.clone());
         let request_id = parts
             .headers
             .get(&REQUEST_ID_HEADER)
@@ -354,7 +440,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Actor {
 
 /// Lets a request through only with a token whose role grants what its operation needs
 /// (`RULES`): 401 without a known token, 403 with one lacking the role. Records the
-/// token's name in the request's span and, for the handler, its extensions ([`Actor`]).
+/// token's name in the request's span and, for the handler, its extensions ([`Actor`],
+/// [`Revocation`]).
 /// With no token file, lets every request through.
 pub async fn authorize(
     State(access): State<Arc<Access>>,
@@ -380,6 +467,7 @@ pub async fn authorize(
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
+    let reloads_before = *source.reloads.borrow();
     let Some(token) = presented.and_then(|presented| access.find(source, presented)) else {
         let message = if presented.is_some() {
             "the bearer token is not known"
@@ -394,7 +482,13 @@ pub async fn authorize(
         return response;
     };
     tracing::Span::current().record("subject", tracing::field::display(&token.name));
-    request.extensions_mut().insert(Subject(token.name.clone()));
+    request.extensions_mut().insert(Subject {
+        name: token.name.clone(),
+        sha256: token.sha256,
+        needed,
+        access: access.clone(),
+        reloads_before,
+    });
     if !token.role.grants(needed) {
         return forbidden(format!(
             "{:?} has the role {}; this operation needs {}",

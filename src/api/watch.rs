@@ -18,6 +18,8 @@
 //! matching. A client more than the server's buffer behind on one of the kinds it follows
 //! (changes of other kinds do not count) is sent `dropped` and disconnected, so a slow client never holds the
 //! others back.
+//! A stream opened with a token that a re-read of the token file revokes ends at once: its
+//! token was checked only when it opened.
 
 use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
@@ -37,6 +39,7 @@ use utoipa_axum::routes;
 use crate::api::extract::ApiQuery;
 use crate::api::list_query::MAX_INDEX;
 use crate::app::AppState;
+use crate::auth::Revocation;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::Selector;
 use crate::metrics::{self, SseClient};
@@ -268,6 +271,7 @@ async fn watch(
     State(app): State<AppState>,
     ApiQuery(query): ApiQuery<WatchQuery>,
     headers: HeaderMap,
+    revocation: Revocation,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let resume = match headers.get("last-event-id") {
         None => None,
@@ -306,7 +310,7 @@ async fn watch(
             lost.join(", ")
         )));
     }
-    let watcher = Watcher::start(app, filter, resume);
+    let watcher = Watcher::start(app, filter, resume, revocation);
     let events = stream::unfold(watcher, |mut watcher| async move {
         let event = watcher.next().await?;
         Some((Ok(event), watcher))
@@ -337,12 +341,19 @@ struct Watcher {
     selected: HashSet<String>,
     /// Whether the stream ends once `pending` is sent.
     ending: bool,
+    /// Ends the stream, at once, when the token it was opened with is revoked.
+    revocation: Revocation,
     /// Counts the stream in the metrics while it lives.
     _client: SseClient,
 }
 
 impl Watcher {
-    fn start(app: AppState, filter: Filter, resume: Option<u64>) -> Watcher {
+    fn start(
+        app: AppState,
+        filter: Filter,
+        resume: Option<u64>,
+        revocation: Revocation,
+    ) -> Watcher {
         // Taken before the subscription, so that every change after it is in the backlog.
         let selected = match resume {
             Some(_) => filter.selected_now(&app.mirror),
@@ -357,6 +368,7 @@ impl Watcher {
             pending: VecDeque::new(),
             selected,
             ending: false,
+            revocation,
             _client: SseClient::connected(),
         };
         watcher.queue(subscription.backlog, !resumed);
@@ -474,6 +486,10 @@ impl Watcher {
     /// The next event to send; `None` ends the stream.
     async fn next(&mut self) -> Option<Event> {
         loop {
+            if self.revocation.revoked() {
+                tracing::info!("change stream ended: its token was revoked");
+                return None;
+            }
             match self.pending.pop_front() {
                 Some(Pending::Control(event)) => return Some(event),
                 Some(Pending::Change(change)) => {
@@ -487,6 +503,7 @@ impl Watcher {
             }
             let signal = tokio::select! {
                 signal = self.receiver.recv() => signal,
+                () = self.revocation.reloaded() => continue,
                 () = self.app.shutdown.cancelled() => return None,
             };
             match signal {

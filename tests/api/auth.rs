@@ -43,7 +43,7 @@ fn allowed(required: &str) -> &'static [&'static str] {
 }
 
 /// A token file line: name, role, the token itself (only its digest is written), nodes.
-fn token_file(path: &Path, tokens: &[(&str, &str, &str, Option<&str>)]) {
+pub(crate) fn token_file(path: &Path, tokens: &[(&str, &str, &str, Option<&str>)]) {
     let mut text = String::from("tokens:\n");
     for (name, role, token, nodes) in tokens {
         let digest = format!("{:x}", Sha256::digest(token.as_bytes()));

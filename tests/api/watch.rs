@@ -1102,3 +1102,59 @@ async fn a_node_or_label_set_entering_a_selector_is_added_live_and_on_resume() {
         );
     }
 }
+
+/// A stream outlives the check of the token it was opened with: once the token file is
+/// re-read without that token, the stream ends rather than keep sending to a revoked token.
+#[tokio::test]
+async fn a_stream_ends_when_its_token_is_revoked() {
+    use p2_apiserver::auth::Access;
+
+    use crate::auth::token_file;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.yaml");
+    let writer = ("writer", "deployer", "writer-token", None);
+    token_file(
+        &path,
+        &[("watcher", "viewer", "watcher-token", None), writer],
+    );
+    let app = TestApp::secured(Arc::new(Access::new(Some(&path), Vec::new()).unwrap())).await;
+    let open = |token: &str| {
+        let request = Request::get("/api/v1/watch?kinds=nodes")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::empty())
+            .unwrap();
+        async {
+            let response = app.open(request).await;
+            assert_eq!(response.status(), StatusCode::OK);
+            let mut stream = Events {
+                body: response.into_body(),
+                buffer: String::new(),
+            };
+            stream.snapshot().await;
+            stream
+        }
+    };
+    // A change a stream still open is sent.
+    let label = |node: &str| {
+        let request = Request::put(format!("/api/v1/labels/node/{node}"))
+            .header("authorization", "Bearer writer-token")
+            .header("content-type", "application/json")
+            .body(Body::from(r#"{"labels": {"role": "web"}}"#))
+            .unwrap();
+        async { assert_eq!(app.send(request).await.status, StatusCode::OK) }
+    };
+
+    let mut revoked = open("watcher-token").await;
+    let mut kept = open("writer-token").await;
+    token_file(&path, &[writer]);
+    assert_eq!(app.state.access.reload().unwrap().unwrap(), 1);
+    label("node1").await;
+    let after = revoked.next().await;
+    assert!(after.is_none(), "sent to a revoked token: {after:?}");
+    let after = kept
+        .next()
+        .await
+        .expect("the stream of a listed token goes on");
+    assert_eq!(summary(&[after]), pairs(&[("added", "node1")]));
+}
