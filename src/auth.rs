@@ -198,7 +198,8 @@ struct TokenFile {
 fn hex_digest<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
     let text = String::deserialize(d)?;
     let bad = || serde::de::Error::custom("sha256 must be 64 hexadecimal digits");
-    if text.len() != 64 || !text.is_ascii() {
+    // Checked digit by digit: `from_str_radix` would also take a sign, reading `+f` as 15.
+    if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(bad());
     }
     let mut digest = [0u8; 32];
@@ -685,6 +686,7 @@ mod tests {
             format!("tokens:\n  - {{name: a, role: viewer, nodes: [n1], sha256: {digest}}}\n"),
             format!("tokens:\n  - {{name: a, role: root, sha256: {digest}}}\n"),
             "tokens:\n  - {name: a, role: viewer, sha256: 12}\n".to_owned(),
+            format!("tokens:\n  - {{name: a, role: viewer, sha256: {}}}\n", "+f".repeat(32)),
             format!(
                 "tokens:\n  - {{name: a, role: viewer, sha256: {digest}}}\n  - {{name: a, role: admin, sha256: {}}}\n",
                 "0".repeat(64)
