@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{to_bytes, Body, HttpBody};
-use axum::extract::{Request, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::header::{
-    AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION, RETRY_AFTER,
+    ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION, RETRY_AFTER,
 };
 use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
@@ -211,7 +212,8 @@ fn document_unknown_parameters(openapi: &mut utoipa::openapi::OpenApi) {
 /// The complete service over `state`: the API, its document at `/openapi.json` with Swagger UI
 /// at `/docs`, JSON fallbacks and middleware. Each route checks the request's token against
 /// the role its operation needs ([`auth`]); the fallbacks do not, so an unknown route is a
-/// 404 to anyone. Installs the metrics recorder that `/metrics` renders, if nothing has yet.
+/// 404 to anyone, and a method a route does not take a 405. Installs the metrics recorder
+/// that `/metrics` renders, if nothing has yet.
 pub fn build(state: AppState) -> Router {
     metrics::install();
     let limits = state.limits;
@@ -285,7 +287,7 @@ fn with_middleware_and_cors(router: Router, limits: HttpLimits, cors: Option<Cor
         .layer(middleware::from_fn_with_state(limits, deadline));
     router
         .fallback(no_route)
-        .method_not_allowed_fallback(method_not_allowed)
+        .method_not_allowed_fallback(not_allowed)
         .layer(layers)
 }
 
@@ -308,7 +310,29 @@ async fn no_route(method: Method, uri: Uri) -> ApiError {
     ApiError::not_found(format!("no route for {method} {}", uri.path()))
 }
 
-/// The 405 of a route that does not take the method; axum adds the route's `Allow`.
+/// The 405 of a route that does not take the method, answered before authentication (it
+/// reveals nothing and changes nothing) as an unknown route's 404 is. Axum adds the route's
+/// `Allow`, but for P2's label routes, which serve two paths on one route
+/// ([`api::p2_labels::allowed_on`]).
+async fn not_allowed(
+    method: Method,
+    uri: Uri,
+    matched: Option<MatchedPath>,
+    params: Result<Path<(String, String)>, PathRejection>,
+) -> Response {
+    let error = method_not_allowed(method, uri).await;
+    match (matched, params) {
+        (Some(matched), Ok(Path((type_name, tail))))
+            if matched.as_str() == api::p2_labels::OBJECT_ROUTE =>
+        {
+            let allow = api::p2_labels::allowed_on(&type_name, &tail);
+            ([(ALLOW, allow)], error).into_response()
+        }
+        _ => error.into_response(),
+    }
+}
+
+/// The error of a 405.
 pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,

@@ -23,8 +23,8 @@
 //! - Reads are always consistent: `cachedMatch` and `stale` are accepted and ignored.
 
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{Path, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
 use axum::http::header::ALLOW;
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -117,17 +117,21 @@ fn required_nullable<'de, D: Deserializer<'de>>(
     Option::deserialize(deserializer)
 }
 
+/// The route of an object's labels and of one label: the paths `{id}` and `{id}/{name}`,
+/// told apart by [`split_tail`].
+pub const OBJECT_ROUTE: &str = "/api/labels/{type}/{*tail}";
+
 /// P2's label routes. The routes on one object take the rest of the path as a catch-all, so
 /// a pod's `/` survives, and split it into id and label name by the type's id shape.
 pub fn router() -> OpenApiRouter<AppState> {
     // OpenAPI has no catch-all parameter: the object routes are documented at `{id}` and
     // `{id}/{name}`, as the `#[utoipa::path]` of each operation says, and served at `{*tail}`.
+    // Any other method is answered by the router's 405, with the Allow of [`allowed_on`].
     let object_routes = OpenApiRouter::with_openapi(ObjectRoutes::openapi()).route(
-        "/api/labels/{type}/{*tail}",
+        OBJECT_ROUTE,
         get(get_p2_labels)
             .put(put_p2_target)
-            .delete(delete_p2_target)
-            .fallback(object_method_not_allowed),
+            .delete(delete_p2_target),
     );
     OpenApiRouter::new()
         .routes(routes!(select_p2_labels))
@@ -500,24 +504,17 @@ const LABEL_PATH_ALLOWS: &str = "PUT,DELETE";
 /// What an object's path (`{id}`) takes.
 const OBJECT_PATH_ALLOWS: &str = "GET,HEAD,PUT,DELETE";
 
-/// 405 for any other method on an object route, with an `Allow` of what its path takes
-/// (see [`split_tail`]); the shared route would otherwise allow GET on both paths.
-async fn object_method_not_allowed(
-    method: Method,
-    uri: Uri,
-    path: Result<Path<(String, String)>, PathRejection>,
-) -> Response {
-    let names_a_label = path.is_ok_and(|Path((type_name, tail))| {
-        label_type(&type_name)
-            .and_then(|label_type| split_tail(label_type, &tail))
-            .is_ok_and(|(_, name)| name.is_some())
-    });
-    let allow = if names_a_label {
+/// The `Allow` of a path of [`OBJECT_ROUTE`] (see [`split_tail`]): the route takes GET on
+/// both paths, but a label's path answers it 405.
+pub fn allowed_on(type_name: &str, tail: &str) -> &'static str {
+    let names_a_label = label_type(type_name)
+        .and_then(|label_type| split_tail(label_type, tail))
+        .is_ok_and(|(_, name)| name.is_some());
+    if names_a_label {
         LABEL_PATH_ALLOWS
     } else {
         OBJECT_PATH_ALLOWS
-    };
-    not_allowed_on(allow, method, uri).await
+    }
 }
 
 /// The documented 405, with `allow` as its `Allow`.

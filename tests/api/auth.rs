@@ -223,6 +223,48 @@ async fn metrics_and_version_need_a_viewer_unless_public() {
     assert_denied(&response, StatusCode::UNAUTHORIZED, "/api/v1/rcs");
 }
 
+/// A method a route does not take is 405 to anyone, with or without a token, as an unknown
+/// route is 404: P2's label routes, whose own 405 says which of their two paths takes what,
+/// as any other.
+#[tokio::test]
+async fn a_method_no_route_takes_is_405_whatever_the_token() {
+    let secured = Secured::new(&[]).await;
+    let label_path = ["POST", "PATCH"];
+    for (path, methods, allow) in [
+        (
+            "/api/v1/rcs/3f8a1c2e-4b5d-4e6f-8a9b-0c1d2e3f4a5b",
+            ["POST", "PUT"],
+            None,
+        ),
+        (
+            "/api/labels/node/node-1",
+            label_path,
+            Some("GET,HEAD,PUT,DELETE"),
+        ),
+        (
+            "/api/labels/node/node-1/color",
+            label_path,
+            Some("PUT,DELETE"),
+        ),
+    ] {
+        for method in methods {
+            for token in [None, Some("viewer-token"), Some("deployer-token")] {
+                let what = format!("{method} {path} with {token:?}");
+                let response = secured.send(method, path, token).await;
+                assert_eq!(
+                    response.status,
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{what}: {response:?}"
+                );
+                assert_eq!(response.error().reason, "MethodNotAllowed", "{what}");
+                if let Some(allow) = allow {
+                    assert_eq!(response.header("allow"), Some(allow), "{what}");
+                }
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn force_deletes_need_admin() {
     let secured = Secured::new(&[]).await;
