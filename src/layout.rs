@@ -191,6 +191,15 @@ pub fn ds_ownership(ds_id: impl Display) -> String {
     format!("{DS_LOCKS}{ds_id}")
 }
 
+/// Which farm runs an object of `kind`: its farm's ownership lock.
+pub fn ownership(kind: ObjectKind, id: impl Display) -> String {
+    match kind {
+        ObjectKind::Rcs => rc_ownership(id),
+        ObjectKind::Rolls => roll_ownership(id),
+        ObjectKind::Daemonsets => ds_ownership(id),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ use crate::model::event::ObjectKind;
 use crate::state::Mirror;
 use crate::store::conditions::ConditionStore;
 
+use super::world::World;
 use super::{FarmContext, FarmResult};
 
 /// One farm's conditions records, as the mirror holds them (the farm's own writes reach it
@@ -68,17 +69,30 @@ impl Published {
         ConditionStore::put_op(self.kind, id, record)
     }
 
-    /// Removes the records of objects that no longer exist, whoever deleted them: as many
-    /// to a transaction as its fence leaves room for, since thousands deleted together
-    /// would otherwise hold up the farm's pass for a commit each.
-    pub async fn remove_gone(&self, ctx: &FarmContext, exists: impl Fn(&str) -> bool) {
+    /// Removes the records of objects that no longer exist, whoever deleted them, and of
+    /// objects another session owns (P2's farm, which writes none: a record left would be
+    /// shown as current however the object fares under it): as many to a transaction as
+    /// its fence leaves room for, since thousands deleted together would otherwise hold up
+    /// the farm's pass for a commit each.
+    pub async fn remove_stale(
+        &self,
+        ctx: &FarmContext,
+        world: &World,
+        exists: impl Fn(&str) -> bool,
+    ) {
         let prefix = layout::conditions_of_kind(self.kind);
+        let owned_elsewhere = |id: &str| {
+            let lock = layout::ownership(self.kind, id);
+            world
+                .lock_holder(&lock)
+                .is_some_and(|holder| holder != ctx.session)
+        };
         let gone: Vec<TxnOp> = self
             .mirror
             .under(&prefix)
             .iter()
             .filter_map(|entry| entry.pair.key.strip_prefix(&prefix))
-            .filter(|id| !exists(id))
+            .filter(|id| !exists(id) || owned_elsewhere(id))
             .map(|id| ConditionStore::delete_op(self.kind, id))
             .collect();
         for ops in gone.chunks(MAX_TXN_OPS - 1) {

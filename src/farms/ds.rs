@@ -164,7 +164,7 @@ impl Farm for DsFarm {
         self.published
             .retain(|id, _| world.daemon_sets.items.contains_key(id));
         self.conditions
-            .remove_gone(ctx, |id| world.daemon_sets.items.contains_key(id))
+            .remove_stale(ctx, world, |id| world.daemon_sets.items.contains_key(id))
             .await;
         self.clean_dangling(ctx, world).await;
         // A daemon set's key, or a deleted one's whose pods are still there to clean up.

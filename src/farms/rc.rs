@@ -125,7 +125,7 @@ impl Farm for RcFarm {
             self.retries.record("RC", id, applied);
         }
         self.conditions
-            .remove_gone(ctx, |id| world.rcs.items.contains_key(id))
+            .remove_stale(ctx, world, |id| world.rcs.items.contains_key(id))
             .await;
         ctx.release_orphaned(world, layout::RC_LOCKS, |id| {
             world.rcs.items.contains_key(id)

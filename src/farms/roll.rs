@@ -156,7 +156,7 @@ impl Farm for RollFarm {
             .retain(|id, _| world.rolls.items.contains_key(id));
         self.retries.retain(|id| world.rolls.items.contains_key(id));
         self.conditions
-            .remove_gone(ctx, |id| world.rolls.items.contains_key(id))
+            .remove_stale(ctx, world, |id| world.rolls.items.contains_key(id))
             .await;
         ctx.release_orphaned(world, layout::ROLL_LOCKS, |id| {
             world.rolls.items.contains_key(id)

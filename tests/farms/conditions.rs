@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::support::farms::{alert_webhook, warnings, Backend, Harness, MANIFEST};
 use p2_apiserver::farms::FarmOptions;
-use p2_apiserver::kv::{Cas, TxnOp};
+use p2_apiserver::kv::{Cas, SessionSpec, TxnOp};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::layout;
 use p2_apiserver::model::event::{Action, Event, ObjectKind};
@@ -18,6 +18,12 @@ async fn conditions(h: &Harness, kind: ObjectKind, id: &str) -> Option<Vec<Value
     let pair = h.store.get(&layout::conditions(kind, id)).await.unwrap()?;
     let record: Value = serde_json::from_slice(&pair.value).unwrap();
     Some(record["conditions"].as_array().unwrap().clone())
+}
+
+/// Waits until the object has no conditions stored.
+async fn until_no_conditions(h: &Harness, kind: ObjectKind, id: &str) {
+    h.wait_until(|| async { conditions(h, kind, id).await.is_none().then_some(()) })
+        .await;
 }
 
 /// Waits until the object's condition `kind` has `status` and `reason`; returns it.
@@ -129,13 +135,7 @@ async fn a_roll_with_minimum_equal_to_desired_is_stalled_and_alerted() {
 
     // Cancelling the roll removes its conditions.
     h.store.delete(&layout::roll(&new), Cas::Any).await.unwrap();
-    h.wait_until(|| async {
-        conditions(&h, ObjectKind::Rolls, &new)
-            .await
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    until_no_conditions(&h, ObjectKind::Rolls, &new).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,13 +175,40 @@ async fn an_rc_selecting_too_few_nodes_is_degraded_until_it_goes() {
     h.set_replicas(&id, 0).await;
     h.wait_for_rc_nodes(&id, 0).await;
     h.store.delete(&layout::rc(&id), Cas::Any).await.unwrap();
-    h.wait_until(|| async {
-        conditions(&h, ObjectKind::Rcs, &id)
-            .await
-            .is_none()
-            .then_some(())
-    })
+    until_no_conditions(&h, ObjectKind::Rcs, &id).await;
+}
+
+/// An RC another session's farm owns (P2's, which writes no conditions) shows none: those
+/// this server's farm computed while it owned the RC are removed, not left to be shown as
+/// current however the RC fares under the other farm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditions_of_an_rc_another_farm_owns_are_removed() {
+    let h = Harness::start().await;
+    let id = h.put_rc(rc(MANIFEST, "", 0)).await;
+    wait_for(
+        &h,
+        ObjectKind::Rcs,
+        &id,
+        "Ready",
+        "True",
+        "AllReplicasHealthy",
+    )
     .await;
+
+    // P2's RC farm takes the RC over: the lock passes to its session in one transaction.
+    let spec = SessionSpec::deleting("p2-rc-farm", Duration::from_secs(60));
+    let session = h.store.create_session(&spec).await.unwrap();
+    let lock = layout::rc_ownership(&id);
+    let handover = [
+        TxnOp::Delete { key: lock.clone() },
+        TxnOp::Lock {
+            key: lock,
+            value: Vec::new(),
+            session,
+        },
+    ];
+    h.store.txn(&handover).await.unwrap();
+    until_no_conditions(&h, ObjectKind::Rcs, &id).await;
 }
 
 /// Waits until RC `id` of one replica has its pod placed, as the pass after the placement
