@@ -8,7 +8,10 @@
 //!   changes no pods.
 //! - **scheduling**: eligible nodes without the pod get it, labelled with
 //!   `daemon_set_id` only; a node already running the pod id for another owner is left
-//!   alone, and so is a pod whose labels name an enabled RC as well as the daemon set. Pods
+//!   alone, and so is a pod whose labels name an enabled RC as well as the daemon set,
+//!   except that a disabled daemon set's pod is taken over in place, as P2's farm writes over
+//!   any pod (disabling one daemon set and creating another is how a pod is handed over), at
+//!   the pace of a replacement below. Pods
 //!   on nodes no longer eligible are removed, except that a daemon set matching no node at
 //!   all removes nothing (P2's failsafe), and a node whose labels cannot be read keeps its
 //!   pod (P2's node selection fails on such a key, so its farm changes nothing).
@@ -52,8 +55,8 @@ use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
 
 use super::conditions::Published;
 use super::pods::{
-    batches, is_free, nodes_moved, pod_health, rc_labelled, same_manifest, schedule_ops,
-    unlabel_ops, unschedule_ops,
+    batches, is_free, nodes_moved, pod_health, rc_labelled, relabel_ops, same_manifest,
+    schedule_ops, unlabel_ops, unschedule_ops,
 };
 use super::world::{pod_key, PodKey, Shared, World};
 use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
@@ -117,6 +120,8 @@ struct Plan {
     add: Vec<String>,
     /// Nodes whose pod is rewritten with the current manifest.
     replace: Vec<String>,
+    /// Pods of a disabled daemon set taken over in place.
+    take_over: Vec<TakeOver>,
     /// Nodes given up on in this reconcile.
     timed_out: Vec<String>,
     /// No node is eligible, so the failsafe keeps the pods the daemon set has.
@@ -130,6 +135,21 @@ struct Plan {
     status: DaemonSetFarmStatus,
     /// The next timeout due.
     wake: Option<Instant>,
+}
+
+/// A pod of a disabled daemon set that this one takes over on an eligible node, as P2's farm
+/// writes over any pod of its pod id: the way to hand a pod from one daemon set to another is
+/// to disable the first and create the second, which then takes each node over at its own
+/// pace (so deleting the first afterwards removes nothing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TakeOver {
+    node: String,
+    /// The disabled daemon set's id and index: the takeover holds only while it is unchanged
+    /// (still disabled).
+    from: String,
+    index: u64,
+    /// Whether the pod already runs this daemon set's manifest: only its label changes.
+    relabel_only: bool,
 }
 
 impl Farm for DsFarm {
@@ -385,7 +405,8 @@ fn facts(ds: &StoredDaemonSet, plan: Result<&Plan, &FarmError>) -> DsFacts {
             facts.targeted = plan.targeted;
             facts.deployed = usize::try_from(plan.status.nodes_deployed).unwrap_or(0);
             facts.healthy = plan.healthy;
-            facts.changes = plan.remove.len() + plan.add.len() + plan.replace.len();
+            facts.changes =
+                plan.remove.len() + plan.add.len() + plan.replace.len() + plan.take_over.len();
             facts.in_progress = plan.status.replication_in_progress;
             facts.stranded = plan.stranded;
             facts.held_back = plan.held_back;
@@ -538,11 +559,20 @@ fn plan(
         .filter(|node| is_free(world, &pod(node)))
         .cloned()
         .collect();
+    // Eligible nodes whose pod a disabled daemon set holds: taken over like stale pods of
+    // this one's own.
+    let held: BTreeMap<&String, (&String, u64)> = eligible
+        .iter()
+        .filter(|node| !current.contains(*node))
+        .filter_map(|node| Some((node, disabled_holder(world, id, &pod(node))?)))
+        .collect();
 
-    // The nodes that keep the pod, as (node, on the manifest, healthy).
+    // The nodes that keep the pod (or get it in place of a disabled daemon set's), as (node,
+    // on the manifest, healthy).
     let staying: Vec<(&String, bool, bool)> = current
         .iter()
         .filter(|node| eligible.contains(node.as_str()))
+        .chain(held.keys().copied())
         .map(|node| {
             let key = pod(node);
             let intent = world.intent(&key);
@@ -562,7 +592,9 @@ fn plan(
         .collect();
     let waiting: HashSet<&str> = staying
         .iter()
-        .filter(|(_, on_manifest, healthy)| *on_manifest && !*healthy)
+        .filter(|(node, on_manifest, healthy)| {
+            *on_manifest && !*healthy && !held.contains_key(node)
+        })
         .map(|(node, _, _)| node.as_str())
         .collect();
     rollout
@@ -596,6 +628,21 @@ fn plan(
         }
     }
 
+    let take_over_from = |node: &String, relabel_only: bool| {
+        let (from, index) = held[node];
+        TakeOver {
+            node: node.clone(),
+            from: from.clone(),
+            index,
+            relabel_only,
+        }
+    };
+    // A held pod already on the manifest only changes its label, which costs no health.
+    let mut take_over: Vec<TakeOver> = staying
+        .iter()
+        .filter(|(node, on_manifest, _)| *on_manifest && held.contains_key(node))
+        .map(|(node, _, _)| take_over_from(node, true))
+        .collect();
     // Replace stale pods, unhealthy ones first (they cost no health), while the healthy
     // count stays at least `min_health`.
     let min_health = usize::try_from(ds.min_health).unwrap_or(0);
@@ -619,10 +666,17 @@ fn plan(
             }
             healthy_left -= 1;
         }
-        replace.push(node.clone());
+        match held.contains_key(node) {
+            true => take_over.push(take_over_from(node, false)),
+            false => replace.push(node.clone()),
+        }
         in_flight += 1;
     }
-    for node in add.iter().chain(&replace) {
+    let rewritten = take_over
+        .iter()
+        .filter(|t| !t.relabel_only)
+        .map(|t| &t.node);
+    for node in add.iter().chain(&replace).chain(rewritten) {
         rollout.since.insert(node.clone(), now);
         wake = earliest(wake, deadline(ds.timeout, now));
     }
@@ -640,12 +694,16 @@ fn plan(
     let status = DaemonSetFarmStatus {
         manifest_sha: sha,
         nodes_deployed: i64::try_from(deployed).unwrap_or(i64::MAX),
-        replication_in_progress: unfinished || !remove.is_empty() || !add.is_empty(),
+        replication_in_progress: unfinished
+            || !remove.is_empty()
+            || !add.is_empty()
+            || !held.is_empty(),
     };
     Ok(Plan {
         remove,
         add,
         replace,
+        take_over,
         timed_out,
         stranded,
         targeted: eligible.len(),
@@ -654,6 +712,18 @@ fn plan(
         status,
         wake,
     })
+}
+
+/// The disabled daemon set other than `id` whose label the intended `pod` carries, and its
+/// index, when no enabled RC's labels claim the pod: a pod daemon set `id` may take over.
+fn disabled_holder<'w>(world: &'w World, id: &str, pod: &PodKey) -> Option<(&'w String, u64)> {
+    world.intent(pod)?;
+    if rc_labelled(world, pod) {
+        return None;
+    }
+    let holder = world.pod_labels_of(pod)?.get(DS_ID_LABEL)?;
+    let ds = world.daemon_sets.items.get(holder)?;
+    (holder != id && ds.value.disabled).then_some((holder, ds.index))
 }
 
 /// The farm's name in logs and in the actor of its events.
@@ -680,10 +750,29 @@ async fn apply(
         let ops = schedule_ops(world, &pod_key(node, pod_id), &ds.manifest, &labels);
         (node.as_str(), true, ops)
     });
-    write_in_batches(ctx, id, &lock, removals.chain(placements)).await?;
-    if !(plan.remove.is_empty() && plan.add.is_empty() && plan.replace.is_empty()) {
+    let take_overs = plan.take_over.iter().map(|t| {
+        let pod = pod_key(&t.node, pod_id);
+        // Only while the daemon set holding it is still the disabled version seen.
+        let mut ops = vec![TxnOp::CheckIndex {
+            key: layout::daemon_set(&t.from),
+            index: t.index,
+        }];
+        ops.extend(match t.relabel_only {
+            true => relabel_ops(world, &pod, &labels),
+            false => schedule_ops(world, &pod, &ds.manifest, &labels),
+        });
+        (t.node.as_str(), true, ops)
+    });
+    let changes = removals.chain(placements).chain(take_overs);
+    write_in_batches(ctx, id, &lock, changes).await?;
+    if !(plan.remove.is_empty()
+        && plan.add.is_empty()
+        && plan.replace.is_empty()
+        && plan.take_over.is_empty())
+    {
         tracing::info!(ds = %id, removed = plan.remove.len(), added = plan.add.len(),
-                       replaced = plan.replace.len(), "daemon set retargeted");
+                       replaced = plan.replace.len(), taken_over = plan.take_over.len(),
+                       "daemon set retargeted");
     }
     Ok(())
 }
@@ -926,6 +1015,64 @@ mod tests {
         );
         assert!(plan.timed_out.is_empty());
         assert_eq!(plan.wake, None);
+    }
+
+    /// A disabled daemon set's pods on nodes this one selects are taken over in place: one
+    /// already on this one's manifest is only relabelled, at once; one on another manifest is
+    /// replaced like a stale pod of its own, keeping `min_health`. An enabled one's are left.
+    #[test]
+    fn a_disabled_daemon_sets_pods_are_taken_over_at_the_pace_of_a_replacement() {
+        const OTHER: &str = "00000000-0000-4000-8000-0000000000aa";
+        let mut fleet = Fleet::new();
+        for (node, manifest) in [("n0", NEW), ("n1", OLD), ("n2", OLD), ("n3", OLD)] {
+            fleet.node(node, "web").labelled_pod(
+                node,
+                "agent",
+                &[(DS_ID_LABEL, OTHER)],
+                manifest,
+                Some(HealthState::Passing),
+            );
+        }
+        let mut other = ds(OLD, 0, "role=web");
+        other.id = OTHER.into();
+        other.disabled = true;
+        fleet.daemon_sets.insert(
+            OTHER.into(),
+            Versioned {
+                value: other.clone(),
+                index: 7,
+            },
+        );
+        let spec = ds(NEW, 3, "role=web");
+        let plan = run(
+            &fleet.world(),
+            &spec,
+            &mut Rollout::default(),
+            Instant::now(),
+        );
+        let taken: Vec<(&str, bool)> = plan
+            .take_over
+            .iter()
+            .map(|t| (t.node.as_str(), t.relabel_only))
+            .collect();
+        assert_eq!(taken, [("n0", true), ("n1", false)]);
+        assert!(plan
+            .take_over
+            .iter()
+            .all(|t| t.from == OTHER && t.index == 7));
+        assert!(plan.add.is_empty() && plan.replace.is_empty());
+        assert_eq!(plan.held_back, 2);
+        assert!(plan.status.replication_in_progress);
+
+        other.disabled = false;
+        fleet.daemon_sets.get_mut(OTHER).unwrap().value = other;
+        let plan = run(
+            &fleet.world(),
+            &spec,
+            &mut Rollout::default(),
+            Instant::now(),
+        );
+        assert!(plan.take_over.is_empty(), "{:?}", plan.take_over);
     }
 
     #[test]

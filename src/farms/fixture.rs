@@ -8,7 +8,9 @@ use imbl::OrdMap;
 
 use crate::kv::KvPair;
 use crate::labels::{LabelType, Labels, POD_ID_LABEL, RC_ID_LABEL};
-use crate::model::{AllocationStrategy, HealthRecord, HealthState, Manifest, StoredRc, StoredRoll};
+use crate::model::{
+    AllocationStrategy, HealthRecord, HealthState, Manifest, StoredDaemonSet, StoredRc, StoredRoll,
+};
 use crate::state::{self, Entry};
 
 use super::world::{
@@ -20,6 +22,7 @@ use super::world::{
 pub struct Fleet {
     pub rcs: BTreeMap<String, Versioned<StoredRc>>,
     pub rolls: BTreeMap<String, Versioned<StoredRoll>>,
+    pub daemon_sets: BTreeMap<String, Versioned<StoredDaemonSet>>,
     pub nodes: BTreeMap<String, Labels>,
     pub labels: BTreeMap<PodKey, Versioned<Labels>>,
     pub intents: BTreeMap<PodKey, Vec<u8>>,
@@ -114,7 +117,7 @@ impl Fleet {
         World {
             rcs: tree(shared(&self.rcs)),
             rolls: tree(shared(&self.rolls)),
-            daemon_sets: tree(OrdMap::new()),
+            daemon_sets: tree(shared(&self.daemon_sets)),
             nodes: tree(
                 self.nodes
                     .iter()

@@ -203,10 +203,26 @@ pub fn unschedule_ops(world: &World, pod: &PodKey, owned: &[&str]) -> Vec<TxnOp>
 /// The op that removes exactly the label keys `owned` from `pod`'s labels (CAS on the labels
 /// the farm saw), leaving its intent: an owner letting go of a pod another owner keeps.
 pub fn unlabel_ops(world: &World, pod: &PodKey, owned: &[&str]) -> Vec<TxnOp> {
+    label_ops(world, pod, |labels| {
+        for key in owned {
+            labels.remove(*key);
+        }
+    })
+}
+
+/// The op that merges `labels` into `pod`'s labels (CAS on the labels the farm saw), leaving
+/// its intent: an owner taking over a pod that already runs its manifest.
+pub fn relabel_ops(world: &World, pod: &PodKey, labels: &Labels) -> Vec<TxnOp> {
+    label_ops(world, pod, |current| {
+        current.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    })
+}
+
+/// The op writing `pod`'s labels as `change` makes them from those the farm saw (CAS on
+/// them).
+fn label_ops(world: &World, pod: &PodKey, change: impl FnOnce(&mut Labels)) -> Vec<TxnOp> {
     let (location, mut current) = seen(world, pod);
-    for key in owned {
-        current.value.remove(*key);
-    }
+    change(&mut current.value);
     labels::write_op(
         LabelType::Pod,
         &location.label_id(),

@@ -311,16 +311,23 @@ async fn a_deleted_daemon_sets_pod_labelled_for_an_rc_too_keeps_running() {
     assert_eq!(h.rc_nodes(&rc).await, ["node1"]);
 }
 
+/// A daemon set of `min_health` over `nodes` web nodes run by fake agents, once every node
+/// runs its pod healthy; returns its id.
+async fn deployed_daemon_set(h: &Harness, nodes: usize, min_health: i64) -> String {
+    web_nodes(h, nodes).await;
+    h.run_fake_nodes(Duration::from_millis(100));
+    let id = h
+        .put_ds(ds_doc("role=web", min_health, Duration::from_secs(600)))
+        .await;
+    h.wait_until(|| async { (h.healthy_labelled(DS_ID, &id).await == nodes).then_some(()) })
+        .await;
+    id
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manifest_change_rolls_node_by_node_keeping_min_health() {
     let h = Harness::start().await;
-    web_nodes(&h, 5).await;
-    h.run_fake_nodes(Duration::from_millis(100));
-    let id = h
-        .put_ds(ds_doc("role=web", 4, Duration::from_secs(600)))
-        .await;
-    h.wait_until(|| async { (h.healthy_labelled(DS_ID, &id).await == 5).then_some(()) })
-        .await;
+    let id = deployed_daemon_set(&h, 5, 4).await;
 
     h.edit_ds(&id, |doc| doc["manifest"] = NEW_MANIFEST.into())
         .await;
@@ -501,4 +508,37 @@ async fn the_status_record_of_a_deleted_daemon_set_is_removed() {
         .await;
     tokio::time::sleep(SETTLE).await;
     assert_eq!(h.ds_status(&id).await, None);
+}
+
+/// P2's way to hand a pod over from one daemon set to another: disable the old one, create
+/// the new one over the same nodes (contention allows it then), and P2's farm writes the new
+/// daemon set's intent and label over the old one's pods, node by node. The new daemon set
+/// must take the old one's pods over in place, keeping `min_health` of them healthy, so that
+/// deleting the old one afterwards removes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_daemon_set_takes_over_a_disabled_ones_pods_in_place() {
+    let h = Harness::start().await;
+    let old = deployed_daemon_set(&h, 4, 0).await;
+    h.edit_ds(&old, |doc| doc["disabled"] = true.into()).await;
+
+    let mut doc = ds_doc("role=web", 3, Duration::from_secs(600));
+    doc["manifest"] = NEW_MANIFEST.into();
+    let new = h.put_ds(doc).await;
+    let lowest = AtomicUsize::new(usize::MAX);
+    h.wait_until(|| async {
+        let healthy = h
+            .snapshot()
+            .await
+            .pods()
+            .iter()
+            .filter(|(_, ok)| *ok)
+            .count();
+        lowest.fetch_min(healthy, Ordering::SeqCst);
+        (h.healthy_labelled(DS_ID, &new).await == 4).then_some(())
+    })
+    .await;
+    let lowest = lowest.into_inner();
+    assert!(lowest >= 3, "healthy pods dropped to {lowest}");
+    assert_eq!(intents_with(&h, NEW_MANIFEST).await, 4);
+    assert!(h.labelled_nodes(DS_ID, &old).await.is_empty());
 }
