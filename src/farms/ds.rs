@@ -11,10 +11,11 @@
 //!   alone, and so is a pod whose labels name an enabled RC as well as the daemon set,
 //!   except that a disabled daemon set's pod is taken over in place, as P2's farm writes over
 //!   any pod (disabling one daemon set and creating another is how a pod is handed over), at
-//!   the pace of a replacement below. Pods
-//!   on nodes no longer eligible are removed, except that a daemon set matching no node at
-//!   all removes nothing (P2's failsafe), and a node whose labels cannot be read keeps its
-//!   pod (P2's node selection fails on such a key, so its farm changes nothing).
+//!   the pace of a replacement below. Pods on nodes no longer eligible are removed, except
+//!   that a daemon set matching no node at all removes nothing (P2's failsafe), and a node
+//!   whose labels cannot be read keeps its pod (P2's node selection fails on such a key, so
+//!   its farm changes nothing). These writes hold only while the daemon set is the version
+//!   they were planned from.
 //! - **replacement**: pods whose intent is not the daemon set's manifest are replaced while
 //!   at least `min_health` nodes stay healthy (reality equals intent and health passing), at
 //!   most [`MAX_IN_FLIGHT`] nodes at a time. P2 ignores `min_health`; we do not. Unhealthy
@@ -281,7 +282,7 @@ impl DsFarm {
             )
             .await;
         }
-        apply(ctx, world, id, &ds.value, &plan).await?;
+        apply(ctx, world, id, ds, &plan).await?;
         self.publish(ctx, id, &lock, plan.status).await?;
         Ok(plan.wake)
     }
@@ -387,7 +388,7 @@ impl DsFarm {
             };
             (&*pod.0, false, ops)
         });
-        write_in_batches(ctx, ds_id, LEADER_LOCK, removals).await?;
+        write_in_batches(ctx, ds_id, LEADER_LOCK, None, removals).await?;
         tracing::info!(ds = %ds_id, pods = pods.len(), "removed pods of a deleted daemon set");
         Ok(())
     }
@@ -730,14 +731,22 @@ fn disabled_holder<'w>(world: &'w World, id: &str, pod: &PodKey) -> Option<(&'w 
 const FARM: &str = "ds";
 
 /// Writes the plan's pod changes, removals first, in fenced batches ([`batches`]), each with
-/// its event.
+/// its event. Each batch holds only while the daemon set is still the version `seen` planned
+/// from: one paused, edited or deleted meanwhile (a pass writes each daemon set from the world
+/// it began with) would otherwise get the pods and manifests it no longer wants; the next
+/// pass plans from the daemon set as it is.
 async fn apply(
     ctx: &FarmContext,
     world: &World,
     id: &str,
-    ds: &StoredDaemonSet,
+    seen: &Shared<StoredDaemonSet>,
     plan: &Plan,
 ) -> FarmResult<()> {
+    let ds = &*seen.value;
+    let unchanged = TxnOp::CheckIndex {
+        key: layout::daemon_set(id),
+        index: seen.index,
+    };
     let lock = layout::ds_ownership(id);
     let labels: Labels = [(DS_ID_LABEL.to_owned(), id.to_owned())].into();
     let pod_id = ds.manifest.pod_id();
@@ -764,7 +773,7 @@ async fn apply(
         (t.node.as_str(), true, ops)
     });
     let changes = removals.chain(placements).chain(take_overs);
-    write_in_batches(ctx, id, &lock, changes).await?;
+    write_in_batches(ctx, id, &lock, Some(unchanged), changes).await?;
     if !(plan.remove.is_empty()
         && plan.add.is_empty()
         && plan.replace.is_empty()
@@ -778,12 +787,13 @@ async fn apply(
 }
 
 /// Writes daemon set `id`'s pod `changes` (each a node, whether the pod is placed there or
-/// leaves it, and its ops) in [`batches`], each fenced on `lock` with its event: the nodes its
-/// pods left and those they were placed (or rewritten) on.
+/// leaves it, and its ops) in [`batches`], each fenced on `lock` with its event (the nodes its
+/// pods left and those they were placed, or rewritten, on) and after the `check`, when given.
 async fn write_in_batches<'a>(
     ctx: &FarmContext,
     id: &str,
     lock: &str,
+    check: Option<TxnOp>,
     changes: impl Iterator<Item = (&'a str, bool, Vec<TxnOp>)>,
 ) -> FarmResult<()> {
     for batch in batches(changes, 0) {
@@ -791,7 +801,8 @@ async fn write_in_batches<'a>(
         let event =
             ctx.actor(FARM)
                 .event(ObjectKind::Daemonsets, id, Action::Scheduled, vec![change]);
-        let mut ops = batch.ops;
+        let mut ops: Vec<TxnOp> = check.iter().cloned().collect();
+        ops.extend(batch.ops);
         ops.extend(ctx.record(&event).await?);
         ctx.commit(lock, ops).await?;
     }

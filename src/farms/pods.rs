@@ -14,8 +14,8 @@ use crate::store::pods::{self, PodLocation, PodTree};
 use super::world::{PodKey, World};
 
 /// Nodes changed per transaction: at most 3 ops each (a check, the labels, the intent), plus
-/// the fence, the event, and an RC's check of its own version and audit record, within the
-/// 64-op limit; fewer when their ops are large ([`batches`]).
+/// the fence, the event, the owner's check of its own version and an RC's audit record,
+/// within the 64-op limit; fewer when their ops are large ([`batches`]).
 pub const NODES_PER_TXN: usize = 20;
 
 /// One transaction's worth of an owner's pod changes: the ops of its nodes, the nodes its pods

@@ -542,3 +542,33 @@ async fn a_new_daemon_set_takes_over_a_disabled_ones_pods_in_place() {
     assert_eq!(intents_with(&h, NEW_MANIFEST).await, 4);
     assert!(h.labelled_nodes(DS_ID, &old).await.is_empty());
 }
+
+/// A daemon set disabled (to pause a rollout) while the farm's write of its new manifest is
+/// on its way must not get that write: a pass writes each daemon set from the world it began
+/// with, and the farm's writes hold only while the daemon set is as the farm read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_paused_while_its_write_was_on_its_way_writes_nothing() {
+    let (h, store) = Harness::start_counted().await;
+    let id = deployed_daemon_set(&h, 2, 0).await;
+    let held = store.hold_next_txn_on("intent/");
+    h.edit_ds(&id, |doc| doc["manifest"] = NEW_MANIFEST.into())
+        .await;
+    held.reached().await;
+    h.edit_ds(&id, |doc| doc["disabled"] = true.into()).await;
+    held.release();
+
+    // The farm publishes the paused daemon set's status once it has seen it disabled.
+    h.wait_until(|| async {
+        let status = h.ds_status(&id).await?;
+        (status["manifest_sha"] == sha(NEW_MANIFEST).as_str()
+            && status["replication_in_progress"] == false)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        intents_with(&h, NEW_MANIFEST).await,
+        0,
+        "the paused daemon set's new manifest was written"
+    );
+    assert_eq!(intents_with(&h, MANIFEST).await, 2);
+}
