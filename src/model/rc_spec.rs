@@ -14,7 +14,7 @@ use super::manifest::errors_at;
 use super::{AllocationStrategy, FieldError, Limits, Manifest, Problems, RcId, StoredRc};
 use crate::labels::{
     label_key_problem, label_value_problem, validate_label_value, validate_labels_in, Labels,
-    Selector, AVAILABILITY_ZONE_LABEL, CLUSTER_NAME_LABEL, POD_ID_LABEL,
+    Selector, AVAILABILITY_ZONE_LABEL, CLUSTER_NAME_LABEL, DS_ID_LABEL, POD_ID_LABEL,
 };
 
 /// A new RC as clients describe it. Rolling-update creation reuses it for the RC it makes,
@@ -31,7 +31,8 @@ pub struct RcSpec {
     #[serde(default)]
     #[schema(example = "availability_zone=us-west-2a,role in (web,worker)")]
     pub node_selector: String,
-    /// Labels put on every pod the RC schedules.
+    /// Labels put on every pod the RC schedules; not `daemon_set_id`, which names a pod's
+    /// daemon set.
     #[serde(default)]
     #[schema(value_type = BTreeMap<String, String>)]
     pub pod_labels: Labels,
@@ -121,6 +122,14 @@ impl RcSpec {
         }
         for (at_field, message) in validate_labels_in(&field("pod_labels"), &pod_labels) {
             causes.push(FieldError::new(at_field, message));
+        }
+        for key in pod_labels.keys() {
+            if let Some(problem) = foreign_owner_problem(key) {
+                causes.push(FieldError::new(
+                    field(&format!("pod_labels.{key}")),
+                    problem,
+                ));
+            }
         }
 
         let mut labels = self.labels;
@@ -261,9 +270,9 @@ impl RcPatch {
                             let at = format!("pod_labels.{key}");
                             // A removal is not checked, so that a label P2 stored unchecked
                             // can still be removed by name.
-                            if let Some(problem) =
-                                label_key_problem(&key).filter(|_| !value.is_null())
-                            {
+                            let problem = label_key_problem(&key)
+                                .or_else(|| foreign_owner_problem(&key).map(str::to_owned));
+                            if let Some(problem) = problem.filter(|_| !value.is_null()) {
                                 problems.add(&at, problem);
                             }
                             match value {
@@ -353,6 +362,17 @@ impl RcPatch {
         }
         Ok(())
     }
+}
+
+/// What is wrong with `key` as a label an RC puts on its pods, if it is the label naming a
+/// pod's daemon set: an RC's pods would then be that daemon set's too, and the DS farms (P2's
+/// and ours) remove or rewrite a daemon set's pods that no enabled RC claims, a disabled RC's
+/// among them, or clean them up as a deleted daemon set's.
+fn foreign_owner_problem(key: &str) -> Option<&'static str> {
+    (key == DS_ID_LABEL).then_some(
+        "names the daemon set owning a pod; an RC's pods cannot carry it, or a daemon set \
+         would take them as its own",
+    )
 }
 
 /// What is wrong with an RC's `labels`, if they give it a `pod_id` label other than its

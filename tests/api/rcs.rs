@@ -1027,3 +1027,49 @@ async fn an_rc_an_unreadable_roll_may_name_is_neither_changed_nor_deleted() {
         .await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
 }
+
+/// The label naming a pod's daemon set is no label an RC may put on its pods: the DS farms
+/// would take them as that daemon set's (and remove them, or clean them up as a deleted
+/// daemon set's) as soon as no enabled RC claims them, a disabled RC's included. Creating
+/// such an RC, patching one into it, or creating one with a roll is refused, and writes
+/// nothing; a label left by another tool can still be removed.
+#[tokio::test]
+async fn an_rcs_pods_cannot_carry_a_daemon_set_label() {
+    let app = TestApp::new().await;
+    let ds = "00000000-0000-4000-8000-0000000000d5";
+    let refused = |response: TestResponse, field: &str| {
+        assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{field}");
+        assert_eq!(response.cause_fields(), [field]);
+    };
+    let before = app.dump().await;
+    let body = json!({"manifest": MANIFEST, "pod_labels": {"daemon_set_id": ds}});
+    let created = app
+        .json_request("POST", "/api/v1/rcs", Some(&body), &[])
+        .await;
+    refused(created, "pod_labels.daemon_set_id");
+    assert_eq!(app.dump().await, before);
+
+    let id = create_id(&app).await;
+    let before = app.dump().await;
+    let labels = json!({"pod_labels": {"daemon_set_id": ds}});
+    refused(
+        patch(&app, &id, &labels, &[]).await,
+        "pod_labels.daemon_set_id",
+    );
+    let roll = json!({"old_rc_id": id, "desired_replicas": 1, "minimum_replicas": 0,
+                      "new_rc": body});
+    let rolled = app
+        .json_request("POST", "/api/v1/rolls", Some(&roll), &[])
+        .await;
+    refused(rolled, "new_rc.pod_labels.daemon_set_id");
+    assert_eq!(app.dump().await, before);
+
+    let removed = patch(
+        &app,
+        &id,
+        &json!({"pod_labels": {"daemon_set_id": null}}),
+        &[],
+    )
+    .await;
+    assert_eq!(removed.status, StatusCode::OK);
+}
