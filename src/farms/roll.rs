@@ -223,6 +223,14 @@ pub fn plan(
     if spec.old_rc == spec.new_rc {
         return Action::Stuck(RollStuck::SameRc);
     }
+    // P2's `schedule-update` stores any counts. Taken as given, a negative target is met at
+    // once, and retiring the old RC then takes every one of its pods down.
+    if let Err(problems) = spec.validate() {
+        let problems = problems.iter().map(ToString::to_string).collect::<Vec<_>>();
+        return Action::Stuck(RollStuck::InvalidCounts {
+            problems: problems.join("; "),
+        });
+    }
 
     // P2 runs each roll under a session of its own, so of two rolls over one RC (which no
     // creation makes, but a write of the roll tree can) one waits on the other's mutation
@@ -1088,6 +1096,19 @@ mod tests {
             assert!(
                 !matches!(action, Action::Write { .. }),
                 "the RC (disabled: {disabled}) is written: {action:?}"
+            );
+        }
+    }
+
+    /// Counts P2's `schedule-update` stores unchecked move nothing, not even the enable step.
+    #[test]
+    fn a_roll_of_invalid_counts_is_stuck() {
+        let fleet = rolling(2, 2, 0, 0);
+        for (target, min) in [(-1, 0), (2, -1), (2, 3)] {
+            let action = run(&fleet, &roll(target, min));
+            assert!(
+                matches!(action, Action::Stuck(RollStuck::InvalidCounts { .. })),
+                "target {target} min {min}: {action:?}"
             );
         }
     }

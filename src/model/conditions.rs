@@ -338,6 +338,9 @@ pub enum RollStuck {
     SameRc,
     /// An RC of the roll does not exist; the roll is being ended.
     RcMissing,
+    /// The roll's counts are not a roll's (stored by a tool that does not check them, as
+    /// P2's `schedule-update`): what is wrong with them.
+    InvalidCounts { problems: String },
 }
 
 /// What the roll farm does with a roll in one pass.
@@ -405,6 +408,7 @@ impl RollStuck {
             RollStuck::AnotherRoll { .. } => "AnotherRoll",
             RollStuck::SameRc => "SameRc",
             RollStuck::RcMissing => "RcMissing",
+            RollStuck::InvalidCounts { .. } => "InvalidCounts",
         }
     }
 
@@ -437,6 +441,9 @@ impl RollStuck {
             ),
             RollStuck::SameRc => "the roll names one RC as both its old and its new RC, so there are no replicas to move; cancel it".into(),
             RollStuck::RcMissing => "an RC of the roll does not exist, so the roll is ending".into(),
+            RollStuck::InvalidCounts { problems } => format!(
+                "the roll's counts cannot be rolled to ({problems}), so it moves nothing; cancel it"
+            ),
         }
     }
 }

@@ -6,6 +6,8 @@ use std::time::Duration;
 use crate::support::farms::{alert_webhook, slow_alert_webhook, Backend, Harness, MANIFEST};
 use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
+use p2_apiserver::layout;
+use p2_apiserver::model::event::ObjectKind;
 use serde_json::json;
 
 const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
@@ -16,18 +18,24 @@ fn rc(manifest: &str, replicas: i64) -> serde_json::Value {
            "replicas_desired": replicas, "disabled": false, "allocation_strategy": ""})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rolls_keep_the_minimum_healthy_and_clean_up() {
-    let h = Harness::start().await;
-    for i in 1..=5 {
+/// An RC of `replicas` over `nodes` web nodes run by fake agents, once its pods are all
+/// healthy; returns its id.
+async fn healthy_rc(h: &Harness, nodes: usize, replicas: usize) -> String {
+    for i in 1..=nodes {
         h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
             .await;
     }
-    h.run_fake_nodes(Duration::from_millis(100));
-    let old = h.put_rc(rc(MANIFEST, 4)).await;
-    h.wait_for_rc_nodes(&old, 4).await;
-    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&4)).then_some(()) })
+    h.run_fake_nodes(Duration::from_millis(50));
+    let old = h.put_rc(rc(MANIFEST, replicas as i64)).await;
+    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&replicas)).then_some(()) })
         .await;
+    old
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolls_keep_the_minimum_healthy_and_clean_up() {
+    let h = Harness::start().await;
+    let old = healthy_rc(&h, 5, 4).await;
     let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
     h.put_roll(&old, &new, 4, 3).await;
 
@@ -71,14 +79,7 @@ async fn start_roll(h: &Harness, old: &str, minimum: i64) -> String {
     let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
     let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 4, "MinimumReplicas": minimum,
                       "LeaveOld": false, "RollDelay": 3_600_000_000_000u64});
-    h.store
-        .put(
-            &format!("rolls/{new}"),
-            roll.to_string().as_bytes(),
-            Cas::Index(0),
-        )
-        .await
-        .unwrap();
+    h.put_roll_doc(roll).await;
     h.wait_until(|| async { (mutation_locks(h).await == 2).then_some(()) })
         .await;
     new
@@ -152,14 +153,7 @@ async fn a_roll_whose_rc_vanishes_is_cleaned_up() {
 async fn a_roll_held_at_its_minimum_raises_an_alert() {
     let webhook = alert_webhook().await;
     let h = Harness::start_with_alerts(Some(webhook.uri())).await;
-    for i in 1..=3 {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
-    h.run_fake_nodes(Duration::from_millis(50));
-    let old = h.put_rc(rc(MANIFEST, 3)).await;
-    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&3)).then_some(()) })
-        .await;
+    let old = healthy_rc(&h, 3, 3).await;
     // A minimum equal to every pod there is: no step can keep it.
     let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
     h.put_roll(&old, &new, 3, 3).await;
@@ -247,6 +241,37 @@ async fn a_slow_alert_webhook_holds_up_no_other_roll() {
     h.wait_until(|| async {
         let roll = store.get(&format!("rolls/{new}")).await.unwrap();
         roll.is_none().then_some(())
+    })
+    .await;
+}
+
+/// A roll whose counts are not a roll's (here a negative `DesiredReplicas`, which P2's
+/// `schedule-update` stores unchecked) moves nothing: it is stuck, saying why. P2's run of it
+/// finishes at once and then refuses to delete an old RC that still wants replicas; this
+/// farm, which retires such an old RC, took every one of its pods down and deleted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_of_impossible_counts_moves_nothing() {
+    let h = Harness::start().await;
+    let old = healthy_rc(&h, 2, 2).await;
+    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
+    h.put_roll_doc(json!({"OldRC": old, "NewRC": new, "DesiredReplicas": -1,
+                          "MinimumReplicas": 0, "LeaveOld": false, "RollDelay": 0}))
+        .await;
+    let conditions = layout::conditions(ObjectKind::Rolls, &new);
+    h.follow(|snapshot| {
+        let old_rc = snapshot.rc(&old).expect("the old RC was deleted");
+        assert_eq!(old_rc["replicas_desired"], 2, "the old RC was retired");
+        assert_eq!(
+            snapshot.rc_pods(&old).0,
+            2,
+            "the old RC's pods were removed"
+        );
+        let record: serde_json::Value = serde_json::from_slice(snapshot.get(&conditions)?).ok()?;
+        let reasons = record["conditions"].as_array()?.iter();
+        reasons
+            .into_iter()
+            .any(|c| c["reason"] == "InvalidCounts")
+            .then_some(())
     })
     .await;
 }

@@ -244,6 +244,12 @@ impl Harness {
         let roll = serde_json::json!({"OldRC": old, "NewRC": new, "DesiredReplicas": desired,
                                       "MinimumReplicas": minimum, "LeaveOld": false,
                                       "RollDelay": 0});
+        self.put_roll_doc(roll).await;
+    }
+
+    /// Stores a roll document as given, at the key of its `NewRC`.
+    pub async fn put_roll_doc(&self, roll: serde_json::Value) {
+        let new = roll["NewRC"].as_str().unwrap();
         self.store
             .put(
                 &layout::roll(new),
