@@ -272,11 +272,19 @@ pub fn plan(
     // whichever RC farm owns it), the new one enabled.
     if new.value.disabled || !old.value.disabled {
         let new_counts = count(world, &spec.new_rc, &new.value);
-        if new.value.disabled && new_counts.current() != new_counts.desired {
-            // Enabling it would make its farm add or remove pods outside the roll's steps.
+        // Enabling a disabled new RC whose pods are not its count would make its farm add or
+        // remove pods outside the roll's steps (P2's check). An enabled one short of its count
+        // (the old RC holds the nodes it would take) would, once the old RC is disabled, take
+        // the old pods it is short of at once, whatever the roll's minimum.
+        let out_of_step = match new.value.disabled {
+            true => new_counts.current() != new_counts.desired,
+            false => new_counts.current() < new_counts.desired,
+        };
+        if out_of_step {
             return Action::Stuck(RollStuck::NewRcOutOfStep {
                 pods: new_counts.current(),
                 desired: new_counts.desired,
+                disabled: new.value.disabled,
             });
         }
         let rcs = [(old, true), (new, false)]
@@ -1137,6 +1145,18 @@ mod tests {
         // A disabled new RC whose pods do not match its count is not enabled.
         fleet.rcs.get_mut(NEW).unwrap().value.replicas_desired = 1;
         assert!(matches!(run(&fleet, &roll(2, 1)), Action::Stuck(_)));
+
+        // Nor is the old RC disabled while an enabled new RC is short of its count: it would
+        // take the old pods it is short of at once.
+        fleet.rcs.get_mut(NEW).unwrap().value.disabled = false;
+        assert_eq!(
+            run(&fleet, &roll(2, 1)),
+            Action::Stuck(RollStuck::NewRcOutOfStep {
+                pods: 0,
+                desired: 1,
+                disabled: false
+            })
+        );
     }
 
     #[test]

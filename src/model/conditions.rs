@@ -326,8 +326,13 @@ pub enum RollStuck {
         new_healthy: i64,
         minimum: i64,
     },
-    /// The new RC is disabled with pods that do not match its count.
-    NewRcOutOfStep { pods: i64, desired: i64 },
+    /// The new RC is disabled with pods that do not match its count, or enabled with fewer
+    /// pods than its count.
+    NewRcOutOfStep {
+        pods: i64,
+        desired: i64,
+        disabled: bool,
+    },
     /// The old RC's remaining pods are on an RC farm (another session) that leaves them.
     OldPodsKept { remaining: i64, target: i64 },
     /// Another session holds this mutation lock of the roll's RCs.
@@ -425,8 +430,20 @@ impl RollStuck {
                 "{} healthy (old RC {old_healthy}, new RC {new_healthy}) against a minimum of {minimum}, and none is still starting, so a step would go below the minimum",
                 pods(old_healthy + new_healthy)
             ),
-            RollStuck::NewRcOutOfStep { pods: n, desired } => format!(
+            RollStuck::NewRcOutOfStep {
+                pods: n,
+                desired,
+                disabled: true,
+            } => format!(
                 "the new RC is disabled with {} for {desired} replicas, so enabling it would change its pods outside the roll's steps",
+                pods(*n)
+            ),
+            RollStuck::NewRcOutOfStep {
+                pods: n,
+                desired,
+                disabled: false,
+            } => format!(
+                "the new RC has {} of its {desired} replicas, so once the old RC is disabled it would take the old pods it is short of at once, outside the roll's steps; cancel the roll, set the new RC's replicas_desired to its pods and roll again",
                 pods(*n)
             ),
             RollStuck::OldPodsKept { remaining, target } => format!(
@@ -872,6 +889,7 @@ mod tests {
                 RollActivity::Stuck(RollStuck::NewRcOutOfStep {
                     pods: 1,
                     desired: 2,
+                    disabled: true,
                 }),
                 False,
                 "NewRcOutOfStep",

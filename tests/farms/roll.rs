@@ -3,7 +3,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::support::farms::{alert_webhook, slow_alert_webhook, Backend, Harness, MANIFEST};
+use crate::support::farms::{
+    alert_webhook, slow_alert_webhook, Backend, Harness, Snapshot, MANIFEST,
+};
 use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::layout;
@@ -272,6 +274,44 @@ async fn a_roll_of_impossible_counts_moves_nothing() {
             .into_iter()
             .any(|c| c["reason"] == "InvalidCounts")
             .then_some(())
+    })
+    .await;
+}
+
+/// A roll to a new RC that already wants its replicas but has none of them (enabled while
+/// the old RC held every node, so its farm could place none) must not disable the old RC:
+/// the new RC would then take every old pod at once, below the roll's minimum. It is stuck,
+/// saying why; cancelled and created again once the new RC wants no more pods than it has,
+/// it keeps the minimum and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_to_a_new_rc_short_of_its_count_keeps_the_minimum() {
+    let h = Harness::start().await;
+    let old = healthy_rc(&h, 3, 3).await;
+    let new = h.put_rc(rc(NEW_MANIFEST, 3)).await;
+    h.put_roll(&old, &new, 3, 2).await;
+    let conditions = layout::conditions(ObjectKind::Rolls, &new);
+    let keeps_the_minimum = |snapshot: &Snapshot| {
+        let healthy = snapshot.pods().iter().filter(|(_, ok)| *ok).count();
+        assert!(healthy >= 2, "healthy pods dropped to {healthy}");
+        healthy
+    };
+    h.follow(|snapshot| {
+        keeps_the_minimum(snapshot);
+        let record = snapshot.get(&conditions)?;
+        String::from_utf8_lossy(record)
+            .contains("\"NewRcOutOfStep\"")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(h.rc_nodes(&old).await.len(), 3);
+
+    h.store.delete(&layout::roll(&new), Cas::Any).await.unwrap();
+    h.set_replicas(&new, 0).await;
+    h.put_roll(&old, &new, 3, 2).await;
+    h.follow(|snapshot| {
+        let healthy = keeps_the_minimum(snapshot);
+        let done = snapshot.get(&layout::roll(&new)).is_none() && snapshot.rc(&old).is_none();
+        (done && healthy == 3).then_some(())
     })
     .await;
 }
