@@ -260,7 +260,11 @@ fn signed_plaintext(raw: &str) -> Option<Result<String, &'static str>> {
             }
             return Some(Ok(text));
         }
-        text.push_str(line.strip_prefix("- ").unwrap_or(line));
+        // Go's clearsign drops the spaces and tabs that end each signed line (RFC 4880
+        // signs the text without them), which P2 then parses: they would change a block
+        // scalar's value, and so the SHA.
+        let line = line.strip_prefix("- ").unwrap_or(line);
+        text.push_str(line.trim_end_matches([' ', '\t']));
         text.push('\n');
     }
     Some(Err("signed manifest has no signature block"))
@@ -582,6 +586,19 @@ mod tests {
         assert_eq!(manifest.pod_id(), "hello");
         assert_eq!(manifest.sha(), Manifest::parse(&plaintext).unwrap().sha());
         assert_ne!(manifest.sha(), Manifest::parse(HELLO).unwrap().sha());
+    }
+
+    #[test]
+    fn signed_lines_lose_their_trailing_blanks_as_p2_reads_them() {
+        let script =
+            |ending: &str| format!("id: hello\nconfig:\n  script: |\n    echo hi{ending}\n");
+        let signed = format!(
+            "{BEGIN_SIGNED}\nHash: SHA256\n\n{}{BEGIN_SIGNATURE}\n\nabc\n{END_SIGNATURE}\n",
+            script(" \t ")
+        );
+        let trimmed = Manifest::parse(&script("")).unwrap().sha();
+        assert_ne!(Manifest::parse(&script(" \t ")).unwrap().sha(), trimmed);
+        assert_eq!(Manifest::parse(&signed).unwrap().sha(), trimmed);
     }
 
     #[test]
