@@ -1104,6 +1104,19 @@ impl Emitter {
         self.column = 0;
     }
 
+    /// libyaml's `write_break`: a `\n` is a new line; any other line break (U+2028, U+2029,
+    /// which a single-quoted or literal string may hold) is written as itself, and the line
+    /// count starts again after it, so the next text is indented.
+    fn write_break(&mut self, c: char) {
+        if c == '\n' {
+            self.put_break();
+        } else {
+            self.out.push(c);
+            self.column = 0;
+        }
+        self.indention = true;
+    }
+
     fn write_indent(&mut self, indent: isize) {
         let indent = indent.max(0) as usize;
         if !self.indention || self.column > indent || (self.column == indent && !self.whitespace) {
@@ -1232,6 +1245,7 @@ impl Emitter {
         self.indicator("'", true, false);
         let chars: Vec<char> = text.chars().collect();
         let mut spaces = false;
+        let mut breaks = false;
         for (i, &c) in chars.iter().enumerate() {
             if c == ' ' {
                 if allow_breaks
@@ -1246,13 +1260,23 @@ impl Emitter {
                     self.put(c);
                 }
                 spaces = true;
+            } else if is_break(c) {
+                if !breaks && c == '\n' {
+                    self.put_break();
+                }
+                self.write_break(c);
+                breaks = true;
             } else {
+                if breaks {
+                    self.write_indent(indent);
+                }
                 if c == '\'' {
                     self.put('\'');
                 }
                 self.put(c);
                 self.indention = false;
                 spaces = false;
+                breaks = false;
             }
         }
         self.indicator("'", false, false);
@@ -1346,8 +1370,7 @@ impl Emitter {
         let mut breaks = true;
         for &c in &chars {
             if is_break(c) {
-                self.put_break();
-                self.indention = true;
+                self.write_break(c);
                 breaks = true;
             } else {
                 if breaks {
@@ -1941,6 +1964,21 @@ config:
             canonical("id: hello\nconfig:\n  big: 1e400\n  small: -1.5E+309\n  tiny: 1e-400\n")
                 .unwrap(),
             "id: hello\nlaunchables: {}\nconfig:\n  big: 1e400\n  small: -1.5E+309\n  tiny: 0\n"
+        );
+    }
+
+    /// libyaml writes a line break other than `\n` (U+2028, U+2029) as itself inside a
+    /// single-quoted or literal string, and indents the text after it as a new line; a JSON
+    /// manifest holding one keeps it.
+    #[test]
+    fn other_line_breaks_are_written_as_themselves_and_indented_after() {
+        let json =
+            serde_json::json!({"id": "hello", "config": {"a": "x\u{2028}y", "b": "p\nq\u{2029}r"}});
+        let read: serde_json::Value = yaml_serde::from_str(&super::from_json(&json)).unwrap();
+        assert_eq!(read, json);
+        assert_eq!(
+            canonical("id: hello\nconfig:\n  a: \"x\\Ly\"\n  b: \"p\\nq\\Pr\"\n").unwrap(),
+            "id: hello\nlaunchables: {}\nconfig:\n  a: 'x\u{2028}    y'\n  b: |-\n    p\n    q\u{2029}    r\n"
         );
     }
 
