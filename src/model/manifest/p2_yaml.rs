@@ -1179,29 +1179,35 @@ impl Emitter {
         let indent = next_indent(parent);
         for (key, value) in entries {
             self.write_indent(indent);
-            self.scalar(key, next_indent(indent), true);
-            self.indicator(":", false, false);
+            if self.is_simple_key(key) {
+                self.scalar(key, next_indent(indent), true);
+                self.indicator(":", false, false);
+            } else {
+                self.indicator("?", true, true);
+                self.scalar(key, next_indent(indent), false);
+                self.write_indent(indent);
+                self.indicator(":", true, true);
+            }
             self.node(value, indent, true);
         }
+    }
+
+    /// libyaml's `check_simple_key`: a key is written `key: value` only when it is at most
+    /// 128 bytes and on one line; any other is written `? key`, with `: value` on the next
+    /// line.
+    fn is_simple_key(&self, key: &Go) -> bool {
+        self.scalar_text(key)
+            .is_some_and(|(text, _)| text.len() <= 128 && !text.chars().any(is_break))
     }
 
     fn document_end(&mut self) {
         self.write_indent(0);
     }
 
-    /// One scalar; `simple_key` when it is a mapping key (never folded, never a block).
+    /// One scalar; `simple_key` when it is a simple mapping key (never folded, never a block).
     fn scalar(&mut self, value: &Go, indent: isize, simple_key: bool) {
-        let (text, style) = match value {
-            Go::Null => ("null".to_owned(), Style::Plain),
-            Go::Bool(b) => (b.to_string(), Style::Plain),
-            Go::Int(n) => (n.to_string(), Style::Plain),
-            Go::Uint(n) => (n.to_string(), Style::Plain),
-            Go::Float(f) if self.exact_floats => (format!("{f:?}"), Style::Plain),
-            Go::Float(f) => (go_float32(*f), Style::Plain),
-            Go::Str(s) => (s.clone(), string_style(s)),
-            Go::Seq(_) | Go::Map(_) | Go::Struct(_) | Go::Ptr(_) => {
-                return self.node(value, indent, false)
-            }
+        let Some((text, style)) = self.scalar_text(value) else {
+            return self.node(value, indent, false);
         };
         let style = select_style(&text, style, simple_key);
         let allow_breaks = !simple_key;
@@ -1211,6 +1217,20 @@ impl Emitter {
             Style::Double => self.double_quoted(&text, indent, allow_breaks),
             Style::Literal => self.literal(&text, indent),
         }
+    }
+
+    /// A scalar's text and the style yaml.v2 asks for; `None` for a collection.
+    fn scalar_text(&self, value: &Go) -> Option<(String, Style)> {
+        Some(match value {
+            Go::Null => ("null".to_owned(), Style::Plain),
+            Go::Bool(b) => (b.to_string(), Style::Plain),
+            Go::Int(n) => (n.to_string(), Style::Plain),
+            Go::Uint(n) => (n.to_string(), Style::Plain),
+            Go::Float(f) if self.exact_floats => (format!("{f:?}"), Style::Plain),
+            Go::Float(f) => (go_float32(*f), Style::Plain),
+            Go::Str(s) => (s.clone(), string_style(s)),
+            Go::Seq(_) | Go::Map(_) | Go::Struct(_) | Go::Ptr(_) => return None,
+        })
     }
 
     fn plain(&mut self, text: &str, indent: isize, allow_breaks: bool) {
@@ -1964,6 +1984,28 @@ config:
             canonical("id: hello\nconfig:\n  big: 1e400\n  small: -1.5E+309\n  tiny: 1e-400\n")
                 .unwrap(),
             "id: hello\nlaunchables: {}\nconfig:\n  big: 1e400\n  small: -1.5E+309\n  tiny: 0\n"
+        );
+    }
+
+    /// A key longer than 128 bytes, or holding a line break, is no simple key to libyaml:
+    /// it is written after `? `, as any other scalar is written (a plain one folded at 80
+    /// columns, one with a line break as a literal block), and its value after `: ` on the
+    /// next line.
+    #[test]
+    fn long_and_multi_line_keys_are_written_as_complex_keys() {
+        let simple = "k".repeat(128);
+        let long = "k".repeat(129);
+        let folded = format!("{} {}", "w".repeat(85), "w".repeat(50));
+        assert_eq!(
+            canonical(&format!(
+                "id: hello\nconfig:\n  {simple}: 1\n  {long}: 2\n  \"a\\nb\": 3\n  {folded}: {{x: 4}}\n"
+            ))
+            .unwrap(),
+            format!(
+                "id: hello\nlaunchables: {{}}\nconfig:\n  ? |-\n    a\n    b\n  : 3\n  {simple}: 1\n  ? {long}\n  : 2\n  ? {}\n    {}\n  : x: 4\n",
+                "w".repeat(85),
+                "w".repeat(50)
+            )
         );
     }
 
