@@ -631,6 +631,17 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_first_document_as_p2_does() {
+        let first = Manifest::parse(HELLO).unwrap();
+        for raw in [format!("{HELLO}---\n"), format!("{HELLO}---\nid: other\n")] {
+            let manifest = Manifest::parse(&raw).unwrap();
+            assert_eq!(manifest.pod_id(), "hello", "{raw}");
+            assert_eq!(manifest.sha(), first.sha(), "{raw}");
+            assert_eq!(manifest.raw(), raw);
+        }
+    }
+
+    #[test]
     fn rejects_empty_and_non_mapping_documents() {
         assert_eq!(errors("  \n"), ["manifest: is empty"]);
         assert_eq!(errors("- a\n- b\n"), ["manifest: must be a YAML mapping"]);

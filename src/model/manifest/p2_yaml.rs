@@ -48,15 +48,25 @@ pub enum ParseError {
 
 /// Parses a manifest's text (the YAML itself, with any PGP armor already removed).
 pub fn parse(text: &str) -> Result<Document, ParseError> {
-    let shape: Shape = yaml_serde::from_str(text).map_err(|e| ParseError::Syntax(e.to_string()))?;
+    let syntax = |e: yaml_serde::Error| ParseError::Syntax(e.to_string());
+    let shape =
+        <Shape as serde::Deserialize>::deserialize(first_document(text)?).map_err(syntax)?;
     let node = RawSeed {
         shape: &shape,
         base: text,
     }
-    .deserialize(yaml_serde::Deserializer::from_str(text))
-    .map_err(|e| ParseError::Syntax(e.to_string()))?;
+    .deserialize(first_document(text)?)
+    .map_err(syntax)?;
     let node = decode_into(&node, MANIFEST, None).map_err(ParseError::MergeKey)?;
     Ok(Document { node })
+}
+
+/// The stream's first document, the only one yaml.v2's `Unmarshal` reads: P2 takes a
+/// manifest from it and never looks at what follows (a `---` and further documents).
+fn first_document(text: &str) -> Result<yaml_serde::Deserializer<'_>, ParseError> {
+    yaml_serde::Deserializer::from_str(text)
+        .next()
+        .ok_or_else(|| ParseError::Syntax("the text holds no YAML document".into()))
 }
 
 impl Document {
