@@ -305,7 +305,7 @@ impl<'de> Visitor<'de> for RawSeed<'_, 'de> {
         );
         Ok(Node::Scalar {
             text: text.to_owned(),
-            plain: !quoted,
+            plain: !quoted && !tagged_as_string(self.base, start),
             value: self.value(),
         })
     }
@@ -356,6 +356,24 @@ impl<'de> Visitor<'de> for RawSeed<'_, 'de> {
         }
         Ok(Node::Seq(items))
     }
+}
+
+/// Whether the scalar starting at byte `start` of `base` carries the tag `!!str`, with which
+/// yaml.v2 takes its text as a string whatever it looks like (`!!str 1` is "1"). yaml_serde
+/// applies the core schema's tags itself and reports none of them, so the tag is looked for
+/// in the text: the last word before the scalar, or before the scalar's anchor.
+fn tagged_as_string(base: &str, start: usize) -> bool {
+    let Some(before) = base.get(..start) else {
+        return false;
+    };
+    let mut words = before
+        .rsplit([' ', '\t', '\r', '\n', '[', '{', ','])
+        .filter(|word| !word.is_empty());
+    let tag = match words.next() {
+        Some(anchor) if anchor.starts_with('&') => words.next(),
+        word => word,
+    };
+    tag == Some("!!str")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1994,6 +2012,15 @@ config:
             canonical("id: hello\nconfig:\n  big: 1e400\n  small: -1.5E+309\n  tiny: 1e-400\n")
                 .unwrap(),
             "id: hello\nlaunchables: {}\nconfig:\n  big: 1e400\n  small: -1.5E+309\n  tiny: 0\n"
+        );
+    }
+
+    /// `!!str` makes yaml.v2 take a plain scalar's text as a string, as quotes do.
+    #[test]
+    fn a_str_tag_keeps_a_plain_scalar_a_string() {
+        assert_eq!(
+            canonical("id: hello\nconfig:\n  a: !!str 1\n  b: !!str &x true\n  c: [!!str 0x10, 1]\n  d: !!str\n    2.5\n  e: 1\n").unwrap(),
+            "id: hello\nlaunchables: {}\nconfig:\n  a: \"1\"\n  b: \"true\"\n  c:\n  - \"0x10\"\n  - 1\n  d: \"2.5\"\n  e: 1\n"
         );
     }
 
