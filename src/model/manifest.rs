@@ -13,6 +13,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{LazyLock, Mutex, PoisonError};
 
+use base64::alphabet;
+use base64::engine::{GeneralPurpose, GeneralPurposeConfig};
+use base64::Engine as _;
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 use yaml_serde::{Mapping, Value};
@@ -236,38 +239,104 @@ pub fn errors_at(at: &str, errors: Vec<FieldError>) -> Vec<FieldError> {
         .collect()
 }
 
-/// The signed plaintext of a PGP clear-signed message, `None` when `raw` is not one.
+/// The signed plaintext of a PGP clear-signed message, `None` when `raw` is not one, as Go's
+/// clearsign package gives it to P2.
 ///
-/// Armor header lines (such as `Hash: SHA256`) end at the first blank line; the text runs up
-/// to the signature block, with RFC 4880 dash-escaping (`- ` before lines starting with `-`)
-/// undone. The signature itself is not verified here; preparers do that.
+/// Armor header lines (such as `Hash: SHA256`) each hold a `:` and end at the first empty
+/// line; the text runs up to the signature block, with RFC 4880 dash-escaping (`- ` before
+/// lines starting with `-`) undone and the blanks ending each line dropped (RFC 4880 signs
+/// the text without them, and they would change a block scalar's value, so the SHA). The
+/// signature block must be armor P2 can read ([`readable_signature`]).
 fn signed_plaintext(raw: &str) -> Option<Result<String, &'static str>> {
     let mut lines = raw.lines();
     let first = lines.by_ref().find(|line| !line.trim().is_empty())?;
-    if first.trim_end() != BEGIN_SIGNED {
+    if !first.starts_with(BEGIN_SIGNED) {
         return None;
     }
-    if !lines.by_ref().any(|line| line.trim().is_empty()) {
-        return Some(Err(
-            "signed manifest has no blank line after its armor headers",
-        ));
+    loop {
+        match lines.next() {
+            None => {
+                return Some(Err(
+                    "signed manifest has no blank line after its armor headers",
+                ))
+            }
+            Some("") => break,
+            Some(header) if header.contains(':') => {}
+            Some(_) => return Some(Err("signed manifest has an armor header without ':'")),
+        }
     }
     let mut text = String::new();
     for line in lines.by_ref() {
-        if line.trim_end() == BEGIN_SIGNATURE {
-            if !lines.any(|line| line.trim_end() == END_SIGNATURE) {
-                return Some(Err("signed manifest's signature block is not terminated"));
-            }
-            return Some(Ok(text));
+        if line == BEGIN_SIGNATURE {
+            return Some(readable_signature(lines).map(|()| text));
         }
-        // Go's clearsign drops the spaces and tabs that end each signed line (RFC 4880
-        // signs the text without them), which P2 then parses: they would change a block
-        // scalar's value, and so the SHA.
         let line = line.strip_prefix("- ").unwrap_or(line);
         text.push_str(line.trim_end_matches([' ', '\t']));
         text.push('\n');
     }
     Some(Err("signed manifest has no signature block"))
+}
+
+/// Checks the lines after `-----BEGIN PGP SIGNATURE-----` as P2 reads them: Go's armor
+/// decoder wants `Key: value` header lines ended by an empty line, then base64 lines of at
+/// most 96 bytes, a `=` line holding the CRC-24 of the bytes they decode to, and the end
+/// line. P2's `manifest.FromBytes` reads the signature whole and refuses the manifest when
+/// any of that is wrong. The signature itself is not verified here; preparers do that.
+fn readable_signature<'a>(mut lines: impl Iterator<Item = &'a str>) -> Result<(), &'static str> {
+    const UNREADABLE: &str = "signed manifest's signature block is not readable armor";
+    const UNTERMINATED: &str = "signed manifest's signature block is not terminated";
+    loop {
+        match lines.next().map(str::trim) {
+            None => return Err(UNTERMINATED),
+            Some("") => break,
+            Some(header) if header.contains(": ") => {}
+            Some(_) => return Err(UNREADABLE),
+        }
+    }
+    let mut body = String::new();
+    while let Some(line) = lines.next() {
+        if let Some(checksum) = line.strip_prefix('=').filter(|_| line.len() == 5) {
+            let checksum = ARMOR_BASE64.decode(checksum).map_err(|_| UNREADABLE)?;
+            let data = ARMOR_BASE64.decode(&body).map_err(|_| UNREADABLE)?;
+            let [a, b, c] = checksum[..] else {
+                return Err(UNREADABLE);
+            };
+            if crc24(&data) != u32::from_be_bytes([0, a, b, c]) {
+                return Err("signed manifest's signature block fails its checksum");
+            }
+            return match lines.next() {
+                Some(END_SIGNATURE) => Ok(()),
+                Some(_) => Err(UNREADABLE),
+                None => Err(UNTERMINATED),
+            };
+        }
+        if line == END_SIGNATURE || line.len() > 96 {
+            return Err(UNREADABLE);
+        }
+        body.push_str(line);
+    }
+    Err(UNTERMINATED)
+}
+
+/// Base64 as Go's `StdEncoding` decodes it: padded, with any trailing bits.
+const ARMOR_BASE64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+);
+
+/// The OpenPGP armor checksum (RFC 4880 6.1).
+fn crc24(data: &[u8]) -> u32 {
+    let mut crc: u32 = 0xB7_04CE;
+    for &byte in data {
+        crc ^= u32::from(byte) << 16;
+        for _ in 0..8 {
+            crc <<= 1;
+            if crc & 0x100_0000 != 0 {
+                crc ^= 0x186_4CFB;
+            }
+        }
+    }
+    crc & 0xFF_FFFF
 }
 
 /// P2's launchable rules: a type is required; hoist and opencontainer need exactly one of
@@ -574,11 +643,73 @@ mod tests {
         );
     }
 
+    /// A signature block Go's armor decoder reads: base64 of "p2" and its CRC-24.
+    const SIGNATURE: &str =
+        "-----BEGIN PGP SIGNATURE-----\nVersion: test\n\ncDI=\n=ar9S\n-----END PGP SIGNATURE-----\n";
+
+    /// P2 reads a signed manifest only when Go's clearsign and armor packages read its
+    /// framing and its signature block whole (`manifest.FromBytes` reads the signature), so
+    /// one they cannot read is refused here too rather than stored where P2 cannot decode it.
+    #[test]
+    fn refuses_signed_manifests_p2_cannot_read() {
+        let signed = |headers: &str, block: &str| {
+            format!(
+                "{BEGIN_SIGNED}\n{headers}\n\nid: x\n{BEGIN_SIGNATURE}\n{block}{END_SIGNATURE}\n"
+            )
+        };
+        assert_eq!(
+            Manifest::parse(&signed("Hash: SHA256", "\ncDI=\n=ar9S\n"))
+                .unwrap()
+                .pod_id(),
+            "x"
+        );
+        for (raw, why) in [
+            (
+                signed("Hash: SHA256", "cDI=\n=ar9S\n"),
+                "not readable armor",
+            ),
+            (
+                signed("Hash: SHA256", "\ncDI=\n=abcd\n"),
+                "fails its checksum",
+            ),
+            (signed("Hash: SHA256", "\ncDI=\n"), "not readable armor"),
+            (
+                signed("Hash: SHA256", "\niQEcBAEBCAAGBQJeHdummy\n=ar9S\n"),
+                "not readable armor",
+            ),
+            (
+                signed("Hash: SHA256", "Version test\n\ncDI=\n=ar9S\n"),
+                "not readable armor",
+            ),
+            (
+                signed("Hash SHA256", "\ncDI=\n=ar9S\n"),
+                "armor header without ':'",
+            ),
+            (
+                signed("Hash: SHA256\n ", "\ncDI=\n=ar9S\n"),
+                "armor header without ':'",
+            ),
+        ] {
+            let errors = errors(&raw);
+            assert!(
+                errors.len() == 1 && errors[0].contains(why),
+                "{raw}: {errors:?}"
+            );
+        }
+        let trailing_blank = format!(
+            "{BEGIN_SIGNED}\n\nid: x\n{BEGIN_SIGNATURE} \n\ncDI=\n=ar9S\n{END_SIGNATURE}\n"
+        );
+        assert_eq!(
+            errors(&trailing_blank),
+            ["manifest: signed manifest has no signature block"]
+        );
+    }
+
     #[test]
     fn reads_clear_signed_manifests() {
         let plaintext = format!("{HELLO}run_as: blue\ntags:\n- blue\n");
         let signed = format!(
-            "{BEGIN_SIGNED}\nHash: SHA256\n\n{HELLO}run_as: blue\ntags:\n- - blue\n{BEGIN_SIGNATURE}\n\niQEcBAEBCAAGBQJeHdummy\n=abcd\n{END_SIGNATURE}\n"
+            "{BEGIN_SIGNED}\nHash: SHA256\n\n{HELLO}run_as: blue\ntags:\n- - blue\n{SIGNATURE}"
         );
         let manifest = Manifest::parse(&signed).unwrap();
         assert!(manifest.is_signed());
@@ -593,7 +724,7 @@ mod tests {
         let script =
             |ending: &str| format!("id: hello\nconfig:\n  script: |\n    echo hi{ending}\n");
         let signed = format!(
-            "{BEGIN_SIGNED}\nHash: SHA256\n\n{}{BEGIN_SIGNATURE}\n\nabc\n{END_SIGNATURE}\n",
+            "{BEGIN_SIGNED}\nHash: SHA256\n\n{}{SIGNATURE}",
             script(" \t ")
         );
         let trimmed = Manifest::parse(&script("")).unwrap().sha();
@@ -603,7 +734,10 @@ mod tests {
 
     #[test]
     fn reads_clear_signed_manifests_with_crlf_line_ends() {
-        let signed = format!("{BEGIN_SIGNED}\r\nHash: SHA512\r\n\r\nid: crlf\r\n{BEGIN_SIGNATURE}\r\nxyz\r\n{END_SIGNATURE}\r\n");
+        let signed = format!(
+            "{BEGIN_SIGNED}\r\nHash: SHA512\r\n\r\nid: crlf\r\n{}",
+            SIGNATURE.replace('\n', "\r\n")
+        );
         assert_eq!(Manifest::parse(&signed).unwrap().pod_id(), "crlf");
     }
 

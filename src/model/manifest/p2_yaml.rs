@@ -1687,7 +1687,7 @@ status:
     #[test]
     fn signed_manifests_hash_their_plaintext() {
         let signed = format!(
-            "-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA256\n\n{HELLO}extra:\n- - blue\n-----BEGIN PGP SIGNATURE-----\n\niQEcBAEBCAAGBQJeHdummy\n=abcd\n-----END PGP SIGNATURE-----\n"
+            "-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA256\n\n{HELLO}extra:\n- - blue\n-----BEGIN PGP SIGNATURE-----\n\ncDI=\n=ar9S\n-----END PGP SIGNATURE-----\n"
         );
         let manifest = Manifest::parse(&signed).unwrap();
         assert!(manifest.is_signed());
