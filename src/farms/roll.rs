@@ -77,7 +77,7 @@ impl RollFarm {
 /// Replica counts of one RC as the roll sees them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Counts {
-    /// The RC's `replicas_desired`.
+    /// The RC's `replicas_desired`; a negative one, which P2's tools may store, is none.
     pub desired: i64,
     /// Its pods of the RC's pod id, counted by the one health rule against its manifest.
     pub pods: HealthCounts,
@@ -98,7 +98,9 @@ impl Counts {
     /// RC's manifest yet, or without a health result.
     pub fn settling(&self) -> i64 {
         let pods = &self.pods;
-        (self.desired - self.current()).max(0) + (pods.current - pods.real + pods.unknown) as i64
+        // `desired` is whatever P2's tools stored, up to i64's end.
+        let unplaced = self.desired.saturating_sub(self.current()).max(0);
+        unplaced.saturating_add((pods.current - pods.real + pods.unknown) as i64)
     }
 }
 
@@ -112,7 +114,7 @@ pub fn count(world: &World, id: &str, rc: &StoredRc) -> Counts {
         .map(|pod| pod_health(world, &pod, &rc.manifest))
         .collect();
     Counts {
-        desired: rc.replicas_desired,
+        desired: rc.replicas_desired.max(0),
         pods,
     }
 }
@@ -359,7 +361,8 @@ pub fn plan(
     let mut old_rc = StoredRc::clone(&old.value);
     let mut new_rc = StoredRc::clone(&new.value);
     old_rc.replicas_desired = (old_rc.replicas_desired - remove).max(0);
-    new_rc.replicas_desired += add;
+    // The step counts a negative count P2's tools stored as none.
+    new_rc.replicas_desired = new_rc.replicas_desired.max(0) + add;
     Action::Write {
         rcs: vec![
             RcWrite {
@@ -923,6 +926,40 @@ mod tests {
             } else {
                 let written = ((old_desired - remove).max(0), new_desired + add);
                 assert_eq!(step(action), Ok(((remove, add), written)), "{case}");
+            }
+        }
+    }
+
+    /// An RC's count is whatever P2's tools stored, any i64: a roll over one is planned
+    /// without overflowing, and a negative one is read as none and written as at least none.
+    #[test]
+    fn counts_p2_stored_at_i64s_ends_are_planned_over() {
+        let extremes = [i64::MIN, -1, 0, 3, i64::MAX];
+        for old_desired in extremes {
+            for new_desired in extremes {
+                // The new RC's pod healthy, or not reporting yet (settling).
+                for (target, min, reporting) in
+                    [(4, 1, true), (4, 3, true), (0, 0, true), (3, 3, false)]
+                {
+                    let mut fleet = rolling(3, 3, 1, 1);
+                    let mut old = rc(OLD, HELLO_1, old_desired, "");
+                    old.disabled = true;
+                    fleet
+                        .put_rc(old, 12)
+                        .put_rc(rc(NEW, HELLO_2, new_desired, ""), 13);
+                    if !reporting {
+                        fleet.health.remove(&pod_key("n4", "hello"));
+                    }
+                    let action = run(&fleet, &roll(target, min));
+                    let case = format!("od={old_desired} nd={new_desired} t={target} m={min}");
+                    match step(action) {
+                        Ok((_, (old, new))) => assert!(old >= 0 && new >= 0, "{case}"),
+                        // What the roll's condition will say of it.
+                        Err(Action::Wait(wait)) => drop(wait.message()),
+                        Err(Action::Stuck(stuck)) => drop(stuck.message()),
+                        Err(_) => {}
+                    }
+                }
             }
         }
     }

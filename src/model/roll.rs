@@ -120,10 +120,17 @@ pub fn roll_step(
     target: i64,
     minimum: i64,
 ) -> (i64, i64) {
-    let mut headroom = old_healthy + new_healthy - minimum;
-    let growth = (target - (old_desired + new_desired)).max(0);
-    headroom += growth;
-    let remaining = target - new_desired;
+    // The RCs' counts are whatever P2's tools stored: a negative one is none, and their sum
+    // must not overflow.
+    let (old_desired, new_desired) = (old_desired.max(0), new_desired.max(0));
+    let growth = target
+        .saturating_sub(old_desired.saturating_add(new_desired))
+        .max(0);
+    let headroom = old_healthy
+        .saturating_add(new_healthy)
+        .saturating_sub(minimum)
+        .saturating_add(growth);
+    let remaining = target.saturating_sub(new_desired);
     if remaining <= 0 {
         return (0, 0);
     }
@@ -308,6 +315,27 @@ mod tests {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// An RC's count is whatever P2's tools stored, any i64: a step neither overflows nor
+    /// moves more than there is.
+    #[test]
+    fn counts_at_i64s_ends_neither_overflow_nor_overshoot() {
+        let extremes = [i64::MIN, -1, 0, 3, i64::MAX];
+        for old_desired in extremes {
+            for new_desired in extremes {
+                for target in [0, 3, 10_000] {
+                    let (remove, add) = roll_step(2, 1, old_desired, new_desired, target, 1);
+                    let at = format!("od={old_desired} nd={new_desired} t={target}");
+                    assert!((0..=old_desired.max(0)).contains(&remove), "{at}: {remove}");
+                    assert!(add >= 0 && add >= remove, "{at}: {add}");
+                    assert!(
+                        new_desired.saturating_add(add) <= target.max(new_desired),
+                        "{at}"
+                    );
                 }
             }
         }
