@@ -512,10 +512,10 @@ pub struct ConsulArgs {
 
     /// The most requests in flight to the Consul agent at once (at least 3): a quarter kept
     /// for the server's own blocking watches, a quarter for API clients' blocking queries,
-    /// the rest for everything else; more wait, and a write still waiting at its request's
-    /// deadline is withdrawn unsent (503 StoreTimeout). Keep it under the agent's
-    /// limits.http_max_conns_per_client (200 by default), past which it refuses connections
-    /// with 429.
+    /// the rest for everything else, one of them (from 4 up) kept for session renewals;
+    /// more wait, and a write still waiting at its request's deadline is withdrawn unsent
+    /// (503 StoreTimeout). Keep it under the agent's limits.http_max_conns_per_client (200
+    /// by default), past which it refuses connections with 429.
     #[arg(id = "consul_max_connections", long = "consul-max-connections", value_name = "N",
           env = "P2_CONSUL_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(3..))]

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use reqwest::{Method, StatusCode};
 use tokio::time::Instant;
 
-use self::http::{Http, WriteFailure};
+use self::http::{Http, Lane, WriteFailure};
 use super::{
     validate_key, validate_prefix, validate_txn, validate_value, Cas, KvPair, KvStore, Listing,
     SessionInfo, SessionSpec, StoreError, StoreResult, TxnOp, WatchTarget, MAX_WATCH_WAIT,
@@ -106,10 +106,11 @@ impl ConsulStore {
     /// Like [`ConsulStore::with_timeouts`], with at most `max_connections` requests in flight
     /// to the agent at once (at least 3): a quarter of them (at least one) kept for the
     /// server's own blocking watches, a quarter for blocking queries made for a request
-    /// ([`crate::kv::sent::in_request`]: the API's clients'), the rest for everything else.
-    /// A request waits for a free one within its time limit; one that finds none is not sent
-    /// and fails `Unavailable`, and a write whose caller gives up waiting first is withdrawn
-    /// ([`crate::kv::sent`]), never sent.
+    /// ([`crate::kv::sent::in_request`]: the API's clients'), the rest for everything else,
+    /// one of them (from 4 up) kept for session renewals. A request waits for a free one
+    /// within its time limit; one that finds none is not sent and fails `Unavailable`, and
+    /// a write whose caller gives up waiting first is withdrawn ([`crate::kv::sent`]),
+    /// never sent.
     pub fn with_limits(
         config: ConsulConfig,
         timeouts: ConsulTimeouts,
@@ -349,7 +350,11 @@ impl KvStore for ConsulStore {
     async fn renew_session(&self, id: &str) -> StoreResult<SessionInfo> {
         validate_session_id(id)?;
         let url = self.http.url(["session", "renew", id]);
-        match self.http.write(Method::PUT, url, None).await {
+        match self
+            .http
+            .write_in(Lane::Renewals, Method::PUT, url, None)
+            .await
+        {
             Ok(answer) => written(wire::decode_session("session renew", &answer.body))?
                 .ok_or_else(|| StoreError::NotFound(format!("session {id}"))),
             Err(failure) => Err(failure.into_error()),

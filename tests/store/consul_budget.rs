@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
 use p2_apiserver::kv::sent::{self, Sent};
-use p2_apiserver::kv::{Cas, KvStore, Listing, StoreResult, WatchTarget};
+use p2_apiserver::kv::{Cas, KvStore, Listing, SessionSpec, StoreResult, TxnOp, WatchTarget};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -244,4 +244,43 @@ async fn waiting_for_a_connection_counts_against_a_requests_time_limit() {
         "the second write was given up after {took:?}, its limit being {limit:?}"
     );
     first.abort();
+}
+
+/// Session renewals keep a connection of their own: a leader whose farms' transactions hold
+/// every other connection (a Consul slow to commit them, while a renewal, which Consul
+/// answers without a commit, stays quick) still renews its sessions, rather than stepping
+/// down for want of a connection its own writes hold.
+#[tokio::test]
+async fn a_session_renewal_is_sent_while_writes_hold_every_other_connection() {
+    let (fake, store) = fake_with_budget(4).await;
+    let spec = SessionSpec::deleting("leader", Duration::from_secs(30));
+    let session = store.create_session(&spec).await.unwrap();
+
+    // More transactions than there are connections for requests, each held by the agent
+    // (for longer than the test waits: the requests' time limit is 30 s).
+    fake.txns.hold(true);
+    let writes: Vec<_> = (0..8)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let set = TxnOp::Set {
+                    key: format!("farm/{i}"),
+                    value: b"x".to_vec(),
+                };
+                store.txn(&[set]).await
+            })
+        })
+        .collect();
+    fake.txns.holding(1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let renewal = tokio::time::timeout(Duration::from_secs(10), store.renew_session(&session));
+    let renewed = renewal.await;
+    fake.txns.hold(false);
+    for write in writes {
+        write.await.unwrap().unwrap();
+    }
+    let renewed = renewed.expect("the renewal waited for a connection the writes held");
+    assert_eq!(renewed.unwrap().id, session);
+    assert_peak_within(&fake, 4);
 }

@@ -88,6 +88,55 @@ pub struct FakeConsul {
     /// The requests being answered now, and the most there ever were at once: what a real
     /// agent's `limits.http_max_conns_per_client` would count against one client.
     pub in_flight: Arc<InFlight>,
+    /// Transactions held unanswered, as by an agent slow to commit them.
+    pub txns: Arc<TxnHold>,
+}
+
+/// Transactions the agent holds unanswered while it is on ([`TxnHold::hold`]).
+#[derive(Debug)]
+pub struct TxnHold {
+    on: tokio::sync::watch::Sender<bool>,
+    /// How many it holds now.
+    held: tokio::sync::watch::Sender<usize>,
+}
+
+impl Default for TxnHold {
+    fn default() -> Self {
+        TxnHold {
+            on: tokio::sync::watch::Sender::new(false),
+            held: tokio::sync::watch::Sender::new(0),
+        }
+    }
+}
+
+impl TxnHold {
+    /// Holds every transaction from now on (`true`), or answers them again (`false`).
+    pub fn hold(&self, on: bool) {
+        self.on.send_replace(on);
+    }
+
+    /// Waits until it holds at least `count` transactions.
+    pub async fn holding(&self, count: usize) {
+        let mut held = self.held.subscribe();
+        held.wait_for(|held| *held >= count).await.unwrap();
+    }
+}
+
+async fn hold_txns(State(hold): State<Arc<TxnHold>>, request: Request, next: Next) -> Response {
+    /// Counts a held transaction out however it ends, its client hanging up included.
+    struct Held<'a>(&'a TxnHold);
+    impl Drop for Held<'_> {
+        fn drop(&mut self) {
+            self.0.held.send_modify(|held| *held -= 1);
+        }
+    }
+    if request.uri().path() == "/v1/txn" && *hold.on.borrow() {
+        hold.held.send_modify(|held| *held += 1);
+        let _held = Held(&hold);
+        let mut on = hold.on.subscribe();
+        let _ = on.wait_for(|on| !*on).await;
+    }
+    next.run(request).await
 }
 
 /// Requests the agent is answering, a blocking query for the whole of its wait.
@@ -132,6 +181,7 @@ pub async fn start_in(dir: tempfile::TempDir) -> FakeConsul {
     let path = dir.path().join("consul.db").display().to_string();
     let store: Store = Arc::new(SqliteStore::open(&path).await.unwrap());
     let in_flight = Arc::new(InFlight::default());
+    let txns = Arc::new(TxnHold::default());
     let app = Router::new()
         .route("/v1/kv/", any(kv))
         .route("/v1/kv/{*key}", any(kv))
@@ -144,6 +194,7 @@ pub async fn start_in(dir: tempfile::TempDir) -> FakeConsul {
             "/v1/status/leader",
             get(|| async { Json("127.0.0.1:8300") }),
         )
+        .layer(middleware::from_fn_with_state(txns.clone(), hold_txns))
         .layer(middleware::from_fn(datacenter))
         .layer(middleware::from_fn_with_state(
             in_flight.clone(),
@@ -157,6 +208,7 @@ pub async fn start_in(dir: tempfile::TempDir) -> FakeConsul {
         addr,
         dir,
         in_flight,
+        txns,
     }
 }
 

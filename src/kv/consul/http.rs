@@ -87,15 +87,21 @@ const MIN_CONNECTIONS: usize = 3;
 /// Every request holds a permit for its whole life, a blocking query for all of its wait.
 /// A quarter of the budget is kept for the server's own blocking queries (the mirror's and
 /// the election's), a quarter for its clients' (a query made inside a request's scope,
-/// [`sent::in_request`]: an API blocking query), the rest for everything else. So a burst
-/// of writes cannot starve the watches, many long-held watches cannot starve writes, and
-/// clients holding blocking queries cannot hold back the mirror. A request that finds no
-/// permit within its time limit is never sent; nor is a write whose caller gave up waiting
-/// for one first (its [`Claim`] withdrawn: the request's deadline answers `StoreTimeout`).
+/// [`sent::in_request`]: an API blocking query), the rest for everything else, of which
+/// one connection (when the rest has two or more) is kept for session renewals. So a burst
+/// of writes cannot starve the watches, many long-held watches cannot starve writes,
+/// clients holding blocking queries cannot hold back the mirror, and the leader's own
+/// writes (a pass of the farms, slow to commit) cannot hold back the renewals that keep it
+/// leader: Consul answers a renewal without a commit, so it stays quick when writes are
+/// slow. A request that finds no permit within its time limit is never sent; nor is a
+/// write whose caller gave up waiting for one first (its [`Claim`] withdrawn: the
+/// request's deadline answers `StoreTimeout`).
 #[derive(Debug)]
 struct Budget {
-    /// Everything but blocking queries.
+    /// Everything but blocking queries (and session renewals, when they have their own).
     requests: Semaphore,
+    /// Session renewals, unless the budget is too small to keep them a connection.
+    renewals: Option<Semaphore>,
     /// Blocking queries made outside any request: the mirror's and the election's.
     own_watches: Semaphore,
     /// Blocking queries made for a request: the API clients'.
@@ -112,8 +118,11 @@ impl Budget {
             )));
         }
         let watches = (max_connections / 4).max(1);
+        let rest = max_connections - 2 * watches;
+        let renewals = (rest >= 2).then(|| Semaphore::new(1));
         Ok(Budget {
-            requests: Semaphore::new(max_connections - 2 * watches),
+            requests: Semaphore::new(rest - usize::from(renewals.is_some())),
+            renewals,
             own_watches: Semaphore::new(watches),
             client_watches: Semaphore::new(watches),
             max_connections,
@@ -131,6 +140,10 @@ impl Budget {
         limit: Duration,
     ) -> StoreResult<(SemaphorePermit<'_>, Duration)> {
         let (semaphore, whose) = match lane {
+            Lane::Renewals => match &self.renewals {
+                Some(renewals) => (renewals, "session renewals'"),
+                None => (&self.requests, "requests'"),
+            },
             Lane::Requests => (&self.requests, "requests'"),
             Lane::Watches if sent::in_request() => (&self.client_watches, "clients' watches'"),
             Lane::Watches => (&self.own_watches, "the server's own watches'"),
@@ -150,8 +163,10 @@ impl Budget {
 
 /// Which share of the [`Budget`] a request takes its permit from.
 #[derive(Debug, Clone, Copy)]
-enum Lane {
+pub(super) enum Lane {
     Requests,
+    /// Session renewals: what keeps a leader leading.
+    Renewals,
     /// Blocking queries: the server's own, or its clients' when made for a request.
     Watches,
 }
@@ -287,11 +302,23 @@ impl Http {
         url: Url,
         body: Option<Vec<u8>>,
     ) -> Result<Answer, WriteFailure> {
+        self.write_in(Lane::Requests, method, url, body).await
+    }
+
+    /// [`Http::write`] with a permit from `lane` of the [`Budget`].
+    pub(super) async fn write_in(
+        &self,
+        lane: Lane,
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+    ) -> Result<Answer, WriteFailure> {
         let what = describe(&method, &url);
         let claim = Claim::sent();
         let _withdraw = Withdraw(claim.clone());
         let (_permit, left) = self
-            .request_permit(&what)
+            .budget
+            .permit(lane, &what, self.timeouts.request)
             .await
             .map_err(WriteFailure::NotSent)?;
         if !claim.take() {
