@@ -16,9 +16,11 @@ use crate::kv::{
     lock_delay_problem, ConsulOptions, SessionBehavior, StoreUrl, MAX_SESSION_TTL, MIN_SESSION_TTL,
 };
 use crate::labels::{validate_labels, Labels};
+use crate::leader;
 use crate::model::{parse_duration, Limits, DEFAULT_MAX_REPLICAS};
 use crate::server::Tls;
 use crate::simulator::SimulatorConfig;
+use crate::state::Mirror;
 use crate::store::events::Retention;
 
 /// HTTP/JSON control plane for P2-style deployments over Consul or an embedded SQLite store.
@@ -510,17 +512,29 @@ pub struct ConsulArgs {
     )]
     datacenter: Option<String>,
 
-    /// The most requests in flight to the Consul agent at once (at least 3): a quarter kept
-    /// for the server's own blocking watches, a quarter for API clients' blocking queries,
-    /// the rest for everything else, one of them (from 4 up) kept for session renewals;
-    /// more wait, and a write still waiting at its request's deadline is withdrawn unsent
-    /// (503 StoreTimeout). Keep it under the agent's limits.http_max_conns_per_client (200
-    /// by default), past which it refuses connections with 429.
+    /// The most requests in flight to the Consul agent at once (at least 20): a quarter, and
+    /// at least one for each of the server's 18 own blocking watches (one per tree it
+    /// mirrors, one for its election), kept for those, a quarter (or what is left but one)
+    /// for API clients' blocking queries, the rest for everything else, one of them (when
+    /// the rest has two or more) kept for session renewals; more wait, and a write still
+    /// waiting at its request's deadline is withdrawn unsent (503 StoreTimeout). Keep it
+    /// under the agent's limits.http_max_conns_per_client (200 by default), past which it
+    /// refuses connections with 429.
     #[arg(id = "consul_max_connections", long = "consul-max-connections", value_name = "N",
           env = "P2_CONSUL_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(3..))]
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(MIN_CONSUL_CONNECTIONS..))]
     max_connections: usize,
 }
+
+/// The blocking watches a server keeps open on its store at once, its mirror's and its
+/// election's: on Consul each holds a connection for a whole wait, and one left waiting for
+/// a connection is answered only once another's wait is over, past its own.
+const OWN_WATCHES: usize = Mirror::WATCHES + leader::WATCHES;
+
+/// The fewest connections to Consul a server works with: one for each of its own watches,
+/// one for its clients' blocking queries, one for everything else.
+const MIN_CONSUL_CONNECTIONS: u64 = OWN_WATCHES as u64 + 2;
 
 impl ConsulArgs {
     /// The options for `open_store`, with the token fallback applied.
@@ -529,6 +543,7 @@ impl ConsulArgs {
             token: self.token.clone().or_else(|| self.http_token.clone()),
             datacenter: self.datacenter.clone(),
             max_connections: self.max_connections,
+            own_watches: OWN_WATCHES,
         }
     }
 }
@@ -657,15 +672,13 @@ mod tests {
         assert_eq!(options.token.as_deref(), Some("ours"));
         assert_eq!(options.datacenter.as_deref(), Some("dc2"));
         assert_eq!(options.max_connections, 40);
-        assert_eq!(
-            serve_args(&["--consul-max-connections", "3"])
-                .consul
-                .options()
-                .max_connections,
-            3
-        );
-        // A connection for each share: the server's watches, its clients', everything else.
-        assert!(Cli::try_parse_from(["p2-apiserver", "--consul-max-connections", "2"]).is_err());
+        let fewest = serve_args(&["--consul-max-connections", "20"])
+            .consul
+            .options();
+        assert_eq!((fewest.max_connections, fewest.own_watches), (20, 18));
+        // A connection for each of the server's own watches, one for its clients', one for
+        // everything else.
+        assert!(Cli::try_parse_from(["p2-apiserver", "--consul-max-connections", "19"]).is_err());
     }
 
     #[test]

@@ -28,6 +28,10 @@ use crate::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, StoreResult, 
 use crate::layout::LEADER_LOCK;
 use crate::model::timestamp::format_rfc3339;
 
+/// How many blocking watches of the store a campaigning server keeps open at once: one,
+/// of the leader lock.
+pub const WATCHES: usize = 1;
+
 /// How long destroying a session may take before it is left for later (or, on stopping, to
 /// the store's expiry).
 const END_SESSION_WAIT: Duration = Duration::from_secs(3);

@@ -100,24 +100,26 @@ impl ConsulStore {
         config: ConsulConfig,
         timeouts: ConsulTimeouts,
     ) -> Result<Self, StoreError> {
-        Self::with_limits(config, timeouts, DEFAULT_MAX_CONNECTIONS)
+        Self::with_limits(config, timeouts, DEFAULT_MAX_CONNECTIONS, 0)
     }
 
     /// Like [`ConsulStore::with_timeouts`], with at most `max_connections` requests in flight
-    /// to the agent at once (at least 3): a quarter of them (at least one) kept for the
-    /// server's own blocking watches, a quarter for blocking queries made for a request
-    /// ([`crate::kv::sent::in_request`]: the API's clients'), the rest for everything else,
-    /// one of them (from 4 up) kept for session renewals. A request waits for a free one
-    /// within its time limit; one that finds none is not sent and fails `Unavailable`, and
-    /// a write whose caller gives up waiting first is withdrawn ([`crate::kv::sent`]),
-    /// never sent.
+    /// to the agent at once (at least `own_watches` + 2, and 3): a quarter of them, and at
+    /// least one for each of the `own_watches` blocking watches the server keeps open at
+    /// once, kept for the server's own blocking watches, a quarter (or what is left but one)
+    /// for blocking queries made for a request ([`crate::kv::sent::in_request`]: the API's
+    /// clients'), the rest for everything else, one of them (when the rest has two or more)
+    /// kept for session renewals. A request waits for a free one within its time limit; one
+    /// that finds none is not sent and fails `Unavailable`, and a write whose caller gives up
+    /// waiting first is withdrawn ([`crate::kv::sent`]), never sent.
     pub fn with_limits(
         config: ConsulConfig,
         timeouts: ConsulTimeouts,
         max_connections: usize,
+        own_watches: usize,
     ) -> Result<Self, StoreError> {
         Ok(ConsulStore {
-            http: Http::new(config, timeouts, max_connections)?,
+            http: Http::new(config, timeouts, max_connections, own_watches)?,
         })
     }
 

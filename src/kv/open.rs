@@ -66,6 +66,9 @@ pub struct ConsulOptions {
     pub datacenter: Option<String>,
     /// The most requests in flight to the agent at once ([`ConsulStore::with_limits`]).
     pub max_connections: usize,
+    /// How many blocking watches the server keeps open at once, each of which gets a
+    /// connection of its own ([`ConsulStore::with_limits`]).
+    pub own_watches: usize,
 }
 
 impl Default for ConsulOptions {
@@ -74,6 +77,7 @@ impl Default for ConsulOptions {
             token: None,
             datacenter: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            own_watches: 0,
         }
     }
 }
@@ -95,6 +99,7 @@ pub async fn open_store(url: &StoreUrl, consul: ConsulOptions) -> StoreResult<Ar
                 },
                 ConsulTimeouts::default(),
                 consul.max_connections,
+                consul.own_watches,
             )?),
             "consul",
         )),

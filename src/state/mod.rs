@@ -733,6 +733,10 @@ struct Inner {
 }
 
 impl Mirror {
+    /// How many blocking watches of the store a started mirror keeps open at once: one per
+    /// tree, each for a whole wait.
+    pub const WATCHES: usize = Tree::ALL.len();
+
     /// An empty mirror of `store`; [`Mirror::start`] fills it and keeps it current.
     pub fn new(store: Arc<dyn KvStore>, config: MirrorConfig) -> Mirror {
         let stream = Stream::new(config.retained_changes, config.subscriber_buffer);

@@ -46,7 +46,8 @@ async fn assert_woken(watch: JoinHandle<StoreResult<Listing>>) {
 async fn fake_with_budget(max_connections: usize) -> (FakeConsul, Arc<ConsulStore>) {
     let fake = fake_consul::start().await;
     let timeouts = ConsulTimeouts::default();
-    let store = ConsulStore::with_limits(config(&fake.addr.to_string()), timeouts, max_connections);
+    let store =
+        ConsulStore::with_limits(config(&fake.addr.to_string()), timeouts, max_connections, 0);
     (fake, Arc::new(store.unwrap()))
 }
 
@@ -130,7 +131,8 @@ async fn a_write_queued_behind_a_spent_budget_is_withdrawn_when_its_caller_gives
     });
     // Three connections: the server's watches', its clients' and everything else's.
     let store = Arc::new(
-        ConsulStore::with_limits(config(&addr.to_string()), ConsulTimeouts::default(), 3).unwrap(),
+        ConsulStore::with_limits(config(&addr.to_string()), ConsulTimeouts::default(), 3, 0)
+            .unwrap(),
     );
     let hung = {
         let store = store.clone();
@@ -226,7 +228,8 @@ async fn waiting_for_a_connection_counts_against_a_requests_time_limit() {
         ..ConsulTimeouts::default()
     };
     // One connection for requests, which a first write holds until its limit.
-    let store = Arc::new(ConsulStore::with_limits(config(&addr.to_string()), timeouts, 3).unwrap());
+    let store =
+        Arc::new(ConsulStore::with_limits(config(&addr.to_string()), timeouts, 3, 0).unwrap());
     let first = {
         let store = store.clone();
         tokio::spawn(async move { store.put("first", b"x", Cas::Any).await })

@@ -7,10 +7,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::Parser as _;
+use p2_apiserver::config::{Cli, Command};
 use p2_apiserver::kv::{
-    open_store, Cas, ConsulOptions, KvPair, KvStore, StoreError, StoreUrl, TxnOp,
+    open_store, Cas, ConsulOptions, KvPair, KvStore, SessionBehavior, StoreError, StoreUrl, TxnOp,
 };
 use p2_apiserver::labels::{LabelType, Selector};
+use p2_apiserver::leader::{self, LeaderConfig, Term};
 use p2_apiserver::state::{
     Entry, Kind, Mirror, MirrorConfig, OwnWrite, Signal, Tree, TreeSnapshot,
 };
@@ -645,4 +648,53 @@ async fn a_probe_across_a_resync_marks_nothing_of_the_old_store() {
                     .modify_index,
         "claims {claimed} without labels/node/c"
     );
+}
+
+/// The server's own blocking watches of Consul (one per tree its mirror follows, one for
+/// its election) each hold a connection for a whole wait. Given the fewest connections its
+/// flag accepts, a server must still keep them all open at once: a watch left waiting for
+/// a connection that the others hold for their whole waits goes unanswered past its own,
+/// so on an idle store its tree counts as lost (`/readyz` fails, the farms wait on the
+/// store for it) and the election's watch fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_given_the_fewest_consul_connections_keeps_every_watch_open() {
+    let serve = |connections: usize| {
+        let argv = ["p2-apiserver", "--consul-max-connections"];
+        let argv = argv
+            .into_iter()
+            .map(str::to_owned)
+            .chain([connections.to_string()]);
+        match Cli::try_parse_from(argv).map(Cli::into_command) {
+            Ok(Command::Serve(args)) => Some(args),
+            _ => None,
+        }
+    };
+    let args = (1..).find_map(serve).unwrap();
+    let fake = fake_consul::start().await;
+    let url = format!("consul://{}", fake.addr).parse().unwrap();
+    let store = open_store(&url, args.consul.options()).await.unwrap();
+    let wait = Duration::from_secs(4);
+    let config = MirrorConfig {
+        watch_wait: wait,
+        lost_after: Duration::ZERO,
+        ..MirrorConfig::default()
+    };
+    let (mirror, running) = started(store.clone(), config).await;
+    let election = LeaderConfig {
+        holder: "a".into(),
+        session_ttl: Duration::from_secs(10),
+        lock_delay: Duration::ZERO,
+        behavior: SessionBehavior::Delete,
+    };
+    let idle = |term: Term| async move { term.cancel.cancelled().await };
+    let campaign = leader::campaign(store, election, running.cancel.clone(), idle);
+    running.tasks.spawn(campaign);
+
+    // Several waits of every tree on an idle store: none goes unanswered past its wait.
+    let until = tokio::time::Instant::now() + 5 * wait;
+    while tokio::time::Instant::now() < until {
+        let lost = mirror.health().lost;
+        assert!(lost.is_empty(), "watches went unanswered: {lost:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -77,16 +77,20 @@ impl WriteFailure {
     }
 }
 
-/// The smallest budget: a connection for each share of it.
-const MIN_CONNECTIONS: usize = 3;
+/// The smallest budget beside the server's own watches: a connection for its clients'
+/// blocking queries and one for everything else.
+const MIN_OTHER_CONNECTIONS: usize = 2;
 
 /// The connections this client may hold to the agent at once, so that the farms, the
 /// mirror and the API together stay under the agent's `limits.http_max_conns_per_client`
 /// (200 by default), past which it refuses connections with 429.
 ///
 /// Every request holds a permit for its whole life, a blocking query for all of its wait.
-/// A quarter of the budget is kept for the server's own blocking queries (the mirror's and
-/// the election's), a quarter for its clients' (a query made inside a request's scope,
+/// A quarter of the budget, and at least one connection for each blocking watch the
+/// server keeps open at once (its mirror's and its election's, which a watch left waiting
+/// for a connection would see answered only once another's whole wait is over, past its
+/// own), is kept for the server's own blocking queries, a quarter (or what is left but
+/// one) for its clients' (a query made inside a request's scope,
 /// [`sent::in_request`]: an API blocking query), the rest for everything else, of which
 /// one connection (when the rest has two or more) is kept for session renewals. So a burst
 /// of writes cannot starve the watches, many long-held watches cannot starve writes,
@@ -110,21 +114,27 @@ struct Budget {
 }
 
 impl Budget {
-    fn new(max_connections: usize) -> StoreResult<Self> {
-        if max_connections < MIN_CONNECTIONS {
+    /// A budget of `max_connections` for a server that keeps `own_watches` blocking watches
+    /// open at once.
+    fn new(max_connections: usize, own_watches: usize) -> StoreResult<Self> {
+        let quarter = (max_connections / 4).max(1);
+        let own = quarter.max(own_watches);
+        let least = own_watches.max(1) + MIN_OTHER_CONNECTIONS;
+        if max_connections < least {
             return Err(StoreError::Invalid(format!(
-                "at least {MIN_CONNECTIONS} connections to Consul are needed (one for the \
-                 server's blocking watches, one for its clients'), not {max_connections}"
+                "at least {least} connections to Consul are needed (one for each of the \
+                 server's {own_watches} own blocking watches, at least one, one for its \
+                 clients' blocking queries, one for everything else), not {max_connections}"
             )));
         }
-        let watches = (max_connections / 4).max(1);
-        let rest = max_connections - 2 * watches;
+        let clients = quarter.min(max_connections - own - 1);
+        let rest = max_connections - own - clients;
         let renewals = (rest >= 2).then(|| Semaphore::new(1));
         Ok(Budget {
             requests: Semaphore::new(rest - usize::from(renewals.is_some())),
             renewals,
-            own_watches: Semaphore::new(watches),
-            client_watches: Semaphore::new(watches),
+            own_watches: Semaphore::new(own),
+            client_watches: Semaphore::new(clients),
             max_connections,
         })
     }
@@ -186,8 +196,9 @@ impl Http {
         config: ConsulConfig,
         timeouts: ConsulTimeouts,
         max_connections: usize,
+        own_watches: usize,
     ) -> StoreResult<Self> {
-        let budget = Budget::new(max_connections)?;
+        let budget = Budget::new(max_connections, own_watches)?;
         let base = Url::parse(&config.base_url).map_err(|e| {
             StoreError::Invalid(format!("Consul address {:?}: {e}", config.base_url))
         })?;
