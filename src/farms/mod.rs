@@ -625,11 +625,16 @@ pub async fn run_term(
     holder: String,
     options: FarmOptions,
 ) {
+    let tasks = TaskTracker::new();
+    tasks.spawn(end_term_once_lost(mirror.clone(), term.cancel.clone()));
     tokio::select! {
         () = mirror.loaded() => {}
-        () = term.cancel.cancelled() => return,
+        () = term.cancel.cancelled() => {
+            tasks.close();
+            tasks.wait().await;
+            return;
+        }
     }
-    let tasks = TaskTracker::new();
     let trees = Trees::new(mirror.clone());
     // Every write of the farms reaches the mirror at once, as the API's do.
     let store = OwnWrites::wrap(store, mirror.clone());
@@ -675,6 +680,36 @@ pub async fn run_term(
     term.cancel.cancelled().await;
     tasks.wait().await;
     ctx.alerts_sent().await;
+}
+
+/// How often a term looks at whether the mirror still follows the store.
+const MIRROR_CHECK: Duration = Duration::from_secs(1);
+
+/// Ends the term once the mirror has lost the store for a tree the farms read, as `/readyz`
+/// tells it (the tree's watch failing, or the store silent to every read, past the
+/// mirror's bound): the farms do not act on trees known to be behind, so leading on would
+/// hold the leader lock while nothing reconciles, and no server whose mirror follows the
+/// store could take over. A server whose terms end at once bids ever less often (see
+/// [`crate::leader::campaign`]).
+async fn end_term_once_lost(mirror: Mirror, cancel: CancellationToken) {
+    let followed: Vec<String> = Trees::FOLLOWED.iter().map(|tree| tree.prefix()).collect();
+    loop {
+        let health = mirror.health();
+        let farms_blind = health
+            .lost
+            .iter()
+            .any(|(prefix, _)| followed.contains(prefix));
+        if farms_blind || health.silent.is_some() {
+            tracing::warn!(lost = ?health.lost, silent = ?health.silent,
+                           "the mirror has lost the store; the term ends");
+            cancel.cancel();
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(MIRROR_CHECK) => {}
+            () = cancel.cancelled() => return,
+        }
+    }
 }
 
 /// Runs one farm; if it ever stops before the term ends (a panic, say), the term ends too,

@@ -433,7 +433,7 @@ struct Built {
 
 impl Trees {
     /// The mirror's trees the farms read.
-    const FOLLOWED: [state::Tree; 9] = [
+    pub(crate) const FOLLOWED: [state::Tree; 9] = [
         state::Tree::Rcs,
         state::Tree::Rolls,
         state::Tree::DaemonSets,

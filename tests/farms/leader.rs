@@ -3,16 +3,19 @@
 #[allow(dead_code)]
 use crate::support::severable;
 
+use crate::support::counting::Counting;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use p2_apiserver::farms::alerts::Alerter;
-use p2_apiserver::farms::{FarmContext, FarmError};
+use p2_apiserver::farms::{self, FarmContext, FarmError, FarmOptions};
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, TxnOp};
 use p2_apiserver::layout::LEADER_LOCK;
 use p2_apiserver::leader::{self, current_leader, LeaderConfig, Term};
+use p2_apiserver::state::{Mirror, MirrorConfig};
 use severable::Severable;
 use tokio_util::sync::CancellationToken;
 
@@ -657,4 +660,62 @@ async fn farms_that_stop_before_their_term_ends_end_it() {
 
     shutdown.cancel();
     a.await.unwrap();
+}
+
+/// Runs a server's campaign as `holder` over `store` with the farms on a mirror of it (its
+/// tree watches counted lost after `lost_after`), until `shutdown`.
+fn campaign_with_farms(
+    store: Arc<dyn KvStore>,
+    holder: &'static str,
+    lost_after: Duration,
+    shutdown: &CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) {
+    let following = MirrorConfig {
+        lost_after,
+        ..MirrorConfig::default()
+    };
+    let mirror = Mirror::new(store.clone(), following);
+    mirror.start(tasks, shutdown.clone());
+    let alerts = Arc::new(Alerter::new(None));
+    let farm_store = store.clone();
+    let lead = move |term: Term| {
+        let options = FarmOptions::default();
+        let (store, mirror) = (farm_store.clone(), mirror.clone());
+        farms::run_term(store, mirror, term, alerts.clone(), holder.into(), options)
+    };
+    tasks.spawn(leader::campaign(
+        store,
+        config(holder),
+        shutdown.clone(),
+        lead,
+    ));
+}
+
+/// The leader's mirror loses a tree's watch (its agent's blocking queries fail, say) while
+/// its sessions and writes go on: the farms do not act on a tree known to be behind, so
+/// leading on would hold the lock while nothing reconciles. The leader steps down, and a
+/// server whose mirror follows the store takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_mirror_has_lost_the_store_steps_down() {
+    let (_dir, store) = sqlite_store().await;
+    let (shutdown, tasks) = (
+        CancellationToken::new(),
+        tokio_util::task::TaskTracker::new(),
+    );
+    let blind = Counting::new(store.clone());
+    let lost_after = Duration::from_secs(1);
+    campaign_with_farms(blind.clone(), "a", lost_after, &shutdown, &tasks);
+    wait_for(async || current_leader(&*store).await.unwrap().is_some()).await;
+    campaign_with_farms(store.clone(), "b", lost_after, &shutdown, &tasks);
+
+    blind.fail_watches_of(Some("labels/pod/"));
+    wait_for(async || {
+        let leader = current_leader(&*store).await.unwrap();
+        leader.is_some_and(|leader| leader.holder == "b")
+    })
+    .await;
+    shutdown.cancel();
+    tasks.close();
+    tasks.wait().await;
 }
