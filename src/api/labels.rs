@@ -88,6 +88,7 @@ pub struct ReplaceLabels {
 
 /// The body of a PATCH, a JSON merge patch (RFC 7386) of [`ObjectLabels`].
 #[derive(Debug, Clone, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct LabelsPatch {
     /// A key mapped to a string is set, a key mapped to `null` is removed, others are kept;
     /// `"labels": null` removes every label. Removals are not checked against Kubernetes'

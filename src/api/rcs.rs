@@ -35,7 +35,7 @@ use crate::labels::{LabelType, Labels, Requirement, Selector, RC_ID_LABEL};
 use crate::layout;
 use crate::model::conditions::Condition;
 use crate::model::event::{Actor, Meta, ObjectKind};
-use crate::model::{NewRc, RcId, RcPatch, RcSpec, StoredRc};
+use crate::model::{NewRc, RcId, RcPatch, RcPatchDocument, RcSpec, StoredRc};
 use crate::state::{Mirror, MirrorReader, Span, Tree};
 use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::events::{list_meta, mirrored_meta, read_meta};
@@ -412,7 +412,7 @@ async fn get_rc(
     tag = TAG,
     params(RcPath, ("If-Match" = Option<String>, Header, description = "Apply only to this version (an `ETag`)")),
     request_body(description = "A JSON merge patch",
-        content((Object = "application/merge-patch+json"), (Object = "application/json"))),
+        content((RcPatchDocument = "application/merge-patch+json"), (RcPatchDocument = "application/json"))),
     responses(
         (status = OK, description = "The patched RC", body = RcView,
             headers(("ETag" = String, description = "The RC's new version"),

@@ -20,6 +20,7 @@ const READ_ONLY_FIELDS: [&str; 4] = ["id", "pod_id", "resource_version", "status
 
 /// The body of `POST /api/v1/daemonsets`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CreateDaemonSet {
     /// The pod manifest: YAML text, or a JSON object (stored as its YAML rendering). Its `id`
     /// becomes the daemon set's `pod_id`.
@@ -45,6 +46,7 @@ pub struct CreateDaemonSet {
 /// The body of `PATCH /api/v1/daemonsets/{id}`: a JSON merge patch of these fields; absent
 /// fields stay as they are and none may be `null`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct DaemonSetPatch {
     /// A whole new manifest (YAML text or JSON object); its `id` must equal the daemon set's
     /// `pod_id`.

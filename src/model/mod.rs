@@ -45,7 +45,7 @@ pub use health::{HealthCounts, HealthRecord, HealthState, PodHealth};
 pub use ids::{DaemonSetId, IdError, NodeName, PodId, RcId, RollId};
 pub use manifest::{HealthCheck, Manifest};
 pub use rc::{AllocationStrategy, StoredRc};
-pub use rc_spec::{foreign_pod_id, NewRc, RcPatch, RcSpec};
+pub use rc_spec::{foreign_pod_id, NewRc, RcPatch, RcPatchDocument, RcSpec};
 pub use roll::{roll_step, validate_counts, StoredRoll};
 pub use roll_request::{CreateRoll, RollPlan, RollRcs};
 

@@ -206,6 +206,49 @@ pub(super) fn manifest_schema() -> impl Into<RefOr<Schema>> {
         )])
 }
 
+/// The body of `PATCH /api/v1/rcs/{id}` as the document shows it: a JSON merge patch
+/// (RFC 7386) of these fields, absent ones staying as they are. Only `pod_labels` may be
+/// `null` (removing every pod label), as may each of its labels (removing that one).
+// The document's shape only: `RcPatch::parse` reads the patch, reporting every bad field.
+#[derive(ToSchema)]
+#[schema(as = RcPatch)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct RcPatchDocument {
+    /// A whole new manifest (YAML text or JSON object) for the same pod: its `id` must stay
+    /// the RC's pod id.
+    #[schema(schema_with = manifest_schema)]
+    manifest: Option<Value>,
+    /// Which nodes the RC may schedule on; `""` selects every node.
+    #[schema(nullable = false)]
+    node_selector: Option<String>,
+    /// How many pods the RC wants: 0 to the server's `--max-replicas` (10,000 unless
+    /// configured).
+    #[schema(minimum = 0, maximum = 10000, nullable = false)]
+    replicas_desired: Option<i64>,
+    /// A disabled RC makes no scheduling changes.
+    #[schema(nullable = false)]
+    disabled: Option<bool>,
+    #[schema(schema_with = patched_strategy_schema)]
+    allocation_strategy: Option<String>,
+    /// A label mapped to a string is set, one mapped to `null` removed, others kept;
+    /// `"pod_labels": null` removes every pod label. Not `daemon_set_id`, which names a
+    /// pod's daemon set.
+    #[schema(value_type = Option<BTreeMap<String, Option<String>>>)]
+    pod_labels: Option<Value>,
+}
+
+/// The allocation strategies a patch may set (not `""`, which only older RCs hold).
+fn patched_strategy_schema() -> impl Into<RefOr<Schema>> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(["dynamic_strategy", "static_strategy"]))
+        .description(Some(
+            "`dynamic_strategy` (move pods off nodes that stop matching) or `static_strategy` \
+             (leave them)",
+        ))
+}
+
 /// The fields of an RC a merge patch may change.
 const PATCHABLE: &str =
     "replicas_desired, disabled, node_selector, pod_labels, manifest, allocation_strategy";

@@ -1482,3 +1482,140 @@ async fn every_patch_documents_the_content_types_it_takes() {
     assert!(checked >= 3, "only {checked} PATCH operations");
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// `schema` with its `$ref` followed.
+fn resolved<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+    match schema["$ref"].as_str() {
+        Some(reference) => {
+            &doc["components"]["schemas"][reference.trim_start_matches("#/components/schemas/")]
+        }
+        None => schema,
+    }
+}
+
+/// Whether `schema` lets a value be `null`.
+fn nullable(doc: &Value, schema: &Value) -> bool {
+    let schema = resolved(doc, schema);
+    match &schema["type"] {
+        Value::String(kind) => kind == "null",
+        Value::Array(kinds) => kinds.contains(&"null".into()),
+        _ => match schema["oneOf"].as_array() {
+            Some(choices) => choices.iter().any(|choice| nullable(doc, choice)),
+            None => true,
+        },
+    }
+}
+
+/// The fields the causes of a refusal name, each by its top-level field.
+fn refused_fields(response: &TestResponse) -> Vec<(String, String)> {
+    if response.status.is_success() {
+        return Vec::new();
+    }
+    let error = response.json();
+    let causes = error["causes"].as_array().cloned().unwrap_or_default();
+    causes
+        .iter()
+        .map(|cause| {
+            let field = cause["field"].as_str().unwrap_or_default();
+            let top = field.split(['.', '[']).next().unwrap_or_default();
+            (
+                top.to_owned(),
+                cause["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Every JSON request body is documented as the server reads it, so that an SDK built from
+/// the document sends what the server takes: its fields are listed; an unknown field is
+/// refused exactly where the schema says `additionalProperties: false`; and `null` is taken
+/// for a field (as its absence, or as a value) exactly where the schema says it is nullable.
+#[tokio::test]
+async fn every_json_request_body_documents_the_fields_the_server_takes() {
+    let doc = document();
+    let app = TestApp::new().await;
+    let ([rc_id, _], ds_id) = two_rcs_and_a_ds(&app).await;
+    let mut found = Vec::new();
+    let mut checked = 0;
+    for (route, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let Some(content) = op["requestBody"]["content"].as_object() else {
+                continue;
+            };
+            let Some((content_type, media)) = content
+                .iter()
+                .find(|(content_type, _)| content_type.ends_with("json"))
+            else {
+                continue;
+            };
+            let id = if route.starts_with("/api/v1/rcs") {
+                rc_id.as_str()
+            } else if route.starts_with("/api/v1/daemonsets") {
+                ds_id.as_str()
+            } else {
+                "n1"
+            };
+            let path = route
+                .replace("{type}", "node")
+                .replace("{id}", id)
+                .replace("{pod_id}", "hello")
+                .replace("{node}", "n1")
+                .replace("{name}", "a");
+            let method = method.to_ascii_uppercase();
+            let name = format!("{method} {route}");
+            let headers = [("content-type", content_type.as_str())];
+            let send = |body: Value| {
+                let (app, method, path) = (&app, &method, &path);
+                async move {
+                    let response = app.send_raw(method, path, &headers, body.to_string()).await;
+                    refused_fields(&response)
+                }
+            };
+            checked += 1;
+            let schema = resolved(&doc, &media["schema"]);
+            let Some(properties) = schema["properties"].as_object() else {
+                found.push(format!(
+                    "{name}: the body's fields are not documented: {schema}"
+                ));
+                continue;
+            };
+            let unknown = "zz_not_a_field";
+            let refused = send(json!({ unknown: 1 })).await;
+            let refuses_unknown = refused.iter().any(|(field, _)| field == unknown);
+            let documented_closed = schema["additionalProperties"] == false;
+            if refuses_unknown != documented_closed {
+                found.push(format!(
+                    "{name}: an unknown field refused: {refuses_unknown}, documented \
+                     additionalProperties: false: {documented_closed}"
+                ));
+            }
+            let required = schema["required"].as_array().cloned().unwrap_or_default();
+            let absent = send(json!({})).await;
+            for (field, property) in properties {
+                let nulled = send(json!({ field: null })).await;
+                let about = |causes: &[(String, String)]| {
+                    causes
+                        .iter()
+                        .filter(|(named, _)| named == field)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                };
+                let takes_null = if required.contains(&field.as_str().into()) {
+                    about(&nulled).is_empty()
+                } else {
+                    about(&nulled) == about(&absent)
+                };
+                if takes_null != nullable(&doc, property) {
+                    found.push(format!(
+                        "{name}: {field}: null taken: {takes_null}, documented nullable: {}; \
+                         {:?}",
+                        !takes_null,
+                        about(&nulled)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(checked >= 10, "only {checked} bodies");
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
