@@ -222,6 +222,7 @@ pub struct RcPath {
             headers(("ETag" = String, description = "The RC's version"),
                     ("Location" = String, description = "Where the RC lives"))),
         (status = BAD_REQUEST, description = "Malformed JSON", body = ErrorBody),
+        (status = CONFLICT, description = "Another write to the new RC's id or its labels landed first, attempt after attempt; nothing was written", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "Not JSON", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Invalid fields, all listed", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),

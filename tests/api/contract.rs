@@ -1619,3 +1619,78 @@ async fn every_json_request_body_documents_the_fields_the_server_takes() {
     assert!(checked >= 10, "only {checked} bodies");
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// Creations, patches and the RC delete that keep losing their check-and-set to other
+/// writers answer a status their route documents (the report, label, roll and daemon-set
+/// deletes are checked above); all at once, to wait out the contention deadline only once.
+#[tokio::test]
+async fn creations_and_patches_that_keep_losing_races_answer_as_documented() {
+    let doc = document();
+    let (app, counting) = TestApp::counted().await;
+    let ([rc_id, spare_rc], ds_id) = two_rcs_and_a_ds(&app).await;
+    let rc = json!({"manifest": MANIFEST, "node_selector": "role=web", "replicas_desired": 0});
+    let roll = json!({"old_rc_id": rc_id, "new_rc": {"manifest": MANIFEST},
+                      "desired_replicas": 1, "minimum_replicas": 0});
+    let merge = vec![("content-type", "application/merge-patch+json")];
+    let (rc_path, spare_path) = (
+        format!("/api/v1/rcs/{rc_id}"),
+        format!("/api/v1/rcs/{spare_rc}"),
+    );
+    let probes: Vec<Probe<'_>> = vec![
+        (
+            "POST",
+            "/api/v1/rcs",
+            "/api/v1/rcs".into(),
+            Some(rc),
+            vec![],
+        ),
+        (
+            "PATCH",
+            "/api/v1/rcs/{id}",
+            rc_path,
+            Some(json!({"replicas_desired": 2})),
+            merge.clone(),
+        ),
+        ("DELETE", "/api/v1/rcs/{id}", spare_path, None, vec![]),
+        (
+            "POST",
+            "/api/v1/rolls",
+            "/api/v1/rolls".into(),
+            Some(roll),
+            vec![],
+        ),
+        (
+            "POST",
+            "/api/v1/daemonsets",
+            "/api/v1/daemonsets".into(),
+            Some(json!({"manifest": MANIFEST, "node_selector": "role=db", "timeout": "1m"})),
+            vec![],
+        ),
+        (
+            "PATCH",
+            "/api/v1/daemonsets/{id}",
+            format!("/api/v1/daemonsets/{ds_id}"),
+            Some(json!({"min_health": 1})),
+            merge,
+        ),
+    ];
+    counting.lose_txns_on(Some(""));
+    let app = &app;
+    let sent = probes
+        .iter()
+        .map(|(method, route, path, body, headers)| async move {
+            let response = app.json_request(method, path, body.as_ref(), headers).await;
+            (*method, *route, response)
+        });
+    let answers = futures::future::join_all(sent).await;
+    counting.lose_txns_on(None);
+    let mut found = Vec::new();
+    for (method, route, response) in answers {
+        assert!(
+            !response.status.is_success(),
+            "{method} {route}: {response:?}"
+        );
+        found.extend(disagreements(&doc, method, route, &response));
+    }
+    assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
