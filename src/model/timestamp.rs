@@ -34,8 +34,9 @@ pub fn format_rfc3339(time: SystemTime) -> String {
     out
 }
 
-/// Reads an RFC 3339 time such as `2020-01-14T11:06:40.12Z` or `2020-01-14T12:06:40+01:00`
-/// (at or after the epoch); `None` for anything else.
+/// Reads an RFC 3339 time such as `2020-01-14T11:06:40.12Z` or `2020-01-14T12:06:40+01:00`,
+/// any that RFC 3339 allows (before the epoch too, and with a fraction of any length, read
+/// to the nanosecond), as OpenAPI's `date-time` promises clients; `None` for anything else.
 pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
     let bytes = text.as_bytes();
     let digits = |range: std::ops::Range<usize>| -> Option<i64> {
@@ -65,10 +66,10 @@ pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
     let mut nanos = 0u32;
     if let Some(fraction) = rest.strip_prefix('.') {
         let len = fraction.bytes().take_while(u8::is_ascii_digit).count();
-        if len == 0 || len > 9 {
+        if len == 0 {
             return None;
         }
-        nanos = format!("{:0<9}", &fraction[..len]).parse().ok()?;
+        nanos = format!("{:0<9}", &fraction[..len.min(9)]).parse().ok()?;
         rest = &fraction[len..];
     }
     let offset = match rest {
@@ -99,8 +100,13 @@ pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
         return None;
     }
     let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset;
-    let seconds = u64::try_from(seconds).ok()?;
-    Some(UNIX_EPOCH + std::time::Duration::new(seconds, nanos))
+    let whole = std::time::Duration::from_secs(seconds.unsigned_abs());
+    let at_second = if seconds < 0 {
+        UNIX_EPOCH.checked_sub(whole)?
+    } else {
+        UNIX_EPOCH.checked_add(whole)?
+    };
+    at_second.checked_add(std::time::Duration::from_nanos(nanos.into()))
 }
 
 /// Day count since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
@@ -181,6 +187,27 @@ mod tests {
         ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
         }
+    }
+
+    /// Any time RFC 3339 allows is read: before the epoch (Go's zero time among them), and
+    /// with more fraction digits than nanoseconds hold; before, both were refused, so
+    /// `GET /api/v1/events?since=` refused values its `date-time` parameter promises.
+    #[test]
+    fn reads_times_before_the_epoch_and_long_fractions() {
+        let before = |seconds: u64| UNIX_EPOCH - Duration::from_secs(seconds);
+        assert_eq!(parse_rfc3339("1969-12-31T23:59:59Z"), Some(before(1)));
+        assert_eq!(
+            parse_rfc3339("1969-12-31T23:59:59.5Z"),
+            Some(before(1) + Duration::from_millis(500))
+        );
+        assert_eq!(
+            parse_rfc3339("0001-01-01T00:00:00Z"),
+            Some(before(62_135_596_800))
+        );
+        assert_eq!(
+            parse_rfc3339("2020-01-14T11:06:40.1200000009999Z"),
+            Some(at(1_579_000_000, 120_000_000))
+        );
     }
 
     /// An offset is hours 00 to 23 and minutes 00 to 59 (RFC 3339's time-numoffset); before,

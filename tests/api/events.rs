@@ -229,6 +229,21 @@ async fn events_filter_by_kind_id_actor_and_time_and_page_newest_first() {
             .len(),
         4
     );
+    // Any `date-time` the document allows: before the epoch, as Go's zero time, and with
+    // more fraction digits than a nanosecond's.
+    assert_eq!(
+        events(&app, "?since=0001-01-01T00:00:00Z", &[]).await.len(),
+        4
+    );
+    assert!(events(&app, "?until=1969-12-31T23:59:59Z", &[])
+        .await
+        .is_empty());
+    assert_eq!(
+        events(&app, "?since=2000-01-01T00:00:00.1234567891234Z", &[])
+            .await
+            .len(),
+        4
+    );
 
     let first = app.get("/api/v1/events?limit=3").await.json();
     assert_eq!(item_ids(&first).len(), 3);
