@@ -50,8 +50,15 @@ pub struct CreateRoll {
         nullable = false
     )]
     pub desired_replicas: Option<i64>,
-    /// Healthy pods that must stay up throughout; between 0 and `desired_replicas`.
-    #[schema(example = 2, required = true, nullable = false)]
+    /// Healthy pods that must stay up throughout; between 0 and `desired_replicas` (so at
+    /// most the server's `--max-replicas` too).
+    #[schema(
+        example = 2,
+        minimum = 0,
+        maximum = 10000,
+        required = true,
+        nullable = false
+    )]
     pub minimum_replicas: Option<i64>,
     /// Keep the old RC when done (partial rollouts).
     #[serde(default)]

@@ -1506,6 +1506,15 @@ fn nullable(doc: &Value, schema: &Value) -> bool {
     }
 }
 
+/// Whether `schema` is of whole numbers.
+fn is_integer(schema: &Value) -> bool {
+    match &schema["type"] {
+        Value::String(kind) => kind == "integer",
+        Value::Array(kinds) => kinds.contains(&"integer".into()),
+        _ => false,
+    }
+}
+
 /// The fields the causes of a refusal name, each by its top-level field.
 fn refused_fields(response: &TestResponse) -> Vec<(String, String)> {
     if response.status.is_success() {
@@ -1591,8 +1600,20 @@ async fn every_json_request_body_documents_the_fields_the_server_takes() {
             }
             let required = schema["required"].as_array().cloned().unwrap_or_default();
             let absent = send(json!({})).await;
+            // A body whose other fields are valid, as a creation checks its numbers only
+            // then; one allowing every documented number in another field (a roll's minimum
+            // is at most its target).
+            let valid = match (method.as_str(), route.as_str()) {
+                ("POST", "/api/v1/rcs") => json!({"manifest": MANIFEST}),
+                ("POST", "/api/v1/rolls") => json!({"old_rc_id": rc_id,
+                    "new_rc": {"manifest": MANIFEST}, "desired_replicas": 10_000,
+                    "minimum_replicas": 0}),
+                ("POST", "/api/v1/daemonsets") => {
+                    json!({"manifest": MANIFEST, "node_selector": "role=db", "timeout": "1m"})
+                }
+                _ => json!({}),
+            };
             for (field, property) in properties {
-                let nulled = send(json!({ field: null })).await;
                 let about = |causes: &[(String, String)]| {
                     causes
                         .iter()
@@ -1600,11 +1621,34 @@ async fn every_json_request_body_documents_the_fields_the_server_takes() {
                         .cloned()
                         .collect::<Vec<_>>()
                 };
-                let takes_null = if required.contains(&field.as_str().into()) {
-                    about(&nulled).is_empty()
-                } else {
-                    about(&nulled) == about(&absent)
+                let is_required = required.contains(&field.as_str().into());
+                let takes = |causes: &[(String, String)]| {
+                    if is_required {
+                        about(causes).is_empty()
+                    } else {
+                        about(causes) == about(&absent)
+                    }
                 };
+                if is_integer(resolved(&doc, property)) {
+                    let bound = |name: &str| resolved(&doc, property)[name].as_i64();
+                    for number in [-1, 0, 1, 10_000, 10_001, i64::MAX] {
+                        let documented = bound("minimum").is_none_or(|least| number >= least)
+                            && bound("maximum").is_none_or(|most| number <= most);
+                        let mut body = valid.clone();
+                        body[field] = number.into();
+                        let answer = send(body).await;
+                        if takes(&answer) != documented {
+                            found.push(format!(
+                                "{name}: {field}: {number} taken: {}, documented: {documented}; \
+                                 {:?}",
+                                takes(&answer),
+                                about(&answer)
+                            ));
+                        }
+                    }
+                }
+                let nulled = send(json!({ field: null })).await;
+                let takes_null = takes(&nulled);
                 if takes_null != nullable(&doc, property) {
                     found.push(format!(
                         "{name}: {field}: null taken: {takes_null}, documented nullable: {}; \
