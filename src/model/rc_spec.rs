@@ -44,10 +44,8 @@ pub struct RcSpec {
     /// A disabled RC makes no scheduling changes.
     #[serde(default)]
     pub disabled: bool,
-    /// `dynamic_strategy` (move pods off nodes that stop matching), `static_strategy`
-    /// (leave them) or `""` (older RCs; behaves as static).
     #[serde(default)]
-    #[schema(example = "static_strategy")]
+    #[schema(schema_with = created_strategy_schema)]
     pub allocation_strategy: String,
     /// The RC's own labels; `pod_id=<manifest id>` is always added.
     #[serde(default)]
@@ -238,15 +236,28 @@ pub struct RcPatchDocument {
     pod_labels: Option<Value>,
 }
 
+/// The allocation strategies a new RC may have: `""` too, as older RCs do.
+fn created_strategy_schema() -> impl Into<RefOr<Schema>> {
+    strategy_schema(
+        &["dynamic_strategy", "static_strategy", ""],
+        " or `\"\"` (as older RCs; behaves as static)",
+    )
+}
+
 /// The allocation strategies a patch may set (not `""`, which only older RCs hold).
 fn patched_strategy_schema() -> impl Into<RefOr<Schema>> {
+    strategy_schema(&["dynamic_strategy", "static_strategy"], "")
+}
+
+fn strategy_schema(values: &[&str], or_unset: &str) -> impl Into<RefOr<Schema>> {
     ObjectBuilder::new()
         .schema_type(Type::String)
-        .enum_values(Some(["dynamic_strategy", "static_strategy"]))
-        .description(Some(
-            "`dynamic_strategy` (move pods off nodes that stop matching) or `static_strategy` \
-             (leave them)",
-        ))
+        .enum_values(Some(values.iter().copied()))
+        .description(Some(format!(
+            "`dynamic_strategy` (move pods off nodes that stop matching), `static_strategy` \
+             (leave them){or_unset}"
+        )))
+        .examples([serde_json::json!("static_strategy")])
 }
 
 /// The fields of an RC a merge patch may change.

@@ -31,11 +31,13 @@ use crate::labels::{validate_labels_in, Labels, Selector, POD_ID_LABEL};
 }))]
 pub struct CreateRoll {
     /// The RC losing replicas, by id.
+    #[schema(value_type = Option<RcId>, inline)]
     pub old_rc_id: Option<String>,
     /// Selects the RC losing replicas by its RC labels; must match at most one RC.
     #[schema(example = "pod_id=hello,cluster_name=production")]
     pub old_rc_selector: Option<String>,
     /// The RC gaining replicas, by id; it becomes the roll's id.
+    #[schema(value_type = Option<RcId>, inline)]
     pub new_rc_id: Option<String>,
     /// The RC gaining replicas, created with the roll (with 0 replicas; leave
     /// `replicas_desired` out). Its new id becomes the roll's id.

@@ -1506,11 +1506,25 @@ fn nullable(doc: &Value, schema: &Value) -> bool {
     }
 }
 
-/// Whether `schema` is of whole numbers.
-fn is_integer(schema: &Value) -> bool {
+/// Text fields whose grammar the document gives in words: durations and selectors.
+const WORDED_GRAMMARS: [&str; 4] = ["timeout", "roll_delay", "node_selector", "old_rc_selector"];
+
+/// `schema` with its `$ref` followed, and of a `oneOf` of `null` and one other, the other.
+fn not_null<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+    let schema = resolved(doc, schema);
+    let choices = schema["oneOf"].as_array().into_iter().flatten();
+    let mut others = choices.filter(|choice| choice["type"] != "null");
+    match (others.next(), others.next()) {
+        (Some(other), None) => resolved(doc, other),
+        _ => schema,
+    }
+}
+
+/// Whether `schema` takes values of type `kind` (`integer`, `string`, ...).
+fn is_of_type(schema: &Value, kind: &str) -> bool {
     match &schema["type"] {
-        Value::String(kind) => kind == "integer",
-        Value::Array(kinds) => kinds.contains(&"integer".into()),
+        Value::String(one) => one == kind,
+        Value::Array(kinds) => kinds.contains(&kind.into()),
         _ => false,
     }
 }
@@ -1629,22 +1643,34 @@ async fn every_json_request_body_documents_the_fields_the_server_takes() {
                         about(causes) == about(&absent)
                     }
                 };
-                if is_integer(resolved(&doc, property)) {
-                    let bound = |name: &str| resolved(&doc, property)[name].as_i64();
+                // Values to send in the field, each with whether the document allows it.
+                let shape = not_null(&doc, property);
+                let mut trials: Vec<(Value, bool)> = Vec::new();
+                if is_of_type(shape, "integer") {
+                    let bound = |name: &str| shape[name].as_i64();
                     for number in [-1, 0, 1, 10_000, 10_001, i64::MAX] {
                         let documented = bound("minimum").is_none_or(|least| number >= least)
                             && bound("maximum").is_none_or(|most| number <= most);
-                        let mut body = valid.clone();
-                        body[field] = number.into();
-                        let answer = send(body).await;
-                        if takes(&answer) != documented {
-                            found.push(format!(
-                                "{name}: {field}: {number} taken: {}, documented: {documented}; \
-                                 {:?}",
-                                takes(&answer),
-                                about(&answer)
-                            ));
-                        }
+                        trials.push((number.into(), documented));
+                    }
+                }
+                if is_of_type(shape, "string") && !WORDED_GRAMMARS.contains(&field.as_str()) {
+                    let values = shape["enum"].as_array().cloned();
+                    // A pattern rules an arbitrary word out, as an enum does.
+                    let closed = values.is_some() || shape["pattern"].is_string();
+                    trials.extend(values.into_iter().flatten().map(|text| (text, true)));
+                    trials.push(("zz".into(), !closed));
+                }
+                for (value, documented) in trials {
+                    let mut body = valid.clone();
+                    body[field] = value.clone();
+                    let answer = send(body).await;
+                    if takes(&answer) != documented {
+                        found.push(format!(
+                            "{name}: {field}: {value} taken: {}, documented: {documented}; {:?}",
+                            takes(&answer),
+                            about(&answer)
+                        ));
                     }
                 }
                 let nulled = send(json!({ field: null })).await;
