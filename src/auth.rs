@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{HeaderBuilder, ObjectBuilder, RefOr, Type};
 
 use crate::error::{ApiError, ErrorBody};
 use crate::model::event::{Actor, ANONYMOUS};
@@ -599,6 +600,17 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
                 ("403", "The token's role does not allow this operation"),
             ] {
                 responses.insert(status.to_owned(), ErrorBody::documented(description));
+            }
+            if let Some(RefOr::T(unauthorized)) = responses.get_mut("401") {
+                let challenge = HeaderBuilder::new()
+                    .schema(ObjectBuilder::new().schema_type(Type::String))
+                    .description(Some(
+                        r#"`Bearer realm="p2-apiserver"`: send a bearer token"#,
+                    ))
+                    .build();
+                unauthorized
+                    .headers
+                    .insert("WWW-Authenticate".to_owned(), challenge);
             }
         }
     }

@@ -101,7 +101,47 @@ pub fn api() -> OpenApiRouter<AppState> {
     document_unavailable(router.get_openapi_mut());
     document_internal_errors(router.get_openapi_mut());
     auth::document(router.get_openapi_mut());
+    document_request_ids(router.get_openapi_mut());
     router
+}
+
+/// Every request has an id ([`with_middleware`]): the client's own `X-Request-Id`, or one
+/// the server makes, returned on every answer and named by the events of the changes the
+/// request made (`request_id`). Each operation documents both sides, last, so that every
+/// answer added before carries it.
+fn document_request_ids(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+    use utoipa::openapi::{HeaderBuilder, ObjectBuilder, Required, Type};
+    let name = "X-Request-Id";
+    let text = || ObjectBuilder::new().schema_type(Type::String);
+    let sent = ParameterBuilder::new()
+        .name(name)
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .schema(Some(text()))
+        .description(Some(
+            "An id of the client's for the request, to find it in the server's log and in the \
+             events of its changes; the server makes one when none is sent",
+        ))
+        .build();
+    let returned = HeaderBuilder::new()
+        .schema(text())
+        .description(Some(
+            "The request's id: the one sent, or the one the server made; the events of the \
+             request's changes name it as `request_id`",
+        ))
+        .build();
+    for operation in operations(openapi) {
+        operation
+            .parameters
+            .get_or_insert_with(Vec::new)
+            .push(sent.clone());
+        for response in operation.responses.responses.values_mut() {
+            if let RefOr::T(response) = response {
+                response.headers.insert(name.to_owned(), returned.clone());
+            }
+        }
+    }
 }
 
 /// Every operation of `openapi`.

@@ -29,6 +29,15 @@ type RawProbe<'a> = (
 /// The headers whose presence the document promises or denies.
 const CONTRACT_HEADERS: [&str; 4] = ["ETag", "X-Index", "Location", "Retry-After"];
 
+/// Headers of HTTP itself, which a client reads whatever the document says.
+const HTTP_HEADERS: [&str; 5] = [
+    "content-type",
+    "content-length",
+    "date",
+    "transfer-encoding",
+    "cache-control",
+];
+
 fn document() -> Value {
     let (_, openapi) = router::api().split_for_parts();
     serde_json::to_value(&openapi).unwrap()
@@ -54,6 +63,19 @@ pub fn disagreements(
         let sent = response.headers.contains_key(header);
         if promised != sent {
             problems.push(format!("{header}: documented {promised}, sent {sent}"));
+        }
+    }
+    let documented_names: Vec<String> = documented["headers"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(name, _)| name.to_ascii_lowercase())
+        .collect();
+    for name in response.headers.keys() {
+        if !HTTP_HEADERS.contains(&name.as_str())
+            && !documented_names.contains(&name.as_str().to_owned())
+        {
+            problems.push(format!("{name}: sent, not documented"));
         }
     }
     let content_type = response
@@ -1763,4 +1785,68 @@ async fn creations_and_patches_that_keep_losing_races_answer_as_documented() {
         found.extend(disagreements(&doc, method, route, &response));
     }
     assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
+
+/// The refusals of authentication and roles are documented with the headers they carry
+/// (`WWW-Authenticate` on a 401).
+#[tokio::test]
+async fn refusals_of_tokens_are_documented() {
+    use sha2::{Digest, Sha256};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.yaml");
+    let digest = format!("{:x}", Sha256::digest(b"viewer-token"));
+    let tokens = format!("tokens:\n  - {{name: viewer, role: viewer, sha256: {digest}}}\n");
+    std::fs::write(&path, tokens).unwrap();
+    let access = p2_apiserver::auth::Access::new(Some(&path), Vec::new()).unwrap();
+    let app = TestApp::secured(std::sync::Arc::new(access)).await;
+    let doc = document();
+    let mut found = Vec::new();
+    let rc = json!({"manifest": MANIFEST});
+    for (headers, status) in [
+        (vec![], 401),
+        (vec![("authorization", "Bearer nobody")], 401),
+        (vec![("authorization", "Bearer viewer-token")], 403),
+    ] {
+        for (method, body) in [("GET", None), ("POST", Some(&rc))] {
+            if method == "GET" && status == 403 {
+                continue;
+            }
+            let response = app
+                .json_request(method, "/api/v1/rcs", body, &headers)
+                .await;
+            assert_eq!(response.status, status, "{method}: {response:?}");
+            found.extend(disagreements(&doc, method, "/api/v1/rcs", &response));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
+
+/// A client's `X-Request-Id` is taken (and answered, and named by the events of its
+/// changes): every operation documents it as a parameter.
+#[tokio::test]
+async fn every_operation_documents_the_request_id_it_takes() {
+    let doc = document();
+    let app = TestApp::new().await;
+    let response = app
+        .json_request("GET", "/api/v1/rcs", None, &[("x-request-id", "mine-1")])
+        .await;
+    assert_eq!(
+        response.header("x-request-id"),
+        Some("mine-1"),
+        "{response:?}"
+    );
+    let mut missing = Vec::new();
+    for (route, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let parameters = op["parameters"].as_array().cloned().unwrap_or_default();
+            let documented = parameters
+                .iter()
+                .any(|p| p["name"] == "X-Request-Id" && p["in"] == "header");
+            if !documented {
+                missing.push(format!("{method} {route}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{missing:?}");
 }
