@@ -20,6 +20,7 @@ use crate::api::reads::{indexed_reader, ConsistentFilter, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels};
+use crate::model::NodeName;
 use crate::state::Tree;
 use crate::store::labels::LabelStore;
 use crate::store::pods::{validate_node_name, PodStore, PodTree};
@@ -103,7 +104,7 @@ async fn list_nodes(
     get,
     path = "/nodes/{node}",
     tag = TAG,
-    params(("node" = String, Path, description = "The node name"), ConsistentFilter),
+    params(("node" = inline(NodeName), Path, description = "The node name"), ConsistentFilter),
     responses(
         (status = OK, description = "The node", body = NodeDetail,
             headers(("ETag" = String, description = "The modify index of the node's labels"),

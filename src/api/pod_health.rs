@@ -28,7 +28,7 @@ use crate::kv::StoreError;
 use crate::labels::{LabelType, Labels};
 use crate::layout;
 use crate::model::event::Actor;
-use crate::model::HealthState;
+use crate::model::{HealthState, NodeName, PodId};
 use crate::state::{Span, Tree};
 use crate::store::health::{HealthEntry, HealthStore};
 use crate::store::labels::LabelStore;
@@ -91,8 +91,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     path = "/health/{pod_id}/{node}",
     tag = TAG,
     params(
-        ("pod_id" = String, Path, description = "The pod ID"),
-        ("node" = String, Path, description = "The node name"),
+        ("pod_id" = inline(PodId), Path, description = "The pod ID"),
+        ("node" = inline(NodeName), Path, description = "The node name"),
         ConsistentFilter
     ),
     responses(
@@ -143,8 +143,8 @@ async fn get_pod_health(
     path = "/health/{pod_id}/{node}",
     tag = TAG,
     params(
-        ("pod_id" = String, Path, description = "The pod ID"),
-        ("node" = String, Path, description = "The node name"),
+        ("pod_id" = inline(PodId), Path, description = "The pod ID"),
+        ("node" = inline(NodeName), Path, description = "The node name"),
         ("If-Match" = Option<String>, Header, description = "Write only if the record is still at this ETag")
     ),
     request_body = HealthReport,
@@ -208,8 +208,8 @@ async fn put_pod_health(
     path = "/health/{pod_id}/{node}",
     tag = TAG,
     params(
-        ("pod_id" = String, Path, description = "The pod ID"),
-        ("node" = String, Path, description = "The node name"),
+        ("pod_id" = inline(PodId), Path, description = "The pod ID"),
+        ("node" = inline(NodeName), Path, description = "The node name"),
         ("If-Match" = Option<String>, Header, description = "Delete only if the record is still at this ETag")
     ),
     responses(
@@ -258,7 +258,7 @@ async fn delete_pod_health(
     get,
     path = "/health/{pod_id}",
     tag = TAG,
-    params(("pod_id" = String, Path, description = "The pod ID"), ListParams, ConsistentFilter),
+    params(("pod_id" = inline(PodId), Path, description = "The pod ID"), ListParams, ConsistentFilter),
     responses(
         (status = OK, description = "One page of reports", body = Page<PodHealth>,
             headers(("X-Index" = u64, description = "Index of the pod's health records; pass it back as `index` to block"))),

@@ -27,7 +27,7 @@ use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::model::event::Actor;
 use crate::model::manifest::errors_at;
-use crate::model::Manifest;
+use crate::model::{Manifest, NodeName, PodId};
 use crate::state::Tree;
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation, PodTree};
 use crate::store::reports::Report;
@@ -92,7 +92,7 @@ const POD_ID_DOC: &str = "The pod ID (the manifest's `id`)";
     get,
     path = "/intent/{node}/{pod_id}",
     tag = crate::api::pods::TAG,
-    params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC), ConsistentFilter),
+    params(("node" = inline(NodeName), Path, description = NODE_DOC), ("pod_id" = inline(PodId), Path, description = POD_ID_DOC), ConsistentFilter),
     responses(
         (status = OK, description = "The intended manifest", body = String, content_type = "application/yaml",
             headers(("ETag" = String, description = "The intent's modify index"),
@@ -115,7 +115,7 @@ async fn get_intent(
     get,
     path = "/reality/{node}/{pod_id}",
     tag = TAG,
-    params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC), ConsistentFilter),
+    params(("node" = inline(NodeName), Path, description = NODE_DOC), ("pod_id" = inline(PodId), Path, description = POD_ID_DOC), ConsistentFilter),
     responses(
         (status = OK, description = "The installed manifest", body = String, content_type = "application/yaml",
             headers(("ETag" = String, description = "The report's modify index"),
@@ -143,7 +143,7 @@ async fn get_reality(
     put,
     path = "/reality/{node}/{pod_id}",
     tag = TAG,
-    params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC),
+    params(("node" = inline(NodeName), Path, description = NODE_DOC), ("pod_id" = inline(PodId), Path, description = POD_ID_DOC),
         ("If-Match" = Option<String>, Header, description = "Write only if the report is still at this ETag")),
     request_body(content = String, content_type = "application/yaml", description = "The manifest's YAML; also accepted as application/x-yaml, text/yaml or text/plain"),
     responses(
@@ -207,7 +207,7 @@ async fn put_reality(
     delete,
     path = "/reality/{node}/{pod_id}",
     tag = TAG,
-    params(("node" = String, Path, description = NODE_DOC), ("pod_id" = String, Path, description = POD_ID_DOC),
+    params(("node" = inline(NodeName), Path, description = NODE_DOC), ("pod_id" = inline(PodId), Path, description = POD_ID_DOC),
         ("If-Match" = Option<String>, Header, description = "Delete only if the report is still at this ETag")),
     responses(
         (status = NO_CONTENT, description = "The report is gone"),
