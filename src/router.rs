@@ -163,7 +163,8 @@ fn path_operations(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item =
 }
 
 /// The limits on every request ([`with_middleware`]) answer on every route: 414 and 431 for
-/// its head, and for a body 413 and 408. Each operation documents those that apply to it.
+/// its head, and 413 and 408 for its body, which is read whether the operation takes one or
+/// not. Each operation documents them.
 fn document_request_limits(openapi: &mut utoipa::openapi::OpenApi) {
     for operation in operations(openapi) {
         let mut limits = vec![
@@ -173,6 +174,15 @@ fn document_request_limits(openapi: &mut utoipa::openapi::OpenApi) {
         if operation.request_body.is_some() {
             limits.push(("413", "The body is over 1 MiB"));
             limits.push(("408", "The body took too long to arrive"));
+        } else {
+            limits.push((
+                "413",
+                "A body (which this operation does not read) is over 1 MiB",
+            ));
+            limits.push((
+                "408",
+                "A body (which this operation does not read) took too long to arrive",
+            ));
         }
         let responses = &mut operation.responses.responses;
         for (code, description) in limits {
