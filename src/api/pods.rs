@@ -20,7 +20,7 @@ use crate::api::reads::{indexed_source, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels};
-use crate::model::HealthState;
+use crate::model::{HealthState, NodeName, PodId};
 use crate::state::{Span, Tree};
 use crate::store::health::{HealthEntry, HealthStore};
 use crate::store::pods::{
@@ -52,8 +52,10 @@ pub struct Pod {
 #[into_params(parameter_in = Query)]
 pub struct PodFilter {
     /// Only pods intended on this node.
+    #[param(value_type = Option<NodeName>, inline)]
     pub node: Option<String>,
     /// Only pods with this ID.
+    #[param(value_type = Option<PodId>, inline)]
     pub pod_id: Option<String>,
     /// Read through to the store rather than from this server's mirror of it.
     pub consistent: Option<bool>,

@@ -1857,11 +1857,12 @@ async fn every_operation_documents_the_request_id_it_takes() {
     assert!(missing.is_empty(), "{missing:?}");
 }
 
-/// Every path parameter is documented with the shape the server holds it to: a value with
-/// a space in it (which no id takes) is refused exactly where the parameter's schema has a
-/// pattern or a closed set of values that rules it out.
+/// Every path parameter, and every query filter by node or pod id, is documented with the
+/// shape the server holds it to: a value with a space in it (which no id takes) is refused
+/// exactly where the parameter's schema has a pattern or a closed set of values that rules
+/// it out.
 #[tokio::test]
-async fn every_path_parameter_documents_the_values_the_server_takes() {
+async fn every_id_parameter_documents_the_values_the_server_takes() {
     let doc = document();
     let app = TestApp::new().await;
     let good = |name: &str| match name {
@@ -1875,8 +1876,13 @@ async fn every_path_parameter_documents_the_values_the_server_takes() {
     for (route, item) in doc["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {
             let parameters = op["parameters"].as_array().cloned().unwrap_or_default();
-            let in_path = parameters.iter().filter(|p| p["in"] == "path");
-            for parameter in in_path {
+            // Path parameters, and the query filters by node and pod id.
+            let id_shaped = |p: &&Value| {
+                p["in"] == "path"
+                    || (p["in"] == "query"
+                        && ["node", "pod_id"].contains(&p["name"].as_str().unwrap()))
+            };
+            for parameter in parameters.iter().filter(id_shaped) {
                 let name = parameter["name"].as_str().unwrap();
                 // An object id of the label routes is of its label type's shape, one of
                 // five, which the parameter gives in words.
@@ -1885,7 +1891,10 @@ async fn every_path_parameter_documents_the_values_the_server_takes() {
                 }
                 let schema = resolved(&doc, &parameter["schema"]);
                 let closed = schema["pattern"].is_string() || schema["enum"].is_array();
-                let mut path = route.replace(&format!("{{{name}}}"), "a%20b");
+                let mut path = match parameter["in"].as_str() {
+                    Some("query") => format!("{route}?{name}=a%20b"),
+                    _ => route.replace(&format!("{{{name}}}"), "a%20b"),
+                };
                 for other in parameters.iter().filter(|p| p["in"] == "path") {
                     let other = other["name"].as_str().unwrap();
                     path = path.replace(&format!("{{{other}}}"), good(other));
