@@ -118,7 +118,7 @@ fn required_nullable<'de, D: Deserializer<'de>>(
 }
 
 /// The route of an object's labels and of one label: the paths `{id}` and `{id}/{name}`,
-/// told apart by [`split_tail`].
+/// told apart by `split_tail`.
 pub const OBJECT_ROUTE: &str = "/api/labels/{type}/{*tail}";
 
 /// P2's label routes. The routes on one object take the rest of the path as a catch-all, so
@@ -504,7 +504,7 @@ const LABEL_PATH_ALLOWS: &str = "PUT,DELETE";
 /// What an object's path (`{id}`) takes.
 const OBJECT_PATH_ALLOWS: &str = "GET,HEAD,PUT,DELETE";
 
-/// The `Allow` of a path of [`OBJECT_ROUTE`] (see [`split_tail`]): the route takes GET on
+/// The `Allow` of a path of [`OBJECT_ROUTE`] (see `split_tail`): the route takes GET on
 /// both paths, but a label's path answers it 405.
 pub fn allowed_on(type_name: &str, tail: &str) -> &'static str {
     let names_a_label = label_type(type_name)
