@@ -795,15 +795,22 @@ async fn a_plain_put_whose_answer_times_out_has_an_unknown_outcome() {
     assert_eq!(requests(&server).await.len(), 1);
 }
 
-#[tokio::test]
-async fn a_lost_cas_delete_is_checked_by_reading_the_key() {
-    let server = MockServer::start().await;
+/// Expects the one `DELETE /v1/kv/rc/1?cas=20`, and drops its connection: the delete went
+/// out, and its answer was lost.
+async fn lose_cas_delete_of_rc_1(server: &MockServer) {
     Mock::given(method("DELETE"))
         .and(path("/v1/kv/rc/1"))
         .and(query_param("cas", "20"))
         .respond_with_err(drop_connection)
-        .mount(&server)
+        .expect(1)
+        .mount(server)
         .await;
+}
+
+#[tokio::test]
+async fn a_lost_cas_delete_is_checked_by_reading_the_key() {
+    let server = MockServer::start().await;
+    lose_cas_delete_of_rc_1(&server).await;
     expect_check_read(&server, "rc/1", missing(26)).await;
 
     store(&server).delete("rc/1", Cas::Index(20)).await.unwrap();
@@ -815,12 +822,7 @@ async fn a_lost_cas_delete_is_checked_by_reading_the_key() {
 #[tokio::test]
 async fn a_404_without_consuls_index_is_not_taken_for_a_missing_key() {
     let server = MockServer::start().await;
-    Mock::given(method("DELETE"))
-        .and(path("/v1/kv/rc/1"))
-        .and(query_param("cas", "20"))
-        .respond_with_err(drop_connection)
-        .mount(&server)
-        .await;
+    lose_cas_delete_of_rc_1(&server).await;
     expect_check_read(&server, "rc/1", ResponseTemplate::new(404)).await;
     Mock::given(method("GET"))
         .and(path("/v1/kv/rc/2"))
@@ -1268,13 +1270,7 @@ async fn a_write_refused_with_leadership_lost_has_an_unknown_outcome() {
 #[tokio::test]
 async fn a_lost_cas_delete_of_a_key_written_again_since_has_an_unknown_outcome() {
     let server = MockServer::start().await;
-    Mock::given(method("DELETE"))
-        .and(path("/v1/kv/rc/1"))
-        .and(query_param("cas", "20"))
-        .respond_with_err(drop_connection)
-        .expect(1)
-        .mount(&server)
-        .await;
+    lose_cas_delete_of_rc_1(&server).await;
     // The key is there, but no longer at index 20: the delete may have landed and another
     // writer created the key again (CreateIndex 30), or it may not have; nothing tells.
     let mut again = entry("rc/1", "other", 30);
