@@ -199,7 +199,7 @@ impl Farm for DsFarm {
             world.daemon_sets.items.contains_key(id)
         })
         .await;
-        earliest(wake, self.retries.next_due())
+        wake
     }
 }
 

@@ -449,7 +449,8 @@ pub trait Farm: Send {
     fn retries(&self) -> &Retries;
 
     /// Reconciles every object once against `world`; returns when it wants to run again
-    /// at the latest (a roll delay, a per-object backoff), if sooner than [`RESYNC`].
+    /// at the latest for reasons of its own (a roll delay, a stall deadline), if sooner
+    /// than [`RESYNC`]. The retries of objects that failed are [`drive`]'s to wake for.
     fn pass(
         &mut self,
         ctx: &FarmContext,
@@ -479,10 +480,11 @@ pub async fn drive<F: Farm>(mut farm: F, ctx: Arc<FarmContext>, mut trees: Trees
             planned = farm.pass(&ctx, &world) => planned,
             () = ctx.cancel.cancelled() => break,
         };
+        let retries = farm.retries();
+        let planned = earliest(planned, retries.due_after(started));
         let wake = planned.map_or(Instant::now() + RESYNC, |at| {
             at.min(Instant::now() + RESYNC)
         });
-        let retries = farm.retries();
         crate::metrics::farm_pass(
             F::NAME,
             FarmPass {
@@ -586,15 +588,16 @@ impl Retries {
         self.failing.remove(id);
     }
 
-    /// The earliest retry still to come. Retries already due are left out: their objects
-    /// are retried by the pass that sees them, and one whose object has gone must not make
-    /// the farm spin.
-    pub fn next_due(&self) -> Option<Instant> {
-        let now = Instant::now();
+    /// The earliest retry falling due after `since`, the start of the pass that recorded
+    /// it, even if already past: one that fell due while that pass still ran had no pass to
+    /// take it, and would otherwise wait for the next change or [`RESYNC`]. One due before
+    /// the pass began was that pass's to take; if it did not, its object is gone, and it
+    /// must not make the farm spin.
+    pub fn due_after(&self, since: Instant) -> Option<Instant> {
         self.failing
             .values()
             .map(|(_, at)| *at)
-            .filter(|at| *at > now)
+            .filter(|at| *at > since)
             .min()
     }
 
@@ -749,6 +752,59 @@ mod tests {
             buffer >= CONCURRENT_OBJECTS * crate::kv::MAX_TXN_OPS,
             "{buffer}"
         );
+    }
+
+    /// A farm whose first pass fails object `a` and then runs on past the retry's due time;
+    /// it counts its passes.
+    struct SlowlyFailing {
+        retries: Retries,
+        passes: tokio::sync::watch::Sender<usize>,
+    }
+
+    impl Farm for SlowlyFailing {
+        const NAME: &'static str = "slowly-failing";
+
+        fn retries(&self) -> &Retries {
+            &self.retries
+        }
+
+        async fn pass(&mut self, _ctx: &FarmContext, _world: &World) -> Option<Instant> {
+            if *self.passes.borrow() == 0 {
+                self.retries.failed("a");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            } else {
+                self.retries.succeeded("a");
+            }
+            self.passes.send_modify(|passes| *passes += 1);
+            None
+        }
+    }
+
+    /// A retry that falls due while the pass that recorded it still runs is taken at once,
+    /// not at the next change of the trees or [`RESYNC`] (a roll whose step failed on a
+    /// busy server could wait that long to be finished).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retry_due_while_its_pass_ran_is_taken_at_once() {
+        let (_dir, ctx, mirror) = crate::farms::fixture::idle_context().await;
+        let tasks = TaskTracker::new();
+        let stop = CancellationToken::new();
+        mirror.start(&tasks, stop.clone());
+        // Nothing changes in the trees from here on: no change wakes the farm.
+        mirror.loaded().await;
+        let (passes, mut counted) = tokio::sync::watch::channel(0);
+        let farm = SlowlyFailing {
+            retries: Retries::default(),
+            passes,
+        };
+        let ctx = Arc::new(ctx);
+        tasks.spawn(drive(farm, ctx.clone(), Trees::new(mirror)));
+        let retried = tokio::time::timeout(RESYNC / 3, counted.wait_for(|passes| *passes >= 2));
+        assert!(
+            retried.await.is_ok(),
+            "the retry waited for the next resync"
+        );
+        ctx.cancel.cancel();
+        stop.cancel();
     }
 
     #[tokio::test]

@@ -132,7 +132,7 @@ impl Farm for RcFarm {
         })
         .await;
         self.retries.retain(|id| world.rcs.items.contains_key(id));
-        self.retries.next_due()
+        None
     }
 }
 

@@ -165,7 +165,7 @@ impl Farm for RollFarm {
         })
         .await;
         self.release_stale_mutation_locks(ctx, world).await;
-        earliest(wake, self.retries.next_due())
+        wake
     }
 }
 

@@ -62,7 +62,7 @@ impl Farm for StaleLockFarm {
         }
         self.retries
             .retain(|key| world.locks.items.contains_key(key));
-        self.retries.next_due()
+        None
     }
 }
 
