@@ -98,6 +98,19 @@ pub fn warnings(target: &str, needle: &str) -> Vec<String> {
         .collect()
 }
 
+/// Why a wait for the farms failed, with the last warnings logged meanwhile (by any test
+/// of the binary: they run side by side), since a test's log is shown only when `RUST_LOG`
+/// is set, and a failure that comes once in many runs cannot be run again to see it.
+fn not_converged() -> String {
+    const SHOWN: usize = 30;
+    let warnings = WARNINGS.lock().unwrap();
+    let last = &warnings[warnings.len().saturating_sub(SHOWN)..];
+    format!(
+        "the farms did not converge; the last warnings logged:\n{}",
+        last.join("\n")
+    )
+}
+
 impl Harness {
     /// An empty store with one server campaigning (and so leading) on it.
     pub async fn start() -> Harness {
@@ -356,10 +369,7 @@ impl Harness {
             if let Some(value) = check().await {
                 return value;
             }
-            assert!(
-                tokio::time::Instant::now() < give_up,
-                "the farms did not converge"
-            );
+            assert!(tokio::time::Instant::now() < give_up, "{}", not_converged());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -443,7 +453,7 @@ impl Harness {
                 return value;
             }
             let left = give_up.saturating_duration_since(tokio::time::Instant::now());
-            assert!(!left.is_zero(), "the farms did not converge");
+            assert!(!left.is_zero(), "{}", not_converged());
             let target = WatchTarget::Prefix(String::new());
             listing = self.store.watch(&target, index, left).await.unwrap();
         }
