@@ -99,6 +99,7 @@ pub async fn run_with(
                 refuse(&stream, &too_many);
             }
             tracing::warn!("connection refused: too many open connections");
+            crate::metrics::connection_refused();
             continue;
         };
         // Taken now, so that shutdown also waits for a connection still in its handshake.

@@ -21,6 +21,7 @@ use p2_apiserver::kv::{
     Cas, KvPair, KvStore, Listing, SessionInfo, SessionSpec, StoreError, StoreResult, TxnOp,
     WatchTarget,
 };
+use p2_apiserver::metrics::HTTP_CONNECTIONS_REFUSED;
 use p2_apiserver::router::{self, MAX_BODY_BYTES, MAX_HEADERS, MAX_HEADER_BYTES, MAX_URI_BYTES};
 use p2_apiserver::server;
 use p2_apiserver::state::{Mirror, MirrorConfig};
@@ -33,6 +34,7 @@ use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::support::api::{call, TestApp};
+use crate::support::scrape::Metrics;
 
 #[tokio::test]
 async fn healthz_answers_ok() {
@@ -1012,6 +1014,13 @@ async fn past_the_connection_cap_a_connection_is_answered_503_at_once() {
         ..HttpLimits::default()
     };
     let (addr, _shutdown) = serve(limits).await;
+    // The process's counter, which other tests' servers may raise too, but never lower.
+    let refused = || {
+        Metrics::parse(&p2_apiserver::metrics::render())
+            .value(HTTP_CONNECTIONS_REFUSED, &[])
+            .expect("shown from the start")
+    };
+    let refused_before = refused();
     let first = connect(addr).await;
     let mut second = connect(addr).await;
     // Answered, so both are surely being served before the next one arrives.
@@ -1023,6 +1032,7 @@ async fn past_the_connection_cap_a_connection_is_answered_503_at_once() {
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
     assert_eq!(reason_of(body), "ServiceUnavailable");
+    assert!(refused() > refused_before, "the refusal was not counted");
 
     // Once a slot frees, /healthz answers again.
     drop(first);
