@@ -12,29 +12,43 @@
 //! key under its lock tree as held, session or not). Every farm write carries a
 //! `check-session` on a lock one of the two sessions holds, so a deposed leader's late write
 //! is rolled back by the store itself. Standbys watch the lock and take over when it is
-//! released or its session expires (after the session's lock-delay).
+//! released (a server whose term ends lets its locks go once its farms have stopped) or its
+//! session expires (after the session's lock-delay).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures::stream::{self, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
 use crate::backoff::Backoff;
-use crate::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, StoreResult, WatchTarget};
-use crate::layout::LEADER_LOCK;
+use crate::kv::{
+    KvStore, SessionBehavior, SessionSpec, StoreError, StoreResult, TxnOp, WatchTarget, MAX_TXN_OPS,
+};
+use crate::layout::{LEADER_LOCK, LOCKS};
 use crate::model::timestamp::format_rfc3339;
 
 /// How many blocking watches of the store a campaigning server keeps open at once: one,
 /// of the leader lock.
 pub const WATCHES: usize = 1;
 
-/// How long destroying a session may take before it is left for later (or, on stopping, to
-/// the store's expiry).
+/// How long ending a session (letting its locks go, then destroying it) may take before it
+/// is left for later (or, on stopping, to the store's expiry).
 const END_SESSION_WAIT: Duration = Duration::from_secs(3);
+
+/// The part of [`END_SESSION_WAIT`] letting a session's locks go may take: what is still
+/// held after it is freed by the destruction, after its lock-delay.
+const LET_GO_WAIT: Duration = Duration::from_secs(1);
+
+/// How many of the transactions letting a session's locks go are sent at once.
+const LET_GO_CONCURRENCY: usize = 16;
+
+/// A session to end once its use is over, with the behavior it was created with.
+type Ending = (String, SessionBehavior);
 
 /// How long a leader session must have lasted for the pause before the next one to start
 /// again from the shortest: a session whose term ends at once (a farm that fails as it
@@ -152,7 +166,7 @@ pub async fn campaign<F, Fut>(
         }
         alive.cancel();
         let _ = renewer.await;
-        leftover.push(session);
+        leftover.push((session, config.behavior));
         end_sessions(&*store, &mut leftover).await;
         if !shutdown.is_cancelled() {
             sleep_or_cancel(backoff.next_delay(), &shutdown).await;
@@ -169,7 +183,7 @@ async fn hold_or_wait<F, Fut>(
     session: &str,
     alive: &CancellationToken,
     lead: &F,
-    leftover: &mut Vec<String>,
+    leftover: &mut Vec<Ending>,
 ) -> StoreResult<()>
 where
     F: Fn(Term) -> Fut,
@@ -227,7 +241,7 @@ async fn lead_term<F, Fut>(
     session: &str,
     alive: &CancellationToken,
     lead: &F,
-    leftover: &mut Vec<String>,
+    leftover: &mut Vec<Ending>,
 ) -> StoreResult<()>
 where
     F: Fn(Term) -> Fut,
@@ -270,7 +284,7 @@ where
     crate::metrics::leading(false);
     let _ = renewer.await;
     // Destroyed by `campaign` right after, before the leader's.
-    leftover.push(farm_session);
+    leftover.push((farm_session, SessionBehavior::Delete));
     tracing::info!("stepped down");
     outcome
 }
@@ -366,19 +380,22 @@ async fn keep_alive(
     }
 }
 
-/// Destroys `sessions` in order (a term's before the leader's, so that the farms' locks are
-/// free again no later than the leader lock), keeping those the store could not destroy
-/// for the next attempt. A store that does not answer one within [`END_SESSION_WAIT`] is
-/// not asked about the others this time: stepping down and stopping do not wait on it.
-async fn end_sessions(store: &dyn KvStore, sessions: &mut Vec<String>) {
+/// Ends `sessions` in order (a term's before the leader's, so that the farms' locks are
+/// free again no later than the leader lock): lets their locks go ([`let_go`]), then
+/// destroys them, keeping those the store could not destroy for the next attempt. A store
+/// that does not answer one within [`END_SESSION_WAIT`] is not asked about the others this
+/// time: stepping down and stopping do not wait on it.
+async fn end_sessions(store: &dyn KvStore, sessions: &mut Vec<Ending>) {
     let mut kept = Vec::new();
     let mut answering = true;
-    for session in sessions.drain(..) {
+    for (session, behavior) in sessions.drain(..) {
         if !answering {
-            kept.push(session);
+            kept.push((session, behavior));
             continue;
         }
-        let destroyed = tokio::time::timeout(END_SESSION_WAIT, store.destroy_session(&session))
+        let give_up = Instant::now() + END_SESSION_WAIT;
+        let _ = tokio::time::timeout(LET_GO_WAIT, let_go(store, &session, behavior)).await;
+        let destroyed = tokio::time::timeout_at(give_up, store.destroy_session(&session))
             .await
             .unwrap_or_else(|_| {
                 answering = false;
@@ -386,10 +403,49 @@ async fn end_sessions(store: &dyn KvStore, sessions: &mut Vec<String>) {
             });
         if let Err(e) = destroyed {
             tracing::warn!(%session, error = %e, "destroying a session failed; trying again later");
-            kept.push(session);
+            kept.push((session, behavior));
         }
     }
     *sessions = kept;
+}
+
+/// Frees the locks `session` holds under the lock tree (the leader lock, or a term's farm
+/// locks) as its `behavior` would on its destruction, but without the lock-delay a
+/// destruction starts. The delay guards against a holder still acting, and a session is
+/// ended only once its farms have stopped: so after a graceful stop or a step-down, a
+/// standby leads at once and its farms take each object at once. A key that changed hands
+/// meanwhile is left alone; what is not freed here is freed by the destruction.
+async fn let_go(store: &dyn KvStore, session: &str, behavior: SessionBehavior) {
+    let Ok(listing) = store.list(LOCKS).await else {
+        return;
+    };
+    let frees: Vec<Vec<TxnOp>> = listing
+        .pairs
+        .into_iter()
+        .filter(|pair| pair.session() == Some(session))
+        .map(|pair| match behavior {
+            SessionBehavior::Delete => vec![
+                TxnOp::CheckSession {
+                    key: pair.key.clone(),
+                    session: session.to_owned(),
+                },
+                TxnOp::Delete { key: pair.key },
+            ],
+            SessionBehavior::Release => vec![TxnOp::Unlock {
+                key: pair.key,
+                value: pair.value.to_vec(),
+                session: session.to_owned(),
+            }],
+        })
+        .collect();
+    let txns = frees.chunks(MAX_TXN_OPS / 2).map(|chunk| chunk.concat());
+    stream::iter(txns)
+        .for_each_concurrent(LET_GO_CONCURRENCY, |ops| async move {
+            if let Err(e) = store.txn(&ops).await {
+                tracing::debug!(%session, error = %e, "letting locks go failed; the session's end frees them");
+            }
+        })
+        .await;
 }
 
 async fn sleep_or_cancel(pause: Duration, cancel: &CancellationToken) {

@@ -1,6 +1,6 @@
-//! A store whose session calls can be cut off, as for a server that lost the store or
-//! crashed: its sessions are then left for the store to expire. Every other call goes
-//! through, so tests can keep watching the same store. The calls can instead be stalled,
+//! A store whose calls can be cut off, as for a server that lost the store or crashed: its
+//! sessions are then left for the store to expire. Watches go through (unless cut on their
+//! own), so tests can keep watching the same store. Session calls can instead be stalled,
 //! left unanswered as by a store that takes them and never replies; and the cut or the
 //! stall can be mended, as for a store that answers again after an outage. Lock
 //! acquisitions alone can be stalled too, as by a store that answers all but those, and so
@@ -56,7 +56,7 @@ impl Severable {
         })
     }
 
-    /// From now on every session call fails as if the store were unreachable.
+    /// From now on every call but watches and pings fails as if the store were unreachable.
     pub fn cut(&self) {
         self.cut.store(true, Ordering::SeqCst);
     }
@@ -123,6 +123,11 @@ impl Severable {
     async fn check(&self) -> StoreResult<()> {
         let mut stalled = self.stalled.subscribe();
         let _ = stalled.wait_for(|stalled| !stalled).await;
+        self.cut_off()
+    }
+
+    /// Fails as an unreachable store would once [`Severable::cut`].
+    fn cut_off(&self) -> StoreResult<()> {
         if self.cut.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("cut off".into()));
         }
@@ -137,21 +142,27 @@ impl Severable {
 #[async_trait]
 impl KvStore for Severable {
     async fn get(&self, key: &str) -> StoreResult<Option<KvPair>> {
+        self.cut_off()?;
         self.inner.get(key).await
     }
     async fn list(&self, prefix: &str) -> StoreResult<Listing> {
+        self.cut_off()?;
         self.inner.list(prefix).await
     }
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
+        self.cut_off()?;
         self.inner.keys(prefix, separator).await
     }
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
+        self.cut_off()?;
         self.inner.put(key, value, cas).await
     }
     async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
+        self.cut_off()?;
         self.inner.delete(key, cas).await
     }
     async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
+        self.cut_off()?;
         self.inner.delete_prefix(prefix).await
     }
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
@@ -159,6 +170,7 @@ impl KvStore for Severable {
         self.transacting.fetch_add(1, Ordering::SeqCst);
         let _ = stalled.wait_for(|stalled| !stalled).await;
         self.transacting.fetch_sub(1, Ordering::SeqCst);
+        self.cut_off()?;
         self.inner.txn(ops).await
     }
     async fn create_session(&self, spec: &SessionSpec) -> StoreResult<String> {
@@ -184,6 +196,7 @@ impl KvStore for Severable {
         self.inner.destroy_session(id).await
     }
     async fn session_info(&self, id: &str) -> StoreResult<Option<SessionInfo>> {
+        self.cut_off()?;
         self.inner.session_info(id).await
     }
     async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool> {
@@ -191,9 +204,11 @@ impl KvStore for Severable {
         self.acquiring.fetch_add(1, Ordering::SeqCst);
         let _ = stalled.wait_for(|stalled| !stalled).await;
         self.acquiring.fetch_sub(1, Ordering::SeqCst);
+        self.cut_off()?;
         self.inner.acquire(key, value, session).await
     }
     async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
+        self.cut_off()?;
         self.inner.release(key, session).await
     }
     async fn watch(
