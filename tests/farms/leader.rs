@@ -13,7 +13,7 @@ use p2_apiserver::farms::alerts::Alerter;
 use p2_apiserver::farms::{self, FarmContext, FarmError, FarmOptions};
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, TxnOp};
-use p2_apiserver::layout::{self, LEADER_LOCK};
+use p2_apiserver::layout::LEADER_LOCK;
 use p2_apiserver::leader::{self, current_leader, LeaderConfig, Term};
 use p2_apiserver::state::{Mirror, MirrorConfig};
 use severable::Severable;
@@ -150,64 +150,6 @@ async fn the_standby_takes_over_and_the_old_term_ends() {
     }
     // Shutting down destroys the sessions, which deletes the lock at once.
     assert_eq!(store.get(LEADER_LOCK).await.unwrap(), None);
-}
-
-/// A server that stops gracefully lets its locks go before ending its sessions, so that a
-/// standby leads, and its farms take each object, at once rather than after the lock-delay
-/// (here longer than the wait allows).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_graceful_stop_the_standby_leads_without_waiting_the_lock_delay() {
-    let (_dir, store) = sqlite_store().await;
-    let farm_lock = layout::rc_ownership("00000000-0000-4000-8000-000000000001");
-    let long_delay = |holder: &str| LeaderConfig {
-        lock_delay: Duration::from_secs(60),
-        ..config(holder)
-    };
-    // Each term takes the farm lock with its session as soon as it is free, as a farm does.
-    let lead = |store: Arc<dyn KvStore>, farm_lock: String| {
-        move |term: Term| {
-            let (store, farm_lock) = (store.clone(), farm_lock.clone());
-            async move {
-                while !term.cancel.is_cancelled()
-                    && !store.acquire(&farm_lock, b"", &term.session).await.unwrap()
-                {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                term.cancel.cancelled().await
-            }
-        }
-    };
-    let holder_of = async |key: &str| {
-        let pair = store.get(key).await.unwrap();
-        pair.and_then(|pair| pair.session().map(str::to_owned))
-    };
-    let (a_stop, b_stop) = (CancellationToken::new(), CancellationToken::new());
-    let a = tokio::spawn(leader::campaign(
-        store.clone(),
-        long_delay("a"),
-        a_stop.clone(),
-        lead(store.clone(), farm_lock.clone()),
-    ));
-    wait_for(async || holder_of(&farm_lock).await.is_some()).await;
-    let a_leader = holder_of(LEADER_LOCK).await.unwrap();
-    let b = tokio::spawn(leader::campaign(
-        store.clone(),
-        long_delay("b"),
-        b_stop.clone(),
-        lead(store.clone(), farm_lock.clone()),
-    ));
-
-    stops_promptly(a_stop, a).await;
-    wait_for(async || {
-        current_leader(&*store)
-            .await
-            .unwrap()
-            .is_some_and(|leader| leader.holder == "b")
-    })
-    .await;
-    wait_for(async || holder_of(&farm_lock).await.is_some()).await;
-    assert_ne!(holder_of(LEADER_LOCK).await.unwrap(), a_leader);
-    stops_promptly(b_stop, b).await;
 }
 
 /// A deposed leader's late write is rolled back by the store, and a cancelled term writes

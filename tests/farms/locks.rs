@@ -73,12 +73,18 @@ impl Server {
 
     /// [`Server::start`] with sessions of `ttl`.
     fn start_with_ttl(store: Arc<dyn KvStore>, behavior: SessionBehavior, ttl: Duration) -> Server {
-        let config = LeaderConfig {
-            holder: "test".into(),
-            session_ttl: ttl,
-            lock_delay: Duration::ZERO,
-            behavior,
-        };
+        Server::start_with_config(
+            store,
+            LeaderConfig {
+                holder: "test".into(),
+                session_ttl: ttl,
+                lock_delay: Duration::ZERO,
+                behavior,
+            },
+        )
+    }
+
+    fn start_with_config(store: Arc<dyn KvStore>, config: LeaderConfig) -> Server {
         let shutdown = CancellationToken::new();
         let alerts = Arc::new(Alerter::new(None));
         let farm_store = store.clone();
@@ -230,6 +236,37 @@ async fn farm_locks_vanish_when_the_sessions_are_destroyed_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn farm_locks_vanish_when_the_sessions_are_destroyed_on_consul() {
     farm_locks_vanish_when_the_sessions_are_destroyed(fake_consul().await).await;
+}
+
+/// A server that stops gracefully lets its locks go before ending its sessions, so that a
+/// standby leads, and its farms take every lock, at once rather than after the lock-delay
+/// (here longer than the test waits).
+async fn a_standby_takes_every_lock_at_once_after_a_graceful_stop(backend: Backend) {
+    let store = backend.store;
+    let keys = objects_with_locks(&*store).await;
+    let config = LeaderConfig {
+        holder: "test".into(),
+        session_ttl: TTL,
+        lock_delay: Duration::from_secs(60),
+        behavior: SessionBehavior::Delete,
+    };
+    assert!(config.lock_delay > PATIENCE);
+    let first = Server::start_with_config(store.clone(), config.clone());
+    let farm = wait_for_farm_locks(&*store, &keys).await;
+    let standby = Server::start_with_config(store.clone(), config);
+    first.stop().await;
+    assert_ne!(wait_for_farm_locks(&*store, &keys).await, farm);
+    standby.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_every_lock_at_once_after_a_graceful_stop_on_sqlite() {
+    a_standby_takes_every_lock_at_once_after_a_graceful_stop(sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_every_lock_at_once_after_a_graceful_stop_on_consul() {
+    a_standby_takes_every_lock_at_once_after_a_graceful_stop(fake_consul().await).await;
 }
 
 /// A server with `--leader-behavior release` can no longer renew its sessions, which the
