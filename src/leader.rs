@@ -87,6 +87,7 @@ pub struct LeaderRecord {
     /// Its store session.
     pub session: String,
     /// When it took the lock (RFC 3339).
+    #[schema(format = DateTime)]
     pub since: String,
 }
 

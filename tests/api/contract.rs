@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use crate::support::api::{TestApp, TestResponse};
 use p2_apiserver::error::ApiError;
 use p2_apiserver::kv::StoreError;
+use p2_apiserver::model::timestamp::parse_rfc3339;
 use p2_apiserver::router;
 
 /// A request to check: method, route as the document spells it, path, JSON body, headers.
@@ -157,6 +158,17 @@ fn validate(doc: &Value, schema: &Value, value: &Value, at: &str, problems: &mut
     if !types.iter().any(|kind| fits(kind)) {
         problems.push(format!("{at}: {value} is not of type {types:?}"));
         return;
+    }
+    // The formats a generated SDK parses strings by.
+    if let Some(text) = value.as_str() {
+        let malformed = match schema["format"].as_str() {
+            Some("date-time") => parse_rfc3339(text).is_none(),
+            Some("uuid") => uuid::Uuid::parse_str(text).is_err(),
+            _ => false,
+        };
+        if malformed {
+            problems.push(format!("{at}: {value} is not a {}", schema["format"]));
+        }
     }
     if let Some(items) = value.as_array() {
         for (i, item) in items.iter().enumerate() {
@@ -1352,6 +1364,24 @@ async fn closed_query_values_are_documented_as_enums() {
         assert_eq!(response.status, 200, "{label_type}: {response:?}");
     }
     assert_eq!(app.get("/api/select?type=pods").await.status, 400);
+}
+
+/// Strings are checked against the formats the document gives them, as an SDK parsing
+/// them would be.
+#[test]
+fn strings_are_checked_against_their_format() {
+    let doc = json!({});
+    for (format, good, bad) in [
+        ("date-time", "2026-12-06T11:40:00.5Z", "yesterday"),
+        ("uuid", "00000000-0000-4000-8000-000000000001", "rc-1"),
+    ] {
+        let schema = json!({"type": "string", "format": format});
+        let mut problems = Vec::new();
+        validate(&doc, &schema, &json!(good), "value", &mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+        validate(&doc, &schema, &json!(bad), "value", &mut problems);
+        assert_eq!(problems.len(), 1, "{format}");
+    }
 }
 
 /// Every reference in the document names a schema it defines.
