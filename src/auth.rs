@@ -356,6 +356,16 @@ impl Subject {
             .iter()
             .any(|token| token.sha256 == self.sha256 && token.role.grants(self.needed))
     }
+
+    /// What tells whether its token is revoked from the time it was checked on.
+    fn revocation(&self) -> Revocation {
+        let revocable = self.access.tokens.as_ref().map(|source| Revocable {
+            checked: self.reloads_before,
+            subject: self.clone(),
+            reloads: source.reloads.subscribe(),
+        });
+        Revocation(revocable)
+    }
 }
 
 /// Tells an answer that outlives its request's check of the token (the change stream) when
@@ -403,16 +413,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Revocation {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let revocable = parts.extensions.get::<Subject>().and_then(|subject| {
-            let source = subject.access.tokens.as_ref()?;
-            let reloads = source.reloads.subscribe();
-            Some(Revocable {
-                checked: subject.reloads_before,
-                subject: subject.clone(),
-                reloads,
-            })
-        });
-        Ok(Revocation(revocable))
+        let subject = parts.extensions.get::<Subject>();
+        Ok(subject.map_or(Revocation(None), Subject::revocation))
     }
 }
 
@@ -443,7 +445,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Actor {
 /// Lets a request through only with a token whose role grants what its operation needs
 /// (`RULES`): 401 without a known token, 403 with one lacking the role. Records the
 /// token's name in the request's span and, for the handler, its extensions ([`Actor`],
-/// [`Revocation`]).
+/// [`Revocation`]). A read whose token is revoked before it is answered (a blocking query
+/// waits up to ten minutes) is answered 401 then.
 /// With no token file, lets every request through.
 pub async fn authorize(
     State(access): State<Arc<Access>>,
@@ -471,26 +474,22 @@ pub async fn authorize(
         .map(|(_, token)| token.trim());
     let reloads_before = *source.reloads.borrow();
     let Some(token) = presented.and_then(|presented| access.find(source, presented)) else {
-        let message = if presented.is_some() {
+        return unauthorized(if presented.is_some() {
             "the bearer token is not known"
         } else {
             "this operation needs a bearer token (Authorization: Bearer TOKEN)"
-        };
-        let mut response = ApiError::new(StatusCode::UNAUTHORIZED, message).into_response();
-        response.headers_mut().insert(
-            WWW_AUTHENTICATE,
-            HeaderValue::from_static(r#"Bearer realm="p2-apiserver""#),
-        );
-        return response;
+        });
     };
     tracing::Span::current().record("subject", tracing::field::display(&token.name));
-    request.extensions_mut().insert(Subject {
+    let subject = Subject {
         name: token.name.clone(),
         sha256: token.sha256,
         needed,
         access: access.clone(),
         reloads_before,
-    });
+    };
+    let revocation = subject.revocation();
+    request.extensions_mut().insert(subject);
     if !token.role.grants(needed) {
         return forbidden(format!(
             "{:?} has the role {}; this operation needs {}",
@@ -517,9 +516,43 @@ pub async fn authorize(
                 nodes.join(", ")
             ));
         }
-        return next.run(Request::from_parts(parts, body)).await;
+        request = Request::from_parts(parts, body);
+    }
+    if matches!(*request.method(), Method::GET | Method::HEAD) {
+        return unless_revoked(revocation, next.run(request)).await;
     }
     next.run(request).await
+}
+
+/// `answer`, unless the token of the read it answers is revoked first: then 401, at once.
+/// Only reads are cut short: a write given up after it was sent to the store may still
+/// land, and its client must be told how it ended.
+async fn unless_revoked(
+    mut revocation: Revocation,
+    answer: impl std::future::Future<Output = Response>,
+) -> Response {
+    tokio::pin!(answer);
+    loop {
+        if revocation.revoked() {
+            return unauthorized(
+                "the bearer token was revoked, or lost the role this operation needs, before the \
+                 answer was ready",
+            );
+        }
+        tokio::select! {
+            response = &mut answer => return response,
+            () = revocation.reloaded() => {}
+        }
+    }
+}
+
+fn unauthorized(message: &str) -> Response {
+    let mut response = ApiError::new(StatusCode::UNAUTHORIZED, message).into_response();
+    response.headers_mut().insert(
+        WWW_AUTHENTICATE,
+        HeaderValue::from_static(r#"Bearer realm="p2-apiserver""#),
+    );
+    response
 }
 
 fn forbidden(message: String) -> Response {

@@ -55,6 +55,38 @@ pub(crate) fn token_file(path: &Path, tokens: &[(&str, &str, &str, Option<&str>)
     std::fs::write(path, text).unwrap();
 }
 
+/// Tokens a test revokes one of while its requests are under way: a viewer's,
+/// `watcher-token`, and a deployer's, `writer-token`, in a token file of their own.
+pub(crate) struct Revocable {
+    pub app: TestApp,
+    path: std::path::PathBuf,
+    _dir: TempDir,
+}
+
+impl Revocable {
+    const WRITER: (&str, &str, &str, Option<&str>) = ("writer", "deployer", "writer-token", None);
+
+    pub async fn new() -> Revocable {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.yaml");
+        let watcher = ("watcher", "viewer", "watcher-token", None);
+        token_file(&path, &[watcher, Self::WRITER]);
+        let access = Access::new(Some(&path), Vec::new()).unwrap();
+        let app = TestApp::secured(Arc::new(access)).await;
+        Revocable {
+            app,
+            path,
+            _dir: dir,
+        }
+    }
+
+    /// Re-reads the token file without `watcher-token`.
+    pub fn revoke_watcher(&self) {
+        token_file(&self.path, &[Self::WRITER]);
+        assert_eq!(self.app.state.access.reload().unwrap().unwrap(), 1);
+    }
+}
+
 /// The real router over a test store, with the tokens of [`ROLES`] and an agent held to
 /// `node-1`.
 struct Secured {
@@ -557,4 +589,46 @@ fn sighup_rereads_the_token_file_and_keeps_it_when_the_new_one_is_bad() {
     for token in ["old-token", "new-token"] {
         assert!(!log.iter().any(|line| line.contains(token)), "{log:#?}");
     }
+}
+
+/// A read may wait long (a blocking query, up to ten minutes) while its token was checked
+/// only as it began: once the token file is re-read without that token, the waiting read
+/// is answered 401 at once, rather than with the change that comes after.
+#[tokio::test]
+async fn a_blocking_read_is_refused_once_its_token_is_revoked() {
+    let tokens = Revocable::new().await;
+    let app = &tokens.app;
+    let request = |method: &str, path: &str, token: &str, body: &'static str| {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {token}"))
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let listed = app
+        .send(request("GET", "/api/v1/labels/node", "watcher-token", ""))
+        .await;
+    assert_eq!(listed.status, StatusCode::OK);
+    let index = listed.header("x-index").unwrap().to_owned();
+    let blocking = format!("/api/v1/labels/node?index={index}&wait=30s");
+    let blocked = app.send(request("GET", &blocking, "watcher-token", ""));
+    let revoke_then_change = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokens.revoke_watcher();
+        let body = r#"{"labels": {"role": "web"}}"#;
+        let labelled = app
+            .send(request(
+                "PUT",
+                "/api/v1/labels/node/node1",
+                "writer-token",
+                body,
+            ))
+            .await;
+        assert_eq!(labelled.status, StatusCode::OK);
+    };
+    let (answer, ()) = tokio::join!(blocked, revoke_then_change);
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{answer:?}");
+    assert!(answer.header("www-authenticate").is_some());
 }

@@ -1107,18 +1107,8 @@ async fn a_node_or_label_set_entering_a_selector_is_added_live_and_on_resume() {
 /// re-read without that token, the stream ends rather than keep sending to a revoked token.
 #[tokio::test]
 async fn a_stream_ends_when_its_token_is_revoked() {
-    use p2_apiserver::auth::Access;
-
-    use crate::auth::token_file;
-
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tokens.yaml");
-    let writer = ("writer", "deployer", "writer-token", None);
-    token_file(
-        &path,
-        &[("watcher", "viewer", "watcher-token", None), writer],
-    );
-    let app = TestApp::secured(Arc::new(Access::new(Some(&path), Vec::new()).unwrap())).await;
+    let tokens = crate::auth::Revocable::new().await;
+    let app = &tokens.app;
     let open = |token: &str| {
         let request = Request::get("/api/v1/watch?kinds=nodes")
             .header("authorization", format!("Bearer {token}"))
@@ -1147,8 +1137,7 @@ async fn a_stream_ends_when_its_token_is_revoked() {
 
     let mut revoked = open("watcher-token").await;
     let mut kept = open("writer-token").await;
-    token_file(&path, &[writer]);
-    assert_eq!(app.state.access.reload().unwrap().unwrap(), 1);
+    tokens.revoke_watcher();
     label("node1").await;
     let after = revoked.next().await;
     assert!(after.is_none(), "sent to a revoked token: {after:?}");
