@@ -963,8 +963,10 @@ async fn a_watch_that_times_out_returns_the_same_index_without_spinning() {
 
     assert_eq!((listing.index, listing.pairs), (9, vec![]));
     assert!(started.elapsed() < Duration::from_secs(2));
+    // At most one query per pause; only one when the first answer came too late for a
+    // pause and another query to fit in the wait (a round trip over 200ms on a busy machine).
     let sent = requests(&server).await.len();
-    assert!((2..=3).contains(&sent), "{sent} queries in 300ms");
+    assert!((1..=3).contains(&sent), "{sent} queries in 300ms");
 }
 
 /// A watch woken from its pause between two queries past its deadline (its thread held up
