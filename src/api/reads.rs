@@ -183,8 +183,16 @@ pub async fn source<'a>(
     if index == reached || unchanged_since {
         // An unconfirmed view (a watch failing, or too slow) is no baseline for the
         // spans' extents, but it is for the trees' listed indexes: the read is held
-        // until one of them moves.
-        let spans = if seen.confirmed { spans } else { &[] };
+        // until one of them moves. So is a read whose spans hold a change past `index`
+        // already that no answer can claim yet (a tree whose watch lags or fails holds
+        // the index down): the extents will not change for it.
+        let claim_pending =
+            index == reached && !spans.is_empty() && mirror.changed_past(spans, index);
+        let spans = if seen.confirmed && !claim_pending {
+            spans
+        } else {
+            &[]
+        };
         hold(app, trees, spans, seen, wait).await;
     }
     mirror.catch_up(trees, CATCH_UP).await;

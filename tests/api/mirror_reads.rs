@@ -1188,11 +1188,15 @@ async fn a_blocked_read_is_held_while_a_failing_watch_leaves_an_own_write_unconf
         .woken("the read was not woken once the watches listed again")
         .await;
     // Another tree's watch may list before the RC tree's and wake the read first, with
-    // the same index; asked again, it is held until the next listing, not answered at once.
+    // the same index; asked again, it is held until the answer can claim the write, not
+    // answered at once, nor held past the listing that lets it (the change is held
+    // already, so no change of the RC wakes it).
     let mut answers = 1;
     while answer.x_index() < written {
         let uri = format!("{path}?index={}&wait=30s", answer.x_index());
-        answer = app.get(&uri).await;
+        answer = tokio::time::timeout(Duration::from_secs(10), app.get(&uri))
+            .await
+            .expect("held past the listing that confirmed the write");
         answers += 1;
         assert!(
             answers <= 10,
