@@ -3,12 +3,12 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
-use crate::support::api::{item_ids, TestApp, TestResponse};
+use crate::support::api::{item_ids, times_out_at_its_index, TestApp, TestResponse};
 
 const NODE: &str = "/api/v1/labels/node/node17.example.com";
 const POD: &str = "/api/v1/labels/pod/node17.example.com/hello";
@@ -667,13 +667,9 @@ async fn a_blocking_list_times_out_with_the_same_index() {
     let app = TestApp::new().await;
     put(&app, NODE, json!({"role": "web"})).await;
     let index = app.get("/api/v1/labels/node").await.x_index();
-    let started = Instant::now();
-    let response = app
-        .get(&format!("/api/v1/labels/node?index={index}&wait=200ms"))
-        .await;
-    assert!(started.elapsed() >= Duration::from_millis(200));
+    let (response, held) = times_out_at_its_index(&app, "/api/v1/labels/node?", index).await;
+    assert!(held >= Duration::from_millis(200));
     assert_eq!(response.status, StatusCode::OK);
-    assert_eq!(response.x_index(), index);
     assert_eq!(item_ids(&response.json()), ["node17.example.com"]);
 
     // An empty type has an index too.

@@ -684,6 +684,26 @@ impl Held {
     }
 }
 
+/// A blocking `GET {path}index=N&wait=200ms` (`path` ends in `?` or `&`) from `index` on:
+/// the answer that timed out at its index, and how long it was held. An index taken before
+/// the mirror held every write made just before (its watches slow on a loaded machine) is
+/// answered at once at a newer one; the read blocks again at that one, a few times at most.
+pub async fn times_out_at_its_index(
+    app: &TestApp,
+    path: &str,
+    mut index: u64,
+) -> (TestResponse, Duration) {
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        let response = app.get(&format!("{path}index={index}&wait=200ms")).await;
+        if response.x_index() == index {
+            return (response, started.elapsed());
+        }
+        index = response.x_index();
+    }
+    panic!("{path}: answered at once at a newer index again and again");
+}
+
 /// The `id` of every item of a list answer's page, in order.
 pub fn item_ids(page: &serde_json::Value) -> Vec<String> {
     page["items"]
