@@ -115,12 +115,13 @@ pub async fn current_leader(store: &dyn KvStore) -> StoreResult<Option<LeaderRec
 
 /// Campaigns until `shutdown`, running `lead` for every term this server wins. `lead` must
 /// return soon after its term is cancelled; if it returns (or panics) before, the term
-/// ends. When a term ends its session is destroyed, which deletes the farms' locks at once;
-/// on shutdown the leader session is destroyed too, which frees the leader lock. A session the store could not destroy then (an outage is
-/// what ends a term) is destroyed as soon as it answers again, rather than left to hold its
-/// locks until the store expires it. A store that does not answer holds up neither
-/// stepping down nor stopping: session calls and bids for the lock give way to the end of
-/// the session's use, and destroying waits `END_SESSION_WAIT` at most.
+/// ends. When a term ends its session is ended: its locks let go, then the session
+/// destroyed; on shutdown the leader session is ended too, which frees the leader lock. A
+/// session the store could not destroy then (an outage is what ends a term) is destroyed
+/// as soon as it answers again, rather than left to hold its locks until the store expires
+/// it. A store that does not answer holds up neither stepping down nor stopping: session
+/// calls and bids for the lock give way to the end of the session's use, and ending one
+/// waits `END_SESSION_WAIT` at most.
 pub async fn campaign<F, Fut>(
     store: Arc<dyn KvStore>,
     config: LeaderConfig,
@@ -284,7 +285,7 @@ where
     }
     crate::metrics::leading(false);
     let _ = renewer.await;
-    // Destroyed by `campaign` right after, before the leader's.
+    // Ended by `campaign` right after, before the leader's.
     leftover.push((farm_session, SessionBehavior::Delete));
     tracing::info!("stepped down");
     outcome
