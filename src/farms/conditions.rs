@@ -73,13 +73,14 @@ impl Published {
     /// objects another session owns (P2's farm, which writes none: a record left would be
     /// shown as current however the object fares under it): as many to a transaction as
     /// its fence leaves room for, since thousands deleted together would otherwise hold up
-    /// the farm's pass for a commit each.
+    /// the farm's pass for a commit each. A failure is logged and returned, for the farm to
+    /// try again ([`super::TIDYING`]).
     pub async fn remove_stale(
         &self,
         ctx: &FarmContext,
         world: &World,
         exists: impl Fn(&str) -> bool,
-    ) {
+    ) -> FarmResult<()> {
         let prefix = layout::conditions_of_kind(self.kind);
         let owned_elsewhere = |id: &str| {
             let lock = layout::ownership(self.kind, id);
@@ -95,11 +96,14 @@ impl Published {
             .filter(|id| !exists(id) || owned_elsewhere(id))
             .map(|id| ConditionStore::delete_op(self.kind, id))
             .collect();
+        let mut removed = Ok(());
         for ops in gone.chunks(MAX_TXN_OPS - 1) {
             if let Err(e) = ctx.commit(LEADER_LOCK, ops.to_vec()).await {
                 tracing::warn!(kind = self.kind.as_str(), records = ops.len(), error = %e, "removing the conditions of gone objects failed");
+                removed = Err(e);
             }
         }
+        removed
     }
 }
 

@@ -184,7 +184,8 @@ impl Farm for DsFarm {
             .retain(|id, _| world.daemon_sets.items.contains_key(id));
         self.published
             .retain(|id, _| world.daemon_sets.items.contains_key(id));
-        self.conditions
+        let removed = self
+            .conditions
             .remove_stale(ctx, world, |id| world.daemon_sets.items.contains_key(id))
             .await;
         self.clean_dangling(ctx, world).await;
@@ -195,10 +196,12 @@ impl Farm for DsFarm {
                 Some(ds_id) => by_ds.contains_key(ds_id),
                 None => world.daemon_sets.items.contains_key(key),
             });
-        ctx.release_orphaned(world, layout::DS_LOCKS, |id| {
-            world.daemon_sets.items.contains_key(id)
-        })
-        .await;
+        let released = ctx
+            .release_orphaned(world, layout::DS_LOCKS, |id| {
+                world.daemon_sets.items.contains_key(id)
+            })
+            .await;
+        self.retries.tidied(removed.and(released));
         wake
     }
 }

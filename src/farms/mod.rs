@@ -399,21 +399,30 @@ impl FarmContext {
 
     /// Frees this session's ownership locks `<prefix><id>` of objects that no longer exist,
     /// up to [`CONCURRENT_OBJECTS`] at once: thousands of objects deleted together would
-    /// otherwise hold up the farm's pass for a round trip each.
+    /// otherwise hold up the farm's pass for a round trip each. A failure is logged and
+    /// returned, for the farm to try again ([`TIDYING`]).
     pub async fn release_orphaned(
         &self,
         world: &World,
         prefix: &str,
         exists: impl Fn(&str) -> bool,
-    ) {
-        let orphaned = self.owned(world, prefix).filter(|(_, id)| !exists(id));
-        stream::iter(orphaned)
-            .for_each_concurrent(CONCURRENT_OBJECTS, |(key, _)| async move {
-                if let Err(e) = self.release_lock(key).await {
+    ) -> FarmResult<()> {
+        let orphaned: Vec<String> = (self.owned(world, prefix))
+            .filter(|(_, id)| !exists(id))
+            .map(|(key, _)| key.to_owned())
+            .collect();
+        let released: Vec<FarmResult<()>> = stream::iter(orphaned)
+            .map(|key| async move {
+                let released = self.release_lock(&key).await;
+                if let Err(e) = &released {
                     tracing::warn!(%key, error = %e, "releasing an ownership lock failed");
                 }
+                released
             })
+            .buffer_unordered(CONCURRENT_OBJECTS)
+            .collect()
             .await;
+        released.into_iter().collect()
     }
 
     /// The ownership locks `<prefix><id>` this session holds, each with its object's id
@@ -538,6 +547,12 @@ pub fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     }
 }
 
+/// The key a farm's [`Retries`] keep its own tidying under when a step of it failed
+/// (freeing the locks, and removing the conditions, of objects gone): no object of its own
+/// would wake the farm to try again, and a lock left held keeps every other farm, this
+/// server's next term's or P2's, from the object until the next change or [`RESYNC`].
+pub const TIDYING: &str = "tidying";
+
 /// Per-object backoff after failed reconciles, with jitter.
 #[derive(Default)]
 pub struct Retries {
@@ -611,9 +626,20 @@ impl Retries {
         self.failing.len()
     }
 
-    /// Forgets the objects that no longer exist.
+    /// Forgets the objects that no longer exist (the farm's tidying is kept).
     pub fn retain(&mut self, exists: impl Fn(&str) -> bool) {
-        self.failing.retain(|id, _| exists(id));
+        self.failing.retain(|id, _| id == TIDYING || exists(id));
+    }
+
+    /// Records how the farm's tidying went ([`TIDYING`]), whose failures are logged where
+    /// they happen.
+    pub fn tidied(&mut self, result: FarmResult<()>) {
+        match result {
+            Ok(()) => self.succeeded(TIDYING),
+            Err(_) => {
+                self.failed(TIDYING);
+            }
+        }
     }
 }
 

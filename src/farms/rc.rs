@@ -124,14 +124,17 @@ impl Farm for RcFarm {
         for (id, applied) in outcomes {
             self.retries.record("RC", id, applied);
         }
-        self.conditions
+        let removed = self
+            .conditions
             .remove_stale(ctx, world, |id| world.rcs.items.contains_key(id))
             .await;
-        ctx.release_orphaned(world, layout::RC_LOCKS, |id| {
-            world.rcs.items.contains_key(id)
-        })
-        .await;
+        let released = ctx
+            .release_orphaned(world, layout::RC_LOCKS, |id| {
+                world.rcs.items.contains_key(id)
+            })
+            .await;
         self.retries.retain(|id| world.rcs.items.contains_key(id));
+        self.retries.tidied(removed.and(released));
         None
     }
 }
@@ -777,6 +780,33 @@ mod tests {
     const OLD: &str = "00000000-0000-4000-8000-000000000001";
     const NEW: &str = "00000000-0000-4000-8000-000000000002";
     const OTHER: &str = "00000000-0000-4000-8000-000000000003";
+
+    /// The lock of a gone RC that the store failed to free stays in the farm's retries, so
+    /// that the farm wakes to free it on its backoff, rather than at the next change or the
+    /// resync: until then no other farm (P2's, or a next term's) can take the RC's id.
+    #[tokio::test]
+    async fn an_orphaned_lock_the_store_failed_to_free_is_retried() {
+        let (_dir, _, mirror) = crate::farms::fixture::idle_context().await;
+        // A store that refuses every write.
+        let read_only = std::sync::Arc::new(crate::state::MirrorReader::new(mirror.clone()));
+        let term = crate::leader::Term {
+            leader_session: "leader".into(),
+            session: "term".into(),
+            cancel: tokio_util::sync::CancellationToken::new(),
+        };
+        let alerts = std::sync::Arc::new(crate::farms::alerts::Alerter::new(None));
+        let ctx = FarmContext::new(read_only, &term, alerts, "me".into());
+        let mut farm = RcFarm::new(mirror);
+        let mut gone = Fleet::new();
+        gone.lock(&layout::rc_ownership(OLD), &ctx.session);
+        let started = Instant::now();
+        farm.pass(&ctx, &gone.world()).await;
+        assert_eq!(farm.retries().waiting(), 1);
+        assert!(farm.retries().due_after(started).is_some());
+        // Freed, it is forgotten.
+        farm.pass(&ctx, &Fleet::new().world()).await;
+        assert_eq!(farm.retries().waiting(), 0);
+    }
 
     /// Web nodes `w1..=wN` and db nodes `d1..=dN`.
     fn fleet(web: usize, db: usize) -> Fleet {

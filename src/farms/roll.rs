@@ -157,14 +157,17 @@ impl Farm for RollFarm {
         self.ready_since
             .retain(|id, _| world.rolls.items.contains_key(id));
         self.retries.retain(|id| world.rolls.items.contains_key(id));
-        self.conditions
+        let removed = self
+            .conditions
             .remove_stale(ctx, world, |id| world.rolls.items.contains_key(id))
             .await;
-        ctx.release_orphaned(world, layout::ROLL_LOCKS, |id| {
-            world.rolls.items.contains_key(id)
-        })
-        .await;
-        self.release_stale_mutation_locks(ctx, world).await;
+        let released = ctx
+            .release_orphaned(world, layout::ROLL_LOCKS, |id| {
+                world.rolls.items.contains_key(id)
+            })
+            .await;
+        let freed = self.release_stale_mutation_locks(ctx, world).await;
+        self.retries.tidied(removed.and(released).and(freed));
         wake
     }
 }
@@ -801,10 +804,15 @@ async fn stuck(ctx: &FarmContext, id: &str, spec: &StoredRoll, why: String) {
 impl RollFarm {
     /// Releases the RC mutation locks this term took for rolls that are gone (a cancelled
     /// roll leaves both RCs free for API writes again). One the mirror shows free or held by
-    /// another session is only forgotten: a finished roll deleted it.
-    async fn release_stale_mutation_locks(&mut self, ctx: &FarmContext, world: &World) {
+    /// another session is only forgotten: a finished roll deleted it. A failure is logged and
+    /// returned, for the farm to try again ([`super::TIDYING`]).
+    async fn release_stale_mutation_locks(
+        &mut self,
+        ctx: &FarmContext,
+        world: &World,
+    ) -> FarmResult<()> {
         if self.mutation_locks.is_empty() {
-            return;
+            return Ok(());
         }
         let rolling: HashSet<String> = world
             .rolls
@@ -819,15 +827,18 @@ impl RollFarm {
             .filter(|key| !rolling.contains(*key))
             .cloned()
             .collect();
+        let mut released = Ok(());
         for key in stale {
             if world.lock_holder(&key) == Some(ctx.session.as_str()) {
                 if let Err(e) = ctx.release_lock(&key).await {
                     tracing::warn!(%key, error = %e, "releasing a roll lock failed");
+                    released = Err(e);
                     continue;
                 }
             }
             self.mutation_locks.remove(&key);
         }
+        released
     }
 }
 
