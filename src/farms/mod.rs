@@ -407,7 +407,8 @@ impl FarmContext {
         prefix: &str,
         exists: impl Fn(&str) -> bool,
     ) -> FarmResult<()> {
-        let orphaned: Vec<String> = (self.owned(world, prefix))
+        let orphaned: Vec<String> = self
+            .owned(world, prefix)
             .filter(|(_, id)| !exists(id))
             .map(|(key, _)| key.to_owned())
             .collect();
