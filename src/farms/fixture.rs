@@ -210,18 +210,22 @@ impl Fleet {
 pub async fn idle_context() -> (tempfile::TempDir, super::FarmContext, crate::state::Mirror) {
     use crate::kv::sqlite::SqliteStore;
     use crate::kv::KvStore;
-    use crate::leader::Term;
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.db").display().to_string();
     let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-    let term = Term {
+    let mirror = crate::state::Mirror::new(store.clone(), crate::state::MirrorConfig::default());
+    (dir, context(store), mirror)
+}
+
+/// A term's context over `store`, with sessions the store need not know (`term` for the
+/// farms), for a pass over a world built by hand.
+pub fn context(store: Arc<dyn crate::kv::KvStore>) -> super::FarmContext {
+    let term = crate::leader::Term {
         leader_session: "leader".into(),
         session: "term".into(),
         cancel: tokio_util::sync::CancellationToken::new(),
     };
     let alerts = Arc::new(super::alerts::Alerter::new(None));
-    let mirror = crate::state::Mirror::new(store.clone(), crate::state::MirrorConfig::default());
-    let ctx = super::FarmContext::new(store, &term, alerts, "me".into());
-    (dir, ctx, mirror)
+    super::FarmContext::new(store, &term, alerts, "me".into())
 }

@@ -787,15 +787,9 @@ mod tests {
     #[tokio::test]
     async fn an_orphaned_lock_the_store_failed_to_free_is_retried() {
         let (_dir, _, mirror) = crate::farms::fixture::idle_context().await;
-        // A store that refuses every write.
-        let read_only = std::sync::Arc::new(crate::state::MirrorReader::new(mirror.clone()));
-        let term = crate::leader::Term {
-            leader_session: "leader".into(),
-            session: "term".into(),
-            cancel: tokio_util::sync::CancellationToken::new(),
-        };
-        let alerts = std::sync::Arc::new(crate::farms::alerts::Alerter::new(None));
-        let ctx = FarmContext::new(read_only, &term, alerts, "me".into());
+        // Over a store that refuses every write.
+        let read_only = crate::state::MirrorReader::new(mirror.clone());
+        let ctx = crate::farms::fixture::context(std::sync::Arc::new(read_only));
         let mut farm = RcFarm::new(mirror);
         let mut gone = Fleet::new();
         gone.lock(&layout::rc_ownership(OLD), &ctx.session);
