@@ -150,7 +150,38 @@ impl Limits {
             Ok(())
         }
     }
+
+    /// Gives the replica counts of `openapi`'s request bodies ([`REPLICA_COUNTS`]) this
+    /// server's maximum, so that its served document says what it accepts whatever
+    /// `--max-replicas` is: a client validating against it, or generated from it, neither
+    /// refuses a count the server takes nor sends one it refuses. The document in the
+    /// repository is the default's.
+    pub fn document(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{schema::Schema, RefOr};
+        let Some(components) = openapi.components.as_mut() else {
+            return;
+        };
+        for (schema, property) in REPLICA_COUNTS {
+            let Some(RefOr::T(Schema::Object(object))) = components.schemas.get_mut(schema) else {
+                continue;
+            };
+            if let Some(RefOr::T(Schema::Object(count))) = object.properties.get_mut(property) {
+                count.maximum = Some(self.max_replicas.into());
+            }
+        }
+    }
 }
+
+/// The request bodies' replica counts, as `(schema, property)`: those [`Limits::check_replicas`]
+/// bounds (a roll's `minimum_replicas` through its `desired_replicas`), documented with
+/// [`DEFAULT_MAX_REPLICAS`] as their maximum, and with the server's own in the served document
+/// ([`Limits::document`]).
+pub const REPLICA_COUNTS: [(&str, &str); 4] = [
+    ("RcSpec", "replicas_desired"),
+    ("RcPatch", "replicas_desired"),
+    ("CreateRoll", "desired_replicas"),
+    ("CreateRoll", "minimum_replicas"),
+];
 
 /// A stored document that cannot be decoded. It is its own type so that callers listing a
 /// tree can skip and report one bad entry instead of failing the whole listing.

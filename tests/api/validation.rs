@@ -2,6 +2,7 @@
 //! JSON keys, and the replica maximum.
 
 use axum::http::StatusCode;
+use p2_apiserver::model::{Limits, DEFAULT_MAX_REPLICAS, REPLICA_COUNTS};
 use serde_json::json;
 
 use crate::support::api::{TestApp, TestResponse};
@@ -382,6 +383,53 @@ async fn replica_counts_have_a_maximum() {
     assert_over_max(&response, "desired_replicas");
     assert_eq!(app.dump().await, before_roll);
     assert_ne!(before, before_roll);
+}
+
+/// A server run with `--max-replicas` serves a document that gives each replica count that
+/// maximum, and takes exactly what its document allows.
+#[tokio::test]
+async fn the_served_document_gives_the_servers_own_replica_maximum() {
+    let app = TestApp::validating(Limits { max_replicas: 7 }).await;
+    let document = app.get("/openapi.json").await.json();
+    for (schema, property) in REPLICA_COUNTS {
+        let count = &document["components"]["schemas"][schema]["properties"][property];
+        assert_eq!(count["maximum"], 7, "{schema}.{property}: {count}");
+    }
+    let app = &app;
+    let create = |replicas: i64| async move {
+        let body = json!({"manifest": MANIFEST, "replicas_desired": replicas});
+        app.json_request("POST", "/api/v1/rcs", Some(&body), &[])
+            .await
+    };
+    let past = create(8).await;
+    assert_eq!(past.status, StatusCode::UNPROCESSABLE_ENTITY, "{past:?}");
+    assert!(
+        past.error().causes[0].message.contains("must be at most 7"),
+        "{past:?}"
+    );
+    assert_eq!(app.dump().await, []);
+    let at_max = create(7).await;
+    assert_eq!(at_max.status, StatusCode::CREATED, "{at_max:?}");
+}
+
+/// The replica counts the served document gives the server's maximum are every property the
+/// default document bounds by the default maximum: a count added to a request body without
+/// being listed would keep the default's maximum whatever `--max-replicas` says.
+#[tokio::test]
+async fn every_replica_count_takes_the_servers_maximum() {
+    let document = TestApp::new().await.get("/openapi.json").await.json();
+    let mut bounded = Vec::new();
+    for (schema, definition) in document["components"]["schemas"].as_object().unwrap() {
+        for (property, value) in definition["properties"].as_object().into_iter().flatten() {
+            if value["maximum"] == DEFAULT_MAX_REPLICAS {
+                bounded.push((schema.as_str(), property.as_str()));
+            }
+        }
+    }
+    let mut listed = REPLICA_COUNTS.to_vec();
+    listed.sort();
+    bounded.sort();
+    assert_eq!(bounded, listed);
 }
 
 fn assert_over_max(response: &TestResponse, field: &str) {

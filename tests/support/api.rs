@@ -88,18 +88,37 @@ impl TestApp {
         wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>,
         config: MirrorConfig,
     ) -> Self {
-        Self::built(wrap, config, Default::default()).await
+        Self::built(wrap, config, Default::default(), Limits::default()).await
     }
 
     /// A fresh app over an empty store that lets requests through as `access` says.
     pub async fn secured(access: Arc<p2_apiserver::auth::Access>) -> Self {
-        Self::built(|store| store, MirrorConfig::default(), access).await
+        Self::built(
+            |store| store,
+            MirrorConfig::default(),
+            access,
+            Limits::default(),
+        )
+        .await
+    }
+
+    /// A fresh app over an empty store whose validation applies `validation`, as the server's
+    /// command line sets it.
+    pub async fn validating(validation: Limits) -> Self {
+        Self::built(
+            |store| store,
+            MirrorConfig::default(),
+            Default::default(),
+            validation,
+        )
+        .await
     }
 
     async fn built(
         wrap: impl FnOnce(Arc<dyn KvStore>) -> Arc<dyn KvStore>,
         config: MirrorConfig,
         access: Arc<p2_apiserver::auth::Access>,
+        validation: Limits,
     ) -> Self {
         let (store, backing): (Arc<dyn KvStore>, _) = match consul() {
             None => {
@@ -128,7 +147,15 @@ impl TestApp {
             }
         };
         let store = wrap(store);
-        Self::serving(store.clone(), store, config, access, Some(backing)).await
+        Self::serving(
+            store.clone(),
+            store,
+            config,
+            access,
+            validation,
+            Some(backing),
+        )
+        .await
     }
 
     /// A second server over this app's store, as two servers share one store, with its own
@@ -145,6 +172,7 @@ impl TestApp {
             followed,
             config,
             Default::default(),
+            Limits::default(),
             None,
         )
         .await
@@ -184,6 +212,7 @@ impl TestApp {
         followed: Arc<dyn KvStore>,
         config: MirrorConfig,
         access: Arc<p2_apiserver::auth::Access>,
+        validation: Limits,
         backing: Option<Backing>,
     ) -> Self {
         let mirror = Mirror::new(followed, config);
@@ -198,7 +227,7 @@ impl TestApp {
             mirror.clone(),
             CancellationToken::new(),
             HttpLimits::default(),
-            Limits::default(),
+            validation,
             access,
         );
         TestApp {
