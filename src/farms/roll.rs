@@ -15,7 +15,7 @@
 //! forever; a roll whose RCs vanish is always cleaned up.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 use tokio::time::Instant;
@@ -46,8 +46,9 @@ const FARM: &str = "roll";
 /// makes a roll wait its delay once more.
 pub struct RollFarm {
     retries: Retries,
-    /// Since when each roll waiting out its `roll_delay` has been able to step.
-    ready_since: HashMap<String, Instant>,
+    /// Since when (on both clocks) each roll waiting out its `roll_delay` has been able to
+    /// step.
+    ready_since: HashMap<String, Moment>,
     conditions: Published,
     /// How long a roll may go without progress before it is stalled.
     stall_deadline: Duration,
@@ -70,6 +71,35 @@ impl RollFarm {
             stall_deadline,
             mutation_locks: BTreeSet::new(),
             mirror,
+        }
+    }
+}
+
+/// One moment as both clocks read it: the monotonic one, for when to wake up, and the wall
+/// clock, for the times the roll's conditions publish. A delay's end on both comes from the
+/// one moment its roll was first seen able to step, so every pass of the delay publishes the
+/// same end, where converting the monotonic end to the wall clock on each pass need not (the
+/// clocks' readings drift apart between passes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moment {
+    pub instant: Instant,
+    pub wall: SystemTime,
+}
+
+impl Moment {
+    /// Now, on both clocks.
+    pub fn now() -> Moment {
+        Moment {
+            instant: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+
+    /// The moment `duration` later, on both clocks.
+    fn after(self, duration: Duration) -> Moment {
+        Moment {
+            instant: self.instant + duration,
+            wall: self.wall + duration,
         }
     }
 }
@@ -139,7 +169,7 @@ impl Farm for RollFarm {
             {
                 continue;
             }
-            let now = Instant::now();
+            let now = Moment::now();
             let ready_since = self.ready_since.get(id).copied();
             let action = plan(world, &ctx.session, &roll.value, ready_since, now);
             let activity = activity(&action, &roll.value);
@@ -199,8 +229,8 @@ pub enum Action {
     /// Set the old RC's count to 0 once the new RC has its replicas, like a write (boxed:
     /// an RC document is large).
     Retire(Box<RcWrite>),
-    /// Wait out `roll_delay` until then before the next step.
-    Delay(Instant),
+    /// Wait out `roll_delay` until then (to wake at, and to publish) before the next step.
+    Delay(Moment),
     /// The roll cannot move on its own; why, for the alert.
     Stuck(RollStuck),
     /// End the roll, deleting the old RC at this index unless `None` (`leave_old`).
@@ -214,8 +244,8 @@ pub fn plan(
     world: &World,
     session: &str,
     spec: &StoredRoll,
-    ready_since: Option<Instant>,
-    now: Instant,
+    ready_since: Option<Moment>,
+    now: Moment,
 ) -> Action {
     let (Some(old), Some(new)) = (
         world.rcs.items.get(&spec.old_rc),
@@ -356,8 +386,8 @@ pub fn plan(
         // pods healthy, when the minimum needs them), not from the last step: the pods are
         // seen healthy for a whole delay, however long they took to start, before the next
         // step. Not knowing since when (a new term), wait one whole delay.
-        let due = ready_since.unwrap_or(now) + spec.roll_delay;
-        if now < due {
+        let due = ready_since.unwrap_or(now).after(spec.roll_delay);
+        if now.instant < due.instant {
             return Action::Delay(due);
         }
     }
@@ -446,7 +476,7 @@ impl RollFarm {
         id: &str,
         roll: &Shared<StoredRoll>,
         action: Action,
-        now: Instant,
+        now: Moment,
     ) -> FarmResult<Option<Instant>> {
         let spec = &roll.value;
         let fence = layout::roll_ownership(id);
@@ -507,7 +537,7 @@ impl RollFarm {
             }
             Action::Delay(due) => {
                 self.ready_since.entry(id.to_owned()).or_insert(now);
-                return Ok(Some(due));
+                return Ok(Some(due.instant));
             }
             Action::Stuck(why) => stuck(ctx, id, spec, why.message()).await,
             Action::Finish { retire_old } => {
@@ -598,15 +628,6 @@ fn roll_checks(ctx: &FarmContext, id: &str, roll: &Shared<StoredRoll>) -> Vec<Tx
     ops
 }
 
-/// The wall-clock time of `due`, to the second, so that each pass that converts the same
-/// instant finds the same time.
-fn wall_clock(due: Instant) -> SystemTime {
-    let at = SystemTime::now() + due.saturating_duration_since(Instant::now());
-    let since_epoch = at.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let rounded = since_epoch.as_secs() + u64::from(since_epoch.subsec_millis() >= 500);
-    UNIX_EPOCH + Duration::from_secs(rounded)
-}
-
 /// What `action` is doing with the roll, for its conditions.
 fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
     match action {
@@ -631,7 +652,7 @@ fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
         Action::Retire(_) => RollActivity::RetiringOld,
         Action::Delay(due) => RollActivity::Delaying {
             delay: spec.roll_delay,
-            until: wall_clock(*due),
+            until: due.wall,
         },
         Action::Stuck(stuck) => RollActivity::Stuck(stuck.clone()),
         Action::Finish { .. } => RollActivity::Finishing,
@@ -849,6 +870,7 @@ mod tests {
     use crate::farms::world::pod_key;
     use crate::model::HealthState;
     use crate::store::Versioned;
+    use std::time::UNIX_EPOCH;
 
     const OLD: &str = "00000000-0000-4000-8000-000000000001";
     const NEW: &str = "00000000-0000-4000-8000-000000000002";
@@ -896,7 +918,7 @@ mod tests {
     }
 
     fn run(fleet: &Fleet, spec: &StoredRoll) -> Action {
-        plan(&fleet.world(), ME, spec, None, Instant::now())
+        plan(&fleet.world(), ME, spec, None, Moment::now())
     }
 
     /// A step's `(remove, add)` and the counts it writes, `(old, new)`.
@@ -1212,19 +1234,19 @@ mod tests {
         let fleet = rolling(2, 2, 1, 1);
         let mut spec = roll(4, 1);
         spec.roll_delay = Duration::from_secs(30);
-        let now = Instant::now();
+        let last = Moment::now();
+        let now = last.after(Duration::from_secs(10));
         let world = fleet.world();
         assert_eq!(
             plan(&world, ME, &spec, None, now),
-            Action::Delay(now + spec.roll_delay),
+            Action::Delay(now.after(spec.roll_delay)),
             "a new term waits one whole delay"
         );
-        let last = now - Duration::from_secs(10);
         assert_eq!(
             plan(&world, ME, &spec, Some(last), now),
-            Action::Delay(last + spec.roll_delay)
+            Action::Delay(last.after(spec.roll_delay))
         );
-        let due = plan(&world, ME, &spec, Some(now - spec.roll_delay), now);
+        let due = plan(&world, ME, &spec, Some(last), last.after(spec.roll_delay));
         assert!(step(due).is_ok());
         // The first step does not wait.
         let fleet = rolling(2, 2, 0, 0);
@@ -1245,7 +1267,7 @@ mod tests {
         let write = store_rcs(store.as_ref(), &ctx).await;
         let mut farm = farm(&store);
         let world = Fleet::new().world();
-        let stepped = Instant::now();
+        let stepped = Moment::now();
         let step = Action::Write {
             rcs: vec![write(OLD, 1), write(NEW, 1)],
             step: Some((1, 1)),
@@ -1258,18 +1280,63 @@ mod tests {
             healthy: 0,
             desired: 1,
         });
-        let later = stepped + Duration::from_secs(10);
+        let later = stepped.after(Duration::from_secs(10));
         farm.apply(&ctx, &world, NEW, &seen, waiting, later)
             .await
             .unwrap();
-        let healthy = stepped + Duration::from_secs(40);
+        let healthy = stepped.after(Duration::from_secs(40));
         let fleet = rolling(1, 1, 1, 1);
         let since = farm.ready_since.get(NEW).copied();
         assert_eq!(
             plan(&fleet.world(), ME, &spec, since, healthy),
-            Action::Delay(healthy + spec.roll_delay),
+            Action::Delay(healthy.after(spec.roll_delay)),
             "the next step must wait a whole delay once the new pod is healthy"
         );
+    }
+
+    /// Every pass of one delay publishes the same end, so that the wait's conditions are
+    /// written once: the end the first pass recorded the start of, not one from each pass's
+    /// own clock readings, which here drift a millisecond either way between the clocks from
+    /// a start at x.5 s, where an end converted to the wall clock and rounded to the second
+    /// falls on either side.
+    #[tokio::test]
+    async fn every_pass_of_a_roll_delay_publishes_the_same_end() {
+        let (_dir, store, ctx) = term().await;
+        let spec = StoredRoll {
+            roll_delay: Duration::from_secs(30),
+            ..roll(4, 1)
+        };
+        let seen = store_roll(store.as_ref(), spec.clone()).await;
+        let mut farm = farm(&store);
+        let world = rolling(2, 2, 1, 1).world();
+        let started = Moment {
+            instant: Instant::now(),
+            wall: UNIX_EPOCH + Duration::from_millis(1_700_000_000_500),
+        };
+        let millisecond = Duration::from_millis(1);
+        let passes = [
+            started,
+            Moment {
+                instant: started.instant + Duration::from_secs(1),
+                wall: started.wall + Duration::from_secs(1) - millisecond,
+            },
+            Moment {
+                instant: started.instant + Duration::from_secs(2),
+                wall: started.wall + Duration::from_secs(2) + millisecond,
+            },
+        ];
+        let expected = RollActivity::Delaying {
+            delay: spec.roll_delay,
+            until: started.wall + spec.roll_delay,
+        };
+        for now in passes {
+            let since = farm.ready_since.get(NEW).copied();
+            let action = plan(&world, ME, &spec, since, now);
+            assert_eq!(activity(&action, &spec), expected, "pass at {now:?}");
+            farm.apply(&ctx, &world, NEW, &seen, action, now)
+                .await
+                .unwrap();
+        }
     }
 
     /// A roll to fewer replicas than the old RC wants: its own step leaves the old RC a
@@ -1493,7 +1560,7 @@ mod tests {
         for action in planned {
             let at = format!("{action:?}");
             let applied = farm
-                .apply(&ctx, &world, NEW, &seen, action, Instant::now())
+                .apply(&ctx, &world, NEW, &seen, action, Moment::now())
                 .await;
             assert!(applied.is_err(), "landed after the cancel: {at}");
         }
