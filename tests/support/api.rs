@@ -704,9 +704,11 @@ impl Held {
         assert!(!self.is_answered(), "{why}");
     }
 
-    /// The answer, once a change has woken the request; panics with `why` after 5s.
+    /// The answer, once a change has woken the request; panics with `why` after 20s: long
+    /// enough for a loaded machine, and well short of the 30s most held reads wait, so that
+    /// a wake-up that never comes still fails rather than times out into an answer.
     pub async fn woken(self, why: &str) -> TestResponse {
-        tokio::time::timeout(Duration::from_secs(5), self.0)
+        tokio::time::timeout(Duration::from_secs(20), self.0)
             .await
             .expect(why)
             .expect("the request task")
