@@ -102,7 +102,37 @@ pub fn api() -> OpenApiRouter<AppState> {
     document_internal_errors(router.get_openapi_mut());
     auth::document(router.get_openapi_mut());
     document_request_ids(router.get_openapi_mut());
+    refer_to_listed_components(router.get_openapi_mut());
     router
+}
+
+/// utoipa writes a generic's type argument out in full (juhaku/utoipa#1586), so each list
+/// page (`Page_Rc`, ...) would repeat its item's schema inline, and an SDK generated from
+/// the document would get a second, anonymous type for every kind it lists. A component's
+/// list whose items are exactly another component refers to it instead.
+fn refer_to_listed_components(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::schema::{ArrayItems, Schema};
+    use utoipa::openapi::Ref;
+    let Some(components) = openapi.components.as_mut() else {
+        return;
+    };
+    let named = components.schemas.clone();
+    for schema in components.schemas.values_mut() {
+        let RefOr::T(Schema::Object(object)) = schema else {
+            continue;
+        };
+        for property in object.properties.values_mut() {
+            let RefOr::T(Schema::Array(list)) = property else {
+                continue;
+            };
+            let ArrayItems::RefOrSchema(items) = &mut list.items else {
+                continue;
+            };
+            if let Some((name, _)) = named.iter().find(|(_, named)| *named == &**items) {
+                **items = RefOr::Ref(Ref::from_schema_name(name.as_str()));
+            }
+        }
+    }
 }
 
 /// Every request has an id ([`with_middleware`]): the client's own `X-Request-Id`, or one

@@ -39,6 +39,47 @@ async fn served_document_is_the_generated_one() {
     assert!(served["openapi"].as_str().unwrap().starts_with("3.1"));
 }
 
+/// No schema repeats a component's in full: each list page refers to its item's component,
+/// so that an SDK generated from the document has one type per kind it lists, not a second,
+/// anonymous one for each list of it.
+#[test]
+fn no_schema_repeats_a_component() {
+    fn repeats(
+        value: &serde_json::Value,
+        at: String,
+        components: &serde_json::Map<String, serde_json::Value>,
+        found: &mut Vec<String>,
+    ) {
+        if let Some((name, _)) = components.iter().find(|(_, component)| *component == value) {
+            found.push(format!("{at} repeats {name}"));
+        }
+        match value {
+            serde_json::Value::Object(fields) => {
+                for (key, field) in fields {
+                    repeats(field, format!("{at}/{key}"), components, found);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    repeats(item, format!("{at}/{i}"), components, found);
+                }
+            }
+            _ => {}
+        }
+    }
+    let doc = generated();
+    let components = doc["components"]["schemas"].as_object().unwrap();
+    let mut found = Vec::new();
+    for (name, component) in components {
+        // The component itself aside: what it is made of.
+        for (key, part) in component.as_object().unwrap() {
+            repeats(part, format!("{name}/{key}"), components, &mut found);
+        }
+    }
+    repeats(&doc["paths"], "paths".into(), components, &mut found);
+    assert_eq!(found, Vec::<String>::new());
+}
+
 #[test]
 fn every_operation_is_named_tagged_and_documents_its_errors() {
     let doc = generated();
