@@ -41,7 +41,7 @@ use crate::api::list_query::MAX_INDEX;
 use crate::app::AppState;
 use crate::auth::Revocation;
 use crate::error::{ApiError, ErrorBody, Violations};
-use crate::labels::Selector;
+use crate::labels::{Labels, Selector};
 use crate::metrics::{self, SseClient};
 use crate::state::{
     object_id, Backlog, Change, ChangeType, Entry, Kind, Mirror, Receiver, Signal, Subscription,
@@ -223,11 +223,16 @@ impl Filter {
     /// apart from it, the entry's own for a node or a label set (whose labels are the entry).
     fn selects(&self, selector: &Selector, mirror: &Mirror, tree: Tree, entry: &Entry) -> bool {
         let apart = tree.kind().filter(|kind| labelled_apart(*kind));
-        let labels = match apart.and_then(Kind::label_type) {
-            Some(label_type) => mirror.labels_of(label_type, object_id(tree, &entry.pair.key)),
-            None => entry.labels().cloned(),
-        };
-        selector.matches(&labels.unwrap_or_default())
+        match apart.and_then(Kind::label_type) {
+            Some(label_type) => {
+                let labels = mirror.labels_of(label_type, object_id(tree, &entry.pair.key));
+                selector.matches(&labels.unwrap_or_default())
+            }
+            None => match entry.labels() {
+                Some(labels) => selector.matches(labels),
+                None => selector.matches(&Labels::new()),
+            },
+        }
     }
 }
 

@@ -565,7 +565,7 @@ fn plan(
         .collect();
     // Eligible nodes whose pod a disabled daemon set holds: taken over like stale pods of
     // this one's own.
-    let held: BTreeMap<&String, (&String, u64)> = eligible
+    let held: BTreeMap<&String, (&str, u64)> = eligible
         .iter()
         .filter(|node| !current.contains(*node))
         .filter_map(|node| Some((node, disabled_holder(world, id, &pod(node))?)))
@@ -636,7 +636,7 @@ fn plan(
         let (from, index) = held[node];
         TakeOver {
             node: node.clone(),
-            from: from.clone(),
+            from: from.to_owned(),
             index,
             relabel_only,
         }
@@ -720,7 +720,7 @@ fn plan(
 
 /// The disabled daemon set other than `id` whose label the intended `pod` carries, and its
 /// index, when no enabled RC's labels claim the pod: a pod daemon set `id` may take over.
-fn disabled_holder<'w>(world: &'w World, id: &str, pod: &PodKey) -> Option<(&'w String, u64)> {
+fn disabled_holder<'w>(world: &'w World, id: &str, pod: &PodKey) -> Option<(&'w str, u64)> {
     world.intent(pod)?;
     if rc_labelled(world, pod) {
         return None;

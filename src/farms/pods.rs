@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use crate::kv::{TxnOp, MAX_TXN_BYTES};
-use crate::labels::{LabelType, Labels, DS_ID_LABEL, RC_ID_LABEL};
+use crate::labels::{CompactLabels, LabelType, Labels, DS_ID_LABEL, RC_ID_LABEL};
 use crate::model::event::FieldChange;
 use crate::model::{Manifest, PodHealth};
 use crate::store::labels::{self, LabelRecord};
@@ -150,7 +150,7 @@ pub fn rc_labelled(world: &World, pod: &PodKey) -> bool {
         .is_some_and(|labels| names_enabled_rc(world, labels))
 }
 
-fn names_enabled_rc(world: &World, labels: &Labels) -> bool {
+fn names_enabled_rc(world: &World, labels: &CompactLabels) -> bool {
     labels
         .get(RC_ID_LABEL)
         .and_then(|id| world.rcs.items.get(id))

@@ -312,7 +312,7 @@ fn placement(world: &World, id: &str, node: &str, pod_id: &str) -> Option<Option
     let rc = world.rcs.items.get(owner)?;
     (owner != id && rc.value.disabled && rc.value.manifest.pod_id() == pod_id).then(|| {
         Some(Replaced {
-            rc_id: owner.clone(),
+            rc_id: owner.to_owned(),
             index: rc.index,
             labels: pod_labels(owner, &rc.value).into_keys().collect(),
         })

@@ -24,7 +24,7 @@ use imbl::{OrdMap, OrdSet};
 use tokio::sync::watch;
 
 use crate::interner::NAMES;
-use crate::labels::{LabelType, Labels, Selector, DS_ID_LABEL, RC_ID_LABEL};
+use crate::labels::{CompactLabels, LabelType, Selector, DS_ID_LABEL, RC_ID_LABEL};
 use crate::layout;
 use crate::model::{HealthState, StoredDaemonSet, StoredRc, StoredRoll};
 use crate::state::{self, Entries, Entry, Mirror, TreeSnapshot, View};
@@ -281,7 +281,7 @@ impl World {
     }
 
     /// The labels of `pod`.
-    pub fn pod_labels_of(&self, pod: &PodKey) -> Option<&Labels> {
+    pub fn pod_labels_of(&self, pod: &PodKey) -> Option<&CompactLabels> {
         self.pod_labels.items.get(pod)?.labels()
     }
 
@@ -292,7 +292,7 @@ impl World {
             .get(pod)
             .and_then(|entry| {
                 Some(LabelRecord {
-                    value: entry.labels()?.clone(),
+                    value: entry.labels()?.to_labels(),
                     index: entry.pair.modify_index,
                 })
             })
@@ -309,7 +309,7 @@ impl World {
     }
 
     /// Every node with its labels.
-    pub fn node_labels(&self) -> impl Iterator<Item = (&String, &Labels)> {
+    pub fn node_labels(&self) -> impl Iterator<Item = (&String, &CompactLabels)> {
         labelled(&self.nodes.items)
     }
 
@@ -333,7 +333,7 @@ impl World {
     pub fn nodes_matching(&self, text: &str, selector: &Selector) -> Arc<BTreeSet<String>> {
         self.nodes.memo(&format!("selector {text}"), |nodes| {
             labelled(nodes)
-                .filter(|(_, labels)| selector.matches(labels))
+                .filter(|(_, labels)| selector.matches(*labels))
                 .map(|(node, _)| node.clone())
                 .collect()
         })
@@ -404,7 +404,7 @@ impl World {
 }
 
 /// The label sets of label entries, by key.
-fn labelled(entries: &NodeMap) -> impl Iterator<Item = (&String, &Labels)> {
+fn labelled(entries: &NodeMap) -> impl Iterator<Item = (&String, &CompactLabels)> {
     entries
         .iter()
         .filter_map(|(key, entry)| Some((key, entry.labels()?)))
@@ -648,23 +648,29 @@ fn reindex(indexes: &mut [PodsByValue; 2], was: &PodEntries, now: &PodEntries, c
 }
 
 /// Adds `pod` with its `labels` to `indexes`.
-fn index_pod(indexes: &mut [PodsByValue; 2], pod: &PodKey, labels: &Labels) {
+fn index_pod(indexes: &mut [PodsByValue; 2], pod: &PodKey, labels: &CompactLabels) {
     for (index, key) in indexes.iter_mut().zip(INDEXED_POD_LABELS) {
         if let Some(value) = labels.get(key) {
-            index.entry(value.clone()).or_default().insert(pod.clone());
+            index
+                .entry(value.to_owned())
+                .or_default()
+                .insert(pod.clone());
         }
     }
 }
 
 /// Removes `pod`, which had `labels`, from `indexes`.
-fn unindex_pod(indexes: &mut [PodsByValue; 2], pod: &PodKey, labels: &Labels) {
+fn unindex_pod(indexes: &mut [PodsByValue; 2], pod: &PodKey, labels: &CompactLabels) {
     for (index, key) in indexes.iter_mut().zip(INDEXED_POD_LABELS) {
-        let Some(pods) = labels.get(key).and_then(|value| index.get_mut(value)) else {
+        let Some(value) = labels.get(key) else {
+            continue;
+        };
+        let Some(pods) = index.get_mut(value) else {
             continue;
         };
         pods.remove(pod);
         if pods.is_empty() {
-            index.remove(&labels[key]);
+            index.remove(value);
         }
     }
 }

@@ -3,6 +3,7 @@
 //! Pure types and rules only; reading and writing `labels/<type>/<id>` keys is the label
 //! store's job.
 
+mod compact;
 pub mod selector;
 pub mod validation;
 
@@ -12,6 +13,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+pub use compact::CompactLabels;
 pub use selector::{Operator, ParseSelectorError, Requirement, Selector};
 pub use validation::{
     label_key_problem, label_value_problem, validate_label_key, validate_label_value,
@@ -20,6 +22,17 @@ pub use validation::{
 
 /// A label set. Ordered, so its JSON and its printed form are stable.
 pub type Labels = BTreeMap<String, String>;
+
+/// What a selector asks of a label set, however it is kept: the value of one key.
+pub trait LabelValues {
+    fn value(&self, key: &str) -> Option<&str>;
+}
+
+impl LabelValues for Labels {
+    fn value(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
 
 /// A label set as P2 stores it: a JSON object, or `null` for a nil map (an empty set). A
 /// `null` value is read as `""`, as Go's JSON reads it into P2's `map[string]string`, so a

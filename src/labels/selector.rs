@@ -10,7 +10,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::validation::{validate_label_key, validate_label_value};
-use super::Labels;
+use super::LabelValues;
 
 /// How a requirement relates a key to its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -114,9 +114,9 @@ impl Requirement {
 
     /// Whether a label set satisfies this requirement; the negative forms hold for an
     /// absent key, as in Kubernetes.
-    pub fn matches(&self, labels: &Labels) -> bool {
-        let value = labels.get(&self.key);
-        let listed = |v: &String| self.values.contains(v);
+    pub fn matches(&self, labels: &(impl LabelValues + ?Sized)) -> bool {
+        let value = labels.value(&self.key);
+        let listed = |v: &str| self.values.iter().any(|listed| listed == v);
         match self.operator {
             Operator::Equals | Operator::DoubleEquals | Operator::In => value.is_some_and(listed),
             Operator::NotEquals | Operator::NotIn => !value.is_some_and(listed),
@@ -203,7 +203,7 @@ impl Selector {
     }
 
     /// Whether every requirement holds for the label set.
-    pub fn matches(&self, labels: &Labels) -> bool {
+    pub fn matches(&self, labels: &(impl LabelValues + ?Sized)) -> bool {
         self.requirements.iter().all(|r| r.matches(labels))
     }
 
@@ -520,6 +520,7 @@ impl Parser {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::labels::Labels;
 
     fn labels(pairs: &[(&str, &str)]) -> Labels {
         pairs

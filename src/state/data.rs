@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::kv::{KvPair, PrefixUpdate};
-use crate::labels::{LabelType, Labels};
+use crate::labels::{CompactLabels, LabelType};
 use crate::model::event::Event;
 
 use super::changes::{ChangeType, Stream};
@@ -521,7 +521,7 @@ impl State {
     }
 
     /// The labels of `id` of `label_type`.
-    pub(super) fn labels_of(&self, label_type: LabelType, id: &str) -> Option<&Labels> {
+    pub(super) fn labels_of(&self, label_type: LabelType, id: &str) -> Option<&CompactLabels> {
         self.tree(Tree::Labels(label_type))
             .entries
             .get(&layout::labels(label_type, id))
@@ -569,7 +569,7 @@ fn terms(tree: Tree, entry: &Entry) -> Vec<(LabelTerm, Arc<str>)> {
     let id: Arc<str> = id.into();
     labels
         .iter()
-        .map(|(key, value)| ((label_type, key.clone(), value.clone()), id.clone()))
+        .map(|(key, value)| ((label_type, key.to_owned(), value.to_owned()), id.clone()))
         .collect()
 }
 
@@ -624,7 +624,10 @@ mod tests {
             held(&state),
             [("labels/node/a".into(), 5), ("labels/node/b".into(), 6)]
         );
-        assert_eq!(state.labels_of(LabelType::Node, "a").unwrap()["r"], "y");
+        assert_eq!(
+            state.labels_of(LabelType::Node, "a").unwrap().get("r"),
+            Some("y")
+        );
 
         state.apply_own_delete(tree, "labels/node/a", 7);
         let stale = [
@@ -992,7 +995,10 @@ mod tests {
             &[pair("labels/node/a", r#"{"r":"y"}"#, 5)],
             true,
         );
-        assert_eq!(state.labels_of(LabelType::Node, "a").unwrap()["r"], "y");
+        assert_eq!(
+            state.labels_of(LabelType::Node, "a").unwrap().get("r"),
+            Some("y")
+        );
         // The same version listed again is not decoded again.
         let tree = Tree::Labels(LabelType::Node);
         let again = [pair("labels/node/a", r#"{"r":"y"}"#, 5)];

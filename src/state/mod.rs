@@ -46,7 +46,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::kv::{KvPair, KvStore, Lock, PrefixUpdate, TxnOp};
-use crate::labels::{LabelType, Labels, Operator, Selector, DS_ID_LABEL, RC_ID_LABEL};
+use crate::labels::{
+    CompactLabels, LabelType, Labels, Operator, Selector, DS_ID_LABEL, RC_ID_LABEL,
+};
 use crate::layout;
 use crate::model::event::Event;
 use crate::model::json_may_hold;
@@ -435,7 +437,7 @@ impl Pods {
         let labels = state.tree(Tree::Labels(LabelType::Pod));
         let rcs = pods.iter().filter_map(|pod| {
             let entry = labels.held_or_unconfirmed(&layout::labels(LabelType::Pod, pod))?;
-            entry.labels()?.get(RC_ID_LABEL).cloned()
+            entry.labels()?.get(RC_ID_LABEL).map(str::to_owned)
         });
         Pods {
             label: DS_ID_LABEL,
@@ -650,7 +652,7 @@ fn labelled_extent(state: &State, label_type: LabelType, label: &str, value: &st
     let holding = |entry: &&Arc<Entry>| {
         entry
             .labels()
-            .is_some_and(|labels| labels.get(label).map(String::as_str) == Some(value))
+            .is_some_and(|labels| labels.get(label) == Some(value))
     };
     counted(held.chain(unconfirmed_deletes.filter(holding)))
 }
@@ -1216,7 +1218,9 @@ impl Mirror {
 
     /// The labels of `id` of `label_type`.
     pub fn labels_of(&self, label_type: LabelType, id: &str) -> Option<Labels> {
-        self.read().labels_of(label_type, id).cloned()
+        self.read()
+            .labels_of(label_type, id)
+            .map(CompactLabels::to_labels)
     }
 
     /// The pods (`<node>/<pod_id>`) labelled with RC `rc_id`, sorted.
@@ -1302,7 +1306,7 @@ impl Mirror {
                 let labels = state.labels_of(label_type, &id)?;
                 selector
                     .matches(labels)
-                    .then(|| (id.clone(), labels.clone()))
+                    .then(|| (id.clone(), labels.to_labels()))
             })
             .collect()
     }

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::interner::{Interner, NAMES};
 use crate::kv::KvPair;
-use crate::labels::{self, LabelType, Labels};
+use crate::labels::{self, CompactLabels, LabelType};
 use crate::layout;
 use crate::model::timestamp::parse_rfc3339;
 use crate::model::{HealthRecord, HealthState, StoredDaemonSet, StoredRc, StoredRoll};
@@ -155,7 +155,9 @@ impl Tree {
                 .map_or_else(|e| problem(&e), |ds| View::DaemonSet(Arc::new(ds))),
             Tree::Labels(_) => LABEL_SETS
                 .share(&pair.value, || {
-                    labels::from_json(&pair.value).ok().map(Arc::new)
+                    labels::from_json(&pair.value)
+                        .ok()
+                        .map(|set| Arc::new(set.into()))
                 })
                 .map_or_else(
                     || View::Unreadable(Arc::new("not a label set".into())),
@@ -190,7 +192,7 @@ static VALUES: LazyLock<Interner<[u8]>> = LazyLock::new(Interner::default);
 
 /// The label sets of every mirror, shared by their stored bytes: an RC's replicas carry the
 /// same labels, so a fleet's pod-label tree holds a set per RC rather than one per pod.
-static LABEL_SETS: LazyLock<Interner<Labels>> = LazyLock::new(Interner::default);
+static LABEL_SETS: LazyLock<Interner<CompactLabels>> = LazyLock::new(Interner::default);
 
 /// The value of a pair whose view encodes it again ([`View::HealthParts`]): one for all.
 static NO_VALUE: LazyLock<Arc<[u8]>> = LazyLock::new(|| Arc::from([]));
@@ -243,7 +245,7 @@ impl Entry {
     }
 
     /// The label set, for label entries.
-    pub fn labels(&self) -> Option<&Labels> {
+    pub fn labels(&self) -> Option<&CompactLabels> {
         match &self.view {
             View::Labels(labels) => Some(labels),
             _ => None,
@@ -261,7 +263,7 @@ pub enum View {
     Roll(Arc<StoredRoll>),
     DaemonSet(Arc<StoredDaemonSet>),
     /// Shared with every entry of the same bytes.
-    Labels(Arc<Labels>),
+    Labels(Arc<CompactLabels>),
     /// Shared with every entry naming the same node in the same state.
     /// A health record kept as its bytes.
     Health(Arc<HealthView>),

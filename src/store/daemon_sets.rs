@@ -12,7 +12,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::labels::{LabelType, Labeled, Labels, Selector};
+use crate::labels::{LabelType, LabelValues, Labeled, Selector};
 use crate::model::event::{diff, ds_fields, Action, Actor, ObjectKind};
 use crate::model::{
     AuditRecord, DaemonSetEvent, DaemonSetId, DecodeError, FieldError, IdError, StoredDaemonSet,
@@ -361,10 +361,10 @@ impl DaemonSetStore {
 /// selector that does not parse selects no node: P2's worker cannot run such a daemon set,
 /// so it schedules nothing. The nodes are looked at only when the selectors alone do not
 /// decide.
-pub fn contends<'a>(
+pub fn contends<'a, L: LabelValues + 'a>(
     ds: &StoredDaemonSet,
     other: &StoredDaemonSet,
-    nodes: impl IntoIterator<Item = &'a Labels>,
+    nodes: impl IntoIterator<Item = &'a L>,
 ) -> bool {
     if !may_contend(ds, other) {
         return false;
@@ -609,10 +609,14 @@ mod tests {
         assert!(contends(
             &everywhere,
             &ds("b", "shipper", "az=c", false),
-            &[]
+            &[] as &[Labels]
         ));
         let disabled = ds("a", "shipper", "", true);
-        assert!(!contends(&disabled, &ds("b", "shipper", "", false), &[]));
+        assert!(!contends(
+            &disabled,
+            &ds("b", "shipper", "", false),
+            &[] as &[Labels]
+        ));
     }
 
     #[test]
