@@ -56,6 +56,9 @@ type Ending = (String, SessionBehavior);
 /// server does not bid, lead and step down twice a second.
 const HEALTHY_SESSION: Duration = Duration::from_secs(30);
 
+/// How often a server that may not lead looks again.
+const READY_CHECK: Duration = Duration::from_secs(1);
+
 /// How a server takes part in the election.
 #[derive(Debug, Clone)]
 pub struct LeaderConfig {
@@ -113,7 +116,9 @@ pub async fn current_leader(store: &dyn KvStore) -> StoreResult<Option<LeaderRec
     Ok(serde_json::from_slice(&pair.value).ok())
 }
 
-/// Campaigns until `shutdown`, running `lead` for every term this server wins. `lead` must
+/// Campaigns until `shutdown`, running `lead` for every term this server wins, and bidding
+/// only while `ready` says it could lead (`Err` says why not): a server that could not
+/// lead would take the lock only to step down, keeping out one that could. `lead` must
 /// return soon after its term is cancelled; if it returns (or panics) before, the term
 /// ends. When a term ends its session is ended: its locks let go, then the session
 /// destroyed; on shutdown the leader session is ended too, which frees the leader lock. A
@@ -125,6 +130,7 @@ pub async fn current_leader(store: &dyn KvStore) -> StoreResult<Option<LeaderRec
 pub async fn campaign<F, Fut>(
     store: Arc<dyn KvStore>,
     config: LeaderConfig,
+    ready: impl Fn() -> Result<(), String>,
     shutdown: CancellationToken,
     lead: F,
 ) where
@@ -135,6 +141,9 @@ pub async fn campaign<F, Fut>(
     let mut leftover = Vec::new();
     while !shutdown.is_cancelled() {
         end_sessions(&*store, &mut leftover).await;
+        if !wait_until_ready(&ready, &shutdown).await {
+            break;
+        }
         let spec = config.session_spec("", config.behavior);
         let asked = Instant::now();
         let created = tokio::select! {
@@ -159,7 +168,16 @@ pub async fn campaign<F, Fut>(
             asked,
             alive.clone(),
         ));
-        let run = hold_or_wait(&store, &config, &session, &alive, &lead, &mut leftover).await;
+        let run = hold_or_wait(
+            &store,
+            &config,
+            &session,
+            &alive,
+            &ready,
+            &lead,
+            &mut leftover,
+        )
+        .await;
         if let Err(e) = run {
             tracing::warn!(error = %e, "leader election failed; starting over");
         }
@@ -176,14 +194,38 @@ pub async fn campaign<F, Fut>(
     }
 }
 
-/// With a live session: take the lock when it is free, lead while it is ours, wait while it
-/// is someone else's, ending the sessions left in `leftover` before each bid. Returns when
-/// the session is lost or the lock left us.
+/// Waits until `ready` says this server could lead; `false` on `shutdown`.
+async fn wait_until_ready(
+    ready: &impl Fn() -> Result<(), String>,
+    shutdown: &CancellationToken,
+) -> bool {
+    let mut told = false;
+    loop {
+        match ready() {
+            Ok(()) => return true,
+            Err(why) if !told => {
+                tracing::warn!(%why, "not bidding for leadership until this server could lead");
+                told = true;
+            }
+            Err(_) => {}
+        }
+        sleep_or_cancel(READY_CHECK, shutdown).await;
+        if shutdown.is_cancelled() {
+            return false;
+        }
+    }
+}
+
+/// With a live session: take the lock when it is free and `ready` says this server could
+/// lead, lead while it is ours, wait while it is someone else's, ending the sessions left in
+/// `leftover` before each bid. Returns when the session is lost, the lock left us, or this
+/// server could no longer lead.
 async fn hold_or_wait<F, Fut>(
     store: &Arc<dyn KvStore>,
     config: &LeaderConfig,
     session: &str,
     alive: &CancellationToken,
+    ready: &impl Fn() -> Result<(), String>,
     lead: &F,
     leftover: &mut Vec<Ending>,
 ) -> StoreResult<()>
@@ -198,6 +240,9 @@ where
         // again first with this session, and the old term's locks (the leader lock too, when
         // its session held it) would otherwise stay held until the store expired them.
         end_sessions(&**store, leftover).await;
+        if ready().is_err() {
+            return Ok(());
+        }
         let record = LeaderRecord {
             holder: config.holder.clone(),
             session: session.into(),

@@ -160,7 +160,11 @@ async fn run_farms(
     };
     let options = args.options();
     let alerts = Arc::new(Alerter::new(args.alert_webhook));
-    leader::campaign(store.clone(), config, shutdown, move |term| {
+    let ready = {
+        let mirror = mirror.clone();
+        move || farms::could_lead(&mirror)
+    };
+    leader::campaign(store.clone(), config, ready, shutdown, move |term| {
         farms::run_term(
             store.clone(),
             mirror.clone(),

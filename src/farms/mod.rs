@@ -715,23 +715,40 @@ pub async fn run_term(
 /// How often a term looks at whether the mirror still follows the store.
 const MIRROR_CHECK: Duration = Duration::from_secs(1);
 
-/// Ends the term once the mirror has lost the store for a tree the farms read, as `/readyz`
-/// tells it (the tree's watch failing, or the store silent to every read, past the
-/// mirror's bound): the farms do not act on trees known to be behind, so leading on would
-/// hold the leader lock while nothing reconciles, and no server whose mirror follows the
-/// store could take over. A server whose terms end at once bids ever less often (see
-/// [`crate::leader::campaign`]).
-async fn end_term_once_lost(mirror: Mirror, cancel: CancellationToken) {
+/// Whether the farms could lead on `mirror`: not once it has lost the store for a tree they
+/// read, as `/readyz` tells it (the tree's watch failing, or the store silent to every
+/// read, past the mirror's bound), since they do not act on trees known to be behind.
+/// Leading then would hold the leader lock while nothing reconciles, and keep out a server
+/// whose mirror follows the store. `Err` says why not.
+pub fn could_lead(mirror: &Mirror) -> Result<(), String> {
+    let health = mirror.health();
+    if let Some(silent) = health.silent {
+        return Err(format!(
+            "the store has not answered the mirror for {silent:.1?}"
+        ));
+    }
     let followed: Vec<String> = Trees::FOLLOWED.iter().map(|tree| tree.prefix()).collect();
+    let lost: Vec<String> = health
+        .lost
+        .into_iter()
+        .filter(|(prefix, _)| followed.contains(prefix))
+        .map(|(prefix, lost_for)| format!("{prefix} for {lost_for:.1?}"))
+        .collect();
+    if lost.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "the mirror has lost the store's watch of {}",
+        lost.join(", ")
+    ))
+}
+
+/// Ends the term once the farms could no longer lead on the mirror ([`could_lead`]). The
+/// server then bids again only once they could.
+async fn end_term_once_lost(mirror: Mirror, cancel: CancellationToken) {
     loop {
-        let health = mirror.health();
-        let farms_blind = health
-            .lost
-            .iter()
-            .any(|(prefix, _)| followed.contains(prefix));
-        if farms_blind || health.silent.is_some() {
-            tracing::warn!(lost = ?health.lost, silent = ?health.silent,
-                           "the mirror has lost the store; the term ends");
+        if let Err(why) = could_lead(&mirror) {
+            tracing::warn!(%why, "the term ends");
             cancel.cancel();
             return;
         }

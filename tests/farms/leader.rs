@@ -12,7 +12,7 @@ use std::time::Duration;
 use p2_apiserver::farms::alerts::Alerter;
 use p2_apiserver::farms::{self, FarmContext, FarmError, FarmOptions};
 use p2_apiserver::kv::sqlite::SqliteStore;
-use p2_apiserver::kv::{KvStore, SessionBehavior, SessionSpec, StoreError, TxnOp};
+use p2_apiserver::kv::{Cas, KvStore, SessionBehavior, SessionSpec, StoreError, TxnOp};
 use p2_apiserver::layout::LEADER_LOCK;
 use p2_apiserver::leader::{self, current_leader, LeaderConfig, Term};
 use p2_apiserver::state::{Mirror, MirrorConfig};
@@ -46,6 +46,7 @@ fn campaign_idle(
     tokio::spawn(leader::campaign(
         store,
         config(holder),
+        || Ok(()),
         shutdown.clone(),
         idle,
     ))
@@ -92,6 +93,7 @@ async fn campaign_recording_terms(
     let campaign = tokio::spawn(leader::campaign(
         store,
         config,
+        || Ok(()),
         shutdown.clone(),
         move |term: Term| {
             began.lock().unwrap().push(term.clone());
@@ -116,6 +118,7 @@ async fn the_standby_takes_over_and_the_old_term_ends() {
         servers.push(tokio::spawn(leader::campaign(
             store.clone(),
             config(name),
+            || Ok(()),
             shutdown.clone(),
             move |term: Term| {
                 terms.fetch_add(1, Ordering::SeqCst);
@@ -403,6 +406,7 @@ async fn a_leader_stops_promptly_while_the_store_does_not_answer_its_farms_write
     let a = tokio::spawn(leader::campaign(
         severable.clone(),
         config("a"),
+        || Ok(()),
         shutdown.clone(),
         lead,
     ));
@@ -555,6 +559,7 @@ async fn a_leader_whose_session_was_answered_late_steps_down_before_a_standby_le
     let a = tokio::spawn(leader::campaign(
         severable.clone(),
         config("a"),
+        || Ok(()),
         shutdown.clone(),
         move |term: Term| {
             began.fetch_add(1, Ordering::SeqCst);
@@ -573,6 +578,7 @@ async fn a_leader_whose_session_was_answered_late_steps_down_before_a_standby_le
     let b = tokio::spawn(leader::campaign(
         store.clone(),
         config("b"),
+        || Ok(()),
         shutdown.clone(),
         move |term: Term| {
             began.lock().unwrap().get_or_insert(Instant::now());
@@ -615,6 +621,7 @@ async fn a_server_whose_terms_end_at_once_bids_ever_less_often() {
     let a = tokio::spawn(leader::campaign(
         store,
         config,
+        || Ok(()),
         shutdown.clone(),
         move |term: Term| {
             terms.lock().unwrap().push(Instant::now());
@@ -646,6 +653,7 @@ async fn farms_that_stop_before_their_term_ends_end_it() {
     let a = tokio::spawn(leader::campaign(
         store.clone(),
         config("a"),
+        || Ok(()),
         shutdown.clone(),
         move |term: Term| {
             began.fetch_add(1, Ordering::SeqCst);
@@ -663,14 +671,15 @@ async fn farms_that_stop_before_their_term_ends_end_it() {
 }
 
 /// Runs a server's campaign as `holder` over `store` with the farms on a mirror of it (its
-/// tree watches counted lost after `lost_after`), until `shutdown`.
+/// tree watches counted lost after `lost_after`), as the server does, until `shutdown`;
+/// gives the mirror.
 fn campaign_with_farms(
     store: Arc<dyn KvStore>,
     holder: &'static str,
     lost_after: Duration,
     shutdown: &CancellationToken,
     tasks: &tokio_util::task::TaskTracker,
-) {
+) -> Mirror {
     let following = MirrorConfig {
         lost_after,
         ..MirrorConfig::default()
@@ -679,17 +688,24 @@ fn campaign_with_farms(
     mirror.start(tasks, shutdown.clone());
     let alerts = Arc::new(Alerter::new(None));
     let farm_store = store.clone();
+    let farm_mirror = mirror.clone();
     let lead = move |term: Term| {
         let options = FarmOptions::default();
-        let (store, mirror) = (farm_store.clone(), mirror.clone());
+        let (store, mirror) = (farm_store.clone(), farm_mirror.clone());
         farms::run_term(store, mirror, term, alerts.clone(), holder.into(), options)
+    };
+    let ready = {
+        let mirror = mirror.clone();
+        move || farms::could_lead(&mirror)
     };
     tasks.spawn(leader::campaign(
         store,
         config(holder),
+        ready,
         shutdown.clone(),
         lead,
     ));
+    mirror
 }
 
 /// The leader's mirror loses a tree's watch (its agent's blocking queries fail, say) while
@@ -713,6 +729,54 @@ async fn a_leader_whose_mirror_has_lost_the_store_steps_down() {
     wait_for(async || {
         let leader = current_leader(&*store).await.unwrap();
         leader.is_some_and(|leader| leader.holder == "b")
+    })
+    .await;
+    shutdown.cancel();
+    tasks.close();
+    tasks.wait().await;
+}
+
+/// A server whose mirror has lost the store does not bid for leadership until it follows
+/// the store again: it would take the lock only to step down a second later, again and
+/// again, keeping out any server whose mirror follows the store. Before, it stepped down
+/// and bid again after its pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_mirror_has_lost_the_store_bids_only_once_it_follows_again() {
+    let (_dir, store) = sqlite_store().await;
+    let (shutdown, tasks) = (
+        CancellationToken::new(),
+        tokio_util::task::TaskTracker::new(),
+    );
+    let blind = Counting::new(store.clone());
+    blind.fail_watches_of(Some("labels/pod/"));
+    let mirror = campaign_with_farms(
+        blind.clone(),
+        "a",
+        Duration::from_secs(1),
+        &shutdown,
+        &tasks,
+    );
+    wait_for(async || farms::could_lead(&mirror).is_err()).await;
+    // Whatever term it won before its mirror counted the tree lost has ended.
+    wait_for(async || current_leader(&*store).await.unwrap().is_none()).await;
+
+    // Several of its pauses between bids (half a second, doubling), and it does not lead.
+    for _ in 0..40 {
+        let leader = current_leader(&*store).await.unwrap();
+        assert!(
+            leader.is_none(),
+            "a server blind to the store leads: {leader:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Its watch answers again, at the next change of the tree.
+    blind.fail_watches_of(None);
+    let label = "labels/pod/n1/unscheduled";
+    store.put(label, b"{}", Cas::Any).await.unwrap();
+    wait_for(async || {
+        let leader = current_leader(&*store).await.unwrap();
+        leader.is_some_and(|leader| leader.holder == "a")
     })
     .await;
     shutdown.cancel();

@@ -95,6 +95,7 @@ impl Server {
         let task = tokio::spawn(leader::campaign(
             store,
             config,
+            || Ok(()),
             shutdown.clone(),
             move |term| {
                 farms::run_term(

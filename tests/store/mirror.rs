@@ -687,7 +687,7 @@ async fn a_server_given_the_fewest_consul_connections_keeps_every_watch_open() {
         behavior: SessionBehavior::Delete,
     };
     let idle = |term: Term| async move { term.cancel.cancelled().await };
-    let campaign = leader::campaign(store, election, running.cancel.clone(), idle);
+    let campaign = leader::campaign(store, election, || Ok(()), running.cancel.clone(), idle);
     running.tasks.spawn(campaign);
 
     // Several waits of every tree on an idle store: none goes unanswered past its wait.

@@ -205,6 +205,7 @@ impl Harness {
         tasks.spawn(leader::campaign(
             store.clone(),
             config,
+            || Ok(()),
             shutdown.clone(),
             move |term| {
                 farms::run_term(
