@@ -19,6 +19,7 @@ use std::cmp::Ordering;
 use serde::de::{
     DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor,
 };
+use unicode_properties::{GeneralCategory, GeneralCategoryGroup, UnicodeGeneralCategory};
 use yaml_serde::Value;
 
 /// What P2 reads from a manifest's text (the YAML itself, with any PGP armor already
@@ -1052,7 +1053,7 @@ fn key_less(a: &Go, b: &Go) -> bool {
         if a[i] == b[i] {
             continue;
         }
-        let (a_letter, b_letter) = (a[i].is_alphabetic(), b[i].is_alphabetic());
+        let (a_letter, b_letter) = (go_is_letter(a[i]), go_is_letter(b[i]));
         if a_letter && b_letter {
             return a[i] < b[i];
         }
@@ -1062,11 +1063,13 @@ fn key_less(a: &Go, b: &Go) -> bool {
         let number = |s: &[char]| {
             let digits: Vec<char> = s[i..]
                 .iter()
-                .take_while(|c| c.is_ascii_digit())
+                .take_while(|c| go_is_digit(**c))
                 .copied()
                 .collect();
+            // Go takes any script's digit less '0' as its value, as here.
             let value = digits.iter().fold(0i64, |n, c| {
-                n.wrapping_mul(10).wrapping_add(i64::from(*c as u8 - b'0'))
+                n.wrapping_mul(10)
+                    .wrapping_add(i64::from(u32::from(*c) - u32::from('0')))
             });
             (value, i + digits.len())
         };
@@ -1080,6 +1083,17 @@ fn key_less(a: &Go, b: &Go) -> bool {
         return a[i] < b[i];
     }
     a.len() < b.len()
+}
+
+/// Go's `unicode.IsLetter`: general category L. Rust's `is_alphabetic` takes more: marks
+/// such as Devanagari's vowel signs and letter-like numbers such as `Ⅻ`.
+fn go_is_letter(c: char) -> bool {
+    c.general_category_group() == GeneralCategoryGroup::Letter
+}
+
+/// Go's `unicode.IsDigit`: general category Nd, the decimal digits of every script.
+fn go_is_digit(c: char) -> bool {
+    c.general_category() == GeneralCategory::DecimalNumber
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1986,6 +2000,26 @@ config:
         assert!(key_less(&s("Z"), &s("a")));
         assert!(key_less(&Go::Int(10), &s("1")));
         assert!(key_less(&Go::Int(2), &Go::Int(10)));
+    }
+
+    /// Keys compare by Go's idea of a letter and a digit, as yaml.v2 sorts them: a letter-like
+    /// number (`Ⅻ`, general category Nl) or a mark is no letter there, so it sorts before
+    /// any letter; a digit of another script is a digit, worth its distance from `'0'`.
+    /// Before, Rust's `is_alphabetic` took `Ⅻ` for a letter, sorting it after `b` by code
+    /// point, and only ASCII digits were digits.
+    #[test]
+    fn keys_sort_by_gos_letters_and_digits() {
+        use super::{key_less, Go};
+        let s = |text: &str| Go::Str(text.into());
+        assert!(key_less(&s("aⅫ"), &s("ab")));
+        assert!(!key_less(&s("ab"), &s("aⅫ")));
+        // U+0903, a spacing mark that Unicode counts as alphabetic.
+        assert!(key_less(&s("a\u{903}"), &s("ab")));
+        // U+0663, ARABIC-INDIC DIGIT THREE: 0x663 - 0x30 = 1587, past 12.
+        assert!(key_less(&s("x12"), &s("x\u{663}")));
+        assert!(!key_less(&s("x\u{663}"), &s("x12")));
+        // Letters of any script still sort by code point among themselves.
+        assert!(key_less(&s("aé"), &s("aж")));
     }
 
     /// A float that float32 cannot hold is written as yaml.v2 writes it, infinity (Go's
