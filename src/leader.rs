@@ -141,7 +141,7 @@ pub async fn campaign<F, Fut>(
     let mut leftover = Vec::new();
     while !shutdown.is_cancelled() {
         end_sessions(&*store, &mut leftover).await;
-        if !wait_until_ready(&ready, &shutdown).await {
+        if !wait_until_ready(&*store, &mut leftover, &ready, &shutdown).await {
             break;
         }
         let spec = config.session_spec("", config.behavior);
@@ -194,8 +194,13 @@ pub async fn campaign<F, Fut>(
     }
 }
 
-/// Waits until `ready` says this server could lead; `false` on `shutdown`.
+/// Waits until `ready` says this server could lead; `false` on `shutdown`. Meanwhile it
+/// ends the sessions left in `leftover`: the store may answer again long before this
+/// server could lead, and their locks (the leader lock too) would keep out a server that
+/// could until the store expired them.
 async fn wait_until_ready(
+    store: &dyn KvStore,
+    leftover: &mut Vec<Ending>,
     ready: &impl Fn() -> Result<(), String>,
     shutdown: &CancellationToken,
 ) -> bool {
@@ -213,6 +218,7 @@ async fn wait_until_ready(
         if shutdown.is_cancelled() {
             return false;
         }
+        end_sessions(store, leftover).await;
     }
 }
 

@@ -5,7 +5,7 @@ use crate::support::severable;
 
 use crate::support::counting::Counting;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -782,4 +782,75 @@ async fn a_server_whose_mirror_has_lost_the_store_bids_only_once_it_follows_agai
     shutdown.cancel();
     tasks.close();
     tasks.wait().await;
+}
+
+/// A server that steps down as its mirror loses the store, and cannot end its sessions then,
+/// ends them once the store answers again even while it may not lead: their locks (the
+/// leader lock among them) would otherwise keep out a server that could lead until the store
+/// expired them. Before, it ended them only once it could lead again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_a_step_down_could_not_end_are_ended_while_the_server_may_not_lead() {
+    let (_dir, store) = sqlite_store().await;
+    let severable = Severable::new(store.clone());
+    let shutdown = CancellationToken::new();
+    let config = LeaderConfig {
+        session_ttl: Duration::from_secs(30),
+        ..config("a")
+    };
+    let ttl = config.session_ttl;
+    let could_lead = Arc::new(AtomicBool::new(true));
+    let terms = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (ready, began, farms_see) = (could_lead.clone(), terms.clone(), could_lead.clone());
+    let a = tokio::spawn(leader::campaign(
+        severable.clone(),
+        config,
+        move || {
+            if ready.load(Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err("the mirror has lost the store".into())
+            }
+        },
+        shutdown.clone(),
+        move |term: Term| {
+            began.lock().unwrap().push(term.clone());
+            let farms_see = farms_see.clone();
+            // The farms end their term once the server could no longer lead.
+            async move {
+                while farms_see.load(Ordering::SeqCst) && !term.cancel.is_cancelled() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        },
+    ));
+    wait_for(async || !terms.lock().unwrap().is_empty()).await;
+    let first: Term = terms.lock().unwrap()[0].clone();
+    let lock = "lock/replication_controllers/x";
+    assert!(store.acquire(lock, b"a", &first.session).await.unwrap());
+
+    // Cut off from the store, its mirror loses it and its term ends; it cannot end its
+    // sessions.
+    severable.cut();
+    could_lead.store(false, Ordering::SeqCst);
+    wait_for(async || first.cancel.is_cancelled()).await;
+    let expiry = severable.last_renewal(&first.leader_session) + ttl;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(current_leader(&*store).await.unwrap().is_some());
+
+    // The store answers again; the server's mirror has yet to follow it.
+    severable.mend();
+    wait_for(async || current_leader(&*store).await.unwrap().is_none()).await;
+    let freed = tokio::time::Instant::now();
+    assert!(
+        freed < expiry,
+        "the leader lock was freed only {:?} after the old leader session's expiry: its \
+         sessions were left to expire",
+        freed - expiry
+    );
+    assert_eq!(store.session_info(&first.session).await.unwrap(), None);
+    assert_eq!(store.get(lock).await.unwrap(), None);
+    assert_eq!(terms.lock().unwrap().len(), 1, "it led while it could not");
+
+    shutdown.cancel();
+    a.await.unwrap();
 }
