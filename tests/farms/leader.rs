@@ -670,6 +670,15 @@ async fn farms_that_stop_before_their_term_ends_end_it() {
     a.await.unwrap();
 }
 
+/// Waits until `holder` holds the leader lock of `store`.
+async fn wait_for_leader(store: &dyn KvStore, holder: &str) {
+    wait_for(async || {
+        let leader = current_leader(store).await.unwrap();
+        leader.is_some_and(|leader| leader.holder == holder)
+    })
+    .await;
+}
+
 /// Runs a server's campaign as `holder` over `store` with the farms on a mirror of it (its
 /// tree watches counted lost after `lost_after`), as the server does, until `shutdown`;
 /// gives the mirror.
@@ -726,11 +735,7 @@ async fn a_leader_whose_mirror_has_lost_the_store_steps_down() {
     campaign_with_farms(store.clone(), "b", lost_after, &shutdown, &tasks);
 
     blind.fail_watches_of(Some("labels/pod/"));
-    wait_for(async || {
-        let leader = current_leader(&*store).await.unwrap();
-        leader.is_some_and(|leader| leader.holder == "b")
-    })
-    .await;
+    wait_for_leader(&*store, "b").await;
     shutdown.cancel();
     tasks.close();
     tasks.wait().await;
@@ -774,11 +779,7 @@ async fn a_server_whose_mirror_has_lost_the_store_bids_only_once_it_follows_agai
     blind.fail_watches_of(None);
     let label = "labels/pod/n1/unscheduled";
     store.put(label, b"{}", Cas::Any).await.unwrap();
-    wait_for(async || {
-        let leader = current_leader(&*store).await.unwrap();
-        leader.is_some_and(|leader| leader.holder == "a")
-    })
-    .await;
+    wait_for_leader(&*store, "a").await;
     shutdown.cancel();
     tasks.close();
     tasks.wait().await;
