@@ -698,13 +698,10 @@ fn mirrored_list(mirror: &Mirror, query: &ListQuery<ConsistentFilter>) -> Respon
             let record = rcs::from_entry(entry)
                 .map_err(|e| tracing::debug!(key = %entry.pair.key, error = %e, "skipping unreadable RC"))
                 .ok()?;
-            let labels = mirror
-                .labels_of(LabelType::ReplicationController, &record.value.id)
-                .unwrap_or_default();
-            query
-                .selector
-                .matches(&labels)
-                .then(|| mirrored_view(mirror, &record))
+            let id = &record.value.id;
+            let selected =
+                mirror.labels_match(LabelType::ReplicationController, id, &query.selector);
+            selected.then(|| mirrored_view(mirror, &record))
         })
         .collect();
     let page = query.paging.page(items, |view: &RcView| &view.id);

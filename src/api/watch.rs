@@ -225,8 +225,7 @@ impl Filter {
         let apart = tree.kind().filter(|kind| labelled_apart(*kind));
         match apart.and_then(Kind::label_type) {
             Some(label_type) => {
-                let labels = mirror.labels_of(label_type, object_id(tree, &entry.pair.key));
-                selector.matches(&labels.unwrap_or_default())
+                mirror.labels_match(label_type, object_id(tree, &entry.pair.key), selector)
             }
             None => match entry.labels() {
                 Some(labels) => selector.matches(labels),

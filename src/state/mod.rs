@@ -1223,6 +1223,15 @@ impl Mirror {
             .map(CompactLabels::to_labels)
     }
 
+    /// Whether `selector` matches the labels of `id` of `label_type` (an empty set when it
+    /// has none), read where the mirror holds them rather than copied out.
+    pub fn labels_match(&self, label_type: LabelType, id: &str, selector: &Selector) -> bool {
+        match self.read().labels_of(label_type, id) {
+            Some(labels) => selector.matches(labels),
+            None => selector.matches(&Labels::new()),
+        }
+    }
+
     /// The pods (`<node>/<pod_id>`) labelled with RC `rc_id`, sorted.
     pub fn pods_of_rc(&self, rc_id: &str) -> Vec<String> {
         let term = (LabelType::Pod, RC_ID_LABEL.to_owned(), rc_id.to_owned());
