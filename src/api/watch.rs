@@ -41,7 +41,7 @@ use crate::api::list_query::MAX_INDEX;
 use crate::app::AppState;
 use crate::auth::Revocation;
 use crate::error::{ApiError, ErrorBody, Violations};
-use crate::labels::{Labels, Selector};
+use crate::labels::Selector;
 use crate::metrics::{self, SseClient};
 use crate::state::{
     object_id, Backlog, Change, ChangeType, Entry, Kind, Mirror, Receiver, Signal, Subscription,
@@ -227,10 +227,7 @@ impl Filter {
             Some(label_type) => {
                 mirror.labels_match(label_type, object_id(tree, &entry.pair.key), selector)
             }
-            None => match entry.labels() {
-                Some(labels) => selector.matches(labels),
-                None => selector.matches(&Labels::new()),
-            },
+            None => selector.matches(&entry.labels()),
         }
     }
 }

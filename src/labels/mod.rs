@@ -34,6 +34,13 @@ impl LabelValues for Labels {
     }
 }
 
+/// An object without a label set has no labels: a selector such as `!k` matches it.
+impl<L: LabelValues + ?Sized> LabelValues for Option<&L> {
+    fn value(&self, key: &str) -> Option<&str> {
+        self.as_ref()?.value(key)
+    }
+}
+
 /// A label set as P2 stores it: a JSON object, or `null` for a nil map (an empty set). A
 /// `null` value is read as `""`, as Go's JSON reads it into P2's `map[string]string`, so a
 /// set P2's tools can read is readable here too.

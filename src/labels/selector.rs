@@ -607,6 +607,19 @@ mod tests {
         assert!(!parse("a").is_everything());
     }
 
+    /// An object without a label set is matched as one with no labels.
+    #[test]
+    fn an_absent_label_set_is_an_empty_one() {
+        let none: Option<&Labels> = None;
+        let some = labels(&[("k", "v")]);
+        assert!(parse("!k").matches(&none));
+        assert!(parse("k notin (v)").matches(&none));
+        assert!(!parse("k").matches(&none));
+        assert!(!parse("k=v").matches(&none));
+        assert!(parse("k=v").matches(&Some(&some)));
+        assert!(!parse("!k").matches(&Some(&some)));
+    }
+
     #[test]
     fn missing_exact_value_is_the_empty_string() {
         assert_req("k=", "k", Operator::Equals, &[""]);

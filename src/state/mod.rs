@@ -1226,10 +1226,7 @@ impl Mirror {
     /// Whether `selector` matches the labels of `id` of `label_type` (an empty set when it
     /// has none), read where the mirror holds them rather than copied out.
     pub fn labels_match(&self, label_type: LabelType, id: &str, selector: &Selector) -> bool {
-        match self.read().labels_of(label_type, id) {
-            Some(labels) => selector.matches(labels),
-            None => selector.matches(&Labels::new()),
-        }
+        selector.matches(&self.read().labels_of(label_type, id))
     }
 
     /// The pods (`<node>/<pod_id>`) labelled with RC `rc_id`, sorted.
