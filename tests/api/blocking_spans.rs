@@ -18,8 +18,22 @@ use tokio::time::Instant;
 
 use crate::support::api::TestApp;
 
-/// The seeds the check runs with; a failure names its seed.
-const SEEDS: [u64; 5] = [1, 7, 42, 1_000_003, 20_261_206];
+/// The seeds the check always runs with; a failure names its seed.
+const FIXED_SEEDS: [u64; 5] = [1, 7, 42, 1_000_003, 20_261_206];
+
+/// Names the environment variable that repeats a run's drawn seed.
+const SEED_VARIABLE: &str = "BLOCKING_SPANS_SEED";
+
+/// The fixed seeds, then one drawn anew each run (or taken from [`SEED_VARIABLE`], to repeat
+/// a failed run), so that the runs over time check more histories than the fixed five.
+fn seeds() -> Vec<u64> {
+    let drawn = match std::env::var(SEED_VARIABLE) {
+        Ok(seed) => (seed.parse()).unwrap_or_else(|e| panic!("{SEED_VARIABLE}={seed}: {e}")),
+        Err(_) => rand::thread_rng().gen(),
+    };
+    println!("seeds {FIXED_SEEDS:?} and {drawn} ({SEED_VARIABLE}={drawn} repeats the last)");
+    FIXED_SEEDS.into_iter().chain([drawn]).collect()
+}
 
 /// How long each read is held at most: a read answered sooner was woken, and is not
 /// checked.
@@ -445,7 +459,7 @@ async fn run(seed: u64) {
 /// the fleet changes at random, answers what that answer did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_read_held_its_whole_wait_answers_what_it_did_at_its_index() {
-    for seed in SEEDS {
+    for seed in seeds() {
         run(seed).await;
     }
 }
