@@ -396,6 +396,13 @@ impl State {
             state.changed(through, removed, None);
             self.drop_from_indexes(tree, removed);
         }
+        // A key deleted again before a listing confirmed the first delete: the version
+        // that delete removed is still the one whose deletion is streamed.
+        let earlier = self.tree_mut(tree).tombstones.remove(key);
+        let (removed, through) = match earlier {
+            Some(earlier) => (removed.or(earlier.removed), through.max(earlier.through)),
+            None => (removed, through),
+        };
         let tombstone = Tombstone { removed, through };
         self.tree_mut(tree)
             .tombstones
@@ -962,6 +969,40 @@ mod tests {
         assert_eq!(held(&state), []);
         assert!(state.tree(tree).tombstones.is_empty());
         assert!(state.stream.replay_from(0).unwrap().is_empty());
+    }
+
+    /// The server deletes a key at 5 (a label delete), then again at 6 (the delete of the
+    /// object, which deletes its labels too) before any listing confirms the first: the
+    /// version the first removed is still the one whose deletion is to be streamed and
+    /// counted, not forgotten for the second's, which found nothing.
+    #[test]
+    fn a_second_own_delete_keeps_the_version_the_first_removed() {
+        let tree = Tree::Labels(LabelType::Node);
+        let mut state = State::new(Stream::new(10, 10));
+        apply(
+            &mut state,
+            2,
+            &[pair("labels/node/a", r#"{"r":"x"}"#, 2)],
+            true,
+        );
+        state.apply_own_delete(tree, "labels/node/a", 5);
+        state.apply_own_delete(tree, "labels/node/a", 6);
+        let unconfirmed: Vec<&str> = state
+            .tree(tree)
+            .unconfirmed_deletes()
+            .map(|entry| entry.pair.key.as_str())
+            .collect();
+        assert_eq!(unconfirmed, ["labels/node/a"]);
+
+        apply(&mut state, 7, &[], false);
+        assert!(state.tree(tree).tombstones.is_empty());
+        let streamed = state.stream.replay_from(2).unwrap();
+        let deleted: Vec<_> = streamed
+            .iter()
+            .filter(|change| change.change_type == ChangeType::Deleted)
+            .map(|change| (change.entry.pair.key.as_str(), change.index))
+            .collect();
+        assert_eq!(deleted, [("labels/node/a", 7)], "the deletion is streamed");
     }
 
     /// A delete of a key no store ever held is never reported: its tombstone goes once a

@@ -1622,6 +1622,44 @@ mod tests {
         cancel.cancel();
     }
 
+    /// The roll farm ends a roll in one transaction that deletes the roll's key twice (a
+    /// delete-cas at the version it read, then the roll's own delete ops): the roll's
+    /// deletion is still to be streamed once a listing confirms it.
+    #[tokio::test]
+    async fn a_key_deleted_twice_in_one_transaction_is_streamed_as_deleted() {
+        let (_dir, _, mirror) = embedded(MirrorConfig::default()).await;
+        let roll = layout::roll("r");
+        let put = KvPair {
+            key: roll.clone(),
+            value: b"{}".as_slice().into(),
+            create_index: 3,
+            modify_index: 3,
+            lock: None,
+        };
+        mirror.apply_own_writes([OwnWrite::Put(put)], Some(3));
+        let history = layout::roll_history("r");
+        let ops = [
+            TxnOp::CheckIndex {
+                key: roll.clone(),
+                index: 3,
+            },
+            TxnOp::DeleteCas {
+                key: roll.clone(),
+                index: 3,
+            },
+            TxnOp::Delete { key: roll.clone() },
+            TxnOp::Set {
+                key: history.clone(),
+                value: b"{}".to_vec(),
+            },
+        ];
+        let results = [None, None, None, answered(&history, 9)];
+        let txn = OwnWrite::txn_index(&ops, &results);
+        mirror.apply_own_writes(OwnWrite::from_txn(&ops, &results), txn);
+        assert!(mirror.get(&roll).is_none());
+        assert_eq!(mirror.unstreamed_deletes(Tree::Rolls), [roll]);
+    }
+
     /// A client cut off resumes from its last position, which must still be retained.
     #[test]
     fn a_subscriber_cut_off_can_resume_from_the_retained_changes() {
