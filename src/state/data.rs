@@ -583,6 +583,8 @@ fn terms(tree: Tree, entry: &Entry) -> Vec<(LabelTerm, Arc<str>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
     use crate::kv::{Changes, Listing};
 
     fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {
@@ -1003,6 +1005,173 @@ mod tests {
             .map(|change| (change.entry.pair.key.as_str(), change.index))
             .collect();
         assert_eq!(deleted, [("labels/node/a", 7)], "the deletion is streamed");
+    }
+
+    /// A tiny deterministic generator for [`any_history_keeps_the_indexes_and_the_stream`].
+    struct Draws(u64);
+
+    impl Draws {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+
+        fn pick<'a>(&mut self, of: &[&'a str]) -> &'a str {
+            of[self.below(of.len() as u64) as usize]
+        }
+
+        /// A key of `tree` among a few, so that writes meet.
+        fn key(&mut self, tree: Tree) -> String {
+            let (node, pod) = (self.pick(&["n1", "n2"]), self.pick(&["p", "q"]));
+            match tree {
+                Tree::Labels(LabelType::Pod) => format!("labels/pod/{node}/{pod}"),
+                Tree::Labels(_) => format!("labels/node/{node}"),
+                Tree::Health => format!("health/{pod}/{node}"),
+                _ => format!("intent/{node}/{pod}"),
+            }
+        }
+
+        /// A version of a key of `tree`, at an index up to `now`.
+        fn pair(&mut self, tree: Tree, now: u64) -> KvPair {
+            let value = match tree {
+                Tree::Labels(_) => {
+                    let sets = ["{}", r#"{"a":"1"}"#, r#"{"a":"2","b":"1"}"#, "null", "nope"];
+                    self.pick(&sets).to_owned()
+                }
+                Tree::Health => {
+                    let node = self.pick(&["n1", "n2", ""]);
+                    format!(
+                        r#"{{"Id":"p","Node":"{node}","Service":"p","Status":"passing","Time":"t","Expires":"e"}}"#
+                    )
+                }
+                _ => "id: x".to_owned(),
+            };
+            KvPair {
+                key: self.key(tree),
+                value: value.into_bytes().into(),
+                create_index: 1 + self.below(now),
+                modify_index: 1 + self.below(now),
+                lock: None,
+            }
+        }
+
+        fn pairs(&mut self, tree: Tree, now: u64) -> Vec<KvPair> {
+            let mut pairs: Vec<KvPair> = (0..self.below(4)).map(|_| self.pair(tree, now)).collect();
+            pairs.sort_by(|a, b| a.key.cmp(&b.key));
+            pairs.dedup_by(|a, b| a.key == b.key);
+            pairs
+        }
+    }
+
+    /// Whatever order own writes, listings and changes come in (indexes drawn at random,
+    /// stale or not), the secondary indexes hold exactly what the entries say, and a client
+    /// that applied every streamed change holds the entries and the own deletes not
+    /// streamed yet.
+    #[test]
+    fn any_history_keeps_the_indexes_and_the_stream() {
+        let trees = [
+            Tree::Labels(LabelType::Pod),
+            Tree::Labels(LabelType::Node),
+            Tree::Intent,
+            Tree::Health,
+        ];
+        for seed in 1..100 {
+            let mut draws = Draws(seed * 7919);
+            let mut state = State::new(Stream::new(100_000, 10));
+            for tree in trees {
+                let (prepared, pairs) = state.prepare(tree, listing(1, &[]), true);
+                state.apply(prepared.decode(pairs));
+            }
+            for now in 2..150 {
+                let tree = trees[draws.below(4) as usize];
+                let update = match draws.below(5) {
+                    0 => {
+                        let pair = draws.pair(tree, now);
+                        state.apply_own_put(tree, tree.decode(pair));
+                        None
+                    }
+                    1 => {
+                        let key = draws.key(tree);
+                        state.apply_own_delete(tree, &key, draws.below(now));
+                        None
+                    }
+                    2 | 3 => Some(listing(draws.below(now), &draws.pairs(tree, now))),
+                    _ => {
+                        let deleted =
+                            (0..draws.below(2)).map(|_| (draws.key(tree), draws.below(now)));
+                        Some(PrefixUpdate::Since(Changes {
+                            deleted: deleted.collect(),
+                            changed: draws.pairs(tree, now),
+                            index: draws.below(now),
+                        }))
+                    }
+                };
+                if let Some(update) = update {
+                    let (prepared, pairs) = state.prepare(tree, update, false);
+                    state.apply(prepared.decode(pairs));
+                }
+                assert_indexes_follow_the_entries(&state, seed);
+                assert_the_stream_follows_the_entries(&state, &trees, seed);
+            }
+        }
+    }
+
+    fn assert_indexes_follow_the_entries(state: &State, seed: u64) {
+        let mut by_label: HashMap<LabelTerm, BTreeSet<Arc<str>>> = HashMap::new();
+        let mut intents = 0;
+        let mut health_naming: HashMap<String, BTreeSet<String>> = HashMap::new();
+        for tree in Tree::ALL {
+            for entry in state.tree(tree).entries.values() {
+                for (term, id) in terms(tree, entry) {
+                    by_label.entry(term).or_default().insert(id);
+                }
+                if let Some(pod_id) = (tree == Tree::Intent).then(|| intent_pod_id(entry)) {
+                    let filed = state.intents_by_pod.get(pod_id.unwrap());
+                    assert!(
+                        filed.iter().any(|held| Arc::ptr_eq(held, entry)),
+                        "seed {seed}"
+                    );
+                    intents += 1;
+                }
+                if let Some(named) = entry.health_named_elsewhere() {
+                    let keys = health_naming.entry(named.to_owned()).or_default();
+                    keys.insert(entry.pair.key.clone());
+                }
+            }
+        }
+        assert_eq!(state.by_label, by_label, "seed {seed}");
+        let filed = ["p", "q"].map(|pod_id| state.intents_by_pod.get(pod_id).len());
+        assert_eq!(filed.iter().sum::<usize>(), intents, "seed {seed}");
+        assert_eq!(state.health_naming, health_naming, "seed {seed}");
+    }
+
+    fn assert_the_stream_follows_the_entries(state: &State, trees: &[Tree], seed: u64) {
+        let mut client = BTreeMap::new();
+        for change in state.stream.replay_from(0).unwrap() {
+            let (key, index) = (
+                change.entry.pair.key.clone(),
+                change.entry.pair.modify_index,
+            );
+            let held = match change.change_type {
+                ChangeType::Deleted => client.remove(&key).is_some(),
+                ChangeType::Added => client.insert(key, index).is_none(),
+                ChangeType::Modified => client.insert(key, index).is_some(),
+            };
+            assert!(
+                held,
+                "seed {seed}: {change:?} does not follow what came before"
+            );
+        }
+        let mut mirrored = BTreeMap::new();
+        for tree in trees {
+            let tree = state.tree(*tree);
+            for entry in tree.entries.values().chain(tree.unconfirmed_deletes()) {
+                mirrored.insert(entry.pair.key.clone(), entry.pair.modify_index);
+            }
+        }
+        assert_eq!(client, mirrored, "seed {seed}");
     }
 
     /// A delete of a key no store ever held is never reported: its tombstone goes once a
