@@ -6,6 +6,8 @@
 //! which may be past the latest listing. So, unless the listing is authoritative (the first
 //! read of a tree, or a re-read after the store went backwards):
 //! - a listed pair replaces an entry only if its modify index is higher;
+//! - an own write applied after a listing at or past its index is not applied: that
+//!   listing took it in already, or what replaced it since (another writer's delete);
 //! - an entry the listing lacks is removed only if its modify index is not past the
 //!   listing's (else it was written after the listing was taken);
 //! - an own delete comes with an index up to which no version of the key is current: it
@@ -346,8 +348,12 @@ impl State {
             .get(&entry.pair.key)
             .map(|e| e.pair.modify_index);
         let buried = state.buried(&entry.pair.key);
+        // Taken in by a listing at or past it (see the module documentation), unless that
+        // listing was of the store the index went backwards from.
+        let listed_past = !state.reread && state.listed >= modify_index;
         if held.is_some_and(|held| held >= modify_index)
             || buried.is_some_and(|buried| buried >= modify_index)
+            || listed_past
         {
             return;
         }
@@ -586,6 +592,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use crate::kv::{Changes, Listing};
+    use crate::state::OwnWrite;
 
     fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {
         KvPair {
@@ -1007,6 +1014,21 @@ mod tests {
         assert_eq!(deleted, [("labels/node/a", 7)], "the deletion is streamed");
     }
 
+    /// This server writes `a` at 2 and another writer deletes it at 4, and the watch lists
+    /// the tree at 4, without `a`, before the server applies its own write: the write, which
+    /// that listing has passed, does not bring `a` back (the store answers no listing of an
+    /// idle tree that would remove it again).
+    #[test]
+    fn an_own_write_applied_after_a_listing_past_it_does_not_undo_that_listing() {
+        let tree = Tree::Labels(LabelType::Node);
+        let mut state = State::new(Stream::new(10, 10));
+        apply(&mut state, 1, &[], true);
+        apply(&mut state, 4, &[], false);
+        state.apply_own_put(tree, tree.decode(pair("labels/node/a", "{}", 2)));
+        assert_eq!(held(&state), [], "a deleted key is back");
+        assert!(state.stream.replay_from(0).unwrap().is_empty());
+    }
+
     /// A tiny deterministic generator for [`any_history_keeps_the_indexes_and_the_stream`].
     struct Draws(u64);
 
@@ -1172,6 +1194,129 @@ mod tests {
             }
         }
         assert_eq!(client, mirrored, "seed {seed}");
+    }
+
+    /// A store's history as [`any_store_history_is_mirrored_as_it_is`] draws it: each
+    /// version of its keys by the index that made it.
+    type Stored = BTreeMap<String, KvPair>;
+
+    /// The entries under `prefix`, own deletes not confirmed yet included, each as the
+    /// version it is: what a blocked read of the prefix counts.
+    fn spanned(tree: &TreeState, prefix: &str) -> BTreeMap<String, *const Entry> {
+        let deleted = tree.unconfirmed_deletes();
+        let deleted = deleted.filter(|entry| entry.pair.key.starts_with(prefix));
+        let entries = tree.entries.under(prefix).chain(deleted);
+        entries
+            .map(|entry| (entry.pair.key.clone(), Arc::as_ptr(entry)))
+            .collect()
+    }
+
+    /// Writes of this server and of others to a store, the server's own applied to the
+    /// mirror late, and listings of the store in index order, drawn at random: once the
+    /// mirror has listed the store's latest index and applied every own write, it holds
+    /// what the store holds; and a read claiming an index (as a confirmed view does) is told
+    /// by the journal of every change of what it read since.
+    #[test]
+    fn any_store_history_is_mirrored_as_it_is() {
+        let tree = Tree::Labels(LabelType::Node);
+        let prefix = "labels/node/n1-";
+        for seed in 1..200 {
+            let mut draws = Draws(seed * 104_729);
+            let mut state = State::new(Stream::new(10, 10));
+            apply(&mut state, 1, &[], true);
+            let mut store = Stored::new();
+            let mut history = vec![(1, Stored::new())];
+            let mut own = Vec::new();
+            let mut reads = Vec::new();
+            for index in 2..120 {
+                let key = format!(
+                    "labels/node/{}-{}",
+                    draws.pick(&["n1", "n2"]),
+                    draws.pick(&["p", "q", "r"])
+                );
+                match draws.below(6) {
+                    0 | 1 => {
+                        let value = draws.pick(&[r#"{"a":"1"}"#, r#"{"a":"2"}"#]);
+                        let create_index = store.get(&key).map_or(index, |held| held.create_index);
+                        let pair = KvPair {
+                            create_index,
+                            ..pair(&key, value, index)
+                        };
+                        store.insert(key, pair.clone());
+                        history.push((index, store.clone()));
+                        if draws.below(2) == 0 {
+                            own.push(OwnWrite::Put(pair));
+                        }
+                    }
+                    2 => {
+                        let Some(removed) = store.remove(&key) else {
+                            continue;
+                        };
+                        history.push((index, store.clone()));
+                        if draws.below(2) == 0 {
+                            // Known gone through the transaction's index, or (a
+                            // delete-cas alone) through the version it removed only.
+                            let through = [index, removed.modify_index][draws.below(2) as usize];
+                            own.push(OwnWrite::Delete {
+                                key,
+                                through: Some(through),
+                            });
+                        }
+                    }
+                    3 => {
+                        for write in own.drain(..) {
+                            match write {
+                                OwnWrite::Put(pair) => state.apply_own_put(tree, tree.decode(pair)),
+                                OwnWrite::Delete { key, through } => {
+                                    state.apply_own_delete(tree, &key, through.unwrap())
+                                }
+                            }
+                        }
+                    }
+                    4 => {
+                        // A watch lists past its last listing.
+                        let listed = state.tree(tree).listed;
+                        let after: Vec<&(u64, Stored)> =
+                            history.iter().filter(|(at, _)| *at > listed).collect();
+                        if !after.is_empty() {
+                            let (at, listing_of) = after[draws.below(after.len() as u64) as usize];
+                            let pairs: Vec<KvPair> = listing_of.values().cloned().collect();
+                            apply(&mut state, *at, &pairs, false);
+                        }
+                    }
+                    _ => {
+                        let held = state.tree(tree);
+                        if held.listed >= held.index {
+                            reads.push((held.listed, spanned(held, prefix)));
+                        }
+                    }
+                }
+                let held = state.tree(tree);
+                let latest = history.last().map_or(0, |(at, _)| *at);
+                if own.is_empty() && held.listed == latest {
+                    let versions = |pairs: Vec<&KvPair>| -> Vec<(String, u64)> {
+                        pairs
+                            .into_iter()
+                            .map(|pair| (pair.key.clone(), pair.modify_index))
+                            .collect()
+                    };
+                    let mirrored =
+                        versions(held.entries.values().map(|entry| &entry.pair).collect());
+                    assert_eq!(mirrored, versions(store.values().collect()), "seed {seed}");
+                }
+                let now = spanned(held, prefix);
+                for (claimed, _) in reads.iter().filter(|(_, then)| *then != now) {
+                    let Some(mut touched) = held.journal.touched_past(*claimed) else {
+                        continue;
+                    };
+                    let told = touched.any(|entry| entry.pair.key.starts_with(prefix));
+                    assert!(
+                        told,
+                        "seed {seed}: a change since {claimed} is not journaled"
+                    );
+                }
+            }
+        }
     }
 
     /// A delete of a key no store ever held is never reported: its tombstone goes once a
