@@ -1147,3 +1147,43 @@ async fn a_stream_ends_when_its_token_is_revoked() {
         .expect("the stream of a listed token goes on");
     assert_eq!(summary(&[after]), pairs(&[("added", "node1")]));
 }
+
+/// The server deletes an object twice before the tree's watch confirms the first delete
+/// (an RC's labels removed, then the RC deleted with its labels): a client sent the object
+/// hears of its deletion once the watch confirms it; the second delete, which finds nothing
+/// to remove, does not make the mirror forget the version the first removed.
+#[tokio::test]
+async fn a_second_own_delete_before_the_first_is_confirmed_keeps_its_deletion_streamed() {
+    let app = unconfirmed_app().await;
+    let manifest = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+    let body =
+        serde_json::json!({"manifest": manifest, "node_selector": "", "replicas_desired": 0});
+    let created = app.send_json("POST", "/api/v1/rcs", &[], &body).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let labels_uri = format!("/api/v1/labels/replication_controller/{id}");
+    let labels = serde_json::json!({"labels": {"app": "web"}});
+    let labelled = app.send_json("PUT", &labels_uri, &[], &labels).await;
+    assert_eq!(labelled.status, StatusCode::OK, "{labelled:?}");
+    let label_id = format!("replication_controller/{id}");
+
+    let mut stream = open_on(&app, "/api/v1/watch?kinds=labels", None).await;
+    let snapshot = stream.snapshot().await;
+    assert_eq!(
+        summary(&snapshot),
+        pairs(&[("added", &label_id), ("synced", "")])
+    );
+    let unlabelled = app.json_request("DELETE", &labels_uri, None, &[]).await;
+    assert_eq!(unlabelled.status, StatusCode::NO_CONTENT, "{unlabelled:?}");
+    let rc_uri = format!("/api/v1/rcs/{id}");
+    let deleted = app.json_request("DELETE", &rc_uri, None, &[]).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    // The labels' watch reads, confirming the delete.
+    app.mirrored(&format!("labels/replication_controller/{id}"))
+        .await;
+    let next = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("the deleted label set was never sent as deleted")
+        .unwrap();
+    assert_eq!(summary(&[next]), pairs(&[("deleted", &label_id)]));
+}
