@@ -241,8 +241,9 @@ impl Filter {
 /// `resync` and `dropped` events have none, so a client cut off amid a snapshot or dropped
 /// resumes from the last position it has everything up to). Positions are store indexes:
 /// the highest index the stream had reached (a change to one kind may arrive after a later
-/// change to another); once the store has gone backwards, offset so that they stay above
-/// every earlier position.
+/// change to another), from one past the index the server first read, so that no position
+/// of a server before a restart resumes; once the store has gone backwards, offset so that
+/// they stay above every earlier position.
 /// On reconnection the changes retained since that position are sent instead of the
 /// snapshot (those of the position itself may come again: apply them idempotently); for a
 /// position no longer retained, or not from this server's stream, a `resync` event comes
