@@ -246,8 +246,11 @@ impl Filter {
 /// they stay above every earlier position.
 /// On reconnection the changes retained since that position are sent instead of the
 /// snapshot (those of the position itself may come again: apply them idempotently); for a
-/// position no longer retained, or not from this server's stream, a `resync` event comes
-/// first, then a fresh snapshot. A comment line is sent every 15 s on an idle stream. A
+/// position no longer retained, or from before this server's stream began, a `resync` event
+/// comes first, then a fresh snapshot. Positions are the server's own: one another server
+/// over the same store gave is taken as this server's, though changes may have reached the
+/// two in different orders, so it may miss some; resume on the server that gave it, or
+/// start again without `Last-Event-ID`. A comment line is sent every 15 s on an idle stream. A
 /// client too slow to keep up with the changes is sent a `dropped` event and disconnected.
 /// While the server has lost its watch of a tree the stream would read (as `/readyz` says),
 /// a new or resumed stream is refused with 503 rather than started from what may be an old
