@@ -70,13 +70,22 @@ impl IfMatch {
         for tag in text.split(',').map(str::trim).filter(|tag| !tag.is_empty()) {
             let tag = tag.strip_prefix("W/").unwrap_or(tag);
             let version = opaque_tag(tag).unwrap_or(tag);
-            versions.insert(version.parse::<u64>().map_err(|_| malformed())?);
+            versions.insert(issued_version(version).ok_or_else(malformed)?);
         }
         if versions.is_empty() {
             return Err(malformed());
         }
         Ok(IfMatch::Versions(versions))
     }
+}
+
+/// The version a tag's text names, if it is spelt as [`etag`] spells one: digits only, without
+/// leading zeros. Tags compare as text, so `"+5"` or `"05"` never match the ETag `"5"`; read as
+/// numbers, they would let a write through.
+fn issued_version(text: &str) -> Option<u64> {
+    let canonical =
+        text.bytes().all(|b| b.is_ascii_digit()) && (text == "0" || !text.starts_with('0'));
+    canonical.then(|| text.parse().ok()).flatten()
 }
 
 /// What a quoted entity tag holds between its quotes.

@@ -520,6 +520,43 @@ async fn if_match_guards_every_write() {
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
 }
 
+/// An `If-Match` tag other than the digits of a version this server issued (a sign, leading
+/// zeros) is malformed, not read as the number it spells: by the tags' strong comparison
+/// `"+5"` and `"05"` never match the ETag `"5"`, so no write may be let through by them.
+#[tokio::test]
+async fn if_match_takes_only_the_digits_of_an_issued_etag() {
+    let app = TestApp::new().await;
+    let written = put(&app, NODE, json!({"a": "1"})).await;
+    let version = written.header("etag").unwrap().trim_matches('"').to_owned();
+    let before = app.stored("labels/node/node17.example.com").await;
+    for tag in [
+        format!("\"+{version}\""),
+        format!("\"0{version}\""),
+        format!("W/\"+{version}\""),
+        format!("+{version}"),
+        format!("\"+{version}\", \"{version}\""),
+    ] {
+        let response = app
+            .send_json(
+                "PUT",
+                NODE,
+                &[("if-match", &tag)],
+                &json!({"labels": {"a": "2"}}),
+            )
+            .await;
+        assert_eq!(
+            response.status,
+            StatusCode::BAD_REQUEST,
+            "{tag}: {response:?}"
+        );
+        assert!(
+            response.error().message.starts_with("If-Match must be"),
+            "{tag}"
+        );
+    }
+    assert_eq!(app.stored("labels/node/node17.example.com").await, before);
+}
+
 #[tokio::test]
 async fn delete_removes_every_label_and_is_idempotent() {
     let app = TestApp::new().await;
