@@ -32,7 +32,7 @@ use crate::api::reads::{
 };
 use crate::api::responses::{created, read_back};
 use crate::app::AppState;
-use crate::error::{ApiError, ErrorBody};
+use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::keys::segment_problem;
 use crate::kv::{KvStore, StoreError, StoreResult};
 use crate::labels::{LabelType, Labels, Requirement, Selector, DS_ID_LABEL, RC_ID_LABEL};
@@ -42,7 +42,7 @@ use crate::model::duration::format_timeout;
 use crate::model::event::{Actor, Meta, ObjectKind};
 use crate::model::{
     ds_spec, CreateDaemonSet, DaemonSetId, DaemonSetPatch, HealthCounts, HealthState, PodHealth,
-    StoredDaemonSet,
+    PodId, StoredDaemonSet,
 };
 use crate::state::{Mirror, Span, Tree};
 use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
@@ -52,7 +52,7 @@ use crate::store::daemon_sets::{
 use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
-use crate::store::pods::{PodLocation, PodStore, PodTree};
+use crate::store::pods::{validate_pod_id, PodLocation, PodStore, PodTree};
 use crate::store::rcs::RcStore;
 use crate::store::Versioned;
 
@@ -135,17 +135,32 @@ pub struct DaemonSetStatus {
     pub farm: Option<DaemonSetFarmStatus>,
 }
 
-/// The filter of `GET /api/v1/daemonsets`.
+/// The filter of `GET /api/v1/daemonsets`; an empty `pod_id` means no filter, as in the pod
+/// listing.
 #[derive(Debug, Default, Clone, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct DaemonSetFilter {
     /// Only daemon sets running this pod ID.
+    #[param(value_type = Option<PodId>, inline)]
     pub pod_id: Option<String>,
     /// Read through to the store rather than from this server's mirror of it.
     pub consistent: Option<bool>,
 }
 
-impl ListFilter for DaemonSetFilter {}
+impl DaemonSetFilter {
+    /// The pod ID to list, if any.
+    fn pod_id(&self) -> Option<&str> {
+        self.pod_id.as_deref().filter(|s| !s.is_empty())
+    }
+}
+
+impl ListFilter for DaemonSetFilter {
+    fn check(&self, violations: &mut Violations) {
+        if let Some(Err(e)) = self.pod_id().map(validate_pod_id) {
+            violations.add("pod_id", e);
+        }
+    }
+}
 
 /// How daemon-set store failures reach clients: a missing daemon set is 404, a stale
 /// `If-Match` 412, a broken invariant 422 and an unreadable stored document 500
@@ -189,9 +204,9 @@ async fn list_daemon_sets(
     State(app): State<AppState>,
     query: ListQuery<DaemonSetFilter>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let pod_id = query.filter.pod_id.as_ref();
+    let pod_id = query.filter.pod_id();
     let wanted = |ds: &StoredDaemonSet| {
-        pod_id.is_none_or(|pod| &ds.pod_id == pod) && query.selector.matches(&ds.labels())
+        pod_id.is_none_or(|pod| ds.pod_id == pod) && query.selector.matches(&ds.labels())
     };
     let consistent = query.filter.consistent.unwrap_or(false);
     let (index, items) = match source(&app, &LIST_TREES, &[], consistent, query.blocking).await {

@@ -520,6 +520,27 @@ async fn list_filters_by_a_selector_on_pod_id_and_cluster_name() {
     assert_eq!(causes(&response), ["selector"]);
 }
 
+/// The `pod_id` filter takes what the pods listing's does: a pod id, or empty for no filter;
+/// a value no pod id can be is refused, not answered with an empty page.
+#[tokio::test]
+async fn list_refuses_a_pod_id_filter_that_is_no_pod_id() {
+    let app = TestApp::new().await;
+    let id = create(&app, &body("")).await;
+    for bad in ["a%2Fb", "..", "-a", "a%20b"] {
+        let response = app.get(&format!("/api/v1/daemonsets?pod_id={bad}")).await;
+        assert_eq!(causes(&response), ["pod_id"], "{bad}: {response:?}");
+        assert!(
+            response.error().causes[0]
+                .message
+                .starts_with("must be a pod id"),
+            "{bad}: {response:?}"
+        );
+    }
+    let every = app.get("/api/v1/daemonsets?pod_id=").await;
+    assert_eq!(every.status, StatusCode::OK, "{every:?}");
+    assert_eq!(item_ids(&every.json()), [id]);
+}
+
 #[tokio::test]
 async fn list_blocks_until_the_tree_changes() {
     let app = TestApp::new().await;
