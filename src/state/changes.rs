@@ -7,10 +7,10 @@
 //! it was emitted (at least one past the index the mirror's first whole read listed, see
 //! [`Stream::start_window`]): positions never go down, every change emitted after a
 //! subscriber's last one has a position at least as high, and resuming from a position
-//! replays every retained change at or past it. Once the store has gone backwards, a position is the index plus an
-//! offset that keeps it above every earlier position, so positions still rise with the
-//! new store's indexes. A subscriber may see the changes of its last position again, never
-//! miss one.
+//! replays every retained change at or past it. Once the store has gone backwards, a
+//! position is the index plus an offset that keeps it above every earlier position, so
+//! positions still rise with the new store's indexes. A subscriber may see the changes of
+//! its last position again, never miss one.
 //!
 //! Each kind is broadcast on a channel of its own, so that a subscriber's buffer bound counts
 //! only the changes it asked for: a dashboard following RCs is not cut off by a storm of pod
