@@ -329,16 +329,16 @@ fn current_nodes(world: &World, id: &str, pod_id: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Whether the new RC of a roll (enabled, its mutation lock held) running `pod_id` still has
-/// pods to place on one of the nodes `current` (a disabled RC's): it may replace that RC's
-/// pods in place, so its surplus must wait, or one step of the roll would stop two pods. An
-/// RC whose selector matches none of them (another zone's roll of the same pod id) cannot,
-/// and holds nothing up however long it stays short of nodes.
+/// Whether an enabled RC running `pod_id` (the new RC of a roll, or any other: each may
+/// replace a disabled RC's surplus in place, [`surplus`]) still has pods to place on one of
+/// the nodes `current` (a disabled RC's): it may replace that RC's pods in place, so its
+/// surplus must wait, or one step of the roll would stop two pods. An RC whose selector
+/// matches none of them (another zone's RC of the same pod id) cannot, and holds nothing up
+/// however long it stays short of nodes.
 fn placement_pending(world: &World, pod_id: &str, current: &BTreeSet<String>) -> bool {
     world.rcs.items.iter().any(|(id, rc)| {
         !rc.value.disabled
             && rc.value.manifest.pod_id() == pod_id
-            && world.lock_holder(&layout::rc_mutation(id)).is_some()
             && usize::try_from(rc.value.replicas_desired).unwrap_or(0)
                 > current_nodes(world, id, pod_id).len()
             && rc
@@ -1013,6 +1013,50 @@ mod tests {
         wider.disabled = false;
         fleet.put_rc(wider, 7);
         assert!(run(&fleet, OLD).changes.is_empty());
+    }
+
+    /// Any enabled RC of the pod id may replace a rolling RC's surplus in place, not only the
+    /// roll's new RC: the surplus must wait for it as well. Removed by the old RC while an
+    /// enabled RC that is in no roll replaced as many of its other pods, a rolling RC of 4
+    /// pods that wants 2 was left with none: the old RC took its busiest nodes, the other RC
+    /// its least loaded, so the two writes did not even conflict.
+    #[test]
+    fn a_rolling_rcs_surplus_waits_for_any_rc_that_may_replace_it() {
+        let mut fleet = fleet(4, 0);
+        let mut old = rc(OLD, HELLO_1, 2, "role=web");
+        old.disabled = true;
+        fleet
+            .put_rc(old, 4)
+            .put_rc(rc(OTHER, HELLO_2, 2, "role=web"), 6);
+        for node in ["w1", "w2", "w3", "w4"] {
+            fleet.rc_pod(OLD, node, Some(HealthState::Passing));
+        }
+        // w1 and w2 run more pods than w3 and w4.
+        for node in ["w1", "w2"] {
+            for pod in ["other", "third"] {
+                fleet
+                    .intents
+                    .insert((node.into(), pod.into()), HELLO_1.into());
+            }
+        }
+        fleet.lock(&layout::rc_mutation(OLD), "roll");
+        let world = fleet.world();
+        let mut load = Load::of(&world);
+        let mut lost = BTreeSet::new();
+        // In the order of a pass.
+        for id in world.rcs.items.keys() {
+            let planned = plan(&world, &mut load, id, &world.rcs.items[id].value).unwrap();
+            for change in planned.changes {
+                match change {
+                    Change::Unschedule(node) | Change::Replace(node, _) => lost.insert(node),
+                    Change::Schedule(_) => false,
+                };
+            }
+        }
+        assert!(
+            lost.len() <= 2,
+            "the old RC keeps 2 pods, but loses {lost:?}"
+        );
     }
 
     #[test]
