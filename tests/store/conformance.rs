@@ -909,6 +909,194 @@ async fn watch_changes_bring_a_copy_up_to_date(s: Subject) {
     assert_eq!(idle.index(), now.index);
 }
 
+/// Keys holding what SQL's `LIKE` would read as wildcards (`%`, `_`), and characters of
+/// several bytes (up to the last code point, whose prefix's end is its last byte plus one),
+/// are listed by their bytes: a prefix lists exactly the keys starting with it.
+async fn unusual_keys_list_by_their_bytes(s: Subject) {
+    let names = [
+        "odd/%/1",
+        "odd/%x",
+        "odd/_",
+        "odd/a",
+        "odd/ab",
+        "odd/é",
+        "odd/é/1",
+        "odd/ê",
+        "odd/\u{10FFFF}",
+        "odd/\u{10FFFF}z",
+        "odd/\u{10FFFF}/1",
+    ];
+    for name in names {
+        s.store
+            .put(&s.key(name), name.as_bytes(), Cas::Any)
+            .await
+            .unwrap();
+    }
+    let listed = |prefix: &'static str| {
+        let (store, prefix) = (s.store.clone(), s.key(prefix));
+        let strip = s.prefix.clone();
+        async move {
+            let listing = store.list(&prefix).await.unwrap();
+            let (_, keys) = store.keys(&prefix, None).await.unwrap();
+            let listed: Vec<String> = listing
+                .pairs
+                .iter()
+                .map(|p| p.key.strip_prefix(&strip).unwrap().to_owned())
+                .collect();
+            let keyed: Vec<String> = keys
+                .iter()
+                .map(|k| k.strip_prefix(&strip).unwrap().to_owned())
+                .collect();
+            assert_eq!(listed, keyed, "{prefix}");
+            listed
+        }
+    };
+    assert_eq!(listed("odd/%").await, ["odd/%/1", "odd/%x"]);
+    assert_eq!(listed("odd/_").await, ["odd/_"]);
+    assert_eq!(listed("odd/a").await, ["odd/a", "odd/ab"]);
+    assert_eq!(listed("odd/é").await, ["odd/é", "odd/é/1"]);
+    assert_eq!(
+        listed("odd/\u{10FFFF}").await,
+        ["odd/\u{10FFFF}", "odd/\u{10FFFF}/1", "odd/\u{10FFFF}z"]
+    );
+    let (_, cut) = s.store.keys(&s.key("odd/"), Some('/')).await.unwrap();
+    let cut: Vec<&str> = cut
+        .iter()
+        .map(|k| k.strip_prefix(&s.prefix).unwrap())
+        .collect();
+    assert_eq!(
+        cut,
+        [
+            "odd/%/",
+            "odd/%x",
+            "odd/_",
+            "odd/a",
+            "odd/ab",
+            "odd/é",
+            "odd/é/",
+            "odd/ê",
+            "odd/\u{10FFFF}",
+            "odd/\u{10FFFF}/",
+            "odd/\u{10FFFF}z",
+        ]
+    );
+    // A separator other than `/`, and a prefix cut inside a segment.
+    let (_, cut) = s.store.keys(&s.key("odd"), Some('%')).await.unwrap();
+    assert_eq!(
+        cut.first().map(String::as_str),
+        Some(s.key("odd/%").as_str())
+    );
+    assert_eq!(cut.len(), 10, "{cut:?}");
+    // Deleting a prefix deletes only what starts with it.
+    s.store.delete_prefix(&s.key("odd/%")).await.unwrap();
+    s.store
+        .delete_prefix(&s.key("odd/\u{10FFFF}"))
+        .await
+        .unwrap();
+    assert_eq!(
+        listed("odd/").await,
+        ["odd/_", "odd/a", "odd/ab", "odd/é", "odd/é/1", "odd/ê"]
+    );
+}
+
+/// A key deleted and written again is a new key: no index it had before passes a check of
+/// it, in a put, a delete or a transaction.
+async fn cas_of_a_key_written_again(s: Subject) {
+    let key = s.key("again");
+    s.store.put(&key, b"1", Cas::Index(0)).await.unwrap();
+    let first = s.store.get(&key).await.unwrap().unwrap();
+    s.store.delete(&key, Cas::Any).await.unwrap();
+    s.store.put(&key, b"2", Cas::Index(0)).await.unwrap();
+    let second = s.store.get(&key).await.unwrap().unwrap();
+    assert!(
+        second.create_index > first.modify_index,
+        "{second:?} after {first:?}"
+    );
+    let old = first.modify_index;
+    assert!(is_conflict(s.store.put(&key, b"x", Cas::Index(old)).await));
+    assert!(is_conflict(s.store.delete(&key, Cas::Index(old)).await));
+    let check = [TxnOp::CheckIndex {
+        key: key.clone(),
+        index: old,
+    }];
+    assert!(is_conflict(s.store.txn(&check).await));
+    // Deleted and written again within one transaction, the same.
+    let ops = [
+        TxnOp::Delete { key: key.clone() },
+        TxnOp::Set {
+            key: key.clone(),
+            value: b"3".to_vec(),
+        },
+    ];
+    s.store.txn(&ops).await.unwrap();
+    let third = s.store.get(&key).await.unwrap().unwrap();
+    assert!(third.modify_index > second.modify_index);
+    let stale = second.modify_index;
+    assert!(is_conflict(
+        s.store.put(&key, b"x", Cas::Index(stale)).await
+    ));
+    assert_eq!(&*s.store.get(&key).await.unwrap().unwrap().value, b"3");
+}
+
+/// A rolled-back transaction names every op that failed, each at its place.
+async fn txn_reports_every_failure(s: Subject) {
+    let present = s.key("failures/present");
+    s.store.put(&present, b"v", Cas::Any).await.unwrap();
+    let ops = [
+        TxnOp::Get {
+            key: s.key("failures/absent"),
+        },
+        TxnOp::Set {
+            key: s.key("failures/new"),
+            value: b"n".to_vec(),
+        },
+        TxnOp::Cas {
+            key: present.clone(),
+            value: b"x".to_vec(),
+            index: 0,
+        },
+        TxnOp::Delete {
+            key: present.clone(),
+        },
+        TxnOp::CheckIndex {
+            key: present.clone(),
+            index: 1,
+        },
+    ];
+    match s.store.txn(&ops).await {
+        Err(StoreError::Conflict { failures, .. }) => {
+            let at: Vec<usize> = failures.iter().map(|f| f.op_index).collect();
+            assert_eq!(at, [0, 2, 4], "{failures:?}");
+        }
+        other => panic!("expected a rollback, got {other:?}"),
+    }
+    assert_eq!(s.store.get(&s.key("failures/new")).await.unwrap(), None);
+    assert_eq!(&*s.store.get(&present).await.unwrap().unwrap().value, b"v");
+}
+
+/// A session's lock-delay holds the keys it held as it ended, and no other: not a key it
+/// released before, nor one it never held.
+async fn lock_delay_only_on_the_keys_held_at_the_end(s: Subject) {
+    let (held, released, never) = (s.key("ld/held"), s.key("ld/released"), s.key("ld/never"));
+    let a = s
+        .session("a", SessionBehavior::Release, Duration::from_secs(30))
+        .await;
+    let b = s
+        .session("b", SessionBehavior::Release, Duration::ZERO)
+        .await;
+    assert!(s.store.acquire(&held, b"a", &a).await.unwrap());
+    assert!(s.store.acquire(&released, b"a", &a).await.unwrap());
+    assert!(s.store.release(&released, &a).await.unwrap());
+    s.store.destroy_session(&a).await.unwrap();
+    assert!(
+        !s.store.acquire(&held, b"b", &b).await.unwrap(),
+        "lock-delay ignored"
+    );
+    assert!(s.store.acquire(&released, b"b", &b).await.unwrap());
+    assert!(s.store.acquire(&never, b"b", &b).await.unwrap());
+    s.store.destroy_session(&b).await.unwrap();
+}
+
 macro_rules! conformance {
     ($backend:ident: $($check:ident),* $(,)?) => {
         mod $backend {
@@ -954,6 +1142,10 @@ macro_rules! conformance_suite {
                     prefix_index_is_a_listings_index,
                     watch_changes_bring_a_copy_up_to_date,
                     txn_ops_see_the_ops_before_them,
+                    unusual_keys_list_by_their_bytes,
+                    cas_of_a_key_written_again,
+                    txn_reports_every_failure,
+                    lock_delay_only_on_the_keys_held_at_the_end,
                 );
             )*
         }
