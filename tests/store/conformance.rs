@@ -1097,6 +1097,65 @@ async fn lock_delay_only_on_the_keys_held_at_the_end(s: Subject) {
     s.store.destroy_session(&b).await.unwrap();
 }
 
+/// Transactions sent together (which a store may commit together): those that roll back
+/// leave nothing a transaction beside them can see, a write or a delete, and those beside
+/// them apply whole.
+async fn failing_transactions_leak_nothing_into_their_neighbours(s: Subject) {
+    const PAIRS: usize = 20;
+    let (kept, written) = (
+        |i| s.key(&format!("leak/kept/{i}")),
+        |i| s.key(&format!("leak/new/{i}")),
+    );
+    let mut kept_at = Vec::new();
+    for i in 0..PAIRS {
+        s.store.put(&kept(i), b"kept", Cas::Any).await.unwrap();
+        kept_at.push(s.store.get(&kept(i)).await.unwrap().unwrap().modify_index);
+    }
+    let mut sent = Vec::new();
+    for (i, &at) in kept_at.iter().enumerate() {
+        // Writes a key and deletes another, then fails its last check.
+        let failing = vec![
+            TxnOp::Set {
+                key: written(i),
+                value: b"lost".to_vec(),
+            },
+            TxnOp::Delete { key: kept(i) },
+            TxnOp::CheckIndex {
+                key: kept(i),
+                index: at,
+            },
+        ];
+        // Passes only if the failing one left both keys as they were.
+        let beside = vec![
+            TxnOp::Cas {
+                key: written(i),
+                value: b"won".to_vec(),
+                index: 0,
+            },
+            TxnOp::CheckIndex {
+                key: kept(i),
+                index: at,
+            },
+        ];
+        for (ops, passes) in [(failing, false), (beside, true)] {
+            let store = s.store.clone();
+            sent.push(tokio::spawn(async move { (store.txn(&ops).await, passes) }));
+        }
+    }
+    for txn in sent {
+        let (result, passes) = txn.await.unwrap();
+        assert_eq!(result.is_ok(), passes, "{result:?}");
+    }
+    for (i, &at) in kept_at.iter().enumerate() {
+        assert_eq!(
+            &*s.store.get(&written(i)).await.unwrap().unwrap().value,
+            b"won"
+        );
+        let kept = s.store.get(&kept(i)).await.unwrap().unwrap();
+        assert_eq!(kept.modify_index, at);
+    }
+}
+
 macro_rules! conformance {
     ($backend:ident: $($check:ident),* $(,)?) => {
         mod $backend {
@@ -1146,6 +1205,7 @@ macro_rules! conformance_suite {
                     cas_of_a_key_written_again,
                     txn_reports_every_failure,
                     lock_delay_only_on_the_keys_held_at_the_end,
+                    failing_transactions_leak_nothing_into_their_neighbours,
                 );
             )*
         }
