@@ -111,7 +111,7 @@ impl Manifest {
             problems.push(FieldError::new("id", "is required"));
         }
         check_launchables(top, &mut problems);
-        let health_check = derive_health_check(top, &mut problems);
+        check_health_fields(top, &mut problems);
         if !problems.is_empty() {
             return Err(problems);
         }
@@ -123,6 +123,7 @@ impl Manifest {
             )]
         })?;
         let sha = sha256_hex(&reading.canonical);
+        let health_check = health_check(&reading.status);
         Ok(Manifest {
             raw: raw.to_owned(),
             // P2's reading, which keeps the text of an `id` such as `1.10`.
@@ -410,9 +411,9 @@ fn check_launchables(top: &Mapping, problems: &mut Vec<FieldError>) {
     }
 }
 
-/// P2's health-check derivation: `status_port` if non-zero else `status.port`; plain HTTP
-/// if either `status_http` or `status.http`; path `status.path` with a leading `/`.
-fn derive_health_check(top: &Mapping, problems: &mut Vec<FieldError>) -> Option<HealthCheck> {
+/// Reports the health-check fields P2 cannot read, each by its path; their values are
+/// taken from P2's reading ([`health_check`]).
+fn check_health_fields(top: &Mapping, problems: &mut Vec<FieldError>) {
     let empty = Mapping::new();
     let status = match top.get("status").map(untag) {
         None | Some(Value::Null) => &empty,
@@ -422,26 +423,44 @@ fn derive_health_check(top: &Mapping, problems: &mut Vec<FieldError>) -> Option<
             &empty
         }
     };
-    // Read every field before deciding, so that each bad one is reported.
-    let legacy_port = port_field(top, "status_port", "status_port", problems);
-    let status_port = port_field(status, "port", "status.port", problems);
-    let legacy_http = bool_field(top, "status_http", "status_http", problems);
-    let status_http = bool_field(status, "http", "status.http", problems);
-    let path = string_field(status, "path", "status.path", problems);
-    let port = legacy_port
-        .filter(|port| *port != 0)
-        .or(status_port)
-        .filter(|port| *port != 0)?;
-    let path = match non_empty(path) {
-        None => DEFAULT_STATUS_PATH.to_owned(),
-        Some(path) if path.starts_with('/') => path,
-        Some(path) => format!("/{path}"),
+    port_field(top, "status_port", "status_port", problems);
+    port_field(status, "port", "status.port", problems);
+    bool_field(top, "status_http", "status_http", problems);
+    bool_field(status, "http", "status.http", problems);
+    string_field(status, "path", "status.path", problems);
+}
+
+/// P2's health-check derivation from its getters: no port means no check; plain HTTP if
+/// either flag says so; the path is `path.Join("/", status.path)`, `/_status` when none.
+fn health_check(status: &p2_yaml::P2Status) -> Option<HealthCheck> {
+    if status.port == 0 {
+        return None;
+    }
+    let path = match status.path.as_str() {
+        "" => DEFAULT_STATUS_PATH.to_owned(),
+        path => rooted_clean(path),
     };
     Some(HealthCheck {
-        port,
+        port: status.port,
         path,
-        http: legacy_http || status_http,
+        http: status.http,
     })
+}
+
+/// Go's `path.Join("/", path)`: the path made absolute and cleaned (no empty, `.` or `..`
+/// segments, no trailing `/`).
+fn rooted_clean(path: &str) -> String {
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in path.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            segment => segments.push(segment),
+        }
+    }
+    format!("/{}", segments.join("/"))
 }
 
 fn untag(value: &Value) -> &Value {
@@ -504,47 +523,34 @@ fn nested_string(
     }
 }
 
-/// A Go `int` port as yaml.v2 decodes it: any integer, a float truncated.
-fn port_field(map: &Mapping, key: &str, path: &str, problems: &mut Vec<FieldError>) -> Option<i64> {
-    match map.get(key).map(untag) {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) if n.as_i64().is_some() => n.as_i64(),
-        Some(Value::Number(n))
-            if n.as_f64()
-                .is_some_and(|f| f.is_finite() && f.abs() < 9.2e18) =>
-        {
-            n.as_f64().map(|f| f as i64)
+/// Reports a port P2 cannot read into its Go `int`: any integer, a float truncated.
+fn port_field(map: &Mapping, key: &str, path: &str, problems: &mut Vec<FieldError>) {
+    let readable = match map.get(key).map(untag) {
+        None | Some(Value::Null) => true,
+        Some(Value::Number(n)) => {
+            n.as_i64().is_some()
+                || n.as_f64()
+                    .is_some_and(|f| f.is_finite() && f.abs() < 9.2e18)
         }
-        Some(_) => {
-            problems.push(FieldError::new(path, "must be an integer"));
-            None
-        }
+        // YAML 1.1 integers YAML 1.2 reads as text (`8_080`, `0b1010`).
+        Some(Value::String(text)) => p2_yaml::go_int(text).is_some(),
+        Some(_) => false,
+    };
+    if !readable {
+        problems.push(FieldError::new(path, "must be an integer"));
     }
 }
 
-/// A boolean, also accepting the YAML 1.1 spellings (`yes`, `on`, ...) that P2's YAML
-/// library reads as booleans.
-fn bool_field(map: &Mapping, key: &str, path: &str, problems: &mut Vec<FieldError>) -> bool {
-    match map.get(key).map(untag) {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(Value::String(s)) if yaml11_bool(s).is_some() => yaml11_bool(s).unwrap_or(false),
-        Some(_) => {
-            problems.push(FieldError::new(path, "must be a boolean"));
-            false
-        }
-    }
-}
-
-fn yaml11_bool(text: &str) -> Option<bool> {
-    match text {
-        "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "true" | "True" | "TRUE" => {
-            Some(true)
-        }
-        "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False" | "FALSE" => {
-            Some(false)
-        }
-        _ => None,
+/// Reports a boolean P2 cannot read; the YAML 1.1 spellings (`yes`, `on`, ...) that P2's
+/// YAML library reads as booleans are booleans.
+fn bool_field(map: &Mapping, key: &str, path: &str, problems: &mut Vec<FieldError>) {
+    let readable = match map.get(key).map(untag) {
+        None | Some(Value::Null | Value::Bool(_)) => true,
+        Some(Value::String(text)) => p2_yaml::go_bool(text).is_some(),
+        Some(_) => false,
+    };
+    if !readable {
+        problems.push(FieldError::new(path, "must be a boolean"));
     }
 }
 
@@ -878,6 +884,39 @@ launchables:
                 "status.http: must be a boolean"
             ]
         );
+    }
+
+    /// A status port is read as P2's yaml.v2 reads its `int` fields: YAML 1.1 integers, with
+    /// `_` separators, `0b` binary and a leading `0` for octal, all of which P2 takes.
+    #[test]
+    fn status_ports_are_read_as_p2_reads_them() {
+        let port = |raw: &str| Manifest::parse(raw).map(|m| m.health_check().map(|c| c.port));
+        assert_eq!(port("id: a\nstatus_port: 8_080\n"), Ok(Some(8080)));
+        assert_eq!(port("id: a\nstatus: {port: 0b1010}\n"), Ok(Some(10)));
+        assert_eq!(port("id: a\nstatus_port: 010\n"), Ok(Some(8)));
+        assert_eq!(
+            port("id: a\nstatus: {port: \"8080\"}\n").map_err(|_| ()),
+            Err(())
+        );
+    }
+
+    /// The path is P2's `path.Join("/", status.path)`, cleaned as Go cleans it.
+    #[test]
+    fn status_paths_are_cleaned_as_p2_joins_them() {
+        let path = |p: &str| {
+            let raw = format!("id: a\nstatus: {{port: 9, path: '{p}'}}\n");
+            Manifest::parse(&raw)
+                .unwrap()
+                .health_check()
+                .unwrap()
+                .path
+                .clone()
+        };
+        assert_eq!(path("health/"), "/health");
+        assert_eq!(path("//up"), "/up");
+        assert_eq!(path("/a/./b/../c"), "/a/c");
+        assert_eq!(path("../x"), "/x");
+        assert_eq!(path("/"), "/");
     }
 
     /// P2 reads `id` into a Go string, which takes a scalar's text as written: `1.10` is

@@ -30,6 +30,17 @@ pub struct P2Reading {
     /// The `id` as P2's Go string field holds it: the scalar's text as written (`1.10`, not
     /// the number 1.1).
     pub pod_id: String,
+    /// The health-check fields as P2's getters give them.
+    pub status: P2Status,
+}
+
+/// A manifest's health-check fields as P2's getters read them from its struct:
+/// `GetStatusPort` (`status_port` if non-zero, else `status.port`), `GetStatusHTTP` (either
+/// `status_http` or `status.http`) and `status.path` as written.
+pub struct P2Status {
+    pub port: i64,
+    pub http: bool,
+    pub path: String,
 }
 
 /// A manifest's YAML as yaml.v2 decodes it, before P2's field types are applied: merge keys
@@ -80,20 +91,64 @@ impl Document {
     /// The document read as P2 reads it; see [`P2Reading`].
     pub fn read(&self) -> Result<P2Reading, String> {
         let manifest = manifest_fields(&self.node)?;
-        let pod_id = match &manifest {
-            Go::Struct(fields) => fields.iter().find_map(|f| match (f.key, &f.value) {
-                ("id", Go::Str(id)) => Some(id.clone()),
-                _ => None,
-            }),
-            _ => None,
+        let text = |value: Option<&Go>| match value {
+            Some(Go::Str(text)) => text.clone(),
+            _ => String::new(),
         };
+        let int = |value: Option<&Go>| value.and_then(int_of).unwrap_or(0);
+        let flag = |value: Option<&Go>| matches!(value, Some(Go::Bool(true)));
+        let status = field_of(&manifest, "status");
+        let status_field = |key| status.and_then(|status| field_of(status, key));
+        let status = P2Status {
+            port: match int(field_of(&manifest, "status_port")) {
+                0 => int(status_field("port")),
+                port => port,
+            },
+            http: flag(field_of(&manifest, "status_http")) || flag(status_field("http")),
+            path: text(status_field("path")),
+        };
+        let pod_id = text(field_of(&manifest, "id"));
         let mut emitter = Emitter::default();
         emitter.node(&manifest, -1, false);
         emitter.document_end();
         Ok(P2Reading {
             canonical: emitter.out,
-            pod_id: pod_id.unwrap_or_default(),
+            pod_id,
+            status,
         })
+    }
+}
+
+/// The value of field `key` of a struct.
+fn field_of<'g>(value: &'g Go, key: &str) -> Option<&'g Go> {
+    match value {
+        Go::Struct(fields) => fields.iter().find(|f| f.key == key).map(|f| &f.value),
+        _ => None,
+    }
+}
+
+/// A plain scalar's text as yaml.v2 decodes it into a Go `int` (YAML 1.1 integers, with `_`
+/// separators, `0b` binary and a leading `0` for octal; a float truncated); `None` when it
+/// refuses it.
+pub fn go_int(text: &str) -> Option<i64> {
+    int_of(&resolve(text))
+}
+
+/// A plain scalar's text as yaml.v2 decodes it into a Go `bool` (YAML 1.1's `yes`, `on`,
+/// ...); `None` when it refuses it.
+pub fn go_bool(text: &str) -> Option<bool> {
+    match resolve(text) {
+        Go::Bool(b) => Some(b),
+        _ => None,
+    }
+}
+
+/// A decoded value as yaml.v2 sets a Go `int` from it.
+fn int_of(value: &Go) -> Option<i64> {
+    match value {
+        Go::Int(n) => Some(*n),
+        Go::Float(f) if f.is_finite() && f.abs() < 9.2e18 => Some(*f as i64),
+        _ => None,
     }
 }
 
@@ -765,9 +820,9 @@ fn int_field(entries: &[(String, &Node)], key: &str) -> Result<Go, String> {
     };
     match untyped(node)? {
         Go::Null => Ok(Go::Int(0)),
-        Go::Int(n) => Ok(Go::Int(n)),
-        Go::Float(f) if f.is_finite() && f.abs() < 9.2e18 => Ok(Go::Int(f as i64)),
-        _ => Err(format!("{key} must be an integer")),
+        value => int_of(&value)
+            .map(Go::Int)
+            .ok_or_else(|| format!("{key} must be an integer")),
     }
 }
 
