@@ -191,7 +191,7 @@ impl ConsulStore {
             Err(WriteFailure::Refused(e, answer)) if answer.status == StatusCode::CONFLICT => {
                 // The 409 body lists the failing ops; keep Consul's text if it does not parse.
                 match wire::decode::<wire::TxnAnswer>("txn", &answer.body) {
-                    Ok(rollback) => Err(rollback.into_conflict()),
+                    Ok(rollback) => Err(rollback.into_rollback_error()),
                     Err(_) => Err(e),
                 }
             }

@@ -515,6 +515,34 @@ async fn a_rolled_back_txn_is_a_conflict_naming_each_failing_op() {
     );
 }
 
+/// Consul checks a txn's ACLs op by op and answers a denied write as a rolled-back op
+/// (409, `What: "Permission denied"`, with details in later versions), not as a 403: no
+/// retry can make it pass.
+#[tokio::test]
+async fn a_txn_consul_denies_by_acl_is_forbidden_not_a_conflict() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/txn"))
+        .respond_with(ResponseTemplate::new(409).set_body_json(json!({
+            "Results": null,
+            "Errors": [
+                {"OpIndex": 0, "What": "Permission denied"},
+                {"OpIndex": 1, "What": "Permission denied: token with AccessorID 'x' lacks permission 'key:write' on \"b\""},
+            ],
+        })))
+        .mount(&server)
+        .await;
+    let set = |key: &str| TxnOp::Set {
+        key: key.into(),
+        value: vec![],
+    };
+    let ops = [set("a"), set("b")];
+
+    let err = store(&server).txn(&ops).await.unwrap_err();
+
+    assert!(matches!(err, StoreError::Forbidden(_)), "{err:?}");
+}
+
 #[tokio::test]
 async fn invalid_requests_are_refused_before_anything_is_sent() {
     let server = MockServer::start().await;

@@ -337,8 +337,10 @@ impl TxnAnswer {
         Ok(lined_up)
     }
 
-    /// The rollback as a conflict naming every failing op.
-    pub(super) fn into_conflict(self) -> StoreError {
+    /// The rollback as a conflict naming every failing op, or `Forbidden` when Consul denied an
+    /// op by ACL, which it reports as a failing op ("Permission denied") rather than a 403,
+    /// and which no retry can make pass.
+    pub(super) fn into_rollback_error(self) -> StoreError {
         let failures: Vec<TxnFailure> = self
             .errors
             .unwrap_or_default()
@@ -352,10 +354,12 @@ impl TxnAnswer {
             .iter()
             .map(|f| format!("op {}: {}", f.op_index, f.what))
             .collect();
-        StoreError::Conflict {
-            message: format!("transaction rolled back: {}", detail.join("; ")),
-            failures,
+        let message = format!("transaction rolled back: {}", detail.join("; "));
+        let denied = |f: &TxnFailure| f.what.to_ascii_lowercase().starts_with("permission denied");
+        if failures.iter().any(denied) {
+            return StoreError::Forbidden(message);
         }
+        StoreError::Conflict { message, failures }
     }
 }
 
