@@ -139,8 +139,13 @@ pub async fn campaign<F, Fut>(
 {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     let mut leftover = Vec::new();
-    while !shutdown.is_cancelled() {
+    loop {
+        // Also the last attempt when a stop comes during a pause: the store may answer by
+        // now, and what is not ended here is left to its expiry (a TTL and the lock-delay).
         end_sessions(&*store, &mut leftover).await;
+        if shutdown.is_cancelled() {
+            break;
+        }
         if !wait_until_ready(&*store, &mut leftover, &ready, &shutdown).await {
             break;
         }
@@ -188,16 +193,17 @@ pub async fn campaign<F, Fut>(
         let _ = renewer.await;
         leftover.push((session, config.behavior));
         end_sessions(&*store, &mut leftover).await;
-        if !shutdown.is_cancelled() {
-            sleep_or_cancel(backoff.next_delay(), &shutdown).await;
+        if shutdown.is_cancelled() {
+            break;
         }
+        sleep_or_cancel(backoff.next_delay(), &shutdown).await;
     }
 }
 
-/// Waits until `ready` says this server could lead; `false` on `shutdown`. Meanwhile it
-/// ends the sessions left in `leftover`: the store may answer again long before this
-/// server could lead, and their locks (the leader lock too) would keep out a server that
-/// could until the store expired them.
+/// Waits until `ready` says this server could lead; `false` on `shutdown`. Meanwhile (and
+/// once more on `shutdown`) it ends the sessions left in `leftover`: the store may answer
+/// again long before this server could lead, and their locks (the leader lock too) would
+/// keep out a server that could until the store expired them.
 async fn wait_until_ready(
     store: &dyn KvStore,
     leftover: &mut Vec<Ending>,
@@ -215,10 +221,10 @@ async fn wait_until_ready(
             Err(_) => {}
         }
         sleep_or_cancel(READY_CHECK, shutdown).await;
+        end_sessions(store, leftover).await;
         if shutdown.is_cancelled() {
             return false;
         }
-        end_sessions(store, leftover).await;
     }
 }
 

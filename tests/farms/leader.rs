@@ -855,3 +855,60 @@ async fn sessions_a_step_down_could_not_end_are_ended_while_the_server_may_not_l
     shutdown.cancel();
     a.await.unwrap();
 }
+
+/// A server asked to stop while sessions its step-down could not end wait for the next
+/// attempt (here: the store answers again just as the stop comes, while the server waits to
+/// be able to lead) ends them before it stops. Before, it stopped without trying again,
+/// leaving the leader lock and the farms' locks to the store's expiry of the sessions: the
+/// next leader waited a TTL and the lock-delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_stopping_ends_the_sessions_its_step_down_could_not_end() {
+    let (_dir, store) = sqlite_store().await;
+    let severable = Severable::new(store.clone());
+    let shutdown = CancellationToken::new();
+    let stopping = Arc::new(AtomicBool::new(false));
+    let ready = {
+        let (severable, shutdown, stopping) =
+            (severable.clone(), shutdown.clone(), stopping.clone());
+        move || {
+            if !stopping.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            // The store answers again, and the server is asked to stop, while it waits.
+            severable.mend();
+            shutdown.cancel();
+            Err("the mirror has lost the store".to_owned())
+        }
+    };
+    let terms = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let began = terms.clone();
+    let a = tokio::spawn(leader::campaign(
+        severable.clone(),
+        config("a"),
+        ready,
+        shutdown.clone(),
+        move |term: Term| {
+            began.lock().unwrap().push(term.clone());
+            async move { term.cancel.cancelled().await }
+        },
+    ));
+    wait_for(async || !terms.lock().unwrap().is_empty()).await;
+    let first: Term = terms.lock().unwrap()[0].clone();
+    let lock = "lock/replication_controllers/x";
+    assert!(store.acquire(lock, b"a", &first.session).await.unwrap());
+
+    // The store stops answering and the term ends (its mirror lost the store, say): the
+    // step-down cannot end the sessions.
+    severable.cut();
+    stopping.store(true, Ordering::SeqCst);
+    first.cancel.cancel();
+    a.await.unwrap();
+
+    assert_eq!(current_leader(&*store).await.unwrap(), None);
+    assert_eq!(store.get(lock).await.unwrap(), None);
+    assert_eq!(
+        store.session_info(&first.leader_session).await.unwrap(),
+        None
+    );
+    assert_eq!(store.session_info(&first.session).await.unwrap(), None);
+}
