@@ -57,6 +57,11 @@ fn kv_answer(index: u64, body: serde_json::Value) -> ResponseTemplate {
         .set_body_json(body)
 }
 
+/// Consul's answer to a transaction it rolled back: 409 with each failing op in `errors`.
+fn rolled_back(errors: serde_json::Value) -> ResponseTemplate {
+    ResponseTemplate::new(409).set_body_json(json!({"Results": null, "Errors": errors}))
+}
+
 fn missing(index: u64) -> ResponseTemplate {
     ResponseTemplate::new(404).insert_header("X-Consul-Index", index.to_string().as_str())
 }
@@ -481,12 +486,9 @@ async fn a_rolled_back_txn_is_a_conflict_naming_each_failing_op() {
     let server = MockServer::start().await;
     Mock::given(method("PUT"))
         .and(path("/v1/txn"))
-        .respond_with(ResponseTemplate::new(409).set_body_json(json!({
-            "Results": null,
-            "Errors": [
-                {"OpIndex": 1, "What": "current modify index 7 does not match 3"},
-            ],
-        })))
+        .respond_with(rolled_back(json!([
+            {"OpIndex": 1, "What": "current modify index 7 does not match 3"},
+        ])))
         .mount(&server)
         .await;
     let ops = [
@@ -523,13 +525,10 @@ async fn a_txn_consul_denies_by_acl_is_forbidden_not_a_conflict() {
     let server = MockServer::start().await;
     Mock::given(method("PUT"))
         .and(path("/v1/txn"))
-        .respond_with(ResponseTemplate::new(409).set_body_json(json!({
-            "Results": null,
-            "Errors": [
-                {"OpIndex": 0, "What": "Permission denied"},
-                {"OpIndex": 1, "What": "Permission denied: token with AccessorID 'x' lacks permission 'key:write' on \"b\""},
-            ],
-        })))
+        .respond_with(rolled_back(json!([
+            {"OpIndex": 0, "What": "Permission denied"},
+            {"OpIndex": 1, "What": "Permission denied: token with AccessorID 'x' lacks permission 'key:write' on \"b\""},
+        ])))
         .mount(&server)
         .await;
     let set = |key: &str| TxnOp::Set {
