@@ -50,7 +50,7 @@ pub struct EventFilter {
     /// Only events at or after this time (RFC 3339).
     #[param(format = DateTime)]
     since: Option<String>,
-    /// Only events before this time (RFC 3339).
+    /// Only events before this time (RFC 3339); not before `since`.
     #[param(format = DateTime)]
     until: Option<String>,
 }
@@ -66,6 +66,13 @@ impl ListFilter for EventFilter {
         for (field, value) in [("since", &self.since), ("until", &self.until)] {
             if value.as_deref().is_some_and(|t| parse_rfc3339(t).is_none()) {
                 violations.add(field, "must be an RFC 3339 time, e.g. 2024-05-01T12:00:00Z");
+            }
+        }
+        // A window that ends before it starts admits nothing: a mistake, not a question.
+        let time = |text: &Option<String>| text.as_deref().and_then(parse_rfc3339);
+        if let (Some(since), Some(until)) = (time(&self.since), time(&self.until)) {
+            if until < since {
+                violations.add("until", "must not be before since");
             }
         }
     }

@@ -265,6 +265,10 @@ async fn events_filter_by_kind_id_actor_and_time_and_page_newest_first() {
         ("kind=pods", "kind"),
         ("since=yesterday", "since"),
         ("until=2024-13-01T00:00:00Z", "until"),
+        (
+            "since=2024-05-02T00:00:00Z&until=2024-05-01T23:59:59Z",
+            "until",
+        ),
         ("selector=a%3Db", "selector"),
     ] {
         let response = app.get(&format!("/api/v1/events?{query}")).await;
