@@ -9,6 +9,7 @@ use std::io;
 
 use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
+use serde_json::ser::{CharEscape, CompactFormatter};
 use serde_json::{Map, Value};
 
 /// A `T` decoded with Go's field matching; `T` is a plain derived struct whose serde field
@@ -76,6 +77,21 @@ impl serde_json::ser::Formatter for GoFormatter {
             start = at + c.len_utf8();
         }
         writer.write_all(&fragment.as_bytes()[start..])
+    }
+
+    /// Go's `json.Marshal` of P2's era (before Go 1.22) has short escapes only for `\n`,
+    /// `\r` and `\t`: backspace and form feed are `\u0008` and `\u000c`, as every other
+    /// control character.
+    fn write_char_escape<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        char_escape: CharEscape,
+    ) -> io::Result<()> {
+        match char_escape {
+            CharEscape::Backspace => writer.write_all(b"\\u0008"),
+            CharEscape::FormFeed => writer.write_all(b"\\u000c"),
+            other => CompactFormatter.write_char_escape(writer, other),
+        }
     }
 }
 
@@ -214,10 +230,10 @@ mod tests {
 
     #[test]
     fn writes_go_escapes() {
-        let out = to_vec(&serde_json::json!({"k": "a<b>&c\u{2028}d\ne"}));
+        let out = to_vec(&serde_json::json!({"k": "a<b>&c\u{2028}d\ne\u{8}f\u{c}g\u{1}\t\r\\\""}));
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            r#"{"k":"a\u003cb\u003e\u0026c\u2028d\ne"}"#
+            r#"{"k":"a\u003cb\u003e\u0026c\u2028d\ne\u0008f\u000cg\u0001\t\r\\\""}"#
         );
     }
 }
