@@ -25,6 +25,10 @@ use crate::state::{Mirror, Tree, TreeVersion};
 /// bounds memory without bookkeeping per answer (the hot ones come back at the next read).
 const MAX_BYTES: usize = 32 << 20;
 
+/// What one kept answer costs beyond its target, headers and body: its entry in the map, its
+/// header map's own tables and its trees' versions, roughly.
+const ENTRY_BYTES: usize = 512;
+
 /// Kept answers, by request target (path and query).
 #[derive(Default)]
 pub struct Answers {
@@ -83,19 +87,62 @@ impl Answers {
     }
 
     fn keep(&self, target: &str, versions: Vec<TreeVersion>, headers: HeaderMap, body: Bytes) {
-        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
-        if kept.bytes + body.len() > MAX_BYTES {
-            kept.by_target.clear();
-            kept.bytes = 0;
-        }
-        kept.bytes += body.len();
         let answer = Kept200 {
             versions,
             headers,
             body,
         };
-        if let Some(replaced) = kept.by_target.insert(target.to_owned(), answer) {
-            kept.bytes -= replaced.body.len();
+        let size = answer.size(target);
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.bytes + size > MAX_BYTES {
+            kept.by_target.clear();
+            kept.bytes = 0;
         }
+        kept.bytes += size;
+        if let Some(replaced) = kept.by_target.insert(target.to_owned(), answer) {
+            kept.bytes -= replaced.size(target);
+        }
+    }
+}
+
+impl Kept200 {
+    /// The memory it holds, kept under `target`: the target counts as much as the body, since
+    /// a client chooses it (a query of up to the longest request target for an empty page).
+    fn size(&self, target: &str) -> usize {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len())
+            .sum();
+        ENTRY_BYTES + target.len() + headers + self.body.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers kept under many long targets (as many queries as a client cares to send, each
+    /// of an empty page) hold no more than the bound, targets counted.
+    #[test]
+    fn kept_answers_hold_at_most_the_bound_whatever_their_targets() {
+        let answers = Answers::default();
+        let padding = "a".repeat(8 * 1024);
+        for i in 0..(2 * MAX_BYTES / padding.len()) {
+            let target = format!("/api/v1/rcs?selector=k+in+(v{i},{padding})");
+            answers.keep(
+                &target,
+                Vec::new(),
+                HeaderMap::new(),
+                Bytes::from_static(b"[]"),
+            );
+        }
+        let kept = answers.kept.lock().unwrap();
+        let held: usize = kept
+            .by_target
+            .iter()
+            .map(|(target, answer)| target.len() + answer.body.len())
+            .sum();
+        assert!(held <= MAX_BYTES, "{held} bytes held");
     }
 }
