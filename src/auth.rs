@@ -667,6 +667,23 @@ mod tests {
         assert!(!Deployer.grants(Admin));
     }
 
+    /// A write is never open to a `viewer` nor to a caller without a token, and every read
+    /// is open to a `viewer` at least.
+    #[test]
+    fn only_reads_are_open_to_viewers_and_to_callers_without_a_token() {
+        for (method, path, need) in RULES {
+            let open = matches!(
+                need,
+                Need::Nobody | Need::ViewerUnlessPublic | Need::Role(Role::Viewer)
+            );
+            assert_eq!(
+                open,
+                *method == Method::GET,
+                "{method} {path} needs {need:?}"
+            );
+        }
+    }
+
     #[test]
     fn served_catch_alls_match_the_documented_parameters() {
         assert!(template_matches(
