@@ -132,8 +132,6 @@ pub async fn run_with(
     Ok(())
 }
 
-/// The connection past its TLS handshake, done within `timeout`; `None` when it cannot be
-/// served: too slow, not TLS (answered 400 and closed), or a failed handshake.
 /// `stream`, whose writes fail once the client has taken nothing of them for `limit`: a
 /// client that never reads its answers would otherwise keep its connection, its slot under
 /// `--max-connections` and a graceful stop waiting forever.
@@ -146,6 +144,8 @@ fn cut_off_when_stalled<S: AsyncRead + AsyncWrite>(
     Box::pin(stream)
 }
 
+/// The connection past its TLS handshake, done within `timeout`; `None` when it cannot be
+/// served: too slow, not TLS (answered 400 and closed), or a failed handshake.
 async fn secure(
     tls: &Tls,
     stream: TcpStream,
