@@ -9,7 +9,8 @@ use axum::body::{to_bytes, Body, HttpBody};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::header::{
-    ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION, RETRY_AFTER,
+    ACCESS_CONTROL_REQUEST_METHOD, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, ETAG,
+    LOCATION, RETRY_AFTER,
 };
 use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
@@ -17,8 +18,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use futures::FutureExt as _;
 use http_body_util::LengthLimitError;
-use tower::ServiceBuilder;
-use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
+use tower::{Layer, Service, ServiceBuilder};
+use tower_http::cors::{self as tower_cors, AllowHeaders, AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
@@ -311,11 +312,11 @@ pub fn build(state: AppState) -> Router {
 /// With `--cors-origin`, what answers browsers' preflights and adds the CORS headers for the
 /// allowed origins to every answer, errors included. Outside authentication and the JSON
 /// fallbacks: preflights come without a token and to routes that have no OPTIONS.
-fn cors(origins: Vec<HeaderValue>) -> Option<CorsLayer> {
+fn cors(origins: Vec<HeaderValue>) -> Option<PreflightsOnly> {
     if origins.is_empty() {
         return None;
     }
-    Some(
+    Some(PreflightsOnly(
         CorsLayer::new()
             .allow_origin(AllowOrigin::list(origins))
             .allow_methods([
@@ -331,7 +332,63 @@ fn cors(origins: Vec<HeaderValue>) -> Option<CorsLayer> {
             // a page could not make the `If-Match` writes the API offers.
             .expose_headers([REQUEST_ID_HEADER, INDEX_HEADER, LOCATION, ETAG, RETRY_AFTER])
             .max_age(Duration::from_secs(600)),
-    )
+    ))
+}
+
+/// [`CorsLayer`], but for an OPTIONS that is no preflight: tower-http answers every OPTIONS
+/// as one (200, empty), where a preflight is one naming the method the page means to use
+/// (`Access-Control-Request-Method`, Fetch); any other goes to the routes, which answer it as
+/// without `--cors-origin` (a route's 405, an unknown route's 404).
+#[derive(Clone)]
+struct PreflightsOnly(CorsLayer);
+
+impl<S: Clone> Layer<S> for PreflightsOnly {
+    type Service = PreflightsOnlyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PreflightsOnlyService {
+            cors: self.0.layer(inner.clone()),
+            plain: inner,
+        }
+    }
+}
+
+/// The service of [`PreflightsOnly`]: `cors` for every request but an OPTIONS that is no
+/// preflight, which `plain` takes.
+#[derive(Clone)]
+struct PreflightsOnlyService<S> {
+    cors: tower_cors::Cors<S>,
+    plain: S,
+}
+
+impl<S, B, ResBody> Service<axum::http::Request<B>> for PreflightsOnlyService<S>
+where
+    S: Service<axum::http::Request<B>, Response = axum::http::Response<ResBody>>,
+    ResBody: Default,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::Either<S::Future, tower_cors::ResponseFuture<S::Future>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::ready!(self.plain.poll_ready(cx))?;
+        self.cors.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        let no_preflight = request.method() == Method::OPTIONS
+            && !request
+                .headers()
+                .contains_key(ACCESS_CONTROL_REQUEST_METHOD);
+        if no_preflight {
+            futures::future::Either::Left(self.plain.call(request))
+        } else {
+            futures::future::Either::Right(self.cors.call(request))
+        }
+    }
 }
 
 /// What every route gets: JSON 404 and 405, limits on the request head and body, the
@@ -347,7 +404,11 @@ pub fn with_middleware(router: Router, limits: HttpLimits) -> Router {
 /// [`with_middleware`], with `cors` answering preflights inside the layers that give every
 /// request its id, span and metrics, so that a preflight is answered, logged and counted as
 /// any other request.
-fn with_middleware_and_cors(router: Router, limits: HttpLimits, cors: Option<CorsLayer>) -> Router {
+fn with_middleware_and_cors(
+    router: Router,
+    limits: HttpLimits,
+    cors: Option<PreflightsOnly>,
+) -> Router {
     // Outermost first: the request id exists before the span is opened, so every log line of
     // the request carries it; the body is read in full before the deadline starts, so a slow
     // client is told 408 and a slow store 503.

@@ -384,6 +384,22 @@ async fn cors_preflights_are_answered_for_allowed_origins_only() {
     );
 }
 
+/// Only an OPTIONS naming the method a page means to use (`Access-Control-Request-Method`)
+/// is a preflight: any other is answered by the routes as it is without `--cors-origin`, a
+/// route's 405 or an unknown route's 404, with the JSON body.
+#[tokio::test]
+async fn an_options_request_that_is_no_preflight_is_answered_by_the_routes() {
+    let secured = Secured::new(&["https://dash.example"]).await;
+    for (path, status) in [
+        ("/api/v1/rcs", StatusCode::METHOD_NOT_ALLOWED),
+        ("/nowhere", StatusCode::NOT_FOUND),
+    ] {
+        let response = secured.send("OPTIONS", path, None).await;
+        assert_eq!(response.status, status, "{path}: {response:?}");
+        assert_eq!(response.error().code, status.as_u16(), "{path}");
+    }
+}
+
 #[tokio::test]
 async fn cors_preflights_get_a_request_id_like_every_request() {
     let secured = Secured::new(&["https://dash.example"]).await;
