@@ -28,7 +28,7 @@ use crate::model::conditions::{
 };
 use crate::model::event::{ObjectKind, RcProgress, RollOutcome, RollProgress};
 use crate::model::{roll_step, AuditRecord, HealthCounts, StoredRc, StoredRoll};
-use crate::state::Mirror;
+use crate::state::{Mirror, View};
 use crate::store::rcs::RcStore;
 use crate::store::rolls::RollStore;
 
@@ -172,7 +172,11 @@ impl Farm for RollFarm {
             let now = Moment::now();
             let ready_since = self.ready_since.get(id).copied();
             let action = plan(world, &ctx.session, &roll.value, ready_since, now);
-            let activity = activity(&action, &roll.value);
+            let unreadable = (action == Action::RcMissing)
+                .then(|| self.unreadable_rc(world, &roll.value))
+                .flatten();
+            let activity =
+                unreadable.map_or_else(|| activity(&action, &roll.value), RollActivity::Stuck);
             let result = self.apply(ctx, world, id, roll, action, now).await;
             // A finished roll is gone: the next pass removes its conditions.
             let published = match activity {
@@ -672,6 +676,24 @@ fn progress_mark(world: &World, spec: &StoredRoll) -> Vec<i64> {
 }
 
 impl RollFarm {
+    /// Why an RC of `spec` that `world` lacks is not gone, if it is not: the mirror holds
+    /// its document, which cannot be decoded (and the store, asked before the roll is
+    /// ended, answers the same).
+    fn unreadable_rc(&self, world: &World, spec: &StoredRoll) -> Option<RollStuck> {
+        [&spec.old_rc, &spec.new_rc].into_iter().find_map(|rc| {
+            if world.rcs.items.contains_key(rc) {
+                return None;
+            }
+            match &self.mirror.get(&layout::rc(rc))?.view {
+                View::Unreadable(why) => Some(RollStuck::RcUnreadable {
+                    rc: rc.clone(),
+                    why: why.to_string(),
+                }),
+                _ => None,
+            }
+        })
+    }
+
     /// Publishes roll `id`'s conditions for `activity`; a roll newly stalled is logged, and
     /// a stalled one alerted (the alerter keeps repeats apart). Returns when the roll stalls
     /// if it has not yet.

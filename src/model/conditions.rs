@@ -343,6 +343,9 @@ pub enum RollStuck {
     SameRc,
     /// An RC of the roll does not exist; the roll is being ended.
     RcMissing,
+    /// An RC of the roll is stored but cannot be decoded (`why`): the roll neither moves
+    /// nor ends.
+    RcUnreadable { rc: String, why: String },
     /// The roll's counts are not a roll's (stored by a tool that does not check them, as
     /// P2's `schedule-update`): what is wrong with them.
     InvalidCounts { problems: String },
@@ -413,6 +416,7 @@ impl RollStuck {
             RollStuck::AnotherRoll { .. } => "AnotherRoll",
             RollStuck::SameRc => "SameRc",
             RollStuck::RcMissing => "RcMissing",
+            RollStuck::RcUnreadable { .. } => "RcUnreadable",
             RollStuck::InvalidCounts { .. } => "InvalidCounts",
         }
     }
@@ -458,6 +462,9 @@ impl RollStuck {
             ),
             RollStuck::SameRc => "the roll names one RC as both its old and its new RC, so there are no replicas to move; cancel it".into(),
             RollStuck::RcMissing => "an RC of the roll does not exist, so the roll is ending".into(),
+            RollStuck::RcUnreadable { rc, why } => format!(
+                "the stored RC {rc} cannot be decoded ({why}), so the roll can neither move nor end; cancel the roll, then DELETE /api/v1/rcs/{rc} removes it"
+            ),
             RollStuck::InvalidCounts { problems } => format!(
                 "the roll's counts cannot be rolled to ({problems}), so it moves nothing; cancel it"
             ),
@@ -917,6 +924,14 @@ mod tests {
                 RollActivity::Stuck(RollStuck::RcMissing),
                 False,
                 "RcMissing",
+            ),
+            (
+                RollActivity::Stuck(RollStuck::RcUnreadable {
+                    rc: "rc".into(),
+                    why: "not JSON".into(),
+                }),
+                False,
+                "RcUnreadable",
             ),
         ];
         for (activity, status, reason) in cases {

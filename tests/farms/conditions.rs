@@ -44,6 +44,12 @@ async fn wait_for(
     .await
 }
 
+/// Waits until roll `id` is not progressing, for `reason`; returns why, as its message says.
+async fn not_progressing_for(h: &Harness, id: &str, reason: &str) -> String {
+    let progressing = wait_for(h, ObjectKind::Rolls, id, "Progressing", "False", reason).await;
+    progressing["message"].as_str().unwrap().to_owned()
+}
+
 fn rc(manifest: &str, selector: &str, replicas: i64) -> Value {
     json!({"manifest": manifest, "node_selector": selector, "pod_labels": {},
            "replicas_desired": replicas, "disabled": false, "allocation_strategy": ""})
@@ -85,16 +91,7 @@ async fn a_roll_with_minimum_equal_to_desired_is_stalled_and_alerted() {
     let (old, new) = rcs_to_roll(&h, 3).await;
     h.put_roll(&old, &new, 3, 3).await;
 
-    let progressing = wait_for(
-        &h,
-        ObjectKind::Rolls,
-        &new,
-        "Progressing",
-        "False",
-        "MinimumEqualsDesired",
-    )
-    .await;
-    let why = progressing["message"].as_str().unwrap();
+    let why = not_progressing_for(&h, &new, "MinimumEqualsDesired").await;
     assert!(
         why.starts_with("minimum_replicas (3) is not below desired_replicas (3)"),
         "{why}"
@@ -459,4 +456,22 @@ async fn a_roll_created_again_keeps_nothing_of_the_conditions_before_it() {
         stalled["last_transition_time"], earlier["last_transition_time"],
         "{stalled}"
     );
+}
+
+/// A roll whose RC is stored but cannot be decoded does not end (the RC is there), so its
+/// conditions say the RC cannot be read rather than that it is gone and the roll ending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_over_an_unreadable_rc_says_so_rather_than_that_it_is_ending() {
+    let h = Harness::start().await;
+    let old = h.put_rc(rc(MANIFEST, "role=web", 0)).await;
+    let new = h.put_rc(rc(NEW_MANIFEST, "role=web", 0)).await;
+    h.store
+        .put(&layout::rc(&old), b"not an RC", Cas::Any)
+        .await
+        .unwrap();
+    h.put_roll(&old, &new, 1, 0).await;
+
+    let why = not_progressing_for(&h, &new, "RcUnreadable").await;
+    assert!(why.contains(&old), "{why}");
+    assert!(h.store.get(&layout::roll(&new)).await.unwrap().is_some());
 }
