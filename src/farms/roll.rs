@@ -29,6 +29,7 @@ use crate::model::conditions::{
 use crate::model::event::{ObjectKind, RcProgress, RollOutcome, RollProgress};
 use crate::model::{roll_step, AuditRecord, HealthCounts, StoredRc, StoredRoll};
 use crate::state::{Mirror, View};
+use crate::store::labels::LabelStore;
 use crate::store::rcs::RcStore;
 use crate::store::rolls::RollStore;
 
@@ -799,13 +800,14 @@ async fn finish_ops(
         let before = world.rcs.items.get(&spec.old_rc).map(|rc| &*rc.value);
         ops.extend(rcs.deleted_ops(&spec.old_rc, before, &actor).await?);
     }
+    // The records carry the labels the delete removes, as a cancel's do: read at an index
+    // the transaction checks.
+    let labels = LabelStore::new(ctx.store.clone())
+        .get(LabelType::Rolls, id)
+        .await?;
+    ops.push(LabelStore::unchanged_op(LabelType::Rolls, id, labels.index));
+    let labels = labels.value;
     ops.extend(RollStore::delete_ops(id));
-    let labels = ctx
-        .store
-        .get(&layout::labels(LabelType::Rolls, id))
-        .await?
-        .and_then(|pair| serde_json::from_slice(&pair.value).ok())
-        .unwrap_or_default();
     let progress = |rc_id: &str| {
         world
             .rcs
@@ -1532,27 +1534,60 @@ mod tests {
     async fn a_roll_cancelled_since_the_farm_read_it_is_not_finished_again() {
         let (_dir, store, ctx) = term().await;
         let seen = store_roll(store.as_ref(), roll(2, 1)).await;
-        // Cancelled through the API meanwhile.
-        let key = layout::roll(NEW);
-        store
-            .delete(&key, crate::kv::Cas::Index(seen.index))
-            .await
-            .unwrap();
-
-        let world = Fleet::new().world();
-        let ops = finish_ops(&ctx, &world, NEW, &seen, None, RollOutcome::Succeeded)
-            .await
-            .unwrap();
-        let committed = ctx.commit(&layout::roll_ownership(NEW), ops).await;
+        let cancel = async {
+            let key = layout::roll(NEW);
+            let at = crate::kv::Cas::Index(seen.index);
+            store.delete(&key, at).await.unwrap();
+        };
         assert!(
-            committed.is_err(),
+            !ends_despite(store.as_ref(), &ctx, &seen, cancel).await,
             "the farm finished a roll that was already gone: its commit landed"
         );
-        assert!(store
-            .get(&layout::roll_history(NEW))
+    }
+
+    /// A roll's labels changed after the farm read them to end it: its finished record and
+    /// P2's completion record (which takes the pod id, zone and cluster from them) would name
+    /// labels the roll no longer had, and the change would be deleted unrecorded. The ending
+    /// fails instead, for the next pass to read them again.
+    #[tokio::test]
+    async fn a_roll_whose_labels_changed_since_the_farm_read_them_is_not_ended_with_them() {
+        let (_dir, store, ctx) = term().await;
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+        let labels = layout::labels(LabelType::Rolls, NEW);
+        let set = |value: &'static [u8]| {
+            let (store, labels) = (store.clone(), labels.clone());
+            async move {
+                store
+                    .put(&labels, value, crate::kv::Cas::Any)
+                    .await
+                    .unwrap()
+            }
+        };
+        set(br#"{"pod_id":"hello"}"#).await;
+        let relabel = set(br#"{"pod_id":"goodbye"}"#);
+        assert!(
+            !ends_despite(store.as_ref(), &ctx, &seen, relabel).await,
+            "the roll was ended with labels it no longer had"
+        );
+    }
+
+    /// Whether roll `seen` ends, its finished record kept, when `meanwhile` happens after the
+    /// farm built the ending and before it commits it.
+    async fn ends_despite(
+        store: &dyn crate::kv::KvStore,
+        ctx: &FarmContext,
+        seen: &Shared<StoredRoll>,
+        meanwhile: impl std::future::Future<Output = ()>,
+    ) -> bool {
+        let world = Fleet::new().world();
+        let ops = finish_ops(ctx, &world, NEW, seen, None, RollOutcome::Succeeded)
             .await
-            .unwrap()
-            .is_none());
+            .unwrap();
+        meanwhile.await;
+        let committed = ctx.commit(&layout::roll_ownership(NEW), ops).await;
+        let history = store.get(&layout::roll_history(NEW)).await.unwrap();
+        assert_eq!(committed.is_ok(), history.is_some());
+        committed.is_ok()
     }
 
     /// A cancelled roll leaves both RCs at their counts of the moment (its finished record
