@@ -418,14 +418,19 @@ async fn delete_roll(
                 value: roll,
                 index: current.index,
             };
-            let view = current_view(state, &record).await?;
+            // The pods as the view counts them; the RCs' counts as the store holds them,
+            // checked in the transaction: those the cancel leaves them at.
+            let mut progress = current_view(state, &record).await?.progress;
+            let (desired, unchanged) = rolls.desired_now(&record.value).await?;
+            [progress.old.desired, progress.new.desired] = desired;
+            ops.extend(unchanged);
             ops.extend(
                 rolls
                     .finished_ops(
                         &record.value,
                         &current.value.labels.value,
                         RollOutcome::Cancelled,
-                        view.progress,
+                        progress,
                         actor,
                         None,
                     )

@@ -8,7 +8,7 @@ use crate::labels::LabelType;
 use crate::model::event::{
     diff, roll_fields, Action, Actor, FinishedRoll, ObjectKind, RollOutcome, RollProgress,
 };
-use crate::model::{json_may_hold, StoredRoll};
+use crate::model::{json_may_hold, StoredRc, StoredRoll};
 
 use super::events::{meta_delete_op, read_meta, record_ops};
 use super::labels::{LabelRecord, LabelStore};
@@ -175,6 +175,34 @@ impl RollStore {
             },
             meta_delete_op(ObjectKind::Rolls, id),
         ]
+    }
+
+    /// The `replicas_desired` of `roll`'s old and new RC as the store holds them now
+    /// (`None` for one absent or unreadable), and the ops that hold only while each RC is
+    /// still that version: what a record of the counts a roll leaves its RCs at is made of
+    /// and checked by, since a farm's step moves them without writing the roll.
+    pub async fn desired_now(
+        &self,
+        roll: &StoredRoll,
+    ) -> StoreResult<([Option<i64>; 2], Vec<TxnOp>)> {
+        let mut desired = [None, None];
+        let mut unchanged = Vec::with_capacity(2);
+        for (side, rc) in [&roll.old_rc, &roll.new_rc].into_iter().enumerate() {
+            let key = layout::rc(rc);
+            match self.kv.get(&key).await? {
+                Some(pair) => {
+                    desired[side] = StoredRc::from_json(&pair.value)
+                        .ok()
+                        .map(|rc| rc.replicas_desired);
+                    unchanged.push(TxnOp::CheckIndex {
+                        key,
+                        index: pair.modify_index,
+                    });
+                }
+                None => unchanged.push(TxnOp::CheckNotExists { key }),
+            }
+        }
+        Ok((desired, unchanged))
     }
 
     /// The ops recording that `roll` ended with `outcome` (by `actor`, for the reason in

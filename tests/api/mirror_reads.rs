@@ -2403,3 +2403,33 @@ async fn an_rc_read_through_to_the_store_is_held_at_the_mirrors_index() {
         assert!(answer.x_index() > index, "{read}: {answer:?}");
     }
 }
+
+/// A cancelled roll's finished record shows the counts it leaves the RCs at, as the store
+/// holds them when the roll is deleted, never a lagging mirror's: here the mirror has not
+/// seen a step another server's roll farm took.
+#[tokio::test]
+async fn a_cancelled_rolls_record_shows_the_counts_it_leaves_the_rcs_at() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let old = create(&app, 1).await;
+    let new = create(&app, 0).await;
+    let roll = create_roll(&app, &old, &new).await;
+    counting.fail_watches_of(Some("replication_controllers/"));
+    for (id, replicas) in [(&old, 0), (&new, 1)] {
+        let key = format!("replication_controllers/{id}");
+        edit_unseen(&app, &key, "replicas_desired", json!(replicas)).await;
+    }
+
+    let path = format!("/api/v1/rolls/{roll}");
+    let cancelled = app.json_request("DELETE", &path, None, &[]).await;
+    assert_eq!(cancelled.status, StatusCode::NO_CONTENT, "{cancelled:?}");
+    let done = app
+        .stored_json(&format!("p2-apiserver/history/rolls/{roll}"))
+        .await
+        .unwrap();
+    let desired = |side: &str| done["progress"][side]["desired"].clone();
+    assert_eq!(
+        (desired("old"), desired("new")),
+        (json!(0), json!(1)),
+        "{done}"
+    );
+}
