@@ -38,13 +38,43 @@ use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation};
 pub const TAG: &str = "pod-health";
 
 /// A report from a node agent: `{"status": ...}`, or P2's own record, whose `Status` is read
-/// and whose other fields are ignored (the URL names the pod and node, the server the times).
+/// and whose times are ignored (the server sets them). The URL names the pod and node: a
+/// record naming others is a misrouted report, refused rather than stored as this pod's.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct HealthReport {
     /// Exactly one of `passing`, `warning`, `critical` or `unknown`.
     #[serde(alias = "Status")]
     #[schema(value_type = HealthState)]
     pub status: String,
+    /// P2's record form: the pod ID; if given and not empty, the URL's.
+    #[serde(rename = "Id", alias = "id", default)]
+    pub id: Option<String>,
+    /// P2's record form: the node; if given and not empty, the URL's.
+    #[serde(rename = "Node", alias = "node", default)]
+    pub node: Option<String>,
+    /// P2's record form: the pod ID again; if given and not empty, the URL's.
+    #[serde(rename = "Service", alias = "service", default)]
+    pub service: Option<String>,
+}
+
+impl HealthReport {
+    /// Adds to `violations` each pod or node the report names that the URL does not.
+    fn check_names(&self, pod_id: &str, node: &str, violations: &mut Violations) {
+        let named = [
+            ("Id", &self.id, pod_id),
+            ("Node", &self.node, node),
+            ("Service", &self.service, pod_id),
+        ];
+        for (field, named, expected) in named {
+            match named.as_deref() {
+                Some(named) if !named.is_empty() && named != expected => violations.add(
+                    field,
+                    format!("names {named:?}, but the URL names {expected:?}"),
+                ),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// One pod's health on one node.
@@ -154,7 +184,7 @@ async fn get_pod_health(
         (status = BAD_REQUEST, description = "Malformed JSON or If-Match", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "The record changed since the If-Match version", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "A bad pod ID, node name or status", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "A bad pod ID, node name or status, or a record naming another pod or node", body = ErrorBody),
         (status = CONFLICT, description = "The report kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
@@ -170,6 +200,7 @@ async fn put_pod_health(
     let mut violations = Violations::new();
     let pod = check_pod(&pod_id, &node, &mut violations);
     let state = parse_status(&report.status, &mut violations);
+    report.check_names(&pod_id, &node, &mut violations);
     violations.finish()?;
     let expected = if_match
         .expected(app.store.as_ref(), &layout::health(&pod_id, &node))

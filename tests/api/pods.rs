@@ -754,6 +754,42 @@ async fn health_accepts_p2s_record_form_and_every_state() {
     }
 }
 
+/// P2's record form names its pod and node itself: a record naming another pod or node than
+/// the URL is a misrouted report, refused, not stored as the URL's pod's result.
+#[tokio::test]
+async fn health_refuses_a_record_naming_another_pod_or_node() {
+    let app = TestApp::new().await;
+    put_p2_health(&app, "hello", "node1", "passing").await;
+    let before = app.dump().await;
+    let record = |id: &str, node: &str, service: &str| json!({"Id": id, "Node": node, "Service": service, "Status": "critical"});
+    for (body, fields) in [
+        (record("hello", "node2", "hello"), vec!["Node"]),
+        (record("other", "node1", "hello"), vec!["Id"]),
+        (record("hello", "node1", "other"), vec!["Service"]),
+        (
+            record("other", "node2", "other"),
+            vec!["Id", "Node", "Service"],
+        ),
+        (json!({"status": "critical", "node": "node2"}), vec!["Node"]),
+    ] {
+        let response = put_health(&app, "/api/v1/health/hello/node1", body.clone()).await;
+        assert_eq!(
+            response.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{body}: {response:?}"
+        );
+        assert_eq!(response.cause_fields(), fields, "{body}");
+    }
+    assert_eq!(app.dump().await, before);
+
+    // Naming the URL's pod and node, or leaving them empty as some writers do, is taken.
+    for body in [record("hello", "node1", "hello"), record("", "", "")] {
+        let response = put_health(&app, "/api/v1/health/hello/node1", body.clone()).await;
+        assert_eq!(response.status, StatusCode::OK, "{body}");
+        assert_eq!(response.json()["status"], "critical", "{body}");
+    }
+}
+
 #[tokio::test]
 async fn health_refuses_bad_reports_and_writes_nothing() {
     let app = TestApp::new().await;
