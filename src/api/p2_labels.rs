@@ -20,7 +20,9 @@
 //!   with a 503 after its first check-and-set miss.
 //! - `/api/select` over a type with no labels at all answers `[]`: nothing matches an empty
 //!   tree, and P2's 404 there keeps its RC farm from ever placing a first pod.
-//! - Reads are always consistent: `cachedMatch` and `stale` are accepted and ignored.
+//! - Reads come from the mirror while it follows the store (this server's own writes in it
+//!   at once), else from the store, whatever `cachedMatch` and `stale` say: both are accepted
+//!   and ignored.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
