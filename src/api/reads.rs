@@ -208,17 +208,26 @@ pub async fn source<'a>(
 const CATCH_UP: Duration = Duration::from_secs(1);
 
 /// Holds a blocking read of `trees` on the mirror for at most `wait`, until what it reads
-/// changes from `before`: a tree's listed index and the `spans`' extents. Any tree's
-/// index counts, not only the answer's `X-Index`: a tree whose watch lags holds that index
-/// down, and its late delivery of another writer's change may leave it unmoved.
+/// changes from `before` (the index of a tree's newest change, and the `spans`' extents),
+/// or the answer's `X-Index` moves from where it stood as the hold began. Any tree's index
+/// counts, not only the answer's `X-Index`: a tree whose watch lags holds that index down,
+/// and its late delivery of another writer's change may leave it unmoved. A tree that
+/// holds nothing counts at the index it came to hold nothing, not at the one its watch
+/// lists it at (on Consul the whole store's, moved by every write anywhere): a change
+/// delivered late into it makes it hold something, which moves its index, and its listing
+/// that lets the answer claim a change the answer held already moves the `X-Index`. A
+/// catch-up since `before` that did so brought no change either, and is not answered at
+/// once.
 async fn hold(app: &App, trees: &[Tree], spans: &[Span], before: Seen, wait: Duration) {
     let mirror = &app.mirror;
     let mut changes = mirror.changes();
+    let claimed = mirror.claimable_index(trees);
     let held = async {
         loop {
             changes.borrow_and_update();
             let now = mirror.seen(trees, spans);
-            if now.listed != before.listed && (spans.is_empty() || now.extents != before.extents) {
+            let moved = now.changed != before.changed || now.claimable != claimed;
+            if moved && (spans.is_empty() || now.extents != before.extents) {
                 return;
             }
             if changes.changed().await.is_err() {
@@ -318,7 +327,7 @@ pub async fn indexed_source<'a>(
     let (index, mirror) = match source {
         Opened::Mirror(mirror) => (mirror_index(mirror, trees), Some(mirror)),
         Opened::Store(prefixes) => (
-            combined_index(app.store_reads.as_ref(), &prefixes).await?,
+            combined_index(app.store_reads.as_ref(), &app.mirror, &prefixes).await?,
             None,
         ),
     };
@@ -347,9 +356,9 @@ async fn open<'a>(
         )),
         Source::Store(blocking) => {
             // Held until the spans change, answered at the index of the trees (and the
-            // spans, on Consul at the whole store's when empty), as from the mirror: a
-            // client passes back either answer's index and is held while nothing it
-            // shows changed.
+            // spans; one listed empty counted as the mirror counts its tree), as from the
+            // mirror: a client passes back either answer's index and is held while
+            // nothing it shows changed.
             let tree_prefixes: Vec<String> = trees.iter().map(|tree| tree.prefix()).collect();
             let span_prefixes: Vec<String> = spans.iter().flat_map(Span::prefixes).collect();
             let prefixes = if spans.is_empty() {

@@ -446,8 +446,8 @@ async fn delete_roll(
 /// The trees a roll's view is made of (its document and labels, both RCs, their pods,
 /// what the nodes run, the pods' health, and the farms' conditions, written after the pass
 /// that saw the rest change or once a deadline passes with nothing else changing), and the
-/// finished rolls' when they are shown (only then: on Consul an empty tree reads at the
-/// whole store's index). A read's `X-Index` is what they hold (`reads::mirror_index`).
+/// finished rolls' when they are shown (only then: a read that does not show them is not
+/// woken by their changes). A read's `X-Index` is what they hold (`reads::mirror_index`).
 /// The rolls' times too: written with a roll, but delivered by a watch of their own tree,
 /// maybe after it, so that an answer claims a roll's change only with them.
 fn roll_trees(finished: bool) -> Vec<Tree> {

@@ -49,6 +49,10 @@ pub(super) struct TreeState {
     /// read of the tree that began after a higher index was committed has been applied
     /// (`Mirror::catch_up`).
     pub complete: u64,
+    /// While the tree holds nothing, the index listed as it came to hold nothing (its last
+    /// change, a delete, as the store lists an emptied prefix at its newest delete), or as
+    /// it was read whole holding nothing: see [`TreeState::changed_index`].
+    pub emptied: u64,
     /// Moves on every change of `entries`, so readers can tell a tree changed even when its
     /// index did not (an own delete).
     pub generation: u64,
@@ -84,6 +88,26 @@ pub(super) struct Tombstone {
 }
 
 impl TreeState {
+    /// Whether the tree holds no entry, and no own delete waiting for a listing to confirm
+    /// it.
+    pub fn holds_nothing(&self) -> bool {
+        self.entries.is_empty() && self.tombstones.is_empty()
+    }
+
+    /// The index of the tree's newest change, as an answer made of the tree counts it (its
+    /// `X-Index`) and a read blocked on it waits for it to move: its listed index while it
+    /// holds something, else the index listed as it came to hold nothing. A listing that
+    /// finds nothing again leaves it: on Consul a prefix with neither keys nor tombstones
+    /// lists at the whole store's index, which every write anywhere moves, though nothing
+    /// in the tree changed.
+    pub fn changed_index(&self) -> u64 {
+        if self.holds_nothing() {
+            self.emptied
+        } else {
+            self.listed
+        }
+    }
+
     /// The entry at `key`, or the version an own delete not confirmed yet removed from it:
     /// what a blocked read counts there (see `Extent`).
     pub fn held_or_unconfirmed(&self, key: &str) -> Option<&Arc<Entry>> {
@@ -230,6 +254,7 @@ impl State {
     pub(super) fn apply(&mut self, mut prepared: Prepared) {
         let tree = prepared.tree;
         let (index, authoritative) = (prepared.index, prepared.authoritative);
+        let held_something = !self.tree(tree).holds_nothing();
         for (key, modify_index) in &prepared.listed {
             let Some(entry) = prepared.decoded.remove(key) else {
                 continue;
@@ -275,6 +300,9 @@ impl State {
             state
                 .tombstones
                 .retain(|_, tombstone| tombstone.removed.is_some() || tombstone.through > listed);
+        }
+        if state.holds_nothing() && (authoritative || held_something) {
+            state.emptied = state.listed;
         }
         let first = !state.loaded;
         state.loaded = true;
@@ -662,6 +690,36 @@ mod tests {
         let deleted = state.stream.replay_from(0).unwrap();
         assert_eq!(deleted.last().unwrap().change_type, ChangeType::Deleted);
         assert_eq!(deleted.last().unwrap().entry.pair.key, "labels/node/a");
+    }
+
+    /// A tree that holds nothing counts at the index it came to hold nothing (or was read
+    /// whole holding nothing), not at the newer ones a listing finds it empty at again: on
+    /// Consul those are the whole store's, moved by every write anywhere.
+    #[test]
+    fn an_empty_tree_changes_only_when_what_it_holds_does() {
+        let tree = Tree::Labels(LabelType::Node);
+        let mut state = State::new(Stream::new(10, 10));
+        let changed = |state: &State| state.tree(tree).changed_index();
+        apply(&mut state, 3, &[], true);
+        assert_eq!(changed(&state), 3);
+        apply(&mut state, 9, &[], false);
+        assert_eq!(changed(&state), 3, "a write elsewhere moved it");
+
+        let a = pair("labels/node/a", "{}", 10);
+        apply(&mut state, 10, std::slice::from_ref(&a), false);
+        assert_eq!(changed(&state), 10);
+        apply(&mut state, 12, std::slice::from_ref(&a), false);
+        assert_eq!(changed(&state), 12);
+
+        // The server's own delete counts once a listing confirms it.
+        state.apply_own_delete(tree, "labels/node/a", 14);
+        apply(&mut state, 13, std::slice::from_ref(&a), false);
+        assert_eq!(changed(&state), 13);
+        apply(&mut state, 14, &[], false);
+        assert_eq!(changed(&state), 14);
+        apply(&mut state, 20, &[], false);
+        assert_eq!(changed(&state), 14, "a write elsewhere moved it");
+        assert_eq!(state.tree(tree).listed, 20);
     }
 
     #[test]

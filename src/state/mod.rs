@@ -214,9 +214,12 @@ pub type TreeVersion = (u64, u64, u64);
 /// What a blocking read has seen of its trees, by [`Mirror::seen`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {
-    /// By tree asked for, its listed index. A tree whose watch lags holds the read's
-    /// `X-Index` down while the others' move, and its own delivery moves only its own.
+    /// By tree asked for, its listed index: what its watch has shown.
     pub listed: Vec<u64>,
+    /// By tree asked for, the index of its newest change (`TreeState::changed_index`: its
+    /// listed index while it holds something). A tree whose watch lags holds the read's
+    /// `X-Index` down while the others' move, and its own delivery moves only its own.
+    pub changed: Vec<u64>,
     /// The index an answer made of the trees claims ([`Mirror::claimable_index`]).
     pub claimable: u64,
     /// By span asked for ([`Span`]).
@@ -583,7 +586,7 @@ fn summed(parts: impl IntoIterator<Item = Extent>) -> Extent {
 /// How many entries lie under a prefix, and the highest modify index among them: a write
 /// under the prefix that reaches the mirror in index order changes one of the two (an added
 /// or changed entry has the newest index; a removal alone lowers the count). A whole
-/// tree's is its listed index.
+/// tree's is the index of its newest change (`TreeState::changed_index`).
 ///
 /// An own delete counts once a listing confirms it, as it does in the index: until then
 /// the removed entry is counted, so that a blocked read whose client may not have seen the
@@ -593,9 +596,9 @@ pub type Extent = (usize, u64);
 /// [`Mirror::claimable_index`] in `state`.
 fn claimable(state: &State, trees: &[Tree]) -> u64 {
     let trees = || trees.iter().map(|tree| state.tree(*tree));
-    let listed = trees().map(|tree| tree.listed).max().unwrap_or(0);
+    let changed = trees().map(TreeState::changed_index).max().unwrap_or(0);
     let complete = trees().map(|tree| tree.complete).min().unwrap_or(0);
-    listed.min(complete)
+    changed.min(complete)
 }
 
 fn extent(state: &State, prefix: &str) -> Extent {
@@ -604,7 +607,7 @@ fn extent(state: &State, prefix: &str) -> Extent {
     };
     let tree_state = state.tree(tree);
     if tree.prefix() == prefix {
-        return (0, tree_state.listed);
+        return (0, tree_state.changed_index());
     }
     let unconfirmed_deletes = tree_state.unconfirmed_deletes();
     let unconfirmed_deletes =
@@ -805,7 +808,8 @@ impl Mirror {
     }
 
     /// The newest index the watches of `trees` have shown: what a read of them claims to
-    /// reflect (its `X-Index`). The server's own writes are in the entries at once, but they
+    /// reflect (its `X-Index`, [`Mirror::claimable_index`]), but for the trees that hold
+    /// nothing. The server's own writes are in the entries at once, but they
     /// count here only once a listing confirms them ([`Mirror::confirm`]): another writer's
     /// change from before an own write may not have reached the mirror yet, and the own
     /// write's index alone would claim it. The farms need no other tree to catch up with
@@ -820,8 +824,9 @@ impl Mirror {
     }
 
     /// The index an answer made of `trees` claims (its `X-Index`): the newest their watches
-    /// have listed ([`Mirror::listed_index`]), but no newer than every one of them holds
-    /// every change up to. Each tree has its own watch, so another writer's change to one
+    /// have listed ([`Mirror::listed_index`]), a tree that holds nothing counting at the
+    /// index it came to hold nothing (`TreeState::changed_index`), but no newer than every
+    /// one of them holds every change up to. Each tree has its own watch, so another writer's change to one
     /// tree can reach the mirror after a newer change to another; [`Mirror::catch_up`]
     /// brings the trees up to their listed index.
     pub fn claimable_index(&self, trees: &[Tree]) -> u64 {
@@ -889,11 +894,10 @@ impl Mirror {
 
     /// Waits, at most `timeout`, until each of `trees` holds every change up to the newest
     /// index their watches have listed, so that an answer made of them claims that index
-    /// ([`Mirror::claimable_index`]); whether they all do. Trees that hold nothing count
-    /// only as trees to catch up: on Consul an empty prefix lists at the whole store's
-    /// index, which moves with every write anywhere, and the others would catch up with
-    /// each. A tree
-    /// read since that index was committed holds it; of any other, the store is asked for
+    /// ([`Mirror::claimable_index`]); whether they all do. A tree that holds nothing counts
+    /// at the index it came to hold nothing (`TreeState::changed_index`): on Consul an empty
+    /// prefix lists at the whole store's index, which moves with every write anywhere, and
+    /// the others would catch up with each. A tree read since that index was committed holds it; of any other, the store is asked for
     /// the tree's index (one call at a time per tree, shared by the readers waiting), and if
     /// it moved, the tree's next read is made without waiting out its pacing. A tree whose
     /// watch is failing is not waited for: unless the store says it has not moved, answers
@@ -902,9 +906,7 @@ impl Mirror {
         let newest = {
             let state = self.read();
             let trees = trees.iter().map(|tree| state.tree(*tree));
-            let holding =
-                trees.filter(|tree| !tree.entries.is_empty() || !tree.tombstones.is_empty());
-            holding.map(|tree| tree.listed).max().unwrap_or(0)
+            trees.map(TreeState::changed_index).max().unwrap_or(0)
         };
         self.catch_up_to(trees, newest, timeout).await
     }
@@ -1079,15 +1081,36 @@ impl Mirror {
             .unwrap_or_default()
     }
 
-    /// The listed index of the tree `prefix` lies in ([`Mirror::listed_index`]) and the
-    /// entries under `prefix` (as [`Mirror::under`]), read together; `None` for a prefix in
-    /// no followed tree.
+    /// The index of the newest change of the tree `prefix` lies in, as an answer made of it
+    /// counts it (`TreeState::changed_index`: its listed index while it holds something),
+    /// and the entries under `prefix` (as [`Mirror::under`]), read together; `None` for a
+    /// prefix in no followed tree.
     pub fn listing(&self, prefix: &str) -> Option<(u64, Vec<Arc<Entry>>)> {
         let tree = Tree::of_key(prefix)?;
         let state = self.read();
         let tree_state = state.tree(tree);
         let entries = tree_state.entries.under(prefix).cloned().collect();
-        Some((tree_state.listed, entries))
+        Some((tree_state.changed_index(), entries))
+    }
+
+    /// The index a listing of `prefix` read from the store at `index` counts in an
+    /// answer's `X-Index`, and a read blocked on the store waits for it to move: as the
+    /// mirror counts the tree `prefix` lies in, when the store lists nothing under it
+    /// (`TreeState::changed_index`, never more than `index`): on Consul a prefix with
+    /// neither keys nor tombstones lists at the whole store's index, which every write
+    /// anywhere moves. A mirror behind the store only counts less, which wakes a blocked
+    /// read early rather than late; one that has not read the tree since the store's index
+    /// last went backwards (or ever) does not count it, and the store's `index` stands.
+    pub fn empty_listing_index(&self, prefix: &str, index: u64) -> u64 {
+        let Some(tree) = Tree::of_key(prefix) else {
+            return index;
+        };
+        let state = self.read();
+        let tree = state.tree(tree);
+        match tree.loaded && !tree.reread {
+            true => index.min(tree.changed_index()),
+            false => index,
+        }
     }
 
     /// What a blocking read of `trees` (under `spans`) has seen, read together: their
@@ -1103,6 +1126,9 @@ impl Mirror {
         });
         Seen {
             listed: trees.iter().map(|tree| state.tree(*tree).listed).collect(),
+            changed: (trees.iter())
+                .map(|tree| state.tree(*tree).changed_index())
+                .collect(),
             claimable: claimable(&state, trees),
             extents: spans.iter().map(|span| span.extent(&state)).collect(),
             confirmed,

@@ -713,8 +713,8 @@ async fn a_blocking_list_times_out_with_the_same_index() {
     let empty = app.get("/api/v1/labels/rolls").await;
     assert_eq!(item_ids(&empty.json()), Vec::<String>::new());
     empty.x_index();
-    // An emptied one blocks the same way. (One never written is not held to its index: on
-    // Consul it reads at the index of the whole KV store, which any write anywhere moves.)
+    // An emptied one blocks the same way (one never written too:
+    // `mirror_reads::an_empty_listing_is_not_woken_by_a_write_elsewhere`).
     let roll = "/api/v1/labels/rolls/r1";
     put(&app, roll, json!({"team": "a"})).await;
     let deleted = app.send_raw("DELETE", roll, &[], "").await;

@@ -2433,3 +2433,57 @@ async fn a_cancelled_rolls_record_shows_the_counts_it_leaves_the_rcs_at() {
         "{done}"
     );
 }
+
+/// The listings of trees that hold nothing (no roll, no daemon set, no node's labels).
+const EMPTY_LISTINGS: [&str; 3] = ["/api/v1/rolls", "/api/v1/daemonsets", "/api/v1/labels/node"];
+
+/// Writes a pod's intent behind the server's back: a tree none of [`EMPTY_LISTINGS`] is made
+/// of, which on Consul moves the index every empty prefix lists at (the whole store's).
+async fn write_elsewhere(app: &TestApp, node: u64) {
+    let key = format!("intent/node{node}/other");
+    app.put_raw(&key, "id: other\nlaunchables: {}\n").await;
+}
+
+/// A blocked listing of trees that hold nothing, from the mirror or read through to the
+/// store, is held until its wait runs out when a write lands elsewhere, and its `X-Index`
+/// does not move: nothing it shows changed, though on Consul an empty prefix lists at the
+/// whole store's index, which the write moved.
+#[tokio::test]
+async fn an_empty_listing_is_not_woken_by_a_write_elsewhere() {
+    let app = Arc::new(TestApp::new().await);
+    let mut node = 0;
+    for read in EMPTY_LISTINGS {
+        for query in ["?", "?consistent=true&"] {
+            node += 1;
+            let index = app.get(&format!("{read}{query}")).await.x_index();
+            let held = app
+                .get_held(format!("{read}{query}index={index}&wait=1s"))
+                .await;
+            write_elsewhere(&app, node).await;
+            let answer = held.woken("the wait did not run out").await;
+            assert_eq!(answer.status, StatusCode::OK, "{read}{query}: {answer:?}");
+            assert_eq!(answer.x_index(), index, "{read}{query}: {answer:?}");
+            let again = app.get(&format!("{read}{query}")).await;
+            assert_eq!(again.x_index(), index, "{read}{query}: {again:?}");
+        }
+    }
+}
+
+/// A listing of trees that hold nothing, read through to the store just after a write
+/// elsewhere, claims no index the mirror's answer after it does not: `X-Index` does not go
+/// backwards between the two, though on Consul the store lists an empty prefix at the whole
+/// store's index, which the mirror's watch may not have listed yet.
+#[tokio::test]
+async fn an_empty_listing_read_through_to_the_store_is_not_ahead_of_the_mirror() {
+    let app = Arc::new(TestApp::new().await);
+    for (node, read) in (1..).zip(EMPTY_LISTINGS) {
+        let key = format!("intent/node{node}/other");
+        let written = app
+            .store
+            .put(&key, b"id: other\nlaunchables: {}\n", Cas::Any);
+        written.await.expect("write the store");
+        let stored = app.get(&format!("{read}?consistent=true")).await.x_index();
+        let mirrored = app.get(read).await.x_index();
+        assert!(mirrored >= stored, "{read}: {mirrored} after {stored}");
+    }
+}
