@@ -2487,3 +2487,34 @@ async fn an_empty_listing_read_through_to_the_store_is_not_ahead_of_the_mirror()
         assert!(mirrored >= stored, "{read}: {mirrored} after {stored}");
     }
 }
+
+/// A read through to the store, blocked at the index of a listing whose last object another
+/// writer has since deleted, is answered at once while the mirror's watch has not delivered
+/// the delete yet: the store lists the tree empty, and a mirror still holding the object
+/// does not count it at the index from before the delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_through_to_the_store_is_woken_by_a_delete_the_mirror_has_not_seen() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let app = Arc::new(app);
+    let key = "labels/node/node1";
+    app.put_raw(key, r#"{"role":"web"}"#).await;
+    let listed = app.get("/api/v1/nodes?consistent=true").await;
+    assert_eq!(
+        listed.json()["items"].as_array().unwrap().len(),
+        1,
+        "{listed:?}"
+    );
+    let index = listed.x_index();
+
+    counting.hold_watches_past(Some(("labels/node/", index)));
+    app.store.delete(key, Cas::Any).await.expect("delete");
+    let read = Held::start(
+        &app,
+        format!("/api/v1/nodes?consistent=true&index={index}&wait=30s"),
+    )
+    .await;
+    let answer = read.woken("the delete did not wake the read").await;
+    counting.hold_watches_past(None);
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.json()["items"], json!([]), "{answer:?}");
+}
