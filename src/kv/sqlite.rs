@@ -107,7 +107,8 @@ struct Inner {
     /// Another process held the database's write lock past [`BUSY_TIMEOUT`] when the writer
     /// last tried to take it ([`Writer::locked_out`]): no write can commit, though reads do.
     locked_out: Arc<AtomicBool>,
-    /// A ping is trying to take the write lock while locked out; the next waits for none.
+    /// A ping is trying to take the write lock while locked out, or to write while writes
+    /// fail for want of a writable disk; the next waits for none.
     probing: AtomicBool,
     /// The primary result code with which a write failed for want of a writable disk
     /// ([`WRITES_CANNOT_LAND`]) since a batch of writes last committed, else 0
@@ -370,6 +371,32 @@ impl SqliteStore {
             background,
             writer_stop,
         })
+    }
+
+    /// Tries, in the background and one at a time, a write that changes nothing the store
+    /// serves (the reaped index written again as it is), which like any write clears
+    /// [`Inner::cannot_write`] once it commits: a server nobody writes to (run with
+    /// `--no-farms`, or one whose clients a load balancer sends elsewhere while it is not
+    /// ready) would otherwise stay unready after its disk takes writes again.
+    fn try_a_write(&self) {
+        if self.inner.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let written = async {
+                let mut txn = WriteTxn::begin(&inner).await?;
+                sqlx::query("UPDATE meta SET value = value WHERE name = 'reaped_index'")
+                    .execute(txn.tx.writing())
+                    .await
+                    .map_err(|e| txn.tx.failed(e))?;
+                txn.commit(&inner).await
+            };
+            if let Err(e) = written.await {
+                tracing::debug!(error = %e, "the store still takes no writes");
+            }
+            inner.probing.store(false, Ordering::Release);
+        });
     }
 
     /// Stops the writer's tasks, as if they had died, and waits until they have.
@@ -2360,6 +2387,7 @@ impl KvStore for SqliteStore {
             .iter()
             .find(|(code, _)| *code == cannot_write)
         {
+            self.try_a_write();
             return Err(StoreError::Unavailable(format!(
                 "{why}: writes fail; ready again once one commits"
             )));
@@ -3284,12 +3312,7 @@ mod tests {
         );
 
         sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
-        let ready = async {
-            while store.ping().await.is_err() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        };
-        tokio::time::timeout(BUSY_TIMEOUT * 2, ready)
+        until_ready(&store)
             .await
             .expect("ready once the lock is let go");
         store.put("k/1", b"v", Cas::Any).await.unwrap();
@@ -3413,6 +3436,27 @@ mod tests {
         store.ping().await.unwrap();
     }
 
+    /// Makes the writer's connection query-only, as a file system turned read-only would,
+    /// or lets it write again.
+    async fn query_only(store: &SqliteStore, on: bool) {
+        let mut writer = store.inner.writer.lock().await;
+        writer
+            .run(&format!("PRAGMA query_only = {on}"))
+            .await
+            .unwrap();
+    }
+
+    /// Pings until the store is ready; gives up past twice the busy timeout, a guard
+    /// against a store that never is.
+    async fn until_ready(store: &SqliteStore) -> Result<(), tokio::time::error::Elapsed> {
+        let ready = async {
+            while store.ping().await.is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(BUSY_TIMEOUT * 2, ready).await
+    }
+
     /// A database that takes no writes (its file system turned read-only; here the
     /// writer's connection made query-only) makes the store unready, saying so, until a
     /// write commits again: reads alone, which still answer, would say it is ready.
@@ -3423,17 +3467,7 @@ mod tests {
         store.put("k/0", b"v", Cas::Any).await.unwrap();
         let spec = SessionSpec::deleting("test", Duration::from_secs(30));
         let session = store.create_session(&spec).await.unwrap();
-        let query_only = |on: bool| {
-            let inner = store.inner.clone();
-            async move {
-                let mut writer = inner.writer.lock().await;
-                writer
-                    .run(&format!("PRAGMA query_only = {on}"))
-                    .await
-                    .unwrap();
-            }
-        };
-        query_only(true).await;
+        query_only(&store, true).await;
 
         let refused = store.put("k/1", b"v", Cas::Any).await;
         assert!(
@@ -3446,10 +3480,37 @@ mod tests {
             "ready while no write lands: {pinged:?}"
         );
 
-        query_only(false).await;
+        query_only(&store, false).await;
         // A session's renewal, as a leader makes every few seconds, is a write like any.
         store.renew_session(&session).await.unwrap();
         store.ping().await.unwrap();
+    }
+
+    /// A store whose disk takes writes again is ready again without a client's write: the
+    /// readiness probe tries one of its own. A server nobody writes to (run with
+    /// `--no-farms`, or one whose clients a load balancer sent elsewhere because it was not
+    /// ready) would otherwise stay unready for good.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_whose_disk_takes_writes_again_is_ready_without_a_clients_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        store.put("k/0", b"v", Cas::Any).await.unwrap();
+        query_only(&store, true).await;
+        assert!(store.put("k/1", b"v", Cas::Any).await.is_err());
+        for _ in 0..2 {
+            let pinged = store.ping().await;
+            assert!(
+                matches!(&pinged, Err(StoreError::Unavailable(why)) if why.contains("SQLITE_READONLY")),
+                "ready while no write lands: {pinged:?}"
+            );
+        }
+
+        query_only(&store, false).await;
+        until_ready(&store)
+            .await
+            .expect("ready once writes land, with no write but the probe's");
+        assert!(store.get("k/1").await.unwrap().is_none());
+        assert_eq!(&store.get("k/0").await.unwrap().unwrap().value[..], b"v");
     }
 
     /// A write that fails after it began changing the database takes its batch down: none
