@@ -37,6 +37,14 @@ impl FromStr for StoreUrl {
                 "unknown store {s:?}: use sqlite://PATH, consul://HOST:PORT or consul+https://HOST:PORT"
             ));
         };
+        // The client builds every request's query itself: one given here (`?dc=` for the
+        // datacenter, say) would be dropped without a word, and a fragment is never sent.
+        if rest.contains(['?', '#']) {
+            return Err(format!(
+                "store {s:?} must be consul://HOST:PORT, with nothing after it: give the \
+                 datacenter with --consul-datacenter and the token with --consul-token"
+            ));
+        }
         let authority = rest.trim_end_matches('/');
         if authority.is_empty() || authority.contains('/') {
             return Err(format!("store {s:?} must be consul://HOST:PORT"));
@@ -139,5 +147,17 @@ mod tests {
         assert!("redis://x".parse::<StoreUrl>().is_err());
         assert!("sqlite://".parse::<StoreUrl>().is_err());
         assert!("consul://".parse::<StoreUrl>().is_err());
+        // Neither would reach Consul: the client sets each request's query itself.
+        for ignored in [
+            "consul://127.0.0.1:8500?dc=dc2",
+            "consul://127.0.0.1:8500/?token=t",
+            "consul+https://consul.example:8501#dc2",
+        ] {
+            let refused = ignored.parse::<StoreUrl>().unwrap_err();
+            assert!(
+                refused.contains("--consul-datacenter"),
+                "{ignored}: {refused}"
+            );
+        }
     }
 }
