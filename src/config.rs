@@ -484,8 +484,8 @@ fn parse_behavior(text: &str) -> Result<SessionBehavior, String> {
 /// How to talk to Consul; ignored with an sqlite:// store.
 #[derive(Debug, Clone, Args)]
 pub struct ConsulArgs {
-    /// Consul ACL token; when unset, CONSUL_HTTP_TOKEN is used, and with neither, no token is
-    /// sent.
+    /// Consul ACL token; when unset or empty, CONSUL_HTTP_TOKEN is used, and with neither, no
+    /// token is sent.
     #[arg(
         long = "consul-token",
         value_name = "TOKEN",
@@ -537,10 +537,13 @@ const OWN_WATCHES: usize = Mirror::WATCHES + leader::WATCHES;
 const MIN_CONSUL_CONNECTIONS: u64 = OWN_WATCHES as u64 + 2;
 
 impl ConsulArgs {
-    /// The options for `open_store`, with the token fallback applied.
+    /// The options for `open_store`, with the token fallback applied. An empty token (a
+    /// variable set to nothing) is none, as for Consul's own tools: it would otherwise hide
+    /// CONSUL_HTTP_TOKEN and send the anonymous token.
     pub fn options(&self) -> ConsulOptions {
+        let given = |token: &Option<String>| token.clone().filter(|token| !token.is_empty());
         ConsulOptions {
-            token: self.token.clone().or_else(|| self.http_token.clone()),
+            token: given(&self.token).or_else(|| given(&self.http_token)),
             datacenter: self.datacenter.clone(),
             max_connections: self.max_connections,
             own_watches: OWN_WATCHES,
@@ -691,6 +694,27 @@ mod tests {
             max_connections: DEFAULT_MAX_CONNECTIONS,
         };
         assert_eq!(args.options().token.as_deref(), Some("consuls"));
+    }
+
+    #[test]
+    fn an_empty_consul_token_is_no_token() {
+        // As a deployment's `P2_CONSUL_TOKEN=` leaves it: Consul's token still applies, and
+        // with neither, no empty token is sent.
+        let args = |token: &str, http_token: &str| ConsulArgs {
+            token: Some(token.into()),
+            http_token: Some(http_token.into()),
+            datacenter: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        };
+        assert_eq!(
+            args("", "consuls").options().token.as_deref(),
+            Some("consuls")
+        );
+        assert_eq!(args("", "").options().token, None);
+        assert_eq!(
+            args("ours", "consuls").options().token.as_deref(),
+            Some("ours")
+        );
     }
 
     fn simulate_args(argv: &[&str]) -> Result<SimulateArgs, clap::Error> {
