@@ -388,7 +388,8 @@ pub struct FarmArgs {
 
     /// Names this server in the leader lock and in audit records; defaults to
     /// HOSTNAME:PID.
-    #[arg(long, value_name = "NAME", env = "P2_HOLDER")]
+    #[arg(long, value_name = "NAME", env = "P2_HOLDER",
+          value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub holder: Option<String>,
 
     /// URL the farms POST a JSON alert to when they cannot do what is asked (for example
@@ -802,9 +803,11 @@ mod tests {
             &["--store", "redis://x"][..],
             &["--listen", "localhost"][..],
             &["serve", "--nope"][..],
+            // As `P2_HOLDER=` gives it: a leader lock naming no one.
+            &["--holder", ""][..],
         ] {
-            let argv = std::iter::once("p2-apiserver").chain(argv.iter().copied());
-            assert!(Cli::try_parse_from(argv).is_err());
+            let args = std::iter::once("p2-apiserver").chain(argv.iter().copied());
+            assert!(Cli::try_parse_from(args).is_err(), "{argv:?} accepted");
         }
     }
 
