@@ -513,7 +513,7 @@ pub struct ConsulArgs {
     )]
     datacenter: Option<String>,
 
-    /// The most requests in flight to the Consul agent at once (at least 20): a quarter, and
+    /// The most requests in flight to the Consul agent at once (20 to 65535): a quarter, and
     /// at least one for each of the server's 18 own blocking watches (one per tree it
     /// mirrors, one for its election), kept for those, a quarter (or what is left but one)
     /// for API clients' blocking queries, the rest for everything else, one of them (when
@@ -524,7 +524,7 @@ pub struct ConsulArgs {
     #[arg(id = "consul_max_connections", long = "consul-max-connections", value_name = "N",
           env = "P2_CONSUL_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
-              .range(MIN_CONSUL_CONNECTIONS..))]
+              .range(MIN_CONSUL_CONNECTIONS..=MAX_CONSUL_CONNECTIONS))]
     max_connections: usize,
 }
 
@@ -536,6 +536,11 @@ const OWN_WATCHES: usize = Mirror::WATCHES + leader::WATCHES;
 /// The fewest connections to Consul a server works with: one for each of its own watches,
 /// one for its clients' blocking queries, one for everything else.
 const MIN_CONSUL_CONNECTIONS: u64 = OWN_WATCHES as u64 + 2;
+
+/// The most connections to Consul a server is given: one client has no more local ports to
+/// open connections to one agent's address from, and far more would pass the bound of the
+/// client's semaphores.
+const MAX_CONSUL_CONNECTIONS: u64 = 65_535;
 
 impl ConsulArgs {
     /// The options for `open_store`, with the token fallback applied. An empty token (a
@@ -683,6 +688,13 @@ mod tests {
         // A connection for each of the server's own watches, one for its clients', one for
         // everything else.
         assert!(Cli::try_parse_from(["p2-apiserver", "--consul-max-connections", "19"]).is_err());
+        // One client cannot open more connections to one agent's address than it has ports.
+        let most = serve_args(&["--consul-max-connections", "65535"]);
+        assert_eq!(most.consul.options().max_connections, 65_535);
+        for beyond in ["65536", "18446744073709551615"] {
+            let argv = ["p2-apiserver", "--consul-max-connections", beyond];
+            assert!(Cli::try_parse_from(argv).is_err(), "{beyond} accepted");
+        }
     }
 
     #[test]
