@@ -267,9 +267,10 @@ impl SqliteStore {
         check_database_file(path)?;
         // The URL's database part is percent-decoded and ends at a `?`: both are escaped, so
         // that the file opened is the one named, never another one created empty. SQLite
-        // reads a name beginning `file:` as a URI, so such a relative path is given from `./`.
+        // reads a name beginning `file:` as a URI, and `:memory:` as its in-memory database,
+        // so such a relative path is given from `./`.
         let escaped = path.replace('%', "%25").replace('?', "%3F");
-        let escaped = if escaped.starts_with("file:") {
+        let escaped = if escaped.starts_with("file:") || escaped == ":memory:" {
             format!("./{escaped}")
         } else {
             escaped

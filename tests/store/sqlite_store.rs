@@ -315,11 +315,29 @@ async fn a_release_of_a_key_deleted_by_a_write_rolled_back_is_not_refused() {
 /// directory, as any other relative path is, not a URI naming another file.
 #[test]
 fn a_relative_path_beginning_file_colon_is_the_file_named() {
+    let dir = started_on("file:kv.db");
+    assert!(dir.path().join("file:kv.db").metadata().unwrap().len() > 0);
+    assert!(!dir.path().join("kv.db").exists(), "kv.db opened instead");
+}
+
+/// The store path `:memory:` is the file of that name in the working directory, as any
+/// other relative path is, not SQLite's in-memory database, whose every write a stopped
+/// server would lose (the file named was created, and left empty).
+#[test]
+fn the_path_colon_memory_colon_is_the_file_named() {
+    let dir = started_on(":memory:");
+    let file = dir.path().join(":memory:");
+    assert!(file.metadata().unwrap().len() > 0, "{file:?} left empty");
+}
+
+/// A folder in which the binary started serving, without farms, on the embedded store at
+/// `path` (relative to the folder), and was then killed.
+fn started_on(path: &str) -> tempfile::TempDir {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_p2-apiserver"))
         .args(["serve", "--no-farms", "--listen", "127.0.0.1:0"])
-        .args(["--store", "sqlite://file:kv.db"])
+        .args(["--store", &format!("sqlite://{path}")])
         .current_dir(dir.path())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -332,6 +350,5 @@ fn a_relative_path_beginning_file_colon_is_the_file_named() {
     let _ = server.kill();
     let _ = server.wait();
     assert!(listening, "the server did not start");
-    assert!(dir.path().join("file:kv.db").metadata().unwrap().len() > 0);
-    assert!(!dir.path().join("kv.db").exists(), "kv.db opened instead");
+    dir
 }
