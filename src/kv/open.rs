@@ -49,6 +49,13 @@ impl FromStr for StoreUrl {
         if authority.is_empty() || authority.contains('/') {
             return Err(format!("store {s:?} must be consul://HOST:PORT"));
         }
+        // Without one the client would go to HTTP's own port, where no agent listens.
+        let port = authority.rsplit_once(':').map(|(_, port)| port);
+        if !port.is_some_and(|port| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())) {
+            return Err(format!(
+                "store {s:?} must name the agent's port, e.g. consul://127.0.0.1:8500"
+            ));
+        }
         Ok(StoreUrl::Consul {
             base_url: format!("{scheme}://{authority}"),
         })
@@ -147,6 +154,20 @@ mod tests {
         assert!("redis://x".parse::<StoreUrl>().is_err());
         assert!("sqlite://".parse::<StoreUrl>().is_err());
         assert!("consul://".parse::<StoreUrl>().is_err());
+        for portless in [
+            "consul://127.0.0.1",
+            "consul://[::1]",
+            "consul+https://c.example:",
+        ] {
+            let refused = portless.parse::<StoreUrl>().unwrap_err();
+            assert!(refused.contains("port"), "{portless}: {refused}");
+        }
+        assert_eq!(
+            "consul://[::1]:8500".parse(),
+            Ok(StoreUrl::Consul {
+                base_url: "http://[::1]:8500".into()
+            })
+        );
         // Neither would reach Consul: the client sets each request's query itself.
         for ignored in [
             "consul://127.0.0.1:8500?dc=dc2",
