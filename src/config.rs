@@ -409,9 +409,9 @@ pub struct FarmArgs {
           value_parser = parse_retention_count)]
     pub event_retention_count: usize,
 
-    /// How long events and finished rolls are kept.
+    /// How long events and finished rolls are kept (at least 1m).
     #[arg(long, value_name = "DURATION", env = "P2_EVENT_RETENTION_AGE", default_value = "168h",
-          value_parser = parse_duration)]
+          value_parser = parse_retention_age)]
     pub event_retention_age: Duration,
 }
 
@@ -453,6 +453,15 @@ fn parse_retention_count(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(count) if count >= 1 => Ok(count),
         _ => Err("must be a whole number, at least 1".into()),
+    }
+}
+
+/// A retention age that keeps the events just recorded: `0s` would prune every event as it
+/// is written, which is more likely a mistaken "no limit" than a wish.
+fn parse_retention_age(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        age if age >= Duration::from_secs(60) => Ok(age),
+        _ => Err("must be at least 1m".into()),
     }
 }
 
@@ -817,6 +826,9 @@ mod tests {
             &["serve", "--nope"][..],
             // As `P2_HOLDER=` gives it: a leader lock naming no one.
             &["--holder", ""][..],
+            // Every event pruned as it is written.
+            &["--event-retention-age", "0s"][..],
+            &["--event-retention-age", "59s"][..],
         ] {
             let args = std::iter::once("p2-apiserver").chain(argv.iter().copied());
             assert!(Cli::try_parse_from(args).is_err(), "{argv:?} accepted");
