@@ -215,7 +215,7 @@ async fn reload_on_hangup(
 }
 
 /// Cancels `shutdown` on the first SIGINT or SIGTERM; returns early if something else
-/// cancels it first.
+/// cancels it first. A second signal ends the process ([`exit_on_signal`]).
 async fn cancel_on_signal(
     mut interrupt: Signal,
     mut terminate: Signal,
@@ -227,4 +227,20 @@ async fn cancel_on_signal(
         () = shutdown.cancelled() => return,
     }
     shutdown.cancel();
+    // Not tracked: the graceful stop waits for its tracked tasks, and this one ends only
+    // with the process.
+    tokio::spawn(exit_on_signal(interrupt, terminate));
+}
+
+/// Exits at once, with status 1, on the next SIGINT or SIGTERM: a graceful stop waits for
+/// every answer in flight to be taken (a client reading a large one slowly holds it up to
+/// `--header-read-timeout` without progress), and an operator who asks again wants it over.
+/// The store expires the sessions left.
+async fn exit_on_signal(mut interrupt: Signal, mut terminate: Signal) {
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::warn!("a second signal received; exiting without finishing the graceful stop");
+    std::process::exit(1);
 }

@@ -7,7 +7,9 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::e2e::{eventually, labels, manifest, Api, Scratch, Server, Sim, CONVERGE};
+use crate::support::e2e::{
+    eventually, exited_within, labels, manifest, Api, Scratch, Server, Sim, CONVERGE,
+};
 use p2_apiserver::api::pods::Pod;
 use p2_apiserver::api::rcs::RcView;
 use p2_apiserver::model::HealthState;
@@ -390,22 +392,51 @@ fn a_server_whose_log_pipe_closed_stops_on_sigterm() {
         .status()
         .unwrap();
     assert!(sent.success());
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exited_within(&mut child, Duration::from_secs(20));
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     assert!(
         status.is_some_and(|status| status.success()),
         "not stopped 20 s after SIGTERM: {status:?}"
     );
+}
+
+/// A second SIGTERM ends a graceful stop that a client holds up (here one that takes none
+/// of the answers it asked for): the server exits at once, with status 1.
+#[test]
+fn a_second_signal_ends_a_graceful_stop_at_once() {
+    use std::io::Write;
+
+    let scratch = Scratch::new();
+    let mut server = Server::start(
+        "a",
+        &scratch.db(),
+        &["--no-farms", "--header-read-timeout", "120s"],
+    );
+    // Answers far larger than the connection's buffers, asked for and never read.
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    let mut client = std::net::TcpStream::connect(addr).unwrap();
+    let asked = "GET /openapi.json HTTP/1.1\r\nHost: p2\r\n\r\n".repeat(64);
+    client.write_all(asked.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+
+    server.signal("TERM");
+    let held = server.exited_within(Duration::from_secs(2));
+    assert_eq!(
+        held, None,
+        "the stop was not held up: the test shows nothing"
+    );
+    server.signal("TERM");
+    let status = server.exited_within(Duration::from_secs(20));
+    assert_eq!(
+        status.and_then(|status| status.code()),
+        Some(1),
+        "still stopping 20 s after a second SIGTERM"
+    );
+    assert!(server.logged("a second signal received"));
+    drop(client);
 }
 
 /// A server started without mimalloc's purge delay set runs with the binary's own, in the

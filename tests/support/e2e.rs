@@ -206,10 +206,29 @@ impl Server {
         );
     }
 
+    /// How the process exited, if it does within `limit`; else `None`, and it runs on.
+    pub fn exited_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        exited_within(&mut self.child, limit)
+    }
+
     /// Kills the process with SIGKILL, as a crash would, and reaps it.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// How `child` exited, if it does within `limit`; else `None`, and it runs on.
+pub fn exited_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for p2-apiserver") {
+            return Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
