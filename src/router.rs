@@ -415,6 +415,7 @@ fn with_middleware_and_cors(
     let layers = ServiceBuilder::new()
         .layer(middleware::from_fn(metrics::track_http))
         .layer(SetSensitiveRequestHeadersLayer::new([AUTHORIZATION]))
+        .map_request(drop_empty_request_id)
         .layer(SetRequestIdLayer::new(REQUEST_ID_HEADER, MakeRequestUuid))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID_HEADER))
         .layer(
@@ -431,6 +432,19 @@ fn with_middleware_and_cors(
         .fallback(no_route)
         .method_not_allowed_fallback(not_allowed)
         .layer(layers)
+}
+
+/// An empty `X-Request-Id` names no request: dropped, so that the request is given an id
+/// of its own, as one sent without the header is.
+fn drop_empty_request_id<B>(mut request: axum::http::Request<B>) -> axum::http::Request<B> {
+    let headers = request.headers_mut();
+    if headers
+        .get(REQUEST_ID_HEADER)
+        .is_some_and(|id| id.is_empty())
+    {
+        headers.remove(REQUEST_ID_HEADER);
+    }
+    request
 }
 
 fn request_span<B>(request: &axum::http::Request<B>) -> Span {

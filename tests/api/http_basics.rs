@@ -92,12 +92,18 @@ async fn request_id_is_generated_when_absent() {
     let app = TestApp::new().await;
     let first = app.get("/healthz").await;
     let second = app.get("/no/such/thing").await;
-    let ids: Vec<&str> = [&first, &second]
+    // An empty id is none.
+    let empty = Request::get("/healthz")
+        .header("x-request-id", "")
+        .body(Body::empty())
+        .unwrap();
+    let third = app.send(empty).await;
+    let ids: Vec<&str> = [&first, &second, &third]
         .iter()
         .map(|r| r.header("x-request-id").expect("a request id"))
         .collect();
     for id in &ids {
-        uuid::Uuid::parse_str(id).expect("a UUID");
+        uuid::Uuid::parse_str(id).unwrap_or_else(|_| panic!("{id:?} is no UUID"));
     }
     assert_ne!(ids[0], ids[1]);
 }
