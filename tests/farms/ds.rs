@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::support::farms::{large_pod_labels, Backend, Harness, MANIFEST};
-use p2_apiserver::kv::{Cas, KvStore};
+use p2_apiserver::kv::{Cas, KvStore, SessionSpec};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::event::{Action, Event};
 use p2_apiserver::model::Manifest;
@@ -571,4 +571,42 @@ async fn a_rollout_paused_while_its_write_was_on_its_way_writes_nothing() {
         "the paused daemon set's new manifest was written"
     );
     assert_eq!(intents_with(&h, MANIFEST).await, 2);
+}
+
+/// The pods of a gone daemon set whose ownership lock another farm's live session still
+/// holds are that farm's to clean up (P2's farm cleans up its own), even when its daemon set
+/// reads as gone here: only the pods of one nobody owns are removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_daemon_sets_pods_another_farm_owns_are_left_to_it() {
+    let h = Harness::start().await;
+    web_nodes(&h, 1).await;
+    // Cleaned up in id order: the owned one comes first, so the other's removal shows that
+    // the cleanup has looked at it.
+    let owned = "00000000-0000-4000-8000-000000000001";
+    let unowned = "ffffffff-ffff-4fff-bfff-ffffffffffff";
+    let spec = SessionSpec::deleting("another farm", Duration::from_secs(120));
+    let other = h.store.create_session(&spec).await.unwrap();
+    let lock = format!("lock/daemon_sets/{owned}");
+    assert!(h.store.acquire(&lock, b"", &other).await.unwrap());
+    for (pod, ds) in [("owned", owned), ("unowned", unowned)] {
+        h.store
+            .put(
+                &format!("intent/node1/{pod}"),
+                format!("id: {pod}\n").as_bytes(),
+                Cas::Any,
+            )
+            .await
+            .unwrap();
+        h.label(LabelType::Pod, &format!("node1/{pod}"), json!({DS_ID: ds}))
+            .await;
+    }
+    // A daemon set listed, so that the cleanup runs at all.
+    let id = h
+        .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
+        .await;
+    wait_for_ds_nodes(&h, &id, &["node1"]).await;
+    h.wait_until(|| async { h.intent("node1", "unowned").await.is_none().then_some(()) })
+        .await;
+    assert!(h.intent("node1", "owned").await.is_some());
+    assert_eq!(h.labelled_nodes(DS_ID, owned).await, ["node1"]);
 }
