@@ -615,7 +615,16 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
             "no enabled daemon set runs the same pod on the nodes this one selects",
         ),
     };
-    let blocked = if f.held_back > 0 {
+    // A disabled daemon set replaces nothing, so no replacement waits on min_health, though
+    // its plan (made as if enabled) may hold some back.
+    let blocked = if f.disabled {
+        Observed::new(
+            "Blocked",
+            False,
+            "Disabled",
+            "the daemon set is disabled, so no replacement waits",
+        )
+    } else if f.held_back > 0 {
         Observed::new(
             "Blocked",
             True,
@@ -1089,6 +1098,18 @@ mod tests {
             "1 pod wait for the new manifest: 3 of 4 nodes are healthy and replacing another would go below min_health (3)"
         );
         assert_eq!(find(&c, "Progressing").reason, "Replicating");
+    }
+
+    #[test]
+    fn a_disabled_daemon_set_is_not_blocked_by_min_health() {
+        let c = ds_conditions(&DsFacts {
+            disabled: true,
+            held_back: 1,
+            ..settled_ds()
+        });
+        let blocked = find(&c, "Blocked");
+        assert_eq!((blocked.status, blocked.reason), (False, "Disabled"));
+        assert_eq!(find(&c, "Progressing").reason, "Disabled");
     }
 
     #[test]
