@@ -1433,6 +1433,47 @@ async fn an_rc_claimed_by_a_roll_another_server_created_is_not_deleted_by_a_lagg
     assert!(app.stored(&layout::rc(&old)).await.is_some());
 }
 
+/// An existing new RC is checked again by the creation's transaction: one deleted between
+/// the creation's checks and its commit (its deletion finds no roll yet) fails the creation,
+/// rather than leaving a roll over an RC that is gone.
+#[tokio::test]
+async fn a_new_rc_deleted_between_a_creations_checks_and_its_commit_fails_it() {
+    let (app, counting) = TestApp::counted().await;
+    let app = Arc::new(app);
+    let old = arrange_rc(&app, 2, &[]).await;
+    let new = arrange_rc(&app, 0, &[]).await;
+    let hold = counting.hold_next_txn_on(&layout::roll(&new));
+    let creating = {
+        let (app, old, new) = (app.clone(), old.clone(), new.clone());
+        tokio::spawn(async move {
+            post(
+                &app,
+                json!({"old_rc_id": old, "new_rc_id": new,
+                       "desired_replicas": 2, "minimum_replicas": 1}),
+            )
+            .await
+        })
+    };
+    hold.reached().await;
+
+    let deleted = app
+        .json_request("DELETE", &format!("/api/v1/rcs/{new}"), None, &[])
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    hold.release();
+
+    let created = creating.await.unwrap();
+    assert_eq!(created.status, StatusCode::CONFLICT, "{created:?}");
+    let message = created.error().message;
+    assert!(
+        message.contains(&format!("the new replication controller {new} was deleted")),
+        "{message}"
+    );
+    assert_eq!(app.keys("rolls/").await, Vec::<String>::new());
+    assert!(app.stored(&layout::rc(&new)).await.is_none());
+    assert_no_locks(&app).await;
+}
+
 /// Creates a roll from the RC `old` to a new RC; its id.
 async fn create_over(app: &TestApp, old: &str) -> String {
     let response = post(
