@@ -227,7 +227,7 @@ pub struct RollPath {
             headers(("ETag" = String, description = "The roll's modify index"),
                     ("Location" = String, description = "The roll's URL"))),
         (status = BAD_REQUEST, description = "The body is not JSON", body = ErrorBody),
-        (status = CONFLICT, description = "Another roll is over, or being created over, one of the RCs; or the old-RC selector is ambiguous", body = ErrorBody),
+        (status = CONFLICT, description = "Another roll is over, or being created over, one of the RCs; the old-RC selector is ambiguous; or an RC the roll is over was changed or deleted between the checks and the commit, and nothing was written", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "Invalid fields, every one listed; a named RC does not exist; or leave_old without an old RC", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "An RC named, or matched by the old-RC selector, or any stored roll cannot be decoded (reason `UnreadableDocument`); DELETE of that RC or roll removes it", body = ErrorBody),

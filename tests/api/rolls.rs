@@ -1210,6 +1210,10 @@ async fn the_openapi_document_describes_every_roll_route() {
     for status in ["201", "400", "409", "413", "415", "422", "503"] {
         assert!(create[status].is_object(), "create_roll documents {status}");
     }
+    // A change between the checks and the commit is a 409 too (see
+    // `a_new_rc_deleted_between_a_creations_checks_and_its_commit_fails_it`).
+    let conflict = create["409"]["description"].as_str().unwrap();
+    assert!(conflict.contains("changed or deleted"), "{conflict}");
     let delete = &paths["/api/v1/rolls/{id}"]["delete"]["responses"];
     for status in ["204", "400", "404", "412", "422", "503"] {
         assert!(delete[status].is_object(), "delete_roll documents {status}");
