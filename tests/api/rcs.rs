@@ -1073,3 +1073,43 @@ async fn an_rcs_pods_cannot_carry_a_daemon_set_label() {
     .await;
     assert_eq!(removed.status, StatusCode::OK);
 }
+
+/// An RC is the one its key names, as the farms run it, whatever its document says: a
+/// document naming another id (or none) was shown as that other RC, and a patch was written
+/// to the other id's key, where its version never matched, so that it failed after 5 s as
+/// "kept changing". It is shown under its key's id, and a patch writes it back so.
+#[tokio::test]
+async fn an_rc_whose_document_names_another_id_is_the_rc_its_key_names() {
+    let app = TestApp::new().await;
+    let id = uuid::Uuid::new_v4().to_string();
+    let other = uuid::Uuid::new_v4().to_string();
+    let key = format!("replication_controllers/{id}");
+    for (named, replicas) in [(other.as_str(), 2), ("", 3)] {
+        let doc = json!({"id": named, "manifest": MANIFEST, "node_selector": "",
+            "pod_labels": null, "replicas_desired": 1, "disabled": false,
+            "allocation_strategy": ""});
+        app.put_raw(&key, &doc.to_string()).await;
+        app.mirrored(&key).await;
+        for read in [
+            app.get(&format!("/api/v1/rcs/{id}")).await,
+            app.get(&format!("/api/v1/rcs/{id}?consistent=true")).await,
+        ] {
+            assert_eq!(read.status, StatusCode::OK, "{read:?}");
+            assert_eq!(read.json()["id"], json!(id));
+        }
+        for listing in ["/api/v1/rcs", "/api/v1/rcs?consistent=true"] {
+            assert_eq!(item_ids(&app.get(listing).await.json()), [id.as_str()]);
+        }
+
+        let patched = patch(&app, &id, &json!({"replicas_desired": replicas}), &[]).await;
+        assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+        assert_eq!(patched.json()["id"], json!(id));
+        let stored = app.stored_json(&key).await.unwrap();
+        assert_eq!(stored["id"], json!(id));
+        assert_eq!(stored["replicas_desired"], json!(replicas));
+        assert_eq!(
+            app.keys("replication_controllers/").await,
+            std::slice::from_ref(&key)
+        );
+    }
+}
