@@ -3,11 +3,7 @@
 //!
 //! A handler reads its prefixes, answers with the highest index among them in `X-Index`, and
 //! before reading calls [`Blocking::block`] so a client that passes back the last
-//! `X-Index` is held until something changes. A prefix the store lists nothing under counts
-//! as the mirror counts its tree ([`counted_index`]), not at the index the store lists it
-//! at: on Consul that is the whole store's, which every write anywhere moves, so that a
-//! read of an empty tree would be woken by each, and its `X-Index` would run ahead of the
-//! mirror's answer to the same read.
+//! `X-Index` is held until something changes.
 
 use std::cmp::Ordering;
 use std::time::Duration;
@@ -19,7 +15,6 @@ use futures::future::select_all;
 use crate::app::App;
 use crate::error::ApiError;
 use crate::kv::{KvStore, StoreResult, WatchTarget};
-use crate::state::Mirror;
 
 /// The header carrying a listing's index.
 pub const INDEX_HEADER: HeaderName = HeaderName::from_static("x-index");
@@ -57,9 +52,8 @@ impl Blocking {
     ) -> Result<(), ApiError> {
         if let Some((index, wait)) = self.until {
             let store = app.store_reads.as_ref();
-            let waited = wait_for_change(store, &app.mirror, prefixes, beside, index, wait);
             tokio::select! {
-                result = waited => result?,
+                result = wait_for_change(store, prefixes, beside, index, wait) => result?,
                 () = app.shutdown.cancelled() => {}
             }
         }
@@ -67,54 +61,22 @@ impl Blocking {
     }
 }
 
-/// The index a listing over several prefixes answers with: the highest of theirs, as
-/// [`PrefixIndex::counted`] counts each.
-pub async fn combined_index(
-    store: &dyn KvStore,
-    mirror: &Mirror,
-    prefixes: &[String],
-) -> StoreResult<u64> {
-    Ok(combined(&prefix_indexes(store, mirror, prefixes).await?))
-}
-
-/// A prefix's index as the store listed it, and as an answer counts it.
-#[derive(Debug, Clone, Copy)]
-struct PrefixIndex {
-    /// What a watch of the prefix waits past.
-    listed: u64,
-    /// What the answer's `X-Index` counts, and a blocked read waits to move: the listed
-    /// index, but as the mirror counts the prefix's tree when the store lists nothing under
-    /// it ([`Mirror::empty_listing_index`]), as the mirror's own answers count it.
-    counted: u64,
+/// The index a listing over several prefixes answers with: the highest of theirs.
+pub async fn combined_index(store: &dyn KvStore, prefixes: &[String]) -> StoreResult<u64> {
+    Ok(combined(&prefix_indexes(store, prefixes).await?))
 }
 
 /// Each prefix's index, read cheaply (its keys cut at the first `/`).
-async fn prefix_indexes(
-    store: &dyn KvStore,
-    mirror: &Mirror,
-    prefixes: &[String],
-) -> StoreResult<Vec<PrefixIndex>> {
+async fn prefix_indexes(store: &dyn KvStore, prefixes: &[String]) -> StoreResult<Vec<u64>> {
     let mut indexes = Vec::with_capacity(prefixes.len());
     for prefix in prefixes {
-        let (listed, keys) = store.keys(prefix, Some('/')).await?;
-        let counted = counted_index(mirror, prefix, listed, keys.is_empty());
-        indexes.push(PrefixIndex { listed, counted });
+        indexes.push(store.keys(prefix, Some('/')).await?.0);
     }
     Ok(indexes)
 }
 
-/// The index an answer read from the store counts for its listing of `prefix` at `listed`,
-/// which found nothing when `empty` ([`PrefixIndex::counted`]).
-pub fn counted_index(mirror: &Mirror, prefix: &str, listed: u64, empty: bool) -> u64 {
-    match empty {
-        true => mirror.empty_listing_index(prefix, listed),
-        false => listed,
-    }
-}
-
-fn combined(indexes: &[PrefixIndex]) -> u64 {
-    let counted = indexes.iter().map(|index| index.counted);
-    counted.max().unwrap_or(1).max(1)
+fn combined(indexes: &[u64]) -> u64 {
+    indexes.iter().copied().max().unwrap_or(1).max(1)
 }
 
 /// Returns once the combined index of `prefixes` is past `index`, or that of `prefixes` and
@@ -122,7 +84,6 @@ fn combined(indexes: &[PrefixIndex]) -> u64 {
 /// or after `wait`. Without `beside`, once the index of `prefixes` is not `index`.
 async fn wait_for_change(
     store: &dyn KvStore,
-    mirror: &Mirror,
     prefixes: &[String],
     beside: &[String],
     index: u64,
@@ -130,10 +91,10 @@ async fn wait_for_change(
 ) -> StoreResult<()> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let indexes = prefix_indexes(store, mirror, prefixes).await?;
+        let indexes = prefix_indexes(store, prefixes).await?;
         let current = combined(&indexes);
         let reached = match current.cmp(&index) {
-            Ordering::Less => current.max(combined_index(store, mirror, beside).await?),
+            Ordering::Less => current.max(combined_index(store, beside).await?),
             _ => current,
         };
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -145,10 +106,10 @@ async fn wait_for_change(
             tokio::time::sleep(remaining).await;
             return Ok(());
         }
-        let watches = prefixes.iter().zip(&indexes).map(|(prefix, at)| {
+        let watches = prefixes.iter().zip(&indexes).map(|(prefix, &at)| {
             Box::pin(async move {
                 store
-                    .watch(&WatchTarget::Prefix(prefix.clone()), at.listed, remaining)
+                    .watch(&WatchTarget::Prefix(prefix.clone()), at, remaining)
                     .await
             })
         });

@@ -232,7 +232,7 @@ async fn list_daemon_sets(
             let kv: Arc<dyn KvStore> = app.store_reads.clone();
             // Taken before anything is read: a change landing between the reads is in the
             // answer or above its index, so a client blocking at it misses nothing.
-            let index = combined_index(kv.as_ref(), &app.mirror, &prefixes).await?;
+            let index = combined_index(kv.as_ref(), &prefixes).await?;
             let (_, records) = DaemonSetStore::new(kv.clone()).list().await?;
             let mut times = list_meta(kv.as_ref(), ObjectKind::Daemonsets).await?;
             let mut conditions = ConditionStore::new(kv).list(ObjectKind::Daemonsets).await?;

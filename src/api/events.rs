@@ -11,7 +11,7 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{counted_index, index_header};
+use crate::api::blocking::index_header;
 use crate::api::extract::ApiJson;
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
@@ -167,11 +167,9 @@ async fn list_events(
             Source::Store(blocking) => {
                 blocking.block(&app, &[layout::EVENTS.to_owned()]).await?;
                 let listing = app.store_reads.list(layout::EVENTS).await?;
-                let empty = listing.pairs.is_empty();
-                let index = counted_index(&app.mirror, layout::EVENTS, listing.index, empty);
                 let entries = listing.pairs.into_iter();
                 let entries = entries.map(|pair| Arc::new(Tree::Events.decode(pair)));
-                (index, Stored::All(entries.collect()))
+                (listing.index, Stored::All(entries.collect()))
             }
         };
     let newest_first: Box<dyn Iterator<Item = &Arc<Entry>>> = match &stored {

@@ -29,7 +29,9 @@ use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
-use crate::api::reads::{indexed_reader, indexed_source, ConsistentFilter, IndexedReader};
+use crate::api::reads::{
+    indexed_reader, mirror_index, source_reader, ConsistentFilter, IndexedReader,
+};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::StoreError;
@@ -233,7 +235,7 @@ async fn list_labels(
 }
 
 /// The objects of `label_type` that `selector` matches, sorted by id, and the index they
-/// reflect, read where [`indexed_source`] says: from the mirror, a selector naming a value is
+/// reflect, read where [`source_reader`] says: from the mirror, a selector naming a value is
 /// answered through its label index, not by decoding every label set of the type.
 pub(crate) async fn select_labeled(
     app: &AppState,
@@ -243,7 +245,7 @@ pub(crate) async fn select_labeled(
     blocking: Blocking,
 ) -> Result<(u64, Vec<Labeled>), ApiError> {
     let trees = [Tree::Labels(label_type)];
-    let (IndexedReader { kv, index }, mirror) = indexed_source(
+    let (kv, mirror) = source_reader(
         app,
         &trees,
         &[Span::Prefix(layout::labels_of_type(label_type))],
@@ -251,12 +253,13 @@ pub(crate) async fn select_labeled(
         blocking,
     )
     .await?;
-    let mut items = match mirror {
+    let (index, mut items) = match mirror {
         Some(mirror) => {
+            let index = mirror_index(mirror, &trees);
             let labels = LabelStore::reading(kv, Some(mirror));
-            labels.matching(label_type, selector).await?
+            (index, labels.matching(label_type, selector).await?)
         }
-        None => LabelStore::new(kv).select(label_type, selector).await?.1,
+        None => LabelStore::new(kv).select(label_type, selector).await?,
     };
     items.sort_by(|a, b| a.id.cmp(&b.id));
     Ok((index, items))

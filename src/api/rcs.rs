@@ -301,7 +301,7 @@ async fn list_rcs(
 
     let kv: Arc<dyn KvStore> = app.store_reads.clone();
     // Taken before anything is read, as in `get_rc`.
-    let index = combined_index(kv.as_ref(), &app.mirror, &prefixes(&VIEW_TREES)).await?;
+    let index = combined_index(kv.as_ref(), &prefixes(&VIEW_TREES)).await?;
     let label_store = LabelStore::new(kv.clone());
     let (_, records) = RcStore::new(kv.clone()).list().await?;
     let (_, rc_labels) = label_store.list(LabelType::ReplicationController).await?;
@@ -390,7 +390,7 @@ async fn get_rc(
     let kv: Arc<dyn KvStore> = app.store_reads.clone();
     // Taken before anything is read: a change landing between the reads is in the answer
     // or above its index, so a client blocking at it misses nothing.
-    let index = combined_index(kv.as_ref(), &app.mirror, &prefixes(&VIEW_TREES)).await?;
+    let index = combined_index(kv.as_ref(), &prefixes(&VIEW_TREES)).await?;
     let record = match read(&RcStore::new(kv.clone()), &id).await {
         Err(e) if e.status() == StatusCode::NOT_FOUND => return Ok(error_at(e, index)),
         record => record?,
@@ -733,7 +733,7 @@ async fn written_view(app: &AppState, record: &RcRecord) -> Result<(RcView, u64)
             return Ok((mirrored_view(mirror, record), index));
         }
     }
-    let index = combined_index(app.store.as_ref(), &app.mirror, &prefixes(&RC_TREES)).await?;
+    let index = combined_index(app.store.as_ref(), &prefixes(&RC_TREES)).await?;
     Ok((stored_view(&app.store, record).await?, index))
 }
 

@@ -327,7 +327,7 @@ pub async fn indexed_source<'a>(
     let (index, mirror) = match source {
         Opened::Mirror(mirror) => (mirror_index(mirror, trees), Some(mirror)),
         Opened::Store(prefixes) => (
-            combined_index(app.store_reads.as_ref(), &app.mirror, &prefixes).await?,
+            combined_index(app.store_reads.as_ref(), &prefixes).await?,
             None,
         ),
     };
@@ -356,9 +356,9 @@ async fn open<'a>(
         )),
         Source::Store(blocking) => {
             // Held until the spans change, answered at the index of the trees (and the
-            // spans; one listed empty counted as the mirror counts its tree), as from the
-            // mirror: a client passes back either answer's index and is held while
-            // nothing it shows changed.
+            // spans, on Consul at the whole store's when empty), as from the mirror: a
+            // client passes back either answer's index and is held while nothing it shows
+            // changed.
             let tree_prefixes: Vec<String> = trees.iter().map(|tree| tree.prefix()).collect();
             let span_prefixes: Vec<String> = spans.iter().flat_map(Span::prefixes).collect();
             let prefixes = if spans.is_empty() {

@@ -1093,28 +1093,6 @@ impl Mirror {
         Some((tree_state.changed_index(), entries))
     }
 
-    /// The index a listing of `prefix` read from the store at `index` counts in an
-    /// answer's `X-Index`, and a read blocked on the store waits for it to move, when the
-    /// store lists nothing under it: on Consul a prefix with neither keys nor tombstones
-    /// lists at the whole store's index, which every write anywhere moves. If the mirror's
-    /// tree holds nothing too, and its watch is sound, the tree counts as the mirror counts
-    /// it (`TreeState::changed_index`, never more than `index`): the same nothing, since it
-    /// came to hold nothing. Otherwise the store's `index` stands: a mirror still holding
-    /// what another writer deleted would count the tree at an index from before the
-    /// delete, and a read blocked there would not be woken by it.
-    pub fn empty_listing_index(&self, prefix: &str, index: u64) -> u64 {
-        let Some(tree) = Tree::of_key(prefix) else {
-            return index;
-        };
-        let state = self.read();
-        let tree = state.tree(tree);
-        let sound = tree.loaded && !tree.reread && tree.failing_since.is_none();
-        match sound && tree.holds_nothing() {
-            true => index.min(tree.changed_index()),
-            false => index,
-        }
-    }
-
     /// What a blocking read of `trees` (under `spans`) has seen, read together: their
     /// listed index, each span's [`Extent`], and whether the trees hold no own write their
     /// watches have yet to confirm ([`Mirror::confirm`]). Only a confirmed view is a
