@@ -2492,3 +2492,66 @@ async fn a_read_through_to_the_store_is_woken_by_a_delete_the_mirror_has_not_see
     assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
     assert_eq!(answer.json()["items"], json!([]), "{answer:?}");
 }
+
+/// A node's pod listing read through to the store, blocked at the index of an answer that
+/// showed a pod another writer has since deleted, is answered at once, though the mirror
+/// never held the pod (its watch of the intents slow): the listing's spans are below the
+/// index the client holds, and the pod labels it is made of have moved past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_through_to_the_store_is_woken_by_a_delete_in_a_tree_the_mirror_holds_empty() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let app = Arc::new(app);
+    let start = app.get("/api/v1/pods?consistent=true").await.x_index();
+    counting.hold_watches_past(Some(("intent/", start)));
+    let index = show_a_pod_then_delete_it(&app).await;
+    let answer = woken_with_no_pod(&app, index, "the delete did not wake the read").await;
+    counting.hold_watches_past(None);
+    assert_eq!(item_count(&answer), 0, "{answer:?}");
+}
+
+/// As above, the mirror's watch of the intents taking in the pod's add and delete in one
+/// read (its reads paced far apart): the mirror never held the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_through_to_the_store_is_woken_by_an_add_and_delete_the_mirror_read_at_once() {
+    let config = MirrorConfig {
+        min_reread_interval: Duration::from_secs(600),
+        ..MirrorConfig::default()
+    };
+    let app = Arc::new(TestApp::configured(|store| store, config).await);
+    let index = show_a_pod_then_delete_it(&app).await;
+    let now = app.store.keys("intent/", Some('/')).await.unwrap().0;
+    assert!(app.mirror.wait_for(now, PATIENCE).await);
+    let why = "the add and delete did not wake the read";
+    let answer = woken_with_no_pod(&app, index, why).await;
+    assert_eq!(item_count(&answer), 0, "{answer:?}");
+}
+
+/// Another writer puts a pod on node1, shown by a read of node1's pods through to the
+/// store, then writes another node's pod labels (so that the trees the listing is made of
+/// stay at or past that read's index once the pod is gone) and deletes the pod: the read's
+/// index.
+async fn show_a_pod_then_delete_it(app: &TestApp) -> u64 {
+    let pod = "intent/node1/hello";
+    let manifest = b"id: hello\nlaunchables: {}\n";
+    app.store.put(pod, manifest, Cas::Any).await.expect("put");
+    let listed = app.get("/api/v1/pods?node=node1&consistent=true").await;
+    assert_eq!(item_count(&listed), 1, "{listed:?}");
+    let labels = br#"{"app":"other"}"#;
+    let written = app.store.put("labels/pod/node2/other", labels, Cas::Any);
+    written.await.expect("put");
+    app.store.delete(pod, Cas::Any).await.expect("delete");
+    listed.x_index()
+}
+
+/// The answer to a read of node1's pods through to the store, blocked at `index`, once
+/// woken (panicking with `why` if it is not).
+async fn woken_with_no_pod(app: &Arc<TestApp>, index: u64, why: &str) -> TestResponse {
+    let path = format!("/api/v1/pods?node=node1&consistent=true&index={index}&wait=30s");
+    let answer = Held::start(app, path).await.woken(why).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    answer
+}
+
+fn item_count(page: &TestResponse) -> usize {
+    page.json()["items"].as_array().unwrap().len()
+}
