@@ -809,11 +809,11 @@ impl Mirror {
 
     /// The newest index the watches of `trees` have shown: what a read of them claims to
     /// reflect (its `X-Index`, [`Mirror::claimable_index`]), but for the trees that hold
-    /// nothing. The server's own writes are in the entries at once, but they
-    /// count here only once a listing confirms them ([`Mirror::confirm`]): another writer's
-    /// change from before an own write may not have reached the mirror yet, and the own
-    /// write's index alone would claim it. The farms need no other tree to catch up with
-    /// their own writes either.
+    /// nothing. The server's own writes are in the entries at once, but they count here
+    /// only once a listing confirms them ([`Mirror::confirm`]): another writer's change
+    /// from before an own write may not have reached the mirror yet, and the own write's
+    /// index alone would claim it. The farms need no other tree to catch up with their own
+    /// writes either.
     pub fn listed_index(&self, trees: &[Tree]) -> u64 {
         let state = self.read();
         trees
@@ -826,9 +826,9 @@ impl Mirror {
     /// The index an answer made of `trees` claims (its `X-Index`): the newest their watches
     /// have listed ([`Mirror::listed_index`]), a tree that holds nothing counting at the
     /// index it came to hold nothing (`TreeState::changed_index`), but no newer than every
-    /// one of them holds every change up to. Each tree has its own watch, so another writer's change to one
-    /// tree can reach the mirror after a newer change to another; [`Mirror::catch_up`]
-    /// brings the trees up to their listed index.
+    /// one of them holds every change up to. Each tree has its own watch, so another
+    /// writer's change to one tree can reach the mirror after a newer change to another;
+    /// [`Mirror::catch_up`] brings the trees up to their listed index.
     pub fn claimable_index(&self, trees: &[Tree]) -> u64 {
         claimable(&self.read(), trees)
     }
@@ -897,11 +897,12 @@ impl Mirror {
     /// ([`Mirror::claimable_index`]); whether they all do. A tree that holds nothing counts
     /// at the index it came to hold nothing (`TreeState::changed_index`): on Consul an empty
     /// prefix lists at the whole store's index, which moves with every write anywhere, and
-    /// the others would catch up with each. A tree read since that index was committed holds it; of any other, the store is asked for
-    /// the tree's index (one call at a time per tree, shared by the readers waiting), and if
-    /// it moved, the tree's next read is made without waiting out its pacing. A tree whose
-    /// watch is failing is not waited for: unless the store says it has not moved, answers
-    /// claim no more than it held when its watch last read it.
+    /// the others would catch up with each. A tree read since that index was committed
+    /// holds it; of any other, the store is asked for the tree's index (one call at a time
+    /// per tree, shared by the readers waiting), and if it moved, the tree's next read is
+    /// made without waiting out its pacing. A tree whose watch is failing is not waited
+    /// for: unless the store says it has not moved, answers claim no more than it held when
+    /// its watch last read it.
     pub async fn catch_up(&self, trees: &[Tree], timeout: Duration) -> bool {
         let newest = {
             let state = self.read();
