@@ -375,10 +375,12 @@ impl SqliteStore {
     }
 
     /// Tries, in the background and one at a time, a write that changes nothing the store
-    /// serves (the reaped index written again as it is), which like any write clears
-    /// [`Inner::cannot_write`] once it commits: a server nobody writes to (run with
-    /// `--no-farms`, or one whose clients a load balancer sends elsewhere while it is not
-    /// ready) would otherwise stay unready after its disk takes writes again.
+    /// serves (the reaped index raised and put back in one transaction), which like any
+    /// write clears [`Inner::cannot_write`] once it commits: a server nobody writes to (run
+    /// with `--no-farms`, or one whose clients a load balancer sends elsewhere while it is
+    /// not ready) would otherwise stay unready after its disk takes writes again. The value
+    /// changes on the way: SQLite leaves a page whose bytes a statement keeps clean, and a
+    /// commit with no page to write succeeds on a full or read-only disk.
     fn try_a_write(&self) {
         if self.inner.probing.swap(true, Ordering::AcqRel) {
             return;
@@ -387,10 +389,14 @@ impl SqliteStore {
         tokio::spawn(async move {
             let written = async {
                 let mut txn = WriteTxn::begin(&inner).await?;
-                sqlx::query("UPDATE meta SET value = value WHERE name = 'reaped_index'")
+                for change in ["value + 1", "value - 1"] {
+                    sqlx::query(&format!(
+                        "UPDATE meta SET value = {change} WHERE name = 'reaped_index'"
+                    ))
                     .execute(txn.tx.writing())
                     .await
                     .map_err(|e| txn.tx.failed(e))?;
+                }
                 txn.commit(&inner).await
             };
             if let Err(e) = written.await {
@@ -3512,6 +3518,38 @@ mod tests {
             .expect("ready once writes land, with no write but the probe's");
         assert!(store.get("k/1").await.unwrap().is_none());
         assert_eq!(&store.get("k/0").await.unwrap().unwrap().value[..], b"v");
+    }
+
+    /// The readiness probe's write reaches the disk: SQLite leaves a page whose bytes a
+    /// statement leaves as they were clean, so a write that changes no byte commits without
+    /// writing anything, and would succeed on a full disk or a read-only file system,
+    /// making the store ready while every client's write still fails.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_readiness_probes_write_reaches_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        store.put("k/0", b"v", Cas::Any).await.unwrap();
+        let log = dir.path().join("kv.db-wal");
+        {
+            let mut writer = store.inner.writer.lock().await;
+            writer.run("PRAGMA wal_checkpoint(TRUNCATE)").await.unwrap();
+        }
+        assert_eq!(
+            std::fs::metadata(&log).unwrap().len(),
+            0,
+            "the log is not empty"
+        );
+        // As a write that found the disk full leaves it.
+        store.inner.cannot_write.store(13, Ordering::Release);
+
+        until_ready(&store)
+            .await
+            .expect("ready once the probe's write commits");
+        assert!(
+            std::fs::metadata(&log).unwrap().len() > 0,
+            "the probe's write committed without writing anything"
+        );
+        assert_eq!(meta(&store.inner.reader, "reaped_index").await.unwrap(), 0);
     }
 
     /// A write that fails after it began changing the database takes its batch down: none
