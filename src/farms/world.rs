@@ -754,7 +754,8 @@ fn lock(entry: &Arc<Entry>) -> Option<Versioned<Option<String>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::KvPair;
+    use crate::kv::{KvPair, TxnOp};
+    use crate::store::rcs::RcStore;
 
     fn entry(tree: state::Tree, key: &str, value: &str, index: u64) -> Arc<Entry> {
         let pair = KvPair {
@@ -785,6 +786,28 @@ mod tests {
                     .map(|key| format!("{}{key}", tree.prefix()))
                     .collect()
             }),
+        }
+    }
+
+    /// The farms take an RC's id from its key, as the API does, whatever its document names
+    /// (another id, or none): a roll's step wrote such an RC at the id its document named,
+    /// where its version never matched, so that the roll never moved.
+    #[test]
+    fn an_rcs_id_is_its_keys_whatever_its_document_names() {
+        let id = "5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11";
+        for named in ["0c8e2f4b-6f2d-4c1e-9a57-5a0e3b8c7d11", ""] {
+            let document =
+                format!(r#"{{"id":"{named}","manifest":"id: a\n","replicas_desired":1}}"#);
+            let rc = entry(state::Tree::Rcs, id, &document, 1);
+            let mut tree: Arc<Tree<RcMap>> = Arc::default();
+            let whole = snapshot(state::Tree::Rcs, 1, &[&rc], None);
+            update(&mut tree, &whole, uuid_id, shared(rc_of));
+            let held = &tree.items[id].value;
+            assert_eq!(held.id, id, "named {named:?}");
+            let TxnOp::Cas { key, .. } = RcStore::write_op(held, 1) else {
+                panic!("an RC's write is a check-and-set");
+            };
+            assert_eq!(key, layout::rc(id));
         }
     }
 

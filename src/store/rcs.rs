@@ -2,7 +2,7 @@
 //! (type `replication_controller`) written in the same transaction.
 //!
 //! Lists skip and log undecodable documents and non-UUID keys (P2 lets one of them break the
-//! whole tree). An RC's id is its key's, as the farms read it, whatever its document says.
+//! whole tree). An RC's id is its key's, whatever its document says (`StoredRc::from_stored`).
 
 use std::sync::Arc;
 
@@ -201,13 +201,7 @@ pub fn from_entry(entry: &Entry) -> Result<Versioned<Arc<StoredRc>>, String> {
     check_key(&entry.pair)?;
     match &entry.view {
         View::Rc(rc) => Ok(Versioned {
-            value: match renamed_by_key(&entry.pair, rc) {
-                None => rc.clone(),
-                Some(id) => Arc::new(StoredRc {
-                    id: id.to_owned(),
-                    ..StoredRc::clone(rc)
-                }),
-            },
+            value: rc.clone(),
             index: entry.pair.modify_index,
         }),
         View::Unreadable(why) => Err(why.to_string()),
@@ -227,24 +221,9 @@ fn key_id(pair: &KvPair) -> &str {
     pair.key.strip_prefix(layout::RCS).unwrap_or(&pair.key)
 }
 
-/// The id of the RC at `pair`, its key's, when its document names another one (or none,
-/// Go's zero value). P2 writes an RC at its id's key, but such a document would otherwise be
-/// shown as that other RC and changed at its key, where its version never matches; a change
-/// writes it back under its own id.
-fn renamed_by_key<'a>(pair: &'a KvPair, rc: &StoredRc) -> Option<&'a str> {
-    let id = key_id(pair);
-    (rc.id != id).then(|| {
-        tracing::debug!(key = %pair.key, named = %rc.id, "an RC document names another id than its key");
-        id
-    })
-}
-
 fn decode(pair: &KvPair) -> Result<RcRecord, String> {
     check_key(pair)?;
-    let mut rc = StoredRc::from_json(&pair.value).map_err(|e| e.to_string())?;
-    if let Some(id) = renamed_by_key(pair, &rc) {
-        rc.id = id.to_owned();
-    }
+    let rc = StoredRc::from_stored(&pair.key, &pair.value).map_err(|e| e.to_string())?;
     Ok(RcRecord {
         value: rc,
         index: pair.modify_index,
