@@ -13,7 +13,7 @@ use crate::model::{json_may_hold, StoredRc, StoredRoll};
 use super::events::{meta_delete_op, read_meta, record_ops};
 use super::labels::{LabelRecord, LabelStore};
 use super::Versioned;
-use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
+use crate::kv::{validate_key, KvPair, KvStore, StoreError, StoreResult, TxnOp};
 use crate::layout;
 
 /// A roll and the modify index it was read at.
@@ -180,7 +180,8 @@ impl RollStore {
     /// The `replicas_desired` of `roll`'s old and new RC as the store holds them now
     /// (`None` for one absent or unreadable), and the ops that hold only while each RC is
     /// still that version: what a record of the counts a roll leaves its RCs at is made of
-    /// and checked by, since a farm's step moves them without writing the roll.
+    /// and checked by, since a farm's step moves them without writing the roll. An id no
+    /// key can hold (none, as a tool may store it) names an RC that is absent for good.
     pub async fn desired_now(
         &self,
         roll: &StoredRoll,
@@ -189,6 +190,9 @@ impl RollStore {
         let mut unchanged = Vec::with_capacity(2);
         for (side, rc) in [&roll.old_rc, &roll.new_rc].into_iter().enumerate() {
             let key = layout::rc(rc);
+            if validate_key(&key).is_err() {
+                continue;
+            }
             match self.kv.get(&key).await? {
                 Some(pair) => {
                     desired[side] = StoredRc::from_json(&pair.value)

@@ -1558,3 +1558,26 @@ async fn the_documented_roll_request_example_is_taken() {
     let created = post(&app, schema["example"].clone()).await;
     assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
 }
+
+/// A roll a tool stored naming an RC by no id a key can hold (none, as Go's zero value
+/// leaves it, or `..`) is cancelled as any other: its RCs' counts are read where a key can
+/// name them, and one that none can is absent, as the farms take it.
+#[tokio::test]
+async fn a_roll_naming_an_rc_no_key_can_hold_is_cancelled() {
+    let app = TestApp::new().await;
+    let new = arrange_rc(&app, 0, &[]).await;
+    for old in ["", ".."] {
+        let key = format!("rolls/{new}");
+        app.put_raw(&key, p2_roll_json(old, &new, 1, 0, false, 0).as_bytes())
+            .await;
+        app.mirrored(&key).await;
+
+        let response = delete(&app, &new, None).await;
+        assert_eq!(
+            response.status,
+            StatusCode::NO_CONTENT,
+            "{old:?}: {response:?}"
+        );
+        assert!(app.stored(&key).await.is_none());
+    }
+}
