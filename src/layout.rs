@@ -58,6 +58,11 @@ pub fn rc(id: impl Display) -> String {
     format!("{RCS}{id}")
 }
 
+/// The RC id a key of the RC tree names (the key itself if it is outside the tree).
+pub fn rc_id(key: &str) -> &str {
+    key.strip_prefix(RCS).unwrap_or(key)
+}
+
 /// `rolls/<id>`: a roll's ID is its new RC's ID.
 pub fn roll(id: impl Display) -> String {
     format!("{ROLLS}{id}")

@@ -39,16 +39,15 @@ impl StoredRc {
         StoredRc::try_from(raw).map_err(decode_error)
     }
 
-    /// Decodes the RC stored at `key` ([`StoredRc::from_json`]), whose id is the key's
-    /// whatever its document names (another id, or none, Go's zero value): P2 writes an RC at
-    /// its id's key, and such a document would otherwise be shown as that other RC and
-    /// changed (by a patch or a roll's step) at its key, where its version never matches; a
-    /// change writes it back under its own id.
-    pub fn from_stored(key: &str, bytes: &[u8]) -> Result<StoredRc, DecodeError> {
+    /// Decodes the RC stored at the key of RC `id` ([`StoredRc::from_json`]), whose id is
+    /// the key's whatever its document names (another id, or none, Go's zero value): P2
+    /// writes an RC at its id's key, and such a document would otherwise be shown as that
+    /// other RC and changed (by a patch or a roll's step) at its key, where its version never
+    /// matches; a change writes it back under its own id.
+    pub fn from_stored(id: &str, bytes: &[u8]) -> Result<StoredRc, DecodeError> {
         let mut rc = StoredRc::from_json(bytes)?;
-        let id = key.strip_prefix(crate::layout::RCS).unwrap_or(key);
         if rc.id != id {
-            tracing::debug!(key, named = %rc.id, "an RC document names another id than its key");
+            tracing::debug!(id, named = %rc.id, "an RC document names another id than its key");
             rc.id = id.to_owned();
         }
         Ok(rc)

@@ -147,7 +147,7 @@ impl Tree {
         }
         let problem = |e: &dyn std::fmt::Display| View::Unreadable(Arc::new(e.to_string()));
         let view = match self {
-            Tree::Rcs => StoredRc::from_stored(&pair.key, &pair.value)
+            Tree::Rcs => StoredRc::from_stored(layout::rc_id(&pair.key), &pair.value)
                 .map_or_else(|e| problem(&e), |rc| View::Rc(Arc::new(rc))),
             Tree::Rolls => StoredRoll::from_json(&pair.value)
                 .map_or_else(|e| problem(&e), |roll| View::Roll(Arc::new(roll))),

@@ -210,20 +210,16 @@ pub fn from_entry(entry: &Entry) -> Result<Versioned<Arc<StoredRc>>, String> {
 }
 
 fn check_key(pair: &KvPair) -> Result<(), String> {
-    if uuid::Uuid::parse_str(key_id(pair)).is_err() {
+    if uuid::Uuid::parse_str(layout::rc_id(&pair.key)).is_err() {
         return Err(format!("key {:?} is not an RC id", pair.key));
     }
     Ok(())
 }
 
-/// The RC id a key of the RC tree names.
-fn key_id(pair: &KvPair) -> &str {
-    pair.key.strip_prefix(layout::RCS).unwrap_or(&pair.key)
-}
-
 fn decode(pair: &KvPair) -> Result<RcRecord, String> {
     check_key(pair)?;
-    let rc = StoredRc::from_stored(&pair.key, &pair.value).map_err(|e| e.to_string())?;
+    let rc =
+        StoredRc::from_stored(layout::rc_id(&pair.key), &pair.value).map_err(|e| e.to_string())?;
     Ok(RcRecord {
         value: rc,
         index: pair.modify_index,
