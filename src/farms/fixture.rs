@@ -14,7 +14,8 @@ use crate::model::{
 use crate::state::{self, Entry};
 
 use super::world::{
-    index_pods, pod_key, HealthResults, PodEntries, PodKey, Shared, Tree, Versioned, World,
+    index_pods, index_rcs, pod_key, HealthResults, PodEntries, PodKey, Shared, Tree, Versioned,
+    World,
 };
 
 /// The trees of a [`World`], each filled as a test needs.
@@ -114,8 +115,10 @@ impl Fleet {
             entry(pod_labels, &pod_name(pod), value, labels.index)
         });
         let pod_label_entries = PodEntries::new(pod_labels, pod_label_entries.collect());
+        let rcs = shared(&self.rcs);
         World {
-            rcs: tree(shared(&self.rcs)),
+            rcs_by_pod: index_rcs(&rcs),
+            rcs: tree(rcs),
             rolls: tree(shared(&self.rolls)),
             daemon_sets: tree(shared(&self.daemon_sets)),
             nodes: tree(

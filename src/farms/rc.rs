@@ -336,9 +336,8 @@ fn current_nodes(world: &World, id: &str, pod_id: &str) -> BTreeSet<String> {
 /// matches none of them (another zone's RC of the same pod id) cannot, and holds nothing up
 /// however long it stays short of nodes.
 fn placement_pending(world: &World, pod_id: &str, current: &BTreeSet<String>) -> bool {
-    world.rcs.items.iter().any(|(id, rc)| {
+    world.rcs_running(pod_id).any(|(id, rc)| {
         !rc.value.disabled
-            && rc.value.manifest.pod_id() == pod_id
             && usize::try_from(rc.value.replicas_desired).unwrap_or(0)
                 > current_nodes(world, id, pod_id).len()
             && rc

@@ -102,6 +102,8 @@ pub type DaemonSetMap = OrdMap<String, Shared<StoredDaemonSet>>;
 /// Label entries (read through [`World::node_labels`]).
 pub type NodeMap = OrdMap<String, Arc<Entry>>;
 pub type LockMap = OrdMap<String, Versioned<Option<String>>>;
+/// The RCs whose manifest runs each pod id, sorted.
+pub type RcsByPod = OrdMap<String, OrdSet<String>>;
 /// The pods carrying each value of one label key, sorted.
 pub type PodsByValue = OrdMap<String, OrdSet<PodKey>>;
 
@@ -250,6 +252,8 @@ pub const INDEXED_POD_LABELS: [&str; 2] = [RC_ID_LABEL, DS_ID_LABEL];
 #[derive(Clone, Default)]
 pub struct World {
     pub rcs: Arc<Tree<RcMap>>,
+    /// The RCs by their manifest's pod id, kept up to date change by change with `rcs`.
+    pub rcs_by_pod: RcsByPod,
     pub rolls: Arc<Tree<RollMap>>,
     pub daemon_sets: Arc<Tree<DaemonSetMap>>,
     /// Node label entries by node, those that cannot be read too ([`World::node_unreadable`]).
@@ -311,6 +315,15 @@ impl World {
     /// Every node with its labels.
     pub fn node_labels(&self) -> impl Iterator<Item = (&String, &CompactLabels)> {
         labelled(&self.nodes.items)
+    }
+
+    /// The RCs whose manifest runs `pod_id`, sorted by id.
+    pub fn rcs_running<'a>(
+        &'a self,
+        pod_id: &str,
+    ) -> impl Iterator<Item = (&'a String, &'a Shared<StoredRc>)> {
+        let ids = self.rcs_by_pod.get(pod_id).into_iter().flatten();
+        ids.filter_map(|id| Some((id, self.rcs.items.get(id)?)))
     }
 
     /// The pods labelled `key=value`, sorted; `key` is one of [`INDEXED_POD_LABELS`].
@@ -522,7 +535,7 @@ impl Trees {
                 continue;
             };
             match tree {
-                state::Tree::Rcs => update(&mut world.rcs, &snapshot, uuid_id, shared(rc_of)),
+                state::Tree::Rcs => update_rcs(world, &snapshot),
                 state::Tree::Rolls => update(&mut world.rolls, &snapshot, uuid_id, shared(roll_of)),
                 state::Tree::DaemonSets => update(
                     &mut world.daemon_sets,
@@ -596,6 +609,45 @@ fn update<K: Ord + Clone, V: Clone>(
         }
     };
     *tree = Arc::new(Tree::new(snapshot.index, items));
+}
+
+/// Brings the world's RCs, and its index of them by pod id, to the mirror's `snapshot`.
+fn update_rcs(world: &mut World, snapshot: &TreeSnapshot) {
+    let was = world.rcs.clone();
+    update(&mut world.rcs, snapshot, uuid_id, shared(rc_of));
+    let Some(changed) = &snapshot.changed else {
+        world.rcs_by_pod = index_rcs(&world.rcs.items);
+        return;
+    };
+    let prefix = snapshot.tree.prefix();
+    for id in changed
+        .iter()
+        .filter_map(|key| uuid_id(key.strip_prefix(&prefix)?))
+    {
+        if let Some(rc) = was.items.get(&id) {
+            let pod_id = rc.value.manifest.pod_id();
+            if let Some(ids) = world.rcs_by_pod.get_mut(pod_id) {
+                ids.remove(&id);
+                if ids.is_empty() {
+                    world.rcs_by_pod.remove(pod_id);
+                }
+            }
+        }
+        if let Some(rc) = world.rcs.items.get(&id) {
+            let pod_id = rc.value.manifest.pod_id().to_owned();
+            world.rcs_by_pod.entry(pod_id).or_default().insert(id);
+        }
+    }
+}
+
+/// The RCs of `rcs` by their manifest's pod id.
+pub fn index_rcs(rcs: &RcMap) -> RcsByPod {
+    let mut index = RcsByPod::new();
+    for (id, rc) in rcs {
+        let pod_id = rc.value.manifest.pod_id().to_owned();
+        index.entry(pod_id).or_default().insert(id.clone());
+    }
+    index
 }
 
 /// The pod tree of the mirror's `snapshot`.
@@ -933,6 +985,45 @@ mod tests {
         );
         assert!(updated.misfiled.is_empty());
         assert_eq!(states(&whole)[3], Some(Critical), "the old results changed");
+    }
+
+    #[test]
+    fn the_index_of_rcs_by_pod_id_follows_the_changes_as_a_whole_index_would() {
+        let tree = state::Tree::Rcs;
+        let rc = |id: &str, pod_id: &str, index| {
+            let document =
+                format!(r#"{{"id":"{id}","manifest":"id: {pod_id}\n","replicas_desired":1}}"#);
+            entry(tree, id, &document, index)
+        };
+        let ids = [
+            "00000000-0000-4000-8000-000000000001",
+            "00000000-0000-4000-8000-000000000002",
+            "00000000-0000-4000-8000-000000000003",
+        ];
+        fn running(world: &World, pod_id: &str) -> Vec<String> {
+            world
+                .rcs_running(pod_id)
+                .map(|(id, _)| id.clone())
+                .collect()
+        }
+        let (a, b, c) = (
+            rc(ids[0], "web", 1),
+            rc(ids[1], "web", 1),
+            rc(ids[2], "db", 1),
+        );
+        let mut world = World::default();
+        update_rcs(&mut world, &snapshot(tree, 1, &[&a, &b, &c], None));
+        assert_eq!(running(&world, "web"), [ids[0], ids[1]]);
+
+        // The first RC goes, the second turns to run db.
+        let b2 = rc(ids[1], "db", 2);
+        update_rcs(
+            &mut world,
+            &snapshot(tree, 2, &[&b2, &c], Some(&[ids[0], ids[1]])),
+        );
+        assert_eq!(world.rcs_by_pod, index_rcs(&world.rcs.items));
+        assert!(running(&world, "web").is_empty());
+        assert_eq!(running(&world, "db"), [ids[1], ids[2]]);
     }
 
     #[test]

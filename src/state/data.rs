@@ -34,7 +34,7 @@ use crate::model::event::Event;
 
 use super::changes::{ChangeType, Stream};
 use super::entries::{ById, Entries, Journal};
-use super::trees::{Entry, Tree, View};
+use super::trees::{Entry, Tree};
 use crate::layout;
 
 /// One tree's entries and bookkeeping.
@@ -149,8 +149,6 @@ pub(super) struct State {
     /// Object ids by label: answers "pods of RC x" and narrows label selectors. An object's
     /// id is kept once for all its labels.
     pub by_label: HashMap<LabelTerm, BTreeSet<Arc<str>>>,
-    /// RC ids by the pod id of their manifest.
-    pub rcs_by_pod: HashMap<String, BTreeSet<String>>,
     /// The keys of the health records that name another node than their key's, by the
     /// node they name (P2 takes a record as that node's result): the few a node's pod
     /// listing shows from keys not of its pods on it.
@@ -186,7 +184,6 @@ impl State {
         State {
             trees: Tree::ALL.iter().map(|_| TreeState::default()).collect(),
             by_label: HashMap::new(),
-            rcs_by_pod: HashMap::new(),
             health_naming: HashMap::new(),
             intents_by_pod: ById::default(),
             events_by_object: ById::default(),
@@ -506,13 +503,6 @@ impl State {
         for (term, id) in terms(tree, entry) {
             self.by_label.entry(term).or_default().insert(id);
         }
-        if let (Tree::Rcs, View::Rc(rc)) = (tree, &entry.view) {
-            let pod_id = rc.manifest.pod_id().to_owned();
-            self.rcs_by_pod
-                .entry(pod_id)
-                .or_default()
-                .insert(rc.id.clone());
-        }
         if let Some(named) = (tree == Tree::Health)
             .then(|| entry.health_named_elsewhere())
             .flatten()
@@ -537,14 +527,6 @@ impl State {
                 ids.remove(&id);
                 if ids.is_empty() {
                     self.by_label.remove(&term);
-                }
-            }
-        }
-        if let (Tree::Rcs, View::Rc(rc)) = (tree, &entry.view) {
-            if let Some(ids) = self.rcs_by_pod.get_mut(rc.manifest.pod_id()) {
-                ids.remove(&rc.id);
-                if ids.is_empty() {
-                    self.rcs_by_pod.remove(rc.manifest.pod_id());
                 }
             }
         }

@@ -1271,15 +1271,6 @@ impl Mirror {
             .collect()
     }
 
-    /// The RCs whose manifest has pod id `pod_id`, sorted.
-    pub fn rcs_of_pod(&self, pod_id: &str) -> Vec<String> {
-        self.read()
-            .rcs_by_pod
-            .get(pod_id)
-            .map(|ids| ids.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-
     /// The objects of `label_type` whose labels `selector` matches, sorted by id. An
     /// equality or `in` requirement narrows the candidates through the label index; other
     /// selectors look at every label set of the type.
