@@ -76,13 +76,15 @@ pub struct DaemonSet {
     pub manifest: String,
     /// Selector of the nodes to run on, in canonical form; `""` selects every node.
     pub node_selector: String,
-    /// Shown only: P2's farm does not act on it.
+    /// Nodes that must stay healthy while the farm replaces pods with a new manifest (P2's
+    /// farm does not act on it).
     pub min_health: i64,
     /// Free-form name such as `production`; plays no part in scheduling.
     pub cluster_name: String,
     /// The manifest's `id`; fixed for the life of the daemon set.
     pub pod_id: String,
-    /// How long the farm waits for one node to become healthy, e.g. `10m0s`.
+    /// How long the farm waits for one node to become healthy, e.g. `10m0s`, before it gives
+    /// up on it; it brings up at most 50 nodes at a time.
     #[schema(example = "10m0s")]
     pub timeout: String,
     /// Whether the daemon set is paused.

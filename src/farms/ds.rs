@@ -7,7 +7,8 @@
 //!   one that just appeared or changed"), and no extra reads are needed. A disabled daemon set
 //!   changes no pods.
 //! - **scheduling**: eligible nodes without the pod get it, labelled with
-//!   `daemon_set_id` only; a node already running the pod id for another owner is left
+//!   `daemon_set_id` only, in name order and as P2's replicator, at most [`MAX_IN_FLIGHT`]
+//!   nodes on their way to healthy at a time (new and replaced alike, below); a node already running the pod id for another owner is left
 //!   alone, and so is a pod whose labels name an enabled RC as well as the daemon set,
 //!   except that a disabled daemon set's pod is taken over in place, as P2's farm writes over
 //!   any pod (disabling one daemon set and creating another is how a pod is handed over), at
@@ -62,7 +63,8 @@ use super::pods::{
 use super::world::{pod_key, PodKey, Shared, World};
 use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
 
-/// Nodes of one daemon set that may be on their way to healthy at once, as in P2.
+/// Nodes of one daemon set that may be on their way to healthy at once (given a new pod or a
+/// new manifest, not yet healthy on it nor given up on), as in P2.
 pub const MAX_IN_FLIGHT: usize = 50;
 /// How long a daemon set whose key exists but does not decode protects its pods before the
 /// cleanup looks at the key again.
@@ -117,7 +119,7 @@ struct Plan {
     /// Pods to unschedule: on nodes no longer eligible, or of a pod id the daemon set no
     /// longer runs.
     remove: Vec<PodKey>,
-    /// Eligible nodes to put the pod on.
+    /// Eligible nodes to put the pod on in this pass.
     add: Vec<String>,
     /// Nodes whose pod is rewritten with the current manifest.
     replace: Vec<String>,
@@ -557,11 +559,11 @@ fn plan(
                 .map(|node| pod(node)),
         );
     }
-    let add: Vec<String> = eligible
+    // In name order, as P2's replicator takes them.
+    let missing: Vec<&String> = eligible
         .iter()
         .filter(|node| !current.contains(*node))
         .filter(|node| is_free(world, &pod(node)))
-        .cloned()
         .collect();
     // Eligible nodes whose pod a disabled daemon set holds: taken over like stale pods of
     // this one's own.
@@ -610,7 +612,7 @@ fn plan(
 
     let mut wake: Option<Instant> = None;
     let mut timed_out = Vec::new();
-    let mut in_flight = add.len();
+    let mut in_flight = 0;
     for node in staying
         .iter()
         .filter(|(node, _, _)| waiting.contains(node.as_str()))
@@ -631,6 +633,15 @@ fn plan(
             }
         }
     }
+
+    // New nodes first, while the window has room: a manifest that never comes up reaches
+    // at most MAX_IN_FLIGHT nodes before they time out.
+    let add: Vec<String> = missing
+        .iter()
+        .take(MAX_IN_FLIGHT.saturating_sub(in_flight))
+        .map(|node| (*node).clone())
+        .collect();
+    in_flight += add.len();
 
     let take_over_from = |node: &String, relabel_only: bool| {
         let (from, index) = held[node];
@@ -700,7 +711,7 @@ fn plan(
         nodes_deployed: i64::try_from(deployed).unwrap_or(i64::MAX),
         replication_in_progress: unfinished
             || !remove.is_empty()
-            || !add.is_empty()
+            || !missing.is_empty()
             || !held.is_empty(),
     };
     Ok(Plan {
@@ -1010,6 +1021,48 @@ mod tests {
         let newer = ds("id: agent\nconfig: {version: 3}\n", 2, "");
         let plan = run(&fleet.world(), &newer, &mut rollout, later);
         assert_eq!(plan.replace, ["n00", "n01"]);
+    }
+
+    /// A new daemon set goes out as P2's replicator sends it: to at most `MAX_IN_FLIGHT`
+    /// nodes on their way to healthy at once, in name order, the next ones as those become
+    /// healthy or are given up on; a manifest that never comes up does not reach every node
+    /// at once.
+    #[test]
+    fn new_nodes_get_the_pod_at_most_max_in_flight_at_a_time() {
+        let mut fleet = Fleet::new();
+        let names: Vec<String> = (0..MAX_IN_FLIGHT * 2 + 10)
+            .map(|i| format!("n{i:03}"))
+            .collect();
+        for name in &names {
+            fleet.node(name, "web");
+        }
+        let spec = ds(NEW, 0, "role=web");
+        let mut rollout = Rollout::default();
+        let start = Instant::now();
+        let plan = run(&fleet.world(), &spec, &mut rollout, start);
+        assert_eq!(plan.add, names[..MAX_IN_FLIGHT]);
+        assert!(plan.status.replication_in_progress);
+
+        // The first window's pods land; ten of them come up healthy.
+        for (i, name) in names[..MAX_IN_FLIGHT].iter().enumerate() {
+            let health = if i < 10 {
+                HealthState::Passing
+            } else {
+                HealthState::Critical
+            };
+            fleet.pod(name, NEW, health);
+        }
+        let plan = run(&fleet.world(), &spec, &mut rollout, start);
+        assert_eq!(plan.add, names[MAX_IN_FLIGHT..MAX_IN_FLIGHT + 10]);
+
+        // Those given up on no longer hold the window.
+        for name in &names[MAX_IN_FLIGHT..MAX_IN_FLIGHT + 10] {
+            fleet.pod(name, NEW, HealthState::Passing);
+        }
+        let later = start + spec.timeout * 2;
+        let plan = run(&fleet.world(), &spec, &mut rollout, later);
+        assert_eq!(plan.timed_out.len(), MAX_IN_FLIGHT - 10);
+        assert_eq!(plan.add, names[MAX_IN_FLIGHT + 10..]);
     }
 
     #[test]

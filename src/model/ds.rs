@@ -21,7 +21,8 @@ pub struct StoredDaemonSet {
     pub disabled: bool,
     /// The pod manifest, written as its raw YAML string.
     pub manifest: Manifest,
-    /// Stored and shown only; P2's farm does not use it.
+    /// Nodes that must stay healthy while the farm replaces pods with a new manifest; P2's
+    /// farm does not use it.
     pub min_health: i64,
     /// Free-form name such as `production`.
     pub cluster_name: String,

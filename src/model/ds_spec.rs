@@ -28,14 +28,16 @@ pub struct CreateDaemonSet {
     pub manifest: Value,
     /// Selector of the nodes to run on; required, and `""` explicitly selects every node.
     pub node_selector: String,
-    /// At least 0; default 0.
+    /// Nodes that must stay healthy while the farm replaces pods with a new manifest (P2's
+    /// farm ignores it); at least 0; default 0.
     #[serde(default)]
     #[schema(minimum = 0)]
     pub min_health: i64,
     /// Free-form name such as `production`; default `""`.
     #[serde(default)]
     pub cluster_name: String,
-    /// Per-node timeout as duration text such as `10m`; must be positive.
+    /// Per-node timeout as duration text such as `10m`; must be positive. The farm brings
+    /// up at most 50 nodes at a time, and gives up on a node not healthy within it.
     #[schema(example = "10m")]
     pub timeout: String,
     /// Store the daemon set paused; a disabled daemon set may contend with others.
