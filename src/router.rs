@@ -256,17 +256,22 @@ fn document_unavailable(openapi: &mut utoipa::openapi::OpenApi) {
 fn document_internal_errors(openapi: &mut utoipa::openapi::OpenApi) {
     let api = openapi.paths.paths.iter_mut();
     let api = api.filter(|(path, _)| path.starts_with("/api/"));
+    const REFUSED: &str =
+        "the store refused the server's credentials; the cause is in the server's log";
     for (_, item) in api {
         for operation in path_operations(item) {
-            operation
-                .responses
-                .responses
-                .entry("500".to_owned())
-                .or_insert_with(|| {
-                    ErrorBody::documented(
-                        "The store refused the server's credentials; the cause is in the server's log",
-                    )
-                });
+            let responses = &mut operation.responses.responses;
+            match responses.get_mut("500") {
+                Some(RefOr::T(response)) => {
+                    response.description = format!("{}; or {REFUSED}", response.description);
+                }
+                Some(RefOr::Ref(_)) => {}
+                None => {
+                    let mut refused = REFUSED.to_owned();
+                    refused[..1].make_ascii_uppercase();
+                    responses.insert("500".to_owned(), ErrorBody::documented(&refused));
+                }
+            }
         }
     }
 }

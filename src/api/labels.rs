@@ -284,6 +284,7 @@ pub(crate) async fn select_labeled(
         (status = NOT_FOUND, description = "No such label type", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not valid for the type",
             body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = UNREADABLE_LABELS_DOC, body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -299,8 +300,22 @@ async fn get_labels(
     let trees = [Tree::Labels(label_type)];
     let IndexedReader { kv, index } =
         indexed_reader(&app, &trees, &[], read.consistent(), Default::default()).await?;
-    let record = LabelStore::new(kv).get(label_type, &id).await?;
+    let record = shown_labels(&LabelStore::new(kv), label_type, &id).await?;
     Ok(([index_header(index)], answer(label_type, id, record)))
+}
+
+/// An object's labels as a read shows them: labels stored that cannot be decoded are 500
+/// `UnreadableDocument`, saying how to clear them.
+pub async fn shown_labels(
+    labels: &LabelStore,
+    label_type: LabelType,
+    id: &str,
+) -> Result<LabelRecord, ApiError> {
+    labels.shown(label_type, id).await?.map_err(|why| {
+        ApiError::unreadable(format!(
+            "{why}; PUT /api/v1/labels/{label_type}/{id} replaces them, DELETE removes them"
+        ))
+    })
 }
 
 /// Replace one object's labels.
@@ -459,6 +474,10 @@ async fn delete_labels(
         .map_err(|e| write_error(e, expected, label_type, &id))?;
     Ok(StatusCode::NO_CONTENT)
 }
+
+/// The 500 of a read of labels stored that cannot be decoded ([`shown_labels`]).
+pub const UNREADABLE_LABELS_DOC: &str = "The stored labels cannot be decoded (reason \
+    `UnreadableDocument`); PUT of the labels replaces them, DELETE removes them";
 
 const ID_DOC: &str = "Object id; a pod's is `<node>/<pod_id>`, its `/` sent as is or as `%2F`";
 

@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 
 use crate::api::blocking::index_header;
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::api::labels::select_labeled;
+use crate::api::labels::{select_labeled, shown_labels, UNREADABLE_LABELS_DOC};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::etag;
@@ -111,6 +111,7 @@ async fn list_nodes(
                     ("X-Index" = u64, description = "The index the answer reflects"))),
         (status = NOT_FOUND, description = "The node has no labels", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The node name is not valid", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = UNREADABLE_LABELS_DOC, body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
 )]
@@ -128,9 +129,7 @@ async fn get_node(
     let trees = [Tree::Labels(LabelType::Node), Tree::Intent];
     let IndexedReader { kv, index } =
         indexed_reader(&app, &trees, &[], read.consistent(), Default::default()).await?;
-    let record = LabelStore::new(kv.clone())
-        .get(LabelType::Node, &node)
-        .await?;
+    let record = shown_labels(&LabelStore::new(kv.clone()), LabelType::Node, &node).await?;
     if record.index == 0 {
         return Err(ApiError::not_found(format!("node {node:?} has no labels")));
     }

@@ -41,6 +41,7 @@ use crate::api::blocking::index_header;
 use crate::api::extract::{
     malformed_json, refuse_duplicate_keys, shaped, ApiJson, ApiPath, ApiQuery, NoQuery,
 };
+use crate::api::labels::{shown_labels, UNREADABLE_LABELS_DOC};
 use crate::api::reads::{indexed_source, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
@@ -232,6 +233,7 @@ async fn list_p2_labels(
         (status = OK, description = "The object's labels", body = P2ObjectLabels,
             headers(("X-Index" = u64, description = "The index the answer reflects"))),
         (status = BAD_REQUEST, description = "Bad type or id", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = UNREADABLE_LABELS_DOC, body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -251,7 +253,7 @@ async fn get_p2_labels(
     query?;
     check_id(label_type, &id)?;
     let (labels, index) = mirrored(&app, label_type).await?;
-    let record = labels.get(label_type, &id).await?;
+    let record = shown_labels(&labels, label_type, &id).await?;
     let labels = P2ObjectLabels {
         label_type,
         id,

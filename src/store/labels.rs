@@ -42,10 +42,32 @@ impl LabelStore {
         }
     }
 
-    /// One object's labels; an object without a key has no labels and index 0.
+    /// One object's labels; an object without a key has no labels and index 0. A key that
+    /// holds no label set reads as none at its index, so that a write replaces it whole.
     pub async fn get(&self, label_type: LabelType, id: &str) -> StoreResult<LabelRecord> {
         let pair = self.kv.get(&layout::labels(label_type, id)).await?;
         Ok(pair.map(|pair| record_from_pair(&pair)).unwrap_or_default())
+    }
+
+    /// One object's labels as a read shows them: as [`LabelStore::get`], but a key that
+    /// holds no label set is `Err` saying why, as listings leave it out.
+    pub async fn shown(
+        &self,
+        label_type: LabelType,
+        id: &str,
+    ) -> StoreResult<Result<LabelRecord, String>> {
+        let Some(pair) = self.kv.get(&layout::labels(label_type, id)).await? else {
+            return Ok(Ok(LabelRecord::default()));
+        };
+        Ok(match labels::from_json(&pair.value) {
+            Ok(value) => Ok(Versioned {
+                value,
+                index: pair.modify_index,
+            }),
+            Err(e) => Err(format!(
+                "the labels of {label_type} {id:?} cannot be decoded: {e}"
+            )),
+        })
     }
 
     /// The op that fails a transaction unless an object's labels are still at `index`, as

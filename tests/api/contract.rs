@@ -1983,3 +1983,42 @@ async fn oversized_bodies_are_refused_as_documented_on_every_operation() {
     }
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// Labels the store holds that do not decode are answered as an RC that does not decode is:
+/// 500 `UnreadableDocument`, saying how to clear them, by every read of one object's labels
+/// (from the mirror and from the store), while listings leave them out. A PUT replaces them.
+#[tokio::test]
+async fn unreadable_labels_say_so_and_how_to_clear_them() {
+    let app = TestApp::new().await;
+    app.put_json("labels/node/good", &json!({"role": "web"}))
+        .await;
+    app.put_raw("labels/node/bad", "{not json").await;
+    for path in [
+        "/api/v1/labels/node/bad",
+        "/api/v1/labels/node/bad?consistent=true",
+        "/api/v1/nodes/bad",
+        "/api/v1/nodes/bad?consistent=true",
+        "/api/labels/node/bad",
+    ] {
+        let error = app.get(path).await.error();
+        assert_eq!(error.reason, "UnreadableDocument", "{path}: {error:?}");
+        assert!(
+            error.message.contains("PUT /api/v1/labels/node/bad"),
+            "{path}: {error:?}"
+        );
+    }
+    let listed = app.get("/api/v1/nodes").await.json();
+    assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");
+
+    let put = app
+        .json_request(
+            "PUT",
+            "/api/v1/labels/node/bad",
+            Some(&json!({"labels": {"role": "db"}})),
+            &[],
+        )
+        .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    let node = app.get("/api/v1/nodes/bad?consistent=true").await.json();
+    assert_eq!(node["labels"], json!({"role": "db"}));
+}

@@ -109,6 +109,15 @@ fn every_operation_is_named_tagged_and_documents_its_errors() {
                     "{name} does not document {code}"
                 );
             }
+            // Any API route's store may refuse the server's credentials, beside any 500 of
+            // the route's own.
+            if path.starts_with("/api/") {
+                let internal = responses["500"]["description"].as_str().unwrap_or("");
+                assert!(
+                    internal.contains("refused the server's credentials"),
+                    "{name} 500: {internal:?}"
+                );
+            }
             for (code, response) in responses {
                 if code.starts_with('4') || code.starts_with('5') {
                     let schema = &response["content"]["application/json"]["schema"]["$ref"];
