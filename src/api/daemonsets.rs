@@ -93,19 +93,21 @@ pub struct DaemonSet {
     pub resource_version: String,
     /// The rollout as seen now; given for a single daemon set, absent in lists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub status: Option<DaemonSetStatus>,
     /// `Progressing`, `Blocked` and `Contended`, as the leader's DS farm last computed them;
     /// empty until a leader's farm has looked at the daemon set (or when another farm owns
     /// it).
     #[serde(default)]
+    #[schema(required = true)]
     pub conditions: Vec<Condition>,
     /// When the daemon set was created through this server; `null` for one another tool
     /// created.
-    #[schema(format = DateTime)]
+    #[schema(format = DateTime, required = true)]
     pub created: Option<String>,
     /// When its document last changed through this server (the API or the farm); `null`
     /// for one another tool created and this server never changed.
-    #[schema(format = DateTime)]
+    #[schema(format = DateTime, required = true)]
     pub modified: Option<String>,
 }
 
@@ -134,6 +136,7 @@ pub struct DaemonSetStatus {
     /// `passing`: the nodes the farm counts for `min_health`.
     pub nodes_healthy: usize,
     /// What the DS farm last published about the rollout; `null` until it has.
+    #[schema(required = true)]
     pub farm: Option<DaemonSetFarmStatus>,
 }
 

@@ -25,6 +25,7 @@ pub struct Page<T> {
     pub items: Vec<T>,
     /// Pass as `continue` to get the next page; `null` on the last page.
     #[serde(rename = "continue")]
+    #[schema(required = true)]
     pub continue_token: Option<String>,
 }
 

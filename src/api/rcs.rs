@@ -80,13 +80,14 @@ pub struct RcView {
     /// `Ready`, `Progressing` and `Degraded`, as the leader's RC farm last computed them;
     /// empty until a leader's farm has looked at the RC (or when another farm owns it).
     #[serde(default)]
+    #[schema(required = true)]
     pub conditions: Vec<Condition>,
     /// When the RC was created through this server; `null` for one another tool created.
-    #[schema(format = DateTime)]
+    #[schema(format = DateTime, required = true)]
     pub created: Option<String>,
     /// When its document last changed through this server (the API or a roll); `null`
     /// for one another tool created and this server never changed.
-    #[schema(format = DateTime)]
+    #[schema(format = DateTime, required = true)]
     pub modified: Option<String>,
 }
 

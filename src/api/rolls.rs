@@ -100,18 +100,20 @@ pub struct Roll {
     /// `Progressing` and `Stalled`, as the leader's roll farm last computed them; empty until
     /// a leader's farm has looked at the roll (or when another farm owns it).
     #[serde(default)]
+    #[schema(required = true)]
     pub conditions: Vec<Condition>,
     /// When the roll was created (it started then), if through this server.
-    #[schema(format = DateTime)]
+    #[schema(format = DateTime, required = true)]
     pub created: Option<String>,
     /// When the roll document last changed through this server; for a finished roll,
     /// when it ended.
-    #[schema(format = DateTime)]
+    #[schema(format = DateTime, required = true)]
     pub modified: Option<String>,
     /// `null` while the roll runs; how it ended once finished.
+    #[schema(required = true)]
     pub outcome: Option<RollOutcome>,
     /// When it ended; `null` while it runs.
-    #[schema(format = DateTime)]
+    #[schema(format = DateTime, required = true)]
     pub ended: Option<String>,
 }
 

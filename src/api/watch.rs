@@ -88,10 +88,12 @@ pub struct WatchEvent {
     pub event_type: String,
     /// The object's kind, for changes.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub kind: Option<Kind>,
     /// The object's id within its kind (`<node>/<pod_id>` for pods, `<type>/<id>` for
     /// labels), for changes.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub id: Option<String>,
     /// The index of the change (for a deletion, one at which the object was gone); for the
     /// other events, the stream position.

@@ -237,7 +237,7 @@ pub struct Labeled {
     pub id: String,
     /// Its labels; `null` (Go's nil map) reads as empty.
     #[serde(default, deserialize_with = "null_as_empty")]
-    #[schema(value_type = BTreeMap<String, String>)]
+    #[schema(value_type = BTreeMap<String, String>, required = true)]
     pub labels: Labels,
 }
 

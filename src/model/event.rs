@@ -185,6 +185,7 @@ pub struct Event {
     /// The object's id.
     pub object_id: String,
     /// The `X-Request-Id` of the API request that made the change; `null` for farms.
+    #[schema(required = true)]
     pub request_id: Option<String>,
     /// Each changed field of the stored document, before and after (a manifest by its
     /// SHA); every field for a creation or deletion. A `scheduled` event's one change,
@@ -193,6 +194,7 @@ pub struct Event {
     pub changes: Vec<FieldChange>,
     /// Why, for alerts and farm decisions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub message: Option<String>,
 }
 
@@ -370,6 +372,7 @@ pub enum RollOutcome {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RcProgress {
     /// The RC's `replicas_desired`; `null` when the RC does not exist (any more).
+    #[schema(required = true)]
     pub desired: Option<i64>,
     /// Pods labeled with the RC's id (of the RC's pod id, while the RC exists).
     pub current: u64,

@@ -41,12 +41,15 @@ pub type DaemonSetRecord = Versioned<StoredDaemonSet>;
 pub struct DaemonSetFarmStatus {
     /// SHA of the manifest being rolled out.
     #[serde(default)]
+    #[schema(required = true)]
     pub manifest_sha: String,
     /// Nodes that completed this manifest; reset on a manifest change.
     #[serde(default)]
+    #[schema(required = true)]
     pub nodes_deployed: i64,
     /// Whether nodes are still being worked on.
     #[serde(default)]
+    #[schema(required = true)]
     pub replication_in_progress: bool,
 }
 

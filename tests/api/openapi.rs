@@ -206,3 +206,84 @@ async fn swagger_ui_is_served_from_the_binary() {
         "the bundle is vendored, not fetched"
     );
 }
+
+/// The fields the server leaves out of some answers (a daemon set's `status` in lists, an
+/// event's `message` but for alerts and farm decisions, a change stream event's object
+/// fields on `synced`, `resync` and `dropped`), each as its schema and property.
+const SOMETIMES_LEFT_OUT: [(&str, &str); 5] = [
+    ("DaemonSet", "status"),
+    ("Event", "message"),
+    ("WatchEvent", "id"),
+    ("WatchEvent", "kind"),
+    ("WatchEvent", "object"),
+];
+
+/// The components an answer's schema refers to, directly or through another component.
+fn answer_components(doc: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    fn refer(
+        value: &serde_json::Value,
+        doc: &serde_json::Value,
+        found: &mut std::collections::BTreeSet<String>,
+    ) {
+        match value {
+            serde_json::Value::Object(fields) => {
+                if let Some(reference) = fields.get("$ref").and_then(|r| r.as_str()) {
+                    let name = reference.trim_start_matches("#/components/schemas/");
+                    if found.insert(name.to_owned()) {
+                        refer(&doc["components"]["schemas"][name], doc, found);
+                    }
+                }
+                fields.values().for_each(|field| refer(field, doc, found));
+            }
+            serde_json::Value::Array(items) => {
+                items.iter().for_each(|item| refer(item, doc, found))
+            }
+            _ => {}
+        }
+    }
+    let mut found = std::collections::BTreeSet::new();
+    for operation in doc["paths"].as_object().unwrap().values() {
+        for method in operation.as_object().unwrap().values() {
+            refer(&method["responses"], doc, &mut found);
+        }
+    }
+    found
+}
+
+/// Whether `schema` names `null` among the values it takes (a schema of any value, `{}`, as
+/// an event's `object`, names none).
+fn names_null(schema: &serde_json::Value) -> bool {
+    let null = serde_json::Value::from("null");
+    schema["type"] == null
+        || schema["type"]
+            .as_array()
+            .is_some_and(|kinds| kinds.contains(&null))
+        || schema["oneOf"]
+            .as_array()
+            .is_some_and(|choices| choices.iter().any(names_null))
+}
+
+/// An answer's field is required exactly when the server always sends it, `null` or not,
+/// so that an SDK generated from the document types it as present (`string | null`, not
+/// `string | null | undefined`); a field it leaves out of some answers is never `null`,
+/// so that absent is the one way it says there is none.
+#[test]
+fn answer_fields_are_required_unless_left_out() {
+    let doc = generated();
+    let mut found = Vec::new();
+    for name in answer_components(&doc) {
+        let schema = &doc["components"]["schemas"][name.as_str()];
+        let required = schema["required"].as_array().cloned().unwrap_or_default();
+        for (field, property) in schema["properties"].as_object().into_iter().flatten() {
+            let left_out = SOMETIMES_LEFT_OUT.contains(&(name.as_str(), field.as_str()));
+            let is_required = required.contains(&field.as_str().into());
+            if is_required == left_out {
+                found.push(format!("{name}.{field}: required {is_required}"));
+            }
+            if left_out && names_null(property) {
+                found.push(format!("{name}.{field}: left out when none, yet nullable"));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
