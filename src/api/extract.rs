@@ -28,7 +28,8 @@ use crate::error::{ApiError, Cause};
 
 /// A JSON request body (or response): 400 when malformed, 422 when of the wrong shape
 /// (naming the field, [`shaped`]) or naming a key twice in any object (see
-/// [`refuse_duplicate_keys`]), 415 without `Content-Type: application/json`, 413 over the
+/// [`refuse_duplicate_keys`]), 415 without `Content-Type: application/json` (not another
+/// `+json` type, such as a merge patch, which the document could not name), 413 over the
 /// body limit.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiJson<T>(pub T);
@@ -41,7 +42,7 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        if !is_json(media_type(req.headers()).as_str()) {
+        if media_type(req.headers()) != "application/json" {
             return Err(JsonRejection::from(MissingJsonContentType::default()).into());
         }
         let bytes = Bytes::from_request(req, state)
@@ -100,13 +101,6 @@ fn media_type(headers: &HeaderMap) -> String {
         .unwrap_or_default()
         .trim()
         .to_ascii_lowercase()
-}
-
-/// `application/json` or any `application/*+json`, as axum's `Json` accepts.
-fn is_json(media_type: &str) -> bool {
-    media_type
-        .strip_prefix("application/")
-        .is_some_and(|subtype| subtype == "json" || subtype.ends_with("+json"))
 }
 
 /// Refuses a JSON body in which some object, at any depth, names a key twice (422 naming

@@ -38,7 +38,8 @@ pub const TAG: &str = "reality";
 /// The media type manifests are answered with.
 pub const YAML: &str = "application/yaml";
 
-/// Media types a manifest body may be sent as; YAML has had several names.
+/// Media types a manifest body may be sent as; YAML has had several names. `put_reality`'s
+/// request body lists them again for the document, which a contract test holds to these.
 const YAML_TYPES: [&str; 4] = [YAML, "application/x-yaml", "text/yaml", "text/plain"];
 
 /// The reality routes and the intent read, nested under `/api/v1`.
@@ -145,7 +146,8 @@ async fn get_reality(
     tag = TAG,
     params(("node" = inline(NodeName), Path, description = NODE_DOC), ("pod_id" = inline(PodId), Path, description = POD_ID_DOC),
         ("If-Match" = Option<String>, Header, description = "Write only if the report is still at this ETag")),
-    request_body(content = String, content_type = "application/yaml", description = "The manifest's YAML; also accepted as application/x-yaml, text/yaml or text/plain"),
+    request_body(description = "The manifest's YAML, under any of the names YAML has had",
+        content((String = "application/yaml"), (String = "application/x-yaml"), (String = "text/yaml"), (String = "text/plain"))),
     responses(
         (status = NO_CONTENT, description = "Stored",
             headers(("ETag" = String, description = "The report's new modify index"))),

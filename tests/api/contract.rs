@@ -1496,42 +1496,50 @@ fn every_api_operation_documents_the_500_of_a_store_refusing_the_server() {
     assert_eq!(refused.status(), 500);
 }
 
-/// Every PATCH operation documents each content type its handler takes, and only those, so
-/// an SDK built from the document may send a patch as `application/json` wherever the
-/// server takes it.
+/// Every operation that reads a body documents each content type its handler takes, and
+/// only those, so that an SDK built from the document may send a patch as
+/// `application/json`, or a manifest as `text/yaml`, wherever the server takes it. P2's
+/// label routes (`/api/labels/...`) are the exception: as P2's, they read a body as JSON
+/// whatever its type, and document the one an SDK should send.
 #[tokio::test]
-async fn every_patch_documents_the_content_types_it_takes() {
+async fn every_body_documents_the_content_types_it_takes() {
     let doc = document();
     let app = TestApp::new().await;
     let mut found = Vec::new();
     let mut checked = 0;
     for (route, item) in doc["paths"].as_object().unwrap() {
-        let Some(op) = item.get("patch") else {
+        if route.starts_with("/api/labels/") {
             continue;
-        };
-        let path = route
-            .replace("{type}", "node")
-            .replace("{id}", "00000000-0000-4000-8000-000000000009");
-        let documented = op["requestBody"]["content"].as_object().unwrap();
-        for content_type in [
-            "application/merge-patch+json",
-            "application/json",
-            "text/plain",
-        ] {
-            let headers = [("content-type", content_type)];
-            let response = app.send_raw("PATCH", &path, &headers, "{}").await;
-            let taken = response.status != 415;
-            if taken != documented.contains_key(content_type) {
-                found.push(format!(
-                    "PATCH {route} as {content_type}: answered {}, documented {:?}",
-                    response.status,
-                    documented.keys().collect::<Vec<_>>()
-                ));
-            }
         }
-        checked += 1;
+        for (method, op) in item.as_object().unwrap() {
+            let Some(documented) = op["requestBody"]["content"].as_object() else {
+                continue;
+            };
+            let method = method.to_ascii_uppercase();
+            let path = sample_path(route, "00000000-0000-4000-8000-000000000009");
+            for content_type in [
+                "application/merge-patch+json",
+                "application/json",
+                "application/yaml",
+                "application/x-yaml",
+                "text/yaml",
+                "text/plain",
+            ] {
+                let headers = [("content-type", content_type)];
+                let response = app.send_raw(&method, &path, &headers, "{}").await;
+                let taken = response.status != 415;
+                if taken != documented.contains_key(content_type) {
+                    found.push(format!(
+                        "{method} {route} as {content_type}: answered {}, documented {:?}",
+                        response.status,
+                        documented.keys().collect::<Vec<_>>()
+                    ));
+                }
+            }
+            checked += 1;
+        }
     }
-    assert!(checked >= 3, "only {checked} PATCH operations");
+    assert!(checked >= 9, "only {checked} operations read a body");
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
