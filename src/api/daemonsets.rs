@@ -356,7 +356,7 @@ async fn get_daemon_set(
     tag = TAG,
     params(
         ("id" = inline(DaemonSetId), Path, description = "Daemon set ID"),
-        ("If-Match" = Option<String>, Header, description = "Apply only to this version (an ETag)")
+        ("If-Match" = Option<String>, Header, nullable = false, description = "Apply only to this version (an ETag)")
     ),
     request_body(description = "A JSON merge patch",
         content((DaemonSetPatch = "application/merge-patch+json"), (DaemonSetPatch = "application/json"))),
@@ -426,7 +426,7 @@ async fn patch_daemon_set(
     tag = TAG,
     params(
         ("id" = inline(DaemonSetId), Path, description = "Daemon set ID"),
-        ("If-Match" = Option<String>, Header, description = "Delete only this version (an ETag)")
+        ("If-Match" = Option<String>, Header, nullable = false, description = "Delete only this version (an ETag)")
     ),
     responses(
         (status = NO_CONTENT, description = "Deleted"),

@@ -329,7 +329,7 @@ pub async fn shown_labels(
     params(
         ("type" = LabelType, Path, description = "Label type"),
         ("id" = String, Path, description = ID_DOC),
-        ("If-Match" = Option<String>, Header, description = IF_MATCH_DOC)
+        ("If-Match" = Option<String>, Header, nullable = false, description = IF_MATCH_DOC)
     ),
     request_body = ReplaceLabels,
     responses(
@@ -385,7 +385,7 @@ async fn put_labels(
     params(
         ("type" = LabelType, Path, description = "Label type"),
         ("id" = String, Path, description = ID_DOC),
-        ("If-Match" = Option<String>, Header, description = IF_MATCH_DOC)
+        ("If-Match" = Option<String>, Header, nullable = false, description = IF_MATCH_DOC)
     ),
     request_body(description = "A JSON merge patch",
         content((LabelsPatch = "application/merge-patch+json"), (LabelsPatch = "application/json"))),
@@ -440,7 +440,7 @@ async fn patch_labels(
     params(
         ("type" = LabelType, Path, description = "Label type"),
         ("id" = String, Path, description = ID_DOC),
-        ("If-Match" = Option<String>, Header, description = IF_MATCH_DOC)
+        ("If-Match" = Option<String>, Header, nullable = false, description = IF_MATCH_DOC)
     ),
     responses(
         (status = NO_CONTENT, description = "The object has no labels any more"),

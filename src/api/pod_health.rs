@@ -175,7 +175,7 @@ async fn get_pod_health(
     params(
         ("pod_id" = inline(PodId), Path, description = "The pod ID"),
         ("node" = inline(NodeName), Path, description = "The node name"),
-        ("If-Match" = Option<String>, Header, description = "Write only if the record is still at this ETag")
+        ("If-Match" = Option<String>, Header, nullable = false, description = "Write only if the record is still at this ETag")
     ),
     request_body = HealthReport,
     responses(
@@ -241,7 +241,7 @@ async fn put_pod_health(
     params(
         ("pod_id" = inline(PodId), Path, description = "The pod ID"),
         ("node" = inline(NodeName), Path, description = "The node name"),
-        ("If-Match" = Option<String>, Header, description = "Delete only if the record is still at this ETag")
+        ("If-Match" = Option<String>, Header, nullable = false, description = "Delete only if the record is still at this ETag")
     ),
     responses(
         (status = NO_CONTENT, description = "The report is gone"),

@@ -412,7 +412,7 @@ async fn get_rc(
     patch,
     path = "/rcs/{id}",
     tag = TAG,
-    params(RcPath, ("If-Match" = Option<String>, Header, description = "Apply only to this version (an `ETag`)")),
+    params(RcPath, ("If-Match" = Option<String>, Header, nullable = false, description = "Apply only to this version (an `ETag`)")),
     request_body(description = "A JSON merge patch",
         content((RcPatchDocument = "application/merge-patch+json"), (RcPatchDocument = "application/json"))),
     responses(
@@ -484,7 +484,7 @@ async fn patch_rc(
     delete,
     path = "/rcs/{id}",
     tag = TAG,
-    params(RcPath, DeleteRcParams, ("If-Match" = Option<String>, Header, description = "Delete only this version (an `ETag`)")),
+    params(RcPath, DeleteRcParams, ("If-Match" = Option<String>, Header, nullable = false, description = "Delete only this version (an `ETag`)")),
     responses(
         (status = NO_CONTENT, description = "Deleted"),
         (status = BAD_REQUEST, description = "Malformed query or If-Match", body = ErrorBody),

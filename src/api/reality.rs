@@ -145,7 +145,7 @@ async fn get_reality(
     path = "/reality/{node}/{pod_id}",
     tag = TAG,
     params(("node" = inline(NodeName), Path, description = NODE_DOC), ("pod_id" = inline(PodId), Path, description = POD_ID_DOC),
-        ("If-Match" = Option<String>, Header, description = "Write only if the report is still at this ETag")),
+        ("If-Match" = Option<String>, Header, nullable = false, description = "Write only if the report is still at this ETag")),
     request_body(description = "The manifest's YAML, under any of the names YAML has had",
         content((String = "application/yaml"), (String = "application/x-yaml"), (String = "text/yaml"), (String = "text/plain"))),
     responses(
@@ -210,7 +210,7 @@ async fn put_reality(
     path = "/reality/{node}/{pod_id}",
     tag = TAG,
     params(("node" = inline(NodeName), Path, description = NODE_DOC), ("pod_id" = inline(PodId), Path, description = POD_ID_DOC),
-        ("If-Match" = Option<String>, Header, description = "Delete only if the report is still at this ETag")),
+        ("If-Match" = Option<String>, Header, nullable = false, description = "Delete only if the report is still at this ETag")),
     responses(
         (status = NO_CONTENT, description = "The report is gone"),
         (status = BAD_REQUEST, description = "Malformed If-Match", body = ErrorBody),

@@ -385,7 +385,7 @@ async fn get_roll(
     path = "/api/v1/rolls/{id}",
     tag = TAG,
     params(RollPath,
-        ("If-Match" = Option<String>, Header, description = "Delete only if the roll's ETag is still this")),
+        ("If-Match" = Option<String>, Header, nullable = false, description = "Delete only if the roll's ETag is still this")),
     responses(
         (status = NO_CONTENT, description = "The roll is gone"),
         (status = BAD_REQUEST, description = "If-Match is not an ETag", body = ErrorBody),

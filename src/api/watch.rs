@@ -264,7 +264,7 @@ impl Filter {
     params(
         WatchQuery,
         // The maximum is `MAX_INDEX`, which the attribute takes only as a literal.
-        ("Last-Event-ID" = Option<u64>, Header, maximum = 9223372036854775807_u64,
+        ("Last-Event-ID" = Option<u64>, Header, nullable = false, maximum = 9223372036854775807_u64,
             description = "The SSE id of the last event received, to resume from")
     ),
     responses(

@@ -287,3 +287,21 @@ fn answer_fields_are_required_unless_left_out() {
     }
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// A header or query parameter is sent or not, never `null`: none is documented as
+/// nullable, so that an SDK built from the document offers no `None` it would send as text.
+#[test]
+fn no_parameter_is_nullable() {
+    let doc = generated();
+    let mut found = Vec::new();
+    for (route, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            for parameter in op["parameters"].as_array().into_iter().flatten() {
+                if names_null(&parameter["schema"]) {
+                    found.push(format!("{method} {route}: {}", parameter["name"]));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
