@@ -233,6 +233,8 @@ async fn list_p2_labels(
         (status = OK, description = "The object's labels", body = P2ObjectLabels,
             headers(("X-Index" = u64, description = "The index the answer reflects"))),
         (status = BAD_REQUEST, description = "Bad type or id", body = ErrorBody),
+        (status = METHOD_NOT_ALLOWED, description = "The id has more `/`-separated parts than the type's ids (two for a pod, one for any other type), so the path names a label, which GET does not read", body = ErrorBody,
+            headers(("Allow" = String, description = "`PUT,DELETE`, what a label's path takes"))),
         (status = INTERNAL_SERVER_ERROR, description = UNREADABLE_LABELS_DOC, body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )

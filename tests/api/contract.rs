@@ -1831,6 +1831,27 @@ async fn creations_and_patches_that_keep_losing_races_answer_as_documented() {
     assert!(found.is_empty(), "{}", found.join("\n\n"));
 }
 
+/// A read of P2's labels whose id has more `/`-separated parts than its type's ids (two
+/// for a pod, one for any other) names a label's path, where GET is not taken: the 405 and
+/// its `Allow` are documented on the read, which an SDK sends such an id through.
+#[tokio::test]
+async fn a_p2_label_read_of_a_label_path_is_documented() {
+    let doc = document();
+    let app = TestApp::new().await;
+    let mut found = Vec::new();
+    for path in ["/api/labels/node/a%2Fb", "/api/labels/pod/n1/hello/x"] {
+        let response = app.get(path).await;
+        assert_eq!(response.status, 405, "{response:?}");
+        found.extend(disagreements(
+            &doc,
+            "GET",
+            "/api/labels/{type}/{id}",
+            &response,
+        ));
+    }
+    assert!(found.is_empty(), "{}", found.join("\n\n"));
+}
+
 /// The refusals of authentication and roles are documented with the headers they carry
 /// (`WWW-Authenticate` on a 401).
 #[tokio::test]
