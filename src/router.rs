@@ -74,7 +74,7 @@ pub const MAX_HEADERS: usize = 100;
         (name = api::observability::TAG, description = "Prometheus metrics and the server's version"),
         (name = api::events::TAG, description = "Who changed what, when: every change made through the API or by the farms"),
     ),
-    components(schemas(ErrorBody, Cause))
+    components(schemas(ErrorBody, Cause, api::watch::WatchEvent))
 )]
 struct ApiDoc;
 

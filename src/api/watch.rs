@@ -268,7 +268,9 @@ impl Filter {
             description = "The SSE id of the last event received, to resume from")
     ),
     responses(
-        (status = OK, description = "An endless stream of events", body = WatchEvent, content_type = "text/event-stream"),
+        // Text: an SSE stream is lines, not one JSON value; each event's `data` line is a
+        // `WatchEvent`, a component of its own for SDKs to decode it with.
+        (status = OK, description = "An endless stream of Server-Sent Events, each one's `data` a `WatchEvent` in JSON", body = String, content_type = "text/event-stream"),
         (status = BAD_REQUEST, description = "`Last-Event-ID` is not a stream position (a number up to 2^63-1)", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "An unknown kind, a bad selector, or a selector over a kind without labels", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The server has not read the store yet, or has lost its watch of a tree the stream reads (see `/readyz`)", body = ErrorBody)

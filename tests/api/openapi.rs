@@ -6,6 +6,7 @@
 
 use crate::support::api::TestApp;
 use p2_apiserver::router;
+use serde_json::json;
 
 const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");
 
@@ -126,6 +127,22 @@ fn every_operation_is_named_tagged_and_documents_its_errors() {
             }
         }
     }
+}
+
+/// The change stream's answer is documented as the text it is (an SSE stream of lines, not
+/// one JSON value: an SDK decoding it as a `WatchEvent` object fails, and a typed one does
+/// not check), and its events' `data` as the `WatchEvent` component.
+#[test]
+fn the_change_stream_is_documented_as_text_and_its_events_as_a_component() {
+    let doc = generated();
+    let stream = &doc["paths"]["/api/v1/watch"]["get"]["responses"]["200"]["content"];
+    assert_eq!(
+        stream["text/event-stream"]["schema"],
+        json!({"type": "string"}),
+        "{stream}"
+    );
+    let event = &doc["components"]["schemas"]["WatchEvent"];
+    assert!(event["properties"]["type"].is_object(), "{event}");
 }
 
 /// Every read of the API documents the `X-Index` it answers with, but the leader (read from
