@@ -149,11 +149,17 @@ fn document_request_ids(openapi: &mut utoipa::openapi::OpenApi) {
         .name(name)
         .parameter_in(ParameterIn::Header)
         .required(Required::False)
-        .schema(Some(text()))
-        .description(Some(
-            "An id of the client's for the request, to find it in the server's log and in the \
-             events of its changes; the server makes one when none is sent",
+        .schema(Some(
+            text()
+                .min_length(Some(1))
+                .max_length(Some(MAX_REQUEST_ID))
+                .pattern(Some("^[!-~]+$")),
         ))
+        .description(Some(format!(
+            "An id of the client's for the request, to find it in the server's log and in the \
+             events of its changes: up to {MAX_REQUEST_ID} visible ASCII characters; the server \
+             makes one when none, or another, is sent",
+        )))
         .build();
     let returned = HeaderBuilder::new()
         .schema(text())
@@ -420,7 +426,7 @@ fn with_middleware_and_cors(
     let layers = ServiceBuilder::new()
         .layer(middleware::from_fn(metrics::track_http))
         .layer(SetSensitiveRequestHeadersLayer::new([AUTHORIZATION]))
-        .map_request(drop_empty_request_id)
+        .map_request(drop_unusable_request_id)
         .layer(SetRequestIdLayer::new(REQUEST_ID_HEADER, MakeRequestUuid))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID_HEADER))
         .layer(
@@ -439,14 +445,19 @@ fn with_middleware_and_cors(
         .layer(layers)
 }
 
-/// An empty `X-Request-Id` names no request: dropped, so that the request is given an id
-/// of its own, as one sent without the header is.
-fn drop_empty_request_id<B>(mut request: axum::http::Request<B>) -> axum::http::Request<B> {
+/// The longest `X-Request-Id` taken as sent: ids made by proxies and clients are UUIDs or
+/// shorter, and each is echoed, logged and kept in the events of the request's changes.
+const MAX_REQUEST_ID: usize = 200;
+
+/// An `X-Request-Id` that is empty, longer than [`MAX_REQUEST_ID`] or not visible ASCII
+/// names no request usefully: dropped, so that the request is given an id of its own, as
+/// one sent without the header is.
+fn drop_unusable_request_id<B>(mut request: axum::http::Request<B>) -> axum::http::Request<B> {
     let headers = request.headers_mut();
-    if headers
-        .get(REQUEST_ID_HEADER)
-        .is_some_and(|id| id.is_empty())
-    {
+    let usable = |id: &HeaderValue| {
+        (1..=MAX_REQUEST_ID).contains(&id.len()) && id.as_bytes().iter().all(u8::is_ascii_graphic)
+    };
+    if headers.get(REQUEST_ID_HEADER).is_some_and(|id| !usable(id)) {
         headers.remove(REQUEST_ID_HEADER);
     }
     request

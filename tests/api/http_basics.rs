@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use axum::body::{Body, Bytes};
-use axum::http::{Request, StatusCode};
+use axum::http::{HeaderValue, Request, StatusCode};
 use axum::routing::{get, post};
 use axum::Router;
 use p2_apiserver::api::extract::{ApiJson, ApiPath, ApiQuery};
@@ -92,20 +92,25 @@ async fn request_id_is_generated_when_absent() {
     let app = TestApp::new().await;
     let first = app.get("/healthz").await;
     let second = app.get("/no/such/thing").await;
-    // An empty id is none.
-    let empty = Request::get("/healthz")
-        .header("x-request-id", "")
-        .body(Body::empty())
-        .unwrap();
-    let third = app.send(empty).await;
-    let ids: Vec<&str> = [&first, &second, &third]
-        .iter()
-        .map(|r| r.header("x-request-id").expect("a request id"))
-        .collect();
+    let ids = [&first, &second].map(|r| r.header("x-request-id").expect("a request id"));
     for id in &ids {
         uuid::Uuid::parse_str(id).unwrap_or_else(|_| panic!("{id:?} is no UUID"));
     }
     assert_ne!(ids[0], ids[1]);
+    // An id that is empty, too long to keep in every event of the request, or not visible
+    // ASCII is none.
+    let long = "x".repeat(201);
+    let unusable: [&[u8]; 4] = [b"", long.as_bytes(), b"two words", "caf\u{e9}".as_bytes()];
+    for sent in unusable {
+        let request = Request::get("/healthz")
+            .header("x-request-id", HeaderValue::from_bytes(sent).unwrap())
+            .body(Body::empty())
+            .unwrap();
+        let response = app.send(request).await;
+        let id = response.header("x-request-id").expect("a request id");
+        let sent = String::from_utf8_lossy(sent);
+        uuid::Uuid::parse_str(id).unwrap_or_else(|_| panic!("{sent:?} kept as {id:?}"));
+    }
 }
 
 #[tokio::test]
@@ -117,6 +122,13 @@ async fn request_id_is_echoed_when_given() {
         .unwrap();
     let response = app.send(request).await;
     assert_eq!(response.header("x-request-id"), Some("client-chosen-42"));
+    let longest = "x".repeat(200);
+    let request = Request::get("/healthz")
+        .header("x-request-id", &longest)
+        .body(Body::empty())
+        .unwrap();
+    let response = app.send(request).await;
+    assert_eq!(response.header("x-request-id"), Some(longest.as_str()));
 }
 
 #[tokio::test]
