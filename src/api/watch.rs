@@ -41,7 +41,7 @@ use crate::api::list_query::MAX_INDEX;
 use crate::app::AppState;
 use crate::auth::Revocation;
 use crate::error::{ApiError, ErrorBody, Violations};
-use crate::labels::Selector;
+use crate::labels::{LabelType, Selector};
 use crate::metrics::{self, SseClient};
 use crate::state::{
     object_id, Backlog, Change, ChangeType, Entry, Kind, Mirror, Receiver, Signal, Subscription,
@@ -149,17 +149,18 @@ impl Filter {
         Ok(Filter { kinds, selector })
     }
 
-    /// The kinds not asked for whose changes the stream reads too: with a selector over
-    /// objects whose labels are kept apart from them (RCs, rolls, pods), the label sets,
-    /// whose changes move those objects into or out of the selector.
-    fn relabelling(&self) -> Vec<Kind> {
-        let kinds = &self.kinds;
-        let relabels = self.selector.is_some() && kinds.iter().any(|kind| labelled_apart(*kind));
-        if relabels && !kinds.contains(&Kind::Labels) {
-            vec![Kind::Labels]
-        } else {
-            Vec::new()
+    /// The label types whose sets' changes the stream reads too: with a selector over
+    /// objects whose labels are kept apart from them (RCs, rolls, pods), their label sets,
+    /// whose changes move those objects into or out of the selector; only theirs, so that
+    /// other label sets' changes (every pod's, to a stream of RCs) do not count against the
+    /// client's buffer.
+    fn relabelling(&self) -> Vec<LabelType> {
+        // Label sets asked for as a kind are read whole.
+        if self.selector.is_none() || self.kinds.contains(&Kind::Labels) {
+            return Vec::new();
         }
+        let apart = self.kinds.iter().filter(|kind| labelled_apart(**kind));
+        apart.filter_map(|kind| kind.label_type()).collect()
     }
 
     /// Subscribes to the mirror's changes for this filter.

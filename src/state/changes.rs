@@ -14,8 +14,10 @@
 //!
 //! Each kind is broadcast on a channel of its own, so that a subscriber's buffer bound counts
 //! only the changes it asked for: a dashboard following RCs is not cut off by a storm of pod
-//! changes. A subscriber of several kinds merges their channels back into the order the
-//! changes were emitted (see [`Receiver`]).
+//! changes. Each label type's sets are broadcast on a channel of their own too, for a
+//! subscriber that follows one type's sets to tell which objects enter or leave its selector
+//! (an RC's, not every pod's). A subscriber of several channels merges them back into the
+//! order the changes were emitted (see [`Receiver`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
@@ -25,6 +27,7 @@ use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 use super::trees::{Entry, Kind, Tree};
+use crate::labels::LabelType;
 
 /// What happened to an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +83,9 @@ pub(super) struct Stream {
     /// By kind, in the order of [`Kind::ALL`]; each made when first subscribed to, as a
     /// channel holds its whole buffer from the start and most kinds may never be watched.
     senders: Vec<OnceLock<broadcast::Sender<Sequenced>>>,
+    /// By label type, in the order of [`LabelType::ALL`]: the changes of that type's label
+    /// sets alone, made as `senders` are.
+    label_senders: Vec<OnceLock<broadcast::Sender<Sequenced>>>,
     /// The capacity of each channel.
     buffer: usize,
     /// The last signal's place.
@@ -102,6 +108,7 @@ impl Stream {
     pub(super) fn new(retain: usize, buffer: usize) -> Stream {
         Stream {
             senders: Kind::ALL.iter().map(|_| OnceLock::new()).collect(),
+            label_senders: LabelType::ALL.iter().map(|_| OnceLock::new()).collect(),
             buffer: buffer.max(1),
             sequence: 0,
             log: VecDeque::new(),
@@ -145,8 +152,13 @@ impl Stream {
         self.log.push_back(change.clone());
         // No subscriber is not an error.
         self.sequence += 1;
-        if let Some(sender) = self.senders[kind.position()].get() {
-            let _ = sender.send((self.sequence, Signal::Change(change)));
+        let label_sender = match tree {
+            Tree::Labels(label_type) => self.label_senders[label_position(label_type)].get(),
+            _ => None,
+        };
+        let senders = self.senders[kind.position()].get().into_iter();
+        for sender in senders.chain(label_sender) {
+            let _ = sender.send((self.sequence, Signal::Change(change.clone())));
         }
     }
 
@@ -173,7 +185,8 @@ impl Stream {
         // On every channel, so that every subscriber hears it; they hear it once, as one
         // place in the order.
         self.sequence += 1;
-        for sender in self.senders.iter().filter_map(OnceLock::get) {
+        let senders = self.senders.iter().chain(&self.label_senders);
+        for sender in senders.filter_map(OnceLock::get) {
             let _ = sender.send((self.sequence, Signal::Resync));
         }
     }
@@ -190,13 +203,18 @@ impl Stream {
         Some(self.log.range(first..).cloned().collect())
     }
 
-    /// A receiver of every signal from now on about `kinds`.
-    pub(super) fn subscribe(&self, kinds: &[Kind]) -> Receiver {
-        let receivers: Vec<_> = Kind::ALL
-            .iter()
-            .zip(&self.senders)
+    /// A receiver of every signal from now on about `kinds` and the label sets of
+    /// `label_types`.
+    pub(super) fn subscribe(&self, kinds: &[Kind], label_types: &[LabelType]) -> Receiver {
+        let of_kinds = (Kind::ALL.iter().zip(&self.senders))
             .filter(|(kind, _)| kinds.contains(kind))
-            .map(|(_, sender)| {
+            .map(|(_, sender)| sender);
+        let of_label_types = (LabelType::ALL.iter().zip(&self.label_senders))
+            .filter(|(label_type, _)| label_types.contains(label_type))
+            .map(|(_, sender)| sender);
+        let receivers: Vec<_> = of_kinds
+            .chain(of_label_types)
+            .map(|sender| {
                 let sender = sender.get_or_init(|| broadcast::channel(self.buffer).0);
                 sender.subscribe()
             })
@@ -209,10 +227,17 @@ impl Stream {
     }
 }
 
-/// A subscriber's channels, one per kind it asked for, read as one stream in the order the
-/// signals were sent. They are sent one after another under the mirror's lock, so once a
-/// signal has been received, every signal sent before it is already in its channel: after
-/// each receipt the receiver looks at the head of every channel and gives the earliest.
+/// The position of `label_type` in [`LabelType::ALL`].
+fn label_position(label_type: LabelType) -> usize {
+    (LabelType::ALL.iter())
+        .position(|of| *of == label_type)
+        .expect("every label type is in LabelType::ALL")
+}
+
+/// A subscriber's channels, one per kind (or label type) it asked for, read as one stream in
+/// the order the signals were sent. They are sent one after another under the mirror's lock,
+/// so once a signal has been received, every signal sent before it is already in its channel:
+/// after each receipt the receiver looks at the head of every channel and gives the earliest.
 #[derive(Debug)]
 pub struct Receiver {
     receivers: Vec<broadcast::Receiver<Sequenced>>,
@@ -224,7 +249,7 @@ pub struct Receiver {
 
 impl Receiver {
     /// The next signal; [`RecvError::Lagged`] when the subscriber fell more than its buffer
-    /// behind on one of its kinds. Cancel-safe: a signal read is kept until it is given.
+    /// behind on one of its kinds (or label types). Cancel-safe: a signal read is kept until it is given.
     pub async fn recv(&mut self) -> Result<Signal, RecvError> {
         loop {
             for (receiver, head) in self.receivers.iter_mut().zip(&mut self.heads) {
@@ -400,7 +425,7 @@ mod tests {
     #[tokio::test]
     async fn a_subscriber_of_several_kinds_gets_their_changes_in_the_order_emitted() {
         let mut stream = Stream::new(10, 10);
-        let mut receiver = stream.subscribe(&[Kind::Rcs, Kind::Rolls]);
+        let mut receiver = stream.subscribe(&[Kind::Rcs, Kind::Rolls], &[]);
         stream.emit(ChangeType::Added, Tree::Rolls, 100, entry("rolls/a", 100));
         stream.emit(ChangeType::Added, Tree::Rcs, 97, rc(97));
         stream.emit(ChangeType::Added, Tree::Intent, 98, entry("intent/n/p", 98));
@@ -419,8 +444,8 @@ mod tests {
     #[tokio::test]
     async fn only_changes_of_the_kinds_asked_for_count_against_the_buffer() {
         let mut stream = Stream::new(10, 2);
-        let mut rcs = stream.subscribe(&[Kind::Rcs]);
-        let mut everything = stream.subscribe(&Kind::ALL);
+        let mut rcs = stream.subscribe(&[Kind::Rcs], &[]);
+        let mut everything = stream.subscribe(&Kind::ALL, &[]);
         for index in 1..=5 {
             let pod = entry(&format!("intent/n/p{index}"), index);
             stream.emit(ChangeType::Added, Tree::Intent, index, pod);
@@ -445,7 +470,7 @@ mod tests {
         let mut stream = Stream::new(10, 10);
         stream.emit(ChangeType::Added, Tree::Rcs, 1, rc(1));
         assert!(stream.senders.iter().all(|sender| sender.get().is_none()));
-        let mut rcs = stream.subscribe(&[Kind::Rcs]);
+        let mut rcs = stream.subscribe(&[Kind::Rcs], &[]);
         stream.emit(ChangeType::Added, Tree::Rcs, 2, rc(2));
         assert_eq!(received(&mut rcs).await.unwrap(), [2]);
         let made = stream

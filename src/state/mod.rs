@@ -1357,26 +1357,26 @@ impl Mirror {
         self.publish(&state);
     }
 
-    /// Starts a subscriber of `kinds`, and of the changes alone of `changes_of` (kinds it
-    /// wants no snapshot of, such as label sets that move the objects it follows into or out
-    /// of a selector): from `resume` (a position it was given) when the retained changes
-    /// cover it, else from a snapshot.
+    /// Starts a subscriber of `kinds`, and of the changes alone of the label sets of
+    /// `label_sets` (which it wants no snapshot of: those that move the objects it follows
+    /// into or out of a selector): from `resume` (a position it was given) when the retained
+    /// changes cover it, else from a snapshot.
     pub fn subscribe(
         &self,
         resume: Option<u64>,
         kinds: &[Kind],
-        changes_of: &[Kind],
+        label_sets: &[LabelType],
     ) -> Subscription {
         let state = self.read();
-        let followed: Vec<Kind> = kinds.iter().chain(changes_of).copied().collect();
-        let receiver = state.stream.subscribe(&followed);
+        let receiver = state.stream.subscribe(kinds, label_sets);
         let position = state.stream.position();
         let of = |kinds: &[Kind], tree: Tree| tree.kind().is_some_and(|kind| kinds.contains(&kind));
+        let followed = |tree: Tree| {
+            of(kinds, tree)
+                || matches!(tree, Tree::Labels(label_type) if label_sets.contains(&label_type))
+        };
         if let Some(changes) = resume.and_then(|from| state.stream.replay_from(from)) {
-            let changes = changes
-                .into_iter()
-                .filter(|c| of(&followed, c.tree))
-                .collect();
+            let changes = changes.into_iter().filter(|c| followed(c.tree)).collect();
             let backlog = Backlog {
                 resynced: false,
                 changes,

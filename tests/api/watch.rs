@@ -1221,3 +1221,38 @@ async fn a_position_past_an_unconfirmed_own_delete_gets_resync_after_a_restart()
     let resumed = open_on(&restarted, nodes, Some(&kept.id)).await;
     told_of_delete_or_resync(resumed, "gone").await;
 }
+
+/// A selector stream of RCs follows the RCs' label sets, not every label set: a storm of
+/// pod labels (the farms write one per pod they schedule) does not count against its buffer,
+/// so a client a few RC changes behind is not cut off by it.
+#[tokio::test]
+async fn a_selector_stream_of_rcs_is_not_dropped_for_other_label_sets_changes() {
+    let config = MirrorConfig {
+        subscriber_buffer: 4,
+        ..MirrorConfig::default()
+    };
+    let watched = Watched::new(config).await;
+    let created = watched.create_rc().await;
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let rc_labels = format!("labels/replication_controller/{id}");
+    let path = "/api/v1/watch?kinds=rcs&selector=app%3Dweb";
+    let mut stream = watched.open(path, None).await;
+    assert_eq!(summary(&stream.snapshot().await), pairs(&[("synced", "")]));
+
+    // The client reads nothing while more pod label sets change than its buffer holds.
+    let store = &watched.app.store;
+    for i in 0..10 {
+        let key = format!("labels/pod/node{i}/hello");
+        store
+            .put(&key, br#"{"app":"web"}"#, Cas::Any)
+            .await
+            .unwrap();
+    }
+    watched.mirrored("labels/pod/node9/hello").await;
+    store
+        .put(&rc_labels, br#"{"app":"web"}"#, Cas::Any)
+        .await
+        .unwrap();
+    let entered = stream.next().await.unwrap();
+    assert_eq!(summary(&[entered]), pairs(&[("added", &id)]));
+}
