@@ -25,7 +25,8 @@ use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, IfMatch};
 use crate::api::reads::{
-    current_mirror, mirror_index, source, ConsistentFilter, ReadParams, ReadQuery, Source,
+    block_on_store, current_mirror, mirror_index, source, ConsistentFilter, ReadParams, ReadQuery,
+    Source,
 };
 use crate::api::responses::{created, read_back};
 use crate::app::AppState;
@@ -298,11 +299,11 @@ async fn list_rcs(
         }
         Source::Store(blocking) => blocking,
     };
-    blocking.block(&app, &prefixes(&VIEW_TREES)).await?;
+    let claimed = block_on_store(&app, &VIEW_TREES, &[], blocking).await?;
 
     let kv: Arc<dyn KvStore> = app.store_reads.clone();
     // Taken before anything is read, as in `get_rc`.
-    let index = combined_index(kv.as_ref(), &prefixes(&VIEW_TREES)).await?;
+    let index = combined_index(kv.as_ref(), &claimed).await?;
     let label_store = LabelStore::new(kv.clone());
     let (_, records) = RcStore::new(kv.clone()).list().await?;
     let (_, rc_labels) = label_store.list(LabelType::ReplicationController).await?;
@@ -387,11 +388,12 @@ async fn get_rc(
         }
         Source::Store(blocking) => blocking,
     };
-    blocking.block(&app, &prefixes(&VIEW_TREES)).await?;
+    // Held until the RC's view changes, as a read from the mirror is.
+    let claimed = block_on_store(&app, &VIEW_TREES, &spans, blocking).await?;
     let kv: Arc<dyn KvStore> = app.store_reads.clone();
     // Taken before anything is read: a change landing between the reads is in the answer
     // or above its index, so a client blocking at it misses nothing.
-    let index = combined_index(kv.as_ref(), &prefixes(&VIEW_TREES)).await?;
+    let index = combined_index(kv.as_ref(), &claimed).await?;
     let record = match read(&RcStore::new(kv.clone()), &id).await {
         Err(e) if e.status() == StatusCode::NOT_FOUND => return Ok(error_at(e, index)),
         record => record?,
@@ -576,9 +578,8 @@ fn view_spans(id: &str) -> [Span; 5] {
     ]
 }
 
-/// The prefixes of `trees`, for reads served from the store: an RC read's are
-/// [`VIEW_TREES`], so that it claims and is held at the index an answer from the mirror
-/// claims; a write's answer's are [`RC_TREES`], as from the mirror.
+/// The prefixes of `trees`, for a write's answer, which claims the index of [`RC_TREES`]
+/// as from the mirror.
 fn prefixes(trees: &[Tree]) -> Vec<String> {
     trees.iter().map(|tree| tree.prefix()).collect()
 }

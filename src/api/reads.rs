@@ -355,24 +355,33 @@ async fn open<'a>(
             Opened::Mirror(mirror),
         )),
         Source::Store(blocking) => {
-            // Held until the spans change, answered at the index of the trees (and the
-            // spans, on Consul at the whole store's when empty), as from the mirror: a
-            // client passes back either answer's index and is held while nothing it shows
-            // changed.
-            let tree_prefixes: Vec<String> = trees.iter().map(|tree| tree.prefix()).collect();
-            let span_prefixes: Vec<String> = spans.iter().flat_map(Span::prefixes).collect();
-            let prefixes = if spans.is_empty() {
-                blocking.block(app, &tree_prefixes).await?;
-                tree_prefixes
-            } else {
-                blocking
-                    .block_within(app, &span_prefixes, &tree_prefixes)
-                    .await?;
-                [span_prefixes, tree_prefixes].concat()
-            };
+            let prefixes = block_on_store(app, trees, spans, blocking).await?;
             Ok((app.store_reads.clone(), Opened::Store(prefixes)))
         }
     }
+}
+
+/// Holds a blocking read of `trees` served from the store until what `spans` hold changes
+/// (what `trees` hold, when there are none); the prefixes whose index its answer claims:
+/// the trees' (and the spans', on Consul at the whole store's when empty), as from the
+/// mirror, so that a client passes back either answer's index and is held while nothing
+/// it shows changed.
+pub async fn block_on_store(
+    app: &App,
+    trees: &[Tree],
+    spans: &[Span],
+    blocking: Blocking,
+) -> Result<Vec<String>, ApiError> {
+    let tree_prefixes: Vec<String> = trees.iter().map(|tree| tree.prefix()).collect();
+    if spans.is_empty() {
+        blocking.block(app, &tree_prefixes).await?;
+        return Ok(tree_prefixes);
+    }
+    let span_prefixes: Vec<String> = spans.iter().flat_map(Span::prefixes).collect();
+    blocking
+        .block_within(app, &span_prefixes, &tree_prefixes)
+        .await?;
+    Ok([span_prefixes, tree_prefixes].concat())
 }
 
 /// The index a mirror read of `trees` reflects ([`Mirror::claimable_index`]), and never

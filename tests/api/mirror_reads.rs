@@ -2404,6 +2404,32 @@ async fn an_rc_read_through_to_the_store_is_held_at_the_mirrors_index() {
     }
 }
 
+/// A blocking read of one RC through to the store is held until what its view is made of
+/// changes, as one of a roll or a daemon set is: another RC's change does not wake it.
+#[tokio::test]
+async fn an_rc_read_through_to_the_store_is_not_woken_by_another_rcs_change() {
+    let app = Arc::new(TestApp::new().await);
+    let id = create(&app, 0).await;
+    let other = create(&app, 0).await;
+    // Every part of the view in use: on Consul an empty prefix reads at the index of the
+    // whole KV store, which any write anywhere moves.
+    give_conditions(&app, &id).await;
+    label_pod_of(&app, &id, "node1").await;
+    let rc_labels = format!("labels/replication_controller/{id}");
+    app.put_json(&rc_labels, &json!({"team": "a"})).await;
+    let read = format!("/api/v1/rcs/{id}?consistent=true");
+    let index = app.get(&read).await.x_index();
+    let held = app.get_held(format!("{read}&index={index}&wait=30s")).await;
+    set_replicas(&app, &other, 2).await;
+    set_replicas(&app, &id, 1).await;
+    let answer = held.woken("the RC's change did not wake the read").await;
+    assert_eq!(
+        answer.json()["replicas_desired"],
+        1,
+        "woken by another RC's change: {answer:?}"
+    );
+}
+
 /// A cancelled roll's finished record shows the counts it leaves the RCs at, as the store
 /// holds them when the roll is deleted, never a lagging mirror's: here the mirror has not
 /// seen a step another server's roll farm took.
