@@ -9,8 +9,8 @@ use axum::body::{to_bytes, Body, HttpBody};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::header::{
-    ACCESS_CONTROL_REQUEST_METHOD, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, ETAG,
-    LOCATION, RETRY_AFTER,
+    ACCEPT_ENCODING, ACCESS_CONTROL_REQUEST_METHOD, ALLOW, AUTHORIZATION, CONTENT_ENCODING,
+    CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION, RETRY_AFTER,
 };
 use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
@@ -98,6 +98,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .nest("/api/v1", api::watch::router())
         .nest("/api/v1", api::events::router());
     document_unknown_parameters(router.get_openapi_mut());
+    document_coded_bodies(router.get_openapi_mut());
     document_request_limits(router.get_openapi_mut());
     document_unavailable(router.get_openapi_mut());
     document_internal_errors(router.get_openapi_mut());
@@ -277,6 +278,29 @@ fn document_internal_errors(openapi: &mut utoipa::openapi::OpenApi) {
                     refused[..1].make_ascii_uppercase();
                     responses.insert("500".to_owned(), ErrorBody::documented(&refused));
                 }
+            }
+        }
+    }
+}
+
+/// A body sent with a content coding is refused with 415 ([`read_body`]), so every operation
+/// that takes a body documents that 415, added to the one it may already have.
+fn document_coded_bodies(openapi: &mut utoipa::openapi::OpenApi) {
+    let with_body = operations(openapi).filter(|operation| operation.request_body.is_some());
+    for operation in with_body {
+        let responses = &mut operation.responses.responses;
+        match responses.get_mut("415") {
+            Some(RefOr::T(response)) => {
+                response.description = format!(
+                    "{}; or the body has a content coding (`Content-Encoding`)",
+                    response.description
+                );
+            }
+            Some(RefOr::Ref(_)) => {}
+            None => {
+                let response =
+                    ErrorBody::documented("The body has a content coding (`Content-Encoding`)");
+                responses.insert("415".to_owned(), response);
             }
         }
     }
@@ -581,8 +605,35 @@ async fn read_body(State(limits): State<HttpLimits>, request: Request, next: Nex
             .into_response()
         }
     };
+    if !bytes.is_empty() {
+        if let Some(coding) = content_coding(&parts.headers) {
+            let mut refused = ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!(
+                    "request bodies are taken as sent, without a content coding; got \
+                     Content-Encoding: {coding}"
+                ),
+            )
+            .into_response();
+            // RFC 9110 §15.5.16: the codings that would have been taken.
+            (refused.headers_mut()).insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+            return refused;
+        }
+    }
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
+}
+
+/// The `Content-Encoding` of a request, unless none or `identity`: a body the server would
+/// otherwise read as JSON or YAML while it is compressed, and refuse as malformed.
+fn content_coding(headers: &axum::http::HeaderMap) -> Option<String> {
+    let codings = headers.get_all(CONTENT_ENCODING).iter();
+    let codings: Vec<&str> = codings
+        .flat_map(|value| value.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .filter(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case("identity"))
+        .collect();
+    (!codings.is_empty()).then(|| codings.join(", "))
 }
 
 /// Answers 503 once the request's deadline passes, whatever the handler is waiting for (in

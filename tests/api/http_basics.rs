@@ -1200,3 +1200,61 @@ async fn a_client_that_never_reads_its_answers_is_cut_off() {
         .unwrap();
     drop(deaf);
 }
+
+/// A body sent with a content coding is refused with 415, naming the coding and giving
+/// `Accept-Encoding: identity`, and writes nothing: read as JSON, a compressed body was
+/// refused as malformed, and an uncompressed one labelled `gzip` was taken. The document
+/// gives that 415 on every operation with a body. `identity` is no coding.
+#[tokio::test]
+async fn a_body_with_a_content_coding_is_refused() {
+    let app = TestApp::new().await;
+    let spec = json!({"manifest": "id: hello\nlaunchables: {}\n", "node_selector": "",
+        "replicas_desired": 1});
+    for coding in ["gzip", "identity, br"] {
+        let refused = app
+            .json_request(
+                "POST",
+                "/api/v1/rcs",
+                Some(&spec),
+                &[("content-encoding", coding)],
+            )
+            .await;
+        assert_eq!(
+            refused.status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{refused:?}"
+        );
+        assert_eq!(refused.header("accept-encoding"), Some("identity"));
+        assert!(refused
+            .error()
+            .message
+            .contains(coding.trim_start_matches("identity, ")));
+    }
+    assert_eq!(
+        app.keys("replication_controllers/").await,
+        Vec::<String>::new()
+    );
+    let taken = app
+        .json_request(
+            "POST",
+            "/api/v1/rcs",
+            Some(&spec),
+            &[("content-encoding", "identity")],
+        )
+        .await;
+    assert_eq!(taken.status, StatusCode::CREATED, "{taken:?}");
+
+    let doc = app.get("/openapi.json").await.json();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            if operation.get("requestBody").is_some() {
+                let refused = &operation["responses"]["415"]["description"];
+                let refused = refused.as_str().unwrap_or_default();
+                assert!(
+                    refused.contains("content coding"),
+                    "{method} {path}: {refused:?}"
+                );
+            }
+        }
+    }
+}
