@@ -27,8 +27,8 @@ use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, stale, IfMatch};
 use crate::api::reads::{
-    current_mirror, current_reader, indexed_source, mirror_index, source, IndexedReader,
-    ReadParams, ReadQuery, Source,
+    block_on_store, current_mirror, current_reader, indexed_source, mirror_index, source,
+    IndexedReader, ReadParams, ReadQuery, Source,
 };
 use crate::api::responses::{created, read_back};
 use crate::app::AppState;
@@ -232,8 +232,7 @@ async fn list_daemon_sets(
             (index, items)
         }
         Source::Store(blocking) => {
-            let prefixes: Vec<String> = LIST_TREES.iter().map(|tree| tree.prefix()).collect();
-            blocking.block(&app, &prefixes).await?;
+            let prefixes = block_on_store(&app, &LIST_TREES, &[], blocking).await?;
             let kv: Arc<dyn KvStore> = app.store_reads.clone();
             // Taken before anything is read: a change landing between the reads is in the
             // answer or above its index, so a client blocking at it misses nothing.
