@@ -479,11 +479,20 @@ impl Trees {
     /// in turn. A tree out of touch with the store (its watch failing, or its read overdue)
     /// is asked of the store whatever the other trees' indexes, and waited for if it moved:
     /// nothing else tells that it missed a change (a pod gone critical, while no other tree
-    /// moves), and a roll would step on the health it last saw.
+    /// moves), and a roll would step on the health it last saw. After the store's index
+    /// went backwards, no world is built until every tree is read again (until then a tree
+    /// holds the old store's entries), and the trees are caught up with each other again
+    /// from the fresh store's indexes, all below the old store's.
     pub async fn world(&mut self) -> World {
         let mut warned = false;
         loop {
+            self.mirror.read_again(&Trees::FOLLOWED).await;
             let newest = self.mirror.listed_index(&Trees::FOLLOWED);
+            // Trees listed below what they were caught up to were read again (the store went
+            // backwards): that index is the old store's.
+            if newest < self.caught_up.load(Ordering::SeqCst) {
+                self.caught_up.store(0, Ordering::SeqCst);
+            }
             let out_of_touch = !self.mirror.out_of_touch_among(&Trees::FOLLOWED).is_empty();
             let world = self.current();
             if newest <= self.caught_up.load(Ordering::SeqCst) && !out_of_touch {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Parser as _;
 use p2_apiserver::config::{Cli, Command};
+use p2_apiserver::farms::world::Trees;
 use p2_apiserver::kv::{
     open_store, Cas, ConsulOptions, KvPair, KvStore, SessionBehavior, StoreError, StoreUrl, TxnOp,
 };
@@ -526,6 +527,42 @@ async fn a_tree_read_after_the_store_went_backwards_holds_no_index_of_the_old_st
         mirror.listed_index(&trees)
     );
     switch.hold_watches(None);
+}
+
+/// The farms' world is built from no tree still holding the old store's entries once the
+/// store went backwards, and catches the trees up with each other again from the fresh
+/// store's indexes: before, the trees' catch-up was remembered at the old store's index,
+/// above every index of the fresh one, so the world came at once, the old store's node
+/// labels in it, and no later world waited for its trees to catch up with each other.
+#[tokio::test]
+async fn the_farms_world_holds_nothing_of_a_store_that_went_backwards() {
+    let (old, fresh, switch, mirror, _running) = about_to_go_backwards().await;
+    let mut trees = Trees::new(mirror.clone());
+    assert!(trees.world().await.nodes.items.contains_key("old"));
+
+    // The node labels' re-read is slow: until it lands, the tree holds the old store's.
+    switch.slow_lists(Some("labels/node/"));
+    *switch.inner.write().unwrap() = fresh.store.clone();
+    old.store
+        .put("replication_controllers/old0", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    eventually(|| {
+        let loading = mirror.health().loading;
+        loading.contains(&"labels/node/".to_owned()) && loading.len() == 1
+    })
+    .await;
+    let (world, ()) = tokio::join!(trees.world(), async {
+        tokio::task::yield_now().await;
+        switch.slow_lists(None);
+    });
+
+    let nodes: Vec<&String> = world.nodes.items.keys().collect();
+    assert_eq!(
+        nodes,
+        ["new"],
+        "the world holds the old store's node labels"
+    );
 }
 
 /// Catching up waits for a tree whose watch has yet to deliver another writer's change from
