@@ -37,7 +37,7 @@ mod reader;
 mod trees;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -735,6 +735,8 @@ struct Inner {
     /// alike share one call.
     probes: Vec<tokio::sync::Mutex<()>>,
     started: AtomicBool,
+    /// How many of the server's own writes had an unknown outcome ([`Mirror::unsure`]).
+    unsure_writes: AtomicU64,
 }
 
 impl Mirror {
@@ -758,6 +760,7 @@ impl Mirror {
                     .map(|_| tokio::sync::Mutex::new(()))
                     .collect(),
                 started: AtomicBool::new(false),
+                unsure_writes: AtomicU64::new(0),
             }),
         }
     }
@@ -773,6 +776,19 @@ impl Mirror {
             tasks.spawn(feed::follow(self.clone(), tree, cancel.clone()));
         }
         tasks.spawn(feed::heartbeat(self.clone(), cancel));
+    }
+
+    /// Notes an own write whose outcome is unknown: it may have landed, and the mirror
+    /// holds it only once a watch delivers it.
+    pub fn note_unsure_write(&self) {
+        self.inner.unsure_writes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many own writes have had an unknown outcome so far: a reader that must not act
+    /// without such a write (the farms, which would make it again) catches up with the
+    /// store as it is once this moves.
+    pub fn unsure(&self) -> u64 {
+        self.inner.unsure_writes.load(Ordering::SeqCst)
     }
 
     /// The mirror's index: the highest index it has applied.

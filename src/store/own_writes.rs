@@ -16,8 +16,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::kv::{
-    Cas, HeldWrites, KvPair, KvStore, Listing, PrefixUpdate, SessionInfo, SessionSpec, StoreResult,
-    TxnOp, WatchTarget,
+    Cas, HeldWrites, KvPair, KvStore, Listing, PrefixUpdate, SessionInfo, SessionSpec, StoreError,
+    StoreResult, TxnOp, WatchTarget,
 };
 use crate::state::{Mirror, OwnWrite};
 
@@ -49,6 +49,15 @@ impl OwnWrites {
             Err(_) => return,
         };
         self.mirror.apply_own_writes([write], None);
+    }
+
+    /// `written`, the answer of a write, noting in the mirror one of unknown outcome: it may
+    /// have landed, and the mirror holds it only once a watch delivers it.
+    fn noted<T>(&self, written: StoreResult<T>) -> StoreResult<T> {
+        if let Err(StoreError::OutcomeUnknown(_)) = &written {
+            self.mirror.note_unsure_write();
+        }
+        written
     }
 
     /// Applies `writes` (of the transaction at `txn`, if they are one's), reading back the
@@ -87,13 +96,13 @@ impl KvStore for OwnWrites {
     }
 
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
-        self.kv.put(key, value, cas).await?;
+        self.noted(self.kv.put(key, value, cas).await)?;
         self.read_back(key).await;
         Ok(())
     }
 
     async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
-        self.kv.delete(key, cas).await?;
+        self.noted(self.kv.delete(key, cas).await)?;
         match cas {
             Cas::Index(version) => self.mirror.apply_own_writes(
                 [OwnWrite::Delete {
@@ -108,7 +117,7 @@ impl KvStore for OwnWrites {
     }
 
     async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
-        self.kv.delete_prefix(prefix).await?;
+        self.noted(self.kv.delete_prefix(prefix).await)?;
         if let Ok((index, left)) = self.kv.keys(prefix, None).await {
             let gone = self.mirror.under(prefix);
             let gone = gone.iter().filter(|entry| !left.contains(&entry.pair.key));
@@ -124,7 +133,7 @@ impl KvStore for OwnWrites {
     }
 
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
-        let results = self.kv.txn(ops).await?;
+        let results = self.noted(self.kv.txn(ops).await)?;
         let txn = OwnWrite::txn_index(ops, &results);
         self.apply(OwnWrite::from_txn(ops, &results), txn).await;
         Ok(results)
@@ -147,7 +156,7 @@ impl KvStore for OwnWrites {
     }
 
     async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool> {
-        let acquired = self.kv.acquire(key, value, session).await?;
+        let acquired = self.noted(self.kv.acquire(key, value, session).await)?;
         if acquired {
             self.read_back(key).await;
         }
@@ -155,7 +164,7 @@ impl KvStore for OwnWrites {
     }
 
     async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
-        let released = self.kv.release(key, session).await?;
+        let released = self.noted(self.kv.release(key, session).await)?;
         if released {
             self.read_back(key).await;
         }

@@ -9,11 +9,15 @@ use std::time::Duration;
 
 use clap::Parser as _;
 use p2_apiserver::config::{Cli, Command};
-use p2_apiserver::farms::world::Trees;
+use p2_apiserver::farms::alerts::Alerter;
+use p2_apiserver::farms::world::{pod_key, Trees};
+use p2_apiserver::farms::{FarmContext, FarmError};
 use p2_apiserver::kv::{
-    open_store, Cas, ConsulOptions, KvPair, KvStore, SessionBehavior, StoreError, StoreUrl, TxnOp,
+    open_store, Cas, ConsulOptions, KvPair, KvStore, SessionBehavior, SessionSpec, StoreError,
+    StoreUrl, TxnOp,
 };
 use p2_apiserver::labels::{LabelType, Selector};
+use p2_apiserver::layout::LEADER_LOCK;
 use p2_apiserver::leader::{self, LeaderConfig, Term};
 use p2_apiserver::state::{
     Entry, Kind, Mirror, MirrorConfig, OwnWrite, Signal, Tree, TreeSnapshot,
@@ -562,6 +566,60 @@ async fn the_farms_world_holds_nothing_of_a_store_that_went_backwards() {
         nodes,
         ["new"],
         "the world holds the old store's node labels"
+    );
+}
+
+/// A farm write whose answer is lost (the connection cut mid-body once the agent applied
+/// it) may have landed: the farms' next world holds what the store holds, the write
+/// included, however late the watches deliver it. Before, the next world came at once
+/// from the trees as they were, as no listing had moved, and a farm would plan again
+/// without the write it may have made: a pod placed again, on another node.
+#[tokio::test]
+async fn after_a_farm_write_of_unknown_outcome_the_next_world_holds_what_the_store_holds() {
+    let fake = fake_consul::start().await;
+    let url = format!("consul://{}", fake.addr).parse().unwrap();
+    let store = open_store(&url, ConsulOptions::default()).await.unwrap();
+    let switch = Switchable::new(store.clone());
+    let (mirror, _running) = started(switch.clone(), config()).await;
+    let session = (store.create_session(&SessionSpec::deleting("farms", Duration::from_secs(60))))
+        .await
+        .unwrap();
+    assert!(store.acquire(LEADER_LOCK, b"", &session).await.unwrap());
+    let term = Term {
+        leader_session: session.clone(),
+        session,
+        cancel: CancellationToken::new(),
+    };
+    let writes = OwnWrites::wrap(store.clone(), mirror.clone());
+    let ctx = FarmContext::new(writes, &term, Arc::new(Alerter::new(None)), "me".into());
+    let mut trees = Trees::new(mirror.clone());
+    eventually(|| mirror.get(LEADER_LOCK).is_some()).await;
+    trees.world().await;
+
+    // Every tree's watch is slow to deliver; the write's answer is lost once it is applied.
+    switch.hold_watches(Some(""));
+    fake.cut_answers.cut(true);
+    let intent = TxnOp::Set {
+        key: "intent/n1/hello".into(),
+        value: b"{}".to_vec(),
+    };
+    let written = ctx.commit(LEADER_LOCK, vec![intent]).await;
+    fake.cut_answers.cut(false);
+    assert!(
+        matches!(
+            written,
+            Err(FarmError::Store(StoreError::OutcomeUnknown(_)))
+        ),
+        "{written:?}"
+    );
+    let (world, ()) = tokio::join!(trees.world(), async {
+        tokio::task::yield_now().await;
+        switch.hold_watches(None);
+    });
+
+    assert!(
+        world.intent(&pod_key("n1", "hello")).is_some(),
+        "the world lacks the write of unknown outcome"
     );
 }
 

@@ -90,6 +90,44 @@ pub struct FakeConsul {
     pub in_flight: Arc<InFlight>,
     /// Transactions held unanswered, as by an agent slow to commit them.
     pub txns: Arc<TxnHold>,
+    /// Transactions applied, then answered with the connection cut partway through.
+    pub cut_answers: Arc<AnswerCut>,
+}
+
+/// Cuts the connection partway through the answer of every transaction while it is on
+/// ([`AnswerCut::cut`]), once the transaction is applied: what a client sees of a
+/// connection lost mid-body, which leaves it unable to tell whether its write landed.
+#[derive(Debug, Default)]
+pub struct AnswerCut(std::sync::atomic::AtomicBool);
+
+impl AnswerCut {
+    /// Cuts the answers of transactions from now on (`true`), or answers them whole again.
+    pub fn cut(&self, on: bool) {
+        self.0.store(on, Ordering::SeqCst);
+    }
+}
+
+async fn cut_txn_answers(
+    State(cut): State<Arc<AnswerCut>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let cut = request.uri().path() == "/v1/txn" && cut.0.load(Ordering::SeqCst);
+    let response = next.run(request).await;
+    if !cut {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let whole = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let half = whole.slice(..whole.len() / 2);
+    let chunks = [Ok(half), Err(std::io::Error::other("connection cut"))];
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(
+        parts,
+        axum::body::Body::from_stream(futures::stream::iter(chunks)),
+    )
 }
 
 /// Transactions the agent holds unanswered while it is on ([`TxnHold::hold`]).
@@ -182,6 +220,7 @@ pub async fn start_in(dir: tempfile::TempDir) -> FakeConsul {
     let store: Store = Arc::new(SqliteStore::open(&path).await.unwrap());
     let in_flight = Arc::new(InFlight::default());
     let txns = Arc::new(TxnHold::default());
+    let cut_answers = Arc::new(AnswerCut::default());
     let app = Router::new()
         .route("/v1/kv/", any(kv))
         .route("/v1/kv/{*key}", any(kv))
@@ -195,6 +234,10 @@ pub async fn start_in(dir: tempfile::TempDir) -> FakeConsul {
             get(|| async { Json("127.0.0.1:8300") }),
         )
         .layer(middleware::from_fn_with_state(txns.clone(), hold_txns))
+        .layer(middleware::from_fn_with_state(
+            cut_answers.clone(),
+            cut_txn_answers,
+        ))
         .layer(middleware::from_fn(datacenter))
         .layer(middleware::from_fn_with_state(
             in_flight.clone(),
@@ -209,6 +252,7 @@ pub async fn start_in(dir: tempfile::TempDir) -> FakeConsul {
         dir,
         in_flight,
         txns,
+        cut_answers,
     }
 }
 
