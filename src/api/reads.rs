@@ -209,11 +209,12 @@ const CATCH_UP: Duration = Duration::from_secs(1);
 
 /// Holds a blocking read of `trees` on the mirror for at most `wait`, until what it reads
 /// changes from `before` (the index of a tree's newest change, and the `spans`' extents),
-/// or the answer's `X-Index` moves from where it stood as the hold began. Any tree's index
-/// counts, not only the answer's `X-Index`: a tree whose watch lags holds that index down,
-/// and its late delivery of another writer's change may leave it unmoved. A tree that
-/// holds nothing counts at the index it came to hold nothing, not at the one its watch
-/// lists it at (on Consul the whole store's, moved by every write anywhere): a change
+/// or the answer's `X-Index` moves from where it stood as the hold began, or the mirror can
+/// no longer be trusted ([`until_untrusted`]), the read then answered from the store. Any
+/// tree's index counts, not only the answer's `X-Index`: a tree whose watch lags holds that
+/// index down, and its late delivery of another writer's change may leave it unmoved. A
+/// tree that holds nothing counts at the index it came to hold nothing, not at the one its
+/// watch lists it at (on Consul the whole store's, moved by every write anywhere): a change
 /// delivered late into it makes it hold something, which moves its index, and its listing
 /// that lets the answer claim a change the answer held already moves the `X-Index`. A
 /// catch-up since `before` that did so brought no change either, and is not answered at
@@ -237,7 +238,25 @@ async fn hold(app: &App, trees: &[Tree], spans: &[Span], before: Seen, wait: Dur
     };
     tokio::select! {
         _ = tokio::time::timeout(wait, held) => {}
+        () = until_untrusted(mirror) => {}
         () = app.shutdown.cancelled() => {}
+    }
+}
+
+/// How often a read held on the mirror looks whether the mirror can still be trusted.
+const TRUST_CHECK: Duration = Duration::from_secs(1);
+
+/// Returns once the mirror cannot be trusted ([`crate::state::MirrorHealth::is_healthy`]):
+/// a mirror that lost its watch learns nothing more of the store, so a read held on it
+/// would not be woken by a change there until its whole wait ran out; it goes to the store
+/// instead. Looked at every [`TRUST_CHECK`], as a watch counts lost only once its bound has
+/// passed.
+async fn until_untrusted(mirror: &Mirror) {
+    loop {
+        tokio::time::sleep(TRUST_CHECK).await;
+        if !mirror.health().is_healthy() {
+            return;
+        }
     }
 }
 

@@ -795,6 +795,31 @@ async fn a_mirror_that_lost_its_watch_is_not_ready_and_reads_go_to_the_store() {
     until_ready(&app).await;
 }
 
+/// A read held on the mirror is answered from the store once the mirror loses its watch:
+/// the mirror learns nothing more, and a change to the store meanwhile would otherwise reach
+/// the client only once its whole wait had run out. Before, it was held for all of it.
+#[tokio::test]
+async fn a_read_held_on_a_mirror_that_loses_its_watch_is_answered_from_the_store() {
+    let (app, counting) = counted_quick_to_lose_watches().await;
+    let app = Arc::new(app);
+    let id = create(&app, 1).await;
+    let path = format!("/api/v1/rcs/{id}");
+    let index = app.get(&path).await.x_index();
+    let held = app.get_held(format!("{path}?index={index}&wait=10m")).await;
+
+    lose_watches(&app, &counting).await;
+    let key = format!("replication_controllers/{id}");
+    edit_unseen(&app, &key, "replicas_desired", json!(4)).await;
+
+    let answer = held
+        .woken("a read held on a mirror that lost its watch was not answered")
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.json()["replicas_desired"], 4);
+    counting.fail_watches(false);
+    until_ready(&app).await;
+}
+
 /// An RC the store created is answered as created when, the mirror having lost its watch,
 /// reading it back from the store fails: an error would make the client create it again.
 #[tokio::test]
