@@ -9,8 +9,10 @@
 //! it. A read goes through to the store instead when the
 //! client asks for `?consistent=true`, when the mirror is not healthy (not loaded yet, not
 //! read again since the store's index went backwards, or a tree's watch lost for longer than
-//! its bound: stale data is never served silently), and
-//! for a blocking read whose `index` is past the mirror's (the client has seen a newer
+//! its bound: stale data is never served silently), after a write of unknown outcome until
+//! its trees have caught up with the store ([`Mirror::settle`]: the client re-reads before
+//! it retries, and must see the write if it landed), and for a blocking read whose `index`
+//! is past the mirror's (the client has seen a newer
 //! state, e.g. on another server). Blocking reads from the mirror wait on its change
 //! signal, so waiting clients cost the store nothing.
 //!
@@ -136,6 +138,11 @@ pub async fn source<'a>(
 ) -> Source<'a> {
     let mirror = &app.mirror;
     if consistent || !mirror.health().is_healthy() {
+        return Source::Store(blocking);
+    }
+    // A write of unknown outcome may have landed unseen: a client re-reading before it
+    // retries must see it if it did.
+    if !mirror.settle(trees, CATCH_UP).await {
         return Source::Store(blocking);
     }
     let deadline = Instant::now() + CATCH_UP;

@@ -434,9 +434,6 @@ pub struct Trees {
     /// The newest index every followed tree is known to hold all changes up to; shared by
     /// the clones, so one farm's wait serves all.
     caught_up: Arc<AtomicU64>,
-    /// How many own writes of unknown outcome ([`Mirror::unsure`]) the world has caught up
-    /// with the store since; shared by the clones.
-    settled: Arc<AtomicU64>,
 }
 
 /// A world and the generation of each mirror tree it was built from, by position in
@@ -469,7 +466,6 @@ impl Trees {
             mirror,
             built: Arc::default(),
             caught_up: Arc::new(AtomicU64::new(0)),
-            settled: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -487,7 +483,7 @@ impl Trees {
     /// went backwards, no world is built until every tree is read again (until then a tree
     /// holds the old store's entries), and the trees are caught up with each other again
     /// from the fresh store's indexes, all below the old store's. After an own write of
-    /// unknown outcome ([`Mirror::unsure`]), every tree catches up with the store as it is.
+    /// unknown outcome, every tree catches up with the store as it is ([`Mirror::settle`]).
     pub async fn world(&mut self) -> World {
         let mut warned = false;
         loop {
@@ -499,20 +495,16 @@ impl Trees {
                 self.caught_up.store(0, Ordering::SeqCst);
             }
             let out_of_touch = !self.mirror.out_of_touch_among(&Trees::FOLLOWED).is_empty();
-            let unsure = self.mirror.unsure();
-            let unsettled = unsure > self.settled.load(Ordering::SeqCst);
+            let settled = self.mirror.settle(&Trees::FOLLOWED, CATCH_UP_LIMIT).await;
             let world = self.current();
-            if newest <= self.caught_up.load(Ordering::SeqCst) && !out_of_touch && !unsettled {
+            if settled && newest <= self.caught_up.load(Ordering::SeqCst) && !out_of_touch {
                 return world;
             }
-            // After a write that may have landed unseen, every tree catches up with the store
-            // as it is: acting without the write, a farm would make it again (a pod placed
-            // once more, on another node), and no listing need have moved to tell.
-            let target = if unsettled { u64::MAX } else { newest };
-            if !self
-                .mirror
-                .wait_for_trees(&Trees::FOLLOWED, target, CATCH_UP_LIMIT)
-                .await
+            if !settled
+                || !self
+                    .mirror
+                    .wait_for_trees(&Trees::FOLLOWED, newest, CATCH_UP_LIMIT)
+                    .await
             {
                 // A tree known to be behind the others (its watch failing or slow): acting
                 // on the mix could place a pod twice (an RC seen without the pods another
@@ -528,7 +520,6 @@ impl Trees {
                 continue;
             }
             self.caught_up.fetch_max(newest, Ordering::SeqCst);
-            self.settled.fetch_max(unsure, Ordering::SeqCst);
             if out_of_touch {
                 // Still out of touch, but holding all the store had when asked.
                 return self.current();

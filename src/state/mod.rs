@@ -735,8 +735,10 @@ struct Inner {
     /// alike share one call.
     probes: Vec<tokio::sync::Mutex<()>>,
     started: AtomicBool,
-    /// How many of the server's own writes had an unknown outcome ([`Mirror::unsure`]).
+    /// How many of the server's own writes had an unknown outcome ([`Mirror::settle`]).
     unsure_writes: AtomicU64,
+    /// By tree position: how many of those the tree has caught up with the store since.
+    settled: Vec<AtomicU64>,
 }
 
 impl Mirror {
@@ -761,6 +763,7 @@ impl Mirror {
                     .collect(),
                 started: AtomicBool::new(false),
                 unsure_writes: AtomicU64::new(0),
+                settled: Tree::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
             }),
         }
     }
@@ -779,16 +782,34 @@ impl Mirror {
     }
 
     /// Notes an own write whose outcome is unknown: it may have landed, and the mirror
-    /// holds it only once a watch delivers it.
+    /// holds it only once a watch delivers it ([`Mirror::settle`]).
     pub fn note_unsure_write(&self) {
         self.inner.unsure_writes.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// How many own writes have had an unknown outcome so far: a reader that must not act
-    /// without such a write (the farms, which would make it again) catches up with the
-    /// store as it is once this moves.
-    pub fn unsure(&self) -> u64 {
-        self.inner.unsure_writes.load(Ordering::SeqCst)
+    /// Waits, at most `timeout`, until each of `trees` has caught up with the store as it
+    /// is since the server's last own write of unknown outcome ([`Mirror::note_unsure_write`]),
+    /// at once for those that have; whether they all have. Such a write may have landed
+    /// unseen, and no listing need have moved to tell: a reader acting without it would make
+    /// it again (a farm's pod placed once more, on another node; a client told to re-read
+    /// before retrying, creating an RC twice).
+    pub async fn settle(&self, trees: &[Tree], timeout: Duration) -> bool {
+        let unsure = self.inner.unsure_writes.load(Ordering::SeqCst);
+        let settled = |tree: &Tree| &self.inner.settled[tree.position()];
+        let pending: Vec<Tree> = (trees.iter().copied())
+            .filter(|tree| settled(tree).load(Ordering::SeqCst) < unsure)
+            .collect();
+        if pending.is_empty() {
+            return true;
+        }
+        // Past every index: each tree asks the store for its index as it is now.
+        if !self.catch_up_to(&pending, u64::MAX, timeout).await {
+            return false;
+        }
+        for tree in &pending {
+            settled(tree).fetch_max(unsure, Ordering::SeqCst);
+        }
+        true
     }
 
     /// The mirror's index: the highest index it has applied.

@@ -10,6 +10,7 @@
 //! the version a compare-and-delete named, or else the index of a read of the key's
 //! absence. Reads and watches go straight through.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,12 +52,22 @@ impl OwnWrites {
         self.mirror.apply_own_writes([write], None);
     }
 
-    /// `written`, the answer of a write, noting in the mirror one of unknown outcome: it may
-    /// have landed, and the mirror holds it only once a watch delivers it.
-    fn noted<T>(&self, written: StoreResult<T>) -> StoreResult<T> {
-        if let Err(StoreError::OutcomeUnknown(_)) = &written {
-            self.mirror.note_unsure_write();
+    /// Makes `write`, noting in the mirror one of unknown outcome ([`Mirror::settle`]): one
+    /// the store answered so, and one whose caller gave up on it before its answer (its
+    /// future dropped, as by the request's deadline).
+    async fn noted<T>(&self, write: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+        /// Notes the write unless its answer came and was not `OutcomeUnknown`.
+        struct Unanswered<'a>(&'a Mirror, bool);
+        impl Drop for Unanswered<'_> {
+            fn drop(&mut self) {
+                if self.1 {
+                    self.0.note_unsure_write();
+                }
+            }
         }
+        let mut unanswered = Unanswered(&self.mirror, true);
+        let written = write.await;
+        unanswered.1 = matches!(written, Err(StoreError::OutcomeUnknown(_)));
         written
     }
 
@@ -96,13 +107,13 @@ impl KvStore for OwnWrites {
     }
 
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
-        self.noted(self.kv.put(key, value, cas).await)?;
+        self.noted(self.kv.put(key, value, cas)).await?;
         self.read_back(key).await;
         Ok(())
     }
 
     async fn delete(&self, key: &str, cas: Cas) -> StoreResult<()> {
-        self.noted(self.kv.delete(key, cas).await)?;
+        self.noted(self.kv.delete(key, cas)).await?;
         match cas {
             Cas::Index(version) => self.mirror.apply_own_writes(
                 [OwnWrite::Delete {
@@ -117,7 +128,7 @@ impl KvStore for OwnWrites {
     }
 
     async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
-        self.noted(self.kv.delete_prefix(prefix).await)?;
+        self.noted(self.kv.delete_prefix(prefix)).await?;
         if let Ok((index, left)) = self.kv.keys(prefix, None).await {
             let gone = self.mirror.under(prefix);
             let gone = gone.iter().filter(|entry| !left.contains(&entry.pair.key));
@@ -133,7 +144,7 @@ impl KvStore for OwnWrites {
     }
 
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
-        let results = self.noted(self.kv.txn(ops).await)?;
+        let results = self.noted(self.kv.txn(ops)).await?;
         let txn = OwnWrite::txn_index(ops, &results);
         self.apply(OwnWrite::from_txn(ops, &results), txn).await;
         Ok(results)
@@ -156,7 +167,7 @@ impl KvStore for OwnWrites {
     }
 
     async fn acquire(&self, key: &str, value: &[u8], session: &str) -> StoreResult<bool> {
-        let acquired = self.noted(self.kv.acquire(key, value, session).await)?;
+        let acquired = self.noted(self.kv.acquire(key, value, session)).await?;
         if acquired {
             self.read_back(key).await;
         }
@@ -164,7 +175,7 @@ impl KvStore for OwnWrites {
     }
 
     async fn release(&self, key: &str, session: &str) -> StoreResult<bool> {
-        let released = self.noted(self.kv.release(key, session).await)?;
+        let released = self.noted(self.kv.release(key, session)).await?;
         if released {
             self.read_back(key).await;
         }

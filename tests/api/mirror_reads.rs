@@ -820,6 +820,27 @@ async fn a_read_held_on_a_mirror_that_loses_its_watch_is_answered_from_the_store
     until_ready(&app).await;
 }
 
+/// A read after a write of unknown outcome holds the write if it landed, however late the
+/// mirror's watch delivers it: the client was told to re-read before retrying, and a read
+/// without the write would have it made twice. Before, the mirror answered as it held
+/// things, without the write.
+#[tokio::test]
+async fn a_read_after_a_write_of_unknown_outcome_holds_what_the_store_holds() {
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let id = create(&app, 1).await;
+    counting.delay_watches_of(Some("replication_controllers/"));
+    counting.lose_txn_answers(true);
+
+    let path = format!("/api/v1/rcs/{id}");
+    let patched = (app.merge_patch(&path, &json!({"replicas_desired": 3}), &[])).await;
+    counting.lose_txn_answers(false);
+    assert_eq!(patched.error().reason, "OutcomeUnknown", "{patched:?}");
+
+    let got = app.get(&path).await.json();
+    assert_eq!(got["replicas_desired"], 3);
+    counting.delay_watches_of(None);
+}
+
 /// An RC the store created is answered as created when, the mirror having lost its watch,
 /// reading it back from the store fails: an error would make the client create it again.
 #[tokio::test]

@@ -48,6 +48,8 @@ pub struct Counting {
     txn_hold: Mutex<Option<(String, Arc<TxnHold>)>>,
     /// Listings of prefixes under this one wait until the gate opens.
     listing_gate: Mutex<Option<(String, Arc<ListingGate>)>>,
+    /// Transactions are applied, then answered `OutcomeUnknown`, while it holds `true`.
+    txn_answers_lost: AtomicBool,
 }
 
 /// Listings held, unanswered, until it opens ([`Counting::hold_listings_of`]).
@@ -122,6 +124,7 @@ impl Counting {
             losing: Mutex::default(),
             txn_hold: Mutex::default(),
             listing_gate: Mutex::default(),
+            txn_answers_lost: AtomicBool::new(false),
         })
     }
 
@@ -207,6 +210,12 @@ impl Counting {
     /// until called again with another prefix, or `None`.
     pub fn lose_txns_on(&self, prefix: Option<&str>) {
         *self.losing.lock().unwrap() = prefix.map(str::to_owned);
+    }
+
+    /// Makes every transaction be applied, then answered `OutcomeUnknown` (as one whose
+    /// answer was lost), until called again with `false`.
+    pub fn lose_txn_answers(&self, lose: bool) {
+        self.txn_answers_lost.store(lose, Ordering::SeqCst);
     }
 
     /// Makes the next transaction acting on a key under `prefix` wait, unsent, until the
@@ -374,6 +383,9 @@ impl KvStore for Counting {
         let results = self.inner.txn(ops).await?;
         if self.reads_fail_after_txn.swap(false, Ordering::SeqCst) {
             self.reads_failing.store(true, Ordering::SeqCst);
+        }
+        if self.txn_answers_lost.load(Ordering::SeqCst) {
+            return Err(StoreError::OutcomeUnknown("the answer was lost".into()));
         }
         Ok(results)
     }
