@@ -8,8 +8,8 @@
 //!   changes no pods.
 //! - **scheduling**: eligible nodes without the pod get it, labelled with
 //!   `daemon_set_id` only, in name order and as P2's replicator, at most [`MAX_IN_FLIGHT`]
-//!   nodes on their way to healthy at a time (new and replaced alike, below); a node already running the pod id for another owner is left
-//!   alone, and so is a pod whose labels name an enabled RC as well as the daemon set,
+//!   nodes on their way to healthy at a time (new and replaced alike, below); a node already
+//!   running the pod id for another owner is left alone, and so is a pod whose labels name an enabled RC as well as the daemon set,
 //!   except that a disabled daemon set's pod is taken over in place, as P2's farm writes over
 //!   any pod (disabling one daemon set and creating another is how a pod is handed over), at
 //!   the pace of a replacement below. Pods on nodes no longer eligible are removed, except
@@ -24,6 +24,9 @@
 //!   new manifest within the daemon set's `timeout` is given up on (logged and alerted) and no
 //!   longer counts as in flight, but as an unhealthy node it still holds the healthy count
 //!   down, so a bad manifest stops the rollout at `min_health` instead of reaching every node.
+//!   A node that runs the manifest already but is unwell, and was sent nothing in this
+//!   rollout (one that sickened), is not in flight: nothing is on its way to it, as P2's
+//!   replicator skips a node whose reality is the manifest.
 //!   A zero timeout means "never give up", as does P2's "no timeout" (stored negative, read
 //!   as [`NO_TIMEOUT`](crate::model::duration::NO_TIMEOUT)): P2 times nodes out at once on a
 //!   zero one, which is why its tools and our API demand a positive one.
@@ -104,12 +107,16 @@ impl DsFarm {
     }
 }
 
-/// The rollout of one manifest: when each node not yet healthy on it started waiting, and
-/// the nodes given up on.
+/// The rollout of one manifest: when each node not yet healthy on it started waiting, the
+/// nodes sent the pod or the manifest, and the nodes given up on.
 #[derive(Debug, Default)]
 struct Rollout {
     sha: String,
     since: HashMap<String, Instant>,
+    /// Nodes the farm sent the pod or the manifest to, while they wait: each holds a place
+    /// among the [`MAX_IN_FLIGHT`] until it is healthy on it or given up on, though it
+    /// already runs it.
+    sent: HashSet<String>,
     given_up: BTreeSet<String>,
 }
 
@@ -606,6 +613,7 @@ fn plan(
     rollout
         .since
         .retain(|node, _| waiting.contains(node.as_str()));
+    rollout.sent.retain(|node| waiting.contains(node.as_str()));
     rollout
         .given_up
         .retain(|node| waiting.contains(node.as_str()));
@@ -628,8 +636,15 @@ fn plan(
                 timed_out.push(node.clone());
             }
             at => {
-                in_flight += 1;
                 wake = earliest(wake, at);
+                // One that runs the manifest already, unwell, and was sent nothing (one
+                // that sickened) has nothing on its way to it: as P2's replicator skips a
+                // node whose reality is the manifest, it holds no place among the in flight.
+                let sickened = !rollout.sent.contains(node)
+                    && pod_health(world, &pod(node), &ds.manifest) != PodHealth::NotReal;
+                if !sickened {
+                    in_flight += 1;
+                }
             }
         }
     }
@@ -693,6 +708,7 @@ fn plan(
         .map(|t| &t.node);
     for node in add.iter().chain(&replace).chain(rewritten) {
         rollout.since.insert(node.clone(), now);
+        rollout.sent.insert(node.clone());
         wake = earliest(wake, deadline(ds.timeout, now));
     }
 
@@ -1063,6 +1079,30 @@ mod tests {
         let plan = run(&fleet.world(), &spec, &mut rollout, later);
         assert_eq!(plan.timed_out.len(), MAX_IN_FLIGHT - 10);
         assert_eq!(plan.add, names[MAX_IN_FLIGHT + 10..]);
+    }
+
+    /// A node that runs the manifest but is unwell, and that the rollout sent nothing (one
+    /// that sickened), has nothing on its way to it: it holds no place among the in flight,
+    /// so new nodes still get the pod, as P2's replicator skips a node whose reality is the
+    /// manifest.
+    #[test]
+    fn nodes_sick_on_the_manifest_do_not_hold_new_nodes_back() {
+        let mut fleet = Fleet::new();
+        let names: Vec<String> = (0..MAX_IN_FLIGHT + 5).map(|i| format!("n{i:03}")).collect();
+        for name in &names {
+            fleet.node(name, "web");
+        }
+        for name in &names[..MAX_IN_FLIGHT] {
+            fleet.pod(name, NEW, HealthState::Critical);
+        }
+        let spec = ds(NEW, 0, "role=web");
+        let plan = run(
+            &fleet.world(),
+            &spec,
+            &mut Rollout::default(),
+            Instant::now(),
+        );
+        assert_eq!(plan.add, names[MAX_IN_FLIGHT..]);
     }
 
     #[test]
