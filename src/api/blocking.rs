@@ -2,8 +2,9 @@
 //! lists changes past index N or D passes, as Consul's and Nomad's blocking queries do.
 //!
 //! A handler reads its prefixes, answers with the highest index among them in `X-Index`, and
-//! before reading calls [`Blocking::block`] so a client that passes back the last
-//! `X-Index` is held until something changes.
+//! before reading from the store holds the request ([`crate::api::reads::block_on_store`],
+//! the one home of that hold, through [`Blocking::block`]) so a client that passes back the
+//! last `X-Index` is held until something changes.
 
 use std::cmp::Ordering;
 use std::time::Duration;

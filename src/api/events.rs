@@ -16,7 +16,7 @@ use crate::api::extract::ApiJson;
 use crate::api::list_query::{ListFilter, ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::query_values::{not_of_kind, one_of};
-use crate::api::reads::{mirror_index, source, Source};
+use crate::api::reads::{block_on_store, mirror_index, source, Source};
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::kv::KvStore;
@@ -165,7 +165,7 @@ async fn list_events(
                 }
             }
             Source::Store(blocking) => {
-                blocking.block(&app, &[layout::EVENTS.to_owned()]).await?;
+                block_on_store(&app, &trees, &spans, blocking).await?;
                 let listing = app.store_reads.list(layout::EVENTS).await?;
                 let entries = listing.pairs.into_iter();
                 let entries = entries.map(|pair| Arc::new(Tree::Events.decode(pair)));
