@@ -578,12 +578,6 @@ fn view_spans(id: &str) -> [Span; 5] {
     ]
 }
 
-/// The prefixes of `trees`, for a write's answer, which claims the index of [`RC_TREES`]
-/// as from the mirror.
-fn prefixes(trees: &[Tree]) -> Vec<String> {
-    trees.iter().map(|tree| tree.prefix()).collect()
-}
-
 /// The version of an RC document that cannot be decoded, so that it can still be deleted.
 async fn unreadable_version(
     app: &AppState,
@@ -735,7 +729,8 @@ async fn written_view(app: &AppState, record: &RcRecord) -> Result<(RcView, u64)
             return Ok((mirrored_view(mirror, record), index));
         }
     }
-    let index = combined_index(app.store.as_ref(), &prefixes(&RC_TREES)).await?;
+    // The index of the trees, as from the mirror.
+    let index = combined_index(app.store.as_ref(), &RC_TREES.map(|tree| tree.prefix())).await?;
     Ok((stored_view(&app.store, record).await?, index))
 }
 

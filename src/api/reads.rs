@@ -407,7 +407,11 @@ pub async fn block_on_store(
     blocking
         .block_within(app, &span_prefixes, &tree_prefixes)
         .await?;
-    Ok([span_prefixes, tree_prefixes].concat())
+    // Each read once: a span is often a tree's whole prefix (no prefix holds its keys).
+    let mut claimed = [span_prefixes, tree_prefixes].concat();
+    claimed.sort_unstable();
+    claimed.dedup();
+    Ok(claimed)
 }
 
 /// The index a mirror read of `trees` reflects ([`Mirror::claimable_index`]), and never

@@ -1407,9 +1407,9 @@ impl Mirror {
         let state = self.read();
         let receiver = state.stream.subscribe(kinds, label_sets);
         let position = state.stream.position();
-        let of = |kinds: &[Kind], tree: Tree| tree.kind().is_some_and(|kind| kinds.contains(&kind));
+        let of_kinds = |tree: Tree| tree.kind().is_some_and(|kind| kinds.contains(&kind));
         let followed = |tree: Tree| {
-            of(kinds, tree)
+            of_kinds(tree)
                 || matches!(tree, Tree::Labels(label_type) if label_sets.contains(&label_type))
         };
         if let Some(changes) = resume.and_then(|from| state.stream.replay_from(from)) {
@@ -1427,7 +1427,7 @@ impl Mirror {
         // subscriber resuming from the snapshot's position is told of it.
         let changes = Tree::ALL
             .into_iter()
-            .filter(|tree| of(kinds, *tree))
+            .filter(|tree| of_kinds(*tree))
             .flat_map(|tree| {
                 let tree_state = state.tree(tree);
                 let unstreamed = tree_state.unconfirmed_deletes();
