@@ -9,8 +9,8 @@
 //! - **scheduling**: eligible nodes without the pod get it, labelled with
 //!   `daemon_set_id` only, in name order and as P2's replicator, at most [`MAX_IN_FLIGHT`]
 //!   nodes on their way to healthy at a time (new and replaced alike, below); a node already
-//!   running the pod id for another owner is left alone, and so is a pod whose labels name an enabled RC as well as the daemon set,
-//!   except that a disabled daemon set's pod is taken over in place, as P2's farm writes over
+//!   running the pod id for another owner is left alone, and so is a pod whose labels name
+//!   an enabled RC as well as the daemon set, except that a disabled daemon set's pod is taken over in place, as P2's farm writes over
 //!   any pod (disabling one daemon set and creating another is how a pod is handed over), at
 //!   the pace of a replacement below. Pods on nodes no longer eligible are removed, except
 //!   that a daemon set matching no node at all removes nothing (P2's failsafe), and a node
