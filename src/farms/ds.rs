@@ -25,8 +25,9 @@
 //!   longer counts as in flight, but as an unhealthy node it still holds the healthy count
 //!   down, so a bad manifest stops the rollout at `min_health` instead of reaching every node.
 //!   A node that runs the manifest already but is unwell, and was sent nothing in this
-//!   rollout (one that sickened), is not in flight: nothing is on its way to it, as P2's
-//!   replicator skips a node whose reality is the manifest.
+//!   rollout (one that sickened), is not in flight, nor timed, nor keeps the rollout in
+//!   progress: nothing is on its way to it, as P2's replicator skips a node whose reality
+//!   is the manifest.
 //!   A zero timeout means "never give up", as does P2's "no timeout" (stored negative, read
 //!   as [`NO_TIMEOUT`](crate::model::duration::NO_TIMEOUT)): P2 times nodes out at once on a
 //!   zero one, which is why its tools and our API demand a positive one.
@@ -618,6 +619,16 @@ fn plan(
         .given_up
         .retain(|node| waiting.contains(node.as_str()));
 
+    // Nodes that run the manifest already, unwell, and were sent nothing in this rollout
+    // (ones that sickened) have nothing on their way to them: as P2's replicator skips a
+    // node whose reality is the manifest, they hold no place among the in flight, wait for
+    // no timeout (no alert says they did not come up on it) and keep no rollout going.
+    let sickened: HashSet<&str> = (waiting.iter().copied())
+        .filter(|node| {
+            !rollout.sent.contains(*node)
+                && pod_health(world, &pod(node), &ds.manifest) != PodHealth::NotReal
+        })
+        .collect();
     let mut wake: Option<Instant> = None;
     let mut timed_out = Vec::new();
     let mut in_flight = 0;
@@ -626,7 +637,7 @@ fn plan(
         .filter(|(node, _, _)| waiting.contains(node.as_str()))
         .map(|(node, _, _)| *node)
     {
-        if rollout.given_up.contains(node) {
+        if rollout.given_up.contains(node) || sickened.contains(node.as_str()) {
             continue;
         }
         let since = *rollout.since.entry(node.clone()).or_insert(now);
@@ -637,14 +648,7 @@ fn plan(
             }
             at => {
                 wake = earliest(wake, at);
-                // One that runs the manifest already, unwell, and was sent nothing (one
-                // that sickened) has nothing on its way to it: as P2's replicator skips a
-                // node whose reality is the manifest, it holds no place among the in flight.
-                let sickened = !rollout.sent.contains(node)
-                    && pod_health(world, &pod(node), &ds.manifest) != PodHealth::NotReal;
-                if !sickened {
-                    in_flight += 1;
-                }
+                in_flight += 1;
             }
         }
     }
@@ -717,7 +721,9 @@ fn plan(
         .filter(|(_, on_manifest, healthy)| *on_manifest && *healthy)
         .count();
     let done = |node: &String, on_manifest: bool, healthy: bool| {
-        (on_manifest && healthy) || rollout.given_up.contains(node)
+        (on_manifest && healthy)
+            || rollout.given_up.contains(node)
+            || sickened.contains(node.as_str())
     };
     let unfinished = staying
         .iter()
@@ -1096,13 +1102,26 @@ mod tests {
             fleet.pod(name, NEW, HealthState::Critical);
         }
         let spec = ds(NEW, 0, "role=web");
+        let mut rollout = Rollout::default();
+        let start = Instant::now();
+        let plan = run(&fleet.world(), &spec, &mut rollout, start);
+        assert_eq!(plan.add, names[MAX_IN_FLIGHT..]);
+
+        // Once the new nodes are healthy, the sick ones keep no rollout going, and are
+        // never given up on as if they had not come up on a manifest sent them.
+        for name in &names[MAX_IN_FLIGHT..] {
+            fleet.pod(name, NEW, HealthState::Passing);
+        }
         let plan = run(
             &fleet.world(),
             &spec,
-            &mut Rollout::default(),
-            Instant::now(),
+            &mut rollout,
+            start + spec.timeout * 2,
         );
-        assert_eq!(plan.add, names[MAX_IN_FLIGHT..]);
+        assert!(plan.timed_out.is_empty(), "{:?}", plan.timed_out);
+        assert_eq!(plan.wake, None);
+        assert!(!plan.status.replication_in_progress);
+        assert_eq!(plan.status.nodes_deployed, 5);
     }
 
     #[test]
