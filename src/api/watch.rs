@@ -70,6 +70,9 @@ pub struct WatchQuery {
     /// `pods`, `reality`, `health`, `events`. Default: every kind but `events` (whose
     /// snapshot is every retained event), or with a `selector` every kind that has labels
     /// (`rcs`, `rolls`, `nodes`, `labels`, `pods`).
+    // Documented as the list it is, so that a client sends only names of kinds, and at least
+    // one: [`Filter::from_query`] reads the text.
+    #[param(value_type = Option<Vec<Kind>>, style = Form, explode = false, min_items = 1)]
     kinds: Option<String>,
     /// Only objects whose labels (as the mirror holds them when the event is sent) match
     /// this Kubernetes label selector. An object the client was sent that is deleted or

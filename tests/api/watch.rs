@@ -445,6 +445,49 @@ async fn bad_queries_are_refused() {
     );
 }
 
+/// `kinds` is documented as the list it is: comma-separated (form style, not exploded),
+/// of at least one of the `Kind` component's names. The stream takes every name the document
+/// lists, together, and refuses an empty list, which the document's `minItems` rules out.
+#[tokio::test]
+async fn kinds_are_documented_as_a_list_of_at_least_one_kind() {
+    let (_, openapi) = router::api().split_for_parts();
+    let doc = serde_json::to_value(&openapi).unwrap();
+    let parameters = doc["paths"]["/api/v1/watch"]["get"]["parameters"]
+        .as_array()
+        .unwrap();
+    let kinds = parameters.iter().find(|p| p["name"] == "kinds").unwrap();
+    let schema = &kinds["schema"];
+    assert_eq!(
+        (&kinds["style"], &kinds["explode"]),
+        (&"form".into(), &false.into()),
+        "{kinds}"
+    );
+    assert_eq!(
+        (&schema["type"], &schema["minItems"]),
+        (&"array".into(), &1.into()),
+        "{kinds}"
+    );
+    let item = schema["items"]["$ref"].as_str().unwrap_or_default();
+    let item = &doc["components"]["schemas"][item.trim_start_matches("#/components/schemas/")];
+    let names: Vec<&str> = item["enum"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{kinds}"))
+        .iter()
+        .map(|name| name.as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 9, "{names:?}");
+    let watched = Watched::new(MirrorConfig::default()).await;
+    watched
+        .open(&format!("/api/v1/watch?kinds={}", names.join(",")), None)
+        .await;
+    let empty = Request::get("/api/v1/watch?kinds=")
+        .body(Body::empty())
+        .unwrap();
+    let response = call(&watched.router, empty).await;
+    assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(response.cause_fields(), ["kinds"]);
+}
+
 /// A `Last-Event-ID` past the highest index a store holds is no position the stream gave
 /// out: it is refused, as the document's int64 says, rather than taken for a resync.
 #[tokio::test]
