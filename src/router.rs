@@ -33,6 +33,7 @@ use utoipa_swagger_ui::SwaggerUi;
 use crate::api;
 use crate::api::blocking::INDEX_HEADER;
 use crate::api::list_query::requested_wait;
+use crate::api::preconditions::IF_MATCH_PATTERN;
 use crate::app::{AppState, HttpLimits};
 use crate::auth::{self, REQUEST_ID_HEADER};
 use crate::error::{ApiError, Cause, ErrorBody};
@@ -104,6 +105,7 @@ pub fn api() -> OpenApiRouter<AppState> {
     document_internal_errors(router.get_openapi_mut());
     auth::document(router.get_openapi_mut());
     document_request_ids(router.get_openapi_mut());
+    document_if_match(router.get_openapi_mut());
     refer_to_listed_components(router.get_openapi_mut());
     router
 }
@@ -132,6 +134,25 @@ fn refer_to_listed_components(openapi: &mut utoipa::openapi::OpenApi) {
             };
             if let Some((name, _)) = named.iter().find(|(_, named)| *named == &**items) {
                 **items = RefOr::Ref(Ref::from_schema_name(name.as_str()));
+            }
+        }
+    }
+}
+
+/// Every `If-Match` parameter is documented with the values the server takes
+/// ([`IF_MATCH_PATTERN`]); anything else is refused with 400.
+fn document_if_match(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::path::ParameterIn;
+    use utoipa::openapi::{ObjectBuilder, Type};
+    let schema = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(IF_MATCH_PATTERN))
+        .build();
+    for operation in operations(openapi) {
+        let parameters = operation.parameters.iter_mut().flatten();
+        for parameter in parameters.filter(|p| p.name == "If-Match") {
+            if matches!(parameter.parameter_in, ParameterIn::Header) {
+                parameter.schema = Some(schema.clone().into());
             }
         }
     }

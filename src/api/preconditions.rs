@@ -29,6 +29,12 @@ pub enum IfMatch {
     Versions(BTreeSet<u64>),
 }
 
+/// The `If-Match` values [`IfMatch::parse`] takes, as the document gives them: `*`, or a
+/// comma-separated list of one or more ETags this server issues (`"42"`, weak `W/"42"`, or
+/// bare `42`), empty elements allowed. A value of 20 digits, past any index issued, is left
+/// out so that every value matching names a `u64`.
+pub const IF_MATCH_PATTERN: &str = r#"^[ \t]*\*[ \t]*$|^[ \t,]*(W/)?("(0|[1-9][0-9]{0,18})"|0|[1-9][0-9]{0,18})([ \t]*,[ \t,]*(W/)?("(0|[1-9][0-9]{0,18})"|0|[1-9][0-9]{0,18}))*[ \t,]*$"#;
+
 impl IfMatch {
     /// The version the write must find, for its check-and-set (`None`: any). A single
     /// version needs no read. For `*` or several, `key`'s version is read, and the write is

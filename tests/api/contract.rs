@@ -1990,6 +1990,68 @@ async fn every_id_parameter_documents_the_values_the_server_takes() {
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
+/// Every `If-Match` parameter documents the values the server takes: a value matching its
+/// pattern is never refused as a malformed `If-Match`, and one not matching always is, so a
+/// tool or SDK checking the header against the document sends what the server reads.
+#[tokio::test]
+async fn every_if_match_documents_the_values_the_server_takes() {
+    let doc = document();
+    let app = TestApp::new().await;
+    let values = [
+        "\"5\"",
+        "W/\"5\"",
+        "5",
+        "*",
+        " * ",
+        "\"5\", W/\"6\"",
+        "\"5\",,\"6\",",
+        "\"0\"",
+        "\"9223372036854775807\"",
+        "",
+        ",",
+        "W/\"FczOAyF\"",
+        "\"+5\"",
+        "\"05\"",
+        "\"5\" \"6\"",
+        "*, \"5\"",
+        "\"5",
+    ];
+    let mut checked = 0;
+    let mut found = Vec::new();
+    for (route, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let parameters = op["parameters"].as_array().cloned().unwrap_or_default();
+            let Some(if_match) = parameters.iter().find(|p| p["name"] == "If-Match") else {
+                continue;
+            };
+            let pattern = if_match["schema"]["pattern"].as_str();
+            let Some(documented) = pattern.map(|pattern| regex::Regex::new(pattern).unwrap())
+            else {
+                found.push(format!("{method} {route}: If-Match has no pattern"));
+                continue;
+            };
+            checked += 1;
+            let path = sample_path(route, "00000000-0000-4000-8000-000000000009");
+            let method = method.to_ascii_uppercase();
+            for value in values {
+                let headers = [("if-match", value), ("content-type", "application/json")];
+                let response = app.send_raw(&method, &path, &headers, "{}").await;
+                let refused = response.status == 400
+                    && String::from_utf8_lossy(&response.body).contains("If-Match");
+                if refused == documented.is_match(value) {
+                    found.push(format!(
+                        "{method} {route}: If-Match {value:?} refused: {refused}, documented: \
+                         {}; {response:?}",
+                        documented.is_match(value)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    assert!(checked >= 10, "only {checked} operations take If-Match");
+}
+
 /// A body over the limit is refused whether the operation reads one or not, since every
 /// request's body is read before its handler runs: the 413 is documented on each.
 #[tokio::test]
