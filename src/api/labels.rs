@@ -35,6 +35,7 @@ use crate::api::reads::{
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::StoreError;
+use crate::labels::validation::LabelSet;
 use crate::labels::{
     label_key_problem, label_value_problem, validate_labels, LabelType, Labeled, Labels,
     ParseLabelTypeError, Selector,
@@ -82,7 +83,7 @@ impl ObjectLabels {
 #[serde(deny_unknown_fields)]
 pub struct ReplaceLabels {
     /// Replaces every label; keys and values follow Kubernetes' rules.
-    #[schema(value_type = BTreeMap<String, String>)]
+    #[schema(value_type = LabelSet)]
     pub labels: Labels,
 }
 

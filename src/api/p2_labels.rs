@@ -45,6 +45,7 @@ use crate::api::labels::{shown_labels, UNREADABLE_LABELS_DOC};
 use crate::api::reads::{indexed_source, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
+use crate::labels::validation::{LabelSet, LabelValue};
 use crate::labels::{
     label_key_problem, label_value_problem, validate_labels_in, LabelType, Labeled, Labels,
     ParseLabelTypeError, ParseSelectorError, Selector,
@@ -78,7 +79,7 @@ pub struct SetLabelsRequest {
     /// Set on the object, keeping its other labels; `null` (what a Go client sends for a nil
     /// map) changes nothing, but the field must be there.
     #[serde(deserialize_with = "required_nullable")]
-    #[schema(value_type = Option<BTreeMap<String, String>>, required = true)]
+    #[schema(value_type = Option<LabelSet>, required = true)]
     pub values: Option<Labels>,
 }
 
@@ -86,6 +87,7 @@ pub struct SetLabelsRequest {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct SetLabelRequest {
     /// The label's new value.
+    #[schema(value_type = LabelValue)]
     pub value: String,
 }
 

@@ -3,6 +3,9 @@
 //! P2 only checks these when a selector is parsed, so a label it stores may never be
 //! selectable; we apply them to every label we write as well.
 
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::RefOr;
+
 use super::Labels;
 
 /// Longest allowed key name part and label value, as in Kubernetes.
@@ -14,6 +17,71 @@ pub const MAX_PREFIX_LEN: usize = 253;
 pub const MAX_ID_BYTES: usize = 253;
 /// Longest allowed key: a prefix, `/` and a name, 253 + 1 + 63 characters.
 pub const MAX_KEY_LEN: usize = MAX_PREFIX_LEN + 1 + MAX_NAME_LEN;
+
+/// A label key as [`validate_label_key`] takes it, for the API document: an optional
+/// DNS-1123 subdomain prefix and `/`, then a name. The prefix's own bound of
+/// [`MAX_PREFIX_LEN`] is left to the words (a regular expression without lookahead cannot
+/// bound one part), the key's to `maxLength`.
+pub const LABEL_KEY_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+
+/// A label value as [`validate_label_value`] takes it, for the API document: empty, or a
+/// name.
+pub const LABEL_VALUE_PATTERN: &str = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$";
+
+/// A label value a client sends, in the API document: a component, so that each field
+/// holding one keeps its own description.
+pub struct LabelValue;
+
+impl utoipa::PartialSchema for LabelValue {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .max_length(Some(MAX_NAME_LEN))
+            .pattern(Some(LABEL_VALUE_PATTERN))
+            .description(Some(format!(
+                "A label value: empty, or at most {MAX_NAME_LEN} letters, digits, `-`, `_` \
+                 and `.`, starting and ending with a letter or digit"
+            )))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for LabelValue {}
+
+/// A label set a client sends, in the API document: its keys and values as the server
+/// checks them.
+pub struct LabelSet;
+
+impl utoipa::PartialSchema for LabelSet {
+    fn schema() -> RefOr<Schema> {
+        let key = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(MAX_KEY_LEN))
+            .pattern(Some(LABEL_KEY_PATTERN));
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property_names(Some(key))
+            .additional_properties(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                "LabelValue",
+            ))))
+            .description(Some(format!(
+                "Labels as Kubernetes has them: each key a name, optionally after a DNS \
+                 subdomain prefix of at most {MAX_PREFIX_LEN} characters and `/`; each value a \
+                 `LabelValue`"
+            )))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for LabelSet {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((
+            "LabelValue".to_owned(),
+            <LabelValue as utoipa::PartialSchema>::schema(),
+        ));
+    }
+}
 
 /// Checks a label key: an optional DNS-1123 subdomain prefix and `/`, then a name; at most
 /// [`MAX_KEY_LEN`] characters in all.

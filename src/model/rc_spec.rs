@@ -12,6 +12,7 @@ use utoipa::ToSchema;
 
 use super::manifest::errors_at;
 use super::{AllocationStrategy, FieldError, Limits, Manifest, Problems, RcId, StoredRc};
+use crate::labels::validation::LabelSet;
 use crate::labels::{
     label_key_problem, label_value_problem, validate_label_value, validate_labels_in, Labels,
     Selector, AVAILABILITY_ZONE_LABEL, CLUSTER_NAME_LABEL, DS_ID_LABEL, POD_ID_LABEL,
@@ -34,7 +35,7 @@ pub struct RcSpec {
     /// Labels put on every pod the RC schedules; not `daemon_set_id`, which names a pod's
     /// daemon set.
     #[serde(default)]
-    #[schema(value_type = BTreeMap<String, String>)]
+    #[schema(value_type = LabelSet)]
     pub pod_labels: Labels,
     /// How many pods the RC wants: 0 to the server's `--max-replicas` (10,000 unless
     /// configured).
@@ -49,7 +50,7 @@ pub struct RcSpec {
     pub allocation_strategy: String,
     /// The RC's own labels; `pod_id=<manifest id>` is always added.
     #[serde(default)]
-    #[schema(value_type = BTreeMap<String, String>)]
+    #[schema(value_type = LabelSet)]
     pub labels: Labels,
     /// Added to `pod_labels` as `availability_zone` when given, as `p2-rctl create` does.
     pub availability_zone: Option<String>,

@@ -7,6 +7,7 @@ use utoipa::ToSchema;
 
 use super::duration::parse_duration;
 use super::{foreign_pod_id, validate_counts, FieldError, Limits, NewRc, RcId, RcSpec};
+use crate::labels::validation::LabelSet;
 use crate::labels::{validate_labels_in, Labels, Selector, POD_ID_LABEL};
 
 /// A request to create a rolling update, in one of P2's three forms:
@@ -70,11 +71,11 @@ pub struct CreateRoll {
     pub roll_delay: Option<String>,
     /// The roll's own labels (label type `rolls`).
     #[serde(default)]
-    #[schema(value_type = BTreeMap<String, String>)]
+    #[schema(value_type = LabelSet)]
     pub labels: Labels,
     /// Labels merged into the new RC's labels (and a stand-in old RC's).
     #[serde(default)]
-    #[schema(value_type = BTreeMap<String, String>)]
+    #[schema(value_type = LabelSet)]
     pub new_rc_labels: Labels,
 }
 

@@ -1722,8 +1722,11 @@ async fn every_json_request_body_documents_the_fields_the_server_takes() {
                 }
                 if is_of_type(shape, "string") && !WORDED_GRAMMARS.contains(&field.as_str()) {
                     let values = shape["enum"].as_array().cloned();
-                    // A pattern rules an arbitrary word out, as an enum does.
-                    let closed = values.is_some() || shape["pattern"].is_string();
+                    // An enum rules an arbitrary word out, as a pattern not matching it does.
+                    let rules_out =
+                        |pattern: &str| !regex::Regex::new(pattern).unwrap().is_match("zz");
+                    let closed =
+                        values.is_some() || shape["pattern"].as_str().is_some_and(rules_out);
                     trials.extend(values.into_iter().flatten().map(|text| (text, true)));
                     trials.push(("zz".into(), !closed));
                 }

@@ -861,3 +861,82 @@ async fn a_selection_is_the_same_from_the_mirror_the_store_and_p2s_select() {
         assert_eq!(mirrored["items"], p2, "{selector}");
     }
 }
+
+/// The label sets and values a client sends are documented as the server checks them: every
+/// body field of labels refers to the `LabelSet` component, whose key pattern and whose
+/// values' `LabelValue` pattern take exactly the keys and values the server takes (but a
+/// prefix over 253 characters, which the words rule out), so that a tool or SDK checking
+/// labels against the document sends none the server refuses with 422.
+#[test]
+fn label_sets_are_documented_as_the_server_checks_them() {
+    use p2_apiserver::labels::{validate_label_key, validate_label_value};
+    let (_, openapi) = p2_apiserver::router::api().split_for_parts();
+    let doc = serde_json::to_value(&openapi).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let set = json!({"$ref": "#/components/schemas/LabelSet"});
+    let mut found = Vec::new();
+    for (component, field) in [
+        ("ReplaceLabels", "labels"),
+        ("RcSpec", "pod_labels"),
+        ("RcSpec", "labels"),
+        ("CreateRoll", "labels"),
+        ("CreateRoll", "new_rc_labels"),
+        ("SetLabelsRequest", "values"),
+    ] {
+        let schema = &schemas[component]["properties"][field];
+        let choices = schema["oneOf"].as_array().cloned().unwrap_or_default();
+        let refers = |schema: &Value| schema["$ref"] == set["$ref"];
+        if !refers(schema) && !choices.iter().any(refers) {
+            found.push(format!("{component}.{field} is {schema}"));
+        }
+    }
+    let value = &schemas["SetLabelRequest"]["properties"]["value"];
+    if value["$ref"] != "#/components/schemas/LabelValue" {
+        found.push(format!("SetLabelRequest.value is {value}"));
+    }
+    let pattern = |schema: &Value| {
+        let pattern = schema["pattern"].as_str().unwrap_or("^$never");
+        regex::Regex::new(pattern).unwrap()
+    };
+    let keys = pattern(&schemas["LabelSet"]["propertyNames"]);
+    let values = pattern(&schemas["LabelValue"]);
+    let name = "n".repeat(63);
+    let samples = [
+        "",
+        "a",
+        "A9",
+        "a-b_c.d",
+        "-a",
+        "a-",
+        ".a",
+        "a.",
+        "a b",
+        "é",
+        "a/b",
+        "x.io/a",
+        "X.io/a",
+        "x..io/a",
+        "-x.io/a",
+        "x-.io/a",
+        "x.io/",
+        "/a",
+        "a/b/c",
+        "x.io/-a",
+        &name,
+        &format!("{name}n"),
+        &format!("x.io/{name}"),
+    ];
+    for sample in samples {
+        let key_taken = validate_label_key(sample).is_ok();
+        if keys.is_match(sample) != key_taken {
+            found.push(format!("key {sample:?} taken by the server: {key_taken}"));
+        }
+        let value_taken = validate_label_value(sample).is_ok();
+        if values.is_match(sample) != value_taken {
+            found.push(format!(
+                "value {sample:?} taken by the server: {value_taken}"
+            ));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
