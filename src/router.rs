@@ -39,6 +39,7 @@ use crate::auth::{self, REQUEST_ID_HEADER};
 use crate::error::{ApiError, Cause, ErrorBody};
 use crate::kv::{self, sent::Sent};
 use crate::metrics;
+use crate::model::duration::DURATION_PATTERN;
 use crate::panics;
 
 /// Largest request body accepted: generous for any resource (a value in the store is at most
@@ -105,7 +106,7 @@ pub fn api() -> OpenApiRouter<AppState> {
     document_internal_errors(router.get_openapi_mut());
     auth::document(router.get_openapi_mut());
     document_request_ids(router.get_openapi_mut());
-    document_if_match(router.get_openapi_mut());
+    document_text_patterns(router.get_openapi_mut());
     refer_to_listed_components(router.get_openapi_mut());
     router
 }
@@ -139,20 +140,26 @@ fn refer_to_listed_components(openapi: &mut utoipa::openapi::OpenApi) {
     }
 }
 
-/// Every `If-Match` parameter is documented with the values the server takes
-/// ([`IF_MATCH_PATTERN`]); anything else is refused with 400.
-fn document_if_match(openapi: &mut utoipa::openapi::OpenApi) {
+/// The text parameters read by hand, each documented wherever it is taken with the pattern
+/// of what the server reads: `If-Match` ([`IF_MATCH_PATTERN`], anything else refused with
+/// 400) and a blocking read's `wait` ([`DURATION_PATTERN`], its bound in its words).
+fn document_text_patterns(openapi: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::path::ParameterIn;
     use utoipa::openapi::{ObjectBuilder, Type};
-    let schema = ObjectBuilder::new()
-        .schema_type(Type::String)
-        .pattern(Some(IF_MATCH_PATTERN))
-        .build();
+    let patterns = [
+        (ParameterIn::Header, "If-Match", IF_MATCH_PATTERN),
+        (ParameterIn::Query, "wait", DURATION_PATTERN),
+    ];
     for operation in operations(openapi) {
-        let parameters = operation.parameters.iter_mut().flatten();
-        for parameter in parameters.filter(|p| p.name == "If-Match") {
-            if matches!(parameter.parameter_in, ParameterIn::Header) {
-                parameter.schema = Some(schema.clone().into());
+        for parameter in operation.parameters.iter_mut().flatten() {
+            let documented = patterns.iter().find(|(place, name, _)| {
+                *place == parameter.parameter_in && *name == parameter.name
+            });
+            if let Some((_, _, pattern)) = documented {
+                let schema = ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(*pattern));
+                parameter.schema = Some(schema.into());
             }
         }
     }

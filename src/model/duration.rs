@@ -14,6 +14,12 @@ const MAX_NANOS: u128 = i64::MAX as u128;
 /// Fraction digits beyond this are below a nanosecond even for hours, so they are ignored.
 const MAX_FRACTION_DIGITS: usize = 18;
 
+/// The text [`parse_duration`] takes, for the API document: `0`, or one or more numbers
+/// (with an optional fraction) each with its unit, after an optional `+`. The bounds a
+/// parameter or field adds are given in its words.
+pub const DURATION_PATTERN: &str =
+    r"^\+?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|\u00B5s|\u03BCs|ms|s|m|h))+)$";
+
 /// Parses Go duration text such as `"30s"`, `"1h30m"`, `"1.5s"`, `"500ms"` or `"0"`.
 ///
 /// Units are `ns`, `us` (or `µs`/`μs`), `ms`, `s`, `m` and `h`; components may be combined and

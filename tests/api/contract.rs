@@ -2055,6 +2055,64 @@ async fn every_if_match_documents_the_values_the_server_takes() {
     assert!(checked >= 10, "only {checked} operations take If-Match");
 }
 
+/// A query parameter that the server refuses empty is documented so that empty is no
+/// value of it (an enum without `""`, a pattern or format not taking it, a list of at
+/// least one): a tool or SDK sending every value its schema allows sends no `name=` the
+/// server refuses.
+#[tokio::test]
+async fn every_query_parameter_refused_empty_is_documented_so() {
+    let doc = document();
+    let app = TestApp::new().await;
+    let takes_empty = |schema: &Value| {
+        let schema = resolved(&doc, schema);
+        if let Some(values) = schema["enum"].as_array() {
+            return values.contains(&"".into());
+        }
+        let pattern = schema["pattern"].as_str();
+        !is_of_type(schema, "array")
+            && schema["format"].is_null()
+            && schema["minLength"].as_u64().unwrap_or(0) == 0
+            && pattern.is_none_or(|pattern| regex::Regex::new(pattern).unwrap().is_match(""))
+    };
+    let mut checked = 0;
+    let mut found = Vec::new();
+    for (route, item) in doc["paths"].as_object().unwrap() {
+        // The change stream, whose answer never ends, has its `kinds` checked in `watch`.
+        let Some(parameters) = item["get"]["parameters"].as_array() else {
+            continue;
+        };
+        if route == "/api/v1/watch" {
+            continue;
+        }
+        let path = sample_path(route, "00000000-0000-4000-8000-000000000009");
+        for parameter in parameters.iter().filter(|p| p["in"] == "query") {
+            let name = parameter["name"].as_str().unwrap();
+            let schema = &parameter["schema"];
+            if !is_of_type(resolved(&doc, schema), "string") && schema["$ref"].is_null() {
+                continue;
+            }
+            checked += 1;
+            let other = if route == "/api/select" && name != "type" {
+                "&type=node"
+            } else {
+                ""
+            };
+            let response = app.get(&format!("{path}?{name}={other}")).await;
+            let refused = refused_fields(&response)
+                .iter()
+                .any(|(field, _)| field == name)
+                || (response.status == 400 && route == "/api/select");
+            if refused && takes_empty(schema) {
+                found.push(format!(
+                    "GET {route}: {name}= refused but documented; {response:?}"
+                ));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    assert!(checked >= 20, "only {checked} parameters");
+}
+
 /// A body over the limit is refused whether the operation reads one or not, since every
 /// request's body is read before its handler runs: the 413 is documented on each.
 #[tokio::test]
