@@ -29,7 +29,7 @@ pub enum IfMatch {
     Versions(BTreeSet<u64>),
 }
 
-/// The `If-Match` values [`IfMatch::parse`] takes, as the document gives them: `*`, or a
+/// The `If-Match` values [`IfMatch`] is read from, as the document gives them: `*`, or a
 /// comma-separated list of one or more ETags this server issues (`"42"`, weak `W/"42"`, or
 /// bare `42`), empty elements allowed. A value of 20 digits, past any index issued, is left
 /// out so that every value matching names a `u64`.
