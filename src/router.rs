@@ -295,18 +295,7 @@ fn document_internal_errors(openapi: &mut utoipa::openapi::OpenApi) {
         "the store refused the server's credentials; the cause is in the server's log";
     for (_, item) in api {
         for operation in path_operations(item) {
-            let responses = &mut operation.responses.responses;
-            match responses.get_mut("500") {
-                Some(RefOr::T(response)) => {
-                    response.description = format!("{}; or {REFUSED}", response.description);
-                }
-                Some(RefOr::Ref(_)) => {}
-                None => {
-                    let mut refused = REFUSED.to_owned();
-                    refused[..1].make_ascii_uppercase();
-                    responses.insert("500".to_owned(), ErrorBody::documented(&refused));
-                }
-            }
+            document_also(operation, "500", REFUSED);
         }
     }
 }
@@ -316,21 +305,11 @@ fn document_internal_errors(openapi: &mut utoipa::openapi::OpenApi) {
 fn document_coded_bodies(openapi: &mut utoipa::openapi::OpenApi) {
     let with_body = operations(openapi).filter(|operation| operation.request_body.is_some());
     for operation in with_body {
-        let responses = &mut operation.responses.responses;
-        match responses.get_mut("415") {
-            Some(RefOr::T(response)) => {
-                response.description = format!(
-                    "{}; or the body has a content coding (`Content-Encoding`)",
-                    response.description
-                );
-            }
-            Some(RefOr::Ref(_)) => {}
-            None => {
-                let response =
-                    ErrorBody::documented("The body has a content coding (`Content-Encoding`)");
-                responses.insert("415".to_owned(), response);
-            }
-        }
+        document_also(
+            operation,
+            "415",
+            "the body has a content coding (`Content-Encoding`)",
+        );
     }
 }
 
@@ -338,17 +317,23 @@ fn document_coded_bodies(openapi: &mut utoipa::openapi::OpenApi) {
 /// every operation documents that 400, added to the one it may already have.
 fn document_unknown_parameters(openapi: &mut utoipa::openapi::OpenApi) {
     for operation in operations(openapi) {
-        let responses = &mut operation.responses.responses;
-        match responses.get_mut("400") {
-            Some(RefOr::T(response)) => {
-                response.description =
-                    format!("{}; or an unknown query parameter", response.description);
-            }
-            Some(RefOr::Ref(_)) => {}
-            None => {
-                let response = ErrorBody::documented("An unknown query parameter");
-                responses.insert("400".to_owned(), response);
-            }
+        document_also(operation, "400", "an unknown query parameter");
+    }
+}
+
+/// Documents that `operation` also answers `status` when `why` (lowercase, a sentence's
+/// end): after the reasons it already gives for that status, or alone.
+fn document_also(operation: &mut Operation, status: &str, why: &str) {
+    let responses = &mut operation.responses.responses;
+    match responses.get_mut(status) {
+        Some(RefOr::T(response)) => {
+            response.description = format!("{}; or {why}", response.description);
+        }
+        Some(RefOr::Ref(_)) => {}
+        None => {
+            let mut alone = why.to_owned();
+            alone[..1].make_ascii_uppercase();
+            responses.insert(status.to_owned(), ErrorBody::documented(&alone));
         }
     }
 }
