@@ -251,10 +251,16 @@ string_id!(
         .min_length(Some(1))
         .max_length(Some(MAX_ID_BYTES))
         // `/`, control characters (Unicode's Cc) and whitespace (Unicode's White_Space),
-        // spelt out: a regex engine's `\s` differs from Rust's `char::is_whitespace`.
-        .pattern(Some(
-            r"^[^/\x00-\x20\x7F-\xA0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]+$"
-        ))
+        // spelt out: a regex engine's `\s` differs from Rust's `char::is_whitespace`. A name
+        // starts with a character other than `.`, with `.` and one, or with `..` and one, so
+        // that `.` and `..` alone are not names (without a look-ahead, which not every
+        // engine has).
+        .pattern(Some(concat!(
+            r"^(?:[^/.\x00-\x20\x7F-\xA0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]",
+            r"|\.[^/.\x00-\x20\x7F-\xA0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]",
+            r"|\.\.[^/\x00-\x20\x7F-\xA0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000])",
+            r"[^/\x00-\x20\x7F-\xA0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]*$"
+        )))
         .description(Some(
             "A node name: one key segment (not `.` or `..`) without `/`, whitespace or \
              control characters, at most 253 bytes",

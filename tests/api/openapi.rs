@@ -323,10 +323,10 @@ fn no_parameter_is_nullable() {
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
-/// A node name's documented pattern takes exactly the names the server takes (but `.` and
-/// `..`, which its description rules out in words): a tool or SDK checking names against it
-/// sends no name the server refuses, and refuses none it takes. Each character is tried in
-/// the middle of a name, through the Basic Multilingual Plane.
+/// A node name's documented pattern takes exactly the names the server takes: a tool or SDK
+/// checking names against it sends no name the server refuses, and refuses none it takes.
+/// Each character is tried in the middle of a name, through the Basic Multilingual Plane, and
+/// names of dots and letters.
 #[test]
 fn the_node_name_pattern_takes_the_names_the_server_takes() {
     let doc = generated();
@@ -336,12 +336,13 @@ fn the_node_name_pattern_takes_the_names_the_server_takes() {
     let node = parameters.iter().find(|p| p["name"] == "node").unwrap();
     let pattern = node["schema"]["pattern"].as_str().unwrap();
     let documented = regex::Regex::new(pattern).unwrap();
+    let dotted = [".", "..", "...", ".n", "..n", "n.", "n..", ".n.", "n.n"].map(String::from);
     let mut found = Vec::new();
-    for c in ('\0'..='\u{FFFF}').filter(|c| !c.is_alphanumeric()) {
-        let name = format!("n{c}n");
+    let characters = ('\0'..='\u{FFFF}').filter(|c| !c.is_alphanumeric());
+    for name in characters.map(|c| format!("n{c}n")).chain(dotted) {
         let taken = p2_apiserver::model::NodeName::check(&name).is_ok();
         if documented.is_match(&name) != taken {
-            found.push(format!("U+{:04X} taken by the server: {taken}", c as u32));
+            found.push(format!("{name:?} taken by the server: {taken}"));
         }
     }
     assert!(found.is_empty(), "{pattern}: {}", found.join(", "));
