@@ -868,6 +868,29 @@ async fn a_404_without_consuls_index_is_not_taken_for_a_missing_key() {
     assert!(matches!(&read, Err(StoreError::Unavailable(_))), "{read:?}");
 }
 
+/// Consul's KV and transaction writes never answer 404: one comes from in front of the agent,
+/// so the write was not applied and the store is unavailable, not the key missing. (Session
+/// renewal's own 404, that the session is gone, is in
+/// `sessions_are_created_renewed_read_and_destroyed`.)
+#[tokio::test]
+async fn a_404_to_a_write_is_not_taken_for_a_missing_key() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path("/v1/txn"))
+        .respond_with(ResponseTemplate::new(404).set_body_string("404 page not found"))
+        .mount(&server)
+        .await;
+
+    let written = store(&server)
+        .txn(&[TxnOp::Delete { key: "rc/1".into() }])
+        .await;
+
+    assert!(
+        matches!(&written, Err(StoreError::Unavailable(_))),
+        "{written:?}"
+    );
+}
+
 /// Sends a one-op transaction to a Consul whose `PUT /v1/txn` answers as `answer` makes it,
 /// once, and checks that its outcome is unknown.
 async fn assert_txn_outcome_unknown(answer: impl FnOnce(MockBuilder) -> Mock) {

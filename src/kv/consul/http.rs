@@ -349,6 +349,18 @@ impl Http {
                     answer.text()
                 )))
             }
+            Ok(answer)
+                if answer.status == StatusCode::NOT_FOUND && !is_unknown_session(&answer) =>
+            {
+                Err(WriteFailure::Refused(
+                    StoreError::Unavailable(format!(
+                        "{what}: 404 that is not Consul's (a proxy or a wrong address in \
+                         front of the agent?), so the write was not applied: {}",
+                        answer.text()
+                    )),
+                    answer,
+                ))
+            }
             Ok(answer) => Err(WriteFailure::Refused(status_error(&what, &answer), answer)),
             Err(e) if e.is_connect() || e.is_builder() => {
                 Err(WriteFailure::NotSent(StoreError::Unavailable(format!(
@@ -465,6 +477,14 @@ fn is_invalid_session(answer: &Answer) -> bool {
         .text()
         .to_ascii_lowercase()
         .contains("invalid session")
+}
+
+/// The one 404 Consul gives a write: a session renewal naming a session it does not hold
+/// (`Session id '…' not found`). Its KV and transaction writes never answer 404, so any
+/// other 404 comes from in front of the agent, and the write never reached Consul.
+fn is_unknown_session(answer: &Answer) -> bool {
+    let text = answer.text();
+    text.starts_with("Session id '") && text.ends_with("' not found")
 }
 
 /// The error kind of a non-2xx answer, carrying Consul's own text.
