@@ -126,6 +126,14 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, message)
     }
 
+    /// 405: the route does not take `method`; the answer's `Allow` lists what it takes.
+    pub fn method_not_allowed(method: &axum::http::Method, path: &str) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not allowed on {path}; the Allow header lists what is"),
+        )
+    }
+
     /// 409: someone else changed the resource first (a CAS miss); re-read and retry.
     pub fn conflict(message: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, message)

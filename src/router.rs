@@ -529,7 +529,7 @@ async fn not_allowed(
     matched: Option<MatchedPath>,
     params: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    let error = method_not_allowed(method, uri).await;
+    let error = ApiError::method_not_allowed(&method, uri.path());
     match (matched, params) {
         (Some(matched), Ok(Path((type_name, tail))))
             if matched.as_str() == api::p2_labels::OBJECT_ROUTE =>
@@ -539,17 +539,6 @@ async fn not_allowed(
         }
         _ => error.into_response(),
     }
-}
-
-/// The error of a 405.
-pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        format!(
-            "{method} is not allowed on {}; the Allow header lists what is",
-            uri.path()
-        ),
-    )
 }
 
 /// Refuses a request target or header section over our limits with 414 or 431 and the JSON

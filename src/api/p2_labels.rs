@@ -51,7 +51,6 @@ use crate::labels::{
     ParseLabelTypeError, ParseSelectorError, Selector,
 };
 use crate::model::event::Actor;
-use crate::router;
 use crate::state::Tree;
 use crate::store::labels::LabelStore;
 
@@ -252,7 +251,7 @@ async fn get_p2_labels(
     let (id, name) = split_tail(label_type, &tail)?;
     if name.is_some() {
         // A label's path, whatever its id and name hold: the method is wrong before they are.
-        return Ok(not_allowed_on(LABEL_PATH_ALLOWS, method, uri).await);
+        return Ok(not_allowed_on(LABEL_PATH_ALLOWS, method, uri));
     }
     query?;
     check_id(label_type, &id)?;
@@ -526,8 +525,8 @@ pub fn allowed_on(type_name: &str, tail: &str) -> &'static str {
 }
 
 /// The documented 405, with `allow` as its `Allow`.
-async fn not_allowed_on(allow: &'static str, method: Method, uri: Uri) -> Response {
-    let error = router::method_not_allowed(method, uri).await;
+fn not_allowed_on(allow: &'static str, method: Method, uri: Uri) -> Response {
+    let error = ApiError::method_not_allowed(&method, uri.path());
     ([(ALLOW, allow)], error).into_response()
 }
 
