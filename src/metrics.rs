@@ -38,10 +38,11 @@ pub const SQLITE_WRITER_STAGE_DURATION: &str = "p2_sqlite_writer_stage_duration_
 pub const SQLITE_ROWS_WRITTEN: &str = "p2_sqlite_rows_written_total";
 /// Passes of a farm over every object it owns, by `farm`.
 pub const FARM_RECONCILE_DURATION: &str = "p2_farm_reconcile_duration_seconds";
-/// Failed reconciles of one object by a farm (each puts the object into backoff), or failed
-/// steps of a farm that has no objects (`retention`), by `farm`.
+/// Failed reconciles of one object by a farm (each puts the object into backoff), failed
+/// steps of a farm that has no objects (`retention`), and failed tidying, by `farm`.
 pub const FARM_ERRORS: &str = "p2_farm_errors_total";
-/// Objects (or steps) a farm waits to retry after a failure, by `farm`.
+/// Objects (or steps) a farm waits to retry after a failure, its failed tidying counting as
+/// one, by `farm`.
 pub const FARM_QUEUE_DEPTH: &str = "p2_farm_queue_depth";
 /// Objects whose ownership lock this server's farm holds, by `farm`.
 pub const FARM_OWNED_OBJECTS: &str = "p2_farm_owned_objects";
@@ -137,10 +138,15 @@ fn describe() {
         SQLITE_ROWS_WRITTEN,
         "Rows the embedded store's writer wrote into the database, in batches that committed"
     );
-    describe_counter!(FARM_ERRORS, "Failed reconciles of one object by each farm");
+    describe_counter!(
+        FARM_ERRORS,
+        "Failed reconciles of one object by each farm, failed steps of the retention farm, \
+         and failed tidying (freeing the locks, and removing the conditions, of objects gone)"
+    );
     describe_gauge!(
         FARM_QUEUE_DEPTH,
-        "Objects each farm waits to retry after a failure"
+        "Objects (for the retention farm, steps) each farm waits to retry after a failure, \
+         its failed tidying counting as one"
     );
     describe_gauge!(
         FARM_OWNED_OBJECTS,
@@ -416,6 +422,34 @@ mod tests {
             assert_eq!(value(&text, name, None), Some(0.0), "{name} in\n{text}");
         }
         assert_eq!(value(&text, BUILD_INFO, None), Some(1.0), "{text}");
+    }
+
+    /// The help of the farms' error and retry metrics tells all they count, as the README
+    /// does: the retention farm's failed steps, and each farm's failed tidying, beside
+    /// failed reconciles of objects.
+    #[test]
+    fn the_farms_error_and_retry_help_tells_all_they_count() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let pass = FarmPass {
+            took: Duration::from_millis(1),
+            new_errors: 1,
+            waiting: 1,
+            owned: None,
+        };
+        metrics::with_local_recorder(&recorder, || {
+            describe();
+            farm_pass("retention", pass);
+        });
+        let text = handle.render();
+        let scrape = Scrape::parse(&text).expect("the Prometheus text format");
+        for name in [FARM_ERRORS, FARM_QUEUE_DEPTH] {
+            let metric = scrape.metrics.iter().find(|m| m.name == name).unwrap();
+            let help = metric.help_desc.as_deref().unwrap_or_default();
+            for counted in ["retention", "tidying"] {
+                assert!(help.contains(counted), "{name}: {help:?} omits {counted}");
+            }
+        }
     }
 
     /// A farm that stops with its term (its locks gone with the term's session) reports
