@@ -693,6 +693,7 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     fn find<'a>(conditions: &'a [Observed], kind: &str) -> &'a Observed {
         conditions
@@ -1156,5 +1157,134 @@ mod tests {
         assert_eq!((same[0].message.as_str(), same[0].observed_index), ("b", 6));
         let flipped = stamp(&same, observed(True, "c"), 6, at(20));
         assert_eq!(flipped[0].last_transition_time, format_rfc3339(at(20)));
+    }
+
+    /// The README's row of conditions for `object`: its types, and for each type (in the
+    /// same order, `;` between them) the reasons it lists.
+    fn documented(object: &str) -> Vec<(String, Vec<String>)> {
+        let readme = include_str!("../../README.md");
+        let row = readme
+            .lines()
+            .find(|line| line.starts_with(&format!("| {object} |")))
+            .unwrap_or_else(|| panic!("no README row for {object}"));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let quoted = |text: &str| -> Vec<String> {
+            text.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect()
+        };
+        let types = quoted(cells[2]);
+        let reasons: Vec<Vec<String>> = cells[3].split(';').map(quoted).collect();
+        assert_eq!(types.len(), reasons.len(), "{row}");
+        types.into_iter().zip(reasons).collect()
+    }
+
+    /// Every reason the conditions of `object` give for `observed` (the conditions of many
+    /// situations) is listed in the README under its type, and every one listed there is given.
+    fn assert_documented(object: &str, observed: &[Vec<Observed>]) {
+        let documented = documented(object);
+        for (condition_type, reasons) in &documented {
+            let given: BTreeSet<&str> = observed
+                .iter()
+                .flatten()
+                .filter(|o| o.condition_type == condition_type)
+                .map(|o| o.reason)
+                .collect();
+            let listed: BTreeSet<&str> = reasons.iter().map(String::as_str).collect();
+            assert_eq!(
+                given, listed,
+                "{object} {condition_type}: given, then listed"
+            );
+        }
+        let types: BTreeSet<&str> = documented.iter().map(|(t, _)| t.as_str()).collect();
+        for o in observed.iter().flatten() {
+            assert!(types.contains(o.condition_type), "{object}: {o:?}");
+        }
+    }
+
+    #[test]
+    fn the_readme_lists_each_rc_reason_under_its_type() {
+        let settled = settled_rc();
+        let situations = [
+            settled.clone(),
+            RcFacts {
+                healthy: 1,
+                ..settled.clone()
+            },
+            RcFacts {
+                changes: 2,
+                ..settled.clone()
+            },
+            RcFacts {
+                transfer: true,
+                ..settled.clone()
+            },
+            RcFacts {
+                disabled: true,
+                ..settled.clone()
+            },
+            RcFacts {
+                disabled: true,
+                rolling: true,
+                ..settled.clone()
+            },
+            RcFacts {
+                selector_error: Some("the selector is invalid".into()),
+                ..settled.clone()
+            },
+            RcFacts {
+                eligible: 2,
+                current: 2,
+                healthy: 2,
+                ..settled.clone()
+            },
+            RcFacts {
+                available: Some(2),
+                current: 2,
+                healthy: 2,
+                ..settled.clone()
+            },
+        ];
+        let observed: Vec<Vec<Observed>> = situations.iter().map(rc_conditions).collect();
+        assert_documented("RC", &observed);
+    }
+
+    #[test]
+    fn the_readme_lists_each_daemon_set_reason_under_its_type() {
+        let settled = DsFacts {
+            targeted: 3,
+            deployed: 3,
+            healthy: 3,
+            min_health: 1,
+            ..DsFacts::default()
+        };
+        let situations = [
+            settled.clone(),
+            DsFacts {
+                disabled: true,
+                ..settled.clone()
+            },
+            DsFacts {
+                selector_error: Some("the selector is invalid".into()),
+                ..settled.clone()
+            },
+            DsFacts {
+                stranded: true,
+                ..settled.clone()
+            },
+            DsFacts {
+                in_progress: true,
+                held_back: 1,
+                ..settled.clone()
+            },
+            DsFacts {
+                contender: Some(("other".into(), "web".into())),
+                ..settled.clone()
+            },
+        ];
+        let observed: Vec<Vec<Observed>> = situations.iter().map(ds_conditions).collect();
+        assert_documented("Daemon set", &observed);
     }
 }
