@@ -24,7 +24,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement
 use utoipa::openapi::{HeaderBuilder, ObjectBuilder, RefOr, Type};
 
 use crate::error::{ApiError, ErrorBody};
-use crate::model::event::{Actor, ANONYMOUS};
+use crate::model::event::{is_servers_actor_name, Actor, ANONYMOUS};
 
 /// What a token may do. `viewer` reads; `deployer` and `agent` each add their writes to it;
 /// `admin` may do everything.
@@ -220,6 +220,14 @@ fn read_tokens(path: &Path) -> anyhow::Result<Vec<Token>> {
     for (i, token) in file.tokens.iter().enumerate() {
         if token.name.trim().is_empty() {
             bail!("token {} in {} has an empty name", i + 1, path.display());
+        }
+        if is_servers_actor_name(&token.name) {
+            bail!(
+                "token {:?} in {}: `{ANONYMOUS}` and names starting `farm:` are the server's own \
+                 actors' names in events",
+                token.name,
+                path.display()
+            );
         }
         if token.nodes.is_some() && token.role != Role::Agent {
             bail!(
@@ -754,6 +762,8 @@ mod tests {
                 "0".repeat(64)
             ),
             "not: [yaml".to_owned(),
+            format!("tokens:\n  - {{name: anonymous, role: admin, sha256: {digest}}}\n"),
+            format!("tokens:\n  - {{name: 'farm:rc@host', role: admin, sha256: {digest}}}\n"),
         ] {
             write(bad.clone());
             assert!(read_tokens(&path).is_err(), "{bad}");

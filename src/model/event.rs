@@ -247,11 +247,20 @@ pub struct Actor {
 /// The actor of requests made without authentication (no token file).
 pub const ANONYMOUS: &str = "anonymous";
 
+/// The start of every farm's actor name ([`Actor::farm`]).
+const FARM_PREFIX: &str = "farm:";
+
+/// Whether `name` is one the server gives its own actors ([`ANONYMOUS`], a farm's), so that
+/// no token may take it and pass its changes off as theirs in events and audit records.
+pub fn is_servers_actor_name(name: &str) -> bool {
+    name == ANONYMOUS || name.starts_with(FARM_PREFIX)
+}
+
 impl Actor {
     /// A farm of the leader `holder`, e.g. `farm:rc@host:123`.
     pub fn farm(farm: &str, holder: &str) -> Actor {
         Actor {
-            name: format!("farm:{farm}@{holder}"),
+            name: format!("{FARM_PREFIX}{farm}@{holder}"),
             request_id: None,
         }
     }
