@@ -111,8 +111,8 @@ struct Inner {
     /// fail for want of a writable disk; the next waits for none.
     probing: AtomicBool,
     /// The primary result code with which a write failed for want of a writable disk
-    /// ([`WRITES_CANNOT_LAND`]) since a batch of writes last committed, else 0
-    /// ([`Writer::cannot_write`]): the store is not ready until one commits again.
+    /// ([`WRITES_CANNOT_LAND`]) since a batch of writes that changed a row last committed,
+    /// else 0 ([`Writer::cannot_write`]): the store is not ready until one commits again.
     cannot_write: Arc<AtomicI32>,
     /// Cancelled once the writer's tasks have stopped (panicked, or their loops ended): no
     /// write can commit again, so the store is not ready and every write is answered at once
@@ -316,6 +316,7 @@ impl SqliteStore {
                 conn,
                 open: false,
                 last_index: 0,
+                changes_at_open: 0,
                 dirty: false,
                 failed: false,
                 pending: Vec::new(),
@@ -376,11 +377,12 @@ impl SqliteStore {
 
     /// Tries, in the background and one at a time, a write that changes nothing the store
     /// serves (the reaped index raised and put back in one transaction), which like any
-    /// write clears [`Inner::cannot_write`] once it commits: a server nobody writes to (run
-    /// with `--no-farms`, or one whose clients a load balancer sends elsewhere while it is
-    /// not ready) would otherwise stay unready after its disk takes writes again. The value
-    /// changes on the way: SQLite leaves a page whose bytes a statement keeps clean, and a
-    /// commit with no page to write succeeds on a full or read-only disk.
+    /// write that changes a row clears [`Inner::cannot_write`] once it commits: a server
+    /// nobody writes to (run with `--no-farms`, or one whose clients a load balancer sends
+    /// elsewhere while it is not ready) would otherwise stay unready after its disk takes
+    /// writes again. The value changes on the way: SQLite leaves a page whose bytes a
+    /// statement keeps clean, and a commit with no page to write succeeds on a full or
+    /// read-only disk.
     fn try_a_write(&self) {
         if self.inner.probing.swap(true, Ordering::AcqRel) {
             return;
@@ -958,6 +960,9 @@ struct Writer {
     /// The index of the batch's last write: read when the batch begins (nobody else writes
     /// while it holds the database), stored when it commits.
     last_index: u64,
+    /// The rows the connection had changed when the batch began (SQLite's `total_changes()`),
+    /// so that its commit tells whether it changed any ([`Writer::changed_rows`]).
+    changes_at_open: i64,
     /// A write began changing the database and did not finish (it failed or was abandoned):
     /// its changes cannot be undone apart from the batch's, so the batch is rolled back
     /// before anything else runs.
@@ -1042,9 +1047,15 @@ impl Writer {
         self.locked_out.store(locked_out, Ordering::Release);
         began.map_err(|e| failed_write(&self.cannot_write, e))?;
         self.open = true;
-        match meta(&mut *self.conn, "last_index").await {
-            Ok(last) => {
-                self.last_index = last;
+        let opened: Result<(i64, i64), _> =
+            sqlx::query_as("SELECT value, total_changes() FROM meta WHERE name = 'last_index'")
+                .fetch_one(&mut *self.conn)
+                .await
+                .map_err(unavailable);
+        match opened {
+            Ok((last, changes)) => {
+                self.last_index = last as u64;
+                self.changes_at_open = changes;
                 Ok(())
             }
             Err(e) => {
@@ -1158,6 +1169,19 @@ impl Writer {
             .map_err(|e| failed_write(&self.cannot_write, e))
     }
 
+    /// Whether a statement of the open batch changed a row. One that changed none (deleting
+    /// what is not there, a sweep with nothing to sweep) leaves every page clean, and its
+    /// commit, writing nothing, succeeds on a full or read-only disk: it is no sign that the
+    /// disk takes writes again. (A row written as it was counts as changed, though its page
+    /// stays clean: no write here does that, the tombstone sweep writing the reaped index
+    /// only when it raises it.)
+    async fn changed_rows(&mut self) -> bool {
+        let changes: Result<i64, _> = sqlx::query_scalar("SELECT total_changes()")
+            .fetch_one(&mut *self.conn)
+            .await;
+        changes.is_ok_and(|changes| changes != self.changes_at_open)
+    }
+
     /// Commits the batch, if one is open, and answers its writes; tells the watches what it
     /// touched.
     async fn commit_batch(&mut self, inner: &Inner) {
@@ -1192,11 +1216,14 @@ impl Writer {
                 self.touched.merge(theirs);
             }
         }
+        // Asked only while writes fail, of a batch that took no index (a renewal, a sweep).
+        let wrote = self.taken.is_some()
+            || (self.cannot_write.load(Ordering::Acquire) != 0 && self.changed_rows().await);
         if let Err(e) = self.run("COMMIT").await {
             self.abort(e).await;
             return;
         }
-        if !self.pending.is_empty() {
+        if wrote {
             // Written (a key, or only a session's renewal): the disk takes writes again.
             self.cannot_write.store(0, Ordering::Release);
         }
@@ -2100,10 +2127,13 @@ async fn expire_sessions(inner: &Inner) -> StoreResult<()> {
 async fn reap_tombstones(inner: &Inner) -> StoreResult<()> {
     let mut txn = WriteTxn::begin(inner).await?;
     let cutoff = txn.now_ms - TOMBSTONE_TTL.as_millis() as i64;
+    // Written only when raised: a row written as it was would count as a change
+    // ([`Writer::changed_rows`]).
     sqlx::query(
-        "UPDATE meta SET value = max(value,
-            coalesce((SELECT max(delete_index) FROM tombstones WHERE deleted_at_ms < ?1), 0))
-         WHERE name = 'reaped_index'",
+        "UPDATE meta SET value = (SELECT max(delete_index) FROM tombstones WHERE deleted_at_ms < ?1)
+         WHERE name = 'reaped_index'
+            AND value < (SELECT coalesce(max(delete_index), 0) FROM tombstones
+                WHERE deleted_at_ms < ?1)",
     )
     .bind(cutoff)
     .execute(txn.tx.writing())
@@ -3441,6 +3471,33 @@ mod tests {
         cap(u64::from(u32::MAX) - 1).await;
         store.put("k/big", &big, Cas::Any).await.unwrap();
         store.ping().await.unwrap();
+    }
+
+    /// A write that changes nothing (the tombstone sweep with nothing to reap, deleting an
+    /// empty prefix, ending a session that does not exist) commits without writing a page,
+    /// as it would on a full disk, so it leaves the store unready. Before, its commit
+    /// cleared the mark, and the sweep every ten minutes made the store ready while every
+    /// write still failed for lack of space.
+    #[tokio::test]
+    async fn a_write_that_changes_nothing_leaves_a_full_disk_unready() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        store.put("k/0", b"v", Cas::Any).await.unwrap();
+        {
+            let mut writer = store.inner.writer.lock().await;
+            writer.run("PRAGMA max_page_count = 1").await.unwrap();
+        }
+        let big = vec![b'x'; 256 << 10];
+        assert!(store.put("k/big", &big, Cas::Any).await.is_err());
+
+        reap_tombstones(&store.inner).await.unwrap();
+        store.delete_prefix("nothing/").await.unwrap();
+        store.destroy_session("no-such-session").await.unwrap();
+        let pinged = store.ping().await;
+        assert!(
+            matches!(&pinged, Err(StoreError::Unavailable(why)) if why.contains("SQLITE_FULL")),
+            "ready while writes fail for lack of space: {pinged:?}"
+        );
     }
 
     /// Makes the writer's connection query-only, as a file system turned read-only would,
