@@ -8,7 +8,8 @@
 //! The protocol is P2's, so that any RC farm (ours or P2's) can own the RCs: the old RC is
 //! disabled and the new one enabled for the roll's duration (the old one is never enabled
 //! again), the counts move between them, and the new RC's pods replace the old ones in place
-//! or land on spare nodes; the roll completes when the old RC has no pods left. A roll that
+//! or land on spare nodes; the roll completes when the old RC has no pods left (with
+//! `leave_old`, none beyond the count the roll left it, when our RC farm owns it). A roll that
 //! cannot move on its own raises an alert saying why.
 //! Differences from P2, on purpose: at completion an old RC whose count a human raised is set
 //! to 0 (once the new RC's healthy pods alone keep the minimum) instead of blocking the roll
@@ -425,7 +426,20 @@ fn complete(
     old_counts: Counts,
     new_counts: Counts,
 ) -> Action {
+    // Our RC farm removes a rolling disabled RC's pods beyond its count; P2's never does.
+    let kept = || {
+        let owner = world.lock_holder(&layout::rc_ownership(&spec.old_rc));
+        owner.is_some_and(|owner| owner != session)
+    };
     if spec.leave_old {
+        // The old RC stays at the count the steps left it. Its pods beyond that (those the
+        // new RC did not replace in place) go only while the roll holds its mutation lock:
+        // once the roll ends, the disabled RC changes nothing and they would run for good.
+        // Another RC farm leaves them anyway, and the roll ends as P2's does.
+        let surplus = old_counts.current().saturating_sub(old_counts.desired);
+        if surplus > 0 && !kept() {
+            return Action::Wait(RollWait::OldPodRemoval { remaining: surplus });
+        }
         return Action::Finish { retire_old: None };
     }
     if old_counts.desired != 0 {
@@ -455,9 +469,7 @@ fn complete(
         }));
     }
     if old_counts.current() > 0 {
-        // Our RC farm removes a rolling disabled RC's pods; P2's never does.
-        let owner = world.lock_holder(&layout::rc_ownership(&spec.old_rc));
-        if owner.is_some_and(|owner| owner != session) {
+        if kept() {
             return Action::Stuck(RollStuck::OldPodsKept {
                 remaining: old_counts.current(),
                 target: spec.desired_replicas,
@@ -1425,6 +1437,46 @@ mod tests {
         };
         let fleet = rolling(1, 1, 2, 2);
         assert_eq!(run(&fleet, &leave_old), Action::Finish { retire_old: None });
+    }
+
+    /// A roll that leaves the old RC keeps it at the count its steps left it: its surplus
+    /// pods (here on nodes the new RC does not select, so none was replaced in place) go
+    /// while the roll holds its mutation lock, for once the roll is over the disabled RC
+    /// changes nothing, and they would run beside the new RC's for good.
+    #[test]
+    fn a_roll_leaving_the_old_rc_waits_for_its_surplus_to_go() {
+        let spec = StoredRoll {
+            leave_old: true,
+            ..roll(2, 1)
+        };
+        // The step moved 2 of the old RC's 3 replicas: it wants 1 and still runs 3; the new
+        // RC runs its 2 elsewhere.
+        let mut fleet = rolling(3, 3, 2, 2);
+        fleet.rcs.get_mut(OLD).unwrap().value.replicas_desired = 1;
+        let action = run(&fleet, &spec);
+        assert_eq!(
+            action,
+            Action::Wait(RollWait::OldPodRemoval { remaining: 2 }),
+            "the roll ends with the old RC running 3 pods where it wants 1"
+        );
+        // Ended, the roll leaves the disabled old RC to no one: its farm removes nothing.
+        fleet.locks.clear();
+        let world = fleet.world();
+        let old = &world.rcs.items[OLD].value;
+        let mut load = crate::farms::rc::Load::of(&world);
+        let plan = crate::farms::rc::plan(&world, &mut load, OLD, old).unwrap();
+        assert!(plan.changes.is_empty());
+
+        // Once they are gone the roll ends; so it does at once when another RC farm, which
+        // leaves a disabled RC's pods in place, owns the old RC, as P2's roll does.
+        let mut fleet = rolling(1, 1, 2, 2);
+        assert_eq!(run(&fleet, &spec), Action::Finish { retire_old: None });
+        let mut kept = rolling(3, 3, 2, 2);
+        kept.rcs.get_mut(OLD).unwrap().value.replicas_desired = 1;
+        kept.lock(&layout::rc_ownership(OLD), "p2-rc-farm");
+        assert_eq!(run(&kept, &spec), Action::Finish { retire_old: None });
+        fleet.lock(&layout::rc_ownership(OLD), "p2-rc-farm");
+        assert_eq!(run(&fleet, &spec), Action::Finish { retire_old: None });
     }
 
     /// A farm's context for one term over a fresh embedded store (kept in the directory

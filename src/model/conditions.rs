@@ -310,7 +310,8 @@ pub enum RollWait {
     OldPods { settling: i64 },
     /// The new RC has its count; its RC farm has placed `placed` of the `target` pods.
     Placement { placed: i64, target: i64 },
-    /// The old RC's count is 0; its RC farm still has `remaining` pods to remove.
+    /// The new RC has its count; the old RC's farm still has `remaining` pods beyond the old
+    /// RC's count (0, unless the roll leaves it) to remove.
     OldPodRemoval { remaining: i64 },
 }
 
@@ -398,7 +399,7 @@ impl RollWait {
                 pods(target - placed)
             ),
             RollWait::OldPodRemoval { remaining } => format!(
-                "waiting for the old RC's farm to remove its last {}",
+                "waiting for the old RC's farm to remove the {} it no longer wants",
                 pods(*remaining)
             ),
         }
