@@ -173,7 +173,7 @@ impl Farm for RollFarm {
             }
             let now = Moment::now();
             let ready_since = self.ready_since.get(id).copied();
-            let action = plan(world, &ctx.session, &roll.value, ready_since, now);
+            let action = plan(world, &ctx.session, id, &roll.value, ready_since, now);
             let unreadable = (action == Action::RcMissing)
                 .then(|| self.unreadable_rc(world, &roll.value))
                 .flatten();
@@ -243,12 +243,13 @@ pub enum Action {
     Finish { retire_old: Option<u64> },
 }
 
-/// Decides one roll's next move from `world`, where this farm's term holds `session`;
+/// Decides the next move of roll `id` from `world`, where this farm's term holds `session`;
 /// `ready_since` is since when this term has seen the roll able to take the step it would
 /// take now, if it has.
 pub fn plan(
     world: &World,
     session: &str,
+    id: &str,
     spec: &StoredRoll,
     ready_since: Option<Moment>,
     now: Moment,
@@ -277,19 +278,15 @@ pub fn plan(
     // creation makes, but a write of the roll tree can) one waits on the other's mutation
     // lock. This farm holds every roll's locks in its one session, where a lock held for
     // one roll stops no other: of the rolls sharing an RC, the one whose id sorts first
-    // goes on alone (the one a new term takes the locks for first). Only the rolls naming
-    // one of its RCs are looked at, not every roll: a pass plans every roll.
+    // goes on alone (the one a new term takes the locks for first), also of two stored
+    // under other ids than their one new RC's. Only the rolls naming one of its RCs are
+    // looked at, not every roll: a pass plans every roll.
     let first = [&spec.old_rc, &spec.new_rc]
         .into_iter()
         .filter_map(|rc| world.rolls_over(rc))
-        .filter_map(|ids| {
-            ids.iter()
-                .filter_map(|id| Some((id, world.rolls.items.get(id)?)))
-                .find(|(_, other)| other.value.new_rc < spec.new_rc)
-                .map(|(id, other)| (id.clone(), other.value.new_rc.clone()))
-        })
+        .filter_map(|ids| ids.iter().find(|other| other.as_str() < id).cloned())
         .min();
-    if let Some((_, roll)) = first {
+    if let Some(roll) = first {
         return Action::Stuck(RollStuck::AnotherRoll { roll });
     }
 
@@ -954,7 +951,12 @@ mod tests {
     }
 
     fn run(fleet: &Fleet, spec: &StoredRoll) -> Action {
-        plan(&fleet.world(), ME, spec, None, Moment::now())
+        run_as(fleet, &spec.new_rc, spec)
+    }
+
+    /// The plan of `spec` stored as the roll `id`.
+    fn run_as(fleet: &Fleet, id: &str, spec: &StoredRoll) -> Action {
+        plan(&fleet.world(), ME, id, spec, None, Moment::now())
     }
 
     /// A step's `(remove, add)` and the counts it writes, `(old, new)`.
@@ -1135,6 +1137,45 @@ mod tests {
         );
     }
 
+    /// Two rolls stored under different ids over one new RC (a write of the roll tree can
+    /// store a roll under an id other than its new RC's): the one whose id sorts first goes
+    /// on alone, as for any two rolls sharing an RC, not both, each taking the new RC's
+    /// replicas as its own.
+    #[test]
+    fn of_two_rolls_to_one_new_rc_under_other_ids_one_goes_at_a_time() {
+        const THIRD: &str = "00000000-0000-4000-8000-000000000003";
+        const FIRST: &str = "00000000-0000-4000-9000-000000000001";
+        const SECOND: &str = "00000000-0000-4000-9000-000000000002";
+        let mut fleet = rolling(2, 2, 0, 0);
+        let mut third = rc(THIRD, HELLO_1, 2, "");
+        third.disabled = true;
+        fleet.put_rc(third, 12);
+        for node in ["n8", "n9"] {
+            fleet.rc_pod(THIRD, node, Some(HealthState::Passing));
+        }
+        fleet.lock(&layout::rc_mutation(THIRD), ME);
+        let first = roll(2, 1);
+        let second = StoredRoll {
+            old_rc: THIRD.into(),
+            ..roll(2, 1)
+        };
+        for (id, spec) in [(FIRST, &first), (SECOND, &second)] {
+            fleet.rolls.insert(
+                id.into(),
+                Versioned {
+                    value: spec.clone(),
+                    index: 20,
+                },
+            );
+        }
+        assert!(step(run_as(&fleet, FIRST, &first)).is_ok());
+        assert_eq!(
+            run_as(&fleet, SECOND, &second),
+            Action::Stuck(RollStuck::AnotherRoll { roll: FIRST.into() }),
+            "the second roll moves replicas into the same new RC too"
+        );
+    }
+
     /// A roll waits only for a roll whose new RC sorts first and that names one of its own
     /// RCs (as its old or new RC), the first such by id; rolls over other RCs, and those
     /// sorting after it, stop it not.
@@ -1274,19 +1315,26 @@ mod tests {
         let now = last.after(Duration::from_secs(10));
         let world = fleet.world();
         assert_eq!(
-            plan(&world, ME, &spec, None, now),
+            plan(&world, ME, NEW, &spec, None, now),
             Action::Delay(now.after(spec.roll_delay)),
             "a new term waits one whole delay"
         );
         assert_eq!(
-            plan(&world, ME, &spec, Some(last), now),
+            plan(&world, ME, NEW, &spec, Some(last), now),
             Action::Delay(last.after(spec.roll_delay))
         );
-        let due = plan(&world, ME, &spec, Some(last), last.after(spec.roll_delay));
+        let due = plan(
+            &world,
+            ME,
+            NEW,
+            &spec,
+            Some(last),
+            last.after(spec.roll_delay),
+        );
         assert!(step(due).is_ok());
         // The first step does not wait.
         let fleet = rolling(2, 2, 0, 0);
-        assert!(step(plan(&fleet.world(), ME, &spec, None, now)).is_ok());
+        assert!(step(plan(&fleet.world(), ME, NEW, &spec, None, now)).is_ok());
     }
 
     /// As in P2, `roll_delay` is a pause between a roll becoming able to step and the step,
@@ -1324,7 +1372,7 @@ mod tests {
         let fleet = rolling(1, 1, 1, 1);
         let since = farm.ready_since.get(NEW).copied();
         assert_eq!(
-            plan(&fleet.world(), ME, &spec, since, healthy),
+            plan(&fleet.world(), ME, NEW, &spec, since, healthy),
             Action::Delay(healthy.after(spec.roll_delay)),
             "the next step must wait a whole delay once the new pod is healthy"
         );
@@ -1367,7 +1415,7 @@ mod tests {
         };
         for now in passes {
             let since = farm.ready_since.get(NEW).copied();
-            let action = plan(&world, ME, &spec, since, now);
+            let action = plan(&world, ME, NEW, &spec, since, now);
             assert_eq!(activity(&action, &spec), expected, "pass at {now:?}");
             farm.apply(&ctx, &world, NEW, &seen, action, now)
                 .await
