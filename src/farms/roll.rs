@@ -13,7 +13,9 @@
 //! cannot move on its own raises an alert saying why.
 //! Differences from P2, on purpose: at completion an old RC whose count a human raised is set
 //! to 0 (once the new RC's healthy pods alone keep the minimum) instead of blocking the roll
-//! forever; a roll whose RCs vanish is always cleaned up.
+//! forever; a roll whose RCs vanish is always cleaned up; the new RC's healthy pods count
+//! towards the minimum only up to its count, as the old RC's do (P2 counts them all, though
+//! those beyond it, of a new RC scaled down just before the roll, are about to go).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
@@ -124,6 +126,13 @@ impl Counts {
     /// Of those, pods running the RC's manifest and passing.
     pub fn healthy(&self) -> i64 {
         self.pods.healthy as i64
+    }
+
+    /// Of the healthy pods, those its RC farm keeps: no more than its count. Those beyond it
+    /// are going (an RC scaled down, an old RC's surplus once a step lowered its count), or
+    /// for the old RC may not have dropped its labels yet; no step counts on them.
+    pub fn staying_healthy(&self) -> i64 {
+        self.healthy().min(self.desired)
     }
 
     /// Pods still on their way: not placed yet (`desired` above `current`), not running the
@@ -351,10 +360,11 @@ pub fn plan(
         }
         return complete(world, session, spec, old, old_counts, new_counts);
     }
-    let old_healthy = old_counts.healthy().min(old_counts.desired);
+    let old_healthy = old_counts.staying_healthy();
+    let new_healthy = new_counts.staying_healthy();
     let (remove, add) = roll_step(
         old_healthy,
-        new_counts.healthy(),
+        new_healthy,
         old_counts.desired,
         new_counts.desired,
         target,
@@ -380,7 +390,7 @@ pub fn plan(
         }
         return Action::Stuck(RollStuck::NoHealthyHeadroom {
             old_healthy,
-            new_healthy: new_counts.healthy(),
+            new_healthy,
             minimum: spec.minimum_replicas,
         });
     }
@@ -443,7 +453,7 @@ fn complete(
         // Retiring removes every old pod at once: the new ones alone must keep the minimum,
         // as for a step that moves everything left (a roll to fewer replicas than the old
         // RC wants leaves it some).
-        if new_counts.healthy() < spec.minimum_replicas {
+        if new_counts.staying_healthy() < spec.minimum_replicas {
             if new_counts.settling() > 0 {
                 return Action::Wait(RollWait::NewPods {
                     healthy: new_counts.healthy(),
@@ -451,8 +461,8 @@ fn complete(
                 });
             }
             return Action::Stuck(RollStuck::NoHealthyHeadroom {
-                old_healthy: old_counts.healthy().min(old_counts.desired),
-                new_healthy: new_counts.healthy(),
+                old_healthy: old_counts.staying_healthy(),
+                new_healthy: new_counts.staying_healthy(),
                 minimum: spec.minimum_replicas,
             });
         }
@@ -1485,6 +1495,27 @@ mod tests {
         };
         let fleet = rolling(1, 1, 2, 2);
         assert_eq!(run(&fleet, &leave_old), Action::Finish { retire_old: None });
+    }
+
+    /// The new RC's healthy pods beyond its count (it was scaled down just before the roll,
+    /// and its farm has yet to remove them) are going: a step must not count on them to keep
+    /// the minimum, as it does not count on the old RC's beyond its count.
+    #[test]
+    fn a_step_does_not_count_on_new_pods_beyond_the_new_rcs_count() {
+        // The old RC wants 5 and has 2 healthy; the new RC wants none and still runs 3.
+        let mut fleet = rolling(5, 2, 3, 3);
+        fleet.rcs.get_mut(NEW).unwrap().value.replicas_desired = 0;
+        let spec = roll(5, 4);
+        if let Ok(((remove, add), (_, new_desired))) = step(run(&fleet, &spec)) {
+            // At worst the old RC's removal takes healthy pods, and the new RC keeps only
+            // its count of its healthy ones.
+            let left = (2 - remove) + 3.min(new_desired);
+            assert!(
+                left >= spec.minimum_replicas,
+                "step ({remove}, {add}) leaves {left} healthy against a minimum of {}",
+                spec.minimum_replicas
+            );
+        }
     }
 
     /// A roll that leaves the old RC keeps it at the count its steps left it: its surplus
