@@ -13,9 +13,9 @@
 //! cannot move on its own raises an alert saying why.
 //! Differences from P2, on purpose: at completion an old RC whose count a human raised is set
 //! to 0 (once the new RC's healthy pods alone keep the minimum) instead of blocking the roll
-//! forever; a roll whose RCs vanish is always cleaned up; the new RC's healthy pods count
-//! towards the minimum only up to its count, as the old RC's do (P2 counts them all, though
-//! those beyond it, of a new RC scaled down just before the roll, are about to go).
+//! forever; a roll whose RCs vanish is always cleaned up; an RC's healthy pods count towards
+//! the minimum less those beyond its count, which are going and may be the healthy ones (P2
+//! counts the old RC's up to its count, and every healthy pod of the new RC).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
@@ -128,11 +128,13 @@ impl Counts {
         self.pods.healthy as i64
     }
 
-    /// Of the healthy pods, those its RC farm keeps: no more than its count. Those beyond it
-    /// are going (an RC scaled down, an old RC's surplus once a step lowered its count), or
-    /// for the old RC may not have dropped its labels yet; no step counts on them.
+    /// Of the healthy pods, as many as are sure to stay. The pods beyond the RC's count are
+    /// going (an old RC's once a step lowered its count, a new RC's scaled down just before
+    /// the roll), and the RC farms pick which go (or which a new pod replaces) by node, not by
+    /// health: at worst every one of them is a healthy one.
     pub fn staying_healthy(&self) -> i64 {
-        self.healthy().min(self.desired)
+        let going = self.current().saturating_sub(self.desired).max(0);
+        self.healthy().saturating_sub(going).max(0)
     }
 
     /// Pods still on their way: not placed yet (`desired` above `current`), not running the
@@ -1510,6 +1512,28 @@ mod tests {
             // At worst the old RC's removal takes healthy pods, and the new RC keeps only
             // its count of its healthy ones.
             let left = (2 - remove) + 3.min(new_desired);
+            assert!(
+                left >= spec.minimum_replicas,
+                "step ({remove}, {add}) leaves {left} healthy against a minimum of {}",
+                spec.minimum_replicas
+            );
+        }
+    }
+
+    /// Right after a step, before the RC farms have acted on it, the old RC still runs the
+    /// pods the step took from it, and which of them go is not up to health: a second step
+    /// must count on no more of its healthy pods than may stay.
+    #[test]
+    fn a_step_does_not_count_on_old_pods_the_last_step_took() {
+        // 4 old pods, 3 healthy; the last step lowered the old RC to 3 and raised the new
+        // RC to 1, which has placed nothing yet.
+        let mut fleet = rolling(4, 3, 0, 0);
+        fleet.rcs.get_mut(OLD).unwrap().value.replicas_desired = 3;
+        fleet.rcs.get_mut(NEW).unwrap().value.replicas_desired = 1;
+        let spec = roll(4, 2);
+        if let Ok(((remove, add), (old_desired, _))) = step(run(&fleet, &spec)) {
+            // At worst the old pods that go are healthy ones; no new pod is healthy yet.
+            let left = (3 - (4 - old_desired)).max(0);
             assert!(
                 left >= spec.minimum_replicas,
                 "step ({remove}, {add}) leaves {left} healthy against a minimum of {}",
