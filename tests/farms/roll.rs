@@ -315,3 +315,40 @@ async fn a_roll_to_a_new_rc_short_of_its_count_keeps_the_minimum() {
     })
     .await;
 }
+
+/// A roll that leaves the old RC, to a new RC on other nodes (so no new pod replaces an old
+/// one in place), ends with the old RC running its count and no more: once the roll is over
+/// the disabled old RC changes nothing, so its pods beyond its count must be gone by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_leaving_the_old_rc_ends_with_it_at_its_count() {
+    let h = Harness::start().await;
+    let old = healthy_rc(&h, 3, 3).await;
+    for i in 1..=2 {
+        h.label(
+            LabelType::Node,
+            &format!("next{i}"),
+            json!({"role": "next"}),
+        )
+        .await;
+    }
+    let mut doc = rc(NEW_MANIFEST, 0);
+    doc["node_selector"] = "role=next".into();
+    let new = h.put_rc(doc).await;
+    h.put_roll_doc(json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 2,
+                          "MinimumReplicas": 1, "LeaveOld": true, "RollDelay": 0}))
+        .await;
+    let (desired, pods) = h
+        .follow(|snapshot| {
+            snapshot.get(&layout::roll(&new)).is_none().then(|| {
+                let old_rc = snapshot.rc(&old).expect("the old RC was deleted");
+                (old_rc["replicas_desired"].clone(), snapshot.rc_pods(&old).0)
+            })
+        })
+        .await;
+    assert_eq!(
+        (desired, pods),
+        (json!(1), 1),
+        "the old RC's count and pods"
+    );
+    assert_eq!(h.wait_for_rc_nodes(&new, 2).await.len(), 2);
+}
