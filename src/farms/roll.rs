@@ -384,6 +384,12 @@ pub fn plan(
                 settling: old_counts.settling(),
             });
         }
+        // The old RC's pods beyond its count, which a step counts on none of, are going:
+        // the roll waits for them rather than alert, unless they stay.
+        let surplus = old_counts.current().saturating_sub(old_counts.desired);
+        if surplus > 0 && !old_pods_kept(world, session, spec) {
+            return Action::Wait(RollWait::OldPodRemoval { remaining: surplus });
+        }
         if spec.minimum_replicas >= target {
             return Action::Stuck(RollStuck::MinimumEqualsDesired {
                 minimum: spec.minimum_replicas,
@@ -427,6 +433,13 @@ pub fn plan(
 }
 
 /// The new RC has its replicas: retire the old RC (unless `leave_old`) and the roll.
+/// Whether the old RC's pods beyond its count stay: our RC farm removes a rolling disabled
+/// RC's, P2's (another session owning the old RC) never does.
+fn old_pods_kept(world: &World, session: &str, spec: &StoredRoll) -> bool {
+    let owner = world.lock_holder(&layout::rc_ownership(&spec.old_rc));
+    owner.is_some_and(|owner| owner != session)
+}
+
 fn complete(
     world: &World,
     session: &str,
@@ -435,18 +448,13 @@ fn complete(
     old_counts: Counts,
     new_counts: Counts,
 ) -> Action {
-    // Our RC farm removes a rolling disabled RC's pods beyond its count; P2's never does.
-    let kept = || {
-        let owner = world.lock_holder(&layout::rc_ownership(&spec.old_rc));
-        owner.is_some_and(|owner| owner != session)
-    };
     if spec.leave_old {
         // The old RC stays at the count the steps left it. Its pods beyond that (those the
         // new RC did not replace in place) go only while the roll holds its mutation lock:
         // once the roll ends, the disabled RC changes nothing and they would run for good.
         // Another RC farm leaves them anyway, and the roll ends as P2's does.
         let surplus = old_counts.current().saturating_sub(old_counts.desired);
-        if surplus > 0 && !kept() {
+        if surplus > 0 && !old_pods_kept(world, session, spec) {
             return Action::Wait(RollWait::OldPodRemoval { remaining: surplus });
         }
         return Action::Finish { retire_old: None };
@@ -478,7 +486,7 @@ fn complete(
         }));
     }
     if old_counts.current() > 0 {
-        if kept() {
+        if old_pods_kept(world, session, spec) {
             return Action::Stuck(RollStuck::OldPodsKept {
                 remaining: old_counts.current(),
                 target: spec.desired_replicas,
@@ -1540,6 +1548,26 @@ mod tests {
                 spec.minimum_replicas
             );
         }
+    }
+
+    /// Right after a step, the old RC's pods beyond its lowered count, which a step counts
+    /// on none of, hold the next step back until they go: the roll waits for them, rather
+    /// than alert that it is stuck.
+    #[test]
+    fn a_roll_waits_rather_than_alerts_while_the_old_rcs_surplus_goes() {
+        // 4 old pods, 3 healthy, the old RC lowered to 3; the new RC's one pod healthy.
+        let mut fleet = rolling(4, 3, 1, 1);
+        fleet.rcs.get_mut(OLD).unwrap().value.replicas_desired = 3;
+        assert_eq!(
+            run(&fleet, &roll(4, 3)),
+            Action::Wait(RollWait::OldPodRemoval { remaining: 1 })
+        );
+        // Another RC farm, owning the old RC, leaves them: the roll is stuck.
+        fleet.lock(&layout::rc_ownership(OLD), "another-session");
+        assert!(matches!(
+            run(&fleet, &roll(4, 3)),
+            Action::Stuck(RollStuck::NoHealthyHeadroom { .. })
+        ));
     }
 
     /// A roll that leaves the old RC keeps it at the count its steps left it: its surplus

@@ -310,8 +310,9 @@ pub enum RollWait {
     OldPods { settling: i64 },
     /// The new RC has its count; its RC farm has placed `placed` of the `target` pods.
     Placement { placed: i64, target: i64 },
-    /// The new RC has its count; the old RC's farm still has `remaining` pods beyond the old
-    /// RC's count (0, unless the roll leaves it) to remove.
+    /// The old RC's farm still has `remaining` pods beyond the old RC's count to remove: the
+    /// pods a step took, which the next step counts none of, or at the end those beyond the
+    /// count a roll leaving the old RC left it (else 0).
     OldPodRemoval { remaining: i64 },
 }
 
