@@ -28,7 +28,7 @@ use crate::api::blocking::{index_header, Blocking};
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
-use crate::api::preconditions::{etag, stale, IfMatch};
+use crate::api::preconditions::{etag, unless_stale, IfMatch};
 use crate::api::reads::{
     indexed_reader, mirror_index, source_reader, ConsistentFilter, IndexedReader,
 };
@@ -44,6 +44,7 @@ use crate::layout;
 use crate::model::event::Actor;
 use crate::state::{Span, Tree};
 use crate::store::labels::{LabelRecord, LabelStore};
+use crate::store::update::Expected;
 
 /// OpenAPI tag of these routes.
 pub const TAG: &str = "labels";
@@ -505,19 +506,18 @@ fn labeled_id(labeled: &Labeled) -> &str {
     &labeled.id
 }
 
-/// A check-and-set miss is only possible under `If-Match` (otherwise the store retries), and
-/// there it means the client's version is stale.
+/// A write's store error as answered under `expected` ([`unless_stale`]): a lost race under
+/// a named version, or labels gone from under `If-Match: *`, is 412.
 fn write_error(
     err: StoreError,
-    expected: Option<u64>,
+    expected: Option<Expected>,
     label_type: LabelType,
     id: &str,
 ) -> ApiError {
-    match (err, expected) {
-        (StoreError::Conflict { .. }, Some(expected)) => {
-            stale(&format!("the labels of {label_type} {id:?}"), expected)
-        }
-        (err, _) => err.into(),
+    let what = format!("the labels of {label_type} {id:?}");
+    match unless_stale(Err::<(), _>(err), &what, expected) {
+        Err(e) => e,
+        Ok(()) => ApiError::internal("a store error answered as a success"),
     }
 }
 

@@ -10,7 +10,7 @@ use axum::http::{HeaderName, HeaderValue};
 
 use crate::error::ApiError;
 use crate::kv::{KvStore, StoreError};
-use crate::store::update::UpdateError;
+use crate::store::update::{Expected, UpdateError};
 
 /// A write's `If-Match`: a list names the versions any of which the write may find; `*`,
 /// any version at all. A tag is taken for the version it names, weak (`W/"42"`) or not:
@@ -36,15 +36,20 @@ pub enum IfMatch {
 pub const IF_MATCH_PATTERN: &str = r#"^[ \t]*\*[ \t]*$|^[ \t,]*(W/)?("(0|[1-9][0-9]{0,18})"|0|[1-9][0-9]{0,18})([ \t]*,[ \t,]*(W/)?("(0|[1-9][0-9]{0,18})"|0|[1-9][0-9]{0,18}))*[ \t,]*$"#;
 
 impl IfMatch {
-    /// The version the write must find, for its check-and-set (`None`: any). A single
-    /// version needs no read. For `*` or several, `key`'s version is read, and the write is
-    /// a check-and-set on it: with `*` if there is one (412 otherwise), with a list if the
-    /// list names it (otherwise the write answers as for the list's first version, stale).
-    pub async fn expected(&self, store: &dyn KvStore, key: &str) -> Result<Option<u64>, ApiError> {
+    /// What the write must find, for its check-and-set (`None`: anything). A single version
+    /// needs no read. For `*` or several, `key`'s version is read: `*` needs there to be one
+    /// (412 otherwise), and then holds for as long as there is one, whatever writes land
+    /// meanwhile; a list holds for the version stored if it names it (otherwise the write
+    /// answers as for the list's first version, stale).
+    pub async fn expected(
+        &self,
+        store: &dyn KvStore,
+        key: &str,
+    ) -> Result<Option<Expected>, ApiError> {
         let versions = match self {
             IfMatch::Absent => return Ok(None),
             IfMatch::Versions(versions) if versions.len() == 1 => {
-                return Ok(versions.first().copied())
+                return Ok(versions.first().copied().map(Expected::Version))
             }
             IfMatch::Any => None,
             IfMatch::Versions(versions) => Some(versions),
@@ -52,12 +57,10 @@ impl IfMatch {
         // An object never stored, or deleted, is at version 0 (labels: none).
         let current = store.get(key).await?.map_or(0, |pair| pair.modify_index);
         match versions {
-            None if current == 0 => Err(ApiError::precondition_failed(
-                "If-Match: * needs the object to exist, and it does not",
-            )),
-            None => Ok(Some(current)),
-            Some(versions) if versions.contains(&current) => Ok(Some(current)),
-            Some(versions) => Ok(versions.first().copied()),
+            None if current == 0 => Err(absent()),
+            None => Ok(Some(Expected::Existing)),
+            Some(versions) if versions.contains(&current) => Ok(Some(Expected::Version(current))),
+            Some(versions) => Ok(versions.first().copied().map(Expected::Version)),
         }
     }
 
@@ -123,29 +126,42 @@ pub fn etag(index: u64) -> (HeaderName, HeaderValue) {
     (ETAG, value)
 }
 
-/// The 412 answered when a conditional write finds the resource changed.
-pub fn stale(what: &str, expected: u64) -> ApiError {
-    ApiError::precondition_failed(format!(
-        "{what} has changed since version {expected}; read it again and retry"
-    ))
+/// The 412 answered when a conditional write finds the resource changed, or gone from under
+/// `If-Match: *`.
+pub fn stale(what: &str, expected: Expected) -> ApiError {
+    match expected {
+        Expected::Version(version) => ApiError::precondition_failed(format!(
+            "{what} has changed since version {version}; read it again and retry"
+        )),
+        Expected::Existing => absent(),
+    }
+}
+
+/// The 412 of `If-Match: *` on an object that does not exist.
+fn absent() -> ApiError {
+    ApiError::precondition_failed("If-Match: * needs the object to exist, and it does not")
 }
 
 /// What a write made under `expected` (its `If-Match`, if any) answers: a `Conflict` when
-/// it named a version is that version gone, a 412; every other outcome as it is.
+/// it named a version is that version gone, and a `NotFound` under `*` the object gone,
+/// each a 412; every other outcome as it is.
 pub fn unless_stale<T>(
     written: Result<T, StoreError>,
     what: &str,
-    expected: Option<u64>,
+    expected: Option<Expected>,
 ) -> Result<T, ApiError> {
     match (written, expected) {
-        (Err(StoreError::Conflict { .. }), Some(expected)) => Err(stale(what, expected)),
+        (Err(StoreError::Conflict { .. }), Some(expected @ Expected::Version(_)))
+        | (Err(StoreError::NotFound(_)), Some(expected @ Expected::Existing)) => {
+            Err(stale(what, expected))
+        }
         (written, _) => Ok(written?),
     }
 }
 
-/// A read-modify-write whose `If-Match` version is no longer current answers 412.
+/// A read-modify-write whose `If-Match` no longer holds answers 412.
 impl UpdateError for ApiError {
-    fn stale(what: &str, expected: u64) -> Self {
+    fn stale(what: &str, expected: Expected) -> Self {
         stale(what, expected)
     }
 }

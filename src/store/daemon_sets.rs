@@ -20,7 +20,7 @@ use crate::model::{
 
 use super::events::{meta_delete_op, record_ops, record_update_ops};
 use super::labels::LabelStore;
-use super::update::{update_from_mirror, update_with_retry, UpdateError};
+use super::update::{update_from_mirror, update_with_retry, Expected, UpdateError};
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 use crate::layout;
@@ -60,10 +60,10 @@ pub enum DaemonSetError {
     /// No document at the daemon set's key.
     #[error("no daemon set {0}")]
     NotFound(Uuid),
-    /// The caller asked for a write at an index the daemon set is no longer at; `what`
-    /// names it.
-    #[error("{what} has changed since version {expected}")]
-    Stale { what: String, expected: u64 },
+    /// The caller asked for a write at an index the daemon set is no longer at (or at any,
+    /// and it is gone); `what` names it.
+    #[error("{what} is no longer at {expected}")]
+    Stale { what: String, expected: Expected },
     /// The stored document cannot be decoded, so it cannot be changed safely either.
     #[error("daemon set {id} cannot be decoded: {source}")]
     Undecodable {
@@ -80,7 +80,7 @@ pub enum DaemonSetError {
 }
 
 impl UpdateError for DaemonSetError {
-    fn stale(what: &str, expected: u64) -> Self {
+    fn stale(what: &str, expected: Expected) -> Self {
         DaemonSetError::Stale {
             what: what.to_owned(),
             expected,
@@ -178,7 +178,7 @@ impl DaemonSetStore {
     pub async fn update<E, F, Fut>(
         &self,
         id: Uuid,
-        expected: Option<u64>,
+        expected: Option<Expected>,
         actor: &Actor,
         mirror: &Mirror,
         mut change: F,
@@ -253,7 +253,7 @@ impl DaemonSetStore {
     pub async fn delete(
         &self,
         id: Uuid,
-        expected: Option<u64>,
+        expected: Option<Expected>,
         actor: &Actor,
     ) -> Result<Option<StoredDaemonSet>, DaemonSetError> {
         let key = &layout::daemon_set(id);

@@ -19,6 +19,7 @@ use crate::model::{HealthRecord, HealthState};
 
 use super::pods::PodLocation;
 use super::reports::Report;
+use super::update::Expected;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult};
 use crate::layout;
 use crate::model::event::Actor;
@@ -117,7 +118,7 @@ impl HealthStore {
         pod: &PodLocation,
         state: HealthState,
         now: SystemTime,
-        expected: Option<u64>,
+        expected: Option<Expected>,
         actor: &Actor,
     ) -> StoreResult<HealthEntry> {
         let record = HealthRecord::new(pod.pod_id(), pod.node(), state, now);
@@ -144,7 +145,7 @@ impl HealthStore {
         &self,
         mirror: &Mirror,
         pod: &PodLocation,
-        expected: Option<u64>,
+        expected: Option<Expected>,
         actor: &Actor,
     ) -> StoreResult<()> {
         Report::health(pod)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::labels::{self, LabelType, Labeled, Labels, Selector};
 
 use super::events::record_ops;
-use super::update::update_with_retry;
+use super::update::{update_with_retry, Expected};
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreResult, TxnOp};
 use crate::layout;
@@ -126,7 +126,7 @@ impl LabelStore {
         label_type: LabelType,
         id: &str,
         labels: Labels,
-        expected: Option<u64>,
+        expected: Option<Expected>,
         actor: &Actor,
     ) -> StoreResult<LabelRecord> {
         self.update(label_type, id, expected, actor, move |current| {
@@ -144,7 +144,7 @@ impl LabelStore {
         &self,
         label_type: LabelType,
         id: &str,
-        expected: Option<u64>,
+        expected: Option<Expected>,
         actor: &Actor,
         change: impl Fn(&mut Labels) + Send + Sync,
     ) -> StoreResult<LabelRecord> {
@@ -200,7 +200,7 @@ impl LabelStore {
         &self,
         label_type: LabelType,
         id: &str,
-        expected: Option<u64>,
+        expected: Option<Expected>,
         actor: &Actor,
     ) -> StoreResult<()> {
         self.update(label_type, id, expected, actor, Labels::clear)

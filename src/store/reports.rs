@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::events::record_ops;
 use super::pods::{PodLocation, PodTree};
-use super::update::update_from_mirror;
+use super::update::{update_from_mirror, Expected};
 use super::Versioned;
 use crate::kv::{KvStore, StoreResult, TxnOp};
 use crate::layout;
@@ -74,7 +74,7 @@ impl Report {
         kv: &dyn KvStore,
         mirror: &Mirror,
         value: Option<Vec<u8>>,
-        expected: Option<u64>,
+        expected: Option<Expected>,
         actor: &Actor,
     ) -> StoreResult<u64> {
         let value = &value;

@@ -3,7 +3,9 @@
 //! [`update_with_retry`], so they all follow one rule:
 //!
 //! - With an expected version (`If-Match`), the write applies only to that version; any
-//!   other is refused at once as stale (412).
+//!   other is refused at once as stale (412). With [`Expected::Existing`] (`If-Match: *`) it
+//!   applies to whatever version is stored, as a write without one does, but only while
+//!   there is one.
 //! - Without one, a write that loses its check-and-set to a newer write is applied again to
 //!   the newer version, after a short jittered pause, for as long as it keeps losing, up to
 //!   [`CONTENTION_DEADLINE`]; past it the answer is a `Conflict` (409) saying so. Losing a
@@ -38,17 +40,52 @@ const RETRY_BASE: Duration = Duration::from_millis(2);
 /// The longest pause between two attempts.
 const RETRY_CAP: Duration = Duration::from_millis(100);
 
+/// What a conditional write must find stored (`If-Match`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expected {
+    /// This version and no other.
+    Version(u64),
+    /// Any version, as long as there is one (an index of 0 is none).
+    Existing,
+}
+
+impl Expected {
+    /// Whether a record stored at `index` (0: none) is what the write expects.
+    pub fn holds(self, index: u64) -> bool {
+        match self {
+            Expected::Version(version) => version == index,
+            Expected::Existing => index != 0,
+        }
+    }
+}
+
+/// `version 42`, or `any version`.
+impl std::fmt::Display for Expected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Expected::Version(version) => write!(f, "version {version}"),
+            Expected::Existing => f.write_str("any version"),
+        }
+    }
+}
+
 /// An error an update may end with: any store error, or the refusal of a write whose
 /// expected version is no longer the stored one.
 pub trait UpdateError: From<StoreError> {
-    /// `what` is no longer at version `expected`.
-    fn stale(what: &str, expected: u64) -> Self;
+    /// `what` is no longer as `expected`: at another version, or gone.
+    fn stale(what: &str, expected: Expected) -> Self;
 }
 
-/// Without a richer error type, a stale version is a `Conflict`, like the CAS miss it is.
+/// Without a richer error type, a stale version is a `Conflict`, like the CAS miss it is,
+/// and an object gone from under `If-Match: *` is `NotFound`.
 impl UpdateError for StoreError {
-    fn stale(what: &str, expected: u64) -> Self {
-        StoreError::conflict(format!("{what} has changed since version {expected}"))
+    fn stale(what: &str, expected: Expected) -> Self {
+        match expected {
+            Expected::Version(version) => {
+                StoreError::conflict(format!("{what} has changed since version {version}"))
+            }
+            Expected::Existing => StoreError::NotFound(format!("{what} does not exist")),
+        }
     }
 }
 
@@ -60,7 +97,7 @@ impl UpdateError for StoreError {
 /// otherwise: a `Conflict` there is a lost race, any other store error ends the update.
 pub async fn update_with_retry<T, R, E, Read, ReadFut, Write, WriteFut>(
     what: &str,
-    expected: Option<u64>,
+    expected: Option<Expected>,
     mut read: Read,
     mut write: Write,
 ) -> Result<R, E>
@@ -84,7 +121,7 @@ where
     let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
     loop {
         let current = read().await?;
-        if let Some(expected) = expected.filter(|expected| *expected != current.index) {
+        if let Some(expected) = expected.filter(|expected| !expected.holds(current.index)) {
             return Err(E::stale(what, expected));
         }
         let written = write(current).await;
@@ -95,8 +132,8 @@ where
                 // Under an expected version the fresh read decides at once: stale, or (when
                 // only a guard of the write failed) whatever the next attempt finds.
                 let pause = match expected {
-                    Some(_) => Duration::ZERO,
-                    None => backoff.next_delay(),
+                    Some(Expected::Version(_)) => Duration::ZERO,
+                    Some(Expected::Existing) | None => backoff.next_delay(),
                 };
                 if Instant::now() + pause > deadline {
                     return Err(kept_changing(what).into());
@@ -117,7 +154,7 @@ where
 /// store is read then too.
 pub async fn update_from_mirror<T, R, E, Mirrored, MirroredFut, Read, ReadFut, Write, WriteFut>(
     what: &str,
-    expected: Option<u64>,
+    expected: Option<Expected>,
     mirrored: Mirrored,
     mut read: Read,
     write: Write,
@@ -138,9 +175,9 @@ where
         let stored = read();
         async move {
             if let Some(first) = first {
-                let current = first
-                    .await
-                    .filter(|current| expected.is_none_or(|expected| expected == current.index));
+                let current = first.await.filter(|current| {
+                    expected.is_none_or(|expected| expected.holds(current.index))
+                });
                 if let Some(current) = current {
                     return Ok(current);
                 }
@@ -238,7 +275,7 @@ mod tests {
             Ok(Ok(self.index.get()))
         }
 
-        async fn update(&self, expected: Option<u64>) -> StoreResult<u64> {
+        async fn update(&self, expected: Option<Expected>) -> StoreResult<u64> {
             update_with_retry(self.what, expected, || self.read(), |c| self.write(c)).await
         }
     }
@@ -268,9 +305,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_expected_version_is_written_once_and_a_stale_one_not_at_all() {
         let racing = Racing::new("expected", 0);
-        assert_eq!(racing.update(Some(7)).await, Ok(8));
-        let err = racing.update(Some(7)).await.unwrap_err();
-        assert_eq!(err, StoreError::stale("expected", 7));
+        assert_eq!(racing.update(Some(Expected::Version(7))).await, Ok(8));
+        let err = racing.update(Some(Expected::Version(7))).await.unwrap_err();
+        assert_eq!(err, StoreError::stale("expected", Expected::Version(7)));
         assert_eq!(racing.index.get(), 8, "nothing written");
     }
 
@@ -279,8 +316,8 @@ mod tests {
         let racing = Racing::new("stale", 1);
         let started = Instant::now();
         assert_eq!(
-            racing.update(Some(7)).await,
-            Err(StoreError::stale("stale", 7))
+            racing.update(Some(Expected::Version(7))).await,
+            Err(StoreError::stale("stale", Expected::Version(7)))
         );
         assert_eq!(racing.reads.get(), 2);
         assert_eq!(started.elapsed(), Duration::ZERO, "no pause");
@@ -292,7 +329,7 @@ mod tests {
         stored: &Cell<u64>,
         reads: &Cell<usize>,
         mirrored: u64,
-        expected: Option<u64>,
+        expected: Option<Expected>,
     ) -> StoreResult<u64> {
         update_from_mirror(
             "from the mirror",
@@ -332,15 +369,18 @@ mod tests {
             1,
             "a lagging mirror costs a lost race, then a read"
         );
-        assert_eq!(from_mirror(&stored, &reads, 8, Some(9)).await, Ok(10));
+        assert_eq!(
+            from_mirror(&stored, &reads, 8, Some(Expected::Version(9))).await,
+            Ok(10)
+        );
         assert_eq!(
             reads.get(),
             2,
             "another version than expected is read again, not stale"
         );
         assert_eq!(
-            from_mirror(&stored, &reads, 9, Some(9)).await,
-            Err(StoreError::stale("from the mirror", 9))
+            from_mirror(&stored, &reads, 9, Some(Expected::Version(9))).await,
+            Err(StoreError::stale("from the mirror", Expected::Version(9)))
         );
     }
 

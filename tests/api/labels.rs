@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use p2_apiserver::kv::TxnOp;
 use serde_json::{json, Value};
 
 use crate::support::api::{item_ids, times_out_at_its_index, TestApp, TestResponse};
@@ -811,6 +812,58 @@ async fn if_match_takes_a_list_of_etags_or_any_version() {
     let deleted = app.send_raw("DELETE", NODE, &[("if-match", "*")], "").await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
     assert_eq!(app.keys("labels/").await, Vec::<String>::new());
+}
+
+/// `If-Match: *` asks only that there be labels: another writer's change landing after the
+/// condition is read leaves it true, so the patch applies to the newer labels (as one
+/// without `If-Match` does) rather than answer 412 for a version the client never named.
+#[tokio::test]
+async fn if_match_any_holds_while_another_writer_changes_the_labels() {
+    let (app, counting) = TestApp::counted().await;
+    let created = put(&app, NODE, json!({"a": "1"})).await;
+    assert_eq!(created.status, StatusCode::OK, "{created:?}");
+    let key = "labels/node/node17.example.com";
+    counting.after_next_get_of(
+        key,
+        vec![TxnOp::Set {
+            key: key.to_owned(),
+            value: br#"{"a":"1","b":"2"}"#.to_vec(),
+        }],
+    );
+    let patched = patch(
+        &app,
+        NODE,
+        &[("if-match", "*")],
+        json!({"labels": {"c": "3"}}),
+    )
+    .await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    assert_eq!(
+        patched.json()["labels"],
+        json!({"a": "1", "b": "2", "c": "3"})
+    );
+    assert_eq!(
+        app.stored_json(key).await,
+        Some(json!({"a": "1", "b": "2", "c": "3"}))
+    );
+
+    // Labels removed meanwhile no longer hold it: 412, and nothing is created.
+    counting.after_next_get_of(
+        key,
+        vec![TxnOp::Delete {
+            key: key.to_owned(),
+        }],
+    );
+    let gone = patch(
+        &app,
+        NODE,
+        &[("if-match", "*")],
+        json!({"labels": {"d": "4"}}),
+    )
+    .await;
+    assert_eq!(gone.status, StatusCode::PRECONDITION_FAILED, "{gone:?}");
+    gone.error();
+    assert_eq!(app.stored_json(key).await, None);
 }
 
 /// A selection of pod labels is the same from the mirror (through its label index when a

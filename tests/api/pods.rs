@@ -11,6 +11,7 @@ use p2_apiserver::model::{HealthState, Manifest};
 use p2_apiserver::store::health::HealthStore;
 use p2_apiserver::store::labels::LabelRecord;
 use p2_apiserver::store::pods::{schedule_ops, unschedule_ops, PodLocation, PodStore, PodTree};
+use p2_apiserver::store::update::Expected;
 use serde_json::{json, Value};
 
 const UUID: &str = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
@@ -1158,7 +1159,7 @@ async fn health_store_keys_results_by_the_records_node() {
             &pod,
             HealthState::Critical,
             std::time::SystemTime::now(),
-            Some(0),
+            Some(Expected::Version(0)),
             &agent,
         )
         .await
@@ -1171,7 +1172,7 @@ async fn health_store_keys_results_by_the_records_node() {
                 &pod,
                 HealthState::Passing,
                 std::time::SystemTime::now(),
-                Some(0),
+                Some(Expected::Version(0)),
                 &agent,
             )
             .await,
