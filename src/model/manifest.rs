@@ -90,8 +90,12 @@ impl Manifest {
         }
         let (text, signed) = match signed_plaintext(raw) {
             Some(Ok(text)) => (Cow::Owned(text), true),
-            Some(Err(why)) => return Err(vec![FieldError::new("manifest", why)]),
-            None => (Cow::Borrowed(raw), false),
+            // A message Go's clearsign cannot read leaves P2 reading the whole text as
+            // YAML, which it can when the armor's first line is inside a YAML mapping.
+            Some(Err(why)) if !is_yaml_mapping(raw) => {
+                return Err(vec![FieldError::new("manifest", why)])
+            }
+            _ => (Cow::Borrowed(raw), false),
         };
         let document = p2_yaml::parse(&text).map_err(|e| {
             let message = match e {
@@ -243,6 +247,11 @@ pub fn errors_at(at: &str, errors: Vec<FieldError>) -> Vec<FieldError> {
 /// The signed plaintext of a PGP clear-signed message, `None` when `raw` is not one, as Go's
 /// clearsign package gives it to P2.
 ///
+/// The message begins at the first line that starts with its armor's first line, wherever
+/// that line is: Go's clearsign looks for it at the start of the text and after every line
+/// break, and what comes before it is not part of the message (a comment a tool put on top
+/// of a signed file).
+///
 /// Armor header lines (such as `Hash: SHA256`) each hold a `:` and end at the first empty
 /// line; the text runs up to the signature block, with RFC 4880 dash-escaping (`- ` before
 /// lines starting with `-`) undone and the blanks ending each line dropped (RFC 4880 signs
@@ -250,10 +259,7 @@ pub fn errors_at(at: &str, errors: Vec<FieldError>) -> Vec<FieldError> {
 /// signature block must be armor P2 can read ([`readable_signature`]).
 fn signed_plaintext(raw: &str) -> Option<Result<String, &'static str>> {
     let mut lines = raw.lines();
-    let first = lines.by_ref().find(|line| !line.trim().is_empty())?;
-    if !first.starts_with(BEGIN_SIGNED) {
-        return None;
-    }
+    lines.by_ref().find(|line| line.starts_with(BEGIN_SIGNED))?;
     loop {
         match lines.next() {
             None => {
@@ -276,6 +282,11 @@ fn signed_plaintext(raw: &str) -> Option<Result<String, &'static str>> {
         text.push('\n');
     }
     Some(Err("signed manifest has no signature block"))
+}
+
+/// Whether `text` is a YAML mapping, as an unsigned manifest is.
+fn is_yaml_mapping(text: &str) -> bool {
+    p2_yaml::parse(text).is_ok_and(|document| matches!(untag(&document.yaml()), Value::Mapping(_)))
 }
 
 /// Checks the lines after `-----BEGIN PGP SIGNATURE-----` as P2 reads them: Go's armor
@@ -723,6 +734,41 @@ mod tests {
         assert_eq!(manifest.pod_id(), "hello");
         assert_eq!(manifest.sha(), Manifest::parse(&plaintext).unwrap().sha());
         assert_ne!(manifest.sha(), Manifest::parse(HELLO).unwrap().sha());
+    }
+
+    /// Go's clearsign finds the armor's first line at the start of the text or at the start
+    /// of any later line, and P2 reads the manifest from the signed text alone: lines before
+    /// the armor (a comment a tool put on top) are not part of it.
+    #[test]
+    fn reads_clear_signed_manifests_after_text_before_the_armor() {
+        let plaintext = format!("{HELLO}run_as: blue\n");
+        let armored = format!("{BEGIN_SIGNED}\nHash: SHA256\n\n{plaintext}{SIGNATURE}");
+        for before in [
+            "# signed by the release tool\n",
+            "id: not-this-one\n\n",
+            "\u{a0}\n",
+        ] {
+            let raw = format!("{before}{armored}");
+            let manifest = Manifest::parse(&raw).unwrap_or_else(|e| panic!("{raw}: {e:?}"));
+            assert!(manifest.is_signed(), "{raw}");
+            assert_eq!(manifest.raw(), raw);
+            assert_eq!(manifest.pod_id(), "hello", "{raw}");
+            assert_eq!(
+                manifest.sha(),
+                Manifest::parse(&plaintext).unwrap().sha(),
+                "{raw}"
+            );
+        }
+        // Only a line that starts with the armor's first line begins it, as in Go; and a
+        // message Go cannot read leaves P2 reading the text as YAML.
+        for unsigned in [
+            format!("id: x\nconfig:\n  note: |\n    {BEGIN_SIGNED}\n"),
+            format!("id: x\nnote: \"a\n{BEGIN_SIGNED}\n b\"\n"),
+        ] {
+            let manifest = Manifest::parse(&unsigned).unwrap();
+            assert!(!manifest.is_signed(), "{unsigned}");
+            assert_eq!(manifest.pod_id(), "x", "{unsigned}");
+        }
     }
 
     #[test]

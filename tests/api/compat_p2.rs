@@ -269,6 +269,29 @@ async fn a_p2_rc_whose_manifest_repeats_a_key_is_readable() {
     assert_eq!(listed["items"][0]["id"], P2_RC_ID, "{listed}");
 }
 
+/// P2 reads a clear-signed manifest wherever its armor starts (Go's clearsign looks for it at
+/// the start of every line) and from the signed text alone, so an RC P2's tools stored with
+/// a comment above the armor must be readable here, with its manifest kept as stored.
+#[tokio::test]
+async fn a_p2_rc_whose_signed_manifest_has_a_line_above_the_armor_is_readable() {
+    let app = TestApp::new().await;
+    let key = format!("replication_controllers/{P2_RC_ID}");
+    let mut document: Value = serde_json::from_str(P2_RC).unwrap();
+    let plaintext = document["manifest"].as_str().unwrap().to_owned();
+    let manifest = format!(
+        "# signed by the release tool\n-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA256\n\n\
+         {plaintext}-----BEGIN PGP SIGNATURE-----\n\ncDI=\n=ar9S\n-----END PGP SIGNATURE-----\n"
+    );
+    document["manifest"] = json!(manifest);
+    app.put_raw(&key, document.to_string().as_bytes()).await;
+
+    let got = app.get(&format!("/api/v1/rcs/{P2_RC_ID}")).await;
+    assert_eq!(got.status, StatusCode::OK, "{got:?}");
+    assert_eq!(got.json()["manifest"], json!(manifest));
+    let listed = app.get("/api/v1/rcs").await.json();
+    assert_eq!(listed["items"][0]["id"], P2_RC_ID, "{listed}");
+}
+
 /// P2 stores pod labels unchecked; one this server would refuse can still be removed by
 /// name, as a bad label can be removed from any object's labels.
 #[tokio::test]
