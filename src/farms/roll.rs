@@ -384,6 +384,9 @@ pub fn plan(
                 settling: old_counts.settling(),
             });
         }
+        if let Some(wait) = new_pod_removal(new_counts) {
+            return wait;
+        }
         // The old RC's pods beyond its count, which a step counts on none of, are going:
         // the roll waits for them rather than alert, unless they stay.
         let surplus = old_counts.current().saturating_sub(old_counts.desired);
@@ -432,7 +435,14 @@ pub fn plan(
     }
 }
 
-/// The new RC has its replicas: retire the old RC (unless `leave_old`) and the roll.
+/// The wait for the new RC's pods beyond its count (it was scaled down), which a step
+/// counts none of and may be the healthy ones: its RC farm, whichever it is, removes them,
+/// the new RC being enabled.
+fn new_pod_removal(new_counts: Counts) -> Option<Action> {
+    let surplus = new_counts.current().saturating_sub(new_counts.desired);
+    (surplus > 0).then_some(Action::Wait(RollWait::NewPodRemoval { remaining: surplus }))
+}
+
 /// Whether the old RC's pods beyond its count stay: our RC farm removes a rolling disabled
 /// RC's, P2's (another session owning the old RC) never does.
 fn old_pods_kept(world: &World, session: &str, spec: &StoredRoll) -> bool {
@@ -440,6 +450,7 @@ fn old_pods_kept(world: &World, session: &str, spec: &StoredRoll) -> bool {
     owner.is_some_and(|owner| owner != session)
 }
 
+/// The new RC has its replicas: retire the old RC (unless `leave_old`) and the roll.
 fn complete(
     world: &World,
     session: &str,
@@ -469,6 +480,9 @@ fn complete(
                     healthy: new_counts.healthy(),
                     desired: new_counts.desired,
                 });
+            }
+            if let Some(wait) = new_pod_removal(new_counts) {
+                return wait;
             }
             return Action::Stuck(RollStuck::NoHealthyHeadroom {
                 old_healthy: old_counts.staying_healthy(),
@@ -1568,6 +1582,29 @@ mod tests {
             run(&fleet, &roll(4, 3)),
             Action::Stuck(RollStuck::NoHealthyHeadroom { .. })
         ));
+    }
+
+    /// The new RC's pods beyond its count (it was scaled down), which a step counts on none
+    /// of, are going too, whichever RC farm owns it (it is enabled): the roll waits for them
+    /// rather than alert, for the pods that stay may be the healthy ones.
+    #[test]
+    fn a_roll_waits_rather_than_alerts_while_the_new_rcs_surplus_goes() {
+        // The old RC's 3 pods healthy; the new RC wants 1 and runs 2, one of them failing.
+        let mut fleet = rolling(3, 3, 1, 1);
+        fleet.rc_pod(NEW, "n9", Some(HealthState::Critical));
+        fleet.lock(&layout::rc_ownership(NEW), "another-session");
+        assert_eq!(
+            run(&fleet, &roll(4, 3)),
+            Action::Wait(RollWait::NewPodRemoval { remaining: 1 }),
+            "the roll alerts while the new RC's farm may yet remove its failing pod"
+        );
+        // The same at the end, before the old RC is retired.
+        let mut fleet = rolling(1, 1, 3, 3);
+        fleet.rc_pod(NEW, "n9", Some(HealthState::Critical));
+        assert_eq!(
+            run(&fleet, &roll(3, 3)),
+            Action::Wait(RollWait::NewPodRemoval { remaining: 1 })
+        );
     }
 
     /// A roll that leaves the old RC keeps it at the count its steps left it: its surplus

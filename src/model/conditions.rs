@@ -314,6 +314,9 @@ pub enum RollWait {
     /// pods a step took, which the next step counts none of, or at the end those beyond the
     /// count a roll leaving the old RC left it (else 0).
     OldPodRemoval { remaining: i64 },
+    /// The new RC's farm still has `remaining` pods beyond the new RC's count (it was scaled
+    /// down) to remove, which a step counts none of.
+    NewPodRemoval { remaining: i64 },
 }
 
 /// Why a roll cannot move at all until something outside it changes.
@@ -381,6 +384,7 @@ impl RollWait {
             RollWait::OldPods { .. } => "WaitingForOldPods",
             RollWait::Placement { .. } => "WaitingForPlacement",
             RollWait::OldPodRemoval { .. } => "WaitingForOldPodRemoval",
+            RollWait::NewPodRemoval { .. } => "WaitingForNewPodRemoval",
         }
     }
 
@@ -401,6 +405,10 @@ impl RollWait {
             ),
             RollWait::OldPodRemoval { remaining } => format!(
                 "waiting for the old RC's farm to remove the {} it no longer wants",
+                pods(*remaining)
+            ),
+            RollWait::NewPodRemoval { remaining } => format!(
+                "waiting for the new RC's farm to remove the {} it no longer wants",
                 pods(*remaining)
             ),
         }
@@ -894,6 +902,11 @@ mod tests {
                 RollActivity::Waiting(RollWait::OldPodRemoval { remaining: 1 }),
                 True,
                 "WaitingForOldPodRemoval",
+            ),
+            (
+                RollActivity::Waiting(RollWait::NewPodRemoval { remaining: 1 }),
+                True,
+                "WaitingForNewPodRemoval",
             ),
             (
                 RollActivity::Stuck(RollStuck::NoHealthyHeadroom {
