@@ -1210,8 +1210,8 @@ mod tests {
         );
     }
 
-    /// A roll waits only for a roll whose new RC sorts first and that names one of its own
-    /// RCs (as its old or new RC), the first such by id; rolls over other RCs, and those
+    /// A roll waits only for a roll whose id sorts before its own and that names one of its
+    /// own RCs (as its old or new RC), the first such by id; rolls over other RCs, and those
     /// sorting after it, stop it not.
     #[test]
     fn a_roll_waits_for_the_first_earlier_roll_sharing_an_rc() {
