@@ -25,6 +25,8 @@ pub struct Fleet {
     pub rolls: BTreeMap<String, Versioned<StoredRoll>>,
     pub daemon_sets: BTreeMap<String, Versioned<StoredDaemonSet>>,
     pub nodes: BTreeMap<String, Labels>,
+    /// Nodes whose label key holds something other than a label set.
+    pub unreadable_nodes: BTreeMap<String, Vec<u8>>,
     pub labels: BTreeMap<PodKey, Versioned<Labels>>,
     pub intents: BTreeMap<PodKey, Vec<u8>>,
     pub reality: BTreeMap<PodKey, Vec<u8>>,
@@ -47,7 +49,16 @@ impl Fleet {
 
     /// A node labelled `role=<role>`.
     pub fn node(&mut self, name: &str, role: &str) -> &mut Self {
+        self.unreadable_nodes.remove(name);
         self.nodes.insert(name.into(), labels(&[("role", role)]));
+        self
+    }
+
+    /// A node whose label key holds no label set, as a tool writing garbage leaves it.
+    pub fn unreadable_node(&mut self, name: &str) -> &mut Self {
+        self.nodes.remove(name);
+        self.unreadable_nodes
+            .insert(name.into(), b"{not json".to_vec());
         self
     }
 
@@ -124,7 +135,12 @@ impl Fleet {
             nodes: tree(
                 self.nodes
                     .iter()
-                    .map(|(node, labels)| (node.clone(), entry(node_labels, node, json(labels), 1)))
+                    .map(|(node, labels)| (node.clone(), json(labels)))
+                    .chain(self.unreadable_nodes.clone())
+                    .map(|(node, raw)| {
+                        let entry = entry(node_labels, &node, raw, 1);
+                        (node, entry)
+                    })
                     .collect(),
             ),
             pods_by_label: index_pods(&pod_label_entries),

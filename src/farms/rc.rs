@@ -530,7 +530,8 @@ pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> FarmResu
 
 /// Node transfer: moves the pod off the first ineligible current node to the
 /// least-loaded eligible free node, when health allows and no roll holds the RC's mutation
-/// lock.
+/// lock. A node whose labels cannot be read is not known to be ineligible: its pod stays,
+/// as P2's RC, whose node selection fails on such a key, moves nothing.
 fn transfer_node(
     world: &World,
     load: &mut Load,
@@ -540,7 +541,9 @@ fn transfer_node(
     current: &BTreeSet<String>,
 ) -> Option<Transfer> {
     let pod_id = rc.manifest.pod_id();
-    let leaving = current.iter().find(|node| !eligible.contains(*node))?;
+    let leaving = current
+        .iter()
+        .find(|node| !eligible.contains(*node) && !world.node_unreadable(node))?;
     let mutation = layout::rc_mutation(id);
     if world.lock_holder(&mutation).is_some() {
         return None;
@@ -1100,6 +1103,30 @@ mod tests {
                 ..Plan::default()
             }
         );
+    }
+
+    /// A node whose labels cannot be read may be eligible or not: a dynamic RC's pod stays
+    /// on it, as P2's RC, whose node selection fails on such a key, moves nothing. Read as
+    /// ineligible, it had its healthy pod moved off to a free node.
+    #[test]
+    fn a_dynamic_rc_keeps_its_pod_on_a_node_whose_labels_cannot_be_read() {
+        let mut fleet = fleet(3, 0);
+        let mut dynamic = rc(NEW, HELLO_1, 2, "role=web");
+        dynamic.allocation_strategy = AllocationStrategy::Dynamic;
+        fleet.put_rc(dynamic, 5);
+        fleet.rc_pod(NEW, "w1", Some(HealthState::Passing)).rc_pod(
+            NEW,
+            "w2",
+            Some(HealthState::Passing),
+        );
+        fleet.unreadable_node("w2");
+        let plan = run(&fleet, NEW);
+        assert_eq!(plan.transfer, None);
+        assert!(plan.changes.is_empty(), "{:?}", plan.changes);
+
+        // A node known not to match still has its pod moved off.
+        fleet.node("w2", "db");
+        assert!(run(&fleet, NEW).transfer.is_some());
     }
 
     #[test]
