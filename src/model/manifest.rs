@@ -91,11 +91,13 @@ impl Manifest {
         let (text, signed) = match signed_plaintext(raw) {
             Some(Ok(text)) => (Cow::Owned(text), true),
             // A message Go's clearsign cannot read leaves P2 reading the whole text as
-            // YAML, which it can when the armor's first line is inside a YAML mapping.
-            Some(Err(why)) if !is_yaml_mapping(raw) => {
+            // YAML, which it can when the armor's first line is inside a YAML mapping; a
+            // message it reads whose signature P2 cannot read is refused.
+            Some(Err(Unread::Message(_))) if is_yaml_mapping(raw) => (Cow::Borrowed(raw), false),
+            Some(Err(Unread::Message(why) | Unread::Signature(why))) => {
                 return Err(vec![FieldError::new("manifest", why)])
             }
-            _ => (Cow::Borrowed(raw), false),
+            None => (Cow::Borrowed(raw), false),
         };
         let document = p2_yaml::parse(&text).map_err(|e| {
             let message = match e {
@@ -257,19 +259,23 @@ pub fn errors_at(at: &str, errors: Vec<FieldError>) -> Vec<FieldError> {
 /// lines starting with `-`) undone and the blanks ending each line dropped (RFC 4880 signs
 /// the text without them, and they would change a block scalar's value, so the SHA). The
 /// signature block must be armor P2 can read ([`readable_signature`]).
-fn signed_plaintext(raw: &str) -> Option<Result<String, &'static str>> {
+fn signed_plaintext(raw: &str) -> Option<Result<String, Unread>> {
     let mut lines = raw.lines();
     lines.by_ref().find(|line| line.starts_with(BEGIN_SIGNED))?;
     loop {
         match lines.next() {
             None => {
-                return Some(Err(
+                return Some(Err(Unread::Message(
                     "signed manifest has no blank line after its armor headers",
-                ))
+                )))
             }
             Some("") => break,
             Some(header) if header.contains(':') => {}
-            Some(_) => return Some(Err("signed manifest has an armor header without ':'")),
+            Some(_) => {
+                return Some(Err(Unread::Message(
+                    "signed manifest has an armor header without ':'",
+                )))
+            }
         }
     }
     let mut text = String::new();
@@ -281,7 +287,23 @@ fn signed_plaintext(raw: &str) -> Option<Result<String, &'static str>> {
         text.push_str(line.trim_end_matches([' ', '\t']));
         text.push('\n');
     }
-    Some(Err("signed manifest has no signature block"))
+    Some(Err(Unread::Message(
+        "signed manifest has no signature block",
+    )))
+}
+
+const UNREADABLE: &str = "signed manifest's signature block is not readable armor";
+const UNTERMINATED: &str = "signed manifest's signature block is not terminated";
+
+/// Why P2 does not read a clear-signed message as signed.
+#[derive(Debug)]
+enum Unread {
+    /// Go's clearsign cannot read the message (its framing, or its signature block's armor
+    /// headers): P2 reads the whole text as YAML instead.
+    Message(&'static str),
+    /// Go's clearsign reads the message, but not its signature block's body, which P2's
+    /// `manifest.FromBytes` reads whole: P2 refuses the manifest.
+    Signature(&'static str),
 }
 
 /// Whether `text` is a YAML mapping, as an unsigned manifest is.
@@ -292,19 +314,26 @@ fn is_yaml_mapping(text: &str) -> bool {
 /// Checks the lines after `-----BEGIN PGP SIGNATURE-----` as P2 reads them: Go's armor
 /// decoder wants `Key: value` header lines ended by an empty line, then base64 lines of at
 /// most 96 bytes, a `=` line holding the CRC-24 of the bytes they decode to, and the end
-/// line. P2's `manifest.FromBytes` reads the signature whole and refuses the manifest when
-/// any of that is wrong. The signature itself is not verified here; preparers do that.
-fn readable_signature<'a>(mut lines: impl Iterator<Item = &'a str>) -> Result<(), &'static str> {
-    const UNREADABLE: &str = "signed manifest's signature block is not readable armor";
-    const UNTERMINATED: &str = "signed manifest's signature block is not terminated";
+/// line. Headers it cannot read leave Go's clearsign reading no message
+/// ([`Unread::Message`]); past them, P2's `manifest.FromBytes` reads the signature whole and
+/// refuses the manifest when any of it is wrong ([`Unread::Signature`]). The signature
+/// itself is not verified here; preparers do that.
+fn readable_signature<'a>(mut lines: impl Iterator<Item = &'a str>) -> Result<(), Unread> {
+    // Go's armor decoder reads the headers when clearsign decodes the message.
     loop {
         match lines.next().map(str::trim) {
-            None => return Err(UNTERMINATED),
+            None => return Err(Unread::Message(UNTERMINATED)),
             Some("") => break,
             Some(header) if header.contains(": ") => {}
-            Some(_) => return Err(UNREADABLE),
+            Some(_) => return Err(Unread::Message(UNREADABLE)),
         }
     }
+    signature_body(lines).map_err(Unread::Signature)
+}
+
+/// Checks the base64 lines, checksum and end line of a signature block, which P2 reads
+/// only once clearsign has decoded the message ([`readable_signature`]).
+fn signature_body<'a>(mut lines: impl Iterator<Item = &'a str>) -> Result<(), &'static str> {
     let mut body = String::new();
     while let Some(line) = lines.next() {
         if let Some(checksum) = line.strip_prefix('=').filter(|_| line.len() == 5) {
@@ -769,6 +798,45 @@ mod tests {
             assert!(!manifest.is_signed(), "{unsigned}");
             assert_eq!(manifest.pod_id(), "x", "{unsigned}");
         }
+    }
+
+    /// Once Go's clearsign reads a message, P2 reads its signature whole and refuses the
+    /// manifest when it cannot (`manifest.FromBytes`): it reads the text as YAML only when
+    /// clearsign finds no message. A YAML mapping holding a message whose signature fails its
+    /// checksum or is not armor is refused, not taken as unsigned; one holding a message
+    /// clearsign cannot read (an armor header without `:`) is YAML.
+    #[test]
+    fn a_message_inside_yaml_whose_signature_p2_cannot_read_is_refused() {
+        let inside = |headers: &str, block: &str| {
+            format!(
+                "id: x\nnote: \"\n{BEGIN_SIGNED}\n{headers}\n\nid: y\n{BEGIN_SIGNATURE}\n\
+                 {block}{END_SIGNATURE}\n\"\n"
+            )
+        };
+        let signed = Manifest::parse(&inside("Hash: SHA256", "\ncDI=\n=ar9S\n")).unwrap();
+        assert!(signed.is_signed());
+        assert_eq!(signed.pod_id(), "y");
+        for (block, why) in [
+            ("\ncDI=\n=abcd\n", "fails its checksum"),
+            ("\ncDI=\n=ar9S\nmore\n", "not readable armor"),
+            (
+                &format!("\n{}\n=ar9S\n", "A".repeat(100)),
+                "not readable armor",
+            ),
+        ] {
+            let raw = inside("Hash: SHA256", block);
+            assert!(is_yaml_mapping(&raw), "{raw}");
+            let errors = Manifest::parse(&raw).map(|m| m.pod_id().to_owned());
+            assert!(
+                errors
+                    .as_ref()
+                    .is_err_and(|e| e.len() == 1 && e[0].to_string().contains(why)),
+                "{raw}: {errors:?}"
+            );
+        }
+        let unreadable = Manifest::parse(&inside("Hash SHA256", "\ncDI=\n=ar9S\n")).unwrap();
+        assert!(!unreadable.is_signed());
+        assert_eq!(unreadable.pod_id(), "x");
     }
 
     #[test]
