@@ -104,6 +104,7 @@ pub fn api() -> OpenApiRouter<AppState> {
     document_request_limits(router.get_openapi_mut());
     document_unavailable(router.get_openapi_mut());
     document_internal_errors(router.get_openapi_mut());
+    document_if_match_forms(router.get_openapi_mut());
     auth::document(router.get_openapi_mut());
     document_request_ids(router.get_openapi_mut());
     document_text_patterns(router.get_openapi_mut());
@@ -162,6 +163,29 @@ fn document_text_patterns(openapi: &mut utoipa::openapi::OpenApi) {
                 parameter.schema = Some(schema.into());
             }
         }
+    }
+}
+
+/// Every write taking `If-Match` takes any of its forms ([`crate::api::preconditions::IfMatch`]),
+/// which each operation's own words (naming one version) leave out: its description says
+/// them, and its 412 the one of `*`.
+fn document_if_match_forms(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::path::ParameterIn;
+    for operation in operations(openapi) {
+        let if_match = operation.parameters.iter_mut().flatten().find(|parameter| {
+            parameter.parameter_in == ParameterIn::Header && parameter.name == "If-Match"
+        });
+        let Some(if_match) = if_match else { continue };
+        let described = if_match.description.take().unwrap_or_default();
+        if_match.description = Some(format!(
+            "{described}. A comma-separated list of ETags takes any one of them; `*`, any \
+             version while the object exists"
+        ));
+        document_also(
+            operation,
+            "412",
+            "with `If-Match: *`, the object does not exist",
+        );
     }
 }
 

@@ -347,3 +347,32 @@ fn the_node_name_pattern_takes_the_names_the_server_takes() {
     }
     assert!(found.is_empty(), "{pattern}: {}", found.join(", "));
 }
+
+/// Every write taking `If-Match` documents all the forms the server takes (a list, `*`),
+/// not only the one version its own words name, and the 412 of `*` on a missing object.
+#[test]
+fn every_if_match_documents_its_forms() {
+    let doc = generated();
+    let mut found = Vec::new();
+    for (route, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let parameters = op["parameters"].as_array().into_iter().flatten();
+            let Some(if_match) = parameters
+                .into_iter()
+                .find(|p| p["in"] == "header" && p["name"] == "If-Match")
+            else {
+                continue;
+            };
+            let described = if_match["description"].as_str().unwrap_or_default();
+            let precondition = op["responses"]["412"]["description"].as_str();
+            if !described.contains("`*`")
+                || !precondition.is_some_and(|d| d.contains("`If-Match: *`"))
+            {
+                found.push(format!(
+                    "{method} {route}: {described:?}, 412: {precondition:?}"
+                ));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
