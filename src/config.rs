@@ -227,7 +227,7 @@ pub struct AccessArgs {
 
     /// Serve without authentication on a non-loopback address: anyone who can reach the
     /// port may change or delete everything.
-    #[arg(long, env = "P2_INSECURE_NO_AUTH")]
+    #[arg(long, env = "P2_INSECURE_NO_AUTH", value_parser = on_or_off())]
     pub insecure_no_auth: bool,
 
     /// An origin (`scheme://host[:port]`) whose browser pages may call the API, preflights
@@ -239,7 +239,7 @@ pub struct AccessArgs {
 
     /// Serve /metrics and /version without a token, for a Prometheus that scrapes without
     /// one; otherwise they need the viewer role.
-    #[arg(long, env = "P2_METRICS_PUBLIC")]
+    #[arg(long, env = "P2_METRICS_PUBLIC", value_parser = on_or_off())]
     pub metrics_public: bool,
 }
 
@@ -349,6 +349,13 @@ impl HttpArgs {
     }
 }
 
+/// What a switch's variable takes: `1`, `yes`, `on`, `true` or `0`, `no`, `off`, `false`
+/// (any case), as environments spell them; clap's default for a switch takes only `true`
+/// and `false`.
+fn on_or_off() -> clap::builder::BoolishValueParser {
+    clap::builder::BoolishValueParser::new()
+}
+
 /// A duration above zero: a zero timeout would fail every request.
 fn parse_timeout(text: &str) -> Result<Duration, String> {
     let timeout = parse_duration(text)?;
@@ -362,7 +369,7 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
 #[derive(Debug, Clone, Args)]
 pub struct FarmArgs {
     /// Do not take part in leader election nor run the farms: serve the API only.
-    #[arg(long, env = "P2_NO_FARMS")]
+    #[arg(long, env = "P2_NO_FARMS", value_parser = on_or_off())]
     pub no_farms: bool,
 
     /// TTL of the leader's store sessions (10s to 24h). A crashed leader is replaced once
@@ -1024,6 +1031,42 @@ mod tests {
             .unwrap();
         assert_eq!(arg.get_env().unwrap(), "P2_METRICS_PUBLIC");
         assert!(serve_args(&["--metrics-public"]).access.metrics_public);
+    }
+
+    /// A switch's variable takes the words a shell or a deployment's environment uses for
+    /// on and off (`1`, `yes`, `on`, `true`; `0`, `no`, `off`, `false`), as the flag's
+    /// presence does: only `true` and `false` were taken, and `P2_NO_FARMS=1` refused to
+    /// start.
+    #[test]
+    fn switches_take_the_usual_words_for_on_and_off_from_their_variables() {
+        for (id, env) in [
+            ("no_farms", "P2_NO_FARMS"),
+            ("insecure_no_auth", "P2_INSECURE_NO_AUTH"),
+            ("metrics_public", "P2_METRICS_PUBLIC"),
+        ] {
+            let cli = Cli::command();
+            let arg = cli.get_arguments().find(|a| a.get_id() == id).unwrap();
+            assert_eq!(arg.get_env().unwrap(), env);
+            let long = arg.get_long().unwrap().to_owned();
+            // The variable's text goes through the switch's value parser; given as the
+            // switch's value here, so that the test reads no variable.
+            let parse = |text: &str| {
+                let cli = Cli::command().mut_arg(id, |arg| arg.action(clap::ArgAction::Set));
+                let matches =
+                    cli.try_get_matches_from(["p2-apiserver", &format!("--{long}"), text]);
+                matches.map(|matches| *matches.get_one::<bool>(id).expect("a bool"))
+            };
+            for on in ["1", "yes", "on", "true", "TRUE"] {
+                assert_eq!(parse(on).ok(), Some(true), "{env}={on}");
+            }
+            for off in ["0", "no", "off", "false"] {
+                assert_eq!(parse(off).ok(), Some(false), "{env}={off}");
+            }
+            // A word that says neither is refused, rather than taken for either.
+            assert!(parse("maybe").is_err(), "{env}=maybe");
+        }
+        let args = serve_args(&["--no-farms", "--insecure-no-auth", "--metrics-public"]);
+        assert!(args.farms.no_farms && args.access.insecure_no_auth && args.access.metrics_public);
     }
 
     #[test]
