@@ -28,7 +28,7 @@ use crate::api::blocking::{index_header, Blocking};
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
-use crate::api::preconditions::{etag, unless_stale, IfMatch};
+use crate::api::preconditions::{self, etag, IfMatch};
 use crate::api::reads::{
     indexed_reader, mirror_index, source_reader, ConsistentFilter, IndexedReader,
 };
@@ -506,8 +506,7 @@ fn labeled_id(labeled: &Labeled) -> &str {
     &labeled.id
 }
 
-/// A write's store error as answered under `expected` ([`unless_stale`]): a lost race under
-/// a named version, or labels gone from under `If-Match: *`, is 412.
+/// A write's store error as answered under `expected` ([`preconditions::write_error`]).
 fn write_error(
     err: StoreError,
     expected: Option<Expected>,
@@ -515,10 +514,7 @@ fn write_error(
     id: &str,
 ) -> ApiError {
     let what = format!("the labels of {label_type} {id:?}");
-    match unless_stale(Err::<(), _>(err), &what, expected) {
-        Err(e) => e,
-        Ok(()) => ApiError::internal("a store error answered as a success"),
-    }
+    preconditions::write_error(err, &what, expected)
 }
 
 fn answer(

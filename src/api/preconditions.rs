@@ -142,20 +142,23 @@ fn absent() -> ApiError {
     ApiError::precondition_failed("If-Match: * needs the object to exist, and it does not")
 }
 
-/// What a write made under `expected` (its `If-Match`, if any) answers: a `Conflict` when
-/// it named a version is that version gone, and a `NotFound` under `*` the object gone,
-/// each a 412; every other outcome as it is.
+/// What a write made under `expected` (its `If-Match`, if any) answers: its failure as
+/// [`write_error`] says, every other outcome as it is.
 pub fn unless_stale<T>(
     written: Result<T, StoreError>,
     what: &str,
     expected: Option<Expected>,
 ) -> Result<T, ApiError> {
-    match (written, expected) {
-        (Err(StoreError::Conflict { .. }), Some(expected @ Expected::Version(_)))
-        | (Err(StoreError::NotFound(_)), Some(expected @ Expected::Existing)) => {
-            Err(stale(what, expected))
-        }
-        (written, _) => Ok(written?),
+    written.map_err(|err| write_error(err, what, expected))
+}
+
+/// A write's store error under `expected`: a `Conflict` when it named a version is that
+/// version gone, and a `NotFound` under `*` the object gone, each a 412; any other as it is.
+pub fn write_error(err: StoreError, what: &str, expected: Option<Expected>) -> ApiError {
+    match (err, expected) {
+        (StoreError::Conflict { .. }, Some(expected @ Expected::Version(_)))
+        | (StoreError::NotFound(_), Some(expected @ Expected::Existing)) => stale(what, expected),
+        (err, _) => err.into(),
     }
 }
 
