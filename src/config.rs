@@ -227,7 +227,7 @@ pub struct AccessArgs {
 
     /// Serve without authentication on a non-loopback address: anyone who can reach the
     /// port may change or delete everything.
-    #[arg(long, env = "P2_INSECURE_NO_AUTH", value_parser = on_or_off())]
+    #[arg(long, env = "P2_INSECURE_NO_AUTH", value_parser = on_or_off)]
     pub insecure_no_auth: bool,
 
     /// An origin (`scheme://host[:port]`) whose browser pages may call the API, preflights
@@ -239,7 +239,7 @@ pub struct AccessArgs {
 
     /// Serve /metrics and /version without a token, for a Prometheus that scrapes without
     /// one; otherwise they need the viewer role.
-    #[arg(long, env = "P2_METRICS_PUBLIC", value_parser = on_or_off())]
+    #[arg(long, env = "P2_METRICS_PUBLIC", value_parser = on_or_off)]
     pub metrics_public: bool,
 }
 
@@ -350,10 +350,14 @@ impl HttpArgs {
 }
 
 /// What a switch's variable takes: `1`, `yes`, `on`, `true` or `0`, `no`, `off`, `false`
-/// (any case), as environments spell them; clap's default for a switch takes only `true`
-/// and `false`.
-fn on_or_off() -> clap::builder::BoolishValueParser {
-    clap::builder::BoolishValueParser::new()
+/// (any case), as environments spell them, and nothing else; clap's default for a switch
+/// takes only `true` and `false`, and its boolish parser `y`, `t`, `n` and `f` as well.
+fn on_or_off(text: &str) -> Result<bool, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "1" | "yes" | "on" | "true" => Ok(true),
+        "0" | "no" | "off" | "false" => Ok(false),
+        _ => Err("takes 1, yes, on or true for on, and 0, no, off or false for off".into()),
+    }
 }
 
 /// A duration above zero: a zero timeout would fail every request.
@@ -369,7 +373,7 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
 #[derive(Debug, Clone, Args)]
 pub struct FarmArgs {
     /// Do not take part in leader election nor run the farms: serve the API only.
-    #[arg(long, env = "P2_NO_FARMS", value_parser = on_or_off())]
+    #[arg(long, env = "P2_NO_FARMS", value_parser = on_or_off)]
     pub no_farms: bool,
 
     /// TTL of the leader's store sessions (10s to 24h). A crashed leader is replaced once
@@ -1062,8 +1066,11 @@ mod tests {
             for off in ["0", "no", "off", "false"] {
                 assert_eq!(parse(off).ok(), Some(false), "{env}={off}");
             }
-            // A word that says neither is refused, rather than taken for either.
-            assert!(parse("maybe").is_err(), "{env}=maybe");
+            // A word that says neither is refused, rather than taken for either; so are
+            // the one-letter words of other parsers, which the README does not name.
+            for other in ["maybe", "y", "t", "n", "f"] {
+                assert!(parse(other).is_err(), "{env}={other}");
+            }
         }
         let args = serve_args(&["--no-farms", "--insecure-no-auth", "--metrics-public"]);
         assert!(args.farms.no_farms && args.access.insecure_no_auth && args.access.metrics_public);
