@@ -176,15 +176,17 @@ fn document_if_match_forms(openapi: &mut utoipa::openapi::OpenApi) {
             parameter.parameter_in == ParameterIn::Header && parameter.name == "If-Match"
         });
         let Some(if_match) = if_match else { continue };
+        const FORMS: &str = "A comma-separated list of ETags takes any one of them; `*`, any \
+                             version while there is one";
         let described = if_match.description.take().unwrap_or_default();
-        if_match.description = Some(format!(
-            "{described}. A comma-separated list of ETags takes any one of them; `*`, any \
-             version while the object exists"
-        ));
+        if_match.description = Some(match described.trim_end_matches('.') {
+            "" => FORMS.to_owned(),
+            described => format!("{described}. {FORMS}"),
+        });
         document_also(
             operation,
             "412",
-            "with `If-Match: *`, the object does not exist",
+            "with `If-Match: *`, there is no version (no object; for labels, no label set)",
         );
     }
 }
