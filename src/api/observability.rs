@@ -23,7 +23,7 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// What this server was built from.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Version {
+pub struct BuildInfo {
     /// The crate's version.
     #[schema(example = "0.1.0")]
     pub version: &'static str,
@@ -65,10 +65,10 @@ async fn get_metrics(State(app): State<AppState>, _: NoQuery) -> Response {
     get,
     path = "/version",
     tag = TAG,
-    responses((status = OK, description = "What this server was built from", body = Version))
+    responses((status = OK, description = "What this server was built from", body = BuildInfo))
 )]
-async fn get_version(_: NoQuery) -> ApiJson<Version> {
-    ApiJson(Version {
+async fn get_version(_: NoQuery) -> ApiJson<BuildInfo> {
+    ApiJson(BuildInfo {
         version: version::VERSION,
         git_commit: version::GIT_COMMIT,
         build_time: version::build_time(),

@@ -376,3 +376,40 @@ fn every_if_match_documents_its_forms() {
     }
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// No component has a field named as the component itself in snake case (`Version` with a
+/// `version` field): SDK generators name both the decoded model and that field's value after
+/// it, so one overwrites the other and the generated code does not type-check.
+#[test]
+fn no_component_has_a_field_named_as_itself() {
+    fn snake(name: &str) -> String {
+        let mut out = String::new();
+        for (i, c) in name.chars().enumerate() {
+            if c.is_ascii_uppercase() && i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        }
+        out
+    }
+    let doc = generated();
+    let mut found = Vec::new();
+    for (name, component) in doc["components"]["schemas"].as_object().unwrap() {
+        let own = snake(name);
+        let mut parts = vec![component];
+        while let Some(part) = parts.pop() {
+            if let Some(properties) = part["properties"].as_object() {
+                found.extend(
+                    properties
+                        .keys()
+                        .filter(|field| **field == own)
+                        .map(|field| format!("{name}.{field}")),
+                );
+            }
+            for key in ["allOf", "oneOf", "anyOf"] {
+                parts.extend(part[key].as_array().into_iter().flatten());
+            }
+        }
+    }
+    assert_eq!(found, Vec::<String>::new());
+}
