@@ -276,7 +276,7 @@ pub(crate) async fn select_labeled(
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        ("id" = String, Path, description = ID_DOC),
+        ("id" = String, Path, description = ID_DOC, min_length = 1),
         ConsistentFilter
     ),
     responses(
@@ -330,7 +330,7 @@ pub async fn shown_labels(
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        ("id" = String, Path, description = ID_DOC),
+        ("id" = String, Path, description = ID_DOC, min_length = 1),
         ("If-Match" = Option<String>, Header, nullable = false, description = IF_MATCH_DOC)
     ),
     request_body = ReplaceLabels,
@@ -386,7 +386,7 @@ async fn put_labels(
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        ("id" = String, Path, description = ID_DOC),
+        ("id" = String, Path, description = ID_DOC, min_length = 1),
         ("If-Match" = Option<String>, Header, nullable = false, description = IF_MATCH_DOC)
     ),
     request_body(description = "A JSON merge patch",
@@ -441,7 +441,7 @@ async fn patch_labels(
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        ("id" = String, Path, description = ID_DOC),
+        ("id" = String, Path, description = ID_DOC, min_length = 1),
         ("If-Match" = Option<String>, Header, nullable = false, description = IF_MATCH_DOC)
     ),
     responses(

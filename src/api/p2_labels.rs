@@ -227,7 +227,7 @@ async fn list_p2_labels(
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        ("id" = String, Path, description = ID_DOC),
+        ("id" = String, Path, description = ID_DOC, min_length = 1),
         ReadParams
     ),
     responses(
@@ -314,7 +314,7 @@ async fn delete_p2_target(
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        ("id" = String, Path, description = ID_DOC)
+        ("id" = String, Path, description = ID_DOC, min_length = 1)
     ),
     request_body = SetLabelsRequest,
     responses(
@@ -354,8 +354,8 @@ async fn put_p2_labels(
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        ("id" = String, Path, description = ID_DOC),
-        ("name" = String, Path, description = NAME_DOC)
+        ("id" = String, Path, description = ID_DOC, min_length = 1),
+        ("name" = String, Path, description = NAME_DOC, min_length = 1)
     ),
     request_body = SetLabelRequest,
     responses(
@@ -399,7 +399,7 @@ async fn put_p2_label(
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        ("id" = String, Path, description = ID_DOC)
+        ("id" = String, Path, description = ID_DOC, min_length = 1)
     ),
     responses(
         (status = NO_CONTENT, description = "The object has no labels any more"),
@@ -428,8 +428,8 @@ async fn delete_p2_labels(
     tag = TAG,
     params(
         ("type" = LabelType, Path, description = "Label type"),
-        ("id" = String, Path, description = ID_DOC),
-        ("name" = String, Path, description = NAME_DOC)
+        ("id" = String, Path, description = ID_DOC, min_length = 1),
+        ("name" = String, Path, description = NAME_DOC, min_length = 1)
     ),
     responses(
         (status = NO_CONTENT, description = "The object does not have the label any more"),
