@@ -133,8 +133,12 @@ impl Counts {
     /// the roll), and the RC farms pick which go (or which a new pod replaces) by node, not by
     /// health: at worst every one of them is a healthy one.
     pub fn staying_healthy(&self) -> i64 {
-        let going = self.current().saturating_sub(self.desired).max(0);
-        self.healthy().saturating_sub(going).max(0)
+        self.healthy().saturating_sub(self.beyond_count()).max(0)
+    }
+
+    /// The pods beyond the RC's count, which its farm is to remove.
+    pub fn beyond_count(&self) -> i64 {
+        self.current().saturating_sub(self.desired).max(0)
     }
 
     /// Pods still on their way: not placed yet (`desired` above `current`), not running the
@@ -389,9 +393,8 @@ pub fn plan(
         }
         // The old RC's pods beyond its count, which a step counts on none of, are going:
         // the roll waits for them rather than alert, unless they stay.
-        let surplus = old_counts.current().saturating_sub(old_counts.desired);
-        if surplus > 0 && !old_pods_kept(world, session, spec) {
-            return Action::Wait(RollWait::OldPodRemoval { remaining: surplus });
+        if let Some(wait) = old_pod_removal(world, session, spec, old_counts) {
+            return wait;
         }
         if spec.minimum_replicas >= target {
             return Action::Stuck(RollStuck::MinimumEqualsDesired {
@@ -439,8 +442,20 @@ pub fn plan(
 /// counts none of and may be the healthy ones: its RC farm, whichever it is, removes them,
 /// the new RC being enabled.
 fn new_pod_removal(new_counts: Counts) -> Option<Action> {
-    let surplus = new_counts.current().saturating_sub(new_counts.desired);
-    (surplus > 0).then_some(Action::Wait(RollWait::NewPodRemoval { remaining: surplus }))
+    let remaining = new_counts.beyond_count();
+    (remaining > 0).then_some(Action::Wait(RollWait::NewPodRemoval { remaining }))
+}
+
+/// The wait for the old RC's pods beyond its count, unless they stay ([`old_pods_kept`]).
+fn old_pod_removal(
+    world: &World,
+    session: &str,
+    spec: &StoredRoll,
+    old_counts: Counts,
+) -> Option<Action> {
+    let remaining = old_counts.beyond_count();
+    (remaining > 0 && !old_pods_kept(world, session, spec))
+        .then_some(Action::Wait(RollWait::OldPodRemoval { remaining }))
 }
 
 /// Whether the old RC's pods beyond its count stay: our RC farm removes a rolling disabled
@@ -464,9 +479,8 @@ fn complete(
         // new RC did not replace in place) go only while the roll holds its mutation lock:
         // once the roll ends, the disabled RC changes nothing and they would run for good.
         // Another RC farm leaves them anyway, and the roll ends as P2's does.
-        let surplus = old_counts.current().saturating_sub(old_counts.desired);
-        if surplus > 0 && !old_pods_kept(world, session, spec) {
-            return Action::Wait(RollWait::OldPodRemoval { remaining: surplus });
+        if let Some(wait) = old_pod_removal(world, session, spec, old_counts) {
+            return wait;
         }
         return Action::Finish { retire_old: None };
     }
