@@ -40,6 +40,9 @@ pub const LEADER_LOCK: &str = "lock/p2-apiserver/leader";
 
 /// Everything this server keeps beside P2's trees; P2's tools never read under it.
 pub const OURS: &str = "p2-apiserver/";
+/// Never written: the server reads it to learn the store's index (on Consul, a read of a
+/// missing key answers the KV table's).
+pub const INDEX_PROBE: &str = "p2-apiserver/index-probe";
 /// Status conditions the farms compute: `p2-apiserver/conditions/<kind>/<id>`.
 pub const CONDITIONS: &str = "p2-apiserver/conditions/";
 /// Events: `p2-apiserver/events/<sortable id>`.

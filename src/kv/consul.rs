@@ -262,6 +262,14 @@ impl KvStore for ConsulStore {
         self.read_pairs(url, "list").await
     }
 
+    /// A read of the missing probe is answered at the KV table's index; of a key that
+    /// exists, at the key's own.
+    async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
+        validate_key(probe)?;
+        let listing = self.read_pairs(self.http.kv_url(probe), "get").await?;
+        Ok(listing.pairs.is_empty().then_some(listing.index))
+    }
+
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
         validate_prefix(prefix)?;
         let mut url = self.http.kv_url(prefix);

@@ -100,6 +100,11 @@ impl KvStore for Metered {
             .await
     }
 
+    async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
+        self.measure("current_index", self.inner.current_index(probe))
+            .await
+    }
+
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
         self.measure("put", self.inner.put(key, value, cas)).await
     }

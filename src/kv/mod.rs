@@ -455,6 +455,14 @@ pub trait KvStore: Send + Sync + 'static {
         Ok(self.keys(prefix, Some('/')).await?.0)
     }
 
+    /// The store's index now: at least that of every write it has committed, so that a
+    /// reader holding a higher index learns the store went backwards (restored from a
+    /// snapshot) while its watches wait, as Consul's do, for an index the store has not
+    /// reached. `probe` is a key nobody writes, that the caller may read: Consul answers the
+    /// read of a missing key at its KV table's index. `None` when the store cannot tell
+    /// (on Consul, once someone has written the probe).
+    async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>>;
+
     /// Writes `value` at `key` if `cas` holds; a CAS miss is `Conflict`.
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()>;
 

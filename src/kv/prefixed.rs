@@ -158,6 +158,13 @@ impl KvStore for Prefixed {
             .map_err(|e| self.strip_error(e))
     }
 
+    async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
+        self.inner
+            .current_index(&self.key(probe)?)
+            .await
+            .map_err(|e| self.strip_error(e))
+    }
+
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
         let (index, keys) = self
             .inner

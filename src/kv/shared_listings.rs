@@ -205,6 +205,10 @@ impl KvStore for SharedListings {
         self.store.prefix_index(prefix).await
     }
 
+    async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
+        self.store.current_index(probe).await
+    }
+
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
         self.store.put(key, value, cas).await
     }
@@ -352,6 +356,9 @@ mod tests {
         }
         async fn keys(&self, _: &str, _: Option<char>) -> StoreResult<(u64, Vec<String>)> {
             Ok((self.list(PREFIX).await?.index, Vec::new()))
+        }
+        async fn current_index(&self, _: &str) -> StoreResult<Option<u64>> {
+            unused()
         }
         async fn put(&self, _: &str, _: &[u8], _: Cas) -> StoreResult<()> {
             self.index.fetch_add(1, Ordering::SeqCst);

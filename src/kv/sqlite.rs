@@ -2175,6 +2175,11 @@ impl KvStore for SqliteStore {
         self.inner.prefix_index(prefix).await
     }
 
+    async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
+        validate_key(probe)?;
+        Ok(Some(meta(&self.inner.reader, "last_index").await?))
+    }
+
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
         validate_prefix(prefix)?;
         let listing = read_prefix(&self.inner.reader, prefix, false).await?;

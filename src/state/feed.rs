@@ -149,14 +149,19 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
     format!("panicked: {}", panics::message(panic))
 }
 
-/// Reads one small key whenever the store has gone a [`super::MirrorConfig::heartbeat_interval`]
-/// without answering the mirror, until `cancel`, so that [`Mirror::health`] learns within
-/// its bound of a store that takes requests and never answers them: each watch alone would
-/// notice only once its own wait had run out. A heartbeat unanswered by the next is given
-/// up, so that one lost on a dead connection does not hold the next back.
+/// Reads the store's index whenever the store has gone a
+/// [`super::MirrorConfig::heartbeat_interval`] without answering the mirror, until `cancel`,
+/// so that [`Mirror::health`] learns within its bound of a store that takes requests and
+/// never answers them: each watch alone would notice only once its own wait had run out.
+/// For the same reason an index below what the mirror holds re-reads every tree: a Consul
+/// restored from a snapshot holds its watches, which wait for an index past the restored
+/// one, until their wait runs out, and the mirror would serve what the store no longer
+/// holds until then. A heartbeat unanswered by the next is given up, so that one lost on a
+/// dead connection does not hold the next back.
 pub(super) async fn heartbeat(mirror: Mirror, cancel: CancellationToken) {
     let interval = mirror.config().heartbeat_interval;
     let last_answer = || Instant::from_std(mirror.last_answer());
+    let epoch = mirror.epoch();
     let mut last_sent = Instant::now();
     loop {
         let due = last_answer().max(last_sent) + interval;
@@ -169,12 +174,27 @@ pub(super) async fn heartbeat(mirror: Mirror, cancel: CancellationToken) {
             continue;
         }
         last_sent = Instant::now();
-        let read = tokio::time::timeout(interval, mirror.store().get(layout::LEADER_LOCK));
-        tokio::select! {
-            read = read => if let Ok(Ok(_)) = read {
-                mirror.store_answered();
+        let seen_epoch = *epoch.borrow();
+        // Committed before the read is sent, so within the index it answers.
+        let known = mirror.committed_index();
+        let read = mirror.store().current_index(layout::INDEX_PROBE);
+        let read = tokio::time::timeout(interval, read);
+        let index = tokio::select! {
+            read = read => match read {
+                Ok(Ok(index)) => index,
+                _ => continue,
             },
             () = cancel.cancelled() => return,
+        };
+        mirror.store_answered();
+        // Unless a tree saw it first.
+        if index.is_some_and(|index| index < known) && *epoch.borrow() == seen_epoch {
+            tracing::warn!(
+                was = known,
+                now = index,
+                "the store's index went backwards; re-reading every tree"
+            );
+            mirror.resync();
         }
     }
 }

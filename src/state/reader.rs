@@ -68,6 +68,10 @@ impl KvStore for MirrorReader {
         self.listing(prefix)
     }
 
+    async fn current_index(&self, _probe: &str) -> StoreResult<Option<u64>> {
+        Ok(Some(self.mirror.index()))
+    }
+
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
         let listing = self.listing(prefix)?;
         let mut keys: Vec<String> = Vec::with_capacity(listing.pairs.len());

@@ -106,6 +106,10 @@ impl KvStore for OwnWrites {
         self.kv.prefix_index(prefix).await
     }
 
+    async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
+        self.kv.current_index(probe).await
+    }
+
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
         self.noted(self.kv.put(key, value, cas)).await?;
         self.read_back(key).await;

@@ -408,6 +408,9 @@ impl KvStore for PingFails {
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
         self.inner.keys(prefix, separator).await
     }
+    async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
+        self.inner.current_index(probe).await
+    }
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
         self.inner.put(key, value, cas).await
     }
@@ -511,6 +514,9 @@ impl KvStore for Frozen {
     }
     async fn keys(&self, _: &str, _: Option<char>) -> StoreResult<(u64, Vec<String>)> {
         self.read((FROZEN_INDEX, Vec::new())).await
+    }
+    async fn current_index(&self, _: &str) -> StoreResult<Option<u64>> {
+        self.read(Some(FROZEN_INDEX)).await
     }
     async fn put(&self, _: &str, _: &[u8], _: Cas) -> StoreResult<()> {
         std::future::pending().await

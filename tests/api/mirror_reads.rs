@@ -964,8 +964,8 @@ async fn a_watch_the_store_never_answers_is_lost_once_overdue() {
 }
 
 /// A store that takes the mirror's reads and answers none (a hung agent) is noticed within
-/// the mirror's bound, long before any watch's wait runs out, by a heartbeat read of one
-/// key: `/readyz` says so and reads go to the store; once the store answers, all is well.
+/// the mirror's bound, long before any watch's wait runs out, by a heartbeat read of the
+/// store's index: `/readyz` says so and reads go to the store; once the store answers, all is well.
 /// A store with nothing to tell the watches answers the heartbeats, and stays ready.
 #[tokio::test]
 async fn a_store_that_answers_nothing_is_noticed_before_the_watches_waits_run_out() {

@@ -791,6 +791,24 @@ async fn prefix_index_is_a_listings_index(s: Subject) {
     assert!(same(&s).await > deleted);
 }
 
+/// The store's current index, read from a missing probe key, is at least that of every
+/// write committed before, wherever in the store it landed.
+async fn current_index_holds_every_write(s: Subject) {
+    let probe = s.key("probe");
+    let current = |s: &Subject| {
+        let (store, probe) = (s.store.clone(), probe.clone());
+        async move { store.current_index(&probe).await.unwrap().unwrap() }
+    };
+    let key = s.key("indexed/a");
+    s.store.put(&key, b"a", Cas::Any).await.unwrap();
+    let written = s.store.get(&key).await.unwrap().unwrap().modify_index;
+    assert!(current(&s).await >= written);
+    s.store.delete(&key, Cas::Any).await.unwrap();
+    let deleted = s.store.prefix_index(&s.key("indexed/")).await.unwrap();
+    assert!(deleted > written);
+    assert!(current(&s).await >= deleted);
+}
+
 /// Each op of a transaction sees what the ops before it did.
 async fn txn_ops_see_the_ops_before_them(s: Subject) {
     let (a, b) = (s.key("seen/a"), s.key("seen/b"));
@@ -1199,6 +1217,7 @@ macro_rules! conformance_suite {
                     prefix_watch_sees_deletes,
                     watch_wakes_for_each_change_it_covers,
                     prefix_index_is_a_listings_index,
+                    current_index_holds_every_write,
                     watch_changes_bring_a_copy_up_to_date,
                     txn_ops_see_the_ops_before_them,
                     unusual_keys_list_by_their_bytes,

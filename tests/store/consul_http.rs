@@ -973,6 +973,28 @@ async fn a_watch_blocks_with_index_and_wait_until_the_index_changes() {
     );
 }
 
+/// Consul answers the read of a missing key at its KV table's index, and of a key that
+/// exists at the key's own, which says nothing of the table's.
+#[tokio::test]
+async fn the_current_index_is_read_from_a_missing_probe_only() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/probe"))
+        .respond_with(missing(42))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/kv/probe"))
+        .respond_with(kv_answer(7, json!([entry("probe", "v", 7)])))
+        .mount(&server)
+        .await;
+    let store = store(&server);
+
+    assert_eq!(store.current_index("probe").await.unwrap(), Some(42));
+    assert_eq!(store.current_index("probe").await.unwrap(), None);
+}
+
 #[tokio::test]
 async fn a_watch_returns_at_once_when_the_index_goes_backwards() {
     let server = MockServer::start().await;

@@ -419,19 +419,10 @@ async fn a_store_going_backwards_is_read_afresh_and_subscribers_resync() {
         (sqlite().await, sqlite().await),
         (consul_fake().await, consul_fake().await),
     ] {
-        for i in 0..20 {
-            let key = format!("labels/node/old{i}");
-            old.store.put(&key, b"{}", Cas::Any).await.unwrap();
-        }
-        let (switch, mirror, _running) = behind_a_switch(&old, &fresh).await;
+        let (switch, mirror, _running) = node_labels_behind_a_switch(&old, &fresh, config()).await;
         let mut subscriber = mirror.subscribe(None, &[Kind::Nodes], &[]).receiver;
 
-        *switch.inner.write().unwrap() = fresh.store.clone();
-        // Wakes the watches still waiting on the old store, so they move to the fresh one.
-        old.store
-            .put("labels/node/old0", b"{}", Cas::Any)
-            .await
-            .unwrap();
+        turn_to_fresh(&switch, &old, &fresh).await;
 
         assert_converges(&mirror, fresh.store.as_ref()).await;
         let resynced = async {
@@ -445,6 +436,53 @@ async fn a_store_going_backwards_is_read_afresh_and_subscribers_resync() {
             .await
             .expect("no resync signal");
     }
+}
+
+/// A Consul restored from a snapshot holds the mirror's watches, which wait for an index
+/// past the restored one, until their wait runs out: the heartbeat, reading the store's
+/// index below what the mirror holds, has every tree read afresh long before.
+#[tokio::test]
+async fn a_store_restored_under_waiting_watches_is_read_afresh_within_heartbeats() {
+    for (old, fresh) in [
+        (sqlite().await, sqlite().await),
+        (consul_fake().await, consul_fake().await),
+    ] {
+        let config = MirrorConfig {
+            watch_wait: 4 * PATIENCE,
+            heartbeat_interval: Duration::from_millis(200),
+            ..config()
+        };
+        let (switch, mirror, _running) = node_labels_behind_a_switch(&old, &fresh, config).await;
+
+        switch.waits_past_its_index.store(true, Ordering::SeqCst);
+        turn_to_fresh(&switch, &old, &fresh).await;
+
+        assert_converges(&mirror, fresh.store.as_ref()).await;
+    }
+}
+
+/// A mirror by `config` of `old`, given twenty node labels, behind a switch (see
+/// [`behind_a_switch`]).
+async fn node_labels_behind_a_switch(
+    old: &Backend,
+    fresh: &Backend,
+    config: MirrorConfig,
+) -> (Arc<Switchable>, Mirror, Running) {
+    for i in 0..20 {
+        let key = format!("labels/node/old{i}");
+        old.store.put(&key, b"{}", Cas::Any).await.unwrap();
+    }
+    behind_a_switch(old, fresh, config).await
+}
+
+/// Turns `switch` from `old` to `fresh`, and wakes the watches still waiting on `old`, so
+/// that they move to `fresh`.
+async fn turn_to_fresh(switch: &Switchable, old: &Backend, fresh: &Backend) {
+    *switch.inner.write().unwrap() = fresh.store.clone();
+    old.store
+        .put("labels/node/old0", b"{}", Cas::Any)
+        .await
+        .unwrap();
 }
 
 /// Another writer's change to the node labels, which their watch holds back, then a newer
@@ -476,20 +514,24 @@ async fn about_to_go_backwards() -> (Backend, Backend, Arc<Switchable>, Mirror, 
         .put("labels/node/old", b"{}", Cas::Any)
         .await
         .unwrap();
-    let (switch, mirror, running) = behind_a_switch(&old, &fresh).await;
+    let (switch, mirror, running) = behind_a_switch(&old, &fresh, config()).await;
     (old, fresh, switch, mirror, running)
 }
 
-/// A mirror of `old` behind a switch, once it holds what `old` holds, and `fresh` given one
-/// node label (at an index below `old`'s) for the switch to turn to.
-async fn behind_a_switch(old: &Backend, fresh: &Backend) -> (Arc<Switchable>, Mirror, Running) {
+/// A mirror by `config` of `old` behind a switch, once it holds what `old` holds, and
+/// `fresh` given one node label (at an index below `old`'s) for the switch to turn to.
+async fn behind_a_switch(
+    old: &Backend,
+    fresh: &Backend,
+    config: MirrorConfig,
+) -> (Arc<Switchable>, Mirror, Running) {
     fresh
         .store
         .put("labels/node/new", b"{}", Cas::Any)
         .await
         .unwrap();
     let switch = Switchable::new(old.store.clone());
-    let (mirror, running) = started(switch.clone(), config()).await;
+    let (mirror, running) = started(switch.clone(), config).await;
     assert_converges(&mirror, old.store.as_ref()).await;
     (switch, mirror, running)
 }

@@ -245,8 +245,9 @@ impl Counting {
         self.reads_failing.store(false, Ordering::SeqCst);
     }
 
-    /// Makes single-key reads wait, unanswered, as a store that takes them and never
-    /// replies (`true`); or answers them again, those waiting included (`false`).
+    /// Makes single-key reads and reads of the store's index wait, unanswered, as a store
+    /// that takes them and never replies (`true`); or answers them again, those waiting
+    /// included (`false`).
     pub fn stall_key_reads(&self, stall: bool) {
         self.key_reads_stalled.store(stall, Ordering::SeqCst);
     }
@@ -344,6 +345,14 @@ impl KvStore for Counting {
         self.count();
         self.read_fails()?;
         self.inner.prefix_index(prefix).await
+    }
+    async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
+        self.count();
+        self.read_fails()?;
+        while self.key_reads_stalled.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.inner.current_index(probe).await
     }
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
         self.count();

@@ -153,6 +153,10 @@ impl KvStore for Severable {
         self.cut_off()?;
         self.inner.keys(prefix, separator).await
     }
+    async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
+        self.cut_off()?;
+        self.inner.current_index(probe).await
+    }
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
         self.cut_off()?;
         self.inner.put(key, value, cas).await

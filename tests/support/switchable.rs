@@ -11,6 +11,7 @@ use p2_apiserver::kv::{
     Cas, HeldWrites, KvPair, KvStore, Listing, PrefixUpdate, SessionInfo, SessionSpec, StoreError,
     StoreResult, TxnOp, WatchTarget,
 };
+use p2_apiserver::layout;
 use p2_apiserver::state::MirrorConfig;
 
 use crate::support::api::TestApp;
@@ -33,6 +34,9 @@ pub struct Switchable {
     /// Listings and watches of prefixes under this one panic until it is cleared, as a bug
     /// in reading or decoding what they bring would.
     pub panicking: Mutex<Option<String>>,
+    /// Watches of an index past the backing store's wait their whole wait, as Consul's
+    /// blocking queries do after it was restored from a snapshot.
+    pub waits_past_its_index: AtomicBool,
 }
 
 impl Switchable {
@@ -67,7 +71,19 @@ impl Switchable {
             held_watches: Mutex::default(),
             slow_keys: Mutex::default(),
             panicking: Mutex::default(),
+            waits_past_its_index: AtomicBool::new(false),
         })
+    }
+
+    /// Waits `wait` when asked to and `index` is past the backing store's.
+    async fn wait_if_past(&self, index: u64, wait: Duration) -> StoreResult<()> {
+        if self.waits_past_its_index.load(Ordering::SeqCst) {
+            let now = self.store()?.current_index(layout::INDEX_PROBE).await?;
+            if now.is_some_and(|now| index > now) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        Ok(())
     }
 
     /// The backing store, unless cut off.
@@ -96,6 +112,9 @@ impl KvStore for Switchable {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         self.store()?.keys(prefix, separator).await
+    }
+    async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
+        self.store()?.current_index(probe).await
     }
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
         self.store()?.put(key, value, cas).await
@@ -133,6 +152,7 @@ impl KvStore for Switchable {
         index: u64,
         wait: Duration,
     ) -> StoreResult<Listing> {
+        self.wait_if_past(index, wait).await?;
         let answer = self.store()?.watch(target, index, wait).await;
         if let WatchTarget::Prefix(prefix) = target {
             self.panic_if_asked(prefix);
@@ -153,6 +173,7 @@ impl KvStore for Switchable {
             let target = WatchTarget::Prefix(prefix.to_owned());
             return Ok(PrefixUpdate::Whole(self.watch(&target, index, wait).await?));
         }
+        self.wait_if_past(index, wait).await?;
         let update = self
             .store()?
             .watch_changes(prefix, index, wait, held)
