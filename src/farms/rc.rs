@@ -146,6 +146,9 @@ pub struct Load {
     by_node: HashMap<String, usize>,
     /// `(load, node)` of every node of `by_node` and every labelled node.
     ordered: BTreeSet<(usize, String)>,
+    /// How many pods of each disabled RC the pass's plans replace in place, so that the RCs
+    /// of a pod id together replace no more of a rolling RC's pods than its [`surplus`].
+    replaced: HashMap<String, usize>,
 }
 
 impl Load {
@@ -161,7 +164,11 @@ impl Load {
             by_node.insert(node.to_owned(), n);
         }
         let ordered = by_node.iter().map(|(node, n)| (*n, node.clone())).collect();
-        Load { by_node, ordered }
+        Load {
+            by_node,
+            ordered,
+            replaced: HashMap::new(),
+        }
     }
 
     fn get(&self, node: &str) -> usize {
@@ -391,7 +398,7 @@ fn candidates(
         .collect();
     replacing.sort_by(|(a, _), (b, _)| (load.get(a), a).cmp(&(load.get(b), b)));
     // How many more pods of each disabled RC may be replaced before a free node is used: a
-    // rolling one's surplus only.
+    // rolling one's surplus only, less what the pass's earlier plans replace.
     let mut replaceable: HashMap<String, usize> = HashMap::new();
     let mut chosen: Vec<(String, Option<Replaced>)> = Vec::new();
     let mut kept = Vec::new();
@@ -401,7 +408,10 @@ fn candidates(
         }
         let left = replaceable
             .entry(replaced.rc_id.clone())
-            .or_insert_with(|| surplus(world, &replaced.rc_id, pod_id));
+            .or_insert_with(|| {
+                let before = load.replaced.get(&replaced.rc_id).copied().unwrap_or(0);
+                surplus(world, &replaced.rc_id, pod_id).saturating_sub(before)
+            });
         if *left == 0 {
             kept.push((node, replaced));
             continue;
@@ -495,7 +505,10 @@ pub fn plan(world: &World, load: &mut Load, id: &str, rc: &StoredRc) -> FarmResu
         }
         for (node, replaced) in candidates {
             changes.push(match replaced {
-                Some(replaced) => Change::Replace(node, replaced),
+                Some(replaced) => {
+                    *load.replaced.entry(replaced.rc_id.clone()).or_default() += 1;
+                    Change::Replace(node, replaced)
+                }
                 None => {
                     load.add(&node);
                     Change::Schedule(node)
@@ -1058,6 +1071,42 @@ mod tests {
         assert!(
             lost.len() <= 2,
             "the old RC keeps 2 pods, but loses {lost:?}"
+        );
+    }
+
+    /// Two enabled RCs of the pod id, each short, replace no more of a rolling RC's pods in
+    /// one pass than its surplus together: the rest of their pods go to free nodes. Each
+    /// replaced as many as the surplus, on nodes of its own (the RCs' selectors differ), so
+    /// a rolling RC of 4 pods that wants 2 was left with none.
+    #[test]
+    fn two_rcs_replace_no_more_than_a_rolling_rcs_surplus_together() {
+        let mut fleet = fleet(4, 4);
+        let mut old = rc(OLD, HELLO_1, 2, "role in (web, db)");
+        old.disabled = true;
+        fleet
+            .put_rc(old, 4)
+            .put_rc(rc(NEW, HELLO_2, 2, "role=web"), 5)
+            .put_rc(rc(OTHER, HELLO_2, 2, "role=db"), 6);
+        for node in ["w1", "w2", "d1", "d2"] {
+            fleet.rc_pod(OLD, node, Some(HealthState::Passing));
+        }
+        fleet.lock(&layout::rc_mutation(OLD), "roll");
+        let world = fleet.world();
+        let mut load = Load::of(&world);
+        let mut replaced = BTreeSet::new();
+        // In the order of a pass.
+        for id in world.rcs.items.keys() {
+            let planned = plan(&world, &mut load, id, &world.rcs.items[id].value).unwrap();
+            for change in planned.changes {
+                if let Change::Replace(node, _) = change {
+                    replaced.insert(node);
+                }
+            }
+        }
+        assert_eq!(
+            replaced.len(),
+            2,
+            "the old RC keeps 2 of its 4 pods, but {replaced:?} are replaced"
         );
     }
 
