@@ -149,31 +149,24 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
     format!("panicked: {}", panics::message(panic))
 }
 
-/// Reads the store's index whenever the store has gone a
-/// [`super::MirrorConfig::heartbeat_interval`] without answering the mirror, until `cancel`,
+/// Reads the store's index every [`super::MirrorConfig::heartbeat_interval`] until `cancel`,
 /// so that [`Mirror::health`] learns within its bound of a store that takes requests and
 /// never answers them: each watch alone would notice only once its own wait had run out.
-/// For the same reason an index below what the mirror holds re-reads every tree: a Consul
-/// restored from a snapshot holds its watches, which wait for an index past the restored
-/// one, until their wait runs out, and the mirror would serve what the store no longer
-/// holds until then. A heartbeat unanswered by the next is given up, so that one lost on a
-/// dead connection does not hold the next back.
+/// For the same reason an index below what the mirror holds has every tree read again: a
+/// Consul restored from a snapshot holds the watches, which wait for an index past the
+/// restored one, until their wait runs out, and the mirror would serve what the store no
+/// longer holds until then. Sent whether or not the watches answer, since those of trees
+/// the restored store holds past their index answer as usual. A heartbeat unanswered
+/// within the interval is given up, so that one lost on a dead connection does not hold
+/// the next back.
 pub(super) async fn heartbeat(mirror: Mirror, cancel: CancellationToken) {
     let interval = mirror.config().heartbeat_interval;
-    let last_answer = || Instant::from_std(mirror.last_answer());
     let epoch = mirror.epoch();
-    let mut last_sent = Instant::now();
     loop {
-        let due = last_answer().max(last_sent) + interval;
         tokio::select! {
-            () = tokio::time::sleep_until(due) => {}
+            () = tokio::time::sleep(interval) => {}
             () = cancel.cancelled() => return,
         }
-        // A watch answered meanwhile.
-        if last_answer() + interval > Instant::now() {
-            continue;
-        }
-        last_sent = Instant::now();
         let seen_epoch = *epoch.borrow();
         // Committed before the read is sent, so within the index it answers.
         let known = mirror.committed_index();

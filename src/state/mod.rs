@@ -75,12 +75,11 @@ pub struct MirrorConfig {
     /// How long after its last success a failing tree watch (or one whose read has gone
     /// unanswered past its wait) makes [`Mirror::health`] report the mirror stale.
     pub lost_after: Duration,
-    /// How long the store may go without answering the mirror before it reads one key to
-    /// learn that the store still answers (its heartbeat): a store that takes
-    /// requests and never answers them is then noticed after two such intervals, and lost
-    /// after [`MirrorConfig::lost_after`] (at least the two intervals), rather than only
-    /// once each watch's wait has run out. While the watches are
-    /// answered, the mirror asks nothing more.
+    /// How often the mirror reads the store's index (its heartbeat), to learn that the store
+    /// still answers and has not gone backwards: a store that takes requests and never
+    /// answers them is then noticed after two such intervals, and lost after
+    /// [`MirrorConfig::lost_after`] (at least the two intervals), and a store restored under
+    /// waiting watches within one, rather than only once each watch's wait has run out.
     pub heartbeat_interval: Duration,
     /// How many changes the stream keeps for subscribers resuming from a position.
     pub retained_changes: usize,
@@ -1098,8 +1097,8 @@ impl Mirror {
     }
 
     /// When the store last answered the mirror, if it has answered none of its reads since
-    /// for two heartbeat intervals: a heartbeat is sent one interval after the last answer,
-    /// and given one interval to be answered.
+    /// for two heartbeat intervals: a heartbeat is sent one interval after the last one's
+    /// answer, and given one interval to be answered.
     fn silent_since(&self, state: &State) -> Option<Instant> {
         let heard = state.answered;
         (heard.elapsed() > 2 * self.inner.config.heartbeat_interval).then_some(heard)
@@ -1515,11 +1514,6 @@ impl Mirror {
     /// Notes that the store has just answered the mirror.
     fn store_answered(&self) {
         self.write().answered = Instant::now();
-    }
-
-    /// When the store last answered the mirror.
-    fn last_answer(&self) -> Instant {
-        self.read().answered
     }
 
     /// Notes a failed read of `tree`'s watch, whose last success was at `last_success`: the

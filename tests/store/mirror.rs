@@ -440,13 +440,20 @@ async fn a_store_going_backwards_is_read_afresh_and_subscribers_resync() {
 
 /// A Consul restored from a snapshot holds the mirror's watches, which wait for an index
 /// past the restored one, until their wait runs out: the heartbeat, reading the store's
-/// index below what the mirror holds, has every tree read afresh long before.
+/// index below what the mirror holds, has every tree read afresh long before. It does so
+/// also while the watch of a tree that the restored store holds past its index answers,
+/// as one being written to does.
 #[tokio::test]
 async fn a_store_restored_under_waiting_watches_is_read_afresh_within_heartbeats() {
     for (old, fresh) in [
         (sqlite().await, sqlite().await),
         (consul_fake().await, consul_fake().await),
     ] {
+        let pod = "labels/pod/n/p";
+        old.store.put(pod, b"{}", Cas::Any).await.unwrap();
+        for _ in 0..10 {
+            fresh.store.put(pod, b"{}", Cas::Any).await.unwrap();
+        }
         let config = MirrorConfig {
             watch_wait: 4 * PATIENCE,
             heartbeat_interval: Duration::from_millis(200),
@@ -456,7 +463,30 @@ async fn a_store_restored_under_waiting_watches_is_read_afresh_within_heartbeats
 
         switch.waits_past_its_index.store(true, Ordering::SeqCst);
         turn_to_fresh(&switch, &old, &fresh).await;
+        let writing = {
+            let fresh = fresh.store.clone();
+            tokio::spawn(async move {
+                loop {
+                    fresh.put(pod, b"{}", Cas::Any).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+        };
 
+        let converged = async {
+            while mirrored(&mirror)
+                .iter()
+                .any(|pair| pair.key.contains("old"))
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let converged = tokio::time::timeout(PATIENCE, converged).await;
+        writing.abort();
+        assert!(
+            converged.is_ok(),
+            "the old store's node labels are still served"
+        );
         assert_converges(&mirror, fresh.store.as_ref()).await;
     }
 }
