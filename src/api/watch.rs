@@ -207,21 +207,49 @@ impl Filter {
     /// that resumes holds, but for the changes since its position, which tell it the rest.
     /// The server's own deletes not streamed yet are changes since its position too, and
     /// not in the retained changes: the client may hold those objects, so their deletion is
-    /// sent when it is streamed.
+    /// sent when it is streamed. So may it hold an object (one still there) whose label set
+    /// the server removed, unstreamed, while it matched: the object leaves the selector when
+    /// the removal is streamed.
     fn selected_now(&self, mirror: &Mirror) -> HashSet<String> {
         let Some(selector) = &self.selector else {
             return HashSet::new();
         };
         let mut selected = HashSet::new();
         for tree in Tree::ALL.into_iter().filter(|tree| self.follows(*tree)) {
-            selected.extend(mirror.unstreamed_deletes(tree));
+            let unstreamed = mirror.unstreamed_deletes(tree).into_iter();
+            selected.extend(unstreamed.map(|entry| entry.pair.key.clone()));
             for entry in mirror.entries(tree).values() {
                 if self.selects(selector, mirror, tree, entry) {
                     selected.insert(entry.pair.key.clone());
                 }
             }
         }
+        let apart = self.kinds.iter().filter(|kind| labelled_apart(**kind));
+        for label_type in apart.filter_map(|kind| kind.label_type()) {
+            let labels = Tree::Labels(label_type);
+            for removed in mirror.unstreamed_deletes(labels) {
+                if !selector.matches(&removed.labels()) {
+                    continue;
+                }
+                let relabelled = self.relabelled_object(labels, &removed.pair.key);
+                let there = relabelled.filter(|(_, key)| mirror.get(key).is_some());
+                selected.extend(there.map(|(_, key)| key));
+            }
+        }
         selected
+    }
+
+    /// The tree and key of the object of a kind asked for whose labels are kept apart from
+    /// it, at `key` of the label set tree `labels`, if any.
+    fn relabelled_object(&self, labels: Tree, key: &str) -> Option<(Tree, String)> {
+        let Tree::Labels(label_type) = labels else {
+            return None;
+        };
+        let kind = (self.kinds.iter().copied())
+            .find(|kind| kind.label_type() == Some(label_type) && labelled_apart(*kind))?;
+        let tree = kind.trees().next()?;
+        let id = key.strip_prefix(&labels.prefix())?;
+        Some((tree, format!("{}{id}", tree.prefix())))
     }
 
     /// Whether the object `entry` of `tree` (of a kind asked for) has labels that the
@@ -436,14 +464,7 @@ impl Watcher {
     /// the object or not.
     fn relabeled(&mut self, change: &Change, unsure: bool) -> Option<Arc<Change>> {
         let selector = self.filter.selector.as_ref()?;
-        let Tree::Labels(label_type) = change.tree else {
-            return None;
-        };
-        let kind = (self.filter.kinds.iter().copied())
-            .find(|kind| kind.label_type() == Some(label_type) && labelled_apart(*kind))?;
-        let tree = kind.trees().next()?;
-        let id = change.entry.pair.key.strip_prefix(&change.tree.prefix())?;
-        let key = format!("{}{id}", tree.prefix());
+        let (tree, key) = (self.filter).relabelled_object(change.tree, &change.entry.pair.key)?;
         let mirror = &self.app.mirror;
         let entry = mirror.get(&key)?;
         let change_type = if self.filter.selects(selector, mirror, tree, &entry) {

@@ -1250,13 +1250,11 @@ impl Mirror {
         self.read().tree(tree).entries.clone()
     }
 
-    /// The keys of `tree` the server itself deleted whose deletion is not streamed yet: a
-    /// listing has still to confirm it (see [`Mirror::apply_own_writes`]).
-    pub fn unstreamed_deletes(&self, tree: Tree) -> Vec<String> {
+    /// The versions of `tree` the server itself deleted whose deletion is not streamed yet,
+    /// as they were: a listing has still to confirm it (see [`Mirror::apply_own_writes`]).
+    pub fn unstreamed_deletes(&self, tree: Tree) -> Vec<Arc<Entry>> {
         let state = self.read();
-        let tombstones = state.tree(tree).tombstones.iter();
-        let streamed_later = tombstones.filter(|(_, tombstone)| tombstone.removed.is_some());
-        streamed_later.map(|(key, _)| key.clone()).collect()
+        state.tree(tree).unconfirmed_deletes().cloned().collect()
     }
 
     /// The labels of `id` of `label_type`.
@@ -1686,7 +1684,9 @@ mod tests {
         let txn = OwnWrite::txn_index(&ops, &results);
         mirror.apply_own_writes(OwnWrite::from_txn(&ops, &results), txn);
         assert!(mirror.get(&roll).is_none());
-        assert_eq!(mirror.unstreamed_deletes(Tree::Rolls), [roll]);
+        let unstreamed = mirror.unstreamed_deletes(Tree::Rolls);
+        let keys: Vec<&str> = unstreamed.iter().map(|e| e.pair.key.as_str()).collect();
+        assert_eq!(keys, [roll]);
     }
 
     /// A client cut off resumes from its last position, which must still be retained.

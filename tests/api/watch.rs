@@ -1299,3 +1299,78 @@ async fn a_selector_stream_of_rcs_is_not_dropped_for_other_label_sets_changes() 
     let entered = stream.next().await.unwrap();
     assert_eq!(summary(&[entered]), pairs(&[("added", &id)]));
 }
+
+/// A client holding an RC through a selector stream resumes after the server removed the
+/// RC's labels, before the labels' watch confirmed it: the RC, which stopped matching, is
+/// sent as deleted once the removal is streamed, whether or not the stream follows label
+/// sets as a kind too.
+#[tokio::test]
+async fn a_resumed_selector_stream_hears_of_an_object_whose_labels_the_server_removed() {
+    for path in [
+        "/api/v1/watch?kinds=rcs&selector=app%3Dweb",
+        "/api/v1/watch?kinds=rcs,labels&selector=app%3Dweb",
+    ] {
+        resumed_after_labels_removed(path).await;
+    }
+}
+
+async fn resumed_after_labels_removed(path: &str) {
+    let app = unconfirmed_app().await;
+    let manifest = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+    let body =
+        serde_json::json!({"manifest": manifest, "node_selector": "", "replicas_desired": 0});
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let created = app.send_json("POST", "/api/v1/rcs", &[], &body).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+        ids.push(created.json()["id"].as_str().unwrap().to_owned());
+    }
+    let labels_uri = |id: &str| format!("/api/v1/labels/replication_controller/{id}");
+    let labels = serde_json::json!({"labels": {"app": "web"}});
+    let labelled = app
+        .send_json("PUT", &labels_uri(&ids[0]), &[], &labels)
+        .await;
+    assert_eq!(labelled.status, StatusCode::OK, "{labelled:?}");
+
+    let mut stream = open_on(&app, path, None).await;
+    let snapshot = summary(&stream.snapshot().await);
+    assert!(
+        snapshot.contains(&pairs(&[("added", &ids[0])])[0]),
+        "{path}: {snapshot:?}"
+    );
+    // The client's last event is a later change, of another RC.
+    let labelled = app
+        .send_json("PUT", &labels_uri(&ids[1]), &[], &labels)
+        .await;
+    assert_eq!(labelled.status, StatusCode::OK, "{labelled:?}");
+    let entered = pairs(&[("added", &ids[1])]);
+    let last = loop {
+        let event = next_events(&mut stream, 1).await.remove(0);
+        if summary(std::slice::from_ref(&event)) == entered {
+            break event;
+        }
+    };
+    drop(stream);
+
+    let unlabelled = app
+        .json_request("DELETE", &labels_uri(&ids[0]), None, &[])
+        .await;
+    assert_eq!(unlabelled.status, StatusCode::NO_CONTENT, "{unlabelled:?}");
+    let mut resumed = open_on(&app, path, Some(&last.id)).await;
+    // The labels' watch reads, confirming the removal.
+    app.mirrored(&format!("labels/replication_controller/{}", ids[0]))
+        .await;
+    let left = pairs(&[("deleted", &ids[0])]);
+    let deleted = async {
+        while let Some(event) = resumed.next().await {
+            if summary(&[event]) == left {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), deleted)
+        .await
+        .unwrap_or_else(|_| {
+            panic!("{path}: the RC whose labels were removed was never sent as deleted")
+        });
+}
