@@ -15,13 +15,14 @@
 //! then rather than serve what may be old.
 //! With a selector over RCs, rolls or pods, whose labels are kept apart from them, the
 //! stream follows their label sets' changes too, to send an object that starts or stops
-//! matching. A client more than the server's buffer behind on one of the kinds it follows
+//! matching; one that starts is sent as the mirror holds it then, and its changes to older
+//! versions, which the stream may get to after, are not sent. A client more than the server's buffer behind on one of the kinds it follows
 //! (changes of other kinds do not count) is sent `dropped` and disconnected, so a slow client never holds the
 //! others back.
 //! A stream opened with a token that a re-read of the token file revokes ends at once: its
 //! token was checked only when it opened.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -203,24 +204,25 @@ impl Filter {
         tree.kind().is_some_and(|kind| self.kinds.contains(&kind))
     }
 
-    /// The keys of the objects the selector matches now (none without one): what a client
-    /// that resumes holds, but for the changes since its position, which tell it the rest.
+    /// The keys of the objects the selector matches now (none without one), at no version
+    /// known: what a client that resumes holds, but for the changes since its position,
+    /// which tell it the rest.
     /// The server's own deletes not streamed yet are changes since its position too, and
     /// not in the retained changes: the client may hold those objects, so their deletion is
     /// sent when it is streamed. So may it hold an object (one still there) whose label set
     /// the server removed, unstreamed, while it matched: the object leaves the selector when
     /// the removal is streamed.
-    fn selected_now(&self, mirror: &Mirror) -> HashSet<String> {
+    fn selected_now(&self, mirror: &Mirror) -> HashMap<String, u64> {
         let Some(selector) = &self.selector else {
-            return HashSet::new();
+            return HashMap::new();
         };
-        let mut selected = HashSet::new();
+        let mut selected = HashMap::new();
         for tree in Tree::ALL.into_iter().filter(|tree| self.follows(*tree)) {
             let unstreamed = mirror.unstreamed_deletes(tree).into_iter();
-            selected.extend(unstreamed.map(|entry| entry.pair.key.clone()));
+            selected.extend(unstreamed.map(|entry| (entry.pair.key.clone(), 0)));
             for entry in mirror.entries(tree).values() {
                 if self.selects(selector, mirror, tree, entry) {
-                    selected.insert(entry.pair.key.clone());
+                    selected.insert(entry.pair.key.clone(), 0);
                 }
             }
         }
@@ -233,7 +235,7 @@ impl Filter {
                 }
                 let relabelled = self.relabelled_object(labels, &removed.pair.key);
                 let there = relabelled.filter(|(_, key)| mirror.get(key).is_some());
-                selected.extend(there.map(|(_, key)| key));
+                selected.extend(there.map(|(_, key)| (key, 0)));
             }
         }
         selected
@@ -377,9 +379,12 @@ struct Watcher {
     /// Events to send before listening again.
     pending: VecDeque<Pending>,
     receiver: Receiver,
-    /// With a selector, the keys of the objects last sent as matching it: an object that
-    /// is deleted or stops matching is sent as `deleted` only if the client holds it.
-    selected: HashSet<String>,
+    /// With a selector, the keys of the objects last sent as matching it, each with the
+    /// modify index of the version last sent (0 when not known): an object that is deleted
+    /// or stops matching is sent as `deleted` only if the client holds it, and a change to
+    /// a version older than the client holds (sent as it was when its labels brought it
+    /// in) is not sent.
+    selected: HashMap<String, u64>,
     /// Whether the stream ends once `pending` is sent.
     ending: bool,
     /// Ends the stream, at once, when the token it was opened with is revoked.
@@ -398,7 +403,7 @@ impl Watcher {
         // Taken before the subscription, so that every change after it is in the backlog.
         let selected = match resume {
             Some(_) => filter.selected_now(&app.mirror),
-            None => HashSet::new(),
+            None => HashMap::new(),
         };
         let subscription = filter.subscribe(&app.mirror, resume);
         let resumed = resume.is_some() && !subscription.backlog.resynced;
@@ -432,7 +437,9 @@ impl Watcher {
             return Some(change);
         };
         let key = &change.entry.pair.key;
-        let sent = self.selected.remove(key);
+        let version = change.entry.pair.modify_index;
+        let sent_version = self.selected.remove(key);
+        let sent = sent_version.is_some();
         let held = sent || unsure;
         if change.change_type == ChangeType::Deleted {
             return held.then_some(change);
@@ -443,7 +450,12 @@ impl Watcher {
             .filter
             .selects(selector, mirror, change.tree, &change.entry)
         {
-            self.selected.insert(key.clone());
+            // The client holds a newer version already.
+            if let Some(sent_version) = sent_version.filter(|sent| *sent > version) {
+                self.selected.insert(key.clone(), sent_version);
+                return None;
+            }
+            self.selected.insert(key.clone(), version);
             return Some(match change.change_type {
                 // An object that starts matching is new to the client.
                 _ if !held => retyped(&change, ChangeType::Added),
@@ -468,10 +480,12 @@ impl Watcher {
         let mirror = &self.app.mirror;
         let entry = mirror.get(&key)?;
         let change_type = if self.filter.selects(selector, mirror, tree, &entry) {
-            let new = self.selected.insert(key);
-            (new || unsure).then_some(ChangeType::Added)?
+            let new = !self.selected.contains_key(&key);
+            (new || unsure).then_some(ChangeType::Added)?;
+            self.selected.insert(key, entry.pair.modify_index);
+            ChangeType::Added
         } else {
-            let held = self.selected.remove(&key);
+            let held = self.selected.remove(&key).is_some();
             (held || unsure).then_some(ChangeType::Deleted)?
         };
         Some(Arc::new(Change {

@@ -1374,3 +1374,42 @@ async fn resumed_after_labels_removed(path: &str) {
             panic!("{path}: the RC whose labels were removed was never sent as deleted")
         });
 }
+
+/// With a selector over RCs, an RC that its labels bring into the selector is sent as it
+/// is when the stream gets to the label change; changes of the RC older than that version,
+/// which the stream gets to after, are not sent: the client never sees it go back.
+#[tokio::test]
+async fn a_selector_stream_never_sends_an_object_older_than_it_sent() {
+    let app = TestApp::new().await;
+    let manifest = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+    let body =
+        serde_json::json!({"manifest": manifest, "node_selector": "", "replicas_desired": 0});
+    let created = app.send_json("POST", "/api/v1/rcs", &[], &body).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let path = "/api/v1/watch?kinds=rcs&selector=app%3Dweb";
+    let mut stream = open_on(&app, path, None).await;
+    assert_eq!(summary(&stream.snapshot().await), pairs(&[("synced", "")]));
+
+    // The client reads nothing while the RC is labelled, then changed twice.
+    let labels_uri = format!("/api/v1/labels/replication_controller/{id}");
+    let labels = serde_json::json!({"labels": {"app": "web"}});
+    let labelled = app.send_json("PUT", &labels_uri, &[], &labels).await;
+    assert_eq!(labelled.status, StatusCode::OK, "{labelled:?}");
+    let rc_uri = format!("/api/v1/rcs/{id}");
+    for replicas in [1, 2] {
+        let patch = serde_json::json!({"replicas_desired": replicas});
+        let patched = app.merge_patch(&rc_uri, &patch, &[]).await;
+        assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    }
+    // Up to the last change's own event.
+    let mut seen = Vec::new();
+    while seen.last() != Some(&("modified".to_owned(), 2)) {
+        let event = next_events(&mut stream, 1).await.remove(0);
+        assert_eq!(event.data["id"], id.as_str(), "{event:?}");
+        let replicas = event.data["object"]["replicas_desired"].as_u64().unwrap();
+        seen.push((event.event, replicas));
+    }
+    let replicas: Vec<u64> = seen.iter().map(|(_, replicas)| *replicas).collect();
+    assert!(replicas.is_sorted(), "the RC went back: {seen:?}");
+}
