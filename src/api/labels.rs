@@ -25,12 +25,13 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::blocking::{index_header, Blocking};
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery, MergePatch, NoQuery};
+use crate::api::extract::{ApiJson, ApiPath, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{self, etag, IfMatch};
 use crate::api::reads::{
-    indexed_reader, mirror_index, source_reader, ConsistentFilter, IndexedReader,
+    indexed_reader, mirror_index, source_reader, ConsistentFilter, IndexedReader, ReadParams,
+    ReadQuery,
 };
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
@@ -270,6 +271,7 @@ pub(crate) async fn select_labeled(
 /// Read one object's labels.
 ///
 /// An object without labels answers `labels: {}` and `resource_version: "0"`, not 404.
+/// Blocks with `?index=&wait=` until the object's labels change.
 #[utoipa::path(
     get,
     path = "/labels/{type}/{id}",
@@ -277,14 +279,15 @@ pub(crate) async fn select_labeled(
     params(
         ("type" = LabelType, Path, description = "Label type"),
         ("id" = String, Path, description = ID_DOC, min_length = 1),
-        ConsistentFilter
+        ReadParams
     ),
     responses(
         (status = OK, description = "The object's labels", body = ObjectLabels,
             headers(("ETag" = String, description = "The labels' version, for `If-Match`"),
-                    ("X-Index" = u64, description = "The index the answer reflects"))),
+                    ("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
+        (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
         (status = NOT_FOUND, description = "No such label type", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "The id is not valid for the type",
+        (status = UNPROCESSABLE_ENTITY, description = "The id is not valid for the type, or a bad index or wait",
             body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = UNREADABLE_LABELS_DOC, body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
@@ -292,7 +295,7 @@ pub(crate) async fn select_labeled(
 )]
 async fn get_labels(
     State(app): State<AppState>,
-    ApiQuery(read): ApiQuery<ConsistentFilter>,
+    query: ReadQuery,
     ApiPath((type_name, id)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
     let label_type = label_type(&type_name)?;
@@ -300,8 +303,9 @@ async fn get_labels(
     check_id(label_type, &id, &mut violations);
     violations.finish()?;
     let trees = [Tree::Labels(label_type)];
+    let spans = [Span::Key(layout::labels(label_type, &id))];
     let IndexedReader { kv, index } =
-        indexed_reader(&app, &trees, &[], read.consistent(), Default::default()).await?;
+        indexed_reader(&app, &trees, &spans, query.consistent, query.blocking).await?;
     let record = shown_labels(&LabelStore::new(kv), label_type, &id).await?;
     Ok(([index_header(index)], answer(label_type, id, record)))
 }

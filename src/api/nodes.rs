@@ -4,24 +4,25 @@
 //! RCs and daemon sets find it; intents on an unlabeled node show up under `/pods` only.
 
 use axum::extract::State;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::index_header;
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::api::blocking::{error_at, index_header};
+use crate::api::extract::{ApiJson, ApiPath};
 use crate::api::labels::{select_labeled, shown_labels, UNREADABLE_LABELS_DOC};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::etag;
-use crate::api::reads::{indexed_reader, ConsistentFilter, IndexedReader};
+use crate::api::reads::{indexed_reader, ConsistentFilter, IndexedReader, ReadParams, ReadQuery};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::labels::{LabelType, Labels};
+use crate::layout;
 use crate::model::NodeName;
-use crate::state::Tree;
+use crate::state::{Span, Tree};
 use crate::store::labels::LabelStore;
 use crate::store::pods::{validate_node_name, PodStore, PodTree};
 
@@ -100,26 +101,30 @@ async fn list_nodes(
 }
 
 /// One node: its labels and the pods intended on it.
+///
+/// Blocks with `?index=&wait=` until the node's labels or the pods intended on it change.
 #[utoipa::path(
     get,
     path = "/nodes/{node}",
     tag = TAG,
-    params(("node" = inline(NodeName), Path, description = "The node name"), ConsistentFilter),
+    params(("node" = inline(NodeName), Path, description = "The node name"), ReadParams),
     responses(
         (status = OK, description = "The node", body = NodeDetail,
             headers(("ETag" = String, description = "The modify index of the node's labels"),
-                    ("X-Index" = u64, description = "The index the answer reflects"))),
-        (status = NOT_FOUND, description = "The node has no labels", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "The node name is not valid", body = ErrorBody),
+                    ("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
+        (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
+        (status = NOT_FOUND, description = "The node has no labels", body = ErrorBody,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for the node's labels"))),
+        (status = UNPROCESSABLE_ENTITY, description = "The node name is not valid, or a bad index or wait", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = UNREADABLE_LABELS_DOC, body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
 )]
 async fn get_node(
     State(app): State<AppState>,
-    ApiQuery(read): ApiQuery<ConsistentFilter>,
+    query: ReadQuery,
     ApiPath(node): ApiPath<String>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     let mut violations = Violations::new();
     if let Err(e) = validate_node_name(&node) {
         violations.add("node", e);
@@ -127,11 +132,16 @@ async fn get_node(
     violations.finish()?;
 
     let trees = [Tree::Labels(LabelType::Node), Tree::Intent];
+    let spans = [
+        Span::Key(layout::labels(LabelType::Node, &node)),
+        Span::Prefix(layout::pod(layout::INTENT, &node, "")),
+    ];
     let IndexedReader { kv, index } =
-        indexed_reader(&app, &trees, &[], read.consistent(), Default::default()).await?;
+        indexed_reader(&app, &trees, &spans, query.consistent, query.blocking).await?;
     let record = shown_labels(&LabelStore::new(kv.clone()), LabelType::Node, &node).await?;
     if record.index == 0 {
-        return Err(ApiError::not_found(format!("node {node:?} has no labels")));
+        let missing = ApiError::not_found(format!("node {node:?} has no labels"));
+        return Ok(error_at(missing, index));
     }
     let (_, intents) = PodStore::new(kv).list(PodTree::Intent, Some(&node)).await?;
     let detail = NodeDetail {
@@ -143,5 +153,5 @@ async fn get_node(
             .collect(),
         resource_version: record.index.to_string(),
     };
-    Ok(([etag(record.index), index_header(index)], ApiJson(detail)))
+    Ok(([etag(record.index), index_header(index)], ApiJson(detail)).into_response())
 }

@@ -10,18 +10,18 @@ use std::time::SystemTime;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::index_header;
-use crate::api::extract::{ApiJson, ApiPath, ApiQuery, NoQuery};
+use crate::api::blocking::{error_at, index_header};
+use crate::api::extract::{ApiJson, ApiPath, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
 use crate::api::preconditions::{etag, unless_stale, IfMatch};
-use crate::api::reads::{indexed_reader, ConsistentFilter, IndexedReader};
+use crate::api::reads::{indexed_reader, ConsistentFilter, IndexedReader, ReadParams, ReadQuery};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::StoreError;
@@ -116,6 +116,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 /// A pod's health on one node.
+///
+/// Blocks with `?index=&wait=` until the record changes.
 #[utoipa::path(
     get,
     path = "/health/{pod_id}/{node}",
@@ -123,44 +125,47 @@ pub fn router() -> OpenApiRouter<AppState> {
     params(
         ("pod_id" = inline(PodId), Path, description = "The pod ID"),
         ("node" = inline(NodeName), Path, description = "The node name"),
-        ConsistentFilter
+        ReadParams
     ),
     responses(
         (status = OK, description = "The last report", body = PodHealth,
             headers(("ETag" = String, description = "The record's modify index"),
-                    ("X-Index" = u64, description = "The index the answer reflects"))),
-        (status = NOT_FOUND, description = "No report for this pod on this node", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "The pod ID or node name is not valid", body = ErrorBody),
+                    ("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
+        (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
+        (status = NOT_FOUND, description = "No report for this pod on this node", body = ErrorBody,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a report"))),
+        (status = UNPROCESSABLE_ENTITY, description = "The pod ID or node name is not valid, or a bad index or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
 )]
 async fn get_pod_health(
     State(app): State<AppState>,
-    ApiQuery(read): ApiQuery<ConsistentFilter>,
+    query: ReadQuery,
     ApiPath((pod_id, node)): ApiPath<(String, String)>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     let mut violations = Violations::new();
     let pod = check_pod(&pod_id, &node, &mut violations);
     violations.finish()?;
     let Some(pod) = pod else {
         return Err(ApiError::internal("validation passed without a pod"));
     };
+    let spans = [Span::Key(HealthStore::key(&pod))];
     let IndexedReader { kv, index } = indexed_reader(
         &app,
         &[Tree::Health],
-        &[],
-        read.consistent(),
-        Default::default(),
+        &spans,
+        query.consistent,
+        query.blocking,
     )
     .await?;
     // A record at the key naming another node is that node's result, not this one's.
-    let entry = HealthStore::new(kv).get(&pod).await?.ok_or_else(|| {
-        ApiError::not_found(format!("no health report for pod {pod_id:?} on {node:?}"))
-    })?;
-    Ok((
-        [etag(entry.index), index_header(index)],
-        ApiJson(PodHealth::from(entry)),
-    ))
+    let Some(entry) = HealthStore::new(kv).get(&pod).await? else {
+        let missing =
+            ApiError::not_found(format!("no health report for pod {pod_id:?} on {node:?}"));
+        return Ok(error_at(missing, index));
+    };
+    let headers = [etag(entry.index), index_header(index)];
+    Ok((headers, ApiJson(PodHealth::from(entry))).into_response())
 }
 
 /// Reports a pod's health on one node, as a node agent does after every check that changes

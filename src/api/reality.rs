@@ -19,16 +19,16 @@ use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::index_header;
-use crate::api::extract::{ApiPath, ApiQuery, NoQuery};
+use crate::api::blocking::{error_at, index_header};
+use crate::api::extract::{ApiPath, NoQuery};
 use crate::api::preconditions::{etag, unless_stale, IfMatch};
-use crate::api::reads::{indexed_reader, ConsistentFilter, IndexedReader};
+use crate::api::reads::{indexed_reader, IndexedReader, ReadParams, ReadQuery};
 use crate::app::AppState;
 use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::model::event::Actor;
 use crate::model::manifest::errors_at;
 use crate::model::{Manifest, NodeName, PodId};
-use crate::state::Tree;
+use crate::state::{Span, Tree};
 use crate::store::pods::{validate_node_name, validate_pod_id, PodLocation, PodTree};
 use crate::store::reports::Report;
 
@@ -88,50 +88,56 @@ const POD_ID_DOC: &str = "The pod ID (the manifest's `id`)";
 /// The manifest a node should run, byte for byte as the farms wrote it.
 ///
 /// Node agents read it after the pod listing (`GET /api/v1/pods`, which carries only the
-/// manifest's SHA) shows a change.
+/// manifest's SHA) shows a change. Blocks with `?index=&wait=` until the intent changes.
 #[utoipa::path(
     get,
     path = "/intent/{node}/{pod_id}",
     tag = crate::api::pods::TAG,
-    params(("node" = inline(NodeName), Path, description = NODE_DOC), ("pod_id" = inline(PodId), Path, description = POD_ID_DOC), ConsistentFilter),
+    params(("node" = inline(NodeName), Path, description = NODE_DOC), ("pod_id" = inline(PodId), Path, description = POD_ID_DOC), ReadParams),
     responses(
         (status = OK, description = "The intended manifest", body = String, content_type = "application/yaml",
             headers(("ETag" = String, description = "The intent's modify index"),
-                    ("X-Index" = u64, description = "The index the answer reflects"))),
-        (status = NOT_FOUND, description = "The pod is not intended on this node", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "The node name or pod ID is not valid", body = ErrorBody),
+                    ("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
+        (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
+        (status = NOT_FOUND, description = "The pod is not intended on this node", body = ErrorBody,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for the pod to be intended"))),
+        (status = UNPROCESSABLE_ENTITY, description = "The node name or pod ID is not valid, or a bad index or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
 )]
 async fn get_intent(
     State(app): State<AppState>,
-    ApiQuery(query): ApiQuery<ConsistentFilter>,
+    query: ReadQuery,
     ApiPath((node, pod_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
-    read(&app, PodTree::Intent, &node, &pod_id, query.consistent()).await
+    read(&app, PodTree::Intent, &node, &pod_id, query).await
 }
 
 /// The manifest a node last reported installed, byte for byte.
+///
+/// Blocks with `?index=&wait=` until the report changes.
 #[utoipa::path(
     get,
     path = "/reality/{node}/{pod_id}",
     tag = TAG,
-    params(("node" = inline(NodeName), Path, description = NODE_DOC), ("pod_id" = inline(PodId), Path, description = POD_ID_DOC), ConsistentFilter),
+    params(("node" = inline(NodeName), Path, description = NODE_DOC), ("pod_id" = inline(PodId), Path, description = POD_ID_DOC), ReadParams),
     responses(
         (status = OK, description = "The installed manifest", body = String, content_type = "application/yaml",
             headers(("ETag" = String, description = "The report's modify index"),
-                    ("X-Index" = u64, description = "The index the answer reflects"))),
-        (status = NOT_FOUND, description = "The node reports no such pod", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "The node name or pod ID is not valid", body = ErrorBody),
+                    ("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
+        (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
+        (status = NOT_FOUND, description = "The node reports no such pod", body = ErrorBody,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a report"))),
+        (status = UNPROCESSABLE_ENTITY, description = "The node name or pod ID is not valid, or a bad index or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
 )]
 async fn get_reality(
     State(app): State<AppState>,
-    ApiQuery(query): ApiQuery<ConsistentFilter>,
+    query: ReadQuery,
     ApiPath((node, pod_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
-    read(&app, PodTree::Reality, &node, &pod_id, query.consistent()).await
+    read(&app, PodTree::Reality, &node, &pod_id, query).await
 }
 
 /// Reports the manifest a node has installed, as P2's preparer does after each install.
@@ -244,22 +250,25 @@ async fn read(
     tree: PodTree,
     node: &str,
     pod_id: &str,
-    consistent: bool,
+    query: ReadQuery,
 ) -> Result<Response, ApiError> {
     let pod = valid_pod(node, pod_id)?;
     let followed = match tree {
         PodTree::Intent => Tree::Intent,
         PodTree::Reality => Tree::Reality,
     };
+    let key = tree.key(&pod);
+    let spans = [Span::Key(key.clone())];
     let IndexedReader { kv, index } =
-        indexed_reader(app, &[followed], &[], consistent, Default::default()).await?;
-    let pair = kv.get(&tree.key(&pod)).await?.ok_or_else(|| {
+        indexed_reader(app, &[followed], &spans, query.consistent, query.blocking).await?;
+    let Some(pair) = kv.get(&key).await? else {
         let what = match tree {
             PodTree::Intent => "intended",
             PodTree::Reality => "reported",
         };
-        ApiError::not_found(format!("pod {pod_id:?} is not {what} on node {node:?}"))
-    })?;
+        let missing = ApiError::not_found(format!("pod {pod_id:?} is not {what} on node {node:?}"));
+        return Ok(error_at(missing, index));
+    };
     let content_type = (CONTENT_TYPE, HeaderValue::from_static(YAML));
     let headers = [content_type, etag(pair.modify_index), index_header(index)];
     Ok((headers, pair.value.to_vec()).into_response())

@@ -239,6 +239,8 @@ impl Seen {
 pub enum Span {
     /// Every key under a prefix.
     Prefix(String),
+    /// One key, and no other that starts with it (a node's labels, not a longer name's).
+    Key(String),
     /// The health results a node's pod listing shows (of one pod id, when given): the
     /// records of the pods intended on the node at their keys on it, and those at other keys
     /// that name the node (P2 takes a record as the result of the node it names). Health is
@@ -302,7 +304,8 @@ impl Span {
     /// The prefixes a blocking read served from the store watches for this span.
     pub fn prefixes(&self) -> Vec<String> {
         let prefix = match self {
-            Span::Prefix(prefix) => prefix.clone(),
+            // The store's reads block on the key as a prefix, which holds it.
+            Span::Prefix(prefix) | Span::Key(prefix) => prefix.clone(),
             Span::NodeHealth { pod_id: None, .. } => layout::HEALTH.to_owned(),
             Span::NodeHealth {
                 pod_id: Some(pod_id),
@@ -326,7 +329,9 @@ impl Span {
     /// [`Mirror::changed_past`] tells apart).
     fn tree(&self) -> Option<Tree> {
         match self {
-            Span::Prefix(prefix) | Span::PodIntents { prefix, .. } => Tree::of_key(prefix),
+            Span::Prefix(key) | Span::Key(key) | Span::PodIntents { prefix: key, .. } => {
+                Tree::of_key(key)
+            }
             Span::NodeHealth { .. } => Some(Tree::Health),
             Span::ObjectEvents { .. } => Some(Tree::Events),
             Span::Labelled { label_type, .. } => Some(Tree::Labels(*label_type)),
@@ -351,6 +356,7 @@ impl Span {
         let key = entry.pair.key.as_str();
         match self {
             Span::Prefix(prefix) => key.starts_with(prefix.as_str()),
+            Span::Key(span_key) => key == span_key,
             Span::PodIntents { prefix, pod_id } => key
                 .strip_prefix(prefix.as_str())
                 .and_then(|rest| rest.split_once('/'))
@@ -381,6 +387,10 @@ impl Span {
     fn extent(&self, state: &State) -> Extent {
         match self {
             Span::Prefix(prefix) => extent(state, prefix),
+            Span::Key(key) => match Tree::of_key(key) {
+                Some(tree) => key_extent(state, tree, key),
+                None => (0, 0),
+            },
             Span::NodeHealth { node, pod_id } => node_health_extent(state, node, pod_id.as_deref()),
             Span::PodIntents { prefix, pod_id } => pod_intents_extent(state, prefix, pod_id),
             Span::ObjectEvents { object_id } => object_events_extent(state, object_id),

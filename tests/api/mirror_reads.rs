@@ -1061,6 +1061,93 @@ async fn blocked_reads_wait_on_the_mirror_and_return_on_a_change() {
     }
 }
 
+/// Every single-object read blocks with `?index=&wait=` until what it shows changes: a
+/// change of a key that only starts with one of its own (node `node10` beside `node1`, pod
+/// `hello2` beside `hello`) leaves it held, and one of its own wakes it with the change. A
+/// read of nothing answers 404 at an index to wait at for it to come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_single_object_read_blocks_until_what_it_shows_changes() {
+    let app = Arc::new(TestApp::new().await);
+    hello_on_node1(&app).await;
+    let critical = passing_hello_on_node1()
+        .to_string()
+        .replace("passing", "critical");
+    let changed = "id: hello\nlaunchables: {}\nconfig: {changed: 1}\n";
+    // Each read, writes beside what it shows, and a write of what it shows with a text its
+    // answer then holds.
+    let cases = [
+        (
+            "/api/v1/nodes/node1",
+            vec![
+                ("labels/node/node10", r#"{"role":"db"}"#.to_owned()),
+                ("intent/node10/hello", HELLO.to_owned()),
+            ],
+            ("labels/node/node1", r#"{"role":"db"}"#.to_owned(), "db"),
+        ),
+        (
+            "/api/v1/labels/node/node1",
+            vec![("labels/node/node10", r#"{"role":"cache"}"#.to_owned())],
+            (
+                "labels/node/node1",
+                r#"{"role":"cache"}"#.to_owned(),
+                "cache",
+            ),
+        ),
+        (
+            "/api/v1/labels/pod/node1/hello",
+            vec![("labels/pod/node1/hello2", r#"{"app":"other"}"#.to_owned())],
+            (
+                "labels/pod/node1/hello",
+                r#"{"app":"other"}"#.to_owned(),
+                "other",
+            ),
+        ),
+        (
+            "/api/v1/health/hello/node1",
+            vec![("health/hello/node10", critical.replace("node1", "node10"))],
+            ("health/hello/node1", critical.clone(), "critical"),
+        ),
+        (
+            "/api/v1/intent/node1/hello",
+            vec![("intent/node1/hello2", HELLO.replace("hello", "hello2"))],
+            ("intent/node1/hello", changed.to_owned(), "changed"),
+        ),
+        (
+            "/api/v1/reality/node1/hello",
+            vec![("reality/node1/hello2", HELLO.replace("hello", "hello2"))],
+            ("reality/node1/hello", changed.to_owned(), "changed"),
+        ),
+    ];
+    for (path, beside, (key, value, shown)) in cases {
+        let index = app.get(path).await.x_index();
+        let held = app.get_held(format!("{path}?index={index}&wait=30s")).await;
+        for (key, value) in beside {
+            app.put_raw(key, value).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.assert_held(&format!("{path} was woken by a change beside it"));
+        app.put_raw(key, value).await;
+        let answer = held
+            .woken(&format!("{path} was not woken by its change"))
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{path}: {answer:?}");
+        assert!(answer.x_index() > index, "{path}: {answer:?}");
+        let body = String::from_utf8_lossy(&answer.body);
+        assert!(body.contains(shown), "{path}: {body}");
+    }
+
+    let path = "/api/v1/intent/node2/hello";
+    let missing = app.get(path).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{missing:?}");
+    let uri = format!("{path}?index={}&wait=30s", missing.x_index());
+    let held = app.get_held(uri).await;
+    app.put_raw("intent/node2/hello", HELLO).await;
+    let answer = held
+        .woken("the intent's arrival did not wake its read")
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+}
+
 /// Blocks on `path` at the index of a read of it, deletes it with `DELETE {path}{delete}`,
 /// and returns the 404 that wakes the read.
 async fn deleted_while_blocked(app: &Arc<TestApp>, path: &str, delete: &str) -> TestResponse {
