@@ -25,8 +25,15 @@ const WATCH_SLACK: Duration = Duration::from_secs(5);
 
 /// Follows `tree` until `cancel`: reads it whole, then watches it, taking in only what
 /// changed where the store can say (see [`crate::kv::KvStore::watch_changes`]), and reads it
-/// whole again when the store's index goes backwards (below the tree's last listing, or
-/// below the server's own writes it holds) or another tree saw it do so (`epoch` moved).
+/// whole again when its index goes backwards (below the tree's last listing, or below the
+/// server's own writes it holds) or another tree saw the store's do so (`epoch` moved). An
+/// index of the tree's below that while the store's own index, read from
+/// [`layout::INDEX_PROBE`], is not below what the mirror holds is the tree's alone: Consul
+/// lists a prefix at its newest change, a delete's only while the delete's tombstone lasts,
+/// and once it reaps the tombstone (after its `tombstone_ttl`) the prefix's index is back at
+/// its newest key's. That tree alone is then read whole again; every tree is when the store
+/// went backwards, or when it cannot tell.
+///
 /// A panic while reading the tree or taking in what was read (a bug: a document whose
 /// decoding panics) fails the watch as a failed read does, and the tree is read whole
 /// again: had the task ended, the tree would have stayed as it was for good, the server
@@ -94,13 +101,29 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                 mirror.watch_succeeded(tree);
                 if !fresh && update.index() < floor {
                     backoff.reset();
-                    tracing::warn!(
-                        prefix,
-                        was = floor,
-                        now = update.index(),
-                        "the store's index went backwards; re-reading every tree"
-                    );
-                    mirror.resync();
+                    let within = config.heartbeat_interval;
+                    let gone_back = tokio::select! {
+                        gone_back = store_went_backwards(&mirror, known, within) => gone_back,
+                        () = cancel.cancelled() => return,
+                    };
+                    if gone_back {
+                        tracing::warn!(
+                            prefix,
+                            was = floor,
+                            now = update.index(),
+                            "the store's index went backwards; re-reading every tree"
+                        );
+                        mirror.resync();
+                    } else {
+                        tracing::info!(
+                            prefix,
+                            was = floor,
+                            now = update.index(),
+                            "the tree's index went back while the store's did not (a delete's \
+                             tombstone reaped); re-reading the tree"
+                        );
+                        index = 0;
+                    }
                     continue;
                 }
                 let applied = if fresh || update.index() != index {
@@ -189,6 +212,19 @@ pub(super) async fn heartbeat(mirror: Mirror, cancel: CancellationToken) {
             );
             mirror.resync();
         }
+    }
+}
+
+/// Whether the store went backwards: its index, read from the key nobody writes within
+/// `within`, is below `known` (an index the mirror held before its last read was sent).
+/// `true` too when the store cannot tell (its read fails or does not come in time, or
+/// someone wrote the probe), so that every tree is read again, as it was before the store
+/// could be asked.
+async fn store_went_backwards(mirror: &Mirror, known: u64, within: Duration) -> bool {
+    let read = mirror.store().current_index(layout::INDEX_PROBE);
+    match tokio::time::timeout(within, read).await {
+        Ok(Ok(Some(now))) => now < known,
+        _ => true,
     }
 }
 

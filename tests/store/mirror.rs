@@ -491,6 +491,44 @@ async fn a_store_restored_under_waiting_watches_is_read_afresh_within_heartbeats
     }
 }
 
+/// Consul lists a prefix at the index of its newest change, a delete's while the delete's
+/// tombstone lasts; once Consul reaps the tombstone, the prefix's index goes back to that of
+/// its newest key, though the store has not gone backwards (Consul's blocking-query notes
+/// name "KV list operations where an item with the highest index is removed"). That tree
+/// is read again, alone: the other trees are not read again, as they are when the store
+/// itself went backwards.
+#[tokio::test]
+async fn a_tree_whose_index_goes_back_as_consul_reaps_a_tombstone_is_read_again_alone() {
+    let backend = sqlite().await;
+    let store = backend.store.clone();
+    store.put("labels/node/a", b"{}", Cas::Any).await.unwrap();
+    store.put("labels/node/b", b"{}", Cas::Any).await.unwrap();
+    store.delete("labels/node/b", Cas::Any).await.unwrap();
+    let newest_key = store
+        .get("labels/node/a")
+        .await
+        .unwrap()
+        .unwrap()
+        .modify_index;
+    let switch = Switchable::new(store.clone());
+    let (mirror, _running) = started(switch.clone(), config()).await;
+    let tree = Tree::Labels(LabelType::Node);
+    let listed = || mirror.versions(&[tree])[0].1;
+    assert!(listed() > newest_key, "listed at the delete");
+    switch.listed.lock().unwrap().clear();
+
+    *switch.reaped.lock().unwrap() = Some("labels/node/".into());
+
+    eventually(|| listed() == newest_key).await;
+    eventually(|| mirror.health().is_healthy()).await;
+    let read_again = switch.listed.lock().unwrap().clone();
+    assert!(
+        read_again.iter().all(|prefix| prefix == "labels/node/"),
+        "trees read again: {read_again:?}"
+    );
+    assert_converges(&mirror, store.as_ref()).await;
+}
+
 /// A mirror by `config` of `old`, given twenty node labels, behind a switch (see
 /// [`behind_a_switch`]).
 async fn node_labels_behind_a_switch(

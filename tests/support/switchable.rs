@@ -37,6 +37,12 @@ pub struct Switchable {
     /// Watches of an index past the backing store's wait their whole wait, as Consul's
     /// blocking queries do after it was restored from a snapshot.
     pub waits_past_its_index: AtomicBool,
+    /// Listings and watches of prefixes under this one answer at the index of their newest
+    /// pair, as Consul lists a prefix once it has reaped the tombstones of deletes newer
+    /// than every key left there.
+    pub reaped: Mutex<Option<String>>,
+    /// The prefixes listed whole, in order.
+    pub listed: Mutex<Vec<String>>,
 }
 
 impl Switchable {
@@ -72,7 +78,18 @@ impl Switchable {
             slow_keys: Mutex::default(),
             panicking: Mutex::default(),
             waits_past_its_index: AtomicBool::new(false),
+            reaped: Mutex::default(),
+            listed: Mutex::default(),
         })
+    }
+
+    /// `listing` of `prefix`, at the index of its newest pair when asked to.
+    fn as_reaped(&self, prefix: &str, mut listing: Listing) -> Listing {
+        let newest = listing.pairs.iter().map(|pair| pair.modify_index).max();
+        if let Some(newest) = newest.filter(|_| Self::under(&self.reaped, prefix)) {
+            listing.index = newest;
+        }
+        listing
     }
 
     /// Waits `wait` when asked to and `index` is past the backing store's.
@@ -105,7 +122,9 @@ impl KvStore for Switchable {
         while Self::under(&self.slow_lists, prefix) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        self.store()?.list(prefix).await
+        self.listed.lock().unwrap().push(prefix.to_owned());
+        let listing = self.store()?.list(prefix).await?;
+        Ok(self.as_reaped(prefix, listing))
     }
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
         while Self::under(&self.slow_keys, prefix) {
@@ -159,6 +178,7 @@ impl KvStore for Switchable {
             while Self::under(&self.held_watches, prefix) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
+            return answer.map(|listing| self.as_reaped(prefix, listing));
         }
         answer
     }
