@@ -31,7 +31,9 @@ const WATCH_SLACK: Duration = Duration::from_secs(5);
 /// [`layout::INDEX_PROBE`], is not below what the mirror holds is the tree's alone: Consul
 /// lists a prefix at its newest change, a delete's only while the delete's tombstone lasts,
 /// and once it reaps the tombstone (after its `tombstone_ttl`) the prefix's index is back at
-/// its newest key's. That tree alone is then read whole again; every tree is when the store
+/// its newest key's. What that tree's watch brought is then taken in as any listing (the
+/// store holds every change up to the tree's index, and the server's own writes past the
+/// listing), and the tree watched from there; every tree is read whole again when the store
 /// went backwards, or when it cannot tell.
 ///
 /// A panic while reading the tree or taking in what was read (a bug: a document whose
@@ -114,17 +116,17 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                             "the store's index went backwards; re-reading every tree"
                         );
                         mirror.resync();
-                    } else {
-                        tracing::info!(
-                            prefix,
-                            was = floor,
-                            now = update.index(),
-                            "the tree's index went back while the store's did not (a delete's \
-                             tombstone reaped); re-reading the tree"
-                        );
-                        index = 0;
+                        continue;
                     }
-                    continue;
+                    // Taken in as any listing: one read whole afresh would take out the
+                    // server's own writes made since it was answered.
+                    tracing::debug!(
+                        prefix,
+                        was = floor,
+                        now = update.index(),
+                        "the tree's index went back while the store's did not (a delete's \
+                         tombstone reaped)"
+                    );
                 }
                 let applied = if fresh || update.index() != index {
                     let listed = update.index();

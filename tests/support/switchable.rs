@@ -2,7 +2,7 @@
 //! or restored (its index going backwards), whose calls can be cut off, and whose listings
 //! and watches of chosen prefixes can be held back; and an app over one.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -43,6 +43,12 @@ pub struct Switchable {
     pub reaped: Mutex<Option<String>>,
     /// The prefixes listed whole, in order.
     pub listed: Mutex<Vec<String>>,
+    /// Listings of prefixes under this one keep their answers until it is cleared.
+    pub held_lists: Mutex<Option<String>>,
+    /// Whether a listing's answer is being kept (see `held_lists`).
+    pub holding_a_list: AtomicBool,
+    /// How many watches answered at an index lowered as `reaped` asks.
+    pub reaped_answers: AtomicUsize,
 }
 
 impl Switchable {
@@ -80,6 +86,9 @@ impl Switchable {
             waits_past_its_index: AtomicBool::new(false),
             reaped: Mutex::default(),
             listed: Mutex::default(),
+            held_lists: Mutex::default(),
+            holding_a_list: AtomicBool::new(false),
+            reaped_answers: AtomicUsize::new(0),
         })
     }
 
@@ -124,6 +133,11 @@ impl KvStore for Switchable {
         }
         self.listed.lock().unwrap().push(prefix.to_owned());
         let listing = self.store()?.list(prefix).await?;
+        while Self::under(&self.held_lists, prefix) {
+            self.holding_a_list.store(true, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.holding_a_list.store(false, Ordering::SeqCst);
         Ok(self.as_reaped(prefix, listing))
     }
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
@@ -178,7 +192,14 @@ impl KvStore for Switchable {
             while Self::under(&self.held_watches, prefix) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            return answer.map(|listing| self.as_reaped(prefix, listing));
+            return answer.map(|listing| {
+                let index = listing.index;
+                let listing = self.as_reaped(prefix, listing);
+                if listing.index != index {
+                    self.reaped_answers.fetch_add(1, Ordering::SeqCst);
+                }
+                listing
+            });
         }
         answer
     }
