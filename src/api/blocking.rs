@@ -36,11 +36,12 @@ impl Blocking {
     /// the client's, the wait passes, or the server starts shutting down; read through
     /// [`App::store_reads`], as every read that goes through to the store.
     pub async fn block(&self, app: &App, prefixes: &[String]) -> Result<(), ApiError> {
-        self.block_within(app, prefixes, &[]).await
+        let targets: Vec<WatchTarget> = prefixes.iter().cloned().map(WatchTarget::Prefix).collect();
+        self.block_within(app, &targets, &[]).await
     }
 
-    /// [`Blocking::block`] for a read of part of its trees: held until what `prefixes`
-    /// (that part) holds changes past the client's index, which may be the index of the
+    /// [`Blocking::block`] for a read of part of its trees: held until what `targets`
+    /// (that part: prefixes, or single keys) holds changes past the client's index, which may be the index of the
     /// whole trees (`beside`, the trees' prefixes), as an answer from the mirror or
     /// [`combined_index`] of both claims. The trees' index only tells a client's index
     /// this store never reached (it went backwards, or the index is another's), which is
@@ -48,13 +49,13 @@ impl Blocking {
     pub async fn block_within(
         &self,
         app: &App,
-        prefixes: &[String],
+        targets: &[WatchTarget],
         beside: &[String],
     ) -> Result<(), ApiError> {
         if let Some((index, wait)) = self.until {
             let store = app.store_reads.as_ref();
             tokio::select! {
-                result = wait_for_change(store, prefixes, beside, index, wait) => result?,
+                result = wait_for_change(store, targets, beside, index, wait) => result?,
                 () = app.shutdown.cancelled() => {}
             }
         }
@@ -80,19 +81,33 @@ fn combined(indexes: &[u64]) -> u64 {
     indexes.iter().copied().max().unwrap_or(1).max(1)
 }
 
-/// Returns once the combined index of `prefixes` is past `index`, or that of `prefixes` and
+/// Each target's index: a prefix's as [`prefix_indexes`] reads it, a key's its own (its
+/// modify index, or where it is missing what the store answers a read of it at).
+async fn target_indexes(store: &dyn KvStore, targets: &[WatchTarget]) -> StoreResult<Vec<u64>> {
+    let mut indexes = Vec::with_capacity(targets.len());
+    for target in targets {
+        indexes.push(match target {
+            WatchTarget::Prefix(prefix) => store.keys(prefix, Some('/')).await?.0,
+            // Index 0 asks for the current state, without blocking.
+            WatchTarget::Key(_) => store.watch(target, 0, Duration::ZERO).await?.index,
+        });
+    }
+    Ok(indexes)
+}
+
+/// Returns once the combined index of `targets` is past `index`, or that of `targets` and
 /// `beside` together is below it (the store went backwards, or the index is not its own),
-/// or after `wait`. Without `beside`, once the index of `prefixes` is not `index`.
+/// or after `wait`. Without `beside`, once the index of `targets` is not `index`.
 async fn wait_for_change(
     store: &dyn KvStore,
-    prefixes: &[String],
+    targets: &[WatchTarget],
     beside: &[String],
     index: u64,
     wait: Duration,
 ) -> StoreResult<()> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let indexes = prefix_indexes(store, prefixes).await?;
+        let indexes = target_indexes(store, targets).await?;
         let current = combined(&indexes);
         let reached = match current.cmp(&index) {
             Ordering::Less => current.max(combined_index(store, beside).await?),
@@ -107,13 +122,8 @@ async fn wait_for_change(
             tokio::time::sleep(remaining).await;
             return Ok(());
         }
-        let watches = prefixes.iter().zip(&indexes).map(|(prefix, &at)| {
-            Box::pin(async move {
-                store
-                    .watch(&WatchTarget::Prefix(prefix.clone()), at, remaining)
-                    .await
-            })
-        });
+        let watches = (targets.iter().zip(&indexes))
+            .map(|(target, &at)| Box::pin(async move { store.watch(target, at, remaining).await }));
         let (result, _, _) = select_all(watches).await;
         result?;
     }

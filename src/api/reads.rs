@@ -38,7 +38,7 @@ use crate::api::extract::{declared_params, QueryProblems};
 use crate::api::list_query::{BlockingText, ListFilter};
 use crate::app::App;
 use crate::error::{ApiError, Violations};
-use crate::kv::KvStore;
+use crate::kv::{KvStore, WatchTarget};
 use crate::state::{Mirror, MirrorReader, Seen, Span, Tree};
 
 /// The query of a single-object read: blocking and consistency.
@@ -287,8 +287,8 @@ pub fn current_reader(app: &App) -> Arc<dyn KvStore> {
 
 /// What to read `trees` through, by [`source`]: the mirror, read as a store, or the store
 /// itself once a blocking read has waited there for a change under `spans` (the keys the
-/// answer is made of; the trees' prefixes when there are none; a span's prefixes). Lets a
-/// handler read through a repository in one code path.
+/// answer is made of; the trees' prefixes when there are none; a span's keys or prefixes,
+/// [`Span::targets`]). Lets a handler read through a repository in one code path.
 pub async fn reader(
     app: &App,
     trees: &[Tree],
@@ -388,7 +388,8 @@ async fn open<'a>(
 }
 
 /// Holds a blocking read of `trees` served from the store until what `spans` hold changes
-/// (what `trees` hold, when there are none); the prefixes whose index its answer claims:
+/// (what `trees` hold, when there are none; a single key's span is held until that key
+/// changes, not another that starts with it); the prefixes whose index its answer claims:
 /// the trees' (and the spans', on Consul at the whole store's when empty), as from the
 /// mirror, so that a client passes back either answer's index and is held while nothing
 /// it shows changed.
@@ -403,10 +404,11 @@ pub async fn block_on_store(
         blocking.block(app, &tree_prefixes).await?;
         return Ok(tree_prefixes);
     }
-    let span_prefixes: Vec<String> = spans.iter().flat_map(Span::prefixes).collect();
+    let span_targets: Vec<WatchTarget> = spans.iter().flat_map(Span::targets).collect();
     blocking
-        .block_within(app, &span_prefixes, &tree_prefixes)
+        .block_within(app, &span_targets, &tree_prefixes)
         .await?;
+    let span_prefixes: Vec<String> = spans.iter().flat_map(Span::prefixes).collect();
     // Each read once: a span is often a tree's whole prefix (no prefix holds its keys).
     let mut claimed = [span_prefixes, tree_prefixes].concat();
     claimed.sort_unstable();

@@ -45,7 +45,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::kv::{KvPair, KvStore, Lock, PrefixUpdate, TxnOp};
+use crate::kv::{KvPair, KvStore, Lock, PrefixUpdate, TxnOp, WatchTarget};
 use crate::labels::{
     CompactLabels, LabelType, Labels, Operator, Selector, DS_ID_LABEL, RC_ID_LABEL,
 };
@@ -301,10 +301,23 @@ const DS_POD_TREES: [Tree; 5] = [
 ];
 
 impl Span {
-    /// The prefixes a blocking read served from the store watches for this span.
+    /// What a blocking read served from the store watches for this span: the key of a
+    /// [`Span::Key`] (not another that starts with it), else [`Span::prefixes`].
+    pub fn targets(&self) -> Vec<WatchTarget> {
+        match self {
+            Span::Key(key) => vec![WatchTarget::Key(key.clone())],
+            _ => self
+                .prefixes()
+                .into_iter()
+                .map(WatchTarget::Prefix)
+                .collect(),
+        }
+    }
+
+    /// The prefixes whose index an answer read from the store for this span claims (a
+    /// key's, as the prefix that holds it).
     pub fn prefixes(&self) -> Vec<String> {
         let prefix = match self {
-            // The store's reads block on the key as a prefix, which holds it.
             Span::Prefix(prefix) | Span::Key(prefix) => prefix.clone(),
             Span::NodeHealth { pod_id: None, .. } => layout::HEALTH.to_owned(),
             Span::NodeHealth {

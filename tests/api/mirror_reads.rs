@@ -1148,6 +1148,47 @@ async fn every_single_object_read_blocks_until_what_it_shows_changes() {
     assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
 }
 
+/// A single-object read through to the store (`?consistent=true`) blocks, as one on the
+/// mirror does, until its own key changes, not another that starts with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_single_object_read_through_to_the_store_is_not_woken_by_a_longer_key() {
+    let app = Arc::new(TestApp::new().await);
+    hello_on_node1(&app).await;
+    let changed = "id: hello\nlaunchables: {}\nconfig: {changed: 1}\n";
+    let cases = [
+        (
+            "/api/v1/labels/node/node1",
+            ("labels/node/node10", r#"{"role":"db"}"#.to_owned()),
+            (
+                "labels/node/node1",
+                r#"{"role":"cache"}"#.to_owned(),
+                "cache",
+            ),
+        ),
+        (
+            "/api/v1/intent/node1/hello",
+            ("intent/node1/hello2", HELLO.replace("hello", "hello2")),
+            ("intent/node1/hello", changed.to_owned(), "changed"),
+        ),
+    ];
+    for (path, (beside, other), (key, value, shown)) in cases {
+        let path = format!("{path}?consistent=true");
+        let index = app.get(&path).await.x_index();
+        let held = app.get_held(format!("{path}&index={index}&wait=30s")).await;
+        app.put_raw(beside, other).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.assert_held(&format!("{path} was woken by {beside}"));
+        app.put_raw(key, value).await;
+        let answer = held
+            .woken(&format!("{path} was not woken by its change"))
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{path}: {answer:?}");
+        assert!(answer.x_index() > index, "{path}: {answer:?}");
+        let body = String::from_utf8_lossy(&answer.body);
+        assert!(body.contains(shown), "{path}: {body}");
+    }
+}
+
 /// Blocks on `path` at the index of a read of it, deletes it with `DELETE {path}{delete}`,
 /// and returns the 404 that wakes the read.
 async fn deleted_while_blocked(app: &Arc<TestApp>, path: &str, delete: &str) -> TestResponse {
