@@ -34,7 +34,9 @@ const WATCH_SLACK: Duration = Duration::from_secs(5);
 /// its newest key's. What that tree's watch brought is then taken in as any listing (the
 /// store holds every change up to the tree's index, and the server's own writes past the
 /// listing), and the tree watched from there; every tree is read whole again when the store
-/// went backwards, or when it cannot tell.
+/// went backwards, or when it cannot tell, or when the listing holds a key at a version
+/// older than the tree held (a store restored and written to since answers its index past
+/// the mirror's).
 ///
 /// A panic while reading the tree or taking in what was read (a bug: a document whose
 /// decoding panics) fails the watch as a failed read does, and the tree is read whole
@@ -104,10 +106,11 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                 if !fresh && update.index() < floor {
                     backoff.reset();
                     let within = config.heartbeat_interval;
-                    let gone_back = tokio::select! {
-                        gone_back = store_went_backwards(&mirror, known, within) => gone_back,
-                        () = cancel.cancelled() => return,
-                    };
+                    let gone_back = mirror.lists_lost_versions(tree, &update, floor)
+                        || tokio::select! {
+                            gone_back = store_went_backwards(&mirror, known, within) => gone_back,
+                            () = cancel.cancelled() => return,
+                        };
                     if gone_back {
                         tracing::warn!(
                             prefix,

@@ -1491,6 +1491,24 @@ impl Mirror {
         self.read().held(tree, index)
     }
 
+    /// Whether `update` of `tree` lists a key at a version older than one the tree held at
+    /// or below `floor` (an index the store had reached before the read was sent): a store
+    /// that has not gone backwards never loses a version it had.
+    fn lists_lost_versions(&self, tree: Tree, update: &PrefixUpdate, floor: u64) -> bool {
+        let pairs = match update {
+            PrefixUpdate::Whole(listing) => &listing.pairs,
+            PrefixUpdate::Since(changes) => &changes.changed,
+        };
+        let state = self.read();
+        let entries = &state.tree(tree).entries;
+        pairs.iter().any(|pair| {
+            entries.get(&pair.key).is_some_and(|held| {
+                let held = held.pair.modify_index;
+                held <= floor && pair.modify_index < held
+            })
+        })
+    }
+
     /// Merges a listing of `tree`, or what changed in it, decoding outside the lock.
     fn apply_update(&self, tree: Tree, update: PrefixUpdate, authoritative: bool) {
         let (prepared, pairs) = self.read().prepare(tree, update, authoritative);
