@@ -31,9 +31,9 @@ const WATCH_SLACK: Duration = Duration::from_secs(5);
 /// [`layout::INDEX_PROBE`], is not below what the mirror holds is the tree's alone: Consul
 /// lists a prefix at its newest change, a delete's only while the delete's tombstone lasts,
 /// and once it reaps the tombstone (after its `tombstone_ttl`) the prefix's index is back at
-/// its newest key's. What that tree's watch brought is then taken in as any listing (the
-/// store holds every change up to the tree's index, and the server's own writes past the
-/// listing), and the tree watched from there; every tree is read whole again when the store
+/// its newest key's. What that tree's watch brought is then taken in as any listing, at the
+/// index the tree held (the store had made every change up to it when the listing was
+/// taken; the server's own writes past it stay), and the tree watched from there; every tree is read whole again when the store
 /// went backwards, or when it cannot tell, or when the listing holds a key at a version
 /// older than the tree held (a store restored and written to since answers its index past
 /// the mirror's).
@@ -99,10 +99,11 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
         };
         last_read = Some(Instant::now());
         let failure = match result {
-            Ok(Ok(update)) => {
+            Ok(Ok(mut update)) => {
                 let succeeded_before = last_success;
                 last_success = Instant::now();
                 mirror.watch_succeeded(tree);
+                let mut went_back_alone = false;
                 if !fresh && update.index() < floor {
                     backoff.reset();
                     let within = config.heartbeat_interval;
@@ -121,8 +122,6 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                         mirror.resync();
                         continue;
                     }
-                    // Taken in as any listing: one read whole afresh would take out the
-                    // server's own writes made since it was answered.
                     tracing::debug!(
                         prefix,
                         was = floor,
@@ -130,8 +129,21 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                         "the tree's index went back while the store's did not (a delete's \
                          tombstone reaped)"
                     );
+                    // Taken in as any listing (one read whole afresh would take out the
+                    // server's own writes made since it was answered), at `floor`: the
+                    // listing is of the store as it was once every change up to it was
+                    // made, so what it lacks of them was deleted, and the tree is watched
+                    // from there.
+                    update = match update {
+                        PrefixUpdate::Whole(mut listing) => {
+                            listing.index = floor;
+                            PrefixUpdate::Whole(listing)
+                        }
+                        since @ PrefixUpdate::Since(_) => since,
+                    };
+                    went_back_alone = true;
                 }
-                let applied = if fresh || update.index() != index {
+                let applied = if fresh || went_back_alone || update.index() != index {
                     let listed = update.index();
                     let apply = AssertUnwindSafe(|| mirror.apply_update(tree, update, fresh));
                     std::panic::catch_unwind(apply).map(|()| index = listed)

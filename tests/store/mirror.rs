@@ -612,6 +612,32 @@ async fn a_listing_older_than_what_the_mirror_held_is_of_a_store_that_went_backw
     assert_converges(&mirror, fresh.store.as_ref()).await;
 }
 
+/// A key deleted while the tree's watch could not reach the store, the delete's tombstone
+/// reaped before it could again: the listing the watch then gets is below what the tree
+/// holds, though the store did not go backwards, and lacks the key. It reflects the store
+/// as it was after all the tree held was written, so the key goes.
+#[tokio::test]
+async fn a_key_deleted_unseen_goes_when_its_trees_index_went_back() {
+    let backend = sqlite().await;
+    let store = backend.store.clone();
+    store.put("labels/node/a", b"{}", Cas::Any).await.unwrap();
+    store.put("labels/node/k", b"{}", Cas::Any).await.unwrap();
+    let switch = Switchable::new(store.clone());
+    let config = MirrorConfig {
+        watch_wait: Duration::from_millis(300),
+        ..config()
+    };
+    let (mirror, _running) = started(switch.clone(), config).await;
+    assert!(mirror.get("labels/node/k").is_some());
+
+    switch.cut.store(true, Ordering::SeqCst);
+    store.delete("labels/node/k", Cas::Any).await.unwrap();
+    *switch.reaped.lock().unwrap() = Some("labels/node/".into());
+    switch.cut.store(false, Ordering::SeqCst);
+
+    assert_converges(&mirror, store.as_ref()).await;
+}
+
 /// A mirror by `config` of `old`, given twenty node labels, behind a switch (see
 /// [`behind_a_switch`]).
 async fn node_labels_behind_a_switch(
