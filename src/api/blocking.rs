@@ -41,9 +41,9 @@ impl Blocking {
     }
 
     /// [`Blocking::block`] for a read of part of its trees: held until what `targets`
-    /// (that part: prefixes, or single keys) holds changes past the client's index, which may be the index of the
-    /// whole trees (`beside`, the trees' prefixes), as an answer from the mirror or
-    /// [`combined_index`] of both claims. The trees' index only tells a client's index
+    /// (that part: prefixes, or single keys) holds changes past the client's index, which
+    /// may be the index of the whole trees (`beside`, the trees' prefixes), as an answer
+    /// from the mirror or [`combined_index`] of both claims. The trees' index only tells a client's index
     /// this store never reached (it went backwards, or the index is another's), which is
     /// answered at once.
     pub async fn block_within(

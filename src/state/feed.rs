@@ -33,10 +33,10 @@ const WATCH_SLACK: Duration = Duration::from_secs(5);
 /// and once it reaps the tombstone (after its `tombstone_ttl`) the prefix's index is back at
 /// its newest key's. What that tree's watch brought is then taken in as any listing, at the
 /// index the tree held (the store had made every change up to it when the listing was
-/// taken; the server's own writes past it stay), and the tree watched from there; every tree is read whole again when the store
-/// went backwards, or when it cannot tell, or when the listing holds a key at a version
-/// older than the tree held (a store restored and written to since answers its index past
-/// the mirror's).
+/// taken; the server's own writes past it stay), and the tree watched from there. Every
+/// tree is read whole again when the store went backwards, or when it cannot tell, or when
+/// the listing holds a key at a version older than the tree held (a store restored and
+/// written to since answers its index past the mirror's).
 ///
 /// A panic while reading the tree or taking in what was read (a bug: a document whose
 /// decoding panics) fails the watch as a failed read does, and the tree is read whole
