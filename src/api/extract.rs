@@ -3,6 +3,8 @@
 //! Handlers use these instead of axum's `Json`, `Query` and `Path`, whose rejections are
 //! plain text.
 
+mod objects;
+
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::fmt;
@@ -22,6 +24,8 @@ use serde::de::{
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::IntoParams;
+
+use objects::ObjectsOnly;
 
 use crate::api::query_values::{not_of_kind, takes};
 use crate::error::{ApiError, Cause};
@@ -57,14 +61,14 @@ where
 }
 
 /// JSON read into the shape `T`: a value that does not fit it (of the wrong type at any
-/// depth, a field missing or unknown) is 422 with a cause naming the field, as every other
+/// depth, an array where an object goes included, a field missing or unknown) is 422 with a cause naming the field, as every other
 /// invalid body is; JSON that is not well formed is 400.
 pub fn shaped<'de, T, D>(deserializer: D) -> Result<T, ApiError>
 where
     T: Deserialize<'de>,
     D: Deserializer<'de, Error = serde_json::Error>,
 {
-    serde_path_to_error::deserialize(deserializer).map_err(|e| {
+    serde_path_to_error::deserialize(ObjectsOnly(deserializer)).map_err(|e| {
         if e.inner().classify() != serde_json::error::Category::Data {
             return malformed_json(e.into_inner());
         }

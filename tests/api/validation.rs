@@ -240,6 +240,41 @@ async fn a_body_of_the_wrong_shape_names_the_field() {
     assert_eq!(app.dump().await, []);
 }
 
+/// A JSON array where a body, or a field of it, is an object is of the wrong shape too: a
+/// positional list of an RC's fields was read as the RC and created one.
+#[tokio::test]
+async fn an_array_where_an_object_goes_is_of_the_wrong_shape() {
+    let app = TestApp::new().await;
+    let rc = json!([MANIFEST, "", {}, 1, false, "", {}, null, null]);
+    let roll = json!({
+        "old_rc_selector": "pod_id=hello",
+        "new_rc": [MANIFEST, "", {}, 1, false, "", {}, null, null],
+        "desired_replicas": 1,
+        "minimum_replicas": 0,
+    });
+    for (method, path, body, field) in [
+        ("POST", "/api/v1/rcs", rc, "body"),
+        ("POST", "/api/v1/rolls", roll, "new_rc"),
+        (
+            "PUT",
+            "/api/v1/health/hello/node1",
+            json!(["passing"]),
+            "body",
+        ),
+    ] {
+        let response = app.json_request(method, path, Some(&body), &[]).await;
+        assert_eq!(
+            response.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{path}: {response:?}"
+        );
+        assert_eq!(response.cause_fields(), [field], "{path}: {response:?}");
+        let message = &response.error().causes[0].message;
+        assert!(message.contains("expected an object"), "{path}: {message}");
+    }
+    assert_eq!(app.dump().await, []);
+}
+
 #[tokio::test]
 async fn duplicate_keys_are_refused_at_every_depth() {
     let app = TestApp::new().await;
