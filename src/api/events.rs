@@ -64,8 +64,9 @@ impl ListFilter for EventFilter {
             }
         }
         for (field, value) in [("since", &self.since), ("until", &self.until)] {
-            if value.as_deref().is_some_and(|t| parse_rfc3339(t).is_none()) {
-                violations.add(field, "must be an RFC 3339 time, e.g. 2024-05-01T12:00:00Z");
+            if let Some(text) = value.as_deref().filter(|t| parse_rfc3339(t).is_none()) {
+                let takes = "an RFC 3339 time such as 2024-05-01T12:00:00Z";
+                violations.add(field, not_of_kind(takes, text));
             }
         }
         // A window that ends before it starts admits nothing: a mistake, not a question.

@@ -922,3 +922,19 @@ async fn new_rc_labels_merged_into_an_existing_rc_by_a_roll_are_an_event() {
         "{listed:?}"
     );
 }
+
+/// A time that is not one is named as every other query value is: what the parameter takes,
+/// and what was sent.
+#[tokio::test]
+async fn a_time_that_is_not_one_is_named_with_what_was_sent() {
+    let app = TestApp::new().await;
+    for field in ["since", "until"] {
+        let response = app.get(&format!("/api/v1/events?{field}=yesterday")).await;
+        assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{field}");
+        assert_eq!(
+            response.error().causes[0].message,
+            "must be an RFC 3339 time such as 2024-05-01T12:00:00Z, got \"yesterday\"",
+            "{field}"
+        );
+    }
+}
