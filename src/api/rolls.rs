@@ -389,7 +389,7 @@ async fn get_roll(
     responses(
         (status = NO_CONTENT, description = "The roll is gone"),
         (status = BAD_REQUEST, description = "If-Match is not an ETag", body = ErrorBody),
-        (status = NOT_FOUND, description = "No such roll", body = ErrorBody),
+        (status = NOT_FOUND, description = "No running roll of that id (the message says so of one that has finished)", body = ErrorBody),
         (status = CONFLICT, description = "It kept changing for 5 s", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "The roll changed since the If-Match version", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID", body = ErrorBody),
@@ -409,7 +409,12 @@ async fn delete_roll(
         .await?;
     let rolls = app.rolls();
     let (state, rolls, id, actor) = (&app, &rolls, &id, &actor);
-    let read = || async move { rolls.get_for_delete(id).await?.ok_or_else(|| not_found(id)) };
+    let read = || async move {
+        match rolls.get_for_delete(id).await? {
+            Some(current) => Ok(current),
+            None => Err(not_running(rolls, id).await),
+        }
+    };
     // The record and the check-and-set come from one read: a roll deleted and created again
     // since is another roll, which the next attempt reads and records.
     let write = |current: Versioned<RollToDelete>| async move {
@@ -495,6 +500,24 @@ async fn current_view(app: &AppState, record: &RollRecord) -> Result<Roll, ApiEr
 
 fn not_found(id: &str) -> ApiError {
     ApiError::not_found(format!("no rolling update {id} exists"))
+}
+
+/// The 404 of a cancel finding no running roll: one that has finished, which a GET still
+/// shows, is named as finished rather than as unknown.
+async fn not_running(rolls: &RollStore, id: &str) -> ApiError {
+    let outcome = match rolls.finished(id).await {
+        Ok(Some(finished)) => finished.value.outcome,
+        Ok(None) => return not_found(id),
+        Err(e) => return e.into(),
+    };
+    let outcome = match outcome {
+        RollOutcome::Succeeded => "succeeded",
+        RollOutcome::Cancelled => "cancelled",
+        RollOutcome::Failed => "failed",
+    };
+    ApiError::not_found(format!(
+        "rolling update {id} has already finished ({outcome}): there is nothing to cancel"
+    ))
 }
 
 fn creation_error(err: CreateRollError) -> ApiError {

@@ -958,6 +958,28 @@ async fn list_blocks_until_progress_changes() {
     assert_eq!(response.cause_fields(), ["wait"]);
 }
 
+/// A DELETE of a roll that has finished, which a GET still shows, says so rather than that
+/// no such roll exists.
+#[tokio::test]
+async fn delete_of_a_finished_roll_says_it_finished() {
+    let app = TestApp::new().await;
+    let (_, id) = create_between_new_rcs(&app, json!({})).await;
+    assert_eq!(delete(&app, &id, None).await.status, StatusCode::NO_CONTENT);
+
+    let response = delete(&app, &id, None).await;
+    assert_eq!(response.status, StatusCode::NOT_FOUND, "{response:?}");
+    assert_eq!(
+        response.error().message,
+        format!("rolling update {id} has already finished (cancelled): there is nothing to cancel")
+    );
+    let unknown = uuid::Uuid::new_v4().to_string();
+    let response = delete(&app, &unknown, None).await;
+    assert_eq!(
+        response.error().message,
+        format!("no rolling update {unknown} exists")
+    );
+}
+
 #[tokio::test]
 async fn delete_cancels_the_roll_and_leaves_both_rcs() {
     let app = TestApp::new().await;
