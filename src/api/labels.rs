@@ -44,7 +44,7 @@ use crate::labels::{
 use crate::layout;
 use crate::model::event::Actor;
 use crate::state::{Span, Tree};
-use crate::store::labels::{LabelRecord, LabelStore};
+use crate::store::labels::{describe, LabelRecord, LabelStore};
 use crate::store::update::Expected;
 
 /// OpenAPI tag of these routes.
@@ -517,8 +517,7 @@ fn write_error(
     label_type: LabelType,
     id: &str,
 ) -> ApiError {
-    let what = format!("the labels of {label_type} {id:?}");
-    preconditions::write_error(err, &what, expected)
+    preconditions::write_error(err, &describe(label_type, id), expected)
 }
 
 fn answer(

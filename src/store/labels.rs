@@ -150,7 +150,7 @@ impl LabelStore {
     ) -> StoreResult<LabelRecord> {
         let change = &change;
         update_with_retry(
-            &format!("the labels of {label_type} {id:?}"),
+            &describe(label_type, id),
             expected,
             || self.get(label_type, id),
             |current| async move {
@@ -274,4 +274,10 @@ fn decode_listing(label_type: LabelType, pairs: &[KvPair]) -> Vec<Labeled> {
             })
         })
         .collect()
+}
+
+/// How a write's messages name an object's labels: "the label set of node \"node1\" has
+/// changed since version 4".
+pub fn describe(label_type: LabelType, id: &str) -> String {
+    format!("the label set of {label_type} {id:?}")
 }

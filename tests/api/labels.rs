@@ -993,3 +993,27 @@ fn label_sets_are_documented_as_the_server_checks_them() {
     }
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// A label write refused for its `If-Match` names what changed in a sentence that reads.
+#[tokio::test]
+async fn a_stale_label_write_says_the_label_set_changed() {
+    let app = TestApp::new().await;
+    let path = "/api/v1/labels/node/node1";
+    let created = app
+        .send_json("PUT", path, &[], &json!({"labels": {"a": "1"}}))
+        .await;
+    assert_eq!(created.status, StatusCode::OK);
+    let stale = app
+        .send_json(
+            "PUT",
+            path,
+            &[("if-match", "\"1\"")],
+            &json!({"labels": {"a": "2"}}),
+        )
+        .await;
+    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
+    assert_eq!(
+        stale.error().message,
+        "the label set of node \"node1\" has changed since version 1; read it again and retry"
+    );
+}
