@@ -275,6 +275,37 @@ async fn an_array_where_an_object_goes_is_of_the_wrong_shape() {
     assert_eq!(app.dump().await, []);
 }
 
+/// A number field sent something else says what it takes in words, not as a Rust type
+/// (`expected i64`).
+#[tokio::test]
+async fn a_number_field_says_it_takes_a_whole_number() {
+    let app = TestApp::new().await;
+    for (value, expected) in [
+        (
+            json!("3"),
+            "invalid type: string \"3\", expected a whole number",
+        ),
+        (
+            json!(1.5),
+            "invalid type: floating point `1.5`, expected a whole number",
+        ),
+        (
+            json!(u64::MAX),
+            "invalid value: integer `18446744073709551615`, expected a whole number",
+        ),
+    ] {
+        let body = json!({"manifest": MANIFEST, "replicas_desired": value});
+        let response = app
+            .json_request("POST", "/api/v1/rcs", Some(&body), &[])
+            .await;
+        assert_eq!(response.status, StatusCode::UNPROCESSABLE_ENTITY, "{value}");
+        assert_eq!(response.cause_fields(), ["replicas_desired"], "{value}");
+        let message = &response.error().causes[0].message;
+        assert!(message.starts_with(expected), "{value}: {message}");
+    }
+    assert_eq!(app.dump().await, []);
+}
+
 #[tokio::test]
 async fn duplicate_keys_are_refused_at_every_depth() {
     let app = TestApp::new().await;

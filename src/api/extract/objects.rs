@@ -4,13 +4,17 @@
 //! selector, ...]` would be read as an RC. A body of the API is JSON objects wherever the
 //! document says so: [`ObjectsOnly`] asks the deserializer it wraps for a map wherever a
 //! struct is read, at any depth, so an array there is refused as the wrong type (expected
-//! "an object").
+//! "an object"). It also words what an integer field takes ("a whole number"), where serde
+//! would name the Rust type (`expected i64`).
 
 use std::fmt;
 
 use serde::de::{
-    DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor,
+    DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, Unexpected, VariantAccess,
+    Visitor,
 };
+
+use crate::api::query_values::whole_number;
 
 /// Wraps a deserializer (and everything it hands on: values, elements, entries, variants)
 /// so that every struct is read with `deserialize_map`.
@@ -26,21 +30,24 @@ macro_rules! forward_deserialize {
     };
 }
 
+macro_rules! whole_numbers {
+    ($($method:ident($ty:ty)),* $(,)?) => {
+        $(
+            fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+                let range = (i128::from(<$ty>::MIN), i128::from(<$ty>::MAX));
+                self.0.$method(WholeNumber { visitor: ObjectsOnly(visitor), range })
+            }
+        )*
+    };
+}
+
 impl<'de, D: Deserializer<'de>> Deserializer<'de> for ObjectsOnly<D> {
     type Error = D::Error;
 
     forward_deserialize!(
         deserialize_any,
         deserialize_bool,
-        deserialize_i8,
-        deserialize_i16,
-        deserialize_i32,
-        deserialize_i64,
         deserialize_i128,
-        deserialize_u8,
-        deserialize_u16,
-        deserialize_u32,
-        deserialize_u64,
         deserialize_u128,
         deserialize_f32,
         deserialize_f64,
@@ -55,6 +62,17 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for ObjectsOnly<D> {
         deserialize_map,
         deserialize_identifier,
         deserialize_ignored_any,
+    );
+
+    whole_numbers!(
+        deserialize_i8(i8),
+        deserialize_i16(i16),
+        deserialize_i32(i32),
+        deserialize_i64(i64),
+        deserialize_u8(u8),
+        deserialize_u16(u16),
+        deserialize_u32(u32),
+        deserialize_u64(u64),
     );
 
     fn deserialize_unit_struct<V: Visitor<'de>>(
@@ -130,6 +148,48 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for AnObject<V> {
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
         self.0.visit_map(map)
+    }
+}
+
+/// An integer field's visitor, saying what it takes in words ("a whole number from 0 to
+/// 255", "from -2^63 to 2^63-1" for an `i64`) rather than as the Rust type (`u8`), for a
+/// value of another type and for one out of its range alike.
+struct WholeNumber<V> {
+    visitor: V,
+    range: (i128, i128),
+}
+
+impl<'de, V: Visitor<'de>> WholeNumber<V> {
+    fn check<E: serde::de::Error>(&self, v: i128, unexpected: Unexpected<'_>) -> Result<(), E> {
+        let (min, max) = self.range;
+        if v < min || v > max {
+            return Err(E::invalid_value(unexpected, self));
+        }
+        Ok(())
+    }
+}
+
+impl<'de, V: Visitor<'de>> Visitor<'de> for WholeNumber<V> {
+    type Value = V::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.range {
+            (min, max) if (min, max) == (i128::from(i64::MIN), i128::from(i64::MAX)) => {
+                f.write_str(&whole_number("-2^63", "2^63-1"))
+            }
+            (0, max) if max == i128::from(u64::MAX) => f.write_str(&whole_number(0, "2^64-1")),
+            (min, max) => f.write_str(&whole_number(min, max)),
+        }
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        self.check(i128::from(v), Unexpected::Signed(v))?;
+        self.visitor.visit_i64(v)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        self.check(i128::from(v), Unexpected::Unsigned(v))?;
+        self.visitor.visit_u64(v)
     }
 }
 
