@@ -39,6 +39,7 @@ use utoipa_axum::routes;
 
 use crate::api::extract::ApiQuery;
 use crate::api::list_query::MAX_INDEX;
+use crate::api::query_values::one_of;
 use crate::app::AppState;
 use crate::auth::Revocation;
 use crate::error::{ApiError, ErrorBody, Violations};
@@ -140,7 +141,18 @@ impl Filter {
                 for name in names.split(',').map(str::trim) {
                     match Kind::parse(name) {
                         Some(kind) if selecting && !kind.has_labels() => {
-                            violations.add("kinds", format!("{name} have no labels to select"))
+                            let labelled: Vec<&str> = Kind::ALL
+                                .into_iter()
+                                .filter(|k| k.has_labels())
+                                .map(Kind::as_str)
+                                .collect();
+                            violations.add(
+                                "kinds",
+                                format!(
+                                    "kind {name:?} has no labels to select: a selector applies to {}",
+                                    one_of(&labelled)
+                                ),
+                            )
                         }
                         Some(kind) => kinds.push(kind),
                         None => violations.add("kinds", format!("unknown kind {name:?}")),

@@ -433,6 +433,10 @@ async fn bad_queries_are_refused() {
     )
     .await;
     assert_eq!(response.cause_fields(), ["kinds"]);
+    assert_eq!(
+        response.error().causes[0].message,
+        "kind \"health\" has no labels to select: a selector applies to rcs, rolls, nodes, labels or pods"
+    );
     let response = call(&watched.router, get("/api/v1/watch?selector=a%20in%20(")).await;
     assert_eq!(response.cause_fields(), ["selector"]);
     let request = Request::get("/api/v1/watch")
