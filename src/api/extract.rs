@@ -11,11 +11,11 @@ use std::fmt;
 
 use axum::body::Bytes;
 use axum::extract::path::ErrorKind;
-use axum::extract::rejection::{JsonRejection, MissingJsonContentType, PathRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::de::{
@@ -46,8 +46,15 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        if media_type(req.headers()) != "application/json" {
-            return Err(JsonRejection::from(MissingJsonContentType::default()).into());
+        let sent = media_type(req.headers());
+        if sent != "application/json" {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!(
+                    "the body must be sent as application/json; got {}",
+                    described(&sent)
+                ),
+            ));
         }
         let bytes = Bytes::from_request(req, state)
             .await
@@ -92,6 +99,16 @@ where
 /// 400 for JSON that is not well formed, every body's wording of it.
 pub fn malformed_json(e: serde_json::Error) -> ApiError {
     ApiError::bad_request(format!("malformed JSON: {e}"))
+}
+
+/// A media type [`media_type`] read, as a 415 names what was sent (its first 100
+/// characters, for a header that could hold thousands).
+fn described(media_type: &str) -> &str {
+    match media_type.char_indices().nth(100) {
+        _ if media_type.is_empty() => "no Content-Type",
+        Some((end, _)) => &media_type[..end],
+        None => media_type,
+    }
 }
 
 /// The media type of a request's `Content-Type`, lower-cased, without parameters.
@@ -424,13 +441,14 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        use axum::http::StatusCode;
-
         let content_type = media_type(req.headers());
         if content_type != "application/merge-patch+json" && content_type != "application/json" {
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "a patch must be sent as application/merge-patch+json or application/json",
+                format!(
+                    "a patch must be sent as application/merge-patch+json or application/json; got {}",
+                    described(&content_type)
+                ),
             ));
         }
         let bytes = axum::body::Bytes::from_request(req, state)

@@ -1264,3 +1264,44 @@ async fn a_body_with_a_content_coding_is_refused() {
         }
     }
 }
+
+/// A body sent without the media type its route takes (as `curl -d` sends a form's) is 415
+/// saying which type to send and which was sent, on JSON and merge-patch routes alike.
+#[tokio::test]
+async fn a_body_of_another_media_type_names_what_to_send() {
+    let app = TestApp::new().await;
+    let body = r#"{"manifest": "id: hello\n"}"#;
+    for (method, path, content_type, message) in [
+        (
+            "POST",
+            "/api/v1/rcs",
+            Some("application/x-www-form-urlencoded"),
+            "the body must be sent as application/json; got application/x-www-form-urlencoded",
+        ),
+        (
+            "POST",
+            "/api/v1/rcs",
+            None,
+            "the body must be sent as application/json; got no Content-Type",
+        ),
+        (
+            "PATCH",
+            "/api/v1/daemonsets/5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11",
+            Some("text/plain"),
+            "a patch must be sent as application/merge-patch+json or application/json; got text/plain",
+        ),
+    ] {
+        let headers: Vec<(&str, &str)> = content_type
+            .map(|value| ("content-type", value))
+            .into_iter()
+            .collect();
+        let response = app.send_raw(method, path, &headers, body).await;
+        assert_eq!(
+            response.status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{path}: {response:?}"
+        );
+        assert_eq!(response.error().message, message, "{path}");
+    }
+    assert_eq!(app.dump().await, []);
+}
