@@ -68,8 +68,9 @@ where
 }
 
 /// JSON read into the shape `T`: a value that does not fit it (of the wrong type at any
-/// depth, an array where an object goes included, a field missing or unknown) is 422 with a cause naming the field, as every other
-/// invalid body is; JSON that is not well formed is 400.
+/// depth, an array where an object goes included, a field missing or unknown) is 422 with a
+/// cause naming the field, as every other invalid body is; JSON that is not well formed is
+/// 400.
 pub fn shaped<'de, T, D>(deserializer: D) -> Result<T, ApiError>
 where
     T: Deserialize<'de>,

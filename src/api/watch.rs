@@ -16,9 +16,9 @@
 //! With a selector over RCs, rolls or pods, whose labels are kept apart from them, the
 //! stream follows their label sets' changes too, to send an object that starts or stops
 //! matching; one that starts is sent as the mirror holds it then, and its changes to older
-//! versions, which the stream may get to after, are not sent. A client more than the server's buffer behind on one of the kinds it follows
-//! (changes of other kinds do not count) is sent `dropped` and disconnected, so a slow client never holds the
-//! others back.
+//! versions, which the stream may get to after, are not sent. A client more than the
+//! server's buffer behind on one of the kinds it follows (changes of other kinds do not
+//! count) is sent `dropped` and disconnected, so a slow client never holds the others back.
 //! A stream opened with a token that a re-read of the token file revokes ends at once: its
 //! token was checked only when it opened.
 
