@@ -1118,22 +1118,8 @@ async fn every_single_object_read_blocks_until_what_it_shows_changes() {
             ("reality/node1/hello", changed.to_owned(), "changed"),
         ),
     ];
-    for (path, beside, (key, value, shown)) in cases {
-        let index = app.get(path).await.x_index();
-        let held = app.get_held(format!("{path}?index={index}&wait=30s")).await;
-        for (key, value) in beside {
-            app.put_raw(key, value).await;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        held.assert_held(&format!("{path} was woken by a change beside it"));
-        app.put_raw(key, value).await;
-        let answer = held
-            .woken(&format!("{path} was not woken by its change"))
-            .await;
-        assert_eq!(answer.status, StatusCode::OK, "{path}: {answer:?}");
-        assert!(answer.x_index() > index, "{path}: {answer:?}");
-        let body = String::from_utf8_lossy(&answer.body);
-        assert!(body.contains(shown), "{path}: {body}");
+    for (path, beside, own) in cases {
+        held_past_beside_and_woken_by_own(&app, path, &beside, own).await;
     }
 
     let path = "/api/v1/intent/node2/hello";
@@ -1171,22 +1157,42 @@ async fn a_single_object_read_through_to_the_store_is_not_woken_by_a_longer_key(
             ("intent/node1/hello", changed.to_owned(), "changed"),
         ),
     ];
-    for (path, (beside, other), (key, value, shown)) in cases {
-        let path = format!("{path}?consistent=true");
-        let index = app.get(&path).await.x_index();
-        let held = app.get_held(format!("{path}&index={index}&wait=30s")).await;
-        app.put_raw(beside, other).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        held.assert_held(&format!("{path} was woken by {beside}"));
-        app.put_raw(key, value).await;
-        let answer = held
-            .woken(&format!("{path} was not woken by its change"))
-            .await;
-        assert_eq!(answer.status, StatusCode::OK, "{path}: {answer:?}");
-        assert!(answer.x_index() > index, "{path}: {answer:?}");
-        let body = String::from_utf8_lossy(&answer.body);
-        assert!(body.contains(shown), "{path}: {body}");
+    for (path, beside, own) in cases {
+        let uri = format!("{path}?consistent=true");
+        held_past_beside_and_woken_by_own(&app, &uri, &[beside], own).await;
     }
+}
+
+/// Blocks a read of `uri` (without `index` and `wait`) at the index it answers, writes
+/// `beside` (keys that start with one it shows), checks that the read is still held, then
+/// writes `own` (a key, its value, and a text its answer then holds) and checks that the
+/// read is woken with it.
+async fn held_past_beside_and_woken_by_own(
+    app: &Arc<TestApp>,
+    uri: &str,
+    beside: &[(&str, String)],
+    (key, value, shown): (&str, String, &str),
+) {
+    let index = app.get(uri).await.x_index();
+    let joint = if uri.contains('?') { '&' } else { '?' };
+    let held = app
+        .get_held(format!("{uri}{joint}index={index}&wait=30s"))
+        .await;
+    for (key, value) in beside {
+        app.put_raw(key, value).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.assert_held(&format!(
+        "{uri} was woken by a change beside it: {beside:?}"
+    ));
+    app.put_raw(key, value).await;
+    let answer = held
+        .woken(&format!("{uri} was not woken by its change"))
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{uri}: {answer:?}");
+    assert!(answer.x_index() > index, "{uri}: {answer:?}");
+    let body = String::from_utf8_lossy(&answer.body);
+    assert!(body.contains(shown), "{uri}: {body}");
 }
 
 /// Blocks on `path` at the index of a read of it, deletes it with `DELETE {path}{delete}`,
