@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::kv::PrefixUpdate;
+use crate::kv::{PrefixUpdate, StoreError, StoreResult};
 use crate::layout;
 use crate::panics;
 
@@ -210,12 +210,10 @@ pub(super) async fn heartbeat(mirror: Mirror, cancel: CancellationToken) {
         let seen_epoch = *epoch.borrow();
         // Committed before the read is sent, so within the index it answers.
         let known = mirror.committed_index();
-        let read = mirror.store().current_index(layout::INDEX_PROBE);
-        let read = tokio::time::timeout(interval, read);
         let index = tokio::select! {
-            read = read => match read {
-                Ok(Ok(index)) => index,
-                _ => continue,
+            read = store_index(&mirror, interval) => match read {
+                Ok(index) => index,
+                Err(_) => continue,
             },
             () = cancel.cancelled() => return,
         };
@@ -238,11 +236,20 @@ pub(super) async fn heartbeat(mirror: Mirror, cancel: CancellationToken) {
 /// someone wrote the probe), so that every tree is read again, as it was before the store
 /// could be asked.
 async fn store_went_backwards(mirror: &Mirror, known: u64, within: Duration) -> bool {
-    let read = mirror.store().current_index(layout::INDEX_PROBE);
-    match tokio::time::timeout(within, read).await {
-        Ok(Ok(Some(now))) => now < known,
+    match store_index(mirror, within).await {
+        Ok(Some(now)) => now < known,
         _ => true,
     }
+}
+
+/// The store's index, read from the key nobody writes ([`layout::INDEX_PROBE`]); `None` when
+/// someone wrote it, so that it tells nothing. A read not answered `within` fails as the
+/// store being unavailable.
+async fn store_index(mirror: &Mirror, within: Duration) -> StoreResult<Option<u64>> {
+    let read = mirror.store().current_index(layout::INDEX_PROBE);
+    tokio::time::timeout(within, read)
+        .await
+        .unwrap_or_else(|_| Err(StoreError::Unavailable("no answer in time".into())))
 }
 
 /// Sleeps until `until`, or less if the epoch moves or `wanted` is notified; `false` once
