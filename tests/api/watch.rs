@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use crate::metrics::scrape;
-use crate::support::api::{call, TestApp, TestResponse};
+use crate::support::api::{call, empty_rc_spec, TestApp, TestResponse};
 use crate::support::switchable::{self, fresh_store};
 
 /// Far longer than any event takes to come; only a stream that never sends reaches it.
@@ -112,10 +112,9 @@ impl Watched {
 
     /// Creates an RC of no replicas through the server; the answer.
     async fn create_rc(&self) -> TestResponse {
-        let manifest = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
-        let body =
-            serde_json::json!({"manifest": manifest, "node_selector": "", "replicas_desired": 0});
-        let created = self.send(Request::post("/api/v1/rcs"), body).await;
+        let created = self
+            .send(Request::post("/api/v1/rcs"), empty_rc_spec())
+            .await;
         assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
         created
     }
@@ -1209,12 +1208,7 @@ async fn a_stream_ends_when_its_token_is_revoked() {
 #[tokio::test]
 async fn a_second_own_delete_before_the_first_is_confirmed_keeps_its_deletion_streamed() {
     let app = unconfirmed_app().await;
-    let manifest = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
-    let body =
-        serde_json::json!({"manifest": manifest, "node_selector": "", "replicas_desired": 0});
-    let created = app.send_json("POST", "/api/v1/rcs", &[], &body).await;
-    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
-    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let id = app.create_empty_rc().await;
     let labels_uri = format!("/api/v1/labels/replication_controller/{id}");
     let labels = serde_json::json!({"labels": {"app": "web"}});
     let labelled = app.send_json("PUT", &labels_uri, &[], &labels).await;
@@ -1320,15 +1314,7 @@ async fn a_resumed_selector_stream_hears_of_an_object_whose_labels_the_server_re
 
 async fn resumed_after_labels_removed(path: &str) {
     let app = unconfirmed_app().await;
-    let manifest = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
-    let body =
-        serde_json::json!({"manifest": manifest, "node_selector": "", "replicas_desired": 0});
-    let mut ids = Vec::new();
-    for _ in 0..2 {
-        let created = app.send_json("POST", "/api/v1/rcs", &[], &body).await;
-        assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
-        ids.push(created.json()["id"].as_str().unwrap().to_owned());
-    }
+    let ids = [app.create_empty_rc().await, app.create_empty_rc().await];
     let labels_uri = |id: &str| format!("/api/v1/labels/replication_controller/{id}");
     let labels = serde_json::json!({"labels": {"app": "web"}});
     let labelled = app
@@ -1385,12 +1371,7 @@ async fn resumed_after_labels_removed(path: &str) {
 #[tokio::test]
 async fn a_selector_stream_never_sends_an_object_older_than_it_sent() {
     let app = TestApp::new().await;
-    let manifest = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
-    let body =
-        serde_json::json!({"manifest": manifest, "node_selector": "", "replicas_desired": 0});
-    let created = app.send_json("POST", "/api/v1/rcs", &[], &body).await;
-    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
-    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let id = app.create_empty_rc().await;
     let path = "/api/v1/watch?kinds=rcs&selector=app%3Dweb";
     let mut stream = open_on(&app, path, None).await;
     assert_eq!(summary(&stream.snapshot().await), pairs(&[("synced", "")]));

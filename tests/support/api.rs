@@ -554,8 +554,23 @@ impl TestResponse {
     }
 }
 
+/// An RC of no replicas over no nodes, as `POST /api/v1/rcs` takes it.
+pub fn empty_rc_spec() -> serde_json::Value {
+    let manifest = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+    serde_json::json!({"manifest": manifest, "node_selector": "", "replicas_desired": 0})
+}
+
 /// Requests with a body and headers, for the write routes.
 impl TestApp {
+    /// Creates [`empty_rc_spec`]'s RC through the server; its id.
+    pub async fn create_empty_rc(&self) -> String {
+        let created = self
+            .send_json("POST", "/api/v1/rcs", &[], &empty_rc_spec())
+            .await;
+        assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+        created.json()["id"].as_str().unwrap().to_owned()
+    }
+
     /// `method path` with `body` sent as `application/json` and the extra `headers`.
     pub async fn send_json(
         &self,
