@@ -455,10 +455,19 @@ impl State {
                 || event_object_id(tree, old) != event_object_id(tree, &entry)
         });
         state.changed(index, &entry, reselected);
-        let change_type = match &old {
+        let change_type = match old {
             Some(old) => {
-                self.drop_from_indexes(tree, old);
-                ChangeType::Modified
+                self.drop_from_indexes(tree, &old);
+                if old.pair.create_index == entry.pair.create_index {
+                    ChangeType::Modified
+                } else {
+                    // Deleted and created again between two reads: streamed as both, the
+                    // deletion at the index before the new version was created.
+                    let gone = entry.pair.create_index.saturating_sub(1);
+                    let gone = gone.max(old.pair.modify_index);
+                    self.stream.emit(ChangeType::Deleted, tree, gone, old);
+                    ChangeType::Added
+                }
             }
             None => ChangeType::Added,
         };
@@ -1052,6 +1061,46 @@ mod tests {
             .map(|change| (change.entry.pair.key.as_str(), change.index))
             .collect();
         assert_eq!(deleted, [("labels/node/a", 7)], "the deletion is streamed");
+    }
+
+    /// Another writer deletes `a` and creates it again between two reads of its tree: the
+    /// stream sends its deletion, then the new object as added, not the new one as a
+    /// modification of the old, which a client would take for one object changed.
+    #[test]
+    fn a_key_deleted_and_created_again_between_two_reads_is_streamed_as_both() {
+        let mut state = State::new(Stream::new(10, 10));
+        apply(
+            &mut state,
+            2,
+            &[pair("labels/node/a", r#"{"r":"x"}"#, 2)],
+            true,
+        );
+        let created_again = KvPair {
+            create_index: 8,
+            ..pair("labels/node/a", r#"{"r":"y"}"#, 8)
+        };
+        apply(&mut state, 9, &[created_again], false);
+
+        let streamed = state.stream.replay_from(2).unwrap();
+        let streamed: Vec<_> = streamed
+            .iter()
+            .map(|change| {
+                (
+                    change.change_type,
+                    change.entry.pair.modify_index,
+                    change.index,
+                )
+            })
+            .collect();
+        assert_eq!(
+            streamed,
+            [
+                (ChangeType::Added, 2, 2),
+                (ChangeType::Deleted, 2, 7),
+                (ChangeType::Added, 8, 8)
+            ],
+            "the old version's deletion, before the new one was created, then the new one"
+        );
     }
 
     /// This server writes `a` at 2 and another writer deletes it at 4, and the watch lists
