@@ -2415,10 +2415,11 @@ impl KvStore for SqliteStore {
     /// Reads answer through a reader, which a full or read-only disk does not stop: after a
     /// write failed for want of a writable disk the store is not ready until one commits
     /// again. Once the writer's tasks have stopped, no write ever commits: the store is not
-    /// ready again. While another process has held the write lock past the busy timeout, no
-    /// write commits, so the store is not ready until the writer takes the lock again. A
-    /// ping then tries to take it, one at a time, on a task of its own (as a write runs), so
-    /// that a ping given up on never leaves the writer mid-statement.
+    /// ready again. A ping waits for the writer, as a write does: one stuck in a statement
+    /// holds it unanswered. While another process has held the write lock past the busy
+    /// timeout, no write commits, so the store is not ready until the writer takes the lock
+    /// again. A ping then tries to take it, one at a time, on a task of its own (as a write
+    /// runs), so that a ping given up on never leaves the writer mid-statement.
     async fn ping(&self) -> StoreResult<()> {
         if self.inner.writer_stopped.is_cancelled() {
             return Err(writer_stopped());
@@ -2435,7 +2436,14 @@ impl KvStore for SqliteStore {
             )));
         }
         if !self.inner.locked_out.load(Ordering::Acquire) {
-            return Ok(());
+            // A writer stuck in a statement (a disk that stops answering) holds the writer,
+            // and every write waits behind it: the ping waits its turn too, so that a probe
+            // given up on past its timeout says the store hangs, where the reads alone
+            // answer. The write it waited behind may have found the lock held elsewhere.
+            drop(self.inner.writer.lock().await);
+            if !self.inner.locked_out.load(Ordering::Acquire) {
+                return Ok(());
+            }
         }
         let locked_out = || {
             StoreError::Unavailable(
@@ -3357,6 +3365,29 @@ mod tests {
         until_ready(&store)
             .await
             .expect("ready once the lock is let go");
+        store.put("k/1", b"v", Cas::Any).await.unwrap();
+    }
+
+    /// A writer stuck in a statement (a disk that stops answering; here the writer held)
+    /// commits nothing, and every write waits for it: the store is not ready while it is
+    /// stuck, though reads answer, and ready again once it moves.
+    #[tokio::test]
+    async fn a_stuck_writer_keeps_the_store_unready_until_it_moves() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir).await;
+        store.put("k/0", b"v", Cas::Any).await.unwrap();
+        store.ping().await.unwrap();
+
+        let stuck = store.inner.writer.clone().lock_owned().await;
+        assert!(store.get("k/0").await.unwrap().is_some(), "reads answer");
+        let pinged = tokio::time::timeout(Duration::from_secs(1), store.ping()).await;
+        assert!(
+            !matches!(pinged, Ok(Ok(()))),
+            "ready while the writer is stuck"
+        );
+
+        drop(stuck);
+        store.ping().await.unwrap();
         store.put("k/1", b"v", Cas::Any).await.unwrap();
     }
 
