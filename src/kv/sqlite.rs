@@ -93,6 +93,12 @@ struct Inner {
     /// they have been): a commit found above it that this process did not make is another
     /// process's, whose keys are read from the change indexes ([`touched_by_others`]).
     announced: AtomicU64,
+    /// Held by a batch's commit from before its `COMMIT` until it is announced, and by the
+    /// poll for other processes' commits ([`announce_others_commits`]), which so never takes
+    /// a commit of this process's for another's. Not the writer itself: the poll would then
+    /// wait, and the watches with it, for as long as the writer waits for the file's write
+    /// lock (another process's commits meanwhile going unannounced) or is stuck.
+    committing: Mutex<()>,
     /// The reaped index as last seen: reaping takes no index of its own, and another
     /// process's is known only by this rising.
     reaped: AtomicU64,
@@ -333,6 +339,7 @@ impl SqliteStore {
             queued_ready: queued_ready.clone(),
             batches: broadcast::Sender::new(BATCH_BACKLOG),
             announced: AtomicU64::new(last),
+            committing: Mutex::new(()),
             reaped: AtomicU64::new(reaped),
             prefix_indexes: std::sync::Mutex::default(),
             recent: Arc::default(),
@@ -1207,6 +1214,7 @@ impl Writer {
                 return;
             }
         }
+        let _committing = inner.committing.lock().await;
         if let Some((first, _)) = self.taken {
             // The indexes below `first` that were never announced are other processes'
             // commits, made before this batch took the database's write lock.
@@ -2052,7 +2060,7 @@ async fn announce_others_commits(inner: &Inner) -> StoreResult<()> {
     }
     // This process's own commit may be between its `COMMIT` and its announcement: once no
     // batch is being committed, an index still unannounced is another's.
-    let _writer = inner.writer.lock().await;
+    let _committing = inner.committing.lock().await;
     let announced = inner.announced.load(Ordering::Acquire);
     let touched = if inner.reaped.fetch_max(reaped, Ordering::AcqRel) < reaped {
         // A prefix's index never falls below the reaped index.
@@ -3940,6 +3948,34 @@ mod tests {
         }
         let theirs_then_ours = [touched(&["a/y"], &[]), touched(&["b/z"], &[])];
         assert!(announced == theirs_then_ours || announced == [touched(&["a/y", "b/z"], &[])]);
+    }
+
+    /// Another process's commit wakes a watch while this process's writer waits for the
+    /// file (here held, as while its `BEGIN IMMEDIATE` waits for the other's write lock):
+    /// the watch does not wait on the writer to learn of it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn another_processs_commit_wakes_a_watch_while_the_writer_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, theirs) = (Arc::new(open_in(&dir).await), open_in(&dir).await);
+        let index = ours.list("k/").await.unwrap().index;
+        let waiting = ours.inner.writer.clone().lock_owned().await;
+        let watch = {
+            let ours = ours.clone();
+            tokio::spawn(async move {
+                let target = WatchTarget::Prefix("k/".into());
+                ours.watch(&target, index, Duration::from_secs(60)).await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        theirs.put("k/a", b"1", Cas::Any).await.unwrap();
+
+        let woken = tokio::time::timeout(Duration::from_secs(5), watch).await;
+        drop(waiting);
+        let listing = woken
+            .expect("the watch was not woken by the other process's commit")
+            .unwrap()
+            .unwrap();
+        assert_eq!(listing.pairs.len(), 1, "{listing:?}");
     }
 
     /// Reaping takes no index: another process's is seen by the reaped index rising, and
