@@ -2018,13 +2018,21 @@ async fn touched_before(
     }
 }
 
-/// Polls for other processes' commits, expires sessions and reaps tombstones until the
-/// store is dropped.
+/// Polls for other processes' commits, and beside it expires sessions and reaps tombstones,
+/// until the store is dropped. The sweeps wait for the writer (up to the busy timeout while
+/// another process holds the file's write lock); the poll does not wait with them, or
+/// another process's commits would go unannounced, and no watch woken, meanwhile.
 async fn run_background(inner: Weak<Inner>, stop: CancellationToken) {
+    tokio::join!(
+        poll_others_commits(inner.clone(), stop.clone()),
+        sweep(inner, stop)
+    );
+}
+
+/// Announces other processes' commits every [`POLL_INTERVAL`] until the store is dropped.
+async fn poll_others_commits(inner: Weak<Inner>, stop: CancellationToken) {
     let mut poll = tokio::time::interval(POLL_INTERVAL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_session_sweep = tokio::time::Instant::now();
-    let mut last_tombstone_sweep = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -2034,11 +2042,24 @@ async fn run_background(inner: Weak<Inner>, stop: CancellationToken) {
         if let Err(e) = announce_others_commits(&inner).await {
             tracing::warn!(error = %e, "reading other processes' commits failed");
         }
-        if last_session_sweep.elapsed() >= SESSION_SWEEP_INTERVAL {
-            last_session_sweep = tokio::time::Instant::now();
-            if let Err(e) = expire_sessions(&inner).await {
-                tracing::warn!(error = %e, "expiring sessions failed");
-            }
+    }
+}
+
+/// Expires sessions every [`SESSION_SWEEP_INTERVAL`], and reaps tombstones every
+/// [`TOMBSTONE_SWEEP_INTERVAL`], until the store is dropped.
+async fn sweep(inner: Weak<Inner>, stop: CancellationToken) {
+    let first = tokio::time::Instant::now() + SESSION_SWEEP_INTERVAL;
+    let mut sweep = tokio::time::interval_at(first, SESSION_SWEEP_INTERVAL);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_tombstone_sweep = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = sweep.tick() => {}
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        if let Err(e) = expire_sessions(&inner).await {
+            tracing::warn!(error = %e, "expiring sessions failed");
         }
         if last_tombstone_sweep.elapsed() >= TOMBSTONE_SWEEP_INTERVAL {
             last_tombstone_sweep = tokio::time::Instant::now();
@@ -3967,6 +3988,41 @@ mod tests {
             })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
+        theirs.put("k/a", b"1", Cas::Any).await.unwrap();
+
+        let woken = tokio::time::timeout(Duration::from_secs(5), watch).await;
+        drop(waiting);
+        let listing = woken
+            .expect("the watch was not woken by the other process's commit")
+            .unwrap()
+            .unwrap();
+        assert_eq!(listing.pairs.len(), 1, "{listing:?}");
+    }
+
+    /// Nor does it wait on a sweep that waits for the writer: an expired session to end
+    /// (here one a server that crashed left in the file).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn another_processs_commit_wakes_a_watch_while_a_sweep_waits_for_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = Arc::new(open_in(&dir).await);
+        let index = ours.list("k/").await.unwrap().index;
+        let waiting = ours.inner.writer.clone().lock_owned().await;
+        run_beside(
+            &dir,
+            "INSERT INTO sessions (id, name, ttl_ms, lock_delay_ms, behavior, create_index,
+                expires_at_ms) VALUES ('crashed', 'crashed', 10000, 0, 'delete', 1, 0)",
+        )
+        .await;
+        let watch = {
+            let ours = ours.clone();
+            tokio::spawn(async move {
+                let target = WatchTarget::Prefix("k/".into());
+                ours.watch(&target, index, Duration::from_secs(60)).await
+            })
+        };
+        // Our sweep finds the session expired, and waits for the writer to end it.
+        tokio::time::sleep(SESSION_SWEEP_INTERVAL * 3).await;
+        let theirs = open_in(&dir).await;
         theirs.put("k/a", b"1", Cas::Any).await.unwrap();
 
         let woken = tokio::time::timeout(Duration::from_secs(5), watch).await;
