@@ -240,8 +240,8 @@ impl<T: Serialize> IntoResponse for ApiJson<T> {
 }
 
 /// A query string deserialized into `T`, whose `IntoParams` declares every parameter the
-/// route takes: 400 naming any other parameter, one given twice, or one whose value does not
-/// fit its field of `T`.
+/// route takes: 400 naming any other parameter, one given twice (but a list, see
+/// [`QueryProblems::new`]), or one whose value does not fit its field of `T`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiQuery<T>(pub T);
 
@@ -283,7 +283,7 @@ pub fn declared_params<T: IntoParams>() -> Vec<Parameter> {
 }
 
 /// What makes a query string unreadable (400): parameters the route does not take, ones
-/// given more than once, and values not of their parameter's kind. Collected so that one
+/// given more than once (but a list), and values not of their parameter's kind. Collected so that one
 /// answer names them all. Every query is read through here, so each such answer names its
 /// parameters in `causes`.
 pub struct QueryProblems {
@@ -296,9 +296,12 @@ pub struct QueryProblems {
 
 impl QueryProblems {
     /// Starts with the parameters of `query` that are not among those `accepted` lists, and
-    /// those it gives more than once (which one counts would be a guess). `accepted` is
-    /// called only when there is a query: most requests have none, and listing a route's
-    /// parameters builds their whole OpenAPI description.
+    /// those it gives more than once (which one counts would be a guess), but for a list
+    /// (a parameter published as an array): its values, comma-separated as the document
+    /// says or the parameter repeated as SDKs send a list whatever the document says, are
+    /// read as one comma-separated list. `accepted` is called only when there is a query:
+    /// most requests have none, and listing a route's parameters builds their whole
+    /// OpenAPI description.
     pub fn new(query: Option<&str>, accepted: impl FnOnce() -> Vec<Parameter>) -> Self {
         let query = query.unwrap_or_default();
         let accepted = if query.is_empty() {
@@ -306,22 +309,30 @@ impl QueryProblems {
         } else {
             accepted()
         };
-        let mut first_values = url::form_urlencoded::Serializer::new(String::new());
-        let mut seen: Vec<String> = Vec::new();
+        let mut values: Vec<(String, String)> = Vec::new();
         let mut unknown: Vec<String> = Vec::new();
         let mut malformed = Vec::new();
         for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            if !accepted.iter().any(|a| a.name == name) {
+            let Some(param) = accepted.iter().find(|a| a.name == name) else {
                 if !unknown.iter().any(|u| *u == name) {
                     unknown.push(name.into_owned());
                 }
-            } else if !seen.iter().any(|s| *s == name) {
-                first_values.append_pair(&name, &value);
-                seen.push(name.into_owned());
-            } else if !malformed.iter().any(|c: &Cause| c.field == name) {
-                malformed.push(Cause::new(name, "is given more than once"));
+                continue;
+            };
+            match values.iter_mut().find(|(seen, _)| *seen == name) {
+                None => values.push((name.into_owned(), value.into_owned())),
+                Some((_, list)) if is_list(param) => {
+                    list.push(',');
+                    list.push_str(&value);
+                }
+                Some(_) if !malformed.iter().any(|c: &Cause| c.field == name) => {
+                    malformed.push(Cause::new(name, "is given more than once"));
+                }
+                Some(_) => {}
             }
         }
+        let mut first_values = url::form_urlencoded::Serializer::new(String::new());
+        first_values.extend_pairs(values);
         QueryProblems {
             accepted,
             first_values: first_values.finish(),
@@ -401,6 +412,13 @@ impl QueryProblems {
             .collect();
         Err(ApiError::bad_request(parts.join("; ")).with_causes(causes))
     }
+}
+
+/// Whether `param` is published as a list (an array), whose values may be given repeated.
+fn is_list(param: &Parameter) -> bool {
+    use utoipa::openapi::schema::Schema;
+    use utoipa::openapi::RefOr;
+    matches!(param.schema, Some(RefOr::T(Schema::Array(_))))
 }
 
 /// Path parameters deserialized into `T`: 422 naming the parameter when its type's own rule

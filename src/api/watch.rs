@@ -69,11 +69,13 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[into_params(parameter_in = Query)]
 pub struct WatchQuery {
     /// Comma-separated kinds to watch: `rcs`, `rolls`, `daemonsets`, `nodes`, `labels`,
-    /// `pods`, `reality`, `health`, `events`. Default: every kind but `events` (whose
-    /// snapshot is every retained event), or with a `selector` every kind that has labels
-    /// (`rcs`, `rolls`, `nodes`, `labels`, `pods`).
+    /// `pods`, `reality`, `health`, `events` (the parameter may also be repeated, one kind
+    /// each). Default: every kind but `events` (whose snapshot is every retained event), or
+    /// with a `selector` every kind that has labels (`rcs`, `rolls`, `nodes`, `labels`,
+    /// `pods`).
     // Documented as the list it is, so that a client sends only names of kinds, and at least
-    // one: [`Filter::from_query`] reads the text.
+    // one: [`Filter::from_query`] reads the text, the values of a repeated parameter joined
+    // by `QueryProblems`.
     #[param(value_type = Option<Vec<Kind>>, style = Form, explode = false, min_items = 1)]
     kinds: Option<String>,
     /// Only objects whose labels (as the mirror holds them when the event is sent) match

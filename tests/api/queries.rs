@@ -156,7 +156,25 @@ async fn every_operation_names_a_parameter_given_twice_or_not_of_its_type() {
                 Some("integer") => "1",
                 _ => "a",
             };
+            // A list is taken repeated, as SDKs send one ([`QueryProblems`]); `a` is no item.
             let twice = format!("{name}={value}&{name}={value}");
+            if param["schema"]["type"] == "array" {
+                let response = app
+                    .json_request(
+                        &operation.method,
+                        &with_query(&operation.path, &twice),
+                        None,
+                        &[],
+                    )
+                    .await;
+                assert_eq!(
+                    response.status,
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "{response:?}"
+                );
+                assert_eq!(response.cause_fields(), [name, name], "{}", operation.name);
+                continue;
+            }
             let message = refusal_naming(&app, &operation, &twice, name).await;
             assert_eq!(message, format!("{name}: is given more than once"));
             checked += 1;

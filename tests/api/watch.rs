@@ -491,6 +491,44 @@ async fn kinds_are_documented_as_a_list_of_at_least_one_kind() {
     assert_eq!(response.cause_fields(), ["kinds"]);
 }
 
+/// A list of kinds is taken with the parameter repeated too, one kind each
+/// (`kinds=nodes&kinds=rcs`), as SDKs generated from the document send a list whatever its
+/// `explode` says: the stream is the one the comma-separated list asks for, and a repeated
+/// kind that is no kind is refused as one in the list is.
+#[tokio::test]
+async fn a_list_of_kinds_is_taken_repeated_as_sdks_send_it() {
+    let app = TestApp::new().await;
+    label_through(&app, "n1", "web").await;
+    let rc = serde_json::json!({"manifest": "id: hello\nlaunchables: {}\n", "node_selector": "",
+        "replicas_desired": 0});
+    let created = app
+        .json_request("POST", "/api/v1/rcs", Some(&rc), &[])
+        .await;
+    let rc = created.json()["id"].as_str().unwrap().to_owned();
+    let mut listed = try_open(&app, "/api/v1/watch?kinds=nodes,rcs", None)
+        .await
+        .unwrap();
+    let listed = summary(&listed.snapshot().await);
+    assert_eq!(
+        listed,
+        pairs(&[("added", &rc), ("added", "n1"), ("synced", "")])
+    );
+    let mut repeated = try_open(&app, "/api/v1/watch?kinds=nodes&kinds=rcs", None)
+        .await
+        .unwrap_or_else(|refused| panic!("{refused:?}"));
+    assert_eq!(summary(&repeated.snapshot().await), listed);
+    let refused = try_open(&app, "/api/v1/watch?kinds=nodes&kinds=widgets", None).await;
+    let Err(refused) = refused else {
+        panic!("a stream of no kind opened")
+    };
+    assert_eq!(
+        refused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{refused:?}"
+    );
+    assert_eq!(refused.cause_fields(), ["kinds"]);
+}
+
 /// A `Last-Event-ID` past the highest index a store holds is no position the stream gave
 /// out: it is refused, as the document's int64 says, rather than taken for a resync.
 #[tokio::test]
