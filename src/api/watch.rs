@@ -88,11 +88,8 @@ pub struct WatchQuery {
 /// The data of one event, as JSON. The SSE event name is its `type`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WatchEvent {
-    /// `added`, `modified`, `deleted`; or `synced` (the snapshot is complete), `resync` (start
-    /// again: a fresh snapshot follows) or `dropped` (the client fell too far behind and is
-    /// disconnected).
     #[serde(rename = "type")]
-    pub event_type: String,
+    pub event_type: WatchEventType,
     /// The object's kind, for changes.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
@@ -109,6 +106,44 @@ pub struct WatchEvent {
     /// last seen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object: Option<serde_json::Value>,
+}
+
+/// What an event tells: `added`, `modified`, `deleted`; or `synced` (the snapshot is
+/// complete), `resync` (start again: a fresh snapshot follows) or `dropped` (the client fell
+/// too far behind and is disconnected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WatchEventType {
+    Added,
+    Modified,
+    Deleted,
+    Synced,
+    Resync,
+    Dropped,
+}
+
+impl WatchEventType {
+    /// The SSE event name, which is the type's.
+    fn as_str(self) -> &'static str {
+        match self {
+            WatchEventType::Added => "added",
+            WatchEventType::Modified => "modified",
+            WatchEventType::Deleted => "deleted",
+            WatchEventType::Synced => "synced",
+            WatchEventType::Resync => "resync",
+            WatchEventType::Dropped => "dropped",
+        }
+    }
+}
+
+impl From<ChangeType> for WatchEventType {
+    fn from(change_type: ChangeType) -> Self {
+        match change_type {
+            ChangeType::Added => WatchEventType::Added,
+            ChangeType::Modified => WatchEventType::Modified,
+            ChangeType::Deleted => WatchEventType::Deleted,
+        }
+    }
 }
 
 /// What a stream sends: the kinds asked for and the selector.
@@ -519,7 +554,7 @@ impl Watcher {
         let snapshot = snapshot || backlog.resynced;
         if backlog.resynced {
             self.pending
-                .push_back(Pending::Control(control("resync", position)));
+                .push_back(Pending::Control(control(WatchEventType::Resync, position)));
         }
         if snapshot {
             self.selected.clear();
@@ -540,7 +575,7 @@ impl Watcher {
         }
         if snapshot {
             // The position the snapshot reflects: resuming from it misses nothing.
-            let synced = control("synced", position).id(position.to_string());
+            let synced = control(WatchEventType::Synced, position).id(position.to_string());
             self.pending.push_back(Pending::Control(synced));
         }
     }
@@ -585,7 +620,7 @@ impl Watcher {
                         () = self.app.shutdown.cancelled() => return None,
                     }
                     let subscription = self.filter.subscribe(&self.app.mirror, None);
-                    let resync = control("resync", subscription.backlog.position);
+                    let resync = control(WatchEventType::Resync, subscription.backlog.position);
                     self.pending.push_back(Pending::Control(resync));
                     self.receiver = subscription.receiver;
                     self.queue(subscription.backlog, true);
@@ -593,7 +628,7 @@ impl Watcher {
                 Err(RecvError::Lagged(_)) => {
                     self.ending = true;
                     metrics::sse_client_dropped();
-                    return Some(control("dropped", self.app.mirror.position()));
+                    return Some(control(WatchEventType::Dropped, self.app.mirror.position()));
                 }
                 Err(RecvError::Closed) => return None,
             }
@@ -623,16 +658,16 @@ fn retyped(change: &Change, change_type: ChangeType) -> Arc<Change> {
 /// An event without an object (`synced`, `resync`, `dropped`), at `position`. Only `synced`
 /// is given an id: a client reconnecting after `resync` or `dropped` resumes from the last
 /// change it received.
-fn control(event_type: &str, position: u64) -> Event {
+fn control(event_type: WatchEventType, position: u64) -> Event {
     let data = WatchEvent {
-        event_type: event_type.to_owned(),
+        event_type,
         kind: None,
         id: None,
         index: position,
         object: None,
     };
     Event::default()
-        .event(event_type)
+        .event(event_type.as_str())
         .data(serde_json::to_string(&data).expect("an event serializes"))
 }
 
@@ -655,7 +690,7 @@ fn change_event(change: &Arc<Change>) -> Event {
             serde_json::Value::String(String::from_utf8_lossy(&value).into_owned())
         });
         let event = WatchEvent {
-            event_type: change.change_type.as_str().to_owned(),
+            event_type: change.change_type.into(),
             kind: change.tree.kind(),
             id: Some(object_id(change.tree, &change.entry.pair.key).to_owned()),
             index: change.index,

@@ -1329,6 +1329,127 @@ async fn snapshot(mut body: axum::body::Body) -> Vec<(String, Value)> {
     }
 }
 
+/// The events of a change stream, each as its name and data, until one named `last` or the
+/// end of the stream.
+async fn events_until(body: &mut axum::body::Body, last: &str) -> Vec<(String, Value)> {
+    use http_body_util::BodyExt;
+    let mut text = String::new();
+    let mut events = Vec::new();
+    loop {
+        while let Some(end) = text.find("\n\n") {
+            let block: String = text.drain(..end + 2).collect();
+            let field = |name: &str| {
+                let prefix = format!("{name}: ");
+                block
+                    .lines()
+                    .find_map(|line| Some(line.strip_prefix(&prefix)?.to_owned()))
+            };
+            let (Some(name), Some(data)) = (field("event"), field("data")) else {
+                continue;
+            };
+            let done = name == last;
+            events.push((name, serde_json::from_str(&data).unwrap()));
+            if done {
+                return events;
+            }
+        }
+        let frame = tokio::time::timeout(std::time::Duration::from_secs(10), body.frame())
+            .await
+            .expect("the stream went silent");
+        let Some(frame) = frame else {
+            return events;
+        };
+        if let Ok(data) = frame.unwrap().into_data() {
+            text.push_str(std::str::from_utf8(&data).unwrap());
+        }
+    }
+}
+
+/// Every type of event the change stream sends (a snapshot's `added` and `synced`, a
+/// change's `modified` and `deleted`, `resync` for a position no longer retained, `dropped`
+/// for a client too far behind) is one that the `WatchEvent` component's `type` names as a
+/// value it takes, and the component names no other: an SDK can match on the type
+/// exhaustively. Each event's data is as the component describes, its `type` the SSE name.
+#[tokio::test]
+async fn every_type_of_change_stream_event_is_documented() {
+    use p2_apiserver::state::MirrorConfig;
+
+    let doc = document();
+    let config = MirrorConfig {
+        retained_changes: 2,
+        subscriber_buffer: 4,
+        ..MirrorConfig::default()
+    };
+    let app = TestApp::configured(|store| store, config).await;
+    let open = |last: Option<String>| {
+        let app = &app;
+        async move {
+            let mut request = axum::http::Request::get("/api/v1/watch?kinds=nodes");
+            if let Some(last) = last {
+                request = request.header("last-event-id", last);
+            }
+            let response = app
+                .open(request.body(axum::body::Body::empty()).unwrap())
+                .await;
+            assert_eq!(response.status(), 200);
+            response.into_body()
+        }
+    };
+    let label = |node: &'static str, role: &'static str| {
+        let app = &app;
+        async move {
+            let body = json!({"labels": {"role": role}});
+            let path = format!("/api/v1/labels/node/{node}");
+            let put = app.json_request("PUT", &path, Some(&body), &[]).await;
+            assert_eq!(put.status, 200, "{put:?}");
+        }
+    };
+    let mut events = Vec::new();
+    let mut stream = open(None).await;
+    let mut slow = open(None).await;
+    events.extend(events_until(&mut slow, "synced").await);
+    events.extend(events_until(&mut stream, "synced").await);
+    let resume_from = events.last().unwrap().1["index"].to_string();
+    label("n1", "web").await;
+    label("n1", "db").await;
+    let deleted = app
+        .json_request("DELETE", "/api/v1/labels/node/n1", None, &[])
+        .await;
+    assert_eq!(deleted.status, 204, "{deleted:?}");
+    events.extend(events_until(&mut stream, "deleted").await);
+    for node in ["n2", "n3", "n4", "n5", "n6"] {
+        label(node, "web").await;
+    }
+    // Past the retained changes: a stream resumed from before them starts again.
+    let mut resumed = open(Some(resume_from)).await;
+    events.extend(events_until(&mut resumed, "synced").await);
+    // Past the slow client's buffer: it is cut off.
+    events.extend(events_until(&mut slow, "dropped").await);
+    let schema = json!({"$ref": "#/components/schemas/WatchEvent"});
+    let mut found = Vec::new();
+    let mut sent = std::collections::BTreeSet::new();
+    for (name, data) in &events {
+        validate(&doc, &schema, data, &format!("event {name}"), &mut found);
+        if data["type"] != name.as_str() {
+            found.push(format!("event {name} has data of type {}", data["type"]));
+        }
+        sent.insert(name.clone());
+    }
+    let documented: std::collections::BTreeSet<String> = resolved(
+        &doc,
+        &doc["components"]["schemas"]["WatchEvent"]["properties"]["type"],
+    )["enum"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|value| value.as_str().unwrap().to_owned())
+        .collect();
+    if documented != sent {
+        found.push(format!("types sent {sent:?}, documented {documented:?}"));
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
 /// A query parameter taking one of a few values is documented with them, and the server
 /// takes each and refuses another: a generated SDK offers exactly what the server takes.
 #[tokio::test]
