@@ -40,8 +40,10 @@ pub struct ListParams {
     /// `notin`, `key`, `!key`), e.g. `pod_id=hello,availability_zone in (a,b)`; absent or
     /// empty selects every item. The operation says which labels it matches.
     selector: Option<String>,
-    /// Hold the request until the listing's index differs from this one (the `X-Index` of a
-    /// previous answer).
+    /// Hold the request, for at most `wait`, while nothing the listing is read from has
+    /// changed since this index (the `X-Index` of a previous answer): a listing of part of
+    /// its trees (one node's pods, one pod's health, one object's events) is held even at an
+    /// index older than its current `X-Index`, while that part has not changed since.
     // The maximum is `MAX_INDEX`, which the attribute takes only as a literal.
     #[param(value_type = Option<u64>, minimum = 0, maximum = 9223372036854775807_u64)]
     index: Option<String>,

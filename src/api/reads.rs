@@ -45,8 +45,9 @@ use crate::state::{Mirror, MirrorReader, Seen, Span, Tree};
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ReadParams {
-    /// Hold the request until the object's `X-Index` differs from this one (the `X-Index` of
-    /// a previous answer).
+    /// Hold the request, for at most `wait`, while nothing the answer shows has changed
+    /// since this index (the `X-Index` of a previous answer): even at an index older than
+    /// the object's current `X-Index`, while the object has not changed since.
     // The maximum is `MAX_INDEX`, which the attribute takes only as a literal.
     #[param(value_type = Option<u64>, minimum = 0, maximum = 9223372036854775807_u64)]
     index: Option<String>,

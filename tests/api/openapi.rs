@@ -442,3 +442,32 @@ fn no_path_parameter_takes_empty_text() {
     }
     assert_eq!(found, Vec::<String>::new());
 }
+
+/// Every `index` parameter says what holds a blocking read: not until its `X-Index` differs
+/// from the one sent (a read of one object, or of part of its trees, at an index older than
+/// its current `X-Index` is held while its part has not changed since, as
+/// `blocking_spans` checks), but while nothing the answer is read from has changed since.
+#[test]
+fn every_index_parameter_says_what_holds_a_read() {
+    let doc = generated();
+    let mut found = Vec::new();
+    let mut checked = 0;
+    for (route, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let parameters = op["parameters"].as_array().into_iter().flatten();
+            let Some(index) = parameters
+                .into_iter()
+                .find(|p| p["in"] == "query" && p["name"] == "index")
+            else {
+                continue;
+            };
+            checked += 1;
+            let described = index["description"].as_str().unwrap_or_default();
+            if described.contains("differs") || !described.contains("older than") {
+                found.push(format!("{method} {route}: {described:?}"));
+            }
+        }
+    }
+    assert!(checked >= 15, "only {checked} operations take index");
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
