@@ -330,9 +330,12 @@ impl Filter {
 /// of a server before a restart resumes; once the store has gone backwards, offset so that
 /// they stay above every earlier position.
 /// On reconnection the changes retained since that position are sent instead of the
-/// snapshot (those of the position itself may come again: apply them idempotently); for a
-/// position no longer retained, or from before this server's stream began, a `resync` event
-/// comes first, then a fresh snapshot. Positions are the server's own: one another server
+/// snapshot, and so no `synced` (those of the position itself may come again: apply them
+/// idempotently); for a position no longer retained, or from before this server's stream
+/// began, a `resync` event comes first, then a fresh snapshot and `synced`. So too, an open
+/// stream is sent `resync`, a fresh snapshot and `synced` once the store has gone backwards
+/// (restored, or restarted empty): drop what the stream sent before. Positions are the
+/// server's own: one another server
 /// over the same store gave is taken as this server's, though changes may have reached the
 /// two in different orders, so it may miss some; resume on the server that gave it, or
 /// start again without `Last-Event-ID`. A comment line is sent every 15 s on an idle stream. A

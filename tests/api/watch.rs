@@ -336,6 +336,44 @@ async fn a_stream_resumes_from_the_last_event_id() {
     assert_eq!(seen, pairs(&[("added", "b"), ("added", "c")]));
 }
 
+/// A resumed stream sends the changes since its position, and no snapshot, so no `synced`
+/// either; and an open stream is sent `resync`, then a fresh snapshot and `synced`, when the
+/// store went backwards (as `after_the_store_went_backwards_a_snapshot_is_of_the_store_as_it_is_now`
+/// checks). The document says both, so that a client built from it neither waits for a
+/// `synced` that does not come after it resumes, nor takes `resync` for something only a
+/// new or resumed stream is sent.
+#[tokio::test]
+async fn a_resumed_stream_has_no_synced_and_an_open_one_may_resync_as_documented() {
+    let watched = Watched::new(MirrorConfig::default()).await;
+    let mut stream = watched.open("/api/v1/watch?kinds=nodes", None).await;
+    let synced = stream.snapshot().await.pop().unwrap();
+    drop(stream);
+    watched.label_node("a", "web").await;
+    watched.label_node("b", "web").await;
+    let mut resumed = watched
+        .open("/api/v1/watch?kinds=nodes", Some(&synced.id))
+        .await;
+    let mut seen = Vec::new();
+    while !seen.contains(&("added".to_owned(), "b".to_owned())) {
+        seen.extend(summary(&[resumed.next().await.unwrap()]));
+    }
+    assert_eq!(seen, pairs(&[("added", "a"), ("added", "b")]));
+
+    let (_, openapi) = router::api().split_for_parts();
+    let doc = serde_json::to_value(&openapi).unwrap();
+    let described = doc["paths"]["/api/v1/watch"]["get"]["description"]
+        .as_str()
+        .unwrap()
+        .replace('\n', " ");
+    let mut missing = Vec::new();
+    for says in ["no `synced`", "an open stream is sent `resync`"] {
+        if !described.contains(says) {
+            missing.push(says);
+        }
+    }
+    assert!(missing.is_empty(), "{missing:?} not in {described:?}");
+}
+
 #[tokio::test]
 async fn a_position_no_longer_retained_gets_resync_and_a_fresh_snapshot() {
     let config = MirrorConfig {
