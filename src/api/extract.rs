@@ -283,9 +283,9 @@ pub fn declared_params<T: IntoParams>() -> Vec<Parameter> {
 }
 
 /// What makes a query string unreadable (400): parameters the route does not take, ones
-/// given more than once (but a list), and values not of their parameter's kind. Collected so that one
-/// answer names them all. Every query is read through here, so each such answer names its
-/// parameters in `causes`.
+/// given more than once (but a list), and values not of their parameter's kind. Collected
+/// so that one answer names them all. Every query is read through here, so each such answer
+/// names its parameters in `causes`.
 pub struct QueryProblems {
     accepted: Vec<Parameter>,
     /// The query's accepted parameters, each with its first value only, for [`Self::read`].

@@ -335,11 +335,11 @@ impl Filter {
 /// began, a `resync` event comes first, then a fresh snapshot and `synced`. So too, an open
 /// stream is sent `resync`, a fresh snapshot and `synced` once the store has gone backwards
 /// (restored, or restarted empty): drop what the stream sent before. Positions are the
-/// server's own: one another server
-/// over the same store gave is taken as this server's, though changes may have reached the
-/// two in different orders, so it may miss some; resume on the server that gave it, or
-/// start again without `Last-Event-ID`. A comment line is sent every 15 s on an idle stream. A
-/// client too slow to keep up with the changes is sent a `dropped` event and disconnected.
+/// server's own: one another server over the same store gave is taken as this server's,
+/// though changes may have reached the two in different orders, so it may miss some; resume
+/// on the server that gave it, or start again without `Last-Event-ID`. A comment line is
+/// sent every 15 s on an idle stream. A client too slow to keep up with the changes is sent
+/// a `dropped` event and disconnected.
 /// While the server has lost its watch of a tree the stream would read (as `/readyz` says),
 /// a new or resumed stream is refused with 503 rather than started from what may be an old
 /// view; a stream open already stays open and is sent the changes once the watch is back.

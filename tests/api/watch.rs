@@ -338,7 +338,7 @@ async fn a_stream_resumes_from_the_last_event_id() {
 
 /// A resumed stream sends the changes since its position, and no snapshot, so no `synced`
 /// either; and an open stream is sent `resync`, then a fresh snapshot and `synced`, when the
-/// store went backwards (as `after_the_store_went_backwards_a_snapshot_is_of_the_store_as_it_is_now`
+/// store went backwards (as `after_the_store_went_backwards_a_snapshot_is_of_the_store_...`
 /// checks). The document says both, so that a client built from it neither waits for a
 /// `synced` that does not come after it resumes, nor takes `resync` for something only a
 /// new or resumed stream is sent.
