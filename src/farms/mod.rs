@@ -230,19 +230,31 @@ impl FarmContext {
         }
     }
 
-    /// Whether to reconcile object `id` now: it is not backing off, and `lock` (its
-    /// ownership lock) is held by this session or could be taken. Failures are logged and
-    /// backed off; an object someone else owns is simply skipped.
+    /// Whether to reconcile object `id` now: it is not backing off, and `world` shows `lock`
+    /// (its ownership lock) held by this session. A free lock is taken, and the object
+    /// reconciled from the next world, which holds every change up to the taking
+    /// ([`Trees::world`]): `world` may be older than it, and miss what the lock's previous
+    /// holder wrote just before letting it go (a pod placed, which no check-and-set of ours
+    /// would catch: the RC would be placed on another node as well). P2's workers likewise
+    /// read their object's pods only once they hold its lock. Failures are logged and backed
+    /// off; an object someone else owns is simply skipped.
     pub async fn claim(&self, world: &World, retries: &mut Retries, id: &str, lock: &str) -> bool {
         if !retries.ready(id) {
             return false;
         }
+        let held = self.holds(world, lock);
         let taken = self.take_lock(world, lock).await;
-        settle_claim(retries, id, taken)
+        settle_claim(retries, id, taken) && held
+    }
+
+    /// Whether `world` shows `lock` held by this term's session.
+    fn holds(&self, world: &World, lock: &str) -> bool {
+        world.lock_holder(lock) == Some(self.session.as_str())
     }
 
     /// [`FarmContext::claim`] over `ids` (each with its ownership lock from `lock_of`); the
-    /// ids to reconcile now, in the order given. Free locks are taken many to a
+    /// ids to reconcile now (those whose lock `world` shows held by this session), in the
+    /// order given. Free locks are taken many to a
     /// transaction, up to [`CONCURRENT_OBJECTS`] transactions at once, so that a new leader
     /// of ten thousand RCs takes their locks in a few of the store's commits; a batch that
     /// fails (one of its locks taken meanwhile, or in its lock-delay) is taken lock by lock,
@@ -287,9 +299,16 @@ impl FarmContext {
             .buffered(CONCURRENT_OBJECTS)
             .collect()
             .await;
+        let held: HashSet<&str> = ready
+            .iter()
+            .filter(|(_, lock)| self.holds(world, lock))
+            .map(|(id, _)| *id)
+            .collect();
         claimed
             .into_iter()
-            .filter_map(|(id, taken)| settle_claim(retries, id, taken).then_some(id))
+            .filter_map(|(id, taken)| {
+                (settle_claim(retries, id, taken) && held.contains(id)).then_some(id)
+            })
             .collect()
     }
 
@@ -872,10 +891,43 @@ mod tests {
         let claimed = ctx
             .claim_all(&world, &mut retries, ids, |id| format!("lock/{id}"))
             .await;
-        assert_eq!(claimed, ["a", "c"]);
+        // Taken, but reconciled only from a world that shows them held.
+        assert!(claimed.is_empty(), "{claimed:?}");
         for (id, holder) in [("a", &term.session), ("b", &other), ("c", &term.session)] {
             let lock = store.get(&format!("lock/{id}")).await.unwrap().unwrap();
             assert_eq!(lock.session(), Some(holder.as_str()), "{id}");
         }
+        let mut fleet = crate::farms::fixture::Fleet::new();
+        fleet.lock("lock/a", &term.session).lock("lock/b", &other);
+        fleet.lock("lock/c", &term.session);
+        let claimed = ctx
+            .claim_all(&fleet.world(), &mut retries, ids, |id| format!("lock/{id}"))
+            .await;
+        assert_eq!(claimed, ["a", "c"]);
+    }
+
+    /// An object whose lock a pass takes is not reconciled from that pass's world, which may
+    /// be older than the taking and miss what the lock's last holder wrote; it is from a
+    /// world that shows the lock held.
+    #[tokio::test]
+    async fn an_object_is_reconciled_only_from_a_world_showing_its_lock_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db").display().to_string();
+        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+        let term = Term {
+            leader_session: session(store.as_ref(), "leader").await,
+            session: session(store.as_ref(), "term").await,
+            cancel: CancellationToken::new(),
+        };
+        let ctx = FarmContext::new(store, &term, Arc::new(Alerter::new(None)), "me".into());
+        let mut retries = Retries::default();
+        let world = World::default();
+        assert!(!ctx.claim(&world, &mut retries, "a", "lock/a").await);
+        let lock = ctx.store.get("lock/a").await.unwrap().unwrap();
+        assert_eq!(lock.session(), Some(ctx.session.as_str()));
+        assert!(retries.ready("a"), "a lock taken is no failure");
+        let mut fleet = crate::farms::fixture::Fleet::new();
+        fleet.lock("lock/a", &ctx.session);
+        assert!(ctx.claim(&fleet.world(), &mut retries, "a", "lock/a").await);
     }
 }

@@ -434,6 +434,9 @@ pub struct Trees {
     /// The newest index every followed tree is known to hold all changes up to; shared by
     /// the clones, so one farm's wait serves all.
     caught_up: Arc<AtomicU64>,
+    /// The newest index the followed trees' watches had listed at the last world: it goes
+    /// down only when the store went backwards and the trees were read again.
+    listed: Arc<AtomicU64>,
 }
 
 /// A world and the generation of each mirror tree it was built from, by position in
@@ -466,6 +469,7 @@ impl Trees {
             mirror,
             built: Arc::default(),
             caught_up: Arc::new(AtomicU64::new(0)),
+            listed: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -484,16 +488,22 @@ impl Trees {
     /// holds the old store's entries), and the trees are caught up with each other again
     /// from the fresh store's indexes, all below the old store's. After an own write of
     /// unknown outcome, every tree catches up with the store as it is ([`Mirror::settle`]).
+    /// A lock the farms took is in the lock tree before its watch lists it: every tree is
+    /// caught up to its index too, so that the object it holds is acted on from a world
+    /// that holds what its previous holder wrote ([`crate::farms::FarmContext::claim`]).
     pub async fn world(&mut self) -> World {
         let mut warned = false;
         loop {
             self.mirror.read_again(&Trees::FOLLOWED).await;
-            let newest = self.mirror.listed_index(&Trees::FOLLOWED);
-            // Trees listed below what they were caught up to were read again (the store went
-            // backwards): that index is the old store's.
-            if newest < self.caught_up.load(Ordering::SeqCst) {
+            let listed = self.mirror.listed_index(&Trees::FOLLOWED);
+            // Trees listed below what they had listed were read again (the store went
+            // backwards): the index they were caught up to is the old store's.
+            if listed < self.listed.swap(listed, Ordering::SeqCst) {
                 self.caught_up.store(0, Ordering::SeqCst);
             }
+            // A lock the farms took (or let go) is in the lock tree at once: every tree is
+            // caught up to it before a farm acts on the object it holds (see `claim`).
+            let newest = listed.max(self.mirror.tree_index(state::Tree::Locks));
             let out_of_touch = !self.mirror.out_of_touch_among(&Trees::FOLLOWED).is_empty();
             let settled = self.mirror.settle(&Trees::FOLLOWED, CATCH_UP_LIMIT).await;
             let world = self.current();

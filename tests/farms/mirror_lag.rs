@@ -6,13 +6,16 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use p2_apiserver::farms::alerts::Alerter;
 use p2_apiserver::farms::world::{pod_key, Trees};
+use p2_apiserver::farms::{self, FarmOptions};
 use p2_apiserver::kv::sqlite::SqliteStore;
-use p2_apiserver::kv::{Cas, KvStore, SessionSpec, TxnOp};
+use p2_apiserver::kv::{Cas, KvStore, SessionBehavior, SessionSpec, TxnOp};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::layout;
+use p2_apiserver::leader::{self, LeaderConfig, Term};
 use p2_apiserver::model::HealthState;
-use p2_apiserver::state::{Mirror, MirrorConfig};
+use p2_apiserver::state::{Mirror, MirrorConfig, Tree};
 use p2_apiserver::store::own_writes::OwnWrites;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -187,4 +190,137 @@ async fn a_farms_world_waits_for_a_tree_whose_watch_fails_when_nothing_else_move
     store.fail_watches_of(None);
     assert_eq!(next.await.health_of(&pod), HealthState::Critical);
     cancel.cancel();
+}
+
+/// This server takes over as leader while its mirror lags behind the store: the leader
+/// before it took RC `x`'s lock, placed its pod on n2 and stepped down, none of which the
+/// mirror holds yet. The new term's farms find `x`'s lock free and take it; they must not
+/// act on `x` from a view older than their taking of its lock (as P2's RC worker reads the
+/// RC's pods only once it holds the lock), or they see it without its pod and place a
+/// second one, on n1, where no check-and-set of theirs can catch it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_does_not_act_on_an_object_from_a_view_older_than_its_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db").display().to_string();
+    let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    for node in ["n1", "n2"] {
+        let key = layout::labels(LabelType::Node, node);
+        store
+            .put(&key, br#"{"role":"web"}"#, Cas::Any)
+            .await
+            .unwrap();
+    }
+    let x = uuid::Uuid::new_v4().to_string();
+    let mut doc = rc(MANIFEST);
+    doc["id"] = x.clone().into();
+    let doc = doc.to_string().into_bytes();
+    store
+        .put(&layout::rc(&x), &doc, Cas::Index(0))
+        .await
+        .unwrap();
+    // The leader before this server.
+    let spec = SessionSpec::deleting("previous leader", Duration::from_secs(30));
+    let previous = store.create_session(&spec).await.unwrap();
+    let record = json!({"holder": "previous", "session": previous,
+                        "since": "2026-01-01T00:00:00Z"});
+    let record = record.to_string().into_bytes();
+    assert!(store
+        .acquire(layout::LEADER_LOCK, &record, &previous)
+        .await
+        .unwrap());
+
+    // This server stands by, its farms on a mirror that shows RC `x` unplaced and unlocked.
+    let slow = Counting::new(store.clone());
+    let mirror = Mirror::new(slow.clone(), MirrorConfig::default());
+    let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    mirror.start(&tasks, shutdown.clone());
+    mirror.loaded().await;
+    assert!(mirror.get(&layout::rc(&x)).is_some());
+    // As a read of the API's makes it: every tree holds every change up to the newest.
+    assert!(mirror.catch_up(&Tree::ALL, Duration::from_secs(5)).await);
+    let config = LeaderConfig {
+        holder: "next".into(),
+        session_ttl: Duration::from_secs(10),
+        lock_delay: Duration::ZERO,
+        behavior: SessionBehavior::Delete,
+    };
+    let (farm_store, farm_mirror) = (slow.clone(), mirror.clone());
+    let alerts = Arc::new(Alerter::new(None));
+    let lead = move |term: Term| {
+        let (store, mirror) = (farm_store.clone(), farm_mirror.clone());
+        let options = FarmOptions::default();
+        farms::run_term(store, mirror, term, alerts.clone(), "next".into(), options)
+    };
+    tasks.spawn(leader::campaign(
+        slow.clone(),
+        config,
+        || Ok(()),
+        shutdown.clone(),
+        lead,
+    ));
+
+    // The mirror's watches lag from here on; the previous leader's last term runs RC `x`.
+    slow.delay_watches_of(Some(""));
+    let term = store.create_session(&spec).await.unwrap();
+    let lock = layout::rc_ownership(&x);
+    assert!(store.acquire(&lock, b"previous", &term).await.unwrap());
+    placed_on(&*store, &x, &term, "n2").await;
+    store.destroy_session(&term).await.unwrap();
+    store.destroy_session(&previous).await.unwrap();
+    let mut led = false;
+    for _ in 0..100 {
+        let leader = leader::current_leader(&*store).await.unwrap();
+        if leader.is_some_and(|leader| leader.holder == "next") {
+            led = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(led, "this server did not take over");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let placed = nodes_of(&*store, &x).await;
+    slow.delay_watches_of(None);
+    assert_eq!(placed, ["n2"], "RC {x} of one replica was placed twice");
+    shutdown.cancel();
+    tasks.close();
+    tasks.wait().await;
+}
+
+/// Places RC `x`'s pod on `node`, fenced on its lock held by `session`, as a farm does.
+async fn placed_on(store: &dyn KvStore, x: &str, session: &str, node: &str) {
+    let labels = json!({"pod_id": "hello", "replication_controller_id": x});
+    let placed = [
+        TxnOp::CheckSession {
+            key: layout::rc_ownership(x),
+            session: session.to_owned(),
+        },
+        TxnOp::Cas {
+            key: layout::labels(LabelType::Pod, &format!("{node}/hello")),
+            value: labels.to_string().into_bytes(),
+            index: 0,
+        },
+        TxnOp::Set {
+            key: format!("intent/{node}/hello"),
+            value: MANIFEST.as_bytes().to_vec(),
+        },
+    ];
+    store.txn(&placed).await.unwrap();
+}
+
+/// The nodes whose pod labels name RC `x`, sorted, as the store has them.
+async fn nodes_of(store: &dyn KvStore, x: &str) -> Vec<String> {
+    let listing = store.list("labels/pod/").await.unwrap();
+    let mut nodes: Vec<String> = (listing.pairs.iter())
+        .filter(|pair| {
+            let labels: serde_json::Value = serde_json::from_slice(&pair.value).unwrap();
+            labels["replication_controller_id"] == x
+        })
+        .filter_map(|pair| {
+            let rest = pair.key.strip_prefix("labels/pod/")?;
+            Some(rest.split('/').next()?.to_owned())
+        })
+        .collect();
+    nodes.sort();
+    nodes
 }
