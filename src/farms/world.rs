@@ -491,23 +491,31 @@ impl Trees {
     /// A lock the farms took is in the lock tree before its watch lists it: every tree is
     /// caught up to its index too, so that the object it holds is acted on from a world
     /// that holds what its previous holder wrote ([`crate::farms::FarmContext::claim`]).
+    /// The index a world must be caught up to is read once it is built, so that a listing
+    /// that lands while the trees settle is waited for rather than taken in alone.
     pub async fn world(&mut self) -> World {
         let mut warned = false;
         loop {
             self.mirror.read_again(&Trees::FOLLOWED).await;
+            let out_of_touch = !self.mirror.out_of_touch_among(&Trees::FOLLOWED).is_empty();
+            let settled = self.mirror.settle(&Trees::FOLLOWED, CATCH_UP_LIMIT).await;
+            // The world is built before the index it must be caught up to is read, and
+            // checked against what the trees had caught up to before it was built: a
+            // listing landing in between (during the settling, say) is then waited for, not
+            // taken into a world ahead of an earlier change of another tree.
+            let mut caught_up = self.caught_up.load(Ordering::SeqCst);
+            let world = self.current();
             let listed = self.mirror.listed_index(&Trees::FOLLOWED);
             // Trees listed below what they had listed were read again (the store went
             // backwards): the index they were caught up to is the old store's.
             if listed < self.listed.swap(listed, Ordering::SeqCst) {
                 self.caught_up.store(0, Ordering::SeqCst);
+                caught_up = 0;
             }
             // A lock the farms took (or let go) is in the lock tree at once: every tree is
             // caught up to it before a farm acts on the object it holds (see `claim`).
             let newest = listed.max(self.mirror.tree_index(state::Tree::Locks));
-            let out_of_touch = !self.mirror.out_of_touch_among(&Trees::FOLLOWED).is_empty();
-            let settled = self.mirror.settle(&Trees::FOLLOWED, CATCH_UP_LIMIT).await;
-            let world = self.current();
-            if settled && newest <= self.caught_up.load(Ordering::SeqCst) && !out_of_touch {
+            if settled && newest <= caught_up && !out_of_touch {
                 return world;
             }
             if !settled

@@ -324,3 +324,72 @@ async fn nodes_of(store: &dyn KvStore, x: &str) -> Vec<String> {
     nodes.sort();
     nodes
 }
+
+/// A farms' world is built from the trees as they are once they have caught up with each
+/// other, and not from a listing that lands meanwhile: here, while the world waits for the
+/// trees to settle after a write of unknown outcome (its node labels' watch slow), another
+/// farm places RC `x`'s pod (its pod labels' watch lagging) and then lets `x`'s lock go
+/// (the lock tree's watch prompt). The world must not show the lock free without the pod,
+/// the mix on which a farm would place the RC a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_farms_world_holds_no_listing_that_landed_while_it_waited() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db").display().to_string();
+    let store = Counting::new(Arc::new(SqliteStore::open(&path).await.unwrap()));
+    let x = uuid::Uuid::new_v4().to_string();
+    let lock = layout::rc_ownership(&x);
+    let spec = SessionSpec::deleting("another farm", Duration::from_secs(30));
+    let owner = store.create_session(&spec).await.unwrap();
+    assert!(store.acquire(&lock, b"other", &owner).await.unwrap());
+    let node = layout::labels(LabelType::Node, "n1");
+    store
+        .put(&node, br#"{"role":"web"}"#, Cas::Any)
+        .await
+        .unwrap();
+    let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+    let (tasks, cancel) = (TaskTracker::new(), CancellationToken::new());
+    mirror.start(&tasks, cancel.clone());
+    mirror.loaded().await;
+    let mut trees = Trees::new(mirror.clone());
+    assert!(trees.world().await.lock_holder(&lock).is_some());
+
+    // The node labels change, their watch holding back the change; a write of this
+    // server's has an unknown outcome, so the next world waits for every tree to catch up
+    // with the store, the node labels among them.
+    let held = mirror.tree_index(Tree::Labels(LabelType::Node));
+    store.hold_watches_past(Some(("labels/node/", held)));
+    store
+        .put(&node, br#"{"role":"db"}"#, Cas::Any)
+        .await
+        .unwrap();
+    mirror.note_unsure_write();
+    let next = tokio::spawn(async move { trees.world().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !next.is_finished(),
+        "the world did not wait for the node labels"
+    );
+
+    // Meanwhile the other farm places `x`'s pod, then lets its lock go.
+    store.delay_watches_of(Some("labels/pod/"));
+    placed_on(store.as_ref(), &x, &owner, "n1").await;
+    store.destroy_session(&owner).await.unwrap();
+    while mirror.get(&lock).is_some() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    store.hold_watches_past(None);
+    // It may wait for the pod labels to catch up, as long as their watch lags.
+    let mut next = std::pin::pin!(next);
+    let waited = tokio::time::timeout(Duration::from_secs(1), &mut next).await;
+    store.delay_watches_of(None);
+    let world = match waited {
+        Ok(world) => world.unwrap(),
+        Err(_) => next.await.unwrap(),
+    };
+    let pods = world.pods_labelled("replication_controller_id", &x);
+    assert!(
+        world.lock_holder(&lock).is_some() || !pods.is_empty(),
+        "the world shows RC {x}'s lock free and none of the pods its owner placed before"
+    );
+    cancel.cancel();
+}
