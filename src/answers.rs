@@ -50,7 +50,8 @@ struct Kept200 {
 
 impl Answers {
     /// The answer to `target`, which reads `trees` of `mirror`: the kept one while those
-    /// trees' versions are unchanged, else the one `build` makes (kept when it is a `200 OK`).
+    /// trees' versions are unchanged, else the one `build` makes (kept when it is a `200 OK`
+    /// no larger than [`MAX_BYTES`]).
     pub async fn get_or_build<F>(
         &self,
         mirror: &Mirror,
@@ -70,7 +71,8 @@ impl Answers {
             return Ok(response);
         }
         let (parts, body) = response.into_parts();
-        let body = to_bytes(body, MAX_BYTES)
+        // Built in memory already: read whole, however large, and kept only if it fits.
+        let body = to_bytes(body, usize::MAX)
             .await
             .map_err(|e| ApiError::internal(format!("reading an answer to keep it: {e}")))?;
         self.keep(target, versions, parts.headers.clone(), body.clone());
@@ -93,6 +95,10 @@ impl Answers {
             body,
         };
         let size = answer.size(target);
+        // Larger than every kept answer may be together: served, never kept.
+        if size > MAX_BYTES {
+            return;
+        }
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         if kept.bytes + size > MAX_BYTES {
             kept.by_target.clear();

@@ -294,6 +294,37 @@ async fn an_answer_claims_an_own_write_once_a_slow_watch_confirms_it() {
     assert_eq!(confirmed.json()["replicas_desired"], 3);
 }
 
+/// A list from the mirror larger than the answers the server keeps for reading again (a
+/// fleet of RCs with large manifests) is answered all the same, only not kept.
+#[tokio::test]
+async fn a_list_larger_than_the_kept_answers_is_answered() {
+    let app = TestApp::new().await;
+    let id = create(&app, 0).await;
+    let mut rc: Value = app
+        .stored_json(&format!("replication_controllers/{id}"))
+        .await
+        .unwrap();
+    // 72 RCs of 480 kB each: 34 MB of answer, past the 32 MiB of answers kept.
+    rc["manifest"] = json!(format!(
+        "id: hello\nlaunchables: {{}}\n# {}\n",
+        "x".repeat(480_000)
+    ));
+    let mut last = String::new();
+    for _ in 0..72 {
+        let id = uuid::Uuid::new_v4().to_string();
+        rc["id"] = json!(id);
+        last = format!("replication_controllers/{id}");
+        app.store
+            .put(&last, rc.to_string().as_bytes(), Cas::Any)
+            .await
+            .unwrap();
+    }
+    app.mirrored(&last).await;
+    let listed = app.get("/api/v1/rcs").await;
+    assert_eq!(listed.status, StatusCode::OK, "{:?}", listed.error());
+    assert_eq!(listed.json()["items"].as_array().unwrap().len(), 73);
+}
+
 /// A read from the mirror asks the store nothing; `?consistent=true` reads the store, and so
 /// sees a write made behind the server's back at once.
 #[tokio::test]
