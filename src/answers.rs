@@ -51,7 +51,7 @@ struct Kept200 {
 impl Answers {
     /// The answer to `target`, which reads `trees` of `mirror`: the kept one while those
     /// trees' versions are unchanged, else the one `build` makes (kept when it is a `200 OK`
-    /// no larger than [`MAX_BYTES`]).
+    /// no larger than `MAX_BYTES`).
     pub async fn get_or_build<F>(
         &self,
         mirror: &Mirror,
