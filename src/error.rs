@@ -233,6 +233,13 @@ impl ApiError {
         self.status
     }
 
+    /// Whether the error tells of what the store holds (an object missing, or stored but
+    /// unreadable), rather than of the request or of the store's health: a read answers it
+    /// at the index it reflects ([`crate::api::blocking::error_at`]).
+    pub fn tells_what_is_stored(&self) -> bool {
+        self.status == StatusCode::NOT_FOUND || self.reason == Some(UNREADABLE_DOCUMENT)
+    }
+
     /// The body exactly as it will be sent.
     pub fn body(&self) -> ErrorBody {
         ErrorBody {

@@ -136,7 +136,8 @@ pub fn index_header(index: u64) -> (HeaderName, HeaderValue) {
 
 /// An error answer with the `X-Index` of the read that found it: the 404 of an object gone
 /// tells a blocking client the index to wait at for it to come back, as Consul's blocking
-/// queries do, rather than leave it asking again at its old index, answered at once.
+/// queries do, rather than leave it asking again at its old index, answered at once; the
+/// 500 of one stored unreadable, the index to wait at for it to be mended.
 pub fn error_at(error: ApiError, index: u64) -> Response {
     ([index_header(index)], error).into_response()
 }

@@ -321,7 +321,8 @@ async fn create_daemon_set(
         (status = NOT_FOUND, description = "No such daemon set", body = ErrorBody,
             headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for the daemon set to come back"))),
         (status = UNPROCESSABLE_ENTITY, description = "The ID is not a UUID, or a bad index or wait", body = ErrorBody),
-        (status = INTERNAL_SERVER_ERROR, description = "The stored daemon set cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The stored daemon set cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for it to be mended"))),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -334,8 +335,11 @@ async fn get_daemon_set(
     let spans = view_spans(id);
     let (IndexedReader { kv, index }, mirror) =
         indexed_source(&app, &DS_TREES, &spans, query.consistent, query.blocking).await?;
-    let Some(record) = DaemonSetStore::new(kv.clone()).get(id).await? else {
-        return Ok(error_at(DaemonSetError::NotFound(id).into(), index));
+    let record = match DaemonSetStore::new(kv.clone()).get(id).await {
+        Ok(Some(record)) => record,
+        Ok(None) => return Ok(error_at(DaemonSetError::NotFound(id).into(), index)),
+        Err(e @ DaemonSetError::Undecodable { .. }) => return Ok(error_at(e.into(), index)),
+        Err(e) => return Err(e.into()),
     };
     let view = view(&kv, mirror, id, &record).await?;
     Ok(([etag(record.index), index_header(index)], ApiJson(view)).into_response())

@@ -24,7 +24,7 @@ use utoipa::{OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::blocking::{index_header, Blocking};
+use crate::api::blocking::{error_at, index_header, Blocking};
 use crate::api::extract::{ApiJson, ApiPath, MergePatch, NoQuery};
 use crate::api::list_query::{ListParams, ListQuery};
 use crate::api::paging::Page;
@@ -289,7 +289,8 @@ pub(crate) async fn select_labeled(
         (status = NOT_FOUND, description = "No such label type", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not valid for the type, or a bad index or wait",
             body = ErrorBody),
-        (status = INTERNAL_SERVER_ERROR, description = UNREADABLE_LABELS_DOC, body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = UNREADABLE_LABELS_DOC, body = ErrorBody,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for it to be mended"))),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -306,8 +307,11 @@ async fn get_labels(
     let spans = [Span::Key(layout::labels(label_type, &id))];
     let IndexedReader { kv, index } =
         indexed_reader(&app, &trees, &spans, query.consistent, query.blocking).await?;
-    let record = shown_labels(&LabelStore::new(kv), label_type, &id).await?;
-    Ok(([index_header(index)], answer(label_type, id, record)))
+    let record = match shown_labels(&LabelStore::new(kv), label_type, &id).await {
+        Err(e) if e.tells_what_is_stored() => return Ok(error_at(e, index)),
+        record => record?,
+    };
+    Ok(([index_header(index)], answer(label_type, id, record)).into_response())
 }
 
 /// An object's labels as a read shows them: labels stored that cannot be decoded are 500

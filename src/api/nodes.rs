@@ -116,7 +116,8 @@ async fn list_nodes(
         (status = NOT_FOUND, description = "The node has no labels", body = ErrorBody,
             headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for the node's labels"))),
         (status = UNPROCESSABLE_ENTITY, description = "The node name is not valid, or a bad index or wait", body = ErrorBody),
-        (status = INTERNAL_SERVER_ERROR, description = UNREADABLE_LABELS_DOC, body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = UNREADABLE_LABELS_DOC, body = ErrorBody,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for it to be mended"))),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
 )]
@@ -138,7 +139,10 @@ async fn get_node(
     ];
     let IndexedReader { kv, index } =
         indexed_reader(&app, &trees, &spans, query.consistent, query.blocking).await?;
-    let record = shown_labels(&LabelStore::new(kv.clone()), LabelType::Node, &node).await?;
+    let record = match shown_labels(&LabelStore::new(kv.clone()), LabelType::Node, &node).await {
+        Err(e) if e.tells_what_is_stored() => return Ok(error_at(e, index)),
+        record => record?,
+    };
     if record.index == 0 {
         let missing = ApiError::not_found(format!("node {node:?} has no labels"));
         return Ok(error_at(missing, index));

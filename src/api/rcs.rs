@@ -357,7 +357,8 @@ async fn list_rcs(
         (status = NOT_FOUND, description = "No such RC", body = ErrorBody,
             headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for the RC to come back"))),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID, or a bad index or wait", body = ErrorBody),
-        (status = INTERNAL_SERVER_ERROR, description = "The stored RC cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The stored RC cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for it to be mended"))),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody),
     )
 )]
@@ -376,8 +377,13 @@ async fn get_rc(
                 let Some(entry) = mirror.get(&layout::rc(&id)) else {
                     return Ok(error_at(no_such_rc(&id), index));
                 };
-                let record = rcs::from_entry(&entry)
-                    .map_err(|why| unreadable_rc(&id, &rcs::unreadable(&id, &why)))?;
+                let record = match rcs::from_entry(&entry) {
+                    Ok(record) => record,
+                    Err(why) => {
+                        let unreadable = unreadable_rc(&id, &rcs::unreadable(&id, &why));
+                        return Ok(error_at(unreadable, index));
+                    }
+                };
                 Ok(answer(&record, mirrored_view(mirror, &record), index))
             };
             let target = target.to_string();
@@ -395,7 +401,7 @@ async fn get_rc(
     // or above its index, so a client blocking at it misses nothing.
     let index = combined_index(kv.as_ref(), &claimed).await?;
     let record = match read(&RcStore::new(kv.clone()), &id).await {
-        Err(e) if e.status() == StatusCode::NOT_FOUND => return Ok(error_at(e, index)),
+        Err(e) if e.tells_what_is_stored() => return Ok(error_at(e, index)),
         record => record?,
     };
     let view = stored_view(&kv, &record).await?;

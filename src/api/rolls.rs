@@ -337,7 +337,8 @@ async fn list_rolls(
         (status = NOT_FOUND, description = "No such roll", body = ErrorBody,
             headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for the roll to come back"))),
         (status = UNPROCESSABLE_ENTITY, description = "The id is not a UUID, or a bad index or wait", body = ErrorBody),
-        (status = INTERNAL_SERVER_ERROR, description = "The stored roll cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The stored roll cannot be decoded (reason `UnreadableDocument`); DELETE removes it", body = ErrorBody,
+            headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for it to be mended"))),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -366,9 +367,8 @@ async fn get_roll(
         }
         // The document is broken, not the request.
         Err(StoreError::Invalid(why)) => {
-            return Err(ApiError::unreadable(format!(
-                "{why}; DELETE /api/v1/rolls/{id} removes it"
-            )))
+            let message = format!("{why}; DELETE /api/v1/rolls/{id} removes it");
+            return Ok(error_at(ApiError::unreadable(message), index));
         }
         Err(e) => return Err(e.into()),
     };

@@ -2792,3 +2792,50 @@ async fn woken_with_no_pod(app: &Arc<TestApp>, index: u64, why: &str) -> TestRes
 fn item_count(page: &TestResponse) -> usize {
     page.json()["items"].as_array().unwrap().len()
 }
+
+/// A stored object that cannot be decoded is answered 500 at the index the read reflects,
+/// from the mirror and from the store, as its absence is answered 404 at one: a client can
+/// wait at that `X-Index` for it to be mended.
+#[tokio::test]
+async fn an_unreadable_object_is_answered_at_its_index() {
+    let app = TestApp::new().await;
+    let (rc, roll, ds) = (
+        "00000000-0000-4000-8000-0000000000c1",
+        "00000000-0000-4000-8000-0000000000c2",
+        "00000000-0000-4000-8000-0000000000c3",
+    );
+    let stored = [
+        (
+            format!("replication_controllers/{rc}"),
+            r#"{"replicas_desired":"three"}"#,
+        ),
+        (format!("rolls/{roll}"), "{not json"),
+        (format!("daemon_sets/{ds}"), r#"{"id": 7"#),
+        ("labels/node/bad".to_owned(), "{not json"),
+    ];
+    for (key, value) in &stored {
+        app.put_raw(key, value).await;
+        app.mirrored(key).await;
+    }
+    let reads = [
+        (format!("/api/v1/rcs/{rc}"), &stored[0].0),
+        (format!("/api/v1/rolls/{roll}"), &stored[1].0),
+        (format!("/api/v1/daemonsets/{ds}"), &stored[2].0),
+        ("/api/v1/labels/node/bad".to_owned(), &stored[3].0),
+        ("/api/v1/nodes/bad".to_owned(), &stored[3].0),
+    ];
+    for (read, key) in reads {
+        let written = app.stored(key).await.unwrap().modify_index;
+        for path in [read.clone(), format!("{read}?consistent=true")] {
+            let response = app.get(&path).await;
+            assert_eq!(response.status, StatusCode::INTERNAL_SERVER_ERROR, "{path}");
+            let index = response.header("x-index");
+            let index = index.unwrap_or_else(|| panic!("{path}: no X-Index on {response:?}"));
+            let index: u64 = index.parse().unwrap();
+            assert!(
+                index >= written,
+                "{path}: X-Index {index} is below {written}"
+            );
+        }
+    }
+}
