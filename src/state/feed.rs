@@ -92,10 +92,27 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
             }
         })
         .catch_unwind();
+        // The farms waiting for a tree that holds nothing to catch up have the store asked
+        // again rather than wait out a blocking read: Consul answers such a prefix at its
+        // KV table's index, which every write anywhere moves, but need not wake the read
+        // for a write elsewhere (it watches the node of its radix tree nearest the prefix),
+        // so the farms, told that index by the store, would wait for the read's whole wait
+        // after each write. Asked again, the store answers at once when the index moved. A
+        // read is given the pacing interval to answer first, so that waits in turn cannot
+        // keep the tree from ever being read.
+        let sent = Instant::now();
+        let refresh = async {
+            if fresh {
+                std::future::pending::<()>().await;
+            }
+            mirror.refresh(tree).notified().await;
+            tokio::time::sleep_until(sent + config.min_reread_interval).await;
+        };
         let result = tokio::select! {
             result = read => result,
             () = cancel.cancelled() => return,
             _ = epoch.changed() => continue,
+            () = refresh => continue,
         };
         last_read = Some(Instant::now());
         let failure = match result {

@@ -752,6 +752,10 @@ struct Inner {
     /// By tree position: someone waits for the tree to catch up, so its next read need
     /// not wait out [`MirrorConfig::min_reread_interval`].
     wanted: Vec<Notify>,
+    /// By tree position: the farms wait for a tree that holds nothing to catch up with the
+    /// store's index for it, so its blocking read under way is to be asked again (see
+    /// `feed::follow`).
+    refresh: Vec<Notify>,
     /// By tree position: held while a reader asks the store for the tree's index and waits
     /// for the tree's watch to list past it ([`Mirror::catch_up`]), so that readers waiting
     /// alike share one call.
@@ -779,6 +783,7 @@ impl Mirror {
                 index: watch::channel(0).0,
                 epoch: watch::channel(0).0,
                 wanted: Tree::ALL.iter().map(|_| Notify::new()).collect(),
+                refresh: Tree::ALL.iter().map(|_| Notify::new()).collect(),
                 probes: Tree::ALL
                     .iter()
                     .map(|_| tokio::sync::Mutex::new(()))
@@ -941,6 +946,9 @@ impl Mirror {
         for (tree, current) in &targets {
             if holds(self, *tree) < *current {
                 self.wanted(*tree).notify_one();
+                if self.read().tree(*tree).holds_nothing() {
+                    self.refresh(*tree).notify_one();
+                }
             }
         }
         self.until(|mirror| {
@@ -1521,6 +1529,12 @@ impl Mirror {
     /// Notified when someone waits for `tree` to catch up (see [`Inner::wanted`]).
     fn wanted(&self, tree: Tree) -> &Notify {
         &self.inner.wanted[tree.position()]
+    }
+
+    /// Notified when the farms wait for `tree`, which holds nothing, to catch up (see
+    /// [`Inner::refresh`]).
+    fn refresh(&self, tree: Tree) -> &Notify {
+        &self.inner.refresh[tree.position()]
     }
 
     /// The store went backwards: subscribers start again and every tree re-reads.

@@ -414,3 +414,25 @@ async fn a_pod_is_not_placed_for_an_rc_deleted_while_its_placement_was_on_its_wa
     );
     assert_eq!(h.intent("n1", "hello").await, None);
 }
+
+/// Through Consul, whose blocking read of a tree that holds nothing (answered at the whole
+/// store's index) may wait out its whole wait while other trees change: the farms' worlds,
+/// each caught up to the newest index a tree shows, must not wait for that wait to end
+/// before they act (the rolls and daemon sets trees here hold nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rc_is_scheduled_and_scaled_through_consul_beside_trees_that_hold_nothing() {
+    let h = Harness::start_on(Backend::FakeConsul, None).await;
+    for i in 1..=4 {
+        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
+            .await;
+    }
+    let id = h
+        .put_rc(
+            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
+                       "replicas_desired": 2, "disabled": false, "allocation_strategy": ""}),
+        )
+        .await;
+    h.wait_for_rc_nodes(&id, 2).await;
+    h.set_replicas(&id, 3).await;
+    h.wait_for_rc_nodes(&id, 3).await;
+}

@@ -6,7 +6,8 @@
 //! handlers, so the real Consul client can run whole suites against it. The state semantics
 //! are SQLite's, which mirror Consul's with these differences: a TTL session expires at its
 //! TTL rather than up to twice it; a blocking query also returns early when the index went
-//! backwards, and one answered at the KV table's index wakes on any write; tombstones are
+//! backwards, and one answered at the KV table's index wakes on any write (unless
+//! [`EmptyReads::lazy`]); tombstones are
 //! kept for an hour; sessions without a TTL and the `get-tree` and `delete-tree` txn verbs
 //! are not supported (400). Txn verbs Consul 0.7 lacks fail their op (409), as they do there.
 //!
@@ -92,6 +93,23 @@ pub struct FakeConsul {
     pub txns: Arc<TxnHold>,
     /// Transactions applied, then answered with the connection cut partway through.
     pub cut_answers: Arc<AnswerCut>,
+    /// What wakes a blocking query answered at the KV table's index.
+    pub empty_reads: Arc<EmptyReads>,
+}
+
+/// What wakes a blocking query answered at the KV table's index (an empty prefix, a missing
+/// key): any write by default, or, once [`EmptyReads::lazy`], only a change of what it
+/// reads or the end of its wait. Consul may do either: it watches the node of its radix
+/// tree nearest the prefix, which a write elsewhere touches or not depending on the keys
+/// around it, though the table's index, which the query answers at, moves with every write.
+#[derive(Debug, Default)]
+pub struct EmptyReads(std::sync::atomic::AtomicBool);
+
+impl EmptyReads {
+    /// Wakes such queries only when what they read changes (`true`), or on any write.
+    pub fn lazy(&self, on: bool) {
+        self.0.store(on, Ordering::SeqCst);
+    }
 }
 
 /// Cuts the connection partway through the answer of every transaction while it is on
@@ -221,6 +239,7 @@ pub async fn start_in(dir: tempfile::TempDir) -> FakeConsul {
     let in_flight = Arc::new(InFlight::default());
     let txns = Arc::new(TxnHold::default());
     let cut_answers = Arc::new(AnswerCut::default());
+    let empty_reads = Arc::new(EmptyReads::default());
     let app = Router::new()
         .route("/v1/kv/", any(kv))
         .route("/v1/kv/{*key}", any(kv))
@@ -239,6 +258,7 @@ pub async fn start_in(dir: tempfile::TempDir) -> FakeConsul {
             cut_txn_answers,
         ))
         .layer(middleware::from_fn(datacenter))
+        .layer(axum::Extension(empty_reads.clone()))
         .layer(middleware::from_fn_with_state(
             in_flight.clone(),
             count_in_flight,
@@ -253,6 +273,7 @@ pub async fn start_in(dir: tempfile::TempDir) -> FakeConsul {
         in_flight,
         txns,
         cut_answers,
+        empty_reads,
     }
 }
 
@@ -270,6 +291,7 @@ async fn datacenter(request: Request, next: Next) -> Response {
 
 async fn kv(
     State(store): State<Store>,
+    axum::Extension(empty_reads): axum::Extension<Arc<EmptyReads>>,
     method: Method,
     key: Option<Path<String>>,
     Query(params): Query<Params>,
@@ -277,8 +299,10 @@ async fn kv(
 ) -> Reply {
     let key = key.map(|Path(key)| key).unwrap_or_default();
     match method {
-        Method::GET if params.contains_key("keys") => kv_keys(&store, &key, &params).await,
-        Method::GET => kv_get(&store, &key, &params).await,
+        Method::GET if params.contains_key("keys") => {
+            kv_keys(&store, &empty_reads, &key, &params).await
+        }
+        Method::GET => kv_get(&store, &empty_reads, &key, &params).await,
         Method::PUT => kv_put(&store, &key, &params, body).await,
         Method::DELETE => kv_delete(&store, &key, &params).await,
         _ => Err(Refusal(
@@ -288,7 +312,7 @@ async fn kv(
     }
 }
 
-async fn kv_get(store: &SqliteStore, key: &str, params: &Params) -> Reply {
+async fn kv_get(store: &SqliteStore, empty: &EmptyReads, key: &str, params: &Params) -> Reply {
     let target = if params.contains_key("recurse") {
         WatchTarget::Prefix(key.into())
     } else if key.is_empty() {
@@ -297,7 +321,7 @@ async fn kv_get(store: &SqliteStore, key: &str, params: &Params) -> Reply {
         WatchTarget::Key(key.into())
     };
     let (index, wait) = blocking(params)?;
-    let listing = consul_read(store, &target, index, wait).await?;
+    let listing = consul_read(store, empty, &target, index, wait).await?;
     if listing.pairs.is_empty() {
         return Ok(with_index(listing.index, StatusCode::NOT_FOUND));
     }
@@ -307,14 +331,14 @@ async fn kv_get(store: &SqliteStore, key: &str, params: &Params) -> Reply {
 
 /// `?keys`: Consul cuts each key after the first separator past the prefix, dropping a cut
 /// key only when it repeats the cut key before it, and answers 404 for an empty non-root list.
-async fn kv_keys(store: &SqliteStore, prefix: &str, params: &Params) -> Reply {
+async fn kv_keys(store: &SqliteStore, empty: &EmptyReads, prefix: &str, params: &Params) -> Reply {
     let separator = params
         .get("separator")
         .or_else(|| params.get("seperator"))
         .map_or("", String::as_str);
     let (index, wait) = blocking(params)?;
     let target = WatchTarget::Prefix(prefix.into());
-    let listing = consul_read(store, &target, index, wait).await?;
+    let listing = consul_read(store, empty, &target, index, wait).await?;
     let (index, mut keys, mut previous) = (listing.index, Vec::new(), String::new());
     for key in listing.pairs.into_iter().map(|pair| pair.key) {
         match key[prefix.len()..].find(separator) {
@@ -335,10 +359,12 @@ async fn kv_keys(store: &SqliteStore, prefix: &str, params: &Params) -> Reply {
 }
 
 /// A KV read at Consul's index, blocking as Consul does when `index` is not 0: the read is
-/// run again whenever what its index depends on changes, until the index differs from
-/// `index` or `wait` passes.
+/// run again whenever what its index depends on changes (`empty` says what that is for a
+/// read answered at the table's index), until the index differs from `index` or `wait`
+/// passes.
 async fn consul_read(
     store: &SqliteStore,
+    empty: &EmptyReads,
     target: &WatchTarget,
     index: u64,
     wait: Duration,
@@ -361,7 +387,7 @@ async fn consul_read(
         if index == 0 || listing.index != index || remaining.is_zero() {
             return Ok(listing);
         }
-        let (follow, at) = if at_table {
+        let (follow, at) = if at_table && !empty.0.load(Ordering::SeqCst) {
             (WatchTarget::Prefix(String::new()), table)
         } else {
             (target.clone(), own_index)

@@ -182,6 +182,8 @@ impl Harness {
             }
             Backend::FakeConsul => {
                 let fake = fake_consul::start().await;
+                // As Consul may: a read of an empty tree is woken by its own changes only.
+                fake.empty_reads.lazy(true);
                 let url = format!("consul://{}", fake.addr).parse().unwrap();
                 let store = open_store(&url, ConsulOptions::default()).await.unwrap();
                 (store, fake.dir)
