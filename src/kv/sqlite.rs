@@ -3978,18 +3978,30 @@ mod tests {
     async fn another_processs_commit_wakes_a_watch_while_the_writer_waits() {
         let dir = tempfile::tempdir().unwrap();
         let (ours, theirs) = (Arc::new(open_in(&dir).await), open_in(&dir).await);
-        let index = ours.list("k/").await.unwrap().index;
         let waiting = ours.inner.writer.clone().lock_owned().await;
-        let watch = {
-            let ours = ours.clone();
-            tokio::spawn(async move {
-                let target = WatchTarget::Prefix("k/".into());
-                ours.watch(&target, index, Duration::from_secs(60)).await
-            })
-        };
+        let watch = watch_k(&ours).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         theirs.put("k/a", b"1", Cas::Any).await.unwrap();
 
+        assert_woken_by_their_key(watch, waiting).await;
+    }
+
+    /// A watch of `k/` on `ours` from its index now, for a minute, on a task of its own.
+    async fn watch_k(ours: &Arc<SqliteStore>) -> tokio::task::JoinHandle<StoreResult<Listing>> {
+        let index = ours.list("k/").await.unwrap().index;
+        let ours = ours.clone();
+        tokio::spawn(async move {
+            let target = WatchTarget::Prefix("k/".into());
+            ours.watch(&target, index, Duration::from_secs(60)).await
+        })
+    }
+
+    /// Checks that `watch` is woken within 5 s, listing the one key another process wrote,
+    /// while `waiting` holds the writer; lets the writer go either way.
+    async fn assert_woken_by_their_key(
+        watch: tokio::task::JoinHandle<StoreResult<Listing>>,
+        waiting: tokio::sync::OwnedMutexGuard<Writer>,
+    ) {
         let woken = tokio::time::timeout(Duration::from_secs(5), watch).await;
         drop(waiting);
         let listing = woken
@@ -4005,7 +4017,6 @@ mod tests {
     async fn another_processs_commit_wakes_a_watch_while_a_sweep_waits_for_the_writer() {
         let dir = tempfile::tempdir().unwrap();
         let ours = Arc::new(open_in(&dir).await);
-        let index = ours.list("k/").await.unwrap().index;
         let waiting = ours.inner.writer.clone().lock_owned().await;
         run_beside(
             &dir,
@@ -4013,25 +4024,13 @@ mod tests {
                 expires_at_ms) VALUES ('crashed', 'crashed', 10000, 0, 'delete', 1, 0)",
         )
         .await;
-        let watch = {
-            let ours = ours.clone();
-            tokio::spawn(async move {
-                let target = WatchTarget::Prefix("k/".into());
-                ours.watch(&target, index, Duration::from_secs(60)).await
-            })
-        };
+        let watch = watch_k(&ours).await;
         // Our sweep finds the session expired, and waits for the writer to end it.
         tokio::time::sleep(SESSION_SWEEP_INTERVAL * 3).await;
         let theirs = open_in(&dir).await;
         theirs.put("k/a", b"1", Cas::Any).await.unwrap();
 
-        let woken = tokio::time::timeout(Duration::from_secs(5), watch).await;
-        drop(waiting);
-        let listing = woken
-            .expect("the watch was not woken by the other process's commit")
-            .unwrap()
-            .unwrap();
-        assert_eq!(listing.pairs.len(), 1, "{listing:?}");
+        assert_woken_by_their_key(watch, waiting).await;
     }
 
     /// Reaping takes no index: another process's is seen by the reaped index rising, and
