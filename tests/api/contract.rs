@@ -1297,36 +1297,10 @@ async fn full_and_refused_answers_are_documented() {
 
 /// The events of a change stream up to its `synced`, each as its name and data.
 async fn snapshot(mut body: axum::body::Body) -> Vec<(String, Value)> {
-    use http_body_util::BodyExt;
-    let mut text = String::new();
-    let mut events = Vec::new();
-    loop {
-        while let Some(end) = text.find("\n\n") {
-            let block: String = text.drain(..end + 2).collect();
-            let field = |name: &str| {
-                let prefix = format!("{name}: ");
-                block
-                    .lines()
-                    .find_map(|line| Some(line.strip_prefix(&prefix)?.to_owned()))
-            };
-            let (Some(name), Some(data)) = (field("event"), field("data")) else {
-                continue;
-            };
-            let synced = name == "synced";
-            events.push((name, serde_json::from_str(&data).unwrap()));
-            if synced {
-                return events;
-            }
-        }
-        let frame = tokio::time::timeout(std::time::Duration::from_secs(10), body.frame())
-            .await
-            .expect("the stream went silent")
-            .expect("the stream ended in its snapshot")
-            .unwrap();
-        if let Ok(data) = frame.into_data() {
-            text.push_str(std::str::from_utf8(&data).unwrap());
-        }
-    }
+    let events = events_until(&mut body, "synced").await;
+    let synced = events.last().is_some_and(|(name, _)| name == "synced");
+    assert!(synced, "the stream ended in its snapshot: {events:?}");
+    events
 }
 
 /// The events of a change stream, each as its name and data, until one named `last` or the
