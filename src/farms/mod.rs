@@ -870,9 +870,8 @@ mod tests {
         stop.cancel();
     }
 
-    #[tokio::test]
-    async fn a_batch_of_free_locks_that_fails_is_taken_lock_by_lock() {
-        let dir = tempfile::tempdir().unwrap();
+    /// The farms' context of a term of its own, on an embedded store in `dir`.
+    async fn term_context(dir: &tempfile::TempDir) -> FarmContext {
         let path = dir.path().join("store.db").display().to_string();
         let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
         let term = Term {
@@ -880,8 +879,14 @@ mod tests {
             session: session(store.as_ref(), "term").await,
             cancel: CancellationToken::new(),
         };
-        let alerts = Arc::new(Alerter::new(None));
-        let ctx = FarmContext::new(store.clone(), &term, alerts, "me".into());
+        FarmContext::new(store, &term, Arc::new(Alerter::new(None)), "me".into())
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_free_locks_that_fails_is_taken_lock_by_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = term_context(&dir).await;
+        let store = ctx.store.clone();
         // The world saw every lock free, but another farm has since taken the lock of `b`.
         let other = session(store.as_ref(), "another farm").await;
         assert!(store.acquire("lock/b", b"", &other).await.unwrap());
@@ -893,13 +898,13 @@ mod tests {
             .await;
         // Taken, but reconciled only from a world that shows them held.
         assert!(claimed.is_empty(), "{claimed:?}");
-        for (id, holder) in [("a", &term.session), ("b", &other), ("c", &term.session)] {
+        for (id, holder) in [("a", &ctx.session), ("b", &other), ("c", &ctx.session)] {
             let lock = store.get(&format!("lock/{id}")).await.unwrap().unwrap();
             assert_eq!(lock.session(), Some(holder.as_str()), "{id}");
         }
         let mut fleet = crate::farms::fixture::Fleet::new();
-        fleet.lock("lock/a", &term.session).lock("lock/b", &other);
-        fleet.lock("lock/c", &term.session);
+        fleet.lock("lock/a", &ctx.session).lock("lock/b", &other);
+        fleet.lock("lock/c", &ctx.session);
         let claimed = ctx
             .claim_all(&fleet.world(), &mut retries, ids, |id| format!("lock/{id}"))
             .await;
@@ -912,14 +917,7 @@ mod tests {
     #[tokio::test]
     async fn an_object_is_reconciled_only_from_a_world_showing_its_lock_held() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.db").display().to_string();
-        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-        let term = Term {
-            leader_session: session(store.as_ref(), "leader").await,
-            session: session(store.as_ref(), "term").await,
-            cancel: CancellationToken::new(),
-        };
-        let ctx = FarmContext::new(store, &term, Arc::new(Alerter::new(None)), "me".into());
+        let ctx = term_context(&dir).await;
         let mut retries = Retries::default();
         let world = World::default();
         assert!(!ctx.claim(&world, &mut retries, "a", "lock/a").await);
