@@ -65,28 +65,6 @@ async fn rc_owned_elsewhere(h: &Harness) -> (String, String) {
     (x, session)
 }
 
-/// The other farm places RC `x`'s pod on n1, fenced on its lock as this server's farms
-/// write (the test then ends its session, which frees the RC's lock).
-async fn placed_by_its_owner(h: &Harness, x: &str, session: &str) {
-    let labels = json!({"pod_id": "hello", "replication_controller_id": x});
-    let placed = [
-        TxnOp::CheckSession {
-            key: layout::rc_ownership(x),
-            session: session.to_owned(),
-        },
-        TxnOp::Cas {
-            key: layout::labels(LabelType::Pod, "n1/hello"),
-            value: labels.to_string().into_bytes(),
-            index: 0,
-        },
-        TxnOp::Set {
-            key: "intent/n1/hello".into(),
-            value: MANIFEST.as_bytes().to_vec(),
-        },
-    ];
-    h.store.txn(&placed).await.unwrap();
-}
-
 /// The pod-label watch lags (its answers held back for a moment, well under the farms'
 /// catch-up bound), and meanwhile this server writes a pod's labels itself (an API label
 /// write). Its own write lifts the tree's index in the mirror past the other writer's
@@ -99,7 +77,7 @@ async fn an_own_write_does_not_pass_for_a_lagging_tree_having_caught_up() {
     let (x, session) = rc_owned_elsewhere(&h).await;
 
     store.delay_watches_of(Some("labels/pod/"));
-    placed_by_its_owner(&h, &x, &session).await;
+    placed_on(h.store.as_ref(), &x, &session, "n1").await;
     // A label written through this server's API, after the other farm's write.
     let api = OwnWrites::wrap(h.store.clone(), h.mirror.clone());
     let misc = layout::labels(LabelType::Pod, "n3/misc");
@@ -122,7 +100,7 @@ async fn a_farm_does_not_act_on_a_tree_whose_watch_fails() {
     let (x, session) = rc_owned_elsewhere(&h).await;
 
     store.fail_watches_of(Some("labels/pod/"));
-    placed_by_its_owner(&h, &x, &session).await;
+    placed_on(h.store.as_ref(), &x, &session, "n1").await;
     h.store.destroy_session(&session).await.unwrap();
     tokio::time::sleep(Duration::from_secs(4)).await;
 
