@@ -684,6 +684,7 @@ fn may_be_json(value: &[u8]) -> bool {
 
 /// A change's event, without its id; its data is rendered once for all streams.
 fn change_event(change: &Arc<Change>) -> Event {
+    let event_type = WatchEventType::from(change.change_type);
     let data = change.rendered.get_or_init(|| {
         let value = change.entry.value();
         let json = may_be_json(&value)
@@ -693,7 +694,7 @@ fn change_event(change: &Arc<Change>) -> Event {
             serde_json::Value::String(String::from_utf8_lossy(&value).into_owned())
         });
         let event = WatchEvent {
-            event_type: change.change_type.into(),
+            event_type,
             kind: change.tree.kind(),
             id: Some(object_id(change.tree, &change.entry.pair.key).to_owned()),
             index: change.index,
@@ -702,7 +703,7 @@ fn change_event(change: &Arc<Change>) -> Event {
         serde_json::to_string(&event).expect("an event serializes")
     });
     Event::default()
-        .event(change.change_type.as_str())
+        .event(event_type.as_str())
         .data(data.as_str())
 }
 

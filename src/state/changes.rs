@@ -37,17 +37,6 @@ pub enum ChangeType {
     Deleted,
 }
 
-impl ChangeType {
-    /// The name used in events.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChangeType::Added => "added",
-            ChangeType::Modified => "modified",
-            ChangeType::Deleted => "deleted",
-        }
-    }
-}
-
 /// One change to one mirrored entry.
 #[derive(Debug)]
 pub struct Change {
