@@ -621,18 +621,21 @@ fn describe(id: &str) -> String {
 /// from the RC; its creation writes the old RC again instead (`RollCreator`), moving the
 /// version the write is check-and-set on, so a roll created after these checks fails the
 /// write, whose next attempt finds the roll. One created before `version` is looked for in
-/// the store unless the mirror holds every roll up to `version`, or every roll change the
-/// store has.
+/// the store unless the mirror holds every roll change up to `version`, which the store's
+/// index of the rolls through `version` tells when the RC's version cannot (from memory on
+/// the embedded store).
 async fn unclaimed(app: &AppState, id: &str, version: u64) -> Result<Vec<TxnOp>, ApiError> {
     if let Some(mirror) = current_mirror(app) {
         // Taken before the checks read the mirror, which holds at least as much by then.
         let (_, _, rolls_complete) = mirror.versions(&[Tree::Rolls])[0];
         let reader = Arc::new(MirrorReader::new(mirror.clone()));
         if let Ok(ops) = claim_checks(reader, id).await? {
-            // No roll has changed since the mirror's: the store's index of the rolls (in
-            // memory on the embedded store) says so when the RC's version cannot.
             if rolls_complete >= version
-                || app.store.prefix_index(layout::ROLLS).await? <= rolls_complete
+                || app
+                    .store
+                    .prefix_index_through(layout::ROLLS, version)
+                    .await?
+                    <= rolls_complete
             {
                 return Ok(ops);
             }

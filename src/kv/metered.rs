@@ -100,6 +100,11 @@ impl KvStore for Metered {
             .await
     }
 
+    async fn prefix_index_through(&self, prefix: &str, through: u64) -> StoreResult<u64> {
+        let index = self.inner.prefix_index_through(prefix, through);
+        self.measure("prefix_index", index).await
+    }
+
     async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
         self.measure("current_index", self.inner.current_index(probe))
             .await

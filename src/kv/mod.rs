@@ -455,6 +455,16 @@ pub trait KvStore: Send + Sync + 'static {
         Ok(self.keys(prefix, Some('/')).await?.0)
     }
 
+    /// [`KvStore::prefix_index`] counting only the changes up to `through`: at least the
+    /// index of the prefix's newest change at or below `through` (later changes may count
+    /// too), for a reader that needs to know only whether it holds every change up to an
+    /// index it has. The embedded store answers from memory when it has heard of every
+    /// commit up to `through`; by default, and on Consul, the prefix's index now.
+    async fn prefix_index_through(&self, prefix: &str, through: u64) -> StoreResult<u64> {
+        let _ = through;
+        self.prefix_index(prefix).await
+    }
+
     /// The store's index now: at least that of every write it has committed, so that a
     /// reader holding a higher index learns the store went backwards (restored from a
     /// snapshot) while its watches wait, as Consul's do, for an index the store has not

@@ -158,6 +158,13 @@ impl KvStore for Prefixed {
             .map_err(|e| self.strip_error(e))
     }
 
+    async fn prefix_index_through(&self, prefix: &str, through: u64) -> StoreResult<u64> {
+        self.inner
+            .prefix_index_through(&self.under(prefix)?, through)
+            .await
+            .map_err(|e| self.strip_error(e))
+    }
+
     async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
         self.inner
             .current_index(&self.key(probe)?)

@@ -205,6 +205,10 @@ impl KvStore for SharedListings {
         self.store.prefix_index(prefix).await
     }
 
+    async fn prefix_index_through(&self, prefix: &str, through: u64) -> StoreResult<u64> {
+        self.store.prefix_index_through(prefix, through).await
+    }
+
     async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
         self.store.current_index(probe).await
     }

@@ -2204,6 +2204,18 @@ impl KvStore for SqliteStore {
         self.inner.prefix_index(prefix).await
     }
 
+    async fn prefix_index_through(&self, prefix: &str, through: u64) -> StoreResult<u64> {
+        validate_prefix(prefix)?;
+        // Read first: every change up to it has been announced, so a kept index, forgotten
+        // by any of them that touched the prefix, holds each that did.
+        if self.inner.announced.load(Ordering::Acquire) >= through {
+            if let Some(&index) = self.inner.known_prefix_indexes().get(prefix) {
+                return Ok(index);
+            }
+        }
+        self.inner.prefix_index(prefix).await
+    }
+
     async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
         validate_key(probe)?;
         Ok(Some(meta(&self.inner.reader, "last_index").await?))
@@ -3944,6 +3956,34 @@ mod tests {
         theirs.put("a/z", b"1", Cas::Any).await.unwrap();
         let theirs_index = theirs.prefix_index("a/").await.unwrap();
         assert_eq!(ours.prefix_index("a/").await.unwrap(), theirs_index);
+    }
+
+    /// A prefix's index through an index up to which every commit has been announced is the
+    /// one kept, read from memory even while every reader is busy; through another
+    /// process's commit not yet announced, it holds that commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_prefix_index_through_announced_changes_is_answered_from_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, theirs) = (open_in(&dir).await, open_in(&dir).await);
+        ours.put("a/x", b"1", Cas::Any).await.unwrap();
+        let kept = ours.prefix_index("a/").await.unwrap();
+        ours.put("b/x", b"1", Cas::Any).await.unwrap();
+        let elsewhere = ours.prefix_index("b/").await.unwrap();
+        assert!(elsewhere > kept);
+
+        let mut readers = Vec::new();
+        for _ in 0..ours.inner.reader.options().get_max_connections() {
+            readers.push(ours.inner.reader.acquire().await.unwrap());
+        }
+        let through = ours.prefix_index_through("a/", elsewhere);
+        let through = tokio::time::timeout(Duration::from_secs(10), through).await;
+        assert_eq!(through.expect("answered without a reader").unwrap(), kept);
+        drop(readers);
+
+        theirs.put("a/z", b"1", Cas::Any).await.unwrap();
+        let theirs_index = theirs.prefix_index("a/").await.unwrap();
+        let through = ours.prefix_index_through("a/", theirs_index).await;
+        assert_eq!(through.unwrap(), theirs_index);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -106,6 +106,10 @@ impl KvStore for OwnWrites {
         self.kv.prefix_index(prefix).await
     }
 
+    async fn prefix_index_through(&self, prefix: &str, through: u64) -> StoreResult<u64> {
+        self.kv.prefix_index_through(prefix, through).await
+    }
+
     async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
         self.kv.current_index(probe).await
     }

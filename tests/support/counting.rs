@@ -346,6 +346,11 @@ impl KvStore for Counting {
         self.read_fails()?;
         self.inner.prefix_index(prefix).await
     }
+    async fn prefix_index_through(&self, prefix: &str, through: u64) -> StoreResult<u64> {
+        self.count();
+        self.read_fails()?;
+        self.inner.prefix_index_through(prefix, through).await
+    }
     async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
         self.count();
         self.read_fails()?;
