@@ -335,10 +335,31 @@ pub fn farm_pass(farm: &'static str, pass: FarmPass) {
 
 /// Records that `farm` stopped with its term: it owns nothing (its locks went with the
 /// term's session) and waits on nothing any more.
-pub fn farm_stopped(farm: &'static str, owns: bool) {
+fn farm_stopped(farm: &'static str, owns: bool) {
     gauge!(FARM_QUEUE_DEPTH, "farm" => farm).set(0.0);
     if owns {
         gauge!(FARM_OWNED_OBJECTS, "farm" => farm).set(0.0);
+    }
+}
+
+/// A farm running in a term. Once dropped, however the farm stopped (with its term, or by
+/// a panic, which ends the term too), its gauges say it owns and waits on nothing, so that a
+/// server that no longer leads never shows what the farm's last pass saw.
+pub struct FarmRunning {
+    farm: &'static str,
+    owns: bool,
+}
+
+impl FarmRunning {
+    /// `farm` (which owns objects when `owns`) has started.
+    pub fn started(farm: &'static str, owns: bool) -> FarmRunning {
+        FarmRunning { farm, owns }
+    }
+}
+
+impl Drop for FarmRunning {
+    fn drop(&mut self) {
+        farm_stopped(self.farm, self.owns);
     }
 }
 

@@ -491,6 +491,7 @@ pub trait Farm: Send {
 /// writes included, applied at once) and at least every [`RESYNC`].
 pub async fn drive<F: Farm>(mut farm: F, ctx: Arc<FarmContext>, mut trees: Trees) {
     tracing::info!(farm = F::NAME, "farm started");
+    let _running = crate::metrics::FarmRunning::started(F::NAME, F::OWNERSHIP_LOCKS.is_some());
     let mut failures = farm.retries().failures();
     loop {
         let world = tokio::select! {
@@ -536,7 +537,6 @@ pub async fn drive<F: Farm>(mut farm: F, ctx: Arc<FarmContext>, mut trees: Trees
             () = ctx.cancel.cancelled() => break,
         }
     }
-    crate::metrics::farm_stopped(F::NAME, F::OWNERSHIP_LOCKS.is_some());
     tracing::info!(farm = F::NAME, "farm stopped");
 }
 
@@ -867,6 +867,70 @@ mod tests {
             "the retry waited for the next resync"
         );
         ctx.cancel.cancel();
+        stop.cancel();
+    }
+
+    /// A farm that fails object `a` in its first pass and panics in the next (a bug of its
+    /// own).
+    struct PanicsOnRetry {
+        retries: Retries,
+        passes: usize,
+    }
+
+    impl Farm for PanicsOnRetry {
+        const NAME: &'static str = "panics-on-retry";
+        const OWNERSHIP_LOCKS: Option<&'static str> = Some("lock/panics-on-retry/");
+
+        fn retries(&self) -> &Retries {
+            &self.retries
+        }
+
+        async fn pass(&mut self, _ctx: &FarmContext, _world: &World) -> Option<Instant> {
+            self.passes += 1;
+            assert!(self.passes < 2, "a farm's bug");
+            self.retries.failed("a");
+            None
+        }
+    }
+
+    /// A farm that panics ends its term ([`spawn_farm`]), its locks going with the term's
+    /// session: it reports owning and waiting for nothing, as a farm stopped with its term
+    /// does, not what its last pass saw, so that a server that no longer leads shows none of
+    /// the farm's work as its own.
+    #[tokio::test]
+    async fn a_farm_that_panics_reports_owning_and_waiting_for_nothing() {
+        use prom_text_format_parser::Scrape;
+
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        // This test's runtime runs every task on this thread: they all record here.
+        let _recording = ::metrics::set_default_local_recorder(&recorder);
+        let (_dir, ctx, mirror) = crate::farms::fixture::idle_context().await;
+        let tasks = TaskTracker::new();
+        let stop = CancellationToken::new();
+        mirror.start(&tasks, stop.clone());
+        mirror.loaded().await;
+        let farm = PanicsOnRetry {
+            retries: Retries::default(),
+            passes: 0,
+        };
+        let driven = tokio::spawn(drive(farm, Arc::new(ctx), Trees::new(mirror)));
+        let ended = driven.await;
+        assert!(ended.as_ref().is_err_and(|e| e.is_panic()), "{ended:?}");
+        let text = handle.render();
+        let scrape = Scrape::parse(&text).expect("the Prometheus text format");
+        let gauge = |name: &str| {
+            let metric = scrape.metrics.iter().find(|metric| metric.name == name)?;
+            let sample = metric.samples.iter().find(|sample| {
+                (sample.labels.iter()).any(|l| l.key == "farm" && l.value == PanicsOnRetry::NAME)
+            })?;
+            Some(sample.value.value.as_f64())
+        };
+        let gauges = [
+            crate::metrics::FARM_QUEUE_DEPTH,
+            crate::metrics::FARM_OWNED_OBJECTS,
+        ];
+        assert_eq!(gauges.map(gauge), [Some(0.0), Some(0.0)], "{text}");
         stop.cancel();
     }
 
