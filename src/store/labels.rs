@@ -138,8 +138,9 @@ impl LabelStore {
     /// Applies `change` to an object's labels with check-and-set, by the rule of
     /// [`update_with_retry`]: with `expected` only at that index (a `Conflict` otherwise);
     /// without it re-applied to the latest labels until it lands, so concurrent writers of
-    /// different keys all win. A change that changes something is recorded as `actor`'s
-    /// event in the same transaction. Returns the new record.
+    /// different keys all win. A change that changes something (labels that cannot be
+    /// decoded replaced or removed among them) is recorded as `actor`'s event in the same
+    /// transaction. Returns the new record.
     pub async fn update(
         &self,
         label_type: LabelType,
@@ -152,15 +153,17 @@ impl LabelStore {
         update_with_retry(
             &describe(label_type, id),
             expected,
-            || self.get(label_type, id),
-            |current| async move {
-                let mut labels = current.value.clone();
+            || self.held(label_type, id),
+            |current: Versioned<Held>| async move {
+                let Versioned { value: held, index } = current;
+                let mut labels = held.labels.clone();
                 change(&mut labels);
                 // A key left empty or unreadable is removed even though no label changes.
-                let op = write_op(label_type, id, &labels, current.index)
-                    .filter(|_| labels != current.value || labels.is_empty());
+                let op = write_op(label_type, id, &labels, index)
+                    .filter(|_| labels != held.labels || labels.is_empty());
                 let Some(op) = op else {
-                    return Ok(Ok(current));
+                    let value = held.labels;
+                    return Ok(Ok(Versioned { value, index }));
                 };
                 // A delete-cas of a key another writer deleted since the read succeeds (as
                 // in Consul): checking the index first makes that a conflict, whose fresh
@@ -174,8 +177,10 @@ impl LabelStore {
                 };
                 let written = ops.len();
                 ops.push(op);
-                if labels != current.value {
-                    let event = event(actor, label_type, id, &current.value, &labels);
+                // Unreadable labels replaced or removed are a change whatever the new set.
+                if labels != held.labels || held.unreadable {
+                    let existed = !held.labels.is_empty() || held.unreadable;
+                    let event = event_of(actor, label_type, id, (&held.labels, existed), &labels);
                     ops.extend(record_ops(self.kv.as_ref(), &event).await?);
                 }
                 Ok(self.kv.txn(&ops).await.map(|results| {
@@ -194,6 +199,22 @@ impl LabelStore {
         .await
     }
 
+    /// One object's labels as a write finds them, as [`LabelStore::get`] reads them, and
+    /// whether the key holds labels that cannot be decoded.
+    async fn held(&self, label_type: LabelType, id: &str) -> StoreResult<Versioned<Held>> {
+        let pair = self.kv.get(&layout::labels(label_type, id)).await?;
+        Ok(pair.map_or_else(Versioned::default, |pair| {
+            let decoded = decode_labels(&pair);
+            Versioned {
+                value: Held {
+                    unreadable: decoded.is_none(),
+                    labels: decoded.unwrap_or_default(),
+                },
+                index: pair.modify_index,
+            }
+        }))
+    }
+
     /// Removes every label of an object (if still at `expected`, when given); removing the
     /// labels of an object that has none succeeds, unless `expected` names a version.
     pub async fn delete(
@@ -209,6 +230,15 @@ impl LabelStore {
     }
 }
 
+/// An object's labels as a write finds them: the set ([`LabelStore::get`]'s, none for a key
+/// that cannot be decoded), and whether the key holds one that cannot be decoded, which the
+/// write replaces or removes whole.
+#[derive(Debug, Clone, Default)]
+struct Held {
+    labels: Labels,
+    unreadable: bool,
+}
+
 /// The event of `actor` changing the labels of `label_type` `id` from `before` to `after`:
 /// one change per label.
 pub fn event(
@@ -218,9 +248,21 @@ pub fn event(
     before: &Labels,
     after: &Labels,
 ) -> Event {
+    event_of(actor, label_type, id, (before, !before.is_empty()), after)
+}
+
+/// [`event`], from labels `before` that were stored or not (`existed`): a key that held
+/// labels that cannot be decoded had a set, shown as none.
+fn event_of(
+    actor: &Actor,
+    label_type: LabelType,
+    id: &str,
+    (before, existed): (&Labels, bool),
+    after: &Labels,
+) -> Event {
     let (kind, object_id) = EventKind::of_labels(label_type, id);
     let as_json = |labels: &Labels| serde_json::to_value(labels).unwrap_or_default();
-    let action = Action::of_change(!before.is_empty(), !after.is_empty());
+    let action = Action::of_change(existed, !after.is_empty());
     actor.event(
         kind,
         &object_id,

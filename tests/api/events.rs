@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use p2_apiserver::auth::Access;
-use p2_apiserver::kv::TxnOp;
+use p2_apiserver::kv::{Cas, TxnOp};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::layout;
 use serde_json::{json, Value};
@@ -881,6 +881,43 @@ async fn emptying_labels_another_writer_emptied_meanwhile_is_no_event() {
         actions,
         [json!("created")],
         "the labels were emptied elsewhere"
+    );
+}
+
+/// Labels stored that cannot be decoded (written by another tool) read as a 500 saying that
+/// DELETE removes them and PUT replaces them. Either changes what is stored, and is an event
+/// as any label write is, of a set that was there before: as the removal of an unreadable RC
+/// or the replacement of an unreadable report is.
+#[tokio::test]
+async fn removing_or_replacing_unreadable_labels_is_an_event() {
+    let app = TestApp::new().await;
+    for node in ["node1", "node2"] {
+        let key = layout::labels(LabelType::Node, node);
+        let stored = app.store.put(&key, b"not a label set", Cas::Any).await;
+        stored.expect("an unreadable label set");
+    }
+    let delete = app
+        .json_request("DELETE", "/api/v1/labels/node/node1", None, &[])
+        .await;
+    assert_eq!(delete.status, StatusCode::NO_CONTENT, "{delete:?}");
+    let body = json!({"labels": {"pool": "web"}});
+    let put = app
+        .json_request("PUT", "/api/v1/labels/node/node2", Some(&body), &[])
+        .await;
+    assert_eq!(put.status, StatusCode::OK, "{put:?}");
+    assert!(app
+        .stored(&layout::labels(LabelType::Node, "node1"))
+        .await
+        .is_none());
+
+    let mut recorded = stored_events(&app).await;
+    recorded.reverse();
+    assert_eq!(
+        changes(&recorded),
+        [
+            change("deleted", "nodes", "node1", &[]),
+            change("updated", "nodes", "node2", &[r#"pool: null -> "web""#]),
+        ]
     );
 }
 
