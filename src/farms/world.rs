@@ -10,8 +10,10 @@
 //! The mirror re-reads each tree on its own schedule, so on its own it may show a change of
 //! one tree before an earlier change of another (a pod's new reality before the removal of
 //! its old health result). A farm must not act on such a mix, so [`Trees::world`] first
-//! waits until every tree it reads holds every change up to the newest the mirror shows
-//! (see [`Mirror::wait_for_trees`]), once per new index, shared by all the farms.
+//! waits until every tree it reads holds every change up to the newest the mirror shows (a
+//! tree that holds nothing showing the index it came to hold nothing, see
+//! [`Mirror::changed_index`]; and [`Mirror::wait_for_trees`]), once per new index, shared by
+//! all the farms.
 
 use std::any::Any;
 use std::collections::{BTreeSet, HashMap};
@@ -434,9 +436,10 @@ pub struct Trees {
     /// The newest index every followed tree is known to hold all changes up to; shared by
     /// the clones, so one farm's wait serves all.
     caught_up: Arc<AtomicU64>,
-    /// The newest index the followed trees' watches had listed at the last world: it goes
-    /// down only when the store went backwards and the trees were read again.
-    listed: Arc<AtomicU64>,
+    /// The index of the followed trees' newest change at the last world
+    /// ([`Mirror::changed_index`]): it goes down only when the store went backwards and the
+    /// trees were read again.
+    changed: Arc<AtomicU64>,
 }
 
 /// A world and the generation of each mirror tree it was built from, by position in
@@ -469,7 +472,7 @@ impl Trees {
             mirror,
             built: Arc::default(),
             caught_up: Arc::new(AtomicU64::new(0)),
-            listed: Arc::new(AtomicU64::new(0)),
+            changed: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -505,16 +508,20 @@ impl Trees {
             // taken into a world ahead of an earlier change of another tree.
             let mut caught_up = self.caught_up.load(Ordering::SeqCst);
             let world = self.current();
-            let listed = self.mirror.listed_index(&Trees::FOLLOWED);
-            // Trees listed below what they had listed were read again (the store went
+            // A tree that holds nothing counts at the index it came to hold nothing, not at
+            // its latest listing (on Consul, the whole store's index): caught up to that,
+            // the other trees that hold nothing would list newer still, round after round,
+            // while anything anywhere is written.
+            let changed = self.mirror.changed_index(&Trees::FOLLOWED);
+            // Trees whose newest change went back were read again (the store went
             // backwards): the index they were caught up to is the old store's.
-            if listed < self.listed.swap(listed, Ordering::SeqCst) {
+            if changed < self.changed.swap(changed, Ordering::SeqCst) {
                 self.caught_up.store(0, Ordering::SeqCst);
                 caught_up = 0;
             }
             // A lock the farms took (or let go) is in the lock tree at once: every tree is
             // caught up to it before a farm acts on the object it holds (see `claim`).
-            let newest = listed.max(self.mirror.tree_index(state::Tree::Locks));
+            let newest = changed.max(self.mirror.tree_index(state::Tree::Locks));
             if settled && newest <= caught_up && !out_of_touch {
                 return world;
             }

@@ -887,6 +887,18 @@ impl Mirror {
             .unwrap_or(0)
     }
 
+    /// The index of the newest change of `trees` (`TreeState::changed_index`): the newest
+    /// their watches have listed ([`Mirror::listed_index`]), a tree that holds nothing
+    /// counting at the index it came to hold nothing rather than at its latest listing: on
+    /// Consul an empty prefix lists at the whole store's index, which every write anywhere
+    /// moves, so trees caught up to that would each make the others' next listing newer
+    /// still, for as long as writes go on.
+    pub fn changed_index(&self, trees: &[Tree]) -> u64 {
+        let state = self.read();
+        let trees = trees.iter().map(|tree| state.tree(*tree));
+        trees.map(TreeState::changed_index).max().unwrap_or(0)
+    }
+
     /// The index an answer made of `trees` claims (its `X-Index`): the newest their watches
     /// have listed ([`Mirror::listed_index`]), a tree that holds nothing counting at the
     /// index it came to hold nothing (`TreeState::changed_index`), but no newer than every
@@ -971,11 +983,7 @@ impl Mirror {
     /// for: unless the store says it has not moved, answers claim no more than it held when
     /// its watch last read it.
     pub async fn catch_up(&self, trees: &[Tree], timeout: Duration) -> bool {
-        let newest = {
-            let state = self.read();
-            let trees = trees.iter().map(|tree| state.tree(*tree));
-            trees.map(TreeState::changed_index).max().unwrap_or(0)
-        };
+        let newest = self.changed_index(trees);
         self.catch_up_to(trees, newest, timeout).await
     }
 

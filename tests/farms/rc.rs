@@ -422,6 +422,28 @@ async fn a_pod_is_not_placed_for_an_rc_deleted_while_its_placement_was_on_its_wa
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rc_is_scheduled_and_scaled_through_consul_beside_trees_that_hold_nothing() {
     let h = Harness::start_on(Backend::FakeConsul, None).await;
+    an_rc_is_scheduled_and_scaled_on_four_nodes(&h).await;
+}
+
+/// Through a Consul written faster than a round trip, beside trees that hold nothing (the
+/// rolls, the daemon sets, the pods' reality and health): each lists at the KV table's
+/// index, which the writes move between any two listings, so a world caught up to the
+/// newest index a listing showed had the other such trees listed again, newer still, round
+/// after round, and the farms never acted. Both ways Consul may wake a blocking read of
+/// such a tree are tried: on any write, and only on its own changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rc_is_scheduled_and_scaled_through_consul_written_faster_than_a_round_trip() {
+    for lazy in [false, true] {
+        let h = Harness::start_on(Backend::FakeConsul, None).await;
+        let empty_reads = h.empty_reads.as_ref().unwrap();
+        empty_reads.lazy(lazy);
+        empty_reads.overtaken(true);
+        an_rc_is_scheduled_and_scaled_on_four_nodes(&h).await;
+    }
+}
+
+/// An RC of two pods on four web nodes is scheduled, then scaled to three.
+async fn an_rc_is_scheduled_and_scaled_on_four_nodes(h: &Harness) {
     for i in 1..=4 {
         h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
             .await;

@@ -102,15 +102,29 @@ pub struct FakeConsul {
 /// reads or the end of its wait. Consul may do either: it watches the node of its radix
 /// tree nearest the prefix, which a write elsewhere touches or not depending on the keys
 /// around it, though the table's index, which the query answers at, moves with every write.
+/// And whether a write elsewhere follows each such answer ([`EmptyReads::overtaken`]).
 #[derive(Debug, Default)]
-pub struct EmptyReads(std::sync::atomic::AtomicBool);
+pub struct EmptyReads {
+    lazy: std::sync::atomic::AtomicBool,
+    overtaken: std::sync::atomic::AtomicBool,
+}
 
 impl EmptyReads {
     /// Wakes such queries only when what they read changes (`true`), or on any write.
     pub fn lazy(&self, on: bool) {
-        self.0.store(on, Ordering::SeqCst);
+        self.lazy.store(on, Ordering::SeqCst);
+    }
+
+    /// Follows each answer at the KV table's index with a write elsewhere (`true`), made
+    /// before the answer is sent: a store written to faster than a client's round trip,
+    /// where no read answered at that index finds it where the one before left it.
+    pub fn overtaken(&self, on: bool) {
+        self.overtaken.store(on, Ordering::SeqCst);
     }
 }
+
+/// The key [`EmptyReads::overtaken`] writes: under no prefix a client reads.
+const ELSEWHERE: &str = "fake-consul/elsewhere";
 
 /// Cuts the connection partway through the answer of every transaction while it is on
 /// ([`AnswerCut::cut`]), once the transaction is applied: what a client sees of a
@@ -385,9 +399,15 @@ async fn consul_read(
         }
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         if index == 0 || listing.index != index || remaining.is_zero() {
+            if at_table && empty.overtaken.load(Ordering::SeqCst) {
+                store
+                    .put(ELSEWHERE, b"", Cas::Any)
+                    .await
+                    .map_err(rpc_error)?;
+            }
             return Ok(listing);
         }
-        let (follow, at) = if at_table && !empty.0.load(Ordering::SeqCst) {
+        let (follow, at) = if at_table && !empty.lazy.load(Ordering::SeqCst) {
             (WatchTarget::Prefix(String::new()), table)
         } else {
             (target.clone(), own_index)

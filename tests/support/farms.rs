@@ -62,6 +62,9 @@ pub struct Harness {
     pub store: Arc<dyn KvStore>,
     /// The mirror the farms read.
     pub mirror: Mirror,
+    /// On the fake Consul agent, how it answers reads at the KV table's index (of a tree
+    /// that holds nothing): what wakes them, and whether a write follows each answer.
+    pub empty_reads: Option<Arc<fake_consul::EmptyReads>>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     _dir: tempfile::TempDir,
@@ -174,11 +177,11 @@ impl Harness {
             )
             .with(WarningLog.with_filter(tracing_subscriber::filter::LevelFilter::WARN))
             .try_init();
-        let (store, dir): (Arc<dyn KvStore>, _) = match backend {
+        let (store, dir, empty_reads): (Arc<dyn KvStore>, _, _) = match backend {
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
                 let path = dir.path().join("farms.db").display().to_string();
-                (Arc::new(SqliteStore::open(&path).await.unwrap()), dir)
+                (Arc::new(SqliteStore::open(&path).await.unwrap()), dir, None)
             }
             Backend::FakeConsul => {
                 let fake = fake_consul::start().await;
@@ -186,7 +189,7 @@ impl Harness {
                 fake.empty_reads.lazy(true);
                 let url = format!("consul://{}", fake.addr).parse().unwrap();
                 let store = open_store(&url, ConsulOptions::default()).await.unwrap();
-                (store, fake.dir)
+                (store, fake.dir, Some(fake.empty_reads))
             }
         };
         let store = wrap(store);
@@ -223,6 +226,7 @@ impl Harness {
         Harness {
             store,
             mirror,
+            empty_reads,
             shutdown,
             tasks,
             _dir: dir,
