@@ -92,14 +92,15 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
             }
         })
         .catch_unwind();
-        // The farms waiting for a tree that holds nothing to catch up have the store asked
-        // again rather than wait out a blocking read: Consul answers such a prefix at its
-        // KV table's index, which every write anywhere moves, but need not wake the read
-        // for a write elsewhere (it watches the node of its radix tree nearest the prefix),
-        // so the farms, told that index by the store, would wait for the read's whole wait
-        // after each write. Asked again, the store answers at once when the index moved. A
-        // read is given the pacing interval to answer first, so that waits in turn cannot
-        // keep the tree from ever being read.
+        // A reader waiting for a tree that holds nothing to catch up (the farms' world, an
+        // answer made of it and of trees written since, a catch-up after a write of unknown
+        // outcome) has the store asked again rather than wait out a blocking read: Consul
+        // answers such a prefix at its KV table's index, which every write anywhere moves,
+        // but need not wake the read for a write elsewhere (it watches the node of its
+        // radix tree nearest the prefix), so the reader, told that index by the store,
+        // would wait for the read's whole wait. Asked again, the store answers at once when
+        // the index moved. A read is given the pacing interval to answer first, so that
+        // waits in turn cannot keep the tree from ever being read.
         let sent = Instant::now();
         let refresh = async {
             if fresh {

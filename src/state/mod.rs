@@ -752,7 +752,7 @@ struct Inner {
     /// By tree position: someone waits for the tree to catch up, so its next read need
     /// not wait out [`MirrorConfig::min_reread_interval`].
     wanted: Vec<Notify>,
-    /// By tree position: the farms wait for a tree that holds nothing to catch up with the
+    /// By tree position: someone waits for a tree that holds nothing to catch up with the
     /// store's index for it, so its blocking read under way is to be asked again (see
     /// `feed::follow`).
     refresh: Vec<Notify>,
@@ -957,10 +957,7 @@ impl Mirror {
         }
         for (tree, current) in &targets {
             if holds(self, *tree) < *current {
-                self.wanted(*tree).notify_one();
-                if self.read().tree(*tree).holds_nothing() {
-                    self.refresh(*tree).notify_one();
-                }
+                self.hurry(*tree);
             }
         }
         self.until(|mirror| {
@@ -979,9 +976,10 @@ impl Mirror {
     /// the others would catch up with each. A tree read since that index was committed
     /// holds it; of any other, the store is asked for the tree's index (one call at a time
     /// per tree, shared by the readers waiting), and if it moved, the tree's next read is
-    /// made without waiting out its pacing. A tree whose watch is failing is not waited
-    /// for: unless the store says it has not moved, answers claim no more than it held when
-    /// its watch last read it.
+    /// made without waiting out its pacing (and, when it holds nothing, its blocking read
+    /// under way asked again: see `Mirror::hurry`). A tree whose watch is failing is not
+    /// waited for: unless the store says it has not moved, answers claim no more than it
+    /// held when its watch last read it.
     pub async fn catch_up(&self, trees: &[Tree], timeout: Duration) -> bool {
         let newest = self.changed_index(trees);
         self.catch_up_to(trees, newest, timeout).await
@@ -1018,7 +1016,7 @@ impl Mirror {
             if self.read().tree(tree).failing_since.is_some() {
                 return false;
             }
-            self.wanted(tree).notify_one();
+            self.hurry(tree);
             if !self.until(listed).await {
                 return false;
             }
@@ -1539,10 +1537,21 @@ impl Mirror {
         &self.inner.wanted[tree.position()]
     }
 
-    /// Notified when the farms wait for `tree`, which holds nothing, to catch up (see
+    /// Notified when someone waits for `tree`, which holds nothing, to catch up (see
     /// [`Inner::refresh`]).
     fn refresh(&self, tree: Tree) -> &Notify {
         &self.inner.refresh[tree.position()]
+    }
+
+    /// Has `tree`, which a reader waits for, read without waiting out its pacing, and its
+    /// blocking read under way asked again when it holds nothing: on Consul such a read
+    /// need not be woken by the write elsewhere that moved the index the reader waits for
+    /// (see `feed::follow`).
+    fn hurry(&self, tree: Tree) {
+        self.wanted(tree).notify_one();
+        if self.read().tree(tree).holds_nothing() {
+            self.refresh(tree).notify_one();
+        }
     }
 
     /// The store went backwards: subscribers start again and every tree re-reads.

@@ -857,6 +857,50 @@ async fn catching_up_waits_for_a_tree_whose_watch_has_yet_to_deliver() {
     assert!(mirror.get("labels/node/c").is_some());
 }
 
+/// On Consul a tree that holds nothing lists at the KV table's index, which every write
+/// anywhere moves, while its blocking read, woken only by its own changes, may wait out its
+/// whole wait (a minute): catching it up with a write elsewhere (an answer made of it and
+/// the tree written, or any tree after a write of unknown outcome) has that read asked
+/// again rather than waited out.
+#[tokio::test]
+async fn catching_up_a_tree_that_holds_nothing_with_a_write_elsewhere_does_not_wait_out_its_read() {
+    let fake = fake_consul::start().await;
+    fake.empty_reads.lazy(true);
+    let url = format!("consul://{}", fake.addr).parse().unwrap();
+    let store = open_store(&url, ConsulOptions::default()).await.unwrap();
+    // Blocking reads of a minute, as served; a short pacing, so that each tree's blocking
+    // read is under way well within the pause below.
+    let config = MirrorConfig {
+        min_reread_interval: Duration::from_millis(20),
+        ..MirrorConfig::default()
+    };
+    let (mirror, _running) = started(store.clone(), config).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    store
+        .put("replication_controllers/x", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    let written = store
+        .get("replication_controllers/x")
+        .await
+        .unwrap()
+        .unwrap();
+    eventually(|| mirror.listed_index(&[Tree::Rcs]) >= written.modify_index).await;
+    let trees = [Tree::Rolls, Tree::Rcs];
+    assert!(
+        mirror.catch_up(&trees, PATIENCE).await,
+        "the rolls, which hold nothing, never caught up with the RCs"
+    );
+
+    store.put("elsewhere", b"", Cas::Any).await.unwrap();
+    mirror.note_unsure_write();
+    assert!(
+        mirror.settle(&[Tree::DaemonSets], PATIENCE).await,
+        "the daemon sets, which hold nothing, never caught up with the store"
+    );
+}
+
 /// An answer read through the mirror one tree at a time (as `list_pods` reads intents, then
 /// pod labels, then health) takes the highest listing index as its `X-Index`: no listing
 /// claims more than the trees held when the reader was made, or a tree listed early could
