@@ -133,7 +133,8 @@ pub struct DaemonSetStatus {
     pub nodes_scheduled: usize,
     /// Of those on targeted nodes running the daemon set's pod id and not labelled for an
     /// enabled RC too, the ones whose node reports running its intended manifest with health
-    /// `passing`: the nodes the farm counts for `min_health`.
+    /// `passing`: the nodes the farm counts for `min_health`, which while it takes over a
+    /// disabled daemon set's pods also counts those of them that are healthy.
     pub nodes_healthy: usize,
     /// What the DS farm last published about the rollout; `null` until it has.
     #[schema(required = true)]
