@@ -102,7 +102,7 @@ impl KvStore for Metered {
 
     async fn prefix_index_through(&self, prefix: &str, through: u64) -> StoreResult<u64> {
         let index = self.inner.prefix_index_through(prefix, through);
-        self.measure("prefix_index", index).await
+        self.measure("prefix_index_through", index).await
     }
 
     async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
