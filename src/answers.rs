@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 
 use axum::body::{to_bytes, Body, Bytes};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
@@ -51,17 +51,21 @@ struct Kept200 {
 impl Answers {
     /// The answer to `target`, which reads `trees` of `mirror`: the kept one while those
     /// trees' versions are unchanged, else the one `build` makes (kept when it is a `200 OK`
-    /// no larger than `MAX_BYTES`).
+    /// no larger than `MAX_BYTES`). Kept by path and query: the answer does not depend on
+    /// the host a client names in an absolute-form target.
     pub async fn get_or_build<F>(
         &self,
         mirror: &Mirror,
         trees: &[Tree],
-        target: &str,
+        target: &Uri,
         build: impl FnOnce() -> F,
     ) -> Result<Response, ApiError>
     where
         F: Future<Output = Result<Response, ApiError>>,
     {
+        let target = target
+            .path_and_query()
+            .map_or("/", |target| target.as_str());
         let versions = mirror.versions(trees);
         if let Some(answer) = self.lookup(target, &versions) {
             return Ok(answer);
@@ -85,7 +89,10 @@ impl Answers {
             .by_target
             .get(target)
             .filter(|answer| answer.versions == versions)?;
-        Some((answer.headers.clone(), answer.body.clone()).into_response())
+        // The headers are set as kept, not inserted one by one into a response's own.
+        let mut response = Response::new(Body::from(answer.body.clone()));
+        *response.headers_mut() = answer.headers.clone();
+        Some(response)
     }
 
     fn keep(&self, target: &str, versions: Vec<TreeVersion>, headers: HeaderMap, body: Bytes) {

@@ -218,6 +218,7 @@ impl CheckedIndex<'_> {
 /// the request deadline, which must outlast the wait. Parameters other than `index` and
 /// `wait` are left to the route, which refuses bad ones at once.
 pub fn requested_wait(uri: &Uri) -> Option<Duration> {
+    uri.query()?;
     let Query(params) = Query::<ListParams>::try_from_uri(uri).ok()?;
     match parse_count(params.index.as_deref()?) {
         Count::Fits(index) if index <= MAX_INDEX => {}

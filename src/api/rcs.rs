@@ -290,7 +290,6 @@ async fn list_rcs(
     .await
     {
         Source::Mirror(mirror) => {
-            let target = target.to_string();
             let build = || async { Ok(mirrored_list(mirror, &query)) };
             return app
                 .answers
@@ -386,7 +385,6 @@ async fn get_rc(
                 };
                 Ok(answer(&record, mirrored_view(mirror, &record), index))
             };
-            let target = target.to_string();
             return app
                 .answers
                 .get_or_build(mirror, &VIEW_TREES, &target, build)
