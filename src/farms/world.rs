@@ -18,7 +18,6 @@
 use std::any::Any;
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -430,16 +429,44 @@ fn labelled(entries: &NodeMap) -> impl Iterator<Item = (&String, &CompactLabels)
 pub struct Trees {
     mirror: Mirror,
     changes: watch::Receiver<u64>,
+    /// Moves when the store went backwards ([`Mirror::epoch`]).
+    epoch: watch::Receiver<u64>,
     /// The latest world, shared by the clones so that each change is decoded once for all
     /// the farms.
     built: Arc<Mutex<Built>>,
-    /// The newest index every followed tree is known to hold all changes up to; shared by
-    /// the clones, so one farm's wait serves all.
-    caught_up: Arc<AtomicU64>,
-    /// The index of the followed trees' newest change at the last world
-    /// ([`Mirror::changed_index`]): it goes down only when the store went backwards and the
-    /// trees were read again.
-    changed: Arc<AtomicU64>,
+    /// How far the followed trees have caught up with each other; shared by the clones, so
+    /// one farm's wait serves all.
+    caught_up: Arc<Mutex<CaughtUp>>,
+}
+
+/// The newest index every followed tree is known to hold all changes up to, and the
+/// mirror's epoch in which the trees were found to: once the store went backwards, the
+/// trees read again hold nothing of it, whatever the fresh store's indexes (a restored
+/// store's may be at or past it).
+#[derive(Default)]
+struct CaughtUp {
+    epoch: u64,
+    index: u64,
+}
+
+impl CaughtUp {
+    /// The index the trees read in `epoch` are known to have caught up to.
+    fn of(&self, epoch: u64) -> u64 {
+        if self.epoch == epoch {
+            self.index
+        } else {
+            0
+        }
+    }
+
+    /// Notes that the trees read in `epoch` hold every change up to `index`.
+    fn raise(&mut self, epoch: u64, index: u64) {
+        if epoch > self.epoch {
+            *self = CaughtUp { epoch, index };
+        } else if epoch == self.epoch {
+            self.index = self.index.max(index);
+        }
+    }
 }
 
 /// A world and the generation of each mirror tree it was built from, by position in
@@ -469,10 +496,10 @@ impl Trees {
     pub fn new(mirror: Mirror) -> Trees {
         Trees {
             changes: mirror.changes(),
+            epoch: mirror.epoch(),
             mirror,
             built: Arc::default(),
-            caught_up: Arc::new(AtomicU64::new(0)),
-            changed: Arc::new(AtomicU64::new(0)),
+            caught_up: Arc::default(),
         }
     }
 
@@ -489,7 +516,8 @@ impl Trees {
     /// moves), and a roll would step on the health it last saw. After the store's index
     /// went backwards, no world is built until every tree is read again (until then a tree
     /// holds the old store's entries), and the trees are caught up with each other again
-    /// from the fresh store's indexes, all below the old store's. After an own write of
+    /// from the fresh store's indexes, whatever the old store's were (a restored store's
+    /// may be at or past them; see `Mirror::epoch`). After an own write of
     /// unknown outcome, every tree catches up with the store as it is ([`Mirror::settle`]).
     /// A lock the farms took is in the lock tree before its watch lists it: every tree is
     /// caught up to its index too, so that the object it holds is acted on from a world
@@ -499,6 +527,9 @@ impl Trees {
     pub async fn world(&mut self) -> World {
         let mut warned = false;
         loop {
+            // Read before the trees are: what they caught up to in another epoch is of
+            // another store.
+            let epoch = *self.epoch.borrow();
             self.mirror.read_again(&Trees::FOLLOWED).await;
             let out_of_touch = !self.mirror.out_of_touch_among(&Trees::FOLLOWED).is_empty();
             let settled = self.mirror.settle(&Trees::FOLLOWED, CATCH_UP_LIMIT).await;
@@ -506,19 +537,13 @@ impl Trees {
             // checked against what the trees had caught up to before it was built: a
             // listing landing in between (during the settling, say) is then waited for, not
             // taken into a world ahead of an earlier change of another tree.
-            let mut caught_up = self.caught_up.load(Ordering::SeqCst);
+            let caught_up = self.caught_up().of(epoch);
             let world = self.current();
             // A tree that holds nothing counts at the index it came to hold nothing, not at
             // its latest listing (on Consul, the whole store's index): caught up to that,
             // the other trees that hold nothing would list newer still, round after round,
             // while anything anywhere is written.
             let changed = self.mirror.changed_index(&Trees::FOLLOWED);
-            // Trees whose newest change went back were read again (the store went
-            // backwards): the index they were caught up to is the old store's.
-            if changed < self.changed.swap(changed, Ordering::SeqCst) {
-                self.caught_up.store(0, Ordering::SeqCst);
-                caught_up = 0;
-            }
             // A lock the farms took (or let go) is in the lock tree at once: every tree is
             // caught up to it before a farm acts on the object it holds (see `claim`).
             let newest = changed.max(self.mirror.tree_index(state::Tree::Locks));
@@ -544,12 +569,17 @@ impl Trees {
                 tokio::time::sleep(CATCH_UP_RETRY).await;
                 continue;
             }
-            self.caught_up.fetch_max(newest, Ordering::SeqCst);
+            self.caught_up().raise(epoch, newest);
             if out_of_touch {
                 // Still out of touch, but holding all the store had when asked.
                 return self.current();
             }
         }
+    }
+
+    /// How far the trees have caught up, shared by the clones.
+    fn caught_up(&self) -> std::sync::MutexGuard<'_, CaughtUp> {
+        self.caught_up.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The mirror as it is now, marking it seen; only the trees that changed are updated,

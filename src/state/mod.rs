@@ -1501,7 +1501,10 @@ impl Mirror {
         self.inner.store.as_ref()
     }
 
-    fn epoch(&self) -> watch::Receiver<u64> {
+    /// A receiver of the mirror's epoch, which moves when the store went backwards
+    /// (restarted empty or restored): every tree is then read again, and what readers
+    /// knew of the trees before is of the old store.
+    pub(crate) fn epoch(&self) -> watch::Receiver<u64> {
         self.inner.epoch.subscribe()
     }
 

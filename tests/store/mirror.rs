@@ -788,6 +788,67 @@ async fn the_farms_world_holds_nothing_of_a_store_that_went_backwards() {
     );
 }
 
+/// After the store went backwards, the farms' world catches the trees up with each other
+/// again however high the fresh store's indexes are: here the fresh store's newest change
+/// of the trees (a lock, at the very index the old store's trees were caught up to) is
+/// listed while the node label written before it is not yet. Before, the caught-up point
+/// was reset only when the trees' newest change went down, so it stayed at the old store's,
+/// and the world came at once, holding the lock without the node label.
+#[tokio::test]
+async fn after_the_store_went_backwards_the_farms_world_catches_up_at_any_fresh_index() {
+    let (old, fresh) = (sqlite().await, sqlite().await);
+    old.store
+        .put("labels/node/old", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        old.store.put("lock/old", b"", Cas::Any).await.unwrap();
+    }
+    let switch = Switchable::new(old.store.clone());
+    let (mirror, _running) = started(switch.clone(), config()).await;
+    assert_converges(&mirror, old.store.as_ref()).await;
+    let mut trees = Trees::new(mirror.clone());
+    assert!(trees.world().await.locks.items.contains_key("lock/old"));
+    // What that world's trees were caught up to: the old store's newest change of them.
+    let caught_up = mirror.changed_index(&Tree::ALL);
+
+    // The fresh store, written elsewhere up to just below that index.
+    let index_of = async |key: &str| fresh.store.get(key).await.unwrap().unwrap().modify_index;
+    loop {
+        fresh.store.put("elsewhere", b"", Cas::Any).await.unwrap();
+        if index_of("elsewhere").await + 2 >= caught_up {
+            break;
+        }
+    }
+    assert_eq!(index_of("elsewhere").await + 2, caught_up);
+
+    // The store goes backwards; the lock tree's re-read is slow.
+    switch.slow_lists(Some("lock/"));
+    turn_to_fresh(&switch, &old, &fresh).await;
+    eventually(|| mirror.health().loading == ["lock/"]).await;
+    // A node label, which its watch holds back, then a lock, which the lock tree's re-read
+    // takes in.
+    switch.hold_watches(Some("labels/node/"));
+    fresh
+        .store
+        .put("labels/node/a", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    fresh.store.put("lock/b", b"", Cas::Any).await.unwrap();
+    assert_eq!(index_of("lock/b").await, caught_up);
+    switch.slow_lists(None);
+    eventually(|| mirror.get("lock/b").is_some()).await;
+    let (world, ()) = tokio::join!(trees.world(), async {
+        tokio::task::yield_now().await;
+        switch.hold_watches(None);
+    });
+
+    assert!(
+        !world.locks.items.contains_key("lock/b") || world.nodes.items.contains_key("a"),
+        "the world holds lock/b (at {caught_up}) without labels/node/a, written before it"
+    );
+}
+
 /// A farm write whose answer is lost (the connection cut mid-body once the agent applied
 /// it) may have landed: the farms' next world holds what the store holds, the write
 /// included, however late the watches deliver it. Before, the next world came at once
