@@ -517,18 +517,20 @@ impl Trees {
     /// went backwards, no world is built until every tree is read again (until then a tree
     /// holds the old store's entries), and the trees are caught up with each other again
     /// from the fresh store's indexes, whatever the old store's were (a restored store's
-    /// may be at or past them; see `Mirror::epoch`). After an own write of
-    /// unknown outcome, every tree catches up with the store as it is ([`Mirror::settle`]).
-    /// A lock the farms took is in the lock tree before its watch lists it: every tree is
-    /// caught up to its index too, so that the object it holds is acted on from a world
-    /// that holds what its previous holder wrote ([`crate::farms::FarmContext::claim`]).
-    /// The index a world must be caught up to is read once it is built, so that a listing
-    /// that lands while the trees settle is waited for rather than taken in alone.
+    /// may be at or past them; see `Mirror::epoch`). A world is made of trees all read
+    /// since the store last went backwards, and made again if it went backwards while the
+    /// world waited or was built. After an own write of unknown outcome, every tree
+    /// catches up with the store as it is ([`Mirror::settle`]). A lock the farms took is in
+    /// the lock tree before its watch lists it: every tree is caught up to its index too,
+    /// so that the object it holds is acted on from a world that holds what its previous
+    /// holder wrote ([`crate::farms::FarmContext::claim`]). The index a world must be
+    /// caught up to is read once it is built, so that a listing that lands while the trees
+    /// settle is waited for rather than taken in alone.
     pub async fn world(&mut self) -> World {
         let mut warned = false;
         loop {
             // Read before the trees are: what they caught up to in another epoch is of
-            // another store.
+            // another store, and a world is returned only if it has not moved since.
             let epoch = *self.epoch.borrow();
             self.mirror.read_again(&Trees::FOLLOWED).await;
             let out_of_touch = !self.mirror.out_of_touch_among(&Trees::FOLLOWED).is_empty();
@@ -547,6 +549,9 @@ impl Trees {
             // A lock the farms took (or let go) is in the lock tree at once: every tree is
             // caught up to it before a farm acts on the object it holds (see `claim`).
             let newest = changed.max(self.mirror.tree_index(state::Tree::Locks));
+            if self.epoch_moved(epoch) {
+                continue;
+            }
             if settled && newest <= caught_up && !out_of_touch {
                 return world;
             }
@@ -572,9 +577,19 @@ impl Trees {
             self.caught_up().raise(epoch, newest);
             if out_of_touch {
                 // Still out of touch, but holding all the store had when asked.
-                return self.current();
+                let world = self.current();
+                if !self.epoch_moved(epoch) {
+                    return world;
+                }
             }
         }
+    }
+
+    /// Whether the store went backwards since the mirror's epoch was `epoch`: a world built
+    /// since may hold trees read again beside trees not read again yet, which hold the old
+    /// store's entries.
+    fn epoch_moved(&self, epoch: u64) -> bool {
+        *self.epoch.borrow() != epoch
     }
 
     /// How far the trees have caught up, shared by the clones.

@@ -849,6 +849,57 @@ async fn after_the_store_went_backwards_the_farms_world_catches_up_at_any_fresh_
     );
 }
 
+/// A farms' world waiting on a tree out of touch with the store (its watch failing) is
+/// built from trees all read again once the store went backwards during the wait: here
+/// the store goes backwards while the world asks it for that tree's index, the tree is
+/// read again from the fresh store and the other trees too, but for the node labels,
+/// whose re-read is slow. Before, the world was built once that tree had caught up, and
+/// held the old store's node labels beside the fresh store's other trees.
+#[tokio::test]
+async fn a_farms_world_holds_nothing_of_a_store_that_went_backwards_while_it_waited() {
+    let (old, fresh, switch, mirror, _running) = about_to_go_backwards().await;
+    let mut trees = Trees::new(mirror.clone());
+    assert!(trees.world().await.nodes.items.contains_key("old"));
+    // Every tree holds every change up to the newest, as after an answer of the API's.
+    assert!(mirror.catch_up(&Tree::ALL, PATIENCE).await);
+
+    // The pod labels' watch fails.
+    let pod_labels = Tree::Labels(LabelType::Pod);
+    switch.panic_on(Some("labels/pod/"));
+    old.store
+        .put("labels/pod/n/p", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    eventually(|| !mirror.out_of_touch_among(&[pod_labels]).is_empty()).await;
+    // The next world asks the store for their index, which is slow to answer.
+    *switch.slow_keys.lock().unwrap() = Some("labels/pod/".to_owned());
+    let next = tokio::spawn(async move { trees.world().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // Meanwhile the store goes backwards: every tree is read again, the node labels
+    // slowly.
+    switch.panic_on(None);
+    switch.slow_lists(Some("labels/node/"));
+    turn_to_fresh(&switch, &old, &fresh).await;
+    eventually(|| mirror.health().loading == ["labels/node/"]).await;
+    *switch.slow_keys.lock().unwrap() = None;
+    // It may wait for the node labels to be read again, as long as their re-read is slow.
+    let mut next = std::pin::pin!(next);
+    let waited = tokio::time::timeout(Duration::from_secs(1), &mut next).await;
+    switch.slow_lists(None);
+    let world = match waited {
+        Ok(world) => world.unwrap(),
+        Err(_) => next.await.unwrap(),
+    };
+
+    let nodes: Vec<&String> = world.nodes.items.keys().collect();
+    assert_eq!(
+        nodes,
+        ["new"],
+        "the world holds the old store's node labels"
+    );
+}
+
 /// A farm write whose answer is lost (the connection cut mid-body once the agent applied
 /// it) may have landed: the farms' next world holds what the store holds, the write
 /// included, however late the watches deliver it. Before, the next world came at once
