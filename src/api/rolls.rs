@@ -50,7 +50,7 @@ use crate::model::event::{
 use crate::model::{CreateRoll, HealthCounts, HealthState, PodHealth, RollId};
 use crate::state::{Mirror, Span, Tree};
 use crate::store::conditions::read_conditions;
-use crate::store::events::read_meta;
+use crate::store::events::{deleted_ops, read_meta};
 use crate::store::health::HealthStore;
 use crate::store::labels::LabelStore;
 use crate::store::pods::{PodLocation, PodStore, PodTree};
@@ -419,7 +419,8 @@ async fn delete_roll(
     // since is another roll, which the next attempt reads and records.
     let write = |current: Versioned<RollToDelete>| async move {
         let mut ops = RollStore::delete_at_ops(id, &current);
-        // An unreadable roll is deleted without a record of it: there is no roll to record.
+        // An unreadable roll leaves no finished record, there being no roll to keep; its
+        // deletion is an event all the same, as an unreadable RC's or daemon set's is.
         if let Some(roll) = current.value.roll {
             let record = RollRecord {
                 value: roll,
@@ -443,6 +444,10 @@ async fn delete_roll(
                     )
                     .await?,
             );
+        } else {
+            let none = serde_json::Value::Null;
+            let kind = ObjectKind::Rolls;
+            ops.extend(deleted_ops(state.store.as_ref(), kind, id, &none, actor).await?);
         }
         Ok(state.store.txn(&ops).await.map(drop))
     };

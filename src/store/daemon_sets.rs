@@ -18,7 +18,7 @@ use crate::model::{
     AuditRecord, DaemonSetEvent, DaemonSetId, DecodeError, FieldError, IdError, StoredDaemonSet,
 };
 
-use super::events::{meta_delete_op, record_ops, record_update_ops};
+use super::events::{deleted_ops, meta_delete_op, record_ops, record_update_ops};
 use super::labels::LabelStore;
 use super::update::{update_from_mirror, update_with_retry, Expected, UpdateError};
 use super::Versioned;
@@ -297,14 +297,9 @@ impl DaemonSetStore {
                 }
                 Err(_) => serde_json::Value::Null,
             };
-            let changes = diff(&before, &serde_json::Value::Null);
-            let event = actor.event(
-                ObjectKind::Daemonsets,
-                &id.to_string(),
-                Action::Deleted,
-                changes,
-            );
-            ops.extend(record_ops(self.kv.as_ref(), &event).await?);
+            let kind = ObjectKind::Daemonsets;
+            let id = id.to_string();
+            ops.extend(deleted_ops(self.kv.as_ref(), kind, &id, &before, actor).await?);
             Ok(self.kv.txn(&ops).await.map(|_| current.value.ok()))
         };
         update_with_retry(&describe(id), expected, read, write).await

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use crate::kv::{KvStore, StoreResult, TxnOp};
-use crate::model::event::{Action, Event, Meta, ObjectKind};
+use crate::model::event::{diff, Action, Actor, Event, Meta, ObjectKind};
 use crate::state::Mirror;
 
 use crate::layout;
@@ -39,6 +39,21 @@ impl Default for Retention {
 /// so far, for a change).
 pub async fn record_ops(kv: &dyn KvStore, event: &Event) -> StoreResult<Vec<TxnOp>> {
     record_ops_keeping(kv, event, None).await
+}
+
+/// The ops recording that `actor` deleted the `kind` document `id`, whose fields were
+/// `before` (as [`crate::model::event`] shows them; `null` for a document that could not
+/// be decoded, whose deletion is recorded all the same, with no field to show).
+pub async fn deleted_ops(
+    kv: &dyn KvStore,
+    kind: ObjectKind,
+    id: &str,
+    before: &serde_json::Value,
+    actor: &Actor,
+) -> StoreResult<Vec<TxnOp>> {
+    let changes = diff(before, &serde_json::Value::Null);
+    let event = actor.event(kind, id, Action::Deleted, changes);
+    record_ops(kv, &event).await
 }
 
 /// [`record_ops`] for a change of the object's document from its version at index

@@ -10,7 +10,7 @@ use crate::labels::{LabelType, Labels};
 use crate::model::event::{diff, rc_fields, Action, Actor, ObjectKind};
 use crate::model::StoredRc;
 
-use super::events::{meta_delete_op, record_ops, record_update_ops};
+use super::events::{deleted_ops, meta_delete_op, record_ops, record_update_ops};
 use super::labels::{write_op, LabelStore};
 use super::Versioned;
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
@@ -120,9 +120,7 @@ impl RcStore {
         actor: &Actor,
     ) -> StoreResult<Vec<TxnOp>> {
         let before = before.map_or(serde_json::Value::Null, rc_fields);
-        let changes = diff(&before, &serde_json::Value::Null);
-        let event = actor.event(ObjectKind::Rcs, id, Action::Deleted, changes);
-        record_ops(self.kv.as_ref(), &event).await
+        deleted_ops(self.kv.as_ref(), ObjectKind::Rcs, id, &before, actor).await
     }
 
     /// The op that writes `rc` if it is still at `index`.

@@ -921,6 +921,44 @@ async fn removing_or_replacing_unreadable_labels_is_an_event() {
     );
 }
 
+/// A document stored that cannot be decoded (written by another tool) can still be deleted,
+/// whichever kind it is, and its removal is an event like any deletion's: a `deleted` one,
+/// with no field to show, since none could be read.
+#[tokio::test]
+async fn deleting_an_unreadable_document_is_an_event_of_every_kind() {
+    let app = TestApp::new().await;
+    let ids: Vec<(&str, String, String)> = [
+        ("rcs", layout::RCS),
+        ("daemonsets", layout::DAEMON_SETS),
+        ("rolls", layout::ROLLS),
+    ]
+    .into_iter()
+    .map(|(kind, tree)| {
+        let id = uuid::Uuid::new_v4().to_string();
+        (kind, id.clone(), format!("{tree}{id}"))
+    })
+    .collect();
+    for (kind, id, key) in &ids {
+        app.put_raw(key, b"not a document").await;
+        let path = format!("/api/v1/{kind}/{id}");
+        let deleted = app.json_request("DELETE", &path, None, &[]).await;
+        assert_eq!(
+            deleted.status,
+            StatusCode::NO_CONTENT,
+            "{path}: {deleted:?}"
+        );
+        assert!(app.stored(key).await.is_none(), "{key}");
+    }
+
+    let mut recorded = stored_events(&app).await;
+    recorded.reverse();
+    let expected: Vec<_> = ids
+        .iter()
+        .map(|(kind, id, _)| change("deleted", kind, id, &[]))
+        .collect();
+    assert_eq!(changes(&recorded), expected);
+}
+
 /// A roll over two existing RCs with `new_rc_labels` merges them into the new RC's labels in
 /// its transaction: a label write like any other, so an event of the new RC's labels, as the
 /// label APIs record one.
