@@ -13,12 +13,12 @@ use utoipa_axum::routes;
 
 use crate::api::blocking::index_header;
 use crate::api::extract::ApiJson;
-use crate::api::list_query::{ListFilter, ListParams, ListQuery};
+use crate::api::list_query::{ListFilter, ListQuery, UnlabelledListParams};
 use crate::api::paging::Page;
 use crate::api::query_values::{not_of_kind, one_of};
 use crate::api::reads::{block_on_store, mirror_index, source, Source};
 use crate::app::AppState;
-use crate::error::{ApiError, Cause, ErrorBody, Violations};
+use crate::error::{ApiError, ErrorBody, Violations};
 use crate::kv::KvStore;
 use crate::layout;
 use crate::model::event::{Event, EventKind};
@@ -56,6 +56,9 @@ pub struct EventFilter {
 }
 
 impl ListFilter for EventFilter {
+    /// Events have no labels.
+    const SELECTS: bool = false;
+
     fn check(&self, violations: &mut Violations) {
         if let Some(kind) = &self.kind {
             if EventKind::parse(kind).is_none() {
@@ -123,17 +126,18 @@ impl EventFilter {
 /// changed, before and after. Events are kept up to `--event-retention-count` and for
 /// `--event-retention-age`. Served from the server's mirror of the store; blocks with
 /// `?index=&wait=` until an event (of the object, with `id`) is added or pruned. Events
-/// have no labels: `selector` must be empty. The change stream carries them too (`GET /api/v1/watch?kinds=events`).
+/// have no labels, so the listing takes no `selector`. The change stream carries them too
+/// (`GET /api/v1/watch?kinds=events`).
 #[utoipa::path(
     get,
     path = "/events",
     tag = TAG,
-    params(EventFilter, ListParams),
+    params(EventFilter, UnlabelledListParams),
     responses(
         (status = OK, description = "One page of events, newest first", body = Page<Event>,
             headers(("X-Index" = u64, description = "The index the answer reflects; pass as `index` to wait for a change"))),
         (status = BAD_REQUEST, description = "Malformed query", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "Bad kind, time, selector, limit, continue token, index or wait", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Bad kind, time, limit, continue token, index or wait", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
 )]
@@ -141,12 +145,6 @@ async fn list_events(
     State(app): State<AppState>,
     query: ListQuery<EventFilter>,
 ) -> Result<Response, ApiError> {
-    if !query.selector.is_everything() {
-        return Err(ApiError::invalid([Cause::new(
-            "selector",
-            "events have no labels to select",
-        )]));
-    }
     let trees = [Tree::Events];
     // One object's listing wakes only at its own events.
     let spans: Vec<Span> = (query.filter.id.iter())

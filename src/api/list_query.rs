@@ -11,6 +11,7 @@ use axum::http::request::Parts;
 use axum::http::Uri;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::IntoParams;
 
 use crate::api::blocking::{Blocking, DEFAULT_WAIT};
@@ -39,6 +40,7 @@ pub struct ListParams {
     /// Only items whose labels match this Kubernetes label selector (`=`, `==`, `!=`, `in`,
     /// `notin`, `key`, `!key`), e.g. `pod_id=hello,availability_zone in (a,b)`; absent or
     /// empty selects every item. The operation says which labels it matches.
+    // Not taken by a listing of items that have no labels (`UnlabelledListParams`).
     selector: Option<String>,
     /// Hold the request, for at most `wait`, while nothing the listing is read from has
     /// changed since this index (the `X-Index` of a previous answer): a listing of part of
@@ -52,9 +54,26 @@ pub struct ListParams {
     wait: Option<String>,
 }
 
+/// [`ListParams`] but `selector`: what a listing of items that have no labels takes (its
+/// filter's [`ListFilter::SELECTS`] is false), declared so in its document. A selector
+/// there could only ever select everything, so it is not offered at all.
+pub struct UnlabelledListParams;
+
+impl IntoParams for UnlabelledListParams {
+    fn into_params(parameter_in: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let mut params = ListParams::into_params(parameter_in);
+        params.retain(|param| param.name != "selector");
+        params
+    }
+}
+
 /// A listing's own parameters beside [`ListParams`], such as the pods' `node`: declared
 /// (for the document and the check of unknown parameters) and checked with the common ones.
 pub trait ListFilter: DeserializeOwned + IntoParams + Default {
+    /// Whether the listed items have labels for a `selector` to match. A listing of items
+    /// that have none takes [`UnlabelledListParams`], and declares them in its document.
+    const SELECTS: bool = true;
+
     /// Adds each problem of the filter's values to `violations`.
     fn check(&self, _violations: &mut Violations) {}
 }
@@ -71,7 +90,8 @@ impl ListFilter for NoFilter {}
 pub struct ListQuery<F = NoFilter> {
     /// The listing's own parameters, checked by [`ListFilter::check`].
     pub filter: F,
-    /// Only items whose labels match; everything when `selector` is absent.
+    /// Only items whose labels match; everything when `selector` is absent, as it always
+    /// is for a listing that takes none.
     pub selector: Selector,
     /// Which page to answer.
     pub paging: Paging,
@@ -90,7 +110,11 @@ impl<F: ListFilter, S: Send + Sync> FromRequestParts<S> for ListQuery<F> {
 impl<F: ListFilter> ListQuery<F> {
     fn from_uri(uri: &Uri) -> Result<Self, ApiError> {
         let mut problems = QueryProblems::new(uri.query(), || {
-            let mut accepted = declared_params::<ListParams>();
+            let mut accepted = if F::SELECTS {
+                declared_params::<ListParams>()
+            } else {
+                declared_params::<UnlabelledListParams>()
+            };
             accepted.extend(declared_params::<F>());
             accepted
         });

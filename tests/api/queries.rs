@@ -121,6 +121,36 @@ async fn every_operation_refuses_a_parameter_it_does_not_take() {
     assert!(app.dump().await.is_empty(), "a refused request wrote");
 }
 
+/// What an operation says it accepts when refusing a parameter is what its document offers:
+/// no parameter taken but undocumented, none documented but refused.
+#[tokio::test]
+async fn every_operation_accepts_the_query_parameters_it_documents_and_no_other() {
+    let app = TestApp::new().await;
+    for operation in operations() {
+        let message = refusal_naming(&app, &operation, "zz_unknown=1", "zz_unknown").await;
+        let said = message
+            .strip_prefix("unknown query parameter `zz_unknown`; ")
+            .unwrap_or_else(|| panic!("{}: {message}", operation.name));
+        let mut accepted: Vec<&str> = match said.strip_prefix("accepted: ") {
+            Some(names) => names.split(", ").collect(),
+            None => {
+                assert_eq!(said, "this route takes none", "{}", operation.name);
+                Vec::new()
+            }
+        };
+        let params = operation.spec["parameters"].as_array().cloned();
+        let params = params.unwrap_or_default();
+        let mut documented: Vec<&str> = params
+            .iter()
+            .filter(|p| p["in"] == "query")
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        accepted.sort_unstable();
+        documented.sort_unstable();
+        assert_eq!(accepted, documented, "{}", operation.name);
+    }
+}
+
 /// The message of the 400 `operation` answers with `query`, checking it names only `param`.
 async fn refusal_naming(app: &TestApp, operation: &Operation, query: &str, param: &str) -> String {
     let Operation {
@@ -371,7 +401,7 @@ async fn the_document_states_the_real_bounds() {
     let (_, openapi) = router::api().split_for_parts();
     let document = serde_json::to_value(&openapi).unwrap();
     let mut lists = 0;
-    for item in document["paths"].as_object().unwrap().values() {
+    for (path, item) in document["paths"].as_object().unwrap() {
         let Some(parameters) = item["get"]["parameters"].as_array() else {
             continue;
         };
@@ -389,9 +419,12 @@ async fn the_document_states_the_real_bounds() {
             (&index["schema"]["minimum"], &index["schema"]["maximum"]),
             (&json!(0), &json!(i64::MAX))
         );
-        for name in ["continue", "selector", "wait"] {
+        for name in ["continue", "wait"] {
             assert!(param(name).is_some(), "{name} beside limit");
         }
+        // Every listing but that of events, which have no labels, takes a selector.
+        let selects = path != "/api/v1/events";
+        assert_eq!(param("selector").is_some(), selects, "{path}");
     }
     assert_eq!(lists, LISTS.len());
 }
