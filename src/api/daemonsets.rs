@@ -47,7 +47,7 @@ use crate::model::{
 use crate::state::{Mirror, Span, Tree};
 use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::daemon_sets::{
-    self, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
+    self, describe, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
 };
 use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::health::HealthStore;
@@ -397,7 +397,7 @@ async fn patch_daemon_set(
         problems.finish().map_err(ApiError::invalid)?;
     }
     let expected = if_match
-        .expected(app.store.as_ref(), &layout::daemon_set(id))
+        .expected(app.store.as_ref(), &layout::daemon_set(id), &describe(id))
         .await?;
     let record = store
         .update(id, expected, &actor, &app.mirror, |current| {
@@ -451,7 +451,7 @@ async fn delete_daemon_set(
 ) -> Result<StatusCode, ApiError> {
     let id = id.uuid();
     let expected = if_match
-        .expected(app.store.as_ref(), &layout::daemon_set(id))
+        .expected(app.store.as_ref(), &layout::daemon_set(id), &describe(id))
         .await?;
     app.daemon_sets().delete(id, expected, &actor).await?;
     Ok(StatusCode::NO_CONTENT)

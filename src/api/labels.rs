@@ -373,7 +373,11 @@ async fn put_labels(
     }
     violations.finish()?;
     let expected = if_match
-        .expected(app.store.as_ref(), &layout::labels(label_type, &id))
+        .expected(
+            app.store.as_ref(),
+            &layout::labels(label_type, &id),
+            &describe(label_type, &id),
+        )
         .await?;
     let record = store(&app)
         .replace(label_type, &id, body.labels, expected, &actor)
@@ -429,7 +433,11 @@ async fn patch_labels(
     let patch = LabelsPatch::parse(patch, &mut violations);
     violations.finish()?;
     let expected = if_match
-        .expected(app.store.as_ref(), &layout::labels(label_type, &id))
+        .expected(
+            app.store.as_ref(),
+            &layout::labels(label_type, &id),
+            &describe(label_type, &id),
+        )
         .await?;
     let record = store(&app)
         .update(label_type, &id, expected, &actor, |labels| {
@@ -476,7 +484,11 @@ async fn delete_labels(
     check_id(label_type, &id, &mut violations);
     violations.finish()?;
     let expected = if_match
-        .expected(app.store.as_ref(), &layout::labels(label_type, &id))
+        .expected(
+            app.store.as_ref(),
+            &layout::labels(label_type, &id),
+            &describe(label_type, &id),
+        )
         .await?;
     store(&app)
         .delete(label_type, &id, expected, &actor)

@@ -207,8 +207,9 @@ async fn put_pod_health(
     let state = parse_status(&report.status, &mut violations);
     report.check_names(&pod_id, &node, &mut violations);
     violations.finish()?;
+    let what = format!("health of {pod_id:?} on {node:?}");
     let expected = if_match
-        .expected(app.store.as_ref(), &layout::health(&pod_id, &node))
+        .expected(app.store.as_ref(), &layout::health(&pod_id, &node), &what)
         .await?;
     let (Some(pod), Some(state)) = (pod, state) else {
         return Err(ApiError::internal(
@@ -227,11 +228,7 @@ async fn put_pod_health(
             &actor,
         )
         .await;
-    let entry = unless_stale(
-        written,
-        &format!("health of {pod_id:?} on {node:?}"),
-        expected,
-    )?;
+    let entry = unless_stale(written, &what, expected)?;
     Ok(([etag(entry.index)], ApiJson(PodHealth::from(entry))))
 }
 
@@ -267,8 +264,9 @@ async fn delete_pod_health(
     let mut violations = Violations::new();
     let pod = check_pod(&pod_id, &node, &mut violations);
     violations.finish()?;
+    let what = format!("health of {pod_id:?} on {node:?}");
     let expected = if_match
-        .expected(app.store.as_ref(), &layout::health(&pod_id, &node))
+        .expected(app.store.as_ref(), &layout::health(&pod_id, &node), &what)
         .await?;
     let Some(pod) = pod else {
         return Err(ApiError::internal("validation passed without a pod"));
@@ -277,11 +275,7 @@ async fn delete_pod_health(
         .health()
         .delete(&app.mirror, &pod, expected, &actor)
         .await;
-    unless_stale(
-        deleted,
-        &format!("health of {pod_id:?} on {node:?}"),
-        expected,
-    )?;
+    unless_stale(deleted, &what, expected)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -38,13 +38,14 @@ pub const IF_MATCH_PATTERN: &str = r#"^[ \t]*\*[ \t]*$|^[ \t,]*(W/)?("(0|[1-9][0
 impl IfMatch {
     /// What the write must find, for its check-and-set (`None`: anything). A single version
     /// needs no read. For `*` or several, `key`'s version is read: `*` needs there to be one
-    /// (412 otherwise), and then holds for as long as there is one, whatever writes land
-    /// meanwhile; a list holds for the version stored if it names it (otherwise the write
-    /// answers as for the list's first version, stale).
+    /// (412 otherwise, naming `what` as what must exist), and then holds for as long as
+    /// there is one, whatever writes land meanwhile; a list holds for the version stored if
+    /// it names it (otherwise the write answers as for the list's first version, stale).
     pub async fn expected(
         &self,
         store: &dyn KvStore,
         key: &str,
+        what: &str,
     ) -> Result<Option<Expected>, ApiError> {
         let versions = match self {
             IfMatch::Absent => return Ok(None),
@@ -57,7 +58,7 @@ impl IfMatch {
         // An object never stored, or deleted, is at version 0 (labels: none).
         let current = store.get(key).await?.map_or(0, |pair| pair.modify_index);
         match versions {
-            None if current == 0 => Err(absent()),
+            None if current == 0 => Err(absent(what)),
             None => Ok(Some(Expected::Existing)),
             Some(versions) if versions.contains(&current) => Ok(Some(Expected::Version(current))),
             Some(versions) => Ok(versions.first().copied().map(Expected::Version)),
@@ -133,13 +134,17 @@ pub fn stale(what: &str, expected: Expected) -> ApiError {
         Expected::Version(version) => ApiError::precondition_failed(format!(
             "{what} has changed since version {version}; read it again and retry"
         )),
-        Expected::Existing => absent(),
+        Expected::Existing => absent(what),
     }
 }
 
-/// The 412 of `If-Match: *` on an object that does not exist.
-fn absent() -> ApiError {
-    ApiError::precondition_failed("If-Match: * needs the object to exist, and it does not")
+/// The 412 of `If-Match: *` on `what` (a label set, a report, an RC...) while it does not
+/// exist: named, since the route's object may exist when the thing written does not (a node
+/// with no label set).
+fn absent(what: &str) -> ApiError {
+    ApiError::precondition_failed(format!(
+        "If-Match: * needs {what} to exist, and it does not"
+    ))
 }
 
 /// What a write made under `expected` (its `If-Match`, if any) answers: its failure as

@@ -446,7 +446,7 @@ async fn patch_rc(
     let id = id.to_string();
     let patch = RcPatch::parse(patch, &app.validation).map_err(ApiError::invalid)?;
     let expected = if_match
-        .expected(app.store.as_ref(), &layout::rc(&id))
+        .expected(app.store.as_ref(), &layout::rc(&id), &describe(&id))
         .await?;
     let store = app.rcs();
     let (state, store, id, patch, actor) = (&app, &store, &id, &patch, &actor);
@@ -511,7 +511,7 @@ async fn delete_rc(
 ) -> Result<StatusCode, ApiError> {
     let id = id.to_string();
     let expected = if_match
-        .expected(app.store.as_ref(), &layout::rc(&id))
+        .expected(app.store.as_ref(), &layout::rc(&id), &describe(&id))
         .await?;
     let store = app.rcs();
     let (state, store, id, actor) = (&app, &store, &id, &actor);

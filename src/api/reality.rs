@@ -193,7 +193,8 @@ async fn put_reality(
     violations.finish()?;
     let pod = pod.ok_or_else(|| ApiError::internal("validation passed without a pod"))?;
     let key = PodTree::Reality.key(&pod);
-    let expected = if_match.expected(app.store.as_ref(), &key).await?;
+    let what = format!("the report {key:?}");
+    let expected = if_match.expected(app.store.as_ref(), &key, &what).await?;
 
     let written = Report::reality(&pod)
         .write(
@@ -204,7 +205,7 @@ async fn put_reality(
             &actor,
         )
         .await;
-    let index = unless_stale(written, &format!("the report {key:?}"), expected)?;
+    let index = unless_stale(written, &what, expected)?;
     Ok((StatusCode::NO_CONTENT, [etag(index)]).into_response())
 }
 
@@ -235,11 +236,12 @@ async fn delete_reality(
 ) -> Result<StatusCode, ApiError> {
     let pod = valid_pod(&node, &pod_id)?;
     let key = PodTree::Reality.key(&pod);
-    let expected = if_match.expected(app.store.as_ref(), &key).await?;
+    let what = format!("the report {key:?}");
+    let expected = if_match.expected(app.store.as_ref(), &key, &what).await?;
     let deleted = Report::reality(&pod)
         .write(app.store.as_ref(), &app.mirror, None, expected, &actor)
         .await;
-    unless_stale(deleted, &format!("the report {key:?}"), expected)?;
+    unless_stale(deleted, &what, expected)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

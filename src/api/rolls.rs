@@ -404,8 +404,9 @@ async fn delete_roll(
     actor: Actor,
 ) -> Result<StatusCode, ApiError> {
     let id = id.to_string();
+    let what = format!("rolling update {id}");
     let expected = if_match
-        .expected(app.store.as_ref(), &layout::roll(&id))
+        .expected(app.store.as_ref(), &layout::roll(&id), &what)
         .await?;
     let rolls = app.rolls();
     let (state, rolls, id, actor) = (&app, &rolls, &id, &actor);
@@ -451,7 +452,7 @@ async fn delete_roll(
         }
         Ok(state.store.txn(&ops).await.map(drop))
     };
-    update_with_retry(&format!("rolling update {id}"), expected, read, write).await?;
+    update_with_retry(&what, expected, read, write).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -458,7 +458,8 @@ fn written_index(results: &[Option<KvPair>]) -> u64 {
 }
 
 /// How errors name a daemon set.
-fn describe(id: Uuid) -> String {
+/// How messages name the daemon set `id`.
+pub fn describe(id: Uuid) -> String {
     format!("daemon set {id}")
 }
 

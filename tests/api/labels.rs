@@ -772,6 +772,11 @@ async fn fifty_concurrent_patches_of_different_keys_all_survive() {
     }
 }
 
+/// The 412 of `If-Match: *` on [`NODE`] while it has no label set, which names the label set
+/// (not the node, which may well exist) as what must exist.
+const NO_LABEL_SET: &str =
+    "If-Match: * needs the label set of node \"node17.example.com\" to exist, and it does not";
+
 /// `If-Match` may list ETags, any of which the labels may be at, and `*` asks only that there
 /// be labels.
 #[tokio::test]
@@ -782,7 +787,7 @@ async fn if_match_takes_a_list_of_etags_or_any_version() {
         .send_json("PUT", NODE, &[("if-match", "*")], &labels("1"))
         .await;
     assert_eq!(none.status, StatusCode::PRECONDITION_FAILED, "{none:?}");
-    none.error();
+    assert_eq!(none.error().message, NO_LABEL_SET);
     assert_eq!(app.keys("labels/").await, Vec::<String>::new());
 
     let created = app.send_json("PUT", NODE, &[], &labels("1")).await;
@@ -862,7 +867,7 @@ async fn if_match_any_holds_while_another_writer_changes_the_labels() {
     )
     .await;
     assert_eq!(gone.status, StatusCode::PRECONDITION_FAILED, "{gone:?}");
-    gone.error();
+    assert_eq!(gone.error().message, NO_LABEL_SET);
     assert_eq!(app.stored_json(key).await, None);
 }
 
