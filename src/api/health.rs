@@ -3,6 +3,8 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Serialize;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::RefOr;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -18,11 +20,24 @@ pub const TAG: &str = "health";
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
     /// Always `ok`; failures are error bodies.
-    #[schema(example = "ok")]
+    #[schema(schema_with = status_schema)]
     pub status: &'static str,
 }
 
-const HEALTHY: Health = Health { status: "ok" };
+/// The one `status` a probe answers with.
+const OK: &str = "ok";
+
+const HEALTHY: Health = Health { status: OK };
+
+/// `Health.status` as the document gives it: a one-value enum, so that generated clients
+/// know the one value rather than take any text.
+fn status_schema() -> impl Into<RefOr<Schema>> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some([OK]))
+        .description(Some("Always `ok`; failures are error bodies."))
+        .examples([serde_json::json!(OK)])
+}
 
 /// The probe routes, at the root of the URL space as supervisors expect.
 pub fn router() -> OpenApiRouter<AppState> {

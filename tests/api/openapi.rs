@@ -471,3 +471,19 @@ fn every_index_parameter_says_what_holds_a_read() {
     assert!(checked >= 15, "only {checked} operations take index");
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// The probes answer `{"status": "ok"}` and nothing else when all is well (failures are error
+/// bodies): the document says so with a one-value enum, not an open string, so that generated
+/// clients know the one value, and the bodies served are that value.
+#[tokio::test]
+async fn a_probes_status_is_documented_as_its_one_value() {
+    let doc = generated();
+    let status = &doc["components"]["schemas"]["Health"]["properties"]["status"];
+    assert_eq!(status["type"], json!("string"), "{status}");
+    assert_eq!(status["enum"], json!(["ok"]), "{status}");
+    let app = TestApp::new().await;
+    for probe in ["/healthz", "/readyz"] {
+        let response = app.get(probe).await;
+        assert_eq!(response.json(), json!({"status": "ok"}), "{probe}");
+    }
+}
