@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::support::farms::{alert_webhook, warnings, Backend, Harness, MANIFEST};
+use crate::support::farms::{alert_webhook, rc_doc, warnings, Backend, Harness, MANIFEST};
 use p2_apiserver::farms::FarmOptions;
 use p2_apiserver::kv::{Cas, SessionSpec, TxnOp};
 use p2_apiserver::labels::LabelType;
@@ -50,11 +50,6 @@ async fn not_progressing_for(h: &Harness, id: &str, reason: &str) -> String {
     progressing["message"].as_str().unwrap().to_owned()
 }
 
-fn rc(manifest: &str, selector: &str, replicas: i64) -> Value {
-    json!({"manifest": manifest, "node_selector": selector, "pod_labels": {},
-           "replicas_desired": replicas, "disabled": false, "allocation_strategy": ""})
-}
-
 fn ds(selector: &str, min_health: i64) -> Value {
     json!({"disabled": false, "manifest": MANIFEST, "min_health": min_health,
            "cluster_name": "production", "node_selector": selector, "pod_id": "hello",
@@ -73,10 +68,10 @@ async fn web_nodes(h: &Harness, count: usize) {
 async fn rcs_to_roll(h: &Harness, replicas: usize) -> (String, String) {
     web_nodes(h, 3).await;
     h.run_fake_nodes(Duration::from_millis(50));
-    let old = h.put_rc(rc(MANIFEST, "role=web", replicas as i64)).await;
+    let old = h.put_rc(rc_doc(MANIFEST, "role=web", replicas)).await;
     h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&replicas)).then_some(()) })
         .await;
-    let new = h.put_rc(rc(NEW_MANIFEST, "role=web", 0)).await;
+    let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     (old, new)
 }
 
@@ -140,7 +135,7 @@ async fn an_rc_selecting_too_few_nodes_is_degraded_until_it_goes() {
     let h = Harness::start().await;
     web_nodes(&h, 2).await;
     h.label(LabelType::Node, "db1", json!({"role": "db"})).await;
-    let id = h.put_rc(rc(MANIFEST, "role=web", 5)).await;
+    let id = h.put_rc(rc_doc(MANIFEST, "role=web", 5)).await;
     let degraded = wait_for(
         &h,
         ObjectKind::Rcs,
@@ -181,7 +176,7 @@ async fn an_rc_selecting_too_few_nodes_is_degraded_until_it_goes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_of_an_rc_another_farm_owns_are_removed() {
     let h = Harness::start().await;
-    let id = h.put_rc(rc(MANIFEST, "", 0)).await;
+    let id = h.put_rc(rc_doc(MANIFEST, "", 0)).await;
     wait_for(
         &h,
         ObjectKind::Rcs,
@@ -229,7 +224,7 @@ async fn placed(h: &Harness, id: &str) -> u64 {
 async fn conditions_written_with_a_placement_tell_the_pods_placed() {
     let h = Harness::start().await;
     web_nodes(&h, 2).await;
-    let id = h.put_rc(rc(MANIFEST, "role=web", 1)).await;
+    let id = h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await;
     let written = placed(&h, &id).await;
     let intents = h.store.list(layout::INTENT).await.unwrap().pairs;
     let placed_at: Vec<u64> = intents.iter().map(|pair| pair.modify_index).collect();
@@ -240,11 +235,11 @@ async fn conditions_written_with_a_placement_tell_the_pods_placed() {
 async fn conditions_that_still_hold_are_not_written_again() {
     let h = Harness::start().await;
     web_nodes(&h, 2).await;
-    let first = h.put_rc(rc(MANIFEST, "role=web", 1)).await;
+    let first = h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await;
     let settled = placed(&h, &first).await;
     // Every pass looks at every RC: those that place a later RC, and the one after, find
     // the first RC's conditions as stored.
-    let later = h.put_rc(rc(MANIFEST, "role=web", 1)).await;
+    let later = h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await;
     placed(&h, &later).await;
     let pair = h
         .store
@@ -259,7 +254,7 @@ async fn conditions_changed_by_one_write_are_stored_in_one_transaction() {
     web_nodes(&h, 3).await;
     let mut ids = Vec::new();
     for _ in 0..3 {
-        ids.push(h.put_rc(rc(MANIFEST, "role=web", 1)).await);
+        ids.push(h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await);
     }
     for id in &ids {
         placed(&h, id).await;
@@ -463,8 +458,8 @@ async fn a_roll_created_again_keeps_nothing_of_the_conditions_before_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_over_an_unreadable_rc_says_so_rather_than_that_it_is_ending() {
     let h = Harness::start().await;
-    let old = h.put_rc(rc(MANIFEST, "role=web", 0)).await;
-    let new = h.put_rc(rc(NEW_MANIFEST, "role=web", 0)).await;
+    let old = h.put_rc(rc_doc(MANIFEST, "role=web", 0)).await;
+    let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.store
         .put(&layout::rc(&old), b"not an RC", Cas::Any)
         .await

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::support::farms::{large_pod_labels, Backend, Harness, MANIFEST};
+use crate::support::farms::{large_pod_labels, rc_doc, Backend, Harness, MANIFEST};
 use p2_apiserver::kv::{Cas, KvStore, SessionSpec};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::event::{Action, Event};
@@ -181,11 +181,7 @@ async fn a_pod_whose_intent_went_is_left_to_the_rc_its_labels_name() {
     let h = Harness::start().await;
     web_nodes(&h, 3).await;
     let rc = h
-        .put_rc(
-            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": 1, "disabled": false,
-                       "allocation_strategy": "static_strategy"}),
-        )
+        .put_rc(rc_doc(MANIFEST, "role=web", 1).strategy("static_strategy"))
         .await;
     let node = h.wait_for_rc_nodes(&rc, 1).await.remove(0);
     // Its node out of the selector, the static RC keeps the pod but does not put its intent
@@ -231,12 +227,7 @@ async fn a_pod_labelled_for_an_rc_too_is_left_to_the_rc() {
         .await;
     h.label(LabelType::Node, "node2", json!({"role": "db"}))
         .await;
-    let rc = h
-        .put_rc(
-            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": 1, "disabled": false, "allocation_strategy": ""}),
-        )
-        .await;
+    let rc = h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await;
     h.wait_for_rc_nodes(&rc, 1).await;
     let mut doc = ds_doc("", 0, Duration::from_secs(600));
     doc["manifest"] = NEW_MANIFEST.into();
@@ -275,12 +266,7 @@ async fn a_pod_labelled_for_an_rc_too_is_left_to_the_rc() {
 async fn a_deleted_daemon_sets_pod_labelled_for_an_rc_too_keeps_running() {
     let h = Harness::start().await;
     web_nodes(&h, 1).await;
-    let rc = h
-        .put_rc(
-            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": 1, "disabled": false, "allocation_strategy": ""}),
-        )
-        .await;
+    let rc = h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await;
     h.wait_for_rc_nodes(&rc, 1).await;
     let ds = h
         .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
@@ -460,10 +446,7 @@ async fn a_deleted_daemon_sets_label_comes_off_pods_with_large_labels() {
     web_nodes(&h, 20).await;
     let labels = large_pod_labels();
     let rc = h
-        .put_rc(
-            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": labels,
-                   "replicas_desired": 20, "disabled": false, "allocation_strategy": ""}),
-        )
+        .put_rc(rc_doc(MANIFEST, "role=web", 20).pod_labels(labels))
         .await;
     let nodes = h.wait_for_rc_nodes(&rc, 20).await;
     // Labelled for a daemon set too while none is listed (so the farm keeps them), then

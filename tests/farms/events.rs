@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::support::farms::{Harness, MANIFEST};
+use crate::support::farms::{rc_doc, Harness, MANIFEST};
 use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::event::{new_event_id, Event};
@@ -11,11 +11,6 @@ use p2_apiserver::store::events::Retention;
 use serde_json::{json, Value};
 
 const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
-
-fn rc(manifest: &str, replicas: i64) -> Value {
-    json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {},
-           "replicas_desired": replicas, "disabled": false, "allocation_strategy": ""})
-}
 
 /// Every stored event, oldest first.
 async fn events(h: &Harness) -> Vec<Event> {
@@ -49,10 +44,10 @@ async fn a_roll_the_farm_completes_is_recorded_as_succeeded_with_farm_events() {
     let h = Harness::start().await;
     web_nodes(&h, 3).await;
     h.run_fake_nodes(Duration::from_millis(50));
-    let old = h.put_rc(rc(MANIFEST, 2)).await;
+    let old = h.put_rc(rc_doc(MANIFEST, "role=web", 2)).await;
     h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&2)).then_some(()) })
         .await;
-    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
+    let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll(&old, &new, 2, 1).await;
 
     let done = finished(&h, &new).await;
@@ -98,10 +93,10 @@ async fn retiring_a_shrinking_rolls_old_rc_is_recorded() {
     let h = Harness::start().await;
     web_nodes(&h, 3).await;
     h.run_fake_nodes(Duration::from_millis(50));
-    let old = h.put_rc(rc(MANIFEST, 3)).await;
+    let old = h.put_rc(rc_doc(MANIFEST, "role=web", 3)).await;
     h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&3)).then_some(()) })
         .await;
-    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
+    let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll(&old, &new, 2, 1).await;
 
     assert_eq!(finished(&h, &new).await["outcome"], "succeeded");
@@ -124,8 +119,8 @@ async fn retiring_a_shrinking_rolls_old_rc_is_recorded() {
 async fn a_roll_whose_rc_is_deleted_underneath_is_recorded_as_failed() {
     let h = Harness::start().await;
     web_nodes(&h, 2).await;
-    let old = h.put_rc(rc(MANIFEST, 0)).await;
-    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
+    let old = h.put_rc(rc_doc(MANIFEST, "role=web", 0)).await;
+    let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll(&old, &new, 5, 5).await;
     h.store
         .delete(&format!("replication_controllers/{old}"), Cas::Any)
@@ -257,7 +252,7 @@ async fn moves(h: &Harness, kind: &str, id: &str) -> Vec<(Vec<String>, Vec<Strin
 async fn a_scheduled_event_names_only_the_nodes_that_changed() {
     let h = Harness::start().await;
     web_nodes(&h, 4).await;
-    let id = h.put_rc(rc(MANIFEST, 2)).await;
+    let id = h.put_rc(rc_doc(MANIFEST, "role=web", 2)).await;
     let first = h.wait_for_rc_nodes(&id, 2).await;
     h.set_replicas(&id, 3).await;
     let grown = h.wait_for_rc_nodes(&id, 3).await;

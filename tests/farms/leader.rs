@@ -4,6 +4,7 @@
 use crate::support::severable;
 
 use crate::support::counting::Counting;
+use crate::support::farms::rc_doc;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -376,9 +377,7 @@ async fn a_leader_stops_promptly_while_the_store_does_not_answer_its_farms_write
     let severable = Severable::new(store.clone());
     // An RC for the RC farm to claim: the claim is a transaction, which the store never answers.
     let id = uuid::Uuid::new_v4().to_string();
-    let rc = serde_json::json!({"id": id, "manifest": "id: hello\n", "node_selector": "role=web",
-                                "pod_labels": {}, "replicas_desired": 1, "disabled": false,
-                                "allocation_strategy": ""});
+    let rc = rc_doc("id: hello\n", "role=web", 1).id(&id);
     store
         .put(
             &format!("replication_controllers/{id}"),
@@ -453,9 +452,7 @@ async fn no_alert_is_posted_once_the_term_has_ended() {
     let rcs = 3 * CONCURRENT_OBJECTS;
     for _ in 0..rcs {
         let id = uuid::Uuid::new_v4().to_string();
-        let rc = serde_json::json!({"id": id, "manifest": "id: hello\n", "node_selector": "role=none",
-                                    "pod_labels": {}, "replicas_desired": 1, "disabled": false,
-                                    "allocation_strategy": ""});
+        let rc = rc_doc("id: hello\n", "role=none", 1).id(&id);
         let key = format!("replication_controllers/{id}");
         store
             .put(&key, rc.to_string().as_bytes(), Cas::Index(0))

@@ -8,6 +8,8 @@ use crate::support::fake_consul;
 #[allow(dead_code)]
 use crate::support::severable;
 
+use crate::support::farms::rc_doc;
+
 use std::any::Any;
 use std::future::Future;
 use std::sync::Arc;
@@ -134,7 +136,8 @@ where
     }
 }
 
-async fn put_json(store: &dyn KvStore, key: &str, doc: serde_json::Value) {
+async fn put_json(store: &dyn KvStore, key: &str, doc: impl Into<serde_json::Value>) {
+    let doc: serde_json::Value = doc.into();
     store
         .put(key, doc.to_string().as_bytes(), Cas::Any)
         .await
@@ -149,10 +152,7 @@ fn new_id() -> String {
 /// take under P2's trees. Returns those lock keys.
 async fn objects_with_locks(store: &dyn KvStore) -> Vec<String> {
     put_json(store, "labels/node/node1", json!({"role": "web"})).await;
-    let rc = |id: &str, replicas: i64| {
-        json!({"id": id, "manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-               "replicas_desired": replicas, "disabled": false, "allocation_strategy": ""})
-    };
+    let rc = |id: &str, replicas: usize| rc_doc(MANIFEST, "role=web", replicas).id(id);
     let (old, new, ds) = (new_id(), new_id(), new_id());
     put_json(
         store,
@@ -354,10 +354,7 @@ async fn a_term_whose_session_is_gone_ends_at_once_on_consul() {
 async fn sessionless_locks_are_removed(backend: Backend) {
     let store = backend.store;
     put_json(&*store, "labels/node/node1", json!({"role": "web"})).await;
-    let rc = |id: &str| {
-        json!({"id": id, "manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-               "replicas_desired": 1, "disabled": false, "allocation_strategy": ""})
-    };
+    let rc = |id: &str| rc_doc(MANIFEST, "role=web", 1).id(id);
     let (ours, foreign, gone) = (new_id(), new_id(), new_id());
     put_json(
         &*store,

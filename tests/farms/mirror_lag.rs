@@ -22,12 +22,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::support::counting::Counting;
-use crate::support::farms::{Harness, MANIFEST};
+use crate::support::farms::{rc_doc, Harness, RcDoc, MANIFEST};
 
 /// An RC of one replica of `manifest` on the web nodes.
-fn rc(manifest: &str) -> serde_json::Value {
-    json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {},
-           "replicas_desired": 1, "disabled": false, "allocation_strategy": "static_strategy"})
+fn rc(manifest: &str) -> RcDoc {
+    rc_doc(manifest, "role=web", 1).strategy("static_strategy")
 }
 
 /// Nodes `n1` to `n3` labelled `role=web`, and the farms seen scheduling an RC there (so
@@ -189,11 +188,9 @@ async fn a_new_leader_does_not_act_on_an_object_from_a_view_older_than_its_lock(
             .unwrap();
     }
     let x = uuid::Uuid::new_v4().to_string();
-    let mut doc = rc(MANIFEST);
-    doc["id"] = x.clone().into();
-    let doc = doc.to_string().into_bytes();
+    let doc = rc(MANIFEST).id(&x).to_string();
     store
-        .put(&layout::rc(&x), &doc, Cas::Index(0))
+        .put(&layout::rc(&x), doc.as_bytes(), Cas::Index(0))
         .await
         .unwrap();
     // The leader before this server.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::support::farms::{large_pod_labels, Backend, Harness, MANIFEST};
+use crate::support::farms::{large_pod_labels, rc_doc, Backend, Harness, MANIFEST};
 use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::layout;
@@ -17,8 +17,11 @@ async fn schedules_scales_down_and_moves_pods() {
             .await;
     }
     let id = h
-        .put_rc(json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {"app": "hello"},
-                       "replicas_desired": 3, "disabled": false, "allocation_strategy": "dynamic_strategy"}))
+        .put_rc(
+            rc_doc(MANIFEST, "role=web", 3)
+                .pod_labels(json!({"app": "hello"}))
+                .strategy("dynamic_strategy"),
+        )
         .await;
     let nodes = h.wait_for_rc_nodes(&id, 3).await;
     assert!(nodes.iter().all(|n| n != "node5"), "{nodes:?}");
@@ -65,22 +68,11 @@ async fn rcs_owned_by_another_farm_are_left_alone() {
         .await;
     let spec = SessionSpec::deleting("another farm", Duration::from_secs(60));
     let other = h.store.create_session(&spec).await.unwrap();
-    let rc = json!({"manifest": MANIFEST, "node_selector": "", "pod_labels": null,
-                    "replicas_desired": 1, "disabled": false, "allocation_strategy": ""});
+    let rc = rc_doc(MANIFEST, "", 1).pod_labels(serde_json::Value::Null);
     let id = uuid::Uuid::new_v4().to_string();
     let lock = format!("lock/replication_controllers/{id}");
     assert!(h.store.acquire(&lock, b"", &other).await.unwrap());
-    let mut owned = rc.clone();
-    owned["id"] = id.clone().into();
-    let key = format!("replication_controllers/{id}");
-    h.store
-        .put(
-            &key,
-            owned.to_string().as_bytes(),
-            p2_apiserver::kv::Cas::Index(0),
-        )
-        .await
-        .unwrap();
+    h.put_rc_as(&id, rc.clone()).await;
     // A second RC proves the farm is running and has looked at both.
     let mine = h.put_rc(rc).await;
     h.wait_for_rc_nodes(&mine, 1).await;
@@ -121,12 +113,7 @@ async fn a_pod_whose_intent_went_is_left_to_the_daemon_set_its_labels_name() {
         .delete("intent/node1/hello", Cas::Any)
         .await
         .unwrap();
-    let rc = h
-        .put_rc(
-            json!({"manifest": MANIFEST, "node_selector": "", "pod_labels": {},
-                       "replicas_desired": 1, "disabled": false, "allocation_strategy": ""}),
-        )
-        .await;
+    let rc = h.put_rc(rc_doc(MANIFEST, "", 1)).await;
     // The RC has looked once it says it lacks nodes.
     h.wait_until(|| async {
         let key = format!("p2-apiserver/conditions/rcs/{rc}");
@@ -154,10 +141,7 @@ async fn a_pod_left_without_intent_by_a_disabled_rc_is_taken_by_another() {
     let h = Harness::start().await;
     h.label(LabelType::Node, "node1", json!({"role": "web"}))
         .await;
-    let rc = |disabled: bool| {
-        json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-               "replicas_desired": 1, "disabled": disabled, "allocation_strategy": ""})
-    };
+    let rc = |disabled: bool| rc_doc(MANIFEST, "role=web", 1).disabled(disabled);
     let old = h.put_rc(rc(false)).await;
     h.wait_for_rc_nodes(&old, 1).await;
     h.edit_rc(&old, |doc| doc["disabled"] = true.into()).await;
@@ -186,12 +170,7 @@ async fn a_node_with_unreadable_pod_labels_does_not_hold_up_the_rc() {
         .put("labels/pod/node1/hello", b"not a label set", Cas::Any)
         .await
         .unwrap();
-    let id = h
-        .put_rc(
-            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": 2, "disabled": false, "allocation_strategy": ""}),
-        )
-        .await;
+    let id = h.put_rc(rc_doc(MANIFEST, "role=web", 2)).await;
     assert_eq!(h.wait_for_rc_nodes(&id, 2).await, ["node2", "node3"]);
     assert_eq!(h.intent("node1", "hello").await, None);
 }
@@ -212,12 +191,7 @@ async fn too_few_eligible_nodes_raise_an_alert() {
     let h = Harness::start_with_alerts(Some(webhook.uri())).await;
     h.label(LabelType::Node, "node1", json!({"role": "web"}))
         .await;
-    let id = h
-        .put_rc(
-            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": 2, "disabled": false, "allocation_strategy": ""}),
-        )
-        .await;
+    let id = h.put_rc(rc_doc(MANIFEST, "role=web", 2)).await;
     h.wait_for_rc_nodes(&id, 1).await;
     let alert = h
         .wait_until(|| async {
@@ -239,8 +213,7 @@ async fn too_few_eligible_nodes_raise_an_alert() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_locks_and_conditions_of_deleted_rcs_are_removed() {
     let h = Harness::start().await;
-    let rc = json!({"manifest": MANIFEST, "node_selector": "", "pod_labels": null,
-                    "replicas_desired": 0, "disabled": false, "allocation_strategy": ""});
+    let rc = rc_doc(MANIFEST, "", 0).pod_labels(serde_json::Value::Null);
     let mut ids = Vec::new();
     for _ in 0..p2_apiserver::kv::MAX_TXN_OPS + 10 {
         ids.push(h.put_rc(rc.clone()).await);
@@ -301,8 +274,7 @@ async fn schedules_a_large_manifest_on(backend: Backend) {
     label_web_nodes(&h, 20).await;
     let manifest = large_manifest();
     let id = h
-        .put_rc(json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": 20, "disabled": false, "allocation_strategy": "static_strategy"}))
+        .put_rc(rc_doc(&manifest, "role=web", 20).strategy("static_strategy"))
         .await;
     let nodes = h.wait_for_rc_nodes(&id, 20).await;
     assert_eq!(
@@ -335,12 +307,7 @@ async fn schedules_an_rc_whose_audit_record_fills_most_of_a_transaction_on(backe
             .await;
     }
     let manifest = format!("{MANIFEST}config:\n  blob: {}\n", "x".repeat(2_000));
-    let id = h
-        .put_rc(
-            json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": NODES, "disabled": false, "allocation_strategy": ""}),
-        )
-        .await;
+    let id = h.put_rc(rc_doc(&manifest, "role=web", NODES)).await;
     h.wait_for_rc_nodes(&id, NODES).await;
 }
 
@@ -362,10 +329,7 @@ async fn schedules_an_rc_of_large_pod_labels_on(backend: Backend) {
     label_web_nodes(&h, 20).await;
     let labels = large_pod_labels();
     let id = h
-        .put_rc(
-            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": labels,
-                       "replicas_desired": 20, "disabled": false, "allocation_strategy": ""}),
-        )
+        .put_rc(rc_doc(MANIFEST, "role=web", 20).pod_labels(labels))
         .await;
     let nodes = h.wait_for_rc_nodes(&id, 20).await;
     assert_eq!(h.pod_labels(&nodes[0], "hello").await.len(), 602);
@@ -390,12 +354,7 @@ async fn a_pod_is_not_placed_for_an_rc_deleted_while_its_placement_was_on_its_wa
     let (h, store) = Harness::start_counted().await;
     h.label(LabelType::Node, "n1", json!({"role": "web"})).await;
     let held = store.hold_next_txn_on("intent/");
-    let id = h
-        .put_rc(
-            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": 1, "disabled": false, "allocation_strategy": ""}),
-        )
-        .await;
+    let id = h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await;
     held.reached().await;
     // As a client would through the API: scaled to 0 (nothing placed yet), then deleted.
     h.set_replicas(&id, 0).await;
@@ -448,12 +407,7 @@ async fn an_rc_is_scheduled_and_scaled_on_four_nodes(h: &Harness) {
         h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
             .await;
     }
-    let id = h
-        .put_rc(
-            json!({"manifest": MANIFEST, "node_selector": "role=web", "pod_labels": {},
-                       "replicas_desired": 2, "disabled": false, "allocation_strategy": ""}),
-        )
-        .await;
+    let id = h.put_rc(rc_doc(MANIFEST, "role=web", 2)).await;
     h.wait_for_rc_nodes(&id, 2).await;
     h.set_replicas(&id, 3).await;
     h.wait_for_rc_nodes(&id, 3).await;

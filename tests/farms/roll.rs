@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::support::farms::{
-    alert_webhook, slow_alert_webhook, Backend, Harness, Snapshot, MANIFEST,
+    alert_webhook, rc_doc, slow_alert_webhook, Backend, Harness, Snapshot, MANIFEST,
 };
 use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
@@ -14,12 +14,6 @@ use serde_json::json;
 
 const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
 
-/// An RC document over the web nodes.
-fn rc(manifest: &str, replicas: i64) -> serde_json::Value {
-    json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {},
-           "replicas_desired": replicas, "disabled": false, "allocation_strategy": ""})
-}
-
 /// An RC of `replicas` over `nodes` web nodes run by fake agents, once its pods are all
 /// healthy; returns its id.
 async fn healthy_rc(h: &Harness, nodes: usize, replicas: usize) -> String {
@@ -28,7 +22,7 @@ async fn healthy_rc(h: &Harness, nodes: usize, replicas: usize) -> String {
             .await;
     }
     h.run_fake_nodes(Duration::from_millis(50));
-    let old = h.put_rc(rc(MANIFEST, replicas as i64)).await;
+    let old = h.put_rc(rc_doc(MANIFEST, "role=web", replicas)).await;
     h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&replicas)).then_some(()) })
         .await;
     old
@@ -38,7 +32,7 @@ async fn healthy_rc(h: &Harness, nodes: usize, replicas: usize) -> String {
 async fn rolls_keep_the_minimum_healthy_and_clean_up() {
     let h = Harness::start().await;
     let old = healthy_rc(&h, 5, 4).await;
-    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
+    let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll(&old, &new, 4, 3).await;
 
     let lowest = AtomicUsize::new(usize::MAX);
@@ -78,7 +72,7 @@ async fn rolls_keep_the_minimum_healthy_and_clean_up() {
 /// Starts a roll from `old` (4 replicas) to a fresh RC and waits until the farm holds both
 /// RCs' mutation locks; returns the new RC's id.
 async fn start_roll(h: &Harness, old: &str, minimum: i64) -> String {
-    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
+    let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 4, "MinimumReplicas": minimum,
                       "LeaveOld": false, "RollDelay": 3_600_000_000_000u64});
     h.put_roll_doc(roll).await;
@@ -103,7 +97,7 @@ async fn a_cancelled_roll_frees_both_rcs() {
         h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
             .await;
     }
-    let old = h.put_rc(rc(MANIFEST, 4)).await;
+    let old = h.put_rc(rc_doc(MANIFEST, "role=web", 4)).await;
     h.wait_for_rc_nodes(&old, 4).await;
     // Minimum 4 with nothing healthy: the roll holds its locks but cannot take a step.
     let new = start_roll(&h, &old, 4).await;
@@ -128,7 +122,7 @@ async fn a_roll_whose_rc_vanishes_is_cleaned_up() {
     let h = Harness::start().await;
     h.label(LabelType::Node, "node1", json!({"role": "web"}))
         .await;
-    let old = h.put_rc(rc(MANIFEST, 1)).await;
+    let old = h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await;
     let new = start_roll(&h, &old, 1).await;
     h.store
         .delete(&format!("replication_controllers/{old}"), Cas::Any)
@@ -157,7 +151,7 @@ async fn a_roll_held_at_its_minimum_raises_an_alert() {
     let h = Harness::start_with_alerts(Some(webhook.uri())).await;
     let old = healthy_rc(&h, 3, 3).await;
     // A minimum equal to every pod there is: no step can keep it.
-    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
+    let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll(&old, &new, 3, 3).await;
     let description = h.alert_about(&webhook, &new).await;
     assert!(
@@ -178,9 +172,9 @@ async fn rolls_rcs_too_large_to_write_together_on(backend: Backend) {
     }
     h.run_fake_nodes(Duration::from_millis(100));
     let large = |manifest: &str| format!("{manifest}config:\n  blob: {}\n", "x".repeat(200_000));
-    let old = h.put_rc(rc(&large(MANIFEST), 1)).await;
+    let old = h.put_rc(rc_doc(&large(MANIFEST), "role=web", 1)).await;
     h.wait_for_rc_nodes(&old, 1).await;
-    let new = h.put_rc(rc(&large(NEW_MANIFEST), 0)).await;
+    let new = h.put_rc(rc_doc(&large(NEW_MANIFEST), "role=web", 0)).await;
     h.put_roll(&old, &new, 1, 0).await;
     let store = &h.store;
     h.wait_until(|| async {
@@ -218,26 +212,17 @@ async fn a_slow_alert_webhook_holds_up_no_other_roll() {
     }
     h.run_fake_nodes(Duration::from_millis(50));
     // Eleven rolls from one RC, sorting first: all but the first wait for it, and alert.
-    let shared = h
-        .put_rc(json!({"manifest": MANIFEST, "node_selector": "role=none",
-                                 "pod_labels": {}, "replicas_desired": 0, "disabled": false,
-                                 "allocation_strategy": ""}))
-        .await;
+    let shared = h.put_rc(rc_doc(MANIFEST, "role=none", 0)).await;
     for i in 0..11 {
         let new = format!("00000000-0000-4000-8000-{i:012}");
-        h.put_rc_as(
-            &new,
-            json!({"manifest": NEW_MANIFEST, "node_selector": "role=none",
-                                 "pod_labels": {}, "replicas_desired": 0, "disabled": false,
-                                 "allocation_strategy": ""}),
-        )
-        .await;
+        h.put_rc_as(&new, rc_doc(NEW_MANIFEST, "role=none", 0))
+            .await;
         h.put_roll(&shared, &new, 1, 0).await;
     }
-    let old = h.put_rc(rc(MANIFEST, 1)).await;
+    let old = h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await;
     h.wait_for_rc_nodes(&old, 1).await;
     let new = "ffffffff-0000-4000-8000-000000000000";
-    h.put_rc_as(new, rc(NEW_MANIFEST, 0)).await;
+    h.put_rc_as(new, rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll(&old, new, 1, 0).await;
     let store = &h.store;
     h.wait_until(|| async {
@@ -255,7 +240,7 @@ async fn a_slow_alert_webhook_holds_up_no_other_roll() {
 async fn a_roll_of_impossible_counts_moves_nothing() {
     let h = Harness::start().await;
     let old = healthy_rc(&h, 2, 2).await;
-    let new = h.put_rc(rc(NEW_MANIFEST, 0)).await;
+    let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll_doc(json!({"OldRC": old, "NewRC": new, "DesiredReplicas": -1,
                           "MinimumReplicas": 0, "LeaveOld": false, "RollDelay": 0}))
         .await;
@@ -287,7 +272,7 @@ async fn a_roll_of_impossible_counts_moves_nothing() {
 async fn a_roll_to_a_new_rc_short_of_its_count_keeps_the_minimum() {
     let h = Harness::start().await;
     let old = healthy_rc(&h, 3, 3).await;
-    let new = h.put_rc(rc(NEW_MANIFEST, 3)).await;
+    let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 3)).await;
     h.put_roll(&old, &new, 3, 2).await;
     let conditions = layout::conditions(ObjectKind::Rolls, &new);
     let keeps_the_minimum = |snapshot: &Snapshot| {
@@ -331,9 +316,7 @@ async fn a_roll_leaving_the_old_rc_ends_with_it_at_its_count() {
         )
         .await;
     }
-    let mut doc = rc(NEW_MANIFEST, 0);
-    doc["node_selector"] = "role=next".into();
-    let new = h.put_rc(doc).await;
+    let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=next", 0)).await;
     h.put_roll_doc(json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 2,
                           "MinimumReplicas": 1, "LeaveOld": true, "RollDelay": 0}))
         .await;

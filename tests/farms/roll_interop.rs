@@ -10,7 +10,9 @@
 use std::time::Duration;
 
 use crate::support::farms::p2::{self, P2RcFarm, P2Roll};
-use crate::support::farms::{alert_webhook, warnings, Backend, Harness, Snapshot, MANIFEST};
+use crate::support::farms::{
+    alert_webhook, rc_doc, warnings, Backend, Harness, RcDoc, Snapshot, MANIFEST,
+};
 use p2_apiserver::labels::LabelType;
 use serde_json::json;
 
@@ -23,9 +25,10 @@ const MINIMUM: usize = 2;
 const START: Duration = Duration::from_millis(100);
 
 /// An RC document over the web nodes.
-fn rc(manifest: &str, replicas: usize) -> serde_json::Value {
-    json!({"manifest": manifest, "node_selector": "role=web", "pod_labels": {"app": "hello"},
-           "replicas_desired": replicas, "disabled": false, "allocation_strategy": "static_strategy"})
+fn rc(manifest: &str, replicas: usize) -> RcDoc {
+    rc_doc(manifest, "role=web", replicas)
+        .pod_labels(json!({"app": "hello"}))
+        .strategy("static_strategy")
 }
 
 /// The nodes a roll runs on.
@@ -67,7 +70,7 @@ async fn fleet(backend: Backend, nodes: Nodes) -> Harness {
 
 /// The new RC's document (0 replicas) for `nodes`.
 fn new_rc(nodes: Nodes) -> serde_json::Value {
-    let mut doc = rc(NEW_MANIFEST, 0);
+    let mut doc: serde_json::Value = rc(NEW_MANIFEST, 0).into();
     if let Nodes::Elsewhere = nodes {
         doc["node_selector"] = "role=next".into();
     }

@@ -44,6 +44,55 @@ pub fn large_pod_labels() -> serde_json::Map<String, serde_json::Value> {
         .collect()
 }
 
+/// An RC document as P2 stores it, but for its id (which [`Harness::put_rc`] adds):
+/// `replicas` pods of `manifest` on the nodes `selector` picks, enabled, with no pod labels
+/// and no allocation strategy set (`""`). Its methods set the rest.
+pub fn rc_doc(manifest: &str, selector: &str, replicas: usize) -> RcDoc {
+    RcDoc(
+        serde_json::json!({"manifest": manifest, "node_selector": selector,
+                             "pod_labels": {}, "replicas_desired": replicas,
+                             "disabled": false, "allocation_strategy": ""}),
+    )
+}
+
+/// The document [`rc_doc`] builds.
+#[derive(Clone)]
+pub struct RcDoc(serde_json::Value);
+
+impl RcDoc {
+    pub fn id(mut self, id: &str) -> RcDoc {
+        self.0["id"] = id.into();
+        self
+    }
+
+    pub fn pod_labels(mut self, labels: impl Into<serde_json::Value>) -> RcDoc {
+        self.0["pod_labels"] = labels.into();
+        self
+    }
+
+    pub fn disabled(mut self, disabled: bool) -> RcDoc {
+        self.0["disabled"] = disabled.into();
+        self
+    }
+
+    pub fn strategy(mut self, strategy: &str) -> RcDoc {
+        self.0["allocation_strategy"] = strategy.into();
+        self
+    }
+}
+
+impl From<RcDoc> for serde_json::Value {
+    fn from(doc: RcDoc) -> serde_json::Value {
+        doc.0
+    }
+}
+
+impl std::fmt::Display for RcDoc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// How long a test waits for the farms to converge before failing: a bound for a test
 /// that fails, not a figure, so generous. The heaviest test (an RC on 1,400 nodes whose
 /// audit record fills most of each transaction) takes about 11 s on an idle 2-core
@@ -242,14 +291,15 @@ impl Harness {
     }
 
     /// Stores an RC document as given (plus a fresh id) and returns the id.
-    pub async fn put_rc(&self, doc: serde_json::Value) -> String {
+    pub async fn put_rc(&self, doc: impl Into<serde_json::Value>) -> String {
         let id = uuid::Uuid::new_v4().to_string();
         self.put_rc_as(&id, doc).await;
         id
     }
 
     /// Stores an RC document as given, with id `id`.
-    pub async fn put_rc_as(&self, id: &str, mut doc: serde_json::Value) {
+    pub async fn put_rc_as(&self, id: &str, doc: impl Into<serde_json::Value>) {
+        let mut doc: serde_json::Value = doc.into();
         doc["id"] = id.into();
         let key = format!("replication_controllers/{id}");
         self.store

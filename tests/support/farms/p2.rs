@@ -161,7 +161,8 @@ impl P2RcFarm {
     }
 
     /// Writes an RC document (plus a fresh id) that this farm owns; returns the id.
-    pub async fn put_rc(&self, mut doc: Value) -> String {
+    pub async fn put_rc(&self, doc: impl Into<Value>) -> String {
+        let mut doc: Value = doc.into();
         let id = uuid::Uuid::new_v4().to_string();
         let lock = format!("lock/replication_controllers/{id}");
         assert!(self.store.acquire(&lock, b"", &self.session).await.unwrap());
