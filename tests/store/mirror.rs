@@ -101,6 +101,13 @@ impl Drop for Running {
     }
 }
 
+/// Puts `value` at `key` in `store`, as another writer would; returns the pair as stored,
+/// with the index it was written at.
+async fn put_and_get(store: &dyn KvStore, key: &str, value: &[u8]) -> KvPair {
+    store.put(key, value, Cas::Any).await.unwrap();
+    store.get(key).await.unwrap().unwrap()
+}
+
 /// Every pair of every followed tree, as the store holds them.
 async fn stored(store: &dyn KvStore) -> Vec<KvPair> {
     let mut pairs = Vec::new();
@@ -306,8 +313,7 @@ async fn a_write_is_readable_at_once_or_after_waiting_for_its_index() {
         assert!(mirror.index() >= written.modify_index);
 
         // Through another server: visible once the mirror reaches the write's index.
-        store.put("labels/node/b", b"{}", Cas::Any).await.unwrap();
-        let written = store.get("labels/node/b").await.unwrap().unwrap();
+        let written = put_and_get(store.as_ref(), "labels/node/b", b"{}").await;
         assert!(mirror.wait_for(written.modify_index, PATIENCE).await);
         assert_eq!(mirror.get("labels/node/b").unwrap().pair, written);
         let labels = mirror.labels_of(LabelType::Node, "a").unwrap();
@@ -366,8 +372,7 @@ async fn a_reader_waiting_for_a_tree_does_not_wait_out_its_reread_interval() {
             ..config()
         };
         let (mirror, _running) = started(store.clone(), paced).await;
-        store.put("labels/node/b", b"{}", Cas::Any).await.unwrap();
-        let written = store.get("labels/node/b").await.unwrap().unwrap();
+        let written = put_and_get(store.as_ref(), "labels/node/b", b"{}").await;
         assert!(mirror.wait_for(written.modify_index, PATIENCE).await);
         assert_eq!(mirror.get("labels/node/b").unwrap().pair, written);
     })
@@ -501,15 +506,11 @@ async fn a_store_restored_under_waiting_watches_is_read_afresh_within_heartbeats
 async fn a_tree_whose_index_goes_back_as_consul_reaps_a_tombstone_is_taken_in_alone() {
     let backend = sqlite().await;
     let store = backend.store.clone();
-    store.put("labels/node/a", b"{}", Cas::Any).await.unwrap();
+    let newest_key = put_and_get(store.as_ref(), "labels/node/a", b"{}")
+        .await
+        .modify_index;
     store.put("labels/node/b", b"{}", Cas::Any).await.unwrap();
     store.delete("labels/node/b", Cas::Any).await.unwrap();
-    let newest_key = store
-        .get("labels/node/a")
-        .await
-        .unwrap()
-        .unwrap()
-        .modify_index;
     let switch = Switchable::new(store.clone());
     let config = MirrorConfig {
         watch_wait: Duration::from_millis(300),
@@ -672,9 +673,9 @@ async fn node_labels_held_behind_the_rcs(
     switch.hold_watches(Some("labels/node/"));
     tokio::time::sleep(Duration::from_millis(100)).await;
     store.put("labels/node/c", b"{}", Cas::Any).await.unwrap();
-    let rc = "replication_controllers/x";
-    store.put(rc, b"{}", Cas::Any).await.unwrap();
-    let rc_index = store.get(rc).await.unwrap().unwrap().modify_index;
+    let rc_index = put_and_get(store, "replication_controllers/x", b"{}")
+        .await
+        .modify_index;
     eventually(|| mirror.listed_index(&[Tree::Rcs]) >= rc_index).await;
     [Tree::Rcs, Tree::Labels(LabelType::Node)]
 }
@@ -989,15 +990,7 @@ async fn catching_up_a_tree_that_holds_nothing_with_a_write_elsewhere_does_not_w
     let (mirror, _running) = started(store.clone(), config).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    store
-        .put("replication_controllers/x", b"{}", Cas::Any)
-        .await
-        .unwrap();
-    let written = store
-        .get("replication_controllers/x")
-        .await
-        .unwrap()
-        .unwrap();
+    let written = put_and_get(store.as_ref(), "replication_controllers/x", b"{}").await;
     eventually(|| mirror.listed_index(&[Tree::Rcs]) >= written.modify_index).await;
     let trees = [Tree::Rolls, Tree::Rcs];
     assert!(
@@ -1035,17 +1028,13 @@ async fn an_answer_read_tree_by_tree_claims_no_index_its_first_listing_lacks() {
     let reader = MirrorReader::answering(mirror.clone(), &trees);
     let intents = reader.list("intent/").await.unwrap();
     // Another writer, between the handler's two listings: an intent, then a pod label.
-    store.put("intent/node1/b", b"{}", Cas::Any).await.unwrap();
+    let intent_b = put_and_get(store.as_ref(), "intent/node1/b", b"{}")
+        .await
+        .modify_index;
     store
         .put("labels/pod/node1/b", b"{}", Cas::Any)
         .await
         .unwrap();
-    let intent_b = store
-        .get("intent/node1/b")
-        .await
-        .unwrap()
-        .unwrap()
-        .modify_index;
     assert_converges(&mirror, store.as_ref()).await;
     assert!(mirror.catch_up(&trees, PATIENCE).await);
     let labels = reader.list("labels/pod/").await.unwrap();
@@ -1070,16 +1059,8 @@ async fn a_probe_across_a_resync_marks_nothing_of_the_old_store() {
 
     // A change to the RCs: the node labels are behind it until a reader probes them; the
     // probe is slow.
-    old.store
-        .put("replication_controllers/late", b"{}", Cas::Any)
+    let late = put_and_get(old.store.as_ref(), "replication_controllers/late", b"{}")
         .await
-        .unwrap();
-    let late = old
-        .store
-        .get("replication_controllers/late")
-        .await
-        .unwrap()
-        .unwrap()
         .modify_index;
     eventually(|| mirror.listed_index(&[Tree::Rcs]) >= late).await;
     *switch.slow_keys.lock().unwrap() = Some("labels/node/".to_owned());
