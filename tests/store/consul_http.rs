@@ -694,6 +694,17 @@ impl Respond for LandedRead {
     }
 }
 
+/// Expects the one `PUT /v1/kv/rc/1`, and drops its connection: the put went out, and its
+/// answer was lost.
+async fn lose_put_of_rc_1(server: &MockServer) {
+    Mock::given(method("PUT"))
+        .and(path("/v1/kv/rc/1"))
+        .respond_with_err(drop_connection)
+        .expect(1)
+        .mount(server)
+        .await;
+}
+
 #[tokio::test]
 async fn a_lost_cas_put_that_landed_is_a_success() {
     let server = MockServer::start().await;
@@ -727,12 +738,7 @@ async fn a_lost_cas_put_that_landed_is_a_success() {
 #[tokio::test]
 async fn a_lost_cas_put_overtaken_by_another_writer_has_an_unknown_outcome() {
     let server = MockServer::start().await;
-    Mock::given(method("PUT"))
-        .and(path("/v1/kv/rc/1"))
-        .respond_with_err(drop_connection)
-        .expect(1)
-        .mount(&server)
-        .await;
+    lose_put_of_rc_1(&server).await;
     // The same value at a newer index, but written by someone else (other flags).
     expect_check_read(
         &server,
@@ -752,12 +758,7 @@ async fn a_lost_cas_put_overtaken_by_another_writer_has_an_unknown_outcome() {
 #[tokio::test]
 async fn a_lost_cas_put_not_seen_by_the_check_has_an_unknown_outcome() {
     let server = MockServer::start().await;
-    Mock::given(method("PUT"))
-        .and(path("/v1/kv/rc/1"))
-        .respond_with_err(drop_connection)
-        .expect(1)
-        .mount(&server)
-        .await;
+    lose_put_of_rc_1(&server).await;
     expect_check_read(
         &server,
         "rc/1",
@@ -776,12 +777,7 @@ async fn a_lost_cas_put_not_seen_by_the_check_has_an_unknown_outcome() {
 #[tokio::test]
 async fn a_lost_cas_put_whose_check_cannot_be_read_has_an_unknown_outcome() {
     let server = MockServer::start().await;
-    Mock::given(method("PUT"))
-        .and(path("/v1/kv/rc/1"))
-        .respond_with_err(drop_connection)
-        .expect(1)
-        .mount(&server)
-        .await;
+    lose_put_of_rc_1(&server).await;
     Mock::given(method("GET"))
         .and(path("/v1/kv/rc/1"))
         .and(query_param("consistent", ""))
