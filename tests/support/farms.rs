@@ -383,24 +383,7 @@ impl Harness {
 
     /// The nodes whose pod labels name the RC, sorted.
     pub async fn rc_nodes(&self, id: &str) -> Vec<String> {
-        let listing = self.store.list("labels/pod/").await.unwrap();
-        let mut nodes: Vec<String> = listing
-            .pairs
-            .iter()
-            .filter(|pair| {
-                let labels: Labels = serde_json::from_slice(&pair.value).unwrap_or_default();
-                labels.get("replication_controller_id").map(String::as_str) == Some(id)
-            })
-            .filter_map(|pair| {
-                pair.key
-                    .strip_prefix("labels/pod/")?
-                    .split('/')
-                    .next()
-                    .map(str::to_owned)
-            })
-            .collect();
-        nodes.sort();
-        nodes
+        self.labelled_nodes("replication_controller_id", id).await
     }
 
     pub async fn wait_for_rc_nodes(&self, id: &str, count: usize) -> Vec<String> {
