@@ -56,17 +56,10 @@ fn ds(selector: &str, min_health: i64) -> Value {
            "timeout": 60_000_000_000_u64})
 }
 
-async fn web_nodes(h: &Harness, count: usize) {
-    for i in 1..=count {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
-}
-
 /// Three web nodes running pods, an old RC with `replicas` of them healthy, and a new RC
 /// with none, to roll between; returns the old RC's id and the new one's.
 async fn rcs_to_roll(h: &Harness, replicas: usize) -> (String, String) {
-    web_nodes(h, 3).await;
+    h.web_nodes(3).await;
     h.run_fake_nodes(Duration::from_millis(50));
     let old = h.put_rc(rc_doc(MANIFEST, "role=web", replicas)).await;
     h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&replicas)).then_some(()) })
@@ -133,7 +126,7 @@ async fn a_roll_with_minimum_equal_to_desired_is_stalled_and_alerted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rc_selecting_too_few_nodes_is_degraded_until_it_goes() {
     let h = Harness::start().await;
-    web_nodes(&h, 2).await;
+    h.web_nodes(2).await;
     h.label(LabelType::Node, "db1", json!({"role": "db"})).await;
     let id = h.put_rc(rc_doc(MANIFEST, "role=web", 5)).await;
     let degraded = wait_for(
@@ -223,7 +216,7 @@ async fn placed(h: &Harness, id: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_written_with_a_placement_tell_the_pods_placed() {
     let h = Harness::start().await;
-    web_nodes(&h, 2).await;
+    h.web_nodes(2).await;
     let id = h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await;
     let written = placed(&h, &id).await;
     let intents = h.store.list(layout::INTENT).await.unwrap().pairs;
@@ -234,7 +227,7 @@ async fn conditions_written_with_a_placement_tell_the_pods_placed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_that_still_hold_are_not_written_again() {
     let h = Harness::start().await;
-    web_nodes(&h, 2).await;
+    h.web_nodes(2).await;
     let first = h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await;
     let settled = placed(&h, &first).await;
     // Every pass looks at every RC: those that place a later RC, and the one after, find
@@ -251,7 +244,7 @@ async fn conditions_that_still_hold_are_not_written_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_changed_by_one_write_are_stored_in_one_transaction() {
     let h = Harness::start().await;
-    web_nodes(&h, 3).await;
+    h.web_nodes(3).await;
     let mut ids = Vec::new();
     for _ in 0..3 {
         ids.push(h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await);
@@ -302,7 +295,7 @@ async fn conditions_changed_by_one_write_are_stored_in_one_transaction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contending_daemon_set_says_with_which() {
     let h = Harness::start().await;
-    web_nodes(&h, 2).await;
+    h.web_nodes(2).await;
     let first = h.put_ds(ds("role=web", 0)).await;
     wait_for(
         &h,
@@ -342,7 +335,7 @@ async fn a_contending_daemon_set_says_with_which() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_set_held_by_min_health_is_blocked() {
     let h = Harness::start().await;
-    web_nodes(&h, 2).await;
+    h.web_nodes(2).await;
     h.run_fake_nodes(Duration::from_millis(50));
     let id = h.put_ds(ds("role=web", 2)).await;
     wait_for(

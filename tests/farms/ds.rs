@@ -25,13 +25,6 @@ fn sha(manifest: &str) -> String {
     Manifest::parse(manifest).unwrap().sha()
 }
 
-async fn web_nodes(h: &Harness, count: usize) {
-    for i in 1..=count {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
-}
-
 async fn wait_for_ds_nodes(h: &Harness, id: &str, expected: &[&str]) {
     h.wait_until(|| async { (h.labelled_nodes(DS_ID, id).await == expected).then_some(()) })
         .await;
@@ -73,7 +66,7 @@ async fn report_healthy(store: &dyn KvStore, node: &str, pod_id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lands_on_matching_nodes_and_leaves_relabelled_ones_but_never_all() {
     let h = Harness::start().await;
-    web_nodes(&h, 3).await;
+    h.web_nodes(3).await;
     h.label(LabelType::Node, "node4", json!({"role": "db"}))
         .await;
     // A matching node already running pod `hello` for someone else is left alone.
@@ -122,7 +115,7 @@ async fn lands_on_matching_nodes_and_leaves_relabelled_ones_but_never_all() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_labels_cannot_be_read_keeps_its_pod() {
     let h = Harness::start().await;
-    web_nodes(&h, 3).await;
+    h.web_nodes(3).await;
     let id = h
         .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
         .await;
@@ -147,7 +140,7 @@ async fn a_node_whose_labels_cannot_be_read_keeps_its_pod() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_two_contending_daemon_sets_the_newer_is_disabled() {
     let h = Harness::start().await;
-    web_nodes(&h, 2).await;
+    h.web_nodes(2).await;
     let older = h
         .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
         .await;
@@ -179,7 +172,7 @@ async fn of_two_contending_daemon_sets_the_newer_is_disabled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_whose_intent_went_is_left_to_the_rc_its_labels_name() {
     let h = Harness::start().await;
-    web_nodes(&h, 3).await;
+    h.web_nodes(3).await;
     let rc = h
         .put_rc(rc_doc(MANIFEST, "role=web", 1).strategy("static_strategy"))
         .await;
@@ -265,7 +258,7 @@ async fn a_pod_labelled_for_an_rc_too_is_left_to_the_rc() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_daemon_sets_pod_labelled_for_an_rc_too_keeps_running() {
     let h = Harness::start().await;
-    web_nodes(&h, 1).await;
+    h.web_nodes(1).await;
     let rc = h.put_rc(rc_doc(MANIFEST, "role=web", 1)).await;
     h.wait_for_rc_nodes(&rc, 1).await;
     let ds = h
@@ -300,7 +293,7 @@ async fn a_deleted_daemon_sets_pod_labelled_for_an_rc_too_keeps_running() {
 /// A daemon set of `min_health` over `nodes` web nodes run by fake agents, once every node
 /// runs its pod healthy; returns its id.
 async fn deployed_daemon_set(h: &Harness, nodes: usize, min_health: i64) -> String {
-    web_nodes(h, nodes).await;
+    h.web_nodes(nodes).await;
     h.run_fake_nodes(Duration::from_millis(100));
     let id = h
         .put_ds(ds_doc("role=web", min_health, Duration::from_secs(600)))
@@ -339,7 +332,7 @@ async fn a_manifest_change_rolls_node_by_node_keeping_min_health() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manifest_that_never_comes_up_stops_at_min_health() {
     let h = Harness::start().await;
-    web_nodes(&h, 5).await;
+    h.web_nodes(5).await;
     let id = h
         .put_ds(ds_doc("role=web", 3, Duration::from_millis(200)))
         .await;
@@ -367,7 +360,7 @@ async fn a_manifest_that_never_comes_up_stops_at_min_health() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dangling_pods_are_cleaned_up_but_an_empty_tree_wipes_nothing_unseen() {
     let h = Harness::start().await;
-    web_nodes(&h, 2).await;
+    h.web_nodes(2).await;
     // Pods of a daemon set this term never saw, while no daemon set is listed.
     let unknown = uuid::Uuid::new_v4().to_string();
     h.store
@@ -425,7 +418,7 @@ async fn dangling_pods_are_cleaned_up_but_an_empty_tree_wipes_nothing_unseen() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_set_of_a_large_manifest_is_scheduled_through_consul() {
     let h = Harness::start_on(Backend::FakeConsul, None).await;
-    web_nodes(&h, 20).await;
+    h.web_nodes(20).await;
     // 60 KB: twenty intents of it are more than a transaction may carry.
     let manifest = format!("{MANIFEST}config:\n  blob: {}\n", "x".repeat(60_000));
     let mut doc = ds_doc("role=web", 0, Duration::from_secs(600));
@@ -443,7 +436,7 @@ async fn a_daemon_set_of_a_large_manifest_is_scheduled_through_consul() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_daemon_sets_label_comes_off_pods_with_large_labels() {
     let h = Harness::start().await;
-    web_nodes(&h, 20).await;
+    h.web_nodes(20).await;
     let labels = large_pod_labels();
     let rc = h
         .put_rc(rc_doc(MANIFEST, "role=web", 20).pod_labels(labels))
@@ -470,7 +463,7 @@ async fn a_deleted_daemon_sets_label_comes_off_pods_with_large_labels() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_record_of_a_deleted_daemon_set_is_removed() {
     let h = Harness::start().await;
-    web_nodes(&h, 1).await;
+    h.web_nodes(1).await;
     let id = h
         .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
         .await;
@@ -562,7 +555,7 @@ async fn a_rollout_paused_while_its_write_was_on_its_way_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gone_daemon_sets_pods_another_farm_owns_are_left_to_it() {
     let h = Harness::start().await;
-    web_nodes(&h, 1).await;
+    h.web_nodes(1).await;
     // Cleaned up in id order: the owned one comes first, so the other's removal shows that
     // the cleanup has looked at it.
     let owned = "00000000-0000-4000-8000-000000000001";

@@ -32,17 +32,10 @@ async fn finished(h: &Harness, id: &str) -> Value {
     .await
 }
 
-async fn web_nodes(h: &Harness, count: usize) {
-    for i in 1..=count {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_the_farm_completes_is_recorded_as_succeeded_with_farm_events() {
     let h = Harness::start().await;
-    web_nodes(&h, 3).await;
+    h.web_nodes(3).await;
     h.run_fake_nodes(Duration::from_millis(50));
     let old = h.put_rc(rc_doc(MANIFEST, "role=web", 2)).await;
     h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&2)).then_some(()) })
@@ -91,7 +84,7 @@ async fn a_roll_the_farm_completes_is_recorded_as_succeeded_with_farm_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retiring_a_shrinking_rolls_old_rc_is_recorded() {
     let h = Harness::start().await;
-    web_nodes(&h, 3).await;
+    h.web_nodes(3).await;
     h.run_fake_nodes(Duration::from_millis(50));
     let old = h.put_rc(rc_doc(MANIFEST, "role=web", 3)).await;
     h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&3)).then_some(()) })
@@ -118,7 +111,7 @@ async fn retiring_a_shrinking_rolls_old_rc_is_recorded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_whose_rc_is_deleted_underneath_is_recorded_as_failed() {
     let h = Harness::start().await;
-    web_nodes(&h, 2).await;
+    h.web_nodes(2).await;
     let old = h.put_rc(rc_doc(MANIFEST, "role=web", 0)).await;
     let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll(&old, &new, 5, 5).await;
@@ -251,7 +244,7 @@ async fn moves(h: &Harness, kind: &str, id: &str) -> Vec<(Vec<String>, Vec<Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduled_event_names_only_the_nodes_that_changed() {
     let h = Harness::start().await;
-    web_nodes(&h, 4).await;
+    h.web_nodes(4).await;
     let id = h.put_rc(rc_doc(MANIFEST, "role=web", 2)).await;
     let first = h.wait_for_rc_nodes(&id, 2).await;
     h.set_replicas(&id, 3).await;

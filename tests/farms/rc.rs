@@ -162,10 +162,7 @@ async fn a_pod_left_without_intent_by_a_disabled_rc_is_taken_by_another() {
 async fn a_node_with_unreadable_pod_labels_does_not_hold_up_the_rc() {
     use p2_apiserver::kv::Cas;
     let h = Harness::start().await;
-    for i in 1..=3 {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
+    h.web_nodes(3).await;
     h.store
         .put("labels/pod/node1/hello", b"not a label set", Cas::Any)
         .await
@@ -403,10 +400,7 @@ async fn an_rc_is_scheduled_and_scaled_through_consul_written_faster_than_a_roun
 
 /// An RC of two pods on four web nodes is scheduled, then scaled to three.
 async fn an_rc_is_scheduled_and_scaled_on_four_nodes(h: &Harness) {
-    for i in 1..=4 {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
+    h.web_nodes(4).await;
     let id = h.put_rc(rc_doc(MANIFEST, "role=web", 2)).await;
     h.wait_for_rc_nodes(&id, 2).await;
     h.set_replicas(&id, 3).await;

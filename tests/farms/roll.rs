@@ -17,10 +17,7 @@ const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type
 /// An RC of `replicas` over `nodes` web nodes run by fake agents, once its pods are all
 /// healthy; returns its id.
 async fn healthy_rc(h: &Harness, nodes: usize, replicas: usize) -> String {
-    for i in 1..=nodes {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
+    h.web_nodes(nodes).await;
     h.run_fake_nodes(Duration::from_millis(50));
     let old = h.put_rc(rc_doc(MANIFEST, "role=web", replicas)).await;
     h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&replicas)).then_some(()) })
@@ -93,10 +90,7 @@ async fn mutation_locks(h: &Harness) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_roll_frees_both_rcs() {
     let h = Harness::start().await;
-    for i in 1..=5 {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
+    h.web_nodes(5).await;
     let old = h.put_rc(rc_doc(MANIFEST, "role=web", 4)).await;
     h.wait_for_rc_nodes(&old, 4).await;
     // Minimum 4 with nothing healthy: the roll holds its locks but cannot take a step.
@@ -166,10 +160,7 @@ async fn a_roll_held_at_its_minimum_raises_an_alert() {
 /// base64) still steps and completes, on every backend.
 async fn rolls_rcs_too_large_to_write_together_on(backend: Backend) {
     let h = Harness::start_on(backend, None).await;
-    for i in 1..=2 {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
+    h.web_nodes(2).await;
     h.run_fake_nodes(Duration::from_millis(100));
     let large = |manifest: &str| format!("{manifest}config:\n  blob: {}\n", "x".repeat(200_000));
     let old = h.put_rc(rc_doc(&large(MANIFEST), "role=web", 1)).await;
@@ -206,10 +197,7 @@ async fn a_roll_of_rcs_too_large_to_write_together_completes_through_consul() {
 async fn a_slow_alert_webhook_holds_up_no_other_roll() {
     let webhook = slow_alert_webhook(Duration::from_secs(3)).await;
     let h = Harness::start_with_alerts(Some(webhook.uri())).await;
-    for i in 1..=2 {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
+    h.web_nodes(2).await;
     h.run_fake_nodes(Duration::from_millis(50));
     // Eleven rolls from one RC, sorting first: all but the first wait for it, and alert.
     let shared = h.put_rc(rc_doc(MANIFEST, "role=none", 0)).await;

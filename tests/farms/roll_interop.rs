@@ -50,10 +50,7 @@ async fn fleet(backend: Backend, nodes: Nodes) -> Harness {
         Nodes::NoSpare | Nodes::Elsewhere => REPLICAS,
         Nodes::Spare => REPLICAS + 2,
     };
-    for i in 1..=web {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
+    h.web_nodes(web).await;
     if let Nodes::Elsewhere = nodes {
         for i in 1..=REPLICAS {
             h.label(
@@ -175,10 +172,7 @@ async fn our_roll_with_our_rc_farm(backend: Backend, nodes: Nodes) {
 async fn a_roll_left_with_old_pods_p2_will_not_remove_raises_an_alert() {
     let webhook = alert_webhook().await;
     let h = Harness::start_on(Backend::Sqlite, Some(webhook.uri())).await;
-    for i in 1..=REPLICAS {
-        h.label(LabelType::Node, &format!("node{i}"), json!({"role": "web"}))
-            .await;
-    }
+    h.web_nodes(REPLICAS).await;
     h.run_fake_nodes(START);
     let p2 = P2RcFarm::start(&h).await;
     let old = p2.put_rc(rc(MANIFEST, REPLICAS)).await;

@@ -290,6 +290,15 @@ impl Harness {
             .unwrap();
     }
 
+    /// Labels nodes `node1` to `node<count>` `role=web`.
+    pub async fn web_nodes(&self, count: usize) {
+        for i in 1..=count {
+            let labels = serde_json::json!({"role": "web"});
+            self.label(LabelType::Node, &format!("node{i}"), labels)
+                .await;
+        }
+    }
+
     /// Stores an RC document as given (plus a fresh id) and returns the id.
     pub async fn put_rc(&self, doc: impl Into<serde_json::Value>) -> String {
         let id = uuid::Uuid::new_v4().to_string();
