@@ -2,7 +2,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::support::farms::{alert_webhook, rc_doc, warnings, Backend, Harness, MANIFEST};
+use crate::support::farms::{
+    alert_webhook, rc_doc, warnings, Backend, Harness, MANIFEST, NEW_MANIFEST,
+};
 use p2_apiserver::farms::FarmOptions;
 use p2_apiserver::kv::{Cas, SessionSpec, TxnOp};
 use p2_apiserver::labels::LabelType;
@@ -10,8 +12,6 @@ use p2_apiserver::layout;
 use p2_apiserver::model::event::{Action, Event, ObjectKind};
 use p2_apiserver::model::{HealthRecord, HealthState};
 use serde_json::{json, Value};
-
-const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
 
 /// The conditions stored for an object, if any.
 async fn conditions(h: &Harness, kind: ObjectKind, id: &str) -> Option<Vec<Value>> {

@@ -3,14 +3,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::support::farms::{large_pod_labels, rc_doc, Backend, Harness, MANIFEST};
+use crate::support::farms::{large_pod_labels, rc_doc, Backend, Harness, MANIFEST, NEW_MANIFEST};
 use p2_apiserver::kv::{Cas, KvStore, SessionSpec};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::event::{Action, Event};
 use p2_apiserver::model::Manifest;
 use serde_json::{json, Value};
 
-const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
 const DS_ID: &str = "daemon_set_id";
 /// Long enough for the farm to have acted on a change it must ignore.
 const SETTLE: Duration = Duration::from_millis(600);

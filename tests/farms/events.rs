@@ -3,14 +3,12 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::support::farms::{rc_doc, Harness, MANIFEST};
+use crate::support::farms::{rc_doc, Harness, MANIFEST, NEW_MANIFEST};
 use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::model::event::{new_event_id, Event};
 use p2_apiserver::store::events::Retention;
 use serde_json::{json, Value};
-
-const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
 
 /// Every stored event, oldest first.
 async fn events(h: &Harness) -> Vec<Event> {

@@ -8,7 +8,7 @@ use crate::support::fake_consul;
 #[allow(dead_code)]
 use crate::support::severable;
 
-use crate::support::farms::rc_doc;
+use crate::support::farms::{rc_doc, MANIFEST};
 
 use std::any::Any;
 use std::future::Future;
@@ -28,7 +28,6 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
 const TTL: Duration = Duration::from_secs(10);
 /// How long a test waits for something the server or the store must do; past every TTL.
 const PATIENCE: Duration = Duration::from_secs(40);

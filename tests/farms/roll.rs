@@ -4,15 +4,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::support::farms::{
-    alert_webhook, rc_doc, slow_alert_webhook, Backend, Harness, Snapshot, MANIFEST,
+    alert_webhook, rc_doc, slow_alert_webhook, Backend, Harness, Snapshot, MANIFEST, NEW_MANIFEST,
 };
 use p2_apiserver::kv::Cas;
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::layout;
 use p2_apiserver::model::event::ObjectKind;
 use serde_json::json;
-
-const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
 
 /// An RC of `replicas` over `nodes` web nodes run by fake agents, once its pods are all
 /// healthy; returns its id.

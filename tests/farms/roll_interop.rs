@@ -11,12 +11,11 @@ use std::time::Duration;
 
 use crate::support::farms::p2::{self, P2RcFarm, P2Roll};
 use crate::support::farms::{
-    alert_webhook, rc_doc, warnings, Backend, Harness, RcDoc, Snapshot, MANIFEST,
+    alert_webhook, rc_doc, warnings, Backend, Harness, RcDoc, Snapshot, MANIFEST, NEW_MANIFEST,
 };
 use p2_apiserver::labels::LabelType;
 use serde_json::json;
 
-const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
 /// Replicas of the old RC, and the roll's target.
 const REPLICAS: usize = 3;
 /// The roll's minimum healthy.

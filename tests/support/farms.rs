@@ -30,6 +30,8 @@ use tracing_subscriber::Layer as _;
 
 /// A pod manifest every test can use.
 pub const MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_1.tar.gz\n";
+/// The same pod with another launchable, for an RC or daemon set to change to.
+pub const NEW_MANIFEST: &str = "id: hello\nlaunchables:\n  app:\n    launchable_type: hoist\n    location: https://artifacts.example.com/hello_2.tar.gz\n";
 
 /// Pod labels an RC may carry that make each pod's label set large: 600 labels, about 45 KB,
 /// so that twenty pods' labels are more than one transaction may carry.
