@@ -59,11 +59,7 @@ fn ds(selector: &str, min_health: i64) -> Value {
 /// Three web nodes running pods, an old RC with `replicas` of them healthy, and a new RC
 /// with none, to roll between; returns the old RC's id and the new one's.
 async fn rcs_to_roll(h: &Harness, replicas: usize) -> (String, String) {
-    h.web_nodes(3).await;
-    h.run_fake_nodes(Duration::from_millis(50));
-    let old = h.put_rc(rc_doc(MANIFEST, "role=web", replicas)).await;
-    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&replicas)).then_some(()) })
-        .await;
+    let old = h.healthy_rc(3, replicas).await;
     let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     (old, new)
 }

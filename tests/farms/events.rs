@@ -33,11 +33,7 @@ async fn finished(h: &Harness, id: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_the_farm_completes_is_recorded_as_succeeded_with_farm_events() {
     let h = Harness::start().await;
-    h.web_nodes(3).await;
-    h.run_fake_nodes(Duration::from_millis(50));
-    let old = h.put_rc(rc_doc(MANIFEST, "role=web", 2)).await;
-    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&2)).then_some(()) })
-        .await;
+    let old = h.healthy_rc(3, 2).await;
     let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll(&old, &new, 2, 1).await;
 
@@ -82,11 +78,7 @@ async fn a_roll_the_farm_completes_is_recorded_as_succeeded_with_farm_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retiring_a_shrinking_rolls_old_rc_is_recorded() {
     let h = Harness::start().await;
-    h.web_nodes(3).await;
-    h.run_fake_nodes(Duration::from_millis(50));
-    let old = h.put_rc(rc_doc(MANIFEST, "role=web", 3)).await;
-    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&3)).then_some(()) })
-        .await;
+    let old = h.healthy_rc(3, 3).await;
     let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll(&old, &new, 2, 1).await;
 

@@ -12,21 +12,10 @@ use p2_apiserver::layout;
 use p2_apiserver::model::event::ObjectKind;
 use serde_json::json;
 
-/// An RC of `replicas` over `nodes` web nodes run by fake agents, once its pods are all
-/// healthy; returns its id.
-async fn healthy_rc(h: &Harness, nodes: usize, replicas: usize) -> String {
-    h.web_nodes(nodes).await;
-    h.run_fake_nodes(Duration::from_millis(50));
-    let old = h.put_rc(rc_doc(MANIFEST, "role=web", replicas)).await;
-    h.wait_until(|| async { (h.healthy_by_rc().await.get(&old) == Some(&replicas)).then_some(()) })
-        .await;
-    old
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolls_keep_the_minimum_healthy_and_clean_up() {
     let h = Harness::start().await;
-    let old = healthy_rc(&h, 5, 4).await;
+    let old = h.healthy_rc(5, 4).await;
     let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll(&old, &new, 4, 3).await;
 
@@ -141,7 +130,7 @@ async fn a_roll_whose_rc_vanishes_is_cleaned_up() {
 async fn a_roll_held_at_its_minimum_raises_an_alert() {
     let webhook = alert_webhook().await;
     let h = Harness::start_with_alerts(Some(webhook.uri())).await;
-    let old = healthy_rc(&h, 3, 3).await;
+    let old = h.healthy_rc(3, 3).await;
     // A minimum equal to every pod there is: no step can keep it.
     let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll(&old, &new, 3, 3).await;
@@ -225,7 +214,7 @@ async fn a_slow_alert_webhook_holds_up_no_other_roll() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_of_impossible_counts_moves_nothing() {
     let h = Harness::start().await;
-    let old = healthy_rc(&h, 2, 2).await;
+    let old = h.healthy_rc(2, 2).await;
     let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 0)).await;
     h.put_roll_doc(json!({"OldRC": old, "NewRC": new, "DesiredReplicas": -1,
                           "MinimumReplicas": 0, "LeaveOld": false, "RollDelay": 0}))
@@ -257,7 +246,7 @@ async fn a_roll_of_impossible_counts_moves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_to_a_new_rc_short_of_its_count_keeps_the_minimum() {
     let h = Harness::start().await;
-    let old = healthy_rc(&h, 3, 3).await;
+    let old = h.healthy_rc(3, 3).await;
     let new = h.put_rc(rc_doc(NEW_MANIFEST, "role=web", 3)).await;
     h.put_roll(&old, &new, 3, 2).await;
     let conditions = layout::conditions(ObjectKind::Rolls, &new);
@@ -293,7 +282,7 @@ async fn a_roll_to_a_new_rc_short_of_its_count_keeps_the_minimum() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_leaving_the_old_rc_ends_with_it_at_its_count() {
     let h = Harness::start().await;
-    let old = healthy_rc(&h, 3, 3).await;
+    let old = h.healthy_rc(3, 3).await;
     for i in 1..=2 {
         h.label(
             LabelType::Node,

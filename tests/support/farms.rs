@@ -301,6 +301,19 @@ impl Harness {
         }
     }
 
+    /// An RC of `replicas` of [`MANIFEST`] over `nodes` web nodes run by fake agents, once
+    /// its pods are all healthy; returns its id.
+    pub async fn healthy_rc(&self, nodes: usize, replicas: usize) -> String {
+        self.web_nodes(nodes).await;
+        self.run_fake_nodes(Duration::from_millis(50));
+        let id = self.put_rc(rc_doc(MANIFEST, "role=web", replicas)).await;
+        self.wait_until(|| async {
+            (self.healthy_by_rc().await.get(&id) == Some(&replicas)).then_some(())
+        })
+        .await;
+        id
+    }
+
     /// Stores an RC document as given (plus a fresh id) and returns the id.
     pub async fn put_rc(&self, doc: impl Into<serde_json::Value>) -> String {
         let id = uuid::Uuid::new_v4().to_string();
