@@ -143,6 +143,12 @@ async fn put_json(store: &dyn KvStore, key: &str, doc: impl Into<serde_json::Val
         .unwrap();
 }
 
+/// Stores an RC of `replicas` pods on the web nodes, with id `id`.
+async fn put_rc(store: &dyn KvStore, id: &str, replicas: usize) {
+    let doc = rc_doc(MANIFEST, "role=web", replicas).id(id);
+    put_json(store, &format!("replication_controllers/{id}"), doc).await;
+}
+
 fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
@@ -151,20 +157,9 @@ fn new_id() -> String {
 /// take under P2's trees. Returns those lock keys.
 async fn objects_with_locks(store: &dyn KvStore) -> Vec<String> {
     put_json(store, "labels/node/node1", json!({"role": "web"})).await;
-    let rc = |id: &str, replicas: usize| rc_doc(MANIFEST, "role=web", replicas).id(id);
     let (old, new, ds) = (new_id(), new_id(), new_id());
-    put_json(
-        store,
-        &format!("replication_controllers/{old}"),
-        rc(&old, 1),
-    )
-    .await;
-    put_json(
-        store,
-        &format!("replication_controllers/{new}"),
-        rc(&new, 0),
-    )
-    .await;
+    put_rc(store, &old, 1).await;
+    put_rc(store, &new, 0).await;
     let roll = json!({"OldRC": old, "NewRC": new, "DesiredReplicas": 1, "MinimumReplicas": 1,
                       "LeaveOld": false, "RollDelay": 0});
     put_json(store, &format!("rolls/{new}"), roll).await;
@@ -353,20 +348,9 @@ async fn a_term_whose_session_is_gone_ends_at_once_on_consul() {
 async fn sessionless_locks_are_removed(backend: Backend) {
     let store = backend.store;
     put_json(&*store, "labels/node/node1", json!({"role": "web"})).await;
-    let rc = |id: &str| rc_doc(MANIFEST, "role=web", 1).id(id);
     let (ours, foreign, gone) = (new_id(), new_id(), new_id());
-    put_json(
-        &*store,
-        &format!("replication_controllers/{ours}"),
-        rc(&ours),
-    )
-    .await;
-    put_json(
-        &*store,
-        &format!("replication_controllers/{foreign}"),
-        rc(&foreign),
-    )
-    .await;
+    put_rc(&*store, &ours, 1).await;
+    put_rc(&*store, &foreign, 1).await;
     let stale = [
         layout::rc_ownership(&ours),
         layout::rc_ownership(&gone),
