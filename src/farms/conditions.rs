@@ -1,6 +1,6 @@
 //! Publishing the status conditions a farm computes each pass: stamped, and written (fenced
 //! by the object's ownership lock) only when they differ from what is stored; removed
-//! (fenced by leadership) once their object is gone.
+//! (fenced by leadership) once the farm's world knows their object is gone.
 
 use std::time::SystemTime;
 
@@ -70,11 +70,17 @@ impl Published {
     }
 
     /// Removes the records of objects that no longer exist, whoever deleted them, and of
-    /// objects another session owns (P2's farm, which writes none: a record left would be
-    /// shown as current however the object fares under it): as many to a transaction as
-    /// its fence leaves room for, since thousands deleted together would otherwise hold up
-    /// the farm's pass for a commit each. A failure is logged and returned, for the farm to
-    /// try again ([`super::TIDYING`]).
+    /// objects another session has owned since (P2's farm, which writes none: a record left
+    /// would be shown as current however the object fares under it): as many to a
+    /// transaction as its fence leaves room for, since thousands deleted together would
+    /// otherwise hold up the farm's pass for a commit each. Only what `world` knows is
+    /// removed: an object it does not show is gone only if it has caught up to the record's
+    /// write (a new leader's world may be behind the records the last leader wrote, and
+    /// their transition times would start again once rewritten), and a record written
+    /// while its object's lock was held by the session holding it now is that session's
+    /// own (every record is written fenced by the lock), so a farm's of this server's in an
+    /// earlier term, whose session has yet to expire. A failure is logged and returned,
+    /// for the farm to try again ([`super::TIDYING`]).
     pub async fn remove_stale(
         &self,
         ctx: &FarmContext,
@@ -82,19 +88,28 @@ impl Published {
         exists: impl Fn(&str) -> bool,
     ) -> FarmResult<()> {
         let prefix = layout::conditions_of_kind(self.kind);
-        let owned_elsewhere = |id: &str| {
-            let lock = layout::ownership(self.kind, id);
-            world
-                .lock_holder(&lock)
-                .is_some_and(|holder| holder != ctx.session)
+        // Whether a session other than this term's took the object's lock after `written`.
+        let taken_over_since = |id: &str, written: u64| {
+            let lock = world.locks.items.get(&layout::ownership(self.kind, id));
+            lock.is_some_and(|lock| {
+                let elsewhere = lock.value.as_deref().is_some_and(|s| s != ctx.session);
+                elsewhere && lock.index > written
+            })
         };
         let gone: Vec<TxnOp> = self
             .mirror
             .under(&prefix)
             .iter()
-            .filter_map(|entry| entry.pair.key.strip_prefix(&prefix))
-            .filter(|id| !exists(id) || owned_elsewhere(id))
-            .map(|id| ConditionStore::delete_op(self.kind, id))
+            .filter_map(|entry| {
+                let id = entry.pair.key.strip_prefix(&prefix)?;
+                let written = entry.pair.modify_index;
+                let stale = if exists(id) {
+                    taken_over_since(id, written)
+                } else {
+                    world.caught_up >= written
+                };
+                stale.then(|| ConditionStore::delete_op(self.kind, id))
+            })
             .collect();
         let mut removed = Ok(());
         for ops in gone.chunks(MAX_TXN_OPS - 1) {
@@ -126,4 +141,160 @@ pub fn changed_from(
         progress,
     };
     (previous.as_ref() != Some(&record)).then_some(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    use super::*;
+    use crate::farms::alerts::Alerter;
+    use crate::farms::fixture::{rc, Fleet, HELLO_1};
+    use crate::farms::rc::RcFarm;
+    use crate::farms::Farm;
+    use crate::kv::sqlite::SqliteStore;
+    use crate::kv::{Cas, KvPair, KvStore, SessionSpec};
+    use crate::leader::Term;
+    use crate::state::MirrorConfig;
+    use crate::store::Versioned;
+
+    const X: &str = "00000000-0000-4000-8000-000000000001";
+
+    /// A term of one server over `store`: its leader session holding the leader lock, and
+    /// its farms' session.
+    async fn term(store: &Arc<dyn KvStore>, holder: &str) -> FarmContext {
+        let session = |name: String| async move {
+            let spec = SessionSpec::deleting(name, Duration::from_secs(60));
+            store.create_session(&spec).await.unwrap()
+        };
+        let term = Term {
+            leader_session: session(format!("{holder} leader")).await,
+            session: session(format!("{holder} term")).await,
+            cancel: CancellationToken::new(),
+        };
+        let leader = &term.leader_session;
+        assert!(store.acquire(LEADER_LOCK, b"leader", leader).await.unwrap());
+        let alerts = Arc::new(Alerter::new(None));
+        FarmContext::new(store.clone(), &term, alerts, holder.into())
+    }
+
+    /// A world caught up to `caught_up`, showing RC `X` at index `rc_at` and its ownership
+    /// lock held as `lock` says (the session, at its index), each if given.
+    fn world(rc_at: Option<u64>, lock: Option<(&str, u64)>, caught_up: u64) -> World {
+        let mut fleet = Fleet::new();
+        if let Some(index) = rc_at {
+            fleet.put_rc(rc(X, HELLO_1, 0, ""), index);
+        }
+        if let Some((session, index)) = lock {
+            let held = Versioned {
+                value: Some(session.to_owned()),
+                index,
+            };
+            fleet.locks.insert(layout::rc_ownership(X), held);
+        }
+        let mut world = fleet.world();
+        world.caught_up = caught_up;
+        world
+    }
+
+    /// A new leader whose world is behind the conditions the last leader wrote for RC `X`
+    /// (it does not show the RC yet, or shows its lock still held by the last leader's farms'
+    /// session, which has yet to expire) keeps them, and their transition times with them,
+    /// rather than remove them and write them afresh once its world shows the RC as its own.
+    /// Once its world knows the RC is gone, it removes them.
+    #[tokio::test]
+    async fn a_new_leader_behind_the_last_ones_conditions_keeps_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db").display().to_string();
+        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        let (tasks, cancel) = (TaskTracker::new(), CancellationToken::new());
+        mirror.start(&tasks, cancel.clone());
+        mirror.loaded().await;
+        let get = |key: String| {
+            let store = store.clone();
+            async move { store.get(&key).await.unwrap() }
+        };
+        let index = |pair: Option<KvPair>| pair.unwrap().modify_index;
+        // An index past every change so far: what a world caught up with the store is at.
+        let current = || {
+            let (store, get) = (&store, &get);
+            async move {
+                store.put("marker", b"", Cas::Any).await.unwrap();
+                index(get("marker".into()).await)
+            }
+        };
+
+        let doc = rc(X, HELLO_1, 0, "").to_json();
+        store
+            .put(&layout::rc(X), &doc, Cas::Index(0))
+            .await
+            .unwrap();
+        let created = index(get(layout::rc(X)).await);
+        let lock = layout::rc_ownership(X);
+        let key = layout::conditions(ObjectKind::Rcs, X);
+
+        // The last leader's RC farm writes the RC's conditions.
+        let last = term(&store, "last").await;
+        assert!(store.acquire(&lock, b"last", &last.session).await.unwrap());
+        let taken = index(get(lock.clone()).await);
+        let owned = world(Some(created), Some((last.session.as_str(), taken)), taken);
+        RcFarm::new(mirror.clone()).pass(&last, &owned).await;
+        let written = get(key.clone())
+            .await
+            .expect("the last leader's conditions");
+        assert!(
+            mirror
+                .wait_for(written.modify_index, Duration::from_secs(10))
+                .await
+        );
+
+        // Its leader session ends; its farms' session, and the RC's lock, outlive it a while.
+        store.destroy_session(&last.leader_session).await.unwrap();
+        let new = term(&store, "new").await;
+        let mut farm = RcFarm::new(mirror.clone());
+        let behind = [
+            world(None, None, created - 1),
+            world(Some(created), Some((last.session.as_str(), taken)), taken),
+        ];
+        for lagging in &behind {
+            farm.pass(&new, lagging).await;
+            let kept = get(key.clone()).await;
+            assert_eq!(
+                kept.as_ref().map(|pair| pair.modify_index),
+                Some(written.modify_index),
+                "the last leader's conditions were removed or rewritten"
+            );
+        }
+
+        // The last farms' session expires; the new leader's farm takes the RC, and finds its
+        // conditions as they were, transition times and all.
+        store.destroy_session(&last.session).await.unwrap();
+        farm.pass(&new, &world(Some(created), None, current().await))
+            .await;
+        let taken = index(get(lock.clone()).await);
+        farm.pass(
+            &new,
+            &world(Some(created), Some((new.session.as_str(), taken)), taken),
+        )
+        .await;
+        let now = get(key.clone()).await.expect("the RC's conditions");
+        assert_eq!(now.modify_index, written.modify_index);
+        assert_eq!(now.value, written.value);
+
+        // Gone, the RC's conditions go.
+        store.delete(&layout::rc(X), Cas::Any).await.unwrap();
+        let caught_up = current().await;
+        farm.pass(
+            &new,
+            &world(None, Some((new.session.as_str(), taken)), caught_up),
+        )
+        .await;
+        assert_eq!(get(key).await, None);
+        cancel.cancel();
+    }
 }

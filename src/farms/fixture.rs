@@ -158,6 +158,8 @@ impl Fleet {
                     .collect(),
             )),
             locks: tree(self.locks.clone().into_iter().collect()),
+            // As far as its trees' own index.
+            caught_up: 1,
         }
     }
 }

@@ -272,6 +272,10 @@ pub struct World {
     pub health: Arc<Tree<HealthResults>>,
     /// Lock keys under `lock/`, the session holding each (`None` when free) and their index.
     pub locks: Arc<Tree<LockMap>>,
+    /// The index up to which every tree of the world holds every change: an object it does
+    /// not show was gone at that index, but one a key elsewhere written past it names (a
+    /// conditions record another leader wrote) may simply not have reached the world yet.
+    pub caught_up: u64,
 }
 
 impl World {
@@ -540,7 +544,7 @@ impl Trees {
             // listing landing in between (during the settling, say) is then waited for, not
             // taken into a world ahead of an earlier change of another tree.
             let caught_up = self.caught_up().of(epoch);
-            let world = self.current();
+            let mut world = self.current();
             // A tree that holds nothing counts at the index it came to hold nothing, not at
             // its latest listing (on Consul, the whole store's index): caught up to that,
             // the other trees that hold nothing would list newer still, round after round,
@@ -553,6 +557,7 @@ impl Trees {
                 continue;
             }
             if settled && newest <= caught_up && !out_of_touch {
+                world.caught_up = caught_up;
                 return world;
             }
             if !settled
@@ -577,8 +582,9 @@ impl Trees {
             self.caught_up().raise(epoch, newest);
             if out_of_touch {
                 // Still out of touch, but holding all the store had when asked.
-                let world = self.current();
+                let mut world = self.current();
                 if !self.epoch_moved(epoch) {
+                    world.caught_up = newest;
                     return world;
                 }
             }
