@@ -194,13 +194,14 @@ impl Farm for RollFarm {
                 .flatten();
             let activity =
                 unreadable.map_or_else(|| activity(&action, &roll.value), RollActivity::Stuck);
-            let result = self.apply(ctx, world, id, roll, action, now).await;
-            // A finished roll is gone: the next pass removes its conditions.
-            let published = match activity {
-                RollActivity::Finishing => Ok(None),
+            let applied = self.apply(ctx, world, id, roll, action, now).await;
+            let published = match (&applied, &activity) {
+                // A record written for an ended roll would outlive it; one that failed to end
+                // keeps the record it had.
+                (Ok(Applied::Ended), _) | (Err(_), RollActivity::Finishing) => Ok(None),
                 _ => self.publish(ctx, world, id, roll, &activity).await,
             };
-            let result = result.and_then(|at| Ok(earliest(at, published?)));
+            let result = applied.and_then(|applied| Ok(earliest(applied.wake(), published?)));
             if let Some(at) = self.retries.record("roll", id, result) {
                 wake = earliest(wake, at);
             }
@@ -220,6 +221,25 @@ impl Farm for RollFarm {
         let freed = self.release_stale_mutation_locks(ctx, world).await;
         self.retries.tidied(removed.and(released).and(freed));
         wake
+    }
+}
+
+/// What carrying out a roll's action left of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Applied {
+    /// The roll goes on; when to run again, if it waits on time.
+    Going(Option<Instant>),
+    /// The roll was ended (and deleted).
+    Ended,
+}
+
+impl Applied {
+    /// When to run the roll again, if it waits on time.
+    fn wake(self) -> Option<Instant> {
+        match self {
+            Applied::Going(at) => at,
+            Applied::Ended => None,
+        }
     }
 }
 
@@ -530,7 +550,8 @@ fn complete(
 }
 
 impl RollFarm {
-    /// Carries out `action` for roll `id`; returns when to run again if it waits on time.
+    /// Carries out `action` for roll `id`; returns whether the roll goes on (and when to run
+    /// again if it waits on time) or was ended.
     async fn apply(
         &mut self,
         ctx: &FarmContext,
@@ -539,7 +560,7 @@ impl RollFarm {
         roll: &Shared<StoredRoll>,
         action: Action,
         now: Moment,
-    ) -> FarmResult<Option<Instant>> {
+    ) -> FarmResult<Applied> {
         let spec = &roll.value;
         let fence = layout::roll_ownership(id);
         // Only a roll that keeps being able to step keeps counting towards its delay; a step
@@ -559,11 +580,12 @@ impl RollFarm {
                 if store.get(&spec.old_rc).await?.is_some()
                     && store.get(&spec.new_rc).await?.is_some()
                 {
-                    return Ok(None);
+                    return Ok(Applied::Going(None));
                 }
                 tracing::warn!(roll = %id, "an RC of the roll is gone; deleting the roll");
                 let ops = finish_ops(ctx, world, id, roll, None, RollOutcome::Failed).await?;
                 ctx.commit(&fence, ops).await?;
+                return Ok(Applied::Ended);
             }
             Action::Locked(lock) => {
                 tracing::info!(roll = %id, %lock, "an RC of the roll is locked by someone else");
@@ -599,7 +621,7 @@ impl RollFarm {
             }
             Action::Delay(due) => {
                 self.ready_since.entry(id.to_owned()).or_insert(now);
-                return Ok(Some(due.instant));
+                return Ok(Applied::Going(Some(due.instant)));
             }
             Action::Stuck(why) => stuck(ctx, id, spec, why.message()).await,
             Action::Finish { retire_old } => {
@@ -607,9 +629,10 @@ impl RollFarm {
                     finish_ops(ctx, world, id, roll, retire_old, RollOutcome::Succeeded).await?;
                 ctx.commit(&fence, ops).await?;
                 tracing::info!(roll = %id, "roll complete");
+                return Ok(Applied::Ended);
             }
         }
-        Ok(None)
+        Ok(Applied::Going(None))
     }
 
     /// Writes roll `id`'s RCs as `rcs` says, each at the index it was read at, with the
@@ -1757,6 +1780,39 @@ mod tests {
         farm.retries.failed(NEW);
         farm.pass(&ctx, &World::default()).await;
         assert_eq!(farm.retries().waiting(), 0);
+    }
+
+    /// A fleet holding roll `NEW` as stored at `index`, its ownership lock held by `ctx`'s
+    /// session.
+    fn owned_roll(ctx: &FarmContext, index: u64) -> Fleet {
+        let mut fleet = Fleet::new();
+        let value = roll(2, 1);
+        fleet.rolls.insert(NEW.into(), Versioned { value, index });
+        fleet.lock(&layout::roll_ownership(NEW), &ctx.session);
+        fleet
+    }
+
+    /// The conditions stored for roll `NEW`, if any.
+    async fn stored_conditions(
+        store: &dyn crate::kv::KvStore,
+    ) -> Option<crate::model::conditions::ConditionsRecord> {
+        let key = layout::conditions(ObjectKind::Rolls, NEW);
+        let pair = store.get(&key).await.unwrap()?;
+        Some(serde_json::from_slice(&pair.value).unwrap())
+    }
+
+    /// A roll whose RC is gone is ended by the pass that finds it so, which writes it no
+    /// conditions: a record written for it then would outlive it, until a later pass.
+    #[tokio::test]
+    async fn a_roll_ended_for_a_missing_rc_is_left_no_conditions() {
+        let (_dir, store, ctx) = term().await;
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+        let fleet = owned_roll(&ctx, seen.index);
+        farm(&store).pass(&ctx, &fleet.world()).await;
+        let ended = store.get(&layout::roll(NEW)).await.unwrap().is_none();
+        assert!(ended, "the roll was not ended");
+        let record = stored_conditions(store.as_ref()).await;
+        assert_eq!(record, None, "conditions were written for the ended roll");
     }
 
     /// A roll the API cancelled after the farm read it (the cancel's finished record and
