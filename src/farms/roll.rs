@@ -196,10 +196,23 @@ impl Farm for RollFarm {
                 unreadable.map_or_else(|| activity(&action, &roll.value), RollActivity::Stuck);
             let applied = self.apply(ctx, world, id, roll, action, now).await;
             let published = match (&applied, &activity) {
-                // A record written for an ended roll would outlive it; one that failed to end
-                // keeps the record it had.
-                (Ok(Applied::Ended), _) | (Err(_), RollActivity::Finishing) => Ok(None),
-                _ => self.publish(ctx, world, id, roll, &activity).await,
+                // A record written for an ended roll would outlive it.
+                (Ok(Applied::Ended), _) => Ok(None),
+                // What the roll goes on doing; or an RC that cannot be decoded, which fails the
+                // read for the roll's ending as its conditions say.
+                (Ok(Applied::Going(_)), _)
+                | (Err(_), RollActivity::Stuck(RollStuck::RcUnreadable { .. })) => {
+                    self.publish(ctx, world, id, roll, &activity).await
+                }
+                // What the roll was to do did not happen: its conditions say that it failed,
+                // not what it would have been doing.
+                (Err(e), _) => {
+                    let failed = RollActivity::Failed {
+                        doing: Box::new(activity.clone()),
+                        error: e.to_string(),
+                    };
+                    self.publish(ctx, world, id, roll, &failed).await
+                }
             };
             let result = applied.and_then(|applied| Ok(earliest(applied.wake(), published?)));
             if let Some(at) = self.retries.record("roll", id, result) {
@@ -1813,6 +1826,42 @@ mod tests {
         assert!(ended, "the roll was not ended");
         let record = stored_conditions(store.as_ref()).await;
         assert_eq!(record, None, "conditions were written for the ended roll");
+    }
+
+    /// A step whose write failed (the old RC was written again since the farm read it) has
+    /// not happened: the roll's conditions say that it failed, and why, not that it is under
+    /// way.
+    #[tokio::test]
+    async fn a_step_whose_write_failed_is_not_published_as_under_way() {
+        let (_dir, store, ctx) = term().await;
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+        let write = store_rcs(store.as_ref(), &ctx).await;
+        // Both RCs enabled, as before the roll's first step.
+        let mut fleet = owned_roll(&ctx, seen.index);
+        fleet
+            .put_rc(rc(OLD, HELLO_1, 2, ""), write(OLD, 2).index)
+            .put_rc(rc(NEW, HELLO_2, 0, ""), write(NEW, 0).index)
+            .lock(&layout::rc_mutation(OLD), &ctx.session)
+            .lock(&layout::rc_mutation(NEW), &ctx.session);
+        let old = layout::rc(OLD);
+        let again = rc(OLD, HELLO_1, 2, "").to_json();
+        store.put(&old, &again, crate::kv::Cas::Any).await.unwrap();
+
+        farm(&store).pass(&ctx, &fleet.world()).await;
+        let pair = store.get(&old).await.unwrap().unwrap();
+        let disabled = StoredRc::from_json(&pair.value).unwrap().disabled;
+        assert!(!disabled, "the step landed");
+        let record = stored_conditions(store.as_ref()).await.unwrap();
+        let progressing = (record.conditions.iter())
+            .find(|c| c.condition_type == "Progressing")
+            .unwrap();
+        let shown = (progressing.status, progressing.reason.as_str());
+        let message = &progressing.message;
+        assert_eq!(shown, (ConditionStatus::False, "WriteFailed"), "{message}");
+        assert!(
+            message.starts_with("disabling the old RC and enabling the new one, which failed ("),
+            "{message}"
+        );
     }
 
     /// A roll the API cancelled after the farm read it (the cancel's finished record and

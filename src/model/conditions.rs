@@ -375,6 +375,12 @@ pub enum RollActivity {
     Finishing,
     Waiting(RollWait),
     Stuck(RollStuck),
+    /// What the farm was `doing` failed (`error`: its write, or a read it needed), to be
+    /// tried again: nothing of it is known to have happened.
+    Failed {
+        doing: Box<RollActivity>,
+        error: String,
+    },
 }
 
 impl RollWait {
@@ -494,7 +500,44 @@ pub fn roll_conditions(
     deadline: Duration,
     now: SystemTime,
 ) -> (Vec<Observed>, Progress) {
-    let progressing = match activity {
+    let progressing = progressing_condition(activity);
+    let progress = match (previous, activity) {
+        // Progress up to the delay's end, recorded as of then: the same record on every pass
+        // of the wait (each a pass that a rewrite would set off again), and the step after
+        // it no later than the end of the delay, as far as the stall clock goes.
+        (_, RollActivity::Delaying { until, .. }) => Progress::new(mark, *until),
+        (Some(p), _) if p.mark == mark => p.clone(),
+        _ => Progress::new(mark, now),
+    };
+    let still = now.duration_since(progress.at()).unwrap_or(Duration::ZERO);
+    let stalled = if still >= deadline {
+        Observed::new(
+            "Stalled",
+            True,
+            progressing.reason,
+            format!(
+                "no progress for {}: {}",
+                format_duration(deadline),
+                progressing.message
+            ),
+        )
+    } else {
+        Observed::new(
+            "Stalled",
+            False,
+            "ProgressWithinDeadline",
+            format!(
+                "the roll has progressed within the last {}",
+                format_duration(deadline)
+            ),
+        )
+    };
+    (vec![progressing, stalled], progress)
+}
+
+/// A roll's `Progressing` condition for `activity`.
+fn progressing_condition(activity: &RollActivity) -> Observed {
+    match activity {
         RollActivity::TakingLocks => Observed::new(
             "Progressing",
             True,
@@ -540,39 +583,17 @@ pub fn roll_conditions(
         RollActivity::Stuck(stuck) => {
             Observed::new("Progressing", False, stuck.reason(), stuck.message())
         }
-    };
-    let progress = match (previous, activity) {
-        // Progress up to the delay's end, recorded as of then: the same record on every pass
-        // of the wait (each a pass that a rewrite would set off again), and the step after
-        // it no later than the end of the delay, as far as the stall clock goes.
-        (_, RollActivity::Delaying { until, .. }) => Progress::new(mark, *until),
-        (Some(p), _) if p.mark == mark => p.clone(),
-        _ => Progress::new(mark, now),
-    };
-    let still = now.duration_since(progress.at()).unwrap_or(Duration::ZERO);
-    let stalled = if still >= deadline {
-        Observed::new(
-            "Stalled",
-            True,
-            progressing.reason,
-            format!(
-                "no progress for {}: {}",
-                format_duration(deadline),
-                progressing.message
-            ),
-        )
-    } else {
-        Observed::new(
-            "Stalled",
+        // What the farm tried, not as though it had happened.
+        RollActivity::Failed { doing, error } => Observed::new(
+            "Progressing",
             False,
-            "ProgressWithinDeadline",
+            "WriteFailed",
             format!(
-                "the roll has progressed within the last {}",
-                format_duration(deadline)
+                "{}, which failed ({error}); the farm tries again",
+                progressing_condition(doing).message
             ),
-        )
-    };
-    (vec![progressing, stalled], progress)
+        ),
+    }
 }
 
 /// What the DS farm saw of one daemon set in a pass.
@@ -957,6 +978,14 @@ mod tests {
                 }),
                 False,
                 "RcUnreadable",
+            ),
+            (
+                RollActivity::Failed {
+                    doing: Box::new(RollActivity::Stepping { old: 2, new: 1 }),
+                    error: "the store is unavailable".into(),
+                },
+                False,
+                "WriteFailed",
             ),
         ];
         for (activity, status, reason) in cases {
