@@ -5,7 +5,8 @@
 //!   (higher modify index, then higher ID) is disabled with an audited CAS write and a
 //!   low-urgency alert. Its latest write is what introduced the contention (P2 disables "the
 //!   one that just appeared or changed"), and no extra reads are needed. A disabled daemon set
-//!   changes no pods.
+//!   changes no pods: one whose selector does not parse only says so (its conditions),
+//!   where an enabled one's reconcile fails.
 //! - **scheduling**: eligible nodes without the pod get it, labelled with
 //!   `daemon_set_id` only, in name order and as P2's replicator, at most [`MAX_IN_FLIGHT`]
 //!   nodes on their way to healthy at a time (new and replaced alike, below); a node already
@@ -256,7 +257,17 @@ impl DsFarm {
             let mut facts = facts(&ds.value, planned.as_ref());
             facts.contender = rival;
             self.publish_conditions(ctx, id, ds, &facts).await?;
-            let mut status = planned?.status;
+            // A selector that does not parse is told by the conditions, not as a failure:
+            // a disabled daemon set changes no pods, so trying again would change nothing
+            // until it is written again (which the next pass sees), only log and back off
+            // for as long as it stays so. It targets no node, as its view counts it.
+            let mut status = match planned {
+                Ok(plan) => plan.status,
+                Err(_) => DaemonSetFarmStatus {
+                    manifest_sha: ds.value.manifest.sha(),
+                    ..DaemonSetFarmStatus::default()
+                },
+            };
             status.replication_in_progress = false;
             self.publish(ctx, id, &lock, status).await?;
             return Ok(None);

@@ -3,10 +3,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::support::farms::{large_pod_labels, rc_doc, Backend, Harness, MANIFEST, NEW_MANIFEST};
+use crate::support::farms::{
+    large_pod_labels, rc_doc, warnings, Backend, Harness, MANIFEST, NEW_MANIFEST,
+};
 use p2_apiserver::kv::{Cas, KvStore, SessionSpec};
 use p2_apiserver::labels::LabelType;
-use p2_apiserver::model::event::{Action, Event};
+use p2_apiserver::layout;
+use p2_apiserver::model::event::{Action, Event, ObjectKind};
 use p2_apiserver::model::Manifest;
 use serde_json::{json, Value};
 
@@ -546,6 +549,50 @@ async fn a_rollout_paused_while_its_write_was_on_its_way_writes_nothing() {
         "the paused daemon set's new manifest was written"
     );
     assert_eq!(intents_with(&h, MANIFEST).await, 2);
+}
+
+/// A disabled daemon set whose stored selector does not parse (written by another tool)
+/// changes no pods, so there is nothing to try again until it is written again: it says
+/// why in its conditions, and its status tells no node targeted, but reconciling it is no
+/// failure, logged and backed off at every retry for as long as it stays so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disabled_daemon_set_whose_selector_does_not_parse_is_no_failure() {
+    let h = Harness::start().await;
+    h.web_nodes(1).await;
+    let mut doc = ds_doc("role in (web", 0, Duration::from_secs(600));
+    doc["disabled"] = true.into();
+    let id = h.put_ds(doc).await;
+    let conditions = layout::conditions(ObjectKind::Daemonsets, &id);
+    let progressing = h
+        .wait_until(|| async {
+            let pair = h.store.get(&conditions).await.unwrap()?;
+            let record: Value = serde_json::from_slice(&pair.value).unwrap();
+            let found = record["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Progressing");
+            found.cloned()
+        })
+        .await;
+    assert_eq!(
+        progressing["reason"], "InvalidNodeSelector",
+        "{progressing}"
+    );
+    assert_eq!(progressing["status"], "False");
+
+    // A daemon set stored now lands in a pass after the one that published those
+    // conditions, whose reconcile of the first has ended by then.
+    let other = h
+        .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
+        .await;
+    wait_for_ds_nodes(&h, &other, &["node1"]).await;
+    let failed = warnings("p2_apiserver::farms", &id);
+    assert!(failed.is_empty(), "reconciling it failed: {failed:?}");
+    let status = h.wait_until(|| async { h.ds_status(&id).await }).await;
+    assert_eq!(status["manifest_sha"], sha(MANIFEST).as_str());
+    assert_eq!(status["nodes_deployed"], 0);
+    assert_eq!(status["replication_in_progress"], false);
+    assert!(h.labelled_nodes(DS_ID, &id).await.is_empty());
 }
 
 /// The pods of a gone daemon set whose ownership lock another farm's live session still
