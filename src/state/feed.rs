@@ -79,6 +79,9 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
             (Instant::now() + wait + wait / 16 + WATCH_SLACK).into_std()
         });
         mirror.watch_started(tree, overdue, last_success.into_std());
+        // Made before the read is sent, so that a reader's signal from then on asks this
+        // read again, and no signal sent before it does (see below).
+        let asked_again = mirror.refresh(tree).notified();
         let read = AssertUnwindSafe(async {
             if fresh {
                 mirror.store().list(&prefix).await.map(PrefixUpdate::Whole)
@@ -100,13 +103,15 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
         // radix tree nearest the prefix), so the reader, told that index by the store,
         // would wait for the read's whole wait. Asked again, the store answers at once when
         // the index moved. A read is given the pacing interval to answer first, so that
-        // waits in turn cannot keep the tree from ever being read.
+        // waits in turn cannot keep the tree from ever being read. Only a read under way
+        // when the reader asks is asked again: one sent after it finds the index moved
+        // and answers at once, so asking it again too would only read the tree once more.
         let sent = Instant::now();
         let refresh = async {
             if fresh {
                 std::future::pending::<()>().await;
             }
-            mirror.refresh(tree).notified().await;
+            asked_again.await;
             tokio::time::sleep_until(sent + config.min_reread_interval).await;
         };
         let result = tokio::select! {

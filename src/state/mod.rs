@@ -754,7 +754,8 @@ struct Inner {
     wanted: Vec<Notify>,
     /// By tree position: someone waits for a tree that holds nothing to catch up with the
     /// store's index for it, so its blocking read under way is to be asked again (see
-    /// `feed::follow`).
+    /// `feed::follow`). Notified to the reads under way only ([`Notify::notify_waiters`]),
+    /// storing nothing for a read sent later.
     refresh: Vec<Notify>,
     /// By tree position: held while a reader asks the store for the tree's index and waits
     /// for the tree's watch to list past it ([`Mirror::catch_up`]), so that readers waiting
@@ -1555,11 +1556,13 @@ impl Mirror {
     /// Has `tree`, which a reader waits for, read without waiting out its pacing, and its
     /// blocking read under way asked again when it holds nothing: on Consul such a read
     /// need not be woken by the write elsewhere that moved the index the reader waits for
-    /// (see `feed::follow`).
+    /// (see `feed::follow`). Only a read under way is asked again: a read sent after this
+    /// finds the index the reader waits for moved and answers at once, while a signal kept
+    /// for it would have it sent twice.
     fn hurry(&self, tree: Tree) {
         self.wanted(tree).notify_one();
         if self.read().tree(tree).holds_nothing() {
-            self.refresh(tree).notify_one();
+            self.refresh(tree).notify_waiters();
         }
     }
 
@@ -1638,6 +1641,7 @@ impl Mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::{Cas, Listing, SessionInfo, SessionSpec, StoreError, StoreResult};
 
     fn answered(key: &str, modify_index: u64) -> Option<KvPair> {
         Some(KvPair {
@@ -1768,6 +1772,148 @@ mod tests {
         let unstreamed = mirror.unstreamed_deletes(Tree::Rolls);
         let keys: Vec<&str> = unstreamed.iter().map(|e| e.pair.key.as_str()).collect();
         assert_eq!(keys, [roll]);
+    }
+
+    /// A store that holds nothing, whose blocking reads of one tree it counts and answers
+    /// one by one when told to ([`HeldReads::answer`]), and whose other blocking reads
+    /// never answer.
+    struct HeldReads {
+        prefix: String,
+        sent: watch::Sender<usize>,
+        answered: watch::Sender<usize>,
+        answers: tokio::sync::Semaphore,
+    }
+
+    impl HeldReads {
+        fn new(tree: Tree) -> Arc<HeldReads> {
+            Arc::new(HeldReads {
+                prefix: tree.prefix(),
+                sent: watch::channel(0).0,
+                answered: watch::channel(0).0,
+                answers: tokio::sync::Semaphore::new(0),
+            })
+        }
+
+        /// How many reads of the tree were sent.
+        fn sent(&self) -> usize {
+            *self.sent.borrow()
+        }
+
+        /// Waits until `n` reads of the tree were sent, for at most a minute.
+        async fn until_sent(&self, n: usize) {
+            let mut sent = self.sent.subscribe();
+            let reached = async move { sent.wait_for(|sent| *sent >= n).await.is_ok() };
+            let reached = tokio::time::timeout(Duration::from_secs(60), reached).await;
+            assert_eq!(reached, Ok(true), "{} reads sent, not {n}", self.sent());
+        }
+
+        /// Answers the read under way, and waits until it has been answered.
+        async fn answer(&self) {
+            let answered = *self.answered.borrow();
+            self.answers.add_permits(1);
+            let mut done = self.answered.subscribe();
+            done.wait_for(|done| *done > answered).await.unwrap();
+        }
+    }
+
+    fn unused<T>() -> StoreResult<T> {
+        Err(StoreError::Invalid("not used by this test".into()))
+    }
+
+    #[async_trait::async_trait]
+    impl KvStore for HeldReads {
+        async fn get(&self, _: &str) -> StoreResult<Option<KvPair>> {
+            unused()
+        }
+        async fn list(&self, _: &str) -> StoreResult<Listing> {
+            Ok(Listing {
+                index: 1,
+                pairs: Vec::new(),
+            })
+        }
+        async fn keys(&self, _: &str, _: Option<char>) -> StoreResult<(u64, Vec<String>)> {
+            Ok((1, Vec::new()))
+        }
+        async fn current_index(&self, _: &str) -> StoreResult<Option<u64>> {
+            Ok(Some(1))
+        }
+        async fn put(&self, _: &str, _: &[u8], _: Cas) -> StoreResult<()> {
+            unused()
+        }
+        async fn delete(&self, _: &str, _: Cas) -> StoreResult<()> {
+            unused()
+        }
+        async fn delete_prefix(&self, _: &str) -> StoreResult<()> {
+            unused()
+        }
+        async fn txn(&self, _: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
+            unused()
+        }
+        async fn create_session(&self, _: &SessionSpec) -> StoreResult<String> {
+            unused()
+        }
+        async fn renew_session(&self, _: &str) -> StoreResult<SessionInfo> {
+            unused()
+        }
+        async fn destroy_session(&self, _: &str) -> StoreResult<()> {
+            unused()
+        }
+        async fn session_info(&self, _: &str) -> StoreResult<Option<SessionInfo>> {
+            unused()
+        }
+        async fn acquire(&self, _: &str, _: &[u8], _: &str) -> StoreResult<bool> {
+            unused()
+        }
+        async fn release(&self, _: &str, _: &str) -> StoreResult<bool> {
+            unused()
+        }
+        async fn watch(&self, target: &WatchTarget, _: u64, _: Duration) -> StoreResult<Listing> {
+            if !matches!(target, WatchTarget::Prefix(prefix) if *prefix == self.prefix) {
+                std::future::pending::<()>().await;
+            }
+            self.sent.send_modify(|sent| *sent += 1);
+            self.answers.acquire().await.unwrap().forget();
+            self.answered.send_modify(|answered| *answered += 1);
+            self.list(&self.prefix).await
+        }
+        async fn ping(&self) -> StoreResult<()> {
+            Ok(())
+        }
+    }
+
+    /// A reader's ask-again for a tree that holds nothing asks the read under way again,
+    /// and only that one: asked while no read was under way (between two), it would
+    /// otherwise be kept, and the next read, sent at once for the reader, asked again
+    /// after the pacing interval, one read more than the reader needed.
+    #[tokio::test(start_paused = true)]
+    async fn asking_a_tree_again_between_its_reads_leaves_its_next_read_alone() {
+        let tree = Tree::Rolls;
+        let store = HeldReads::new(tree);
+        let config = MirrorConfig::default();
+        let interval = config.min_reread_interval;
+        let mirror = Mirror::new(store.clone(), config);
+        let cancel = CancellationToken::new();
+        mirror.start(&TaskTracker::new(), cancel.clone());
+        mirror.loaded().await;
+        assert!(mirror.read().tree(tree).holds_nothing());
+
+        // The tree's first blocking read answers: none is under way while it is paced.
+        store.until_sent(1).await;
+        store.answer().await;
+        mirror.hurry(tree);
+        store.until_sent(2).await;
+        tokio::time::sleep(interval * 4).await;
+        assert_eq!(
+            store.sent(),
+            2,
+            "the read sent for the reader was asked again"
+        );
+
+        // Asked while a read is under way, that read is asked again once it has had the
+        // pacing interval to answer.
+        mirror.hurry(tree);
+        store.until_sent(3).await;
+        cancel.cancel();
     }
 
     /// A client cut off resumes from its last position, which must still be retained.
