@@ -166,10 +166,18 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                     };
                     went_back_alone = true;
                 }
+                // Not taken in once the store went backwards since the read was sent
+                // (a large listing is decoded meanwhile): it is of the old store, and the
+                // tree is read whole again.
                 let applied = if fresh || went_back_alone || update.index() != index {
                     let listed = update.index();
-                    let apply = AssertUnwindSafe(|| mirror.apply_update(tree, update, fresh));
-                    std::panic::catch_unwind(apply).map(|()| index = listed)
+                    let apply =
+                        AssertUnwindSafe(|| mirror.apply_update(tree, update, fresh, seen_epoch));
+                    std::panic::catch_unwind(apply).map(|taken| {
+                        if taken {
+                            index = listed;
+                        }
+                    })
                 } else {
                     Ok(())
                 };
@@ -178,8 +186,8 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                         backoff.reset();
                         // Unless the store went backwards meanwhile: `known` was the old
                         // store's.
-                        if !fresh && *epoch.borrow() == seen_epoch {
-                            mirror.read_through(tree, known);
+                        if !fresh {
+                            mirror.read_through(tree, known, seen_epoch);
                         }
                         continue;
                     }

@@ -1029,11 +1029,7 @@ impl Mirror {
             }
         }
         // `known` was the old store's if the store went backwards meanwhile.
-        if *self.inner.epoch.borrow() != epoch {
-            return false;
-        }
-        self.read_through(tree, known);
-        true
+        self.read_through(tree, known, epoch)
     }
 
     /// Waits until `done` holds, checking it after every change.
@@ -1533,13 +1529,25 @@ impl Mirror {
         })
     }
 
-    /// Merges a listing of `tree`, or what changed in it, decoding outside the lock.
-    fn apply_update(&self, tree: Tree, update: PrefixUpdate, authoritative: bool) {
+    /// Merges a listing of `tree`, or what changed in it, decoding outside the lock, unless
+    /// the store went backwards since the read was sent, in `epoch`: the read is of the old
+    /// store, and a whole one taken in would count the tree as read again. Whether it was.
+    fn apply_update(
+        &self,
+        tree: Tree,
+        update: PrefixUpdate,
+        authoritative: bool,
+        epoch: u64,
+    ) -> bool {
         let (prepared, pairs) = self.read().prepare(tree, update, authoritative);
         let prepared = prepared.decode(pairs);
         let mut state = self.write();
+        if !self.in_epoch(epoch) {
+            return false;
+        }
         state.apply(prepared);
         self.publish(&state);
+        true
     }
 
     /// Notified when someone waits for `tree` to catch up (see [`Inner::wanted`]).
@@ -1617,11 +1625,22 @@ impl Mirror {
     }
 
     /// Notes that `tree` holds every change up to `known`: a read of it that began once
-    /// `known` was committed has been applied.
-    fn read_through(&self, tree: Tree, known: u64) {
+    /// `known` was committed has been applied. Unless the store went backwards since
+    /// `known` was read, in `epoch`: it is the old store's. Whether it was noted.
+    fn read_through(&self, tree: Tree, known: u64, epoch: u64) -> bool {
         let mut state = self.write();
+        if !self.in_epoch(epoch) {
+            return false;
+        }
         let tree = &mut state.trees[tree.position()];
         tree.complete = tree.complete.max(known);
+        true
+    }
+
+    /// Whether the mirror's epoch is still `epoch`. Asked with the state's lock held, it
+    /// stays so until the lock is let go: [`Mirror::resync`] moves it under that lock.
+    fn in_epoch(&self, epoch: u64) -> bool {
+        *self.inner.epoch.borrow() == epoch
     }
 
     /// Wakes everyone waiting on the mirror's index.

@@ -1101,6 +1101,76 @@ async fn a_probe_across_a_resync_marks_nothing_of_the_old_store() {
     );
 }
 
+/// A tree's whole listing answered before the store went backwards but taken in after (a
+/// large one is decoded meanwhile) is of the store as it was: it does not count as the
+/// tree's read again. Here the store goes backwards twice, and the node labels' listing of
+/// the second store, answered, is stalled while the store goes backwards again. Before,
+/// it was taken in all the same: the tree held the second store's node label, counted as
+/// read again (no longer loading), beside trees read from the third, and the farms' world
+/// and the API's reads took it as the store's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listing_answered_before_the_store_went_backwards_is_not_taken_in_after() {
+    let (old, middle, fresh) = (sqlite().await, sqlite().await, sqlite().await);
+    for i in 0..50 {
+        let key = format!("replication_controllers/old{i}");
+        old.store.put(&key, b"{}", Cas::Any).await.unwrap();
+    }
+    old.store
+        .put("labels/node/old", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    // The second store, at indexes below the first's and above the third's.
+    for i in 0..20 {
+        let key = format!("replication_controllers/middle{i}");
+        middle.store.put(&key, b"{}", Cas::Any).await.unwrap();
+    }
+    middle
+        .store
+        .put("labels/node/middle", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    let (switch, mirror, _running) = behind_a_switch(&old, &fresh, config()).await;
+
+    // The store goes backwards: the node labels' listing of the second store, once
+    // answered, is stalled.
+    *switch.stalled_lists.lock().unwrap() = Some("labels/node/".into());
+    turn_to_fresh(&switch, &old, &middle).await;
+    eventually(|| {
+        switch.stalling_a_list.load(Ordering::SeqCst) && mirror.health().loading == ["labels/node/"]
+    })
+    .await;
+
+    // It goes backwards again (the RCs' re-read is slow, so that the mirror is seen reading
+    // every tree again), and the node labels' next listing is held.
+    switch.slow_lists(Some("replication_controllers/"));
+    *switch.held_lists.lock().unwrap() = Some("labels/node/".into());
+    *switch.inner.write().unwrap() = fresh.store.clone();
+    middle
+        .store
+        .put("replication_controllers/middle0", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    eventually(|| {
+        let loading = mirror.health().loading;
+        loading.contains(&"replication_controllers/".to_owned())
+    })
+    .await;
+    // The stalled listing comes back to the node labels' watch, which reads them again.
+    *switch.stalled_lists.lock().unwrap() = None;
+    eventually(|| switch.holding_a_list.load(Ordering::SeqCst)).await;
+
+    let loading = mirror.health().loading;
+    let holds_middle = mirror.get("labels/node/middle").is_some();
+    *switch.held_lists.lock().unwrap() = None;
+    switch.slow_lists(None);
+    assert!(
+        loading.contains(&"labels/node/".to_owned()) && !holds_middle,
+        "the node labels count as read again (loading: {loading:?}), holding the second \
+         store's labels/node/middle: {holds_middle}"
+    );
+    assert_converges(&mirror, fresh.store.as_ref()).await;
+}
+
 /// The server's own blocking watches of Consul (one per tree its mirror follows, one for
 /// its election) each hold a connection for a whole wait. Given the fewest connections its
 /// flag accepts, a server must still keep them all open at once: a watch left waiting for

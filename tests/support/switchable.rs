@@ -47,6 +47,12 @@ pub struct Switchable {
     pub held_lists: Mutex<Option<String>>,
     /// Whether a listing's answer is being kept (see `held_lists`).
     pub holding_a_list: AtomicBool,
+    /// Listings of prefixes under this one, once answered, hold the thread polling them
+    /// until it is cleared, as taking in a large listing holds it: the reader then has the
+    /// answer in the very poll that got it, whatever happened meanwhile.
+    pub stalled_lists: Mutex<Option<String>>,
+    /// Whether a listing's answer is being stalled (see `stalled_lists`).
+    pub stalling_a_list: AtomicBool,
     /// How many watches answered at an index lowered as `reaped` asks.
     pub reaped_answers: AtomicUsize,
 }
@@ -88,6 +94,8 @@ impl Switchable {
             listed: Mutex::default(),
             held_lists: Mutex::default(),
             holding_a_list: AtomicBool::new(false),
+            stalled_lists: Mutex::default(),
+            stalling_a_list: AtomicBool::new(false),
             reaped_answers: AtomicUsize::new(0),
         })
     }
@@ -138,6 +146,16 @@ impl KvStore for Switchable {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         self.holding_a_list.store(false, Ordering::SeqCst);
+        if Self::under(&self.stalled_lists, prefix) {
+            self.stalling_a_list.store(true, Ordering::SeqCst);
+            // The runtime's other tasks go on meanwhile, on another thread.
+            tokio::task::block_in_place(|| {
+                while Self::under(&self.stalled_lists, prefix) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+            self.stalling_a_list.store(false, Ordering::SeqCst);
+        }
         Ok(self.as_reaped(prefix, listing))
     }
     async fn keys(&self, prefix: &str, separator: Option<char>) -> StoreResult<(u64, Vec<String>)> {
