@@ -136,13 +136,15 @@ pub(super) async fn follow(mirror: Mirror, tree: Tree, cancel: CancellationToken
                             () = cancel.cancelled() => return,
                         };
                     if gone_back {
-                        tracing::warn!(
-                            prefix,
-                            was = floor,
-                            now = update.index(),
-                            "the store's index went backwards; re-reading every tree"
-                        );
-                        mirror.resync();
+                        // Unless another tree or the heartbeat saw it first.
+                        if mirror.resync(seen_epoch) {
+                            tracing::warn!(
+                                prefix,
+                                was = floor,
+                                now = update.index(),
+                                "the store's index went backwards; re-reading every tree"
+                            );
+                        }
                         continue;
                     }
                     tracing::debug!(
@@ -250,13 +252,12 @@ pub(super) async fn heartbeat(mirror: Mirror, cancel: CancellationToken) {
         };
         mirror.store_answered();
         // Unless a tree saw it first.
-        if index.is_some_and(|index| index < known) && *epoch.borrow() == seen_epoch {
+        if index.is_some_and(|index| index < known) && mirror.resync(seen_epoch) {
             tracing::warn!(
                 was = known,
                 now = index,
                 "the store's index went backwards; re-reading every tree"
             );
-            mirror.resync();
         }
     }
 }

@@ -1574,15 +1574,22 @@ impl Mirror {
         }
     }
 
-    /// The store went backwards: subscribers start again and every tree re-reads.
-    fn resync(&self) {
+    /// The store went backwards, as a reader in `epoch` saw: subscribers start again and
+    /// every tree re-reads, unless the epoch moved since (another reader saw it first, and
+    /// every tree has been read again since, or is being). Whether it did: a fall that
+    /// several trees' watches see at once is one resync, not one per tree.
+    fn resync(&self, epoch: u64) -> bool {
         let state = &mut *self.write();
+        if !self.in_epoch(epoch) {
+            return false;
+        }
         state.stream.resync();
         for tree in &mut state.trees {
             tree.reread = true;
             tree.complete = 0;
         }
         self.inner.epoch.send_modify(|epoch| *epoch += 1);
+        true
     }
 
     /// Notes that `tree`'s watch has sent a read, which is overdue once `overdue` passes

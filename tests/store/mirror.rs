@@ -1171,6 +1171,70 @@ async fn a_listing_answered_before_the_store_went_backwards_is_not_taken_in_afte
     assert_converges(&mirror, fresh.store.as_ref()).await;
 }
 
+/// A store gone backwards that two trees' watches see at once has every tree read again
+/// once: the second tree's probe of the store answers after the first tree had every tree
+/// read again, and that tree alone is read again (its watch's read was of the old store).
+/// Before, each tree that saw the fall had every tree read whole again, and every change
+/// stream's subscriber start again, as many times as trees saw it.
+#[tokio::test]
+async fn a_store_going_backwards_seen_by_two_trees_is_read_again_once() {
+    let (old, fresh) = (sqlite().await, sqlite().await);
+    for i in 0..20 {
+        let key = format!("replication_controllers/old{i}");
+        old.store.put(&key, b"{}", Cas::Any).await.unwrap();
+    }
+    old.store
+        .put("labels/node/old", b"{}", Cas::Any)
+        .await
+        .unwrap();
+    // Only the trees woken below find the fall: the others wait on the old store until
+    // every tree is read again, and the heartbeat never comes.
+    let config = MirrorConfig {
+        watch_wait: Duration::from_secs(600),
+        heartbeat_interval: Duration::from_secs(600),
+        ..config()
+    };
+    let (switch, mirror, _running) = behind_a_switch(&old, &fresh, config).await;
+    let health = Tree::Health.prefix();
+    let listings_of_health = || {
+        let listed = switch.listed.lock().unwrap();
+        listed.iter().filter(|prefix| **prefix == health).count()
+    };
+    let before = listings_of_health();
+
+    // The RCs' and the node labels' watches come back and find the store's index lower;
+    // their probes of the store wait.
+    switch.gated_probes.store(true, Ordering::SeqCst);
+    *switch.inner.write().unwrap() = fresh.store.clone();
+    let ops = [
+        TxnOp::Set {
+            key: "replication_controllers/old0".into(),
+            value: b"{}".to_vec(),
+        },
+        TxnOp::Set {
+            key: "labels/node/old".into(),
+            value: b"{}".to_vec(),
+        },
+    ];
+    old.store.txn(&ops).await.unwrap();
+    eventually(|| switch.probes_waiting.load(Ordering::SeqCst) == 2).await;
+
+    // One probe answers: every tree is read again, but the other prober's.
+    switch.probe_permits.add_permits(1);
+    eventually(|| mirror.health().loading.len() == 1).await;
+    assert_eq!(listings_of_health(), before + 1);
+    // The other answers: its tree is read again.
+    switch.probe_permits.add_permits(1);
+    eventually(|| mirror.health().loading.is_empty()).await;
+
+    assert_eq!(
+        listings_of_health() - before,
+        1,
+        "the health results were read whole again once per tree that saw the fall"
+    );
+    assert_converges(&mirror, fresh.store.as_ref()).await;
+}
+
 /// The server's own blocking watches of Consul (one per tree its mirror follows, one for
 /// its election) each hold a connection for a whole wait. Given the fewest connections its
 /// flag accepts, a server must still keep them all open at once: a watch left waiting for

@@ -13,6 +13,7 @@ use p2_apiserver::kv::{
 };
 use p2_apiserver::layout;
 use p2_apiserver::state::MirrorConfig;
+use tokio::sync::Semaphore;
 
 use crate::support::api::TestApp;
 
@@ -53,6 +54,13 @@ pub struct Switchable {
     pub stalled_lists: Mutex<Option<String>>,
     /// Whether a listing's answer is being stalled (see `stalled_lists`).
     pub stalling_a_list: AtomicBool,
+    /// While set, each read of the store's index (its probe, `KvStore::current_index`)
+    /// waits for a permit of `probe_permits`, as a slow one would.
+    pub gated_probes: AtomicBool,
+    /// Permits for gated reads of the store's index, one each; none at first.
+    pub probe_permits: Semaphore,
+    /// How many reads of the store's index wait for a permit.
+    pub probes_waiting: AtomicUsize,
     /// How many watches answered at an index lowered as `reaped` asks.
     pub reaped_answers: AtomicUsize,
 }
@@ -96,6 +104,9 @@ impl Switchable {
             holding_a_list: AtomicBool::new(false),
             stalled_lists: Mutex::default(),
             stalling_a_list: AtomicBool::new(false),
+            gated_probes: AtomicBool::new(false),
+            probe_permits: Semaphore::new(0),
+            probes_waiting: AtomicUsize::new(0),
             reaped_answers: AtomicUsize::new(0),
         })
     }
@@ -165,6 +176,12 @@ impl KvStore for Switchable {
         self.store()?.keys(prefix, separator).await
     }
     async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>> {
+        if self.gated_probes.load(Ordering::SeqCst) {
+            self.probes_waiting.fetch_add(1, Ordering::SeqCst);
+            let permit = self.probe_permits.acquire().await;
+            permit.expect("the permits are never closed").forget();
+            self.probes_waiting.fetch_sub(1, Ordering::SeqCst);
+        }
         self.store()?.current_index(probe).await
     }
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()> {
