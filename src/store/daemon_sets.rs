@@ -457,7 +457,6 @@ fn written_index(results: &[Option<KvPair>]) -> u64 {
         .map_or(0, |pair| pair.modify_index)
 }
 
-/// How errors name a daemon set.
 /// How messages name the daemon set `id`.
 pub fn describe(id: Uuid) -> String {
     format!("daemon set {id}")
