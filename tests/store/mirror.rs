@@ -683,6 +683,13 @@ async fn node_labels_held_behind_the_rcs(
 /// A mirror of an old store (50 RCs and a node label) behind a switch, and the fresh store
 /// (one other node label, at lower indexes) the switch can turn to.
 async fn about_to_go_backwards() -> (Backend, Backend, Arc<Switchable>, Mirror, Running) {
+    about_to_go_backwards_with(config()).await
+}
+
+/// [`about_to_go_backwards`], the mirror configured as `config`.
+async fn about_to_go_backwards_with(
+    config: MirrorConfig,
+) -> (Backend, Backend, Arc<Switchable>, Mirror, Running) {
     let (old, fresh) = (sqlite().await, sqlite().await);
     for i in 0..50 {
         let key = format!("replication_controllers/old{i}");
@@ -692,7 +699,7 @@ async fn about_to_go_backwards() -> (Backend, Backend, Arc<Switchable>, Mirror, 
         .put("labels/node/old", b"{}", Cas::Any)
         .await
         .unwrap();
-    let (switch, mirror, running) = behind_a_switch(&old, &fresh, config()).await;
+    let (switch, mirror, running) = behind_a_switch(&old, &fresh, config).await;
     (old, fresh, switch, mirror, running)
 }
 
@@ -1178,15 +1185,6 @@ async fn a_listing_answered_before_the_store_went_backwards_is_not_taken_in_afte
 /// stream's subscriber start again, as many times as trees saw it.
 #[tokio::test]
 async fn a_store_going_backwards_seen_by_two_trees_is_read_again_once() {
-    let (old, fresh) = (sqlite().await, sqlite().await);
-    for i in 0..20 {
-        let key = format!("replication_controllers/old{i}");
-        old.store.put(&key, b"{}", Cas::Any).await.unwrap();
-    }
-    old.store
-        .put("labels/node/old", b"{}", Cas::Any)
-        .await
-        .unwrap();
     // Only the trees woken below find the fall: the others wait on the old store until
     // every tree is read again, and the heartbeat never comes.
     let config = MirrorConfig {
@@ -1194,7 +1192,7 @@ async fn a_store_going_backwards_seen_by_two_trees_is_read_again_once() {
         heartbeat_interval: Duration::from_secs(600),
         ..config()
     };
-    let (switch, mirror, _running) = behind_a_switch(&old, &fresh, config).await;
+    let (old, fresh, switch, mirror, _running) = about_to_go_backwards_with(config).await;
     let health = Tree::Health.prefix();
     let listings_of_health = || {
         let listed = switch.listed.lock().unwrap();
