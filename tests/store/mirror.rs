@@ -686,19 +686,23 @@ async fn about_to_go_backwards() -> (Backend, Backend, Arc<Switchable>, Mirror, 
     about_to_go_backwards_with(config()).await
 }
 
+/// A store holding `rcs` RCs and one node label, each key named after `name`.
+async fn holding(name: &str, rcs: usize) -> Backend {
+    let backend = sqlite().await;
+    for i in 0..rcs {
+        let key = format!("replication_controllers/{name}{i}");
+        backend.store.put(&key, b"{}", Cas::Any).await.unwrap();
+    }
+    let label = format!("labels/node/{name}");
+    backend.store.put(&label, b"{}", Cas::Any).await.unwrap();
+    backend
+}
+
 /// [`about_to_go_backwards`], the mirror configured as `config`.
 async fn about_to_go_backwards_with(
     config: MirrorConfig,
 ) -> (Backend, Backend, Arc<Switchable>, Mirror, Running) {
-    let (old, fresh) = (sqlite().await, sqlite().await);
-    for i in 0..50 {
-        let key = format!("replication_controllers/old{i}");
-        old.store.put(&key, b"{}", Cas::Any).await.unwrap();
-    }
-    old.store
-        .put("labels/node/old", b"{}", Cas::Any)
-        .await
-        .unwrap();
+    let (old, fresh) = (holding("old", 50).await, sqlite().await);
     let (switch, mirror, running) = behind_a_switch(&old, &fresh, config).await;
     (old, fresh, switch, mirror, running)
 }
@@ -1117,25 +1121,9 @@ async fn a_probe_across_a_resync_marks_nothing_of_the_old_store() {
 /// and the API's reads took it as the store's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_listing_answered_before_the_store_went_backwards_is_not_taken_in_after() {
-    let (old, middle, fresh) = (sqlite().await, sqlite().await, sqlite().await);
-    for i in 0..50 {
-        let key = format!("replication_controllers/old{i}");
-        old.store.put(&key, b"{}", Cas::Any).await.unwrap();
-    }
-    old.store
-        .put("labels/node/old", b"{}", Cas::Any)
-        .await
-        .unwrap();
+    let old = holding("old", 50).await;
     // The second store, at indexes below the first's and above the third's.
-    for i in 0..20 {
-        let key = format!("replication_controllers/middle{i}");
-        middle.store.put(&key, b"{}", Cas::Any).await.unwrap();
-    }
-    middle
-        .store
-        .put("labels/node/middle", b"{}", Cas::Any)
-        .await
-        .unwrap();
+    let (middle, fresh) = (holding("middle", 20).await, sqlite().await);
     let (switch, mirror, _running) = behind_a_switch(&old, &fresh, config()).await;
 
     // The store goes backwards: the node labels' listing of the second store, once
