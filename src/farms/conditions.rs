@@ -152,13 +152,11 @@ mod tests {
     use tokio_util::task::TaskTracker;
 
     use super::*;
-    use crate::farms::alerts::Alerter;
-    use crate::farms::fixture::{rc, Fleet, HELLO_1};
+    use crate::farms::fixture::{rc, term_over, Fleet, HELLO_1};
     use crate::farms::rc::RcFarm;
     use crate::farms::Farm;
     use crate::kv::sqlite::SqliteStore;
-    use crate::kv::{Cas, KvPair, KvStore, SessionSpec};
-    use crate::leader::Term;
+    use crate::kv::{Cas, KvPair, KvStore};
     use crate::state::MirrorConfig;
     use crate::store::Versioned;
 
@@ -167,19 +165,10 @@ mod tests {
     /// A term of one server over `store`: its leader session holding the leader lock, and
     /// its farms' session.
     async fn term(store: &Arc<dyn KvStore>, holder: &str) -> FarmContext {
-        let session = |name: String| async move {
-            let spec = SessionSpec::deleting(name, Duration::from_secs(60));
-            store.create_session(&spec).await.unwrap()
-        };
-        let term = Term {
-            leader_session: session(format!("{holder} leader")).await,
-            session: session(format!("{holder} term")).await,
-            cancel: CancellationToken::new(),
-        };
+        let (term, ctx) = term_over(store, holder).await;
         let leader = &term.leader_session;
         assert!(store.acquire(LEADER_LOCK, b"leader", leader).await.unwrap());
-        let alerts = Arc::new(Alerter::new(None));
-        FarmContext::new(store.clone(), &term, alerts, holder.into())
+        ctx
     }
 
     /// A world caught up to `caught_up`, showing RC `X` at index `rc_at` and its ownership

@@ -250,3 +250,23 @@ pub fn context(store: Arc<dyn crate::kv::KvStore>) -> super::FarmContext {
     let alerts = Arc::new(super::alerts::Alerter::new(None));
     super::FarmContext::new(store, &term, alerts, "me".into())
 }
+
+/// A term of `holder`'s over `store` (its leader session and its farms' session, named
+/// after it, neither holding a lock yet) and the farms' context of it.
+pub async fn term_over(
+    store: &Arc<dyn crate::kv::KvStore>,
+    holder: &str,
+) -> (crate::leader::Term, super::FarmContext) {
+    let session = |name: String| async move {
+        let spec = crate::kv::SessionSpec::deleting(name, std::time::Duration::from_secs(60));
+        store.create_session(&spec).await.unwrap()
+    };
+    let term = crate::leader::Term {
+        leader_session: session(format!("{holder} leader")).await,
+        session: session(format!("{holder} term")).await,
+        cancel: tokio_util::sync::CancellationToken::new(),
+    };
+    let alerts = Arc::new(super::alerts::Alerter::new(None));
+    let ctx = super::FarmContext::new(store.clone(), &term, alerts, holder.into());
+    (term, ctx)
+}

@@ -938,12 +938,7 @@ mod tests {
     async fn term_context(dir: &tempfile::TempDir) -> FarmContext {
         let path = dir.path().join("store.db").display().to_string();
         let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-        let term = Term {
-            leader_session: session(store.as_ref(), "leader").await,
-            session: session(store.as_ref(), "term").await,
-            cancel: CancellationToken::new(),
-        };
-        FarmContext::new(store, &term, Arc::new(Alerter::new(None)), "me".into())
+        fixture::term_over(&store, "me").await.1
     }
 
     #[tokio::test]

@@ -1705,28 +1705,13 @@ mod tests {
         FarmContext,
     ) {
         use crate::kv::sqlite::SqliteStore;
-        use crate::kv::{KvStore, SessionSpec};
-        use crate::leader::Term;
+        use crate::kv::KvStore;
         use std::sync::Arc;
-        use tokio_util::sync::CancellationToken;
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.db").display().to_string();
         let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-        let session = |name: &'static str| {
-            let store = store.clone();
-            async move {
-                let spec = SessionSpec::deleting(name, Duration::from_secs(60));
-                store.create_session(&spec).await.unwrap()
-            }
-        };
-        let term = Term {
-            leader_session: session("leader").await,
-            session: session("term").await,
-            cancel: CancellationToken::new(),
-        };
-        let alerts = Arc::new(super::super::alerts::Alerter::new(None));
-        let ctx = FarmContext::new(store.clone(), &term, alerts, "me".into());
+        let (term, ctx) = crate::farms::fixture::term_over(&store, "me").await;
         let fence = layout::roll_ownership(NEW);
         assert!(store.acquire(&fence, b"me", &term.session).await.unwrap());
         (dir, store, ctx)
