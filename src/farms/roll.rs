@@ -189,18 +189,24 @@ impl Farm for RollFarm {
             let now = Moment::now();
             let ready_since = self.ready_since.get(id).copied();
             let action = plan(world, &ctx.session, id, &roll.value, ready_since, now);
-            let unreadable = (action == Action::RcMissing)
+            let unreadable = matches!(action, Action::RcMissing(_))
                 .then(|| self.unreadable_rc(world, &roll.value))
                 .flatten();
             let activity =
                 unreadable.map_or_else(|| activity(&action, &roll.value), RollActivity::Stuck);
             let applied = self.apply(ctx, world, id, roll, action, now).await;
+            let activity = match &applied {
+                Ok(Applied::Unseen(rc)) => {
+                    RollActivity::Waiting(RollWait::UnseenRc { rc: rc.clone() })
+                }
+                _ => activity,
+            };
             let published = match (&applied, &activity) {
                 // A record written for an ended roll would outlive it.
                 (Ok(Applied::Ended), _) => Ok(None),
                 // What the roll goes on doing; or an RC that cannot be decoded, which fails the
                 // read for the roll's ending as its conditions say.
-                (Ok(Applied::Going(_)), _)
+                (Ok(Applied::Going(_) | Applied::Unseen(_)), _)
                 | (Err(_), RollActivity::Stuck(RollStuck::RcUnreadable { .. })) => {
                     self.publish(ctx, world, id, roll, &activity).await
                 }
@@ -238,10 +244,13 @@ impl Farm for RollFarm {
 }
 
 /// What carrying out a roll's action left of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Applied {
     /// The roll goes on; when to run again, if it waits on time.
     Going(Option<Instant>),
+    /// The roll goes on: the store holds its RC `0`, which the world lacks (its RC tree
+    /// lags the store), so the world tells nothing of the roll until it shows the RC.
+    Unseen(String),
     /// The roll was ended (and deleted).
     Ended,
 }
@@ -251,7 +260,7 @@ impl Applied {
     fn wake(self) -> Option<Instant> {
         match self {
             Applied::Going(at) => at,
-            Applied::Ended => None,
+            Applied::Unseen(_) | Applied::Ended => None,
         }
     }
 }
@@ -268,8 +277,9 @@ pub struct RcWrite {
 pub enum Action {
     /// Nothing until the trees change: the RC farms or the pods' health have to move.
     Wait(RollWait),
-    /// An RC of the roll is not in the RC tree: the roll ends once the store confirms it.
-    RcMissing,
+    /// This RC of the roll (the old one, if both) is not in the RC tree: the roll ends once
+    /// the store confirms that an RC of it is gone.
+    RcMissing(String),
     /// Another session holds this mutation lock of the roll's RCs.
     Locked(String),
     /// Take these free mutation locks, held for the whole roll.
@@ -302,11 +312,15 @@ pub fn plan(
     ready_since: Option<Moment>,
     now: Moment,
 ) -> Action {
-    let (Some(old), Some(new)) = (
-        world.rcs.items.get(&spec.old_rc),
-        world.rcs.items.get(&spec.new_rc),
-    ) else {
-        return Action::RcMissing;
+    let old = world.rcs.items.get(&spec.old_rc);
+    let new = world.rcs.items.get(&spec.new_rc);
+    let (Some(old), Some(new)) = (old, new) else {
+        let missing = if old.is_none() {
+            &spec.old_rc
+        } else {
+            &spec.new_rc
+        };
+        return Action::RcMissing(missing.clone());
     };
 
     // Disabling the old RC and enabling the new one would undo each other, on every pass.
@@ -586,14 +600,14 @@ impl RollFarm {
         }
         match action {
             Action::Wait(_) => {}
-            Action::RcMissing => {
+            Action::RcMissing(rc) => {
                 // The RC tree may simply not show an RC written with the roll yet: ask the
                 // store.
                 let store = RcStore::new(ctx.store.clone());
                 if store.get(&spec.old_rc).await?.is_some()
                     && store.get(&spec.new_rc).await?.is_some()
                 {
-                    return Ok(Applied::Going(None));
+                    return Ok(Applied::Unseen(rc));
                 }
                 tracing::warn!(roll = %id, "an RC of the roll is gone; deleting the roll");
                 let ops = finish_ops(ctx, world, id, roll, None, RollOutcome::Failed).await?;
@@ -730,7 +744,7 @@ fn roll_checks(ctx: &FarmContext, id: &str, roll: &Shared<StoredRoll>) -> Vec<Tx
 fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
     match action {
         Action::Wait(wait) => RollActivity::Waiting(wait.clone()),
-        Action::RcMissing => RollActivity::Stuck(RollStuck::RcMissing),
+        Action::RcMissing(rc) => RollActivity::Stuck(RollStuck::RcMissing { rc: rc.clone() }),
         Action::Locked(lock) => {
             RollActivity::Stuck(RollStuck::MutationLockHeld { lock: lock.clone() })
         }
@@ -1356,7 +1370,7 @@ mod tests {
     fn a_missing_rc_is_reported() {
         let mut fleet = rolling(2, 2, 0, 0);
         fleet.rcs.remove(OLD);
-        assert_eq!(run(&fleet, &roll(2, 1)), Action::RcMissing);
+        assert_eq!(run(&fleet, &roll(2, 1)), Action::RcMissing(OLD.into()));
     }
 
     #[test]
@@ -1811,6 +1825,30 @@ mod tests {
         assert!(ended, "the roll was not ended");
         let record = stored_conditions(store.as_ref()).await;
         assert_eq!(record, None, "conditions were written for the ended roll");
+    }
+
+    /// A roll whose new RC the farm's world does not show yet, though the store holds it (the
+    /// RC tree lags the store), goes on: its conditions say that the farm waits to see the
+    /// RC, not that the roll is ending.
+    #[tokio::test]
+    async fn a_roll_over_an_rc_the_world_does_not_show_yet_is_not_published_as_ending() {
+        let (_dir, store, ctx) = term().await;
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+        let write = store_rcs(store.as_ref(), &ctx).await;
+        let mut fleet = owned_roll(&ctx, seen.index);
+        fleet.put_rc(rc(OLD, HELLO_1, 2, ""), write(OLD, 2).index);
+
+        farm(&store).pass(&ctx, &fleet.world()).await;
+        let going = store.get(&layout::roll(NEW)).await.unwrap().is_some();
+        assert!(going, "the roll was ended though the store holds both RCs");
+        let record = stored_conditions(store.as_ref()).await.unwrap();
+        let progressing = (record.conditions.iter())
+            .find(|c| c.condition_type == "Progressing")
+            .unwrap();
+        let shown = (progressing.status, progressing.reason.as_str());
+        let message = &progressing.message;
+        assert_eq!(shown, (ConditionStatus::True, "WaitingForRc"), "{message}");
+        assert!(message.contains(NEW), "{message}");
     }
 
     /// A step whose write failed (the old RC was written again since the farm read it) has

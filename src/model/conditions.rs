@@ -317,6 +317,9 @@ pub enum RollWait {
     /// The new RC's farm still has `remaining` pods beyond the new RC's count (it was scaled
     /// down) to remove, which a step counts none of.
     NewPodRemoval { remaining: i64 },
+    /// The store holds the roll's RC `rc`, which the farm's view of the store does not show
+    /// yet: the roll is planned once it does.
+    UnseenRc { rc: String },
 }
 
 /// Why a roll cannot move at all until something outside it changes.
@@ -346,8 +349,11 @@ pub enum RollStuck {
     AnotherRoll { roll: String },
     /// The roll names one RC as both its old and its new RC.
     SameRc,
-    /// An RC of the roll does not exist; the roll is being ended.
-    RcMissing,
+    /// The farm's view of the store lacks RC `rc` of the roll: the roll is being ended,
+    /// unless the store, asked first, still holds the RC. Shown only as what failed
+    /// ([`RollActivity::Failed`]): an ended roll keeps no conditions, and one whose RC the
+    /// store holds waits for the view to show it ([`RollWait::UnseenRc`]).
+    RcMissing { rc: String },
     /// An RC of the roll is stored but cannot be decoded (`why`): the roll neither moves
     /// nor ends.
     RcUnreadable { rc: String, why: String },
@@ -391,6 +397,7 @@ impl RollWait {
             RollWait::Placement { .. } => "WaitingForPlacement",
             RollWait::OldPodRemoval { .. } => "WaitingForOldPodRemoval",
             RollWait::NewPodRemoval { .. } => "WaitingForNewPodRemoval",
+            RollWait::UnseenRc { .. } => "WaitingForRc",
         }
     }
 
@@ -417,6 +424,9 @@ impl RollWait {
                 "waiting for the new RC's farm to remove the {} it no longer wants",
                 pods(*remaining)
             ),
+            RollWait::UnseenRc { rc } => format!(
+                "waiting for the farm's view of the store to show RC {rc}, which the store holds"
+            ),
         }
     }
 }
@@ -431,7 +441,7 @@ impl RollStuck {
             RollStuck::MutationLockHeld { .. } => "MutationLockHeld",
             RollStuck::AnotherRoll { .. } => "AnotherRoll",
             RollStuck::SameRc => "SameRc",
-            RollStuck::RcMissing => "RcMissing",
+            RollStuck::RcMissing { .. } => "RcMissing",
             RollStuck::RcUnreadable { .. } => "RcUnreadable",
             RollStuck::InvalidCounts { .. } => "InvalidCounts",
         }
@@ -477,7 +487,9 @@ impl RollStuck {
                 "roll {roll} moves the replicas of one of its RCs too, and one roll at a time does; cancel one of them"
             ),
             RollStuck::SameRc => "the roll names one RC as both its old and its new RC, so there are no replicas to move; cancel it".into(),
-            RollStuck::RcMissing => "an RC of the roll does not exist, so the roll is ending".into(),
+            RollStuck::RcMissing { rc } => format!(
+                "the farm's view of the store has no RC {rc}, so the roll is ending unless the store still holds it"
+            ),
             RollStuck::RcUnreadable { rc, why } => format!(
                 "the stored RC {rc} cannot be decoded ({why}), so the roll can neither move nor end; cancel the roll, then DELETE /api/v1/rcs/{rc} removes it"
             ),
@@ -930,6 +942,11 @@ mod tests {
                 "WaitingForNewPodRemoval",
             ),
             (
+                RollActivity::Waiting(RollWait::UnseenRc { rc: "rc".into() }),
+                True,
+                "WaitingForRc",
+            ),
+            (
                 RollActivity::Stuck(RollStuck::NoHealthyHeadroom {
                     old_healthy: 1,
                     new_healthy: 1,
@@ -967,7 +984,7 @@ mod tests {
             ),
             (RollActivity::Stuck(RollStuck::SameRc), False, "SameRc"),
             (
-                RollActivity::Stuck(RollStuck::RcMissing),
+                RollActivity::Stuck(RollStuck::RcMissing { rc: "rc".into() }),
                 False,
                 "RcMissing",
             ),
