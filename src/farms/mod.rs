@@ -109,6 +109,11 @@ impl FarmError {
     pub fn is_conflict(&self) -> bool {
         matches!(self, FarmError::Store(StoreError::Conflict { .. }))
     }
+
+    /// Whether a write was sent but its answer lost: it may have landed, or land yet.
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, FarmError::Store(StoreError::OutcomeUnknown(_)))
+    }
 }
 
 /// The result of a farm's step.

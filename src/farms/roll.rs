@@ -39,7 +39,7 @@ use crate::store::rolls::RollStore;
 use super::conditions::{changed_from, Published};
 use super::pods::pod_health;
 use super::world::{Shared, World};
-use super::{earliest, Farm, FarmContext, FarmResult, Retries};
+use super::{earliest, Farm, FarmContext, FarmError, FarmResult, Retries};
 
 /// The farm's name in logs and in the actor of its events.
 const FARM: &str = "roll";
@@ -210,13 +210,10 @@ impl Farm for RollFarm {
                 | (Err(_), RollActivity::Stuck(RollStuck::RcUnreadable { .. })) => {
                     self.publish(ctx, world, id, roll, &activity).await
                 }
-                // What the roll was to do did not happen: its conditions say that it failed,
-                // not what it would have been doing.
+                // What the roll was to do did not happen, or may not have: its conditions say
+                // so, not what it would have been doing.
                 (Err(e), _) => {
-                    let failed = RollActivity::Failed {
-                        doing: Box::new(activity.clone()),
-                        error: e.to_string(),
-                    };
+                    let failed = failed(&activity, e);
                     self.publish(ctx, world, id, roll, &failed).await
                 }
             };
@@ -768,6 +765,21 @@ fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
         },
         Action::Stuck(stuck) => RollActivity::Stuck(stuck.clone()),
         Action::Finish { .. } => RollActivity::Finishing,
+    }
+}
+
+/// What a roll's conditions say of `doing` when carrying it out failed with `error`: that
+/// it failed, or, for a write whose answer was lost, that it may have landed (the next pass,
+/// from a world caught up with the store, sees whether it did).
+fn failed(doing: &RollActivity, error: &FarmError) -> RollActivity {
+    let (doing, unknown, error) = (
+        Box::new(doing.clone()),
+        error.is_outcome_unknown(),
+        error.to_string(),
+    );
+    match unknown {
+        true => RollActivity::OutcomeUnknown { doing, error },
+        false => RollActivity::Failed { doing, error },
     }
 }
 
@@ -1849,6 +1861,30 @@ mod tests {
         let message = &progressing.message;
         assert_eq!(shown, (ConditionStatus::True, "WaitingForRc"), "{message}");
         assert!(message.contains(NEW), "{message}");
+    }
+
+    /// A write whose answer was lost may have landed: the roll's conditions say that it is
+    /// not known whether it did, not that it failed, as they say of a write that lost to a
+    /// change made since the farm looked.
+    #[test]
+    fn a_write_of_unknown_outcome_is_not_published_as_failed() {
+        use crate::kv::StoreError;
+        let lost = StoreError::OutcomeUnknown("the answer was lost".into());
+        let conflict = StoreError::conflict("the RC was written since");
+        for (error, shown) in [
+            (lost, (ConditionStatus::Unknown, "WriteOutcomeUnknown")),
+            (conflict, (ConditionStatus::False, "WriteFailed")),
+        ] {
+            let activity = failed(&RollActivity::Enabling, &FarmError::Store(error));
+            let deadline = Duration::from_secs(600);
+            let (observed, _) =
+                roll_conditions(&activity, vec![], None, deadline, SystemTime::now());
+            let progressing = (observed.iter())
+                .find(|c| c.condition_type == "Progressing")
+                .unwrap();
+            let message = &progressing.message;
+            assert_eq!((progressing.status, progressing.reason), shown, "{message}");
+        }
     }
 
     /// A step whose write failed (the old RC was written again since the farm read it) has

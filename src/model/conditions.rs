@@ -387,6 +387,13 @@ pub enum RollActivity {
         doing: Box<RollActivity>,
         error: String,
     },
+    /// What the farm was `doing` was written but the store's answer was lost (`error`): it
+    /// may have landed, or land yet, which the next pass, from a view caught up with the
+    /// store, sees.
+    OutcomeUnknown {
+        doing: Box<RollActivity>,
+        error: String,
+    },
 }
 
 impl RollWait {
@@ -602,6 +609,16 @@ fn progressing_condition(activity: &RollActivity) -> Observed {
             "WriteFailed",
             format!(
                 "{}, which failed ({error}); the farm tries again",
+                progressing_condition(doing).message
+            ),
+        ),
+        // Neither that it happened nor that it did not.
+        RollActivity::OutcomeUnknown { doing, error } => Observed::new(
+            "Progressing",
+            Unknown,
+            "WriteOutcomeUnknown",
+            format!(
+                "{}, which may or may not have happened ({error}); the farm looks again once its view has caught up with the store",
                 progressing_condition(doing).message
             ),
         ),
@@ -1003,6 +1020,14 @@ mod tests {
                 },
                 False,
                 "WriteFailed",
+            ),
+            (
+                RollActivity::OutcomeUnknown {
+                    doing: Box::new(RollActivity::Stepping { old: 2, new: 1 }),
+                    error: "the answer was lost".into(),
+                },
+                Unknown,
+                "WriteOutcomeUnknown",
             ),
         ];
         for (activity, status, reason) in cases {
