@@ -598,16 +598,10 @@ impl RollFarm {
         match action {
             Action::Wait(_) => {}
             Action::RcMissing(rc) => {
-                // The RC tree may simply not show an RC written with the roll yet: ask the
-                // store.
-                let store = RcStore::new(ctx.store.clone());
-                if store.get(&spec.old_rc).await?.is_some()
-                    && store.get(&spec.new_rc).await?.is_some()
-                {
+                let Some(ops) = ending_for_missing_rc(ctx, world, id, roll).await? else {
                     return Ok(Applied::Unseen(rc));
-                }
+                };
                 tracing::warn!(roll = %id, "an RC of the roll is gone; deleting the roll");
-                let ops = finish_ops(ctx, world, id, roll, None, RollOutcome::Failed).await?;
                 ctx.commit(&fence, ops).await?;
                 return Ok(Applied::Ended);
             }
@@ -954,6 +948,33 @@ async fn finish_ops(
         value: record.to_json(),
     });
     Ok(ops)
+}
+
+/// Ops that end roll `id` as failed for an RC of it that the store does not hold, or `None`
+/// when the store holds both: the RC tree may simply not show an RC written with the roll
+/// yet. The ending holds only while the RCs the store did not hold are still absent, so that
+/// none written since the farm asked is left without its roll.
+async fn ending_for_missing_rc(
+    ctx: &FarmContext,
+    world: &World,
+    id: &str,
+    roll: &Shared<StoredRoll>,
+) -> FarmResult<Option<Vec<TxnOp>>> {
+    let store = RcStore::new(ctx.store.clone());
+    let mut absent = Vec::new();
+    for rc in [&roll.value.old_rc, &roll.value.new_rc] {
+        if store.get(rc).await?.is_none() {
+            absent.push(TxnOp::CheckNotExists {
+                key: layout::rc(rc),
+            });
+        }
+    }
+    if absent.is_empty() {
+        return Ok(None);
+    }
+    let mut ops = finish_ops(ctx, world, id, roll, None, RollOutcome::Failed).await?;
+    ops.extend(absent);
+    Ok(Some(ops))
 }
 
 /// Raises the alert that roll `id` cannot move on its own, and why.
@@ -1967,6 +1988,30 @@ mod tests {
             !ends_despite(store.as_ref(), &ctx, &seen, relabel).await,
             "the roll was ended with labels it no longer had"
         );
+    }
+
+    /// A roll ended for an RC the store did not hold is not ended once the RC is written
+    /// after the farm asked: the roll would be gone from over an RC that exists.
+    #[tokio::test]
+    async fn a_roll_is_not_ended_for_an_rc_written_since_the_store_was_asked() {
+        let (_dir, store, ctx) = term().await;
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+        let world = Fleet::new().world();
+        let ops = ending_for_missing_rc(&ctx, &world, NEW, &seen).await;
+        let ops = ops.unwrap().expect("the store holds neither RC");
+        let written = rc(NEW, HELLO_2, 0, "").to_json();
+        let key = layout::rc(NEW);
+        store
+            .put(&key, &written, crate::kv::Cas::Any)
+            .await
+            .unwrap();
+        let committed = ctx.commit(&layout::roll_ownership(NEW), ops).await;
+        assert!(
+            committed.is_err(),
+            "the roll was ended over an RC stored since"
+        );
+        let going = store.get(&layout::roll(NEW)).await.unwrap().is_some();
+        assert!(going, "the roll is gone");
     }
 
     /// Whether roll `seen` ends, its finished record kept, when `meanwhile` happens after the
