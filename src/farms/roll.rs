@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::kv::TxnOp;
+use crate::kv::{StoreError, TxnOp};
 use crate::labels::{LabelType, RC_ID_LABEL};
 use crate::layout;
 use crate::model::conditions::{
@@ -953,7 +953,9 @@ async fn finish_ops(
 /// Ops that end roll `id` as failed for an RC of it that the store does not hold, or `None`
 /// when the store holds both: the RC tree may simply not show an RC written with the roll
 /// yet. The ending holds only while the RCs the store did not hold are still absent, so that
-/// none written since the farm asked is left without its roll.
+/// none written since the farm asked is left without its roll. An RC stored but that cannot
+/// be decoded is held: it fails the read, as the roll's conditions say (`RcUnreadable`), only
+/// when the roll's other RC is held too.
 async fn ending_for_missing_rc(
     ctx: &FarmContext,
     world: &World,
@@ -962,15 +964,22 @@ async fn ending_for_missing_rc(
 ) -> FarmResult<Option<Vec<TxnOp>>> {
     let store = RcStore::new(ctx.store.clone());
     let mut absent = Vec::new();
+    let mut unreadable = None;
     for rc in [&roll.value.old_rc, &roll.value.new_rc] {
-        if store.get(rc).await?.is_none() {
-            absent.push(TxnOp::CheckNotExists {
+        match store.get(rc).await {
+            Ok(Some(_)) => {}
+            Ok(None) => absent.push(TxnOp::CheckNotExists {
                 key: layout::rc(rc),
-            });
+            }),
+            Err(e @ StoreError::Invalid(_)) => unreadable = unreadable.or(Some(e)),
+            Err(e) => return Err(e.into()),
         }
     }
     if absent.is_empty() {
-        return Ok(None);
+        return match unreadable {
+            Some(e) => Err(e.into()),
+            None => Ok(None),
+        };
     }
     let mut ops = finish_ops(ctx, world, id, roll, None, RollOutcome::Failed).await?;
     ops.extend(absent);
@@ -2012,6 +2021,37 @@ mod tests {
         );
         let going = store.get(&layout::roll(NEW)).await.unwrap().is_some();
         assert!(going, "the roll is gone");
+    }
+
+    /// A roll over an RC that cannot be decoded and one that is gone ends, whichever of the
+    /// two is gone; over two stored RCs, one of which cannot be decoded, it does not.
+    #[tokio::test]
+    async fn a_roll_over_an_unreadable_rc_ends_once_its_other_rc_is_gone() {
+        for (unreadable, gone) in [(OLD, Some(NEW)), (NEW, Some(OLD)), (OLD, None)] {
+            let (_dir, store, ctx) = term().await;
+            let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+            let key = layout::rc(unreadable);
+            store
+                .put(&key, b"not an RC", crate::kv::Cas::Any)
+                .await
+                .unwrap();
+            let readable = [OLD, NEW].into_iter().find(|rc| *rc != unreadable).unwrap();
+            if gone.is_none() {
+                let written = rc(readable, HELLO_1, 2, "").to_json();
+                let key = layout::rc(readable);
+                store
+                    .put(&key, &written, crate::kv::Cas::Any)
+                    .await
+                    .unwrap();
+            }
+            let world = Fleet::new().world();
+            let ending = ending_for_missing_rc(&ctx, &world, NEW, &seen).await;
+            let case = format!("{unreadable} unreadable, {gone:?} gone");
+            match gone {
+                Some(_) => assert!(matches!(ending, Ok(Some(_))), "{case}: {ending:?}"),
+                None => assert!(ending.is_err(), "{case}: {ending:?}"),
+            }
+        }
     }
 
     /// Whether roll `seen` ends, its finished record kept, when `meanwhile` happens after the
