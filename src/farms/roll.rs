@@ -245,7 +245,7 @@ impl Farm for RollFarm {
 enum Applied {
     /// The roll goes on; when to run again, if it waits on time.
     Going(Option<Instant>),
-    /// The roll goes on: the store holds its RC `0`, which the world lacks (its RC tree
+    /// The roll goes on: the store holds this RC of it, which the world lacks (its RC tree
     /// lags the store), so the world tells nothing of the roll until it shows the RC.
     Unseen(String),
     /// The roll was ended (and deleted).
@@ -1898,7 +1898,6 @@ mod tests {
     /// change made since the farm looked.
     #[test]
     fn a_write_of_unknown_outcome_is_not_published_as_failed() {
-        use crate::kv::StoreError;
         let lost = StoreError::OutcomeUnknown("the answer was lost".into());
         let conflict = StoreError::conflict("the RC was written since");
         for (error, shown) in [

@@ -350,9 +350,10 @@ pub enum RollStuck {
     /// The roll names one RC as both its old and its new RC.
     SameRc,
     /// The farm's view of the store lacks RC `rc` of the roll: the roll is being ended,
-    /// unless the store, asked first, still holds the RC. Shown only as what failed
-    /// ([`RollActivity::Failed`]): an ended roll keeps no conditions, and one whose RC the
-    /// store holds waits for the view to show it ([`RollWait::UnseenRc`]).
+    /// unless the store, asked first, still holds the RC. Shown only as what failed, or may
+    /// have ([`RollActivity::Failed`], [`RollActivity::OutcomeUnknown`]): an ended roll keeps
+    /// no conditions, and one whose RC the store holds waits for the view to show it
+    /// ([`RollWait::UnseenRc`]).
     RcMissing { rc: String },
     /// An RC of the roll is stored but cannot be decoded (`why`): the roll neither moves
     /// nor ends.
