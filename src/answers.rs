@@ -9,6 +9,13 @@
 //! is exactly what building it again would give, for as long as they hold: a hot read costs
 //! a lookup instead of decoding, counting and serializing. Versions are read before the
 //! answer is built, so a change made meanwhile only makes the next request build it again.
+//!
+//! A blocking read (`?index=`) is neither kept nor looked up: its target names the index it
+//! waited at, new at each call of a client long-polling, so its answers would fill the bound
+//! with targets never asked for again and drop the hot answers with them. Once held, its
+//! answer is the one of the same read without `index` and `wait`, but finding that one kept
+//! would take reading the query again here, for a read that is mostly answered past the
+//! versions any answer was kept at (it was held until one of them moved): it is built.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,6 +25,7 @@ use axum::body::{to_bytes, Body, Bytes};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 
+use crate::api::blocking::Blocking;
 use crate::error::ApiError;
 use crate::state::{Mirror, Tree, TreeVersion};
 
@@ -52,17 +60,22 @@ impl Answers {
     /// The answer to `target`, which reads `trees` of `mirror`: the kept one while those
     /// trees' versions are unchanged, else the one `build` makes (kept when it is a `200 OK`
     /// no larger than `MAX_BYTES`). Kept by path and query: the answer does not depend on
-    /// the host a client names in an absolute-form target.
+    /// the host a client names in an absolute-form target. A `blocking` read is always
+    /// built, and never kept (see the module documentation).
     pub async fn get_or_build<F>(
         &self,
         mirror: &Mirror,
         trees: &[Tree],
         target: &Uri,
+        blocking: Blocking,
         build: impl FnOnce() -> F,
     ) -> Result<Response, ApiError>
     where
         F: Future<Output = Result<Response, ApiError>>,
     {
+        if blocking.until.is_some() {
+            return build().await;
+        }
         let target = target
             .path_and_query()
             .map_or("/", |target| target.as_str());
@@ -133,7 +146,61 @@ impl Kept200 {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
     use super::*;
+    use crate::kv::sqlite::SqliteStore;
+    use crate::kv::KvStore;
+    use crate::state::MirrorConfig;
+
+    /// Clients long-polling a list, each blocking read at the index of the answer before,
+    /// leave the hot answer kept: their targets, new at each call, are not kept, so however
+    /// many bytes they are answered together they never pass the bound and drop it.
+    #[tokio::test]
+    async fn blocking_reads_at_new_indexes_leave_the_hot_answer_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db").display().to_string();
+        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+        let mirror = Mirror::new(store, MirrorConfig::default());
+        let answers = Answers::default();
+        let builds = AtomicUsize::new(0);
+        let built = |body: Bytes| {
+            builds.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(body.into_response()))
+        };
+        let read = |target: &str, blocking: Blocking, body: Bytes| {
+            let target: Uri = target.parse().unwrap();
+            let answers = &answers;
+            let mirror = &mirror;
+            let built = &built;
+            async move {
+                answers
+                    .get_or_build(mirror, &[Tree::Rcs], &target, blocking, || built(body))
+                    .await
+                    .unwrap()
+            }
+        };
+        let hot = "/api/v1/rcs/0b1e0a5e-8d4a-4f4e-9c39-2f7b8f0a2c11";
+        read(hot, Blocking::default(), Bytes::from_static(b"{}")).await;
+
+        let page = Bytes::from(vec![b' '; 1 << 20]);
+        let polls = 2 * MAX_BYTES / page.len();
+        for index in 1..=polls as u64 {
+            let until = Some((index, Duration::from_secs(1)));
+            let target = format!("/api/v1/rcs?index={index}&wait=1s");
+            read(&target, Blocking { until }, page.clone()).await;
+        }
+        assert_eq!(builds.load(Ordering::SeqCst), 1 + polls);
+
+        read(hot, Blocking::default(), Bytes::from_static(b"{}")).await;
+        assert_eq!(
+            builds.load(Ordering::SeqCst),
+            1 + polls,
+            "the hot answer was built again: the blocking reads' answers dropped it"
+        );
+    }
 
     /// Answers kept under many long targets (as many queries as a client cares to send, each
     /// of an empty page) hold no more than the bound, targets counted.

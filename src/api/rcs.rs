@@ -293,7 +293,7 @@ async fn list_rcs(
             let build = || async { Ok(mirrored_list(mirror, &query)) };
             return app
                 .answers
-                .get_or_build(mirror, &VIEW_TREES, &target, build)
+                .get_or_build(mirror, &VIEW_TREES, &target, query.blocking, build)
                 .await;
         }
         Source::Store(blocking) => blocking,
@@ -387,7 +387,7 @@ async fn get_rc(
             };
             return app
                 .answers
-                .get_or_build(mirror, &VIEW_TREES, &target, build)
+                .get_or_build(mirror, &VIEW_TREES, &target, query.blocking, build)
                 .await;
         }
         Source::Store(blocking) => blocking,
