@@ -5,10 +5,12 @@
 //! tree's generation moves on every change of its entries (the server's own writes and
 //! deletes included), and its listed and complete indexes, which decide the answer's
 //! `X-Index`, when a listing confirms own writes and as the tree is found to hold every
-//! change up to a newer index. So an answer kept with the versions it was built at
-//! is exactly what building it again would give, for as long as they hold: a hot read costs
-//! a lookup instead of decoding, counting and serializing. Versions are read before the
-//! answer is built, so a change made meanwhile only makes the next request build it again.
+//! change up to a newer index; none of them goes back until the tree is read whole again,
+//! which counts as a version of its own. So an answer kept with the versions it was built
+//! at is exactly what building it again would give, for as long as they hold: a hot read
+//! costs a lookup instead of decoding, counting and serializing. Versions are read before
+//! the answer is built, so a change made meanwhile only makes the next request build it
+//! again.
 //!
 //! A blocking read (`?index=`) is neither kept nor looked up: its target names the index it
 //! waited at, new at each call of a client long-polling, so its answers would fill the bound

@@ -625,7 +625,7 @@ fn describe(id: &str) -> String {
 async fn unclaimed(app: &AppState, id: &str, version: u64) -> Result<Vec<TxnOp>, ApiError> {
     if let Some(mirror) = current_mirror(app) {
         // Taken before the checks read the mirror, which holds at least as much by then.
-        let (_, _, rolls_complete) = mirror.versions(&[Tree::Rolls])[0];
+        let rolls_complete = mirror.versions(&[Tree::Rolls])[0].complete;
         let reader = Arc::new(MirrorReader::new(mirror.clone()));
         if let Ok(ops) = claim_checks(reader, id).await? {
             if rolls_complete >= version

@@ -75,6 +75,9 @@ pub(super) struct TreeState {
     /// The store's index went backwards and the tree is yet to be read whole again: its
     /// indexes are the old store's.
     pub reread: bool,
+    /// How many times the tree has been read whole: such a read may leave its generation
+    /// and indexes where they stood, yet claim its index anew (see `Mirror::versions`).
+    pub whole_reads: u64,
 }
 
 /// An own delete not yet confirmed by a listing.
@@ -286,6 +289,7 @@ impl State {
             state.listed = index;
             state.complete = index;
             state.reread = false;
+            state.whole_reads += 1;
         } else {
             state.index = state.index.max(index);
             state.listed = state.listed.max(index);

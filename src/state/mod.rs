@@ -207,8 +207,22 @@ impl MirrorHealth {
     }
 }
 
-/// A tree's generation, listed index and complete index ([`Mirror::versions`]).
-pub type TreeVersion = (u64, u64, u64);
+/// What the answers read from a tree depend on ([`Mirror::versions`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeVersion {
+    /// Moves on every change of the tree's entries.
+    pub generation: u64,
+    /// The index of the newest listing applied.
+    pub listed: u64,
+    /// Every change to the tree up to this index is in its entries.
+    pub complete: u64,
+    /// How many times the tree has been read whole (first, after a resync, after a failed
+    /// read): such a read may leave the other three where they stood (the store had not
+    /// moved) yet claim the tree's index anew, an empty tree's at the index of the read
+    /// rather than the one it came to hold nothing at; and an answer built while a resync
+    /// waits for it claims what a tree not read yet holds (nothing).
+    pub whole_reads: u64,
+}
 
 /// What a blocking read has seen of its trees, by [`Mirror::seen`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -855,19 +869,25 @@ impl Mirror {
         self.read().tree(tree).index
     }
 
-    /// The generation, listed index and complete index of each of `trees`, read together.
-    /// The generation moves on every change of a tree's entries, own deletes included, and
-    /// the other two, which decide the index answers claim ([`Mirror::claimable_index`]),
-    /// on a listing that confirms own writes without changing an entry and as the tree is
-    /// found to hold every change up to a newer index: equal versions mean answers read from
-    /// the trees are unchanged, index included.
+    /// The generation, listed index, complete index and whole reads of each of `trees`,
+    /// read together. The generation moves on every change of a tree's entries, own
+    /// deletes included, and the two indexes, which decide the index answers claim
+    /// ([`Mirror::claimable_index`]), on a listing that confirms own writes without
+    /// changing an entry and as the tree is found to hold every change up to a newer index;
+    /// between two whole reads none goes back: equal versions mean answers read from the
+    /// trees are unchanged, index included.
     pub fn versions(&self, trees: &[Tree]) -> Vec<TreeVersion> {
         let state = self.read();
         trees
             .iter()
             .map(|tree| {
                 let tree = state.tree(*tree);
-                (tree.generation, tree.listed, tree.complete)
+                TreeVersion {
+                    generation: tree.generation,
+                    listed: tree.listed,
+                    complete: tree.complete,
+                    whole_reads: tree.whole_reads,
+                }
             })
             .collect()
     }
@@ -1940,6 +1960,37 @@ mod tests {
         mirror.hurry(tree);
         store.until_sent(3).await;
         cancel.cancel();
+    }
+
+    /// A tree read whole again (here after a resync: the store went backwards, or could
+    /// not tell) may come back to the generation, listed and complete indexes it stood at,
+    /// its index claimed anew: an empty tree counts at the index it was read whole at, no
+    /// longer at the one it came to hold nothing. Versions read before then are not those
+    /// of the answers read after, or a kept answer would be served with the `X-Index` it
+    /// had.
+    #[tokio::test]
+    async fn versions_read_before_a_resync_are_not_those_after_it() {
+        let (_dir, _store, mirror) = embedded(MirrorConfig::default()).await;
+        let tree = Tree::Conditions;
+        let empty = |index| {
+            PrefixUpdate::Whole(Listing {
+                index,
+                pairs: Vec::new(),
+            })
+        };
+        assert!(mirror.apply_update(tree, empty(3), true, 0));
+        assert!(mirror.apply_update(tree, empty(9), false, 0));
+        let (before, claimed) = (mirror.versions(&[tree]), mirror.claimable_index(&[tree]));
+
+        assert!(mirror.resync(0));
+        assert!(mirror.apply_update(tree, empty(9), true, 1));
+        let claimable = mirror.claimable_index(&[tree]);
+        assert_eq!((claimed, claimable), (3, 9));
+        assert_ne!(
+            mirror.versions(&[tree]),
+            before,
+            "the versions stayed while the X-Index moved from {claimed} to {claimable}"
+        );
     }
 
     /// A client cut off resumes from its last position, which must still be retained.

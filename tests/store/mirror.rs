@@ -518,7 +518,7 @@ async fn a_tree_whose_index_goes_back_as_consul_reaps_a_tombstone_is_taken_in_al
     };
     let (mirror, _running) = started(switch.clone(), config).await;
     let tree = Tree::Labels(LabelType::Node);
-    let listed = || mirror.versions(&[tree])[0].1;
+    let listed = || mirror.versions(&[tree])[0].listed;
     assert!(listed() > newest_key, "listed at the delete");
     switch.listed.lock().unwrap().clear();
 
