@@ -122,14 +122,17 @@ impl Answers {
             return;
         }
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        // The answer it replaces goes first, so that only the room this one takes beyond
+        // it counts against the bound.
+        if let Some(replaced) = kept.by_target.remove(target) {
+            kept.bytes -= replaced.size(target);
+        }
         if kept.bytes + size > MAX_BYTES {
             kept.by_target.clear();
             kept.bytes = 0;
         }
         kept.bytes += size;
-        if let Some(replaced) = kept.by_target.insert(target.to_owned(), answer) {
-            kept.bytes -= replaced.size(target);
-        }
+        kept.by_target.insert(target.to_owned(), answer);
     }
 }
 
@@ -202,6 +205,31 @@ mod tests {
             1 + polls,
             "the hot answer was built again: the blocking reads' answers dropped it"
         );
+    }
+
+    /// An answer built again replaces the one kept under its target: only the room it takes
+    /// beyond that one counts against the bound, so that, near it, the other kept answers
+    /// (built at the same versions, as valid) stay.
+    #[test]
+    fn an_answer_built_again_near_the_bound_leaves_the_others_kept() {
+        let answers = Answers::default();
+        let keep = |target: &str, body: &Bytes| {
+            answers.keep(target, Vec::new(), HeaderMap::new(), body.clone());
+        };
+        let list = Bytes::from(vec![b' '; MAX_BYTES * 3 / 4]);
+        let one = Bytes::from_static(b"{}");
+        keep("/api/v1/rcs", &list);
+        keep("/api/v1/rcs/x", &one);
+        keep("/api/v1/rcs", &list);
+        let kept = answers.kept.lock().unwrap();
+        assert!(
+            kept.by_target.contains_key("/api/v1/rcs/x"),
+            "keeping the list again dropped the other answers"
+        );
+        let held: usize = (kept.by_target.iter())
+            .map(|(target, answer)| answer.size(target))
+            .sum();
+        assert_eq!(kept.bytes, held);
     }
 
     /// Answers kept under many long targets (as many queries as a client cares to send, each
