@@ -91,9 +91,13 @@ impl Answers {
         }
         let (parts, body) = response.into_parts();
         // Built in memory already: read whole, however large, and kept only if it fits.
-        let body = to_bytes(body, usize::MAX)
+        let built = to_bytes(body, usize::MAX)
             .await
             .map_err(|e| ApiError::internal(format!("reading an answer to keep it: {e}")))?;
+        // A JSON answer is serialized into a buffer grown by doubling, which the bound does
+        // not see: up to twice its length. Kept (and served) is a copy of its own length.
+        let body = Bytes::copy_from_slice(&built);
+        drop(built);
         self.keep(target, versions, parts.headers.clone(), body.clone());
         Ok((parts, Body::from(body)).into_response())
     }
@@ -156,19 +160,52 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::api::extract::ApiJson;
     use crate::kv::sqlite::SqliteStore;
     use crate::kv::KvStore;
     use crate::state::MirrorConfig;
+
+    /// A mirror (not started, holding nothing) of a new embedded store in a directory that
+    /// lives as long as the first value.
+    async fn unstarted_mirror() -> (tempfile::TempDir, Mirror) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db").display().to_string();
+        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+        (dir, Mirror::new(store, MirrorConfig::default()))
+    }
+
+    /// A kept answer holds no more memory than its size counts: a body serialized into a
+    /// growing buffer (as a JSON answer is, each growth doubling it) is not kept in that
+    /// buffer, up to twice its length, or the kept answers would hold up to twice the bound.
+    #[tokio::test]
+    async fn a_kept_answer_holds_no_more_than_its_length() {
+        let (_dir, mirror) = unstarted_mirror().await;
+        let answers = Answers::default();
+        let page: Vec<String> = (0..11_000).map(|i| format!("rc-{i:06}")).collect();
+        let build = || std::future::ready(Ok(ApiJson(page).into_response()));
+        let target: Uri = "/api/v1/rcs".parse().unwrap();
+        let served = answers
+            .get_or_build(&mirror, &[Tree::Rcs], &target, Blocking::default(), build)
+            .await
+            .unwrap();
+        drop(served);
+
+        let kept = answers.kept.lock().unwrap().by_target.remove("/api/v1/rcs");
+        let body = kept.expect("the answer was not kept").body;
+        let length = body.len();
+        let held = body
+            .try_into_mut()
+            .expect("the kept body is shared")
+            .capacity();
+        assert_eq!(held, length, "a body of {length} bytes holds {held}");
+    }
 
     /// Clients long-polling a list, each blocking read at the index of the answer before,
     /// leave the hot answer kept: their targets, new at each call, are not kept, so however
     /// many bytes they are answered together they never pass the bound and drop it.
     #[tokio::test]
     async fn blocking_reads_at_new_indexes_leave_the_hot_answer_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.db").display().to_string();
-        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-        let mirror = Mirror::new(store, MirrorConfig::default());
+        let (_dir, mirror) = unstarted_mirror().await;
         let answers = Answers::default();
         let builds = AtomicUsize::new(0);
         let built = |body: Bytes| {
