@@ -566,6 +566,11 @@ impl Trees {
                     .wait_for_trees(&Trees::FOLLOWED, newest, CATCH_UP_LIMIT)
                     .await
             {
+                // The store went backwards, which ends the waits at once: start again, from
+                // the trees read again and the fresh store's indexes.
+                if self.epoch_moved(epoch) {
+                    continue;
+                }
                 // A tree known to be behind the others (its watch failing or slow): acting
                 // on the mix could place a pod twice (an RC seen without the pods another
                 // writer placed for it), and no CAS of the farms' would catch it. Wait.

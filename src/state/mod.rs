@@ -943,7 +943,8 @@ impl Mirror {
     /// current (the change at `index` was elsewhere) or lagging (its watch has yet to
     /// deliver). The store is asked for the index of each such tree, and of each tree out of
     /// touch with it, once, after the write at `index` was made, and the wait lasts until the
-    /// mirror has reached those indexes.
+    /// mirror has reached those indexes. A store that went backwards meanwhile ends the wait
+    /// unreached: those indexes are the old store's.
     pub async fn wait_for(&self, index: u64, timeout: Duration) -> bool {
         self.wait_for_trees(&Tree::ALL, index, timeout).await
     }
@@ -960,11 +961,14 @@ impl Mirror {
     /// the store ([`Mirror::out_of_touch_among`]), whose changes past it no other tree's
     /// index need tell. What a tree holds every change up to is its `complete` index, not
     /// its own index: the server's own writes lift that past another writer's earlier
-    /// change that the tree's watch has yet to deliver.
+    /// change that the tree's watch has yet to deliver. Ends unreached once the store went
+    /// backwards meanwhile (see [`Mirror::until_in_epoch`]).
     async fn reach(&self, trees: &[Tree], index: u64) -> bool {
         if !self.until(|mirror| mirror.is_loaded()).await {
             return false;
         }
+        // Read before the store is asked: its answers are of the store in this epoch.
+        let epoch = self.current_epoch();
         let holds = |mirror: &Mirror, tree: Tree| mirror.read().tree(tree).complete;
         let out_of_touch = self.out_of_touch_among(trees);
         let mut targets = Vec::new();
@@ -981,7 +985,7 @@ impl Mirror {
                 self.hurry(*tree);
             }
         }
-        self.until(|mirror| {
+        self.until_in_epoch(epoch, |mirror| {
             targets
                 .iter()
                 .all(|(tree, current)| holds(mirror, *tree) >= *current)
@@ -1000,7 +1004,8 @@ impl Mirror {
     /// made without waiting out its pacing (and, when it holds nothing, its blocking read
     /// under way asked again: see `Mirror::hurry`). A tree whose watch is failing is not
     /// waited for: unless the store says it has not moved, answers claim no more than it
-    /// held when its watch last read it.
+    /// held when its watch last read it. A store that went backwards meanwhile ends the
+    /// wait unreached: the index the store was asked for is the old store's.
     pub async fn catch_up(&self, trees: &[Tree], timeout: Duration) -> bool {
         let newest = self.changed_index(trees);
         self.catch_up_to(trees, newest, timeout).await
@@ -1032,7 +1037,7 @@ impl Mirror {
         if complete(self) {
             return true;
         }
-        let epoch = *self.inner.epoch.borrow();
+        let epoch = self.current_epoch();
         let known = self.committed_index();
         let Ok(current) = self.store().prefix_index(&tree.prefix()).await else {
             return false;
@@ -1044,7 +1049,7 @@ impl Mirror {
                 return false;
             }
             self.hurry(tree);
-            if !self.until(listed).await {
+            if !self.until_in_epoch(epoch, listed).await {
                 return false;
             }
         }
@@ -1063,6 +1068,20 @@ impl Mirror {
             if changes.changed().await.is_err() {
                 return false;
             }
+        }
+    }
+
+    /// [`Mirror::until`], but `false` as soon as the store goes backwards (the mirror's
+    /// epoch moves past `epoch`, [`Mirror::resync`]): what the wait is for was read of the
+    /// old store (the store's index for a tree), which the trees read again from the fresh
+    /// one need not reach for long, and the waiter is to start again from the fresh store.
+    async fn until_in_epoch(&self, epoch: u64, done: impl Fn(&Mirror) -> bool) -> bool {
+        let mut epochs = self.epoch();
+        let moved = epochs.wait_for(|now| *now != epoch);
+        tokio::select! {
+            biased;
+            _ = moved => false,
+            reached = self.until(done) => reached,
         }
     }
 
@@ -1525,6 +1544,11 @@ impl Mirror {
         self.inner.epoch.subscribe()
     }
 
+    /// The mirror's epoch now (see [`Mirror::epoch`]).
+    pub(crate) fn current_epoch(&self) -> u64 {
+        *self.inner.epoch.borrow()
+    }
+
     /// The indexes of this server's transactions after `index` whose pairs in `tree` the
     /// mirror holds.
     fn held(&self, tree: Tree, index: u64) -> Vec<u64> {
@@ -1667,7 +1691,7 @@ impl Mirror {
     /// Whether the mirror's epoch is still `epoch`. Asked with the state's lock held, it
     /// stays so until the lock is let go: [`Mirror::resync`] moves it under that lock.
     fn in_epoch(&self, epoch: u64) -> bool {
-        *self.inner.epoch.borrow() == epoch
+        self.current_epoch() == epoch
     }
 
     /// Wakes everyone waiting on the mirror's index.
@@ -1688,6 +1712,7 @@ impl Mirror {
 mod tests {
     use super::*;
     use crate::kv::{Cas, Listing, SessionInfo, SessionSpec, StoreError, StoreResult};
+    use futures::FutureExt as _;
 
     fn answered(key: &str, modify_index: u64) -> Option<KvPair> {
         Some(KvPair {
@@ -1822,9 +1847,11 @@ mod tests {
 
     /// A store that holds nothing, whose blocking reads of one tree it counts and answers
     /// one by one when told to ([`HeldReads::answer`]), and whose other blocking reads
-    /// never answer.
+    /// never answer. Its index for every prefix is 1, but for the tree's once set
+    /// otherwise (`tree_index`), as another writer's change would move it.
     struct HeldReads {
         prefix: String,
+        tree_index: AtomicU64,
         sent: watch::Sender<usize>,
         answered: watch::Sender<usize>,
         answers: tokio::sync::Semaphore,
@@ -1834,6 +1861,7 @@ mod tests {
         fn new(tree: Tree) -> Arc<HeldReads> {
             Arc::new(HeldReads {
                 prefix: tree.prefix(),
+                tree_index: AtomicU64::new(1),
                 sent: watch::channel(0).0,
                 answered: watch::channel(0).0,
                 answers: tokio::sync::Semaphore::new(0),
@@ -1877,7 +1905,10 @@ mod tests {
                 pairs: Vec::new(),
             })
         }
-        async fn keys(&self, _: &str, _: Option<char>) -> StoreResult<(u64, Vec<String>)> {
+        async fn keys(&self, prefix: &str, _: Option<char>) -> StoreResult<(u64, Vec<String>)> {
+            if prefix == self.prefix {
+                return Ok((self.tree_index.load(Ordering::SeqCst), Vec::new()));
+            }
             Ok((1, Vec::new()))
         }
         async fn current_index(&self, _: &str) -> StoreResult<Option<u64>> {
@@ -1991,6 +2022,44 @@ mod tests {
             before,
             "the versions stayed while the X-Index moved from {claimed} to {claimable}"
         );
+    }
+
+    /// A wait for a tree to catch up with the store's index for it ends as soon as the
+    /// store goes backwards: that index is the old store's, which the tree, read again from
+    /// the fresh store, need not reach for long, and the waiter starts again from the fresh
+    /// store's (as the farms' world does). Before, it waited out its whole timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_for_a_tree_to_catch_up_ends_once_the_store_went_backwards() {
+        let tree = Tree::Rolls;
+        let store = HeldReads::new(tree);
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        let cancel = CancellationToken::new();
+        mirror.start(&TaskTracker::new(), cancel.clone());
+        mirror.loaded().await;
+
+        // Another writer's change to the tree, at 5, which its blocking read holds back.
+        store.until_sent(1).await;
+        store.tree_index.store(5, Ordering::SeqCst);
+        let (trees, long) = ([tree], Duration::from_secs(3600));
+        let mut reached = Box::pin(mirror.wait_for_trees(&trees, 5, long));
+        let mut caught_up = Box::pin(mirror.catch_up_to(&trees, 5, long));
+        assert_eq!((&mut reached).now_or_never(), None);
+        assert_eq!((&mut caught_up).now_or_never(), None);
+
+        // The store goes backwards, to a tree at 1.
+        store.tree_index.store(1, Ordering::SeqCst);
+        assert!(mirror.resync(mirror.current_epoch()));
+        let ended = (
+            (&mut reached).now_or_never(),
+            (&mut caught_up).now_or_never(),
+        );
+
+        assert_eq!(
+            ended,
+            (Some(false), Some(false)),
+            "a wait (wait_for_trees, catch_up_to) went on past the store going backwards"
+        );
+        cancel.cancel();
     }
 
     /// A client cut off resumes from its last position, which must still be retained.
