@@ -433,8 +433,6 @@ fn labelled(entries: &NodeMap) -> impl Iterator<Item = (&String, &CompactLabels)
 pub struct Trees {
     mirror: Mirror,
     changes: watch::Receiver<u64>,
-    /// Moves when the store went backwards ([`Mirror::epoch`]).
-    epoch: watch::Receiver<u64>,
     /// The latest world, shared by the clones so that each change is decoded once for all
     /// the farms.
     built: Arc<Mutex<Built>>,
@@ -500,7 +498,6 @@ impl Trees {
     pub fn new(mirror: Mirror) -> Trees {
         Trees {
             changes: mirror.changes(),
-            epoch: mirror.epoch(),
             mirror,
             built: Arc::default(),
             caught_up: Arc::default(),
@@ -534,8 +531,10 @@ impl Trees {
         let mut warned = false;
         loop {
             // Read before the trees are: what they caught up to in another epoch is of
-            // another store, and a world is returned only if it has not moved since.
-            let epoch = *self.epoch.borrow();
+            // another store, and a world is returned only if it has not moved since (else
+            // it may hold trees read again beside trees not read again yet, which hold the
+            // old store's entries).
+            let epoch = self.mirror.current_epoch();
             self.mirror.read_again(&Trees::FOLLOWED).await;
             let out_of_touch = !self.mirror.out_of_touch_among(&Trees::FOLLOWED).is_empty();
             let settled = self.mirror.settle(&Trees::FOLLOWED, CATCH_UP_LIMIT).await;
@@ -553,7 +552,7 @@ impl Trees {
             // A lock the farms took (or let go) is in the lock tree at once: every tree is
             // caught up to it before a farm acts on the object it holds (see `claim`).
             let newest = changed.max(self.mirror.tree_index(state::Tree::Locks));
-            if self.epoch_moved(epoch) {
+            if !self.mirror.in_epoch(epoch) {
                 continue;
             }
             if settled && newest <= caught_up && !out_of_touch {
@@ -568,7 +567,7 @@ impl Trees {
             {
                 // The store went backwards, which ends the waits at once: start again, from
                 // the trees read again and the fresh store's indexes.
-                if self.epoch_moved(epoch) {
+                if !self.mirror.in_epoch(epoch) {
                     continue;
                 }
                 // A tree known to be behind the others (its watch failing or slow): acting
@@ -588,19 +587,12 @@ impl Trees {
             if out_of_touch {
                 // Still out of touch, but holding all the store had when asked.
                 let mut world = self.current();
-                if !self.epoch_moved(epoch) {
+                if self.mirror.in_epoch(epoch) {
                     world.caught_up = newest;
                     return world;
                 }
             }
         }
-    }
-
-    /// Whether the store went backwards since the mirror's epoch was `epoch`: a world built
-    /// since may hold trees read again beside trees not read again yet, which hold the old
-    /// store's entries.
-    fn epoch_moved(&self, epoch: u64) -> bool {
-        *self.epoch.borrow() != epoch
     }
 
     /// How far the trees have caught up, shared by the clones.

@@ -234,13 +234,12 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
 /// the next back.
 pub(super) async fn heartbeat(mirror: Mirror, cancel: CancellationToken) {
     let interval = mirror.config().heartbeat_interval;
-    let epoch = mirror.epoch();
     loop {
         tokio::select! {
             () = tokio::time::sleep(interval) => {}
             () = cancel.cancelled() => return,
         }
-        let seen_epoch = *epoch.borrow();
+        let seen_epoch = mirror.current_epoch();
         // Committed before the read is sent, so within the index it answers.
         let known = mirror.committed_index();
         let index = tokio::select! {

@@ -1688,9 +1688,11 @@ impl Mirror {
         true
     }
 
-    /// Whether the mirror's epoch is still `epoch`. Asked with the state's lock held, it
-    /// stays so until the lock is let go: [`Mirror::resync`] moves it under that lock.
-    fn in_epoch(&self, epoch: u64) -> bool {
+    /// Whether the mirror's epoch is still `epoch`: whether the store has not gone backwards
+    /// since, so that what was read in it is of the store as it is. Asked with the state's
+    /// lock held, it stays so until the lock is let go: [`Mirror::resync`] moves it under
+    /// that lock.
+    pub(crate) fn in_epoch(&self, epoch: u64) -> bool {
         self.current_epoch() == epoch
     }
 
