@@ -764,7 +764,11 @@ struct Inner {
     /// Moves when the store went backwards: every tree re-reads.
     epoch: watch::Sender<u64>,
     /// By tree position: someone waits for the tree to catch up, so its next read need
-    /// not wait out [`MirrorConfig::min_reread_interval`].
+    /// not wait out [`MirrorConfig::min_reread_interval`]. A permit
+    /// ([`Notify::notify_one`]), kept when no pause waits: one sent while a read is under
+    /// way ends the next pause at once, since that read may bring less than the reader
+    /// waits for (the signal tells no index) and the reader must not be left waiting out
+    /// the pacing with no read pending; at worst the next read comes one interval early.
     wanted: Vec<Notify>,
     /// By tree position: someone waits for a tree that holds nothing to catch up with the
     /// store's index for it, so its blocking read under way is to be asked again (see
@@ -2024,6 +2028,42 @@ mod tests {
             before,
             "the versions stayed while the X-Index moved from {claimed} to {claimable}"
         );
+    }
+
+    /// A reader that asks for a tree while its read is under way has the next read sent
+    /// without waiting out the pacing, when the read under way brings less than it waits
+    /// for: the signal carries no index, so the watch cannot tell whether that read did,
+    /// and only one sent after the reader asked is sure to. Were the signal lost for want
+    /// of a pause to wake (`Notify::notify_waiters` to a pause not yet begun), the reader
+    /// would wait out the pacing with no read pending.
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_asking_during_a_read_that_brings_too_little_has_the_next_sent_at_once() {
+        let tree = Tree::Rolls;
+        let store = HeldReads::new(tree);
+        // Far past the minute `HeldReads::until_sent` waits for a read.
+        let config = MirrorConfig {
+            min_reread_interval: Duration::from_secs(3600),
+            ..MirrorConfig::default()
+        };
+        let mirror = Mirror::new(store.clone(), config);
+        let cancel = CancellationToken::new();
+        mirror.start(&TaskTracker::new(), cancel.clone());
+        mirror.loaded().await;
+
+        // Another writer's change to the tree, at 5: a reader waits for it, and has the
+        // tree's first blocking read sent at once.
+        store.tree_index.store(5, Ordering::SeqCst);
+        let (trees, long) = ([tree], Duration::from_secs(36_000));
+        let mut reached = Box::pin(mirror.wait_for_trees(&trees, 5, long));
+        assert_eq!((&mut reached).now_or_never(), None);
+        store.until_sent(1).await;
+        // Another reader asks while that read is under way, which then answers at 1.
+        let mut caught_up = Box::pin(mirror.catch_up_to(&trees, 5, long));
+        assert_eq!((&mut caught_up).now_or_never(), None);
+        store.answer().await;
+
+        store.until_sent(2).await;
+        cancel.cancel();
     }
 
     /// A wait for a tree to catch up with the store's index for it ends as soon as the
