@@ -1260,9 +1260,10 @@ impl Mirror {
     /// this server had applied to them when called, each listing bringing in with it any
     /// other writer's change from before the write; whether they did. Each tree behind is
     /// read at once rather than at its next paced read; a tree whose watch is failing is not
-    /// waited for.
+    /// waited for. A store that went backwards meanwhile ends the wait unconfirmed: those
+    /// writes were the old store's.
     pub async fn confirm(&self, trees: &[Tree], timeout: Duration) -> bool {
-        let (targets, failing): (Vec<(Tree, u64)>, bool) = {
+        let (targets, failing, epoch): (Vec<(Tree, u64)>, bool, u64) = {
             let state = self.read();
             let behind: Vec<(Tree, &TreeState)> = trees
                 .iter()
@@ -1277,7 +1278,8 @@ impl Mirror {
                 .filter(|(_, state)| state.failing_since.is_none())
                 .map(|(tree, state)| (tree, state.index))
                 .collect();
-            (targets, failing)
+            // Under the lock the epoch moves in, so that the targets are of this epoch.
+            (targets, failing, self.current_epoch())
         };
         if targets.is_empty() {
             return !failing;
@@ -1285,7 +1287,7 @@ impl Mirror {
         for (tree, _) in &targets {
             self.wanted(*tree).notify_one();
         }
-        let confirmed = self.until(|mirror| {
+        let confirmed = self.until_in_epoch(epoch, |mirror| {
             let state = mirror.read();
             targets
                 .iter()
@@ -2079,27 +2081,37 @@ mod tests {
         mirror.start(&TaskTracker::new(), cancel.clone());
         mirror.loaded().await;
 
-        // Another writer's change to the tree, at 5, which its blocking read holds back.
+        // Another writer's change to the tree, at 4, which its blocking read holds back,
+        // and the server's own write at 5.
         store.until_sent(1).await;
         store.tree_index.store(5, Ordering::SeqCst);
+        let own = KvPair {
+            value: b"{}".as_slice().into(),
+            ..answered(&layout::roll("r"), 5).unwrap()
+        };
+        mirror.apply_own_writes([OwnWrite::Put(own)], Some(5));
         let (trees, long) = ([tree], Duration::from_secs(3600));
         let mut reached = Box::pin(mirror.wait_for_trees(&trees, 5, long));
         let mut caught_up = Box::pin(mirror.catch_up_to(&trees, 5, long));
+        let mut confirmed = Box::pin(mirror.confirm(&trees, long));
         assert_eq!((&mut reached).now_or_never(), None);
         assert_eq!((&mut caught_up).now_or_never(), None);
+        assert_eq!((&mut confirmed).now_or_never(), None);
 
         // The store goes backwards, to a tree at 1.
         store.tree_index.store(1, Ordering::SeqCst);
         assert!(mirror.resync(mirror.current_epoch()));
-        let ended = (
+        let ended = [
             (&mut reached).now_or_never(),
             (&mut caught_up).now_or_never(),
-        );
+            (&mut confirmed).now_or_never(),
+        ];
 
         assert_eq!(
             ended,
-            (Some(false), Some(false)),
-            "a wait (wait_for_trees, catch_up_to) went on past the store going backwards"
+            [Some(false); 3],
+            "a wait (wait_for_trees, catch_up_to, confirm) went on past the store going \
+             backwards"
         );
         cancel.cancel();
     }
