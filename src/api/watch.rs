@@ -22,7 +22,7 @@
 //! A stream opened with a token that a re-read of the token file revokes ends at once: its
 //! token was checked only when it opened.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -562,13 +562,30 @@ impl Watcher {
         if snapshot {
             self.selected.clear();
         }
+        // Replayed, an object whose labels change later in the backlog may have come to match
+        // only then: until its label change is replayed, the client may not hold it, so a
+        // change of it that matches is sent as added rather than modified.
+        let relabelled_object = |filter: &Filter, change: &Change| {
+            let relabelled = filter.relabelled_object(change.tree, &change.entry.pair.key);
+            relabelled.filter(|_| !snapshot).map(|(_, key)| key)
+        };
+        let mut relabelled_later: HashSet<String> = (backlog.changes.iter())
+            .filter_map(|change| relabelled_object(&self.filter, change))
+            .collect();
         for change in backlog.changes {
+            if let Some(key) = relabelled_object(&self.filter, &change) {
+                relabelled_later.remove(&key);
+            }
             // A snapshot's label sets move no object: its objects are sent as they are.
             let relabeled = (!snapshot).then(|| self.relabeled(&change, true)).flatten();
             if let Some(relabeled) = relabeled {
                 self.pending.push_back(Pending::Change(relabeled));
             }
-            if let Some(change) = self.admit(change, !snapshot) {
+            if let Some(mut change) = self.admit(change, !snapshot) {
+                let key = &change.entry.pair.key;
+                if change.change_type == ChangeType::Modified && relabelled_later.contains(key) {
+                    change = retyped(&change, ChangeType::Added);
+                }
                 self.pending.push_back(if snapshot {
                     Pending::Snapshot(change)
                 } else {

@@ -1474,3 +1474,35 @@ async fn a_selector_stream_never_sends_an_object_older_than_it_sent() {
     let replicas: Vec<u64> = seen.iter().map(|(_, replicas)| *replicas).collect();
     assert!(replicas.is_sorted(), "the RC went back: {seen:?}");
 }
+
+/// A client resuming with a selector over RCs, whose RC was changed while it did not match,
+/// then labelled into the selector: the client never held the RC, so the first event of it
+/// is `added` (as the relabelled object it is), never a `modified` of an object it was not
+/// sent.
+#[tokio::test]
+async fn a_resumed_selector_stream_sends_an_rc_relabelled_in_as_added_first() {
+    let app = TestApp::new().await;
+    let id = app.create_empty_rc().await;
+    // The stream's position moves past the RC's creation.
+    label_through(&app, "n1", "web").await;
+    let path = "/api/v1/watch?kinds=rcs&selector=app%3Dweb";
+    let mut stream = open_on(&app, path, None).await;
+    let snapshot = stream.snapshot().await;
+    assert_eq!(summary(&snapshot), pairs(&[("synced", "")]));
+    drop(stream);
+
+    // While the client is away, the RC (not matching) is changed, then labelled in.
+    let rc_uri = format!("/api/v1/rcs/{id}");
+    let patch = serde_json::json!({"replicas_desired": 1});
+    let patched = app.merge_patch(&rc_uri, &patch, &[]).await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    let labels_uri = format!("/api/v1/labels/replication_controller/{id}");
+    let labels = serde_json::json!({"labels": {"app": "web"}});
+    let labelled = app.send_json("PUT", &labels_uri, &[], &labels).await;
+    assert_eq!(labelled.status, StatusCode::OK, "{labelled:?}");
+
+    let synced = &snapshot[0].id;
+    let mut resumed = open_on(&app, path, Some(synced)).await;
+    let first = next_events(&mut resumed, 1).await;
+    assert_eq!(summary(&first), pairs(&[("added", &id)]));
+}
