@@ -389,13 +389,9 @@ impl Follower {
         if let Some(intended) = self.manifests.get(json) {
             return Ok(intended.clone());
         }
-        let text: Intended = if json.starts_with('"') {
-            serde_json::from_str::<String>(json)
-                .context("decoding a manifest's text")?
-                .into()
-        } else {
-            json.into()
-        };
+        let text: Intended = serde_json::from_str::<String>(json)
+            .context("decoding a manifest's text")?
+            .into();
         self.manifests.insert(json.into(), text.clone());
         Ok(text)
     }

@@ -691,12 +691,10 @@ fn control(event_type: WatchEventType, position: u64) -> Event {
         .data(serde_json::to_string(&data).expect("an event serializes"))
 }
 
-/// Whether `value` may be a JSON text, which starts after any whitespace with `{`, `[`, `"`,
-/// `-`, a digit, or the first letter of `true`, `false` or `null`. Most values a pod's
-/// event carries are YAML manifests (`id: ...`): they are told apart without a failed parse.
-fn may_be_json(value: &[u8]) -> bool {
-    let first = value.iter().find(|b| !b" \t\r\n".contains(b));
-    first.is_some_and(|b| b"{[\"-0123456789tfn".contains(b))
+/// Whether `tree`'s values are manifests, sent as their text: YAML, which a writer may have
+/// written in flow style, reading as JSON, though a pod or a report is never a JSON document.
+fn holds_manifests(tree: Tree) -> bool {
+    matches!(tree, Tree::Intent | Tree::Reality)
 }
 
 /// A change's event, without its id; its data is rendered once for all streams.
@@ -704,7 +702,7 @@ fn change_event(change: &Arc<Change>) -> Event {
     let event_type = WatchEventType::from(change.change_type);
     let data = change.rendered.get_or_init(|| {
         let value = change.entry.value();
-        let json = may_be_json(&value)
+        let json = (!holds_manifests(change.tree))
             .then(|| serde_json::from_slice(&value).ok())
             .flatten();
         let object = json.unwrap_or_else(|| {
@@ -722,38 +720,4 @@ fn change_event(change: &Arc<Change>) -> Event {
     Event::default()
         .event(event_type.as_str())
         .data(data.as_str())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_json_text_may_be_json_and_a_yaml_manifest_is_not() {
-        let json = [
-            r#"{"id": "app"}"#,
-            "[1]",
-            r#""text""#,
-            "-1",
-            "0",
-            "7.5",
-            "true",
-            "false",
-            "null",
-            " \r\n\t{}",
-        ];
-        for text in json {
-            assert!(
-                serde_json::from_str::<serde_json::Value>(text).is_ok(),
-                "{text}"
-            );
-            assert!(may_be_json(text.as_bytes()), "{text:?}");
-        }
-        for text in ["id: app\nlaunchables: {}\n", "", "  \n", "-----BEGIN PGP"] {
-            let parsed = serde_json::from_str::<serde_json::Value>(text).ok();
-            assert!(parsed.is_none() || may_be_json(text.as_bytes()), "{text:?}");
-        }
-        assert!(!may_be_json(b"id: app\n"));
-        assert!(!may_be_json(b"  \n"));
-    }
 }

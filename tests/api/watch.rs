@@ -1506,3 +1506,30 @@ async fn a_resumed_selector_stream_sends_an_rc_relabelled_in_as_added_first() {
     let first = next_events(&mut resumed, 1).await;
     assert_eq!(summary(&first), pairs(&[("added", &id)]));
 }
+
+/// A pod's and a reality report's `object` is its manifest's text, as documented, also for
+/// a manifest written in YAML's flow style, which reads as JSON: an SDK decodes the same
+/// kind of object whatever style a writer chose.
+#[tokio::test]
+async fn a_manifest_in_json_form_is_sent_as_its_text() {
+    let watched = Watched::new(MirrorConfig::default()).await;
+    let manifest = r#"{"id": "hello", "launchables": {}}"#;
+    for key in ["intent/node1/hello", "reality/node1/hello"] {
+        let store = &watched.app.store;
+        store.put(key, manifest.as_bytes(), Cas::Any).await.unwrap();
+        watched.mirrored(key).await;
+    }
+    let mut stream = watched.open("/api/v1/watch?kinds=pods,reality", None).await;
+    let snapshot = stream.snapshot().await;
+    assert_eq!(
+        summary(&snapshot),
+        pairs(&[
+            ("added", "node1/hello"),
+            ("added", "node1/hello"),
+            ("synced", "")
+        ])
+    );
+    for event in &snapshot[..2] {
+        assert_eq!(event.data["object"], manifest, "{event:?}");
+    }
+}
