@@ -1,12 +1,18 @@
 //! The DS farm: keeps each daemon set's pod on every node its selector matches.
 //!
 //! Per daemon set this server owns (`lock/daemon_sets/<id>`), each pass:
-//! - **contention**: of two enabled daemon sets that contend, the one written last
-//!   (higher modify index, then higher ID) is disabled with an audited CAS write and a
-//!   low-urgency alert. Its latest write is what introduced the contention (P2 disables "the
-//!   one that just appeared or changed"), and no extra reads are needed. A disabled daemon set
-//!   changes no pods: one whose selector does not parse only says so (its conditions),
-//!   where an enabled one's reconcile fails.
+//! - **contention**: of two enabled daemon sets whose own write made them contend
+//!   ([`Contention::Written`]), the one written last (higher modify index, then higher ID) is
+//!   disabled with an audited CAS write and a low-urgency alert. Its latest write is what
+//!   introduced the contention (P2 disables "the one that just appeared or changed"), and no
+//!   extra reads are needed. Where only nodes relabelled since both were written match both
+//!   ([`Contention::Relabelled`]), no write of either made it, and disabling one would take
+//!   its pods off every node for one node's labels: neither is disabled, each contended node
+//!   is left to the daemon set running the pod there (or to neither), and both say so in
+//!   their `Contended` condition (`NodeLabelsContend`). P2's farm, which looks at contention
+//!   only for daemon sets created or changed (and at its start), disables nothing then
+//!   either, until it restarts. A disabled daemon set changes no pods: one whose selector
+//!   does not parse only says so (its conditions), where an enabled one's reconcile fails.
 //! - **scheduling**: eligible nodes without the pod get it, labelled with
 //!   `daemon_set_id` only, in name order and as P2's replicator, at most [`MAX_IN_FLIGHT`]
 //!   nodes on their way to healthy at a time (new and replaced alike, below); a node already
@@ -54,11 +60,11 @@ use tokio::time::Instant;
 use crate::kv::TxnOp;
 use crate::labels::{Labels, Selector, DS_ID_LABEL};
 use crate::layout::{self, LEADER_LOCK};
-use crate::model::conditions::{ds_conditions, DsFacts};
+use crate::model::conditions::{ds_conditions, DsFacts, NodeContention};
 use crate::model::event::{diff, ds_fields, Action, ObjectKind};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::state::Mirror;
-use crate::store::daemon_sets::{contends, DaemonSetFarmStatus};
+use crate::store::daemon_sets::{contends, contention, Contention, DaemonSetFarmStatus};
 
 use super::conditions::Published;
 use super::pods::{
@@ -144,6 +150,9 @@ struct Plan {
     healthy: usize,
     /// Nodes on an old manifest left as they are because of `min_health`.
     held_back: usize,
+    /// Nodes relabelled into contention with another daemon set that this one does not run
+    /// the pod on, so leaves alone.
+    contended_left: Vec<String>,
     status: DaemonSetFarmStatus,
     /// The next timeout due.
     wake: Option<Instant>,
@@ -228,12 +237,15 @@ impl DsFarm {
         ds: &Shared<StoredDaemonSet>,
     ) -> FarmResult<Option<Instant>> {
         let lock = layout::ds_ownership(id);
+        let mut contended = ContendedNodes::new();
         if !ds.value.disabled {
-            if let Some((rival_id, rival)) = older_contender(world, disabled_now, id, ds) {
+            let contentions = contentions(world, disabled_now, id, ds);
+            if let Some((rival_id, rival)) = contentions.written_before {
                 disable(ctx, id, ds, rival_id, &rival.value).await?;
                 disabled_now.insert(id.to_owned());
                 return Ok(None);
             }
+            contended = contentions.relabelled;
         }
         if ds.value.disabled {
             // Paused: no pod changes, and the rollout starts afresh when it is enabled.
@@ -243,6 +255,7 @@ impl DsFarm {
                 id,
                 &ds.value,
                 &mut Rollout::default(),
+                &ContendedNodes::new(),
                 Instant::now(),
             );
             // Contended: it would contend if it were enabled, so it stays disabled.
@@ -274,9 +287,10 @@ impl DsFarm {
         }
 
         let rollout = self.rollouts.entry(id.to_owned()).or_default();
-        let planned = plan(world, id, &ds.value, rollout, Instant::now());
-        self.publish_conditions(ctx, id, ds, &facts(&ds.value, planned.as_ref()))
-            .await?;
+        let planned = plan(world, id, &ds.value, rollout, &contended, Instant::now());
+        let mut facts = facts(&ds.value, planned.as_ref());
+        facts.relabelled = node_contention(&ds.value, &contended, planned.as_ref().ok());
+        self.publish_conditions(ctx, id, ds, &facts).await?;
         let plan = planned?;
         if !plan.timed_out.is_empty() {
             tracing::warn!(ds = %id, nodes = ?plan.timed_out, timeout = ?ds.value.timeout,
@@ -441,16 +455,76 @@ fn facts(ds: &StoredDaemonSet, plan: Result<&Plan, &FarmError>) -> DsFacts {
     facts
 }
 
-/// An enabled daemon set written before `ds` that contends with it, if any: `ds` is then the
+/// Nodes relabelled into contention between enabled daemon sets ([`Contention::Relabelled`]),
+/// each with the other daemon sets contending for it.
+type ContendedNodes<'w> = BTreeMap<&'w str, BTreeSet<&'w str>>;
+
+/// How one enabled daemon set contends with the other enabled ones (those disabled in this
+/// pass aside).
+#[derive(Default)]
+struct Contentions<'w> {
+    /// One written before it, in a contention its own write made: it is the one to disable.
+    written_before: Option<(&'w str, &'w Shared<StoredDaemonSet>)>,
+    /// The nodes relabelled into contention with the others, left to the daemon set running
+    /// there.
+    relabelled: ContendedNodes<'w>,
+}
+
+/// How `ds` contends with the other enabled daemon sets, by [`contention`]'s rule: of two
+/// whose write made it, the one written last (higher modify index, then higher ID) is the
 /// one to disable.
-fn older_contender<'w>(
+fn contentions<'w>(
     world: &'w World,
     disabled_now: &HashSet<String>,
     id: &str,
     ds: &Shared<StoredDaemonSet>,
-) -> Option<(&'w str, &'w Shared<StoredDaemonSet>)> {
-    contender(world, id, &ds.value, |other_id, other| {
-        !disabled_now.contains(other_id) && (other.index, other_id) < (ds.index, id)
+) -> Contentions<'w> {
+    let mut found = Contentions::default();
+    for (other_id, other) in &world.daemon_sets.items {
+        if other_id == id || disabled_now.contains(other_id) {
+            continue;
+        }
+        let nodes = world.node_label_records();
+        match contention((&ds.value, ds.index), (&other.value, other.index), nodes) {
+            Contention::Written if (other.index, other_id.as_str()) < (ds.index, id) => {
+                found.written_before = Some((other_id, other));
+                return found;
+            }
+            // The other one is disabled for it, in its own turn.
+            Contention::Written | Contention::None => {}
+            Contention::Relabelled(nodes) => {
+                for node in nodes {
+                    found.relabelled.entry(node).or_default().insert(other_id);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// What the conditions of `ds` say of the nodes relabelled into contention with it: those
+/// it keeps (it runs the pod there) and those it leaves, as `plan` left them.
+fn node_contention(
+    ds: &StoredDaemonSet,
+    contended: &ContendedNodes<'_>,
+    plan: Option<&Plan>,
+) -> Option<NodeContention> {
+    if contended.is_empty() {
+        return None;
+    }
+    let left: BTreeSet<String> = plan.map(|plan| plan.contended_left.iter().cloned().collect())?;
+    Some(NodeContention {
+        pod_id: ds.pod_id.clone(),
+        rivals: contended
+            .values()
+            .flatten()
+            .map(|id| (*id).to_owned())
+            .collect(),
+        kept: (contended.keys())
+            .filter(|node| !left.contains(**node))
+            .map(|node| (*node).to_owned())
+            .collect(),
+        left,
     })
 }
 
@@ -537,6 +611,7 @@ fn plan(
     id: &str,
     ds: &StoredDaemonSet,
     rollout: &mut Rollout,
+    contended: &ContendedNodes<'_>,
     now: Instant,
 ) -> FarmResult<Plan> {
     let selector: Selector = ds.node_selector.parse().map_err(|e| {
@@ -578,17 +653,23 @@ fn plan(
                 .map(|node| pod(node)),
         );
     }
-    // In name order, as P2's replicator takes them.
-    let missing: Vec<&String> = eligible
+    // Nodes relabelled into contention with another daemon set are left to the one running
+    // there: the others neither place the pod there nor take it over.
+    let contended_left: Vec<String> = eligible
         .iter()
-        .filter(|node| !current.contains(*node))
-        .filter(|node| is_free(world, &pod(node)))
+        .filter(|node| !current.contains(*node) && contended.contains_key(node.as_str()))
+        .cloned()
         .collect();
+    let open = || {
+        eligible
+            .iter()
+            .filter(|node| !current.contains(*node) && !contended.contains_key(node.as_str()))
+    };
+    // In name order, as P2's replicator takes them.
+    let missing: Vec<&String> = open().filter(|node| is_free(world, &pod(node))).collect();
     // Eligible nodes whose pod a disabled daemon set holds: taken over like stale pods of
     // this one's own.
-    let held: BTreeMap<&String, (&str, u64)> = eligible
-        .iter()
-        .filter(|node| !current.contains(*node))
+    let held: BTreeMap<&String, (&str, u64)> = open()
         .filter_map(|node| Some((node, disabled_holder(world, id, &pod(node))?)))
         .collect();
 
@@ -757,6 +838,7 @@ fn plan(
         targeted: eligible.len(),
         healthy: staying.iter().filter(|(_, _, healthy)| *healthy).count(),
         held_back,
+        contended_left,
         status,
         wake,
     })
@@ -903,7 +985,7 @@ mod tests {
     }
 
     fn run(world: &World, ds: &StoredDaemonSet, rollout: &mut Rollout, now: Instant) -> Plan {
-        plan(world, "ds", ds, rollout, now).unwrap()
+        plan(world, "ds", ds, rollout, &ContendedNodes::new(), now).unwrap()
     }
 
     /// A daemon set that failed and is gone since waits for no retry: the farm's queue (its

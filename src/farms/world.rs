@@ -322,6 +322,14 @@ impl World {
         labelled(&self.nodes.items)
     }
 
+    /// Every node with its labels and the index they were last written at.
+    pub fn node_label_records(&self) -> impl Iterator<Item = (&str, &CompactLabels, u64)> {
+        let nodes = self.nodes.items.iter();
+        nodes.filter_map(|(node, entry)| {
+            Some((node.as_str(), entry.labels()?, entry.pair.modify_index))
+        })
+    }
+
     /// The RCs whose manifest runs `pod_id`, sorted by id.
     pub fn rcs_running<'a>(
         &'a self,

@@ -7,6 +7,7 @@
 //! index of the document they were computed from. The field names are snake_case like the
 //! rest of this API. Pure: the farms gather the facts, these functions name the conditions.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -651,12 +652,44 @@ pub struct DsFacts {
     /// An enabled daemon set it contends with (or would, were it enabled): its id and their
     /// pod id.
     pub contender: Option<(String, String)>,
+    /// Nodes whose labels changed to match other enabled daemon sets of its pod id too,
+    /// after they were all written: a contention neither one is disabled for.
+    pub relabelled: Option<NodeContention>,
+}
+
+/// Nodes relabelled into contention between enabled daemon sets, as one of them sees them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeContention {
+    pub pod_id: String,
+    /// The other daemon sets whose selectors match the nodes, by id.
+    pub rivals: BTreeSet<String>,
+    /// The nodes it runs the pod on, and keeps.
+    pub kept: BTreeSet<String>,
+    /// The nodes it places nothing on: another daemon set runs the pod there, or none does.
+    pub left: BTreeSet<String>,
+}
+
+/// At most the first few `names`, then how many more: a message stays short on any fleet.
+fn some_of(names: &BTreeSet<String>) -> String {
+    const SHOWN: usize = 5;
+    let mut text = names
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.is_empty() {
+        text.push_str("none");
+    } else if names.len() > SHOWN {
+        text.push_str(&format!(" and {} more", names.len() - SHOWN));
+    }
+    text
 }
 
 /// A daemon set's `Progressing`, `Blocked` and `Contended` conditions.
 pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
-    let contended = match &f.contender {
-        Some((rival, pod_id)) => Observed::new(
+    let contended = match (&f.contender, &f.relabelled) {
+        (Some((rival, pod_id)), _) => Observed::new(
             "Contended",
             True,
             "ContendsWithDaemonSet",
@@ -669,7 +702,22 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
                 }
             ),
         ),
-        None => Observed::new(
+        (None, Some(nodes)) => Observed::new(
+            "Contended",
+            True,
+            "NodeLabelsContend",
+            format!(
+                "nodes were relabelled to match daemon set {} too, which runs pod {} as well; \
+                 no daemon set is disabled for a node's labels: this one keeps the nodes it \
+                 runs ({}) and places nothing on the others ({}); change the nodes' labels or \
+                 a selector",
+                some_of(&nodes.rivals),
+                nodes.pod_id,
+                some_of(&nodes.kept),
+                some_of(&nodes.left)
+            ),
+        ),
+        (None, None) => Observed::new(
             "Contended",
             False,
             "NoContention",
@@ -1219,6 +1267,39 @@ mod tests {
     }
 
     #[test]
+    fn a_daemon_set_with_nodes_relabelled_into_contention_says_which_it_keeps() {
+        let names = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect();
+        let c = ds_conditions(&DsFacts {
+            relabelled: Some(NodeContention {
+                pod_id: "agent".into(),
+                rivals: names(&["rival"]),
+                kept: names(&["n1"]),
+                left: names(&["n2", "n3", "n4", "n5", "n6", "n7", "n8"]),
+            }),
+            ..settled_ds()
+        });
+        let contended = find(&c, "Contended");
+        assert_eq!(
+            (contended.status, contended.reason),
+            (True, "NodeLabelsContend")
+        );
+        let message = &contended.message;
+        assert!(
+            message.contains("daemon set rival too, which runs pod agent"),
+            "{message}"
+        );
+        assert!(
+            message.contains("keeps the nodes it runs (n1)"),
+            "{message}"
+        );
+        assert!(
+            message.contains("(n2, n3, n4, n5, n6 and 2 more)"),
+            "{message}"
+        );
+        assert_eq!(find(&c, "Progressing").reason, "Complete");
+    }
+
+    #[test]
     fn a_daemon_set_matching_no_node_or_with_a_bad_selector_is_not_progressing() {
         let c = ds_conditions(&DsFacts {
             targeted: 0,
@@ -1368,6 +1449,10 @@ mod tests {
             },
             DsFacts {
                 contender: Some(("other".into(), "web".into())),
+                ..settled.clone()
+            },
+            DsFacts {
+                relabelled: Some(NodeContention::default()),
                 ..settled.clone()
             },
         ];

@@ -1,5 +1,6 @@
 //! The daemon-set store: `daemon_sets/<uuid>` documents in P2's format, each change audited in
-//! the same transaction, plus the contention rule (P2's `DSContends`) the API and the DS farm share.
+//! the same transaction, plus the contention rule (P2's `DSContends`) the API and the DS farm
+//! share, and whose write made a contention, which the DS farm acts on.
 //!
 //! Reads skip (and log) what they cannot decode, so one bad document never hides the others.
 //! Writes check P2's invariants first: the ID is a UUID and never changes, `pod_id` equals the
@@ -370,15 +371,71 @@ pub fn contends<'a, L: LabelValues + 'a>(
     if selectors_overlap_everywhere(ds, other) {
         return true;
     }
-    let (Ok(mine), Ok(theirs)) = (
-        ds.node_selector.parse::<Selector>(),
-        other.node_selector.parse::<Selector>(),
-    ) else {
+    let Some((mine, theirs)) = selectors(ds, other) else {
         return false;
     };
     nodes
         .into_iter()
         .any(|labels| mine.matches(labels) && theirs.matches(labels))
+}
+
+/// Who made two daemon sets contend, and so what the DS farm does about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Contention<'a> {
+    /// They do not contend.
+    None,
+    /// The write of the one written last made it: a selector selecting every node, equal
+    /// selectors, or a node matching both whose labels were already as they are when that
+    /// write was made. That daemon set is disabled, as P2 disables the one that just
+    /// appeared or changed.
+    Written,
+    /// Only nodes whose labels changed after both daemon sets were written match both
+    /// (these, by name): a label write made it, which is no reason to disable either
+    /// daemon set fleet-wide. Each node is left to the one running there, or to neither.
+    Relabelled(Vec<&'a str>),
+}
+
+/// Who made two daemon sets contend ([`Contention`]), given each at the index it was last
+/// written and every node with its labels and the index they were last written at (one index
+/// space: the store's). A node label write in the same transaction as the later daemon set's
+/// write counts as older, so a tie keeps P2's rule.
+pub fn contention<'a, L: LabelValues + 'a>(
+    (ds, ds_index): (&StoredDaemonSet, u64),
+    (other, other_index): (&StoredDaemonSet, u64),
+    nodes: impl IntoIterator<Item = (&'a str, &'a L, u64)>,
+) -> Contention<'a> {
+    if !may_contend(ds, other) {
+        return Contention::None;
+    }
+    if selectors_overlap_everywhere(ds, other) {
+        return Contention::Written;
+    }
+    let Some((mine, theirs)) = selectors(ds, other) else {
+        return Contention::None;
+    };
+    let written = ds_index.max(other_index);
+    let mut relabelled = Vec::new();
+    for (node, labels, index) in nodes {
+        if mine.matches(labels) && theirs.matches(labels) {
+            if index <= written {
+                return Contention::Written;
+            }
+            relabelled.push(node);
+        }
+    }
+    match relabelled.is_empty() {
+        true => Contention::None,
+        false => Contention::Relabelled(relabelled),
+    }
+}
+
+/// Both daemon sets' selectors, parsed; `None` when either does not parse (it selects no
+/// node: P2's worker cannot run such a daemon set, so it schedules nothing).
+fn selectors(ds: &StoredDaemonSet, other: &StoredDaemonSet) -> Option<(Selector, Selector)> {
+    Some((
+        ds.node_selector.parse().ok()?,
+        other.node_selector.parse().ok()?,
+    ))
 }
 
 /// The conditions under which two daemon sets could schedule the same pod on one node.
@@ -615,6 +672,53 @@ mod tests {
             &ds("b", "shipper", "", false),
             &[] as &[Labels]
         ));
+    }
+
+    #[test]
+    fn contention_a_node_relabelled_since_both_writes_made_is_told_apart() {
+        let both = node("n1", &[("role", "web"), ("az", "a")]);
+        let web = ds("a", "shipper", "role=web", false);
+        let zoned = ds("b", "shipper", "az=a", false);
+        let at = |index| [(both.id.as_str(), &both.labels, index)];
+        // Labels as they are when the later daemon set was written (or written with it).
+        assert_eq!(
+            contention((&web, 10), (&zoned, 20), at(15)),
+            Contention::Written
+        );
+        assert_eq!(
+            contention((&web, 10), (&zoned, 20), at(20)),
+            Contention::Written
+        );
+        // Labels written since both, either way round.
+        let relabelled = Contention::Relabelled(vec!["n1"]);
+        assert_eq!(contention((&web, 10), (&zoned, 20), at(30)), relabelled);
+        assert_eq!(contention((&zoned, 20), (&web, 10), at(30)), relabelled);
+        // A node older than the later write among relabelled ones: that write made it.
+        let older = node("n0", &[("role", "web"), ("az", "a")]);
+        let nodes = [
+            (older.id.as_str(), &older.labels, 5),
+            (both.id.as_str(), &both.labels, 30),
+        ];
+        assert_eq!(
+            contention((&web, 10), (&zoned, 20), nodes),
+            Contention::Written
+        );
+        // No node labels make a selector that selects every node contend, nor undo it.
+        let everywhere = ds("c", "shipper", "", false);
+        assert_eq!(
+            contention((&everywhere, 10), (&zoned, 20), at(30)),
+            Contention::Written
+        );
+        let elsewhere = ds("b", "shipper", "az=b", false);
+        assert_eq!(
+            contention((&web, 10), (&elsewhere, 20), at(30)),
+            Contention::None
+        );
+        let disabled = ds("b", "shipper", "az=a", true);
+        assert_eq!(
+            contention((&web, 10), (&disabled, 20), at(30)),
+            Contention::None
+        );
     }
 
     #[test]

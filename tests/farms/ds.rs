@@ -168,6 +168,78 @@ async fn of_two_contending_daemon_sets_the_newer_is_disabled() {
     assert_eq!(disabled[0]["event_details"]["daemon_set"]["disabled"], true);
 }
 
+/// The `Contended` condition stored for daemon set `id` once it is true.
+async fn contended(h: &Harness, id: &str) -> Option<Value> {
+    let pair = h
+        .store
+        .get(&layout::conditions(ObjectKind::Daemonsets, id))
+        .await
+        .unwrap()?;
+    let record: Value = serde_json::from_slice(&pair.value).unwrap();
+    let conditions = record["conditions"].as_array()?;
+    conditions
+        .iter()
+        .find(|c| c["type"] == "Contended" && c["status"] == "True")
+        .cloned()
+}
+
+/// Two daemon sets of one pod id that ran side by side, until nodes were relabelled to match
+/// both: their writes made no contention, so neither is disabled (which would take its pods
+/// off every node for one node's labels). A contended node stays with the daemon set running
+/// there, one neither runs gets neither, and both say so in their conditions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_relabelled_into_two_daemon_sets_disable_neither() {
+    let h = Harness::start().await;
+    h.label(LabelType::Node, "node1", json!({"zone": "a"}))
+        .await;
+    h.label(LabelType::Node, "node2", json!({"tier": "web"}))
+        .await;
+    let zoned = h
+        .put_ds(ds_doc("zone=a", 0, Duration::from_secs(600)))
+        .await;
+    wait_for_ds_nodes(&h, &zoned, &["node1"]).await;
+    let tiered = h
+        .put_ds(ds_doc("tier=web", 0, Duration::from_secs(600)))
+        .await;
+    wait_for_ds_nodes(&h, &tiered, &["node2"]).await;
+
+    let both = json!({"zone": "a", "tier": "web"});
+    h.label(LabelType::Node, "node2", both.clone()).await;
+    h.label(LabelType::Node, "node3", both).await;
+    let condition = h.wait_until(|| contended(&h, &tiered)).await;
+    assert_eq!(
+        (
+            h.ds(&zoned).await["disabled"].clone(),
+            h.ds(&tiered).await["disabled"].clone()
+        ),
+        (json!(false), json!(false)),
+        "neither daemon set is disabled for a node's labels: {condition}"
+    );
+    for id in [&zoned, &tiered] {
+        h.wait_until(|| async {
+            let condition = contended(&h, id).await?;
+            let message = condition["message"].as_str()?.to_owned();
+            (condition["reason"] == "NodeLabelsContend" && message.contains("node3")).then_some(())
+        })
+        .await;
+    }
+    // Nodes added since show that both have placed pods after the relabelling.
+    h.label(LabelType::Node, "node4", json!({"zone": "a"}))
+        .await;
+    h.label(LabelType::Node, "node5", json!({"tier": "web"}))
+        .await;
+    wait_for_ds_nodes(&h, &zoned, &["node1", "node4"]).await;
+    wait_for_ds_nodes(&h, &tiered, &["node2", "node5"]).await;
+    assert!(h.intent("node3", "hello").await.is_none());
+
+    // A selector edited into contention is the edit's doing: the one edited is disabled.
+    h.edit_ds(&tiered, |doc| doc["node_selector"] = "zone=a".into())
+        .await;
+    h.wait_until(|| async { (h.ds(&tiered).await["disabled"] == true).then_some(()) })
+        .await;
+    assert_eq!(h.ds(&zoned).await["disabled"], false);
+}
+
 /// A pod whose intent went while its labels still name its RC (deleted by hand, say) is the
 /// RC's to put back: a daemon set of the same pod id leaves that node alone. Taking it would
 /// label the pod for both, and the two farms would rewrite its intent in turn for ever.
