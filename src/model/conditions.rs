@@ -782,11 +782,20 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
         )
     } else {
         let message = if f.deployed < f.targeted {
+            // Nodes no daemon set runs the pod on, left alone for a node-label contention.
+            let contended_left = f.relabelled.as_ref().is_some_and(|n| !n.left.is_empty());
             format!(
                 "{} of {} targeted nodes are healthy on the current manifest; the farm has \
-                 nothing left to change on the others (another owner runs the pod there, or \
+                 nothing left to change on the others (another owner runs the pod there, {}\
                  they were given up on past the timeout)",
-                f.deployed, f.targeted
+                f.deployed,
+                f.targeted,
+                match contended_left {
+                    true =>
+                        "nodes relabelled into contention with another daemon set are \
+                             left alone (see Contended), or ",
+                    false => "or ",
+                }
             )
         } else {
             format!(
@@ -1200,6 +1209,30 @@ mod tests {
             progressing
                 .message
                 .starts_with("3 of 4 targeted nodes are healthy"),
+            "{}",
+            progressing.message
+        );
+    }
+
+    /// Nodes relabelled into contention that no daemon set runs the pod on are neither
+    /// another owner's nor given up on: Complete says they are left alone.
+    #[test]
+    fn a_daemon_set_complete_short_of_contended_nodes_says_they_are_left_alone() {
+        let c = ds_conditions(&DsFacts {
+            deployed: 3,
+            healthy: 3,
+            relabelled: Some(NodeContention {
+                left: ["n4".to_owned()].into(),
+                ..NodeContention::default()
+            }),
+            ..settled_ds()
+        });
+        let progressing = find(&c, "Progressing");
+        assert_eq!(progressing.reason, "Complete");
+        assert!(
+            progressing
+                .message
+                .contains("relabelled into contention with another daemon set are left alone"),
             "{}",
             progressing.message
         );
