@@ -9,7 +9,7 @@
 //! which case the farm's own check disables the later one.
 
 use std::borrow::Borrow;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -37,7 +37,7 @@ use crate::kv::keys::segment_problem;
 use crate::kv::{KvStore, StoreError, StoreResult};
 use crate::labels::{LabelType, Labels, Requirement, Selector, DS_ID_LABEL, RC_ID_LABEL};
 use crate::layout;
-use crate::model::conditions::Condition;
+use crate::model::conditions::{some_of, Condition};
 use crate::model::duration::format_timeout;
 use crate::model::event::{Actor, Meta, ObjectKind};
 use crate::model::{
@@ -260,8 +260,8 @@ async fn list_daemon_sets(
 /// Creates a daemon set; `pod_id` is the manifest's `id`.
 ///
 /// Every bad field is reported at once (422). An enabled daemon set that would contend with
-/// another (same pod ID, overlapping nodes) is refused with 409 naming the other; send
-/// `"disabled": true` to store it anyway, paused.
+/// another (same pod ID, overlapping nodes) is refused with 409 naming the other and the
+/// nodes both select; send `"disabled": true` to store it anyway, paused.
 #[utoipa::path(
     post,
     path = "/daemonsets",
@@ -287,8 +287,8 @@ async fn create_daemon_set(
     let ds = ds_spec::new_daemon_set(body).map_err(ApiError::invalid)?;
     let store = app.daemon_sets();
     let labels = app.labels();
-    if let Some(other) = store.find_contender(&ds, &labels).await? {
-        return Err(contention_error(&other));
+    if let Some(contender) = store.find_contender(&ds, &labels).await? {
+        return Err(contention_error(&contender));
     }
     let record = store.create(ds, &actor).await?;
     let id = record
@@ -353,7 +353,11 @@ async fn get_daemon_set(
 /// re-applied to the latest version while it loses to concurrent writes (for up to 5 s), so
 /// concurrent patches of different fields all take effect. A patch that changes nothing
 /// answers 200 with the daemon set unchanged. A change leaving the daemon set enabled and
-/// contending with another is refused with 409.
+/// contending with another is refused with 409 naming the other and the nodes both select,
+/// whatever it changes (the manifest alone included) while nodes relabelled into both make
+/// them contend (`Contended` reason `NodeLabelsContend`): the write would make the
+/// contention this one's, for which the DS farm disables the one written last. Change those
+/// nodes' labels or a selector first, or disable one of the two.
 #[utoipa::path(
     patch,
     path = "/daemonsets/{id}",
@@ -407,8 +411,8 @@ async fn patch_daemon_set(
                     .apply(&current.value)
                     .map_err(|e| ApiError::invalid([e]))?;
                 if next != current.value {
-                    if let Some(other) = store.find_contender(&next, labels).await? {
-                        return Err(contention_error(&other));
+                    if let Some(contender) = store.find_contender(&next, labels).await? {
+                        return Err(contention_error(&contender));
                     }
                 }
                 Ok::<_, ApiError>(next)
@@ -457,12 +461,23 @@ async fn delete_daemon_set(
     Ok(StatusCode::NO_CONTENT)
 }
 
-fn contention_error(other: &StoredDaemonSet) -> ApiError {
-    ApiError::conflict(format!(
-        "daemon set {} (node_selector {:?}) already runs pod {:?} on nodes this daemon set \
-         would select; change the node selector, or store this one with \"disabled\": true",
-        other.id, other.node_selector, other.pod_id
-    ))
+/// The 409 for a daemon set that would contend with `other` on `nodes` (none named: a
+/// selector selects every node or the two are the same), saying how to end it.
+fn contention_error((other, nodes): &(StoredDaemonSet, BTreeSet<String>)) -> ApiError {
+    let (other_id, selector, pod_id) = (&other.id, &other.node_selector, &other.pod_id);
+    ApiError::conflict(match nodes.is_empty() {
+        true => format!(
+            "daemon set {other_id} (node_selector {selector:?}) is enabled for pod {pod_id:?} \
+             too, and one of the two selectors selects every node or they are the same; \
+             change the node selector, or store this one with \"disabled\": true"
+        ),
+        false => format!(
+            "daemon set {other_id} (node_selector {selector:?}) is enabled for pod {pod_id:?} \
+             too, and selects nodes this daemon set would select ({}); change a node \
+             selector or those nodes' labels, or store this one with \"disabled\": true",
+            some_of(nodes)
+        ),
+    })
 }
 
 /// The trees a daemon set's view is made of: its document, what its rollout status counts

@@ -670,7 +670,7 @@ pub struct NodeContention {
 }
 
 /// At most the first few `names`, then how many more: a message stays short on any fleet.
-fn some_of(names: &BTreeSet<String>) -> String {
+pub fn some_of(names: &BTreeSet<String>) -> String {
     const SHOWN: usize = 5;
     let mut text = names
         .iter()

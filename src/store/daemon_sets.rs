@@ -6,6 +6,7 @@
 //! Writes check P2's invariants first: the ID is a UUID and never changes, `pod_id` equals the
 //! manifest's `id`, and the node selector parses.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -307,14 +308,15 @@ impl DaemonSetStore {
     }
 
     /// The first enabled daemon set that contends with `ds`, reading the daemon sets
-    /// now stored and, only when a selector intersection must be evaluated, the node labels.
-    /// `None` when `ds` is disabled or nothing contends. This is the check the API makes
-    /// before storing an enabled daemon set and the farm makes on every created or changed one.
+    /// now stored and, only when a selector intersection must be evaluated, the node labels,
+    /// with the nodes both select (none named when a selector selects every node or the two
+    /// are the same). `None` when `ds` is disabled or nothing contends. This is the check the
+    /// API makes before storing an enabled daemon set.
     pub async fn find_contender(
         &self,
         ds: &StoredDaemonSet,
         labels: &LabelStore,
-    ) -> StoreResult<Option<StoredDaemonSet>> {
+    ) -> StoreResult<Option<(StoredDaemonSet, BTreeSet<String>)>> {
         if ds.disabled {
             return Ok(None);
         }
@@ -325,14 +327,20 @@ impl DaemonSetStore {
                 continue;
             }
             if selectors_overlap_everywhere(ds, &other) {
-                return Ok(Some(other));
+                return Ok(Some((other, BTreeSet::new())));
             }
             if nodes.is_none() {
                 nodes = Some(labels.list(LabelType::Node).await?.1);
             }
-            let nodes = nodes.iter().flatten().map(|node| &node.labels);
-            if contends(ds, &other, nodes) {
-                return Ok(Some(other));
+            let nodes = nodes
+                .iter()
+                .flatten()
+                .map(|node| (node.id.as_str(), &node.labels));
+            let both: BTreeSet<String> = selected_by_both(ds, &other, nodes)
+                .map(str::to_owned)
+                .collect();
+            if !both.is_empty() {
+                return Ok(Some((other, both)));
             }
         }
         Ok(None)
@@ -371,12 +379,8 @@ pub fn contends<'a, L: LabelValues + 'a>(
     if selectors_overlap_everywhere(ds, other) {
         return true;
     }
-    let Some((mine, theirs)) = selectors(ds, other) else {
-        return false;
-    };
-    nodes
-        .into_iter()
-        .any(|labels| mine.matches(labels) && theirs.matches(labels))
+    let nodes = nodes.into_iter().map(|labels| ((), labels));
+    selected_by_both(ds, other, nodes).next().is_some()
 }
 
 /// Who made two daemon sets contend, and so what the DS farm does about it.
@@ -410,18 +414,16 @@ pub fn contention<'a, L: LabelValues + 'a>(
     if selectors_overlap_everywhere(ds, other) {
         return Contention::Written;
     }
-    let Some((mine, theirs)) = selectors(ds, other) else {
-        return Contention::None;
-    };
     let written = ds_index.max(other_index);
+    let nodes = nodes
+        .into_iter()
+        .map(|(node, labels, index)| ((node, index), labels));
     let mut relabelled = Vec::new();
-    for (node, labels, index) in nodes {
-        if mine.matches(labels) && theirs.matches(labels) {
-            if index <= written {
-                return Contention::Written;
-            }
-            relabelled.push(node);
+    for (node, index) in selected_by_both(ds, other, nodes) {
+        if index <= written {
+            return Contention::Written;
         }
+        relabelled.push(node);
     }
     match relabelled.is_empty() {
         true => Contention::None,
@@ -429,13 +431,20 @@ pub fn contention<'a, L: LabelValues + 'a>(
     }
 }
 
-/// Both daemon sets' selectors, parsed; `None` when either does not parse (it selects no
-/// node: P2's worker cannot run such a daemon set, so it schedules nothing).
-fn selectors(ds: &StoredDaemonSet, other: &StoredDaemonSet) -> Option<(Selector, Selector)> {
-    Some((
-        ds.node_selector.parse().ok()?,
-        other.node_selector.parse().ok()?,
-    ))
+/// The nodes (each given with its labels) that both daemon sets' selectors match; none when
+/// either selector does not parse (it selects no node: P2's worker cannot run such a daemon
+/// set, so it schedules nothing).
+fn selected_by_both<'a, N, L: LabelValues + 'a, I: IntoIterator<Item = (N, &'a L)>>(
+    ds: &StoredDaemonSet,
+    other: &StoredDaemonSet,
+    nodes: I,
+) -> impl Iterator<Item = N> + use<'a, N, L, I> {
+    let parsed = |ds: &StoredDaemonSet| ds.node_selector.parse::<Selector>().ok();
+    let both = parsed(ds).zip(parsed(other));
+    nodes.into_iter().filter_map(move |(node, labels)| {
+        let (mine, theirs) = both.as_ref()?;
+        (mine.matches(labels) && theirs.matches(labels)).then_some(node)
+    })
 }
 
 /// The conditions under which two daemon sets could schedule the same pod on one node.

@@ -297,6 +297,33 @@ async fn patch_into_contention_is_refused_unless_disabled() {
     assert_eq!(response.status, StatusCode::OK, "{response:?}");
 }
 
+/// While a node relabelled into both makes two daemon sets contend, any change leaving either
+/// enabled, a `min_health` alone included, is refused: the write would make the contention
+/// its own, for which the farm disables it. The answer names the node, so that its labels
+/// (or a selector) can be fixed, after which the change is made.
+#[tokio::test]
+async fn a_change_while_a_node_relabelled_into_both_contends_names_the_node() {
+    let app = TestApp::new().await;
+    label_node(&app, "n1", json!({"role": "web"})).await;
+    label_node(&app, "n2", json!({"az": "b"})).await;
+    let web = create(&app, &body("role=web")).await;
+    let zoned = create(&app, &body("az=b")).await;
+    label_node(&app, "n2", json!({"role": "web", "az": "b"})).await;
+
+    let response = patch(&app, &zoned, &json!({"min_health": 3}), &[]).await;
+    assert_eq!(response.status, StatusCode::CONFLICT, "{response:?}");
+    let message = response.error().message;
+    assert!(message.contains(&web), "{message}");
+    assert!(
+        message.contains("(n2); change a node selector or those nodes' labels"),
+        "{message}"
+    );
+
+    label_node(&app, "n2", json!({"az": "b"})).await;
+    let response = patch(&app, &zoned, &json!({"min_health": 3}), &[]).await;
+    assert_eq!(response.status, StatusCode::OK, "{response:?}");
+}
+
 #[tokio::test]
 async fn get_reports_rollout_status_from_labels_and_health() {
     let app = TestApp::new().await;
