@@ -694,7 +694,8 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
             True,
             "ContendsWithDaemonSet",
             format!(
-                "daemon set {rival} already runs pod {pod_id} on nodes this one selects{}",
+                "daemon set {rival} is enabled for pod {pod_id} too, and selects nodes this one \
+                 selects{}",
                 if f.disabled {
                     "; this one stays disabled"
                 } else {
@@ -1293,9 +1294,14 @@ mod tests {
             (contended.status, contended.reason),
             (True, "ContendsWithDaemonSet")
         );
-        assert!(contended
-            .message
-            .contains("daemon set rival already runs pod agent"));
+        // It need not run the pod on those nodes (yet): it is enabled for them.
+        assert!(
+            contended.message.starts_with(
+                "daemon set rival is enabled for pod agent too, and selects nodes this one selects"
+            ),
+            "{}",
+            contended.message
+        );
         assert_eq!(find(&c, "Progressing").reason, "Disabled");
     }
 

@@ -314,7 +314,7 @@ async fn a_contending_daemon_set_says_with_which() {
     .await;
     let message = contended["message"].as_str().unwrap();
     assert!(
-        message.contains(&format!("daemon set {first} already runs pod hello")),
+        message.contains(&format!("daemon set {first} is enabled for pod hello too")),
         "{message}"
     );
     wait_for(
