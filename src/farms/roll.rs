@@ -189,16 +189,18 @@ impl Farm for RollFarm {
             let now = Moment::now();
             let ready_since = self.ready_since.get(id).copied();
             let action = plan(world, &ctx.session, id, &roll.value, ready_since, now);
-            let unreadable = matches!(action, Action::RcMissing(_))
-                .then(|| self.unreadable_rc(world, &roll.value))
-                .flatten();
-            let activity =
-                unreadable.map_or_else(|| activity(&action, &roll.value), RollActivity::Stuck);
+            let rc_missing = matches!(action, Action::RcMissing(_));
+            let activity = activity(&action, &roll.value);
             let applied = self.apply(ctx, world, id, roll, action, now).await;
             let activity = match &applied {
                 Ok(Applied::Unseen(rc)) => {
                     RollActivity::Waiting(RollWait::UnseenRc { rc: rc.clone() })
                 }
+                // The ending's read failed on an RC that cannot be decoded (the roll's other
+                // RC held): not an ending that failed otherwise, which can be tried again.
+                Err(FarmError::Unusable(_)) if rc_missing => self
+                    .unreadable_rc(world, &roll.value)
+                    .map_or(activity, RollActivity::Stuck),
                 _ => activity,
             };
             let published = match (&applied, &activity) {
@@ -954,8 +956,8 @@ async fn finish_ops(
 /// when the store holds both: the RC tree may simply not show an RC written with the roll
 /// yet. The ending holds only while the RCs the store did not hold are still absent, so that
 /// none written since the farm asked is left without its roll. An RC stored but that cannot
-/// be decoded is held: it fails the read, as the roll's conditions say (`RcUnreadable`), only
-/// when the roll's other RC is held too.
+/// be decoded is held: it fails the read ([`FarmError::Unusable`]), as the roll's conditions
+/// say (`RcUnreadable`), only when the roll's other RC is held too.
 async fn ending_for_missing_rc(
     ctx: &FarmContext,
     world: &World,
@@ -971,13 +973,13 @@ async fn ending_for_missing_rc(
             Ok(None) => absent.push(TxnOp::CheckNotExists {
                 key: layout::rc(rc),
             }),
-            Err(e @ StoreError::Invalid(_)) => unreadable = unreadable.or(Some(e)),
+            Err(StoreError::Invalid(why)) => unreadable = unreadable.or(Some(why)),
             Err(e) => return Err(e.into()),
         }
     }
     if absent.is_empty() {
         return match unreadable {
-            Some(e) => Err(e.into()),
+            Some(why) => Err(FarmError::Unusable(why)),
             None => Ok(None),
         };
     }
@@ -2020,6 +2022,43 @@ mod tests {
         );
         let going = store.get(&layout::roll(NEW)).await.unwrap().is_some();
         assert!(going, "the roll is gone");
+    }
+
+    /// A roll over an RC that cannot be decoded and one that is gone can end: when its
+    /// ending fails (here a mutation lock the world shows held is not), its conditions say
+    /// that the ending failed, not that the roll can neither move nor end.
+    #[tokio::test]
+    async fn a_failed_ending_over_an_unreadable_rc_is_published_as_failed() {
+        use crate::state::{Mirror, MirrorConfig};
+        use tokio_util::sync::CancellationToken;
+        use tokio_util::task::TaskTracker;
+
+        let (_dir, store, ctx) = term().await;
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+        let key = layout::rc(OLD);
+        store
+            .put(&key, b"not an RC", crate::kv::Cas::Any)
+            .await
+            .unwrap();
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        let cancel = CancellationToken::new();
+        mirror.start(&TaskTracker::new(), cancel.clone());
+        mirror.loaded().await;
+        let mut fleet = owned_roll(&ctx, seen.index);
+        fleet.lock(&layout::rc_mutation(NEW), &ctx.session);
+
+        let mut farm = RollFarm::new(Duration::from_secs(600), mirror);
+        farm.pass(&ctx, &fleet.world()).await;
+        cancel.cancel();
+        let going = store.get(&layout::roll(NEW)).await.unwrap().is_some();
+        assert!(going, "the ending landed though a check of it fails");
+        let record = stored_conditions(store.as_ref()).await.unwrap();
+        let progressing = (record.conditions.iter())
+            .find(|c| c.condition_type == "Progressing")
+            .unwrap();
+        let shown = (progressing.status, progressing.reason.as_str());
+        let message = &progressing.message;
+        assert_eq!(shown, (ConditionStatus::False, "WriteFailed"), "{message}");
     }
 
     /// A roll over an RC that cannot be decoded and one that is gone ends, whichever of the
