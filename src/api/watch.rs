@@ -562,12 +562,14 @@ impl Watcher {
         if snapshot {
             self.selected.clear();
         }
-        // Replayed, an object whose labels change later in the backlog may have come to match
-        // only then: until its label change is replayed, the client may not hold it, so a
-        // change of it that matches is sent as added rather than modified.
+        // Replayed with a selector, an object whose labels change later in the backlog may
+        // have come to match only then: until its label change is replayed, the client may
+        // not hold it, so a change of it that matches is sent as added rather than modified.
+        // Without a selector the client holds every object it follows.
         let relabelled_object = |filter: &Filter, change: &Change| {
             let relabelled = filter.relabelled_object(change.tree, &change.entry.pair.key);
-            relabelled.filter(|_| !snapshot).map(|(_, key)| key)
+            let selected = !snapshot && filter.selector.is_some();
+            relabelled.filter(|_| selected).map(|(_, key)| key)
         };
         let mut relabelled_later: HashSet<String> = (backlog.changes.iter())
             .filter_map(|change| relabelled_object(&self.filter, change))

@@ -1533,3 +1533,36 @@ async fn a_manifest_in_json_form_is_sent_as_its_text() {
         assert_eq!(event.data["object"], manifest, "{event:?}");
     }
 }
+
+/// A client resuming without a selector holds every RC it follows: an RC changed, then
+/// labelled, while it was away comes as `modified`, as any change of an object it holds,
+/// its labels' change being no selector's bringing it in.
+#[tokio::test]
+async fn a_resumed_stream_without_a_selector_sends_a_relabelled_rcs_change_as_modified() {
+    let app = TestApp::new().await;
+    let id = app.create_empty_rc().await;
+    // The stream's position moves past the RC's creation.
+    label_through(&app, "n1", "web").await;
+    let path = "/api/v1/watch?kinds=rcs,labels";
+    let mut stream = open_on(&app, path, None).await;
+    let snapshot = stream.snapshot().await;
+    let synced = &snapshot.last().unwrap().id;
+    drop(stream);
+
+    // While the client is away, the RC is changed, then labelled.
+    let rc_uri = format!("/api/v1/rcs/{id}");
+    let patch = serde_json::json!({"replicas_desired": 1});
+    let patched = app.merge_patch(&rc_uri, &patch, &[]).await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    let labels_uri = format!("/api/v1/labels/replication_controller/{id}");
+    let labels = serde_json::json!({"labels": {"app": "web"}});
+    let labelled = app.send_json("PUT", &labels_uri, &[], &labels).await;
+    assert_eq!(labelled.status, StatusCode::OK, "{labelled:?}");
+
+    let mut resumed = open_on(&app, path, Some(synced)).await;
+    let mut seen = Vec::new();
+    while seen.last().is_none_or(|(_, of)| *of != id) {
+        seen.extend(summary(&next_events(&mut resumed, 1).await));
+    }
+    assert_eq!(seen.last().unwrap().0, "modified", "{seen:?}");
+}
