@@ -974,9 +974,9 @@ mod tests {
         roll_conditions(&activity, vec![1], None, DEADLINE, at(0)).0
     }
 
-    #[test]
-    fn each_roll_activity_has_its_progressing_reason() {
-        let cases = [
+    /// Every kind of roll activity, with the status and reason of its `Progressing`.
+    fn roll_activities() -> Vec<(RollActivity, ConditionStatus, &'static str)> {
+        vec![
             (RollActivity::TakingLocks, True, "TakingLocks"),
             (RollActivity::Enabling, True, "EnablingNewRc"),
             (
@@ -994,6 +994,14 @@ mod tests {
             ),
             (RollActivity::RetiringOld, True, "RetiringOldRc"),
             (RollActivity::Finishing, True, "Completing"),
+            (
+                RollActivity::Waiting(RollWait::NewPods {
+                    healthy: 2,
+                    desired: 3,
+                }),
+                True,
+                "WaitingForNewPods",
+            ),
             (
                 RollActivity::Waiting(RollWait::OldPods { settling: 1 }),
                 True,
@@ -1060,6 +1068,21 @@ mod tests {
             ),
             (RollActivity::Stuck(RollStuck::SameRc), False, "SameRc"),
             (
+                RollActivity::Stuck(RollStuck::MinimumEqualsDesired {
+                    minimum: 3,
+                    desired: 3,
+                }),
+                False,
+                "MinimumEqualsDesired",
+            ),
+            (
+                RollActivity::Stuck(RollStuck::InvalidCounts {
+                    problems: "desired_replicas is negative".into(),
+                }),
+                False,
+                "InvalidCounts",
+            ),
+            (
                 RollActivity::Stuck(RollStuck::RcMissing { rc: "rc".into() }),
                 False,
                 "RcMissing",
@@ -1088,8 +1111,12 @@ mod tests {
                 Unknown,
                 "WriteOutcomeUnknown",
             ),
-        ];
-        for (activity, status, reason) in cases {
+        ]
+    }
+
+    #[test]
+    fn each_roll_activity_has_its_progressing_reason() {
+        for (activity, status, reason) in roll_activities() {
             let c = roll(activity.clone());
             let progressing = find(&c, "Progressing");
             assert_eq!(
@@ -1366,22 +1393,30 @@ mod tests {
         assert_eq!(flipped[0].last_transition_time, format_rfc3339(at(20)));
     }
 
-    /// The README's row of conditions for `object`: its types, and for each type (in the
-    /// same order, `;` between them) the reasons it lists.
-    fn documented(object: &str) -> Vec<(String, Vec<String>)> {
+    /// The cells of the README's row of conditions for `object`.
+    fn readme_row(object: &str) -> Vec<&'static str> {
         let readme = include_str!("../../README.md");
         let row = readme
             .lines()
             .find(|line| line.starts_with(&format!("| {object} |")))
             .unwrap_or_else(|| panic!("no README row for {object}"));
-        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-        let quoted = |text: &str| -> Vec<String> {
-            text.split('`')
-                .skip(1)
-                .step_by(2)
-                .map(str::to_owned)
-                .collect()
-        };
+        row.split('|').map(str::trim).collect()
+    }
+
+    /// The words of `text` in backquotes.
+    fn quoted(text: &str) -> Vec<String> {
+        text.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The README's row of conditions for `object`: its types, and for each type (in the
+    /// same order, `;` between them) the reasons it lists.
+    fn documented(object: &str) -> Vec<(String, Vec<String>)> {
+        let cells = readme_row(object);
+        let row = cells.join(" | ");
         let types = quoted(cells[2]);
         let reasons: Vec<Vec<String>> = cells[3].split(';').map(quoted).collect();
         assert_eq!(types.len(), reasons.len(), "{row}");
@@ -1409,6 +1444,38 @@ mod tests {
         for o in observed.iter().flatten() {
             assert!(types.contains(o.condition_type), "{object}: {o:?}");
         }
+    }
+
+    /// Every reason a roll's conditions give (each activity published as it is, stalled or
+    /// not) is listed in the README's row for rolls, and every one listed there is given.
+    /// The row says in words which status each reason comes with, rather than a list per
+    /// type: it is held to the reasons of both types together. An RC the farm's view lacks
+    /// is shown only as what failed, or may have (`RollStuck::RcMissing`).
+    #[test]
+    fn the_readme_lists_each_roll_reason() {
+        let cells = readme_row("Roll");
+        let types = quoted(cells[2]);
+        let listed: BTreeSet<String> = (quoted(cells[3]).into_iter())
+            .filter(|word| !types.contains(word) && !word.starts_with("--"))
+            .collect();
+        let stalled_since = Progress::new(vec![1], at(0));
+        let mut given = BTreeSet::new();
+        for (activity, ..) in roll_activities() {
+            if matches!(activity, RollActivity::Stuck(RollStuck::RcMissing { .. })) {
+                continue;
+            }
+            let now = at(0) + DEADLINE;
+            let (stalled, _) =
+                roll_conditions(&activity, vec![1], Some(&stalled_since), DEADLINE, now);
+            for observed in roll(activity.clone()).into_iter().chain(stalled) {
+                assert!(
+                    types.contains(&observed.condition_type.to_owned()),
+                    "{observed:?}"
+                );
+                given.insert(observed.reason.to_owned());
+            }
+        }
+        assert_eq!(given, listed, "given, then listed");
     }
 
     #[test]
