@@ -94,11 +94,7 @@ impl Answers {
         let built = to_bytes(body, usize::MAX)
             .await
             .map_err(|e| ApiError::internal(format!("reading an answer to keep it: {e}")))?;
-        // A JSON answer is serialized into a buffer grown by doubling, which the bound does
-        // not see: up to twice its length. Kept (and served) is a copy of its own length.
-        let body = Bytes::copy_from_slice(&built);
-        drop(built);
-        self.keep(target, versions, parts.headers.clone(), body.clone());
+        let body = self.keep(target, versions, parts.headers.clone(), built);
         Ok((parts, Body::from(body)).into_response())
     }
 
@@ -114,17 +110,28 @@ impl Answers {
         Some(response)
     }
 
-    fn keep(&self, target: &str, versions: Vec<TreeVersion>, headers: HeaderMap, body: Bytes) {
-        let answer = Kept200 {
+    /// Keeps the answer `body` built for `target` if it fits; the body to serve.
+    fn keep(
+        &self,
+        target: &str,
+        versions: Vec<TreeVersion>,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Bytes {
+        let mut answer = Kept200 {
             versions,
             headers,
             body,
         };
         let size = answer.size(target);
-        // Larger than every kept answer may be together: served, never kept.
+        // Larger than every kept answer may be together: served as built, never kept.
         if size > MAX_BYTES {
-            return;
+            return answer.body;
         }
+        // A JSON answer is serialized into a buffer grown by doubling, which the bound does
+        // not see: up to twice its length. Kept (and served) is a copy of its own length.
+        answer.body = Bytes::copy_from_slice(&answer.body);
+        let served = answer.body.clone();
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         // The answer it replaces goes first, so that only the room this one takes beyond
         // it counts against the bound.
@@ -137,6 +144,7 @@ impl Answers {
         }
         kept.bytes += size;
         kept.by_target.insert(target.to_owned(), answer);
+        served
     }
 }
 
@@ -198,6 +206,25 @@ mod tests {
             .expect("the kept body is shared")
             .capacity();
         assert_eq!(held, length, "a body of {length} bytes holds {held}");
+    }
+
+    /// An answer too large to keep is served as it was built: a copy of its own length,
+    /// which a kept answer is, would only add that length to the memory it takes while
+    /// served, for the largest answers.
+    #[tokio::test]
+    async fn an_answer_too_large_to_keep_is_served_as_built() {
+        let (_dir, mirror) = unstarted_mirror().await;
+        let answers = Answers::default();
+        let built = Bytes::from(vec![b' '; MAX_BYTES + 1]);
+        let build = || std::future::ready(Ok(built.clone().into_response()));
+        let target: Uri = "/api/v1/rcs".parse().unwrap();
+        let served = answers
+            .get_or_build(&mirror, &[Tree::Rcs], &target, Blocking::default(), build)
+            .await
+            .unwrap();
+        let served = to_bytes(served.into_body(), usize::MAX).await.unwrap();
+        assert_eq!(served.len(), built.len());
+        assert_eq!(served.as_ptr(), built.as_ptr(), "the answer was copied");
     }
 
     /// Clients long-polling a list, each blocking read at the index of the answer before,
