@@ -7,7 +7,8 @@
 //! answer does not, [`current_mirror`]): that listing brings in any other writer's change
 //! from before the write, which the index would otherwise claim without the answer holding
 //! it. A read goes through to the store instead when the
-//! client asks for `?consistent=true`, when the mirror is not healthy (not loaded yet, not
+//! client asks for `?consistent=true`, when the mirror is not healthy as the read comes or
+//! once its waits are over (not loaded yet, not
 //! read again since the store's index went backwards, or a tree's watch lost for longer than
 //! its bound: stale data is never served silently), after a write of unknown outcome until
 //! its trees have caught up with the store ([`Mirror::settle`]: the client re-reads before
@@ -151,7 +152,7 @@ pub async fn source<'a>(
         mirror.confirm(trees, CATCH_UP).await;
         let left = deadline.saturating_duration_since(Instant::now());
         mirror.catch_up(trees, left).await;
-        return Source::Mirror(mirror);
+        return trusted(mirror);
     };
     // Taken with the index, so that a change landing after is either past `index` or
     // unlike the extents, and never missed; and only once the trees' own writes are
@@ -204,6 +205,14 @@ pub async fn source<'a>(
         hold(app, trees, spans, seen, wait).await;
     }
     mirror.catch_up(trees, CATCH_UP).await;
+    trusted(mirror)
+}
+
+/// The mirror to answer from once a read's waits are over, or the store (the read no
+/// longer blocking) if the mirror can no longer be trusted meanwhile: its watch lost, or
+/// the store gone backwards, which ends the waits at once and leaves the trees holding the
+/// old store's entries until they are read again.
+fn trusted(mirror: &Mirror) -> Source<'_> {
     if !mirror.health().is_healthy() {
         return Source::Store(Blocking::default());
     }

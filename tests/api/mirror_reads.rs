@@ -2085,6 +2085,56 @@ async fn a_tree_not_read_again_since_the_store_went_backwards_is_read_from_the_s
     assert_eq!(names, ["new"], "{listed:?}");
 }
 
+/// A read whose wait for the watches to confirm the server's own writes ends as the store
+/// goes backwards is not then answered from the mirror, which holds the old store's entries
+/// until it has read the fresh store: it goes to the store, as a read begun then would.
+#[tokio::test]
+async fn a_read_whose_wait_the_store_going_backwards_ends_is_read_from_the_store() {
+    use crate::support::switchable::{self, fresh_store};
+
+    let config = MirrorConfig {
+        watch_wait: Duration::from_millis(100),
+        ..MirrorConfig::default()
+    };
+    let (app, switch) = switchable::app(config, None).await;
+    app.put_json("labels/node/old1", &json!({"role": "web"}))
+        .await;
+    app.mirrored("labels/node/old1").await;
+    let (fresh, _dir) = fresh_store().await;
+    fresh
+        .put("labels/node/new", br#"{"role":"web"}"#, Cas::Any)
+        .await
+        .unwrap();
+
+    // The server's own write, which the node labels' watch, its answers held, does not
+    // confirm: a read of the nodes waits for it to.
+    switch.hold_watches(Some("labels/node/"));
+    let labels = json!({"labels": {"role": "web"}});
+    let written = app
+        .send_json("PUT", "/api/v1/labels/node/old2", &[], &labels)
+        .await;
+    assert_eq!(written.status, StatusCode::OK, "{written:?}");
+    // The store goes backwards while the read waits; the node labels' whole read of the
+    // fresh store is slow.
+    switch.slow_lists(Some("labels/node/"));
+    let backwards = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        *switch.inner.write().unwrap() = fresh;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        switch.slow_lists(None);
+        switch.hold_watches(None);
+    };
+    let (listed, ()) = tokio::join!(app.get("/api/v1/nodes"), backwards);
+    let page = listed.json();
+    let names: Vec<&str> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|node| node["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["new"], "{listed:?}");
+}
+
 /// A read of one RC blocked at an index its trees have moved past since (on a busy fleet,
 /// they move between any two reads) is held while nothing of that RC changed, as Consul
 /// holds a blocking read of one key while the key is unchanged; it is woken by a change of
