@@ -1043,6 +1043,7 @@ mod tests {
     use super::*;
     use crate::farms::fixture::{rc, Fleet, HELLO_1, HELLO_2};
     use crate::farms::world::pod_key;
+    use crate::model::conditions::Condition;
     use crate::model::HealthState;
     use crate::store::Versioned;
     use std::time::UNIX_EPOCH;
@@ -1857,6 +1858,16 @@ mod tests {
         Some(serde_json::from_slice(&pair.value).unwrap())
     }
 
+    /// The `Progressing` condition stored for the roll.
+    async fn stored_progressing(store: &dyn crate::kv::KvStore) -> Condition {
+        let record = stored_conditions(store)
+            .await
+            .expect("no conditions were stored");
+        (record.conditions.into_iter())
+            .find(|c| c.condition_type == "Progressing")
+            .unwrap()
+    }
+
     /// A roll whose RC is gone is ended by the pass that finds it so, which writes it no
     /// conditions: a record written for it then would outlive it, until a later pass.
     #[tokio::test]
@@ -1885,10 +1896,7 @@ mod tests {
         farm(&store).pass(&ctx, &fleet.world()).await;
         let going = store.get(&layout::roll(NEW)).await.unwrap().is_some();
         assert!(going, "the roll was ended though the store holds both RCs");
-        let record = stored_conditions(store.as_ref()).await.unwrap();
-        let progressing = (record.conditions.iter())
-            .find(|c| c.condition_type == "Progressing")
-            .unwrap();
+        let progressing = stored_progressing(store.as_ref()).await;
         let shown = (progressing.status, progressing.reason.as_str());
         let message = &progressing.message;
         assert_eq!(shown, (ConditionStatus::True, "WaitingForRc"), "{message}");
@@ -1941,10 +1949,7 @@ mod tests {
         let pair = store.get(&old).await.unwrap().unwrap();
         let disabled = StoredRc::from_json(&pair.value).unwrap().disabled;
         assert!(!disabled, "the step landed");
-        let record = stored_conditions(store.as_ref()).await.unwrap();
-        let progressing = (record.conditions.iter())
-            .find(|c| c.condition_type == "Progressing")
-            .unwrap();
+        let progressing = stored_progressing(store.as_ref()).await;
         let shown = (progressing.status, progressing.reason.as_str());
         let message = &progressing.message;
         assert_eq!(shown, (ConditionStatus::False, "WriteFailed"), "{message}");
@@ -2052,10 +2057,7 @@ mod tests {
         cancel.cancel();
         let going = store.get(&layout::roll(NEW)).await.unwrap().is_some();
         assert!(going, "the ending landed though a check of it fails");
-        let record = stored_conditions(store.as_ref()).await.unwrap();
-        let progressing = (record.conditions.iter())
-            .find(|c| c.condition_type == "Progressing")
-            .unwrap();
+        let progressing = stored_progressing(store.as_ref()).await;
         let shown = (progressing.status, progressing.reason.as_str());
         let message = &progressing.message;
         assert_eq!(shown, (ConditionStatus::False, "WriteFailed"), "{message}");

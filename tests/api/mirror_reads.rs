@@ -121,6 +121,15 @@ fn passing_hello_on_node1() -> Value {
         "Status": "passing", "Time": "2020-01-14T11:06:40Z", "Expires": "2120-01-14T11:06:40Z"})
 }
 
+/// The names of the nodes a listing of them answered.
+fn node_names(listed: &TestResponse) -> Vec<String> {
+    let page = listed.json();
+    let items = page["items"].as_array().unwrap();
+    (items.iter())
+        .map(|node| node["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 fn version(response: &TestResponse) -> u64 {
     response.json()["resource_version"]
         .as_str()
@@ -2075,14 +2084,7 @@ async fn a_tree_not_read_again_since_the_store_went_backwards_is_read_from_the_s
         switch.slow_lists(None);
     };
     let (listed, ()) = tokio::join!(app.get("/api/v1/nodes"), release);
-    let page = listed.json();
-    let names: Vec<&str> = page["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|node| node["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["new"], "{listed:?}");
+    assert_eq!(node_names(&listed), ["new"], "{listed:?}");
 }
 
 /// A read whose wait for the watches to confirm the server's own writes ends as the store
@@ -2125,14 +2127,7 @@ async fn a_read_whose_wait_the_store_going_backwards_ends_is_read_from_the_store
         switch.hold_watches(None);
     };
     let (listed, ()) = tokio::join!(app.get("/api/v1/nodes"), backwards);
-    let page = listed.json();
-    let names: Vec<&str> = page["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|node| node["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["new"], "{listed:?}");
+    assert_eq!(node_names(&listed), ["new"], "{listed:?}");
 }
 
 /// A read of one RC blocked at an index its trees have moved past since (on a busy fleet,

@@ -1492,6 +1492,16 @@ async fn a_resumed_selector_stream_sends_an_rc_relabelled_in_as_added_first() {
     drop(stream);
 
     // While the client is away, the RC (not matching) is changed, then labelled in.
+    change_then_label_web(&app, &id).await;
+
+    let synced = &snapshot[0].id;
+    let mut resumed = open_on(&app, path, Some(synced)).await;
+    let first = next_events(&mut resumed, 1).await;
+    assert_eq!(summary(&first), pairs(&[("added", &id)]));
+}
+
+/// Changes RC `id`, then labels it `app=web`.
+async fn change_then_label_web(app: &TestApp, id: &str) {
     let rc_uri = format!("/api/v1/rcs/{id}");
     let patch = serde_json::json!({"replicas_desired": 1});
     let patched = app.merge_patch(&rc_uri, &patch, &[]).await;
@@ -1500,11 +1510,6 @@ async fn a_resumed_selector_stream_sends_an_rc_relabelled_in_as_added_first() {
     let labels = serde_json::json!({"labels": {"app": "web"}});
     let labelled = app.send_json("PUT", &labels_uri, &[], &labels).await;
     assert_eq!(labelled.status, StatusCode::OK, "{labelled:?}");
-
-    let synced = &snapshot[0].id;
-    let mut resumed = open_on(&app, path, Some(synced)).await;
-    let first = next_events(&mut resumed, 1).await;
-    assert_eq!(summary(&first), pairs(&[("added", &id)]));
 }
 
 /// A pod's and a reality report's `object` is its manifest's text, as documented, also for
@@ -1550,14 +1555,7 @@ async fn a_resumed_stream_without_a_selector_sends_a_relabelled_rcs_change_as_mo
     drop(stream);
 
     // While the client is away, the RC is changed, then labelled.
-    let rc_uri = format!("/api/v1/rcs/{id}");
-    let patch = serde_json::json!({"replicas_desired": 1});
-    let patched = app.merge_patch(&rc_uri, &patch, &[]).await;
-    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
-    let labels_uri = format!("/api/v1/labels/replication_controller/{id}");
-    let labels = serde_json::json!({"labels": {"app": "web"}});
-    let labelled = app.send_json("PUT", &labels_uri, &[], &labels).await;
-    assert_eq!(labelled.status, StatusCode::OK, "{labelled:?}");
+    change_then_label_web(&app, &id).await;
 
     let mut resumed = open_on(&app, path, Some(synced)).await;
     let mut seen = Vec::new();
