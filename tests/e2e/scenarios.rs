@@ -307,8 +307,10 @@ async fn a_daemon_set_follows_the_nodes_it_selects() {
     );
 }
 
+/// A node relabelled into two running daemon sets of one pod id disables neither: the node
+/// stays with the daemon set running the pod there, and both say why in `Contended`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn of_two_contending_daemon_sets_the_newer_is_disabled() {
+async fn a_node_relabelled_into_two_daemon_sets_stays_with_the_one_running_there() {
     let scratch = Scratch::new();
     let server = Server::start("solo", &scratch.db(), &[]);
     let api = server.api();
@@ -324,17 +326,28 @@ async fn of_two_contending_daemon_sets_the_newer_is_disabled() {
     // A node both select makes them contend.
     api.label_node("y-0001", labels(&[("zone", "y"), ("tier", "x")]))
         .await;
-    eventually("the newer daemon set to be disabled", CONVERGE, || async {
-        let newer: Value = api.get(&format!("/api/v1/daemonsets/{newer}")).await;
-        if newer["disabled"] == json!(true) {
-            Ok(())
-        } else {
-            Err(newer.to_string())
-        }
-    })
-    .await;
-    let older: Value = api.get(&format!("/api/v1/daemonsets/{older}")).await;
-    assert_eq!(older["disabled"], json!(false), "{older}");
+    for ds in [&older, &newer] {
+        eventually(
+            "both daemon sets to say the node contends",
+            CONVERGE,
+            || async {
+                let seen: Value = api.get(&format!("/api/v1/daemonsets/{ds}")).await;
+                let conditions = seen["conditions"].as_array().cloned().unwrap_or_default();
+                let contended = conditions.iter().any(|c| {
+                    c["type"] == "Contended"
+                        && c["status"] == "True"
+                        && c["reason"] == "NodeLabelsContend"
+                });
+                match contended && seen["disabled"] == json!(false) {
+                    true => Ok(()),
+                    false => Err(seen.to_string()),
+                }
+            },
+        )
+        .await;
+    }
+    ds_settles(&api, &older, "logger", &["x-0001", "x-0002"]).await;
+    ds_settles(&api, &newer, "logger", &["y-0001", "y-0002"]).await;
 }
 
 /// The holder of the leader lock, as `api` reports it.
