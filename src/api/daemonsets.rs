@@ -47,7 +47,8 @@ use crate::model::{
 use crate::state::{Mirror, Span, Tree};
 use crate::store::conditions::{mirrored, read_conditions, ConditionStore};
 use crate::store::daemon_sets::{
-    self, describe, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord, DaemonSetStore,
+    self, describe, selects_every_node, DaemonSetError, DaemonSetFarmStatus, DaemonSetRecord,
+    DaemonSetStore,
 };
 use crate::store::events::{list_meta, mirrored_meta, read_meta};
 use crate::store::health::HealthStore;
@@ -288,7 +289,7 @@ async fn create_daemon_set(
     let store = app.daemon_sets();
     let labels = app.labels();
     if let Some(contender) = store.find_contender(&ds, &labels).await? {
-        return Err(contention_error(&contender));
+        return Err(contention_error(&ds, &contender));
     }
     let record = store.create(ds, &actor).await?;
     let id = record
@@ -412,7 +413,7 @@ async fn patch_daemon_set(
                     .map_err(|e| ApiError::invalid([e]))?;
                 if next != current.value {
                     if let Some(contender) = store.find_contender(&next, labels).await? {
-                        return Err(contention_error(&contender));
+                        return Err(contention_error(&next, &contender));
                     }
                 }
                 Ok::<_, ApiError>(next)
@@ -461,23 +462,33 @@ async fn delete_daemon_set(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// The 409 for a daemon set that would contend with `other` on `nodes` (none named: a
-/// selector selects every node or the two are the same), saying how to end it.
-fn contention_error((other, nodes): &(StoredDaemonSet, BTreeSet<String>)) -> ApiError {
+/// The 409 for `ds`, which would contend with `other` on `nodes` (none named: a selector
+/// selects every node or the two are the same), saying how to end it: where the other's
+/// selector selects every node, only a change of that one does.
+fn contention_error(
+    ds: &StoredDaemonSet,
+    (other, nodes): &(StoredDaemonSet, BTreeSet<String>),
+) -> ApiError {
     let (other_id, selector, pod_id) = (&other.id, &other.node_selector, &other.pod_id);
-    ApiError::conflict(match nodes.is_empty() {
-        true => format!(
-            "daemon set {other_id} (node_selector {selector:?}) is enabled for pod {pod_id:?} \
-             too, and one of the two selectors selects every node or they are the same; \
-             change the node selector, or store this one with \"disabled\": true"
-        ),
-        false => format!(
-            "daemon set {other_id} (node_selector {selector:?}) is enabled for pod {pod_id:?} \
-             too, and selects nodes this daemon set would select ({}); change a node \
-             selector or those nodes' labels, or store this one with \"disabled\": true",
+    let everywhere = |ds: &StoredDaemonSet| selects_every_node(&ds.node_selector);
+    let overlap = match (nodes.is_empty(), everywhere(other), everywhere(ds)) {
+        (false, _, _) => format!(
+            "selects nodes this daemon set would select ({}); change a node selector or \
+             those nodes' labels",
             some_of(nodes)
         ),
-    })
+        (true, true, false) => {
+            "its node selector selects every node; change its node selector".to_owned()
+        }
+        (true, false, true) => "this daemon set's node selector selects every node; change \
+                                this one's node selector"
+            .to_owned(),
+        (true, _, _) => "the two node selectors are the same; change a node selector".to_owned(),
+    };
+    ApiError::conflict(format!(
+        "daemon set {other_id} (node_selector {selector:?}) is enabled for pod {pod_id:?} too, \
+         and {overlap}, or store this one with \"disabled\": true"
+    ))
 }
 
 /// The trees a daemon set's view is made of: its document, what its rollout status counts

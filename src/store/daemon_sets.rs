@@ -454,11 +454,14 @@ fn may_contend(ds: &StoredDaemonSet, other: &StoredDaemonSet) -> bool {
 
 /// The rules that need no node labels: a selector selecting everything, or equal selectors.
 fn selectors_overlap_everywhere(ds: &StoredDaemonSet, other: &StoredDaemonSet) -> bool {
-    let (mine, theirs) = (
-        canonical(&ds.node_selector),
-        canonical(&other.node_selector),
-    );
-    mine.is_empty() || theirs.is_empty() || mine == theirs
+    selects_every_node(&ds.node_selector)
+        || selects_every_node(&other.node_selector)
+        || canonical(&ds.node_selector) == canonical(&other.node_selector)
+}
+
+/// Whether a node selector selects every node (it has no requirement).
+pub fn selects_every_node(selector: &str) -> bool {
+    canonical(selector).is_empty()
 }
 
 /// The canonical text of a selector, or the text itself when it does not parse.

@@ -262,6 +262,37 @@ async fn contention_is_refused_naming_the_other_daemon_set() {
     create(&app, &other_pod).await;
 }
 
+/// A daemon set refused because the other one's selector selects every node is told so,
+/// and that changing its own selector would not help; one whose own selector selects every
+/// node is told it is its own.
+#[tokio::test]
+async fn contention_with_a_selector_of_every_node_says_whose_it_is() {
+    let app = TestApp::new().await;
+    label_node(&app, "n1", json!({"role": "web"})).await;
+    let everywhere = create(&app, &body("")).await;
+
+    let response = post(&app, &body("role=web"), &[]).await;
+    assert_eq!(response.status, StatusCode::CONFLICT, "{response:?}");
+    let message = response.error().message;
+    assert!(message.contains(&everywhere), "{message}");
+    assert!(
+        message.contains("its node selector selects every node; change its node selector"),
+        "{message}"
+    );
+
+    let response = patch(&app, &everywhere, &json!({"disabled": true}), &[]).await;
+    assert_eq!(response.status, StatusCode::OK, "{response:?}");
+    let web = create(&app, &body("role=web")).await;
+    let response = patch(&app, &everywhere, &json!({"disabled": false}), &[]).await;
+    assert_eq!(response.status, StatusCode::CONFLICT, "{response:?}");
+    let message = response.error().message;
+    assert!(message.contains(&web), "{message}");
+    assert!(
+        message.contains("this daemon set's node selector selects every node"),
+        "{message}"
+    );
+}
+
 #[tokio::test]
 async fn patch_into_contention_is_refused_unless_disabled() {
     let app = TestApp::new().await;
