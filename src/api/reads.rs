@@ -152,8 +152,11 @@ pub async fn source<'a>(
         mirror.confirm(trees, CATCH_UP).await;
         let left = deadline.saturating_duration_since(Instant::now());
         mirror.catch_up(trees, left).await;
-        return trusted(mirror);
+        return trusted(mirror, blocking);
     };
+    // Where the read's wait ends, which a read the mirror can no longer answer waits out on
+    // the store.
+    let ends = Instant::now() + wait;
     // Taken with the index, so that a change landing after is either past `index` or
     // unlike the extents, and never missed; and only once the trees' own writes are
     // confirmed, or a client at the index may not have seen what they are compared with.
@@ -205,16 +208,24 @@ pub async fn source<'a>(
         hold(app, trees, spans, seen, wait).await;
     }
     mirror.catch_up(trees, CATCH_UP).await;
-    trusted(mirror)
+    let left = ends.saturating_duration_since(Instant::now());
+    trusted(
+        mirror,
+        Blocking {
+            until: Some((index, left)),
+        },
+    )
 }
 
-/// The mirror to answer from once a read's waits are over, or the store (the read no
-/// longer blocking) if the mirror can no longer be trusted meanwhile: its watch lost, or
-/// the store gone backwards, which ends the waits at once and leaves the trees holding the
-/// old store's entries until they are read again.
-fn trusted(mirror: &Mirror) -> Source<'_> {
+/// The mirror to answer from once a read's waits are over, or the store if the mirror can
+/// no longer be trusted meanwhile: its watch lost, or the store gone backwards, which ends
+/// the waits at once and leaves the trees holding the old store's entries until they are
+/// read again. A blocking read is held there for what is left of its wait (`blocking`), as
+/// one arriving then would be, rather than answered at once as though something changed
+/// (the store answers at once if it went backwards past the client's index).
+fn trusted(mirror: &Mirror, blocking: Blocking) -> Source<'_> {
     if !mirror.health().is_healthy() {
-        return Source::Store(Blocking::default());
+        return Source::Store(blocking);
     }
     Source::Mirror(mirror)
 }
@@ -227,11 +238,11 @@ const CATCH_UP: Duration = Duration::from_secs(1);
 /// Holds a blocking read of `trees` on the mirror for at most `wait`, until what it reads
 /// changes from `before` (the index of a tree's newest change, and the `spans`' extents),
 /// or the answer's `X-Index` moves from where it stood as the hold began, or the mirror can
-/// no longer be trusted ([`until_untrusted`]), the read then answered from the store. Any
-/// tree's index counts, not only the answer's `X-Index`: a tree whose watch lags holds that
-/// index down, and its late delivery of another writer's change may leave it unmoved. A
-/// tree that holds nothing counts at the index it came to hold nothing, not at the one its
-/// watch lists it at (on Consul the whole store's, moved by every write anywhere): a change
+/// no longer be trusted ([`until_untrusted`]), the read then held on the store for the rest
+/// of its wait. Any tree's index counts, not only the answer's `X-Index`: a tree whose
+/// watch lags holds that index down, and its late delivery of another writer's change may
+/// leave it unmoved. A tree that holds nothing counts at the index it came to hold nothing,
+/// not at the one its watch lists it at (on Consul the whole store's, moved by every write anywhere): a change
 /// delivered late into it makes it hold something, which moves its index, and its listing
 /// that lets the answer claim a change the answer held already moves the `X-Index`. A
 /// catch-up since `before` that did so brought no change either, and is not answered at

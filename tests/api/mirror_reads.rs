@@ -860,6 +860,34 @@ async fn a_read_held_on_a_mirror_that_loses_its_watch_is_answered_from_the_store
     until_ready(&app).await;
 }
 
+/// A read held on the mirror that then cannot be trusted (another tree's watch lost) is held
+/// on the store for the rest of its wait, as a read arriving then would be, rather than
+/// answered at once with nothing changed.
+#[tokio::test]
+async fn a_read_held_on_a_mirror_that_loses_a_watch_is_held_on_the_store() {
+    let (app, counting) = counted_quick_to_lose_watches().await;
+    let app = Arc::new(app);
+    let id = create(&app, 1).await;
+    let path = format!("/api/v1/rcs/{id}");
+    let index = app.get(&path).await.x_index();
+    let held = app.get_held(format!("{path}?index={index}&wait=10m")).await;
+
+    counting.fail_watches_of(Some("daemon_sets"));
+    until_not_ready(&app).await;
+    // Past the held read's next look at whether the mirror can be trusted.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let key = format!("replication_controllers/{id}");
+    edit_unseen(&app, &key, "replicas_desired", json!(4)).await;
+
+    let answer = held
+        .woken("a read held on the store was not woken by the change")
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(answer.json()["replicas_desired"], 4, "{answer:?}");
+    counting.fail_watches_of(None);
+    until_ready(&app).await;
+}
+
 /// A read after a write of unknown outcome holds the write if it landed, however late the
 /// mirror's watch delivers it: the client was told to re-read before retrying, and a read
 /// without the write would have it made twice. Before, the mirror answered as it held
