@@ -242,11 +242,11 @@ const CATCH_UP: Duration = Duration::from_secs(1);
 /// of its wait. Any tree's index counts, not only the answer's `X-Index`: a tree whose
 /// watch lags holds that index down, and its late delivery of another writer's change may
 /// leave it unmoved. A tree that holds nothing counts at the index it came to hold nothing,
-/// not at the one its watch lists it at (on Consul the whole store's, moved by every write anywhere): a change
-/// delivered late into it makes it hold something, which moves its index, and its listing
-/// that lets the answer claim a change the answer held already moves the `X-Index`. A
-/// catch-up since `before` that did so brought no change either, and is not answered at
-/// once.
+/// not at the one its watch lists it at (on Consul the whole store's, moved by every write
+/// anywhere): a change delivered late into it makes it hold something, which moves its
+/// index, and its listing that lets the answer claim a change the answer held already moves
+/// the `X-Index`. A catch-up since `before` that did so brought no change either, and is not
+/// answered at once.
 async fn hold(app: &App, trees: &[Tree], spans: &[Span], before: Seen, wait: Duration) {
     let mirror = &app.mirror;
     let mut changes = mirror.changes();
