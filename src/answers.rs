@@ -19,6 +19,7 @@
 //! would take reading the query again here, for a read that is mostly answered past the
 //! versions any answer was kept at (it was held until one of them moved): it is built.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Mutex, PoisonError};
@@ -39,7 +40,7 @@ const MAX_BYTES: usize = 32 << 20;
 /// header map's own tables and its trees' versions, roughly.
 const ENTRY_BYTES: usize = 512;
 
-/// Kept answers, by request target (path and query).
+/// Kept answers, by request target (path and query, its parameters ordered: [`kept_key`]).
 #[derive(Default)]
 pub struct Answers {
     kept: Mutex<Kept>,
@@ -61,9 +62,9 @@ struct Kept200 {
 impl Answers {
     /// The answer to `target`, which reads `trees` of `mirror`: the kept one while those
     /// trees' versions are unchanged, else the one `build` makes (kept when it is a `200 OK`
-    /// no larger than `MAX_BYTES`). Kept by path and query: the answer does not depend on
-    /// the host a client names in an absolute-form target. A `blocking` read is always
-    /// built, and never kept (see the module documentation).
+    /// no larger than `MAX_BYTES`). Kept by path and query ([`kept_key`]): the answer does
+    /// not depend on the host a client names in an absolute-form target. A `blocking` read
+    /// is always built, and never kept (see the module documentation).
     pub async fn get_or_build<F>(
         &self,
         mirror: &Mirror,
@@ -78,9 +79,8 @@ impl Answers {
         if blocking.until.is_some() {
             return build().await;
         }
-        let target = target
-            .path_and_query()
-            .map_or("/", |target| target.as_str());
+        let target = kept_key(target);
+        let target = target.as_ref();
         let versions = mirror.versions(trees);
         if let Some(answer) = self.lookup(target, &versions) {
             return Ok(answer);
@@ -146,6 +146,49 @@ impl Answers {
         kept.by_target.insert(target.to_owned(), answer);
         served
     }
+}
+
+/// The key an answer to `target` is kept under: its path, and its query's parameters
+/// ordered by name, so that the same parameters sent in another order find the answer kept
+/// rather than build and keep another copy. A query is read by name
+/// ([`crate::api::extract::QueryProblems`]): a parameter's values count in the order they
+/// come (a list's are joined in it, a parameter given twice is refused), wherever the other
+/// parameters' stand. So the parameters are ordered stably, by name as read (decoded), and
+/// each is kept as sent: two queries share a key only when they give each name the same
+/// values in the same order, spelled alike, and so read alike. Empty parameters (`&&`),
+/// which reading skips, are left out.
+fn kept_key(target: &Uri) -> Cow<'_, str> {
+    let Some(target) = target.path_and_query() else {
+        return Cow::Borrowed("/");
+    };
+    let Some(query) = target.query() else {
+        return Cow::Borrowed(target.as_str());
+    };
+    let mut params: Vec<(Cow<'_, str>, &str)> = query
+        .split('&')
+        .filter_map(|param| {
+            let (name, _) = url::form_urlencoded::parse(param.as_bytes()).next()?;
+            Some((name, param))
+        })
+        .collect();
+    let by_name =
+        |(one, _): &(Cow<'_, str>, &str), (other, _): &(Cow<'_, str>, &str)| one.cmp(other);
+    // Most queries come ordered already (one parameter, or a client's own order): their
+    // key is the target as sent, borrowed.
+    let sent_ordered = params.len() == query.split('&').count()
+        && params.is_sorted_by(|one, other| by_name(one, other).is_le());
+    if sent_ordered {
+        return Cow::Borrowed(target.as_str());
+    }
+    // Stable: the values of one name stay in the order they were sent.
+    params.sort_by(by_name);
+    let mut key = String::with_capacity(target.as_str().len());
+    key.push_str(target.path());
+    for (i, (_, param)) in params.iter().enumerate() {
+        key.push(if i == 0 { '?' } else { '&' });
+        key.push_str(param);
+    }
+    Cow::Owned(key)
 }
 
 impl Kept200 {
@@ -225,6 +268,65 @@ mod tests {
         let served = to_bytes(served.into_body(), usize::MAX).await.unwrap();
         assert_eq!(served.len(), built.len());
         assert_eq!(served.as_ptr(), built.as_ptr(), "the answer was copied");
+    }
+
+    /// The same parameters in another order are the same query, answered by the answer
+    /// kept for the first order rather than built and kept again. Before, answers were kept
+    /// by the target as sent, and each order built (and held) its own copy.
+    #[tokio::test]
+    async fn the_same_parameters_in_another_order_find_the_kept_answer() {
+        let (_dir, mirror) = unstarted_mirror().await;
+        let answers = Answers::default();
+        let builds = AtomicUsize::new(0);
+        let build = || {
+            builds.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(Bytes::from_static(b"[]").into_response()))
+        };
+        for target in [
+            "/api/v1/rcs?selector=a&limit=5",
+            "/api/v1/rcs?limit=5&selector=a",
+        ] {
+            let target: Uri = target.parse().unwrap();
+            answers
+                .get_or_build(&mirror, &[Tree::Rcs], &target, Blocking::default(), build)
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            builds.load(Ordering::SeqCst),
+            1,
+            "the answer was built again for its parameters in another order"
+        );
+    }
+
+    /// Queries read apart are kept apart, whatever order their parameters come in: the
+    /// values of one name in another order (a list's, joined in the order sent), one name
+    /// spelled encoded and plain (read as one name, so its values' order counts), and an
+    /// encoded `&` inside a value (one parameter, not two); the same query in other orders,
+    /// or with empty parameters, has one key.
+    #[test]
+    fn queries_read_apart_have_keys_apart() {
+        let key = |target: &str| kept_key(&target.parse().unwrap()).into_owned();
+        // Each pair, and whether it is one query.
+        let pairs = [
+            ("/x?a=1&a=2", "/x?a=2&a=1", false),
+            ("/x?a=1&b=0&a=2", "/x?a=2&b=0&a=1", false),
+            ("/x?a=1&%61=2", "/x?%61=2&a=1", false),
+            ("/x?a=x%26b=y", "/x?b=y&a=x", false),
+            ("/x?a=1", "/y?a=1", false),
+            ("/x?b=0&a=1&a=2", "/x?a=1&a=2&b=0", true),
+            ("/x?a=1&b=0&a=2", "/x?a=1&a=2&b=0", true),
+            ("/x?&b=0&&a=1", "/x?a=1&b=0", true),
+            ("/x?", "/x", true),
+        ];
+        for (one, other, same) in pairs {
+            let (one_key, other_key) = (key(one), key(other));
+            assert_eq!(
+                one_key == other_key,
+                same,
+                "{one} and {other}: keys {one_key} and {other_key}"
+            );
+        }
     }
 
     /// Clients long-polling a list, each blocking read at the index of the answer before,
