@@ -629,6 +629,14 @@ fn summed(parts: impl IntoIterator<Item = Extent>) -> Extent {
 /// delete is woken when it is confirmed.
 pub type Extent = (usize, u64);
 
+/// Whether `tree` holds every change up to `index` of the store as it is: not while it is
+/// yet to be read whole again since the store went backwards (its indexes are then the old
+/// store's).
+fn holds_through(state: &State, tree: Tree, index: u64) -> bool {
+    let tree = state.tree(tree);
+    !tree.reread && tree.complete >= index
+}
+
 /// [`Mirror::claimable_index`] in `state`.
 fn claimable(state: &State, trees: &[Tree]) -> u64 {
     let trees = || trees.iter().map(|tree| state.tree(*tree));
@@ -1008,8 +1016,11 @@ impl Mirror {
     /// made without waiting out its pacing (and, when it holds nothing, its blocking read
     /// under way asked again: see `Mirror::hurry`). A tree whose watch is failing is not
     /// waited for: unless the store says it has not moved, answers claim no more than it
-    /// held when its watch last read it. A store that went backwards meanwhile ends the
-    /// wait unreached: the index the store was asked for is the old store's.
+    /// held when its watch last read it. A tree not read whole again since the store went
+    /// backwards is waited for to be (its listed index is the old store's, which may lie
+    /// past the fresh store's index for it: it would count as caught up with a store it has
+    /// not read). A store that went backwards meanwhile ends the wait unreached: the index
+    /// the store was asked for is the old store's.
     pub async fn catch_up(&self, trees: &[Tree], timeout: Duration) -> bool {
         let newest = self.changed_index(trees);
         self.catch_up_to(trees, newest, timeout).await
@@ -1020,7 +1031,7 @@ impl Mirror {
     pub async fn catch_up_to(&self, trees: &[Tree], index: u64, timeout: Duration) -> bool {
         // The common case, answered under one read and without a timer: every read of the
         // mirror asks.
-        let complete = |state: &State| trees.iter().all(|tree| state.tree(*tree).complete >= index);
+        let complete = |state: &State| trees.iter().all(|tree| holds_through(state, *tree, index));
         if complete(&self.read()) {
             return true;
         }
@@ -1033,7 +1044,7 @@ impl Mirror {
 
     /// [`Mirror::catch_up`] for one tree.
     async fn complete_through(&self, tree: Tree, index: u64) -> bool {
-        let complete = |mirror: &Mirror| mirror.read().tree(tree).complete >= index;
+        let complete = |mirror: &Mirror| holds_through(&mirror.read(), tree, index);
         if complete(self) {
             return true;
         }
@@ -1042,6 +1053,13 @@ impl Mirror {
             return true;
         }
         let epoch = self.current_epoch();
+        // Not read whole since the store went backwards, the tree's listed index is the old
+        // store's, which the fresh store's index for it may be below: it has caught up with
+        // the fresh store once read from it.
+        let read_again = |mirror: &Mirror| !mirror.read().tree(tree).reread;
+        if !self.until_in_epoch(epoch, read_again).await {
+            return false;
+        }
         let known = self.committed_index();
         let Ok(current) = self.store().prefix_index(&tree.prefix()).await else {
             return false;
@@ -2114,6 +2132,40 @@ mod tests {
              backwards"
         );
         cancel.cancel();
+    }
+
+    /// A catch-up asked after the store went backwards waits for the tree to be read again
+    /// from the fresh store: until then the tree's listed index is the old store's, which
+    /// may lie past the fresh store's index for the tree, and would count the tree as
+    /// caught up with a store it has not read since. Before, it answered true at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_catch_up_after_the_store_went_backwards_waits_for_the_tree_read_again() {
+        let tree = Tree::Rolls;
+        let store = HeldReads::new(tree);
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        let listing = |index| {
+            PrefixUpdate::Whole(Listing {
+                index,
+                pairs: vec![answered(&layout::roll("r"), index).unwrap()],
+            })
+        };
+        assert!(mirror.apply_update(tree, listing(5), true, 0));
+
+        // The store goes backwards, to a tree at 1.
+        store.tree_index.store(1, Ordering::SeqCst);
+        assert!(mirror.resync(0));
+        let (trees, long) = ([tree], Duration::from_secs(3600));
+        let mut caught_up = Box::pin(mirror.catch_up(&trees, long));
+        assert_eq!(
+            (&mut caught_up).now_or_never(),
+            None,
+            "a catch-up asked once the store went backwards answered before the tree was \
+             read again"
+        );
+
+        // Read again, from the fresh store.
+        assert!(mirror.apply_update(tree, listing(1), true, 1));
+        assert_eq!((&mut caught_up).now_or_never(), Some(true));
     }
 
     /// A client cut off resumes from its last position, which must still be retained.
