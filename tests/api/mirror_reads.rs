@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use p2_apiserver::kv::{Cas, TxnOp};
+use p2_apiserver::kv::{Cas, KvStore, TxnOp};
 use p2_apiserver::labels::LabelType;
 use p2_apiserver::state::{MirrorConfig, Tree};
 use serde_json::{json, Value};
+use tempfile::TempDir;
 
 use crate::support::api::{Held, TestApp, TestResponse};
 use crate::support::counting::Counting;
+use crate::support::switchable::{self, Switchable};
 
 /// Far longer than the mirror needs to notice anything; only a mirror that never does
 /// reaches it.
@@ -2054,8 +2056,6 @@ async fn a_blocked_read_is_woken_when_the_conditions_it_shows_change() {
 /// ready.
 #[tokio::test]
 async fn a_tree_whose_watch_panics_makes_the_server_unready_and_is_followed_again() {
-    use crate::support::switchable;
-
     let config = MirrorConfig {
         watch_wait: Duration::from_millis(100),
         lost_after: Duration::from_millis(200),
@@ -2086,27 +2086,33 @@ async fn a_tree_whose_watch_panics_makes_the_server_unready_and_is_followed_agai
     assert_eq!(app.get("/readyz").await.status, StatusCode::OK);
 }
 
-/// After the store went backwards (restarted empty, or restored), a read of a tree the
-/// mirror has yet to read again goes to the store, as while the mirror loads: the mirror
-/// holds the old store's entries until then.
-#[tokio::test]
-async fn a_tree_not_read_again_since_the_store_went_backwards_is_read_from_the_store() {
-    use crate::support::switchable::{self, fresh_store};
-
+/// A server over a store the test swaps for another (`switchable`), its watches waiting
+/// 100 ms, and a fresh store holding node `new` alone, for the server's store to go
+/// backwards to; the fresh store's directory lives as long as the last value.
+async fn about_to_go_backwards() -> (TestApp, Arc<Switchable>, Arc<dyn KvStore>, TempDir) {
     let config = MirrorConfig {
         watch_wait: Duration::from_millis(100),
         ..MirrorConfig::default()
     };
     let (app, switch) = switchable::app(config, None).await;
-    for node in ["old1", "old2", "old3", "old4"] {
-        app.put_json(&format!("labels/node/{node}"), &json!({"role": "web"}))
-            .await;
-    }
-    let (fresh, _dir) = fresh_store().await;
+    let (fresh, dir) = switchable::fresh_store().await;
     fresh
         .put("labels/node/new", br#"{"role":"web"}"#, Cas::Any)
         .await
         .unwrap();
+    (app, switch, fresh, dir)
+}
+
+/// After the store went backwards (restarted empty, or restored), a read of a tree the
+/// mirror has yet to read again goes to the store, as while the mirror loads: the mirror
+/// holds the old store's entries until then.
+#[tokio::test]
+async fn a_tree_not_read_again_since_the_store_went_backwards_is_read_from_the_store() {
+    let (app, switch, fresh, _dir) = about_to_go_backwards().await;
+    for node in ["old1", "old2", "old3", "old4"] {
+        app.put_json(&format!("labels/node/{node}"), &json!({"role": "web"}))
+            .await;
+    }
 
     // The node labels' whole read of the fresh store is slow: the store answers it, and a
     // read going to the store, once the hold is over.
@@ -2126,21 +2132,10 @@ async fn a_tree_not_read_again_since_the_store_went_backwards_is_read_from_the_s
 /// until it has read the fresh store: it goes to the store, as a read begun then would.
 #[tokio::test]
 async fn a_read_whose_wait_the_store_going_backwards_ends_is_read_from_the_store() {
-    use crate::support::switchable::{self, fresh_store};
-
-    let config = MirrorConfig {
-        watch_wait: Duration::from_millis(100),
-        ..MirrorConfig::default()
-    };
-    let (app, switch) = switchable::app(config, None).await;
+    let (app, switch, fresh, _dir) = about_to_go_backwards().await;
     app.put_json("labels/node/old1", &json!({"role": "web"}))
         .await;
     app.mirrored("labels/node/old1").await;
-    let (fresh, _dir) = fresh_store().await;
-    fresh
-        .put("labels/node/new", br#"{"role":"web"}"#, Cas::Any)
-        .await
-        .unwrap();
 
     // The server's own write, which the node labels' watch, its answers held, does not
     // confirm: a read of the nodes waits for it to.
