@@ -707,12 +707,23 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
             "Contended",
             True,
             "NodeLabelsContend",
+            // The others are enabled for the pod, which they need not run on these nodes.
             format!(
-                "nodes were relabelled to match daemon set {} too, which runs pod {} as well; \
+                "nodes were relabelled to match {} {} too, which {} enabled for pod {} as well; \
                  no daemon set is disabled for a node's labels: this one keeps the nodes it \
-                 runs ({}) and places nothing on the others ({}); change the nodes' labels or \
-                 a selector",
+                 runs the pod on ({}) and places nothing on the others ({}); while this lasts, \
+                 a change to this daemon set that leaves it enabled and contending is refused \
+                 (409), as it would make the contention its own; change the nodes' labels or a selector, \
+                 or disable one of the daemon sets",
+                match nodes.rivals.len() {
+                    1 => "daemon set",
+                    _ => "daemon sets",
+                },
                 some_of(&nodes.rivals),
+                match nodes.rivals.len() {
+                    1 => "is",
+                    _ => "are",
+                },
                 nodes.pod_id,
                 some_of(&nodes.kept),
                 some_of(&nodes.left)
@@ -1350,12 +1361,21 @@ mod tests {
             (True, "NodeLabelsContend")
         );
         let message = &contended.message;
+        // The rival is enabled for the pod; it need not run it on the nodes this one leaves.
         assert!(
-            message.contains("daemon set rival too, which runs pod agent"),
+            message.contains("daemon set rival too, which is enabled for pod agent as well"),
+            "{message}"
+        );
+        assert!(!message.contains("runs pod"), "{message}");
+        assert!(
+            message.contains("keeps the nodes it runs the pod on (n1)"),
             "{message}"
         );
         assert!(
-            message.contains("keeps the nodes it runs (n1)"),
+            message.contains(
+                "while this lasts, a change to this daemon set that leaves it enabled and \
+                 contending is refused (409)"
+            ),
             "{message}"
         );
         assert!(
