@@ -261,8 +261,10 @@ async fn list_daemon_sets(
 /// Creates a daemon set; `pod_id` is the manifest's `id`.
 ///
 /// Every bad field is reported at once (422). An enabled daemon set that would contend with
-/// another (same pod ID, overlapping nodes) is refused with 409 naming the other and the
-/// nodes both select; send `"disabled": true` to store it anyway, paused.
+/// another (same pod ID, overlapping nodes) is refused with 409 naming the other and, where
+/// the two selectors are not the same (by canonical text, as P2 compares them) and neither
+/// selects every node, the nodes both select (else it says whose selector selects every
+/// node, or that the two are the same); send `"disabled": true` to store it anyway, paused.
 #[utoipa::path(
     post,
     path = "/daemonsets",
@@ -354,7 +356,9 @@ async fn get_daemon_set(
 /// re-applied to the latest version while it loses to concurrent writes (for up to 5 s), so
 /// concurrent patches of different fields all take effect. A patch that changes nothing
 /// answers 200 with the daemon set unchanged. A change leaving the daemon set enabled and
-/// contending with another is refused with 409 naming the other and the nodes both select,
+/// contending with another is refused with 409 naming the other and, where the two
+/// selectors are not the same and neither selects every node, the nodes both select (else
+/// it says whose selector selects every node, or that the two are the same). It is refused so
 /// whatever it changes (the manifest alone included) while nodes relabelled into both make
 /// them contend (`Contended` reason `NodeLabelsContend`): the write would make the
 /// contention this one's, for which the DS farm disables the one written last. Change those

@@ -237,16 +237,35 @@ async fn contention_is_refused_naming_the_other_daemon_set() {
     label_node(&app, "n2", json!({"role": "db", "az": "b"})).await;
     let web = create(&app, &body("role=web")).await;
     let before = app.keys("").await;
-    for (selector, why) in [
-        ("", "selects every node"),
-        ("role == web", "same canonical selector"),
-        ("role=web", "same selector"),
-        ("az=a", "nodes intersect"),
+    // The nodes both select are named only where the selectors alone do not decide; else
+    // the answer says whose selector selects every node, or that the two are the same.
+    // `role == web` is not the same as `role=web` (their canonical texts differ, as P2
+    // compares them), so the nodes decide.
+    let intersect = "selects nodes this daemon set would select (n1)";
+    for (selector, why, says) in [
+        (
+            "",
+            "selects every node",
+            "this daemon set's node selector selects every node",
+        ),
+        ("role == web", "equivalent selector", intersect),
+        (
+            "role=web",
+            "same selector",
+            "the two node selectors are the same",
+        ),
+        ("az=a", "nodes intersect", intersect),
     ] {
         let response = post(&app, &body(selector), &[]).await;
         assert_eq!(response.status, StatusCode::CONFLICT, "{why}: {response:?}");
         let message = response.error().message;
         assert!(message.contains(&web), "{why}: {message}");
+        assert!(message.contains(says), "{why}: {message}");
+        assert_eq!(
+            message.contains("(n1)"),
+            says == intersect,
+            "{why}: {message}"
+        );
     }
     assert_eq!(app.keys("").await, before, "nothing written on 409");
 
