@@ -5,14 +5,17 @@
 //!   ([`Contention::Written`]), the one written last (higher modify index, then higher ID) is
 //!   disabled with an audited CAS write and a low-urgency alert. Its latest write is what
 //!   introduced the contention (P2 disables "the one that just appeared or changed"), and no
-//!   extra reads are needed. Where only nodes relabelled since both were written match both
-//!   ([`Contention::Relabelled`]), no write of either made it, and disabling one would take
-//!   its pods off every node for one node's labels: neither is disabled, each contended node
-//!   is left to the daemon set running the pod there (or to neither), and both say so in
-//!   their `Contended` condition (`NodeLabelsContend`). P2's farm, which looks at contention
-//!   only for daemon sets created or changed (and at its start), disables nothing then
-//!   either, until it restarts. A disabled daemon set changes no pods: one whose selector
-//!   does not parse only says so (its conditions), where an enabled one's reconcile fails.
+//!   extra reads are needed. One that another farm owns is that farm's to disable: the one
+//!   written before it says so in its `Contended` condition (`ContenderOwnedElsewhere`),
+//!   rather than that nothing contends with it. Where only nodes relabelled since both were
+//!   written match both ([`Contention::Relabelled`]), no write of either made it, and
+//!   disabling one would take its pods off every node for one node's labels: neither is
+//!   disabled, each contended node is left to the daemon set running the pod there (or to
+//!   neither), and both say so in their `Contended` condition (`NodeLabelsContend`). P2's
+//!   farm, which looks at contention only for daemon sets created or changed (and at its
+//!   start), disables nothing then either, until it restarts. A disabled daemon set changes
+//!   no pods: one whose selector does not parse only says so (its conditions), where an
+//!   enabled one's reconcile fails.
 //! - **scheduling**: eligible nodes without the pod get it, labelled with
 //!   `daemon_set_id` only, in name order and as P2's replicator, at most [`MAX_IN_FLIGHT`]
 //!   nodes on their way to healthy at a time (new and replaced alike, below); a node already
@@ -238,14 +241,18 @@ impl DsFarm {
     ) -> FarmResult<Option<Instant>> {
         let lock = layout::ds_ownership(id);
         let mut contended = ContendedNodes::new();
+        let mut owned_elsewhere = None;
         if !ds.value.disabled {
-            let contentions = contentions(world, disabled_now, id, ds);
+            let contentions = contentions(world, &ctx.session, disabled_now, id, ds);
             if let Some((rival_id, rival)) = contentions.written_before {
                 disable(ctx, id, ds, rival_id, &rival.value).await?;
                 disabled_now.insert(id.to_owned());
                 return Ok(None);
             }
             contended = contentions.relabelled;
+            owned_elsewhere = contentions
+                .written_after_elsewhere
+                .map(|rival_id| (rival_id.to_owned(), ds.value.pod_id.clone()));
         }
         if ds.value.disabled {
             // Paused: no pod changes, and the rollout starts afresh when it is enabled.
@@ -290,6 +297,7 @@ impl DsFarm {
         let planned = plan(world, id, &ds.value, rollout, &contended, Instant::now());
         let mut facts = facts(&ds.value, planned.as_ref());
         facts.relabelled = node_contention(&ds.value, &contended, planned.as_ref().ok());
+        facts.contender_owned_elsewhere = owned_elsewhere;
         self.publish_conditions(ctx, id, ds, &facts).await?;
         let plan = planned?;
         if !plan.timed_out.is_empty() {
@@ -468,13 +476,18 @@ struct Contentions<'w> {
     /// The nodes relabelled into contention with the others, left to the daemon set running
     /// there.
     relabelled: ContendedNodes<'w>,
+    /// One written after it, in a contention that one's write made, whose ownership lock
+    /// another session holds: it is the one to disable, but not by this farm, which disables
+    /// only what it owns, so both stay enabled until its owner (or a user) acts.
+    written_after_elsewhere: Option<&'w str>,
 }
 
 /// How `ds` contends with the other enabled daemon sets, by [`contention`]'s rule: of two
 /// whose write made it, the one written last (higher modify index, then higher ID) is the
-/// one to disable.
+/// one to disable, by the farm whose `session` owns it.
 fn contentions<'w>(
     world: &'w World,
+    session: &str,
     disabled_now: &HashSet<String>,
     id: &str,
     ds: &Shared<StoredDaemonSet>,
@@ -490,8 +503,14 @@ fn contentions<'w>(
                 found.written_before = Some((other_id, other));
                 return found;
             }
-            // The other one is disabled for it, in its own turn.
-            Contention::Written | Contention::None => {}
+            // The other one is disabled for it, in its own turn, unless another farm owns it.
+            Contention::Written => {
+                let owner = world.lock_holder(&layout::ds_ownership(other_id));
+                if owner.is_some_and(|owner| owner != session) {
+                    found.written_after_elsewhere.get_or_insert(other_id);
+                }
+            }
+            Contention::None => {}
             Contention::Relabelled(nodes) => {
                 for node in nodes {
                     found.relabelled.entry(node).or_default().insert(other_id);

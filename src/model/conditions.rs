@@ -655,6 +655,9 @@ pub struct DsFacts {
     /// Nodes whose labels changed to match other enabled daemon sets of its pod id too,
     /// after they were all written: a contention neither one is disabled for.
     pub relabelled: Option<NodeContention>,
+    /// An enabled daemon set written after it into contention with it, which another farm
+    /// owns, so this farm does not disable it: its id and their pod id.
+    pub contender_owned_elsewhere: Option<(String, String)>,
 }
 
 /// Nodes relabelled into contention between enabled daemon sets, as one of them sees them.
@@ -688,8 +691,8 @@ pub fn some_of(names: &BTreeSet<String>) -> String {
 
 /// A daemon set's `Progressing`, `Blocked` and `Contended` conditions.
 pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
-    let contended = match (&f.contender, &f.relabelled) {
-        (Some((rival, pod_id)), _) => Observed::new(
+    let contended = match (&f.contender, &f.contender_owned_elsewhere, &f.relabelled) {
+        (Some((rival, pod_id)), _, _) => Observed::new(
             "Contended",
             True,
             "ContendsWithDaemonSet",
@@ -703,7 +706,19 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
                 }
             ),
         ),
-        (None, Some(nodes)) => Observed::new(
+        // Its write made the contention, so it is the one to disable, but not this farm's.
+        (None, Some((rival, pod_id)), _) => Observed::new(
+            "Contended",
+            True,
+            "ContenderOwnedElsewhere",
+            format!(
+                "daemon set {rival} is enabled for pod {pod_id} too, and selects nodes this one \
+                 selects; its write made the contention, so it is the one to disable, but \
+                 another farm owns it, and this farm disables only the daemon sets it owns: \
+                 both stay enabled until its owner or a user disables one"
+            ),
+        ),
+        (None, None, Some(nodes)) => Observed::new(
             "Contended",
             True,
             "NodeLabelsContend",
@@ -729,7 +744,7 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
                 some_of(&nodes.left)
             ),
         ),
-        (None, None) => Observed::new(
+        (None, None, None) => Observed::new(
             "Contended",
             False,
             "NoContention",
@@ -1579,6 +1594,10 @@ mod tests {
             },
             DsFacts {
                 relabelled: Some(NodeContention::default()),
+                ..settled.clone()
+            },
+            DsFacts {
+                contender_owned_elsewhere: Some(("other".into(), "web".into())),
                 ..settled.clone()
             },
         ];

@@ -168,6 +168,54 @@ async fn of_two_contending_daemon_sets_the_newer_is_disabled() {
     assert_eq!(disabled[0]["event_details"]["daemon_set"]["disabled"], true);
 }
 
+/// A daemon set written into contention with an older one, that another farm owns, is that
+/// farm's to disable: this farm disables only what it owns. The older one, left enabled
+/// beside it, does not claim that nothing contends with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contending_daemon_set_another_farm_owns_is_named_not_disabled() {
+    let h = Harness::start().await;
+    h.web_nodes(2).await;
+    let older = h
+        .put_ds(ds_doc("role=web", 0, Duration::from_secs(600)))
+        .await;
+    wait_for_ds_nodes(&h, &older, &["node1", "node2"]).await;
+
+    let newer = uuid::Uuid::new_v4().to_string();
+    let spec = SessionSpec::deleting("another farm", Duration::from_secs(120));
+    let other = h.store.create_session(&spec).await.unwrap();
+    let lock = layout::ds_ownership(&newer);
+    assert!(h.store.acquire(&lock, b"", &other).await.unwrap());
+    let mut doc = ds_doc("", 0, Duration::from_secs(600));
+    doc["id"] = newer.clone().into();
+    h.store
+        .put(
+            &format!("daemon_sets/{newer}"),
+            doc.to_string().as_bytes(),
+            Cas::Index(0),
+        )
+        .await
+        .unwrap();
+    // A node added since shows that the older one has been reconciled (its conditions
+    // published first) with the newer one in view.
+    h.label(LabelType::Node, "node3", json!({"role": "web"}))
+        .await;
+    wait_for_ds_nodes(&h, &older, &["node1", "node2", "node3"]).await;
+
+    assert_eq!(h.ds(&newer).await["disabled"], false, "not this farm's");
+    let Some(condition) = contended(&h, &older).await else {
+        let key = layout::conditions(ObjectKind::Daemonsets, &older);
+        let stored = h.store.get(&key).await.unwrap().unwrap();
+        panic!("{}", String::from_utf8_lossy(&stored.value));
+    };
+    assert_eq!(
+        condition["reason"], "ContenderOwnedElsewhere",
+        "{condition}"
+    );
+    let message = condition["message"].as_str().unwrap();
+    assert!(message.contains(&newer), "{message}");
+    assert!(message.contains("another farm owns it"), "{message}");
+}
+
 /// The `Contended` condition stored for daemon set `id` once it is true.
 async fn contended(h: &Harness, id: &str) -> Option<Value> {
     let pair = h
