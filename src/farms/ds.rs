@@ -11,11 +11,12 @@
 //!   written match both ([`Contention::Relabelled`]), no write of either made it, and
 //!   disabling one would take its pods off every node for one node's labels: neither is
 //!   disabled, each contended node is left to the daemon set running the pod there (or to
-//!   neither), and both say so in their `Contended` condition (`NodeLabelsContend`). P2's
-//!   farm, which looks at contention only for daemon sets created or changed (and at its
-//!   start), disables nothing then either, until it restarts. A disabled daemon set changes
-//!   no pods: one whose selector does not parse only says so (its conditions), where an
-//!   enabled one's reconcile fails.
+//!   neither), and both say so in their `Contended` condition (`NodeLabelsContend`), each
+//!   with an alert as that starts (once: only an operator ends it). P2's farm, which looks
+//!   at contention only for daemon sets created or changed (and at its start), disables
+//!   nothing then either, until it restarts. A disabled daemon set changes no pods: one whose
+//!   selector does not parse only says so (its conditions), where an enabled one's reconcile
+//!   fails.
 //! - **scheduling**: eligible nodes without the pod get it, labelled with
 //!   `daemon_set_id` only, in name order and as P2's replicator, at most [`MAX_IN_FLIGHT`]
 //!   nodes on their way to healthy at a time (new and replaced alike, below); a node already
@@ -63,7 +64,9 @@ use tokio::time::Instant;
 use crate::kv::TxnOp;
 use crate::labels::{Labels, Selector, DS_ID_LABEL};
 use crate::layout::{self, LEADER_LOCK};
-use crate::model::conditions::{ds_conditions, DsFacts, NodeContention};
+use crate::model::conditions::{
+    ds_conditions, ConditionsRecord, DsFacts, NodeContention, Observed, NODE_LABELS_CONTEND,
+};
 use crate::model::event::{diff, ds_fields, Action, ObjectKind};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::state::Mirror;
@@ -276,7 +279,8 @@ impl DsFarm {
             .map(|(rival_id, rival)| (rival_id.to_owned(), rival.value.pod_id.clone()));
             let mut facts = facts(&ds.value, planned.as_ref());
             facts.contender = rival;
-            self.publish_conditions(ctx, id, ds, &facts).await?;
+            self.publish_conditions(ctx, id, ds, ds_conditions(&facts))
+                .await?;
             // A selector that does not parse is told by the conditions, not as a failure:
             // a disabled daemon set changes no pods, so trying again would change nothing
             // until it is written again (which the next pass sees), only log and back off
@@ -298,7 +302,28 @@ impl DsFarm {
         let mut facts = facts(&ds.value, planned.as_ref());
         facts.relabelled = node_contention(&ds.value, &contended, planned.as_ref().ok());
         facts.contender_owned_elsewhere = owned_elsewhere;
-        self.publish_conditions(ctx, id, ds, &facts).await?;
+        let was_relabel_contended = relabel_contended(self.conditions.previous(id).as_ref());
+        let conditions = ds_conditions(&facts);
+        // Alerted once, as it starts (the stored conditions tell it, whichever leader wrote
+        // them): no daemon set is disabled for it, so only an operator ends it.
+        let relabel_contention_starts = (conditions.iter())
+            .find(|c| c.condition_type == "Contended" && c.reason == NODE_LABELS_CONTEND)
+            .filter(|_| !was_relabel_contended)
+            .map(|c| c.message.clone());
+        self.publish_conditions(ctx, id, ds, conditions).await?;
+        if let Some(message) = relabel_contention_starts {
+            let nodes = facts.relabelled.clone().unwrap_or_default();
+            ctx.alert(
+                FARM,
+                (ObjectKind::Daemonsets, id),
+                &format!("ds_node_labels_contend/{id}"),
+                format!("daemon set {id}: {message}"),
+                json!({"daemon_set_id": id, "pod_id": ds.value.pod_id,
+                       "contending_daemon_sets": nodes.rivals, "nodes_kept": nodes.kept,
+                       "nodes_left": nodes.left, "hostname": ctx.holder}),
+            )
+            .await;
+        }
         let plan = planned?;
         if !plan.timed_out.is_empty() {
             tracing::warn!(ds = %id, nodes = ?plan.timed_out, timeout = ?ds.value.timeout,
@@ -333,17 +358,17 @@ impl DsFarm {
         Ok(plan.wake)
     }
 
-    /// Publishes the conditions `facts` make.
+    /// Publishes a daemon set's conditions ([`ds_conditions`]).
     async fn publish_conditions(
         &self,
         ctx: &FarmContext,
         id: &str,
         ds: &Shared<StoredDaemonSet>,
-        facts: &DsFacts,
+        conditions: Vec<Observed>,
     ) -> FarmResult<()> {
         let lock = layout::ds_ownership(id);
         self.conditions
-            .publish(ctx, &lock, id, ds_conditions(facts), ds.index, None)
+            .publish(ctx, &lock, id, conditions, ds.index, None)
             .await
     }
 
@@ -519,6 +544,15 @@ fn contentions<'w>(
         }
     }
     found
+}
+
+/// Whether a daemon set's stored conditions say that nodes relabelled into contention make it
+/// contend ([`NODE_LABELS_CONTEND`]).
+fn relabel_contended(record: Option<&ConditionsRecord>) -> bool {
+    record.is_some_and(|record| {
+        (record.conditions.iter())
+            .any(|c| c.condition_type == "Contended" && c.reason == NODE_LABELS_CONTEND)
+    })
 }
 
 /// What the conditions of `ds` say of the nodes relabelled into contention with it: those

@@ -689,6 +689,10 @@ pub fn some_of(names: &BTreeSet<String>) -> String {
     text
 }
 
+/// The reason of a daemon set's `Contended` condition while nodes relabelled into contention
+/// with another make it contend, which the DS farm alerts about as it starts.
+pub const NODE_LABELS_CONTEND: &str = "NodeLabelsContend";
+
 /// A daemon set's `Progressing`, `Blocked` and `Contended` conditions.
 pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
     let contended = match (&f.contender, &f.contender_owned_elsewhere, &f.relabelled) {
@@ -721,7 +725,7 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
         (None, None, Some(nodes)) => Observed::new(
             "Contended",
             True,
-            "NodeLabelsContend",
+            NODE_LABELS_CONTEND,
             // The others are enabled for the pod, which they need not run on these nodes.
             format!(
                 "nodes were relabelled to match {} {} too, which {} enabled for pod {} as well; \

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::support::farms::{
-    large_pod_labels, rc_doc, warnings, Backend, Harness, MANIFEST, NEW_MANIFEST,
+    alert_webhook, large_pod_labels, rc_doc, warnings, Backend, Harness, MANIFEST, NEW_MANIFEST,
 };
 use p2_apiserver::kv::{Cas, KvStore, SessionSpec};
 use p2_apiserver::labels::LabelType;
@@ -166,6 +166,53 @@ async fn of_two_contending_daemon_sets_the_newer_is_disabled() {
         newer.as_str()
     );
     assert_eq!(disabled[0]["event_details"]["daemon_set"]["disabled"], true);
+}
+
+/// Nodes relabelled into two daemon sets raise an alert for each, once, as the contention
+/// starts: no daemon set is disabled for it, so only an operator ends it. Later passes while
+/// it lasts (nodes added to each) raise no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_relabelled_into_two_daemon_sets_raise_an_alert_once() {
+    let webhook = alert_webhook().await;
+    let h = Harness::start_with_alerts(Some(webhook.uri())).await;
+    h.label(LabelType::Node, "node1", json!({"zone": "a"}))
+        .await;
+    h.label(LabelType::Node, "node2", json!({"tier": "web"}))
+        .await;
+    let zoned = h
+        .put_ds(ds_doc("zone=a", 0, Duration::from_secs(600)))
+        .await;
+    wait_for_ds_nodes(&h, &zoned, &["node1"]).await;
+    let tiered = h
+        .put_ds(ds_doc("tier=web", 0, Duration::from_secs(600)))
+        .await;
+    wait_for_ds_nodes(&h, &tiered, &["node2"]).await;
+
+    h.label(
+        LabelType::Node,
+        "node2",
+        json!({"zone": "a", "tier": "web"}),
+    )
+    .await;
+    for (id, rival) in [(&zoned, &tiered), (&tiered, &zoned)] {
+        let incident = format!("ds_node_labels_contend/{id}");
+        let description = h.alert_about(&webhook, &incident).await;
+        assert!(description.contains(rival.as_str()), "{description}");
+        assert!(description.contains("node2"), "{description}");
+    }
+    // Passes since: each daemon set has placed a pod on a node added after the alert.
+    h.label(LabelType::Node, "node3", json!({"zone": "a"}))
+        .await;
+    h.label(LabelType::Node, "node4", json!({"tier": "web"}))
+        .await;
+    wait_for_ds_nodes(&h, &zoned, &["node1", "node3"]).await;
+    wait_for_ds_nodes(&h, &tiered, &["node2", "node4"]).await;
+    let posted: Vec<String> = (webhook.received_requests().await.unwrap().into_iter())
+        .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap())
+        .filter_map(|alert| Some(alert["incident_key"].as_str()?.to_owned()))
+        .filter(|key| key.starts_with("ds_node_labels_contend/"))
+        .collect();
+    assert_eq!(posted.len(), 2, "{posted:?}");
 }
 
 /// A daemon set written into contention with an older one, that another farm owns, is that
