@@ -193,8 +193,8 @@ impl Farm for RollFarm {
             let activity = activity(&action, &roll.value);
             let applied = self.apply(ctx, world, id, roll, action, now).await;
             let activity = match &applied {
-                Ok(Applied::Unseen(rc)) => {
-                    RollActivity::Waiting(RollWait::UnseenRc { rc: rc.clone() })
+                Ok(Applied::Unseen(rcs)) => {
+                    RollActivity::Waiting(RollWait::UnseenRc { rcs: rcs.clone() })
                 }
                 // The ending's read failed on an RC that cannot be decoded (the roll's other
                 // RC held): not an ending that failed otherwise, which can be tried again.
@@ -247,9 +247,10 @@ impl Farm for RollFarm {
 enum Applied {
     /// The roll goes on; when to run again, if it waits on time.
     Going(Option<Instant>),
-    /// The roll goes on: the store holds this RC of it, which the world lacks (its RC tree
-    /// lags the store), so the world tells nothing of the roll until it shows the RC.
-    Unseen(String),
+    /// The roll goes on: the store holds these RCs of it (one, or both), which the world
+    /// lacks (its RC tree lags the store), so the world tells nothing of the roll until it
+    /// shows them.
+    Unseen(Vec<String>),
     /// The roll was ended (and deleted).
     Ended,
 }
@@ -276,9 +277,9 @@ pub struct RcWrite {
 pub enum Action {
     /// Nothing until the trees change: the RC farms or the pods' health have to move.
     Wait(RollWait),
-    /// This RC of the roll (the old one, if both) is not in the RC tree: the roll ends once
-    /// the store confirms that an RC of it is gone.
-    RcMissing(String),
+    /// These RCs of the roll (one, or both, the old one first) are not in the RC tree: the
+    /// roll ends once the store confirms that an RC of it is gone.
+    RcMissing(Vec<String>),
     /// Another session holds this mutation lock of the roll's RCs.
     Locked(String),
     /// Take these free mutation locks, held for the whole roll.
@@ -314,12 +315,13 @@ pub fn plan(
     let old = world.rcs.items.get(&spec.old_rc);
     let new = world.rcs.items.get(&spec.new_rc);
     let (Some(old), Some(new)) = (old, new) else {
-        let missing = if old.is_none() {
-            &spec.old_rc
-        } else {
-            &spec.new_rc
-        };
-        return Action::RcMissing(missing.clone());
+        let mut missing = Vec::new();
+        for (rc, seen) in [(&spec.old_rc, old), (&spec.new_rc, new)] {
+            if seen.is_none() && !missing.contains(rc) {
+                missing.push(rc.clone());
+            }
+        }
+        return Action::RcMissing(missing);
     };
 
     // Disabling the old RC and enabling the new one would undo each other, on every pass.
@@ -599,9 +601,9 @@ impl RollFarm {
         }
         match action {
             Action::Wait(_) => {}
-            Action::RcMissing(rc) => {
+            Action::RcMissing(rcs) => {
                 let Some(ops) = ending_for_missing_rc(ctx, world, id, roll).await? else {
-                    return Ok(Applied::Unseen(rc));
+                    return Ok(Applied::Unseen(rcs));
                 };
                 tracing::warn!(roll = %id, "an RC of the roll is gone; deleting the roll");
                 ctx.commit(&fence, ops).await?;
@@ -737,7 +739,7 @@ fn roll_checks(ctx: &FarmContext, id: &str, roll: &Shared<StoredRoll>) -> Vec<Tx
 fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
     match action {
         Action::Wait(wait) => RollActivity::Waiting(wait.clone()),
-        Action::RcMissing(rc) => RollActivity::Stuck(RollStuck::RcMissing { rc: rc.clone() }),
+        Action::RcMissing(rcs) => RollActivity::Stuck(RollStuck::RcMissing { rcs: rcs.clone() }),
         Action::Locked(lock) => {
             RollActivity::Stuck(RollStuck::MutationLockHeld { lock: lock.clone() })
         }
@@ -1415,7 +1417,14 @@ mod tests {
     fn a_missing_rc_is_reported() {
         let mut fleet = rolling(2, 2, 0, 0);
         fleet.rcs.remove(OLD);
-        assert_eq!(run(&fleet, &roll(2, 1)), Action::RcMissing(OLD.into()));
+        assert_eq!(
+            run(&fleet, &roll(2, 1)),
+            Action::RcMissing(vec![OLD.into()])
+        );
+        // Both, when both are missing.
+        fleet.rcs.remove(NEW);
+        let both = Action::RcMissing(vec![OLD.into(), NEW.into()]);
+        assert_eq!(run(&fleet, &roll(2, 1)), both);
     }
 
     #[test]
@@ -1901,6 +1910,25 @@ mod tests {
         let message = &progressing.message;
         assert_eq!(shown, (ConditionStatus::True, "WaitingForRc"), "{message}");
         assert!(message.contains(NEW), "{message}");
+    }
+
+    /// A roll whose two RCs the farm's world lacks, though the store holds both, waits to see
+    /// both: its conditions name each RC the world lacks, not only the old one.
+    #[tokio::test]
+    async fn a_roll_over_two_rcs_the_world_does_not_show_yet_names_both() {
+        let (_dir, store, ctx) = term().await;
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+        let _both_stored = store_rcs(store.as_ref(), &ctx).await;
+        let fleet = owned_roll(&ctx, seen.index);
+
+        farm(&store).pass(&ctx, &fleet.world()).await;
+        let progressing = stored_progressing(store.as_ref()).await;
+        let shown = (progressing.status, progressing.reason.as_str());
+        let message = &progressing.message;
+        assert_eq!(shown, (ConditionStatus::True, "WaitingForRc"), "{message}");
+        for rc in [OLD, NEW] {
+            assert!(message.contains(rc), "{rc} is not named: {message}");
+        }
     }
 
     /// A write whose answer was lost may have landed: the roll's conditions say that it is

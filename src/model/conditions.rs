@@ -318,9 +318,9 @@ pub enum RollWait {
     /// The new RC's farm still has `remaining` pods beyond the new RC's count (it was scaled
     /// down) to remove, which a step counts none of.
     NewPodRemoval { remaining: i64 },
-    /// The store holds the roll's RC `rc`, which the farm's view of the store does not show
-    /// yet: the roll is planned once it does.
-    UnseenRc { rc: String },
+    /// The store holds the roll's RCs `rcs` (one, or both), which the farm's view of the
+    /// store does not show yet: the roll is planned once it does.
+    UnseenRc { rcs: Vec<String> },
 }
 
 /// Why a roll cannot move at all until something outside it changes.
@@ -350,12 +350,13 @@ pub enum RollStuck {
     AnotherRoll { roll: String },
     /// The roll names one RC as both its old and its new RC.
     SameRc,
-    /// The farm's view of the store lacks RC `rc` of the roll: the roll is being ended,
+    /// The farm's view of the store lacks RCs `rcs` of the roll (one, or both): the roll is
+    /// being ended,
     /// unless the store, asked first, still holds the RC. Shown only as what failed, or may
     /// have ([`RollActivity::Failed`], [`RollActivity::OutcomeUnknown`]): an ended roll keeps
     /// no conditions, and one whose RC the store holds waits for the view to show it
     /// ([`RollWait::UnseenRc`]).
-    RcMissing { rc: String },
+    RcMissing { rcs: Vec<String> },
     /// An RC of the roll is stored but cannot be decoded (`why`): the roll neither moves
     /// nor ends.
     RcUnreadable { rc: String, why: String },
@@ -433,8 +434,9 @@ impl RollWait {
                 "waiting for the new RC's farm to remove the {} it no longer wants",
                 pods(*remaining)
             ),
-            RollWait::UnseenRc { rc } => format!(
-                "waiting for the farm's view of the store to show RC {rc}, which the store holds"
+            RollWait::UnseenRc { rcs } => format!(
+                "waiting for the farm's view of the store to show {}, which the store holds",
+                rcs_named(rcs)
             ),
         }
     }
@@ -496,8 +498,10 @@ impl RollStuck {
                 "roll {roll} moves the replicas of one of its RCs too, and one roll at a time does; cancel one of them"
             ),
             RollStuck::SameRc => "the roll names one RC as both its old and its new RC, so there are no replicas to move; cancel it".into(),
-            RollStuck::RcMissing { rc } => format!(
-                "the farm's view of the store has no RC {rc}, so the roll is ending unless the store still holds it"
+            RollStuck::RcMissing { rcs } => format!(
+                "the farm's view of the store has no {}, so the roll is ending unless the store still holds {}",
+                rcs_named(rcs),
+                if rcs.len() == 1 { "it" } else { "them" }
             ),
             RollStuck::RcUnreadable { rc, why } => format!(
                 "the stored RC {rc} cannot be decoded ({why}), so the roll can neither move nor end; cancel the roll, then DELETE /api/v1/rcs/{rc} removes it"
@@ -624,6 +628,15 @@ fn progressing_condition(activity: &RollActivity) -> Observed {
                 progressing_condition(doing).message
             ),
         ),
+    }
+}
+
+/// "RC a", "RCs a and b": the RCs of a roll a message names.
+fn rcs_named(rcs: &[String]) -> String {
+    match rcs {
+        [rc] => format!("RC {rc}"),
+        [first @ .., last] => format!("RCs {} and {last}", first.join(", ")),
+        [] => "no RC".to_owned(),
     }
 }
 
@@ -1056,7 +1069,9 @@ mod tests {
                 "WaitingForNewPodRemoval",
             ),
             (
-                RollActivity::Waiting(RollWait::UnseenRc { rc: "rc".into() }),
+                RollActivity::Waiting(RollWait::UnseenRc {
+                    rcs: vec!["rc".into()],
+                }),
                 True,
                 "WaitingForRc",
             ),
@@ -1113,7 +1128,9 @@ mod tests {
                 "InvalidCounts",
             ),
             (
-                RollActivity::Stuck(RollStuck::RcMissing { rc: "rc".into() }),
+                RollActivity::Stuck(RollStuck::RcMissing {
+                    rcs: vec!["rc".into()],
+                }),
                 False,
                 "RcMissing",
             ),
@@ -1156,6 +1173,22 @@ mod tests {
             );
             assert_eq!(find(&c, "Stalled").status, False, "{activity:?}");
         }
+    }
+
+    #[test]
+    fn a_roll_over_two_rcs_the_view_lacks_names_both() {
+        let rcs = vec!["a".to_owned(), "b".to_owned()];
+        let c = roll(RollActivity::Waiting(RollWait::UnseenRc {
+            rcs: rcs.clone(),
+        }));
+        assert_eq!(
+            find(&c, "Progressing").message,
+            "waiting for the farm's view of the store to show RCs a and b, which the store holds"
+        );
+        assert_eq!(
+            RollStuck::RcMissing { rcs }.message(),
+            "the farm's view of the store has no RCs a and b, so the roll is ending unless the store still holds them"
+        );
     }
 
     #[test]
