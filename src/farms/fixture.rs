@@ -270,3 +270,92 @@ pub async fn term_over(
     let ctx = super::FarmContext::new(store.clone(), &term, alerts, holder.into());
     (term, ctx)
 }
+
+/// A store whose reads of one key fail as a store that did not answer, every other call
+/// going to `inner`: for a farm's read that fails while its writes would not.
+pub struct FailingGet {
+    pub inner: Arc<dyn crate::kv::KvStore>,
+    pub key: String,
+}
+
+#[async_trait::async_trait]
+impl crate::kv::KvStore for FailingGet {
+    async fn get(&self, key: &str) -> crate::kv::StoreResult<Option<KvPair>> {
+        if key == self.key {
+            return Err(crate::kv::StoreError::Unavailable(format!(
+                "{key} unanswered"
+            )));
+        }
+        self.inner.get(key).await
+    }
+    async fn list(&self, prefix: &str) -> crate::kv::StoreResult<crate::kv::Listing> {
+        self.inner.list(prefix).await
+    }
+    async fn keys(
+        &self,
+        prefix: &str,
+        separator: Option<char>,
+    ) -> crate::kv::StoreResult<(u64, Vec<String>)> {
+        self.inner.keys(prefix, separator).await
+    }
+    async fn current_index(&self, probe: &str) -> crate::kv::StoreResult<Option<u64>> {
+        self.inner.current_index(probe).await
+    }
+    async fn put(
+        &self,
+        key: &str,
+        value: &[u8],
+        cas: crate::kv::Cas,
+    ) -> crate::kv::StoreResult<()> {
+        self.inner.put(key, value, cas).await
+    }
+    async fn delete(&self, key: &str, cas: crate::kv::Cas) -> crate::kv::StoreResult<()> {
+        self.inner.delete(key, cas).await
+    }
+    async fn delete_prefix(&self, prefix: &str) -> crate::kv::StoreResult<()> {
+        self.inner.delete_prefix(prefix).await
+    }
+    async fn txn(&self, ops: &[crate::kv::TxnOp]) -> crate::kv::StoreResult<Vec<Option<KvPair>>> {
+        self.inner.txn(ops).await
+    }
+    async fn create_session(
+        &self,
+        spec: &crate::kv::SessionSpec,
+    ) -> crate::kv::StoreResult<String> {
+        self.inner.create_session(spec).await
+    }
+    async fn renew_session(&self, id: &str) -> crate::kv::StoreResult<crate::kv::SessionInfo> {
+        self.inner.renew_session(id).await
+    }
+    async fn destroy_session(&self, id: &str) -> crate::kv::StoreResult<()> {
+        self.inner.destroy_session(id).await
+    }
+    async fn session_info(
+        &self,
+        id: &str,
+    ) -> crate::kv::StoreResult<Option<crate::kv::SessionInfo>> {
+        self.inner.session_info(id).await
+    }
+    async fn acquire(
+        &self,
+        key: &str,
+        value: &[u8],
+        session: &str,
+    ) -> crate::kv::StoreResult<bool> {
+        self.inner.acquire(key, value, session).await
+    }
+    async fn release(&self, key: &str, session: &str) -> crate::kv::StoreResult<bool> {
+        self.inner.release(key, session).await
+    }
+    async fn watch(
+        &self,
+        target: &crate::kv::WatchTarget,
+        index: u64,
+        wait: std::time::Duration,
+    ) -> crate::kv::StoreResult<crate::kv::Listing> {
+        self.inner.watch(target, index, wait).await
+    }
+    async fn ping(&self) -> crate::kv::StoreResult<()> {
+        self.inner.ping().await
+    }
+}

@@ -198,7 +198,7 @@ impl Farm for RollFarm {
                 }
                 // The ending's read failed on an RC that cannot be decoded (the roll's other
                 // RC held): not an ending that failed otherwise, which can be tried again.
-                Err(FarmError::Unusable(_)) if rc_missing => self
+                Err(Failure::Read(FarmError::Unusable(_))) if rc_missing => self
                     .unreadable_rc(world, &roll.value)
                     .map_or(activity, RollActivity::Stuck),
                 _ => activity,
@@ -219,7 +219,8 @@ impl Farm for RollFarm {
                     self.publish(ctx, world, id, roll, &failed).await
                 }
             };
-            let result = applied.and_then(|applied| Ok(earliest(applied.wake(), published?)));
+            let result = (applied.map_err(Failure::into_error))
+                .and_then(|applied| Ok(earliest(applied.wake(), published?)));
             if let Some(at) = self.retries.record("roll", id, result) {
                 wake = earliest(wake, at);
             }
@@ -239,6 +240,22 @@ impl Farm for RollFarm {
         let freed = self.release_stale_mutation_locks(ctx, world).await;
         self.retries.tidied(removed.and(released).and(freed));
         wake
+    }
+}
+
+/// Why a roll's action did not happen, or may not have: a read of the store it needed
+/// failed (nothing was written), or its write failed or its answer was lost.
+#[derive(Debug)]
+enum Failure {
+    Read(FarmError),
+    Write(FarmError),
+}
+
+impl Failure {
+    fn into_error(self) -> FarmError {
+        match self {
+            Failure::Read(e) | Failure::Write(e) => e,
+        }
     }
 }
 
@@ -588,7 +605,7 @@ impl RollFarm {
         roll: &Shared<StoredRoll>,
         action: Action,
         now: Moment,
-    ) -> FarmResult<Applied> {
+    ) -> Result<Applied, Failure> {
         let spec = &roll.value;
         let fence = layout::roll_ownership(id);
         // Only a roll that keeps being able to step keeps counting towards its delay; a step
@@ -602,11 +619,12 @@ impl RollFarm {
         match action {
             Action::Wait(_) => {}
             Action::RcMissing(rcs) => {
-                let Some(ops) = ending_for_missing_rc(ctx, world, id, roll).await? else {
+                let ending = ending_for_missing_rc(ctx, world, id, roll).await;
+                let Some(ops) = ending.map_err(Failure::Read)? else {
                     return Ok(Applied::Unseen(rcs));
                 };
                 tracing::warn!(roll = %id, "an RC of the roll is gone; deleting the roll");
-                ctx.commit(&fence, ops).await?;
+                ctx.commit(&fence, ops).await.map_err(Failure::Write)?;
                 return Ok(Applied::Ended);
             }
             Action::Locked(lock) => {
@@ -623,7 +641,7 @@ impl RollFarm {
                         session: ctx.session.clone(),
                     })
                     .collect();
-                ctx.commit(&fence, take).await?;
+                ctx.commit(&fence, take).await.map_err(Failure::Write)?;
             }
             Action::Retire(write) => {
                 self.write_rcs(ctx, world, id, roll, &[*write]).await?;
@@ -647,9 +665,10 @@ impl RollFarm {
             }
             Action::Stuck(why) => stuck(ctx, id, spec, why.message()).await,
             Action::Finish { retire_old } => {
-                let ops =
-                    finish_ops(ctx, world, id, roll, retire_old, RollOutcome::Succeeded).await?;
-                ctx.commit(&fence, ops).await?;
+                let ops = finish_ops(ctx, world, id, roll, retire_old, RollOutcome::Succeeded)
+                    .await
+                    .map_err(Failure::Read)?;
+                ctx.commit(&fence, ops).await.map_err(Failure::Write)?;
                 tracing::info!(roll = %id, "roll complete");
                 return Ok(Applied::Ended);
             }
@@ -671,10 +690,11 @@ impl RollFarm {
         id: &str,
         roll: &Shared<StoredRoll>,
         rcs: &[RcWrite],
-    ) -> FarmResult<()> {
+    ) -> Result<(), Failure> {
         let mut writes = Vec::with_capacity(rcs.len());
         for write in rcs {
-            writes.push(self.rc_write_ops(ctx, world, write).await?);
+            let ops = self.rc_write_ops(ctx, world, write).await;
+            writes.push(ops.map_err(Failure::Read)?);
         }
         let fenced = |ops: Vec<TxnOp>| {
             let mut all = roll_checks(ctx, id, roll);
@@ -684,11 +704,13 @@ impl RollFarm {
         let together = fenced(writes.iter().flatten().cloned().collect());
         let lock = layout::roll_ownership(id);
         if ctx.fits(&lock, &together) {
-            ctx.commit(&lock, together).await?;
+            ctx.commit(&lock, together).await.map_err(Failure::Write)?;
             return Ok(());
         }
         for ops in writes {
-            ctx.commit(&lock, fenced(ops)).await?;
+            ctx.commit(&lock, fenced(ops))
+                .await
+                .map_err(Failure::Write)?;
         }
         Ok(())
     }
@@ -766,18 +788,24 @@ fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
     }
 }
 
-/// What a roll's conditions say of `doing` when carrying it out failed with `error`: that
-/// it failed, or, for a write whose answer was lost, that it may have landed (the next pass,
-/// from a world caught up with the store, sees whether it did).
-fn failed(doing: &RollActivity, error: &FarmError) -> RollActivity {
-    let (doing, unknown, error) = (
-        Box::new(doing.clone()),
-        error.is_outcome_unknown(),
-        error.to_string(),
-    );
-    match unknown {
-        true => RollActivity::OutcomeUnknown { doing, error },
-        false => RollActivity::Failed { doing, error },
+/// What a roll's conditions say of `doing` when carrying it out failed: that a read it
+/// needed failed, that its write failed, or, for a write whose answer was lost, that it may
+/// have landed (the next pass, from a world caught up with the store, sees whether it did).
+fn failed(doing: &RollActivity, failure: &Failure) -> RollActivity {
+    let doing = Box::new(doing.clone());
+    match failure {
+        Failure::Read(e) => RollActivity::ReadFailed {
+            doing,
+            error: e.to_string(),
+        },
+        Failure::Write(e) if e.is_outcome_unknown() => RollActivity::OutcomeUnknown {
+            doing,
+            error: e.to_string(),
+        },
+        Failure::Write(e) => RollActivity::Failed {
+            doing,
+            error: e.to_string(),
+        },
     }
 }
 
@@ -1942,7 +1970,8 @@ mod tests {
             (lost, (ConditionStatus::Unknown, "WriteOutcomeUnknown")),
             (conflict, (ConditionStatus::False, "WriteFailed")),
         ] {
-            let activity = failed(&RollActivity::Enabling, &FarmError::Store(error));
+            let failure = Failure::Write(FarmError::Store(error));
+            let activity = failed(&RollActivity::Enabling, &failure);
             let deadline = Duration::from_secs(600);
             let (observed, _) =
                 roll_conditions(&activity, vec![], None, deadline, SystemTime::now());
@@ -2089,6 +2118,39 @@ mod tests {
         let shown = (progressing.status, progressing.reason.as_str());
         let message = &progressing.message;
         assert_eq!(shown, (ConditionStatus::False, "WriteFailed"), "{message}");
+    }
+
+    /// A roll whose ending failed because a read it needed did (here of the roll's labels),
+    /// not because its write did, is published as a failed read: nothing was written.
+    #[tokio::test]
+    async fn an_ending_whose_read_failed_is_published_as_a_failed_read() {
+        use crate::kv::sqlite::SqliteStore;
+        use crate::kv::KvStore;
+        use std::sync::Arc;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db").display().to_string();
+        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+        let failing: Arc<dyn KvStore> = Arc::new(crate::farms::fixture::FailingGet {
+            inner: store.clone(),
+            key: layout::labels(LabelType::Rolls, NEW),
+        });
+        let (term, ctx) = crate::farms::fixture::term_over(&failing, "me").await;
+        let fence = layout::roll_ownership(NEW);
+        assert!(store.acquire(&fence, b"me", &term.session).await.unwrap());
+        let fleet = owned_roll(&ctx, seen.index);
+
+        farm(&store).pass(&ctx, &fleet.world()).await;
+        let going = store.get(&layout::roll(NEW)).await.unwrap().is_some();
+        assert!(
+            going,
+            "the roll was ended though a read for its ending failed"
+        );
+        let progressing = stored_progressing(store.as_ref()).await;
+        let shown = (progressing.status, progressing.reason.as_str());
+        let message = &progressing.message;
+        assert_eq!(shown, (ConditionStatus::False, "ReadFailed"), "{message}");
     }
 
     /// A roll over an RC that cannot be decoded and one that is gone ends, whichever of the

@@ -384,9 +384,15 @@ pub enum RollActivity {
     Finishing,
     Waiting(RollWait),
     Stuck(RollStuck),
-    /// What the farm was `doing` failed (`error`: its write, or a read it needed), to be
-    /// tried again: nothing of it is known to have happened.
+    /// What the farm was `doing` failed (`error`: its write), to be tried again: nothing of
+    /// it is known to have happened.
     Failed {
+        doing: Box<RollActivity>,
+        error: String,
+    },
+    /// A read of the store that what the farm was `doing` needed failed (`error`), so
+    /// nothing of it was written; to be tried again.
+    ReadFailed {
         doing: Box<RollActivity>,
         error: String,
     },
@@ -615,6 +621,16 @@ fn progressing_condition(activity: &RollActivity) -> Observed {
             "WriteFailed",
             format!(
                 "{}, which failed ({error}); the farm tries again",
+                progressing_condition(doing).message
+            ),
+        ),
+        // Nothing was sent: not a write that failed.
+        RollActivity::ReadFailed { doing, error } => Observed::new(
+            "Progressing",
+            False,
+            "ReadFailed",
+            format!(
+                "{}, for which a read of the store failed ({error}), so nothing was written; the farm tries again",
                 progressing_condition(doing).message
             ),
         ),
@@ -1149,6 +1165,14 @@ mod tests {
                 },
                 False,
                 "WriteFailed",
+            ),
+            (
+                RollActivity::ReadFailed {
+                    doing: Box::new(RollActivity::Finishing),
+                    error: "the store is unavailable".into(),
+                },
+                False,
+                "ReadFailed",
             ),
             (
                 RollActivity::OutcomeUnknown {
