@@ -27,7 +27,7 @@ use crate::kv::{StoreError, TxnOp};
 use crate::labels::{LabelType, RC_ID_LABEL};
 use crate::layout;
 use crate::model::conditions::{
-    roll_conditions, ConditionStatus, RollActivity, RollStuck, RollWait,
+    ending_for_missing_rcs, roll_conditions, ConditionStatus, RollActivity, RollStuck, RollWait,
 };
 use crate::model::event::{ObjectKind, RcProgress, RollOutcome, RollProgress};
 use crate::model::{roll_step, AuditRecord, HealthCounts, StoredRc, StoredRoll};
@@ -191,11 +191,9 @@ impl Farm for RollFarm {
             let action = plan(world, &ctx.session, id, &roll.value, ready_since, now);
             let rc_missing = matches!(action, Action::RcMissing(_));
             let activity = activity(&action, &roll.value);
+            let doing = doing(&action, &activity);
             let applied = self.apply(ctx, world, id, roll, action, now).await;
             let activity = match &applied {
-                Ok(Applied::Unseen(rcs)) => {
-                    RollActivity::Waiting(RollWait::UnseenRc { rcs: rcs.clone() })
-                }
                 // The ending's read failed on an RC that cannot be decoded (the roll's other
                 // RC held): not an ending that failed otherwise, which can be tried again.
                 Err(Failure::Read(FarmError::Unusable(_))) if rc_missing => self
@@ -208,14 +206,14 @@ impl Farm for RollFarm {
                 (Ok(Applied::Ended), _) => Ok(None),
                 // What the roll goes on doing; or an RC that cannot be decoded, which fails the
                 // read for the roll's ending as its conditions say.
-                (Ok(Applied::Going(_) | Applied::Unseen(_)), _)
+                (Ok(Applied::Going(_) | Applied::Unseen), _)
                 | (Err(_), RollActivity::Stuck(RollStuck::RcUnreadable { .. })) => {
                     self.publish(ctx, world, id, roll, &activity).await
                 }
                 // What the roll was to do did not happen, or may not have: its conditions say
                 // so, not what it would have been doing.
                 (Err(e), _) => {
-                    let failed = failed(&activity, e);
+                    let failed = failed(doing, e);
                     self.publish(ctx, world, id, roll, &failed).await
                 }
             };
@@ -264,10 +262,9 @@ impl Failure {
 enum Applied {
     /// The roll goes on; when to run again, if it waits on time.
     Going(Option<Instant>),
-    /// The roll goes on: the store holds these RCs of it (one, or both), which the world
-    /// lacks (its RC tree lags the store), so the world tells nothing of the roll until it
-    /// shows them.
-    Unseen(Vec<String>),
+    /// The roll goes on: the store holds the RCs of it that the world lacks (its RC tree
+    /// lags the store), so the world tells nothing of the roll until it shows them.
+    Unseen,
     /// The roll was ended (and deleted).
     Ended,
 }
@@ -277,7 +274,7 @@ impl Applied {
     fn wake(self) -> Option<Instant> {
         match self {
             Applied::Going(at) => at,
-            Applied::Unseen(_) | Applied::Ended => None,
+            Applied::Unseen | Applied::Ended => None,
         }
     }
 }
@@ -618,10 +615,10 @@ impl RollFarm {
         }
         match action {
             Action::Wait(_) => {}
-            Action::RcMissing(rcs) => {
+            Action::RcMissing(_) => {
                 let ending = ending_for_missing_rc(ctx, world, id, roll).await;
                 let Some(ops) = ending.map_err(Failure::Read)? else {
-                    return Ok(Applied::Unseen(rcs));
+                    return Ok(Applied::Unseen);
                 };
                 tracing::warn!(roll = %id, "an RC of the roll is gone; deleting the roll");
                 ctx.commit(&fence, ops).await.map_err(Failure::Write)?;
@@ -757,11 +754,13 @@ fn roll_checks(ctx: &FarmContext, id: &str, roll: &Shared<StoredRoll>) -> Vec<Tx
     ops
 }
 
-/// What `action` is doing with the roll, for its conditions.
+/// What `action` is doing with the roll, for its conditions. An ending for RCs the world
+/// lacks shows only if the store holds them, as the wait for the world to show them: an
+/// ended roll keeps no conditions, and one whose ending failed shows that ([`doing`]).
 fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
     match action {
         Action::Wait(wait) => RollActivity::Waiting(wait.clone()),
-        Action::RcMissing(rcs) => RollActivity::Stuck(RollStuck::RcMissing { rcs: rcs.clone() }),
+        Action::RcMissing(rcs) => RollActivity::Waiting(RollWait::UnseenRc { rcs: rcs.clone() }),
         Action::Locked(lock) => {
             RollActivity::Stuck(RollStuck::MutationLockHeld { lock: lock.clone() })
         }
@@ -788,11 +787,19 @@ fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
     }
 }
 
+/// What the farm does with `action`, whose `activity` its conditions show if it goes
+/// through, as the conditions say it of an attempt that failed, or may have.
+fn doing(action: &Action, activity: &RollActivity) -> String {
+    match action {
+        Action::RcMissing(rcs) => ending_for_missing_rcs(rcs),
+        _ => activity.doing(),
+    }
+}
+
 /// What a roll's conditions say of `doing` when carrying it out failed: that a read it
 /// needed failed, that its write failed, or, for a write whose answer was lost, that it may
 /// have landed (the next pass, from a world caught up with the store, sees whether it did).
-fn failed(doing: &RollActivity, failure: &Failure) -> RollActivity {
-    let doing = Box::new(doing.clone());
+fn failed(doing: String, failure: &Failure) -> RollActivity {
     match failure {
         Failure::Read(e) => RollActivity::ReadFailed {
             doing,
@@ -1971,7 +1978,7 @@ mod tests {
             (conflict, (ConditionStatus::False, "WriteFailed")),
         ] {
             let failure = Failure::Write(FarmError::Store(error));
-            let activity = failed(&RollActivity::Enabling, &failure);
+            let activity = failed(RollActivity::Enabling.doing(), &failure);
             let deadline = Duration::from_secs(600);
             let (observed, _) =
                 roll_conditions(&activity, vec![], None, deadline, SystemTime::now());
@@ -2151,6 +2158,8 @@ mod tests {
         let shown = (progressing.status, progressing.reason.as_str());
         let message = &progressing.message;
         assert_eq!(shown, (ConditionStatus::False, "ReadFailed"), "{message}");
+        let ending = ending_for_missing_rcs(&[OLD.into(), NEW.into()]);
+        assert!(message.starts_with(&ending), "{message}");
     }
 
     /// A roll over an RC that cannot be decoded and one that is gone ends, whichever of the

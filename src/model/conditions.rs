@@ -350,13 +350,6 @@ pub enum RollStuck {
     AnotherRoll { roll: String },
     /// The roll names one RC as both its old and its new RC.
     SameRc,
-    /// The farm's view of the store lacks RCs `rcs` of the roll (one, or both): the roll is
-    /// being ended,
-    /// unless the store, asked first, still holds the RC. Shown only as what failed, or may
-    /// have ([`RollActivity::Failed`], [`RollActivity::OutcomeUnknown`]): an ended roll keeps
-    /// no conditions, and one whose RC the store holds waits for the view to show it
-    /// ([`RollWait::UnseenRc`]).
-    RcMissing { rcs: Vec<String> },
     /// An RC of the roll is stored but cannot be decoded (`why`): the roll neither moves
     /// nor ends.
     RcUnreadable { rc: String, why: String },
@@ -384,25 +377,47 @@ pub enum RollActivity {
     Finishing,
     Waiting(RollWait),
     Stuck(RollStuck),
-    /// What the farm was `doing` failed (`error`: its write), to be tried again: nothing of
+    /// What the farm was `doing` (a sentence: [`RollActivity::doing`], or
+    /// [`ending_for_missing_rcs`]) failed (`error`: its write), to be tried again: nothing of
     /// it is known to have happened.
     Failed {
-        doing: Box<RollActivity>,
+        doing: String,
         error: String,
     },
-    /// A read of the store that what the farm was `doing` needed failed (`error`), so
-    /// nothing of it was written; to be tried again.
+    /// A read of the store that what the farm was `doing` (a sentence, as for `Failed`)
+    /// needed failed (`error`), so nothing of it was written; to be tried again.
     ReadFailed {
-        doing: Box<RollActivity>,
+        doing: String,
         error: String,
     },
-    /// What the farm was `doing` was written but the store's answer was lost (`error`): it
-    /// may have landed, or land yet, which the next pass, from a view caught up with the
-    /// store, sees.
+    /// What the farm was `doing` (a sentence, as for `Failed`) was written but the store's
+    /// answer was lost (`error`): it may have landed, or land yet, which the next pass, from
+    /// a view caught up with the store, sees.
     OutcomeUnknown {
-        doing: Box<RollActivity>,
+        doing: String,
         error: String,
     },
+}
+
+impl RollActivity {
+    /// What the farm is doing, as a sentence: the message of its `Progressing` condition,
+    /// which says so of an attempt that failed, or may have.
+    pub fn doing(&self) -> String {
+        progressing_condition(self).message
+    }
+}
+
+/// What the farm is doing with a roll whose RCs `rcs` (one, or both) its view of the store
+/// lacks: ending it, unless the store, asked first, still holds them. Shown only as what
+/// failed, or may have ([`RollActivity::Failed`] and the like): an ended roll keeps no
+/// conditions, and one whose RCs the store holds waits for the view to show them
+/// ([`RollWait::UnseenRc`]).
+pub fn ending_for_missing_rcs(rcs: &[String]) -> String {
+    format!(
+        "the farm's view of the store has no {}, so the roll is ending unless the store still holds {}",
+        rcs_named(rcs),
+        if rcs.len() == 1 { "it" } else { "them" }
+    )
 }
 
 impl RollWait {
@@ -458,7 +473,6 @@ impl RollStuck {
             RollStuck::MutationLockHeld { .. } => "MutationLockHeld",
             RollStuck::AnotherRoll { .. } => "AnotherRoll",
             RollStuck::SameRc => "SameRc",
-            RollStuck::RcMissing { .. } => "RcMissing",
             RollStuck::RcUnreadable { .. } => "RcUnreadable",
             RollStuck::InvalidCounts { .. } => "InvalidCounts",
         }
@@ -504,11 +518,6 @@ impl RollStuck {
                 "roll {roll} moves the replicas of one of its RCs too, and one roll at a time does; cancel one of them"
             ),
             RollStuck::SameRc => "the roll names one RC as both its old and its new RC, so there are no replicas to move; cancel it".into(),
-            RollStuck::RcMissing { rcs } => format!(
-                "the farm's view of the store has no {}, so the roll is ending unless the store still holds {}",
-                rcs_named(rcs),
-                if rcs.len() == 1 { "it" } else { "them" }
-            ),
             RollStuck::RcUnreadable { rc, why } => format!(
                 "the stored RC {rc} cannot be decoded ({why}), so the roll can neither move nor end; cancel the roll, then DELETE /api/v1/rcs/{rc} removes it"
             ),
@@ -621,7 +630,7 @@ fn progressing_condition(activity: &RollActivity) -> Observed {
             "WriteFailed",
             format!(
                 "{}, which failed ({error}); the farm tries again",
-                progressing_condition(doing).message
+                doing
             ),
         ),
         // Nothing was sent: not a write that failed.
@@ -631,7 +640,7 @@ fn progressing_condition(activity: &RollActivity) -> Observed {
             "ReadFailed",
             format!(
                 "{}, for which a read of the store failed ({error}), so nothing was written; the farm tries again",
-                progressing_condition(doing).message
+                doing
             ),
         ),
         // Neither that it happened nor that it did not.
@@ -641,7 +650,7 @@ fn progressing_condition(activity: &RollActivity) -> Observed {
             "WriteOutcomeUnknown",
             format!(
                 "{}, which may or may not have happened ({error}); the farm looks again once its view has caught up with the store",
-                progressing_condition(doing).message
+                doing
             ),
         ),
     }
@@ -1144,13 +1153,6 @@ mod tests {
                 "InvalidCounts",
             ),
             (
-                RollActivity::Stuck(RollStuck::RcMissing {
-                    rcs: vec!["rc".into()],
-                }),
-                False,
-                "RcMissing",
-            ),
-            (
                 RollActivity::Stuck(RollStuck::RcUnreadable {
                     rc: "rc".into(),
                     why: "not JSON".into(),
@@ -1160,7 +1162,7 @@ mod tests {
             ),
             (
                 RollActivity::Failed {
-                    doing: Box::new(RollActivity::Stepping { old: 2, new: 1 }),
+                    doing: RollActivity::Stepping { old: 2, new: 1 }.doing(),
                     error: "the store is unavailable".into(),
                 },
                 False,
@@ -1168,7 +1170,7 @@ mod tests {
             ),
             (
                 RollActivity::ReadFailed {
-                    doing: Box::new(RollActivity::Finishing),
+                    doing: ending_for_missing_rcs(&["rc".into()]),
                     error: "the store is unavailable".into(),
                 },
                 False,
@@ -1176,7 +1178,7 @@ mod tests {
             ),
             (
                 RollActivity::OutcomeUnknown {
-                    doing: Box::new(RollActivity::Stepping { old: 2, new: 1 }),
+                    doing: RollActivity::Stepping { old: 2, new: 1 }.doing(),
                     error: "the answer was lost".into(),
                 },
                 Unknown,
@@ -1209,9 +1211,13 @@ mod tests {
             find(&c, "Progressing").message,
             "waiting for the farm's view of the store to show RCs a and b, which the store holds"
         );
+        let c = roll(RollActivity::Failed {
+            doing: ending_for_missing_rcs(&rcs),
+            error: "the store is unavailable".into(),
+        });
         assert_eq!(
-            RollStuck::RcMissing { rcs }.message(),
-            "the farm's view of the store has no RCs a and b, so the roll is ending unless the store still holds them"
+            find(&c, "Progressing").message,
+            "the farm's view of the store has no RCs a and b, so the roll is ending unless the store still holds them, which failed (the store is unavailable); the farm tries again"
         );
     }
 
@@ -1545,8 +1551,7 @@ mod tests {
     /// Every reason a roll's conditions give (each activity published as it is, stalled or
     /// not) is listed in the README's row for rolls, and every one listed there is given.
     /// The row says in words which status each reason comes with, rather than a list per
-    /// type: it is held to the reasons of both types together. An RC the farm's view lacks
-    /// is shown only as what failed, or may have (`RollStuck::RcMissing`).
+    /// type: it is held to the reasons of both types together.
     #[test]
     fn the_readme_lists_each_roll_reason() {
         let cells = readme_row("Roll");
@@ -1557,9 +1562,6 @@ mod tests {
         let stalled_since = Progress::new(vec![1], at(0));
         let mut given = BTreeSet::new();
         for (activity, ..) in roll_activities() {
-            if matches!(activity, RollActivity::Stuck(RollStuck::RcMissing { .. })) {
-                continue;
-            }
             let now = at(0) + DEADLINE;
             let (stalled, _) =
                 roll_conditions(&activity, vec![1], Some(&stalled_since), DEADLINE, now);
