@@ -242,17 +242,24 @@ impl Farm for RollFarm {
 }
 
 /// Why a roll's action did not happen, or may not have: a read of the store it needed
-/// failed (nothing was written), or its write failed or its answer was lost.
+/// failed (nothing was written), or its write failed or its answer was lost, or, of a write
+/// of both RCs in two commits, the first landed and the second failed or its answer was lost.
 #[derive(Debug)]
 enum Failure {
     Read(FarmError),
     Write(FarmError),
+    /// `landed` ("the old RC") names the RC whose write landed.
+    PartlyWritten {
+        landed: &'static str,
+        error: FarmError,
+    },
 }
 
 impl Failure {
     fn into_error(self) -> FarmError {
         match self {
             Failure::Read(e) | Failure::Write(e) => e,
+            Failure::PartlyWritten { error, .. } => error,
         }
     }
 }
@@ -679,7 +686,8 @@ impl RollFarm {
     /// are more than a transaction carries, as the store would refuse that write on every
     /// pass and the roll never move. The old RC comes first, and either write alone is safe:
     /// a step's removal keeps the minimum without the pods it adds, the old RC is disabled
-    /// before the new one is enabled, and the next pass plans from whatever landed.
+    /// before the new one is enabled, and the next pass plans from whatever landed (the first
+    /// landing alone is [`Failure::PartlyWritten`], which the roll's conditions say).
     async fn write_rcs(
         &self,
         ctx: &FarmContext,
@@ -704,10 +712,18 @@ impl RollFarm {
             ctx.commit(&lock, together).await.map_err(Failure::Write)?;
             return Ok(());
         }
-        for ops in writes {
-            ctx.commit(&lock, fenced(ops))
-                .await
-                .map_err(Failure::Write)?;
+        let mut landed = None;
+        for (write, ops) in rcs.iter().zip(writes) {
+            if let Err(error) = ctx.commit(&lock, fenced(ops)).await {
+                return Err(match landed {
+                    None => Failure::Write(error),
+                    Some(landed) => Failure::PartlyWritten { landed, error },
+                });
+            }
+            landed = Some(match write.rc.id == roll.value.old_rc {
+                true => "the old RC",
+                false => "the new RC",
+            });
         }
         Ok(())
     }
@@ -812,6 +828,12 @@ fn failed(doing: String, failure: &Failure) -> RollActivity {
         Failure::Write(e) => RollActivity::Failed {
             doing,
             error: e.to_string(),
+        },
+        Failure::PartlyWritten { landed, error } => RollActivity::PartlyWritten {
+            doing,
+            landed,
+            error: error.to_string(),
+            outcome_unknown: error.is_outcome_unknown(),
         },
     }
 }
@@ -2021,6 +2043,53 @@ mod tests {
             message.starts_with("disabling the old RC and enabling the new one, which failed ("),
             "{message}"
         );
+    }
+
+    /// A write of a roll's RCs too large for one transaction (here the enable step) is two
+    /// commits: when the old RC's lands and the new RC's fails (the new RC was written again
+    /// since the farm read it), the roll's conditions say that it was partly written, naming
+    /// what landed, not that nothing happened.
+    #[tokio::test]
+    async fn a_write_in_two_commits_of_which_one_landed_says_so() {
+        let (_dir, store, ctx) = term().await;
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+        let large = |version: u8| {
+            let blob = "x".repeat(200_000);
+            format!("id: hello\nconfig: {{version: {version}, blob: {blob}}}\n")
+        };
+        let old = rc(OLD, &large(1), 2, "");
+        let mut new = rc(NEW, &large(2), 0, "");
+        new.disabled = true;
+        let mut fleet = owned_roll(&ctx, seen.index);
+        for written in [old, new] {
+            let key = layout::rc(&written.id);
+            let json = written.to_json();
+            store.put(&key, &json, crate::kv::Cas::Any).await.unwrap();
+            let index = store.get(&key).await.unwrap().unwrap().modify_index;
+            let lock = layout::rc_mutation(&written.id);
+            assert!(store.acquire(&lock, b"me", &ctx.session).await.unwrap());
+            fleet.put_rc(written, index).lock(&lock, &ctx.session);
+        }
+        // The new RC written again since the farm read it: its write, the second, fails.
+        let key = layout::rc(NEW);
+        let again = store.get(&key).await.unwrap().unwrap().value;
+        store.put(&key, &again, crate::kv::Cas::Any).await.unwrap();
+
+        farm(&store).pass(&ctx, &fleet.world()).await;
+        let stored = |id: &str| {
+            let store = store.clone();
+            let key = layout::rc(id);
+            async move {
+                let pair = store.get(&key).await.unwrap().unwrap();
+                StoredRc::from_json(&pair.value).unwrap().disabled
+            }
+        };
+        assert!(stored(OLD).await, "the old RC's write did not land");
+        assert!(stored(NEW).await, "the new RC's write landed");
+        let progressing = stored_progressing(store.as_ref()).await;
+        let message = &progressing.message;
+        assert_eq!(progressing.reason, "PartlyWritten", "{message}");
+        assert!(message.contains("the old RC's write landed"), "{message}");
     }
 
     /// A roll the API cancelled after the farm read it (the cancel's finished record and

@@ -390,6 +390,16 @@ pub enum RollActivity {
         doing: String,
         error: String,
     },
+    /// What the farm was `doing` (a sentence, as for `Failed`), a write of both RCs too large
+    /// for one transaction, was written in two: the first, of `landed` ("the old RC"),
+    /// landed, the second failed (`error`), or its answer was lost (`outcome_unknown`). The
+    /// roll moved, and the next pass plans from what is stored.
+    PartlyWritten {
+        doing: String,
+        landed: &'static str,
+        error: String,
+        outcome_unknown: bool,
+    },
     /// What the farm was `doing` (a sentence, as for `Failed`) was written but the store's
     /// answer was lost (`error`): it may have landed, or land yet, which the next pass, from
     /// a view caught up with the store, sees.
@@ -631,6 +641,24 @@ fn progressing_condition(activity: &RollActivity) -> Observed {
             format!(
                 "{}, which failed ({error}); the farm tries again",
                 doing
+            ),
+        ),
+        // What landed moved the roll: not a write that failed whole.
+        RollActivity::PartlyWritten {
+            doing,
+            landed,
+            error,
+            outcome_unknown,
+        } => Observed::new(
+            "Progressing",
+            True,
+            "PartlyWritten",
+            format!(
+                "{doing}, written in two transactions for its size: {landed}'s write landed, the other RC's {} ({error}); the next pass plans from what is stored",
+                match outcome_unknown {
+                    false => "failed",
+                    true => "may or may not have",
+                }
             ),
         ),
         // Nothing was sent: not a write that failed.
@@ -1167,6 +1195,16 @@ mod tests {
                 },
                 False,
                 "WriteFailed",
+            ),
+            (
+                RollActivity::PartlyWritten {
+                    doing: RollActivity::Enabling.doing(),
+                    landed: "the old RC",
+                    error: "the store is unavailable".into(),
+                    outcome_unknown: false,
+                },
+                True,
+                "PartlyWritten",
             ),
             (
                 RollActivity::ReadFailed {
