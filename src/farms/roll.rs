@@ -906,8 +906,15 @@ impl RollFarm {
             .checked_sub(still)
             .map(|left| Instant::now() + left);
         if let Some(record) = changed_from(previous, observed, roll.index, Some(progress)) {
+            // Written only while the roll is the one read: a record of a roll gone since (its
+            // ending landed though its answer was lost, or it was cancelled) would outlive it
+            // until the stale records' cleanup.
+            let still = TxnOp::CheckIndex {
+                key: layout::roll(id),
+                index: roll.index,
+            };
             let lock = layout::roll_ownership(id);
-            ctx.commit(&lock, vec![self.conditions.put_op(id, &record)])
+            ctx.commit(&lock, vec![still, self.conditions.put_op(id, &record)])
                 .await?;
         }
         let Some(why) = stalled else {
@@ -1946,6 +1953,23 @@ mod tests {
         assert!(ended, "the roll was not ended");
         let record = stored_conditions(store.as_ref()).await;
         assert_eq!(record, None, "conditions were written for the ended roll");
+    }
+
+    /// A roll gone since the farm read it (cancelled, say) fails its ending, which checks the
+    /// roll: no conditions are written for it, which would outlive it until the stale
+    /// records' cleanup.
+    #[tokio::test]
+    async fn a_roll_gone_since_its_ending_was_planned_is_left_no_conditions() {
+        let (_dir, store, ctx) = term().await;
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+        let fleet = owned_roll(&ctx, seen.index);
+        let key = layout::roll(NEW);
+        let cancel = crate::kv::Cas::Index(seen.index);
+        store.delete(&key, cancel).await.unwrap();
+
+        farm(&store).pass(&ctx, &fleet.world()).await;
+        let record = stored_conditions(store.as_ref()).await;
+        assert_eq!(record, None, "conditions were written for the gone roll");
     }
 
     /// A roll whose new RC the farm's world does not show yet, though the store holds it (the
