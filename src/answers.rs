@@ -40,7 +40,7 @@ const MAX_BYTES: usize = 32 << 20;
 /// header map's own tables and its trees' versions, roughly.
 const ENTRY_BYTES: usize = 512;
 
-/// Kept answers, by request target (path and query, its parameters ordered: [`kept_key`]).
+/// Kept answers, by request target (path and query, its parameters ordered: `kept_key`).
 #[derive(Default)]
 pub struct Answers {
     kept: Mutex<Kept>,
@@ -62,7 +62,7 @@ struct Kept200 {
 impl Answers {
     /// The answer to `target`, which reads `trees` of `mirror`: the kept one while those
     /// trees' versions are unchanged, else the one `build` makes (kept when it is a `200 OK`
-    /// no larger than `MAX_BYTES`). Kept by path and query ([`kept_key`]): the answer does
+    /// no larger than `MAX_BYTES`). Kept by path and query (`kept_key`): the answer does
     /// not depend on the host a client names in an absolute-form target. A `blocking` read
     /// is always built, and never kept (see the module documentation).
     pub async fn get_or_build<F>(
