@@ -23,12 +23,15 @@ use axum::Router;
 use http_body_util::BodyExt;
 use p2_apiserver::app::{App, AppState, HttpLimits};
 use p2_apiserver::error::ErrorBody;
-use p2_apiserver::kv::consul::{ConsulConfig, ConsulStore, ConsulTimeouts};
+use p2_apiserver::kv::consul::{
+    ConsulConfig, ConsulStore, ConsulTimeouts, DEFAULT_MAX_CONNECTIONS,
+};
 use p2_apiserver::kv::metered::Metered;
 use p2_apiserver::kv::prefixed::Prefixed;
 use p2_apiserver::kv::sqlite::SqliteStore;
 use p2_apiserver::kv::{Cas, KvPair, KvStore};
 use p2_apiserver::labels::Labels;
+use p2_apiserver::leader;
 use p2_apiserver::model::Limits;
 use p2_apiserver::router;
 use p2_apiserver::server::{self, Tls};
@@ -386,8 +389,24 @@ fn fake_config(addr: &str) -> ConsulConfig {
     }
 }
 
+/// How many servers a test runs over one store at most ([`TestApp::beside`]): they share
+/// its Consul client, as they share its namespace.
+const SERVERS_PER_STORE: usize = 3;
+
+/// A client for the apps of one test, keeping a connection for each blocking watch of every
+/// server that shares it: a server's own client keeps one for each of its watches, and
+/// servers beside it that share a budget kept for one would each have a tree's watch wait
+/// for a connection until another's whole blocking wait is over (a minute), so that a
+/// change reached one server's mirror only then.
 fn consul_store(config: ConsulConfig) -> ConsulStore {
-    ConsulStore::new(config).expect("a Consul client")
+    let own_watches = SERVERS_PER_STORE * (Mirror::WATCHES + leader::WATCHES);
+    ConsulStore::with_limits(
+        config,
+        ConsulTimeouts::default(),
+        DEFAULT_MAX_CONNECTIONS,
+        own_watches,
+    )
+    .expect("a Consul client")
 }
 
 /// Starts the fake agent that every app of this test binary shares, as they would share a
