@@ -27,7 +27,8 @@ use crate::kv::{StoreError, TxnOp};
 use crate::labels::{LabelType, RC_ID_LABEL};
 use crate::layout;
 use crate::model::conditions::{
-    ending_for_missing_rcs, roll_conditions, ConditionStatus, RollActivity, RollStuck, RollWait,
+    ending_completed_roll, ending_for_missing_rcs, roll_conditions, ConditionStatus, RollActivity,
+    RollStuck, RollWait,
 };
 use crate::model::event::{ObjectKind, RcProgress, RollOutcome, RollProgress};
 use crate::model::{roll_step, AuditRecord, HealthCounts, StoredRc, StoredRoll};
@@ -191,14 +192,14 @@ impl Farm for RollFarm {
             let action = plan(world, &ctx.session, id, &roll.value, ready_since, now);
             let rc_missing = matches!(action, Action::RcMissing(_));
             let activity = activity(&action, &roll.value);
-            let doing = doing(&action, &activity);
+            let doing = doing(&action, activity.as_ref());
             let applied = self.apply(ctx, world, id, roll, action, now).await;
             let activity = match &applied {
                 // The ending's read failed on an RC that cannot be decoded (the roll's other
                 // RC held): not an ending that failed otherwise, which can be tried again.
                 Err(Failure::Read(FarmError::Unusable(_))) if rc_missing => self
                     .unreadable_rc(world, &roll.value)
-                    .map_or(activity, RollActivity::Stuck),
+                    .map_or(activity, |stuck| Some(RollActivity::Stuck(stuck))),
                 _ => activity,
             };
             let published = match (&applied, &activity) {
@@ -206,9 +207,9 @@ impl Farm for RollFarm {
                 (Ok(Applied::Ended), _) => Ok(None),
                 // What the roll goes on doing; or an RC that cannot be decoded, which fails the
                 // read for the roll's ending as its conditions say.
-                (Ok(Applied::Going(_) | Applied::Unseen), _)
-                | (Err(_), RollActivity::Stuck(RollStuck::RcUnreadable { .. })) => {
-                    self.publish(ctx, world, id, roll, &activity).await
+                (Ok(Applied::Going(_) | Applied::Unseen), Some(activity))
+                | (Err(_), Some(activity @ RollActivity::Stuck(RollStuck::RcUnreadable { .. }))) => {
+                    self.publish(ctx, world, id, roll, activity).await
                 }
                 // What the roll was to do did not happen, or may not have: its conditions say
                 // so, not what it would have been doing.
@@ -216,6 +217,8 @@ impl Farm for RollFarm {
                     let failed = failed(doing, e);
                     self.publish(ctx, world, id, roll, &failed).await
                 }
+                // Only the roll's ending shows nothing, and it ends the roll or fails.
+                (Ok(_), None) => Ok(None),
             };
             let result = (applied.map_err(Failure::into_error))
                 .and_then(|applied| Ok(earliest(applied.wake(), published?)));
@@ -770,11 +773,12 @@ fn roll_checks(ctx: &FarmContext, id: &str, roll: &Shared<StoredRoll>) -> Vec<Tx
     ops
 }
 
-/// What `action` is doing with the roll, for its conditions. An ending for RCs the world
-/// lacks shows only if the store holds them, as the wait for the world to show them: an
-/// ended roll keeps no conditions, and one whose ending failed shows that ([`doing`]).
-fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
-    match action {
+/// What `action` is doing with the roll, for its conditions; none for the ending of a
+/// roll whose new RC has its pods, which ends it (an ended roll keeps no conditions) or
+/// fails (which its conditions show, [`doing`]). An ending for RCs the world lacks shows
+/// only if the store holds them, as the wait for the world to show them.
+fn activity(action: &Action, spec: &StoredRoll) -> Option<RollActivity> {
+    Some(match action {
         Action::Wait(wait) => RollActivity::Waiting(wait.clone()),
         Action::RcMissing(rcs) => RollActivity::Waiting(RollWait::UnseenRc { rcs: rcs.clone() }),
         Action::Locked(lock) => {
@@ -799,16 +803,18 @@ fn activity(action: &Action, spec: &StoredRoll) -> RollActivity {
             until: due.wall,
         },
         Action::Stuck(stuck) => RollActivity::Stuck(stuck.clone()),
-        Action::Finish { .. } => RollActivity::Finishing,
-    }
+        Action::Finish { .. } => return None,
+    })
 }
 
 /// What the farm does with `action`, whose `activity` its conditions show if it goes
-/// through, as the conditions say it of an attempt that failed, or may have.
-fn doing(action: &Action, activity: &RollActivity) -> String {
-    match action {
-        Action::RcMissing(rcs) => ending_for_missing_rcs(rcs),
-        _ => activity.doing(),
+/// through (none: the roll's ending), as the conditions say it of an attempt that failed,
+/// or may have.
+fn doing(action: &Action, activity: Option<&RollActivity>) -> String {
+    match (action, activity) {
+        (Action::RcMissing(rcs), _) => ending_for_missing_rcs(rcs),
+        (_, Some(activity)) => activity.doing(),
+        (_, None) => ending_completed_roll(),
     }
 }
 
@@ -1632,7 +1638,11 @@ mod tests {
         for now in passes {
             let since = farm.ready_since.get(NEW).copied();
             let action = plan(&world, ME, NEW, &spec, since, now);
-            assert_eq!(activity(&action, &spec), expected, "pass at {now:?}");
+            assert_eq!(
+                activity(&action, &spec),
+                Some(expected.clone()),
+                "pass at {now:?}"
+            );
             farm.apply(&ctx, &world, NEW, &seen, action, now)
                 .await
                 .unwrap();
@@ -2253,6 +2263,50 @@ mod tests {
         assert_eq!(shown, (ConditionStatus::False, "ReadFailed"), "{message}");
         let ending = ending_for_missing_rcs(&[OLD.into(), NEW.into()]);
         assert!(message.starts_with(&ending), "{message}");
+    }
+
+    /// The ending of a roll whose new RC has its pods shows only when it fails: here a read
+    /// it needed (of the roll's labels), published as that read failing while ending it.
+    #[tokio::test]
+    async fn a_completed_roll_whose_ending_failed_says_what_it_was_doing() {
+        use crate::kv::sqlite::SqliteStore;
+        use crate::kv::KvStore;
+        use std::sync::Arc;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db").display().to_string();
+        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
+        let failing: Arc<dyn KvStore> = Arc::new(crate::farms::fixture::FailingGet {
+            inner: store.clone(),
+            key: layout::labels(LabelType::Rolls, NEW),
+        });
+        let (term, ctx) = crate::farms::fixture::term_over(&failing, "me").await;
+        let fence = layout::roll_ownership(NEW);
+        assert!(store.acquire(&fence, b"me", &term.session).await.unwrap());
+        let mut fleet = rolling(0, 0, 2, 2);
+        let index = seen.index;
+        (fleet.rolls).insert(
+            NEW.into(),
+            Versioned {
+                value: roll(2, 1),
+                index,
+            },
+        );
+        fleet
+            .lock(&fence, &ctx.session)
+            .lock(&layout::rc_mutation(OLD), &ctx.session)
+            .lock(&layout::rc_mutation(NEW), &ctx.session);
+        let world = fleet.world();
+        let planned = plan(&world, &ctx.session, NEW, &roll(2, 1), None, Moment::now());
+        assert!(matches!(planned, Action::Finish { .. }), "{planned:?}");
+
+        farm(&store).pass(&ctx, &world).await;
+        let progressing = stored_progressing(store.as_ref()).await;
+        let shown = (progressing.status, progressing.reason.as_str());
+        let message = &progressing.message;
+        assert_eq!(shown, (ConditionStatus::False, "ReadFailed"), "{message}");
+        assert!(message.starts_with(&ending_completed_roll()), "{message}");
     }
 
     /// A roll over an RC that cannot be decoded and one that is gone ends, whichever of the

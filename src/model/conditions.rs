@@ -374,11 +374,10 @@ pub enum RollActivity {
         until: SystemTime,
     },
     RetiringOld,
-    Finishing,
     Waiting(RollWait),
     Stuck(RollStuck),
-    /// What the farm was `doing` (a sentence: [`RollActivity::doing`], or
-    /// [`ending_for_missing_rcs`]) failed (`error`: its write), to be tried again: nothing of
+    /// What the farm was `doing` (a sentence: [`RollActivity::doing`],
+    /// [`ending_for_missing_rcs`] or [`ending_completed_roll`]) failed (`error`: its write), to be tried again: nothing of
     /// it is known to have happened.
     Failed {
         doing: String,
@@ -428,6 +427,13 @@ pub fn ending_for_missing_rcs(rcs: &[String]) -> String {
         rcs_named(rcs),
         if rcs.len() == 1 { "it" } else { "them" }
     )
+}
+
+/// What the farm is doing with a roll whose new RC has its pods: ending it. Shown only as
+/// what failed, or may have ([`RollActivity::Failed`] and the like): an ended roll keeps no
+/// conditions.
+pub fn ending_completed_roll() -> String {
+    "the new RC has its pods; ending the roll".to_owned()
 }
 
 impl RollWait {
@@ -620,12 +626,6 @@ fn progressing_condition(activity: &RollActivity) -> Observed {
             True,
             "RetiringOldRc",
             "the new RC has its replicas; setting the old RC's to 0",
-        ),
-        RollActivity::Finishing => Observed::new(
-            "Progressing",
-            True,
-            "Completing",
-            "the new RC has its pods; ending the roll",
         ),
         RollActivity::Waiting(wait) => {
             Observed::new("Progressing", True, wait.reason(), wait.message())
@@ -1089,7 +1089,6 @@ mod tests {
                 "RollDelay",
             ),
             (RollActivity::RetiringOld, True, "RetiringOldRc"),
-            (RollActivity::Finishing, True, "Completing"),
             (
                 RollActivity::Waiting(RollWait::NewPods {
                     healthy: 2,
