@@ -364,16 +364,28 @@ pub fn plan(
     // P2 runs each roll under a session of its own, so of two rolls over one RC (which no
     // creation makes, but a write of the roll tree can) one waits on the other's mutation
     // lock. This farm holds every roll's locks in its one session, where a lock held for
-    // one roll stops no other: of the rolls sharing an RC, the one whose id sorts first
-    // goes on alone (the one a new term takes the locks for first), also of two stored
+    // one roll stops no other: of the rolls sharing an RC, the one whose RCs' mutation locks
+    // this term holds goes on alone (the one under way, which a roll written over its RCs
+    // since must not stop midway); of rolls that both or neither hold theirs, the one whose
+    // id sorts first (the one a new term takes the locks for first), also of two stored
     // under other ids than their one new RC's. Only the rolls naming one of its RCs are
     // looked at, not every roll: a pass plans every roll.
+    let rank = |roll: &StoredRoll, roll_id: &str| {
+        let waits = !holds_mutation_locks(world, session, roll);
+        (waits, roll_id.to_owned())
+    };
+    let ours = rank(spec, id);
     let first = [&spec.old_rc, &spec.new_rc]
         .into_iter()
         .filter_map(|rc| world.rolls_over(rc))
-        .filter_map(|ids| ids.iter().find(|other| other.as_str() < id).cloned())
+        .filter_map(|ids| {
+            (ids.iter())
+                .filter_map(|other| Some(rank(&world.rolls.items.get(other)?.value, other)))
+                .filter(|other| *other < ours)
+                .min()
+        })
         .min();
-    if let Some(roll) = first {
+    if let Some((_, roll)) = first {
         return Action::Stuck(RollStuck::AnotherRoll { roll });
     }
 
@@ -508,6 +520,14 @@ pub fn plan(
         ],
         step: Some((remove, add)),
     }
+}
+
+/// Whether the term (`session`) holds both of `spec`'s RCs' mutation locks, which it takes
+/// for a roll before its first write and keeps until the roll ends.
+fn holds_mutation_locks(world: &World, session: &str, spec: &StoredRoll) -> bool {
+    [&spec.old_rc, &spec.new_rc]
+        .into_iter()
+        .all(|rc| world.lock_holder(&layout::rc_mutation(rc)) == Some(session))
 }
 
 /// The wait for the new RC's pods beyond its count (it was scaled down), which a step
@@ -1391,7 +1411,39 @@ mod tests {
         );
     }
 
-    /// A roll waits only for a roll whose id sorts before its own and that names one of its
+    /// A roll written over an RC that a running roll moves (by a tool that does not check,
+    /// as P2's), whose id sorts first: the running roll, which holds its RCs' mutation locks,
+    /// goes on, and the newcomer waits for it, rather than stop it midway.
+    #[test]
+    fn a_roll_written_over_a_running_roll_waits_for_it_whatever_its_id() {
+        const NEWCOMER: &str = "00000000-0000-4000-7000-000000000001";
+        let mut fleet = rolling(2, 1, 1, 1);
+        fleet.put_rc(rc(NEWCOMER, HELLO_2, 0, ""), 12);
+        let running = roll(2, 1);
+        let newcomer = StoredRoll {
+            new_rc: NEWCOMER.into(),
+            ..roll(2, 1)
+        };
+        for (id, spec) in [(NEW, &running), (NEWCOMER, &newcomer)] {
+            fleet.rolls.insert(
+                id.into(),
+                Versioned {
+                    value: spec.clone(),
+                    index: 20,
+                },
+            );
+        }
+        let going = run(&fleet, &running);
+        assert!(step(going.clone()).is_ok(), "the running roll: {going:?}");
+        assert_eq!(
+            run(&fleet, &newcomer),
+            Action::Stuck(RollStuck::AnotherRoll { roll: NEW.into() }),
+            "the newcomer takes the running roll's old RC's replicas too"
+        );
+    }
+
+    /// Of rolls that each hold their RCs' mutation locks (this term took them for each), a
+    /// roll waits only for a roll whose id sorts before its own and that names one of its
     /// own RCs (as its old or new RC), the first such by id; rolls over other RCs, and those
     /// sorting after it, stop it not.
     #[test]
@@ -1435,6 +1487,9 @@ mod tests {
 
         put(&mut fleet, OLD, FROM_OLD);
         put(&mut fleet, NEW, FROM_NEW);
+        fleet
+            .lock(&layout::rc_mutation(FROM_OLD), ME)
+            .lock(&layout::rc_mutation(FROM_NEW), ME);
         assert_eq!(
             run(&fleet, &ours),
             Action::Stuck(RollStuck::AnotherRoll {
@@ -2263,6 +2318,89 @@ mod tests {
         assert_eq!(shown, (ConditionStatus::False, "ReadFailed"), "{message}");
         let ending = ending_for_missing_rcs(&[OLD.into(), NEW.into()]);
         assert!(message.starts_with(&ending), "{message}");
+    }
+
+    /// A roll written over the old RC of a running roll (by a tool that does not check, as
+    /// P2's), under an id that sorts first: in one pass over both, the running roll, which
+    /// holds its RCs' mutation locks, takes its step, and the newcomer is published waiting
+    /// for it, naming it.
+    #[tokio::test]
+    async fn a_running_roll_steps_and_a_roll_written_over_it_is_published_waiting() {
+        const NEWCOMER: &str = "00000000-0000-4000-7000-000000000001";
+        let (_dir, store, ctx) = term().await;
+        let running = store_roll(store.as_ref(), roll(2, 1)).await;
+        let newcomer = StoredRoll {
+            new_rc: NEWCOMER.into(),
+            ..roll(2, 1)
+        };
+        let key = layout::roll(NEWCOMER);
+        (store.put(&key, &newcomer.to_json(), crate::kv::Cas::Any))
+            .await
+            .unwrap();
+        let newcomer_index = store.get(&key).await.unwrap().unwrap().modify_index;
+        let fence = layout::roll_ownership(NEWCOMER);
+        assert!(store.acquire(&fence, b"me", &ctx.session).await.unwrap());
+
+        let mut fleet = Fleet::new();
+        let mut old = rc(OLD, HELLO_1, 2, "");
+        old.disabled = true;
+        let mut third = rc(NEWCOMER, HELLO_2, 0, "");
+        third.disabled = true;
+        for written in [old, rc(NEW, HELLO_2, 1, ""), third] {
+            let key = layout::rc(&written.id);
+            let json = written.to_json();
+            store.put(&key, &json, crate::kv::Cas::Any).await.unwrap();
+            let index = store.get(&key).await.unwrap().unwrap().modify_index;
+            fleet.put_rc(written, index);
+        }
+        for id in [OLD, NEW] {
+            let lock = layout::rc_mutation(id);
+            assert!(store.acquire(&lock, b"me", &ctx.session).await.unwrap());
+            fleet.lock(&lock, &ctx.session);
+        }
+        fleet
+            .rc_pod(OLD, "n1", Some(HealthState::Passing))
+            .rc_pod(OLD, "n2", Some(HealthState::Critical))
+            .rc_pod(NEW, "n3", Some(HealthState::Passing));
+        for (id, spec, index) in [
+            (NEW, roll(2, 1), running.index),
+            (NEWCOMER, newcomer, newcomer_index),
+        ] {
+            fleet
+                .rolls
+                .insert(id.into(), Versioned { value: spec, index });
+            fleet.lock(&layout::roll_ownership(id), &ctx.session);
+        }
+
+        farm(&store).pass(&ctx, &fleet.world()).await;
+        let progressing = |id: &str| {
+            let store = store.clone();
+            let key = layout::conditions(ObjectKind::Rolls, id);
+            async move {
+                let pair = store.get(&key).await.unwrap().expect("no conditions");
+                let record: crate::model::conditions::ConditionsRecord =
+                    serde_json::from_slice(&pair.value).unwrap();
+                (record.conditions.into_iter())
+                    .find(|c| c.condition_type == "Progressing")
+                    .unwrap()
+            }
+        };
+        let going = progressing(NEW).await;
+        let message = &going.message;
+        assert_eq!(
+            going.reason, "ReplicasMoving",
+            "the running roll: {message}"
+        );
+        let pair = store.get(&layout::rc(OLD)).await.unwrap().unwrap();
+        let stepped = StoredRc::from_json(&pair.value).unwrap().replicas_desired;
+        assert_eq!(
+            stepped, 1,
+            "the old RC's count after the running roll's step"
+        );
+        let waiting = progressing(NEWCOMER).await;
+        let message = &waiting.message;
+        assert_eq!(waiting.reason, "AnotherRoll", "the newcomer: {message}");
+        assert!(message.starts_with(&format!("roll {NEW} ")), "{message}");
     }
 
     /// The ending of a roll whose new RC has its pods shows only when it fails: here a read

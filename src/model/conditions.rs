@@ -346,7 +346,8 @@ pub enum RollStuck {
     OldPodsKept { remaining: i64, target: i64 },
     /// Another session holds this mutation lock of the roll's RCs.
     MutationLockHeld { lock: String },
-    /// Another roll over one of its RCs, whose id sorts first, goes first.
+    /// Another roll over one of its RCs goes first: the one holding its RCs' mutation locks
+    /// (under way), or, of two that both or neither hold theirs, the one whose id sorts first.
     AnotherRoll { roll: String },
     /// The roll names one RC as both its old and its new RC.
     SameRc,
