@@ -42,7 +42,7 @@ use crate::api::list_query::MAX_INDEX;
 use crate::api::query_values::one_of;
 use crate::app::AppState;
 use crate::auth::Revocation;
-use crate::error::{ApiError, ErrorBody, Violations};
+use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::labels::{LabelType, Selector};
 use crate::metrics::{self, SseClient};
 use crate::state::{
@@ -337,7 +337,10 @@ impl Filter {
 /// (restored, or restarted empty): drop what the stream sent before. Positions are the
 /// server's own: one another server over the same store gave is taken as this server's,
 /// though changes may have reached the two in different orders, so it may miss some; resume
-/// on the server that gave it, or start again without `Last-Event-ID`. A comment line is
+/// on the server that gave it, or start again without `Last-Event-ID`. A `Last-Event-ID` is
+/// digits only (400 otherwise, its cause naming the header); an empty one is taken as none,
+/// as an SSE client's empty id resets its last one: the stream starts with a snapshot. A
+/// comment line is
 /// sent every 15 s on an idle stream. A client too slow to keep up with the changes is sent
 /// a `dropped` event and disconnected.
 /// While the server has lost its watch of a tree the stream would read (as `/readyz` says),
@@ -351,13 +354,14 @@ impl Filter {
         WatchQuery,
         // The maximum is `MAX_INDEX`, which the attribute takes only as a literal.
         ("Last-Event-ID" = Option<u64>, Header, nullable = false, maximum = 9223372036854775807_u64,
-            description = "The SSE id of the last event received, to resume from")
+            description = "The SSE id of the last event received, to resume from: digits only; \
+                an empty one is taken as none (a fresh snapshot)")
     ),
     responses(
         // Text: an SSE stream is lines, not one JSON value; each event's `data` line is a
         // `WatchEvent`, a component of its own for SDKs to decode it with.
         (status = OK, description = "An endless stream of Server-Sent Events, each one's `data` a `WatchEvent` in JSON", body = String, content_type = "text/event-stream"),
-        (status = BAD_REQUEST, description = "`Last-Event-ID` is not a stream position (a number up to 2^63-1)", body = ErrorBody),
+        (status = BAD_REQUEST, description = "`Last-Event-ID` is not a stream position (digits, a number up to 2^63-1)", body = ErrorBody),
         (status = UNPROCESSABLE_ENTITY, description = "An unknown kind, a bad selector, or a selector over a kind without labels", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The server has not read the store yet, or has lost its watch of a tree the stream reads (see `/readyz`)", body = ErrorBody)
     )
@@ -368,22 +372,7 @@ async fn watch(
     headers: HeaderMap,
     revocation: Revocation,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let resume = match headers.get("last-event-id") {
-        None => None,
-        Some(value) => Some(
-            value
-                .to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                // Positions are store indexes, which never pass `MAX_INDEX`.
-                .filter(|position| *position <= MAX_INDEX)
-                .ok_or_else(|| {
-                    ApiError::bad_request(format!(
-                        "Last-Event-ID must be a stream position, a number from 0 to {MAX_INDEX}"
-                    ))
-                })?,
-        ),
-    };
+    let resume = resume_position(&headers)?;
     let filter = Filter::from_query(&query)?;
     // Nor is a stream started from the old store's entries after the store went backwards.
     let loading = async {
@@ -411,6 +400,32 @@ async fn watch(
         Some((Ok(event), watcher))
     });
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(HEARTBEAT)))
+}
+
+/// The position a stream resumes from: its `Last-Event-ID`, digits only (as the stream gives
+/// them: `+5` is no position), or none when the header is absent or empty (an SSE client
+/// sends no empty one; an empty id resets its last one, so it asks for a fresh snapshot).
+/// 400 otherwise, naming the header.
+fn resume_position(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    const HEADER: &str = "Last-Event-ID";
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    let text = value.to_str().ok().map(str::trim);
+    if text == Some("") {
+        return Ok(None);
+    }
+    text.filter(|text| text.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|text| text.parse::<u64>().ok())
+        // Positions are store indexes, which never pass `MAX_INDEX`.
+        .filter(|position| *position <= MAX_INDEX)
+        .map(Some)
+        .ok_or_else(|| {
+            let message =
+                format!("must be a stream position: digits only, a number from 0 to {MAX_INDEX}");
+            ApiError::bad_request(format!("{HEADER} {message}"))
+                .with_causes(vec![Cause::new(HEADER, message)])
+        })
 }
 
 /// An event waiting in a client's backlog. A change is rendered only when its turn comes, so

@@ -585,6 +585,36 @@ async fn a_resume_position_past_every_index_is_refused() {
         .await;
 }
 
+/// A stream position is digits only: `+5` is refused as `yesterday` is, with a cause naming
+/// the header, not read as 5. An empty `Last-Event-ID` is no position at all (an SSE client
+/// sends none; an empty id resets its last one): the stream starts with a fresh snapshot.
+#[tokio::test]
+async fn a_resume_position_is_digits_only_and_an_empty_one_is_none() {
+    let app = TestApp::new().await;
+    label_through(&app, "n1", "web").await;
+    for last in ["+5", "-0", "5 5", "0x5", "yesterday"] {
+        let refused = try_open(&app, "/api/v1/watch?kinds=nodes", Some(last)).await;
+        let Err(refused) = refused else {
+            panic!("a stream resuming from {last:?} opened")
+        };
+        assert_eq!(
+            refused.status,
+            StatusCode::BAD_REQUEST,
+            "{last}: {refused:?}"
+        );
+        assert_eq!(
+            refused.cause_fields(),
+            ["Last-Event-ID"],
+            "{last}: {refused:?}"
+        );
+    }
+    let mut stream = open_on(&app, "/api/v1/watch?kinds=nodes", Some("")).await;
+    assert_eq!(
+        summary(&stream.snapshot().await),
+        pairs(&[("added", "n1"), ("synced", "")])
+    );
+}
+
 #[tokio::test]
 async fn events_flow_through_the_stream_when_asked_for() {
     let watched = Watched::new(MirrorConfig::default()).await;
