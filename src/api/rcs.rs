@@ -241,7 +241,8 @@ async fn create_rc(
     let mut attempt = 1;
     let record = loop {
         match store.create(rc.clone(), &labels, &actor).await {
-            Ok(record) => break record,
+            Ok(Ok(record)) => break record,
+            Ok(Err(too_large)) => return Err(ApiError::invalid([too_large])),
             Err(StoreError::Conflict { .. }) if attempt < MAX_CREATE_ATTEMPTS => {
                 attempt += 1;
                 rc.id = RcId::generate().to_string();

@@ -290,6 +290,12 @@ impl TxnOp {
     }
 }
 
+/// How many bytes `ops` take in a Consul `/v1/txn` body, at most ([`TxnOp::encoded_len`]):
+/// what [`MAX_TXN_BYTES`] bounds.
+pub fn txn_bytes(ops: &[TxnOp]) -> usize {
+    ops.iter().map(TxnOp::encoded_len).sum()
+}
+
 /// Checks what every backend must refuse before touching storage: too many ops, bad keys,
 /// oversized values, more than [`MAX_TXN_BYTES`] in all.
 pub fn validate_txn(ops: &[TxnOp]) -> StoreResult<()> {
@@ -310,7 +316,7 @@ pub fn validate_txn(ops: &[TxnOp]) -> StoreResult<()> {
             validate_value(value).map_err(|e| StoreError::Invalid(format!("op {i}: {e}")))?;
         }
     }
-    let bytes: usize = ops.iter().map(TxnOp::encoded_len).sum();
+    let bytes = txn_bytes(ops);
     if bytes > MAX_TXN_BYTES {
         return Err(StoreError::Invalid(format!(
             "a transaction carries at most {MAX_TXN_BYTES} bytes (512 KiB) as Consul encodes it, \

@@ -23,7 +23,7 @@ use crate::model::{
 use super::events::{deleted_ops, meta_delete_op, record_ops, record_update_ops};
 use super::labels::LabelStore;
 use super::update::{update_from_mirror, update_with_retry, Expected, UpdateError};
-use super::Versioned;
+use super::{manifest_too_large, Versioned};
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 use crate::layout;
 use crate::state::{Entry, Mirror, View};
@@ -157,6 +157,12 @@ impl DaemonSetStore {
         let changes = diff(&serde_json::Value::Null, &ds_fields(&ds));
         let event = actor.event(ObjectKind::Daemonsets, &ds.id, Action::Created, changes);
         ops.extend(record_ops(self.kv.as_ref(), &event).await?);
+        // Its document and its audit record each hold the manifest.
+        let what =
+            "a daemon set, with its audit record (which holds the manifest again) and its event";
+        if let Some(cause) = manifest_too_large(what, ds.manifest.raw(), 2, &ops) {
+            return Err(DaemonSetError::Invalid(vec![cause]));
+        }
         let results = self.kv.txn(&ops).await?;
         Ok(DaemonSetRecord {
             index: written_index(&results),

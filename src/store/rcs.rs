@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use crate::labels::{LabelType, Labels};
 use crate::model::event::{diff, rc_fields, Action, Actor, ObjectKind};
-use crate::model::StoredRc;
+use crate::model::{FieldError, StoredRc};
 
 use super::events::{deleted_ops, meta_delete_op, record_ops, record_update_ops};
 use super::labels::{write_op, LabelStore};
-use super::Versioned;
+use super::{manifest_too_large, Versioned};
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 use crate::layout;
 use crate::state::{Entry, Mirror, View};
@@ -70,22 +70,32 @@ impl RcStore {
         ops
     }
 
-    /// Creates `rc` and its labels in one transaction, with its event and times.
+    /// Creates `rc` and its labels in one transaction, with its event and times; or, when
+    /// that transaction would be too large for the store, the cause naming the manifest
+    /// ([`manifest_too_large`]), nothing written.
     pub async fn create(
         &self,
         rc: StoredRc,
         labels: &Labels,
         actor: &Actor,
-    ) -> StoreResult<RcRecord> {
+    ) -> StoreResult<Result<RcRecord, FieldError>> {
         let current = self
             .labels
             .get(LabelType::ReplicationController, &rc.id)
             .await?;
         let mut ops = Self::create_ops(&rc, labels, current.index);
         ops.extend(self.created_ops(&rc, actor).await?);
+        if let Some(cause) = manifest_too_large(
+            "an RC, with its labels and its event",
+            rc.manifest.raw(),
+            1,
+            &ops,
+        ) {
+            return Ok(Err(cause));
+        }
         let results = self.kv.txn(&ops).await?;
         let index = written_index(&results);
-        Ok(RcRecord { value: rc, index })
+        Ok(Ok(RcRecord { value: rc, index }))
     }
 
     /// The ops recording that `actor` created `rc`: its event and times.

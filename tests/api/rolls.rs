@@ -62,6 +62,7 @@ async fn arrange_rc_of(
     RcStore::new(app.store.clone())
         .create(rc, &labels(rc_labels), &Actor::farm("test", "arranged"))
         .await
+        .unwrap()
         .unwrap();
     app.mirrored(&format!("replication_controllers/{id}")).await;
     id

@@ -512,3 +512,41 @@ fn assert_over_max(response: &TestResponse, field: &str) {
         "{response:?}"
     );
 }
+
+/// A manifest too large for the store's one write of an RC or a daemon set (its values in
+/// base64, a daemon set's manifest stored twice, in its document and its audit record) is a
+/// 422 whose cause names `manifest` and says how large it may be, not the store's refusal
+/// of a transaction; nothing is written, and one a little smaller is taken.
+#[tokio::test]
+async fn a_manifest_too_large_for_the_store_is_refused_naming_it() {
+    let app = TestApp::new().await;
+    let manifest = format!("{MANIFEST}# {}\n", "x".repeat(400_000));
+    let rc = json!({"manifest": manifest, "node_selector": "", "replicas_desired": 0});
+    let ds = json!({"manifest": manifest, "node_selector": "", "timeout": "1s"});
+    for (path, body) in [("/api/v1/rcs", rc), ("/api/v1/daemonsets", ds)] {
+        let before = app.keys("").await;
+        let response = app.json_request("POST", path, Some(&body), &[]).await;
+        assert_eq!(app.keys("").await, before, "{path}");
+        assert_eq!(
+            response.unprocessable_fields(),
+            ["manifest"],
+            "{path}: {response:?}"
+        );
+        let message = &response.error().causes[0].message;
+        assert!(message.contains("at most"), "{path}: {message}");
+        assert!(!message.contains("transaction"), "{path}: {message}");
+        // The size it may have: at most the one given, near it for a manifest of few lines
+        // (a store whose keys take a prefix, as the tests' Consul does, takes a little less).
+        let largest: usize = message
+            .split("may be at most ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{path}: {message}"));
+        let mut fitting = body.clone();
+        let pad = largest - 1000 - MANIFEST.len() - 3;
+        fitting["manifest"] = json!(format!("{MANIFEST}# {}\n", "x".repeat(pad)));
+        let created = app.json_request("POST", path, Some(&fitting), &[]).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{path}: {created:?}");
+    }
+}
