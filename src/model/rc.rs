@@ -159,9 +159,8 @@ impl FromStr for AllocationStrategy {
             "dynamic_strategy" => Ok(AllocationStrategy::Dynamic),
             "static_strategy" => Ok(AllocationStrategy::Static),
             "" => Ok(AllocationStrategy::Unset),
-            other => Err(format!(
-                "unknown allocation strategy {other:?}; expected \"dynamic_strategy\" or \"static_strategy\""
-            )),
+            // What is expected depends on the write: a create takes `""`, a patch does not.
+            other => Err(format!("unknown allocation strategy {other:?}")),
         }
     }
 }

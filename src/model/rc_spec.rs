@@ -154,7 +154,8 @@ impl RcSpec {
             .allocation_strategy
             .parse::<AllocationStrategy>()
             .unwrap_or_else(|e| {
-                causes.push(FieldError::new(field("allocation_strategy"), e));
+                let message = format!("{e}; expected {CREATED_STRATEGIES}");
+                causes.push(FieldError::new(field("allocation_strategy"), message));
                 AllocationStrategy::Unset
             });
 
@@ -236,6 +237,14 @@ pub struct RcPatchDocument {
     #[schema(value_type = Option<BTreeMap<String, Option<String>>>)]
     pod_labels: Option<Value>,
 }
+
+/// The allocation strategies a new RC may have, as its refusal of another lists them: `""`
+/// too, as older RCs do.
+const CREATED_STRATEGIES: &str =
+    "\"dynamic_strategy\", \"static_strategy\" or \"\" (as older RCs; behaves as static)";
+
+/// The allocation strategies a patch may set, as its refusal of another lists them.
+const PATCHED_STRATEGIES: &str = "\"dynamic_strategy\" or \"static_strategy\"";
 
 /// The allocation strategies a new RC may have: `""` too, as older RCs do.
 fn created_strategy_schema() -> impl Into<RefOr<Schema>> {
@@ -352,12 +361,13 @@ impl RcPatch {
                     Err(errors) => problems.extend(errors_at("manifest", errors)),
                 },
                 "allocation_strategy" => match value.as_str().map(str::parse) {
-                    Some(Ok(AllocationStrategy::Unset)) | None => problems.add(
-                        name,
-                        "can only be set to \"dynamic_strategy\" or \"static_strategy\"",
-                    ),
+                    Some(Ok(AllocationStrategy::Unset)) | None => {
+                        problems.add(name, format!("can only be set to {PATCHED_STRATEGIES}"))
+                    }
                     Some(Ok(strategy)) => patch.allocation_strategy = Some(strategy),
-                    Some(Err(e)) => problems.add(name, e),
+                    Some(Err(e)) => {
+                        problems.add(name, format!("{e}; expected {PATCHED_STRATEGIES}"))
+                    }
                 },
                 "labels" => problems.add(
                     name,

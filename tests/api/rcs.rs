@@ -1113,3 +1113,32 @@ async fn an_rc_whose_document_names_another_id_is_the_rc_its_key_names() {
         );
     }
 }
+
+/// A create takes `""` as an allocation strategy (as older RCs hold) and a patch does not:
+/// each one's refusal of another value lists exactly what it takes.
+#[tokio::test]
+async fn an_allocation_strategy_refused_is_told_what_each_write_takes() {
+    let app = TestApp::new().await;
+    let mut body = spec();
+    body["allocation_strategy"] = json!("sometimes");
+    let created = app
+        .json_request("POST", "/api/v1/rcs", Some(&body), &[])
+        .await;
+    assert_eq!(created.unprocessable_fields(), ["allocation_strategy"]);
+    assert_eq!(
+        created.error().causes[0].message,
+        "unknown allocation strategy \"sometimes\"; expected \"dynamic_strategy\", \
+         \"static_strategy\" or \"\" (as older RCs; behaves as static)"
+    );
+    body["allocation_strategy"] = json!("");
+    let id = create(&app, &body).await["id"].as_str().unwrap().to_owned();
+    let patched = patch(&app, &id, &json!({"allocation_strategy": "sometimes"}), &[]).await;
+    assert_eq!(patched.unprocessable_fields(), ["allocation_strategy"]);
+    assert_eq!(
+        patched.error().causes[0].message,
+        "unknown allocation strategy \"sometimes\"; expected \"dynamic_strategy\" or \
+         \"static_strategy\""
+    );
+    let unset = patch(&app, &id, &json!({"allocation_strategy": ""}), &[]).await;
+    assert_eq!(unset.unprocessable_fields(), ["allocation_strategy"]);
+}
