@@ -261,9 +261,13 @@ string_id!(
             r"|\.\.[^/\x00-\x20\x7F-\xA0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000])",
             r"[^/\x00-\x20\x7F-\xA0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000]*$"
         )))
+        // JSON Schema counts a string's length in characters, the server in bytes, and no
+        // pattern counts bytes: `maxLength` bounds every name taken, and the description
+        // says the rest.
         .description(Some(
             "A node name: one key segment (not `.` or `..`) without `/`, whitespace or \
-             control characters, at most 253 bytes",
+             control characters, at most 253 bytes of UTF-8 (`maxLength` counts characters: \
+             a name of non-ASCII characters, 2 to 4 bytes each, is refused below it)",
         ))
         .examples([serde_json::json!("node17.example.com")])
         .into()

@@ -348,6 +348,31 @@ fn the_node_name_pattern_takes_the_names_the_server_takes() {
     assert!(found.is_empty(), "{pattern}: {}", found.join(", "));
 }
 
+/// A node name may hold non-ASCII characters, and the server bounds its length in bytes
+/// where the document's `maxLength` counts characters: a name within `maxLength` and the
+/// pattern may still be too long for the server, so the schema's description says how the
+/// server counts, that a tool checking only `maxLength` knows it is not the whole rule.
+#[test]
+fn a_node_names_length_is_documented_as_the_server_counts_it() {
+    let doc = generated();
+    let parameters = doc["paths"]["/api/v1/nodes/{node}"]["get"]["parameters"]
+        .as_array()
+        .unwrap();
+    let node = parameters.iter().find(|p| p["name"] == "node").unwrap();
+    let schema = &node["schema"];
+    let documented = regex::Regex::new(schema["pattern"].as_str().unwrap()).unwrap();
+    let max_length = schema["maxLength"].as_u64().unwrap() as usize;
+    let name = "é".repeat(max_length / 2 + 1);
+    assert!(documented.is_match(&name) && name.chars().count() <= max_length);
+    assert!(p2_apiserver::model::NodeName::check(&name).is_err());
+    let description = schema["description"].as_str().unwrap_or_default();
+    assert!(
+        description.contains(&format!("at most {max_length} bytes of UTF-8"))
+            && description.contains("`maxLength` counts characters"),
+        "{description}"
+    );
+}
+
 /// Every write taking `If-Match` documents all the forms the server takes (a list, `*`),
 /// not only the one version its own words name, and the 412 of `*` on a missing object.
 #[test]
