@@ -415,7 +415,7 @@ pub struct FarmArgs {
     pub roll_stall_deadline: Duration,
 
     /// How many events (`GET /api/v1/events`) are kept, and how many finished rolls; the
-    /// leader prunes the oldest beyond it.
+    /// leader prunes the oldest beyond it (first those whose time cannot be read).
     #[arg(long, value_name = "N", env = "P2_EVENT_RETENTION_COUNT", default_value_t = 10_000,
           value_parser = parse_retention_count)]
     pub event_retention_count: usize,

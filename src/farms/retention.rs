@@ -17,7 +17,7 @@ use crate::layout::{self, LEADER_LOCK};
 use crate::model::event::Event;
 use crate::model::timestamp::parse_rfc3339;
 use crate::state::{Entry, Mirror, Tree};
-use crate::store::events::{expired, Retention};
+use crate::store::events::{expired, Dated, Retention};
 use crate::store::rolls::decode_finished;
 
 use super::world::World;
@@ -58,29 +58,39 @@ impl Farm for RetentionFarm {
 
     async fn pass(&mut self, ctx: &FarmContext, _world: &World) -> Option<Instant> {
         let now = SystemTime::now();
-        let timed = |tree: Tree, time: &dyn Fn(&KvPair) -> Option<SystemTime>| {
-            let mut items: Vec<(SystemTime, Arc<Entry>)> = self
-                .mirror
+        let dated = |tree: Tree, time: &dyn Fn(&str, &KvPair) -> Option<SystemTime>| {
+            let prefix = tree.prefix();
+            self.mirror
                 .entries(tree)
                 .values()
-                .filter_map(|entry| Some((time(&entry.pair)?, entry.clone())))
-                .collect();
-            items.sort_by_key(|item| item.0);
-            items
+                .filter_map(|entry| {
+                    // The tree's own folder key, if a tool made one, is no record.
+                    let id = entry.pair.key.strip_prefix(prefix.as_str())?;
+                    (!id.is_empty()).then(|| Dated {
+                        time: time(id, &entry.pair),
+                        index: entry.pair.modify_index,
+                        item: entry.clone(),
+                    })
+                })
+                .collect::<Vec<Dated<Arc<Entry>>>>()
         };
-        let events = timed(Tree::Events, &|pair| {
-            Event::time_of_id(pair.key.strip_prefix(layout::EVENTS)?)
+        // An event's time is its id's, or, under a key that is not an event id, its own.
+        let events = dated(Tree::Events, &|id, pair| {
+            Event::time_of_id(id)
+                .or_else(|| parse_rfc3339(&Event::from_json(&pair.value).ok()?.time))
         });
-        let finished = timed(Tree::RollHistory, &|pair| {
+        let finished = dated(Tree::RollHistory, &|_, pair| {
             parse_rfc3339(&decode_finished(pair)?.value.ended)
         });
         let mut deletes: Vec<TxnOp> = Vec::new();
-        for items in [&events, &finished] {
+        for items in [events, finished] {
             deletes.extend(
-                expired(items, self.retention, now).map(|entry| TxnOp::DeleteCas {
-                    key: entry.pair.key.clone(),
-                    index: entry.pair.modify_index,
-                }),
+                expired(items, self.retention, now)
+                    .into_iter()
+                    .map(|entry| TxnOp::DeleteCas {
+                        key: entry.pair.key.clone(),
+                        index: entry.pair.modify_index,
+                    }),
             );
         }
         for batch in deletes.chunks(MAX_TXN_OPS - 1) {
@@ -155,7 +165,8 @@ mod tests {
     use crate::farms::alerts::Alerter;
     use crate::kv::{Cas, SessionSpec};
     use crate::leader::Term;
-    use crate::model::event::new_event_id;
+    use crate::model::event::{new_event_id, Action, Actor, ObjectKind};
+    use crate::model::timestamp::format_rfc3339;
 
     /// A pass whose pruning fails counts as the farm's error and leaves the step waiting
     /// for a retry, so that `p2_farm_errors_total{farm="retention"}` and its queue depth
@@ -197,6 +208,102 @@ mod tests {
         assert_eq!(farm.retries().failures(), 1);
         assert_eq!(farm.retries().waiting(), 0);
         assert!(store.get(&old).await.unwrap().is_none());
+        cancel.cancel();
+    }
+
+    /// A farm context whose leader session holds the leader lock of `store`, so that its
+    /// fenced writes land.
+    async fn leading(store: &Arc<dyn crate::kv::KvStore>) -> FarmContext {
+        let spec = SessionSpec::deleting("test", Duration::from_secs(60));
+        let session = store.create_session(&spec).await.unwrap();
+        assert!(store.acquire(LEADER_LOCK, b"me", &session).await.unwrap());
+        let term = Term {
+            leader_session: session.clone(),
+            session,
+            cancel: CancellationToken::new(),
+        };
+        FarmContext::new(
+            store.clone(),
+            &term,
+            Arc::new(Alerter::new(None)),
+            "me".into(),
+        )
+    }
+
+    /// Keys of the events' and finished rolls' trees whose time cannot be read from their
+    /// key or record count towards `--event-retention-count` and go first, oldest by modify
+    /// index, so that they cannot accumulate for ever; one whose time its record tells is
+    /// pruned by age too. Nothing outside the two trees is touched.
+    #[tokio::test]
+    async fn keys_of_no_readable_time_count_and_are_pruned() {
+        let (_dir, ctx, mirror) = crate::farms::fixture::idle_context().await;
+        let store = ctx.store.clone();
+        let now = SystemTime::now();
+        let stray = format!("{}stray", layout::EVENTS);
+        store.put(&stray, b"not an event", Cas::Any).await.unwrap();
+        let mut recent = Vec::new();
+        for _ in 0..3 {
+            let key = layout::event(&new_event_id(now));
+            store.put(&key, b"{}", Cas::Any).await.unwrap();
+            recent.push(key);
+        }
+        // Not an event id, but an event whose own time is a month old.
+        let mut aged =
+            Actor::farm("test", "me").event(ObjectKind::Rcs, "a", Action::Deleted, vec![]);
+        aged.time = format_rfc3339(now - Duration::from_secs(30 * 24 * 3600));
+        let renamed = format!("{}renamed", layout::EVENTS);
+        store
+            .put(&renamed, &aged.to_json(), Cas::Any)
+            .await
+            .unwrap();
+        // Finished rolls whose records cannot be read, the first written the oldest.
+        let mut unreadable = Vec::new();
+        for i in 0..5 {
+            let key = layout::roll_history(format!("00000000-0000-4000-8000-00000000000{i}"));
+            store.put(&key, b"{", Cas::Any).await.unwrap();
+            unreadable.push(key);
+        }
+        let outside = format!("{}stray", layout::OURS);
+        store.put(&outside, b"x", Cas::Any).await.unwrap();
+        let (tasks, cancel) = (TaskTracker::new(), CancellationToken::new());
+        mirror.start(&tasks, cancel.clone());
+        mirror.loaded().await;
+        let retention = Retention {
+            count: 4,
+            age: Duration::from_secs(7 * 24 * 3600),
+        };
+        let mut farm = RetentionFarm::new(mirror, retention);
+
+        farm.pass(&leading(&store).await, &World::default()).await;
+        let exists = |key: String| {
+            let store = store.clone();
+            async move { store.get(&key).await.unwrap().is_some() }
+        };
+        assert!(
+            !exists(stray).await,
+            "a key that is not an event id was kept past the count"
+        );
+        assert!(
+            !exists(renamed).await,
+            "a month-old event under another key was kept"
+        );
+        for key in recent {
+            assert!(exists(key).await, "a recent event was pruned");
+        }
+        assert!(
+            !exists(unreadable[0].clone()).await,
+            "the oldest unreadable finished roll was kept past the count"
+        );
+        for key in &unreadable[1..] {
+            assert!(
+                exists(key.clone()).await,
+                "an unreadable finished roll within the count was pruned"
+            );
+        }
+        assert!(
+            exists(outside).await,
+            "a key outside the events' trees was pruned"
+        );
         cancel.cancel();
     }
 }

@@ -148,22 +148,31 @@ pub fn meta_delete_op(kind: ObjectKind, id: &str) -> TxnOp {
     }
 }
 
-/// Which of `items` (each with its time, sorted by time ascending) retention drops at
-/// `now`: all but the newest `count`, and every one older than `age`.
-pub fn expired<T>(
-    items: &[(SystemTime, T)],
-    retention: Retention,
-    now: SystemTime,
-) -> impl Iterator<Item = &T> {
+/// One record retention may drop: its time, `None` where none can be told (a key that is not
+/// an event id, a record that cannot be read), and its store modify index, which every key
+/// has.
+pub struct Dated<T> {
+    pub time: Option<SystemTime>,
+    pub index: u64,
+    pub item: T,
+}
+
+/// Which of `items` retention drops at `now`: all but the newest `count`, and every one
+/// older than `age`. A record of no time counts towards `count` as older than any with a
+/// time (those of no time oldest first by modify index) and is dropped by `count` alone, so
+/// that such records cannot accumulate past the bound.
+pub fn expired<T>(mut items: Vec<Dated<T>>, retention: Retention, now: SystemTime) -> Vec<T> {
+    items.sort_by_key(|dated| (dated.time, dated.index));
     let over = items.len().saturating_sub(retention.count);
     let cutoff = now.checked_sub(retention.age);
     items
-        .iter()
+        .into_iter()
         .enumerate()
-        .filter_map(move |(i, (time, item))| {
-            let old = cutoff.is_some_and(|cutoff| *time < cutoff);
-            (i < over || old).then_some(item)
+        .filter_map(|(i, dated)| {
+            let old = cutoff.is_some_and(|cutoff| dated.time.is_some_and(|time| time < cutoff));
+            (i < over || old).then_some(dated.item)
         })
+        .collect()
 }
 
 #[cfg(test)]
@@ -174,18 +183,54 @@ mod tests {
 
     #[test]
     fn retention_drops_the_oldest_beyond_the_count_and_all_past_the_age() {
-        let items: Vec<(SystemTime, u64)> = (1..=5)
-            .map(|s| (UNIX_EPOCH + Duration::from_secs(s * 100), s))
-            .collect();
-        let now = UNIX_EPOCH + Duration::from_secs(1000);
-        let dropped = |count, age| -> Vec<u64> {
-            expired(&items, Retention { count, age }, now)
-                .copied()
+        let items = || -> Vec<Dated<u64>> {
+            (1..=5)
+                .map(|s| Dated {
+                    time: Some(UNIX_EPOCH + Duration::from_secs(s * 100)),
+                    index: 10 - s,
+                    item: s,
+                })
                 .collect()
         };
+        let now = UNIX_EPOCH + Duration::from_secs(1000);
+        let dropped = |count, age| expired(items(), Retention { count, age }, now);
         assert_eq!(dropped(3, Duration::from_secs(10_000)), [1, 2]);
         assert_eq!(dropped(10, Duration::from_secs(750)), [1, 2]);
         assert_eq!(dropped(4, Duration::from_secs(650)), [1, 2, 3]);
         assert!(dropped(10, Duration::from_secs(10_000)).is_empty());
+    }
+
+    /// Records of no time count towards the count, go first, oldest by modify index, and
+    /// are never dropped by age.
+    #[test]
+    fn records_of_no_time_count_and_go_first_by_modify_index() {
+        let mut items: Vec<Dated<u64>> = (1..=3)
+            .map(|s| Dated {
+                time: Some(UNIX_EPOCH + Duration::from_secs(s * 100)),
+                index: s,
+                item: s,
+            })
+            .collect();
+        for (index, item) in [(20, 20), (10, 10)] {
+            items.push(Dated {
+                time: None,
+                index,
+                item,
+            });
+        }
+        let now = UNIX_EPOCH + Duration::from_secs(1000);
+        let age = Duration::from_secs(10_000);
+        let dropped = expired(items, Retention { count: 2, age }, now);
+        assert_eq!(dropped, [10, 20, 1]);
+        let untimed = vec![Dated {
+            time: None,
+            index: 1,
+            item: 1,
+        }];
+        let tight = Retention {
+            count: 10,
+            age: Duration::from_secs(1),
+        };
+        assert!(expired(untimed, tight, now).is_empty());
     }
 }
