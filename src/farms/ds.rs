@@ -67,7 +67,7 @@ use crate::layout::{self, LEADER_LOCK};
 use crate::model::conditions::{
     ds_conditions, ConditionsRecord, DsFacts, NodeContention, Observed, NODE_LABELS_CONTEND,
 };
-use crate::model::event::{diff, ds_fields, Action, ObjectKind};
+use crate::model::event::{ds_changes, Action, ObjectKind};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::state::Mirror;
 use crate::store::daemon_sets::{contends, contention, Contention, DaemonSetFarmStatus};
@@ -629,7 +629,7 @@ async fn disable(
         "daemon set {id} contends with {rival_id} for pod {}; disabled {id}",
         ds.value.pod_id
     );
-    let changes = diff(&ds_fields(&ds.value), &ds_fields(&disabled));
+    let changes = ds_changes(&ds.value, &disabled);
     let mut event = ctx
         .actor(FARM)
         .event(ObjectKind::Daemonsets, id, Action::Updated, changes);

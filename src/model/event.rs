@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use super::health::HealthCounts;
+use super::manifest::Manifest;
 use super::timestamp::format_rfc3339;
 use super::{StoredDaemonSet, StoredRc, StoredRoll};
 use crate::labels::LabelType;
@@ -188,7 +189,8 @@ pub struct Event {
     #[schema(required = true)]
     pub request_id: Option<String>,
     /// Each changed field of the stored document, before and after (a manifest by its
-    /// SHA); every field for a creation or deletion. A `scheduled` event's one change,
+    /// SHA: a `manifest` whose before and after are the same SHA had only its text changed,
+    /// comments or layout, which the SHA ignores); every field for a creation or deletion. A `scheduled` event's one change,
     /// `nodes`, lists only the nodes the pods left (`before`) and those they were placed on
     /// or rewritten on (`after`).
     pub changes: Vec<FieldChange>,
@@ -308,13 +310,19 @@ pub fn diff(before: &Value, after: &Value) -> Vec<FieldChange> {
         .collect()
 }
 
+/// The field of an RC's or daemon set's document holding its manifest.
+const MANIFEST_FIELD: &str = "manifest";
+
 /// A stored document as an event records it: its JSON fields, the manifest (often large)
 /// by its SHA.
 fn summary(json: &[u8], manifest_sha: String) -> Value {
     let mut value: Value = serde_json::from_slice(json).unwrap_or(Value::Null);
     if let Some(fields) = value.as_object_mut() {
-        if fields.contains_key("manifest") {
-            fields.insert("manifest".into(), format!("sha256:{manifest_sha}").into());
+        if fields.contains_key(MANIFEST_FIELD) {
+            fields.insert(
+                MANIFEST_FIELD.into(),
+                format!("sha256:{manifest_sha}").into(),
+            );
         }
     }
     value
@@ -328,6 +336,41 @@ pub fn rc_fields(rc: &StoredRc) -> Value {
 /// A daemon set's fields for events.
 pub fn ds_fields(ds: &StoredDaemonSet) -> Value {
     summary(&ds.to_json(), ds.manifest.sha())
+}
+
+/// The fields that differ between two versions of an RC ([`diff`] of [`rc_fields`], with
+/// [`with_manifest_text`]).
+pub fn rc_changes(before: &StoredRc, after: &StoredRc) -> Vec<FieldChange> {
+    let changes = diff(&rc_fields(before), &rc_fields(after));
+    with_manifest_text(changes, &before.manifest, &after.manifest)
+}
+
+/// The fields that differ between two versions of a daemon set ([`diff`] of [`ds_fields`],
+/// with [`with_manifest_text`]).
+pub fn ds_changes(before: &StoredDaemonSet, after: &StoredDaemonSet) -> Vec<FieldChange> {
+    let changes = diff(&ds_fields(before), &ds_fields(after));
+    with_manifest_text(changes, &before.manifest, &after.manifest)
+}
+
+/// `changes` with the manifest listed when its stored text changed though its SHA did not
+/// (comments, layout, which P2's SHA ignores), before and after that same SHA: the write
+/// changed what is stored, and its event names what, rather than naming no change.
+fn with_manifest_text(
+    mut changes: Vec<FieldChange>,
+    before: &Manifest,
+    after: &Manifest,
+) -> Vec<FieldChange> {
+    let listed = changes.iter().any(|change| change.field == MANIFEST_FIELD);
+    if before.raw() != after.raw() && !listed {
+        let sha = Value::from(format!("sha256:{}", after.sha()));
+        changes.push(FieldChange {
+            field: MANIFEST_FIELD.into(),
+            before: sha.clone(),
+            after: sha,
+        });
+        changes.sort_by(|a, b| a.field.cmp(&b.field));
+    }
+    changes
 }
 
 /// A roll's fields for events.

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::labels::{LabelType, LabelValues, Labeled, Selector};
-use crate::model::event::{diff, ds_fields, Action, Actor, ObjectKind};
+use crate::model::event::{diff, ds_changes, ds_fields, Action, Actor, ObjectKind};
 use crate::model::{
     AuditRecord, DaemonSetEvent, DaemonSetId, DecodeError, FieldError, IdError, StoredDaemonSet,
 };
@@ -235,7 +235,7 @@ impl DaemonSetStore {
                             .into_iter()
                             .map(|event| audit_op(event, &next, &actor.name)),
                     );
-                    let changes = diff(&ds_fields(&current.value), &ds_fields(&next));
+                    let changes = ds_changes(&current.value, &next);
                     let event =
                         actor.event(ObjectKind::Daemonsets, &next.id, Action::Updated, changes);
                     let kv = self.kv.as_ref();

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::labels::{LabelType, Labels};
-use crate::model::event::{diff, rc_fields, Action, Actor, ObjectKind};
+use crate::model::event::{diff, rc_changes, rc_fields, Action, Actor, ObjectKind};
 use crate::model::{FieldError, StoredRc};
 
 use super::events::{deleted_ops, meta_delete_op, record_ops, record_update_ops};
@@ -116,7 +116,7 @@ impl RcStore {
         actor: &Actor,
         mirror: &Mirror,
     ) -> StoreResult<Vec<TxnOp>> {
-        let changes = diff(&rc_fields(before), &rc_fields(after));
+        let changes = rc_changes(before, after);
         let event = actor.event(ObjectKind::Rcs, &after.id, Action::Updated, changes);
         record_update_ops(self.kv.as_ref(), &event, mirror, replaced).await
     }

@@ -1044,3 +1044,36 @@ async fn a_time_that_is_not_one_is_named_with_what_was_sent() {
         );
     }
 }
+
+/// A PATCH that only reformats the manifest (a comment, another layout) keeps its SHA, but
+/// the stored text changes: its event lists the manifest as changed, before and after the
+/// same SHA, rather than an `updated` event naming no change.
+#[tokio::test]
+async fn a_manifest_reformatted_under_the_same_sha_is_listed_as_changed() {
+    let app = TestApp::new().await;
+    let id = create_rc(&app).await;
+    let path = format!("/api/v1/rcs/{id}");
+    let reformatted = format!("# reformatted\n{}", MANIFEST.replace("  ", "    "));
+    let patched = send(
+        &app,
+        "PATCH",
+        &path,
+        Some(&json!({"manifest": reformatted})),
+        &[],
+    )
+    .await
+    .json();
+    assert_eq!(patched["manifest"], reformatted.as_str());
+    let listed = events(&app, &format!("?kind=rcs&id={id}"), &[]).await;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let updated = &listed[0];
+    assert_eq!(updated["action"], "updated");
+    // The creation's event states the manifest by its SHA.
+    let created = listed[1]["changes"].as_array().unwrap();
+    let stated = &created.iter().find(|c| c["field"] == "manifest").unwrap()["after"];
+    assert_eq!(
+        updated["changes"],
+        json!([{"field": "manifest", "before": stated, "after": stated}]),
+        "{updated}"
+    );
+}
