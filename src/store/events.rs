@@ -120,7 +120,7 @@ async fn record_ops_keeping(
 /// the object's key was created are an earlier object's of the same id, which another tool
 /// deleted and created again (the retention farm removes them only while their object is
 /// absent): they are not the object's. With no object to compare, they are taken as kept.
-fn belongs(meta: &KvPair, object_created: Option<u64>) -> bool {
+pub fn belongs(meta: &KvPair, object_created: Option<u64>) -> bool {
     object_created.is_none_or(|created| meta.modify_index >= created)
 }
 
