@@ -339,14 +339,14 @@ pub fn ds_fields(ds: &StoredDaemonSet) -> Value {
 }
 
 /// The fields that differ between two versions of an RC ([`diff`] of [`rc_fields`], with
-/// [`with_manifest_text`]).
+/// `with_manifest_text`).
 pub fn rc_changes(before: &StoredRc, after: &StoredRc) -> Vec<FieldChange> {
     let changes = diff(&rc_fields(before), &rc_fields(after));
     with_manifest_text(changes, &before.manifest, &after.manifest)
 }
 
 /// The fields that differ between two versions of a daemon set ([`diff`] of [`ds_fields`],
-/// with [`with_manifest_text`]).
+/// with `with_manifest_text`).
 pub fn ds_changes(before: &StoredDaemonSet, after: &StoredDaemonSet) -> Vec<FieldChange> {
     let changes = diff(&ds_fields(before), &ds_fields(after));
     with_manifest_text(changes, &before.manifest, &after.manifest)
