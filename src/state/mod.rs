@@ -1019,7 +1019,7 @@ impl Mirror {
     /// held when its watch last read it. A tree not read whole again since the store went
     /// backwards is waited for to be (its listed index is the old store's, which may lie
     /// past the fresh store's index for it: it would count as caught up with a store it has
-    /// not read). A store that went backwards meanwhile ends the wait unreached: the index
+    /// not read), unless its watch is failing: it has not caught up. A store that went backwards meanwhile ends the wait unreached: the index
     /// the store was asked for is the old store's.
     pub async fn catch_up(&self, trees: &[Tree], timeout: Duration) -> bool {
         let newest = self.changed_index(trees);
@@ -1055,9 +1055,15 @@ impl Mirror {
         let epoch = self.current_epoch();
         // Not read whole since the store went backwards, the tree's listed index is the old
         // store's, which the fresh store's index for it may be below: it has caught up with
-        // the fresh store once read from it.
-        let read_again = |mirror: &Mirror| !mirror.read().tree(tree).reread;
-        if !self.until_in_epoch(epoch, read_again).await {
+        // the fresh store once read from it. Unless its watch is failing, which ignores
+        // readers until its backoff is over: it is not waited for.
+        let read_again_or_failing = |mirror: &Mirror| {
+            let state = mirror.read();
+            let tree = state.tree(tree);
+            !tree.reread || tree.failing_since.is_some()
+        };
+        if !self.until_in_epoch(epoch, read_again_or_failing).await || self.read().tree(tree).reread
+        {
             return false;
         }
         let known = self.committed_index();
@@ -2166,6 +2172,34 @@ mod tests {
         // Read again, from the fresh store.
         assert!(mirror.apply_update(tree, listing(1), true, 1));
         assert_eq!((&mut caught_up).now_or_never(), Some(true));
+    }
+
+    /// A tree whose watch is failing is not waited for, also while it is yet to be read
+    /// again since the store went backwards: the catch-up answers at once that it has not
+    /// caught up, rather than wait out its timeout for a read the failing watch does not
+    /// make until its backoff is over. Before, it waited for the tree's read again.
+    #[tokio::test(start_paused = true)]
+    async fn a_catch_up_does_not_wait_for_a_failing_tree_to_be_read_again() {
+        let tree = Tree::Rolls;
+        let store = HeldReads::new(tree);
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        let listing = PrefixUpdate::Whole(Listing {
+            index: 5,
+            pairs: vec![answered(&layout::roll("r"), 5).unwrap()],
+        });
+        assert!(mirror.apply_update(tree, listing, true, 0));
+
+        // The store goes backwards, and the tree's read again fails.
+        store.tree_index.store(1, Ordering::SeqCst);
+        assert!(mirror.resync(0));
+        mirror.watch_failed(tree, Instant::now());
+        let (trees, long) = ([tree], Duration::from_secs(3600));
+        let caught_up = mirror.catch_up(&trees, long).now_or_never();
+        assert_eq!(
+            caught_up,
+            Some(false),
+            "a catch-up waited for a failing tree to be read again"
+        );
     }
 
     /// A client cut off resumes from its last position, which must still be retained.
