@@ -103,7 +103,7 @@ pub struct DaemonSet {
     #[schema(required = true)]
     pub conditions: Vec<Condition>,
     /// When the daemon set was created through this server; `null` for one another tool
-    /// created, also under the id of one it deleted.
+    /// created.
     #[schema(format = DateTime, required = true)]
     pub created: Option<String>,
     /// When its document last changed through this server (the API or the farm); `null`
@@ -239,8 +239,8 @@ async fn list_daemon_sets(
             // Taken before anything is read: a change landing between the reads is in the
             // answer or above its index, so a client blocking at it misses nothing.
             let index = combined_index(kv.as_ref(), &prefixes).await?;
-            let (records, created) = DaemonSetStore::new(kv.clone()).list_created().await?;
-            let mut times = list_meta(kv.as_ref(), ObjectKind::Daemonsets, &created).await?;
+            let (_, records) = DaemonSetStore::new(kv.clone()).list().await?;
+            let mut times = list_meta(kv.as_ref(), ObjectKind::Daemonsets).await?;
             let mut conditions = ConditionStore::new(kv).list(ObjectKind::Daemonsets).await?;
             let items = records
                 .iter()
@@ -545,7 +545,7 @@ async fn view(
     record: &DaemonSetRecord,
 ) -> Result<DaemonSet, ApiError> {
     let status = rollout_status(kv, mirror, id, record).await?;
-    let meta = read_meta(kv.as_ref(), ObjectKind::Daemonsets, &id.to_string()).await?;
+    let meta = read_meta(kv.as_ref(), &layout::meta(ObjectKind::Daemonsets, id)).await?;
     let conditions = read_conditions(kv.as_ref(), ObjectKind::Daemonsets, &id.to_string()).await?;
     Ok(daemon_set(record, Some(status), conditions).with_times(meta))
 }

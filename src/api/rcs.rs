@@ -83,8 +83,7 @@ pub struct RcView {
     #[serde(default)]
     #[schema(required = true)]
     pub conditions: Vec<Condition>,
-    /// When the RC was created through this server; `null` for one another tool created,
-    /// also under the id of one it deleted.
+    /// When the RC was created through this server; `null` for one another tool created.
     #[schema(format = DateTime, required = true)]
     pub created: Option<String>,
     /// When its document last changed through this server (the API or a roll); `null`
@@ -306,10 +305,10 @@ async fn list_rcs(
     // Taken before anything is read, as in `get_rc`.
     let index = combined_index(kv.as_ref(), &claimed).await?;
     let label_store = LabelStore::new(kv.clone());
-    let (records, created) = RcStore::new(kv.clone()).list_created().await?;
+    let (_, records) = RcStore::new(kv.clone()).list().await?;
     let (_, rc_labels) = label_store.list(LabelType::ReplicationController).await?;
     let (_, pods) = label_store.list(LabelType::Pod).await?;
-    let mut times = list_meta(kv.as_ref(), ObjectKind::Rcs, &created).await?;
+    let mut times = list_meta(kv.as_ref(), ObjectKind::Rcs).await?;
     let mut conditions = ConditionStore::new(kv).list(ObjectKind::Rcs).await?;
 
     let mut labels_by_rc: BTreeMap<String, Labels> = rc_labels
@@ -784,7 +783,7 @@ async fn stored_view(kv: &Arc<dyn KvStore>, record: &RcRecord) -> Result<RcView,
         .await?;
     let status = RcStatus::from_pods(pods.iter().map(|pod| pod.id.as_str()));
     let conditions = read_conditions(kv.as_ref(), ObjectKind::Rcs, id).await?;
-    let meta = read_meta(kv.as_ref(), ObjectKind::Rcs, id).await?;
+    let meta = read_meta(kv.as_ref(), &layout::meta(ObjectKind::Rcs, id)).await?;
     Ok(RcView::new(record, labels.value, status, conditions).with_times(meta))
 }
 

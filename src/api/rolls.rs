@@ -645,7 +645,11 @@ impl Views {
 
     async fn view(&mut self, record: &RollRecord) -> Result<Roll, ApiError> {
         let roll = &record.value;
-        let meta = read_meta(self.kv.as_ref(), ObjectKind::Rolls, &roll.new_rc).await?;
+        let meta = read_meta(
+            self.kv.as_ref(),
+            &layout::meta(ObjectKind::Rolls, &roll.new_rc),
+        )
+        .await?;
         let labels = self.roll_labels(&roll.new_rc).await?;
         let progress = RollProgress {
             old: self.progress(&roll.old_rc).await?,

@@ -1,8 +1,7 @@
 //! Keeps what this server stores beside P2's trees bounded: events and finished rolls past
 //! `--event-retention-count` or `--event-retention-age` are deleted, and so are the times of
-//! objects that are gone (deleted by a tool that does not know of them, such as P2's), or
-//! that such a tool created again under the same id, and the DS farm status records of
-//! daemon sets that are gone.
+//! objects that are gone (deleted by a tool that does not know of them, such as P2's) and
+//! the DS farm status records of daemon sets that are gone.
 //!
 //! It works from the mirror, so a pass that finds nothing to prune costs no store request.
 //! Each deletion is a CAS on the index seen (times also check that their object is still
@@ -18,7 +17,7 @@ use crate::layout::{self, LEADER_LOCK};
 use crate::model::event::Event;
 use crate::model::timestamp::parse_rfc3339;
 use crate::state::{Entry, Mirror, Tree};
-use crate::store::events::{belongs, expired, Dated, Retention};
+use crate::store::events::{expired, Dated, Retention};
 use crate::store::rolls::decode_finished;
 
 use super::world::World;
@@ -114,35 +113,24 @@ impl RetentionFarm {
     /// Deletes the times of objects the mirror no longer holds, and the DS farm status
     /// records of daemon sets it no longer holds (one a farm pass wrote again after the
     /// delete, or left by a tool that deletes daemon sets without it), each only while its
-    /// object is still absent from the store; and the times of an earlier object of an id
-    /// another tool deleted and created again ([`belongs`]), while the object is still the
-    /// version the mirror holds.
+    /// object is still absent from the store.
     async fn remove_orphaned_times(&mut self, ctx: &FarmContext) {
         let times = self.mirror.entries(Tree::Meta);
         let statuses = self.mirror.entries(Tree::DsStatus);
         let times = times.values().filter_map(|entry| {
             let (kind, id) = layout::meta_object(&entry.pair.key)?;
-            Some((layout::object(kind, id), entry, true))
+            Some((layout::object(kind, id), entry))
         });
         let statuses = statuses.values().filter_map(|entry| {
             let id = layout::ds_farm_status_owner(&entry.pair.key)?;
-            Some((layout::daemon_set(id), entry, false))
+            Some((layout::daemon_set(id), entry))
         });
-        for (object, entry, is_times) in times.chain(statuses) {
-            let check = match self.mirror.get(&object) {
-                None => TxnOp::CheckNotExists { key: object },
-                Some(current)
-                    if is_times && !belongs(&entry.pair, Some(current.pair.create_index)) =>
-                {
-                    TxnOp::CheckIndex {
-                        key: object,
-                        index: current.pair.modify_index,
-                    }
-                }
-                Some(_) => continue,
-            };
+        for (object, entry) in times.chain(statuses) {
+            if self.mirror.get(&object).is_some() {
+                continue;
+            }
             let ops = vec![
-                check,
+                TxnOp::CheckNotExists { key: object },
                 TxnOp::DeleteCas {
                     key: entry.pair.key.clone(),
                     index: entry.pair.modify_index,
@@ -152,8 +140,8 @@ impl RetentionFarm {
                 Ok(_) => {
                     tracing::debug!(key = %entry.pair.key, "removed a record of a gone object")
                 }
-                // The object exists after all (the mirror had not seen it yet) or changed, or
-                // the times changed: the next pass looks again.
+                // The object exists after all (the mirror had not seen it yet), or the times
+                // changed: the next pass looks again.
                 Err(e) if e.is_conflict() => {}
                 Err(e) => {
                     tracing::warn!(key = %entry.pair.key, error = %e, "removing a record of a gone object failed");
@@ -316,58 +304,6 @@ mod tests {
             exists(outside).await,
             "a key outside the events' trees was pruned"
         );
-        cancel.cancel();
-    }
-
-    /// The times of an object another tool deleted and created again under the same id
-    /// (written before its key was created) are removed though the object exists; those
-    /// written with or after an object's creation are kept.
-    #[tokio::test]
-    async fn the_times_of_an_object_created_again_are_removed() {
-        let (_dir, ctx, mirror) = crate::farms::fixture::idle_context().await;
-        let store = ctx.store.clone();
-        let meta = crate::model::event::Meta {
-            created: Some("2026-01-01T00:00:00Z".into()),
-            modified: "2026-01-01T00:00:00Z".into(),
-        };
-        let (again, kept) = (
-            "00000000-0000-4000-8000-000000000001",
-            "00000000-0000-4000-8000-000000000002",
-        );
-        let rc = |id| crate::farms::fixture::rc(id, crate::farms::fixture::HELLO_1, 0, "");
-        let times = |id| layout::meta(ObjectKind::Rcs, id);
-        // Times kept before the RC's key was created: an earlier RC's.
-        store
-            .put(&times(again), &meta.to_json(), Cas::Any)
-            .await
-            .unwrap();
-        store
-            .put(&layout::rc(again), &rc(again).to_json(), Cas::Any)
-            .await
-            .unwrap();
-        store
-            .put(&layout::rc(kept), &rc(kept).to_json(), Cas::Any)
-            .await
-            .unwrap();
-        store
-            .put(&times(kept), &meta.to_json(), Cas::Any)
-            .await
-            .unwrap();
-        let (tasks, cancel) = (TaskTracker::new(), CancellationToken::new());
-        mirror.start(&tasks, cancel.clone());
-        mirror.loaded().await;
-        let mut farm = RetentionFarm::new(mirror, Retention::default());
-
-        farm.pass(&leading(&store).await, &World::default()).await;
-        assert!(
-            store.get(&times(again)).await.unwrap().is_none(),
-            "the times of an earlier RC of the id were kept"
-        );
-        assert!(
-            store.get(&times(kept)).await.unwrap().is_some(),
-            "an RC's own times were removed"
-        );
-        assert!(store.get(&layout::rc(again)).await.unwrap().is_some());
         cancel.cancel();
     }
 }

@@ -20,9 +20,7 @@ use crate::model::{
     AuditRecord, DaemonSetEvent, DaemonSetId, DecodeError, FieldError, IdError, StoredDaemonSet,
 };
 
-use super::events::{
-    create_indexes, deleted_ops, meta_delete_op, record_ops, record_update_ops, CreateIndexes,
-};
+use super::events::{deleted_ops, meta_delete_op, record_ops, record_update_ops};
 use super::labels::LabelStore;
 use super::update::{update_from_mirror, update_with_retry, Expected, UpdateError};
 use super::{manifest_too_large, Versioned};
@@ -134,14 +132,6 @@ impl DaemonSetStore {
         let listing = self.kv.list(layout::DAEMON_SETS).await?;
         let records = listing.pairs.iter().filter_map(decode_pair).collect();
         Ok((listing.index, records))
-    }
-
-    /// Every readable daemon set, with the create index of each ([`CreateIndexes`]), which
-    /// tells its times from an earlier daemon set's of the same id.
-    pub async fn list_created(&self) -> StoreResult<(Vec<DaemonSetRecord>, CreateIndexes)> {
-        let listing = self.kv.list(layout::DAEMON_SETS).await?;
-        let records = listing.pairs.iter().filter_map(decode_pair).collect();
-        Ok((records, create_indexes(&listing, layout::DAEMON_SETS)))
     }
 
     /// Creates a daemon set whose `id` the caller chose (normally

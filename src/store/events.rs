@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use crate::kv::{KvPair, KvStore, Listing, StoreResult, TxnOp};
+use crate::kv::{KvStore, StoreResult, TxnOp};
 use crate::model::event::{diff, Action, Actor, Event, Meta, ObjectKind};
 use crate::state::Mirror;
 
@@ -98,9 +98,7 @@ async fn record_ops_keeping(
         Action::Created => Some(event.time.clone()),
         Action::Updated => match kept {
             Some(meta) => meta.created,
-            None => read_meta(kv, kind, &event.object_id)
-                .await?
-                .and_then(|meta| meta.created),
+            None => read_meta(kv, &key).await?.and_then(|meta| meta.created),
         },
         _ => return Ok(ops),
     };
@@ -115,57 +113,22 @@ async fn record_ops_keeping(
     Ok(ops)
 }
 
-/// Whether times last written at `meta` belong to the object whose key is `object`. Times
-/// are written only in transactions that write their object, so times last written before
-/// the object's key was created are an earlier object's of the same id, which another tool
-/// deleted and created again (the retention farm removes them only while their object is
-/// absent): they are not the object's. With no object to compare, they are taken as kept.
-pub fn belongs(meta: &KvPair, object_created: Option<u64>) -> bool {
-    object_created.is_none_or(|created| meta.modify_index >= created)
+/// The times kept at `key`; `None` when absent or unreadable.
+pub async fn read_meta(kv: &dyn KvStore, key: &str) -> StoreResult<Option<Meta>> {
+    Ok(kv
+        .get(key)
+        .await?
+        .and_then(|pair| Meta::from_json(&pair.value).ok()))
 }
 
-/// The times kept for `kind` `id` ([`belongs`] to the object the store holds); `None` when
-/// absent, an earlier object's, or unreadable.
-pub async fn read_meta(kv: &dyn KvStore, kind: ObjectKind, id: &str) -> StoreResult<Option<Meta>> {
-    let Some(meta) = kv.get(&layout::meta(kind, id)).await? else {
-        return Ok(None);
-    };
-    let object = kv.get(&layout::object(kind, id)).await?;
-    let created = object.map(|object| object.create_index);
-    Ok(belongs(&meta, created)
-        .then(|| Meta::from_json(&meta.value).ok())
-        .flatten())
-}
-
-/// The times the mirror holds for `kind` `id`, if they [`belongs`] to the object it holds.
+/// The times the mirror holds for `kind` `id`.
 pub fn mirrored_meta(mirror: &Mirror, kind: ObjectKind, id: &str) -> Option<Meta> {
     let entry = mirror.get(&layout::meta(kind, id))?;
-    let object = mirror.get(&layout::object(kind, id));
-    let created = object.map(|object| object.pair.create_index);
-    belongs(&entry.pair, created).then_some(())?;
     Meta::from_json(&entry.pair.value).ok()
 }
 
-/// The create index of each object of a listing, by id: what tells the times kept for an
-/// object from an earlier one's of the same id ([`belongs`]).
-pub type CreateIndexes = HashMap<String, u64>;
-
-/// The [`CreateIndexes`] of the objects of `listing`, whose keys are under `prefix`.
-pub fn create_indexes(listing: &Listing, prefix: &str) -> CreateIndexes {
-    listing
-        .pairs
-        .iter()
-        .filter_map(|pair| Some((pair.key.strip_prefix(prefix)?.to_owned(), pair.create_index)))
-        .collect()
-}
-
-/// The times of every object of `kind` the store holds, by id, of those whose create index
-/// `objects` gives and which they [`belongs`] to.
-pub async fn list_meta(
-    kv: &dyn KvStore,
-    kind: ObjectKind,
-    objects: &CreateIndexes,
-) -> StoreResult<HashMap<String, Meta>> {
+/// The times of every object of `kind` the store holds, by id.
+pub async fn list_meta(kv: &dyn KvStore, kind: ObjectKind) -> StoreResult<HashMap<String, Meta>> {
     let prefix = layout::meta(kind, "");
     let listing = kv.list(&prefix).await?;
     Ok(listing
@@ -173,7 +136,6 @@ pub async fn list_meta(
         .iter()
         .filter_map(|pair| {
             let id = pair.key.strip_prefix(&prefix)?;
-            belongs(pair, Some(*objects.get(id)?)).then_some(())?;
             Some((id.to_owned(), Meta::from_json(&pair.value).ok()?))
         })
         .collect())

@@ -10,9 +10,7 @@ use crate::labels::{LabelType, Labels};
 use crate::model::event::{diff, rc_changes, rc_fields, Action, Actor, ObjectKind};
 use crate::model::{FieldError, StoredRc};
 
-use super::events::{
-    create_indexes, deleted_ops, meta_delete_op, record_ops, record_update_ops, CreateIndexes,
-};
+use super::events::{deleted_ops, meta_delete_op, record_ops, record_update_ops};
 use super::labels::{write_op, LabelStore};
 use super::{manifest_too_large, Versioned};
 use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
@@ -53,14 +51,6 @@ impl RcStore {
         let listing = self.kv.list(layout::RCS).await?;
         let records = listing.decode_readable("RC", decode);
         Ok((listing.index, records))
-    }
-
-    /// Every readable RC, with the create index of each ([`CreateIndexes`]), which tells
-    /// its times from an earlier RC's of the same id.
-    pub async fn list_created(&self) -> StoreResult<(Vec<RcRecord>, CreateIndexes)> {
-        let listing = self.kv.list(layout::RCS).await?;
-        let records = listing.decode_readable("RC", decode);
-        Ok((records, create_indexes(&listing, layout::RCS)))
     }
 
     /// The ops that create `rc` (only if absent) and set its labels, given the labels'

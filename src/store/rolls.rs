@@ -222,7 +222,7 @@ impl RollStore {
         message: Option<String>,
     ) -> StoreResult<Vec<TxnOp>> {
         let id = &roll.new_rc;
-        let started = read_meta(self.kv.as_ref(), ObjectKind::Rolls, id)
+        let started = read_meta(self.kv.as_ref(), &layout::meta(ObjectKind::Rolls, id))
             .await?
             .and_then(|meta| meta.created);
         let action = match outcome {
