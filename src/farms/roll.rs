@@ -364,15 +364,18 @@ pub fn plan(
     // P2 runs each roll under a session of its own, so of two rolls over one RC (which no
     // creation makes, but a write of the roll tree can) one waits on the other's mutation
     // lock. This farm holds every roll's locks in its one session, where a lock held for
-    // one roll stops no other: of the rolls sharing an RC, the one whose RCs' mutation locks
-    // this term holds goes on alone (the one under way, which a roll written over its RCs
-    // since must not stop midway); of rolls that both or neither hold theirs, the one whose
-    // id sorts first (the one a new term takes the locks for first), also of two stored
-    // under other ids than their one new RC's. Only the rolls naming one of its RCs are
-    // looked at, not every roll: a pass plans every roll.
+    // one roll stops no other: of the rolls sharing an RC, the one under way goes on alone,
+    // which a roll written over its RCs since must not stop midway: the one the store shows
+    // past its enable step (`enabled_new_rc`, which a new term after a failover, holding
+    // no lock yet, sees too), else the one whose RCs' mutation locks this term holds (a
+    // lock held for another roll over the same RC counts as well); of rolls alike in both,
+    // the one whose id sorts first (the one a new term takes the locks for first), also of
+    // two stored under other ids than their one new RC's. Only the rolls naming one of its
+    // RCs are looked at, not every roll: a pass plans every roll.
     let rank = |roll: &StoredRoll, roll_id: &str| {
+        let not_enabled = !enabled_new_rc(world, roll);
         let waits = !holds_mutation_locks(world, session, roll);
-        (waits, roll_id.to_owned())
+        (not_enabled, waits, roll_id.to_owned())
     };
     let ours = rank(spec, id);
     let first = [&spec.old_rc, &spec.new_rc]
@@ -385,7 +388,7 @@ pub fn plan(
                 .min()
         })
         .min();
-    if let Some((_, roll)) = first {
+    if let Some((_, _, roll)) = first {
         return Action::Stuck(RollStuck::AnotherRoll { roll });
     }
 
@@ -520,6 +523,18 @@ pub fn plan(
         ],
         step: Some((remove, add)),
     }
+}
+
+/// Whether `world` shows `spec` past its enable step (P2's first write of a roll): its old RC
+/// disabled and its new one enabled, as a roll under way leaves them whichever term wrote it.
+fn enabled_new_rc(world: &World, spec: &StoredRoll) -> bool {
+    let (old, new) = (
+        world.rcs.items.get(&spec.old_rc),
+        world.rcs.items.get(&spec.new_rc),
+    );
+    spec.old_rc != spec.new_rc
+        && old.is_some_and(|old| old.value.disabled)
+        && new.is_some_and(|new| !new.value.disabled)
 }
 
 /// Whether the term (`session`) holds both of `spec`'s RCs' mutation locks, which it takes
@@ -1442,10 +1457,50 @@ mod tests {
         );
     }
 
-    /// Of rolls that each hold their RCs' mutation locks (this term took them for each), a
+    /// The same after a failover: the new term holds no mutation lock yet, neither the running
+    /// roll's nor the newcomer's, but the store shows which roll is under way (its old RC
+    /// disabled and its new one enabled), and that one takes its locks and goes on, the
+    /// newcomer, whose id sorts first, waiting for it rather than stop it midway.
+    #[test]
+    fn after_a_failover_the_running_roll_still_goes_first() {
+        const NEWCOMER: &str = "00000000-0000-4000-7000-000000000001";
+        let mut fleet = rolling(2, 1, 1, 1);
+        for lock in [OLD, NEW] {
+            fleet.locks.remove(&layout::rc_mutation(lock));
+        }
+        let mut third = rc(NEWCOMER, HELLO_2, 0, "");
+        third.disabled = true;
+        fleet.put_rc(third, 12);
+        let running = roll(2, 1);
+        let newcomer = StoredRoll {
+            new_rc: NEWCOMER.into(),
+            ..roll(2, 1)
+        };
+        for (id, spec) in [(NEW, &running), (NEWCOMER, &newcomer)] {
+            fleet.rolls.insert(
+                id.into(),
+                Versioned {
+                    value: spec.clone(),
+                    index: 20,
+                },
+            );
+        }
+        assert_eq!(
+            run(&fleet, &running),
+            Action::TakeLocks(vec![layout::rc_mutation(OLD), layout::rc_mutation(NEW)]),
+            "the running roll"
+        );
+        assert_eq!(
+            run(&fleet, &newcomer),
+            Action::Stuck(RollStuck::AnotherRoll { roll: NEW.into() }),
+            "the newcomer"
+        );
+    }
+
+    /// Of rolls that are each past their enable step and hold their RCs' mutation locks, a
     /// roll waits only for a roll whose id sorts before its own and that names one of its
-    /// own RCs (as its old or new RC), the first such by id; rolls over other RCs, and those
-    /// sorting after it, stop it not.
+    /// own RCs (as its old or new RC, under its own id or another), the first such by id;
+    /// rolls over other RCs, and those sorting after it, stop it not.
     #[test]
     fn a_roll_waits_for_the_first_earlier_roll_sharing_an_rc() {
         const UNRELATED: &str = "00000000-0000-4000-7000-000000000001";
@@ -1485,8 +1540,21 @@ mod tests {
             Action::Stuck(RollStuck::AnotherRoll { roll: NEW.into() })
         );
 
+        // Past their enable steps as well, with their locks held: alike but for their ids.
         put(&mut fleet, OLD, FROM_OLD);
-        put(&mut fleet, NEW, FROM_NEW);
+        fleet.put_rc(rc(FROM_OLD, HELLO_2, 0, ""), 13);
+        let mut disabled = rc(FROM_NEW, HELLO_1, 0, "");
+        disabled.disabled = true;
+        fleet.put_rc(disabled, 14);
+        let over_new = StoredRoll {
+            old_rc: FROM_NEW.into(),
+            ..roll(2, 1)
+        };
+        let stored = Versioned {
+            value: over_new,
+            index: 20,
+        };
+        fleet.rolls.insert(FROM_NEW.into(), stored);
         fleet
             .lock(&layout::rc_mutation(FROM_OLD), ME)
             .lock(&layout::rc_mutation(FROM_NEW), ME);

@@ -346,8 +346,9 @@ pub enum RollStuck {
     OldPodsKept { remaining: i64, target: i64 },
     /// Another session holds this mutation lock of the roll's RCs.
     MutationLockHeld { lock: String },
-    /// Another roll over one of its RCs goes first: the one holding its RCs' mutation locks
-    /// (under way), or, of two that both or neither hold theirs, the one whose id sorts first.
+    /// Another roll over one of its RCs goes first: the one under way (past its enable step,
+    /// its old RC disabled and new one enabled, else holding its RCs' mutation locks), or, of
+    /// two alike, the one whose id sorts first.
     AnotherRoll { roll: String },
     /// The roll names one RC as both its old and its new RC.
     SameRc,
