@@ -468,7 +468,11 @@ async fn patch_rc(
                 .updated_ops(&record.value, record.index, &rc, actor, &state.mirror)
                 .await?;
             with.extend(recorded);
-            Ok(store.write(rc, record.index, with).await)
+            match store.write(rc, record.index, with).await {
+                Ok(Ok(written)) => Ok(Ok(written)),
+                Ok(Err(too_large)) => Err(ApiError::invalid([too_large])),
+                Err(e) => Ok(Err(e)),
+            }
         },
     )
     .await?;

@@ -547,6 +547,9 @@ fn creation_error(err: CreateRollError) -> ApiError {
         | CreateRollError::Locked { .. }
         | CreateRollError::InProgress { .. }
         | CreateRollError::Changed(_) => ApiError::conflict(message),
+        CreateRollError::ManifestTooLarge(cause) => {
+            ApiError::invalid([Cause::new(format!("new_rc.{}", cause.field), cause.message)])
+        }
         CreateRollError::Store(e) => e.into(),
     }
 }

@@ -230,6 +230,7 @@ impl DaemonSetStore {
                         value: next.to_json(),
                         index: current.index,
                     }];
+                    let audits = events.len();
                     ops.extend(
                         events
                             .into_iter()
@@ -240,6 +241,14 @@ impl DaemonSetStore {
                         actor.event(ObjectKind::Daemonsets, &next.id, Action::Updated, changes);
                     let kv = self.kv.as_ref();
                     ops.extend(record_update_ops(kv, &event, mirror, current.index).await?);
+                    // Its document and each audit record hold the manifest.
+                    let what = "a daemon set, with its audit records (each holding the \
+                                manifest again) and its event";
+                    if let Some(cause) =
+                        manifest_too_large(what, next.manifest.raw(), 1 + audits, &ops)
+                    {
+                        return Err(DaemonSetError::Invalid(vec![cause]).into());
+                    }
                     Ok(self.kv.txn(&ops).await.map(|results| DaemonSetRecord {
                         index: written_index(&results),
                         value: next,

@@ -22,8 +22,8 @@ pub use versioned::Versioned;
 use crate::kv::{txn_bytes, TxnOp, MAX_TXN_BYTES};
 use crate::model::FieldError;
 
-/// The cause refusing the create of `what` (an RC or a daemon set, with what is written
-/// with it) whose `ops`, its one transaction, would pass the store's [`MAX_TXN_BYTES`]: told
+/// The cause refusing the write of `what` (an RC, a daemon set or a roll creating an RC,
+/// with what is written with it) whose `ops`, its one transaction, would pass the store's [`MAX_TXN_BYTES`]: told
 /// as the manifest's size, the one field that large; `None` when they fit. The store's
 /// values go in base64, so each byte of the manifest counts 4/3 bytes or more (more for a
 /// character escaped in the stored JSON) each of the `copies` times the write holds it: the

@@ -143,19 +143,30 @@ impl RcStore {
     }
 
     /// Writes `rc` if it is still at `index`, together with `with` (checks that must hold
-    /// too, and the change's records); a miss of any is a `Conflict`.
-    pub async fn write(&self, rc: StoredRc, index: u64, with: Vec<TxnOp>) -> StoreResult<RcRecord> {
+    /// too, and the change's records); a miss of any is a `Conflict`. When that transaction
+    /// would be too large for the store, the cause naming the manifest
+    /// ([`manifest_too_large`]), nothing written.
+    pub async fn write(
+        &self,
+        rc: StoredRc,
+        index: u64,
+        with: Vec<TxnOp>,
+    ) -> StoreResult<Result<RcRecord, FieldError>> {
         let mut ops = with;
         ops.push(Self::write_op(&rc, index));
+        let what = "an RC, with its event";
+        if let Some(cause) = manifest_too_large(what, rc.manifest.raw(), 1, &ops) {
+            return Ok(Err(cause));
+        }
         let results = self.kv.txn(&ops).await?;
-        Ok(RcRecord {
+        Ok(Ok(RcRecord {
             index: results
                 .last()
                 .cloned()
                 .flatten()
                 .map_or(0, |p| p.modify_index),
             value: rc,
-        })
+        }))
     }
 
     /// The ops that delete the RC at `index`, all its labels and its times.

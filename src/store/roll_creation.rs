@@ -12,10 +12,11 @@ use crate::labels::{LabelType, Labels, Selector, POD_ID_LABEL};
 use crate::model::event::{diff, roll_fields, Action, Actor, ObjectKind};
 pub use crate::model::roll_request::{RollPlan, RollRcs};
 pub use crate::model::NewRc as RcWithLabels;
-use crate::model::{foreign_pod_id, RcId, StoredRc, StoredRoll};
+use crate::model::{foreign_pod_id, FieldError, RcId, StoredRc, StoredRoll};
 
 use super::events::record_ops;
 use super::labels::{write_op, LabelStore};
+use super::manifest_too_large;
 use super::rcs::RcStore;
 use super::rolls::{Naming, RollRecord, RollStore};
 use crate::kv::{KvPair, KvStore, SessionSpec, StoreError, TxnFailure, TxnOp};
@@ -68,6 +69,10 @@ pub enum CreateRollError {
     /// commit. The message says what.
     #[error("the rolling update was not created because the stored state changed meanwhile: {0}")]
     Changed(String),
+    /// The new RC's manifest makes the creation's one transaction too large for the store
+    /// ([`manifest_too_large`]): the cause, on `manifest`, says how large it may be.
+    #[error("{0}")]
+    ManifestTooLarge(FieldError),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -333,6 +338,21 @@ impl RollCreator {
             );
         }
 
+        if let NewSide::Create(new_rc) = &resolved.new {
+            // A stand-in old RC holds the new RC's manifest again.
+            let copies = if matches!(resolved.old, OldSide::StandIn(_)) {
+                2
+            } else {
+                1
+            };
+            let what = "a rolling update, with the RCs it creates or claims, their labels \
+                        and its events";
+            if let Some(cause) =
+                manifest_too_large(what, new_rc.rc.manifest.raw(), copies, &txn.ops)
+            {
+                return Err(CreateRollError::ManifestTooLarge(cause));
+            }
+        }
         let results = txn.commit(self.kv.as_ref()).await?;
         let index = results
             .get(roll_op)

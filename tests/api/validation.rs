@@ -550,3 +550,120 @@ async fn a_manifest_too_large_for_the_store_is_refused_naming_it() {
         assert_eq!(created.status, StatusCode::CREATED, "{path}: {created:?}");
     }
 }
+
+/// Every key and value the store holds, to tell that a refused write wrote nothing.
+async fn stored(app: &TestApp) -> Vec<(String, Vec<u8>)> {
+    let listing = app.store.list("").await.unwrap();
+    let pairs = listing.pairs.into_iter();
+    pairs.map(|pair| (pair.key, pair.value.to_vec())).collect()
+}
+
+/// Asserts `response` is a 422 naming only `field` as a manifest too large for the store,
+/// not the store's refusal of a transaction; answers the size it says the manifest may be.
+fn largest_allowed(response: &TestResponse, field: &str) -> usize {
+    assert_eq!(response.unprocessable_fields(), [field], "{response:?}");
+    let message = &response.error().causes[0].message;
+    assert!(!message.contains("transaction"), "{message}");
+    message
+        .split("may be at most ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{message}"))
+}
+
+/// A manifest of about `bytes` bytes, of few lines.
+fn manifest_of(bytes: usize) -> String {
+    format!("{MANIFEST}# {}\n", "x".repeat(bytes - MANIFEST.len() - 3))
+}
+
+/// A PATCH of an RC's manifest too large for the store's one write is refused as its
+/// create is, naming `manifest`, nothing written; one a little under the size given is
+/// taken.
+#[tokio::test]
+async fn an_rc_patched_with_a_manifest_too_large_for_the_store_is_refused_naming_it() {
+    let app = TestApp::new().await;
+    let rc = json!({"manifest": MANIFEST, "node_selector": "", "replicas_desired": 0});
+    let created = app
+        .json_request("POST", "/api/v1/rcs", Some(&rc), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let path = format!("/api/v1/rcs/{}", created.json()["id"].as_str().unwrap());
+    let patch = |manifest: String| json!({ "manifest": manifest });
+    let before = stored(&app).await;
+    let refused = app
+        .json_request("PATCH", &path, Some(&patch(manifest_of(400_000))), &[])
+        .await;
+    assert_eq!(stored(&app).await, before, "{refused:?}");
+    let largest = largest_allowed(&refused, "manifest");
+    let fitting = patch(manifest_of(largest - 1000));
+    let patched = app.json_request("PATCH", &path, Some(&fitting), &[]).await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+}
+
+/// A PATCH of a daemon set's manifest too large for the store's one write (its document
+/// and the change's audit record each holding it) is refused as its create is, naming
+/// `manifest`, nothing written; one a little under the size given is taken.
+#[tokio::test]
+async fn a_daemon_set_patched_with_a_manifest_too_large_for_the_store_is_refused_naming_it() {
+    let app = TestApp::new().await;
+    let ds = json!({"manifest": MANIFEST, "node_selector": "", "timeout": "1s"});
+    let created = app
+        .json_request("POST", "/api/v1/daemonsets", Some(&ds), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let path = format!(
+        "/api/v1/daemonsets/{}",
+        created.json()["id"].as_str().unwrap()
+    );
+    let patch = |manifest: String| json!({ "manifest": manifest });
+    let before = stored(&app).await;
+    let refused = app
+        .json_request("PATCH", &path, Some(&patch(manifest_of(400_000))), &[])
+        .await;
+    assert_eq!(stored(&app).await, before, "{refused:?}");
+    let largest = largest_allowed(&refused, "manifest");
+    let fitting = patch(manifest_of(largest - 1000));
+    let patched = app.json_request("PATCH", &path, Some(&fitting), &[]).await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+}
+
+/// A roll creating its new RC with a manifest too large for the store's one write (the
+/// roll's, which holds it once more in a stand-in old RC) is refused naming
+/// `new_rc.manifest`, nothing written; one a little under the size given is taken.
+#[tokio::test]
+async fn a_roll_creating_an_rc_with_a_manifest_too_large_for_the_store_is_refused_naming_it() {
+    let app = TestApp::new().await;
+    let rc = json!({"manifest": MANIFEST, "node_selector": "", "replicas_desired": 0});
+    let created = app
+        .json_request("POST", "/api/v1/rcs", Some(&rc), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let old_rc_id = created.json()["id"].as_str().unwrap().to_owned();
+    let by_id = json!({"old_rc_id": old_rc_id, "desired_replicas": 0, "minimum_replicas": 0});
+    let stand_in = json!({"old_rc_selector": "nothing=here", "desired_replicas": 0,
+        "minimum_replicas": 0});
+    for old in [by_id, stand_in] {
+        let roll = |manifest: String| {
+            let mut roll = old.clone();
+            roll["new_rc"] = json!({"manifest": manifest, "node_selector": ""});
+            roll
+        };
+        let before = stored(&app).await;
+        let refused = app
+            .json_request(
+                "POST",
+                "/api/v1/rolls",
+                Some(&roll(manifest_of(400_000))),
+                &[],
+            )
+            .await;
+        assert_eq!(stored(&app).await, before, "{old}: {refused:?}");
+        let largest = largest_allowed(&refused, "new_rc.manifest");
+        let fitting = roll(manifest_of(largest - 1000));
+        let rolled = app
+            .json_request("POST", "/api/v1/rolls", Some(&fitting), &[])
+            .await;
+        assert_eq!(rolled.status, StatusCode::CREATED, "{old}: {rolled:?}");
+    }
+}
