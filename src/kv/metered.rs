@@ -123,6 +123,10 @@ impl KvStore for Metered {
             .await
     }
 
+    fn key_prefix_len(&self) -> usize {
+        self.inner.key_prefix_len()
+    }
+
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         self.measure("txn", self.inner.txn(ops)).await
     }

@@ -296,6 +296,13 @@ pub fn txn_bytes(ops: &[TxnOp]) -> usize {
     ops.iter().map(TxnOp::encoded_len).sum()
 }
 
+/// How many bytes `ops` take in the `/v1/txn` body `kv` sends, at most: [`txn_bytes`] of
+/// their keys as the store names them, each with its [`KvStore::key_prefix_len`] bytes
+/// more (counted twice, as [`TxnOp::encoded_len`] counts a key).
+pub fn txn_bytes_on(kv: &dyn KvStore, ops: &[TxnOp]) -> usize {
+    txn_bytes(ops) + ops.len() * 2 * kv.key_prefix_len()
+}
+
 /// Checks what every backend must refuse before touching storage: too many ops, bad keys,
 /// oversized values, more than [`MAX_TXN_BYTES`] in all.
 pub fn validate_txn(ops: &[TxnOp]) -> StoreResult<()> {
@@ -478,6 +485,14 @@ pub trait KvStore: Send + Sync + 'static {
     /// read of a missing key at its KV table's index. `None` when the store cannot tell
     /// (on Consul, once someone has written the probe).
     async fn current_index(&self, probe: &str) -> StoreResult<Option<u64>>;
+
+    /// How many bytes this store puts before each key it is given, as it sends the key on
+    /// (a namespace's prefix, [`prefixed`]): what [`txn_bytes_on`] adds to measure a
+    /// transaction as the store's own [`validate_txn`] will. 0 by default; a store wrapping
+    /// another answers its inner store's, plus its own.
+    fn key_prefix_len(&self) -> usize {
+        0
+    }
 
     /// Writes `value` at `key` if `cas` holds; a CAS miss is `Conflict`.
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()>;

@@ -209,6 +209,10 @@ impl KvStore for Prefixed {
             .map_err(|e| self.strip_error(e))
     }
 
+    fn key_prefix_len(&self) -> usize {
+        self.prefix.len() + self.inner.key_prefix_len()
+    }
+
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         // Checked on the caller's keys, so a refusal names them and the op count.
         validate_txn(ops)?;

@@ -225,6 +225,10 @@ impl KvStore for SharedListings {
         self.store.delete_prefix(prefix).await
     }
 
+    fn key_prefix_len(&self) -> usize {
+        self.store.key_prefix_len()
+    }
+
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         self.store.txn(ops).await
     }

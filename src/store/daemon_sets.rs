@@ -160,7 +160,8 @@ impl DaemonSetStore {
         // Its document and its audit record each hold the manifest.
         let what =
             "a daemon set, with its audit record (which holds the manifest again) and its event";
-        if let Some(cause) = manifest_too_large(what, ds.manifest.raw(), 2, &ops) {
+        if let Some(cause) = manifest_too_large(self.kv.as_ref(), what, ds.manifest.raw(), 2, &ops)
+        {
             return Err(DaemonSetError::Invalid(vec![cause]));
         }
         let results = self.kv.txn(&ops).await?;
@@ -245,7 +246,7 @@ impl DaemonSetStore {
                     let what = "a daemon set, with its audit records (each holding the \
                                 manifest again) and its event";
                     if let Some(cause) =
-                        manifest_too_large(what, next.manifest.raw(), 1 + audits, &ops)
+                        manifest_too_large(kv, what, next.manifest.raw(), 1 + audits, &ops)
                     {
                         return Err(DaemonSetError::Invalid(vec![cause]).into());
                     }

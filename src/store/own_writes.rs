@@ -151,6 +151,10 @@ impl KvStore for OwnWrites {
         Ok(())
     }
 
+    fn key_prefix_len(&self) -> usize {
+        self.kv.key_prefix_len()
+    }
+
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         let results = self.noted(self.kv.txn(ops)).await?;
         let txn = OwnWrite::txn_index(ops, &results);

@@ -86,6 +86,7 @@ impl RcStore {
         let mut ops = Self::create_ops(&rc, labels, current.index);
         ops.extend(self.created_ops(&rc, actor).await?);
         if let Some(cause) = manifest_too_large(
+            self.kv.as_ref(),
             "an RC, with its labels and its event",
             rc.manifest.raw(),
             1,
@@ -155,7 +156,8 @@ impl RcStore {
         let mut ops = with;
         ops.push(Self::write_op(&rc, index));
         let what = "an RC, with its event";
-        if let Some(cause) = manifest_too_large(what, rc.manifest.raw(), 1, &ops) {
+        if let Some(cause) = manifest_too_large(self.kv.as_ref(), what, rc.manifest.raw(), 1, &ops)
+        {
             return Ok(Err(cause));
         }
         let results = self.kv.txn(&ops).await?;

@@ -347,9 +347,13 @@ impl RollCreator {
             };
             let what = "a rolling update, with the RCs it creates or claims, their labels \
                         and its events";
-            if let Some(cause) =
-                manifest_too_large(what, new_rc.rc.manifest.raw(), copies, &txn.ops)
-            {
+            if let Some(cause) = manifest_too_large(
+                self.kv.as_ref(),
+                what,
+                new_rc.rc.manifest.raw(),
+                copies,
+                &txn.ops,
+            ) {
                 return Err(CreateRollError::ManifestTooLarge(cause));
             }
         }

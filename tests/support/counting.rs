@@ -371,6 +371,9 @@ impl KvStore for Counting {
         self.count();
         self.inner.delete_prefix(prefix).await
     }
+    fn key_prefix_len(&self) -> usize {
+        self.inner.key_prefix_len()
+    }
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         self.count();
         let losing = self.losing.lock().unwrap().clone();

@@ -169,6 +169,9 @@ impl KvStore for Severable {
         self.cut_off()?;
         self.inner.delete_prefix(prefix).await
     }
+    fn key_prefix_len(&self) -> usize {
+        self.inner.key_prefix_len()
+    }
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         let mut stalled = self.txns_stalled.subscribe();
         self.transacting.fetch_add(1, Ordering::SeqCst);

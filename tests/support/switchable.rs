@@ -193,6 +193,9 @@ impl KvStore for Switchable {
     async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
         self.store()?.delete_prefix(prefix).await
     }
+    fn key_prefix_len(&self) -> usize {
+        self.inner.read().unwrap().key_prefix_len()
+    }
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         self.store()?.txn(ops).await
     }
