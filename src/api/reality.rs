@@ -160,7 +160,7 @@ async fn get_reality(
         (status = BAD_REQUEST, description = "The body is not UTF-8, or a malformed If-Match", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "The report changed since the If-Match version", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not sent as YAML", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "A bad node name, pod ID or manifest, or a manifest of another pod", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "A bad node name, pod ID or manifest, a manifest of another pod, or one too large for the store's one write (the cause, on `manifest`, says how large it may be)", body = ErrorBody),
         (status = CONFLICT, description = "The report kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store does not answer", body = ErrorBody)
     )
@@ -205,7 +205,8 @@ async fn put_reality(
             &actor,
         )
         .await;
-    let index = unless_stale(written, &what, expected)?;
+    let index =
+        unless_stale(written, &what, expected)?.map_err(|cause| ApiError::invalid([cause]))?;
     Ok((StatusCode::NO_CONTENT, [etag(index)]).into_response())
 }
 
@@ -241,7 +242,8 @@ async fn delete_reality(
     let deleted = Report::reality(&pod)
         .write(app.store.as_ref(), &app.mirror, None, expected, &actor)
         .await;
-    unless_stale(deleted, &what, expected)?;
+    // A removal carries no manifest to refuse.
+    unless_stale(deleted, &what, expected)?.map_err(|cause| ApiError::invalid([cause]))?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -130,7 +130,9 @@ impl HealthStore {
                 expected,
                 actor,
             )
-            .await?;
+            .await?
+            // Only a manifest is refused so, and a health record holds none.
+            .map_err(|cause| StoreError::Invalid(cause.to_string()))?;
         Ok(HealthEntry {
             pod_id: pod.pod_id().to_owned(),
             node: pod.node().to_owned(),

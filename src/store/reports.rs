@@ -12,11 +12,11 @@ use serde_json::Value;
 use super::events::record_ops;
 use super::pods::{PodLocation, PodTree};
 use super::update::{update_from_mirror, Expected};
-use super::Versioned;
+use super::{manifest_too_large, Versioned};
 use crate::kv::{KvStore, StoreResult, TxnOp};
 use crate::layout;
 use crate::model::event::{Action, Actor, EventKind, FieldChange};
-use crate::model::{HealthRecord, Manifest};
+use crate::model::{FieldError, HealthRecord, Manifest};
 use crate::state::Mirror;
 
 /// One report's key, and how its events name and summarize it.
@@ -28,6 +28,9 @@ pub struct Report {
     field: &'static str,
     /// What of a stored value an event shows; a change of it is an event.
     summarize: fn(&[u8]) -> Value,
+    /// Whether the value is a manifest, so that one too large for the write's transaction
+    /// is refused naming it ([`manifest_too_large`]).
+    holds_manifest: bool,
 }
 
 impl Report {
@@ -38,6 +41,7 @@ impl Report {
             id: pod.label_id(),
             key: PodTree::Reality.key(pod),
             field: "manifest",
+            holds_manifest: true,
             summarize: |bytes| {
                 let text = String::from_utf8_lossy(bytes);
                 Manifest::parse(&text).map_or_else(
@@ -55,6 +59,7 @@ impl Report {
             id: format!("{}/{}", pod.pod_id(), pod.node()),
             key: layout::health(pod.pod_id(), pod.node()),
             field: "status",
+            holds_manifest: false,
             summarize: |bytes| {
                 HealthRecord::from_json(bytes)
                     .map_or_else(|_| "unreadable".into(), |r| r.status.as_str().into())
@@ -64,7 +69,9 @@ impl Report {
 
     /// Stores `value` as the report, or removes it for `None` (nothing to do when there is
     /// none), by the rule of [`update_from_mirror`]: with `expected` only at that index (0:
-    /// only while there is none). Returns the report's new modify index, 0 once removed.
+    /// only while there is none). Returns the report's new modify index, 0 once removed; or,
+    /// for a manifest too large for the write's one transaction, the cause naming it
+    /// ([`manifest_too_large`]), nothing written.
     ///
     /// The first attempt starts from the report as `mirror` holds it, later ones from the
     /// store: agents report often, and a read of the store for each report cost as much as
@@ -76,7 +83,7 @@ impl Report {
         value: Option<Vec<u8>>,
         expected: Option<Expected>,
         actor: &Actor,
-    ) -> StoreResult<u64> {
+    ) -> StoreResult<Result<u64, FieldError>> {
         let value = &value;
         update_from_mirror(
             &format!("the {} report {:?}", self.kind.as_str(), self.id),
@@ -97,7 +104,7 @@ impl Report {
                         value: value.clone(),
                         index: current.index,
                     }],
-                    None if current.index == 0 => return Ok(Ok(0)),
+                    None if current.index == 0 => return Ok(Ok(Ok(0))),
                     // A delete-cas succeeds on an absent key (as Consul's does): the check
                     // makes a removal another writer made first a lost race, whose next
                     // attempt finds nothing to remove, rather than a second event.
@@ -125,14 +132,23 @@ impl Report {
                     let event = actor.event(self.kind, &self.id, action, vec![change]);
                     ops.extend(record_ops(kv, &event).await?);
                 }
-                Ok(kv.txn(&ops).await.map(|results| match value {
-                    // A removal writes nothing (its first result is the check's).
-                    None => 0,
-                    Some(_) => results
-                        .into_iter()
-                        .next()
-                        .flatten()
-                        .map_or(0, |pair| pair.modify_index),
+                if let Some(manifest) = value.as_deref().filter(|_| self.holds_manifest) {
+                    let manifest = String::from_utf8_lossy(manifest);
+                    let what = "a node's report, with its event";
+                    if let Some(cause) = manifest_too_large(kv, what, &manifest, 1, &ops) {
+                        return Ok(Ok(Err(cause)));
+                    }
+                }
+                Ok(kv.txn(&ops).await.map(|results| {
+                    Ok(match value {
+                        // A removal writes nothing (its first result is the check's).
+                        None => 0,
+                        Some(_) => results
+                            .into_iter()
+                            .next()
+                            .flatten()
+                            .map_or(0, |pair| pair.modify_index),
+                    })
                 }))
             },
         )

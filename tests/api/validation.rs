@@ -672,3 +672,21 @@ async fn a_roll_creating_an_rc_with_a_manifest_too_large_for_the_store_is_refuse
         assert_eq!(rolled.status, StatusCode::CREATED, "{old}: {rolled:?}");
     }
 }
+
+/// A node's report of a manifest too large for the store's one write (its value in base64)
+/// is refused as an RC's is, naming `manifest`, nothing written; one a little under the
+/// size given is taken.
+#[tokio::test]
+async fn a_reality_report_of_a_manifest_too_large_for_the_store_is_refused_naming_it() {
+    let app = TestApp::new().await;
+    let yaml = [("content-type", "application/yaml")];
+    let path = "/api/v1/reality/n1/hello";
+    let before = stored(&app).await;
+    let refused = app.send_raw("PUT", path, &yaml, manifest_of(450_000)).await;
+    assert_eq!(stored(&app).await, before, "{refused:?}");
+    let largest = largest_allowed(&refused, "manifest");
+    let reported = app
+        .send_raw("PUT", path, &yaml, manifest_of(largest - ROUNDING))
+        .await;
+    assert_eq!(reported.status, StatusCode::NO_CONTENT, "{reported:?}");
+}
