@@ -190,21 +190,7 @@ mod tests {
         assert!(store.get(&old).await.unwrap().is_some());
 
         // Leading now, the farm prunes.
-        let spec = SessionSpec::deleting("test", Duration::from_secs(60));
-        let session = store.create_session(&spec).await.unwrap();
-        assert!(store.acquire(LEADER_LOCK, b"me", &session).await.unwrap());
-        let term = Term {
-            leader_session: session.clone(),
-            session,
-            cancel: CancellationToken::new(),
-        };
-        let leading = FarmContext::new(
-            store.clone(),
-            &term,
-            Arc::new(Alerter::new(None)),
-            "me".into(),
-        );
-        farm.pass(&leading, &world).await;
+        farm.pass(&leading(&store).await, &world).await;
         assert_eq!(farm.retries().failures(), 1);
         assert_eq!(farm.retries().waiting(), 0);
         assert!(store.get(&old).await.unwrap().is_none());

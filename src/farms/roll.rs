@@ -2353,10 +2353,14 @@ mod tests {
         assert_eq!(shown, (ConditionStatus::False, "WriteFailed"), "{message}");
     }
 
-    /// A roll whose ending failed because a read it needed did (here of the roll's labels),
-    /// not because its write did, is published as a failed read: nothing was written.
-    #[tokio::test]
-    async fn an_ending_whose_read_failed_is_published_as_a_failed_read() {
+    /// A stored roll, owned by the returned context's term, whose labels that context cannot
+    /// read (the store it writes through fails every read of them).
+    async fn a_roll_whose_labels_cannot_be_read() -> (
+        tempfile::TempDir,
+        std::sync::Arc<dyn crate::kv::KvStore>,
+        FarmContext,
+        Shared<StoredRoll>,
+    ) {
         use crate::kv::sqlite::SqliteStore;
         use crate::kv::KvStore;
         use std::sync::Arc;
@@ -2372,6 +2376,14 @@ mod tests {
         let (term, ctx) = crate::farms::fixture::term_over(&failing, "me").await;
         let fence = layout::roll_ownership(NEW);
         assert!(store.acquire(&fence, b"me", &term.session).await.unwrap());
+        (dir, store, ctx, seen)
+    }
+
+    /// A roll whose ending failed because a read it needed did (here of the roll's labels),
+    /// not because its write did, is published as a failed read: nothing was written.
+    #[tokio::test]
+    async fn an_ending_whose_read_failed_is_published_as_a_failed_read() {
+        let (_dir, store, ctx, seen) = a_roll_whose_labels_cannot_be_read().await;
         let fleet = owned_roll(&ctx, seen.index);
 
         farm(&store).pass(&ctx, &fleet.world()).await;
@@ -2475,21 +2487,8 @@ mod tests {
     /// it needed (of the roll's labels), published as that read failing while ending it.
     #[tokio::test]
     async fn a_completed_roll_whose_ending_failed_says_what_it_was_doing() {
-        use crate::kv::sqlite::SqliteStore;
-        use crate::kv::KvStore;
-        use std::sync::Arc;
-
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.db").display().to_string();
-        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-        let seen = store_roll(store.as_ref(), roll(2, 1)).await;
-        let failing: Arc<dyn KvStore> = Arc::new(crate::farms::fixture::FailingGet {
-            inner: store.clone(),
-            key: layout::labels(LabelType::Rolls, NEW),
-        });
-        let (term, ctx) = crate::farms::fixture::term_over(&failing, "me").await;
+        let (_dir, store, ctx, seen) = a_roll_whose_labels_cannot_be_read().await;
         let fence = layout::roll_ownership(NEW);
-        assert!(store.acquire(&fence, b"me", &term.session).await.unwrap());
         let mut fleet = rolling(0, 0, 2, 2);
         let index = seen.index;
         (fleet.rolls).insert(

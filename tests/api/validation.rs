@@ -594,15 +594,22 @@ async fn an_rc_patched_with_a_manifest_too_large_for_the_store_is_refused_naming
         .await;
     assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
     let path = format!("/api/v1/rcs/{}", created.json()["id"].as_str().unwrap());
+    refused_too_large_then_taken_fitting(&app, &path).await;
+}
+
+/// Checks that a PATCH of `path` with a manifest too large for the store's one write is
+/// refused naming `manifest`, nothing written, and that one a little under the size the
+/// refusal gives is taken.
+async fn refused_too_large_then_taken_fitting(app: &TestApp, path: &str) {
     let patch = |manifest: String| json!({ "manifest": manifest });
-    let before = stored(&app).await;
+    let before = stored(app).await;
     let refused = app
-        .json_request("PATCH", &path, Some(&patch(manifest_of(400_000))), &[])
+        .json_request("PATCH", path, Some(&patch(manifest_of(400_000))), &[])
         .await;
-    assert_eq!(stored(&app).await, before, "{refused:?}");
+    assert_eq!(stored(app).await, before, "{refused:?}");
     let largest = largest_allowed(&refused, "manifest");
     let fitting = patch(manifest_of(largest - ROUNDING));
-    let patched = app.json_request("PATCH", &path, Some(&fitting), &[]).await;
+    let patched = app.json_request("PATCH", path, Some(&fitting), &[]).await;
     assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
 }
 
@@ -621,16 +628,7 @@ async fn a_daemon_set_patched_with_a_manifest_too_large_for_the_store_is_refused
         "/api/v1/daemonsets/{}",
         created.json()["id"].as_str().unwrap()
     );
-    let patch = |manifest: String| json!({ "manifest": manifest });
-    let before = stored(&app).await;
-    let refused = app
-        .json_request("PATCH", &path, Some(&patch(manifest_of(400_000))), &[])
-        .await;
-    assert_eq!(stored(&app).await, before, "{refused:?}");
-    let largest = largest_allowed(&refused, "manifest");
-    let fitting = patch(manifest_of(largest - ROUNDING));
-    let patched = app.json_request("PATCH", &path, Some(&fitting), &[]).await;
-    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    refused_too_large_then_taken_fitting(&app, &path).await;
 }
 
 /// A roll creating its new RC with a manifest too large for the store's one write (the
