@@ -212,6 +212,13 @@ impl Fleet {
         self
     }
 
+    /// Stores the roll `spec` under `id` at index `index`.
+    pub fn put_roll(&mut self, id: &str, spec: StoredRoll, index: u64) -> &mut Self {
+        let roll = Versioned { value: spec, index };
+        self.rolls.insert(id.into(), roll);
+        self
+    }
+
     /// `rc`'s pod on `node`, labelled as the RC labels it, running its manifest.
     pub fn rc_pod(&mut self, rc: &str, node: &str, health: Option<HealthState>) -> &mut Self {
         let manifest = self.rcs[rc].value.manifest.clone();

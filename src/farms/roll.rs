@@ -1370,13 +1370,7 @@ mod tests {
             ..roll(2, 1)
         };
         for (id, spec) in [(NEW, &first), (THIRD, &second)] {
-            fleet.rolls.insert(
-                id.into(),
-                Versioned {
-                    value: spec.clone(),
-                    index: 20,
-                },
-            );
+            fleet.put_roll(id, spec.clone(), 20);
         }
         fleet.lock(&layout::rc_mutation(THIRD), ME);
         assert!(step(run(&fleet, &first)).is_ok());
@@ -1410,13 +1404,7 @@ mod tests {
             ..roll(2, 1)
         };
         for (id, spec) in [(FIRST, &first), (SECOND, &second)] {
-            fleet.rolls.insert(
-                id.into(),
-                Versioned {
-                    value: spec.clone(),
-                    index: 20,
-                },
-            );
+            fleet.put_roll(id, spec.clone(), 20);
         }
         assert!(step(run_as(&fleet, FIRST, &first)).is_ok());
         assert_eq!(
@@ -1440,13 +1428,7 @@ mod tests {
             ..roll(2, 1)
         };
         for (id, spec) in [(NEW, &running), (NEWCOMER, &newcomer)] {
-            fleet.rolls.insert(
-                id.into(),
-                Versioned {
-                    value: spec.clone(),
-                    index: 20,
-                },
-            );
+            fleet.put_roll(id, spec.clone(), 20);
         }
         let going = run(&fleet, &running);
         assert!(step(going.clone()).is_ok(), "the running roll: {going:?}");
@@ -1477,13 +1459,7 @@ mod tests {
             ..roll(2, 1)
         };
         for (id, spec) in [(NEW, &running), (NEWCOMER, &newcomer)] {
-            fleet.rolls.insert(
-                id.into(),
-                Versioned {
-                    value: spec.clone(),
-                    index: 20,
-                },
-            );
+            fleet.put_roll(id, spec.clone(), 20);
         }
         assert_eq!(
             run(&fleet, &running),
@@ -1515,13 +1491,7 @@ mod tests {
                 new_rc: new.into(),
                 ..roll(2, 1)
             };
-            fleet.rolls.insert(
-                new.into(),
-                Versioned {
-                    value: spec.clone(),
-                    index: 20,
-                },
-            );
+            fleet.put_roll(new, spec.clone(), 20);
             spec
         };
         let ours = put(&mut fleet, OLD, NEW);
