@@ -410,7 +410,7 @@ pub fn plan(
 
     // P2's enable step: the old RC disabled (its pods are then replaced or removed by
     // whichever RC farm owns it), the new one enabled.
-    if new.value.disabled || !old.value.disabled {
+    if !enabled_new_rc(world, spec) {
         let new_counts = count(world, &spec.new_rc, &new.value);
         // Enabling a disabled new RC whose pods are not its count would make its farm add or
         // remove pods outside the roll's steps (P2's check). An enabled one short of its count

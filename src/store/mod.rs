@@ -23,12 +23,12 @@ use crate::kv::{txn_bytes_on, KvStore, TxnOp, MAX_TXN_BYTES};
 use crate::model::FieldError;
 
 /// The cause refusing the write of `what` (an RC, a daemon set or a roll creating an RC,
-/// with what is written with it) whose `ops`, its one transaction, would pass the store's [`MAX_TXN_BYTES`]: told
-/// as the manifest's size, the one field that large; `None` when they fit. The store's
-/// values go in base64, so each byte of the manifest counts 4/3 bytes or more (more for a
-/// character escaped in the stored JSON) each of the `copies` times the write holds it: the
-/// manifest must lose at least the excess over that, so the size it may have is at most the
-/// one given. Measured as `kv` will send the ops ([`txn_bytes_on`]), its keys' prefix
+/// with what is written with it) whose `ops`, its one transaction, would pass the store's
+/// [`MAX_TXN_BYTES`]: told as the manifest's size, the one field that large; `None` when
+/// they fit. The store's values go in base64, so each byte of the manifest counts 4/3 bytes
+/// or more (more for a character escaped in the stored JSON) each of the `copies` times the
+/// write holds it: the manifest must lose at least the excess over that, so the size it may
+/// have is at most the one given. Measured as `kv` will send the ops ([`txn_bytes_on`]), its keys' prefix
 /// included, so a store keeping its keys in a namespace ([`crate::kv::prefixed`]) refuses
 /// nothing this lets through.
 pub fn manifest_too_large(
