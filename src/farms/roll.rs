@@ -348,17 +348,8 @@ pub fn plan(
         return Action::RcMissing(missing);
     };
 
-    // Disabling the old RC and enabling the new one would undo each other, on every pass.
-    if spec.old_rc == spec.new_rc {
-        return Action::Stuck(RollStuck::SameRc);
-    }
-    // P2's `schedule-update` stores any counts. Taken as given, a negative target is met at
-    // once, and retiring the old RC then takes every one of its pods down.
-    if let Err(problems) = spec.validate() {
-        let problems = problems.iter().map(ToString::to_string).collect::<Vec<_>>();
-        return Action::Stuck(RollStuck::InvalidCounts {
-            problems: problems.join("; "),
-        });
+    if let Some(refused) = refusal(spec) {
+        return Action::Stuck(refused);
     }
 
     // P2 runs each roll under a session of its own, so of two rolls over one RC (which no
@@ -370,12 +361,14 @@ pub fn plan(
     // no lock yet, sees too), else the one whose RCs' mutation locks this term holds (a
     // lock held for another roll over the same RC counts as well); of rolls alike in both,
     // the one whose id sorts first (the one a new term takes the locks for first), also of
-    // two stored under other ids than their one new RC's. Only the rolls naming one of its
-    // RCs are looked at, not every roll: a pass plans every roll.
+    // two stored under other ids than their one new RC's. A roll the farm refuses
+    // (`refusal`) moves nothing, however its RCs look, so it goes after every other. Only
+    // the rolls naming one of its RCs are looked at, not every roll: a pass plans every roll.
     let rank = |roll: &StoredRoll, roll_id: &str| {
+        let refused = refusal(roll).is_some();
         let not_enabled = !enabled_new_rc(world, roll);
         let waits = !holds_mutation_locks(world, session, roll);
-        (not_enabled, waits, roll_id.to_owned())
+        (refused, not_enabled, waits, roll_id.to_owned())
     };
     let ours = rank(spec, id);
     let first = [&spec.old_rc, &spec.new_rc]
@@ -388,7 +381,7 @@ pub fn plan(
                 .min()
         })
         .min();
-    if let Some((_, _, roll)) = first {
+    if let Some((_, _, _, roll)) = first {
         return Action::Stuck(RollStuck::AnotherRoll { roll });
     }
 
@@ -523,6 +516,22 @@ pub fn plan(
         ],
         step: Some((remove, add)),
     }
+}
+
+/// Why the farm will not carry out `spec` at all, whatever the store holds, if it will not:
+/// it takes no lock for it and writes nothing of it, so no other roll waits for it.
+fn refusal(spec: &StoredRoll) -> Option<RollStuck> {
+    // Disabling the old RC and enabling the new one would undo each other, on every pass.
+    if spec.old_rc == spec.new_rc {
+        return Some(RollStuck::SameRc);
+    }
+    // P2's `schedule-update` stores any counts. Taken as given, a negative target is met at
+    // once, and retiring the old RC then takes every one of its pods down.
+    let problems = spec.validate().err()?;
+    let problems = problems.iter().map(ToString::to_string).collect::<Vec<_>>();
+    Some(RollStuck::InvalidCounts {
+        problems: problems.join("; "),
+    })
 }
 
 /// Whether `world` shows `spec` past its enable step (P2's first write of a roll): its old RC
@@ -1540,6 +1549,55 @@ mod tests {
                 roll: FROM_OLD.into()
             })
         );
+    }
+
+    /// A roll the farm refuses to carry out (invalid counts, or one RC as both its old and
+    /// its new RC) moves nothing, so no roll waits for it, however its RCs look and whatever
+    /// its id: a valid roll over the same old RC, its locks taken and its enable step next,
+    /// goes on, and the refused roll says why it does not.
+    #[test]
+    fn a_roll_the_farm_cannot_carry_out_does_not_go_first() {
+        const REFUSED: &str = "00000000-0000-4000-7000-000000000001";
+        let valid = roll(2, 1);
+        let refused = [
+            (
+                StoredRoll {
+                    new_rc: REFUSED.into(),
+                    ..roll(2, 3)
+                },
+                "invalid counts",
+            ),
+            (
+                StoredRoll {
+                    new_rc: OLD.into(),
+                    ..roll(2, 1)
+                },
+                "the same RC",
+            ),
+        ];
+        for (spec, case) in refused {
+            let mut fleet = rolling(2, 2, 0, 0);
+            // The valid roll took its locks; its new RC is still disabled.
+            fleet.rcs.get_mut(NEW).unwrap().value.disabled = true;
+            // The refused roll's new RC is enabled, its old RC disabled: past its enable
+            // step, as the store shows it.
+            fleet.put_rc(rc(REFUSED, HELLO_2, 0, ""), 12);
+            fleet.put_roll(NEW, valid.clone(), 20);
+            fleet.put_roll(REFUSED, spec.clone(), 20);
+            let action = run(&fleet, &valid);
+            assert!(
+                matches!(action, Action::Write { step: None, .. }),
+                "the valid roll, beside a roll of {case}: {action:?}"
+            );
+            let action = run_as(&fleet, REFUSED, &spec);
+            assert!(
+                matches!(
+                    action,
+                    Action::Stuck(RollStuck::InvalidCounts { .. } | RollStuck::SameRc)
+                ),
+                "the roll of {case}: {action:?}"
+            );
+        }
     }
 
     /// A roll naming one RC as both its old and its new RC (P2's `schedule-update` makes one

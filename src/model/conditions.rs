@@ -348,7 +348,8 @@ pub enum RollStuck {
     MutationLockHeld { lock: String },
     /// Another roll over one of its RCs goes first: the one under way (past its enable step,
     /// its old RC disabled and new one enabled, else holding its RCs' mutation locks), or, of
-    /// two alike, the one whose id sorts first.
+    /// two alike, the one whose id sorts first; never one stuck for `SameRc` or
+    /// `InvalidCounts`, which moves nothing.
     AnotherRoll { roll: String },
     /// The roll names one RC as both its old and its new RC.
     SameRc,
