@@ -5,9 +5,10 @@
 //!   ([`Contention::Written`]), the one written last (higher modify index, then higher ID) is
 //!   disabled with an audited CAS write and a low-urgency alert. Its latest write is what
 //!   introduced the contention (P2 disables "the one that just appeared or changed"), and no
-//!   extra reads are needed. One that another farm owns is that farm's to disable: the one
-//!   written before it says so in its `Contended` condition (`ContenderOwnedElsewhere`),
-//!   rather than that nothing contends with it. Where only nodes relabelled since both were
+//!   extra reads are needed. One that another farm owns is that farm's to disable, and one
+//!   no farm owns yet the next owner's: the one written before it says so in its
+//!   `Contended` condition (`ContenderOwnedElsewhere`, `ContenderNotYetOwned`), rather than
+//!   that nothing contends with it. Where only nodes relabelled since both were
 //!   written match both ([`Contention::Relabelled`]), no write of either made it, and
 //!   disabling one would take its pods off every node for one node's labels: neither is
 //!   disabled, each contended node is left to the daemon set running the pod there (or to
@@ -65,7 +66,8 @@ use crate::kv::TxnOp;
 use crate::labels::{Labels, Selector, DS_ID_LABEL};
 use crate::layout::{self, LEADER_LOCK};
 use crate::model::conditions::{
-    ds_conditions, ConditionsRecord, DsFacts, NodeContention, Observed, NODE_LABELS_CONTEND,
+    ds_conditions, ConditionsRecord, DsFacts, LaterContender, NodeContention, Observed,
+    NODE_LABELS_CONTEND,
 };
 use crate::model::event::{ds_changes, Action, ObjectKind};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
@@ -244,7 +246,7 @@ impl DsFarm {
     ) -> FarmResult<Option<Instant>> {
         let lock = layout::ds_ownership(id);
         let mut contended = ContendedNodes::new();
-        let mut owned_elsewhere = None;
+        let mut later_contender = None;
         if !ds.value.disabled {
             let contentions = contentions(world, &ctx.session, disabled_now, id, ds);
             if let Some((rival_id, rival)) = contentions.written_before {
@@ -253,9 +255,7 @@ impl DsFarm {
                 return Ok(None);
             }
             contended = contentions.relabelled;
-            owned_elsewhere = contentions
-                .written_after_elsewhere
-                .map(|rival_id| (rival_id.to_owned(), ds.value.pod_id.clone()));
+            later_contender = contentions.written_after_not_ours;
         }
         if ds.value.disabled {
             // Paused: no pod changes, and the rollout starts afresh when it is enabled.
@@ -301,7 +301,7 @@ impl DsFarm {
         let planned = plan(world, id, &ds.value, rollout, &contended, Instant::now());
         let mut facts = facts(&ds.value, planned.as_ref());
         facts.relabelled = node_contention(&ds.value, &contended, planned.as_ref().ok());
-        facts.contender_owned_elsewhere = owned_elsewhere;
+        facts.later_contender = later_contender;
         let was_relabel_contended = relabel_contended(self.conditions.previous(id).as_ref());
         let conditions = ds_conditions(&facts);
         // Alerted once, as it starts (the stored conditions tell it, whichever leader wrote
@@ -502,9 +502,10 @@ struct Contentions<'w> {
     /// there.
     relabelled: ContendedNodes<'w>,
     /// One written after it, in a contention that one's write made, whose ownership lock
-    /// another session holds: it is the one to disable, but not by this farm, which disables
-    /// only what it owns, so both stay enabled until its owner (or a user) acts.
-    written_after_elsewhere: Option<&'w str>,
+    /// this session does not hold: it is the one to disable, but not by this farm, which
+    /// disables only what it owns. Another session's stays enabled until its owner (or a
+    /// user) acts; a free one, until a farm takes it (this one, in its next pass).
+    written_after_not_ours: Option<LaterContender>,
 }
 
 /// How `ds` contends with the other enabled daemon sets, by [`contention`]'s rule: of two
@@ -528,11 +529,15 @@ fn contentions<'w>(
                 found.written_before = Some((other_id, other));
                 return found;
             }
-            // The other one is disabled for it, in its own turn, unless another farm owns it.
+            // The other one is disabled for it, in its own turn, if this farm owns it.
             Contention::Written => {
                 let owner = world.lock_holder(&layout::ds_ownership(other_id));
-                if owner.is_some_and(|owner| owner != session) {
-                    found.written_after_elsewhere.get_or_insert(other_id);
+                if owner != Some(session) && found.written_after_not_ours.is_none() {
+                    found.written_after_not_ours = Some(LaterContender {
+                        id: other_id.clone(),
+                        pod_id: other.value.pod_id.clone(),
+                        owned_elsewhere: owner.is_some(),
+                    });
                 }
             }
             Contention::None => {}
@@ -996,6 +1001,7 @@ mod tests {
     use super::*;
     use crate::farms::fixture::Fleet;
     use crate::farms::world::Versioned;
+    use crate::model::conditions::ConditionStatus;
     use crate::model::HealthState;
 
     const OLD: &str = "id: agent\nconfig: {version: 1}\n";
@@ -1054,6 +1060,58 @@ mod tests {
         ));
         farm.pass(&ctx, &World::default()).await;
         assert_eq!(farm.retries().waiting(), 0);
+    }
+
+    /// A daemon set written into contention with an older one, whose ownership lock no farm
+    /// holds yet (created since the last pass), stays enabled until a farm takes it and
+    /// disables it: the older one says it is contended meanwhile, naming it, rather than
+    /// that nothing contends with it.
+    #[tokio::test]
+    async fn a_contender_no_farm_owns_yet_is_named() {
+        use crate::kv::sqlite::SqliteStore;
+        use crate::kv::KvStore;
+        use std::sync::Arc;
+
+        const NEWER: &str = "newer";
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db").display().to_string();
+        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+        let (_term, ctx) = crate::farms::fixture::term_over(&store, "me").await;
+        let owned = layout::ds_ownership("ds");
+        assert!(store.acquire(&owned, b"me", &ctx.session).await.unwrap());
+
+        let mut fleet = Fleet::new();
+        fleet.web(2, OLD).lock(&owned, &ctx.session);
+        let older = ds(OLD, 0, "role=web");
+        let newer = StoredDaemonSet {
+            id: NEWER.into(),
+            ..ds(OLD, 0, "role=web")
+        };
+        for (id, value, index) in [("ds", older, 10), (NEWER, newer, 20)] {
+            fleet
+                .daemon_sets
+                .insert(id.into(), Versioned { value, index });
+        }
+        let mirror = crate::state::Mirror::new(store.clone(), Default::default());
+        DsFarm::new(mirror).pass(&ctx, &fleet.world()).await;
+
+        let key = layout::conditions(ObjectKind::Daemonsets, "ds");
+        let stored = store
+            .get(&key)
+            .await
+            .unwrap()
+            .expect("no conditions stored");
+        let record: ConditionsRecord = serde_json::from_slice(&stored.value).unwrap();
+        let contended = (record.conditions.iter())
+            .find(|c| c.condition_type == "Contended")
+            .unwrap();
+        assert_eq!(
+            (contended.status, contended.reason.as_str()),
+            (ConditionStatus::True, "ContenderNotYetOwned"),
+            "{}",
+            contended.message
+        );
+        assert!(contended.message.contains(NEWER), "{}", contended.message);
     }
 
     #[test]

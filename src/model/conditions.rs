@@ -724,9 +724,22 @@ pub struct DsFacts {
     /// Nodes whose labels changed to match other enabled daemon sets of its pod id too,
     /// after they were all written: a contention neither one is disabled for.
     pub relabelled: Option<NodeContention>,
-    /// An enabled daemon set written after it into contention with it, which another farm
-    /// owns, so this farm does not disable it: its id and their pod id.
-    pub contender_owned_elsewhere: Option<(String, String)>,
+    /// An enabled daemon set written after it into contention with it, so the one to
+    /// disable, that this farm does not own, so does not disable.
+    pub later_contender: Option<LaterContender>,
+}
+
+/// An enabled daemon set written after another into contention with it, so the one to
+/// disable, that the farm of the other does not own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaterContender {
+    pub id: String,
+    /// Their pod id.
+    pub pod_id: String,
+    /// Whether another farm (of another session) owns it, which this farm leaves it to; else
+    /// no farm owns it yet (it was written since the farm's last pass), and the farm that
+    /// takes it disables it.
+    pub owned_elsewhere: bool,
 }
 
 /// Nodes relabelled into contention between enabled daemon sets, as one of them sees them.
@@ -764,7 +777,7 @@ pub const NODE_LABELS_CONTEND: &str = "NodeLabelsContend";
 
 /// A daemon set's `Progressing`, `Blocked` and `Contended` conditions.
 pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
-    let contended = match (&f.contender, &f.contender_owned_elsewhere, &f.relabelled) {
+    let contended = match (&f.contender, &f.later_contender, &f.relabelled) {
         (Some((rival, pod_id)), _, _) => Observed::new(
             "Contended",
             True,
@@ -780,15 +793,28 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
             ),
         ),
         // Its write made the contention, so it is the one to disable, but not this farm's.
-        (None, Some((rival, pod_id)), _) => Observed::new(
+        (None, Some(rival), _) if rival.owned_elsewhere => Observed::new(
             "Contended",
             True,
             "ContenderOwnedElsewhere",
             format!(
-                "daemon set {rival} is enabled for pod {pod_id} too, and selects nodes this one \
+                "daemon set {} is enabled for pod {} too, and selects nodes this one \
                  selects; its write made the contention, so it is the one to disable, but \
                  another farm owns it, and this farm disables only the daemon sets it owns: \
-                 both stay enabled until its owner or a user disables one"
+                 both stay enabled until its owner or a user disables one",
+                rival.id, rival.pod_id
+            ),
+        ),
+        // Nor any farm's yet: both are enabled until one takes it.
+        (None, Some(rival), _) => Observed::new(
+            "Contended",
+            True,
+            "ContenderNotYetOwned",
+            format!(
+                "daemon set {} is enabled for pod {} too, and selects nodes this one \
+                 selects; its write made the contention, so it is the one to disable, but no \
+                 farm owns it yet: the farm that takes it disables it",
+                rival.id, rival.pod_id
             ),
         ),
         (None, None, Some(nodes)) => Observed::new(
@@ -1700,7 +1726,19 @@ mod tests {
                 ..settled.clone()
             },
             DsFacts {
-                contender_owned_elsewhere: Some(("other".into(), "web".into())),
+                later_contender: Some(LaterContender {
+                    id: "other".into(),
+                    pod_id: "web".into(),
+                    owned_elsewhere: true,
+                }),
+                ..settled.clone()
+            },
+            DsFacts {
+                later_contender: Some(LaterContender {
+                    id: "other".into(),
+                    pod_id: "web".into(),
+                    owned_elsewhere: false,
+                }),
                 ..settled.clone()
             },
         ];
