@@ -13,11 +13,11 @@
 //!   disabling one would take its pods off every node for one node's labels: neither is
 //!   disabled, each contended node is left to the daemon set running the pod there (or to
 //!   neither), and both say so in their `Contended` condition (`NodeLabelsContend`), each
-//!   with an alert as that starts (once: only an operator ends it). P2's farm, which looks
-//!   at contention only for daemon sets created or changed (and at its start), disables
-//!   nothing then either, until it restarts. A disabled daemon set changes no pods: one whose
-//!   selector does not parse only says so (its conditions), where an enabled one's reconcile
-//!   fails.
+//!   with an alert as that starts (once, told from the conditions stored, whichever leader
+//!   wrote them: only an operator ends it). P2's farm, which looks at contention only for
+//!   daemon sets created or changed (and at its start), disables nothing then either, until
+//!   it restarts. A disabled daemon set changes no pods: one whose selector does not parse
+//!   only says so (its conditions), where an enabled one's reconcile fails.
 //! - **scheduling**: eligible nodes without the pod get it, labelled with
 //!   `daemon_set_id` only, in name order and as P2's replicator, at most [`MAX_IN_FLIGHT`]
 //!   nodes on their way to healthy at a time (new and replaced alike, below); a node already
@@ -66,12 +66,13 @@ use crate::kv::TxnOp;
 use crate::labels::{Labels, Selector, DS_ID_LABEL};
 use crate::layout::{self, LEADER_LOCK};
 use crate::model::conditions::{
-    ds_conditions, ConditionsRecord, DsFacts, LaterContender, NodeContention, Observed,
+    ds_conditions, Condition, DsFacts, LaterContender, NodeContention, Observed,
     NODE_LABELS_CONTEND,
 };
 use crate::model::event::{ds_changes, Action, ObjectKind};
 use crate::model::{AuditRecord, DaemonSetEvent, Manifest, PodHealth, StoredDaemonSet};
 use crate::state::Mirror;
+use crate::store::conditions::read_conditions;
 use crate::store::daemon_sets::{contends, contention, Contention, DaemonSetFarmStatus};
 
 use super::conditions::Published;
@@ -302,14 +303,16 @@ impl DsFarm {
         let mut facts = facts(&ds.value, planned.as_ref());
         facts.relabelled = node_contention(&ds.value, &contended, planned.as_ref().ok());
         facts.later_contender = later_contender;
-        let was_relabel_contended = relabel_contended(self.conditions.previous(id).as_ref());
         let conditions = ds_conditions(&facts);
         // Alerted once, as it starts (the stored conditions tell it, whichever leader wrote
         // them): no daemon set is disabled for it, so only an operator ends it.
-        let relabel_contention_starts = (conditions.iter())
+        let relabel_contention = (conditions.iter())
             .find(|c| c.condition_type == "Contended" && c.reason == NODE_LABELS_CONTEND)
-            .filter(|_| !was_relabel_contended)
             .map(|c| c.message.clone());
+        let relabel_contention_starts = match relabel_contention {
+            Some(message) if !self.relabel_contended(ctx, id).await? => Some(message),
+            _ => None,
+        };
         self.publish_conditions(ctx, id, ds, conditions).await?;
         if let Some(message) = relabel_contention_starts {
             let nodes = facts.relabelled.clone().unwrap_or_default();
@@ -356,6 +359,21 @@ impl DsFarm {
         apply(ctx, world, id, ds, &plan).await?;
         self.publish(ctx, id, &lock, plan.status).await?;
         Ok(plan.wake)
+    }
+
+    /// Whether the conditions stored for daemon set `id` say that nodes relabelled into
+    /// contention make it contend: as the mirror holds them, else as the store does. The
+    /// mirror holds the farm's own writes at once, but may lag another's: a new leader's may
+    /// not hold yet what the last leader wrote before this farm took the daemon set, which
+    /// would alert again. Asked only while the farm sees such a contention, so the store is
+    /// read only as one starts (or on a new leader's mirror that lags).
+    async fn relabel_contended(&self, ctx: &FarmContext, id: &str) -> FarmResult<bool> {
+        let mirrored = self.conditions.previous(id).map(|record| record.conditions);
+        if relabel_contended(mirrored.as_deref().unwrap_or_default()) {
+            return Ok(true);
+        }
+        let stored = read_conditions(ctx.store.as_ref(), ObjectKind::Daemonsets, id).await?;
+        Ok(relabel_contended(&stored))
     }
 
     /// Publishes a daemon set's conditions ([`ds_conditions`]).
@@ -553,11 +571,8 @@ fn contentions<'w>(
 
 /// Whether a daemon set's stored conditions say that nodes relabelled into contention make it
 /// contend ([`NODE_LABELS_CONTEND`]).
-fn relabel_contended(record: Option<&ConditionsRecord>) -> bool {
-    record.is_some_and(|record| {
-        (record.conditions.iter())
-            .any(|c| c.condition_type == "Contended" && c.reason == NODE_LABELS_CONTEND)
-    })
+fn relabel_contended(conditions: &[Condition]) -> bool {
+    (conditions.iter()).any(|c| c.condition_type == "Contended" && c.reason == NODE_LABELS_CONTEND)
 }
 
 /// What the conditions of `ds` say of the nodes relabelled into contention with it: those
@@ -1001,7 +1016,7 @@ mod tests {
     use super::*;
     use crate::farms::fixture::Fleet;
     use crate::farms::world::Versioned;
-    use crate::model::conditions::ConditionStatus;
+    use crate::model::conditions::{ConditionStatus, ConditionsRecord};
     use crate::model::HealthState;
 
     const OLD: &str = "id: agent\nconfig: {version: 1}\n";
@@ -1112,6 +1127,62 @@ mod tests {
             contended.message
         );
         assert!(contended.message.contains(NEWER), "{}", contended.message);
+    }
+
+    /// Nodes relabelled into two daemon sets are alerted about once, as the contention
+    /// starts, told by the conditions stored: a new leader whose mirror has yet to read the
+    /// record the last leader wrote (here, a mirror that reads nothing) does not alert again;
+    /// with no such record stored, it alerts.
+    #[tokio::test]
+    async fn a_relabel_contention_the_stored_conditions_show_is_not_alerted_again() {
+        use crate::kv::sqlite::SqliteStore;
+        use crate::kv::{Cas, KvStore};
+        use crate::model::conditions::{stamp, NodeContention};
+        use std::sync::Arc;
+
+        for recorded in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("store.db").display().to_string();
+            let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+            let (_term, ctx) = crate::farms::fixture::term_over(&store, "me").await;
+            let owned = layout::ds_ownership("ds");
+            assert!(store.acquire(&owned, b"me", &ctx.session).await.unwrap());
+
+            // Both written before the node was labelled into both.
+            let mut fleet = Fleet::new();
+            let both = crate::farms::fixture::labels(&[("role", "web"), ("zone", "a")]);
+            fleet.nodes.insert("n00".into(), both);
+            fleet.lock(&owned, &ctx.session);
+            let zoned = StoredDaemonSet {
+                id: "zoned".into(),
+                ..ds(OLD, 0, "zone=a")
+            };
+            for (id, value) in [("ds", ds(OLD, 0, "role=web")), ("zoned", zoned)] {
+                fleet
+                    .daemon_sets
+                    .insert(id.into(), Versioned { value, index: 0 });
+            }
+            if recorded {
+                // The last leader's record, which alerted as the contention started.
+                let facts = DsFacts {
+                    relabelled: Some(NodeContention::default()),
+                    ..DsFacts::default()
+                };
+                let conditions = stamp(&[], ds_conditions(&facts), 0, SystemTime::now());
+                let record = ConditionsRecord {
+                    conditions,
+                    progress: None,
+                };
+                let key = layout::conditions(ObjectKind::Daemonsets, "ds");
+                let value = serde_json::to_vec(&record).unwrap();
+                store.put(&key, &value, Cas::Any).await.unwrap();
+            }
+            let mirror = crate::state::Mirror::new(store.clone(), Default::default());
+            DsFarm::new(mirror).pass(&ctx, &fleet.world()).await;
+
+            let alerted = !ctx.alerts.due("ds_node_labels_contend/ds");
+            assert_eq!(alerted, !recorded, "with a record stored: {recorded}");
+        }
     }
 
     #[test]
