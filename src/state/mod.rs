@@ -771,6 +771,10 @@ struct Inner {
     index: watch::Sender<u64>,
     /// Moves when the store went backwards: every tree re-reads.
     epoch: watch::Sender<u64>,
+    /// Sent when a tree's watch fails a read, which changes nothing the mirror holds (the
+    /// index does not move) but ends the waits that do not wait for a failing tree
+    /// ([`Mirror::until`] wakes on it too).
+    failed: watch::Sender<()>,
     /// By tree position: someone waits for the tree to catch up, so its next read need
     /// not wait out [`MirrorConfig::min_reread_interval`]. A permit
     /// ([`Notify::notify_one`]), kept when no pause waits: one sent while a read is under
@@ -809,6 +813,7 @@ impl Mirror {
                 state: RwLock::new(State::new(stream)),
                 index: watch::channel(0).0,
                 epoch: watch::channel(0).0,
+                failed: watch::channel(()).0,
                 wanted: Tree::ALL.iter().map(|_| Notify::new()).collect(),
                 refresh: Tree::ALL.iter().map(|_| Notify::new()).collect(),
                 probes: Tree::ALL
@@ -1019,7 +1024,8 @@ impl Mirror {
     /// held when its watch last read it. A tree not read whole again since the store went
     /// backwards is waited for to be (its listed index is the old store's, which may lie
     /// past the fresh store's index for it: it would count as caught up with a store it has
-    /// not read), unless its watch is failing: it has not caught up. A store that went backwards meanwhile ends the wait unreached: the index
+    /// not read), unless its watch is failing, or fails that read meanwhile: it has not
+    /// caught up. A store that went backwards meanwhile ends the wait unreached: the index
     /// the store was asked for is the old store's.
     pub async fn catch_up(&self, trees: &[Tree], timeout: Duration) -> bool {
         let newest = self.changed_index(trees);
@@ -1085,15 +1091,22 @@ impl Mirror {
         self.read_through(tree, known, epoch)
     }
 
-    /// Waits until `done` holds, checking it after every change.
+    /// Waits until `done` holds, checking it after every change and every failed read of a
+    /// tree's watch (a failing tree is not waited for).
     async fn until(&self, done: impl Fn(&Mirror) -> bool) -> bool {
         let mut changes = self.changes();
+        let mut failed = self.inner.failed.subscribe();
         loop {
             changes.borrow_and_update();
+            failed.borrow_and_update();
             if done(self) {
                 return true;
             }
-            if changes.changed().await.is_err() {
+            let woken = tokio::select! {
+                changed = changes.changed() => changed,
+                failed = failed.changed() => failed,
+            };
+            if woken.is_err() {
                 return false;
             }
         }
@@ -1689,11 +1702,16 @@ impl Mirror {
 
     /// Notes a failed read of `tree`'s watch, whose last success was at `last_success`: the
     /// tree has been out of touch since then, however long the failed read took to fail.
+    /// Wakes the mirror's waits ([`Mirror::until`]), some of which end for a failing tree:
+    /// a catch-up waiting for the tree to be read again since the store went backwards
+    /// answers at once rather than wait out its timeout for a read the failing watch does
+    /// not make until its backoff is over.
     fn watch_failed(&self, tree: Tree, last_success: Instant) {
         let mut state = self.write();
         let tree = &mut state.trees[tree.position()];
         tree.unanswered = None;
         tree.failing_since.get_or_insert(last_success);
+        self.inner.failed.send_replace(());
     }
 
     /// The highest index known to be committed in the store as it is: the trees' own, but
@@ -2199,6 +2217,37 @@ mod tests {
             caught_up,
             Some(false),
             "a catch-up waited for a failing tree to be read again"
+        );
+    }
+
+    /// A catch-up already waiting for the tree to be read again since the store went
+    /// backwards answers as soon as that read fails, as one asked after the failure does,
+    /// rather than wait out its timeout for a read the failing watch does not make until
+    /// its backoff is over. Before, a failed read woke no waiter.
+    #[tokio::test(start_paused = true)]
+    async fn a_catch_up_waiting_for_the_tree_read_again_answers_once_that_read_fails() {
+        let tree = Tree::Rolls;
+        let store = HeldReads::new(tree);
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        let listing = PrefixUpdate::Whole(Listing {
+            index: 5,
+            pairs: vec![answered(&layout::roll("r"), 5).unwrap()],
+        });
+        assert!(mirror.apply_update(tree, listing, true, 0));
+
+        // The store goes backwards; a catch-up waits for the tree's read again.
+        store.tree_index.store(1, Ordering::SeqCst);
+        assert!(mirror.resync(0));
+        let (trees, long) = ([tree], Duration::from_secs(3600));
+        let mut caught_up = Box::pin(mirror.catch_up(&trees, long));
+        assert_eq!((&mut caught_up).now_or_never(), None);
+
+        // That read fails.
+        mirror.watch_failed(tree, Instant::now());
+        assert_eq!(
+            (&mut caught_up).now_or_never(),
+            Some(false),
+            "a catch-up waiting for the tree's read again was not woken by its failure"
         );
     }
 
