@@ -14,7 +14,7 @@ use crate::model::{
 use crate::state::{self, Entry};
 
 use super::world::{
-    index_pods, index_rcs, pod_key, HealthResults, PodEntries, PodKey, Shared, Tree, Versioned,
+    index_pods, pod_key, HealthResults, IndexedRcs, PodEntries, PodKey, Shared, Tree, Versioned,
     World,
 };
 
@@ -126,10 +126,8 @@ impl Fleet {
             entry(pod_labels, &pod_name(pod), value, labels.index)
         });
         let pod_label_entries = PodEntries::new(pod_labels, pod_label_entries.collect());
-        let rcs = shared(&self.rcs);
         World {
-            rcs_by_pod: index_rcs(&rcs),
-            rcs: tree(rcs),
+            rcs: IndexedRcs::new(tree(shared(&self.rcs))),
             rolls: tree(shared(&self.rolls)),
             daemon_sets: tree(shared(&self.daemon_sets)),
             nodes: tree(

@@ -153,7 +153,7 @@ pub fn rc_labelled(world: &World, pod: &PodKey) -> bool {
 fn names_enabled_rc(world: &World, labels: &CompactLabels) -> bool {
     labels
         .get(RC_ID_LABEL)
-        .and_then(|id| world.rcs.items.get(id))
+        .and_then(|id| world.rcs.items().get(id))
         .is_some_and(|rc| !rc.value.disabled)
 }
 

@@ -67,7 +67,7 @@ impl Farm for RcFarm {
     /// Claims the RCs, then plans them one after another (the plans share the nodes' load),
     /// each when there is room to write it, up to [`CONCURRENT_OBJECTS`] RCs' changes at once.
     async fn pass(&mut self, ctx: &FarmContext, world: &World) -> Option<Instant> {
-        let ids = world.rcs.items.keys().map(String::as_str);
+        let ids = world.rcs.items().keys().map(String::as_str);
         let claimed = ctx
             .claim_all(world, &mut self.retries, ids, |id| layout::rc_ownership(id))
             .await;
@@ -78,7 +78,7 @@ impl Farm for RcFarm {
         // Not a mapped stream: one mapping through a closure would not be `Send` for every
         // lifetime, as the pass's future must be.
         let mut planned = claimed.into_iter().map(|id| {
-            let rc = &world.rcs.items[id];
+            let rc = &world.rcs.items()[id];
             let planned = plan(world, &mut load, id, &rc.value);
             let facts = facts(world, id, &rc.value, planned.as_ref());
             let published = conditions
@@ -126,14 +126,14 @@ impl Farm for RcFarm {
         }
         let removed = self
             .conditions
-            .remove_stale(ctx, world, |id| world.rcs.items.contains_key(id))
+            .remove_stale(ctx, world, |id| world.rcs.items().contains_key(id))
             .await;
         let released = ctx
             .release_orphaned(world, layout::RC_LOCKS, |id| {
-                world.rcs.items.contains_key(id)
+                world.rcs.items().contains_key(id)
             })
             .await;
-        self.retries.retain(|id| world.rcs.items.contains_key(id));
+        self.retries.retain(|id| world.rcs.items().contains_key(id));
         self.retries.tidied(removed.and(released));
         None
     }
@@ -316,7 +316,7 @@ fn placement(world: &World, id: &str, node: &str, pod_id: &str) -> Option<Option
         return Some(None);
     }
     let owner = world.pod_labels_of(&pod)?.get(RC_ID_LABEL)?;
-    let rc = world.rcs.items.get(owner)?;
+    let rc = world.rcs.items().get(owner)?;
     (owner != id && rc.value.disabled && rc.value.manifest.pod_id() == pod_id).then(|| {
         Some(Replaced {
             rc_id: owner.to_owned(),
@@ -365,7 +365,7 @@ fn placement_pending(world: &World, pod_id: &str, current: &BTreeSet<String>) ->
 /// would take more down than the roll's minimum allows. Otherwise any of them, as P2's
 /// worker overwrites any node's pod.
 fn surplus(world: &World, rc_id: &str, pod_id: &str) -> usize {
-    let Some(rc) = world.rcs.items.get(rc_id) else {
+    let Some(rc) = world.rcs.items().get(rc_id) else {
         return 0;
     };
     if world.lock_holder(&layout::rc_mutation(rc_id)).is_none() {
@@ -845,7 +845,7 @@ mod tests {
 
     fn run(fleet: &Fleet, id: &str) -> Plan {
         let world = fleet.world();
-        let rc = &world.rcs.items[id].value;
+        let rc = &world.rcs.items()[id].value;
         plan(&world, &mut Load::of(&world), id, rc).unwrap()
     }
 
@@ -1059,8 +1059,8 @@ mod tests {
         let mut load = Load::of(&world);
         let mut lost = BTreeSet::new();
         // In the order of a pass.
-        for id in world.rcs.items.keys() {
-            let planned = plan(&world, &mut load, id, &world.rcs.items[id].value).unwrap();
+        for id in world.rcs.items().keys() {
+            let planned = plan(&world, &mut load, id, &world.rcs.items()[id].value).unwrap();
             for change in planned.changes {
                 match change {
                     Change::Unschedule(node) | Change::Replace(node, _) => lost.insert(node),
@@ -1095,8 +1095,8 @@ mod tests {
         let mut load = Load::of(&world);
         let mut replaced = BTreeSet::new();
         // In the order of a pass.
-        for id in world.rcs.items.keys() {
-            let planned = plan(&world, &mut load, id, &world.rcs.items[id].value).unwrap();
+        for id in world.rcs.items().keys() {
+            let planned = plan(&world, &mut load, id, &world.rcs.items()[id].value).unwrap();
             for change in planned.changes {
                 if let Change::Replace(node, _) = change {
                     replaced.insert(node);
@@ -1200,7 +1200,7 @@ mod tests {
 
         let ready = |fleet: &Fleet| {
             let world = fleet.world();
-            let rc = &world.rcs.items[OLD].value;
+            let rc = &world.rcs.items()[OLD].value;
             let planned = plan(&world, &mut Load::of(&world), OLD, rc);
             let facts = facts(&world, OLD, rc, planned.as_ref());
             rc_conditions(&facts)

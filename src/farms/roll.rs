@@ -336,8 +336,8 @@ pub fn plan(
     ready_since: Option<Moment>,
     now: Moment,
 ) -> Action {
-    let old = world.rcs.items.get(&spec.old_rc);
-    let new = world.rcs.items.get(&spec.new_rc);
+    let old = world.rcs.items().get(&spec.old_rc);
+    let new = world.rcs.items().get(&spec.new_rc);
     let (Some(old), Some(new)) = (old, new) else {
         let mut missing = Vec::new();
         for (rc, seen) in [(&spec.old_rc, old), (&spec.new_rc, new)] {
@@ -538,8 +538,8 @@ fn refusal(spec: &StoredRoll) -> Option<RollStuck> {
 /// disabled and its new one enabled, as a roll under way leaves them whichever term wrote it.
 fn enabled_new_rc(world: &World, spec: &StoredRoll) -> bool {
     let (old, new) = (
-        world.rcs.items.get(&spec.old_rc),
-        world.rcs.items.get(&spec.new_rc),
+        world.rcs.items().get(&spec.old_rc),
+        world.rcs.items().get(&spec.new_rc),
     );
     spec.old_rc != spec.new_rc
         && old.is_some_and(|old| old.value.disabled)
@@ -783,7 +783,7 @@ impl RollFarm {
         write: &RcWrite,
     ) -> FarmResult<Vec<TxnOp>> {
         let mut ops = vec![RcStore::write_op(&write.rc, write.index)];
-        if let Some(before) = world.rcs.items.get(&write.rc.id) {
+        if let Some(before) = world.rcs.items().get(&write.rc.id) {
             let store = RcStore::new(ctx.store.clone());
             let actor = ctx.actor(FARM);
             ops.extend(
@@ -892,7 +892,7 @@ fn failed(doing: String, failure: &Failure) -> RollActivity {
 fn progress_mark(world: &World, spec: &StoredRoll) -> Vec<i64> {
     [&spec.old_rc, &spec.new_rc]
         .into_iter()
-        .filter_map(|id| Some((id, &world.rcs.items.get(id)?.value)))
+        .filter_map(|id| Some((id, &world.rcs.items().get(id)?.value)))
         .flat_map(|(id, rc)| {
             let counts = count(world, id, rc);
             [counts.desired, counts.current(), counts.healthy()]
@@ -906,7 +906,7 @@ impl RollFarm {
     /// ended, answers the same).
     fn unreadable_rc(&self, world: &World, spec: &StoredRoll) -> Option<RollStuck> {
         [&spec.old_rc, &spec.new_rc].into_iter().find_map(|rc| {
-            if world.rcs.items.contains_key(rc) {
+            if world.rcs.items().contains_key(rc) {
                 return None;
             }
             match &self.mirror.get(&layout::rc(rc))?.view {
@@ -1028,7 +1028,7 @@ async fn finish_ops(
     }
     if let Some(index) = retire_old {
         ops.extend(RcStore::delete_ops(&spec.old_rc, index));
-        let before = world.rcs.items.get(&spec.old_rc).map(|rc| &*rc.value);
+        let before = world.rcs.items().get(&spec.old_rc).map(|rc| &*rc.value);
         ops.extend(rcs.deleted_ops(&spec.old_rc, before, &actor).await?);
     }
     // The records carry the labels the delete removes, as a cancel's do: read at an index
@@ -1042,7 +1042,7 @@ async fn finish_ops(
     let progress = |rc_id: &str| {
         world
             .rcs
-            .items
+            .items()
             .get(rc_id)
             .map_or_else(RcProgress::default, |rc| {
                 let counts = count(world, rc_id, &rc.value);
@@ -1973,7 +1973,7 @@ mod tests {
         // Ended, the roll leaves the disabled old RC to no one: its farm removes nothing.
         fleet.locks.clear();
         let world = fleet.world();
-        let old = &world.rcs.items[OLD].value;
+        let old = &world.rcs.items()[OLD].value;
         let mut load = crate::farms::rc::Load::of(&world);
         let plan = crate::farms::rc::plan(&world, &mut load, OLD, old).unwrap();
         assert!(plan.changes.is_empty());

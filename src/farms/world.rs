@@ -252,9 +252,8 @@ pub const INDEXED_POD_LABELS: [&str; 2] = [RC_ID_LABEL, DS_ID_LABEL];
 /// Everything the farms look at, as of the mirror when it was taken.
 #[derive(Clone, Default)]
 pub struct World {
-    pub rcs: Arc<Tree<RcMap>>,
-    /// The RCs by their manifest's pod id, kept up to date change by change with `rcs`.
-    pub rcs_by_pod: RcsByPod,
+    /// The RCs, with their index by pod id ([`World::rcs_running`]).
+    pub rcs: IndexedRcs,
     pub rolls: Arc<Tree<RollMap>>,
     pub daemon_sets: Arc<Tree<DaemonSetMap>>,
     /// Node label entries by node, those that cannot be read too ([`World::node_unreadable`]).
@@ -335,8 +334,7 @@ impl World {
         &'a self,
         pod_id: &str,
     ) -> impl Iterator<Item = (&'a String, &'a Shared<StoredRc>)> {
-        let ids = self.rcs_by_pod.get(pod_id).into_iter().flatten();
-        ids.filter_map(|id| Some((id, self.rcs.items.get(id)?)))
+        self.rcs.running(pod_id)
     }
 
     /// The pods labelled `key=value`, sorted; `key` is one of [`INDEXED_POD_LABELS`].
@@ -628,7 +626,7 @@ impl Trees {
                 continue;
             };
             match tree {
-                state::Tree::Rcs => update_rcs(world, &snapshot),
+                state::Tree::Rcs => world.rcs.update(&snapshot),
                 state::Tree::Rolls => update(&mut world.rolls, &snapshot, uuid_id, shared(roll_of)),
                 state::Tree::DaemonSets => update(
                     &mut world.daemon_sets,
@@ -704,37 +702,69 @@ fn update<K: Ord + Clone, V: Clone>(
     *tree = Arc::new(Tree::new(snapshot.index, items));
 }
 
-/// Brings the world's RCs, and its index of them by pod id, to the mirror's `snapshot`.
-fn update_rcs(world: &mut World, snapshot: &TreeSnapshot) {
-    let was = world.rcs.clone();
-    update(&mut world.rcs, snapshot, uuid_id, shared(rc_of));
-    let Some(changed) = &snapshot.changed else {
-        world.rcs_by_pod = index_rcs(&world.rcs.items);
-        return;
-    };
-    let prefix = snapshot.tree.prefix();
-    for id in changed
-        .iter()
-        .filter_map(|key| uuid_id(key.strip_prefix(&prefix)?))
-    {
-        if let Some(rc) = was.items.get(&id) {
-            let pod_id = rc.value.manifest.pod_id();
-            if let Some(ids) = world.rcs_by_pod.get_mut(pod_id) {
-                ids.remove(&id);
-                if ids.is_empty() {
-                    world.rcs_by_pod.remove(pod_id);
+/// The world's RCs and their index by pod id, kept in step here alone: indexed whole when
+/// made ([`IndexedRcs::new`]) and brought to each of the mirror's snapshots change by change,
+/// never the one changed without the other.
+#[derive(Clone, Default)]
+pub struct IndexedRcs {
+    tree: Arc<Tree<RcMap>>,
+    /// The RCs by their manifest's pod id.
+    by_pod: RcsByPod,
+}
+
+impl IndexedRcs {
+    /// `rcs`, indexed.
+    pub fn new(rcs: Arc<Tree<RcMap>>) -> IndexedRcs {
+        let by_pod = index_rcs(&rcs.items);
+        IndexedRcs { tree: rcs, by_pod }
+    }
+
+    /// The RCs by id.
+    pub fn items(&self) -> &RcMap {
+        &self.tree.items
+    }
+
+    /// The RCs whose manifest runs `pod_id`, sorted by id.
+    pub fn running<'a>(
+        &'a self,
+        pod_id: &str,
+    ) -> impl Iterator<Item = (&'a String, &'a Shared<StoredRc>)> {
+        let ids = self.by_pod.get(pod_id).into_iter().flatten();
+        ids.filter_map(|id| Some((id, self.tree.items.get(id)?)))
+    }
+
+    /// Brings the RCs, and their index by pod id, to the mirror's `snapshot`.
+    fn update(&mut self, snapshot: &TreeSnapshot) {
+        let was = self.tree.clone();
+        update(&mut self.tree, snapshot, uuid_id, shared(rc_of));
+        let Some(changed) = &snapshot.changed else {
+            self.by_pod = index_rcs(&self.tree.items);
+            return;
+        };
+        let prefix = snapshot.tree.prefix();
+        for id in changed
+            .iter()
+            .filter_map(|key| uuid_id(key.strip_prefix(&prefix)?))
+        {
+            if let Some(rc) = was.items.get(&id) {
+                let pod_id = rc.value.manifest.pod_id();
+                if let Some(ids) = self.by_pod.get_mut(pod_id) {
+                    ids.remove(&id);
+                    if ids.is_empty() {
+                        self.by_pod.remove(pod_id);
+                    }
                 }
             }
-        }
-        if let Some(rc) = world.rcs.items.get(&id) {
-            let pod_id = rc.value.manifest.pod_id().to_owned();
-            world.rcs_by_pod.entry(pod_id).or_default().insert(id);
+            if let Some(rc) = self.tree.items.get(&id) {
+                let pod_id = rc.value.manifest.pod_id().to_owned();
+                self.by_pod.entry(pod_id).or_default().insert(id);
+            }
         }
     }
 }
 
 /// The RCs of `rcs` by their manifest's pod id.
-pub fn index_rcs(rcs: &RcMap) -> RcsByPod {
+fn index_rcs(rcs: &RcMap) -> RcsByPod {
     let mut index = RcsByPod::new();
     for (id, rc) in rcs {
         let pod_id = rc.value.manifest.pod_id().to_owned();
@@ -1105,16 +1135,15 @@ mod tests {
             rc(ids[2], "db", 1),
         );
         let mut world = World::default();
-        update_rcs(&mut world, &snapshot(tree, 1, &[&a, &b, &c], None));
+        world.rcs.update(&snapshot(tree, 1, &[&a, &b, &c], None));
         assert_eq!(running(&world, "web"), [ids[0], ids[1]]);
 
         // The first RC goes, the second turns to run db.
         let b2 = rc(ids[1], "db", 2);
-        update_rcs(
-            &mut world,
-            &snapshot(tree, 2, &[&b2, &c], Some(&[ids[0], ids[1]])),
-        );
-        assert_eq!(world.rcs_by_pod, index_rcs(&world.rcs.items));
+        world
+            .rcs
+            .update(&snapshot(tree, 2, &[&b2, &c], Some(&[ids[0], ids[1]])));
+        assert_eq!(world.rcs.by_pod, index_rcs(world.rcs.items()));
         assert!(running(&world, "web").is_empty());
         assert_eq!(running(&world, "db"), [ids[1], ids[2]]);
     }

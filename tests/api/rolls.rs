@@ -764,7 +764,7 @@ async fn progress_agrees_with_the_roll_farms_count() {
     mirror.loaded().await;
     let world = Trees::new(mirror).world().await;
     cancel.cancel();
-    let rc = &world.rcs.items[&new].value;
+    let rc = &world.rcs.items()[&new].value;
     let counts = roll::count(&world, &new, rc);
     assert_eq!(
         json!({"desired": counts.desired, "current": counts.pods.current,
