@@ -2690,10 +2690,14 @@ async fn an_rc_read_through_to_the_store_is_held_at_the_mirrors_index() {
 }
 
 /// A blocking read of one RC through to the store is held until what its view is made of
-/// changes, as one of a roll or a daemon set is: another RC's change does not wake it.
+/// changes, as one of a roll or a daemon set is: another RC's change does not wake it. That
+/// change lands past the index the read blocks at before the read is sent, and the RC's own
+/// change only once the read either was answered or waits on the RC's own prefix: a read the
+/// other RC's change answered has read the RC before its change, whenever it was answered.
 #[tokio::test]
 async fn an_rc_read_through_to_the_store_is_not_woken_by_another_rcs_change() {
-    let app = Arc::new(TestApp::new().await);
+    let (app, counting) = counted(MirrorConfig::default()).await;
+    let app = Arc::new(app);
     let id = create(&app, 0).await;
     let other = create(&app, 0).await;
     // Every part of the view in use: on Consul an empty prefix reads at the index of the
@@ -2704,8 +2708,14 @@ async fn an_rc_read_through_to_the_store_is_not_woken_by_another_rcs_change() {
     app.put_json(&rc_labels, &json!({"team": "a"})).await;
     let read = format!("/api/v1/rcs/{id}?consistent=true");
     let index = app.get(&read).await.x_index();
-    let held = app.get_held(format!("{read}&index={index}&wait=30s")).await;
     set_replicas(&app, &other, 2).await;
+    let held = Held::start(&app, format!("{read}&index={index}&wait=30s")).await;
+    let rc_key = format!("replication_controllers/{id}");
+    wait_until(|| async {
+        let waits = counting.watched().contains(&rc_key);
+        (held.is_answered() || waits).then_some(())
+    })
+    .await;
     set_replicas(&app, &id, 1).await;
     let answer = held.woken("the RC's change did not wake the read").await;
     assert_eq!(

@@ -22,6 +22,8 @@ pub struct Counting {
     listed_pairs: Mutex<Vec<String>>,
     /// The key of every single-key read, in order.
     read: Mutex<Vec<String>>,
+    /// The prefix or key of every blocking watch (one given a wait), in order.
+    watched: Mutex<Vec<String>>,
     /// Watches waiting for the store's answer now, and the most there have been at once.
     watching: AtomicUsize,
     most_watching: AtomicUsize,
@@ -111,6 +113,7 @@ impl Counting {
             listed: Mutex::default(),
             listed_pairs: Mutex::default(),
             read: Mutex::default(),
+            watched: Mutex::default(),
             watching: AtomicUsize::new(0),
             most_watching: AtomicUsize::new(0),
             failing: Mutex::default(),
@@ -136,6 +139,11 @@ impl Counting {
     /// The keys read one by one so far, in order.
     pub fn read(&self) -> Vec<String> {
         self.read.lock().unwrap().clone()
+    }
+
+    /// The prefix or key of every blocking watch (one given a wait) so far, in order.
+    pub fn watched(&self) -> Vec<String> {
+        self.watched.lock().unwrap().clone()
     }
 
     /// The prefixes listed so far (pairs or keys), in order.
@@ -438,6 +446,10 @@ impl KvStore for Counting {
     ) -> StoreResult<Listing> {
         if self.fails(target) {
             return Err(StoreError::Unavailable("the watch was lost".into()));
+        }
+        if !wait.is_zero() {
+            let (WatchTarget::Prefix(watched) | WatchTarget::Key(watched)) = target;
+            self.watched.lock().unwrap().push(watched.clone());
         }
         let answer = {
             let _watching = Watching::start(self);
