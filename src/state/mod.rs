@@ -1020,7 +1020,7 @@ impl Mirror {
     /// per tree, shared by the readers waiting), and if it moved, the tree's next read is
     /// made without waiting out its pacing (and, when it holds nothing, its blocking read
     /// under way asked again: see `Mirror::hurry`). A tree whose watch is failing is not
-    /// waited for: unless the store says it has not moved, answers claim no more than it
+    /// waited for, nor one whose watch fails meanwhile: unless the store says it has not moved, answers claim no more than it
     /// held when its watch last read it. A tree not read whole again since the store went
     /// backwards is waited for to be (its listed index is the old store's, which may lie
     /// past the fresh store's index for it: it would count as caught up with a store it has
@@ -1077,13 +1077,16 @@ impl Mirror {
             return false;
         };
         let listed = |mirror: &Mirror| mirror.listed_index(&[tree]) >= current;
+        let failing = |mirror: &Mirror| mirror.read().tree(tree).failing_since.is_some();
         if !listed(self) {
-            // A failing watch ignores readers until its backoff is over.
-            if self.read().tree(tree).failing_since.is_some() {
+            // A failing watch ignores readers until its backoff is over: not waited for,
+            // nor once it fails meanwhile.
+            if failing(self) {
                 return false;
             }
             self.hurry(tree);
-            if !self.until_in_epoch(epoch, listed).await {
+            let listed_or_failing = |mirror: &Mirror| listed(mirror) || failing(mirror);
+            if !self.until_in_epoch(epoch, listed_or_failing).await || !listed(self) {
                 return false;
             }
         }
@@ -1297,7 +1300,7 @@ impl Mirror {
     /// this server had applied to them when called, each listing bringing in with it any
     /// other writer's change from before the write; whether they did. Each tree behind is
     /// read at once rather than at its next paced read; a tree whose watch is failing is not
-    /// waited for. A store that went backwards meanwhile ends the wait unconfirmed: those
+    /// waited for, nor one whose watch fails meanwhile. A store that went backwards meanwhile ends the wait unconfirmed: those
     /// writes were the old store's.
     pub async fn confirm(&self, trees: &[Tree], timeout: Duration) -> bool {
         let (targets, failing, epoch): (Vec<(Tree, u64)>, bool, u64) = {
@@ -1324,16 +1327,19 @@ impl Mirror {
         for (tree, _) in &targets {
             self.wanted(*tree).notify_one();
         }
-        let confirmed = self.until_in_epoch(epoch, |mirror| {
+        let listed = |state: &State| {
+            (targets.iter()).all(|(tree, index)| state.tree(*tree).listed >= *index)
+        };
+        // Nor is a tree waited for once its watch fails meanwhile.
+        let failed = |state: &State| {
+            (targets.iter()).any(|(tree, _)| state.tree(*tree).failing_since.is_some())
+        };
+        let ended = self.until_in_epoch(epoch, |mirror| {
             let state = mirror.read();
-            targets
-                .iter()
-                .all(|(tree, index)| state.tree(*tree).listed >= *index)
+            listed(&state) || failed(&state)
         });
-        let confirmed = tokio::time::timeout(timeout, confirmed)
-            .await
-            .unwrap_or(false);
-        confirmed && !failing
+        let ended = tokio::time::timeout(timeout, ended).await.unwrap_or(false);
+        ended && listed(&self.read()) && !failing
     }
 
     /// `tree`'s index, its entries and the keys changed in it since generation `known`,
@@ -2248,6 +2254,61 @@ mod tests {
             (&mut caught_up).now_or_never(),
             Some(false),
             "a catch-up waiting for the tree's read again was not woken by its failure"
+        );
+    }
+
+    /// A catch-up waiting for a tree's watch to list past the store's index for it answers
+    /// as soon as the watch fails, as one asked once it has failed does, rather than wait
+    /// out its timeout for a read the failing watch does not make until its backoff is over.
+    #[tokio::test(start_paused = true)]
+    async fn a_catch_up_waiting_for_the_trees_listing_answers_once_its_watch_fails() {
+        let tree = Tree::Rolls;
+        let store = HeldReads::new(tree);
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        let listing = PrefixUpdate::Whole(Listing {
+            index: 1,
+            pairs: vec![answered(&layout::roll("r"), 1).unwrap()],
+        });
+        assert!(mirror.apply_update(tree, listing, true, 0));
+
+        // Another writer's change to the tree, at 5: a catch-up waits for its listing.
+        store.tree_index.store(5, Ordering::SeqCst);
+        let (trees, long) = ([tree], Duration::from_secs(3600));
+        let mut caught_up = Box::pin(mirror.catch_up_to(&trees, 5, long));
+        assert_eq!((&mut caught_up).now_or_never(), None);
+
+        // The tree's read fails.
+        mirror.watch_failed(tree, Instant::now());
+        assert_eq!(
+            (&mut caught_up).now_or_never(),
+            Some(false),
+            "a catch-up waiting for the tree's listing was not ended by its watch's failure"
+        );
+    }
+
+    /// A wait for a tree's watch to confirm the server's own write answers unconfirmed as
+    /// soon as the watch fails, as one asked once it has failed does, rather than wait out
+    /// its timeout for a read the failing watch does not make until its backoff is over.
+    #[tokio::test(start_paused = true)]
+    async fn a_confirmation_waiting_for_a_tree_ends_once_its_watch_fails() {
+        let tree = Tree::Rolls;
+        let store = HeldReads::new(tree);
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        let own = KvPair {
+            value: b"{}".as_slice().into(),
+            ..answered(&layout::roll("r"), 5).unwrap()
+        };
+        mirror.apply_own_writes([OwnWrite::Put(own)], Some(5));
+        let (trees, long) = ([tree], Duration::from_secs(3600));
+        let mut confirmed = Box::pin(mirror.confirm(&trees, long));
+        assert_eq!((&mut confirmed).now_or_never(), None);
+
+        // The tree's read fails.
+        mirror.watch_failed(tree, Instant::now());
+        assert_eq!(
+            (&mut confirmed).now_or_never(),
+            Some(false),
+            "a confirmation waiting for the tree was not ended by its watch's failure"
         );
     }
 
