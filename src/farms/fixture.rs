@@ -320,6 +320,9 @@ impl crate::kv::KvStore for FailingGet {
     async fn delete_prefix(&self, prefix: &str) -> crate::kv::StoreResult<()> {
         self.inner.delete_prefix(prefix).await
     }
+    fn key_prefix_len(&self) -> usize {
+        self.inner.key_prefix_len()
+    }
     async fn txn(&self, ops: &[crate::kv::TxnOp]) -> crate::kv::StoreResult<Vec<Option<KvPair>>> {
         self.inner.txn(ops).await
     }

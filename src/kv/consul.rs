@@ -337,6 +337,10 @@ impl KvStore for ConsulStore {
         }
     }
 
+    fn key_prefix_len(&self) -> usize {
+        0
+    }
+
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         validate_txn(ops)?;
         self.send_txn(ops).await

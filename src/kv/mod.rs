@@ -488,11 +488,10 @@ pub trait KvStore: Send + Sync + 'static {
 
     /// How many bytes this store puts before each key it is given, as it sends the key on
     /// (a namespace's prefix, [`prefixed`]): what [`txn_bytes_on`] adds to measure a
-    /// transaction as the store's own [`validate_txn`] will. 0 by default; a store wrapping
-    /// another answers its inner store's, plus its own.
-    fn key_prefix_len(&self) -> usize {
-        0
-    }
+    /// transaction as the store's own [`validate_txn`] will. A store wrapping another
+    /// answers its inner store's, plus its own. No default, so that a wrapper cannot leave
+    /// its inner store's prefix uncounted (a manifest told it fits then refused by the store).
+    fn key_prefix_len(&self) -> usize;
 
     /// Writes `value` at `key` if `cas` holds; a CAS miss is `Conflict`.
     async fn put(&self, key: &str, value: &[u8], cas: Cas) -> StoreResult<()>;

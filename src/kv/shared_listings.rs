@@ -378,6 +378,9 @@ mod tests {
         async fn delete_prefix(&self, _: &str) -> StoreResult<()> {
             unused()
         }
+        fn key_prefix_len(&self) -> usize {
+            0
+        }
         async fn txn(&self, _: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
             unused()
         }

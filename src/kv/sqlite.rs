@@ -2279,6 +2279,10 @@ impl KvStore for SqliteStore {
         .await
     }
 
+    fn key_prefix_len(&self) -> usize {
+        0
+    }
+
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         validate_txn(ops)?;
         run_txn(&self.inner, ops.to_vec()).await

@@ -102,6 +102,10 @@ impl KvStore for MirrorReader {
         read_only()
     }
 
+    fn key_prefix_len(&self) -> usize {
+        0
+    }
+
     async fn txn(&self, _ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         read_only()
     }

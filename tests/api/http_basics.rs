@@ -420,6 +420,9 @@ impl KvStore for PingFails {
     async fn delete_prefix(&self, prefix: &str) -> StoreResult<()> {
         self.inner.delete_prefix(prefix).await
     }
+    fn key_prefix_len(&self) -> usize {
+        self.inner.key_prefix_len()
+    }
     async fn txn(&self, ops: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         self.inner.txn(ops).await
     }
@@ -526,6 +529,9 @@ impl KvStore for Frozen {
     }
     async fn delete_prefix(&self, _: &str) -> StoreResult<()> {
         std::future::pending().await
+    }
+    fn key_prefix_len(&self) -> usize {
+        0
     }
     async fn txn(&self, _: &[TxnOp]) -> StoreResult<Vec<Option<KvPair>>> {
         std::future::pending().await
