@@ -231,7 +231,7 @@ pub struct RollPath {
         (status = BAD_REQUEST, description = "The body is not JSON", body = ErrorBody),
         (status = CONFLICT, description = "Another roll is over, or being created over, one of the RCs; the old-RC selector is ambiguous; or an RC the roll is over was changed or deleted between the checks and the commit, and nothing was written", body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "Invalid fields, every one listed; a named RC does not exist; or leave_old without an old RC", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = "Invalid fields, every one listed; a named RC does not exist; leave_old without an old RC; or a new_rc.manifest too large for the roll's one write, which also holds an existing old RC again, its manifest included (the cause says how large it may be)", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "An RC named, or matched by the old-RC selector, or any stored roll cannot be decoded (reason `UnreadableDocument`); DELETE of that RC or roll removes it", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )

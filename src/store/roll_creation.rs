@@ -255,9 +255,13 @@ impl RollCreator {
                 format!("the update-creation lock of replication controller {id} was lost"),
             );
         }
+        // The existing old RC and the size of its manifest, which its claim writes again.
+        let mut claimed = None;
         if let Some(id) = resolved.old.existing() {
+            let (claim, manifest) = self.claim_op(id).await?;
+            claimed = Some((id, manifest));
             txn.push(
-                self.claim_op(id).await?,
+                claim,
                 format!("the old replication controller {id} was deleted or changed"),
             );
         }
@@ -339,17 +343,27 @@ impl RollCreator {
         }
 
         if let NewSide::Create(new_rc) = &resolved.new {
-            // A stand-in old RC holds the new RC's manifest again.
-            let copies = if matches!(resolved.old, OldSide::StandIn(_)) {
-                2
-            } else {
-                1
+            // A stand-in old RC holds the new RC's manifest again; an existing one, claimed,
+            // its own, which leaves the new one that much less room.
+            let (copies, what) = match claimed {
+                Some((id, manifest)) => (
+                    1,
+                    format!(
+                        "a rolling update, with the RC it creates, its labels and its events, \
+                         and the old RC {id}, written again unchanged to claim it (its \
+                         manifest of {manifest} bytes included)"
+                    ),
+                ),
+                None => (
+                    2,
+                    "a rolling update, with the RC it creates and a stand-in old RC holding \
+                     its manifest again, their labels and its events"
+                        .to_owned(),
+                ),
             };
-            let what = "a rolling update, with the RCs it creates or claims, their labels \
-                        and its events";
             if let Some(cause) = manifest_too_large(
                 self.kv.as_ref(),
-                what,
+                &what,
                 new_rc.rc.manifest.raw(),
                 copies,
                 &txn.ops,
@@ -374,19 +388,29 @@ impl RollCreator {
     /// removing or changing it checks the rolls naming it just before its transaction; this
     /// moves the RC's version, which that write is check-and-set on, so a roll committed
     /// after those checks fails the write, whose next attempt finds the roll. An RC changed
-    /// or deleted since it was read fails the creation instead.
-    async fn claim_op(&self, id: &str) -> Result<TxnOp, CreateRollError> {
+    /// or deleted since it was read fails the creation instead. Answered with the size of
+    /// the old RC's manifest, which the op holds again.
+    async fn claim_op(&self, id: &str) -> Result<(TxnOp, usize), CreateRollError> {
         let key = layout::rc(id);
         let Some(pair) = self.kv.get(&key).await? else {
             return Err(CreateRollError::Changed(format!(
                 "the old replication controller {id} was deleted"
             )));
         };
-        Ok(TxnOp::Cas {
+        let manifest = StoredRc::from_stored(id, &pair.value)
+            .map_err(|e| CreateRollError::UnreadableRc {
+                id: id.to_owned(),
+                why: super::rcs::unreadable(id, &e),
+            })?
+            .manifest
+            .raw()
+            .len();
+        let op = TxnOp::Cas {
             key,
             value: pair.value.to_vec(),
             index: pair.modify_index,
-        })
+        };
+        Ok((op, manifest))
     }
 
     async fn push_rc_creation(

@@ -688,3 +688,48 @@ async fn a_reality_report_of_a_manifest_too_large_for_the_store_is_refused_namin
         .await;
     assert_eq!(reported.status, StatusCode::NO_CONTENT, "{reported:?}");
 }
+
+/// A roll over an existing old RC that creates its new RC writes the old RC again, unchanged,
+/// in its one write (to claim it): a new manifest too large for that write is told so with
+/// the old RC named as what else that write holds, its manifest included, and one a little
+/// under the size given is taken beside it.
+#[tokio::test]
+async fn a_roll_creating_an_rc_beside_a_large_old_rc_is_told_the_old_rc_is_written_too() {
+    let app = TestApp::new().await;
+    let rc = json!({"manifest": manifest_of(200_000), "node_selector": "",
+        "replicas_desired": 0});
+    let created = app
+        .json_request("POST", "/api/v1/rcs", Some(&rc), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let old_rc_id = created.json()["id"].as_str().unwrap().to_owned();
+    let roll = |manifest: String| {
+        json!({"old_rc_id": old_rc_id, "desired_replicas": 0, "minimum_replicas": 0,
+            "new_rc": {"manifest": manifest, "node_selector": ""}})
+    };
+    let before = stored(&app).await;
+    let refused = app
+        .json_request(
+            "POST",
+            "/api/v1/rolls",
+            Some(&roll(manifest_of(400_000))),
+            &[],
+        )
+        .await;
+    assert_eq!(stored(&app).await, before, "{refused:?}");
+    let largest = largest_allowed(&refused, "new_rc.manifest");
+    let message = &refused.error().causes[0].message;
+    assert!(
+        message.contains(&format!("the old RC {old_rc_id}, written again")),
+        "{message}"
+    );
+    assert!(
+        message.contains("its manifest of 200000 bytes"),
+        "{message}"
+    );
+    let fitting = roll(manifest_of(largest - ROUNDING));
+    let rolled = app
+        .json_request("POST", "/api/v1/rolls", Some(&fitting), &[])
+        .await;
+    assert_eq!(rolled.status, StatusCode::CREATED, "{rolled:?}");
+}
