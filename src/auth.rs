@@ -74,7 +74,7 @@ pub enum Need {
 /// The role each operation needs, by method and route template (as the OpenAPI document
 /// spells it; a served catch-all such as `{*id}` matches the document's parameters). HEAD
 /// needs what GET does. An operation not listed needs `admin`, and `?force=true` needs
-/// `admin` on any operation. An `agent` token listing `nodes` may only do its agent
+/// `admin` on an operation that takes it ([`FORCEABLE`]). An `agent` token listing `nodes` may only do its agent
 /// operations on a route whose `node` parameter is one of them.
 const RULES: &[(Method, &str, Need)] = &[
     (Method::GET, "/healthz", Need::Nobody),
@@ -127,6 +127,19 @@ const RULES: &[(Method, &str, Need)] = &[
     (Method::GET, "/api/v1/events", VIEWER),
 ];
 
+/// The operations that take `force`, where `?force=true` needs `admin` whatever `RULES`
+/// says. On any other, `force` is an unknown query parameter, which its handler refuses
+/// 400 as a malformed request whatever the token may do, rather than 403 as though it asked
+/// for more. The document's `force` parameters are these (a test holds them to it).
+const FORCEABLE: &[(Method, &str)] = &[(Method::DELETE, "/api/v1/rcs/{id}")];
+
+/// Whether the operation takes `force` ([`FORCEABLE`]).
+fn forceable(method: &Method, template: &str) -> bool {
+    FORCEABLE
+        .iter()
+        .any(|(m, path)| m == method && template_matches(path, template))
+}
+
 const VIEWER: Need = Need::Role(Role::Viewer);
 const DEPLOYER: Need = Need::Role(Role::Deployer);
 const AGENT: Need = Need::Role(Role::Agent);
@@ -145,14 +158,15 @@ pub fn rule(method: &Method, template: &str) -> Option<Need> {
 }
 
 /// What a request needs: its operation's entry (`admin` without one), raised to `admin` by
-/// `?force=true`.
+/// `?force=true` on an operation that takes it.
 fn need(method: &Method, template: Option<&str>, query: Option<&str>) -> Need {
     let need = template
         .and_then(|template| rule(method, template))
         .unwrap_or(Need::Role(Role::Admin));
-    let forced = query.is_some_and(|query| {
-        url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "force" && v == "true")
-    });
+    let forced = template.is_some_and(|template| forceable(method, template))
+        && query.is_some_and(|query| {
+            url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "force" && v == "true")
+        });
     match need {
         Need::Role(_) if forced => Need::Role(Role::Admin),
         need => need,
@@ -617,12 +631,7 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
                     role.map_or("none", Role::as_str).into(),
                 );
             let Some(role) = role else { continue };
-            let forced = operation
-                .parameters
-                .iter()
-                .flatten()
-                .any(|p| p.name == "force");
-            let sentence = if forced {
+            let sentence = if forceable(&method, path) {
                 format!(
                     "Needs a token with the `{}` role (`admin` with `?force=true`).",
                     role.as_str()
@@ -732,6 +741,11 @@ mod tests {
             DEPLOYER
         );
         assert_eq!(need(&Method::HEAD, Some("/api/v1/rcs"), None), VIEWER);
+        // Where `force` is not taken, it asks for nothing: the handler refuses it.
+        assert_eq!(
+            need(&Method::GET, Some("/api/v1/rcs"), Some("force=true")),
+            VIEWER
+        );
         assert_eq!(
             need(&Method::GET, Some("/healthz"), Some("force=true")),
             Need::Nobody

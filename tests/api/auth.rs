@@ -307,6 +307,33 @@ async fn force_deletes_need_admin() {
     assert_eq!(response.status, StatusCode::NOT_FOUND, "{response:?}");
 }
 
+/// `force` on an operation that does not take it is an unknown query parameter: a malformed
+/// request, 400 whatever the token's role, not 403 as though it asked for `admin`.
+#[tokio::test]
+async fn force_where_no_operation_takes_it_is_an_unknown_parameter() {
+    let secured = Secured::new(&[]).await;
+    let readers = ["viewer-token", "deployer-token"];
+    for (method, path, tokens) in [
+        ("GET", "/api/v1/rcs", &readers[..]),
+        ("GET", "/api/v1/rcs/{id}", &readers),
+        ("DELETE", "/api/v1/rolls/{id}", &["deployer-token"]),
+    ] {
+        let uri = format!("{}?force=true", fill(path));
+        for &token in tokens {
+            let response = secured.send(method, &uri, Some(token)).await;
+            assert_eq!(
+                response.status,
+                StatusCode::BAD_REQUEST,
+                "{method} {uri} as {token}: {response:?}"
+            );
+            assert!(
+                response.error().message.contains("force"),
+                "{method} {uri} as {token}: {response:?}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_agent_listing_nodes_reports_only_for_them() {
     let secured = Secured::new(&[]).await;

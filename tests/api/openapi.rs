@@ -402,6 +402,35 @@ fn every_if_match_documents_its_forms() {
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
+/// `?force=true` needs `admin` exactly where an operation takes `force` (the table of such
+/// operations in `src/auth.rs`, which the role sentence follows): one taking it unlisted
+/// would let a deployer force it, one listed not taking it would answer 403 where its handler
+/// refuses the unknown parameter 400.
+#[test]
+fn force_needs_admin_exactly_where_an_operation_takes_it() {
+    let doc = generated();
+    let mut forceable = Vec::new();
+    let mut found = Vec::new();
+    for (route, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let mut parameters = op["parameters"].as_array().into_iter().flatten();
+            let takes = parameters.any(|p| p["in"] == "query" && p["name"] == "force");
+            let description = op["description"].as_str().unwrap_or_default();
+            let needs_admin = description.contains("(`admin` with `?force=true`)");
+            if takes {
+                forceable.push(format!("{method} {route}"));
+            }
+            if takes != needs_admin {
+                found.push(format!(
+                    "{method} {route}: takes force {takes}: {description:?}"
+                ));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    assert_eq!(forceable, ["delete /api/v1/rcs/{id}"]);
+}
+
 /// No component has a field named as the component itself in snake case (`Version` with a
 /// `version` field): SDK generators name both the decoded model and that field's value after
 /// it, so one overwrites the other and the generated code does not type-check.
