@@ -316,6 +316,35 @@ impl Access {
         }
     }
 
+    /// Makes `openapi`, as [`document`] left it, say what this server asks: with
+    /// `--metrics-public`, the metrics and the version need no token, so they lose their
+    /// security requirement and their 401 and 403 answers and need the role `none`, as the
+    /// probes. The committed document is the form without the flag.
+    pub fn document(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        if !self.metrics_public {
+            return;
+        }
+        each_operation(openapi, |method, path, operation| {
+            if rule(method, path) != Some(Need::ViewerUnlessPublic) {
+                return;
+            }
+            operation
+                .extensions
+                .get_or_insert_with(Default::default)
+                .insert("x-required-role".to_owned(), "none".into());
+            operation.security = None;
+            if let Some(description) = &mut operation.description {
+                *description = description.replace(
+                    &role_sentence(Role::Viewer, UNLESS_PUBLIC),
+                    "Needs no token: this server runs with `--metrics-public`.",
+                );
+            }
+            for status in ["401", "403"] {
+                operation.responses.responses.remove(status);
+            }
+        });
+    }
+
     /// Re-reads the token file, returning how many tokens it now lists; if the new file is
     /// unreadable or invalid the old tokens stay in force and the error is returned. `None`
     /// without a token file.
@@ -602,6 +631,68 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
                 .build(),
         ),
     );
+    each_operation(openapi, |method, path, operation| {
+        let Some(need) = rule(method, path) else {
+            return;
+        };
+        let (role, unless) = match need {
+            Need::Nobody => (None, ""),
+            Need::Role(role) => (Some(role), ""),
+            Need::ViewerUnlessPublic => (Some(Role::Viewer), UNLESS_PUBLIC),
+        };
+        operation
+            .extensions
+            .get_or_insert_with(Default::default)
+            .insert(
+                "x-required-role".to_owned(),
+                role.map_or("none", Role::as_str).into(),
+            );
+        let Some(role) = role else { return };
+        let sentence = if forceable(method, path) {
+            role_sentence(role, " (`admin` with `?force=true`)")
+        } else {
+            role_sentence(role, unless)
+        };
+        operation.description = Some(match operation.description.take() {
+            Some(text) if !text.is_empty() => format!("{text}\n\n{sentence}"),
+            _ => sentence,
+        });
+        operation.security = Some(vec![SecurityRequirement::new(SCHEME, Vec::<String>::new())]);
+        let responses = &mut operation.responses.responses;
+        for (status, description) in [
+            ("401", "No bearer token, or an unknown one"),
+            ("403", "The token's role does not allow this operation"),
+        ] {
+            responses.insert(status.to_owned(), ErrorBody::documented(description));
+        }
+        if let Some(RefOr::T(unauthorized)) = responses.get_mut("401") {
+            let challenge = HeaderBuilder::new()
+                .schema(ObjectBuilder::new().schema_type(Type::String))
+                .description(Some(
+                    r#"`Bearer realm="p2-apiserver"`: send a bearer token"#,
+                ))
+                .build();
+            unauthorized
+                .headers
+                .insert("WWW-Authenticate".to_owned(), challenge);
+        }
+    });
+}
+
+/// What the role sentence of an operation needing `viewer` unless `--metrics-public` adds.
+const UNLESS_PUBLIC: &str = ", unless the server runs with `--metrics-public`";
+
+/// The sentence of an operation's description naming the role it needs, `tail` saying when
+/// it needs another or none.
+fn role_sentence(role: Role, tail: &str) -> String {
+    format!("Needs a token with the `{}` role{tail}.", role.as_str())
+}
+
+/// Calls `f` with every operation of the document, its method and its path.
+fn each_operation(
+    openapi: &mut utoipa::openapi::OpenApi,
+    mut f: impl FnMut(&Method, &str, &mut utoipa::openapi::path::Operation),
+) {
     for (path, item) in openapi.paths.paths.iter_mut() {
         let operations = [
             (Method::GET, &mut item.get),
@@ -611,56 +702,8 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
             (Method::PATCH, &mut item.patch),
         ];
         for (method, operation) in operations {
-            let Some(operation) = operation else { continue };
-            let Some(need) = rule(&method, path) else {
-                continue;
-            };
-            let (role, unless) = match need {
-                Need::Nobody => (None, ""),
-                Need::Role(role) => (Some(role), ""),
-                Need::ViewerUnlessPublic => (
-                    Some(Role::Viewer),
-                    ", unless the server runs with `--metrics-public`",
-                ),
-            };
-            operation
-                .extensions
-                .get_or_insert_with(Default::default)
-                .insert(
-                    "x-required-role".to_owned(),
-                    role.map_or("none", Role::as_str).into(),
-                );
-            let Some(role) = role else { continue };
-            let sentence = if forceable(&method, path) {
-                format!(
-                    "Needs a token with the `{}` role (`admin` with `?force=true`).",
-                    role.as_str()
-                )
-            } else {
-                format!("Needs a token with the `{}` role{unless}.", role.as_str())
-            };
-            operation.description = Some(match operation.description.take() {
-                Some(text) if !text.is_empty() => format!("{text}\n\n{sentence}"),
-                _ => sentence,
-            });
-            operation.security = Some(vec![SecurityRequirement::new(SCHEME, Vec::<String>::new())]);
-            let responses = &mut operation.responses.responses;
-            for (status, description) in [
-                ("401", "No bearer token, or an unknown one"),
-                ("403", "The token's role does not allow this operation"),
-            ] {
-                responses.insert(status.to_owned(), ErrorBody::documented(description));
-            }
-            if let Some(RefOr::T(unauthorized)) = responses.get_mut("401") {
-                let challenge = HeaderBuilder::new()
-                    .schema(ObjectBuilder::new().schema_type(Type::String))
-                    .description(Some(
-                        r#"`Bearer realm="p2-apiserver"`: send a bearer token"#,
-                    ))
-                    .build();
-                unauthorized
-                    .headers
-                    .insert("WWW-Authenticate".to_owned(), challenge);
+            if let Some(operation) = operation {
+                f(&method, path, operation);
             }
         }
     }

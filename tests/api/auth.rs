@@ -255,6 +255,47 @@ async fn metrics_and_version_need_a_viewer_unless_public() {
     assert_denied(&response, StatusCode::UNAUTHORIZED, "/api/v1/rcs");
 }
 
+/// The document a server serves tells what it asks: with `--metrics-public`, `/metrics` and
+/// `/version` need no token there (no security requirement, no 401 or 403, `x-required-role`
+/// none), as the probes; every other operation, and both without the flag, as documented.
+#[tokio::test]
+async fn the_served_document_tells_whether_the_metrics_are_public() {
+    async fn document(secured: &Secured) -> serde_json::Value {
+        let response = secured.send("GET", "/openapi.json", None).await;
+        assert_eq!(response.status, StatusCode::OK, "{response:?}");
+        serde_json::from_slice(&response.body).unwrap()
+    }
+    let mut default = document(&Secured::new(&[]).await).await;
+    let mut public = document(&Secured::serving(&[], true).await).await;
+    for path in ["/metrics", "/version"] {
+        let taken = |doc: &mut serde_json::Value| {
+            let paths = doc["paths"].as_object_mut().unwrap();
+            paths.remove(path).unwrap()["get"].take()
+        };
+        let (default, public) = (taken(&mut default), taken(&mut public));
+        assert_eq!(default["x-required-role"], "viewer", "{path}: {default}");
+        assert!(
+            default["responses"].get("401").is_some(),
+            "{path}: {default}"
+        );
+        assert_eq!(public["x-required-role"], "none", "{path}: {public}");
+        assert_eq!(public.get("security"), None, "{path}: {public}");
+        for status in ["401", "403"] {
+            assert_eq!(public["responses"].get(status), None, "{path}: {public}");
+        }
+        let description = public["description"].as_str().unwrap_or_default();
+        assert!(
+            !description.contains("Needs a token"),
+            "{path}: {description}"
+        );
+        assert!(
+            description.contains("--metrics-public"),
+            "{path}: {description}"
+        );
+    }
+    assert_eq!(public, default);
+}
+
 /// A method a route does not take is 405 to anyone, with or without a token, as an unknown
 /// route is 404: P2's label routes, whose own 405 says which of their two paths takes what,
 /// as any other.
