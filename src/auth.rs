@@ -74,8 +74,8 @@ pub enum Need {
 /// The role each operation needs, by method and route template (as the OpenAPI document
 /// spells it; a served catch-all such as `{*id}` matches the document's parameters). HEAD
 /// needs what GET does. An operation not listed needs `admin`, and `?force=true` needs
-/// `admin` on an operation that takes it ([`FORCEABLE`]). An `agent` token listing `nodes` may only do its agent
-/// operations on a route whose `node` parameter is one of them.
+/// `admin` on an operation that takes it ([`FORCEABLE`]). An `agent` token listing `nodes`
+/// may only do its agent operations on a route whose `node` parameter is one of them.
 const RULES: &[(Method, &str, Need)] = &[
     (Method::GET, "/healthz", Need::Nobody),
     (Method::GET, "/readyz", Need::Nobody),
@@ -316,16 +316,39 @@ impl Access {
         }
     }
 
-    /// Makes `openapi`, as [`document`] left it, say what this server asks: with
-    /// `--metrics-public`, the metrics and the version need no token, so they lose their
-    /// security requirement and their 401 and 403 answers and need the role `none`, as the
-    /// probes. The committed document is the form without the flag.
-    pub fn document(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        if !self.metrics_public {
-            return;
+    /// The role this server asks of a request needing `need`; `None` when it lets the request
+    /// through without a token: with no token file, every request; else those needing nobody,
+    /// and with `--metrics-public` the metrics and the version.
+    fn asks(&self, need: Need) -> Option<Role> {
+        self.tokens.as_ref()?;
+        match need {
+            Need::Role(role) => Some(role),
+            Need::ViewerUnlessPublic if !self.metrics_public => Some(Role::Viewer),
+            Need::Nobody | Need::ViewerUnlessPublic => None,
         }
+    }
+
+    /// Makes `openapi`, as [`document`] left it, say what this server asks (`asks`):
+    /// an operation it lets through without a token loses its security requirement and its
+    /// 401 and 403 answers, needs the role `none`, as the probes, and its role sentence says
+    /// why. Without a token file that is every operation (`?force=true` too), and the bearer
+    /// scheme goes; with `--metrics-public`, the metrics and the version. The committed
+    /// document is the form with a token file and without the flag.
+    pub fn document(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let why = if self.tokens.is_none() {
+            if let Some(components) = &mut openapi.components {
+                components.security_schemes.remove(SCHEME);
+            }
+            "Needs no token: this server runs without `--auth-tokens`."
+        } else {
+            "Needs no token: this server runs with `--metrics-public`."
+        };
         each_operation(openapi, |method, path, operation| {
-            if rule(method, path) != Some(Need::ViewerUnlessPublic) {
+            let (Some(need), Some(sentence)) = (rule(method, path), role_sentence(method, path))
+            else {
+                return;
+            };
+            if self.asks(need).is_some() {
                 return;
             }
             operation
@@ -334,10 +357,7 @@ impl Access {
                 .insert("x-required-role".to_owned(), "none".into());
             operation.security = None;
             if let Some(description) = &mut operation.description {
-                *description = description.replace(
-                    &role_sentence(Role::Viewer, UNLESS_PUBLIC),
-                    "Needs no token: this server runs with `--metrics-public`.",
-                );
+                *description = description.replace(&sentence, why);
             }
             for status in ["401", "403"] {
                 operation.responses.responses.remove(status);
@@ -511,10 +531,9 @@ pub async fn authorize(
         .extensions()
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_owned());
-    let needed = match need(request.method(), template.as_deref(), request.uri().query()) {
-        Need::Role(role) => role,
-        Need::ViewerUnlessPublic if !access.metrics_public => Role::Viewer,
-        Need::Nobody | Need::ViewerUnlessPublic => return next.run(request).await,
+    let need = need(request.method(), template.as_deref(), request.uri().query());
+    let Some(needed) = access.asks(need) else {
+        return next.run(request).await;
     };
     let presented = request
         .headers()
@@ -635,10 +654,10 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
         let Some(need) = rule(method, path) else {
             return;
         };
-        let (role, unless) = match need {
-            Need::Nobody => (None, ""),
-            Need::Role(role) => (Some(role), ""),
-            Need::ViewerUnlessPublic => (Some(Role::Viewer), UNLESS_PUBLIC),
+        let role = match need {
+            Need::Nobody => None,
+            Need::Role(role) => Some(role),
+            Need::ViewerUnlessPublic => Some(Role::Viewer),
         };
         operation
             .extensions
@@ -647,11 +666,8 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
                 "x-required-role".to_owned(),
                 role.map_or("none", Role::as_str).into(),
             );
-        let Some(role) = role else { return };
-        let sentence = if forceable(method, path) {
-            role_sentence(role, " (`admin` with `?force=true`)")
-        } else {
-            role_sentence(role, unless)
+        let Some(sentence) = role_sentence(method, path) else {
+            return;
         };
         operation.description = Some(match operation.description.take() {
             Some(text) if !text.is_empty() => format!("{text}\n\n{sentence}"),
@@ -679,13 +695,22 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
     });
 }
 
-/// What the role sentence of an operation needing `viewer` unless `--metrics-public` adds.
-const UNLESS_PUBLIC: &str = ", unless the server runs with `--metrics-public`";
-
-/// The sentence of an operation's description naming the role it needs, `tail` saying when
-/// it needs another or none.
-fn role_sentence(role: Role, tail: &str) -> String {
-    format!("Needs a token with the `{}` role{tail}.", role.as_str())
+/// The sentence of an operation's description naming the role it needs and when it needs
+/// another or none; `None` for one that needs no token, or that `RULES` does not list.
+fn role_sentence(method: &Method, path: &str) -> Option<String> {
+    let (role, tail) = match rule(method, path)? {
+        Need::Nobody => return None,
+        Need::Role(role) if forceable(method, path) => (role, " (`admin` with `?force=true`)"),
+        Need::Role(role) => (role, ""),
+        Need::ViewerUnlessPublic => (
+            Role::Viewer,
+            ", unless the server runs with `--metrics-public`",
+        ),
+    };
+    Some(format!(
+        "Needs a token with the `{}` role{tail}.",
+        role.as_str()
+    ))
 }
 
 /// Calls `f` with every operation of the document, its method and its path.

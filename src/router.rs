@@ -365,11 +365,11 @@ fn document_also(operation: &mut Operation, status: &str, why: &str) {
 }
 
 /// The complete service over `state`: the API, its document at `/openapi.json` (with the
-/// server's own replica maximum, and its metrics public or not) and Swagger UI at `/docs`,
-/// JSON fallbacks and middleware. Each route checks the request's token against the role
-/// its operation needs ([`auth`]); the fallbacks do not, so an unknown route is a 404 to
-/// anyone, and a method a route does not take a 405. Installs the metrics recorder that
-/// `/metrics` renders, if nothing has yet.
+/// server's own replica maximum, and the operations it lets through without a token) and
+/// Swagger UI at `/docs`, JSON fallbacks and middleware. Each route checks the request's
+/// token against the role its operation needs ([`auth`]); the fallbacks do not, so an
+/// unknown route is a 404 to anyone, and a method a route does not take a 405. Installs the
+/// metrics recorder that `/metrics` renders, if nothing has yet.
 pub fn build(state: AppState) -> Router {
     metrics::install();
     let limits = state.limits;

@@ -129,15 +129,20 @@ impl Secured {
     }
 
     async fn send(&self, method: &str, uri: &str, token: Option<&str>) -> TestResponse {
-        let mut request = Request::builder().method(method).uri(uri);
-        if let Some(token) = token {
-            request = request.header("authorization", format!("Bearer {token}"));
-        }
-        if matches!(method, "POST" | "PUT" | "PATCH") {
-            request = request.header("content-type", "application/json");
-        }
-        call(&self.router, request.body(Body::from("{}")).unwrap()).await
+        call(&self.router, probe(method, uri, token)).await
     }
+}
+
+/// A request of `method` to `uri` with `token`, its body (for a write) `{}`.
+fn probe(method: &str, uri: &str, token: Option<&str>) -> Request<Body> {
+    let mut request = Request::builder().method(method).uri(uri);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    if matches!(method, "POST" | "PUT" | "PATCH") {
+        request = request.header("content-type", "application/json");
+    }
+    request.body(Body::from("{}")).unwrap()
 }
 
 /// A plausible value for each path parameter of the document.
@@ -294,6 +299,80 @@ async fn the_served_document_tells_whether_the_metrics_are_public() {
         );
     }
     assert_eq!(public, default);
+}
+
+/// The document a server without `--auth-tokens` serves tells that it lets every request
+/// through: no bearer scheme, and no operation with a security requirement, a 401 or 403 or a
+/// role (`x-required-role` none, the role sentence of its description saying why), `?force`
+/// included, as the server answers; `--metrics-public` changes nothing there. Every other part
+/// of the document is as served with tokens.
+#[tokio::test]
+async fn the_served_document_tells_when_no_token_is_needed() {
+    let no_tokens = TestApp::new().await;
+    let mut open = no_tokens.get("/openapi.json").await.json();
+    let secured = Secured::new(&[]).await;
+    let mut tokened = secured.send("GET", "/openapi.json", None).await.json();
+
+    let mut opened = 0;
+    for (path, item) in tokened["paths"].as_object_mut().unwrap() {
+        for (method, needing) in item.as_object_mut().unwrap() {
+            let what = format!("{} {path}", method.to_uppercase());
+            let operation = &mut open["paths"][path.as_str()][method.as_str()];
+            assert_eq!(operation["x-required-role"], "none", "{what}");
+            assert_eq!(operation.get("security"), None, "{what}");
+            for status in ["401", "403"] {
+                let answer = operation["responses"].get(status);
+                assert_eq!(answer, None, "{what}");
+            }
+            let force = if what == "DELETE /api/v1/rcs/{id}" {
+                "&force=true"
+            } else {
+                ""
+            };
+            let uri = format!("{}?auth_probe=1{force}", fill(path));
+            let response = no_tokens
+                .send(probe(&method.to_uppercase(), &uri, None))
+                .await;
+            assert_let_through(&response, &what);
+            if needing["x-required-role"] == "none" {
+                assert_eq!(operation, needing, "{what}");
+                continue;
+            }
+            let described = needing["description"].as_str().unwrap();
+            let (text, sentence) = described.rsplit_once("Needs a token").unwrap();
+            assert!(!sentence.contains("\n\n"), "{what}: {described:?}");
+            let told = format!("{text}Needs no token: this server runs without `--auth-tokens`.");
+            assert_eq!(operation["description"], told.as_str(), "{what}");
+            for taken in ["description", "x-required-role", "security"] {
+                needing.as_object_mut().unwrap().remove(taken);
+                operation.as_object_mut().unwrap().remove(taken);
+            }
+            for status in ["401", "403"] {
+                needing["responses"].as_object_mut().unwrap().remove(status);
+            }
+            assert_eq!(operation, needing, "{what}");
+            opened += 1;
+        }
+    }
+    assert!(opened > 30, "only {opened} operations opened");
+    let schemes = open["components"]
+        .as_object_mut()
+        .unwrap()
+        .remove("securitySchemes");
+    assert_eq!(schemes, None, "the bearer scheme");
+    let schemes = tokened["components"]
+        .as_object_mut()
+        .unwrap()
+        .remove("securitySchemes");
+    assert!(schemes.unwrap()["bearer"].is_object());
+    assert_eq!(open, tokened);
+    let served = no_tokens.get("/openapi.json").await.json();
+    let public = Arc::new(Access::default().with_metrics_public(true));
+    let public = TestApp::secured(public).await.get("/openapi.json").await;
+    assert!(
+        public.json() == served,
+        "--metrics-public changed the document"
+    );
 }
 
 /// A method a route does not take is 405 to anyone, with or without a token, as an unknown

@@ -4,7 +4,11 @@
 //! After an intended API change, regenerate the committed copy with
 //! `UPDATE_OPENAPI=1 cargo test --test api openapi`.
 
+use std::sync::Arc;
+
+use crate::auth::token_file;
 use crate::support::api::TestApp;
+use p2_apiserver::auth::Access;
 use p2_apiserver::router;
 use serde_json::json;
 
@@ -30,9 +34,15 @@ fn committed_document_matches_the_code() {
     );
 }
 
+/// As a server with tokens serves it; one without says no token is needed
+/// (`auth::the_served_document_tells_when_no_token_is_needed`).
 #[tokio::test]
 async fn served_document_is_the_generated_one() {
-    let app = TestApp::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.yaml");
+    token_file(&tokens, &[("viewer", "viewer", "viewer-token", None)]);
+    let access = Access::new(Some(&tokens), Vec::new()).unwrap();
+    let app = TestApp::secured(Arc::new(access)).await;
     let response = app.get("/openapi.json").await;
     assert_eq!(response.status, 200);
     let served: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
