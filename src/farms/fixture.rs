@@ -14,8 +14,8 @@ use crate::model::{
 use crate::state::{self, Entry};
 
 use super::world::{
-    index_pods, pod_key, HealthResults, IndexedRcs, PodEntries, PodKey, Shared, Tree, Versioned,
-    World,
+    pod_key, HealthResults, IndexedPodLabels, IndexedRcs, PodEntries, PodKey, Shared, Tree,
+    Versioned, World,
 };
 
 /// The trees of a [`World`], each filled as a test needs.
@@ -141,8 +141,7 @@ impl Fleet {
                     })
                     .collect(),
             ),
-            pods_by_label: index_pods(&pod_label_entries),
-            pod_labels: tree(pod_label_entries),
+            pod_labels: IndexedPodLabels::new(tree(pod_label_entries)),
             intents: tree(manifests(state::Tree::Intent, &self.intents)),
             reality: tree(manifests(state::Tree::Reality, &self.reality)),
             health: tree(HealthResults::new(

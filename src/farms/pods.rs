@@ -128,7 +128,7 @@ pub fn is_free(world: &World, (node, pod_id): &PodKey) -> bool {
 /// placing it would fail, and with it every other node of the same transaction, on every
 /// pass.
 pub fn held_by_labels(world: &World, node: &str, pod_id: &str) -> bool {
-    let Some(entry) = world.pod_labels.items.get_at(node, pod_id) else {
+    let Some(entry) = world.pod_labels.items().get_at(node, pod_id) else {
         return false;
     };
     let Some(labels) = entry.labels() else {

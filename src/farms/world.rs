@@ -258,11 +258,9 @@ pub struct World {
     pub daemon_sets: Arc<Tree<DaemonSetMap>>,
     /// Node label entries by node, those that cannot be read too ([`World::node_unreadable`]).
     pub nodes: Arc<Tree<NodeMap>>,
-    /// Pod labels by (node, pod id); the entry's index is the CAS token of label writes.
-    pub pod_labels: Arc<Tree<PodEntries>>,
-    /// The pods of `pod_labels` by the value of each of [`INDEXED_POD_LABELS`], kept up to
-    /// date change by change with that tree.
-    pub pods_by_label: [PodsByValue; 2],
+    /// Pod labels by (node, pod id), the entry's index the CAS token of label writes, with
+    /// their index by the value of each of [`INDEXED_POD_LABELS`] ([`World::pods_by_label`]).
+    pub pod_labels: IndexedPodLabels,
     /// Intended manifests (raw bytes) by (node, pod id).
     pub intents: Arc<Tree<PodEntries>>,
     /// Manifests the nodes report running, by (node, pod id).
@@ -290,13 +288,13 @@ impl World {
 
     /// The labels of `pod`.
     pub fn pod_labels_of(&self, pod: &PodKey) -> Option<&CompactLabels> {
-        self.pod_labels.items.get(pod)?.labels()
+        self.pod_labels.items().get(pod)?.labels()
     }
 
     /// The labels of `pod` at their index (empty at 0 when it has none), for a CAS write.
     pub fn pod_label_record(&self, pod: &PodKey) -> LabelRecord {
         self.pod_labels
-            .items
+            .items()
             .get(pod)
             .and_then(|entry| {
                 Some(LabelRecord {
@@ -347,10 +345,7 @@ impl World {
     /// The pods that have label `key`, by its value; `key` is one of
     /// [`INDEXED_POD_LABELS`].
     pub fn pods_by_label(&self, key: &str) -> &PodsByValue {
-        let position = INDEXED_POD_LABELS
-            .iter()
-            .position(|indexed| *indexed == key);
-        &self.pods_by_label[position.expect("pods are looked up by an indexed label")]
+        self.pod_labels.by_label(key)
     }
 
     /// The nodes whose labels `selector` (parsed from `text`) matches.
@@ -637,7 +632,7 @@ impl Trees {
                 state::Tree::Labels(LabelType::Node) => {
                     update(&mut world.nodes, &snapshot, node_name, every_entry)
                 }
-                state::Tree::Labels(LabelType::Pod) => update_pod_labels(world, &snapshot),
+                state::Tree::Labels(LabelType::Pod) => world.pod_labels.update(&snapshot),
                 state::Tree::Intent => world.intents = pod_tree(&snapshot),
                 state::Tree::Reality => world.reality = pod_tree(&snapshot),
                 state::Tree::Health => {
@@ -780,7 +775,7 @@ fn pod_tree(snapshot: &TreeSnapshot) -> Arc<Tree<PodEntries>> {
 }
 
 /// The pods of `pods` by the value of each of [`INDEXED_POD_LABELS`].
-pub fn index_pods(pods: &PodEntries) -> [PodsByValue; 2] {
+fn index_pods(pods: &PodEntries) -> [PodsByValue; 2] {
     let mut indexes = <[PodsByValue; 2]>::default();
     for ((node, pod_id), entry) in pods.iter() {
         if let Some(labels) = entry.labels() {
@@ -791,19 +786,50 @@ pub fn index_pods(pods: &PodEntries) -> [PodsByValue; 2] {
     indexes
 }
 
-/// Brings the world's pod labels, and its index of them, to the mirror's `snapshot`.
-fn update_pod_labels(world: &mut World, snapshot: &TreeSnapshot) {
-    let now = pod_tree(snapshot);
-    match &snapshot.changed {
-        Some(changed) => reindex(
-            &mut world.pods_by_label,
-            &world.pod_labels.items,
-            &now.items,
-            changed,
-        ),
-        None => world.pods_by_label = index_pods(&now.items),
+/// The world's pod labels and their index by the value of each of [`INDEXED_POD_LABELS`],
+/// kept in step here alone: indexed whole when made ([`IndexedPodLabels::new`]) and brought
+/// to each of the mirror's snapshots change by change, never the one changed without the
+/// other.
+#[derive(Clone, Default)]
+pub struct IndexedPodLabels {
+    tree: Arc<Tree<PodEntries>>,
+    /// The pods by the value of each of [`INDEXED_POD_LABELS`], in that order.
+    by_label: [PodsByValue; 2],
+}
+
+impl IndexedPodLabels {
+    /// `pods` (the pod-label tree), indexed.
+    pub fn new(pods: Arc<Tree<PodEntries>>) -> IndexedPodLabels {
+        let by_label = index_pods(&pods.items);
+        IndexedPodLabels {
+            tree: pods,
+            by_label,
+        }
     }
-    world.pod_labels = now;
+
+    /// The pods' label entries by (node, pod id).
+    pub fn items(&self) -> &PodEntries {
+        &self.tree.items
+    }
+
+    /// The pods that have label `key`, by its value; `key` is one of
+    /// [`INDEXED_POD_LABELS`].
+    pub fn by_label(&self, key: &str) -> &PodsByValue {
+        let position = INDEXED_POD_LABELS
+            .iter()
+            .position(|indexed| *indexed == key);
+        &self.by_label[position.expect("pods are looked up by an indexed label")]
+    }
+
+    /// Brings the pod labels, and their index, to the mirror's `snapshot`.
+    fn update(&mut self, snapshot: &TreeSnapshot) {
+        let now = pod_tree(snapshot);
+        match &snapshot.changed {
+            Some(changed) => reindex(&mut self.by_label, &self.tree.items, &now.items, changed),
+            None => self.by_label = index_pods(&now.items),
+        }
+        self.tree = now;
+    }
 }
 
 /// Brings `indexes` of the pod-label tree `was` to `now`, the keys `changed` between them.
@@ -1160,17 +1186,21 @@ mod tests {
             pod("n3/c", "rc2", 1),
         );
         let mut world = World::default();
-        update_pod_labels(&mut world, &snapshot(tree, 1, &[&a, &b, &c], None));
+        world
+            .pod_labels
+            .update(&snapshot(tree, 1, &[&a, &b, &c], None));
         assert_eq!(world.pods_labelled(RC_ID_LABEL, "rc1").len(), 2);
 
         // `n2/a` moves to rc2, `n1/a` goes, `n4/d` comes.
         let (b2, d) = (pod("n2/a", "rc2", 2), pod("n4/d", "rc1", 2));
         let changed = ["n1/a", "n2/a", "n4/d"];
-        update_pod_labels(
-            &mut world,
-            &snapshot(tree, 2, &[&b2, &c, &d], Some(&changed)),
+        world
+            .pod_labels
+            .update(&snapshot(tree, 2, &[&b2, &c, &d], Some(&changed)));
+        assert_eq!(
+            world.pod_labels.by_label,
+            index_pods(world.pod_labels.items())
         );
-        assert_eq!(world.pods_by_label, index_pods(&world.pod_labels.items));
         assert_eq!(
             world.pods_labelled(RC_ID_LABEL, "rc1"),
             [pod_key("n4", "d")]
