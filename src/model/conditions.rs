@@ -725,7 +725,8 @@ pub struct DsFacts {
     /// after they were all written: a contention neither one is disabled for.
     pub relabelled: Option<NodeContention>,
     /// An enabled daemon set written after it into contention with it, so the one to
-    /// disable, that this farm does not own, so does not disable.
+    /// disable, that this farm does not own, so does not disable. One no farm owns yet is
+    /// not shown while `relabelled` is.
     pub later_contender: Option<LaterContender>,
 }
 
@@ -805,8 +806,11 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
                 rival.id, rival.pod_id
             ),
         ),
-        // Nor any farm's yet: both are enabled until one takes it.
-        (None, Some(rival), _) => Observed::new(
+        // Nor any farm's yet: both are enabled until one takes it, in its next pass. Nodes
+        // relabelled into contention, which only an operator ends and which is alerted about
+        // once as it starts (told from the conditions stored), go on being shown meanwhile
+        // (below), or it would be alerted about again once this one is disabled.
+        (None, Some(rival), None) => Observed::new(
             "Contended",
             True,
             "ContenderNotYetOwned",
@@ -817,7 +821,7 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
                 rival.id, rival.pod_id
             ),
         ),
-        (None, None, Some(nodes)) => Observed::new(
+        (None, _, Some(nodes)) => Observed::new(
             "Contended",
             True,
             NODE_LABELS_CONTEND,
