@@ -48,6 +48,13 @@ impl Role {
         self == needed || self == Role::Admin || needed == Role::Viewer
     }
 
+    /// Whether every role grants this one, so that no known token is refused it (403).
+    fn granted_to_all(self) -> bool {
+        [Role::Viewer, Role::Deployer, Role::Agent, Role::Admin]
+            .into_iter()
+            .all(|role| role.grants(self))
+    }
+
     /// The name used in the token file and in the OpenAPI document.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -634,8 +641,9 @@ const SCHEME: &str = "bearer";
 
 /// Declares the bearer scheme in the document, and on each operation the role it needs
 /// (`x-required-role`, `none` for the public ones, and a sentence of its description), its
-/// security requirement and its 401 and 403 answers. An operation missing from `RULES` gets
-/// no `x-required-role`, which the tests catch.
+/// security requirement, its 401 answer and, where a known token may lack the role (not
+/// `viewer`, which every role grants, unless `?force=true` raises it), its 403. An
+/// operation missing from `RULES` gets no `x-required-role`, which the tests catch.
 pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
     let components = openapi.components.get_or_insert_with(Default::default);
     components.add_security_scheme(
@@ -666,7 +674,7 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
                 "x-required-role".to_owned(),
                 role.map_or("none", Role::as_str).into(),
             );
-        let Some(sentence) = role_sentence(method, path) else {
+        let (Some(role), Some(sentence)) = (role, role_sentence(method, path)) else {
             return;
         };
         operation.description = Some(match operation.description.take() {
@@ -675,11 +683,12 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
         });
         operation.security = Some(vec![SecurityRequirement::new(SCHEME, Vec::<String>::new())]);
         let responses = &mut operation.responses.responses;
-        for (status, description) in [
-            ("401", "No bearer token, or an unknown one"),
-            ("403", "The token's role does not allow this operation"),
-        ] {
-            responses.insert(status.to_owned(), ErrorBody::documented(description));
+        let unauthorized = ErrorBody::documented("No bearer token, or an unknown one");
+        responses.insert("401".to_owned(), unauthorized);
+        // A role every token has is refused to none (`?force=true` aside).
+        if forceable(method, path) || !role.granted_to_all() {
+            let forbidden = ErrorBody::documented("The token's role does not allow this operation");
+            responses.insert("403".to_owned(), forbidden);
         }
         if let Some(RefOr::T(unauthorized)) = responses.get_mut("401") {
             let challenge = HeaderBuilder::new()

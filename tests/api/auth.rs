@@ -208,6 +208,7 @@ async fn every_documented_operation_needs_its_role() {
             assert!(found.is_empty(), "{found:#?}");
             let response = secured.send(&method, &uri, Some("unknown")).await;
             assert_denied(&response, StatusCode::UNAUTHORIZED, &what);
+            let mut refused = false;
             for (role, token) in ROLES {
                 let response = secured.send(&method, &uri, Some(token)).await;
                 let found = disagreements(&document, &method, path, &response);
@@ -217,8 +218,16 @@ async fn every_documented_operation_needs_its_role() {
                     assert_let_through(&response, &what);
                 } else {
                     assert_denied(&response, StatusCode::FORBIDDEN, &what);
+                    refused = true;
                 }
             }
+            // A 403 is documented where a role is refused (or `?force=true` needs `admin`),
+            // and only there.
+            let forceable = operation["parameters"]
+                .as_array()
+                .is_some_and(|params| params.iter().any(|p| p["name"] == "force"));
+            let documented = operation["responses"].get("403").is_some();
+            assert_eq!(documented, refused || forceable, "{what}: its 403");
             checked += 1;
         }
     }
