@@ -7,10 +7,10 @@
 //!   introduced the contention (P2 disables "the one that just appeared or changed"), and no
 //!   extra reads are needed. One that another farm owns is that farm's to disable, and one
 //!   no farm owns yet the next owner's: the one written before it says so in its
-//!   `Contended` condition (`ContenderOwnedElsewhere`, `ContenderNotYetOwned`, the latter
-//!   only while no relabelled node makes it contend, below), rather than that nothing
-//!   contends with it. Where only nodes relabelled since both were
-//!   written match both ([`Contention::Relabelled`]), no write of either made it, and
+//!   `Contended` condition (`ContenderOwnedElsewhere`, `ContenderNotYetOwned`; while
+//!   relabelled nodes make it contend, below, their reason stays and its message names the
+//!   other), rather than that nothing contends with it. Where only nodes relabelled since
+//!   both were written match both ([`Contention::Relabelled`]), no write of either made it, and
 //!   disabling one would take its pods off every node for one node's labels: neither is
 //!   disabled, each contended node is left to the daemon set running the pod there (or to
 //!   neither), and both say so in their `Contended` condition (`NodeLabelsContend`), each
@@ -1187,78 +1187,92 @@ mod tests {
     }
 
     /// A daemon set written into contention with one that nodes relabelled into contention
-    /// make contend already, whose lock no farm holds yet, is disabled by the farm that takes
-    /// it in its next pass: the relabel contention, alerted about as it started, stands
-    /// throughout, so the older one's conditions go on showing it, and it is not alerted
+    /// make contend already is disabled by the farm that owns it (another farm, or the one
+    /// that takes it in its next pass when no farm holds its lock yet): the relabel
+    /// contention, alerted about as it started, stands throughout, so the older one's
+    /// conditions go on showing it, naming the newcomer meanwhile, and it is not alerted
     /// again once the newcomer is disabled.
     #[tokio::test]
-    async fn a_relabel_contention_is_not_alerted_again_past_a_contender_not_yet_owned() {
+    async fn a_relabel_contention_is_not_alerted_again_past_a_later_contender() {
         use crate::kv::sqlite::SqliteStore;
         use crate::kv::{Cas, KvStore};
         use crate::model::conditions::{stamp, NodeContention};
         use std::sync::Arc;
 
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.db").display().to_string();
-        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-        let (_term, ctx) = crate::farms::fixture::term_over(&store, "me").await;
-        let owned = layout::ds_ownership("ds");
-        assert!(store.acquire(&owned, b"me", &ctx.session).await.unwrap());
+        for owned_elsewhere in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("store.db").display().to_string();
+            let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+            let (_term, ctx) = crate::farms::fixture::term_over(&store, "me").await;
+            let owned = layout::ds_ownership("ds");
+            assert!(store.acquire(&owned, b"me", &ctx.session).await.unwrap());
 
-        // `ds` and `zoned`, written before the node was labelled into both, and the record
-        // of the relabel contention, alerted about as it started.
-        let key = layout::conditions(ObjectKind::Daemonsets, "ds");
-        let facts = DsFacts {
-            relabelled: Some(NodeContention::default()),
-            ..DsFacts::default()
-        };
-        let record = ConditionsRecord {
-            conditions: stamp(&[], ds_conditions(&facts), 0, SystemTime::now()),
-            progress: None,
-        };
-        let value = serde_json::to_vec(&record).unwrap();
-        store.put(&key, &value, Cas::Any).await.unwrap();
-        let fleet = |newer_disabled: bool| {
-            let mut fleet = Fleet::new();
-            let both = crate::farms::fixture::labels(&[("role", "web"), ("zone", "a")]);
-            fleet.nodes.insert("n00".into(), both);
-            fleet.lock(&owned, &ctx.session);
-            let zoned = StoredDaemonSet {
-                id: "zoned".into(),
-                ..ds(OLD, 0, "zone=a")
+            // `ds` and `zoned`, written before the node was labelled into both, and the
+            // record of the relabel contention, alerted about as it started.
+            let key = layout::conditions(ObjectKind::Daemonsets, "ds");
+            let facts = DsFacts {
+                relabelled: Some(NodeContention::default()),
+                ..DsFacts::default()
             };
-            // Written since into contention with `ds`, its lock free.
-            let newer = StoredDaemonSet {
-                id: "newer".into(),
-                disabled: newer_disabled,
-                ..ds(OLD, 0, "role=web")
+            let record = ConditionsRecord {
+                conditions: stamp(&[], ds_conditions(&facts), 0, SystemTime::now()),
+                progress: None,
             };
-            for (id, value, index) in [
-                ("ds", ds(OLD, 0, "role=web"), 0),
-                ("zoned", zoned, 0),
-                ("newer", newer, 20),
-            ] {
+            let value = serde_json::to_vec(&record).unwrap();
+            store.put(&key, &value, Cas::Any).await.unwrap();
+            let fleet = |newer_disabled: bool| {
+                let mut fleet = Fleet::new();
+                let both = crate::farms::fixture::labels(&[("role", "web"), ("zone", "a")]);
+                fleet.nodes.insert("n00".into(), both);
+                fleet.lock(&owned, &ctx.session);
+                if owned_elsewhere {
+                    fleet.lock(&layout::ds_ownership("newer"), "another farm's session");
+                }
+                let zoned = StoredDaemonSet {
+                    id: "zoned".into(),
+                    ..ds(OLD, 0, "zone=a")
+                };
+                // Written since into contention with `ds`.
+                let newer = StoredDaemonSet {
+                    id: "newer".into(),
+                    disabled: newer_disabled,
+                    ..ds(OLD, 0, "role=web")
+                };
+                for (id, value, index) in [
+                    ("ds", ds(OLD, 0, "role=web"), 0),
+                    ("zoned", zoned, 0),
+                    ("newer", newer, 20),
+                ] {
+                    fleet
+                        .daemon_sets
+                        .insert(id.into(), Versioned { value, index });
+                }
                 fleet
-                    .daemon_sets
-                    .insert(id.into(), Versioned { value, index });
-            }
-            fleet
-        };
-        let mirror = crate::state::Mirror::new(store.clone(), Default::default());
-        let mut farm = DsFarm::new(mirror);
-        // The newcomer, no farm's yet; then disabled by the farm that took it.
-        farm.pass(&ctx, &fleet(false).world()).await;
-        farm.pass(&ctx, &fleet(true).world()).await;
+            };
+            let contended = || async {
+                let stored = read_conditions(store.as_ref(), ObjectKind::Daemonsets, "ds").await;
+                (stored.unwrap().into_iter())
+                    .find(|c| c.condition_type == "Contended")
+                    .unwrap()
+            };
+            let mirror = crate::state::Mirror::new(store.clone(), Default::default());
+            let mut farm = DsFarm::new(mirror);
+            // The newcomer, beside it; then disabled by the farm that owns it.
+            farm.pass(&ctx, &fleet(false).world()).await;
+            let beside = contended().await;
+            farm.pass(&ctx, &fleet(true).world()).await;
 
-        let stored = read_conditions(store.as_ref(), ObjectKind::Daemonsets, "ds").await;
-        let contended = (stored.unwrap().into_iter())
-            .find(|c| c.condition_type == "Contended")
-            .map(|c| c.reason);
-        assert_eq!(contended.as_deref(), Some(NODE_LABELS_CONTEND));
-        assert!(
-            ctx.alerts.due("ds_node_labels_contend/ds"),
-            "the relabel contention was alerted about again"
-        );
+            let case = format!("owned elsewhere: {owned_elsewhere}");
+            assert!(
+                ctx.alerts.due("ds_node_labels_contend/ds"),
+                "{case}: the relabel contention was alerted about again"
+            );
+            assert_eq!(contended().await.reason, NODE_LABELS_CONTEND, "{case}");
+            // The newcomer, named while it stood beside it.
+            let message = &beside.message;
+            assert_eq!(beside.reason, NODE_LABELS_CONTEND, "{case}: {message}");
+            assert!(message.contains("newer"), "{case}: {message}");
+        }
     }
 
     #[test]

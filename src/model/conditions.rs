@@ -725,8 +725,8 @@ pub struct DsFacts {
     /// after they were all written: a contention neither one is disabled for.
     pub relabelled: Option<NodeContention>,
     /// An enabled daemon set written after it into contention with it, so the one to
-    /// disable, that this farm does not own, so does not disable. One no farm owns yet is
-    /// not shown while `relabelled` is.
+    /// disable, that this farm does not own, so does not disable. While `relabelled` is
+    /// shown, it is named in its message rather than shown in its place.
     pub later_contender: Option<LaterContender>,
 }
 
@@ -753,6 +753,23 @@ pub struct NodeContention {
     pub kept: BTreeSet<String>,
     /// The nodes it places nothing on: another daemon set runs the pod there, or none does.
     pub left: BTreeSet<String>,
+}
+
+/// What a daemon set says of `rival`, written after it into contention with it: the one to
+/// disable, which its farm does not own.
+fn later_contender(rival: &LaterContender) -> String {
+    format!(
+        "daemon set {} is enabled for pod {} too, and selects nodes this one selects; its \
+         write made the contention, so it is the one to disable, but {}",
+        rival.id,
+        rival.pod_id,
+        if rival.owned_elsewhere {
+            "another farm owns it, and this farm disables only the daemon sets it owns: both \
+             stay enabled until its owner or a user disables one"
+        } else {
+            "no farm owns it yet: the farm that takes it disables it"
+        }
+    )
 }
 
 /// At most the first few `names`, then how many more: a message stays short on any fleet.
@@ -793,35 +810,11 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
                 }
             ),
         ),
-        // Its write made the contention, so it is the one to disable, but not this farm's.
-        (None, Some(rival), _) if rival.owned_elsewhere => Observed::new(
-            "Contended",
-            True,
-            "ContenderOwnedElsewhere",
-            format!(
-                "daemon set {} is enabled for pod {} too, and selects nodes this one \
-                 selects; its write made the contention, so it is the one to disable, but \
-                 another farm owns it, and this farm disables only the daemon sets it owns: \
-                 both stay enabled until its owner or a user disables one",
-                rival.id, rival.pod_id
-            ),
-        ),
-        // Nor any farm's yet: both are enabled until one takes it, in its next pass. Nodes
-        // relabelled into contention, which only an operator ends and which is alerted about
-        // once as it starts (told from the conditions stored), go on being shown meanwhile
-        // (below), or it would be alerted about again once this one is disabled.
-        (None, Some(rival), None) => Observed::new(
-            "Contended",
-            True,
-            "ContenderNotYetOwned",
-            format!(
-                "daemon set {} is enabled for pod {} too, and selects nodes this one \
-                 selects; its write made the contention, so it is the one to disable, but no \
-                 farm owns it yet: the farm that takes it disables it",
-                rival.id, rival.pod_id
-            ),
-        ),
-        (None, _, Some(nodes)) => Observed::new(
+        // Nodes relabelled into contention, which only an operator ends and which is alerted
+        // about once as it starts (told from the conditions stored), go on being shown while
+        // a later contender stands (naming it, below), or it would be alerted about again
+        // once that one is disabled.
+        (None, later, Some(nodes)) => Observed::new(
             "Contended",
             True,
             NODE_LABELS_CONTEND,
@@ -832,7 +825,7 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
                  runs the pod on ({}) and places nothing on the others ({}); while this lasts, \
                  a change to this daemon set that leaves it enabled and contending is refused \
                  (409), as it would make the contention its own; change the nodes' labels or a selector, \
-                 or disable one of the daemon sets",
+                 or disable one of the daemon sets{}",
                 match nodes.rivals.len() {
                     1 => "daemon set",
                     _ => "daemon sets",
@@ -844,8 +837,25 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
                 },
                 nodes.pod_id,
                 some_of(&nodes.kept),
-                some_of(&nodes.left)
+                some_of(&nodes.left),
+                match later {
+                    Some(rival) => format!("; besides, {}", later_contender(rival)),
+                    None => String::new(),
+                }
             ),
+        ),
+        // Its write made the contention, so it is the one to disable, but not this farm's
+        // (another's, or no farm's yet: both are enabled until one takes it, in its next
+        // pass).
+        (None, Some(rival), None) => Observed::new(
+            "Contended",
+            True,
+            if rival.owned_elsewhere {
+                "ContenderOwnedElsewhere"
+            } else {
+                "ContenderNotYetOwned"
+            },
+            later_contender(rival),
         ),
         (None, None, None) => Observed::new(
             "Contended",
