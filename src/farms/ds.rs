@@ -1130,24 +1130,49 @@ mod tests {
         assert!(contended.message.contains(NEWER), "{}", contended.message);
     }
 
+    /// A store of its own, a term over it, and daemon set `ds`'s ownership lock held in it.
+    async fn owning_ds() -> (
+        tempfile::TempDir,
+        std::sync::Arc<dyn crate::kv::KvStore>,
+        crate::leader::Term,
+        FarmContext,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db").display().to_string();
+        let store = crate::kv::sqlite::SqliteStore::open(&path).await.unwrap();
+        let store: std::sync::Arc<dyn crate::kv::KvStore> = std::sync::Arc::new(store);
+        let (term, ctx) = crate::farms::fixture::term_over(&store, "me").await;
+        let owned = layout::ds_ownership("ds");
+        assert!(store.acquire(&owned, b"me", &ctx.session).await.unwrap());
+        (dir, store, term, ctx)
+    }
+
+    /// Stores a conditions record of daemon set `ds` showing a relabel-made contention, as
+    /// written when it started (and was alerted about).
+    async fn store_relabel_contention(store: &dyn crate::kv::KvStore) {
+        use crate::model::conditions::{stamp, NodeContention};
+        let facts = DsFacts {
+            relabelled: Some(NodeContention::default()),
+            ..DsFacts::default()
+        };
+        let record = ConditionsRecord {
+            conditions: stamp(&[], ds_conditions(&facts), 0, SystemTime::now()),
+            progress: None,
+        };
+        let key = layout::conditions(ObjectKind::Daemonsets, "ds");
+        let value = serde_json::to_vec(&record).unwrap();
+        (store.put(&key, &value, crate::kv::Cas::Any).await).unwrap();
+    }
+
     /// Nodes relabelled into two daemon sets are alerted about once, as the contention
     /// starts, told by the conditions stored: a new leader whose mirror has yet to read the
     /// record the last leader wrote (here, a mirror that reads nothing) does not alert again;
     /// with no such record stored, it alerts.
     #[tokio::test]
     async fn a_relabel_contention_the_stored_conditions_show_is_not_alerted_again() {
-        use crate::kv::sqlite::SqliteStore;
-        use crate::kv::{Cas, KvStore};
-        use crate::model::conditions::{stamp, NodeContention};
-        use std::sync::Arc;
-
         for recorded in [true, false] {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("store.db").display().to_string();
-            let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-            let (_term, ctx) = crate::farms::fixture::term_over(&store, "me").await;
+            let (_dir, store, _term, ctx) = owning_ds().await;
             let owned = layout::ds_ownership("ds");
-            assert!(store.acquire(&owned, b"me", &ctx.session).await.unwrap());
 
             // Both written before the node was labelled into both.
             let mut fleet = Fleet::new();
@@ -1165,18 +1190,7 @@ mod tests {
             }
             if recorded {
                 // The last leader's record, which alerted as the contention started.
-                let facts = DsFacts {
-                    relabelled: Some(NodeContention::default()),
-                    ..DsFacts::default()
-                };
-                let conditions = stamp(&[], ds_conditions(&facts), 0, SystemTime::now());
-                let record = ConditionsRecord {
-                    conditions,
-                    progress: None,
-                };
-                let key = layout::conditions(ObjectKind::Daemonsets, "ds");
-                let value = serde_json::to_vec(&record).unwrap();
-                store.put(&key, &value, Cas::Any).await.unwrap();
+                store_relabel_contention(store.as_ref()).await;
             }
             let mirror = crate::state::Mirror::new(store.clone(), Default::default());
             DsFarm::new(mirror).pass(&ctx, &fleet.world()).await;
@@ -1194,32 +1208,13 @@ mod tests {
     /// again once the newcomer is disabled.
     #[tokio::test]
     async fn a_relabel_contention_is_not_alerted_again_past_a_later_contender() {
-        use crate::kv::sqlite::SqliteStore;
-        use crate::kv::{Cas, KvStore};
-        use crate::model::conditions::{stamp, NodeContention};
-        use std::sync::Arc;
-
         for owned_elsewhere in [true, false] {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("store.db").display().to_string();
-            let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-            let (_term, ctx) = crate::farms::fixture::term_over(&store, "me").await;
+            let (_dir, store, _term, ctx) = owning_ds().await;
             let owned = layout::ds_ownership("ds");
-            assert!(store.acquire(&owned, b"me", &ctx.session).await.unwrap());
 
             // `ds` and `zoned`, written before the node was labelled into both, and the
             // record of the relabel contention, alerted about as it started.
-            let key = layout::conditions(ObjectKind::Daemonsets, "ds");
-            let facts = DsFacts {
-                relabelled: Some(NodeContention::default()),
-                ..DsFacts::default()
-            };
-            let record = ConditionsRecord {
-                conditions: stamp(&[], ds_conditions(&facts), 0, SystemTime::now()),
-                progress: None,
-            };
-            let value = serde_json::to_vec(&record).unwrap();
-            store.put(&key, &value, Cas::Any).await.unwrap();
+            store_relabel_contention(store.as_ref()).await;
             let fleet = |newer_disabled: bool| {
                 let mut fleet = Fleet::new();
                 let both = crate::farms::fixture::labels(&[("role", "web"), ("zone", "a")]);

@@ -2201,6 +2201,31 @@ mod tests {
         assert_eq!((&mut caught_up).now_or_never(), Some(true));
     }
 
+    /// A mirror over a store of the rolls' tree alone, listed whole at `index` with one roll.
+    fn rolls_listed_at(index: u64) -> (Arc<HeldReads>, Mirror) {
+        let store = HeldReads::new(Tree::Rolls);
+        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
+        let listing = PrefixUpdate::Whole(Listing {
+            index,
+            pairs: vec![answered(&layout::roll("r"), index).unwrap()],
+        });
+        assert!(mirror.apply_update(Tree::Rolls, listing, true, 0));
+        (store, mirror)
+    }
+
+    /// Checks that `wait`, pending on the rolls' tree, ends unreached as soon as that tree's
+    /// watch fails, not at its timeout (`what` says which wait did not).
+    fn ended_by_the_watch_failing(
+        mirror: &Mirror,
+        wait: impl std::future::Future<Output = bool>,
+        what: &str,
+    ) {
+        let mut wait = Box::pin(wait);
+        assert_eq!((&mut wait).now_or_never(), None);
+        mirror.watch_failed(Tree::Rolls, Instant::now());
+        assert_eq!((&mut wait).now_or_never(), Some(false), "{what}");
+    }
+
     /// A tree whose watch is failing is not waited for, also while it is yet to be read
     /// again since the store went backwards: the catch-up answers at once that it has not
     /// caught up, rather than wait out its timeout for a read the failing watch does not
@@ -2208,13 +2233,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_catch_up_does_not_wait_for_a_failing_tree_to_be_read_again() {
         let tree = Tree::Rolls;
-        let store = HeldReads::new(tree);
-        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
-        let listing = PrefixUpdate::Whole(Listing {
-            index: 5,
-            pairs: vec![answered(&layout::roll("r"), 5).unwrap()],
-        });
-        assert!(mirror.apply_update(tree, listing, true, 0));
+        let (store, mirror) = rolls_listed_at(5);
 
         // The store goes backwards, and the tree's read again fails.
         store.tree_index.store(1, Ordering::SeqCst);
@@ -2236,27 +2255,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_catch_up_waiting_for_the_tree_read_again_answers_once_that_read_fails() {
         let tree = Tree::Rolls;
-        let store = HeldReads::new(tree);
-        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
-        let listing = PrefixUpdate::Whole(Listing {
-            index: 5,
-            pairs: vec![answered(&layout::roll("r"), 5).unwrap()],
-        });
-        assert!(mirror.apply_update(tree, listing, true, 0));
+        let (store, mirror) = rolls_listed_at(5);
 
         // The store goes backwards; a catch-up waits for the tree's read again.
         store.tree_index.store(1, Ordering::SeqCst);
         assert!(mirror.resync(0));
         let (trees, long) = ([tree], Duration::from_secs(3600));
-        let mut caught_up = Box::pin(mirror.catch_up(&trees, long));
-        assert_eq!((&mut caught_up).now_or_never(), None);
-
+        let caught_up = mirror.catch_up(&trees, long);
         // That read fails.
-        mirror.watch_failed(tree, Instant::now());
-        assert_eq!(
-            (&mut caught_up).now_or_never(),
-            Some(false),
-            "a catch-up waiting for the tree's read again was not woken by its failure"
+        ended_by_the_watch_failing(
+            &mirror,
+            caught_up,
+            "a catch-up waiting for the tree's read again was not woken by its failure",
         );
     }
 
@@ -2266,26 +2276,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_catch_up_waiting_for_the_trees_listing_answers_once_its_watch_fails() {
         let tree = Tree::Rolls;
-        let store = HeldReads::new(tree);
-        let mirror = Mirror::new(store.clone(), MirrorConfig::default());
-        let listing = PrefixUpdate::Whole(Listing {
-            index: 1,
-            pairs: vec![answered(&layout::roll("r"), 1).unwrap()],
-        });
-        assert!(mirror.apply_update(tree, listing, true, 0));
+        let (store, mirror) = rolls_listed_at(1);
 
         // Another writer's change to the tree, at 5: a catch-up waits for its listing.
         store.tree_index.store(5, Ordering::SeqCst);
         let (trees, long) = ([tree], Duration::from_secs(3600));
-        let mut caught_up = Box::pin(mirror.catch_up_to(&trees, 5, long));
-        assert_eq!((&mut caught_up).now_or_never(), None);
-
-        // The tree's read fails.
-        mirror.watch_failed(tree, Instant::now());
-        assert_eq!(
-            (&mut caught_up).now_or_never(),
-            Some(false),
-            "a catch-up waiting for the tree's listing was not ended by its watch's failure"
+        let caught_up = mirror.catch_up_to(&trees, 5, long);
+        ended_by_the_watch_failing(
+            &mirror,
+            caught_up,
+            "a catch-up waiting for the tree's listing was not ended by its watch's failure",
         );
     }
 
@@ -2303,15 +2303,11 @@ mod tests {
         };
         mirror.apply_own_writes([OwnWrite::Put(own)], Some(5));
         let (trees, long) = ([tree], Duration::from_secs(3600));
-        let mut confirmed = Box::pin(mirror.confirm(&trees, long));
-        assert_eq!((&mut confirmed).now_or_never(), None);
-
-        // The tree's read fails.
-        mirror.watch_failed(tree, Instant::now());
-        assert_eq!(
-            (&mut confirmed).now_or_never(),
-            Some(false),
-            "a confirmation waiting for the tree was not ended by its watch's failure"
+        let confirmed = mirror.confirm(&trees, long);
+        ended_by_the_watch_failing(
+            &mirror,
+            confirmed,
+            "a confirmation waiting for the tree was not ended by its watch's failure",
         );
     }
 
