@@ -6,19 +6,22 @@
 //!   disabled with an audited CAS write and a low-urgency alert. Its latest write is what
 //!   introduced the contention (P2 disables "the one that just appeared or changed"), and no
 //!   extra reads are needed. One that another farm owns is that farm's to disable, and one
-//!   no farm owns yet the next owner's: the one written before it says so in its
-//!   `Contended` condition (`ContenderOwnedElsewhere`, `ContenderNotYetOwned`; while
+//!   no farm owns yet the next owner's; one whose disabling write failed stays enabled until
+//!   a retry succeeds. The one written before it says so in its `Contended` condition
+//!   (`ContenderOwnedElsewhere`, `ContenderNotYetOwned`, `ContenderNotYetDisabled`; while
 //!   relabelled nodes make it contend, below, their reason stays and its message names the
-//!   other), rather than that nothing contends with it. Where only nodes relabelled since
-//!   both were written match both ([`Contention::Relabelled`]), no write of either made it, and
-//!   disabling one would take its pods off every node for one node's labels: neither is
-//!   disabled, each contended node is left to the daemon set running the pod there (or to
-//!   neither), and both say so in their `Contended` condition (`NodeLabelsContend`), each
-//!   with an alert as that starts (once, told from the conditions stored, whichever leader
-//!   wrote them: only an operator ends it). P2's farm, which looks at contention only for
-//!   daemon sets created or changed (and at its start), disables nothing then either, until
-//!   it restarts. A disabled daemon set changes no pods: one whose selector does not parse
-//!   only says so (its conditions), where an enabled one's reconcile fails.
+//!   other), rather than that nothing contends with it: each pass reconciles the daemon set
+//!   written last first, so the older one knows whether its contender was disabled. Where
+//!   only nodes relabelled since both were written match both ([`Contention::Relabelled`]),
+//!   no write of either made it, and disabling one would take its pods off every node for
+//!   one node's labels: neither is disabled, each contended node is left to the daemon set
+//!   running the pod there (or to neither), and both say so in their `Contended` condition
+//!   (`NodeLabelsContend`), each with an alert as that starts (once, told from the
+//!   conditions stored, whichever leader wrote them: only an operator ends it). P2's farm,
+//!   which looks at contention only for daemon sets created or changed (and at its start),
+//!   disables nothing then either, until it restarts. A disabled daemon set changes no
+//!   pods: one whose selector does not parse only says so (its conditions), where an enabled
+//!   one's reconcile fails.
 //! - **scheduling**: eligible nodes without the pod get it, labelled with
 //!   `daemon_set_id` only, in name order and as P2's replicator, at most [`MAX_IN_FLIGHT`]
 //!   nodes on their way to healthy at a time (new and replaced alike, below); a node already
@@ -67,7 +70,7 @@ use crate::kv::TxnOp;
 use crate::labels::{Labels, Selector, DS_ID_LABEL};
 use crate::layout::{self, LEADER_LOCK};
 use crate::model::conditions::{
-    ds_conditions, Condition, DsFacts, LaterContender, NodeContention, Observed,
+    ds_conditions, Condition, ContenderOwner, DsFacts, LaterContender, NodeContention, Observed,
     NODE_LABELS_CONTEND,
 };
 use crate::model::event::{ds_changes, Action, ObjectKind};
@@ -195,7 +198,12 @@ impl Farm for DsFarm {
         self.seen.extend(world.daemon_sets.items.keys().cloned());
         let mut disabled_now = HashSet::new();
         let mut wake = None;
-        for (id, ds) in &world.daemon_sets.items {
+        // The one written last first: of two contending by a write, the later one is disabled
+        // (or fails to be) before the earlier one is reconciled, whose conditions then tell
+        // whether it still stands ([`contentions`]).
+        let mut latest_first: Vec<_> = world.daemon_sets.items.iter().collect();
+        latest_first.sort_by(|(a_id, a), (b_id, b)| (b.index, b_id).cmp(&(a.index, a_id)));
+        for (id, ds) in latest_first {
             if ctx.cancel.is_cancelled() {
                 return None;
             }
@@ -257,7 +265,7 @@ impl DsFarm {
                 return Ok(None);
             }
             contended = contentions.relabelled;
-            later_contender = contentions.written_after_not_ours;
+            later_contender = contentions.written_after;
         }
         if ds.value.disabled {
             // Paused: no pod changes, and the rollout starts afresh when it is enabled.
@@ -520,16 +528,19 @@ struct Contentions<'w> {
     /// The nodes relabelled into contention with the others, left to the daemon set running
     /// there.
     relabelled: ContendedNodes<'w>,
-    /// One written after it, in a contention that one's write made, whose ownership lock
-    /// this session does not hold: it is the one to disable, but not by this farm, which
-    /// disables only what it owns. Another session's stays enabled until its owner (or a
-    /// user) acts; a free one, until a farm takes it (this one, in its next pass).
-    written_after_not_ours: Option<LaterContender>,
+    /// One written after it, in a contention that one's write made, still enabled: it is
+    /// the one to disable, but not by this farm, which disables only what it owns, or this
+    /// farm's write disabling it failed. Another session's stays enabled until its owner (or
+    /// a user) acts; a free one, until a farm takes it (this one, in its next pass); this
+    /// farm's, until a retry succeeds.
+    written_after: Option<LaterContender>,
 }
 
 /// How `ds` contends with the other enabled daemon sets, by [`contention`]'s rule: of two
 /// whose write made it, the one written last (higher modify index, then higher ID) is the
-/// one to disable, by the farm whose `session` owns it.
+/// one to disable, by the farm whose `session` owns it. The pass reconciles the one written
+/// last first, so one `session` owns that is not in `disabled_now` has failed to be
+/// disabled, in this pass or one it backs off from.
 fn contentions<'w>(
     world: &'w World,
     session: &str,
@@ -548,16 +559,18 @@ fn contentions<'w>(
                 found.written_before = Some((other_id, other));
                 return found;
             }
-            // The other one is disabled for it, in its own turn, if this farm owns it.
+            // The other one, the one to disable, stands enabled.
             Contention::Written => {
-                let owner = world.lock_holder(&layout::ds_ownership(other_id));
-                if owner != Some(session) && found.written_after_not_ours.is_none() {
-                    found.written_after_not_ours = Some(LaterContender {
-                        id: other_id.clone(),
-                        pod_id: other.value.pod_id.clone(),
-                        owned_elsewhere: owner.is_some(),
-                    });
-                }
+                let owner = match world.lock_holder(&layout::ds_ownership(other_id)) {
+                    Some(owner) if owner == session => ContenderOwner::ThisFarm,
+                    Some(_) => ContenderOwner::Elsewhere,
+                    None => ContenderOwner::NoFarmYet,
+                };
+                found.written_after.get_or_insert_with(|| LaterContender {
+                    id: other_id.clone(),
+                    pod_id: other.value.pod_id.clone(),
+                    owner,
+                });
             }
             Contention::None => {}
             Contention::Relabelled(nodes) => {
@@ -1128,6 +1141,72 @@ mod tests {
             contended.message
         );
         assert!(contended.message.contains(NEWER), "{}", contended.message);
+    }
+
+    /// A daemon set written into contention with an older one, both this farm's, whose
+    /// disabling write fails stays enabled while the farm backs off and tries again: the
+    /// older one says it is contended meanwhile, naming it, rather than that nothing contends
+    /// with it. Once disabled (in the same pass, the one written last being reconciled
+    /// first), it is not named.
+    #[tokio::test]
+    async fn a_contender_whose_disabling_failed_is_named() {
+        use crate::kv::sqlite::SqliteStore;
+        use crate::kv::{Cas, KvStore};
+        use std::sync::Arc;
+
+        const NEWER: &str = "newer";
+        for fails in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("store.db").display().to_string();
+            let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+            let (_term, ctx) = crate::farms::fixture::term_over(&store, "me").await;
+            let mut fleet = Fleet::new();
+            fleet.web(2, OLD);
+            for id in ["ds", NEWER] {
+                let lock = layout::ds_ownership(id);
+                assert!(store.acquire(&lock, b"me", &ctx.session).await.unwrap());
+                fleet.lock(&lock, &ctx.session);
+            }
+            let older = ds(OLD, 0, "role=web");
+            let newer = StoredDaemonSet {
+                id: NEWER.into(),
+                ..ds(OLD, 0, "role=web")
+            };
+            // Unless the store holds it as the farm sees it, the CAS write disabling it fails
+            // (as when it was written again since).
+            let key = layout::daemon_set(NEWER);
+            store.put(&key, &newer.to_json(), Cas::Any).await.unwrap();
+            let stored = store.get(&key).await.unwrap().unwrap().modify_index;
+            let index = if fails { stored + 1 } else { stored };
+            for (id, value, index) in [("ds", older, 1), (NEWER, newer, index)] {
+                fleet
+                    .daemon_sets
+                    .insert(id.into(), Versioned { value, index });
+            }
+            let mirror = crate::state::Mirror::new(store.clone(), Default::default());
+            let mut farm = DsFarm::new(mirror);
+            // The pass whose write fails, then one while it backs off.
+            for pass in ["first pass", "backing off"] {
+                let case = format!("disabling fails: {fails}: {pass}");
+                farm.pass(&ctx, &fleet.world()).await;
+                assert_eq!(farm.retries.ready(NEWER), !fails, "{case}");
+                let stored = read_conditions(store.as_ref(), ObjectKind::Daemonsets, "ds").await;
+                let contended = (stored.unwrap().into_iter())
+                    .find(|c| c.condition_type == "Contended")
+                    .expect("no conditions stored");
+                let message = &contended.message;
+                let expected = match fails {
+                    true => (ConditionStatus::True, "ContenderNotYetDisabled"),
+                    false => (ConditionStatus::False, "NoContention"),
+                };
+                let shown = (contended.status, contended.reason.as_str());
+                assert_eq!(shown, expected, "{case}: {message}");
+                assert_eq!(message.contains(NEWER), fails, "{case}: {message}");
+                if !fails {
+                    break;
+                }
+            }
+        }
     }
 
     /// A store of its own, a term over it, and daemon set `ds`'s ownership lock held in it.

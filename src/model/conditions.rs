@@ -725,22 +725,34 @@ pub struct DsFacts {
     /// after they were all written: a contention neither one is disabled for.
     pub relabelled: Option<NodeContention>,
     /// An enabled daemon set written after it into contention with it, so the one to
-    /// disable, that this farm does not own, so does not disable. While `relabelled` is
-    /// shown, it is named in its message rather than shown in its place.
+    /// disable, that stands enabled: this farm does not own it, so does not disable it, or
+    /// failed to. While `relabelled` is shown, it is named in its message rather than shown
+    /// in its place.
     pub later_contender: Option<LaterContender>,
 }
 
 /// An enabled daemon set written after another into contention with it, so the one to
-/// disable, that the farm of the other does not own.
+/// disable, that stands enabled after the farm of the other has reconciled it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaterContender {
     pub id: String,
     /// Their pod id.
     pub pod_id: String,
-    /// Whether another farm (of another session) owns it, which this farm leaves it to; else
-    /// no farm owns it yet (it was written since the farm's last pass), and the farm that
-    /// takes it disables it.
-    pub owned_elsewhere: bool,
+    /// Who owns it, so why it is not disabled yet.
+    pub owner: ContenderOwner,
+}
+
+/// Who owns a [`LaterContender`], which tells why it still stands enabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContenderOwner {
+    /// Another farm (of another session), which this farm leaves it to.
+    Elsewhere,
+    /// No farm yet (it was written since the farm's last pass): the farm that takes it
+    /// disables it.
+    NoFarmYet,
+    /// This farm, whose write disabling it failed (or which backs off from an earlier
+    /// failure of it): it tries again.
+    ThisFarm,
 }
 
 /// Nodes relabelled into contention between enabled daemon sets, as one of them sees them.
@@ -756,18 +768,23 @@ pub struct NodeContention {
 }
 
 /// What a daemon set says of `rival`, written after it into contention with it: the one to
-/// disable, which its farm does not own.
+/// disable, which still stands enabled.
 fn later_contender(rival: &LaterContender) -> String {
     format!(
         "daemon set {} is enabled for pod {} too, and selects nodes this one selects; its \
          write made the contention, so it is the one to disable, but {}",
         rival.id,
         rival.pod_id,
-        if rival.owned_elsewhere {
-            "another farm owns it, and this farm disables only the daemon sets it owns: both \
-             stay enabled until its owner or a user disables one"
-        } else {
-            "no farm owns it yet: the farm that takes it disables it"
+        match rival.owner {
+            ContenderOwner::Elsewhere => {
+                "another farm owns it, and this farm disables only the daemon sets it owns: \
+                 both stay enabled until its owner or a user disables one"
+            }
+            ContenderOwner::NoFarmYet => "no farm owns it yet: the farm that takes it disables it",
+            ContenderOwner::ThisFarm => {
+                "this farm's write disabling it failed: both stay enabled until the farm, \
+                 backing off, tries again and succeeds"
+            }
         }
     )
 }
@@ -844,16 +861,16 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
                 }
             ),
         ),
-        // Its write made the contention, so it is the one to disable, but not this farm's
-        // (another's, or no farm's yet: both are enabled until one takes it, in its next
-        // pass).
+        // Its write made the contention, so it is the one to disable, but it stands: not
+        // this farm's (another's, or no farm's yet: both are enabled until one takes it, in
+        // its next pass), or this farm's write disabling it failed (until a retry succeeds).
         (None, Some(rival), None) => Observed::new(
             "Contended",
             True,
-            if rival.owned_elsewhere {
-                "ContenderOwnedElsewhere"
-            } else {
-                "ContenderNotYetOwned"
+            match rival.owner {
+                ContenderOwner::Elsewhere => "ContenderOwnedElsewhere",
+                ContenderOwner::NoFarmYet => "ContenderNotYetOwned",
+                ContenderOwner::ThisFarm => "ContenderNotYetDisabled",
             },
             later_contender(rival),
         ),
@@ -1739,24 +1756,23 @@ mod tests {
                 relabelled: Some(NodeContention::default()),
                 ..settled.clone()
             },
-            DsFacts {
-                later_contender: Some(LaterContender {
-                    id: "other".into(),
-                    pod_id: "web".into(),
-                    owned_elsewhere: true,
-                }),
-                ..settled.clone()
-            },
-            DsFacts {
-                later_contender: Some(LaterContender {
-                    id: "other".into(),
-                    pod_id: "web".into(),
-                    owned_elsewhere: false,
-                }),
-                ..settled.clone()
-            },
         ];
-        let observed: Vec<Vec<Observed>> = situations.iter().map(ds_conditions).collect();
+        let later = [
+            ContenderOwner::Elsewhere,
+            ContenderOwner::NoFarmYet,
+            ContenderOwner::ThisFarm,
+        ]
+        .map(|owner| DsFacts {
+            later_contender: Some(LaterContender {
+                id: "other".into(),
+                pod_id: "web".into(),
+                owner,
+            }),
+            ..settled.clone()
+        });
+        let observed: Vec<Vec<Observed>> = (situations.iter().chain(&later))
+            .map(ds_conditions)
+            .collect();
         assert_documented("Daemon set", &observed);
     }
 }
