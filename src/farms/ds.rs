@@ -1097,17 +1097,9 @@ mod tests {
     /// that nothing contends with it.
     #[tokio::test]
     async fn a_contender_no_farm_owns_yet_is_named() {
-        use crate::kv::sqlite::SqliteStore;
-        use crate::kv::KvStore;
-        use std::sync::Arc;
-
         const NEWER: &str = "newer";
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.db").display().to_string();
-        let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-        let (_term, ctx) = crate::farms::fixture::term_over(&store, "me").await;
+        let (_dir, store, _term, ctx) = owning_ds().await;
         let owned = layout::ds_ownership("ds");
-        assert!(store.acquire(&owned, b"me", &ctx.session).await.unwrap());
 
         let mut fleet = Fleet::new();
         fleet.web(2, OLD).lock(&owned, &ctx.session);
@@ -1150,16 +1142,11 @@ mod tests {
     /// first), it is not named.
     #[tokio::test]
     async fn a_contender_whose_disabling_failed_is_named() {
-        use crate::kv::sqlite::SqliteStore;
-        use crate::kv::{Cas, KvStore};
-        use std::sync::Arc;
+        use crate::kv::Cas;
 
         const NEWER: &str = "newer";
         for fails in [false, true] {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("store.db").display().to_string();
-            let store: Arc<dyn KvStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
-            let (_term, ctx) = crate::farms::fixture::term_over(&store, "me").await;
+            let (_dir, store, _term, ctx) = own_store().await;
             let mut fleet = Fleet::new();
             fleet.web(2, OLD);
             for id in ["ds", NEWER] {
@@ -1209,18 +1196,27 @@ mod tests {
         }
     }
 
-    /// A store of its own, a term over it, and daemon set `ds`'s ownership lock held in it.
-    async fn owning_ds() -> (
+    /// A store of its own (its directory, kept while the test runs) and a term over it.
+    type OwnStore = (
         tempfile::TempDir,
         std::sync::Arc<dyn crate::kv::KvStore>,
         crate::leader::Term,
         FarmContext,
-    ) {
+    );
+
+    /// A store of its own and a term over it ([`OwnStore`]).
+    async fn own_store() -> OwnStore {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.db").display().to_string();
         let store = crate::kv::sqlite::SqliteStore::open(&path).await.unwrap();
         let store: std::sync::Arc<dyn crate::kv::KvStore> = std::sync::Arc::new(store);
         let (term, ctx) = crate::farms::fixture::term_over(&store, "me").await;
+        (dir, store, term, ctx)
+    }
+
+    /// [`own_store`], with daemon set `ds`'s ownership lock held in it.
+    async fn owning_ds() -> OwnStore {
+        let (dir, store, term, ctx) = own_store().await;
         let owned = layout::ds_ownership("ds");
         assert!(store.acquire(&owned, b"me", &ctx.session).await.unwrap());
         (dir, store, term, ctx)
