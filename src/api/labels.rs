@@ -34,17 +34,16 @@ use crate::api::reads::{
     ReadQuery,
 };
 use crate::app::AppState;
-use crate::error::{ApiError, ErrorBody, Violations};
-use crate::kv::StoreError;
+use crate::error::{ApiError, Cause, ErrorBody, Violations};
 use crate::labels::validation::LabelSet;
 use crate::labels::{
     label_key_problem, label_value_problem, validate_labels, LabelType, Labeled, Labels,
-    ParseLabelTypeError, Selector,
+    ParseLabelTypeError, Selector, POD_ID_LABEL,
 };
 use crate::layout;
 use crate::model::event::Actor;
 use crate::state::{Span, Tree};
-use crate::store::labels::{describe, LabelRecord, LabelStore};
+use crate::store::labels::{describe, LabelRecord, LabelStore, LabelWriteError};
 use crate::store::update::Expected;
 
 /// OpenAPI tag of these routes.
@@ -351,7 +350,7 @@ pub async fn shown_labels(
             body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not application/json",
             body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "Bad id, body shape or labels",
+        (status = UNPROCESSABLE_ENTITY, description = BAD_WRITE_DOC,
             body = ErrorBody),
         (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
@@ -413,7 +412,7 @@ async fn put_labels(
             body = ErrorBody),
         (status = UNSUPPORTED_MEDIA_TYPE, description = "The body is not a JSON merge patch",
             body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "Bad id, fields or labels",
+        (status = UNPROCESSABLE_ENTITY, description = BAD_PATCH_DOC,
             body = ErrorBody),
         (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
@@ -466,8 +465,7 @@ async fn patch_labels(
         (status = NOT_FOUND, description = "No such label type", body = ErrorBody),
         (status = PRECONDITION_FAILED, description = "The labels changed since If-Match",
             body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "The id is not valid for the type",
-            body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = BAD_DELETE_DOC, body = ErrorBody),
         (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
@@ -503,6 +501,21 @@ pub const UNREADABLE_LABELS_DOC: &str = "The stored labels cannot be decoded (re
 
 const ID_DOC: &str = "Object id; a pod's is `<node>/<pod_id>`, its `/` sent as is or as `%2F`";
 
+/// The end of a label write's 422 description: what it refuses of an RC's labels, their
+/// `pod_id` label taken away from the manifest's id ([`LabelWriteError::PodIdLabel`]).
+macro_rules! pod_id_label_doc {
+    () => {
+        "the write would change or remove the `pod_id` label of an existing RC (type \
+         `replication_controller`), which is always its manifest's id (cause `labels.pod_id`; \
+         nothing is written)"
+    };
+}
+pub(crate) use pod_id_label_doc;
+
+const BAD_WRITE_DOC: &str = concat!("Bad id, body shape or labels; or ", pod_id_label_doc!());
+const BAD_PATCH_DOC: &str = concat!("Bad id, fields or labels; or ", pod_id_label_doc!());
+const BAD_DELETE_DOC: &str = concat!("The id is not valid for the type; or ", pod_id_label_doc!());
+
 const IF_MATCH_DOC: &str = "Write only if the labels are still at this version (an `ETag` or \
                             `resource_version`); `\"0\"` means while the object has no labels";
 
@@ -526,14 +539,32 @@ fn labeled_id(labeled: &Labeled) -> &str {
     &labeled.id
 }
 
-/// A write's store error as answered under `expected` ([`preconditions::write_error`]).
+/// A write's error as answered under `expected`: a store error by
+/// [`preconditions::write_error`], a refusal as itself.
 fn write_error(
-    err: StoreError,
+    err: LabelWriteError,
     expected: Option<Expected>,
     label_type: LabelType,
     id: &str,
 ) -> ApiError {
-    preconditions::write_error(err, &describe(label_type, id), expected)
+    match err {
+        LabelWriteError::Store(err) => {
+            preconditions::write_error(err, &describe(label_type, id), expected)
+        }
+        refused => refused.into(),
+    }
+}
+
+/// A refused label write is 422 naming the label; a store error is answered as any other.
+impl From<LabelWriteError> for ApiError {
+    fn from(err: LabelWriteError) -> Self {
+        match err {
+            LabelWriteError::PodIdLabel(problem) => {
+                ApiError::invalid([Cause::new(format!("labels.{POD_ID_LABEL}"), problem)])
+            }
+            LabelWriteError::Store(err) => err.into(),
+        }
+    }
 }
 
 fn answer(

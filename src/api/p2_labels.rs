@@ -41,7 +41,7 @@ use crate::api::blocking::index_header;
 use crate::api::extract::{
     malformed_json, refuse_duplicate_keys, shaped, ApiJson, ApiPath, ApiQuery, NoQuery,
 };
-use crate::api::labels::{shown_labels, UNREADABLE_LABELS_DOC};
+use crate::api::labels::{pod_id_label_doc, shown_labels, UNREADABLE_LABELS_DOC};
 use crate::api::reads::{indexed_source, IndexedReader};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody, Violations};
@@ -320,7 +320,8 @@ async fn delete_p2_target(
     responses(
         (status = NO_CONTENT, description = "The labels are set"),
         (status = BAD_REQUEST, description = "Bad type or id, or malformed JSON", body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "Bad body shape or labels",
+        (status = UNPROCESSABLE_ENTITY,
+            description = concat!("Bad body shape or labels; or ", pod_id_label_doc!()),
             body = ErrorBody),
         (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
@@ -362,7 +363,8 @@ async fn put_p2_labels(
         (status = NO_CONTENT, description = "The label is set"),
         (status = BAD_REQUEST, description = "Bad type, id or name, or malformed JSON",
             body = ErrorBody),
-        (status = UNPROCESSABLE_ENTITY, description = "Bad body shape, label name or value",
+        (status = UNPROCESSABLE_ENTITY,
+            description = concat!("Bad body shape, label name or value; or ", pod_id_label_doc!()),
             body = ErrorBody),
         (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
@@ -404,6 +406,7 @@ async fn put_p2_label(
     responses(
         (status = NO_CONTENT, description = "The object has no labels any more"),
         (status = BAD_REQUEST, description = "Bad type or id", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = concat!("Refused: ", pod_id_label_doc!()), body = ErrorBody),
         (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )
@@ -434,6 +437,7 @@ async fn delete_p2_labels(
     responses(
         (status = NO_CONTENT, description = "The object does not have the label any more"),
         (status = BAD_REQUEST, description = "Bad type, id or name", body = ErrorBody),
+        (status = UNPROCESSABLE_ENTITY, description = concat!("Refused: ", pod_id_label_doc!()), body = ErrorBody),
         (status = CONFLICT, description = "The labels kept changing for 5 s", body = ErrorBody),
         (status = SERVICE_UNAVAILABLE, description = "The store is unavailable", body = ErrorBody)
     )

@@ -449,6 +449,22 @@ pub fn foreign_pod_id(labels: &Labels, manifest: &Manifest) -> Option<String> {
     (given != pod_id).then(|| format!("is always the RC's manifest id {pod_id:?}; leave it out"))
 }
 
+/// What is wrong with a write of an RC's own labels from `before` to `after`, if it takes
+/// their `pod_id` label away from the manifest's id `pod_id`: set to another value, or
+/// removed while it held the id. A roll's `old_rc_selector` or any `pod_id` selector would
+/// then find an RC running another pod, or lose one running its own. A write that leaves
+/// the label as it was (absent, or another value P2 wrote), sets it to the id, or removes
+/// another value is let through.
+pub fn pod_id_label_change(before: &Labels, after: &Labels, pod_id: &str) -> Option<String> {
+    let (was, is) = (before.get(POD_ID_LABEL), after.get(POD_ID_LABEL));
+    let refused = was != is
+        && is.is_none_or(|value| value != pod_id)
+        && (is.is_some() || was.is_some_and(|value| value == pod_id));
+    refused.then(|| {
+        format!("is always the RC's manifest id {pod_id:?}; it cannot be changed or removed")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -555,6 +571,28 @@ mod tests {
             .validate(&Limits::default())
             .unwrap_err();
         assert_eq!(causes[0].field, "manifest");
+    }
+
+    #[test]
+    fn a_label_write_keeps_the_pod_id_label_at_the_manifest_id() {
+        let labels = |pod_id: Option<&str>| {
+            let mut labels = Labels::from([("team".into(), "a".into())]);
+            if let Some(pod_id) = pod_id {
+                labels.insert(POD_ID_LABEL.into(), pod_id.into());
+            }
+            labels
+        };
+        let refused = |was, is| pod_id_label_change(&labels(was), &labels(is), "hello").is_some();
+        assert!(refused(Some("hello"), Some("other")));
+        assert!(refused(Some("hello"), None));
+        assert!(refused(None, Some("other")));
+        assert!(refused(Some("stale"), Some("other")));
+        assert!(!refused(Some("hello"), Some("hello")));
+        assert!(!refused(None, None));
+        assert!(!refused(None, Some("hello")));
+        assert!(!refused(Some("stale"), Some("stale")));
+        assert!(!refused(Some("stale"), Some("hello")));
+        assert!(!refused(Some("stale"), None));
     }
 
     #[test]

@@ -8,11 +8,13 @@ use std::sync::Arc;
 use crate::labels::{self, LabelType, Labeled, Labels, Selector};
 
 use super::events::record_ops;
-use super::update::{update_with_retry, Expected};
+use super::update::{update_with_retry, Expected, UpdateError};
 use super::Versioned;
-use crate::kv::{KvPair, KvStore, StoreResult, TxnOp};
+use crate::kv::{KvPair, KvStore, StoreError, StoreResult, TxnOp};
 use crate::layout;
 use crate::model::event::{diff, Action, Actor, Event, EventKind};
+use crate::model::rc::StoredRc;
+use crate::model::rc_spec::pod_id_label_change;
 use crate::model::to_go_json;
 use crate::state::Mirror;
 
@@ -128,7 +130,7 @@ impl LabelStore {
         labels: Labels,
         expected: Option<Expected>,
         actor: &Actor,
-    ) -> StoreResult<LabelRecord> {
+    ) -> Result<LabelRecord, LabelWriteError> {
         self.update(label_type, id, expected, actor, move |current| {
             *current = labels.clone()
         })
@@ -140,7 +142,9 @@ impl LabelStore {
     /// without it re-applied to the latest labels until it lands, so concurrent writers of
     /// different keys all win. A change that changes something (labels that cannot be
     /// decoded replaced or removed among them) is recorded as `actor`'s event in the same
-    /// transaction. Returns the new record.
+    /// transaction. A change taking an existing RC's `pod_id` label away from its manifest's
+    /// id is refused ([`LabelWriteError::PodIdLabel`]), nothing written. Returns the new
+    /// record.
     pub async fn update(
         &self,
         label_type: LabelType,
@@ -148,16 +152,19 @@ impl LabelStore {
         expected: Option<Expected>,
         actor: &Actor,
         change: impl Fn(&mut Labels) + Send + Sync,
-    ) -> StoreResult<LabelRecord> {
+    ) -> Result<LabelRecord, LabelWriteError> {
         let change = &change;
         update_with_retry(
             &describe(label_type, id),
             expected,
-            || self.held(label_type, id),
+            || async { Ok(self.held(label_type, id).await?) },
             |current: Versioned<Held>| async move {
                 let Versioned { value: held, index } = current;
                 let mut labels = held.labels.clone();
                 change(&mut labels);
+                if label_type == LabelType::ReplicationController {
+                    self.check_pod_id_label(id, &held.labels, &labels).await?;
+                }
                 // A key left empty or unreadable is removed even though no label changes.
                 let op = write_op(label_type, id, &labels, index)
                     .filter(|_| labels != held.labels || labels.is_empty());
@@ -199,6 +206,33 @@ impl LabelStore {
         .await
     }
 
+    /// Refuses a write of RC `id`'s labels from `before` to `after` that takes their
+    /// `pod_id` label away from the RC's manifest id ([`pod_id_label_change`]). The RC is
+    /// read after the labels were: its creation and its deletion write its labels' key, so
+    /// an RC created or deleted since makes the write's check-and-set miss and the check run
+    /// again on what it left, and no write changes an RC's manifest id. An RC that does not
+    /// exist, or cannot be decoded, has no manifest id to keep: the write goes ahead.
+    async fn check_pod_id_label(
+        &self,
+        id: &str,
+        before: &Labels,
+        after: &Labels,
+    ) -> Result<(), LabelWriteError> {
+        if before.get(labels::POD_ID_LABEL) == after.get(labels::POD_ID_LABEL) {
+            return Ok(());
+        }
+        let Some(pair) = self.kv.get(&layout::rc(id)).await? else {
+            return Ok(());
+        };
+        let Ok(rc) = StoredRc::from_stored(id, &pair.value) else {
+            return Ok(());
+        };
+        match pod_id_label_change(before, after, rc.manifest.pod_id()) {
+            Some(problem) => Err(LabelWriteError::PodIdLabel(problem)),
+            None => Ok(()),
+        }
+    }
+
     /// One object's labels as a write finds them, as [`LabelStore::get`] reads them, and
     /// whether the key holds labels that cannot be decoded.
     async fn held(&self, label_type: LabelType, id: &str) -> StoreResult<Versioned<Held>> {
@@ -223,10 +257,28 @@ impl LabelStore {
         id: &str,
         expected: Option<Expected>,
         actor: &Actor,
-    ) -> StoreResult<()> {
+    ) -> Result<(), LabelWriteError> {
         self.update(label_type, id, expected, actor, Labels::clear)
             .await
             .map(drop)
+    }
+}
+
+/// Why a label write was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum LabelWriteError {
+    /// The write would take an RC's `pod_id` label away from its manifest's id; the message
+    /// says so, for a cause on that label.
+    #[error("{0}")]
+    PodIdLabel(String),
+    /// The store failed, or the labels were no longer at the expected version.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl UpdateError for LabelWriteError {
+    fn stale(what: &str, expected: Expected) -> Self {
+        StoreError::stale(what, expected).into()
     }
 }
 

@@ -1022,3 +1022,82 @@ async fn a_stale_label_write_says_the_label_set_changed() {
         "the label set of node \"node1\" has changed since version 1; read it again and retry"
     );
 }
+
+#[tokio::test]
+async fn an_rcs_pod_id_label_stays_its_manifest_id() {
+    let app = TestApp::new().await;
+    let spec = json!({"manifest": "id: hello\nlaunchables: {}\n", "node_selector": "",
+        "replicas_desired": 0});
+    let created = app
+        .json_request("POST", "/api/v1/rcs", Some(&spec), &[])
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let v1 = format!("/api/v1/labels/replication_controller/{id}");
+    let p2 = format!("/api/labels/replication_controller/{id}");
+    let key = format!("labels/replication_controller/{id}");
+    let stored = app.store.get(&key).await.unwrap().unwrap();
+
+    // Every route that would change or remove it is refused, naming it, and writes nothing.
+    let refused = [
+        ("PUT", v1.clone(), Some(json!({"labels": {"team": "a"}}))),
+        (
+            "PATCH",
+            v1.clone(),
+            Some(json!({"labels": {"pod_id": "goodbye"}})),
+        ),
+        (
+            "PATCH",
+            v1.clone(),
+            Some(json!({"labels": {"pod_id": null}})),
+        ),
+        ("PATCH", v1.clone(), Some(json!({"labels": null}))),
+        ("DELETE", v1.clone(), None),
+        (
+            "PUT",
+            p2.clone(),
+            Some(json!({"values": {"pod_id": "goodbye"}})),
+        ),
+        (
+            "PUT",
+            format!("{p2}/pod_id"),
+            Some(json!({"value": "goodbye"})),
+        ),
+        ("DELETE", format!("{p2}/pod_id"), None),
+        ("DELETE", p2.clone(), None),
+    ];
+    for (method, path, body) in refused {
+        let response = if method == "PATCH" {
+            patch(&app, &path, &[], body.unwrap()).await
+        } else {
+            app.json_request(method, &path, body.as_ref(), &[]).await
+        };
+        assert_eq!(
+            response.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{method} {path}: {response:?}"
+        );
+        assert_eq!(
+            response.cause_fields(),
+            ["labels.pod_id"],
+            "{method} {path}"
+        );
+        let now = app.store.get(&key).await.unwrap().unwrap();
+        assert_eq!(now.modify_index, stored.modify_index, "{method} {path}");
+    }
+
+    // Writes that keep it go through.
+    let kept = patch(&app, &v1, &[], json!({"labels": {"team": "a"}})).await;
+    assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
+    let kept = put(&app, &v1, json!({"pod_id": "hello", "team": "b"})).await;
+    assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
+    assert_eq!(
+        kept.json()["labels"],
+        json!({"pod_id": "hello", "team": "b"})
+    );
+
+    // An RC that does not exist has no manifest id to keep.
+    let missing = "/api/v1/labels/replication_controller/5a0e3b8c-6f2d-4c1e-9a57-0c8e2f4b7d11";
+    let written = put(&app, missing, json!({"pod_id": "goodbye"})).await;
+    assert_eq!(written.status, StatusCode::OK, "{written:?}");
+}
