@@ -5,7 +5,9 @@
 //! - An object with no labels is not missing. P2 never checks that a labeled node or pod
 //!   exists and answers an empty set at index 0, so GET answers 200 with `labels: {}` and
 //!   `resource_version: "0"`; a 404 would only tell the client that nothing was written yet.
-//!   `If-Match: "0"` therefore means "only while it has no labels".
+//!   `If-Match: "0"` therefore means "only while no label set is stored". An empty set P2
+//!   stored (`{}`, or `null` for a nil map) is a stored set: it reads as `labels: {}` at its
+//!   own version, which `If-Match` names as any other, and `*` matches.
 //! - The `{type}` segment names a collection, so an unknown type is 404, on every route. An
 //!   id that cannot name an object of its type, a bad selector and bad labels are 422, with
 //!   one cause per problem.
@@ -61,7 +63,8 @@ pub struct ObjectLabels {
     /// The labels; `{}` when the object has none.
     #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
-    /// The labels' modify index as text, the same as the `ETag`; `"0"` when there are none.
+    /// The labels' modify index as text, the same as the `ETag`; `"0"` when no label set is
+    /// stored (an empty one P2 stored, `{}` or `null`, has its own).
     #[schema(example = "42")]
     pub resource_version: String,
 }
@@ -517,7 +520,9 @@ const BAD_PATCH_DOC: &str = concat!("Bad id, fields or labels; or ", pod_id_labe
 const BAD_DELETE_DOC: &str = concat!("The id is not valid for the type; or ", pod_id_label_doc!());
 
 const IF_MATCH_DOC: &str = "Write only if the labels are still at this version (an `ETag` or \
-                            `resource_version`); `\"0\"` means while the object has no labels";
+    `resource_version`); `\"0\"` means while no label set is stored for the object (an empty \
+    one P2 stored, `{}` or `null`, is at its own version, as a read shows it, and `*` matches \
+    it)";
 
 fn store(app: &AppState) -> LabelStore {
     app.labels()

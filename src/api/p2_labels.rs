@@ -68,7 +68,8 @@ pub struct P2ObjectLabels {
     /// The labels; `{}` when the object has none.
     #[schema(value_type = BTreeMap<String, String>)]
     pub labels: Labels,
-    /// The labels' modify index; 0 when there are none.
+    /// The labels' modify index; 0 when no label set is stored (an empty one P2 stored, `{}`
+    /// or `null`, has its own).
     pub index: u64,
 }
 

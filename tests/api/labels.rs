@@ -418,6 +418,17 @@ async fn a_document_written_by_p2_survives_get_and_patch() {
     let got = app.get(POD).await;
     assert_eq!(got.json()["labels"], json!({}));
     assert_eq!(got.json()["resource_version"], index.to_string());
+    // A stored set, though empty: "0" is not its version, the one shown is.
+    let body = json!({"labels": {"a": "1"}});
+    let zero = app
+        .send_json("PUT", POD, &[("if-match", "\"0\"")], &body)
+        .await;
+    assert_eq!(zero.status, StatusCode::PRECONDITION_FAILED, "{zero:?}");
+    let shown = format!("\"{index}\"");
+    let at_shown = app
+        .send_json("PUT", POD, &[("if-match", &shown)], &body)
+        .await;
+    assert_eq!(at_shown.status, StatusCode::OK, "{at_shown:?}");
 }
 
 #[tokio::test]
