@@ -6,8 +6,8 @@
 //!   disabled with an audited CAS write and a low-urgency alert. Its latest write is what
 //!   introduced the contention (P2 disables "the one that just appeared or changed"), and no
 //!   extra reads are needed. One that another farm owns is that farm's to disable, and one
-//!   no farm owns yet the next owner's; one whose disabling write failed stays enabled until
-//!   a retry succeeds. The one written before it says so in its `Contended` condition
+//!   no farm owns yet the next owner's; one the farm backs off from (its disabling write
+//!   failed, or an earlier reconcile of it) stays enabled until a retry succeeds. The one written before it says so in its `Contended` condition
 //!   (`ContenderOwnedElsewhere`, `ContenderNotYetOwned`, `ContenderNotYetDisabled`; while
 //!   relabelled nodes make it contend, below, their reason stays and its message names the
 //!   other), rather than that nothing contends with it: each pass reconciles the daemon set
@@ -530,7 +530,8 @@ struct Contentions<'w> {
     relabelled: ContendedNodes<'w>,
     /// One written after it, in a contention that one's write made, still enabled: it is
     /// the one to disable, but not by this farm, which disables only what it owns, or this
-    /// farm's write disabling it failed. Another session's stays enabled until its owner (or
+    /// farm backs off from a failure reconciling it (its write disabling it, or an earlier
+    /// one). Another session's stays enabled until its owner (or
     /// a user) acts; a free one, until a farm takes it (this one, in its next pass); this
     /// farm's, until a retry succeeds.
     written_after: Option<LaterContender>,
@@ -539,8 +540,8 @@ struct Contentions<'w> {
 /// How `ds` contends with the other enabled daemon sets, by [`contention`]'s rule: of two
 /// whose write made it, the one written last (higher modify index, then higher ID) is the
 /// one to disable, by the farm whose `session` owns it. The pass reconciles the one written
-/// last first, so one `session` owns that is not in `disabled_now` has failed to be
-/// disabled, in this pass or one it backs off from.
+/// last first, so one `session` owns that is not in `disabled_now` was not reconciled this
+/// pass (the farm backs off from a failure reconciling it) or failed to be disabled.
 fn contentions<'w>(
     world: &'w World,
     session: &str,
@@ -1192,6 +1193,68 @@ mod tests {
                 if !fails {
                     break;
                 }
+            }
+        }
+    }
+
+    /// A daemon set this farm owns, written into contention with an older one while the farm
+    /// backs off from a failure reconciling it that was no disabling write (none was made
+    /// yet): the older one's condition does not say that the write disabling it failed, but
+    /// that the farm is backing off from a failure reconciling it. Once the farm tries again,
+    /// it is disabled, and the older one shows no contention.
+    #[tokio::test]
+    async fn a_contender_backing_off_from_another_failure_is_told_so() {
+        use crate::kv::Cas;
+
+        const NEWER: &str = "newer";
+        let (_dir, store, _term, ctx) = own_store().await;
+        let mut fleet = Fleet::new();
+        fleet.web(2, OLD);
+        for id in ["ds", NEWER] {
+            let lock = layout::ds_ownership(id);
+            assert!(store.acquire(&lock, b"me", &ctx.session).await.unwrap());
+            fleet.lock(&lock, &ctx.session);
+        }
+        let newer = StoredDaemonSet {
+            id: NEWER.into(),
+            ..ds(OLD, 0, "role=web")
+        };
+        // Stored as the farm sees it: the write disabling it succeeds once it is made.
+        let key = layout::daemon_set(NEWER);
+        store.put(&key, &newer.to_json(), Cas::Any).await.unwrap();
+        let index = store.get(&key).await.unwrap().unwrap().modify_index;
+        let older = ds(OLD, 0, "role=web");
+        for (id, value, index) in [("ds", older, 1), (NEWER, newer, index)] {
+            fleet
+                .daemon_sets
+                .insert(id.into(), Versioned { value, index });
+        }
+        let mirror = crate::state::Mirror::new(store.clone(), Default::default());
+        let mut farm = DsFarm::new(mirror);
+        // An earlier reconcile of it failed (its pods, say): the farm backs off from it.
+        farm.retries.failed(NEWER);
+        for backing_off in [true, false] {
+            if !backing_off {
+                farm.retries.succeeded(NEWER);
+            }
+            farm.pass(&ctx, &fleet.world()).await;
+            let stored = read_conditions(store.as_ref(), ObjectKind::Daemonsets, "ds").await;
+            let contended = (stored.unwrap().into_iter())
+                .find(|c| c.condition_type == "Contended")
+                .expect("no conditions stored");
+            let message = &contended.message;
+            let shown = (contended.status, contended.reason.as_str());
+            if backing_off {
+                let expected = (ConditionStatus::True, "ContenderNotYetDisabled");
+                assert_eq!(shown, expected, "backing off: {message}");
+                assert!(message.contains(NEWER), "{message}");
+                assert!(
+                    message.contains("backing off from a failure reconciling it"),
+                    "backing off: {message}"
+                );
+            } else {
+                let expected = (ConditionStatus::False, "NoContention");
+                assert_eq!(shown, expected, "tried again: {message}");
             }
         }
     }

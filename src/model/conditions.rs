@@ -726,7 +726,7 @@ pub struct DsFacts {
     pub relabelled: Option<NodeContention>,
     /// An enabled daemon set written after it into contention with it, so the one to
     /// disable, that stands enabled: this farm does not own it, so does not disable it, or
-    /// failed to. While `relabelled` is shown, it is named in its message rather than shown
+    /// backs off from a failure reconciling it. While `relabelled` is shown, it is named in its message rather than shown
     /// in its place.
     pub later_contender: Option<LaterContender>,
 }
@@ -750,8 +750,9 @@ pub enum ContenderOwner {
     /// No farm yet (it was written since the farm's last pass): the farm that takes it
     /// disables it.
     NoFarmYet,
-    /// This farm, whose write disabling it failed (or which backs off from an earlier
-    /// failure of it): it tries again.
+    /// This farm, which backs off from a failure reconciling it: its write disabling it, or
+    /// an earlier failure (of its pods, say) that kept the farm from reconciling it since it
+    /// was written into contention. It tries again.
     ThisFarm,
 }
 
@@ -782,8 +783,9 @@ fn later_contender(rival: &LaterContender) -> String {
             }
             ContenderOwner::NoFarmYet => "no farm owns it yet: the farm that takes it disables it",
             ContenderOwner::ThisFarm => {
-                "this farm's write disabling it failed: both stay enabled until the farm, \
-                 backing off, tries again and succeeds"
+                "this farm is backing off from a failure reconciling it (its write disabling \
+                 it, or an earlier one): both stay enabled until the farm tries again and \
+                 disables it"
             }
         }
     )
@@ -863,7 +865,8 @@ pub fn ds_conditions(f: &DsFacts) -> Vec<Observed> {
         ),
         // Its write made the contention, so it is the one to disable, but it stands: not
         // this farm's (another's, or no farm's yet: both are enabled until one takes it, in
-        // its next pass), or this farm's write disabling it failed (until a retry succeeds).
+        // its next pass), or this farm backs off from a failure reconciling it (until a
+        // retry succeeds).
         (None, Some(rival), None) => Observed::new(
             "Contended",
             True,
