@@ -1143,34 +1143,12 @@ mod tests {
     /// first), it is not named.
     #[tokio::test]
     async fn a_contender_whose_disabling_failed_is_named() {
-        use crate::kv::Cas;
-
         const NEWER: &str = "newer";
         for fails in [false, true] {
             let (_dir, store, _term, ctx) = own_store().await;
-            let mut fleet = Fleet::new();
-            fleet.web(2, OLD);
-            for id in ["ds", NEWER] {
-                let lock = layout::ds_ownership(id);
-                assert!(store.acquire(&lock, b"me", &ctx.session).await.unwrap());
-                fleet.lock(&lock, &ctx.session);
-            }
-            let older = ds(OLD, 0, "role=web");
-            let newer = StoredDaemonSet {
-                id: NEWER.into(),
-                ..ds(OLD, 0, "role=web")
-            };
             // Unless the store holds it as the farm sees it, the CAS write disabling it fails
             // (as when it was written again since).
-            let key = layout::daemon_set(NEWER);
-            store.put(&key, &newer.to_json(), Cas::Any).await.unwrap();
-            let stored = store.get(&key).await.unwrap().unwrap().modify_index;
-            let index = if fails { stored + 1 } else { stored };
-            for (id, value, index) in [("ds", older, 1), (NEWER, newer, index)] {
-                fleet
-                    .daemon_sets
-                    .insert(id.into(), Versioned { value, index });
-            }
+            let fleet = contending_newer_of_ours(store.as_ref(), &ctx, fails).await;
             let mirror = crate::state::Mirror::new(store.clone(), Default::default());
             let mut farm = DsFarm::new(mirror);
             // The pass whose write fails, then one while it backs off.
@@ -1204,31 +1182,10 @@ mod tests {
     /// it is disabled, and the older one shows no contention.
     #[tokio::test]
     async fn a_contender_backing_off_from_another_failure_is_told_so() {
-        use crate::kv::Cas;
-
         const NEWER: &str = "newer";
         let (_dir, store, _term, ctx) = own_store().await;
-        let mut fleet = Fleet::new();
-        fleet.web(2, OLD);
-        for id in ["ds", NEWER] {
-            let lock = layout::ds_ownership(id);
-            assert!(store.acquire(&lock, b"me", &ctx.session).await.unwrap());
-            fleet.lock(&lock, &ctx.session);
-        }
-        let newer = StoredDaemonSet {
-            id: NEWER.into(),
-            ..ds(OLD, 0, "role=web")
-        };
         // Stored as the farm sees it: the write disabling it succeeds once it is made.
-        let key = layout::daemon_set(NEWER);
-        store.put(&key, &newer.to_json(), Cas::Any).await.unwrap();
-        let index = store.get(&key).await.unwrap().unwrap().modify_index;
-        let older = ds(OLD, 0, "role=web");
-        for (id, value, index) in [("ds", older, 1), (NEWER, newer, index)] {
-            fleet
-                .daemon_sets
-                .insert(id.into(), Versioned { value, index });
-        }
+        let fleet = contending_newer_of_ours(store.as_ref(), &ctx, false).await;
         let mirror = crate::state::Mirror::new(store.clone(), Default::default());
         let mut farm = DsFarm::new(mirror);
         // An earlier reconcile of it failed (its pods, say): the farm backs off from it.
@@ -1283,6 +1240,40 @@ mod tests {
         let owned = layout::ds_ownership("ds");
         assert!(store.acquire(&owned, b"me", &ctx.session).await.unwrap());
         (dir, store, term, ctx)
+    }
+
+    /// A fleet of two web nodes and two daemon sets of one selector, both owned by `ctx`'s
+    /// farm: `ds`, and `newer`, written after it into contention with it, also stored, where
+    /// the fleet shows it at the stored version, or one past it when `moved` (so the CAS
+    /// write disabling it fails).
+    async fn contending_newer_of_ours(
+        store: &dyn crate::kv::KvStore,
+        ctx: &FarmContext,
+        moved: bool,
+    ) -> Fleet {
+        const NEWER: &str = "newer";
+        let mut fleet = Fleet::new();
+        fleet.web(2, OLD);
+        for id in ["ds", NEWER] {
+            let lock = layout::ds_ownership(id);
+            assert!(store.acquire(&lock, b"me", &ctx.session).await.unwrap());
+            fleet.lock(&lock, &ctx.session);
+        }
+        let newer = StoredDaemonSet {
+            id: NEWER.into(),
+            ..ds(OLD, 0, "role=web")
+        };
+        let key = layout::daemon_set(NEWER);
+        (store.put(&key, &newer.to_json(), crate::kv::Cas::Any).await).unwrap();
+        let stored = store.get(&key).await.unwrap().unwrap().modify_index;
+        let index = if moved { stored + 1 } else { stored };
+        let older = ds(OLD, 0, "role=web");
+        for (id, value, index) in [("ds", older, 1), (NEWER, newer, index)] {
+            fleet
+                .daemon_sets
+                .insert(id.into(), Versioned { value, index });
+        }
+        fleet
     }
 
     /// Stores a conditions record of daemon set `ds` showing a relabel-made contention, as
