@@ -594,23 +594,30 @@ async fn an_rc_patched_with_a_manifest_too_large_for_the_store_is_refused_naming
         .await;
     assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
     let path = format!("/api/v1/rcs/{}", created.json()["id"].as_str().unwrap());
-    refused_too_large_then_taken_fitting(&app, &path).await;
+    let patch = |manifest: String| json!({ "manifest": manifest });
+    let write = ("PATCH", path.as_str(), "manifest");
+    refused_too_large_then_taken_fitting(&app, write, patch, StatusCode::OK).await;
 }
 
-/// Checks that a PATCH of `path` with a manifest too large for the store's one write is
-/// refused naming `manifest`, nothing written, and that one a little under the size the
-/// refusal gives is taken.
-async fn refused_too_large_then_taken_fitting(app: &TestApp, path: &str) {
-    let patch = |manifest: String| json!({ "manifest": manifest });
+/// Checks that a write (`method` of `path`) of `body` with a manifest too large for the
+/// store's one write is refused naming `field`, nothing written, and that one a little under
+/// the size the refusal gives is answered `taken`. Returns the refusal.
+async fn refused_too_large_then_taken_fitting(
+    app: &TestApp,
+    (method, path, field): (&str, &str, &str),
+    body: impl Fn(String) -> serde_json::Value,
+    taken: StatusCode,
+) -> TestResponse {
     let before = stored(app).await;
     let refused = app
-        .json_request("PATCH", path, Some(&patch(manifest_of(400_000))), &[])
+        .json_request(method, path, Some(&body(manifest_of(400_000))), &[])
         .await;
     assert_eq!(stored(app).await, before, "{refused:?}");
-    let largest = largest_allowed(&refused, "manifest");
-    let fitting = patch(manifest_of(largest - ROUNDING));
-    let patched = app.json_request("PATCH", path, Some(&fitting), &[]).await;
-    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    let largest = largest_allowed(&refused, field);
+    let fitting = body(manifest_of(largest - ROUNDING));
+    let answered = app.json_request(method, path, Some(&fitting), &[]).await;
+    assert_eq!(answered.status, taken, "{answered:?}");
+    refused
 }
 
 /// A PATCH of a daemon set's manifest too large for the store's one write (its document
@@ -628,7 +635,9 @@ async fn a_daemon_set_patched_with_a_manifest_too_large_for_the_store_is_refused
         "/api/v1/daemonsets/{}",
         created.json()["id"].as_str().unwrap()
     );
-    refused_too_large_then_taken_fitting(&app, &path).await;
+    let patch = |manifest: String| json!({ "manifest": manifest });
+    let write = ("PATCH", path.as_str(), "manifest");
+    refused_too_large_then_taken_fitting(&app, write, patch, StatusCode::OK).await;
 }
 
 /// A roll creating its new RC with a manifest too large for the store's one write (the
@@ -652,22 +661,8 @@ async fn a_roll_creating_an_rc_with_a_manifest_too_large_for_the_store_is_refuse
             roll["new_rc"] = json!({"manifest": manifest, "node_selector": ""});
             roll
         };
-        let before = stored(&app).await;
-        let refused = app
-            .json_request(
-                "POST",
-                "/api/v1/rolls",
-                Some(&roll(manifest_of(400_000))),
-                &[],
-            )
-            .await;
-        assert_eq!(stored(&app).await, before, "{old}: {refused:?}");
-        let largest = largest_allowed(&refused, "new_rc.manifest");
-        let fitting = roll(manifest_of(largest - ROUNDING));
-        let rolled = app
-            .json_request("POST", "/api/v1/rolls", Some(&fitting), &[])
-            .await;
-        assert_eq!(rolled.status, StatusCode::CREATED, "{old}: {rolled:?}");
+        let write = ("POST", "/api/v1/rolls", "new_rc.manifest");
+        refused_too_large_then_taken_fitting(&app, write, roll, StatusCode::CREATED).await;
     }
 }
 
@@ -707,17 +702,9 @@ async fn a_roll_creating_an_rc_beside_a_large_old_rc_is_told_the_old_rc_is_writt
         json!({"old_rc_id": old_rc_id, "desired_replicas": 0, "minimum_replicas": 0,
             "new_rc": {"manifest": manifest, "node_selector": ""}})
     };
-    let before = stored(&app).await;
-    let refused = app
-        .json_request(
-            "POST",
-            "/api/v1/rolls",
-            Some(&roll(manifest_of(400_000))),
-            &[],
-        )
-        .await;
-    assert_eq!(stored(&app).await, before, "{refused:?}");
-    let largest = largest_allowed(&refused, "new_rc.manifest");
+    let write = ("POST", "/api/v1/rolls", "new_rc.manifest");
+    let refused =
+        refused_too_large_then_taken_fitting(&app, write, roll, StatusCode::CREATED).await;
     let message = &refused.error().causes[0].message;
     assert!(
         message.contains(&format!("the old RC {old_rc_id}, written again")),
@@ -727,9 +714,4 @@ async fn a_roll_creating_an_rc_beside_a_large_old_rc_is_told_the_old_rc_is_writt
         message.contains("its manifest of 200000 bytes"),
         "{message}"
     );
-    let fitting = roll(manifest_of(largest - ROUNDING));
-    let rolled = app
-        .json_request("POST", "/api/v1/rolls", Some(&fitting), &[])
-        .await;
-    assert_eq!(rolled.status, StatusCode::CREATED, "{rolled:?}");
 }
